@@ -1,0 +1,33 @@
+# SPDX-License-Identifier: Apache-2.0
+# tpu_add_library(NAME ALIAS SOURCES ... PUBLIC ... PRIVATE ...): one library per layer with a
+# namespaced alias; a layer without sources yet is an INTERFACE library.
+function(tpu_add_library name alias)
+    cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC;PRIVATE" ${ARGN})
+    if(ARG_SOURCES)
+        add_library(${name} STATIC ${ARG_SOURCES})
+        target_link_libraries(${name} PUBLIC tpu_options ${ARG_PUBLIC} PRIVATE ${ARG_PRIVATE})
+    else()
+        add_library(${name} INTERFACE)
+        target_link_libraries(${name} INTERFACE tpu_options ${ARG_PUBLIC})
+    endif()
+    add_library(${alias} ALIAS ${name})
+endfunction()
+
+# tpu_add_test(NAME SOURCES ... LIBS ... [TIMEOUT s]): a GoogleTest binary with our own sc_main
+# runner (tests/common/test_main.cpp). gtest_discover_tests runs each test in its own process,
+# so SystemC's global simulation context never leaks between tests.
+function(tpu_add_test name)
+    cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS" ${ARGN})
+    if(NOT ARG_SOURCES)
+        return()
+    endif()
+    if(NOT ARG_TIMEOUT)
+        set(ARG_TIMEOUT 300)
+    endif()
+    add_executable(${name} ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/tests/common/test_main.cpp)
+    target_link_libraries(${name} PRIVATE ${ARG_LIBS} tpu::systemc GTest::gtest tpu_options)
+    gtest_discover_tests(${name}
+        DISCOVERY_TIMEOUT 120
+        PROPERTIES TIMEOUT ${ARG_TIMEOUT}
+                   ENVIRONMENT "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1;TPU_SOURCE_DIR=${PROJECT_SOURCE_DIR};TPU_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()

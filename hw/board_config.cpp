@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "hw/board_config.h"
+
+#include <fmt/format.h>
+
+#include "sim/config_io.h"
+
+namespace tpu::hw {
+
+void BoardConfig::validate() {
+    sim::validate_fields(sim::root_of(*this));
+    const uint64_t pc_bytes = hbm.bytes_per_core / (uint64_t(hbm.channels) * hbm.pseudo_channels);
+    if (pc_bytes < uint64_t(hbm.row_bytes) * hbm.bank_groups * hbm.banks_per_group)
+        throw sim::ConfigError(fmt::format(
+            "hbm.bytes_per_core: {} bytes cannot hold one row in every bank of every channel",
+            hbm.bytes_per_core));
+    if (ici.topology == "torus2d" && ici.torus_x != 0 && cores() % ici.torus_x != 0)
+        throw sim::ConfigError(fmt::format("ici.torus_x: {} does not divide the {} cores",
+                                           ici.torus_x, cores()));
+}
+
+BoardConfig BoardConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
+    BoardConfig cfg;
+    if (!path.empty()) sim::apply_json_file(sim::root_of(cfg), path);
+    for (const auto& o : overrides) sim::apply_override(sim::root_of(cfg), o);
+    cfg.validate();
+    return cfg;
+}
+
+}  // namespace tpu::hw

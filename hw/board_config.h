@@ -1,0 +1,71 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hw/core/core_config.h"
+#include "hw/host/host_config.h"
+#include "hw/ici/ici_config.h"
+#include "hw/mem/hbm_config.h"
+#include "sim/reflect.h"
+
+namespace tpu::hw {
+
+/// Simulation controls that are not hardware.
+struct SimConfig {
+    bool functional = true;         ///< compute values (off: timing only, identical cycles)
+    bool race_detector = false;     ///< report unordered overlapping accesses
+    uint64_t max_cycles = 0;        ///< stop with an error after this many cycles (0: no limit)
+    std::string log_level = "warn"; ///< error, warn, info, debug
+
+    void visit(sim::Visitor& v) {
+        v("functional", functional, "compute values; off = timing only with identical cycles");
+        v("race_detector", race_detector, "report unordered overlapping memory accesses");
+        v("max_cycles", max_cycles, "abort after this many core cycles (0 = no limit)");
+        v("log_level", log_level, "log verbosity", {.choices = "error,warn,info,debug"});
+    }
+};
+
+/// The whole board. Defaults are the "v3-8-like" board of ARCHITECTURE.md and equal
+/// configs/v3-8.json (tests/sim/config_test.cpp checks it).
+struct BoardConfig {
+    std::string name = "v3-8-like";  ///< preset name, informational
+    uint32_t chips = 4;              ///< chips on the board
+    uint32_t cores_per_chip = 2;     ///< TensorCores per chip
+    double clock_mhz = 940.0;        ///< core clock
+    CoreConfig core;                 ///< every TensorCore
+    HbmConfig hbm;                   ///< every core's HBM
+    IciConfig ici;                   ///< inter-core links
+    HostLinkConfig host;             ///< host links
+    SimConfig sim;                   ///< simulation controls
+
+    void visit(sim::Visitor& v) {
+        v("name", name, "preset name (informational)");
+        v("chips", chips, "chips on the board", {.min = 1, .max = 256});
+        v("cores_per_chip", cores_per_chip, "TensorCores per chip", {.min = 1, .max = 8});
+        v("clock_mhz", clock_mhz, "core clock in MHz", {.min = 1, .max = 10000});
+        v.section("core", core, "TensorCore");
+        v.section("hbm", hbm, "HBM per core");
+        v.section("ici", ici, "inter-core interconnect");
+        v.section("host", host, "host link per chip");
+        v.section("sim", sim, "simulation controls");
+    }
+
+    /// Number of TensorCores on the board.
+    uint32_t cores() const { return chips * cores_per_chip; }
+    /// Core clock period in picoseconds (rounded to the nearest ps).
+    uint64_t period_ps() const { return static_cast<uint64_t>(1e6 / clock_mhz + 0.5); }
+    /// Peak bf16 FLOP/s of one core: 2 FLOPs per PE per cycle.
+    double peak_flops_per_core() const {
+        return 2.0 * core.mxus * core.mxu_rows * core.mxu_cols * clock_mhz * 1e6;
+    }
+
+    /// Field checks plus cross-field rules; throws sim::ConfigError naming the key.
+    void validate();
+    /// Defaults, then the JSON file (if non-empty), then each `key=value` override, validated.
+    static BoardConfig load(const std::string& path, const std::vector<std::string>& overrides);
+};
+
+}  // namespace tpu::hw

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+/// The tpusim instruction set: types, the opcode table and the binary encoding.
+namespace tpu::isa {
+
+/// The unit an instruction runs on; the sequencer executes Scalar, Branch and Sync inline and
+/// queues the others to their unit.
+enum class Unit : uint8_t { Scalar, Branch, Sync, Dma, Mxu, Vpu, Ici };
+
+/// Every opcode, in table order (isa/opcodes.def).
+enum class Opcode : uint8_t {
+#define OP(e, m, u, f, d) e,
+#include "isa/opcodes.def"
+#undef OP
+};
+
+/// Number of opcodes in the table.
+inline constexpr int kNumOpcodes = 0
+#define OP(e, m, u, f, d) +1
+#include "isa/opcodes.def"
+#undef OP
+    ;
+
+inline constexpr int kNumSregs = 32;       ///< scalar registers s0..s31; s0 reads as zero
+inline constexpr int kNumFlags = 32;       ///< sync flags f0..f31 per core
+inline constexpr int kMaxOperands = 6;     ///< operand slots in every instruction
+inline constexpr int kInstrBytes = 32;     ///< fixed instruction size in bytes
+inline constexpr uint8_t kNoFlag = 0xFF;   ///< "no completion flag"
+
+/// Static facts about one opcode, straight from the table.
+struct OpInfo {
+    Opcode op;                  ///< the opcode
+    std::string_view mnemonic;  ///< assembly mnemonic
+    Unit unit;                  ///< executing unit
+    std::string_view kinds;     ///< operand kinds, one char each (see opcodes.def)
+    std::string_view summary;   ///< semantics, one line
+};
+
+/// Table entry of an opcode.
+const OpInfo& info(Opcode op);
+/// The whole table, in opcode order.
+std::span<const OpInfo> op_table();
+/// Opcode for a mnemonic, if any.
+std::optional<Opcode> find_mnemonic(std::string_view mnemonic);
+/// Lower-case unit name ("scalar", "mxu", ...).
+std::string_view unit_name(Unit unit);
+/// Number of operand slots the opcode uses (kinds without the optional completion flag 'c').
+int num_operands(Opcode op);
+/// True when the opcode takes an optional completion flag.
+bool has_completion_flag(Opcode op);
+
+/// One operand: the value is sreg[reg] + imm (s0 is zero). Flags and branch targets keep their
+/// number in imm with reg = 0.
+struct Operand {
+    uint8_t reg = 0;   ///< scalar register index, 0..31
+    int32_t imm = 0;   ///< signed immediate
+    friend bool operator==(const Operand&, const Operand&) = default;
+};
+
+/// A decoded instruction.
+struct Instr {
+    Opcode op = Opcode::Nop;                     ///< what to do
+    uint8_t flag = kNoFlag;                      ///< completion flag, or kNoFlag
+    std::array<Operand, kMaxOperands> ops{};     ///< operands in table order; unused are zero
+    friend bool operator==(const Instr&, const Instr&) = default;
+};
+
+/// A malformed binary instruction or program image.
+class DecodeError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// Binary layout of one instruction (32 bytes, little-endian):
+///   byte 0: opcode; byte 1: completion flag (0..31 or 0xFF); bytes 2..7: register of operand
+///   0..5; bytes 8..31: imm of operand 0..5 as int32. Unused slots and registers must be zero.
+void encode(const Instr& instr, std::span<uint8_t, kInstrBytes> out);
+/// Decodes and validates one instruction; `index` only names it in the error message.
+Instr decode(std::span<const uint8_t, kInstrBytes> in, size_t index = 0);
+
+/// A program: instructions plus the label table the assembler saw (for disassembly).
+struct Program {
+    std::vector<Instr> code;                                 ///< instructions, pc = index
+    std::vector<std::pair<std::string, uint32_t>> labels;    ///< optional names of pcs
+};
+
+/// Program image: "TPUPROG1" magic, u32 instruction count, u32 reserved (0), then the
+/// instructions. Labels are not stored.
+std::vector<uint8_t> encode_program(const Program& program);
+/// Decodes a program image; errors name the byte offset and instruction index.
+Program decode_program(std::span<const uint8_t> image);
+
+}  // namespace tpu::isa

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+/// Statistics: each block owns a StatGroup of named counters with unit and description; one
+/// walker writes them all (JSON, CSV, text). The hot path increments plain integers.
+namespace tpu::sim {
+
+/// What a statistic counts.
+enum class StatUnit { Count, Cycles, Bytes, Flops, Ratio, Seconds, BytesPerSecond, FlopsPerByte };
+
+/// Unit name as written in stats files ("count", "cycles", ...).
+std::string_view unit_name(StatUnit unit);
+
+/// A monotonically updated 64-bit counter.
+class Counter {
+public:
+    Counter(std::string name, std::string desc, StatUnit unit)
+        : m_name(std::move(name)), m_desc(std::move(desc)), m_unit(unit) {}
+    Counter& operator++() { ++m_value; return *this; }
+    Counter& operator+=(uint64_t n) { m_value += n; return *this; }
+    /// Sets the value (for maxima and snapshots).
+    void set(uint64_t v) { m_value = v; }
+    uint64_t value() const { return m_value; }
+    const std::string& name() const { return m_name; }
+    const std::string& desc() const { return m_desc; }
+    StatUnit unit() const { return m_unit; }
+    void reset() { m_value = 0; }
+
+private:
+    std::string m_name;
+    std::string m_desc;
+    StatUnit m_unit;
+    uint64_t m_value = 0;
+};
+
+/// A value computed from counters when stats are written (utilisation, bandwidth, ...).
+struct Formula {
+    std::string name;               ///< key
+    std::string desc;               ///< one line
+    StatUnit unit;                  ///< unit
+    std::function<double()> eval;   ///< evaluated at dump time
+};
+
+/// A named node of the stats tree. Children register themselves with their parent.
+class StatGroup {
+public:
+    /// A root group (parent == nullptr) or a child of `parent`.
+    explicit StatGroup(std::string name, StatGroup* parent = nullptr);
+    virtual ~StatGroup();
+    StatGroup(const StatGroup&) = delete;
+    StatGroup& operator=(const StatGroup&) = delete;
+
+    /// Registers a counter; the reference stays valid for the group's lifetime.
+    Counter& add(std::string name, std::string desc, StatUnit unit);
+    /// Registers a formula evaluated when stats are written.
+    void add_formula(std::string name, std::string desc, StatUnit unit,
+                     std::function<double()> eval);
+
+    const std::string& name() const { return m_name; }
+    /// Dotted path from the root ("board.core3.mxu0").
+    std::string path() const;
+    const std::deque<Counter>& counters() const { return m_counters; }
+    const std::vector<Formula>& formulas() const { return m_formulas; }
+    const std::vector<StatGroup*>& children() const { return m_children; }
+    /// Finds a counter by dotted path relative to this group, or nullptr.
+    const Counter* find(std::string_view dotted) const;
+
+    /// Zeroes every counter below this group (region-of-interest reset).
+    void reset();
+
+    /// Nested JSON: {"name": {"counters": {key: {"value", "unit", "desc"}}, "children": ...}}.
+    void write_json(std::ostream& os) const;
+    /// Flat CSV: path,name,value,unit,description.
+    void write_csv(std::ostream& os) const;
+    /// Aligned text, one line per statistic.
+    void write_text(std::ostream& os) const;
+
+private:
+    std::string m_name;
+    StatGroup* m_parent;
+    std::deque<Counter> m_counters;
+    std::vector<Formula> m_formulas;
+    std::vector<StatGroup*> m_children;
+};
+
+}  // namespace tpu::sim

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+
+/// Performance traces in Chrome / Perfetto trace-event JSON, written streaming.
+namespace tpu::sim {
+
+/// One `args` entry of a trace event.
+struct TraceArg {
+    std::string_view key;                                  ///< argument name
+    std::variant<int64_t, uint64_t, double, std::string_view> value;  ///< argument value
+};
+
+/// Writes trace events as they happen; disabled tracers cost one branch per call site.
+/// Times are core cycles; the writer converts to microseconds at the configured clock and
+/// puts the cycle numbers in args ("begin_cycle", "end_cycle").
+class Tracer {
+public:
+    /// A disabled tracer.
+    Tracer();
+    ~Tracer();
+    Tracer(const Tracer&) = delete;
+    Tracer& operator=(const Tracer&) = delete;
+
+    /// Starts writing to `path` at a clock of `clock_mhz`. `unit_filter` is a comma-separated
+    /// list of track-name prefixes ("core3.mxu,hbm"); empty = everything. Events outside
+    /// [window_begin, window_end) cycles are dropped (window_end 0 = no end).
+    void open(const std::string& path, double clock_mhz, std::string_view unit_filter = {},
+              uint64_t window_begin = 0, uint64_t window_end = 0);
+    /// Finishes the JSON array and closes the file. Called by the destructor too.
+    void close();
+    bool enabled() const { return m_enabled; }
+
+    /// A track: process `process` (e.g. "core3", "hbm", "host"), thread `thread` (e.g. "mxu0").
+    /// Returns an id for the event calls, stable for the tracer's lifetime; names are emitted
+    /// as metadata once. Returns -1 when the track is filtered out.
+    int track(std::string_view process, std::string_view thread);
+    /// A complete ('X') event on a track from cycle `begin` to `end`.
+    void complete(int track, std::string_view name, uint64_t begin, uint64_t end,
+                  std::initializer_list<TraceArg> args = {});
+    /// An instant ('i') event.
+    void instant(int track, std::string_view name, uint64_t at,
+                 std::initializer_list<TraceArg> args = {});
+    /// A counter ('C') sample on a process's counter track `name`.
+    void counter(std::string_view process, std::string_view name, uint64_t at, double value);
+
+    /// Number of events written so far, by kind ("X", "i", "C").
+    uint64_t events_written(char phase) const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> m_impl;
+    bool m_enabled = false;
+};
+
+}  // namespace tpu::sim

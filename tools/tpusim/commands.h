@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+namespace tpu::hw {
+struct BoardConfig;
+}
+
+/// The tpusim command line: each command lives in its own cmd_*.cpp and registers itself.
+namespace tpu::cli {
+
+/// Bad input from the user (file, flag, value): printed as "tpusim: error: ...", exit 2.
+class InputError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// A run that completed but failed (device fault, check mismatch): exit 1.
+class RunError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// Options every command takes.
+struct CommonOptions {
+    std::string config;              ///< --config FILE (JSON preset)
+    std::vector<std::string> sets;   ///< --set key.path=value, repeatable
+    std::string trace;               ///< --trace FILE (Chrome/Perfetto JSON)
+    std::string trace_units;         ///< --trace-units PREFIX[,PREFIX]
+    std::string trace_window;        ///< --trace-window START:END in cycles
+    std::string stats;               ///< --stats FILE (.json or .csv)
+    bool json = false;               ///< --json: machine-readable result on stdout
+
+    /// Loads and validates the board config; config errors become InputError.
+    hw::BoardConfig board_config() const;
+};
+
+/// Adds the common options to a subcommand.
+void add_common_options(CLI::App& cmd, CommonOptions& opts);
+
+void register_asm_commands(CLI::App& app);     ///< asm, disasm
+void register_config_command(CLI::App& app);   ///< config
+void register_run_command(CLI::App& app);      ///< run
+void register_gemm_command(CLI::App& app);     ///< gemm
+void register_train_command(CLI::App& app);    ///< train
+void register_report_command(CLI::App& app);   ///< report
+void register_bench_command(CLI::App& app);    ///< bench
+
+}  // namespace tpu::cli

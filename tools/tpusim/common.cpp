@@ -1,0 +1,28 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <CLI/CLI.hpp>
+
+#include "hw/board_config.h"
+#include "sim/config_io.h"
+#include "tools/tpusim/commands.h"
+
+namespace tpu::cli {
+
+hw::BoardConfig CommonOptions::board_config() const {
+    try {
+        return hw::BoardConfig::load(config, sets);
+    } catch (const sim::ConfigError& e) {
+        throw InputError(e.what());
+    }
+}
+
+void add_common_options(CLI::App& cmd, CommonOptions& o) {
+    cmd.add_option("--config", o.config, "board config JSON (default: built-in v3-8-like)");
+    cmd.add_option("--set", o.sets, "override a config field: key.path=value (repeatable)");
+    cmd.add_option("--trace", o.trace, "write a Chrome/Perfetto trace JSON to FILE");
+    cmd.add_option("--trace-units", o.trace_units, "trace only these tracks (prefixes, comma-separated)");
+    cmd.add_option("--trace-window", o.trace_window, "trace only cycles START:END");
+    cmd.add_option("--stats", o.stats, "write statistics to FILE (.json or .csv)");
+    cmd.add_flag("--json", o.json, "print a machine-readable result on stdout");
+}
+
+}  // namespace tpu::cli

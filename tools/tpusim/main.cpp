@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <systemc>
+
+#include "tools/tpusim/commands.h"
+
+int sc_main(int argc, char* argv[]) {
+    CLI::App app{"tpusim: a cycle-level simulator of an 8-core TPU board"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", "tpusim 0.1.0");
+    tpu::cli::register_asm_commands(app);
+    tpu::cli::register_config_command(app);
+    tpu::cli::register_run_command(app);
+    tpu::cli::register_gemm_command(app);
+    tpu::cli::register_train_command(app);
+    tpu::cli::register_report_command(app);
+    tpu::cli::register_bench_command(app);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        const int rc = app.exit(e);
+        return rc == 0 ? 0 : 2;
+    } catch (const tpu::cli::InputError& e) {
+        fmt::print(stderr, "tpusim: error: {}\n", e.what());
+        return 2;
+    } catch (const tpu::cli::RunError& e) {
+        fmt::print(stderr, "tpusim: {}\n", e.what());
+        return 1;
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "tpusim: error: {}\n", e.what());
+        return 1;
+    }
+    return 0;
+}
