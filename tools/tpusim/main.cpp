@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include <CLI/CLI.hpp>
@@ -7,6 +8,12 @@
 #include <systemc>
 
 #include "tools/tpusim/commands.h"
+
+namespace {
+// SystemC prints its banner when the kernel starts, before sc_main; a static initialiser runs
+// earlier still. An explicit user setting wins (overwrite = 0).
+const int kQuietBanner = setenv("SYSTEMC_DISABLE_COPYRIGHT_MESSAGE", "1", 0);
+}  // namespace
 
 int sc_main(int argc, char* argv[]) {
     CLI::App app{"tpusim: a cycle-level simulator of an 8-core TPU board"};
