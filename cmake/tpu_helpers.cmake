@@ -26,8 +26,11 @@ function(tpu_add_test name)
     endif()
     add_executable(${name} ${ARG_SOURCES} ${PROJECT_SOURCE_DIR}/tests/common/test_main.cpp)
     target_link_libraries(${name} PRIVATE ${ARG_LIBS} tpu::systemc GTest::gtest tpu_options)
+    # Compiled in rather than passed as ENVIRONMENT: gtest_discover_tests splits list values.
+    target_compile_definitions(${name} PRIVATE TPU_SOURCE_DIR_DEFAULT="${PROJECT_SOURCE_DIR}"
+                                               TPU_BINARY_DIR_DEFAULT="${PROJECT_BINARY_DIR}")
     gtest_discover_tests(${name}
         DISCOVERY_TIMEOUT 120
         PROPERTIES TIMEOUT ${ARG_TIMEOUT}
-                   ENVIRONMENT "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1;TPU_SOURCE_DIR=${PROJECT_SOURCE_DIR};TPU_BINARY_DIR=${PROJECT_BINARY_DIR}")
+                   ENVIRONMENT "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1")
 endfunction()

@@ -9,7 +9,7 @@ namespace tpu::isa {
 namespace {
 
 constexpr OpInfo kTable[] = {
-#define OP(e, m, u, f, d) {Opcode::e, m, Unit::u, f, d},
+#define OP(e, m, u, t, f, d) {Opcode::e, m, Unit::u, Timing::t, f, d},
 #include "isa/opcodes.def"
 #undef OP
 };
@@ -47,6 +47,24 @@ std::string_view unit_name(Unit unit) {
         case Unit::Mxu: return "mxu";
         case Unit::Vpu: return "vpu";
         case Unit::Ici: return "ici";
+    }
+    return "?";
+}
+
+std::string_view timing_name(Timing timing) {
+    switch (timing) {
+        case Timing::Alu: return "alu";
+        case Timing::Branch: return "branch";
+        case Timing::Sync: return "sync";
+        case Timing::Dma: return "dma";
+        case Timing::Ici: return "ici";
+        case Timing::MxuLoad: return "mxu.load";
+        case Timing::MxuMatmul: return "mxu.matmul";
+        case Timing::VpuAdd: return "vpu.add";
+        case Timing::VpuMul: return "vpu.mul";
+        case Timing::VpuTrans: return "vpu.transcendental";
+        case Timing::VpuReduce: return "vpu.reduce";
+        case Timing::VpuMove: return "vpu.move";
     }
     return "?";
 }

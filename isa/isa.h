@@ -17,16 +17,32 @@ namespace tpu::isa {
 /// queues the others to their unit.
 enum class Unit : uint8_t { Scalar, Branch, Sync, Dma, Mxu, Vpu, Ici };
 
+/// The timing rule a unit applies to an instruction (hw/README.md gives each formula).
+enum class Timing : uint8_t {
+    Alu,        ///< scalar ALU or scalar memory, 1 cycle in the sequencer
+    Branch,     ///< branch resolved in the sequencer, 1 cycle
+    Sync,       ///< flag operation; waits stall issue until the condition holds
+    Dma,        ///< 2-D copy: HBM/VMEM bandwidth and latency
+    Ici,        ///< inter-core transfer: link bandwidth and per-hop latency
+    MxuLoad,    ///< weight tile into the shadow buffer, one PE row per cycle
+    MxuMatmul,  ///< LHS rows streamed through the array: fill, skew and drain
+    VpuAdd,     ///< VPU op with the add latency
+    VpuMul,     ///< VPU op with the multiply latency
+    VpuTrans,   ///< VPU transcendental latency
+    VpuReduce,  ///< VPU reduction: add latency plus a lane-reduction tree
+    VpuMove,    ///< VPU data movement (transpose), add latency
+};
+
 /// Every opcode, in table order (isa/opcodes.def).
 enum class Opcode : uint8_t {
-#define OP(e, m, u, f, d) e,
+#define OP(e, m, u, t, f, d) e,
 #include "isa/opcodes.def"
 #undef OP
 };
 
 /// Number of opcodes in the table.
 inline constexpr int kNumOpcodes = 0
-#define OP(e, m, u, f, d) +1
+#define OP(e, m, u, t, f, d) +1
 #include "isa/opcodes.def"
 #undef OP
     ;
@@ -42,6 +58,7 @@ struct OpInfo {
     Opcode op;                  ///< the opcode
     std::string_view mnemonic;  ///< assembly mnemonic
     Unit unit;                  ///< executing unit
+    Timing timing;              ///< timing rule
     std::string_view kinds;     ///< operand kinds, one char each (see opcodes.def)
     std::string_view summary;   ///< semantics, one line
 };
@@ -54,6 +71,8 @@ std::span<const OpInfo> op_table();
 std::optional<Opcode> find_mnemonic(std::string_view mnemonic);
 /// Lower-case unit name ("scalar", "mxu", ...).
 std::string_view unit_name(Unit unit);
+/// Timing class name as in the ISA reference ("alu", "mxu.matmul", ...).
+std::string_view timing_name(Timing timing);
 /// Number of operand slots the opcode uses (kinds without the optional completion flag 'c').
 int num_operands(Opcode op);
 /// True when the opcode takes an optional completion flag.

@@ -6,15 +6,15 @@
 
 namespace tpu::test {
 
-/// Root of the source tree (set by CTest; falls back to the working directory).
+/// Root of the source tree: $TPU_SOURCE_DIR, else the tree the test was built from.
 inline std::string source_dir() {
     const char* d = std::getenv("TPU_SOURCE_DIR");
-    return d ? d : ".";
+    return d ? d : TPU_SOURCE_DIR_DEFAULT;
 }
-/// Root of the build tree (set by CTest).
+/// Root of the build tree: $TPU_BINARY_DIR, else the tree the test was built in.
 inline std::string binary_dir() {
     const char* d = std::getenv("TPU_BINARY_DIR");
-    return d ? d : "build";
+    return d ? d : TPU_BINARY_DIR_DEFAULT;
 }
 /// The built tpusim executable.
 inline std::string tpusim_exe() { return binary_dir() + "/bin/tpusim"; }

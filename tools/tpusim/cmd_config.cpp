@@ -14,7 +14,7 @@ void register_config_command(CLI::App& app) {
     auto opts = std::make_shared<CommonOptions>();
     auto doc = std::make_shared<bool>(false);
     auto* cmd = app.add_subcommand("config", "print the effective board config (JSON)");
-    add_common_options(*cmd, *opts);
+    add_config_options(*cmd, *opts);
     cmd->add_flag("--doc", *doc, "print the field reference (Markdown) instead");
     cmd->callback([opts, doc] {
         hw::BoardConfig cfg = opts->board_config();

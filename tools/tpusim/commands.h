@@ -21,6 +21,13 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+/// Bad input whose message already names its location ("FILE:LINE:COL: error: ..."), printed
+/// as-is, exit 2.
+class SourceError : public InputError {
+public:
+    using InputError::InputError;
+};
+
 /// A run that completed but failed (device fault, check mismatch): exit 1.
 class RunError : public std::runtime_error {
 public:
@@ -41,8 +48,10 @@ struct CommonOptions {
     hw::BoardConfig board_config() const;
 };
 
-/// Adds the common options to a subcommand.
+/// Adds every common option to a subcommand that simulates (config, tracing, stats, --json).
 void add_common_options(CLI::App& cmd, CommonOptions& opts);
+/// Adds only --config and --set, for commands that read the config but do not simulate.
+void add_config_options(CLI::App& cmd, CommonOptions& opts);
 
 void register_asm_commands(CLI::App& app);     ///< asm, disasm
 void register_config_command(CLI::App& app);   ///< config

@@ -15,9 +15,13 @@ hw::BoardConfig CommonOptions::board_config() const {
     }
 }
 
-void add_common_options(CLI::App& cmd, CommonOptions& o) {
+void add_config_options(CLI::App& cmd, CommonOptions& o) {
     cmd.add_option("--config", o.config, "board config JSON (default: built-in v3-8-like)");
     cmd.add_option("--set", o.sets, "override a config field: key.path=value (repeatable)");
+}
+
+void add_common_options(CLI::App& cmd, CommonOptions& o) {
+    add_config_options(cmd, o);
     cmd.add_option("--trace", o.trace, "write a Chrome/Perfetto trace JSON to FILE");
     cmd.add_option("--trace-units", o.trace_units, "trace only these tracks (prefixes, comma-separated)");
     cmd.add_option("--trace-window", o.trace_window, "trace only cycles START:END");

@@ -31,6 +31,9 @@ int sc_main(int argc, char* argv[]) {
     } catch (const CLI::ParseError& e) {
         const int rc = app.exit(e);
         return rc == 0 ? 0 : 2;
+    } catch (const tpu::cli::SourceError& e) {
+        fmt::print(stderr, "{}\n", e.what());
+        return 2;
     } catch (const tpu::cli::InputError& e) {
         fmt::print(stderr, "tpusim: error: {}\n", e.what());
         return 2;
