@@ -1,15 +1,172 @@
 // SPDX-License-Identifier: Apache-2.0
-// Placeholder until its issue lands: the command exists and says so.
-#include <CLI/CLI.hpp>
+// tpusim run: load a kernel and its data, run it on a set of cores, dump results.
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
 
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "hw/board.h"
+#include "isa/assembler.h"
 #include "tools/tpusim/commands.h"
+#include "tools/tpusim/run_output.h"
 
 namespace tpu::cli {
+namespace {
+
+/// "CORES[:hbm|:vmem]:ADDR[:BYTES]" from --load/--dump.
+struct Region {
+    std::vector<uint32_t> cores;
+    bool hbm = true;
+    uint64_t addr = 0;
+    uint64_t bytes = 0;
+    std::string file;
+};
+
+uint64_t parse_number(std::string_view s, std::string_view what, const std::string& spec) {
+    uint64_t v = 0;
+    int base = 10;
+    if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s.remove_prefix(2), base = 16;
+    const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
+    if (s.empty() || ec != std::errc() || p != s.data() + s.size())
+        throw InputError(fmt::format("'{}': {} '{}' is not a number", spec, what, s));
+    return v;
+}
+
+Region parse_region(const std::string& spec, bool with_bytes, uint32_t num_cores) {
+    const std::string form = with_bytes ? "CORE[:hbm|:vmem]:ADDR:BYTES=FILE"
+                                        : "CORES[:hbm|:vmem]:ADDR=FILE";
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq + 1 == spec.size())
+        throw InputError(fmt::format("'{}': expected {}", spec, form));
+    Region r;
+    r.file = spec.substr(eq + 1);
+    std::vector<std::string> parts;
+    std::stringstream ss(spec.substr(0, eq));
+    for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
+    const size_t want = with_bytes ? 3 : 2;
+    if (parts.size() == want + 1) {
+        if (parts[1] != "hbm" && parts[1] != "vmem")
+            throw InputError(fmt::format("'{}': memory '{}' must be hbm or vmem", spec, parts[1]));
+        r.hbm = parts[1] == "hbm";
+        parts.erase(parts.begin() + 1);
+    }
+    if (parts.size() != want) throw InputError(fmt::format("'{}': expected {}", spec, form));
+    try {
+        r.cores = hw::parse_core_set(parts[0], num_cores);
+    } catch (const std::invalid_argument& e) {
+        throw InputError(fmt::format("'{}': {}", spec, e.what()));
+    }
+    if (with_bytes && r.cores.size() != 1)
+        throw InputError(fmt::format("'{}': a dump names one core", spec));
+    r.addr = parse_number(parts[1], "address", spec);
+    if (with_bytes) r.bytes = parse_number(parts[2], "byte count", spec);
+    return r;
+}
+
+isa::Program load_kernel(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw InputError(fmt::format("cannot open kernel '{}': {}", path, std::strerror(errno)));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string bytes = ss.str();
+    if (bytes.rfind("TPUPROG1", 0) == 0) {
+        try {
+            return isa::decode_program(
+                std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+        } catch (const isa::DecodeError& e) {
+            throw InputError(fmt::format("{}: {}", path, e.what()));
+        }
+    }
+    try {
+        return isa::assemble(bytes, path);
+    } catch (const isa::AsmError& e) {
+        throw SourceError(e.what());
+    }
+}
+
+}  // namespace
 
 void register_run_command(CLI::App& app) {
-    auto* cmd = app.add_subcommand("run", "(not available yet)");
-    cmd->allow_extras();
-    cmd->callback([] { throw RunError("'run' is not implemented yet"); });
+    struct Opts {
+        CommonOptions common;
+        std::string kernel;
+        std::string cores = "0";
+        std::vector<std::string> loads, dumps;
+        std::vector<uint32_t> args;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* cmd = app.add_subcommand("run", "run a kernel (.s or .bin) on a set of cores");
+    cmd->add_option("kernel", o->kernel, "kernel: assembly (.s) or program image (.bin)")->required();
+    cmd->add_option("--cores", o->cores, "cores to run on: 3, 0-7, 0,2,4 or all (default 0)");
+    cmd->add_option("--load", o->loads,
+                    "CORES[:hbm|:vmem]:ADDR=FILE: copy FILE into memory before the run "
+                    "(default hbm; repeatable)");
+    cmd->add_option("--dump", o->dumps,
+                    "CORE[:hbm|:vmem]:ADDR:BYTES=FILE: write memory to FILE after the run "
+                    "(repeatable)");
+    cmd->add_option("--args", o->args, "launch arguments, placed in s1, s2, ...")->delimiter(',');
+    add_common_options(*cmd, o->common);
+    cmd->callback([o] {
+        const hw::BoardConfig cfg = o->common.board_config();
+        const isa::Program prog = load_kernel(o->kernel);
+        std::vector<uint32_t> cores;
+        try {
+            cores = hw::parse_core_set(o->cores, cfg.cores());
+        } catch (const std::invalid_argument& e) {
+            throw InputError(fmt::format("--cores: {}", e.what()));
+        }
+        std::vector<Region> loads, dumps;
+        for (const auto& s : o->loads) loads.push_back(parse_region(s, false, cfg.cores()));
+        for (const auto& s : o->dumps) dumps.push_back(parse_region(s, true, cfg.cores()));
+
+        RunSession session(cfg, o->common);
+        hw::Board& board = session.board();
+        for (const Region& r : loads) {
+            std::ifstream in(r.file, std::ios::binary);
+            if (!in)
+                throw InputError(fmt::format("--load: cannot open '{}': {}", r.file, std::strerror(errno)));
+            const std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)),
+                                            std::istreambuf_iterator<char>());
+            for (uint32_t c : r.cores) {
+                hw::SparseMemory& mem = r.hbm ? board.hbm(c) : board.vmem(c);
+                if (!mem.in_range(r.addr, data.size()))
+                    throw InputError(fmt::format(
+                        "--load {}: {} bytes at 0x{:x} do not fit in {} ({} bytes)", r.file,
+                        data.size(), r.addr, mem.name(), mem.size()));
+                mem.write(r.addr, data);
+            }
+        }
+        for (const Region& r : dumps) {
+            const hw::SparseMemory& mem = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
+            if (r.bytes == 0 || !mem.in_range(r.addr, r.bytes))
+                throw InputError(fmt::format("--dump {}: {} bytes at 0x{:x} are not inside {} ({} bytes)",
+                                             r.file, r.bytes, r.addr, mem.name(), mem.size()));
+        }
+        for (uint32_t c : cores) {
+            try {
+                board.load(c, prog);
+            } catch (const std::invalid_argument& e) {
+                throw InputError(e.what());
+            }
+        }
+        const hw::LaunchResult res = session.launch(o->kernel, cores, o->args);
+        for (const Region& r : dumps) {
+            const hw::SparseMemory& mem = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
+            std::vector<uint8_t> data(r.bytes);
+            mem.read(r.addr, data);
+            std::ofstream out(r.file, std::ios::binary | std::ios::trunc);
+            out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+            if (!out) throw InputError(fmt::format("--dump: cannot write '{}': {}", r.file, std::strerror(errno)));
+        }
+        session.report(res);
+    });
 }
 
 }  // namespace tpu::cli

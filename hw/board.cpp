@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "hw/board.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+#include <systemc>
+
+#include "sim/tracer.h"
+
+namespace tpu::hw {
+namespace {
+
+constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+
+}  // namespace
+
+/// One TensorCore in SystemC: a thread that runs the CoreModel ahead of simulated time and
+/// sleeps only where the model needs time to pass (no clock, no per-cycle process).
+class TensorCore : public sc_core::sc_module {
+public:
+    SC_HAS_PROCESS(TensorCore);
+    TensorCore(sc_core::sc_module_name name, CoreModel& model, uint64_t period_ps,
+               std::function<void()> on_stop)
+        : sc_module(name), m_model(model), m_period_ps(period_ps), m_on_stop(std::move(on_stop)) {
+        SC_THREAD(main);
+    }
+
+    void launch() {
+        m_done = false;
+        m_fault.reset();
+        m_start.notify(sc_core::SC_ZERO_TIME);
+    }
+    void wake() { m_wake.notify(sc_core::SC_ZERO_TIME); }
+    bool done() const { return m_done; }
+    const std::optional<FaultInfo>& fault() const { return m_fault; }
+    bool waiting() const { return m_waiting; }
+
+private:
+    uint64_t now() const {
+        return static_cast<uint64_t>(sc_core::sc_time_stamp().value() / m_period_ps);
+    }
+    sc_core::sc_time until(uint64_t cycle) const {
+        return sc_core::sc_time(static_cast<double>((cycle - now()) * m_period_ps), sc_core::SC_PS);
+    }
+
+    void main() {
+        for (;;) {
+            sc_core::wait(m_start);
+            try {
+                for (;;) {
+                    const auto st = m_model.run(now());
+                    if (st.block == CoreModel::Block::Sync) {
+                        sc_core::wait(until(st.cycle));
+                    } else if (st.block == CoreModel::Block::WaitFlag) {
+                        const uint64_t t = m_model.next_flag_event(now());
+                        m_waiting = true;
+                        if (t == kNever)
+                            sc_core::wait(m_wake);
+                        else
+                            sc_core::wait(until(t), m_wake);
+                        m_waiting = false;
+                    } else {
+                        if (st.cycle > now()) sc_core::wait(until(st.cycle));
+                        m_done = true;
+                        m_on_stop();
+                        break;
+                    }
+                }
+            } catch (const DeviceFault& f) {
+                m_fault = f.info();
+                m_done = true;
+                m_on_stop();
+            }
+        }
+    }
+
+    CoreModel& m_model;
+    uint64_t m_period_ps;
+    std::function<void()> m_on_stop;
+    sc_core::sc_event m_start, m_wake;
+    bool m_done = true;
+    bool m_waiting = false;
+    std::optional<FaultInfo> m_fault;
+};
+
+struct Board::Impl : CoreEnv {
+    BoardConfig cfg;
+    uint64_t period_ps;
+    std::vector<std::unique_ptr<SparseMemory>> hbm, vmem;
+    std::vector<std::unique_ptr<CoreModel>> models;
+    std::vector<std::unique_ptr<TensorCore>> modules;
+    std::vector<std::vector<uint64_t>> link_free;  ///< [core][0: clockwise, 1: counter]
+    uint32_t outstanding = 0;
+    bool faulted = false;
+    bool stop_on_fault = false;
+
+    explicit Impl(const BoardConfig& c) : cfg(c), period_ps(c.period_ps()) {
+        const uint32_t n = cfg.cores();
+        link_free.assign(n, std::vector<uint64_t>(2, 0));
+        for (uint32_t i = 0; i < n; ++i) {
+            hbm.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.hbm", i),
+                                                         cfg.hbm.bytes_per_core));
+            vmem.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.vmem", i),
+                                                          cfg.core.vmem_bytes));
+            models.push_back(std::make_unique<CoreModel>(i, cfg, *hbm[i], *vmem[i], this));
+        }
+        for (uint32_t i = 0; i < n; ++i)
+            modules.push_back(std::make_unique<TensorCore>(
+                fmt::format("core{}", i).c_str(), *models[i], period_ps, [this, i] {
+                    --outstanding;
+                    if (modules[i]->fault()) sc_core::sc_pause();
+                }));
+    }
+
+    uint32_t num_cores() const override { return cfg.cores(); }
+
+    uint64_t hop_cycles() const {
+        return static_cast<uint64_t>(std::ceil(cfg.ici.hop_latency_ns * cfg.clock_mhz / 1000.0));
+    }
+    uint64_t ser_cycles(uint64_t bytes) const {
+        const double per_cycle = cfg.ici.link_gb_per_s * 1e9 / (cfg.clock_mhz * 1e6);
+        return static_cast<uint64_t>(std::ceil(double(bytes) / per_cycle));
+    }
+
+    /// Ring route: the shorter direction (clockwise on a tie), one link per hop.
+    uint64_t route(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes, bool reserve) {
+        const uint32_t n = num_cores();
+        const uint64_t ser = ser_cycles(bytes);
+        if (src == dst) return start + ser;
+        const uint32_t cw = (dst + n - src) % n;
+        const bool clockwise = cw <= n - cw;
+        const uint32_t hops = clockwise ? cw : n - cw;
+        const bool cut_through = cfg.ici.switching == "cut-through";
+        uint64_t t = start;
+        uint32_t node = src;
+        for (uint32_t h = 0; h < hops; ++h) {
+            uint64_t& free = link_free[node][clockwise ? 0 : 1];
+            const uint64_t s = std::max(t, free);
+            if (reserve) free = s + ser;
+            t = s + hop_cycles() + (cut_through ? 0 : ser);
+            node = clockwise ? (node + 1) % n : (node + n - 1) % n;
+        }
+        return cut_through ? t + ser : t;
+    }
+
+    uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes) override {
+        return route(src, dst, start, bytes, true);
+    }
+    uint64_t ici_message(uint32_t src, uint32_t dst, uint64_t start) override {
+        return route(src, dst, start, 0, false);
+    }
+    SparseMemory& remote_memory(uint32_t core, bool is_hbm) override {
+        return is_hbm ? *hbm[core] : *vmem[core];
+    }
+    void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) override {
+        models[core]->schedule_flag(flag, amount, cycle);
+        modules[core]->wake();
+    }
+};
+
+Board::Board(const BoardConfig& cfg) : m_impl(std::make_unique<Impl>(cfg)) {}
+Board::~Board() = default;
+
+const BoardConfig& Board::config() const { return m_impl->cfg; }
+uint32_t Board::num_cores() const { return m_impl->cfg.cores(); }
+
+static void check_core(uint32_t core, uint32_t n) {
+    if (core >= n)
+        throw std::invalid_argument(
+            fmt::format("core {} does not exist (the board has cores 0-{})", core, n - 1));
+}
+
+SparseMemory& Board::hbm(uint32_t core) {
+    check_core(core, num_cores());
+    return *m_impl->hbm[core];
+}
+SparseMemory& Board::vmem(uint32_t core) {
+    check_core(core, num_cores());
+    return *m_impl->vmem[core];
+}
+CoreModel& Board::core(uint32_t core) {
+    check_core(core, num_cores());
+    return *m_impl->models[core];
+}
+
+void Board::load(uint32_t core, const isa::Program& program) { this->core(core).load(program); }
+
+uint64_t Board::now_cycle() const {
+    return static_cast<uint64_t>(sc_core::sc_time_stamp().value() / m_impl->period_ps);
+}
+double Board::now_seconds() const { return sc_core::sc_time_stamp().to_seconds(); }
+
+void Board::advance(uint64_t cycles) {
+    if (cycles == 0) return;
+    if (sc_core::sc_get_status() == sc_core::SC_ELABORATION) sc_core::sc_start(sc_core::SC_ZERO_TIME);
+    sc_core::sc_start(sc_core::sc_time(static_cast<double>(cycles * m_impl->period_ps), sc_core::SC_PS));
+}
+
+void Board::set_tracer(sim::Tracer* tracer) {
+    for (auto& m : m_impl->models) m->set_tracer(tracer);
+}
+
+LaunchResult Board::run(const std::vector<uint32_t>& cores, const std::vector<uint32_t>& args) {
+    Impl& im = *m_impl;
+    if (im.faulted)
+        throw std::invalid_argument(
+            "the board stopped on a device fault; open a new device to run again");
+    if (cores.empty()) throw std::invalid_argument("launch on an empty core set");
+    std::vector<uint32_t> set = cores;
+    std::sort(set.begin(), set.end());
+    if (std::adjacent_find(set.begin(), set.end()) != set.end())
+        throw std::invalid_argument("a core appears twice in the launch set");
+    for (uint32_t c : set) check_core(c, num_cores());
+
+    // The core threads must have reached their first wait before a launch can notify them.
+    if (sc_core::sc_get_status() == sc_core::SC_ELABORATION) sc_core::sc_start(sc_core::SC_ZERO_TIME);
+    LaunchResult res;
+    res.start_cycle = now_cycle();
+    res.cores = set;
+    for (uint32_t c : set) {
+        im.models[c]->start(res.start_cycle, args);
+        im.modules[c]->launch();
+    }
+    im.outstanding = static_cast<uint32_t>(set.size());
+    while (im.outstanding > 0) {
+        sc_core::sc_start();
+        bool fault = false;
+        for (uint32_t c : set) fault |= im.modules[c]->fault().has_value();
+        if (fault) break;
+        if (im.outstanding > 0 && !sc_core::sc_pending_activity()) {
+            std::string dump;
+            for (uint32_t c : set)
+                if (!im.modules[c]->done()) dump += "\n  " + im.models[c]->dump_state();
+            im.faulted = true;
+            throw DeadlockError(fmt::format(
+                "deadlock at cycle {}: every running core waits on a flag that nothing can raise{}",
+                now_cycle(), dump));
+        }
+    }
+    for (uint32_t c : set)
+        if (im.modules[c]->fault()) {
+            im.faulted = true;
+            throw DeviceFault(*im.modules[c]->fault());
+        }
+    res.end_cycle = res.start_cycle;
+    for (uint32_t c : set) {
+        const uint64_t end = im.models[c]->local_cycle();
+        res.core_cycles.push_back(end - res.start_cycle);
+        res.end_cycle = std::max(res.end_cycle, end);
+    }
+    return res;
+}
+
+std::vector<uint32_t> parse_core_set(const std::string& text, uint32_t num_cores) {
+    std::vector<uint32_t> out;
+    if (text == "all") {
+        for (uint32_t i = 0; i < num_cores; ++i) out.push_back(i);
+        return out;
+    }
+    auto number = [&](std::string_view s) {
+        uint32_t v = 0;
+        const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (s.empty() || ec != std::errc() || p != s.data() + s.size())
+            throw std::invalid_argument(
+                fmt::format("bad core list '{}': '{}' is not a core number", text, s));
+        if (v >= num_cores)
+            throw std::invalid_argument(fmt::format(
+                "bad core list '{}': core {} does not exist (the board has cores 0-{})", text, v,
+                num_cores - 1));
+        return v;
+    };
+    std::string_view rest = text;
+    while (true) {
+        const size_t comma = rest.find(',');
+        const std::string_view part = rest.substr(0, comma);
+        const size_t dash = part.find('-');
+        if (dash == std::string_view::npos) {
+            out.push_back(number(part));
+        } else {
+            const uint32_t a = number(part.substr(0, dash)), b = number(part.substr(dash + 1));
+            if (b < a)
+                throw std::invalid_argument(
+                    fmt::format("bad core list '{}': range {} is backwards", text, part));
+            for (uint32_t i = a; i <= b; ++i) out.push_back(i);
+        }
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+    }
+    std::sort(out.begin(), out.end());
+    if (std::adjacent_find(out.begin(), out.end()) != out.end())
+        throw std::invalid_argument(fmt::format("bad core list '{}': a core appears twice", text));
+    return out;
+}
+
+}  // namespace tpu::hw

@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hw/board_config.h"
+#include "hw/core/core_model.h"
+#include "isa/isa.h"
+
+namespace tpu::sim {
+class Tracer;
+}
+
+namespace tpu::hw {
+
+/// Every running core waits on a flag that nothing can raise; the message holds a state dump.
+class DeadlockError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// Result of one launch: per-core cycles from launch to halt.
+struct LaunchResult {
+    uint64_t start_cycle = 0;              ///< board cycle of the launch
+    uint64_t end_cycle = 0;                ///< board cycle when the last core halted
+    std::vector<uint32_t> cores;           ///< launched cores, ascending
+    std::vector<uint64_t> core_cycles;     ///< cycles each launched core ran (same order)
+};
+
+/// The board: cores, their HBM and VMEM, the inter-core network. Owns the SystemC modules
+/// (hidden here so users of this header never include SystemC). SystemC allows one elaborated
+/// design per process, so create one Board per process.
+class Board {
+public:
+    explicit Board(const BoardConfig& cfg);
+    ~Board();
+    Board(const Board&) = delete;
+    Board& operator=(const Board&) = delete;
+
+    const BoardConfig& config() const;
+    uint32_t num_cores() const;
+    SparseMemory& hbm(uint32_t core);
+    SparseMemory& vmem(uint32_t core);
+    CoreModel& core(uint32_t core);
+
+    /// Loads a program on a core (checked against instruction memory).
+    void load(uint32_t core, const isa::Program& program);
+    /// Starts `cores` at the current board cycle with launch arguments in s1.. and runs until
+    /// all of them halt. Throws DeviceFault, DeadlockError, std::invalid_argument.
+    LaunchResult run(const std::vector<uint32_t>& cores, const std::vector<uint32_t>& args = {});
+    /// Current board cycle (simulated time / clock period).
+    uint64_t now_cycle() const;
+    /// Simulated seconds at the current cycle.
+    double now_seconds() const;
+    /// Advances simulated time by `cycles` with nothing running (host-side waits).
+    void advance(uint64_t cycles);
+    /// Traces every core's units (nullptr or a closed tracer: off).
+    void set_tracer(sim::Tracer* tracer);
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> m_impl;
+};
+
+/// Parses a core list "3", "0-7", "0,2,5-6" or "all"; throws std::invalid_argument naming the
+/// bad part.
+std::vector<uint32_t> parse_core_set(const std::string& text, uint32_t num_cores);
+
+}  // namespace tpu::hw

@@ -1,0 +1,742 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "hw/core/core_model.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "hw/board_config.h"
+#include "hw/core/numerics.h"
+#include "isa/disassembler.h"
+#include "sim/tracer.h"
+
+namespace tpu::hw {
+
+using isa::Opcode;
+
+/// In-order unit queue: entries occupy a slot from issue until their unit starts them.
+struct CoreModel::UnitQueue {
+    std::deque<uint64_t> starts;  ///< start cycles of entries not yet started, oldest first
+    uint64_t last_start = 0;      ///< start of the previous instruction (in-order issue)
+};
+
+/// Byte ranges written by a unit's in-flight instructions: a later instruction of the same
+/// unit that reads or writes them waits for the writer's done cycle (RAW and WAW). WAR needs
+/// no wait because reads happen at start and starts are in order.
+struct CoreModel::Hazards {
+    struct Range {
+        bool hbm;
+        uint64_t lo, hi, done;
+    };
+    std::vector<Range> writes;
+
+    uint64_t ready_after(bool hbm, uint64_t lo, uint64_t hi, uint64_t from) const {
+        uint64_t t = from;
+        for (const Range& r : writes)
+            if (r.hbm == hbm && lo < r.hi && r.lo < hi) t = std::max(t, r.done);
+        return t;
+    }
+    void add(bool hbm, uint64_t lo, uint64_t hi, uint64_t done, uint64_t now) {
+        // Writers that finished before the current issue cycle can no longer delay anyone.
+        std::erase_if(writes, [now](const Range& r) { return r.done <= now; });
+        writes.push_back({hbm, lo, hi, done});
+    }
+};
+
+namespace {
+
+constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+/// Span of a 2-D access: rows of row_bytes, `stride` apart.
+uint64_t span_2d(uint64_t rows, uint64_t row_bytes, uint64_t stride) {
+    return rows == 0 ? 0 : (rows - 1) * stride + row_bytes;
+}
+
+float max_nan(float x, float y) {
+    if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<float>::quiet_NaN();
+    return x > y ? x : y;
+}
+float min_nan(float x, float y) {
+    if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<float>::quiet_NaN();
+    return x < y ? x : y;
+}
+
+/// Counter-based uniform [0, 1): splitmix64 of (seed, index), top 24 bits.
+float uniform(uint32_t seed, uint64_t index) {
+    uint64_t z = (uint64_t(seed) << 32 ^ index) + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
+}  // namespace
+
+CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, SparseMemory& vmem,
+                     CoreEnv* env)
+    : m_id(id),
+      m_cfg(cfg),
+      m_core(cfg.core),
+      m_hbm(hbm),
+      m_vmem(vmem),
+      m_smem(fmt::format("core{}.smem", id), cfg.core.smem_bytes),
+      m_env(env),
+      m_dma_q(std::make_unique<UnitQueue>()),
+      m_vpu_q(std::make_unique<UnitQueue>()),
+      m_ici_q(std::make_unique<UnitQueue>()),
+      m_dma_hz(std::make_unique<Hazards>()),
+      m_vpu_hz(std::make_unique<Hazards>()) {
+    for (uint32_t i = 0; i < m_core.mxus; ++i) {
+        m_mxu_q.push_back(std::make_unique<UnitQueue>());
+        m_mxu_timer.emplace_back(m_core.mxu_rows, m_core.mxu_cols);
+    }
+    m_mxu_weights.resize(m_core.mxus);
+    m_mxu_shape.resize(m_core.mxus);
+    m_mxu_loaded.assign(m_core.mxus, false);
+    m_stats.mxu_busy.assign(m_core.mxus, 0);
+    m_stats.mxu_macs.assign(m_core.mxus, 0);
+}
+
+CoreModel::~CoreModel() = default;
+
+void CoreModel::load(const isa::Program& program) {
+    const uint64_t bytes = program.code.size() * uint64_t(isa::kInstrBytes);
+    if (bytes > m_core.imem_bytes)
+        throw std::invalid_argument(fmt::format(
+            "core {}: program of {} instructions ({} bytes) does not fit in instruction memory "
+            "({} bytes, core.imem_bytes)",
+            m_id, program.code.size(), bytes, m_core.imem_bytes));
+    m_program = program.code;
+}
+
+void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_t hbm_base) {
+    if (args.size() >= isa::kNumSregs)
+        throw std::invalid_argument(fmt::format("core {}: {} launch arguments; at most {} fit "
+                                                "in s1..s{}",
+                                                m_id, args.size(), isa::kNumSregs - 1,
+                                                isa::kNumSregs - 1));
+    m_sregs.fill(0);
+    for (size_t i = 0; i < args.size(); ++i) m_sregs[i + 1] = args[i];
+    m_flags.fill(0);
+    m_pending = {};
+    m_pc = 0;
+    m_blocked = false;
+    m_cycle = cycle;
+    m_hbm_base = hbm_base;
+    m_units_done = cycle;
+    m_running = true;
+    for (auto* q : {m_dma_q.get(), m_vpu_q.get(), m_ici_q.get()}) *q = UnitQueue{{}, cycle};
+    for (auto& q : m_mxu_q) *q = UnitQueue{{}, cycle};
+    for (auto& t : m_mxu_timer) t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols);
+    m_mxu_loaded.assign(m_core.mxus, false);
+    m_dma_free = m_vpu_free = m_ici_free = cycle;
+    m_dma_hz->writes.clear();
+    m_vpu_hz->writes.clear();
+    m_records.clear();
+}
+
+void CoreModel::set_tracer(sim::Tracer* tracer) {
+    m_tracer = tracer && tracer->enabled() ? tracer : nullptr;
+    m_tracks.clear();
+    if (!m_tracer) return;
+    const std::string proc = fmt::format("core{}", m_id);
+    for (const char* unit : {"seq", "dma", "vpu", "ici"}) m_tracks.push_back(m_tracer->track(proc, unit));
+    for (uint32_t i = 0; i < m_core.mxus; ++i)
+        m_tracks.push_back(m_tracer->track(proc, fmt::format("mxu{}", i)));
+}
+
+void CoreModel::trace(int track, uint64_t start, uint64_t done, std::string_view key,
+                      uint64_t detail) {
+    if (!m_tracer || track < 0) return;
+    const auto& oi = isa::info(m_program[m_pc].op);
+    if (key.empty())
+        m_tracer->complete(track, oi.mnemonic, start, done, {{"pc", uint64_t(m_pc)}});
+    else
+        m_tracer->complete(track, oi.mnemonic, start, done, {{"pc", uint64_t(m_pc)}, {key, detail}});
+}
+
+void CoreModel::fault(std::string unit, uint64_t address, std::string what) const {
+    FaultInfo f;
+    f.core = m_id;
+    f.pc = m_pc;
+    f.instruction = m_pc < m_program.size() ? isa::to_string(m_program[m_pc]) : "<none>";
+    f.unit = std::move(unit);
+    f.address = address;
+    f.cycle = m_cycle;
+    f.what = std::move(what);
+    throw DeviceFault(std::move(f));
+}
+
+void CoreModel::check(SparseMemory& mem, uint64_t addr, uint64_t bytes, std::string_view unit,
+                      std::string_view what, uint32_t align) const {
+    if (bytes == 0) fault(std::string(unit), addr, fmt::format("{} of 0 bytes", what));
+    if (!mem.in_range(addr, bytes))
+        fault(std::string(unit), addr,
+              fmt::format("{} of {} bytes at 0x{:x} is outside {} ({} bytes)", what, bytes, addr,
+                          mem.name(), mem.size()));
+    if (addr % align != 0)
+        fault(std::string(unit), addr,
+              fmt::format("{} at 0x{:x} is not {}-byte aligned", what, addr, align));
+}
+
+uint64_t CoreModel::flag_value(uint32_t flag, uint64_t cycle) const {
+    uint64_t v = m_flags[flag];
+    auto copy = m_pending;
+    while (!copy.empty() && std::get<0>(copy.top()) <= cycle) {
+        if (std::get<1>(copy.top()) == flag) v += std::get<2>(copy.top());
+        copy.pop();
+    }
+    return v;
+}
+
+uint64_t CoreModel::next_flag_event(uint64_t now) const {
+    auto copy = m_pending;
+    while (!copy.empty()) {
+        if (std::get<0>(copy.top()) > now) return std::get<0>(copy.top());
+        copy.pop();
+    }
+    return kNever;
+}
+
+void CoreModel::schedule_flag(uint32_t flag, uint32_t amount, uint64_t cycle) {
+    m_pending.emplace(cycle, flag, amount);
+}
+
+uint64_t CoreModel::issue_to_unit(UnitQueue& q) {
+    // A full queue stalls issue until its oldest entry starts and frees the slot.
+    while (!q.starts.empty() && q.starts.front() <= m_cycle) q.starts.pop_front();
+    if (q.starts.size() >= m_core.queue_depth) {
+        const uint64_t free_at = q.starts[q.starts.size() - m_core.queue_depth];
+        m_stats.stall_queue += free_at - m_cycle;
+        m_cycle = free_at;
+        while (!q.starts.empty() && q.starts.front() <= m_cycle) q.starts.pop_front();
+    }
+    return std::max(m_cycle + m_core.dispatch_cycles, q.last_start);
+}
+
+void CoreModel::finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t flag) {
+    q.starts.push_back(start);
+    q.last_start = start;
+    if (flag != isa::kNoFlag) schedule_flag(flag, 1, done);
+    m_units_done = std::max(m_units_done, done);
+    if (m_record) m_records.push_back({m_pc, m_program[m_pc].op, m_cycle, start, done});
+}
+
+CoreModel::Status CoreModel::run(uint64_t now) {
+    if (!m_running) return {Block::Halted, m_cycle};
+    // Resuming a wait that needed simulated time: the stall lasted until now.
+    if (m_blocked && now > m_cycle) {
+        m_stats.stall_wait += now - m_cycle;
+        m_cycle = now;
+    }
+    const uint64_t limit = m_cfg.sim.max_cycles;
+    for (;;) {
+        if (m_pc >= m_program.size())
+            fault("sequencer", m_pc,
+                  fmt::format("pc {} is outside the program ({} instructions); a kernel must end "
+                              "with halt",
+                              m_pc, m_program.size()));
+        if (limit && m_cycle > limit)
+            fault("sequencer", 0,
+                  fmt::format("simulation passed sim.max_cycles = {} cycles", limit));
+        const isa::Instr& ins = m_program[m_pc];
+        const isa::Unit unit = isa::info(ins.op).unit;
+        const uint64_t issue = m_cycle;
+        uint32_t next = m_pc + 1;
+        auto inline_done = [&] {
+            if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, issue + 1});
+            m_cycle = issue + 1;
+        };
+        switch (unit) {
+            case isa::Unit::Scalar: {
+                const uint32_t b = val(ins.ops[1]);
+                const uint32_t c = val(ins.ops[2]);
+                uint32_t r = 0;
+                bool write = true;
+                switch (ins.op) {
+                    case Opcode::Nop: write = false; break;
+                    case Opcode::Halt: {
+                        const uint64_t end = std::max(issue, m_units_done);
+                        if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, end});
+                        if (m_tracer && !m_tracks.empty())
+                            m_tracer->instant(m_tracks[0], "halt", end);
+                        m_cycle = end;
+                        m_running = false;
+                        ++m_stats.instructions;
+                        return {Block::Halted, end};
+                    }
+                    case Opcode::Li: r = b; break;
+                    case Opcode::Add: r = b + c; break;
+                    case Opcode::Sub: r = b - c; break;
+                    case Opcode::Mul: r = b * c; break;
+                    case Opcode::Divu:
+                    case Opcode::Remu:
+                        if (c == 0) fault("sequencer", 0, "division by zero");
+                        r = ins.op == Opcode::Divu ? b / c : b % c;
+                        break;
+                    case Opcode::And: r = b & c; break;
+                    case Opcode::Or: r = b | c; break;
+                    case Opcode::Xor: r = b ^ c; break;
+                    case Opcode::Shl: r = b << (c & 31); break;
+                    case Opcode::Shr: r = b >> (c & 31); break;
+                    case Opcode::Sra: r = static_cast<uint32_t>(static_cast<int32_t>(b) >> (c & 31)); break;
+                    case Opcode::Slt: r = static_cast<int32_t>(b) < static_cast<int32_t>(c); break;
+                    case Opcode::Sltu: r = b < c; break;
+                    case Opcode::Lw:
+                        check(m_smem, b, 4, "sequencer", "scalar memory read", 4);
+                        m_smem.read(b, {reinterpret_cast<uint8_t*>(&r), 4});
+                        break;
+                    case Opcode::Sw: {
+                        const uint32_t v = val(ins.ops[0]);
+                        check(m_smem, b, 4, "sequencer", "scalar memory write", 4);
+                        m_smem.write(b, {reinterpret_cast<const uint8_t*>(&v), 4});
+                        write = false;
+                        break;
+                    }
+                    case Opcode::CoreId: r = m_id; break;
+                    case Opcode::NCores: r = m_env ? m_env->num_cores() : 1; break;
+                    default: write = false; break;
+                }
+                if (write && ins.ops[0].reg != 0) m_sregs[ins.ops[0].reg] = r;
+                inline_done();
+                break;
+            }
+            case isa::Unit::Branch: {
+                const auto a = static_cast<int32_t>(val(ins.ops[0]));
+                const auto b = static_cast<int32_t>(val(ins.ops[1]));
+                bool taken = false;
+                uint32_t target = static_cast<uint32_t>(ins.ops[2].imm);
+                switch (ins.op) {
+                    case Opcode::Jmp: taken = true, target = static_cast<uint32_t>(ins.ops[0].imm); break;
+                    case Opcode::Beq: taken = a == b; break;
+                    case Opcode::Bne: taken = a != b; break;
+                    case Opcode::Blt: taken = a < b; break;
+                    case Opcode::Bge: taken = a >= b; break;
+                    case Opcode::Bltu: taken = uint32_t(a) < uint32_t(b); break;
+                    default: break;
+                }
+                if (taken) next = target;
+                inline_done();
+                break;
+            }
+            case isa::Unit::Sync: {
+                const uint32_t f = static_cast<uint32_t>(ins.ops[0].imm);
+                const uint32_t v = val(ins.ops[1]);
+                switch (ins.op) {
+                    case Opcode::Wait: {
+                        if (flag_value(f, m_cycle) < v) {
+                            // Another core may raise the flag earlier than anything scheduled
+                            // here, so undecided waits happen in simulated time.
+                            if (!m_blocked) m_blocked = true, m_blocked_at = m_cycle;
+                            if (now < m_cycle) return {Block::Sync, m_cycle};
+                            return {Block::WaitFlag, m_cycle};
+                        }
+                        const uint64_t issued = m_blocked ? m_blocked_at : issue;
+                        m_blocked = false;
+                        if (m_record) m_records.push_back({m_pc, ins.op, issued, m_cycle, m_cycle + 1});
+                        m_cycle += 1;
+                        break;
+                    }
+                    case Opcode::Signal: m_flags[f] += v; inline_done(); break;
+                    case Opcode::Fset: {
+                        // Increments already due are overwritten; later ones add to the value.
+                        std::vector<FlagEvent> keep;
+                        while (!m_pending.empty()) {
+                            const FlagEvent e = m_pending.top();
+                            m_pending.pop();
+                            if (std::get<1>(e) != f || std::get<0>(e) > m_cycle) keep.push_back(e);
+                        }
+                        for (const FlagEvent& e : keep) m_pending.push(e);
+                        m_flags[f] = v;
+                        inline_done();
+                        break;
+                    }
+                    case Opcode::Fence: {
+                        const uint64_t at = std::max(m_cycle, m_units_done);
+                        m_stats.stall_wait += at - m_cycle;
+                        if (m_record) m_records.push_back({m_pc, ins.op, issue, at, at + 1});
+                        m_cycle = at + 1;
+                        break;
+                    }
+                    default: break;
+                }
+                break;
+            }
+            case isa::Unit::Dma: exec_dma(ins); m_cycle += 1; break;
+            case isa::Unit::Mxu: exec_mxu(ins); m_cycle += 1; break;
+            case isa::Unit::Vpu: exec_vpu(ins); m_cycle += 1; break;
+            case isa::Unit::Ici:
+                if (!exec_ici(ins, now)) return {Block::Sync, m_cycle};
+                m_cycle += 1;
+                break;
+        }
+        ++m_stats.instructions;
+        m_pc = next;
+    }
+}
+
+void CoreModel::exec_dma(const isa::Instr& ins) {
+    const uint32_t dst = val(ins.ops[0]), src = val(ins.ops[1]);
+    const uint64_t rows = val(ins.ops[2]), row_bytes = val(ins.ops[3]);
+    const uint64_t dst_stride = val(ins.ops[4]), src_stride = val(ins.ops[5]);
+    const bool to_vmem = ins.op != Opcode::DmaVh;
+    const bool from_hbm = ins.op == Opcode::DmaHv;
+    SparseMemory& dmem = to_vmem ? m_vmem : m_hbm;
+    SparseMemory& smem = from_hbm ? m_hbm : m_vmem;
+    const uint64_t dbase = to_vmem ? dst : m_hbm_base + dst;
+    const uint64_t sbase = from_hbm ? m_hbm_base + src : src;
+    if (rows == 0 || row_bytes == 0)
+        fault("dma", dbase, fmt::format("zero-length transfer ({} rows of {} bytes)", rows, row_bytes));
+    const uint64_t dspan = span_2d(rows, row_bytes, dst_stride);
+    const uint64_t sspan = span_2d(rows, row_bytes, src_stride);
+    check(dmem, dbase, dspan, "dma", fmt::format("{} write", to_vmem ? "VMEM" : "HBM"));
+    check(smem, sbase, sspan, "dma", fmt::format("{} read", from_hbm ? "HBM" : "VMEM"));
+    if (rows > 1 && (dst_stride < row_bytes || src_stride < row_bytes))
+        fault("dma", dbase, fmt::format("row stride ({} dst, {} src) is smaller than the row "
+                                        "({} bytes), so rows would overlap",
+                                        dst_stride, src_stride, row_bytes));
+
+    const uint64_t bytes = rows * row_bytes;
+    uint64_t occupancy, latency;
+    if (ins.op == Opcode::DmaVv) {
+        occupancy = ceil_div(bytes, m_core.dma_vmem_bytes_per_cycle);
+        latency = 1;
+    } else {
+        const HbmConfig& h = m_cfg.hbm;
+        // Peak bytes per core cycle: channels x bus bytes x 2 (DDR) per HBM clock.
+        const double per_cycle = double(h.channels) * h.bus_bits / 8.0 * 2.0 *
+                                 (1e6 / double(h.tck_ps)) / m_cfg.clock_mhz;
+        occupancy = static_cast<uint64_t>(std::ceil(double(bytes) / per_cycle));
+        latency = static_cast<uint64_t>(std::ceil(h.simple_latency_ns * m_cfg.clock_mhz / 1000.0));
+    }
+    uint64_t start = std::max(issue_to_unit(*m_dma_q), m_dma_free);
+    start = m_dma_hz->ready_after(!from_hbm ? false : true, sbase, sbase + sspan, start);
+    start = m_dma_hz->ready_after(!to_vmem, dbase, dbase + dspan, start);
+    const uint64_t done = start + occupancy + latency;
+    m_dma_free = start + occupancy;
+    m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
+
+    if (m_cfg.sim.functional) {
+        std::vector<uint8_t> row(row_bytes);
+        for (uint64_t r = 0; r < rows; ++r) {
+            smem.read(sbase + r * src_stride, row);
+            dmem.write(dbase + r * dst_stride, row);
+        }
+    }
+    ++m_stats.dma_ops;
+    if (from_hbm) m_stats.hbm_read_bytes += bytes;
+    if (!to_vmem) m_stats.hbm_write_bytes += bytes;
+    trace(m_tracks.empty() ? -1 : m_tracks[1], start, done, "bytes", bytes);
+    finish_unit(*m_dma_q, start, done, ins.flag);
+}
+
+void CoreModel::exec_mxu(const isa::Instr& ins) {
+    const uint32_t idx = val(ins.ops[0]);
+    if (idx >= m_core.mxus)
+        fault("mxu", idx, fmt::format("MXU {} does not exist (core.mxus = {})", idx, m_core.mxus));
+    const std::string unit = fmt::format("mxu{}", idx);
+    const uint32_t R = m_core.mxu_rows, C = m_core.mxu_cols;
+    UnitQueue& q = *m_mxu_q[idx];
+    const uint64_t ready = issue_to_unit(q);
+    MxuSpan span;
+    if (ins.op == Opcode::MxuLw) {
+        const uint32_t addr = val(ins.ops[1]), K = val(ins.ops[2]), N = val(ins.ops[3]);
+        if (K == 0 || K > R || N == 0 || N > C)
+            fault(unit, addr, fmt::format("weight tile {}x{} does not fit the {}x{} array "
+                                          "(1..{} rows, 1..{} columns)",
+                                          K, N, R, C, R, C));
+        check(m_vmem, addr, uint64_t(K) * N * 2, unit, "weight read", 2);
+        span = m_mxu_timer[idx].lw(ready);
+        m_mxu_shape[idx] = {K, N};
+        m_mxu_loaded[idx] = true;
+        if (m_cfg.sim.functional) {
+            auto& w = m_mxu_weights[idx];
+            w.resize(size_t(K) * N);
+            m_vmem.read(addr, {reinterpret_cast<uint8_t*>(w.data()), w.size() * 2});
+        }
+    } else {
+        const uint32_t out = val(ins.ops[1]), lhs = val(ins.ops[2]);
+        const uint32_t T = val(ins.ops[3]), acc = val(ins.ops[4]);
+        if (!m_mxu_loaded[idx]) fault(unit, 0, "mxu.mm without loaded weights (issue mxu.lw first)");
+        if (T == 0) fault(unit, lhs, "matmul of 0 rows");
+        if (acc > 1) fault(unit, acc, fmt::format("accumulate operand must be 0 or 1, got {}", acc));
+        const auto [K, N] = m_mxu_shape[idx];
+        check(m_vmem, lhs, uint64_t(T) * K * 2, unit, "LHS read", 2);
+        check(m_vmem, out, uint64_t(T) * N * 4, unit, "result write", 4);
+        span = m_mxu_timer[idx].mm(ready, T);
+        m_stats.mxu_busy[idx] += T;
+        m_stats.mxu_macs[idx] += uint64_t(T) * K * N;
+        if (m_cfg.sim.functional) {
+            std::vector<uint16_t> a(size_t(T) * K);
+            m_vmem.read(lhs, {reinterpret_cast<uint8_t*>(a.data()), a.size() * 2});
+            std::vector<float> c(size_t(T) * N);
+            if (acc) m_vmem.read(out, {reinterpret_cast<uint8_t*>(c.data()), c.size() * 4});
+            mxu_matmul(a.data(), int(T), int(K), m_mxu_weights[idx].data(), int(N), c.data(),
+                       acc != 0);
+            m_vmem.write(out, {reinterpret_cast<const uint8_t*>(c.data()), c.size() * 4});
+        }
+    }
+    ++m_stats.mxu_ops;
+    trace(m_tracks.empty() ? -1 : m_tracks[4 + idx], span.start, span.done);
+    finish_unit(q, span.start, span.done, ins.flag);
+}
+
+/// Operand layout of each VPU opcode: which operands are VMEM arrays (read or written), element
+/// type and count. Everything the VPU reads is fp32 except v.bf2f's source; only v.f2bf writes
+/// bf16.
+struct CoreModel::VpuOp {
+    uint64_t elements = 0;  ///< elements processed (sets the timing)
+    struct Access {
+        uint32_t addr;
+        uint64_t bytes;
+        uint32_t align;
+    };
+    std::vector<Access> reads;
+    Access write{};
+};
+
+void CoreModel::exec_vpu(const isa::Instr& ins) {
+    auto v = [&](int i) { return val(ins.ops[i]); };
+    VpuOp op;
+    uint64_t rows = 0, cols = 0, n = 0;
+    auto f32 = [](uint32_t a, uint64_t count) { return VpuOp::Access{a, count * 4, 4}; };
+    switch (ins.op) {
+        case Opcode::VAdd: case Opcode::VSub: case Opcode::VMul: case Opcode::VMax:
+        case Opcode::VMin: case Opcode::VCmpGt:
+            n = v(3);
+            op.reads = {f32(v(1), n), f32(v(2), n)};
+            op.write = f32(v(0), n);
+            break;
+        case Opcode::VSel:
+            n = v(4);
+            op.reads = {f32(v(1), n), f32(v(2), n), f32(v(3), n)};
+            op.write = f32(v(0), n);
+            break;
+        case Opcode::VAddS: case Opcode::VMulS: case Opcode::VMaxS:
+            n = v(3);
+            op.reads = {f32(v(1), n)};
+            op.write = f32(v(0), n);
+            break;
+        case Opcode::VExp: case Opcode::VLog: case Opcode::VRsqrt: case Opcode::VTanh:
+            n = v(2);
+            op.reads = {f32(v(1), n)};
+            op.write = f32(v(0), n);
+            break;
+        case Opcode::VF2Bf:
+            n = v(2);
+            op.reads = {f32(v(1), n)};
+            op.write = {v(0), n * 2, 2};
+            break;
+        case Opcode::VBf2F:
+            n = v(2);
+            op.reads = {{v(1), n * 2, 2}};
+            op.write = f32(v(0), n);
+            break;
+        case Opcode::VRand:
+            n = v(2);
+            op.write = f32(v(0), n);
+            break;
+        case Opcode::VRSum: case Opcode::VRMax: case Opcode::VCSum: case Opcode::VTrans:
+            rows = v(2), cols = v(3), n = rows * cols;
+            op.reads = {f32(v(1), n)};
+            op.write = f32(v(0), ins.op == Opcode::VCSum ? cols : ins.op == Opcode::VTrans ? n : rows);
+            break;
+        case Opcode::VAddRow: case Opcode::VSubCol: case Opcode::VMulCol:
+            rows = v(3), cols = v(4), n = rows * cols;
+            op.reads = {f32(v(1), n), f32(v(2), ins.op == Opcode::VAddRow ? cols : rows)};
+            op.write = f32(v(0), n);
+            break;
+        default: break;
+    }
+    if (n == 0) fault("vpu", op.write.addr, "vector operation on 0 elements");
+    for (const auto& r : op.reads) check(m_vmem, r.addr, r.bytes, "vpu", "VMEM read", r.align);
+    check(m_vmem, op.write.addr, op.write.bytes, "vpu", "VMEM write", op.write.align);
+
+    // Timing: vector registers of sublanes x lanes, `alus` per cycle, then the class latency.
+    const uint64_t per_vreg = uint64_t(m_core.vpu_sublanes) * m_core.vpu_lanes;
+    const uint64_t issue_cycles = ceil_div(ceil_div(n, per_vreg), m_core.vpu_alus);
+    uint64_t latency = m_core.vpu_add_latency_cycles;
+    switch (isa::info(ins.op).timing) {
+        case isa::Timing::VpuMul: latency = m_core.vpu_mul_latency_cycles; break;
+        case isa::Timing::VpuTrans: latency = m_core.vpu_transcendental_latency_cycles; break;
+        case isa::Timing::VpuReduce:
+            latency += std::bit_width(uint64_t(m_core.vpu_lanes) - 1);
+            break;
+        default: break;
+    }
+    uint64_t start = std::max(issue_to_unit(*m_vpu_q), m_vpu_free);
+    for (const auto& r : op.reads) start = m_vpu_hz->ready_after(false, r.addr, r.addr + r.bytes, start);
+    start = m_vpu_hz->ready_after(false, op.write.addr, op.write.addr + op.write.bytes, start);
+    const uint64_t done = start + issue_cycles - 1 + latency;
+    m_vpu_free = start + issue_cycles;
+    m_vpu_hz->add(false, op.write.addr, op.write.addr + op.write.bytes, done, m_cycle);
+
+    if (m_cfg.sim.functional) {
+        auto load = [&](const VpuOp::Access& a) {
+            std::vector<float> x(a.bytes / 4);
+            m_vmem.read(a.addr, {reinterpret_cast<uint8_t*>(x.data()), x.size() * 4});
+            return x;
+        };
+        std::vector<float> out(op.write.bytes / 4);
+        const float s = std::bit_cast<float>(v(2));
+        switch (ins.op) {
+            case Opcode::VAdd: case Opcode::VSub: case Opcode::VMul: case Opcode::VMax:
+            case Opcode::VMin: case Opcode::VCmpGt: {
+                const auto b = load(op.reads[0]), c = load(op.reads[1]);
+                for (uint64_t i = 0; i < n; ++i) {
+                    switch (ins.op) {
+                        case Opcode::VAdd: out[i] = b[i] + c[i]; break;
+                        case Opcode::VSub: out[i] = b[i] - c[i]; break;
+                        case Opcode::VMul: out[i] = b[i] * c[i]; break;
+                        case Opcode::VMax: out[i] = max_nan(b[i], c[i]); break;
+                        case Opcode::VMin: out[i] = min_nan(b[i], c[i]); break;
+                        default: out[i] = b[i] > c[i] ? 1.0f : 0.0f; break;
+                    }
+                }
+                break;
+            }
+            case Opcode::VSel: {
+                const auto b = load(op.reads[0]), c = load(op.reads[1]), d = load(op.reads[2]);
+                for (uint64_t i = 0; i < n; ++i) out[i] = b[i] != 0.0f ? c[i] : d[i];
+                break;
+            }
+            case Opcode::VAddS: case Opcode::VMulS: case Opcode::VMaxS: {
+                const auto b = load(op.reads[0]);
+                for (uint64_t i = 0; i < n; ++i)
+                    out[i] = ins.op == Opcode::VAddS   ? b[i] + s
+                             : ins.op == Opcode::VMulS ? b[i] * s
+                                                       : max_nan(b[i], s);
+                break;
+            }
+            case Opcode::VExp: case Opcode::VLog: case Opcode::VRsqrt: case Opcode::VTanh: {
+                const auto b = load(op.reads[0]);
+                for (uint64_t i = 0; i < n; ++i)
+                    out[i] = ins.op == Opcode::VExp    ? std::exp(b[i])
+                             : ins.op == Opcode::VLog  ? std::log(b[i])
+                             : ins.op == Opcode::VTanh ? std::tanh(b[i])
+                                                       : 1.0f / std::sqrt(b[i]);
+                break;
+            }
+            case Opcode::VF2Bf: {
+                const auto b = load(op.reads[0]);
+                std::vector<uint16_t> h(n);
+                for (uint64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(b[i]);
+                m_vmem.write(op.write.addr, {reinterpret_cast<const uint8_t*>(h.data()), n * 2});
+                break;
+            }
+            case Opcode::VBf2F: {
+                std::vector<uint16_t> h(n);
+                m_vmem.read(op.reads[0].addr, {reinterpret_cast<uint8_t*>(h.data()), n * 2});
+                for (uint64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]);
+                break;
+            }
+            case Opcode::VRand:
+                for (uint64_t i = 0; i < n; ++i) out[i] = uniform(v(1), i);
+                break;
+            case Opcode::VRSum: case Opcode::VRMax: {
+                const auto b = load(op.reads[0]);
+                for (uint64_t r = 0; r < rows; ++r) {
+                    float acc = ins.op == Opcode::VRSum ? 0.0f : -INFINITY;
+                    for (uint64_t j = 0; j < cols; ++j)
+                        acc = ins.op == Opcode::VRSum ? acc + b[r * cols + j]
+                                                      : max_nan(acc, b[r * cols + j]);
+                    out[r] = acc;
+                }
+                break;
+            }
+            case Opcode::VCSum: {
+                const auto b = load(op.reads[0]);
+                std::fill(out.begin(), out.end(), 0.0f);
+                for (uint64_t r = 0; r < rows; ++r)
+                    for (uint64_t j = 0; j < cols; ++j) out[j] += b[r * cols + j];
+                break;
+            }
+            case Opcode::VTrans: {
+                const auto b = load(op.reads[0]);
+                for (uint64_t r = 0; r < rows; ++r)
+                    for (uint64_t j = 0; j < cols; ++j) out[j * rows + r] = b[r * cols + j];
+                break;
+            }
+            case Opcode::VAddRow: case Opcode::VSubCol: case Opcode::VMulCol: {
+                const auto b = load(op.reads[0]), c = load(op.reads[1]);
+                for (uint64_t r = 0; r < rows; ++r)
+                    for (uint64_t j = 0; j < cols; ++j) {
+                        const float x = b[r * cols + j];
+                        out[r * cols + j] = ins.op == Opcode::VAddRow   ? x + c[j]
+                                            : ins.op == Opcode::VSubCol ? x - c[r]
+                                                                        : x * c[r];
+                    }
+                break;
+            }
+            default: break;
+        }
+        if (ins.op != Opcode::VF2Bf)
+            m_vmem.write(op.write.addr, {reinterpret_cast<const uint8_t*>(out.data()), out.size() * 4});
+    }
+    ++m_stats.vpu_ops;
+    m_stats.vpu_busy += issue_cycles;
+    m_stats.vpu_flops += n;
+    trace(m_tracks.empty() ? -1 : m_tracks[2], start, done, "elements", n);
+    finish_unit(*m_vpu_q, start, done, ins.flag);
+}
+
+bool CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
+    const uint32_t dst = val(ins.ops[0]);
+    const uint32_t cores = m_env ? m_env->num_cores() : 1;
+    if (dst >= cores)
+        fault("ici", dst, fmt::format("core {} does not exist (the board has {} cores)", dst, cores));
+    // Link reservations must happen in simulated-time order across cores.
+    if (now < m_cycle) return false;
+    UnitQueue& q = *m_ici_q;
+    const uint64_t ready = std::max(issue_to_unit(q), m_ici_free);
+    uint64_t start = ready, done;
+    if (ins.op == Opcode::Sigr) {
+        const uint32_t flag = static_cast<uint32_t>(ins.ops[1].imm);
+        const uint32_t amount = val(ins.ops[2]);
+        done = std::max(m_env ? m_env->ici_message(m_id, dst, start) : start + 1, m_ici_free);
+        if (m_env) m_env->remote_signal(dst, flag, amount, done);
+    } else {
+        const uint32_t raddr = val(ins.ops[1]), laddr = val(ins.ops[2]), bytes = val(ins.ops[3]);
+        const uint32_t flag = static_cast<uint32_t>(ins.ops[4].imm);
+        const bool hbm = ins.op == Opcode::IciH;
+        check(m_vmem, laddr, bytes, "ici", "VMEM read");
+        SparseMemory& rmem = m_env ? m_env->remote_memory(dst, hbm) : (hbm ? m_hbm : m_vmem);
+        const uint64_t rbase = hbm ? m_hbm_base + raddr : raddr;
+        check(rmem, rbase, bytes, "ici", fmt::format("remote {} write", hbm ? "HBM" : "VMEM"));
+        done = m_env ? m_env->ici_transfer(m_id, dst, start, bytes) : start + bytes;
+        if (m_cfg.sim.functional) {
+            std::vector<uint8_t> buf(bytes);
+            m_vmem.read(laddr, buf);
+            rmem.write(rbase, buf);
+        }
+        if (m_env) m_env->remote_signal(dst, flag, 1, done);
+        ++m_stats.ici_ops;
+        m_stats.ici_bytes += bytes;
+    }
+    // Later transfers and signals arrive after this one (in-order delivery).
+    m_ici_free = done;
+    trace(m_tracks.empty() ? -1 : m_tracks[3], start, done, "dst_core", dst);
+    finish_unit(q, start, done, ins.flag);
+    return true;
+}
+
+std::string CoreModel::dump_state() const {
+    std::string s = fmt::format("core {}: {} at cycle {}, pc {}", m_id,
+                                m_running ? "running" : "halted", m_cycle, m_pc);
+    if (m_pc < m_program.size()) s += fmt::format(" ({})", isa::to_string(m_program[m_pc]));
+    std::string flags;
+    for (uint32_t f = 0; f < isa::kNumFlags; ++f) {
+        const uint64_t v = flag_value(f, m_cycle);
+        if (v) flags += fmt::format(" f{}={}", f, v);
+    }
+    s += flags.empty() ? "; all flags 0" : "; flags" + flags;
+    return s;
+}
+
+}  // namespace tpu::hw

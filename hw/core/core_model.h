@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <queue>
+#include <string>
+#include <vector>
+
+#include "hw/core/core_config.h"
+#include "hw/core/mxu_model.h"
+#include "hw/fault.h"
+#include "hw/mem/sparse_memory.h"
+#include "isa/isa.h"
+
+namespace tpu::sim {
+class Tracer;
+}
+
+namespace tpu::hw {
+
+struct BoardConfig;
+
+/// Timing of one executed instruction: the sequencer issued it at `issue`; its unit started
+/// it at `start` and finished at `done` (all core cycles). Inline instructions have
+/// start == issue and done == issue + 1, waits have start = the cycle the condition held.
+struct InstrRecord {
+    uint32_t pc;       ///< instruction index
+    isa::Opcode op;    ///< opcode
+    uint64_t issue;    ///< cycle the sequencer issued it
+    uint64_t start;    ///< cycle its unit started it
+    uint64_t done;     ///< cycle its unit finished (completion flag visible from here)
+    friend bool operator==(const InstrRecord&, const InstrRecord&) = default;
+};
+
+/// What the board provides to a core: the inter-core network and the other cores' flags and
+/// memories. Calls happen with the caller synchronised to simulated time (`now` == its cycle).
+class CoreEnv {
+public:
+    virtual ~CoreEnv() = default;
+    /// Number of cores on the board.
+    virtual uint32_t num_cores() const = 0;
+    /// Reserves the route from `src` to `dst` for `bytes` starting no earlier than `start`;
+    /// returns the cycle the last byte arrives.
+    virtual uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes) = 0;
+    /// Latency-only route (a flag message): cycle a message sent at `start` arrives.
+    virtual uint64_t ici_message(uint32_t src, uint32_t dst, uint64_t start) = 0;
+    /// Memory of another core (for ICI writes); `hbm` selects HBM over VMEM.
+    virtual SparseMemory& remote_memory(uint32_t core, bool hbm) = 0;
+    /// Adds `amount` to `flag` of `core` at `cycle` and wakes the core if it waits.
+    virtual void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) = 0;
+};
+
+/// Per-core statistics, plain integers on the hot path; the board registers them.
+struct CoreStats {
+    uint64_t instructions = 0;       ///< instructions issued
+    uint64_t stall_queue = 0;        ///< sequencer cycles stalled on a full unit queue
+    uint64_t stall_wait = 0;         ///< sequencer cycles stalled in wait or fence
+    std::vector<uint64_t> mxu_busy;  ///< per MXU: cycles streaming (T per matmul)
+    std::vector<uint64_t> mxu_macs;  ///< per MXU: useful multiply-accumulates
+    uint64_t mxu_ops = 0;            ///< mxu.lw + mxu.mm instructions
+    uint64_t vpu_ops = 0;            ///< VPU instructions
+    uint64_t vpu_busy = 0;           ///< VPU issue cycles
+    uint64_t vpu_flops = 0;          ///< VPU fp32 operations
+    uint64_t dma_ops = 0;            ///< DMA instructions
+    uint64_t hbm_read_bytes = 0;     ///< bytes DMA read from HBM
+    uint64_t hbm_write_bytes = 0;    ///< bytes DMA wrote to HBM
+    uint64_t ici_ops = 0;            ///< ICI instructions
+    uint64_t ici_bytes = 0;          ///< bytes sent over ICI
+};
+
+/// The fast TensorCore: architectural state, functional execution and the timing of every
+/// unit, with no SystemC. Timing is computed when an instruction issues (each unit's start and
+/// done follow from its own state), so the core runs ahead of simulated time and only stops
+/// where another core can matter: flag waits that are not yet satisfied, ICI, and halt
+/// (temporal decoupling). hw/README.md states every rule; hw/reference/ re-derives them cycle
+/// by cycle.
+class CoreModel {
+public:
+    /// Why run() returned.
+    enum class Block : uint8_t {
+        Sync,      ///< needs simulated time == cycle before it can go on (ICI, flag wait)
+        WaitFlag,  ///< synchronised and waiting for a flag that nothing has raised yet
+        Halted,    ///< finished; cycle = when its last unit drained
+    };
+    struct Status {
+        Block block;
+        uint64_t cycle;
+    };
+
+    CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, SparseMemory& vmem,
+              CoreEnv* env);
+    ~CoreModel();
+
+    /// Loads a program into instruction memory; too large is a std::invalid_argument.
+    void load(const isa::Program& program);
+    /// Resets sequencer state and starts at pc 0 at `cycle`; s1..sN = args, HBM window base.
+    void start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_t hbm_base = 0);
+    /// Runs until blocked; `now` is the current simulated cycle. Throws DeviceFault.
+    Status run(uint64_t now);
+    /// Earliest cycle of a scheduled flag increment after `now`, or UINT64_MAX.
+    uint64_t next_flag_event(uint64_t now) const;
+    /// Schedules flag += amount at cycle (ICI arrivals from other cores).
+    void schedule_flag(uint32_t flag, uint32_t amount, uint64_t cycle);
+
+    bool running() const { return m_running; }
+    uint32_t id() const { return m_id; }
+    uint32_t pc() const { return m_pc; }
+    uint64_t local_cycle() const { return m_cycle; }
+    /// Value of a flag at `cycle`, counting increments scheduled up to then.
+    uint64_t flag_value(uint32_t flag, uint64_t cycle) const;
+    /// Scalar register (for tests and dumps).
+    uint32_t sreg(int i) const { return m_sregs[i]; }
+    const CoreStats& stats() const { return m_stats; }
+    /// A one-paragraph state dump: pc, instruction, waits, flags, unit queues.
+    std::string dump_state() const;
+
+    /// Keeps an InstrRecord per executed instruction (tests compare with the reference).
+    void record(bool on) { m_record = on; }
+    const std::vector<InstrRecord>& records() const { return m_records; }
+    /// Emits a trace event per unit instruction on tracks "coreN/<unit>".
+    void set_tracer(sim::Tracer* tracer);
+
+private:
+    struct UnitQueue;
+    struct Hazards;
+    struct VpuOp;
+
+    uint32_t val(const isa::Operand& o) const { return m_sregs[o.reg] + static_cast<uint32_t>(o.imm); }
+    [[noreturn]] void fault(std::string unit, uint64_t address, std::string what) const;
+    void check(SparseMemory& mem, uint64_t addr, uint64_t bytes, std::string_view unit,
+               std::string_view what, uint32_t align = 1) const;
+    uint64_t issue_to_unit(UnitQueue& q);
+    void finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t flag);
+    void trace(int track, uint64_t start, uint64_t done, std::string_view detail_key = {},
+               uint64_t detail = 0);
+
+    void exec_dma(const isa::Instr& ins);
+    void exec_mxu(const isa::Instr& ins);
+    void exec_vpu(const isa::Instr& ins);
+    bool exec_ici(const isa::Instr& ins, uint64_t now);
+
+    uint32_t m_id;
+    const BoardConfig& m_cfg;
+    const CoreConfig& m_core;
+    SparseMemory& m_hbm;
+    SparseMemory& m_vmem;
+    SparseMemory m_smem;
+    CoreEnv* m_env;
+
+    std::vector<isa::Instr> m_program;
+    std::array<uint32_t, isa::kNumSregs> m_sregs{};
+    std::array<uint64_t, isa::kNumFlags> m_flags{};
+    /// Scheduled increments, earliest first: (cycle, flag, amount).
+    using FlagEvent = std::tuple<uint64_t, uint32_t, uint32_t>;
+    std::priority_queue<FlagEvent, std::vector<FlagEvent>, std::greater<>> m_pending;
+
+    uint32_t m_pc = 0;
+    uint64_t m_cycle = 0;
+    uint64_t m_hbm_base = 0;
+    bool m_running = false;
+    bool m_blocked = false;     ///< stopped in a wait that needs simulated time
+    uint64_t m_blocked_at = 0;  ///< cycle the blocked wait issued
+    uint64_t m_units_done = 0;  ///< latest done cycle of any unit instruction (for fence/halt)
+
+    std::unique_ptr<UnitQueue> m_dma_q, m_vpu_q, m_ici_q;
+    std::vector<std::unique_ptr<UnitQueue>> m_mxu_q;
+    std::vector<MxuTimer> m_mxu_timer;
+    std::vector<std::vector<uint16_t>> m_mxu_weights;  ///< weights of the latest mxu.lw
+    std::vector<std::pair<uint32_t, uint32_t>> m_mxu_shape;  ///< (K, N) of those weights
+    std::vector<bool> m_mxu_loaded;
+    std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;
+    uint64_t m_dma_free = 0;   ///< DMA path free from this cycle
+    uint64_t m_vpu_free = 0;   ///< VPU issue slot free from this cycle
+    uint64_t m_ici_free = 0;   ///< ICI engine: previous transfer's arrival (ordering)
+
+    CoreStats m_stats;
+    bool m_record = false;
+    std::vector<InstrRecord> m_records;
+    sim::Tracer* m_tracer = nullptr;
+    std::vector<int> m_tracks;  ///< tracer track per unit: seq, dma, vpu, ici, mxu0..
+};
+
+}  // namespace tpu::hw

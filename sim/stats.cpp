@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "sim/stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace tpu::sim {
+
+std::string_view unit_name(StatUnit unit) {
+    switch (unit) {
+        case StatUnit::Count: return "count";
+        case StatUnit::Cycles: return "cycles";
+        case StatUnit::Bytes: return "bytes";
+        case StatUnit::Flops: return "flops";
+        case StatUnit::Ratio: return "ratio";
+        case StatUnit::Seconds: return "seconds";
+        case StatUnit::BytesPerSecond: return "bytes_per_second";
+        case StatUnit::FlopsPerByte: return "flops_per_byte";
+    }
+    return "?";
+}
+
+StatGroup::StatGroup(std::string name, StatGroup* parent) : m_name(std::move(name)), m_parent(parent) {
+    if (m_parent) m_parent->m_children.push_back(this);
+}
+
+StatGroup::~StatGroup() {
+    if (m_parent) std::erase(m_parent->m_children, this);
+    // Children outliving their parent must not unregister from freed memory.
+    for (StatGroup* c : m_children) c->m_parent = nullptr;
+}
+
+Counter& StatGroup::add(std::string name, std::string desc, StatUnit unit) {
+    return m_counters.emplace_back(std::move(name), std::move(desc), unit);
+}
+
+void StatGroup::add_formula(std::string name, std::string desc, StatUnit unit,
+                            std::function<double()> eval) {
+    m_formulas.push_back({std::move(name), std::move(desc), unit, std::move(eval)});
+}
+
+std::string StatGroup::path() const {
+    return m_parent ? m_parent->path() + "." + m_name : m_name;
+}
+
+const Counter* StatGroup::find(std::string_view dotted) const {
+    const size_t dot = dotted.find('.');
+    if (dot == std::string_view::npos) {
+        for (const Counter& c : m_counters)
+            if (c.name() == dotted) return &c;
+        return nullptr;
+    }
+    const std::string_view head = dotted.substr(0, dot);
+    for (const StatGroup* g : m_children)
+        if (g->name() == head) return g->find(dotted.substr(dot + 1));
+    return nullptr;
+}
+
+void StatGroup::reset() {
+    for (Counter& c : m_counters) c.reset();
+    for (StatGroup* g : m_children) g->reset();
+}
+
+namespace {
+
+nlohmann::ordered_json to_json(const StatGroup& g) {
+    nlohmann::ordered_json j;
+    auto& counters = j["counters"] = nlohmann::ordered_json::object();
+    for (const Counter& c : g.counters())
+        counters[c.name()] = {{"value", c.value()}, {"unit", unit_name(c.unit())}, {"desc", c.desc()}};
+    for (const Formula& f : g.formulas()) {
+        const double v = f.eval ? f.eval() : 0.0;
+        counters[f.name] = {{"value", std::isfinite(v) ? nlohmann::ordered_json(v) : nullptr},
+                            {"unit", unit_name(f.unit)},
+                            {"desc", f.desc}};
+    }
+    auto& children = j["children"] = nlohmann::ordered_json::object();
+    for (const StatGroup* c : g.children()) children[c->name()] = to_json(*c);
+    return j;
+}
+
+std::string csv_field(std::string_view s) {
+    if (s.find_first_of(",\"\n") == std::string_view::npos) return std::string(s);
+    std::string out = "\"";
+    for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return out + "\"";
+}
+
+template <class F>
+void walk(const StatGroup& g, F&& visit) {
+    const std::string p = g.path();
+    for (const Counter& c : g.counters())
+        visit(p, c.name(), fmt::format("{}", c.value()), c.unit(), c.desc());
+    for (const Formula& f : g.formulas())
+        visit(p, f.name, fmt::format("{:.6g}", f.eval ? f.eval() : 0.0), f.unit, f.desc);
+    for (const StatGroup* c : g.children()) walk(*c, visit);
+}
+
+}  // namespace
+
+void StatGroup::write_json(std::ostream& os) const {
+    nlohmann::ordered_json root;
+    root[m_name] = to_json(*this);
+    os << root.dump(2) << "\n";
+}
+
+void StatGroup::write_csv(std::ostream& os) const {
+    os << "path,name,value,unit,description\n";
+    walk(*this, [&](const std::string& p, const std::string& n, const std::string& v, StatUnit u,
+                    const std::string& d) {
+        os << csv_field(p) << ',' << csv_field(n) << ',' << v << ',' << unit_name(u) << ','
+           << csv_field(d) << '\n';
+    });
+}
+
+void StatGroup::write_text(std::ostream& os) const {
+    walk(*this, [&](const std::string& p, const std::string& n, const std::string& v, StatUnit u,
+                    const std::string& d) {
+        os << fmt::format("{:<48} {:>16} {:<16} # {}\n", p + "." + n, v, unit_name(u), d);
+    });
+}
+
+}  // namespace tpu::sim

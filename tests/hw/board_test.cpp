@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: Apache-2.0
+// The SystemC board end to end: programs, flags across cores, faults and deadlocks. SystemC
+// elaborates one design per process; ctest runs every test in its own process.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "hw/board.h"
+#include "hw/core/mxu_model.h"
+#include "hw/core/numerics.h"
+#include "isa/assembler.h"
+#include "tests/common/paths.h"
+
+namespace tpu::hw {
+namespace {
+
+BoardConfig tiny() { return BoardConfig::load(test::source_dir() + "/configs/tiny.json", {}); }
+
+isa::Program kernel(const std::string& name) {
+    return isa::assemble_file(test::source_dir() + "/isa/examples/" + name);
+}
+
+template <class T>
+void put(SparseMemory& m, uint64_t addr, const std::vector<T>& v) {
+    m.write(addr, {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(T)});
+}
+template <class T>
+std::vector<T> get(SparseMemory& m, uint64_t addr, size_t n) {
+    std::vector<T> v(n);
+    m.read(addr, {reinterpret_cast<uint8_t*>(v.data()), n * sizeof(T)});
+    return v;
+}
+
+TEST(Board, ScalarLoopTakesOneCyclePerInstruction) {
+    Board b(tiny());
+    b.load(0, isa::assemble("li s1, 10\nloop: sub s1, s1, 1\nbne s1, 0, loop\nhalt"));
+    const auto r = b.run({0});
+    // li at 0, ten (sub, bne) pairs at 1..20, halt issues at 21 with nothing in flight.
+    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{21});
+    EXPECT_EQ(b.core(0).sreg(1), 0u);
+    EXPECT_EQ(b.now_cycle(), 21u);
+}
+
+TEST(Board, Matmul128ExampleIsBitExactAndCycleExact) {
+    Board b(BoardConfig::load("", {}));
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    std::vector<uint16_t> a(128 * 128), w(128 * 128);
+    for (auto& x : a) x = f32_to_bf16(nd(rng));
+    for (auto& x : w) x = f32_to_bf16(nd(rng));
+    put(b.hbm(0), 0x0, a);
+    put(b.hbm(0), 0x8000, w);
+    b.load(0, kernel("matmul128.s"));
+    const auto r = b.run({0});
+    std::vector<float> want(128 * 128);
+    mxu_matmul(a.data(), 128, 128, w.data(), 128, want.data(), false);
+    const auto got = get<float>(b.hbm(0), 0x10000, 128 * 128);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4));
+    // Hand-derived from hw/README.md (B = 479.5 B/cycle, HBM latency 94):
+    //   dma A: issue 0, start 1, done 1 + 69 + 94 = 164; dma W: issue 1, start 70 (path busy),
+    //   done 233; wait f1 -> 233; mxu.lw: issue 234, start 235, done 363; wait f0 at 235;
+    //   mxu.mm: issue 236, start 363 (weights), done 363 + 128 + 128 + 128 - 2 = 745;
+    //   wait f2 -> 745; dma.vh 64 KiB: issue 746, start 747, done 747 + 137 + 94 = 978;
+    //   wait f3 -> 978; halt issues at 979.
+    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{979});
+}
+
+TEST(Board, VpuChainComputesTheDocumentedFunction) {
+    Board b(BoardConfig::load("", {}));
+    std::vector<float> x(8192);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * 3.0f;
+    put(b.hbm(0), 0, x);
+    b.load(0, kernel("vpu_chain.s"));
+    b.run({0});
+    const auto y = get<float>(b.hbm(0), 0x10000, x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        const float t = std::tanh(x[i] * 2.0f + 1.0f);
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(t * x[i])) << i;
+    }
+}
+
+TEST(Board, FlagsAcrossCoresOverIci) {
+    Board b(BoardConfig::load("", {}));
+    // Core 0 sends 4 KiB of VMEM to core 5 and raises its f3; core 5 waits for it.
+    const std::string prog = R"(
+        coreid s1
+        bne s1, 0, receiver
+        ici.v 5, [0x1000], [0], 4096, f3
+        halt
+receiver:
+        wait f3, 1
+        halt
+)";
+    std::vector<uint32_t> data(1024);
+    for (uint32_t i = 0; i < data.size(); ++i) data[i] = i * 7;
+    put(b.vmem(0), 0, data);
+    for (uint32_t c : {0u, 5u}) b.load(c, isa::assemble(prog));
+    const auto r = b.run({0, 5});
+    EXPECT_EQ(get<uint32_t>(b.vmem(5), 0x1000, 1024), data);
+    // 3 hops on the 8-core ring (0 -> 7 -> 6 -> 5), 940 cycles each, 4096 B at 85.1 B/cycle =
+    // 49 cycles; ici.v issues at 2, starts at 3: arrival 3 + 3 * 940 + 49 = 2872.
+    // Core 5 sees f3 at 2872 and halts at 2873; core 0 halts when its transfer lands.
+    EXPECT_EQ(r.core_cycles, (std::vector<uint64_t>{2872, 2873}));
+}
+
+TEST(Board, DeadlockIsReportedWithAStateDump) {
+    Board b(tiny());
+    b.load(0, isa::assemble("wait f2, 1\nhalt"));
+    b.load(1, isa::assemble("li s1, 1\nwait f7, 3\nhalt"));
+    try {
+        b.run({0, 1});
+        ADD_FAILURE() << "no deadlock reported";
+    } catch (const DeadlockError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "deadlock at cycle 1: every running core waits on a flag that nothing can "
+                  "raise\n  core 0: running at cycle 0, pc 0 (wait f2, 1); all flags 0\n"
+                  "  core 1: running at cycle 1, pc 1 (wait f7, 3); all flags 0");
+    }
+}
+
+TEST(Board, OutOfRangeDmaIsADeviceFault) {
+    Board b(tiny());
+    b.load(0, isa::assemble("li s2, 0x4000000\ndma.hv [0], [s2], 1, 64, 64, 64, f0\nhalt"));
+    try {
+        b.run({0});
+        ADD_FAILURE() << "no fault";
+    } catch (const DeviceFault& f) {
+        EXPECT_EQ(f.info().core, 0u);
+        EXPECT_EQ(f.info().pc, 1u);
+        EXPECT_EQ(f.info().address, 0x4000000u);
+        EXPECT_EQ(std::string(f.what()),
+                  "device fault on core 0 at pc 1 (dma.hv [0], [s2], 1, 64, 64, 64, f0) in dma, "
+                  "cycle 1: HBM read of 64 bytes at 0x4000000 is outside core0.hbm (67108864 "
+                  "bytes)");
+    }
+}
+
+TEST(Board, RunningOffTheProgramIsADeviceFault) {
+    Board b(tiny());
+    b.load(0, isa::assemble("nop"));
+    EXPECT_THROW(b.run({0}), DeviceFault);
+}
+
+TEST(Board, CoreSetParsing) {
+    EXPECT_EQ(parse_core_set("0-3,6", 8), (std::vector<uint32_t>{0, 1, 2, 3, 6}));
+    EXPECT_EQ(parse_core_set("all", 2), (std::vector<uint32_t>{0, 1}));
+    try {
+        parse_core_set("0-8", 8);
+        ADD_FAILURE();
+    } catch (const std::invalid_argument& e) {
+        EXPECT_STREQ(e.what(), "bad core list '0-8': core 8 does not exist (the board has cores 0-7)");
+    }
+    EXPECT_THROW(parse_core_set("3-1", 8), std::invalid_argument);
+    EXPECT_THROW(parse_core_set("1,1", 8), std::invalid_argument);
+    EXPECT_THROW(parse_core_set("x", 8), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace tpu::hw

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tools/tpusim/run_output.h"
+
+#include <charconv>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "sim/config_io.h"
+#include "sim/stats.h"
+#include "sim/tracer.h"
+
+namespace tpu::cli {
+namespace {
+
+std::pair<uint64_t, uint64_t> parse_window(const std::string& w) {
+    if (w.empty()) return {0, 0};
+    const size_t colon = w.find(':');
+    auto num = [&](std::string_view s) {
+        uint64_t v = 0;
+        const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec != std::errc() || p != s.data() + s.size())
+            throw InputError(fmt::format("--trace-window '{}': expected START:END in cycles", w));
+        return v;
+    };
+    if (colon == std::string::npos)
+        throw InputError(fmt::format("--trace-window '{}': expected START:END in cycles", w));
+    const uint64_t a = num(std::string_view(w).substr(0, colon));
+    const std::string_view rest = std::string_view(w).substr(colon + 1);
+    const uint64_t b = rest.empty() ? 0 : num(rest);
+    if (b != 0 && b <= a)
+        throw InputError(fmt::format("--trace-window '{}': END must be after START", w));
+    return {a, b};
+}
+
+}  // namespace
+
+RunSession::RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts)
+    : m_cfg(cfg), m_opts(opts), m_board(std::make_unique<hw::Board>(cfg)),
+      m_tracer(std::make_unique<sim::Tracer>()) {
+    if (!opts.trace.empty()) {
+        const auto [b, e] = parse_window(opts.trace_window);
+        try {
+            m_tracer->open(opts.trace, cfg.clock_mhz, opts.trace_units, b, e);
+        } catch (const std::runtime_error& err) {
+            throw InputError(fmt::format("--trace: {}", err.what()));
+        }
+        m_board->set_tracer(m_tracer.get());
+    } else if (!opts.trace_units.empty() || !opts.trace_window.empty()) {
+        throw InputError("--trace-units and --trace-window need --trace FILE");
+    }
+}
+
+RunSession::~RunSession() = default;
+
+hw::LaunchResult RunSession::launch(const std::string& name, const std::vector<uint32_t>& cores,
+                                    const std::vector<uint32_t>& args) {
+    m_before.clear();
+    for (uint32_t c = 0; c < m_board->num_cores(); ++c) m_before.push_back(m_board->core(c).stats());
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+        auto res = m_board->run(cores, args);
+        m_host_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return res;
+    } catch (const hw::DeviceFault& f) {
+        throw RunError(fmt::format("{}: {}", name, f.what()));
+    } catch (const hw::DeadlockError& d) {
+        throw RunError(fmt::format("{}: {}", name, d.what()));
+    } catch (const std::invalid_argument& e) {
+        throw InputError(e.what());
+    }
+}
+
+double RunSession::mxu_utilization(const hw::LaunchResult& res) const {
+    const double array = double(m_cfg.core.mxus) * m_cfg.core.mxu_rows * m_cfg.core.mxu_cols;
+    uint64_t macs = 0, cycles = res.end_cycle - res.start_cycle;
+    for (uint32_t c : res.cores) {
+        const auto& s = m_board->core(c).stats();
+        for (size_t i = 0; i < s.mxu_macs.size(); ++i) macs += s.mxu_macs[i] - m_before[c].mxu_macs[i];
+    }
+    if (cycles == 0) return 0;
+    return double(macs) / (array * double(cycles) * double(res.cores.size()));
+}
+
+std::string RunSession::result_json(const hw::LaunchResult& res) const {
+    nlohmann::ordered_json j;
+    j["cycles"] = res.end_cycle - res.start_cycle;
+    j["simulated_seconds"] = double(res.end_cycle - res.start_cycle) / (m_cfg.clock_mhz * 1e6);
+    j["host_seconds"] = m_host_seconds;
+    j["mxu_utilization"] = mxu_utilization(res);
+    auto& arr = j["cores"] = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < res.cores.size(); ++i) {
+        const uint32_t c = res.cores[i];
+        const auto& s = m_board->core(c).stats();
+        const auto& b = m_before[c];
+        arr.push_back({{"id", c},
+                       {"cycles", res.core_cycles[i]},
+                       {"instructions", s.instructions - b.instructions},
+                       {"hbm_read_bytes", s.hbm_read_bytes - b.hbm_read_bytes},
+                       {"hbm_write_bytes", s.hbm_write_bytes - b.hbm_write_bytes}});
+    }
+    return j.dump();
+}
+
+void RunSession::report(const hw::LaunchResult& res) {
+    if (m_opts.json) {
+        fmt::print("{}\n", result_json(res));
+    } else {
+        fmt::print("{:>4} {:>12} {:>12} {:>10} {:>12} {:>12}\n", "core", "cycles", "time_us",
+                   "instrs", "hbm_read", "hbm_write");
+        for (size_t i = 0; i < res.cores.size(); ++i) {
+            const uint32_t c = res.cores[i];
+            const auto& s = m_board->core(c).stats();
+            const auto& b = m_before[c];
+            fmt::print("{:>4} {:>12} {:>12.3f} {:>10} {:>12} {:>12}\n", c, res.core_cycles[i],
+                       double(res.core_cycles[i]) / m_cfg.clock_mhz, s.instructions - b.instructions,
+                       s.hbm_read_bytes - b.hbm_read_bytes, s.hbm_write_bytes - b.hbm_write_bytes);
+        }
+        const uint64_t cycles = res.end_cycle - res.start_cycle;
+        fmt::print("total: {} cycles = {:.3f} us at {} MHz; MXU utilisation {:.1f}%; host {:.3f} s\n",
+                   cycles, double(cycles) / m_cfg.clock_mhz, m_cfg.clock_mhz,
+                   100.0 * mxu_utilization(res), m_host_seconds);
+    }
+    write_stats();
+}
+
+void RunSession::write_stats() const {
+    if (m_opts.stats.empty()) return;
+    sim::StatGroup root("board");
+    std::vector<std::unique_ptr<sim::StatGroup>> groups;
+    root.add("cycles", "board cycles since the simulation started", sim::StatUnit::Cycles)
+        .set(m_board->now_cycle());
+    for (uint32_t c = 0; c < m_board->num_cores(); ++c) {
+        const auto& s = m_board->core(c).stats();
+        auto& g = *groups.emplace_back(std::make_unique<sim::StatGroup>(fmt::format("core{}", c), &root));
+        g.add("instructions", "instructions issued", sim::StatUnit::Count).set(s.instructions);
+        g.add("stall_queue_cycles", "sequencer cycles stalled on a full unit queue",
+              sim::StatUnit::Cycles).set(s.stall_queue);
+        g.add("stall_wait_cycles", "sequencer cycles stalled in wait or fence",
+              sim::StatUnit::Cycles).set(s.stall_wait);
+        g.add("dma_ops", "DMA instructions", sim::StatUnit::Count).set(s.dma_ops);
+        g.add("hbm_read_bytes", "bytes read from HBM by DMA", sim::StatUnit::Bytes).set(s.hbm_read_bytes);
+        g.add("hbm_write_bytes", "bytes written to HBM by DMA", sim::StatUnit::Bytes).set(s.hbm_write_bytes);
+        g.add("vpu_ops", "VPU instructions", sim::StatUnit::Count).set(s.vpu_ops);
+        g.add("vpu_busy_cycles", "VPU issue cycles", sim::StatUnit::Cycles).set(s.vpu_busy);
+        g.add("vpu_flops", "VPU fp32 operations", sim::StatUnit::Flops).set(s.vpu_flops);
+        g.add("ici_ops", "ICI instructions", sim::StatUnit::Count).set(s.ici_ops);
+        g.add("ici_bytes", "bytes sent over ICI", sim::StatUnit::Bytes).set(s.ici_bytes);
+        g.add("mxu_ops", "MXU instructions", sim::StatUnit::Count).set(s.mxu_ops);
+        for (size_t i = 0; i < s.mxu_macs.size(); ++i) {
+            g.add(fmt::format("mxu{}_busy_cycles", i), "cycles streaming LHS rows",
+                  sim::StatUnit::Cycles).set(s.mxu_busy[i]);
+            g.add(fmt::format("mxu{}_flops", i), "2 x useful multiply-accumulates",
+                  sim::StatUnit::Flops).set(2 * s.mxu_macs[i]);
+        }
+    }
+    std::ofstream out(m_opts.stats, std::ios::trunc);
+    if (!out) throw InputError(fmt::format("--stats: cannot write '{}'", m_opts.stats));
+    const bool csv = m_opts.stats.size() > 4 && m_opts.stats.substr(m_opts.stats.size() - 4) == ".csv";
+    if (csv) root.write_csv(out);
+    else root.write_json(out);
+    // The effective config beside every stats file, so a result always says what produced it.
+    std::ofstream cfg(m_opts.stats + ".config.json", std::ios::trunc);
+    hw::BoardConfig copy = m_cfg;
+    cfg << sim::dump_json(sim::root_of(copy));
+}
+
+}  // namespace tpu::cli

@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hw/board.h"
+#include "tools/tpusim/commands.h"
+
+namespace tpu::sim {
+class Tracer;
+}
+
+namespace tpu::cli {
+
+/// One simulation as the CLI runs it: the board, the optional trace, the launches, and the
+/// result printed as text or --json, with --stats written at the end.
+class RunSession {
+public:
+    RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts);
+    ~RunSession();
+
+    hw::Board& board() { return *m_board; }
+    /// Runs a loaded program on `cores`; device faults and deadlocks become RunError.
+    hw::LaunchResult launch(const std::string& name, const std::vector<uint32_t>& cores,
+                            const std::vector<uint32_t>& args = {});
+    /// Host seconds spent inside launches so far.
+    double host_seconds() const { return m_host_seconds; }
+    /// Per-core MXU utilisation of a launch: useful MACs / (MXUs x R x C x cycles).
+    double mxu_utilization(const hw::LaunchResult& res) const;
+    /// Prints the result of the last launch (text table, or JSON with --json), writes --stats.
+    void report(const hw::LaunchResult& res);
+    /// The result JSON (what --json prints).
+    std::string result_json(const hw::LaunchResult& res) const;
+    /// Writes --stats (JSON, or CSV for a .csv name) and the effective config beside it.
+    void write_stats() const;
+
+private:
+    const hw::BoardConfig& m_cfg;
+    const CommonOptions& m_opts;
+    std::unique_ptr<hw::Board> m_board;
+    std::unique_ptr<sim::Tracer> m_tracer;
+    double m_host_seconds = 0;
+    std::vector<hw::CoreStats> m_before;
+};
+
+}  // namespace tpu::cli
