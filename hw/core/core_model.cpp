@@ -381,6 +381,21 @@ CoreModel::Status CoreModel::run(uint64_t now) {
     }
 }
 
+CoreModel::Status CoreModel::run_alone() {
+    uint64_t now = m_cycle;
+    for (;;) {
+        const Status st = run(now);
+        if (st.block == Block::Halted) return st;
+        if (st.block == Block::Sync) {
+            now = st.cycle;
+            continue;
+        }
+        const uint64_t t = next_flag_event(now);
+        if (t == kNever) return st;
+        now = t;
+    }
+}
+
 void CoreModel::exec_dma(const isa::Instr& ins) {
     const uint32_t dst = val(ins.ops[0]), src = val(ins.ops[1]);
     const uint64_t rows = val(ins.ops[2]), row_bytes = val(ins.ops[3]);

@@ -101,6 +101,9 @@ public:
     void start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_t hbm_base = 0);
     /// Runs until blocked; `now` is the current simulated cycle. Throws DeviceFault.
     Status run(uint64_t now);
+    /// Runs a core with no board around it (tests, benchmarks): simulated time follows the
+    /// core's own events. Returns Halted, or WaitFlag when a wait can never be satisfied.
+    Status run_alone();
     /// Earliest cycle of a scheduled flag increment after `now`, or UINT64_MAX.
     uint64_t next_flag_event(uint64_t now) const;
     /// Schedules flag += amount at cycle (ICI arrivals from other cores).
