@@ -139,8 +139,11 @@ std::vector<uint8_t> encode_program(const Program& program) {
 }
 
 Program decode_program(std::span<const uint8_t> image) {
-    if (image.size() < kHeaderBytes || std::memcmp(image.data(), kMagic, sizeof kMagic) != 0)
+    if (image.size() < sizeof kMagic || std::memcmp(image.data(), kMagic, sizeof kMagic) != 0)
         throw DecodeError("not a tpusim program image (missing TPUPROG1 header)");
+    if (image.size() < kHeaderBytes)
+        throw DecodeError(fmt::format("program image is {} bytes, shorter than its {}-byte header",
+                                      image.size(), kHeaderBytes));
     const uint32_t count = get32(&image[8]);
     if (get32(&image[12]) != 0) throw DecodeError("program header: reserved word is not zero");
     const size_t want = kHeaderBytes + size_t(count) * kInstrBytes;

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+// tpusim asm, disasm and run end to end: exit codes, messages, --json, --load/--dump, traces.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/common/paths.h"
+
+namespace {
+
+struct Result {
+    int code;
+    std::string out, err;
+};
+
+/// Runs `tpusim ARGS` through the shell; stderr goes to a temp file.
+Result tpusim(const std::string& args) {
+    const std::string err_file = ::testing::TempDir() + "/tpusim_stderr.txt";
+    const std::string cmd = tpu::test::tpusim_exe() + " " + args + " 2>" + err_file;
+    Result r{};
+    FILE* p = popen(cmd.c_str(), "r");
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+    const int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream in(err_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    r.err = ss.str();
+    return r;
+}
+
+std::string example(const std::string& name) {
+    return tpu::test::source_dir() + "/isa/examples/" + name;
+}
+std::string tmp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+
+TEST(CliAsm, AssembleDisassembleRoundTrip) {
+    const Result a = tpusim("asm " + example("gemm512.s") + " -o " + tmp("g.bin") + " --json");
+    ASSERT_EQ(a.code, 0) << a.err;
+    const auto j = nlohmann::json::parse(a.out);
+    EXPECT_EQ(j["instructions"], 41);
+    const Result d = tpusim("disasm " + tmp("g.bin"));
+    ASSERT_EQ(d.code, 0) << d.err;
+    std::ofstream(tmp("g2.s")) << d.out;
+    ASSERT_EQ(tpusim("asm " + tmp("g2.s") + " -o " + tmp("g2.bin")).code, 0);
+    std::ifstream f1(tmp("g.bin"), std::ios::binary), f2(tmp("g2.bin"), std::ios::binary);
+    std::stringstream s1, s2;
+    s1 << f1.rdbuf();
+    s2 << f2.rdbuf();
+    EXPECT_EQ(s1.str(), s2.str());
+}
+
+TEST(CliAsm, ErrorsNameTheLocationAndExitTwo) {
+    std::ofstream(tmp("bad.s")) << "nop\n  mxu.mn 0\n";
+    const Result r = tpusim("asm " + tmp("bad.s"));
+    EXPECT_EQ(r.code, 2);
+    EXPECT_EQ(r.err, tmp("bad.s") + ":2:3: error: unknown instruction 'mxu.mn'; did you mean "
+                                    "'mxu.mm'?\n");
+    const Result missing = tpusim("asm /nonexistent.s");
+    EXPECT_EQ(missing.code, 2);
+    EXPECT_EQ(missing.err, "tpusim: error: cannot open '/nonexistent.s': No such file or directory\n");
+    std::ofstream(tmp("junk.bin")) << "TPUPROG1xx";
+    const Result junk = tpusim("disasm " + tmp("junk.bin"));
+    EXPECT_EQ(junk.code, 2);
+    EXPECT_EQ(junk.err, "tpusim: error: " + tmp("junk.bin") +
+                           ": program image is 10 bytes, shorter than its 16-byte header\n");
+}
+
+TEST(CliRun, LoadRunDumpIsBitExact) {
+    // A = I (bf16 1.0 = 0x3f80 on the diagonal) so C = W exactly.
+    std::vector<uint16_t> a(128 * 128, 0), w(128 * 128);
+    for (int i = 0; i < 128; ++i) a[i * 128 + i] = 0x3f80;
+    std::mt19937 rng(5);
+    for (auto& x : w) x = static_cast<uint16_t>(0x3c00 + rng() % 0x800);  // finite bf16
+    std::ofstream(tmp("a.bin"), std::ios::binary).write(reinterpret_cast<char*>(a.data()), a.size() * 2);
+    std::ofstream(tmp("w.bin"), std::ios::binary).write(reinterpret_cast<char*>(w.data()), w.size() * 2);
+    const Result r = tpusim("run " + example("matmul128.s") + " --load 0:0x0=" + tmp("a.bin") +
+                            " --load 0:hbm:0x8000=" + tmp("w.bin") + " --dump 0:0x10000:65536=" +
+                            tmp("c.bin") + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["cycles"], 979);
+    EXPECT_EQ(j["cores"][0]["id"], 0);
+    EXPECT_EQ(j["cores"][0]["cycles"], 979);
+    std::vector<float> c(128 * 128);
+    std::ifstream(tmp("c.bin"), std::ios::binary).read(reinterpret_cast<char*>(c.data()), c.size() * 4);
+    for (size_t i = 0; i < c.size(); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &c[i], 4);
+        ASSERT_EQ(bits, uint32_t(w[i]) << 16) << i;
+    }
+}
+
+TEST(CliRun, TimingOnlyModeGivesIdenticalCycles) {
+    const Result on = tpusim("run " + example("gemm512.s") + " --cores 0-7 --json");
+    const Result off = tpusim("run " + example("gemm512.s") +
+                              " --cores 0-7 --json --set sim.functional=false");
+    ASSERT_EQ(on.code, 0) << on.err;
+    ASSERT_EQ(off.code, 0) << off.err;
+    auto a = nlohmann::json::parse(on.out), b = nlohmann::json::parse(off.out);
+    EXPECT_EQ(a["cores"].size(), 8u);
+    EXPECT_EQ(a["cycles"], b["cycles"]);
+    EXPECT_EQ(a["cores"], b["cores"]);
+}
+
+TEST(CliRun, TraceAndStatsAreWrittenAndDeterministic) {
+    for (const char* name : {"t1", "t2"}) {
+        const Result r = tpusim("run " + example("vpu_chain.s") + " --trace " + tmp(name) +
+                                ".json --stats " + tmp(name) + ".stats.json");
+        ASSERT_EQ(r.code, 0) << r.err;
+    }
+    auto slurp = [](const std::string& p) {
+        std::ifstream in(p);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        return ss.str();
+    };
+    EXPECT_EQ(slurp(tmp("t1.json")), slurp(tmp("t2.json")));
+    EXPECT_EQ(slurp(tmp("t1.stats.json")), slurp(tmp("t2.stats.json")));
+    const auto trace = nlohmann::json::parse(slurp(tmp("t1.json")));
+    int x = 0;
+    for (const auto& e : trace["traceEvents"]) {
+        ASSERT_TRUE(e.contains("ph") && e.contains("pid") && e.contains("tid"));
+        if (e["ph"] == "X") {
+            ++x;
+            EXPECT_TRUE(e.contains("ts") && e.contains("dur") && e["args"].contains("begin_cycle"));
+        }
+    }
+    EXPECT_EQ(x, 6);  // 1 DMA in, 4 VPU ops, 1 DMA out
+    const auto stats = nlohmann::json::parse(slurp(tmp("t1.stats.json")));
+    EXPECT_EQ(stats["board"]["children"]["core0"]["counters"]["vpu_ops"]["value"], 4);
+    EXPECT_TRUE(std::filesystem::exists(tmp("t1.stats.json") + ".config.json"));
+}
+
+TEST(CliRun, BadInputsAreClearErrors) {
+    struct Case {
+        std::string args;
+        int code;
+        std::string err;
+    };
+    const std::string k = example("matmul128.s");
+    for (const Case& c : std::vector<Case>{
+             {"run " + k + " --cores 0-8", 2,
+              "tpusim: error: --cores: bad core list '0-8': core 8 does not exist (the board has "
+              "cores 0-7)\n"},
+             {"run " + k + " --load 0:0x0", 2,
+              "tpusim: error: '0:0x0': expected CORES[:hbm|:vmem]:ADDR=FILE\n"},
+             {"run " + k + " --load 0:ram:0=/dev/null", 2,
+              "tpusim: error: '0:ram:0=/dev/null': memory 'ram' must be hbm or vmem\n"},
+             {"run " + k + " --load 0:0=/nonexistent", 2,
+              "tpusim: error: --load: cannot open '/nonexistent': No such file or directory\n"},
+             {"run " + k + " --dump 0:0x10000:0=/tmp/x", 2,
+              "tpusim: error: --dump /tmp/x: 0 bytes at 0x10000 are not inside core0.hbm "
+              "(17179869184 bytes)\n"},
+             {"run /nonexistent.s", 2,
+              "tpusim: error: cannot open kernel '/nonexistent.s': No such file or directory\n"},
+             {"run " + k + " --set core.mxus=0", 2,
+              "tpusim: error: core.mxus must be >= 1 (got 0)\n"},
+             {"run " + k + " --trace-window 5:1", 2,
+              "tpusim: error: --trace-units and --trace-window need --trace FILE\n"},
+         }) {
+        const Result r = tpusim(c.args);
+        EXPECT_EQ(r.code, c.code) << c.args;
+        EXPECT_EQ(r.err, c.err) << c.args;
+    }
+}
+
+TEST(CliRun, DeviceFaultAndDeadlockExitOne) {
+    std::ofstream(tmp("fault.s")) << "li s1, 0x100000\nv.exp [s1], [0], 8\nhalt\n";
+    const Result f = tpusim("run " + tmp("fault.s") + " --config " + tpu::test::source_dir() +
+                            "/configs/tiny.json");
+    EXPECT_EQ(f.code, 1);
+    EXPECT_EQ(f.err, "tpusim: " + tmp("fault.s") +
+                         ": device fault on core 0 at pc 1 (v.exp [s1], [0], 8) in vpu, cycle 1: "
+                         "VMEM write of 32 bytes at 0x100000 is outside core0.vmem (1048576 "
+                         "bytes)\n");
+    std::ofstream(tmp("dead.s")) << "wait f1, 1\nhalt\n";
+    const Result d = tpusim("run " + tmp("dead.s") + " --cores 0,1 --config " +
+                            tpu::test::source_dir() + "/configs/tiny.json");
+    EXPECT_EQ(d.code, 1);
+    EXPECT_NE(d.err.find("deadlock at cycle 0: every running core waits on a flag that nothing "
+                         "can raise\n  core 0: running at cycle 0, pc 0 (wait f1, 1)"),
+              std::string::npos)
+        << d.err;
+}
+
+}  // namespace
