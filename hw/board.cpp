@@ -206,7 +206,15 @@ void Board::set_tracer(sim::Tracer* tracer) {
 }
 
 LaunchResult Board::run(const std::vector<uint32_t>& cores, const std::vector<uint32_t>& args) {
+    return run_each(cores, std::vector<std::vector<uint32_t>>(cores.size(), args));
+}
+
+LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
+                             const std::vector<std::vector<uint32_t>>& args) {
     Impl& im = *m_impl;
+    if (args.size() != cores.size())
+        throw std::invalid_argument(fmt::format("{} argument lists for {} cores", args.size(),
+                                                cores.size()));
     if (im.faulted)
         throw std::invalid_argument(
             "the board stopped on a device fault; open a new device to run again");
@@ -222,10 +230,8 @@ LaunchResult Board::run(const std::vector<uint32_t>& cores, const std::vector<ui
     LaunchResult res;
     res.start_cycle = now_cycle();
     res.cores = set;
-    for (uint32_t c : set) {
-        im.models[c]->start(res.start_cycle, args);
-        im.modules[c]->launch();
-    }
+    for (size_t i = 0; i < cores.size(); ++i) im.models[cores[i]]->start(res.start_cycle, args[i]);
+    for (uint32_t c : set) im.modules[c]->launch();
     im.outstanding = static_cast<uint32_t>(set.size());
     while (im.outstanding > 0) {
         sc_core::sc_start();

@@ -52,6 +52,9 @@ public:
     /// Starts `cores` at the current board cycle with launch arguments in s1.. and runs until
     /// all of them halt. Throws DeviceFault, DeadlockError, std::invalid_argument.
     LaunchResult run(const std::vector<uint32_t>& cores, const std::vector<uint32_t>& args = {});
+    /// As run(), with each core's own arguments: `args[i]` goes to `cores[i]`.
+    LaunchResult run_each(const std::vector<uint32_t>& cores,
+                          const std::vector<std::vector<uint32_t>>& args);
     /// Current board cycle (simulated time / clock period).
     uint64_t now_cycle() const;
     /// Simulated seconds at the current cycle.

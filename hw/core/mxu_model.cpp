@@ -2,6 +2,8 @@
 #include "hw/core/mxu_model.h"
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <stdexcept>
 #include <vector>
 
@@ -9,21 +11,34 @@
 
 namespace tpu::hw {
 
-void mxu_matmul(const uint16_t* lhs, int T, int K, const uint16_t* w, int N, float* out,
+// Why the physical array's zero padding is left out here: rows k >= K hold +0.0 weights and
+// receive +0.0 LHS elements, so they add +0.0 * +0.0 = +0.0 to the partial sum. The partial sum
+// starts at +0.0 and, in round-to-nearest, a sum is -0.0 only if both addends are -0.0, so it is
+// never -0.0; and x + (+0.0) == x bit for bit for every other x, including +-inf and NaN.
+// Columns n >= N are computed by the hardware but never written back.
+void mxu_matmul(const uint16_t* lhs_bf16, int T, int K, const uint16_t* w_bf16, int N, float* out,
                 bool accumulate) {
-    std::vector<float> wf(size_t(K) * N);
-    for (size_t i = 0; i < wf.size(); ++i) wf[i] = bf16_to_f32(w[i]);
-    std::vector<float> psum(N);
+    // Converted once per call: the inner loop then runs on fp32 only and vectorises.
+    thread_local std::vector<float> wf;
+    thread_local std::vector<float> psum;
+    wf.resize(size_t(K) * N);
+    psum.resize(size_t(N));
+    for (size_t i = 0; i < wf.size(); ++i) wf[i] = bf16_to_f32(w_bf16[i]);
     for (int t = 0; t < T; ++t) {
         std::fill(psum.begin(), psum.end(), 0.0f);
-        // k outer, n inner: every column still sums its products in k order.
+        // k outer, n inner: each column still adds its products in k order, and the n loop
+        // has no dependence between iterations. -ffp-contract=off keeps * and + separate.
         for (int k = 0; k < K; ++k) {
-            const float a = bf16_to_f32(lhs[size_t(t) * K + k]);
+            const float a = bf16_to_f32(lhs_bf16[size_t(t) * K + k]);
             const float* wr = &wf[size_t(k) * N];
-            for (int n = 0; n < N; ++n) psum[n] = psum[n] + a * wr[n];
+            float* p = psum.data();
+            for (int n = 0; n < N; ++n) p[n] = p[n] + a * wr[n];
         }
         float* o = out + size_t(t) * N;
-        for (int n = 0; n < N; ++n) o[n] = accumulate ? o[n] + psum[n] : psum[n];
+        for (int n = 0; n < N; ++n) {
+            const float r = accumulate ? o[n] + psum[n] : psum[n];
+            o[n] = std::isnan(r) ? std::bit_cast<float>(kMxuNanBits) : r;
+        }
     }
 }
 
@@ -41,13 +56,13 @@ MxuSpan MxuTimer::lw(uint64_t ready) {
 MxuSpan MxuTimer::mm(uint64_t ready, uint32_t T) {
     if (!m_have_lw) throw std::logic_error("mxu.mm without loaded weights");
     uint64_t start = std::max({ready, m_last_start, m_input_free});
-    if (!m_lw_consumed) start = std::max(start, m_lw_done);
-    const uint64_t done = start + T + m_rows + m_cols - 2;
     if (!m_lw_consumed) {
-        // This mm swaps the shadow weights into the array; the shadow is free from now.
+        start = std::max(start, m_lw_done);
+        // This mm moves the shadow tile into the array; the shadow may be refilled from now.
         m_shadow_free = start;
         m_lw_consumed = true;
     }
+    const uint64_t done = start + T + m_rows + m_cols - 2;
     m_last_start = start;
     m_input_free = start + T;
     return {start, done};

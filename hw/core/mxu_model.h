@@ -4,15 +4,20 @@
 #include <cstdint>
 
 /// The fast MXU: functional matmul under the numerics contract and the timing of one MXU's
-/// in-order queue (hw/README.md, "MXU"). hw/reference/systolic_ref.h re-derives both PE by PE.
+/// in-order queue (hw/README.md, "MXU"). hw/reference/systolic_ref.h re-derives both PE by PE,
+/// and tests/hw/mxu_test.cpp proves them equal. No SystemC here: the TensorCore calls these.
 namespace tpu::hw {
 
-/// out (T x N, fp32) = [out +] lhs (T x K, bf16) x w (K x N, bf16). For each output, the
-/// partial sum starts at +0.0 and adds the fp32 products a[t][k] * w[k][n] for k = 0..K-1 in
-/// order, each product and each sum rounded to fp32; then it is stored or added to `out`.
-/// Rows K..R-1 of the physical array hold zero weights and add +0.0, which changes nothing
-/// (the partial sum starts at +0.0 so it is never -0.0, and x + +0.0 == x otherwise).
-void mxu_matmul(const uint16_t* lhs, int T, int K, const uint16_t* w, int N, float* out,
+/// Bits of the one NaN the MXU writes: every NaN result is this canonical quiet NaN.
+inline constexpr uint32_t kMxuNanBits = 0x7FC00000u;
+
+/// out (T x N, fp32) = [out +] lhs (T x K, bf16) x w (K x N, bf16), both row-major.
+/// For each output (t, n) the partial sum starts at +0.0 and adds the fp32 products
+/// a[t][k] * w[k][n] for k = 0..K-1 in order, each product and each sum rounded to fp32; the
+/// result is then stored (`accumulate` false) or added to `out`. A NaN result is written as
+/// kMxuNanBits, so results do not depend on which NaN operand the compiler put first.
+/// K <= rows and N <= cols of the array; the zero padding of the rest is a no-op (see .cpp).
+void mxu_matmul(const uint16_t* lhs_bf16, int T, int K, const uint16_t* w_bf16, int N, float* out,
                 bool accumulate);
 
 /// Start and done cycle of one MXU instruction.
@@ -21,29 +26,33 @@ struct MxuSpan {
     uint64_t done;   ///< its result (or weights) are complete; completion flags rise here
 };
 
-/// Timing of one MXU of R x C PEs executing mxu.lw / mxu.mm in order.
-///  lw: start = max(ready, previous start, previous lw done, shadow free); done = start + R.
-///      The shadow buffer is free once the first mm after the previous lw has started (that
-///      mm moved the weights to the active buffer), or at the previous lw's done if no mm used
-///      it.
-///  mm: start = max(ready, previous start, previous mm start + its T (input port), done of the
-///      latest lw); done = start + T + R + C - 2 (fill, skew and drain of the array).
+/// Timing of one MXU of R x C PEs executing mxu.lw / mxu.mm in order (hw/README.md,
+/// "MXU timing"):
+///  lw: start = max(ready, previous start, weight path free, shadow free); done = start + R.
+///      The weight path is free at the previous lw's done. The shadow buffer is free once the
+///      first mm after the previous lw has started (that mm moved the tile to the active
+///      weights), or at the previous lw's done if no mm used it (the tile is overwritten).
+///  mm: start = max(ready, previous start, input port free, done of the latest lw);
+///      done = start + T + R + C - 2 (stream, skew down, skew across, write);
+///      the input port is free at start + T. An mm after an mm reuses the active weights.
 class MxuTimer {
 public:
+    /// An idle MXU with `rows` x `cols` PEs and no weights loaded.
     MxuTimer(uint32_t rows, uint32_t cols) : m_rows(rows), m_cols(cols) {}
-    /// Weight load issued to the unit at `ready`.
+    /// Weight load that reaches the unit at `ready`.
     MxuSpan lw(uint64_t ready);
-    /// Matmul of T LHS rows issued at `ready`; throws std::logic_error without a prior lw.
+    /// Matmul of T LHS rows that reaches the unit at `ready`; throws std::logic_error
+    /// ("mxu.mm without loaded weights") if no lw came before it.
     MxuSpan mm(uint64_t ready, uint32_t T);
 
 private:
     uint32_t m_rows, m_cols;
-    uint64_t m_last_start = 0;    ///< in-order issue
-    uint64_t m_lw_done = 0;       ///< latest lw's done (weight path free, weights ready)
-    uint64_t m_shadow_free = 0;   ///< shadow buffer may be overwritten from here
-    uint64_t m_input_free = 0;    ///< LHS input port free from here
-    bool m_have_lw = false;       ///< some lw was issued
-    bool m_lw_consumed = true;    ///< latest lw already moved to the active buffer by an mm
+    uint64_t m_last_start = 0;   ///< in-order queue: no start before the previous one
+    uint64_t m_lw_done = 0;      ///< latest lw's done: weight path free, its tile complete
+    uint64_t m_shadow_free = 0;  ///< start of the mm that consumed the latest lw
+    uint64_t m_input_free = 0;   ///< LHS input port free from here
+    bool m_have_lw = false;      ///< some lw was issued
+    bool m_lw_consumed = true;   ///< latest lw already moved to the active weights by an mm
 };
 
 }  // namespace tpu::hw

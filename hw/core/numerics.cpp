@@ -15,7 +15,9 @@ uint16_t f32_to_bf16(float x) {
     return static_cast<uint16_t>((u + 0x7FFFu + lsb) >> 16);
 }
 
-float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+float bf16_to_f32(uint16_t h) {
+    return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
 
 std::array<uint16_t, 3> split3(float x) {
     const uint16_t hi = f32_to_bf16(x);

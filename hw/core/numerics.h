@@ -14,7 +14,9 @@ uint16_t f32_to_bf16(float x);
 /// bf16 -> fp32 (exact).
 float bf16_to_f32(uint16_t h);
 /// x rounded to bf16 precision, as fp32.
-inline float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+inline float bf16_round(float x) {
+    return bf16_to_f32(f32_to_bf16(x));
+}
 
 /// fp32 split into three bf16 parts for multi-pass matmuls: hi = bf16(x),
 /// mid = bf16(x - hi), lo = bf16(x - hi - mid), differences in fp32.

@@ -1,15 +1,134 @@
 // SPDX-License-Identifier: Apache-2.0
-// Placeholder until its issue lands: the command exists and says so.
-#include <CLI/CLI.hpp>
+// tpusim gemm: the library GEMM on a set of cores, with cycles, utilisation and a check.
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <random>
 
+#include <CLI/CLI.hpp>
+#include <Eigen/Core>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "driver/kernels/gemm.h"
+#include "hw/board.h"
 #include "tools/tpusim/commands.h"
+#include "tools/tpusim/run_output.h"
 
 namespace tpu::cli {
 
 void register_gemm_command(CLI::App& app) {
-    auto* cmd = app.add_subcommand("gemm", "(not available yet)");
-    cmd->allow_extras();
-    cmd->callback([] { throw RunError("'gemm' is not implemented yet"); });
+    struct Opts {
+        CommonOptions common;
+        uint32_t m = 1024, k = 1024, n = 1024;
+        std::string cores = "1";
+        std::string precision = "bf16";
+        bool check = false;
+        uint32_t seed = 1;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* cmd = app.add_subcommand("gemm", "run the library GEMM C = A x W on random inputs");
+    cmd->add_option("--m", o->m, "rows of A and C")->check(CLI::PositiveNumber);
+    cmd->add_option("--k", o->k, "columns of A, rows of W")->check(CLI::PositiveNumber);
+    cmd->add_option("--n", o->n, "columns of W and C")->check(CLI::PositiveNumber);
+    cmd->add_option("--cores", o->cores,
+                    "number of cores (rows are split over cores 0..N-1), or a list: 0-3, 2,5");
+    cmd->add_option("--precision", o->precision, "bf16 | fp32-3pass | fp32-6pass");
+    cmd->add_flag("--check", o->check,
+                  "compare with a host reference of the same numerics (bit-exact) and with fp64");
+    cmd->add_option("--seed", o->seed, "seed of the random inputs");
+    add_common_options(*cmd, o->common);
+    cmd->callback([o] {
+        const hw::BoardConfig cfg = o->common.board_config();
+        driver::Precision precision;
+        try {
+            precision = driver::parse_precision(o->precision);
+        } catch (const driver::DeviceError& e) {
+            throw InputError(fmt::format("--precision: {}", e.what()));
+        }
+        std::vector<uint32_t> cores;
+        const bool count = o->cores.find_first_not_of("0123456789") == std::string::npos;
+        try {
+            if (count) {
+                const unsigned long c = std::stoul(o->cores);
+                if (c == 0 || c > cfg.cores())
+                    throw InputError(fmt::format("--cores {}: the board has {} cores", o->cores,
+                                                 cfg.cores()));
+                for (uint32_t i = 0; i < c; ++i) cores.push_back(i);
+            } else {
+                cores = hw::parse_core_set(o->cores, cfg.cores());
+            }
+        } catch (const std::invalid_argument& e) {
+            throw InputError(fmt::format("--cores: {}", e.what()));
+        } catch (const std::out_of_range&) {
+            throw InputError(fmt::format("--cores {}: the board has {} cores", o->cores, cfg.cores()));
+        }
+        const uint32_t M = o->m, K = o->k, N = o->n;
+        std::mt19937 rng(o->seed);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<float> a(size_t(M) * K), w(size_t(K) * N);
+        for (auto& x : a) x = u(rng);
+        for (auto& x : w) x = u(rng);
+
+        auto dev = driver::Device::open(cfg);
+        RunTrace trace(o->common, cfg);
+        dev->set_tracer(trace.get());
+        driver::ProgramCache cache;
+        driver::GemmResult r;
+        try {
+            r = driver::gemm(*dev, cache, a, w, M, K, N, precision, cores);
+        } catch (const driver::DeviceError& e) {
+            if (e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory)
+                throw InputError(e.what());
+            throw RunError(e.what());
+        }
+        const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
+        const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);
+        nlohmann::ordered_json j;
+        j["m"] = M;
+        j["k"] = K;
+        j["n"] = N;
+        j["cores"] = cores.size();
+        j["precision"] = driver::precision_name(precision);
+        j["cycles"] = cycles;
+        j["simulated_seconds"] = seconds;
+        j["mxu_utilization"] = r.mxu_utilization;
+        j["tflops"] = 2.0 * M * K * N / seconds / 1e12;
+        j["host_seconds"] = r.event.host_seconds;
+        if (o->check) {
+            const auto want = driver::gemm_reference(a, w, M, K, N, precision, cfg.core.mxu_rows);
+            j["bitexact"] = std::memcmp(want.data(), r.c.data(), want.size() * 4) == 0;
+            using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+            const Mat A = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic,
+                                                         Eigen::RowMajor>>(a.data(), M, K)
+                              .cast<double>();
+            const Mat W = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic,
+                                                         Eigen::RowMajor>>(w.data(), K, N)
+                              .cast<double>();
+            const Mat ref = A * W;
+            const Mat got = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic,
+                                                           Eigen::RowMajor>>(r.c.data(), M, N)
+                                .cast<double>();
+            j["rel_error"] = (got - ref).norm() / std::max(ref.norm(), 1e-300);
+        }
+        if (o->common.json) {
+            fmt::print("{}\n", j.dump());
+        } else {
+            fmt::print("gemm {}x{}x{} {} on {} core{}: {} cycles = {:.3f} us at {} MHz\n", M, K,
+                       N, driver::precision_name(precision), cores.size(),
+                       cores.size() == 1 ? "" : "s", cycles, seconds * 1e6, cfg.clock_mhz);
+            fmt::print("MXU utilisation {:.1f}%, {:.2f} TFLOP/s (peak {:.1f}), host {:.3f} s\n",
+                       100.0 * r.mxu_utilization, j["tflops"].get<double>(),
+                       cfg.peak_flops_per_core() * double(cores.size()) / 1e12,
+                       r.event.host_seconds);
+            if (o->check)
+                fmt::print("check: bit-exact vs reference: {}; relative error vs fp64: {:.3e}\n",
+                           j["bitexact"].get<bool>() ? "yes" : "NO", j["rel_error"].get<double>());
+        }
+        write_stats_file(o->common, dev->board());
+        if (o->check && !j["bitexact"].get<bool>())
+            throw RunError("gemm: the device result differs from the bit-exact reference");
+    });
 }
 
 }  // namespace tpu::cli

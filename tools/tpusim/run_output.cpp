@@ -36,9 +36,8 @@ std::pair<uint64_t, uint64_t> parse_window(const std::string& w) {
 
 }  // namespace
 
-RunSession::RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts)
-    : m_cfg(cfg), m_opts(opts), m_board(std::make_unique<hw::Board>(cfg)),
-      m_tracer(std::make_unique<sim::Tracer>()) {
+RunTrace::RunTrace(const CommonOptions& opts, const hw::BoardConfig& cfg)
+    : m_tracer(std::make_unique<sim::Tracer>()) {
     if (!opts.trace.empty()) {
         const auto [b, e] = parse_window(opts.trace_window);
         try {
@@ -46,10 +45,16 @@ RunSession::RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts)
         } catch (const std::runtime_error& err) {
             throw InputError(fmt::format("--trace: {}", err.what()));
         }
-        m_board->set_tracer(m_tracer.get());
     } else if (!opts.trace_units.empty() || !opts.trace_window.empty()) {
         throw InputError("--trace-units and --trace-window need --trace FILE");
     }
+}
+
+RunTrace::~RunTrace() = default;
+
+RunSession::RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts)
+    : m_cfg(cfg), m_opts(opts), m_board(std::make_unique<hw::Board>(cfg)), m_trace(opts, cfg) {
+    m_board->set_tracer(m_trace.get());
 }
 
 RunSession::~RunSession() = default;
@@ -122,17 +127,17 @@ void RunSession::report(const hw::LaunchResult& res) {
                    cycles, double(cycles) / m_cfg.clock_mhz, m_cfg.clock_mhz,
                    100.0 * mxu_utilization(res), m_host_seconds);
     }
-    write_stats();
+    write_stats_file(m_opts, *m_board);
 }
 
-void RunSession::write_stats() const {
-    if (m_opts.stats.empty()) return;
+void write_stats_file(const CommonOptions& opts, hw::Board& board) {
+    if (opts.stats.empty()) return;
     sim::StatGroup root("board");
     std::vector<std::unique_ptr<sim::StatGroup>> groups;
     root.add("cycles", "board cycles since the simulation started", sim::StatUnit::Cycles)
-        .set(m_board->now_cycle());
-    for (uint32_t c = 0; c < m_board->num_cores(); ++c) {
-        const auto& s = m_board->core(c).stats();
+        .set(board.now_cycle());
+    for (uint32_t c = 0; c < board.num_cores(); ++c) {
+        const auto& s = board.core(c).stats();
         auto& g = *groups.emplace_back(std::make_unique<sim::StatGroup>(fmt::format("core{}", c), &root));
         g.add("instructions", "instructions issued", sim::StatUnit::Count).set(s.instructions);
         g.add("stall_queue_cycles", "sequencer cycles stalled on a full unit queue",
@@ -155,14 +160,14 @@ void RunSession::write_stats() const {
                   sim::StatUnit::Flops).set(2 * s.mxu_macs[i]);
         }
     }
-    std::ofstream out(m_opts.stats, std::ios::trunc);
-    if (!out) throw InputError(fmt::format("--stats: cannot write '{}'", m_opts.stats));
-    const bool csv = m_opts.stats.size() > 4 && m_opts.stats.substr(m_opts.stats.size() - 4) == ".csv";
+    std::ofstream out(opts.stats, std::ios::trunc);
+    if (!out) throw InputError(fmt::format("--stats: cannot write '{}'", opts.stats));
+    const bool csv = opts.stats.size() > 4 && opts.stats.substr(opts.stats.size() - 4) == ".csv";
     if (csv) root.write_csv(out);
     else root.write_json(out);
     // The effective config beside every stats file, so a result always says what produced it.
-    std::ofstream cfg(m_opts.stats + ".config.json", std::ios::trunc);
-    hw::BoardConfig copy = m_cfg;
+    std::ofstream cfg(opts.stats + ".config.json", std::ios::trunc);
+    hw::BoardConfig copy = board.config();
     cfg << sim::dump_json(sim::root_of(copy));
 }
 

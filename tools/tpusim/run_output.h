@@ -15,6 +15,22 @@ class Tracer;
 
 namespace tpu::cli {
 
+/// The --trace file of a command (closed tracer when --trace is absent); validates
+/// --trace-units / --trace-window.
+class RunTrace {
+public:
+    RunTrace(const CommonOptions& opts, const hw::BoardConfig& cfg);
+    ~RunTrace();
+    sim::Tracer* get() { return m_tracer.get(); }
+
+private:
+    std::unique_ptr<sim::Tracer> m_tracer;
+};
+
+/// Writes --stats (JSON, or CSV for a .csv name) from every core of the board, and the
+/// effective config beside it (FILE.config.json).
+void write_stats_file(const CommonOptions& opts, hw::Board& board);
+
 /// One simulation as the CLI runs it: the board, the optional trace, the launches, and the
 /// result printed as text or --json, with --stats written at the end.
 class RunSession {
@@ -34,14 +50,12 @@ public:
     void report(const hw::LaunchResult& res);
     /// The result JSON (what --json prints).
     std::string result_json(const hw::LaunchResult& res) const;
-    /// Writes --stats (JSON, or CSV for a .csv name) and the effective config beside it.
-    void write_stats() const;
 
 private:
     const hw::BoardConfig& m_cfg;
     const CommonOptions& m_opts;
     std::unique_ptr<hw::Board> m_board;
-    std::unique_ptr<sim::Tracer> m_tracer;
+    RunTrace m_trace;
     double m_host_seconds = 0;
     std::vector<hw::CoreStats> m_before;
 };

@@ -1,0 +1,328 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "driver/kernels/gemm.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "hw/board.h"
+#include "hw/core/core_model.h"
+#include "hw/core/mxu_model.h"
+#include "hw/core/numerics.h"
+#include "isa/assembler.h"
+
+namespace tpu::driver {
+namespace {
+
+/// (A part, W part) of each MXU pass, smallest terms first so they are not lost in the sum.
+std::vector<std::pair<int, int>> passes(Precision p) {
+    switch (p) {
+        case Precision::Bf16: return {{0, 0}};
+        case Precision::Fp32Pass3: return {{1, 0}, {0, 1}, {0, 0}};
+        case Precision::Fp32Pass6: return {{2, 0}, {0, 2}, {1, 1}, {1, 0}, {0, 1}, {0, 0}};
+    }
+    return {};
+}
+
+int parts(Precision p) { return p == Precision::Bf16 ? 1 : p == Precision::Fp32Pass3 ? 2 : 3; }
+
+uint32_t round_up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
+
+/// VMEM map of the kernel: A block panels, double-buffered W tiles per MXU, double-buffered C
+/// panels per MXU.
+struct VmemMap {
+    uint64_t a, w, c, end;
+};
+VmemMap vmem_map(const GemmTiling& t) {
+    const uint64_t kt = t.Kp / t.R, pa = parts(t.precision);
+    VmemMap m{};
+    m.a = 0;
+    m.w = m.a + pa * kt * t.block_rows * t.R * 2;
+    m.c = m.w + uint64_t(t.mxus) * 2 * pa * t.R * t.C * 2;
+    m.end = m.c + uint64_t(t.mxus) * 2 * t.block_rows * t.C * 4;
+    return m;
+}
+
+}  // namespace
+
+std::string_view precision_name(Precision p) {
+    switch (p) {
+        case Precision::Bf16: return "bf16";
+        case Precision::Fp32Pass3: return "fp32-3pass";
+        case Precision::Fp32Pass6: return "fp32-6pass";
+    }
+    return "?";
+}
+
+Precision parse_precision(std::string_view name) {
+    for (Precision p : {Precision::Bf16, Precision::Fp32Pass3, Precision::Fp32Pass6})
+        if (precision_name(p) == name) return p;
+    throw DeviceError(ErrorKind::Usage,
+                      fmt::format("unknown precision '{}' (expected bf16, fp32-3pass or "
+                                  "fp32-6pass)",
+                                  name));
+}
+
+GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, uint32_t N,
+                     Precision precision) {
+    GemmTiling t;
+    t.R = cfg.core.mxu_rows;
+    t.C = cfg.core.mxu_cols;
+    t.Kp = round_up(K, t.R);
+    t.Np = round_up(N, t.C);
+    t.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
+    t.precision = precision;
+    // Long blocks amortise the array's fill and drain; VMEM bounds them.
+    t.block_rows = std::min<uint32_t>(1024, round_up(std::max<uint32_t>(max_rows, 1), 8));
+    while (t.block_rows > 8 && vmem_map(t).end > cfg.core.vmem_bytes) t.block_rows -= 8;
+    if (vmem_map(t).end > cfg.core.vmem_bytes)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("GEMM with K = {} does not fit in {} bytes of VMEM even 8 "
+                                      "rows at a time",
+                                      K, cfg.core.vmem_bytes));
+    return t;
+}
+
+std::string gemm_key(const GemmTiling& t) {
+    return fmt::format("gemm R{} C{} Kp{} Np{} T{} mxus{} {}", t.R, t.C, t.Kp, t.Np, t.block_rows,
+                       t.mxus, precision_name(t.precision));
+}
+
+isa::Program gemm_program(const GemmTiling& t) {
+    const uint32_t R = t.R, C = t.C, KT = t.Kp / R, NT = t.Np / C, Tm = t.block_rows;
+    const int PA = parts(t.precision);
+    const auto pass_list = passes(t.precision);
+    const VmemMap vm = vmem_map(t);
+    const uint64_t panel = uint64_t(Tm) * R * 2, wtile = uint64_t(R) * C * 2;
+    const uint64_t cslot = uint64_t(Tm) * C * 4, wpart_stride = uint64_t(t.Kp) * t.Np * 2;
+    std::string s;
+    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
+        s += fmt::format(f, std::forward<A>(a)...);
+        s += '\n';
+    };
+
+    L("# library GEMM: {} passes, R={} C={} Kp={} Np={} T={} mxus={}", pass_list.size(), R, C,
+      t.Kp, t.Np, Tm, t.mxus);
+    L("# s1 A, s2 W, s3 C (HBM), s4 rows, s5 A part stride; s6 block row, s7 block rows");
+    L("# flags: f0 A in, f1 W in, f2/f3 lw done, f4/f5 mm done, f6 C out");
+    L("# counters: s20 A, s22/s23 lw, s24/s25 mm, s26 C out, s27 W, s28 C out two groups ago,");
+    L("# s29 group (C slot parity)");
+    L("        li s6, 0");
+    L("block:  sub s7, s4, s6");
+    L("        li s10, {}", Tm);
+    L("        bltu s7, s10, rows_ok");
+    L("        li s7, {}", Tm);
+    // A block: panel (p, k) = rows x R bf16 from HBM A_p + row * Kp*2 + k * R*2.
+    L("rows_ok: li s9, 0");
+    L("        mul s11, s6, {}", t.Kp * 2);
+    L("load_a: mul s10, s9, {}", R * 2);
+    L("        add s10, s10, s11");
+    L("        add s10, s10, s1");
+    L("        mul s12, s9, {}", panel);
+    for (int p = 0; p < PA; ++p) {
+        if (p) L("        add s10, s10, s5");
+        L("        dma.hv [s12+{}], [s10], s7, {}, {}, {}, f0", vm.a + p * KT * panel, R * 2, R * 2,
+          t.Kp * 2);
+    }
+    L("        add s9, s9, 1");
+    L("        bne s9, {}, load_a", KT);
+    L("        add s20, s20, {}", KT * PA);
+    L("        wait f0, s20");
+
+    // W tile (k = reg, slot = reg & 1) of panel n for MXU m: rows k*R.., columns n*C...
+    auto w_dma = [&](const char* kreg, int m, int nm) {
+        L("        and s13, {}, 1", kreg);
+        L("        mul s13, s13, {}", PA * wtile);
+        L("        mul s14, {}, {}", kreg, uint64_t(R) * t.Np * 2);
+        L("        mul s15, s8, {}", uint64_t(nm) * C * 2);
+        L("        add s14, s14, s15");
+        L("        add s14, s14, s2");
+        for (int q = 0; q < PA; ++q) {
+            if (q) L("        add s14, s14, {}", wpart_stride);
+            L("        dma.hv [s13+{}], [s14+{}], {}, {}, {}, {}, f1",
+              vm.w + (uint64_t(m) * 2 * PA + q) * wtile, uint64_t(m) * C * 2, R, C * 2, C * 2,
+              t.Np * 2);
+        }
+    };
+
+    // One group of `nm` column panels (n = s8 * nm + m on MXU m), all K tiles.
+    auto group = [&](int nm, const std::string& tag) {
+        L("        wait f6, s28");  // the C slots this group writes were drained two groups ago
+        L("        li s9, 0");
+        // Slot 0 may still feed the previous group's last weight loads.
+        for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
+        for (int m = 0; m < nm; ++m) w_dma("s9", m, nm);
+        L("k_{}:   add s16, s9, 1", tag);
+        L("        beq s16, {}, w_{}", KT, tag);
+        // The slot about to be refilled was read by the previous step's weight loads.
+        for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
+        for (int m = 0; m < nm; ++m) w_dma("s16", m, nm);
+        L("w_{}:   add s27, s27, {}", tag, PA * nm);
+        L("        wait f1, s27");
+        L("        and s13, s9, 1");
+        L("        mul s13, s13, {}", PA * wtile);
+        L("        mul s17, s9, {}", panel);
+        L("        and s18, s29, 1");
+        L("        mul s18, s18, {}", cslot);
+        L("        sltu s19, 0, s9");
+        for (int m = 0; m < nm; ++m) {
+            for (size_t i = 0; i < pass_list.size(); ++i) {
+                const auto [pa, pw] = pass_list[i];
+                L("        mxu.lw {}, [s13+{}], {}, {}, f{}", m,
+                  vm.w + (uint64_t(m) * 2 * PA + pw) * wtile, R, C, 2 + m);
+                const bool last = i + 1 == pass_list.size();
+                L("        mxu.mm {}, [s18+{}], [s17+{}], s7, {}{}", m, vm.c + uint64_t(m) * 2 * cslot,
+                  vm.a + pa * KT * panel, i == 0 ? "s19" : "1",
+                  last ? fmt::format(", f{}", 4 + m) : "");
+            }
+            L("        add s{}, s{}, {}", 22 + m, 22 + m, pass_list.size());
+        }
+        L("        add s9, s9, 1");
+        L("        bne s9, {}, k_{}", KT, tag);
+        // Results out: wait for each MXU's last matmul, then DMA its panel to HBM.
+        L("        add s28, s26, 0");
+        L("        mul s10, s6, {}", uint64_t(t.Np) * 4);
+        L("        add s10, s10, s3");
+        L("        mul s11, s8, {}", uint64_t(nm) * C * 4);
+        L("        add s10, s10, s11");
+        for (int m = 0; m < nm; ++m) {
+            L("        add s{}, s{}, {}", 24 + m, 24 + m, KT);
+            L("        wait f{}, s{}", 4 + m, 24 + m);
+            L("        dma.vh [s10+{}], [s18+{}], s7, {}, {}, {}, f6", uint64_t(m) * C * 4,
+              vm.c + uint64_t(m) * 2 * cslot, C * 4, t.Np * 4, C * 4);
+        }
+        L("        add s26, s26, {}", nm);
+        L("        add s29, s29, 1");
+    };
+
+    const uint32_t full = NT / t.mxus, tail = NT % t.mxus;
+    if (full) {
+        L("        li s8, 0");
+        L("pair:");
+        group(static_cast<int>(t.mxus), "full");
+        L("        add s8, s8, 1");
+        L("        bne s8, {}, pair", full);
+    }
+    if (tail) {
+        // A last single panel: n = s8 * 1 with s8 = full * mxus.
+        L("        li s8, {}", full * t.mxus);
+        group(1, "tail");
+    }
+    L("        add s6, s6, s7");
+    L("        bltu s6, s4, block");
+    L("        wait f6, s26");
+    L("        halt");
+    return isa::assemble(s, "gemm.s");
+}
+
+std::vector<float> gemm_reference(const std::vector<float>& a, const std::vector<float>& w,
+                                  uint32_t M, uint32_t K, uint32_t N, Precision precision,
+                                  uint32_t R) {
+    const int P = parts(precision);
+    auto split = [&](const std::vector<float>& x) {
+        std::vector<std::vector<uint16_t>> out(P, std::vector<uint16_t>(x.size()));
+        for (size_t i = 0; i < x.size(); ++i) {
+            const auto s = hw::split3(x[i]);
+            for (int p = 0; p < P; ++p) out[p][i] = s[p];
+        }
+        return out;
+    };
+    const auto ap = split(a), wp = split(w);
+    std::vector<float> c(size_t(M) * N, 0.0f);
+    bool first = true;
+    for (uint32_t k0 = 0; k0 < K; k0 += R) {
+        const uint32_t kk = std::min(R, K - k0);
+        for (const auto& [pa, pw] : passes(precision)) {
+            std::vector<uint16_t> at(size_t(M) * kk), wt(size_t(kk) * N);
+            for (uint32_t i = 0; i < M; ++i)
+                std::copy_n(&ap[pa][size_t(i) * K + k0], kk, &at[size_t(i) * kk]);
+            for (uint32_t k = 0; k < kk; ++k)
+                std::copy_n(&wp[pw][size_t(k0 + k) * N], N, &wt[size_t(k) * N]);
+            hw::mxu_matmul(at.data(), int(M), int(kk), wt.data(), int(N), c.data(), !first);
+            first = false;
+        }
+    }
+    return c;
+}
+
+GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
+                const std::vector<float>& w, uint32_t M, uint32_t K, uint32_t N,
+                Precision precision, const std::vector<uint32_t>& cores) {
+    if (M == 0 || K == 0 || N == 0)
+        throw DeviceError(ErrorKind::Usage, fmt::format("gemm: empty shape {}x{}x{}", M, K, N));
+    if (a.size() != size_t(M) * K || w.size() != size_t(K) * N)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("gemm: A has {} values and W {}; {}x{}x{} needs {} and {}",
+                                      a.size(), w.size(), M, K, N, size_t(M) * K, size_t(K) * N));
+    if (cores.empty()) throw DeviceError(ErrorKind::Usage, "gemm: no cores");
+    const uint32_t n_cores = static_cast<uint32_t>(cores.size());
+    // Rows split as evenly as possible; cores without rows sit out.
+    std::vector<uint32_t> row0, rows;
+    for (uint32_t i = 0, r = 0; i < n_cores; ++i) {
+        const uint32_t share = M / n_cores + (i < M % n_cores ? 1 : 0);
+        row0.push_back(r);
+        rows.push_back(share);
+        r += share;
+    }
+    std::vector<uint32_t> active;
+    for (uint32_t i = 0; i < n_cores; ++i)
+        if (rows[i]) active.push_back(i);
+    const GemmTiling t = plan_gemm(dev.config(), rows[0], K, N, precision);
+    const isa::Program& prog = cache.get(gemm_key(t), [&] { return gemm_program(t); });
+    const int P = parts(precision);
+
+    // Host-side split and padding into the kernel's HBM layouts.
+    std::vector<uint16_t> wl(size_t(P) * t.Kp * t.Np, 0);
+    for (uint32_t k = 0; k < K; ++k)
+        for (uint32_t n = 0; n < N; ++n) {
+            const auto s = hw::split3(w[size_t(k) * N + n]);
+            for (int p = 0; p < P; ++p) wl[size_t(p) * t.Kp * t.Np + size_t(k) * t.Np + n] = s[p];
+        }
+    struct Bufs {
+        Buffer a, w, c;
+    };
+    std::vector<Bufs> bufs;
+    for (uint32_t i : active) {
+        const uint32_t core = cores[i], m = rows[i];
+        Bufs b{dev.alloc(uint64_t(P) * m * t.Kp * 2, core), dev.alloc(wl.size() * 2, core),
+               dev.alloc(uint64_t(m) * t.Np * 4, core)};
+        std::vector<uint16_t> al(size_t(P) * m * t.Kp, 0);
+        for (uint32_t r = 0; r < m; ++r)
+            for (uint32_t k = 0; k < K; ++k) {
+                const auto s = hw::split3(a[size_t(row0[i] + r) * K + k]);
+                for (int p = 0; p < P; ++p) al[size_t(p) * m * t.Kp + size_t(r) * t.Kp + k] = s[p];
+            }
+        dev.write(b.a, al.data(), al.size() * 2);
+        dev.write(b.w, wl.data(), wl.size() * 2);
+        bufs.push_back(b);
+    }
+    std::vector<uint32_t> launch_cores;
+    for (uint32_t i : active) launch_cores.push_back(cores[i]);
+    GemmResult res;
+    res.event = dev.launch(launch_cores, prog, [&](size_t j) {
+        const uint32_t m = rows[active[j]];
+        return std::vector<uint32_t>{static_cast<uint32_t>(bufs[j].a.addr),
+                                     static_cast<uint32_t>(bufs[j].w.addr),
+                                     static_cast<uint32_t>(bufs[j].c.addr), m, m * t.Kp * 2};
+    });
+    res.c.assign(size_t(M) * N, 0.0f);
+    std::vector<float> part;
+    for (size_t j = 0; j < active.size(); ++j) {
+        const uint32_t m = rows[active[j]];
+        part.resize(size_t(m) * t.Np);
+        dev.read(bufs[j].c, part.data(), part.size() * 4);
+        for (uint32_t r = 0; r < m; ++r)
+            std::copy_n(&part[size_t(r) * t.Np], N, &res.c[size_t(row0[active[j]] + r) * N]);
+        dev.free(bufs[j].a);
+        dev.free(bufs[j].w);
+        dev.free(bufs[j].c);
+    }
+    res.macs = uint64_t(M) * K * N * passes(precision).size();
+    const double array = double(dev.config().core.mxus) * t.R * t.C;
+    const uint64_t cycles = res.event.end_cycle - res.event.start_cycle;
+    res.mxu_utilization = cycles ? double(res.macs) / (array * double(cycles) * n_cores) : 0.0;
+    return res;
+}
+
+}  // namespace tpu::driver

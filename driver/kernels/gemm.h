@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "driver/device.h"
+#include "driver/program_cache.h"
+
+/// The library GEMM: C (M x N, fp32) = A (M x K) x W (K x N) for any shape, rows split over a
+/// set of cores, both MXUs per core, double-buffered weight tiles, in one of three precisions.
+namespace tpu::driver {
+
+/// Matmul precision: bf16 operands (1 MXU pass) or fp32 operands split into bf16 parts.
+enum class Precision : uint8_t {
+    Bf16,       ///< 1 pass: bf16(a) x bf16(w)
+    Fp32Pass3,  ///< 3 passes: mid.hi, hi.mid, hi.hi
+    Fp32Pass6,  ///< 6 passes: lo.hi, hi.lo, mid.mid, mid.hi, hi.mid, hi.hi
+};
+/// "bf16", "fp32-3pass", "fp32-6pass".
+std::string_view precision_name(Precision p);
+/// Parses a precision name; throws DeviceError(Usage) listing the valid names.
+Precision parse_precision(std::string_view name);
+
+/// One core's share of a GEMM and how its kernel tiles it.
+struct GemmTiling {
+    uint32_t R = 0, C = 0;        ///< MXU array
+    uint32_t Kp = 0, Np = 0;      ///< K and N padded to tile multiples (XLA-style padding)
+    uint32_t block_rows = 0;      ///< LHS rows streamed per matmul (T)
+    uint32_t mxus = 0;            ///< MXUs used
+    Precision precision = Precision::Bf16;
+};
+
+/// Chooses the tiling of a GEMM whose largest per-core share has `max_rows` rows.
+GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, uint32_t N,
+                     Precision precision);
+/// The per-core kernel. Launch arguments: s1 = A (part 0) HBM address, s2 = W (part 0),
+/// s3 = C, s4 = rows on this core, s5 = bytes between A's parts (rows x Kp x 2).
+/// HBM layouts: A parts rows x Kp bf16, W parts Kp x Np bf16 (Kp Np 2 bytes apart), C rows x Np
+/// fp32, all row-major and zero-padded.
+isa::Program gemm_program(const GemmTiling& t);
+/// Cache key of the kernel (kernel, tiling, precision).
+std::string gemm_key(const GemmTiling& t);
+
+/// Result of a library GEMM.
+struct GemmResult {
+    std::vector<float> c;        ///< M x N, row-major
+    Event event;                 ///< the launch
+    uint64_t macs = 0;           ///< useful multiply-accumulates (M K N x passes)
+    double mxu_utilization = 0;  ///< macs / (cores x MXUs x R x C x cycles)
+};
+
+/// Runs C = A x W (row-major fp32 host arrays; bf16 precision rounds them) on `cores`:
+/// uploads each core's rows of A and a copy of W, launches, reads C back, frees the buffers.
+GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
+                const std::vector<float>& w, uint32_t M, uint32_t K, uint32_t N,
+                Precision precision, const std::vector<uint32_t>& cores);
+
+/// The host reference with the device's exact numerics: per output, for each K tile of R rows
+/// in order and each pass in order, a tile pass sum (k order, from +0.0) added to the fp32
+/// result (the first one stored).
+std::vector<float> gemm_reference(const std::vector<float>& a, const std::vector<float>& w,
+                                  uint32_t M, uint32_t K, uint32_t N, Precision precision,
+                                  uint32_t R);
+
+}  // namespace tpu::driver
