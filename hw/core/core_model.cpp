@@ -124,7 +124,7 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     m_sregs.fill(0);
     for (size_t i = 0; i < args.size(); ++i) m_sregs[i + 1] = args[i];
     m_flags.fill(0);
-    m_pending = {};
+    m_pending.clear();
     m_pc = 0;
     m_blocked = false;
     m_cycle = cycle;
@@ -187,25 +187,25 @@ void CoreModel::check(SparseMemory& mem, uint64_t addr, uint64_t bytes, std::str
 
 uint64_t CoreModel::flag_value(uint32_t flag, uint64_t cycle) const {
     uint64_t v = m_flags[flag];
-    auto copy = m_pending;
-    while (!copy.empty() && std::get<0>(copy.top()) <= cycle) {
-        if (std::get<1>(copy.top()) == flag) v += std::get<2>(copy.top());
-        copy.pop();
-    }
+    for (auto it = m_pending.begin(); it != m_pending.end() && it->first <= cycle; ++it)
+        if (it->second.first == flag) v += it->second.second;
     return v;
 }
 
 uint64_t CoreModel::next_flag_event(uint64_t now) const {
-    auto copy = m_pending;
-    while (!copy.empty()) {
-        if (std::get<0>(copy.top()) > now) return std::get<0>(copy.top());
-        copy.pop();
-    }
-    return kNever;
+    const auto it = m_pending.upper_bound(now);
+    return it == m_pending.end() ? kNever : it->first;
 }
 
 void CoreModel::schedule_flag(uint32_t flag, uint32_t amount, uint64_t cycle) {
-    m_pending.emplace(cycle, flag, amount);
+    m_pending.emplace(cycle, std::make_pair(flag, amount));
+}
+
+void CoreModel::apply_due() {
+    // m_cycle never decreases, so increments due by now can be folded in for good.
+    auto it = m_pending.begin();
+    for (; it != m_pending.end() && it->first <= m_cycle; ++it) m_flags[it->second.first] += it->second.second;
+    m_pending.erase(m_pending.begin(), it);
 }
 
 uint64_t CoreModel::issue_to_unit(UnitQueue& q) {
@@ -330,6 +330,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                 const uint32_t v = val(ins.ops[1]);
                 switch (ins.op) {
                     case Opcode::Wait: {
+                        apply_due();
                         if (flag_value(f, m_cycle) < v) {
                             // Another core may raise the flag earlier than anything scheduled
                             // here, so undecided waits happen in simulated time.
@@ -346,13 +347,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Signal: m_flags[f] += v; inline_done(); break;
                     case Opcode::Fset: {
                         // Increments already due are overwritten; later ones add to the value.
-                        std::vector<FlagEvent> keep;
-                        while (!m_pending.empty()) {
-                            const FlagEvent e = m_pending.top();
-                            m_pending.pop();
-                            if (std::get<1>(e) != f || std::get<0>(e) > m_cycle) keep.push_back(e);
-                        }
-                        for (const FlagEvent& e : keep) m_pending.push(e);
+                        apply_due();
                         m_flags[f] = v;
                         inline_done();
                         break;

@@ -6,7 +6,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <queue>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -158,8 +158,9 @@ private:
     std::array<uint32_t, isa::kNumSregs> m_sregs{};
     std::array<uint64_t, isa::kNumFlags> m_flags{};
     /// Scheduled increments, earliest first: (cycle, flag, amount).
-    using FlagEvent = std::tuple<uint64_t, uint32_t, uint32_t>;
-    std::priority_queue<FlagEvent, std::vector<FlagEvent>, std::greater<>> m_pending;
+    std::multimap<uint64_t, std::pair<uint32_t, uint32_t>> m_pending;  ///< cycle -> (flag, +n)
+    /// Folds increments due by the current cycle into m_flags, keeping m_pending short.
+    void apply_due();
 
     uint32_t m_pc = 0;
     uint64_t m_cycle = 0;
