@@ -9,6 +9,9 @@ namespace tpu::hw {
 
 void BoardConfig::validate() {
     sim::validate_fields(sim::root_of(*this));
+    if (hbm.model == "hbm2")
+        throw sim::ConfigError(
+            "hbm.model: the hbm2 bank-timing model is not available yet; use \"simple\"");
     const uint64_t pc_bytes = hbm.bytes_per_core / (uint64_t(hbm.channels) * hbm.pseudo_channels);
     if (pc_bytes < uint64_t(hbm.row_bytes) * hbm.bank_groups * hbm.banks_per_group)
         throw sim::ConfigError(fmt::format(

@@ -239,6 +239,11 @@ void apply_json(const VisitRoot& root, std::string_view text, std::string_view s
         std::string what = e.what();
         if (auto p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
         throw ConfigError(fmt::format("{}:{}:{}: malformed JSON: {}", source, line, col, what));
+    } catch (const nlohmann::json::exception& e) {
+        // Not a syntax error but still unreadable, e.g. a number that overflows a double.
+        std::string what = e.what();
+        if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+        throw ConfigError(fmt::format("{}: malformed JSON: {}", source, what));
     }
     if (!j.is_object())
         throw ConfigError(fmt::format("{}: expected a JSON object at the top level", source));

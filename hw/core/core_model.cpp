@@ -11,6 +11,7 @@
 
 #include "hw/board_config.h"
 #include "hw/core/numerics.h"
+#include "hw/mem/hbm_timing.h"
 #include "isa/disassembler.h"
 #include "sim/tracer.h"
 
@@ -79,7 +80,7 @@ float uniform(uint32_t seed, uint64_t index) {
 }  // namespace
 
 CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, SparseMemory& vmem,
-                     CoreEnv* env)
+                     CoreEnv* env, HbmTimingModel* hbm_timing)
     : m_id(id),
       m_cfg(cfg),
       m_core(cfg.core),
@@ -87,6 +88,8 @@ CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, Spa
       m_vmem(vmem),
       m_smem(fmt::format("core{}.smem", id), cfg.core.smem_bytes),
       m_env(env),
+      m_own_hbm_timing(hbm_timing ? nullptr : make_hbm_timing(cfg)),
+      m_hbm_timing(hbm_timing ? hbm_timing : m_own_hbm_timing.get()),
       m_dma_q(std::make_unique<UnitQueue>()),
       m_vpu_q(std::make_unique<UnitQueue>()),
       m_ici_q(std::make_unique<UnitQueue>()),
@@ -397,6 +400,7 @@ void CoreModel::exec_dma(const isa::Instr& ins) {
     const uint64_t dst_stride = val(ins.ops[4]), src_stride = val(ins.ops[5]);
     const bool to_vmem = ins.op != Opcode::DmaVh;
     const bool from_hbm = ins.op == Opcode::DmaHv;
+    if (!m_hbm_timing && ins.op != Opcode::DmaVv) fault("dma", 0, "this core has no HBM timing model");
     SparseMemory& dmem = to_vmem ? m_vmem : m_hbm;
     SparseMemory& smem = from_hbm ? m_hbm : m_vmem;
     const uint64_t dbase = to_vmem ? dst : m_hbm_base + dst;
@@ -413,23 +417,34 @@ void CoreModel::exec_dma(const isa::Instr& ins) {
                                         dst_stride, src_stride, row_bytes));
 
     const uint64_t bytes = rows * row_bytes;
-    uint64_t occupancy, latency;
-    if (ins.op == Opcode::DmaVv) {
-        occupancy = ceil_div(bytes, m_core.dma_vmem_bytes_per_cycle);
-        latency = 1;
-    } else {
-        const HbmConfig& h = m_cfg.hbm;
-        // Peak bytes per core cycle: channels x bus bytes x 2 (DDR) per HBM clock.
-        const double per_cycle = double(h.channels) * h.bus_bits / 8.0 * 2.0 *
-                                 (1e6 / double(h.tck_ps)) / m_cfg.clock_mhz;
-        occupancy = static_cast<uint64_t>(std::ceil(double(bytes) / per_cycle));
-        latency = static_cast<uint64_t>(std::ceil(h.simple_latency_ns * m_cfg.clock_mhz / 1000.0));
-    }
     uint64_t start = std::max(issue_to_unit(*m_dma_q), m_dma_free);
-    start = m_dma_hz->ready_after(!from_hbm ? false : true, sbase, sbase + sspan, start);
+    start = m_dma_hz->ready_after(from_hbm, sbase, sbase + sspan, start);
     start = m_dma_hz->ready_after(!to_vmem, dbase, dbase + dspan, start);
-    const uint64_t done = start + occupancy + latency;
-    m_dma_free = start + occupancy;
+    uint64_t done;
+    if (ins.op == Opcode::DmaVv) {
+        const uint64_t occupancy = ceil_div(bytes, m_core.dma_vmem_bytes_per_cycle);
+        done = start + occupancy + 1;
+        m_dma_free = start + occupancy;
+    } else {
+        // The engine cuts each row into requests of at most dma_chunk_bytes and sends them as
+        // fast as its VMEM port moves the data (dma_vmem_bytes_per_cycle, fractional cycles);
+        // the HBM model decides when each request's data has moved.
+        const uint64_t hbm_base = from_hbm ? sbase : dbase;
+        const uint64_t hbm_stride = from_hbm ? src_stride : dst_stride;
+        const double port = m_core.dma_vmem_bytes_per_cycle;
+        double t = double(start);
+        done = start;
+        for (uint64_t r = 0; r < rows; ++r)
+            for (uint64_t off = 0; off < row_bytes; off += m_core.dma_chunk_bytes) {
+                const auto len = static_cast<uint32_t>(
+                    std::min<uint64_t>(m_core.dma_chunk_bytes, row_bytes - off));
+                done = std::max(done, m_hbm_timing->access(static_cast<uint64_t>(t),
+                                                           hbm_base + r * hbm_stride + off, len,
+                                                           !from_hbm));
+                t += len / port;
+            }
+        m_dma_free = static_cast<uint64_t>(std::ceil(t));
+    }
     m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
 
     if (m_cfg.sim.functional) {

@@ -23,6 +23,7 @@ class Tracer;
 namespace tpu::hw {
 
 struct BoardConfig;
+class HbmTimingModel;
 
 /// Timing of one executed instruction: the sequencer issued it at `issue`; its unit started
 /// it at `start` and finished at `done` (all core cycles). Inline instructions have
@@ -91,8 +92,9 @@ public:
         uint64_t cycle;
     };
 
+    /// `hbm_timing` may be nullptr: then the core builds its own (hbm.model) for its HBM.
     CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, SparseMemory& vmem,
-              CoreEnv* env);
+              CoreEnv* env, HbmTimingModel* hbm_timing = nullptr);
     ~CoreModel();
 
     /// Loads a program into instruction memory; too large is a std::invalid_argument.
@@ -153,6 +155,8 @@ private:
     SparseMemory& m_vmem;
     SparseMemory m_smem;
     CoreEnv* m_env;
+    std::unique_ptr<HbmTimingModel> m_own_hbm_timing;
+    HbmTimingModel* m_hbm_timing;
 
     std::vector<isa::Instr> m_program;
     std::array<uint32_t, isa::kNumSregs> m_sregs{};

@@ -49,7 +49,7 @@ struct HbmTiming {
 
 /// Per-core HBM stack: geometry, address map and timing.
 struct HbmConfig {
-    std::string model = "hbm2";         ///< "hbm2" (bank timing) or "simple" (fixed latency)
+    std::string model = "simple";       ///< "simple" (peak bandwidth, fixed latency) or "hbm2"
     uint64_t bytes_per_core = 16ull << 30;  ///< capacity per core
     uint32_t channels = 16;             ///< channels per core
     uint32_t pseudo_channels = 2;       ///< pseudo-channels per channel

@@ -61,13 +61,15 @@ TEST(Board, Matmul128ExampleIsBitExactAndCycleExact) {
     mxu_matmul(a.data(), 128, 128, w.data(), 128, want.data(), false);
     const auto got = get<float>(b.hbm(0), 0x10000, 128 * 128);
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4));
-    // Hand-derived from hw/README.md (B = 479.5 B/cycle, HBM latency 94):
-    //   dma A: issue 0, start 1, done 1 + 69 + 94 = 164; dma W: issue 1, start 70 (path busy),
-    //   done 233; wait f1 -> 233; mxu.lw: issue 234, start 235, done 363; wait f0 at 235;
-    //   mxu.mm: issue 236, start 363 (weights), done 363 + 128 + 128 + 128 - 2 = 745;
-    //   wait f2 -> 745; dma.vh 64 KiB: issue 746, start 747, done 747 + 137 + 94 = 978;
-    //   wait f3 -> 978; halt issues at 979.
-    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{979});
+    // Hand-derived from hw/README.md (simple HBM: 479.49 B/cycle, latency 94; DMA requests
+    // leave at 512 B/cycle):
+    //   dma A (32 KiB): issue 0, start 1, bus busy until 1 + 68.34 -> done 70 + 94 = 164;
+    //   dma W: issue 1, start 65 (engine sent A's requests until 65), bus until 137.68 ->
+    //   done 138 + 94 = 232; wait f1 -> 232; mxu.lw: issue 233, start 234, done 362;
+    //   wait f0 at 234; mxu.mm: issue 235, start 362 (weights), done 362 + 382 = 744;
+    //   wait f2 -> 744; dma.vh 64 KiB: issue 745, start 746, bus until 882.68 -> done 977;
+    //   wait f3 -> 977; halt issues at 978.
+    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{978});
 }
 
 TEST(Board, VpuChainComputesTheDocumentedFunction) {

@@ -1,0 +1,29 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "hw/mem/hbm_timing.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "hw/board_config.h"
+
+namespace tpu::hw {
+
+std::unique_ptr<HbmTimingModel> make_hbm_timing(const BoardConfig& cfg) {
+    return std::make_unique<SimpleHbmTiming>(cfg);
+}
+
+SimpleHbmTiming::SimpleHbmTiming(const BoardConfig& cfg) {
+    const HbmConfig& h = cfg.hbm;
+    // Every channel moves bus_bits per edge, two edges per HBM clock.
+    m_bytes_per_cycle = double(h.channels) * h.bus_bits / 8.0 * 2.0 * (1e6 / double(h.tck_ps)) /
+                        cfg.clock_mhz;
+    m_latency = static_cast<uint64_t>(std::ceil(h.simple_latency_ns * cfg.clock_mhz / 1000.0));
+}
+
+uint64_t SimpleHbmTiming::access(uint64_t arrive, uint64_t, uint32_t bytes, bool) {
+    const double start = std::max(double(arrive), m_free);
+    m_free = start + double(bytes) / m_bytes_per_cycle;
+    return static_cast<uint64_t>(std::ceil(m_free)) + m_latency;
+}
+
+}  // namespace tpu::hw
