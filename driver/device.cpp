@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "hw/board.h"
+#include "sim/log.h"
 #include "sim/tracer.h"
 
 namespace tpu::driver {
@@ -71,6 +72,7 @@ Buffer Device::alloc(uint64_t bytes, uint32_t core) {
         free.erase(it);
         if (size > need) free.emplace(addr + need, size - need);
         m_used[core].emplace(addr, need);
+        TPU_LOG(Debug, "driver", "alloc {} bytes at 0x{:x} on core {}", bytes, addr, core);
         return Buffer{core, addr, bytes};
     }
     throw DeviceError(ErrorKind::OutOfMemory,

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <systemc>
 
+#include "sim/log.h"
 #include "sim/tracer.h"
 
 namespace tpu::hw {
@@ -233,6 +234,7 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     for (size_t i = 0; i < cores.size(); ++i) im.models[cores[i]]->start(res.start_cycle, args[i]);
     for (uint32_t c : set) im.modules[c]->launch();
     im.outstanding = static_cast<uint32_t>(set.size());
+    TPU_LOG(Info, "board", "launch on {} core(s) at cycle {}", set.size(), res.start_cycle);
     while (im.outstanding > 0) {
         sc_core::sc_start();
         bool fault = false;
@@ -251,6 +253,7 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     for (uint32_t c : set)
         if (im.modules[c]->fault()) {
             im.faulted = true;
+            TPU_LOG(Error, fmt::format("board.core{}", c), "{}", im.modules[c]->fault()->message());
             throw DeviceFault(*im.modules[c]->fault());
         }
     res.end_cycle = res.start_cycle;
@@ -258,6 +261,8 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
         const uint64_t end = im.models[c]->local_cycle();
         res.core_cycles.push_back(end - res.start_cycle);
         res.end_cycle = std::max(res.end_cycle, end);
+        TPU_LOG(Debug, fmt::format("board.core{}", c), "halted after {} cycles, {} instructions",
+                end - res.start_cycle, im.models[c]->stats().instructions);
     }
     return res;
 }

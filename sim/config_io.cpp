@@ -79,7 +79,8 @@ std::string unknown_key(const Collector& c, const std::string& key) {
     size_t best_d = 4;  // farther than this is no useful suggestion
     auto consider = [&](const std::string& k) {
         const size_t d = distance(k, key);
-        if (d < best_d) best_d = d, best = k;
+        // A suggestion that rewrites half the key is a guess, not a typo fix.
+        if (d < best_d && 2 * d < key.size()) best_d = d, best = k;
     };
     for (const auto& l : c.leaves) consider(l.key);
     for (const auto& s : c.sections) consider(s);

@@ -3,13 +3,16 @@
 
 #include "hw/board_config.h"
 #include "sim/config_io.h"
+#include "sim/log.h"
 #include "tools/tpusim/commands.h"
 
 namespace tpu::cli {
 
 hw::BoardConfig CommonOptions::board_config() const {
     try {
-        return hw::BoardConfig::load(config, sets);
+        hw::BoardConfig cfg = hw::BoardConfig::load(config, sets);
+        sim::set_log_level(sim::parse_log_level(cfg.sim.log_level));
+        return cfg;
     } catch (const sim::ConfigError& e) {
         throw InputError(e.what());
     }
