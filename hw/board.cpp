@@ -253,7 +253,6 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     for (uint32_t c : set)
         if (im.modules[c]->fault()) {
             im.faulted = true;
-            TPU_LOG(Error, fmt::format("board.core{}", c), "{}", im.modules[c]->fault()->message());
             throw DeviceFault(*im.modules[c]->fault());
         }
     res.end_cycle = res.start_cycle;

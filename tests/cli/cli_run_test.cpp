@@ -12,37 +12,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/common/paths.h"
+#include "tests/cli/cli_runner.h"
 
 namespace {
 
-struct Result {
-    int code;
-    std::string out, err;
-};
-
-/// Runs `tpusim ARGS` through the shell; stderr goes to a temp file.
-Result tpusim(const std::string& args) {
-    const std::string err_file = ::testing::TempDir() + "/tpusim_stderr.txt";
-    const std::string cmd = tpu::test::tpusim_exe() + " " + args + " 2>" + err_file;
-    Result r{};
-    FILE* p = popen(cmd.c_str(), "r");
-    std::array<char, 4096> buf{};
-    size_t n;
-    while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-    const int status = pclose(p);
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(err_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.err = ss.str();
-    return r;
-}
+using tpu::test::slurp;
+using tpu::test::tmp;
+using Result = tpu::test::CliResult;
+using tpu::test::tpusim;
 
 std::string example(const std::string& name) {
     return tpu::test::source_dir() + "/isa/examples/" + name;
 }
-std::string tmp(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
 TEST(CliAsm, AssembleDisassembleRoundTrip) {
     const Result a = tpusim("asm " + example("gemm512.s") + " -o " + tmp("g.bin") + " --json");
@@ -53,11 +34,7 @@ TEST(CliAsm, AssembleDisassembleRoundTrip) {
     ASSERT_EQ(d.code, 0) << d.err;
     std::ofstream(tmp("g2.s")) << d.out;
     ASSERT_EQ(tpusim("asm " + tmp("g2.s") + " -o " + tmp("g2.bin")).code, 0);
-    std::ifstream f1(tmp("g.bin"), std::ios::binary), f2(tmp("g2.bin"), std::ios::binary);
-    std::stringstream s1, s2;
-    s1 << f1.rdbuf();
-    s2 << f2.rdbuf();
-    EXPECT_EQ(s1.str(), s2.str());
+    EXPECT_EQ(slurp(tmp("g.bin")), slurp(tmp("g2.bin")));
 }
 
 TEST(CliAsm, ErrorsNameTheLocationAndExitTwo) {
@@ -119,12 +96,6 @@ TEST(CliRun, TraceAndStatsAreWrittenAndDeterministic) {
                                 ".json --stats " + tmp(name) + ".stats.json");
         ASSERT_EQ(r.code, 0) << r.err;
     }
-    auto slurp = [](const std::string& p) {
-        std::ifstream in(p);
-        std::stringstream ss;
-        ss << in.rdbuf();
-        return ss.str();
-    };
     EXPECT_EQ(slurp(tmp("t1.json")), slurp(tmp("t2.json")));
     EXPECT_EQ(slurp(tmp("t1.stats.json")), slurp(tmp("t2.stats.json")));
     const auto trace = nlohmann::json::parse(slurp(tmp("t1.json")));

@@ -3,6 +3,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -33,7 +34,7 @@ void write_sample(const std::string& path, std::string_view filter = {}, uint64_
 }
 
 TEST(Tracer, WritesChromeTraceEventsWithCyclesInArgs) {
-    const std::string p = ::testing::TempDir() + "/trace.json";
+    const std::string p = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-trace.json";
     write_sample(p);
     const auto j = nlohmann::json::parse(slurp(p));
     int meta = 0, x = 0;
@@ -57,12 +58,12 @@ TEST(Tracer, WritesChromeTraceEventsWithCyclesInArgs) {
 }
 
 TEST(Tracer, FiltersByUnitPrefixAndWindowAndIsDeterministic) {
-    const std::string a = ::testing::TempDir() + "/a.json", b = ::testing::TempDir() + "/b.json";
+    const std::string a = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-a.json", b = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-b.json";
     write_sample(a);
     write_sample(b);
     EXPECT_EQ(slurp(a), slurp(b));
 
-    const std::string f = ::testing::TempDir() + "/f.json";
+    const std::string f = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-f.json";
     write_sample(f, "core3.mxu,host", 200, 2000);
     const auto j = nlohmann::json::parse(slurp(f));
     std::vector<std::string> names;

@@ -57,8 +57,5 @@ void register_asm_commands(CLI::App& app);     ///< asm, disasm
 void register_config_command(CLI::App& app);   ///< config
 void register_run_command(CLI::App& app);      ///< run
 void register_gemm_command(CLI::App& app);     ///< gemm
-void register_train_command(CLI::App& app);    ///< train
-void register_report_command(CLI::App& app);   ///< report
-void register_bench_command(CLI::App& app);    ///< bench
 
 }  // namespace tpu::cli

@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -23,9 +24,20 @@ int sc_main(int argc, char* argv[]) {
     tpu::cli::register_config_command(app);
     tpu::cli::register_run_command(app);
     tpu::cli::register_gemm_command(app);
-    tpu::cli::register_train_command(app);
-    tpu::cli::register_report_command(app);
-    tpu::cli::register_bench_command(app);
+    if (argc > 1 && argv[1][0] != '-') {
+        // CLI11 would only say "A subcommand is required"; name the typo and the choices.
+        std::string names;
+        bool known = false;
+        for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+            names += (names.empty() ? "" : ", ") + sub->get_name();
+            known |= sub->get_name() == argv[1];
+        }
+        if (!known) {
+            fmt::print(stderr, "tpusim: error: unknown command '{}' (commands: {})\n", argv[1],
+                       names);
+            return 2;
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
