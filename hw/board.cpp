@@ -52,9 +52,15 @@ private:
     void main() {
         for (;;) {
             sc_core::wait(m_start);
-            try {
+            {
                 for (;;) {
                     const auto st = m_model.run(now());
+                    if (st.block == CoreModel::Block::Faulted) {
+                        m_fault = m_model.fault();
+                        m_done = true;
+                        m_on_stop();
+                        break;
+                    }
                     if (st.block == CoreModel::Block::Sync) {
                         sc_core::wait(until(st.cycle));
                     } else if (st.block == CoreModel::Block::WaitFlag) {
@@ -72,10 +78,6 @@ private:
                         break;
                     }
                 }
-            } catch (const DeviceFault& f) {
-                m_fault = f.info();
-                m_done = true;
-                m_on_stop();
             }
         }
     }

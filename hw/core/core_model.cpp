@@ -129,6 +129,7 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     m_flags.fill(0);
     m_pending.clear();
     m_pc = 0;
+    m_fault.reset();
     m_blocked = false;
     m_cycle = cycle;
     m_hbm_base = hbm_base;
@@ -164,7 +165,7 @@ void CoreModel::trace(int track, uint64_t start, uint64_t done, std::string_view
         m_tracer->complete(track, oi.mnemonic, start, done, {{"pc", uint64_t(m_pc)}, {key, detail}});
 }
 
-void CoreModel::fault(std::string unit, uint64_t address, std::string what) const {
+bool CoreModel::fault(std::string unit, uint64_t address, std::string what) {
     FaultInfo f;
     f.core = m_id;
     f.pc = m_pc;
@@ -173,19 +174,24 @@ void CoreModel::fault(std::string unit, uint64_t address, std::string what) cons
     f.address = address;
     f.cycle = m_cycle;
     f.what = std::move(what);
-    throw DeviceFault(std::move(f));
+    // Recorded, not thrown: this runs on a SystemC thread stack, and unwinding across
+    // QuickThreads stacks is what AddressSanitizer cannot follow.
+    m_fault = std::move(f);
+    m_running = false;
+    return false;
 }
 
-void CoreModel::check(SparseMemory& mem, uint64_t addr, uint64_t bytes, std::string_view unit,
-                      std::string_view what, uint32_t align) const {
-    if (bytes == 0) fault(std::string(unit), addr, fmt::format("{} of 0 bytes", what));
+bool CoreModel::check(SparseMemory& mem, uint64_t addr, uint64_t bytes, std::string_view unit,
+                      std::string_view what, uint32_t align) {
+    if (bytes == 0) return fault(std::string(unit), addr, fmt::format("{} of 0 bytes", what));
     if (!mem.in_range(addr, bytes))
-        fault(std::string(unit), addr,
+        return fault(std::string(unit), addr,
               fmt::format("{} of {} bytes at 0x{:x} is outside {} ({} bytes)", what, bytes, addr,
                           mem.name(), mem.size()));
     if (addr % align != 0)
-        fault(std::string(unit), addr,
-              fmt::format("{} at 0x{:x} is not {}-byte aligned", what, addr, align));
+        return fault(std::string(unit), addr,
+                     fmt::format("{} at 0x{:x} is not {}-byte aligned", what, addr, align));
+    return true;
 }
 
 uint64_t CoreModel::flag_value(uint32_t flag, uint64_t cycle) const {
@@ -232,6 +238,7 @@ void CoreModel::finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t
 }
 
 CoreModel::Status CoreModel::run(uint64_t now) {
+    if (m_fault) return {Block::Faulted, m_cycle};
     if (!m_running) return {Block::Halted, m_cycle};
     // Resuming a wait that needed simulated time: the stall lasted until now.
     if (m_blocked && now > m_cycle) {
@@ -240,14 +247,18 @@ CoreModel::Status CoreModel::run(uint64_t now) {
     }
     const uint64_t limit = m_cfg.sim.max_cycles;
     for (;;) {
-        if (m_pc >= m_program.size())
+        if (m_pc >= m_program.size()) {
             fault("sequencer", m_pc,
                   fmt::format("pc {} is outside the program ({} instructions); a kernel must end "
                               "with halt",
                               m_pc, m_program.size()));
-        if (limit && m_cycle > limit)
+            return {Block::Faulted, m_cycle};
+        }
+        if (limit && m_cycle > limit) {
             fault("sequencer", 0,
                   fmt::format("simulation passed sim.max_cycles = {} cycles", limit));
+            return {Block::Faulted, m_cycle};
+        }
         const isa::Instr& ins = m_program[m_pc];
         const isa::Unit unit = isa::info(ins.op).unit;
         const uint64_t issue = m_cycle;
@@ -280,7 +291,10 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Mul: r = b * c; break;
                     case Opcode::Divu:
                     case Opcode::Remu:
-                        if (c == 0) fault("sequencer", 0, "division by zero");
+                        if (c == 0) {
+                            fault("sequencer", 0, "division by zero");
+                            return {Block::Faulted, m_cycle};
+                        }
                         r = ins.op == Opcode::Divu ? b / c : b % c;
                         break;
                     case Opcode::And: r = b & c; break;
@@ -292,12 +306,14 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Slt: r = static_cast<int32_t>(b) < static_cast<int32_t>(c); break;
                     case Opcode::Sltu: r = b < c; break;
                     case Opcode::Lw:
-                        check(m_smem, b, 4, "sequencer", "scalar memory read", 4);
+                        if (!check(m_smem, b, 4, "sequencer", "scalar memory read", 4))
+                            return {Block::Faulted, m_cycle};
                         m_smem.read(b, {reinterpret_cast<uint8_t*>(&r), 4});
                         break;
                     case Opcode::Sw: {
                         const uint32_t v = val(ins.ops[0]);
-                        check(m_smem, b, 4, "sequencer", "scalar memory write", 4);
+                        if (!check(m_smem, b, 4, "sequencer", "scalar memory write", 4))
+                            return {Block::Faulted, m_cycle};
                         m_smem.write(b, {reinterpret_cast<const uint8_t*>(&v), 4});
                         write = false;
                         break;
@@ -366,13 +382,23 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                 }
                 break;
             }
-            case isa::Unit::Dma: exec_dma(ins); m_cycle += 1; break;
-            case isa::Unit::Mxu: exec_mxu(ins); m_cycle += 1; break;
-            case isa::Unit::Vpu: exec_vpu(ins); m_cycle += 1; break;
-            case isa::Unit::Ici:
-                if (!exec_ici(ins, now)) return {Block::Sync, m_cycle};
+            case isa::Unit::Dma:
+            case isa::Unit::Mxu:
+            case isa::Unit::Vpu: {
+                const bool ok = unit == isa::Unit::Dma   ? exec_dma(ins)
+                                : unit == isa::Unit::Mxu ? exec_mxu(ins)
+                                                         : exec_vpu(ins);
+                if (!ok) return {Block::Faulted, m_cycle};
                 m_cycle += 1;
                 break;
+            }
+            case isa::Unit::Ici: {
+                const IciStep step = exec_ici(ins, now);
+                if (step == IciStep::Faulted) return {Block::Faulted, m_cycle};
+                if (step == IciStep::NeedSync) return {Block::Sync, m_cycle};
+                m_cycle += 1;
+                break;
+            }
         }
         ++m_stats.instructions;
         m_pc = next;
@@ -383,7 +409,7 @@ CoreModel::Status CoreModel::run_alone() {
     uint64_t now = m_cycle;
     for (;;) {
         const Status st = run(now);
-        if (st.block == Block::Halted) return st;
+        if (st.block == Block::Halted || st.block == Block::Faulted) return st;
         if (st.block == Block::Sync) {
             now = st.cycle;
             continue;
@@ -394,25 +420,26 @@ CoreModel::Status CoreModel::run_alone() {
     }
 }
 
-void CoreModel::exec_dma(const isa::Instr& ins) {
+bool CoreModel::exec_dma(const isa::Instr& ins) {
     const uint32_t dst = val(ins.ops[0]), src = val(ins.ops[1]);
     const uint64_t rows = val(ins.ops[2]), row_bytes = val(ins.ops[3]);
     const uint64_t dst_stride = val(ins.ops[4]), src_stride = val(ins.ops[5]);
     const bool to_vmem = ins.op != Opcode::DmaVh;
     const bool from_hbm = ins.op == Opcode::DmaHv;
-    if (!m_hbm_timing && ins.op != Opcode::DmaVv) fault("dma", 0, "this core has no HBM timing model");
+
     SparseMemory& dmem = to_vmem ? m_vmem : m_hbm;
     SparseMemory& smem = from_hbm ? m_hbm : m_vmem;
     const uint64_t dbase = to_vmem ? dst : m_hbm_base + dst;
     const uint64_t sbase = from_hbm ? m_hbm_base + src : src;
     if (rows == 0 || row_bytes == 0)
-        fault("dma", dbase, fmt::format("zero-length transfer ({} rows of {} bytes)", rows, row_bytes));
+        return fault("dma", dbase, fmt::format("zero-length transfer ({} rows of {} bytes)", rows, row_bytes));
     const uint64_t dspan = span_2d(rows, row_bytes, dst_stride);
     const uint64_t sspan = span_2d(rows, row_bytes, src_stride);
-    check(dmem, dbase, dspan, "dma", fmt::format("{} write", to_vmem ? "VMEM" : "HBM"));
-    check(smem, sbase, sspan, "dma", fmt::format("{} read", from_hbm ? "HBM" : "VMEM"));
+    if (!check(dmem, dbase, dspan, "dma", fmt::format("{} write", to_vmem ? "VMEM" : "HBM")) ||
+        !check(smem, sbase, sspan, "dma", fmt::format("{} read", from_hbm ? "HBM" : "VMEM")))
+        return false;
     if (rows > 1 && (dst_stride < row_bytes || src_stride < row_bytes))
-        fault("dma", dbase, fmt::format("row stride ({} dst, {} src) is smaller than the row "
+        return fault("dma", dbase, fmt::format("row stride ({} dst, {} src) is smaller than the row "
                                         "({} bytes), so rows would overlap",
                                         dst_stride, src_stride, row_bytes));
 
@@ -459,12 +486,14 @@ void CoreModel::exec_dma(const isa::Instr& ins) {
     if (!to_vmem) m_stats.hbm_write_bytes += bytes;
     trace(m_tracks.empty() ? -1 : m_tracks[1], start, done, "bytes", bytes);
     finish_unit(*m_dma_q, start, done, ins.flag);
+    return true;
 }
 
-void CoreModel::exec_mxu(const isa::Instr& ins) {
+bool CoreModel::exec_mxu(const isa::Instr& ins) {
     const uint32_t idx = val(ins.ops[0]);
     if (idx >= m_core.mxus)
-        fault("mxu", idx, fmt::format("MXU {} does not exist (core.mxus = {})", idx, m_core.mxus));
+        return fault("mxu", idx,
+                     fmt::format("MXU {} does not exist (core.mxus = {})", idx, m_core.mxus));
     const std::string unit = fmt::format("mxu{}", idx);
     const uint32_t R = m_core.mxu_rows, C = m_core.mxu_cols;
     UnitQueue& q = *m_mxu_q[idx];
@@ -473,10 +502,10 @@ void CoreModel::exec_mxu(const isa::Instr& ins) {
     if (ins.op == Opcode::MxuLw) {
         const uint32_t addr = val(ins.ops[1]), K = val(ins.ops[2]), N = val(ins.ops[3]);
         if (K == 0 || K > R || N == 0 || N > C)
-            fault(unit, addr, fmt::format("weight tile {}x{} does not fit the {}x{} array "
+            return fault(unit, addr, fmt::format("weight tile {}x{} does not fit the {}x{} array "
                                           "(1..{} rows, 1..{} columns)",
                                           K, N, R, C, R, C));
-        check(m_vmem, addr, uint64_t(K) * N * 2, unit, "weight read", 2);
+        if (!check(m_vmem, addr, uint64_t(K) * N * 2, unit, "weight read", 2)) return false;
         span = m_mxu_timer[idx].lw(ready);
         m_mxu_shape[idx] = {K, N};
         m_mxu_loaded[idx] = true;
@@ -488,12 +517,15 @@ void CoreModel::exec_mxu(const isa::Instr& ins) {
     } else {
         const uint32_t out = val(ins.ops[1]), lhs = val(ins.ops[2]);
         const uint32_t T = val(ins.ops[3]), acc = val(ins.ops[4]);
-        if (!m_mxu_loaded[idx]) fault(unit, 0, "mxu.mm without loaded weights (issue mxu.lw first)");
-        if (T == 0) fault(unit, lhs, "matmul of 0 rows");
-        if (acc > 1) fault(unit, acc, fmt::format("accumulate operand must be 0 or 1, got {}", acc));
+        if (!m_mxu_loaded[idx])
+            return fault(unit, 0, "mxu.mm without loaded weights (issue mxu.lw first)");
+        if (T == 0) return fault(unit, lhs, "matmul of 0 rows");
+        if (acc > 1)
+            return fault(unit, acc, fmt::format("accumulate operand must be 0 or 1, got {}", acc));
         const auto [K, N] = m_mxu_shape[idx];
-        check(m_vmem, lhs, uint64_t(T) * K * 2, unit, "LHS read", 2);
-        check(m_vmem, out, uint64_t(T) * N * 4, unit, "result write", 4);
+        if (!check(m_vmem, lhs, uint64_t(T) * K * 2, unit, "LHS read", 2) ||
+            !check(m_vmem, out, uint64_t(T) * N * 4, unit, "result write", 4))
+            return false;
         span = m_mxu_timer[idx].mm(ready, T);
         m_stats.mxu_busy[idx] += T;
         m_stats.mxu_macs[idx] += uint64_t(T) * K * N;
@@ -510,6 +542,7 @@ void CoreModel::exec_mxu(const isa::Instr& ins) {
     ++m_stats.mxu_ops;
     trace(m_tracks.empty() ? -1 : m_tracks[4 + idx], span.start, span.done);
     finish_unit(q, span.start, span.done, ins.flag);
+    return true;
 }
 
 /// Operand layout of each VPU opcode: which operands are VMEM arrays (read or written), element
@@ -526,7 +559,7 @@ struct CoreModel::VpuOp {
     Access write{};
 };
 
-void CoreModel::exec_vpu(const isa::Instr& ins) {
+bool CoreModel::exec_vpu(const isa::Instr& ins) {
     auto v = [&](int i) { return val(ins.ops[i]); };
     VpuOp op;
     uint64_t rows = 0, cols = 0, n = 0;
@@ -579,9 +612,11 @@ void CoreModel::exec_vpu(const isa::Instr& ins) {
             break;
         default: break;
     }
-    if (n == 0) fault("vpu", op.write.addr, "vector operation on 0 elements");
-    for (const auto& r : op.reads) check(m_vmem, r.addr, r.bytes, "vpu", "VMEM read", r.align);
-    check(m_vmem, op.write.addr, op.write.bytes, "vpu", "VMEM write", op.write.align);
+    if (n == 0) return fault("vpu", op.write.addr, "vector operation on 0 elements");
+    for (const auto& r : op.reads)
+        if (!check(m_vmem, r.addr, r.bytes, "vpu", "VMEM read", r.align)) return false;
+    if (!check(m_vmem, op.write.addr, op.write.bytes, "vpu", "VMEM write", op.write.align))
+        return false;
 
     // Timing: vector registers of sublanes x lanes, `alus` per cycle, then the class latency.
     const uint64_t per_vreg = uint64_t(m_core.vpu_sublanes) * m_core.vpu_lanes;
@@ -709,15 +744,18 @@ void CoreModel::exec_vpu(const isa::Instr& ins) {
     m_stats.vpu_flops += n;
     trace(m_tracks.empty() ? -1 : m_tracks[2], start, done, "elements", n);
     finish_unit(*m_vpu_q, start, done, ins.flag);
+    return true;
 }
 
-bool CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
+CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     const uint32_t dst = val(ins.ops[0]);
     const uint32_t cores = m_env ? m_env->num_cores() : 1;
-    if (dst >= cores)
+    if (dst >= cores) {
         fault("ici", dst, fmt::format("core {} does not exist (the board has {} cores)", dst, cores));
+        return IciStep::Faulted;
+    }
     // Link reservations must happen in simulated-time order across cores.
-    if (now < m_cycle) return false;
+    if (now < m_cycle) return IciStep::NeedSync;
     UnitQueue& q = *m_ici_q;
     const uint64_t ready = std::max(issue_to_unit(q), m_ici_free);
     uint64_t start = ready, done;
@@ -730,10 +768,11 @@ bool CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         const uint32_t raddr = val(ins.ops[1]), laddr = val(ins.ops[2]), bytes = val(ins.ops[3]);
         const uint32_t flag = static_cast<uint32_t>(ins.ops[4].imm);
         const bool hbm = ins.op == Opcode::IciH;
-        check(m_vmem, laddr, bytes, "ici", "VMEM read");
+        if (!check(m_vmem, laddr, bytes, "ici", "VMEM read")) return IciStep::Faulted;
         SparseMemory& rmem = m_env ? m_env->remote_memory(dst, hbm) : (hbm ? m_hbm : m_vmem);
         const uint64_t rbase = hbm ? m_hbm_base + raddr : raddr;
-        check(rmem, rbase, bytes, "ici", fmt::format("remote {} write", hbm ? "HBM" : "VMEM"));
+        if (!check(rmem, rbase, bytes, "ici", fmt::format("remote {} write", hbm ? "HBM" : "VMEM")))
+            return IciStep::Faulted;
         done = m_env ? m_env->ici_transfer(m_id, dst, start, bytes) : start + bytes;
         if (m_cfg.sim.functional) {
             std::vector<uint8_t> buf(bytes);
@@ -748,7 +787,7 @@ bool CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     m_ici_free = done;
     trace(m_tracks.empty() ? -1 : m_tracks[3], start, done, "dst_core", dst);
     finish_unit(q, start, done, ins.flag);
-    return true;
+    return IciStep::Done;
 }
 
 std::string CoreModel::dump_state() const {

@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <map>
 #include <string>
 #include <vector>
@@ -86,6 +87,7 @@ public:
         Sync,      ///< needs simulated time == cycle before it can go on (ICI, flag wait)
         WaitFlag,  ///< synchronised and waiting for a flag that nothing has raised yet
         Halted,    ///< finished; cycle = when its last unit drained
+        Faulted,   ///< stopped on a device fault; see fault()
     };
     struct Status {
         Block block;
@@ -101,7 +103,8 @@ public:
     void load(const isa::Program& program);
     /// Resets sequencer state and starts at pc 0 at `cycle`; s1..sN = args, HBM window base.
     void start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_t hbm_base = 0);
-    /// Runs until blocked; `now` is the current simulated cycle. Throws DeviceFault.
+    /// Runs until blocked; `now` is the current simulated cycle. A device fault stops the core
+    /// (Block::Faulted, fault()) without throwing.
     Status run(uint64_t now);
     /// Runs a core with no board around it (tests, benchmarks): simulated time follows the
     /// core's own events. Returns Halted, or WaitFlag when a wait can never be satisfied.
@@ -112,6 +115,8 @@ public:
     void schedule_flag(uint32_t flag, uint32_t amount, uint64_t cycle);
 
     bool running() const { return m_running; }
+    /// The device fault that stopped the core, if any.
+    const std::optional<FaultInfo>& fault() const { return m_fault; }
     uint32_t id() const { return m_id; }
     uint32_t pc() const { return m_pc; }
     uint64_t local_cycle() const { return m_cycle; }
@@ -135,18 +140,21 @@ private:
     struct VpuOp;
 
     uint32_t val(const isa::Operand& o) const { return m_sregs[o.reg] + static_cast<uint32_t>(o.imm); }
-    [[noreturn]] void fault(std::string unit, uint64_t address, std::string what) const;
-    void check(SparseMemory& mem, uint64_t addr, uint64_t bytes, std::string_view unit,
-               std::string_view what, uint32_t align = 1) const;
+    enum class IciStep : uint8_t { Done, NeedSync, Faulted };
+    /// Records a device fault and stops the core; returns false for `return fault(...)`.
+    bool fault(std::string unit, uint64_t address, std::string what);
+    /// Bounds, size and alignment of an access; false (with the fault recorded) if bad.
+    bool check(SparseMemory& mem, uint64_t addr, uint64_t bytes, std::string_view unit,
+               std::string_view what, uint32_t align = 1);
     uint64_t issue_to_unit(UnitQueue& q);
     void finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t flag);
     void trace(int track, uint64_t start, uint64_t done, std::string_view detail_key = {},
                uint64_t detail = 0);
 
-    void exec_dma(const isa::Instr& ins);
-    void exec_mxu(const isa::Instr& ins);
-    void exec_vpu(const isa::Instr& ins);
-    bool exec_ici(const isa::Instr& ins, uint64_t now);
+    bool exec_dma(const isa::Instr& ins);
+    bool exec_mxu(const isa::Instr& ins);
+    bool exec_vpu(const isa::Instr& ins);
+    IciStep exec_ici(const isa::Instr& ins, uint64_t now);
 
     uint32_t m_id;
     const BoardConfig& m_cfg;
@@ -170,6 +178,7 @@ private:
     uint64_t m_cycle = 0;
     uint64_t m_hbm_base = 0;
     bool m_running = false;
+    std::optional<FaultInfo> m_fault;
     bool m_blocked = false;     ///< stopped in a wait that needs simulated time
     uint64_t m_blocked_at = 0;  ///< cycle the blocked wait issued
     uint64_t m_units_done = 0;  ///< latest done cycle of any unit instruction (for fence/halt)
