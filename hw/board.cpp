@@ -160,6 +160,9 @@ struct Board::Impl : CoreEnv {
     SparseMemory& remote_memory(uint32_t core, bool is_hbm) override {
         return is_hbm ? *hbm[core] : *vmem[core];
     }
+    RaceDetector& remote_race_detector(uint32_t core) override {
+        return models[core]->race_detector();
+    }
     void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) override {
         models[core]->schedule_flag(flag, amount, cycle);
         modules[core]->wake();

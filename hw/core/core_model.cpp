@@ -130,6 +130,8 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     m_pending.clear();
     m_pc = 0;
     m_fault.reset();
+    m_race.clear();
+    m_seq = 0;
     m_blocked = false;
     m_cycle = cycle;
     m_hbm_base = hbm_base;
@@ -227,6 +229,25 @@ uint64_t CoreModel::issue_to_unit(UnitQueue& q) {
         while (!q.starts.empty() && q.starts.front() <= m_cycle) q.starts.pop_front();
     }
     return std::max(m_cycle + m_core.dispatch_cycles, q.last_start);
+}
+
+bool CoreModel::record_access(std::string_view unit, uint64_t start, uint64_t done, uint8_t flag,
+                              std::vector<MemRange> ranges, RaceDetector* target) {
+    if (!m_cfg.sim.race_detector) return true;
+    AccessRecord r;
+    r.core = m_id;
+    r.pc = m_pc;
+    r.instr = m_program[m_pc];
+    r.unit = std::string(unit);
+    r.seq = m_seq++;
+    r.issue = m_cycle;
+    r.done = done;
+    r.flag = flag;
+    r.ranges = std::move(ranges);
+    (void)start;
+    if (auto report = (target ? *target : m_race).add(std::move(r)))
+        return fault("race-detector", 0, std::move(*report));
+    return true;
 }
 
 void CoreModel::finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t flag) {
@@ -359,6 +380,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         }
                         const uint64_t issued = m_blocked ? m_blocked_at : issue;
                         m_blocked = false;
+                        if (m_cfg.sim.race_detector) m_race.acknowledge(static_cast<uint8_t>(f), m_cycle);
                         if (m_record) m_records.push_back({m_pc, ins.op, issued, m_cycle, m_cycle + 1});
                         m_cycle += 1;
                         break;
@@ -374,6 +396,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Fence: {
                         const uint64_t at = std::max(m_cycle, m_units_done);
                         m_stats.stall_wait += at - m_cycle;
+                        if (m_cfg.sim.race_detector) m_race.fence(m_id, at);
                         if (m_record) m_records.push_back({m_pc, ins.op, issue, at, at + 1});
                         m_cycle = at + 1;
                         break;
@@ -473,6 +496,10 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
         m_dma_free = static_cast<uint64_t>(std::ceil(t));
     }
     m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
+    if (!record_access("dma", start, done, ins.flag,
+                       {{from_hbm, sbase, sbase + sspan, false},
+                        {!to_vmem, dbase, dbase + dspan, true}}))
+        return false;
 
     if (m_cfg.sim.functional) {
         std::vector<uint8_t> row(row_bytes);
@@ -507,6 +534,9 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
                                           K, N, R, C, R, C));
         if (!check(m_vmem, addr, uint64_t(K) * N * 2, unit, "weight read", 2)) return false;
         span = m_mxu_timer[idx].lw(ready);
+        if (!record_access(unit, span.start, span.done, ins.flag,
+                           {{false, addr, addr + uint64_t(K) * N * 2, false}}))
+            return false;
         m_mxu_shape[idx] = {K, N};
         m_mxu_loaded[idx] = true;
         if (m_cfg.sim.functional) {
@@ -527,6 +557,10 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
             !check(m_vmem, out, uint64_t(T) * N * 4, unit, "result write", 4))
             return false;
         span = m_mxu_timer[idx].mm(ready, T);
+        if (!record_access(unit, span.start, span.done, ins.flag,
+                           {{false, lhs, lhs + uint64_t(T) * K * 2, false},
+                            {false, out, out + uint64_t(T) * N * 4, true}}))
+            return false;
         m_stats.mxu_busy[idx] += T;
         m_stats.mxu_macs[idx] += uint64_t(T) * K * N;
         if (m_cfg.sim.functional) {
@@ -636,6 +670,12 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
     const uint64_t done = start + issue_cycles - 1 + latency;
     m_vpu_free = start + issue_cycles;
     m_vpu_hz->add(false, op.write.addr, op.write.addr + op.write.bytes, done, m_cycle);
+    if (m_cfg.sim.race_detector) {
+        std::vector<MemRange> ranges;
+        for (const auto& r : op.reads) ranges.push_back({false, r.addr, r.addr + r.bytes, false});
+        ranges.push_back({false, op.write.addr, op.write.addr + op.write.bytes, true});
+        if (!record_access("vpu", start, done, ins.flag, std::move(ranges))) return false;
+    }
 
     if (m_cfg.sim.functional) {
         auto load = [&](const VpuOp::Access& a) {
@@ -774,6 +814,14 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         if (!check(rmem, rbase, bytes, "ici", fmt::format("remote {} write", hbm ? "HBM" : "VMEM")))
             return IciStep::Faulted;
         done = m_env ? m_env->ici_transfer(m_id, dst, start, bytes) : start + bytes;
+        // The local read is ordered by this core's completion flag; the remote write by the
+        // destination's flag that the transfer raises on arrival.
+        if (!record_access("ici", start, done, ins.flag, {{false, laddr, laddr + bytes, false}}))
+            return IciStep::Faulted;
+        if (m_env && !record_access("ici", start, done, static_cast<uint8_t>(flag),
+                                    {{hbm, rbase, rbase + bytes, true}},
+                                    &m_env->remote_race_detector(dst)))
+            return IciStep::Faulted;
         if (m_cfg.sim.functional) {
             std::vector<uint8_t> buf(bytes);
             m_vmem.read(laddr, buf);

@@ -13,6 +13,7 @@
 
 #include "hw/core/core_config.h"
 #include "hw/core/mxu_model.h"
+#include "hw/core/race_detector.h"
 #include "hw/fault.h"
 #include "hw/mem/sparse_memory.h"
 #include "isa/isa.h"
@@ -54,6 +55,8 @@ public:
     virtual SparseMemory& remote_memory(uint32_t core, bool hbm) = 0;
     /// Adds `amount` to `flag` of `core` at `cycle` and wakes the core if it waits.
     virtual void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) = 0;
+    /// The race detector of another core's memories.
+    virtual RaceDetector& remote_race_detector(uint32_t core) = 0;
 };
 
 /// Per-core statistics, plain integers on the hot path; the board registers them.
@@ -115,6 +118,8 @@ public:
     void schedule_flag(uint32_t flag, uint32_t amount, uint64_t cycle);
 
     bool running() const { return m_running; }
+    /// Race detector over this core's VMEM and HBM (active when sim.race_detector is on).
+    RaceDetector& race_detector() { return m_race; }
     /// The device fault that stopped the core, if any.
     const std::optional<FaultInfo>& fault() const { return m_fault; }
     uint32_t id() const { return m_id; }
@@ -155,6 +160,10 @@ private:
     bool exec_mxu(const isa::Instr& ins);
     bool exec_vpu(const isa::Instr& ins);
     IciStep exec_ici(const isa::Instr& ins, uint64_t now);
+    /// Hands a unit instruction's accesses to a race detector (this core's unless `target`);
+    /// false with a fault recorded when they race.
+    bool record_access(std::string_view unit, uint64_t start, uint64_t done, uint8_t flag,
+                       std::vector<MemRange> ranges, RaceDetector* target = nullptr);
 
     uint32_t m_id;
     const BoardConfig& m_cfg;
@@ -178,6 +187,8 @@ private:
     uint64_t m_cycle = 0;
     uint64_t m_hbm_base = 0;
     bool m_running = false;
+    RaceDetector m_race;
+    uint64_t m_seq = 0;  ///< unit instructions issued (race detector order)
     std::optional<FaultInfo> m_fault;
     bool m_blocked = false;     ///< stopped in a wait that needs simulated time
     uint64_t m_blocked_at = 0;  ///< cycle the blocked wait issued

@@ -146,6 +146,22 @@ TEST(CliRun, BadInputsAreClearErrors) {
     }
 }
 
+TEST(CliRun, BadExampleKernelsShowTheirReports) {
+    const Result race = tpusim("run " + example("bad/race.s") + " --set sim.race_detector=true");
+    EXPECT_EQ(race.code, 1);
+    EXPECT_NE(race.err.find("data race on core 0 VMEM [0x0, 0x8000)"), std::string::npos)
+        << race.err;
+    // Without the detector the same kernel runs (and reads whatever the DMA has written).
+    EXPECT_EQ(tpusim("run " + example("bad/race.s")).code, 0);
+    const Result dead = tpusim("run " + example("bad/deadlock.s") + " --cores 0,1");
+    EXPECT_EQ(dead.code, 1);
+    EXPECT_EQ(dead.err, "tpusim: " + example("bad/deadlock.s") +
+                            ": deadlock at cycle 2: every running core waits on a flag that "
+                            "nothing can raise\n  core 0: running at cycle 2, pc 2 (wait f1, 1); "
+                            "all flags 0\n  core 1: running at cycle 2, pc 2 (wait f1, 1); all "
+                            "flags 0\n");
+}
+
 TEST(CliRun, DeviceFaultAndDeadlockExitOne) {
     std::ofstream(tmp("fault.s")) << "li s1, 0x100000\nv.exp [s1], [0], 8\nhalt\n";
     const Result f = tpusim("run " + tmp("fault.s") + " --config " + tpu::test::source_dir() +

@@ -13,7 +13,11 @@
 namespace tpu::driver {
 namespace {
 
-hw::BoardConfig tiny() { return hw::BoardConfig::load(test::source_dir() + "/configs/tiny.json", {}); }
+/// Tests run with the race detector on, so every kernel they launch is proven race-free.
+hw::BoardConfig tiny() {
+    return hw::BoardConfig::load(test::source_dir() + "/configs/tiny.json",
+                                 {"sim.race_detector=true"});
+}
 
 std::string error_of(const std::function<void()>& f, ErrorKind* kind = nullptr) {
     try {
@@ -111,7 +115,7 @@ class GemmShapes : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t
 
 TEST_P(GemmShapes, BitExactAgainstTheReferenceInEveryPrecision) {
     const auto [M, K, N] = GetParam();
-    auto dev = Device::open(hw::BoardConfig::load("", {}));
+    auto dev = Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
     ProgramCache cache;
     std::mt19937 rng(M * 131 + K * 7 + N);
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);

@@ -19,7 +19,11 @@
 namespace tpu::hw {
 namespace {
 
-BoardConfig tiny() { return BoardConfig::load(test::source_dir() + "/configs/tiny.json", {}); }
+/// Boards in tests run with the race detector on: the example kernels must be race-free.
+BoardConfig tiny() {
+    return BoardConfig::load(test::source_dir() + "/configs/tiny.json", {"sim.race_detector=true"});
+}
+BoardConfig v3() { return BoardConfig::load("", {"sim.race_detector=true"}); }
 
 isa::Program kernel(const std::string& name) {
     return isa::assemble_file(test::source_dir() + "/isa/examples/" + name);
@@ -47,7 +51,7 @@ TEST(Board, ScalarLoopTakesOneCyclePerInstruction) {
 }
 
 TEST(Board, Matmul128ExampleIsBitExactAndCycleExact) {
-    Board b(BoardConfig::load("", {}));
+    Board b(v3());
     std::mt19937 rng(1);
     std::normal_distribution<float> nd;
     std::vector<uint16_t> a(128 * 128), w(128 * 128);
@@ -73,7 +77,7 @@ TEST(Board, Matmul128ExampleIsBitExactAndCycleExact) {
 }
 
 TEST(Board, VpuChainComputesTheDocumentedFunction) {
-    Board b(BoardConfig::load("", {}));
+    Board b(v3());
     std::vector<float> x(8192);
     for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i)) * 3.0f;
     put(b.hbm(0), 0, x);
@@ -87,7 +91,7 @@ TEST(Board, VpuChainComputesTheDocumentedFunction) {
 }
 
 TEST(Board, FlagsAcrossCoresOverIci) {
-    Board b(BoardConfig::load("", {}));
+    Board b(v3());
     // Core 0 sends 4 KiB of VMEM to core 5 and raises its f3; core 5 waits for it.
     const std::string prog = R"(
         coreid s1
@@ -146,6 +150,50 @@ TEST(Board, RunningOffTheProgramIsADeviceFault) {
     Board b(tiny());
     b.load(0, isa::assemble("nop"));
     EXPECT_THROW(b.run({0}), DeviceFault);
+}
+
+TEST(Board, RacyKernelIsReportedNamingBothInstructions) {
+    Board b(tiny());
+    b.load(0, isa::assemble_file(test::source_dir() + "/isa/examples/bad/race.s"));
+    try {
+        b.run({0});
+        ADD_FAILURE() << "no race reported";
+    } catch (const DeviceFault& f) {
+        EXPECT_EQ(f.info().unit, "race-detector");
+        EXPECT_EQ(f.info().what,
+                  "data race on core 0 VMEM [0x0, 0x8000): core 0 pc 1 `v.exp [32768], [0], 8192` "
+                  "(vpu, reads, issued at cycle 1, done at 264) and core 0 pc 0 `dma.hv [0], [0], "
+                  "8, 4096, 4096, 4096, f0` (dma, writes, issued at cycle 0, done at 642) are not "
+                  "ordered; wait on f0 (raised by pc 0) or fence before pc 1");
+    }
+}
+
+TEST(Board, IciWritesAreOrderedByTheDestinationFlag) {
+    Board b(v3());
+    // Core 1 reads what core 0 sent only after waiting on the arrival flag: no race. Then it
+    // overwrites the buffer without waiting for core 0's second transfer: a race.
+    const std::string prog = R"(
+        coreid s1
+        bne s1, 0, receiver
+        ici.v 1, [0x1000], [0], 256, f3
+        ici.v 1, [0x1000], [0], 256, f4
+        halt
+receiver:
+        wait f3, 1
+        v.adds [0x2000], [0x1000], 1.0, 64
+        v.adds [0x1000], [0x2000], 1.0, 64
+        halt
+)";
+    for (uint32_t c : {0u, 1u}) b.load(c, isa::assemble(prog));
+    try {
+        b.run({0, 1});
+        ADD_FAILURE() << "no race reported";
+    } catch (const DeviceFault& f) {
+        EXPECT_EQ(f.info().unit, "race-detector");
+        EXPECT_NE(f.info().what.find("pc 3 `ici.v 1, [4096], [0], 256, f4` (ici, writes"),
+                  std::string::npos)
+            << f.info().what;
+    }
 }
 
 TEST(Board, CoreSetParsing) {
