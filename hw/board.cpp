@@ -116,7 +116,9 @@ struct Board::Impl : CoreEnv {
             modules.push_back(std::make_unique<TensorCore>(
                 fmt::format("core{}", i).c_str(), *models[i], period_ps, [this, i] {
                     --outstanding;
-                    if (modules[i]->fault()) sc_core::sc_pause();
+                    // The board refuses further launches after a fault, so stopping for good is
+                    // fine (and sc_pause from a thread confuses AddressSanitizer).
+                    if (modules[i]->fault()) sc_core::sc_stop();
                 }));
     }
 
