@@ -142,6 +142,7 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     for (auto& t : m_mxu_timer) t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols);
     m_mxu_loaded.assign(m_core.mxus, false);
     m_dma_free = m_vpu_free = m_ici_free = cycle;
+    m_ici_arrival.assign(m_ici_arrival.size(), 0);
     m_dma_hz->writes.clear();
     m_vpu_hz->writes.clear();
     m_records.clear();
@@ -481,19 +482,21 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
         // the HBM model decides when each request's data has moved.
         const uint64_t hbm_base = from_hbm ? sbase : dbase;
         const uint64_t hbm_stride = from_hbm ? src_stride : dst_stride;
-        const double port = m_core.dma_vmem_bytes_per_cycle;
-        double t = double(start);
+        // Send times come from the integer byte count: summing len / port in floating point
+        // drifts (4 x 504 B at 48 B/cycle came out as 42.000...01 cycles, ceil 43).
+        const uint64_t port = m_core.dma_vmem_bytes_per_cycle;
+        uint64_t before = 0;  // bytes of this transfer ahead of the request
         done = start;
         for (uint64_t r = 0; r < rows; ++r)
             for (uint64_t off = 0; off < row_bytes; off += m_core.dma_chunk_bytes) {
                 const auto len = static_cast<uint32_t>(
                     std::min<uint64_t>(m_core.dma_chunk_bytes, row_bytes - off));
-                done = std::max(done, m_hbm_timing->access(static_cast<uint64_t>(t),
+                done = std::max(done, m_hbm_timing->access(start + before / port,
                                                            hbm_base + r * hbm_stride + off, len,
                                                            !from_hbm));
-                t += len / port;
+                before += len;
             }
-        m_dma_free = static_cast<uint64_t>(std::ceil(t));
+        m_dma_free = start + ceil_div(bytes, port);
     }
     m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
     if (!record_access("dma", start, done, ins.flag,
@@ -798,11 +801,15 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     if (now < m_cycle) return IciStep::NeedSync;
     UnitQueue& q = *m_ici_q;
     const uint64_t ready = std::max(issue_to_unit(q), m_ici_free);
+    if (m_ici_arrival.size() < cores) m_ici_arrival.resize(cores, 0);
     uint64_t start = ready, done;
     if (ins.op == Opcode::Sigr) {
         const uint32_t flag = static_cast<uint32_t>(ins.ops[1].imm);
         const uint32_t amount = val(ins.ops[2]);
-        done = std::max(m_env ? m_env->ici_message(m_id, dst, start) : start + 1, m_ici_free);
+        // A signal never overtakes this core's earlier transfers to the same core.
+        done = std::max(m_env ? m_env->ici_message(m_id, dst, start) : start + 1,
+                        m_ici_arrival[dst]);
+        m_ici_free = start + 1;
         if (m_env) m_env->remote_signal(dst, flag, amount, done);
     } else {
         const uint32_t raddr = val(ins.ops[1]), laddr = val(ins.ops[2]), bytes = val(ins.ops[3]);
@@ -814,6 +821,11 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         if (!check(rmem, rbase, bytes, "ici", fmt::format("remote {} write", hbm ? "HBM" : "VMEM")))
             return IciStep::Faulted;
         done = m_env ? m_env->ici_transfer(m_id, dst, start, bytes) : start + bytes;
+        done = std::max(done, m_ici_arrival[dst]);  // in-order delivery per destination
+        // The engine takes one descriptor per cycle; bandwidth is the links' business (each
+        // link is reserved for the transfer's serialisation time), so transfers on different
+        // links proceed in parallel.
+        m_ici_free = start + 1;
         // The local read is ordered by this core's completion flag; the remote write by the
         // destination's flag that the transfer raises on arrival.
         if (!record_access("ici", start, done, ins.flag, {{false, laddr, laddr + bytes, false}}))
@@ -831,8 +843,7 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         ++m_stats.ici_ops;
         m_stats.ici_bytes += bytes;
     }
-    // Later transfers and signals arrive after this one (in-order delivery).
-    m_ici_free = done;
+    m_ici_arrival[dst] = done;
     trace(m_tracks.empty() ? -1 : m_tracks[3], start, done, "dst_core", dst);
     finish_unit(q, start, done, ins.flag);
     return IciStep::Done;

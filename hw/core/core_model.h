@@ -203,7 +203,8 @@ private:
     std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;
     uint64_t m_dma_free = 0;   ///< DMA path free from this cycle
     uint64_t m_vpu_free = 0;   ///< VPU issue slot free from this cycle
-    uint64_t m_ici_free = 0;   ///< ICI engine: previous transfer's arrival (ordering)
+    uint64_t m_ici_free = 0;   ///< ICI engine free to inject the next transfer
+    std::vector<uint64_t> m_ici_arrival;  ///< per destination: latest arrival (in-order delivery)
 
     CoreStats m_stats;
     bool m_record = false;

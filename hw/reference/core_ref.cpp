@@ -554,7 +554,8 @@ private:
                 }
                 auto& q = m_queues[unit];
                 if (q.size() >= m_core.queue_depth) return;  // stalled: no free entry
-                Entry e{m_result.records.size(), ins.op, ins.flag, {}, m_now + m_core.dispatch_cycles};
+                Entry e{m_result.records.size(), ins.op, ins.flag, {},
+                        m_now + m_core.dispatch_cycles};
                 for (int i = 0; i < isa::kMaxOperands; ++i) e.v[i] = val(o[i]);
                 q.push_back(e);
                 m_result.records.push_back({m_pc, ins.op, m_now, 0, 0});

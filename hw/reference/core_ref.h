@@ -15,7 +15,7 @@ namespace tpu::hw {
 /// What a reference run produced.
 struct CoreRefResult {
     std::vector<InstrRecord> records;  ///< one per executed instruction, in issue order
-    uint64_t finish = 0;               ///< cycle the core finished (halt's done), or where it stopped
+    uint64_t finish = 0;               ///< halt's done (core finished), or where the run stopped
     bool halted = false;               ///< false: a wait can never be satisfied, or max_cycles hit
 };
 

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <iostream>
 #include <random>
 #include <sstream>
 #include <string>
@@ -22,6 +23,13 @@
 #include "isa/disassembler.h"
 
 namespace tpu::hw {
+
+/// Readable records in GoogleTest messages (found by argument-dependent lookup).
+static void PrintTo(const InstrRecord& r, std::ostream* os) {
+    *os << "{pc " << r.pc << " " << isa::info(r.op).mnemonic << " issue " << r.issue << " start "
+        << r.start << " done " << r.done << "}";
+}
+
 namespace {
 
 using isa::Opcode;
@@ -55,9 +63,10 @@ BoardConfig default_config(uint32_t queue_depth = 8, uint32_t dispatch_cycles = 
     return cfg;
 }
 
+/// What CoreModel reported.
 struct FastRun {
-    CoreModel::Status status;
-    std::vector<InstrRecord> records;
+    CoreModel::Status status;          ///< how run_alone() ended
+    std::vector<InstrRecord> records;  ///< one per executed instruction
 };
 
 /// CoreModel with no board around it.
@@ -75,20 +84,40 @@ FastRun run_fast(const BoardConfig& cfg, const isa::Program& prog, uint64_t star
 
 std::string show(const InstrRecord& r) {
     std::ostringstream s;
-    s << "{pc " << r.pc << " " << isa::info(r.op).mnemonic << " issue " << r.issue << " start "
-      << r.start << " done " << r.done << "}";
+    PrintTo(r, &s);
     return s.str();
 }
+
+/// What the random streams exercised, so a generator that stops producing stalls is noticed.
+struct Coverage {
+    uint64_t records = 0;       ///< instructions executed
+    uint64_t queue_stalls = 0;  ///< unit instructions whose issue was delayed by a full queue
+    uint64_t late_starts = 0;   ///< unit instructions that started after they were ready
+    uint64_t waits_held = 0;    ///< waits and fences that stalled the sequencer
+};
+Coverage g_coverage;
 
 /// Compares CoreModel with the reference; on a difference reports the stream and the first
 /// differing record and returns false.
 bool same_timing(const BoardConfig& cfg, const isa::Program& prog, const std::string& what,
                  uint64_t start = 0) {
     const FastRun fast = run_fast(cfg, prog, start);
+    uint64_t prev_issue = start;
+    for (size_t i = 0; i < fast.records.size(); ++i) {
+        const InstrRecord& r = fast.records[i];
+        const isa::Unit unit = isa::info(r.op).unit;
+        g_coverage.records += 1;
+        if (unit == isa::Unit::Sync && r.start > r.issue) g_coverage.waits_held += 1;
+        const bool queued = unit == isa::Unit::Dma || unit == isa::Unit::Vpu ||
+                            unit == isa::Unit::Mxu;
+        if (queued && r.start > r.issue + cfg.core.dispatch_cycles) g_coverage.late_starts += 1;
+        if (queued && i > 0 && r.issue > prev_issue + 1 &&
+            isa::info(fast.records[i - 1].op).unit != isa::Unit::Sync)
+            g_coverage.queue_stalls += 1;
+        prev_issue = r.issue;
+    }
     const CoreRefResult ref = CoreRef(cfg).run(prog, start);
-    const auto listing = [&] {
-        return isa::disassemble(prog, {.show_pc = true});
-    };
+    const auto listing = [&] { return isa::disassemble(prog, {.show_pc = true}); };
     if (fast.status.block != CoreModel::Block::Halted || !ref.halted) {
         ADD_FAILURE() << what << ": did not halt (fast block " << int(fast.status.block)
                       << ", reference halted " << ref.halted << ")\n"
@@ -349,16 +378,27 @@ private:
     int m_loops = 0;
 };
 
+constexpr std::array<uint32_t, 6> kPorts = {48, 64, 100, 333, 512, 1000};
+
 /// Runs `streams` random streams; stops at the first mismatch (one listing is enough).
 void random_streams(uint32_t seed, int streams, bool small_array) {
     std::mt19937 rng(seed);
     for (int i = 0; i < streams; ++i) {
         const uint32_t depth = std::array<uint32_t, 4>{1, 2, 3, 8}[rng() % 4];
         const uint32_t dispatch = rng() % 4;
-        BoardConfig cfg = small_array ? tiny_config(depth, dispatch) : default_config(depth, dispatch);
+        BoardConfig cfg =
+            small_array ? tiny_config(depth, dispatch) : default_config(depth, dispatch);
         if (rng() % 4 == 0) cfg.core.vpu_alus = 1 + rng() % 3;
-        if (rng() % 4 == 0) cfg.core.dma_vmem_bytes_per_cycle = 64u << (rng() % 4);
+        // Ports that do not divide a request (fractional send times) and odd shapes.
+        if (rng() % 4 == 0) cfg.core.dma_vmem_bytes_per_cycle = kPorts[rng() % kPorts.size()];
         if (rng() % 4 == 0) cfg.core.dma_chunk_bytes = 64u << (rng() % 4);
+        if (small_array && rng() % 4 == 0) {
+            cfg.core.mxu_rows = 4 + 4 * (rng() % 3);
+            cfg.core.mxu_cols = 4 + 4 * (rng() % 3);
+            cfg.core.mxus = 1 + rng() % 3;
+            cfg.core.vpu_lanes = 5 + rng() % 4;
+            cfg.core.vpu_sublanes = 1 + rng() % 3;
+        }
         const uint64_t start = rng() % 3 == 0 ? rng() % 1000 : 0;
         StreamGen gen(rng, cfg);
         const isa::Program prog = gen.make();
@@ -374,17 +414,32 @@ void random_streams(uint32_t seed, int streams, bool small_array) {
 }
 
 TEST(CoreRef, RandomStreamsTinyConfig) {
-    for (uint32_t seed = 1; seed <= 4; ++seed) random_streams(seed, 100, true);
+    g_coverage = {};
+    for (uint32_t seed = 1; seed <= 8; ++seed) random_streams(seed, 100, true);
+    // The streams must actually stress the rules, not just run straight through.
+    EXPECT_GT(g_coverage.records, 20'000u);
+    EXPECT_GT(g_coverage.queue_stalls, 500u);
+    EXPECT_GT(g_coverage.late_starts, 2'000u);
+    EXPECT_GT(g_coverage.waits_held, 500u);
+    std::cout << "coverage: " << g_coverage.records << " instructions, " << g_coverage.queue_stalls
+              << " queue stalls, " << g_coverage.late_starts << " late starts, "
+              << g_coverage.waits_held << " held waits/fences\n";
 }
 
 TEST(CoreRef, RandomStreamsDefaultConfig) {
-    for (uint32_t seed = 101; seed <= 102; ++seed) random_streams(seed, 30, false);
+    g_coverage = {};
+    for (uint32_t seed = 101; seed <= 104; ++seed) random_streams(seed, 30, false);
+    EXPECT_GT(g_coverage.records, 5'000u);
+    std::cout << "coverage: " << g_coverage.records << " instructions, " << g_coverage.queue_stalls
+              << " queue stalls, " << g_coverage.late_starts << " late starts, "
+              << g_coverage.waits_held << " held waits/fences\n";
 }
 
 // ---- hand-checked cases ---------------------------------------------------------------------
 
 /// Both models must give exactly `want` (issue, start, done per executed instruction).
-void expect_records(const BoardConfig& cfg, const char* text, const std::vector<InstrRecord>& want) {
+void expect_records(const BoardConfig& cfg, const char* text,
+                    const std::vector<InstrRecord>& want) {
     const isa::Program prog = isa::assemble(text);
     const FastRun fast = run_fast(cfg, prog);
     const CoreRefResult ref = CoreRef(cfg).run(prog);
@@ -402,8 +457,8 @@ TEST(CoreRef, QueueFullStallsIssue) {
     //  pc1 issue 1 (pc0 left the queue at its start, 1), ready 2,
     //      start max(2, 1, slot 6) = 6, done 6 + 4 + 2 = 12; slot free at 11.
     //  pc2 at 2 finds pc1 still queued (it starts at 6): issue stalls to 6, ready 7,
-    //      start max(7, 6, 11) = 11, done 16.
-    //  halt issues at 7 and the core finishes when pc2 is done, 16.
+    //      start max(7, 6, 11) = 11, done 11 + 4 + 2 = 17.
+    //  halt issues at 7 and the core finishes when pc2 is done, 17.
     const BoardConfig cfg = tiny_config(1, 1);
     expect_records(cfg,
                    "v.add [0], [4096], [8192], 160\n"
@@ -412,8 +467,8 @@ TEST(CoreRef, QueueFullStallsIssue) {
                    "halt\n",
                    {{0, Opcode::VAdd, 0, 1, 7},
                     {1, Opcode::VAdd, 1, 6, 12},
-                    {2, Opcode::VAdd, 6, 11, 16},
-                    {3, Opcode::Halt, 7, 7, 16}});
+                    {2, Opcode::VAdd, 6, 11, 17},
+                    {3, Opcode::Halt, 7, 7, 17}});
 }
 
 TEST(CoreRef, VpuReadAfterWriteWaitsButWriteAfterReadDoesNot) {
@@ -471,6 +526,27 @@ TEST(CoreRef, BackToBackHbmDmasShareThePipe) {
                    {{0, Opcode::DmaHv, 0, 1, 104},
                     {1, Opcode::DmaHv, 1, 2, 114},
                     {2, Opcode::Halt, 2, 2, 114}});
+}
+
+TEST(CoreRef, DmaPortTimeIsExactForFractionalSendTimes) {
+    // Regression: CoreModel used to add len / port per request in floating point, so 16
+    // requests of 4 x 504 B at 48 B/cycle (128, 128, 128, 120 per row) summed to slightly more
+    // than 2016 / 48 = 42 cycles and the engine was free one cycle late.
+    // pc0 (port 48 B/cycle, requests of at most 128 B): start 1, engine free 1 + 42 = 43. The
+    //     pipe (59.93 B/cycle) outruns the port, so the last request decides: it leaves at
+    //     floor(1 + 1896 / 48) = 40 to an idle pipe, ends 40 + 120 x 0.016685 = 42.0022,
+    //     done ceil(42.0022) + 94 = 137.
+    // pc1: start max(ready 2, engine 43) = 43, one cycle of port, done 43 + 1 + 1 = 45.
+    BoardConfig cfg = tiny_config(8, 1);
+    cfg.core.dma_vmem_bytes_per_cycle = 48;
+    cfg.core.dma_chunk_bytes = 128;
+    expect_records(cfg,
+                   "dma.vh [0], [8192], 4, 504, 504, 504\n"
+                   "dma.vv [65536], [131072], 1, 48, 48, 48\n"
+                   "halt\n",
+                   {{0, Opcode::DmaVh, 0, 1, 137},
+                    {1, Opcode::DmaVv, 1, 43, 45},
+                    {2, Opcode::Halt, 2, 2, 137}});
 }
 
 TEST(CoreRef, MxuLoadsUnderAMatmulWithZeroDispatch) {
