@@ -97,14 +97,14 @@ struct Board::Impl : CoreEnv {
     std::vector<std::unique_ptr<SparseMemory>> hbm, vmem;
     std::vector<std::unique_ptr<CoreModel>> models;
     std::vector<std::unique_ptr<TensorCore>> modules;
-    std::vector<std::vector<uint64_t>> link_free;  ///< [core][0: clockwise, 1: counter]
+    std::vector<uint64_t> link_free;  ///< per link (see path()): busy until this cycle
     uint32_t outstanding = 0;
     bool faulted = false;
     bool stop_on_fault = false;
 
     explicit Impl(const BoardConfig& c) : cfg(c), period_ps(c.period_ps()) {
         const uint32_t n = cfg.cores();
-        link_free.assign(n, std::vector<uint64_t>(2, 0));
+        link_free.assign(size_t(n) * 4, 0);
         for (uint32_t i = 0; i < n; ++i) {
             hbm.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.hbm", i),
                                                          cfg.hbm.bytes_per_core));
@@ -132,23 +132,46 @@ struct Board::Impl : CoreEnv {
         return static_cast<uint64_t>(std::ceil(double(bytes) / per_cycle));
     }
 
-    /// Ring route: the shorter direction (clockwise on a tie), one link per hop.
+    /// Torus width (1 row for the ring).
+    uint32_t torus_x() const {
+        if (cfg.ici.topology != "torus2d") return num_cores();
+        if (cfg.ici.torus_x) return cfg.ici.torus_x;
+        uint32_t x = 1;
+        while ((x + 1) * (x + 1) <= num_cores()) ++x;
+        return x;
+    }
+
+    /// The links a transfer crosses, in order: dimension-order routing (x, then y), each
+    /// dimension the shorter way round (the positive direction on a tie). A ring is a torus
+    /// with one row. Link ids: node * 4 + {0: +x, 1: -x, 2: +y, 3: -y}.
+    std::vector<uint32_t> path(uint32_t src, uint32_t dst) const {
+        const uint32_t X = torus_x(), Y = num_cores() / X;
+        std::vector<uint32_t> links;
+        uint32_t x = src % X, y = src / X;
+        const uint32_t tx = dst % X, ty = dst / X;
+        auto walk = [&](uint32_t& pos, uint32_t target, uint32_t size, uint32_t dim) {
+            const uint32_t fwd = (target + size - pos) % size;
+            const bool plus = fwd <= size - fwd;
+            for (uint32_t h = 0, hops = plus ? fwd : size - fwd; h < hops; ++h) {
+                links.push_back((y * X + x) * 4 + dim * 2 + (plus ? 0 : 1));
+                pos = plus ? (pos + 1) % size : (pos + size - 1) % size;
+            }
+        };
+        walk(x, tx, X, 0);
+        walk(y, ty, Y, 1);
+        return links;
+    }
+
     uint64_t route(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes, bool reserve) {
-        const uint32_t n = num_cores();
         const uint64_t ser = ser_cycles(bytes);
         if (src == dst) return start + ser;
-        const uint32_t cw = (dst + n - src) % n;
-        const bool clockwise = cw <= n - cw;
-        const uint32_t hops = clockwise ? cw : n - cw;
         const bool cut_through = cfg.ici.switching == "cut-through";
         uint64_t t = start;
-        uint32_t node = src;
-        for (uint32_t h = 0; h < hops; ++h) {
-            uint64_t& free = link_free[node][clockwise ? 0 : 1];
+        for (uint32_t link : path(src, dst)) {
+            uint64_t& free = link_free[link];
             const uint64_t s = std::max(t, free);
             if (reserve) free = s + ser;
             t = s + hop_cycles() + (cut_through ? 0 : ser);
-            node = clockwise ? (node + 1) % n : (node + n - 1) % n;
         }
         return cut_through ? t + ser : t;
     }

@@ -20,6 +20,14 @@ void BoardConfig::validate() {
     if (ici.topology == "torus2d" && ici.torus_x != 0 && cores() % ici.torus_x != 0)
         throw sim::ConfigError(fmt::format("ici.torus_x: {} does not divide the {} cores",
                                            ici.torus_x, cores()));
+    if (ici.topology == "torus2d" && ici.torus_x == 0) {
+        uint32_t x = 1;
+        while ((x + 1) * (x + 1) <= cores()) ++x;
+        if (x * x != cores())
+            throw sim::ConfigError(fmt::format(
+                "ici.torus_x: {} cores are not a square; set ici.torus_x to the torus width",
+                cores()));
+    }
 }
 
 BoardConfig BoardConfig::load(const std::string& path, const std::vector<std::string>& overrides) {

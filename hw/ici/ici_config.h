@@ -14,7 +14,6 @@ struct IciConfig {
     uint32_t torus_x = 0;               ///< torus2d: cores along x (0: derive a square)
     double link_gb_per_s = 80.0;        ///< bandwidth per link per direction, GB/s (1e9 B/s)
     uint32_t hop_latency_ns = 1000;     ///< latency per hop
-    uint32_t packet_bytes = 4096;       ///< transfers are split into packets of this size
     std::string switching = "cut-through";  ///< "cut-through" or "store-and-forward"
 
     void visit(sim::Visitor& v) {
@@ -23,9 +22,7 @@ struct IciConfig {
         v("link_gb_per_s", link_gb_per_s, "bandwidth per link and direction in GB/s",
           {.min = 0.001});
         v("hop_latency_ns", hop_latency_ns, "latency per hop in ns", {.min = 0});
-        v("packet_bytes", packet_bytes, "packet size for link arbitration",
-          {.min = 64, .pow2 = true});
-        v("switching", switching, "how packets cross intermediate cores",
+        v("switching", switching, "how a transfer crosses intermediate cores",
           {.choices = "cut-through,store-and-forward"});
     }
 };

@@ -114,6 +114,24 @@ receiver:
     EXPECT_EQ(r.core_cycles, (std::vector<uint64_t>{2872, 2873}));
 }
 
+TEST(Board, TorusRoutesDimensionOrder) {
+    // 16 cores as a 4x4 torus: core 0 -> core 10 (x 0->2, y 0->2) is 2 + 2 hops.
+    Board b(BoardConfig::load("", {"chips=8", "ici.topology=torus2d"}));
+    const std::string prog = R"(
+        coreid s1
+        bne s1, 0, receiver
+        ici.v 10, [0x1000], [0], 4096, f3
+        halt
+receiver:
+        wait f3, 1
+        halt
+)";
+    for (uint32_t c : {0u, 10u}) b.load(c, isa::assemble(prog));
+    const auto r = b.run({0, 10});
+    // ici.v starts at 3; 4 hops of 940 cycles, then 49 cycles of data: arrival 3812.
+    EXPECT_EQ(r.core_cycles, (std::vector<uint64_t>{3812, 3813}));
+}
+
 TEST(Board, DeadlockIsReportedWithAStateDump) {
     Board b(tiny());
     b.load(0, isa::assemble("wait f2, 1\nhalt"));

@@ -116,6 +116,8 @@ TEST(Config, JsonErrorsNameFileAndKey) {
 }
 
 TEST(Config, CrossFieldRules) {
+    EXPECT_EQ(error_of_json(R"({"ici": {"topology": "torus2d"}})"),
+              "ici.torus_x: 8 cores are not a square; set ici.torus_x to the torus width");
     EXPECT_EQ(error_of_json(R"({"ici": {"topology": "torus2d", "torus_x": 3}})"),
               "ici.torus_x: 3 does not divide the 8 cores");
     EXPECT_EQ(error_of_json(R"({"hbm": {"bytes_per_core": 1048576, "row_bytes": 65536}})"),
