@@ -141,27 +141,24 @@ uint64_t Device::link_cycles(uint64_t bytes) const {
 void Device::write(const Buffer& b, const void* data, uint64_t bytes, uint64_t offset) {
     check_range(b, offset, bytes, "write");
     m_board->hbm(b.core).write(b.addr + offset, {static_cast<const uint8_t*>(data), bytes});
-    const uint64_t t0 = now_cycle(), cycles = link_cycles(bytes);
-    m_board->advance(cycles);
-    if (m_tracer)
-        m_tracer->complete(m_host_track, "write", t0, t0 + cycles,
-                           {{"bytes", bytes}, {"core", uint64_t(b.core)}});
-    ++m_metrics.h2d_transfers;
-    m_metrics.h2d_bytes += bytes;
-    m_metrics.h2d_cycles += cycles;
+    host_transfer(b.core, bytes, true);
 }
 
 void Device::read(const Buffer& b, void* data, uint64_t bytes, uint64_t offset) {
     check_range(b, offset, bytes, "read");
     m_board->hbm(b.core).read(b.addr + offset, {static_cast<uint8_t*>(data), bytes});
+    host_transfer(b.core, bytes, false);
+}
+
+void Device::host_transfer(uint32_t core, uint64_t bytes, bool to_device) {
     const uint64_t t0 = now_cycle(), cycles = link_cycles(bytes);
     m_board->advance(cycles);
     if (m_tracer)
-        m_tracer->complete(m_host_track, "read", t0, t0 + cycles,
-                           {{"bytes", bytes}, {"core", uint64_t(b.core)}});
-    ++m_metrics.d2h_transfers;
-    m_metrics.d2h_bytes += bytes;
-    m_metrics.d2h_cycles += cycles;
+        m_tracer->complete(m_host_track, to_device ? "write" : "read", t0, t0 + cycles,
+                           {{"bytes", bytes}, {"core", uint64_t(core)}});
+    ++(to_device ? m_metrics.h2d_transfers : m_metrics.d2h_transfers);
+    (to_device ? m_metrics.h2d_bytes : m_metrics.d2h_bytes) += bytes;
+    (to_device ? m_metrics.h2d_cycles : m_metrics.d2h_cycles) += cycles;
 }
 
 Event Device::launch(const std::vector<uint32_t>& cores, const isa::Program& program,

@@ -114,6 +114,8 @@ private:
     explicit Device(const hw::BoardConfig& cfg);
     void check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
     uint64_t link_cycles(uint64_t bytes) const;
+    /// Advances device time by a host-link transfer and counts it.
+    void host_transfer(uint32_t core, uint64_t bytes, bool to_device);
 
     std::unique_ptr<hw::BoardConfig> m_cfg;
     std::unique_ptr<hw::Board> m_board;

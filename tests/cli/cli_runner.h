@@ -46,12 +46,5 @@ inline CliResult tpusim(const std::string& args) {
     return r;
 }
 
-/// A file's bytes.
-inline std::string slurp(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
 
 }  // namespace tpu::test

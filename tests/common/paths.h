@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace tpu::test {
@@ -16,6 +18,14 @@ inline std::string binary_dir() {
     const char* d = std::getenv("TPU_BINARY_DIR");
     return d ? d : TPU_BINARY_DIR_DEFAULT;
 }
+/// A file's bytes ("" if it cannot be read; tests compare against expected content).
+inline std::string slurp(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
 /// The built tpusim executable.
 inline std::string tpusim_exe() { return binary_dir() + "/bin/tpusim"; }
 

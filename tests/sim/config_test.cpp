@@ -14,12 +14,7 @@
 namespace tpu::hw {
 namespace {
 
-std::string slurp(const std::string& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+using test::slurp;
 
 std::string error_of_json(const std::string& text) {
     BoardConfig cfg;

@@ -8,16 +8,12 @@
 #include <nlohmann/json.hpp>
 
 #include "sim/tracer.h"
+#include "tests/common/paths.h"
 
 namespace tpu::sim {
 namespace {
 
-std::string slurp(const std::string& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+using test::slurp;
 
 void write_sample(const std::string& path, std::string_view filter = {}, uint64_t b = 0,
                   uint64_t e = 0) {
