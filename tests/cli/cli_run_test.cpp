@@ -113,6 +113,27 @@ TEST(CliRun, TraceAndStatsAreWrittenAndDeterministic) {
     EXPECT_TRUE(std::filesystem::exists(tmp("t1.stats.json") + ".config.json"));
 }
 
+TEST(CliGemm, ChecksBitExactAndIsDeterministic) {
+    for (const char* name : {"g1", "g2"}) {
+        const Result r = tpusim("gemm --m 200 --k 129 --n 130 --cores 0-2 --check --json --trace " +
+                                tmp(name) + ".json --stats " + tmp(name) + ".stats.json");
+        ASSERT_EQ(r.code, 0) << r.err;
+        const auto j = nlohmann::json::parse(r.out);
+        EXPECT_EQ(j["bitexact"], true);
+        EXPECT_LT(j["rel_error"].get<double>(), 1e-2);
+        EXPECT_GT(j["mxu_utilization"].get<double>(), 0.0);
+    }
+    EXPECT_EQ(slurp(tmp("g1.json")), slurp(tmp("g2.json")));
+    EXPECT_EQ(slurp(tmp("g1.stats.json")), slurp(tmp("g2.stats.json")));
+    const Result bad = tpusim("gemm --m 8 --k 8 --n 8 --precision fp16");
+    EXPECT_EQ(bad.code, 2);
+    EXPECT_EQ(bad.err, "tpusim: error: --precision: unknown precision 'fp16' (expected bf16, "
+                       "fp32-3pass or fp32-6pass)\n");
+    const Result nine = tpusim("gemm --m 8 --k 8 --n 8 --cores 9");
+    EXPECT_EQ(nine.code, 2);
+    EXPECT_EQ(nine.err, "tpusim: error: --cores 9: the board has 8 cores\n");
+}
+
 TEST(CliRun, BadInputsAreClearErrors) {
     struct Case {
         std::string args;
