@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <zlib.h>
+
+#include "trainer/dataset.h"
+
+namespace tpu::trainer {
+namespace {
+
+std::vector<uint8_t> idx(std::vector<uint32_t> dims, uint8_t type = 0x08, int extra = 0) {
+    std::vector<uint8_t> b{0, 0, type, static_cast<uint8_t>(dims.size())};
+    uint64_t n = 1;
+    for (uint32_t d : dims) {
+        for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(d >> s));
+        n *= d;
+    }
+    for (uint64_t i = 0; i < n + extra; ++i) b.push_back(static_cast<uint8_t>(i));
+    return b;
+}
+
+std::string error_of(const std::vector<uint8_t>& b) {
+    try {
+        decode_idx(b, "t.idx");
+    } catch (const DataError& e) {
+        return e.what();
+    }
+    return "no error";
+}
+
+std::vector<uint8_t> gzip(const std::vector<uint8_t>& raw) {
+    z_stream z{};
+    deflateInit2(&z, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+    std::vector<uint8_t> out(raw.size() + 1024);
+    z.next_in = const_cast<Bytef*>(raw.data());
+    z.avail_in = static_cast<uInt>(raw.size());
+    z.next_out = out.data();
+    z.avail_out = static_cast<uInt>(out.size());
+    deflate(&z, Z_FINISH);
+    out.resize(z.total_out);
+    deflateEnd(&z);
+    return out;
+}
+
+TEST(Idx, DecodesRawAndGzip) {
+    const auto raw = idx({2, 3, 4});
+    const IdxArray a = decode_idx(raw, "t.idx");
+    EXPECT_EQ(a.dims, (std::vector<uint32_t>{2, 3, 4}));
+    ASSERT_EQ(a.data.size(), 24u);
+    EXPECT_EQ(a.data[23], 23);
+    const IdxArray g = decode_idx(gzip(raw), "t.idx.gz");
+    EXPECT_EQ(g.dims, a.dims);
+    EXPECT_EQ(g.data, a.data);
+}
+
+TEST(Idx, MalformedFilesNameTheProblem) {
+    EXPECT_EQ(error_of({0, 0}), "t.idx: 2 bytes is too short for an IDX header");
+    EXPECT_EQ(error_of({1, 2, 8, 1, 0, 0, 0, 0}),
+              "t.idx: not an IDX file (magic 01 02, expected 00 00)");
+    EXPECT_EQ(error_of(idx({4}, 0x0D)),
+              "t.idx: IDX element type 0x0d is not supported (only 0x08, unsigned bytes)");
+    EXPECT_EQ(error_of({0, 0, 8, 0}), "t.idx: 0 dimensions (expected 1 to 4)");
+    EXPECT_EQ(error_of({0, 0, 8, 2, 0, 0, 0, 1}), "t.idx: header of 2 dimensions is truncated");
+    EXPECT_EQ(error_of(idx({2, 3}, 0x08, 1)),
+              "t.idx: dimensions 2x3 need 6 bytes of data, the file has 7");
+    EXPECT_EQ(error_of({0, 0, 8, 2, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF}),
+              "t.idx: dimensions describe more than 1073741824 bytes");
+    auto gz = gzip(idx({100}));
+    gz.resize(gz.size() / 2);
+    EXPECT_EQ(error_of(gz).rfind("t.idx: corrupt gzip stream at byte", 0), 0u) << error_of(gz);
+    try {
+        read_idx("/nonexistent/train.gz");
+        ADD_FAILURE();
+    } catch (const DataError& e) {
+        EXPECT_STREQ(e.what(), "/nonexistent/train.gz: cannot open: No such file or directory");
+    }
+}
+
+TEST(Datasets, FashionMnistFromTheDebianPackage) {
+    if (!std::filesystem::exists(std::string(kFashionMnistDir)))
+        GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+    const Dataset test = load_fashion_mnist(std::string(kFashionMnistDir), false);
+    EXPECT_EQ(test.count, 10000u);
+    EXPECT_EQ(test.features, 784u);
+    EXPECT_EQ(test.x.size(), 10000u * 784u);
+    std::vector<int> per_class(10);
+    for (uint8_t l : test.labels) ++per_class[l];
+    for (int n : per_class) EXPECT_EQ(n, 1000);  // the test split is balanced
+    EXPECT_GE(*std::min_element(test.x.begin(), test.x.end()), 0.0f);
+    EXPECT_LE(*std::max_element(test.x.begin(), test.x.end()), 1.0f);
+}
+
+TEST(Datasets, MissingDirectoryIsAClearError) {
+    try {
+        load_fashion_mnist("/nonexistent", true);
+        ADD_FAILURE();
+    } catch (const DataError& e) {
+        EXPECT_STREQ(e.what(),
+                     "/nonexistent/train-images-idx3-ubyte.gz: cannot open: No such file or "
+                     "directory");
+    }
+}
+
+TEST(Datasets, SyntheticIsDeterministic) {
+    const Dataset a = synthetic(100, 8, 3, 7), b = synthetic(100, 8, 3, 7), c = synthetic(100, 8, 3, 8);
+    EXPECT_EQ(a.x, b.x);
+    EXPECT_EQ(a.labels, b.labels);
+    EXPECT_NE(a.x, c.x);
+    EXPECT_THROW(synthetic(10, 8, 1, 0), DataError);
+}
+
+}  // namespace
+}  // namespace tpu::trainer
