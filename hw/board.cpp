@@ -194,7 +194,12 @@ struct Board::Impl : CoreEnv {
     }
 };
 
-Board::Board(const BoardConfig& cfg) : m_impl(std::make_unique<Impl>(cfg)) {}
+Board::Board(const BoardConfig& cfg) : m_impl(std::make_unique<Impl>(cfg)) {
+    // sc_stop() on a fault would print "Simulation stopped by user" to stdout; the fault
+    // itself is the report.
+    sc_core::sc_report_handler::set_actions("/OSCI/SystemC", sc_core::SC_INFO,
+                                            sc_core::SC_DO_NOTHING);
+}
 Board::~Board() = default;
 
 const BoardConfig& Board::config() const { return m_impl->cfg; }

@@ -17,13 +17,15 @@ namespace tpu::hw {
 struct SimConfig {
     bool functional = true;         ///< compute values (off: timing only, identical cycles)
     bool race_detector = false;     ///< report unordered overlapping accesses
-    uint64_t max_cycles = 0;        ///< stop with an error after this many cycles (0: no limit)
+    uint64_t max_cycles = 10'000'000'000;  ///< per launch: stop with a fault after this (0: none)
     std::string log_level = "warn"; ///< error, warn, info, debug
 
     void visit(sim::Visitor& v) {
         v("functional", functional, "compute values; off = timing only with identical cycles");
         v("race_detector", race_detector, "report unordered overlapping memory accesses");
-        v("max_cycles", max_cycles, "abort after this many core cycles (0 = no limit)");
+        v("max_cycles", max_cycles,
+          "a launch running longer than this many cycles stops with a device fault, so a kernel "
+          "that never halts cannot hang the simulator (0 = no limit)");
         v("log_level", log_level, "log verbosity", {.choices = "error,warn,info,debug"});
     }
 };

@@ -129,6 +129,7 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     m_flags.fill(0);
     m_pending.clear();
     m_pc = 0;
+    m_start_cycle = cycle;
     m_fault.reset();
     m_race.clear();
     m_seq = 0;
@@ -276,9 +277,10 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                               m_pc, m_program.size()));
             return {Block::Faulted, m_cycle};
         }
-        if (limit && m_cycle > limit) {
+        if (limit && m_cycle - m_start_cycle > limit) {
             fault("sequencer", 0,
-                  fmt::format("simulation passed sim.max_cycles = {} cycles", limit));
+                  fmt::format("the launch ran past sim.max_cycles = {} cycles without halting",
+                              limit));
             return {Block::Faulted, m_cycle};
         }
         const isa::Instr& ins = m_program[m_pc];

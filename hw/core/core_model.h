@@ -185,6 +185,7 @@ private:
 
     uint32_t m_pc = 0;
     uint64_t m_cycle = 0;
+    uint64_t m_start_cycle = 0;  ///< cycle of the current launch
     uint64_t m_hbm_base = 0;
     bool m_running = false;
     RaceDetector m_race;

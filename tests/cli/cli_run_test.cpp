@@ -167,6 +167,16 @@ TEST(CliRun, BadInputsAreClearErrors) {
     }
 }
 
+TEST(CliRun, AKernelThatNeverHaltsCannotHangTheSimulator) {
+    std::ofstream(tmp("inf.s")) << "loop: jmp loop\n";
+    const Result r = tpusim("run " + tmp("inf.s") + " --set sim.max_cycles=1000");
+    EXPECT_EQ(r.code, 1);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, "tpusim: " + tmp("inf.s") +
+                         ": device fault on core 0 at pc 0 (jmp 0) in sequencer, cycle 1001: the "
+                         "launch ran past sim.max_cycles = 1000 cycles without halting\n");
+}
+
 TEST(CliRun, BadExampleKernelsShowTheirReports) {
     const Result race = tpusim("run " + example("bad/race.s") + " --set sim.race_detector=true");
     EXPECT_EQ(race.code, 1);
