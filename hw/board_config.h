@@ -19,6 +19,7 @@ struct SimConfig {
     bool race_detector = false;     ///< report unordered overlapping accesses
     uint64_t max_cycles = 10'000'000'000;  ///< per launch: stop with a fault after this (0: none)
     std::string log_level = "warn"; ///< error, warn, info, debug
+    uint64_t trace_counter_cycles = 1024;  ///< window of the trace's counter tracks
 
     void visit(sim::Visitor& v) {
         v("functional", functional, "compute values; off = timing only with identical cycles");
@@ -27,6 +28,9 @@ struct SimConfig {
           "a launch running longer than this many cycles stops with a device fault, so a kernel "
           "that never halts cannot hang the simulator (0 = no limit)");
         v("log_level", log_level, "log verbosity", {.choices = "error,warn,info,debug"});
+        v("trace_counter_cycles", trace_counter_cycles,
+          "cycles per sample of the trace's counter tracks (MXU utilisation, HBM GB/s)",
+          {.min = 1});
     }
 };
 

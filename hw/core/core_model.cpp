@@ -152,11 +152,19 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
 void CoreModel::set_tracer(sim::Tracer* tracer) {
     m_tracer = tracer && tracer->enabled() ? tracer : nullptr;
     m_tracks.clear();
+    m_mxu_util.reset();
+    m_hbm_gbps.reset();
     if (!m_tracer) return;
     const std::string proc = fmt::format("core{}", m_id);
     for (const char* unit : {"seq", "dma", "vpu", "ici"}) m_tracks.push_back(m_tracer->track(proc, unit));
     for (uint32_t i = 0; i < m_core.mxus; ++i)
         m_tracks.push_back(m_tracer->track(proc, fmt::format("mxu{}", i)));
+    const uint64_t window = m_cfg.sim.trace_counter_cycles;
+    m_mxu_util = std::make_unique<CounterTrack>(proc, "mxu_utilization", window,
+                                                1.0 / m_core.mxus);
+    // bytes per cycle -> GB/s at the core clock.
+    m_hbm_gbps = std::make_unique<CounterTrack>(proc, "hbm_gbps", window,
+                                                m_cfg.clock_mhz * 1e6 / 1e9);
 }
 
 void CoreModel::trace(int track, uint64_t start, uint64_t done, std::string_view key,
@@ -302,8 +310,11 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Halt: {
                         const uint64_t end = std::max(issue, m_units_done);
                         if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, end});
-                        if (m_tracer && !m_tracks.empty())
+                        if (m_tracer && !m_tracks.empty()) {
                             m_tracer->instant(m_tracks[0], "halt", end);
+                            m_mxu_util->flush_all(*m_tracer);
+                            m_hbm_gbps->flush_all(*m_tracer);
+                        }
                         m_cycle = end;
                         m_running = false;
                         ++m_stats.instructions;
@@ -517,6 +528,10 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
     if (from_hbm) m_stats.hbm_read_bytes += bytes;
     if (!to_vmem) m_stats.hbm_write_bytes += bytes;
     trace(m_tracks.empty() ? -1 : m_tracks[1], start, done, "bytes", bytes);
+    if (m_hbm_gbps && ins.op != Opcode::DmaVv) {
+        m_hbm_gbps->add(start, done, double(bytes));
+        m_hbm_gbps->flush_before(m_cycle, *m_tracer);
+    }
     finish_unit(*m_dma_q, start, done, ins.flag);
     return true;
 }
@@ -580,6 +595,13 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
     }
     ++m_stats.mxu_ops;
     trace(m_tracks.empty() ? -1 : m_tracks[4 + idx], span.start, span.done);
+    if (m_mxu_util && ins.op == Opcode::MxuMm) {
+        // Useful PE-cycles: the T rows stream for T cycles over K x N of the R x C PEs.
+        const auto [K, N] = m_mxu_shape[idx];
+        const uint32_t T = val(ins.ops[3]);
+        m_mxu_util->add(span.start, span.start + T, double(T) * K * N / (double(R) * C));
+        m_mxu_util->flush_before(m_cycle, *m_tracer);
+    }
     finish_unit(q, span.start, span.done, ins.flag);
     return true;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "hw/core/core_config.h"
+#include "hw/core/counter_track.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/race_detector.h"
 #include "hw/fault.h"
@@ -212,6 +213,8 @@ private:
     std::vector<InstrRecord> m_records;
     sim::Tracer* m_tracer = nullptr;
     std::vector<int> m_tracks;  ///< tracer track per unit: seq, dma, vpu, ici, mxu0..
+    std::unique_ptr<CounterTrack> m_mxu_util;   ///< trace counter: MXU PE utilisation
+    std::unique_ptr<CounterTrack> m_hbm_gbps;   ///< trace counter: HBM traffic in GB/s
 };
 
 }  // namespace tpu::hw

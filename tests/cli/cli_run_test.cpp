@@ -124,6 +124,17 @@ TEST(CliGemm, ChecksBitExactAndIsDeterministic) {
         EXPECT_GT(j["mxu_utilization"].get<double>(), 0.0);
     }
     EXPECT_EQ(slurp(tmp("g1.json")), slurp(tmp("g2.json")));
+    // Counter tracks: MXU utilisation within [0, 1], HBM GB/s within the 450 GB/s peak.
+    int mxu = 0, hbm = 0;
+    for (const auto& e : nlohmann::json::parse(slurp(tmp("g1.json")))["traceEvents"]) {
+        if (e["ph"] != "C") continue;
+        const double v = e["args"]["value"];
+        if (e["name"] == "mxu_utilization") ++mxu, EXPECT_LE(v, 1.0 + 1e-9);
+        if (e["name"] == "hbm_gbps") ++hbm, EXPECT_LE(v, 451.0);
+        EXPECT_GE(v, 0.0);
+    }
+    EXPECT_GT(mxu, 0);
+    EXPECT_GT(hbm, 0);
     EXPECT_EQ(slurp(tmp("g1.stats.json")), slurp(tmp("g2.stats.json")));
     const Result bad = tpusim("gemm --m 8 --k 8 --n 8 --precision fp16");
     EXPECT_EQ(bad.code, 2);
