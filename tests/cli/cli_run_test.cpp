@@ -129,8 +129,14 @@ TEST(CliGemm, ChecksBitExactAndIsDeterministic) {
     for (const auto& e : nlohmann::json::parse(slurp(tmp("g1.json")))["traceEvents"]) {
         if (e["ph"] != "C") continue;
         const double v = e["args"]["value"];
-        if (e["name"] == "mxu_utilization") ++mxu, EXPECT_LE(v, 1.0 + 1e-9);
-        if (e["name"] == "hbm_gbps") ++hbm, EXPECT_LE(v, 451.0);
+        if (e["name"] == "mxu_utilization") {
+            ++mxu;
+            EXPECT_LE(v, 1.0 + 1e-9);
+        }
+        if (e["name"] == "hbm_gbps") {
+            ++hbm;
+            EXPECT_LE(v, 451.0);
+        }
         EXPECT_GE(v, 0.0);
     }
     EXPECT_GT(mxu, 0);
