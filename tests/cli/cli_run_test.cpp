@@ -126,7 +126,8 @@ TEST(CliGemm, ChecksBitExactAndIsDeterministic) {
     EXPECT_EQ(slurp(tmp("g1.json")), slurp(tmp("g2.json")));
     // Counter tracks: MXU utilisation within [0, 1], HBM GB/s within the 450 GB/s peak.
     int mxu = 0, hbm = 0;
-    for (const auto& e : nlohmann::json::parse(slurp(tmp("g1.json")))["traceEvents"]) {
+    const auto trace = nlohmann::json::parse(slurp(tmp("g1.json")));
+    for (const auto& e : trace["traceEvents"]) {
         if (e["ph"] != "C") continue;
         const double v = e["args"]["value"];
         if (e["name"] == "mxu_utilization") {
