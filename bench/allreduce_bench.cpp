@@ -40,8 +40,11 @@ void AllReduce8(benchmark::State& state) {
     state.counters["ratio"] = double(cycles) / formula;
     state.counters["us"] = double(cycles) / cfg.clock_mhz;
 }
-BENCHMARK(AllReduce8)->ArgName("bytes")->RangeMultiplier(4)->Range(4 << 10, 4 << 20)->Unit(
-    benchmark::kMillisecond);
+BENCHMARK(AllReduce8)
+    ->ArgName("bytes")
+    ->RangeMultiplier(4)
+    ->Range(4 << 10, 4 << 20)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

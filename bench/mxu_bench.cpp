@@ -53,8 +53,12 @@ void run_gemm(benchmark::State& state, bool functional) {
     state.counters["mxu_util"] = double(M) * K * N / (double(mxus) * R * C * double(cycles));
 }
 
-void Gemm(benchmark::State& s) { run_gemm(s, true); }
-void GemmTimingOnly(benchmark::State& s) { run_gemm(s, false); }
+void Gemm(benchmark::State& s) {
+    run_gemm(s, true);
+}
+void GemmTimingOnly(benchmark::State& s) {
+    run_gemm(s, false);
+}
 
 // {M, K, N, MXUs}: the shapes of the closing note of the TensorCore issue.
 BENCHMARK(Gemm)

@@ -31,8 +31,7 @@ std::unique_ptr<Device> Device::open(const hw::BoardConfig& cfg) {
 }
 
 Device::Device(const hw::BoardConfig& cfg)
-    : m_cfg(std::make_unique<hw::BoardConfig>(cfg)),
-      m_board(std::make_unique<hw::Board>(*m_cfg)) {
+    : m_cfg(std::make_unique<hw::BoardConfig>(cfg)), m_board(std::make_unique<hw::Board>(*m_cfg)) {
     const uint64_t capacity = std::min(m_cfg->hbm.bytes_per_core, kWindow) / kAlign * kAlign;
     m_free.resize(num_cores());
     m_used.resize(num_cores());
@@ -41,11 +40,21 @@ Device::Device(const hw::BoardConfig& cfg)
 
 Device::~Device() = default;
 
-const hw::BoardConfig& Device::config() const { return *m_cfg; }
-uint32_t Device::num_cores() const { return m_cfg->cores(); }
-hw::Board& Device::board() { return *m_board; }
-uint64_t Device::now_cycle() const { return m_board->now_cycle(); }
-double Device::now_seconds() const { return m_board->now_seconds(); }
+const hw::BoardConfig& Device::config() const {
+    return *m_cfg;
+}
+uint32_t Device::num_cores() const {
+    return m_cfg->cores();
+}
+hw::Board& Device::board() {
+    return *m_board;
+}
+uint64_t Device::now_cycle() const {
+    return m_board->now_cycle();
+}
+double Device::now_seconds() const {
+    return m_board->now_seconds();
+}
 
 void Device::set_tracer(sim::Tracer* tracer) {
     m_tracer = tracer && tracer->enabled() ? tracer : nullptr;

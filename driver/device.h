@@ -59,15 +59,15 @@ struct Event {
 
 /// Counters for the trainer's metrics report and the CLI.
 struct DeviceMetrics {
-    uint64_t launches = 0;          ///< program launches
-    uint64_t exec_cycles = 0;       ///< board cycles spent in launches
-    double exec_host_seconds = 0;   ///< host seconds spent simulating launches
-    uint64_t h2d_transfers = 0;     ///< host-to-device writes
-    uint64_t h2d_bytes = 0;         ///< bytes written
-    uint64_t h2d_cycles = 0;        ///< board cycles spent on writes
-    uint64_t d2h_transfers = 0;     ///< device-to-host reads (host syncs)
-    uint64_t d2h_bytes = 0;         ///< bytes read
-    uint64_t d2h_cycles = 0;        ///< board cycles spent on reads
+    uint64_t launches = 0;         ///< program launches
+    uint64_t exec_cycles = 0;      ///< board cycles spent in launches
+    double exec_host_seconds = 0;  ///< host seconds spent simulating launches
+    uint64_t h2d_transfers = 0;    ///< host-to-device writes
+    uint64_t h2d_bytes = 0;        ///< bytes written
+    uint64_t h2d_cycles = 0;       ///< board cycles spent on writes
+    uint64_t d2h_transfers = 0;    ///< device-to-host reads (host syncs)
+    uint64_t d2h_bytes = 0;        ///< bytes read
+    uint64_t d2h_cycles = 0;       ///< board cycles spent on reads
 };
 
 /// A simulated board seen from the host. Launches run to completion before returning (the
@@ -95,7 +95,7 @@ public:
     /// Host -> device copy into `buffer` at `offset`; costs set-up + bytes / bandwidth.
     void write(const Buffer& buffer, const void* data, uint64_t bytes, uint64_t offset = 0);
     /// Device -> host copy (a host sync).
-    void read(const Buffer& buffer, void* data, uint64_t bytes, uint64_t offset = 0) ;
+    void read(const Buffer& buffer, void* data, uint64_t bytes, uint64_t offset = 0);
 
     /// Loads `program` on `cores` and runs it; `args(i)` are the launch arguments (s1, s2,
     /// ...) of cores[i]. Device faults and deadlocks throw DeviceError.

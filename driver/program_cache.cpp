@@ -14,7 +14,8 @@ const isa::Program& ProgramCache::get(const std::string& key,
     }
     const auto t0 = std::chrono::steady_clock::now();
     isa::Program p = compile();
-    m_compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m_compile_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++m_misses;
     return m_programs.emplace(key, std::move(p)).first->second;
 }

@@ -108,18 +108,21 @@ struct Board::Impl : CoreEnv {
         for (uint32_t i = 0; i < n; ++i) {
             hbm.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.hbm", i),
                                                          cfg.hbm.bytes_per_core));
-            vmem.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.vmem", i),
-                                                          cfg.core.vmem_bytes));
+            vmem.push_back(
+                std::make_unique<SparseMemory>(fmt::format("core{}.vmem", i), cfg.core.vmem_bytes));
             models.push_back(std::make_unique<CoreModel>(i, cfg, *hbm[i], *vmem[i], this));
         }
         for (uint32_t i = 0; i < n; ++i)
-            modules.push_back(std::make_unique<TensorCore>(
-                fmt::format("core{}", i).c_str(), *models[i], period_ps, [this, i] {
-                    --outstanding;
-                    // The board refuses further launches after a fault, so stopping for good is
-                    // fine (and sc_pause from a thread confuses AddressSanitizer).
-                    if (modules[i]->fault()) sc_core::sc_stop();
-                }));
+            modules.push_back(std::make_unique<TensorCore>(fmt::format("core{}", i).c_str(),
+                                                           *models[i], period_ps, [this, i] {
+                                                               --outstanding;
+                                                               // The board refuses further launches
+                                                               // after a fault, so stopping for
+                                                               // good is fine (and sc_pause from a
+                                                               // thread confuses AddressSanitizer).
+                                                               if (modules[i]->fault())
+                                                                   sc_core::sc_stop();
+                                                           }));
     }
 
     uint32_t num_cores() const override { return cfg.cores(); }
@@ -202,8 +205,12 @@ Board::Board(const BoardConfig& cfg) : m_impl(std::make_unique<Impl>(cfg)) {
 }
 Board::~Board() = default;
 
-const BoardConfig& Board::config() const { return m_impl->cfg; }
-uint32_t Board::num_cores() const { return m_impl->cfg.cores(); }
+const BoardConfig& Board::config() const {
+    return m_impl->cfg;
+}
+uint32_t Board::num_cores() const {
+    return m_impl->cfg.cores();
+}
 
 static void check_core(uint32_t core, uint32_t n) {
     if (core >= n)
@@ -224,17 +231,23 @@ CoreModel& Board::core(uint32_t core) {
     return *m_impl->models[core];
 }
 
-void Board::load(uint32_t core, const isa::Program& program) { this->core(core).load(program); }
+void Board::load(uint32_t core, const isa::Program& program) {
+    this->core(core).load(program);
+}
 
 uint64_t Board::now_cycle() const {
     return static_cast<uint64_t>(sc_core::sc_time_stamp().value() / m_impl->period_ps);
 }
-double Board::now_seconds() const { return sc_core::sc_time_stamp().to_seconds(); }
+double Board::now_seconds() const {
+    return sc_core::sc_time_stamp().to_seconds();
+}
 
 void Board::advance(uint64_t cycles) {
     if (cycles == 0) return;
-    if (sc_core::sc_get_status() == sc_core::SC_ELABORATION) sc_core::sc_start(sc_core::SC_ZERO_TIME);
-    sc_core::sc_start(sc_core::sc_time(static_cast<double>(cycles * m_impl->period_ps), sc_core::SC_PS));
+    if (sc_core::sc_get_status() == sc_core::SC_ELABORATION)
+        sc_core::sc_start(sc_core::SC_ZERO_TIME);
+    sc_core::sc_start(
+        sc_core::sc_time(static_cast<double>(cycles * m_impl->period_ps), sc_core::SC_PS));
 }
 
 void Board::set_tracer(sim::Tracer* tracer) {
@@ -249,8 +262,8 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
                              const std::vector<std::vector<uint32_t>>& args) {
     Impl& im = *m_impl;
     if (args.size() != cores.size())
-        throw std::invalid_argument(fmt::format("{} argument lists for {} cores", args.size(),
-                                                cores.size()));
+        throw std::invalid_argument(
+            fmt::format("{} argument lists for {} cores", args.size(), cores.size()));
     if (im.faulted)
         throw std::invalid_argument(
             "the board stopped on a device fault; open a new device to run again");
@@ -262,7 +275,8 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     for (uint32_t c : set) check_core(c, num_cores());
 
     // The core threads must have reached their first wait before a launch can notify them.
-    if (sc_core::sc_get_status() == sc_core::SC_ELABORATION) sc_core::sc_start(sc_core::SC_ZERO_TIME);
+    if (sc_core::sc_get_status() == sc_core::SC_ELABORATION)
+        sc_core::sc_start(sc_core::SC_ZERO_TIME);
     LaunchResult res;
     res.start_cycle = now_cycle();
     res.cores = set;
@@ -314,9 +328,9 @@ std::vector<uint32_t> parse_core_set(const std::string& text, uint32_t num_cores
             throw std::invalid_argument(
                 fmt::format("bad core list '{}': '{}' is not a core number", text, s));
         if (v >= num_cores)
-            throw std::invalid_argument(fmt::format(
-                "bad core list '{}': core {} does not exist (the board has cores 0-{})", text, v,
-                num_cores - 1));
+            throw std::invalid_argument(
+                fmt::format("bad core list '{}': core {} does not exist (the board has cores 0-{})",
+                            text, v, num_cores - 1));
         return v;
     };
     std::string_view rest = text;

@@ -25,10 +25,10 @@ public:
 
 /// Result of one launch: per-core cycles from launch to halt.
 struct LaunchResult {
-    uint64_t start_cycle = 0;              ///< board cycle of the launch
-    uint64_t end_cycle = 0;                ///< board cycle when the last core halted
-    std::vector<uint32_t> cores;           ///< launched cores, ascending
-    std::vector<uint64_t> core_cycles;     ///< cycles each launched core ran (same order)
+    uint64_t start_cycle = 0;           ///< board cycle of the launch
+    uint64_t end_cycle = 0;             ///< board cycle when the last core halted
+    std::vector<uint32_t> cores;        ///< launched cores, ascending
+    std::vector<uint64_t> core_cycles;  ///< cycles each launched core ran (same order)
 };
 
 /// The board: cores, their HBM and VMEM, the inter-core network. Owns the SystemC modules

@@ -39,8 +39,12 @@ struct Line {
     std::vector<Token> toks;
 };
 
-bool ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == '.'; }
-bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; }
+bool ident_start(char c) {
+    return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+}
+bool ident_char(char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.';
+}
 
 std::string quoted(const Token& t) {
     return t.kind == Tok::End ? "end of line" : fmt::format("'{}'", t.text);
@@ -138,12 +142,24 @@ private:
             } else {
                 Tok kind;
                 switch (c) {
-                    case ',': kind = Tok::Comma; break;
-                    case '[': kind = Tok::LBracket; break;
-                    case ']': kind = Tok::RBracket; break;
-                    case '+': kind = Tok::Plus; break;
-                    case '-': kind = Tok::Minus; break;
-                    case ':': kind = Tok::Colon; break;
+                    case ',':
+                        kind = Tok::Comma;
+                        break;
+                    case '[':
+                        kind = Tok::LBracket;
+                        break;
+                    case ']':
+                        kind = Tok::RBracket;
+                        break;
+                    case '+':
+                        kind = Tok::Plus;
+                        break;
+                    case '-':
+                        kind = Tok::Minus;
+                        break;
+                    case ':':
+                        kind = Tok::Colon;
+                        break;
                     default:
                         if (std::isprint(static_cast<unsigned char>(c)))
                             fail(number, col, fmt::format("unexpected character '{}'", c));
@@ -197,8 +213,8 @@ private:
         if (find_mnemonic(name.text))
             fail(line, name.col,
                  fmt::format("'{}' is an instruction name and cannot be a {}", name.text, what));
-        const auto [it, inserted] = m_symbols.emplace(std::string(name.text),
-                                                      Symbol{kind, value, line});
+        const auto [it, inserted] =
+            m_symbols.emplace(std::string(name.text), Symbol{kind, value, line});
         if (!inserted)
             fail(line, name.col,
                  fmt::format("'{}' is already defined at line {}", name.text, it->second.line));
@@ -252,12 +268,18 @@ private:
 
     static std::string_view kind_word(char k) {
         switch (k) {
-            case 'd': return "register";
-            case 'v': return "value";
-            case 'm': return "[address]";
-            case 'f': return "flag";
-            case 'l': return "label";
-            default: return "?";
+            case 'd':
+                return "register";
+            case 'v':
+                return "value";
+            case 'm':
+                return "[address]";
+            case 'f':
+                return "flag";
+            case 'l':
+                return "label";
+            default:
+                return "?";
         }
     }
 
@@ -269,7 +291,8 @@ private:
             s += (n++ ? ", " : "");
             s += kind_word(k);
         }
-        std::string out = fmt::format("'{}' expects {} operand{}", oi.mnemonic, n, n == 1 ? "" : "s");
+        std::string out =
+            fmt::format("'{}' expects {} operand{}", oi.mnemonic, n, n == 1 ? "" : "s");
         if (n) out += fmt::format(" ({})", s);
         if (has_completion_flag(oi.op)) out += " and an optional completion flag";
         return out;
@@ -307,8 +330,7 @@ private:
             }
             if (slot > 0) {
                 if (t[i].kind == Tok::End)
-                    fail(line.number, t[i].col,
-                         fmt::format("{}; found {}", signature(oi), slot));
+                    fail(line.number, t[i].col, fmt::format("{}; found {}", signature(oi), slot));
                 if (t[i].kind != Tok::Comma)
                     fail(line.number, t[i].col,
                          fmt::format("expected ',' before operand {}, found {}", slot + 1,
@@ -356,8 +378,8 @@ private:
         const auto& t = line.toks;
         switch (kind) {
             case 'd': {
-                const auto n = t[i].kind == Tok::Ident ? numbered_name(t[i].text, 's')
-                                                       : std::nullopt;
+                const auto n =
+                    t[i].kind == Tok::Ident ? numbered_name(t[i].text, 's') : std::nullopt;
                 if (!n)
                     fail(line.number, t[i].col,
                          fmt::format("expected a destination register s0..s{}, found {}",
@@ -366,7 +388,8 @@ private:
                 ++i;
                 return Operand{static_cast<uint8_t>(*n), 0};
             }
-            case 'f': return Operand{0, flag(line, i, "sync flag")};
+            case 'f':
+                return Operand{0, flag(line, i, "sync flag")};
             case 'l': {
                 if (t[i].kind == Tok::Number) return Operand{0, branch_number(line, t[i++])};
                 if (t[i].kind != Tok::Ident || t[i].text[0] == '.' ||
@@ -427,12 +450,14 @@ private:
     int64_t integer(const Line& line, const Token& t) const {
         std::string_view s = t.text;
         int base = 10;
-        if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) base = 16, s.remove_prefix(2);
-        else if (s.size() > 2 && s[0] == '0' && (s[1] == 'b' || s[1] == 'B')) base = 2, s.remove_prefix(2);
+        if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X'))
+            base = 16, s.remove_prefix(2);
+        else if (s.size() > 2 && s[0] == '0' && (s[1] == 'b' || s[1] == 'B'))
+            base = 2, s.remove_prefix(2);
         uint64_t v = 0;
         const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
-        if (ec == std::errc::result_out_of_range || (ec == std::errc() && p == s.data() + s.size() &&
-                                                     v > 0xFFFFFFFFull))
+        if (ec == std::errc::result_out_of_range ||
+            (ec == std::errc() && p == s.data() + s.size() && v > 0xFFFFFFFFull))
             fail(line.number, t.col, fmt::format("number '{}' does not fit in 32 bits", t.text));
         if (ec != std::errc() || p != s.data() + s.size())
             fail(line.number, t.col, fmt::format("malformed number '{}'", t.text));
@@ -440,7 +465,8 @@ private:
     }
 
     static bool looks_float(std::string_view s) {
-        if (s.size() > 1 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X' || s[1] == 'b' || s[1] == 'B'))
+        if (s.size() > 1 && s[0] == '0' &&
+            (s[1] == 'x' || s[1] == 'X' || s[1] == 'b' || s[1] == 'B'))
             return false;
         return s.find_first_of(".eE") != std::string_view::npos;
     }
@@ -520,8 +546,7 @@ private:
             ++i;
         }
         if (sum < std::numeric_limits<int32_t>::min() || sum > 0xFFFFFFFFll)
-            fail(line.number, t[first].col,
-                 fmt::format("value {} does not fit in 32 bits", sum));
+            fail(line.number, t[first].col, fmt::format("value {} does not fit in 32 bits", sum));
         out.imm = static_cast<int32_t>(static_cast<uint32_t>(sum));
         return out;
     }
@@ -541,7 +566,8 @@ Program assemble(std::string_view text, std::string_view filename) {
 
 Program assemble_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw AsmError(path, 0, 0, fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+    if (!in)
+        throw AsmError(path, 0, 0, fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
     std::ostringstream ss;
     ss << in.rdbuf();
     return assemble(ss.str(), path);

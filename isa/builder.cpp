@@ -3,15 +3,17 @@
 
 #include <bit>
 #include <cctype>
-#include <set>
 #include <limits>
+#include <set>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 namespace tpu::isa {
 
-Arg fimm(float v) { return imm(std::bit_cast<int32_t>(v)); }
+Arg fimm(float v) {
+    return imm(std::bit_cast<int32_t>(v));
+}
 
 Label Builder::label(std::string name) {
     // Names must reassemble: identifiers that are not registers, flags or mnemonics.
@@ -103,10 +105,11 @@ Program Builder::finish() const {
         if (f.label < 0 || f.label >= static_cast<int>(m_label_pc.size()))
             throw std::invalid_argument("a branch uses a label of another builder");
         if (m_label_pc[f.label] < 0)
-            throw std::invalid_argument(fmt::format(
-                "label '{}' is used by the instruction at pc {} but never bound",
-                m_label_names[f.label].empty() ? fmt::format("#{}", f.label) : m_label_names[f.label],
-                f.instr));
+            throw std::invalid_argument(
+                fmt::format("label '{}' is used by the instruction at pc {} but never bound",
+                            m_label_names[f.label].empty() ? fmt::format("#{}", f.label)
+                                                           : m_label_names[f.label],
+                            f.instr));
         p.code[f.instr].ops[f.slot].imm = static_cast<int32_t>(m_label_pc[f.label]);
     }
     // Kernels reuse names like "loop"; numbered suffixes keep the disassembly reassemblable.

@@ -13,22 +13,34 @@ namespace tpu::isa {
 /// An operand under construction: sreg + imm, a flag, or a label reference.
 struct Arg {
     enum class Kind : uint8_t { Value, Flag, Label };
-    Kind kind = Kind::Value;   ///< what the operand is
-    uint8_t reg = 0;           ///< Value: scalar register
-    int64_t imm = 0;           ///< Value: immediate; Flag: flag number; Label: label id
+    Kind kind = Kind::Value;  ///< what the operand is
+    uint8_t reg = 0;          ///< Value: scalar register
+    int64_t imm = 0;          ///< Value: immediate; Flag: flag number; Label: label id
     /// `s(3) + 64`
-    friend Arg operator+(Arg a, int64_t d) { a.imm += d; return a; }
-    friend Arg operator-(Arg a, int64_t d) { a.imm -= d; return a; }
+    friend Arg operator+(Arg a, int64_t d) {
+        a.imm += d;
+        return a;
+    }
+    friend Arg operator-(Arg a, int64_t d) {
+        a.imm -= d;
+        return a;
+    }
 };
 
 /// Scalar register sN.
-inline Arg s(int n) { return Arg{Arg::Kind::Value, static_cast<uint8_t>(n), 0}; }
+inline Arg s(int n) {
+    return Arg{Arg::Kind::Value, static_cast<uint8_t>(n), 0};
+}
 /// Integer immediate.
-inline Arg imm(int64_t v) { return Arg{Arg::Kind::Value, 0, v}; }
+inline Arg imm(int64_t v) {
+    return Arg{Arg::Kind::Value, 0, v};
+}
 /// fp32 immediate (stored as its bit pattern).
 Arg fimm(float v);
 /// Sync flag fN.
-inline Arg f(int n) { return Arg{Arg::Kind::Flag, 0, n}; }
+inline Arg f(int n) {
+    return Arg{Arg::Kind::Flag, 0, n};
+}
 
 /// A branch target; create with Builder::label(), place with Builder::bind().
 struct Label {

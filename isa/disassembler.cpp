@@ -29,16 +29,24 @@ std::string format(const Instr& instr, const std::multimap<uint32_t, std::string
         out += slot ? ", " : " ";
         const Operand& o = instr.ops[slot++];
         switch (kind) {
-            case 'd': out += fmt::format("s{}", o.reg); break;
-            case 'f': out += fmt::format("f{}", o.imm); break;
-            case 'm': out += "[" + value_text(o) + "]"; break;
+            case 'd':
+                out += fmt::format("s{}", o.reg);
+                break;
+            case 'f':
+                out += fmt::format("f{}", o.imm);
+                break;
+            case 'm':
+                out += "[" + value_text(o) + "]";
+                break;
             case 'l': {
                 const auto it = labels ? labels->find(static_cast<uint32_t>(o.imm))
                                        : std::multimap<uint32_t, std::string>::const_iterator{};
                 out += labels && it != labels->end() ? it->second : fmt::format("{}", o.imm);
                 break;
             }
-            default: out += value_text(o); break;
+            default:
+                out += value_text(o);
+                break;
         }
     }
     return out;
@@ -46,7 +54,9 @@ std::string format(const Instr& instr, const std::multimap<uint32_t, std::string
 
 }  // namespace
 
-std::string to_string(const Instr& instr) { return format(instr, nullptr); }
+std::string to_string(const Instr& instr) {
+    return format(instr, nullptr);
+}
 
 std::string disassemble(const Program& program, const DisasmOptions& options) {
     std::multimap<uint32_t, std::string> labels;

@@ -10,12 +10,18 @@ namespace {
 
 std::string_view kind_text(char k) {
     switch (k) {
-        case 'd': return "reg";
-        case 'v': return "value";
-        case 'm': return "[addr]";
-        case 'f': return "flag";
-        case 'l': return "label";
-        default: return "?";
+        case 'd':
+            return "reg";
+        case 'v':
+            return "value";
+        case 'm':
+            return "[addr]";
+        case 'f':
+            return "flag";
+        case 'l':
+            return "label";
+        default:
+            return "?";
     }
 }
 

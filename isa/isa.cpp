@@ -28,9 +28,13 @@ uint32_t get32(const uint8_t* p) {
 
 }  // namespace
 
-const OpInfo& info(Opcode op) { return kTable[static_cast<size_t>(op)]; }
+const OpInfo& info(Opcode op) {
+    return kTable[static_cast<size_t>(op)];
+}
 
-std::span<const OpInfo> op_table() { return kTable; }
+std::span<const OpInfo> op_table() {
+    return kTable;
+}
 
 std::optional<Opcode> find_mnemonic(std::string_view mnemonic) {
     for (const auto& e : kTable)
@@ -40,31 +44,50 @@ std::optional<Opcode> find_mnemonic(std::string_view mnemonic) {
 
 std::string_view unit_name(Unit unit) {
     switch (unit) {
-        case Unit::Scalar: return "scalar";
-        case Unit::Branch: return "branch";
-        case Unit::Sync: return "sync";
-        case Unit::Dma: return "dma";
-        case Unit::Mxu: return "mxu";
-        case Unit::Vpu: return "vpu";
-        case Unit::Ici: return "ici";
+        case Unit::Scalar:
+            return "scalar";
+        case Unit::Branch:
+            return "branch";
+        case Unit::Sync:
+            return "sync";
+        case Unit::Dma:
+            return "dma";
+        case Unit::Mxu:
+            return "mxu";
+        case Unit::Vpu:
+            return "vpu";
+        case Unit::Ici:
+            return "ici";
     }
     return "?";
 }
 
 std::string_view timing_name(Timing timing) {
     switch (timing) {
-        case Timing::Alu: return "alu";
-        case Timing::Branch: return "branch";
-        case Timing::Sync: return "sync";
-        case Timing::Dma: return "dma";
-        case Timing::Ici: return "ici";
-        case Timing::MxuLoad: return "mxu.load";
-        case Timing::MxuMatmul: return "mxu.matmul";
-        case Timing::VpuAdd: return "vpu.add";
-        case Timing::VpuMul: return "vpu.mul";
-        case Timing::VpuTrans: return "vpu.transcendental";
-        case Timing::VpuReduce: return "vpu.reduce";
-        case Timing::VpuMove: return "vpu.move";
+        case Timing::Alu:
+            return "alu";
+        case Timing::Branch:
+            return "branch";
+        case Timing::Sync:
+            return "sync";
+        case Timing::Dma:
+            return "dma";
+        case Timing::Ici:
+            return "ici";
+        case Timing::MxuLoad:
+            return "mxu.load";
+        case Timing::MxuMatmul:
+            return "mxu.matmul";
+        case Timing::VpuAdd:
+            return "vpu.add";
+        case Timing::VpuMul:
+            return "vpu.mul";
+        case Timing::VpuTrans:
+            return "vpu.transcendental";
+        case Timing::VpuReduce:
+            return "vpu.reduce";
+        case Timing::VpuMove:
+            return "vpu.move";
     }
     return "?";
 }
@@ -76,7 +99,9 @@ int num_operands(Opcode op) {
     return n;
 }
 
-bool has_completion_flag(Opcode op) { return info(op).kinds.find('c') != std::string_view::npos; }
+bool has_completion_flag(Opcode op) {
+    return info(op).kinds.find('c') != std::string_view::npos;
+}
 
 void encode(const Instr& instr, std::span<uint8_t, kInstrBytes> out) {
     std::memset(out.data(), 0, kInstrBytes);
@@ -112,9 +137,9 @@ Instr decode(std::span<const uint8_t, kInstrBytes> in, size_t index) {
             throw DecodeError(fmt::format("instruction {} ({}): operand {} cannot use a register",
                                           index, oi.mnemonic, slot));
         if (kind == 'd' && imm != 0)
-            throw DecodeError(fmt::format(
-                "instruction {} ({}): destination operand {} has a non-zero immediate", index,
-                oi.mnemonic, slot));
+            throw DecodeError(
+                fmt::format("instruction {} ({}): destination operand {} has a non-zero immediate",
+                            index, oi.mnemonic, slot));
         if (kind == 'f' && (imm < 0 || imm >= kNumFlags))
             throw DecodeError(fmt::format("instruction {} ({}): operand {} names flag f{}", index,
                                           oi.mnemonic, slot, imm));
@@ -133,8 +158,8 @@ std::vector<uint8_t> encode_program(const Program& program) {
     std::memcpy(image.data(), kMagic, sizeof kMagic);
     put32(&image[8], static_cast<uint32_t>(program.code.size()));
     for (size_t i = 0; i < program.code.size(); ++i)
-        encode(program.code[i],
-               std::span<uint8_t, kInstrBytes>(&image[kHeaderBytes + i * kInstrBytes], kInstrBytes));
+        encode(program.code[i], std::span<uint8_t, kInstrBytes>(
+                                    &image[kHeaderBytes + i * kInstrBytes], kInstrBytes));
     return image;
 }
 
@@ -148,14 +173,15 @@ Program decode_program(std::span<const uint8_t> image) {
     if (get32(&image[12]) != 0) throw DecodeError("program header: reserved word is not zero");
     const size_t want = kHeaderBytes + size_t(count) * kInstrBytes;
     if (image.size() != want)
-        throw DecodeError(fmt::format("program image is {} bytes; header says {} instructions ({} bytes)",
-                                      image.size(), count, want));
+        throw DecodeError(
+            fmt::format("program image is {} bytes; header says {} instructions ({} bytes)",
+                        image.size(), count, want));
     Program p;
     p.code.reserve(count);
     for (size_t i = 0; i < count; ++i)
-        p.code.push_back(decode(
-            std::span<const uint8_t, kInstrBytes>(&image[kHeaderBytes + i * kInstrBytes], kInstrBytes),
-            i));
+        p.code.push_back(decode(std::span<const uint8_t, kInstrBytes>(
+                                    &image[kHeaderBytes + i * kInstrBytes], kInstrBytes),
+                                i));
     return p;
 }
 

@@ -47,11 +47,11 @@ inline constexpr int kNumOpcodes = 0
 #undef OP
     ;
 
-inline constexpr int kNumSregs = 32;       ///< scalar registers s0..s31; s0 reads as zero
-inline constexpr int kNumFlags = 32;       ///< sync flags f0..f31 per core
-inline constexpr int kMaxOperands = 6;     ///< operand slots in every instruction
-inline constexpr int kInstrBytes = 32;     ///< fixed instruction size in bytes
-inline constexpr uint8_t kNoFlag = 0xFF;   ///< "no completion flag"
+inline constexpr int kNumSregs = 32;      ///< scalar registers s0..s31; s0 reads as zero
+inline constexpr int kNumFlags = 32;      ///< sync flags f0..f31 per core
+inline constexpr int kMaxOperands = 6;    ///< operand slots in every instruction
+inline constexpr int kInstrBytes = 32;    ///< fixed instruction size in bytes
+inline constexpr uint8_t kNoFlag = 0xFF;  ///< "no completion flag"
 
 /// Static facts about one opcode, straight from the table.
 struct OpInfo {
@@ -81,16 +81,16 @@ bool has_completion_flag(Opcode op);
 /// One operand: the value is sreg[reg] + imm (s0 is zero). Flags and branch targets keep their
 /// number in imm with reg = 0.
 struct Operand {
-    uint8_t reg = 0;   ///< scalar register index, 0..31
-    int32_t imm = 0;   ///< signed immediate
+    uint8_t reg = 0;  ///< scalar register index, 0..31
+    int32_t imm = 0;  ///< signed immediate
     friend bool operator==(const Operand&, const Operand&) = default;
 };
 
 /// A decoded instruction.
 struct Instr {
-    Opcode op = Opcode::Nop;                     ///< what to do
-    uint8_t flag = kNoFlag;                      ///< completion flag, or kNoFlag
-    std::array<Operand, kMaxOperands> ops{};     ///< operands in table order; unused are zero
+    Opcode op = Opcode::Nop;                  ///< what to do
+    uint8_t flag = kNoFlag;                   ///< completion flag, or kNoFlag
+    std::array<Operand, kMaxOperands> ops{};  ///< operands in table order; unused are zero
     friend bool operator==(const Instr&, const Instr&) = default;
 };
 
@@ -109,8 +109,8 @@ Instr decode(std::span<const uint8_t, kInstrBytes> in, size_t index = 0);
 
 /// A program: instructions plus the label table the assembler saw (for disassembly).
 struct Program {
-    std::vector<Instr> code;                                 ///< instructions, pc = index
-    std::vector<std::pair<std::string, uint32_t>> labels;    ///< optional names of pcs
+    std::vector<Instr> code;                               ///< instructions, pc = index
+    std::vector<std::pair<std::string, uint32_t>> labels;  ///< optional names of pcs
 };
 
 /// Program image: "TPUPROG1" magic, u32 instruction count, u32 reserved (0), then the

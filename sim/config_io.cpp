@@ -102,13 +102,19 @@ const char* type_name(const FieldRef& ref) {
 }
 
 std::string value_text(const FieldRef& ref) {
-    return std::visit([](auto* p) -> std::string {
-        using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
-        else if constexpr (std::is_same_v<T, std::string>) return *p;
-        else if constexpr (std::is_same_v<T, double>) return fmt::format("{}", *p);
-        else return std::to_string(*p);
-    }, ref);
+    return std::visit(
+        [](auto* p) -> std::string {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, bool>)
+                return *p ? "true" : "false";
+            else if constexpr (std::is_same_v<T, std::string>)
+                return *p;
+            else if constexpr (std::is_same_v<T, double>)
+                return fmt::format("{}", *p);
+            else
+                return std::to_string(*p);
+        },
+        ref);
 }
 
 Json to_json(const FieldRef& ref) {
@@ -118,35 +124,38 @@ Json to_json(const FieldRef& ref) {
 /// Stores a JSON value into a field; returns an error text or empty on success.
 std::string assign(const FieldRef& ref, const Json& j) {
     const std::string want = fmt::format("expected {}, got {}", type_name(ref), j.dump());
-    return std::visit([&](auto* p) -> std::string {
-        using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, bool>) {
-            if (!j.is_boolean()) return want;
-            *p = j.get<bool>();
-        } else if constexpr (std::is_same_v<T, std::string>) {
-            if (!j.is_string()) return want;
-            *p = j.get<std::string>();
-        } else if constexpr (std::is_same_v<T, double>) {
-            if (!j.is_number()) return want;
-            *p = j.get<double>();
-        } else if constexpr (std::is_same_v<T, int64_t>) {
-            if (j.is_number_integer()) {
-                if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(INT64_MAX))
+    return std::visit(
+        [&](auto* p) -> std::string {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, bool>) {
+                if (!j.is_boolean()) return want;
+                *p = j.get<bool>();
+            } else if constexpr (std::is_same_v<T, std::string>) {
+                if (!j.is_string()) return want;
+                *p = j.get<std::string>();
+            } else if constexpr (std::is_same_v<T, double>) {
+                if (!j.is_number()) return want;
+                *p = j.get<double>();
+            } else if constexpr (std::is_same_v<T, int64_t>) {
+                if (j.is_number_integer()) {
+                    if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(INT64_MAX))
+                        return want;
+                    *p = j.get<int64_t>();
+                } else {
                     return want;
-                *p = j.get<int64_t>();
-            } else {
-                return want;
+                }
+            } else {  // unsigned
+                if (!j.is_number_integer()) return want;
+                if (!j.is_number_unsigned())
+                    return fmt::format("must not be negative (got {})", j.dump());
+                const uint64_t v = j.get<uint64_t>();
+                if (v > std::numeric_limits<T>::max())
+                    return fmt::format("{} does not fit {}", v, type_name(ref));
+                *p = static_cast<T>(v);
             }
-        } else {  // unsigned
-            if (!j.is_number_integer()) return want;
-            if (!j.is_number_unsigned()) return fmt::format("must not be negative (got {})", j.dump());
-            const uint64_t v = j.get<uint64_t>();
-            if (v > std::numeric_limits<T>::max())
-                return fmt::format("{} does not fit {}", v, type_name(ref));
-            *p = static_cast<T>(v);
-        }
-        return {};
-    }, ref);
+            return {};
+        },
+        ref);
 }
 
 /// Parses `--set` text by the field's type into JSON, so one assignment path serves both.
@@ -175,14 +184,14 @@ void apply_object(const Collector& c, const Json& obj, const std::string& prefix
             if (l.key == key) leaf = &l;
         if (leaf) {
             const std::string err = assign(leaf->ref, it.value());
-            if (!err.empty())
-                throw ConfigError(fmt::format("{}: key '{}': {}", source, key, err));
+            if (!err.empty()) throw ConfigError(fmt::format("{}: key '{}': {}", source, key, err));
             continue;
         }
         if (std::find(c.sections.begin(), c.sections.end(), key) != c.sections.end()) {
             if (!it.value().is_object())
-                throw ConfigError(fmt::format("{}: key '{}': expected an object (a section), got {}",
-                                              source, key, it.value().dump()));
+                throw ConfigError(
+                    fmt::format("{}: key '{}': expected an object (a section), got {}", source, key,
+                                it.value().dump()));
             apply_object(c, it.value(), key, source);
             continue;
         }
@@ -202,22 +211,30 @@ std::string check_leaf(const Leaf& l) {
         return fmt::format("{} must be one of {} (got '{}')", l.key, l.check.choices, **s);
     }
     if (std::holds_alternative<bool*>(l.ref)) return {};
-    const double v = std::visit([](auto* p) -> double {
-        using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_arithmetic_v<T>) return static_cast<double>(*p);
-        else return 0.0;
-    }, l.ref);
+    const double v = std::visit(
+        [](auto* p) -> double {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_arithmetic_v<T>)
+                return static_cast<double>(*p);
+            else
+                return 0.0;
+        },
+        l.ref);
     if (!std::isfinite(v)) return fmt::format("{} must be a finite number (got {})", l.key, v);
     if (v < l.check.min)
         return fmt::format("{} must be >= {} (got {})", l.key, l.check.min, value_text(l.ref));
     if (v > l.check.max)
         return fmt::format("{} must be <= {} (got {})", l.key, l.check.max, value_text(l.ref));
     if (l.check.pow2) {
-        const uint64_t u = std::visit([](auto* p) -> uint64_t {
-            using T = std::remove_pointer_t<decltype(p)>;
-            if constexpr (std::is_integral_v<T>) return static_cast<uint64_t>(*p);
-            else return 0;
-        }, l.ref);
+        const uint64_t u = std::visit(
+            [](auto* p) -> uint64_t {
+                using T = std::remove_pointer_t<decltype(p)>;
+                if constexpr (std::is_integral_v<T>)
+                    return static_cast<uint64_t>(*p);
+                else
+                    return 0;
+            },
+            l.ref);
         if (u == 0 || (u & (u - 1)) != 0)
             return fmt::format("{} must be a power of two (got {})", l.key, value_text(l.ref));
     }
@@ -234,8 +251,10 @@ void apply_json(const VisitRoot& root, std::string_view text, std::string_view s
         // nlohmann reports a byte offset; turn it into line:column for the user.
         size_t line = 1, col = 1;
         for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
-            if (text[i] == '\n') ++line, col = 1;
-            else ++col;
+            if (text[i] == '\n')
+                ++line, col = 1;
+            else
+                ++col;
         }
         std::string what = e.what();
         if (auto p = what.find("syntax error"); p != std::string::npos) what = what.substr(p);
@@ -277,7 +296,8 @@ void apply_override(const VisitRoot& root, std::string_view assignment) {
         return;
     }
     if (std::find(c.sections.begin(), c.sections.end(), key) != c.sections.end())
-        throw ConfigError(fmt::format("--set {}: '{}' is a section; set one of its fields", assignment, key));
+        throw ConfigError(
+            fmt::format("--set {}: '{}' is a section; set one of its fields", assignment, key));
     throw ConfigError(fmt::format("--set {}: {}", assignment, unknown_key(c, key)));
 }
 
@@ -310,8 +330,10 @@ std::string doc_table(const VisitRoot& root) {
     std::string out = "| key | type | default | description |\n|---|---|---|---|\n";
     for (const auto& l : collect(root).leaves) {
         std::string type = type_name(l.ref);
-        if (type.rfind("a ", 0) == 0) type = type.substr(2);
-        else if (type.rfind("an ", 0) == 0) type = type.substr(3);
+        if (type.rfind("a ", 0) == 0)
+            type = type.substr(2);
+        else if (type.rfind("an ", 0) == 0)
+            type = type.substr(3);
         std::string doc = l.doc;
         if (!l.check.choices.empty()) doc += fmt::format(" (one of: {})", l.check.choices);
         if (l.check.pow2) doc += " (power of two)";

@@ -27,18 +27,28 @@ LogLevel parse_log_level(std::string_view name) {
 
 std::string_view log_level_name(LogLevel level) {
     switch (level) {
-        case LogLevel::Error: return "error";
-        case LogLevel::Warn: return "warn";
-        case LogLevel::Info: return "info";
-        case LogLevel::Debug: return "debug";
+        case LogLevel::Error:
+            return "error";
+        case LogLevel::Warn:
+            return "warn";
+        case LogLevel::Info:
+            return "info";
+        case LogLevel::Debug:
+            return "debug";
     }
     return "?";
 }
 
-void set_log_level(LogLevel level) { g_level = level; }
-LogLevel log_level() { return g_level; }
+void set_log_level(LogLevel level) {
+    g_level = level;
+}
+LogLevel log_level() {
+    return g_level;
+}
 
-void set_log_sink(std::function<void(std::string_view)> s) { sink() = std::move(s); }
+void set_log_sink(std::function<void(std::string_view)> s) {
+    sink() = std::move(s);
+}
 
 void log_line(LogLevel level, std::string_view block, std::string_view text) {
     // Before elaboration sc_time_stamp() is zero, which is also the truth.

@@ -23,7 +23,9 @@ std::string_view log_level_name(LogLevel level);
 /// Messages at or above this severity are written (default Warn; sim.log_level sets it).
 void set_log_level(LogLevel level);
 LogLevel log_level();
-inline bool log_enabled(LogLevel level) { return level <= log_level(); }
+inline bool log_enabled(LogLevel level) {
+    return level <= log_level();
+}
 
 /// Where formatted lines go (one call per line, without the newline); empty: stderr.
 void set_log_sink(std::function<void(std::string_view)> sink);
@@ -40,8 +42,8 @@ void log(LogLevel level, std::string_view block, fmt::format_string<Args...> f, 
 }  // namespace tpu::sim
 
 /// TPU_LOG(Info, "board.core3.mxu0", "loaded {} bytes", n): formats only when enabled.
-#define TPU_LOG(level, block, ...)                                                         \
-    do {                                                                                   \
-        if (::tpu::sim::log_enabled(::tpu::sim::LogLevel::level))                          \
-            ::tpu::sim::log(::tpu::sim::LogLevel::level, block, __VA_ARGS__);              \
+#define TPU_LOG(level, block, ...)                                            \
+    do {                                                                      \
+        if (::tpu::sim::log_enabled(::tpu::sim::LogLevel::level))             \
+            ::tpu::sim::log(::tpu::sim::LogLevel::level, block, __VA_ARGS__); \
     } while (0)

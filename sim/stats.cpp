@@ -12,19 +12,28 @@ namespace tpu::sim {
 
 std::string_view unit_name(StatUnit unit) {
     switch (unit) {
-        case StatUnit::Count: return "count";
-        case StatUnit::Cycles: return "cycles";
-        case StatUnit::Bytes: return "bytes";
-        case StatUnit::Flops: return "flops";
-        case StatUnit::Ratio: return "ratio";
-        case StatUnit::Seconds: return "seconds";
-        case StatUnit::BytesPerSecond: return "bytes_per_second";
-        case StatUnit::FlopsPerByte: return "flops_per_byte";
+        case StatUnit::Count:
+            return "count";
+        case StatUnit::Cycles:
+            return "cycles";
+        case StatUnit::Bytes:
+            return "bytes";
+        case StatUnit::Flops:
+            return "flops";
+        case StatUnit::Ratio:
+            return "ratio";
+        case StatUnit::Seconds:
+            return "seconds";
+        case StatUnit::BytesPerSecond:
+            return "bytes_per_second";
+        case StatUnit::FlopsPerByte:
+            return "flops_per_byte";
     }
     return "?";
 }
 
-StatGroup::StatGroup(std::string name, StatGroup* parent) : m_name(std::move(name)), m_parent(parent) {
+StatGroup::StatGroup(std::string name, StatGroup* parent)
+    : m_name(std::move(name)), m_parent(parent) {
     if (m_parent) m_parent->m_children.push_back(this);
 }
 
@@ -71,7 +80,8 @@ nlohmann::ordered_json to_json(const StatGroup& g) {
     nlohmann::ordered_json j;
     auto& counters = j["counters"] = nlohmann::ordered_json::object();
     for (const Counter& c : g.counters())
-        counters[c.name()] = {{"value", c.value()}, {"unit", unit_name(c.unit())}, {"desc", c.desc()}};
+        counters[c.name()] = {
+            {"value", c.value()}, {"unit", unit_name(c.unit())}, {"desc", c.desc()}};
     for (const Formula& f : g.formulas()) {
         const double v = f.eval ? f.eval() : 0.0;
         counters[f.name] = {{"value", std::isfinite(v) ? nlohmann::ordered_json(v) : nullptr},

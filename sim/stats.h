@@ -25,8 +25,14 @@ class Counter {
 public:
     Counter(std::string name, std::string desc, StatUnit unit)
         : m_name(std::move(name)), m_desc(std::move(desc)), m_unit(unit) {}
-    Counter& operator++() { ++m_value; return *this; }
-    Counter& operator+=(uint64_t n) { m_value += n; return *this; }
+    Counter& operator++() {
+        ++m_value;
+        return *this;
+    }
+    Counter& operator+=(uint64_t n) {
+        m_value += n;
+        return *this;
+    }
     /// Sets the value (for maxima and snapshots).
     void set(uint64_t v) { m_value = v; }
     uint64_t value() const { return m_value; }
@@ -44,10 +50,10 @@ private:
 
 /// A value computed from counters when stats are written (utilisation, bandwidth, ...).
 struct Formula {
-    std::string name;               ///< key
-    std::string desc;               ///< one line
-    StatUnit unit;                  ///< unit
-    std::function<double()> eval;   ///< evaluated at dump time
+    std::string name;              ///< key
+    std::string desc;              ///< one line
+    StatUnit unit;                 ///< unit
+    std::function<double()> eval;  ///< evaluated at dump time
 };
 
 /// A named node of the stats tree. Children register themselves with their parent.

@@ -19,11 +19,11 @@ struct Tracer::Impl {
     double clock_mhz = 1000.0;
     std::vector<std::string> filters;
     uint64_t window_begin = 0, window_end = 0;
-    std::map<std::string, int, std::less<>> pids;                 // process -> pid
-    std::map<std::pair<int, std::string>, int, std::less<>> tids; // (pid, thread) -> tid
-    std::vector<std::pair<int, int>> tracks;                      // id -> (pid, tid)
+    std::map<std::string, int, std::less<>> pids;                  // process -> pid
+    std::map<std::pair<int, std::string>, int, std::less<>> tids;  // (pid, thread) -> tid
+    std::vector<std::pair<int, int>> tracks;                       // id -> (pid, tid)
     std::map<std::string, int, std::less<>> counter_pids;
-    std::array<uint64_t, 3> written{};                             // X, i, C
+    std::array<uint64_t, 3> written{};  // X, i, C
     bool first = true;
 
     void emit(const std::string& json) {
@@ -37,26 +37,38 @@ struct Tracer::Impl {
     }
     /// Microseconds at the configured clock, printed with fixed precision for byte-identical
     /// traces.
-    std::string us(uint64_t cycles) const { return fmt::format("{:.6f}", double(cycles) / clock_mhz); }
+    std::string us(uint64_t cycles) const {
+        return fmt::format("{:.6f}", double(cycles) / clock_mhz);
+    }
     int pid_of(std::string_view process) {
         auto it = pids.find(process);
         if (it != pids.end()) return it->second;
         const int pid = static_cast<int>(pids.size());
         pids.emplace(std::string(process), pid);
-        emit(fmt::format(R"({{"ph":"M","name":"process_name","pid":{},"tid":0,"args":{{"name":"{}"}}}})",
-                         pid, escape(process)));
-        emit(fmt::format(R"({{"ph":"M","name":"process_sort_index","pid":{},"tid":0,"args":{{"sort_index":{}}}}})",
-                         pid, pid));
+        emit(fmt::format(
+            R"({{"ph":"M","name":"process_name","pid":{},"tid":0,"args":{{"name":"{}"}}}})", pid,
+            escape(process)));
+        emit(fmt::format(
+            R"({{"ph":"M","name":"process_sort_index","pid":{},"tid":0,"args":{{"sort_index":{}}}}})",
+            pid, pid));
         return pid;
     }
     static std::string escape(std::string_view s) {
         std::string out;
         for (char c : s) {
             switch (c) {
-                case '"': out += "\\\""; break;
-                case '\\': out += "\\\\"; break;
-                case '\n': out += "\\n"; break;
-                case '\t': out += "\\t"; break;
+                case '"':
+                    out += "\\\"";
+                    break;
+                case '\\':
+                    out += "\\\\";
+                    break;
+                case '\n':
+                    out += "\\n";
+                    break;
+                case '\t':
+                    out += "\\t";
+                    break;
                 default:
                     if (static_cast<unsigned char>(c) < 0x20)
                         out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
@@ -89,7 +101,9 @@ struct Tracer::Impl {
 };
 
 Tracer::Tracer() : m_impl(std::make_unique<Impl>()) {}
-Tracer::~Tracer() { close(); }
+Tracer::~Tracer() {
+    close();
+}
 
 void Tracer::open(const std::string& path, double clock_mhz, std::string_view unit_filter,
                   uint64_t window_begin, uint64_t window_end) {
@@ -137,8 +151,9 @@ int Tracer::track(std::string_view process, std::string_view thread) {
     if (it == im.tids.end()) {
         tid = static_cast<int>(im.tids.size()) + 1;
         im.tids.emplace(key, tid);
-        im.emit(fmt::format(R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"{}"}}}})",
-                            pid, tid, Impl::escape(thread)));
+        im.emit(fmt::format(
+            R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"{}"}}}})", pid,
+            tid, Impl::escape(thread)));
     } else {
         tid = it->second;
     }
@@ -152,9 +167,10 @@ void Tracer::complete(int track, std::string_view name, uint64_t begin, uint64_t
     Impl& im = *m_impl;
     if (!im.in_window(begin, end)) return;
     const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
-    im.emit(fmt::format(R"({{"ph":"X","name":"{}","pid":{},"tid":{},"ts":{},"dur":{},"args":{{{}}}}})",
-                        Impl::escape(name), pid, tid, im.us(begin), im.us(end - begin),
-                        Impl::args_json(args, begin, end, true)));
+    im.emit(
+        fmt::format(R"({{"ph":"X","name":"{}","pid":{},"tid":{},"ts":{},"dur":{},"args":{{{}}}}})",
+                    Impl::escape(name), pid, tid, im.us(begin), im.us(end - begin),
+                    Impl::args_json(args, begin, end, true)));
     ++im.written[0];
 }
 
@@ -164,8 +180,9 @@ void Tracer::instant(int track, std::string_view name, uint64_t at,
     Impl& im = *m_impl;
     if (!im.in_window(at, at)) return;
     const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
-    im.emit(fmt::format(R"({{"ph":"i","s":"t","name":"{}","pid":{},"tid":{},"ts":{},"args":{{{}}}}})",
-                        Impl::escape(name), pid, tid, im.us(at), Impl::args_json(args, at, at, false)));
+    im.emit(
+        fmt::format(R"({{"ph":"i","s":"t","name":"{}","pid":{},"tid":{},"ts":{},"args":{{{}}}}})",
+                    Impl::escape(name), pid, tid, im.us(at), Impl::args_json(args, at, at, false)));
     ++im.written[1];
 }
 
@@ -180,18 +197,23 @@ void Tracer::counter(std::string_view process, std::string_view name, uint64_t a
     }
     if (!im.in_window(at, at)) return;
     const int pid = im.pid_of(process);
-    im.emit(fmt::format(R"({{"ph":"C","name":"{}","pid":{},"tid":0,"ts":{},"args":{{"value":{:.6g}}}}})",
-                        Impl::escape(name), pid, im.us(at), value));
+    im.emit(fmt::format(
+        R"({{"ph":"C","name":"{}","pid":{},"tid":0,"ts":{},"args":{{"value":{:.6g}}}}})",
+        Impl::escape(name), pid, im.us(at), value));
     ++im.written[2];
 }
 
 uint64_t Tracer::events_written(char phase) const {
     const Impl& im = *m_impl;
     switch (phase) {
-        case 'X': return im.written[0];
-        case 'i': return im.written[1];
-        case 'C': return im.written[2];
-        default: return 0;
+        case 'X':
+            return im.written[0];
+        case 'i':
+            return im.written[1];
+        case 'C':
+            return im.written[2];
+        default:
+            return 0;
     }
 }
 

@@ -13,7 +13,7 @@ namespace tpu::sim {
 
 /// One `args` entry of a trace event.
 struct TraceArg {
-    std::string_view key;                                  ///< argument name
+    std::string_view key;                                             ///< argument name
     std::variant<int64_t, uint64_t, double, std::string_view> value;  ///< argument value
 };
 

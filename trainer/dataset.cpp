@@ -62,15 +62,16 @@ IdxArray decode_idx(std::span<const uint8_t> bytes, std::string_view name) {
         bytes = inflated;
     }
     if (bytes.size() < 4)
-        throw DataError(fmt::format("{}: {} bytes is too short for an IDX header", name,
-                                    bytes.size()));
+        throw DataError(
+            fmt::format("{}: {} bytes is too short for an IDX header", name, bytes.size()));
     if (bytes[0] != 0 || bytes[1] != 0)
         throw DataError(fmt::format("{}: not an IDX file (magic {:02x} {:02x}, expected 00 00)",
                                     name, bytes[0], bytes[1]));
     if (bytes[2] != 0x08)
-        throw DataError(fmt::format("{}: IDX element type 0x{:02x} is not supported (only 0x08, "
-                                    "unsigned bytes)",
-                                    name, bytes[2]));
+        throw DataError(
+            fmt::format("{}: IDX element type 0x{:02x} is not supported (only 0x08, "
+                        "unsigned bytes)",
+                        name, bytes[2]));
     const uint32_t ndims = bytes[3];
     if (ndims == 0 || ndims > 4)
         throw DataError(fmt::format("{}: {} dimensions (expected 1 to 4)", name, ndims));
@@ -82,8 +83,8 @@ IdxArray decode_idx(std::span<const uint8_t> bytes, std::string_view name) {
         a.dims.push_back(be32(&bytes[4 + 4 * d]));
         total *= a.dims.back();
         if (total > kMaxInflated)
-            throw DataError(fmt::format("{}: dimensions describe more than {} bytes", name,
-                                        kMaxInflated));
+            throw DataError(
+                fmt::format("{}: dimensions describe more than {} bytes", name, kMaxInflated));
     }
     const uint64_t have = bytes.size() - 4 - 4ull * ndims;
     if (have != total)
@@ -105,12 +106,13 @@ Dataset load_fashion_mnist(const std::string& dir, bool train) {
     const IdxArray images = read_idx(prefix + "-images-idx3-ubyte.gz");
     const IdxArray labels = read_idx(prefix + "-labels-idx1-ubyte.gz");
     if (images.dims.size() != 3 || labels.dims.size() != 1)
-        throw DataError(fmt::format("{}-*: expected images N x H x W and labels N, got {} and {} "
-                                    "dimensions",
-                                    prefix, images.dims.size(), labels.dims.size()));
+        throw DataError(
+            fmt::format("{}-*: expected images N x H x W and labels N, got {} and {} "
+                        "dimensions",
+                        prefix, images.dims.size(), labels.dims.size()));
     if (images.dims[0] != labels.dims[0])
-        throw DataError(fmt::format("{}-*: {} images but {} labels", prefix, images.dims[0],
-                                    labels.dims[0]));
+        throw DataError(
+            fmt::format("{}-*: {} images but {} labels", prefix, images.dims[0], labels.dims[0]));
     Dataset d;
     d.count = images.dims[0];
     d.features = images.dims[1] * images.dims[2];
@@ -121,17 +123,19 @@ Dataset load_fashion_mnist(const std::string& dir, bool train) {
     d.labels = labels.data;
     for (size_t i = 0; i < d.labels.size(); ++i)
         if (d.labels[i] >= d.classes)
-            throw DataError(fmt::format("{}-labels-idx1-ubyte.gz: label {} of example {} is not "
-                                        "a class 0-9",
-                                        prefix, d.labels[i], i));
+            throw DataError(
+                fmt::format("{}-labels-idx1-ubyte.gz: label {} of example {} is not "
+                            "a class 0-9",
+                            prefix, d.labels[i], i));
     return d;
 }
 
 Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t seed) {
     if (count == 0 || features == 0 || classes < 2)
-        throw DataError(fmt::format("synthetic dataset: {} examples of {} features in {} classes "
-                                    "(need at least 1, 1 and 2)",
-                                    count, features, classes));
+        throw DataError(
+            fmt::format("synthetic dataset: {} examples of {} features in {} classes "
+                        "(need at least 1, 1 and 2)",
+                        count, features, classes));
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(0.2f, 0.8f);
     std::normal_distribution<float> noise(0.0f, 0.1f);

@@ -13,11 +13,11 @@ namespace tpu::driver {
 
 /// Where the all-reduce keeps its data on every core (same addresses on each core).
 struct AllReducePlan {
-    uint32_t cores = 0;        ///< ring size N (the launch's core set, in order)
-    uint32_t elements = 0;     ///< fp32 values per core; padded to a multiple of 2N inside
-    uint32_t x_addr = 0;       ///< VMEM input (kept: the sum lands in y_addr)
-    uint32_t y_addr = 0;       ///< VMEM result
-    uint32_t scratch_addr = 0; ///< VMEM scratch for reduce-scatter: 2 (N-1) chunks
+    uint32_t cores = 0;         ///< ring size N (the launch's core set, in order)
+    uint32_t elements = 0;      ///< fp32 values per core; padded to a multiple of 2N inside
+    uint32_t x_addr = 0;        ///< VMEM input (kept: the sum lands in y_addr)
+    uint32_t y_addr = 0;        ///< VMEM result
+    uint32_t scratch_addr = 0;  ///< VMEM scratch for reduce-scatter: 2 (N-1) chunks
 };
 
 /// Bytes of each direction's chunk: ceil(elements / 2N) values.

@@ -18,16 +18,23 @@ namespace {
 /// (A part, W part) of each MXU pass, smallest terms first so they are not lost in the sum.
 std::vector<std::pair<int, int>> passes(Precision p) {
     switch (p) {
-        case Precision::Bf16: return {{0, 0}};
-        case Precision::Fp32Pass3: return {{1, 0}, {0, 1}, {0, 0}};
-        case Precision::Fp32Pass6: return {{2, 0}, {0, 2}, {1, 1}, {1, 0}, {0, 1}, {0, 0}};
+        case Precision::Bf16:
+            return {{0, 0}};
+        case Precision::Fp32Pass3:
+            return {{1, 0}, {0, 1}, {0, 0}};
+        case Precision::Fp32Pass6:
+            return {{2, 0}, {0, 2}, {1, 1}, {1, 0}, {0, 1}, {0, 0}};
     }
     return {};
 }
 
-int parts(Precision p) { return p == Precision::Bf16 ? 1 : p == Precision::Fp32Pass3 ? 2 : 3; }
+int parts(Precision p) {
+    return p == Precision::Bf16 ? 1 : p == Precision::Fp32Pass3 ? 2 : 3;
+}
 
-uint32_t round_up(uint32_t x, uint32_t m) { return (x + m - 1) / m * m; }
+uint32_t round_up(uint32_t x, uint32_t m) {
+    return (x + m - 1) / m * m;
+}
 
 /// VMEM map of the kernel: A block panels, double-buffered W tiles per MXU, double-buffered C
 /// panels per MXU.
@@ -48,9 +55,12 @@ VmemMap vmem_map(const GemmTiling& t) {
 
 std::string_view precision_name(Precision p) {
     switch (p) {
-        case Precision::Bf16: return "bf16";
-        case Precision::Fp32Pass3: return "fp32-3pass";
-        case Precision::Fp32Pass6: return "fp32-6pass";
+        case Precision::Bf16:
+            return "bf16";
+        case Precision::Fp32Pass3:
+            return "fp32-3pass";
+        case Precision::Fp32Pass6:
+            return "fp32-6pass";
     }
     return "?";
 }
@@ -102,8 +112,8 @@ isa::Program gemm_program(const GemmTiling& t) {
         s += '\n';
     };
 
-    L("# library GEMM: {} passes, R={} C={} Kp={} Np={} T={} mxus={}", pass_list.size(), R, C,
-      t.Kp, t.Np, Tm, t.mxus);
+    L("# library GEMM: {} passes, R={} C={} Kp={} Np={} T={} mxus={}", pass_list.size(), R, C, t.Kp,
+      t.Np, Tm, t.mxus);
     L("# s1 A, s2 W, s3 C (HBM), s4 rows, s5 A part stride; s6 block row, s7 block rows");
     L("# flags: f0 A in, f1 W in, f2/f3 lw done, f4/f5 mm done, f6 C out");
     L("# counters: s20 A, s22/s23 lw, s24/s25 mm, s26 C out, s27 W, s28 C out two groups ago,");
@@ -172,8 +182,8 @@ isa::Program gemm_program(const GemmTiling& t) {
                 L("        mxu.lw {}, [s13+{}], {}, {}, f{}", m,
                   vm.w + (uint64_t(m) * 2 * PA + pw) * wtile, R, C, 2 + m);
                 const bool last = i + 1 == pass_list.size();
-                L("        mxu.mm {}, [s18+{}], [s17+{}], s7, {}{}", m, vm.c + uint64_t(m) * 2 * cslot,
-                  vm.a + pa * KT * panel, i == 0 ? "s19" : "1",
+                L("        mxu.mm {}, [s18+{}], [s17+{}], s7, {}{}", m,
+                  vm.c + uint64_t(m) * 2 * cslot, vm.a + pa * KT * panel, i == 0 ? "s19" : "1",
                   last ? fmt::format(", f{}", 4 + m) : "");
             }
             L("        add s{}, s{}, {}", 22 + m, 22 + m, pass_list.size());

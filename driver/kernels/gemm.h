@@ -25,10 +25,10 @@ Precision parse_precision(std::string_view name);
 
 /// One core's share of a GEMM and how its kernel tiles it.
 struct GemmTiling {
-    uint32_t R = 0, C = 0;        ///< MXU array
-    uint32_t Kp = 0, Np = 0;      ///< K and N padded to tile multiples (XLA-style padding)
-    uint32_t block_rows = 0;      ///< LHS rows streamed per matmul (T)
-    uint32_t mxus = 0;            ///< MXUs used
+    uint32_t R = 0, C = 0;    ///< MXU array
+    uint32_t Kp = 0, Np = 0;  ///< K and N padded to tile multiples (XLA-style padding)
+    uint32_t block_rows = 0;  ///< LHS rows streamed per matmul (T)
+    uint32_t mxus = 0;        ///< MXUs used
     Precision precision = Precision::Bf16;
 };
 

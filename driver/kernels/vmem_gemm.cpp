@@ -19,8 +19,8 @@ VmemGemmBytes vmem_gemm_bytes(const VmemGemm& g, uint32_t R, uint32_t C) {
 
 isa::Program vmem_gemm_program(const VmemGemm& g, uint32_t R, uint32_t C) {
     if (g.M == 0 || g.K == 0 || g.N == 0 || g.mxus == 0)
-        throw std::invalid_argument(fmt::format("GEMM shape {}x{}x{} on {} MXUs is empty", g.M,
-                                                g.K, g.N, g.mxus));
+        throw std::invalid_argument(
+            fmt::format("GEMM shape {}x{}x{} on {} MXUs is empty", g.M, g.K, g.N, g.mxus));
     const uint32_t kt = (g.K + R - 1) / R, nt = (g.N + C - 1) / C;
     isa::Builder b;
     using isa::imm;
@@ -39,8 +39,8 @@ isa::Program vmem_gemm_program(const VmemGemm& g, uint32_t R, uint32_t C) {
                     b.emit(Opcode::MxuMm, {imm(m), imm(int64_t(c)), imm(int64_t(a)), imm(g.M),
                                            imm(k > 0), isa::f(g.done_flag)});
                 else
-                    b.emit(Opcode::MxuMm, {imm(m), imm(int64_t(c)), imm(int64_t(a)), imm(g.M),
-                                           imm(k > 0)});
+                    b.emit(Opcode::MxuMm,
+                           {imm(m), imm(int64_t(c)), imm(int64_t(a)), imm(g.M), imm(k > 0)});
             }
         }
     }

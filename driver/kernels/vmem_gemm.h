@@ -17,12 +17,12 @@ namespace tpu::driver {
 ///  - W is KT x NT tiles, tile (k, n) (Kk x Nn bf16, row-major) at w_addr + (n KT + k) R C 2;
 ///  - C is NT panels, panel n (M x Nn fp32, row-major) at c_addr + n * M * C * 4.
 struct VmemGemm {
-    uint32_t M = 0, K = 0, N = 0;   ///< problem shape
-    uint32_t a_addr = 0;            ///< VMEM address of A's panels
-    uint32_t w_addr = 0;            ///< VMEM address of W's tiles
-    uint32_t c_addr = 0;            ///< VMEM address of C's panels
-    uint32_t mxus = 1;              ///< MXUs to use; column panels are dealt round-robin
-    uint8_t done_flag = 0;          ///< raised once per C panel; the program waits for all
+    uint32_t M = 0, K = 0, N = 0;  ///< problem shape
+    uint32_t a_addr = 0;           ///< VMEM address of A's panels
+    uint32_t w_addr = 0;           ///< VMEM address of W's tiles
+    uint32_t c_addr = 0;           ///< VMEM address of C's panels
+    uint32_t mxus = 1;             ///< MXUs to use; column panels are dealt round-robin
+    uint8_t done_flag = 0;         ///< raised once per C panel; the program waits for all
 };
 
 /// VMEM bytes each operand occupies in the layouts above.

@@ -9,21 +9,21 @@ namespace tpu::hw {
 
 /// One TensorCore: sequencer, MXUs, VPU, memories, unit queues.
 struct CoreConfig {
-    uint32_t mxus = 2;                  ///< matrix units per core
-    uint32_t mxu_rows = 128;            ///< PE rows = K per weight tile (also weight-load cycles)
-    uint32_t mxu_cols = 128;            ///< PE columns = N per weight tile
-    uint32_t vpu_sublanes = 8;          ///< VPU sublanes (rows of a vector register)
-    uint32_t vpu_lanes = 128;           ///< VPU lanes (columns of a vector register)
-    uint32_t vpu_alus = 2;              ///< VPU ALUs; each retires one vector register per cycle
-    uint32_t vpu_add_latency_cycles = 2;            ///< add/sub/max/min/compare/select latency
-    uint32_t vpu_mul_latency_cycles = 2;            ///< multiply latency
-    uint32_t vpu_transcendental_latency_cycles = 7; ///< exp/log/rsqrt/tanh latency
-    uint64_t vmem_bytes = 16ull << 20;  ///< vector memory per core
-    uint32_t smem_bytes = 16u << 10;    ///< scalar memory per core
-    uint32_t imem_bytes = 256u << 10;   ///< instruction memory per core (32-byte instructions)
-    uint32_t queue_depth = 8;           ///< instruction queue entries per unit
-    uint32_t dispatch_cycles = 1;       ///< cycles from issue in the sequencer to the unit queue
-    uint32_t dma_chunk_bytes = 512;     ///< DMA request size sent to HBM
+    uint32_t mxus = 2;                    ///< matrix units per core
+    uint32_t mxu_rows = 128;              ///< PE rows = K per weight tile (also weight-load cycles)
+    uint32_t mxu_cols = 128;              ///< PE columns = N per weight tile
+    uint32_t vpu_sublanes = 8;            ///< VPU sublanes (rows of a vector register)
+    uint32_t vpu_lanes = 128;             ///< VPU lanes (columns of a vector register)
+    uint32_t vpu_alus = 2;                ///< VPU ALUs; each retires one vector register per cycle
+    uint32_t vpu_add_latency_cycles = 2;  ///< add/sub/max/min/compare/select latency
+    uint32_t vpu_mul_latency_cycles = 2;  ///< multiply latency
+    uint32_t vpu_transcendental_latency_cycles = 7;  ///< exp/log/rsqrt/tanh latency
+    uint64_t vmem_bytes = 16ull << 20;               ///< vector memory per core
+    uint32_t smem_bytes = 16u << 10;                 ///< scalar memory per core
+    uint32_t imem_bytes = 256u << 10;  ///< instruction memory per core (32-byte instructions)
+    uint32_t queue_depth = 8;          ///< instruction queue entries per unit
+    uint32_t dispatch_cycles = 1;      ///< cycles from issue in the sequencer to the unit queue
+    uint32_t dma_chunk_bytes = 512;    ///< DMA request size sent to HBM
     uint32_t dma_vmem_bytes_per_cycle = 512;  ///< VMEM port bandwidth of the DMA engine
 
     void visit(sim::Visitor& v) {

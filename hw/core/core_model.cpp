@@ -52,7 +52,9 @@ namespace {
 
 constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
 
-uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+uint64_t ceil_div(uint64_t a, uint64_t b) {
+    return (a + b - 1) / b;
+}
 
 /// Span of a 2-D access: rows of row_bytes, `stride` apart.
 uint64_t span_2d(uint64_t rows, uint64_t row_bytes, uint64_t stride) {
@@ -120,10 +122,10 @@ void CoreModel::load(const isa::Program& program) {
 
 void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_t hbm_base) {
     if (args.size() >= isa::kNumSregs)
-        throw std::invalid_argument(fmt::format("core {}: {} launch arguments; at most {} fit "
-                                                "in s1..s{}",
-                                                m_id, args.size(), isa::kNumSregs - 1,
-                                                isa::kNumSregs - 1));
+        throw std::invalid_argument(
+            fmt::format("core {}: {} launch arguments; at most {} fit "
+                        "in s1..s{}",
+                        m_id, args.size(), isa::kNumSregs - 1, isa::kNumSregs - 1));
     m_sregs.fill(0);
     for (size_t i = 0; i < args.size(); ++i) m_sregs[i + 1] = args[i];
     m_flags.fill(0);
@@ -156,15 +158,15 @@ void CoreModel::set_tracer(sim::Tracer* tracer) {
     m_hbm_gbps.reset();
     if (!m_tracer) return;
     const std::string proc = fmt::format("core{}", m_id);
-    for (const char* unit : {"seq", "dma", "vpu", "ici"}) m_tracks.push_back(m_tracer->track(proc, unit));
+    for (const char* unit : {"seq", "dma", "vpu", "ici"})
+        m_tracks.push_back(m_tracer->track(proc, unit));
     for (uint32_t i = 0; i < m_core.mxus; ++i)
         m_tracks.push_back(m_tracer->track(proc, fmt::format("mxu{}", i)));
     const uint64_t window = m_cfg.sim.trace_counter_cycles;
-    m_mxu_util = std::make_unique<CounterTrack>(proc, "mxu_utilization", window,
-                                                1.0 / m_core.mxus);
+    m_mxu_util = std::make_unique<CounterTrack>(proc, "mxu_utilization", window, 1.0 / m_core.mxus);
     // bytes per cycle -> GB/s at the core clock.
-    m_hbm_gbps = std::make_unique<CounterTrack>(proc, "hbm_gbps", window,
-                                                m_cfg.clock_mhz * 1e6 / 1e9);
+    m_hbm_gbps =
+        std::make_unique<CounterTrack>(proc, "hbm_gbps", window, m_cfg.clock_mhz * 1e6 / 1e9);
 }
 
 void CoreModel::trace(int track, uint64_t start, uint64_t done, std::string_view key,
@@ -174,7 +176,8 @@ void CoreModel::trace(int track, uint64_t start, uint64_t done, std::string_view
     if (key.empty())
         m_tracer->complete(track, oi.mnemonic, start, done, {{"pc", uint64_t(m_pc)}});
     else
-        m_tracer->complete(track, oi.mnemonic, start, done, {{"pc", uint64_t(m_pc)}, {key, detail}});
+        m_tracer->complete(track, oi.mnemonic, start, done,
+                           {{"pc", uint64_t(m_pc)}, {key, detail}});
 }
 
 bool CoreModel::fault(std::string unit, uint64_t address, std::string what) {
@@ -198,8 +201,8 @@ bool CoreModel::check(SparseMemory& mem, uint64_t addr, uint64_t bytes, std::str
     if (bytes == 0) return fault(std::string(unit), addr, fmt::format("{} of 0 bytes", what));
     if (!mem.in_range(addr, bytes))
         return fault(std::string(unit), addr,
-              fmt::format("{} of {} bytes at 0x{:x} is outside {} ({} bytes)", what, bytes, addr,
-                          mem.name(), mem.size()));
+                     fmt::format("{} of {} bytes at 0x{:x} is outside {} ({} bytes)", what, bytes,
+                                 addr, mem.name(), mem.size()));
     if (addr % align != 0)
         return fault(std::string(unit), addr,
                      fmt::format("{} at 0x{:x} is not {}-byte aligned", what, addr, align));
@@ -225,7 +228,8 @@ void CoreModel::schedule_flag(uint32_t flag, uint32_t amount, uint64_t cycle) {
 void CoreModel::apply_due() {
     // m_cycle never decreases, so increments due by now can be folded in for good.
     auto it = m_pending.begin();
-    for (; it != m_pending.end() && it->first <= m_cycle; ++it) m_flags[it->second.first] += it->second.second;
+    for (; it != m_pending.end() && it->first <= m_cycle; ++it)
+        m_flags[it->second.first] += it->second.second;
     m_pending.erase(m_pending.begin(), it);
 }
 
@@ -306,7 +310,9 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                 uint32_t r = 0;
                 bool write = true;
                 switch (ins.op) {
-                    case Opcode::Nop: write = false; break;
+                    case Opcode::Nop:
+                        write = false;
+                        break;
                     case Opcode::Halt: {
                         const uint64_t end = std::max(issue, m_units_done);
                         if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, end});
@@ -320,10 +326,18 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         ++m_stats.instructions;
                         return {Block::Halted, end};
                     }
-                    case Opcode::Li: r = b; break;
-                    case Opcode::Add: r = b + c; break;
-                    case Opcode::Sub: r = b - c; break;
-                    case Opcode::Mul: r = b * c; break;
+                    case Opcode::Li:
+                        r = b;
+                        break;
+                    case Opcode::Add:
+                        r = b + c;
+                        break;
+                    case Opcode::Sub:
+                        r = b - c;
+                        break;
+                    case Opcode::Mul:
+                        r = b * c;
+                        break;
                     case Opcode::Divu:
                     case Opcode::Remu:
                         if (c == 0) {
@@ -332,14 +346,30 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         }
                         r = ins.op == Opcode::Divu ? b / c : b % c;
                         break;
-                    case Opcode::And: r = b & c; break;
-                    case Opcode::Or: r = b | c; break;
-                    case Opcode::Xor: r = b ^ c; break;
-                    case Opcode::Shl: r = b << (c & 31); break;
-                    case Opcode::Shr: r = b >> (c & 31); break;
-                    case Opcode::Sra: r = static_cast<uint32_t>(static_cast<int32_t>(b) >> (c & 31)); break;
-                    case Opcode::Slt: r = static_cast<int32_t>(b) < static_cast<int32_t>(c); break;
-                    case Opcode::Sltu: r = b < c; break;
+                    case Opcode::And:
+                        r = b & c;
+                        break;
+                    case Opcode::Or:
+                        r = b | c;
+                        break;
+                    case Opcode::Xor:
+                        r = b ^ c;
+                        break;
+                    case Opcode::Shl:
+                        r = b << (c & 31);
+                        break;
+                    case Opcode::Shr:
+                        r = b >> (c & 31);
+                        break;
+                    case Opcode::Sra:
+                        r = static_cast<uint32_t>(static_cast<int32_t>(b) >> (c & 31));
+                        break;
+                    case Opcode::Slt:
+                        r = static_cast<int32_t>(b) < static_cast<int32_t>(c);
+                        break;
+                    case Opcode::Sltu:
+                        r = b < c;
+                        break;
                     case Opcode::Lw:
                         if (!check(m_smem, b, 4, "sequencer", "scalar memory read", 4))
                             return {Block::Faulted, m_cycle};
@@ -353,9 +383,15 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         write = false;
                         break;
                     }
-                    case Opcode::CoreId: r = m_id; break;
-                    case Opcode::NCores: r = m_env ? m_env->num_cores() : 1; break;
-                    default: write = false; break;
+                    case Opcode::CoreId:
+                        r = m_id;
+                        break;
+                    case Opcode::NCores:
+                        r = m_env ? m_env->num_cores() : 1;
+                        break;
+                    default:
+                        write = false;
+                        break;
                 }
                 if (write && ins.ops[0].reg != 0) m_sregs[ins.ops[0].reg] = r;
                 inline_done();
@@ -367,13 +403,26 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                 bool taken = false;
                 uint32_t target = static_cast<uint32_t>(ins.ops[2].imm);
                 switch (ins.op) {
-                    case Opcode::Jmp: taken = true, target = static_cast<uint32_t>(ins.ops[0].imm); break;
-                    case Opcode::Beq: taken = a == b; break;
-                    case Opcode::Bne: taken = a != b; break;
-                    case Opcode::Blt: taken = a < b; break;
-                    case Opcode::Bge: taken = a >= b; break;
-                    case Opcode::Bltu: taken = uint32_t(a) < uint32_t(b); break;
-                    default: break;
+                    case Opcode::Jmp:
+                        taken = true, target = static_cast<uint32_t>(ins.ops[0].imm);
+                        break;
+                    case Opcode::Beq:
+                        taken = a == b;
+                        break;
+                    case Opcode::Bne:
+                        taken = a != b;
+                        break;
+                    case Opcode::Blt:
+                        taken = a < b;
+                        break;
+                    case Opcode::Bge:
+                        taken = a >= b;
+                        break;
+                    case Opcode::Bltu:
+                        taken = uint32_t(a) < uint32_t(b);
+                        break;
+                    default:
+                        break;
                 }
                 if (taken) next = target;
                 inline_done();
@@ -394,12 +443,17 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         }
                         const uint64_t issued = m_blocked ? m_blocked_at : issue;
                         m_blocked = false;
-                        if (m_cfg.sim.race_detector) m_race.acknowledge(static_cast<uint8_t>(f), m_cycle);
-                        if (m_record) m_records.push_back({m_pc, ins.op, issued, m_cycle, m_cycle + 1});
+                        if (m_cfg.sim.race_detector)
+                            m_race.acknowledge(static_cast<uint8_t>(f), m_cycle);
+                        if (m_record)
+                            m_records.push_back({m_pc, ins.op, issued, m_cycle, m_cycle + 1});
                         m_cycle += 1;
                         break;
                     }
-                    case Opcode::Signal: m_flags[f] += v; inline_done(); break;
+                    case Opcode::Signal:
+                        m_flags[f] += v;
+                        inline_done();
+                        break;
                     case Opcode::Fset: {
                         // Increments already due are overwritten; later ones add to the value.
                         apply_due();
@@ -415,7 +469,8 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         m_cycle = at + 1;
                         break;
                     }
-                    default: break;
+                    default:
+                        break;
                 }
                 break;
             }
@@ -469,16 +524,18 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
     const uint64_t dbase = to_vmem ? dst : m_hbm_base + dst;
     const uint64_t sbase = from_hbm ? m_hbm_base + src : src;
     if (rows == 0 || row_bytes == 0)
-        return fault("dma", dbase, fmt::format("zero-length transfer ({} rows of {} bytes)", rows, row_bytes));
+        return fault("dma", dbase,
+                     fmt::format("zero-length transfer ({} rows of {} bytes)", rows, row_bytes));
     const uint64_t dspan = span_2d(rows, row_bytes, dst_stride);
     const uint64_t sspan = span_2d(rows, row_bytes, src_stride);
     if (!check(dmem, dbase, dspan, "dma", fmt::format("{} write", to_vmem ? "VMEM" : "HBM")) ||
         !check(smem, sbase, sspan, "dma", fmt::format("{} read", from_hbm ? "HBM" : "VMEM")))
         return false;
     if (rows > 1 && (dst_stride < row_bytes || src_stride < row_bytes))
-        return fault("dma", dbase, fmt::format("row stride ({} dst, {} src) is smaller than the row "
-                                        "({} bytes), so rows would overlap",
-                                        dst_stride, src_stride, row_bytes));
+        return fault("dma", dbase,
+                     fmt::format("row stride ({} dst, {} src) is smaller than the row "
+                                 "({} bytes), so rows would overlap",
+                                 dst_stride, src_stride, row_bytes));
 
     const uint64_t bytes = rows * row_bytes;
     uint64_t start = std::max(issue_to_unit(*m_dma_q), m_dma_free);
@@ -504,17 +561,17 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
             for (uint64_t off = 0; off < row_bytes; off += m_core.dma_chunk_bytes) {
                 const auto len = static_cast<uint32_t>(
                     std::min<uint64_t>(m_core.dma_chunk_bytes, row_bytes - off));
-                done = std::max(done, m_hbm_timing->access(start + before / port,
-                                                           hbm_base + r * hbm_stride + off, len,
-                                                           !from_hbm));
+                done = std::max(
+                    done, m_hbm_timing->access(start + before / port,
+                                               hbm_base + r * hbm_stride + off, len, !from_hbm));
                 before += len;
             }
         m_dma_free = start + ceil_div(bytes, port);
     }
     m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
-    if (!record_access("dma", start, done, ins.flag,
-                       {{from_hbm, sbase, sbase + sspan, false},
-                        {!to_vmem, dbase, dbase + dspan, true}}))
+    if (!record_access(
+            "dma", start, done, ins.flag,
+            {{from_hbm, sbase, sbase + sspan, false}, {!to_vmem, dbase, dbase + dspan, true}}))
         return false;
 
     if (m_cfg.sim.functional) {
@@ -549,9 +606,10 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
     if (ins.op == Opcode::MxuLw) {
         const uint32_t addr = val(ins.ops[1]), K = val(ins.ops[2]), N = val(ins.ops[3]);
         if (K == 0 || K > R || N == 0 || N > C)
-            return fault(unit, addr, fmt::format("weight tile {}x{} does not fit the {}x{} array "
-                                          "(1..{} rows, 1..{} columns)",
-                                          K, N, R, C, R, C));
+            return fault(unit, addr,
+                         fmt::format("weight tile {}x{} does not fit the {}x{} array "
+                                     "(1..{} rows, 1..{} columns)",
+                                     K, N, R, C, R, C));
         if (!check(m_vmem, addr, uint64_t(K) * N * 2, unit, "weight read", 2)) return false;
         span = m_mxu_timer[idx].lw(ready);
         if (!record_access(unit, span.start, span.done, ins.flag,
@@ -626,8 +684,12 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
     uint64_t rows = 0, cols = 0, n = 0;
     auto f32 = [](uint32_t a, uint64_t count) { return VpuOp::Access{a, count * 4, 4}; };
     switch (ins.op) {
-        case Opcode::VAdd: case Opcode::VSub: case Opcode::VMul: case Opcode::VMax:
-        case Opcode::VMin: case Opcode::VCmpGt:
+        case Opcode::VAdd:
+        case Opcode::VSub:
+        case Opcode::VMul:
+        case Opcode::VMax:
+        case Opcode::VMin:
+        case Opcode::VCmpGt:
             n = v(3);
             op.reads = {f32(v(1), n), f32(v(2), n)};
             op.write = f32(v(0), n);
@@ -637,12 +699,17 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
             op.reads = {f32(v(1), n), f32(v(2), n), f32(v(3), n)};
             op.write = f32(v(0), n);
             break;
-        case Opcode::VAddS: case Opcode::VMulS: case Opcode::VMaxS:
+        case Opcode::VAddS:
+        case Opcode::VMulS:
+        case Opcode::VMaxS:
             n = v(3);
             op.reads = {f32(v(1), n)};
             op.write = f32(v(0), n);
             break;
-        case Opcode::VExp: case Opcode::VLog: case Opcode::VRsqrt: case Opcode::VTanh:
+        case Opcode::VExp:
+        case Opcode::VLog:
+        case Opcode::VRsqrt:
+        case Opcode::VTanh:
             n = v(2);
             op.reads = {f32(v(1), n)};
             op.write = f32(v(0), n);
@@ -661,17 +728,25 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
             n = v(2);
             op.write = f32(v(0), n);
             break;
-        case Opcode::VRSum: case Opcode::VRMax: case Opcode::VCSum: case Opcode::VTrans:
+        case Opcode::VRSum:
+        case Opcode::VRMax:
+        case Opcode::VCSum:
+        case Opcode::VTrans:
             rows = v(2), cols = v(3), n = rows * cols;
             op.reads = {f32(v(1), n)};
-            op.write = f32(v(0), ins.op == Opcode::VCSum ? cols : ins.op == Opcode::VTrans ? n : rows);
+            op.write = f32(v(0), ins.op == Opcode::VCSum    ? cols
+                                 : ins.op == Opcode::VTrans ? n
+                                                            : rows);
             break;
-        case Opcode::VAddRow: case Opcode::VSubCol: case Opcode::VMulCol:
+        case Opcode::VAddRow:
+        case Opcode::VSubCol:
+        case Opcode::VMulCol:
             rows = v(3), cols = v(4), n = rows * cols;
             op.reads = {f32(v(1), n), f32(v(2), ins.op == Opcode::VAddRow ? cols : rows)};
             op.write = f32(v(0), n);
             break;
-        default: break;
+        default:
+            break;
     }
     if (n == 0) return fault("vpu", op.write.addr, "vector operation on 0 elements");
     for (const auto& r : op.reads)
@@ -684,15 +759,21 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
     const uint64_t issue_cycles = ceil_div(ceil_div(n, per_vreg), m_core.vpu_alus);
     uint64_t latency = m_core.vpu_add_latency_cycles;
     switch (isa::info(ins.op).timing) {
-        case isa::Timing::VpuMul: latency = m_core.vpu_mul_latency_cycles; break;
-        case isa::Timing::VpuTrans: latency = m_core.vpu_transcendental_latency_cycles; break;
+        case isa::Timing::VpuMul:
+            latency = m_core.vpu_mul_latency_cycles;
+            break;
+        case isa::Timing::VpuTrans:
+            latency = m_core.vpu_transcendental_latency_cycles;
+            break;
         case isa::Timing::VpuReduce:
             latency += std::bit_width(uint64_t(m_core.vpu_lanes) - 1);
             break;
-        default: break;
+        default:
+            break;
     }
     uint64_t start = std::max(issue_to_unit(*m_vpu_q), m_vpu_free);
-    for (const auto& r : op.reads) start = m_vpu_hz->ready_after(false, r.addr, r.addr + r.bytes, start);
+    for (const auto& r : op.reads)
+        start = m_vpu_hz->ready_after(false, r.addr, r.addr + r.bytes, start);
     start = m_vpu_hz->ready_after(false, op.write.addr, op.write.addr + op.write.bytes, start);
     const uint64_t done = start + issue_cycles - 1 + latency;
     m_vpu_free = start + issue_cycles;
@@ -713,17 +794,33 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
         std::vector<float> out(op.write.bytes / 4);
         const float s = std::bit_cast<float>(v(2));
         switch (ins.op) {
-            case Opcode::VAdd: case Opcode::VSub: case Opcode::VMul: case Opcode::VMax:
-            case Opcode::VMin: case Opcode::VCmpGt: {
+            case Opcode::VAdd:
+            case Opcode::VSub:
+            case Opcode::VMul:
+            case Opcode::VMax:
+            case Opcode::VMin:
+            case Opcode::VCmpGt: {
                 const auto b = load(op.reads[0]), c = load(op.reads[1]);
                 for (uint64_t i = 0; i < n; ++i) {
                     switch (ins.op) {
-                        case Opcode::VAdd: out[i] = b[i] + c[i]; break;
-                        case Opcode::VSub: out[i] = b[i] - c[i]; break;
-                        case Opcode::VMul: out[i] = b[i] * c[i]; break;
-                        case Opcode::VMax: out[i] = max_nan(b[i], c[i]); break;
-                        case Opcode::VMin: out[i] = min_nan(b[i], c[i]); break;
-                        default: out[i] = b[i] > c[i] ? 1.0f : 0.0f; break;
+                        case Opcode::VAdd:
+                            out[i] = b[i] + c[i];
+                            break;
+                        case Opcode::VSub:
+                            out[i] = b[i] - c[i];
+                            break;
+                        case Opcode::VMul:
+                            out[i] = b[i] * c[i];
+                            break;
+                        case Opcode::VMax:
+                            out[i] = max_nan(b[i], c[i]);
+                            break;
+                        case Opcode::VMin:
+                            out[i] = min_nan(b[i], c[i]);
+                            break;
+                        default:
+                            out[i] = b[i] > c[i] ? 1.0f : 0.0f;
+                            break;
                     }
                 }
                 break;
@@ -733,7 +830,9 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
                 for (uint64_t i = 0; i < n; ++i) out[i] = b[i] != 0.0f ? c[i] : d[i];
                 break;
             }
-            case Opcode::VAddS: case Opcode::VMulS: case Opcode::VMaxS: {
+            case Opcode::VAddS:
+            case Opcode::VMulS:
+            case Opcode::VMaxS: {
                 const auto b = load(op.reads[0]);
                 for (uint64_t i = 0; i < n; ++i)
                     out[i] = ins.op == Opcode::VAddS   ? b[i] + s
@@ -741,7 +840,10 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
                                                        : max_nan(b[i], s);
                 break;
             }
-            case Opcode::VExp: case Opcode::VLog: case Opcode::VRsqrt: case Opcode::VTanh: {
+            case Opcode::VExp:
+            case Opcode::VLog:
+            case Opcode::VRsqrt:
+            case Opcode::VTanh: {
                 const auto b = load(op.reads[0]);
                 for (uint64_t i = 0; i < n; ++i)
                     out[i] = ins.op == Opcode::VExp    ? std::exp(b[i])
@@ -766,7 +868,8 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
             case Opcode::VRand:
                 for (uint64_t i = 0; i < n; ++i) out[i] = uniform(v(1), i);
                 break;
-            case Opcode::VRSum: case Opcode::VRMax: {
+            case Opcode::VRSum:
+            case Opcode::VRMax: {
                 const auto b = load(op.reads[0]);
                 for (uint64_t r = 0; r < rows; ++r) {
                     float acc = ins.op == Opcode::VRSum ? 0.0f : -INFINITY;
@@ -790,7 +893,9 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
                     for (uint64_t j = 0; j < cols; ++j) out[j * rows + r] = b[r * cols + j];
                 break;
             }
-            case Opcode::VAddRow: case Opcode::VSubCol: case Opcode::VMulCol: {
+            case Opcode::VAddRow:
+            case Opcode::VSubCol:
+            case Opcode::VMulCol: {
                 const auto b = load(op.reads[0]), c = load(op.reads[1]);
                 for (uint64_t r = 0; r < rows; ++r)
                     for (uint64_t j = 0; j < cols; ++j) {
@@ -801,10 +906,12 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
                     }
                 break;
             }
-            default: break;
+            default:
+                break;
         }
         if (ins.op != Opcode::VF2Bf)
-            m_vmem.write(op.write.addr, {reinterpret_cast<const uint8_t*>(out.data()), out.size() * 4});
+            m_vmem.write(op.write.addr,
+                         {reinterpret_cast<const uint8_t*>(out.data()), out.size() * 4});
     }
     ++m_stats.vpu_ops;
     m_stats.vpu_busy += issue_cycles;
@@ -818,7 +925,8 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     const uint32_t dst = val(ins.ops[0]);
     const uint32_t cores = m_env ? m_env->num_cores() : 1;
     if (dst >= cores) {
-        fault("ici", dst, fmt::format("core {} does not exist (the board has {} cores)", dst, cores));
+        fault("ici", dst,
+              fmt::format("core {} does not exist (the board has {} cores)", dst, cores));
         return IciStep::Faulted;
     }
     // Link reservations must happen in simulated-time order across cores.
@@ -831,8 +939,8 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         const uint32_t flag = static_cast<uint32_t>(ins.ops[1].imm);
         const uint32_t amount = val(ins.ops[2]);
         // A signal never overtakes this core's earlier transfers to the same core.
-        done = std::max(m_env ? m_env->ici_message(m_id, dst, start) : start + 1,
-                        m_ici_arrival[dst]);
+        done =
+            std::max(m_env ? m_env->ici_message(m_id, dst, start) : start + 1, m_ici_arrival[dst]);
         m_ici_free = start + 1;
         if (m_env) m_env->remote_signal(dst, flag, amount, done);
     } else {
@@ -854,9 +962,9 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         // destination's flag that the transfer raises on arrival.
         if (!record_access("ici", start, done, ins.flag, {{false, laddr, laddr + bytes, false}}))
             return IciStep::Faulted;
-        if (m_env && !record_access("ici", start, done, static_cast<uint8_t>(flag),
-                                    {{hbm, rbase, rbase + bytes, true}},
-                                    &m_env->remote_race_detector(dst)))
+        if (m_env &&
+            !record_access("ici", start, done, static_cast<uint8_t>(flag),
+                           {{hbm, rbase, rbase + bytes, true}}, &m_env->remote_race_detector(dst)))
             return IciStep::Faulted;
         if (m_cfg.sim.functional) {
             std::vector<uint8_t> buf(bytes);

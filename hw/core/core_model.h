@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -32,11 +32,11 @@ class HbmTimingModel;
 /// it at `start` and finished at `done` (all core cycles). Inline instructions have
 /// start == issue and done == issue + 1, waits have start = the cycle the condition held.
 struct InstrRecord {
-    uint32_t pc;       ///< instruction index
-    isa::Opcode op;    ///< opcode
-    uint64_t issue;    ///< cycle the sequencer issued it
-    uint64_t start;    ///< cycle its unit started it
-    uint64_t done;     ///< cycle its unit finished (completion flag visible from here)
+    uint32_t pc;     ///< instruction index
+    isa::Opcode op;  ///< opcode
+    uint64_t issue;  ///< cycle the sequencer issued it
+    uint64_t start;  ///< cycle its unit started it
+    uint64_t done;   ///< cycle its unit finished (completion flag visible from here)
     friend bool operator==(const InstrRecord&, const InstrRecord&) = default;
 };
 
@@ -145,7 +145,9 @@ private:
     struct Hazards;
     struct VpuOp;
 
-    uint32_t val(const isa::Operand& o) const { return m_sregs[o.reg] + static_cast<uint32_t>(o.imm); }
+    uint32_t val(const isa::Operand& o) const {
+        return m_sregs[o.reg] + static_cast<uint32_t>(o.imm);
+    }
     enum class IciStep : uint8_t { Done, NeedSync, Faulted };
     /// Records a device fault and stops the core; returns false for `return fault(...)`.
     bool fault(std::string unit, uint64_t address, std::string what);
@@ -199,13 +201,13 @@ private:
     std::unique_ptr<UnitQueue> m_dma_q, m_vpu_q, m_ici_q;
     std::vector<std::unique_ptr<UnitQueue>> m_mxu_q;
     std::vector<MxuTimer> m_mxu_timer;
-    std::vector<std::vector<uint16_t>> m_mxu_weights;  ///< weights of the latest mxu.lw
+    std::vector<std::vector<uint16_t>> m_mxu_weights;        ///< weights of the latest mxu.lw
     std::vector<std::pair<uint32_t, uint32_t>> m_mxu_shape;  ///< (K, N) of those weights
     std::vector<bool> m_mxu_loaded;
     std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;
-    uint64_t m_dma_free = 0;   ///< DMA path free from this cycle
-    uint64_t m_vpu_free = 0;   ///< VPU issue slot free from this cycle
-    uint64_t m_ici_free = 0;   ///< ICI engine free to inject the next transfer
+    uint64_t m_dma_free = 0;              ///< DMA path free from this cycle
+    uint64_t m_vpu_free = 0;              ///< VPU issue slot free from this cycle
+    uint64_t m_ici_free = 0;              ///< ICI engine free to inject the next transfer
     std::vector<uint64_t> m_ici_arrival;  ///< per destination: latest arrival (in-order delivery)
 
     CoreStats m_stats;
@@ -213,8 +215,8 @@ private:
     std::vector<InstrRecord> m_records;
     sim::Tracer* m_tracer = nullptr;
     std::vector<int> m_tracks;  ///< tracer track per unit: seq, dma, vpu, ici, mxu0..
-    std::unique_ptr<CounterTrack> m_mxu_util;   ///< trace counter: MXU PE utilisation
-    std::unique_ptr<CounterTrack> m_hbm_gbps;   ///< trace counter: HBM traffic in GB/s
+    std::unique_ptr<CounterTrack> m_mxu_util;  ///< trace counter: MXU PE utilisation
+    std::unique_ptr<CounterTrack> m_hbm_gbps;  ///< trace counter: HBM traffic in GB/s
 };
 
 }  // namespace tpu::hw

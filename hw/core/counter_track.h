@@ -17,7 +17,9 @@ namespace tpu::hw {
 class CounterTrack {
 public:
     CounterTrack(std::string process, std::string name, uint64_t window, double scale)
-        : m_process(std::move(process)), m_name(std::move(name)), m_window(window),
+        : m_process(std::move(process)),
+          m_name(std::move(name)),
+          m_window(window),
           m_scale(scale) {}
 
     /// Adds `amount` spread over [begin, end) (end > begin).

@@ -29,13 +29,14 @@ std::optional<std::string> RaceDetector::add(AccessRecord rec) {
                 if (lo >= hi) continue;
                 const std::string how =
                     a.flag == isa::kNoFlag
-                        ? fmt::format("give pc {} a completion flag and wait on it, or fence,", a.pc)
+                        ? fmt::format("give pc {} a completion flag and wait on it, or fence,",
+                                      a.pc)
                         : fmt::format("wait on f{} (raised by pc {}) or fence", a.flag, a.pc);
                 return fmt::format(
                     "data race on core {} {} [0x{:x}, 0x{:x}): {} and {} are not ordered; {} "
                     "before pc {}",
-                    rec.core, x.hbm ? "HBM" : "VMEM", lo, hi, side(rec, y.write),
-                    side(a, x.write), how, rec.pc);
+                    rec.core, x.hbm ? "HBM" : "VMEM", lo, hi, side(rec, y.write), side(a, x.write),
+                    how, rec.pc);
             }
     }
     m_open.push_back(std::move(rec));

@@ -21,13 +21,13 @@ struct MemRange {
 
 /// One unit instruction's memory accesses, as the race detector sees them.
 struct AccessRecord {
-    uint32_t core = 0;          ///< issuing core
-    uint32_t pc = 0;            ///< its pc
-    isa::Instr instr;           ///< for the report
-    std::string unit;           ///< "dma", "vpu", "mxu1", "ici" (same unit = ordered)
-    uint64_t seq = 0;           ///< issue order on the issuing core
-    uint64_t issue = 0;         ///< cycle issued
-    uint64_t done = 0;          ///< cycle finished
+    uint32_t core = 0;            ///< issuing core
+    uint32_t pc = 0;              ///< its pc
+    isa::Instr instr;             ///< for the report
+    std::string unit;             ///< "dma", "vpu", "mxu1", "ici" (same unit = ordered)
+    uint64_t seq = 0;             ///< issue order on the issuing core
+    uint64_t issue = 0;           ///< cycle issued
+    uint64_t done = 0;            ///< cycle finished
     uint8_t flag = isa::kNoFlag;  ///< flag of the owning core it raises at done
     std::vector<MemRange> ranges;
 };

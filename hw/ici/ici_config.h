@@ -10,10 +10,10 @@ namespace tpu::hw {
 
 /// Inter-core interconnect: topology, link bandwidth and latency.
 struct IciConfig {
-    std::string topology = "ring";      ///< "ring" (bidirectional) or "torus2d"
-    uint32_t torus_x = 0;               ///< torus2d: cores along x (0: derive a square)
-    double link_gb_per_s = 80.0;        ///< bandwidth per link per direction, GB/s (1e9 B/s)
-    uint32_t hop_latency_ns = 1000;     ///< latency per hop
+    std::string topology = "ring";          ///< "ring" (bidirectional) or "torus2d"
+    uint32_t torus_x = 0;                   ///< torus2d: cores along x (0: derive a square)
+    double link_gb_per_s = 80.0;            ///< bandwidth per link per direction, GB/s (1e9 B/s)
+    uint32_t hop_latency_ns = 1000;         ///< latency per hop
     std::string switching = "cut-through";  ///< "cut-through" or "store-and-forward"
 
     void visit(sim::Visitor& v) {

@@ -51,8 +51,8 @@ struct Entry {
 struct Completion {
     size_t rec;
     uint8_t flag;
-    int unit;      ///< whose written range stops being a hazard (kDma, kVpu or an MXU)
-    bool tile;     ///< an MXU weight tile became complete (shadow buffer now full)
+    int unit;   ///< whose written range stops being a hazard (kDma, kVpu or an MXU)
+    bool tile;  ///< an MXU weight tile became complete (shadow buffer now full)
 };
 
 constexpr int kDma = 0;
@@ -149,11 +149,11 @@ private:
     struct DmaXfer {
         size_t rec;
         uint8_t flag;
-        bool hbm;          ///< dma.hv / dma.vh: requests go through the HBM pipe
+        bool hbm;  ///< dma.hv / dma.vh: requests go through the HBM pipe
         uint64_t bytes;
-        uint64_t cycles;   ///< cycles the port has worked on it so far
+        uint64_t cycles;  ///< cycles the port has worked on it so far
         std::vector<Chunk> chunks;
-        size_t next = 0;   ///< next request to hand to HBM
+        size_t next = 0;  ///< next request to hand to HBM
     };
     struct HbmReq {
         uint64_t arrival;
@@ -204,9 +204,8 @@ private:
             uint64_t before = 0;
             for (uint64_t r = 0; r < rows; ++r)
                 for (uint64_t off = 0; off < row_bytes; off += m_core.dma_chunk_bytes) {
-                    const auto len =
-                        static_cast<uint32_t>(std::min<uint64_t>(m_core.dma_chunk_bytes,
-                                                                 row_bytes - off));
+                    const auto len = static_cast<uint32_t>(
+                        std::min<uint64_t>(m_core.dma_chunk_bytes, row_bytes - off));
                     x.chunks.push_back({before, len});
                     before += len;
                 }
@@ -257,8 +256,12 @@ private:
         const auto& v = e.v;
         VpuShape s;
         switch (e.op) {
-            case Opcode::VAdd: case Opcode::VSub: case Opcode::VMul: case Opcode::VMax:
-            case Opcode::VMin: case Opcode::VCmpGt:
+            case Opcode::VAdd:
+            case Opcode::VSub:
+            case Opcode::VMul:
+            case Opcode::VMax:
+            case Opcode::VMin:
+            case Opcode::VCmpGt:
                 s.elements = v[3];
                 s.reads = {f32(v[1], v[3]), f32(v[2], v[3])};
                 s.write = f32(v[0], v[3]);
@@ -268,12 +271,17 @@ private:
                 s.reads = {f32(v[1], v[4]), f32(v[2], v[4]), f32(v[3], v[4])};
                 s.write = f32(v[0], v[4]);
                 break;
-            case Opcode::VAddS: case Opcode::VMulS: case Opcode::VMaxS:
+            case Opcode::VAddS:
+            case Opcode::VMulS:
+            case Opcode::VMaxS:
                 s.elements = v[3];
                 s.reads = {f32(v[1], v[3])};
                 s.write = f32(v[0], v[3]);
                 break;
-            case Opcode::VExp: case Opcode::VLog: case Opcode::VRsqrt: case Opcode::VTanh:
+            case Opcode::VExp:
+            case Opcode::VLog:
+            case Opcode::VRsqrt:
+            case Opcode::VTanh:
                 s.elements = v[2];
                 s.reads = {f32(v[1], v[2])};
                 s.write = f32(v[0], v[2]);
@@ -292,7 +300,8 @@ private:
                 s.elements = v[2];
                 s.write = f32(v[0], v[2]);
                 break;
-            case Opcode::VRSum: case Opcode::VRMax:
+            case Opcode::VRSum:
+            case Opcode::VRMax:
                 s.elements = uint64_t(v[2]) * v[3];
                 s.reads = {f32(v[1], s.elements)};
                 s.write = f32(v[0], v[2]);  // one per row
@@ -312,27 +321,32 @@ private:
                 s.reads = {f32(v[1], s.elements), f32(v[2], v[4])};  // a row vector
                 s.write = f32(v[0], s.elements);
                 break;
-            case Opcode::VSubCol: case Opcode::VMulCol:
+            case Opcode::VSubCol:
+            case Opcode::VMulCol:
                 s.elements = uint64_t(v[3]) * v[4];
                 s.reads = {f32(v[1], s.elements), f32(v[2], v[3])};  // a column vector
                 s.write = f32(v[0], s.elements);
                 break;
-            default: throw std::logic_error("CoreRef: not a VPU opcode");
+            default:
+                throw std::logic_error("CoreRef: not a VPU opcode");
         }
         return s;
     }
 
     uint64_t vpu_latency(Opcode op) const {
         switch (isa::info(op).timing) {
-            case isa::Timing::VpuMul: return m_core.vpu_mul_latency_cycles;
-            case isa::Timing::VpuTrans: return m_core.vpu_transcendental_latency_cycles;
+            case isa::Timing::VpuMul:
+                return m_core.vpu_mul_latency_cycles;
+            case isa::Timing::VpuTrans:
+                return m_core.vpu_transcendental_latency_cycles;
             case isa::Timing::VpuReduce: {
                 // A lane-reduction tree: each level halves the lanes still holding partials.
                 uint64_t levels = 0;
                 for (uint64_t w = m_core.vpu_lanes; w > 1; w = (w + 1) / 2) ++levels;
                 return m_core.vpu_add_latency_cycles + levels;
             }
-            default: return m_core.vpu_add_latency_cycles;
+            default:
+                return m_core.vpu_add_latency_cycles;
         }
     }
 
@@ -379,7 +393,7 @@ private:
         size_t lw_rec = 0;
         uint8_t lw_flag = isa::kNoFlag;
         uint64_t loader_worked = kNever;
-        uint32_t lhs_rows_left = 0;   ///< input port: LHS rows of the current matmul to emit
+        uint32_t lhs_rows_left = 0;  ///< input port: LHS rows of the current matmul to emit
         size_t mm_rec = 0;
         uint8_t mm_flag = isa::kNoFlag;
         uint64_t port_worked = kNever;
@@ -476,28 +490,61 @@ private:
                 const uint32_t b = val(o[1]), c = val(o[2]);
                 std::optional<uint32_t> r;
                 switch (ins.op) {
-                    case Opcode::Li: r = b; break;
-                    case Opcode::Add: r = b + c; break;
-                    case Opcode::Sub: r = b - c; break;
-                    case Opcode::Mul: r = b * c; break;
+                    case Opcode::Li:
+                        r = b;
+                        break;
+                    case Opcode::Add:
+                        r = b + c;
+                        break;
+                    case Opcode::Sub:
+                        r = b - c;
+                        break;
+                    case Opcode::Mul:
+                        r = b * c;
+                        break;
                     case Opcode::Divu:
                     case Opcode::Remu:
                         if (c == 0) throw std::domain_error("CoreRef: division by zero");
                         r = ins.op == Opcode::Divu ? b / c : b % c;
                         break;
-                    case Opcode::And: r = b & c; break;
-                    case Opcode::Or: r = b | c; break;
-                    case Opcode::Xor: r = b ^ c; break;
-                    case Opcode::Shl: r = b << (c % 32); break;
-                    case Opcode::Shr: r = b >> (c % 32); break;
-                    case Opcode::Sra: r = uint32_t(int32_t(b) >> (c % 32)); break;
-                    case Opcode::Slt: r = int32_t(b) < int32_t(c) ? 1 : 0; break;
-                    case Opcode::Sltu: r = b < c ? 1 : 0; break;
-                    case Opcode::Lw: r = m_smem.contains(b) ? m_smem.at(b) : 0; break;
-                    case Opcode::Sw: m_smem[b] = val(o[0]); break;
-                    case Opcode::CoreId: r = 0; break;
-                    case Opcode::NCores: r = 1; break;
-                    default: break;
+                    case Opcode::And:
+                        r = b & c;
+                        break;
+                    case Opcode::Or:
+                        r = b | c;
+                        break;
+                    case Opcode::Xor:
+                        r = b ^ c;
+                        break;
+                    case Opcode::Shl:
+                        r = b << (c % 32);
+                        break;
+                    case Opcode::Shr:
+                        r = b >> (c % 32);
+                        break;
+                    case Opcode::Sra:
+                        r = uint32_t(int32_t(b) >> (c % 32));
+                        break;
+                    case Opcode::Slt:
+                        r = int32_t(b) < int32_t(c) ? 1 : 0;
+                        break;
+                    case Opcode::Sltu:
+                        r = b < c ? 1 : 0;
+                        break;
+                    case Opcode::Lw:
+                        r = m_smem.contains(b) ? m_smem.at(b) : 0;
+                        break;
+                    case Opcode::Sw:
+                        m_smem[b] = val(o[0]);
+                        break;
+                    case Opcode::CoreId:
+                        r = 0;
+                        break;
+                    case Opcode::NCores:
+                        r = 1;
+                        break;
+                    default:
+                        break;
                 }
                 if (r && o[0].reg != 0) m_sregs[o[0].reg] = *r;
                 retire_inline(ins, m_pc + 1);
@@ -509,13 +556,26 @@ private:
                 const auto target = static_cast<uint32_t>(o[2].imm);
                 uint32_t next = m_pc + 1;
                 switch (ins.op) {
-                    case Opcode::Jmp: next = static_cast<uint32_t>(o[0].imm); break;
-                    case Opcode::Beq: if (a == b) next = target; break;
-                    case Opcode::Bne: if (a != b) next = target; break;
-                    case Opcode::Blt: if (a < b) next = target; break;
-                    case Opcode::Bge: if (a >= b) next = target; break;
-                    case Opcode::Bltu: if (uint32_t(a) < uint32_t(b)) next = target; break;
-                    default: break;
+                    case Opcode::Jmp:
+                        next = static_cast<uint32_t>(o[0].imm);
+                        break;
+                    case Opcode::Beq:
+                        if (a == b) next = target;
+                        break;
+                    case Opcode::Bne:
+                        if (a != b) next = target;
+                        break;
+                    case Opcode::Blt:
+                        if (a < b) next = target;
+                        break;
+                    case Opcode::Bge:
+                        if (a >= b) next = target;
+                        break;
+                    case Opcode::Bltu:
+                        if (uint32_t(a) < uint32_t(b)) next = target;
+                        break;
+                    default:
+                        break;
                 }
                 retire_inline(ins, next);
                 return;
@@ -523,13 +583,17 @@ private:
             case isa::Unit::Sync: {
                 const auto f = static_cast<uint32_t>(o[0].imm);
                 switch (ins.op) {
-                    case Opcode::Signal: m_flags[f] += val(o[1]); break;
-                    case Opcode::Fset: m_flags[f] = val(o[1]); break;
+                    case Opcode::Signal:
+                        m_flags[f] += val(o[1]);
+                        break;
+                    case Opcode::Fset:
+                        m_flags[f] = val(o[1]);
+                        break;
                     case Opcode::Wait:
                     case Opcode::Fence: {
                         if (!m_wait_since) m_wait_since = m_now;
-                        const bool go = ins.op == Opcode::Wait ? m_flags[f] >= val(o[1])
-                                                               : m_outstanding == 0;
+                        const bool go =
+                            ins.op == Opcode::Wait ? m_flags[f] >= val(o[1]) : m_outstanding == 0;
                         if (!go) return;
                         m_result.records.push_back({m_pc, ins.op, *m_wait_since, m_now, m_now + 1});
                         m_wait_since.reset();
@@ -537,7 +601,8 @@ private:
                         m_pc += 1;
                         return;
                     }
-                    default: break;
+                    default:
+                        break;
                 }
                 retire_inline(ins, m_pc + 1);
                 return;
@@ -554,8 +619,8 @@ private:
                 }
                 auto& q = m_queues[unit];
                 if (q.size() >= m_core.queue_depth) return;  // stalled: no free entry
-                Entry e{m_result.records.size(), ins.op, ins.flag, {},
-                        m_now + m_core.dispatch_cycles};
+                Entry e{
+                    m_result.records.size(), ins.op, ins.flag, {}, m_now + m_core.dispatch_cycles};
                 for (int i = 0; i < isa::kMaxOperands; ++i) e.v[i] = val(o[i]);
                 q.push_back(e);
                 m_result.records.push_back({m_pc, ins.op, m_now, 0, 0});
@@ -580,15 +645,15 @@ private:
     std::unordered_map<uint32_t, uint32_t> m_smem;
     std::array<uint64_t, isa::kNumFlags> m_flags{};
     uint32_t m_pc = 0;
-    uint64_t m_seq_free = 0;                ///< earliest cycle of the next issue
-    std::optional<uint64_t> m_wait_since;   ///< a wait or fence at m_pc issued then
+    uint64_t m_seq_free = 0;               ///< earliest cycle of the next issue
+    std::optional<uint64_t> m_wait_since;  ///< a wait or fence at m_pc issued then
     bool m_halting = false;
     bool m_finished = false;
     size_t m_halt_rec = 0;
-    uint64_t m_outstanding = 0;             ///< unit instructions issued, not yet done
+    uint64_t m_outstanding = 0;  ///< unit instructions issued, not yet done
 
     // units
-    std::vector<std::deque<Entry>> m_queues;   ///< DMA, VPU, MXU0..
+    std::vector<std::deque<Entry>> m_queues;  ///< DMA, VPU, MXU0..
     std::vector<std::vector<Writer>> m_writers;
     std::multimap<uint64_t, Completion> m_events;
     std::optional<DmaXfer> m_dma;

@@ -33,8 +33,9 @@ TEST(CliConfig, BadInputExitsTwoNamingTheKey) {
     EXPECT_EQ(m.err, "tpusim: error: /nonexistent.json: cannot open config file\n");
     const auto u = tpusim("frobnicate");
     EXPECT_EQ(u.code, 2);
-    EXPECT_EQ(u.err, "tpusim: error: unknown command 'frobnicate' (commands: asm, disasm, config, "
-                     "run, gemm)\n");
+    EXPECT_EQ(u.err,
+              "tpusim: error: unknown command 'frobnicate' (commands: asm, disasm, config, "
+              "run, gemm)\n");
 }
 
 TEST(CliConfig, HelpAndVersion) {

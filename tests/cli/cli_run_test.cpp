@@ -2,13 +2,13 @@
 // tpusim asm, disasm and run end to end: exit codes, messages, --json, --load/--dump, traces.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
-#include <sys/wait.h>
 
 #include <nlohmann/json.hpp>
 
@@ -41,16 +41,18 @@ TEST(CliAsm, ErrorsNameTheLocationAndExitTwo) {
     std::ofstream(tmp("bad.s")) << "nop\n  mxu.mn 0\n";
     const Result r = tpusim("asm " + tmp("bad.s"));
     EXPECT_EQ(r.code, 2);
-    EXPECT_EQ(r.err, tmp("bad.s") + ":2:3: error: unknown instruction 'mxu.mn'; did you mean "
-                                    "'mxu.mm'?\n");
+    EXPECT_EQ(r.err, tmp("bad.s") +
+                         ":2:3: error: unknown instruction 'mxu.mn'; did you mean "
+                         "'mxu.mm'?\n");
     const Result missing = tpusim("asm /nonexistent.s");
     EXPECT_EQ(missing.code, 2);
-    EXPECT_EQ(missing.err, "tpusim: error: cannot open '/nonexistent.s': No such file or directory\n");
+    EXPECT_EQ(missing.err,
+              "tpusim: error: cannot open '/nonexistent.s': No such file or directory\n");
     std::ofstream(tmp("junk.bin")) << "TPUPROG1xx";
     const Result junk = tpusim("disasm " + tmp("junk.bin"));
     EXPECT_EQ(junk.code, 2);
     EXPECT_EQ(junk.err, "tpusim: error: " + tmp("junk.bin") +
-                           ": program image is 10 bytes, shorter than its 16-byte header\n");
+                            ": program image is 10 bytes, shorter than its 16-byte header\n");
 }
 
 TEST(CliRun, LoadRunDumpIsBitExact) {
@@ -59,18 +61,21 @@ TEST(CliRun, LoadRunDumpIsBitExact) {
     for (int i = 0; i < 128; ++i) a[i * 128 + i] = 0x3f80;
     std::mt19937 rng(5);
     for (auto& x : w) x = static_cast<uint16_t>(0x3c00 + rng() % 0x800);  // finite bf16
-    std::ofstream(tmp("a.bin"), std::ios::binary).write(reinterpret_cast<char*>(a.data()), a.size() * 2);
-    std::ofstream(tmp("w.bin"), std::ios::binary).write(reinterpret_cast<char*>(w.data()), w.size() * 2);
+    std::ofstream(tmp("a.bin"), std::ios::binary)
+        .write(reinterpret_cast<char*>(a.data()), a.size() * 2);
+    std::ofstream(tmp("w.bin"), std::ios::binary)
+        .write(reinterpret_cast<char*>(w.data()), w.size() * 2);
     const Result r = tpusim("run " + example("matmul128.s") + " --load 0:0x0=" + tmp("a.bin") +
-                            " --load 0:hbm:0x8000=" + tmp("w.bin") + " --dump 0:0x10000:65536=" +
-                            tmp("c.bin") + " --json");
+                            " --load 0:hbm:0x8000=" + tmp("w.bin") +
+                            " --dump 0:0x10000:65536=" + tmp("c.bin") + " --json");
     ASSERT_EQ(r.code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["cycles"], 978);
     EXPECT_EQ(j["cores"][0]["id"], 0);
     EXPECT_EQ(j["cores"][0]["cycles"], 978);
     std::vector<float> c(128 * 128);
-    std::ifstream(tmp("c.bin"), std::ios::binary).read(reinterpret_cast<char*>(c.data()), c.size() * 4);
+    std::ifstream(tmp("c.bin"), std::ios::binary)
+        .read(reinterpret_cast<char*>(c.data()), c.size() * 4);
     for (size_t i = 0; i < c.size(); ++i) {
         uint32_t bits;
         std::memcpy(&bits, &c[i], 4);
@@ -80,8 +85,8 @@ TEST(CliRun, LoadRunDumpIsBitExact) {
 
 TEST(CliRun, TimingOnlyModeGivesIdenticalCycles) {
     const Result on = tpusim("run " + example("gemm512.s") + " --cores 0-7 --json");
-    const Result off = tpusim("run " + example("gemm512.s") +
-                              " --cores 0-7 --json --set sim.functional=false");
+    const Result off =
+        tpusim("run " + example("gemm512.s") + " --cores 0-7 --json --set sim.functional=false");
     ASSERT_EQ(on.code, 0) << on.err;
     ASSERT_EQ(off.code, 0) << off.err;
     auto a = nlohmann::json::parse(on.out), b = nlohmann::json::parse(off.out);
@@ -145,8 +150,9 @@ TEST(CliGemm, ChecksBitExactAndIsDeterministic) {
     EXPECT_EQ(slurp(tmp("g1.stats.json")), slurp(tmp("g2.stats.json")));
     const Result bad = tpusim("gemm --m 8 --k 8 --n 8 --precision fp16");
     EXPECT_EQ(bad.code, 2);
-    EXPECT_EQ(bad.err, "tpusim: error: --precision: unknown precision 'fp16' (expected bf16, "
-                       "fp32-3pass or fp32-6pass)\n");
+    EXPECT_EQ(bad.err,
+              "tpusim: error: --precision: unknown precision 'fp16' (expected bf16, "
+              "fp32-3pass or fp32-6pass)\n");
     const Result nine = tpusim("gemm --m 8 --k 8 --n 8 --cores 9");
     EXPECT_EQ(nine.code, 2);
     EXPECT_EQ(nine.err, "tpusim: error: --cores 9: the board has 8 cores\n");

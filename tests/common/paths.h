@@ -27,6 +27,8 @@ inline std::string slurp(const std::string& path) {
 }
 
 /// The built tpusim executable.
-inline std::string tpusim_exe() { return binary_dir() + "/bin/tpusim"; }
+inline std::string tpusim_exe() {
+    return binary_dir() + "/bin/tpusim";
+}
 
 }  // namespace tpu::test

@@ -20,7 +20,8 @@ std::vector<std::vector<float>> integer_data(size_t cores, uint32_t n, uint32_t 
     return d;
 }
 
-class AllReduceSizes : public ::testing::TestWithParam<std::tuple<std::vector<uint32_t>, uint32_t>> {};
+class AllReduceSizes
+    : public ::testing::TestWithParam<std::tuple<std::vector<uint32_t>, uint32_t>> {};
 
 TEST_P(AllReduceSizes, EveryCoreGetsTheExactSumAndTheKernelIsRaceFree) {
     const auto& [cores, n] = GetParam();
@@ -62,8 +63,9 @@ TEST(AllReduce, Errors) {
         EXPECT_STREQ(e.what(), "all-reduce needs at least 2 cores");
     }
     EXPECT_THROW(allreduce(*dev, {0, 1}, {{1.0f}, {1.0f, 2.0f}}), DeviceError);
-    EXPECT_THROW(allreduce(*dev, {0, 1}, std::vector<std::vector<float>>(2, std::vector<float>(3u << 20))),
-                 DeviceError);
+    EXPECT_THROW(
+        allreduce(*dev, {0, 1}, std::vector<std::vector<float>>(2, std::vector<float>(3u << 20))),
+        DeviceError);
 }
 
 }  // namespace

@@ -85,11 +85,12 @@ TEST(Device, TransfersAreTimedOnTheHostLink) {
 TEST(Device, FaultsAndDeadlocksBecomeErrors) {
     auto dev = Device::open(tiny());
     ErrorKind kind{};
-    const std::string fault = error_of(
-        [&] { dev->launch({1}, isa::assemble("li s1, 7\ndivu s2, s1, 0\nhalt")); }, &kind);
+    const std::string fault =
+        error_of([&] { dev->launch({1}, isa::assemble("li s1, 7\ndivu s2, s1, 0\nhalt")); }, &kind);
     EXPECT_EQ(kind, ErrorKind::Fault);
-    EXPECT_EQ(fault, "device fault on core 1 at pc 1 (divu s2, s1, 0) in sequencer, cycle 1: "
-                     "division by zero");
+    EXPECT_EQ(fault,
+              "device fault on core 1 at pc 1 (divu s2, s1, 0) in sequencer, cycle 1: "
+              "division by zero");
     EXPECT_EQ(error_of([&] { dev->launch({0}, isa::assemble("halt")); }),
               "launch: the board stopped on a device fault; open a new device to run again");
 }
@@ -97,16 +98,20 @@ TEST(Device, FaultsAndDeadlocksBecomeErrors) {
 TEST(Device, DeadlockBecomesAnError) {
     auto dev = Device::open(tiny());
     ErrorKind kind{};
-    const std::string msg =
-        error_of([&] { dev->launch({0, 1}, isa::assemble("wait f0, 1\nhalt")); }, &kind);
+    const std::string msg = error_of(
+        [&] {
+            dev->launch({0, 1}, isa::assemble("wait f0, 1\nhalt"));
+        },
+        &kind);
     EXPECT_EQ(kind, ErrorKind::Deadlock);
     EXPECT_EQ(msg.rfind("deadlock at cycle 0: every running core waits on a flag", 0), 0u) << msg;
 }
 
 TEST(Device, LaunchArgumentsPerCore) {
     auto dev = Device::open(tiny());
-    const auto ev = dev->launch({0, 1}, isa::assemble("li s3, 1\nloop: sub s1, s1, 1\nbne s1, 0, loop\nhalt"),
-                                [](size_t i) { return std::vector<uint32_t>{i == 0 ? 5u : 50u}; });
+    const auto ev =
+        dev->launch({0, 1}, isa::assemble("li s3, 1\nloop: sub s1, s1, 1\nbne s1, 0, loop\nhalt"),
+                    [](size_t i) { return std::vector<uint32_t>{i == 0 ? 5u : 50u}; });
     // li, then (sub, bne) per iteration, halt: 1 + 2n cycles.
     EXPECT_EQ(ev.core_cycles, (std::vector<uint64_t>{11, 101}));
 }
@@ -123,12 +128,13 @@ TEST_P(GemmShapes, BitExactAgainstTheReferenceInEveryPrecision) {
     for (auto& x : a) x = u(rng);
     for (auto& x : w) x = u(rng);
     for (Precision p : {Precision::Bf16, Precision::Fp32Pass3, Precision::Fp32Pass6}) {
-        for (const std::vector<uint32_t>& cores : {std::vector<uint32_t>{0}, {0, 1, 2, 3, 4, 5, 6, 7}}) {
+        for (const std::vector<uint32_t>& cores :
+             {std::vector<uint32_t>{0}, {0, 1, 2, 3, 4, 5, 6, 7}}) {
             const auto r = gemm(*dev, cache, a, w, M, K, N, p, cores);
             const auto want = gemm_reference(a, w, M, K, N, p, 128);
             ASSERT_EQ(0, std::memcmp(r.c.data(), want.data(), want.size() * 4))
-                << M << "x" << K << "x" << N << " " << precision_name(p) << " on "
-                << cores.size() << " cores";
+                << M << "x" << K << "x" << N << " " << precision_name(p) << " on " << cores.size()
+                << " cores";
         }
     }
 }

@@ -22,7 +22,7 @@ struct GemmRun {
 };
 
 GemmRun run_gemm(BoardConfig cfg, uint32_t M, uint32_t K, uint32_t N, uint32_t mxus,
-             const std::vector<uint16_t>& a, const std::vector<uint16_t>& w) {
+                 const std::vector<uint16_t>& a, const std::vector<uint16_t>& w) {
     const uint32_t R = cfg.core.mxu_rows, C = cfg.core.mxu_cols;
     driver::VmemGemm g{M, K, N, 0, 0, 0, mxus, 3};
     const auto bytes = driver::vmem_gemm_bytes(g, R, C);
@@ -47,8 +47,8 @@ TEST(VmemGemm, RaggedShapesAreBitExact) {
     BoardConfig cfg;
     cfg.core.mxu_rows = cfg.core.mxu_cols = 8;
     std::mt19937 rng(3);
-    for (auto [M, K, N] : {std::array<uint32_t, 3>{1, 1, 1}, {7, 9, 5}, {13, 8, 8}, {16, 17, 23},
-                           {30, 40, 9}}) {
+    for (auto [M, K, N] :
+         {std::array<uint32_t, 3>{1, 1, 1}, {7, 9, 5}, {13, 8, 8}, {16, 17, 23}, {30, 40, 9}}) {
         std::vector<uint16_t> a(size_t(M) * K), w(size_t(K) * N);
         std::normal_distribution<float> nd;
         for (auto& x : a) x = f32_to_bf16(nd(rng));
@@ -77,7 +77,7 @@ TEST(VmemGemm, WorkedExampleOfTheReadme) {
     BoardConfig cfg;
     cfg.sim.functional = false;
     const GemmRun r = run_gemm(cfg, 128, 512, 128, 1, std::vector<uint16_t>(128 * 512),
-                           std::vector<uint16_t>(512 * 128));
+                               std::vector<uint16_t>(512 * 128));
     std::vector<std::pair<uint64_t, uint64_t>> spans;
     for (const auto& rec : r.records)
         if (rec.op == isa::Opcode::MxuLw || rec.op == isa::Opcode::MxuMm)

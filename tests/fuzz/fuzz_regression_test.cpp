@@ -34,7 +34,15 @@ int replay(const char* target, int (*entry)(const uint8_t*, size_t)) {
 
 }  // namespace
 
-TEST(FuzzRegression, Assembler) { EXPECT_GT(replay("asm", tpu_fuzz_asm), 0); }
-TEST(FuzzRegression, Decoder) { EXPECT_GT(replay("decode", tpu_fuzz_decode), 0); }
-TEST(FuzzRegression, ConfigLoader) { EXPECT_GT(replay("config", tpu_fuzz_config), 0); }
-TEST(FuzzRegression, IdxReader) { EXPECT_GT(replay("idx", tpu_fuzz_idx), 0); }
+TEST(FuzzRegression, Assembler) {
+    EXPECT_GT(replay("asm", tpu_fuzz_asm), 0);
+}
+TEST(FuzzRegression, Decoder) {
+    EXPECT_GT(replay("decode", tpu_fuzz_decode), 0);
+}
+TEST(FuzzRegression, ConfigLoader) {
+    EXPECT_GT(replay("config", tpu_fuzz_config), 0);
+}
+TEST(FuzzRegression, IdxReader) {
+    EXPECT_GT(replay("idx", tpu_fuzz_idx), 0);
+}

@@ -23,7 +23,9 @@ namespace {
 BoardConfig tiny() {
     return BoardConfig::load(test::source_dir() + "/configs/tiny.json", {"sim.race_detector=true"});
 }
-BoardConfig v3() { return BoardConfig::load("", {"sim.race_detector=true"}); }
+BoardConfig v3() {
+    return BoardConfig::load("", {"sim.race_detector=true"});
+}
 
 isa::Program kernel(const std::string& name) {
     return isa::assemble_file(test::source_dir() + "/isa/examples/" + name);
@@ -221,7 +223,8 @@ TEST(Board, CoreSetParsing) {
         parse_core_set("0-8", 8);
         ADD_FAILURE();
     } catch (const std::invalid_argument& e) {
-        EXPECT_STREQ(e.what(), "bad core list '0-8': core 8 does not exist (the board has cores 0-7)");
+        EXPECT_STREQ(e.what(),
+                     "bad core list '0-8': core 8 does not exist (the board has cores 0-7)");
     }
     EXPECT_THROW(parse_core_set("3-1", 8), std::invalid_argument);
     EXPECT_THROW(parse_core_set("1,1", 8), std::invalid_argument);

@@ -108,8 +108,8 @@ bool same_timing(const BoardConfig& cfg, const isa::Program& prog, const std::st
         const isa::Unit unit = isa::info(r.op).unit;
         g_coverage.records += 1;
         if (unit == isa::Unit::Sync && r.start > r.issue) g_coverage.waits_held += 1;
-        const bool queued = unit == isa::Unit::Dma || unit == isa::Unit::Vpu ||
-                            unit == isa::Unit::Mxu;
+        const bool queued =
+            unit == isa::Unit::Dma || unit == isa::Unit::Vpu || unit == isa::Unit::Mxu;
         if (queued && r.start > r.issue + cfg.core.dispatch_cycles) g_coverage.late_starts += 1;
         if (queued && i > 0 && r.issue > prev_issue + 1 &&
             isa::info(fast.records[i - 1].op).unit != isa::Unit::Sync)
@@ -127,9 +127,10 @@ bool same_timing(const BoardConfig& cfg, const isa::Program& prog, const std::st
     const size_t n = std::min(fast.records.size(), ref.records.size());
     for (size_t i = 0; i < n; ++i) {
         if (fast.records[i] == ref.records[i]) continue;
-        ADD_FAILURE() << what << ": record " << i << " differs\n  CoreModel: "
-                      << show(fast.records[i]) << "\n  reference: " << show(ref.records[i])
-                      << "\n" << listing();
+        ADD_FAILURE() << what << ": record " << i
+                      << " differs\n  CoreModel: " << show(fast.records[i])
+                      << "\n  reference: " << show(ref.records[i]) << "\n"
+                      << listing();
         return false;
     }
     if (fast.records.size() != ref.records.size() || fast.status.cycle != ref.finish) {
@@ -146,7 +147,9 @@ bool same_timing(const BoardConfig& cfg, const isa::Program& prog, const std::st
 isa::Operand reg(int r, int64_t imm = 0) {
     return {static_cast<uint8_t>(r), static_cast<int32_t>(imm)};
 }
-isa::Operand imm(int64_t v) { return reg(0, v); }
+isa::Operand imm(int64_t v) {
+    return reg(0, v);
+}
 
 /// Random programs that never fault and never deadlock: addresses stay in range and aligned,
 /// every mxu.mm follows an mxu.lw on its MXU, and every wait asks for at most the count the
@@ -222,34 +225,55 @@ private:
 
     void item(Ctx ctx) {
         const int k = pick(0, 99);
-        if (k < 18) scalar();
-        else if (k < 36) dma(ctx);
-        else if (k < 54) vpu(ctx);
-        else if (k < 72) mxu(ctx);
-        else if (k < 80 && ctx != Ctx::Skip) wait();
-        else if (k < 83) signal(ctx);
-        else if (k < 85 && ctx == Ctx::Top) fset();
-        else if (k < 88 && ctx != Ctx::Skip) emit(Opcode::Fence, {});
-        else if (k < 94 && ctx == Ctx::Top) loop();
-        else if (ctx == Ctx::Top) skip();
-        else scalar();
+        if (k < 18)
+            scalar();
+        else if (k < 36)
+            dma(ctx);
+        else if (k < 54)
+            vpu(ctx);
+        else if (k < 72)
+            mxu(ctx);
+        else if (k < 80 && ctx != Ctx::Skip)
+            wait();
+        else if (k < 83)
+            signal(ctx);
+        else if (k < 85 && ctx == Ctx::Top)
+            fset();
+        else if (k < 88 && ctx != Ctx::Skip)
+            emit(Opcode::Fence, {});
+        else if (k < 94 && ctx == Ctx::Top)
+            loop();
+        else if (ctx == Ctx::Top)
+            skip();
+        else
+            scalar();
     }
 
     void scalar() {
         static constexpr std::array<Opcode, 16> kOps = {
-            Opcode::Li,  Opcode::Add, Opcode::Sub,  Opcode::Mul, Opcode::And, Opcode::Or,
-            Opcode::Xor, Opcode::Shl, Opcode::Shr,  Opcode::Sra, Opcode::Slt, Opcode::Sltu,
-            Opcode::Divu, Opcode::Remu, Opcode::Lw, Opcode::Sw};
+            Opcode::Li,   Opcode::Add,  Opcode::Sub, Opcode::Mul, Opcode::And, Opcode::Or,
+            Opcode::Xor,  Opcode::Shl,  Opcode::Shr, Opcode::Sra, Opcode::Slt, Opcode::Sltu,
+            Opcode::Divu, Opcode::Remu, Opcode::Lw,  Opcode::Sw};
         const Opcode op = kOps[pick(0, int(kOps.size()) - 1)];
         auto any = [&] { return chance(50) ? reg(pick(10, 15)) : imm(pick(-1000, 1000)); };
         const isa::Operand d = reg(pick(10, 15));
         switch (op) {
-            case Opcode::Li: emit(op, {d, any()}); break;
+            case Opcode::Li:
+                emit(op, {d, any()});
+                break;
             case Opcode::Divu:
-            case Opcode::Remu: emit(op, {d, any(), imm(pick(1, 9))}); break;
-            case Opcode::Lw: emit(op, {d, imm(4 * pick(0, 63))}); break;
-            case Opcode::Sw: emit(op, {any(), imm(4 * pick(0, 63))}); break;
-            default: emit(op, {d, any(), any()}); break;
+            case Opcode::Remu:
+                emit(op, {d, any(), imm(pick(1, 9))});
+                break;
+            case Opcode::Lw:
+                emit(op, {d, imm(4 * pick(0, 63))});
+                break;
+            case Opcode::Sw:
+                emit(op, {any(), imm(4 * pick(0, 63))});
+                break;
+            default:
+                emit(op, {d, any(), any()});
+                break;
         }
         if (chance(10)) emit(chance(50) ? Opcode::CoreId : Opcode::NCores, {d});
     }
@@ -265,18 +289,19 @@ private:
         const int64_t dst = kind == 1 ? hbm() : vmem_addr(1);
         const int64_t src = kind == 0 ? hbm() : vmem_addr(1);
         const uint8_t flag = maybe_flag();
-        emit(op, {addr(dst, ctx), addr(src, ctx), imm(rows), imm(row_bytes), imm(stride()),
-                  imm(stride())},
+        emit(op,
+             {addr(dst, ctx), addr(src, ctx), imm(rows), imm(row_bytes), imm(stride()),
+              imm(stride())},
              flag);
         count_flag(flag, ctx);
     }
 
     void vpu(Ctx ctx) {
         static constexpr std::array<Opcode, 23> kOps = {
-            Opcode::VAdd,    Opcode::VSub,    Opcode::VMul,    Opcode::VMax,  Opcode::VMin,
-            Opcode::VCmpGt,  Opcode::VSel,    Opcode::VAddS,   Opcode::VMulS, Opcode::VMaxS,
-            Opcode::VExp,    Opcode::VLog,    Opcode::VRsqrt,  Opcode::VTanh, Opcode::VF2Bf,
-            Opcode::VBf2F,   Opcode::VRand,   Opcode::VRSum,   Opcode::VRMax, Opcode::VCSum,
+            Opcode::VAdd,    Opcode::VSub,    Opcode::VMul,   Opcode::VMax,  Opcode::VMin,
+            Opcode::VCmpGt,  Opcode::VSel,    Opcode::VAddS,  Opcode::VMulS, Opcode::VMaxS,
+            Opcode::VExp,    Opcode::VLog,    Opcode::VRsqrt, Opcode::VTanh, Opcode::VF2Bf,
+            Opcode::VBf2F,   Opcode::VRand,   Opcode::VRSum,  Opcode::VRMax, Opcode::VCSum,
             Opcode::VAddRow, Opcode::VSubCol, Opcode::VTrans};
         const Opcode op = chance(5) ? Opcode::VMulCol : kOps[pick(0, int(kOps.size()) - 1)];
         const int n = m_small ? pick(1, 120) : pick(1, 6000);
@@ -284,22 +309,39 @@ private:
         auto a4 = [&] { return addr(vmem_addr(4), ctx); };
         const uint8_t flag = maybe_flag();
         switch (op) {
-            case Opcode::VSel: emit(op, {a4(), a4(), a4(), a4(), imm(n)}, flag); break;
-            case Opcode::VAddS: case Opcode::VMulS: case Opcode::VMaxS:
+            case Opcode::VSel:
+                emit(op, {a4(), a4(), a4(), a4(), imm(n)}, flag);
+                break;
+            case Opcode::VAddS:
+            case Opcode::VMulS:
+            case Opcode::VMaxS:
                 emit(op, {a4(), a4(), imm(0x3F800000), imm(n)}, flag);
                 break;
-            case Opcode::VExp: case Opcode::VLog: case Opcode::VRsqrt: case Opcode::VTanh:
-            case Opcode::VF2Bf: case Opcode::VBf2F:
+            case Opcode::VExp:
+            case Opcode::VLog:
+            case Opcode::VRsqrt:
+            case Opcode::VTanh:
+            case Opcode::VF2Bf:
+            case Opcode::VBf2F:
                 emit(op, {a4(), a4(), imm(n)}, flag);
                 break;
-            case Opcode::VRand: emit(op, {a4(), imm(pick(0, 99)), imm(n)}, flag); break;
-            case Opcode::VRSum: case Opcode::VRMax: case Opcode::VCSum: case Opcode::VTrans:
+            case Opcode::VRand:
+                emit(op, {a4(), imm(pick(0, 99)), imm(n)}, flag);
+                break;
+            case Opcode::VRSum:
+            case Opcode::VRMax:
+            case Opcode::VCSum:
+            case Opcode::VTrans:
                 emit(op, {a4(), a4(), imm(rows), imm(cols)}, flag);
                 break;
-            case Opcode::VAddRow: case Opcode::VSubCol: case Opcode::VMulCol:
+            case Opcode::VAddRow:
+            case Opcode::VSubCol:
+            case Opcode::VMulCol:
                 emit(op, {a4(), a4(), a4(), imm(rows), imm(cols)}, flag);
                 break;
-            default: emit(op, {a4(), a4(), a4(), imm(n)}, flag); break;
+            default:
+                emit(op, {a4(), a4(), a4(), imm(n)}, flag);
+                break;
         }
         count_flag(flag, ctx);
     }
@@ -316,8 +358,8 @@ private:
             if (ctx != Ctx::Skip) m_mxu_loaded[idx] = true;
         } else {
             const int T = m_small ? pick(1, 24) : pick(1, 300);
-            emit(Opcode::MxuMm, {unit, addr(vmem_addr(4), ctx), addr(vmem_addr(2), ctx), imm(T),
-                                 imm(pick(0, 1))},
+            emit(Opcode::MxuMm,
+                 {unit, addr(vmem_addr(4), ctx), addr(vmem_addr(2), ctx), imm(T), imm(pick(0, 1))},
                  flag);
         }
         count_flag(flag, ctx);
@@ -402,13 +444,12 @@ void random_streams(uint32_t seed, int streams, bool small_array) {
         const uint64_t start = rng() % 3 == 0 ? rng() % 1000 : 0;
         StreamGen gen(rng, cfg);
         const isa::Program prog = gen.make();
-        const std::string what = "seed " + std::to_string(seed) + " stream " + std::to_string(i) +
-                                 " (queue_depth " + std::to_string(depth) + ", dispatch " +
-                                 std::to_string(dispatch) + ", vpu_alus " +
-                                 std::to_string(cfg.core.vpu_alus) + ", dma port " +
-                                 std::to_string(cfg.core.dma_vmem_bytes_per_cycle) + ", chunk " +
-                                 std::to_string(cfg.core.dma_chunk_bytes) + ", start " +
-                                 std::to_string(start) + ")";
+        const std::string what =
+            "seed " + std::to_string(seed) + " stream " + std::to_string(i) + " (queue_depth " +
+            std::to_string(depth) + ", dispatch " + std::to_string(dispatch) + ", vpu_alus " +
+            std::to_string(cfg.core.vpu_alus) + ", dma port " +
+            std::to_string(cfg.core.dma_vmem_bytes_per_cycle) + ", chunk " +
+            std::to_string(cfg.core.dma_chunk_bytes) + ", start " + std::to_string(start) + ")";
         if (!same_timing(cfg, prog, what, start)) return;
     }
 }

@@ -14,7 +14,6 @@
 namespace tpu::isa {
 namespace {
 
-
 TEST(Assembler, OperandForms) {
     const Program p = assemble(R"(
 .equ BASE, 0x100
@@ -76,40 +75,61 @@ TEST_P(MalformedAssembly, NamesLocationFoundAndExpected) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Assembler, MalformedAssembly, ::testing::Values(
-    BadCase{"mxu.mn 0", "k.s:1:1: error: unknown instruction 'mxu.mn'; did you mean 'mxu.mm'?"},
-    BadCase{"frobnicate s1", "k.s:1:1: error: unknown instruction 'frobnicate'"},
-    BadCase{"nop\nadd s1, s2", "k.s:2:11: error: 'add' expects 3 operands (register, value, value); found 2"},
-    BadCase{"add s1, s2, s3, s4", "k.s:1:15: error: 'add' expects 3 operands (register, value, value); found more"},
-    BadCase{"halt\n  li 5, 1", "k.s:2:6: error: expected a destination register s0..s31, found '5'"},
-    BadCase{"li s32, 1", "k.s:1:4: error: register 's32' does not exist (s0..s31)"},
-    BadCase{"v.exp s1, [0], 8", "k.s:1:7: error: expected a memory operand like [s1+64], found 's1'"},
-    BadCase{"v.exp [s1+4, [0], 8", "k.s:1:12: error: expected ']' to close the memory operand, found ','"},
-    BadCase{"wait f40, 1", "k.s:1:6: error: flag 'f40' does not exist (f0..f31)"},
-    BadCase{"wait s1, 1", "k.s:1:6: error: expected a sync flag f0..f31, found 's1'"},
-    BadCase{"jmp nowhere", "k.s:1:5: error: undefined label 'nowhere'"},
-    BadCase{"a: nop\na: nop", "k.s:2:1: error: 'a' is already defined at line 1"},
-    BadCase{"li s1, 0x100000000", "k.s:1:8: error: number '0x100000000' does not fit in 32 bits"},
-    BadCase{"li s1, 0x", "k.s:1:8: error: malformed number '0x'"},
-    BadCase{"li s1, 12abc", "k.s:1:8: error: malformed number '12abc'"},
-    BadCase{".data\n", "k.s:1:1: error: unknown directive '.data': programs have no data sections; load data into HBM or VMEM with the driver or 'tpusim run --load'"},
-    BadCase{".align 4", "k.s:1:1: error: unknown directive '.align' (expected .equ or .text)"},
-    BadCase{".equ X 5", "k.s:1:8: error: .equ expects NAME, VALUE; found '5' where ',' should be"},
-    BadCase{"sub s1, 4, -s2", "k.s:1:13: error: a register can only be added, not subtracted ('-s2')"},
-    BadCase{"add s1, s2+s3, 0", "k.s:1:12: error: an operand can use at most one register, found 's3' after 's2'"},
-    BadCase{"li s1, s2+1.5", "k.s:1:11: error: a floating-point literal must be the whole operand"},
-    BadCase{"li s1, 3 @", "k.s:1:10: error: unexpected character '@'"},
-    BadCase{"s3: nop", "k.s:1:1: error: 's3' is a register name and cannot be a label"},
-    BadCase{"add s1, , s2", "k.s:1:9: error: expected value for operand 2, found ','"},
-    BadCase{"add s1, s2, 1, f3", "k.s:1:16: error: 'add' takes no completion flag"},
-    BadCase{"jmp [s1]", "k.s:1:5: error: expected a branch target (label or instruction index), found '['"},
-    BadCase{"li s1, UNDEF", "k.s:1:8: error: undefined name 'UNDEF' (not a constant or label)"},
-    BadCase{"li s1, 1e50", "k.s:1:8: error: floating-point literal '1e50' is out of range for fp32"},
-    BadCase{"v.add [0], [0], [0], 8, f99", "k.s:1:25: error: flag 'f99' does not exist (f0..f31)"},
-    BadCase{"li s1 s2", "k.s:1:7: error: expected ',' before operand 2, found 's2'"},
-    BadCase{"li s1, [4]", "k.s:1:8: error: expected a value (register, number or name), found '['; memory brackets are only for address operands"},
-    BadCase{"halt extra", "k.s:1:6: error: expected end of line after the operands of 'halt', found 'extra'"},
-    BadCase{"li s1, 0xFFFFFFFF+1", "k.s:1:8: error: value 4294967296 does not fit in 32 bits"}));
+INSTANTIATE_TEST_SUITE_P(
+    Assembler, MalformedAssembly,
+    ::testing::Values(
+        BadCase{"mxu.mn 0", "k.s:1:1: error: unknown instruction 'mxu.mn'; did you mean 'mxu.mm'?"},
+        BadCase{"frobnicate s1", "k.s:1:1: error: unknown instruction 'frobnicate'"},
+        BadCase{"nop\nadd s1, s2",
+                "k.s:2:11: error: 'add' expects 3 operands (register, value, value); found 2"},
+        BadCase{"add s1, s2, s3, s4",
+                "k.s:1:15: error: 'add' expects 3 operands (register, value, value); found more"},
+        BadCase{"halt\n  li 5, 1",
+                "k.s:2:6: error: expected a destination register s0..s31, found '5'"},
+        BadCase{"li s32, 1", "k.s:1:4: error: register 's32' does not exist (s0..s31)"},
+        BadCase{"v.exp s1, [0], 8",
+                "k.s:1:7: error: expected a memory operand like [s1+64], found 's1'"},
+        BadCase{"v.exp [s1+4, [0], 8",
+                "k.s:1:12: error: expected ']' to close the memory operand, found ','"},
+        BadCase{"wait f40, 1", "k.s:1:6: error: flag 'f40' does not exist (f0..f31)"},
+        BadCase{"wait s1, 1", "k.s:1:6: error: expected a sync flag f0..f31, found 's1'"},
+        BadCase{"jmp nowhere", "k.s:1:5: error: undefined label 'nowhere'"},
+        BadCase{"a: nop\na: nop", "k.s:2:1: error: 'a' is already defined at line 1"},
+        BadCase{"li s1, 0x100000000",
+                "k.s:1:8: error: number '0x100000000' does not fit in 32 bits"},
+        BadCase{"li s1, 0x", "k.s:1:8: error: malformed number '0x'"},
+        BadCase{"li s1, 12abc", "k.s:1:8: error: malformed number '12abc'"},
+        BadCase{".data\n",
+                "k.s:1:1: error: unknown directive '.data': programs have no data sections; load "
+                "data into HBM or VMEM with the driver or 'tpusim run --load'"},
+        BadCase{".align 4", "k.s:1:1: error: unknown directive '.align' (expected .equ or .text)"},
+        BadCase{".equ X 5",
+                "k.s:1:8: error: .equ expects NAME, VALUE; found '5' where ',' should be"},
+        BadCase{"sub s1, 4, -s2",
+                "k.s:1:13: error: a register can only be added, not subtracted ('-s2')"},
+        BadCase{"add s1, s2+s3, 0",
+                "k.s:1:12: error: an operand can use at most one register, found 's3' after 's2'"},
+        BadCase{"li s1, s2+1.5",
+                "k.s:1:11: error: a floating-point literal must be the whole operand"},
+        BadCase{"li s1, 3 @", "k.s:1:10: error: unexpected character '@'"},
+        BadCase{"s3: nop", "k.s:1:1: error: 's3' is a register name and cannot be a label"},
+        BadCase{"add s1, , s2", "k.s:1:9: error: expected value for operand 2, found ','"},
+        BadCase{"add s1, s2, 1, f3", "k.s:1:16: error: 'add' takes no completion flag"},
+        BadCase{"jmp [s1]",
+                "k.s:1:5: error: expected a branch target (label or instruction index), found '['"},
+        BadCase{"li s1, UNDEF", "k.s:1:8: error: undefined name 'UNDEF' (not a constant or label)"},
+        BadCase{"li s1, 1e50",
+                "k.s:1:8: error: floating-point literal '1e50' is out of range for fp32"},
+        BadCase{"v.add [0], [0], [0], 8, f99",
+                "k.s:1:25: error: flag 'f99' does not exist (f0..f31)"},
+        BadCase{"li s1 s2", "k.s:1:7: error: expected ',' before operand 2, found 's2'"},
+        BadCase{"li s1, [4]",
+                "k.s:1:8: error: expected a value (register, number or name), found '['; memory "
+                "brackets are only for address operands"},
+        BadCase{"halt extra",
+                "k.s:1:6: error: expected end of line after the operands of 'halt', found 'extra'"},
+        BadCase{"li s1, 0xFFFFFFFF+1",
+                "k.s:1:8: error: value 4294967296 does not fit in 32 bits"}));
 
 TEST(Assembler, MissingFileIsAnError) {
     try {
@@ -155,8 +175,10 @@ TEST(Assembler, EveryKernelInTheRepoRoundTrips) {
 }
 
 TEST(Disassembler, Formats) {
-    Instr ins{Opcode::DmaHv, 3, {Operand{1, 0}, Operand{2, 64}, Operand{0, 8}, Operand{0, 512},
-                                 Operand{3, -8}, Operand{0, INT32_MIN}}};
+    Instr ins{Opcode::DmaHv,
+              3,
+              {Operand{1, 0}, Operand{2, 64}, Operand{0, 8}, Operand{0, 512}, Operand{3, -8},
+               Operand{0, INT32_MIN}}};
     EXPECT_EQ(to_string(ins), "dma.hv [s1], [s2+64], 8, 512, s3-8, -2147483648, f3");
     Program p;
     p.code = {Instr{Opcode::Nop}, Instr{Opcode::Jmp, kNoFlag, {Operand{0, 0}}},
@@ -179,10 +201,15 @@ TEST(Disassembler, RandomProgramsRoundTrip) {
                     break;
                 }
                 Operand& o = ins.ops[slot++];
-                if (k == 'f') o.imm = static_cast<int32_t>(rng() % kNumFlags);
-                else if (k == 'l') o.imm = static_cast<int32_t>(rng() % (n + 3));
-                else if (k == 'd') o.reg = static_cast<uint8_t>(rng() % kNumSregs);
-                else o.reg = static_cast<uint8_t>(rng() % kNumSregs), o.imm = static_cast<int32_t>(rng());
+                if (k == 'f')
+                    o.imm = static_cast<int32_t>(rng() % kNumFlags);
+                else if (k == 'l')
+                    o.imm = static_cast<int32_t>(rng() % (n + 3));
+                else if (k == 'd')
+                    o.reg = static_cast<uint8_t>(rng() % kNumSregs);
+                else
+                    o.reg = static_cast<uint8_t>(rng() % kNumSregs),
+                    o.imm = static_cast<int32_t>(rng());
             }
             p.code.push_back(ins);
         }

@@ -22,9 +22,15 @@ Instr random_instr(Opcode op, std::mt19937& rng) {
         }
         Operand& o = ins.ops[slot++];
         switch (k) {
-            case 'd': o.reg = static_cast<uint8_t>(reg(rng)); break;
-            case 'f': o.imm = flag(rng); break;
-            case 'l': o.imm = imm(rng) & 0x7fffffff; break;
+            case 'd':
+                o.reg = static_cast<uint8_t>(reg(rng));
+                break;
+            case 'f':
+                o.imm = flag(rng);
+                break;
+            case 'l':
+                o.imm = imm(rng) & 0x7fffffff;
+                break;
             default:
                 o.reg = static_cast<uint8_t>(reg(rng));
                 o.imm = imm(rng);

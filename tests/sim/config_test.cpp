@@ -66,9 +66,9 @@ TEST(Config, ReferenceDocIsCurrent) {
 }
 
 TEST(Config, OverridesOfEveryType) {
-    const BoardConfig cfg = BoardConfig::load(
-        "", {"core.mxus=1", "hbm.bytes_per_core=1073741824", "clock_mhz=700.5",
-             "sim.functional=false", "hbm.page_policy=closed", "name=mine"});
+    const BoardConfig cfg =
+        BoardConfig::load("", {"core.mxus=1", "hbm.bytes_per_core=1073741824", "clock_mhz=700.5",
+                               "sim.functional=false", "hbm.page_policy=closed", "name=mine"});
     EXPECT_EQ(cfg.core.mxus, 1u);
     EXPECT_EQ(cfg.hbm.bytes_per_core, 1ull << 30);
     EXPECT_DOUBLE_EQ(cfg.clock_mhz, 700.5);

@@ -51,7 +51,8 @@ TEST(Stats, CsvEscapesAndTextAligns) {
     g.add("n", "a, \"quoted\" description", StatUnit::Bytes).set(7);
     std::stringstream csv, text;
     g.write_csv(csv);
-    EXPECT_EQ(csv.str(), "path,name,value,unit,description\ng,n,7,bytes,\"a, \"\"quoted\"\" description\"\n");
+    EXPECT_EQ(csv.str(),
+              "path,name,value,unit,description\ng,n,7,bytes,\"a, \"\"quoted\"\" description\"\n");
     g.write_text(text);
     EXPECT_NE(text.str().find("g.n"), std::string::npos);
     EXPECT_NE(text.str().find("# a, \"quoted\" description"), std::string::npos);

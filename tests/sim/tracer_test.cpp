@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <fstream>
 #include <sstream>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -30,7 +30,8 @@ void write_sample(const std::string& path, std::string_view filter = {}, uint64_
 }
 
 TEST(Tracer, WritesChromeTraceEventsWithCyclesInArgs) {
-    const std::string p = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-trace.json";
+    const std::string p =
+        ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-trace.json";
     write_sample(p);
     const auto j = nlohmann::json::parse(slurp(p));
     int meta = 0, x = 0;
@@ -54,7 +55,8 @@ TEST(Tracer, WritesChromeTraceEventsWithCyclesInArgs) {
 }
 
 TEST(Tracer, FiltersByUnitPrefixAndWindowAndIsDeterministic) {
-    const std::string a = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-a.json", b = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-b.json";
+    const std::string a = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-a.json",
+                      b = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-b.json";
     write_sample(a);
     write_sample(b);
     EXPECT_EQ(slurp(a), slurp(b));

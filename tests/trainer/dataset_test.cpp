@@ -105,7 +105,8 @@ TEST(Datasets, MissingDirectoryIsAClearError) {
 }
 
 TEST(Datasets, SyntheticIsDeterministic) {
-    const Dataset a = synthetic(100, 8, 3, 7), b = synthetic(100, 8, 3, 7), c = synthetic(100, 8, 3, 8);
+    const Dataset a = synthetic(100, 8, 3, 7), b = synthetic(100, 8, 3, 7),
+                  c = synthetic(100, 8, 3, 8);
     EXPECT_EQ(a.x, b.x);
     EXPECT_EQ(a.labels, b.labels);
     EXPECT_NE(a.x, c.x);

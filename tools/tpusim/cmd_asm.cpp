@@ -8,8 +8,8 @@
 #include <memory>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "isa/assembler.h"
@@ -36,9 +36,11 @@ void write_file(const std::string& path, const void* data, size_t size) {
     const std::string tmp = path + ".tmp";
     {
         std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out) throw InputError(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+        if (!out)
+            throw InputError(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
         out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
-        if (!out) throw InputError(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+        if (!out)
+            throw InputError(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
     }
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);
@@ -81,7 +83,8 @@ void register_asm_commands(CLI::App& app) {
             update_readme(a->write_doc);
             return;
         }
-        if (a->input.empty()) throw InputError("asm: no input file (usage: tpusim asm IN.s -o OUT.bin)");
+        if (a->input.empty())
+            throw InputError("asm: no input file (usage: tpusim asm IN.s -o OUT.bin)");
         isa::Program prog;
         try {
             prog = isa::assemble(read_text(a->input), a->input);
@@ -114,8 +117,8 @@ void register_asm_commands(CLI::App& app) {
         const std::string bytes = read_text(d->input);
         isa::Program prog;
         try {
-            prog = isa::decode_program(std::span(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                                 bytes.size()));
+            prog = isa::decode_program(
+                std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
         } catch (const isa::DecodeError& e) {
             throw InputError(fmt::format("{}: {}", d->input, e.what()));
         }

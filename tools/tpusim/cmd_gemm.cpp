@@ -5,9 +5,9 @@
 #include <memory>
 #include <random>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <Eigen/Core>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "driver/kernels/gemm.h"
@@ -52,8 +52,8 @@ void register_gemm_command(CLI::App& app) {
             if (count) {
                 const unsigned long c = std::stoul(o->cores);
                 if (c == 0 || c > cfg.cores())
-                    throw InputError(fmt::format("--cores {}: the board has {} cores", o->cores,
-                                                 cfg.cores()));
+                    throw InputError(
+                        fmt::format("--cores {}: the board has {} cores", o->cores, cfg.cores()));
                 for (uint32_t i = 0; i < c; ++i) cores.push_back(i);
             } else {
                 cores = hw::parse_core_set(o->cores, cfg.cores());
@@ -61,7 +61,8 @@ void register_gemm_command(CLI::App& app) {
         } catch (const std::invalid_argument& e) {
             throw InputError(fmt::format("--cores: {}", e.what()));
         } catch (const std::out_of_range&) {
-            throw InputError(fmt::format("--cores {}: the board has {} cores", o->cores, cfg.cores()));
+            throw InputError(
+                fmt::format("--cores {}: the board has {} cores", o->cores, cfg.cores()));
         }
         const uint32_t M = o->m, K = o->k, N = o->n;
         std::mt19937 rng(o->seed);
@@ -99,23 +100,29 @@ void register_gemm_command(CLI::App& app) {
             const auto want = driver::gemm_reference(a, w, M, K, N, precision, cfg.core.mxu_rows);
             j["bitexact"] = std::memcmp(want.data(), r.c.data(), want.size() * 4) == 0;
             using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-            const Mat A = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic,
-                                                         Eigen::RowMajor>>(a.data(), M, K)
-                              .cast<double>();
-            const Mat W = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic,
-                                                         Eigen::RowMajor>>(w.data(), K, N)
-                              .cast<double>();
+            const Mat A =
+                Eigen::Map<
+                    const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                    a.data(), M, K)
+                    .cast<double>();
+            const Mat W =
+                Eigen::Map<
+                    const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                    w.data(), K, N)
+                    .cast<double>();
             const Mat ref = A * W;
-            const Mat got = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic,
-                                                           Eigen::RowMajor>>(r.c.data(), M, N)
-                                .cast<double>();
+            const Mat got =
+                Eigen::Map<
+                    const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                    r.c.data(), M, N)
+                    .cast<double>();
             j["rel_error"] = (got - ref).norm() / std::max(ref.norm(), 1e-300);
         }
         if (o->common.json) {
             fmt::print("{}\n", j.dump());
         } else {
-            fmt::print("gemm {}x{}x{} {} on {} core{}: {} cycles = {:.3f} us at {} MHz\n", M, K,
-                       N, driver::precision_name(precision), cores.size(),
+            fmt::print("gemm {}x{}x{} {} on {} core{}: {} cycles = {:.3f} us at {} MHz\n", M, K, N,
+                       driver::precision_name(precision), cores.size(),
                        cores.size() == 1 ? "" : "s", cycles, seconds * 1e6, cfg.clock_mhz);
             fmt::print("MXU utilisation {:.1f}%, {:.2f} TFLOP/s (peak {:.1f}), host {:.3f} s\n",
                        100.0 * r.mxu_utilization, j["tflops"].get<double>(),

@@ -8,8 +8,8 @@
 #include <memory>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "hw/board.h"
@@ -40,8 +40,8 @@ uint64_t parse_number(std::string_view s, std::string_view what, const std::stri
 }
 
 Region parse_region(const std::string& spec, bool with_bytes, uint32_t num_cores) {
-    const std::string form = with_bytes ? "CORE[:hbm|:vmem]:ADDR:BYTES=FILE"
-                                        : "CORES[:hbm|:vmem]:ADDR=FILE";
+    const std::string form =
+        with_bytes ? "CORE[:hbm|:vmem]:ADDR:BYTES=FILE" : "CORES[:hbm|:vmem]:ADDR=FILE";
     const size_t eq = spec.find('=');
     if (eq == std::string::npos || eq + 1 == spec.size())
         throw InputError(fmt::format("'{}': expected {}", spec, form));
@@ -72,7 +72,8 @@ Region parse_region(const std::string& spec, bool with_bytes, uint32_t num_cores
 
 isa::Program load_kernel(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError(fmt::format("cannot open kernel '{}': {}", path, std::strerror(errno)));
+    if (!in)
+        throw InputError(fmt::format("cannot open kernel '{}': {}", path, std::strerror(errno)));
     std::stringstream ss;
     ss << in.rdbuf();
     const std::string bytes = ss.str();
@@ -103,7 +104,8 @@ void register_run_command(CLI::App& app) {
     };
     auto o = std::make_shared<Opts>();
     auto* cmd = app.add_subcommand("run", "run a kernel (.s or .bin) on a set of cores");
-    cmd->add_option("kernel", o->kernel, "kernel: assembly (.s) or program image (.bin)")->required();
+    cmd->add_option("kernel", o->kernel, "kernel: assembly (.s) or program image (.bin)")
+        ->required();
     cmd->add_option("--cores", o->cores, "cores to run on: 3, 0-7, 0,2,4 or all (default 0)");
     cmd->add_option("--load", o->loads,
                     "CORES[:hbm|:vmem]:ADDR=FILE: copy FILE into memory before the run "
@@ -131,23 +133,25 @@ void register_run_command(CLI::App& app) {
         for (const Region& r : loads) {
             std::ifstream in(r.file, std::ios::binary);
             if (!in)
-                throw InputError(fmt::format("--load: cannot open '{}': {}", r.file, std::strerror(errno)));
+                throw InputError(
+                    fmt::format("--load: cannot open '{}': {}", r.file, std::strerror(errno)));
             const std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)),
                                             std::istreambuf_iterator<char>());
             for (uint32_t c : r.cores) {
                 hw::SparseMemory& mem = r.hbm ? board.hbm(c) : board.vmem(c);
                 if (!mem.in_range(r.addr, data.size()))
-                    throw InputError(fmt::format(
-                        "--load {}: {} bytes at 0x{:x} do not fit in {} ({} bytes)", r.file,
-                        data.size(), r.addr, mem.name(), mem.size()));
+                    throw InputError(
+                        fmt::format("--load {}: {} bytes at 0x{:x} do not fit in {} ({} bytes)",
+                                    r.file, data.size(), r.addr, mem.name(), mem.size()));
                 mem.write(r.addr, data);
             }
         }
         for (const Region& r : dumps) {
             const hw::SparseMemory& mem = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
             if (r.bytes == 0 || !mem.in_range(r.addr, r.bytes))
-                throw InputError(fmt::format("--dump {}: {} bytes at 0x{:x} are not inside {} ({} bytes)",
-                                             r.file, r.bytes, r.addr, mem.name(), mem.size()));
+                throw InputError(
+                    fmt::format("--dump {}: {} bytes at 0x{:x} are not inside {} ({} bytes)",
+                                r.file, r.bytes, r.addr, mem.name(), mem.size()));
         }
         for (uint32_t c : cores) {
             try {
@@ -162,8 +166,11 @@ void register_run_command(CLI::App& app) {
             std::vector<uint8_t> data(r.bytes);
             mem.read(r.addr, data);
             std::ofstream out(r.file, std::ios::binary | std::ios::trunc);
-            out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-            if (!out) throw InputError(fmt::format("--dump: cannot write '{}': {}", r.file, std::strerror(errno)));
+            out.write(reinterpret_cast<const char*>(data.data()),
+                      static_cast<std::streamsize>(data.size()));
+            if (!out)
+                throw InputError(
+                    fmt::format("--dump: cannot write '{}': {}", r.file, std::strerror(errno)));
         }
         session.report(res);
     });

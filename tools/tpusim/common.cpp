@@ -26,7 +26,8 @@ void add_config_options(CLI::App& cmd, CommonOptions& o) {
 void add_common_options(CLI::App& cmd, CommonOptions& o) {
     add_config_options(cmd, o);
     cmd.add_option("--trace", o.trace, "write a Chrome/Perfetto trace JSON to FILE");
-    cmd.add_option("--trace-units", o.trace_units, "trace only these tracks (prefixes, comma-separated)");
+    cmd.add_option("--trace-units", o.trace_units,
+                   "trace only these tracks (prefixes, comma-separated)");
     cmd.add_option("--trace-window", o.trace_window, "trace only cycles START:END");
     cmd.add_option("--stats", o.stats, "write statistics to FILE (.json or .csv)");
     cmd.add_flag("--json", o.json, "print a machine-readable result on stdout");

@@ -62,11 +62,13 @@ RunSession::~RunSession() = default;
 hw::LaunchResult RunSession::launch(const std::string& name, const std::vector<uint32_t>& cores,
                                     const std::vector<uint32_t>& args) {
     m_before.clear();
-    for (uint32_t c = 0; c < m_board->num_cores(); ++c) m_before.push_back(m_board->core(c).stats());
+    for (uint32_t c = 0; c < m_board->num_cores(); ++c)
+        m_before.push_back(m_board->core(c).stats());
     const auto t0 = std::chrono::steady_clock::now();
     try {
         auto res = m_board->run(cores, args);
-        m_host_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        m_host_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return res;
     } catch (const hw::DeviceFault& f) {
         throw RunError(fmt::format("{}: {}", name, f.what()));
@@ -82,7 +84,8 @@ double RunSession::mxu_utilization(const hw::LaunchResult& res) const {
     uint64_t macs = 0, cycles = res.end_cycle - res.start_cycle;
     for (uint32_t c : res.cores) {
         const auto& s = m_board->core(c).stats();
-        for (size_t i = 0; i < s.mxu_macs.size(); ++i) macs += s.mxu_macs[i] - m_before[c].mxu_macs[i];
+        for (size_t i = 0; i < s.mxu_macs.size(); ++i)
+            macs += s.mxu_macs[i] - m_before[c].mxu_macs[i];
     }
     if (cycles == 0) return 0;
     return double(macs) / (array * double(cycles) * double(res.cores.size()));
@@ -119,13 +122,15 @@ void RunSession::report(const hw::LaunchResult& res) {
             const auto& s = m_board->core(c).stats();
             const auto& b = m_before[c];
             fmt::print("{:>4} {:>12} {:>12.3f} {:>10} {:>12} {:>12}\n", c, res.core_cycles[i],
-                       double(res.core_cycles[i]) / m_cfg.clock_mhz, s.instructions - b.instructions,
-                       s.hbm_read_bytes - b.hbm_read_bytes, s.hbm_write_bytes - b.hbm_write_bytes);
+                       double(res.core_cycles[i]) / m_cfg.clock_mhz,
+                       s.instructions - b.instructions, s.hbm_read_bytes - b.hbm_read_bytes,
+                       s.hbm_write_bytes - b.hbm_write_bytes);
         }
         const uint64_t cycles = res.end_cycle - res.start_cycle;
-        fmt::print("total: {} cycles = {:.3f} us at {} MHz; MXU utilisation {:.1f}%; host {:.3f} s\n",
-                   cycles, double(cycles) / m_cfg.clock_mhz, m_cfg.clock_mhz,
-                   100.0 * mxu_utilization(res), m_host_seconds);
+        fmt::print(
+            "total: {} cycles = {:.3f} us at {} MHz; MXU utilisation {:.1f}%; host {:.3f} s\n",
+            cycles, double(cycles) / m_cfg.clock_mhz, m_cfg.clock_mhz, 100.0 * mxu_utilization(res),
+            m_host_seconds);
     }
     write_stats_file(m_opts, *m_board);
 }
@@ -138,15 +143,20 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board) {
         .set(board.now_cycle());
     for (uint32_t c = 0; c < board.num_cores(); ++c) {
         const auto& s = board.core(c).stats();
-        auto& g = *groups.emplace_back(std::make_unique<sim::StatGroup>(fmt::format("core{}", c), &root));
+        auto& g =
+            *groups.emplace_back(std::make_unique<sim::StatGroup>(fmt::format("core{}", c), &root));
         g.add("instructions", "instructions issued", sim::StatUnit::Count).set(s.instructions);
         g.add("stall_queue_cycles", "sequencer cycles stalled on a full unit queue",
-              sim::StatUnit::Cycles).set(s.stall_queue);
+              sim::StatUnit::Cycles)
+            .set(s.stall_queue);
         g.add("stall_wait_cycles", "sequencer cycles stalled in wait or fence",
-              sim::StatUnit::Cycles).set(s.stall_wait);
+              sim::StatUnit::Cycles)
+            .set(s.stall_wait);
         g.add("dma_ops", "DMA instructions", sim::StatUnit::Count).set(s.dma_ops);
-        g.add("hbm_read_bytes", "bytes read from HBM by DMA", sim::StatUnit::Bytes).set(s.hbm_read_bytes);
-        g.add("hbm_write_bytes", "bytes written to HBM by DMA", sim::StatUnit::Bytes).set(s.hbm_write_bytes);
+        g.add("hbm_read_bytes", "bytes read from HBM by DMA", sim::StatUnit::Bytes)
+            .set(s.hbm_read_bytes);
+        g.add("hbm_write_bytes", "bytes written to HBM by DMA", sim::StatUnit::Bytes)
+            .set(s.hbm_write_bytes);
         g.add("vpu_ops", "VPU instructions", sim::StatUnit::Count).set(s.vpu_ops);
         g.add("vpu_busy_cycles", "VPU issue cycles", sim::StatUnit::Cycles).set(s.vpu_busy);
         g.add("vpu_flops", "VPU fp32 operations", sim::StatUnit::Flops).set(s.vpu_flops);
@@ -155,16 +165,20 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board) {
         g.add("mxu_ops", "MXU instructions", sim::StatUnit::Count).set(s.mxu_ops);
         for (size_t i = 0; i < s.mxu_macs.size(); ++i) {
             g.add(fmt::format("mxu{}_busy_cycles", i), "cycles streaming LHS rows",
-                  sim::StatUnit::Cycles).set(s.mxu_busy[i]);
+                  sim::StatUnit::Cycles)
+                .set(s.mxu_busy[i]);
             g.add(fmt::format("mxu{}_flops", i), "2 x useful multiply-accumulates",
-                  sim::StatUnit::Flops).set(2 * s.mxu_macs[i]);
+                  sim::StatUnit::Flops)
+                .set(2 * s.mxu_macs[i]);
         }
     }
     std::ofstream out(opts.stats, std::ios::trunc);
     if (!out) throw InputError(fmt::format("--stats: cannot write '{}'", opts.stats));
     const bool csv = opts.stats.size() > 4 && opts.stats.substr(opts.stats.size() - 4) == ".csv";
-    if (csv) root.write_csv(out);
-    else root.write_json(out);
+    if (csv)
+        root.write_csv(out);
+    else
+        root.write_json(out);
     // The effective config beside every stats file, so a result always says what produced it.
     std::ofstream cfg(opts.stats + ".config.json", std::ios::trunc);
     hw::BoardConfig copy = board.config();
