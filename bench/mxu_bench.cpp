@@ -4,6 +4,7 @@
 // closed_form, ratio, mxu_util; wall time is the host cost of simulating it.
 //   build/bin/mxu_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
+#include <systemc>
 
 #include <random>
 
@@ -79,4 +80,10 @@ BENCHMARK(GemmTimingOnly)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+// libsystemc provides main() and calls sc_main.
+int sc_main(int argc, char* argv[]) {
+    benchmark::Initialize(&argc, argv);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

@@ -13,13 +13,15 @@ void BoardConfig::validate() {
         throw sim::ConfigError(
             "hbm.model: the hbm2 bank-timing model is not available yet; use \"simple\"");
     const uint64_t pc_bytes = hbm.bytes_per_core / (uint64_t(hbm.channels) * hbm.pseudo_channels);
-    if (pc_bytes < uint64_t(hbm.row_bytes) * hbm.bank_groups * hbm.banks_per_group)
+    // pc_bytes < row_bytes * bank_groups * banks_per_group, divided out so that the product
+    // (up to 2^93 with 32-bit powers of two) cannot wrap around to a small number.
+    if (pc_bytes / hbm.row_bytes / hbm.bank_groups < hbm.banks_per_group)
         throw sim::ConfigError(fmt::format(
             "hbm.bytes_per_core: {} bytes cannot hold one row in every bank of every channel",
             hbm.bytes_per_core));
     if (ici.topology == "torus2d" && ici.torus_x != 0 && cores() % ici.torus_x != 0)
-        throw sim::ConfigError(fmt::format("ici.torus_x: {} does not divide the {} cores",
-                                           ici.torus_x, cores()));
+        throw sim::ConfigError(
+            fmt::format("ici.torus_x: {} does not divide the {} cores", ici.torus_x, cores()));
     if (ici.topology == "torus2d" && ici.torus_x == 0) {
         uint32_t x = 1;
         while ((x + 1) * (x + 1) <= cores()) ++x;

@@ -2,6 +2,7 @@
 #include "sim/config_io.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -121,9 +122,15 @@ Json to_json(const FieldRef& ref) {
     return std::visit([](auto* p) -> Json { return Json(*p); }, ref);
 }
 
+/// JSON text of a value for an error message. A --set string may hold invalid UTF-8, which a
+/// plain dump() would throw on; replace those bytes instead.
+std::string shown(const Json& j) {
+    return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 /// Stores a JSON value into a field; returns an error text or empty on success.
 std::string assign(const FieldRef& ref, const Json& j) {
-    const std::string want = fmt::format("expected {}, got {}", type_name(ref), j.dump());
+    const std::string want = fmt::format("expected {}, got {}", type_name(ref), shown(j));
     return std::visit(
         [&](auto* p) -> std::string {
             using T = std::remove_pointer_t<decltype(p)>;
@@ -147,7 +154,7 @@ std::string assign(const FieldRef& ref, const Json& j) {
             } else {  // unsigned
                 if (!j.is_number_integer()) return want;
                 if (!j.is_number_unsigned())
-                    return fmt::format("must not be negative (got {})", j.dump());
+                    return fmt::format("must not be negative (got {})", shown(j));
                 const uint64_t v = j.get<uint64_t>();
                 if (v > std::numeric_limits<T>::max())
                     return fmt::format("{} does not fit {}", v, type_name(ref));
@@ -191,7 +198,7 @@ void apply_object(const Collector& c, const Json& obj, const std::string& prefix
             if (!it.value().is_object())
                 throw ConfigError(
                     fmt::format("{}: key '{}': expected an object (a section), got {}", source, key,
-                                it.value().dump()));
+                                shown(it.value())));
             apply_object(c, it.value(), key, source);
             continue;
         }
@@ -271,10 +278,16 @@ void apply_json(const VisitRoot& root, std::string_view text, std::string_view s
 }
 
 void apply_json_file(const VisitRoot& root, const std::string& path) {
+    // Opening a directory succeeds on Linux and reads as empty; without this check the user
+    // would see "malformed JSON ... unexpected end of input" for a path that is not a file.
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+        throw ConfigError(fmt::format("{}: is a directory, not a config file", path));
     std::ifstream in(path, std::ios::binary);
     if (!in) throw ConfigError(fmt::format("{}: cannot open config file", path));
     std::ostringstream ss;
     ss << in.rdbuf();
+    if (in.bad()) throw ConfigError(fmt::format("{}: cannot read config file", path));
     apply_json(root, ss.str(), path);
 }
 
@@ -323,7 +336,8 @@ std::string dump_json(const VisitRoot& root) {
         void leave() override { stack.pop_back(); }
     } d;
     root(d);
-    return d.out.dump(2) + "\n";
+    // A --set string may hold any bytes; replace invalid UTF-8 rather than throw from the dump.
+    return d.out.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
 }
 
 std::string doc_table(const VisitRoot& root) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <ostream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -32,9 +33,27 @@ std::string_view unit_name(StatUnit unit) {
     return "?";
 }
 
+namespace {
+
+/// A dot would make find() and the dotted paths ambiguous; an empty name makes "a..b".
+void check_name(std::string_view what, std::string_view name, std::string_view where) {
+    if (name.empty() || name.find('.') != std::string_view::npos)
+        throw std::invalid_argument(fmt::format(
+            "stats: {} name '{}' in '{}' must be non-empty and contain no '.'", what, name, where));
+}
+
+}  // namespace
+
 StatGroup::StatGroup(std::string name, StatGroup* parent)
     : m_name(std::move(name)), m_parent(parent) {
-    if (m_parent) m_parent->m_children.push_back(this);
+    check_name("group", m_name, m_parent ? m_parent->path() : std::string());
+    if (!m_parent) return;
+    // Two siblings of one name would be one key in the JSON, silently losing one of them.
+    for (const StatGroup* c : m_parent->m_children)
+        if (c->m_name == m_name)
+            throw std::invalid_argument(
+                fmt::format("stats: group '{}' already exists", m_parent->path() + "." + m_name));
+    m_parent->m_children.push_back(this);
 }
 
 StatGroup::~StatGroup() {
@@ -43,12 +62,25 @@ StatGroup::~StatGroup() {
     for (StatGroup* c : m_children) c->m_parent = nullptr;
 }
 
+void StatGroup::check_new_stat(std::string_view name) const {
+    check_name("statistic", name, path());
+    const bool taken = std::any_of(m_counters.begin(), m_counters.end(),
+                                   [&](const Counter& c) { return c.name() == name; }) ||
+                       std::any_of(m_formulas.begin(), m_formulas.end(),
+                                   [&](const Formula& f) { return f.name == name; });
+    if (taken)
+        throw std::invalid_argument(
+            fmt::format("stats: statistic '{}.{}' already exists", path(), name));
+}
+
 Counter& StatGroup::add(std::string name, std::string desc, StatUnit unit) {
+    check_new_stat(name);
     return m_counters.emplace_back(std::move(name), std::move(desc), unit);
 }
 
 void StatGroup::add_formula(std::string name, std::string desc, StatUnit unit,
                             std::function<double()> eval) {
+    check_new_stat(name);
     m_formulas.push_back({std::move(name), std::move(desc), unit, std::move(eval)});
 }
 
@@ -94,9 +126,13 @@ nlohmann::ordered_json to_json(const StatGroup& g) {
 }
 
 std::string csv_field(std::string_view s) {
-    if (s.find_first_of(",\"\n") == std::string_view::npos) return std::string(s);
+    // RFC 4180: quote fields holding separators, quotes or line breaks; double the quotes.
+    if (s.find_first_of(",\"\r\n") == std::string_view::npos) return std::string(s);
     std::string out = "\"";
-    for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    for (char c : s) {
+        if (c == '"') out += '"';
+        out += c;
+    }
     return out + "\"";
 }
 

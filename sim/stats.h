@@ -59,13 +59,15 @@ struct Formula {
 /// A named node of the stats tree. Children register themselves with their parent.
 class StatGroup {
 public:
-    /// A root group (parent == nullptr) or a child of `parent`.
+    /// A root group (parent == nullptr) or a child of `parent`. Names are non-empty, without
+    /// '.', and unique among siblings (std::invalid_argument otherwise).
     explicit StatGroup(std::string name, StatGroup* parent = nullptr);
     virtual ~StatGroup();
     StatGroup(const StatGroup&) = delete;
     StatGroup& operator=(const StatGroup&) = delete;
 
-    /// Registers a counter; the reference stays valid for the group's lifetime.
+    /// Registers a counter; the reference stays valid for the group's lifetime. Counter and
+    /// formula names are unique within a group (std::invalid_argument otherwise).
     Counter& add(std::string name, std::string desc, StatUnit unit);
     /// Registers a formula evaluated when stats are written.
     void add_formula(std::string name, std::string desc, StatUnit unit,
@@ -91,6 +93,9 @@ public:
     void write_text(std::ostream& os) const;
 
 private:
+    /// Throws std::invalid_argument if `name` is not a valid new counter or formula name.
+    void check_new_stat(std::string_view name) const;
+
     std::string m_name;
     StatGroup* m_parent;
     std::deque<Counter> m_counters;

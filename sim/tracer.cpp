@@ -2,175 +2,271 @@
 #include "sim/tracer.h"
 
 #include <array>
-#include <cstdio>
+#include <cmath>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "sim/log.h"
+
 namespace tpu::sim {
+namespace {
+
+using Buffer = fmt::memory_buffer;
+
+void put(Buffer& b, std::string_view s) {
+    b.append(s.data(), s.data() + s.size());
+}
+
+/// Appends `s` as a JSON string body (without the quotes).
+void put_escaped(Buffer& b, std::string_view s) {
+    for (const char c : s) {
+        switch (c) {
+            case '"':
+                put(b, "\\\"");
+                break;
+            case '\\':
+                put(b, "\\\\");
+                break;
+            case '\n':
+                put(b, "\\n");
+                break;
+            case '\r':
+                put(b, "\\r");
+                break;
+            case '\t':
+                put(b, "\\t");
+                break;
+            default:
+                if (static_cast<unsigned char>(c) < 0x20)
+                    fmt::format_to(std::back_inserter(b), "\\u{:04x}",
+                                   static_cast<unsigned>(static_cast<unsigned char>(c)));
+                else
+                    b.push_back(c);
+        }
+    }
+}
+
+void put_string(Buffer& b, std::string_view s) {
+    b.push_back('"');
+    put_escaped(b, s);
+    b.push_back('"');
+}
+
+/// JSON has no NaN or infinity; a viewer rejects the whole file over one bad number.
+void put_double(Buffer& b, double v, bool short_form) {
+    if (!std::isfinite(v))
+        put(b, "null");
+    else if (short_form)
+        fmt::format_to(std::back_inserter(b), "{:.6g}", v);
+    else
+        fmt::format_to(std::back_inserter(b), "{}", v);
+}
+
+/// Picoseconds as microseconds with exactly six decimals, printed from integers so the text
+/// never depends on floating-point formatting.
+void put_us(Buffer& b, int64_t ps) {
+    fmt::format_to(std::back_inserter(b), "{}.{:06}", ps / 1'000'000, ps % 1'000'000);
+}
+
+}  // namespace
 
 /// Writer state: the open file, the track table and the filters. Events go straight to a
-/// buffered FILE*, so memory stays constant however long the run.
+/// buffered ofstream through one reused line buffer, so memory stays constant however long
+/// the run; only the track table grows, with the number of distinct tracks.
 struct Tracer::Impl {
-    std::FILE* file = nullptr;
+    static constexpr size_t kFileBufferBytes = 256 * 1024;
+
+    std::vector<char> file_buffer;  // declared before `out`, which uses it until destroyed
+    std::ofstream out;
+    Buffer line;
     std::string path;
     double clock_mhz = 1000.0;
     std::vector<std::string> filters;
     uint64_t window_begin = 0, window_end = 0;
-    std::map<std::string, int, std::less<>> pids;                  // process -> pid
-    std::map<std::pair<int, std::string>, int, std::less<>> tids;  // (pid, thread) -> tid
-    std::vector<std::pair<int, int>> tracks;                       // id -> (pid, tid)
-    std::map<std::string, int, std::less<>> counter_pids;
-    std::array<uint64_t, 3> written{};  // X, i, C
+    std::map<std::string, int, std::less<>> pids;                    // process -> pid
+    std::map<std::pair<int, std::string>, int, std::less<>> by_key;  // (pid, thread) -> track
+    std::vector<std::pair<int, int>> tracks;                         // track -> (pid, tid)
+    std::array<uint64_t, 3> written{};                               // X, i, C
     bool first = true;
 
-    void emit(const std::string& json) {
-        std::fputs(first ? "\n" : ",\n", file);
+    /// Writes the event in `line` as the next array element.
+    void flush_line() {
+        out.write(first ? "\n" : ",\n", first ? 1 : 2);
         first = false;
-        std::fputs(json.c_str(), file);
+        out.write(line.data(), static_cast<std::streamsize>(line.size()));
+        line.clear();
     }
+
+    bool keep_unit(std::string_view process, std::string_view thread) const {
+        if (filters.empty()) return true;
+        for (const std::string& f : filters) {
+            // Match "process.thread" against the prefix without building the joined string.
+            const std::string_view fv(f);
+            if (fv.size() <= process.size()) {
+                if (process.substr(0, fv.size()) == fv) return true;
+                continue;
+            }
+            if (fv.substr(0, process.size()) != process || fv[process.size()] != '.') continue;
+            const std::string_view rest = fv.substr(process.size() + 1);
+            if (thread.substr(0, rest.size()) == rest) return true;
+        }
+        return false;
+    }
+
+    /// Half-open window [window_begin, window_end): an interval is kept if it overlaps it, a
+    /// point (begin == end) if it lies in it.
     bool in_window(uint64_t begin, uint64_t end) const {
-        if (end < window_begin) return false;
+        if (begin == end ? begin < window_begin : end <= window_begin) return false;
         return window_end == 0 || begin < window_end;
     }
-    /// Microseconds at the configured clock, printed with fixed precision for byte-identical
-    /// traces.
-    std::string us(uint64_t cycles) const {
-        return fmt::format("{:.6f}", double(cycles) / clock_mhz);
+
+    /// Cycles to picoseconds at the configured clock: 1e6 / MHz ps per cycle.
+    int64_t ps(uint64_t cycles) const {
+        return std::llround(static_cast<double>(cycles) * 1e6 / clock_mhz);
     }
+
     int pid_of(std::string_view process) {
-        auto it = pids.find(process);
-        if (it != pids.end()) return it->second;
-        const int pid = static_cast<int>(pids.size());
+        if (auto it = pids.find(process); it != pids.end()) return it->second;
+        // 1-based: some viewers treat pid 0 as the idle process.
+        const int pid = static_cast<int>(pids.size()) + 1;
         pids.emplace(std::string(process), pid);
-        emit(fmt::format(
-            R"({{"ph":"M","name":"process_name","pid":{},"tid":0,"args":{{"name":"{}"}}}})", pid,
-            escape(process)));
-        emit(fmt::format(
-            R"({{"ph":"M","name":"process_sort_index","pid":{},"tid":0,"args":{{"sort_index":{}}}}})",
-            pid, pid));
+        put(line, R"({"ph":"M","name":"process_name","pid":)");
+        fmt::format_to(std::back_inserter(line), R"({},"tid":0,"args":{{"name":)", pid);
+        put_string(line, process);
+        put(line, "}}");
+        flush_line();
+        // Sort processes in order of first use (core0 before host) rather than by name.
+        fmt::format_to(std::back_inserter(line),
+                       R"({{"ph":"M","name":"process_sort_index","pid":{},"tid":0,)"
+                       R"("args":{{"sort_index":{}}}}})",
+                       pid, pid);
+        flush_line();
         return pid;
     }
-    static std::string escape(std::string_view s) {
-        std::string out;
-        for (char c : s) {
-            switch (c) {
-                case '"':
-                    out += "\\\"";
-                    break;
-                case '\\':
-                    out += "\\\\";
-                    break;
-                case '\n':
-                    out += "\\n";
-                    break;
-                case '\t':
-                    out += "\\t";
-                    break;
-                default:
-                    if (static_cast<unsigned char>(c) < 0x20)
-                        out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
-                    else
-                        out += c;
-            }
-        }
-        return out;
-    }
-    static std::string args_json(std::initializer_list<TraceArg> args, uint64_t b, uint64_t e,
-                                 bool with_end) {
-        std::string out = fmt::format(R"("begin_cycle":{})", b);
-        if (with_end) out += fmt::format(R"(,"end_cycle":{})", e);
+
+    /// `"args":{...}` with the cycle numbers first, then the caller's arguments.
+    void put_args(std::initializer_list<TraceArg> args, uint64_t begin, const uint64_t* end) {
+        fmt::format_to(std::back_inserter(line), R"("args":{{"begin_cycle":{})", begin);
+        if (end) fmt::format_to(std::back_inserter(line), R"(,"end_cycle":{})", *end);
         for (const TraceArg& a : args) {
-            out += fmt::format(R"(,"{}":)", escape(a.key));
+            line.push_back(',');
+            put_string(line, a.key);
+            line.push_back(':');
             std::visit(
                 [&](const auto& v) {
                     using T = std::decay_t<decltype(v)>;
                     if constexpr (std::is_same_v<T, std::string_view>)
-                        out += "\"" + escape(v) + "\"";
+                        put_string(line, v);
                     else if constexpr (std::is_same_v<T, double>)
-                        out += fmt::format("{:.6g}", v);
+                        put_double(line, v, false);
                     else
-                        out += fmt::format("{}", v);
+                        fmt::format_to(std::back_inserter(line), "{}", v);
                 },
                 a.value);
         }
-        return out;
+        line.push_back('}');
+    }
+
+    /// `{"ph":"P","name":"N","pid":p,"tid":t,` shared by the event kinds.
+    void put_head(char phase, std::string_view name, int pid, int tid) {
+        fmt::format_to(std::back_inserter(line), R"({{"ph":"{}","name":)", phase);
+        put_string(line, name);
+        fmt::format_to(std::back_inserter(line), R"(,"pid":{},"tid":{},)", pid, tid);
     }
 };
 
 Tracer::Tracer() : m_impl(std::make_unique<Impl>()) {}
+
 Tracer::~Tracer() {
     close();
 }
 
 void Tracer::open(const std::string& path, double clock_mhz, std::string_view unit_filter,
                   uint64_t window_begin, uint64_t window_end) {
+    if (!(clock_mhz > 0.0) || !std::isfinite(clock_mhz))
+        throw std::invalid_argument(
+            fmt::format("trace file '{}': clock_mhz must be positive, got {}", path, clock_mhz));
     close();
-    m_impl = std::make_unique<Impl>();
-    Impl& im = *m_impl;
-    im.file = std::fopen(path.c_str(), "wb");
-    if (!im.file) throw std::runtime_error(fmt::format("cannot write trace file '{}'", path));
-    im.path = path;
-    im.clock_mhz = clock_mhz;
-    im.window_begin = window_begin;
-    im.window_end = window_end;
+    auto im = std::make_unique<Impl>();
+    im->file_buffer.resize(Impl::kFileBufferBytes);
+    // libstdc++ honours pubsetbuf only before the file is opened.
+    im->out.rdbuf()->pubsetbuf(im->file_buffer.data(),
+                               static_cast<std::streamsize>(im->file_buffer.size()));
+    im->out.open(path, std::ios::binary | std::ios::trunc);
+    if (!im->out) throw std::runtime_error(fmt::format("cannot write trace file '{}'", path));
+    im->path = path;
+    im->clock_mhz = clock_mhz;
+    im->window_begin = window_begin;
+    im->window_end = window_end;
     for (size_t pos = 0; pos <= unit_filter.size();) {
         size_t comma = unit_filter.find(',', pos);
         if (comma == std::string_view::npos) comma = unit_filter.size();
-        if (comma > pos) im.filters.emplace_back(unit_filter.substr(pos, comma - pos));
+        std::string_view item = unit_filter.substr(pos, comma - pos);
+        while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+        while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+        if (!item.empty()) im->filters.emplace_back(item);
         pos = comma + 1;
     }
-    std::fputs(R"({"displayTimeUnit":"ns","otherData":{"generator":"tpusim"},"traceEvents":[)",
-               im.file);
+    im->out << R"({"displayTimeUnit":"ns","otherData":{"generator":"tpusim"},"traceEvents":[)";
+    m_impl = std::move(im);
     m_enabled = true;
 }
 
 void Tracer::close() {
-    if (!m_impl || !m_impl->file) return;
-    std::fputs("\n]}\n", m_impl->file);
-    std::fclose(m_impl->file);
-    m_impl->file = nullptr;
+    if (!m_impl || !m_impl->out.is_open()) return;
+    Impl& im = *m_impl;
+    im.out << "\n]}\n";
+    im.out.close();
     m_enabled = false;
+    // Called from the destructor too, so a full disk is reported rather than thrown.
+    if (im.out.fail()) TPU_LOG(Error, "tracer", "writing trace file '{}' failed", im.path);
 }
 
 int Tracer::track(std::string_view process, std::string_view thread) {
     if (!m_enabled) return -1;
     Impl& im = *m_impl;
-    const std::string full = fmt::format("{}.{}", process, thread);
-    if (!im.filters.empty()) {
-        bool keep = false;
-        for (const auto& f : im.filters) keep |= full.compare(0, f.size(), f) == 0;
-        if (!keep) return -1;
-    }
+    if (!im.keep_unit(process, thread)) return -1;
     const int pid = im.pid_of(process);
-    const auto key = std::make_pair(pid, std::string(thread));
-    auto it = im.tids.find(key);
-    int tid;
-    if (it == im.tids.end()) {
-        tid = static_cast<int>(im.tids.size()) + 1;
-        im.tids.emplace(key, tid);
-        im.emit(fmt::format(
-            R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":"{}"}}}})", pid,
-            tid, Impl::escape(thread)));
-    } else {
-        tid = it->second;
-    }
+    auto key = std::make_pair(pid, std::string(thread));
+    if (auto it = im.by_key.find(key); it != im.by_key.end()) return it->second;
+    // tids are unique across processes so a track is identified by its tid alone.
+    const int tid = static_cast<int>(im.tracks.size()) + 1;
+    const int id = static_cast<int>(im.tracks.size());
     im.tracks.emplace_back(pid, tid);
-    return static_cast<int>(im.tracks.size()) - 1;
+    im.by_key.emplace(std::move(key), id);
+    fmt::format_to(std::back_inserter(im.line),
+                   R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":)", pid,
+                   tid);
+    put_string(im.line, thread);
+    put(im.line, "}}");
+    im.flush_line();
+    return id;
 }
 
 void Tracer::complete(int track, std::string_view name, uint64_t begin, uint64_t end,
                       std::initializer_list<TraceArg> args) {
     if (!m_enabled || track < 0) return;
     Impl& im = *m_impl;
+    if (end < begin) end = begin;  // a negative duration would be a model bug; keep JSON sane
     if (!im.in_window(begin, end)) return;
     const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
-    im.emit(
-        fmt::format(R"({{"ph":"X","name":"{}","pid":{},"tid":{},"ts":{},"dur":{},"args":{{{}}}}})",
-                    Impl::escape(name), pid, tid, im.us(begin), im.us(end - begin),
-                    Impl::args_json(args, begin, end, true)));
+    im.put_head('X', name, pid, tid);
+    // dur is the difference of the rounded ends so back-to-back events touch exactly.
+    const int64_t b = im.ps(begin);
+    put(im.line, R"("ts":)");
+    put_us(im.line, b);
+    put(im.line, R"(,"dur":)");
+    put_us(im.line, im.ps(end) - b);
+    im.line.push_back(',');
+    im.put_args(args, begin, &end);
+    im.line.push_back('}');
+    im.flush_line();
     ++im.written[0];
 }
 
@@ -180,26 +276,28 @@ void Tracer::instant(int track, std::string_view name, uint64_t at,
     Impl& im = *m_impl;
     if (!im.in_window(at, at)) return;
     const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
-    im.emit(
-        fmt::format(R"({{"ph":"i","s":"t","name":"{}","pid":{},"tid":{},"ts":{},"args":{{{}}}}})",
-                    Impl::escape(name), pid, tid, im.us(at), Impl::args_json(args, at, at, false)));
+    im.put_head('i', name, pid, tid);
+    put(im.line, R"("s":"t","ts":)");
+    put_us(im.line, im.ps(at));
+    im.line.push_back(',');
+    im.put_args(args, at, nullptr);
+    im.line.push_back('}');
+    im.flush_line();
     ++im.written[1];
 }
 
 void Tracer::counter(std::string_view process, std::string_view name, uint64_t at, double value) {
     if (!m_enabled) return;
     Impl& im = *m_impl;
-    if (!im.filters.empty()) {
-        const std::string full = fmt::format("{}.{}", process, name);
-        bool keep = false;
-        for (const auto& f : im.filters) keep |= full.compare(0, f.size(), f) == 0;
-        if (!keep) return;
-    }
-    if (!im.in_window(at, at)) return;
+    if (!im.keep_unit(process, name) || !im.in_window(at, at)) return;
     const int pid = im.pid_of(process);
-    im.emit(fmt::format(
-        R"({{"ph":"C","name":"{}","pid":{},"tid":0,"ts":{},"args":{{"value":{:.6g}}}}})",
-        Impl::escape(name), pid, im.us(at), value));
+    im.put_head('C', name, pid, 0);
+    put(im.line, R"("ts":)");
+    put_us(im.line, im.ps(at));
+    put(im.line, R"(,"args":{"value":)");
+    put_double(im.line, value, true);
+    put(im.line, "}}");
+    im.flush_line();
     ++im.written[2];
 }
 

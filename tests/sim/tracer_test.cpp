@@ -2,8 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
-#include <fstream>
-#include <sstream>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -13,7 +17,13 @@
 namespace tpu::sim {
 namespace {
 
+using nlohmann::json;
 using test::slurp;
+
+/// A per-process temp file, so parallel ctest processes never share one.
+std::string tmp(const std::string& name) {
+    return ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-" + name;
+}
 
 void write_sample(const std::string& path, std::string_view filter = {}, uint64_t b = 0,
                   uint64_t e = 0) {
@@ -29,60 +39,262 @@ void write_sample(const std::string& path, std::string_view filter = {}, uint64_
     t.complete(host, "write", 1000, 3000);
 }
 
+std::vector<json> events_of(const std::string& path, const std::string& phase) {
+    const json trace = json::parse(slurp(path));
+    std::vector<json> out;
+    for (const auto& e : trace["traceEvents"])
+        if (e["ph"] == phase) out.push_back(e);
+    return out;
+}
+
+/// A microsecond value as written (six decimals) back to integer picoseconds.
+int64_t ps(const json& us) {
+    return std::llround(us.get<double>() * 1e6);
+}
+
 TEST(Tracer, WritesChromeTraceEventsWithCyclesInArgs) {
-    const std::string p =
-        ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-trace.json";
+    const std::string p = tmp("trace.json");
     write_sample(p);
-    const auto j = nlohmann::json::parse(slurp(p));
+    const auto j = json::parse(slurp(p));
+    EXPECT_EQ(j["displayTimeUnit"], "ns");
+    ASSERT_TRUE(j["traceEvents"].is_array());
     int meta = 0, x = 0;
     for (const auto& e : j["traceEvents"]) {
         ASSERT_TRUE(e.contains("ph") && e.contains("pid") && e.contains("tid")) << e;
+        ASSERT_TRUE(e.contains("name")) << e;
         if (e["ph"] == "M") ++meta;
         if (e["ph"] == "X") {
             ++x;
-            ASSERT_TRUE(e.contains("ts") && e.contains("dur"));
+            ASSERT_TRUE(e.contains("ts") && e.contains("dur")) << e;
+            EXPECT_TRUE(e["args"].contains("begin_cycle") && e["args"].contains("end_cycle"));
         }
     }
     EXPECT_EQ(meta, 7);  // 2 processes x (name, sort index) + 3 threads
     EXPECT_EQ(x, 3);
-    const auto& mm = j["traceEvents"][7];  // after the 7 metadata events
+
+    const auto xs = events_of(p, "X");
+    const auto& mm = xs[0];
     EXPECT_EQ(mm["name"], "mxu.mm");
+    EXPECT_EQ(mm["pid"], 1);                        // core3: first process used
+    EXPECT_EQ(mm["tid"], 1);                        // mxu0: first thread used
     EXPECT_DOUBLE_EQ(mm["ts"].get<double>(), 0.1);  // 100 cycles at 1000 MHz
     EXPECT_DOUBLE_EQ(mm["dur"].get<double>(), 0.382);
     EXPECT_EQ(mm["args"]["begin_cycle"], 100);
     EXPECT_EQ(mm["args"]["end_cycle"], 482);
+    EXPECT_EQ(mm["args"]["pc"], 7);
     EXPECT_EQ(mm["args"]["op"], "a\"b");
+    EXPECT_EQ(xs[1]["pid"], 1);
+    EXPECT_EQ(xs[1]["tid"], 2);  // core3.dma
+    EXPECT_EQ(xs[1]["args"]["bytes"], 32768);
+    EXPECT_EQ(xs[2]["pid"], 2);  // host
+    EXPECT_EQ(xs[2]["tid"], 3);
+    EXPECT_DOUBLE_EQ(xs[2]["dur"].get<double>(), 2.0);
+
+    const auto is = events_of(p, "i");
+    ASSERT_EQ(is.size(), 1u);
+    EXPECT_EQ(is[0]["name"], "halt");
+    EXPECT_DOUBLE_EQ(is[0]["ts"].get<double>(), 0.5);
+    EXPECT_EQ(is[0]["s"], "t");
+    EXPECT_EQ(is[0]["args"]["begin_cycle"], 500);
+
+    const auto cs = events_of(p, "C");
+    ASSERT_EQ(cs.size(), 1u);
+    EXPECT_EQ(cs[0]["pid"], 1);
+    EXPECT_EQ(cs[0]["name"], "mxu_util");
+    EXPECT_DOUBLE_EQ(cs[0]["args"]["value"].get<double>(), 0.5);
+    EXPECT_DOUBLE_EQ(cs[0]["ts"].get<double>(), 0.25);
+
+    const auto ms = events_of(p, "M");
+    EXPECT_EQ(ms[0]["name"], "process_name");
+    EXPECT_EQ(ms[0]["args"]["name"], "core3");
+}
+
+TEST(Tracer, MetadataOncePerTrackAndStableIds) {
+    const std::string p = tmp("meta.json");
+    {
+        Tracer t;
+        t.open(p, 940.0);
+        const int a = t.track("core0", "seq");
+        const int b = t.track("core1", "seq");
+        EXPECT_NE(a, b);
+        // Models re-attach tracers between launches; that must not add tracks or metadata.
+        for (int i = 0; i < 100; ++i) EXPECT_EQ(t.track("core0", "seq"), a);
+        EXPECT_EQ(t.track("core1", "seq"), b);
+        t.complete(a, "x", 0, 1);
+        t.complete(b, "y", 0, 1);
+        t.counter("core0", "util", 0, 1.0);  // process already named: no new metadata
+        EXPECT_EQ(t.events_written('X'), 2u);
+        EXPECT_EQ(t.events_written('C'), 1u);
+        EXPECT_EQ(t.events_written('i'), 0u);
+        EXPECT_EQ(t.events_written('?'), 0u);
+    }
+    int process_names = 0, thread_names = 0;
+    std::vector<int> tids;
+    for (const auto& e : events_of(p, "M")) {
+        if (e["name"] == "process_name") ++process_names;
+        if (e["name"] == "thread_name") {
+            ++thread_names;
+            tids.push_back(e["tid"]);
+        }
+    }
+    EXPECT_EQ(process_names, 2);
+    EXPECT_EQ(thread_names, 2);
+    EXPECT_EQ(tids, (std::vector<int>{1, 2}));  // same thread name, distinct tracks
+}
+
+TEST(Tracer, TimesAreExactSixDecimalMicrosecondsAndAbut) {
+    const std::string p = tmp("times.json");
+    {
+        Tracer t;
+        t.open(p, 940.0);
+        const int k = t.track("core0", "vpu");
+        // 3 cycles at 940 MHz = 3.191489... ns; back-to-back events must share the boundary.
+        for (uint64_t c = 0; c < 30; c += 3) t.complete(k, "op", c, c + 3);
+        t.complete(k, "long", 100, 10'000'000'000ull);  // 10^10 cycles
+    }
+    const std::string text = slurp(p);
+    // 3 * 1e6 / 940 = 3191.489 ps -> 0.003191 us; the end 6 cycles = 6382.98 -> 6383 ps.
+    EXPECT_NE(text.find(R"("ts":0.003191,"dur":0.003192)"), std::string::npos) << text;
+    const auto xs = events_of(p, "X");
+    ASSERT_EQ(xs.size(), 11u);
+    for (size_t i = 0; i + 2 < xs.size(); ++i)
+        EXPECT_EQ(ps(xs[i]["ts"]) + ps(xs[i]["dur"]), ps(xs[i + 1]["ts"])) << i;
+    // 10^10 cycles at 940 MHz end at 10638297.872340 us; minus the start 0.106383 us.
+    EXPECT_NE(text.find(R"("ts":0.106383,"dur":10638297.765957)"), std::string::npos) << text;
 }
 
 TEST(Tracer, FiltersByUnitPrefixAndWindowAndIsDeterministic) {
-    const std::string a = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-a.json",
-                      b = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-b.json";
+    const std::string a = tmp("a.json"), b = tmp("b.json");
     write_sample(a);
     write_sample(b);
     EXPECT_EQ(slurp(a), slurp(b));
+    EXPECT_FALSE(slurp(a).empty());
 
-    const std::string f = ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-f.json";
-    write_sample(f, "core3.mxu,host", 200, 2000);
-    const auto j = nlohmann::json::parse(slurp(f));
+    const std::string f = tmp("f.json");
+    write_sample(f, "core3.mxu, host", 200, 2000);
+    const json filtered = json::parse(slurp(f));
     std::vector<std::string> names;
-    for (const auto& e : j["traceEvents"])
+    for (const auto& e : filtered["traceEvents"])
         if (e["ph"] != "M") names.push_back(e["name"]);
     // dma is filtered out by unit; the counter at 250 has process.name core3.mxu_util (kept);
-    // the host write at 1000..3000 overlaps the window.
+    // mxu.mm at 100..482 and the host write at 1000..3000 overlap the window.
     EXPECT_EQ(names, (std::vector<std::string>{"mxu.mm", "halt", "mxu_util", "write"}));
+    for (const auto& e : events_of(f, "M"))
+        EXPECT_NE(e["args"].value("name", ""), "dma") << "filtered track named";
 }
 
-TEST(Tracer, DisabledTracerAndBadPath) {
+TEST(Tracer, WindowIsHalfOpenAndFilteredTracksAreMinusOne) {
+    const std::string p = tmp("window.json");
+    {
+        Tracer t;
+        t.open(p, 1000.0, "core0", 100, 200);
+        EXPECT_EQ(t.track("core1", "seq"), -1);
+        EXPECT_EQ(t.track("host", "runtime"), -1);
+        const int k = t.track("core0", "seq");
+        ASSERT_GE(k, 0);
+        t.complete(k, "ends_at_begin", 50, 100);  // [50,100) does not reach 100: dropped
+        t.complete(k, "ends_after_begin", 50, 101);
+        t.complete(k, "starts_at_end", 200, 300);  // dropped
+        t.complete(k, "last_inside", 199, 300);
+        t.complete(k, "zero_at_begin", 100, 100);
+        t.instant(k, "at_end", 200);  // dropped
+        t.instant(k, "before", 99);   // dropped
+        t.counter("core0", "q", 150, 2.0);
+        t.counter("core1", "q", 150, 2.0);  // filtered by unit
+        t.counter("core0", "q", 250, 2.0);  // outside
+        t.complete(-1, "filtered", 150, 160);
+        t.instant(-1, "filtered", 150);
+        EXPECT_EQ(t.events_written('X'), 3u);
+        EXPECT_EQ(t.events_written('i'), 0u);
+        EXPECT_EQ(t.events_written('C'), 1u);
+    }
+    const json trace = json::parse(slurp(p));
+    std::vector<std::string> names;
+    for (const auto& e : trace["traceEvents"])
+        if (e["ph"] != "M") names.push_back(e["name"]);
+    EXPECT_EQ(names,
+              (std::vector<std::string>{"ends_after_begin", "last_inside", "zero_at_begin", "q"}));
+    // Window events keep their true cycles rather than being clipped.
+    EXPECT_EQ(events_of(p, "X")[1]["args"]["end_cycle"], 300);
+}
+
+TEST(Tracer, EscapesStringsAndWritesNonFiniteAsNull) {
+    const std::string p = tmp("escape.json");
+    const std::string nasty = std::string("q\"b\\s\nn\tt\r\x01") + "\xc3\xa9";  // é in UTF-8
+    {
+        Tracer t;
+        t.open(p, 1000.0);
+        const int k = t.track(nasty, nasty);
+        t.complete(k, nasty, 0, 10,
+                   {{nasty, std::string_view(nasty)},
+                    {"nan", std::numeric_limits<double>::quiet_NaN()},
+                    {"inf", std::numeric_limits<double>::infinity()},
+                    {"d", 0.1},
+                    {"neg", int64_t(-5)}});
+        t.counter(nasty, "c", 1, std::numeric_limits<double>::infinity());
+    }
+    const auto x = events_of(p, "X");
+    ASSERT_EQ(x.size(), 1u);
+    EXPECT_EQ(x[0]["name"], nasty);
+    EXPECT_EQ(x[0]["args"][nasty], nasty);
+    EXPECT_TRUE(x[0]["args"]["nan"].is_null());
+    EXPECT_TRUE(x[0]["args"]["inf"].is_null());
+    EXPECT_DOUBLE_EQ(x[0]["args"]["d"].get<double>(), 0.1);
+    EXPECT_EQ(x[0]["args"]["neg"], -5);
+    EXPECT_TRUE(events_of(p, "C")[0]["args"]["value"].is_null());
+    EXPECT_EQ(events_of(p, "M")[0]["args"]["name"], nasty);
+}
+
+TEST(Tracer, StreamsToDiskWhileOpen) {
+    const std::string p = tmp("stream.json");
+    Tracer t;
+    t.open(p, 1000.0);
+    const int k = t.track("core0", "seq");
+    constexpr uint64_t kEvents = 50'000;
+    for (uint64_t i = 0; i < kEvents; ++i) t.complete(k, "op", i, i + 1, {{"pc", i}});
+    // Each event is ~100 bytes; all but the last buffer-full must already be in the file.
+    const auto on_disk = std::filesystem::file_size(p);
+    EXPECT_GT(on_disk, kEvents * 80);
+    t.close();
+    EXPECT_FALSE(t.enabled());
+    EXPECT_EQ(json::parse(slurp(p))["traceEvents"].size(), kEvents + 3);  // + 3 metadata
+    t.close();                                                            // idempotent
+    t.complete(k, "after", 0, 1);  // a closed tracer ignores events
+    EXPECT_EQ(json::parse(slurp(p))["traceEvents"].size(), kEvents + 3);
+}
+
+TEST(Tracer, ReopenStartsAFreshFile) {
+    const std::string a = tmp("first.json"), b = tmp("second.json");
+    Tracer t;
+    t.open(a, 1000.0);
+    t.complete(t.track("core0", "seq"), "a", 0, 1);
+    t.open(b, 1000.0);  // finishes the first file
+    t.complete(t.track("core5", "dma"), "b", 0, 1);
+    t.close();
+    EXPECT_EQ(events_of(a, "X").size(), 1u);
+    const auto xs = events_of(b, "X");
+    ASSERT_EQ(xs.size(), 1u);
+    EXPECT_EQ(xs[0]["pid"], 1);  // ids restart with the file
+    EXPECT_EQ(xs[0]["tid"], 1);
+}
+
+TEST(Tracer, DisabledTracerAndBadArguments) {
     Tracer t;
     EXPECT_FALSE(t.enabled());
     EXPECT_EQ(t.track("core0", "seq"), -1);
     t.complete(-1, "x", 0, 1);
+    t.counter("core0", "c", 0, 1.0);
+    EXPECT_EQ(t.events_written('X'), 0u);
     try {
         t.open("/nonexistent/dir/t.json", 940.0);
         ADD_FAILURE();
     } catch (const std::runtime_error& e) {
         EXPECT_STREQ(e.what(), "cannot write trace file '/nonexistent/dir/t.json'");
     }
+    EXPECT_FALSE(t.enabled());
+    EXPECT_THROW(t.open(tmp("clock.json"), 0.0), std::invalid_argument);
+    EXPECT_THROW(t.open(tmp("clock.json"), std::nan("")), std::invalid_argument);
+    EXPECT_FALSE(t.enabled());
 }
 
 }  // namespace

@@ -57,5 +57,6 @@ void register_asm_commands(CLI::App& app);     ///< asm, disasm
 void register_config_command(CLI::App& app);   ///< config
 void register_run_command(CLI::App& app);      ///< run
 void register_gemm_command(CLI::App& app);     ///< gemm
+void register_report_command(CLI::App& app);   ///< report
 
 }  // namespace tpu::cli

@@ -1,0 +1,631 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "driver/kernels/vector_ops.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "isa/assembler.h"
+
+namespace tpu::driver {
+namespace {
+
+/// Values of the widest stream per tile: large enough that the DMA's fixed latency is small
+/// against the transfer, small enough that a 70 000-value tensor still runs as a pipeline.
+constexpr uint32_t kMaxTileValues = 32768;
+/// Alignment of tile slots and fixed areas in VMEM.
+constexpr uint64_t kVmemAlign = 256;
+
+uint64_t round_up(uint64_t x, uint64_t m) {
+    return (x + m - 1) / m * m;
+}
+
+uint32_t bits(float x) {
+    return std::bit_cast<uint32_t>(x);
+}
+
+/// An HBM tensor moved tile by tile: the launch argument register holding its address and the
+/// slot area it lives in.
+struct Stream {
+    int arg;   ///< s-register with the HBM address
+    int area;  ///< index into Spec::areas
+};
+
+/// A tensor loaded once before the loop (or stored once after it) from a fixed VMEM area.
+struct FixedIo {
+    int arg;    ///< s-register with the HBM address
+    int fixed;  ///< index into Spec::fixed
+};
+
+/// Where the body finds its operands: slot areas relative to s19 and fixed areas.
+struct Layout {
+    uint32_t tile_units = 0;         ///< units (elements or rows) per tile
+    uint64_t slot_bytes = 0;         ///< one of the two tile slots
+    std::vector<uint64_t> area_off;  ///< per slot area, bytes from the slot base
+    std::vector<uint64_t> fixed_at;  ///< per fixed area, absolute VMEM address
+    uint64_t end = 0;                ///< VMEM bytes used
+};
+
+class Body;
+
+/// A streamed kernel: `units` units (elements or rows) of `areas[k]` fp32 values each per slot
+/// area, `ins` loaded and `outs` stored per tile, `body` emitting the VPU work of one tile.
+struct Spec {
+    std::string name;
+    uint64_t units = 0;
+    std::vector<uint32_t> areas;  ///< fp32 values per unit of each slot area
+    std::vector<uint32_t> fixed;  ///< fp32 values of each fixed area
+    std::vector<Stream> ins, outs;
+    std::vector<FixedIo> fixed_ins, fixed_outs;
+    std::function<void(Body&)> body;
+};
+
+/// Emits the VPU instructions of one tile. Registers: s16 tile index, s18 units in the tile,
+/// s19 slot base; s15 is free for the body.
+class Body {
+public:
+    Body(std::string& s, const Layout& l) : m_s(s), m_l(l) {}
+    /// Slot area k of the current tile.
+    std::string a(int k) const { return fmt::format("[s19+{}]", m_l.area_off[k]); }
+    /// Fixed area k.
+    std::string f(int k) const { return fmt::format("[{}]", m_l.fixed_at[k]); }
+    /// A VPU instruction: gets completion flag f2 and is counted in s26, which the loop waits
+    /// on before reusing the slot or storing results.
+    void vpu(const std::string& ins) {
+        line(ins + ", f2");
+        line("        add s26, s26, 1");
+    }
+    /// Any other line (labels, branches, s15 arithmetic).
+    void line(const std::string& text) {
+        m_s += text;
+        m_s += '\n';
+    }
+
+private:
+    std::string& m_s;
+    const Layout& m_l;
+};
+
+Layout plan(const Spec& sp, uint64_t vmem_bytes) {
+    Layout l;
+    uint64_t fixed_bytes = 0;
+    for (uint32_t v : sp.fixed) fixed_bytes += round_up(uint64_t(v) * 4, kVmemAlign);
+    uint64_t unit_bytes = 0;
+    uint32_t widest = 1;
+    for (uint32_t v : sp.areas) {
+        unit_bytes += uint64_t(v) * 4;
+        widest = std::max(widest, v);
+    }
+    auto slot_of = [&](uint64_t units, std::vector<uint64_t>* off) {
+        uint64_t at = 0;
+        for (uint32_t v : sp.areas) {
+            if (off) off->push_back(at);
+            at += round_up(units * v * 4, kVmemAlign);
+        }
+        return at;
+    };
+    // Two slots of one unit each plus the fixed areas.
+    const uint64_t min_need = 2 * slot_of(1, nullptr) + fixed_bytes;
+    if (min_need > vmem_bytes)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("{}: a row of {} values needs {} bytes of VMEM in two tile "
+                                      "slots; the core has {}",
+                                      sp.name, widest, min_need, vmem_bytes));
+    // Each area rounds up by less than the alignment, so this many units always fit.
+    const uint64_t fit =
+        ((vmem_bytes - fixed_bytes) / 2 - sp.areas.size() * kVmemAlign) / unit_bytes;
+    const uint64_t t = std::min<uint64_t>(
+        {sp.units, std::max<uint64_t>(1, kMaxTileValues / widest), std::max<uint64_t>(1, fit)});
+    l.tile_units = static_cast<uint32_t>(t);
+    l.slot_bytes = slot_of(t, &l.area_off);
+    uint64_t at = 2 * l.slot_bytes;
+    for (uint32_t v : sp.fixed) {
+        l.fixed_at.push_back(at);
+        at += round_up(uint64_t(v) * 4, kVmemAlign);
+    }
+    l.end = at;
+    return l;
+}
+
+isa::Program build(const Spec& sp, const Layout& l) {
+    std::string s;
+    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
+        s += fmt::format(f, std::forward<A>(a)...);
+        s += '\n';
+    };
+    const uint64_t U = sp.units, T = l.tile_units;
+    L("# {}: {} units, {} per tile, two slots of {} bytes at 0 and {}", sp.name, U, T, l.slot_bytes,
+      l.slot_bytes);
+    L("# s16 tile i, s17/s18/s19 its first unit, units and slot; s20/s21/s22 tile i+1;");
+    L("# s23/s24/s25 tile i-1; s26 VPU ops, s27 loads, s28 stores issued; s29 stores up to");
+    L("# tile i-2; s30 loads up to tile i. Flags: f1 loads, f2 VPU, f3 stores, f4 fixed loads");
+    // One dma per stream: HBM address = base + first unit * per * 4, one row of units * per * 4.
+    auto transfer = [&](const std::vector<Stream>& streams, bool in, const char* off,
+                        const char* len, const char* slot) {
+        for (const Stream& st : streams) {
+            const uint64_t per_bytes = uint64_t(sp.areas[st.area]) * 4;
+            L("        mul s13, {}, {}", off, per_bytes);
+            L("        add s13, s13, s{}", st.arg);
+            L("        mul s14, {}, {}", len, per_bytes);
+            if (in)
+                L("        dma.hv [{}+{}], [s13], 1, s14, s14, s14, f1", slot, l.area_off[st.area]);
+            else
+                L("        dma.vh [s13], [{}+{}], 1, s14, s14, s14, f3", slot, l.area_off[st.area]);
+        }
+    };
+    for (int r : {16, 17, 19, 26, 27, 28, 29}) L("        li s{}, 0", r);
+    L("        li s18, {}", std::min(U, T));
+    for (const FixedIo& io : sp.fixed_ins) {
+        const uint64_t b = uint64_t(sp.fixed[io.fixed]) * 4;
+        L("        dma.hv [{}], [s{}], 1, {}, {}, {}, f4", l.fixed_at[io.fixed], io.arg, b, b, b);
+    }
+    transfer(sp.ins, true, "s17", "s18", "s19");
+    L("        add s27, s27, {}", sp.ins.size());
+    if (!sp.fixed_ins.empty()) L("        wait f4, {}", sp.fixed_ins.size());
+    // (1) Store tile i-1 once its VPU work is done; that also frees its slot for tile i+1.
+    L("loop:   add s30, s27, 0");
+    L("        beq s16, 0, first");
+    L("        wait f2, s26");
+    L("        add s29, s28, 0");
+    transfer(sp.outs, false, "s23", "s24", "s25");
+    L("        add s28, s28, {}", sp.outs.size());
+    // (2) Prefetch tile i+1 into the other slot while the VPU works on tile i.
+    L("first:  add s20, s17, s18");
+    L("        bge s20, {}, compute", U);
+    L("        sub s21, {}, s20", U);
+    L("        bltu s21, {}, ragged", T);
+    L("        li s21, {}", T);
+    L("ragged: xor s22, s19, {}", l.slot_bytes);
+    transfer(sp.ins, true, "s20", "s21", "s22");
+    L("        add s27, s27, {}", sp.ins.size());
+    // (3) Tile i's inputs are in, and the stores of tile i-2 (same slot) have read its outputs.
+    // With the simple HBM model the load wait already implies the second (the engine finishes
+    // in order), but a banked HBM model may complete a store after a later load.
+    L("compute: wait f1, s30");
+    L("        wait f3, s29");
+    Body body(s, l);
+    sp.body(body);
+    // (4) Rotate: i-1 <- i <- i+1.
+    L("        add s23, s17, 0");
+    L("        add s24, s18, 0");
+    L("        add s25, s19, 0");
+    L("        add s17, s20, 0");
+    L("        add s18, s21, 0");
+    L("        add s19, s22, 0");
+    L("        add s16, s16, 1");
+    L("        bltu s17, {}, loop", U);
+    // (5) Store the last tile and the fixed results, then wait for every store.
+    L("        wait f2, s26");
+    transfer(sp.outs, false, "s23", "s24", "s25");
+    L("        add s28, s28, {}", sp.outs.size());
+    for (const FixedIo& io : sp.fixed_outs) {
+        const uint64_t b = uint64_t(sp.fixed[io.fixed]) * 4;
+        L("        dma.vh [s{}], [{}], 1, {}, {}, {}, f3", io.arg, l.fixed_at[io.fixed], b, b, b);
+        L("        add s28, s28, 1");
+    }
+    L("        wait f3, s28");
+    L("        halt");
+    return isa::assemble(s, sp.name + ".s");
+}
+
+/// A buffer argument and the fp32 values the shape needs in it.
+struct Arg {
+    const Buffer* buf;
+    const char* label;
+    uint64_t values;
+};
+
+/// Checks the arguments (one core, large enough, addressable) and returns their core.
+uint32_t check_args(const std::string& name, const std::vector<Arg>& args) {
+    const uint32_t core = args.front().buf->core;
+    for (const Arg& a : args) {
+        if (a.buf->core != core)
+            throw DeviceError(ErrorKind::Usage,
+                              fmt::format("{}: {} is on core {} but {} is on core {}; all buffers "
+                                          "must be on one core",
+                                          name, a.label, a.buf->core, args.front().label, core));
+        const uint64_t need = a.values * 4;
+        if (a.buf->bytes < need)
+            throw DeviceError(ErrorKind::Usage,
+                              fmt::format("{}: {} holds {} bytes; {} fp32 values need {}", name,
+                                          a.label, a.buf->bytes, a.values, need));
+        if (a.buf->addr + need > (uint64_t(1) << 32))
+            throw DeviceError(
+                ErrorKind::Usage,
+                fmt::format("{}: {} ends past the 4 GiB of HBM a kernel addresses", name, a.label));
+    }
+    return core;
+}
+
+void check_shape(const std::string& name, uint64_t rows, uint64_t cols) {
+    if (rows == 0 || cols == 0)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("{}: empty shape ({} x {})", name, rows, cols));
+}
+
+/// Plans, compiles (or fetches) and launches `sp` on `core` with `args` in s1, s2, ...
+Event run(Device& dev, ProgramCache& cache, const Spec& sp, uint32_t core,
+          std::vector<uint32_t> args) {
+    const Layout l = plan(sp, dev.config().core.vmem_bytes);
+    std::string key = fmt::format("{} units{} tile{}", sp.name, sp.units, l.tile_units);
+    for (uint32_t v : sp.areas) key += fmt::format(" {}", v);
+    const isa::Program& prog = cache.get(key, [&] { return build(sp, l); });
+    return dev.launch({core}, prog, [&](size_t) { return args; });
+}
+
+uint32_t addr(const Buffer& b) {
+    return static_cast<uint32_t>(b.addr);
+}
+
+/// Elementwise kernels over n values: slot areas of one value per unit.
+Spec elementwise(const std::string& name, uint64_t n, int areas) {
+    Spec sp;
+    sp.name = name;
+    sp.units = n;
+    sp.areas.assign(areas, 1);
+    return sp;
+}
+
+Event binary(Device& dev, ProgramCache& cache, const char* name, const char* op, const Buffer& a,
+             const Buffer& b, const Buffer& out, uint64_t n) {
+    check_shape(name, n, 1);
+    const uint32_t core = check_args(name, {{&a, "a", n}, {&b, "b", n}, {&out, "out", n}});
+    Spec sp = elementwise(name, n, 3);
+    sp.ins = {{1, 0}, {2, 1}};
+    sp.outs = {{3, 2}};
+    sp.body = [op](Body& b) {
+        b.vpu(fmt::format("        {} {}, {}, {}, s18", op, b.a(2), b.a(0), b.a(1)));
+    };
+    return run(dev, cache, sp, core, {addr(a), addr(b), addr(out)});
+}
+
+/// The col_sum kernel's spec (also used to report its tiling).
+Spec col_sum_spec(uint32_t rows, uint32_t cols) {
+    Spec sp;
+    sp.name = "col_sum";
+    sp.units = rows;
+    sp.areas = {cols};
+    sp.fixed = {cols, cols};  // running sum, tile sum
+    sp.ins = {{1, 0}};
+    sp.fixed_outs = {{2, 0}};
+    sp.body = [cols](Body& b) {
+        // The first tile's sum is stored; later tile sums are added to it.
+        b.line("        bne s16, 0, cs_more");
+        b.vpu(fmt::format("        v.csum {}, {}, s18, {}", b.f(0), b.a(0), cols));
+        b.line("        jmp cs_done");
+        b.line(fmt::format("cs_more: v.csum {}, {}, s18, {}, f2", b.f(1), b.a(0), cols));
+        b.line("        add s26, s26, 1");
+        b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.f(0), b.f(0), b.f(1), cols));
+        b.line("cs_done:");
+    };
+    return sp;
+}
+
+float max0(float x) {
+    if (std::isnan(x)) return std::numeric_limits<float>::quiet_NaN();
+    return x > 0.0f ? x : 0.0f;
+}
+
+}  // namespace
+
+Event add(Device& dev, ProgramCache& cache, const Buffer& a, const Buffer& b, const Buffer& out,
+          uint64_t n) {
+    return binary(dev, cache, "add", "v.add", a, b, out, n);
+}
+
+Event mul(Device& dev, ProgramCache& cache, const Buffer& a, const Buffer& b, const Buffer& out,
+          uint64_t n) {
+    return binary(dev, cache, "mul", "v.mul", a, b, out, n);
+}
+
+Event scale(Device& dev, ProgramCache& cache, const Buffer& a, float s, const Buffer& out,
+            uint64_t n) {
+    check_shape("scale", n, 1);
+    const uint32_t core = check_args("scale", {{&a, "a", n}, {&out, "out", n}});
+    Spec sp = elementwise("scale", n, 2);
+    sp.ins = {{1, 0}};
+    sp.outs = {{2, 1}};
+    sp.body = [](Body& b) { b.vpu(fmt::format("        v.muls {}, {}, s3, s18", b.a(1), b.a(0))); };
+    return run(dev, cache, sp, core, {addr(a), addr(out), bits(s)});
+}
+
+Event relu(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& out, uint64_t n) {
+    check_shape("relu", n, 1);
+    const uint32_t core = check_args("relu", {{&x, "x", n}, {&out, "out", n}});
+    Spec sp = elementwise("relu", n, 2);
+    sp.ins = {{1, 0}};
+    sp.outs = {{2, 1}};
+    sp.body = [](Body& b) {
+        b.vpu(fmt::format("        v.maxs {}, {}, 0.0, s18", b.a(1), b.a(0)));
+    };
+    return run(dev, cache, sp, core, {addr(x), addr(out)});
+}
+
+Event relu_grad(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& dy,
+                const Buffer& dx, uint64_t n) {
+    check_shape("relu_grad", n, 1);
+    const uint32_t core = check_args("relu_grad", {{&x, "x", n}, {&dy, "dy", n}, {&dx, "dx", n}});
+    Spec sp = elementwise("relu_grad", n, 5);  // x, dy, zeros, mask, dx
+    sp.ins = {{1, 0}, {2, 1}};
+    sp.outs = {{3, 4}};
+    sp.body = [](Body& b) {
+        // x > x is false for every x, NaN included, so this makes +0.0 without a constant in
+        // memory; the mask is 1.0 or +0.0 and doubles as the +0.0 operand of the select.
+        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(2), b.a(0), b.a(0)));
+        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(3), b.a(0), b.a(2)));
+        b.vpu(fmt::format("        v.sel {}, {}, {}, {}, s18", b.a(4), b.a(3), b.a(1), b.a(3)));
+    };
+    return run(dev, cache, sp, core, {addr(x), addr(dy), addr(dx)});
+}
+
+Event bias_add(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& bias,
+               const Buffer& out, uint32_t rows, uint32_t cols) {
+    check_shape("bias_add", rows, cols);
+    const uint64_t n = uint64_t(rows) * cols;
+    const uint32_t core =
+        check_args("bias_add", {{&x, "x", n}, {&bias, "bias", cols}, {&out, "out", n}});
+    Spec sp;
+    sp.name = "bias_add";
+    sp.units = rows;
+    sp.areas = {cols, cols};
+    sp.fixed = {cols};
+    sp.ins = {{1, 0}};
+    sp.outs = {{3, 1}};
+    sp.fixed_ins = {{2, 0}};
+    sp.body = [cols](Body& b) {
+        b.vpu(fmt::format("        v.addrow {}, {}, {}, s18, {}", b.a(1), b.a(0), b.f(0), cols));
+    };
+    return run(dev, cache, sp, core, {addr(x), addr(bias), addr(out)});
+}
+
+Event row_sum(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& out, uint32_t rows,
+              uint32_t cols) {
+    check_shape("row_sum", rows, cols);
+    const uint32_t core =
+        check_args("row_sum", {{&x, "x", uint64_t(rows) * cols}, {&out, "out", rows}});
+    Spec sp;
+    sp.name = "row_sum";
+    sp.units = rows;
+    sp.areas = {cols, 1};
+    sp.ins = {{1, 0}};
+    sp.outs = {{2, 1}};
+    sp.body = [cols](Body& b) {
+        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(1), b.a(0), cols));
+    };
+    return run(dev, cache, sp, core, {addr(x), addr(out)});
+}
+
+Event col_sum(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& out, uint32_t rows,
+              uint32_t cols) {
+    check_shape("col_sum", rows, cols);
+    const uint32_t core =
+        check_args("col_sum", {{&x, "x", uint64_t(rows) * cols}, {&out, "out", cols}});
+    return run(dev, cache, col_sum_spec(rows, cols), core, {addr(x), addr(out)});
+}
+
+uint32_t col_sum_tile_rows(const hw::BoardConfig& cfg, uint32_t rows, uint32_t cols) {
+    check_shape("col_sum", rows, cols);
+    return plan(col_sum_spec(rows, cols), cfg.core.vmem_bytes).tile_units;
+}
+
+Event softmax_cross_entropy(Device& dev, ProgramCache& cache, const Buffer& logits,
+                            const Buffer& labels_onehot, const Buffer& loss_per_row,
+                            const Buffer& dlogits, uint32_t rows, uint32_t classes) {
+    const char* name = "softmax_cross_entropy";
+    check_shape(name, rows, classes);
+    const uint64_t n = uint64_t(rows) * classes;
+    const uint32_t core = check_args(name, {{&logits, "logits", n},
+                                            {&labels_onehot, "labels_onehot", n},
+                                            {&loss_per_row, "loss_per_row", rows},
+                                            {&dlogits, "dlogits", n}});
+    enum { Lg, Y, Z, E, P, D, M, S, Ls, Lr, Loss };
+    Spec sp;
+    sp.name = name;
+    sp.units = rows;
+    sp.areas = {classes, classes, classes, classes, classes, classes, 1, 1, 1, 1, 1};
+    sp.ins = {{1, Lg}, {2, Y}};
+    sp.outs = {{3, Loss}, {4, D}};
+    sp.body = [classes](Body& b) {
+        const uint32_t C = classes;
+        b.line(fmt::format("        mul s15, s18, {}", C));
+        b.vpu(fmt::format("        v.rmax {}, {}, s18, {}", b.a(M), b.a(Lg), C));
+        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(Z), b.a(Lg), b.a(M), C));
+        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(E), b.a(Z)));
+        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(S), b.a(E), C));
+        b.vpu(fmt::format("        v.log {}, {}, s18", b.a(Ls), b.a(S)));
+        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(P), b.a(Z), b.a(Ls), C));
+        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(E), b.a(Y), b.a(P)));
+        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(Lr), b.a(E), C));
+        b.vpu(fmt::format("        v.muls {}, {}, -1.0, s18", b.a(Loss), b.a(Lr)));
+        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(E), b.a(P)));
+        b.vpu(fmt::format("        v.sub {}, {}, {}, s15", b.a(D), b.a(E), b.a(Y)));
+        b.vpu(fmt::format("        v.muls {}, {}, s5, s15", b.a(D), b.a(D)));
+    };
+    const float inv_rows = 1.0f / static_cast<float>(rows);
+    return run(
+        dev, cache, sp, core,
+        {addr(logits), addr(labels_onehot), addr(loss_per_row), addr(dlogits), bits(inv_rows)});
+}
+
+Event sgd_momentum(Device& dev, ProgramCache& cache, const Buffer& w, const Buffer& g,
+                   const Buffer& v, uint64_t n, float lr, float momentum) {
+    check_shape("sgd_momentum", n, 1);
+    const uint32_t core = check_args("sgd_momentum", {{&w, "w", n}, {&g, "g", n}, {&v, "v", n}});
+    enum { W, G, V, T };
+    Spec sp = elementwise("sgd_momentum", n, 4);
+    sp.ins = {{1, W}, {2, G}, {3, V}};
+    sp.outs = {{1, W}, {3, V}};
+    sp.body = [](Body& b) {
+        b.vpu(fmt::format("        v.muls {}, {}, s5, s18", b.a(V), b.a(V)));
+        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(V), b.a(V), b.a(G)));
+        b.vpu(fmt::format("        v.muls {}, {}, s4, s18", b.a(T), b.a(V)));
+        b.vpu(fmt::format("        v.sub {}, {}, {}, s18", b.a(W), b.a(W), b.a(T)));
+    };
+    return run(dev, cache, sp, core, {addr(w), addr(g), addr(v), bits(lr), bits(momentum)});
+}
+
+AdamScalars adam_scalars(float lr, float beta1, float beta2, float eps, uint32_t step) {
+    if (step == 0) throw DeviceError(ErrorKind::Usage, "adam: step must be >= 1");
+    AdamScalars s;
+    s.beta1 = beta1;
+    s.one_minus_b1 = 1.0f - beta1;
+    s.beta2 = beta2;
+    s.one_minus_b2 = 1.0f - beta2;
+    s.c2 = static_cast<float>(1.0 / (1.0 - std::pow(double(beta2), double(step))));
+    s.eps2 = eps * eps;
+    s.lr_c1 = static_cast<float>(double(lr) / (1.0 - std::pow(double(beta1), double(step))));
+    return s;
+}
+
+Event adam(Device& dev, ProgramCache& cache, const Buffer& w, const Buffer& g, const Buffer& m,
+           const Buffer& v, uint64_t n, float lr, float beta1, float beta2, float eps,
+           uint32_t step) {
+    check_shape("adam", n, 1);
+    const uint32_t core =
+        check_args("adam", {{&w, "w", n}, {&g, "g", n}, {&m, "m", n}, {&v, "v", n}});
+    const AdamScalars k = adam_scalars(lr, beta1, beta2, eps, step);
+    enum { W, G, M, V, T1, T2 };
+    Spec sp = elementwise("adam", n, 6);
+    sp.ins = {{1, W}, {2, G}, {3, M}, {4, V}};
+    sp.outs = {{1, W}, {3, M}, {4, V}};
+    // s5 beta1, s6 1 - beta1, s7 beta2, s8 1 - beta2, s9 c2, s10 eps^2, s11 lr c1.
+    sp.body = [](Body& b) {
+        b.vpu(fmt::format("        v.muls {}, {}, s6, s18", b.a(T1), b.a(G)));
+        b.vpu(fmt::format("        v.muls {}, {}, s5, s18", b.a(M), b.a(M)));
+        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(M), b.a(M), b.a(T1)));
+        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T2), b.a(G), b.a(G)));
+        b.vpu(fmt::format("        v.muls {}, {}, s8, s18", b.a(T2), b.a(T2)));
+        b.vpu(fmt::format("        v.muls {}, {}, s7, s18", b.a(V), b.a(V)));
+        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(V), b.a(V), b.a(T2)));
+        b.vpu(fmt::format("        v.muls {}, {}, s9, s18", b.a(T2), b.a(V)));
+        b.vpu(fmt::format("        v.adds {}, {}, s10, s18", b.a(T2), b.a(T2)));
+        b.vpu(fmt::format("        v.rsqrt {}, {}, s18", b.a(T2), b.a(T2)));
+        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(M), b.a(T2)));
+        b.vpu(fmt::format("        v.muls {}, {}, s11, s18", b.a(T1), b.a(T1)));
+        b.vpu(fmt::format("        v.sub {}, {}, {}, s18", b.a(W), b.a(W), b.a(T1)));
+    };
+    return run(dev, cache, sp, core,
+               {addr(w), addr(g), addr(m), addr(v), bits(k.beta1), bits(k.one_minus_b1),
+                bits(k.beta2), bits(k.one_minus_b2), bits(k.c2), bits(k.eps2), bits(k.lr_c1)});
+}
+
+// ---- References ------------------------------------------------------------------------------
+
+std::vector<float> add_reference(const std::vector<float>& a, const std::vector<float>& b) {
+    std::vector<float> out(a.size());
+    for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+    return out;
+}
+
+std::vector<float> mul_reference(const std::vector<float>& a, const std::vector<float>& b) {
+    std::vector<float> out(a.size());
+    for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] * b[i];
+    return out;
+}
+
+std::vector<float> scale_reference(const std::vector<float>& a, float s) {
+    std::vector<float> out(a.size());
+    for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] * s;
+    return out;
+}
+
+std::vector<float> relu_reference(const std::vector<float>& x) {
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = max0(x[i]);
+    return out;
+}
+
+std::vector<float> relu_grad_reference(const std::vector<float>& x, const std::vector<float>& dy) {
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+    return out;
+}
+
+std::vector<float> bias_add_reference(const std::vector<float>& x, const std::vector<float>& bias,
+                                      uint32_t rows, uint32_t cols) {
+    std::vector<float> out(size_t(rows) * cols);
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t j = 0; j < cols; ++j) out[r * cols + j] = x[r * cols + j] + bias[j];
+    return out;
+}
+
+std::vector<float> row_sum_reference(const std::vector<float>& x, uint32_t rows, uint32_t cols) {
+    std::vector<float> out(rows);
+    for (size_t r = 0; r < rows; ++r) {
+        float acc = 0.0f;
+        for (size_t j = 0; j < cols; ++j) acc = acc + x[r * cols + j];
+        out[r] = acc;
+    }
+    return out;
+}
+
+std::vector<float> col_sum_reference(const std::vector<float>& x, uint32_t rows, uint32_t cols,
+                                     uint32_t tile_rows) {
+    std::vector<float> out(cols), part(cols);
+    for (uint32_t r0 = 0; r0 < rows; r0 += tile_rows) {
+        std::fill(part.begin(), part.end(), 0.0f);
+        for (size_t r = r0; r < std::min(rows, r0 + tile_rows); ++r)
+            for (size_t j = 0; j < cols; ++j) part[j] = part[j] + x[r * cols + j];
+        for (size_t j = 0; j < cols; ++j) out[j] = r0 == 0 ? part[j] : out[j] + part[j];
+    }
+    return out;
+}
+
+SoftmaxCeResult softmax_cross_entropy_reference(const std::vector<float>& logits,
+                                                const std::vector<float>& labels_onehot,
+                                                uint32_t rows, uint32_t classes) {
+    SoftmaxCeResult res{std::vector<float>(rows), std::vector<float>(size_t(rows) * classes)};
+    const float inv_rows = 1.0f / static_cast<float>(rows);
+    std::vector<float> z(classes), lp(classes);
+    for (size_t r = 0; r < rows; ++r) {
+        const float* l = &logits[r * classes];
+        const float* y = &labels_onehot[r * classes];
+        float m = -INFINITY;
+        for (size_t j = 0; j < classes; ++j)
+            m = std::isnan(m) || std::isnan(l[j]) ? std::numeric_limits<float>::quiet_NaN()
+                                                  : (m > l[j] ? m : l[j]);
+        float s = 0.0f;
+        for (size_t j = 0; j < classes; ++j) {
+            z[j] = l[j] - m;
+            s = s + std::exp(z[j]);
+        }
+        const float ls = std::log(s);
+        float acc = 0.0f;
+        for (size_t j = 0; j < classes; ++j) {
+            lp[j] = z[j] - ls;
+            acc = acc + y[j] * lp[j];
+        }
+        res.loss[r] = acc * -1.0f;
+        for (size_t j = 0; j < classes; ++j)
+            res.dlogits[r * classes + j] = (std::exp(lp[j]) - y[j]) * inv_rows;
+    }
+    return res;
+}
+
+void sgd_momentum_reference(std::vector<float>& w, const std::vector<float>& g,
+                            std::vector<float>& v, float lr, float momentum) {
+    for (size_t i = 0; i < w.size(); ++i) {
+        v[i] = v[i] * momentum + g[i];
+        w[i] = w[i] - v[i] * lr;
+    }
+}
+
+void adam_reference(std::vector<float>& w, const std::vector<float>& g, std::vector<float>& m,
+                    std::vector<float>& v, float lr, float beta1, float beta2, float eps,
+                    uint32_t step) {
+    const AdamScalars k = adam_scalars(lr, beta1, beta2, eps, step);
+    for (size_t i = 0; i < w.size(); ++i) {
+        m[i] = m[i] * k.beta1 + g[i] * k.one_minus_b1;
+        v[i] = v[i] * k.beta2 + (g[i] * g[i]) * k.one_minus_b2;
+        const float r = 1.0f / std::sqrt(v[i] * k.c2 + k.eps2);
+        w[i] = w[i] - (m[i] * r) * k.lr_c1;
+    }
+}
+
+}  // namespace tpu::driver

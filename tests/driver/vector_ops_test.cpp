@@ -1,0 +1,250 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "driver/kernels/vector_ops.h"
+#include "tests/common/paths.h"
+
+namespace tpu::driver {
+namespace {
+
+/// The default board with the race detector on: a race in a kernel is a device fault, so
+/// every test below also proves its kernels race-free.
+std::unique_ptr<Device> open_device() {
+    return Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
+}
+
+std::vector<float> random_values(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+Buffer upload(Device& dev, const std::vector<float>& v, uint32_t core = 0) {
+    const Buffer b = dev.alloc(v.size() * 4, core);
+    dev.write(b, v.data(), v.size() * 4);
+    return b;
+}
+
+std::vector<float> download(Device& dev, const Buffer& b, size_t n) {
+    std::vector<float> v(n);
+    dev.read(b, v.data(), n * 4);
+    return v;
+}
+
+/// Bit patterns, so the comparison is exact (and -0.0 differs from +0.0).
+std::vector<uint32_t> bits_of(const std::vector<float>& v) {
+    std::vector<uint32_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<uint32_t>(v[i]);
+    return b;
+}
+
+#define EXPECT_BITS_EQ(got, want) EXPECT_EQ(bits_of(got), bits_of(want))
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const DeviceError& e) {
+        return e.what();
+    }
+    return "no error";
+}
+
+class VectorOpsElementwise : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(VectorOpsElementwise, EveryKernelIsBitExact) {
+    const uint32_t n = GetParam();
+    auto dev = open_device();
+    ProgramCache cache;
+    auto a = random_values(n, 1), b = random_values(n, 2);
+    a[0] = -0.0f;  // relu must return +0.0 for -0.0, relu_grad must reject it
+    const Buffer ba = upload(*dev, a), bb = upload(*dev, b), out = dev->alloc(n * 4, 0);
+
+    add(*dev, cache, ba, bb, out, n);
+    EXPECT_BITS_EQ(download(*dev, out, n), add_reference(a, b));
+    mul(*dev, cache, ba, bb, out, n);
+    EXPECT_BITS_EQ(download(*dev, out, n), mul_reference(a, b));
+    scale(*dev, cache, ba, -0.37f, out, n);
+    EXPECT_BITS_EQ(download(*dev, out, n), scale_reference(a, -0.37f));
+    relu(*dev, cache, ba, out, n);
+    EXPECT_BITS_EQ(download(*dev, out, n), relu_reference(a));
+    relu_grad(*dev, cache, ba, bb, out, n);
+    EXPECT_BITS_EQ(download(*dev, out, n), relu_grad_reference(a, b));
+    EXPECT_EQ(cache.misses(), 5u);
+    add(*dev, cache, bb, ba, out, n);  // same shape, other buffers: a cache hit
+    EXPECT_BITS_EQ(download(*dev, out, n), add_reference(b, a));
+    EXPECT_EQ(cache.hits(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Driver, VectorOpsElementwise,
+                         ::testing::Values(1u, 7u, 1000u, 70000u, 100003u));
+
+class VectorOpsOptimizers : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(VectorOpsOptimizers, SgdMomentumAndAdamAreBitExactOverSteps) {
+    const uint32_t n = GetParam();
+    auto dev = open_device();
+    ProgramCache cache;
+    auto w = random_values(n, 3), v = random_values(n, 4), w2 = random_values(n, 5);
+    auto m2 = random_values(n, 6), v2 = random_values(n, 7, 0.0f, 1.0f);
+    const Buffer bw = upload(*dev, w), bv = upload(*dev, v), bw2 = upload(*dev, w2),
+                 bm2 = upload(*dev, m2), bv2 = upload(*dev, v2), bg = dev->alloc(n * 4, 0);
+    for (uint32_t step = 1; step <= 3; ++step) {
+        const auto g = random_values(n, 100 + step);
+        dev->write(bg, g.data(), n * 4);
+        sgd_momentum(*dev, cache, bw, bg, bv, n, 0.05f, 0.9f);
+        sgd_momentum_reference(w, g, v, 0.05f, 0.9f);
+        adam(*dev, cache, bw2, bg, bm2, bv2, n, 1e-3f, 0.9f, 0.999f, 1e-8f, step);
+        adam_reference(w2, g, m2, v2, 1e-3f, 0.9f, 0.999f, 1e-8f, step);
+    }
+    EXPECT_BITS_EQ(download(*dev, bw, n), w);
+    EXPECT_BITS_EQ(download(*dev, bv, n), v);
+    EXPECT_BITS_EQ(download(*dev, bw2, n), w2);
+    EXPECT_BITS_EQ(download(*dev, bm2, n), m2);
+    EXPECT_BITS_EQ(download(*dev, bv2, n), v2);
+    // The step's scalars are launch arguments, not part of the program.
+    EXPECT_EQ(cache.misses(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Driver, VectorOpsOptimizers, ::testing::Values(1u, 7u, 1000u, 70000u));
+
+class VectorOpsRows : public ::testing::TestWithParam<std::pair<uint32_t, uint32_t>> {};
+
+TEST_P(VectorOpsRows, RowKernelsAreBitExact) {
+    const auto [rows, cols] = GetParam();
+    const size_t n = size_t(rows) * cols;
+    auto dev = open_device();
+    ProgramCache cache;
+    const auto x = random_values(n, rows), bias = random_values(cols, cols);
+    const Buffer bx = upload(*dev, x), bbias = upload(*dev, bias), out = dev->alloc(n * 4, 0);
+
+    bias_add(*dev, cache, bx, bbias, out, rows, cols);
+    EXPECT_BITS_EQ(download(*dev, out, n), bias_add_reference(x, bias, rows, cols));
+    row_sum(*dev, cache, bx, out, rows, cols);
+    EXPECT_BITS_EQ(download(*dev, out, rows), row_sum_reference(x, rows, cols));
+    col_sum(*dev, cache, bx, out, rows, cols);
+    const uint32_t tile = col_sum_tile_rows(dev->config(), rows, cols);
+    EXPECT_BITS_EQ(download(*dev, out, cols), col_sum_reference(x, rows, cols, tile));
+}
+
+TEST_P(VectorOpsRows, SoftmaxCrossEntropyIsBitExact) {
+    const auto [rows, classes] = GetParam();
+    const size_t n = size_t(rows) * classes;
+    auto dev = open_device();
+    ProgramCache cache;
+    const auto logits = random_values(n, 11, -8.0f, 8.0f);
+    std::vector<float> y(n, 0.0f);
+    std::mt19937 rng(12);
+    for (size_t r = 0; r < rows; ++r) y[r * classes + rng() % classes] = 1.0f;
+    const Buffer bl = upload(*dev, logits), by = upload(*dev, y), loss = dev->alloc(rows * 4, 0),
+                 dl = dev->alloc(n * 4, 0);
+    softmax_cross_entropy(*dev, cache, bl, by, loss, dl, rows, classes);
+    const auto want = softmax_cross_entropy_reference(logits, y, rows, classes);
+    EXPECT_BITS_EQ(download(*dev, loss, rows), want.loss);
+    EXPECT_BITS_EQ(download(*dev, dl, n), want.dlogits);
+    // Sanity of the maths, not just of the agreement: the loss is positive and each row of
+    // dlogits sums to about zero.
+    const auto got = download(*dev, dl, n);
+    for (size_t r = 0; r < rows; ++r) {
+        EXPECT_GE(want.loss[r], 0.0f);
+        double s = 0;
+        for (size_t j = 0; j < classes; ++j) s += got[r * classes + j];
+        EXPECT_NEAR(s, 0.0, 1e-6 * classes + 1e-6);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Driver, VectorOpsRows,
+                         ::testing::Values(std::pair{3u, 10u}, std::pair{128u, 784u},
+                                           std::pair{37u, 129u}, std::pair{300u, 300u},
+                                           std::pair{5000u, 1u}, std::pair{2u, 40000u}));
+
+TEST(VectorOps, TilingPipelinesLargeTensors) {
+    // 128 x 784 takes 32768 / 784 = 41 rows per tile: four tiles, so col_sum adds tile sums.
+    const auto cfg = hw::BoardConfig::load("", {});
+    EXPECT_EQ(col_sum_tile_rows(cfg, 128, 784), 41u);
+    EXPECT_EQ(col_sum_tile_rows(cfg, 3, 10), 3u);
+    EXPECT_EQ(col_sum_tile_rows(cfg, 2, 40000), 1u);
+}
+
+TEST(VectorOps, SmallVmemBoundsTheTile) {
+    // The tiny board has 1 MiB of VMEM: Adam's six areas in two slots fit (512 KiB - 6 x 256)
+    // / 24 = 21 781 values a tile, fewer than the 32 768 cap, so 70 000 values take 4 tiles.
+    auto dev = Device::open(hw::BoardConfig::load(test::source_dir() + "/configs/tiny.json",
+                                                  {"sim.race_detector=true"}));
+    ProgramCache cache;
+    const uint32_t n = 70000;
+    auto w = random_values(n, 21), g = random_values(n, 22), m = random_values(n, 23);
+    auto v = random_values(n, 24, 0.0f, 1.0f);
+    const Buffer bw = upload(*dev, w), bg = upload(*dev, g), bm = upload(*dev, m),
+                 bv = upload(*dev, v);
+    adam(*dev, cache, bw, bg, bm, bv, n, 1e-2f, 0.8f, 0.99f, 1e-6f, 5);
+    adam_reference(w, g, m, v, 1e-2f, 0.8f, 0.99f, 1e-6f, 5);
+    EXPECT_BITS_EQ(download(*dev, bw, n), w);
+    EXPECT_BITS_EQ(download(*dev, bm, n), m);
+    EXPECT_BITS_EQ(download(*dev, bv, n), v);
+    const auto cfg = dev->config();
+    EXPECT_EQ(col_sum_tile_rows(cfg, 1000, 1000), 32u);  // 32768 / 1000 rows, not VMEM-bound
+    EXPECT_EQ(col_sum_tile_rows(cfg, 1000, 50000), 1u);
+    // col_sum keeps two rows of sums next to the slots: 4 x 100000 x 4 bytes do not fit.
+    EXPECT_THROW(col_sum_tile_rows(cfg, 1000, 100000), DeviceError);
+}
+
+TEST(VectorOps, CycleCounts) {
+    auto dev = open_device();
+    ProgramCache cache;
+    for (uint32_t n : {1000u, 70000u, 1u << 20}) {
+        const Buffer a = dev->alloc(n * 4, 0), b = dev->alloc(n * 4, 0), o = dev->alloc(n * 4, 0);
+        const Event e = add(*dev, cache, a, b, o, n);
+        const uint64_t cycles = e.end_cycle - e.start_cycle;
+        std::cout << "add n=" << n << ": " << cycles << " cycles\n";
+        // Three streams of 4n bytes through one HBM pipe of 479.5 B/cycle bound it from below.
+        EXPECT_GE(double(cycles), 3.0 * 4 * n / 479.5);
+        EXPECT_LT(double(cycles), 3.0 * 4 * n / 479.5 * 1.5 + 1000);
+        dev->free(a);
+        dev->free(b);
+        dev->free(o);
+    }
+    const Buffer l = dev->alloc(128 * 784 * 4, 0), y = dev->alloc(128 * 784 * 4, 0),
+                 loss = dev->alloc(128 * 4, 0), d = dev->alloc(128 * 784 * 4, 0);
+    const Event e = softmax_cross_entropy(*dev, cache, l, y, loss, d, 128, 784);
+    std::cout << "softmax_cross_entropy 128x784: " << e.end_cycle - e.start_cycle << " cycles\n";
+}
+
+TEST(VectorOps, ErrorsNameKernelBufferAndSizes) {
+    auto dev = open_device();
+    ProgramCache cache;
+    const Buffer small = dev->alloc(256, 0), big = dev->alloc(4096, 0), other = dev->alloc(4096, 1);
+    EXPECT_EQ(error_of([&] { add(*dev, cache, big, small, big, 1000); }),
+              "add: b holds 256 bytes; 1000 fp32 values need 4000");
+    EXPECT_EQ(error_of([&] { relu(*dev, cache, big, other, 10); }),
+              "relu: out is on core 1 but x is on core 0; all buffers must be on one core");
+    EXPECT_EQ(error_of([&] { scale(*dev, cache, big, 2.0f, big, 0); }),
+              "scale: empty shape (0 x 1)");
+    EXPECT_EQ(error_of([&] { bias_add(*dev, cache, big, small, big, 10, 100); }),
+              "bias_add: bias holds 256 bytes; 100 fp32 values need 400");
+    EXPECT_EQ(error_of([&] { row_sum(*dev, cache, big, big, 0, 5); }),
+              "row_sum: empty shape (0 x 5)");
+    EXPECT_EQ(error_of([&] { softmax_cross_entropy(*dev, cache, big, big, small, big, 100, 20); }),
+              "softmax_cross_entropy: logits holds 4096 bytes; 2000 fp32 values need 8000");
+    EXPECT_EQ(
+        error_of([&] { adam(*dev, cache, big, big, big, big, 10, 1e-3f, 0.9f, 0.999f, 1e-8f, 0); }),
+        "adam: step must be >= 1");
+    // A row wider than two tile slots of VMEM cannot be tiled by rows.
+    const Buffer huge = dev->alloc(uint64_t(3) << 22, 0);
+    EXPECT_EQ(error_of([&] { row_sum(*dev, cache, huge, huge, 1, 3u << 20); }),
+              "row_sum: a row of 3145728 values needs 25166336 bytes of VMEM in two tile slots; "
+              "the core has 16777216");
+    EXPECT_EQ(cache.misses(), 0u);  // nothing was compiled for a bad call
+}
+
+}  // namespace
+}  // namespace tpu::driver

@@ -1,0 +1,850 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "traces/report.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace tpu::traces {
+
+ReportError::ReportError(Input input, const std::string& problem)
+    : std::invalid_argument(fmt::format("{}: {}", input_name(input), problem)),
+      m_input(input),
+      m_problem(problem) {}
+
+const char* ReportError::input_name(Input input) {
+    switch (input) {
+        case Input::Trace:
+            return "trace";
+        case Input::Stats:
+            return "stats";
+        case Input::Config:
+            return "config";
+    }
+    return "input";
+}
+
+namespace {
+
+using nlohmann::json;
+using Input = ReportError::Input;
+
+/// The hardware the roof is drawn for. The defaults are the v3-8-like board's per-core numbers,
+/// used when the run's config is not at hand.
+struct Machine {
+    double clock_mhz = 940.0;          ///< core clock
+    bool clock_known = false;          ///< clock from the config or the trace, not the default
+    uint32_t mxus = 2;                 ///< MXUs per core
+    uint32_t rows = 128;               ///< PE rows per MXU
+    uint32_t cols = 128;               ///< PE columns per MXU
+    double peak_flops = 61.6e12;       ///< MXU FLOP/s per core
+    double hbm_bytes_per_s = 450.7e9;  ///< HBM bandwidth per core
+    bool from_config = false;          ///< roof taken from the config, not the defaults
+
+    double pe_count() const { return double(mxus) * rows * cols; }
+};
+
+/// A counter track: (timestamp in us, value) in file order.
+using Samples = std::vector<std::pair<double, double>>;
+
+/// Everything the page shows about one core.
+struct Core {
+    std::string name;
+    std::map<std::string, uint64_t> unit_busy;  ///< unit thread -> cycles with an event open
+    std::map<std::string, uint64_t> unit_sum;   ///< unit thread -> sum of X durations (cycles)
+    uint64_t first = UINT64_MAX;                ///< first X event's begin cycle
+    uint64_t last = 0;                          ///< last X event's end cycle
+    uint64_t events = 0;                        ///< X events
+    uint64_t dma_hbm_bytes = 0;                 ///< bytes of HBM<->VMEM DMA events
+    Samples util, gbps;                         ///< mxu_utilization, hbm_gbps
+    std::optional<double> instructions, hbm_bytes, mxu_flops;  ///< from stats
+
+    // Derived.
+    uint64_t span = 0;
+    double flops = 0, bytes = 0, insts = 0;
+    bool flops_estimated = false, bytes_from_trace = false, insts_from_trace = false;
+};
+
+/// Host runtime transfers (the "host" process).
+struct Host {
+    uint64_t writes = 0, reads = 0, write_bytes = 0, read_bytes = 0;
+};
+
+struct Model {
+    Machine machine;
+    std::map<int, Core> cores;  ///< by core index
+    Host host;
+    uint64_t trace_end = 0;              ///< last end cycle of any X event
+    std::optional<double> board_cycles;  ///< from stats
+    bool have_stats = false;
+};
+
+json parse(const std::string& text, Input input) {
+    try {
+        return json::parse(text);
+    } catch (const json::parse_error& e) {
+        // Traces are written as the run goes, so a crashed run leaves a cut-off file: say so
+        // rather than point one byte past the end.
+        if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+            throw ReportError(input, "empty, not JSON");
+        if (e.byte > text.size())
+            throw ReportError(input,
+                              fmt::format("truncated JSON (ends after {} bytes)", text.size()));
+        throw ReportError(input, fmt::format("malformed JSON at byte {}", e.byte));
+    }
+}
+
+std::optional<double> number(const json& obj, std::string_view key) {
+    if (!obj.is_object()) return std::nullopt;
+    const auto it = obj.find(key);
+    if (it == obj.end() || !it->is_number()) return std::nullopt;
+    return it->get<double>();
+}
+
+std::string string_of(const json& obj, std::string_view key) {
+    if (!obj.is_object()) return {};
+    const auto it = obj.find(key);
+    return it != obj.end() && it->is_string() ? it->get<std::string>() : std::string{};
+}
+
+/// "core12" -> 12; anything else -> -1.
+int core_index(const std::string& name) {
+    if (name.size() < 5 || name.compare(0, 4, "core") != 0) return -1;
+    int v = 0;
+    for (size_t i = 4; i < name.size(); ++i) {
+        if (name[i] < '0' || name[i] > '9' || v > 100000) return -1;
+        v = v * 10 + (name[i] - '0');
+    }
+    return v;
+}
+
+uint64_t to_cycles(double v) {
+    return v <= 0 ? 0 : static_cast<uint64_t>(std::llround(v));
+}
+
+void read_config(const std::string& text, Machine& m) {
+    const json cfg = parse(text, Input::Config);
+    if (!cfg.is_object()) throw ReportError(Input::Config, "not a board config (not an object)");
+    const json core = cfg.value("core", json::object());
+    const json hbm = cfg.value("hbm", json::object());
+    if (auto v = number(cfg, "clock_mhz"); v && *v > 0) {
+        m.clock_mhz = *v;
+        m.clock_known = true;
+    }
+    if (auto v = number(core, "mxus"); v && *v > 0) m.mxus = static_cast<uint32_t>(*v);
+    if (auto v = number(core, "mxu_rows"); v && *v > 0) m.rows = static_cast<uint32_t>(*v);
+    if (auto v = number(core, "mxu_cols"); v && *v > 0) m.cols = static_cast<uint32_t>(*v);
+    m.peak_flops = 2.0 * m.pe_count() * m.clock_mhz * 1e6;
+    const auto channels = number(hbm, "channels");
+    const auto bus_bits = number(hbm, "bus_bits");
+    const auto tck_ps = number(hbm, "tck_ps");
+    // Double data rate: two bus transfers per HBM clock.
+    if (channels && bus_bits && tck_ps && *tck_ps > 0)
+        m.hbm_bytes_per_s = *channels * (*bus_bits / 8.0) * 2.0 / (*tck_ps * 1e-12);
+    m.from_config = true;
+}
+
+void read_trace(const std::string& text, Model& model) {
+    const json doc = parse(text, Input::Trace);
+    const json* events = nullptr;
+    if (doc.is_array()) {
+        events = &doc;  // the bare-array form of the trace-event format
+    } else if (doc.is_object() && doc.contains("traceEvents") && doc["traceEvents"].is_array()) {
+        events = &doc["traceEvents"];
+    } else {
+        throw ReportError(Input::Trace, "not a Chrome trace (no \"traceEvents\" array)");
+    }
+
+    struct Span {
+        int pid;
+        int tid;
+        std::string name;
+        double a, b;  ///< begin and end cycle, or ts and dur in us when !cycles
+        bool cycles;
+        uint64_t bytes;
+    };
+    struct Sample {
+        int pid;
+        std::string name;
+        double ts, value;
+    };
+    std::map<int, std::string> processes;
+    std::map<std::pair<int, int>, std::string> threads;
+    std::vector<Span> spans;
+    std::vector<Sample> samples;
+    std::optional<double> clock_from_trace;
+
+    // (1) Collect: metadata may come after the events that use it.
+    for (size_t i = 0; i < events->size(); ++i) {
+        const json& e = (*events)[i];
+        if (!e.is_object())
+            throw ReportError(Input::Trace, fmt::format("event {} is not an object", i));
+        const std::string ph = string_of(e, "ph");
+        const auto pid = number(e, "pid");
+        const auto tid = number(e, "tid");
+        if (!pid) continue;
+        const json args = e.value("args", json::object());
+        if (ph == "M") {
+            const std::string kind = string_of(e, "name");
+            if (kind == "process_name") processes[int(*pid)] = string_of(args, "name");
+            if (kind == "thread_name" && tid)
+                threads[{int(*pid), int(*tid)}] = string_of(args, "name");
+        } else if (ph == "X") {
+            const auto b = number(args, "begin_cycle");
+            const auto en = number(args, "end_cycle");
+            const auto ts = number(e, "ts");
+            const auto dur = number(e, "dur");
+            const uint64_t bytes = to_cycles(number(args, "bytes").value_or(0));
+            if (b && en) {
+                if (!clock_from_trace && ts && *ts >= 1.0) clock_from_trace = *b / *ts;
+                spans.push_back(
+                    {int(*pid), tid ? int(*tid) : 0, string_of(e, "name"), *b, *en, true, bytes});
+            } else if (ts && dur) {
+                // Not written by tpusim: placed in cycles from ts/dur once the clock is known.
+                spans.push_back({int(*pid), tid ? int(*tid) : 0, string_of(e, "name"), *ts, *dur,
+                                 false, bytes});
+            }
+        } else if (ph == "C") {
+            const auto ts = number(e, "ts");
+            const auto v = number(args, "value");
+            if (ts && v) samples.push_back({int(*pid), string_of(e, "name"), *ts, *v});
+        }
+    }
+    Machine& m = model.machine;
+    if (!m.clock_known && clock_from_trace && *clock_from_trace > 0) {
+        m.clock_mhz = *clock_from_trace;
+        m.clock_known = true;
+    }
+
+    // (2) Attribute spans and samples to cores and units.
+    std::map<std::pair<int, std::string>, std::vector<std::pair<uint64_t, uint64_t>>> intervals;
+    for (const auto& s : spans) {
+        const uint64_t begin = to_cycles(s.cycles ? s.a : s.a * m.clock_mhz);
+        const uint64_t end =
+            std::max(begin, s.cycles ? to_cycles(s.b) : begin + to_cycles(s.b * m.clock_mhz));
+        model.trace_end = std::max(model.trace_end, end);
+        const auto pit = processes.find(s.pid);
+        const std::string pname = pit == processes.end() ? std::string{} : pit->second;
+        if (pname == "host") {
+            Host& h = model.host;
+            if (s.name == "write") {
+                ++h.writes;
+                h.write_bytes += s.bytes;
+            } else if (s.name == "read") {
+                ++h.reads;
+                h.read_bytes += s.bytes;
+            }
+            continue;
+        }
+        const int idx = core_index(pname);
+        if (idx < 0) continue;
+        Core& c = model.cores[idx];
+        c.name = pname;
+        const auto tit = threads.find({s.pid, s.tid});
+        const std::string unit = tit == threads.end() ? fmt::format("tid{}", s.tid) : tit->second;
+        c.unit_sum[unit] += end - begin;
+        intervals[{idx, unit}].emplace_back(begin, end);
+        c.first = std::min(c.first, begin);
+        c.last = std::max(c.last, end);
+        ++c.events;
+        // dma.vv stays inside VMEM; only the HBM<->VMEM directions count as HBM traffic.
+        if (s.name == "dma.hv" || s.name == "dma.vh") c.dma_hbm_bytes += s.bytes;
+    }
+    // A unit's queue lets its events overlap (a weight load runs under the previous matmul),
+    // so busy time is the union of its events, not their sum.
+    for (auto& [key, iv] : intervals) {
+        std::sort(iv.begin(), iv.end());
+        uint64_t busy = 0, open_begin = iv.front().first, open_end = iv.front().second;
+        for (const auto& [b, e] : iv) {
+            if (b > open_end) {
+                busy += open_end - open_begin;
+                open_begin = b;
+            }
+            open_end = std::max(open_end, e);
+        }
+        model.cores[key.first].unit_busy[key.second] = busy + (open_end - open_begin);
+    }
+    for (const auto& s : samples) {
+        const auto pit = processes.find(s.pid);
+        if (pit == processes.end()) continue;
+        const int idx = core_index(pit->second);
+        if (idx < 0) continue;
+        Core& c = model.cores[idx];
+        c.name = pit->second;
+        if (s.name == "mxu_utilization") c.util.emplace_back(s.ts, s.value);
+        if (s.name == "hbm_gbps") c.gbps.emplace_back(s.ts, s.value);
+    }
+    if (model.cores.empty())
+        throw ReportError(Input::Trace,
+                          "no core processes (\"core0\", \"core1\", ...) in the trace");
+    for (auto& [idx, c] : model.cores) {
+        // Counter samples are written per window as the run goes; plot them in time order.
+        std::stable_sort(c.util.begin(), c.util.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
+        std::stable_sort(c.gbps.begin(), c.gbps.end(),
+                         [](const auto& a, const auto& b) { return a.first < b.first; });
+    }
+}
+
+void read_stats(const std::string& text, Model& model) {
+    const json doc = parse(text, Input::Stats);
+    if (!doc.is_object() || !doc.contains("board") || !doc["board"].is_object())
+        throw ReportError(Input::Stats, "not a tpusim stats file (no \"board\" object)");
+    const json& board = doc["board"];
+    model.have_stats = true;
+    model.board_cycles =
+        number(board.value("counters", json::object()).value("cycles", json{}), "value");
+    const json children = board.value("children", json::object());
+    if (!children.is_object()) return;
+    for (const auto& [name, group] : children.items()) {
+        const int idx = core_index(name);
+        if (idx < 0 || !group.is_object()) continue;
+        const json counters = group.value("counters", json::object());
+        if (!counters.is_object()) continue;
+        auto value = [&](const std::string& key) -> std::optional<double> {
+            const auto it = counters.find(key);
+            return it == counters.end() ? std::nullopt : number(*it, "value");
+        };
+        // A core the trace was filtered away from (--trace-units) still gets its row.
+        Core& c = model.cores[idx];
+        c.name = name;
+        c.instructions = value("instructions");
+        const auto rd = value("hbm_read_bytes");
+        const auto wr = value("hbm_write_bytes");
+        if (rd || wr) c.hbm_bytes = rd.value_or(0) + wr.value_or(0);
+        double flops = 0;
+        bool any = false;
+        for (const auto& [key, counter] : counters.items()) {
+            // mxu0_flops, mxu1_flops, ...: one counter per MXU.
+            if (key.size() > 9 && key.compare(0, 3, "mxu") == 0 &&
+                key.compare(key.size() - 6, 6, "_flops") == 0) {
+                if (auto v = number(counter, "value")) {
+                    flops += *v;
+                    any = true;
+                }
+            }
+        }
+        if (any) c.mxu_flops = flops;
+    }
+}
+
+/// Integrates a counter track as a step function (each sample holds until the next).
+double integrate(const Samples& s, double clock_mhz) {
+    double sum = 0;
+    for (size_t i = 0; i + 1 < s.size(); ++i)
+        sum += s[i].second * (s[i + 1].first - s[i].first) * clock_mhz;
+    return sum;
+}
+
+void derive(Model& model) {
+    const Machine& m = model.machine;
+    for (auto& [idx, c] : model.cores) {
+        if (c.first <= c.last) {
+            c.span = c.last - c.first;
+        } else if (model.board_cycles) {
+            c.span = to_cycles(*model.board_cycles);
+        }
+        if (c.mxu_flops) {
+            c.flops = *c.mxu_flops;
+        } else {
+            // Utilisation is useful PE-cycles over all PE-cycles, so its integral over cycles
+            // times the PE count is the useful MACs.
+            c.flops = 2.0 * m.pe_count() * integrate(c.util, m.clock_mhz);
+            c.flops_estimated = true;
+        }
+        if (c.hbm_bytes) {
+            c.bytes = *c.hbm_bytes;
+        } else {
+            c.bytes = double(c.dma_hbm_bytes);
+            c.bytes_from_trace = true;
+        }
+        if (c.instructions) {
+            c.insts = *c.instructions;
+        } else {
+            c.insts = double(c.events);
+            c.insts_from_trace = true;
+        }
+    }
+}
+
+// ---- formatting ---------------------------------------------------------------------------
+
+std::string escape(std::string_view s) {
+    std::string out;
+    out.reserve(s.size());
+    for (const char ch : s) {
+        switch (ch) {
+            case '&':
+                out += "&amp;";
+                break;
+            case '<':
+                out += "&lt;";
+                break;
+            case '>':
+                out += "&gt;";
+                break;
+            case '"':
+                out += "&quot;";
+                break;
+            default:
+                out += ch;
+        }
+    }
+    return out;
+}
+
+/// 1234567 -> "1,234,567".
+std::string grouped(double v) {
+    const std::string digits = fmt::format("{:.0f}", std::max(0.0, std::round(v)));
+    std::string out;
+    for (size_t i = 0; i < digits.size(); ++i) {
+        if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+        out += digits[i];
+    }
+    return out;
+}
+
+/// 2.88e9 -> "2.88 G" + unit.
+std::string si(double v, std::string_view unit) {
+    static constexpr std::array<std::pair<double, const char*>, 5> kScales{
+        {{1e15, "P"}, {1e12, "T"}, {1e9, "G"}, {1e6, "M"}, {1e3, "k"}}};
+    for (const auto& [scale, prefix] : kScales)
+        if (std::abs(v) >= scale) return fmt::format("{:.2f} {}{}", v / scale, prefix, unit);
+    return fmt::format("{:.0f} {}", v, unit);
+}
+
+std::string pct(double v) {
+    return fmt::format("{:.1f}%", 100.0 * v);
+}
+
+/// Compact axis label for a log-scale decade or a linear tick.
+std::string tick(double v) {
+    static constexpr std::array<std::pair<double, const char*>, 3> kScales{
+        {{1e9, "G"}, {1e6, "M"}, {1e3, "k"}}};
+    for (const auto& [scale, prefix] : kScales)
+        if (v >= scale) return fmt::format("{:.3g}{}", v / scale, prefix);
+    return fmt::format("{:.3g}", v);
+}
+
+/// The smallest of 1, 2, 5 x 10^k that is >= v.
+double nice_max(double v) {
+    if (v <= 0) return 1;
+    const double p = std::pow(10.0, std::floor(std::log10(v)));
+    for (const double f : {1.0, 2.0, 5.0, 10.0})
+        if (f * p >= v * (1 - 1e-9)) return f * p;
+    return 10 * p;
+}
+
+/// A distinct colour per core (cycled).
+const char* colour(int idx) {
+    static constexpr std::array<const char*, 8> kPalette{
+        "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"};
+    return kPalette[static_cast<size_t>(idx) % kPalette.size()];
+}
+
+constexpr const char* kSvgNs = "http://www.w3.org/2000/svg";
+
+// ---- charts -------------------------------------------------------------------------------
+
+/// The cycle range every over-time chart shares, so the small multiples line up.
+struct TimeAxis {
+    uint64_t x0 = 0, x1 = 1;
+};
+
+TimeAxis time_axis(const Model& model) {
+    uint64_t lo = UINT64_MAX, hi = 0;
+    const double mhz = model.machine.clock_mhz;
+    for (const auto& [idx, c] : model.cores) {
+        if (c.first <= c.last) {
+            lo = std::min(lo, c.first);
+            hi = std::max(hi, c.last);
+        }
+        for (const Samples* s : {&c.util, &c.gbps}) {
+            for (const auto& [ts, v] : *s) {
+                lo = std::min(lo, to_cycles(ts * mhz));
+                hi = std::max(hi, to_cycles(ts * mhz));
+            }
+        }
+    }
+    if (lo == UINT64_MAX) return {};
+    return {lo, std::max(hi, lo + 1)};
+}
+
+/// One small line chart of a counter track: value held from each sample to the next.
+std::string line_chart(const std::string& kind, const Core& c, int idx, const Samples& samples,
+                       const TimeAxis& ax, double mhz, double ymax, const std::string& yunit,
+                       double yscale, std::optional<double> ref) {
+    constexpr double kW = 300, kH = 130, kL = 46, kR = 8, kT = 18, kB = 22;
+    const double pw = kW - kL - kR, ph = kH - kT - kB;
+    const double span = double(ax.x1 - ax.x0);
+    auto x = [&](double cycle) {
+        return kL + pw * std::clamp((cycle - double(ax.x0)) / span, 0.0, 1.0);
+    };
+    auto y = [&](double v) { return kT + ph * (1.0 - std::clamp(v / ymax, 0.0, 1.0)); };
+
+    std::string s =
+        fmt::format(R"(<svg xmlns="{}" class="chart {}" data-core="{}" width="{}" height="{}" )"
+                    R"(viewBox="0 0 {} {}" role="img" aria-label="{} {}">)"
+                    "\n",
+                    kSvgNs, kind, escape(c.name), kW, kH, kW, kH, escape(c.name), kind);
+    s += fmt::format(R"(<text class="ct" x="{}" y="12">{}</text>)"
+                     "\n",
+                     kL, escape(c.name));
+    // Grid and y labels at 0, half and full scale.
+    for (const double f : {0.0, 0.5, 1.0}) {
+        s += fmt::format(R"(<line class="grid" x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}"/>)", kL,
+                         y(f * ymax), kW - kR, y(f * ymax));
+        s += fmt::format(R"(<text class="yl" x="{}" y="{:.1f}">{}{}</text>)"
+                         "\n",
+                         kL - 3, y(f * ymax) + 3, tick(f * ymax * yscale), yunit);
+    }
+    for (const double f : {0.0, 0.5, 1.0}) {
+        s += fmt::format(R"(<text class="xl" x="{:.1f}" y="{}">{}</text>)", kL + f * pw, kH - 6,
+                         tick(f * span));
+    }
+    s += "\n";
+    if (ref && *ref <= ymax) {
+        s += fmt::format(R"(<line class="ref" x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}"/>)"
+                         "\n",
+                         kL, y(*ref), kW - kR, y(*ref));
+    }
+    if (samples.empty()) {
+        s += fmt::format(R"(<text class="none" x="{:.1f}" y="{:.1f}">no samples</text>)"
+                         "\n",
+                         kL + pw / 2, kT + ph / 2);
+    } else {
+        std::string d;
+        // Start on the baseline so the first window rises from 0 like the later ones.
+        d += fmt::format("M{:.1f},{:.1f}", x(samples.front().first * mhz), y(0));
+        for (const auto& [ts, v] : samples) {
+            d += fmt::format(" H{:.1f} V{:.1f}", x(ts * mhz), y(v));
+        }
+        d += fmt::format(" H{:.1f}", x(double(ax.x1)));
+        s += fmt::format(R"(<path class="line" stroke="{}" d="{}"/>)"
+                         "\n",
+                         colour(idx), d);
+    }
+    s += "</svg>\n";
+    return s;
+}
+
+/// Log-scale roofline: attainable TFLOP/s against FLOP/byte, one point per core.
+std::string roofline(const Model& model) {
+    const Machine& m = model.machine;
+    const double peak = m.peak_flops / 1e12;     // TFLOP/s
+    const double bw = m.hbm_bytes_per_s / 1e12;  // TB/s: TFLOP/s per FLOP/byte
+    const double ridge = peak / bw;
+    struct Point {
+        int idx;
+        const Core* c;
+        double ai, tflops;
+    };
+    std::vector<Point> points;
+    for (const auto& [idx, c] : model.cores) {
+        if (c.flops <= 0 || c.bytes <= 0 || c.span == 0) continue;
+        const double seconds = double(c.span) / (m.clock_mhz * 1e6);
+        points.push_back({idx, &c, c.flops / c.bytes, c.flops / seconds / 1e12});
+    }
+    double xlo = ridge, xhi = ridge, ylo = peak;
+    for (const auto& p : points) {
+        xlo = std::min(xlo, p.ai);
+        xhi = std::max(xhi, p.ai);
+        ylo = std::min(ylo, p.tflops);
+    }
+    // Whole decades, at least one beyond the ridge and the points on each side.
+    const double lx0 = std::floor(std::log10(xlo)) - 1, lx1 = std::ceil(std::log10(xhi)) + 1;
+    const double ly1 = std::ceil(std::log10(peak * 1.01));
+    const double ly0 = std::min(std::floor(std::log10(ylo)), ly1 - 3);
+    // Where the bandwidth slope enters the plot (bottom edge or left edge).
+    constexpr double kW = 600, kH = 380, kL = 64, kR = 24, kT = 16, kB = 48;
+    const double pw = kW - kL - kR, ph = kH - kT - kB;
+    auto x = [&](double ai) { return kL + pw * (std::log10(ai) - lx0) / (lx1 - lx0); };
+    auto y = [&](double t) {
+        return kT + ph * (1.0 - std::clamp((std::log10(t) - ly0) / (ly1 - ly0), 0.0, 1.0));
+    };
+
+    std::string s = fmt::format(
+        R"(<svg xmlns="{}" class="chart roofline" width="{}" height="{}" viewBox="0 0 {} {}" )"
+        R"(role="img" aria-label="roofline">)"
+        "\n",
+        kSvgNs, kW, kH, kW, kH);
+    for (double d = lx0; d <= lx1 + 1e-9; ++d) {
+        const double v = std::pow(10.0, d);
+        s += fmt::format(R"(<line class="grid" x1="{0:.1f}" y1="{1}" x2="{0:.1f}" y2="{2}"/>)",
+                         x(v), kT, kT + ph);
+        s += fmt::format(R"(<text class="xl" x="{:.1f}" y="{}">{}</text>)"
+                         "\n",
+                         x(v), kT + ph + 16, tick(v));
+    }
+    for (double d = ly0; d <= ly1 + 1e-9; ++d) {
+        const double v = std::pow(10.0, d);
+        s += fmt::format(R"(<line class="grid" x1="{0}" y1="{1:.1f}" x2="{2}" y2="{1:.1f}"/>)", kL,
+                         y(v), kL + pw);
+        s += fmt::format(R"(<text class="yl" x="{}" y="{:.1f}">{}</text>)"
+                         "\n",
+                         kL - 4, y(v) + 4, tick(v));
+    }
+    s += fmt::format(R"(<text class="axis" x="{:.1f}" y="{}">{}</text>)"
+                     "\n",
+                     kL + pw / 2, kH - 8, "arithmetic intensity (FLOP/byte of HBM traffic)");
+    s += fmt::format(R"svg(<text class="axis" transform="translate(14 {:.1f}) rotate(-90)">)svg"
+                     "achieved TFLOP/s</text>\n",
+                     kT + ph / 2);
+    // The roof: the bandwidth slope up to the ridge, then flat at the MXU peak. Start the slope
+    // where it crosses the bottom edge if that lies inside the x range.
+    const double x_start = std::max(std::pow(10.0, lx0), std::pow(10.0, ly0) / bw);
+    s += fmt::format(
+        R"(<polyline class="roof" points="{:.1f},{:.1f} {:.1f},{:.1f} {:.1f},{:.1f}"/>)"
+        "\n",
+        x(x_start), y(x_start * bw), x(ridge), y(peak), x(std::pow(10.0, lx1)), y(peak));
+    s += fmt::format(R"(<text class="rl" x="{:.1f}" y="{:.1f}">peak {:.1f} TFLOP/s</text>)"
+                     "\n",
+                     x(ridge) + 6, y(peak) - 5, peak);
+    s += fmt::format(
+        R"(<text class="rl" x="{:.1f}" y="{:.1f}" text-anchor="end">HBM {:.1f} GB/s</text>)"
+        "\n",
+        x(ridge) - 8, y(peak) + 14, m.hbm_bytes_per_s / 1e9);
+    for (const auto& p : points) {
+        s += fmt::format(
+            R"(<circle class="point" data-core="{}" cx="{:.1f}" cy="{:.1f}" r="5" fill="{}">)"
+            R"(<title>{}: {:.2f} FLOP/B, {:.2f} TFLOP/s</title></circle>)"
+            "\n",
+            escape(p.c->name), x(p.ai), y(p.tflops), colour(p.idx), escape(p.c->name), p.ai,
+            p.tflops);
+    }
+    s += "</svg>\n";
+    // The points in numbers: identical cores overlap on the plot.
+    s += "<table><tr><th>core</th><th>FLOP/byte</th><th>TFLOP/s</th><th>roof at this "
+         "intensity</th><th>of roof</th><th>bound</th></tr>\n";
+    for (const auto& p : points) {
+        const double roof = std::min(peak, p.ai * bw);
+        s += fmt::format(
+            "<tr><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td>{:.2f}</td>"
+            "<td>{:.2f}</td><td>{:.2f}</td><td>{}</td><td>{}</td></tr>\n",
+            colour(p.idx), escape(p.c->name), p.ai, p.tflops, roof, pct(p.tflops / roof),
+            p.ai < ridge ? "memory" : "compute");
+    }
+    s += "</table>\n";
+    if (points.size() < model.cores.size())
+        s += "<p class=\"note\">Cores without MXU FLOPs or HBM bytes have no point.</p>\n";
+    return s;
+}
+
+// ---- page ---------------------------------------------------------------------------------
+
+constexpr const char* kStyle = R"(
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1300px}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 6px;border-bottom:1px solid #ddd}
+p.note{color:#666;font-size:12px;margin:4px 0}
+table{border-collapse:collapse;margin:6px 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
+.multiples{display:flex;flex-wrap:wrap;gap:6px}
+svg.chart{background:#fff;border:1px solid #eee}
+svg text{font:10px system-ui,sans-serif;fill:#444}
+svg text.ct{font-weight:600;fill:#222}
+svg text.yl{text-anchor:end}svg text.xl{text-anchor:middle}
+svg text.axis{font-size:12px;text-anchor:middle}svg text.none{text-anchor:middle;fill:#999}
+svg text.rl{font-size:11px;fill:#000}
+svg .grid{stroke:#eee}svg .line{fill:none;stroke-width:1.5}
+svg .ref{stroke:#999;stroke-dasharray:4 3}
+svg .roof{fill:none;stroke:#000;stroke-width:2}svg .point{stroke:#000;stroke-width:.5}
+.bar{display:inline-block;height:8px;background:#1f77b4;margin-left:6px;vertical-align:middle}
+.sw{display:inline-block;width:10px;height:10px;margin-right:6px}
+)";
+
+std::string summary(const Model& model) {
+    const Machine& m = model.machine;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    double insts = 0, bytes = 0, flops = 0;
+    for (const auto& [idx, c] : model.cores) {
+        if (c.first <= c.last) {
+            lo = std::min(lo, c.first);
+            hi = std::max(hi, c.last);
+        }
+        insts += c.insts;
+        bytes += c.bytes;
+        flops += c.flops;
+    }
+    const uint64_t kernel = lo <= hi ? hi - lo : 0;
+    const double total = model.board_cycles ? *model.board_cycles : double(model.trace_end);
+    const double n = double(model.cores.size());
+    const double util = kernel ? flops / (2.0 * m.pe_count() * n * double(kernel)) : 0.0;
+    const double us = 1.0 / m.clock_mhz;
+    bool est_flops = false, trace_bytes = false, trace_insts = false;
+    for (const auto& [idx, c] : model.cores) {
+        est_flops |= c.flops_estimated;
+        trace_bytes |= c.bytes_from_trace;
+        trace_insts |= c.insts_from_trace;
+    }
+
+    std::string s = "<table class=\"summary\">\n";
+    auto row = [&](std::string_view k, const std::string& v) {
+        s += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, v);
+    };
+    row("cores", fmt::format("{}", model.cores.size()));
+    row(model.board_cycles ? "total cycles (board, from stats)" : "total cycles (trace)",
+        fmt::format("{} = {:.3f} us", grouped(total), total * us));
+    row("core activity (first to last core event)",
+        fmt::format("{} cycles = {:.3f} us", grouped(double(kernel)), double(kernel) * us));
+    row(trace_insts ? "instructions (unit events in the trace)" : "instructions", grouped(insts));
+    row(trace_bytes ? "HBM bytes (DMA events in the trace)" : "HBM bytes",
+        fmt::format("{} ({})", grouped(bytes), si(bytes, "B")));
+    row(est_flops ? "MXU FLOPs (estimated from mxu_utilization)" : "MXU FLOPs",
+        fmt::format("{} ({})", grouped(flops), si(flops, "FLOP")));
+    row("MXU utilisation over the core activity", pct(util));
+    if (kernel) {
+        const double seconds = double(kernel) / (m.clock_mhz * 1e6);
+        row("achieved",
+            fmt::format("{:.2f} TFLOP/s of {:.2f} peak, {:.1f} GB/s HBM", flops / seconds / 1e12,
+                        n * m.peak_flops / 1e12, bytes / seconds / 1e9));
+    }
+    const Host& h = model.host;
+    if (h.writes || h.reads)
+        row("host transfers",
+            fmt::format("{} writes ({}), {} reads ({})", h.writes, si(double(h.write_bytes), "B"),
+                        h.reads, si(double(h.read_bytes), "B")));
+    row("clock", fmt::format("{:.1f} MHz{}", m.clock_mhz,
+                             m.from_config   ? " (config)"
+                             : m.clock_known ? " (from the trace)"
+                                             : " (default)"));
+    s += "</table>\n";
+
+    // Per core.
+    s += "<table class=\"cores\"><tr><th>core</th><th>cycles</th><th>instructions</th><th>HBM "
+         "bytes</th><th>MXU FLOPs</th><th>MXU util.</th><th>TFLOP/s</th><th>FLOP/byte</th></tr>"
+         "\n";
+    for (const auto& [idx, c] : model.cores) {
+        const double seconds = double(c.span) / (m.clock_mhz * 1e6);
+        const double cu = c.span ? c.flops / (2.0 * m.pe_count() * double(c.span)) : 0.0;
+        s += fmt::format(
+            "<tr><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td>{}</td>"
+            "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2f}</td><td>{}</td></tr>\n",
+            colour(idx), escape(c.name), grouped(double(c.span)), grouped(c.insts),
+            grouped(c.bytes), grouped(c.flops), pct(cu),
+            seconds > 0 ? c.flops / seconds / 1e12 : 0.0,
+            c.bytes > 0 ? fmt::format("{:.2f}", c.flops / c.bytes) : std::string("-"));
+    }
+    s += "</table>\n";
+    return s;
+}
+
+std::string busy_table(const Model& model) {
+    // Known units in pipeline order, then anything else by name.
+    static constexpr std::array<std::string_view, 6> kOrder{"seq", "dma",  "vpu",
+                                                            "ici", "mxu0", "mxu1"};
+    std::vector<std::string> units;
+    for (const auto u : kOrder) {
+        for (const auto& [idx, c] : model.cores) {
+            if (c.unit_busy.count(std::string(u))) {
+                units.emplace_back(u);
+                break;
+            }
+        }
+    }
+    std::map<std::string, bool> extra;
+    for (const auto& [idx, c] : model.cores)
+        for (const auto& [u, b] : c.unit_busy)
+            if (std::find(kOrder.begin(), kOrder.end(), u) == kOrder.end()) extra[u] = true;
+    for (const auto& [u, b] : extra) units.push_back(u);
+
+    std::string s = "<table class=\"busy\"><tr><th>core</th><th>span (cycles)</th>";
+    for (const auto& u : units) s += fmt::format("<th>{}</th>", escape(u));
+    s += "</tr>\n";
+    for (const auto& [idx, c] : model.cores) {
+        s += fmt::format("<tr><td>{}</td><td>{}</td>", escape(c.name), grouped(double(c.span)));
+        for (const auto& u : units) {
+            const auto it = c.unit_busy.find(u);
+            if (it == c.unit_busy.end()) {
+                s += "<td>-</td>";
+                continue;
+            }
+            const double f = c.span ? double(it->second) / double(c.span) : 0.0;
+            s += fmt::format(
+                "<td title=\"busy {} cycles; events sum to {} cycles\">{}<span class=\"bar\" "
+                "style=\"width:{:.0f}px\"></span></td>",
+                grouped(double(it->second)), grouped(double(c.unit_sum.at(u))), pct(f),
+                std::min(f, 1.0) * 40);
+        }
+        s += "</tr>\n";
+    }
+    s += "</table>\n";
+    return s;
+}
+
+}  // namespace
+
+std::string render_report(const std::string& trace_json, const std::string& stats_json,
+                          const std::string& title, const std::string& config_json) {
+    Model model;
+    if (!config_json.empty()) read_config(config_json, model.machine);
+    read_trace(trace_json, model);
+    if (!stats_json.empty()) read_stats(stats_json, model);
+    derive(model);
+    const Machine& m = model.machine;
+    const TimeAxis ax = time_axis(model);
+
+    std::string page;
+    page += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+    page += fmt::format("<title>{}</title>\n<style>{}</style>\n</head>\n<body>\n", escape(title),
+                        kStyle);
+    page += fmt::format("<h1>{}</h1>\n", escape(title));
+    page +=
+        fmt::format("<p class=\"note\">tpusim report: {} cores, {}; roof from {}.</p>\n",
+                    model.cores.size(), model.have_stats ? "counters from the stats" : "trace only",
+                    m.from_config ? "the run's config" : "the default v3-8-like board");
+
+    page += "<h2>Summary</h2>\n" + summary(model);
+
+    page += "<h2>MXU utilisation over time</h2>\n";
+    page += fmt::format(
+        "<p class=\"note\">Useful PE-cycles over all PE-cycles of each core's MXUs per counter "
+        "window (trace counter <code>mxu_utilization</code>). x: cycles since cycle {}.</p>\n",
+        grouped(double(ax.x0)));
+    page += "<div class=\"multiples\">\n";
+    for (const auto& [idx, c] : model.cores)
+        page += line_chart("util", c, idx, c.util, ax, m.clock_mhz, 1.0, "%", 100.0, std::nullopt);
+    page += "</div>\n";
+
+    double gbps_max = 0;
+    for (const auto& [idx, c] : model.cores)
+        for (const auto& [ts, v] : c.gbps) gbps_max = std::max(gbps_max, v);
+    const double peak_gbps = m.hbm_bytes_per_s / 1e9;
+    page += "<h2>HBM bandwidth over time</h2>\n";
+    page += fmt::format(
+        "<p class=\"note\">GB/s moved by each core's DMA per counter window (trace counter "
+        "<code>hbm_gbps</code>); dashed: the {:.1f} GB/s peak. x: cycles since cycle {}.</p>\n",
+        peak_gbps, grouped(double(ax.x0)));
+    page += "<div class=\"multiples\">\n";
+    const double gmax = nice_max(std::max(gbps_max, peak_gbps));
+    for (const auto& [idx, c] : model.cores)
+        page += line_chart("hbm", c, idx, c.gbps, ax, m.clock_mhz, gmax, "", 1.0, peak_gbps);
+    page += "</div>\n";
+
+    page += "<h2>Unit busy time</h2>\n";
+    page +=
+        "<p class=\"note\">Cycles in which the unit has an event in flight (the union of its "
+        "events, which overlap when the unit queues work) over the core's span, first to last "
+        "event. Hover a cell for the plain sum of event durations.</p>\n";
+    page += busy_table(model);
+
+    page += "<h2>Roofline</h2>\n";
+    page += fmt::format(
+        "<p class=\"note\">Per core: peak {:.1f} TFLOP/s = 2 x {} MXUs x {}x{} PEs x {:.1f} MHz; "
+        "HBM {:.1f} GB/s. Points: MXU FLOPs over HBM bytes, FLOPs over the core's span.</p>\n",
+        m.peak_flops / 1e12, m.mxus, m.rows, m.cols, m.clock_mhz, peak_gbps);
+    page += roofline(model);
+    page += "</body>\n</html>\n";
+    return page;
+}
+
+}  // namespace tpu::traces
