@@ -9,9 +9,22 @@ namespace tpu::hw {
 
 void BoardConfig::validate() {
     sim::validate_fields(sim::root_of(*this));
-    if (hbm.model == "hbm2")
+    // One burst is the pseudo-channel's share of the bus times the beats; the address map cuts
+    // granules and rows into whole bursts.
+    const uint64_t burst_bytes =
+        uint64_t(hbm.bus_bits) / hbm.pseudo_channels * hbm.burst_length / 8;
+    if (hbm.interleave_bytes < burst_bytes)
         throw sim::ConfigError(
-            "hbm.model: the hbm2 bank-timing model is not available yet; use \"simple\"");
+            fmt::format("hbm.interleave_bytes: {} is smaller than one burst ({} bytes = bus_bits / "
+                        "pseudo_channels x burst_length / 8)",
+                        hbm.interleave_bytes, burst_bytes));
+    if (hbm.row_bytes < burst_bytes)
+        throw sim::ConfigError(fmt::format("hbm.row_bytes: {} is smaller than one burst ({} bytes)",
+                                           hbm.row_bytes, burst_bytes));
+    // A refresh interval no longer than the refresh itself would leave the banks no time for data.
+    if (hbm.timing.refi != 0 && hbm.timing.refi <= hbm.timing.rfc)
+        throw sim::ConfigError(fmt::format("hbm.timing.refi: {} must be 0 or more than rfc ({})",
+                                           hbm.timing.refi, hbm.timing.rfc));
     const uint64_t pc_bytes = hbm.bytes_per_core / (uint64_t(hbm.channels) * hbm.pseudo_channels);
     // pc_bytes < row_bytes * bank_groups * banks_per_group, divided out so that the product
     // (up to 2^93 with 32-bit powers of two) cannot wrap around to a small number.

@@ -49,7 +49,7 @@ struct HbmTiming {
 
 /// Per-core HBM stack: geometry, address map and timing.
 struct HbmConfig {
-    std::string model = "simple";       ///< "simple" (peak bandwidth, fixed latency) or "hbm2"
+    std::string model = "hbm2";         ///< "hbm2" (banks, rows, refresh) or "simple"
     uint64_t bytes_per_core = 16ull << 30;  ///< capacity per core
     uint32_t channels = 16;             ///< channels per core
     uint32_t pseudo_channels = 2;       ///< pseudo-channels per channel
@@ -61,6 +61,7 @@ struct HbmConfig {
     uint32_t tck_ps = 1136;             ///< clock period (1.76 Gb/s/pin double data rate)
     uint32_t interleave_bytes = 256;    ///< consecutive bytes mapped to one pseudo-channel
     std::string page_policy = "open";   ///< "open" or "closed"
+    uint32_t queue_bursts = 32;         ///< bursts a pseudo-channel controller holds ("hbm2")
     uint32_t simple_latency_ns = 100;   ///< "simple" model: access latency
     HbmTiming timing;                   ///< timing parameters
 
@@ -82,6 +83,10 @@ struct HbmConfig {
         v("interleave_bytes", interleave_bytes, "bytes per pseudo-channel before interleaving",
           {.min = 32, .pow2 = true});
         v("page_policy", page_policy, "row buffer policy", {.choices = "open,closed"});
+        v("queue_bursts", queue_bursts,
+          "hbm2: bursts (column accesses) a pseudo-channel controller holds; it prepares rows "
+          "this far ahead of the data bus",
+          {.min = 1, .max = 4096});
         v("simple_latency_ns", simple_latency_ns, "latency of the simple model", {.min = 1});
         v.section("timing", timing, "HBM2 timing parameters in tCK");
     }

@@ -5,10 +5,12 @@
 #include <cmath>
 
 #include "hw/board_config.h"
+#include "hw/mem/hbm2.h"
 
 namespace tpu::hw {
 
 std::unique_ptr<HbmTimingModel> make_hbm_timing(const BoardConfig& cfg) {
+    if (cfg.hbm.model == "hbm2") return std::make_unique<Hbm2Timing>(cfg);
     return std::make_unique<SimpleHbmTiming>(cfg);
 }
 

@@ -65,9 +65,11 @@ TEST(CliRun, LoadRunDumpIsBitExact) {
         .write(reinterpret_cast<char*>(a.data()), a.size() * 2);
     std::ofstream(tmp("w.bin"), std::ios::binary)
         .write(reinterpret_cast<char*>(w.data()), w.size() * 2);
-    const Result r = tpusim("run " + example("matmul128.s") + " --load 0:0x0=" + tmp("a.bin") +
-                            " --load 0:hbm:0x8000=" + tmp("w.bin") +
-                            " --dump 0:0x10000:65536=" + tmp("c.bin") + " --json");
+    // The 978 cycles below are derived for the simple HBM model.
+    const Result r =
+        tpusim("run " + example("matmul128.s") + " --load 0:0x0=" + tmp("a.bin") +
+               " --load 0:hbm:0x8000=" + tmp("w.bin") + " --dump 0:0x10000:65536=" + tmp("c.bin") +
+               " --json --set hbm.model=simple");
     ASSERT_EQ(r.code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["cycles"], 978);

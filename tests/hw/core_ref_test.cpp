@@ -49,6 +49,7 @@ BoardConfig tiny_config(uint32_t queue_depth = 8, uint32_t dispatch_cycles = 1) 
     cfg.core.queue_depth = queue_depth;
     cfg.core.dispatch_cycles = dispatch_cycles;
     cfg.sim.functional = false;
+    cfg.hbm.model = "simple";  // the reference core models the simple HBM pipe
     return cfg;
 }
 
@@ -60,6 +61,7 @@ BoardConfig default_config(uint32_t queue_depth = 8, uint32_t dispatch_cycles = 
     cfg.core.queue_depth = queue_depth;
     cfg.core.dispatch_cycles = dispatch_cycles;
     cfg.sim.functional = false;
+    cfg.hbm.model = "simple";  // the reference core models the simple HBM pipe
     return cfg;
 }
 

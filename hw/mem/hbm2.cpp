@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "hw/mem/hbm2.h"
+
+#include <algorithm>
+
+#include "hw/board_config.h"
+
+namespace tpu::hw {
+
+namespace {
+
+/// Bytes one burst moves on one pseudo-channel: its share of the channel's bus times the beats.
+uint32_t burst_bytes_of(const HbmConfig& c) {
+    return c.bus_bits / c.pseudo_channels * c.burst_length / 8;
+}
+
+/// ceil(a / b) without overflow for the products used here.
+uint64_t div_up(unsigned __int128 a, uint64_t b) {
+    return static_cast<uint64_t>((a + b - 1) / b);
+}
+
+}  // namespace
+
+// ---- address map -------------------------------------------------------------------------------
+
+HbmAddressMap::HbmAddressMap(const HbmConfig& cfg)
+    : m_pcs(cfg.channels * cfg.pseudo_channels),
+      m_channels(cfg.channels),
+      m_interleave(cfg.interleave_bytes),
+      m_burst_bytes(burst_bytes_of(cfg)),
+      m_bursts_per_row(cfg.row_bytes / burst_bytes_of(cfg)),
+      m_bank_groups(cfg.bank_groups),
+      m_banks_per_group(cfg.banks_per_group) {}
+
+HbmLocation HbmAddressMap::decode(uint64_t addr) const {
+    HbmLocation l;
+    const uint64_t granule = addr / m_interleave;
+    l.pseudo_channel = static_cast<uint32_t>(granule % m_pcs);
+    l.channel = l.pseudo_channel % m_channels;
+    l.local = granule / m_pcs * m_interleave + addr % m_interleave;
+    // Bank groups rotate fastest: a stream then alternates groups and its column commands are
+    // CCD_S apart (one burst of data) instead of CCD_L (two on the default board).
+    uint64_t burst = l.local / m_burst_bytes;
+    l.bank.bank_group = static_cast<uint32_t>(burst % m_bank_groups);
+    burst /= m_bank_groups;
+    l.column = static_cast<uint32_t>(burst % m_bursts_per_row);
+    burst /= m_bursts_per_row;
+    l.bank.bank = static_cast<uint32_t>(burst % m_banks_per_group);
+    l.bank.row = burst / m_banks_per_group;
+    return l;
+}
+
+// ---- one pseudo-channel
+// --------------------------------------------------------------------------
+
+Hbm2PseudoChannel::Hbm2PseudoChannel(const HbmConfig& cfg)
+    : m_t(cfg.timing),
+      m_closed_page(cfg.page_policy == "closed"),
+      m_bpg(cfg.banks_per_group),
+      m_bl2(std::max<Tick>(1, cfg.burst_length / 2)),
+      m_banks(size_t(cfg.bank_groups) * cfg.banks_per_group),
+      m_last_col_bg(cfg.bank_groups, kNever),
+      m_queue(cfg.queue_bursts, kNever),
+      m_due(cfg.timing.refi) {}
+
+void Hbm2PseudoChannel::refresh() {
+    // The row logic stops at the due cycle; the controller waits until every prepared burst has
+    // issued its column command (the cycle after the last one), precharges all open banks with
+    // one PREA once each may close, and issues REF once every bank is idle.
+    const Tick gate = std::max({m_due, m_row_cursor, m_last_col + 1});
+    Tick prea = gate;
+    bool any_open = false;
+    for (const Bank& b : m_banks) {
+        // A bank that auto-precharges after the gate is still open until then and holds PREA.
+        prea = std::max(prea, b.closed_at);
+        if (b.open_row >= 0) {
+            any_open = true;
+            prea = std::max(prea, b.pre_ready);
+        }
+    }
+    Tick ref = gate;
+    if (any_open) {
+        for (Bank& b : m_banks) {
+            if (b.open_row < 0) continue;
+            b.open_row = -1;
+            b.closed_at = prea;
+            b.act_ready = std::max(b.act_ready, prea + Tick(m_t.rp));
+        }
+        ref = prea + 1;
+    }
+    for (const Bank& b : m_banks) ref = std::max(ref, b.act_ready);
+    for (Bank& b : m_banks) b.act_ready = std::max(b.act_ready, ref + Tick(m_t.rfc));
+    m_row_cursor = ref + 1;
+    // The next refresh falls due REFI after this REF: a late refresh is not made up, so the
+    // row logic always gets REFI - RFC cycles after a refresh and cannot starve.
+    m_due = ref + m_t.refi;
+    ++m_counters.refreshes;
+}
+
+Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, Tick admit) {
+    Bank& b = bank(req);
+    for (;;) {
+        const Tick d = std::max(m_row_cursor, admit);
+        // The one action the row logic takes next for this burst, and its earliest cycle.
+        enum { Hit, Pre, Act } action;
+        Tick at;
+        if (b.open_row == int64_t(req.row)) {
+            action = Hit;
+            at = d;
+        } else if (b.open_row >= 0) {
+            action = Pre;
+            at = std::max(d, b.pre_ready);
+        } else {
+            action = Act;
+            at = std::max(
+                {d, b.act_ready, m_last_act + Tick(m_t.rrd), m_acts[m_act_idx] + Tick(m_t.faw)});
+        }
+        if (m_t.refi != 0 && at >= m_due) {
+            refresh();
+            continue;
+        }
+        switch (action) {
+            case Hit:
+                m_row_cursor = at;
+                ++m_counters.row_hits;
+                return at;
+            case Pre:
+                b.open_row = -1;
+                b.closed_at = at;
+                b.act_ready = std::max(b.act_ready, at + Tick(m_t.rp));
+                m_row_cursor = at + 1;
+                ++m_counters.precharges;
+                continue;
+            case Act:
+                b.open_row = int64_t(req.row);
+                b.act = at;
+                b.act_ready = at + m_t.rc;
+                b.pre_ready = at + m_t.ras;
+                m_last_act = at;
+                m_acts[m_act_idx] = at;
+                m_act_idx = (m_act_idx + 1) % 4;
+                m_row_cursor = at + 1;
+                ++m_counters.activates;
+                return at;
+        }
+    }
+}
+
+uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAccess> bursts,
+                                   bool write) {
+    Tick done = Tick(arrive);
+    for (size_t i = 0; i < bursts.size(); ++i) {
+        const HbmColumnAccess& req = bursts[i];
+        // (1) Admission: in order, once the burst queue_bursts ahead has left the queue.
+        Tick& slot = m_queue[m_seq % m_queue.size()];
+        m_admit = std::max({Tick(arrive), m_admit, slot + 1});
+        // (2) Row logic: hit, or [PRE] ACT, with refreshes where they fall due.
+        const Tick prepared = prepare(req, m_admit);
+        Bank& b = bank(req);
+        // (3) Column command: in order, after RCD, CCD_S/CCD_L, the turnaround and the bus.
+        Tick col = std::max({prepared, b.act + Tick(m_t.rcd), m_last_col + Tick(m_t.ccd_s),
+                             m_last_col_bg[req.bank_group] + Tick(m_t.ccd_l)});
+        const Tick lat = write ? m_t.wl : m_t.cl;
+        if (write)
+            col = std::max(col, m_last_rd + Tick(m_t.rtw));
+        else
+            col = std::max(col, m_last_wr + m_t.wl + m_bl2 + m_t.wtr);
+        col = std::max(col, m_data_end - lat);
+        m_data_end = col + lat + m_bl2;
+        m_last_col = col;
+        m_last_col_bg[req.bank_group] = col;
+        (write ? m_last_wr : m_last_rd) = col;
+        const Tick pre_after = write ? col + m_t.wl + m_bl2 + m_t.wr : col + m_t.rtp;
+        b.pre_ready = std::max(b.pre_ready, pre_after);
+        slot = col;
+        ++m_seq;
+        ++m_counters.bursts;
+        // (4) Closed page: the request's last access to this row auto-precharges the bank at
+        // the first cycle it may.
+        if (m_closed_page) {
+            bool again = false;
+            for (size_t j = i + 1; j < bursts.size() && !again; ++j)
+                again = bursts[j].bank_group == req.bank_group && bursts[j].bank == req.bank &&
+                        bursts[j].row == req.row;
+            if (!again) {
+                b.open_row = -1;
+                b.closed_at = b.pre_ready;
+                b.act_ready = std::max(b.act_ready, b.pre_ready + Tick(m_t.rp));
+            }
+        }
+        done = m_data_end;
+    }
+    return uint64_t(done);
+}
+
+// ---- the stack ---------------------------------------------------------------------------------
+
+Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
+    : m_map(cfg.hbm), m_core_ps(cfg.period_ps()), m_tck_ps(cfg.hbm.tck_ps) {
+    const HbmConfig& h = cfg.hbm;
+    // Every pseudo-channel moves one burst per max(1, BL/2) tCK.
+    const double bl2 = std::max(1u, h.burst_length / 2);
+    m_peak = double(m_map.pseudo_channels()) * m_map.burst_bytes() / (bl2 * double(m_tck_ps)) *
+             double(m_core_ps);
+    m_pcs.reserve(m_map.pseudo_channels());
+    for (uint32_t i = 0; i < m_map.pseudo_channels(); ++i) m_pcs.emplace_back(h);
+    m_scratch.reserve(h.interleave_bytes / m_map.burst_bytes());
+}
+
+uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) {
+    if (bytes == 0) return arrive;
+    const uint64_t arrive_tck = div_up((unsigned __int128)arrive * m_core_ps, m_tck_ps);
+    const uint64_t burst = m_map.burst_bytes(), granule = m_map.interleave_bytes();
+    uint64_t done_tck = arrive_tck;
+    const uint64_t end = addr + bytes;
+    for (uint64_t lo = addr; lo < end;) {
+        const uint64_t hi = std::min(end, (lo / granule + 1) * granule);
+        // Every burst the piece touches, in address order; bursts never cross a granule.
+        m_scratch.clear();
+        uint32_t pc = 0;
+        for (uint64_t a = lo / burst * burst; a < hi; a += burst) {
+            const HbmLocation l = m_map.decode(a);
+            pc = l.pseudo_channel;
+            m_scratch.push_back(l.bank);
+        }
+        done_tck = std::max(done_tck, m_pcs[pc].access(arrive_tck, m_scratch, write));
+        lo = hi;
+    }
+    return div_up((unsigned __int128)done_tck * m_tck_ps, m_core_ps);
+}
+
+Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {
+    Hbm2PseudoChannel::Counters sum;
+    for (const auto& pc : m_pcs) {
+        const auto& c = pc.counters();
+        sum.bursts += c.bursts;
+        sum.row_hits += c.row_hits;
+        sum.activates += c.activates;
+        sum.precharges += c.precharges;
+        sum.refreshes += c.refreshes;
+    }
+    return sum;
+}
+
+}  // namespace tpu::hw

@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "hw/mem/hbm_config.h"
+#include "hw/mem/hbm_timing.h"
+
+namespace tpu::hw {
+
+/// One column access (one burst) of a request, decoded to its bank. The column does not change
+/// the timing, so it is not carried.
+struct HbmColumnAccess {
+    uint32_t bank_group = 0;  ///< bank group within the pseudo-channel
+    uint32_t bank = 0;        ///< bank within the bank group
+    uint64_t row = 0;         ///< row within the bank
+};
+
+/// Where a byte lives: see hw/README.md, "HBM", for the bit layout.
+struct HbmLocation {
+    uint32_t pseudo_channel = 0;  ///< 0 .. channels x pseudo_channels - 1
+    uint32_t channel = 0;         ///< physical channel (pseudo_channel % channels)
+    uint64_t local = 0;           ///< byte offset inside the pseudo-channel
+    HbmColumnAccess bank;         ///< bank group, bank and row of the byte's burst
+    uint32_t column = 0;          ///< burst index within the row
+};
+
+/// The HBM address map. Granules of `interleave_bytes` rotate over every pseudo-channel; inside
+/// a pseudo-channel consecutive bursts rotate over the bank groups, then walk the columns of a
+/// row, then the banks of a group, then the rows.
+class HbmAddressMap {
+public:
+    /// Geometry from `cfg` (validated: a burst fits in a granule and in a row).
+    explicit HbmAddressMap(const HbmConfig& cfg);
+    /// Decodes byte address `addr`.
+    HbmLocation decode(uint64_t addr) const;
+    /// Bytes one column command moves on a pseudo-channel.
+    uint32_t burst_bytes() const { return m_burst_bytes; }
+    /// Pseudo-channels in total (channels x pseudo_channels).
+    uint32_t pseudo_channels() const { return m_pcs; }
+    /// Bytes per interleave granule.
+    uint32_t interleave_bytes() const { return m_interleave; }
+
+private:
+    uint32_t m_pcs, m_channels, m_interleave, m_burst_bytes, m_bursts_per_row;
+    uint32_t m_bank_groups, m_banks_per_group;
+};
+
+/// Busy-until timing of one pseudo-channel's controller and banks: FCFS at burst granularity,
+/// open or closed page, refresh. Every request costs O(its bursts) and no clock runs; the
+/// cycle-stepped reference (hw/reference/hbm_ref.h) proves it exact. Times are HBM cycles (tCK).
+class Hbm2PseudoChannel {
+public:
+    /// What the pseudo-channel did, for reports and tests.
+    struct Counters {
+        uint64_t bursts = 0;      ///< column commands (RD/WR)
+        uint64_t row_hits = 0;    ///< bursts that found their row open
+        uint64_t activates = 0;   ///< ACT commands
+        uint64_t precharges = 0;  ///< explicit PRE commands (auto-precharges and PREA excluded)
+        uint64_t refreshes = 0;   ///< REF commands
+    };
+
+    /// An idle pseudo-channel with every bank closed at tCK 0.
+    explicit Hbm2PseudoChannel(const HbmConfig& cfg);
+    /// Serves a request of `bursts` (all reads or all writes) that reaches the controller at tCK
+    /// `arrive`, after every request passed before it; returns the tCK at which its last data
+    /// beat has moved (the end of its last burst on the data bus).
+    uint64_t access(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
+    /// Counters since construction.
+    const Counters& counters() const { return m_counters; }
+
+private:
+    using Tick = int64_t;
+    static constexpr Tick kNever = -(int64_t(1) << 40);  ///< "long ago": no constraint
+
+    struct Bank {
+        int64_t open_row = -1;    ///< planned open row, -1 when closed (or closing)
+        Tick act = kNever;        ///< last ACT
+        Tick act_ready = 0;       ///< earliest next ACT (RC, RP, RFC)
+        Tick pre_ready = kNever;  ///< earliest PRE of the open row (RAS, RTP, WR)
+        Tick closed_at = kNever;  ///< last PRE or auto-precharge
+    };
+
+    /// Performs the refresh that is due (PREA if a bank is open, then REF).
+    void refresh();
+    /// Row logic for one burst; returns the cycle the burst's column command may go.
+    Tick prepare(const HbmColumnAccess& b, Tick admit);
+    Bank& bank(const HbmColumnAccess& b) { return m_banks[b.bank_group * m_bpg + b.bank]; }
+
+    HbmTiming m_t;
+    bool m_closed_page;
+    uint32_t m_bpg;
+    Tick m_bl2;  ///< tCK of data per burst (burst_length / 2, at least 1)
+    std::vector<Bank> m_banks;
+    std::vector<Tick> m_last_col_bg;
+    std::vector<Tick> m_queue;  ///< column cycle of the last queue_bursts bursts (ring)
+    uint64_t m_seq = 0;         ///< bursts served so far
+    std::array<Tick, 4> m_acts{kNever, kNever, kNever, kNever};  ///< last four ACTs (ring)
+    uint32_t m_act_idx = 0;
+    Tick m_last_act = kNever;
+    Tick m_row_cursor = 0;  ///< first cycle the row logic may look at the next burst
+    Tick m_admit = 0;       ///< admission cycle of the last burst
+    Tick m_last_col = kNever;
+    Tick m_last_rd = kNever;
+    Tick m_last_wr = kNever;
+    Tick m_data_end = 0;
+    Tick m_due;  ///< next refresh due (tCK); unused when refi == 0
+    Counters m_counters;
+};
+
+/// "hbm2": every pseudo-channel of a core's HBM stack as an Hbm2PseudoChannel behind the
+/// HbmAddressMap. A request is split at granule boundaries; each piece is served by its
+/// pseudo-channel and the request completes with its last piece. Core cycles map to HBM cycles
+/// through picoseconds: arrival at core cycle c is the first tCK edge n with n x tck >= c x T
+/// (T = the core period in ps), and completion at tCK n is core cycle ceil(n x tck / T).
+class Hbm2Timing : public HbmTimingModel {
+public:
+    explicit Hbm2Timing(const BoardConfig& cfg);
+    uint64_t access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) override;
+    double peak_bytes_per_cycle() const override { return m_peak; }
+    /// The address map in use.
+    const HbmAddressMap& address_map() const { return m_map; }
+    /// Counters summed over every pseudo-channel.
+    Hbm2PseudoChannel::Counters counters() const;
+
+private:
+    HbmAddressMap m_map;
+    uint64_t m_core_ps, m_tck_ps;
+    double m_peak;
+    std::vector<Hbm2PseudoChannel> m_pcs;
+    std::vector<HbmColumnAccess> m_scratch;  ///< bursts of the piece being served
+};
+
+}  // namespace tpu::hw

@@ -1,0 +1,334 @@
+// SPDX-License-Identifier: Apache-2.0
+// The fast HBM2 pseudo-channel (Hbm2PseudoChannel, busy-until) against the cycle-stepped command
+// scheduler (hw/reference/hbm_ref.h): the same end of data for every request of random request
+// streams (hits, misses, bank-group changes, reads and writes, gaps, refreshes, both page
+// policies, random timings); plus hand-computed cases, the address map, the core-cycle mapping
+// and config errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hw/board_config.h"
+#include "hw/mem/hbm2.h"
+#include "hw/reference/hbm_ref.h"
+
+namespace tpu::hw {
+namespace {
+
+/// The default HBM with refresh off unless a test wants it.
+HbmConfig no_refresh() {
+    HbmConfig c;
+    c.timing.refi = 0;
+    return c;
+}
+
+HbmRefRequest req(uint64_t arrive, std::vector<HbmColumnAccess> bursts, bool write = false) {
+    return {arrive, write, std::move(bursts)};
+}
+
+/// Runs `reqs` through the fast model and returns each request's end of data.
+std::vector<uint64_t> fast(const HbmConfig& cfg, const std::vector<HbmRefRequest>& reqs) {
+    Hbm2PseudoChannel pc(cfg);
+    std::vector<uint64_t> done;
+    for (const auto& r : reqs) done.push_back(pc.access(r.arrive, r.bursts, r.write));
+    return done;
+}
+
+/// Runs `reqs` through both models, expects equal results and returns them.
+std::vector<uint64_t> both(const HbmConfig& cfg, const std::vector<HbmRefRequest>& reqs) {
+    HbmPseudoChannelRef ref(cfg);
+    const auto want = ref.run(reqs);
+    const auto got = fast(cfg, reqs);
+    EXPECT_EQ(got, want);
+    return got;
+}
+
+// ---- hand-computed cases (default timing: CL 13, RCD 13, RP 13, RAS 30, RC 43, BL/2 = 2) ----
+
+TEST(Hbm2, FirstReadRowHitRowMiss) {
+    const auto done = both(
+        no_refresh(),
+        {
+            req(0, {{0, 0, 7}}),    // closed bank: ACT 0, RD 0 + RCD = 13, data 13 + CL = 26 .. 28
+            req(100, {{0, 0, 7}}),  // row hit: RD at 100, data 113 .. 115
+            req(200, {{0, 0, 9}}),  // miss: PRE 200, ACT 200 + RP = 213, RD 226, data .. 241
+        });
+    EXPECT_EQ(done, (std::vector<uint64_t>{28, 115, 241}));
+}
+
+TEST(Hbm2, PrechargeWaitsForRasAndRtp) {
+    // ACT 0, RD 13 (.. 28); the miss at 20 may precharge at max(ACT + RAS, RD + RTP) = 30,
+    // then ACT 43 (RP; RC from 0 is also 43), RD 56, data .. 71.
+    EXPECT_EQ(both(no_refresh(), {req(0, {{0, 0, 1}}), req(20, {{0, 0, 2}})}),
+              (std::vector<uint64_t>{28, 71}));
+}
+
+TEST(Hbm2, ClosedPageReopensTheRow) {
+    HbmConfig c = no_refresh();
+    c.page_policy = "closed";
+    // The first read auto-precharges at max(0 + RAS, 13 + RTP) = 30; the second read of the same
+    // row activates again at max(30 + RP, 0 + RC) = 43: RD 56, data .. 71.
+    EXPECT_EQ(both(c, {req(0, {{0, 0, 1}}), req(20, {{0, 0, 1}})}),
+              (std::vector<uint64_t>{28, 71}));
+}
+
+TEST(Hbm2, BankGroupsSetColumnSpacing) {
+    const std::vector<HbmColumnAccess> open4 = {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {3, 0, 0}};
+    const auto done = both(
+        no_refresh(),
+        {
+            // ACTs 0, 4, 8, 12 (RRD 4); RDs 13, 17, 21, 25; data .. 40.
+            req(0, open4),
+            // Alternating groups: RDs 100, 102, 104, 106 (CCD_S 2; CCD_L 4 from 100 allows 104).
+            req(100, {{0, 0, 0}, {1, 0, 0}, {0, 0, 0}, {1, 0, 0}}),
+            // One group: RDs 200, 204, 208 (CCD_L); data .. 223.
+            req(200, {{2, 0, 0}, {2, 0, 0}, {2, 0, 0}}),
+        });
+    EXPECT_EQ(done, (std::vector<uint64_t>{40, 121, 223}));
+}
+
+TEST(Hbm2, ReadWriteTurnaround) {
+    const auto done =
+        both(no_refresh(),
+             {
+                 req(0, {{0, 0, 0}}),          // data .. 28
+                 req(300, {{0, 0, 0}}, true),  // WR 300, data 304 .. 306
+                 req(301, {{0, 0, 0}}),        // RD >= 300 + WL + 2 + WTR = 312, data .. 327
+                 req(400, {{0, 0, 0}}),        // RD 400, data 413 .. 415
+                 req(401, {{0, 0, 0}}, true),  // WR >= 400 + RTW = 408 and data >= 415: 411
+             });
+    EXPECT_EQ(done, (std::vector<uint64_t>{28, 306, 327, 415, 417}));
+}
+
+TEST(Hbm2, FourActivateWindow) {
+    HbmConfig c = no_refresh();
+    c.timing.faw = 20;
+    // ACTs 0, 4, 8, 12 (RRD), the fifth at 0 + FAW = 20; its RD at 33 (the others at 13, 17,
+    // 21, 25), data .. 48.
+    EXPECT_EQ(both(c, {req(0, {{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {3, 0, 0}, {0, 1, 0}})}),
+              (std::vector<uint64_t>{48}));
+}
+
+TEST(Hbm2, RefreshClosesBanksAndBlocksActivates) {
+    HbmConfig c;  // refresh every 3434 tCK, RFC 229
+    // Read at 0 opens the row (data .. 28). The next read arrives at 3500, after refresh 1 fell
+    // due at 3434: PREA 3434, REF 3434 + RP = 3447, ACT 3447 + RFC = 3676, RD 3689, data .. 3704.
+    EXPECT_EQ(both(c, {req(0, {{0, 0, 0}}), req(3500, {{0, 0, 0}})}),
+              (std::vector<uint64_t>{28, 3704}));
+    // A request waiting for its row when the refresh falls due waits for the refresh too; banks
+    // already closed need no PREA: REF 3434, ACT 3663, RD 3676, data .. 3691.
+    EXPECT_EQ(both(c, {req(3434, {{1, 2, 3}})}), (std::vector<uint64_t>{3691}));
+}
+
+TEST(Hbm2, LongIdleGapsRefreshEveryInterval) {
+    HbmConfig c;
+    // Refresh 1 closes the open row (PREA 3434, REF 3447); each next one falls due REFI after
+    // the previous REF: REF 3447 + 3434 k. The 1000th, at 3447 + 999 x 3434 = 3434013, holds the
+    // banks until 3434242, so a read arriving at 3434100 activates then: RD 3434255, .. 3434270.
+    Hbm2PseudoChannel pc(c);
+    const std::vector<HbmColumnAccess> b = {{0, 0, 0}};
+    EXPECT_EQ(pc.access(0, b, false), 28u);
+    EXPECT_EQ(pc.access(3434100, b, false), 3434270u);
+    EXPECT_EQ(pc.counters().refreshes, 1000u);
+}
+
+TEST(Hbm2, QueueBoundsTheLookahead) {
+    HbmConfig c = no_refresh();
+    c.queue_bursts = 1;
+    // With one queue entry the second burst (other bank) enters only after the first issued its
+    // RD at 13, so its ACT is at 14 instead of 4: RD 27, data .. 42 (instead of 32).
+    EXPECT_EQ(both(c, {req(0, {{0, 0, 0}, {1, 0, 0}})}), (std::vector<uint64_t>{42}));
+    c.queue_bursts = 2;
+    EXPECT_EQ(both(c, {req(0, {{0, 0, 0}, {1, 0, 0}})}), (std::vector<uint64_t>{32}));
+}
+
+// ---- random streams: fast == reference ----
+
+struct StreamShape {
+    uint32_t groups, banks, rows;  ///< how many of each the stream touches
+    double write_p;                ///< share of write requests
+    uint32_t max_bursts;           ///< bursts per request: 1 .. max_bursts
+    uint32_t max_gap;              ///< tCK between arrivals: 0 .. max_gap (sometimes 20x)
+};
+
+std::vector<HbmRefRequest> random_stream(std::mt19937& rng, const StreamShape& s, size_t n) {
+    auto pick = [&](uint32_t hi) { return std::uniform_int_distribution<uint32_t>(0, hi)(rng); };
+    std::vector<HbmRefRequest> reqs;
+    uint64_t t = 0;
+    for (size_t i = 0; i < n; ++i) {
+        HbmRefRequest r;
+        t += pick(s.max_gap) * (pick(19) == 0 ? 20 : 1);
+        r.arrive = t;
+        r.write = std::bernoulli_distribution(s.write_p)(rng);
+        const uint32_t nb = 1 + pick(s.max_bursts - 1);
+        // Mostly a run through one bank's row set, sometimes scattered bursts.
+        const bool scattered = pick(3) == 0;
+        const uint32_t bank = pick(s.banks - 1);
+        const uint64_t row = pick(s.rows - 1);
+        uint32_t group = pick(s.groups - 1);
+        for (uint32_t j = 0; j < nb; ++j) {
+            if (scattered)
+                r.bursts.push_back({pick(s.groups - 1), pick(s.banks - 1), pick(s.rows - 1)});
+            else
+                r.bursts.push_back({group, bank, row});
+            group = (group + 1) % s.groups;
+        }
+        reqs.push_back(std::move(r));
+    }
+    return reqs;
+}
+
+/// Random timing parameters (each 1 .. 24, refresh sometimes off) on a small geometry.
+HbmConfig random_config(std::mt19937& rng) {
+    auto pick = [&](uint32_t lo, uint32_t hi) {
+        return std::uniform_int_distribution<uint32_t>(lo, hi)(rng);
+    };
+    HbmConfig c;
+    HbmTiming& t = c.timing;
+    for (uint32_t* f : {&t.cl, &t.rcd, &t.rp, &t.ras, &t.rc, &t.ccd_s, &t.ccd_l, &t.rrd, &t.faw,
+                        &t.wl, &t.wr, &t.rtp, &t.wtr, &t.rtw})
+        *f = pick(1, 24);
+    t.rfc = pick(1, 120);
+    t.refi = pick(0, 3) == 0 ? 0 : t.rfc + pick(1, 600);
+    c.burst_length = 1u << pick(0, 3);
+    c.bank_groups = 1u << pick(0, 2);
+    c.banks_per_group = 1u << pick(0, 2);
+    c.queue_bursts = pick(0, 2) == 0 ? pick(1, 4) : pick(5, 64);
+    c.page_policy = pick(0, 1) ? "open" : "closed";
+    return c;
+}
+
+void expect_equal_streams(const HbmConfig& c, const std::vector<HbmRefRequest>& reqs,
+                          const std::string& what) {
+    HbmPseudoChannelRef ref(c);
+    std::vector<uint64_t> want;
+    ASSERT_NO_THROW(want = ref.run(reqs)) << what;
+    const auto got = fast(c, reqs);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << what << ": request " << i << " (arrive " << reqs[i].arrive
+                                   << ", " << reqs[i].bursts.size() << " bursts)";
+}
+
+TEST(Hbm2Property, DefaultTimingRandomStreams) {
+    for (const char* policy : {"open", "closed"}) {
+        for (uint32_t seed = 1; seed <= 12; ++seed) {
+            std::mt19937 rng(seed);
+            HbmConfig c;
+            c.page_policy = policy;
+            c.timing.refi = seed % 3 == 0 ? 0 : 600;  // frequent refreshes exercise the corners
+            c.timing.rfc = 60;
+            c.queue_bursts = seed % 4 == 0 ? 2 : 32;
+            const StreamShape shape{4, 2 + seed % 3,       1 + seed % 4, 0.1 * (seed % 5),
+                                    8, seed % 2 ? 4u : 40u};
+            expect_equal_streams(c, random_stream(rng, shape, 400),
+                                 std::string(policy) + " seed " + std::to_string(seed));
+        }
+    }
+}
+
+TEST(Hbm2Property, RandomTimingRandomStreams) {
+    for (uint32_t seed = 100; seed < 700; ++seed) {
+        std::mt19937 rng(seed);
+        const HbmConfig c = random_config(rng);
+        StreamShape shape{};
+        shape.groups = c.bank_groups;
+        shape.banks = c.banks_per_group;
+        shape.rows = 1 + (seed / 3) % 4;
+        shape.write_p = 0.25 * (seed / 12 % 4);
+        shape.max_bursts = 1 + seed % 9;
+        shape.max_gap = seed % 3 == 0 ? 60 : 6;
+        expect_equal_streams(c, random_stream(rng, shape, 200), "seed " + std::to_string(seed));
+    }
+}
+
+// ---- the whole stack: address map and core cycles ----
+
+TEST(Hbm2Timing, AddressMap) {
+    const HbmAddressMap m(HbmConfig{});
+    // 32 B bursts; 256 B granules over 32 pseudo-channels; bank group, column, bank, row.
+    EXPECT_EQ(m.burst_bytes(), 32u);
+    auto at = [&](uint64_t a) {
+        const auto l = m.decode(a);
+        return std::vector<uint64_t>{l.pseudo_channel, l.bank.bank_group, l.column, l.bank.bank,
+                                     l.bank.row};
+    };
+    EXPECT_EQ(at(0), (std::vector<uint64_t>{0, 0, 0, 0, 0}));
+    EXPECT_EQ(at(32 + 5), (std::vector<uint64_t>{0, 1, 0, 0, 0}));
+    EXPECT_EQ(at(128), (std::vector<uint64_t>{0, 0, 1, 0, 0}));
+    EXPECT_EQ(at(256), (std::vector<uint64_t>{1, 0, 0, 0, 0}));
+    EXPECT_EQ(at(31 * 256), (std::vector<uint64_t>{31, 0, 0, 0, 0}));
+    EXPECT_EQ(m.decode(17 * 256).channel, 1u);
+    EXPECT_EQ(at(32 * 256), (std::vector<uint64_t>{0, 0, 2, 0, 0}));  // local 256: burst 8
+    // local 4 KiB = 4 bank groups x 1 KiB rows: the next bank; 16 KiB: the next row.
+    EXPECT_EQ(at(32 * 4096), (std::vector<uint64_t>{0, 0, 0, 1, 0}));
+    EXPECT_EQ(at(32 * 16384 + 3 * 32), (std::vector<uint64_t>{0, 3, 0, 0, 1}));
+}
+
+TEST(Hbm2Timing, CoreCycles) {
+    BoardConfig cfg;
+    ASSERT_EQ(cfg.hbm.model, "hbm2");
+    auto model = make_hbm_timing(cfg);
+    ASSERT_NE(dynamic_cast<Hbm2Timing*>(model.get()), nullptr);
+    // 64 B at 0: bank groups 0 and 1 of pseudo-channel 0. ACT 0 and 4, RD 13 and 17, data ends
+    // at tCK 32 = 36352 ps; the core (1064 ps) sees it at ceil(34.17) = 35.
+    EXPECT_EQ(model->access(0, 0, 64, false), 35u);
+    // Core cycle 10 = 10640 ps arrives at tCK ceil(9.37) = 10 on pseudo-channel 1 (fresh):
+    // data ends at tCK 42 = 47712 ps = core cycle ceil(44.84) = 45.
+    EXPECT_EQ(model->access(10, 256, 64, false), 45u);
+    // 512 B at 128 splits into 128 B on pseudo-channel 0, 256 B on 1 and 128 B on 2. On a fresh
+    // stack the 256 B piece ends last: ACTs 0, 4, 8, 12 (RRD); RDs 13, 17, 21, 25 (RCD), then
+    // 27, 29, 31, 33 (CCD_S); data ends at tCK 48 = 54528 ps = core cycle ceil(51.25) = 52.
+    Hbm2Timing fresh(cfg);
+    EXPECT_EQ(fresh.access(0, 128, 512, false), 52u);
+    EXPECT_EQ(fresh.counters().bursts, 16u);
+    EXPECT_NEAR(fresh.peak_bytes_per_cycle(), 32 * 32 / (2 * 1136.0) * 1064, 1e-9);
+}
+
+TEST(Hbm2Timing, StreamingReachesNinetyPercent) {
+    BoardConfig cfg;
+    Hbm2Timing m(cfg);
+    // 8 MiB in 512 B requests, one per core cycle (the DMA engine's 512 B/cycle port).
+    const uint64_t bytes = 8u << 20;
+    uint64_t done = 0;
+    for (uint64_t a = 0; a < bytes; a += 512)
+        done = std::max(done, m.access(a / 512, a, 512, false));
+    const double eff = double(bytes) / double(done) / m.peak_bytes_per_cycle();
+    EXPECT_GT(eff, 0.90);
+    EXPECT_LT(eff, 1.0);
+}
+
+// ---- errors ----
+
+TEST(Hbm2Errors, ConfigRules) {
+    auto error_of = [](const std::vector<std::string>& sets) -> std::string {
+        try {
+            BoardConfig::load("", sets);
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+        return "no error";
+    };
+    EXPECT_EQ(error_of({"hbm.model=hbm2"}), "no error");
+    EXPECT_EQ(error_of({"hbm.timing.refi=229"}),
+              "hbm.timing.refi: 229 must be 0 or more than rfc (229)");
+    EXPECT_EQ(error_of({"hbm.timing.refi=0"}), "no error");
+    EXPECT_EQ(error_of({"hbm.burst_length=16", "hbm.interleave_bytes=64"}),
+              "hbm.interleave_bytes: 64 is smaller than one burst (128 bytes = bus_bits / "
+              "pseudo_channels x burst_length / 8)");
+    EXPECT_EQ(error_of({"hbm.burst_length=64", "hbm.interleave_bytes=1024", "hbm.row_bytes=256"}),
+              "hbm.row_bytes: 256 is smaller than one burst (512 bytes)");
+}
+
+TEST(Hbm2Errors, ReferenceRejectsEmptyRequest) {
+    HbmPseudoChannelRef ref(no_refresh());
+    EXPECT_THROW(ref.run({req(0, {})}), std::logic_error);
+}
+
+}  // namespace
+}  // namespace tpu::hw
