@@ -131,8 +131,10 @@ uint64_t Device::largest_free_block(uint32_t core) const {
 
 void Device::check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const char* what) const {
     check_core(b.core, num_cores(), what);
-    const auto it = m_used[b.core].find(b.addr);
-    if (it == m_used[b.core].end())
+    // A buffer may be a view into an allocation (e.g. one parameter of a flat buffer): it must
+    // lie inside one live allocation.
+    auto it = m_used[b.core].upper_bound(b.addr);
+    if (it == m_used[b.core].begin() || (--it, b.addr + b.bytes > it->first + it->second))
         throw DeviceError(ErrorKind::Usage, fmt::format("{}: buffer at 0x{:x} on core {} is not "
                                                         "allocated",
                                                         what, b.addr, b.core));
@@ -149,12 +151,14 @@ uint64_t Device::link_cycles(uint64_t bytes) const {
 
 void Device::write(const Buffer& b, const void* data, uint64_t bytes, uint64_t offset) {
     check_range(b, offset, bytes, "write");
+    sync_core(b.core);
     m_board->hbm(b.core).write(b.addr + offset, {static_cast<const uint8_t*>(data), bytes});
     host_transfer(b.core, bytes, true);
 }
 
 void Device::read(const Buffer& b, void* data, uint64_t bytes, uint64_t offset) {
     check_range(b, offset, bytes, "read");
+    sync_core(b.core);
     m_board->hbm(b.core).read(b.addr + offset, {static_cast<uint8_t*>(data), bytes});
     host_transfer(b.core, bytes, false);
 }
@@ -170,31 +174,259 @@ void Device::host_transfer(uint32_t core, uint64_t bytes, bool to_device) {
     (to_device ? m_metrics.h2d_cycles : m_metrics.d2h_cycles) += cycles;
 }
 
-Event Device::launch(const std::vector<uint32_t>& cores, const isa::Program& program,
-                     const std::function<std::vector<uint32_t>(size_t)>& args) {
-    std::vector<std::vector<uint32_t>> per_core;
-    for (size_t i = 0; i < cores.size(); ++i) {
-        check_core(cores[i], num_cores(), "launch");
-        per_core.push_back(args ? args(i) : std::vector<uint32_t>{});
+// ---- launches --------------------------------------------------------------------------------
+
+namespace {
+
+/// Outcomes kept for launches that ran but were not waited on (synchronize-only callers).
+constexpr size_t kKeptOutcomes = 4096;
+
+/// "core 3", "cores 0-3", "cores 0,2,5-6" (ascending input).
+std::string cores_text(std::vector<uint32_t> cores) {
+    std::sort(cores.begin(), cores.end());
+    std::string out;
+    for (size_t i = 0; i < cores.size();) {
+        size_t j = i;
+        while (j + 1 < cores.size() && cores[j + 1] == cores[j] + 1) ++j;
+        if (!out.empty()) out += ',';
+        out += j == i ? fmt::format("{}", cores[i]) : fmt::format("{}-{}", cores[i], cores[j]);
+        i = j + 1;
     }
+    return fmt::format("{} {}", cores.size() == 1 ? "core" : "cores", out);
+}
+
+const std::string& kernel_name(const isa::Program& p) {
+    static const std::string unnamed = "unnamed";
+    return p.name.empty() ? unnamed : p.name;
+}
+
+}  // namespace
+
+LaunchHandle Device::enqueue(const std::vector<uint32_t>& cores, const isa::Program& program,
+                             const ArgsFn& args, bool copy) {
+    // Usage errors surface here, at the call that made them, not at a later wait.
+    if (m_stopped)
+        throw DeviceError(ErrorKind::Usage,
+                          "launch: the board stopped on a device fault; open a "
+                          "new device to run again");
+    if (cores.empty()) throw DeviceError(ErrorKind::Usage, "launch: launch on an empty core set");
+    std::vector<bool> seen(num_cores(), false);
+    for (uint32_t c : cores) {
+        check_core(c, num_cores(), "launch");
+        if (seen[c])
+            throw DeviceError(ErrorKind::Usage, "launch: a core appears twice in the launch set");
+        seen[c] = true;
+    }
+    const uint64_t bytes = program.code.size() * uint64_t(isa::kInstrBytes);
+    if (bytes > m_cfg->core.imem_bytes)
+        throw DeviceError(
+            ErrorKind::Usage,
+            fmt::format("launch: core {}: program of {} instructions ({} bytes) "
+                        "does not fit in instruction memory ({} bytes, "
+                        "core.imem_bytes)",
+                        cores[0], program.code.size(), bytes, m_cfg->core.imem_bytes));
+    Pending p;
+    p.id = m_next_id;
+    p.cores = cores;
+    for (size_t i = 0; i < cores.size(); ++i) {
+        p.args.push_back(args ? args(i) : std::vector<uint32_t>{});
+        if (p.args.back().size() >= size_t(isa::kNumSregs))
+            throw DeviceError(ErrorKind::Usage,
+                              fmt::format("launch: core {}: {} launch arguments; at most {} fit "
+                                          "in s1..s{}",
+                                          cores[i], p.args.back().size(), isa::kNumSregs - 1,
+                                          isa::kNumSregs - 1));
+    }
+    if (copy) {
+        p.owned = std::make_unique<isa::Program>(program);
+        p.program = p.owned.get();
+    } else {
+        p.program = &program;
+    }
+    ++m_next_id;
+    m_queue.push_back(std::move(p));
+    return LaunchHandle{m_next_id - 1};
+}
+
+LaunchHandle Device::launch_async(const std::vector<uint32_t>& cores, const isa::Program& program,
+                                  const ArgsFn& args) {
+    return enqueue(cores, program, args, true);
+}
+
+Event Device::launch(const std::vector<uint32_t>& cores, const isa::Program& program,
+                     const ArgsFn& args) {
+    // The program is not copied: the launch runs before this call returns.
+    const LaunchHandle h = enqueue(cores, program, args, false);
+    try {
+        run_until(h.id);
+    } catch (const DeviceError&) {
+        // Reported from h's own outcome below (its fault, or the earlier launch that stopped it).
+    }
+    Outcome o = take(h);
+    if (o.failed) throw DeviceError(o.kind, o.raw);
+    return std::move(o.event);
+}
+
+Event Device::wait(LaunchHandle h) {
+    if (h.id == 0 || h.id >= m_next_id)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("wait: launch #{} was never issued by this device", h.id));
+    try {
+        run_until(h.id);
+    } catch (const DeviceError&) {
+        // Reported from h's own outcome below.
+    }
+    Outcome o = take(h);
+    if (o.failed) throw DeviceError(o.kind, o.text);
+    return std::move(o.event);
+}
+
+void Device::synchronize() {
+    if (!m_queue.empty()) run_until(m_queue.back().id);
+}
+
+Device::Outcome Device::take(LaunchHandle h) {
+    const auto it = m_done.find(h.id);
+    if (it == m_done.end())
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("wait: launch #{} was already waited on (or dropped: the "
+                                      "device keeps the outcomes of the last {} launches nobody "
+                                      "waited on)",
+                                      h.id, kKeptOutcomes));
+    Outcome o = std::move(it->second);
+    m_done.erase(it);
+    return o;
+}
+
+void Device::run_until(uint64_t id) {
+    while (!m_queue.empty() && m_queue.front().id <= id) run_batch();
+}
+
+void Device::sync_core(uint32_t core) {
+    uint64_t last = 0;
+    for (const Pending& p : m_queue)
+        if (std::find(p.cores.begin(), p.cores.end(), core) != p.cores.end()) last = p.id;
+    if (last == 0) return;
+    ++m_metrics.implicit_syncs;
+    run_until(last);
+}
+
+void Device::run_batch() {
+    // (1) The batch: the longest run of queued launches whose core sets are pairwise disjoint.
+    // They start together in one board run; a launch that shares a core waits for the next run,
+    // which keeps launches in order per core.
+    std::vector<Pending> batch;
+    std::vector<bool> busy(num_cores(), false);
+    while (!m_queue.empty()) {
+        Pending& p = m_queue.front();
+        if (std::any_of(p.cores.begin(), p.cores.end(), [&](uint32_t c) { return busy[c]; })) break;
+        for (uint32_t c : p.cores) busy[c] = true;
+        batch.push_back(std::move(p));
+        m_queue.pop_front();
+    }
+    std::vector<uint32_t> cores;
+    std::vector<std::vector<uint32_t>> args;
+    std::vector<size_t> owner(num_cores(), 0);
+    for (size_t i = 0; i < batch.size(); ++i)
+        for (size_t j = 0; j < batch[i].cores.size(); ++j) {
+            cores.push_back(batch[i].cores[j]);
+            args.push_back(batch[i].args[j]);
+            owner[batch[i].cores[j]] = i;
+        }
+    std::vector<hw::CoreStats> before;
+    for (uint32_t c = 0; c < num_cores(); ++c) before.push_back(m_board->core(c).stats());
+
+    // (2) Load every core with its launch's program and start them at one cycle.
     const auto t0 = std::chrono::steady_clock::now();
     hw::LaunchResult r;
     try {
-        for (uint32_t c : cores) m_board->load(c, program);
-        r = m_board->run_each(cores, per_core);
+        for (const Pending& p : batch)
+            for (uint32_t c : p.cores) m_board->load(c, *p.program);
+        r = m_board->run_each(cores, args);
     } catch (const hw::DeviceFault& f) {
-        throw DeviceError(ErrorKind::Fault, f.what());
+        fail(batch, {owner.at(f.info().core)}, ErrorKind::Fault, f.what());
     } catch (const hw::DeadlockError& d) {
-        throw DeviceError(ErrorKind::Deadlock, d.what());
+        std::vector<size_t> all(batch.size());
+        for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+        fail(batch, all, ErrorKind::Deadlock, d.what());
     } catch (const std::invalid_argument& e) {
-        throw DeviceError(ErrorKind::Usage, fmt::format("launch: {}", e.what()));
+        fail(batch, {0}, ErrorKind::Usage, fmt::format("launch: {}", e.what()));
     }
-    Event ev{r.start_cycle, r.end_cycle, r.cores, r.core_cycles,
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
-    ++m_metrics.launches;
+    const double host =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++m_metrics.batches;
+    m_metrics.launches += batch.size();
     m_metrics.exec_cycles += r.end_cycle - r.start_cycle;
-    m_metrics.exec_host_seconds += ev.host_seconds;
-    return ev;
+    m_metrics.exec_host_seconds += host;
+
+    // (3) Each launch's Event from its own cores, and its per-kernel counters.
+    for (Pending& p : batch) {
+        Event ev;
+        ev.start_cycle = ev.end_cycle = r.start_cycle;
+        ev.cores = p.cores;
+        std::sort(ev.cores.begin(), ev.cores.end());
+        for (uint32_t c : ev.cores) {
+            const size_t k = size_t(std::find(r.cores.begin(), r.cores.end(), c) - r.cores.begin());
+            ev.core_cycles.push_back(r.core_cycles.at(k));
+            ev.end_cycle = std::max(ev.end_cycle, r.start_cycle + r.core_cycles[k]);
+        }
+        ev.host_seconds = host;
+        account(p, ev, before);
+        m_done[p.id].event = std::move(ev);
+    }
+    while (m_done.size() > kKeptOutcomes) m_done.erase(m_done.begin());
+}
+
+void Device::fail(std::vector<Pending>& batch, const std::vector<size_t>& culprits, ErrorKind kind,
+                  const std::string& raw) {
+    auto identity = [](const Pending& p) {
+        return fmt::format("launch #{} ('{}' on {})", p.id, kernel_name(*p.program),
+                           cores_text(p.cores));
+    };
+    std::string first;
+    for (size_t i : culprits) first += (first.empty() ? "" : ", ") + identity(batch[i]);
+    first += ": " + raw;
+    std::vector<bool> culprit(batch.size(), false);
+    for (size_t i : culprits) {
+        culprit[i] = true;
+        m_done[batch[i].id] = Outcome{{}, true, kind, raw, identity(batch[i]) + ": " + raw};
+    }
+    auto cancel = [&](const Pending& p) {
+        const std::string text = identity(p) + " did not complete: " + first;
+        m_done[p.id] = Outcome{{}, true, kind, text, text};
+    };
+    for (size_t i = 0; i < batch.size(); ++i)
+        if (!culprit[i]) cancel(batch[i]);
+    for (const Pending& p : m_queue) cancel(p);
+    m_queue.clear();
+    // The board stops for good on a fault or deadlock (kernels may have left any state).
+    if (kind != ErrorKind::Usage) m_stopped = true;
+    while (m_done.size() > kKeptOutcomes) m_done.erase(m_done.begin());
+    throw DeviceError(kind, first);
+}
+
+void Device::account(const Pending& p, const Event& ev, const std::vector<hw::CoreStats>& before) {
+    const std::string& name = kernel_name(*p.program);
+    auto [it, fresh] = m_kernel_index.emplace(name, m_kernels.size());
+    if (fresh) m_kernels.push_back(KernelStats{name});
+    KernelStats& k = m_kernels[it->second];
+    const uint64_t duration = ev.end_cycle - ev.start_cycle;
+    const auto& core = m_cfg->core;
+    ++k.launches;
+    k.cycles += duration;
+    k.mxu_peak_macs +=
+        uint64_t(core.mxus) * core.mxu_rows * core.mxu_cols * duration * ev.cores.size();
+    for (size_t i = 0; i < ev.cores.size(); ++i) {
+        const hw::CoreStats& s = m_board->core(ev.cores[i]).stats();
+        const hw::CoreStats& b = before[ev.cores[i]];
+        k.core_cycles += ev.core_cycles[i];
+        k.instructions += s.instructions - b.instructions;
+        for (size_t m = 0; m < s.mxu_macs.size(); ++m) k.mxu_macs += s.mxu_macs[m] - b.mxu_macs[m];
+        k.vpu_flops += s.vpu_flops - b.vpu_flops;
+        k.hbm_read_bytes += s.hbm_read_bytes - b.hbm_read_bytes;
+        k.hbm_write_bytes += s.hbm_write_bytes - b.hbm_write_bytes;
+        k.ici_bytes += s.ici_bytes - b.ici_bytes;
+    }
 }
 
 }  // namespace tpu::driver

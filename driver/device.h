@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -14,7 +15,8 @@
 
 namespace tpu::hw {
 class Board;
-}
+struct CoreStats;
+}  // namespace tpu::hw
 namespace tpu::sim {
 class Tracer;
 }
@@ -57,10 +59,45 @@ struct Event {
     double host_seconds = 0;            ///< host time spent simulating it
 };
 
+/// Names a launch queued by Device::launch_async; Device::wait takes it once.
+struct LaunchHandle {
+    uint64_t id = 0;  ///< 1, 2, ... in issue order; 0 names no launch
+};
+
+/// Totals over every completed launch of one kernel (programs grouped by isa::Program::name).
+struct KernelStats {
+    std::string name;              ///< kernel name ("unnamed" for programs without one)
+    uint64_t launches = 0;         ///< completed launches
+    uint64_t cycles = 0;           ///< sum of launch durations (start to last core halted)
+    uint64_t core_cycles = 0;      ///< sum over launches and their cores of each core's cycles
+    uint64_t instructions = 0;     ///< instructions issued on the launched cores
+    uint64_t mxu_macs = 0;         ///< useful MXU multiply-accumulates
+    uint64_t mxu_peak_macs = 0;    ///< MACs the launched cores' MXUs could do in `cycles`
+    uint64_t vpu_flops = 0;        ///< VPU fp32 operations
+    uint64_t hbm_read_bytes = 0;   ///< bytes DMA read from HBM
+    uint64_t hbm_write_bytes = 0;  ///< bytes DMA wrote to HBM
+    uint64_t ici_bytes = 0;        ///< bytes sent over ICI
+
+    /// 2 x MXU MACs + VPU FLOPs.
+    uint64_t flops() const { return 2 * mxu_macs + vpu_flops; }
+    /// HBM bytes read and written.
+    uint64_t hbm_bytes() const { return hbm_read_bytes + hbm_write_bytes; }
+    /// Useful MACs over the launched cores' MXU capacity during the launches (0..1).
+    double mxu_utilization() const {
+        return mxu_peak_macs ? double(mxu_macs) / double(mxu_peak_macs) : 0.0;
+    }
+    /// FLOPs per HBM byte (0 when the kernel moved no HBM bytes).
+    double arithmetic_intensity() const {
+        return hbm_bytes() ? double(flops()) / double(hbm_bytes()) : 0.0;
+    }
+};
+
 /// Counters for the trainer's metrics report and the CLI.
 struct DeviceMetrics {
     uint64_t launches = 0;         ///< program launches
-    uint64_t exec_cycles = 0;      ///< board cycles spent in launches
+    uint64_t batches = 0;          ///< board runs (launches on disjoint cores share one)
+    uint64_t exec_cycles = 0;      ///< board cycles spent in launches (overlapping ones once)
+    uint64_t implicit_syncs = 0;   ///< reads/writes that first had to run queued launches
     double exec_host_seconds = 0;  ///< host seconds spent simulating launches
     uint64_t h2d_transfers = 0;    ///< host-to-device writes
     uint64_t h2d_bytes = 0;        ///< bytes written
@@ -70,9 +107,10 @@ struct DeviceMetrics {
     uint64_t d2h_cycles = 0;       ///< board cycles spent on reads
 };
 
-/// A simulated board seen from the host. Launches run to completion before returning (the
-/// host thread is the only client), and every transfer advances device time by its cost on
-/// the chip's host link.
+/// A simulated board seen from the host. launch() runs to completion before returning;
+/// launch_async() queues and the queue runs at wait(), synchronize() or a read/write of a core
+/// it uses (driver/README.md has the rules). Every transfer advances device time by its cost
+/// on the chip's host link.
 class Device {
 public:
     /// Builds the board. One Device per process (SystemC elaborates one design per process).
@@ -97,10 +135,26 @@ public:
     /// Device -> host copy (a host sync).
     void read(const Buffer& buffer, void* data, uint64_t bytes, uint64_t offset = 0);
 
-    /// Loads `program` on `cores` and runs it; `args(i)` are the launch arguments (s1, s2,
-    /// ...) of cores[i]. Device faults and deadlocks throw DeviceError.
+    /// Launch arguments (s1, s2, ...) of cores[index].
+    using ArgsFn = std::function<std::vector<uint32_t>(size_t index)>;
+
+    /// Loads `program` on `cores` and runs it (launch_async + wait); `args(i)` are the launch
+    /// arguments of cores[i]. Device faults and deadlocks throw DeviceError.
     Event launch(const std::vector<uint32_t>& cores, const isa::Program& program,
-                 const std::function<std::vector<uint32_t>(size_t index)>& args = {});
+                 const ArgsFn& args = {});
+    /// Queues a launch and returns at once; it runs at the next wait/synchronize/read/write.
+    /// The program and the arguments are copied now. Bad arguments throw Usage at once.
+    LaunchHandle launch_async(const std::vector<uint32_t>& cores, const isa::Program& program,
+                              const ArgsFn& args = {});
+    /// Runs queued launches up to and including `h` (with the launches started together with
+    /// it); returns its Event; throws its fault. Each handle can be waited once.
+    Event wait(LaunchHandle h);
+    /// Runs every queued launch; throws the first fault.
+    void synchronize();
+    /// Launches queued and not yet run.
+    size_t queued_launches() const { return m_queue.size(); }
+    /// Per-kernel totals in order of each kernel's first completed launch.
+    const std::vector<KernelStats>& kernel_stats() const { return m_kernels; }
 
     uint64_t now_cycle() const;
     double now_seconds() const;
@@ -111,7 +165,40 @@ public:
     hw::Board& board();
 
 private:
+    /// A launch in the queue.
+    struct Pending {
+        uint64_t id = 0;
+        std::vector<uint32_t> cores;              ///< as given (args order)
+        std::vector<std::vector<uint32_t>> args;  ///< per cores[i]
+        const isa::Program* program = nullptr;    ///< `owned`, or the caller's for launch()
+        std::unique_ptr<isa::Program> owned;
+    };
+    /// How a launch ended, kept until it is waited on.
+    struct Outcome {
+        Event event;
+        bool failed = false;
+        ErrorKind kind = ErrorKind::Fault;
+        std::string raw;   ///< the error as the board reported it (launch() throws this)
+        std::string text;  ///< the error naming the launch (wait() throws this)
+    };
+
     explicit Device(const hw::BoardConfig& cfg);
+    LaunchHandle enqueue(const std::vector<uint32_t>& cores, const isa::Program& program,
+                         const ArgsFn& args, bool copy);
+    /// Runs queue batches until launch `id` has run.
+    void run_until(uint64_t id);
+    /// Runs the queued launches a read or write of `core` depends on.
+    void sync_core(uint32_t core);
+    /// Runs the first batch of the queue (consecutive launches on disjoint cores) together;
+    /// on a fault records every outcome, empties the queue and throws the fault.
+    void run_batch();
+    /// Records a failed batch: `culprits` (indices into `batch`) failed with `raw`, the other
+    /// launches of the batch and of the queue did not run. Throws the first culprit's error.
+    [[noreturn]] void fail(std::vector<Pending>& batch, const std::vector<size_t>& culprits,
+                           ErrorKind kind, const std::string& raw);
+    /// Takes the outcome of `h` (Usage error for unknown or already waited handles).
+    Outcome take(LaunchHandle h);
+    void account(const Pending& p, const Event& ev, const std::vector<hw::CoreStats>& before);
     void check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
     uint64_t link_cycles(uint64_t bytes) const;
     /// Advances device time by a host-link transfer and counts it.
@@ -122,6 +209,13 @@ private:
     std::vector<std::map<uint64_t, uint64_t>> m_free;  ///< per core: free block addr -> size
     std::vector<std::map<uint64_t, uint64_t>> m_used;  ///< per core: live buffer addr -> size
     DeviceMetrics m_metrics;
+    std::deque<Pending> m_queue;
+    std::map<uint64_t, Outcome> m_done;  ///< ran, not yet waited on
+    uint64_t m_next_id = 1;
+    bool m_stopped = false;  ///< a launch faulted or deadlocked: the board runs nothing more
+    std::string m_stop_reason;
+    std::vector<KernelStats> m_kernels;
+    std::map<std::string, size_t> m_kernel_index;
     sim::Tracer* m_tracer = nullptr;
     int m_host_track = -1;
 };

@@ -5,6 +5,10 @@
 
 namespace tpu::driver {
 
+std::string ProgramCache::kernel_name(const std::string& key) {
+    return key.substr(0, key.find_first_of(" :"));
+}
+
 const isa::Program& ProgramCache::get(const std::string& key,
                                       const std::function<isa::Program()>& compile) {
     const auto it = m_programs.find(key);
@@ -14,6 +18,7 @@ const isa::Program& ProgramCache::get(const std::string& key,
     }
     const auto t0 = std::chrono::steady_clock::now();
     isa::Program p = compile();
+    if (p.name.empty()) p.name = kernel_name(key);
     m_compile_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++m_misses;

@@ -15,7 +15,11 @@ namespace tpu::driver {
 class ProgramCache {
 public:
     /// The cached program for `key`, or `compile()`'s result (timed and counted as a miss).
+    /// A compiled program without a name is named kernel_name(key), so per-kernel statistics
+    /// group every shape of a kernel together.
     const isa::Program& get(const std::string& key, const std::function<isa::Program()>& compile);
+    /// The kernel part of a key: up to the first space or ':' ("gemm R128 C128 ..." -> "gemm").
+    static std::string kernel_name(const std::string& key);
     uint64_t hits() const { return m_hits; }
     uint64_t misses() const { return m_misses; }
     /// Host seconds spent compiling (misses only).

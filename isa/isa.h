@@ -111,6 +111,7 @@ Instr decode(std::span<const uint8_t, kInstrBytes> in, size_t index = 0);
 struct Program {
     std::vector<Instr> code;                               ///< instructions, pc = index
     std::vector<std::pair<std::string, uint32_t>> labels;  ///< optional names of pcs
+    std::string name;  ///< kernel name for per-kernel statistics (not encoded; may be empty)
 };
 
 /// Program image: "TPUPROG1" magic, u32 instruction count, u32 reserved (0), then the

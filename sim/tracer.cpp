@@ -187,6 +187,12 @@ Tracer::~Tracer() {
     close();
 }
 
+void Tracer::set_window(uint64_t window_begin, uint64_t window_end) {
+    if (!m_impl) return;
+    m_impl->window_begin = window_begin;
+    m_impl->window_end = window_end;
+}
+
 void Tracer::open(const std::string& path, double clock_mhz, std::string_view unit_filter,
                   uint64_t window_begin, uint64_t window_end) {
     if (!(clock_mhz > 0.0) || !std::isfinite(clock_mhz))

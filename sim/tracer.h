@@ -35,6 +35,9 @@ public:
               uint64_t window_begin = 0, uint64_t window_end = 0);
     /// Finishes the JSON array and closes the file. Called by the destructor too.
     void close();
+    /// Moves the cycle window (same meaning as in open()); for tools that learn where the
+    /// interesting part starts only while running, e.g. the trainer tracing a few steps.
+    void set_window(uint64_t window_begin, uint64_t window_end);
     bool enabled() const { return m_enabled; }
 
     /// A track: process `process` (e.g. "core3", "hbm", "host"), thread `thread` (e.g. "mxu0").

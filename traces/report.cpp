@@ -79,9 +79,26 @@ struct Host {
     uint64_t writes = 0, reads = 0, write_bytes = 0, read_bytes = 0;
 };
 
+/// One kernel's totals from the stats' `kernels` group (Device::kernel_stats()).
+struct Kernel {
+    std::string name;
+    double launches = 0, cycles = 0, core_cycles = 0, flops = 0, mxu_flops = 0, vpu_flops = 0;
+    double hbm_bytes = 0, ici_bytes = 0;
+    std::optional<double> mxu_util;
+
+    /// FLOP/byte of HBM traffic (0 without HBM bytes).
+    double ai() const { return hbm_bytes > 0 ? flops / hbm_bytes : 0.0; }
+    /// Achieved TFLOP/s per core: FLOPs over the launched cores' summed busy time, so kernels
+    /// on any number of cores sit under the same per-core roof.
+    double tflops(double clock_mhz) const {
+        return core_cycles > 0 ? flops / (core_cycles / (clock_mhz * 1e6)) / 1e12 : 0.0;
+    }
+};
+
 struct Model {
     Machine machine;
-    std::map<int, Core> cores;  ///< by core index
+    std::map<int, Core> cores;    ///< by core index
+    std::vector<Kernel> kernels;  ///< from stats, in file order
     Host host;
     uint64_t trace_end = 0;              ///< last end cycle of any X event
     std::optional<double> board_cycles;  ///< from stats
@@ -295,6 +312,34 @@ void read_trace(const std::string& text, Model& model) {
     }
 }
 
+/// board.kernels.<name>.counters: per-kernel totals (absent in older stats files).
+void read_kernels(const json& group, Model& model) {
+    if (!group.is_object()) return;
+    const json kernels = group.value("children", json::object());
+    if (!kernels.is_object()) return;
+    for (const auto& [name, k] : kernels.items()) {
+        if (!k.is_object()) continue;
+        const json counters = k.value("counters", json::object());
+        if (!counters.is_object()) continue;
+        auto value = [&](const std::string& key) -> std::optional<double> {
+            const auto it = counters.find(key);
+            return it == counters.end() ? std::nullopt : number(*it, "value");
+        };
+        Kernel out;
+        out.name = name;
+        out.launches = value("launches").value_or(0);
+        out.cycles = value("cycles").value_or(0);
+        out.core_cycles = value("core_cycles").value_or(0);
+        out.flops = value("flops").value_or(0);
+        out.mxu_flops = value("mxu_flops").value_or(0);
+        out.vpu_flops = value("vpu_flops").value_or(0);
+        out.hbm_bytes = value("hbm_read_bytes").value_or(0) + value("hbm_write_bytes").value_or(0);
+        out.ici_bytes = value("ici_bytes").value_or(0);
+        out.mxu_util = value("mxu_utilization");
+        model.kernels.push_back(std::move(out));
+    }
+}
+
 void read_stats(const std::string& text, Model& model) {
     const json doc = parse(text, Input::Stats);
     if (!doc.is_object() || !doc.contains("board") || !doc["board"].is_object())
@@ -305,6 +350,7 @@ void read_stats(const std::string& text, Model& model) {
         number(board.value("counters", json::object()).value("cycles", json{}), "value");
     const json children = board.value("children", json::object());
     if (!children.is_object()) return;
+    read_kernels(children.value("kernels", json::object()), model);
     for (const auto& [name, group] : children.items()) {
         const int idx = core_index(name);
         if (idx < 0 || !group.is_object()) continue;
@@ -554,8 +600,24 @@ std::string roofline(const Model& model) {
         const double seconds = double(c.span) / (m.clock_mhz * 1e6);
         points.push_back({idx, &c, c.flops / c.bytes, c.flops / seconds / 1e12});
     }
+    struct KernelPoint {
+        size_t idx;
+        const Kernel* k;
+        double ai, tflops;
+    };
+    std::vector<KernelPoint> kpoints;
+    for (size_t i = 0; i < model.kernels.size(); ++i) {
+        const Kernel& k = model.kernels[i];
+        if (k.flops <= 0 || k.hbm_bytes <= 0 || k.core_cycles <= 0) continue;
+        kpoints.push_back({i, &k, k.ai(), k.tflops(m.clock_mhz)});
+    }
     double xlo = ridge, xhi = ridge, ylo = peak;
     for (const auto& p : points) {
+        xlo = std::min(xlo, p.ai);
+        xhi = std::max(xhi, p.ai);
+        ylo = std::min(ylo, p.tflops);
+    }
+    for (const auto& p : kpoints) {
         xlo = std::min(xlo, p.ai);
         xhi = std::max(xhi, p.ai);
         ylo = std::min(ylo, p.tflops);
@@ -621,6 +683,17 @@ std::string roofline(const Model& model) {
             escape(p.c->name), x(p.ai), y(p.tflops), colour(p.idx), escape(p.c->name), p.ai,
             p.tflops);
     }
+    for (const auto& p : kpoints) {
+        // Kernels are diamonds, so they read apart from the cores' circles.
+        const double cx = x(p.ai), cy = y(p.tflops);
+        s += fmt::format(
+            R"(<polygon class="kpoint" data-kernel="{}" points="{:.1f},{:.1f} {:.1f},{:.1f} )"
+            R"({:.1f},{:.1f} {:.1f},{:.1f}" fill="{}"><title>kernel {}: {:.2f} FLOP/B, {:.2f} )"
+            R"(TFLOP/s per core</title></polygon>)"
+            "\n",
+            escape(p.k->name), cx, cy - 6, cx + 6, cy, cx, cy + 6, cx - 6, cy, colour(int(p.idx)),
+            escape(p.k->name), p.ai, p.tflops);
+    }
     s += "</svg>\n";
     // The points in numbers: identical cores overlap on the plot.
     s += "<table><tr><th>core</th><th>FLOP/byte</th><th>TFLOP/s</th><th>roof at this "
@@ -633,7 +706,17 @@ std::string roofline(const Model& model) {
             colour(p.idx), escape(p.c->name), p.ai, p.tflops, roof, pct(p.tflops / roof),
             p.ai < ridge ? "memory" : "compute");
     }
+    for (const auto& p : kpoints) {
+        const double roof = std::min(peak, p.ai * bw);
+        s += fmt::format(
+            "<tr><td><span class=\"sw kd\" style=\"background:{}\"></span>kernel {}</td>"
+            "<td>{:.2f}</td><td>{:.2f}</td><td>{:.2f}</td><td>{}</td><td>{}</td></tr>\n",
+            colour(int(p.idx)), escape(p.k->name), p.ai, p.tflops, roof, pct(p.tflops / roof),
+            p.ai < ridge ? "memory" : "compute");
+    }
     s += "</table>\n";
+    if (kpoints.size() < model.kernels.size())
+        s += "<p class=\"note\">Kernels without FLOPs or HBM bytes have no point.</p>\n";
     if (points.size() < model.cores.size())
         s += "<p class=\"note\">Cores without MXU FLOPs or HBM bytes have no point.</p>\n";
     return s;
@@ -658,6 +741,7 @@ svg text.rl{font-size:11px;fill:#000}
 svg .grid{stroke:#eee}svg .line{fill:none;stroke-width:1.5}
 svg .ref{stroke:#999;stroke-dasharray:4 3}
 svg .roof{fill:none;stroke:#000;stroke-width:2}svg .point{stroke:#000;stroke-width:.5}
+svg .kpoint{stroke:#000;stroke-width:.5}.sw.kd{transform:rotate(45deg) scale(.8)}
 .bar{display:inline-block;height:8px;background:#1f77b4;margin-left:6px;vertical-align:middle}
 .sw{display:inline-block;width:10px;height:10px;margin-right:6px}
 )";
@@ -736,6 +820,27 @@ std::string summary(const Model& model) {
     }
     s += "</table>\n";
     return s;
+}
+
+/// Per-kernel totals from the stats (empty without a `kernels` group).
+std::string kernel_table(const Model& model) {
+    const double clock = model.machine.clock_mhz;
+    std::string s =
+        "<table class=\"kernels\"><tr><th>kernel</th><th>launches</th><th>cycles</th>"
+        "<th>time</th><th>FLOPs (MXU + VPU)</th><th>HBM bytes</th><th>ICI bytes</th>"
+        "<th>MXU utilisation</th><th>FLOP/byte</th><th>TFLOP/s per core</th></tr>\n";
+    for (size_t i = 0; i < model.kernels.size(); ++i) {
+        const Kernel& k = model.kernels[i];
+        s += fmt::format(
+            "<tr><td><span class=\"sw kd\" style=\"background:{}\"></span>{}</td><td>{}</td>"
+            "<td>{}</td><td>{:.3f} us</td><td>{} ({} + {})</td><td>{}</td><td>{}</td><td>{}</td>"
+            "<td>{:.2f}</td><td>{:.3f}</td></tr>\n",
+            colour(int(i)), escape(k.name), grouped(k.launches), grouped(k.cycles),
+            k.cycles / clock, grouped(k.flops), grouped(k.mxu_flops), grouped(k.vpu_flops),
+            grouped(k.hbm_bytes), grouped(k.ici_bytes), k.mxu_util ? pct(*k.mxu_util) : "-", k.ai(),
+            k.tflops(clock));
+    }
+    return s + "</table>\n";
 }
 
 std::string busy_table(const Model& model) {
@@ -837,10 +942,22 @@ std::string render_report(const std::string& trace_json, const std::string& stat
         "event. Hover a cell for the plain sum of event durations.</p>\n";
     page += busy_table(model);
 
+    if (!model.kernels.empty()) {
+        page += "<h2>Kernels</h2>\n";
+        page +=
+            "<p class=\"note\">Per kernel name, over all its launches (stats group "
+            "<code>kernels</code>): cycles sum the launch durations; TFLOP/s per core divides "
+            "the FLOPs by the launched cores' summed cycles, which places the kernel under the "
+            "per-core roof below.</p>\n";
+        page += kernel_table(model);
+    }
+
     page += "<h2>Roofline</h2>\n";
     page += fmt::format(
         "<p class=\"note\">Per core: peak {:.1f} TFLOP/s = 2 x {} MXUs x {}x{} PEs x {:.1f} MHz; "
-        "HBM {:.1f} GB/s. Points: MXU FLOPs over HBM bytes, FLOPs over the core's span.</p>\n",
+        "HBM {:.1f} GB/s. Circles: cores, MXU FLOPs over HBM bytes, FLOPs over the core's span. "
+        "Diamonds: kernels, MXU + VPU FLOPs over HBM bytes, FLOPs over the launched cores' "
+        "summed cycles.</p>\n",
         m.peak_flops / 1e12, m.mxus, m.rows, m.cols, m.clock_mhz, peak_gbps);
     page += roofline(model);
     page += "</body>\n</html>\n";

@@ -153,4 +153,15 @@ Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t 
     return d;
 }
 
+Dataset subset(const Dataset& d, uint32_t first, uint32_t count) {
+    if (uint64_t(first) + count > d.count || count == 0)
+        throw DataError(
+            fmt::format("subset of {} examples from {} of a dataset of {}", count, first, d.count));
+    Dataset s{count, d.features, d.classes, {}, {}};
+    s.x.assign(d.x.begin() + int64_t(first) * d.features,
+               d.x.begin() + int64_t(first + count) * d.features);
+    s.labels.assign(d.labels.begin() + first, d.labels.begin() + first + count);
+    return s;
+}
+
 }  // namespace tpu::trainer

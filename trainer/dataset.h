@@ -45,5 +45,7 @@ inline constexpr std::string_view kFashionMnistDir = "/usr/share/datasets/fashio
 Dataset load_fashion_mnist(const std::string& dir, bool train);
 /// A deterministic synthetic dataset: each class is a Gaussian blob around its own centre.
 Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t seed);
+/// Examples [first, first + count) of `d` (a train/test split of one synthetic dataset).
+Dataset subset(const Dataset& d, uint32_t first, uint32_t count);
 
 }  // namespace tpu::trainer

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "driver/device.h"
+#include "driver/kernels/tensor.h"
+#include "driver/program_cache.h"
 #include "isa/isa.h"
 
 /// Ring all-reduce (sum) of fp32 vectors in VMEM over ICI: reduce-scatter then all-gather, half
@@ -39,5 +41,54 @@ struct AllReduceResult {
 };
 AllReduceResult allreduce(Device& dev, const std::vector<uint32_t>& cores,
                           const std::vector<std::vector<float>>& data);
+
+// ---- All-reduce of tensors in HBM -----------------------------------------------------------
+
+/// How the HBM all-reduce paces its ring steps.
+enum class AllReduceSchedule : uint8_t {
+    Auto,         ///< StepBarrier when its buffers fit in VMEM, else Pipelined
+    StepBarrier,  ///< step s starts once the whole chunk of step s-1 has arrived (textbook ring)
+    Pipelined,    ///< piece q of step s starts once piece q of step s-1 has arrived
+};
+
+/// Layout and schedule of the HBM all-reduce (same VMEM addresses on every core).
+struct AllReduceHbmPlan {
+    uint32_t cores = 0;       ///< ring size N
+    uint32_t elements = 0;    ///< fp32 values per core
+    uint32_t piece = 0;       ///< values per piece (one ICI transfer, one DMA), a multiple of 64
+    uint32_t pieces = 0;      ///< pieces per chunk Q
+    uint32_t chunk = 0;       ///< values per chunk E = pieces x piece
+    uint32_t groups = 0;      ///< groups G of 2N chunks, reduced one after the other
+    uint32_t recv_slots = 0;  ///< receive slots K per direction (reused once all 2(N-1)Q don't fit)
+    uint32_t own_slots = 0;   ///< slots O per direction for the core's own data loaded from HBM
+    uint32_t free_lag = 0;    ///< a receive slot is handed back this many pieces after its use
+    bool barrier = true;      ///< StepBarrier (else Pipelined)
+    uint32_t recv_addr[2] = {0, 0};  ///< VMEM receive rings, per direction
+    uint32_t own_addr[2] = {0, 0};   ///< VMEM own-data rings, per direction
+};
+
+/// Plans an all-reduce of `elements` values per core over `cores` cores.
+AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw::BoardConfig& cfg,
+                                    AllReduceSchedule schedule = AllReduceSchedule::Auto);
+/// The kernel. Launch arguments: s1 position in the ring, s2 next core, s3 previous core,
+/// s4 the tensor's HBM address on this core, s5 fp32 bits of the scale.
+isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p);
+
+/// In place: every replica of `t` becomes the sum over replicas times `scale` (scale = 1/N
+/// gives the mean used for data-parallel gradients). One launch over t.cores, ring order =
+/// t.cores order. Every replica ends bit-identical to allreduce_reference().
+Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale = 1.0f,
+                AllReduceSchedule schedule = AllReduceSchedule::Auto);
+
+/// The exact result of allreduce() on replicas x_0..x_{N-1} (ring positions). With E and G
+/// from allreduce_partition(), value i lies in group i / (2NE) and, inside it, in chunk
+/// j = (i mod 2NE) / E, direction d = j / N, c = j mod N; its sum starts at x_c
+/// and adds, one fp32 addition at a time, x_{c+1}, x_{c+2}, ... (d = 0) or x_{c-1}, x_{c-2},
+/// ... (d = 1), indices mod N; the sum is then multiplied by `scale` unless scale == 1.
+std::vector<float> allreduce_reference(const std::vector<std::vector<float>>& replicas,
+                                       float scale);
+/// The partition of the HBM all-reduce (piece, pieces, chunk, groups; no VMEM layout): it
+/// depends on the ring size and the value count only, so results never depend on the board.
+AllReduceHbmPlan allreduce_partition(uint32_t cores, uint32_t elements);
 
 }  // namespace tpu::driver

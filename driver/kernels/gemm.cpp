@@ -99,13 +99,19 @@ std::string gemm_key(const GemmTiling& t) {
                        t.mxus, precision_name(t.precision));
 }
 
-isa::Program gemm_program(const GemmTiling& t) {
+namespace {
+
+/// The kernel; `n_out` = 0 writes C padded (rows x Np), otherwise compact (rows x n_out).
+isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     const uint32_t R = t.R, C = t.C, KT = t.Kp / R, NT = t.Np / C, Tm = t.block_rows;
     const int PA = parts(t.precision);
     const auto pass_list = passes(t.precision);
     const VmemMap vm = vmem_map(t);
     const uint64_t panel = uint64_t(Tm) * R * 2, wtile = uint64_t(R) * C * 2;
     const uint64_t cslot = uint64_t(Tm) * C * 4, wpart_stride = uint64_t(t.Kp) * t.Np * 2;
+    const uint32_t full = NT / t.mxus, tail = NT % t.mxus;
+    const uint64_t c_stride = uint64_t(n_out ? n_out : t.Np) * 4;
+    const uint32_t last_bytes = n_out ? (n_out - (NT - 1) * C) * 4 : C * 4;
     std::string s;
     auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
         s += fmt::format(f, std::forward<A>(a)...);
@@ -115,9 +121,10 @@ isa::Program gemm_program(const GemmTiling& t) {
     L("# library GEMM: {} passes, R={} C={} Kp={} Np={} T={} mxus={}", pass_list.size(), R, C, t.Kp,
       t.Np, Tm, t.mxus);
     L("# s1 A, s2 W, s3 C (HBM), s4 rows, s5 A part stride; s6 block row, s7 block rows");
-    L("# flags: f0 A in, f1 W in, f2/f3 lw done, f4/f5 mm done, f6 C out");
-    L("# counters: s20 A, s22/s23 lw, s24/s25 mm, s26 C out, s27 W, s28 C out two groups ago,");
-    L("# s29 group (C slot parity)");
+    L("# flags: f0 A in, f1/f8 W in (slot 0/1), f2/f3 lw done, f4/f5 mm done, f6/f7 C out (slot");
+    L("# 0/1)");
+    L("# counters: s20 A, s22/s23 lw, s24/s25 mm, s27/s30 W into slot 0/1, s26/s28 C out of slot");
+    L("# 0/1, s29 group (C slot parity)");
     L("        li s6, 0");
     L("block:  sub s7, s4, s6");
     L("        li s10, {}", Tm);
@@ -140,38 +147,40 @@ isa::Program gemm_program(const GemmTiling& t) {
     L("        add s20, s20, {}", KT * PA);
     L("        wait f0, s20");
 
-    // W tile (k = reg, slot = reg & 1) of panel n for MXU m: rows k*R.., columns n*C...
-    auto w_dma = [&](const char* kreg, int m, int nm) {
-        L("        and s13, {}, 1", kreg);
-        L("        mul s13, s13, {}", PA * wtile);
+    // Per-slot flags and counts: a banked HBM can finish a DMA before one issued earlier, so a
+    // count over both slots of one flag would not prove that the slot about to be read is full.
+    // Waiting for every transfer issued into one slot is exact: the next one into it is issued
+    // only after the wait.
+    const int wflag[2] = {1, 8}, cflag[2] = {6, 7};
+    const char* wcount[2] = {"s27", "s30"};
+
+    // W tile (k = reg) of panel n for MXU m into `slot`: rows k*R.., columns n*C...
+    auto w_dma = [&](const char* kreg, int m, int nm, int slot) {
         L("        mul s14, {}, {}", kreg, uint64_t(R) * t.Np * 2);
         L("        mul s15, s8, {}", uint64_t(nm) * C * 2);
         L("        add s14, s14, s15");
         L("        add s14, s14, s2");
         for (int q = 0; q < PA; ++q) {
             if (q) L("        add s14, s14, {}", wpart_stride);
-            L("        dma.hv [s13+{}], [s14+{}], {}, {}, {}, {}, f1",
-              vm.w + (uint64_t(m) * 2 * PA + q) * wtile, uint64_t(m) * C * 2, R, C * 2, C * 2,
-              t.Np * 2);
+            L("        dma.hv [{}], [s14+{}], {}, {}, {}, {}, f{}",
+              vm.w + (uint64_t(m) * 2 * PA + uint64_t(slot) * PA + q) * wtile, uint64_t(m) * C * 2,
+              R, C * 2, C * 2, t.Np * 2, wflag[slot]);
         }
     };
+    auto w_tiles = [&](const char* kreg, int nm, int slot) {
+        for (int m = 0; m < nm; ++m) w_dma(kreg, m, nm, slot);
+        L("        add {}, {}, {}", wcount[slot], wcount[slot], PA * nm);
+    };
 
-    // One group of `nm` column panels (n = s8 * nm + m on MXU m), all K tiles.
-    auto group = [&](int nm, const std::string& tag) {
-        L("        wait f6, s28");  // the C slots this group writes were drained two groups ago
-        L("        li s9, 0");
-        // Slot 0 may still feed the previous group's last weight loads.
-        for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
-        for (int m = 0; m < nm; ++m) w_dma("s9", m, nm);
-        L("k_{}:   add s16, s9, 1", tag);
-        L("        beq s16, {}, w_{}", KT, tag);
+    // K step s9 (even for slot 0, odd for slot 1) of a group: prefetch step s9 + 1 into the other
+    // slot, wait for this slot's tiles, run the passes.
+    auto k_step = [&](int nm, const std::string& tag, int slot) {
+        L("k{}_{}:  add s16, s9, 1", slot, tag);
+        L("        beq s16, {}, w{}_{}", KT, slot, tag);
         // The slot about to be refilled was read by the previous step's weight loads.
         for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
-        for (int m = 0; m < nm; ++m) w_dma("s16", m, nm);
-        L("w_{}:   add s27, s27, {}", tag, PA * nm);
-        L("        wait f1, s27");
-        L("        and s13, s9, 1");
-        L("        mul s13, s13, {}", PA * wtile);
+        w_tiles("s16", nm, 1 - slot);
+        L("w{}_{}:  wait f{}, {}", slot, tag, wflag[slot], wcount[slot]);
         L("        mul s17, s9, {}", panel);
         L("        and s18, s29, 1");
         L("        mul s18, s18, {}", cslot);
@@ -179,8 +188,8 @@ isa::Program gemm_program(const GemmTiling& t) {
         for (int m = 0; m < nm; ++m) {
             for (size_t i = 0; i < pass_list.size(); ++i) {
                 const auto [pa, pw] = pass_list[i];
-                L("        mxu.lw {}, [s13+{}], {}, {}, f{}", m,
-                  vm.w + (uint64_t(m) * 2 * PA + pw) * wtile, R, C, 2 + m);
+                L("        mxu.lw {}, [{}], {}, {}, f{}", m,
+                  vm.w + (uint64_t(m) * 2 * PA + uint64_t(slot) * PA + pw) * wtile, R, C, 2 + m);
                 const bool last = i + 1 == pass_list.size();
                 L("        mxu.mm {}, [s18+{}], [s17+{}], s7, {}{}", m,
                   vm.c + uint64_t(m) * 2 * cslot, vm.a + pa * KT * panel, i == 0 ? "s19" : "1",
@@ -189,24 +198,66 @@ isa::Program gemm_program(const GemmTiling& t) {
             L("        add s{}, s{}, {}", 22 + m, 22 + m, pass_list.size());
         }
         L("        add s9, s9, 1");
-        L("        bne s9, {}, k_{}", KT, tag);
+    };
+
+    // One group of `nm` column panels (n = s8 * nm + m on MXU m), all K tiles.
+    auto group = [&](int nm, const std::string& tag) {
+        // Every store out of the C slot this group writes (s29 & 1; the previous group used the
+        // other one) has read it.
+        L("        and s12, s29, 1");
+        L("        bne s12, 0, c1_{}", tag);
+        L("        wait f{}, s26", cflag[0]);
+        L("        jmp c_{}", tag);
+        L("c1_{}:   wait f{}, s28", tag, cflag[1]);
+        L("c_{}:    li s9, 0", tag);
+        // Slot 0 may still feed the previous group's last weight loads.
+        for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
+        w_tiles("s9", nm, 0);
+        // Unrolled twice so that each step's slot, and so its flag, is fixed.
+        k_step(nm, tag, 0);
+        L("        beq s9, {}, kend_{}", KT, tag);
+        k_step(nm, tag, 1);
+        L("        bne s9, {}, k0_{}", KT, tag);
         // Results out: wait for each MXU's last matmul, then DMA its panel to HBM.
-        L("        add s28, s26, 0");
-        L("        mul s10, s6, {}", uint64_t(t.Np) * 4);
+        L("kend_{}: mul s10, s6, {}", tag, c_stride);
         L("        add s10, s10, s3");
         L("        mul s11, s8, {}", uint64_t(nm) * C * 4);
         L("        add s10, s10, s11");
         for (int m = 0; m < nm; ++m) {
             L("        add s{}, s{}, {}", 24 + m, 24 + m, KT);
             L("        wait f{}, s{}", 4 + m, 24 + m);
-            L("        dma.vh [s10+{}], [s18+{}], s7, {}, {}, {}, f6", uint64_t(m) * C * 4,
-              vm.c + uint64_t(m) * 2 * cslot, C * 4, t.Np * 4, C * 4);
+            // Compact C: the last panel (the tail group's, or the last full group's last MXU
+            // when there is no tail) keeps only its valid columns.
+            std::string row_bytes = fmt::format("{}", C * 4);
+            if (last_bytes != C * 4 && nm == 1 && tag == "tail") {
+                row_bytes = fmt::format("{}", last_bytes);
+            } else if (last_bytes != C * 4 && tail == 0 && m == nm - 1) {
+                row_bytes = "s21";
+                L("        li s21, {}", C * 4);
+                L("        bne s8, {}, cw_{}", full - 1, tag);
+                L("        li s21, {}", last_bytes);
+                L("cw_{}:", tag);
+            }
+            // Out of the group's C slot, raising that slot's flag.
+            auto store = [&](int slot) {
+                L("        dma.vh [s10+{}], [{}], s7, {}, {}, {}, f{}", uint64_t(m) * C * 4,
+                  vm.c + (uint64_t(m) * 2 + slot) * cslot, row_bytes, c_stride, C * 4, cflag[slot]);
+            };
+            L("        bne s12, 0, cst1_{}{}", tag, m);
+            store(0);
+            L("        jmp cstd_{}{}", tag, m);
+            L("cst1_{}{}:", tag, m);
+            store(1);
+            L("cstd_{}{}:", tag, m);
         }
-        L("        add s26, s26, {}", nm);
+        // s28 += nm on slot 1, s26 += nm on slot 0.
+        L("        mul s11, s12, {}", nm);
+        L("        add s28, s28, s11");
+        L("        sub s11, {}, s11", nm);
+        L("        add s26, s26, s11");
         L("        add s29, s29, 1");
     };
 
-    const uint32_t full = NT / t.mxus, tail = NT % t.mxus;
     if (full) {
         L("        li s8, 0");
         L("pair:");
@@ -221,9 +272,28 @@ isa::Program gemm_program(const GemmTiling& t) {
     }
     L("        add s6, s6, s7");
     L("        bltu s6, s4, block");
-    L("        wait f6, s26");
+    L("        wait f{}, s26", cflag[0]);
+    L("        wait f{}, s28", cflag[1]);
     L("        halt");
     return isa::assemble(s, "gemm.s");
+}
+
+}  // namespace
+
+isa::Program gemm_program(const GemmTiling& t) {
+    return gemm_program_impl(t, 0);
+}
+
+isa::Program gemm_program_compact(const GemmTiling& t, uint32_t n_cols) {
+    if (n_cols == 0 || n_cols > t.Np || n_cols + t.C <= t.Np)
+        throw DeviceError(
+            ErrorKind::Usage,
+            fmt::format("gemm: compact C of {} columns does not match Np = {}", n_cols, t.Np));
+    return gemm_program_impl(t, n_cols);
+}
+
+std::string gemm_key_compact(const GemmTiling& t, uint32_t n_cols) {
+    return fmt::format("{} compact{}", gemm_key(t), n_cols);
 }
 
 std::vector<float> gemm_reference(const std::vector<float>& a, const std::vector<float>& w,

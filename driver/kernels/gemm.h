@@ -42,6 +42,11 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
 isa::Program gemm_program(const GemmTiling& t);
 /// Cache key of the kernel (kernel, tiling, precision).
 std::string gemm_key(const GemmTiling& t);
+/// gemm_program writing C compact: rows x n_cols fp32, row stride n_cols x 4 bytes, the padding
+/// columns of the last panel dropped (N <= Np < N + C). Same launch arguments.
+isa::Program gemm_program_compact(const GemmTiling& t, uint32_t n_cols);
+/// Cache key of gemm_program_compact.
+std::string gemm_key_compact(const GemmTiling& t, uint32_t n_cols);
 
 /// Result of a library GEMM.
 struct GemmResult {

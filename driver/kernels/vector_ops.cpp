@@ -10,11 +10,62 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "isa/assembler.h"
 
 namespace tpu::driver {
+namespace detail {
+
+/// Where the body finds its operands: slot areas relative to s19 and fixed areas.
+struct Layout {
+    uint32_t tile_units = 0;         ///< units (elements or rows) per tile
+    uint64_t slot_bytes = 0;         ///< one of the two tile slots
+    std::vector<uint64_t> area_off;  ///< per slot area, bytes from the slot base
+    std::vector<uint64_t> fixed_at;  ///< per fixed area, absolute VMEM address
+    uint64_t end = 0;                ///< VMEM bytes used
+};
+
+std::string Body::a(int k) const {
+    return fmt::format("[s19+{}]", m_l.area_off[k]);
+}
+std::string Body::at(const std::string& slot, int k) const {
+    return fmt::format("[{}+{}]", slot, m_l.area_off[k]);
+}
+std::string Body::slot(int which, int k) const {
+    return fmt::format("[{}]", uint64_t(which) * m_l.slot_bytes + m_l.area_off[k]);
+}
+std::string Body::f(int k) const {
+    return fmt::format("[{}]", m_l.fixed_at[k]);
+}
+uint32_t Body::tile_units() const {
+    return m_l.tile_units;
+}
+void Body::vpu(const std::string& ins) {
+    line(ins + ", f2");
+    line("        add s26, s26, 1");
+}
+std::string Body::label(const std::string& name) const {
+    return name + "_" + m_tag;
+}
+void Body::line(const std::string& text) {
+    m_s += text;
+    m_s += '\n';
+}
+
+uint32_t f32_bits(float x) {
+    return std::bit_cast<uint32_t>(x);
+}
+
+}  // namespace detail
+
 namespace {
+
+using detail::Body;
+using detail::FixedIo;
+using detail::Layout;
+using detail::Spec;
+using detail::Stream;
 
 /// Values of the widest stream per tile: large enough that the DMA's fixed latency is small
 /// against the transfer, small enough that a 70 000-value tensor still runs as a pipeline.
@@ -29,68 +80,6 @@ uint64_t round_up(uint64_t x, uint64_t m) {
 uint32_t bits(float x) {
     return std::bit_cast<uint32_t>(x);
 }
-
-/// An HBM tensor moved tile by tile: the launch argument register holding its address and the
-/// slot area it lives in.
-struct Stream {
-    int arg;   ///< s-register with the HBM address
-    int area;  ///< index into Spec::areas
-};
-
-/// A tensor loaded once before the loop (or stored once after it) from a fixed VMEM area.
-struct FixedIo {
-    int arg;    ///< s-register with the HBM address
-    int fixed;  ///< index into Spec::fixed
-};
-
-/// Where the body finds its operands: slot areas relative to s19 and fixed areas.
-struct Layout {
-    uint32_t tile_units = 0;         ///< units (elements or rows) per tile
-    uint64_t slot_bytes = 0;         ///< one of the two tile slots
-    std::vector<uint64_t> area_off;  ///< per slot area, bytes from the slot base
-    std::vector<uint64_t> fixed_at;  ///< per fixed area, absolute VMEM address
-    uint64_t end = 0;                ///< VMEM bytes used
-};
-
-class Body;
-
-/// A streamed kernel: `units` units (elements or rows) of `areas[k]` fp32 values each per slot
-/// area, `ins` loaded and `outs` stored per tile, `body` emitting the VPU work of one tile.
-struct Spec {
-    std::string name;
-    uint64_t units = 0;
-    std::vector<uint32_t> areas;  ///< fp32 values per unit of each slot area
-    std::vector<uint32_t> fixed;  ///< fp32 values of each fixed area
-    std::vector<Stream> ins, outs;
-    std::vector<FixedIo> fixed_ins, fixed_outs;
-    std::function<void(Body&)> body;
-};
-
-/// Emits the VPU instructions of one tile. Registers: s16 tile index, s18 units in the tile,
-/// s19 slot base; s15 is free for the body.
-class Body {
-public:
-    Body(std::string& s, const Layout& l) : m_s(s), m_l(l) {}
-    /// Slot area k of the current tile.
-    std::string a(int k) const { return fmt::format("[s19+{}]", m_l.area_off[k]); }
-    /// Fixed area k.
-    std::string f(int k) const { return fmt::format("[{}]", m_l.fixed_at[k]); }
-    /// A VPU instruction: gets completion flag f2 and is counted in s26, which the loop waits
-    /// on before reusing the slot or storing results.
-    void vpu(const std::string& ins) {
-        line(ins + ", f2");
-        line("        add s26, s26, 1");
-    }
-    /// Any other line (labels, branches, s15 arithmetic).
-    void line(const std::string& text) {
-        m_s += text;
-        m_s += '\n';
-    }
-
-private:
-    std::string& m_s;
-    const Layout& m_l;
-};
 
 Layout plan(const Spec& sp, uint64_t vmem_bytes) {
     Layout l;
@@ -120,8 +109,9 @@ Layout plan(const Spec& sp, uint64_t vmem_bytes) {
     // Each area rounds up by less than the alignment, so this many units always fit.
     const uint64_t fit =
         ((vmem_bytes - fixed_bytes) / 2 - sp.areas.size() * kVmemAlign) / unit_bytes;
-    const uint64_t t = std::min<uint64_t>(
+    uint64_t t = std::min<uint64_t>(
         {sp.units, std::max<uint64_t>(1, kMaxTileValues / widest), std::max<uint64_t>(1, fit)});
+    if (sp.max_tile_units) t = std::min(t, sp.max_tile_units);
     l.tile_units = static_cast<uint32_t>(t);
     l.slot_bytes = slot_of(t, &l.area_off);
     uint64_t at = 2 * l.slot_bytes;
@@ -139,77 +129,96 @@ isa::Program build(const Spec& sp, const Layout& l) {
         s += fmt::format(f, std::forward<A>(a)...);
         s += '\n';
     };
-    const uint64_t U = sp.units, T = l.tile_units;
+    Body body(s, l);
+    const uint64_t U = sp.units, T = l.tile_units, tiles = (U + T - 1) / T;
+    const size_t NI = sp.ins.size(), NO = sp.outs.size();
+    // Per-slot flags: a banked HBM can finish a DMA before an earlier one, so a count over
+    // both slots would not prove that this slot's transfers are done.
+    const char* ld[2] = {"f1", "f8"};
+    const char* st[2] = {"f3", "f9"};
     L("# {}: {} units, {} per tile, two slots of {} bytes at 0 and {}", sp.name, U, T, l.slot_bytes,
       l.slot_bytes);
     L("# s16 tile i, s17/s18/s19 its first unit, units and slot; s20/s21/s22 tile i+1;");
-    L("# s23/s24/s25 tile i-1; s26 VPU ops, s27 loads, s28 stores issued; s29 stores up to");
-    L("# tile i-2; s30 loads up to tile i. Flags: f1 loads, f2 VPU, f3 stores, f4 fixed loads");
+    L("# s23/s24/s25 tile i-1; s26 VPU ops issued; s29/s30 stores/loads to wait for.");
+    L("# Flags: f1/f8 loads and f3/f9 stores of slot 0/1, f2 VPU, f4 fixed loads, f10 fixed");
+    L("# stores. The loop is unrolled twice so that tile i (slot i & 1) uses fixed flags.");
     // One dma per stream: HBM address = base + first unit * per * 4, one row of units * per * 4.
     auto transfer = [&](const std::vector<Stream>& streams, bool in, const char* off,
-                        const char* len, const char* slot) {
+                        const char* len, const char* slot, const char* flag) {
         for (const Stream& st : streams) {
+            if (st.dma) {
+                st.dma(body, off, len, slot, flag);
+                continue;
+            }
             const uint64_t per_bytes = uint64_t(sp.areas[st.area]) * 4;
             L("        mul s13, {}, {}", off, per_bytes);
             L("        add s13, s13, s{}", st.arg);
             L("        mul s14, {}, {}", len, per_bytes);
             if (in)
-                L("        dma.hv [{}+{}], [s13], 1, s14, s14, s14, f1", slot, l.area_off[st.area]);
+                L("        dma.hv [{}+{}], [s13], 1, s14, s14, s14, {}", slot, l.area_off[st.area],
+                  flag);
             else
-                L("        dma.vh [s13], [{}+{}], 1, s14, s14, s14, f3", slot, l.area_off[st.area]);
+                L("        dma.vh [s13], [{}+{}], 1, s14, s14, s14, {}", slot, l.area_off[st.area],
+                  flag);
         }
     };
-    for (int r : {16, 17, 19, 26, 27, 28, 29}) L("        li s{}, 0", r);
+    for (int r : {16, 17, 19, 26}) L("        li s{}, 0", r);
     L("        li s18, {}", std::min(U, T));
+    if (sp.prologue) sp.prologue(body);
     for (const FixedIo& io : sp.fixed_ins) {
         const uint64_t b = uint64_t(sp.fixed[io.fixed]) * 4;
         L("        dma.hv [{}], [s{}], 1, {}, {}, {}, f4", l.fixed_at[io.fixed], io.arg, b, b, b);
     }
-    transfer(sp.ins, true, "s17", "s18", "s19");
-    L("        add s27, s27, {}", sp.ins.size());
+    transfer(sp.ins, true, "s17", "s18", "s19", ld[0]);
     if (!sp.fixed_ins.empty()) L("        wait f4, {}", sp.fixed_ins.size());
-    // (1) Store tile i-1 once its VPU work is done; that also frees its slot for tile i+1.
-    L("loop:   add s30, s27, 0");
-    L("        beq s16, 0, first");
-    L("        wait f2, s26");
-    L("        add s29, s28, 0");
-    transfer(sp.outs, false, "s23", "s24", "s25");
-    L("        add s28, s28, {}", sp.outs.size());
-    // (2) Prefetch tile i+1 into the other slot while the VPU works on tile i.
-    L("first:  add s20, s17, s18");
-    L("        bge s20, {}, compute", U);
-    L("        sub s21, {}, s20", U);
-    L("        bltu s21, {}, ragged", T);
-    L("        li s21, {}", T);
-    L("ragged: xor s22, s19, {}", l.slot_bytes);
-    transfer(sp.ins, true, "s20", "s21", "s22");
-    L("        add s27, s27, {}", sp.ins.size());
-    // (3) Tile i's inputs are in, and the stores of tile i-2 (same slot) have read its outputs.
-    // With the simple HBM model the load wait already implies the second (the engine finishes
-    // in order), but a banked HBM model may complete a store after a later load.
-    L("compute: wait f1, s30");
-    L("        wait f3, s29");
-    Body body(s, l);
-    sp.body(body);
-    // (4) Rotate: i-1 <- i <- i+1.
-    L("        add s23, s17, 0");
-    L("        add s24, s18, 0");
-    L("        add s25, s19, 0");
-    L("        add s17, s20, 0");
-    L("        add s18, s21, 0");
-    L("        add s19, s22, 0");
-    L("        add s16, s16, 1");
-    L("        bltu s17, {}, loop", U);
+    for (int p = 0; p < 2; ++p) {
+        body.set_tag(std::to_string(p));
+        // (1) Store tile i-1 once its VPU work is done; that also frees its slot for tile i+1.
+        L("loop_{}:", p);
+        if (p == 0) L("        beq s16, 0, first_0");
+        L("        wait f2, s26");
+        transfer(sp.outs, false, "s23", "s24", "s25", st[1 - p]);
+        // (2) Prefetch tile i+1 into the other slot while the VPU works on tile i.
+        L("first_{}: add s20, s17, s18", p);
+        L("        bge s20, {}, compute_{}", U, p);
+        L("        sub s21, {}, s20", U);
+        L("        bltu s21, {}, ragged_{}", T, p);
+        L("        li s21, {}", T);
+        L("ragged_{}: xor s22, s19, {}", p, l.slot_bytes);
+        transfer(sp.ins, true, "s20", "s21", "s22", ld[1 - p]);
+        // (3) Tile i's inputs are in (this slot has had i / 2 + 1 tiles loaded), and the stores
+        // of tile i-2 (same slot, i / 2 tiles stored) have read its outputs.
+        L("compute_{}: shr s30, s16, 1", p);
+        L("        mul s29, s30, {}", NO);
+        L("        add s30, s30, 1");
+        L("        mul s30, s30, {}", NI);
+        L("        wait {}, s30", ld[p]);
+        L("        wait {}, s29", st[p]);
+        sp.body(body);
+        // (4) Rotate: i-1 <- i <- i+1.
+        L("        add s23, s17, 0");
+        L("        add s24, s18, 0");
+        L("        add s25, s19, 0");
+        L("        add s17, s20, 0");
+        L("        add s18, s21, 0");
+        L("        add s19, s22, 0");
+        L("        add s16, s16, 1");
+        L("        bltu s17, {}, loop_{}", U, 1 - p);
+        if (p == 0) L("        jmp done");
+    }
     // (5) Store the last tile and the fixed results, then wait for every store.
-    L("        wait f2, s26");
-    transfer(sp.outs, false, "s23", "s24", "s25");
-    L("        add s28, s28, {}", sp.outs.size());
+    L("done:   wait f2, s26");
+    transfer(sp.outs, false, "s23", "s24", "s25", st[(tiles - 1) & 1]);
     for (const FixedIo& io : sp.fixed_outs) {
         const uint64_t b = uint64_t(sp.fixed[io.fixed]) * 4;
-        L("        dma.vh [s{}], [{}], 1, {}, {}, {}, f3", io.arg, l.fixed_at[io.fixed], b, b, b);
-        L("        add s28, s28, 1");
+        L("        dma.vh [s{}], [{}], 1, {}, {}, {}, f10", io.arg, l.fixed_at[io.fixed], b, b, b);
     }
-    L("        wait f3, s28");
+    if (NO) {
+        L("        wait f3, {}", NO * ((tiles + 1) / 2));
+        if (tiles > 1) L("        wait f9, {}", NO * (tiles / 2));
+    }
+    if (!sp.fixed_outs.empty()) L("        wait f10, {}", sp.fixed_outs.size());
+    if (sp.epilogue) sp.epilogue(body);
     L("        halt");
     return isa::assemble(s, sp.name + ".s");
 }
@@ -249,14 +258,10 @@ void check_shape(const std::string& name, uint64_t rows, uint64_t cols) {
                           fmt::format("{}: empty shape ({} x {})", name, rows, cols));
 }
 
-/// Plans, compiles (or fetches) and launches `sp` on `core` with `args` in s1, s2, ...
+/// One core: the Buffer kernels.
 Event run(Device& dev, ProgramCache& cache, const Spec& sp, uint32_t core,
           std::vector<uint32_t> args) {
-    const Layout l = plan(sp, dev.config().core.vmem_bytes);
-    std::string key = fmt::format("{} units{} tile{}", sp.name, sp.units, l.tile_units);
-    for (uint32_t v : sp.areas) key += fmt::format(" {}", v);
-    const isa::Program& prog = cache.get(key, [&] { return build(sp, l); });
-    return dev.launch({core}, prog, [&](size_t) { return args; });
+    return detail::run(dev, cache, sp, {core}, [&](size_t) { return args; });
 }
 
 uint32_t addr(const Buffer& b) {
@@ -272,17 +277,81 @@ Spec elementwise(const std::string& name, uint64_t n, int areas) {
     return sp;
 }
 
-Event binary(Device& dev, ProgramCache& cache, const char* name, const char* op, const Buffer& a,
-             const Buffer& b, const Buffer& out, uint64_t n) {
-    check_shape(name, n, 1);
-    const uint32_t core = check_args(name, {{&a, "a", n}, {&b, "b", n}, {&out, "out", n}});
+Spec binary_spec(const char* name, const char* op, uint64_t n) {
     Spec sp = elementwise(name, n, 3);
     sp.ins = {{1, 0}, {2, 1}};
     sp.outs = {{3, 2}};
     sp.body = [op](Body& b) {
         b.vpu(fmt::format("        {} {}, {}, {}, s18", op, b.a(2), b.a(0), b.a(1)));
     };
-    return run(dev, cache, sp, core, {addr(a), addr(b), addr(out)});
+    return sp;
+}
+
+Event binary(Device& dev, ProgramCache& cache, const char* name, const char* op, const Buffer& a,
+             const Buffer& b, const Buffer& out, uint64_t n) {
+    check_shape(name, n, 1);
+    const uint32_t core = check_args(name, {{&a, "a", n}, {&b, "b", n}, {&out, "out", n}});
+    return run(dev, cache, binary_spec(name, op, n), core, {addr(a), addr(b), addr(out)});
+}
+
+Spec scale_spec(uint64_t n) {
+    Spec sp = elementwise("scale", n, 2);
+    sp.ins = {{1, 0}};
+    sp.outs = {{2, 1}};
+    sp.body = [](Body& b) { b.vpu(fmt::format("        v.muls {}, {}, s3, s18", b.a(1), b.a(0))); };
+    return sp;
+}
+
+Spec relu_spec(uint64_t n) {
+    Spec sp = elementwise("relu", n, 2);
+    sp.ins = {{1, 0}};
+    sp.outs = {{2, 1}};
+    sp.body = [](Body& b) {
+        b.vpu(fmt::format("        v.maxs {}, {}, 0.0, s18", b.a(1), b.a(0)));
+    };
+    return sp;
+}
+
+Spec relu_grad_spec(uint64_t n) {
+    Spec sp = elementwise("relu_grad", n, 5);  // x, dy, zeros, mask, dx
+    sp.ins = {{1, 0}, {2, 1}};
+    sp.outs = {{3, 4}};
+    sp.body = [](Body& b) {
+        // x > x is false for every x, NaN included, so this makes +0.0 without a constant in
+        // memory; the mask is 1.0 or +0.0 and doubles as the +0.0 operand of the select.
+        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(2), b.a(0), b.a(0)));
+        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(3), b.a(0), b.a(2)));
+        b.vpu(fmt::format("        v.sel {}, {}, {}, {}, s18", b.a(4), b.a(3), b.a(1), b.a(3)));
+    };
+    return sp;
+}
+
+Spec bias_add_spec(uint32_t rows, uint32_t cols) {
+    Spec sp;
+    sp.name = "bias_add";
+    sp.units = rows;
+    sp.areas = {cols, cols};
+    sp.fixed = {cols};
+    sp.ins = {{1, 0}};
+    sp.outs = {{3, 1}};
+    sp.fixed_ins = {{2, 0}};
+    sp.body = [cols](Body& b) {
+        b.vpu(fmt::format("        v.addrow {}, {}, {}, s18, {}", b.a(1), b.a(0), b.f(0), cols));
+    };
+    return sp;
+}
+
+Spec row_sum_spec(uint32_t rows, uint32_t cols) {
+    Spec sp;
+    sp.name = "row_sum";
+    sp.units = rows;
+    sp.areas = {cols, 1};
+    sp.ins = {{1, 0}};
+    sp.outs = {{2, 1}};
+    sp.body = [cols](Body& b) {
+        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(1), b.a(0), cols));
+    };
+    return sp;
 }
 
 /// The col_sum kernel's spec (also used to report its tiling).
@@ -296,15 +365,86 @@ Spec col_sum_spec(uint32_t rows, uint32_t cols) {
     sp.fixed_outs = {{2, 0}};
     sp.body = [cols](Body& b) {
         // The first tile's sum is stored; later tile sums are added to it.
-        b.line("        bne s16, 0, cs_more");
+        b.line(fmt::format("        bne s16, 0, {}", b.label("cs_more")));
         b.vpu(fmt::format("        v.csum {}, {}, s18, {}", b.f(0), b.a(0), cols));
-        b.line("        jmp cs_done");
-        b.line(fmt::format("cs_more: v.csum {}, {}, s18, {}, f2", b.f(1), b.a(0), cols));
+        b.line(fmt::format("        jmp {}", b.label("cs_done")));
+        b.line(fmt::format("{}: v.csum {}, {}, s18, {}, f2", b.label("cs_more"), b.f(1), b.a(0),
+                           cols));
         b.line("        add s26, s26, 1");
         b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.f(0), b.f(0), b.f(1), cols));
-        b.line("cs_done:");
+        b.line(b.label("cs_done") + ":");
     };
     return sp;
+}
+
+Spec softmax_ce_spec(uint32_t rows, uint32_t classes) {
+    enum { Lg, Y, Z, E, P, D, M, S, Ls, Lr, Loss };
+    Spec sp;
+    sp.name = "softmax_cross_entropy";
+    sp.units = rows;
+    sp.areas = {classes, classes, classes, classes, classes, classes, 1, 1, 1, 1, 1};
+    sp.ins = {{1, Lg}, {2, Y}};
+    sp.outs = {{3, Loss}, {4, D}};
+    sp.body = [classes](Body& b) {
+        const uint32_t C = classes;
+        b.line(fmt::format("        mul s15, s18, {}", C));
+        b.vpu(fmt::format("        v.rmax {}, {}, s18, {}", b.a(M), b.a(Lg), C));
+        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(Z), b.a(Lg), b.a(M), C));
+        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(E), b.a(Z)));
+        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(S), b.a(E), C));
+        b.vpu(fmt::format("        v.log {}, {}, s18", b.a(Ls), b.a(S)));
+        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(P), b.a(Z), b.a(Ls), C));
+        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(E), b.a(Y), b.a(P)));
+        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(Lr), b.a(E), C));
+        b.vpu(fmt::format("        v.muls {}, {}, -1.0, s18", b.a(Loss), b.a(Lr)));
+        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(E), b.a(P)));
+        b.vpu(fmt::format("        v.sub {}, {}, {}, s15", b.a(D), b.a(E), b.a(Y)));
+        b.vpu(fmt::format("        v.muls {}, {}, s5, s15", b.a(D), b.a(D)));
+    };
+    return sp;
+}
+
+Spec sgd_momentum_spec(uint64_t n) {
+    enum { W, G, V, T };
+    Spec sp = elementwise("sgd_momentum", n, 4);
+    sp.ins = {{1, W}, {2, G}, {3, V}};
+    sp.outs = {{1, W}, {3, V}};
+    sp.body = [](Body& b) {
+        b.vpu(fmt::format("        v.muls {}, {}, s5, s18", b.a(V), b.a(V)));
+        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(V), b.a(V), b.a(G)));
+        b.vpu(fmt::format("        v.muls {}, {}, s4, s18", b.a(T), b.a(V)));
+        b.vpu(fmt::format("        v.sub {}, {}, {}, s18", b.a(W), b.a(W), b.a(T)));
+    };
+    return sp;
+}
+
+Spec adam_spec(uint64_t n) {
+    enum { W, G, M, V, T1, T2 };
+    Spec sp = elementwise("adam", n, 6);
+    sp.ins = {{1, W}, {2, G}, {3, M}, {4, V}};
+    sp.outs = {{1, W}, {3, M}, {4, V}};
+    // s5 beta1, s6 1 - beta1, s7 beta2, s8 1 - beta2, s9 c2, s10 eps^2, s11 lr c1.
+    sp.body = [](Body& b) {
+        b.vpu(fmt::format("        v.muls {}, {}, s6, s18", b.a(T1), b.a(G)));
+        b.vpu(fmt::format("        v.muls {}, {}, s5, s18", b.a(M), b.a(M)));
+        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(M), b.a(M), b.a(T1)));
+        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T2), b.a(G), b.a(G)));
+        b.vpu(fmt::format("        v.muls {}, {}, s8, s18", b.a(T2), b.a(T2)));
+        b.vpu(fmt::format("        v.muls {}, {}, s7, s18", b.a(V), b.a(V)));
+        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(V), b.a(V), b.a(T2)));
+        b.vpu(fmt::format("        v.muls {}, {}, s9, s18", b.a(T2), b.a(V)));
+        b.vpu(fmt::format("        v.adds {}, {}, s10, s18", b.a(T2), b.a(T2)));
+        b.vpu(fmt::format("        v.rsqrt {}, {}, s18", b.a(T2), b.a(T2)));
+        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(M), b.a(T2)));
+        b.vpu(fmt::format("        v.muls {}, {}, s11, s18", b.a(T1), b.a(T1)));
+        b.vpu(fmt::format("        v.sub {}, {}, {}, s18", b.a(W), b.a(W), b.a(T1)));
+    };
+    return sp;
+}
+
+std::vector<uint32_t> adam_args(const AdamScalars& k) {
+    return {bits(k.beta1), bits(k.one_minus_b1), bits(k.beta2), bits(k.one_minus_b2),
+            bits(k.c2),    bits(k.eps2),         bits(k.lr_c1)};
 }
 
 float max0(float x) {
@@ -312,7 +452,57 @@ float max0(float x) {
     return x > 0.0f ? x : 0.0f;
 }
 
+std::string cores_text(const std::vector<uint32_t>& cores) {
+    return fmt::format("[{}]", fmt::join(cores, ", "));
+}
+
 }  // namespace
+
+// ---- detail ---------------------------------------------------------------------------------
+
+namespace detail {
+
+Event run(Device& dev, ProgramCache& cache, const Spec& sp, const std::vector<uint32_t>& cores,
+          const ArgsFn& args) {
+    const Layout l = plan(sp, dev.config().core.vmem_bytes);
+    std::string key = fmt::format("{} units{} tile{}", sp.name, sp.units, l.tile_units);
+    for (uint32_t v : sp.areas) key += fmt::format(" {}", v);
+    const isa::Program& prog = cache.get(key, [&] { return build(sp, l); });
+    return dev.launch(cores, prog, args);
+}
+
+Event run(Device& dev, ProgramCache& cache, const Spec& sp,
+          const std::vector<const Tensor*>& tensors, const std::vector<uint32_t>& scalars) {
+    const Tensor& first = *tensors.front();
+    for (const Tensor* t : tensors)
+        if (t->bufs.size() != first.cores.size() || t->cores != first.cores)
+            throw DeviceError(ErrorKind::Usage,
+                              fmt::format("{}: tensors on different core sets ({} and {})", sp.name,
+                                          cores_text(first.cores), cores_text(t->cores)));
+    std::vector<uint32_t> a(tensors.size() + scalars.size());
+    return run(dev, cache, sp, first.cores, [&](size_t i) {
+        for (size_t k = 0; k < tensors.size(); ++k) a[k] = addr(tensors[k]->bufs[i]);
+        std::copy(scalars.begin(), scalars.end(), a.begin() + tensors.size());
+        return a;
+    });
+}
+
+uint32_t tile_units(const Spec& sp, const hw::BoardConfig& cfg) {
+    return plan(sp, cfg.core.vmem_bytes).tile_units;
+}
+
+}  // namespace detail
+
+void check_tensor(const Tensor& t, uint32_t rows, uint32_t cols, const Tensor& like,
+                  const char* kernel, const char* label) {
+    if (t.rows != rows || t.cols != cols || t.cores != like.cores)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("{}: {} is {} x {} on cores {}; expected {} x {} on cores {}",
+                                      kernel, label, t.rows, t.cols, cores_text(t.cores), rows,
+                                      cols, cores_text(like.cores)));
+}
+
+// ---- Buffer kernels --------------------------------------------------------------------------
 
 Event add(Device& dev, ProgramCache& cache, const Buffer& a, const Buffer& b, const Buffer& out,
           uint64_t n) {
@@ -328,40 +518,20 @@ Event scale(Device& dev, ProgramCache& cache, const Buffer& a, float s, const Bu
             uint64_t n) {
     check_shape("scale", n, 1);
     const uint32_t core = check_args("scale", {{&a, "a", n}, {&out, "out", n}});
-    Spec sp = elementwise("scale", n, 2);
-    sp.ins = {{1, 0}};
-    sp.outs = {{2, 1}};
-    sp.body = [](Body& b) { b.vpu(fmt::format("        v.muls {}, {}, s3, s18", b.a(1), b.a(0))); };
-    return run(dev, cache, sp, core, {addr(a), addr(out), bits(s)});
+    return run(dev, cache, scale_spec(n), core, {addr(a), addr(out), bits(s)});
 }
 
 Event relu(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& out, uint64_t n) {
     check_shape("relu", n, 1);
     const uint32_t core = check_args("relu", {{&x, "x", n}, {&out, "out", n}});
-    Spec sp = elementwise("relu", n, 2);
-    sp.ins = {{1, 0}};
-    sp.outs = {{2, 1}};
-    sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.maxs {}, {}, 0.0, s18", b.a(1), b.a(0)));
-    };
-    return run(dev, cache, sp, core, {addr(x), addr(out)});
+    return run(dev, cache, relu_spec(n), core, {addr(x), addr(out)});
 }
 
 Event relu_grad(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& dy,
                 const Buffer& dx, uint64_t n) {
     check_shape("relu_grad", n, 1);
     const uint32_t core = check_args("relu_grad", {{&x, "x", n}, {&dy, "dy", n}, {&dx, "dx", n}});
-    Spec sp = elementwise("relu_grad", n, 5);  // x, dy, zeros, mask, dx
-    sp.ins = {{1, 0}, {2, 1}};
-    sp.outs = {{3, 4}};
-    sp.body = [](Body& b) {
-        // x > x is false for every x, NaN included, so this makes +0.0 without a constant in
-        // memory; the mask is 1.0 or +0.0 and doubles as the +0.0 operand of the select.
-        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(2), b.a(0), b.a(0)));
-        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(3), b.a(0), b.a(2)));
-        b.vpu(fmt::format("        v.sel {}, {}, {}, {}, s18", b.a(4), b.a(3), b.a(1), b.a(3)));
-    };
-    return run(dev, cache, sp, core, {addr(x), addr(dy), addr(dx)});
+    return run(dev, cache, relu_grad_spec(n), core, {addr(x), addr(dy), addr(dx)});
 }
 
 Event bias_add(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& bias,
@@ -370,18 +540,7 @@ Event bias_add(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& 
     const uint64_t n = uint64_t(rows) * cols;
     const uint32_t core =
         check_args("bias_add", {{&x, "x", n}, {&bias, "bias", cols}, {&out, "out", n}});
-    Spec sp;
-    sp.name = "bias_add";
-    sp.units = rows;
-    sp.areas = {cols, cols};
-    sp.fixed = {cols};
-    sp.ins = {{1, 0}};
-    sp.outs = {{3, 1}};
-    sp.fixed_ins = {{2, 0}};
-    sp.body = [cols](Body& b) {
-        b.vpu(fmt::format("        v.addrow {}, {}, {}, s18, {}", b.a(1), b.a(0), b.f(0), cols));
-    };
-    return run(dev, cache, sp, core, {addr(x), addr(bias), addr(out)});
+    return run(dev, cache, bias_add_spec(rows, cols), core, {addr(x), addr(bias), addr(out)});
 }
 
 Event row_sum(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& out, uint32_t rows,
@@ -389,16 +548,7 @@ Event row_sum(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& o
     check_shape("row_sum", rows, cols);
     const uint32_t core =
         check_args("row_sum", {{&x, "x", uint64_t(rows) * cols}, {&out, "out", rows}});
-    Spec sp;
-    sp.name = "row_sum";
-    sp.units = rows;
-    sp.areas = {cols, 1};
-    sp.ins = {{1, 0}};
-    sp.outs = {{2, 1}};
-    sp.body = [cols](Body& b) {
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(1), b.a(0), cols));
-    };
-    return run(dev, cache, sp, core, {addr(x), addr(out)});
+    return run(dev, cache, row_sum_spec(rows, cols), core, {addr(x), addr(out)});
 }
 
 Event col_sum(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& out, uint32_t rows,
@@ -424,32 +574,9 @@ Event softmax_cross_entropy(Device& dev, ProgramCache& cache, const Buffer& logi
                                             {&labels_onehot, "labels_onehot", n},
                                             {&loss_per_row, "loss_per_row", rows},
                                             {&dlogits, "dlogits", n}});
-    enum { Lg, Y, Z, E, P, D, M, S, Ls, Lr, Loss };
-    Spec sp;
-    sp.name = name;
-    sp.units = rows;
-    sp.areas = {classes, classes, classes, classes, classes, classes, 1, 1, 1, 1, 1};
-    sp.ins = {{1, Lg}, {2, Y}};
-    sp.outs = {{3, Loss}, {4, D}};
-    sp.body = [classes](Body& b) {
-        const uint32_t C = classes;
-        b.line(fmt::format("        mul s15, s18, {}", C));
-        b.vpu(fmt::format("        v.rmax {}, {}, s18, {}", b.a(M), b.a(Lg), C));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(Z), b.a(Lg), b.a(M), C));
-        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(E), b.a(Z)));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(S), b.a(E), C));
-        b.vpu(fmt::format("        v.log {}, {}, s18", b.a(Ls), b.a(S)));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(P), b.a(Z), b.a(Ls), C));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(E), b.a(Y), b.a(P)));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(Lr), b.a(E), C));
-        b.vpu(fmt::format("        v.muls {}, {}, -1.0, s18", b.a(Loss), b.a(Lr)));
-        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(E), b.a(P)));
-        b.vpu(fmt::format("        v.sub {}, {}, {}, s15", b.a(D), b.a(E), b.a(Y)));
-        b.vpu(fmt::format("        v.muls {}, {}, s5, s15", b.a(D), b.a(D)));
-    };
     const float inv_rows = 1.0f / static_cast<float>(rows);
     return run(
-        dev, cache, sp, core,
+        dev, cache, softmax_ce_spec(rows, classes), core,
         {addr(logits), addr(labels_onehot), addr(loss_per_row), addr(dlogits), bits(inv_rows)});
 }
 
@@ -457,17 +584,8 @@ Event sgd_momentum(Device& dev, ProgramCache& cache, const Buffer& w, const Buff
                    const Buffer& v, uint64_t n, float lr, float momentum) {
     check_shape("sgd_momentum", n, 1);
     const uint32_t core = check_args("sgd_momentum", {{&w, "w", n}, {&g, "g", n}, {&v, "v", n}});
-    enum { W, G, V, T };
-    Spec sp = elementwise("sgd_momentum", n, 4);
-    sp.ins = {{1, W}, {2, G}, {3, V}};
-    sp.outs = {{1, W}, {3, V}};
-    sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.muls {}, {}, s5, s18", b.a(V), b.a(V)));
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(V), b.a(V), b.a(G)));
-        b.vpu(fmt::format("        v.muls {}, {}, s4, s18", b.a(T), b.a(V)));
-        b.vpu(fmt::format("        v.sub {}, {}, {}, s18", b.a(W), b.a(W), b.a(T)));
-    };
-    return run(dev, cache, sp, core, {addr(w), addr(g), addr(v), bits(lr), bits(momentum)});
+    return run(dev, cache, sgd_momentum_spec(n), core,
+               {addr(w), addr(g), addr(v), bits(lr), bits(momentum)});
 }
 
 AdamScalars adam_scalars(float lr, float beta1, float beta2, float eps, uint32_t step) {
@@ -489,30 +607,86 @@ Event adam(Device& dev, ProgramCache& cache, const Buffer& w, const Buffer& g, c
     check_shape("adam", n, 1);
     const uint32_t core =
         check_args("adam", {{&w, "w", n}, {&g, "g", n}, {&m, "m", n}, {&v, "v", n}});
-    const AdamScalars k = adam_scalars(lr, beta1, beta2, eps, step);
-    enum { W, G, M, V, T1, T2 };
-    Spec sp = elementwise("adam", n, 6);
-    sp.ins = {{1, W}, {2, G}, {3, M}, {4, V}};
-    sp.outs = {{1, W}, {3, M}, {4, V}};
-    // s5 beta1, s6 1 - beta1, s7 beta2, s8 1 - beta2, s9 c2, s10 eps^2, s11 lr c1.
-    sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.muls {}, {}, s6, s18", b.a(T1), b.a(G)));
-        b.vpu(fmt::format("        v.muls {}, {}, s5, s18", b.a(M), b.a(M)));
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(M), b.a(M), b.a(T1)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T2), b.a(G), b.a(G)));
-        b.vpu(fmt::format("        v.muls {}, {}, s8, s18", b.a(T2), b.a(T2)));
-        b.vpu(fmt::format("        v.muls {}, {}, s7, s18", b.a(V), b.a(V)));
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(V), b.a(V), b.a(T2)));
-        b.vpu(fmt::format("        v.muls {}, {}, s9, s18", b.a(T2), b.a(V)));
-        b.vpu(fmt::format("        v.adds {}, {}, s10, s18", b.a(T2), b.a(T2)));
-        b.vpu(fmt::format("        v.rsqrt {}, {}, s18", b.a(T2), b.a(T2)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(M), b.a(T2)));
-        b.vpu(fmt::format("        v.muls {}, {}, s11, s18", b.a(T1), b.a(T1)));
-        b.vpu(fmt::format("        v.sub {}, {}, {}, s18", b.a(W), b.a(W), b.a(T1)));
-    };
-    return run(dev, cache, sp, core,
-               {addr(w), addr(g), addr(m), addr(v), bits(k.beta1), bits(k.one_minus_b1),
-                bits(k.beta2), bits(k.one_minus_b2), bits(k.c2), bits(k.eps2), bits(k.lr_c1)});
+    std::vector<uint32_t> args = {addr(w), addr(g), addr(m), addr(v)};
+    for (uint32_t x : adam_args(adam_scalars(lr, beta1, beta2, eps, step))) args.push_back(x);
+    return run(dev, cache, adam_spec(n), core, std::move(args));
+}
+
+// ---- Tensor kernels --------------------------------------------------------------------------
+
+Event add(Device& dev, ProgramCache& cache, const Tensor& a, const Tensor& b, const Tensor& out) {
+    check_same(a, b, "add");
+    check_same(a, out, "add");
+    return detail::run(dev, cache, binary_spec("add", "v.add", a.elements()), {&a, &b, &out});
+}
+
+Event mul(Device& dev, ProgramCache& cache, const Tensor& a, const Tensor& b, const Tensor& out) {
+    check_same(a, b, "mul");
+    check_same(a, out, "mul");
+    return detail::run(dev, cache, binary_spec("mul", "v.mul", a.elements()), {&a, &b, &out});
+}
+
+Event scale(Device& dev, ProgramCache& cache, const Tensor& a, float s, const Tensor& out) {
+    check_same(a, out, "scale");
+    return detail::run(dev, cache, scale_spec(a.elements()), {&a, &out}, {bits(s)});
+}
+
+Event relu(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
+    check_same(x, out, "relu");
+    return detail::run(dev, cache, relu_spec(x.elements()), {&x, &out});
+}
+
+Event relu_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& dy,
+                const Tensor& dx) {
+    check_same(x, dy, "relu_grad");
+    check_same(x, dx, "relu_grad");
+    return detail::run(dev, cache, relu_grad_spec(x.elements()), {&x, &dy, &dx});
+}
+
+Event bias_add(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& bias,
+               const Tensor& out) {
+    check_tensor(bias, 1, x.cols, x, "bias_add", "bias");
+    check_same(x, out, "bias_add");
+    return detail::run(dev, cache, bias_add_spec(x.rows, x.cols), {&x, &bias, &out});
+}
+
+Event row_sum(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
+    check_tensor(out, x.rows, 1, x, "row_sum", "out");
+    return detail::run(dev, cache, row_sum_spec(x.rows, x.cols), {&x, &out});
+}
+
+Event col_sum(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
+    check_tensor(out, 1, x.cols, x, "col_sum", "out");
+    return detail::run(dev, cache, col_sum_spec(x.rows, x.cols), {&x, &out});
+}
+
+Event softmax_cross_entropy(Device& dev, ProgramCache& cache, const Tensor& logits,
+                            const Tensor& labels_onehot, const Tensor& loss_per_row,
+                            const Tensor& dlogits) {
+    const char* name = "softmax_cross_entropy";
+    check_same(logits, labels_onehot, name);
+    check_same(logits, dlogits, name);
+    check_tensor(loss_per_row, logits.rows, 1, logits, name, "loss_per_row");
+    const float inv_rows = 1.0f / static_cast<float>(logits.rows);
+    return detail::run(dev, cache, softmax_ce_spec(logits.rows, logits.cols),
+                       {&logits, &labels_onehot, &loss_per_row, &dlogits}, {bits(inv_rows)});
+}
+
+Event sgd_momentum(Device& dev, ProgramCache& cache, const Tensor& w, const Tensor& g,
+                   const Tensor& v, float lr, float momentum) {
+    check_same(w, g, "sgd_momentum");
+    check_same(w, v, "sgd_momentum");
+    return detail::run(dev, cache, sgd_momentum_spec(w.elements()), {&w, &g, &v},
+                       {bits(lr), bits(momentum)});
+}
+
+Event adam(Device& dev, ProgramCache& cache, const Tensor& w, const Tensor& g, const Tensor& m,
+           const Tensor& v, float lr, float beta1, float beta2, float eps, uint32_t step) {
+    check_same(w, g, "adam");
+    check_same(w, m, "adam");
+    check_same(w, v, "adam");
+    return detail::run(dev, cache, adam_spec(w.elements()), {&w, &g, &m, &v},
+                       adam_args(adam_scalars(lr, beta1, beta2, eps, step)));
 }
 
 // ---- References ------------------------------------------------------------------------------

@@ -21,15 +21,28 @@ void mxu_matmul(const uint16_t* lhs_bf16, int T, int K, const uint16_t* w_bf16, 
     // Converted once per call: the inner loop then runs on fp32 only and vectorises.
     thread_local std::vector<float> wf;
     thread_local std::vector<float> psum;
+    thread_local std::vector<uint8_t> zero_row, finite_row;
     wf.resize(size_t(K) * N);
     psum.resize(size_t(N));
-    for (size_t i = 0; i < wf.size(); ++i) wf[i] = bf16_to_f32(w_bf16[i]);
+    zero_row.assign(size_t(K), 1);
+    finite_row.assign(size_t(K), 1);
+    for (int k = 0; k < K; ++k)
+        for (int n = 0; n < N; ++n) {
+            const float w = bf16_to_f32(w_bf16[size_t(k) * N + n]);
+            wf[size_t(k) * N + n] = w;
+            zero_row[k] &= w == 0.0f;
+            finite_row[k] &= std::isfinite(w);
+        }
     for (int t = 0; t < T; ++t) {
         std::fill(psum.begin(), psum.end(), 0.0f);
         // k outer, n inner: each column still adds its products in k order, and the n loop
         // has no dependence between iterations. -ffp-contract=off keeps * and + separate.
         for (int k = 0; k < K; ++k) {
             const float a = bf16_to_f32(lhs_bf16[size_t(t) * K + k]);
+            // Products that are all +-0.0 leave every partial sum unchanged (it is never -0.0,
+            // see above), so zero padding and ReLU zeros cost no host time. A zero times an
+            // inf or NaN is NaN, so those are still computed.
+            if ((a == 0.0f && finite_row[k]) || (zero_row[k] && std::isfinite(a))) continue;
             const float* wr = &wf[size_t(k) * N];
             float* p = psum.data();
             for (int n = 0; n < N; ++n) p[n] = p[n] + a * wr[n];

@@ -2,6 +2,8 @@
 #include "hw/mem/hbm2.h"
 
 #include <algorithm>
+#include <bit>
+#include <stdexcept>
 
 #include "hw/board_config.h"
 
@@ -30,23 +32,43 @@ HbmAddressMap::HbmAddressMap(const HbmConfig& cfg)
       m_burst_bytes(burst_bytes_of(cfg)),
       m_bursts_per_row(cfg.row_bytes / burst_bytes_of(cfg)),
       m_bank_groups(cfg.bank_groups),
-      m_banks_per_group(cfg.banks_per_group) {}
+      m_banks_per_group(cfg.banks_per_group),
+      m_xor(cfg.address_hash == "xor"),
+      m_sh_interleave(std::countr_zero(m_interleave)),
+      m_sh_pcs(std::countr_zero(m_pcs)),
+      m_sh_burst(std::countr_zero(m_burst_bytes)),
+      m_sh_groups(std::countr_zero(m_bank_groups)),
+      m_sh_cols(std::countr_zero(m_bursts_per_row)),
+      m_sh_banks(std::countr_zero(m_banks_per_group)) {
+    for (uint32_t v : {m_pcs, m_channels, m_interleave, m_burst_bytes, m_bursts_per_row,
+                       m_bank_groups, m_banks_per_group})
+        if (!std::has_single_bit(v))
+            throw std::invalid_argument("HBM geometry must be powers of two");
+}
 
 HbmLocation HbmAddressMap::decode(uint64_t addr) const {
     HbmLocation l;
-    const uint64_t granule = addr / m_interleave;
-    l.pseudo_channel = static_cast<uint32_t>(granule % m_pcs);
-    l.channel = l.pseudo_channel % m_channels;
-    l.local = granule / m_pcs * m_interleave + addr % m_interleave;
+    const uint64_t granule = addr >> m_sh_interleave, pc_mask = m_pcs - 1;
+    uint64_t pc = granule & pc_mask;
+    if (m_xor) {
+        // XOR with the next two groups of granule bits: for fixed higher bits this permutes the
+        // P granules of a group (so the map stays one-to-one), and a stride of any power of two
+        // granules still visits every pseudo-channel.
+        pc ^= (granule >> m_sh_pcs) & pc_mask;
+        pc ^= (granule >> (2 * m_sh_pcs)) & pc_mask;
+    }
+    l.pseudo_channel = static_cast<uint32_t>(pc);
+    l.channel = l.pseudo_channel & (m_channels - 1);
+    l.local = ((granule >> m_sh_pcs) << m_sh_interleave) | (addr & (m_interleave - 1));
     // Bank groups rotate fastest: a stream then alternates groups and its column commands are
     // CCD_S apart (one burst of data) instead of CCD_L (two on the default board).
-    uint64_t burst = l.local / m_burst_bytes;
-    l.bank.bank_group = static_cast<uint32_t>(burst % m_bank_groups);
-    burst /= m_bank_groups;
-    l.column = static_cast<uint32_t>(burst % m_bursts_per_row);
-    burst /= m_bursts_per_row;
-    l.bank.bank = static_cast<uint32_t>(burst % m_banks_per_group);
-    l.bank.row = burst / m_banks_per_group;
+    uint64_t burst = l.local >> m_sh_burst;
+    l.bank.bank_group = static_cast<uint32_t>(burst & (m_bank_groups - 1));
+    burst >>= m_sh_groups;
+    l.column = static_cast<uint32_t>(burst & (m_bursts_per_row - 1));
+    burst >>= m_sh_cols;
+    l.bank.bank = static_cast<uint32_t>(burst & (m_banks_per_group - 1));
+    l.bank.row = burst >> m_sh_banks;
     return l;
 }
 

@@ -47,6 +47,10 @@ public:
 private:
     uint32_t m_pcs, m_channels, m_interleave, m_burst_bytes, m_bursts_per_row;
     uint32_t m_bank_groups, m_banks_per_group;
+    bool m_xor = true;  ///< address_hash == "xor"
+    /// log2 of the geometry (every size is a power of two, checked by the config), so decode
+    /// shifts and masks instead of dividing: it runs once per burst.
+    uint32_t m_sh_interleave, m_sh_pcs, m_sh_burst, m_sh_groups, m_sh_cols, m_sh_banks;
 };
 
 /// Busy-until timing of one pseudo-channel's controller and banks: FCFS at burst granularity,

@@ -21,6 +21,10 @@ using tpu::test::tmp;
 using Result = tpu::test::CliResult;
 using tpu::test::tpusim;
 
+std::string fmt_row(const std::string& head, uint64_t v, const std::string& tail) {
+    return head + std::to_string(v) + tail;
+}
+
 std::string example(const std::string& name) {
     return tpu::test::source_dir() + "/isa/examples/" + name;
 }
@@ -236,6 +240,87 @@ TEST(CliRun, DeviceFaultAndDeadlockExitOne) {
                          "can raise\n  core 0: running at cycle 0, pc 0 (wait f1, 1)"),
               std::string::npos)
         << d.err;
+}
+
+TEST(CliStats, RunNamesItsKernelAfterTheFile) {
+    const Result r = tpusim("run " + example("vpu_chain.s") + " --stats " + tmp("k.stats.json"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto s = nlohmann::json::parse(slurp(tmp("k.stats.json")))["board"]["children"];
+    const auto& k = s["kernels"]["children"]["vpu_chain"]["counters"];
+    const auto& c = s["core0"]["counters"];
+    EXPECT_EQ(k["launches"]["value"], 1);
+    EXPECT_EQ(k["launches"]["unit"], "count");
+    EXPECT_EQ(k["instructions"]["value"], c["instructions"]["value"]);
+    // 4 VPU ops over 8192 values, no MXU work.
+    EXPECT_EQ(k["vpu_flops"]["value"], 4 * 8192);
+    EXPECT_EQ(k["flops"]["value"], 4 * 8192);
+    EXPECT_EQ(k["flops"]["unit"], "flops");
+    EXPECT_EQ(k["hbm_read_bytes"]["value"], c["hbm_read_bytes"]["value"]);
+    EXPECT_EQ(k["hbm_write_bytes"]["value"], c["hbm_write_bytes"]["value"]);
+    // 32768 FLOPs over 32 KiB in + 32 KiB out.
+    EXPECT_EQ(k["arithmetic_intensity"]["value"], 0.5);
+    EXPECT_EQ(k["arithmetic_intensity"]["unit"], "flops_per_byte");
+    EXPECT_EQ(k["mxu_utilization"]["value"], 0.0);
+    EXPECT_EQ(k["cycles"]["value"], k["core_cycles"]["value"]);  // one core
+}
+
+TEST(CliStats, GemmKernelCountsTheMxuWorkOfThePaddedShape) {
+    const Result r = tpusim(
+        "gemm --m 200 --k 129 --n 130 --cores 0-2 --precision fp32-3pass "
+        "--json --stats " +
+        tmp("gk.stats.json"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    const auto s = nlohmann::json::parse(slurp(tmp("gk.stats.json")))["board"]["children"];
+    const auto& k = s["kernels"]["children"]["gemm"]["counters"];
+    EXPECT_EQ(k["launches"]["value"], 1);
+    EXPECT_EQ(k["cycles"]["value"], j["cycles"]);
+    // K and N are zero-padded to 256 in HBM and the MXUs multiply the padding too:
+    // 2 x M x Kp x Np x passes = 2 x 200 x 256 x 256 x 3.
+    EXPECT_EQ(k["mxu_flops"]["value"], 2ull * 200 * 256 * 256 * 3);
+    uint64_t mxu = 0, vpu = 0, rd = 0, wr = 0, ici = 0;
+    for (const char* core : {"core0", "core1", "core2"}) {
+        const auto& c = s[core]["counters"];
+        mxu += c["mxu0_flops"]["value"].get<uint64_t>() + c["mxu1_flops"]["value"].get<uint64_t>();
+        vpu += c["vpu_flops"]["value"].get<uint64_t>();
+        rd += c["hbm_read_bytes"]["value"].get<uint64_t>();
+        wr += c["hbm_write_bytes"]["value"].get<uint64_t>();
+        ici += c["ici_bytes"]["value"].get<uint64_t>();
+    }
+    EXPECT_EQ(k["mxu_flops"]["value"], mxu);
+    EXPECT_EQ(k["flops"]["value"], mxu + vpu);
+    EXPECT_EQ(k["hbm_read_bytes"]["value"], rd);
+    EXPECT_EQ(k["hbm_write_bytes"]["value"], wr);
+    EXPECT_EQ(k["ici_bytes"]["value"], ici);
+    EXPECT_DOUBLE_EQ(k["arithmetic_intensity"]["value"].get<double>(),
+                     double(mxu + vpu) / double(rd + wr));
+    // Launch cycles x 3 cores x 2 MXUs x 128 x 128 PEs.
+    EXPECT_DOUBLE_EQ(k["mxu_utilization"]["value"].get<double>(),
+                     double(mxu / 2) / (j["cycles"].get<double>() * 3 * 2 * 128 * 128));
+    // The same rows in a CSV stats file.
+    ASSERT_EQ(tpusim("gemm --m 200 --k 129 --n 130 --cores 0-2 --precision fp32-3pass --stats " +
+                     tmp("gk.csv"))
+                  .code,
+              0);
+    EXPECT_NE(slurp(tmp("gk.csv"))
+                  .find(fmt_row("board.kernels.gemm,mxu_flops,", mxu,
+                                ",flops,2 x MXU multiply-accumulates\n")),
+              std::string::npos);
+}
+
+TEST(CliStats, ReportShowsEachKernelAndPlacesItOnTheRoofline) {
+    ASSERT_EQ(tpusim("gemm --m 256 --k 256 --n 256 --cores 2 --trace " + tmp("rk.json") +
+                     " --stats " + tmp("rk.stats.json"))
+                  .code,
+              0);
+    const Result r = tpusim("report " + tmp("rk.json") + " --stats " + tmp("rk.stats.json") +
+                            " -o " + tmp("rk.html"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string html = slurp(tmp("rk.html"));
+    EXPECT_NE(html.find("<h2>Kernels</h2>"), std::string::npos);
+    EXPECT_NE(html.find("<table class=\"kernels\">"), std::string::npos);
+    EXPECT_NE(html.find("class=\"kpoint\" data-kernel=\"gemm\""), std::string::npos);
+    EXPECT_NE(html.find("kernel gemm</td>"), std::string::npos);
 }
 
 }  // namespace

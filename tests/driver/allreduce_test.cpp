@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "driver/kernels/allreduce.h"
@@ -66,6 +68,198 @@ TEST(AllReduce, Errors) {
     EXPECT_THROW(
         allreduce(*dev, {0, 1}, std::vector<std::vector<float>>(2, std::vector<float>(3u << 20))),
         DeviceError);
+}
+
+// ---- All-reduce of tensors in HBM -----------------------------------------------------------
+
+/// Values spread over many binades, so a different addition order changes the rounded sums.
+std::vector<std::vector<float>> spread_data(size_t cores, uint64_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> mant(0.0f, 1.0f);
+    std::uniform_int_distribution<int> exp(-8, 8);
+    std::vector<std::vector<float>> d(cores, std::vector<float>(n));
+    for (auto& v : d)
+        for (auto& x : v) x = std::ldexp(mant(rng), exp(rng));
+    return d;
+}
+
+/// Bit patterns, so -0.0 and NaN compare as the hardware stored them.
+std::vector<uint32_t> bits_of(const std::vector<float>& v) {
+    std::vector<uint32_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * 4);
+    return b;
+}
+
+/// Runs allreduce() on `data` (one vector per core) and checks every replica bit for bit
+/// against allreduce_reference(); returns the launch event.
+Event run_hbm(Device& dev, const std::vector<uint32_t>& cores,
+              const std::vector<std::vector<float>>& data, float scale,
+              AllReduceSchedule schedule = AllReduceSchedule::Auto) {
+    const auto n = static_cast<uint32_t>(data[0].size());
+    ProgramCache cache;
+    Tensor t = alloc_tensor(dev, cores, 1, n);
+    for (size_t i = 0; i < cores.size(); ++i) write_tensor(dev, t, i, data[i]);
+    const Event e = allreduce(dev, cache, t, scale, schedule);
+    const auto want = bits_of(allreduce_reference(data, scale));
+    for (size_t i = 0; i < cores.size(); ++i) {
+        const auto got = bits_of(read_tensor(dev, t, i));
+        EXPECT_EQ(got.size(), want.size());
+        for (uint64_t k = 0; k < want.size(); ++k)
+            if (got[k] != want[k]) {
+                ADD_FAILURE() << "replica " << i << " (core " << cores[i] << ") value " << k << ": "
+                              << std::bit_cast<float>(got[k]) << " vs "
+                              << std::bit_cast<float>(want[k]);
+                break;
+            }
+    }
+    free_tensor(dev, t);
+    return e;
+}
+
+void expect_usage(const std::function<void()>& f, const std::string& message) {
+    try {
+        f();
+        ADD_FAILURE() << "no error; expected: " << message;
+    } catch (const DeviceError& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::Usage);
+        EXPECT_EQ(std::string(e.what()), message);
+    }
+}
+
+const std::vector<uint32_t> kEight{0, 1, 2, 3, 4, 5, 6, 7};
+
+class AllReduceHbmSizes
+    : public ::testing::TestWithParam<std::tuple<std::vector<uint32_t>, uint32_t, float>> {};
+
+TEST_P(AllReduceHbmSizes, EveryReplicaEqualsTheReferenceBitForBit) {
+    const auto& [cores, n, scale] = GetParam();
+    auto dev = Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
+    run_hbm(*dev, cores, spread_data(cores.size(), n, n + 7), scale);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Driver, AllReduceHbmSizes,
+    ::testing::Values(std::tuple{kEight, 1u, 1.0f}, std::tuple{kEight, 7u, 0.125f},
+                      std::tuple{kEight, 1000u, 1.0f}, std::tuple{kEight, 1024u, 0.125f},
+                      std::tuple{kEight, 262144u, 0.125f},  // 1 MiB: 1 piece per chunk
+                      std::tuple{std::vector<uint32_t>{2, 5}, 1000u, 0.5f},
+                      std::tuple{std::vector<uint32_t>{6, 1, 4}, 7777u, 1.0f / 3.0f}));
+
+TEST(AllReduceHbm, TheReferenceOrderMatters) {
+    // The data really tells addition orders apart: summing in ring order 0..N-1 from core 0
+    // differs from the reference somewhere.
+    const auto data = spread_data(8, 1000, 1007);
+    const auto ref = allreduce_reference(data, 1.0f);
+    int differ = 0;
+    for (uint64_t i = 0; i < 1000; ++i) {
+        float acc = data[0][i];
+        for (size_t c = 1; c < 8; ++c) acc = acc + data[c][i];
+        differ += acc != ref[i];
+    }
+    EXPECT_GT(differ, 10);
+}
+
+TEST(AllReduceHbm, TwentyFourMiBPerCoreStreamsThroughVmem) {
+    // 24 MiB per core is more than VMEM holds: 24 pieces per chunk, receive slots reused.
+    auto dev = Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
+    const uint32_t n = 6u << 20;
+    const AllReduceHbmPlan p = plan_allreduce_hbm(8, n, dev->config());
+    EXPECT_EQ(p.pieces, 24u);
+    EXPECT_EQ(p.groups, 1u);
+    EXPECT_LT(p.recv_slots, 14u * 24u);
+    EXPECT_TRUE(p.barrier);
+    run_hbm(*dev, kEight, spread_data(8, n, 3), 0.125f);
+}
+
+TEST(AllReduceHbm, GroupsAndARaggedTail) {
+    // 18 MiB on 2 cores: 73 pieces per chunk split into 2 groups of 37, the last group short.
+    auto dev = Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
+    const uint32_t n = 4718592 + 4099;
+    const AllReduceHbmPlan p = allreduce_partition(2, n);
+    EXPECT_EQ(p.groups, 2u);
+    EXPECT_EQ(p.pieces, 37u);
+    EXPECT_TRUE(plan_allreduce_hbm(2, n, dev->config()).barrier);
+    run_hbm(*dev, {3, 7}, spread_data(2, n, 5), 0.5f);
+    run_hbm(*dev, {3, 7}, spread_data(2, n, 6), 0.5f, AllReduceSchedule::Pipelined);
+}
+
+TEST(AllReduceHbm, SmallVmemReusesSlotsWithoutRaces) {
+    // 1 MiB per core = 4 pieces of 16 KiB per chunk, 56 pieces per direction. 1 MiB of VMEM:
+    // 9 own slots per direction (288 KiB) and 23 receive slots, so slots go round the ring
+    // with credits. The step barrier would need 2 x 4 + 20 slots, so Auto pipelines.
+    auto dev = Device::open(
+        hw::BoardConfig::load("", {"sim.race_detector=true", "core.vmem_bytes=1048576"}));
+    const AllReduceHbmPlan p = plan_allreduce_hbm(8, 262144, dev->config());
+    EXPECT_EQ(p.pieces, 4u);
+    EXPECT_EQ(p.own_slots, 9u);
+    EXPECT_EQ(p.recv_slots, 23u);
+    EXPECT_FALSE(p.barrier);
+    expect_usage(
+        [&] { plan_allreduce_hbm(8, 262144, dev->config(), AllReduceSchedule::StepBarrier); },
+        "all-reduce of 262144 values over 8 cores: a step barrier needs 28 receive slots of "
+        "16384 bytes; VMEM holds 23");
+    run_hbm(*dev, kEight, spread_data(8, 262144, 11), 1.0f);
+}
+
+TEST(AllReduceHbm, OneCoreOnlyScales) {
+    auto dev = Device::open(hw::BoardConfig::load("", {}));
+    run_hbm(*dev, {4}, spread_data(1, 5000, 1), 0.25f);
+    const Event e = run_hbm(*dev, {4}, spread_data(1, 10, 2), 1.0f);
+    EXPECT_EQ(e.end_cycle, e.start_cycle);
+}
+
+TEST(AllReduceHbm, ProgramsAreCached) {
+    auto dev = Device::open(hw::BoardConfig::load("", {"sim.functional=false"}));
+    ProgramCache cache;
+    Tensor t = alloc_tensor(*dev, kEight, 3, 100);
+    allreduce(*dev, cache, t, 1.0f);
+    allreduce(*dev, cache, t, 0.125f);  // the scale is a launch argument
+    EXPECT_EQ(cache.misses(), 1u);
+    EXPECT_EQ(cache.hits(), 1u);
+}
+
+TEST(AllReduceHbm, CyclesFollowTheRingFormula) {
+    // 8 cores, 4 MiB per core from HBM: 2 (N-1)/N S / (2 bw) + 2 (N-1) hop.
+    auto dev = Device::open(hw::BoardConfig::load("", {"sim.functional=false"}));
+    ProgramCache cache;
+    Tensor t = alloc_tensor(*dev, kEight, 1024, 1024);
+    const Event e = allreduce(*dev, cache, t);
+    const double bw = 80e9 / 940e6, S = 4.0 * (1 << 20);
+    const double formula = 2.0 * 7 / 8 * S / (2 * bw) + 2 * 7 * 940;
+    const double cycles = double(e.end_cycle - e.start_cycle);
+    EXPECT_NEAR(cycles / formula, 1.0, 0.05) << cycles << " vs " << formula;
+}
+
+TEST(AllReduceHbm, Errors) {
+    auto dev = Device::open(hw::BoardConfig::load("", {}));
+    ProgramCache cache;
+    expect_usage([&] { allreduce(*dev, cache, Tensor{}); }, "all-reduce of an empty tensor");
+    Tensor t = alloc_tensor(*dev, {0, 1, 2}, 2, 8);
+    Tensor moved = t;
+    moved.cores = {0, 2, 1};
+    expect_usage([&] { allreduce(*dev, cache, moved); },
+                 "all-reduce: replica 1 lives on core 1, not core 2");
+    Tensor short_of_one = t;
+    short_of_one.bufs.pop_back();
+    expect_usage([&] { allreduce(*dev, cache, short_of_one); },
+                 "all-reduce: the tensor has 2 buffers for 3 cores");
+    Tensor twice = t;
+    twice.cores = {0, 1, 0};
+    twice.bufs[2] = t.bufs[0];
+    expect_usage([&] { allreduce(*dev, cache, twice); }, "all-reduce: core 0 appears twice");
+    Tensor wider = t;
+    wider.cols = 9;
+    expect_usage([&] { allreduce(*dev, cache, wider); },
+                 "all-reduce: replica 0 holds 64 bytes, not 72");
+    expect_usage(
+        [&] {
+            allreduce_reference({{1.0f}, {1.0f, 2.0f}}, 1.0f);
+        },
+        "all-reduce: replicas differ in length");
+    const auto tiny = hw::BoardConfig::load("", {"core.vmem_bytes=262144"});
+    expect_usage([&] { plan_allreduce_hbm(8, 8u << 20, tiny); },
+                 "all-reduce of 8388608 values over 8 cores needs 5505024 bytes of VMEM per "
+                 "core; the core has 262144");
 }
 
 }  // namespace

@@ -116,6 +116,221 @@ TEST(Device, LaunchArgumentsPerCore) {
     EXPECT_EQ(ev.core_cycles, (std::vector<uint64_t>{11, 101}));
 }
 
+/// Counts s1 down to zero: li, then (sub, bne) per iteration, halt: 1 + 2n cycles.
+const char* kCountdown = "li s3, 1\nloop: sub s1, s1, 1\nbne s1, 0, loop\nhalt";
+
+isa::Program named(const std::string& src, const std::string& name) {
+    isa::Program p = isa::assemble(src);
+    p.name = name;
+    return p;
+}
+
+std::function<std::vector<uint32_t>(size_t)> arg(uint32_t v) {
+    return [v](size_t) { return std::vector<uint32_t>{v}; };
+}
+
+TEST(DeviceAsync, LaunchesOnDisjointCoresOverlap) {
+    auto dev = Device::open(tiny());
+    const isa::Program a = named(kCountdown, "short"), b = named(kCountdown, "long");
+    const uint64_t t0 = dev->now_cycle();
+    const LaunchHandle ha = dev->launch_async({0}, a, arg(50));
+    const LaunchHandle hb = dev->launch_async({1}, b, arg(100));
+    EXPECT_EQ(ha.id, 1u);
+    EXPECT_EQ(hb.id, 2u);
+    EXPECT_EQ(dev->queued_launches(), 2u);
+    EXPECT_EQ(dev->now_cycle(), t0);  // nothing ran yet
+    const Event eb = dev->wait(hb);   // runs both: they start together
+    const Event ea = dev->wait(ha);
+    // 1 + 2n cycles each (li, then sub+bne per iteration, halt): 101 and 201, both from t0.
+    EXPECT_EQ(ea.start_cycle, t0);
+    EXPECT_EQ(eb.start_cycle, t0);
+    EXPECT_EQ(ea.end_cycle, t0 + 101);
+    EXPECT_EQ(eb.end_cycle, t0 + 201);
+    EXPECT_EQ(ea.core_cycles, std::vector<uint64_t>{101});
+    EXPECT_EQ(eb.cores, std::vector<uint32_t>{1});
+    EXPECT_LT(eb.end_cycle - t0, (ea.end_cycle - ea.start_cycle) + (eb.end_cycle - eb.start_cycle));
+    EXPECT_EQ(dev->metrics().launches, 2u);
+    EXPECT_EQ(dev->metrics().batches, 1u);
+    EXPECT_EQ(dev->metrics().exec_cycles, 201u);  // overlapping launches count once
+    // The same work as one launch of both cores ends at the same cycle after its start.
+    const Event both =
+        dev->launch({0, 1}, a, [](size_t i) { return std::vector<uint32_t>{i == 0 ? 50u : 100u}; });
+    EXPECT_EQ(both.end_cycle - both.start_cycle, eb.end_cycle - t0);
+    EXPECT_EQ(both.core_cycles, (std::vector<uint64_t>{101, 201}));
+}
+
+TEST(DeviceAsync, LaunchesSharingACoreRunInOrder) {
+    auto dev = Device::open(tiny());
+    const isa::Program p = named(kCountdown, "count");
+    const uint64_t t0 = dev->now_cycle();
+    const LaunchHandle h1 = dev->launch_async({0}, p, arg(50));     // 101 cycles
+    const LaunchHandle h2 = dev->launch_async({1}, p, arg(100));    // 201 cycles, with h1
+    const LaunchHandle h3 = dev->launch_async({0, 1}, p, arg(10));  // 21 cycles, after both
+    const LaunchHandle h4 = dev->launch_async({0}, p, arg(5));      // 11 cycles, after h3
+    dev->synchronize();
+    EXPECT_EQ(dev->queued_launches(), 0u);
+    const Event e1 = dev->wait(h1), e2 = dev->wait(h2), e3 = dev->wait(h3), e4 = dev->wait(h4);
+    EXPECT_EQ(e1.start_cycle, t0);
+    EXPECT_EQ(e2.start_cycle, t0);
+    EXPECT_EQ(e3.start_cycle, t0 + 201);  // after the launch of its batch that ends last
+    EXPECT_EQ(e3.end_cycle, t0 + 222);
+    EXPECT_EQ(e4.start_cycle, t0 + 222);
+    EXPECT_EQ(e4.end_cycle, t0 + 233);
+    EXPECT_EQ(dev->metrics().batches, 3u);
+    const auto& ks = dev->kernel_stats();
+    ASSERT_EQ(ks.size(), 1u);
+    EXPECT_EQ(ks[0].name, "count");
+    EXPECT_EQ(ks[0].launches, 4u);
+    EXPECT_EQ(ks[0].cycles, 101u + 201u + 21u + 11u);
+    EXPECT_EQ(ks[0].core_cycles, 101u + 201u + 2 * 21u + 11u);
+    // Per launch 2 + 2n instructions (li, n x (sub, bne), halt).
+    EXPECT_EQ(ks[0].instructions, 102u + 202u + 2 * 22u + 12u);
+}
+
+TEST(DeviceAsync, ReadAndWriteCompleteTheLaunchesOfTheirCore) {
+    auto dev = Device::open(tiny());
+    const Buffer src = dev->alloc(1024, 0), dst = dev->alloc(1024, 0), other = dev->alloc(64, 1);
+    std::vector<uint8_t> data(1024), back(1024);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(i * 7 + 1);
+    dev->write(src, data.data(), data.size());
+    const isa::Program copy = named(
+        "dma.hv [0], [s1], 4, 256, 256, 256, f0\nwait f0, 1\n"
+        "dma.vh [s2], [0], 4, 256, 256, 256, f1\nwait f1, 1\nhalt",
+        "copy");
+    const LaunchHandle h = dev->launch_async({0}, copy, [&](size_t) {
+        return std::vector<uint32_t>{uint32_t(src.addr), uint32_t(dst.addr)};
+    });
+    dev->write(other, data.data(), 64);  // core 1: the launch on core 0 stays queued
+    EXPECT_EQ(dev->queued_launches(), 1u);
+    EXPECT_EQ(dev->metrics().implicit_syncs, 0u);
+    dev->read(dst, back.data(), back.size());  // core 0: runs the copy first
+    EXPECT_EQ(dev->queued_launches(), 0u);
+    EXPECT_EQ(dev->metrics().implicit_syncs, 1u);
+    EXPECT_EQ(back, data);
+    const Event ev = dev->wait(h);
+    EXPECT_GT(ev.end_cycle, ev.start_cycle);
+    ASSERT_EQ(dev->kernel_stats().size(), 1u);
+    EXPECT_EQ(dev->kernel_stats()[0].hbm_read_bytes, 1024u);
+    EXPECT_EQ(dev->kernel_stats()[0].hbm_write_bytes, 1024u);
+    EXPECT_EQ(dev->kernel_stats()[0].flops(), 0u);
+}
+
+TEST(DeviceAsync, AFaultSurfacesAtTheWaitNamingItsLaunch) {
+    auto dev = Device::open(tiny());
+    const isa::Program bad = named("li s1, 7\ndivu s2, s1, 0\nhalt", "div");
+    const isa::Program ok = named(kCountdown, "count");
+    const LaunchHandle h1 = dev->launch_async({1}, bad);
+    const LaunchHandle h2 = dev->launch_async({0}, ok, arg(50));
+    const LaunchHandle h3 = dev->launch_async({0, 1}, ok, arg(5));
+    const std::string fault =
+        "device fault on core 1 at pc 1 (divu s2, s1, 0) in sequencer, cycle 1: division by zero";
+    ErrorKind kind{};
+    EXPECT_EQ(error_of([&] { dev->synchronize(); }, &kind),
+              "launch #1 ('div' on core 1): " + fault);
+    EXPECT_EQ(kind, ErrorKind::Fault);
+    EXPECT_EQ(
+        error_of([&] { dev->wait(h3); }, &kind),
+        "launch #3 ('count' on cores 0-1) did not complete: launch #1 ('div' on core 1): " + fault);
+    EXPECT_EQ(kind, ErrorKind::Fault);
+    EXPECT_EQ(error_of([&] { dev->wait(h1); }, &kind), "launch #1 ('div' on core 1): " + fault);
+    EXPECT_EQ(
+        error_of([&] { dev->wait(h2); }),
+        "launch #2 ('count' on core 0) did not complete: launch #1 ('div' on core 1): " + fault);
+    EXPECT_EQ(error_of([&] { dev->launch_async({0}, ok); }, &kind),
+              "launch: the board stopped on a device fault; open a new device to run again");
+    EXPECT_EQ(kind, ErrorKind::Usage);
+}
+
+TEST(DeviceAsync, AFaultIsReportedAtTheWaitOfALaterLaunch) {
+    auto dev = Device::open(tiny());
+    const LaunchHandle h1 = dev->launch_async({0}, isa::assemble("li s1, 7\ndivu s2, s1, 0\nhalt"));
+    const LaunchHandle h2 = dev->launch_async({0}, named("halt", "stop"));
+    EXPECT_EQ(error_of([&] { dev->wait(h2); }),
+              "launch #2 ('stop' on core 0) did not complete: launch #1 ('unnamed' on core 0): "
+              "device fault on core 0 at pc 1 (divu s2, s1, 0) in sequencer, cycle 1: division "
+              "by zero");
+    EXPECT_EQ(error_of([&] { dev->wait(h1); }),
+              "launch #1 ('unnamed' on core 0): device fault on core 0 at pc 1 (divu s2, s1, 0) "
+              "in sequencer, cycle 1: division by zero");
+}
+
+TEST(DeviceAsync, UnknownAndOldHandlesAreUsageErrors) {
+    auto dev = Device::open(tiny());
+    ErrorKind kind{};
+    EXPECT_EQ(error_of([&] { dev->wait(LaunchHandle{}); }, &kind),
+              "wait: launch #0 was never issued by this device");
+    EXPECT_EQ(kind, ErrorKind::Usage);
+    EXPECT_EQ(error_of([&] { dev->wait(LaunchHandle{7}); }),
+              "wait: launch #7 was never issued by this device");
+    const LaunchHandle h = dev->launch_async({0}, isa::assemble("halt"));
+    dev->wait(h);
+    EXPECT_EQ(error_of([&] { dev->wait(h); }, &kind),
+              "wait: launch #1 was already waited on (or dropped: the device keeps the outcomes "
+              "of the last 4096 launches nobody waited on)");
+    EXPECT_EQ(kind, ErrorKind::Usage);
+    // launch() waits on its own handle.
+    dev->launch({0}, isa::assemble("halt"));
+    EXPECT_EQ(error_of([&] { dev->wait(LaunchHandle{2}); }),
+              "wait: launch #2 was already waited on (or dropped: the device keeps the outcomes "
+              "of the last 4096 launches nobody waited on)");
+    // Bad launches fail at once, not at the wait.
+    EXPECT_EQ(error_of([&] { dev->launch_async({}, isa::assemble("halt")); }),
+              "launch: launch on an empty core set");
+    EXPECT_EQ(error_of([&] {
+                  dev->launch_async({0, 0}, isa::assemble("halt"));
+              }),
+              "launch: a core appears twice in the launch set");
+    EXPECT_EQ(error_of([&] { dev->launch_async({2}, isa::assemble("halt")); }),
+              "launch: core 2 does not exist (the board has cores 0-1)");
+    EXPECT_EQ(error_of([&] {
+                  dev->launch_async({1}, isa::assemble("halt"),
+                                    [](size_t) { return std::vector<uint32_t>(32); });
+              }),
+              "launch: core 1: 32 launch arguments; at most 31 fit in s1..s31");
+    EXPECT_EQ(dev->queued_launches(), 0u);
+}
+
+TEST(DeviceStats, GemmKernelCountsMatchTheShapeAndTheCoreCounters) {
+    // Without the race detector: this test is about counting, GemmShapes proves the kernel.
+    auto dev = Device::open(hw::BoardConfig::load(test::source_dir() + "/configs/tiny.json", {}));
+    ProgramCache cache;
+    // K and N are multiples of the 8 x 8 array: no padding, so the MXU's MACs are all useful
+    // (with padding the MXU counters count the padded tiles' MACs, not M K N).
+    const uint32_t M = 20, K = 16, N = 8;
+    std::vector<float> a(size_t(M) * K, 1.0f), w(size_t(K) * N, 1.0f);
+    const auto r1 = gemm(*dev, cache, a, w, M, K, N, Precision::Fp32Pass3, {0, 1});
+    const auto r2 = gemm(*dev, cache, a, w, M, K, N, Precision::Fp32Pass3, {0, 1});
+    const auto& ks = dev->kernel_stats();
+    ASSERT_EQ(ks.size(), 1u);
+    const KernelStats& k = ks[0];
+    EXPECT_EQ(k.name, "gemm");
+    EXPECT_EQ(k.launches, 2u);
+    // 3 passes of M x K x N MACs per launch: 2 x 3 x 20 x 16 x 8 = 15360.
+    EXPECT_EQ(k.mxu_macs, 15360u);
+    EXPECT_EQ(k.mxu_macs, r1.macs + r2.macs);
+    EXPECT_EQ(k.flops(), 2 * k.mxu_macs + k.vpu_flops);
+    EXPECT_EQ(k.cycles, (r1.event.end_cycle - r1.event.start_cycle) +
+                            (r2.event.end_cycle - r2.event.start_cycle));
+    // Capacity: mxus x rows x cols x cycles x cores = 2 x 8 x 8 x cycles x 2 (each launch's
+    // utilisation is the gemm's own figure; the kernel's weighs them by cycles).
+    EXPECT_EQ(k.mxu_peak_macs, 2u * 8 * 8 * k.cycles * 2);
+    EXPECT_DOUBLE_EQ(k.mxu_utilization(), double(r1.macs + r2.macs) / (256.0 * double(k.cycles)));
+    uint64_t hbm_r = 0, hbm_w = 0, instrs = 0;
+    for (uint32_t c = 0; c < 2; ++c) {
+        hbm_r += dev->board().core(c).stats().hbm_read_bytes;
+        hbm_w += dev->board().core(c).stats().hbm_write_bytes;
+        instrs += dev->board().core(c).stats().instructions;
+    }
+    EXPECT_EQ(k.hbm_read_bytes, hbm_r);
+    EXPECT_EQ(k.hbm_write_bytes, hbm_w);
+    EXPECT_EQ(k.instructions, instrs);
+    EXPECT_GT(k.hbm_bytes(), 0u);
+    EXPECT_DOUBLE_EQ(k.arithmetic_intensity(), double(k.flops()) / double(hbm_r + hbm_w));
+    EXPECT_EQ(ProgramCache::kernel_name("gemm R8 C8 Kp16"), "gemm");
+    EXPECT_EQ(ProgramCache::kernel_name("adam:units64"), "adam");
+    EXPECT_EQ(ProgramCache::kernel_name("relu"), "relu");
+}
+
 class GemmShapes : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t, uint32_t>> {};
 
 TEST_P(GemmShapes, BitExactAgainstTheReferenceInEveryPrecision) {

@@ -246,5 +246,126 @@ TEST(VectorOps, ErrorsNameKernelBufferAndSizes) {
     EXPECT_EQ(cache.misses(), 0u);  // nothing was compiled for a bad call
 }
 
+// ---- Tensor overloads: one launch over the core set, each core on its own replica ---------
+
+const std::vector<uint32_t> kEightCores = {0, 1, 2, 3, 4, 5, 6, 7};
+
+/// A tensor on every core with different random contents per replica.
+struct Replicas {
+    Tensor t;
+    std::vector<std::vector<float>> data;
+};
+
+Replicas replicas(Device& dev, uint32_t rows, uint32_t cols, uint32_t seed, float lo = -2.0f,
+                  float hi = 2.0f) {
+    Replicas r{alloc_tensor(dev, kEightCores, rows, cols), {}};
+    for (size_t i = 0; i < kEightCores.size(); ++i) {
+        r.data.push_back(random_values(size_t(rows) * cols, seed * 97 + uint32_t(i), lo, hi));
+        write_tensor(dev, r.t, i, r.data.back());
+    }
+    return r;
+}
+
+class VectorOpsTensors : public ::testing::TestWithParam<std::pair<uint32_t, uint32_t>> {};
+
+TEST_P(VectorOpsTensors, EveryKernelIsOneLaunchAndBitExactPerReplica) {
+    const auto [rows, cols] = GetParam();
+    auto dev = open_device();
+    ProgramCache cache;
+    Replicas a = replicas(*dev, rows, cols, 1), b = replicas(*dev, rows, cols, 2);
+    Replicas bias = replicas(*dev, 1, cols, 3);
+    Tensor out = alloc_tensor(*dev, kEightCores, rows, cols);
+    Tensor rs = alloc_tensor(*dev, kEightCores, rows, 1),
+           cs = alloc_tensor(*dev, kEightCores, 1, cols);
+    const size_t R = kEightCores.size();
+    auto check = [&](const Tensor& t, const std::function<std::vector<float>(size_t)>& want) {
+        for (size_t i = 0; i < R; ++i) EXPECT_BITS_EQ(read_tensor(*dev, t, i), want(i)) << i;
+    };
+    const uint64_t launches = dev->metrics().launches;
+    const Event e = add(*dev, cache, a.t, b.t, out);
+    EXPECT_EQ(e.cores, kEightCores);
+    check(out, [&](size_t i) { return add_reference(a.data[i], b.data[i]); });
+    mul(*dev, cache, a.t, b.t, out);
+    check(out, [&](size_t i) { return mul_reference(a.data[i], b.data[i]); });
+    scale(*dev, cache, a.t, 0.37f, out);
+    check(out, [&](size_t i) { return scale_reference(a.data[i], 0.37f); });
+    relu(*dev, cache, a.t, out);
+    check(out, [&](size_t i) { return relu_reference(a.data[i]); });
+    relu_grad(*dev, cache, a.t, b.t, out);
+    check(out, [&](size_t i) { return relu_grad_reference(a.data[i], b.data[i]); });
+    bias_add(*dev, cache, a.t, bias.t, out);
+    check(out, [&](size_t i) { return bias_add_reference(a.data[i], bias.data[i], rows, cols); });
+    row_sum(*dev, cache, a.t, rs);
+    check(rs, [&](size_t i) { return row_sum_reference(a.data[i], rows, cols); });
+    col_sum(*dev, cache, a.t, cs);
+    const uint32_t tile = col_sum_tile_rows(dev->config(), rows, cols);
+    check(cs, [&](size_t i) { return col_sum_reference(a.data[i], rows, cols, tile); });
+    EXPECT_EQ(dev->metrics().launches - launches, 8u);  // one launch per kernel call
+
+    // Softmax cross-entropy with one-hot labels.
+    Replicas y{alloc_tensor(*dev, kEightCores, rows, cols), {}};
+    for (size_t i = 0; i < R; ++i) {
+        std::vector<float> v(size_t(rows) * cols, 0.0f);
+        for (uint32_t r = 0; r < rows; ++r) v[size_t(r) * cols + (r * 7 + i) % cols] = 1.0f;
+        y.data.push_back(v);
+        write_tensor(*dev, y.t, i, v);
+    }
+    softmax_cross_entropy(*dev, cache, a.t, y.t, rs, out);
+    for (size_t i = 0; i < R; ++i) {
+        const auto want = softmax_cross_entropy_reference(a.data[i], y.data[i], rows, cols);
+        EXPECT_BITS_EQ(read_tensor(*dev, rs, i), want.loss);
+        EXPECT_BITS_EQ(read_tensor(*dev, out, i), want.dlogits);
+    }
+
+    // Optimizers, in place, over two steps.
+    Replicas w = replicas(*dev, rows, cols, 4), v = replicas(*dev, rows, cols, 5);
+    Replicas w2 = replicas(*dev, rows, cols, 6), m2 = replicas(*dev, rows, cols, 7),
+             v2 = replicas(*dev, rows, cols, 8, 0.0f, 1.0f);
+    for (uint32_t step = 1; step <= 2; ++step) {
+        Replicas g = replicas(*dev, rows, cols, 100 + step);
+        sgd_momentum(*dev, cache, w.t, g.t, v.t, 0.05f, 0.9f);
+        adam(*dev, cache, w2.t, g.t, m2.t, v2.t, 1e-3f, 0.9f, 0.999f, 1e-8f, step);
+        for (size_t i = 0; i < R; ++i) {
+            sgd_momentum_reference(w.data[i], g.data[i], v.data[i], 0.05f, 0.9f);
+            adam_reference(w2.data[i], g.data[i], m2.data[i], v2.data[i], 1e-3f, 0.9f, 0.999f,
+                           1e-8f, step);
+        }
+        free_tensor(*dev, g.t);
+    }
+    check(w.t, [&](size_t i) { return w.data[i]; });
+    check(v.t, [&](size_t i) { return v.data[i]; });
+    check(w2.t, [&](size_t i) { return w2.data[i]; });
+    check(m2.t, [&](size_t i) { return m2.data[i]; });
+    check(v2.t, [&](size_t i) { return v2.data[i]; });
+}
+
+INSTANTIATE_TEST_SUITE_P(Driver, VectorOpsTensors,
+                         ::testing::Values(std::pair{1u, 1u}, std::pair{7u, 300u},
+                                           std::pair{300u, 129u}, std::pair{3u, 40000u}));
+
+TEST(VectorOps, TensorShapeAndCoreMismatchesAreNamed) {
+    auto dev = open_device();
+    ProgramCache cache;
+    Tensor x = alloc_tensor(*dev, {0, 1}, 4, 6), y = alloc_tensor(*dev, {0, 1}, 4, 5);
+    Tensor z = alloc_tensor(*dev, {0, 2}, 4, 6), bias = alloc_tensor(*dev, {0, 1}, 1, 5);
+    Tensor r = alloc_tensor(*dev, {0, 1}, 1, 6);
+    EXPECT_EQ(error_of([&] { add(*dev, cache, x, y, x); }),
+              "add: tensors differ in shape or cores (4 x 6 on 2 cores vs 4 x 5 on 2 cores)");
+    EXPECT_EQ(error_of([&] { relu(*dev, cache, x, z); }),
+              "relu: tensors differ in shape or cores (4 x 6 on 2 cores vs 4 x 6 on 2 cores)");
+    EXPECT_EQ(error_of([&] { bias_add(*dev, cache, x, bias, x); }),
+              "bias_add: bias is 1 x 5 on cores [0, 1]; expected 1 x 6 on cores [0, 1]");
+    EXPECT_EQ(error_of([&] { row_sum(*dev, cache, x, r); }),
+              "row_sum: out is 1 x 6 on cores [0, 1]; expected 4 x 1 on cores [0, 1]");
+    EXPECT_EQ(error_of([&] { col_sum(*dev, cache, x, bias); }),
+              "col_sum: out is 1 x 5 on cores [0, 1]; expected 1 x 6 on cores [0, 1]");
+    EXPECT_EQ(error_of([&] { softmax_cross_entropy(*dev, cache, x, x, r, x); }),
+              "softmax_cross_entropy: loss_per_row is 1 x 6 on cores [0, 1]; expected 4 x 1 on "
+              "cores [0, 1]");
+    EXPECT_EQ(error_of([&] { adam(*dev, cache, x, x, x, x, 1e-3f, 0.9f, 0.999f, 1e-8f, 0); }),
+              "adam: step must be >= 1");
+    EXPECT_EQ(dev->metrics().launches, 0u);
+}
+
 }  // namespace
 }  // namespace tpu::driver

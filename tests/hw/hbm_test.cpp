@@ -6,6 +6,8 @@
 // and config errors.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <algorithm>
 #include <memory>
 #include <random>
@@ -250,7 +252,9 @@ TEST(Hbm2Property, RandomTimingRandomStreams) {
 // ---- the whole stack: address map and core cycles ----
 
 TEST(Hbm2Timing, AddressMap) {
-    const HbmAddressMap m(HbmConfig{});
+    HbmConfig plain;
+    plain.address_hash = "none";
+    const HbmAddressMap m(plain);
     // 32 B bursts; 256 B granules over 32 pseudo-channels; bank group, column, bank, row.
     EXPECT_EQ(m.burst_bytes(), 32u);
     auto at = [&](uint64_t a) {
@@ -268,6 +272,28 @@ TEST(Hbm2Timing, AddressMap) {
     // local 4 KiB = 4 bank groups x 1 KiB rows: the next bank; 16 KiB: the next row.
     EXPECT_EQ(at(32 * 4096), (std::vector<uint64_t>{0, 0, 0, 1, 0}));
     EXPECT_EQ(at(32 * 16384 + 3 * 32), (std::vector<uint64_t>{0, 3, 0, 0, 1}));
+}
+
+TEST(Hbm2Timing, XorAddressMapIsOneToOneAndSpreadsStrides) {
+    const HbmAddressMap m(HbmConfig{});
+    ASSERT_EQ(HbmConfig{}.address_hash, "xor");
+    // One-to-one: 64 K granules (16 MiB) land on distinct (pseudo-channel, local) pairs, and
+    // every pseudo-channel gets the same share.
+    std::set<std::pair<uint32_t, uint64_t>> seen;
+    std::vector<int> per_pc(32, 0);
+    for (uint64_t g = 0; g < 65536; ++g) {
+        const auto l = m.decode(g * 256 + 17);
+        EXPECT_EQ(l.local % 256, 17u);
+        seen.emplace(l.pseudo_channel, l.local);
+        ++per_pc[l.pseudo_channel];
+    }
+    EXPECT_EQ(seen.size(), 65536u);
+    EXPECT_EQ(std::count(per_pc.begin(), per_pc.end(), 2048), 32);
+    // A 2 KiB stride (rows of a 1024-column bf16 matrix) visits every pseudo-channel, where plain
+    // modulo interleaving would use only 4 of 32.
+    std::set<uint32_t> pcs;
+    for (uint64_t r = 0; r < 128; ++r) pcs.insert(m.decode(r * 2048).pseudo_channel);
+    EXPECT_EQ(pcs.size(), 32u);
 }
 
 TEST(Hbm2Timing, CoreCycles) {

@@ -132,7 +132,7 @@ void register_gemm_command(CLI::App& app) {
                 fmt::print("check: bit-exact vs reference: {}; relative error vs fp64: {:.3e}\n",
                            j["bitexact"].get<bool>() ? "yes" : "NO", j["rel_error"].get<double>());
         }
-        write_stats_file(o->common, dev->board());
+        write_stats_file(o->common, dev->board(), dev->kernel_stats());
         if (o->check && !j["bitexact"].get<bool>())
             throw RunError("gemm: the device result differs from the bit-exact reference");
     });

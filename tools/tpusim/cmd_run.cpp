@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // tpusim run: load a kernel and its data, run it on a set of cores, dump results.
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -117,7 +119,11 @@ void register_run_command(CLI::App& app) {
     add_common_options(*cmd, o->common);
     cmd->callback([o] {
         const hw::BoardConfig cfg = o->common.board_config();
-        const isa::Program prog = load_kernel(o->kernel);
+        isa::Program prog = load_kernel(o->kernel);
+        // Per-kernel statistics name the kernel after its file ("vpu_chain.s" -> vpu_chain).
+        prog.name = std::filesystem::path(o->kernel).stem().string();
+        std::replace(prog.name.begin(), prog.name.end(), '.', '_');
+        if (prog.name.empty()) prog.name = "kernel";
         std::vector<uint32_t> cores;
         try {
             cores = hw::parse_core_set(o->cores, cfg.cores());
@@ -153,6 +159,7 @@ void register_run_command(CLI::App& app) {
                     fmt::format("--dump {}: {} bytes at 0x{:x} are not inside {} ({} bytes)",
                                 r.file, r.bytes, r.addr, mem.name(), mem.size()));
         }
+        // Loading here first keeps the instruction-memory error as the board words it.
         for (uint32_t c : cores) {
             try {
                 board.load(c, prog);
@@ -160,7 +167,7 @@ void register_run_command(CLI::App& app) {
                 throw InputError(e.what());
             }
         }
-        const hw::LaunchResult res = session.launch(o->kernel, cores, o->args);
+        const hw::LaunchResult res = session.launch(o->kernel, prog, cores, o->args);
         for (const Region& r : dumps) {
             const hw::SparseMemory& mem = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
             std::vector<uint8_t> data(r.bytes);

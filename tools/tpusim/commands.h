@@ -36,13 +36,13 @@ public:
 
 /// Options every command takes.
 struct CommonOptions {
-    std::string config;              ///< --config FILE (JSON preset)
-    std::vector<std::string> sets;   ///< --set key.path=value, repeatable
-    std::string trace;               ///< --trace FILE (Chrome/Perfetto JSON)
-    std::string trace_units;         ///< --trace-units PREFIX[,PREFIX]
-    std::string trace_window;        ///< --trace-window START:END in cycles
-    std::string stats;               ///< --stats FILE (.json or .csv)
-    bool json = false;               ///< --json: machine-readable result on stdout
+    std::string config;             ///< --config FILE (JSON preset)
+    std::vector<std::string> sets;  ///< --set key.path=value, repeatable
+    std::string trace;              ///< --trace FILE (Chrome/Perfetto JSON)
+    std::string trace_units;        ///< --trace-units PREFIX[,PREFIX]
+    std::string trace_window;       ///< --trace-window START:END in cycles
+    std::string stats;              ///< --stats FILE (.json or .csv)
+    bool json = false;              ///< --json: machine-readable result on stdout
 
     /// Loads and validates the board config; config errors become InputError.
     hw::BoardConfig board_config() const;
@@ -53,10 +53,12 @@ void add_common_options(CLI::App& cmd, CommonOptions& opts);
 /// Adds only --config and --set, for commands that read the config but do not simulate.
 void add_config_options(CLI::App& cmd, CommonOptions& opts);
 
-void register_asm_commands(CLI::App& app);     ///< asm, disasm
-void register_config_command(CLI::App& app);   ///< config
-void register_run_command(CLI::App& app);      ///< run
-void register_gemm_command(CLI::App& app);     ///< gemm
-void register_report_command(CLI::App& app);   ///< report
+void register_asm_commands(CLI::App& app);    ///< asm, disasm
+void register_config_command(CLI::App& app);  ///< config
+void register_run_command(CLI::App& app);     ///< run
+void register_gemm_command(CLI::App& app);    ///< gemm
+void register_train_command(CLI::App& app);   ///< train
+void register_report_command(CLI::App& app);  ///< report
+void register_bench_command(CLI::App& app);   ///< bench
 
 }  // namespace tpu::cli

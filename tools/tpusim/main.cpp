@@ -4,8 +4,8 @@
 #include <exception>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <systemc>
 
 #include "tools/tpusim/commands.h"
@@ -24,7 +24,9 @@ int sc_main(int argc, char* argv[]) {
     tpu::cli::register_config_command(app);
     tpu::cli::register_run_command(app);
     tpu::cli::register_gemm_command(app);
+    tpu::cli::register_train_command(app);
     tpu::cli::register_report_command(app);
+    tpu::cli::register_bench_command(app);
     if (argc > 1 && argv[1][0] != '-') {
         // CLI11 would only say "A subcommand is required"; name the typo and the choices.
         std::string names;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/tpusim/run_output.h"
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 
@@ -34,6 +35,42 @@ std::pair<uint64_t, uint64_t> parse_window(const std::string& w) {
     return {a, b};
 }
 
+/// board.kernels.<name>: each kernel's totals, counters then the derived figures.
+void add_kernel_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::StatGroup>>& groups,
+                      const std::vector<driver::KernelStats>& kernels) {
+    auto& top = *groups.emplace_back(std::make_unique<sim::StatGroup>("kernels", &root));
+    for (const driver::KernelStats& k : kernels) {
+        // Group names cannot hold '.' (it separates stat paths).
+        std::string name = k.name;
+        std::replace(name.begin(), name.end(), '.', '_');
+        auto& g = *groups.emplace_back(std::make_unique<sim::StatGroup>(name, &top));
+        g.add("launches", "completed launches of the kernel", sim::StatUnit::Count).set(k.launches);
+        g.add("cycles", "sum of launch durations (launch to last core halted)",
+              sim::StatUnit::Cycles)
+            .set(k.cycles);
+        g.add("core_cycles", "sum over launches and launched cores of each core's cycles",
+              sim::StatUnit::Cycles)
+            .set(k.core_cycles);
+        g.add("instructions", "instructions issued on the launched cores", sim::StatUnit::Count)
+            .set(k.instructions);
+        g.add("flops", "2 x MXU multiply-accumulates + VPU fp32 operations", sim::StatUnit::Flops)
+            .set(k.flops());
+        g.add("mxu_flops", "2 x MXU multiply-accumulates", sim::StatUnit::Flops)
+            .set(2 * k.mxu_macs);
+        g.add("vpu_flops", "VPU fp32 operations", sim::StatUnit::Flops).set(k.vpu_flops);
+        g.add("hbm_read_bytes", "bytes read from HBM by DMA", sim::StatUnit::Bytes)
+            .set(k.hbm_read_bytes);
+        g.add("hbm_write_bytes", "bytes written to HBM by DMA", sim::StatUnit::Bytes)
+            .set(k.hbm_write_bytes);
+        g.add("ici_bytes", "bytes sent over ICI", sim::StatUnit::Bytes).set(k.ici_bytes);
+        g.add_formula("mxu_utilization",
+                      "useful MXU MACs / (MXUs x rows x cols x cycles x launched cores)",
+                      sim::StatUnit::Ratio, [k] { return k.mxu_utilization(); });
+        g.add_formula("arithmetic_intensity", "FLOPs per HBM byte read or written",
+                      sim::StatUnit::FlopsPerByte, [k] { return k.arithmetic_intensity(); });
+    }
+}
+
 }  // namespace
 
 RunTrace::RunTrace(const CommonOptions& opts, const hw::BoardConfig& cfg)
@@ -53,29 +90,25 @@ RunTrace::RunTrace(const CommonOptions& opts, const hw::BoardConfig& cfg)
 RunTrace::~RunTrace() = default;
 
 RunSession::RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts)
-    : m_cfg(cfg), m_opts(opts), m_board(std::make_unique<hw::Board>(cfg)), m_trace(opts, cfg) {
-    m_board->set_tracer(m_trace.get());
+    : m_cfg(cfg), m_opts(opts), m_trace(opts, cfg), m_dev(driver::Device::open(cfg)) {
+    m_dev->set_tracer(m_trace.get());
 }
 
 RunSession::~RunSession() = default;
 
-hw::LaunchResult RunSession::launch(const std::string& name, const std::vector<uint32_t>& cores,
+hw::LaunchResult RunSession::launch(const std::string& source, const isa::Program& program,
+                                    const std::vector<uint32_t>& cores,
                                     const std::vector<uint32_t>& args) {
     m_before.clear();
-    for (uint32_t c = 0; c < m_board->num_cores(); ++c)
-        m_before.push_back(m_board->core(c).stats());
-    const auto t0 = std::chrono::steady_clock::now();
+    for (uint32_t c = 0; c < board().num_cores(); ++c) m_before.push_back(board().core(c).stats());
     try {
-        auto res = m_board->run(cores, args);
-        m_host_seconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        return res;
-    } catch (const hw::DeviceFault& f) {
-        throw RunError(fmt::format("{}: {}", name, f.what()));
-    } catch (const hw::DeadlockError& d) {
-        throw RunError(fmt::format("{}: {}", name, d.what()));
-    } catch (const std::invalid_argument& e) {
-        throw InputError(e.what());
+        const driver::Event ev = m_dev->launch(cores, program, [&](size_t) { return args; });
+        m_host_seconds += ev.host_seconds;
+        return hw::LaunchResult{ev.start_cycle, ev.end_cycle, ev.cores, ev.core_cycles};
+    } catch (const driver::DeviceError& e) {
+        if (e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory)
+            throw InputError(e.what());
+        throw RunError(fmt::format("{}: {}", source, e.what()));
     }
 }
 
@@ -83,7 +116,7 @@ double RunSession::mxu_utilization(const hw::LaunchResult& res) const {
     const double array = double(m_cfg.core.mxus) * m_cfg.core.mxu_rows * m_cfg.core.mxu_cols;
     uint64_t macs = 0, cycles = res.end_cycle - res.start_cycle;
     for (uint32_t c : res.cores) {
-        const auto& s = m_board->core(c).stats();
+        const auto& s = m_dev->board().core(c).stats();
         for (size_t i = 0; i < s.mxu_macs.size(); ++i)
             macs += s.mxu_macs[i] - m_before[c].mxu_macs[i];
     }
@@ -100,7 +133,7 @@ std::string RunSession::result_json(const hw::LaunchResult& res) const {
     auto& arr = j["cores"] = nlohmann::ordered_json::array();
     for (size_t i = 0; i < res.cores.size(); ++i) {
         const uint32_t c = res.cores[i];
-        const auto& s = m_board->core(c).stats();
+        const auto& s = m_dev->board().core(c).stats();
         const auto& b = m_before[c];
         arr.push_back({{"id", c},
                        {"cycles", res.core_cycles[i]},
@@ -119,7 +152,7 @@ void RunSession::report(const hw::LaunchResult& res) {
                    "instrs", "hbm_read", "hbm_write");
         for (size_t i = 0; i < res.cores.size(); ++i) {
             const uint32_t c = res.cores[i];
-            const auto& s = m_board->core(c).stats();
+            const auto& s = m_dev->board().core(c).stats();
             const auto& b = m_before[c];
             fmt::print("{:>4} {:>12} {:>12.3f} {:>10} {:>12} {:>12}\n", c, res.core_cycles[i],
                        double(res.core_cycles[i]) / m_cfg.clock_mhz,
@@ -132,10 +165,15 @@ void RunSession::report(const hw::LaunchResult& res) {
             cycles, double(cycles) / m_cfg.clock_mhz, m_cfg.clock_mhz, 100.0 * mxu_utilization(res),
             m_host_seconds);
     }
-    write_stats_file(m_opts, *m_board);
+    write_stats_file(m_opts, m_dev->board(), m_dev->kernel_stats());
 }
 
 void write_stats_file(const CommonOptions& opts, hw::Board& board) {
+    write_stats_file(opts, board, {});
+}
+
+void write_stats_file(const CommonOptions& opts, hw::Board& board,
+                      const std::vector<driver::KernelStats>& kernels) {
     if (opts.stats.empty()) return;
     sim::StatGroup root("board");
     std::vector<std::unique_ptr<sim::StatGroup>> groups;
@@ -172,6 +210,7 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board) {
                 .set(2 * s.mxu_macs[i]);
         }
     }
+    if (!kernels.empty()) add_kernel_stats(root, groups, kernels);
     std::ofstream out(opts.stats, std::ios::trunc);
     if (!out) throw InputError(fmt::format("--stats: cannot write '{}'", opts.stats));
     const bool csv = opts.stats.size() > 4 && opts.stats.substr(opts.stats.size() - 4) == ".csv";

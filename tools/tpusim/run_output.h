@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "driver/device.h"
 #include "hw/board.h"
 #include "tools/tpusim/commands.h"
 
@@ -30,17 +31,24 @@ private:
 /// Writes --stats (JSON, or CSV for a .csv name) from every core of the board, and the
 /// effective config beside it (FILE.config.json).
 void write_stats_file(const CommonOptions& opts, hw::Board& board);
+/// As above, with a `kernels` group holding each kernel's totals (Device::kernel_stats()).
+/// Nothing in the file depends on host time, so the same command writes the same bytes.
+void write_stats_file(const CommonOptions& opts, hw::Board& board,
+                      const std::vector<driver::KernelStats>& kernels);
 
-/// One simulation as the CLI runs it: the board, the optional trace, the launches, and the
+/// One simulation as the CLI runs it: the device, the optional trace, the launches, and the
 /// result printed as text or --json, with --stats written at the end.
 class RunSession {
 public:
     RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts);
     ~RunSession();
 
-    hw::Board& board() { return *m_board; }
-    /// Runs a loaded program on `cores`; device faults and deadlocks become RunError.
-    hw::LaunchResult launch(const std::string& name, const std::vector<uint32_t>& cores,
+    hw::Board& board() { return m_dev->board(); }
+    driver::Device& device() { return *m_dev; }
+    /// Runs `program` on `cores` through the driver (so it counts in the per-kernel stats);
+    /// device faults and deadlocks become RunError prefixed with `source` (the kernel file).
+    hw::LaunchResult launch(const std::string& source, const isa::Program& program,
+                            const std::vector<uint32_t>& cores,
                             const std::vector<uint32_t>& args = {});
     /// Host seconds spent inside launches so far.
     double host_seconds() const { return m_host_seconds; }
@@ -54,8 +62,8 @@ public:
 private:
     const hw::BoardConfig& m_cfg;
     const CommonOptions& m_opts;
-    std::unique_ptr<hw::Board> m_board;
-    RunTrace m_trace;
+    RunTrace m_trace;  ///< declared first: the device stops tracing before the file closes
+    std::unique_ptr<driver::Device> m_dev;
     double m_host_seconds = 0;
     std::vector<hw::CoreStats> m_before;
 };

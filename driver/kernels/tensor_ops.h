@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "driver/kernels/gemm.h"
+#include "driver/kernels/tensor.h"
+#include "driver/program_cache.h"
+
+/// Data-parallel kernels on device-resident Tensors beyond the elementwise library: matmul with
+/// transposes (the library GEMM on HBM operands), copies, bf16 rounding, GELU, dropout and
+/// layer normalisation. Every call is one launch over the tensors' core set; each core works on
+/// its own replica. Each kernel has a host reference with the device's exact fp32 operation
+/// order, so results match bit for bit.
+namespace tpu::driver {
+
+/// c = op(a) x op(b), op(x) = x^T when its flag is set: op(a) is M x K, op(b) is K x N, c is
+/// M x N fp32 (compact). Operands are packed on the device into the library GEMM's layout
+/// (bf16 parts per `precision`, zero padding) in scratch HBM that is freed before returning.
+Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a, const Tensor& b,
+             bool transpose_b, const Tensor& c, Precision precision);
+/// Host reference of matmul (same numerics as gemm_reference after the transposes).
+std::vector<float> matmul_reference(const std::vector<float>& a, uint32_t a_rows, uint32_t a_cols,
+                                    bool transpose_a, const std::vector<float>& b, uint32_t b_rows,
+                                    uint32_t b_cols, bool transpose_b, Precision precision,
+                                    uint32_t mxu_rows);
+
+/// dst = src (same shape and cores).
+Event copy(Device& dev, ProgramCache& cache, const Tensor& src, const Tensor& dst);
+/// dst[r][j] = src[r][first_col + j] for j < dst.cols (a column slice; dst.rows == src.rows).
+Event copy_columns(Device& dev, ProgramCache& cache, const Tensor& src, uint32_t first_col,
+                   const Tensor& dst);
+/// out[i] = fp32(bf16_rne(x[i])): keeps a tensor representable in bf16 ("bf16-true").
+Event round_bf16(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out);
+
+/// GELU, tanh form: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). Device order, each
+/// step one fp32 VPU op (k = fp32(sqrt(2/pi)), c = 0.044715f): x2 = x * x; u = x2 * x;
+/// u = u * c; u = x + u; u = u * k; h = tanhf(u) + 1; out = (x * h) * 0.5.
+Event gelu(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out);
+/// dx = dy * d gelu(x) / dx (same tanh form). Order: x2, u, th = tanhf(u) as in gelu;
+/// l = (th + 1) * 0.5; s = ((th * th) * -1) + 1; p = ((x2 * 0.134145f) + 1) * k;
+/// s = ((s * p) * x) * 0.5; dx = (l + s) * dy.
+Event gelu_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& dy,
+                const Tensor& dx);
+/// Inverted dropout, 0 <= p < 1: mask[i] = u_i >= p ? 1 / (1 - p) : 0 and out = x * mask.
+/// p = 0 copies x and sets mask to 1. The uniforms come from v.rand per VMEM tile of
+/// dropout_tile_values() values: element i of tile t = i / tile uses u_i = v.rand(seed_r +
+/// t * 0x9E3779B9, i - t * tile) (32-bit wrapping), seed_r = seed + replica index, so the mask is
+/// a function of (seed, replica, shape) only and differs per replica. Device order: u; z = u > u
+/// (+0.0); q = z + below(p) (the float just under p, so u > q is u >= p); k = u > q; mask =
+/// k * fp32(1 / (1 - p)); out = x * mask.
+Event dropout(Device& dev, ProgramCache& cache, const Tensor& x, float p, uint32_t seed,
+              const Tensor& mask, const Tensor& out);
+/// Per row: mean, rstd = 1 / sqrt(var + eps) (biased variance), out = (x - mean) rstd gamma +
+/// beta; gamma and beta are 1 x cols, mean and rstd rows x 1 (kept for the backward pass).
+/// Order per row (sums in column order from +0.0, inv = fp32(1 / cols) from the host, no
+/// divide on the VPU): mean = (sum x) * inv; xc = x - mean; var = (sum xc * xc) * inv + eps;
+/// rstd = 1 / sqrtf(var); out = ((xc * rstd) * gamma) + beta.
+Event layer_norm(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& gamma,
+                 const Tensor& beta, float eps, const Tensor& out, const Tensor& mean,
+                 const Tensor& rstd);
+/// Backward of layer_norm: dx, dgamma (1 x cols), dbeta (1 x cols). Order per row:
+/// xh = (x - mean) * rstd; g = dy * gamma; s1 = (sum g) * inv; s2 = (sum g * xh) * inv;
+/// dx = ((g - s1) - xh * s2) * rstd. dgamma = column sums of dy * xh and dbeta of dy, tiled as
+/// col_sum: per tile of layer_norm_grad_tile_rows() rows a sum in row order from +0.0, the tile
+/// sums added in tile order.
+Event layer_norm_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& dy,
+                      const Tensor& gamma, const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dgamma, const Tensor& dbeta);
+
+// ---- Host references: the devices' fp32 operations in the same order ----------------------
+
+/// fp32(bf16_rne(x)) per value.
+std::vector<float> round_bf16_reference(const std::vector<float>& x);
+std::vector<float> gelu_reference(const std::vector<float>& x);
+std::vector<float> gelu_grad_reference(const std::vector<float>& x, const std::vector<float>& dy);
+
+/// Values per VMEM tile of dropout on n values (the random stream restarts per tile).
+uint32_t dropout_tile_values(const hw::BoardConfig& cfg, uint64_t n);
+/// Mask and output of dropout.
+struct DropoutResult {
+    std::vector<float> mask;  ///< 0 or 1 / (1 - p)
+    std::vector<float> out;   ///< x * mask
+};
+/// One replica's dropout: `replica_seed` = seed + replica index.
+DropoutResult dropout_reference(const std::vector<float>& x, float p, uint32_t replica_seed,
+                                uint32_t tile_values);
+
+/// Outputs of layer_norm.
+struct LayerNormResult {
+    std::vector<float> out;   ///< rows x cols
+    std::vector<float> mean;  ///< rows
+    std::vector<float> rstd;  ///< rows
+};
+LayerNormResult layer_norm_reference(const std::vector<float>& x, const std::vector<float>& gamma,
+                                     const std::vector<float>& beta, float eps, uint32_t rows,
+                                     uint32_t cols);
+
+/// Rows per VMEM tile of layer_norm_grad (its dgamma and dbeta depend on the tiling).
+uint32_t layer_norm_grad_tile_rows(const hw::BoardConfig& cfg, uint32_t rows, uint32_t cols);
+/// Outputs of layer_norm_grad.
+struct LayerNormGradResult {
+    std::vector<float> dx;      ///< rows x cols
+    std::vector<float> dgamma;  ///< cols
+    std::vector<float> dbeta;   ///< cols
+};
+LayerNormGradResult layer_norm_grad_reference(const std::vector<float>& x,
+                                              const std::vector<float>& dy,
+                                              const std::vector<float>& gamma,
+                                              const std::vector<float>& mean,
+                                              const std::vector<float>& rstd, uint32_t rows,
+                                              uint32_t cols, uint32_t tile_rows);
+
+}  // namespace tpu::driver

@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+// tpusim train end to end: Lightning's errors, --json, determinism, Fashion-MNIST accuracy.
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_runner.h"
+
+namespace tpu::test {
+namespace {
+
+/// A small run without data and model choices.
+const std::string kBase =
+    "train --synthetic-count 256 --batch-size 8 --limit-train-batches 4 --limit-test-batches 2 "
+    "--no-progress";
+/// A small synthetic run: 8 cores, 4 steps of 8 rows per device.
+const std::string kSmall = kBase + " --data synthetic --hidden 32";
+
+TEST(CliTrain, LightningDeviceAndPrecisionErrors) {
+    struct Case {
+        std::string args, err;
+    };
+    const std::vector<Case> cases = {
+        {"--devices 9",
+         "tpusim: error: `devices` can only be 'auto', 1, 8 or [<0-7>] for TPUs. Got 9\n"},
+        {"--devices 2",
+         "tpusim: error: `devices` can only be 'auto', 1, 8 or [<0-7>] for TPUs. Got 2\n"},
+        {"--devices '[8]'",
+         "tpusim: error: `devices` can only be 'auto', 1, 8 or [<0-7>] for TPUs. Got [8]\n"},
+        {"--devices 1,2",
+         "tpusim: error: `devices` can only be 'auto', 1, 8 or [<0-7>] for TPUs. Got [1, 2]\n"},
+        {"--devices gpu",
+         "tpusim: error: --devices: Could not parse the selected TPU devices: 'gpu'\n"},
+        {"--precision 16-mixed",
+         "tpusim: error: `precision='16-mixed'` is not supported in XLA. `precision` must be "
+         "one of: ('32-true', 'bf16-mixed', 'bf16-true').\n"},
+        {"--precision bf16",
+         "tpusim: error: `precision='bf16'` is not supported in XLA. `precision` must be one "
+         "of: ('32-true', 'bf16-mixed', 'bf16-true').\n"},
+        {"--data mnist",
+         "tpusim: error: --data 'mnist': expected fashion-mnist, synthetic or "
+         "auto\n"},
+        {"--data fashion-mnist --data-dir /nonexistent",
+         "tpusim: error: /nonexistent/train-images-idx3-ubyte.gz: cannot open: No such file or "
+         "directory\n"},
+        {"--trace-steps 5",
+         "tpusim: error: --trace-steps '5': expected FIRST:COUNT with COUNT "
+         ">= 1, e.g. 100:2\n"},
+        {"--data synthetic --hidden 32,0",
+         "tpusim: error: --hidden: '0' is not a layer width (1-65536)\n"},
+        {"--optimizer lamb", "tpusim: error: --optimizer 'lamb': expected adam or sgd\n"},
+        {"--model cnn", "tpusim: error: --model 'cnn': the models are: mlp\n"},
+    };
+    for (const Case& c : cases) {
+        // Cases that choose --data or --hidden themselves start from the bare run.
+        const bool own = c.args.find("--data") != std::string::npos ||
+                         c.args.find("--hidden") != std::string::npos;
+        const CliResult r = tpusim((own ? kBase : kSmall) + " " + c.args);
+        EXPECT_EQ(r.code, 2) << c.args;
+        EXPECT_EQ(r.err, c.err) << c.args;
+    }
+}
+
+TEST(CliTrain, JsonResultAndDeviceChoices) {
+    for (const char* devices : {"auto", "1", "'[5]'"}) {
+        const CliResult r = tpusim(kSmall + " --json --devices " + devices);
+        ASSERT_EQ(r.code, 0) << r.err;
+        const auto j = nlohmann::json::parse(r.out);
+        for (const char* key :
+             {"test_accuracy", "final_loss", "steps", "simulated_seconds", "host_seconds"})
+            EXPECT_TRUE(j.contains(key)) << key << " in " << r.out;
+        EXPECT_EQ(j["steps"], 4);
+        EXPECT_EQ(j["devices"], std::string(devices) == "auto" ? 8 : 1);
+        EXPECT_GT(j["simulated_seconds"].get<double>(), 0.0);
+        EXPECT_GT(j["final_loss"].get<double>(), 0.0);
+        EXPECT_GE(j["test_accuracy"].get<double>(), 0.0);
+    }
+}
+
+TEST(CliTrain, MetricsReportCheckpointAndResume) {
+    const std::string ckpt = tmp("m.ckpt"), report = tmp("metrics.txt");
+    CliResult r = tpusim(kSmall + " --checkpoint " + ckpt + " --metrics-report " + report);
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(std::filesystem::exists(ckpt));
+    const std::string rep = slurp(report);
+    for (const char* key : {"Metric: ExecuteTime", "Counter: MarkStep\n  Value: 4\n",
+                            "Counter: UncachedCompile", "Analysis:"})
+        EXPECT_NE(rep.find(key), std::string::npos) << key << "\n" << rep;
+    r = tpusim(kSmall + " --resume " + ckpt + " --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    // Resumed at global step 4: four more steps.
+    EXPECT_EQ(nlohmann::json::parse(r.out)["steps"], 8);
+    r = tpusim(kBase + " --data synthetic --hidden 16 --resume " + ckpt);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_EQ(r.err, "tpusim: error: checkpoint '" + ckpt +
+                         "': parameter 0 is layer_1.weight 784 x 32, the module has "
+                         "layer_1.weight 784 x 16\n");
+}
+
+TEST(CliTrain, SameCommandGivesByteIdenticalTraceAndStats) {
+    std::string traces[2], stats[2];
+    for (int i = 0; i < 2; ++i) {
+        const std::string t = tmp("t" + std::to_string(i) + ".json"),
+                          s = tmp("s" + std::to_string(i) + ".json");
+        const CliResult r = tpusim(kSmall + " --trace " + t + " --stats " + s);
+        ASSERT_EQ(r.code, 0) << r.err;
+        traces[i] = slurp(t);
+        stats[i] = slurp(s);
+    }
+    EXPECT_GT(traces[0].size(), 1000u);
+    EXPECT_TRUE(traces[0] == traces[1]) << "traces differ";
+    EXPECT_TRUE(stats[0] == stats[1]) << "stats differ";
+    EXPECT_NE(traces[0].find("\"train_step\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tpu::test

@@ -1,0 +1,385 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "driver/device.h"
+#include "driver/kernels/tensor.h"
+#include "hw/board_config.h"
+#include "trainer/data_loader.h"
+#include "trainer/dataset.h"
+#include "trainer/metrics.h"
+#include "trainer/trainer.h"
+
+namespace tpu::trainer {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "no error";
+}
+
+// ---- devices and precision: Lightning's rules and words -------------------------------------
+
+TEST(TrainerDevices, ValidChoices) {
+    const std::vector<uint32_t> all{0, 1, 2, 3, 4, 5, 6, 7};
+    EXPECT_EQ(resolve_devices(std::string("auto"), 8), all);
+    EXPECT_EQ(resolve_devices(8, 8), all);
+    EXPECT_EQ(resolve_devices(1, 8), std::vector<uint32_t>{0});
+    EXPECT_EQ(resolve_devices(std::vector<int>{5}, 8), std::vector<uint32_t>{5});
+    EXPECT_EQ(resolve_devices(parse_devices("[5]"), 8), std::vector<uint32_t>{5});
+    EXPECT_EQ(resolve_devices(parse_devices("5,"), 8), std::vector<uint32_t>{5});
+    EXPECT_EQ(resolve_devices(parse_devices(" 8 "), 8), all);
+    EXPECT_EQ(resolve_devices(parse_devices("auto"), 8), all);
+}
+
+TEST(TrainerDevices, LightningErrors) {
+    auto err = [](const Devices& d) { return error_of([&] { resolve_devices(d, 8); }); };
+    const std::string head = "`devices` can only be 'auto', 1, 8 or [<0-7>] for TPUs. Got ";
+    EXPECT_EQ(err(9), head + "9");
+    EXPECT_EQ(err(0), head + "0");
+    EXPECT_EQ(err(-1), head + "-1");
+    EXPECT_EQ(err(4), head + "4");
+    EXPECT_EQ(err(std::vector<int>{1, 2}), head + "[1, 2]");
+    EXPECT_EQ(err(std::vector<int>{8}), head + "[8]");
+    EXPECT_EQ(err(std::vector<int>{-1}), head + "[-1]");
+    EXPECT_EQ(err(std::string("gpu")), head + "'gpu'");
+    EXPECT_EQ(err(parse_devices("[1, 2]")), head + "[1, 2]");
+    EXPECT_EQ(error_of([] { parse_devices("abc"); }),
+              "Could not parse the selected TPU devices: 'abc'");
+    EXPECT_EQ(error_of([] { parse_devices("[1,x]"); }),
+              "Could not parse the selected TPU devices: '[1,x]'");
+    // On a 4-core board the numbers follow the board.
+    EXPECT_EQ(error_of([] { resolve_devices(8, 4); }),
+              "`devices` can only be 'auto', 1, 4 or [<0-3>] for TPUs. Got 8");
+}
+
+TEST(TrainerPrecision, ValidAndLightningErrors) {
+    EXPECT_EQ(parse_precision("32-true"), PrecisionMode::True32);
+    EXPECT_EQ(parse_precision("bf16-mixed"), PrecisionMode::Bf16Mixed);
+    EXPECT_EQ(parse_precision("bf16-true"), PrecisionMode::Bf16True);
+    for (const char* bad : {"16-mixed", "64-true", "bf16", "32", "16-true"})
+        EXPECT_EQ(error_of([&] { parse_precision(bad); }),
+                  std::string("`precision='") + bad +
+                      "'` is not supported in XLA. `precision` must be one of: ('32-true', "
+                      "'bf16-mixed', 'bf16-true').");
+}
+
+// ---- sampler and metrics --------------------------------------------------------------------
+
+TEST(DistributedSampler, EvenShardsPaddedByWrapping) {
+    // 10 examples over 4 replicas: 3 each, the last two padded with examples 0 and 1.
+    std::vector<uint32_t> seen;
+    for (uint32_t r = 0; r < 4; ++r) {
+        DistributedSampler s(10, 4, r, false, 0, false);
+        const auto idx = s.indices();
+        ASSERT_EQ(idx.size(), 3u);
+        seen.insert(seen.end(), idx.begin(), idx.end());
+    }
+    EXPECT_EQ(DistributedSampler(10, 4, 0, false, 0, false).indices(),
+              (std::vector<uint32_t>{0, 4, 8}));
+    EXPECT_EQ(DistributedSampler(10, 4, 2, false, 0, false).indices(),
+              (std::vector<uint32_t>{2, 6, 0}));
+    EXPECT_EQ(DistributedSampler(10, 4, 3, false, 0, true).indices(),
+              (std::vector<uint32_t>{3, 7}));
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(seen, (std::vector<uint32_t>{0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+}
+
+TEST(DistributedSampler, ShufflesPerEpochDeterministically) {
+    DistributedSampler a(1000, 8, 3, true, 7, false), b(1000, 8, 3, true, 7, false);
+    EXPECT_EQ(a.indices(), b.indices());
+    const auto e0 = a.indices();
+    a.set_epoch(1);
+    EXPECT_NE(a.indices(), e0);
+    // Every example lands on exactly one replica.
+    std::vector<int> count(1000, 0);
+    for (uint32_t r = 0; r < 8; ++r)
+        for (uint32_t i : DistributedSampler(1000, 8, r, true, 7, false).indices()) ++count[i];
+    EXPECT_EQ(std::count(count.begin(), count.end(), 1), 1000);
+    EXPECT_EQ(error_of([] { DistributedSampler(10, 4, 4, false, 0, false); }),
+              "Invalid rank 4, rank should be in the interval [0, 3]");
+}
+
+TEST(Metrics, PyTorchXlaFormat) {
+    EXPECT_EQ(format_duration(1.2345678), "01s234ms567.800us");
+    EXPECT_EQ(format_duration(0.0123456789), "012ms345.679us");
+    EXPECT_EQ(format_duration(3.21e-6), "3.210us");
+    EXPECT_EQ(format_bytes(512), "512.00B");
+    EXPECT_EQ(format_bytes(1.5 * 1024 * 1024), "1.50MB");
+    Metrics m;
+    m.add_time("ExecuteTime", 1e-3, 0.5);
+    m.add_time("ExecuteTime", 3e-3, 0.25);
+    m.add_data("InboundData", 2048);
+    m.count("MarkStep", 2);
+    const std::string r = m.report();
+    EXPECT_NE(r.find("Metric: ExecuteTime\n  TotalSamples: 2\n  Accumulator: 004ms000.000us\n"),
+              std::string::npos)
+        << r;
+    EXPECT_NE(r.find("  HostAccumulator: 750ms000.000us\n"), std::string::npos) << r;
+    EXPECT_NE(r.find("Metric: InboundData\n  TotalSamples: 1\n  Accumulator: 2.00KB\n"),
+              std::string::npos)
+        << r;
+    EXPECT_NE(r.find("Counter: MarkStep\n  Value: 2\n"), std::string::npos) << r;
+    EXPECT_NE(r.find("Percentiles: 1%=001ms000.000us; 5%="), std::string::npos) << r;
+}
+
+// ---- training on the simulated board --------------------------------------------------------
+
+hw::BoardConfig board() {
+    hw::BoardConfig cfg;
+    return cfg;
+}
+
+/// The seeds' weight-tying example (Lightning docs, "TPU weight sharing"): layer_3 reuses
+/// layer_1's weight.
+class WeightSharing : public Module {
+public:
+    explicit WeightSharing(OptimizerConfig opt) : Module(3), m_opt(opt) {
+        layer_1 = &add<Linear>("layer_1", 32, 10, false, rng());
+        layer_2 = &add<Linear>("layer_2", 10, 32, false, rng());
+        layer_3 = &add<Linear>("layer_3", 32, 10, false, rng());
+        layer_3->weight = layer_1->weight;
+    }
+    Var forward(Runtime& rt, const Var& x) override {
+        return (*layer_3)(rt, (*layer_2)(rt, (*layer_1)(rt, x)));
+    }
+    OptimizerConfig configure_optimizers() const override { return m_opt; }
+    Linear *layer_1, *layer_2, *layer_3;
+
+private:
+    OptimizerConfig m_opt;
+};
+
+/// Host fp64 gradient of the tied model's mean cross-entropy (layer_3 uses W1, so
+/// dW1 = x^T dh1 + h2^T dlogits).
+void tied_reference(const Dataset& d, uint32_t rows, const std::vector<float>& w1,
+                    const std::vector<float>& w2, std::vector<double>& g1,
+                    std::vector<double>& g2) {
+    const uint32_t F = 32, H = 10;
+    std::vector<double> h1(rows * H, 0), h2(rows * F, 0), lg(rows * H, 0), dl(rows * H),
+        dh2(rows * F, 0), dh1(rows * H, 0);
+    for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t j = 0; j < H; ++j)
+            for (uint32_t k = 0; k < F; ++k)
+                h1[r * H + j] += d.x[r * F + k] * double(w1[k * H + j]);
+        for (uint32_t j = 0; j < F; ++j)
+            for (uint32_t k = 0; k < H; ++k) h2[r * F + j] += h1[r * H + k] * double(w2[k * F + j]);
+        for (uint32_t j = 0; j < H; ++j)
+            for (uint32_t k = 0; k < F; ++k) lg[r * H + j] += h2[r * F + k] * double(w1[k * H + j]);
+        double mx = -1e300, s = 0;
+        for (uint32_t j = 0; j < H; ++j) mx = std::max(mx, lg[r * H + j]);
+        for (uint32_t j = 0; j < H; ++j) s += std::exp(lg[r * H + j] - mx);
+        for (uint32_t j = 0; j < H; ++j)
+            dl[r * H + j] =
+                (std::exp(lg[r * H + j] - mx) / s - (d.labels[r] == j ? 1.0 : 0.0)) / rows;
+    }
+    g1.assign(F * H, 0);
+    g2.assign(H * F, 0);
+    for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t k = 0; k < F; ++k)
+            for (uint32_t j = 0; j < H; ++j) {
+                g1[k * H + j] += h2[r * F + k] * dl[r * H + j];
+                dh2[r * F + k] += dl[r * H + j] * double(w1[k * H + j]);
+            }
+        for (uint32_t k = 0; k < H; ++k)
+            for (uint32_t j = 0; j < F; ++j) {
+                g2[k * F + j] += h1[r * H + k] * dh2[r * F + j];
+                dh1[r * H + k] += dh2[r * F + j] * double(w2[k * F + j]);
+            }
+        for (uint32_t k = 0; k < F; ++k)
+            for (uint32_t j = 0; j < H; ++j) g1[k * H + j] += d.x[r * F + k] * dh1[r * H + j];
+    }
+}
+
+TEST(TrainerWeightTying, OneBufferPerCoreAndGradientsOfBothUses) {
+    auto dev = driver::Device::open(board());
+    OptimizerConfig sgd;
+    sgd.kind = OptimizerConfig::Kind::Sgd;
+    sgd.lr = 1.0f;  // one step moves each weight by exactly its gradient
+    sgd.momentum = 0.0f;
+    WeightSharing model(sgd);
+    const auto names = model.named_parameters();
+    ASSERT_EQ(names.size(), 2u);
+    EXPECT_EQ(names[0].first, "layer_1.weight");
+    EXPECT_EQ(names[1].first, "layer_2.weight");
+    EXPECT_EQ(model.all_parameter_slots().size(), 3u);
+    const std::vector<float> w1 = model.layer_1->weight->init, w2 = model.layer_2->weight->init;
+
+    TrainerOptions opts;
+    opts.devices = 8;
+    opts.enable_progress_bar = false;
+    opts.limit_train_batches = 1;
+    Trainer trainer(*dev, opts);
+    const Dataset data = synthetic(64, 32, 10, 5);
+    DataLoader loader{&data, 8, false, false, 0};
+    trainer.fit(model, loader);
+    // After placement the tied slots still share one buffer on every core.
+    ASSERT_TRUE(model.layer_3->weight->placed());
+    EXPECT_EQ(model.layer_3->weight.get(), model.layer_1->weight.get());
+    for (size_t r = 0; r < 8; ++r) {
+        EXPECT_EQ(model.layer_3->weight->value.bufs[r].addr,
+                  model.layer_1->weight->value.bufs[r].addr);
+        EXPECT_EQ(model.layer_3->weight->value.bufs[r].core, r);
+    }
+    // The update equals minus the fp64 gradient of both uses (32-true: bf16x3 matmuls).
+    std::vector<double> g1, g2;
+    tied_reference(data, 64, w1, w2, g1, g2);
+    const auto now1 = driver::read_tensor(*dev, model.layer_1->weight->value, 3);
+    const auto now2 = driver::read_tensor(*dev, model.layer_2->weight->value, 3);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < g1.size(); ++i) {
+        err = std::max(err, std::abs((double(w1[i]) - now1[i]) - g1[i]));
+        norm = std::max(norm, std::abs(g1[i]));
+    }
+    for (size_t i = 0; i < g2.size(); ++i) {
+        err = std::max(err, std::abs((double(w2[i]) - now2[i]) - g2[i]));
+        norm = std::max(norm, std::abs(g2[i]));
+    }
+    EXPECT_GT(norm, 1e-3);
+    EXPECT_LT(err, 1e-4 * norm + 1e-6) << "max abs error " << err << " of max |g| " << norm;
+}
+
+/// Loss history of a small MLP trained with SGD on `devices` cores, global batch 64.
+std::vector<float> loss_curve(driver::Device& dev, int devices, const std::string& precision) {
+    OptimizerConfig sgd;
+    sgd.kind = OptimizerConfig::Kind::Sgd;
+    sgd.lr = 0.1f;
+    Mlp model({64, 32, 10}, sgd, 11);
+    TrainerOptions opts;
+    opts.devices = devices;
+    opts.precision = precision;
+    opts.enable_progress_bar = false;
+    opts.log_every_n_steps = 1;
+    Trainer trainer(dev, opts);
+    const Dataset data = synthetic(640, 64, 10, 9);
+    // 8 cores x 8 rows see the same 64 examples per step as 1 core x 64 rows: replica r takes
+    // examples r, r + 8, ... so step s covers examples 64 s .. 64 s + 63 either way.
+    DataLoader loader{&data, uint32_t(64 / devices), false, false, 0};
+    trainer.fit(model, loader);
+    std::vector<float> out;
+    for (const StepLog& s : trainer.history()) out.push_back(s.loss);
+    return out;
+}
+
+TEST(TrainerDataParallel, EightCoresMatchOneCoreLossCurve) {
+    auto dev = driver::Device::open(board());
+    for (const char* precision : {"32-true", "bf16-mixed"}) {
+        const auto one = loss_curve(*dev, 1, precision);
+        const auto eight = loss_curve(*dev, 8, precision);
+        ASSERT_EQ(one.size(), 10u);
+        ASSERT_EQ(eight.size(), 10u);
+        EXPECT_LT(one.back(), one.front()) << "the loss must fall";
+        // Not bit-equal: 8 cores sum each gradient as 8 partial sums of 8 rows added around
+        // the ring, 1 core sums 64 rows in one pass; fp32 rounding differs in the last bits.
+        for (size_t i = 0; i < one.size(); ++i)
+            EXPECT_NEAR(eight[i], one[i], 1e-4 * std::abs(one[i])) << precision << " step " << i;
+    }
+}
+
+TEST(TrainerDataParallel, ReachesHighAccuracyAndKeepsReplicasIdentical) {
+    auto dev = driver::Device::open(board());
+    OptimizerConfig adam;
+    adam.lr = 1e-2f;
+    Mlp model({64, 32, 10}, adam, 1);
+    TrainerOptions opts;
+    opts.devices = std::string("auto");
+    opts.precision = "bf16-mixed";
+    opts.enable_progress_bar = false;
+    opts.max_epochs = 4;
+    Trainer trainer(*dev, opts);
+    const Dataset all = synthetic(1280, 64, 10, 21);
+    const Dataset train = subset(all, 0, 1024), test = subset(all, 1024, 256);
+    DataLoader loader{&train, 16, true, true, 0}, test_loader{&test, 16, false, false, 0};
+    trainer.fit(model, loader, &test_loader);
+    const EvalResult r = trainer.validate(model, test_loader);
+    EXPECT_EQ(r.examples, 256u);
+    EXPECT_GT(r.accuracy, 0.9);
+    EXPECT_EQ(trainer.global_step(), 4u * (1024 / 8 / 16));
+    // fit() verified the replicas; check again byte for byte.
+    const auto a = driver::read_tensor(*dev, trainer.flat_parameters(), 0);
+    for (size_t i = 1; i < 8; ++i)
+        EXPECT_EQ(driver::read_tensor(*dev, trainer.flat_parameters(), i), a);
+    // The metrics report counts what happened.
+    const Metrics& m = trainer.metrics();
+    EXPECT_EQ(m.counter("MarkStep"), trainer.global_step());
+    EXPECT_GT(m.counter("CachedCompile"), m.counter("UncachedCompile"));
+    const std::string rep = trainer.metrics_report();
+    for (const char* key :
+         {"Metric: CompileTime", "Metric: ExecuteTime", "Metric: TransferToDeviceTime",
+          "Metric: TransferFromDeviceTime", "Metric: InboundData", "Metric: OutboundData",
+          "Counter: CachedCompile", "Counter: UncachedCompile", "Counter: MarkStep",
+          "Counter: HostSync", "Host syncs:"})
+        EXPECT_NE(rep.find(key), std::string::npos) << key << "\n" << rep;
+    EXPECT_TRUE(trainer.warnings().empty());
+}
+
+TEST(TrainerDataParallel, ChangingBatchShapeWarnsOfRecompilation) {
+    auto dev = driver::Device::open(board());
+    Mlp model({16, 8, 4}, {}, 2);
+    TrainerOptions opts;
+    opts.devices = 8;
+    opts.enable_progress_bar = false;
+    Trainer trainer(*dev, opts);
+    std::vector<std::string> seen;
+    trainer.on_warning([&](const std::string& w) { seen.push_back(w); });
+    // 200 examples: 25 per core, batches of 8, 8, 8 and a last one of 1.
+    const Dataset data = synthetic(200, 16, 4, 3);
+    DataLoader loader{&data, 8, false, false, 0};
+    trainer.fit(model, loader);
+    EXPECT_EQ(trainer.global_step(), 4u);
+    ASSERT_EQ(seen.size(), 1u);
+    EXPECT_EQ(seen[0].rfind("warning: step 3 compiled ", 0), 0u) << seen[0];
+    EXPECT_NE(seen[0].find("its batch has 1 rows per device instead of 8"), std::string::npos)
+        << seen[0];
+}
+
+TEST(TrainerCheckpoint, SaveIsAtomicAndLoadRestoresParameters) {
+    auto dev = driver::Device::open(board());
+    const std::string path =
+        ::testing::TempDir() + "/tpusim-ckpt-" + std::to_string(::getpid()) + ".ckpt";
+    const Dataset data = synthetic(256, 16, 4, 3);
+    DataLoader loader{&data, 8, true, true, 0};
+    TrainerOptions opts;
+    opts.devices = 8;
+    opts.enable_progress_bar = false;
+    opts.limit_train_batches = 3;
+    Trainer a(*dev, opts);
+    Mlp model({16, 8, 4}, {}, 2);
+    a.fit(model, loader);
+    a.save_checkpoint(path);
+    EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+    const auto saved = driver::read_tensor(*dev, a.flat_parameters(), 0);
+
+    Trainer b(*dev, opts);
+    Mlp fresh({16, 8, 4}, {}, 99);
+    b.load_checkpoint(fresh, path);
+    for (size_t r = 0; r < 8; ++r)
+        EXPECT_EQ(driver::read_tensor(*dev, b.flat_parameters(), r), saved);
+    EXPECT_EQ(b.global_step(), 3u);
+
+    Mlp other({16, 4, 4}, {}, 2);
+    Trainer c(*dev, opts);
+    EXPECT_EQ(error_of([&] { c.load_checkpoint(other, path); }),
+              "checkpoint '" + path +
+                  "': parameter 0 is layer_1.weight 16 x 8, the module has layer_1.weight 16 x 4");
+    {
+        std::ofstream f(path, std::ios::binary | std::ios::trunc);
+        f << "garbage";
+    }
+    EXPECT_EQ(error_of([&] { c.load_checkpoint(fresh, path); }),
+              "checkpoint '" + path + "': not a tpusim checkpoint");
+    std::filesystem::remove(path);
+    EXPECT_EQ(error_of([&] { c.load_checkpoint(fresh, path); }),
+              "checkpoint '" + path + "': No such file or directory");
+}
+
+}  // namespace
+}  // namespace tpu::trainer

@@ -1,0 +1,287 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tools/tpusim/bench_cases.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include <fmt/format.h>
+#include <Eigen/Core>
+
+#include "driver/device.h"
+#include "driver/kernels/gemm.h"
+#include "driver/kernels/vector_ops.h"
+#include "driver/program_cache.h"
+
+namespace tpu::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<float> random_values(size_t count, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> v(count);
+    for (auto& x : v) x = u(rng);
+    return v;
+}
+
+/// The library GEMM as a user calls it: host arrays in, C back on the host, on core 0. The
+/// timed region includes operand packing and the host-link transfers because the Eigen
+/// yardstick also starts and ends with host arrays.
+CaseRun gemm_case(driver::Device& dev, const GemmShape& s) {
+    const auto a = random_values(size_t(s.m) * s.k, 1);
+    const auto w = random_values(size_t(s.k) * s.n, 2);
+    driver::ProgramCache cache;
+    const auto t0 = Clock::now();
+    const auto r = driver::gemm(dev, cache, a, w, s.m, s.k, s.n, driver::Precision::Bf16, {0});
+    return {r.event.end_cycle - r.event.start_cycle, since(t0), r.event.host_seconds};
+}
+
+/// y = relu(2x + b) * x on core 0, four VPU kernels streaming HBM tensors of `n` fp32 values
+/// (the shape of isa/examples/vpu_chain.s at tensor size). Inputs are written before the timed
+/// region; results stay on the device.
+CaseRun vpu_chain_case(driver::Device& dev, uint64_t n) {
+    const uint64_t bytes = n * 4;
+    const driver::Buffer x = dev.alloc(bytes, 0), b = dev.alloc(bytes, 0);
+    const driver::Buffer t = dev.alloc(bytes, 0), u = dev.alloc(bytes, 0), y = dev.alloc(bytes, 0);
+    dev.write(x, random_values(n, 3).data(), bytes);
+    dev.write(b, random_values(n, 4).data(), bytes);
+    driver::ProgramCache cache;
+    CaseRun run;
+    const auto count = [&run](const driver::Event& e) {
+        run.cycles += e.end_cycle - e.start_cycle;
+        run.launch_host_seconds += e.host_seconds;
+    };
+    const auto t0 = Clock::now();
+    count(driver::scale(dev, cache, x, 2.0f, t, n));
+    count(driver::add(dev, cache, t, b, u, n));
+    count(driver::relu(dev, cache, u, t, n));
+    count(driver::mul(dev, cache, t, x, y, n));
+    run.host_seconds = since(t0);
+    for (const auto& buf : {x, b, t, u, y}) dev.free(buf);
+    return run;
+}
+
+std::string mode(bool functional) {
+    return functional ? "functional" : "timing";
+}
+
+/// What a child process sends back: a fixed header, then `text_bytes` of error message.
+struct ChildReport {
+    int32_t status = 0;  ///< 0 ok, 1 DeviceError (kind below), 2 other exception
+    int32_t kind = 0;    ///< driver::ErrorKind
+    CaseRun run;
+    uint32_t text_bytes = 0;
+};
+
+bool write_all(int fd, const void* data, size_t bytes) {
+    const auto* p = static_cast<const char*>(data);
+    while (bytes > 0) {
+        const ssize_t n = ::write(fd, p, bytes);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        p += n;
+        bytes -= size_t(n);
+    }
+    return true;
+}
+
+std::string read_all(int fd) {
+    std::string out;
+    char buf[4096];
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        out.append(buf, size_t(n));
+    }
+    return out;
+}
+
+[[noreturn]] void child_main(int fd, const hw::BoardConfig& cfg, const BenchCase& c) {
+    ChildReport rep;
+    std::string text;
+    try {
+        hw::BoardConfig board = cfg;
+        board.sim.functional = c.functional;
+        auto dev = driver::Device::open(board);
+        rep.run = c.run(*dev);
+    } catch (const driver::DeviceError& e) {
+        rep.status = 1;
+        rep.kind = int32_t(e.kind());
+        text = e.what();
+    } catch (const std::exception& e) {
+        rep.status = 2;
+        text = e.what();
+    }
+    rep.text_bytes = uint32_t(text.size());
+    const bool ok = write_all(fd, &rep, sizeof rep) && write_all(fd, text.data(), text.size());
+    // _exit: the parent owns stdio buffers and atexit handlers; tearing down a large board
+    // would only cost time.
+    ::_exit(ok ? 0 : 1);
+}
+
+}  // namespace
+
+std::vector<BenchCase> bench_cases() {
+    std::vector<BenchCase> cases;
+    // GEMMs on one core; 4096^3 with values takes 20-50 host seconds, so it is not quick.
+    for (const uint32_t size : {256u, 1024u, 4096u}) {
+        for (const bool functional : {true, false}) {
+            const GemmShape s{size, size, size};
+            cases.push_back({fmt::format("gemm_{}/{}", size, mode(functional)),
+                             fmt::format("library GEMM {0}x{0}x{0} bf16 on 1 core, host arrays in "
+                                         "and out",
+                                         size),
+                             functional, size <= 1024, s,
+                             [s](driver::Device& dev) { return gemm_case(dev, s); }});
+        }
+    }
+    constexpr uint64_t kChainValues = uint64_t(1) << 22;  // 16 MiB per tensor
+    for (const bool functional : {true, false}) {
+        cases.push_back({fmt::format("vpu_chain_4M/{}", mode(functional)),
+                         "y = relu(2x + b) * x: 4 VPU kernels over 4M fp32 values on 1 core",
+                         functional, true, std::nullopt,
+                         [](driver::Device& dev) { return vpu_chain_case(dev, kChainValues); }});
+    }
+
+    // ---- Cases waiting for library code: add them here ----------------------------------
+    // Each one is a push_back like the ones above (and its entry in pending_cases() goes):
+    //
+    // (1) 64 MiB all-reduce (sum) on 8 cores, from HBM tensors, once the HBM all-reduce
+    //     `allreduce(Device&, ProgramCache&, const Tensor&, float scale)` lands in
+    //     driver/kernels/allreduce.h:
+    //       for (const bool functional : {true, false})
+    //           cases.push_back({fmt::format("allreduce_64MiB_8core/{}", mode(functional)),
+    //                            "ring all-reduce of 64 MiB per core over 8 cores", functional,
+    //                            !functional, std::nullopt, [](driver::Device& dev) {
+    //                                // alloc_tensor(dev, {0..7}, 4096, 4096); write_tensor_all
+    //                                // (untimed); time allreduce(dev, cache, t, 1.0f); cycles =
+    //                                // its event's end - start.
+    //                            }});
+    //
+    // (2) One training step of the trainer (forward, backward, all-reduce, optimizer) once
+    //     trainer/ exists: time one step after a warm-up step (the warm-up compiles kernels),
+    //     cycles = device cycles of the step.
+    return cases;
+}
+
+std::vector<PendingCase> pending_cases() {
+    return {{"allreduce_64MiB_8core", "waits for the HBM all-reduce of driver/kernels/allreduce.h"},
+            {"train_step", "waits for the trainer (trainer/)"}};
+}
+
+std::vector<BenchCase> select_cases(bool quick, const std::string& filter) {
+    std::vector<BenchCase> all = bench_cases(), picked;
+    for (auto& c : all)
+        if ((!quick || c.quick) && c.name.find(filter) != std::string::npos)
+            picked.push_back(std::move(c));
+    if (picked.empty()) {
+        std::string names;
+        for (const auto& c : bench_cases())
+            if (!quick || c.quick) names += (names.empty() ? "" : ", ") + c.name;
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  fmt::format("no benchmark case{} contains '{}' (cases: {})",
+                                              quick ? " of --quick" : "", filter, names));
+    }
+    return picked;
+}
+
+CaseRun run_case_isolated(const hw::BoardConfig& cfg, const BenchCase& c) {
+    int fds[2];
+    if (::pipe(fds) != 0)
+        throw driver::DeviceError(driver::ErrorKind::Fault,
+                                  fmt::format("{}: pipe: {}", c.name, std::strerror(errno)));
+    // Anything still buffered would otherwise be written twice, once by each process.
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        ::close(fds[0]);
+        ::close(fds[1]);
+        throw driver::DeviceError(driver::ErrorKind::Fault,
+                                  fmt::format("{}: fork: {}", c.name, std::strerror(errno)));
+    }
+    if (pid == 0) {
+        ::close(fds[0]);
+        child_main(fds[1], cfg, c);
+    }
+    ::close(fds[1]);
+    const std::string data = read_all(fds[0]);
+    ::close(fds[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    ChildReport rep;
+    if (data.size() < sizeof rep) {
+        const std::string how = WIFSIGNALED(status)
+                                    ? fmt::format("killed by signal {} ({})", WTERMSIG(status),
+                                                  strsignal(WTERMSIG(status)))
+                                    : fmt::format("exit code {}", WEXITSTATUS(status));
+        throw driver::DeviceError(driver::ErrorKind::Fault,
+                                  fmt::format("{}: the simulation process ended without a result "
+                                              "({})",
+                                              c.name, how));
+    }
+    std::memcpy(&rep, data.data(), sizeof rep);
+    const std::string text = data.substr(sizeof rep, rep.text_bytes);
+    if (rep.status == 1)
+        throw driver::DeviceError(driver::ErrorKind(rep.kind), fmt::format("{}: {}", c.name, text));
+    if (rep.status != 0) throw std::runtime_error(fmt::format("{}: {}", c.name, text));
+    return rep.run;
+}
+
+double EigenYardstick::seconds(const GemmShape& s) {
+    if (auto it = m_best.find(s); it != m_best.end()) return it->second.first;
+    const Eigen::MatrixXf a = Eigen::MatrixXf::Random(s.m, s.k);
+    const Eigen::MatrixXf w = Eigen::MatrixXf::Random(s.k, s.n);
+    Eigen::MatrixXf c(s.m, s.n);
+    double best = std::numeric_limits<double>::infinity(), total = 0;
+    int reps = 0;
+    // The first repetition also pays for page faults on C; the best of several is the steady
+    // figure. Large shapes stop after two once the budget is spent.
+    while (reps < 5 && (reps < 2 || total < m_budget)) {
+        const auto t0 = Clock::now();
+        c.noalias() = a * w;
+        const double dt = since(t0);
+        best = std::min(best, dt);
+        total += dt;
+        ++reps;
+    }
+    // Keeps the product observable so it cannot be optimised away.
+    volatile float sink = c(0, 0);
+    (void)sink;
+    m_best[s] = {best, reps};
+    return best;
+}
+
+int EigenYardstick::repetitions(const GemmShape& s) const {
+    const auto it = m_best.find(s);
+    return it == m_best.end() ? 0 : it->second.second;
+}
+
+BenchRow run_row(const hw::BoardConfig& cfg, const BenchCase& c, EigenYardstick& eigen) {
+    BenchRow row;
+    row.name = c.name;
+    row.functional = c.functional;
+    row.run = run_case_isolated(cfg, c);
+    row.cycles_per_host_second =
+        row.run.host_seconds > 0 ? double(row.run.cycles) / row.run.host_seconds : 0.0;
+    if (c.eigen) {
+        row.eigen_host_seconds = eigen.seconds(*c.eigen);
+        row.ratio_to_eigen = row.run.host_seconds / *row.eigen_host_seconds;
+    }
+    return row;
+}
+
+}  // namespace tpu::bench

@@ -1,0 +1,247 @@
+// SPDX-License-Identifier: Apache-2.0
+// tpusim train: data-parallel training of an MLP on Fashion-MNIST or a synthetic dataset.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hw/board.h"
+#include "tools/tpusim/commands.h"
+#include "tools/tpusim/run_output.h"
+#include "trainer/dataset.h"
+#include "trainer/trainer.h"
+
+namespace tpu::cli {
+namespace {
+
+/// "784,512,256,10" -> sizes.
+std::vector<uint32_t> parse_sizes(const std::string& text) {
+    std::vector<uint32_t> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        try {
+            size_t used = 0;
+            const unsigned long v = std::stoul(item, &used);
+            if (used != item.size() || v == 0 || v > 65536) throw std::invalid_argument(item);
+            out.push_back(uint32_t(v));
+        } catch (const std::exception&) {
+            throw InputError(fmt::format("--hidden: '{}' is not a layer width (1-65536)", item));
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+void register_train_command(CLI::App& app) {
+    struct Opts {
+        CommonOptions common;
+        std::string model = "mlp";
+        std::string hidden = "512,256";
+        std::string data = "auto";
+        std::string data_dir = std::string(trainer::kFashionMnistDir);
+        std::string devices = "auto";
+        std::string precision = "bf16-mixed";
+        std::string optimizer = "adam";
+        uint32_t epochs = 1;
+        uint32_t batch_size = 16;
+        float lr = 1e-3f;
+        float momentum = 0.9f;
+        uint32_t seed = 0;
+        int64_t limit_train_batches = -1;
+        int64_t limit_test_batches = -1;
+        uint32_t log_every = 50;
+        uint32_t synthetic_count = 8192;
+        std::string metrics_report;
+        std::string checkpoint;
+        std::string resume;
+        std::string trace_steps;
+        bool no_progress = false;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* cmd = app.add_subcommand("train", "data-parallel training (PyTorch Lightning on TPU)");
+    cmd->add_option("--model", o->model, "model: mlp");
+    cmd->add_option("--hidden", o->hidden, "hidden layer widths of the MLP, e.g. 512,256");
+    cmd->add_option("--data", o->data,
+                    "fashion-mnist | synthetic | auto (Fashion-MNIST when the Debian package "
+                    "dataset-fashion-mnist is installed)");
+    cmd->add_option("--data-dir", o->data_dir, "directory of the Fashion-MNIST IDX files");
+    cmd->add_option("--devices", o->devices, "auto | 1 | 8 | [i]  (Lightning's TPU devices)");
+    cmd->add_option("--precision", o->precision, "32-true | bf16-mixed | bf16-true");
+    cmd->add_option("--optimizer", o->optimizer, "adam | sgd (SGD with momentum)");
+    cmd->add_option("--epochs", o->epochs, "epochs (max_epochs)");
+    cmd->add_option("--batch-size", o->batch_size, "examples per batch and device");
+    cmd->add_option("--lr", o->lr, "learning rate");
+    cmd->add_option("--momentum", o->momentum, "SGD momentum");
+    cmd->add_option("--seed", o->seed, "seed of initialisation, shuffling and synthetic data");
+    cmd->add_option("--limit-train-batches", o->limit_train_batches,
+                    "at most this many steps per epoch (-1: all)");
+    cmd->add_option("--limit-test-batches", o->limit_test_batches,
+                    "at most this many test batches (-1: all)");
+    cmd->add_option("--log-every-n-steps", o->log_every,
+                    "read the loss back (a host sync) every n steps");
+    cmd->add_option("--synthetic-count", o->synthetic_count,
+                    "training examples of the synthetic dataset");
+    cmd->add_option("--metrics-report", o->metrics_report,
+                    "write the PyTorch/XLA-style metrics report to FILE ('-': stdout)");
+    cmd->add_option("--checkpoint", o->checkpoint, "save parameters and optimizer state to FILE");
+    cmd->add_option("--resume", o->resume, "resume from a checkpoint FILE");
+    cmd->add_option("--trace-steps", o->trace_steps,
+                    "FIRST:COUNT: trace only COUNT training steps from global step FIRST "
+                    "(a whole epoch traced per instruction is gigabytes)");
+    cmd->add_flag("--no-progress", o->no_progress, "no progress bar");
+    add_common_options(*cmd, o->common);
+    cmd->callback([o] {
+        const hw::BoardConfig cfg = o->common.board_config();
+        if (o->model != "mlp")
+            throw InputError(fmt::format("--model '{}': the models are: mlp", o->model));
+        trainer::TrainerOptions topts;
+        try {
+            topts.devices = trainer::parse_devices(o->devices);
+        } catch (const trainer::ConfigError& e) {
+            throw InputError(fmt::format("--devices: {}", e.what()));
+        }
+        topts.precision = o->precision;
+        topts.max_epochs = o->epochs;
+        topts.limit_train_batches = o->limit_train_batches;
+        topts.limit_val_batches = o->limit_test_batches;
+        topts.log_every_n_steps = o->log_every;
+        topts.enable_progress_bar = !o->no_progress && !o->common.json;
+        topts.ckpt_path = o->resume;
+        if (!o->trace_steps.empty()) {
+            const auto colon = o->trace_steps.find(':');
+            try {
+                if (colon == std::string::npos) throw std::invalid_argument("no colon");
+                size_t u1 = 0, u2 = 0;
+                const std::string a = o->trace_steps.substr(0, colon),
+                                  b = o->trace_steps.substr(colon + 1);
+                topts.trace_first_step = std::stoull(a, &u1);
+                topts.trace_steps = std::stoull(b, &u2);
+                if (u1 != a.size() || u2 != b.size() || topts.trace_steps == 0)
+                    throw std::invalid_argument("bad number");
+            } catch (const std::exception&) {
+                throw InputError(fmt::format(
+                    "--trace-steps '{}': expected FIRST:COUNT with COUNT >= 1, e.g. 100:2",
+                    o->trace_steps));
+            }
+        }
+        trainer::OptimizerConfig opt;
+        if (o->optimizer == "sgd") {
+            opt.kind = trainer::OptimizerConfig::Kind::Sgd;
+            opt.momentum = o->momentum;
+        } else if (o->optimizer != "adam") {
+            throw InputError(fmt::format("--optimizer '{}': expected adam or sgd", o->optimizer));
+        }
+        opt.lr = o->lr;
+
+        // Data: check before the board is built, so a missing file fails fast.
+        std::string data = o->data;
+        if (data == "auto")
+            data = std::filesystem::exists(std::filesystem::path(o->data_dir) /
+                                           "train-images-idx3-ubyte.gz")
+                       ? "fashion-mnist"
+                       : "synthetic";
+        trainer::Dataset train, test;
+        try {
+            if (data == "fashion-mnist") {
+                train = trainer::load_fashion_mnist(o->data_dir, true);
+                test = trainer::load_fashion_mnist(o->data_dir, false);
+            } else if (data == "synthetic") {
+                // One dataset split 4:1, so test examples come from the same class centres.
+                const uint32_t n_test = std::max<uint32_t>(1, o->synthetic_count / 4);
+                const trainer::Dataset all =
+                    trainer::synthetic(o->synthetic_count + n_test, 784, 10, o->seed);
+                train = trainer::subset(all, 0, o->synthetic_count);
+                test = trainer::subset(all, o->synthetic_count, n_test);
+            } else {
+                throw InputError(
+                    fmt::format("--data '{}': expected fashion-mnist, synthetic or auto", o->data));
+            }
+        } catch (const trainer::DataError& e) {
+            throw InputError(e.what());
+        }
+        std::vector<uint32_t> sizes{train.features};
+        for (uint32_t h : parse_sizes(o->hidden)) sizes.push_back(h);
+        sizes.push_back(train.classes);
+
+        auto dev = driver::Device::open(cfg);
+        RunTrace trace(o->common, cfg);
+        dev->set_tracer(trace.get());
+        std::unique_ptr<trainer::Trainer> tr;
+        try {
+            tr = std::make_unique<trainer::Trainer>(*dev, topts);
+        } catch (const trainer::ConfigError& e) {
+            throw InputError(e.what());
+        }
+        tr->set_tracer(trace.get());
+        trainer::Mlp model(sizes, opt, o->seed);
+        trainer::DataLoader train_loader{&train, o->batch_size, true, false, o->seed};
+        trainer::DataLoader test_loader{&test, o->batch_size, false, false, 0};
+        trainer::EvalResult eval;
+        try {
+            tr->fit(model, train_loader);
+            eval = tr->validate(model, test_loader);
+            if (!o->checkpoint.empty()) tr->save_checkpoint(o->checkpoint);
+        } catch (const trainer::ConfigError& e) {
+            throw InputError(e.what());
+        } catch (const driver::DeviceError& e) {
+            if (e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory)
+                throw InputError(e.what());
+            throw RunError(e.what());
+        }
+        const auto& hist = tr->history();
+        const double final_loss = hist.empty() ? 0.0 : hist.back().loss;
+        const uint64_t steps = tr->global_step();
+        if (!o->metrics_report.empty()) {
+            if (o->metrics_report == "-") {
+                if (!o->common.json) fmt::print("{}", tr->metrics_report());
+            } else {
+                std::ofstream f(o->metrics_report);
+                if (!f)
+                    throw InputError(
+                        fmt::format("--metrics-report: cannot write '{}'", o->metrics_report));
+                f << tr->metrics_report();
+            }
+        }
+        nlohmann::ordered_json j;
+        j["test_accuracy"] = eval.accuracy;
+        j["final_loss"] = final_loss;
+        j["steps"] = steps;
+        j["simulated_seconds"] = tr->simulated_seconds();
+        j["host_seconds"] = tr->host_seconds();
+        j["host_seconds_per_step"] = steps ? tr->host_seconds() / double(steps) : 0.0;
+        j["devices"] = tr->cores().size();
+        j["precision"] = trainer::precision_name(tr->precision());
+        j["data"] = data;
+        j["test_loss"] = eval.loss;
+        j["test_examples"] = eval.examples;
+        j["recompile_warnings"] = tr->warnings().size();
+        if (o->common.json) {
+            fmt::print("{}\n", j.dump());
+        } else {
+            fmt::print(
+                "trained an MLP {} on {} ({} examples) with {} core{}, {}, {} steps of {} "
+                "per device\n",
+                o->hidden, data, train.count, tr->cores().size(),
+                tr->cores().size() == 1 ? "" : "s", j["precision"].get<std::string>(), steps,
+                o->batch_size);
+            fmt::print(
+                "final training loss {:.4f}; test accuracy {:.2f}% on {} examples (test "
+                "loss {:.4f})\n",
+                final_loss, 100.0 * eval.accuracy, eval.examples, eval.loss);
+            fmt::print("simulated {:.3f} ms of device time; host {:.1f} s ({:.3f} s per step)\n",
+                       tr->simulated_seconds() * 1e3, tr->host_seconds(),
+                       j["host_seconds_per_step"].get<double>());
+        }
+        write_stats_file(o->common, dev->board(), dev->kernel_stats());
+    });
+}
+
+}  // namespace tpu::cli

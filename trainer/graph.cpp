@@ -1,0 +1,348 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "trainer/graph.h"
+
+#include <chrono>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "driver/kernels/tensor_ops.h"
+#include "driver/kernels/vector_ops.h"
+
+namespace tpu::trainer {
+
+using driver::Tensor;
+
+Runtime::Runtime(driver::Device& dev, driver::ProgramCache& cache, std::vector<uint32_t> cores,
+                 PrecisionMode mode, Metrics& metrics)
+    : m_dev(dev), m_cache(cache), m_cores(std::move(cores)), m_mode(mode), m_metrics(metrics) {}
+
+Runtime::~Runtime() {
+    // Frees scratch without throwing out of a destructor; the device reports misuse itself.
+    try {
+        end_step();
+    } catch (...) {
+    }
+}
+
+driver::Precision Runtime::matmul_precision() const {
+    return m_mode == PrecisionMode::True32 ? driver::Precision::Fp32Pass3 : driver::Precision::Bf16;
+}
+
+Tensor Runtime::scratch(uint32_t rows, uint32_t cols) {
+    m_scratch.push_back(driver::alloc_tensor(m_dev, m_cores, rows, cols));
+    return m_scratch.back();
+}
+
+Var Runtime::leaf(uint32_t rows, uint32_t cols) {
+    auto n = std::make_shared<Node>();
+    n->value = scratch(rows, cols);
+    return n;
+}
+
+Var Runtime::param(Parameter& p) {
+    if (!p.placed())
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  "a parameter is used before the trainer placed it on the cores");
+    for (const auto& [q, v] : m_params)
+        if (q == &p) return v;
+    auto n = std::make_shared<Node>();
+    n->value = p.value;
+    n->grad = p.grad;
+    n->requires_grad = m_training;
+    n->owns_grad = false;
+    m_params.emplace_back(&p, n);
+    return n;
+}
+
+std::vector<Parameter*> Runtime::params_without_grad() const {
+    std::vector<Parameter*> out;
+    for (const auto& [p, v] : m_params)
+        if (!v->has_grad) out.push_back(p);
+    return out;
+}
+
+Var Runtime::make(uint32_t rows, uint32_t cols, bool requires_grad) {
+    auto n = std::make_shared<Node>();
+    n->value = scratch(rows, cols);
+    n->requires_grad = requires_grad;
+    if (requires_grad) m_tape.push_back(n);
+    return n;
+}
+
+void Runtime::exec(std::string_view kernel, const std::function<driver::Event()>& call) {
+    const driver::DeviceMetrics before = m_dev.metrics();
+    const uint64_t misses = m_cache.misses(), hits = m_cache.hits();
+    const double compile = m_cache.compile_seconds();
+    try {
+        call();
+    } catch (const driver::DeviceError& e) {
+        throw driver::DeviceError(e.kind(), fmt::format("{}: {}", kernel, e.what()));
+    }
+    const driver::DeviceMetrics& after = m_dev.metrics();
+    const double hz = m_dev.config().clock_mhz * 1e6;
+    m_metrics.add_time("ExecuteTime", double(after.exec_cycles - before.exec_cycles) / hz,
+                       after.exec_host_seconds - before.exec_host_seconds);
+    if (m_cache.misses() > misses) {
+        m_metrics.add_time("CompileTime", 0.0, m_cache.compile_seconds() - compile);
+        m_metrics.count("UncachedCompile", m_cache.misses() - misses);
+    }
+    if (m_cache.hits() > hits) m_metrics.count("CachedCompile", m_cache.hits() - hits);
+}
+
+void Runtime::upload(const Tensor& t, size_t index, const std::vector<float>& values) {
+    const uint64_t c0 = m_dev.metrics().h2d_cycles;
+    const auto t0 = std::chrono::steady_clock::now();
+    driver::write_tensor(m_dev, t, index, values);
+    const double host =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m_metrics.add_time("TransferToDeviceTime",
+                       double(m_dev.metrics().h2d_cycles - c0) / (m_dev.config().clock_mhz * 1e6),
+                       host);
+    m_metrics.add_data("InboundData", t.bytes());
+}
+
+std::vector<float> Runtime::download(const Tensor& t, size_t index) {
+    const uint64_t c0 = m_dev.metrics().d2h_cycles;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto out = driver::read_tensor(m_dev, t, index);
+    const double host =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m_metrics.add_time("TransferFromDeviceTime",
+                       double(m_dev.metrics().d2h_cycles - c0) / (m_dev.config().clock_mhz * 1e6),
+                       host);
+    m_metrics.add_data("OutboundData", t.bytes());
+    m_metrics.count("HostSync");
+    return out;
+}
+
+Tensor Runtime::grad_target(const Var& x, bool& accumulate) {
+    accumulate = x->has_grad;
+    if (accumulate) return scratch(x->value.rows, x->value.cols);
+    if (x->owns_grad) x->grad = scratch(x->value.rows, x->value.cols);
+    x->has_grad = true;
+    return x->grad;
+}
+
+void Runtime::finish_grad(const Var& x, const Tensor& g, bool accumulate) {
+    if (!accumulate) return;
+    exec("grad_accumulate", [&] { return driver::add(m_dev, m_cache, x->grad, g, x->grad); });
+}
+
+void Runtime::backward(const Var& loss) {
+    if (!loss->has_grad)
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  "backward: the value is not a loss (it has no gradient seed)");
+    for (auto it = m_tape.rbegin(); it != m_tape.rend(); ++it) {
+        Node& n = **it;
+        if (n.has_grad && n.backward) n.backward();
+    }
+    for (const Var& v : m_tape) v->backward = nullptr;  // break cycles through captures
+    m_tape.clear();
+}
+
+void Runtime::end_step() {
+    for (const Var& v : m_tape) v->backward = nullptr;
+    m_tape.clear();
+    m_params.clear();
+    for (Tensor& t : m_scratch) driver::free_tensor(m_dev, t);
+    m_scratch.clear();
+}
+
+namespace {
+
+bool needs(const Var& v) {
+    return v && v->requires_grad;
+}
+
+/// Rounds an op's output to bf16 in "bf16-true".
+void maybe_round(Runtime& rt, const Var& y) {
+    if (rt.mode() != PrecisionMode::Bf16True) return;
+    rt.exec("round_bf16",
+            [&] { return driver::round_bf16(rt.device(), rt.cache(), y->value, y->value); });
+}
+
+void check_cols(const char* op, const Tensor& a, uint32_t cols, const char* what) {
+    if (a.cols != cols)
+        throw driver::DeviceError(
+            driver::ErrorKind::Usage,
+            fmt::format("{}: {} has {} columns, expected {}", op, what, a.cols, cols));
+}
+
+}  // namespace
+
+Var linear(Runtime& rt, const Var& x, const Var& w, const Var& b) {
+    const Tensor &X = x->value, &W = w->value;
+    if (X.cols != W.rows)
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  fmt::format("linear: input has {} features, the weight "
+                                              "expects {} ({} x {})",
+                                              X.cols, W.rows, W.rows, W.cols));
+    if (b) check_cols("linear", b->value, W.cols, "the bias");
+    const bool grad = needs(x) || needs(w) || needs(b);
+    Var y = rt.make(X.rows, W.cols, grad);
+    const auto prec = rt.matmul_precision();
+    rt.exec("linear.matmul", [&] {
+        return driver::matmul(rt.device(), rt.cache(), X, false, W, false, y->value, prec);
+    });
+    if (b)
+        rt.exec("linear.bias", [&] {
+            return driver::bias_add(rt.device(), rt.cache(), y->value, b->value, y->value);
+        });
+    maybe_round(rt, y);
+    if (!grad) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, x, w, b, yp, prec] {
+        const Tensor& dY = yp->grad;
+        auto& dev = rt.device();
+        auto& cache = rt.cache();
+        if (needs(w)) {
+            bool acc = false;
+            Tensor dW = rt.grad_target(w, acc);
+            rt.exec("linear.dweight", [&] {
+                return driver::matmul(dev, cache, x->value, true, dY, false, dW, prec);
+            });
+            rt.finish_grad(w, dW, acc);
+        }
+        if (needs(b)) {
+            bool acc = false;
+            Tensor db = rt.grad_target(b, acc);
+            rt.exec("linear.dbias", [&] { return driver::col_sum(dev, cache, dY, db); });
+            rt.finish_grad(b, db, acc);
+        }
+        if (needs(x)) {
+            bool acc = false;
+            Tensor dX = rt.grad_target(x, acc);
+            rt.exec("linear.dinput", [&] {
+                return driver::matmul(dev, cache, dY, false, w->value, true, dX, prec);
+            });
+            rt.finish_grad(x, dX, acc);
+        }
+    };
+    return y;
+}
+
+namespace {
+
+/// An elementwise op y = f(x) whose backward is dx = g(x, dy).
+Var unary(Runtime& rt, const Var& x, const char* name,
+          driver::Event (*fwd)(driver::Device&, driver::ProgramCache&, const Tensor&,
+                               const Tensor&),
+          driver::Event (*bwd)(driver::Device&, driver::ProgramCache&, const Tensor&, const Tensor&,
+                               const Tensor&)) {
+    Var y = rt.make(x->value.rows, x->value.cols, needs(x));
+    rt.exec(name, [&] { return fwd(rt.device(), rt.cache(), x->value, y->value); });
+    maybe_round(rt, y);
+    if (!needs(x)) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, x, yp, name, bwd] {
+        bool acc = false;
+        Tensor dX = rt.grad_target(x, acc);
+        rt.exec(std::string(name) + ".grad",
+                [&] { return bwd(rt.device(), rt.cache(), x->value, yp->grad, dX); });
+        rt.finish_grad(x, dX, acc);
+    };
+    return y;
+}
+
+}  // namespace
+
+Var relu(Runtime& rt, const Var& x) {
+    return unary(rt, x, "relu", &driver::relu, &driver::relu_grad);
+}
+
+Var gelu(Runtime& rt, const Var& x) {
+    return unary(rt, x, "gelu", &driver::gelu, &driver::gelu_grad);
+}
+
+Var dropout(Runtime& rt, const Var& x, float p, uint32_t seed) {
+    if (!(p >= 0.0f && p < 1.0f))
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  fmt::format("dropout probability has to be between 0 and 1, "
+                                              "but got {}",
+                                              p));
+    if (!rt.training() || p == 0.0f) return x;
+    Var y = rt.make(x->value.rows, x->value.cols, needs(x));
+    Tensor mask = rt.scratch(x->value.rows, x->value.cols);
+    rt.exec("dropout", [&] {
+        return driver::dropout(rt.device(), rt.cache(), x->value, p, seed, mask, y->value);
+    });
+    if (!needs(x)) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, x, yp, mask] {
+        bool acc = false;
+        Tensor dX = rt.grad_target(x, acc);
+        rt.exec("dropout.grad",
+                [&] { return driver::mul(rt.device(), rt.cache(), yp->grad, mask, dX); });
+        rt.finish_grad(x, dX, acc);
+    };
+    return y;
+}
+
+Var layer_norm(Runtime& rt, const Var& x, const Var& gamma, const Var& beta, float eps) {
+    check_cols("layer_norm", gamma->value, x->value.cols, "gamma");
+    check_cols("layer_norm", beta->value, x->value.cols, "beta");
+    const bool grad = needs(x) || needs(gamma) || needs(beta);
+    Var y = rt.make(x->value.rows, x->value.cols, grad);
+    Tensor mean = rt.scratch(x->value.rows, 1), rstd = rt.scratch(x->value.rows, 1);
+    rt.exec("layer_norm", [&] {
+        return driver::layer_norm(rt.device(), rt.cache(), x->value, gamma->value, beta->value, eps,
+                                  y->value, mean, rstd);
+    });
+    maybe_round(rt, y);
+    if (!grad) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, x, gamma, beta, yp, mean, rstd] {
+        // The kernel produces all three gradients; unused ones go to scratch.
+        bool ax = false, ag = false, ab = false;
+        Tensor dX = needs(x) ? rt.grad_target(x, ax) : rt.scratch(x->value.rows, x->value.cols);
+        Tensor dG = needs(gamma) ? rt.grad_target(gamma, ag) : rt.scratch(1, x->value.cols);
+        Tensor dB = needs(beta) ? rt.grad_target(beta, ab) : rt.scratch(1, x->value.cols);
+        rt.exec("layer_norm.grad", [&] {
+            return driver::layer_norm_grad(rt.device(), rt.cache(), x->value, yp->grad,
+                                           gamma->value, mean, rstd, dX, dG, dB);
+        });
+        if (needs(x)) rt.finish_grad(x, dX, ax);
+        if (needs(gamma)) rt.finish_grad(gamma, dG, ag);
+        if (needs(beta)) rt.finish_grad(beta, dB, ab);
+    };
+    return y;
+}
+
+Var embedding(Runtime& rt, const Var& onehot, const Var& table) {
+    return linear(rt, onehot, table, nullptr);
+}
+
+Var cross_entropy(Runtime& rt, const Var& logits, const Var& onehot) {
+    const Tensor& L = logits->value;
+    if (onehot->value.rows != L.rows || onehot->value.cols != L.cols)
+        throw driver::DeviceError(
+            driver::ErrorKind::Usage,
+            fmt::format("cross_entropy: logits are {} x {} but labels are "
+                        "{} x {}",
+                        L.rows, L.cols, onehot->value.rows, onehot->value.cols));
+    Tensor per_row = rt.scratch(L.rows, 1);
+    // The kernel writes d(mean loss)/dlogits straight into the logits' gradient.
+    bool acc = false;
+    Tensor dL = needs(logits) ? rt.grad_target(logits, acc) : rt.scratch(L.rows, L.cols);
+    rt.exec("cross_entropy", [&] {
+        return driver::softmax_cross_entropy(rt.device(), rt.cache(), L, onehot->value, per_row,
+                                             dL);
+    });
+    if (needs(logits)) rt.finish_grad(logits, dL, acc);
+    // The mean: the rows x 1 column read as one row, summed, times fp32(1 / rows).
+    Tensor as_row = per_row;
+    as_row.rows = 1;
+    as_row.cols = L.rows;
+    Var loss = rt.make(1, 1, false);
+    rt.exec("cross_entropy.mean",
+            [&] { return driver::row_sum(rt.device(), rt.cache(), as_row, loss->value); });
+    rt.exec("cross_entropy.mean", [&] {
+        return driver::scale(rt.device(), rt.cache(), loss->value, 1.0f / float(L.rows),
+                             loss->value);
+    });
+    loss->has_grad = true;  // marks it as a loss for backward()
+    return loss;
+}
+
+}  // namespace tpu::trainer

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "driver/kernels/gemm.h"
+#include "driver/kernels/tensor.h"
+#include "driver/program_cache.h"
+#include "trainer/metrics.h"
+
+/// Device-resident values and reverse-mode differentiation for the trainer. Every op runs as
+/// kernels on all replicas at once (one launch per kernel over the trainer's core set); the
+/// host only sequences them, so no arithmetic of the training path runs on the host.
+namespace tpu::trainer {
+
+/// How a Trainer precision string maps onto the device.
+enum class PrecisionMode : uint8_t {
+    True32,     ///< "32-true": fp32 everywhere, matmuls in fp32-3pass (bf16 x3)
+    Bf16Mixed,  ///< "bf16-mixed": bf16 matmul operands, fp32 accumulation, weights and updates
+    Bf16True,   ///< "bf16-true": also every activation and weight rounded to bf16
+};
+
+/// One value of the graph: a tensor on every replica, and its gradient once backward has
+/// reached it.
+struct Node {
+    driver::Tensor value;            ///< forward value (one replica per core)
+    driver::Tensor grad;             ///< gradient (valid when has_grad)
+    bool requires_grad = false;      ///< backward propagates into it
+    bool has_grad = false;           ///< grad holds this step's gradient
+    bool owns_grad = true;           ///< grad was allocated for this step (not a parameter's)
+    std::function<void()> backward;  ///< propagates grad to the inputs (empty for leaves)
+};
+using Var = std::shared_ptr<Node>;
+
+/// A trainable fp32 matrix. Before placement it holds host initial values; after placement its
+/// value and gradient are views into the trainer's flat per-core buffers, so tied parameters
+/// (one shared_ptr used by two layers) stay one buffer per core.
+struct Parameter {
+    uint32_t rows = 0;        ///< rows
+    uint32_t cols = 0;        ///< columns
+    std::vector<float> init;  ///< host initial values (rows x cols), used at placement
+    driver::Tensor value;     ///< per-core value (a view) once placed
+    driver::Tensor grad;      ///< per-core gradient (a view) once placed
+    uint64_t offset = 0;      ///< fp32 values from the start of the flat buffers
+    bool placed() const { return !value.bufs.empty(); }
+};
+using ParamPtr = std::shared_ptr<Parameter>;
+
+/// The device side of a training run: the core set, the kernels' program cache, the precision,
+/// step-scoped scratch memory, the recorded graph and the metrics every kernel feeds.
+class Runtime {
+public:
+    Runtime(driver::Device& dev, driver::ProgramCache& cache, std::vector<uint32_t> cores,
+            PrecisionMode mode, Metrics& metrics);
+    ~Runtime();
+    Runtime(const Runtime&) = delete;
+    Runtime& operator=(const Runtime&) = delete;
+
+    driver::Device& device() { return m_dev; }
+    driver::ProgramCache& cache() { return m_cache; }
+    const std::vector<uint32_t>& cores() const { return m_cores; }
+    PrecisionMode mode() const { return m_mode; }
+    /// The library GEMM precision of this mode.
+    driver::Precision matmul_precision() const;
+    Metrics& metrics() { return m_metrics; }
+    /// Dropout and other stochastic layers are active.
+    bool training() const { return m_training; }
+    void set_training(bool on) { m_training = on; }
+
+    /// A step-scoped tensor on every replica, freed by end_step().
+    driver::Tensor scratch(uint32_t rows, uint32_t cols);
+    /// A leaf value in step-scoped memory (inputs, labels).
+    Var leaf(uint32_t rows, uint32_t cols);
+    /// The graph value of a placed parameter: one node per parameter and step, however many
+    /// layers use it, so tied weights accumulate their gradients. Requires grad while training.
+    Var param(Parameter& p);
+    /// Parameters used since the last end_step() whose gradient backward did not write.
+    std::vector<Parameter*> params_without_grad() const;
+    /// A new graph node with a value of rows x cols; `inputs_need_grad` decides whether it
+    /// records a backward function.
+    Var make(uint32_t rows, uint32_t cols, bool requires_grad);
+
+    /// Runs one kernel call and records its launch in the metrics (ExecuteTime, compiles).
+    void exec(std::string_view kernel, const std::function<driver::Event()>& call);
+    /// Writes replica `index` of `t` from the host, recorded as TransferToDevice.
+    void upload(const driver::Tensor& t, size_t index, const std::vector<float>& values);
+    /// Reads replica `index` of `t`, recorded as TransferFromDevice (a host sync).
+    std::vector<float> download(const driver::Tensor& t, size_t index);
+
+    /// Where an op writes the gradient it sends to `x`: x's own gradient if this is the first
+    /// contribution (then `accumulate` is false), otherwise scratch that must be added with
+    /// finish_grad().
+    driver::Tensor grad_target(const Var& x, bool& accumulate);
+    /// Adds `g` into x's gradient when grad_target asked for accumulation.
+    void finish_grad(const Var& x, const driver::Tensor& g, bool accumulate);
+
+    /// Runs the recorded graph backwards from `loss` (its gradient is already seeded by the
+    /// loss op) and clears the graph.
+    void backward(const Var& loss);
+    /// Frees step-scoped memory and forgets the graph.
+    void end_step();
+
+private:
+    driver::Device& m_dev;
+    driver::ProgramCache& m_cache;
+    std::vector<uint32_t> m_cores;
+    PrecisionMode m_mode;
+    Metrics& m_metrics;
+    bool m_training = true;
+    std::vector<driver::Tensor> m_scratch;
+    std::vector<Var> m_tape;  ///< nodes with a backward function, in creation order
+    std::vector<std::pair<Parameter*, Var>> m_params;  ///< this step's parameter nodes
+};
+
+// ---- Ops: forward now, backward recorded ------------------------------------------------------
+
+/// y = x W + b (b may be null). x: B x in, W: in x out, b: 1 x out.
+Var linear(Runtime& rt, const Var& x, const Var& w, const Var& b);
+/// y = max(x, 0).
+Var relu(Runtime& rt, const Var& x);
+/// GELU, tanh form.
+Var gelu(Runtime& rt, const Var& x);
+/// Inverted dropout with probability p while training; identity otherwise.
+Var dropout(Runtime& rt, const Var& x, float p, uint32_t seed);
+/// Row-wise layer normalisation with gain gamma and bias beta (1 x cols each).
+Var layer_norm(Runtime& rt, const Var& x, const Var& gamma, const Var& beta, float eps);
+/// Embedding lookup as a one-hot matmul (the MXU way on a TPU): onehot B x V, table V x D.
+Var embedding(Runtime& rt, const Var& onehot, const Var& table);
+/// Mean softmax cross-entropy over the rows of logits (B x C) against one-hot labels; the
+/// result is 1 x 1. Its backward seeds dlogits = (softmax - y) / B.
+Var cross_entropy(Runtime& rt, const Var& logits, const Var& onehot);
+
+}  // namespace tpu::trainer

@@ -1,0 +1,126 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "trainer/module.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace tpu::trainer {
+namespace {
+
+/// Uniform in [lo, hi) from 24 random bits: the same values on every platform (std's
+/// distributions are implementation-defined).
+float uniform(std::mt19937& rng, float lo, float hi) {
+    return lo + (hi - lo) * float(rng() >> 8) * (1.0f / 16777216.0f);
+}
+
+ParamPtr make_param(uint32_t rows, uint32_t cols, std::vector<float> init) {
+    auto p = std::make_shared<Parameter>();
+    p->rows = rows;
+    p->cols = cols;
+    p->init = std::move(init);
+    return p;
+}
+
+ParamPtr uniform_param(uint32_t rows, uint32_t cols, float bound, std::mt19937& rng) {
+    std::vector<float> v(size_t(rows) * cols);
+    for (float& x : v) x = uniform(rng, -bound, bound);
+    return make_param(rows, cols, std::move(v));
+}
+
+}  // namespace
+
+Linear::Linear(uint32_t in, uint32_t out, bool bias, std::mt19937& rng) {
+    const float bound = 1.0f / std::sqrt(float(in));
+    weight = uniform_param(in, out, bound, rng);
+    if (bias) this->bias = uniform_param(1, out, bound, rng);
+}
+
+Var Linear::operator()(Runtime& rt, const Var& x) {
+    return linear(rt, x, rt.param(*weight), bias ? rt.param(*bias) : nullptr);
+}
+
+std::vector<std::pair<std::string, ParamPtr*>> Linear::slots() {
+    std::vector<std::pair<std::string, ParamPtr*>> s{{"weight", &weight}};
+    if (bias) s.emplace_back("bias", &bias);
+    return s;
+}
+
+Embedding::Embedding(uint32_t num, uint32_t dim, std::mt19937& rng) {
+    // Box-Muller on our own uniforms, for platform-independent values.
+    std::vector<float> v(size_t(num) * dim);
+    for (size_t i = 0; i < v.size(); ++i) {
+        const float u1 = uniform(rng, 1e-7f, 1.0f), u2 = uniform(rng, 0.0f, 1.0f);
+        v[i] = std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+    }
+    weight = make_param(num, dim, std::move(v));
+}
+
+Var Embedding::operator()(Runtime& rt, const Var& onehot) {
+    return embedding(rt, onehot, rt.param(*weight));
+}
+
+std::vector<std::pair<std::string, ParamPtr*>> Embedding::slots() {
+    return {{"weight", &weight}};
+}
+
+LayerNorm::LayerNorm(uint32_t dim, float eps) : m_eps(eps) {
+    weight = make_param(1, dim, std::vector<float>(dim, 1.0f));
+    bias = make_param(1, dim, std::vector<float>(dim, 0.0f));
+}
+
+Var LayerNorm::operator()(Runtime& rt, const Var& x) {
+    return layer_norm(rt, x, rt.param(*weight), rt.param(*bias), m_eps);
+}
+
+std::vector<std::pair<std::string, ParamPtr*>> LayerNorm::slots() {
+    return {{"weight", &weight}, {"bias", &bias}};
+}
+
+Var Module::training_step(Runtime& rt, const Batch& batch) {
+    return cross_entropy(rt, forward(rt, batch.x), batch.onehot);
+}
+
+StepOutput Module::validation_step(Runtime& rt, const Batch& batch) {
+    Var logits = forward(rt, batch.x);
+    return {cross_entropy(rt, logits, batch.onehot), logits};
+}
+
+std::vector<std::pair<std::string, ParamPtr>> Module::all_parameter_slots() const {
+    std::vector<std::pair<std::string, ParamPtr>> out;
+    for (const auto& [name, layer] : m_layers)
+        for (auto& [slot, p] : layer->slots())
+            if (*p) out.emplace_back(name + "." + slot, *p);
+    return out;
+}
+
+std::vector<std::pair<std::string, ParamPtr>> Module::named_parameters() const {
+    std::vector<std::pair<std::string, ParamPtr>> out;
+    for (auto& [name, p] : all_parameter_slots()) {
+        bool seen = false;
+        for (const auto& [n2, q] : out) seen |= q == p;
+        if (!seen) out.emplace_back(name, p);
+    }
+    return out;
+}
+
+Mlp::Mlp(const std::vector<uint32_t>& sizes, OptimizerConfig opt, uint32_t seed)
+    : Module(seed), m_opt(opt) {
+    if (sizes.size() < 2)
+        throw std::invalid_argument(
+            fmt::format("an MLP needs at least an input and an output size, got {}", sizes.size()));
+    for (size_t i = 0; i + 1 < sizes.size(); ++i)
+        m_linear.push_back(
+            &add<Linear>(fmt::format("layer_{}", i + 1), sizes[i], sizes[i + 1], true, rng()));
+}
+
+Var Mlp::forward(Runtime& rt, const Var& x) {
+    Var h = x;
+    for (size_t i = 0; i < m_linear.size(); ++i) {
+        h = (*m_linear[i])(rt, h);
+        if (i + 1 < m_linear.size()) h = relu(rt, h);
+    }
+    return h;
+}
+
+}  // namespace tpu::trainer

@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainer/graph.h"
+
+/// Models in the style of a LightningModule: layers own parameters, a Module names them
+/// ("layer_1.weight"), defines its steps and configures its optimizer.
+namespace tpu::trainer {
+
+/// A batch on the device: inputs and one-hot labels (one replica's rows per core).
+struct Batch {
+    Var x;              ///< rows x features
+    Var onehot;         ///< rows x classes
+    uint32_t rows = 0;  ///< rows per replica
+};
+
+/// What a validation step gives back.
+struct StepOutput {
+    Var loss;    ///< 1 x 1 mean loss
+    Var logits;  ///< rows x classes (for accuracy)
+};
+
+/// The optimizer a module asks for (configure_optimizers).
+struct OptimizerConfig {
+    enum class Kind : uint8_t { Sgd, Adam };
+    Kind kind = Kind::Adam;  ///< algorithm
+    float lr = 1e-3f;        ///< learning rate
+    float momentum = 0.9f;   ///< SGD momentum
+    float beta1 = 0.9f;      ///< Adam beta1
+    float beta2 = 0.999f;    ///< Adam beta2
+    float eps = 1e-8f;       ///< Adam epsilon (inside the square root, see driver adam)
+};
+
+/// A layer: named parameter slots (a slot may be re-pointed to tie weights).
+class Layer {
+public:
+    virtual ~Layer() = default;
+    /// (name, slot) of each parameter, e.g. {"weight", &weight}.
+    virtual std::vector<std::pair<std::string, ParamPtr*>> slots() { return {}; }
+};
+
+/// y = x W + b, W in x out (PyTorch's weight transposed, so no transpose in the forward).
+/// Initialised like torch.nn.Linear: W and b uniform in +-1/sqrt(in).
+class Linear : public Layer {
+public:
+    Linear(uint32_t in, uint32_t out, bool bias, std::mt19937& rng);
+    Var operator()(Runtime& rt, const Var& x);
+    std::vector<std::pair<std::string, ParamPtr*>> slots() override;
+    ParamPtr weight;  ///< in x out
+    ParamPtr bias;    ///< 1 x out, or null
+};
+
+/// max(x, 0).
+class ReLU : public Layer {
+public:
+    Var operator()(Runtime& rt, const Var& x) { return relu(rt, x); }
+};
+
+/// GELU (tanh form).
+class GELU : public Layer {
+public:
+    Var operator()(Runtime& rt, const Var& x) { return gelu(rt, x); }
+};
+
+/// Inverted dropout, seeded; a new seed each step so masks differ between steps.
+class Dropout : public Layer {
+public:
+    Dropout(float p, uint32_t seed) : m_p(p), m_seed(seed) {}
+    Var operator()(Runtime& rt, const Var& x) { return dropout(rt, x, m_p, m_seed + m_calls++); }
+
+private:
+    float m_p;
+    uint32_t m_seed, m_calls = 0;
+};
+
+/// A lookup table of `num` rows of `dim` values, normal(0, 1) initialised; its input is a
+/// one-hot batch (rows x num).
+class Embedding : public Layer {
+public:
+    Embedding(uint32_t num, uint32_t dim, std::mt19937& rng);
+    Var operator()(Runtime& rt, const Var& onehot);
+    std::vector<std::pair<std::string, ParamPtr*>> slots() override;
+    ParamPtr weight;  ///< num x dim
+};
+
+/// Layer normalisation over the last dimension with gain (ones) and bias (zeros).
+class LayerNorm : public Layer {
+public:
+    explicit LayerNorm(uint32_t dim, float eps = 1e-5f);
+    Var operator()(Runtime& rt, const Var& x);
+    std::vector<std::pair<std::string, ParamPtr*>> slots() override;
+    ParamPtr weight;  ///< 1 x dim
+    ParamPtr bias;    ///< 1 x dim
+
+private:
+    float m_eps;
+};
+
+/// The user's model. Subclasses create layers with add() in their constructor and define
+/// forward(); the default steps compute the mean cross-entropy of forward(x).
+class Module {
+public:
+    explicit Module(uint32_t seed = 0) : m_rng(seed) {}
+    virtual ~Module() = default;
+    Module(const Module&) = delete;
+    Module& operator=(const Module&) = delete;
+
+    virtual Var forward(Runtime& rt, const Var& x) = 0;
+    /// The loss to minimise for one batch.
+    virtual Var training_step(Runtime& rt, const Batch& batch);
+    /// Loss and logits of one batch (evaluation mode, no gradients).
+    virtual StepOutput validation_step(Runtime& rt, const Batch& batch);
+    virtual OptimizerConfig configure_optimizers() const { return {}; }
+
+    /// Unique parameters in registration order, each under the first name that holds it.
+    std::vector<std::pair<std::string, ParamPtr>> named_parameters() const;
+    /// Every (name, parameter) slot including tied aliases, e.g. both "layer_1.weight" and
+    /// "layer_3.weight" when they share one parameter.
+    std::vector<std::pair<std::string, ParamPtr>> all_parameter_slots() const;
+
+protected:
+    /// Creates a layer named `name` (its parameters become "name.weight", ...).
+    template <class L, class... A>
+    L& add(std::string name, A&&... args) {
+        auto layer = std::make_unique<L>(std::forward<A>(args)...);
+        L& ref = *layer;
+        m_layers.emplace_back(std::move(name), std::move(layer));
+        return ref;
+    }
+    /// The module's initialisation generator (seeded by the constructor).
+    std::mt19937& rng() { return m_rng; }
+
+private:
+    std::mt19937 m_rng;
+    std::vector<std::pair<std::string, std::unique_ptr<Layer>>> m_layers;
+};
+
+/// A multi-layer perceptron: Linear layers "layer_1".."layer_n" with ReLU between them.
+class Mlp : public Module {
+public:
+    /// sizes = {inputs, hidden..., classes}, e.g. {784, 512, 256, 10}.
+    Mlp(const std::vector<uint32_t>& sizes, OptimizerConfig opt, uint32_t seed = 0);
+    Var forward(Runtime& rt, const Var& x) override;
+    OptimizerConfig configure_optimizers() const override { return m_opt; }
+
+private:
+    std::vector<Linear*> m_linear;
+    OptimizerConfig m_opt;
+};
+
+}  // namespace tpu::trainer

@@ -1,0 +1,587 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "trainer/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "driver/kernels/allreduce.h"
+#include "driver/kernels/tensor_ops.h"
+#include "driver/kernels/vector_ops.h"
+#include "sim/tracer.h"
+
+namespace tpu::trainer {
+
+using driver::Tensor;
+
+// ---- devices and precision ------------------------------------------------------------------
+
+Devices parse_devices(std::string_view text) {
+    std::string s(text);
+    auto trim = [](std::string v) {
+        const auto b = v.find_first_not_of(" \t"), e = v.find_last_not_of(" \t");
+        return b == std::string::npos ? std::string() : v.substr(b, e - b + 1);
+    };
+    s = trim(s);
+    if (s == "auto") return s;
+    auto as_int = [](const std::string& v, int& out) {
+        if (v.empty()) return false;
+        size_t used = 0;
+        try {
+            out = std::stoi(v, &used);
+        } catch (...) {
+            return false;
+        }
+        return used == v.size();
+    };
+    int n = 0;
+    if (as_int(s, n)) return n;
+    // "[5]" and "5," are lists, as in Lightning's string parsing.
+    std::string body = s;
+    if (body.size() >= 2 && body.front() == '[' && body.back() == ']')
+        body = body.substr(1, body.size() - 2);
+    std::vector<int> list;
+    size_t at = 0;
+    while (at <= body.size()) {
+        const size_t comma = body.find(',', at);
+        const std::string item =
+            trim(body.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+        if (!item.empty()) {
+            if (!as_int(item, n))
+                throw ConfigError(fmt::format("Could not parse the selected TPU devices: '{}'", s));
+            list.push_back(n);
+        }
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+    }
+    if (list.empty())
+        throw ConfigError(fmt::format("Could not parse the selected TPU devices: '{}'", s));
+    return list;
+}
+
+std::string devices_repr(const Devices& d) {
+    if (const auto* s = std::get_if<std::string>(&d)) return fmt::format("'{}'", *s);
+    if (const auto* n = std::get_if<int>(&d)) return std::to_string(*n);
+    std::string out = "[";
+    for (int i : std::get<std::vector<int>>(d))
+        out += (out.size() > 1 ? ", " : "") + std::to_string(i);
+    return out + "]";
+}
+
+std::vector<uint32_t> resolve_devices(const Devices& d, uint32_t num_cores) {
+    std::vector<uint32_t> all(num_cores);
+    for (uint32_t i = 0; i < num_cores; ++i) all[i] = i;
+    if (const auto* s = std::get_if<std::string>(&d)) {
+        if (*s == "auto") return all;
+    } else if (const auto* n = std::get_if<int>(&d)) {
+        if (*n == 1) return {0};
+        if (*n == int(num_cores)) return all;
+    } else {
+        const auto& list = std::get<std::vector<int>>(d);
+        if (list.size() == 1 && list[0] >= 0 && list[0] < int(num_cores))
+            return {uint32_t(list[0])};
+    }
+    throw ConfigError(
+        fmt::format("`devices` can only be 'auto', 1, {} or [<0-{}>] for TPUs. Got {}", num_cores,
+                    num_cores - 1, devices_repr(d)));
+}
+
+PrecisionMode parse_precision(std::string_view precision) {
+    if (precision == "32-true") return PrecisionMode::True32;
+    if (precision == "bf16-mixed") return PrecisionMode::Bf16Mixed;
+    if (precision == "bf16-true") return PrecisionMode::Bf16True;
+    throw ConfigError(
+        fmt::format("`precision='{}'` is not supported in XLA. `precision` must be "
+                    "one of: ('32-true', 'bf16-mixed', 'bf16-true').",
+                    precision));
+}
+
+std::string_view precision_name(PrecisionMode mode) {
+    switch (mode) {
+        case PrecisionMode::True32:
+            return "32-true";
+        case PrecisionMode::Bf16Mixed:
+            return "bf16-mixed";
+        case PrecisionMode::Bf16True:
+            return "bf16-true";
+    }
+    return "?";
+}
+
+// ---- trainer --------------------------------------------------------------------------------
+
+namespace {
+
+/// Flat buffers keep each parameter 256-byte aligned, as DMA rows like.
+constexpr uint64_t kAlignValues = 64;
+
+double since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// A view of values [offset, offset + rows x cols) of every replica of a flat 1 x n tensor.
+Tensor view(const Tensor& flat, uint64_t offset, uint32_t rows, uint32_t cols) {
+    Tensor t;
+    t.cores = flat.cores;
+    t.rows = rows;
+    t.cols = cols;
+    for (const driver::Buffer& b : flat.bufs)
+        t.bufs.push_back({b.core, b.addr + offset * 4, uint64_t(rows) * cols * 4});
+    return t;
+}
+
+std::string clock_text(double seconds) {
+    const auto s = static_cast<uint64_t>(std::max(0.0, seconds));
+    return fmt::format("{:02}:{:02}", s / 60, s % 60);
+}
+
+/// Lightning-like bar on stderr, redrawn in place; only when stderr is a terminal.
+class ProgressBar {
+public:
+    explicit ProgressBar(bool enabled) : m_on(enabled && isatty(STDERR_FILENO)) {}
+    void start(uint32_t epoch, uint64_t total) {
+        m_epoch = epoch;
+        m_total = total;
+        m_t0 = std::chrono::steady_clock::now();
+    }
+    void update(uint64_t done, float loss, double sim_seconds) {
+        if (!m_on) return;
+        const double el = since(m_t0), eta = done ? el / double(done) * double(m_total - done) : 0;
+        const int width = 20, filled = int(double(width) * double(done) / double(m_total));
+        std::fprintf(stderr, "\rEpoch %u: %3d%%|%s%s| %llu/%llu [%s<%s, sim %.3f ms] loss=%.4f ",
+                     m_epoch, int(100.0 * double(done) / double(m_total)),
+                     std::string(size_t(filled), '#').c_str(),
+                     std::string(size_t(width - filled), ' ').c_str(), (unsigned long long)done,
+                     (unsigned long long)m_total, clock_text(el).c_str(), clock_text(eta).c_str(),
+                     sim_seconds * 1e3, loss);
+        std::fflush(stderr);
+    }
+    void finish() {
+        if (m_on) std::fprintf(stderr, "\n");
+    }
+
+private:
+    bool m_on;
+    uint32_t m_epoch = 0;
+    uint64_t m_total = 1;
+    std::chrono::steady_clock::time_point m_t0;
+};
+
+}  // namespace
+
+Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
+    : m_dev(dev),
+      m_opts(std::move(opts)),
+      m_cores(resolve_devices(m_opts.devices, dev.num_cores())),
+      m_mode(parse_precision(m_opts.precision)),
+      m_warn([](const std::string& w) { std::fprintf(stderr, "%s\n", w.c_str()); }) {
+    if (m_opts.max_epochs == 0) throw ConfigError("`max_epochs` must be at least 1. Got 0");
+    if (m_opts.log_every_n_steps == 0)
+        throw ConfigError("`log_every_n_steps` must be at least 1. Got 0");
+    m_rt = std::make_unique<Runtime>(m_dev, m_cache, m_cores, m_mode, m_metrics);
+}
+
+Trainer::~Trainer() {
+    try {
+        release();
+    } catch (...) {
+    }
+}
+
+void Trainer::set_tracer(sim::Tracer* tracer) {
+    m_tracer = tracer && tracer->enabled() ? tracer : nullptr;
+    m_track = m_tracer ? m_tracer->track("host", "trainer") : -1;
+}
+
+void Trainer::warn(const std::string& text) {
+    m_warnings.push_back(text);
+    if (m_warn) m_warn(text);
+}
+
+void Trainer::release() {
+    m_rt->end_step();
+    for (Tensor* t : {&m_flat_params, &m_flat_grads, &m_state1, &m_state2})
+        if (!t->bufs.empty()) driver::free_tensor(m_dev, *t);
+    m_placed = nullptr;
+}
+
+void Trainer::place(Module& module) {
+    if (m_placed == &module) return;
+    release();
+    const auto params = module.named_parameters();
+    if (params.empty()) throw ConfigError("The module has no parameters to optimize");
+    uint64_t total = 0;
+    for (const auto& [name, p] : params) {
+        if (p->init.size() != uint64_t(p->rows) * p->cols)
+            throw ConfigError(fmt::format("parameter {} has {} initial values for {} x {}", name,
+                                          p->init.size(), p->rows, p->cols));
+        p->offset = total;
+        total += (uint64_t(p->rows) * p->cols + kAlignValues - 1) / kAlignValues * kAlignValues;
+    }
+    if (total > UINT32_MAX / 4)
+        throw ConfigError(
+            fmt::format("{} parameter values do not fit a core's 4 GiB window", total));
+    const auto n = static_cast<uint32_t>(total);
+    m_opt = module.configure_optimizers();
+    m_flat_params = driver::alloc_tensor(m_dev, m_cores, 1, n);
+    m_flat_grads = driver::alloc_tensor(m_dev, m_cores, 1, n);
+    m_state1 = driver::alloc_tensor(m_dev, m_cores, 1, n);
+    if (m_opt.kind == OptimizerConfig::Kind::Adam)
+        m_state2 = driver::alloc_tensor(m_dev, m_cores, 1, n);
+    // Initial values go to every replica once (the broadcast Lightning does at setup).
+    std::vector<float> host(n, 0.0f);
+    for (const auto& [name, p] : params)
+        std::copy(p->init.begin(), p->init.end(), host.begin() + int64_t(p->offset));
+    const std::vector<float> zeros(n, 0.0f);
+    for (size_t r = 0; r < m_cores.size(); ++r) {
+        m_rt->upload(m_flat_params, r, host);
+        m_rt->upload(m_flat_grads, r, zeros);
+        m_rt->upload(m_state1, r, zeros);
+        if (!m_state2.bufs.empty()) m_rt->upload(m_state2, r, zeros);
+    }
+    if (m_mode == PrecisionMode::Bf16True)
+        m_rt->exec("round_bf16", [&] {
+            return driver::round_bf16(m_dev, m_cache, m_flat_params, m_flat_params);
+        });
+    for (const auto& [name, p] : params) {
+        p->value = view(m_flat_params, p->offset, p->rows, p->cols);
+        p->grad = view(m_flat_grads, p->offset, p->rows, p->cols);
+    }
+    m_placed = &module;
+    m_adam_step = 0;
+}
+
+Batch Trainer::load_batch(const Dataset& data, const std::vector<std::vector<uint32_t>>& idx,
+                          uint32_t first, uint32_t rows) {
+    Batch b;
+    b.rows = rows;
+    b.x = m_rt->leaf(rows, data.features);
+    b.onehot = m_rt->leaf(rows, data.classes);
+    std::vector<float> x(size_t(rows) * data.features), y(size_t(rows) * data.classes);
+    for (size_t r = 0; r < m_cores.size(); ++r) {
+        std::fill(y.begin(), y.end(), 0.0f);
+        for (uint32_t i = 0; i < rows; ++i) {
+            const uint32_t e = idx[r][first + i];
+            std::copy_n(data.x.begin() + int64_t(e) * data.features, data.features,
+                        x.begin() + int64_t(i) * data.features);
+            y[size_t(i) * data.classes + data.labels[e]] = 1.0f;
+        }
+        m_rt->upload(b.x->value, r, x);
+        m_rt->upload(b.onehot->value, r, y);
+    }
+    return b;
+}
+
+void Trainer::optimizer_step(const OptimizerConfig& opt) {
+    // A parameter the step did not use keeps no stale gradient: it gets zeros.
+    for (Parameter* p : m_rt->params_without_grad()) {
+        const std::vector<float> zeros(uint64_t(p->rows) * p->cols, 0.0f);
+        for (size_t r = 0; r < m_cores.size(); ++r) m_rt->upload(p->grad, r, zeros);
+    }
+    if (m_cores.size() > 1)
+        m_rt->exec("allreduce_mean", [&] {
+            return driver::allreduce(m_dev, m_cache, m_flat_grads, 1.0f / float(m_cores.size()));
+        });
+    if (opt.kind == OptimizerConfig::Kind::Sgd) {
+        m_rt->exec("sgd_momentum", [&] {
+            return driver::sgd_momentum(m_dev, m_cache, m_flat_params, m_flat_grads, m_state1,
+                                        opt.lr, opt.momentum);
+        });
+    } else {
+        ++m_adam_step;
+        m_rt->exec("adam", [&] {
+            return driver::adam(m_dev, m_cache, m_flat_params, m_flat_grads, m_state1, m_state2,
+                                opt.lr, opt.beta1, opt.beta2, opt.eps, m_adam_step);
+        });
+    }
+    if (m_mode == PrecisionMode::Bf16True)
+        m_rt->exec("round_bf16", [&] {
+            return driver::round_bf16(m_dev, m_cache, m_flat_params, m_flat_params);
+        });
+}
+
+float Trainer::read_loss(const Var& loss) {
+    if (m_cores.size() > 1)
+        m_rt->exec("allreduce_mean", [&] {
+            return driver::allreduce(m_dev, m_cache, loss->value, 1.0f / float(m_cores.size()));
+        });
+    return m_rt->download(loss->value, 0)[0];
+}
+
+void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val) {
+    if (!train.dataset || train.dataset->count == 0)
+        throw ConfigError("fit: the training DataLoader has no dataset");
+    if (train.batch_size == 0)
+        throw ConfigError("batch_size should be a positive integer value, but got batch_size=0");
+    const auto t0 = std::chrono::steady_clock::now();
+    const double sim0 = m_dev.now_seconds();
+    place(module);
+    if (!m_opts.ckpt_path.empty()) load_checkpoint(module, m_opts.ckpt_path);
+    const Dataset& data = *train.dataset;
+    const auto N = static_cast<uint32_t>(m_cores.size());
+    // The sampler Lightning inserts: even shards, padded by wrapping around.
+    std::vector<DistributedSampler> samplers;
+    for (uint32_t r = 0; r < N; ++r)
+        samplers.emplace_back(data.count, N, r, train.shuffle, train.seed, false);
+    const uint32_t per = samplers[0].per_replica();
+    uint64_t steps =
+        train.drop_last ? per / train.batch_size : (per + train.batch_size - 1) / train.batch_size;
+    if (m_opts.limit_train_batches >= 0)
+        steps = std::min<uint64_t>(steps, uint64_t(m_opts.limit_train_batches));
+    if (steps == 0)
+        throw ConfigError(
+            fmt::format("fit: {} examples per device do not make one batch of {} "
+                        "(drop_last=True)",
+                        per, train.batch_size));
+    ProgressBar bar(m_opts.enable_progress_bar);
+    // Tracing a few steps: nothing is kept until the first traced step starts.
+    const bool windowed = m_tracer && m_opts.trace_steps > 0;
+    if (windowed && m_global_step <= m_opts.trace_first_step) m_tracer->set_window(UINT64_MAX, 0);
+    const OptimizerConfig opt = module.configure_optimizers();
+    for (uint32_t e = 0; e < m_opts.max_epochs; ++e, ++m_epoch) {
+        std::vector<std::vector<uint32_t>> idx;
+        for (auto& s : samplers) {
+            s.set_epoch(m_epoch);
+            idx.push_back(s.indices());
+        }
+        bar.start(m_epoch, steps);
+        float last_loss = NAN;
+        for (uint64_t s = 0; s < steps; ++s) {
+            const uint64_t c0 = m_dev.now_cycle();
+            if (windowed && m_global_step == m_opts.trace_first_step) {
+                m_trace_begin = c0;
+                m_tracer->set_window(c0, 0);
+            }
+            if (windowed && m_global_step == m_opts.trace_first_step + m_opts.trace_steps)
+                m_tracer->set_window(m_trace_begin, c0);
+            const auto first = static_cast<uint32_t>(s * train.batch_size);
+            const uint32_t rows = std::min(train.batch_size, per - first);
+            if (m_batch_rows == 0) m_batch_rows = rows;
+            const uint64_t misses = m_cache.misses();
+            m_rt->set_training(true);
+            Batch batch = load_batch(data, idx, first, rows);
+            Var loss = module.training_step(*m_rt, batch);
+            m_rt->backward(loss);
+            optimizer_step(opt);
+            const bool log = (m_global_step + 1) % m_opts.log_every_n_steps == 0 || s + 1 == steps;
+            if (log) {
+                last_loss = read_loss(loss);
+                m_history.push_back({m_global_step, m_epoch, last_loss, m_dev.now_seconds()});
+            }
+            m_rt->end_step();
+            m_metrics.count("MarkStep");
+            // A new batch shape recompiles every kernel it touches; other first-time programs
+            // (the loss read-back at the first log step) are expected.
+            if (m_global_step > 0 && m_cache.misses() > misses && rows != m_batch_rows)
+                warn(
+                    fmt::format("warning: step {} compiled {} new programs: its batch has {} rows "
+                                "per device instead of {}. Every new shape recompiles (as on a "
+                                "TPU); use drop_last=True or a dataset size that divides evenly.",
+                                m_global_step, m_cache.misses() - misses, rows, m_batch_rows));
+            if (m_tracer)
+                m_tracer->complete(m_track, "train_step", c0, m_dev.now_cycle(),
+                                   {{"step", m_global_step}, {"rows", uint64_t(rows)}});
+            ++m_global_step;
+            bar.update(s + 1, last_loss, m_dev.now_seconds() - sim0);
+        }
+        bar.finish();
+        if (val) {
+            const uint64_t c0 = m_dev.now_cycle();
+            const EvalResult r = validate(module, *val);
+            if (m_tracer)
+                m_tracer->complete(m_track, "validation", c0, m_dev.now_cycle(),
+                                   {{"examples", uint64_t(r.examples)}});
+        }
+    }
+    verify_replicas(module);
+    m_sim_seconds += m_dev.now_seconds() - sim0;
+    m_host_seconds += since(t0);
+}
+
+EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
+    if (!loader.dataset || loader.dataset->count == 0)
+        throw ConfigError("validate: the DataLoader has no dataset");
+    if (loader.batch_size == 0)
+        throw ConfigError("batch_size should be a positive integer value, but got batch_size=0");
+    place(module);
+    const Dataset& data = *loader.dataset;
+    const auto N = static_cast<uint32_t>(m_cores.size());
+    // Shard r holds examples r, r + N, ...; positions past the dataset are padding (repeats)
+    // and are not counted.
+    const uint32_t per = (data.count + N - 1) / N;
+    std::vector<std::vector<uint32_t>> idx(N);
+    for (uint32_t r = 0; r < N; ++r)
+        for (uint32_t i = 0; i < per; ++i) idx[r].push_back((r + i * N) % data.count);
+    uint64_t batches = (per + loader.batch_size - 1) / loader.batch_size;
+    if (m_opts.limit_val_batches >= 0)
+        batches = std::min<uint64_t>(batches, uint64_t(m_opts.limit_val_batches));
+    EvalResult res;
+    double loss_sum = 0;
+    uint64_t correct = 0;
+    m_rt->set_training(false);
+    for (uint64_t b = 0; b < batches; ++b) {
+        const auto first = static_cast<uint32_t>(b * loader.batch_size);
+        const uint32_t rows = std::min(loader.batch_size, per - first);
+        Batch batch = load_batch(data, idx, first, rows);
+        StepOutput out = module.validation_step(*m_rt, batch);
+        loss_sum += read_loss(out.loss);
+        const uint32_t classes = out.logits->value.cols;
+        for (uint32_t r = 0; r < N; ++r) {
+            const std::vector<float> logits = m_rt->download(out.logits->value, r);
+            for (uint32_t i = 0; i < rows; ++i) {
+                if (r + uint64_t(first + i) * N >= data.count) continue;  // padding
+                const float* row = logits.data() + size_t(i) * classes;
+                const auto best = uint32_t(std::max_element(row, row + classes) - row);
+                correct += best == data.labels[idx[r][first + i]];
+                ++res.examples;
+            }
+        }
+        m_rt->end_step();
+    }
+    m_rt->set_training(true);
+    res.loss = batches ? loss_sum / double(batches) : 0;
+    res.accuracy = res.examples ? double(correct) / res.examples : 0;
+    return res;
+}
+
+void Trainer::verify_replicas(Module& module) {
+    if (m_cores.size() < 2) return;
+    const std::vector<float> first = m_rt->download(m_flat_params, 0);
+    for (size_t r = 1; r < m_cores.size(); ++r) {
+        const std::vector<float> other = m_rt->download(m_flat_params, r);
+        if (std::memcmp(first.data(), other.data(), first.size() * 4) == 0) continue;
+        size_t i = 0;
+        while (std::memcmp(&first[i], &other[i], 4) == 0) ++i;
+        std::string where = fmt::format("value {}", i);
+        for (const auto& [name, p] : module.named_parameters())
+            if (i >= p->offset && i < p->offset + uint64_t(p->rows) * p->cols)
+                where = fmt::format("{}[{}]", name, i - p->offset);
+        throw std::runtime_error(
+            fmt::format("replicas diverged: core {} holds {} = {} but core {} holds {}", m_cores[r],
+                        where, other[i], m_cores[0], first[i]));
+    }
+}
+
+// ---- checkpoints ----------------------------------------------------------------------------
+
+namespace {
+constexpr char kCkptMagic[] = "TPUCKPT1\n";
+}
+
+void Trainer::save_checkpoint(const std::string& path) {
+    if (!m_placed) throw ConfigError("save_checkpoint: fit() has not placed a module yet");
+    nlohmann::json meta;
+    meta["epoch"] = m_epoch;
+    meta["global_step"] = m_global_step;
+    meta["adam_step"] = m_adam_step;
+    meta["precision"] = precision_name(m_mode);
+    meta["optimizer"] = m_opt.kind == OptimizerConfig::Kind::Adam ? "adam" : "sgd";
+    meta["values"] = m_flat_params.cols;
+    for (const auto& [name, p] : m_placed->named_parameters())
+        meta["parameters"].push_back(
+            {{"name", name}, {"rows", p->rows}, {"cols", p->cols}, {"offset", p->offset}});
+    std::vector<const Tensor*> bufs{&m_flat_params, &m_state1};
+    if (!m_state2.bufs.empty()) bufs.push_back(&m_state2);
+    meta["buffers"] = bufs.size();
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        if (!f)
+            throw std::runtime_error(
+                fmt::format("cannot write checkpoint '{}': {}", tmp, std::strerror(errno)));
+        const std::string header = meta.dump();
+        f << kCkptMagic << header << '\n';
+        for (const Tensor* t : bufs) {
+            const std::vector<float> v = m_rt->download(*t, 0);
+            f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+        }
+        f.flush();
+        if (!f) throw std::runtime_error(fmt::format("cannot write checkpoint '{}'", tmp));
+    }
+    // The rename is atomic: a reader sees the old checkpoint or the new one, never a torn one.
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+        throw std::runtime_error(
+            fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
+}
+
+void Trainer::load_checkpoint(Module& module, const std::string& path) {
+    place(module);
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw ConfigError(fmt::format("checkpoint '{}': {}", path, std::strerror(errno)));
+    std::string magic(sizeof(kCkptMagic) - 1, '\0'), header;
+    f.read(magic.data(), std::streamsize(magic.size()));
+    if (magic != kCkptMagic || !std::getline(f, header))
+        throw ConfigError(fmt::format("checkpoint '{}': not a tpusim checkpoint", path));
+    nlohmann::json meta;
+    try {
+        meta = nlohmann::json::parse(header);
+    } catch (const std::exception& e) {
+        throw ConfigError(fmt::format("checkpoint '{}': bad header: {}", path, e.what()));
+    }
+    const auto params = module.named_parameters();
+    const auto& saved = meta.value("parameters", nlohmann::json::array());
+    if (saved.size() != params.size())
+        throw ConfigError(fmt::format("checkpoint '{}' has {} parameters, the module has {}", path,
+                                      saved.size(), params.size()));
+    for (size_t i = 0; i < params.size(); ++i) {
+        const auto& [name, p] = params[i];
+        if (saved[i].value("name", "") != name || saved[i].value("rows", 0u) != p->rows ||
+            saved[i].value("cols", 0u) != p->cols)
+            throw ConfigError(
+                fmt::format("checkpoint '{}': parameter {} is {} {} x {}, the module "
+                            "has {} {} x {}",
+                            path, i, saved[i].value("name", "?"), saved[i].value("rows", 0u),
+                            saved[i].value("cols", 0u), name, p->rows, p->cols));
+    }
+    std::vector<Tensor*> bufs{&m_flat_params, &m_state1};
+    if (!m_state2.bufs.empty()) bufs.push_back(&m_state2);
+    if (meta.value("values", 0u) != m_flat_params.cols || meta.value("buffers", 0u) != bufs.size())
+        throw ConfigError(
+            fmt::format("checkpoint '{}' was written for another optimizer or "
+                        "layout",
+                        path));
+    for (Tensor* t : bufs) {
+        std::vector<float> v(t->cols);
+        f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
+        if (f.gcount() != std::streamsize(v.size() * 4))
+            throw ConfigError(fmt::format("checkpoint '{}' is truncated", path));
+        for (size_t r = 0; r < m_cores.size(); ++r) m_rt->upload(*t, r, v);
+    }
+    m_epoch = meta.value("epoch", 0u);
+    m_global_step = meta.value("global_step", uint64_t(0));
+    m_adam_step = meta.value("adam_step", 0u);
+}
+
+// ---- report ---------------------------------------------------------------------------------
+
+std::string Trainer::metrics_report() const {
+    std::string out = m_metrics.report();
+    const uint64_t steps = std::max<uint64_t>(1, m_metrics.counter("MarkStep"));
+    const uint64_t syncs = m_metrics.counter("HostSync");
+    const uint64_t uncached = m_metrics.counter("UncachedCompile");
+    const MetricSamples* exec = m_metrics.metric("ExecuteTime");
+    out += "\nAnalysis:\n";
+    out += fmt::format("  {} steps on {} core(s), precision {}.\n", m_metrics.counter("MarkStep"),
+                       m_cores.size(), precision_name(m_mode));
+    out += fmt::format("  Compilations: {} programs compiled, {} cache hits.{}\n", uncached,
+                       m_metrics.counter("CachedCompile"),
+                       m_warnings.empty() ? " No recompilation after the first step."
+                                          : " Shapes changed during training (see warnings).");
+    out += fmt::format("  Host syncs: {} ({:.2f} per step); the loss is read every {} steps.\n",
+                       syncs, double(syncs) / double(steps), m_opts.log_every_n_steps);
+    if (exec)
+        out += fmt::format("  Kernel calls: {} ({:.1f} per step).\n", exec->value.size(),
+                           double(exec->value.size()) / double(steps));
+    return out;
+}
+
+}  // namespace tpu::trainer

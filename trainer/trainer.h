@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "driver/device.h"
+#include "driver/program_cache.h"
+#include "trainer/data_loader.h"
+#include "trainer/graph.h"
+#include "trainer/metrics.h"
+#include "trainer/module.h"
+
+namespace tpu::sim {
+class Tracer;
+}
+
+/// Data-parallel training as PyTorch Lightning does it on a TPU: one replica per selected core,
+/// a distributed sampler inserted automatically, gradients averaged over ICI at every optimizer
+/// step, replicas kept (and verified) bit-identical.
+namespace tpu::trainer {
+
+/// A Trainer argument Lightning would reject; the message is Lightning's.
+class ConfigError : public std::invalid_argument {
+public:
+    using std::invalid_argument::invalid_argument;
+};
+
+/// Trainer `devices`: "auto", a number of cores, or a list of core indices.
+using Devices = std::variant<std::string, int, std::vector<int>>;
+/// Parses a command-line value the way Lightning parses strings: "auto", "8", "[5]", "5,".
+Devices parse_devices(std::string_view text);
+/// Python repr of a Devices value ("'auto'", "9", "[1, 2]"), as Lightning's errors print it.
+std::string devices_repr(const Devices& d);
+/// Lightning's rule for TPUs: 'auto' and `num_cores` select every core, 1 selects core 0,
+/// [i] selects core i; anything else is a ConfigError with Lightning's message.
+std::vector<uint32_t> resolve_devices(const Devices& d, uint32_t num_cores);
+/// "32-true", "bf16-mixed" or "bf16-true"; anything else is a ConfigError.
+PrecisionMode parse_precision(std::string_view precision);
+/// The precision string of a mode.
+std::string_view precision_name(PrecisionMode mode);
+
+/// Trainer arguments (the subset of lightning.Trainer that applies here).
+struct TrainerOptions {
+    Devices devices = std::string("auto");  ///< "auto", 1, 8 or {i}
+    std::string precision = "32-true";      ///< "32-true", "bf16-mixed", "bf16-true"
+    uint32_t max_epochs = 1;                ///< epochs of fit()
+    int64_t limit_train_batches = -1;       ///< steps per epoch at most (-1: all)
+    int64_t limit_val_batches = -1;         ///< validation batches at most (-1: all)
+    uint32_t log_every_n_steps = 50;        ///< loss read back (a host sync) every n steps
+    bool enable_progress_bar = true;        ///< draw a progress bar when stderr is a terminal
+    std::string ckpt_path;                  ///< resume from this checkpoint in fit()
+    uint64_t trace_first_step = 0;          ///< with trace_steps: first global step traced
+    uint64_t trace_steps = 0;               ///< trace only this many steps (0: everything)
+};
+
+/// A logged training loss: mean over the global batch, read back at a log step.
+struct StepLog {
+    uint64_t step = 0;       ///< global step (0-based) the loss belongs to
+    uint32_t epoch = 0;      ///< epoch of that step
+    float loss = 0;          ///< mean cross-entropy over the global batch
+    double sim_seconds = 0;  ///< simulated device time at the end of the step
+};
+
+/// The result of validate().
+struct EvalResult {
+    double loss = 0;        ///< mean loss over batches
+    double accuracy = 0;    ///< argmax(logits) == label, over the real examples
+    uint32_t examples = 0;  ///< examples counted (padding excluded)
+};
+
+/// Fits a Module on the cores selected by `devices` of an open Device.
+class Trainer {
+public:
+    /// Validates devices and precision against the board (ConfigError with Lightning's
+    /// wording).
+    Trainer(driver::Device& dev, TrainerOptions opts);
+    ~Trainer();
+    Trainer(const Trainer&) = delete;
+    Trainer& operator=(const Trainer&) = delete;
+
+    /// Trains for max_epochs; validates on `val` after each epoch when given.
+    void fit(Module& module, const DataLoader& train, const DataLoader* val = nullptr);
+    /// Loss and accuracy of `module` on `loader` (evaluation mode, every core its shard).
+    EvalResult validate(Module& module, const DataLoader& loader);
+    /// Writes parameters and optimizer state atomically (temporary file, then rename).
+    void save_checkpoint(const std::string& path);
+    /// Places `module` (if needed) and loads parameters and optimizer state from `path`.
+    void load_checkpoint(Module& module, const std::string& path);
+
+    /// PyTorch/XLA-style metrics report followed by a short analysis.
+    std::string metrics_report() const;
+    const Metrics& metrics() const { return m_metrics; }
+    const std::vector<StepLog>& history() const { return m_history; }
+    const std::vector<uint32_t>& cores() const { return m_cores; }
+    PrecisionMode precision() const { return m_mode; }
+    uint64_t global_step() const { return m_global_step; }
+    /// Simulated device seconds and host seconds spent in fit() so far.
+    double simulated_seconds() const { return m_sim_seconds; }
+    double host_seconds() const { return m_host_seconds; }
+    /// Warnings issued (recompilation, ...), also printed to stderr.
+    const std::vector<std::string>& warnings() const { return m_warnings; }
+    /// Steps and validation as spans on a host track (nullptr: off).
+    void set_tracer(sim::Tracer* tracer);
+    /// Replaces the stderr warning printer (tests).
+    void on_warning(std::function<void(const std::string&)> f) { m_warn = std::move(f); }
+
+    /// The per-core flat buffer of parameters (1 x total values; parameters are views of it).
+    const driver::Tensor& flat_parameters() const { return m_flat_params; }
+
+private:
+    struct Shard;
+    void place(Module& module);
+    void release();
+    Batch load_batch(const Dataset& data, const std::vector<std::vector<uint32_t>>& idx,
+                     uint32_t first, uint32_t rows);
+    void optimizer_step(const OptimizerConfig& opt);
+    float read_loss(const Var& loss);
+    void verify_replicas(Module& module);
+    void warn(const std::string& text);
+
+    driver::Device& m_dev;
+    TrainerOptions m_opts;
+    std::vector<uint32_t> m_cores;
+    PrecisionMode m_mode;
+    driver::ProgramCache m_cache;
+    Metrics m_metrics;
+    std::unique_ptr<Runtime> m_rt;
+    Module* m_placed = nullptr;
+    OptimizerConfig m_opt;
+    driver::Tensor m_flat_params, m_flat_grads, m_state1, m_state2;
+    uint64_t m_global_step = 0;
+    uint32_t m_adam_step = 0;
+    uint32_t m_epoch = 0;
+    std::vector<StepLog> m_history;
+    double m_sim_seconds = 0, m_host_seconds = 0;
+    std::vector<std::string> m_warnings;
+    std::function<void(const std::string&)> m_warn;
+    sim::Tracer* m_tracer = nullptr;
+    int m_track = -1;
+    uint64_t m_trace_begin = 0;  ///< cycle the traced steps began
+    uint32_t m_batch_rows = 0;   ///< rows of the first training batch (shape changes warn)
+};
+
+}  // namespace tpu::trainer
