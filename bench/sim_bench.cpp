@@ -57,7 +57,5 @@ int sc_main(int argc, char* argv[]) {
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
-    for (const auto& p : tb::pending_cases())
-        std::fprintf(stderr, "pending case %s: %s\n", p.name.c_str(), p.reason.c_str());
     return 0;
 }

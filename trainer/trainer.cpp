@@ -357,6 +357,7 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
         float last_loss = NAN;
         for (uint64_t s = 0; s < steps; ++s) {
             const uint64_t c0 = m_dev.now_cycle();
+            const auto h0 = std::chrono::steady_clock::now();
             if (windowed && m_global_step == m_opts.trace_first_step) {
                 m_trace_begin = c0;
                 m_tracer->set_window(c0, 0);
@@ -368,6 +369,7 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
             if (m_batch_rows == 0) m_batch_rows = rows;
             const uint64_t misses = m_cache.misses();
             m_rt->set_training(true);
+            const uint64_t syncs = m_metrics.counter("HostSync");
             Batch batch = load_batch(data, idx, first, rows);
             Var loss = module.training_step(*m_rt, batch);
             m_rt->backward(loss);
@@ -382,14 +384,17 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
             // A new batch shape recompiles every kernel it touches; other first-time programs
             // (the loss read-back at the first log step) are expected.
             if (m_global_step > 0 && m_cache.misses() > misses && rows != m_batch_rows)
-                warn(
-                    fmt::format("warning: step {} compiled {} new programs: its batch has {} rows "
-                                "per device instead of {}. Every new shape recompiles (as on a "
-                                "TPU); use drop_last=True or a dataset size that divides evenly.",
-                                m_global_step, m_cache.misses() - misses, rows, m_batch_rows));
+                warn(fmt::format(
+                    "warning: step {} compiled {} new programs: its batch has {} rows "
+                    "per device instead of {}. Every new shape recompiles (as on a "
+                    "TPU); use drop_last=True (tpusim train --drop-last) or a dataset size "
+                    "that divides evenly.",
+                    m_global_step, m_cache.misses() - misses, rows, m_batch_rows));
             if (m_tracer)
                 m_tracer->complete(m_track, "train_step", c0, m_dev.now_cycle(),
                                    {{"step", m_global_step}, {"rows", uint64_t(rows)}});
+            m_step_times.push_back({m_dev.now_cycle() - c0, since(h0)});
+            m_train_syncs += m_metrics.counter("HostSync") - syncs;
             ++m_global_step;
             bar.update(s + 1, last_loss, m_dev.now_seconds() - sim0);
         }
@@ -576,8 +581,12 @@ std::string Trainer::metrics_report() const {
                        m_metrics.counter("CachedCompile"),
                        m_warnings.empty() ? " No recompilation after the first step."
                                           : " Shapes changed during training (see warnings).");
-    out += fmt::format("  Host syncs: {} ({:.2f} per step); the loss is read every {} steps.\n",
-                       syncs, double(syncs) / double(steps), m_opts.log_every_n_steps);
+    out += fmt::format(
+        "  Host syncs: {} in training steps ({:.3f} per step: the loss is read "
+        "every {} steps), {} outside them (set-up, evaluation, the final replica "
+        "check).\n",
+        m_train_syncs, double(m_train_syncs) / double(steps), m_opts.log_every_n_steps,
+        syncs - m_train_syncs);
     if (exec)
         out += fmt::format("  Kernel calls: {} ({:.1f} per step).\n", exec->value.size(),
                            double(exec->value.size()) / double(steps));

@@ -68,6 +68,12 @@ struct StepLog {
     double sim_seconds = 0;  ///< simulated device time at the end of the step
 };
 
+/// What one training step cost.
+struct StepTime {
+    uint64_t cycles = 0;      ///< board cycles from batch upload to the end of the update
+    double host_seconds = 0;  ///< host seconds of the same span
+};
+
 /// The result of validate().
 struct EvalResult {
     double loss = 0;        ///< mean loss over batches
@@ -98,6 +104,8 @@ public:
     std::string metrics_report() const;
     const Metrics& metrics() const { return m_metrics; }
     const std::vector<StepLog>& history() const { return m_history; }
+    /// Cycles and host seconds of every training step so far.
+    const std::vector<StepTime>& step_times() const { return m_step_times; }
     const std::vector<uint32_t>& cores() const { return m_cores; }
     PrecisionMode precision() const { return m_mode; }
     uint64_t global_step() const { return m_global_step; }
@@ -139,6 +147,8 @@ private:
     uint32_t m_adam_step = 0;
     uint32_t m_epoch = 0;
     std::vector<StepLog> m_history;
+    std::vector<StepTime> m_step_times;
+    uint64_t m_train_syncs = 0;  ///< host syncs inside training steps
     double m_sim_seconds = 0, m_host_seconds = 0;
     std::vector<std::string> m_warnings;
     std::function<void(const std::string&)> m_warn;

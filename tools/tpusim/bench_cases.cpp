@@ -15,9 +15,11 @@
 #include <Eigen/Core>
 
 #include "driver/device.h"
+#include "driver/kernels/allreduce.h"
 #include "driver/kernels/gemm.h"
 #include "driver/kernels/vector_ops.h"
 #include "driver/program_cache.h"
+#include "trainer/trainer.h"
 
 namespace tpu::bench {
 namespace {
@@ -71,6 +73,36 @@ CaseRun vpu_chain_case(driver::Device& dev, uint64_t n) {
     run.host_seconds = since(t0);
     for (const auto& buf : {x, b, t, u, y}) dev.free(buf);
     return run;
+}
+
+/// 64 MiB of fp32 per core summed over the 8-core ring; the writes are not timed.
+CaseRun allreduce_case(driver::Device& dev) {
+    const std::vector<uint32_t> cores{0, 1, 2, 3, 4, 5, 6, 7};
+    driver::Tensor t = driver::alloc_tensor(dev, cores, 4096, 4096);
+    for (size_t i = 0; i < cores.size(); ++i)
+        driver::write_tensor(dev, t, i, random_values(t.elements(), uint32_t(10 + i)));
+    driver::ProgramCache cache;
+    const auto t0 = Clock::now();
+    const driver::Event e = driver::allreduce(dev, cache, t, 1.0f);
+    CaseRun run{e.end_cycle - e.start_cycle, since(t0), e.host_seconds};
+    driver::free_tensor(dev, t);
+    return run;
+}
+
+/// The third step of a 3-step fit (the first compiles every kernel): its cycles and host time
+/// from batch upload to the end of the optimizer update.
+CaseRun train_step_case(driver::Device& dev) {
+    const trainer::Dataset data = trainer::synthetic(8 * 16 * 3, 784, 10, 1);
+    trainer::TrainerOptions opts;
+    opts.devices = 8;
+    opts.precision = "bf16-mixed";
+    opts.enable_progress_bar = false;
+    opts.log_every_n_steps = 1000;  // no loss read-back inside the timed steps
+    trainer::Trainer tr(dev, opts);
+    trainer::Mlp model({784, 512, 256, 10}, trainer::OptimizerConfig{}, 1);
+    tr.fit(model, trainer::DataLoader{&data, 16, false, true, 0});
+    const trainer::StepTime& s = tr.step_times().at(2);
+    return {s.cycles, s.host_seconds, s.host_seconds};
 }
 
 std::string mode(bool functional) {
@@ -156,30 +188,18 @@ std::vector<BenchCase> bench_cases() {
                          [](driver::Device& dev) { return vpu_chain_case(dev, kChainValues); }});
     }
 
-    // ---- Cases waiting for library code: add them here ----------------------------------
-    // Each one is a push_back like the ones above (and its entry in pending_cases() goes):
-    //
-    // (1) 64 MiB all-reduce (sum) on 8 cores, from HBM tensors, once the HBM all-reduce
-    //     `allreduce(Device&, ProgramCache&, const Tensor&, float scale)` lands in
-    //     driver/kernels/allreduce.h:
-    //       for (const bool functional : {true, false})
-    //           cases.push_back({fmt::format("allreduce_64MiB_8core/{}", mode(functional)),
-    //                            "ring all-reduce of 64 MiB per core over 8 cores", functional,
-    //                            !functional, std::nullopt, [](driver::Device& dev) {
-    //                                // alloc_tensor(dev, {0..7}, 4096, 4096); write_tensor_all
-    //                                // (untimed); time allreduce(dev, cache, t, 1.0f); cycles =
-    //                                // its event's end - start.
-    //                            }});
-    //
-    // (2) One training step of the trainer (forward, backward, all-reduce, optimizer) once
-    //     trainer/ exists: time one step after a warm-up step (the warm-up compiles kernels),
-    //     cycles = device cycles of the step.
+    for (const bool functional : {true, false}) {
+        cases.push_back({fmt::format("allreduce_64MiB_8core/{}", mode(functional)),
+                         "ring all-reduce (sum) of 64 MiB per core in HBM over 8 cores", functional,
+                         !functional, std::nullopt, allreduce_case});
+    }
+    for (const bool functional : {true, false}) {
+        cases.push_back({fmt::format("train_step/{}", mode(functional)),
+                         "one training step of the MLP 784-512-256-10, bf16-mixed, 8 cores x 16 "
+                         "examples (forward, backward, gradient all-reduce, Adam)",
+                         functional, true, std::nullopt, train_step_case});
+    }
     return cases;
-}
-
-std::vector<PendingCase> pending_cases() {
-    return {{"allreduce_64MiB_8core", "waits for the HBM all-reduce of driver/kernels/allreduce.h"},
-            {"train_step", "waits for the trainer (trainer/)"}};
 }
 
 std::vector<BenchCase> select_cases(bool quick, const std::string& filter) {

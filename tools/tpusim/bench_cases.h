@@ -43,16 +43,8 @@ struct BenchCase {
     std::function<CaseRun(driver::Device&)> run;
 };
 
-/// A case that is planned but whose library code does not exist yet.
-struct PendingCase {
-    std::string name;    ///< name the case will take
-    std::string reason;  ///< what it waits for
-};
-
 /// Every case, in table order.
 std::vector<BenchCase> bench_cases();
-/// Cases still waiting for library code (listed under the table).
-std::vector<PendingCase> pending_cases();
 /// The cases to run: `quick` drops the slow ones, a non-empty `filter` keeps names containing
 /// it. Throws DeviceError(Usage) naming the filter and the case names when nothing is left.
 std::vector<BenchCase> select_cases(bool quick, const std::string& filter);

@@ -77,8 +77,6 @@ void register_bench_command(CLI::App& app) {
     for (const auto& c : bench::bench_cases())
         if (c.functional)
             footer += fmt::format("  {:<24} {}\n", c.name.substr(0, c.name.find('/')), c.what);
-    for (const auto& p : bench::pending_cases())
-        footer += fmt::format("  {:<24} pending: {}\n", p.name, p.reason);
     cmd->footer(footer);
     cmd->callback([o] {
         const hw::BoardConfig cfg = o->common.board_config();
@@ -108,9 +106,6 @@ void register_bench_command(CLI::App& app) {
             if (text) print_row(r);
             rows.push_back(row_json(r));
         }
-        nlohmann::ordered_json pending = nlohmann::ordered_json::array();
-        for (const auto& p : bench::pending_cases())
-            pending.push_back({{"name", p.name}, {"reason", p.reason}});
         const unsigned threads = std::thread::hardware_concurrency();
         if (text) {
             fmt::print(
@@ -120,12 +115,9 @@ void register_bench_command(CLI::App& app) {
                 fmt::format("{}.{}.{}", EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION,
                             EIGEN_MINOR_VERSION),
                 Eigen::SimdInstructionSetsInUse(), threads);
-            for (const auto& p : bench::pending_cases())
-                fmt::print("pending: {}: {}\n", p.name, p.reason);
         } else {
             nlohmann::ordered_json j;
             j["cases"] = rows;
-            j["pending"] = pending;
             j["eigen_simd"] = Eigen::SimdInstructionSetsInUse();
             j["host_threads"] = threads;
             fmt::print("{}\n", j.dump());

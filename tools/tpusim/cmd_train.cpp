@@ -64,6 +64,7 @@ void register_train_command(CLI::App& app) {
         std::string resume;
         std::string trace_steps;
         bool no_progress = false;
+        bool drop_last = false;
     };
     auto o = std::make_shared<Opts>();
     auto* cmd = app.add_subcommand("train", "data-parallel training (PyTorch Lightning on TPU)");
@@ -96,6 +97,8 @@ void register_train_command(CLI::App& app) {
     cmd->add_option("--trace-steps", o->trace_steps,
                     "FIRST:COUNT: trace only COUNT training steps from global step FIRST "
                     "(a whole epoch traced per instruction is gigabytes)");
+    cmd->add_flag("--drop-last", o->drop_last,
+                  "drop each device's short last batch, so shapes never change (no recompile)");
     cmd->add_flag("--no-progress", o->no_progress, "no progress bar");
     add_common_options(*cmd, o->common);
     cmd->callback([o] {
@@ -182,7 +185,7 @@ void register_train_command(CLI::App& app) {
         }
         tr->set_tracer(trace.get());
         trainer::Mlp model(sizes, opt, o->seed);
-        trainer::DataLoader train_loader{&train, o->batch_size, true, false, o->seed};
+        trainer::DataLoader train_loader{&train, o->batch_size, true, o->drop_last, o->seed};
         trainer::DataLoader test_loader{&test, o->batch_size, false, false, 0};
         trainer::EvalResult eval;
         try {
