@@ -59,6 +59,7 @@ double Device::now_seconds() const {
 void Device::set_tracer(sim::Tracer* tracer) {
     m_tracer = tracer && tracer->enabled() ? tracer : nullptr;
     m_host_track = m_tracer ? m_tracer->track("host", "runtime") : -1;
+    m_kernel_track = m_tracer ? m_tracer->track("host", "kernels") : -1;
     m_board->set_tracer(m_tracer);
 }
 
@@ -372,6 +373,11 @@ void Device::run_batch() {
         }
         ev.host_seconds = host;
         account(p, ev, before);
+        if (m_tracer) {
+            const std::string where = cores_text(p.cores);
+            m_tracer->complete(m_kernel_track, kernel_name(*p.program), ev.start_cycle,
+                               ev.end_cycle, {{"launch", p.id}, {"cores", where}});
+        }
         m_done[p.id].event = std::move(ev);
     }
     while (m_done.size() > kKeptOutcomes) m_done.erase(m_done.begin());

@@ -218,6 +218,7 @@ private:
     std::map<std::string, size_t> m_kernel_index;
     sim::Tracer* m_tracer = nullptr;
     int m_host_track = -1;
+    int m_kernel_track = -1;  ///< host/kernels: one span per launch, named after its kernel
 };
 
 }  // namespace tpu::driver

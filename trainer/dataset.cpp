@@ -2,6 +2,7 @@
 #include "trainer/dataset.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -162,6 +163,23 @@ Dataset subset(const Dataset& d, uint32_t first, uint32_t count) {
                d.x.begin() + int64_t(first + count) * d.features);
     s.labels.assign(d.labels.begin() + first, d.labels.begin() + first + count);
     return s;
+}
+
+void normalize(Dataset& d, float mean, float stddev) {
+    if (!(stddev > 0.0f))
+        throw DataError(fmt::format("normalize: standard deviation {} is not positive", stddev));
+    const float inv = 1.0f / stddev;
+    for (float& v : d.x) v = (v - mean) * inv;
+}
+
+std::pair<float, float> value_stats(const Dataset& d) {
+    double sum = 0, sq = 0;
+    for (float v : d.x) {
+        sum += v;
+        sq += double(v) * v;
+    }
+    const double n = double(std::max<size_t>(1, d.x.size())), mean = sum / n;
+    return {float(mean), float(std::sqrt(std::max(0.0, sq / n - mean * mean)))};
 }
 
 }  // namespace tpu::trainer

@@ -5,6 +5,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -45,6 +46,11 @@ inline constexpr std::string_view kFashionMnistDir = "/usr/share/datasets/fashio
 Dataset load_fashion_mnist(const std::string& dir, bool train);
 /// A deterministic synthetic dataset: each class is a Gaussian blob around its own centre.
 Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t seed);
+/// x = (x - mean) / stddev for every value, as torchvision's Normalize does (mean and stddev of
+/// the training split, so the test split is scaled the same way).
+void normalize(Dataset& d, float mean, float stddev);
+/// Mean and standard deviation of all values of `d` (in double, returned as float).
+std::pair<float, float> value_stats(const Dataset& d);
 /// Examples [first, first + count) of `d` (a train/test split of one synthetic dataset).
 Dataset subset(const Dataset& d, uint32_t first, uint32_t count);
 

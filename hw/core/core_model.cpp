@@ -156,6 +156,7 @@ void CoreModel::set_tracer(sim::Tracer* tracer) {
     m_tracks.clear();
     m_mxu_util.reset();
     m_hbm_gbps.reset();
+    m_queue_depth.reset();
     if (!m_tracer) return;
     const std::string proc = fmt::format("core{}", m_id);
     for (const char* unit : {"seq", "dma", "vpu", "ici"})
@@ -167,12 +168,20 @@ void CoreModel::set_tracer(sim::Tracer* tracer) {
     // bytes per cycle -> GB/s at the core clock.
     m_hbm_gbps =
         std::make_unique<CounterTrack>(proc, "hbm_gbps", window, m_cfg.clock_mhz * 1e6 / 1e9);
+    // Cycles spent queued per cycle: the average number of instructions waiting in the unit
+    // queues (dispatched, not started).
+    m_queue_depth = std::make_unique<CounterTrack>(proc, "queue_depth", window, 1.0);
 }
 
 void CoreModel::trace(int track, uint64_t start, uint64_t done, std::string_view key,
                       uint64_t detail) {
     if (!m_tracer || track < 0) return;
     const auto& oi = isa::info(m_program[m_pc].op);
+    const uint64_t queued = m_cycle + m_core.dispatch_cycles;
+    if (start > queued) {
+        m_queue_depth->add(queued, start, double(start - queued));
+        m_queue_depth->flush_before(m_cycle, *m_tracer);
+    }
     if (key.empty())
         m_tracer->complete(track, oi.mnemonic, start, done, {{"pc", uint64_t(m_pc)}});
     else
@@ -320,6 +329,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                             m_tracer->instant(m_tracks[0], "halt", end);
                             m_mxu_util->flush_all(*m_tracer);
                             m_hbm_gbps->flush_all(*m_tracer);
+                            m_queue_depth->flush_all(*m_tracer);
                         }
                         m_cycle = end;
                         m_running = false;

@@ -217,6 +217,7 @@ private:
     std::vector<int> m_tracks;  ///< tracer track per unit: seq, dma, vpu, ici, mxu0..
     std::unique_ptr<CounterTrack> m_mxu_util;  ///< trace counter: MXU PE utilisation
     std::unique_ptr<CounterTrack> m_hbm_gbps;  ///< trace counter: HBM traffic in GB/s
+    std::unique_ptr<CounterTrack> m_queue_depth;  ///< trace counter: instructions queued
 };
 
 }  // namespace tpu::hw

@@ -118,7 +118,7 @@ TEST(CliRun, TraceAndStatsAreWrittenAndDeterministic) {
             EXPECT_TRUE(e.contains("ts") && e.contains("dur") && e["args"].contains("begin_cycle"));
         }
     }
-    EXPECT_EQ(x, 6);  // 1 DMA in, 4 VPU ops, 1 DMA out
+    EXPECT_EQ(x, 7);  // 1 DMA in, 4 VPU ops, 1 DMA out, and the launch on host/kernels
     const auto stats = nlohmann::json::parse(slurp(tmp("t1.stats.json")));
     EXPECT_EQ(stats["board"]["children"]["core0"]["counters"]["vpu_ops"]["value"], 4);
     EXPECT_TRUE(std::filesystem::exists(tmp("t1.stats.json") + ".config.json"));
@@ -240,6 +240,40 @@ TEST(CliRun, DeviceFaultAndDeadlockExitOne) {
                          "can raise\n  core 0: running at cycle 0, pc 0 (wait f1, 1)"),
               std::string::npos)
         << d.err;
+}
+
+TEST(CliRun, BadRequestsAreFaultsNamingTheProblem) {
+    // DMA is byte-granular (a misaligned row only costs extra HBM bursts); the VPU, the MXU and
+    // scalar memory need their element alignment. Every bad request names unit and address.
+    struct Case {
+        std::string kernel, err;
+    };
+    const std::vector<Case> cases = {
+        {"dma.hv [0], [0], 0, 64, 64, 64, f1\nhalt\n",
+         "pc 0 (dma.hv [0], [0], 0, 64, 64, 64, f1) in dma, cycle 0: zero-length transfer (0 "
+         "rows of 64 bytes)"},
+        {"li s1, 0x4000000\ndma.vh [s1], [0], 1, 64, 64, 64, f1\nhalt\n",
+         "pc 1 (dma.vh [s1], [0], 1, 64, 64, 64, f1) in dma, cycle 1: HBM write of 64 bytes at "
+         "0x4000000 is outside core0.hbm (67108864 bytes)"},
+        {"v.add [0], [2], [64], 8\nhalt\n",
+         "pc 0 (v.add [0], [2], [64], 8) in vpu, cycle 0: VMEM read at 0x2 is not 4-byte "
+         "aligned"},
+        {"mxu.lw 0, [1], 8, 8, f1\nhalt\n",
+         "pc 0 (mxu.lw 0, [1], 8, 8, f1) in mxu0, cycle 0: weight read at 0x1 is not 2-byte "
+         "aligned"},
+        {"li s1, 6\nlw s2, [s1]\nhalt\n",
+         "pc 1 (lw s2, [s1]) in sequencer, cycle 1: scalar memory read at 0x6 is not 4-byte "
+         "aligned"},
+    };
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const std::string file = tmp("bad" + std::to_string(i) + ".s");
+        std::ofstream(file) << cases[i].kernel;
+        const Result r = tpusim("run " + file + " --config " + tpu::test::source_dir() +
+                                "/configs/tiny.json");
+        EXPECT_EQ(r.code, 1) << cases[i].kernel;
+        EXPECT_EQ(r.err, "tpusim: " + file + ": device fault on core 0 at " + cases[i].err + "\n")
+            << cases[i].kernel;
+    }
 }
 
 TEST(CliStats, RunNamesItsKernelAfterTheFile) {

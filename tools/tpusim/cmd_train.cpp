@@ -170,6 +170,11 @@ void register_train_command(CLI::App& app) {
         } catch (const trainer::DataError& e) {
             throw InputError(e.what());
         }
+        // Standardise with the training split's statistics (torchvision's Normalize): inputs
+        // centred on 0 train faster than raw [0, 1] pixels.
+        const auto [mean, stddev] = trainer::value_stats(train);
+        trainer::normalize(train, mean, stddev);
+        trainer::normalize(test, mean, stddev);
         std::vector<uint32_t> sizes{train.features};
         for (uint32_t h : parse_sizes(o->hidden)) sizes.push_back(h);
         sizes.push_back(train.classes);
