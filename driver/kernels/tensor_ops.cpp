@@ -281,15 +281,6 @@ void check_dropout_p(float p) {
         throw DeviceError(ErrorKind::Usage, fmt::format("dropout: p = {} is outside [0, 1)", p));
 }
 
-/// Same bit pattern as the device's counter-based v.rand (hw/core/core_model.cpp).
-float uniform(uint32_t seed, uint64_t index) {
-    uint64_t z = (uint64_t(seed) << 32 ^ index) + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-}
-
 }  // namespace
 
 // ---- matmul ----------------------------------------------------------------------------------
@@ -543,8 +534,8 @@ DropoutResult dropout_reference(const std::vector<float>& x, float p, uint32_t r
     DropoutResult r{std::vector<float>(x.size()), std::vector<float>(x.size())};
     for (size_t i = 0; i < x.size(); ++i) {
         const uint64_t tile = i / tile_values;
-        const float u = uniform(replica_seed + static_cast<uint32_t>(tile) * kSeedStride,
-                                i - tile * tile_values);
+        const float u = hw::vpu_uniform(replica_seed + static_cast<uint32_t>(tile) * kSeedStride,
+                                        i - tile * tile_values);
         r.mask[i] = (u > lim ? 1.0f : 0.0f) * keep;
         r.out[i] = x[i] * r.mask[i];
     }

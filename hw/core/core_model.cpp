@@ -70,15 +70,6 @@ float min_nan(float x, float y) {
     return x < y ? x : y;
 }
 
-/// Counter-based uniform [0, 1): splitmix64 of (seed, index), top 24 bits.
-float uniform(uint32_t seed, uint64_t index) {
-    uint64_t z = (uint64_t(seed) << 32 ^ index) + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-}
-
 }  // namespace
 
 CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, SparseMemory& vmem,
@@ -876,7 +867,7 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
                 break;
             }
             case Opcode::VRand:
-                for (uint64_t i = 0; i < n; ++i) out[i] = uniform(v(1), i);
+                for (uint64_t i = 0; i < n; ++i) out[i] = vpu_uniform(v(1), i);
                 break;
             case Opcode::VRSum:
             case Opcode::VRMax: {

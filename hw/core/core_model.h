@@ -215,8 +215,8 @@ private:
     std::vector<InstrRecord> m_records;
     sim::Tracer* m_tracer = nullptr;
     std::vector<int> m_tracks;  ///< tracer track per unit: seq, dma, vpu, ici, mxu0..
-    std::unique_ptr<CounterTrack> m_mxu_util;  ///< trace counter: MXU PE utilisation
-    std::unique_ptr<CounterTrack> m_hbm_gbps;  ///< trace counter: HBM traffic in GB/s
+    std::unique_ptr<CounterTrack> m_mxu_util;     ///< trace counter: MXU PE utilisation
+    std::unique_ptr<CounterTrack> m_hbm_gbps;     ///< trace counter: HBM traffic in GB/s
     std::unique_ptr<CounterTrack> m_queue_depth;  ///< trace counter: instructions queued
 };
 

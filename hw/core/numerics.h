@@ -22,4 +22,8 @@ inline float bf16_round(float x) {
 /// mid = bf16(x - hi), lo = bf16(x - hi - mid), differences in fp32.
 std::array<uint16_t, 3> split3(float x);
 
+/// v.rand's counter-based uniform in [0, 1): splitmix64 of (seed << 32 ^ index), top 24 bits.
+/// One definition for the device and the host references of kernels that use it.
+float vpu_uniform(uint32_t seed, uint64_t index);
+
 }  // namespace tpu::hw

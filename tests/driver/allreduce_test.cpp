@@ -8,9 +8,12 @@
 
 #include "driver/kernels/allreduce.h"
 #include "hw/board.h"
+#include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
 namespace {
+
+using tutil::bits_of;
 
 /// Exact host sums in ring order are not what a ring computes (each chunk is summed starting
 /// at a different core), so the test uses values whose sums are exact in fp32: small integers.
@@ -81,13 +84,6 @@ std::vector<std::vector<float>> spread_data(size_t cores, uint64_t n, uint32_t s
     for (auto& v : d)
         for (auto& x : v) x = std::ldexp(mant(rng), exp(rng));
     return d;
-}
-
-/// Bit patterns, so -0.0 and NaN compare as the hardware stored them.
-std::vector<uint32_t> bits_of(const std::vector<float>& v) {
-    std::vector<uint32_t> b(v.size());
-    std::memcpy(b.data(), v.data(), v.size() * 4);
-    return b;
 }
 
 /// Runs allreduce() on `data` (one vector per core) and checks every replica bit for bit

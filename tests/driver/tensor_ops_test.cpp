@@ -14,9 +14,16 @@
 
 #include "driver/kernels/tensor_ops.h"
 #include "driver/kernels/vector_ops.h"
+#include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
 namespace {
+
+using tutil::bits_of;
+
+std::string error_of(const std::function<void()>& f) {
+    return tutil::error_of(f, /*usage=*/true);
+}
 
 /// The default board with the race detector on, so every kernel below is also proven race-free.
 std::unique_ptr<Device> open_device() {
@@ -29,24 +36,6 @@ std::vector<float> random_values(size_t n, uint32_t seed, float lo = -2.0f, floa
     std::vector<float> v(n);
     for (auto& x : v) x = d(rng);
     return v;
-}
-
-std::vector<uint32_t> bits_of(const std::vector<float>& v) {
-    std::vector<uint32_t> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<uint32_t>(v[i]);
-    return b;
-}
-
-#define EXPECT_BITS_EQ(got, want) EXPECT_EQ(bits_of(got), bits_of(want))
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const DeviceError& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::Usage);
-        return e.what();
-    }
-    return "no error";
 }
 
 const std::vector<uint32_t> kOne = {0};

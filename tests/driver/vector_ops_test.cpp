@@ -11,9 +11,13 @@
 
 #include "driver/kernels/vector_ops.h"
 #include "tests/common/paths.h"
+#include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
 namespace {
+
+using tutil::bits_of;
+using tutil::error_of;
 
 /// The default board with the race detector on: a race in a kernel is a device fault, so
 /// every test below also proves its kernels race-free.
@@ -39,24 +43,6 @@ std::vector<float> download(Device& dev, const Buffer& b, size_t n) {
     std::vector<float> v(n);
     dev.read(b, v.data(), n * 4);
     return v;
-}
-
-/// Bit patterns, so the comparison is exact (and -0.0 differs from +0.0).
-std::vector<uint32_t> bits_of(const std::vector<float>& v) {
-    std::vector<uint32_t> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<uint32_t>(v[i]);
-    return b;
-}
-
-#define EXPECT_BITS_EQ(got, want) EXPECT_EQ(bits_of(got), bits_of(want))
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const DeviceError& e) {
-        return e.what();
-    }
-    return "no error";
 }
 
 class VectorOpsElementwise : public ::testing::TestWithParam<uint32_t> {};

@@ -279,8 +279,13 @@ TEST(TrainerDataParallel, EightCoresMatchOneCoreLossCurve) {
         EXPECT_LT(one.back(), one.front()) << "the loss must fall";
         // Not bit-equal: 8 cores sum each gradient as 8 partial sums of 8 rows added around
         // the ring, 1 core sums 64 rows in one pass; fp32 rounding differs in the last bits.
-        for (size_t i = 0; i < one.size(); ++i)
-            EXPECT_NEAR(eight[i], one[i], 1e-4 * std::abs(one[i])) << precision << " step " << i;
+        double worst = 0;
+        for (size_t i = 0; i < one.size(); ++i) {
+            EXPECT_NEAR(eight[i], one[i], 1e-5 * std::abs(one[i])) << precision << " step " << i;
+            worst = std::max(worst, std::abs(double(eight[i]) - one[i]) / std::abs(one[i]));
+        }
+        std::printf("%s: largest relative loss difference, 8 cores vs 1 core, 10 steps: %.3g\n",
+                    precision, worst);
     }
 }
 
