@@ -418,6 +418,21 @@ std::vector<float> round_bf16_reference(const std::vector<float>& x) {
 
 // ---- GELU ------------------------------------------------------------------------------------
 
+namespace {
+
+/// Th = tanh(kGeluK (x + kGeluC x^3)), the shared start of gelu and gelu_grad (same order as
+/// gelu_reference): X2 = x x, U = X2 x, U = U kGeluC, U = x + U, U = U kGeluK, Th = tanh(U).
+void gelu_tanh(Body& b, int X, int X2, int U, int Th) {
+    b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(X2), b.a(X), b.a(X)));
+    b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(U), b.a(X2), b.a(X)));
+    b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(U), b.a(U), f32_bits(kGeluC)));
+    b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(U), b.a(X), b.a(U)));
+    b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(U), b.a(U), f32_bits(kGeluK)));
+    b.vpu(fmt::format("        v.tanh {}, {}, s18", b.a(Th), b.a(U)));
+}
+
+}  // namespace
+
 Event gelu(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
     check_same(x, out, "gelu");
     enum { X, X2, U, Th, Out };
@@ -425,12 +440,7 @@ Event gelu(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out)
     sp.ins = {{1, X}};
     sp.outs = {{2, Out}};
     sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(X2), b.a(X), b.a(X)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(U), b.a(X2), b.a(X)));
-        b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(U), b.a(U), f32_bits(kGeluC)));
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(U), b.a(X), b.a(U)));
-        b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(U), b.a(U), f32_bits(kGeluK)));
-        b.vpu(fmt::format("        v.tanh {}, {}, s18", b.a(Th), b.a(U)));
+        gelu_tanh(b, X, X2, U, Th);
         b.vpu(fmt::format("        v.adds {}, {}, 1.0, s18", b.a(Th), b.a(Th)));
         b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(Out), b.a(X), b.a(Th)));
         b.vpu(fmt::format("        v.muls {}, {}, 0.5, s18", b.a(Out), b.a(Out)));
@@ -447,12 +457,7 @@ Event gelu_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor&
     sp.ins = {{1, X}, {2, Dy}};
     sp.outs = {{3, Out}};
     sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(X2), b.a(X), b.a(X)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(U), b.a(X2), b.a(X)));
-        b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(U), b.a(U), f32_bits(kGeluC)));
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(U), b.a(X), b.a(U)));
-        b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(U), b.a(U), f32_bits(kGeluK)));
-        b.vpu(fmt::format("        v.tanh {}, {}, s18", b.a(Th), b.a(U)));
+        gelu_tanh(b, X, X2, U, Th);
         b.vpu(fmt::format("        v.adds {}, {}, 1.0, s18", b.a(L), b.a(Th)));
         b.vpu(fmt::format("        v.muls {}, {}, 0.5, s18", b.a(L), b.a(L)));
         b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(S), b.a(Th), b.a(Th)));

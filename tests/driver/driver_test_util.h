@@ -5,14 +5,33 @@
 #include <bit>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "driver/device.h"
+#include "hw/board_config.h"
 
 namespace tpu::driver::tutil {
+
+/// The default board with the race detector on: a race in a kernel is a device fault, so every
+/// test that uses it also proves its kernels race-free.
+inline std::unique_ptr<Device> open_device() {
+    return Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
+}
+
+/// `n` values uniform in [lo, hi) from `seed`.
+inline std::vector<float> random_values(size_t n, uint32_t seed, float lo = -2.0f,
+                                        float hi = 2.0f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
 
 /// Bit patterns, so the comparison is exact (and -0.0 differs from +0.0).
 inline std::vector<uint32_t> bits_of(const std::vector<float>& v) {

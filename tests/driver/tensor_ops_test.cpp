@@ -20,22 +20,11 @@ namespace tpu::driver {
 namespace {
 
 using tutil::bits_of;
+using tutil::open_device;
+using tutil::random_values;
 
 std::string error_of(const std::function<void()>& f) {
     return tutil::error_of(f, /*usage=*/true);
-}
-
-/// The default board with the race detector on, so every kernel below is also proven race-free.
-std::unique_ptr<Device> open_device() {
-    return Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
-}
-
-std::vector<float> random_values(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
 }
 
 const std::vector<uint32_t> kOne = {0};

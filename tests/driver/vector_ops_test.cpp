@@ -18,20 +18,8 @@ namespace {
 
 using tutil::bits_of;
 using tutil::error_of;
-
-/// The default board with the race detector on: a race in a kernel is a device fault, so
-/// every test below also proves its kernels race-free.
-std::unique_ptr<Device> open_device() {
-    return Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
-}
-
-std::vector<float> random_values(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) x = d(rng);
-    return v;
-}
+using tutil::open_device;
+using tutil::random_values;
 
 Buffer upload(Device& dev, const std::vector<float>& v, uint32_t core = 0) {
     const Buffer b = dev.alloc(v.size() * 4, core);
