@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "hw/board.h"
+#include "hw/mem/hbm_target.h"
+#include "hw/mem/hbm_timing.h"
 
 #include <algorithm>
 #include <charconv>
@@ -95,6 +97,9 @@ struct Board::Impl : CoreEnv {
     BoardConfig cfg;
     uint64_t period_ps;
     std::vector<std::unique_ptr<SparseMemory>> hbm, vmem;
+    /// Per core: the HBM timing that the core's DMA and the TLM target share.
+    std::vector<std::unique_ptr<HbmTimingModel>> hbm_timing;
+    std::vector<std::unique_ptr<HbmTarget>> hbm_targets;
     std::vector<std::unique_ptr<CoreModel>> models;
     std::vector<std::unique_ptr<TensorCore>> modules;
     std::vector<uint64_t> link_free;  ///< per link (see path()): busy until this cycle
@@ -110,7 +115,10 @@ struct Board::Impl : CoreEnv {
                                                          cfg.hbm.bytes_per_core));
             vmem.push_back(
                 std::make_unique<SparseMemory>(fmt::format("core{}.vmem", i), cfg.core.vmem_bytes));
-            models.push_back(std::make_unique<CoreModel>(i, cfg, *hbm[i], *vmem[i], this));
+            hbm_timing.push_back(make_hbm_timing(cfg));
+            models.push_back(
+                std::make_unique<CoreModel>(i, cfg, *hbm[i], *vmem[i], this, hbm_timing[i].get()));
+            hbm_targets.emplace_back();  // made on request: an unbound socket fails elaboration
         }
         for (uint32_t i = 0; i < n; ++i)
             modules.push_back(std::make_unique<TensorCore>(fmt::format("core{}", i).c_str(),
@@ -216,6 +224,14 @@ static void check_core(uint32_t core, uint32_t n) {
     if (core >= n)
         throw std::invalid_argument(
             fmt::format("core {} does not exist (the board has cores 0-{})", core, n - 1));
+}
+
+HbmTarget& Board::hbm_target(uint32_t core) {
+    auto& t = m_impl->hbm_targets.at(core);
+    if (!t)
+        t = std::make_unique<HbmTarget>(fmt::format("core{}_hbm", core).c_str(), *m_impl->hbm[core],
+                                        *m_impl->hbm_timing[core], m_impl->period_ps);
+    return *t;
 }
 
 SparseMemory& Board::hbm(uint32_t core) {

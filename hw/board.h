@@ -17,6 +17,8 @@ class Tracer;
 
 namespace tpu::hw {
 
+class HbmTarget;
+
 /// Every running core waits on a flag that nothing can raise; the message holds a state dump.
 class DeadlockError : public std::runtime_error {
 public:
@@ -44,6 +46,10 @@ public:
     const BoardConfig& config() const;
     uint32_t num_cores() const;
     SparseMemory& hbm(uint32_t core);
+    /// Core `core`'s HBM as a TLM-2.0 target (hw/mem/hbm_target.h) for SystemC initiators.
+    /// Made on the first call, which must come before the first launch (elaboration), and then
+    /// its socket must be bound.
+    HbmTarget& hbm_target(uint32_t core);
     SparseMemory& vmem(uint32_t core);
     CoreModel& core(uint32_t core);
 
