@@ -103,6 +103,8 @@ struct Board::Impl : CoreEnv {
     std::vector<std::unique_ptr<CoreModel>> models;
     std::vector<std::unique_ptr<TensorCore>> modules;
     std::vector<uint64_t> link_free;  ///< per link (see path()): busy until this cycle
+    sim::Tracer* tracer = nullptr;    ///< link transfers go to the "ici" process
+    std::vector<int> link_tracks;     ///< per link: trace track, -2 before first use
     uint32_t outstanding = 0;
     bool faulted = false;
     bool stop_on_fault = false;
@@ -181,10 +183,29 @@ struct Board::Impl : CoreEnv {
         for (uint32_t link : path(src, dst)) {
             uint64_t& free = link_free[link];
             const uint64_t s = std::max(t, free);
-            if (reserve) free = s + ser;
+            if (reserve) {
+                free = s + ser;
+                trace_link(link, s, s + ser, bytes, src, dst);
+            }
             t = s + hop_cycles() + (cut_through ? 0 : ser);
         }
         return cut_through ? t + ser : t;
+    }
+
+    /// An "ici" process with one track per link direction ("core3+x"): when each transfer
+    /// occupies the link.
+    void trace_link(uint32_t link, uint64_t begin, uint64_t end, uint64_t bytes, uint32_t src,
+                    uint32_t dst) {
+        if (!tracer || end <= begin) return;
+        if (link_tracks.empty()) link_tracks.assign(link_free.size(), -2);
+        int& track = link_tracks[link];
+        if (track == -2) {
+            static const char* kDir[] = {"+x", "-x", "+y", "-y"};
+            track = tracer->track("ici", fmt::format("core{}{}", link / 4, kDir[link % 4]));
+        }
+        if (track >= 0)
+            tracer->complete(track, "transfer", begin, end,
+                             {{"bytes", bytes}, {"src", uint64_t(src)}, {"dst", uint64_t(dst)}});
     }
 
     uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes) override {
@@ -268,6 +289,8 @@ void Board::advance(uint64_t cycles) {
 
 void Board::set_tracer(sim::Tracer* tracer) {
     for (auto& m : m_impl->models) m->set_tracer(tracer);
+    m_impl->tracer = tracer && tracer->enabled() ? tracer : nullptr;
+    m_impl->link_tracks.clear();
 }
 
 LaunchResult Board::run(const std::vector<uint32_t>& cores, const std::vector<uint32_t>& args) {

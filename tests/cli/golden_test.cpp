@@ -78,7 +78,7 @@ TEST(Golden, TraceEventTotalsEqualTheStatsCounters) {
         uint64_t halts = 0;
     };
     std::map<std::string, Totals> per_core;
-    uint64_t host_launches = 0;
+    uint64_t host_launches = 0, link_bytes = 0;
     for (const auto& e : t["traceEvents"]) {
         ASSERT_TRUE(e.contains("ph") && e.contains("pid") && e.contains("tid")) << e.dump();
         const std::string ph = e["ph"];
@@ -91,6 +91,12 @@ TEST(Golden, TraceEventTotalsEqualTheStatsCounters) {
         if (ph == "C") continue;
         const std::string core = process.at(e["pid"]);
         const std::string unit = thread.at({e["pid"], e["tid"]});
+        if (core == "ici") {
+            // One span per link a transfer occupies.
+            EXPECT_EQ(e["name"], "transfer") << e.dump();
+            link_bytes += e["args"]["bytes"].get<uint64_t>();
+            continue;
+        }
         if (core == "host") {
             // The host process holds one span per launch, named after its kernel.
             EXPECT_EQ(unit, "kernels") << e.dump();
@@ -145,6 +151,8 @@ TEST(Golden, TraceEventTotalsEqualTheStatsCounters) {
     EXPECT_EQ(k["flops"]["value"].get<uint64_t>(), flops);
     EXPECT_EQ(flops, 2u * (2 * 512 + 64));
     EXPECT_EQ(k["ici_bytes"]["value"], 512);
+    // On the 2-core ring every transfer crosses one link: the ici process carries the same bytes.
+    EXPECT_EQ(link_bytes, 512u);
     EXPECT_EQ(k["instructions"]["value"], 36);
 }
 
