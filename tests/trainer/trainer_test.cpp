@@ -326,6 +326,77 @@ TEST(TrainerDataParallel, ReachesHighAccuracyAndKeepsReplicasIdentical) {
     EXPECT_TRUE(trainer.warnings().empty());
 }
 
+/// Every layer kind in one model: Linear, LayerNorm, GELU, Dropout, ReLU.
+class Blocks : public Module {
+public:
+    Blocks() : Module(4) {
+        fc1 = &add<Linear>("fc1", 16, 32, true, rng());
+        norm = &add<LayerNorm>("norm", 32);
+        drop = &add<Dropout>("drop", 0.1f, 7u);
+        fc2 = &add<Linear>("fc2", 32, 4, true, rng());
+    }
+    Var forward(Runtime& rt, const Var& x) override {
+        return (*fc2)(rt, relu(rt, (*drop)(rt, gelu(rt, (*norm)(rt, (*fc1)(rt, x))))));
+    }
+    OptimizerConfig configure_optimizers() const override {
+        OptimizerConfig o;
+        o.lr = 1e-2f;
+        return o;
+    }
+    Linear *fc1, *fc2;
+    LayerNorm* norm;
+    Dropout* drop;
+};
+
+/// An embedding table looked up by one-hot token ids, then GELU and a classifier.
+class Embed : public Module {
+public:
+    Embed() : Module(5) {
+        emb = &add<Embedding>("emb", 8, 16, rng());
+        fc = &add<Linear>("fc", 16, 4, true, rng());
+    }
+    Var forward(Runtime& rt, const Var& x) override { return (*fc)(rt, gelu(rt, (*emb)(rt, x))); }
+    OptimizerConfig configure_optimizers() const override {
+        OptimizerConfig o;
+        o.lr = 3e-2f;
+        return o;
+    }
+    Embedding* emb;
+    Linear* fc;
+};
+
+TEST(TrainerLayers, EveryLayerTrainsOnEightCores) {
+    auto dev = driver::Device::open(board());
+    TrainerOptions opts;
+    opts.devices = 8;
+    opts.enable_progress_bar = false;
+    opts.log_every_n_steps = 1;
+    opts.max_epochs = 3;
+    {
+        const Dataset all = synthetic(1280, 16, 4, 8);
+        const Dataset train = subset(all, 0, 1024), test = subset(all, 1024, 256);
+        Blocks model;
+        EXPECT_EQ(model.named_parameters().size(), 6u);  // 2 x (weight, bias), gain, bias
+        Trainer tr(*dev, opts);
+        tr.fit(model, DataLoader{&train, 16, true, true, 0});
+        EXPECT_LT(tr.history().back().loss, 0.5f * tr.history().front().loss);
+        EXPECT_GT(tr.validate(model, DataLoader{&test, 16, false, false, 0}).accuracy, 0.9);
+    }
+    {
+        // Token t (one-hot of 8) has class t % 4.
+        Dataset tokens{1024, 8, 4, std::vector<float>(1024 * 8, 0.0f), std::vector<uint8_t>(1024)};
+        for (uint32_t i = 0; i < 1024; ++i) {
+            tokens.x[i * 8 + (i * 5) % 8] = 1.0f;
+            tokens.labels[i] = uint8_t(((i * 5) % 8) % 4);
+        }
+        Embed model;
+        Trainer tr(*dev, opts);
+        tr.fit(model, DataLoader{&tokens, 16, true, true, 0});
+        EXPECT_LT(tr.history().back().loss, 0.2f * tr.history().front().loss);
+        EXPECT_EQ(tr.validate(model, DataLoader{&tokens, 16, false, false, 0}).accuracy, 1.0);
+    }
+}
+
 TEST(TrainerDataParallel, ChangingBatchShapeWarnsOfRecompilation) {
     auto dev = driver::Device::open(board());
     Mlp model({16, 8, 4}, {}, 2);
