@@ -475,15 +475,24 @@ Event gelu_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor&
     return detail::run(dev, cache, sp, {&x, &dy, &dx});
 }
 
+namespace {
+
+/// gelu_tanh's operations on one value, in the same order.
+float gelu_tanh_reference(float x) {
+    const float x2 = x * x;
+    float u = x2 * x;
+    u = u * kGeluC;
+    u = x + u;
+    u = u * kGeluK;
+    return std::tanh(u);
+}
+
+}  // namespace
+
 std::vector<float> gelu_reference(const std::vector<float>& x) {
     std::vector<float> out(x.size());
     for (size_t i = 0; i < x.size(); ++i) {
-        const float x2 = x[i] * x[i];
-        float u = x2 * x[i];
-        u = u * kGeluC;
-        u = x[i] + u;
-        u = u * kGeluK;
-        const float h = std::tanh(u) + 1.0f;
+        const float h = gelu_tanh_reference(x[i]) + 1.0f;
         out[i] = (x[i] * h) * 0.5f;
     }
     return out;
@@ -492,17 +501,12 @@ std::vector<float> gelu_reference(const std::vector<float>& x) {
 std::vector<float> gelu_grad_reference(const std::vector<float>& x, const std::vector<float>& dy) {
     std::vector<float> out(x.size());
     for (size_t i = 0; i < x.size(); ++i) {
-        const float x2 = x[i] * x[i];
-        float u = x2 * x[i];
-        u = u * kGeluC;
-        u = x[i] + u;
-        u = u * kGeluK;
-        const float th = std::tanh(u);
+        const float th = gelu_tanh_reference(x[i]);
         const float l = (th + 1.0f) * 0.5f;
         float s = th * th;
         s = s * -1.0f;
         s = s + 1.0f;
-        float p = x2 * kGeluC3;
+        float p = (x[i] * x[i]) * kGeluC3;
         p = p + 1.0f;
         p = p * kGeluK;
         s = s * p;
