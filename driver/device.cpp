@@ -146,8 +146,7 @@ void Device::check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const
 }
 
 uint64_t Device::link_cycles(uint64_t bytes) const {
-    const double ns = m_cfg->host.setup_ns + double(bytes) / m_cfg->host.link_gb_per_s;
-    return static_cast<uint64_t>(std::ceil(ns * m_cfg->clock_mhz / 1000.0));
+    return m_cfg->ns_to_cycles(m_cfg->host.setup_ns + double(bytes) / m_cfg->host.link_gb_per_s);
 }
 
 void Device::write(const Buffer& b, const void* data, uint64_t bytes, uint64_t offset) {
@@ -371,6 +370,7 @@ void Device::run_batch() {
             ev.core_cycles.push_back(r.core_cycles.at(k));
             ev.end_cycle = std::max(ev.end_cycle, r.start_cycle + r.core_cycles[k]);
         }
+        ev.end_cycle += r.completion_cycles;
         ev.host_seconds = host;
         account(p, ev, before);
         if (m_tracer) {

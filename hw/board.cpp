@@ -105,6 +105,7 @@ struct Board::Impl : CoreEnv {
     std::vector<uint64_t> link_free;  ///< per link (see path()): busy until this cycle
     sim::Tracer* tracer = nullptr;    ///< link transfers go to the "ici" process
     std::vector<int> link_tracks;     ///< per link: trace track, -2 before first use
+    std::vector<int> launch_tracks;   ///< host, then per core: launch-phase track, -2 unmade
     uint32_t outstanding = 0;
     bool faulted = false;
     bool stop_on_fault = false;
@@ -138,7 +139,7 @@ struct Board::Impl : CoreEnv {
     uint32_t num_cores() const override { return cfg.cores(); }
 
     uint64_t hop_cycles() const {
-        return static_cast<uint64_t>(std::ceil(cfg.ici.hop_latency_ns * cfg.clock_mhz / 1000.0));
+        return cfg.ns_to_cycles(cfg.ici.hop_latency_ns);
     }
     uint64_t ser_cycles(uint64_t bytes) const {
         const double per_cycle = cfg.ici.link_gb_per_s * 1e9 / (cfg.clock_mhz * 1e6);
@@ -206,6 +207,34 @@ struct Board::Impl : CoreEnv {
         if (track >= 0)
             tracer->complete(track, "transfer", begin, end,
                              {{"bytes", bytes}, {"src", uint64_t(src)}, {"dst", uint64_t(dst)}});
+    }
+
+    /// Cycle the program of `core`, requested at `start`, is in instruction memory: the
+    /// fetch engine posts every dma_chunk_bytes request of it at once to the core's HBM, where
+    /// the runtime keeps loaded programs (the top imem_bytes of the core's HBM).
+    uint64_t fetch_program(uint32_t core, uint64_t start) {
+        const uint64_t bytes = models[core]->program_bytes();
+        const uint64_t base = cfg.hbm.bytes_per_core - std::min<uint64_t>(cfg.hbm.bytes_per_core,
+                                                                          cfg.core.imem_bytes);
+        uint64_t done = start;
+        for (uint64_t off = 0; off < bytes; off += cfg.core.dma_chunk_bytes) {
+            const auto len =
+                static_cast<uint32_t>(std::min<uint64_t>(cfg.core.dma_chunk_bytes, bytes - off));
+            done = std::max(done, hbm_timing[core]->access(start, base + off, len, false));
+        }
+        return done;
+    }
+
+    /// A launch phase on the host's "launch" track (core < 0) or core N's "launch" track.
+    void trace_launch(int core, std::string_view what, uint64_t begin, uint64_t end) {
+        if (!tracer || end <= begin) return;
+        const size_t slot = size_t(core + 1);
+        if (launch_tracks.size() <= slot) launch_tracks.resize(models.size() + 1, -2);
+        int& track = launch_tracks[slot];
+        if (track == -2)
+            track = tracer->track(core < 0 ? std::string("host") : fmt::format("core{}", core),
+                                  "launch");
+        if (track >= 0) tracer->complete(track, what, begin, end);
     }
 
     uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes) override {
@@ -291,6 +320,7 @@ void Board::set_tracer(sim::Tracer* tracer) {
     for (auto& m : m_impl->models) m->set_tracer(tracer);
     m_impl->tracer = tracer && tracer->enabled() ? tracer : nullptr;
     m_impl->link_tracks.clear();
+    m_impl->launch_tracks.clear();
 }
 
 LaunchResult Board::run(const std::vector<uint32_t>& cores, const std::vector<uint32_t>& args) {
@@ -319,7 +349,21 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     LaunchResult res;
     res.start_cycle = now_cycle();
     res.cores = set;
-    for (size_t i = 0; i < cores.size(); ++i) im.models[cores[i]]->start(res.start_cycle, args[i]);
+    const bool costs = im.cfg.sim.launch_costs;
+    res.completion_cycles = costs ? im.cfg.ns_to_cycles(im.cfg.host.completion_ns) : 0;
+    // Launch timing (hw/README.md): (1) the doorbell reaches the chip, (2) each core fetches its
+    // program from HBM into instruction memory, (3) the sequencer issues the first instruction.
+    const uint64_t rung =
+        res.start_cycle + (costs ? im.cfg.ns_to_cycles(im.cfg.host.doorbell_ns) : 0);
+    im.trace_launch(-1, "doorbell", res.start_cycle, rung);
+    for (size_t i = 0; i < cores.size(); ++i) {
+        const uint32_t c = cores[i];
+        const uint64_t fetched = costs ? im.fetch_program(c, rung) : rung;
+        const uint64_t first = fetched + (costs ? im.cfg.core.first_instr_cycles : 0);
+        im.trace_launch(int(c), "imem_fetch", rung, fetched);
+        im.trace_launch(int(c), "first_instr", fetched, first);
+        im.models[c]->start(first, args[i]);
+    }
     for (uint32_t c : set) im.modules[c]->launch();
     im.outstanding = static_cast<uint32_t>(set.size());
     TPU_LOG(Info, "board", "launch on {} core(s) at cycle {}", set.size(), res.start_cycle);
@@ -343,14 +387,18 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
             im.faulted = true;
             throw DeviceFault(*im.modules[c]->fault());
         }
-    res.end_cycle = res.start_cycle;
+    uint64_t last_halt = res.start_cycle;
     for (uint32_t c : set) {
         const uint64_t end = im.models[c]->local_cycle();
         res.core_cycles.push_back(end - res.start_cycle);
-        res.end_cycle = std::max(res.end_cycle, end);
+        last_halt = std::max(last_halt, end);
         TPU_LOG(Debug, fmt::format("board.core{}", c), "halted after {} cycles, {} instructions",
                 end - res.start_cycle, im.models[c]->stats().instructions);
     }
+    // (4) The completion write-back and interrupt reach the host; the next launch starts after.
+    res.end_cycle = last_halt + res.completion_cycles;
+    im.trace_launch(-1, "completion", last_halt, res.end_cycle);
+    if (res.end_cycle > now_cycle()) advance(res.end_cycle - now_cycle());
     return res;
 }
 

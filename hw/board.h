@@ -25,12 +25,15 @@ public:
     using std::runtime_error::runtime_error;
 };
 
-/// Result of one launch: per-core cycles from launch to halt.
+/// Result of one launch (hw/README.md, "Launch timing"): the host rings the doorbell at
+/// start_cycle; each core fetches its program, issues its first instruction and halts; the
+/// completion reaches the host completion_cycles after a core set's last halt.
 struct LaunchResult {
-    uint64_t start_cycle = 0;           ///< board cycle of the launch
-    uint64_t end_cycle = 0;             ///< board cycle when the last core halted
+    uint64_t start_cycle = 0;           ///< board cycle the host rang the doorbell
+    uint64_t end_cycle = 0;             ///< board cycle the last completion reached the host
     std::vector<uint32_t> cores;        ///< launched cores, ascending
-    std::vector<uint64_t> core_cycles;  ///< cycles each launched core ran (same order)
+    std::vector<uint64_t> core_cycles;  ///< per core (same order): doorbell to its halt
+    uint64_t completion_cycles = 0;     ///< completion write-back and interrupt after a halt
 };
 
 /// The board: cores, their HBM and VMEM, the inter-core network. Owns the SystemC modules
@@ -55,8 +58,8 @@ public:
 
     /// Loads a program on a core (checked against instruction memory).
     void load(uint32_t core, const isa::Program& program);
-    /// Starts `cores` at the current board cycle with launch arguments in s1.. and runs until
-    /// all of them halt. Throws DeviceFault, DeadlockError, std::invalid_argument.
+    /// Launches `cores` at the current board cycle with launch arguments in s1.. and runs until
+    /// all of them halt and the completion has reached the host (launch costs: hw/README.md). Throws DeviceFault, DeadlockError, std::invalid_argument.
     LaunchResult run(const std::vector<uint32_t>& cores, const std::vector<uint32_t>& args = {});
     /// As run(), with each core's own arguments: `args[i]` goes to `cores[i]`.
     LaunchResult run_each(const std::vector<uint32_t>& cores,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -17,6 +18,9 @@ namespace tpu::hw {
 struct SimConfig {
     bool functional = true;         ///< compute values (off: timing only, identical cycles)
     bool race_detector = false;     ///< report unordered overlapping accesses
+    /// Pay each launch's doorbell, instruction fetch, first-instruction latency and completion
+    /// (off: cores start at the launch cycle, for hand-derived unit timing).
+    bool launch_costs = true;
     uint64_t max_cycles = 10'000'000'000;  ///< per launch: stop with a fault after this (0: none)
     std::string log_level = "warn"; ///< error, warn, info, debug
     uint64_t trace_counter_cycles = 1024;  ///< window of the trace's counter tracks
@@ -24,6 +28,9 @@ struct SimConfig {
     void visit(sim::Visitor& v) {
         v("functional", functional, "compute values; off = timing only with identical cycles");
         v("race_detector", race_detector, "report unordered overlapping memory accesses");
+        v("launch_costs", launch_costs,
+          "pay each launch's doorbell, program fetch, first-instruction latency and completion "
+          "(off: cores start at the launch cycle and the launch ends at the last halt)");
         v("max_cycles", max_cycles,
           "a launch running longer than this many cycles stops with a device fault, so a kernel "
           "that never halts cannot hang the simulator (0 = no limit)");
@@ -63,6 +70,10 @@ struct BoardConfig {
     uint32_t cores() const { return chips * cores_per_chip; }
     /// Core clock period in picoseconds (rounded to the nearest ps).
     uint64_t period_ps() const { return static_cast<uint64_t>(1e6 / clock_mhz + 0.5); }
+    /// Whole core cycles that cover `ns` nanoseconds (rounded up): the one ns -> cycles rule.
+    uint64_t ns_to_cycles(double ns) const {
+        return static_cast<uint64_t>(std::ceil(ns * clock_mhz / 1000.0));
+    }
     /// Peak bf16 FLOP/s of one core: 2 FLOPs per PE per cycle.
     double peak_flops_per_core() const {
         return 2.0 * core.mxus * core.mxu_rows * core.mxu_cols * clock_mhz * 1e6;

@@ -23,6 +23,9 @@ struct CoreConfig {
     uint32_t imem_bytes = 256u << 10;  ///< instruction memory per core (32-byte instructions)
     uint32_t queue_depth = 8;          ///< instruction queue entries per unit
     uint32_t dispatch_cycles = 1;      ///< cycles from issue in the sequencer to the unit queue
+    /// Cycles from the program being in instruction memory to the first instruction issuing:
+    /// sequencer fetch, decode and scalar register read (assumed).
+    uint32_t first_instr_cycles = 16;
     uint32_t dma_chunk_bytes = 512;    ///< DMA request size sent to HBM
     uint32_t dma_vmem_bytes_per_cycle = 512;  ///< VMEM port bandwidth of the DMA engine
 
@@ -47,6 +50,9 @@ struct CoreConfig {
         v("queue_depth", queue_depth, "instruction queue entries per unit", {.min = 1});
         v("dispatch_cycles", dispatch_cycles, "cycles from sequencer issue to the unit queue",
           {.min = 1});
+        v("first_instr_cycles", first_instr_cycles,
+          "cycles from the program landing in instruction memory to the first issue",
+          {.min = 0});
         v("dma_chunk_bytes", dma_chunk_bytes, "bytes per DMA request to HBM",
           {.min = 32, .pow2 = true});
         v("dma_vmem_bytes_per_cycle", dma_vmem_bytes_per_cycle,

@@ -118,6 +118,8 @@ public:
     /// Schedules flag += amount at cycle (ICI arrivals from other cores).
     void schedule_flag(uint32_t flag, uint32_t amount, uint64_t cycle);
 
+    /// Bytes of the loaded program (what a launch fetches into instruction memory).
+    uint64_t program_bytes() const { return uint64_t(m_program.size()) * isa::kInstrBytes; }
     bool running() const { return m_running; }
     /// Race detector over this core's VMEM and HBM (active when sim.race_detector is on).
     RaceDetector& race_detector() { return m_race; }

@@ -69,16 +69,17 @@ TEST(CliRun, LoadRunDumpIsBitExact) {
         .write(reinterpret_cast<char*>(a.data()), a.size() * 2);
     std::ofstream(tmp("w.bin"), std::ios::binary)
         .write(reinterpret_cast<char*>(w.data()), w.size() * 2);
-    // The 978 cycles below are derived for the simple HBM model.
+    // The cycles below are derived for the simple HBM model (Board.Matmul128ExampleIs...):
+    // 581 cycles of launch prologue, 978 of kernel, then 470 of completion.
     const Result r =
         tpusim("run " + example("matmul128.s") + " --load 0:0x0=" + tmp("a.bin") +
                " --load 0:hbm:0x8000=" + tmp("w.bin") + " --dump 0:0x10000:65536=" + tmp("c.bin") +
                " --json --set hbm.model=simple");
     ASSERT_EQ(r.code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
-    EXPECT_EQ(j["cycles"], 978);
+    EXPECT_EQ(j["cycles"], 581 + 978 + 470);
     EXPECT_EQ(j["cores"][0]["id"], 0);
-    EXPECT_EQ(j["cores"][0]["cycles"], 978);
+    EXPECT_EQ(j["cores"][0]["cycles"], 581 + 978);
     std::vector<float> c(128 * 128);
     std::ifstream(tmp("c.bin"), std::ios::binary)
         .read(reinterpret_cast<char*>(c.data()), c.size() * 4);
@@ -118,7 +119,9 @@ TEST(CliRun, TraceAndStatsAreWrittenAndDeterministic) {
             EXPECT_TRUE(e.contains("ts") && e.contains("dur") && e["args"].contains("begin_cycle"));
         }
     }
-    EXPECT_EQ(x, 7);  // 1 DMA in, 4 VPU ops, 1 DMA out, and the launch on host/kernels
+    // 1 DMA in, 4 VPU ops, 1 DMA out, the launch on host/kernels, and its four phases (doorbell,
+    // imem_fetch, first_instr, completion) on the launch tracks.
+    EXPECT_EQ(x, 11);
     const auto stats = nlohmann::json::parse(slurp(tmp("t1.stats.json")));
     EXPECT_EQ(stats["board"]["children"]["core0"]["counters"]["vpu_ops"]["value"], 4);
     EXPECT_TRUE(std::filesystem::exists(tmp("t1.stats.json") + ".config.json"));
@@ -199,7 +202,9 @@ TEST(CliRun, BadInputsAreClearErrors) {
 
 TEST(CliRun, AKernelThatNeverHaltsCannotHangTheSimulator) {
     std::ofstream(tmp("inf.s")) << "loop: jmp loop\n";
-    const Result r = tpusim("run " + tmp("inf.s") + " --set sim.max_cycles=1000");
+    // Without launch costs the core starts at cycle 0, so the limit trips at cycle 1001.
+    const Result r = tpusim("run " + tmp("inf.s") +
+                            " --set sim.max_cycles=1000 --set sim.launch_costs=false");
     EXPECT_EQ(r.code, 1);
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(r.err, "tpusim: " + tmp("inf.s") +
@@ -214,7 +219,8 @@ TEST(CliRun, BadExampleKernelsShowTheirReports) {
         << race.err;
     // Without the detector the same kernel runs (and reads whatever the DMA has written).
     EXPECT_EQ(tpusim("run " + example("bad/race.s")).code, 0);
-    const Result dead = tpusim("run " + example("bad/deadlock.s") + " --cores 0,1");
+    const Result dead = tpusim("run " + example("bad/deadlock.s") +
+                               " --cores 0,1 --set sim.launch_costs=false");
     EXPECT_EQ(dead.code, 1);
     EXPECT_EQ(dead.err, "tpusim: " + example("bad/deadlock.s") +
                             ": deadlock at cycle 2: every running core waits on a flag that "
@@ -295,7 +301,9 @@ TEST(CliStats, RunNamesItsKernelAfterTheFile) {
     EXPECT_EQ(k["arithmetic_intensity"]["value"], 0.5);
     EXPECT_EQ(k["arithmetic_intensity"]["unit"], "flops_per_byte");
     EXPECT_EQ(k["mxu_utilization"]["value"], 0.0);
-    EXPECT_EQ(k["cycles"]["value"], k["core_cycles"]["value"]);  // one core
+    // One core: the launch lasts from the doorbell to its halt, plus the completion (500 ns =
+    // 470 cycles at 940 MHz).
+    EXPECT_EQ(k["cycles"]["value"], k["core_cycles"]["value"].get<uint64_t>() + 470);
 }
 
 TEST(CliStats, GemmKernelCountsTheMxuWorkOfThePaddedShape) {

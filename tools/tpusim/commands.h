@@ -60,5 +60,6 @@ void register_gemm_command(CLI::App& app);    ///< gemm
 void register_train_command(CLI::App& app);   ///< train
 void register_report_command(CLI::App& app);  ///< report
 void register_bench_command(CLI::App& app);   ///< bench
+void register_validate_command(CLI::App& app);  ///< validate
 
 }  // namespace tpu::cli

@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: Apache-2.0
+// tpusim validate: published real-TPU timings (validation/tpuv3.csv) against this board.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "driver/kernels/gemm.h"
+#include "tools/tpusim/commands.h"
+
+#ifndef TPU_SOURCE_DIR
+#define TPU_SOURCE_DIR "."
+#endif
+
+namespace tpu::cli {
+namespace {
+
+/// A row's `key=value` parameters (bare words such as a layout tag `NHWC` map to "").
+using Params = std::map<std::string, std::string>;
+
+/// One row of the file, checked.
+struct Row {
+    size_t line = 0;
+    std::string workload, params_text;
+    Params params;
+    uint64_t real_cycles = 0;
+    double clock_mhz = 0;
+    uint32_t cores = 0;
+};
+
+/// Runs one row's workload on the device; returns its cycles from launch to completion.
+using Runner = std::function<uint64_t(driver::Device&, driver::ProgramCache&, const Row&)>;
+
+/// One row kind: the parameters it takes (all required) and, once its kernel exists, a runner.
+struct Kind {
+    std::vector<std::string> keys;   ///< required `key=` parameters
+    std::vector<std::string> tags;   ///< accepted bare words (layouts)
+    Runner run;                      ///< empty: the kind is known but not simulated yet
+    std::string missing;             ///< why `run` is empty
+};
+
+/// The parameter `key` of a row as a positive integer; the error names the line and key.
+uint32_t positive(const Params& p, const std::string& key, size_t line) {
+    const std::string& v = p.at(key);
+    uint64_t x = 0;
+    const bool digits = !v.empty() && v.size() <= 9 &&
+                        v.find_first_not_of("0123456789") == std::string::npos;
+    if (digits) x = std::stoull(v);
+    if (!digits || x == 0)
+        throw InputError(fmt::format("line {}: parameter {}={} is not a positive integer below "
+                                     "1e9",
+                                     line, key, v));
+    return static_cast<uint32_t>(x);
+}
+
+uint64_t run_gemm(driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
+    const uint32_t M = positive(r.params, "M", r.line), K = positive(r.params, "K", r.line),
+                   N = positive(r.params, "N", r.line);
+    // Values do not matter for timing; the board runs timing-only (identical cycles).
+    const std::vector<float> a(size_t(M) * K, 0.5f), w(size_t(K) * N, 0.25f);
+    std::vector<uint32_t> cores(r.cores);
+    for (uint32_t i = 0; i < r.cores; ++i) cores[i] = i;
+    const auto res = driver::gemm(dev, cache, a, w, M, K, N, driver::Precision::Bf16, cores);
+    return res.event.end_cycle - res.event.start_cycle;
+}
+
+/// The row kinds `tpusim validate` knows. A kind whose kernel is not in the library yet is
+/// listed with the reason, so its rows are reported as not simulated rather than rejected.
+const std::map<std::string, Kind>& kinds() {
+    static const std::map<std::string, Kind> k = [] {
+        std::map<std::string, Kind> m;
+        m["gemm"] = Kind{{"M", "K", "N"}, {}, run_gemm, {}};
+        m["conv2d"] = Kind{{"B", "H", "W", "Cin", "Cout", "k", "stride", "pad"},
+                           {"NHWC"},
+                           nullptr,
+                           "the kernel library has no conv2d kernel yet"};
+        return m;
+    }();
+    return k;
+}
+
+/// Splits one CSV line into fields: commas separate, double quotes enclose a field that may
+/// hold commas, and "" inside quotes is one quote.
+std::vector<std::string> csv_fields(const std::string& line, size_t line_no) {
+    std::vector<std::string> out(1);
+    bool quoted = false;
+    for (size_t i = 0; i < line.size(); ++i) {
+        const char c = line[i];
+        if (quoted) {
+            if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+                out.back() += '"';
+                ++i;
+            } else if (c == '"') {
+                quoted = false;
+            } else {
+                out.back() += c;
+            }
+        } else if (c == '"' && out.back().empty()) {
+            quoted = true;
+        } else if (c == ',') {
+            out.emplace_back();
+        } else {
+            out.back() += c;
+        }
+    }
+    if (quoted) throw InputError(fmt::format("line {}: a quoted field is not closed", line_no));
+    return out;
+}
+
+std::vector<Row> read_rows(const std::string& path, uint32_t board_cores) {
+    if (std::filesystem::is_directory(path))
+        throw InputError(fmt::format("--data {}: is a directory, not a CSV file", path));
+    std::ifstream in(path);
+    if (!in) throw InputError(fmt::format("--data {}: cannot open the file", path));
+    static const std::vector<std::string> kHeader = {"workload",  "params", "real_cycles",
+                                                     "clock_mhz", "cores",  "source"};
+    std::vector<Row> rows;
+    std::string line;
+    size_t n = 0;
+    auto where = [&](size_t l) { return fmt::format("{}:{}", path, l); };
+    while (std::getline(in, line)) {
+        ++n;
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (line.find_first_not_of(" \t") == std::string::npos) continue;
+        auto f = csv_fields(line, n);
+        if (n == 1) {
+            if (f != kHeader)
+                throw InputError(fmt::format("{}: the header must be '{}'", where(n),
+                                             fmt::join(kHeader, ",")));
+            continue;
+        }
+        if (f.size() != kHeader.size())
+            throw InputError(fmt::format("{}: {} fields, expected {} ({})", where(n), f.size(),
+                                         kHeader.size(), fmt::join(kHeader, ",")));
+        Row r;
+        r.line = n;
+        r.workload = f[0];
+        r.params_text = f[1];
+        const auto kind = kinds().find(r.workload);
+        if (kind == kinds().end()) {
+            std::vector<std::string> names;
+            for (const auto& [name, k] : kinds()) names.push_back(name);
+            throw InputError(fmt::format("{}: unknown workload '{}' (known: {})", where(n),
+                                         r.workload, fmt::join(names, ", ")));
+        }
+        std::istringstream ps(f[1]);
+        for (std::string tok; ps >> tok;) {
+            const size_t eq = tok.find('=');
+            const std::string key = tok.substr(0, eq);
+            const bool tag = eq == std::string::npos;
+            const auto& k = kind->second;
+            const auto& allowed = tag ? k.tags : k.keys;
+            if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+                throw InputError(fmt::format("{}: {} '{}' is not a {} parameter (takes {}{}{})",
+                                             where(n), tag ? "word" : "key", key, r.workload,
+                                             fmt::join(k.keys, "= "), k.keys.empty() ? "" : "=",
+                                             k.tags.empty() ? "" : fmt::format(
+                                                                       " and {}",
+                                                                       fmt::join(k.tags, ", "))));
+            if (!r.params.emplace(key, tag ? "" : tok.substr(eq + 1)).second)
+                throw InputError(fmt::format("{}: parameter {} appears twice", where(n), key));
+        }
+        for (const auto& key : kind->second.keys) {
+            if (!r.params.count(key))
+                throw InputError(fmt::format("{}: {} needs parameter {}=", where(n), r.workload,
+                                             key));
+            positive(r.params, key, n);
+        }
+        try {
+            size_t used = 0;
+            r.real_cycles = std::stoull(f[2], &used);
+            if (used != f[2].size() || r.real_cycles == 0) throw std::invalid_argument("");
+        } catch (const std::exception&) {
+            throw InputError(fmt::format("{}: real_cycles '{}' is not a positive integer",
+                                         where(n), f[2]));
+        }
+        try {
+            size_t used = 0;
+            r.clock_mhz = std::stod(f[3], &used);
+            if (used != f[3].size() || !(r.clock_mhz > 0) || !std::isfinite(r.clock_mhz))
+                throw std::invalid_argument("");
+        } catch (const std::exception&) {
+            throw InputError(fmt::format("{}: clock_mhz '{}' is not a positive number", where(n),
+                                         f[3]));
+        }
+        try {
+            size_t used = 0;
+            const unsigned long c = std::stoul(f[4], &used);
+            if (used != f[4].size() || c == 0) throw std::invalid_argument("");
+            if (c > board_cores)
+                throw InputError(fmt::format("{}: the row uses {} cores; the board has {}",
+                                             where(n), c, board_cores));
+            r.cores = static_cast<uint32_t>(c);
+        } catch (const InputError&) {
+            throw;
+        } catch (const std::exception&) {
+            throw InputError(fmt::format("{}: cores '{}' is not a positive integer", where(n),
+                                         f[4]));
+        }
+        if (f[5].empty())
+            throw InputError(fmt::format("{}: the source of the measurement is missing", where(n)));
+        rows.push_back(std::move(r));
+    }
+    if (n == 0) throw InputError(fmt::format("--data {}: the file is empty", path));
+    if (rows.empty()) throw InputError(fmt::format("--data {}: no rows after the header", path));
+    return rows;
+}
+
+}  // namespace
+
+void register_validate_command(CLI::App& app) {
+    struct Opts {
+        CommonOptions common;
+        std::string data = std::string(TPU_SOURCE_DIR) + "/validation/tpuv3.csv";
+    };
+    auto o = std::make_shared<Opts>();
+    auto* cmd = app.add_subcommand(
+        "validate", "compare simulated cycles with published real-TPU timings (a CSV)");
+    cmd->add_option("--data", o->data, "CSV of real timings (workload,params,real_cycles,"
+                                       "clock_mhz,cores,source)")
+        ->capture_default_str();
+    add_config_options(*cmd, o->common);
+    cmd->add_flag("--json", o->common.json,
+                  "print {\"rows\":[{workload,params,sim_cycles,real_cycles,error}],\"mae\"}");
+    cmd->callback([o] {
+        hw::BoardConfig cfg = o->common.board_config();
+        const std::vector<Row> rows = read_rows(o->data, cfg.cores());
+        // Timing only: cycle counts are identical with the arithmetic on (hw/README.md).
+        cfg.sim.functional = false;
+        auto dev = driver::Device::open(cfg);
+        driver::ProgramCache cache;
+
+        nlohmann::ordered_json out;
+        out["rows"] = nlohmann::ordered_json::array();
+        double abs_sum = 0;
+        size_t simulated = 0;
+        std::string table =
+            fmt::format("{:<8} {:<44} {:>12} {:>12} {:>8}\n", "workload", "params", "sim cycles",
+                        "real cycles", "error");
+        for (const Row& r : rows) {
+            nlohmann::ordered_json j;
+            j["workload"] = r.workload;
+            j["params"] = r.params_text;
+            const Kind& kind = kinds().at(r.workload);
+            // Real cycles count the row's clock: compare durations, shown in board cycles.
+            const double real_board =
+                double(r.real_cycles) * cfg.clock_mhz / r.clock_mhz;
+            if (!kind.run) {
+                j["sim_cycles"] = nullptr;
+                j["real_cycles"] = r.real_cycles;
+                j["error"] = nullptr;
+                j["skipped"] = kind.missing;
+                table += fmt::format("{:<8} {:<44} {:>12} {:>12} {:>8}  (not simulated: {})\n",
+                                     r.workload, r.params_text, "-", r.real_cycles, "-",
+                                     kind.missing);
+                out["rows"].push_back(j);
+                continue;
+            }
+            uint64_t sim_cycles = 0;
+            try {
+                sim_cycles = kind.run(*dev, cache, r);
+            } catch (const driver::DeviceError& e) {
+                if (e.kind() == driver::ErrorKind::Usage ||
+                    e.kind() == driver::ErrorKind::OutOfMemory)
+                    throw InputError(fmt::format("{}:{}: {}", o->data, r.line, e.what()));
+                throw RunError(fmt::format("{}:{}: {}", o->data, r.line, e.what()));
+            }
+            const double error = double(sim_cycles) / real_board - 1.0;
+            abs_sum += std::abs(error);
+            ++simulated;
+            j["sim_cycles"] = sim_cycles;
+            j["real_cycles"] = r.real_cycles;
+            j["error"] = error;
+            table += fmt::format("{:<8} {:<44} {:>12} {:>12} {:>+7.1f}%\n", r.workload,
+                                 r.params_text, sim_cycles, r.real_cycles, 100.0 * error);
+            out["rows"].push_back(j);
+        }
+        const double mae = simulated ? abs_sum / double(simulated) : 0.0;
+        out["mae"] = simulated ? nlohmann::ordered_json(mae) : nlohmann::ordered_json(nullptr);
+        out["simulated_rows"] = simulated;
+        if (o->common.json) {
+            fmt::print("{}\n", out.dump());
+        } else {
+            fmt::print("{}", table);
+            fmt::print("mean absolute error {:.1f}% over {} of {} rows ({} at {} MHz)\n",
+                       100.0 * mae, simulated, rows.size(), cfg.name, cfg.clock_mhz);
+        }
+    });
+}
+
+}  // namespace tpu::cli
