@@ -54,6 +54,25 @@ TEST(Board, ScalarLoopTakesOneCyclePerInstruction) {
     EXPECT_EQ(b.now_cycle(), 21u);
 }
 
+TEST(Board, TrivialLaunchPaysTheDocumentedStartAndEndCosts) {
+    // A program that only halts, on the default board with the simple HBM (hw/README.md,
+    // "Launch timing"): doorbell 500 ns = 470 cycles at 940 MHz; the 32-byte program fetched
+    // from HBM: bus 32 / 479.49 = 0.07 cycles -> ceil(470.07) = 471, + 100 ns latency (94) =
+    // 565; the first instruction (the halt) issues 16 cycles later, at 581, with nothing in
+    // flight; the completion (500 ns = 470 cycles) reaches the host at 1051 = 1.12 us.
+    Board b(BoardConfig::load("", {"hbm.model=simple"}));
+    b.load(0, isa::assemble("halt"));
+    const auto r = b.run({0});
+    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{581});
+    EXPECT_EQ(r.completion_cycles, 470u);
+    EXPECT_EQ(r.end_cycle - r.start_cycle, 1051u);
+    EXPECT_EQ(b.now_cycle(), 1051u);  // the next launch rings its doorbell after the completion
+    // A second launch pays the same again: its fetch finds the HBM pipe idle.
+    const auto r2 = b.run({0});
+    EXPECT_EQ(r2.start_cycle, 1051u);
+    EXPECT_EQ(r2.end_cycle - r2.start_cycle, 1051u);
+}
+
 TEST(Board, Matmul128ExampleIsBitExactAndCycleExact) {
     // The cycle count below is derived for the simple HBM model.
     Board b(BoardConfig::load("", {"sim.race_detector=true", "hbm.model=simple"}));
