@@ -95,8 +95,8 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
 }
 
 std::string gemm_key(const GemmTiling& t) {
-    return fmt::format("gemm R{} C{} Kp{} Np{} T{} mxus{} {}", t.R, t.C, t.Kp, t.Np, t.block_rows,
-                       t.mxus, precision_name(t.precision));
+    return fmt::format("gemm R{} C{} Kp{} Np{} T{} mxus{} {}{}", t.R, t.C, t.Kp, t.Np,
+                       t.block_rows, t.mxus, precision_name(t.precision), t.tiled ? " tiled" : "");
 }
 
 namespace {
@@ -125,6 +125,8 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     L("# 0/1)");
     L("# counters: s20 A, s22/s23 lw, s24/s25 mm, s27/s30 W into slot 0/1, s26/s28 C out of slot");
     L("# 0/1, s29 group (C slot parity)");
+    // s31: bytes of one column panel of A in the tile-major layout (rows x R bf16).
+    if (t.tiled) L("        mul s31, s4, {}", R * 2);
     L("        li s6, 0");
     L("block:  sub s7, s4, s6");
     L("        li s10, {}", Tm);
@@ -132,15 +134,25 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     L("        li s7, {}", Tm);
     // A block: panel (p, k) = rows x R bf16 from HBM A_p + row * Kp*2 + k * R*2.
     L("rows_ok: li s9, 0");
-    L("        mul s11, s6, {}", t.Kp * 2);
-    L("load_a: mul s10, s9, {}", R * 2);
+    if (t.tiled) {
+        // Panel k's rows of this block: one contiguous run of s7 x R x 2 bytes.
+        L("        mul s11, s6, {}", R * 2);
+        L("        mul s13, s7, {}", R * 2);
+        L("load_a: mul s10, s9, s31");
+    } else {
+        L("        mul s11, s6, {}", t.Kp * 2);
+        L("load_a: mul s10, s9, {}", R * 2);
+    }
     L("        add s10, s10, s11");
     L("        add s10, s10, s1");
     L("        mul s12, s9, {}", panel);
     for (int p = 0; p < PA; ++p) {
         if (p) L("        add s10, s10, s5");
-        L("        dma.hv [s12+{}], [s10], s7, {}, {}, {}, f0", vm.a + p * KT * panel, R * 2, R * 2,
-          t.Kp * 2);
+        if (t.tiled)
+            L("        dma.hv [s12+{}], [s10], 1, s13, s13, s13, f0", vm.a + p * KT * panel);
+        else
+            L("        dma.hv [s12+{}], [s10], s7, {}, {}, {}, f0", vm.a + p * KT * panel, R * 2,
+              R * 2, t.Kp * 2);
     }
     L("        add s9, s9, 1");
     L("        bne s9, {}, load_a", KT);
@@ -156,15 +168,25 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
 
     // W tile (k = reg) of panel n for MXU m into `slot`: rows k*R.., columns n*C...
     auto w_dma = [&](const char* kreg, int m, int nm, int slot) {
-        L("        mul s14, {}, {}", kreg, uint64_t(R) * t.Np * 2);
-        L("        mul s15, s8, {}", uint64_t(nm) * C * 2);
+        if (t.tiled) {
+            // Tile (k, n) is one contiguous run of R x C x 2 bytes.
+            L("        mul s14, {}, {}", kreg, uint64_t(NT) * wtile);
+            L("        mul s15, s8, {}", uint64_t(nm) * wtile);
+        } else {
+            L("        mul s14, {}, {}", kreg, uint64_t(R) * t.Np * 2);
+            L("        mul s15, s8, {}", uint64_t(nm) * C * 2);
+        }
         L("        add s14, s14, s15");
         L("        add s14, s14, s2");
         for (int q = 0; q < PA; ++q) {
             if (q) L("        add s14, s14, {}", wpart_stride);
-            L("        dma.hv [{}], [s14+{}], {}, {}, {}, {}, f{}",
-              vm.w + (uint64_t(m) * 2 * PA + uint64_t(slot) * PA + q) * wtile, uint64_t(m) * C * 2,
-              R, C * 2, C * 2, t.Np * 2, wflag[slot]);
+            const uint64_t dst = vm.w + (uint64_t(m) * 2 * PA + uint64_t(slot) * PA + q) * wtile;
+            if (t.tiled)
+                L("        dma.hv [{}], [s14+{}], 1, {}, {}, {}, f{}", dst, uint64_t(m) * wtile,
+                  wtile, wtile, wtile, wflag[slot]);
+            else
+                L("        dma.hv [{}], [s14+{}], {}, {}, {}, {}, f{}", dst, uint64_t(m) * C * 2, R,
+                  C * 2, C * 2, t.Np * 2, wflag[slot]);
         }
     };
     auto w_tiles = [&](const char* kreg, int nm, int slot) {
@@ -219,9 +241,18 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         k_step(nm, tag, 1);
         L("        bne s9, {}, k0_{}", KT, tag);
         // Results out: wait for each MXU's last matmul, then DMA its panel to HBM.
-        L("kend_{}: mul s10, s6, {}", tag, c_stride);
-        L("        add s10, s10, s3");
-        L("        mul s11, s8, {}", uint64_t(nm) * C * 4);
+        if (t.tiled) {
+            // Panel n of C is rows x C fp32, contiguous; s21 = its bytes.
+            L("kend_{}: mul s10, s6, {}", tag, C * 4);
+            L("        add s10, s10, s3");
+            L("        mul s21, s4, {}", C * 4);
+            L("        mul s11, s8, {}", nm);
+            L("        mul s11, s11, s21");
+        } else {
+            L("kend_{}: mul s10, s6, {}", tag, c_stride);
+            L("        add s10, s10, s3");
+            L("        mul s11, s8, {}", uint64_t(nm) * C * 4);
+        }
         L("        add s10, s10, s11");
         for (int m = 0; m < nm; ++m) {
             L("        add s{}, s{}, {}", 24 + m, 24 + m, KT);
@@ -239,9 +270,15 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
                 L("cw_{}:", tag);
             }
             // Out of the group's C slot, raising that slot's flag.
+            if (t.tiled && m > 0) L("        add s10, s10, s21");
             auto store = [&](int slot) {
-                L("        dma.vh [s10+{}], [{}], s7, {}, {}, {}, f{}", uint64_t(m) * C * 4,
-                  vm.c + (uint64_t(m) * 2 + slot) * cslot, row_bytes, c_stride, C * 4, cflag[slot]);
+                if (t.tiled)
+                    L("        dma.vh [s10], [{}], s7, {}, {}, {}, f{}",
+                      vm.c + (uint64_t(m) * 2 + slot) * cslot, C * 4, C * 4, C * 4, cflag[slot]);
+                else
+                    L("        dma.vh [s10+{}], [{}], s7, {}, {}, {}, f{}", uint64_t(m) * C * 4,
+                      vm.c + (uint64_t(m) * 2 + slot) * cslot, row_bytes, c_stride, C * 4,
+                      cflag[slot]);
             };
             L("        bne s12, 0, cst1_{}{}", tag, m);
             store(0);
@@ -285,6 +322,8 @@ isa::Program gemm_program(const GemmTiling& t) {
 }
 
 isa::Program gemm_program_compact(const GemmTiling& t, uint32_t n_cols) {
+    if (t.tiled)
+        throw DeviceError(ErrorKind::Usage, "gemm: compact C is a row-major layout, not tiled");
     if (n_cols == 0 || n_cols > t.Np || n_cols + t.C <= t.Np)
         throw DeviceError(
             ErrorKind::Usage,
@@ -348,16 +387,21 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
     std::vector<uint32_t> active;
     for (uint32_t i = 0; i < n_cores; ++i)
         if (rows[i]) active.push_back(i);
-    const GemmTiling t = plan_gemm(dev.config(), rows[0], K, N, precision);
+    GemmTiling t = plan_gemm(dev.config(), rows[0], K, N, precision);
+    t.tiled = true;
     const isa::Program& prog = cache.get(gemm_key(t), [&] { return gemm_program(t); });
     const int P = parts(precision);
 
-    // Host-side split and padding into the kernel's HBM layouts.
+    // Host-side split and padding into the kernel's tile-major HBM layouts (gemm.h), as the
+    // runtime lays arrays out on transfer.
+    const uint32_t NT = t.Np / t.C;
     std::vector<uint16_t> wl(size_t(P) * t.Kp * t.Np, 0);
     for (uint32_t k = 0; k < K; ++k)
         for (uint32_t n = 0; n < N; ++n) {
             const auto s = hw::split3(w[size_t(k) * N + n]);
-            for (int p = 0; p < P; ++p) wl[size_t(p) * t.Kp * t.Np + size_t(k) * t.Np + n] = s[p];
+            const size_t tile = size_t(k / t.R) * NT + n / t.C;
+            const size_t at = (tile * t.R + k % t.R) * t.C + n % t.C;
+            for (int p = 0; p < P; ++p) wl[size_t(p) * t.Kp * t.Np + at] = s[p];
         }
     struct Bufs {
         Buffer a, w, c;
@@ -371,7 +415,8 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
         for (uint32_t r = 0; r < m; ++r)
             for (uint32_t k = 0; k < K; ++k) {
                 const auto s = hw::split3(a[size_t(row0[i] + r) * K + k]);
-                for (int p = 0; p < P; ++p) al[size_t(p) * m * t.Kp + size_t(r) * t.Kp + k] = s[p];
+                const size_t at = (size_t(k / t.R) * m + r) * t.R + k % t.R;
+                for (int p = 0; p < P; ++p) al[size_t(p) * m * t.Kp + at] = s[p];
             }
         dev.write(b.a, al.data(), al.size() * 2);
         dev.write(b.w, wl.data(), wl.size() * 2);
@@ -393,7 +438,9 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
         part.resize(size_t(m) * t.Np);
         dev.read(bufs[j].c, part.data(), part.size() * 4);
         for (uint32_t r = 0; r < m; ++r)
-            std::copy_n(&part[size_t(r) * t.Np], N, &res.c[size_t(row0[active[j]] + r) * N]);
+            for (uint32_t n0 = 0; n0 < N; n0 += t.C)
+                std::copy_n(&part[(size_t(n0 / t.C) * m + r) * t.C], std::min(t.C, N - n0),
+                            &res.c[size_t(row0[active[j]] + r) * N + n0]);
         dev.free(bufs[j].a);
         dev.free(bufs[j].w);
         dev.free(bufs[j].c);

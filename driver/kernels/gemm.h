@@ -30,6 +30,8 @@ struct GemmTiling {
     uint32_t block_rows = 0;  ///< LHS rows streamed per matmul (T)
     uint32_t mxus = 0;        ///< MXUs used
     Precision precision = Precision::Bf16;
+    /// Operands in the tile-major HBM layout (gemm_program) instead of row-major.
+    bool tiled = false;
 };
 
 /// Chooses the tiling of a GEMM whose largest per-core share has `max_rows` rows.
@@ -37,8 +39,14 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
                      Precision precision);
 /// The per-core kernel. Launch arguments: s1 = A (part 0) HBM address, s2 = W (part 0),
 /// s3 = C, s4 = rows on this core, s5 = bytes between A's parts (rows x Kp x 2).
-/// HBM layouts: A parts rows x Kp bf16, W parts Kp x Np bf16 (Kp Np 2 bytes apart), C rows x Np
-/// fp32, all row-major and zero-padded.
+/// HBM layouts, each zero-padded, parts of A (W) rows x Kp x 2 (Kp x Np x 2) bytes apart:
+/// - row-major (`tiled` off; what the device-side packing of tensor_ops writes): A parts
+///   rows x Kp bf16, W parts Kp x Np bf16, C rows x Np fp32;
+/// - tile-major (`tiled` on; what gemm() writes from the host, as a TPU runtime converts arrays
+///   to XLA's tiled HBM layouts on transfer): A as Kp / R column panels, each rows x R bf16 and
+///   contiguous; W as R x C tiles, tile (k, n) at ((k Np / C + n) R C 2) bytes, each row-major
+///   and contiguous; C as Np / C column panels, each rows x C fp32 and contiguous. Every DMA of
+///   the kernel then reads or writes one contiguous run, which HBM serves at streaming rates.
 isa::Program gemm_program(const GemmTiling& t);
 /// Cache key of the kernel (kernel, tiling, precision).
 std::string gemm_key(const GemmTiling& t);
