@@ -121,9 +121,9 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     L("# library GEMM: {} passes, R={} C={} Kp={} Np={} T={} mxus={}", pass_list.size(), R, C, t.Kp,
       t.Np, Tm, t.mxus);
     L("# s1 A, s2 W, s3 C (HBM), s4 rows, s5 A part stride; s6 block row, s7 block rows");
-    L("# flags: f0 A in, f1/f8 W in (slot 0/1), f2/f3 lw done, f4/f5 mm done, f6/f7 C out (slot");
+    L("# flags: f1/f8 W and A panels in (slot 0/1), f2/f3 lw done, f4/f5 mm done, f6/f7 C out (slot");
     L("# 0/1)");
-    L("# counters: s20 A, s22/s23 lw, s24/s25 mm, s27/s30 W into slot 0/1, s26/s28 C out of slot");
+    L("# counters: s22/s23 lw, s24/s25 mm, s27/s30 W+A into slot 0/1, s26/s28 C out of slot");
     L("# 0/1, s29 group (C slot parity)");
     // s31: bytes of one column panel of A in the tile-major layout (rows x R bf16).
     if (t.tiled) L("        mul s31, s4, {}", R * 2);
@@ -132,32 +132,15 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     L("        li s10, {}", Tm);
     L("        bltu s7, s10, rows_ok");
     L("        li s7, {}", Tm);
-    // A block: panel (p, k) = rows x R bf16 from HBM A_p + row * Kp*2 + k * R*2.
-    L("rows_ok: li s9, 0");
+    // A block: its panels stream in with the first group's weight tiles (a_panel below), so
+    // the first matmul waits for one panel, not the whole block. s20 = the block's first row
+    // within a panel, s13 = bytes of the block's rows of one panel (tiled).
     if (t.tiled) {
-        // Panel k's rows of this block: one contiguous run of s7 x R x 2 bytes.
-        L("        mul s11, s6, {}", R * 2);
+        L("rows_ok: mul s20, s6, {}", R * 2);
         L("        mul s13, s7, {}", R * 2);
-        L("load_a: mul s10, s9, s31");
     } else {
-        L("        mul s11, s6, {}", t.Kp * 2);
-        L("load_a: mul s10, s9, {}", R * 2);
+        L("rows_ok: mul s20, s6, {}", t.Kp * 2);
     }
-    L("        add s10, s10, s11");
-    L("        add s10, s10, s1");
-    L("        mul s12, s9, {}", panel);
-    for (int p = 0; p < PA; ++p) {
-        if (p) L("        add s10, s10, s5");
-        if (t.tiled)
-            L("        dma.hv [s12+{}], [s10], 1, s13, s13, s13, f0", vm.a + p * KT * panel);
-        else
-            L("        dma.hv [s12+{}], [s10], s7, {}, {}, {}, f0", vm.a + p * KT * panel, R * 2,
-              R * 2, t.Kp * 2);
-    }
-    L("        add s9, s9, 1");
-    L("        bne s9, {}, load_a", KT);
-    L("        add s20, s20, {}", KT * PA);
-    L("        wait f0, s20");
 
     // Per-slot flags and counts: a banked HBM can finish a DMA before one issued earlier, so a
     // count over both slots of one flag would not prove that the slot about to be read is full.
@@ -194,6 +177,30 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         L("        add {}, {}, {}", wcount[slot], wcount[slot], PA * nm);
     };
 
+    // A panel k = reg of this block into the A area, counted with the weight tiles of `slot`; only
+    // the block's first group (s8 = 0) loads them, the later groups reuse them.
+    auto a_panel = [&](const char* kreg, int slot, const std::string& label) {
+        L("        bne s8, 0, {}", label);
+        if (t.tiled)
+            L("        mul s10, {}, s31", kreg);
+        else
+            L("        mul s10, {}, {}", kreg, R * 2);
+        L("        add s10, s10, s20");
+        L("        add s10, s10, s1");
+        L("        mul s11, {}, {}", kreg, panel);
+        for (int p = 0; p < PA; ++p) {
+            if (p) L("        add s10, s10, s5");
+            if (t.tiled)
+                L("        dma.hv [s11+{}], [s10], 1, s13, s13, s13, f{}", vm.a + p * KT * panel,
+                  wflag[slot]);
+            else
+                L("        dma.hv [s11+{}], [s10], s7, {}, {}, {}, f{}", vm.a + p * KT * panel,
+                  R * 2, R * 2, t.Kp * 2, wflag[slot]);
+        }
+        L("        add {}, {}, {}", wcount[slot], wcount[slot], PA);
+        L("{}:", label);
+    };
+
     // K step s9 (even for slot 0, odd for slot 1) of a group: prefetch step s9 + 1 into the other
     // slot, wait for this slot's tiles, run the passes.
     auto k_step = [&](int nm, const std::string& tag, int slot) {
@@ -202,6 +209,7 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         // The slot about to be refilled was read by the previous step's weight loads.
         for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
         w_tiles("s16", nm, 1 - slot);
+        a_panel("s16", 1 - slot, fmt::format("na{}_{}", slot, tag));
         L("w{}_{}:  wait f{}, {}", slot, tag, wflag[slot], wcount[slot]);
         L("        mul s17, s9, {}", panel);
         L("        and s18, s29, 1");
@@ -235,6 +243,7 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         // Slot 0 may still feed the previous group's last weight loads.
         for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
         w_tiles("s9", nm, 0);
+        a_panel("s9", 0, fmt::format("na_{}", tag));
         // Unrolled twice so that each step's slot, and so its flag, is fixed.
         k_step(nm, tag, 0);
         L("        beq s9, {}, kend_{}", KT, tag);
