@@ -128,21 +128,43 @@ TEST_P(GemmOutOfOrder, IsRaceFreeAndBitExact) {
 INSTANTIATE_TEST_SUITE_P(Driver, GemmOutOfOrder, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return name_of(info.param); });
 
-// Per-slot flags must not slow the kernel down: prints the timing-only 1024^3 bf16 cycles on the
-// default board (compare with the figures in driver/README.md); no host-speed assertion.
+// The library GEMM's timing on the default board, pinned so a change that moves it is seen and
+// explained (driver/README.md has these figures and the real TPU v3 ones they are compared with):
+// 1 core 45 545 cycles (71.9% of the MXUs; a TPU v3 core takes 47 099), 8 cores 11 834.
 TEST(GemmOrder, TimingOnly1024CubedCycles) {
     auto dev = Device::open(hw::BoardConfig::load("", {"sim.functional=false"}));
     ProgramCache cache;
     const std::vector<float> a(1024 * 1024, 1.0f), w(1024 * 1024, 1.0f);
+    std::vector<uint64_t> cycles;
     for (uint32_t n : {1u, 8u}) {
         const GemmResult r =
             gemm(*dev, cache, a, w, 1024, 1024, 1024, Precision::Bf16, first_cores(n));
-        const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
-        std::printf(
-            "gemm 1024^3 bf16 timing-only on %u core(s): %llu cycles, MXU utilisation %.3f\n", n,
-            static_cast<unsigned long long>(cycles), r.mxu_utilization);
-        EXPECT_GT(cycles, 0u);
+        cycles.push_back(r.event.end_cycle - r.event.start_cycle);
     }
+    EXPECT_EQ(cycles, (std::vector<uint64_t>{45545, 11834}));
+}
+
+// The host-written tile-major layout and the row-major one that tensor_ops packs on the device
+// feed the same kernel arithmetic: both equal the reference bit for bit.
+TEST(GemmOrder, TiledAndRowMajorLayoutsAgree) {
+    auto dev = open_device({});
+    ProgramCache cache;
+    const uint32_t M = 300, K = 260, N = 140;
+    const auto a = random_values(size_t(M) * K, 5), w = random_values(size_t(K) * N, 6);
+    const auto want = gemm_reference(a, w, M, K, N, Precision::Fp32Pass3, 128);
+    const auto tiled = gemm(*dev, cache, a, w, M, K, N, Precision::Fp32Pass3, {0, 1}).c;
+    Tensor ta = alloc_tensor(*dev, {0}, M, K), tw = alloc_tensor(*dev, {0}, K, N);
+    Tensor tc = alloc_tensor(*dev, {0}, M, N);
+    write_tensor_all(*dev, ta, a);
+    write_tensor_all(*dev, tw, w);
+    matmul(*dev, cache, ta, false, tw, false, tc, Precision::Fp32Pass3);
+    EXPECT_EQ(0, std::memcmp(tiled.data(), want.data(), want.size() * 4));
+    const auto row_major = read_tensor(*dev, tc, 0);
+    EXPECT_EQ(0, std::memcmp(row_major.data(), want.data(), want.size() * 4));
+    // A compact C is row-major by definition: the tiled kernel refuses it.
+    GemmTiling t = plan_gemm(dev->config(), M, K, N, Precision::Bf16);
+    t.tiled = true;
+    EXPECT_THROW(gemm_program_compact(t, N), DeviceError);
 }
 
 }  // namespace
