@@ -68,7 +68,7 @@ struct LaunchHandle {
 struct KernelStats {
     std::string name;              ///< kernel name ("unnamed" for programs without one)
     uint64_t launches = 0;         ///< completed launches
-    uint64_t cycles = 0;           ///< sum of launch durations (start to last core halted)
+    uint64_t cycles = 0;           ///< sum of launch durations (doorbell to completion)
     uint64_t core_cycles = 0;      ///< sum over launches and their cores of each core's cycles
     uint64_t instructions = 0;     ///< instructions issued on the launched cores
     uint64_t mxu_macs = 0;         ///< useful MXU multiply-accumulates

@@ -256,7 +256,7 @@ isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
     L("# s1 position, s2 next, s3 previous, s4 HBM address, s5 scale; s6 piece q, s7 loads,");
     L("# s8 stores, s9/s10 VPU ops per direction issued; s11 i (piece of the group), s12 own");
     L("# slot, s13 slot of the piece received, s14 slot it goes to; s17 first value of the");
-    L("# group, s18 messages before it, s19 global message index, s20 load count, s21 group.");
+    L("# group, s18 messages before it, s19 global message index, s21 group.");
     L("# Flags: f1/f2 arrivals, f3/f4 credits, f5 loads, f6 stores, f7/f8 sends done, f9/f10 VPU");
     // One HBM transfer of piece `q` of the step-`step` chunk of direction d, clipped to the
     // tensor (a piece past its end moves nothing and counts nothing).
@@ -320,7 +320,10 @@ isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
         }
         // (1) Prefetch the own data of the next piece of this group (double buffering).
         if (loads) {
-            L("        add s20, s7, 0");
+            // This piece's own data must be in before the prefetch is issued: the banked HBM can
+            // finish a later load first, and f5 only counts completions, so a wait after the
+            // prefetch could be satisfied by the prefetch while this piece is still on its way.
+            L("        wait f5, s7");
             const std::string none = fresh("nopre"), same = fresh("same");
             L("        add s15, s6, 1");
             L("        li s16, {}", st);
@@ -361,7 +364,6 @@ isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
             L("        wait f1, s24");
             L("        wait f2, s24");
         }
-        if (loads) L("        wait f5, s20");
         // (3) Add the own piece into the received one; the owner of the sum scales it.
         if (adds) {
             for (int d = 0; d < 2; ++d) {

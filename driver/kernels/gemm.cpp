@@ -125,8 +125,14 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     L("# 0/1)");
     L("# counters: s22/s23 lw, s24/s25 mm, s27/s30 W+A into slot 0/1, s26/s28 C out of slot");
     L("# 0/1, s29 group (C slot parity)");
+    // Tiled layout: C stores are deferred (see flush below); scalar-memory words of the
+    // pending ones.
+    const bool defer = t.tiled;
+    constexpr int kPend = 0, kDst = 4, kRows = 8, kPar = 12;
     // s31: bytes of one column panel of A in the tile-major layout (rows x R bf16).
     if (t.tiled) L("        mul s31, s4, {}", R * 2);
+    // Scalar memory keeps its words across launches: no C store is pending yet.
+    if (defer) L("        sw s0, [{}]", kPend);
     L("        li s6, 0");
     L("block:  sub s7, s4, s6");
     L("        li s10, {}", Tm);
@@ -230,6 +236,42 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         L("        add s9, s9, 1");
     };
 
+    // Tiled layout: a group's C stores wait in scalar memory until the next group has queued
+    // its first weight tiles (and A panel), so the in-order DMA engine does not hold those
+    // behind a megabyte of results. Scalar memory: pending panels (0 = none), the first
+    // panel's HBM address, rows, C slot parity (kPend, kDst, kRows, kPar).
+    auto flush = [&](const std::string& tag) {
+        L("        lw s11, [{}]", kPend);
+        L("        beq s11, 0, fd_{}", tag);
+        L("        lw s10, [{}]", kDst);
+        L("        lw s17, [{}]", kRows);
+        L("        lw s18, [{}]", kPar);
+        L("        mul s19, s4, {}", C * 4);
+        for (uint32_t m = 0; m < t.mxus; ++m) {
+            // The pending group's last matmul on MXU m (a count its kend already added).
+            L("        wait f{}, s{}", 4 + m, 24 + m);
+            if (m > 0) {
+                L("        beq s11, {}, fs_{}", m, tag);
+                L("        add s10, s10, s19");
+            }
+            L("        bne s18, 0, fa{}_{}", m, tag);
+            for (int slot = 0; slot < 2; ++slot) {
+                if (slot) L("fa{}_{}:", m, tag);
+                L("        dma.vh [s10], [{}], s17, {}, {}, {}, f{}",
+                  vm.c + (uint64_t(m) * 2 + slot) * cslot, C * 4, C * 4, C * 4, cflag[slot]);
+                if (!slot) L("        jmp fb{}_{}", m, tag);
+            }
+            L("fb{}_{}:", m, tag);
+        }
+        // s28 += panels on slot 1, s26 += panels on slot 0.
+        L("fs_{}:   mul s14, s18, s11", tag);
+        L("        add s28, s28, s14");
+        L("        sub s14, s11, s14");
+        L("        add s26, s26, s14");
+        L("        sw s0, [{}]", kPend);
+        L("fd_{}:", tag);
+    };
+
     // One group of `nm` column panels (n = s8 * nm + m on MXU m), all K tiles.
     auto group = [&](int nm, const std::string& tag) {
         // Every store out of the C slot this group writes (s29 & 1; the previous group used the
@@ -244,6 +286,7 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
         w_tiles("s9", nm, 0);
         a_panel("s9", 0, fmt::format("na_{}", tag));
+        if (defer) flush(tag);
         // Unrolled twice so that each step's slot, and so its flag, is fixed.
         k_step(nm, tag, 0);
         L("        beq s9, {}, kend_{}", KT, tag);
@@ -263,6 +306,16 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
             L("        mul s11, s8, {}", uint64_t(nm) * C * 4);
         }
         L("        add s10, s10, s11");
+        if (defer) {
+            for (int m = 0; m < nm; ++m) L("        add s{}, s{}, {}", 24 + m, 24 + m, KT);
+            L("        sw s10, [{}]", kDst);
+            L("        sw s7, [{}]", kRows);
+            L("        sw s12, [{}]", kPar);
+            L("        li s11, {}", nm);
+            L("        sw s11, [{}]", kPend);
+            L("        add s29, s29, 1");
+            return;
+        }
         for (int m = 0; m < nm; ++m) {
             L("        add s{}, s{}, {}", 24 + m, 24 + m, KT);
             L("        wait f{}, s{}", 4 + m, 24 + m);
@@ -318,6 +371,7 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     }
     L("        add s6, s6, s7");
     L("        bltu s6, s4, block");
+    if (defer) flush("end");
     L("        wait f{}, s26", cflag[0]);
     L("        wait f{}, s28", cflag[1]);
     L("        halt");

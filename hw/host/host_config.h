@@ -13,10 +13,10 @@ struct HostLinkConfig {
     uint32_t setup_ns = 2000;     ///< fixed cost per transfer (descriptor, doorbell, completion)
     /// Launch doorbell: the host's posted MMIO write reaching the chip plus the command
     /// processor reading the launch descriptor (hw/README.md, "Launch timing").
-    uint32_t doorbell_ns = 500;
+    uint32_t doorbell_ns = 650;
     /// Launch completion: the completion record written to host memory plus the MSI interrupt
     /// that tells the host runtime (hw/README.md, "Launch timing").
-    uint32_t completion_ns = 500;
+    uint32_t completion_ns = 650;
 
     void visit(sim::Visitor& v) {
         v("link_gb_per_s", link_gb_per_s, "effective host-link bandwidth per chip in GB/s",

@@ -56,21 +56,21 @@ TEST(Board, ScalarLoopTakesOneCyclePerInstruction) {
 
 TEST(Board, TrivialLaunchPaysTheDocumentedStartAndEndCosts) {
     // A program that only halts, on the default board with the simple HBM (hw/README.md,
-    // "Launch timing"): doorbell 500 ns = 470 cycles at 940 MHz; the 32-byte program fetched
-    // from HBM: bus 32 / 479.49 = 0.07 cycles -> ceil(470.07) = 471, + 100 ns latency (94) =
-    // 565; the first instruction (the halt) issues 16 cycles later, at 581, with nothing in
-    // flight; the completion (500 ns = 470 cycles) reaches the host at 1051 = 1.12 us.
+    // "Launch timing"): doorbell 650 ns = 611 cycles at 940 MHz; the 32-byte program fetched
+    // from HBM: bus 32 / 479.49 = 0.07 cycles -> ceil(611.07) = 612, + 100 ns latency (94) =
+    // 706; the first instruction (the halt) issues 16 cycles later, at 722, with nothing in
+    // flight; the completion (650 ns = 611 cycles) reaches the host at 1333 = 1.42 us.
     Board b(BoardConfig::load("", {"hbm.model=simple"}));
     b.load(0, isa::assemble("halt"));
     const auto r = b.run({0});
-    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{581});
-    EXPECT_EQ(r.completion_cycles, 470u);
-    EXPECT_EQ(r.end_cycle - r.start_cycle, 1051u);
-    EXPECT_EQ(b.now_cycle(), 1051u);  // the next launch rings its doorbell after the completion
+    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{722});
+    EXPECT_EQ(r.completion_cycles, 611u);
+    EXPECT_EQ(r.end_cycle - r.start_cycle, 1333u);
+    EXPECT_EQ(b.now_cycle(), 1333u);  // the next launch rings its doorbell after the completion
     // A second launch pays the same again: its fetch finds the HBM pipe idle.
     const auto r2 = b.run({0});
-    EXPECT_EQ(r2.start_cycle, 1051u);
-    EXPECT_EQ(r2.end_cycle - r2.start_cycle, 1051u);
+    EXPECT_EQ(r2.start_cycle, 1333u);
+    EXPECT_EQ(r2.end_cycle - r2.start_cycle, 1333u);
 }
 
 TEST(Board, Matmul128ExampleIsBitExactAndCycleExact) {
@@ -97,12 +97,12 @@ TEST(Board, Matmul128ExampleIsBitExactAndCycleExact) {
     //   wait f0 at 234; mxu.mm: issue 235, start 362 (weights), done 362 + 382 = 744;
     //   wait f2 -> 744; dma.vh 64 KiB: issue 745, start 746, bus until 882.68 -> done 977;
     //   wait f3 -> 977; halt issues at 978.
-    // All of that after the launch prologue (hw/README.md, "Launch timing"): doorbell 500 ns =
-    // 470 cycles; the 10-instruction program (320 B) fetched from the simple HBM: bus 0.67
-    // cycles -> ceil 471 + 94 = 565; first instruction 16 cycles later: 581. The completion
-    // (470 cycles) ends the launch.
-    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{581 + 978});
-    EXPECT_EQ(r.end_cycle - r.start_cycle, 581 + 978 + 470);
+    // All of that after the launch prologue (hw/README.md, "Launch timing"): doorbell 650 ns =
+    // 611 cycles; the 10-instruction program (320 B) fetched from the simple HBM: bus 0.67
+    // cycles -> ceil 612 + 94 = 706; first instruction 16 cycles later: 722. The completion
+    // (611 cycles) ends the launch.
+    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{722 + 978});
+    EXPECT_EQ(r.end_cycle - r.start_cycle, 722 + 978 + 611);
 }
 
 TEST(Board, VpuChainComputesTheDocumentedFunction) {
