@@ -138,9 +138,7 @@ struct Board::Impl : CoreEnv {
 
     uint32_t num_cores() const override { return cfg.cores(); }
 
-    uint64_t hop_cycles() const {
-        return cfg.ns_to_cycles(cfg.ici.hop_latency_ns);
-    }
+    uint64_t hop_cycles() const { return cfg.ns_to_cycles(cfg.ici.hop_latency_ns); }
     uint64_t ser_cycles(uint64_t bytes) const {
         const double per_cycle = cfg.ici.link_gb_per_s * 1e9 / (cfg.clock_mhz * 1e6);
         return static_cast<uint64_t>(std::ceil(double(bytes) / per_cycle));
@@ -214,8 +212,8 @@ struct Board::Impl : CoreEnv {
     /// the runtime keeps loaded programs (the top imem_bytes of the core's HBM).
     uint64_t fetch_program(uint32_t core, uint64_t start) {
         const uint64_t bytes = models[core]->program_bytes();
-        const uint64_t base = cfg.hbm.bytes_per_core - std::min<uint64_t>(cfg.hbm.bytes_per_core,
-                                                                          cfg.core.imem_bytes);
+        const uint64_t base = cfg.hbm.bytes_per_core -
+                              std::min<uint64_t>(cfg.hbm.bytes_per_core, cfg.core.imem_bytes);
         uint64_t done = start;
         for (uint64_t off = 0; off < bytes; off += cfg.core.dma_chunk_bytes) {
             const auto len =

@@ -59,7 +59,8 @@ public:
     /// Loads a program on a core (checked against instruction memory).
     void load(uint32_t core, const isa::Program& program);
     /// Launches `cores` at the current board cycle with launch arguments in s1.. and runs until
-    /// all of them halt and the completion has reached the host (launch costs: hw/README.md). Throws DeviceFault, DeadlockError, std::invalid_argument.
+    /// all of them halt and the completion has reached the host (launch costs: hw/README.md).
+    /// Throws DeviceFault, DeadlockError, std::invalid_argument.
     LaunchResult run(const std::vector<uint32_t>& cores, const std::vector<uint32_t>& args = {});
     /// As run(), with each core's own arguments: `args[i]` goes to `cores[i]`.
     LaunchResult run_each(const std::vector<uint32_t>& cores,

@@ -95,8 +95,8 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
 }
 
 std::string gemm_key(const GemmTiling& t) {
-    return fmt::format("gemm R{} C{} Kp{} Np{} T{} mxus{} {}{}", t.R, t.C, t.Kp, t.Np,
-                       t.block_rows, t.mxus, precision_name(t.precision), t.tiled ? " tiled" : "");
+    return fmt::format("gemm R{} C{} Kp{} Np{} T{} mxus{} {}{}", t.R, t.C, t.Kp, t.Np, t.block_rows,
+                       t.mxus, precision_name(t.precision), t.tiled ? " tiled" : "");
 }
 
 namespace {
@@ -121,7 +121,8 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     L("# library GEMM: {} passes, R={} C={} Kp={} Np={} T={} mxus={}", pass_list.size(), R, C, t.Kp,
       t.Np, Tm, t.mxus);
     L("# s1 A, s2 W, s3 C (HBM), s4 rows, s5 A part stride; s6 block row, s7 block rows");
-    L("# flags: f1/f8 W and A panels in (slot 0/1), f2/f3 lw done, f4/f5 mm done, f6/f7 C out (slot");
+    L("# flags: f1/f8 W and A panels in (slot 0/1), f2/f3 lw done, f4/f5 mm done, f6/f7 C out "
+      "(slot");
     L("# 0/1)");
     L("# counters: s22/s23 lw, s24/s25 mm, s27/s30 W+A into slot 0/1, s26/s28 C out of slot");
     L("# 0/1, s29 group (C slot parity)");

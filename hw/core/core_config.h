@@ -26,7 +26,7 @@ struct CoreConfig {
     /// Cycles from the program being in instruction memory to the first instruction issuing:
     /// sequencer fetch, decode and scalar register read (assumed).
     uint32_t first_instr_cycles = 16;
-    uint32_t dma_chunk_bytes = 512;    ///< DMA request size sent to HBM
+    uint32_t dma_chunk_bytes = 512;           ///< DMA request size sent to HBM
     uint32_t dma_vmem_bytes_per_cycle = 512;  ///< VMEM port bandwidth of the DMA engine
 
     void visit(sim::Visitor& v) {
@@ -51,8 +51,7 @@ struct CoreConfig {
         v("dispatch_cycles", dispatch_cycles, "cycles from sequencer issue to the unit queue",
           {.min = 1});
         v("first_instr_cycles", first_instr_cycles,
-          "cycles from the program landing in instruction memory to the first issue",
-          {.min = 0});
+          "cycles from the program landing in instruction memory to the first issue", {.min = 0});
         v("dma_chunk_bytes", dma_chunk_bytes, "bytes per DMA request to HBM",
           {.min = 32, .pow2 = true});
         v("dma_vmem_bytes_per_cycle", dma_vmem_bytes_per_cycle,

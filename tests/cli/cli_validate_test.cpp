@@ -46,9 +46,9 @@ TEST(CliValidate, ShippedCsvEveryRowWithTheGemmCommandsCycles) {
         const std::string p = row["params"];
         int m = 0, k = 0, n = 0;
         ASSERT_EQ(std::sscanf(p.c_str(), "M=%d K=%d N=%d", &m, &k, &n), 3) << p;
-        const auto g = tpusim("gemm --m " + std::to_string(m) + " --k " + std::to_string(k) +
-                              " --n " + std::to_string(n) +
-                              " --cores 0-0 --json --set sim.functional=false");
+        const auto g =
+            tpusim("gemm --m " + std::to_string(m) + " --k " + std::to_string(k) + " --n " +
+                   std::to_string(n) + " --cores 0-0 --json --set sim.functional=false");
         ASSERT_EQ(g.code, 0) << g.err;
         EXPECT_EQ(row["sim_cycles"], nlohmann::json::parse(g.out)["cycles"]) << p;
         const double err = row["sim_cycles"].get<double>() / row["real_cycles"].get<double>() - 1;
@@ -68,7 +68,8 @@ TEST(CliValidate, ShippedCsvEveryRowWithTheGemmCommandsCycles) {
 
 TEST(CliValidate, RealCyclesAtAnotherClockCompareDurations) {
     // 3101 cycles at 470 MHz last as long as 6202 cycles of the 940 MHz board.
-    const auto path = csv("clock.csv", std::string(kHeader) + "gemm,M=256 K=256 N=256,3101,470,1,x\n");
+    const auto path =
+        csv("clock.csv", std::string(kHeader) + "gemm,M=256 K=256 N=256,3101,470,1,x\n");
     const auto r = tpusim("validate --json --data " + shell_quote(path));
     ASSERT_EQ(r.code, 0) << r.err;
     const auto row = nlohmann::json::parse(r.out)["rows"][0];
@@ -93,11 +94,13 @@ TEST(CliValidate, BadFilesAreErrorsNamingTheLine) {
          ":2: real_cycles 'ten' is not a positive integer"},
         {"clock.csv", h + "gemm,M=1 K=1 N=1,10,-5,1,x\n",
          ":2: clock_mhz '-5' is not a positive number"},
-        {"cores.csv", h + "gemm,M=1 K=1 N=1,10,940,9,x\n", ":2: the row uses 9 cores; the board has 8"},
+        {"cores.csv", h + "gemm,M=1 K=1 N=1,10,940,9,x\n",
+         ":2: the row uses 9 cores; the board has 8"},
         {"fields.csv", h + "gemm,M=1 K=1 N=1,10,940\n", ":2: 4 fields, expected 6"},
         {"source.csv", h + "gemm,M=1 K=1 N=1,10,940,1,\n",
          ":2: the source of the measurement is missing"},
-        {"quote.csv", h + "gemm,M=1 K=1 N=1,10,940,1,\"open\n", "line 2: a quoted field is not closed"},
+        {"quote.csv", h + "gemm,M=1 K=1 N=1,10,940,1,\"open\n",
+         "line 2: a quoted field is not closed"},
         {"empty.csv", "", ": the file is empty"},
         {"norows.csv", h, ": no rows after the header"},
     };

@@ -50,8 +50,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(AllReduce, CyclesFollowTheRingFormula) {
     // 8 cores, 1 MiB per core: 2 (N-1)/N S / (2 bw) + 2 (N-1) hop, bw = 85.1 B/cycle, hop = 940.
     // The formula is the collective's; the launch's own start and end costs are left out.
-    auto dev = Device::open(
-        hw::BoardConfig::load("", {"sim.functional=false", "sim.launch_costs=false"}));
+    auto dev =
+        Device::open(hw::BoardConfig::load("", {"sim.functional=false", "sim.launch_costs=false"}));
     const uint32_t n = 1 << 18;
     const auto r = allreduce(*dev, {0, 1, 2, 3, 4, 5, 6, 7},
                              std::vector<std::vector<float>>(8, std::vector<float>(n)));

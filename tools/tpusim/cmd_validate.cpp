@@ -47,23 +47,24 @@ using Runner = std::function<uint64_t(driver::Device&, driver::ProgramCache&, co
 
 /// One row kind: the parameters it takes (all required) and, once its kernel exists, a runner.
 struct Kind {
-    std::vector<std::string> keys;   ///< required `key=` parameters
-    std::vector<std::string> tags;   ///< accepted bare words (layouts)
-    Runner run;                      ///< empty: the kind is known but not simulated yet
-    std::string missing;             ///< why `run` is empty
+    std::vector<std::string> keys;  ///< required `key=` parameters
+    std::vector<std::string> tags;  ///< accepted bare words (layouts)
+    Runner run;                     ///< empty: the kind is known but not simulated yet
+    std::string missing;            ///< why `run` is empty
 };
 
 /// The parameter `key` of a row as a positive integer; the error names the line and key.
 uint32_t positive(const Params& p, const std::string& key, size_t line) {
     const std::string& v = p.at(key);
     uint64_t x = 0;
-    const bool digits = !v.empty() && v.size() <= 9 &&
-                        v.find_first_not_of("0123456789") == std::string::npos;
+    const bool digits =
+        !v.empty() && v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
     if (digits) x = std::stoull(v);
     if (!digits || x == 0)
-        throw InputError(fmt::format("line {}: parameter {}={} is not a positive integer below "
-                                     "1e9",
-                                     line, key, v));
+        throw InputError(
+            fmt::format("line {}: parameter {}={} is not a positive integer below "
+                        "1e9",
+                        line, key, v));
     return static_cast<uint32_t>(x);
 }
 
@@ -139,8 +140,8 @@ std::vector<Row> read_rows(const std::string& path, uint32_t board_cores) {
         auto f = csv_fields(line, n);
         if (n == 1) {
             if (f != kHeader)
-                throw InputError(fmt::format("{}: the header must be '{}'", where(n),
-                                             fmt::join(kHeader, ",")));
+                throw InputError(
+                    fmt::format("{}: the header must be '{}'", where(n), fmt::join(kHeader, ",")));
             continue;
         }
         if (f.size() != kHeader.size())
@@ -165,19 +166,18 @@ std::vector<Row> read_rows(const std::string& path, uint32_t board_cores) {
             const auto& k = kind->second;
             const auto& allowed = tag ? k.tags : k.keys;
             if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
-                throw InputError(fmt::format("{}: {} '{}' is not a {} parameter (takes {}{}{})",
-                                             where(n), tag ? "word" : "key", key, r.workload,
-                                             fmt::join(k.keys, "= "), k.keys.empty() ? "" : "=",
-                                             k.tags.empty() ? "" : fmt::format(
-                                                                       " and {}",
-                                                                       fmt::join(k.tags, ", "))));
+                throw InputError(fmt::format(
+                    "{}: {} '{}' is not a {} parameter (takes {}{}{})", where(n),
+                    tag ? "word" : "key", key, r.workload, fmt::join(k.keys, "= "),
+                    k.keys.empty() ? "" : "=",
+                    k.tags.empty() ? "" : fmt::format(" and {}", fmt::join(k.tags, ", "))));
             if (!r.params.emplace(key, tag ? "" : tok.substr(eq + 1)).second)
                 throw InputError(fmt::format("{}: parameter {} appears twice", where(n), key));
         }
         for (const auto& key : kind->second.keys) {
             if (!r.params.count(key))
-                throw InputError(fmt::format("{}: {} needs parameter {}=", where(n), r.workload,
-                                             key));
+                throw InputError(
+                    fmt::format("{}: {} needs parameter {}=", where(n), r.workload, key));
             positive(r.params, key, n);
         }
         try {
@@ -185,8 +185,8 @@ std::vector<Row> read_rows(const std::string& path, uint32_t board_cores) {
             r.real_cycles = std::stoull(f[2], &used);
             if (used != f[2].size() || r.real_cycles == 0) throw std::invalid_argument("");
         } catch (const std::exception&) {
-            throw InputError(fmt::format("{}: real_cycles '{}' is not a positive integer",
-                                         where(n), f[2]));
+            throw InputError(
+                fmt::format("{}: real_cycles '{}' is not a positive integer", where(n), f[2]));
         }
         try {
             size_t used = 0;
@@ -194,8 +194,8 @@ std::vector<Row> read_rows(const std::string& path, uint32_t board_cores) {
             if (used != f[3].size() || !(r.clock_mhz > 0) || !std::isfinite(r.clock_mhz))
                 throw std::invalid_argument("");
         } catch (const std::exception&) {
-            throw InputError(fmt::format("{}: clock_mhz '{}' is not a positive number", where(n),
-                                         f[3]));
+            throw InputError(
+                fmt::format("{}: clock_mhz '{}' is not a positive number", where(n), f[3]));
         }
         try {
             size_t used = 0;
@@ -208,8 +208,8 @@ std::vector<Row> read_rows(const std::string& path, uint32_t board_cores) {
         } catch (const InputError&) {
             throw;
         } catch (const std::exception&) {
-            throw InputError(fmt::format("{}: cores '{}' is not a positive integer", where(n),
-                                         f[4]));
+            throw InputError(
+                fmt::format("{}: cores '{}' is not a positive integer", where(n), f[4]));
         }
         if (f[5].empty())
             throw InputError(fmt::format("{}: the source of the measurement is missing", where(n)));
@@ -238,8 +238,8 @@ uint64_t run_isolated(const hw::BoardConfig& cfg, const Kind& kind, const Row& r
             driver::ProgramCache cache;
             msg = fmt::format("ok {}", kind.run(*dev, cache, r));
         } catch (const driver::DeviceError& e) {
-            const bool usage = e.kind() == driver::ErrorKind::Usage ||
-                               e.kind() == driver::ErrorKind::OutOfMemory;
+            const bool usage =
+                e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory;
             msg = fmt::format("{} {}", usage ? "usage" : "run", e.what());
         } catch (const std::exception& e) {
             msg = fmt::format("run {}", e.what());
@@ -263,8 +263,8 @@ uint64_t run_isolated(const hw::BoardConfig& cfg, const Kind& kind, const Row& r
     waitpid(pid, &status, 0);
     const std::string where = fmt::format("{}:{}", path, r.line);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        throw RunError(fmt::format("{}: the simulation of this row died (status {})", where,
-                                   status));
+        throw RunError(
+            fmt::format("{}: the simulation of this row died (status {})", where, status));
     if (msg.rfind("ok ", 0) == 0) return std::stoull(msg.substr(3));
     if (msg.rfind("usage ", 0) == 0) throw InputError(fmt::format("{}: {}", where, msg.substr(6)));
     throw RunError(fmt::format("{}: {}", where, msg.rfind("run ", 0) == 0 ? msg.substr(4) : msg));
@@ -280,8 +280,9 @@ void register_validate_command(CLI::App& app) {
     auto o = std::make_shared<Opts>();
     auto* cmd = app.add_subcommand(
         "validate", "compare simulated cycles with published real-TPU timings (a CSV)");
-    cmd->add_option("--data", o->data, "CSV of real timings (workload,params,real_cycles,"
-                                       "clock_mhz,cores,source)")
+    cmd->add_option("--data", o->data,
+                    "CSV of real timings (workload,params,real_cycles,"
+                    "clock_mhz,cores,source)")
         ->capture_default_str();
     add_config_options(*cmd, o->common);
     cmd->add_flag("--json", o->common.json,
@@ -295,25 +296,23 @@ void register_validate_command(CLI::App& app) {
         out["rows"] = nlohmann::ordered_json::array();
         double abs_sum = 0;
         size_t simulated = 0;
-        std::string table =
-            fmt::format("{:<8} {:<44} {:>12} {:>12} {:>8}\n", "workload", "params", "sim cycles",
-                        "real cycles", "error");
+        std::string table = fmt::format("{:<8} {:<44} {:>12} {:>12} {:>8}\n", "workload", "params",
+                                        "sim cycles", "real cycles", "error");
         for (const Row& r : rows) {
             nlohmann::ordered_json j;
             j["workload"] = r.workload;
             j["params"] = r.params_text;
             const Kind& kind = kinds().at(r.workload);
             // Real cycles count the row's clock: compare durations, shown in board cycles.
-            const double real_board =
-                double(r.real_cycles) * cfg.clock_mhz / r.clock_mhz;
+            const double real_board = double(r.real_cycles) * cfg.clock_mhz / r.clock_mhz;
             if (!kind.run) {
                 j["sim_cycles"] = nullptr;
                 j["real_cycles"] = r.real_cycles;
                 j["error"] = nullptr;
                 j["skipped"] = kind.missing;
-                table += fmt::format("{:<8} {:<44} {:>12} {:>12} {:>8}  (not simulated: {})\n",
-                                     r.workload, r.params_text, "-", r.real_cycles, "-",
-                                     kind.missing);
+                table +=
+                    fmt::format("{:<8} {:<44} {:>12} {:>12} {:>8}  (not simulated: {})\n",
+                                r.workload, r.params_text, "-", r.real_cycles, "-", kind.missing);
                 out["rows"].push_back(j);
                 continue;
             }

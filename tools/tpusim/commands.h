@@ -53,13 +53,13 @@ void add_common_options(CLI::App& cmd, CommonOptions& opts);
 /// Adds only --config and --set, for commands that read the config but do not simulate.
 void add_config_options(CLI::App& cmd, CommonOptions& opts);
 
-void register_asm_commands(CLI::App& app);    ///< asm, disasm
-void register_config_command(CLI::App& app);  ///< config
-void register_run_command(CLI::App& app);     ///< run
-void register_gemm_command(CLI::App& app);    ///< gemm
-void register_train_command(CLI::App& app);   ///< train
-void register_report_command(CLI::App& app);  ///< report
-void register_bench_command(CLI::App& app);   ///< bench
+void register_asm_commands(CLI::App& app);      ///< asm, disasm
+void register_config_command(CLI::App& app);    ///< config
+void register_run_command(CLI::App& app);       ///< run
+void register_gemm_command(CLI::App& app);      ///< gemm
+void register_train_command(CLI::App& app);     ///< train
+void register_report_command(CLI::App& app);    ///< report
+void register_bench_command(CLI::App& app);     ///< bench
 void register_validate_command(CLI::App& app);  ///< validate
 
 }  // namespace tpu::cli
