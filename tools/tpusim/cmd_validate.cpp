@@ -1,9 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // tpusim validate: published real-TPU timings (validation/tpuv3.csv) against this board.
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -12,14 +9,12 @@
 #include <optional>
 #include <sstream>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "driver/kernels/gemm.h"
+#include "tools/tpusim/bench_cases.h"
 #include "tools/tpusim/commands.h"
 
 #ifndef TPU_SOURCE_DIR
@@ -221,53 +216,28 @@ std::vector<Row> read_rows(const std::string& path, uint32_t board_cores) {
 }
 
 /// Runs one row on a board of its own, so no row sees the HBM state (open rows, refresh
-/// phase) that an earlier row left behind: SystemC allows one board per process, so the row
-/// runs in a forked child that reports its cycles through a pipe.
+/// phase) an earlier row left behind: the bench's isolated runner (a forked child per board, as
+/// SystemC allows one board per process), timing-only.
 uint64_t run_isolated(const hw::BoardConfig& cfg, const Kind& kind, const Row& r,
                       const std::string& path) {
-    int fds[2];
-    if (pipe(fds) != 0) throw RunError(fmt::format("validate: pipe: {}", std::strerror(errno)));
-    std::fflush(nullptr);
-    const pid_t pid = fork();
-    if (pid < 0) throw RunError(fmt::format("validate: fork: {}", std::strerror(errno)));
-    if (pid == 0) {
-        close(fds[0]);
-        std::string msg;
-        try {
-            auto dev = driver::Device::open(cfg);
-            driver::ProgramCache cache;
-            msg = fmt::format("ok {}", kind.run(*dev, cache, r));
-        } catch (const driver::DeviceError& e) {
-            const bool usage =
-                e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory;
-            msg = fmt::format("{} {}", usage ? "usage" : "run", e.what());
-        } catch (const std::exception& e) {
-            msg = fmt::format("run {}", e.what());
-        }
-        const char* p = msg.data();
-        for (size_t left = msg.size(); left > 0;) {
-            const ssize_t n = write(fds[1], p, left);
-            if (n <= 0) break;
-            p += n;
-            left -= size_t(n);
-        }
-        close(fds[1]);
-        _exit(0);
+    const bench::BenchCase c{fmt::format("{}:{}", path, r.line),
+                             r.workload,
+                             false,
+                             true,
+                             std::nullopt,
+                             [&](driver::Device& dev) {
+                                 driver::ProgramCache cache;
+                                 bench::CaseRun run;
+                                 run.cycles = kind.run(dev, cache, r);
+                                 return run;
+                             }};
+    try {
+        return bench::run_case_isolated(cfg, c).cycles;
+    } catch (const driver::DeviceError& e) {
+        if (e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory)
+            throw InputError(e.what());
+        throw RunError(e.what());
     }
-    close(fds[1]);
-    std::string msg;
-    char buf[4096];
-    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, size_t(n));
-    close(fds[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    const std::string where = fmt::format("{}:{}", path, r.line);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        throw RunError(
-            fmt::format("{}: the simulation of this row died (status {})", where, status));
-    if (msg.rfind("ok ", 0) == 0) return std::stoull(msg.substr(3));
-    if (msg.rfind("usage ", 0) == 0) throw InputError(fmt::format("{}: {}", where, msg.substr(6)));
-    throw RunError(fmt::format("{}: {}", where, msg.rfind("run ", 0) == 0 ? msg.substr(4) : msg));
 }
 
 }  // namespace
