@@ -128,6 +128,41 @@ TEST_P(GemmOutOfOrder, IsRaceFreeAndBitExact) {
 INSTANTIATE_TEST_SUITE_P(Driver, GemmOutOfOrder, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return name_of(info.param); });
 
+// The planner's choices, derived by hand from gemm.cpp's VMEM map (A: parts x Kp/R panels of
+// T x R bf16; W: MXUs x 2 slots x parts tiles of R x C bf16; C: MXUs x 2 slots of T x C fp32).
+TEST(GemmOrder, PlannerChoosesTheDocumentedTiling) {
+    const auto cfg = hw::BoardConfig::load("", {});
+    struct Want {
+        uint32_t rows, K, N;
+        Precision p;
+        uint32_t Kp, Np, T;
+    };
+    for (const Want& w : {
+             // Long blocks amortise fill and drain: T is capped at 1024 rows.
+             Want{1024, 1024, 1024, Precision::Bf16, 1024, 1024, 1024},
+             // K = 8192: 64 panels x T x 256 B + 4 tiles x 32 KiB + 4 x T x 512 B = 18 432 T +
+             // 131 072 <= 16 MiB gives T <= 903, so 896 (a multiple of 8).
+             Want{8192, 8192, 8192, Precision::Bf16, 8192, 8192, 896},
+             // Rows round up to 8 (a VPU register's sublanes); K and N pad to 128.
+             Want{37, 300, 129, Precision::Bf16, 384, 256, 40},
+             Want{1, 1, 1, Precision::Fp32Pass3, 128, 128, 8},
+             // VMEM bounds T: 3 parts x 64 panels x T x 256 B + 12 tiles x 32 KiB + 4 x T x
+             // 512 B = 51 200 T + 393 216 <= 16 MiB gives T = 320 exactly.
+             Want{5000, 8192, 512, Precision::Fp32Pass6, 8192, 512, 320},
+         }) {
+        const GemmTiling t = plan_gemm(cfg, w.rows, w.K, w.N, w.p);
+        EXPECT_EQ(t.R, 128u);
+        EXPECT_EQ(t.C, 128u);
+        EXPECT_EQ(t.mxus, 2u);
+        EXPECT_EQ(t.Kp, w.Kp) << w.rows << "x" << w.K << "x" << w.N;
+        EXPECT_EQ(t.Np, w.Np) << w.rows << "x" << w.K << "x" << w.N;
+        EXPECT_EQ(t.block_rows, w.T) << w.rows << "x" << w.K << "x" << w.N;
+        EXPECT_FALSE(t.tiled);  // gemm() asks for the tiled layout itself
+    }
+    // Even 8 rows at a time do not fit K = 2^20 in fp32-6pass: a usage error naming K.
+    EXPECT_THROW(plan_gemm(cfg, 8, 1u << 20, 128, Precision::Fp32Pass6), DeviceError);
+}
+
 // The library GEMM's timing on the default board, pinned so a change that moves it is seen and
 // explained (driver/README.md has these figures and the real TPU v3 ones they are compared with):
 // 1 core 44 089 cycles (74.3% of the MXUs; a TPU v3 core takes 47 099), then 8 cores 11 258.
