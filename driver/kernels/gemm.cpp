@@ -2,6 +2,7 @@
 #include "driver/kernels/gemm.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include "hw/core/core_model.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/numerics.h"
+#include "hw/mem/hbm_timing.h"
 #include "isa/assembler.h"
 
 namespace tpu::driver {
@@ -429,6 +431,46 @@ std::vector<float> gemm_reference(const std::vector<float>& a, const std::vector
     return c;
 }
 
+GemmSplit plan_gemm_split(const hw::BoardConfig& cfg, uint32_t M, uint32_t K, uint32_t N,
+                          Precision precision, uint32_t cores) {
+    const uint32_t R = cfg.core.mxu_rows, C = cfg.core.mxu_cols;
+    const uint32_t NT = (N + C - 1) / C, Kp = round_up(K, R), mxus = std::min(cfg.core.mxus, 2u);
+    const uint64_t P = parts(precision), npass = passes(precision).size();
+    const double hbm_bytes_per_cycle = hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+    GemmSplit best;
+    double best_est = -1;
+    uint64_t best_traffic = 0;
+    for (uint32_t gm = 1; gm <= std::min(cores, M); ++gm)
+        for (uint32_t gn = 1; gm * gn <= cores && gn <= NT; ++gn) {
+            const uint32_t Mc = (M + gm - 1) / gm, ntc = (NT + gn - 1) / gn;
+            const uint64_t Nc = uint64_t(ntc) * C;
+            uint32_t T = 0;
+            try {
+                T = plan_gemm(cfg, Mc, K, static_cast<uint32_t>(Nc), precision).block_rows;
+            } catch (const DeviceError&) {
+                continue;  // does not fit in VMEM this way
+            }
+            // The busiest core's MXU cycles (its row blocks stream through every K step of
+            // every panel group) and its HBM bytes (A once, W once per row block, C once).
+            const uint64_t compute =
+                uint64_t(round_up(Mc, 8)) * (Kp / R) * ((ntc + mxus - 1) / mxus) * npass;
+            const uint64_t traffic =
+                P * Mc * Kp * 2 + (Mc + T - 1) / T * P * Kp * Nc * 2 + uint64_t(Mc) * Nc * 4;
+            const double est = std::max(double(compute), double(traffic) / hbm_bytes_per_cycle);
+            if (best_est < 0 || est < best_est || (est == best_est && traffic < best_traffic)) {
+                best = {gm, gn};
+                best_est = est;
+                best_traffic = traffic;
+            }
+        }
+    if (best_est < 0)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("GEMM with K = {} does not fit in {} bytes of VMEM even 8 "
+                                      "rows at a time",
+                                      K, cfg.core.vmem_bytes));
+    return best;
+}
+
 GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                 const std::vector<float>& w, uint32_t M, uint32_t K, uint32_t N,
                 Precision precision, const std::vector<uint32_t>& cores) {
@@ -439,80 +481,130 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                           fmt::format("gemm: A has {} values and W {}; {}x{}x{} needs {} and {}",
                                       a.size(), w.size(), M, K, N, size_t(M) * K, size_t(K) * N));
     if (cores.empty()) throw DeviceError(ErrorKind::Usage, "gemm: no cores");
-    const uint32_t n_cores = static_cast<uint32_t>(cores.size());
-    // Rows split as evenly as possible; cores without rows sit out.
-    std::vector<uint32_t> row0, rows;
-    for (uint32_t i = 0, r = 0; i < n_cores; ++i) {
-        const uint32_t share = M / n_cores + (i < M % n_cores ? 1 : 0);
-        row0.push_back(r);
-        rows.push_back(share);
-        r += share;
-    }
-    std::vector<uint32_t> active;
-    for (uint32_t i = 0; i < n_cores; ++i)
-        if (rows[i]) active.push_back(i);
-    GemmTiling t = plan_gemm(dev.config(), rows[0], K, N, precision);
-    t.tiled = true;
-    const isa::Program& prog = cache.get(gemm_key(t), [&] { return gemm_program(t); });
+    const hw::BoardConfig& cfg = dev.config();
+    const uint32_t R = cfg.core.mxu_rows, C = cfg.core.mxu_cols, NT = (N + C - 1) / C;
+    const GemmSplit split =
+        plan_gemm_split(cfg, M, K, N, precision, static_cast<uint32_t>(cores.size()));
     const int P = parts(precision);
+
+    // Core (i, j) = cores[i gn + j] takes row block i and column-tile block j, each as even as
+    // the tiles allow.
+    auto share = [](uint32_t total, uint32_t parts_n, uint32_t i) {
+        return total / parts_n + (i < total % parts_n ? 1 : 0);
+    };
+    struct Part {
+        uint32_t core, row0, rows, tile0, tiles;
+        Buffer a, w, c;
+    };
+    std::vector<Part> work;
+    for (uint32_t i = 0, r = 0; i < split.gm; ++i) {
+        const uint32_t m = share(M, split.gm, i);
+        for (uint32_t j = 0, t0 = 0; j < split.gn; ++j) {
+            const uint32_t nt = share(NT, split.gn, j);
+            work.push_back({cores[i * split.gn + j], r, m, t0, nt, {}, {}, {}});
+            t0 += nt;
+        }
+        r += m;
+    }
+    uint32_t max_rows = 0;
+    for (const Part& p : work) max_rows = std::max(max_rows, p.rows);
+    // One program per column-block width (at most two: the blocks differ by one tile).
+    std::map<uint32_t, GemmTiling> tilings;
+    for (const Part& p : work)
+        if (!tilings.count(p.tiles)) {
+            GemmTiling t = plan_gemm(cfg, max_rows, K, p.tiles * C, precision);
+            t.tiled = true;
+            tilings.emplace(p.tiles, t);
+        }
+    const uint32_t Kp = tilings.begin()->second.Kp;
 
     // Host-side split and padding into the kernel's tile-major HBM layouts (gemm.h), as the
     // runtime lays arrays out on transfer.
-    const uint32_t NT = t.Np / t.C;
-    std::vector<uint16_t> wl(size_t(P) * t.Kp * t.Np, 0);
-    for (uint32_t k = 0; k < K; ++k)
-        for (uint32_t n = 0; n < N; ++n) {
-            const auto s = hw::split3(w[size_t(k) * N + n]);
-            const size_t tile = size_t(k / t.R) * NT + n / t.C;
-            const size_t at = (tile * t.R + k % t.R) * t.C + n % t.C;
-            for (int p = 0; p < P; ++p) wl[size_t(p) * t.Kp * t.Np + at] = s[p];
-        }
-    struct Bufs {
-        Buffer a, w, c;
+    auto release = [&] {
+        for (Part& p : work)
+            for (Buffer* b : {&p.a, &p.w, &p.c})
+                if (b->bytes) dev.free(*b);
     };
-    std::vector<Bufs> bufs;
-    for (uint32_t i : active) {
-        const uint32_t core = cores[i], m = rows[i];
-        Bufs b{dev.alloc(uint64_t(P) * m * t.Kp * 2, core), dev.alloc(wl.size() * 2, core),
-               dev.alloc(uint64_t(m) * t.Np * 4, core)};
-        std::vector<uint16_t> al(size_t(P) * m * t.Kp, 0);
-        for (uint32_t r = 0; r < m; ++r)
-            for (uint32_t k = 0; k < K; ++k) {
-                const auto s = hw::split3(a[size_t(row0[i] + r) * K + k]);
-                const size_t at = (size_t(k / t.R) * m + r) * t.R + k % t.R;
-                for (int p = 0; p < P; ++p) al[size_t(p) * m * t.Kp + at] = s[p];
-            }
-        dev.write(b.a, al.data(), al.size() * 2);
-        dev.write(b.w, wl.data(), wl.size() * 2);
-        bufs.push_back(b);
-    }
-    std::vector<uint32_t> launch_cores;
-    for (uint32_t i : active) launch_cores.push_back(cores[i]);
     GemmResult res;
-    res.event = dev.launch(launch_cores, prog, [&](size_t j) {
-        const uint32_t m = rows[active[j]];
-        return std::vector<uint32_t>{static_cast<uint32_t>(bufs[j].a.addr),
-                                     static_cast<uint32_t>(bufs[j].w.addr),
-                                     static_cast<uint32_t>(bufs[j].c.addr), m, m * t.Kp * 2};
-    });
-    res.c.assign(size_t(M) * N, 0.0f);
-    std::vector<float> part;
-    for (size_t j = 0; j < active.size(); ++j) {
-        const uint32_t m = rows[active[j]];
-        part.resize(size_t(m) * t.Np);
-        dev.read(bufs[j].c, part.data(), part.size() * 4);
-        for (uint32_t r = 0; r < m; ++r)
-            for (uint32_t n0 = 0; n0 < N; n0 += t.C)
-                std::copy_n(&part[(size_t(n0 / t.C) * m + r) * t.C], std::min(t.C, N - n0),
-                            &res.c[size_t(row0[active[j]] + r) * N + n0]);
-        dev.free(bufs[j].a);
-        dev.free(bufs[j].w);
-        dev.free(bufs[j].c);
+    try {
+        for (Part& p : work) {
+            const uint32_t Np = p.tiles * C, m = p.rows;
+            p.a = dev.alloc(uint64_t(P) * m * Kp * 2, p.core);
+            p.w = dev.alloc(uint64_t(P) * Kp * Np * 2, p.core);
+            p.c = dev.alloc(uint64_t(m) * Np * 4, p.core);
+            std::vector<uint16_t> al(size_t(P) * m * Kp, 0), wl(size_t(P) * Kp * Np, 0);
+            for (uint32_t r = 0; r < m; ++r)
+                for (uint32_t k = 0; k < K; ++k) {
+                    const auto s = hw::split3(a[size_t(p.row0 + r) * K + k]);
+                    const size_t at = (size_t(k / R) * m + r) * R + k % R;
+                    for (int q = 0; q < P; ++q) al[size_t(q) * m * Kp + at] = s[q];
+                }
+            const uint32_t n0 = p.tile0 * C, n1 = std::min(N, n0 + Np);
+            for (uint32_t k = 0; k < K; ++k)
+                for (uint32_t n = n0; n < n1; ++n) {
+                    const auto s = hw::split3(w[size_t(k) * N + n]);
+                    const size_t tile = size_t(k / R) * p.tiles + (n - n0) / C;
+                    const size_t at = (tile * R + k % R) * C + (n - n0) % C;
+                    for (int q = 0; q < P; ++q) wl[size_t(q) * Kp * Np + at] = s[q];
+                }
+            dev.write(p.a, al.data(), al.size() * 2);
+            dev.write(p.w, wl.data(), wl.size() * 2);
+        }
+        // Every block starts at once (disjoint cores): one launch per program.
+        std::vector<LaunchHandle> handles;
+        for (const auto& [tiles, t] : tilings) {
+            std::vector<const Part*> group;
+            for (const Part& p : work)
+                if (p.tiles == tiles) group.push_back(&p);
+            std::vector<uint32_t> launch_cores;
+            for (const Part* p : group) launch_cores.push_back(p->core);
+            const isa::Program& prog = cache.get(gemm_key(t), [&] { return gemm_program(t); });
+            handles.push_back(dev.launch_async(launch_cores, prog, [&, group](size_t j) {
+                const Part& p = *group[j];
+                return std::vector<uint32_t>{
+                    static_cast<uint32_t>(p.a.addr), static_cast<uint32_t>(p.w.addr),
+                    static_cast<uint32_t>(p.c.addr), p.rows, p.rows * Kp * 2};
+            }));
+        }
+        for (size_t h = 0; h < handles.size(); ++h) {
+            Event ev = dev.wait(handles[h]);
+            if (h == 0) {
+                res.event = ev;
+                continue;
+            }
+            res.event.start_cycle = std::min(res.event.start_cycle, ev.start_cycle);
+            res.event.end_cycle = std::max(res.event.end_cycle, ev.end_cycle);
+            res.event.host_seconds = std::max(res.event.host_seconds, ev.host_seconds);
+            for (size_t k = 0; k < ev.cores.size(); ++k) {
+                const auto at =
+                    std::lower_bound(res.event.cores.begin(), res.event.cores.end(), ev.cores[k]);
+                res.event.core_cycles.insert(
+                    res.event.core_cycles.begin() + (at - res.event.cores.begin()),
+                    ev.core_cycles[k]);
+                res.event.cores.insert(at, ev.cores[k]);
+            }
+        }
+        res.c.assign(size_t(M) * N, 0.0f);
+        std::vector<float> part;
+        for (const Part& p : work) {
+            const uint32_t Np = p.tiles * C, n0 = p.tile0 * C;
+            part.resize(size_t(p.rows) * Np);
+            dev.read(p.c, part.data(), part.size() * 4);
+            for (uint32_t r = 0; r < p.rows; ++r)
+                for (uint32_t n = n0; n < std::min(N, n0 + Np); n += C)
+                    std::copy_n(&part[(size_t((n - n0) / C) * p.rows + r) * C], std::min(C, N - n),
+                                &res.c[size_t(p.row0 + r) * N + n]);
+        }
+    } catch (...) {
+        release();
+        throw;
     }
+    release();
     res.macs = uint64_t(M) * K * N * passes(precision).size();
-    const double array = double(dev.config().core.mxus) * t.R * t.C;
+    const double array = double(cfg.core.mxus) * R * C;
     const uint64_t cycles = res.event.end_cycle - res.event.start_cycle;
-    res.mxu_utilization = cycles ? double(res.macs) / (array * double(cycles) * n_cores) : 0.0;
+    res.mxu_utilization =
+        cycles ? double(res.macs) / (array * double(cycles) * double(cores.size())) : 0.0;
     return res;
 }
 

@@ -56,6 +56,22 @@ isa::Program gemm_program_compact(const GemmTiling& t, uint32_t n_cols);
 /// Cache key of gemm_program_compact.
 std::string gemm_key_compact(const GemmTiling& t, uint32_t n_cols);
 
+/// How gemm() splits a GEMM over cores: `gm` row blocks times `gn` blocks of 128-column tiles;
+/// core (i, j) = cores[i gn + j] computes C's block (i, j); cores past gm gn sit out.
+struct GemmSplit {
+    uint32_t gm = 1;  ///< row blocks (A is split, W is not)
+    uint32_t gn = 1;  ///< column blocks (W and C are split, A is not)
+    friend bool operator==(const GemmSplit&, const GemmSplit&) = default;
+};
+
+/// The split of C = A (M x K) x W (K x N) over up to `cores` cores with the smallest estimated
+/// time of the busiest core: max(its MXU cycles, its HBM bytes / HBM peak bytes per cycle),
+/// where its HBM bytes are A's rows once, W's columns once per row block of the kernel and C
+/// once; ties go to fewer bytes, then to the first candidate (fewer row blocks). Every split
+/// gm x gn <= cores with gm <= M and gn <= N/128 (rounded up) is a candidate.
+GemmSplit plan_gemm_split(const hw::BoardConfig& cfg, uint32_t M, uint32_t K, uint32_t N,
+                          Precision precision, uint32_t cores);
+
 /// Result of a library GEMM.
 struct GemmResult {
     std::vector<float> c;        ///< M x N, row-major
@@ -64,8 +80,9 @@ struct GemmResult {
     double mxu_utilization = 0;  ///< macs / (cores x MXUs x R x C x cycles)
 };
 
-/// Runs C = A x W (row-major fp32 host arrays; bf16 precision rounds them) on `cores`:
-/// uploads each core's rows of A and a copy of W, launches, reads C back, frees the buffers.
+/// Runs C = A x W (row-major fp32 host arrays; bf16 precision rounds them) on `cores`, split
+/// by plan_gemm_split: uploads each core's rows of A and columns of W in the tile-major layout,
+/// launches every block at once, reads C back, frees the buffers.
 GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                 const std::vector<float>& w, uint32_t M, uint32_t K, uint32_t N,
                 Precision precision, const std::vector<uint32_t>& cores);
