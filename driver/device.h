@@ -52,8 +52,8 @@ struct Buffer {
 
 /// A completed launch: when it ran, in board cycles.
 struct Event {
-    uint64_t start_cycle = 0;           ///< launch cycle
-    uint64_t end_cycle = 0;             ///< last core halted
+    uint64_t start_cycle = 0;           ///< cycle the host rang the launch's doorbell
+    uint64_t end_cycle = 0;             ///< cycle its completion reached the host
     std::vector<uint32_t> cores;        ///< launched cores, ascending
     std::vector<uint64_t> core_cycles;  ///< cycles per core, same order
     double host_seconds = 0;            ///< host time spent simulating it
