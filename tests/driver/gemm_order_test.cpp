@@ -161,6 +161,11 @@ TEST(GemmOrder, PlannerChoosesTheDocumentedTiling) {
     }
     // Even 8 rows at a time do not fit K = 2^20 in fp32-6pass: a usage error naming K.
     EXPECT_THROW(plan_gemm(cfg, 8, 1u << 20, 128, Precision::Fp32Pass6), DeviceError);
+    // A compact C is row-major by definition: the tiled kernel refuses it. (Checked here, with
+    // no board run: an exception after SystemC has switched stacks trips ASan falsely.)
+    GemmTiling t = plan_gemm(cfg, 300, 260, 140, Precision::Bf16);
+    t.tiled = true;
+    EXPECT_THROW(gemm_program_compact(t, 140), DeviceError);
 }
 
 // The M/N split, derived by hand from plan_gemm_split's estimate (busiest core: max(MXU cycles,
@@ -217,10 +222,6 @@ TEST(GemmOrder, TiledAndRowMajorLayoutsAgree) {
     EXPECT_EQ(0, std::memcmp(tiled.data(), want.data(), want.size() * 4));
     const auto row_major = read_tensor(*dev, tc, 0);
     EXPECT_EQ(0, std::memcmp(row_major.data(), want.data(), want.size() * 4));
-    // A compact C is row-major by definition: the tiled kernel refuses it.
-    GemmTiling t = plan_gemm(dev->config(), M, K, N, Precision::Bf16);
-    t.tiled = true;
-    EXPECT_THROW(gemm_program_compact(t, N), DeviceError);
 }
 
 }  // namespace
