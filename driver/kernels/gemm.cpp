@@ -552,7 +552,10 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
         }
         // Every block starts at once (disjoint cores): one launch per program.
         std::vector<LaunchHandle> handles;
-        for (const auto& [tiles, t] : tilings) {
+        for (const auto& entry : tilings) {
+            // Named, not a structured binding: clang before 16 cannot capture bindings.
+            const uint32_t tiles = entry.first;
+            const GemmTiling& t = entry.second;
             std::vector<const Part*> group;
             for (const Part& p : work)
                 if (p.tiles == tiles) group.push_back(&p);
