@@ -47,7 +47,7 @@ VmemMap vmem_map(const GemmTiling& t) {
     const uint64_t kt = t.Kp / t.R, pa = parts(t.precision);
     VmemMap m{};
     m.a = 0;
-    m.w = m.a + pa * kt * t.block_rows * t.R * 2;
+    m.w = m.a + pa * (t.a_stream ? 2 : kt) * t.block_rows * t.R * 2;
     m.c = m.w + uint64_t(t.mxus) * 2 * pa * t.R * t.C * 2;
     m.end = m.c + uint64_t(t.mxus) * 2 * t.block_rows * t.C * 4;
     return m;
@@ -76,29 +76,94 @@ Precision parse_precision(std::string_view name) {
                                   name));
 }
 
+namespace {
+
+/// HBM bytes of one core's kernel on `rows` rows: A once (once per column group when
+/// streamed), W once per row block, C once.
+uint64_t traffic_bytes(const GemmTiling& t, uint32_t rows) {
+    const uint64_t P = parts(t.precision), blocks = (rows + t.block_rows - 1) / t.block_rows;
+    const uint64_t groups = (t.Np / t.C + t.mxus - 1) / t.mxus;
+    return (t.a_stream ? groups : 1) * P * rows * t.Kp * 2 + blocks * P * t.Kp * t.Np * 2 +
+           uint64_t(rows) * t.Np * 4;
+}
+
+/// gemm_estimate_cycles at `bw` HBM bytes per cycle; `drains` = CoreConfig::mxu_swap_drains.
+double estimate_cycles(const GemmTiling& t, uint32_t rows, double bw, bool drains) {
+    const uint64_t R = t.R, C = t.C, KT = t.Kp / t.R, NT = t.Np / t.C, T = t.block_rows;
+    const uint64_t P = parts(t.precision), npass = passes(t.precision).size();
+    const uint64_t groups = (NT + t.mxus - 1) / t.mxus, blocks = (rows + T - 1) / T;
+    const uint64_t last_rows = rows - (blocks - 1) * T;
+    const uint64_t last_panels = NT % t.mxus ? NT % t.mxus : t.mxus;
+    // A step streams its rows, but is never shorter than its weight load (R cycles); when
+    // the array swaps weights only once empty, every step also waits for the previous one's
+    // results to leave (R + C - 2 cycles; hw/README.md, "MXU").
+    auto step = [&](uint64_t r) { return drains ? r + R + C - 2 : std::max(r, R); };
+    const uint64_t compute = ((blocks - 1) * step(T) + step(last_rows)) * KT * groups * npass;
+    // A first panel that waits for the previous matmuls to free its place: in every later group
+    // when A streams and KT is odd, in every later block when A is kept (see gemm_program).
+    const uint64_t waits = t.a_stream ? (KT % 2 ? blocks * groups - 1 : 0) : blocks - 1;
+    const uint64_t regroup = waits * P * std::min<uint64_t>(rows, T) * R * 2;
+    const uint64_t exposed = P * std::min<uint64_t>(rows, T) * R * 2 +
+                             P * std::min<uint64_t>(NT, t.mxus) * R * C * 2 +
+                             last_rows * last_panels * C * 4 + regroup;
+    return double(exposed) / bw +
+           std::max(double(compute), double(traffic_bytes(t, rows) - exposed) / bw);
+}
+
+double hbm_peak(const hw::BoardConfig& cfg) {
+    return hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+}
+
+/// Largest block the planner considers: beyond it the arrays' fill and drain are amortised.
+constexpr uint32_t kMaxBlockRows = 4096;
+
+}  // namespace
+
+double gemm_estimate_cycles(const hw::BoardConfig& cfg, const GemmTiling& t, uint32_t rows) {
+    return estimate_cycles(t, rows, hbm_peak(cfg), cfg.core.mxu_swap_drains);
+}
+
 GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, uint32_t N,
                      Precision precision) {
-    GemmTiling t;
-    t.R = cfg.core.mxu_rows;
-    t.C = cfg.core.mxu_cols;
-    t.Kp = round_up(K, t.R);
-    t.Np = round_up(N, t.C);
-    t.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
-    t.precision = precision;
-    // Long blocks amortise the array's fill and drain; VMEM bounds them.
-    t.block_rows = std::min<uint32_t>(1024, round_up(std::max<uint32_t>(max_rows, 1), 8));
-    while (t.block_rows > 8 && vmem_map(t).end > cfg.core.vmem_bytes) t.block_rows -= 8;
-    if (vmem_map(t).end > cfg.core.vmem_bytes)
+    GemmTiling base;
+    base.R = cfg.core.mxu_rows;
+    base.C = cfg.core.mxu_cols;
+    base.Kp = round_up(K, base.R);
+    base.Np = round_up(N, base.C);
+    base.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
+    base.precision = precision;
+    const uint32_t rows = std::max<uint32_t>(max_rows, 1);
+    // Blocks of up to kMaxBlockRows rows (VMEM bounds them; long blocks amortise the arrays' fill
+    // and drain), cut evenly; below R rows a block only adds steps bound by the weight load.
+    const double bw = hbm_peak(cfg);
+    GemmTiling best;
+    double best_est = -1;
+    for (bool stream : {false, true})
+        for (uint32_t nb = 1; nb <= (rows + 7) / 8; ++nb) {
+            GemmTiling t = base;
+            t.a_stream = stream;
+            t.block_rows = round_up((rows + nb - 1) / nb, 8);
+            if (t.block_rows > kMaxBlockRows) continue;
+            if (best_est >= 0 && t.block_rows < std::min(rows, t.R)) break;
+            if (vmem_map(t).end > cfg.core.vmem_bytes) continue;
+            const double est = estimate_cycles(t, rows, bw, cfg.core.mxu_swap_drains);
+            if (best_est < 0 || est < best_est) {
+                best = t;
+                best_est = est;
+            }
+        }
+    if (best_est < 0)
         throw DeviceError(ErrorKind::Usage,
-                          fmt::format("GEMM with K = {} does not fit in {} bytes of VMEM even 8 "
-                                      "rows at a time",
-                                      K, cfg.core.vmem_bytes));
-    return t;
+                          fmt::format("GEMM with K = {} in {} does not fit in {} bytes of VMEM "
+                                      "(core.vmem_bytes) even 8 rows at a time",
+                                      K, precision_name(precision), cfg.core.vmem_bytes));
+    return best;
 }
 
 std::string gemm_key(const GemmTiling& t) {
-    return fmt::format("gemm R{} C{} Kp{} Np{} T{} mxus{} {}{}", t.R, t.C, t.Kp, t.Np, t.block_rows,
-                       t.mxus, precision_name(t.precision), t.tiled ? " tiled" : "");
+    return fmt::format("gemm R{} C{} Kp{} Np{} T{} mxus{} {}{}{}", t.R, t.C, t.Kp, t.Np,
+                       t.block_rows, t.mxus, precision_name(t.precision), t.tiled ? " tiled" : "",
+                       t.a_stream ? " a-stream" : "");
 }
 
 namespace {
@@ -131,7 +196,7 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     // Tiled layout: C stores are deferred (see flush below); scalar-memory words of the
     // pending ones.
     const bool defer = t.tiled;
-    constexpr int kPend = 0, kDst = 4, kRows = 8, kPar = 12;
+    constexpr int kPend = 0, kDst = 4, kRows = 8, kPar = 12, kDone = 16;
     // s31: bytes of one column panel of A in the tile-major layout (rows x R bf16).
     if (t.tiled) L("        mul s31, s4, {}", R * 2);
     // Scalar memory keeps its words across launches: no C store is pending yet.
@@ -158,6 +223,11 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     const int wflag[2] = {1, 8}, cflag[2] = {6, 7};
     const char* wcount[2] = {"s27", "s30"};
 
+    // VMEM home of W part q for MXU m in `slot`.
+    auto w_home = [&](int m, int slot, int q) {
+        return vm.w + (uint64_t(m) * 2 * PA + uint64_t(slot) * PA + q) * wtile;
+    };
+
     // W tile (k = reg) of panel n for MXU m into `slot`: rows k*R.., columns n*C...
     auto w_dma = [&](const char* kreg, int m, int nm, int slot) {
         if (t.tiled) {
@@ -172,7 +242,7 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         L("        add s14, s14, s2");
         for (int q = 0; q < PA; ++q) {
             if (q) L("        add s14, s14, {}", wpart_stride);
-            const uint64_t dst = vm.w + (uint64_t(m) * 2 * PA + uint64_t(slot) * PA + q) * wtile;
+            const uint64_t dst = w_home(m, slot, q);
             if (t.tiled)
                 L("        dma.hv [{}], [s14+{}], 1, {}, {}, {}, f{}", dst, uint64_t(m) * wtile,
                   wtile, wtile, wtile, wflag[slot]);
@@ -186,69 +256,131 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         L("        add {}, {}, {}", wcount[slot], wcount[slot], PA * nm);
     };
 
-    // A panel k = reg of this block into the A area, counted with the weight tiles of `slot`; only
-    // the block's first group (s8 = 0) loads them, the later groups reuse them.
+    // A panel k = reg of this block into the A area, counted with the weight tiles of `slot`.
+    // Kept (a_stream off): only the block's first group (s8 = 0) loads the panels, each into its
+    // own place, and the later groups reuse them. Streamed: every group loads panel k into the
+    // step's slot, next to the weight tiles, so VMEM holds two panels instead of the block.
+    const bool stream = t.a_stream;
+    auto a_home = [&](int slot, int pa) {
+        return stream ? vm.a + (uint64_t(pa) * 2 + slot) * panel : vm.a + uint64_t(pa) * KT * panel;
+    };
     auto a_panel = [&](const char* kreg, int slot, const std::string& label) {
-        L("        bne s8, 0, {}", label);
+        if (!stream) L("        bne s8, 0, {}", label);
         if (t.tiled)
             L("        mul s10, {}, s31", kreg);
         else
             L("        mul s10, {}, {}", kreg, R * 2);
         L("        add s10, s10, s20");
         L("        add s10, s10, s1");
-        L("        mul s11, {}, {}", kreg, panel);
+        if (stream)
+            L("        li s11, 0");
+        else
+            L("        mul s11, {}, {}", kreg, panel);
         for (int p = 0; p < PA; ++p) {
             if (p) L("        add s10, s10, s5");
             if (t.tiled)
-                L("        dma.hv [s11+{}], [s10], 1, s13, s13, s13, f{}", vm.a + p * KT * panel,
+                L("        dma.hv [s11+{}], [s10], 1, s13, s13, s13, f{}", a_home(slot, p),
                   wflag[slot]);
             else
-                L("        dma.hv [s11+{}], [s10], s7, {}, {}, {}, f{}", vm.a + p * KT * panel,
-                  R * 2, R * 2, t.Kp * 2, wflag[slot]);
+                L("        dma.hv [s11+{}], [s10], s7, {}, {}, {}, f{}", a_home(slot, p), R * 2,
+                  R * 2, t.Kp * 2, wflag[slot]);
         }
         L("        add {}, {}, {}", wcount[slot], wcount[slot], PA);
-        L("{}:", label);
+        if (!stream) L("{}:", label);
+    };
+    // Waits until A's place about to be refilled is no longer read: for each MXU m, until its
+    // matmuls counted in s24 + m (every earlier group's) plus `plus` (this group's done so far;
+    // for MXUs in the group) less `back` (the last ones, which read the other slot) are done.
+    auto a_slot_free = [&](int nm, const std::string& plus, int back, const std::string& tag) {
+        for (uint32_t m = 0; m < t.mxus; ++m) {
+            const std::string cnt = fmt::format("s{}", 24 + m);
+            if (int(m) < nm && !plus.empty()) {
+                L("        add s10, {}, {}", cnt, plus);
+                L("        wait f{}, s10", 4 + m);
+            } else if (back > 0) {
+                L("        beq {}, 0, af{}_{}", cnt, m, tag);
+                L("        sub s10, {}, {}", cnt, back);
+                L("        wait f{}, s10", 4 + m);
+                L("af{}_{}:", m, tag);
+            } else {
+                L("        wait f{}, {}", 4 + m, cnt);
+            }
+        }
     };
 
     // K step s9 (even for slot 0, odd for slot 1) of a group: prefetch step s9 + 1 into the other
-    // slot, wait for this slot's tiles, run the passes.
+    // slot, wait for this slot's tiles, run the passes. Kept A: the prefetch goes first, so two
+    // steps' transfers are in flight while the MXUs work. Streamed A: the step's matmuls go first,
+    // because the slot the prefetch refills is free only once the previous step's matmuls are done,
+    // and waiting for that before issuing this step would idle the MXUs.
+    const int npass = static_cast<int>(pass_list.size());
     auto k_step = [&](int nm, const std::string& tag, int slot) {
-        L("k{}_{}:  add s16, s9, 1", slot, tag);
-        L("        beq s16, {}, w{}_{}", KT, slot, tag);
-        // The slot about to be refilled was read by the previous step's weight loads.
-        for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
-        w_tiles("s16", nm, 1 - slot);
-        a_panel("s16", 1 - slot, fmt::format("na{}_{}", slot, tag));
-        L("w{}_{}:  wait f{}, {}", slot, tag, wflag[slot], wcount[slot]);
-        L("        mul s17, s9, {}", panel);
+        auto prefetch = [&] {
+            L("        add s16, s9, 1");
+            L("        beq s16, {}, np{}_{}", KT, slot, tag);
+            // The slot about to be refilled was read by the previous step's weight loads (the
+            // ones before this step's when this step's are already issued).
+            for (int m = 0; m < nm; ++m) {
+                if (stream) {
+                    L("        sub s10, s{}, {}", 22 + m, npass);
+                    L("        wait f{}, s10", 2 + m);
+                } else {
+                    L("        wait f{}, s{}", 2 + m, 22 + m);
+                }
+            }
+            // ... and, streamed, its A panel by the previous step's matmuls (s9 of this group's
+            // are counted: steps 0 .. s9 - 1).
+            if (stream) a_slot_free(nm, "s9", 0, fmt::format("p{}_{}", slot, tag));
+            w_tiles("s16", nm, 1 - slot);
+            a_panel("s16", 1 - slot, fmt::format("na{}_{}", slot, tag));
+            L("np{}_{}:", slot, tag);
+        };
+        L("k{}_{}:", slot, tag);
+        if (!stream) prefetch();
+        L("        wait f{}, {}", wflag[slot], wcount[slot]);
+        if (!stream) L("        mul s17, s9, {}", panel);
         L("        and s18, s29, 1");
         L("        mul s18, s18, {}", cslot);
         L("        sltu s19, 0, s9");
         for (int m = 0; m < nm; ++m) {
             for (size_t i = 0; i < pass_list.size(); ++i) {
                 const auto [pa, pw] = pass_list[i];
-                L("        mxu.lw {}, [{}], {}, {}, f{}", m,
-                  vm.w + (uint64_t(m) * 2 * PA + uint64_t(slot) * PA + pw) * wtile, R, C, 2 + m);
+                L("        mxu.lw {}, [{}], {}, {}, f{}", m, w_home(m, slot, pw), R, C, 2 + m);
                 const bool last = i + 1 == pass_list.size();
-                L("        mxu.mm {}, [s18+{}], [s17+{}], s7, {}{}", m,
-                  vm.c + uint64_t(m) * 2 * cslot, vm.a + pa * KT * panel, i == 0 ? "s19" : "1",
-                  last ? fmt::format(", f{}", 4 + m) : "");
+                const std::string a_src = stream ? fmt::format("{}", a_home(slot, pa))
+                                                 : fmt::format("s17+{}", a_home(slot, pa));
+                L("        mxu.mm {}, [s18+{}], [{}], s7, {}{}", m, vm.c + uint64_t(m) * 2 * cslot,
+                  a_src, i == 0 ? "s19" : "1", last ? fmt::format(", f{}", 4 + m) : "");
             }
-            L("        add s{}, s{}, {}", 22 + m, 22 + m, pass_list.size());
+            L("        add s{}, s{}, {}", 22 + m, 22 + m, npass);
         }
+        if (stream) prefetch();
         L("        add s9, s9, 1");
     };
 
     // Tiled layout: a group's C stores wait in scalar memory until the next group has queued
-    // its first weight tiles (and A panel), so the in-order DMA engine does not hold those
-    // behind a megabyte of results. Scalar memory: pending panels (0 = none), the first
-    // panel's HBM address, rows, C slot parity (kPend, kDst, kRows, kPar).
-    auto flush = [&](const std::string& tag) {
+    // its first matmuls and weight tiles, then leave in pieces of `piece` rows, one piece per
+    // odd K step of the next group, so the in-order DMA engine never holds the tiles the MXUs
+    // need next behind a megabyte of results. Scalar memory: pending panels (0 = none), the
+    // first panel's HBM address, rows, C slot parity, rows already stored (kPend, kDst, kRows,
+    // kPar, kDone). `all` stores everything still pending.
+    const uint32_t piece = round_up((Tm + std::max(KT / 2, 1u) - 1) / std::max(KT / 2, 1u), 8);
+    auto flush = [&](const std::string& tag, bool all) {
         L("        lw s11, [{}]", kPend);
         L("        beq s11, 0, fd_{}", tag);
         L("        lw s10, [{}]", kDst);
         L("        lw s17, [{}]", kRows);
         L("        lw s18, [{}]", kPar);
+        L("        lw s16, [{}]", kDone);
+        L("        sub s17, s17, s16");
+        if (!all) {
+            L("        li s14, {}", piece);
+            L("        bltu s17, s14, fr_{}", tag);
+            L("        add s17, s14, 0");
+        }
+        // s15: the piece's offset in the C slot and in each HBM panel (both rows x C fp32).
+        L("fr_{}:   mul s15, s16, {}", tag, C * 4);
+        L("        add s10, s10, s15");
         L("        mul s19, s4, {}", C * 4);
         for (uint32_t m = 0; m < t.mxus; ++m) {
             // The pending group's last matmul on MXU m (a count its kend already added).
@@ -260,7 +392,7 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
             L("        bne s18, 0, fa{}_{}", m, tag);
             for (int slot = 0; slot < 2; ++slot) {
                 if (slot) L("fa{}_{}:", m, tag);
-                L("        dma.vh [s10], [{}], s17, {}, {}, {}, f{}",
+                L("        dma.vh [s10], [s15+{}], s17, {}, {}, {}, f{}",
                   vm.c + (uint64_t(m) * 2 + slot) * cslot, C * 4, C * 4, C * 4, cflag[slot]);
                 if (!slot) L("        jmp fb{}_{}", m, tag);
             }
@@ -271,6 +403,10 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         L("        add s28, s28, s14");
         L("        sub s14, s11, s14");
         L("        add s26, s26, s14");
+        L("        add s16, s16, s17");
+        L("        sw s16, [{}]", kDone);
+        L("        lw s14, [{}]", kRows);
+        L("        bltu s16, s14, fd_{}", tag);
         L("        sw s0, [{}]", kPend);
         L("fd_{}:", tag);
     };
@@ -285,26 +421,41 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
         L("        jmp c_{}", tag);
         L("c1_{}:   wait f{}, s28", tag, cflag[1]);
         L("c_{}:    li s9, 0", tag);
-        // Slot 0 may still feed the previous group's last weight loads.
+        // Slot 0 may still feed the previous group's last weight loads, and, streamed, its A
+        // panel the previous group's matmuls of step KT - 2 (KT even) or KT - 1 (odd): every
+        // one of them counted but the last when KT is even.
         for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
+        if (stream) a_slot_free(nm, "", KT % 2 == 0 ? 1 : 0, fmt::format("g_{}", tag));
+        // Kept A: a new block's panels overwrite the ones every matmul so far has read.
+        if (!stream) {
+            L("        bne s8, 0, gk_{}", tag);
+            a_slot_free(nm, "", 0, fmt::format("gk_{}", tag));
+            L("gk_{}:", tag);
+        }
         w_tiles("s9", nm, 0);
         a_panel("s9", 0, fmt::format("na_{}", tag));
-        if (defer) flush(tag);
         // Unrolled twice so that each step's slot, and so its flag, is fixed.
         k_step(nm, tag, 0);
         L("        beq s9, {}, kend_{}", KT, tag);
         k_step(nm, tag, 1);
+        // The previous group's stores leave a piece per odd step, after that step's matmuls and
+        // the next step's tiles are queued: by then that group's last matmul has drained, so
+        // waiting for it does not idle the MXUs.
+        if (defer) flush(tag, false);
         L("        bne s9, {}, k0_{}", KT, tag);
         // Results out: wait for each MXU's last matmul, then DMA its panel to HBM.
+        L("kend_{}:", tag);
+        // What the odd steps did not store of the previous group goes now.
+        if (defer) flush(tag + "_rest", true);
         if (t.tiled) {
             // Panel n of C is rows x C fp32, contiguous; s21 = its bytes.
-            L("kend_{}: mul s10, s6, {}", tag, C * 4);
+            L("        mul s10, s6, {}", C * 4);
             L("        add s10, s10, s3");
             L("        mul s21, s4, {}", C * 4);
             L("        mul s11, s8, {}", nm);
             L("        mul s11, s11, s21");
         } else {
-            L("kend_{}: mul s10, s6, {}", tag, c_stride);
+            L("        mul s10, s6, {}", c_stride);
             L("        add s10, s10, s3");
             L("        mul s11, s8, {}", uint64_t(nm) * C * 4);
         }
@@ -314,6 +465,7 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
             L("        sw s10, [{}]", kDst);
             L("        sw s7, [{}]", kRows);
             L("        sw s12, [{}]", kPar);
+            L("        sw s0, [{}]", kDone);
             L("        li s11, {}", nm);
             L("        sw s11, [{}]", kPend);
             L("        add s29, s29, 1");
@@ -374,7 +526,7 @@ isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
     }
     L("        add s6, s6, s7");
     L("        bltu s6, s4, block");
-    if (defer) flush("end");
+    if (defer) flush("end", true);
     L("        wait f{}, s26", cflag[0]);
     L("        wait f{}, s28", cflag[1]);
     L("        halt");
@@ -433,41 +585,32 @@ std::vector<float> gemm_reference(const std::vector<float>& a, const std::vector
 
 GemmSplit plan_gemm_split(const hw::BoardConfig& cfg, uint32_t M, uint32_t K, uint32_t N,
                           Precision precision, uint32_t cores) {
-    const uint32_t R = cfg.core.mxu_rows, C = cfg.core.mxu_cols;
-    const uint32_t NT = (N + C - 1) / C, Kp = round_up(K, R), mxus = std::min(cfg.core.mxus, 2u);
-    const uint64_t P = parts(precision), npass = passes(precision).size();
-    const double hbm_bytes_per_cycle = hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+    const uint32_t C = cfg.core.mxu_cols, NT = (N + C - 1) / C;
+    const double bw = hbm_peak(cfg);
     GemmSplit best;
     double best_est = -1;
+    std::string unfit;
     uint64_t best_traffic = 0;
     for (uint32_t gm = 1; gm <= std::min(cores, M); ++gm)
         for (uint32_t gn = 1; gm * gn <= cores && gn <= NT; ++gn) {
+            // The busiest core: the most rows and the most column tiles.
             const uint32_t Mc = (M + gm - 1) / gm, ntc = (NT + gn - 1) / gn;
-            const uint64_t Nc = uint64_t(ntc) * C;
-            uint32_t T = 0;
+            GemmTiling t;
             try {
-                T = plan_gemm(cfg, Mc, K, static_cast<uint32_t>(Nc), precision).block_rows;
-            } catch (const DeviceError&) {
-                continue;  // does not fit in VMEM this way
+                t = plan_gemm(cfg, Mc, K, ntc * C, precision);
+            } catch (const DeviceError& e) {
+                unfit = e.what();  // does not fit in VMEM this way
+                continue;
             }
-            // The busiest core's MXU cycles (its row blocks stream through every K step of
-            // every panel group) and its HBM bytes (A once, W once per row block, C once).
-            const uint64_t compute =
-                uint64_t(round_up(Mc, 8)) * (Kp / R) * ((ntc + mxus - 1) / mxus) * npass;
-            const uint64_t traffic =
-                P * Mc * Kp * 2 + (Mc + T - 1) / T * P * Kp * Nc * 2 + uint64_t(Mc) * Nc * 4;
-            const double est = std::max(double(compute), double(traffic) / hbm_bytes_per_cycle);
+            const uint64_t traffic = traffic_bytes(t, Mc);
+            const double est = estimate_cycles(t, Mc, bw, cfg.core.mxu_swap_drains);
             if (best_est < 0 || est < best_est || (est == best_est && traffic < best_traffic)) {
                 best = {gm, gn};
                 best_est = est;
                 best_traffic = traffic;
             }
         }
-    if (best_est < 0)
-        throw DeviceError(ErrorKind::Usage,
-                          fmt::format("GEMM with K = {} does not fit in {} bytes of VMEM even 8 "
-                                      "rows at a time",
-                                      K, cfg.core.vmem_bytes));
+    if (best_est < 0) throw DeviceError(ErrorKind::Usage, unfit);
     return best;
 }
 
@@ -526,6 +669,13 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                 if (b->bytes) dev.free(*b);
     };
     GemmResult res;
+    // HBM bytes of the kernel: the DMA totals of every kernel before and after.
+    auto dma_bytes = [&] {
+        uint64_t b = 0;
+        for (const KernelStats& k : dev.kernel_stats()) b += k.hbm_read_bytes + k.hbm_write_bytes;
+        return b;
+    };
+    const uint64_t bytes_before = dma_bytes();
     try {
         for (Part& p : work) {
             const uint32_t Np = p.tiles * C, m = p.rows;
@@ -603,11 +753,18 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
         throw;
     }
     release();
+    res.hbm_bytes = dma_bytes() - bytes_before;
+    res.split = split;
+    res.tiling = tilings.rbegin()->second;
     res.macs = uint64_t(M) * K * N * passes(precision).size();
     const double array = double(cfg.core.mxus) * R * C;
     const uint64_t cycles = res.event.end_cycle - res.event.start_cycle;
     res.mxu_utilization =
         cycles ? double(res.macs) / (array * double(cycles) * double(cores.size())) : 0.0;
+    res.min_hbm_bytes = uint64_t(P) * (uint64_t(M) * K + uint64_t(K) * N) * 2 + uint64_t(M) * N * 4;
+    res.roofline_cycles =
+        std::max(double(res.macs) / (array * double(cores.size())),
+                 double(res.min_hbm_bytes) / (hbm_peak(cfg) * double(cores.size())));
     return res;
 }
 

@@ -32,11 +32,24 @@ struct GemmTiling {
     Precision precision = Precision::Bf16;
     /// Operands in the tile-major HBM layout (gemm_program) instead of row-major.
     bool tiled = false;
+    /// A's panels stream through two VMEM slots with the weight tiles in every column group
+    /// (A read once per group) instead of staying in VMEM for the whole block (read once), so
+    /// VMEM no longer bounds the block rows.
+    bool a_stream = false;
 };
 
-/// Chooses the tiling of a GEMM whose largest per-core share has `max_rows` rows.
+/// Chooses the tiling of a GEMM whose largest per-core share has `max_rows` rows: the block
+/// rows T (even blocks of at most 4096 rows) and the A mode with the smallest
+/// gemm_estimate_cycles among those that fit in VMEM (ties go to A kept, then fewer blocks).
 GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, uint32_t N,
                      Precision precision);
+/// The planner's cost model of one core's kernel on `rows` rows, in cycles (driver/README.md,
+/// "The planner"): the bytes that must move before the first matmul (its A panel and first
+/// weight tiles) and after the last one (the last group's C) at HBM peak, plus the larger of
+/// the MXU cycles (a step per pass streams its rows, at least R cycles, plus the array's
+/// drain R + C - 2 when core.mxu_swap_drains) and the other HBM bytes at peak (A once, or
+/// once per column group when streamed; W once per row block; C once).
+double gemm_estimate_cycles(const hw::BoardConfig& cfg, const GemmTiling& t, uint32_t rows);
 /// The per-core kernel. Launch arguments: s1 = A (part 0) HBM address, s2 = W (part 0),
 /// s3 = C, s4 = rows on this core, s5 = bytes between A's parts (rows x Kp x 2).
 /// HBM layouts, each zero-padded, parts of A (W) rows x Kp x 2 (Kp x Np x 2) bytes apart:
@@ -64,11 +77,10 @@ struct GemmSplit {
     friend bool operator==(const GemmSplit&, const GemmSplit&) = default;
 };
 
-/// The split of C = A (M x K) x W (K x N) over up to `cores` cores with the smallest estimated
-/// time of the busiest core: max(its MXU cycles, its HBM bytes / HBM peak bytes per cycle),
-/// where its HBM bytes are A's rows once, W's columns once per row block of the kernel and C
-/// once; ties go to fewer bytes, then to the first candidate (fewer row blocks). Every split
-/// gm x gn <= cores with gm <= M and gn <= N/128 (rounded up) is a candidate.
+/// The split of C = A (M x K) x W (K x N) over up to `cores` cores with the smallest
+/// gemm_estimate_cycles of the busiest core under its plan_gemm tiling; ties go to fewer HBM
+/// bytes, then to the first candidate (fewer row blocks). Every split gm x gn <= cores with
+/// gm <= M and gn <= N/128 (rounded up) is a candidate.
 GemmSplit plan_gemm_split(const hw::BoardConfig& cfg, uint32_t M, uint32_t K, uint32_t N,
                           Precision precision, uint32_t cores);
 
@@ -78,6 +90,14 @@ struct GemmResult {
     Event event;                 ///< the launch
     uint64_t macs = 0;           ///< useful multiply-accumulates (M K N x passes)
     double mxu_utilization = 0;  ///< macs / (cores x MXUs x R x C x cycles)
+    GemmSplit split;             ///< how the cores shared C
+    GemmTiling tiling;           ///< the busiest core's tiling (the widest column block)
+    uint64_t hbm_bytes = 0;      ///< bytes the kernel's DMAs moved between HBM and VMEM
+    /// A and W read once and C written once: P (M K + K N) 2 + M N 4 bytes (P bf16 parts).
+    uint64_t min_hbm_bytes = 0;
+    /// The roofline bound in cycles: max(macs over every MXU of `cores`, min_hbm_bytes over
+    /// their HBM peak), with no launch costs.
+    double roofline_cycles = 0;
 };
 
 /// Runs C = A x W (row-major fp32 host arrays; bf16 precision rounds them) on `cores`, split

@@ -9,9 +9,12 @@ namespace tpu::hw {
 
 /// One TensorCore: sequencer, MXUs, VPU, memories, unit queues.
 struct CoreConfig {
-    uint32_t mxus = 2;                    ///< matrix units per core
-    uint32_t mxu_rows = 128;              ///< PE rows = K per weight tile (also weight-load cycles)
-    uint32_t mxu_cols = 128;              ///< PE columns = N per weight tile
+    uint32_t mxus = 2;        ///< matrix units per core
+    uint32_t mxu_rows = 128;  ///< PE rows = K per weight tile (also weight-load cycles)
+    uint32_t mxu_cols = 128;  ///< PE columns = N per weight tile
+    /// Weights swap array-wide: a matmul on a new tile starts once the previous matmul has
+    /// left the array (off: the swap travels with the first row's wavefront, no bubble).
+    bool mxu_swap_drains = true;
     uint32_t vpu_sublanes = 8;            ///< VPU sublanes (rows of a vector register)
     uint32_t vpu_lanes = 128;             ///< VPU lanes (columns of a vector register)
     uint32_t vpu_alus = 2;                ///< VPU ALUs; each retires one vector register per cycle
@@ -34,6 +37,9 @@ struct CoreConfig {
         v("mxu_rows", mxu_rows, "MXU PE rows (K of a weight tile; weight-load cycles)",
           {.min = 1, .max = 1024});
         v("mxu_cols", mxu_cols, "MXU PE columns (N of a weight tile)", {.min = 1, .max = 1024});
+        v("mxu_swap_drains", mxu_swap_drains,
+          "a matmul on newly loaded weights starts only once the previous matmul has left the "
+          "array (false: the swap rides the first row's wavefront with no bubble)");
         v("vpu_sublanes", vpu_sublanes, "VPU sublanes per vector register", {.min = 1});
         v("vpu_lanes", vpu_lanes, "VPU lanes per vector register", {.min = 1});
         v("vpu_alus", vpu_alus, "VPU ALUs, each retiring one vector register per cycle",

@@ -90,7 +90,7 @@ CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, Spa
       m_vpu_hz(std::make_unique<Hazards>()) {
     for (uint32_t i = 0; i < m_core.mxus; ++i) {
         m_mxu_q.push_back(std::make_unique<UnitQueue>());
-        m_mxu_timer.emplace_back(m_core.mxu_rows, m_core.mxu_cols);
+        m_mxu_timer.emplace_back(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
     }
     m_mxu_weights.resize(m_core.mxus);
     m_mxu_shape.resize(m_core.mxus);
@@ -133,7 +133,7 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     m_running = true;
     for (auto* q : {m_dma_q.get(), m_vpu_q.get(), m_ici_q.get()}) *q = UnitQueue{{}, cycle};
     for (auto& q : m_mxu_q) *q = UnitQueue{{}, cycle};
-    for (auto& t : m_mxu_timer) t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols);
+    for (auto& t : m_mxu_timer) t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
     m_mxu_loaded.assign(m_core.mxus, false);
     m_dma_free = m_vpu_free = m_ici_free = cycle;
     m_ici_arrival.assign(m_ici_arrival.size(), 0);

@@ -71,6 +71,7 @@ MxuSpan MxuTimer::mm(uint64_t ready, uint32_t T) {
     uint64_t start = std::max({ready, m_last_start, m_input_free});
     if (!m_lw_consumed) {
         start = std::max(start, m_lw_done);
+        if (m_swap_drains) start = std::max(start, m_mm_done);
         // This mm moves the shadow tile into the array; the shadow may be refilled from now.
         m_shadow_free = start;
         m_lw_consumed = true;
@@ -78,6 +79,7 @@ MxuSpan MxuTimer::mm(uint64_t ready, uint32_t T) {
     const uint64_t done = start + T + m_rows + m_cols - 2;
     m_last_start = start;
     m_input_free = start + T;
+    m_mm_done = done;
     return {start, done};
 }
 

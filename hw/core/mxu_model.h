@@ -35,10 +35,15 @@ struct MxuSpan {
 ///  mm: start = max(ready, previous start, input port free, done of the latest lw);
 ///      done = start + T + R + C - 2 (stream, skew down, skew across, write);
 ///      the input port is free at start + T. An mm after an mm reuses the active weights.
+///      With `swap_drains`, an mm that moves a new tile into the array also waits for the
+///      previous mm's done: the array swaps all its weights at once, so no earlier partial
+///      sum may still be in it (a bubble of up to R + C - 2 cycles per tile).
 class MxuTimer {
 public:
-    /// An idle MXU with `rows` x `cols` PEs and no weights loaded.
-    MxuTimer(uint32_t rows, uint32_t cols) : m_rows(rows), m_cols(cols) {}
+    /// An idle MXU with `rows` x `cols` PEs and no weights loaded; `swap_drains` as
+    /// CoreConfig::mxu_swap_drains.
+    MxuTimer(uint32_t rows, uint32_t cols, bool swap_drains)
+        : m_rows(rows), m_cols(cols), m_swap_drains(swap_drains) {}
     /// Weight load that reaches the unit at `ready`.
     MxuSpan lw(uint64_t ready);
     /// Matmul of T LHS rows that reaches the unit at `ready`; throws std::logic_error
@@ -47,6 +52,8 @@ public:
 
 private:
     uint32_t m_rows, m_cols;
+    bool m_swap_drains;          ///< a tile swap waits for the array to drain
+    uint64_t m_mm_done = 0;      ///< latest mm's done: the array is empty from here
     uint64_t m_last_start = 0;   ///< in-order queue: no start before the previous one
     uint64_t m_lw_done = 0;      ///< latest lw's done: weight path free, its tile complete
     uint64_t m_shadow_free = 0;  ///< start of the mm that consumed the latest lw

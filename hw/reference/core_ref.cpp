@@ -397,6 +397,7 @@ private:
         size_t mm_rec = 0;
         uint8_t mm_flag = isa::kNoFlag;
         uint64_t port_worked = kNever;
+        uint64_t array_empty_at = 0;  ///< the last matmul's results are all written here
     };
 
     void loader_work(uint32_t i) {
@@ -414,6 +415,7 @@ private:
             // leave PE(R-1, C-1) after R-1 steps down and C-1 across, and are written a cycle
             // after that.
             const uint64_t drain = uint64_t(m_core.mxu_rows - 1) + (m_core.mxu_cols - 1) + 1;
+            m.array_empty_at = m_now + drain;
             schedule(m_now + drain, {m.mm_rec, m.mm_flag, int(kMxu0 + i), false});
         }
     }
@@ -441,6 +443,9 @@ private:
                 if (m.shadow == Shadow::Loading) return;  // its tile is not complete yet
                 if (m.shadow == Shadow::Empty)
                     throw std::logic_error("CoreRef: mxu.mm without loaded weights");
+                // An array-wide swap waits until the earlier matmuls' results have left.
+                if (m_core.mxu_swap_drains && m.shadow == Shadow::Full && m_now < m.array_empty_at)
+                    return;
                 m.shadow = Shadow::Taken;  // a full tile moves into the array; else reuse
                 m.lhs_rows_left = e.v[3];
                 m.mm_rec = e.rec;

@@ -15,7 +15,8 @@ struct SystolicRef::Matmul {
     std::vector<float> weights;  ///< R x C: the row weight pipelines filled by its swap token
 };
 
-SystolicRef::SystolicRef(uint32_t rows, uint32_t cols) : m_rows(rows), m_cols(cols) {
+SystolicRef::SystolicRef(uint32_t rows, uint32_t cols, bool swap_drains)
+    : m_rows(rows), m_cols(cols), m_swap_drains(swap_drains) {
     if (rows == 0 || cols == 0) throw std::invalid_argument("SystolicRef: empty array");
 }
 
@@ -50,6 +51,7 @@ std::vector<MxuSpan> SystolicRef::run(const std::vector<SystolicRefInstr>& prog)
     bool port_swap = false;
     uint32_t valid_slots = 0;  // skew-line slots holding LHS data
     size_t head = 0;           // in-order queue head
+    size_t mms_in_array = 0;   // matmuls started whose last result is not written yet
 
     for (uint64_t c = 0; completed < n_instr; ++c) {
         // (1) Issue from the queue head, in order; several may start in one cycle.
@@ -69,6 +71,8 @@ std::vector<MxuSpan> SystolicRef::run(const std::vector<SystolicRefInstr>& prog)
                     throw std::logic_error("mxu.mm without loaded weights");
                 if (port >= 0) break;                  // the input port streams the previous mm
                 if (shadow == Shadow::Loading) break;  // its tile is not complete yet
+                // A swap with the array still holding an earlier matmul's results waits.
+                if (m_swap_drains && shadow == Shadow::Full && mms_in_array > 0) break;
                 port_swap = shadow == Shadow::Full;
                 if (port_swap) {
                     shadow = Shadow::Consumed;
@@ -77,6 +81,7 @@ std::vector<MxuSpan> SystolicRef::run(const std::vector<SystolicRefInstr>& prog)
                 port = int64_t(head);
                 port_row = 0;
                 mms[head].outputs_left = uint64_t(ins.T) * C;
+                ++mms_in_array;
             }
             spans[head].start = c;
             ++head;
@@ -99,7 +104,11 @@ std::vector<MxuSpan> SystolicRef::run(const std::vector<SystolicRefInstr>& prog)
         }
 
         // (3) Every PE works on what reached it this cycle (nothing to do in an empty array).
-        if (m_busy_pes > 0 || valid_slots > 0) completed += step_array(c, mms, prog, spans);
+        if (m_busy_pes > 0 || valid_slots > 0) {
+            const size_t finished = step_array(c, mms, prog, spans);
+            completed += finished;
+            mms_in_array -= finished;
+        }
 
         // (4) The loader writes one tile row into the shadow registers.
         if (loader >= 0) {

@@ -41,10 +41,12 @@ struct SystolicRefInstr {
 ///   pipeline, which travels right with the token; PE(k, n) makes them active at start + k + n,
 ///   exactly when the matmul's first row reaches it. Earlier matmuls still in the array keep
 ///   their weights, and the shadow row may be refilled from that cycle on.
+/// - With `swap_drains` (CoreConfig::mxu_swap_drains) the port holds such a matmul until
+///   every earlier matmul's last result has been written: no partial sum is left in the array.
 class SystolicRef {
 public:
     /// An idle array of `rows` x `cols` PEs without weights.
-    SystolicRef(uint32_t rows, uint32_t cols);
+    SystolicRef(uint32_t rows, uint32_t cols, bool swap_drains);
     /// Runs `prog` in order from cycle 0 until everything is done; writes every mm's `out`
     /// and returns each instruction's start and done. Throws std::logic_error
     /// ("mxu.mm without loaded weights") if an mm comes before any lw.
@@ -57,6 +59,7 @@ private:
                       const std::vector<SystolicRefInstr>& prog, std::vector<MxuSpan>& spans);
 
     uint32_t m_rows, m_cols;
+    bool m_swap_drains;
     std::vector<float> m_shadow;  ///< R x C shadow weight registers
     std::vector<float> m_active;  ///< R x C active weight registers
     // Per-PE pipeline registers (R x C): the LHS value passing right and its tag, and the

@@ -74,21 +74,36 @@ TEST(VmemGemm, RaggedShapesAreBitExact) {
 
 TEST(VmemGemm, WorkedExampleOfTheReadme) {
     // 128 x 512 x 128 on one 128x128 MXU: 4 folds of T = 128 (hw/README.md, "MXU").
-    BoardConfig cfg;
-    cfg.sim.functional = false;
-    const GemmRun r = run_gemm(cfg, 128, 512, 128, 1, std::vector<uint16_t>(128 * 512),
-                               std::vector<uint16_t>(512 * 128));
-    std::vector<std::pair<uint64_t, uint64_t>> spans;
-    for (const auto& rec : r.records)
-        if (rec.op == isa::Opcode::MxuLw || rec.op == isa::Opcode::MxuMm)
-            spans.emplace_back(rec.start, rec.done);
-    const std::vector<std::pair<uint64_t, uint64_t>> want = {
-        {1, 129},   {129, 511},  // lw0, mm0: the mm waits for its weights
-        {129, 257}, {257, 639},  // lw1 loads the shadow while mm0 streams; mm1 follows mm0's input
-        {257, 385}, {385, 767},  //
-        {385, 513}, {513, 895}};
-    EXPECT_EQ(spans, want);
-    EXPECT_EQ(r.cycles, 896u);  // wait sees f3 at 895; halt issues at 896
+    auto spans_of = [](bool drains, uint64_t& cycles) {
+        BoardConfig cfg;
+        cfg.sim.functional = false;
+        cfg.core.mxu_swap_drains = drains;
+        const GemmRun r = run_gemm(cfg, 128, 512, 128, 1, std::vector<uint16_t>(128 * 512),
+                                   std::vector<uint16_t>(512 * 128));
+        std::vector<std::pair<uint64_t, uint64_t>> spans;
+        for (const auto& rec : r.records)
+            if (rec.op == isa::Opcode::MxuLw || rec.op == isa::Opcode::MxuMm)
+                spans.emplace_back(rec.start, rec.done);
+        cycles = r.cycles;
+        return spans;
+    };
+    uint64_t cycles = 0;
+    // The default board: a matmul on a new tile waits until the previous one has left the
+    // array, so each fold costs T + R + C - 2 = 382 cycles.
+    const std::vector<std::pair<uint64_t, uint64_t>> drained = {
+        {1, 129},    {129, 511},  // lw0, mm0: the mm waits for its weights
+        {129, 257},  {511, 893},  // lw1 loads the shadow while mm0 streams; mm1 waits for its drain
+        {511, 639},  {893, 1275},  //
+        {893, 1021}, {1275, 1657}};
+    EXPECT_EQ(spans_of(true, cycles), drained);
+    EXPECT_EQ(cycles, 1658u);  // wait sees f3 at 1657; halt issues at 1658
+    // The wavefront swap: mm1 follows mm0's input port, each fold costs max(T, R) = 128.
+    const std::vector<std::pair<uint64_t, uint64_t>> wavefront = {{1, 129},   {129, 511},  //
+                                                                  {129, 257}, {257, 639},  //
+                                                                  {257, 385}, {385, 767},  //
+                                                                  {385, 513}, {513, 895}};
+    EXPECT_EQ(spans_of(false, cycles), wavefront);
+    EXPECT_EQ(cycles, 896u);
 }
 
 }  // namespace

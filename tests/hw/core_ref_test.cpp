@@ -433,6 +433,7 @@ void random_streams(uint32_t seed, int streams, bool small_array) {
         BoardConfig cfg =
             small_array ? tiny_config(depth, dispatch) : default_config(depth, dispatch);
         if (rng() % 4 == 0) cfg.core.vpu_alus = 1 + rng() % 3;
+        cfg.core.mxu_swap_drains = i % 2 == 0;  // both MXU swap rules
         // Ports that do not divide a request (fractional send times) and odd shapes.
         if (rng() % 4 == 0) cfg.core.dma_vmem_bytes_per_cycle = kPorts[rng() % kPorts.size()];
         if (rng() % 4 == 0) cfg.core.dma_chunk_bytes = 64u << (rng() % 4);
@@ -601,7 +602,8 @@ TEST(CoreRef, MxuLoadsUnderAMatmulWithZeroDispatch) {
     //  mm1 (T 2) issue 3: start max(3, 8, port 12, lw1 done 16) = 16, done 16 + 2 + 14 = 32.
     //  wait f1, 1 issues at 4 and holds at 32 (mm1's flag), done 33; halt issues at 33 and
     //  finishes at once (everything is done).
-    const BoardConfig cfg = tiny_config(8, 0);
+    BoardConfig cfg = tiny_config(8, 0);
+    cfg.core.mxu_swap_drains = false;
     expect_records(cfg,
                    "mxu.lw 0, [0], 8, 8\n"
                    "mxu.mm 0, [1024], [2048], 4, 0\n"
@@ -615,6 +617,27 @@ TEST(CoreRef, MxuLoadsUnderAMatmulWithZeroDispatch) {
                     {3, Opcode::MxuMm, 3, 16, 32},
                     {4, Opcode::Wait, 4, 32, 33},
                     {5, Opcode::Halt, 33, 33, 33}});
+}
+
+TEST(CoreRef, MxuSwapWaitsForTheArrayToDrain) {
+    // The program above with array-wide swaps (the default): mm1 brings lw1's tile into the
+    // array, so it also waits for mm0's done: start max(16, 26) = 26, done 26 + 2 + 14 = 42.
+    // wait f1, 1 holds until 42, done 43; halt issues at 43.
+    BoardConfig cfg = tiny_config(8, 0);
+    cfg.core.mxu_swap_drains = true;
+    expect_records(cfg,
+                   "mxu.lw 0, [0], 8, 8\n"
+                   "mxu.mm 0, [1024], [2048], 4, 0\n"
+                   "mxu.lw 0, [4096], 8, 8\n"
+                   "mxu.mm 0, [8192], [2048], 2, 0, f1\n"
+                   "wait f1, 1\n"
+                   "halt\n",
+                   {{0, Opcode::MxuLw, 0, 0, 8},
+                    {1, Opcode::MxuMm, 1, 8, 26},
+                    {2, Opcode::MxuLw, 2, 8, 16},
+                    {3, Opcode::MxuMm, 3, 26, 42},
+                    {4, Opcode::Wait, 4, 42, 43},
+                    {5, Opcode::Halt, 43, 43, 43}});
 }
 
 }  // namespace

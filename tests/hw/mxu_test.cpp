@@ -26,8 +26,9 @@ constexpr uint16_t k2p24 = 0x4B80;   // 2^24
 constexpr uint16_t kM2p24 = 0xCB80;  // -2^24
 
 /// Runs `prog` through MxuTimer and returns the spans.
-std::vector<MxuSpan> fast_timing(uint32_t R, uint32_t C, const std::vector<SystolicRefInstr>& p) {
-    MxuTimer timer(R, C);
+std::vector<MxuSpan> fast_timing(uint32_t R, uint32_t C, bool drains,
+                                 const std::vector<SystolicRefInstr>& p) {
+    MxuTimer timer(R, C, drains);
     std::vector<MxuSpan> spans;
     for (const auto& ins : p)
         spans.push_back(ins.op == Op::Lw ? timer.lw(ins.ready) : timer.mm(ins.ready, ins.T));
@@ -81,8 +82,9 @@ TEST(MxuTiming, HandCheckedFourByFour) {
     };
     const std::vector<MxuSpan> want = {{0, 4},   {4, 14},  {4, 8},   {8, 16},
                                        {10, 19}, {10, 14}, {14, 18}, {18, 25}};
-    const auto fast = fast_timing(4, 4, prog);
-    const auto ref = SystolicRef(4, 4).run(prog);
+    // The wavefront swap (mxu_swap_drains off): mm1 overlaps mm0's drain.
+    const auto fast = fast_timing(4, 4, false, prog);
+    const auto ref = SystolicRef(4, 4, false).run(prog);
     for (size_t i = 0; i < want.size(); ++i) {
         EXPECT_EQ(fast[i].start, want[i].start) << "fast " << i;
         EXPECT_EQ(fast[i].done, want[i].done) << "fast " << i;
@@ -96,7 +98,7 @@ TEST(MxuTiming, FourFoldsOf128) {
     // The hw/README.md example: R = C = T = 128, lw/mm per fold, everything ready at 0.
     // Fold 0: lw 0 -> 128, mm 128 -> 128 + 128 + 254 = 510. Fold f > 0: lw starts when the
     // previous mm started (shadow free), mm at max(previous mm start + T, lw done) = 128(f + 1).
-    MxuTimer t(128, 128);
+    MxuTimer t(128, 128, false);
     uint64_t last = 0;
     for (uint64_t f = 0; f < 4; ++f) {
         const MxuSpan l = t.lw(0);
@@ -110,8 +112,25 @@ TEST(MxuTiming, FourFoldsOf128) {
     EXPECT_EQ(last, 894u);  // closed form without overlap: 4 * (2R + C + T - 2) = 2040
 }
 
+TEST(MxuTiming, FourFoldsOf128WithDrainingSwaps) {
+    // The same program when the array swaps weights only once it is empty (the default board).
+    // Fold 0 as above: lw 0 -> 128, mm 128 -> 510. Fold f > 0: the lw fills the shadow from the
+    // previous mm's start, but the mm waits for the previous mm's done:
+    // start = 128 + 382 f, done = start + 382 (T + R + C - 2).
+    MxuTimer t(128, 128, true);
+    for (uint64_t f = 0; f < 4; ++f) {
+        t.lw(0);
+        const MxuSpan m = t.mm(0, 128);
+        EXPECT_EQ(m.start, 128 + 382 * f);
+        EXPECT_EQ(m.done, 510 + 382 * f);
+    }
+    // Matmuls that reuse the tile do not wait: the next one starts when the port frees.
+    const MxuSpan again = t.mm(0, 128);
+    EXPECT_EQ(again.start, 128 + 382 * 3 + 128);
+}
+
 TEST(MxuTiming, MatmulWithoutWeightsThrows) {
-    MxuTimer t(4, 4);
+    MxuTimer t(4, 4, true);
     try {
         t.mm(0, 1);
         FAIL() << "no throw";
@@ -120,7 +139,8 @@ TEST(MxuTiming, MatmulWithoutWeightsThrows) {
     }
     const std::vector<uint16_t> a(4, kOne);
     std::vector<float> o(4);
-    EXPECT_THROW(SystolicRef(4, 4).run({mm(0, 1, 4, 1, a.data(), o.data())}), std::logic_error);
+    EXPECT_THROW(SystolicRef(4, 4, true).run({mm(0, 1, 4, 1, a.data(), o.data())}),
+                 std::logic_error);
 }
 
 TEST(MxuNumerics, RowOrderAndSignedZero) {
@@ -131,7 +151,8 @@ TEST(MxuNumerics, RowOrderAndSignedZero) {
     const std::vector<uint16_t> a = {kOne, kOne, kOne};
     std::vector<float> fast = {-0.0f, -0.0f}, ref = fast;
     mxu_matmul(a.data(), 1, 3, w.data(), 2, fast.data(), true);  // -0 + +0 = +0 as well
-    SystolicRef(4, 4).run({lw(0, 3, 2, w.data()), mm(0, 1, 3, 2, a.data(), ref.data(), true)});
+    SystolicRef(4, 4, true)
+        .run({lw(0, 3, 2, w.data()), mm(0, 1, 3, 2, a.data(), ref.data(), true)});
     for (const auto* o : {&fast, &ref}) {
         EXPECT_EQ(std::bit_cast<uint32_t>((*o)[0]), 0u);
         EXPECT_EQ(std::bit_cast<uint32_t>((*o)[1]), 0u);
@@ -224,7 +245,8 @@ void check_streams(uint32_t R, uint32_t C, uint32_t seed, int streams, int count
     for (int si = 0; si < streams; ++si) {
         Stream s = random_stream(rng, R, C, count, max_T);
         // Fast path: MxuTimer plus mxu_matmul with the weights of the latest lw.
-        const auto fast = fast_timing(R, C, s.prog);
+        const bool drains = si % 2 == 1;  // both swap rules, alternately
+        const auto fast = fast_timing(R, C, drains, s.prog);
         const uint16_t* w = nullptr;
         for (size_t i = 0; i < s.prog.size(); ++i) {
             const auto& ins = s.prog[i];
@@ -235,7 +257,7 @@ void check_streams(uint32_t R, uint32_t C, uint32_t seed, int streams, int count
                            ins.accumulate);
             }
         }
-        const auto ref = SystolicRef(R, C).run(s.prog);
+        const auto ref = SystolicRef(R, C, drains).run(s.prog);
         ASSERT_EQ(ref.size(), fast.size());
         for (size_t i = 0; i < fast.size(); ++i) {
             ASSERT_EQ(fast[i].start, ref[i].start)

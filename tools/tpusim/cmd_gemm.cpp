@@ -96,6 +96,12 @@ void register_gemm_command(CLI::App& app) {
         j["mxu_utilization"] = r.mxu_utilization;
         j["tflops"] = 2.0 * M * K * N / seconds / 1e12;
         j["host_seconds"] = r.event.host_seconds;
+        j["split"] = fmt::format("{}x{}", r.split.gm, r.split.gn);
+        j["block_rows"] = r.tiling.block_rows;
+        j["a_stream"] = r.tiling.a_stream;
+        j["hbm_bytes"] = r.hbm_bytes;
+        j["min_hbm_bytes"] = r.min_hbm_bytes;
+        j["roofline_cycles"] = r.roofline_cycles;
         if (o->check) {
             const auto want = driver::gemm_reference(a, w, M, K, N, precision, cfg.core.mxu_rows);
             j["bitexact"] = std::memcmp(want.data(), r.c.data(), want.size() * 4) == 0;
@@ -128,6 +134,14 @@ void register_gemm_command(CLI::App& app) {
                        100.0 * r.mxu_utilization, j["tflops"].get<double>(),
                        cfg.peak_flops_per_core() * double(cores.size()) / 1e12,
                        r.event.host_seconds);
+            fmt::print("plan: {} x {} cores (rows x columns), blocks of {} rows, A {}\n",
+                       r.split.gm, r.split.gn, r.tiling.block_rows,
+                       r.tiling.a_stream ? "streamed per column group" : "kept per block");
+            fmt::print(
+                "roofline bound {:.0f} cycles ({:.1f}% of it reached); HBM {} bytes, "
+                "{:.2f}x the minimum\n",
+                r.roofline_cycles, 100.0 * r.roofline_cycles / double(cycles), r.hbm_bytes,
+                double(r.hbm_bytes) / double(r.min_hbm_bytes));
             if (o->check)
                 fmt::print("check: bit-exact vs reference: {}; relative error vs fp64: {:.3e}\n",
                            j["bitexact"].get<bool>() ? "yes" : "NO", j["rel_error"].get<double>());
