@@ -593,51 +593,43 @@ TEST(CoreRef, DmaPortTimeIsExactForFractionalSendTimes) {
                     {2, Opcode::Halt, 2, 2, 137}});
 }
 
+/// Two (lw, mm) pairs on one MXU whose second load overlaps the first matmul; R = C = 8,
+/// dispatch 0 (ready = issue). mm1 ends at `mm1_done`: the wait holds until then and the halt
+/// follows.
+void expect_load_under_matmul(bool swap_drains, uint64_t mm1_start) {
+    BoardConfig cfg = tiny_config(8, 0);
+    cfg.core.mxu_swap_drains = swap_drains;
+    const uint64_t mm1_done = mm1_start + 2 + 14;
+    expect_records(cfg,
+                   "mxu.lw 0, [0], 8, 8\n"
+                   "mxu.mm 0, [1024], [2048], 4, 0\n"
+                   "mxu.lw 0, [4096], 8, 8\n"
+                   "mxu.mm 0, [8192], [2048], 2, 0, f1\n"
+                   "wait f1, 1\n"
+                   "halt\n",
+                   {{0, Opcode::MxuLw, 0, 0, 8},
+                    {1, Opcode::MxuMm, 1, 8, 26},
+                    {2, Opcode::MxuLw, 2, 8, 16},
+                    {3, Opcode::MxuMm, 3, mm1_start, mm1_done},
+                    {4, Opcode::Wait, 4, mm1_done, mm1_done + 1},
+                    {5, Opcode::Halt, mm1_done + 1, mm1_done + 1, mm1_done + 1}});
+}
+
 TEST(CoreRef, MxuLoadsUnderAMatmulWithZeroDispatch) {
-    // R = C = 8, dispatch 0 (ready = issue).
     //  lw0 issue 0, start 0, done 0 + 8 = 8.
     //  mm0 (T 4) issue 1: waits for lw0: start 8, done 8 + 4 + 8 + 8 - 2 = 26; port free at 12.
     //  lw1 issue 2: start max(2, prev start 8, loader free 8, shadow taken at 8) = 8, done 16:
     //      it loads while mm0 streams.
-    //  mm1 (T 2) issue 3: start max(3, 8, port 12, lw1 done 16) = 16, done 16 + 2 + 14 = 32.
-    //  wait f1, 1 issues at 4 and holds at 32 (mm1's flag), done 33; halt issues at 33 and
-    //  finishes at once (everything is done).
-    BoardConfig cfg = tiny_config(8, 0);
-    cfg.core.mxu_swap_drains = false;
-    expect_records(cfg,
-                   "mxu.lw 0, [0], 8, 8\n"
-                   "mxu.mm 0, [1024], [2048], 4, 0\n"
-                   "mxu.lw 0, [4096], 8, 8\n"
-                   "mxu.mm 0, [8192], [2048], 2, 0, f1\n"
-                   "wait f1, 1\n"
-                   "halt\n",
-                   {{0, Opcode::MxuLw, 0, 0, 8},
-                    {1, Opcode::MxuMm, 1, 8, 26},
-                    {2, Opcode::MxuLw, 2, 8, 16},
-                    {3, Opcode::MxuMm, 3, 16, 32},
-                    {4, Opcode::Wait, 4, 32, 33},
-                    {5, Opcode::Halt, 33, 33, 33}});
+    //  mm1 (T 2) issue 3, wavefront swap: start max(3, 8, port 12, lw1 done 16) = 16, done
+    //  16 + 2 + 14 = 32. wait f1, 1 issues at 4 and holds at 32 (mm1's flag), done 33; halt
+    //  issues at 33 and finishes at once (everything is done).
+    expect_load_under_matmul(false, 16);
 }
 
 TEST(CoreRef, MxuSwapWaitsForTheArrayToDrain) {
-    // The program above with array-wide swaps (the default): mm1 brings lw1's tile into the
-    // array, so it also waits for mm0's done: start max(16, 26) = 26, done 26 + 2 + 14 = 42.
-    // wait f1, 1 holds until 42, done 43; halt issues at 43.
-    BoardConfig cfg = tiny_config(8, 0);
-    cfg.core.mxu_swap_drains = true;
-    expect_records(cfg,
-                   "mxu.lw 0, [0], 8, 8\n"
-                   "mxu.mm 0, [1024], [2048], 4, 0\n"
-                   "mxu.lw 0, [4096], 8, 8\n"
-                   "mxu.mm 0, [8192], [2048], 2, 0, f1\n"
-                   "wait f1, 1\n"
-                   "halt\n",
-                   {{0, Opcode::MxuLw, 0, 0, 8},
-                    {1, Opcode::MxuMm, 1, 8, 26},
-                    {2, Opcode::MxuLw, 2, 8, 16},
-                    {3, Opcode::MxuMm, 3, 26, 42},
-                    {4, Opcode::Wait, 4, 42, 43},
-                    {5, Opcode::Halt, 43, 43, 43}});
+    // The same with array-wide swaps (the default): mm1 brings lw1's tile into the array, so it
+    // also waits for mm0's done: start max(16, 26) = 26, done 42; the wait ends at 43.
+    expect_load_under_matmul(true, 26);
 }
 
 }  // namespace
