@@ -619,9 +619,10 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         m_mxu_shape[idx] = {K, N};
         m_mxu_loaded[idx] = true;
         if (m_cfg.sim.functional) {
-            auto& w = m_mxu_weights[idx];
+            auto& w = m_mxu_lhs;  // scratch for the bf16 tile
             w.resize(size_t(K) * N);
             m_vmem.read(addr, {reinterpret_cast<uint8_t*>(w.data()), w.size() * 2});
+            m_mxu_weights[idx].load(w.data(), int(K), int(N));
         }
     } else {
         const uint32_t out = val(ins.ops[1]), lhs = val(ins.ops[2]);
@@ -643,12 +644,15 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         m_stats.mxu_busy[idx] += T;
         m_stats.mxu_macs[idx] += uint64_t(T) * K * N;
         if (m_cfg.sim.functional) {
-            std::vector<uint16_t> a(size_t(T) * K);
+            // Scratch vectors are only resized: every element is read from VMEM or written by
+            // mxu_matmul before use.
+            auto& a = m_mxu_lhs;
+            a.resize(size_t(T) * K);
             m_vmem.read(lhs, {reinterpret_cast<uint8_t*>(a.data()), a.size() * 2});
-            std::vector<float> c(size_t(T) * N);
+            auto& c = m_mxu_out;
+            c.resize(size_t(T) * N);
             if (acc) m_vmem.read(out, {reinterpret_cast<uint8_t*>(c.data()), c.size() * 4});
-            mxu_matmul(a.data(), int(T), int(K), m_mxu_weights[idx].data(), int(N), c.data(),
-                       acc != 0);
+            mxu_matmul(a.data(), int(T), m_mxu_weights[idx], c.data(), acc != 0);
             m_vmem.write(out, {reinterpret_cast<const uint8_t*>(c.data()), c.size() * 4});
         }
     }

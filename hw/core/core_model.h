@@ -203,7 +203,9 @@ private:
     std::unique_ptr<UnitQueue> m_dma_q, m_vpu_q, m_ici_q;
     std::vector<std::unique_ptr<UnitQueue>> m_mxu_q;
     std::vector<MxuTimer> m_mxu_timer;
-    std::vector<std::vector<uint16_t>> m_mxu_weights;        ///< weights of the latest mxu.lw
+    std::vector<MxuTile> m_mxu_weights;  ///< weights of the latest mxu.lw
+    std::vector<uint16_t> m_mxu_lhs;     ///< scratch: an mxu.mm's LHS (kept to avoid reallocation)
+    std::vector<float> m_mxu_out;        ///< scratch: an mxu.mm's results
     std::vector<std::pair<uint32_t, uint32_t>> m_mxu_shape;  ///< (K, N) of those weights
     std::vector<bool> m_mxu_loaded;
     std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;
