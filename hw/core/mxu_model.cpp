@@ -72,20 +72,44 @@ Vec mul_add(float a, Vec w, Vec p) {
     return p + a * w;
 }
 
-void widen(MxuTile::ExpRange& r, const uint16_t* v, size_t count) {
-    int lo = r.lo, hi = r.hi;
-    bool den = r.denormal;
-    for (size_t i = 0; i < count; ++i) {
-        const int e = (v[i] >> 7) & 0xFF;
-        if (e == 0xFF) continue;  // inf, NaN: exact products
-        if (e == 0) {
-            den |= (v[i] & 0x7F) != 0;
-            continue;
-        }
-        lo = std::min(lo, e);
-        hi = std::max(hi, e);
+// The magnitude bits of a bf16 (sign cleared) order like the magnitudes: 0 is zero, 1..0x7F7F
+// finite (below 0x80 denormal), 0x7F80 inf, above it NaN. So two branch-free min/max
+// reductions, which the compiler vectorises, give the exponent range.
+MxuTile::ExpRange exp_range(const uint16_t* v, size_t count) {
+    // Written with explicit vectors: GCC does not vectorise the 16-bit min/max reductions.
+    using U16 = uint16_t __attribute__((vector_size(sizeof(Vec))));
+    constexpr size_t kN = sizeof(U16) / sizeof(uint16_t);
+    U16 vmin, vmax = {};
+    for (size_t l = 0; l < kN; ++l) vmin[l] = 0xFFFF;
+    size_t i = 0;
+    for (; i + kN <= count; i += kN) {
+        U16 m;
+        std::memcpy(&m, v + i, sizeof m);
+        m &= 0x7FFF;
+        const U16 m1 = m - 1;  // zero wraps to 0xFFFF
+        const U16 lt = (U16)(m1 < vmin);
+        vmin = (m1 & lt) | (vmin & ~lt);
+        const U16 fin = (U16)(m < 0x7F80);
+        const U16 mf = m & fin;
+        const U16 gt = (U16)(mf > vmax);
+        vmax = (mf & gt) | (vmax & ~gt);
     }
-    r = {lo, hi, den};
+    uint16_t min_minus_1 = 0xFFFF, max_finite = 0;
+    for (size_t l = 0; l < kN; ++l) {
+        min_minus_1 = std::min<uint16_t>(min_minus_1, vmin[l]);
+        max_finite = std::max<uint16_t>(max_finite, vmax[l]);
+    }
+    for (; i < count; ++i) {
+        const uint16_t m = v[i] & 0x7FFF;
+        min_minus_1 = std::min<uint16_t>(min_minus_1, uint16_t(m - 1));  // zero wraps to 0xFFFF
+        max_finite = std::max<uint16_t>(max_finite, m < 0x7F80 ? m : 0);
+    }
+    const unsigned min_nonzero = unsigned(min_minus_1) + 1;  // 0x10000: all zero
+    MxuTile::ExpRange r;
+    r.hi = max_finite >> 7;
+    r.denormal = min_nonzero < 0x80;
+    r.lo = min_nonzero < 0x7F80 ? int(min_nonzero >> 7) : 255;
+    return r;
 }
 
 bool products_exact(const MxuTile::ExpRange& a, const MxuTile::ExpRange& w) {
@@ -136,8 +160,7 @@ void MxuTile::load(const uint16_t* w_bf16, int K, int N) {
     for (int k = 0; k < K; ++k)
         for (int n = 0; n < N; ++n)
             m_w[size_t(k) * m_stride + n] = bf16_to_f32(w_bf16[size_t(k) * N + n]);
-    m_exp = {};
-    widen(m_exp, w_bf16, size_t(K) * N);
+    m_exp = exp_range(w_bf16, size_t(K) * N);
 }
 
 void mxu_matmul(const uint16_t* lhs_bf16, int T, const MxuTile& w, float* out, bool accumulate) {
@@ -148,9 +171,7 @@ void mxu_matmul(const uint16_t* lhs_bf16, int T, const MxuTile& w, float* out, b
     a.resize(size_t(t_pad) * K);
     for (size_t i = 0; i < size_t(T) * K; ++i) a[i] = bf16_to_f32(lhs_bf16[i]);
     std::fill(a.begin() + ptrdiff_t(size_t(T) * K), a.end(), 0.0f);
-    MxuTile::ExpRange ea;
-    if (kHaveFma) widen(ea, lhs_bf16, size_t(T) * K);
-    const bool fma = kHaveFma && products_exact(ea, w.m_exp);
+    const bool fma = kHaveFma && products_exact(exp_range(lhs_bf16, size_t(T) * K), w.m_exp);
     // Column blocks outside: one block's weights (K x kColBlock) stay in L1 while rows stream.
     for (int n0 = 0; n0 < N; n0 += kColBlock)
         for (int t0 = 0; t0 < T; t0 += kRowBlock) {
