@@ -62,13 +62,9 @@ HbmLocation HbmAddressMap::decode(uint64_t addr) const {
     l.local = ((granule >> m_sh_pcs) << m_sh_interleave) | (addr & (m_interleave - 1));
     // Bank groups rotate fastest: a stream then alternates groups and its column commands are
     // CCD_S apart (one burst of data) instead of CCD_L (two on the default board).
-    uint64_t burst = l.local >> m_sh_burst;
-    l.bank.bank_group = static_cast<uint32_t>(burst & (m_bank_groups - 1));
-    burst >>= m_sh_groups;
-    l.column = static_cast<uint32_t>(burst & (m_bursts_per_row - 1));
-    burst >>= m_sh_cols;
-    l.bank.bank = static_cast<uint32_t>(burst & (m_banks_per_group - 1));
-    l.bank.row = burst >> m_sh_banks;
+    const uint64_t burst = l.local >> m_sh_burst;
+    l.bank = bank_of_burst(burst);
+    l.column = static_cast<uint32_t>((burst >> m_sh_groups) & (m_bursts_per_row - 1));
     return l;
 }
 
@@ -237,15 +233,15 @@ uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool
     const uint64_t end = addr + bytes;
     for (uint64_t lo = addr; lo < end;) {
         const uint64_t hi = std::min(end, (lo / granule + 1) * granule);
-        // Every burst the piece touches, in address order; bursts never cross a granule.
+        // Every burst the piece touches, in address order; bursts never cross a granule. Inside
+        // a granule the pseudo-channel is fixed and the local burst numbers are consecutive,
+        // so only the first burst is decoded in full.
         m_scratch.clear();
-        uint32_t pc = 0;
-        for (uint64_t a = lo / burst * burst; a < hi; a += burst) {
-            const HbmLocation l = m_map.decode(a);
-            pc = l.pseudo_channel;
-            m_scratch.push_back(l.bank);
-        }
-        done_tck = std::max(done_tck, m_pcs[pc].access(arrive_tck, m_scratch, write));
+        const uint64_t first = lo / burst * burst;
+        const HbmLocation l = m_map.decode(first);
+        const uint64_t b0 = l.local / burst, count = (hi - first + burst - 1) / burst;
+        for (uint64_t j = 0; j < count; ++j) m_scratch.push_back(m_map.bank_of_burst(b0 + j));
+        done_tck = std::max(done_tck, m_pcs[l.pseudo_channel].access(arrive_tck, m_scratch, write));
         lo = hi;
     }
     return div_up((unsigned __int128)done_tck * m_tck_ps, m_core_ps);
