@@ -930,10 +930,17 @@ void CoreModel::exec_vpu_values(const isa::Instr& ins, const VpuOp& op, uint64_t
             for (uint64_t r = 0; r < rows; ++r)
                 for (uint64_t j = 0; j < cols; ++j) out[j] = out[j] + b[r * cols + j];
             break;
-        case Opcode::VTrans:
-            for (uint64_t r = 0; r < rows; ++r)
-                for (uint64_t j = 0; j < cols; ++j) out[j * rows + r] = b[r * cols + j];
+        case Opcode::VTrans: {
+            // In tiles, so that neither the reads nor the writes stride through the whole array.
+            constexpr uint64_t kTile = 16;
+            for (uint64_t r0 = 0; r0 < rows; r0 += kTile)
+                for (uint64_t j0 = 0; j0 < cols; j0 += kTile) {
+                    const uint64_t r1 = std::min(rows, r0 + kTile), j1 = std::min(cols, j0 + kTile);
+                    for (uint64_t r = r0; r < r1; ++r)
+                        for (uint64_t j = j0; j < j1; ++j) out[j * rows + r] = b[r * cols + j];
+                }
             break;
+        }
         case Opcode::VAddRow:
             for (uint64_t r = 0; r < rows; ++r)
                 for (uint64_t j = 0; j < cols; ++j) out[r * cols + j] = b[r * cols + j] + c[j];
