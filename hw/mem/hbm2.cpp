@@ -16,9 +16,11 @@ uint32_t burst_bytes_of(const HbmConfig& c) {
     return c.bus_bits / c.pseudo_channels * c.burst_length / 8;
 }
 
-/// ceil(a / b) without overflow for the products used here.
-uint64_t div_up(unsigned __int128 a, uint64_t b) {
-    return static_cast<uint64_t>((a + b - 1) / b);
+/// ceil(x * m / d) without overflow; 64-bit arithmetic when the product fits (always, in
+/// practice: a 128-bit division costs more than the rest of a small request's bookkeeping).
+uint64_t mul_div_up(uint64_t x, uint64_t m, uint64_t d) {
+    if (x <= (UINT64_MAX - d) / m) return (x * m + d - 1) / d;
+    return static_cast<uint64_t>(((unsigned __int128)x * m + d - 1) / d);
 }
 
 }  // namespace
@@ -170,7 +172,8 @@ uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAcc
     for (size_t i = 0; i < bursts.size(); ++i) {
         const HbmColumnAccess& req = bursts[i];
         // (1) Admission: in order, once the burst queue_bursts ahead has left the queue.
-        Tick& slot = m_queue[m_seq % m_queue.size()];
+        Tick& slot = m_queue[m_queue_idx];
+        m_queue_idx = m_queue_idx + 1 == m_queue.size() ? 0 : m_queue_idx + 1;
         m_admit = std::max({Tick(arrive), m_admit, slot + 1});
         // (2) Row logic: hit, or [PRE] ACT, with refreshes where they fall due.
         const Tick prepared = prepare(req, m_admit);
@@ -191,7 +194,6 @@ uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAcc
         const Tick pre_after = write ? col + m_t.wl + m_bl2 + m_t.wr : col + m_t.rtp;
         b.pre_ready = std::max(b.pre_ready, pre_after);
         slot = col;
-        ++m_seq;
         ++m_counters.bursts;
         // (4) Closed page: the request's last access to this row auto-precharges the bank at
         // the first cycle it may.
@@ -227,7 +229,7 @@ Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
 
 uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) {
     if (bytes == 0) return arrive;
-    const uint64_t arrive_tck = div_up((unsigned __int128)arrive * m_core_ps, m_tck_ps);
+    const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_tck_ps);
     const uint64_t burst = m_map.burst_bytes(), granule = m_map.interleave_bytes();
     uint64_t done_tck = arrive_tck;
     const uint64_t end = addr + bytes;
@@ -244,7 +246,7 @@ uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool
         done_tck = std::max(done_tck, m_pcs[l.pseudo_channel].access(arrive_tck, m_scratch, write));
         lo = hi;
     }
-    return div_up((unsigned __int128)done_tck * m_tck_ps, m_core_ps);
+    return mul_div_up(done_tck, m_tck_ps, m_core_ps);
 }
 
 Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {

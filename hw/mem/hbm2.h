@@ -111,7 +111,7 @@ private:
     std::vector<Bank> m_banks;
     std::vector<Tick> m_last_col_bg;
     std::vector<Tick> m_queue;  ///< column cycle of the last queue_bursts bursts (ring)
-    uint64_t m_seq = 0;         ///< bursts served so far
+    size_t m_queue_idx = 0;     ///< m_queue slot of the next burst (bursts served, mod its size)
     std::array<Tick, 4> m_acts{kNever, kNever, kNever, kNever};  ///< last four ACTs (ring)
     uint32_t m_act_idx = 0;
     Tick m_last_act = kNever;
