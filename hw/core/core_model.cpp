@@ -576,10 +576,16 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
         return false;
 
     if (m_cfg.sim.functional) {
-        std::vector<uint8_t> row(row_bytes);
+        // Straight from the source span where there is one (write() is a memmove, so a row
+        // that overlaps itself in VMEM moves as through a copy).
+        std::vector<uint8_t> row(smem.contiguous() ? 0 : row_bytes);
         for (uint64_t r = 0; r < rows; ++r) {
-            smem.read(sbase + r * src_stride, row);
-            dmem.write(dbase + r * dst_stride, row);
+            if (smem.contiguous()) {
+                dmem.write(dbase + r * dst_stride, {smem.data(sbase + r * src_stride), row_bytes});
+            } else {
+                smem.read(sbase + r * src_stride, row);
+                dmem.write(dbase + r * dst_stride, row);
+            }
         }
     }
     ++m_stats.dma_ops;
@@ -619,9 +625,10 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         m_mxu_shape[idx] = {K, N};
         m_mxu_loaded[idx] = true;
         if (m_cfg.sim.functional) {
-            auto& w = m_mxu_weights[idx];
+            auto& w = m_mxu_lhs;  // scratch for the bf16 tile
             w.resize(size_t(K) * N);
             m_vmem.read(addr, {reinterpret_cast<uint8_t*>(w.data()), w.size() * 2});
+            m_mxu_weights[idx].load(w.data(), int(K), int(N));
         }
     } else {
         const uint32_t out = val(ins.ops[1]), lhs = val(ins.ops[2]);
@@ -643,12 +650,15 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         m_stats.mxu_busy[idx] += T;
         m_stats.mxu_macs[idx] += uint64_t(T) * K * N;
         if (m_cfg.sim.functional) {
-            std::vector<uint16_t> a(size_t(T) * K);
+            // Scratch vectors are only resized: every element is read from VMEM or written by
+            // mxu_matmul before use.
+            auto& a = m_mxu_lhs;
+            a.resize(size_t(T) * K);
             m_vmem.read(lhs, {reinterpret_cast<uint8_t*>(a.data()), a.size() * 2});
-            std::vector<float> c(size_t(T) * N);
+            auto& c = m_mxu_out;
+            c.resize(size_t(T) * N);
             if (acc) m_vmem.read(out, {reinterpret_cast<uint8_t*>(c.data()), c.size() * 4});
-            mxu_matmul(a.data(), int(T), int(K), m_mxu_weights[idx].data(), int(N), c.data(),
-                       acc != 0);
+            mxu_matmul(a.data(), int(T), m_mxu_weights[idx], c.data(), acc != 0);
             m_vmem.write(out, {reinterpret_cast<const uint8_t*>(c.data()), c.size() * 4});
         }
     }
@@ -786,140 +796,167 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
         if (!record_access("vpu", start, done, ins.flag, std::move(ranges))) return false;
     }
 
-    if (m_cfg.sim.functional) {
-        auto load = [&](const VpuOp::Access& a) {
-            std::vector<float> x(a.bytes / 4);
-            m_vmem.read(a.addr, {reinterpret_cast<uint8_t*>(x.data()), x.size() * 4});
-            return x;
-        };
-        std::vector<float> out(op.write.bytes / 4);
-        const float s = std::bit_cast<float>(v(2));
-        switch (ins.op) {
-            case Opcode::VAdd:
-            case Opcode::VSub:
-            case Opcode::VMul:
-            case Opcode::VMax:
-            case Opcode::VMin:
-            case Opcode::VCmpGt: {
-                const auto b = load(op.reads[0]), c = load(op.reads[1]);
-                for (uint64_t i = 0; i < n; ++i) {
-                    switch (ins.op) {
-                        case Opcode::VAdd:
-                            out[i] = b[i] + c[i];
-                            break;
-                        case Opcode::VSub:
-                            out[i] = b[i] - c[i];
-                            break;
-                        case Opcode::VMul:
-                            out[i] = b[i] * c[i];
-                            break;
-                        case Opcode::VMax:
-                            out[i] = max_nan(b[i], c[i]);
-                            break;
-                        case Opcode::VMin:
-                            out[i] = min_nan(b[i], c[i]);
-                            break;
-                        default:
-                            out[i] = b[i] > c[i] ? 1.0f : 0.0f;
-                            break;
-                    }
-                }
-                break;
-            }
-            case Opcode::VSel: {
-                const auto b = load(op.reads[0]), c = load(op.reads[1]), d = load(op.reads[2]);
-                for (uint64_t i = 0; i < n; ++i) out[i] = b[i] != 0.0f ? c[i] : d[i];
-                break;
-            }
-            case Opcode::VAddS:
-            case Opcode::VMulS:
-            case Opcode::VMaxS: {
-                const auto b = load(op.reads[0]);
-                for (uint64_t i = 0; i < n; ++i)
-                    out[i] = ins.op == Opcode::VAddS   ? b[i] + s
-                             : ins.op == Opcode::VMulS ? b[i] * s
-                                                       : max_nan(b[i], s);
-                break;
-            }
-            case Opcode::VExp:
-            case Opcode::VLog:
-            case Opcode::VRsqrt:
-            case Opcode::VTanh: {
-                const auto b = load(op.reads[0]);
-                for (uint64_t i = 0; i < n; ++i)
-                    out[i] = ins.op == Opcode::VExp    ? std::exp(b[i])
-                             : ins.op == Opcode::VLog  ? std::log(b[i])
-                             : ins.op == Opcode::VTanh ? std::tanh(b[i])
-                                                       : 1.0f / std::sqrt(b[i]);
-                break;
-            }
-            case Opcode::VF2Bf: {
-                const auto b = load(op.reads[0]);
-                std::vector<uint16_t> h(n);
-                for (uint64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(b[i]);
-                m_vmem.write(op.write.addr, {reinterpret_cast<const uint8_t*>(h.data()), n * 2});
-                break;
-            }
-            case Opcode::VBf2F: {
-                std::vector<uint16_t> h(n);
-                m_vmem.read(op.reads[0].addr, {reinterpret_cast<uint8_t*>(h.data()), n * 2});
-                for (uint64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]);
-                break;
-            }
-            case Opcode::VRand:
-                for (uint64_t i = 0; i < n; ++i) out[i] = vpu_uniform(v(1), i);
-                break;
-            case Opcode::VRSum:
-            case Opcode::VRMax: {
-                const auto b = load(op.reads[0]);
-                for (uint64_t r = 0; r < rows; ++r) {
-                    float acc = ins.op == Opcode::VRSum ? 0.0f : -INFINITY;
-                    for (uint64_t j = 0; j < cols; ++j)
-                        acc = ins.op == Opcode::VRSum ? acc + b[r * cols + j]
-                                                      : max_nan(acc, b[r * cols + j]);
-                    out[r] = acc;
-                }
-                break;
-            }
-            case Opcode::VCSum: {
-                const auto b = load(op.reads[0]);
-                std::fill(out.begin(), out.end(), 0.0f);
-                for (uint64_t r = 0; r < rows; ++r)
-                    for (uint64_t j = 0; j < cols; ++j) out[j] += b[r * cols + j];
-                break;
-            }
-            case Opcode::VTrans: {
-                const auto b = load(op.reads[0]);
-                for (uint64_t r = 0; r < rows; ++r)
-                    for (uint64_t j = 0; j < cols; ++j) out[j * rows + r] = b[r * cols + j];
-                break;
-            }
-            case Opcode::VAddRow:
-            case Opcode::VSubCol:
-            case Opcode::VMulCol: {
-                const auto b = load(op.reads[0]), c = load(op.reads[1]);
-                for (uint64_t r = 0; r < rows; ++r)
-                    for (uint64_t j = 0; j < cols; ++j) {
-                        const float x = b[r * cols + j];
-                        out[r * cols + j] = ins.op == Opcode::VAddRow   ? x + c[j]
-                                            : ins.op == Opcode::VSubCol ? x - c[r]
-                                                                        : x * c[r];
-                    }
-                break;
-            }
-            default:
-                break;
-        }
-        if (ins.op != Opcode::VF2Bf)
-            m_vmem.write(op.write.addr,
-                         {reinterpret_cast<const uint8_t*>(out.data()), out.size() * 4});
-    }
+    if (m_cfg.sim.functional) exec_vpu_values(ins, op, rows, cols, n);
     ++m_stats.vpu_ops;
     m_stats.vpu_busy += issue_cycles;
     m_stats.vpu_flops += n;
     trace(m_tracks.empty() ? -1 : m_tracks[2], start, done, "elements", n);
     finish_unit(*m_vpu_q, start, done, ins.flag);
     return true;
+}
+
+// The values of a VPU instruction, computed in place on VMEM spans. Every operand behaves as if
+// read completely before the result is written: an input the result overlaps is copied first,
+// unless the op is elementwise over fp32 and the two start at the same address (each result
+// element then depends only on the input elements at its own index, read before it is written).
+void CoreModel::exec_vpu_values(const isa::Instr& ins, const VpuOp& op, uint64_t rows,
+                                uint64_t cols, uint64_t n) {
+    const VpuOp::Access& w = op.write;
+    const bool direct = m_vmem.contiguous();
+    bool elementwise = false;
+    switch (ins.op) {
+        case Opcode::VAdd:
+        case Opcode::VSub:
+        case Opcode::VMul:
+        case Opcode::VMax:
+        case Opcode::VMin:
+        case Opcode::VCmpGt:
+        case Opcode::VSel:
+        case Opcode::VAddS:
+        case Opcode::VMulS:
+        case Opcode::VMaxS:
+        case Opcode::VExp:
+        case Opcode::VLog:
+        case Opcode::VRsqrt:
+        case Opcode::VTanh:
+            elementwise = true;
+            break;
+        default:
+            break;
+    }
+    std::array<const void*, 3> in{};
+    for (size_t k = 0; k < op.reads.size(); ++k) {
+        const VpuOp::Access& r = op.reads[k];
+        const bool overlaps = r.addr < w.addr + w.bytes && w.addr < r.addr + r.bytes;
+        if (direct && !(overlaps && !(elementwise && r.addr == w.addr))) {
+            in[k] = m_vmem.data(r.addr);
+        } else {
+            auto& buf = m_vpu_in[k];
+            buf.resize(r.bytes / 4 + 1);
+            m_vmem.read(r.addr, {reinterpret_cast<uint8_t*>(buf.data()), r.bytes});
+            in[k] = buf.data();
+        }
+    }
+    if (!direct) m_vpu_out.resize(w.bytes / 4 + 1);
+    void* out_raw = direct ? static_cast<void*>(m_vmem.data(w.addr)) : m_vpu_out.data();
+    float* out = static_cast<float*>(out_raw);
+    const auto* b = static_cast<const float*>(in[0]);
+    const auto* c = static_cast<const float*>(in[1]);
+    const auto* d = static_cast<const float*>(in[2]);
+    const float s = std::bit_cast<float>(val(ins.ops[2]));
+    // One loop per opcode, so each is a plain loop the compiler can vectorise.
+    switch (ins.op) {
+        case Opcode::VAdd:
+            for (uint64_t i = 0; i < n; ++i) out[i] = b[i] + c[i];
+            break;
+        case Opcode::VSub:
+            for (uint64_t i = 0; i < n; ++i) out[i] = b[i] - c[i];
+            break;
+        case Opcode::VMul:
+            for (uint64_t i = 0; i < n; ++i) out[i] = b[i] * c[i];
+            break;
+        case Opcode::VMax:
+            for (uint64_t i = 0; i < n; ++i) out[i] = max_nan(b[i], c[i]);
+            break;
+        case Opcode::VMin:
+            for (uint64_t i = 0; i < n; ++i) out[i] = min_nan(b[i], c[i]);
+            break;
+        case Opcode::VCmpGt:
+            for (uint64_t i = 0; i < n; ++i) out[i] = b[i] > c[i] ? 1.0f : 0.0f;
+            break;
+        case Opcode::VSel:
+            for (uint64_t i = 0; i < n; ++i) out[i] = b[i] != 0.0f ? c[i] : d[i];
+            break;
+        case Opcode::VAddS:
+            for (uint64_t i = 0; i < n; ++i) out[i] = b[i] + s;
+            break;
+        case Opcode::VMulS:
+            for (uint64_t i = 0; i < n; ++i) out[i] = b[i] * s;
+            break;
+        case Opcode::VMaxS:
+            for (uint64_t i = 0; i < n; ++i) out[i] = max_nan(b[i], s);
+            break;
+        case Opcode::VExp:
+            for (uint64_t i = 0; i < n; ++i) out[i] = std::exp(b[i]);
+            break;
+        case Opcode::VLog:
+            for (uint64_t i = 0; i < n; ++i) out[i] = std::log(b[i]);
+            break;
+        case Opcode::VTanh:
+            for (uint64_t i = 0; i < n; ++i) out[i] = std::tanh(b[i]);
+            break;
+        case Opcode::VRsqrt:
+            for (uint64_t i = 0; i < n; ++i) out[i] = 1.0f / std::sqrt(b[i]);
+            break;
+        case Opcode::VF2Bf: {
+            auto* h = static_cast<uint16_t*>(out_raw);
+            for (uint64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(b[i]);
+            break;
+        }
+        case Opcode::VBf2F: {
+            const auto* h = static_cast<const uint16_t*>(in[0]);
+            for (uint64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]);
+            break;
+        }
+        case Opcode::VRand:
+            for (uint64_t i = 0; i < n; ++i) out[i] = vpu_uniform(val(ins.ops[1]), i);
+            break;
+        case Opcode::VRSum:
+            for (uint64_t r = 0; r < rows; ++r) {
+                float acc = 0.0f;
+                for (uint64_t j = 0; j < cols; ++j) acc = acc + b[r * cols + j];
+                out[r] = acc;
+            }
+            break;
+        case Opcode::VRMax:
+            for (uint64_t r = 0; r < rows; ++r) {
+                float acc = -INFINITY;
+                for (uint64_t j = 0; j < cols; ++j) acc = max_nan(acc, b[r * cols + j]);
+                out[r] = acc;
+            }
+            break;
+        case Opcode::VCSum:
+            std::fill_n(out, cols, 0.0f);
+            for (uint64_t r = 0; r < rows; ++r)
+                for (uint64_t j = 0; j < cols; ++j) out[j] = out[j] + b[r * cols + j];
+            break;
+        case Opcode::VTrans: {
+            // In tiles, so that neither the reads nor the writes stride through the whole array.
+            constexpr uint64_t kTile = 16;
+            for (uint64_t r0 = 0; r0 < rows; r0 += kTile)
+                for (uint64_t j0 = 0; j0 < cols; j0 += kTile) {
+                    const uint64_t r1 = std::min(rows, r0 + kTile), j1 = std::min(cols, j0 + kTile);
+                    for (uint64_t r = r0; r < r1; ++r)
+                        for (uint64_t j = j0; j < j1; ++j) out[j * rows + r] = b[r * cols + j];
+                }
+            break;
+        }
+        case Opcode::VAddRow:
+            for (uint64_t r = 0; r < rows; ++r)
+                for (uint64_t j = 0; j < cols; ++j) out[r * cols + j] = b[r * cols + j] + c[j];
+            break;
+        case Opcode::VSubCol:
+            for (uint64_t r = 0; r < rows; ++r)
+                for (uint64_t j = 0; j < cols; ++j) out[r * cols + j] = b[r * cols + j] - c[r];
+            break;
+        case Opcode::VMulCol:
+            for (uint64_t r = 0; r < rows; ++r)
+                for (uint64_t j = 0; j < cols; ++j) out[r * cols + j] = b[r * cols + j] * c[r];
+            break;
+        default:
+            break;
+    }
+    if (!direct) m_vmem.write(w.addr, {static_cast<const uint8_t*>(out_raw), w.bytes});
 }
 
 CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
@@ -968,9 +1005,13 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
                            {{hbm, rbase, rbase + bytes, true}}, &m_env->remote_race_detector(dst)))
             return IciStep::Faulted;
         if (m_cfg.sim.functional) {
-            std::vector<uint8_t> buf(bytes);
-            m_vmem.read(laddr, buf);
-            rmem.write(rbase, buf);
+            if (m_vmem.contiguous()) {
+                rmem.write(rbase, {m_vmem.data(laddr), bytes});
+            } else {
+                std::vector<uint8_t> buf(bytes);
+                m_vmem.read(laddr, buf);
+                rmem.write(rbase, buf);
+            }
         }
         if (m_env) m_env->remote_signal(dst, flag, 1, done);
         ++m_stats.ici_ops;

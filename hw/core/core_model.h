@@ -164,6 +164,8 @@ private:
     bool exec_dma(const isa::Instr& ins);
     bool exec_mxu(const isa::Instr& ins);
     bool exec_vpu(const isa::Instr& ins);
+    void exec_vpu_values(const isa::Instr& ins, const VpuOp& op, uint64_t rows, uint64_t cols,
+                         uint64_t n);
     IciStep exec_ici(const isa::Instr& ins, uint64_t now);
     /// Hands a unit instruction's accesses to a race detector (this core's unless `target`);
     /// false with a fault recorded when they race.
@@ -203,7 +205,11 @@ private:
     std::unique_ptr<UnitQueue> m_dma_q, m_vpu_q, m_ici_q;
     std::vector<std::unique_ptr<UnitQueue>> m_mxu_q;
     std::vector<MxuTimer> m_mxu_timer;
-    std::vector<std::vector<uint16_t>> m_mxu_weights;        ///< weights of the latest mxu.lw
+    std::vector<MxuTile> m_mxu_weights;  ///< weights of the latest mxu.lw
+    std::vector<uint16_t> m_mxu_lhs;     ///< scratch: an mxu.mm's LHS (kept to avoid reallocation)
+    std::vector<float> m_mxu_out;        ///< scratch: an mxu.mm's results
+    std::array<std::vector<float>, 3> m_vpu_in;  ///< scratch: VPU inputs the result overlaps
+    std::vector<float> m_vpu_out;  ///< scratch: the VPU result when VMEM is not contiguous
     std::vector<std::pair<uint32_t, uint32_t>> m_mxu_shape;  ///< (K, N) of those weights
     std::vector<bool> m_mxu_loaded;
     std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;

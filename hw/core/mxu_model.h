@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 /// The fast MXU: functional matmul under the numerics contract and the timing of one MXU's
 /// in-order queue (hw/README.md, "MXU"). hw/reference/systolic_ref.h re-derives both PE by PE,
@@ -11,12 +12,39 @@ namespace tpu::hw {
 /// Bits of the one NaN the MXU writes: every NaN result is this canonical quiet NaN.
 inline constexpr uint32_t kMxuNanBits = 0x7FC00000u;
 
+/// The weights of one mxu.lw in the form mxu_matmul computes with: fp32, columns padded to
+/// the kernel's block width, and the exponent range that decides whether fused multiply-add
+/// may be used (see mxu_model.cpp). Loading costs K x N conversions, once per mxu.lw.
+class MxuTile {
+public:
+    /// Takes a K x N row-major bf16 tile.
+    void load(const uint16_t* w_bf16, int K, int N);
+    int rows() const { return m_K; }  ///< K
+    int cols() const { return m_N; }  ///< N
+
+    /// Biased fp32 exponents of the nonzero finite values of an operand, and whether it holds
+    /// a denormal.
+    struct ExpRange {
+        int lo = 255;           ///< smallest exponent field of a nonzero finite value
+        int hi = 0;             ///< largest; 0 when there is no nonzero finite value
+        bool denormal = false;  ///< some value has exponent field 0 and a nonzero fraction
+    };
+
+private:
+    friend void mxu_matmul(const uint16_t*, int, const MxuTile&, float*, bool);
+    std::vector<float> m_w;  ///< K x m_stride fp32, columns N..m_stride-1 zero
+    int m_K = 0, m_N = 0, m_stride = 0;
+    ExpRange m_exp;
+};
+
 /// out (T x N, fp32) = [out +] lhs (T x K, bf16) x w (K x N, bf16), both row-major.
 /// For each output (t, n) the partial sum starts at +0.0 and adds the fp32 products
 /// a[t][k] * w[k][n] for k = 0..K-1 in order, each product and each sum rounded to fp32; the
 /// result is then stored (`accumulate` false) or added to `out`. A NaN result is written as
 /// kMxuNanBits, so results do not depend on which NaN operand the compiler put first.
 /// K <= rows and N <= cols of the array; the zero padding of the rest is a no-op (see .cpp).
+void mxu_matmul(const uint16_t* lhs_bf16, int T, const MxuTile& w, float* out, bool accumulate);
+/// The same with the weights given as bf16 (prepared on every call).
 void mxu_matmul(const uint16_t* lhs_bf16, int T, int K, const uint16_t* w_bf16, int N, float* out,
                 bool accumulate);
 

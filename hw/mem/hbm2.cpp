@@ -16,9 +16,11 @@ uint32_t burst_bytes_of(const HbmConfig& c) {
     return c.bus_bits / c.pseudo_channels * c.burst_length / 8;
 }
 
-/// ceil(a / b) without overflow for the products used here.
-uint64_t div_up(unsigned __int128 a, uint64_t b) {
-    return static_cast<uint64_t>((a + b - 1) / b);
+/// ceil(x * m / d) without overflow; 64-bit arithmetic when the product fits (always, in
+/// practice: a 128-bit division costs more than the rest of a small request's bookkeeping).
+uint64_t mul_div_up(uint64_t x, uint64_t m, uint64_t d) {
+    if (x <= (UINT64_MAX - d) / m) return (x * m + d - 1) / d;
+    return static_cast<uint64_t>(((unsigned __int128)x * m + d - 1) / d);
 }
 
 }  // namespace
@@ -62,13 +64,9 @@ HbmLocation HbmAddressMap::decode(uint64_t addr) const {
     l.local = ((granule >> m_sh_pcs) << m_sh_interleave) | (addr & (m_interleave - 1));
     // Bank groups rotate fastest: a stream then alternates groups and its column commands are
     // CCD_S apart (one burst of data) instead of CCD_L (two on the default board).
-    uint64_t burst = l.local >> m_sh_burst;
-    l.bank.bank_group = static_cast<uint32_t>(burst & (m_bank_groups - 1));
-    burst >>= m_sh_groups;
-    l.column = static_cast<uint32_t>(burst & (m_bursts_per_row - 1));
-    burst >>= m_sh_cols;
-    l.bank.bank = static_cast<uint32_t>(burst & (m_banks_per_group - 1));
-    l.bank.row = burst >> m_sh_banks;
+    const uint64_t burst = l.local >> m_sh_burst;
+    l.bank = bank_of_burst(burst);
+    l.column = static_cast<uint32_t>((burst >> m_sh_groups) & (m_bursts_per_row - 1));
     return l;
 }
 
@@ -174,7 +172,8 @@ uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAcc
     for (size_t i = 0; i < bursts.size(); ++i) {
         const HbmColumnAccess& req = bursts[i];
         // (1) Admission: in order, once the burst queue_bursts ahead has left the queue.
-        Tick& slot = m_queue[m_seq % m_queue.size()];
+        Tick& slot = m_queue[m_queue_idx];
+        m_queue_idx = m_queue_idx + 1 == m_queue.size() ? 0 : m_queue_idx + 1;
         m_admit = std::max({Tick(arrive), m_admit, slot + 1});
         // (2) Row logic: hit, or [PRE] ACT, with refreshes where they fall due.
         const Tick prepared = prepare(req, m_admit);
@@ -195,7 +194,6 @@ uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAcc
         const Tick pre_after = write ? col + m_t.wl + m_bl2 + m_t.wr : col + m_t.rtp;
         b.pre_ready = std::max(b.pre_ready, pre_after);
         slot = col;
-        ++m_seq;
         ++m_counters.bursts;
         // (4) Closed page: the request's last access to this row auto-precharges the bank at
         // the first cycle it may.
@@ -231,24 +229,24 @@ Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
 
 uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) {
     if (bytes == 0) return arrive;
-    const uint64_t arrive_tck = div_up((unsigned __int128)arrive * m_core_ps, m_tck_ps);
+    const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_tck_ps);
     const uint64_t burst = m_map.burst_bytes(), granule = m_map.interleave_bytes();
     uint64_t done_tck = arrive_tck;
     const uint64_t end = addr + bytes;
     for (uint64_t lo = addr; lo < end;) {
         const uint64_t hi = std::min(end, (lo / granule + 1) * granule);
-        // Every burst the piece touches, in address order; bursts never cross a granule.
+        // Every burst the piece touches, in address order; bursts never cross a granule. Inside
+        // a granule the pseudo-channel is fixed and the local burst numbers are consecutive,
+        // so only the first burst is decoded in full.
         m_scratch.clear();
-        uint32_t pc = 0;
-        for (uint64_t a = lo / burst * burst; a < hi; a += burst) {
-            const HbmLocation l = m_map.decode(a);
-            pc = l.pseudo_channel;
-            m_scratch.push_back(l.bank);
-        }
-        done_tck = std::max(done_tck, m_pcs[pc].access(arrive_tck, m_scratch, write));
+        const uint64_t first = lo / burst * burst;
+        const HbmLocation l = m_map.decode(first);
+        const uint64_t b0 = l.local / burst, count = (hi - first + burst - 1) / burst;
+        for (uint64_t j = 0; j < count; ++j) m_scratch.push_back(m_map.bank_of_burst(b0 + j));
+        done_tck = std::max(done_tck, m_pcs[l.pseudo_channel].access(arrive_tck, m_scratch, write));
         lo = hi;
     }
-    return div_up((unsigned __int128)done_tck * m_tck_ps, m_core_ps);
+    return mul_div_up(done_tck, m_tck_ps, m_core_ps);
 }
 
 Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {

@@ -37,6 +37,16 @@ public:
     explicit HbmAddressMap(const HbmConfig& cfg);
     /// Decodes byte address `addr`.
     HbmLocation decode(uint64_t addr) const;
+    /// Bank group, bank and row of burst number `burst` (local byte address / burst_bytes())
+    /// inside a pseudo-channel.
+    HbmColumnAccess bank_of_burst(uint64_t burst) const {
+        HbmColumnAccess b;
+        b.bank_group = static_cast<uint32_t>(burst & (m_bank_groups - 1));
+        burst >>= m_sh_groups + m_sh_cols;
+        b.bank = static_cast<uint32_t>(burst & (m_banks_per_group - 1));
+        b.row = burst >> m_sh_banks;
+        return b;
+    }
     /// Bytes one column command moves on a pseudo-channel.
     uint32_t burst_bytes() const { return m_burst_bytes; }
     /// Pseudo-channels in total (channels x pseudo_channels).
@@ -101,7 +111,7 @@ private:
     std::vector<Bank> m_banks;
     std::vector<Tick> m_last_col_bg;
     std::vector<Tick> m_queue;  ///< column cycle of the last queue_bursts bursts (ring)
-    uint64_t m_seq = 0;         ///< bursts served so far
+    size_t m_queue_idx = 0;     ///< m_queue slot of the next burst (bursts served, mod its size)
     std::array<Tick, 4> m_acts{kNever, kNever, kNever, kNever};  ///< last four ACTs (ring)
     uint32_t m_act_idx = 0;
     Tick m_last_act = kNever;

@@ -9,15 +9,27 @@
 
 namespace tpu::hw {
 
-/// Byte-addressed memory of a fixed size whose pages are allocated on first write, so a 16 GiB
-/// HBM costs only what is written. Unwritten bytes read as zero. Every access is bounds-checked
-/// by the caller through in_range(); the methods assume a checked range.
+/// Byte-addressed memory of a fixed size that costs host memory only where it is written, so a
+/// 16 GiB HBM costs only what is used. Unwritten bytes read as zero. Every access is
+/// bounds-checked by the caller through in_range(); the methods assume a checked range.
+///
+/// The memory is one reservation of address space (mmap, MAP_NORESERVE) whose pages the OS
+/// zeroes on first touch, so nothing is zero-filled ahead of a write and units can work on
+/// spans in place (data()). Where the OS refuses the reservation (strict overcommit) it falls
+/// back to 64 KiB pages allocated on first write, zeroing only the bytes that write leaves.
 class SparseMemory {
 public:
-    static constexpr uint64_t kPageBytes = 64 * 1024;  ///< allocation granule
+    static constexpr uint64_t kPageBytes = 64 * 1024;  ///< allocation granule of the fallback
 
-    /// A memory of `size_bytes`; `name` appears in error messages.
-    SparseMemory(std::string name, uint64_t size_bytes);
+    /// How the bytes are held: one reservation when the OS grants it, or pages.
+    enum class Backing { Reserve, Pages };
+
+    /// A memory of `size_bytes`; `name` appears in error messages. `Pages` forces the fallback
+    /// (tests cover both).
+    SparseMemory(std::string name, uint64_t size_bytes, Backing backing = Backing::Reserve);
+    ~SparseMemory();
+    SparseMemory(const SparseMemory&) = delete;
+    SparseMemory& operator=(const SparseMemory&) = delete;
 
     uint64_t size() const { return m_size; }
     const std::string& name() const { return m_name; }
@@ -25,21 +37,25 @@ public:
     bool in_range(uint64_t addr, uint64_t bytes) const {
         return addr <= m_size && bytes <= m_size - addr;
     }
+    /// True when data() gives direct access (the reservation succeeded).
+    bool contiguous() const { return m_base != nullptr; }
+    /// The bytes from `addr` on, in place; requires contiguous() and in_range.
+    uint8_t* data(uint64_t addr) { return m_base + addr; }
+    const uint8_t* data(uint64_t addr) const { return m_base + addr; }
     /// Copies out; requires in_range.
     void read(uint64_t addr, std::span<uint8_t> out) const;
-    /// Copies in, allocating pages; requires in_range.
+    /// Copies in; requires in_range. `in` may overlap this memory's own bytes.
     void write(uint64_t addr, std::span<const uint8_t> in);
     /// Fills with a byte value; requires in_range.
     void fill(uint64_t addr, uint64_t bytes, uint8_t value);
-    /// Host bytes actually allocated.
-    uint64_t resident_bytes() const { return m_pages.size() * kPageBytes; }
 
 private:
-    uint8_t* page(uint64_t index, bool create);
+    uint8_t* page(uint64_t index, uint64_t keep_off, uint64_t keep_bytes);
     const uint8_t* page(uint64_t index) const;
 
     std::string m_name;
     uint64_t m_size;
+    uint8_t* m_base = nullptr;  ///< the reservation, or null in the paged fallback
     std::unordered_map<uint64_t, std::unique_ptr<uint8_t[]>> m_pages;
 };
 

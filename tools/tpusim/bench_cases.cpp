@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <random>
 
 #include <fmt/format.h>
 #include <Eigen/Core>
@@ -19,6 +18,7 @@
 #include "driver/kernels/gemm.h"
 #include "driver/kernels/vector_ops.h"
 #include "driver/program_cache.h"
+#include "tools/tpusim/random_fill.h"
 #include "trainer/trainer.h"
 
 namespace tpu::bench {
@@ -31,22 +31,20 @@ double since(Clock::time_point t0) {
 }
 
 std::vector<float> random_values(size_t count, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::vector<float> v(count);
-    for (auto& x : v) x = u(rng);
+    cli::fill_uniform(v, seed);
     return v;
 }
 
 /// The library GEMM as a user calls it: host arrays in, C back on the host, on core 0. The
 /// timed region includes operand packing and the host-link transfers because the Eigen
 /// yardstick also starts and ends with host arrays.
-CaseRun gemm_case(driver::Device& dev, const GemmShape& s) {
+CaseRun gemm_case(driver::Device& dev, const GemmShape& s, const std::vector<uint32_t>& cores) {
     const auto a = random_values(size_t(s.m) * s.k, 1);
     const auto w = random_values(size_t(s.k) * s.n, 2);
     driver::ProgramCache cache;
     const auto t0 = Clock::now();
-    const auto r = driver::gemm(dev, cache, a, w, s.m, s.k, s.n, driver::Precision::Bf16, {0});
+    const auto r = driver::gemm(dev, cache, a, w, s.m, s.k, s.n, driver::Precision::Bf16, cores);
     return {r.event.end_cycle - r.event.start_cycle, since(t0), r.event.host_seconds};
 }
 
@@ -177,9 +175,17 @@ std::vector<BenchCase> bench_cases() {
                                          "and out",
                                          size),
                              functional, size <= 1024, s,
-                             [s](driver::Device& dev) { return gemm_case(dev, s); }});
+                             [s](driver::Device& dev) { return gemm_case(dev, s, {0}); }});
         }
     }
+    // The whole board on a large GEMM, timing only: the speed of the HBM2 and ICI-free path
+    // that studies of big models depend on.
+    const GemmShape big{4096, 4096, 4096};
+    cases.push_back({"gemm_4096_8core/timing",
+                     "library GEMM 4096x4096x4096 bf16 split over 8 cores, host arrays in and out",
+                     false, false, big, [big](driver::Device& dev) {
+                         return gemm_case(dev, big, {0, 1, 2, 3, 4, 5, 6, 7});
+                     }});
     constexpr uint64_t kChainValues = uint64_t(1) << 22;  // 16 MiB per tensor
     for (const bool functional : {true, false}) {
         cases.push_back({fmt::format("vpu_chain_4M/{}", mode(functional)),

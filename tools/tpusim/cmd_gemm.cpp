@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
-#include <random>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -13,6 +12,7 @@
 #include "driver/kernels/gemm.h"
 #include "hw/board.h"
 #include "tools/tpusim/commands.h"
+#include "tools/tpusim/random_fill.h"
 #include "tools/tpusim/run_output.h"
 
 namespace tpu::cli {
@@ -65,11 +65,9 @@ void register_gemm_command(CLI::App& app) {
                 fmt::format("--cores {}: the board has {} cores", o->cores, cfg.cores()));
         }
         const uint32_t M = o->m, K = o->k, N = o->n;
-        std::mt19937 rng(o->seed);
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         std::vector<float> a(size_t(M) * K), w(size_t(K) * N);
-        for (auto& x : a) x = u(rng);
-        for (auto& x : w) x = u(rng);
+        fill_uniform(a, o->seed);
+        fill_uniform(w, o->seed ^ 0x80000000u);
 
         auto dev = driver::Device::open(cfg);
         RunTrace trace(o->common, cfg);
