@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/cli_runner.h"
@@ -120,6 +121,22 @@ TEST(CliBench, ErrorsInTheCaseProcessComeBackNamedAfterTheCase) {
               "tpusim: error: gemm_1024/timing: out of HBM on core 0: requested 2.00 MiB "
               "(2097152 bytes), 1.00 MiB free (1048576 bytes), largest free block 1048576 "
               "bytes\n");
+}
+
+TEST(CliBench, HelpListsEveryCaseOnceAndMarksTimingOnlyOnes) {
+    const Result r = tpusim("bench --help");
+    ASSERT_EQ(r.code, 0) << r.err;
+    for (const char* name : {"gemm_256", "gemm_1024", "gemm_4096", "gemm_4096_8core",
+                             "vpu_chain_4M", "allreduce_64MiB_8core", "train_step"}) {
+        const std::string line = fmt::format("\n  {:<24} ", name);
+        const size_t at = r.out.find(line);
+        ASSERT_NE(at, std::string::npos) << name << "\n" << r.out;
+        EXPECT_EQ(r.out.find(line, at + 1), std::string::npos) << name << " listed twice";
+    }
+    EXPECT_NE(r.out.find("split over 8 cores, host arrays in and out (timing only)\n"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("on 1 core, host arrays in and out (timing only)"), std::string::npos);
 }
 
 TEST(CliBench, FilterMatchingNothingIsAUsageError) {

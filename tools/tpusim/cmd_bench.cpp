@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // tpusim bench: the simulator's own speed (simulated cycles per host second) on the cases of
 // bench_cases.h, with Eigen's fp32 GEMM of the same shape as the yardstick.
+#include <algorithm>
 #include <memory>
 #include <thread>
 
@@ -74,9 +75,18 @@ void register_bench_command(CLI::App& app) {
         "case (SystemC builds one board per process). Host seconds are wall time, so other "
         "load on the machine shows up in them.\n\nCases (NAME/functional computes values, "
         "NAME/timing only times them):\n";
-    for (const auto& c : bench::bench_cases())
-        if (c.functional)
-            footer += fmt::format("  {:<24} {}\n", c.name.substr(0, c.name.find('/')), c.what);
+    // One line per case name; a case with no functional run (gemm_4096_8core) says so.
+    std::vector<std::string> listed;
+    const auto all = bench::bench_cases();
+    for (const auto& c : all) {
+        const std::string base = c.name.substr(0, c.name.find('/'));
+        if (std::find(listed.begin(), listed.end(), base) != listed.end()) continue;
+        listed.push_back(base);
+        const bool functional = std::any_of(all.begin(), all.end(), [&](const auto& o) {
+            return o.functional && o.name.substr(0, o.name.find('/')) == base;
+        });
+        footer += fmt::format("  {:<24} {}{}\n", base, c.what, functional ? "" : " (timing only)");
+    }
     cmd->footer(footer);
     cmd->callback([o] {
         const hw::BoardConfig cfg = o->common.board_config();
