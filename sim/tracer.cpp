@@ -3,15 +3,16 @@
 
 #include <array>
 #include <cmath>
-#include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "sim/file_io.h"
 #include "sim/log.h"
 
 namespace tpu::sim {
@@ -82,8 +83,8 @@ void put_us(Buffer& b, int64_t ps) {
 struct Tracer::Impl {
     static constexpr size_t kFileBufferBytes = 256 * 1024;
 
-    std::vector<char> file_buffer;  // declared before `out`, which uses it until destroyed
-    std::ofstream out;
+    std::unique_ptr<OutputFile> file;
+    std::ostream* out = nullptr;  // file->stream()
     Buffer line;
     std::string path;
     double clock_mhz = 1000.0;
@@ -97,9 +98,9 @@ struct Tracer::Impl {
 
     /// Writes the event in `line` as the next array element.
     void flush_line() {
-        out.write(first ? "\n" : ",\n", first ? 1 : 2);
+        out->write(first ? "\n" : ",\n", first ? 1 : 2);
         first = false;
-        out.write(line.data(), static_cast<std::streamsize>(line.size()));
+        out->write(line.data(), static_cast<std::streamsize>(line.size()));
         line.clear();
     }
 
@@ -184,7 +185,13 @@ struct Tracer::Impl {
 Tracer::Tracer() : m_impl(std::make_unique<Impl>()) {}
 
 Tracer::~Tracer() {
-    close();
+    if (!m_enabled) return;
+    // A trace up to a fault is worth keeping; a write error can only be logged here.
+    try {
+        close();
+    } catch (const OutputError& e) {
+        TPU_LOG(Error, "tracer", "{}", e.what());
+    }
 }
 
 void Tracer::set_window(uint64_t window_begin, uint64_t window_end) {
@@ -200,12 +207,8 @@ void Tracer::open(const std::string& path, double clock_mhz, std::string_view un
             fmt::format("trace file '{}': clock_mhz must be positive, got {}", path, clock_mhz));
     close();
     auto im = std::make_unique<Impl>();
-    im->file_buffer.resize(Impl::kFileBufferBytes);
-    // libstdc++ honours pubsetbuf only before the file is opened.
-    im->out.rdbuf()->pubsetbuf(im->file_buffer.data(),
-                               static_cast<std::streamsize>(im->file_buffer.size()));
-    im->out.open(path, std::ios::binary | std::ios::trunc);
-    if (!im->out) throw std::runtime_error(fmt::format("cannot write trace file '{}'", path));
+    im->file = std::make_unique<OutputFile>(path, Impl::kFileBufferBytes);
+    im->out = &im->file->stream();
     im->path = path;
     im->clock_mhz = clock_mhz;
     im->window_begin = window_begin;
@@ -219,19 +222,19 @@ void Tracer::open(const std::string& path, double clock_mhz, std::string_view un
         if (!item.empty()) im->filters.emplace_back(item);
         pos = comma + 1;
     }
-    im->out << R"({"displayTimeUnit":"ns","otherData":{"generator":"tpusim"},"traceEvents":[)";
+    *im->out << R"({"displayTimeUnit":"ns","otherData":{"generator":"tpusim"},"traceEvents":[)";
     m_impl = std::move(im);
     m_enabled = true;
 }
 
 void Tracer::close() {
-    if (!m_impl || !m_impl->out.is_open()) return;
+    if (!m_impl || !m_impl->file) return;
     Impl& im = *m_impl;
-    im.out << "\n]}\n";
-    im.out.close();
     m_enabled = false;
-    // Called from the destructor too, so a full disk is reported rather than thrown.
-    if (im.out.fail()) TPU_LOG(Error, "tracer", "writing trace file '{}' failed", im.path);
+    const std::unique_ptr<OutputFile> file = std::move(im.file);
+    im.out = nullptr;
+    file->stream() << "\n]}\n";
+    file->commit();
 }
 
 int Tracer::track(std::string_view process, std::string_view thread) {

@@ -2,8 +2,8 @@
 #include "trainer/dataset.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 #include <zlib.h>
+
+#include "sim/file_io.h"
 
 namespace tpu::trainer {
 namespace {
@@ -96,9 +98,13 @@ IdxArray decode_idx(std::span<const uint8_t> bytes, std::string_view name) {
 }
 
 IdxArray read_idx(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-    const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in), {}};
+    std::string text;
+    try {
+        text = sim::read_input_file(path);
+    } catch (const sim::InputFileError& e) {
+        throw DataError(e.what());
+    }
+    const std::vector<uint8_t> bytes(text.begin(), text.end());
     return decode_idx(bytes, path);
 }
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "driver/kernels/allreduce.h"
 #include "driver/kernels/tensor_ops.h"
 #include "driver/kernels/vector_ops.h"
+#include "sim/file_io.h"
 #include "sim/tracer.h"
 
 namespace tpu::trainer {
@@ -497,73 +499,114 @@ void Trainer::save_checkpoint(const std::string& path) {
     std::vector<const Tensor*> bufs{&m_flat_params, &m_state1};
     if (!m_state2.bufs.empty()) bufs.push_back(&m_state2);
     meta["buffers"] = bufs.size();
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        if (!f)
-            throw std::runtime_error(
-                fmt::format("cannot write checkpoint '{}': {}", tmp, std::strerror(errno)));
+    try {
+        sim::OutputFile f(path);
         const std::string header = meta.dump();
-        f << kCkptMagic << header << '\n';
+        f.stream() << kCkptMagic << header << '\n';
         for (const Tensor* t : bufs) {
             const std::vector<float> v = m_rt->download(*t, 0);
-            f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+            f.stream().write(reinterpret_cast<const char*>(v.data()),
+                             std::streamsize(v.size() * 4));
         }
-        f.flush();
-        if (!f) throw std::runtime_error(fmt::format("cannot write checkpoint '{}'", tmp));
+        // Atomic for a regular file: a reader sees the old checkpoint or the new one.
+        f.commit();
+    } catch (const sim::OutputError& e) {
+        throw ConfigError(fmt::format("checkpoint: {}", e.what()));
     }
-    // The rename is atomic: a reader sees the old checkpoint or the new one, never a torn one.
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-        throw std::runtime_error(
-            fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
 }
 
 void Trainer::load_checkpoint(Module& module, const std::string& path) {
     place(module);
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw ConfigError(fmt::format("checkpoint '{}': {}", path, std::strerror(errno)));
-    std::string magic(sizeof(kCkptMagic) - 1, '\0'), header;
-    f.read(magic.data(), std::streamsize(magic.size()));
-    if (magic != kCkptMagic || !std::getline(f, header))
+    std::string bytes;
+    try {
+        bytes = sim::read_input_file(path);
+    } catch (const sim::InputFileError& e) {
+        throw ConfigError(fmt::format("checkpoint: {}", e.what()));
+    }
+    const std::string_view magic(kCkptMagic, sizeof(kCkptMagic) - 1);
+    const size_t eol = bytes.find('\n', magic.size());
+    if (bytes.compare(0, magic.size(), magic) != 0 || eol == std::string::npos)
         throw ConfigError(fmt::format("checkpoint '{}': not a tpusim checkpoint", path));
     nlohmann::json meta;
     try {
-        meta = nlohmann::json::parse(header);
+        meta = nlohmann::json::parse(bytes.begin() + std::ptrdiff_t(magic.size()),
+                                     bytes.begin() + std::ptrdiff_t(eol));
     } catch (const std::exception& e) {
         throw ConfigError(fmt::format("checkpoint '{}': bad header: {}", path, e.what()));
     }
+    if (!meta.is_object())
+        throw ConfigError(fmt::format("checkpoint '{}': the header is not a JSON object", path));
+    // Every header field is checked before use: a checkpoint is a file from anywhere, and a
+    // wrong step or epoch would silently change the learning-rate schedule or skip training.
+    auto whole = [&](const nlohmann::json& obj, const std::string& where, const char* key,
+                     uint64_t max) -> uint64_t {
+        const auto it = obj.find(key);
+        if (it == obj.end())
+            throw ConfigError(fmt::format("checkpoint '{}': {}'{}' is missing", path, where, key));
+        if (!it->is_number_unsigned() || it->get<uint64_t>() > max)
+            throw ConfigError(
+                fmt::format("checkpoint '{}': {}'{}' is {}, expected a whole number from 0 to {}",
+                            path, where, key, it->dump(), max));
+        return it->get<uint64_t>();
+    };
+    constexpr uint64_t kMax32 = std::numeric_limits<uint32_t>::max();
     const auto params = module.named_parameters();
-    const auto& saved = meta.value("parameters", nlohmann::json::array());
-    if (saved.size() != params.size())
+    const auto saved = meta.find("parameters");
+    if (saved == meta.end() || !saved->is_array())
+        throw ConfigError(fmt::format("checkpoint '{}': 'parameters' is not a list", path));
+    if (saved->size() != params.size())
         throw ConfigError(fmt::format("checkpoint '{}' has {} parameters, the module has {}", path,
-                                      saved.size(), params.size()));
+                                      saved->size(), params.size()));
     for (size_t i = 0; i < params.size(); ++i) {
         const auto& [name, p] = params[i];
-        if (saved[i].value("name", "") != name || saved[i].value("rows", 0u) != p->rows ||
-            saved[i].value("cols", 0u) != p->cols)
+        const nlohmann::json& sp = (*saved)[i];
+        const std::string where = fmt::format("parameter {}: ", i);
+        if (!sp.is_object() || !sp.contains("name") || !sp["name"].is_string())
+            throw ConfigError(
+                fmt::format("checkpoint '{}': {}'name' is missing or not a string", path, where));
+        const std::string sname = sp["name"].get<std::string>();
+        const uint64_t rows = whole(sp, where, "rows", kMax32);
+        const uint64_t cols = whole(sp, where, "cols", kMax32);
+        const uint64_t offset = whole(sp, where, "offset", kMax32);
+        if (sname != name || rows != p->rows || cols != p->cols)
             throw ConfigError(
                 fmt::format("checkpoint '{}': parameter {} is {} {} x {}, the module "
                             "has {} {} x {}",
-                            path, i, saved[i].value("name", "?"), saved[i].value("rows", 0u),
-                            saved[i].value("cols", 0u), name, p->rows, p->cols));
+                            path, i, sname, rows, cols, name, p->rows, p->cols));
+        if (offset != p->offset)
+            throw ConfigError(fmt::format(
+                "checkpoint '{}': parameter {} ({}) is at offset {}, the module's layout puts it "
+                "at {}",
+                path, i, name, offset, p->offset));
     }
     std::vector<Tensor*> bufs{&m_flat_params, &m_state1};
     if (!m_state2.bufs.empty()) bufs.push_back(&m_state2);
-    if (meta.value("values", 0u) != m_flat_params.cols || meta.value("buffers", 0u) != bufs.size())
+    if (whole(meta, "", "values", kMax32) != m_flat_params.cols ||
+        whole(meta, "", "buffers", kMax32) != bufs.size())
         throw ConfigError(
             fmt::format("checkpoint '{}' was written for another optimizer or "
                         "layout",
                         path));
+    const uint64_t global_step = whole(meta, "", "global_step", uint64_t(1) << 53);
+    const uint64_t epoch = whole(meta, "", "epoch", std::min(global_step, kMax32));
+    // Adam counts its own steps (bias correction); it cannot have taken more than the trainer.
+    const uint64_t adam_step = whole(meta, "", "adam_step", std::min(global_step, kMax32));
+    const size_t data_bytes = bufs.size() * size_t(m_flat_params.cols) * 4;
+    if (bytes.size() - eol - 1 != data_bytes)
+        throw ConfigError(fmt::format(
+            "checkpoint '{}' has {} bytes of values after its header, the layout needs {}{}", path,
+            bytes.size() - eol - 1, data_bytes,
+            bytes.size() - eol - 1 < data_bytes ? " (truncated)" : ""));
+    const char* data = bytes.data() + eol + 1;
     for (Tensor* t : bufs) {
         std::vector<float> v(t->cols);
-        f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
-        if (f.gcount() != std::streamsize(v.size() * 4))
-            throw ConfigError(fmt::format("checkpoint '{}' is truncated", path));
+        std::memcpy(v.data(), data, v.size() * 4);
+        data += v.size() * 4;
         for (size_t r = 0; r < m_cores.size(); ++r) m_rt->upload(*t, r, v);
     }
-    m_epoch = meta.value("epoch", 0u);
-    m_global_step = meta.value("global_step", uint64_t(0));
-    m_adam_step = meta.value("adam_step", 0u);
+    m_epoch = static_cast<uint32_t>(epoch);
+    m_global_step = global_step;
+    m_adam_step = static_cast<uint32_t>(adam_step);
 }
 
 // ---- report ---------------------------------------------------------------------------------

@@ -95,7 +95,8 @@ public:
     void fit(Module& module, const DataLoader& train, const DataLoader* val = nullptr);
     /// Loss and accuracy of `module` on `loader` (evaluation mode, every core its shard).
     EvalResult validate(Module& module, const DataLoader& loader);
-    /// Writes parameters and optimizer state atomically (temporary file, then rename).
+    /// Writes parameters and optimizer state with sim::OutputFile (atomic for a regular file);
+    /// throws ConfigError naming the file.
     void save_checkpoint(const std::string& path);
     /// Places `module` (if needed) and loads parameters and optimizer state from `path`.
     void load_checkpoint(Module& module, const std::string& path);

@@ -188,7 +188,7 @@ TEST(CliRun, BadInputsAreClearErrors) {
               "tpusim: error: --dump /tmp/x: 0 bytes at 0x10000 are not inside core0.hbm "
               "(17179869184 bytes)\n"},
              {"run /nonexistent.s", 2,
-              "tpusim: error: cannot open kernel '/nonexistent.s': No such file or directory\n"},
+              "tpusim: error: kernel: cannot open '/nonexistent.s': No such file or directory\n"},
              {"run " + k + " --set core.mxus=0", 2,
               "tpusim: error: core.mxus must be >= 1 (got 0)\n"},
              {"run " + k + " --trace-window 5:1", 2,

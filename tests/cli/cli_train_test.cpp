@@ -43,7 +43,7 @@ TEST(CliTrain, LightningDeviceAndPrecisionErrors) {
          "tpusim: error: --data 'mnist': expected fashion-mnist, synthetic or "
          "auto\n"},
         {"--data fashion-mnist --data-dir /nonexistent",
-         "tpusim: error: /nonexistent/train-images-idx3-ubyte.gz: cannot open: No such file or "
+         "tpusim: error: cannot open '/nonexistent/train-images-idx3-ubyte.gz': No such file or "
          "directory\n"},
         {"--trace-steps 5",
          "tpusim: error: --trace-steps '5': expected FIRST:COUNT with COUNT "

@@ -9,6 +9,7 @@
 #include "driver/device.h"
 #include "driver/kernels/tensor.h"
 #include "hw/board_config.h"
+#include "tests/common/paths.h"
 #include "trainer/data_loader.h"
 #include "trainer/dataset.h"
 #include "trainer/metrics.h"
@@ -454,7 +455,55 @@ TEST(TrainerCheckpoint, SaveIsAtomicAndLoadRestoresParameters) {
               "checkpoint '" + path + "': not a tpusim checkpoint");
     std::filesystem::remove(path);
     EXPECT_EQ(error_of([&] { c.load_checkpoint(fresh, path); }),
-              "checkpoint '" + path + "': No such file or directory");
+              "checkpoint: cannot open '" + path + "': No such file or directory");
+}
+
+TEST(TrainerCheckpoint, HeaderFieldsAreCheckedBeforeUse) {
+    auto dev = driver::Device::open(board());
+    const std::string path =
+        ::testing::TempDir() + "/tpusim-ckpt-hdr-" + std::to_string(::getpid()) + ".ckpt";
+    const Dataset data = synthetic(256, 16, 4, 3);
+    DataLoader loader{&data, 8, true, true, 0};
+    TrainerOptions opts;
+    opts.devices = 8;
+    opts.enable_progress_bar = false;
+    opts.limit_train_batches = 3;
+    Trainer a(*dev, opts);
+    Mlp model({16, 8, 4}, {}, 2);
+    a.fit(model, loader);
+    a.save_checkpoint(path);
+    const std::string good = test::slurp(path);
+    // The header is the line after the magic "TPUCKPT1\n".
+    const size_t from = good.find('\n') + 1, to = good.find('\n', from);
+    const std::string header = good.substr(from, to - from);
+    auto with = [&](const std::string& find, const std::string& replace, const std::string& tail) {
+        std::string h = header;
+        const size_t at = h.find(find);
+        EXPECT_NE(at, std::string::npos) << find;
+        if (at != std::string::npos) h.replace(at, find.size(), replace);
+        std::ofstream(path, std::ios::binary | std::ios::trunc)
+            << good.substr(0, from) << h << good.substr(to) << tail;
+        Trainer t(*dev, opts);
+        Mlp fresh({16, 8, 4}, {}, 99);
+        return error_of([&] { t.load_checkpoint(fresh, path); });
+    };
+    const std::string c = "checkpoint '" + path + "': ";
+    EXPECT_EQ(with("\"adam_step\":3", "\"adam_step\":-1e20", ""),
+              c + "'adam_step' is -1e+20, expected a whole number from 0 to 3");
+    EXPECT_EQ(with("\"adam_step\":3", "\"adam_step\":4", ""),
+              c + "'adam_step' is 4, expected a whole number from 0 to 3");
+    EXPECT_EQ(with("\"epoch\":1", "\"epoch\":-5", ""),
+              c + "'epoch' is -5, expected a whole number from 0 to 3");
+    EXPECT_EQ(with("\"global_step\":3", "\"global_step\":\"3\"", ""),
+              c + "'global_step' is \"3\", expected a whole number from 0 to 9007199254740992");
+    EXPECT_EQ(with("\"offset\":0", "\"offset\":100000", ""),
+              c + "parameter 0 (layer_1.weight) is at offset 100000, the module's layout puts it "
+                  "at 0");
+    EXPECT_EQ(with("\"rows\":16", "\"rows\":\"x\"", ""),
+              c + "parameter 0: 'rows' is \"x\", expected a whole number from 0 to 4294967295");
+    EXPECT_EQ(with("\"values\"", "\"valuez\"", ""), c + "'values' is missing");
+    EXPECT_NE(with("", "", "extra").find("bytes of values after its header"), std::string::npos);
+    EXPECT_EQ(with("", "", ""), "no error");
 }
 
 }  // namespace

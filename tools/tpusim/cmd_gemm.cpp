@@ -133,6 +133,8 @@ void register_gemm_command(CLI::App& app) {
                            j["bitexact"].get<bool>() ? "yes" : "NO", j["rel_error"].get<double>());
         }
         write_stats_file(o->common, dev->board(), dev->kernel_stats());
+        dev->set_tracer(nullptr);
+        trace.finish();
         if (o->check && !j["bitexact"].get<bool>())
             throw RunError("gemm: the device result differs from the bit-exact reference");
     });

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hw/board.h"
+#include "sim/file_io.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/run_output.h"
 #include "trainer/dataset.h"
@@ -211,11 +212,11 @@ void register_train_command(CLI::App& app) {
             if (o->metrics_report == "-") {
                 if (!o->common.json) fmt::print("{}", tr->metrics_report());
             } else {
-                std::ofstream f(o->metrics_report);
-                if (!f)
-                    throw InputError(
-                        fmt::format("--metrics-report: cannot write '{}'", o->metrics_report));
-                f << tr->metrics_report();
+                try {
+                    sim::write_output_file(o->metrics_report, tr->metrics_report());
+                } catch (const sim::OutputError& e) {
+                    throw InputError(fmt::format("--metrics-report: {}", e.what()));
+                }
             }
         }
         nlohmann::ordered_json j;
@@ -249,6 +250,8 @@ void register_train_command(CLI::App& app) {
                        j["host_seconds_per_step"].get<double>());
         }
         write_stats_file(o->common, dev->board(), dev->kernel_stats());
+        dev->set_tracer(nullptr);
+        trace.finish();
     });
 }
 
