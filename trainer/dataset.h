@@ -5,8 +5,8 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 /// Datasets for the trainer: IDX files (Fashion-MNIST, gzip or not) and a synthetic default.

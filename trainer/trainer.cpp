@@ -189,6 +189,12 @@ Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
     if (m_opts.max_epochs == 0) throw ConfigError("`max_epochs` must be at least 1. Got 0");
     if (m_opts.log_every_n_steps == 0)
         throw ConfigError("`log_every_n_steps` must be at least 1. Got 0");
+    // -1 is "all"; 0 would train or validate nothing, which no caller means.
+    for (const auto& [name, limit] : {std::pair{"limit_train_batches", m_opts.limit_train_batches},
+                                      std::pair{"limit_val_batches", m_opts.limit_val_batches}})
+        if (limit == 0 || limit < -1)
+            throw ConfigError(fmt::format(
+                "`{}` must be a number of batches >= 1 or -1 (all). Got {}", name, limit));
     m_rt = std::make_unique<Runtime>(m_dev, m_cache, m_cores, m_mode, m_metrics);
 }
 
@@ -349,6 +355,11 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
     const bool windowed = m_tracer && m_opts.trace_steps > 0;
     if (windowed && m_global_step <= m_opts.trace_first_step) m_tracer->set_window(UINT64_MAX, 0);
     const OptimizerConfig opt = module.configure_optimizers();
+    try {
+        opt.validate();
+    } catch (const OptimizerError& e) {
+        throw ConfigError(e.what());
+    }
     for (uint32_t e = 0; e < m_opts.max_epochs; ++e, ++m_epoch) {
         std::vector<std::vector<uint32_t>> idx;
         for (auto& s : samplers) {

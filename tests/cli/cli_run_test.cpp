@@ -162,9 +162,33 @@ TEST(CliGemm, ChecksBitExactAndIsDeterministic) {
     EXPECT_EQ(bad.err,
               "tpusim: error: --precision: unknown precision 'fp16' (expected bf16, "
               "fp32-3pass or fp32-6pass)\n");
-    const Result nine = tpusim("gemm --m 8 --k 8 --n 8 --cores 9");
+    const Result nine = tpusim("gemm --m 8 --k 8 --n 8 --num-cores 9");
     EXPECT_EQ(nine.code, 2);
-    EXPECT_EQ(nine.err, "tpusim: error: --cores 9: the board has 8 cores\n");
+    EXPECT_EQ(nine.err, "tpusim: error: --num-cores 9: the board has 8 cores\n");
+    // --cores means a list of cores everywhere, as in run: core 3, not three cores.
+    const Result three = tpusim("gemm --m 8 --k 8 --n 8 --cores 3 --json");
+    ASSERT_EQ(three.code, 0) << three.err;
+    EXPECT_EQ(nlohmann::json::parse(three.out)["cores"], 1);
+    struct Case {
+        std::string args, err;
+    };
+    for (const Case& c : std::vector<Case>{
+             {"--cores ''", "tpusim: error: --cores: bad core list '': '' is not a core number\n"},
+             {"--m 0",
+              "--m: expected a whole number >= 1, got '0'\nRun with --help for more "
+              "information.\n"},
+             {"--num-cores 0",
+              "--num-cores: expected a whole number >= 1, got '0'\nRun with "
+              "--help for more information.\n"},
+             {"--cores 1 --num-cores 2",
+              "--cores excludes --num-cores\nRun with --help for more information.\n"},
+             {"--check --set sim.functional=false",
+              "tpusim: error: --check needs computed results, but sim.functional=false (the "
+              "timing-only mode) skips the arithmetic\n"}}) {
+        const Result r = tpusim("gemm --m 8 --k 8 --n 8 " + c.args);
+        EXPECT_EQ(r.code, 2) << c.args;
+        EXPECT_EQ(r.err, c.err) << c.args;
+    }
 }
 
 TEST(CliRun, BadInputsAreClearErrors) {
@@ -203,8 +227,8 @@ TEST(CliRun, BadInputsAreClearErrors) {
 TEST(CliRun, AKernelThatNeverHaltsCannotHangTheSimulator) {
     std::ofstream(tmp("inf.s")) << "loop: jmp loop\n";
     // Without launch costs the core starts at cycle 0, so the limit trips at cycle 1001.
-    const Result r = tpusim("run " + tmp("inf.s") +
-                            " --set sim.max_cycles=1000 --set sim.launch_costs=false");
+    const Result r =
+        tpusim("run " + tmp("inf.s") + " --set sim.max_cycles=1000 --set sim.launch_costs=false");
     EXPECT_EQ(r.code, 1);
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(r.err, "tpusim: " + tmp("inf.s") +
@@ -219,8 +243,8 @@ TEST(CliRun, BadExampleKernelsShowTheirReports) {
         << race.err;
     // Without the detector the same kernel runs (and reads whatever the DMA has written).
     EXPECT_EQ(tpusim("run " + example("bad/race.s")).code, 0);
-    const Result dead = tpusim("run " + example("bad/deadlock.s") +
-                               " --cores 0,1 --set sim.launch_costs=false");
+    const Result dead =
+        tpusim("run " + example("bad/deadlock.s") + " --cores 0,1 --set sim.launch_costs=false");
     EXPECT_EQ(dead.code, 1);
     EXPECT_EQ(dead.err, "tpusim: " + example("bad/deadlock.s") +
                             ": deadlock at cycle 2: every running core waits on a flag that "
@@ -274,8 +298,8 @@ TEST(CliRun, BadRequestsAreFaultsNamingTheProblem) {
     for (size_t i = 0; i < cases.size(); ++i) {
         const std::string file = tmp("bad" + std::to_string(i) + ".s");
         std::ofstream(file) << cases[i].kernel;
-        const Result r = tpusim("run " + file + " --config " + tpu::test::source_dir() +
-                                "/configs/tiny.json");
+        const Result r =
+            tpusim("run " + file + " --config " + tpu::test::source_dir() + "/configs/tiny.json");
         EXPECT_EQ(r.code, 1) << cases[i].kernel;
         EXPECT_EQ(r.err, "tpusim: " + file + ": device fault on core 0 at " + cases[i].err + "\n")
             << cases[i].kernel;
@@ -351,7 +375,7 @@ TEST(CliStats, GemmKernelCountsTheMxuWorkOfThePaddedShape) {
 }
 
 TEST(CliStats, ReportShowsEachKernelAndPlacesItOnTheRoofline) {
-    ASSERT_EQ(tpusim("gemm --m 256 --k 256 --n 256 --cores 2 --trace " + tmp("rk.json") +
+    ASSERT_EQ(tpusim("gemm --m 256 --k 256 --n 256 --num-cores 2 --trace " + tmp("rk.json") +
                      " --stats " + tmp("rk.stats.json"))
                   .code,
               0);

@@ -63,6 +63,38 @@ TEST(CliTrain, LightningDeviceAndPrecisionErrors) {
     }
 }
 
+TEST(CliTrain, BadNumbersAreRefusedNamingTheFlag) {
+    // PyTorch's optimizers raise ValueError for these; training on would reach a NaN loss.
+    const std::string base =
+        "train --synthetic-count 256 --batch-size 8 --no-progress --data synthetic --hidden 32";
+    struct Case {
+        std::string args, err;
+    };
+    const std::vector<Case> cases = {
+        {"--lr nan", "tpusim: error: --lr: Invalid learning rate: nan\n"},
+        {"--lr -0.1", "tpusim: error: --lr: Invalid learning rate: -0.1\n"},
+        {"--optimizer sgd --momentum nan",
+         "tpusim: error: --momentum: Invalid momentum value: nan\n"},
+        {"--limit-train-batches 0",
+         "tpusim: error: --limit-train-batches 0: expected a number of batches >= 1, or -1 for "
+         "all\n"},
+        {"--limit-train-batches -5",
+         "tpusim: error: --limit-train-batches -5: expected a number of batches >= 1, or -1 for "
+         "all\n"},
+        {"--limit-test-batches 0",
+         "tpusim: error: --limit-test-batches 0: expected a number of batches >= 1, or -1 for "
+         "all\n"},
+        {"--synthetic-count 0",
+         "--synthetic-count: expected a whole number >= 1, got '0'\nRun with --help for more "
+         "information.\n"},
+    };
+    for (const Case& c : cases) {
+        const CliResult r = tpusim(base + " " + c.args);
+        EXPECT_EQ(r.code, 2) << c.args;
+        EXPECT_EQ(r.err, c.err) << c.args;
+    }
+}
+
 TEST(CliTrain, JsonResultAndDeviceChoices) {
     for (const char* devices : {"auto", "1", "'[5]'"}) {
         const CliResult r = tpusim(kSmall + " --json --devices " + devices);
@@ -120,8 +152,9 @@ TEST(CliTrain, FashionMnistOneEpochOnEightCoresReaches85Percent) {
     // four minutes on one host core, so the sanitizer run leaves it out (tpusim, ASAN_EXCLUDED).
     if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
         GTEST_SKIP() << "the Debian package dataset-fashion-mnist is not installed";
-    const CliResult r = tpusim("train --data fashion-mnist --devices 8 --precision bf16-mixed "
-                               "--epochs 1 --no-progress --json");
+    const CliResult r = tpusim(
+        "train --data fashion-mnist --devices 8 --precision bf16-mixed "
+        "--epochs 1 --no-progress --json");
     ASSERT_EQ(r.code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_GE(j["test_accuracy"].get<double>(), 0.85) << r.out;

@@ -458,6 +458,27 @@ TEST(TrainerCheckpoint, SaveIsAtomicAndLoadRestoresParameters) {
               "checkpoint: cannot open '" + path + "': No such file or directory");
 }
 
+TEST(Trainer, OptimizerAndBatchLimitsAreValidated) {
+    OptimizerConfig opt;
+    opt.lr = NAN;
+    EXPECT_EQ(error_of([&] { opt.validate(); }), "Invalid learning rate: nan");
+    opt.lr = 0.1f;
+    opt.momentum = -1.0f;
+    EXPECT_EQ(error_of([&] { opt.validate(); }), "Invalid momentum value: -1");
+    opt.momentum = 0.9f;
+    opt.beta2 = 1.0f;
+    EXPECT_EQ(error_of([&] { opt.validate(); }), "Invalid beta parameter at index 1: 1");
+    auto dev = driver::Device::open(board());
+    TrainerOptions opts;
+    opts.limit_train_batches = -5;
+    EXPECT_EQ(error_of([&] { Trainer t(*dev, opts); }),
+              "`limit_train_batches` must be a number of batches >= 1 or -1 (all). Got -5");
+    opts.limit_train_batches = 1;
+    opts.limit_val_batches = 0;
+    EXPECT_EQ(error_of([&] { Trainer t(*dev, opts); }),
+              "`limit_val_batches` must be a number of batches >= 1 or -1 (all). Got 0");
+}
+
 TEST(TrainerCheckpoint, HeaderFieldsAreCheckedBeforeUse) {
     auto dev = driver::Device::open(board());
     const std::string path =

@@ -90,7 +90,8 @@ void register_train_command(CLI::App& app) {
     cmd->add_option("--log-every-n-steps", o->log_every,
                     "read the loss back (a host sync) every n steps");
     cmd->add_option("--synthetic-count", o->synthetic_count,
-                    "training examples of the synthetic dataset");
+                    "training examples of the synthetic dataset")
+        ->check(positive_number());
     cmd->add_option("--metrics-report", o->metrics_report,
                     "write the PyTorch/XLA-style metrics report to FILE ('-': stdout)");
     cmd->add_option("--checkpoint", o->checkpoint, "save parameters and optimizer state to FILE");
@@ -139,11 +140,22 @@ void register_train_command(CLI::App& app) {
         trainer::OptimizerConfig opt;
         if (o->optimizer == "sgd") {
             opt.kind = trainer::OptimizerConfig::Kind::Sgd;
-            opt.momentum = o->momentum;
         } else if (o->optimizer != "adam") {
             throw InputError(fmt::format("--optimizer '{}': expected adam or sgd", o->optimizer));
         }
         opt.lr = o->lr;
+        opt.momentum = o->momentum;
+        try {
+            opt.validate();
+        } catch (const trainer::OptimizerError& e) {
+            throw InputError(fmt::format("--{}: {}", e.field(), e.what()));
+        }
+        for (const auto& [flag, limit] :
+             {std::pair{"--limit-train-batches", o->limit_train_batches},
+              std::pair{"--limit-test-batches", o->limit_test_batches}})
+            if (limit == 0 || limit < -1)
+                throw InputError(fmt::format(
+                    "{} {}: expected a number of batches >= 1, or -1 for all", flag, limit));
 
         // Data: check before the board is built, so a missing file fails fast.
         std::string data = o->data;
