@@ -49,7 +49,7 @@ struct OptimizerConfig {
     float momentum = 0.9f;   ///< SGD momentum
     float beta1 = 0.9f;      ///< Adam beta1
     float beta2 = 0.999f;    ///< Adam beta2
-    float eps = 1e-8f;       ///< Adam epsilon (inside the square root, see driver adam)
+    float eps = 1e-8f;       ///< Adam epsilon, added to sqrt(v_hat) as in PyTorch
     /// Throws OptimizerError where torch.optim.SGD or Adam raise ValueError (NaN counts as
     /// invalid, as it fails PyTorch's `0.0 <= x` checks).
     void validate() const;
