@@ -360,7 +360,9 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
     } catch (const OptimizerError& e) {
         throw ConfigError(e.what());
     }
-    for (uint32_t e = 0; e < m_opts.max_epochs; ++e, ++m_epoch) {
+    // max_epochs is the total, as in Lightning: a run resumed after epoch 1 of max_epochs=1
+    // trains nothing more.
+    for (; m_epoch < m_opts.max_epochs; ++m_epoch) {
         std::vector<std::vector<uint32_t>> idx;
         for (auto& s : samplers) {
             s.set_epoch(m_epoch);
@@ -443,7 +445,8 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
     if (m_opts.limit_val_batches >= 0)
         batches = std::min<uint64_t>(batches, uint64_t(m_opts.limit_val_batches));
     EvalResult res;
-    double loss_sum = 0;
+    double loss_sum = 0;  // sum over batches of (batch mean x rows in the global batch)
+    uint64_t loss_rows = 0;
     uint64_t correct = 0;
     m_rt->set_training(false);
     for (uint64_t b = 0; b < batches; ++b) {
@@ -451,7 +454,10 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
         const uint32_t rows = std::min(loader.batch_size, per - first);
         Batch batch = load_batch(data, idx, first, rows);
         StepOutput out = module.validation_step(*m_rt, batch);
-        loss_sum += read_loss(out.loss);
+        // Lightning weights each batch's mean by its size, so the result is the mean over
+        // examples: a short last batch counts for its rows, not as much as a full one.
+        loss_sum += double(read_loss(out.loss)) * double(rows) * N;
+        loss_rows += uint64_t(rows) * N;
         const uint32_t classes = out.logits->value.cols;
         for (uint32_t r = 0; r < N; ++r) {
             const std::vector<float> logits = m_rt->download(out.logits->value, r);
@@ -466,7 +472,7 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
         m_rt->end_step();
     }
     m_rt->set_training(true);
-    res.loss = batches ? loss_sum / double(batches) : 0;
+    res.loss = loss_rows ? loss_sum / double(loss_rows) : 0;
     res.accuracy = res.examples ? double(correct) / res.examples : 0;
     return res;
 }

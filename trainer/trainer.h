@@ -50,7 +50,7 @@ std::string_view precision_name(PrecisionMode mode);
 struct TrainerOptions {
     Devices devices = std::string("auto");  ///< "auto", 1, 8 or {i}
     std::string precision = "32-true";      ///< "32-true", "bf16-mixed", "bf16-true"
-    uint32_t max_epochs = 1;                ///< epochs of fit()
+    uint32_t max_epochs = 1;                ///< total epochs, counting a resumed checkpoint's
     int64_t limit_train_batches = -1;       ///< steps per epoch at most (-1: all)
     int64_t limit_val_batches = -1;         ///< validation batches at most (-1: all)
     uint32_t log_every_n_steps = 50;        ///< loss read back (a host sync) every n steps
@@ -76,7 +76,7 @@ struct StepTime {
 
 /// The result of validate().
 struct EvalResult {
-    double loss = 0;        ///< mean loss over batches
+    double loss = 0;        ///< mean loss over examples (batch means weighted by batch size)
     double accuracy = 0;    ///< argmax(logits) == label, over the real examples
     uint32_t examples = 0;  ///< examples counted (padding excluded)
 };

@@ -95,6 +95,18 @@ TEST(CliTrain, BadNumbersAreRefusedNamingTheFlag) {
     }
 }
 
+TEST(CliTrain, SyntheticDataIsNotLearnedInAFewSteps) {
+    // The classes overlap: 16 steps (a quarter of the default epoch) leave the model well
+    // short of 100%, which well-separated blobs reached in that many steps.
+    const CliResult r =
+        tpusim("train --data synthetic --no-progress --limit-train-batches 16 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_LT(j["test_accuracy"].get<double>(), 0.8) << r.out;
+    EXPECT_GT(j["test_accuracy"].get<double>(), 0.15) << r.out;  // but learning has started
+    EXPECT_GT(j["test_loss"].get<double>(), 1.0) << r.out;
+}
+
 TEST(CliTrain, JsonResultAndDeviceChoices) {
     for (const char* devices : {"auto", "1", "'[5]'"}) {
         const CliResult r = tpusim(kSmall + " --json --devices " + devices);
@@ -120,9 +132,13 @@ TEST(CliTrain, MetricsReportCheckpointAndResume) {
     for (const char* key : {"Metric: ExecuteTime", "Counter: MarkStep\n  Value: 4\n",
                             "Counter: UncachedCompile", "Analysis:"})
         EXPECT_NE(rep.find(key), std::string::npos) << key << "\n" << rep;
+    // --epochs is Lightning's max_epochs, the total: the checkpoint holds epoch 1 of 1 already.
     r = tpusim(kSmall + " --resume " + ckpt + " --json");
     ASSERT_EQ(r.code, 0) << r.err;
-    // Resumed at global step 4: four more steps.
+    EXPECT_EQ(nlohmann::json::parse(r.out)["steps"], 4);
+    r = tpusim(kSmall + " --resume " + ckpt + " --epochs 2 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    // Resumed at global step 4 after epoch 1: one more epoch of four steps.
     EXPECT_EQ(nlohmann::json::parse(r.out)["steps"], 8);
     r = tpusim(kBase + " --data synthetic --hidden 16 --resume " + ckpt);
     EXPECT_EQ(r.code, 2);

@@ -479,6 +479,25 @@ TEST(Trainer, OptimizerAndBatchLimitsAreValidated) {
               "`limit_val_batches` must be a number of batches >= 1 or -1 (all). Got 0");
 }
 
+TEST(Trainer, ValidationLossIsTheMeanOverExamples) {
+    // 200 examples on 8 cores: 25 per core, batches of 8, 8, 8 and 1 row per core. Weighted by
+    // batch size the loss equals the one of a single batch of 25 rows; an unweighted mean of the
+    // four batch means would count the one-row batch as much as a full one.
+    auto dev = driver::Device::open(board());
+    TrainerOptions opts;
+    opts.devices = 8;
+    opts.enable_progress_bar = false;
+    opts.precision = "32-true";
+    Trainer trainer(*dev, opts);
+    Mlp model({16, 8, 4}, {}, 2);
+    const Dataset data = synthetic(200, 16, 4, 3);
+    const EvalResult whole = trainer.validate(model, DataLoader{&data, 25, false, false, 0});
+    const EvalResult split = trainer.validate(model, DataLoader{&data, 8, false, false, 0});
+    EXPECT_EQ(whole.examples, 200u);
+    EXPECT_EQ(split.examples, 200u);
+    EXPECT_NEAR(split.loss, whole.loss, 1e-5 * whole.loss);
+}
+
 TEST(TrainerCheckpoint, HeaderFieldsAreCheckedBeforeUse) {
     auto dev = driver::Device::open(board());
     const std::string path =
