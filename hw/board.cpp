@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 #include <systemc>
 
+#include "sim/interrupt.h"
 #include "sim/log.h"
 #include "sim/tracer.h"
 
@@ -108,6 +110,9 @@ struct Board::Impl : CoreEnv {
     std::vector<int> launch_tracks;   ///< host, then per core: launch-phase track, -2 unmade
     uint32_t outstanding = 0;
     bool faulted = false;
+    /// Host time by which the current launch must end (sim.max_host_seconds; none if 0).
+    std::optional<std::chrono::steady_clock::time_point> host_deadline;
+    std::string stop_reason;  ///< why the current launch was stopped ("" while it runs)
     bool stop_on_fault = false;
 
     explicit Impl(const BoardConfig& c) : cfg(c), period_ps(c.period_ps()) {
@@ -247,6 +252,21 @@ struct Board::Impl : CoreEnv {
     RaceDetector& remote_race_detector(uint32_t core) override {
         return models[core]->race_detector();
     }
+    bool stop_requested() override {
+        if (stop_reason.empty()) {
+            if (sim::interrupt_requested())
+                stop_reason = "interrupted (Ctrl-C)";
+            else if (host_deadline && std::chrono::steady_clock::now() > *host_deadline)
+                stop_reason = fmt::format(
+                    "the launch ran past sim.max_host_seconds = {} host seconds without halting",
+                    cfg.sim.max_host_seconds);
+            else
+                return false;
+        }
+        // sc_start() returns once the current delta cycle ends; launch() then reports.
+        sc_core::sc_pause();
+        return true;
+    }
     void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) override {
         models[core]->schedule_flag(flag, amount, cycle);
         modules[core]->wake();
@@ -344,6 +364,15 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     // The core threads must have reached their first wait before a launch can notify them.
     if (sc_core::sc_get_status() == sc_core::SC_ELABORATION)
         sc_core::sc_start(sc_core::SC_ZERO_TIME);
+    if (sim::interrupt_requested())
+        throw StoppedError(
+            fmt::format("interrupted (Ctrl-C) before the launch at cycle {}", now_cycle()));
+    im.stop_reason.clear();
+    im.host_deadline.reset();
+    if (im.cfg.sim.max_host_seconds > 0)
+        im.host_deadline = std::chrono::steady_clock::now() +
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(im.cfg.sim.max_host_seconds));
     LaunchResult res;
     res.start_cycle = now_cycle();
     res.cores = set;
@@ -370,6 +399,14 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
         bool fault = false;
         for (uint32_t c : set) fault |= im.modules[c]->fault().has_value();
         if (fault) break;
+        // A launch that takes too long in host time, or Ctrl-C: the state dump of a deadlock.
+        if (im.outstanding > 0 && (!im.stop_reason.empty() || im.stop_requested())) {
+            std::string dump;
+            for (uint32_t c : set)
+                if (!im.modules[c]->done()) dump += "\n  " + im.models[c]->dump_state();
+            im.faulted = true;
+            throw StoppedError(fmt::format("{}{}", im.stop_reason, dump));
+        }
         if (im.outstanding > 0 && !sc_core::sc_pending_activity()) {
             std::string dump;
             for (uint32_t c : set)

@@ -272,6 +272,12 @@ void CoreModel::finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t
     if (m_record) m_records.push_back({m_pc, m_program[m_pc].op, m_cycle, start, done});
 }
 
+namespace {
+/// Instructions between stop polls: a poll reads the host clock (~20 ns), so 4096 keeps its
+/// cost negligible while a spinning core still stops within a millisecond.
+constexpr uint32_t kStopPollInstructions = 4096;
+}  // namespace
+
 CoreModel::Status CoreModel::run(uint64_t now) {
     if (m_fault) return {Block::Faulted, m_cycle};
     if (!m_running) return {Block::Halted, m_cycle};
@@ -288,6 +294,12 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                               "with halt",
                               m_pc, m_program.size()));
             return {Block::Faulted, m_cycle};
+        }
+        // A kernel that spins without halting would otherwise hold the host for as long as
+        // max_cycles allows (hours at ~1 M cycles per host second): poll for a stop.
+        if (++m_poll >= kStopPollInstructions) {
+            m_poll = 0;
+            if (m_env && m_env->stop_requested()) return {Block::Sync, m_cycle};
         }
         if (limit && m_cycle - m_start_cycle > limit) {
             fault("sequencer", 0,

@@ -58,6 +58,9 @@ public:
     virtual void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) = 0;
     /// The race detector of another core's memories.
     virtual RaceDetector& remote_race_detector(uint32_t core) = 0;
+    /// Polled every few thousand instructions: true when the launch must stop now (Ctrl-C, the
+    /// host-time limit). The core then returns to the board without executing further.
+    virtual bool stop_requested() { return false; }
 };
 
 /// Per-core statistics, plain integers on the hot path; the board registers them.
@@ -194,7 +197,8 @@ private:
     uint64_t m_hbm_base = 0;
     bool m_running = false;
     RaceDetector m_race;
-    uint64_t m_seq = 0;  ///< unit instructions issued (race detector order)
+    uint64_t m_seq = 0;   ///< unit instructions issued (race detector order)
+    uint32_t m_poll = 0;  ///< instructions since the last CoreEnv::stop_requested() poll
     std::optional<FaultInfo> m_fault;
     bool m_blocked = false;     ///< stopped in a wait that needs simulated time
     uint64_t m_blocked_at = 0;  ///< cycle the blocked wait issued
