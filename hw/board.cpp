@@ -7,6 +7,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <optional>
 
@@ -273,11 +274,22 @@ struct Board::Impl : CoreEnv {
     }
 };
 
+namespace {
+/// SystemC's default handler prints to stdout, where a warning (e.g. W545) would corrupt the
+/// --json output; everything it displays goes to stderr instead, the rest is done as before.
+void report_to_stderr(const sc_core::sc_report& rep, const sc_core::sc_actions& actions) {
+    if (actions & sc_core::SC_DISPLAY)
+        std::fprintf(stderr, "%s\n", sc_core::sc_report_compose_message(rep).c_str());
+    sc_core::sc_report_handler::default_handler(rep, actions & ~sc_core::SC_DISPLAY);
+}
+}  // namespace
+
 Board::Board(const BoardConfig& cfg) : m_impl(std::make_unique<Impl>(cfg)) {
     // sc_stop() on a fault would print "Simulation stopped by user" to stdout; the fault
     // itself is the report.
     sc_core::sc_report_handler::set_actions("/OSCI/SystemC", sc_core::SC_INFO,
                                             sc_core::SC_DO_NOTHING);
+    sc_core::sc_report_handler::set_handler(report_to_stderr);
 }
 Board::~Board() = default;
 

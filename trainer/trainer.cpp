@@ -146,6 +146,16 @@ std::string clock_text(double seconds) {
     return fmt::format("{:02}:{:02}", s / 60, s % 60);
 }
 
+}  // namespace
+
+std::string progress_loss_text(std::optional<float> loss) {
+    // The loss is read back only every log_every_n_steps steps (a host sync): until the first
+    // read-back there is no value to show, which is not the same as a NaN loss.
+    return loss ? fmt::format("loss={:.4f}", *loss) : std::string("loss=\u2026");
+}
+
+namespace {
+
 /// Lightning-like bar on stderr, redrawn in place; only when stderr is a terminal.
 class ProgressBar {
 public:
@@ -155,16 +165,16 @@ public:
         m_total = total;
         m_t0 = std::chrono::steady_clock::now();
     }
-    void update(uint64_t done, float loss, double sim_seconds) {
+    void update(uint64_t done, std::optional<float> loss, double sim_seconds) {
         if (!m_on) return;
         const double el = since(m_t0), eta = done ? el / double(done) * double(m_total - done) : 0;
         const int width = 20, filled = int(double(width) * double(done) / double(m_total));
-        std::fprintf(stderr, "\rEpoch %u: %3d%%|%s%s| %llu/%llu [%s<%s, sim %.3f ms] loss=%.4f ",
+        std::fprintf(stderr, "\rEpoch %u: %3d%%|%s%s| %llu/%llu [%s<%s, sim %.3f ms] %s ",
                      m_epoch, int(100.0 * double(done) / double(m_total)),
                      std::string(size_t(filled), '#').c_str(),
                      std::string(size_t(width - filled), ' ').c_str(), (unsigned long long)done,
                      (unsigned long long)m_total, clock_text(el).c_str(), clock_text(eta).c_str(),
-                     sim_seconds * 1e3, loss);
+                     sim_seconds * 1e3, progress_loss_text(loss).c_str());
         std::fflush(stderr);
     }
     void finish() {
@@ -362,6 +372,8 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
     }
     // max_epochs is the total, as in Lightning: a run resumed after epoch 1 of max_epochs=1
     // trains nothing more.
+    // The bar keeps the last loss read back (from an earlier epoch too) until a new one.
+    std::optional<float> last_loss;
     for (; m_epoch < m_opts.max_epochs; ++m_epoch) {
         std::vector<std::vector<uint32_t>> idx;
         for (auto& s : samplers) {
@@ -369,7 +381,6 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
             idx.push_back(s.indices());
         }
         bar.start(m_epoch, steps);
-        float last_loss = NAN;
         for (uint64_t s = 0; s < steps; ++s) {
             const uint64_t c0 = m_dev.now_cycle();
             const auto h0 = std::chrono::steady_clock::now();
@@ -392,7 +403,7 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
             const bool log = (m_global_step + 1) % m_opts.log_every_n_steps == 0 || s + 1 == steps;
             if (log) {
                 last_loss = read_loss(loss);
-                m_history.push_back({m_global_step, m_epoch, last_loss, m_dev.now_seconds()});
+                m_history.push_back({m_global_step, m_epoch, *last_loss, m_dev.now_seconds()});
             }
             m_rt->end_step();
             m_metrics.count("MarkStep");

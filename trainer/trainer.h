@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -25,6 +26,9 @@ class Tracer;
 /// a distributed sampler inserted automatically, gradients averaged over ICI at every optimizer
 /// step, replicas kept (and verified) bit-identical.
 namespace tpu::trainer {
+
+/// The progress bar's loss field: "loss=2.3026", or "loss=…" before the first loss read-back.
+std::string progress_loss_text(std::optional<float> loss);
 
 /// A Trainer argument Lightning would reject; the message is Lightning's.
 class ConfigError : public std::invalid_argument {

@@ -152,6 +152,14 @@ TEST(CliConfig, HelpAndVersion) {
     EXPECT_EQ(c.code, 0) << c.err;
     for (const char* opt : {"--config", "--set", "--doc"})
         EXPECT_NE(c.out.find(opt), std::string::npos) << opt;
+    // Every option's help line shows its default.
+    const auto g = tpusim("gemm --help");
+    EXPECT_EQ(g.code, 0) << g.err;
+    EXPECT_NE(g.out.find("--precision TEXT=bf16 "), std::string::npos) << g.out;
+    EXPECT_NE(g.out.find("--cores TEXT=0 "), std::string::npos) << g.out;
+    EXPECT_NE(g.out.find("--m UINT:N>=1=1024 "), std::string::npos) << g.out;
+    // ... and none is an empty list.
+    EXPECT_EQ(g.out.find("=[]"), std::string::npos) << g.out;
     const auto v = tpusim("--version");
     EXPECT_EQ(v.code, 0);
     EXPECT_EQ(v.out, "tpusim 0.1.0\n");

@@ -10,6 +10,8 @@
 #include <random>
 #include <sstream>
 
+#include <systemc>
+
 #include "hw/board.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/numerics.h"
@@ -257,6 +259,18 @@ TEST(Board, CoreSetParsing) {
     EXPECT_THROW(parse_core_set("3-1", 8), std::invalid_argument);
     EXPECT_THROW(parse_core_set("1,1", 8), std::invalid_argument);
     EXPECT_THROW(parse_core_set("x", 8), std::invalid_argument);
+}
+
+TEST(Board, SystemCReportsGoToStderrNotStdout) {
+    // stdout carries --json results; a SystemC warning such as W545 must not land there.
+    Board b(BoardConfig::load("", {}));
+    ::testing::internal::CaptureStdout();
+    ::testing::internal::CaptureStderr();
+    SC_REPORT_WARNING("tpusim/test", "a warning for stderr");
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(out, "");
+    EXPECT_NE(err.find("a warning for stderr"), std::string::npos) << err;
 }
 
 }  // namespace

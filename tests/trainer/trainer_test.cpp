@@ -109,6 +109,12 @@ TEST(DistributedSampler, ShufflesPerEpochDeterministically) {
               "Invalid rank 4, rank should be in the interval [0, 3]");
 }
 
+TEST(ProgressBar, LossIsPendingUntilTheFirstReadBack) {
+    // Before the first read-back there is no loss; "nan" would read as a diverged run.
+    EXPECT_EQ(progress_loss_text(std::nullopt), "loss=\u2026");
+    EXPECT_EQ(progress_loss_text(2.302585F), "loss=2.3026");
+}
+
 TEST(Metrics, PyTorchXlaFormat) {
     EXPECT_EQ(format_duration(1.2345678), "01s234ms567.800us");
     EXPECT_EQ(format_duration(0.0123456789), "012ms345.679us");

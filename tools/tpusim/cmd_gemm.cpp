@@ -33,10 +33,10 @@ void register_gemm_command(CLI::App& app) {
     cmd->add_option("--k", o->k, "columns of A, rows of W")->check(positive_number());
     cmd->add_option("--n", o->n, "columns of W and C")->check(positive_number());
     auto* list = cmd->add_option("--cores", o->cores,
-                                 "cores to split the GEMM over, as in run: 3, 0-3, 2,5 or all "
-                                 "(default 0)");
+                                 "cores to split the GEMM over, as in run: 3, 0-3, 2,5 or all");
     cmd->add_option("--num-cores", o->num_cores, "split over cores 0..N-1")
         ->check(positive_number())
+        ->default_str("")
         ->excludes(list);
     cmd->add_option("--precision", o->precision, "bf16 | fp32-3pass | fp32-6pass");
     cmd->add_flag("--check", o->check,

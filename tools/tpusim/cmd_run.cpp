@@ -120,14 +120,18 @@ void register_run_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("run", "run a kernel (.s or .bin) on a set of cores");
     cmd->add_option("kernel", o->kernel, "kernel: assembly (.s) or program image (.bin)")
         ->required();
-    cmd->add_option("--cores", o->cores, "cores to run on: 3, 0-7, 0,2,4 or all (default 0)");
+    cmd->add_option("--cores", o->cores, "cores to run on: 3, 0-7, 0,2,4 or all");
     cmd->add_option("--load", o->loads,
                     "CORES[:hbm|:vmem]:ADDR=FILE: copy FILE into memory before the run "
-                    "(default hbm; repeatable)");
+                    "(default hbm; repeatable)")
+        ->default_str("");
     cmd->add_option("--dump", o->dumps,
                     "CORE[:hbm|:vmem]:ADDR:BYTES=FILE: write memory to FILE after the run "
-                    "(repeatable)");
-    cmd->add_option("--args", o->args, "launch arguments, placed in s1, s2, ...")->delimiter(',');
+                    "(repeatable)")
+        ->default_str("");
+    cmd->add_option("--args", o->args, "launch arguments, placed in s1, s2, ...")
+        ->delimiter(',')
+        ->default_str("");
     add_common_options(*cmd, o->common);
     cmd->callback([o] {
         const hw::BoardConfig cfg = o->common.board_config();

@@ -33,7 +33,9 @@ CLI::Validator positive_number() {
 
 void add_config_options(CLI::App& cmd, CommonOptions& o) {
     cmd.add_option("--config", o.config, "board config JSON (default: built-in v3-8-like)");
-    cmd.add_option("--set", o.sets, "override a config field: key.path=value (repeatable)");
+    // An empty list is no default worth showing in --help.
+    cmd.add_option("--set", o.sets, "override a config field: key.path=value (repeatable)")
+        ->default_str("");
 }
 
 void add_common_options(CLI::App& cmd, CommonOptions& o) {

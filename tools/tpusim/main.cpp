@@ -22,6 +22,8 @@ int sc_main(int argc, char* argv[]) {
     CLI::App app{"tpusim: a cycle-level simulator of an 8-core TPU board"};
     app.require_subcommand(1);
     app.set_version_flag("--version", "tpusim 0.1.0");
+    // Subcommands inherit this: every option's --help line shows its default.
+    app.option_defaults()->always_capture_default();
     tpu::cli::register_asm_commands(app);
     tpu::cli::register_config_command(app);
     tpu::cli::register_run_command(app);
