@@ -105,10 +105,11 @@ struct Board::Impl : CoreEnv {
     std::vector<std::unique_ptr<HbmTarget>> hbm_targets;
     std::vector<std::unique_ptr<CoreModel>> models;
     std::vector<std::unique_ptr<TensorCore>> modules;
-    std::vector<uint64_t> link_free;  ///< per link (see path()): busy until this cycle
-    sim::Tracer* tracer = nullptr;    ///< link transfers go to the "ici" process
-    std::vector<int> link_tracks;     ///< per link: trace track, -2 before first use
-    std::vector<int> launch_tracks;   ///< host, then per core: launch-phase track, -2 unmade
+    std::vector<uint64_t> link_free;   ///< per link (see path()): busy until this cycle
+    sim::Tracer* tracer = nullptr;     ///< link transfers go to the "ici" process
+    std::vector<int> link_tracks;      ///< per link: trace track, -2 before first use
+    std::vector<int> launch_tracks;    ///< host, then per core: launch-phase track, -2 unmade
+    std::vector<uint32_t> launch_set;  ///< cores of the current launch, ascending
     uint32_t outstanding = 0;
     bool faulted = false;
     /// Host time by which the current launch must end (sim.max_host_seconds; none if 0).
@@ -247,6 +248,7 @@ struct Board::Impl : CoreEnv {
     uint64_t ici_message(uint32_t src, uint32_t dst, uint64_t start) override {
         return route(src, dst, start, 0, false);
     }
+    const std::vector<uint32_t>& launched() const override { return launch_set; }
     SparseMemory& remote_memory(uint32_t core, bool is_hbm) override {
         return is_hbm ? *hbm[core] : *vmem[core];
     }
@@ -385,6 +387,7 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
         im.host_deadline = std::chrono::steady_clock::now() +
                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                std::chrono::duration<double>(im.cfg.sim.max_host_seconds));
+    im.launch_set = set;
     LaunchResult res;
     res.start_cycle = now_cycle();
     res.cores = set;

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "hw/board_config.h"
 #include "hw/core/numerics.h"
@@ -477,7 +478,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Fence: {
                         const uint64_t at = std::max(m_cycle, m_units_done);
                         m_stats.stall_wait += at - m_cycle;
-                        if (m_cfg.sim.race_detector) m_race.fence(m_id, at);
+                        if (m_cfg.sim.race_detector) m_race.fence(at);
                         if (m_record) m_records.push_back({m_pc, ins.op, issue, at, at + 1});
                         m_cycle = at + 1;
                         break;
@@ -940,6 +941,15 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     if (dst >= cores) {
         fault("ici", dst,
               fmt::format("core {} does not exist (the board has {} cores)", dst, cores));
+        return IciStep::Faulted;
+    }
+    // A core outside the launch runs no program that could wait for the data or the flag, and
+    // its memory may belong to the host or another launch: a write there is a kernel bug.
+    if (m_env && !std::binary_search(m_env->launched().begin(), m_env->launched().end(), dst)) {
+        fault("ici", dst,
+              fmt::format("core {} is not in this launch (cores {}): ICI reaches only launched "
+                          "cores",
+                          dst, fmt::join(m_env->launched(), ",")));
         return IciStep::Faulted;
     }
     // Link reservations must happen in simulated-time order across cores.

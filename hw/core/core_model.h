@@ -47,6 +47,8 @@ public:
     virtual ~CoreEnv() = default;
     /// Number of cores on the board.
     virtual uint32_t num_cores() const = 0;
+    /// The cores of the current launch, ascending (ICI may only reach these).
+    virtual const std::vector<uint32_t>& launched() const = 0;
     /// Reserves the route from `src` to `dst` for `bytes` starting no earlier than `start`;
     /// returns the cycle the last byte arrives.
     virtual uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes) = 0;
@@ -196,7 +198,7 @@ private:
     uint64_t m_start_cycle = 0;  ///< cycle of the current launch
     uint64_t m_hbm_base = 0;
     bool m_running = false;
-    RaceDetector m_race;
+    RaceDetector m_race{m_id};
     uint64_t m_seq = 0;   ///< unit instructions issued (race detector order)
     uint32_t m_poll = 0;  ///< instructions since the last CoreEnv::stop_requested() poll
     std::optional<FaultInfo> m_fault;

@@ -253,6 +253,31 @@ TEST(CliRun, BadExampleKernelsShowTheirReports) {
                             "flags 0\n");
 }
 
+TEST(CliRun, IciRaceAndIciOutsideTheLaunchNameTheRightCore) {
+    // Core 0 writes core 1's VMEM over ICI while core 1 reads the same bytes without waiting on
+    // the arrival flag: a race on core 1's VMEM, and core 1 is the one that must wait.
+    std::ofstream(tmp("icirace.s")) << "coreid s1\nbne s1, 0, rx\n"
+                                       "ici.v 1, [0x1000], [0], 256, f3\nhalt\n"
+                                       "rx: li s2, 0\nspin: add s2, s2, 1\nblt s2, 100, spin\n"
+                                       "v.adds [0x2000], [0x1000], 1.0, 64\nwait f3, 1\nhalt\n";
+    const Result race =
+        tpusim("run " + tmp("icirace.s") + " --cores 0,1 --set sim.race_detector=true");
+    EXPECT_EQ(race.code, 1);
+    EXPECT_EQ(race.out, "");
+    EXPECT_NE(race.err.find("data race on core 1 VMEM [0x1000, 0x1100)"), std::string::npos)
+        << race.err;
+    EXPECT_NE(race.err.find("core 1 must wait on f3 (raised on arrival of core 0 pc 2's "
+                            "transfer) before its pc 7\n"),
+              std::string::npos)
+        << race.err;
+    // Core 1 exists but is not launched: the transfer is a device fault naming it.
+    const Result out = tpusim("run " + tmp("icirace.s") + " --cores 0");
+    EXPECT_EQ(out.code, 1);
+    EXPECT_NE(out.err.find("in ici, cycle"), std::string::npos) << out.err;
+    EXPECT_NE(out.err.find(": core 1 is not in this launch (cores 0)"), std::string::npos)
+        << out.err;
+}
+
 TEST(CliRun, DeviceFaultAndDeadlockExitOne) {
     std::ofstream(tmp("fault.s")) << "li s1, 0x100000\nv.exp [s1], [0], 8\nhalt\n";
     const Result f = tpusim("run " + tmp("fault.s") + " --config " + tpu::test::source_dir() +
