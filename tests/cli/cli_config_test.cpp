@@ -122,6 +122,13 @@ TEST(CliConfig, BadConfigFileExitsTwo) {
     EXPECT_EQ(t.code, 2);
     EXPECT_EQ(t.err,
               "tpusim: error: " + path + ": key 'hbm.page_policy': expected a string, got 1\n");
+
+    // A field set twice is ambiguous, not "the last one wins".
+    std::ofstream(path) << "{\"hbm\": {\"page_policy\": \"open\",\n \"page_policy\": \"closed\"}}";
+    const auto d = tpusim("config --config " + shell_quote(path));
+    EXPECT_EQ(d.code, 2);
+    EXPECT_EQ(d.out, "");
+    EXPECT_EQ(d.err, "tpusim: error: " + path + ": duplicate key 'hbm.page_policy'\n");
     std::filesystem::remove(path);
 }
 
