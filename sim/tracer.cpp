@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/tracer.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <iterator>
@@ -90,6 +91,10 @@ struct Tracer::Impl {
     double clock_mhz = 1000.0;
     std::vector<std::string> filters;
     uint64_t window_begin = 0, window_end = 0;
+    /// Latest cycle of any complete or instant event offered, kept or not: the end of the run
+    /// so far, which ends an open window. (Counter tracks are not: their last sample closes a
+    /// sampling window that may reach past the run.)
+    uint64_t last_cycle = 0;
     std::map<std::string, int, std::less<>> pids;                    // process -> pid
     std::map<std::pair<int, std::string>, int, std::less<>> by_key;  // (pid, thread) -> track
     std::vector<std::pair<int, int>> tracks;                         // track -> (pid, tid)
@@ -222,7 +227,8 @@ void Tracer::open(const std::string& path, double clock_mhz, std::string_view un
         if (!item.empty()) im->filters.emplace_back(item);
         pos = comma + 1;
     }
-    *im->out << R"({"displayTimeUnit":"ns","otherData":{"generator":"tpusim"},"traceEvents":[)";
+    // otherData goes at the end, once the window the trace covers is known.
+    *im->out << R"({"displayTimeUnit":"ns","traceEvents":[)";
     m_impl = std::move(im);
     m_enabled = true;
 }
@@ -233,7 +239,13 @@ void Tracer::close() {
     m_enabled = false;
     const std::unique_ptr<OutputFile> file = std::move(im.file);
     im.out = nullptr;
-    file->stream() << "\n]}\n";
+    // The cycles the trace covers, so that a reader never divides a whole run's counters by a
+    // window's cycles: [begin, end) of the window, an open end being the last cycle seen.
+    const uint64_t end = im.window_end ? std::min(im.window_end, im.last_cycle) : im.last_cycle;
+    file->stream() << fmt::format(
+        "\n],\"otherData\":{{\"generator\":\"tpusim\",\"window\":{{\"begin_cycle\":{},"
+        "\"end_cycle\":{}}}}}}}\n",
+        std::min(im.window_begin, end), end);
     file->commit();
 }
 
@@ -260,10 +272,11 @@ int Tracer::track(std::string_view process, std::string_view thread) {
 
 void Tracer::complete(int track, std::string_view name, uint64_t begin, uint64_t end,
                       std::initializer_list<TraceArg> args) {
-    if (!m_enabled || track < 0) return;
+    if (!m_enabled) return;
     Impl& im = *m_impl;
     if (end < begin) end = begin;  // a negative duration would be a model bug; keep JSON sane
-    if (!im.in_window(begin, end)) return;
+    im.last_cycle = std::max(im.last_cycle, end);
+    if (track < 0 || !im.in_window(begin, end)) return;
     const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
     im.put_head('X', name, pid, tid);
     // dur is the difference of the rounded ends so back-to-back events touch exactly.
@@ -281,9 +294,10 @@ void Tracer::complete(int track, std::string_view name, uint64_t begin, uint64_t
 
 void Tracer::instant(int track, std::string_view name, uint64_t at,
                      std::initializer_list<TraceArg> args) {
-    if (!m_enabled || track < 0) return;
+    if (!m_enabled) return;
     Impl& im = *m_impl;
-    if (!im.in_window(at, at)) return;
+    im.last_cycle = std::max(im.last_cycle, at);
+    if (track < 0 || !im.in_window(at, at)) return;
     const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
     im.put_head('i', name, pid, tid);
     put(im.line, R"("s":"t","ts":)");

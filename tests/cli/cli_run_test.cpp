@@ -4,6 +4,7 @@
 
 #include <sys/wait.h>
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -412,6 +413,47 @@ TEST(CliStats, ReportShowsEachKernelAndPlacesItOnTheRoofline) {
     EXPECT_NE(html.find("<table class=\"kernels\">"), std::string::npos);
     EXPECT_NE(html.find("class=\"kpoint\" data-kernel=\"gemm\""), std::string::npos);
     EXPECT_NE(html.find("kernel gemm</td>"), std::string::npos);
+}
+
+TEST(CliStats, ReportOfATraceWindowNeverMixesScopesOrExceedsAPeak) {
+    // The README tour's case: the trace covers a window, the stats the whole run. Dividing the
+    // run's FLOPs by the window's cycles printed 401% MXU utilisation. The window is the middle
+    // half of the kernel (after the host's input writes), taken from a full trace.
+    const std::string gemm = "gemm --m 512 --k 512 --n 512 --num-cores 2 --trace ";
+    ASSERT_EQ(tpusim(gemm + tmp("rf.json")).code, 0);
+    uint64_t lo = UINT64_MAX, hi = 0;
+    const auto full = nlohmann::json::parse(slurp(tmp("rf.json")));
+    for (const auto& e : full["traceEvents"])
+        if (e["ph"] == "X" && e["name"] == "mxu.mm") {
+            lo = std::min<uint64_t>(lo, e["args"]["begin_cycle"]);
+            hi = std::max<uint64_t>(hi, e["args"]["end_cycle"]);
+        }
+    ASSERT_LT(lo, hi);
+    const uint64_t b = lo + (hi - lo) / 4, e = lo + 3 * (hi - lo) / 4;
+    ASSERT_EQ(tpusim(gemm + tmp("rw.json") + " --trace-window " + std::to_string(b) + ":" +
+                     std::to_string(e) + " --stats " + tmp("rw.stats.json"))
+                  .code,
+              0);
+    const auto window = nlohmann::json::parse(slurp(tmp("rw.json")))["otherData"]["window"];
+    EXPECT_EQ(window["begin_cycle"], b);
+    EXPECT_EQ(window["end_cycle"], e);
+    const Result r = tpusim("report " + tmp("rw.json") + " --stats " + tmp("rw.stats.json") +
+                            " -o " + tmp("rw.html"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string html = slurp(tmp("rw.html"));
+    EXPECT_NE(html.find("<tr><th>trace window</th>"), std::string::npos);
+    EXPECT_NE(html.find("(the stats count the whole run"), std::string::npos);
+    size_t checked = 0;
+    for (size_t at = html.find("%<"); at != std::string::npos; at = html.find("%<", at + 1)) {
+        size_t b = at;
+        while (b > 0 &&
+               (std::isdigit(static_cast<unsigned char>(html[b - 1])) || html[b - 1] == '.'))
+            --b;
+        if (b == at) continue;
+        EXPECT_LE(std::stod(html.substr(b, at - b)), 100.0) << html.substr(b, 80);
+        ++checked;
+    }
+    EXPECT_GT(checked, 3u);
 }
 
 }  // namespace
