@@ -279,6 +279,20 @@ TEST(CliRun, IciRaceAndIciOutsideTheLaunchNameTheRightCore) {
         << out.err;
 }
 
+TEST(CliRun, TwoCoresFaultingAtOnceKeepStdoutClean) {
+    // Both cores fault in the same delta cycle and both call sc_stop(); SystemC's warning about
+    // the second call (W545) went to stdout, into the --json output.
+    std::ofstream(tmp("fault2.s")) << "li s1, 0x100000\nv.exp [s1], [0], 8\nhalt\n";
+    const Result f = tpusim("run " + tmp("fault2.s") + " --cores 0,1 --json --config " +
+                            tpu::test::source_dir() + "/configs/tiny.json");
+    EXPECT_EQ(f.code, 1);
+    EXPECT_EQ(f.out, "");
+    EXPECT_EQ(f.err.find("W545"), std::string::npos) << f.err;
+    EXPECT_EQ(f.err.rfind("tpusim: " + tmp("fault2.s") + ": device fault on core 0 at pc 1", 0),
+              0u)
+        << f.err;
+}
+
 TEST(CliRun, DeviceFaultAndDeadlockExitOne) {
     std::ofstream(tmp("fault.s")) << "li s1, 0x100000\nv.exp [s1], [0], 8\nhalt\n";
     const Result f = tpusim("run " + tmp("fault.s") + " --config " + tpu::test::source_dir() +
