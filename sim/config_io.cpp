@@ -267,7 +267,7 @@ void apply_json(const VisitRoot& root, std::string_view text, std::string_view s
             std::string path;
             if (!open.empty())
                 path = open.back().path.empty() ? open.back().last
-                                                 : open.back().path + "." + open.back().last;
+                                                : open.back().path + "." + open.back().last;
             open.push_back({std::move(path), {}, {}});
         } else if (event == Event::object_end) {
             open.pop_back();

@@ -169,8 +169,8 @@ public:
         if (!m_on) return;
         const double el = since(m_t0), eta = done ? el / double(done) * double(m_total - done) : 0;
         const int width = 20, filled = int(double(width) * double(done) / double(m_total));
-        std::fprintf(stderr, "\rEpoch %u: %3d%%|%s%s| %llu/%llu [%s<%s, sim %.3f ms] %s ",
-                     m_epoch, int(100.0 * double(done) / double(m_total)),
+        std::fprintf(stderr, "\rEpoch %u: %3d%%|%s%s| %llu/%llu [%s<%s, sim %.3f ms] %s ", m_epoch,
+                     int(100.0 * double(done) / double(m_total)),
                      std::string(size_t(filled), '#').c_str(),
                      std::string(size_t(width - filled), ' ').c_str(), (unsigned long long)done,
                      (unsigned long long)m_total, clock_text(el).c_str(), clock_text(eta).c_str(),

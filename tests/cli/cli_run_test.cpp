@@ -288,8 +288,7 @@ TEST(CliRun, TwoCoresFaultingAtOnceKeepStdoutClean) {
     EXPECT_EQ(f.code, 1);
     EXPECT_EQ(f.out, "");
     EXPECT_EQ(f.err.find("W545"), std::string::npos) << f.err;
-    EXPECT_EQ(f.err.rfind("tpusim: " + tmp("fault2.s") + ": device fault on core 0 at pc 1", 0),
-              0u)
+    EXPECT_EQ(f.err.rfind("tpusim: " + tmp("fault2.s") + ": device fault on core 0 at pc 1", 0), 0u)
         << f.err;
 }
 
