@@ -349,6 +349,10 @@ void Device::run_batch() {
         std::vector<size_t> all(batch.size());
         for (size_t i = 0; i < all.size(); ++i) all[i] = i;
         fail(batch, all, ErrorKind::Deadlock, d.what());
+    } catch (const hw::StoppedError& d) {
+        std::vector<size_t> all(batch.size());
+        for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+        fail(batch, all, ErrorKind::Stopped, d.what());
     } catch (const std::invalid_argument& e) {
         fail(batch, {0}, ErrorKind::Usage, fmt::format("launch: {}", e.what()));
     }

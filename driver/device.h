@@ -31,6 +31,7 @@ enum class ErrorKind : uint8_t {
     OutOfMemory,  ///< an allocation that does not fit
     Fault,        ///< a kernel faulted on the device (core, pc, instruction, address)
     Deadlock,     ///< every running core waits on a flag nothing can raise (state dump)
+    Stopped,      ///< stopped from the host: Ctrl-C or sim.max_host_seconds (state dump)
 };
 
 /// Every driver failure. The message says what happened and where.

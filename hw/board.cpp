@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <optional>
 
 #include <fmt/format.h>
 #include <systemc>
 
+#include "sim/interrupt.h"
 #include "sim/log.h"
 #include "sim/tracer.h"
 
@@ -102,12 +105,16 @@ struct Board::Impl : CoreEnv {
     std::vector<std::unique_ptr<HbmTarget>> hbm_targets;
     std::vector<std::unique_ptr<CoreModel>> models;
     std::vector<std::unique_ptr<TensorCore>> modules;
-    std::vector<uint64_t> link_free;  ///< per link (see path()): busy until this cycle
-    sim::Tracer* tracer = nullptr;    ///< link transfers go to the "ici" process
-    std::vector<int> link_tracks;     ///< per link: trace track, -2 before first use
-    std::vector<int> launch_tracks;   ///< host, then per core: launch-phase track, -2 unmade
+    std::vector<uint64_t> link_free;   ///< per link (see path()): busy until this cycle
+    sim::Tracer* tracer = nullptr;     ///< link transfers go to the "ici" process
+    std::vector<int> link_tracks;      ///< per link: trace track, -2 before first use
+    std::vector<int> launch_tracks;    ///< host, then per core: launch-phase track, -2 unmade
+    std::vector<uint32_t> launch_set;  ///< cores of the current launch, ascending
     uint32_t outstanding = 0;
     bool faulted = false;
+    /// Host time by which the current launch must end (sim.max_host_seconds; none if 0).
+    std::optional<std::chrono::steady_clock::time_point> host_deadline;
+    std::string stop_reason;  ///< why the current launch was stopped ("" while it runs)
     bool stop_on_fault = false;
 
     explicit Impl(const BoardConfig& c) : cfg(c), period_ps(c.period_ps()) {
@@ -241,11 +248,27 @@ struct Board::Impl : CoreEnv {
     uint64_t ici_message(uint32_t src, uint32_t dst, uint64_t start) override {
         return route(src, dst, start, 0, false);
     }
+    const std::vector<uint32_t>& launched() const override { return launch_set; }
     SparseMemory& remote_memory(uint32_t core, bool is_hbm) override {
         return is_hbm ? *hbm[core] : *vmem[core];
     }
     RaceDetector& remote_race_detector(uint32_t core) override {
         return models[core]->race_detector();
+    }
+    bool stop_requested() override {
+        if (stop_reason.empty()) {
+            if (sim::interrupt_requested())
+                stop_reason = "interrupted (Ctrl-C)";
+            else if (host_deadline && std::chrono::steady_clock::now() > *host_deadline)
+                stop_reason = fmt::format(
+                    "the launch ran past sim.max_host_seconds = {} host seconds without halting",
+                    cfg.sim.max_host_seconds);
+            else
+                return false;
+        }
+        // sc_start() returns once the current delta cycle ends; launch() then reports.
+        sc_core::sc_pause();
+        return true;
     }
     void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) override {
         models[core]->schedule_flag(flag, amount, cycle);
@@ -253,11 +276,26 @@ struct Board::Impl : CoreEnv {
     }
 };
 
+namespace {
+/// SystemC's default handler prints to stdout, where a warning (e.g. W545) would corrupt the
+/// --json output; everything it displays goes to stderr instead, the rest is done as before.
+void report_to_stderr(const sc_core::sc_report& rep, const sc_core::sc_actions& actions) {
+    if (actions & sc_core::SC_DISPLAY)
+        std::fprintf(stderr, "%s\n", sc_core::sc_report_compose_message(rep).c_str());
+    sc_core::sc_report_handler::default_handler(rep, actions & ~sc_core::SC_DISPLAY);
+}
+}  // namespace
+
 Board::Board(const BoardConfig& cfg) : m_impl(std::make_unique<Impl>(cfg)) {
     // sc_stop() on a fault would print "Simulation stopped by user" to stdout; the fault
     // itself is the report.
     sc_core::sc_report_handler::set_actions("/OSCI/SystemC", sc_core::SC_INFO,
                                             sc_core::SC_DO_NOTHING);
+    // Likewise W545: cores faulting in the same delta cycle each call sc_stop(), and the
+    // warning about the second call says nothing about the kernel.
+    sc_core::sc_report_handler::set_actions(sc_core::SC_ID_SIMULATION_STOP_CALLED_TWICE_,
+                                            sc_core::SC_DO_NOTHING);
+    sc_core::sc_report_handler::set_handler(report_to_stderr);
 }
 Board::~Board() = default;
 
@@ -344,6 +382,16 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     // The core threads must have reached their first wait before a launch can notify them.
     if (sc_core::sc_get_status() == sc_core::SC_ELABORATION)
         sc_core::sc_start(sc_core::SC_ZERO_TIME);
+    if (sim::interrupt_requested())
+        throw StoppedError(
+            fmt::format("interrupted (Ctrl-C) before the launch at cycle {}", now_cycle()));
+    im.stop_reason.clear();
+    im.host_deadline.reset();
+    if (im.cfg.sim.max_host_seconds > 0)
+        im.host_deadline = std::chrono::steady_clock::now() +
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(im.cfg.sim.max_host_seconds));
+    im.launch_set = set;
     LaunchResult res;
     res.start_cycle = now_cycle();
     res.cores = set;
@@ -370,6 +418,14 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
         bool fault = false;
         for (uint32_t c : set) fault |= im.modules[c]->fault().has_value();
         if (fault) break;
+        // A launch that takes too long in host time, or Ctrl-C: the state dump of a deadlock.
+        if (im.outstanding > 0 && (!im.stop_reason.empty() || im.stop_requested())) {
+            std::string dump;
+            for (uint32_t c : set)
+                if (!im.modules[c]->done()) dump += "\n  " + im.models[c]->dump_state();
+            im.faulted = true;
+            throw StoppedError(fmt::format("{}{}", im.stop_reason, dump));
+        }
         if (im.outstanding > 0 && !sc_core::sc_pending_activity()) {
             std::string dump;
             for (uint32_t c : set)

@@ -25,6 +25,13 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+/// A launch stopped from the host: Ctrl-C, or sim.max_host_seconds. The message says which,
+/// at what cycle, and dumps each unfinished core's state as a deadlock does.
+class StoppedError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
 /// Result of one launch (hw/README.md, "Launch timing"): the host rings the doorbell at
 /// start_cycle; each core fetches its program, issues its first instruction and halts; the
 /// completion reaches the host completion_cycles after a core set's last halt.

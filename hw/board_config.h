@@ -16,13 +16,14 @@ namespace tpu::hw {
 
 /// Simulation controls that are not hardware.
 struct SimConfig {
-    bool functional = true;         ///< compute values (off: timing only, identical cycles)
-    bool race_detector = false;     ///< report unordered overlapping accesses
+    bool functional = true;      ///< compute values (off: timing only, identical cycles)
+    bool race_detector = false;  ///< report unordered overlapping accesses
     /// Pay each launch's doorbell, instruction fetch, first-instruction latency and completion
     /// (off: cores start at the launch cycle, for hand-derived unit timing).
     bool launch_costs = true;
     uint64_t max_cycles = 10'000'000'000;  ///< per launch: stop with a fault after this (0: none)
-    std::string log_level = "warn"; ///< error, warn, info, debug
+    double max_host_seconds = 600;         ///< per launch: stop after this much host time (0: none)
+    std::string log_level = "warn";        ///< error, warn, info, debug
     uint64_t trace_counter_cycles = 1024;  ///< window of the trace's counter tracks
 
     void visit(sim::Visitor& v) {
@@ -34,6 +35,11 @@ struct SimConfig {
         v("max_cycles", max_cycles,
           "a launch running longer than this many cycles stops with a device fault, so a kernel "
           "that never halts cannot hang the simulator (0 = no limit)");
+        v("max_host_seconds", max_host_seconds,
+          "a launch taking longer than this many host (wall-clock) seconds stops with a state "
+          "dump, like a deadlock; bounds a spinning kernel in host time, where max_cycles can "
+          "mean hours (0 = no limit)",
+          {.min = 0});
         v("log_level", log_level, "log verbosity", {.choices = "error,warn,info,debug"});
         v("trace_counter_cycles", trace_counter_cycles,
           "cycles per sample of the trace's counter tracks (MXU utilisation, HBM GB/s)",

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -251,9 +252,37 @@ std::string check_leaf(const Leaf& l) {
 }  // namespace
 
 void apply_json(const VisitRoot& root, std::string_view text, std::string_view source) {
+    // nlohmann keeps the last of duplicate keys; a file that sets a field twice is ambiguous
+    // (which did the user mean?), so the parser callback refuses the second, naming its path.
+    struct Object {
+        std::string path;  ///< dotted key path of the object ("" at the top level)
+        std::set<std::string> keys;
+        std::string last;  ///< the key whose value is being parsed
+    };
+    std::vector<Object> open;
+    const auto refuse_duplicates = [&](int, nlohmann::json::parse_event_t event, Json& parsed) {
+        using Event = nlohmann::json::parse_event_t;
+        if (event == Event::object_start) {
+            // Arrays are transparent: an object in one takes the path of the array's key.
+            std::string path;
+            if (!open.empty())
+                path = open.back().path.empty() ? open.back().last
+                                                : open.back().path + "." + open.back().last;
+            open.push_back({std::move(path), {}, {}});
+        } else if (event == Event::object_end) {
+            open.pop_back();
+        } else if (event == Event::key) {
+            Object& o = open.back();
+            o.last = parsed.get<std::string>();
+            if (!o.keys.insert(o.last).second)
+                throw ConfigError(fmt::format("{}: duplicate key '{}'", source,
+                                              o.path.empty() ? o.last : o.path + "." + o.last));
+        }
+        return true;
+    };
     Json j;
     try {
-        j = Json::parse(text);
+        j = Json::parse(text, refuse_duplicates);
     } catch (const nlohmann::json::parse_error& e) {
         // nlohmann reports a byte offset; turn it into line:column for the user.
         size_t line = 1, col = 1;

@@ -1,17 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/tracer.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
-#include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "sim/file_io.h"
 #include "sim/log.h"
 
 namespace tpu::sim {
@@ -82,13 +84,17 @@ void put_us(Buffer& b, int64_t ps) {
 struct Tracer::Impl {
     static constexpr size_t kFileBufferBytes = 256 * 1024;
 
-    std::vector<char> file_buffer;  // declared before `out`, which uses it until destroyed
-    std::ofstream out;
+    std::unique_ptr<OutputFile> file;
+    std::ostream* out = nullptr;  // file->stream()
     Buffer line;
     std::string path;
     double clock_mhz = 1000.0;
     std::vector<std::string> filters;
     uint64_t window_begin = 0, window_end = 0;
+    /// Latest cycle of any complete or instant event offered, kept or not: the end of the run
+    /// so far, which ends an open window. (Counter tracks are not: their last sample closes a
+    /// sampling window that may reach past the run.)
+    uint64_t last_cycle = 0;
     std::map<std::string, int, std::less<>> pids;                    // process -> pid
     std::map<std::pair<int, std::string>, int, std::less<>> by_key;  // (pid, thread) -> track
     std::vector<std::pair<int, int>> tracks;                         // track -> (pid, tid)
@@ -97,9 +103,9 @@ struct Tracer::Impl {
 
     /// Writes the event in `line` as the next array element.
     void flush_line() {
-        out.write(first ? "\n" : ",\n", first ? 1 : 2);
+        out->write(first ? "\n" : ",\n", first ? 1 : 2);
         first = false;
-        out.write(line.data(), static_cast<std::streamsize>(line.size()));
+        out->write(line.data(), static_cast<std::streamsize>(line.size()));
         line.clear();
     }
 
@@ -184,7 +190,13 @@ struct Tracer::Impl {
 Tracer::Tracer() : m_impl(std::make_unique<Impl>()) {}
 
 Tracer::~Tracer() {
-    close();
+    if (!m_enabled) return;
+    // A trace up to a fault is worth keeping; a write error can only be logged here.
+    try {
+        close();
+    } catch (const OutputError& e) {
+        TPU_LOG(Error, "tracer", "{}", e.what());
+    }
 }
 
 void Tracer::set_window(uint64_t window_begin, uint64_t window_end) {
@@ -200,12 +212,8 @@ void Tracer::open(const std::string& path, double clock_mhz, std::string_view un
             fmt::format("trace file '{}': clock_mhz must be positive, got {}", path, clock_mhz));
     close();
     auto im = std::make_unique<Impl>();
-    im->file_buffer.resize(Impl::kFileBufferBytes);
-    // libstdc++ honours pubsetbuf only before the file is opened.
-    im->out.rdbuf()->pubsetbuf(im->file_buffer.data(),
-                               static_cast<std::streamsize>(im->file_buffer.size()));
-    im->out.open(path, std::ios::binary | std::ios::trunc);
-    if (!im->out) throw std::runtime_error(fmt::format("cannot write trace file '{}'", path));
+    im->file = std::make_unique<OutputFile>(path, Impl::kFileBufferBytes);
+    im->out = &im->file->stream();
     im->path = path;
     im->clock_mhz = clock_mhz;
     im->window_begin = window_begin;
@@ -219,19 +227,26 @@ void Tracer::open(const std::string& path, double clock_mhz, std::string_view un
         if (!item.empty()) im->filters.emplace_back(item);
         pos = comma + 1;
     }
-    im->out << R"({"displayTimeUnit":"ns","otherData":{"generator":"tpusim"},"traceEvents":[)";
+    // otherData goes at the end, once the window the trace covers is known.
+    *im->out << R"({"displayTimeUnit":"ns","traceEvents":[)";
     m_impl = std::move(im);
     m_enabled = true;
 }
 
 void Tracer::close() {
-    if (!m_impl || !m_impl->out.is_open()) return;
+    if (!m_impl || !m_impl->file) return;
     Impl& im = *m_impl;
-    im.out << "\n]}\n";
-    im.out.close();
     m_enabled = false;
-    // Called from the destructor too, so a full disk is reported rather than thrown.
-    if (im.out.fail()) TPU_LOG(Error, "tracer", "writing trace file '{}' failed", im.path);
+    const std::unique_ptr<OutputFile> file = std::move(im.file);
+    im.out = nullptr;
+    // The cycles the trace covers, so that a reader never divides a whole run's counters by a
+    // window's cycles: [begin, end) of the window, an open end being the last cycle seen.
+    const uint64_t end = im.window_end ? std::min(im.window_end, im.last_cycle) : im.last_cycle;
+    file->stream() << fmt::format(
+        "\n],\"otherData\":{{\"generator\":\"tpusim\",\"window\":{{\"begin_cycle\":{},"
+        "\"end_cycle\":{}}}}}}}\n",
+        std::min(im.window_begin, end), end);
+    file->commit();
 }
 
 int Tracer::track(std::string_view process, std::string_view thread) {
@@ -257,10 +272,11 @@ int Tracer::track(std::string_view process, std::string_view thread) {
 
 void Tracer::complete(int track, std::string_view name, uint64_t begin, uint64_t end,
                       std::initializer_list<TraceArg> args) {
-    if (!m_enabled || track < 0) return;
+    if (!m_enabled) return;
     Impl& im = *m_impl;
     if (end < begin) end = begin;  // a negative duration would be a model bug; keep JSON sane
-    if (!im.in_window(begin, end)) return;
+    im.last_cycle = std::max(im.last_cycle, end);
+    if (track < 0 || !im.in_window(begin, end)) return;
     const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
     im.put_head('X', name, pid, tid);
     // dur is the difference of the rounded ends so back-to-back events touch exactly.
@@ -278,9 +294,10 @@ void Tracer::complete(int track, std::string_view name, uint64_t begin, uint64_t
 
 void Tracer::instant(int track, std::string_view name, uint64_t at,
                      std::initializer_list<TraceArg> args) {
-    if (!m_enabled || track < 0) return;
+    if (!m_enabled) return;
     Impl& im = *m_impl;
-    if (!im.in_window(at, at)) return;
+    im.last_cycle = std::max(im.last_cycle, at);
+    if (track < 0 || !im.in_window(at, at)) return;
     const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
     im.put_head('i', name, pid, tid);
     put(im.line, R"("s":"t","ts":)");

@@ -33,7 +33,10 @@ public:
     /// [window_begin, window_end) cycles are dropped (window_end 0 = no end).
     void open(const std::string& path, double clock_mhz, std::string_view unit_filter = {},
               uint64_t window_begin = 0, uint64_t window_end = 0);
-    /// Finishes the JSON array and closes the file. Called by the destructor too.
+    /// Finishes the JSON array, records the cycles the trace covers in `otherData.window`
+    /// {begin_cycle, end_cycle} (an open window ends at the latest cycle of any complete or
+    /// instant event offered) and closes the file; throws OutputError if any write failed. The
+    /// destructor closes too, logging such an error instead.
     void close();
     /// Moves the cycle window (same meaning as in open()); for tools that learn where the
     /// interesting part starts only while running, e.g. the trainer tracing a few steps.

@@ -100,10 +100,26 @@ struct Model {
     std::map<int, Core> cores;    ///< by core index
     std::vector<Kernel> kernels;  ///< from stats, in file order
     Host host;
-    uint64_t trace_end = 0;              ///< last end cycle of any X event
+    uint64_t trace_end = 0;  ///< last end cycle of any X event
+    /// Cycles [begin, end) the trace covers (otherData.window; absent in foreign traces).
+    std::optional<std::pair<uint64_t, uint64_t>> window;
     std::optional<double> board_cycles;  ///< from stats
     bool have_stats = false;
+
+    /// True when the stats and the trace count the same cycles: the trace covers the whole
+    /// run the stats count. Otherwise per-core figures come from the trace alone, so that no
+    /// counter of one scope is divided by cycles of another.
+    bool same_scope() const {
+        return have_stats && board_cycles && window && window->first == 0 &&
+               double(window->second) >= *board_cycles;
+    }
 };
+
+/// A rate or utilisation never shown above its peak: estimates from counter windows, which
+/// straddle a span's edges, can exceed it slightly, and no achieved figure really does.
+double at_most(double v, double peak) {
+    return std::min(v, peak);
+}
 
 json parse(const std::string& text, Input input) {
     try {
@@ -179,6 +195,11 @@ void read_trace(const std::string& text, Model& model) {
         events = &doc["traceEvents"];
     } else {
         throw ReportError(Input::Trace, "not a Chrome trace (no \"traceEvents\" array)");
+    }
+    if (doc.is_object()) {
+        const json window = doc.value("otherData", json::object()).value("window", json{});
+        const auto b = number(window, "begin_cycle"), e = number(window, "end_cycle");
+        if (b && e && *b >= 0 && *e >= *b) model.window = {to_cycles(*b), to_cycles(*e)};
     }
 
     struct Span {
@@ -393,7 +414,9 @@ double integrate(const Samples& s, double clock_mhz) {
 
 void derive(Model& model) {
     const Machine& m = model.machine;
+    const bool stats = model.same_scope();
     for (auto& [idx, c] : model.cores) {
+        if (!stats) c.mxu_flops = c.hbm_bytes = c.instructions = std::nullopt;
         if (c.first <= c.last) {
             c.span = c.last - c.first;
         } else if (model.board_cycles) {
@@ -598,7 +621,8 @@ std::string roofline(const Model& model) {
     for (const auto& [idx, c] : model.cores) {
         if (c.flops <= 0 || c.bytes <= 0 || c.span == 0) continue;
         const double seconds = double(c.span) / (m.clock_mhz * 1e6);
-        points.push_back({idx, &c, c.flops / c.bytes, c.flops / seconds / 1e12});
+        points.push_back(
+            {idx, &c, c.flops / c.bytes, at_most(c.flops / seconds, m.peak_flops) / 1e12});
     }
     struct KernelPoint {
         size_t idx;
@@ -609,7 +633,7 @@ std::string roofline(const Model& model) {
     for (size_t i = 0; i < model.kernels.size(); ++i) {
         const Kernel& k = model.kernels[i];
         if (k.flops <= 0 || k.hbm_bytes <= 0 || k.core_cycles <= 0) continue;
-        kpoints.push_back({i, &k, k.ai(), k.tflops(m.clock_mhz)});
+        kpoints.push_back({i, &k, k.ai(), at_most(k.tflops(m.clock_mhz), peak)});
     }
     double xlo = ridge, xhi = ridge, ylo = peak;
     for (const auto& p : points) {
@@ -703,16 +727,16 @@ std::string roofline(const Model& model) {
         s += fmt::format(
             "<tr><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td>{:.2f}</td>"
             "<td>{:.2f}</td><td>{:.2f}</td><td>{}</td><td>{}</td></tr>\n",
-            colour(p.idx), escape(p.c->name), p.ai, p.tflops, roof, pct(p.tflops / roof),
-            p.ai < ridge ? "memory" : "compute");
+            colour(p.idx), escape(p.c->name), p.ai, p.tflops, roof,
+            pct(at_most(p.tflops / roof, 1.0)), p.ai < ridge ? "memory" : "compute");
     }
     for (const auto& p : kpoints) {
         const double roof = std::min(peak, p.ai * bw);
         s += fmt::format(
             "<tr><td><span class=\"sw kd\" style=\"background:{}\"></span>kernel {}</td>"
             "<td>{:.2f}</td><td>{:.2f}</td><td>{:.2f}</td><td>{}</td><td>{}</td></tr>\n",
-            colour(int(p.idx)), escape(p.k->name), p.ai, p.tflops, roof, pct(p.tflops / roof),
-            p.ai < ridge ? "memory" : "compute");
+            colour(int(p.idx)), escape(p.k->name), p.ai, p.tflops, roof,
+            pct(at_most(p.tflops / roof, 1.0)), p.ai < ridge ? "memory" : "compute");
     }
     s += "</table>\n";
     if (kpoints.size() < model.kernels.size())
@@ -762,7 +786,8 @@ std::string summary(const Model& model) {
     const uint64_t kernel = lo <= hi ? hi - lo : 0;
     const double total = model.board_cycles ? *model.board_cycles : double(model.trace_end);
     const double n = double(model.cores.size());
-    const double util = kernel ? flops / (2.0 * m.pe_count() * n * double(kernel)) : 0.0;
+    const double util =
+        kernel ? at_most(flops / (2.0 * m.pe_count() * n * double(kernel)), 1.0) : 0.0;
     const double us = 1.0 / m.clock_mhz;
     bool est_flops = false, trace_bytes = false, trace_insts = false;
     for (const auto& [idx, c] : model.cores) {
@@ -778,6 +803,14 @@ std::string summary(const Model& model) {
     row("cores", fmt::format("{}", model.cores.size()));
     row(model.board_cycles ? "total cycles (board, from stats)" : "total cycles (trace)",
         fmt::format("{} = {:.3f} us", grouped(total), total * us));
+    if (model.window)
+        row("trace window",
+            fmt::format("cycles {} to {}{}", grouped(double(model.window->first)),
+                        grouped(double(model.window->second)),
+                        model.have_stats && !model.same_scope()
+                            ? " (the stats count the whole run: the figures below are the "
+                              "trace's, the kernel table the stats')"
+                            : ""));
     row("core activity (first to last core event)",
         fmt::format("{} cycles = {:.3f} us", grouped(double(kernel)), double(kernel) * us));
     row(trace_insts ? "instructions (unit events in the trace)" : "instructions", grouped(insts));
@@ -789,8 +822,9 @@ std::string summary(const Model& model) {
     if (kernel) {
         const double seconds = double(kernel) / (m.clock_mhz * 1e6);
         row("achieved",
-            fmt::format("{:.2f} TFLOP/s of {:.2f} peak, {:.1f} GB/s HBM", flops / seconds / 1e12,
-                        n * m.peak_flops / 1e12, bytes / seconds / 1e9));
+            fmt::format("{:.2f} TFLOP/s of {:.2f} peak, {:.1f} GB/s HBM",
+                        at_most(flops / seconds, n * m.peak_flops) / 1e12, n * m.peak_flops / 1e12,
+                        at_most(bytes / seconds, n * m.hbm_bytes_per_s) / 1e9));
     }
     const Host& h = model.host;
     if (h.writes || h.reads)
@@ -809,13 +843,14 @@ std::string summary(const Model& model) {
          "\n";
     for (const auto& [idx, c] : model.cores) {
         const double seconds = double(c.span) / (m.clock_mhz * 1e6);
-        const double cu = c.span ? c.flops / (2.0 * m.pe_count() * double(c.span)) : 0.0;
+        const double cu =
+            c.span ? at_most(c.flops / (2.0 * m.pe_count() * double(c.span)), 1.0) : 0.0;
         s += fmt::format(
             "<tr><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td>{}</td>"
             "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2f}</td><td>{}</td></tr>\n",
             colour(idx), escape(c.name), grouped(double(c.span)), grouped(c.insts),
             grouped(c.bytes), grouped(c.flops), pct(cu),
-            seconds > 0 ? c.flops / seconds / 1e12 : 0.0,
+            seconds > 0 ? at_most(c.flops / seconds, m.peak_flops) / 1e12 : 0.0,
             c.bytes > 0 ? fmt::format("{:.2f}", c.flops / c.bytes) : std::string("-"));
     }
     s += "</table>\n";
@@ -837,8 +872,9 @@ std::string kernel_table(const Model& model) {
             "<td>{:.2f}</td><td>{:.3f}</td></tr>\n",
             colour(int(i)), escape(k.name), grouped(k.launches), grouped(k.cycles),
             k.cycles / clock, grouped(k.flops), grouped(k.mxu_flops), grouped(k.vpu_flops),
-            grouped(k.hbm_bytes), grouped(k.ici_bytes), k.mxu_util ? pct(*k.mxu_util) : "-", k.ai(),
-            k.tflops(clock));
+            grouped(k.hbm_bytes), grouped(k.ici_bytes),
+            k.mxu_util ? pct(at_most(*k.mxu_util, 1.0)) : "-", k.ai(),
+            at_most(k.tflops(clock), model.machine.peak_flops / 1e12));
     }
     return s + "</table>\n";
 }

@@ -2,8 +2,8 @@
 #include "trainer/dataset.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 #include <zlib.h>
+
+#include "sim/file_io.h"
 
 namespace tpu::trainer {
 namespace {
@@ -96,9 +98,13 @@ IdxArray decode_idx(std::span<const uint8_t> bytes, std::string_view name) {
 }
 
 IdxArray read_idx(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-    const std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in), {}};
+    std::string text;
+    try {
+        text = sim::read_input_file(path);
+    } catch (const sim::InputFileError& e) {
+        throw DataError(e.what());
+    }
+    const std::vector<uint8_t> bytes(text.begin(), text.end());
     return decode_idx(bytes, path);
 }
 
@@ -131,7 +137,10 @@ Dataset load_fashion_mnist(const std::string& dir, bool train) {
     return d;
 }
 
-Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t seed) {
+Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t seed,
+                  float spread) {
+    if (!(spread > 0.0f && spread <= 1.0f))
+        throw DataError(fmt::format("synthetic dataset: spread {} is not in (0, 1]", spread));
     if (count == 0 || features == 0 || classes < 2)
         throw DataError(
             fmt::format("synthetic dataset: {} examples of {} features in {} classes "
@@ -141,7 +150,8 @@ Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t 
     std::uniform_real_distribution<float> u(0.2f, 0.8f);
     std::normal_distribution<float> noise(0.0f, 0.1f);
     std::vector<float> centres(size_t(classes) * features);
-    for (auto& c : centres) c = u(rng);
+    // Centres pulled towards 0.5 bring the blobs within reach of each other's noise.
+    for (auto& c : centres) c = spread == 1.0f ? u(rng) : 0.5f + spread * (u(rng) - 0.5f);
     Dataset d{count, features, classes, std::vector<float>(size_t(count) * features),
               std::vector<uint8_t>(count)};
     for (uint32_t i = 0; i < count; ++i) {

@@ -5,8 +5,8 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 /// Datasets for the trainer: IDX files (Fashion-MNIST, gzip or not) and a synthetic default.
@@ -44,8 +44,13 @@ inline constexpr std::string_view kFashionMnistDir = "/usr/share/datasets/fashio
 /// Fashion-MNIST's train (60000) or test (10000) split from `dir`, pixels scaled to [0, 1].
 /// Images and labels must agree in count; labels must be < 10.
 Dataset load_fashion_mnist(const std::string& dir, bool train);
-/// A deterministic synthetic dataset: each class is a Gaussian blob around its own centre.
-Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t seed);
+/// A deterministic synthetic dataset: each class is a Gaussian blob (sigma 0.1, clamped to
+/// [0, 1]) around its own centre, drawn uniformly from [0.2, 0.8] per feature and then pulled
+/// towards 0.5 by `spread`. At 1 the blobs are far apart and any model separates them in a few
+/// steps; small values make the classes overlap, so learning takes many steps and stops short
+/// of 100%.
+Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t seed,
+                  float spread = 1.0f);
 /// x = (x - mean) / stddev for every value, as torchvision's Normalize does (mean and stddev of
 /// the training split, so the test split is scaled the same way).
 void normalize(Dataset& d, float mean, float stddev);

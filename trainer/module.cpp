@@ -30,6 +30,20 @@ ParamPtr uniform_param(uint32_t rows, uint32_t cols, float bound, std::mt19937& 
 
 }  // namespace
 
+void OptimizerConfig::validate() const {
+    // PyTorch's conditions, written so that NaN fails them as it does in Python.
+    if (!(lr >= 0.0f) || !std::isfinite(lr))
+        throw OptimizerError("lr", fmt::format("Invalid learning rate: {}", lr));
+    if (!(momentum >= 0.0f) || !std::isfinite(momentum))
+        throw OptimizerError("momentum", fmt::format("Invalid momentum value: {}", momentum));
+    if (!(eps >= 0.0f) || !std::isfinite(eps))
+        throw OptimizerError("eps", fmt::format("Invalid epsilon value: {}", eps));
+    if (!(beta1 >= 0.0f && beta1 < 1.0f))
+        throw OptimizerError("beta1", fmt::format("Invalid beta parameter at index 0: {}", beta1));
+    if (!(beta2 >= 0.0f && beta2 < 1.0f))
+        throw OptimizerError("beta2", fmt::format("Invalid beta parameter at index 1: {}", beta2));
+}
+
 Linear::Linear(uint32_t in, uint32_t out, bool bias, std::mt19937& rng) {
     const float bound = 1.0f / std::sqrt(float(in));
     weight = uniform_param(in, out, bound, rng);

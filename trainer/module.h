@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,19 @@ struct StepOutput {
     Var logits;  ///< rows x classes (for accuracy)
 };
 
+/// An optimizer hyper-parameter PyTorch would reject; the message is PyTorch's ("Invalid
+/// learning rate: nan").
+class OptimizerError : public std::invalid_argument {
+public:
+    OptimizerError(std::string field, const std::string& message)
+        : std::invalid_argument(message), m_field(std::move(field)) {}
+    /// The OptimizerConfig field at fault ("lr", "momentum", "beta1", "beta2", "eps").
+    const std::string& field() const { return m_field; }
+
+private:
+    std::string m_field;
+};
+
 /// The optimizer a module asks for (configure_optimizers).
 struct OptimizerConfig {
     enum class Kind : uint8_t { Sgd, Adam };
@@ -35,7 +49,10 @@ struct OptimizerConfig {
     float momentum = 0.9f;   ///< SGD momentum
     float beta1 = 0.9f;      ///< Adam beta1
     float beta2 = 0.999f;    ///< Adam beta2
-    float eps = 1e-8f;       ///< Adam epsilon (inside the square root, see driver adam)
+    float eps = 1e-8f;       ///< Adam epsilon, added to sqrt(v_hat) as in PyTorch
+    /// Throws OptimizerError where torch.optim.SGD or Adam raise ValueError (NaN counts as
+    /// invalid, as it fails PyTorch's `0.0 <= x` checks).
+    void validate() const;
 };
 
 /// A layer: named parameter slots (a slot may be re-pointed to tie weights).

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -17,6 +18,7 @@
 #include "driver/kernels/allreduce.h"
 #include "driver/kernels/tensor_ops.h"
 #include "driver/kernels/vector_ops.h"
+#include "sim/file_io.h"
 #include "sim/tracer.h"
 
 namespace tpu::trainer {
@@ -144,6 +146,16 @@ std::string clock_text(double seconds) {
     return fmt::format("{:02}:{:02}", s / 60, s % 60);
 }
 
+}  // namespace
+
+std::string progress_loss_text(std::optional<float> loss) {
+    // The loss is read back only every log_every_n_steps steps (a host sync): until the first
+    // read-back there is no value to show, which is not the same as a NaN loss.
+    return loss ? fmt::format("loss={:.4f}", *loss) : std::string("loss=\u2026");
+}
+
+namespace {
+
 /// Lightning-like bar on stderr, redrawn in place; only when stderr is a terminal.
 class ProgressBar {
 public:
@@ -153,16 +165,16 @@ public:
         m_total = total;
         m_t0 = std::chrono::steady_clock::now();
     }
-    void update(uint64_t done, float loss, double sim_seconds) {
+    void update(uint64_t done, std::optional<float> loss, double sim_seconds) {
         if (!m_on) return;
         const double el = since(m_t0), eta = done ? el / double(done) * double(m_total - done) : 0;
         const int width = 20, filled = int(double(width) * double(done) / double(m_total));
-        std::fprintf(stderr, "\rEpoch %u: %3d%%|%s%s| %llu/%llu [%s<%s, sim %.3f ms] loss=%.4f ",
-                     m_epoch, int(100.0 * double(done) / double(m_total)),
+        std::fprintf(stderr, "\rEpoch %u: %3d%%|%s%s| %llu/%llu [%s<%s, sim %.3f ms] %s ", m_epoch,
+                     int(100.0 * double(done) / double(m_total)),
                      std::string(size_t(filled), '#').c_str(),
                      std::string(size_t(width - filled), ' ').c_str(), (unsigned long long)done,
                      (unsigned long long)m_total, clock_text(el).c_str(), clock_text(eta).c_str(),
-                     sim_seconds * 1e3, loss);
+                     sim_seconds * 1e3, progress_loss_text(loss).c_str());
         std::fflush(stderr);
     }
     void finish() {
@@ -187,6 +199,12 @@ Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
     if (m_opts.max_epochs == 0) throw ConfigError("`max_epochs` must be at least 1. Got 0");
     if (m_opts.log_every_n_steps == 0)
         throw ConfigError("`log_every_n_steps` must be at least 1. Got 0");
+    // -1 is "all"; 0 would train or validate nothing, which no caller means.
+    for (const auto& [name, limit] : {std::pair{"limit_train_batches", m_opts.limit_train_batches},
+                                      std::pair{"limit_val_batches", m_opts.limit_val_batches}})
+        if (limit == 0 || limit < -1)
+            throw ConfigError(fmt::format(
+                "`{}` must be a number of batches >= 1 or -1 (all). Got {}", name, limit));
     m_rt = std::make_unique<Runtime>(m_dev, m_cache, m_cores, m_mode, m_metrics);
 }
 
@@ -347,14 +365,22 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
     const bool windowed = m_tracer && m_opts.trace_steps > 0;
     if (windowed && m_global_step <= m_opts.trace_first_step) m_tracer->set_window(UINT64_MAX, 0);
     const OptimizerConfig opt = module.configure_optimizers();
-    for (uint32_t e = 0; e < m_opts.max_epochs; ++e, ++m_epoch) {
+    try {
+        opt.validate();
+    } catch (const OptimizerError& e) {
+        throw ConfigError(e.what());
+    }
+    // max_epochs is the total, as in Lightning: a run resumed after epoch 1 of max_epochs=1
+    // trains nothing more.
+    // The bar keeps the last loss read back (from an earlier epoch too) until a new one.
+    std::optional<float> last_loss;
+    for (; m_epoch < m_opts.max_epochs; ++m_epoch) {
         std::vector<std::vector<uint32_t>> idx;
         for (auto& s : samplers) {
             s.set_epoch(m_epoch);
             idx.push_back(s.indices());
         }
         bar.start(m_epoch, steps);
-        float last_loss = NAN;
         for (uint64_t s = 0; s < steps; ++s) {
             const uint64_t c0 = m_dev.now_cycle();
             const auto h0 = std::chrono::steady_clock::now();
@@ -377,7 +403,7 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
             const bool log = (m_global_step + 1) % m_opts.log_every_n_steps == 0 || s + 1 == steps;
             if (log) {
                 last_loss = read_loss(loss);
-                m_history.push_back({m_global_step, m_epoch, last_loss, m_dev.now_seconds()});
+                m_history.push_back({m_global_step, m_epoch, *last_loss, m_dev.now_seconds()});
             }
             m_rt->end_step();
             m_metrics.count("MarkStep");
@@ -430,7 +456,8 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
     if (m_opts.limit_val_batches >= 0)
         batches = std::min<uint64_t>(batches, uint64_t(m_opts.limit_val_batches));
     EvalResult res;
-    double loss_sum = 0;
+    double loss_sum = 0;  // sum over batches of (batch mean x rows in the global batch)
+    uint64_t loss_rows = 0;
     uint64_t correct = 0;
     m_rt->set_training(false);
     for (uint64_t b = 0; b < batches; ++b) {
@@ -438,7 +465,10 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
         const uint32_t rows = std::min(loader.batch_size, per - first);
         Batch batch = load_batch(data, idx, first, rows);
         StepOutput out = module.validation_step(*m_rt, batch);
-        loss_sum += read_loss(out.loss);
+        // Lightning weights each batch's mean by its size, so the result is the mean over
+        // examples: a short last batch counts for its rows, not as much as a full one.
+        loss_sum += double(read_loss(out.loss)) * double(rows) * N;
+        loss_rows += uint64_t(rows) * N;
         const uint32_t classes = out.logits->value.cols;
         for (uint32_t r = 0; r < N; ++r) {
             const std::vector<float> logits = m_rt->download(out.logits->value, r);
@@ -453,7 +483,7 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
         m_rt->end_step();
     }
     m_rt->set_training(true);
-    res.loss = batches ? loss_sum / double(batches) : 0;
+    res.loss = loss_rows ? loss_sum / double(loss_rows) : 0;
     res.accuracy = res.examples ? double(correct) / res.examples : 0;
     return res;
 }
@@ -497,73 +527,114 @@ void Trainer::save_checkpoint(const std::string& path) {
     std::vector<const Tensor*> bufs{&m_flat_params, &m_state1};
     if (!m_state2.bufs.empty()) bufs.push_back(&m_state2);
     meta["buffers"] = bufs.size();
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        if (!f)
-            throw std::runtime_error(
-                fmt::format("cannot write checkpoint '{}': {}", tmp, std::strerror(errno)));
+    try {
+        sim::OutputFile f(path);
         const std::string header = meta.dump();
-        f << kCkptMagic << header << '\n';
+        f.stream() << kCkptMagic << header << '\n';
         for (const Tensor* t : bufs) {
             const std::vector<float> v = m_rt->download(*t, 0);
-            f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4));
+            f.stream().write(reinterpret_cast<const char*>(v.data()),
+                             std::streamsize(v.size() * 4));
         }
-        f.flush();
-        if (!f) throw std::runtime_error(fmt::format("cannot write checkpoint '{}'", tmp));
+        // Atomic for a regular file: a reader sees the old checkpoint or the new one.
+        f.commit();
+    } catch (const sim::OutputError& e) {
+        throw ConfigError(fmt::format("checkpoint: {}", e.what()));
     }
-    // The rename is atomic: a reader sees the old checkpoint or the new one, never a torn one.
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-        throw std::runtime_error(
-            fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
 }
 
 void Trainer::load_checkpoint(Module& module, const std::string& path) {
     place(module);
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw ConfigError(fmt::format("checkpoint '{}': {}", path, std::strerror(errno)));
-    std::string magic(sizeof(kCkptMagic) - 1, '\0'), header;
-    f.read(magic.data(), std::streamsize(magic.size()));
-    if (magic != kCkptMagic || !std::getline(f, header))
+    std::string bytes;
+    try {
+        bytes = sim::read_input_file(path);
+    } catch (const sim::InputFileError& e) {
+        throw ConfigError(fmt::format("checkpoint: {}", e.what()));
+    }
+    const std::string_view magic(kCkptMagic, sizeof(kCkptMagic) - 1);
+    const size_t eol = bytes.find('\n', magic.size());
+    if (bytes.compare(0, magic.size(), magic) != 0 || eol == std::string::npos)
         throw ConfigError(fmt::format("checkpoint '{}': not a tpusim checkpoint", path));
     nlohmann::json meta;
     try {
-        meta = nlohmann::json::parse(header);
+        meta = nlohmann::json::parse(bytes.begin() + std::ptrdiff_t(magic.size()),
+                                     bytes.begin() + std::ptrdiff_t(eol));
     } catch (const std::exception& e) {
         throw ConfigError(fmt::format("checkpoint '{}': bad header: {}", path, e.what()));
     }
+    if (!meta.is_object())
+        throw ConfigError(fmt::format("checkpoint '{}': the header is not a JSON object", path));
+    // Every header field is checked before use: a checkpoint is a file from anywhere, and a
+    // wrong step or epoch would silently change the learning-rate schedule or skip training.
+    auto whole = [&](const nlohmann::json& obj, const std::string& where, const char* key,
+                     uint64_t max) -> uint64_t {
+        const auto it = obj.find(key);
+        if (it == obj.end())
+            throw ConfigError(fmt::format("checkpoint '{}': {}'{}' is missing", path, where, key));
+        if (!it->is_number_unsigned() || it->get<uint64_t>() > max)
+            throw ConfigError(
+                fmt::format("checkpoint '{}': {}'{}' is {}, expected a whole number from 0 to {}",
+                            path, where, key, it->dump(), max));
+        return it->get<uint64_t>();
+    };
+    constexpr uint64_t kMax32 = std::numeric_limits<uint32_t>::max();
     const auto params = module.named_parameters();
-    const auto& saved = meta.value("parameters", nlohmann::json::array());
-    if (saved.size() != params.size())
+    const auto saved = meta.find("parameters");
+    if (saved == meta.end() || !saved->is_array())
+        throw ConfigError(fmt::format("checkpoint '{}': 'parameters' is not a list", path));
+    if (saved->size() != params.size())
         throw ConfigError(fmt::format("checkpoint '{}' has {} parameters, the module has {}", path,
-                                      saved.size(), params.size()));
+                                      saved->size(), params.size()));
     for (size_t i = 0; i < params.size(); ++i) {
         const auto& [name, p] = params[i];
-        if (saved[i].value("name", "") != name || saved[i].value("rows", 0u) != p->rows ||
-            saved[i].value("cols", 0u) != p->cols)
+        const nlohmann::json& sp = (*saved)[i];
+        const std::string where = fmt::format("parameter {}: ", i);
+        if (!sp.is_object() || !sp.contains("name") || !sp["name"].is_string())
+            throw ConfigError(
+                fmt::format("checkpoint '{}': {}'name' is missing or not a string", path, where));
+        const std::string sname = sp["name"].get<std::string>();
+        const uint64_t rows = whole(sp, where, "rows", kMax32);
+        const uint64_t cols = whole(sp, where, "cols", kMax32);
+        const uint64_t offset = whole(sp, where, "offset", kMax32);
+        if (sname != name || rows != p->rows || cols != p->cols)
             throw ConfigError(
                 fmt::format("checkpoint '{}': parameter {} is {} {} x {}, the module "
                             "has {} {} x {}",
-                            path, i, saved[i].value("name", "?"), saved[i].value("rows", 0u),
-                            saved[i].value("cols", 0u), name, p->rows, p->cols));
+                            path, i, sname, rows, cols, name, p->rows, p->cols));
+        if (offset != p->offset)
+            throw ConfigError(fmt::format(
+                "checkpoint '{}': parameter {} ({}) is at offset {}, the module's layout puts it "
+                "at {}",
+                path, i, name, offset, p->offset));
     }
     std::vector<Tensor*> bufs{&m_flat_params, &m_state1};
     if (!m_state2.bufs.empty()) bufs.push_back(&m_state2);
-    if (meta.value("values", 0u) != m_flat_params.cols || meta.value("buffers", 0u) != bufs.size())
+    if (whole(meta, "", "values", kMax32) != m_flat_params.cols ||
+        whole(meta, "", "buffers", kMax32) != bufs.size())
         throw ConfigError(
             fmt::format("checkpoint '{}' was written for another optimizer or "
                         "layout",
                         path));
+    const uint64_t global_step = whole(meta, "", "global_step", uint64_t(1) << 53);
+    const uint64_t epoch = whole(meta, "", "epoch", std::min(global_step, kMax32));
+    // Adam counts its own steps (bias correction); it cannot have taken more than the trainer.
+    const uint64_t adam_step = whole(meta, "", "adam_step", std::min(global_step, kMax32));
+    const size_t data_bytes = bufs.size() * size_t(m_flat_params.cols) * 4;
+    if (bytes.size() - eol - 1 != data_bytes)
+        throw ConfigError(fmt::format(
+            "checkpoint '{}' has {} bytes of values after its header, the layout needs {}{}", path,
+            bytes.size() - eol - 1, data_bytes,
+            bytes.size() - eol - 1 < data_bytes ? " (truncated)" : ""));
+    const char* data = bytes.data() + eol + 1;
     for (Tensor* t : bufs) {
         std::vector<float> v(t->cols);
-        f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
-        if (f.gcount() != std::streamsize(v.size() * 4))
-            throw ConfigError(fmt::format("checkpoint '{}' is truncated", path));
+        std::memcpy(v.data(), data, v.size() * 4);
+        data += v.size() * 4;
         for (size_t r = 0; r < m_cores.size(); ++r) m_rt->upload(*t, r, v);
     }
-    m_epoch = meta.value("epoch", 0u);
-    m_global_step = meta.value("global_step", uint64_t(0));
-    m_adam_step = meta.value("adam_step", 0u);
+    m_epoch = static_cast<uint32_t>(epoch);
+    m_global_step = global_step;
+    m_adam_step = static_cast<uint32_t>(adam_step);
 }
 
 // ---- report ---------------------------------------------------------------------------------

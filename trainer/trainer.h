@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -25,6 +26,9 @@ class Tracer;
 /// a distributed sampler inserted automatically, gradients averaged over ICI at every optimizer
 /// step, replicas kept (and verified) bit-identical.
 namespace tpu::trainer {
+
+/// The progress bar's loss field: "loss=2.3026", or "loss=…" before the first loss read-back.
+std::string progress_loss_text(std::optional<float> loss);
 
 /// A Trainer argument Lightning would reject; the message is Lightning's.
 class ConfigError : public std::invalid_argument {
@@ -50,7 +54,7 @@ std::string_view precision_name(PrecisionMode mode);
 struct TrainerOptions {
     Devices devices = std::string("auto");  ///< "auto", 1, 8 or {i}
     std::string precision = "32-true";      ///< "32-true", "bf16-mixed", "bf16-true"
-    uint32_t max_epochs = 1;                ///< epochs of fit()
+    uint32_t max_epochs = 1;                ///< total epochs, counting a resumed checkpoint's
     int64_t limit_train_batches = -1;       ///< steps per epoch at most (-1: all)
     int64_t limit_val_batches = -1;         ///< validation batches at most (-1: all)
     uint32_t log_every_n_steps = 50;        ///< loss read back (a host sync) every n steps
@@ -76,7 +80,7 @@ struct StepTime {
 
 /// The result of validate().
 struct EvalResult {
-    double loss = 0;        ///< mean loss over batches
+    double loss = 0;        ///< mean loss over examples (batch means weighted by batch size)
     double accuracy = 0;    ///< argmax(logits) == label, over the real examples
     uint32_t examples = 0;  ///< examples counted (padding excluded)
 };
@@ -95,7 +99,8 @@ public:
     void fit(Module& module, const DataLoader& train, const DataLoader* val = nullptr);
     /// Loss and accuracy of `module` on `loader` (evaluation mode, every core its shard).
     EvalResult validate(Module& module, const DataLoader& loader);
-    /// Writes parameters and optimizer state atomically (temporary file, then rename).
+    /// Writes parameters and optimizer state with sim::OutputFile (atomic for a regular file);
+    /// throws ConfigError naming the file.
     void save_checkpoint(const std::string& path);
     /// Places `module` (if needed) and loads parameters and optimizer state from `path`.
     void load_checkpoint(Module& module, const std::string& path);

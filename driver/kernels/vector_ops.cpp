@@ -423,7 +423,10 @@ Spec adam_spec(uint64_t n) {
     Spec sp = elementwise("adam", n, 6);
     sp.ins = {{1, W}, {2, G}, {3, M}, {4, V}};
     sp.outs = {{1, W}, {3, M}, {4, V}};
-    // s5 beta1, s6 1 - beta1, s7 beta2, s8 1 - beta2, s9 c2, s10 eps^2, s11 lr c1.
+    // s5 beta1, s6 1 - beta1, s7 beta2, s8 1 - beta2, s9 c2, s10 eps, s11 lr c1.
+    // PyTorch divides by sqrt(v_hat) + eps; the VPU has rsqrt but no sqrt or divide, so
+    // sqrt(x) = x * rsqrt(x) (selected back to 0 where x = 0, where rsqrt is inf) and
+    // 1 / d = rsqrt(d)^2.
     sp.body = [](Body& b) {
         b.vpu(fmt::format("        v.muls {}, {}, s6, s18", b.a(T1), b.a(G)));
         b.vpu(fmt::format("        v.muls {}, {}, s5, s18", b.a(M), b.a(M)));
@@ -433,9 +436,13 @@ Spec adam_spec(uint64_t n) {
         b.vpu(fmt::format("        v.muls {}, {}, s7, s18", b.a(V), b.a(V)));
         b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(V), b.a(V), b.a(T2)));
         b.vpu(fmt::format("        v.muls {}, {}, s9, s18", b.a(T2), b.a(V)));
-        b.vpu(fmt::format("        v.adds {}, {}, s10, s18", b.a(T2), b.a(T2)));
-        b.vpu(fmt::format("        v.rsqrt {}, {}, s18", b.a(T2), b.a(T2)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(M), b.a(T2)));
+        b.vpu(fmt::format("        v.rsqrt {}, {}, s18", b.a(T1), b.a(T2)));
+        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(T2), b.a(T1)));
+        b.vpu(fmt::format("        v.sel {}, {}, {}, {}, s18", b.a(T1), b.a(T2), b.a(T1), b.a(T2)));
+        b.vpu(fmt::format("        v.adds {}, {}, s10, s18", b.a(T1), b.a(T1)));
+        b.vpu(fmt::format("        v.rsqrt {}, {}, s18", b.a(T1), b.a(T1)));
+        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(T1), b.a(T1)));
+        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(M), b.a(T1)));
         b.vpu(fmt::format("        v.muls {}, {}, s11, s18", b.a(T1), b.a(T1)));
         b.vpu(fmt::format("        v.sub {}, {}, {}, s18", b.a(W), b.a(W), b.a(T1)));
     };
@@ -444,7 +451,7 @@ Spec adam_spec(uint64_t n) {
 
 std::vector<uint32_t> adam_args(const AdamScalars& k) {
     return {bits(k.beta1), bits(k.one_minus_b1), bits(k.beta2), bits(k.one_minus_b2),
-            bits(k.c2),    bits(k.eps2),         bits(k.lr_c1)};
+            bits(k.c2),    bits(k.eps),          bits(k.lr_c1)};
 }
 
 float max0(float x) {
@@ -596,7 +603,7 @@ AdamScalars adam_scalars(float lr, float beta1, float beta2, float eps, uint32_t
     s.beta2 = beta2;
     s.one_minus_b2 = 1.0f - beta2;
     s.c2 = static_cast<float>(1.0 / (1.0 - std::pow(double(beta2), double(step))));
-    s.eps2 = eps * eps;
+    s.eps = eps;
     s.lr_c1 = static_cast<float>(double(lr) / (1.0 - std::pow(double(beta1), double(step))));
     return s;
 }
@@ -797,8 +804,10 @@ void adam_reference(std::vector<float>& w, const std::vector<float>& g, std::vec
     for (size_t i = 0; i < w.size(); ++i) {
         m[i] = m[i] * k.beta1 + g[i] * k.one_minus_b1;
         v[i] = v[i] * k.beta2 + (g[i] * g[i]) * k.one_minus_b2;
-        const float r = 1.0f / std::sqrt(v[i] * k.c2 + k.eps2);
-        w[i] = w[i] - (m[i] * r) * k.lr_c1;
+        const float vh = v[i] * k.c2;
+        const float sq = vh != 0.0f ? vh * (1.0f / std::sqrt(vh)) : vh;
+        const float r1 = 1.0f / std::sqrt(sq + k.eps);
+        w[i] = w[i] - (m[i] * (r1 * r1)) * k.lr_c1;
     }
 }
 

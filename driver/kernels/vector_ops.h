@@ -103,11 +103,11 @@ uint32_t col_sum_tile_rows(const hw::BoardConfig& cfg, uint32_t rows, uint32_t c
 
 /// Adam's per-step scalars, computed once on the host in this order and passed to the kernel
 /// as fp32 immediates: one_minus_b1 = 1.0f - beta1, one_minus_b2 = 1.0f - beta2, c2 =
-/// float(1 / (1 - beta2^step)), eps2 = eps * eps, lr_c1 = float(lr / (1 - beta1^step)) (the
-/// powers and quotients in double).
+/// float(1 / (1 - beta2^step)), eps, lr_c1 = float(lr / (1 - beta1^step)) (the powers and
+/// quotients in double).
 struct AdamScalars {
     float beta1 = 0, one_minus_b1 = 0, beta2 = 0, one_minus_b2 = 0;
-    float c2 = 0, eps2 = 0, lr_c1 = 0;
+    float c2 = 0, eps = 0, lr_c1 = 0;
 };
 AdamScalars adam_scalars(float lr, float beta1, float beta2, float eps, uint32_t step);
 
@@ -140,9 +140,11 @@ SoftmaxCeResult softmax_cross_entropy_reference(const std::vector<float>& logits
 /// v = v * momentum + g; w = w - v * lr.
 void sgd_momentum_reference(std::vector<float>& w, const std::vector<float>& g,
                             std::vector<float>& v, float lr, float momentum);
-/// With s = adam_scalars(...): m = m * beta1 + g * one_minus_b1; v = v * beta2 + (g * g) *
-/// one_minus_b2; r = 1.0f / sqrtf(v * c2 + eps2); w = w - (m * r) * lr_c1. (eps sits inside
-/// the square root because the VPU has rsqrt but no divide.)
+/// torch.optim.Adam's update, w -= lr c1 m / (sqrt(v c2) + eps), in VPU operations. With s =
+/// adam_scalars(...): m = m * beta1 + g * one_minus_b1; v = v * beta2 + (g * g) *
+/// one_minus_b2; vh = v * c2; sq = vh != 0 ? vh * (1.0f / sqrtf(vh)) : vh; r1 = 1.0f /
+/// sqrtf(sq + eps); w = w - (m * (r1 * r1)) * lr_c1. (The VPU has rsqrt but no sqrt or
+/// divide.)
 void adam_reference(std::vector<float>& w, const std::vector<float>& g, std::vector<float>& m,
                     std::vector<float>& v, float lr, float beta1, float beta2, float eps,
                     uint32_t step);

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "hw/board_config.h"
 #include "hw/core/numerics.h"
@@ -272,6 +273,12 @@ void CoreModel::finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t
     if (m_record) m_records.push_back({m_pc, m_program[m_pc].op, m_cycle, start, done});
 }
 
+namespace {
+/// Instructions between stop polls: a poll reads the host clock (~20 ns), so 4096 keeps its
+/// cost negligible while a spinning core still stops within a millisecond.
+constexpr uint32_t kStopPollInstructions = 4096;
+}  // namespace
+
 CoreModel::Status CoreModel::run(uint64_t now) {
     if (m_fault) return {Block::Faulted, m_cycle};
     if (!m_running) return {Block::Halted, m_cycle};
@@ -288,6 +295,12 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                               "with halt",
                               m_pc, m_program.size()));
             return {Block::Faulted, m_cycle};
+        }
+        // A kernel that spins without halting would otherwise hold the host for as long as
+        // max_cycles allows (hours at ~1 M cycles per host second): poll for a stop.
+        if (++m_poll >= kStopPollInstructions) {
+            m_poll = 0;
+            if (m_env && m_env->stop_requested()) return {Block::Sync, m_cycle};
         }
         if (limit && m_cycle - m_start_cycle > limit) {
             fault("sequencer", 0,
@@ -465,7 +478,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Fence: {
                         const uint64_t at = std::max(m_cycle, m_units_done);
                         m_stats.stall_wait += at - m_cycle;
-                        if (m_cfg.sim.race_detector) m_race.fence(m_id, at);
+                        if (m_cfg.sim.race_detector) m_race.fence(at);
                         if (m_record) m_records.push_back({m_pc, ins.op, issue, at, at + 1});
                         m_cycle = at + 1;
                         break;
@@ -965,6 +978,15 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     if (dst >= cores) {
         fault("ici", dst,
               fmt::format("core {} does not exist (the board has {} cores)", dst, cores));
+        return IciStep::Faulted;
+    }
+    // A core outside the launch runs no program that could wait for the data or the flag, and
+    // its memory may belong to the host or another launch: a write there is a kernel bug.
+    if (m_env && !std::binary_search(m_env->launched().begin(), m_env->launched().end(), dst)) {
+        fault("ici", dst,
+              fmt::format("core {} is not in this launch (cores {}): ICI reaches only launched "
+                          "cores",
+                          dst, fmt::join(m_env->launched(), ",")));
         return IciStep::Faulted;
     }
     // Link reservations must happen in simulated-time order across cores.

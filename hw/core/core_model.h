@@ -47,6 +47,8 @@ public:
     virtual ~CoreEnv() = default;
     /// Number of cores on the board.
     virtual uint32_t num_cores() const = 0;
+    /// The cores of the current launch, ascending (ICI may only reach these).
+    virtual const std::vector<uint32_t>& launched() const = 0;
     /// Reserves the route from `src` to `dst` for `bytes` starting no earlier than `start`;
     /// returns the cycle the last byte arrives.
     virtual uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes) = 0;
@@ -58,6 +60,9 @@ public:
     virtual void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) = 0;
     /// The race detector of another core's memories.
     virtual RaceDetector& remote_race_detector(uint32_t core) = 0;
+    /// Polled every few thousand instructions: true when the launch must stop now (Ctrl-C, the
+    /// host-time limit). The core then returns to the board without executing further.
+    virtual bool stop_requested() { return false; }
 };
 
 /// Per-core statistics, plain integers on the hot path; the board registers them.
@@ -195,8 +200,9 @@ private:
     uint64_t m_start_cycle = 0;  ///< cycle of the current launch
     uint64_t m_hbm_base = 0;
     bool m_running = false;
-    RaceDetector m_race;
-    uint64_t m_seq = 0;  ///< unit instructions issued (race detector order)
+    RaceDetector m_race{m_id};
+    uint64_t m_seq = 0;   ///< unit instructions issued (race detector order)
+    uint32_t m_poll = 0;  ///< instructions since the last CoreEnv::stop_requested() poll
     std::optional<FaultInfo> m_fault;
     bool m_blocked = false;     ///< stopped in a wait that needs simulated time
     uint64_t m_blocked_at = 0;  ///< cycle the blocked wait issued

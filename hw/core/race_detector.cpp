@@ -19,6 +19,39 @@ std::string side(const AccessRecord& r, bool write) {
 
 }  // namespace
 
+std::string RaceDetector::advice(const AccessRecord& earlier, const AccessRecord& later) const {
+    const bool local = earlier.core == m_owner, mine = later.core == m_owner;
+    if (local && mine)
+        return earlier.flag == isa::kNoFlag
+                   ? fmt::format(
+                         "give pc {} a completion flag and wait on it, or fence, before "
+                         "pc {}",
+                         earlier.pc, later.pc)
+                   : fmt::format("wait on f{} (raised by pc {}) or fence before pc {}",
+                                 earlier.flag, earlier.pc, later.pc);
+    // Only the owner's waits and fences order records (see the class comment): the owner must
+    // see `earlier` done, and a core that is not the owner learns of that only by a signal.
+    std::string wait;
+    if (local)
+        wait =
+            earlier.flag == isa::kNoFlag
+                ? fmt::format("give pc {} a completion flag and wait on it, or fence", earlier.pc)
+                : fmt::format("wait on f{} (raised by pc {}) or fence", earlier.flag, earlier.pc);
+    else
+        wait = earlier.flag == isa::kNoFlag
+                   ? fmt::format("give core {} pc {} a destination flag and wait on it",
+                                 earlier.core, earlier.pc)
+                   : fmt::format("wait on f{} (raised on arrival of core {} pc {}'s transfer)",
+                                 earlier.flag, earlier.core, earlier.pc);
+    const std::string then =
+        mine ? fmt::format(" before its pc {}", later.pc)
+             : fmt::format(
+                   ", then signal core {} (sigr), which must wait for that signal "
+                   "before pc {}",
+                   later.core, later.pc);
+    return fmt::format("core {} must {}{}", m_owner, wait, then);
+}
+
 std::optional<std::string> RaceDetector::add(AccessRecord rec) {
     for (const AccessRecord& a : m_open) {
         if (a.core == rec.core && a.unit == rec.unit) continue;
@@ -27,16 +60,13 @@ std::optional<std::string> RaceDetector::add(AccessRecord rec) {
                 if (x.hbm != y.hbm || !(x.write || y.write)) continue;
                 const uint64_t lo = std::max(x.lo, y.lo), hi = std::min(x.hi, y.hi);
                 if (lo >= hi) continue;
-                const std::string how =
-                    a.flag == isa::kNoFlag
-                        ? fmt::format("give pc {} a completion flag and wait on it, or fence,",
-                                      a.pc)
-                        : fmt::format("wait on f{} (raised by pc {}) or fence", a.flag, a.pc);
                 return fmt::format(
-                    "data race on core {} {} [0x{:x}, 0x{:x}): {} and {} are not ordered; {} "
-                    "before pc {}",
-                    rec.core, x.hbm ? "HBM" : "VMEM", lo, hi, side(rec, y.write), side(a, x.write),
-                    how, rec.pc);
+                    "data race on core {} {} [0x{:x}, 0x{:x}): {} and {} are not ordered; {}",
+                    m_owner, x.hbm ? "HBM" : "VMEM", lo, hi, side(rec, y.write), side(a, x.write),
+                    // Cores run ahead of each other between syncs, so records of different
+                    // cores arrive out of issue order; the advice orders the later after the
+                    // earlier.
+                    rec.issue < a.issue ? advice(rec, a) : advice(a, rec));
             }
     }
     m_open.push_back(std::move(rec));
@@ -60,8 +90,8 @@ void RaceDetector::acknowledge(uint8_t flag, uint64_t t) {
     });
 }
 
-void RaceDetector::fence(uint32_t core, uint64_t t) {
-    std::erase_if(m_open, [&](const AccessRecord& r) { return r.core == core && r.done <= t; });
+void RaceDetector::fence(uint64_t t) {
+    std::erase_if(m_open, [&](const AccessRecord& r) { return r.core == m_owner && r.done <= t; });
 }
 
 }  // namespace tpu::hw

@@ -40,15 +40,20 @@ struct AccessRecord {
 /// record also acknowledges the earlier records of the same unit that were done by then (the
 /// unit is in order). Overlapping ranges where one side writes and neither is ordered are a
 /// race, reported naming both instructions.
+///
+/// A detector covers the memories of one core, its owner; records may come from other cores
+/// (ICI writes into the owner's memory), and only the owner's waits and fences order them.
 class RaceDetector {
 public:
+    /// A detector for the memories of core `owner`.
+    explicit RaceDetector(uint32_t owner) : m_owner(owner) {}
     /// Checks `rec` against every unacknowledged record and keeps it; returns the report of the
     /// first race found.
     std::optional<std::string> add(AccessRecord rec);
     /// A `wait` on `flag` completed at cycle `t` on the owning core.
     void acknowledge(uint8_t flag, uint64_t t);
     /// A `fence` completed at `t`: everything issued by the owning core is done.
-    void fence(uint32_t core, uint64_t t);
+    void fence(uint64_t t);
     /// Forgets everything (a new launch).
     void clear() { m_open.clear(); }
     size_t open_records() const { return m_open.size(); }
@@ -57,6 +62,10 @@ public:
     static constexpr size_t kWindow = 4096;
 
 private:
+    /// How to order `later` after `earlier`: who waits on what, before which instruction.
+    std::string advice(const AccessRecord& earlier, const AccessRecord& later) const;
+
+    uint32_t m_owner;
     std::deque<AccessRecord> m_open;
 };
 

@@ -97,7 +97,7 @@ TEST(CliBench, GemmCyclesEqualTpusimGemm) {
     ASSERT_EQ(bj["cases"].size(), 1u);
     EXPECT_EQ(bj["cases"][0]["name"], "gemm_256/timing");
     EXPECT_EQ(bj["cases"][0]["functional"], false);
-    const Result g = tpusim("gemm --m 256 --k 256 --n 256 --cores 1 --precision bf16 --json");
+    const Result g = tpusim("gemm --m 256 --k 256 --n 256 --num-cores 1 --precision bf16 --json");
     ASSERT_EQ(g.code, 0) << g.err;
     EXPECT_EQ(bj["cases"][0]["cycles"], nlohmann::json::parse(g.out)["cycles"]);
 }

@@ -122,6 +122,13 @@ TEST(CliConfig, BadConfigFileExitsTwo) {
     EXPECT_EQ(t.code, 2);
     EXPECT_EQ(t.err,
               "tpusim: error: " + path + ": key 'hbm.page_policy': expected a string, got 1\n");
+
+    // A field set twice is ambiguous, not "the last one wins".
+    std::ofstream(path) << "{\"hbm\": {\"page_policy\": \"open\",\n \"page_policy\": \"closed\"}}";
+    const auto d = tpusim("config --config " + shell_quote(path));
+    EXPECT_EQ(d.code, 2);
+    EXPECT_EQ(d.out, "");
+    EXPECT_EQ(d.err, "tpusim: error: " + path + ": duplicate key 'hbm.page_policy'\n");
     std::filesystem::remove(path);
 }
 
@@ -152,6 +159,14 @@ TEST(CliConfig, HelpAndVersion) {
     EXPECT_EQ(c.code, 0) << c.err;
     for (const char* opt : {"--config", "--set", "--doc"})
         EXPECT_NE(c.out.find(opt), std::string::npos) << opt;
+    // Every option's help line shows its default.
+    const auto g = tpusim("gemm --help");
+    EXPECT_EQ(g.code, 0) << g.err;
+    EXPECT_NE(g.out.find("--precision TEXT=bf16 "), std::string::npos) << g.out;
+    EXPECT_NE(g.out.find("--cores TEXT=0 "), std::string::npos) << g.out;
+    EXPECT_NE(g.out.find("--m UINT:N>=1=1024 "), std::string::npos) << g.out;
+    // ... and none is an empty list.
+    EXPECT_EQ(g.out.find("=[]"), std::string::npos) << g.out;
     const auto v = tpusim("--version");
     EXPECT_EQ(v.code, 0);
     EXPECT_EQ(v.out, "tpusim 0.1.0\n");

@@ -4,6 +4,7 @@
 
 #include <sys/wait.h>
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -162,9 +163,33 @@ TEST(CliGemm, ChecksBitExactAndIsDeterministic) {
     EXPECT_EQ(bad.err,
               "tpusim: error: --precision: unknown precision 'fp16' (expected bf16, "
               "fp32-3pass or fp32-6pass)\n");
-    const Result nine = tpusim("gemm --m 8 --k 8 --n 8 --cores 9");
+    const Result nine = tpusim("gemm --m 8 --k 8 --n 8 --num-cores 9");
     EXPECT_EQ(nine.code, 2);
-    EXPECT_EQ(nine.err, "tpusim: error: --cores 9: the board has 8 cores\n");
+    EXPECT_EQ(nine.err, "tpusim: error: --num-cores 9: the board has 8 cores\n");
+    // --cores means a list of cores everywhere, as in run: core 3, not three cores.
+    const Result three = tpusim("gemm --m 8 --k 8 --n 8 --cores 3 --json");
+    ASSERT_EQ(three.code, 0) << three.err;
+    EXPECT_EQ(nlohmann::json::parse(three.out)["cores"], 1);
+    struct Case {
+        std::string args, err;
+    };
+    for (const Case& c : std::vector<Case>{
+             {"--cores ''", "tpusim: error: --cores: bad core list '': '' is not a core number\n"},
+             {"--m 0",
+              "--m: expected a whole number >= 1, got '0'\nRun with --help for more "
+              "information.\n"},
+             {"--num-cores 0",
+              "--num-cores: expected a whole number >= 1, got '0'\nRun with "
+              "--help for more information.\n"},
+             {"--cores 1 --num-cores 2",
+              "--cores excludes --num-cores\nRun with --help for more information.\n"},
+             {"--check --set sim.functional=false",
+              "tpusim: error: --check needs computed results, but sim.functional=false (the "
+              "timing-only mode) skips the arithmetic\n"}}) {
+        const Result r = tpusim("gemm --m 8 --k 8 --n 8 " + c.args);
+        EXPECT_EQ(r.code, 2) << c.args;
+        EXPECT_EQ(r.err, c.err) << c.args;
+    }
 }
 
 TEST(CliRun, BadInputsAreClearErrors) {
@@ -188,7 +213,7 @@ TEST(CliRun, BadInputsAreClearErrors) {
               "tpusim: error: --dump /tmp/x: 0 bytes at 0x10000 are not inside core0.hbm "
               "(17179869184 bytes)\n"},
              {"run /nonexistent.s", 2,
-              "tpusim: error: cannot open kernel '/nonexistent.s': No such file or directory\n"},
+              "tpusim: error: kernel: cannot open '/nonexistent.s': No such file or directory\n"},
              {"run " + k + " --set core.mxus=0", 2,
               "tpusim: error: core.mxus must be >= 1 (got 0)\n"},
              {"run " + k + " --trace-window 5:1", 2,
@@ -203,8 +228,8 @@ TEST(CliRun, BadInputsAreClearErrors) {
 TEST(CliRun, AKernelThatNeverHaltsCannotHangTheSimulator) {
     std::ofstream(tmp("inf.s")) << "loop: jmp loop\n";
     // Without launch costs the core starts at cycle 0, so the limit trips at cycle 1001.
-    const Result r = tpusim("run " + tmp("inf.s") +
-                            " --set sim.max_cycles=1000 --set sim.launch_costs=false");
+    const Result r =
+        tpusim("run " + tmp("inf.s") + " --set sim.max_cycles=1000 --set sim.launch_costs=false");
     EXPECT_EQ(r.code, 1);
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(r.err, "tpusim: " + tmp("inf.s") +
@@ -219,14 +244,52 @@ TEST(CliRun, BadExampleKernelsShowTheirReports) {
         << race.err;
     // Without the detector the same kernel runs (and reads whatever the DMA has written).
     EXPECT_EQ(tpusim("run " + example("bad/race.s")).code, 0);
-    const Result dead = tpusim("run " + example("bad/deadlock.s") +
-                               " --cores 0,1 --set sim.launch_costs=false");
+    const Result dead =
+        tpusim("run " + example("bad/deadlock.s") + " --cores 0,1 --set sim.launch_costs=false");
     EXPECT_EQ(dead.code, 1);
     EXPECT_EQ(dead.err, "tpusim: " + example("bad/deadlock.s") +
                             ": deadlock at cycle 2: every running core waits on a flag that "
                             "nothing can raise\n  core 0: running at cycle 2, pc 2 (wait f1, 1); "
                             "all flags 0\n  core 1: running at cycle 2, pc 2 (wait f1, 1); all "
                             "flags 0\n");
+}
+
+TEST(CliRun, IciRaceAndIciOutsideTheLaunchNameTheRightCore) {
+    // Core 0 writes core 1's VMEM over ICI while core 1 reads the same bytes without waiting on
+    // the arrival flag: a race on core 1's VMEM, and core 1 is the one that must wait.
+    std::ofstream(tmp("icirace.s")) << "coreid s1\nbne s1, 0, rx\n"
+                                       "ici.v 1, [0x1000], [0], 256, f3\nhalt\n"
+                                       "rx: li s2, 0\nspin: add s2, s2, 1\nblt s2, 100, spin\n"
+                                       "v.adds [0x2000], [0x1000], 1.0, 64\nwait f3, 1\nhalt\n";
+    const Result race =
+        tpusim("run " + tmp("icirace.s") + " --cores 0,1 --set sim.race_detector=true");
+    EXPECT_EQ(race.code, 1);
+    EXPECT_EQ(race.out, "");
+    EXPECT_NE(race.err.find("data race on core 1 VMEM [0x1000, 0x1100)"), std::string::npos)
+        << race.err;
+    EXPECT_NE(race.err.find("core 1 must wait on f3 (raised on arrival of core 0 pc 2's "
+                            "transfer) before its pc 7\n"),
+              std::string::npos)
+        << race.err;
+    // Core 1 exists but is not launched: the transfer is a device fault naming it.
+    const Result out = tpusim("run " + tmp("icirace.s") + " --cores 0");
+    EXPECT_EQ(out.code, 1);
+    EXPECT_NE(out.err.find("in ici, cycle"), std::string::npos) << out.err;
+    EXPECT_NE(out.err.find(": core 1 is not in this launch (cores 0)"), std::string::npos)
+        << out.err;
+}
+
+TEST(CliRun, TwoCoresFaultingAtOnceKeepStdoutClean) {
+    // Both cores fault in the same delta cycle and both call sc_stop(); SystemC's warning about
+    // the second call (W545) went to stdout, into the --json output.
+    std::ofstream(tmp("fault2.s")) << "li s1, 0x100000\nv.exp [s1], [0], 8\nhalt\n";
+    const Result f = tpusim("run " + tmp("fault2.s") + " --cores 0,1 --json --config " +
+                            tpu::test::source_dir() + "/configs/tiny.json");
+    EXPECT_EQ(f.code, 1);
+    EXPECT_EQ(f.out, "");
+    EXPECT_EQ(f.err.find("W545"), std::string::npos) << f.err;
+    EXPECT_EQ(f.err.rfind("tpusim: " + tmp("fault2.s") + ": device fault on core 0 at pc 1", 0), 0u)
+        << f.err;
 }
 
 TEST(CliRun, DeviceFaultAndDeadlockExitOne) {
@@ -274,8 +337,8 @@ TEST(CliRun, BadRequestsAreFaultsNamingTheProblem) {
     for (size_t i = 0; i < cases.size(); ++i) {
         const std::string file = tmp("bad" + std::to_string(i) + ".s");
         std::ofstream(file) << cases[i].kernel;
-        const Result r = tpusim("run " + file + " --config " + tpu::test::source_dir() +
-                                "/configs/tiny.json");
+        const Result r =
+            tpusim("run " + file + " --config " + tpu::test::source_dir() + "/configs/tiny.json");
         EXPECT_EQ(r.code, 1) << cases[i].kernel;
         EXPECT_EQ(r.err, "tpusim: " + file + ": device fault on core 0 at " + cases[i].err + "\n")
             << cases[i].kernel;
@@ -351,7 +414,7 @@ TEST(CliStats, GemmKernelCountsTheMxuWorkOfThePaddedShape) {
 }
 
 TEST(CliStats, ReportShowsEachKernelAndPlacesItOnTheRoofline) {
-    ASSERT_EQ(tpusim("gemm --m 256 --k 256 --n 256 --cores 2 --trace " + tmp("rk.json") +
+    ASSERT_EQ(tpusim("gemm --m 256 --k 256 --n 256 --num-cores 2 --trace " + tmp("rk.json") +
                      " --stats " + tmp("rk.stats.json"))
                   .code,
               0);
@@ -363,6 +426,47 @@ TEST(CliStats, ReportShowsEachKernelAndPlacesItOnTheRoofline) {
     EXPECT_NE(html.find("<table class=\"kernels\">"), std::string::npos);
     EXPECT_NE(html.find("class=\"kpoint\" data-kernel=\"gemm\""), std::string::npos);
     EXPECT_NE(html.find("kernel gemm</td>"), std::string::npos);
+}
+
+TEST(CliStats, ReportOfATraceWindowNeverMixesScopesOrExceedsAPeak) {
+    // The README tour's case: the trace covers a window, the stats the whole run. Dividing the
+    // run's FLOPs by the window's cycles printed 401% MXU utilisation. The window is the middle
+    // half of the kernel (after the host's input writes), taken from a full trace.
+    const std::string gemm = "gemm --m 512 --k 512 --n 512 --num-cores 2 --trace ";
+    ASSERT_EQ(tpusim(gemm + tmp("rf.json")).code, 0);
+    uint64_t lo = UINT64_MAX, hi = 0;
+    const auto full = nlohmann::json::parse(slurp(tmp("rf.json")));
+    for (const auto& e : full["traceEvents"])
+        if (e["ph"] == "X" && e["name"] == "mxu.mm") {
+            lo = std::min<uint64_t>(lo, e["args"]["begin_cycle"]);
+            hi = std::max<uint64_t>(hi, e["args"]["end_cycle"]);
+        }
+    ASSERT_LT(lo, hi);
+    const uint64_t b = lo + (hi - lo) / 4, e = lo + 3 * (hi - lo) / 4;
+    ASSERT_EQ(tpusim(gemm + tmp("rw.json") + " --trace-window " + std::to_string(b) + ":" +
+                     std::to_string(e) + " --stats " + tmp("rw.stats.json"))
+                  .code,
+              0);
+    const auto window = nlohmann::json::parse(slurp(tmp("rw.json")))["otherData"]["window"];
+    EXPECT_EQ(window["begin_cycle"], b);
+    EXPECT_EQ(window["end_cycle"], e);
+    const Result r = tpusim("report " + tmp("rw.json") + " --stats " + tmp("rw.stats.json") +
+                            " -o " + tmp("rw.html"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string html = slurp(tmp("rw.html"));
+    EXPECT_NE(html.find("<tr><th>trace window</th>"), std::string::npos);
+    EXPECT_NE(html.find("(the stats count the whole run"), std::string::npos);
+    size_t checked = 0;
+    for (size_t at = html.find("%<"); at != std::string::npos; at = html.find("%<", at + 1)) {
+        size_t b = at;
+        while (b > 0 &&
+               (std::isdigit(static_cast<unsigned char>(html[b - 1])) || html[b - 1] == '.'))
+            --b;
+        if (b == at) continue;
+        EXPECT_LE(std::stod(html.substr(b, at - b)), 100.0) << html.substr(b, 80);
+        ++checked;
+    }
+    EXPECT_GT(checked, 3u);
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ TEST(CliTrain, LightningDeviceAndPrecisionErrors) {
          "tpusim: error: --data 'mnist': expected fashion-mnist, synthetic or "
          "auto\n"},
         {"--data fashion-mnist --data-dir /nonexistent",
-         "tpusim: error: /nonexistent/train-images-idx3-ubyte.gz: cannot open: No such file or "
+         "tpusim: error: cannot open '/nonexistent/train-images-idx3-ubyte.gz': No such file or "
          "directory\n"},
         {"--trace-steps 5",
          "tpusim: error: --trace-steps '5': expected FIRST:COUNT with COUNT "
@@ -61,6 +61,50 @@ TEST(CliTrain, LightningDeviceAndPrecisionErrors) {
         EXPECT_EQ(r.code, 2) << c.args;
         EXPECT_EQ(r.err, c.err) << c.args;
     }
+}
+
+TEST(CliTrain, BadNumbersAreRefusedNamingTheFlag) {
+    // PyTorch's optimizers raise ValueError for these; training on would reach a NaN loss.
+    const std::string base =
+        "train --synthetic-count 256 --batch-size 8 --no-progress --data synthetic --hidden 32";
+    struct Case {
+        std::string args, err;
+    };
+    const std::vector<Case> cases = {
+        {"--lr nan", "tpusim: error: --lr: Invalid learning rate: nan\n"},
+        {"--lr -0.1", "tpusim: error: --lr: Invalid learning rate: -0.1\n"},
+        {"--optimizer sgd --momentum nan",
+         "tpusim: error: --momentum: Invalid momentum value: nan\n"},
+        {"--limit-train-batches 0",
+         "tpusim: error: --limit-train-batches 0: expected a number of batches >= 1, or -1 for "
+         "all\n"},
+        {"--limit-train-batches -5",
+         "tpusim: error: --limit-train-batches -5: expected a number of batches >= 1, or -1 for "
+         "all\n"},
+        {"--limit-test-batches 0",
+         "tpusim: error: --limit-test-batches 0: expected a number of batches >= 1, or -1 for "
+         "all\n"},
+        {"--synthetic-count 0",
+         "--synthetic-count: expected a whole number >= 1, got '0'\nRun with --help for more "
+         "information.\n"},
+    };
+    for (const Case& c : cases) {
+        const CliResult r = tpusim(base + " " + c.args);
+        EXPECT_EQ(r.code, 2) << c.args;
+        EXPECT_EQ(r.err, c.err) << c.args;
+    }
+}
+
+TEST(CliTrain, SyntheticDataIsNotLearnedInAFewSteps) {
+    // The classes overlap: 16 steps (a quarter of the default epoch) leave the model well
+    // short of 100%, which well-separated blobs reached in that many steps.
+    const CliResult r =
+        tpusim("train --data synthetic --no-progress --limit-train-batches 16 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_LT(j["test_accuracy"].get<double>(), 0.8) << r.out;
+    EXPECT_GT(j["test_accuracy"].get<double>(), 0.15) << r.out;  // but learning has started
+    EXPECT_GT(j["test_loss"].get<double>(), 1.0) << r.out;
 }
 
 TEST(CliTrain, JsonResultAndDeviceChoices) {
@@ -88,9 +132,13 @@ TEST(CliTrain, MetricsReportCheckpointAndResume) {
     for (const char* key : {"Metric: ExecuteTime", "Counter: MarkStep\n  Value: 4\n",
                             "Counter: UncachedCompile", "Analysis:"})
         EXPECT_NE(rep.find(key), std::string::npos) << key << "\n" << rep;
+    // --epochs is Lightning's max_epochs, the total: the checkpoint holds epoch 1 of 1 already.
     r = tpusim(kSmall + " --resume " + ckpt + " --json");
     ASSERT_EQ(r.code, 0) << r.err;
-    // Resumed at global step 4: four more steps.
+    EXPECT_EQ(nlohmann::json::parse(r.out)["steps"], 4);
+    r = tpusim(kSmall + " --resume " + ckpt + " --epochs 2 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    // Resumed at global step 4 after epoch 1: one more epoch of four steps.
     EXPECT_EQ(nlohmann::json::parse(r.out)["steps"], 8);
     r = tpusim(kBase + " --data synthetic --hidden 16 --resume " + ckpt);
     EXPECT_EQ(r.code, 2);
@@ -120,8 +168,9 @@ TEST(CliTrain, FashionMnistOneEpochOnEightCoresReaches85Percent) {
     // four minutes on one host core, so the sanitizer run leaves it out (tpusim, ASAN_EXCLUDED).
     if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
         GTEST_SKIP() << "the Debian package dataset-fashion-mnist is not installed";
-    const CliResult r = tpusim("train --data fashion-mnist --devices 8 --precision bf16-mixed "
-                               "--epochs 1 --no-progress --json");
+    const CliResult r = tpusim(
+        "train --data fashion-mnist --devices 8 --precision bf16-mixed "
+        "--epochs 1 --no-progress --json");
     ASSERT_EQ(r.code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_GE(j["test_accuracy"].get<double>(), 0.85) << r.out;

@@ -56,14 +56,14 @@ TEST(Determinism, MultiCoreRunWithIciWritesIdenticalFiles) {
 
 TEST(Determinism, GemmWritesIdenticalTraceAndStats) {
     expect_deterministic("gemm", "gemm --m 100 --k 200 --n 130 --cores 0-3 --precision fp32-3pass");
-    expect_deterministic("gemmcsv", "gemm --m 64 --k 64 --n 64 --cores 2", ".csv");
+    expect_deterministic("gemmcsv", "gemm --m 64 --k 64 --n 64 --num-cores 2", ".csv");
 }
 
 TEST(Determinism, ReportOfTheSameRunIsIdentical) {
     const std::string base = tmp("rep");
     ASSERT_EQ(
-        tpusim("gemm --m 64 --k 128 --n 64 --cores 2 --trace " + shell_quote(base + ".trace.json") +
-               " --stats " + shell_quote(base + ".stats.json"))
+        tpusim("gemm --m 64 --k 128 --n 64 --num-cores 2 --trace " +
+               shell_quote(base + ".trace.json") + " --stats " + shell_quote(base + ".stats.json"))
             .code,
         0);
     for (const char* n : {"1", "2"})

@@ -149,6 +149,28 @@ TEST(VectorOps, TilingPipelinesLargeTensors) {
     EXPECT_EQ(col_sum_tile_rows(cfg, 2, 40000), 1u);
 }
 
+TEST(VectorOps, AdamIsPyTorchsFormulaWithEpsOutsideTheRoot) {
+    // torch.optim.Adam, step 1: w -= lr * m_hat / (sqrt(v_hat) + eps) with m_hat = g and
+    // v_hat = g^2, so the step is lr * |g| / (|g| + eps): half of lr where |g| = eps (eps inside
+    // the root would give lr / sqrt(2)), lr for large |g|, 0 for g = 0.
+    auto dev = open_device();
+    ProgramCache cache;
+    const float lr = 1e-2f, eps = 1e-6f;
+    std::vector<float> g = {1e-6f, -1e-6f, 3.0f, 0.0f, 4e-6f}, w(g.size(), 1.0f);
+    std::vector<float> m(g.size(), 0.0f), v(g.size(), 0.0f);
+    const auto n = static_cast<uint32_t>(g.size());
+    const Buffer bw = upload(*dev, w), bg = upload(*dev, g), bm = upload(*dev, m),
+                 bv = upload(*dev, v);
+    adam(*dev, cache, bw, bg, bm, bv, n, lr, 0.9f, 0.999f, eps, 1);
+    adam_reference(w, g, m, v, lr, 0.9f, 0.999f, eps, 1);
+    EXPECT_BITS_EQ(download(*dev, bw, n), w);
+    for (size_t i = 0; i < g.size(); ++i) {
+        const double a = std::abs(double(g[i]));
+        const double torch = 1.0 - (g[i] < 0 ? -1.0 : 1.0) * lr * a / (a + eps);
+        EXPECT_NEAR(w[i], torch, 1e-6) << "g = " << g[i];
+    }
+}
+
 TEST(VectorOps, SmallVmemBoundsTheTile) {
     // The tiny board has 1 MiB of VMEM: Adam's six areas in two slots fit (512 KiB - 6 x 256)
     // / 24 = 21 781 values a tile, fewer than the 32 768 cap, so 70 000 values take 4 tiles.

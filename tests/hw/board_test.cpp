@@ -10,6 +10,8 @@
 #include <random>
 #include <sstream>
 
+#include <systemc>
+
 #include "hw/board.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/numerics.h"
@@ -244,6 +246,66 @@ receiver:
     }
 }
 
+TEST(Board, IciRaceIsReportedOnTheReceivingCore) {
+    Board b(v3());
+    // Core 0 writes core 1's VMEM over ICI; core 1 reads the same bytes after a spin, without
+    // waiting on the arrival flag f3. The race is on core 1's VMEM, and core 1 must wait.
+    const std::string prog = R"(
+        coreid s1
+        bne s1, 0, receiver
+        ici.v 1, [0x1000], [0], 256, f3
+        halt
+receiver:
+        li s2, 0
+spin:
+        add s2, s2, 1
+        blt s2, 100, spin
+        v.adds [0x2000], [0x1000], 1.0, 64
+        wait f3, 1
+        halt
+)";
+    for (uint32_t c : {0u, 1u}) b.load(c, isa::assemble(prog));
+    try {
+        b.run({0, 1});
+        ADD_FAILURE() << "no race reported";
+    } catch (const DeviceFault& f) {
+        EXPECT_EQ(f.info().unit, "race-detector");
+        const std::string& w = f.info().what;
+        EXPECT_EQ(w.substr(0, 41), "data race on core 1 VMEM [0x1000, 0x1100)") << w;
+        const std::string advice =
+            "are not ordered; core 1 must wait on f3 (raised on arrival of core 0 pc 2's "
+            "transfer) before its pc 7";
+        EXPECT_EQ(w.substr(w.size() - advice.size()), advice) << w;
+    }
+}
+
+/// Runs `op` on core 0 alone and expects a device fault naming core 1, which exists but runs
+/// nothing, and core 1's VMEM untouched. (One board per process: one op per test.)
+void expect_fault_outside_launch(const std::string& op) {
+    Board b(v3());
+    b.load(0, isa::assemble(op + "\nhalt\n"));
+    try {
+        b.run({0});
+        ADD_FAILURE() << op << ": no fault";
+    } catch (const DeviceFault& f) {
+        EXPECT_EQ(f.info().unit, "ici");
+        EXPECT_EQ(f.info().core, 0u);
+        EXPECT_EQ(f.info().what,
+                  "core 1 is not in this launch (cores 0): ICI reaches only launched cores");
+    }
+    std::vector<uint8_t> got(256, 0xAA);
+    b.vmem(1).read(0x1000, got);
+    EXPECT_EQ(got, std::vector<uint8_t>(256, 0));
+}
+
+TEST(Board, IciTransferToACoreOutsideTheLaunchIsADeviceFault) {
+    expect_fault_outside_launch("ici.v 1, [0x1000], [0], 256, f3");
+}
+
+TEST(Board, SignalToACoreOutsideTheLaunchIsADeviceFault) {
+    expect_fault_outside_launch("sigr 1, f4, 1");
+}
+
 TEST(Board, CoreSetParsing) {
     EXPECT_EQ(parse_core_set("0-3,6", 8), (std::vector<uint32_t>{0, 1, 2, 3, 6}));
     EXPECT_EQ(parse_core_set("all", 2), (std::vector<uint32_t>{0, 1}));
@@ -257,6 +319,18 @@ TEST(Board, CoreSetParsing) {
     EXPECT_THROW(parse_core_set("3-1", 8), std::invalid_argument);
     EXPECT_THROW(parse_core_set("1,1", 8), std::invalid_argument);
     EXPECT_THROW(parse_core_set("x", 8), std::invalid_argument);
+}
+
+TEST(Board, SystemCReportsGoToStderrNotStdout) {
+    // stdout carries --json results; a SystemC warning such as W545 must not land there.
+    Board b(BoardConfig::load("", {}));
+    ::testing::internal::CaptureStdout();
+    ::testing::internal::CaptureStderr();
+    SC_REPORT_WARNING("tpusim/test", "a warning for stderr");
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(out, "");
+    EXPECT_NE(err.find("a warning for stderr"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -220,6 +220,17 @@ TEST(Config, MalformedJsonNamesLineAndColumn) {
               "c.json: malformed JSON: number overflow parsing '1e999'");
 }
 
+TEST(Config, DuplicateKeyIsRefusedNamingIt) {
+    // nlohmann would keep the last value silently.
+    EXPECT_EQ(error_of_json(R"({"clock_mhz": 940, "clock_mhz": 1000})"),
+              "c.json: duplicate key 'clock_mhz'");
+    EXPECT_EQ(error_of_json(R"({"core": {"mxus": 1, "vmem_bytes": 1024, "mxus": 2}})"),
+              "c.json: duplicate key 'core.mxus'");
+    // The same key in two different objects is no duplicate.
+    EXPECT_EQ(error_of_json(R"({"core": {"x": 1}, "hbm": {"x": 1}})").find("duplicate"),
+              std::string::npos);
+}
+
 TEST(Config, TopLevelMustBeAnObject) {
     EXPECT_EQ(error_of_json("[1]"), "c.json: expected a JSON object at the top level");
     EXPECT_EQ(error_of_json("null"), "c.json: expected a JSON object at the top level");

@@ -218,6 +218,33 @@ TEST(Tracer, WindowIsHalfOpenAndFilteredTracksAreMinusOne) {
     EXPECT_EQ(events_of(p, "X")[1]["args"]["end_cycle"], 300);
 }
 
+TEST(Tracer, RecordsTheWindowItCovers) {
+    // write_sample's events end at cycle 3000 (the host write), the end of the "run".
+    const std::string all = tmp("all.json"), part = tmp("part.json"), late = tmp("late.json");
+    write_sample(all);
+    write_sample(part, {}, 200, 2000);
+    write_sample(late, {}, 400, 0);  // open end: the last cycle of any event offered
+    auto window = [](const std::string& p) { return json::parse(slurp(p))["otherData"]["window"]; };
+    EXPECT_EQ(window(all), json::parse(R"({"begin_cycle":0,"end_cycle":3000})"));
+    EXPECT_EQ(window(part), json::parse(R"({"begin_cycle":200,"end_cycle":2000})"));
+    EXPECT_EQ(window(late), json::parse(R"({"begin_cycle":400,"end_cycle":3000})"));
+    // A window past the end of the run covers nothing; a window moved while running (the
+    // trainer tracing a few steps) is recorded as it was at the end.
+    const std::string none = tmp("none.json"), moved = tmp("moved.json");
+    write_sample(none, {}, 5000, 0);
+    EXPECT_EQ(window(none), json::parse(R"({"begin_cycle":3000,"end_cycle":3000})"));
+    {
+        Tracer t;
+        t.open(moved, 1000.0);
+        t.set_window(UINT64_MAX, 0);
+        t.set_window(100, 0);
+        t.set_window(100, 700);
+        t.complete(t.track("core0", "seq"), "x", 0, 900);
+    }
+    EXPECT_EQ(window(moved), json::parse(R"({"begin_cycle":100,"end_cycle":700})"));
+    EXPECT_EQ(json::parse(slurp(moved))["otherData"]["generator"], "tpusim");
+}
+
 TEST(Tracer, EscapesStringsAndWritesNonFiniteAsNull) {
     const std::string p = tmp("escape.json");
     const std::string nasty = std::string("q\"b\\s\nn\tt\r\x01") + "\xc3\xa9";  // é in UTF-8
@@ -252,8 +279,14 @@ TEST(Tracer, StreamsToDiskWhileOpen) {
     const int k = t.track("core0", "seq");
     constexpr uint64_t kEvents = 50'000;
     for (uint64_t i = 0; i < kEvents; ++i) t.complete(k, "op", i, i + 1, {{"pc", i}});
-    // Each event is ~100 bytes; all but the last buffer-full must already be in the file.
-    const auto on_disk = std::filesystem::file_size(p);
+    // Each event is ~100 bytes; all but the last buffer-full must already be on disk, in the
+    // temporary file beside the trace (the trace itself appears complete, at close).
+    EXPECT_FALSE(std::filesystem::exists(p));
+    uintmax_t on_disk = 0;
+    const std::string stem = "." + std::filesystem::path(p).filename().string() + ".tmp";
+    for (const auto& e :
+         std::filesystem::directory_iterator(std::filesystem::path(p).parent_path()))
+        if (e.path().filename().string().rfind(stem, 0) == 0) on_disk = e.file_size();
     EXPECT_GT(on_disk, kEvents * 80);
     t.close();
     EXPECT_FALSE(t.enabled());
@@ -289,7 +322,7 @@ TEST(Tracer, DisabledTracerAndBadArguments) {
         t.open("/nonexistent/dir/t.json", 940.0);
         ADD_FAILURE();
     } catch (const std::runtime_error& e) {
-        EXPECT_STREQ(e.what(), "cannot write trace file '/nonexistent/dir/t.json'");
+        EXPECT_STREQ(e.what(), "cannot write '/nonexistent/dir/t.json': No such file or directory");
     }
     EXPECT_FALSE(t.enabled());
     EXPECT_THROW(t.open(tmp("clock.json"), 0.0), std::invalid_argument);

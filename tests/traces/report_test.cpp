@@ -4,10 +4,12 @@
 #include "traces/report.h"
 
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -44,8 +46,9 @@ json sample(int pid, const char* name, uint64_t cycle, double v) {
 
 /// Two cores and the host, 1000 MHz. core0: DMA in 1000-2000 (64 KiB), MXU 2000-4000, DMA out
 /// 4000-5000 (32 KiB). core1: DMA in 1000-3000 (128 KiB), weight load 2500-3500 under a matmul
-/// 3000-5000.
-std::string trace() {
+/// 3000-5000. The trace says it covers cycles [begin, end): by default the whole run of stats()
+/// (5500 cycles); end 0 writes no window, as a trace from another tool.
+std::string trace(uint64_t begin = 0, uint64_t end = 5500) {
     json ev = json::array();
     ev.push_back(meta("process_name", 0, 0, "host"));
     ev.push_back(meta("thread_name", 0, 1, "runtime"));
@@ -77,17 +80,19 @@ std::string trace() {
     ev.push_back(sample(1, "hbm_gbps", 2048, 0.0));
     ev.push_back(sample(2, "mxu_utilization", 3072, 0.25));
     ev.push_back(sample(2, "mxu_utilization", 5120, 0.0));
-    return json{{"displayTimeUnit", "ns"}, {"traceEvents", ev}}.dump();
+    json doc = {{"displayTimeUnit", "ns"}, {"traceEvents", ev}};
+    if (end) doc["otherData"] = {{"window", {{"begin_cycle", begin}, {"end_cycle", end}}}};
+    return doc.dump();
 }
 
-std::string stats() {
+std::string stats(double core0_mxu_flops = 67108864) {
     auto c = [](double v, const char* unit) {
         return json{{"value", v}, {"unit", unit}, {"desc", "-"}};
     };
     json core0 = {{"instructions", c(7, "count")},
                   {"hbm_read_bytes", c(65536, "bytes")},
                   {"hbm_write_bytes", c(32768, "bytes")},
-                  {"mxu0_flops", c(67108864, "flops")},
+                  {"mxu0_flops", c(core0_mxu_flops, "flops")},
                   {"mxu1_flops", c(0, "flops")}};
     json core1 = {{"instructions", c(5, "count")},
                   {"hbm_read_bytes", c(131072, "bytes")},
@@ -153,6 +158,54 @@ TEST(ReportTest, SummaryNumbersComeFromStatsAndConfig) {
               std::string::npos);
     // core0's roofline row: 67108864 / 98304 = 682.67 FLOP/B; 67108864 / 4 us = 16.78 TFLOP/s.
     EXPECT_NE(html.find("<td>682.67</td><td>16.78</td><td>65.54</td><td>25.6%</td><td>compute"),
+              std::string::npos);
+}
+
+/// Every percentage on the page, as numbers.
+std::vector<double> percentages(const std::string& html) {
+    std::vector<double> out;
+    for (size_t at = html.find('%'); at != std::string::npos; at = html.find('%', at + 1)) {
+        size_t b = at;
+        while (b > 0 &&
+               (std::isdigit(static_cast<unsigned char>(html[b - 1])) || html[b - 1] == '.'))
+            --b;
+        if (b < at) out.push_back(std::stod(html.substr(b, at - b)));
+    }
+    return out;
+}
+
+TEST(ReportTest, AWindowedTraceIsNeverDividedIntoTheWholeRunsCounters) {
+    // The README tour's case: the trace covers cycles 1000-5000 of the run and the stats count
+    // the whole run, here 100x the MXU work core0 does in the window. Dividing the stats' FLOPs
+    // by the window's cycles printed utilisation above 100%; the per-core figures are the
+    // trace's own (as in TraceOnlyUsesDefaultsAndTraceCounts), the stats keep the board total.
+    const std::string html = render_report(trace(1000, 5000), stats(6710886400.0), "t", config());
+    EXPECT_NE(html.find("<tr><th>trace window</th><td>cycles 1,000 to 5,000 (the stats count "
+                        "the whole run"),
+              std::string::npos)
+        << html;
+    EXPECT_NE(html.find("<td>5,500 = 5.500 us</td>"), std::string::npos);
+    EXPECT_EQ(html.find("6,710,886,400"), std::string::npos);
+    EXPECT_NE(html.find("<tr><th>MXU FLOPs (estimated from mxu_utilization)</th><td>100,663,296"),
+              std::string::npos);
+    EXPECT_NE(html.find("<tr><th>instructions (unit events in the trace)</th><td>6</td>"),
+              std::string::npos);
+    const std::vector<double> pcts = percentages(html);
+    ASSERT_FALSE(pcts.empty());
+    for (double p : pcts) EXPECT_LE(p, 100.0);
+    // A trace without a window (another tool's) is not combined with stats either.
+    const std::string foreign = render_report(trace(0, 0), stats(6710886400.0), "t", config());
+    EXPECT_EQ(foreign.find("6,710,886,400"), std::string::npos);
+    for (double p : percentages(foreign)) EXPECT_LE(p, 100.0);
+}
+
+TEST(ReportTest, NoFigureIsShownAboveItsPeak) {
+    // Stats and trace of the same run whose counters claim more than the hardware can do (an
+    // inconsistent input): utilisation stops at 100% and TFLOP/s at the 65.54 peak.
+    const std::string html = render_report(trace(), stats(6710886400.0), "t", config());
+    for (double p : percentages(html)) EXPECT_LE(p, 100.0);
+    EXPECT_NE(html.find("<td>100.0%</td><td>65.54</td>"), std::string::npos);
+    EXPECT_NE(html.find("<tr><th>MXU utilisation over the core activity</th><td>100.0%"),
               std::string::npos);
 }
 

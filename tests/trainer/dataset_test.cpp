@@ -75,7 +75,7 @@ TEST(Idx, MalformedFilesNameTheProblem) {
         read_idx("/nonexistent/train.gz");
         ADD_FAILURE();
     } catch (const DataError& e) {
-        EXPECT_STREQ(e.what(), "/nonexistent/train.gz: cannot open: No such file or directory");
+        EXPECT_STREQ(e.what(), "cannot open '/nonexistent/train.gz': No such file or directory");
     }
 }
 
@@ -99,7 +99,7 @@ TEST(Datasets, MissingDirectoryIsAClearError) {
         ADD_FAILURE();
     } catch (const DataError& e) {
         EXPECT_STREQ(e.what(),
-                     "/nonexistent/train-images-idx3-ubyte.gz: cannot open: No such file or "
+                     "cannot open '/nonexistent/train-images-idx3-ubyte.gz': No such file or "
                      "directory");
     }
 }

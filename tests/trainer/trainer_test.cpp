@@ -9,6 +9,7 @@
 #include "driver/device.h"
 #include "driver/kernels/tensor.h"
 #include "hw/board_config.h"
+#include "tests/common/paths.h"
 #include "trainer/data_loader.h"
 #include "trainer/dataset.h"
 #include "trainer/metrics.h"
@@ -106,6 +107,12 @@ TEST(DistributedSampler, ShufflesPerEpochDeterministically) {
     EXPECT_EQ(std::count(count.begin(), count.end(), 1), 1000);
     EXPECT_EQ(error_of([] { DistributedSampler(10, 4, 4, false, 0, false); }),
               "Invalid rank 4, rank should be in the interval [0, 3]");
+}
+
+TEST(ProgressBar, LossIsPendingUntilTheFirstReadBack) {
+    // Before the first read-back there is no loss; "nan" would read as a diverged run.
+    EXPECT_EQ(progress_loss_text(std::nullopt), "loss=\u2026");
+    EXPECT_EQ(progress_loss_text(2.302585F), "loss=2.3026");
 }
 
 TEST(Metrics, PyTorchXlaFormat) {
@@ -454,7 +461,95 @@ TEST(TrainerCheckpoint, SaveIsAtomicAndLoadRestoresParameters) {
               "checkpoint '" + path + "': not a tpusim checkpoint");
     std::filesystem::remove(path);
     EXPECT_EQ(error_of([&] { c.load_checkpoint(fresh, path); }),
-              "checkpoint '" + path + "': No such file or directory");
+              "checkpoint: cannot open '" + path + "': No such file or directory");
+}
+
+TEST(Trainer, OptimizerAndBatchLimitsAreValidated) {
+    OptimizerConfig opt;
+    opt.lr = NAN;
+    EXPECT_EQ(error_of([&] { opt.validate(); }), "Invalid learning rate: nan");
+    opt.lr = 0.1f;
+    opt.momentum = -1.0f;
+    EXPECT_EQ(error_of([&] { opt.validate(); }), "Invalid momentum value: -1");
+    opt.momentum = 0.9f;
+    opt.beta2 = 1.0f;
+    EXPECT_EQ(error_of([&] { opt.validate(); }), "Invalid beta parameter at index 1: 1");
+    auto dev = driver::Device::open(board());
+    TrainerOptions opts;
+    opts.limit_train_batches = -5;
+    EXPECT_EQ(error_of([&] { Trainer t(*dev, opts); }),
+              "`limit_train_batches` must be a number of batches >= 1 or -1 (all). Got -5");
+    opts.limit_train_batches = 1;
+    opts.limit_val_batches = 0;
+    EXPECT_EQ(error_of([&] { Trainer t(*dev, opts); }),
+              "`limit_val_batches` must be a number of batches >= 1 or -1 (all). Got 0");
+}
+
+TEST(Trainer, ValidationLossIsTheMeanOverExamples) {
+    // 200 examples on 8 cores: 25 per core, batches of 8, 8, 8 and 1 row per core. Weighted by
+    // batch size the loss equals the one of a single batch of 25 rows; an unweighted mean of the
+    // four batch means would count the one-row batch as much as a full one.
+    auto dev = driver::Device::open(board());
+    TrainerOptions opts;
+    opts.devices = 8;
+    opts.enable_progress_bar = false;
+    opts.precision = "32-true";
+    Trainer trainer(*dev, opts);
+    Mlp model({16, 8, 4}, {}, 2);
+    const Dataset data = synthetic(200, 16, 4, 3);
+    const EvalResult whole = trainer.validate(model, DataLoader{&data, 25, false, false, 0});
+    const EvalResult split = trainer.validate(model, DataLoader{&data, 8, false, false, 0});
+    EXPECT_EQ(whole.examples, 200u);
+    EXPECT_EQ(split.examples, 200u);
+    EXPECT_NEAR(split.loss, whole.loss, 1e-5 * whole.loss);
+}
+
+TEST(TrainerCheckpoint, HeaderFieldsAreCheckedBeforeUse) {
+    auto dev = driver::Device::open(board());
+    const std::string path =
+        ::testing::TempDir() + "/tpusim-ckpt-hdr-" + std::to_string(::getpid()) + ".ckpt";
+    const Dataset data = synthetic(256, 16, 4, 3);
+    DataLoader loader{&data, 8, true, true, 0};
+    TrainerOptions opts;
+    opts.devices = 8;
+    opts.enable_progress_bar = false;
+    opts.limit_train_batches = 3;
+    Trainer a(*dev, opts);
+    Mlp model({16, 8, 4}, {}, 2);
+    a.fit(model, loader);
+    a.save_checkpoint(path);
+    const std::string good = test::slurp(path);
+    // The header is the line after the magic "TPUCKPT1\n".
+    const size_t from = good.find('\n') + 1, to = good.find('\n', from);
+    const std::string header = good.substr(from, to - from);
+    auto with = [&](const std::string& find, const std::string& replace, const std::string& tail) {
+        std::string h = header;
+        const size_t at = h.find(find);
+        EXPECT_NE(at, std::string::npos) << find;
+        if (at != std::string::npos) h.replace(at, find.size(), replace);
+        std::ofstream(path, std::ios::binary | std::ios::trunc)
+            << good.substr(0, from) << h << good.substr(to) << tail;
+        Trainer t(*dev, opts);
+        Mlp fresh({16, 8, 4}, {}, 99);
+        return error_of([&] { t.load_checkpoint(fresh, path); });
+    };
+    const std::string c = "checkpoint '" + path + "': ";
+    EXPECT_EQ(with("\"adam_step\":3", "\"adam_step\":-1e20", ""),
+              c + "'adam_step' is -1e+20, expected a whole number from 0 to 3");
+    EXPECT_EQ(with("\"adam_step\":3", "\"adam_step\":4", ""),
+              c + "'adam_step' is 4, expected a whole number from 0 to 3");
+    EXPECT_EQ(with("\"epoch\":1", "\"epoch\":-5", ""),
+              c + "'epoch' is -5, expected a whole number from 0 to 3");
+    EXPECT_EQ(with("\"global_step\":3", "\"global_step\":\"3\"", ""),
+              c + "'global_step' is \"3\", expected a whole number from 0 to 9007199254740992");
+    EXPECT_EQ(with("\"offset\":0", "\"offset\":100000", ""),
+              c + "parameter 0 (layer_1.weight) is at offset 100000, the module's layout puts it "
+                  "at 0");
+    EXPECT_EQ(with("\"rows\":16", "\"rows\":\"x\"", ""),
+              c + "parameter 0: 'rows' is \"x\", expected a whole number from 0 to 4294967295");
+    EXPECT_EQ(with("\"values\"", "\"valuez\"", ""), c + "'values' is missing");
+    EXPECT_NE(with("", "", "extra").find("bytes of values after its header"), std::string::npos);
+    EXPECT_EQ(with("", "", ""), "no error");
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/tpusim/bench_cases.h"
 
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -18,6 +20,7 @@
 #include "driver/kernels/gemm.h"
 #include "driver/kernels/vector_ops.h"
 #include "driver/program_cache.h"
+#include "sim/interrupt.h"
 #include "tools/tpusim/random_fill.h"
 #include "trainer/trainer.h"
 
@@ -127,10 +130,20 @@ bool write_all(int fd, const void* data, size_t bytes) {
     return true;
 }
 
-std::string read_all(int fd) {
+/// Reads the child's report until it closes the pipe. Ctrl-C at a terminal reaches the whole
+/// process group, so the child stops by itself; a SIGINT sent to this process alone (kill, a
+/// test harness) is forwarded to the child if it has not answered within 200 ms, so a case
+/// stops as promptly either way (a second SIGINT to the child would end it without a report).
+std::string read_report(int fd, pid_t child) {
     std::string out;
     char buf[4096];
+    bool forwarded = false;
     for (;;) {
+        if (!forwarded && sim::interrupt_requested()) {
+            pollfd p{fd, POLLIN, 0};
+            if (::poll(&p, 1, 200) == 0) ::kill(child, SIGINT);
+            forwarded = true;
+        }
         const ssize_t n = ::read(fd, buf, sizeof buf);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;
@@ -243,7 +256,7 @@ CaseRun run_case_isolated(const hw::BoardConfig& cfg, const BenchCase& c) {
         child_main(fds[1], cfg, c);
     }
     ::close(fds[1]);
-    const std::string data = read_all(fds[0]);
+    const std::string data = read_report(fds[0], pid);
     ::close(fds[0]);
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -276,7 +289,8 @@ double EigenYardstick::seconds(const GemmShape& s) {
     int reps = 0;
     // The first repetition also pays for page faults on C; the best of several is the steady
     // figure. Large shapes stop after two once the budget is spent.
-    while (reps < 5 && (reps < 2 || total < m_budget)) {
+    // Ctrl-C: no further repetition (one of 4096^3 takes seconds); the command then stops.
+    while (reps < 5 && (reps < 2 || total < m_budget) && !sim::interrupt_requested()) {
         const auto t0 = Clock::now();
         c.noalias() = a * w;
         const double dt = since(t0);

@@ -1,12 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // tpusim asm / disasm: text assembly <-> program images, and the generated ISA reference.
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -15,6 +10,7 @@
 #include "isa/assembler.h"
 #include "isa/disassembler.h"
 #include "isa/doc.h"
+#include "sim/file_io.h"
 #include "tools/tpusim/commands.h"
 
 namespace tpu::cli {
@@ -24,27 +20,19 @@ constexpr std::string_view kBegin = "<!-- BEGIN GENERATED: isa reference -->";
 constexpr std::string_view kEnd = "<!-- END GENERATED -->";
 
 std::string read_text(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    try {
+        return sim::read_input_file(path);
+    } catch (const sim::InputFileError& e) {
+        throw InputError(e.what());
+    }
 }
 
 void write_file(const std::string& path, const void* data, size_t size) {
-    // Write-then-rename so a failed write never leaves a truncated program behind.
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out)
-            throw InputError(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
-        out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
-        if (!out)
-            throw InputError(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+    try {
+        sim::write_output_file(path, std::string_view(static_cast<const char*>(data), size));
+    } catch (const sim::OutputError& e) {
+        throw InputError(e.what());
     }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) throw InputError(fmt::format("cannot write '{}': {}", path, ec.message()));
 }
 
 /// Replaces the generated section of a README with the current reference.

@@ -12,6 +12,7 @@
 
 #include "driver/device.h"
 #include "hw/board_config.h"
+#include "sim/interrupt.h"
 #include "tools/tpusim/bench_cases.h"
 #include "tools/tpusim/commands.h"
 
@@ -113,6 +114,9 @@ void register_bench_command(CLI::App& app) {
                     throw InputError(e.what());
                 throw RunError(e.what());
             }
+            // Interrupted in the parent's Eigen yardstick: the row is incomplete; main()
+            // reports the interruption (exit 130).
+            if (sim::interrupt_requested()) return;
             if (text) print_row(r);
             rows.push_back(row_json(r));
         }

@@ -21,18 +21,23 @@ void register_gemm_command(CLI::App& app) {
     struct Opts {
         CommonOptions common;
         uint32_t m = 1024, k = 1024, n = 1024;
-        std::string cores = "1";
+        std::string cores = "0";
+        uint32_t num_cores = 0;
         std::string precision = "bf16";
         bool check = false;
         uint32_t seed = 1;
     };
     auto o = std::make_shared<Opts>();
     auto* cmd = app.add_subcommand("gemm", "run the library GEMM C = A x W on random inputs");
-    cmd->add_option("--m", o->m, "rows of A and C")->check(CLI::PositiveNumber);
-    cmd->add_option("--k", o->k, "columns of A, rows of W")->check(CLI::PositiveNumber);
-    cmd->add_option("--n", o->n, "columns of W and C")->check(CLI::PositiveNumber);
-    cmd->add_option("--cores", o->cores,
-                    "number of cores (rows are split over cores 0..N-1), or a list: 0-3, 2,5");
+    cmd->add_option("--m", o->m, "rows of A and C")->check(positive_number());
+    cmd->add_option("--k", o->k, "columns of A, rows of W")->check(positive_number());
+    cmd->add_option("--n", o->n, "columns of W and C")->check(positive_number());
+    auto* list = cmd->add_option("--cores", o->cores,
+                                 "cores to split the GEMM over, as in run: 3, 0-3, 2,5 or all");
+    cmd->add_option("--num-cores", o->num_cores, "split over cores 0..N-1")
+        ->check(positive_number())
+        ->default_str("")
+        ->excludes(list);
     cmd->add_option("--precision", o->precision, "bf16 | fp32-3pass | fp32-6pass");
     cmd->add_flag("--check", o->check,
                   "compare with a host reference of the same numerics (bit-exact) and with fp64");
@@ -47,23 +52,22 @@ void register_gemm_command(CLI::App& app) {
             throw InputError(fmt::format("--precision: {}", e.what()));
         }
         std::vector<uint32_t> cores;
-        const bool count = o->cores.find_first_not_of("0123456789") == std::string::npos;
-        try {
-            if (count) {
-                const unsigned long c = std::stoul(o->cores);
-                if (c == 0 || c > cfg.cores())
-                    throw InputError(
-                        fmt::format("--cores {}: the board has {} cores", o->cores, cfg.cores()));
-                for (uint32_t i = 0; i < c; ++i) cores.push_back(i);
-            } else {
-                cores = hw::parse_core_set(o->cores, cfg.cores());
-            }
-        } catch (const std::invalid_argument& e) {
-            throw InputError(fmt::format("--cores: {}", e.what()));
-        } catch (const std::out_of_range&) {
+        if (o->num_cores > cfg.cores())
             throw InputError(
-                fmt::format("--cores {}: the board has {} cores", o->cores, cfg.cores()));
+                fmt::format("--num-cores {}: the board has {} cores", o->num_cores, cfg.cores()));
+        for (uint32_t i = 0; i < o->num_cores; ++i) cores.push_back(i);
+        if (o->num_cores == 0) {
+            try {
+                cores = hw::parse_core_set(o->cores, cfg.cores());
+            } catch (const std::invalid_argument& e) {
+                throw InputError(fmt::format("--cores: {}", e.what()));
+            }
         }
+        // Timing-only mode computes no values, so there is nothing to compare.
+        if (o->check && !cfg.sim.functional)
+            throw InputError(
+                "--check needs computed results, but sim.functional=false (the "
+                "timing-only mode) skips the arithmetic");
         const uint32_t M = o->m, K = o->k, N = o->n;
         std::vector<float> a(size_t(M) * K), w(size_t(K) * N);
         fill_uniform(a, o->seed);
@@ -145,6 +149,8 @@ void register_gemm_command(CLI::App& app) {
                            j["bitexact"].get<bool>() ? "yes" : "NO", j["rel_error"].get<double>());
         }
         write_stats_file(o->common, dev->board(), dev->kernel_stats());
+        dev->set_tracer(nullptr);
+        trace.finish();
         if (o->check && !j["bitexact"].get<bool>())
             throw RunError("gemm: the device result differs from the bit-exact reference");
     });

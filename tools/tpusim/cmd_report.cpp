@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "sim/file_io.h"
 #include "tools/tpusim/commands.h"
 #include "traces/report.h"
 
@@ -24,16 +25,11 @@ struct ReportOptions {
 };
 
 std::string read_input(const std::string& path) {
-    // An ifstream opens a directory without complaint and then reads nothing.
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec))
-        throw InputError(fmt::format("cannot open '{}': {}", path, std::strerror(EISDIR)));
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw InputError(fmt::format("cannot read '{}'", path));
-    return ss.str();
+    try {
+        return sim::read_input_file(path);
+    } catch (const sim::InputFileError& e) {
+        throw InputError(e.what());
+    }
 }
 
 void run_report(const ReportOptions& o) {
@@ -63,11 +59,11 @@ void run_report(const ReportOptions& o) {
     const std::string out = o.output.empty()
                                 ? std::filesystem::path(o.trace).replace_extension(".html").string()
                                 : o.output;
-    std::ofstream f(out, std::ios::binary | std::ios::trunc);
-    if (!f) throw InputError(fmt::format("cannot write '{}': {}", out, std::strerror(errno)));
-    f << html;
-    f.close();
-    if (!f) throw InputError(fmt::format("cannot write '{}'", out));
+    try {
+        sim::write_output_file(out, html);
+    } catch (const sim::OutputError& e) {
+        throw InputError(e.what());
+    }
     fmt::print("wrote {}\n", out);
 }
 

@@ -16,6 +16,7 @@
 
 #include "hw/board.h"
 #include "isa/assembler.h"
+#include "sim/file_io.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/run_output.h"
 
@@ -73,12 +74,12 @@ Region parse_region(const std::string& spec, bool with_bytes, uint32_t num_cores
 }
 
 isa::Program load_kernel(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in)
-        throw InputError(fmt::format("cannot open kernel '{}': {}", path, std::strerror(errno)));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string bytes = ss.str();
+    std::string bytes;
+    try {
+        bytes = sim::read_input_file(path);
+    } catch (const sim::InputFileError& e) {
+        throw InputError(fmt::format("kernel: {}", e.what()));
+    }
     if (bytes.rfind("TPUPROG1", 0) == 0) {
         try {
             return isa::decode_program(
@@ -87,6 +88,17 @@ isa::Program load_kernel(const std::string& path) {
             throw InputError(fmt::format("{}: {}", path, e.what()));
         }
     }
+    // Control characters (other than tab and line ends) never occur in assembly text; a
+    // binary file would otherwise be reported as a pile of syntax errors.
+    const auto binary = std::find_if(bytes.begin(), bytes.end(), [](char c) {
+        const auto u = static_cast<unsigned char>(c);
+        return u < 0x20 && c != '\t' && c != '\n' && c != '\r';
+    });
+    if (binary != bytes.end())
+        throw InputError(fmt::format(
+            "kernel '{}': neither a program image (no TPUPROG1 header) nor assembly text "
+            "(byte 0x{:02x} at offset {})",
+            path, static_cast<unsigned char>(*binary), binary - bytes.begin()));
     try {
         return isa::assemble(bytes, path);
     } catch (const isa::AsmError& e) {
@@ -108,14 +120,18 @@ void register_run_command(CLI::App& app) {
     auto* cmd = app.add_subcommand("run", "run a kernel (.s or .bin) on a set of cores");
     cmd->add_option("kernel", o->kernel, "kernel: assembly (.s) or program image (.bin)")
         ->required();
-    cmd->add_option("--cores", o->cores, "cores to run on: 3, 0-7, 0,2,4 or all (default 0)");
+    cmd->add_option("--cores", o->cores, "cores to run on: 3, 0-7, 0,2,4 or all");
     cmd->add_option("--load", o->loads,
                     "CORES[:hbm|:vmem]:ADDR=FILE: copy FILE into memory before the run "
-                    "(default hbm; repeatable)");
+                    "(default hbm; repeatable)")
+        ->default_str("");
     cmd->add_option("--dump", o->dumps,
                     "CORE[:hbm|:vmem]:ADDR:BYTES=FILE: write memory to FILE after the run "
-                    "(repeatable)");
-    cmd->add_option("--args", o->args, "launch arguments, placed in s1, s2, ...")->delimiter(',');
+                    "(repeatable)")
+        ->default_str("");
+    cmd->add_option("--args", o->args, "launch arguments, placed in s1, s2, ...")
+        ->delimiter(',')
+        ->default_str("");
     add_common_options(*cmd, o->common);
     cmd->callback([o] {
         const hw::BoardConfig cfg = o->common.board_config();
@@ -137,12 +153,13 @@ void register_run_command(CLI::App& app) {
         RunSession session(cfg, o->common);
         hw::Board& board = session.board();
         for (const Region& r : loads) {
-            std::ifstream in(r.file, std::ios::binary);
-            if (!in)
-                throw InputError(
-                    fmt::format("--load: cannot open '{}': {}", r.file, std::strerror(errno)));
-            const std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)),
-                                            std::istreambuf_iterator<char>());
+            std::string bytes;
+            try {
+                bytes = sim::read_input_file(r.file);
+            } catch (const sim::InputFileError& e) {
+                throw InputError(fmt::format("--load: {}", e.what()));
+            }
+            const std::vector<uint8_t> data(bytes.begin(), bytes.end());
             for (uint32_t c : r.cores) {
                 hw::SparseMemory& mem = r.hbm ? board.hbm(c) : board.vmem(c);
                 if (!mem.in_range(r.addr, data.size()))
@@ -172,12 +189,13 @@ void register_run_command(CLI::App& app) {
             const hw::SparseMemory& mem = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
             std::vector<uint8_t> data(r.bytes);
             mem.read(r.addr, data);
-            std::ofstream out(r.file, std::ios::binary | std::ios::trunc);
-            out.write(reinterpret_cast<const char*>(data.data()),
-                      static_cast<std::streamsize>(data.size()));
-            if (!out)
-                throw InputError(
-                    fmt::format("--dump: cannot write '{}': {}", r.file, std::strerror(errno)));
+            try {
+                sim::write_output_file(
+                    r.file,
+                    std::string_view(reinterpret_cast<const char*>(data.data()), data.size()));
+            } catch (const sim::OutputError& e) {
+                throw InputError(fmt::format("--dump: {}", e.what()));
+            }
         }
         session.report(res);
     });

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hw/board.h"
+#include "sim/file_io.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/run_output.h"
 #include "trainer/dataset.h"
@@ -19,6 +20,11 @@
 
 namespace tpu::cli {
 namespace {
+
+/// How close the class centres of `--data synthetic` are: overlapping classes, so the run
+/// shows learning over an epoch (loss falling, accuracy climbing) instead of 100% in a few
+/// steps.
+constexpr float kSyntheticSpread = 0.05f;
 
 /// "784,512,256,10" -> sizes.
 std::vector<uint32_t> parse_sizes(const std::string& text) {
@@ -77,7 +83,9 @@ void register_train_command(CLI::App& app) {
     cmd->add_option("--devices", o->devices, "auto | 1 | 8 | [i]  (Lightning's TPU devices)");
     cmd->add_option("--precision", o->precision, "32-true | bf16-mixed | bf16-true");
     cmd->add_option("--optimizer", o->optimizer, "adam | sgd (SGD with momentum)");
-    cmd->add_option("--epochs", o->epochs, "epochs (max_epochs)");
+    cmd->add_option("--epochs", o->epochs,
+                    "total epochs (Lightning's max_epochs: a resumed run counts the "
+                    "checkpoint's epochs)");
     cmd->add_option("--batch-size", o->batch_size, "examples per batch and device");
     cmd->add_option("--lr", o->lr, "learning rate");
     cmd->add_option("--momentum", o->momentum, "SGD momentum");
@@ -89,7 +97,8 @@ void register_train_command(CLI::App& app) {
     cmd->add_option("--log-every-n-steps", o->log_every,
                     "read the loss back (a host sync) every n steps");
     cmd->add_option("--synthetic-count", o->synthetic_count,
-                    "training examples of the synthetic dataset");
+                    "training examples of the synthetic dataset")
+        ->check(positive_number());
     cmd->add_option("--metrics-report", o->metrics_report,
                     "write the PyTorch/XLA-style metrics report to FILE ('-': stdout)");
     cmd->add_option("--checkpoint", o->checkpoint, "save parameters and optimizer state to FILE");
@@ -138,11 +147,22 @@ void register_train_command(CLI::App& app) {
         trainer::OptimizerConfig opt;
         if (o->optimizer == "sgd") {
             opt.kind = trainer::OptimizerConfig::Kind::Sgd;
-            opt.momentum = o->momentum;
         } else if (o->optimizer != "adam") {
             throw InputError(fmt::format("--optimizer '{}': expected adam or sgd", o->optimizer));
         }
         opt.lr = o->lr;
+        opt.momentum = o->momentum;
+        try {
+            opt.validate();
+        } catch (const trainer::OptimizerError& e) {
+            throw InputError(fmt::format("--{}: {}", e.field(), e.what()));
+        }
+        for (const auto& [flag, limit] :
+             {std::pair{"--limit-train-batches", o->limit_train_batches},
+              std::pair{"--limit-test-batches", o->limit_test_batches}})
+            if (limit == 0 || limit < -1)
+                throw InputError(fmt::format(
+                    "{} {}: expected a number of batches >= 1, or -1 for all", flag, limit));
 
         // Data: check before the board is built, so a missing file fails fast.
         std::string data = o->data;
@@ -159,8 +179,8 @@ void register_train_command(CLI::App& app) {
             } else if (data == "synthetic") {
                 // One dataset split 4:1, so test examples come from the same class centres.
                 const uint32_t n_test = std::max<uint32_t>(1, o->synthetic_count / 4);
-                const trainer::Dataset all =
-                    trainer::synthetic(o->synthetic_count + n_test, 784, 10, o->seed);
+                const trainer::Dataset all = trainer::synthetic(o->synthetic_count + n_test, 784,
+                                                                10, o->seed, kSyntheticSpread);
                 train = trainer::subset(all, 0, o->synthetic_count);
                 test = trainer::subset(all, o->synthetic_count, n_test);
             } else {
@@ -211,11 +231,11 @@ void register_train_command(CLI::App& app) {
             if (o->metrics_report == "-") {
                 if (!o->common.json) fmt::print("{}", tr->metrics_report());
             } else {
-                std::ofstream f(o->metrics_report);
-                if (!f)
-                    throw InputError(
-                        fmt::format("--metrics-report: cannot write '{}'", o->metrics_report));
-                f << tr->metrics_report();
+                try {
+                    sim::write_output_file(o->metrics_report, tr->metrics_report());
+                } catch (const sim::OutputError& e) {
+                    throw InputError(fmt::format("--metrics-report: {}", e.what()));
+                }
             }
         }
         nlohmann::ordered_json j;
@@ -249,6 +269,8 @@ void register_train_command(CLI::App& app) {
                        j["host_seconds_per_step"].get<double>());
         }
         write_stats_file(o->common, dev->board(), dev->kernel_stats());
+        dev->set_tracer(nullptr);
+        trace.finish();
     });
 }
 

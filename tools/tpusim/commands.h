@@ -7,7 +7,8 @@
 
 namespace CLI {
 class App;
-}
+class Validator;
+}  // namespace CLI
 namespace tpu::hw {
 struct BoardConfig;
 }
@@ -52,6 +53,10 @@ struct CommonOptions {
 void add_common_options(CLI::App& cmd, CommonOptions& opts);
 /// Adds only --config and --set, for commands that read the config but do not simulate.
 void add_config_options(CLI::App& cmd, CommonOptions& opts);
+
+/// A CLI11 check for a whole number >= 1 that says so ("--m: expected a whole number >= 1, got
+/// '0'") instead of printing the type's whole range.
+CLI::Validator positive_number();
 
 void register_asm_commands(CLI::App& app);      ///< asm, disasm
 void register_config_command(CLI::App& app);    ///< config

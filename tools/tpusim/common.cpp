@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "hw/board_config.h"
@@ -18,9 +19,23 @@ hw::BoardConfig CommonOptions::board_config() const {
     }
 }
 
+CLI::Validator positive_number() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+            const bool digits =
+                !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+            if (!digits || text.find_first_not_of('0') == std::string::npos)
+                return fmt::format("expected a whole number >= 1, got '{}'", text);
+            return {};
+        },
+        "N>=1");
+}
+
 void add_config_options(CLI::App& cmd, CommonOptions& o) {
     cmd.add_option("--config", o.config, "board config JSON (default: built-in v3-8-like)");
-    cmd.add_option("--set", o.sets, "override a config field: key.path=value (repeatable)");
+    // An empty list is no default worth showing in --help.
+    cmd.add_option("--set", o.sets, "override a config field: key.path=value (repeatable)")
+        ->default_str("");
 }
 
 void add_common_options(CLI::App& cmd, CommonOptions& o) {

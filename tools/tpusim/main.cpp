@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <systemc>
 
+#include "sim/interrupt.h"
 #include "tools/tpusim/commands.h"
 
 namespace {
@@ -17,9 +18,12 @@ const int kQuietBanner = setenv("SYSTEMC_DISABLE_COPYRIGHT_MESSAGE", "1", 0);
 }  // namespace
 
 int sc_main(int argc, char* argv[]) {
+    tpu::sim::install_interrupt_handler();
     CLI::App app{"tpusim: a cycle-level simulator of an 8-core TPU board"};
     app.require_subcommand(1);
     app.set_version_flag("--version", "tpusim 0.1.0");
+    // Subcommands inherit this: every option's --help line shows its default.
+    app.option_defaults()->always_capture_default();
     tpu::cli::register_asm_commands(app);
     tpu::cli::register_config_command(app);
     tpu::cli::register_run_command(app);
@@ -53,12 +57,24 @@ int sc_main(int argc, char* argv[]) {
     } catch (const tpu::cli::InputError& e) {
         fmt::print(stderr, "tpusim: error: {}\n", e.what());
         return 2;
-    } catch (const tpu::cli::RunError& e) {
-        fmt::print(stderr, "tpusim: {}\n", e.what());
-        return 1;
     } catch (const std::exception& e) {
+        // Ctrl-C stops the simulation with an error carrying the state dump; 130 is the exit
+        // code of a process ended by SIGINT, what scripts and shells expect.
+        if (tpu::sim::interrupt_requested()) {
+            fmt::print(stderr, "tpusim: {}\n", e.what());
+            return 130;
+        }
+        if (dynamic_cast<const tpu::cli::RunError*>(&e)) {
+            fmt::print(stderr, "tpusim: {}\n", e.what());
+            return 1;
+        }
         fmt::print(stderr, "tpusim: error: {}\n", e.what());
         return 1;
+    }
+    if (tpu::sim::interrupt_requested()) {
+        // Interrupted after the last launch (e.g. while writing results): say so all the same.
+        fmt::print(stderr, "tpusim: interrupted (Ctrl-C)\n");
+        return 130;
     }
     return 0;
 }

@@ -3,12 +3,12 @@
 
 #include <algorithm>
 #include <charconv>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "sim/config_io.h"
+#include "sim/file_io.h"
 #include "sim/stats.h"
 #include "sim/tracer.h"
 
@@ -89,6 +89,14 @@ RunTrace::RunTrace(const CommonOptions& opts, const hw::BoardConfig& cfg)
 
 RunTrace::~RunTrace() = default;
 
+void RunTrace::finish() {
+    try {
+        m_tracer->close();
+    } catch (const sim::OutputError& e) {
+        throw InputError(fmt::format("--trace: {}", e.what()));
+    }
+}
+
 RunSession::RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts)
     : m_cfg(cfg), m_opts(opts), m_trace(opts, cfg), m_dev(driver::Device::open(cfg)) {
     m_dev->set_tracer(m_trace.get());
@@ -166,6 +174,8 @@ void RunSession::report(const hw::LaunchResult& res) {
             m_host_seconds);
     }
     write_stats_file(m_opts, m_dev->board(), m_dev->kernel_stats());
+    m_dev->set_tracer(nullptr);
+    m_trace.finish();
 }
 
 void write_stats_file(const CommonOptions& opts, hw::Board& board) {
@@ -211,17 +221,22 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board,
         }
     }
     if (!kernels.empty()) add_kernel_stats(root, groups, kernels);
-    std::ofstream out(opts.stats, std::ios::trunc);
-    if (!out) throw InputError(fmt::format("--stats: cannot write '{}'", opts.stats));
     const bool csv = opts.stats.size() > 4 && opts.stats.substr(opts.stats.size() - 4) == ".csv";
-    if (csv)
-        root.write_csv(out);
-    else
-        root.write_json(out);
-    // The effective config beside every stats file, so a result always says what produced it.
-    std::ofstream cfg(opts.stats + ".config.json", std::ios::trunc);
     hw::BoardConfig copy = board.config();
-    cfg << sim::dump_json(sim::root_of(copy));
+    try {
+        sim::OutputFile out(opts.stats);
+        if (csv)
+            root.write_csv(out.stream());
+        else
+            root.write_json(out.stream());
+        out.commit();
+        // The effective config beside every stats file, so a result always says what
+        // produced it; not beside a device (/dev/null.config.json would be a stray file).
+        if (!out.in_place())
+            sim::write_output_file(opts.stats + ".config.json", sim::dump_json(sim::root_of(copy)));
+    } catch (const sim::OutputError& e) {
+        throw InputError(fmt::format("--stats: {}", e.what()));
+    }
 }
 
 }  // namespace tpu::cli

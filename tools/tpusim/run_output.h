@@ -23,6 +23,9 @@ public:
     RunTrace(const CommonOptions& opts, const hw::BoardConfig& cfg);
     ~RunTrace();
     sim::Tracer* get() { return m_tracer.get(); }
+    /// Completes and closes the trace file; a failed write becomes InputError naming --trace.
+    /// (Without it the destructor closes the file and can only log such an error.)
+    void finish();
 
 private:
     std::unique_ptr<sim::Tracer> m_tracer;
@@ -54,7 +57,8 @@ public:
     double host_seconds() const { return m_host_seconds; }
     /// Per-core MXU utilisation of a launch: useful MACs / (MXUs x R x C x cycles).
     double mxu_utilization(const hw::LaunchResult& res) const;
-    /// Prints the result of the last launch (text table, or JSON with --json), writes --stats.
+    /// Prints the result of the last launch (text table, or JSON with --json), writes --stats
+    /// and completes --trace.
     void report(const hw::LaunchResult& res);
     /// The result JSON (what --json prints).
     std::string result_json(const hw::LaunchResult& res) const;

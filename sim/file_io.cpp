@@ -1,0 +1,137 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "sim/file_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+namespace tpu::sim {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void fail(const std::string& path, int err) {
+    throw OutputError(
+        fmt::format("cannot write '{}': {}", path, err != 0 ? std::strerror(err) : "write failed"));
+}
+
+/// `path` with every symlink along the final component followed, so the rename replaces the
+/// file the link points at and the link itself survives. A dangling link resolves to the
+/// path it names, which is then created.
+std::string resolve_links(const std::string& path) {
+    fs::path p(path);
+    for (int depth = 0; depth < 40; ++depth) {
+        std::error_code ec;
+        if (!fs::is_symlink(fs::symlink_status(p, ec))) return p.string();
+        const fs::path next = fs::read_symlink(p, ec);
+        if (ec) fail(path, ec.value());
+        p = next.is_absolute() ? next : p.parent_path() / next;
+    }
+    fail(path, ELOOP);
+}
+
+}  // namespace
+
+std::string read_input_file(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode))
+        throw InputFileError(fmt::format("cannot open '{}': {}", path,
+                                         std::strerror(S_ISDIR(st.st_mode) ? EISDIR : errno)));
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw InputFileError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+    std::string bytes;
+    char buf[65536];
+    while (in.read(buf, sizeof buf) || in.gcount() > 0)
+        bytes.append(buf, static_cast<size_t>(in.gcount()));
+    if (in.bad()) throw InputFileError(fmt::format("cannot read '{}': read error", path));
+    return bytes;
+}
+
+OutputFile::OutputFile(std::string path, size_t buffer_bytes) : m_path(std::move(path)) {
+    if (m_path.empty()) throw OutputError("cannot write '': empty file name");
+    if (buffer_bytes > 0) {
+        // libstdc++ honours pubsetbuf only before the file is opened.
+        m_buffer.resize(buffer_bytes);
+        m_out.rdbuf()->pubsetbuf(m_buffer.data(), static_cast<std::streamsize>(buffer_bytes));
+    }
+    m_target = resolve_links(m_path);
+    struct stat st {};
+    const bool exists = ::stat(m_target.c_str(), &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) fail(m_path, EISDIR);
+    if (exists && !S_ISREG(st.st_mode)) {
+        m_out.open(m_target, std::ios::binary | std::ios::out);
+        if (!m_out) fail(m_path, errno);
+        m_in_place = true;
+        return;
+    }
+    // The temporary file lives beside the target so the rename stays within one file system.
+    static std::atomic<unsigned> counter{0};
+    const fs::path target(m_target);
+    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    m_tmp = (dir / fmt::format(".{}.tmp{}-{}", target.filename().string(), ::getpid(),
+                               counter.fetch_add(1)))
+                .string();
+    const int fd = ::open(m_tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        const int err = errno;
+        m_tmp.clear();
+        fail(m_path, err);
+    }
+    // A replaced file keeps its permissions; a new one gets 0666 less the umask, as open gives.
+    if (exists) (void)::fchmod(fd, st.st_mode & 07777);
+    ::close(fd);
+    m_out.open(m_tmp, std::ios::binary | std::ios::out | std::ios::trunc);
+    if (!m_out) {
+        const int err = errno;
+        discard();
+        fail(m_path, err);
+    }
+}
+
+OutputFile::~OutputFile() {
+    if (!m_committed) discard();
+}
+
+void OutputFile::discard() noexcept {
+    if (m_out.is_open()) m_out.close();
+    if (!m_tmp.empty()) ::unlink(m_tmp.c_str());
+    m_tmp.clear();
+}
+
+void OutputFile::commit() {
+    // A write that failed earlier left its errno behind (best effort: nothing else that sets
+    // errno runs between stream writes in practice); otherwise the flush sets it.
+    if (m_out) errno = 0;
+    m_out.flush();
+    int err = errno;
+    if (m_out) {
+        m_out.close();
+        err = errno;
+    }
+    if (!m_out) {
+        discard();
+        fail(m_path, err);
+    }
+    if (!m_tmp.empty() && std::rename(m_tmp.c_str(), m_target.c_str()) != 0) {
+        err = errno;
+        discard();
+        fail(m_path, err);
+    }
+    m_tmp.clear();
+    m_committed = true;
+}
+
+void write_output_file(const std::string& path, std::string_view bytes) {
+    OutputFile f(path);
+    f.stream().write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    f.commit();
+}
+
+}  // namespace tpu::sim

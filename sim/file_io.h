@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+/// The one way tpusim reads an input file and writes an output file (programs, stats, dumps,
+/// traces, checkpoints, reports), so every file behaves the same when it is a directory, a
+/// device, a symlink or on a full disk.
+namespace tpu::sim {
+
+/// An input file could not be read; the message names the path and the reason.
+class InputFileError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// The whole contents of `path`; throws InputFileError ("cannot open 'DIR': Is a
+/// directory"). A directory is refused up front: an ifstream opens one and then fails deep
+/// inside the first read.
+std::string read_input_file(const std::string& path);
+
+/// An output file could not be written; the message names the path and the reason.
+class OutputError : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// An output file being written. A regular file (or the regular file a symlink resolves to,
+/// or a path that does not exist yet) is written to a temporary file in the same directory
+/// and renamed onto it by commit(), so readers see the old file or the new one and a failure
+/// leaves neither a torn file nor the temporary behind. Anything else that exists (a device
+/// such as /dev/null, a FIFO) is written in place: replacing it would destroy it.
+class OutputFile {
+public:
+    /// Opens `path` for writing, with a stream buffer of `buffer_bytes` (0: the library's
+    /// default); throws OutputError (a directory, a missing parent, no permission).
+    explicit OutputFile(std::string path, size_t buffer_bytes = 0);
+    /// Without a successful commit() the temporary file is removed and the target untouched.
+    ~OutputFile();
+    OutputFile(const OutputFile&) = delete;
+    OutputFile& operator=(const OutputFile&) = delete;
+
+    /// The stream to write to.
+    std::ostream& stream() { return m_out; }
+    /// Flushes and closes, checking every step, then renames the temporary file onto the
+    /// target; throws OutputError naming the path (e.g. "No space left on device").
+    void commit();
+    /// The path as given.
+    const std::string& path() const { return m_path; }
+    /// True when the path is not a regular file (a device, a FIFO) and is written in place.
+    bool in_place() const { return m_in_place; }
+
+private:
+    /// Closes and removes the temporary file, if any (nothrow).
+    void discard() noexcept;
+
+    std::string m_path;          ///< as given by the user
+    std::string m_target;        ///< `m_path` with symlinks resolved: the file that gets replaced
+    std::string m_tmp;           ///< temporary file beside `m_target`; empty when writing in place
+    std::vector<char> m_buffer;  ///< declared before `m_out`, which uses it until destroyed
+    std::ofstream m_out;
+    bool m_in_place = false;
+    bool m_committed = false;
+};
+
+/// Writes `bytes` to `path` as OutputFile does; throws OutputError.
+void write_output_file(const std::string& path, std::string_view bytes);
+
+}  // namespace tpu::sim
