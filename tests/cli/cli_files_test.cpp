@@ -25,19 +25,6 @@ const std::string kTrain =
     "train --no-progress --data synthetic --hidden 32 --synthetic-count 256 --batch-size 8 "
     "--limit-train-batches 2 --limit-test-batches 1";
 
-/// A fresh directory private to this test process.
-std::string fresh_dir(const std::string& name) {
-    const std::string d = tmp(name);
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-}
-
-std::set<std::string> listing(const std::string& dir) {
-    std::set<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
-    return names;
-}
 
 bool is_char_device(const std::string& path) {
     struct stat st {};
@@ -61,7 +48,7 @@ TEST(CliFiles, DevicesAreWrittenInPlace) {
 }
 
 TEST(CliFiles, AFifoIsWrittenInPlace) {
-    const std::string d = fresh_dir("fifo");
+    const std::string d = fresh_dir(tmp("fifo"));
     ASSERT_EQ(::mkfifo((d + "/pipe").c_str(), 0600), 0);
     // The reader is bounded, so a writer that never opens the FIFO cannot hang the test.
     const CliResult r = run_command("timeout 120 cat " + shell_quote(d + "/pipe") + " > " +
@@ -75,7 +62,7 @@ TEST(CliFiles, AFifoIsWrittenInPlace) {
 }
 
 TEST(CliFiles, ASymlinkKeepsPointingAtTheUpdatedTarget) {
-    const std::string d = fresh_dir("links");
+    const std::string d = fresh_dir(tmp("links"));
     std::ofstream(d + "/prog.bin") << "old";
     std::ofstream(d + "/model.ckpt") << "old";
     fs::create_symlink("prog.bin", d + "/prog-link");
@@ -114,7 +101,7 @@ TEST(CliFiles, WriteErrorsAreFatalAndNameTheFlag) {
 }
 
 TEST(CliFiles, AFailedSaveLeavesNothingBehind) {
-    const std::string d = fresh_dir("efbig");
+    const std::string d = fresh_dir(tmp("efbig"));
     std::ofstream(d + "/keep.ckpt") << "old";
     // A file-size limit of 1 KiB makes the checkpoint write fail with EFBIG on a regular file;
     // SIGXFSZ is ignored so the write returns an error instead of killing the process.
@@ -128,7 +115,7 @@ TEST(CliFiles, AFailedSaveLeavesNothingBehind) {
 }
 
 TEST(CliFiles, DirectoriesAreRefusedAsInputs) {
-    const std::string d = fresh_dir("dirs");
+    const std::string d = fresh_dir(tmp("dirs"));
     fs::create_directories(d + "/kernel.s");
     fs::create_directories(d + "/data/train-images-idx3-ubyte.gz");
     const std::string k = example("gemm512.s");

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -24,6 +26,20 @@ inline std::string slurp(const std::string& path) {
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();
+}
+
+/// An empty directory at `path` (whatever was there is removed first).
+inline std::string fresh_dir(const std::string& path) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+    return path;
+}
+/// The names of the entries of `dir`, to check that nothing else was created or left behind.
+inline std::set<std::string> listing(const std::string& dir) {
+    std::set<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        names.insert(e.path().filename().string());
+    return names;
 }
 
 /// The built tpusim executable.

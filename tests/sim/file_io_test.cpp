@@ -20,18 +20,10 @@ using test::slurp;
 
 /// A fresh directory private to this test process.
 std::string fresh_dir(const std::string& name) {
-    const std::string d =
-        ::testing::TempDir() + "/file_io-" + std::to_string(getpid()) + "-" + name;
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
+    return test::fresh_dir(::testing::TempDir() + "/file_io-" + std::to_string(getpid()) + "-" +
+                           name);
 }
-
-std::set<std::string> listing(const std::string& dir) {
-    std::set<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
-    return names;
-}
+using test::listing;
 
 TEST(OutputFile, ReplacesARegularFileOnlyAtCommit) {
     const std::string d = fresh_dir("commit");

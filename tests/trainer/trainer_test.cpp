@@ -424,20 +424,31 @@ TEST(TrainerDataParallel, ChangingBatchShapeWarnsOfRecompilation) {
         << seen[0];
 }
 
-TEST(TrainerCheckpoint, SaveIsAtomicAndLoadRestoresParameters) {
-    auto dev = driver::Device::open(board());
-    const std::string path =
-        ::testing::TempDir() + "/tpusim-ckpt-" + std::to_string(::getpid()) + ".ckpt";
-    const Dataset data = synthetic(256, 16, 4, 3);
-    DataLoader loader{&data, 8, true, true, 0};
+/// The checkpoint tests' runs: 8 cores, three steps, no progress bar.
+TrainerOptions checkpoint_options() {
     TrainerOptions opts;
     opts.devices = 8;
     opts.enable_progress_bar = false;
     opts.limit_train_batches = 3;
+    return opts;
+}
+
+/// Trains `model` with `trainer` on a small synthetic set, then saves a checkpoint to `path`.
+void fit_and_save(Trainer& trainer, Module& model, const std::string& path) {
+    const Dataset data = synthetic(256, 16, 4, 3);
+    DataLoader loader{&data, 8, true, true, 0};
+    trainer.fit(model, loader);
+    trainer.save_checkpoint(path);
+}
+
+TEST(TrainerCheckpoint, SaveIsAtomicAndLoadRestoresParameters) {
+    auto dev = driver::Device::open(board());
+    const std::string path =
+        ::testing::TempDir() + "/tpusim-ckpt-" + std::to_string(::getpid()) + ".ckpt";
+    const TrainerOptions opts = checkpoint_options();
     Trainer a(*dev, opts);
     Mlp model({16, 8, 4}, {}, 2);
-    a.fit(model, loader);
-    a.save_checkpoint(path);
+    fit_and_save(a, model, path);
     EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
     const auto saved = driver::read_tensor(*dev, a.flat_parameters(), 0);
 
@@ -508,16 +519,10 @@ TEST(TrainerCheckpoint, HeaderFieldsAreCheckedBeforeUse) {
     auto dev = driver::Device::open(board());
     const std::string path =
         ::testing::TempDir() + "/tpusim-ckpt-hdr-" + std::to_string(::getpid()) + ".ckpt";
-    const Dataset data = synthetic(256, 16, 4, 3);
-    DataLoader loader{&data, 8, true, true, 0};
-    TrainerOptions opts;
-    opts.devices = 8;
-    opts.enable_progress_bar = false;
-    opts.limit_train_batches = 3;
+    const TrainerOptions opts = checkpoint_options();
     Trainer a(*dev, opts);
     Mlp model({16, 8, 4}, {}, 2);
-    a.fit(model, loader);
-    a.save_checkpoint(path);
+    fit_and_save(a, model, path);
     const std::string good = test::slurp(path);
     // The header is the line after the magic "TPUCKPT1\n".
     const size_t from = good.find('\n') + 1, to = good.find('\n', from);
