@@ -25,7 +25,6 @@ const std::string kTrain =
     "train --no-progress --data synthetic --hidden 32 --synthetic-count 256 --batch-size 8 "
     "--limit-train-batches 2 --limit-test-batches 1";
 
-
 bool is_char_device(const std::string& path) {
     struct stat st {};
     return ::lstat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
