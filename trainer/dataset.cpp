@@ -164,7 +164,39 @@ Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t 
     return d;
 }
 
+Dataset token_windows(std::vector<uint8_t> tokens, uint32_t vocab, uint32_t context,
+                      uint32_t stride) {
+    if (vocab == 0 || context == 0 || stride == 0)
+        throw DataError(
+            fmt::format("token windows: vocabulary {}, context {} and stride {} must "
+                        "all be at least 1",
+                        vocab, context, stride));
+    if (tokens.size() < uint64_t(context) + 1)
+        throw DataError(
+            fmt::format("token windows: {} tokens are fewer than one window of "
+                        "context {} + 1",
+                        tokens.size(), context));
+    for (size_t i = 0; i < tokens.size(); ++i)
+        if (tokens[i] >= vocab)
+            throw DataError(
+                fmt::format("token windows: token {} at position {} is outside the "
+                            "vocabulary of {}",
+                            tokens[i], i, vocab));
+    Dataset d;
+    const uint64_t windows = (tokens.size() - context - 1) / stride + 1;
+    if (windows > UINT32_MAX)
+        throw DataError(fmt::format("token windows: {} windows are too many", windows));
+    d.count = uint32_t(windows);
+    d.features = d.classes = vocab;
+    d.context = context;
+    d.stride = stride;
+    d.tokens = std::move(tokens);
+    return d;
+}
+
 Dataset subset(const Dataset& d, uint32_t first, uint32_t count) {
+    if (d.context)
+        throw DataError("subset of token windows: build the windows of the sub-stream instead");
     if (uint64_t(first) + count > d.count || count == 0)
         throw DataError(
             fmt::format("subset of {} examples from {} of a dataset of {}", count, first, d.count));

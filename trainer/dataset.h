@@ -30,13 +30,26 @@ IdxArray decode_idx(std::span<const uint8_t> bytes, std::string_view name);
 /// Reads and decodes an IDX file (.gz or not).
 IdxArray read_idx(const std::string& path);
 
-/// A classification dataset: `count` examples of `features` fp32 values in [0, 1].
+/// A classification dataset: `count` examples of `features` fp32 values in [0, 1]; or, for
+/// language modelling, `count` windows of a token stream (see token_windows()).
 struct Dataset {
     uint32_t count = 0;           ///< examples
-    uint32_t features = 0;        ///< values per example
+    uint32_t features = 0;        ///< values per example row
     uint32_t classes = 0;         ///< labels are 0 .. classes-1
-    std::vector<float> x;         ///< count x features, row-major
-    std::vector<uint8_t> labels;  ///< count
+    std::vector<float> x;         ///< count x features, row-major (empty for token windows)
+    std::vector<uint8_t> labels;  ///< count (empty for token windows)
+    /// Token windows: example e is the `context` tokens from e x stride, each a row of one-hot
+    /// inputs (features = classes = vocabulary size) labelled with the token that follows it.
+    /// 0 for a classification dataset (one row per example).
+    uint32_t context = 0;
+    uint32_t stride = 0;          ///< tokens between the starts of two windows
+    std::vector<uint8_t> tokens;  ///< the token stream of the windows
+    /// Rows an example contributes to a batch: `context` for token windows, else 1.
+    uint32_t rows_per_example() const { return context ? context : 1; }
+    /// The label of row `row` of example `e`.
+    uint8_t label(uint32_t e, uint32_t row) const {
+        return context ? tokens[uint64_t(e) * stride + row + 1] : labels[e];
+    }
 };
 
 /// Where Debian's dataset-fashion-mnist package puts the files.
@@ -56,6 +69,13 @@ Dataset synthetic(uint32_t count, uint32_t features, uint32_t classes, uint32_t 
 void normalize(Dataset& d, float mean, float stddev);
 /// Mean and standard deviation of all values of `d` (in double, returned as float).
 std::pair<float, float> value_stats(const Dataset& d);
+/// The windows of `context` + 1 tokens of `tokens` (values < vocab) starting every `stride`
+/// tokens, as a Dataset whose example rows predict the next token (a character-level language
+/// model's training set with stride 1, every position once per window start; its validation set
+/// with stride = context, every token predicted once). Throws DataError when the stream is
+/// shorter than one window, a token is out of range, or a size is 0.
+Dataset token_windows(std::vector<uint8_t> tokens, uint32_t vocab, uint32_t context,
+                      uint32_t stride);
 /// Examples [first, first + count) of `d` (a train/test split of one synthetic dataset).
 Dataset subset(const Dataset& d, uint32_t first, uint32_t count);
 

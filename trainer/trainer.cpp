@@ -279,7 +279,9 @@ void Trainer::place(Module& module) {
 }
 
 Batch Trainer::load_batch(const Dataset& data, const std::vector<std::vector<uint32_t>>& idx,
-                          uint32_t first, uint32_t rows) {
+                          uint32_t first, uint32_t examples) {
+    const uint32_t per = data.rows_per_example();
+    const uint32_t rows = examples * per;
     Batch b;
     b.rows = rows;
     b.x = m_rt->leaf(rows, data.features);
@@ -287,11 +289,20 @@ Batch Trainer::load_batch(const Dataset& data, const std::vector<std::vector<uin
     std::vector<float> x(size_t(rows) * data.features), y(size_t(rows) * data.classes);
     for (size_t r = 0; r < m_cores.size(); ++r) {
         std::fill(y.begin(), y.end(), 0.0f);
-        for (uint32_t i = 0; i < rows; ++i) {
+        if (data.context) std::fill(x.begin(), x.end(), 0.0f);
+        for (uint32_t i = 0; i < examples; ++i) {
             const uint32_t e = idx[r][first + i];
-            std::copy_n(data.x.begin() + int64_t(e) * data.features, data.features,
-                        x.begin() + int64_t(i) * data.features);
-            y[size_t(i) * data.classes + data.labels[e]] = 1.0f;
+            if (data.context) {
+                // A window's rows are one-hot tokens; the embedding is a one-hot matmul.
+                const uint64_t start = uint64_t(e) * data.stride;
+                for (uint32_t t = 0; t < per; ++t)
+                    x[(size_t(i) * per + t) * data.features + data.tokens[start + t]] = 1.0f;
+            } else {
+                std::copy_n(data.x.begin() + int64_t(e) * data.features, data.features,
+                            x.begin() + int64_t(i) * data.features);
+            }
+            for (uint32_t t = 0; t < per; ++t)
+                y[(size_t(i) * per + t) * data.classes + data.label(e, t)] = 1.0f;
         }
         m_rt->upload(b.x->value, r, x);
         m_rt->upload(b.onehot->value, r, y);
@@ -355,6 +366,9 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
         train.drop_last ? per / train.batch_size : (per + train.batch_size - 1) / train.batch_size;
     if (m_opts.limit_train_batches >= 0)
         steps = std::min<uint64_t>(steps, uint64_t(m_opts.limit_train_batches));
+    if (m_opts.max_steps < -1)
+        throw ConfigError(fmt::format("max_steps must be -1 or a non-negative integer, got {}",
+                                      m_opts.max_steps));
     if (steps == 0)
         throw ConfigError(
             fmt::format("fit: {} examples per device do not make one batch of {} "
@@ -374,14 +388,21 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
     // trains nothing more.
     // The bar keeps the last loss read back (from an earlier epoch too) until a new one.
     std::optional<float> last_loss;
-    for (; m_epoch < m_opts.max_epochs; ++m_epoch) {
+    // Lightning stops at max_steps wherever it falls, mid-epoch too, and still validates.
+    const auto steps_left = [&] {
+        return m_opts.max_steps < 0 ? UINT64_MAX
+                                    : uint64_t(m_opts.max_steps) -
+                                          std::min(m_global_step, uint64_t(m_opts.max_steps));
+    };
+    for (; m_epoch < m_opts.max_epochs && steps_left() > 0; ++m_epoch) {
+        const uint64_t epoch_steps = std::min(steps, steps_left());
         std::vector<std::vector<uint32_t>> idx;
         for (auto& s : samplers) {
             s.set_epoch(m_epoch);
             idx.push_back(s.indices());
         }
-        bar.start(m_epoch, steps);
-        for (uint64_t s = 0; s < steps; ++s) {
+        bar.start(m_epoch, epoch_steps);
+        for (uint64_t s = 0; s < epoch_steps; ++s) {
             const uint64_t c0 = m_dev.now_cycle();
             const auto h0 = std::chrono::steady_clock::now();
             if (windowed && m_global_step == m_opts.trace_first_step) {
@@ -400,7 +421,8 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
             Var loss = module.training_step(*m_rt, batch);
             m_rt->backward(loss);
             optimizer_step(opt);
-            const bool log = (m_global_step + 1) % m_opts.log_every_n_steps == 0 || s + 1 == steps;
+            const bool log =
+                (m_global_step + 1) % m_opts.log_every_n_steps == 0 || s + 1 == epoch_steps;
             if (log) {
                 last_loss = read_loss(loss);
                 m_history.push_back({m_global_step, m_epoch, *last_loss, m_dev.now_seconds()});
@@ -458,7 +480,7 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
     EvalResult res;
     double loss_sum = 0;  // sum over batches of (batch mean x rows in the global batch)
     uint64_t loss_rows = 0;
-    uint64_t correct = 0;
+    uint64_t correct = 0, predictions = 0;
     m_rt->set_training(false);
     for (uint64_t b = 0; b < batches; ++b) {
         const auto first = static_cast<uint32_t>(b * loader.batch_size);
@@ -474,9 +496,13 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
             const std::vector<float> logits = m_rt->download(out.logits->value, r);
             for (uint32_t i = 0; i < rows; ++i) {
                 if (r + uint64_t(first + i) * N >= data.count) continue;  // padding
-                const float* row = logits.data() + size_t(i) * classes;
-                const auto best = uint32_t(std::max_element(row, row + classes) - row);
-                correct += best == data.labels[idx[r][first + i]];
+                for (uint32_t t = 0; t < data.rows_per_example(); ++t) {
+                    const float* row =
+                        logits.data() + (size_t(i) * data.rows_per_example() + t) * classes;
+                    const auto best = uint32_t(std::max_element(row, row + classes) - row);
+                    correct += best == data.label(idx[r][first + i], t);
+                    ++predictions;
+                }
                 ++res.examples;
             }
         }
@@ -484,7 +510,7 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
     }
     m_rt->set_training(true);
     res.loss = loss_rows ? loss_sum / double(loss_rows) : 0;
-    res.accuracy = res.examples ? double(correct) / res.examples : 0;
+    res.accuracy = predictions ? double(correct) / double(predictions) : 0;
     return res;
 }
 

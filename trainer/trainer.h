@@ -55,13 +55,14 @@ struct TrainerOptions {
     Devices devices = std::string("auto");  ///< "auto", 1, 8 or {i}
     std::string precision = "32-true";      ///< "32-true", "bf16-mixed", "bf16-true"
     uint32_t max_epochs = 1;                ///< total epochs, counting a resumed checkpoint's
-    int64_t limit_train_batches = -1;       ///< steps per epoch at most (-1: all)
-    int64_t limit_val_batches = -1;         ///< validation batches at most (-1: all)
-    uint32_t log_every_n_steps = 50;        ///< loss read back (a host sync) every n steps
-    bool enable_progress_bar = true;        ///< draw a progress bar when stderr is a terminal
-    std::string ckpt_path;                  ///< resume from this checkpoint in fit()
-    uint64_t trace_first_step = 0;          ///< with trace_steps: first global step traced
-    uint64_t trace_steps = 0;               ///< trace only this many steps (0: everything)
+    int64_t max_steps = -1;  ///< total optimizer steps, counting a resumed checkpoint's (-1: none)
+    int64_t limit_train_batches = -1;  ///< steps per epoch at most (-1: all)
+    int64_t limit_val_batches = -1;    ///< validation batches at most (-1: all)
+    uint32_t log_every_n_steps = 50;   ///< loss read back (a host sync) every n steps
+    bool enable_progress_bar = true;   ///< draw a progress bar when stderr is a terminal
+    std::string ckpt_path;             ///< resume from this checkpoint in fit()
+    uint64_t trace_first_step = 0;     ///< with trace_steps: first global step traced
+    uint64_t trace_steps = 0;          ///< trace only this many steps (0: everything)
 };
 
 /// A logged training loss: mean over the global batch, read back at a log step.
@@ -80,8 +81,9 @@ struct StepTime {
 
 /// The result of validate().
 struct EvalResult {
-    double loss = 0;        ///< mean loss over examples (batch means weighted by batch size)
-    double accuracy = 0;    ///< argmax(logits) == label, over the real examples
+    double loss = 0;  ///< mean loss over examples (batch means weighted by batch size)
+    /// argmax(logits) == label, over every row of the real examples (each token of a window)
+    double accuracy = 0;
     uint32_t examples = 0;  ///< examples counted (padding excluded)
 };
 
@@ -132,7 +134,7 @@ private:
     void place(Module& module);
     void release();
     Batch load_batch(const Dataset& data, const std::vector<std::vector<uint32_t>>& idx,
-                     uint32_t first, uint32_t rows);
+                     uint32_t first, uint32_t examples);
     void optimizer_step(const OptimizerConfig& opt);
     float read_loss(const Var& loss);
     void verify_replicas(Module& module);

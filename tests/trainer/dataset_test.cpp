@@ -113,5 +113,40 @@ TEST(Datasets, SyntheticIsDeterministic) {
     EXPECT_THROW(synthetic(10, 8, 1, 0), DataError);
 }
 
+TEST(TokenWindows, WindowsStartEveryStrideAndLabelTheNextToken) {
+    // 10 tokens, context 3: windows start at 0, 2, 4 (the one at 6 ends at 9 and its last row
+    // would need token 10 as a label).
+    std::vector<uint8_t> tokens{0, 1, 2, 3, 4, 0, 1, 2, 3, 4};
+    const Dataset d = token_windows(tokens, 5, 3, 2);
+    EXPECT_EQ(d.count, 4u);  // starts 0, 2, 4, 6: the last reads tokens 6..9
+    EXPECT_EQ(d.rows_per_example(), 3u);
+    EXPECT_EQ(d.features, 5u);
+    EXPECT_EQ(d.classes, 5u);
+    EXPECT_EQ(d.label(0, 0), 1);
+    EXPECT_EQ(d.label(1, 2), 0);  // window 1 starts at token 2: rows 2, 3, 4 predict 3, 4, 0
+    EXPECT_EQ(d.label(3, 2), 4);  // the last window's last label is the last token
+    EXPECT_EQ(token_windows(tokens, 5, 9, 1).count, 1u);
+    const Dataset classes = synthetic(4, 2, 2, 1);
+    EXPECT_EQ(classes.rows_per_example(), 1u);
+    EXPECT_EQ(classes.label(3, 0), classes.labels[3]);
+}
+
+TEST(TokenWindows, BadSizesAndTokensAreNamed) {
+    auto err = [](std::vector<uint8_t> t, uint32_t vocab, uint32_t context, uint32_t stride) {
+        try {
+            token_windows(std::move(t), vocab, context, stride);
+        } catch (const DataError& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    EXPECT_EQ(err({0, 1, 2}, 3, 3, 1),
+              "token windows: 3 tokens are fewer than one window of context 3 + 1");
+    EXPECT_EQ(err({0, 1, 7, 1}, 3, 2, 1),
+              "token windows: token 7 at position 2 is outside the vocabulary of 3");
+    EXPECT_EQ(err({0, 1, 2}, 3, 0, 1),
+              "token windows: vocabulary 3, context 0 and stride 1 must all be at least 1");
+}
+
 }  // namespace
 }  // namespace tpu::trainer

@@ -404,6 +404,51 @@ TEST(TrainerLayers, EveryLayerTrainsOnEightCores) {
     }
 }
 
+/// A bigram language model: the logits of the next token are a row of a vocab x vocab table.
+class Bigram : public Module {
+public:
+    explicit Bigram(uint32_t vocab) : Module(3) {
+        emb = &add<Embedding>("emb", vocab, vocab, rng());
+    }
+    Var forward(Runtime& rt, const Var& x) override { return (*emb)(rt, x); }
+    OptimizerConfig configure_optimizers() const override {
+        OptimizerConfig o;
+        o.lr = 0.1f;
+        return o;
+    }
+    Embedding* emb;
+};
+
+TEST(TrainerLanguageModel, TokenWindowsTrainEveryPositionAndStopAtMaxSteps) {
+    // Token t is always followed by (3 t + 1) mod 7, so a bigram model can predict every token;
+    // a window row labelled with the wrong position could not be learnt.
+    std::vector<uint8_t> stream{0};
+    while (stream.size() < 4000) stream.push_back(uint8_t((3 * stream.back() + 1) % 7));
+    const Dataset train = token_windows(stream, 7, 16, 1);
+    const Dataset val = token_windows(stream, 7, 16, 16);
+    auto dev = driver::Device::open(board());
+    TrainerOptions opts;
+    opts.devices = 8;
+    opts.enable_progress_bar = false;
+    opts.precision = "bf16-mixed";
+    opts.log_every_n_steps = 10;
+    opts.max_epochs = 5;
+    opts.max_steps = 60;  // 3984 windows / (8 x 4) = 124 steps in an epoch: stops mid-epoch
+    Trainer tr(*dev, opts);
+    Bigram model(7);
+    tr.fit(model, DataLoader{&train, 4, true, true, 0});
+    EXPECT_EQ(tr.global_step(), 60u);
+    EXPECT_EQ(tr.history().back().step, 59u);
+    EXPECT_EQ(tr.step_times().size(), 60u);
+    const EvalResult r = tr.validate(model, DataLoader{&val, 4, false, false, 0});
+    EXPECT_EQ(r.examples, val.count);
+    EXPECT_EQ(r.accuracy, 1.0);
+    EXPECT_LT(r.loss, 0.1);
+    // Resuming the count: a second fit with the same max_steps trains nothing more.
+    tr.fit(model, DataLoader{&train, 4, true, true, 0});
+    EXPECT_EQ(tr.global_step(), 60u);
+}
+
 TEST(TrainerDataParallel, ChangingBatchShapeWarnsOfRecompilation) {
     auto dev = driver::Device::open(board());
     Mlp model({16, 8, 4}, {}, 2);
