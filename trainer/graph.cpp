@@ -309,6 +309,124 @@ Var layer_norm(Runtime& rt, const Var& x, const Var& gamma, const Var& beta, flo
     return y;
 }
 
+namespace {
+
+/// Sends dY, unchanged, into the gradient of x: the gradient of an identity path.
+void pass_grad(Runtime& rt, const Var& x, const Tensor& dY, bool alias) {
+    if (!needs(x)) return;
+    if (x->has_grad) {
+        rt.exec("grad_accumulate",
+                [&] { return driver::add(rt.device(), rt.cache(), x->grad, dY, x->grad); });
+    } else if (alias && x->owns_grad) {
+        // The output's gradient is read by nothing after this backward, so x can take it over.
+        x->grad = dY;
+        x->has_grad = true;
+    } else {
+        bool acc = false;
+        Tensor dX = rt.grad_target(x, acc);
+        rt.exec("grad_copy", [&] { return driver::copy(rt.device(), rt.cache(), dY, dX); });
+    }
+}
+
+/// `t` seen as `rows` x (elements / rows): the same bytes, another row length.
+Tensor reshaped(Tensor t, uint32_t rows) {
+    t.cols = uint32_t(t.elements() / rows);
+    t.rows = rows;
+    return t;
+}
+
+}  // namespace
+
+Var add(Runtime& rt, const Var& a, const Var& b) {
+    driver::check_same(a->value, b->value, "add: the operands");
+    const bool grad = needs(a) || needs(b);
+    Var y = rt.make(a->value.rows, a->value.cols, grad);
+    rt.exec("add",
+            [&] { return driver::add(rt.device(), rt.cache(), a->value, b->value, y->value); });
+    maybe_round(rt, y);
+    if (!grad) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, a, b, yp] {
+        // b first: a may take over dY, after which accumulating into a's gradient changes it.
+        pass_grad(rt, b, yp->grad, false);
+        pass_grad(rt, a, yp->grad, a != b);
+    };
+    return y;
+}
+
+Var add_periodic(Runtime& rt, const Var& x, const Var& table) {
+    const Tensor &X = x->value, &T = table->value;
+    check_cols("add_periodic", T, X.cols, "the table");
+    if (T.rows == 0 || X.rows % T.rows != 0)
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  fmt::format("add_periodic: {} rows are not whole blocks of the "
+                                              "table's {} rows",
+                                              X.rows, T.rows));
+    const bool grad = needs(x) || needs(table);
+    Var y = rt.make(X.rows, X.cols, grad);
+    // Seen as (rows / T.rows) rows of T.rows x cols values, the table is one bias row.
+    const uint32_t blocks = X.rows / T.rows;
+    rt.exec("add_periodic", [&] {
+        return driver::bias_add(rt.device(), rt.cache(), reshaped(X, blocks), reshaped(T, 1),
+                                reshaped(y->value, blocks));
+    });
+    maybe_round(rt, y);
+    if (!grad) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, x, table, yp, blocks] {
+        if (needs(table)) {
+            bool acc = false;
+            Tensor dT = rt.grad_target(table, acc);
+            rt.exec("add_periodic.dtable", [&] {
+                return driver::col_sum(rt.device(), rt.cache(), reshaped(yp->grad, blocks),
+                                       reshaped(dT, 1));
+            });
+            rt.finish_grad(table, dT, acc);
+        }
+        pass_grad(rt, x, yp->grad, true);
+    };
+    return y;
+}
+
+Var linear_transposed(Runtime& rt, const Var& x, const Var& w) {
+    const Tensor &X = x->value, &W = w->value;
+    if (X.cols != W.cols)
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  fmt::format("linear_transposed: input has {} features, the "
+                                              "weight ({} x {}) expects {}",
+                                              X.cols, W.rows, W.cols, W.cols));
+    const bool grad = needs(x) || needs(w);
+    Var y = rt.make(X.rows, W.rows, grad);
+    const auto prec = rt.matmul_precision();
+    rt.exec("linear_t.matmul", [&] {
+        return driver::matmul(rt.device(), rt.cache(), X, false, W, true, y->value, prec);
+    });
+    maybe_round(rt, y);
+    if (!grad) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, x, w, yp, prec] {
+        const Tensor& dY = yp->grad;
+        if (needs(w)) {
+            bool acc = false;
+            Tensor dW = rt.grad_target(w, acc);
+            rt.exec("linear_t.dweight", [&] {
+                return driver::matmul(rt.device(), rt.cache(), dY, true, x->value, false, dW, prec);
+            });
+            rt.finish_grad(w, dW, acc);
+        }
+        if (needs(x)) {
+            bool acc = false;
+            Tensor dX = rt.grad_target(x, acc);
+            rt.exec("linear_t.dinput", [&] {
+                return driver::matmul(rt.device(), rt.cache(), dY, false, w->value, false, dX,
+                                      prec);
+            });
+            rt.finish_grad(x, dX, acc);
+        }
+    };
+    return y;
+}
+
 Var embedding(Runtime& rt, const Var& onehot, const Var& table) {
     return linear(rt, onehot, table, nullptr);
 }

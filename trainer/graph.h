@@ -131,6 +131,14 @@ Var dropout(Runtime& rt, const Var& x, float p, uint32_t seed);
 Var layer_norm(Runtime& rt, const Var& x, const Var& gamma, const Var& beta, float eps);
 /// Embedding lookup as a one-hot matmul (the MXU way on a TPU): onehot B x V, table V x D.
 Var embedding(Runtime& rt, const Var& onehot, const Var& table);
+/// y = a + b (same shape): a residual connection.
+Var add(Runtime& rt, const Var& a, const Var& b);
+/// y = x + table added to every block of table.rows rows of x (x.rows a multiple of them, same
+/// columns): a learned positional embedding added to each sequence of a batch of sequences.
+Var add_periodic(Runtime& rt, const Var& x, const Var& table);
+/// y = x Wᵀ (W: out x in, PyTorch's own layout): a language model's output projection tied to
+/// its input embedding table (vocab x hidden), with no copy of the table.
+Var linear_transposed(Runtime& rt, const Var& x, const Var& w);
 /// Mean softmax cross-entropy over the rows of logits (B x C) against one-hot labels; the
 /// result is 1 x 1. Its backward seeds dlogits = (softmax - y) / B.
 Var cross_entropy(Runtime& rt, const Var& logits, const Var& onehot);

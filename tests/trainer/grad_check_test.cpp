@@ -1,0 +1,77 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tests/trainer/grad_check.h"
+
+namespace tpu::trainer {
+namespace {
+
+using test::check_gradients;
+using test::GradInput;
+using Values = std::vector<std::vector<double>>;
+
+TEST(GradCheck, ResidualAddSendsTheGradientToBothInputs) {
+    check_gradients(
+        {{5, 7}, {5, 7}},
+        [](Runtime& rt, const std::vector<Var>& v) {
+            // x + (x + w): x's gradient arrives twice (taken over, then added).
+            return add(rt, v[0], add(rt, v[0], v[1]));
+        },
+        [](const Values& x) {
+            std::vector<double> y(x[0].size());
+            for (size_t i = 0; i < y.size(); ++i) y[i] = 2 * x[0][i] + x[1][i];
+            return y;
+        });
+}
+
+TEST(GradCheck, PeriodicAddSumsTheTableGradientOverBlocks) {
+    // 3 sequences of 4 positions, 6 features; the table is 4 x 6.
+    check_gradients(
+        {{12, 6}, {4, 6}},
+        [](Runtime& rt, const std::vector<Var>& v) { return add_periodic(rt, v[0], v[1]); },
+        [](const Values& x) {
+            std::vector<double> y(x[0].size());
+            for (size_t i = 0; i < y.size(); ++i) y[i] = x[0][i] + x[1][i % 24];
+            return y;
+        });
+}
+
+TEST(GradCheck, TransposedLinearIsTheTiedOutputProjection) {
+    // x: 5 x 6, W: 9 x 6 (vocab x hidden): y = x Wᵀ, 5 x 9.
+    check_gradients(
+        {{5, 6}, {9, 6}},
+        [](Runtime& rt, const std::vector<Var>& v) { return linear_transposed(rt, v[0], v[1]); },
+        [](const Values& x) {
+            std::vector<double> y(5 * 9, 0.0);
+            for (int i = 0; i < 5; ++i)
+                for (int j = 0; j < 9; ++j)
+                    for (int k = 0; k < 6; ++k) y[i * 9 + j] += x[0][i * 6 + k] * x[1][j * 6 + k];
+            return y;
+        });
+}
+
+TEST(GradCheck, BadShapesAreNamed) {
+    auto dev = driver::Device::open(hw::BoardConfig{});
+    driver::ProgramCache cache;
+    Metrics metrics;
+    Runtime rt(*dev, cache, {0}, PrecisionMode::True32, metrics);
+    Var x = rt.leaf(10, 4), t = rt.leaf(3, 4), w = rt.leaf(5, 3);
+    auto error = [](const std::function<void()>& f) {
+        try {
+            f();
+        } catch (const driver::DeviceError& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    EXPECT_NE(error([&] {
+                  add_periodic(rt, x, t);
+              }).find("add_periodic: 10 rows are not whole blocks of the table's 3 rows"),
+              std::string::npos);
+    EXPECT_NE(error([&] {
+                  linear_transposed(rt, x, w);
+              }).find("linear_transposed: input has 4 features, the weight (5 x 3) expects 3"),
+              std::string::npos);
+    EXPECT_NE(error([&] { add(rt, x, t); }).find("add: the operands"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tpu::trainer
