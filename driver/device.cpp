@@ -415,6 +415,41 @@ void Device::fail(std::vector<Pending>& batch, const std::vector<size_t>& culpri
     throw DeviceError(kind, first);
 }
 
+KernelStats& KernelStats::operator+=(const KernelStats& o) {
+    launches += o.launches;
+    cycles += o.cycles;
+    core_cycles += o.core_cycles;
+    instructions += o.instructions;
+    mxu_macs += o.mxu_macs;
+    mxu_peak_macs += o.mxu_peak_macs;
+    vpu_flops += o.vpu_flops;
+    hbm_read_bytes += o.hbm_read_bytes;
+    hbm_write_bytes += o.hbm_write_bytes;
+    ici_bytes += o.ici_bytes;
+    return *this;
+}
+
+KernelStats KernelStats::since(const KernelStats& e) const {
+    KernelStats d{name};
+    d.launches = launches - e.launches;
+    d.cycles = cycles - e.cycles;
+    d.core_cycles = core_cycles - e.core_cycles;
+    d.instructions = instructions - e.instructions;
+    d.mxu_macs = mxu_macs - e.mxu_macs;
+    d.mxu_peak_macs = mxu_peak_macs - e.mxu_peak_macs;
+    d.vpu_flops = vpu_flops - e.vpu_flops;
+    d.hbm_read_bytes = hbm_read_bytes - e.hbm_read_bytes;
+    d.hbm_write_bytes = hbm_write_bytes - e.hbm_write_bytes;
+    d.ici_bytes = ici_bytes - e.ici_bytes;
+    return d;
+}
+
+KernelStats Device::kernel_totals() const {
+    KernelStats t{"all"};
+    for (const KernelStats& k : m_kernels) t += k;
+    return t;
+}
+
 void Device::account(const Pending& p, const Event& ev, const std::vector<hw::CoreStats>& before) {
     const std::string& name = kernel_name(*p.program);
     auto [it, fresh] = m_kernel_index.emplace(name, m_kernels.size());

@@ -79,6 +79,10 @@ struct KernelStats {
     uint64_t hbm_write_bytes = 0;  ///< bytes DMA wrote to HBM
     uint64_t ici_bytes = 0;        ///< bytes sent over ICI
 
+    /// Adds each counter of `o` (the name stays).
+    KernelStats& operator+=(const KernelStats& o);
+    /// Each counter minus that of `earlier`, a snapshot of the same totals (the name stays).
+    KernelStats since(const KernelStats& earlier) const;
     /// 2 x MXU MACs + VPU FLOPs.
     uint64_t flops() const { return 2 * mxu_macs + vpu_flops; }
     /// HBM bytes read and written.
@@ -156,6 +160,8 @@ public:
     size_t queued_launches() const { return m_queue.size(); }
     /// Per-kernel totals in order of each kernel's first completed launch.
     const std::vector<KernelStats>& kernel_stats() const { return m_kernels; }
+    /// The sum of kernel_stats() (named "all").
+    KernelStats kernel_totals() const;
 
     uint64_t now_cycle() const;
     double now_seconds() const;

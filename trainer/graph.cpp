@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "trainer/graph.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -66,11 +67,33 @@ Var Runtime::make(uint32_t rows, uint32_t cols, bool requires_grad) {
     auto n = std::make_shared<Node>();
     n->value = scratch(rows, cols);
     n->requires_grad = requires_grad;
+    n->layer = m_layer;
     if (requires_grad) m_tape.push_back(n);
     return n;
 }
 
+LayerScope::~LayerScope() {
+    m_rt->m_layer = m_previous;
+}
+
+LayerScope Runtime::layer(const std::string& name, std::string_view kind) {
+    const int previous = m_layer;
+    if (!name.empty()) {
+        auto it = std::find_if(m_layers.begin(), m_layers.end(),
+                               [&](const LayerProfile& p) { return p.name == name; });
+        if (it == m_layers.end()) {
+            m_layers.push_back({name, std::string(kind), 0, 0, {}});
+            m_layers.back().work.name = name;
+            it = m_layers.end() - 1;
+        }
+        m_layer = int(it - m_layers.begin());
+    }
+    return LayerScope(*this, previous);
+}
+
 void Runtime::exec(std::string_view kernel, const std::function<driver::Event()>& call) {
+    const driver::KernelStats k0 = m_layer >= 0 ? m_dev.kernel_totals() : driver::KernelStats{};
+    const uint64_t c0 = m_dev.now_cycle();
     const driver::DeviceMetrics before = m_dev.metrics();
     const uint64_t misses = m_cache.misses(), hits = m_cache.hits();
     const double compile = m_cache.compile_seconds();
@@ -88,6 +111,12 @@ void Runtime::exec(std::string_view kernel, const std::function<driver::Event()>
         m_metrics.count("UncachedCompile", m_cache.misses() - misses);
     }
     if (m_cache.hits() > hits) m_metrics.count("CachedCompile", m_cache.hits() - hits);
+    if (m_layer >= 0) {
+        LayerProfile& p = m_layers[size_t(m_layer)];
+        if (p.work.launches == 0) p.first_cycle = c0;
+        p.last_cycle = m_dev.now_cycle();
+        p.work += m_dev.kernel_totals().since(k0);
+    }
 }
 
 void Runtime::upload(const Tensor& t, size_t index, const std::vector<float>& values) {
@@ -133,10 +162,13 @@ void Runtime::backward(const Var& loss) {
     if (!loss->has_grad)
         throw driver::DeviceError(driver::ErrorKind::Usage,
                                   "backward: the value is not a loss (it has no gradient seed)");
+    const int outside = m_layer;
     for (auto it = m_tape.rbegin(); it != m_tape.rend(); ++it) {
         Node& n = **it;
+        m_layer = n.layer;  // a layer's backward kernels count towards that layer
         if (n.has_grad && n.backward) n.backward();
     }
+    m_layer = outside;
     for (const Var& v : m_tape) v->backward = nullptr;  // break cycles through captures
     m_tape.clear();
 }

@@ -34,6 +34,7 @@ struct Node {
     bool has_grad = false;           ///< grad holds this step's gradient
     bool owns_grad = true;           ///< grad was allocated for this step (not a parameter's)
     std::function<void()> backward;  ///< propagates grad to the inputs (empty for leaves)
+    int layer = -1;                  ///< the Runtime layer profile its forward ran in (-1: none)
 };
 using Var = std::shared_ptr<Node>;
 
@@ -50,6 +51,32 @@ struct Parameter {
     bool placed() const { return !value.bufs.empty(); }
 };
 using ParamPtr = std::shared_ptr<Parameter>;
+
+/// The device work of one layer of a model, forward and backward (tpusim model's table).
+struct LayerProfile {
+    std::string name;          ///< the layer's name in its module ("conv1", "block_0.attn")
+    std::string kind;          ///< what it computes ("linear", "conv2d", "attention", ...)
+    uint64_t first_cycle = 0;  ///< board cycle at which its first kernel was issued
+    uint64_t last_cycle = 0;   ///< board cycle at which its last kernel completed
+    /// Its kernels' totals: launches, board cycles, MXU MACs and peak, VPU FLOPs, HBM bytes.
+    driver::KernelStats work;
+};
+
+class Runtime;
+
+/// While alive, kernels the Runtime runs count towards one layer (nested scopes: the innermost),
+/// and so does the backward of every value created meanwhile.
+class LayerScope {
+public:
+    LayerScope(Runtime& rt, int previous) : m_rt(&rt), m_previous(previous) {}
+    ~LayerScope();
+    LayerScope(const LayerScope&) = delete;
+    LayerScope& operator=(const LayerScope&) = delete;
+
+private:
+    Runtime* m_rt;
+    int m_previous;
+};
 
 /// The device side of a training run: the core set, the kernels' program cache, the precision,
 /// step-scoped scratch memory, the recorded graph and the metrics every kernel feeds.
@@ -85,7 +112,15 @@ public:
     /// records a backward function.
     Var make(uint32_t rows, uint32_t cols, bool requires_grad);
 
-    /// Runs one kernel call and records its launch in the metrics (ExecuteTime, compiles).
+    /// Attributes kernels to layer `name` (of `kind`) until the scope ends; an empty name
+    /// leaves the attribution as it is. Layers with the same name share one profile.
+    [[nodiscard]] LayerScope layer(const std::string& name, std::string_view kind);
+    /// Per-layer work since the last clear_layer_profiles(), in first-use order.
+    const std::vector<LayerProfile>& layer_profiles() const { return m_layers; }
+    void clear_layer_profiles() { m_layers.clear(); }
+
+    /// Runs one kernel call and records its launch in the metrics (ExecuteTime, compiles) and
+    /// in the current layer's profile.
     void exec(std::string_view kernel, const std::function<driver::Event()>& call);
     /// Writes replica `index` of `t` from the host, recorded as TransferToDevice.
     void upload(const driver::Tensor& t, size_t index, const std::vector<float>& values);
@@ -115,6 +150,9 @@ private:
     std::vector<driver::Tensor> m_scratch;
     std::vector<Var> m_tape;  ///< nodes with a backward function, in creation order
     std::vector<std::pair<Parameter*, Var>> m_params;  ///< this step's parameter nodes
+    std::vector<LayerProfile> m_layers;                ///< per-layer work
+    int m_layer = -1;                                  ///< the current layer (-1: none)
+    friend class LayerScope;
 };
 
 // ---- Ops: forward now, backward recorded ------------------------------------------------------

@@ -51,6 +51,7 @@ Linear::Linear(uint32_t in, uint32_t out, bool bias, std::mt19937& rng) {
 }
 
 Var Linear::operator()(Runtime& rt, const Var& x) {
+    const auto scope = rt.layer(name, "linear");
     return linear(rt, x, rt.param(*weight), bias ? rt.param(*bias) : nullptr);
 }
 
@@ -71,6 +72,7 @@ Embedding::Embedding(uint32_t num, uint32_t dim, std::mt19937& rng) {
 }
 
 Var Embedding::operator()(Runtime& rt, const Var& onehot) {
+    const auto scope = rt.layer(name, "embedding");
     return embedding(rt, onehot, rt.param(*weight));
 }
 
@@ -84,6 +86,7 @@ LayerNorm::LayerNorm(uint32_t dim, float eps) : m_eps(eps) {
 }
 
 Var LayerNorm::operator()(Runtime& rt, const Var& x) {
+    const auto scope = rt.layer(name, "layernorm");
     return layer_norm(rt, x, rt.param(*weight), rt.param(*bias), m_eps);
 }
 

@@ -61,6 +61,8 @@ public:
     virtual ~Layer() = default;
     /// (name, slot) of each parameter, e.g. {"weight", &weight}.
     virtual std::vector<std::pair<std::string, ParamPtr*>> slots() { return {}; }
+    /// Its name in the module ("layer_1"), under which its kernels are profiled.
+    std::string name;
 };
 
 /// y = x W + b, W in x out (PyTorch's weight transposed, so no transpose in the forward).
@@ -77,20 +79,29 @@ public:
 /// max(x, 0).
 class ReLU : public Layer {
 public:
-    Var operator()(Runtime& rt, const Var& x) { return relu(rt, x); }
+    Var operator()(Runtime& rt, const Var& x) {
+        const auto scope = rt.layer(name, "relu");
+        return relu(rt, x);
+    }
 };
 
 /// GELU (tanh form).
 class GELU : public Layer {
 public:
-    Var operator()(Runtime& rt, const Var& x) { return gelu(rt, x); }
+    Var operator()(Runtime& rt, const Var& x) {
+        const auto scope = rt.layer(name, "gelu");
+        return gelu(rt, x);
+    }
 };
 
 /// Inverted dropout, seeded; a new seed each step so masks differ between steps.
 class Dropout : public Layer {
 public:
     Dropout(float p, uint32_t seed) : m_p(p), m_seed(seed) {}
-    Var operator()(Runtime& rt, const Var& x) { return dropout(rt, x, m_p, m_seed + m_calls++); }
+    Var operator()(Runtime& rt, const Var& x) {
+        const auto scope = rt.layer(name, "dropout");
+        return dropout(rt, x, m_p, m_seed + m_calls++);
+    }
 
 private:
     float m_p;
@@ -147,6 +158,7 @@ protected:
     template <class L, class... A>
     L& add(std::string name, A&&... args) {
         auto layer = std::make_unique<L>(std::forward<A>(args)...);
+        layer->name = name;
         L& ref = *layer;
         m_layers.emplace_back(std::move(name), std::move(layer));
         return ref;

@@ -338,6 +338,14 @@ void Trainer::optimizer_step(const OptimizerConfig& opt) {
         });
 }
 
+const std::vector<LayerProfile>& Trainer::layer_profiles() const {
+    return m_rt->layer_profiles();
+}
+
+void Trainer::clear_layer_profiles() {
+    m_rt->clear_layer_profiles();
+}
+
 float Trainer::read_loss(const Var& loss) {
     if (m_cores.size() > 1)
         m_rt->exec("allreduce_mean", [&] {

@@ -126,6 +126,11 @@ public:
     /// Replaces the stderr warning printer (tests).
     void on_warning(std::function<void(const std::string&)> f) { m_warn = std::move(f); }
 
+    /// The kernels of each named layer (forward and backward) since the last clear, for
+    /// per-layer tables (see Runtime::layer).
+    const std::vector<LayerProfile>& layer_profiles() const;
+    void clear_layer_profiles();
+
     /// The per-core flat buffer of parameters (1 x total values; parameters are views of it).
     const driver::Tensor& flat_parameters() const { return m_flat_params; }
 

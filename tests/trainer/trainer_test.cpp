@@ -449,6 +449,43 @@ TEST(TrainerLanguageModel, TokenWindowsTrainEveryPositionAndStopAtMaxSteps) {
     EXPECT_EQ(tr.global_step(), 60u);
 }
 
+TEST(TrainerProfile, LayersOwnTheirForwardAndBackwardKernels) {
+    // MLP 16-8-4 on one core, bf16-mixed, one step of 32 rows. layer_1's forward is one matmul
+    // and one bias add; its backward a weight-gradient matmul and a bias column sum (its input
+    // needs no gradient). layer_2 adds the input-gradient matmul.
+    auto dev = driver::Device::open(board());
+    TrainerOptions opts;
+    opts.devices = 1;
+    opts.enable_progress_bar = false;
+    opts.precision = "bf16-mixed";
+    opts.limit_train_batches = 1;
+    Trainer tr(*dev, opts);
+    Mlp model({16, 8, 4}, {}, 2);
+    const Dataset data = synthetic(64, 16, 4, 3);
+    tr.fit(model, DataLoader{&data, 32, false, true, 0});
+    const auto& layers = tr.layer_profiles();
+    ASSERT_EQ(layers.size(), 2u);
+    EXPECT_EQ(layers[0].name, "layer_1");
+    EXPECT_EQ(layers[0].kind, "linear");
+    EXPECT_EQ(layers[1].name, "layer_2");
+    // The library GEMM pads K and N to whole 128 x 128 weight tiles, so each matmul of M rows
+    // issues M x 128 x 128 MACs: layer_1 forward (32 rows) and weight gradient (16 rows of
+    // x^T); layer_2 forward (32), weight gradient (8) and input gradient (32).
+    EXPECT_EQ(layers[0].work.mxu_macs, (32u + 16) * 128 * 128);
+    EXPECT_EQ(layers[1].work.mxu_macs, (32u + 8 + 32) * 128 * 128);
+    EXPECT_GT(layers[0].work.hbm_bytes(), 0u);
+    EXPECT_LT(layers[0].first_cycle, layers[1].first_cycle);
+    // layer_1's backward runs after layer_2's, so it ends last.
+    EXPECT_GT(layers[0].last_cycle, layers[1].last_cycle);
+    // Every kernel of a layer is counted once: the layers' launches are a part of the total.
+    uint64_t launches = 0;
+    for (const auto& l : layers) launches += l.work.launches;
+    EXPECT_LT(launches, dev->kernel_totals().launches);
+    EXPECT_GE(layers[0].work.launches, 4u);
+    tr.clear_layer_profiles();
+    EXPECT_TRUE(tr.layer_profiles().empty());
+}
+
 TEST(TrainerDataParallel, ChangingBatchShapeWarnsOfRecompilation) {
     auto dev = driver::Device::open(board());
     Mlp model({16, 8, 4}, {}, 2);
