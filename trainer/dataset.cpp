@@ -200,10 +200,11 @@ Dataset subset(const Dataset& d, uint32_t first, uint32_t count) {
     if (uint64_t(first) + count > d.count || count == 0)
         throw DataError(
             fmt::format("subset of {} examples from {} of a dataset of {}", count, first, d.count));
-    Dataset s{count, d.features, d.classes, {}, {}};
-    s.x.assign(d.x.begin() + int64_t(first) * d.features,
-               d.x.begin() + int64_t(first + count) * d.features);
-    s.labels.assign(d.labels.begin() + first, d.labels.begin() + first + count);
+    Dataset s{count, d.features, d.classes, {}, {}, d.rows};
+    const int64_t n = int64_t(d.rows) * d.features;
+    s.x.assign(d.x.begin() + first * n, d.x.begin() + (first + count) * n);
+    s.labels.assign(d.labels.begin() + int64_t(first) * d.rows,
+                    d.labels.begin() + int64_t(first + count) * d.rows);
     return s;
 }
 

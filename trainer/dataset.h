@@ -30,25 +30,28 @@ IdxArray decode_idx(std::span<const uint8_t> bytes, std::string_view name);
 /// Reads and decodes an IDX file (.gz or not).
 IdxArray read_idx(const std::string& path);
 
-/// A classification dataset: `count` examples of `features` fp32 values in [0, 1]; or, for
-/// language modelling, `count` windows of a token stream (see token_windows()).
+/// A classification dataset: `count` examples of `rows` rows of `features` fp32 values, one
+/// label per row (an image is one row of H x W x C values, NHWC; a sequence of vectors is
+/// `rows` rows); or, for language modelling, `count` windows of a token stream (see
+/// token_windows()).
 struct Dataset {
     uint32_t count = 0;           ///< examples
     uint32_t features = 0;        ///< values per example row
     uint32_t classes = 0;         ///< labels are 0 .. classes-1
-    std::vector<float> x;         ///< count x features, row-major (empty for token windows)
-    std::vector<uint8_t> labels;  ///< count (empty for token windows)
+    std::vector<float> x;         ///< count x rows x features, row-major (empty for windows)
+    std::vector<uint8_t> labels;  ///< count x rows (empty for token windows)
+    uint32_t rows = 1;            ///< rows per example (token windows: see context)
     /// Token windows: example e is the `context` tokens from e x stride, each a row of one-hot
     /// inputs (features = classes = vocabulary size) labelled with the token that follows it.
-    /// 0 for a classification dataset (one row per example).
+    /// 0 for a classification dataset.
     uint32_t context = 0;
     uint32_t stride = 0;          ///< tokens between the starts of two windows
     std::vector<uint8_t> tokens;  ///< the token stream of the windows
-    /// Rows an example contributes to a batch: `context` for token windows, else 1.
-    uint32_t rows_per_example() const { return context ? context : 1; }
+    /// Rows an example contributes to a batch: `context` for token windows, else `rows`.
+    uint32_t rows_per_example() const { return context ? context : rows; }
     /// The label of row `row` of example `e`.
     uint8_t label(uint32_t e, uint32_t row) const {
-        return context ? tokens[uint64_t(e) * stride + row + 1] : labels[e];
+        return context ? tokens[uint64_t(e) * stride + row + 1] : labels[uint64_t(e) * rows + row];
     }
 };
 

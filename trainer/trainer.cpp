@@ -298,8 +298,8 @@ Batch Trainer::load_batch(const Dataset& data, const std::vector<std::vector<uin
                 for (uint32_t t = 0; t < per; ++t)
                     x[(size_t(i) * per + t) * data.features + data.tokens[start + t]] = 1.0f;
             } else {
-                std::copy_n(data.x.begin() + int64_t(e) * data.features, data.features,
-                            x.begin() + int64_t(i) * data.features);
+                const uint64_t n = uint64_t(per) * data.features;
+                std::copy_n(data.x.begin() + int64_t(e * n), n, x.begin() + int64_t(i * n));
             }
             for (uint32_t t = 0; t < per; ++t)
                 y[(size_t(i) * per + t) * data.classes + data.label(e, t)] = 1.0f;

@@ -131,6 +131,18 @@ TEST(TokenWindows, WindowsStartEveryStrideAndLabelTheNextToken) {
     EXPECT_EQ(classes.label(3, 0), classes.labels[3]);
 }
 
+TEST(Dataset, ExamplesOfSeveralRowsKeepOneLabelPerRow) {
+    // 3 examples of 2 rows of 2 features; subset keeps rows and labels together.
+    Dataset d{3, 2, 4, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {0, 1, 2, 3, 0, 1}, 2};
+    EXPECT_EQ(d.rows_per_example(), 2u);
+    EXPECT_EQ(d.label(1, 1), 3);
+    const Dataset s = subset(d, 1, 2);
+    EXPECT_EQ(s.rows, 2u);
+    EXPECT_EQ(s.x, (std::vector<float>{4, 5, 6, 7, 8, 9, 10, 11}));
+    EXPECT_EQ(s.labels, (std::vector<uint8_t>{2, 3, 0, 1}));
+    EXPECT_EQ(s.label(1, 0), 0);
+}
+
 TEST(TokenWindows, BadSizesAndTokensAreNamed) {
     auto err = [](std::vector<uint8_t> t, uint32_t vocab, uint32_t context, uint32_t stride) {
         try {
