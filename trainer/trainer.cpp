@@ -193,9 +193,18 @@ private:
 Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
     : m_dev(dev),
       m_opts(std::move(opts)),
-      m_cores(resolve_devices(m_opts.devices, dev.num_cores())),
+      m_cores(m_opts.cores.empty() ? resolve_devices(m_opts.devices, dev.num_cores())
+                                   : m_opts.cores),
       m_mode(parse_precision(m_opts.precision)),
       m_warn([](const std::string& w) { std::fprintf(stderr, "%s\n", w.c_str()); }) {
+    for (size_t i = 0; i < m_cores.size(); ++i)
+        if (m_cores[i] >= dev.num_cores() ||
+            std::find(m_cores.begin(), m_cores.begin() + int64_t(i), m_cores[i]) !=
+                m_cores.begin() + int64_t(i))
+            throw ConfigError(
+                fmt::format("cores: core {} is {} (the board has {} cores)", m_cores[i],
+                            m_cores[i] >= dev.num_cores() ? "not on the board" : "listed twice",
+                            dev.num_cores()));
     if (m_opts.max_epochs == 0) throw ConfigError("`max_epochs` must be at least 1. Got 0");
     if (m_opts.log_every_n_steps == 0)
         throw ConfigError("`log_every_n_steps` must be at least 1. Got 0");
@@ -466,6 +475,47 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
     verify_replicas(module);
     m_sim_seconds += m_dev.now_seconds() - sim0;
     m_host_seconds += since(t0);
+}
+
+PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
+    if (!loader.dataset || loader.dataset->count == 0)
+        throw ConfigError("predict: the DataLoader has no dataset");
+    if (loader.batch_size == 0)
+        throw ConfigError("batch_size should be a positive integer value, but got batch_size=0");
+    place(module);
+    const Dataset& data = *loader.dataset;
+    const auto N = static_cast<uint32_t>(m_cores.size());
+    // The shards of validate(): example r + i N on replica r, padding not returned.
+    const uint32_t per = (data.count + N - 1) / N;
+    std::vector<std::vector<uint32_t>> idx(N);
+    for (uint32_t r = 0; r < N; ++r)
+        for (uint32_t i = 0; i < per; ++i) idx[r].push_back((r + i * N) % data.count);
+    PredictResult res;
+    m_rt->set_training(false);
+    for (uint32_t first = 0; first < per; first += loader.batch_size) {
+        const uint32_t rows = std::min(loader.batch_size, per - first);
+        Batch batch = load_batch(data, idx, first, rows);
+        const uint64_t c0 = m_dev.now_cycle();
+        const Var out = module.forward(*m_rt, batch.x);
+        m_dev.synchronize();
+        res.forward_cycles += m_dev.now_cycle() - c0;
+        const uint32_t out_rows = out->value.rows / rows;  // output rows per example
+        res.cols = out->value.cols;
+        const size_t example = size_t(out_rows) * res.cols;
+        if (res.outputs.empty()) res.outputs.resize(size_t(data.count) * example);
+        for (uint32_t r = 0; r < N; ++r) {
+            const std::vector<float> v = m_rt->download(out->value, r);
+            for (uint32_t i = 0; i < rows; ++i) {
+                const uint64_t e = r + uint64_t(first + i) * N;
+                if (e >= data.count) continue;  // padding
+                std::copy_n(v.begin() + int64_t(i * example), example,
+                            res.outputs.begin() + int64_t(e * example));
+            }
+        }
+        m_rt->end_step();
+    }
+    m_rt->set_training(true);
+    return res;
 }
 
 EvalResult Trainer::validate(Module& module, const DataLoader& loader) {

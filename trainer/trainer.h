@@ -53,8 +53,11 @@ std::string_view precision_name(PrecisionMode mode);
 /// Trainer arguments (the subset of lightning.Trainer that applies here).
 struct TrainerOptions {
     Devices devices = std::string("auto");  ///< "auto", 1, 8 or {i}
-    std::string precision = "32-true";      ///< "32-true", "bf16-mixed", "bf16-true"
-    uint32_t max_epochs = 1;                ///< total epochs, counting a resumed checkpoint's
+    /// When not empty, these cores instead of `devices`: any set of distinct cores of the board,
+    /// for tools that are not bound by Lightning's devices rule (tpusim model).
+    std::vector<uint32_t> cores;
+    std::string precision = "32-true";  ///< "32-true", "bf16-mixed", "bf16-true"
+    uint32_t max_epochs = 1;            ///< total epochs, counting a resumed checkpoint's
     int64_t max_steps = -1;  ///< total optimizer steps, counting a resumed checkpoint's (-1: none)
     int64_t limit_train_batches = -1;  ///< steps per epoch at most (-1: all)
     int64_t limit_val_batches = -1;    ///< validation batches at most (-1: all)
@@ -87,6 +90,13 @@ struct EvalResult {
     uint32_t examples = 0;  ///< examples counted (padding excluded)
 };
 
+/// The result of predict().
+struct PredictResult {
+    std::vector<float> outputs;   ///< forward(x) of every example in dataset order, row-major
+    uint32_t cols = 0;            ///< values per output row
+    uint64_t forward_cycles = 0;  ///< board cycles of the forward passes (no transfers)
+};
+
 /// Fits a Module on the cores selected by `devices` of an open Device.
 class Trainer {
 public:
@@ -101,6 +111,9 @@ public:
     void fit(Module& module, const DataLoader& train, const DataLoader* val = nullptr);
     /// Loss and accuracy of `module` on `loader` (evaluation mode, every core its shard).
     EvalResult validate(Module& module, const DataLoader& loader);
+    /// forward(x) of every example of `loader` (evaluation mode, every core its shard, no
+    /// loss), as lightning.Trainer.predict; labels are not used.
+    PredictResult predict(Module& module, const DataLoader& loader);
     /// Writes parameters and optimizer state with sim::OutputFile (atomic for a regular file);
     /// throws ConfigError naming the file.
     void save_checkpoint(const std::string& path);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -484,6 +485,36 @@ TEST(TrainerProfile, LayersOwnTheirForwardAndBackwardKernels) {
     EXPECT_GE(layers[0].work.launches, 4u);
     tr.clear_layer_profiles();
     EXPECT_TRUE(tr.layer_profiles().empty());
+}
+
+TEST(TrainerPredict, EveryExampleOnceInDatasetOrderOnAnyCoreSet) {
+    // 37 examples: on cores {2, 5, 7} the shards are 13 each with two padding rows. Row
+    // results do not depend on the shard, so both core sets give the same bits.
+    auto dev = driver::Device::open(board());
+    const Dataset data = synthetic(37, 16, 4, 3);
+    std::vector<PredictResult> got;
+    for (const std::vector<uint32_t>& cores :
+         {std::vector<uint32_t>{0}, std::vector<uint32_t>{2, 5, 7}}) {
+        TrainerOptions opts;
+        opts.cores = cores;
+        opts.precision = "bf16-mixed";
+        opts.enable_progress_bar = false;
+        Trainer tr(*dev, opts);
+        EXPECT_EQ(tr.cores(), cores);
+        Mlp model({16, 8, 4}, {}, 2);
+        got.push_back(tr.predict(model, DataLoader{&data, 4, false, false, 0}));
+        EXPECT_GT(got.back().forward_cycles, 0u);
+    }
+    ASSERT_EQ(got[0].cols, 4u);
+    ASSERT_EQ(got[0].outputs.size(), 37u * 4);
+    EXPECT_EQ(std::memcmp(got[0].outputs.data(), got[1].outputs.data(), 37 * 4 * 4), 0);
+    TrainerOptions bad;
+    bad.cores = {1, 9};
+    EXPECT_EQ(error_of([&] { Trainer t(*dev, bad); }),
+              "cores: core 9 is not on the board (the board has 8 cores)");
+    bad.cores = {3, 3};
+    EXPECT_EQ(error_of([&] { Trainer t(*dev, bad); }),
+              "cores: core 3 is listed twice (the board has 8 cores)");
 }
 
 TEST(TrainerDataParallel, ChangingBatchShapeWarnsOfRecompilation) {
