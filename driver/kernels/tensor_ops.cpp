@@ -398,6 +398,37 @@ Event copy_columns(Device& dev, ProgramCache& cache, const Tensor& src, uint32_t
     });
 }
 
+Event copy_into_columns(Device& dev, ProgramCache& cache, const Tensor& src, const Tensor& dst,
+                        uint32_t first_col) {
+    if (src.cores != dst.cores || src.rows != dst.rows || uint64_t(first_col) + src.cols > dst.cols)
+        throw DeviceError(
+            ErrorKind::Usage,
+            fmt::format("copy_into_columns: a {} x {} tensor on cores {} does not fit columns "
+                        "{}..{} of a {} x {} tensor on cores {}",
+                        src.rows, src.cols, cores_text(src.cores), first_col,
+                        uint64_t(first_col) + src.cols, dst.rows, dst.cols, cores_text(dst.cores)));
+    const uint32_t W = src.cols, S = dst.cols;
+    Spec sp;
+    sp.name = fmt::format("copy_into_columns of {}", S);
+    sp.units = src.rows;
+    sp.areas = {W};
+    sp.ins = {{1, 0}};
+    // Rows of W values stored S values apart in HBM.
+    sp.outs = {Stream(2, 0,
+                      [=](Body& b, const std::string& first, const std::string& units,
+                          const std::string& slot, const std::string& flag) {
+                          b.line(fmt::format("        mul s13, {}, {}", first, uint64_t(S) * 4));
+                          b.line("        add s13, s13, s2");
+                          b.line(fmt::format("        dma.vh [s13], {}, {}, {}, {}, {}, {}",
+                                             b.at(slot, 0), units, uint64_t(W) * 4, uint64_t(S) * 4,
+                                             uint64_t(W) * 4, flag));
+                      })};
+    sp.body = [](Body&) {};
+    return detail::run(dev, cache, sp, src.cores, [&](size_t i) {
+        return std::vector<uint32_t>{addr(src.bufs[i]), addr(dst.bufs[i]) + first_col * 4};
+    });
+}
+
 Event round_bf16(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
     check_same(x, out, "round_bf16");
     Spec sp = elementwise("round_bf16", x.elements(), 3);

@@ -31,6 +31,10 @@ Event copy(Device& dev, ProgramCache& cache, const Tensor& src, const Tensor& ds
 /// dst[r][j] = src[r][first_col + j] for j < dst.cols (a column slice; dst.rows == src.rows).
 Event copy_columns(Device& dev, ProgramCache& cache, const Tensor& src, uint32_t first_col,
                    const Tensor& dst);
+/// dst[r][first_col + j] = src[r][j] for j < src.cols (writes a column slice of dst, the rest
+/// of dst unchanged; dst.rows == src.rows): the inverse of copy_columns.
+Event copy_into_columns(Device& dev, ProgramCache& cache, const Tensor& src, const Tensor& dst,
+                        uint32_t first_col);
 /// out[i] = fp32(bf16_rne(x[i])): keeps a tensor representable in bf16 ("bf16-true").
 Event round_bf16(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out);
 

@@ -187,7 +187,7 @@ TEST(TensorMatmulErrors, ShapeAndCoreMismatchesAreUsageErrors) {
 
 // ---- copies and rounding ---------------------------------------------------------------------
 
-TEST(TensorCopies, CopyCopyColumnsAndRoundBf16AreExactPerReplica) {
+TEST(TensorCopies, CopyColumnSlicesAndRoundBf16AreExactPerReplica) {
     auto dev = open_device();
     ProgramCache cache;
     for (auto [rows, cols] : {std::pair{1u, 1u}, {7u, 300u}, {300u, 129u}}) {
@@ -211,8 +211,23 @@ TEST(TensorCopies, CopyCopyColumnsAndRoundBf16AreExactPerReplica) {
                     want.push_back(x.data[i][size_t(r) * cols + first + j]);
             EXPECT_BITS_EQ(read_tensor(*dev, z, i), want);
         }
+        // Back into columns first.. of y (a copy of x): y equals x again, every other column
+        // untouched.
+        copy(*dev, cache, x.t, y);
+        Filled w = filled(*dev, kEight, rows, width, rows + 7, -1.0f, 1.0f);
+        copy_into_columns(*dev, cache, w.t, y, first);
+        for (size_t i = 0; i < kEight.size(); ++i) {
+            std::vector<float> want = x.data[i];
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t j = 0; j < width; ++j)
+                    want[size_t(r) * cols + first + j] = w.data[i][size_t(r) * width + j];
+            EXPECT_BITS_EQ(read_tensor(*dev, y, i), want);
+        }
     }
     Tensor a = alloc_tensor(*dev, kOne, 4, 6), b = alloc_tensor(*dev, kOne, 4, 5);
+    EXPECT_EQ(error_of([&] { copy_into_columns(*dev, cache, a, b, 0); }),
+              "copy_into_columns: a 4 x 6 tensor on cores [0] does not fit columns 0..6 of a 4 x "
+              "5 tensor on cores [0]");
     EXPECT_EQ(error_of([&] { copy(*dev, cache, a, b); }),
               "copy: tensors differ in shape or cores (4 x 6 on 1 cores vs 4 x 5 on 1 cores)");
     EXPECT_EQ(error_of([&] { copy_columns(*dev, cache, a, 2, b); }),
