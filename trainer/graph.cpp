@@ -361,10 +361,8 @@ void pass_grad(Runtime& rt, const Var& x, const Tensor& dY, bool alias) {
 }
 
 /// `t` seen as `rows` x (elements / rows): the same bytes, another row length.
-Tensor reshaped(Tensor t, uint32_t rows) {
-    t.cols = uint32_t(t.elements() / rows);
-    t.rows = rows;
-    return t;
+Tensor reshaped(const Tensor& t, uint32_t rows) {
+    return driver::view(t, 0, rows, uint32_t(t.elements() / rows));
 }
 
 }  // namespace
@@ -457,6 +455,67 @@ Var linear_transposed(Runtime& rt, const Var& x, const Var& w) {
         }
     };
     return y;
+}
+
+namespace {
+
+/// Moves head blocks between the token layout (n x heads·d) and the head-major one
+/// (heads·n x d): `to_heads` gathers columns into row blocks, otherwise it scatters back.
+void move_heads(Runtime& rt, const Tensor& tokens, const Tensor& heads_major, uint32_t heads,
+                bool to_heads) {
+    const uint32_t n = tokens.rows, d = tokens.cols / heads;
+    for (uint32_t h = 0; h < heads; ++h) {
+        const Tensor block = driver::view(heads_major, uint64_t(h) * n * d, n, d);
+        if (to_heads)
+            rt.exec("split_heads", [&] {
+                return driver::copy_columns(rt.device(), rt.cache(), tokens, h * d, block);
+            });
+        else
+            rt.exec("merge_heads", [&] {
+                return driver::copy_into_columns(rt.device(), rt.cache(), block, tokens, h * d);
+            });
+    }
+}
+
+/// split_heads (to_heads) or merge_heads: y's layout from x's, and back for the gradient.
+Var regroup_heads(Runtime& rt, const Var& x, uint32_t heads, bool to_heads) {
+    const Tensor& X = x->value;
+    const uint32_t width = to_heads ? X.cols : X.cols * heads;
+    if (heads == 0 || width % heads != 0 || (!to_heads && X.rows % heads != 0))
+        throw driver::DeviceError(
+            driver::ErrorKind::Usage,
+            fmt::format("{}: a {} x {} tensor does not split into {} heads",
+                        to_heads ? "split_heads" : "merge_heads", X.rows, X.cols, heads));
+    Var y = to_heads ? rt.make(X.rows * heads, X.cols / heads, needs(x))
+                     : rt.make(X.rows / heads, X.cols * heads, needs(x));
+    if (to_heads)
+        move_heads(rt, X, y->value, heads, true);
+    else
+        move_heads(rt, y->value, X, heads, false);
+    maybe_round(rt, y);
+    if (!needs(x)) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, x, yp, heads, to_heads] {
+        // Every element of dX is written (the heads cover all columns), so no zeroing.
+        bool acc = false;
+        Tensor dX = rt.grad_target(x, acc);
+        if (to_heads)
+            move_heads(rt, dX, yp->grad, heads, false);
+        else
+            move_heads(rt, yp->grad, dX, heads, true);
+        rt.finish_grad(x, dX, acc);
+    };
+    return y;
+}
+
+}  // namespace
+
+Var split_heads(Runtime& rt, const Var& x, uint32_t heads) {
+    return regroup_heads(rt, x, heads, true);
+}
+
+Var merge_heads(Runtime& rt, const Var& x, uint32_t heads) {
+    return regroup_heads(rt, x, heads, false);
 }
 
 Var embedding(Runtime& rt, const Var& onehot, const Var& table) {

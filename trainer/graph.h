@@ -177,6 +177,12 @@ Var add_periodic(Runtime& rt, const Var& x, const Var& table);
 /// y = x Wᵀ (W: out x in, PyTorch's own layout): a language model's output projection tied to
 /// its input embedding table (vocab x hidden), with no copy of the table.
 Var linear_transposed(Runtime& rt, const Var& x, const Var& w);
+/// Token rows (n x heads·dhead, head h in columns h·dhead ..) to head-major rows (heads·n x
+/// dhead, head h in rows h·n ..): every head's block is then one contiguous problem, the
+/// layout attention() takes. One strided copy per head.
+Var split_heads(Runtime& rt, const Var& x, uint32_t heads);
+/// The inverse of split_heads: heads·n x dhead back to n x heads·dhead.
+Var merge_heads(Runtime& rt, const Var& x, uint32_t heads);
 /// Mean softmax cross-entropy over the rows of logits (B x C) against one-hot labels; the
 /// result is 1 x 1. Its backward seeds dlogits = (softmax - y) / B.
 Var cross_entropy(Runtime& rt, const Var& logits, const Var& onehot);

@@ -130,17 +130,6 @@ double since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// A view of values [offset, offset + rows x cols) of every replica of a flat 1 x n tensor.
-Tensor view(const Tensor& flat, uint64_t offset, uint32_t rows, uint32_t cols) {
-    Tensor t;
-    t.cores = flat.cores;
-    t.rows = rows;
-    t.cols = cols;
-    for (const driver::Buffer& b : flat.bufs)
-        t.bufs.push_back({b.core, b.addr + offset * 4, uint64_t(rows) * cols * 4});
-    return t;
-}
-
 std::string clock_text(double seconds) {
     const auto s = static_cast<uint64_t>(std::max(0.0, seconds));
     return fmt::format("{:02}:{:02}", s / 60, s % 60);
@@ -280,8 +269,8 @@ void Trainer::place(Module& module) {
             return driver::round_bf16(m_dev, m_cache, m_flat_params, m_flat_params);
         });
     for (const auto& [name, p] : params) {
-        p->value = view(m_flat_params, p->offset, p->rows, p->cols);
-        p->grad = view(m_flat_grads, p->offset, p->rows, p->cols);
+        p->value = driver::view(m_flat_params, p->offset, p->rows, p->cols);
+        p->grad = driver::view(m_flat_grads, p->offset, p->rows, p->cols);
     }
     m_placed = &module;
     m_adam_step = 0;

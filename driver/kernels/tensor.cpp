@@ -58,6 +58,20 @@ std::vector<float> read_tensor(Device& dev, const Tensor& t, size_t index) {
     return out;
 }
 
+Tensor view(const Tensor& t, uint64_t offset, uint32_t rows, uint32_t cols) {
+    if (offset + uint64_t(rows) * cols > t.elements())
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("view of {} x {} values from {} of a {} x {} tensor", rows,
+                                      cols, offset, t.rows, t.cols));
+    Tensor v;
+    v.cores = t.cores;
+    v.rows = rows;
+    v.cols = cols;
+    for (const Buffer& b : t.bufs)
+        v.bufs.push_back({b.core, b.addr + offset * 4, uint64_t(rows) * cols * 4});
+    return v;
+}
+
 void check_same(const Tensor& a, const Tensor& b, const char* what) {
     if (a.cores != b.cores || a.rows != b.rows || a.cols != b.cols)
         throw DeviceError(

@@ -33,6 +33,9 @@ void write_tensor(Device& dev, const Tensor& t, size_t index, const std::vector<
 void write_tensor_all(Device& dev, const Tensor& t, const std::vector<float>& values);
 /// Reads replica `index` back (a host sync).
 std::vector<float> read_tensor(Device& dev, const Tensor& t, size_t index);
+/// Values [offset, offset + rows x cols) of every replica of `t` as a rows x cols tensor: the
+/// same memory, no copy (a parameter in a flat buffer, a block of rows, a reshape).
+Tensor view(const Tensor& t, uint64_t offset, uint32_t rows, uint32_t cols);
 /// Throws DeviceError(Usage) naming `what` unless `a` and `b` use the same core set and shape.
 void check_same(const Tensor& a, const Tensor& b, const char* what);
 

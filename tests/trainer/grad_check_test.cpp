@@ -48,6 +48,26 @@ TEST(GradCheck, TransposedLinearIsTheTiedOutputProjection) {
         });
 }
 
+TEST(GradCheck, SplitAndMergeHeadsMoveBlocksBothWays) {
+    // 6 token rows of 3 heads x 2: split, scale per position by a second input (so the
+    // gradient is not the identity), merge back.
+    check_gradients(
+        {{6, 6}, {18, 2}},
+        [](Runtime& rt, const std::vector<Var>& v) {
+            Var h = split_heads(rt, v[0], 3);
+            EXPECT_EQ(h->value.rows, 18u);
+            return merge_heads(rt, add(rt, h, v[1]), 3);
+        },
+        [](const Values& x) {
+            std::vector<double> y(36);
+            for (int r = 0; r < 6; ++r)
+                for (int h = 0; h < 3; ++h)
+                    for (int j = 0; j < 2; ++j)
+                        y[r * 6 + h * 2 + j] = x[0][r * 6 + h * 2 + j] + x[1][(h * 6 + r) * 2 + j];
+            return y;
+        });
+}
+
 TEST(GradCheck, BadShapesAreNamed) {
     auto dev = driver::Device::open(hw::BoardConfig{});
     driver::ProgramCache cache;
@@ -71,6 +91,10 @@ TEST(GradCheck, BadShapesAreNamed) {
               }).find("linear_transposed: input has 4 features, the weight (5 x 3) expects 3"),
               std::string::npos);
     EXPECT_NE(error([&] { add(rt, x, t); }).find("add: the operands"), std::string::npos);
+    EXPECT_NE(error([&] {
+                  split_heads(rt, x, 3);
+              }).find("split_heads: a 10 x 4 tensor does not split into 3 heads"),
+              std::string::npos);
 }
 
 }  // namespace
