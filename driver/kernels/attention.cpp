@@ -2,6 +2,8 @@
 #include "driver/kernels/attention.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -23,9 +25,14 @@ Tensor rows_of(const Tensor& t, uint64_t first, uint32_t rows) {
     return v;
 }
 
-void check_shape(const AttentionShape& s, const Tensor& t, uint32_t cols, const char* kernel,
-                 const char* label, const Tensor& like) {
-    check_tensor(t, s.groups() * s.seq, cols, like, kernel, label);
+/// q and `per_head` are groups * seq x dhead on q's cores, p groups * seq x seq.
+void check_shapes(const AttentionShape& s, const char* kernel, const Tensor& q,
+                  std::initializer_list<std::pair<const Tensor*, const char*>> per_head,
+                  const Tensor& p) {
+    const uint32_t rows = s.groups() * s.seq;
+    check_tensor(q, rows, s.dhead, q, kernel, "q");
+    for (const auto& [t, label] : per_head) check_tensor(*t, rows, s.dhead, q, kernel, label);
+    check_tensor(p, rows, s.seq, q, kernel, "p");
 }
 
 /// c_g = op(a_g) x op(b_g) for every head g, bf16 on the MXU.
@@ -56,12 +63,7 @@ float AttentionShape::scale() const {
 
 Event attention(Device& dev, ProgramCache& cache, const AttentionShape& s, const Tensor& q,
                 const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& p) {
-    const char* name = "attention";
-    check_shape(s, q, s.dhead, name, "q", q);
-    check_shape(s, k, s.dhead, name, "k", q);
-    check_shape(s, v, s.dhead, name, "v", q);
-    check_shape(s, o, s.dhead, name, "o", q);
-    check_shape(s, p, s.seq, name, "p", q);
+    check_shapes(s, "attention", q, {{&k, "k"}, {&v, "v"}, {&o, "o"}}, p);
     std::vector<Event> evs;
     // The scores go through p: Q K^T lands there and the softmax rewrites it in place, so the
     // forward pass needs no scratch beyond the matmuls' packed operands.
@@ -74,15 +76,8 @@ Event attention(Device& dev, ProgramCache& cache, const AttentionShape& s, const
 Event attention_grad(Device& dev, ProgramCache& cache, const AttentionShape& s, const Tensor& q,
                      const Tensor& k, const Tensor& v, const Tensor& p, const Tensor& dout,
                      const Tensor& dq, const Tensor& dk, const Tensor& dv) {
-    const char* name = "attention_grad";
-    check_shape(s, q, s.dhead, name, "q", q);
-    check_shape(s, k, s.dhead, name, "k", q);
-    check_shape(s, v, s.dhead, name, "v", q);
-    check_shape(s, p, s.seq, name, "p", q);
-    check_shape(s, dout, s.dhead, name, "dout", q);
-    check_shape(s, dq, s.dhead, name, "dq", q);
-    check_shape(s, dk, s.dhead, name, "dk", q);
-    check_shape(s, dv, s.dhead, name, "dv", q);
+    check_shapes(s, "attention_grad", q,
+                 {{&k, "k"}, {&v, "v"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, p);
     Tensor ds = alloc_tensor(dev, q.cores, s.groups() * s.seq, s.seq);
     std::vector<Event> evs;
     try {

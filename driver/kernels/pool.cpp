@@ -455,6 +455,16 @@ uint32_t out_rows(const PoolShape& s) {
     return s.batch * s.out_height() * s.out_width();
 }
 
+/// The global pooling's shape (its window fields ignored), checked against the image tensor
+/// and the batch x channels one.
+PoolShape whole_image(const PoolShape& s, const char* name, const Tensor& images,
+                      const Tensor& per_image) {
+    PoolShape g = s;
+    g.kernel = 1, g.stride = 1, g.pad = 0;
+    check_io(g, name, images, in_rows(g), per_image, g.batch);
+    return g;
+}
+
 /// max_nan of the VPU: NaN if either is NaN, else the larger (the second on ties).
 float max_nan(float x, float y) {
     if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<float>::quiet_NaN();
@@ -566,17 +576,13 @@ Event avg_pool2d_grad(Device& dev, ProgramCache& cache, const PoolShape& s, cons
 
 Event global_avg_pool(Device& dev, ProgramCache& cache, const PoolShape& s, const Tensor& x,
                       const Tensor& y) {
-    PoolShape g = s;
-    g.kernel = 1, g.stride = 1, g.pad = 0;
-    check_io(g, "global_avg_pool", x, in_rows(g), y, g.batch);
+    const PoolShape g = whole_image(s, "global_avg_pool", x, y);
     return detail::run(dev, cache, gap_spec(g), {&x, &y});
 }
 
 Event global_avg_pool_grad(Device& dev, ProgramCache& cache, const PoolShape& s, const Tensor& dy,
                            const Tensor& dx) {
-    PoolShape g = s;
-    g.kernel = 1, g.stride = 1, g.pad = 0;
-    check_io(g, "global_avg_pool_grad", dx, in_rows(g), dy, g.batch);
+    const PoolShape g = whole_image(s, "global_avg_pool_grad", dx, dy);
     return detail::run(dev, cache, gap_grad_spec(g), {&dy, &dx});
 }
 

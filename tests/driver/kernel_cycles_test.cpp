@@ -53,8 +53,13 @@ TEST(KernelCycles, Attention12Heads512x64OnOneCore) {
 TEST(KernelCycles, MaxPool3x3Stride2On112x112x64) {
     auto dev = timing_only();
     ProgramCache cache;
-    const PoolShape s{.batch = 1, .height = 112, .width = 112, .channels = 64, .kernel = 3,
-                      .stride = 2, .pad = 1};
+    const PoolShape s{.batch = 1,
+                      .height = 112,
+                      .width = 112,
+                      .channels = 64,
+                      .kernel = 3,
+                      .stride = 2,
+                      .pad = 1};
     Tensor x = alloc_tensor(*dev, {0}, 112 * 112, 64), y = alloc_tensor(*dev, {0}, 56 * 56, 64);
     const Event e = max_pool2d(*dev, cache, s, x, y);
     std::printf("max_pool2d 112x112x64 k3 s2 p1: %llu cycles, core %llu\n",
