@@ -140,20 +140,6 @@ Spec pack_spec(uint32_t Ro, uint32_t Co, uint32_t Rp, uint32_t Cp, bool transpos
     return sp;
 }
 
-/// One event for a sequence of launches on the same cores.
-Event merge(const std::vector<Event>& evs) {
-    Event e = evs.back();
-    e.start_cycle = evs.front().start_cycle;
-    e.host_seconds = 0;
-    std::fill(e.core_cycles.begin(), e.core_cycles.end(), 0);
-    for (const Event& x : evs) {
-        e.host_seconds += x.host_seconds;
-        for (size_t i = 0; i < e.core_cycles.size() && i < x.core_cycles.size(); ++i)
-            e.core_cycles[i] += x.core_cycles[i];
-    }
-    return e;
-}
-
 /// Elementwise kernel over n values with `areas` one-value areas.
 Spec elementwise(const std::string& name, uint64_t n, int areas) {
     Spec sp;
@@ -336,7 +322,7 @@ Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a
         throw;
     }
     release();
-    return merge(evs);
+    return detail::merge(evs);
 }
 
 std::vector<float> matmul_reference(const std::vector<float>& a, uint32_t a_rows, uint32_t a_cols,

@@ -38,6 +38,12 @@ std::string Body::slot(int which, int k) const {
 std::string Body::f(int k) const {
     return fmt::format("[{}]", m_l.fixed_at[k]);
 }
+uint64_t Body::off(int k) const {
+    return m_l.area_off[k];
+}
+uint64_t Body::fixed_addr(int k) const {
+    return m_l.fixed_at[k];
+}
 uint32_t Body::tile_units() const {
     return m_l.tile_units;
 }
@@ -492,6 +498,19 @@ Event run(Device& dev, ProgramCache& cache, const Spec& sp,
         std::copy(scalars.begin(), scalars.end(), a.begin() + tensors.size());
         return a;
     });
+}
+
+Event merge(const std::vector<Event>& evs) {
+    Event e = evs.back();
+    e.start_cycle = evs.front().start_cycle;
+    e.host_seconds = 0;
+    std::fill(e.core_cycles.begin(), e.core_cycles.end(), 0);
+    for (const Event& x : evs) {
+        e.host_seconds += x.host_seconds;
+        for (size_t i = 0; i < e.core_cycles.size() && i < x.core_cycles.size(); ++i)
+            e.core_cycles[i] += x.core_cycles[i];
+    }
+    return e;
 }
 
 uint32_t tile_units(const Spec& sp, const hw::BoardConfig& cfg) {

@@ -168,6 +168,10 @@ public:
     std::string slot(int which, int k) const;
     /// Fixed area k.
     std::string f(int k) const;
+    /// Bytes from a slot base to slot area k (for operands at an offset inside an area).
+    uint64_t off(int k) const;
+    /// Absolute VMEM address of fixed area k.
+    uint64_t fixed_addr(int k) const;
     /// Units per full tile.
     uint32_t tile_units() const;
     /// A VPU instruction of the body: gets completion flag f2 and is counted in s26, which the
@@ -233,6 +237,9 @@ Event run(Device& dev, ProgramCache& cache, const Spec& sp,
           const std::vector<const Tensor*>& tensors, const std::vector<uint32_t>& scalars = {});
 /// Units per tile `sp` gets on this configuration.
 uint32_t tile_units(const Spec& sp, const hw::BoardConfig& cfg);
+/// One event for a sequence of launches on the same cores: first start to last end, core
+/// cycles and host seconds summed.
+Event merge(const std::vector<Event>& evs);
 /// fp32 bit pattern (for immediates and launch arguments).
 uint32_t f32_bits(float x);
 

@@ -1,0 +1,65 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "driver/kernels/gemm.h"
+#include "driver/kernels/tensor.h"
+#include "driver/program_cache.h"
+
+/// Multi-head scaled dot-product attention, forward and backward, on device-resident Tensors:
+/// the two contractions per head on the MXU (tensor_ops matmul, bf16 operands, fp32
+/// accumulation), the scale, causal mask and softmax on the VPU (softmax.h).
+namespace tpu::driver {
+
+/// Shape of one core's share: `batch` sequences of `seq` tokens, `heads` heads of `dhead`.
+struct AttentionShape {
+    uint32_t batch = 1;   ///< sequences per core (the data-parallel dimension)
+    uint32_t heads = 1;   ///< attention heads
+    uint32_t seq = 1;     ///< tokens per sequence
+    uint32_t dhead = 1;   ///< features per head
+    bool causal = false;  ///< mask keys after the query (decoder self-attention)
+
+    /// batch x heads (independent attention problems).
+    uint32_t groups() const { return batch * heads; }
+    /// fp32(1 / sqrt(dhead)), computed in double.
+    float scale() const;
+};
+
+/// O = softmax(Q K^T * scale [+ causal mask]) V per (sequence, head). Layout [batch, heads,
+/// seq, dhead]: Q, K, V and O are Tensors of batch * heads * seq rows x dhead columns, head
+/// (b, h) the contiguous seq x dhead block at row (b * heads + h) * seq. P (batch * heads *
+/// seq rows x seq columns, the softmax per head) is written for the backward pass. Several
+/// launches (see driver/README.md "Attention"); the Event spans them.
+Event attention(Device& dev, ProgramCache& cache, const AttentionShape& s, const Tensor& q,
+                const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& p);
+/// Backward of attention given P and dO: per head dV = P^T dO, dP = dO V^T, dS =
+/// scaled_softmax_grad(P, dP, scale), dQ = dS K, dK = dS^T Q (every product bf16 x bf16 ->
+/// fp32 on the MXU). Same layouts as attention.
+Event attention_grad(Device& dev, ProgramCache& cache, const AttentionShape& s, const Tensor& q,
+                     const Tensor& k, const Tensor& v, const Tensor& p, const Tensor& dout,
+                     const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+/// Outputs of attention_reference.
+struct AttentionResult {
+    std::vector<float> o;  ///< groups x seq x dhead
+    std::vector<float> p;  ///< groups x seq x seq
+};
+/// Host reference of one replica: per head S = matmul_reference(Q, K^T, bf16), P =
+/// softmax_reference(S, scale, causal), O = matmul_reference(P, V, bf16).
+AttentionResult attention_reference(const AttentionShape& s, const std::vector<float>& q,
+                                    const std::vector<float>& k, const std::vector<float>& v,
+                                    uint32_t mxu_rows);
+/// Outputs of attention_grad_reference.
+struct AttentionGradResult {
+    std::vector<float> dq, dk, dv;  ///< groups x seq x dhead each
+};
+/// Host reference of attention_grad (the same products and softmax_grad_reference).
+AttentionGradResult attention_grad_reference(const AttentionShape& s, const std::vector<float>& q,
+                                             const std::vector<float>& k,
+                                             const std::vector<float>& v,
+                                             const std::vector<float>& p,
+                                             const std::vector<float>& dout, uint32_t mxu_rows);
+
+}  // namespace tpu::driver

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "driver/kernels/attention.h"
+#include "tests/driver/driver_test_util.h"
+
+namespace tpu::driver {
+namespace {
+
+using tutil::bits_of;
+using tutil::open_device;
+using tutil::random_values;
+
+/// fp64 attention of one head (the math the bf16 kernel approximates).
+std::vector<double> attention64(const AttentionShape& s, const std::vector<float>& q,
+                                const std::vector<float>& k, const std::vector<float>& v,
+                                uint32_t g) {
+    const uint32_t S = s.seq, D = s.dhead;
+    const size_t base = size_t(g) * S * D;
+    std::vector<double> o(size_t(S) * D, 0.0), p(S);
+    for (uint32_t i = 0; i < S; ++i) {
+        double m = -INFINITY, sum = 0;
+        for (uint32_t j = 0; j < S; ++j) {
+            double d = 0;
+            for (uint32_t c = 0; c < D; ++c) d += double(q[base + i * D + c]) * k[base + j * D + c];
+            p[j] = (s.causal && j > i) ? -INFINITY : d / std::sqrt(double(D));
+            m = std::max(m, p[j]);
+        }
+        for (uint32_t j = 0; j < S; ++j) sum += (p[j] = std::exp(p[j] - m));
+        for (uint32_t j = 0; j < S; ++j)
+            for (uint32_t c = 0; c < D; ++c) o[i * D + c] += p[j] / sum * v[base + j * D + c];
+    }
+    return o;
+}
+
+/// Forward and backward on `cores` with different data per replica, bit-exact against the
+/// references, and the forward within bf16 rounding of the fp64 attention.
+void check_attention(const std::vector<uint32_t>& cores, const AttentionShape& s, uint32_t seed) {
+    SCOPED_TRACE(fmt::format("{}x{}x{}x{} causal={} on {} cores", s.batch, s.heads, s.seq, s.dhead,
+                             s.causal, cores.size()));
+    auto dev = open_device();
+    ProgramCache cache;
+    const uint32_t rows = s.groups() * s.seq;
+    auto t = [&](uint32_t cols) { return alloc_tensor(*dev, cores, rows, cols); };
+    Tensor q = t(s.dhead), k = t(s.dhead), v = t(s.dhead), dout = t(s.dhead), o = t(s.dhead);
+    Tensor p = t(s.seq), dq = t(s.dhead), dk = t(s.dhead), dv = t(s.dhead);
+    std::vector<std::vector<float>> in(cores.size() * 4);
+    for (size_t i = 0; i < cores.size(); ++i) {
+        const Tensor* ts[] = {&q, &k, &v, &dout};
+        for (int j = 0; j < 4; ++j) {
+            in[i * 4 + j] = random_values(size_t(rows) * s.dhead, seed + uint32_t(i * 4 + j));
+            write_tensor(*dev, *ts[j], i, in[i * 4 + j]);
+        }
+    }
+    attention(*dev, cache, s, q, k, v, o, p);
+    attention_grad(*dev, cache, s, q, k, v, p, dout, dq, dk, dv);
+    const uint32_t R = dev->config().core.mxu_rows;
+    for (size_t i = 0; i < cores.size(); ++i) {
+        const auto& qv = in[i * 4];
+        const auto& kv = in[i * 4 + 1];
+        const auto& vv = in[i * 4 + 2];
+        const auto fwd = attention_reference(s, qv, kv, vv, R);
+        const auto got = read_tensor(*dev, o, i);
+        ASSERT_EQ(bits_of(got), bits_of(fwd.o)) << "replica " << i;
+        ASSERT_EQ(bits_of(read_tensor(*dev, p, i)), bits_of(fwd.p)) << "replica " << i;
+        const auto bwd = attention_grad_reference(s, qv, kv, vv, fwd.p, in[i * 4 + 3], R);
+        EXPECT_EQ(bits_of(read_tensor(*dev, dq, i)), bits_of(bwd.dq)) << "replica " << i;
+        EXPECT_EQ(bits_of(read_tensor(*dev, dk, i)), bits_of(bwd.dk)) << "replica " << i;
+        EXPECT_EQ(bits_of(read_tensor(*dev, dv, i)), bits_of(bwd.dv)) << "replica " << i;
+        const auto exact = attention64(s, qv, kv, vv, s.groups() - 1);
+        const size_t base = size_t(s.groups() - 1) * s.seq * s.dhead;
+        for (size_t j = 0; j < exact.size(); ++j)
+            ASSERT_NEAR(got[base + j], exact[j], 3e-2) << "value " << j;
+    }
+}
+
+TEST(Attention, BitExactOnOneCoreWithSeqNotAMultipleOf128) {
+    check_attention({0}, {.batch = 1, .heads = 2, .seq = 130, .dhead = 24}, 11);
+}
+
+TEST(Attention, CausalBitExactOnOneCore) {
+    check_attention({0}, {.batch = 2, .heads = 1, .seq = 67, .dhead = 16, .causal = true}, 12);
+}
+
+TEST(Attention, CausalBitExactPerReplicaOnEightCores) {
+    check_attention({0, 1, 2, 3, 4, 5, 6, 7},
+                    {.batch = 1, .heads = 2, .seq = 20, .dhead = 8, .causal = true}, 13);
+}
+
+TEST(Attention, WrongShapesAreUsageErrors) {
+    auto dev = open_device();
+    ProgramCache cache;
+    const AttentionShape s{.batch = 1, .heads = 2, .seq = 4, .dhead = 8};
+    Tensor a = alloc_tensor(*dev, {0}, 8, 8), pbad = alloc_tensor(*dev, {0}, 8, 8);
+    EXPECT_NE(tutil::error_of([&] { attention(*dev, cache, s, a, a, a, a, pbad); }, true)
+                  .find("attention: p is 8 x 8"),
+              std::string::npos);
+}
+
+}  // namespace
+}  // namespace tpu::driver
