@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/attention.h"
+#include "driver/kernels/softmax.h"
 #include "driver/kernels/tensor_ops.h"
 #include "driver/kernels/vector_ops.h"
 
@@ -516,6 +518,66 @@ Var split_heads(Runtime& rt, const Var& x, uint32_t heads) {
 
 Var merge_heads(Runtime& rt, const Var& x, uint32_t heads) {
     return regroup_heads(rt, x, heads, false);
+}
+
+Var attention(Runtime& rt, const Var& q, const Var& k, const Var& v, uint32_t seq, bool causal) {
+    driver::check_same(q->value, k->value, "attention: q and k");
+    driver::check_same(q->value, v->value, "attention: q and v");
+    if (seq == 0 || q->value.rows % seq != 0)
+        throw driver::DeviceError(
+            driver::ErrorKind::Usage,
+            fmt::format("attention: {} rows are not whole sequences of {}", q->value.rows, seq));
+    // Head-major blocks are independent problems: the kernel's (batch, heads) is only their
+    // count.
+    driver::AttentionShape shape;
+    shape.batch = q->value.rows / seq;
+    shape.heads = 1;
+    shape.seq = seq;
+    shape.dhead = q->value.cols;
+    shape.causal = causal;
+    const bool grad = needs(q) || needs(k) || needs(v);
+    Var o = rt.make(q->value.rows, q->value.cols, grad);
+    const Tensor p = rt.scratch(q->value.rows, seq);
+    rt.exec("attention", [&] {
+        return driver::attention(rt.device(), rt.cache(), shape, q->value, k->value, v->value,
+                                 o->value, p);
+    });
+    maybe_round(rt, o);
+    if (!grad) return o;
+    Node* op = o.get();
+    o->backward = [&rt, q, k, v, op, p, shape] {
+        bool aq = false, ak = false, av = false;
+        const auto target = [&](const Var& x, bool& acc) {
+            return needs(x) ? rt.grad_target(x, acc) : rt.scratch(x->value.rows, x->value.cols);
+        };
+        const Tensor dq = target(q, aq), dk = target(k, ak), dv = target(v, av);
+        rt.exec("attention.grad", [&] {
+            return driver::attention_grad(rt.device(), rt.cache(), shape, q->value, k->value,
+                                          v->value, p, op->grad, dq, dk, dv);
+        });
+        if (needs(q)) rt.finish_grad(q, dq, aq);
+        if (needs(k)) rt.finish_grad(k, dk, ak);
+        if (needs(v)) rt.finish_grad(v, dv, av);
+    };
+    return o;
+}
+
+Var softmax(Runtime& rt, const Var& x) {
+    Var y = rt.make(x->value.rows, x->value.cols, needs(x));
+    rt.exec("softmax",
+            [&] { return driver::softmax(rt.device(), rt.cache(), x->value, y->value); });
+    maybe_round(rt, y);
+    if (!needs(x)) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, x, yp] {
+        bool acc = false;
+        Tensor dX = rt.grad_target(x, acc);
+        rt.exec("softmax.grad", [&] {
+            return driver::softmax_grad(rt.device(), rt.cache(), yp->value, yp->grad, dX);
+        });
+        rt.finish_grad(x, dX, acc);
+    };
+    return y;
 }
 
 Var embedding(Runtime& rt, const Var& onehot, const Var& table) {

@@ -183,6 +183,13 @@ Var linear_transposed(Runtime& rt, const Var& x, const Var& w);
 Var split_heads(Runtime& rt, const Var& x, uint32_t heads);
 /// The inverse of split_heads: heads·n x dhead back to n x heads·dhead.
 Var merge_heads(Runtime& rt, const Var& x, uint32_t heads);
+/// Scaled dot-product attention per group of `seq` rows of head-major q, k and v (groups·seq
+/// x dhead each, see split_heads): softmax(q kᵀ / sqrt(dhead), keys after the query masked
+/// when `causal`) v. The two contractions are bf16 MXU passes in every precision mode (XLA's
+/// default precision for attention on a TPU).
+Var attention(Runtime& rt, const Var& q, const Var& k, const Var& v, uint32_t seq, bool causal);
+/// Softmax over each row.
+Var softmax(Runtime& rt, const Var& x);
 /// Mean softmax cross-entropy over the rows of logits (B x C) against one-hot labels; the
 /// result is 1 x 1. Its backward seeds dlogits = (softmax - y) / B.
 Var cross_entropy(Runtime& rt, const Var& logits, const Var& onehot);

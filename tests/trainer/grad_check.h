@@ -34,7 +34,8 @@ using DeviceOp = std::function<Var(Runtime&, const std::vector<Var>&)>;
 using HostOp = std::function<std::vector<double>(const std::vector<std::vector<double>>&)>;
 
 /// Runs the check on one core in "32-true" (fp32 arithmetic, matmuls as bf16 x 3) and expects
-/// |device - fd| <= tol x max(1, max |fd|) for every input element.
+/// |device - fd| <= tol x max(1, max |fd|) for every input element, and the forward within
+/// tol x max(1, |y|) of the fp64 one.
 inline void check_gradients(std::vector<GradInput> inputs, const DeviceOp& op, const HostOp& host,
                             double tol = 2e-3, uint32_t seed = 1) {
     std::mt19937 rng(seed);
@@ -71,7 +72,7 @@ inline void check_gradients(std::vector<GradInput> inputs, const DeviceOp& op, c
     ASSERT_EQ(y->value.elements(), y0.size()) << "device and host outputs differ in size";
     const std::vector<float> yd = rt.download(y->value, 0);
     for (size_t i = 0; i < y0.size(); ++i)
-        ASSERT_NEAR(yd[i], y0[i], 1e-3 * std::max(1.0, std::abs(y0[i]))) << "output " << i;
+        ASSERT_NEAR(yd[i], y0[i], tol * std::max(1.0, std::abs(y0[i]))) << "output " << i;
     y->grad = rt.scratch(y->value.rows, y->value.cols);
     rt.upload(y->grad, 0, std::vector<float>(r.begin(), r.end()));
     y->has_grad = true;

@@ -68,6 +68,77 @@ TEST(GradCheck, SplitAndMergeHeadsMoveBlocksBothWays) {
         });
 }
 
+/// softmax(q kᵀ / sqrt(d) [+ mask]) v per group of `seq` rows, in fp64.
+std::vector<double> attention_fp64(const Values& x, uint32_t seq, uint32_t d, bool causal) {
+    const size_t rows = x[0].size() / d;
+    std::vector<double> o(rows * d, 0.0);
+    for (size_t g = 0; g < rows / seq; ++g)
+        for (uint32_t i = 0; i < seq; ++i) {
+            std::vector<double> s(seq);
+            double m = -1e300;
+            for (uint32_t j = 0; j < seq; ++j) {
+                double dot = 0;
+                for (uint32_t c = 0; c < d; ++c)
+                    dot += x[0][(g * seq + i) * d + c] * x[1][(g * seq + j) * d + c];
+                s[j] = causal && j > i ? -1e300 : dot / std::sqrt(double(d));
+                m = std::max(m, s[j]);
+            }
+            double sum = 0;
+            for (double& e : s) sum += (e = e <= -1e299 ? 0.0 : std::exp(e - m));
+            for (uint32_t j = 0; j < seq; ++j)
+                for (uint32_t c = 0; c < d; ++c)
+                    o[(g * seq + i) * d + c] += s[j] / sum * x[2][(g * seq + j) * d + c];
+        }
+    return o;
+}
+
+// The contractions are bf16 MXU passes, so outputs and gradients carry bf16 rounding: inputs
+// on the bf16 grid keep the forward exact up to fp32 sums, and the tolerance allows for the
+// rounding of the softmax probabilities and gradients fed back into the MXU.
+std::vector<GradInput> bf16_inputs(uint32_t rows, uint32_t d, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<GradInput> in(3, GradInput{rows, d});
+    for (auto& i : in) {
+        i.value.resize(size_t(rows) * d);
+        for (double& v : i.value) v = double(int(rng() % 64) - 32) / 32.0;
+    }
+    return in;
+}
+
+TEST(GradCheck, AttentionMatchesFp64Gradients) {
+    // 2 groups of 5 positions, dhead 4.
+    check_gradients(
+        bf16_inputs(10, 4, 7),
+        [](Runtime& rt, const std::vector<Var>& v) {
+            return attention(rt, v[0], v[1], v[2], 5, false);
+        },
+        [](const Values& x) { return attention_fp64(x, 5, 4, false); }, 2e-2);
+}
+
+TEST(GradCheck, CausalAttentionMatchesFp64Gradients) {
+    check_gradients(
+        bf16_inputs(10, 4, 8),
+        [](Runtime& rt, const std::vector<Var>& v) {
+            return attention(rt, v[0], v[1], v[2], 5, true);
+        },
+        [](const Values& x) { return attention_fp64(x, 5, 4, true); }, 2e-2);
+}
+
+TEST(GradCheck, SoftmaxMatchesFp64Gradients) {
+    check_gradients(
+        {{3, 7}}, [](Runtime& rt, const std::vector<Var>& v) { return softmax(rt, v[0]); },
+        [](const Values& x) {
+            std::vector<double> y(21);
+            for (int r = 0; r < 3; ++r) {
+                double m = -1e300, s = 0;
+                for (int j = 0; j < 7; ++j) m = std::max(m, x[0][r * 7 + j]);
+                for (int j = 0; j < 7; ++j) s += std::exp(x[0][r * 7 + j] - m);
+                for (int j = 0; j < 7; ++j) y[r * 7 + j] = std::exp(x[0][r * 7 + j] - m) / s;
+            }
+            return y;
+        });
+}
+
 TEST(GradCheck, BadShapesAreNamed) {
     auto dev = driver::Device::open(hw::BoardConfig{});
     driver::ProgramCache cache;
