@@ -47,6 +47,21 @@ std::vector<T> get(SparseMemory& m, uint64_t addr, size_t n) {
     return v;
 }
 
+/// Core 0 runs `send` (an ICI instruction raising the receiver's f3) and halts; every other
+/// core waits for f3 and halts.
+isa::Program send_and_wait(const std::string& send) {
+    return isa::assemble("coreid s1\nbne s1, 0, receiver\n" + send +
+                         "\nhalt\nreceiver:\nwait f3, 1\nhalt\n");
+}
+
+/// 1024 words i * mul + add, written to `m` at 0.
+std::vector<uint32_t> put_words(SparseMemory& m, uint32_t mul, uint32_t add) {
+    std::vector<uint32_t> data(1024);
+    for (uint32_t i = 0; i < data.size(); ++i) data[i] = i * mul + add;
+    put(m, 0, data);
+    return data;
+}
+
 TEST(Board, ScalarLoopTakesOneCyclePerInstruction) {
     Board b(tiny());
     b.load(0, isa::assemble("li s1, 10\nloop: sub s1, s1, 1\nbne s1, 0, loop\nhalt"));
@@ -125,19 +140,8 @@ TEST(Board, VpuChainComputesTheDocumentedFunction) {
 TEST(Board, FlagsAcrossCoresOverIci) {
     Board b(v3());
     // Core 0 sends 4 KiB of VMEM to core 5 and raises its f3; core 5 waits for it.
-    const std::string prog = R"(
-        coreid s1
-        bne s1, 0, receiver
-        ici.v 5, [0x1000], [0], 4096, f3
-        halt
-receiver:
-        wait f3, 1
-        halt
-)";
-    std::vector<uint32_t> data(1024);
-    for (uint32_t i = 0; i < data.size(); ++i) data[i] = i * 7;
-    put(b.vmem(0), 0, data);
-    for (uint32_t c : {0u, 5u}) b.load(c, isa::assemble(prog));
+    const std::vector<uint32_t> data = put_words(b.vmem(0), 7, 0);
+    for (uint32_t c : {0u, 5u}) b.load(c, send_and_wait("ici.v 5, [0x1000], [0], 4096, f3"));
     const auto r = b.run({0, 5});
     EXPECT_EQ(get<uint32_t>(b.vmem(5), 0x1000, 1024), data);
     // 3 hops on the 8-core ring (0 -> 7 -> 6 -> 5), 940 cycles each, 4096 B at 85.1 B/cycle =
@@ -149,16 +153,7 @@ receiver:
 TEST(Board, TorusRoutesDimensionOrder) {
     // 16 cores as a 4x4 torus: core 0 -> core 10 (x 0->2, y 0->2) is 2 + 2 hops.
     Board b(BoardConfig::load("", {"chips=8", "ici.topology=torus2d", "sim.launch_costs=false"}));
-    const std::string prog = R"(
-        coreid s1
-        bne s1, 0, receiver
-        ici.v 10, [0x1000], [0], 4096, f3
-        halt
-receiver:
-        wait f3, 1
-        halt
-)";
-    for (uint32_t c : {0u, 10u}) b.load(c, isa::assemble(prog));
+    for (uint32_t c : {0u, 10u}) b.load(c, send_and_wait("ici.v 10, [0x1000], [0], 4096, f3"));
     const auto r = b.run({0, 10});
     // ici.v starts at 3; 4 hops of 940 cycles, then 49 cycles of data: arrival 3812.
     EXPECT_EQ(r.core_cycles, (std::vector<uint64_t>{3812, 3813}));
@@ -193,9 +188,7 @@ receiver:
         wait    f3, 1
         halt
 )";
-    std::vector<uint32_t> data(1024);
-    for (uint32_t i = 0; i < data.size(); ++i) data[i] = i * 3 + 1;
-    put(b.vmem(7), 0, data);
+    const std::vector<uint32_t> data = put_words(b.vmem(7), 3, 1);
     const std::vector<uint32_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
     for (uint32_t c : all) b.load(c, isa::assemble(prog));
     // Core 0: coreid 0, beq 1, beq 2, ici.v issues at 3 and starts at 4; link 0 -> 7 [4, 53),
@@ -222,19 +215,8 @@ receiver:
 TEST(Board, IciHbmWriteGoesThroughTheDestinationHbm) {
     Board b(BoardConfig::load(
         "", {"sim.race_detector=true", "sim.launch_costs=false", "hbm.model=simple"}));
-    const std::string prog = R"(
-        coreid  s10
-        bne     s10, 0, receiver
-        ici.h   1, [0x2000], [0], 4096, f3
-        halt
-receiver:
-        wait    f3, 1
-        halt
-)";
-    std::vector<uint32_t> data(1024);
-    for (uint32_t i = 0; i < data.size(); ++i) data[i] = i ^ 0x5a5a;
-    put(b.vmem(0), 0, data);
-    for (uint32_t c : {0u, 1u}) b.load(c, isa::assemble(prog));
+    const std::vector<uint32_t> data = put_words(b.vmem(0), 5, 0x5a5a);
+    for (uint32_t c : {0u, 1u}) b.load(c, send_and_wait("ici.h 1, [0x2000], [0], 4096, f3"));
     const auto r = b.run({0, 1});
     EXPECT_EQ(get<uint32_t>(b.hbm(1), 0x2000, 1024), data);
     // ici.h starts at 3: link 0 -> 1 [3, 52); bytes arrive from 943, all by 992. Each 512 B

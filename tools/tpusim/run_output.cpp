@@ -45,15 +45,20 @@ void add_ici_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::StatGr
         const hw::IciLinkStats& s = ici.link_stats(link);
         auto& g = *groups.emplace_back(
             std::make_unique<sim::StatGroup>(hw::IciNetwork::link_name(link), &top));
-        g.add("bytes", "payload bytes sent over the link", sim::StatUnit::Bytes).set(s.bytes);
-        g.add("transfers", "transfers that crossed the link", sim::StatUnit::Count)
-            .set(s.transfers);
-        g.add("busy_cycles", "cycles the link was sending (serialisation of its transfers)",
-              sim::StatUnit::Cycles)
-            .set(s.busy_cycles);
-        g.add("queue_cycles", "cycles transfers waited at the link's input while it was in use",
-              sim::StatUnit::Cycles)
-            .set(s.queue_cycles);
+        const struct {
+            const char* name;
+            const char* desc;
+            sim::StatUnit unit;
+            uint64_t value;
+        } counters[] = {
+            {"bytes", "payload bytes sent over the link", sim::StatUnit::Bytes, s.bytes},
+            {"transfers", "transfers that crossed the link", sim::StatUnit::Count, s.transfers},
+            {"busy_cycles", "cycles the link was sending (serialisation of its transfers)",
+             sim::StatUnit::Cycles, s.busy_cycles},
+            {"queue_cycles", "cycles transfers waited at the link's input while it was in use",
+             sim::StatUnit::Cycles, s.queue_cycles},
+        };
+        for (const auto& c : counters) g.add(c.name, c.desc, c.unit).set(c.value);
         g.add_formula("utilization", "busy_cycles / board cycles", sim::StatUnit::Ratio,
                       [busy = s.busy_cycles, cycles] {
                           return cycles ? double(busy) / double(cycles) : 0.0;
