@@ -53,12 +53,15 @@ struct IciHop {
 /// flit arrives just in time, one per cycle); the destination writes the last flit in cycle
 /// s + hop + ser - 1 of the last link, so the data is complete at t_n + ser. Store-and-forward
 /// buffers the whole packet first: its tail is written in cycle s + hop + ser - 1, so the next
-/// link begins no earlier than s + hop + ser. Transfers are
-/// promised intervals in the order they are started (the order the cores issue them), and a
-/// later one may use an idle gap before an earlier one's interval if it fits there whole: it
-/// waits only while the link is really in use, and never moves an earlier promise (whose
-/// arrival the destination already knows). `src == dst` uses no link: arrival = start + ser.
-/// A flag message (`sigr`) takes `start + hops x hop` and occupies no link (a side band).
+/// link begins no earlier than s + hop + ser.
+/// Transfers are promised intervals in the order they are started (the order the cores issue
+/// them), and a later one may use an idle gap before an earlier one's interval if it fits there
+/// whole: it waits only while the link is really in use, and never moves an earlier promise
+/// (whose arrival the destination already knows). `src == dst` uses no link: arrival = start +
+/// ser. A flag message (`sigr`) takes `start + hops x hop` and occupies no link (a side band).
+/// Example (default board, ser(4 KiB) = 49, hop = 940): 4 KiB from core 0 to core 5 started at
+/// 4 is promised link 7 -> 6 over [944, 993); 4 KiB from core 7 to core 6 started later, at 105,
+/// fits [105, 154) and arrives at 105 + 940 + 49 = 1094, as it would alone.
 class IciNetwork {
 public:
     /// The network of the board `cfg` (its cores, clock and `ici` section); throws
