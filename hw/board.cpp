@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "hw/board.h"
+#include "hw/ici/ici_network.h"
 #include "hw/mem/hbm_target.h"
 #include "hw/mem/hbm_timing.h"
 
@@ -105,7 +106,9 @@ struct Board::Impl : CoreEnv {
     std::vector<std::unique_ptr<HbmTarget>> hbm_targets;
     std::vector<std::unique_ptr<CoreModel>> models;
     std::vector<std::unique_ptr<TensorCore>> modules;
-    std::vector<uint64_t> link_free;   ///< per link (see path()): busy until this cycle
+    IciNetwork ici;                    ///< link timing and statistics
+    std::vector<IciHop> hops;          ///< scratch: the links of the latest transfer
+    uint64_t ici_calls = 0;            ///< transfers so far (retires old link promises)
     sim::Tracer* tracer = nullptr;     ///< link transfers go to the "ici" process
     std::vector<int> link_tracks;      ///< per link: trace track, -2 before first use
     std::vector<int> launch_tracks;    ///< host, then per core: launch-phase track, -2 unmade
@@ -117,9 +120,8 @@ struct Board::Impl : CoreEnv {
     std::string stop_reason;  ///< why the current launch was stopped ("" while it runs)
     bool stop_on_fault = false;
 
-    explicit Impl(const BoardConfig& c) : cfg(c), period_ps(c.period_ps()) {
+    explicit Impl(const BoardConfig& c) : cfg(c), period_ps(c.period_ps()), ici(c) {
         const uint32_t n = cfg.cores();
-        link_free.assign(size_t(n) * 4, 0);
         for (uint32_t i = 0; i < n; ++i) {
             hbm.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.hbm", i),
                                                          cfg.hbm.bytes_per_core));
@@ -145,72 +147,29 @@ struct Board::Impl : CoreEnv {
 
     uint32_t num_cores() const override { return cfg.cores(); }
 
-    uint64_t hop_cycles() const { return cfg.ns_to_cycles(cfg.ici.hop_latency_ns); }
-    uint64_t ser_cycles(uint64_t bytes) const {
-        const double per_cycle = cfg.ici.link_gb_per_s * 1e9 / (cfg.clock_mhz * 1e6);
-        return static_cast<uint64_t>(std::ceil(double(bytes) / per_cycle));
-    }
-
-    /// Torus width (1 row for the ring).
-    uint32_t torus_x() const {
-        if (cfg.ici.topology != "torus2d") return num_cores();
-        if (cfg.ici.torus_x) return cfg.ici.torus_x;
-        uint32_t x = 1;
-        while ((x + 1) * (x + 1) <= num_cores()) ++x;
-        return x;
-    }
-
-    /// The links a transfer crosses, in order: dimension-order routing (x, then y), each
-    /// dimension the shorter way round (the positive direction on a tie). A ring is a torus
-    /// with one row. Link ids: node * 4 + {0: +x, 1: -x, 2: +y, 3: -y}.
-    std::vector<uint32_t> path(uint32_t src, uint32_t dst) const {
-        const uint32_t X = torus_x(), Y = num_cores() / X;
-        std::vector<uint32_t> links;
-        uint32_t x = src % X, y = src / X;
-        const uint32_t tx = dst % X, ty = dst / X;
-        auto walk = [&](uint32_t& pos, uint32_t target, uint32_t size, uint32_t dim) {
-            const uint32_t fwd = (target + size - pos) % size;
-            const bool plus = fwd <= size - fwd;
-            for (uint32_t h = 0, hops = plus ? fwd : size - fwd; h < hops; ++h) {
-                links.push_back((y * X + x) * 4 + dim * 2 + (plus ? 0 : 1));
-                pos = plus ? (pos + 1) % size : (pos + size - 1) % size;
-            }
-        };
-        walk(x, tx, X, 0);
-        walk(y, ty, Y, 1);
-        return links;
-    }
-
-    uint64_t route(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes, bool reserve) {
-        const uint64_t ser = ser_cycles(bytes);
-        if (src == dst) return start + ser;
-        const bool cut_through = cfg.ici.switching == "cut-through";
-        uint64_t t = start;
-        for (uint32_t link : path(src, dst)) {
-            uint64_t& free = link_free[link];
-            const uint64_t s = std::max(t, free);
-            if (reserve) {
-                free = s + ser;
-                trace_link(link, s, s + ser, bytes, src, dst);
-            }
-            t = s + hop_cycles() + (cut_through ? 0 : ser);
+    /// Writes a transfer that arrives as `a` into `dst`'s HBM at `addr` (hw/README.md, "ICI
+    /// network"): each dma_chunk_bytes piece is posted to the destination's HBM timing when its
+    /// last byte has arrived; returns the latest completion.
+    uint64_t remote_hbm_write(uint32_t dst, uint64_t addr, uint64_t bytes, const IciArrival& a) {
+        uint64_t done = a.last;
+        for (uint64_t off = 0; off < bytes; off += cfg.core.dma_chunk_bytes) {
+            const auto len =
+                static_cast<uint32_t>(std::min<uint64_t>(cfg.core.dma_chunk_bytes, bytes - off));
+            const uint64_t in = std::min(a.last, a.first + ici.ser_cycles(off + len));
+            done = std::max(done, hbm_timing[dst]->access(in, addr + off, len, true));
         }
-        return cut_through ? t + ser : t;
+        return done;
     }
 
     /// An "ici" process with one track per link direction ("core3+x"): when each transfer
     /// occupies the link.
-    void trace_link(uint32_t link, uint64_t begin, uint64_t end, uint64_t bytes, uint32_t src,
-                    uint32_t dst) {
-        if (!tracer || end <= begin) return;
-        if (link_tracks.empty()) link_tracks.assign(link_free.size(), -2);
-        int& track = link_tracks[link];
-        if (track == -2) {
-            static const char* kDir[] = {"+x", "-x", "+y", "-y"};
-            track = tracer->track("ici", fmt::format("core{}{}", link / 4, kDir[link % 4]));
-        }
+    void trace_link(const IciHop& hop, uint64_t bytes, uint32_t src, uint32_t dst) {
+        if (!tracer || hop.end <= hop.begin) return;
+        if (link_tracks.empty()) link_tracks.assign(ici.num_links(), -2);
+        int& track = link_tracks[hop.link];
+        if (track == -2) track = tracer->track("ici", IciNetwork::link_name(hop.link));
         if (track >= 0)
-            tracer->complete(track, "transfer", begin, end,
+            tracer->complete(track, "transfer", hop.begin, hop.end,
                              {{"bytes", bytes}, {"src", uint64_t(src)}, {"dst", uint64_t(dst)}});
     }
 
@@ -242,11 +201,20 @@ struct Board::Impl : CoreEnv {
         if (track >= 0) tracer->complete(track, what, begin, end);
     }
 
-    uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes) override {
-        return route(src, dst, start, bytes, true);
+    uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes, bool to_hbm,
+                          uint64_t addr) override {
+        hops.clear();
+        const IciArrival a = ici.transfer(src, dst, start, bytes, tracer ? &hops : nullptr);
+        for (const IciHop& h : hops) trace_link(h, bytes, src, dst);
+        // Every later transfer starts at or after the caller's cycle, which is simulated time.
+        if (++ici_calls % 256 == 0) ici.retire(now_cycle());
+        return to_hbm ? remote_hbm_write(dst, addr, bytes, a) : a.last;
     }
     uint64_t ici_message(uint32_t src, uint32_t dst, uint64_t start) override {
-        return route(src, dst, start, 0, false);
+        return ici.message(src, dst, start);
+    }
+    uint64_t now_cycle() const {
+        return static_cast<uint64_t>(sc_core::sc_time_stamp().value() / period_ps);
     }
     const std::vector<uint32_t>& launched() const override { return launch_set; }
     SparseMemory& remote_memory(uint32_t core, bool is_hbm) override {
@@ -338,7 +306,10 @@ void Board::load(uint32_t core, const isa::Program& program) {
 }
 
 uint64_t Board::now_cycle() const {
-    return static_cast<uint64_t>(sc_core::sc_time_stamp().value() / m_impl->period_ps);
+    return m_impl->now_cycle();
+}
+const IciNetwork& Board::ici() const {
+    return m_impl->ici;
 }
 double Board::now_seconds() const {
     return sc_core::sc_time_stamp().to_seconds();

@@ -18,6 +18,7 @@ class Tracer;
 namespace tpu::hw {
 
 class HbmTarget;
+class IciNetwork;
 
 /// Every running core waits on a flag that nothing can raise; the message holds a state dump.
 class DeadlockError : public std::runtime_error {
@@ -62,6 +63,8 @@ public:
     HbmTarget& hbm_target(uint32_t core);
     SparseMemory& vmem(uint32_t core);
     CoreModel& core(uint32_t core);
+    /// The inter-core network: link timing and per-link statistics (hw/ici/ici_network.h).
+    const IciNetwork& ici() const;
 
     /// Loads a program on a core (checked against instruction memory).
     void load(uint32_t core, const isa::Program& program);

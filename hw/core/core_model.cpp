@@ -134,7 +134,8 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     m_running = true;
     for (auto* q : {m_dma_q.get(), m_vpu_q.get(), m_ici_q.get()}) *q = UnitQueue{{}, cycle};
     for (auto& q : m_mxu_q) *q = UnitQueue{{}, cycle};
-    for (auto& t : m_mxu_timer) t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
+    for (auto& t : m_mxu_timer)
+        t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
     m_mxu_loaded.assign(m_core.mxus, false);
     m_dma_free = m_vpu_free = m_ici_free = cycle;
     m_ici_arrival.assign(m_ici_arrival.size(), 0);
@@ -1012,7 +1013,7 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         const uint64_t rbase = hbm ? m_hbm_base + raddr : raddr;
         if (!check(rmem, rbase, bytes, "ici", fmt::format("remote {} write", hbm ? "HBM" : "VMEM")))
             return IciStep::Faulted;
-        done = m_env ? m_env->ici_transfer(m_id, dst, start, bytes) : start + bytes;
+        done = m_env ? m_env->ici_transfer(m_id, dst, start, bytes, hbm, rbase) : start + bytes;
         done = std::max(done, m_ici_arrival[dst]);  // in-order delivery per destination
         // The engine takes one descriptor per cycle; bandwidth is the links' business (each
         // link is reserved for the transfer's serialisation time), so transfers on different

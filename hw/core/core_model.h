@@ -50,8 +50,10 @@ public:
     /// The cores of the current launch, ascending (ICI may only reach these).
     virtual const std::vector<uint32_t>& launched() const = 0;
     /// Reserves the route from `src` to `dst` for `bytes` starting no earlier than `start`;
-    /// returns the cycle the last byte arrives.
-    virtual uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes) = 0;
+    /// returns the cycle the data is in the destination's memory: its arrival, or with `hbm`
+    /// the completion of its writes at `addr` through the destination's HBM timing.
+    virtual uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes,
+                                  bool hbm, uint64_t addr) = 0;
     /// Latency-only route (a flag message): cycle a message sent at `start` arrives.
     virtual uint64_t ici_message(uint32_t src, uint32_t dst, uint64_t start) = 0;
     /// Memory of another core (for ICI writes); `hbm` selects HBM over VMEM.

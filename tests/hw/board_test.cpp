@@ -15,6 +15,7 @@
 #include "hw/board.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/numerics.h"
+#include "hw/ici/ici_network.h"
 #include "isa/assembler.h"
 #include "tests/common/paths.h"
 
@@ -44,6 +45,21 @@ std::vector<T> get(SparseMemory& m, uint64_t addr, size_t n) {
     std::vector<T> v(n);
     m.read(addr, {reinterpret_cast<uint8_t*>(v.data()), n * sizeof(T)});
     return v;
+}
+
+/// Core 0 runs `send` (an ICI instruction raising the receiver's f3) and halts; every other
+/// core waits for f3 and halts.
+isa::Program send_and_wait(const std::string& send) {
+    return isa::assemble("coreid s1\nbne s1, 0, receiver\n" + send +
+                         "\nhalt\nreceiver:\nwait f3, 1\nhalt\n");
+}
+
+/// 1024 words i * mul + add, written to `m` at 0.
+std::vector<uint32_t> put_words(SparseMemory& m, uint32_t mul, uint32_t add) {
+    std::vector<uint32_t> data(1024);
+    for (uint32_t i = 0; i < data.size(); ++i) data[i] = i * mul + add;
+    put(m, 0, data);
+    return data;
 }
 
 TEST(Board, ScalarLoopTakesOneCyclePerInstruction) {
@@ -124,19 +140,8 @@ TEST(Board, VpuChainComputesTheDocumentedFunction) {
 TEST(Board, FlagsAcrossCoresOverIci) {
     Board b(v3());
     // Core 0 sends 4 KiB of VMEM to core 5 and raises its f3; core 5 waits for it.
-    const std::string prog = R"(
-        coreid s1
-        bne s1, 0, receiver
-        ici.v 5, [0x1000], [0], 4096, f3
-        halt
-receiver:
-        wait f3, 1
-        halt
-)";
-    std::vector<uint32_t> data(1024);
-    for (uint32_t i = 0; i < data.size(); ++i) data[i] = i * 7;
-    put(b.vmem(0), 0, data);
-    for (uint32_t c : {0u, 5u}) b.load(c, isa::assemble(prog));
+    const std::vector<uint32_t> data = put_words(b.vmem(0), 7, 0);
+    for (uint32_t c : {0u, 5u}) b.load(c, send_and_wait("ici.v 5, [0x1000], [0], 4096, f3"));
     const auto r = b.run({0, 5});
     EXPECT_EQ(get<uint32_t>(b.vmem(5), 0x1000, 1024), data);
     // 3 hops on the 8-core ring (0 -> 7 -> 6 -> 5), 940 cycles each, 4096 B at 85.1 B/cycle =
@@ -148,19 +153,78 @@ receiver:
 TEST(Board, TorusRoutesDimensionOrder) {
     // 16 cores as a 4x4 torus: core 0 -> core 10 (x 0->2, y 0->2) is 2 + 2 hops.
     Board b(BoardConfig::load("", {"chips=8", "ici.topology=torus2d", "sim.launch_costs=false"}));
-    const std::string prog = R"(
-        coreid s1
-        bne s1, 0, receiver
-        ici.v 10, [0x1000], [0], 4096, f3
-        halt
-receiver:
-        wait f3, 1
-        halt
-)";
-    for (uint32_t c : {0u, 10u}) b.load(c, isa::assemble(prog));
+    for (uint32_t c : {0u, 10u}) b.load(c, send_and_wait("ici.v 10, [0x1000], [0], 4096, f3"));
     const auto r = b.run({0, 10});
     // ici.v starts at 3; 4 hops of 940 cycles, then 49 cycles of data: arrival 3812.
     EXPECT_EQ(r.core_cycles, (std::vector<uint64_t>{3812, 3813}));
+}
+
+// Issue 13's example: core 0 sends 4 KiB to core 5 (0 -> 7 -> 6 -> 5) and core 7, about 100
+// cycles in, sends 4 KiB one hop to core 6 over link 7 -> 6, which core 0's transfer needs only
+// later. s1 = 1: core 0 sends; s1 = 0: it does not.
+TEST(Board, IciTransferFitsTheIdleGapBeforeAnother) {
+    Board b(v3());
+    const std::string prog = R"(
+        coreid  s10
+        beq     s10, 0, sender0
+        beq     s10, 7, sender7
+        beq     s10, 6, receiver
+        beq     s10, 5, receiver5
+        halt
+sender0:
+        beq     s1, 0, done
+        ici.v   5, [0x1000], [0], 4096, f3
+done:
+        halt
+sender7:
+        li      s3, 50
+delay:  sub     s3, s3, 1
+        bne     s3, 0, delay
+        ici.v   6, [0x1000], [0], 4096, f3
+        halt
+receiver5:
+        beq     s1, 0, done
+receiver:
+        wait    f3, 1
+        halt
+)";
+    const std::vector<uint32_t> data = put_words(b.vmem(7), 3, 1);
+    const std::vector<uint32_t> all = {0, 1, 2, 3, 4, 5, 6, 7};
+    for (uint32_t c : all) b.load(c, isa::assemble(prog));
+    // Core 0: coreid 0, beq 1, beq 2, ici.v issues at 3 and starts at 4; link 0 -> 7 [4, 53),
+    // 7 -> 6 [944, 993), 6 -> 5 [1884, 1933); arrival 1884 + 940 + 49 = 2873, core 5 halts at
+    // 2874. Core 7: coreid 0, two beqs 1-2, li 3, 50 x (sub, bne) 4-103, ici.v issues at 104 and
+    // starts at 105: link 7 -> 6 is idle over [105, 154), so the data arrives at 105 + 940 + 49
+    // = 1094; core 6's wait completes there and it halts at 1095. (One busy-until value per link
+    // made core 7 wait for 993: core 6 halted at 1983.)
+    const auto with = b.run(all, {1});
+    EXPECT_EQ(with.core_cycles[0], 2873u);
+    EXPECT_EQ(with.core_cycles[5], 2874u);
+    EXPECT_EQ(with.core_cycles[7], 1094u);
+    EXPECT_EQ(with.core_cycles[6], 1095u);
+    EXPECT_EQ(get<uint32_t>(b.vmem(6), 0x1000, 1024), data);
+    const auto without = b.run(all, {0});
+    EXPECT_EQ(without.core_cycles[6], 1095u);
+    EXPECT_EQ(without.core_cycles[7], 1094u);
+    const IciLinkStats& link76 = b.ici().link_stats(7 * 4 + 1);
+    EXPECT_EQ(link76.transfers, 3u);
+    EXPECT_EQ(link76.queue_cycles, 0u);
+}
+
+// An ICI write into another core's HBM completes through that core's HBM timing.
+TEST(Board, IciHbmWriteGoesThroughTheDestinationHbm) {
+    Board b(BoardConfig::load(
+        "", {"sim.race_detector=true", "sim.launch_costs=false", "hbm.model=simple"}));
+    const std::vector<uint32_t> data = put_words(b.vmem(0), 5, 0x5a5a);
+    for (uint32_t c : {0u, 1u}) b.load(c, send_and_wait("ici.h 1, [0x2000], [0], 4096, f3"));
+    const auto r = b.run({0, 1});
+    EXPECT_EQ(get<uint32_t>(b.hbm(1), 0x2000, 1024), data);
+    // ici.h starts at 3: link 0 -> 1 [3, 52); bytes arrive from 943, all by 992. Each 512 B
+    // piece is posted to core 1's HBM when its last byte is in, 943 + ceil(512 k / 85.1):
+    // 950, 956, ..., 992. The simple HBM pipe moves 479.5 B per cycle (512 B: 1.07 cycles) and
+    // answers 94 cycles after the pipe: the last piece leaves the pipe at 993.07, done at
+    // ceil(993.07) + 94 = 1088 (instead of 992 for a VMEM write). Core 1 halts at 1089.
+    EXPECT_EQ(r.core_cycles, (std::vector<uint64_t>{1088, 1089}));
 }
 
 TEST(Board, DeadlockIsReportedWithAStateDump) {

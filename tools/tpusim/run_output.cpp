@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "hw/ici/ici_network.h"
 #include "sim/config_io.h"
 #include "sim/file_io.h"
 #include "sim/stats.h"
@@ -33,6 +34,36 @@ std::pair<uint64_t, uint64_t> parse_window(const std::string& w) {
     if (b != 0 && b <= a)
         throw InputError(fmt::format("--trace-window '{}': END must be after START", w));
     return {a, b};
+}
+
+/// board.ici.<link>: what each link direction of the network did (hw/ici/ici_network.h).
+void add_ici_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::StatGroup>>& groups,
+                   const hw::IciNetwork& ici, uint64_t cycles) {
+    auto& top = *groups.emplace_back(std::make_unique<sim::StatGroup>("ici", &root));
+    for (uint32_t link = 0; link < ici.num_links(); ++link) {
+        if (!ici.has_link(link)) continue;
+        const hw::IciLinkStats& s = ici.link_stats(link);
+        auto& g = *groups.emplace_back(
+            std::make_unique<sim::StatGroup>(hw::IciNetwork::link_name(link), &top));
+        const struct {
+            const char* name;
+            const char* desc;
+            sim::StatUnit unit;
+            uint64_t value;
+        } counters[] = {
+            {"bytes", "payload bytes sent over the link", sim::StatUnit::Bytes, s.bytes},
+            {"transfers", "transfers that crossed the link", sim::StatUnit::Count, s.transfers},
+            {"busy_cycles", "cycles the link was sending (serialisation of its transfers)",
+             sim::StatUnit::Cycles, s.busy_cycles},
+            {"queue_cycles", "cycles transfers waited at the link's input while it was in use",
+             sim::StatUnit::Cycles, s.queue_cycles},
+        };
+        for (const auto& c : counters) g.add(c.name, c.desc, c.unit).set(c.value);
+        g.add_formula("utilization", "busy_cycles / board cycles", sim::StatUnit::Ratio,
+                      [busy = s.busy_cycles, cycles] {
+                          return cycles ? double(busy) / double(cycles) : 0.0;
+                      });
+    }
 }
 
 /// board.kernels.<name>: each kernel's totals, counters then the derived figures.
@@ -220,6 +251,7 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board,
                 .set(2 * s.mxu_macs[i]);
         }
     }
+    add_ici_stats(root, groups, board.ici(), board.now_cycle());
     if (!kernels.empty()) add_kernel_stats(root, groups, kernels);
     const bool csv = opts.stats.size() > 4 && opts.stats.substr(opts.stats.size() - 4) == ".csv";
     hw::BoardConfig copy = board.config();

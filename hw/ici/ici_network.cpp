@@ -1,0 +1,139 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "hw/ici/ici_network.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace tpu::hw {
+
+IciNetwork::IciNetwork(const BoardConfig& cfg)
+    : m_cores(cfg.cores()),
+      m_bytes_per_cycle(cfg.ici.link_gb_per_s * 1e9 / (cfg.clock_mhz * 1e6)),
+      m_hop(cfg.ns_to_cycles(cfg.ici.hop_latency_ns)),
+      m_cut_through(cfg.ici.switching == "cut-through") {
+    if (m_cores == 0) throw std::invalid_argument("ICI network of 0 cores");
+    if (!(m_bytes_per_cycle > 0))
+        throw std::invalid_argument(fmt::format("ici.link_gb_per_s: {} is not a positive bandwidth",
+                                                cfg.ici.link_gb_per_s));
+    m_x = m_cores;
+    if (cfg.ici.topology == "torus2d") {
+        if (cfg.ici.torus_x) {
+            m_x = cfg.ici.torus_x;
+        } else {
+            m_x = 1;
+            while ((m_x + 1) * (m_x + 1) <= m_cores) ++m_x;
+        }
+        if (m_cores % m_x != 0)
+            throw std::invalid_argument(
+                fmt::format("ici.torus_x: a torus {} wide does not hold {} cores", m_x, m_cores));
+    } else if (cfg.ici.topology != "ring") {
+        throw std::invalid_argument(
+            fmt::format("ici.topology: '{}' is not ring or torus2d", cfg.ici.topology));
+    }
+    m_y = m_cores / m_x;
+    m_busy.resize(num_links());
+    m_stats.resize(num_links());
+}
+
+bool IciNetwork::has_link(uint32_t link) const {
+    if (link >= num_links()) return false;
+    return (link % 4 < 2 ? m_x : m_y) > 1;
+}
+
+std::string IciNetwork::link_name(uint32_t link) {
+    static const char* kDir[] = {"+x", "-x", "+y", "-y"};
+    return fmt::format("core{}{}", link / 4, kDir[link % 4]);
+}
+
+void IciNetwork::check_core(uint32_t core) const {
+    if (core >= m_cores)
+        throw std::invalid_argument(fmt::format(
+            "ICI: core {} does not exist (the network has cores 0-{})", core, m_cores - 1));
+}
+
+std::vector<uint32_t> IciNetwork::route(uint32_t src, uint32_t dst) const {
+    check_core(src);
+    check_core(dst);
+    std::vector<uint32_t> links;
+    uint32_t x = src % m_x, y = src / m_x;
+    const uint32_t tx = dst % m_x, ty = dst / m_x;
+    auto walk = [&](uint32_t& pos, uint32_t target, uint32_t size, uint32_t dim) {
+        const uint32_t fwd = (target + size - pos) % size;
+        const bool plus = fwd <= size - fwd;
+        for (uint32_t h = 0, hops = plus ? fwd : size - fwd; h < hops; ++h) {
+            links.push_back((y * m_x + x) * 4 + dim * 2 + (plus ? 0 : 1));
+            pos = plus ? (pos + 1) % size : (pos + size - 1) % size;
+        }
+    };
+    walk(x, tx, m_x, 0);
+    walk(y, ty, m_y, 1);
+    return links;
+}
+
+uint64_t IciNetwork::ser_cycles(uint64_t bytes) const {
+    return static_cast<uint64_t>(std::ceil(double(bytes) / m_bytes_per_cycle));
+}
+
+uint64_t IciNetwork::reserve(uint32_t link, uint64_t t, uint64_t len) {
+    auto& busy = m_busy[link];
+    uint64_t s = t;
+    auto it = busy.upper_bound(s);
+    if (it != busy.begin()) {
+        auto prev = std::prev(it);
+        s = std::max(s, prev->second);
+    }
+    // Skip every promise that begins before the candidate interval ends.
+    while (it != busy.end() && it->first < s + len) {
+        s = std::max(s, it->second);
+        ++it;
+    }
+    // Merge with touching neighbours so the calendar holds only real gaps.
+    uint64_t begin = s, end = s + len;
+    if (it != busy.end() && it->first == end) {
+        end = it->second;
+        it = busy.erase(it);
+    }
+    if (it != busy.begin()) {
+        auto prev = std::prev(it);
+        if (prev->second == begin) {
+            begin = prev->first;
+            busy.erase(prev);
+        }
+    }
+    busy.emplace(begin, end);
+    return s;
+}
+
+IciArrival IciNetwork::transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes,
+                                std::vector<IciHop>* hops) {
+    if (bytes == 0) throw std::invalid_argument("ICI: a transfer of 0 bytes");
+    const uint64_t ser = ser_cycles(bytes);
+    const std::vector<uint32_t> links = route(src, dst);
+    if (links.empty()) return {start, start + ser};
+    uint64_t t = start;
+    for (uint32_t link : links) {
+        const uint64_t s = reserve(link, t, ser);
+        IciLinkStats& st = m_stats[link];
+        st.bytes += bytes;
+        ++st.transfers;
+        st.busy_cycles += ser;
+        st.queue_cycles += s - t;
+        if (hops) hops->push_back({link, s, s + ser});
+        t = s + m_hop + (m_cut_through ? 0 : ser);
+    }
+    return m_cut_through ? IciArrival{t, t + ser} : IciArrival{t - ser, t};
+}
+
+uint64_t IciNetwork::message(uint32_t src, uint32_t dst, uint64_t start) const {
+    return start + route(src, dst).size() * m_hop;
+}
+
+void IciNetwork::retire(uint64_t cycle) {
+    for (auto& busy : m_busy)
+        while (!busy.empty() && busy.begin()->second <= cycle) busy.erase(busy.begin());
+}
+
+}  // namespace tpu::hw
