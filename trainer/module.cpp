@@ -28,6 +28,22 @@ ParamPtr uniform_param(uint32_t rows, uint32_t cols, float bound, std::mt19937& 
     return make_param(rows, cols, std::move(v));
 }
 
+ParamPtr normal_param(uint32_t rows, uint32_t cols, float stddev, std::mt19937& rng) {
+    // Box-Muller on our own uniforms, for platform-independent values.
+    std::vector<float> v(size_t(rows) * cols);
+    for (size_t i = 0; i < v.size(); ++i) {
+        const float u1 = uniform(rng, 1e-7f, 1.0f), u2 = uniform(rng, 0.0f, 1.0f);
+        v[i] = stddev * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+    }
+    return make_param(rows, cols, std::move(v));
+}
+
+/// Prefixes a part's parameter names ("weight" -> "q.weight").
+void add_slots(std::vector<std::pair<std::string, ParamPtr*>>& out, const std::string& part,
+               Layer& layer) {
+    for (auto& [slot, p] : layer.slots()) out.emplace_back(part + "." + slot, p);
+}
+
 }  // namespace
 
 void OptimizerConfig::validate() const {
@@ -61,14 +77,8 @@ std::vector<std::pair<std::string, ParamPtr*>> Linear::slots() {
     return s;
 }
 
-Embedding::Embedding(uint32_t num, uint32_t dim, std::mt19937& rng) {
-    // Box-Muller on our own uniforms, for platform-independent values.
-    std::vector<float> v(size_t(num) * dim);
-    for (size_t i = 0; i < v.size(); ++i) {
-        const float u1 = uniform(rng, 1e-7f, 1.0f), u2 = uniform(rng, 0.0f, 1.0f);
-        v[i] = std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
-    }
-    weight = make_param(num, dim, std::move(v));
+Embedding::Embedding(uint32_t num, uint32_t dim, std::mt19937& rng, float stddev) {
+    weight = normal_param(num, dim, stddev, rng);
 }
 
 Var Embedding::operator()(Runtime& rt, const Var& onehot) {
@@ -78,6 +88,103 @@ Var Embedding::operator()(Runtime& rt, const Var& onehot) {
 
 std::vector<std::pair<std::string, ParamPtr*>> Embedding::slots() {
     return {{"weight", &weight}};
+}
+
+PositionalEmbedding::PositionalEmbedding(uint32_t rows, uint32_t dim, std::mt19937& rng,
+                                         float stddev) {
+    weight = normal_param(rows, dim, stddev, rng);
+}
+
+Var PositionalEmbedding::operator()(Runtime& rt, const Var& x) {
+    const auto scope = rt.layer(name, "positional");
+    return add_periodic(rt, x, rt.param(*weight));
+}
+
+std::vector<std::pair<std::string, ParamPtr*>> PositionalEmbedding::slots() {
+    return {{"weight", &weight}};
+}
+
+MultiheadAttention::MultiheadAttention(uint32_t dim, uint32_t heads, uint32_t seq, bool causal,
+                                       std::mt19937& rng)
+    : q(dim, dim, true, rng),
+      k(dim, dim, true, rng),
+      v(dim, dim, true, rng),
+      out(dim, dim, true, rng),
+      m_heads(heads),
+      m_seq(seq),
+      m_causal(causal) {
+    if (heads == 0 || dim % heads != 0)
+        throw std::invalid_argument(fmt::format(
+            "embed_dim must be divisible by num_heads (embed_dim {}, num_heads {})", dim, heads));
+    if (seq == 0) throw std::invalid_argument("MultiheadAttention: the sequence length is 0");
+}
+
+void MultiheadAttention::set_name(std::string n) {
+    q.set_name(n + ".q");
+    k.set_name(n + ".k");
+    v.set_name(n + ".v");
+    out.set_name(n + ".out");
+    name = std::move(n);
+}
+
+Var MultiheadAttention::operator()(Runtime& rt, const Var& x) {
+    const Var qh = split_heads(rt, q(rt, x), m_heads), kh = split_heads(rt, k(rt, x), m_heads),
+              vh = split_heads(rt, v(rt, x), m_heads);
+    Var o;
+    {
+        const auto scope = rt.layer(name, m_causal ? "attention (causal)" : "attention");
+        o = merge_heads(rt, attention(rt, qh, kh, vh, m_seq, m_causal), m_heads);
+    }
+    return out(rt, o);
+}
+
+std::vector<std::pair<std::string, ParamPtr*>> MultiheadAttention::slots() {
+    std::vector<std::pair<std::string, ParamPtr*>> s;
+    for (auto [part, layer] :
+         {std::pair<const char*, Linear*>{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
+        add_slots(s, part, *layer);
+    return s;
+}
+
+TransformerBlock::TransformerBlock(uint32_t dim, uint32_t heads, uint32_t ffn, uint32_t seq,
+                                   bool causal, std::mt19937& rng)
+    : ln_1(dim),
+      attn(dim, heads, seq, causal, rng),
+      ln_2(dim),
+      fc_1(dim, ffn, true, rng),
+      fc_2(ffn, dim, true, rng) {}
+
+void TransformerBlock::set_name(std::string n) {
+    ln_1.set_name(n + ".ln_1");
+    attn.set_name(n + ".attn");
+    ln_2.set_name(n + ".ln_2");
+    fc_1.set_name(n + ".fc_1");
+    act.set_name(n + ".gelu");
+    fc_2.set_name(n + ".fc_2");
+    name = std::move(n);
+}
+
+Var TransformerBlock::operator()(Runtime& rt, const Var& x) {
+    Var h;
+    {
+        Var a = attn(rt, ln_1(rt, x));
+        const auto scope = rt.layer(name + ".residual_1", "add");
+        h = add(rt, x, a);
+    }
+    Var m = fc_2(rt, act(rt, fc_1(rt, ln_2(rt, h))));
+    const auto scope = rt.layer(name + ".residual_2", "add");
+    return add(rt, h, m);
+}
+
+std::vector<std::pair<std::string, ParamPtr*>> TransformerBlock::slots() {
+    std::vector<std::pair<std::string, ParamPtr*>> s;
+    for (auto [part, layer] : {std::pair<const char*, Layer*>{"ln_1", &ln_1},
+                               {"attn", &attn},
+                               {"ln_2", &ln_2},
+                               {"fc_1", &fc_1},
+                               {"fc_2", &fc_2}})
+        add_slots(s, part, *layer);
+    return s;
 }
 
 LayerNorm::LayerNorm(uint32_t dim, float eps) : m_eps(eps) {

@@ -61,6 +61,8 @@ public:
     virtual ~Layer() = default;
     /// (name, slot) of each parameter, e.g. {"weight", &weight}.
     virtual std::vector<std::pair<std::string, ParamPtr*>> slots() { return {}; }
+    /// Names it (and, for a layer made of layers, its parts "name.part").
+    virtual void set_name(std::string n) { name = std::move(n); }
     /// Its name in the module ("layer_1"), under which its kernels are profiled.
     std::string name;
 };
@@ -108,11 +110,11 @@ private:
     uint32_t m_seed, m_calls = 0;
 };
 
-/// A lookup table of `num` rows of `dim` values, normal(0, 1) initialised; its input is a
-/// one-hot batch (rows x num).
+/// A lookup table of `num` rows of `dim` values, normal(0, stddev) initialised (1 as
+/// torch.nn.Embedding); its input is a one-hot batch (rows x num).
 class Embedding : public Layer {
 public:
-    Embedding(uint32_t num, uint32_t dim, std::mt19937& rng);
+    Embedding(uint32_t num, uint32_t dim, std::mt19937& rng, float stddev = 1.0f);
     Var operator()(Runtime& rt, const Var& onehot);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
     ParamPtr weight;  ///< num x dim
@@ -129,6 +131,59 @@ public:
 
 private:
     float m_eps;
+};
+
+/// A learned `rows` x `dim` table added to every block of `rows` rows: the positional
+/// embedding of sequences of `rows` tokens, normal(0, stddev) initialised.
+class PositionalEmbedding : public Layer {
+public:
+    PositionalEmbedding(uint32_t rows, uint32_t dim, std::mt19937& rng, float stddev);
+    Var operator()(Runtime& rt, const Var& x);
+    std::vector<std::pair<std::string, ParamPtr*>> slots() override;
+    ParamPtr weight;  ///< rows x dim
+};
+
+/// Softmax over each row.
+class Softmax : public Layer {
+public:
+    Var operator()(Runtime& rt, const Var& x) {
+        const auto scope = rt.layer(name, "softmax");
+        return softmax(rt, x);
+    }
+};
+
+/// Multi-head self-attention over sequences of `seq` rows (input batch·seq x dim, as
+/// torch.nn.MultiheadAttention with batch_first and q = k = v = x): q, k and v projections with
+/// bias, `heads` heads of dim / heads, scaled dot-product attention (causal: each position
+/// sees itself and the ones before), the output projection. Parameters "q.weight", "q.bias",
+/// "k.*", "v.*", "out.*".
+class MultiheadAttention : public Layer {
+public:
+    MultiheadAttention(uint32_t dim, uint32_t heads, uint32_t seq, bool causal, std::mt19937& rng);
+    Var operator()(Runtime& rt, const Var& x);
+    std::vector<std::pair<std::string, ParamPtr*>> slots() override;
+    void set_name(std::string n) override;
+    Linear q, k, v, out;  ///< projections, dim x dim each
+
+private:
+    uint32_t m_heads, m_seq;
+    bool m_causal;
+};
+
+/// A pre-LN transformer block (GPT-2's): x + attn(ln_1(x)), then x + fc_2(gelu(fc_1(ln_2(x)))).
+/// Parameters "ln_1.*", "attn.*", "ln_2.*", "fc_1.*", "fc_2.*".
+class TransformerBlock : public Layer {
+public:
+    TransformerBlock(uint32_t dim, uint32_t heads, uint32_t ffn, uint32_t seq, bool causal,
+                     std::mt19937& rng);
+    Var operator()(Runtime& rt, const Var& x);
+    std::vector<std::pair<std::string, ParamPtr*>> slots() override;
+    void set_name(std::string n) override;
+    LayerNorm ln_1;           ///< before attention
+    MultiheadAttention attn;  ///< self-attention
+    LayerNorm ln_2;           ///< before the feed-forward part
+    Linear fc_1, fc_2;        ///< dim x ffn and ffn x dim
+    GELU act;                 ///< between fc_1 and fc_2
 };
 
 /// The user's model. Subclasses create layers with add() in their constructor and define
@@ -158,7 +213,7 @@ protected:
     template <class L, class... A>
     L& add(std::string name, A&&... args) {
         auto layer = std::make_unique<L>(std::forward<A>(args)...);
-        layer->name = name;
+        layer->set_name(name);
         L& ref = *layer;
         m_layers.emplace_back(std::move(name), std::move(layer));
         return ref;
