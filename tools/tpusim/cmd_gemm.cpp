@@ -17,7 +17,7 @@
 
 namespace tpu::cli {
 
-void register_gemm_command(CLI::App& app) {
+void add_gemm_command(CLI::App& app, const std::string& name, const std::string& help) {
     struct Opts {
         CommonOptions common;
         uint32_t m = 1024, k = 1024, n = 1024;
@@ -28,7 +28,7 @@ void register_gemm_command(CLI::App& app) {
         uint32_t seed = 1;
     };
     auto o = std::make_shared<Opts>();
-    auto* cmd = app.add_subcommand("gemm", "run the library GEMM C = A x W on random inputs");
+    auto* cmd = app.add_subcommand(name, help);
     cmd->add_option("--m", o->m, "rows of A and C")->check(positive_number());
     cmd->add_option("--k", o->k, "columns of A, rows of W")->check(positive_number());
     cmd->add_option("--n", o->n, "columns of W and C")->check(positive_number());
@@ -154,6 +154,10 @@ void register_gemm_command(CLI::App& app) {
         if (o->check && !j["bitexact"].get<bool>())
             throw RunError("gemm: the device result differs from the bit-exact reference");
     });
+}
+
+void register_gemm_command(CLI::App& app) {
+    add_gemm_command(app, "gemm", "run the library GEMM C = A x W on random inputs");
 }
 
 }  // namespace tpu::cli
