@@ -263,13 +263,49 @@ isa::Program conv2d_program(const Conv2dShape& sh, const Conv2dTiling& t) {
         L("        lw s17, [{}]", kYBias);
     };
 
-    // Prologue: the bias, the first X block and the first weight tile.
+    // Weight tile of step s9 + `ahead` (the tile index wraps per block) into its slot, unless
+    // the kernel has no such step. The slot was last read by the lw of step s9 + ahead - 2.
+    auto w_prefetch = [&](int ahead) {
+        const int id = uniq++;
+        L("        add s11, s9, {}", ahead);
+        L("        mul s12, s5, {}", NT * S);
+        L("        bge s11, s12, nopf_{}", id);
+        L("        remu s13, s11, {}", NT * S);
+        L("        mul s13, s13, {}", wtile);
+        L("        add s13, s13, s2");
+        L("        and s14, s11, 1");
+        by_slot("s14", [&](int slot) {
+            L("        dma.hv [{}], [s13], 1, {}, {}, {}, f{}", g.vw + slot * wtile, wtile, wtile,
+              wtile, slot ? 8 : 1);
+            L("        add s{}, s{}, 1", 26 + slot, 26 + slot);
+        });
+        L("nopf_{}:", id);
+    };
+    // The lw of step s9 + `ahead` into every MXU's shadow weights, once its tile is in.
+    auto w_load = [&](int ahead) {
+        const int id = uniq++;
+        L("        add s11, s9, {}", ahead);
+        L("        mul s12, s5, {}", NT * S);
+        L("        bge s11, s12, nolw_{}", id);
+        L("        and s14, s11, 1");
+        by_slot("s14", [&](int slot) { L("        wait f{}, s{}", slot ? 8 : 1, 26 + slot); });
+        L("        mul s14, s14, {}", wtile);
+        for (uint32_t m = 0; m < nm; ++m) {
+            L("        mxu.lw {}, [s14+{}], {}, {}, f{}", m, g.vw, R, C, 2 + m);
+            L("        add s{}, s{}, 1", 22 + m, 22 + m);
+        }
+        L("nolw_{}:", id);
+    };
+
+    // Prologue: the bias, the first two weight tiles (ahead of the X block in the in-order DMA
+    // queue: the first matmul needs both), the first X block, the first lw.
     L("        dma.hv [{}], [s3], 1, {}, {}, {}, f13", g.vb, NT * C * 4, NT * C * 4, NT * C * 4);
+    L("        li s9, 0");
+    w_prefetch(0);
+    w_prefetch(1);
     L("        li s6, 0");
     x_load("s6");
-    L("        dma.hv [{}], [s2], 1, {}, {}, {}, f1", g.vw, wtile, wtile, wtile);
-    L("        li s26, 1");
-    L("        li s9, 0");
+    w_load(0);
     L("        wait f13, 1");
 
     L("block:  and s11, s6, 1");
@@ -304,37 +340,20 @@ isa::Program conv2d_program(const Conv2dShape& sh, const Conv2dTiling& t) {
     L("        sw s13, [{}]", kYBias);
     L("        li s8, 0");
 
-    // One K step: tap (kh, kw) and Cin tile ct of step s8, Cout tile s7. (1) prefetch the next
-    // step's weight tile into the other W slot once the lw that read it is done; (2) load this
-    // step's tile into each MXU; (3) stream every run of every image of the block through it.
+    // One K step: tap (kh, kw) and Cin tile ct of step s8, Cout tile s7. (1) prefetch the
+    // weight tile two steps ahead, so it is not queued behind the stores of a group's images in
+    // the in-order DMA queue; (2) stream every run of every image of the block through the
+    // loaded tile, then queue the next step's lw at once (the matmul after an lw swaps the new
+    // tile in, so the lw cannot go earlier; the R-cycle load hides in the array's drain).
     // `last` (the group's last step) flags every matmul and stores each image as soon as the
     // next one is queued, so stores overlap the matmuls; the last image's epilogue waits until
     // the next step has queued its first image (pending), so the MXUs never run dry.
     auto step = [&](bool last) {
         const int id = uniq++;
-        // (1)
+        // (1) This step's lw was issued in the previous step; once it is done its slot takes
+        // the tile after next.
         for (uint32_t m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
-        L("        add s11, s9, 1");
-        L("        mul s12, s5, {}", NT * S);
-        L("        bge s11, s12, nopf_{}", id);
-        L("        remu s13, s11, {}", NT * S);
-        L("        mul s13, s13, {}", wtile);
-        L("        add s13, s13, s2");
-        L("        and s14, s11, 1");
-        by_slot("s14", [&](int slot) {
-            L("        dma.hv [{}], [s13], 1, {}, {}, {}, f{}", g.vw + slot * wtile, wtile, wtile,
-              wtile, slot ? 8 : 1);
-            L("        add s{}, s{}, 1", 26 + slot, 26 + slot);
-        });
-        L("nopf_{}:", id);
-        // (2)
-        L("        and s14, s9, 1");
-        by_slot("s14", [&](int slot) { L("        wait f{}, s{}", slot ? 8 : 1, 26 + slot); });
-        L("        mul s14, s14, {}", wtile);
-        for (uint32_t m = 0; m < nm; ++m) {
-            L("        mxu.lw {}, [s14+{}], {}, {}, f{}", m, g.vw, R, C, 2 + m);
-            L("        add s{}, s{}, 1", 22 + m, 22 + m);
-        }
+        w_prefetch(2);
         // A group's first step waits until its Y slot is stored; a block's first, for its X.
         L("        bne s8, 0, w_ok_{}", id);
         L("        lw s11, [{}]", kYSlot);
@@ -343,7 +362,7 @@ isa::Program conv2d_program(const Conv2dShape& sh, const Conv2dTiling& t) {
         L("        and s11, s6, 1");
         by_slot("s11", [&](int slot) { L("        wait f{}, s{}", 9 + slot, 28 + slot); });
         L("w_ok_{}:", id);
-        // (3) The tap's LHS base: plane (phase (kh % s, kw % s), ct), shifted by (kh / s,
+        // (2) The tap's LHS base: plane (phase (kh % s, kw % s), ct), shifted by (kh / s,
         // kw / s) pixels.
         L("        divu s11, s8, {}", t.CT);  // tap
         L("        remu s12, s8, {}", t.CT);  // ct
@@ -374,6 +393,7 @@ isa::Program conv2d_program(const Conv2dShape& sh, const Conv2dTiling& t) {
                   img * g.yv_img + uint64_t(r) * g.run_rows * C * 4,
                   img * g.xv_img + uint64_t(r) * t.Wq * g.pix, g.run_rows,
                   flag ? fmt::format(", f{}", 4 + m) : "");
+                if (p + 1 == G * g.runs) w_load(1);
             }
             if (img == 0) {
                 flush_pending();
