@@ -137,17 +137,8 @@ void add_kind(CLI::App& op, const OpKind& kind) {
     const std::string name = kind.name;
     cmd->callback([o, run, name] {
         const hw::BoardConfig cfg = o->common.board_config();
-        std::vector<uint32_t> cores;
-        try {
-            cores = hw::parse_core_set(o->cores, cfg.cores());
-        } catch (const std::invalid_argument& e) {
-            throw InputError(fmt::format("--cores: {}", e.what()));
-        }
-        // Timing-only mode computes no values, so there is nothing to compare.
-        if (o->check && !cfg.sim.functional)
-            throw InputError(
-                "--check needs computed results, but sim.functional=false (the timing-only "
-                "mode) skips the arithmetic");
+        const std::vector<uint32_t> cores = parse_cores_option(o->cores, cfg.cores());
+        check_needs_values(o->check, cfg);
         auto dev = driver::Device::open(cfg);
         RunTrace trace(o->common, cfg);
         dev->set_tracer(trace.get());
@@ -156,9 +147,7 @@ void add_kind(CLI::App& op, const OpKind& kind) {
         try {
             r = run(*dev, cache, cores, o->check, o->seed);
         } catch (const driver::DeviceError& e) {
-            if (e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory)
-                throw InputError(e.what());
-            throw RunError(e.what());
+            throw_as_cli_error(e);
         }
         const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
         const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);

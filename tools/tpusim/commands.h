@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,6 +58,12 @@ void add_config_options(CLI::App& cmd, CommonOptions& opts);
 /// A CLI11 check for a whole number >= 1 that says so ("--m: expected a whole number >= 1, got
 /// '0'") instead of printing the type's whole range.
 CLI::Validator positive_number();
+
+/// `--cores` parsed against the board (0, 0-3, 2,5 or all); errors become InputError naming
+/// the flag.
+std::vector<uint32_t> parse_cores_option(const std::string& text, uint32_t board_cores);
+/// Refuses --check in the timing-only mode (sim.functional=false), which computes no values.
+void check_needs_values(bool check, const hw::BoardConfig& cfg);
 
 /// Adds the library GEMM command as subcommand `name` of `app` (tpusim gemm, tpusim op gemm).
 void add_gemm_command(CLI::App& app, const std::string& name, const std::string& help);
