@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "driver/kernels/gemm.h"
 
+#include "driver/kernels/launch_group.h"
+
 #include <algorithm>
 #include <map>
 #include <utility>
@@ -677,13 +679,7 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                 if (b->bytes) dev.free(*b);
     };
     GemmResult res;
-    // HBM bytes of the kernel: the DMA totals of every kernel before and after.
-    auto dma_bytes = [&] {
-        uint64_t b = 0;
-        for (const KernelStats& k : dev.kernel_stats()) b += k.hbm_read_bytes + k.hbm_write_bytes;
-        return b;
-    };
-    const uint64_t bytes_before = dma_bytes();
+    const uint64_t bytes_before = kernel_hbm_bytes(dev);
     try {
         for (Part& p : work) {
             const uint32_t Np = p.tiles * C, m = p.rows;
@@ -727,24 +723,7 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                     static_cast<uint32_t>(p.c.addr), p.rows, p.rows * Kp * 2};
             }));
         }
-        for (size_t h = 0; h < handles.size(); ++h) {
-            Event ev = dev.wait(handles[h]);
-            if (h == 0) {
-                res.event = ev;
-                continue;
-            }
-            res.event.start_cycle = std::min(res.event.start_cycle, ev.start_cycle);
-            res.event.end_cycle = std::max(res.event.end_cycle, ev.end_cycle);
-            res.event.host_seconds = std::max(res.event.host_seconds, ev.host_seconds);
-            for (size_t k = 0; k < ev.cores.size(); ++k) {
-                const auto at =
-                    std::lower_bound(res.event.cores.begin(), res.event.cores.end(), ev.cores[k]);
-                res.event.core_cycles.insert(
-                    res.event.core_cycles.begin() + (at - res.event.cores.begin()),
-                    ev.core_cycles[k]);
-                res.event.cores.insert(at, ev.cores[k]);
-            }
-        }
+        res.event = wait_all(dev, handles);
         res.c.assign(size_t(M) * N, 0.0f);
         std::vector<float> part;
         for (const Part& p : work) {
@@ -761,7 +740,7 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
         throw;
     }
     release();
-    res.hbm_bytes = dma_bytes() - bytes_before;
+    res.hbm_bytes = kernel_hbm_bytes(dev) - bytes_before;
     res.split = split;
     res.tiling = tilings.rbegin()->second;
     res.macs = uint64_t(M) * K * N * passes(precision).size();

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/cli_runner.h"
@@ -36,10 +37,22 @@ TEST(CliValidate, ShippedCsvEveryRowWithTheGemmCommandsCycles) {
         ASSERT_TRUE(row.contains("workload") && row.contains("params") &&
                     row.contains("sim_cycles") && row.contains("real_cycles") &&
                     row.contains("error"));
-        if (row["workload"] != "gemm") {
-            // Known but not simulated yet: reported with the reason, left out of the mean.
-            EXPECT_TRUE(row["sim_cycles"].is_null());
-            EXPECT_FALSE(row["skipped"].get<std::string>().empty());
+        if (row["workload"] == "conv2d") {
+            // The same cycles as `tpusim op conv2d` on core 0 (a fresh board each).
+            const std::string p = row["params"];
+            int b = 0, h = 0, w = 0, ci = 0, co = 0, k = 0, st = 0, pad = 0;
+            ASSERT_EQ(std::sscanf(p.c_str(), "B=%d H=%d W=%d Cin=%d Cout=%d k=%d stride=%d pad=%d",
+                                  &b, &h, &w, &ci, &co, &k, &st, &pad),
+                      8)
+                << p;
+            const auto c = tpusim(fmt::format(
+                "op conv2d --batch {} --height {} --width {} --cin {} --cout {} --kernel {} "
+                "--stride {} --pad {} --cores 0 --json --set sim.functional=false",
+                b, h, w, ci, co, k, st, pad));
+            ASSERT_EQ(c.code, 0) << c.err;
+            EXPECT_EQ(row["sim_cycles"], nlohmann::json::parse(c.out)["cycles"]) << p;
+            abs_sum += std::abs(row["error"].get<double>());
+            ++simulated;
             continue;
         }
         // Each row runs on a fresh board: the same cycles as `tpusim gemm` on core 0.
@@ -56,13 +69,15 @@ TEST(CliValidate, ShippedCsvEveryRowWithTheGemmCommandsCycles) {
         abs_sum += std::abs(err);
         ++simulated;
     }
-    EXPECT_EQ(simulated, 4u);
+    EXPECT_EQ(simulated, 5u);
     EXPECT_DOUBLE_EQ(j["mae"].get<double>(), abs_sum / double(simulated));
 
     const auto text = tpusim("validate");
     ASSERT_EQ(text.code, 0) << text.err;
     EXPECT_NE(text.out.find("M=2048 K=2048 N=2048"), std::string::npos) << text.out;
-    EXPECT_NE(text.out.find("not simulated: "), std::string::npos) << text.out;
+    EXPECT_NE(text.out.find("B=64 H=28 W=28 Cin=128 Cout=128 k=3 stride=1 pad=1 NHWC"),
+              std::string::npos)
+        << text.out;
     EXPECT_NE(text.out.find("mean absolute error"), std::string::npos) << text.out;
 }
 
@@ -90,6 +105,10 @@ TEST(CliValidate, BadFilesAreErrorsNamingTheLine) {
         {"key.csv", h + "gemm,M=1 K=1 N=1 Q=3,10,940,1,x\n", ":2: key 'Q' is not a gemm parameter"},
         {"value.csv", h + "gemm,M=0 K=1 N=1,10,940,1,x\n",
          "line 2: parameter M=0 is not a positive integer"},
+        {"pad.csv", h + "conv2d,B=1 H=4 W=4 Cin=1 Cout=1 k=3 stride=1 pad=x NHWC,10,940,1,x\n",
+         "line 2: parameter pad=x is not a non-negative integer"},
+        {"conv.csv", h + "conv2d,B=1 H=2 W=2 Cin=1 Cout=1 k=5 stride=1 pad=1 NHWC,10,940,1,x\n",
+         "line 2: conv2d: kernel 5 is larger than the padded input 4x4"},
         {"real.csv", h + "gemm,M=1 K=1 N=1,ten,940,1,x\n",
          ":2: real_cycles 'ten' is not a positive integer"},
         {"clock.csv", h + "gemm,M=1 K=1 N=1,10,-5,1,x\n",

@@ -17,7 +17,7 @@
 
 namespace tpu::cli {
 
-void register_gemm_command(CLI::App& app) {
+void add_gemm_command(CLI::App& app, const std::string& name, const std::string& help) {
     struct Opts {
         CommonOptions common;
         uint32_t m = 1024, k = 1024, n = 1024;
@@ -28,7 +28,7 @@ void register_gemm_command(CLI::App& app) {
         uint32_t seed = 1;
     };
     auto o = std::make_shared<Opts>();
-    auto* cmd = app.add_subcommand("gemm", "run the library GEMM C = A x W on random inputs");
+    auto* cmd = app.add_subcommand(name, help);
     cmd->add_option("--m", o->m, "rows of A and C")->check(positive_number());
     cmd->add_option("--k", o->k, "columns of A, rows of W")->check(positive_number());
     cmd->add_option("--n", o->n, "columns of W and C")->check(positive_number());
@@ -56,18 +56,8 @@ void register_gemm_command(CLI::App& app) {
             throw InputError(
                 fmt::format("--num-cores {}: the board has {} cores", o->num_cores, cfg.cores()));
         for (uint32_t i = 0; i < o->num_cores; ++i) cores.push_back(i);
-        if (o->num_cores == 0) {
-            try {
-                cores = hw::parse_core_set(o->cores, cfg.cores());
-            } catch (const std::invalid_argument& e) {
-                throw InputError(fmt::format("--cores: {}", e.what()));
-            }
-        }
-        // Timing-only mode computes no values, so there is nothing to compare.
-        if (o->check && !cfg.sim.functional)
-            throw InputError(
-                "--check needs computed results, but sim.functional=false (the "
-                "timing-only mode) skips the arithmetic");
+        if (o->num_cores == 0) cores = parse_cores_option(o->cores, cfg.cores());
+        check_needs_values(o->check, cfg);
         const uint32_t M = o->m, K = o->k, N = o->n;
         std::vector<float> a(size_t(M) * K), w(size_t(K) * N);
         fill_uniform(a, o->seed);
@@ -81,9 +71,7 @@ void register_gemm_command(CLI::App& app) {
         try {
             r = driver::gemm(*dev, cache, a, w, M, K, N, precision, cores);
         } catch (const driver::DeviceError& e) {
-            if (e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory)
-                throw InputError(e.what());
-            throw RunError(e.what());
+            throw_as_cli_error(e);
         }
         const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
         const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);
@@ -154,6 +142,10 @@ void register_gemm_command(CLI::App& app) {
         if (o->check && !j["bitexact"].get<bool>())
             throw RunError("gemm: the device result differs from the bit-exact reference");
     });
+}
+
+void register_gemm_command(CLI::App& app) {
+    add_gemm_command(app, "gemm", "run the library GEMM C = A x W on random inputs");
 }
 
 }  // namespace tpu::cli

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // tpusim validate: published real-TPU timings (validation/tpuv3.csv) against this board.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "driver/kernels/conv2d.h"
 #include "driver/kernels/gemm.h"
 #include "tools/tpusim/bench_cases.h"
 #include "tools/tpusim/commands.h"
@@ -42,25 +44,32 @@ using Runner = std::function<uint64_t(driver::Device&, driver::ProgramCache&, co
 
 /// One row kind: the parameters it takes (all required) and, once its kernel exists, a runner.
 struct Kind {
-    std::vector<std::string> keys;  ///< required `key=` parameters
-    std::vector<std::string> tags;  ///< accepted bare words (layouts)
-    Runner run;                     ///< empty: the kind is known but not simulated yet
-    std::string missing;            ///< why `run` is empty
+    std::vector<std::string> keys;          ///< required `key=` parameters
+    std::vector<std::string> tags;          ///< accepted bare words (layouts)
+    Runner run;                             ///< empty: the kind is known but not simulated yet
+    std::string missing;                    ///< why `run` is empty
+    std::vector<std::string> zero_ok = {};  ///< keys that may be 0 (the others are >= 1)
+    /// Checks a row's values together when the file is read (empty: nothing to check).
+    std::function<void(const Params&, size_t line)> check = {};
 };
 
-/// The parameter `key` of a row as a positive integer; the error names the line and key.
-uint32_t positive(const Params& p, const std::string& key, size_t line) {
+/// The parameter `key` of a row as an integer below 1e9, at least `min`; the error names the
+/// line and key.
+uint32_t whole(const Params& p, const std::string& key, size_t line, uint32_t min) {
     const std::string& v = p.at(key);
     uint64_t x = 0;
     const bool digits =
         !v.empty() && v.size() <= 9 && v.find_first_not_of("0123456789") == std::string::npos;
     if (digits) x = std::stoull(v);
-    if (!digits || x == 0)
-        throw InputError(
-            fmt::format("line {}: parameter {}={} is not a positive integer below "
-                        "1e9",
-                        line, key, v));
+    if (!digits || x < min)
+        throw InputError(fmt::format("line {}: parameter {}={} is not a{} integer below 1e9", line,
+                                     key, v, min ? " positive" : " non-negative"));
     return static_cast<uint32_t>(x);
+}
+
+/// The parameter `key` of a row as a positive integer.
+uint32_t positive(const Params& p, const std::string& key, size_t line) {
+    return whole(p, key, line, 1);
 }
 
 uint64_t run_gemm(driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
@@ -74,6 +83,31 @@ uint64_t run_gemm(driver::Device& dev, driver::ProgramCache& cache, const Row& r
     return res.event.end_cycle - res.event.start_cycle;
 }
 
+driver::Conv2dShape conv2d_shape(const Params& p, size_t line) {
+    auto get = [&](const char* key) { return positive(p, key, line); };
+    return driver::Conv2dShape{get("B"),    get("H"), get("W"),      get("Cin"),
+                               get("Cout"), get("k"), get("stride"), whole(p, "pad", line, 0)};
+}
+
+void check_conv2d(const Params& p, size_t line) {
+    try {
+        conv2d_shape(p, line).validate();
+    } catch (const driver::DeviceError& e) {
+        throw InputError(fmt::format("line {}: {}", line, e.what()));
+    }
+}
+
+uint64_t run_conv2d(driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
+    const driver::Conv2dShape s = conv2d_shape(r.params, r.line);
+    // Values do not matter for timing; the board runs timing-only (identical cycles).
+    const std::vector<float> x(size_t(s.batch) * s.height * s.width * s.cin, 0.5f),
+        w(size_t(s.kernel) * s.kernel * s.cin * s.cout, 0.25f), b(s.cout, 0.0f);
+    std::vector<uint32_t> cores(r.cores);
+    for (uint32_t i = 0; i < r.cores; ++i) cores[i] = i;
+    const auto res = driver::conv2d(dev, cache, x, w, b, s, cores);
+    return res.event.end_cycle - res.event.start_cycle;
+}
+
 /// The row kinds `tpusim validate` knows. A kind whose kernel is not in the library yet is
 /// listed with the reason, so its rows are reported as not simulated rather than rejected.
 const std::map<std::string, Kind>& kinds() {
@@ -82,8 +116,10 @@ const std::map<std::string, Kind>& kinds() {
         m["gemm"] = Kind{{"M", "K", "N"}, {}, run_gemm, {}};
         m["conv2d"] = Kind{{"B", "H", "W", "Cin", "Cout", "k", "stride", "pad"},
                            {"NHWC"},
-                           nullptr,
-                           "the kernel library has no conv2d kernel yet"};
+                           run_conv2d,
+                           {},
+                           {"pad"},
+                           check_conv2d};
         return m;
     }();
     return k;
@@ -173,8 +209,10 @@ std::vector<Row> read_rows(const std::string& path, uint32_t board_cores) {
             if (!r.params.count(key))
                 throw InputError(
                     fmt::format("{}: {} needs parameter {}=", where(n), r.workload, key));
-            positive(r.params, key, n);
+            const auto& z = kind->second.zero_ok;
+            whole(r.params, key, n, std::find(z.begin(), z.end(), key) == z.end() ? 1 : 0);
         }
+        if (kind->second.check) kind->second.check(r.params, n);
         try {
             size_t used = 0;
             r.real_cycles = std::stoull(f[2], &used);
@@ -266,7 +304,7 @@ void register_validate_command(CLI::App& app) {
         out["rows"] = nlohmann::ordered_json::array();
         double abs_sum = 0;
         size_t simulated = 0;
-        std::string table = fmt::format("{:<8} {:<44} {:>12} {:>12} {:>8}\n", "workload", "params",
+        std::string table = fmt::format("{:<8} {:<58} {:>12} {:>12} {:>8}\n", "workload", "params",
                                         "sim cycles", "real cycles", "error");
         for (const Row& r : rows) {
             nlohmann::ordered_json j;
@@ -281,7 +319,7 @@ void register_validate_command(CLI::App& app) {
                 j["error"] = nullptr;
                 j["skipped"] = kind.missing;
                 table +=
-                    fmt::format("{:<8} {:<44} {:>12} {:>12} {:>8}  (not simulated: {})\n",
+                    fmt::format("{:<8} {:<58} {:>12} {:>12} {:>8}  (not simulated: {})\n",
                                 r.workload, r.params_text, "-", r.real_cycles, "-", kind.missing);
                 out["rows"].push_back(j);
                 continue;
@@ -293,7 +331,7 @@ void register_validate_command(CLI::App& app) {
             j["sim_cycles"] = sim_cycles;
             j["real_cycles"] = r.real_cycles;
             j["error"] = error;
-            table += fmt::format("{:<8} {:<44} {:>12} {:>12} {:>+7.1f}%\n", r.workload,
+            table += fmt::format("{:<8} {:<58} {:>12} {:>12} {:>+7.1f}%\n", r.workload,
                                  r.params_text, sim_cycles, r.real_cycles, 100.0 * error);
             out["rows"].push_back(j);
         }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -58,6 +59,15 @@ void add_config_options(CLI::App& cmd, CommonOptions& opts);
 /// '0'") instead of printing the type's whole range.
 CLI::Validator positive_number();
 
+/// `--cores` parsed against the board (0, 0-3, 2,5 or all); errors become InputError naming
+/// the flag.
+std::vector<uint32_t> parse_cores_option(const std::string& text, uint32_t board_cores);
+/// Refuses --check in the timing-only mode (sim.functional=false), which computes no values.
+void check_needs_values(bool check, const hw::BoardConfig& cfg);
+
+/// Adds the library GEMM command as subcommand `name` of `app` (tpusim gemm, tpusim op gemm).
+void add_gemm_command(CLI::App& app, const std::string& name, const std::string& help);
+
 void register_asm_commands(CLI::App& app);      ///< asm, disasm
 void register_config_command(CLI::App& app);    ///< config
 void register_run_command(CLI::App& app);       ///< run
@@ -66,5 +76,6 @@ void register_train_command(CLI::App& app);     ///< train
 void register_report_command(CLI::App& app);    ///< report
 void register_bench_command(CLI::App& app);     ///< bench
 void register_validate_command(CLI::App& app);  ///< validate
+void register_op_command(CLI::App& app);        ///< op
 
 }  // namespace tpu::cli

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "hw/board.h"
 #include "hw/board_config.h"
 #include "sim/config_io.h"
 #include "sim/log.h"
@@ -46,6 +47,21 @@ void add_common_options(CLI::App& cmd, CommonOptions& o) {
     cmd.add_option("--trace-window", o.trace_window, "trace only cycles START:END");
     cmd.add_option("--stats", o.stats, "write statistics to FILE (.json or .csv)");
     cmd.add_flag("--json", o.json, "print a machine-readable result on stdout");
+}
+
+std::vector<uint32_t> parse_cores_option(const std::string& text, uint32_t board_cores) {
+    try {
+        return hw::parse_core_set(text, board_cores);
+    } catch (const std::invalid_argument& e) {
+        throw InputError(fmt::format("--cores: {}", e.what()));
+    }
+}
+
+void check_needs_values(bool check, const hw::BoardConfig& cfg) {
+    if (check && !cfg.sim.functional)
+        throw InputError(
+            "--check needs computed results, but sim.functional=false (the timing-only mode) "
+            "skips the arithmetic");
 }
 
 }  // namespace tpu::cli

@@ -271,4 +271,10 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board,
     }
 }
 
+void throw_as_cli_error(const driver::DeviceError& e) {
+    if (e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory)
+        throw InputError(e.what());
+    throw RunError(e.what());
+}
+
 }  // namespace tpu::cli

@@ -31,6 +31,10 @@ private:
     std::unique_ptr<sim::Tracer> m_tracer;
 };
 
+/// Rethrows a device error as the command line's: bad input (Usage, OutOfMemory) as
+/// InputError (exit 2), anything else as RunError (exit 1).
+[[noreturn]] void throw_as_cli_error(const driver::DeviceError& e);
+
 /// Writes --stats (JSON, or CSV for a .csv name) from every core of the board, and the
 /// effective config beside it (FILE.config.json).
 void write_stats_file(const CommonOptions& opts, hw::Board& board);

@@ -1,0 +1,649 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "driver/kernels/conv2d.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "driver/kernels/launch_group.h"
+#include "hw/board.h"
+#include "hw/core/mxu_model.h"
+#include "hw/core/numerics.h"
+#include "isa/assembler.h"
+
+namespace tpu::driver {
+namespace {
+
+uint32_t ceil_div(uint32_t a, uint32_t b) {
+    return (a + b - 1) / b;
+}
+
+/// Most matmuls one step's body may hold: the body is unrolled (its addresses are immediates),
+/// and two bodies plus the per-image epilogues must fit in instruction memory (8192 words).
+constexpr uint32_t kMaxRunsPerStep = 1024;
+/// Most images per block: each adds an unrolled epilogue to the last step's body.
+constexpr uint32_t kMaxBlockImages = 64;
+
+/// Derived sizes of one core's kernel.
+struct Geometry {
+    uint32_t k, s, Ho, Wo, qmax, hb, hin, G, runs, run_rows, S, nbands, nm;
+    uint64_t pix;      // bytes of one input pixel of one Cin tile (R bf16)
+    uint64_t plane_h;  // HBM bytes of one (phase, Cin tile) plane
+    uint64_t plane_v;  // VMEM bytes of a block's part of one plane (hin rows)
+    uint64_t xv_img, yv_img, x_img_h;
+    // VMEM map: two X slots, two Y slots, two W slots, the bias.
+    uint64_t vx, vy, vw, vb, vend;
+};
+
+Geometry geometry(const Conv2dShape& s, const Conv2dTiling& t) {
+    Geometry g{};
+    g.k = s.kernel;
+    g.s = s.stride;
+    g.Ho = s.out_height();
+    g.Wo = s.out_width();
+    g.qmax = (g.k - 1) / g.s;
+    g.hb = t.band_rows;
+    g.hin = g.hb + g.qmax;
+    g.G = t.block_images;
+    // Without halo columns (Wq == Wo) a band's rows are contiguous in every plane, so one
+    // matmul streams the whole band; otherwise each output row is its own run of Wo rows.
+    g.runs = t.Wq == g.Wo ? 1 : g.hb;
+    g.run_rows = t.Wq == g.Wo ? g.hb * g.Wo : g.Wo;
+    g.S = g.k * g.k * t.CT;
+    g.nbands = g.Ho / g.hb;
+    g.nm = std::min(t.mxus, g.G * g.runs);
+    g.pix = uint64_t(t.R) * 2;
+    g.plane_h = uint64_t(t.Hq) * t.Wq * g.pix;
+    g.plane_v = uint64_t(g.hin) * t.Wq * g.pix;
+    g.xv_img = uint64_t(t.phases) * t.phases * t.CT * g.plane_v;
+    g.x_img_h = uint64_t(t.phases) * t.phases * t.CT * g.plane_h;
+    g.yv_img = uint64_t(g.hb) * g.Wo * t.C * 4;
+    g.vx = 0;
+    g.vy = g.vx + 2 * g.G * g.xv_img;
+    g.vw = g.vy + 2 * g.G * g.yv_img;
+    g.vb = g.vw + 2 * uint64_t(t.R) * t.C * 2;
+    g.vend = g.vb + uint64_t(t.NT) * t.C * 4;
+    return g;
+}
+
+}  // namespace
+
+uint64_t Conv2dShape::macs() const {
+    return uint64_t(batch) * out_height() * out_width() * kernel * kernel * cin * cout;
+}
+
+void Conv2dShape::validate() const {
+    const std::pair<const char*, uint32_t> sizes[] = {
+        {"batch", batch}, {"height", height}, {"width", width},   {"cin", cin},
+        {"cout", cout},   {"kernel", kernel}, {"stride", stride},
+    };
+    for (const auto& [name, v] : sizes)
+        if (v == 0)
+            throw DeviceError(ErrorKind::Usage, fmt::format("conv2d: {} must be at least 1", name));
+    if (kernel > height + 2 * pad || kernel > width + 2 * pad)
+        throw DeviceError(
+            ErrorKind::Usage,
+            fmt::format("conv2d: kernel {} is larger than the padded input {}x{} "
+                        "(height {} + 2 x pad {}, width {} + 2 x pad {})",
+                        kernel, height + 2 * pad, width + 2 * pad, height, pad, width, pad));
+    // The kernels address HBM with 32-bit offsets.
+    const uint64_t limit = uint64_t(1) << 32;
+    const uint64_t x = uint64_t(batch) * (height + 2 * pad + stride) * (width + 2 * pad + stride) *
+                       ((cin + 127) / 128) * 128 * 2;
+    const uint64_t y = uint64_t(batch) * out_height() * out_width() * cout * 4;
+    if (x >= limit || y >= limit)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("conv2d: the input ({} bytes) or output ({} bytes) exceeds "
+                                      "the 4 GiB a kernel addresses; use a smaller batch",
+                                      x, y));
+}
+
+Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images) {
+    s.validate();
+    Conv2dTiling base;
+    base.R = cfg.core.mxu_rows;
+    base.C = cfg.core.mxu_cols;
+    base.CT = ceil_div(s.cin, base.R);
+    base.NT = ceil_div(s.cout, base.C);
+    base.phases = std::min(s.stride, s.kernel);
+    const uint32_t qmax = (s.kernel - 1) / s.stride;
+    base.Hq = s.out_height() + qmax;
+    base.Wq = s.out_width() + qmax;
+    base.images = images;
+    base.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
+    auto fits = [&](Conv2dTiling t) {
+        const Geometry g = geometry(s, t);
+        return g.vend <= cfg.core.vmem_bytes && uint64_t(g.G) * g.runs <= kMaxRunsPerStep;
+    };
+    const uint32_t Ho = s.out_height();
+    base.band_rows = Ho;
+    base.block_images = 1;
+    if (fits(base)) {
+        // Every image of a block streams through each loaded weight tile, so the drain of a
+        // tile swap is paid once per block: take the largest block that divides the images.
+        for (uint32_t G = std::min(images, kMaxBlockImages); G >= 1; --G) {
+            Conv2dTiling t = base;
+            t.block_images = G;
+            if (images % G == 0 && fits(t)) return t;
+        }
+    }
+    for (uint32_t hb = Ho; hb >= 1; --hb) {
+        Conv2dTiling t = base;
+        t.band_rows = hb;
+        if (Ho % hb == 0 && fits(t)) return t;
+    }
+    throw DeviceError(ErrorKind::Usage,
+                      fmt::format("conv2d: one output row of {} pixels with {} input channels "
+                                  "does not fit in {} bytes of VMEM (core.vmem_bytes)",
+                                  s.out_width(), s.cin, cfg.core.vmem_bytes));
+}
+
+std::string conv2d_key(const Conv2dShape& s, const Conv2dTiling& t) {
+    return fmt::format(
+        "conv2d N{} H{} W{} Cin{} Cout{} k{} s{} p{} R{} C{} images{} G{} hb{} mxus{}", s.batch,
+        s.height, s.width, s.cin, s.cout, s.kernel, s.stride, s.pad, t.R, t.C, t.images,
+        t.block_images, t.band_rows, t.mxus);
+}
+
+isa::Program conv2d_program(const Conv2dShape& sh, const Conv2dTiling& t) {
+    const Geometry g = geometry(sh, t);
+    const uint32_t R = t.R, C = t.C, NT = t.NT, S = g.S, G = g.G, nm = g.nm;
+    const uint64_t wtile = uint64_t(R) * C * 2;
+    const uint64_t y_pix_h = uint64_t(sh.cout) * 4;  // bytes of one output pixel in HBM
+    const uint64_t y_img_h = uint64_t(g.Ho) * g.Wo * y_pix_h;
+    const uint32_t y_rows = g.hb * g.Wo;  // output pixels of one image of a block
+    std::string s;
+    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
+        s += fmt::format(f, std::forward<A>(a)...);
+        s += '\n';
+    };
+    L("# conv2d (implicit GEMM): k={} stride={} CT={} NT={} G={} band={} runs={}x{} mxus={}", g.k,
+      g.s, t.CT, NT, G, g.hb, g.runs, g.run_rows, nm);
+    L("# s1 X, s2 W, s3 bias, s4 Y (HBM), s5 blocks; s6 block, s7 Cout tile, s8 step of the");
+    L("# group, s9 step overall, s10 tap's LHS base, s11-s18 temporaries, s19 accumulate, s20 X");
+    L("# slot, s21 Y slot, s22/s23 lw issued, s24/s25 flagged mm issued (MXU 0/1), s26/s27 W");
+    L("# tiles into slot 0/1, s28/s29 X blocks into slot 0/1, s30/s31 Y stores from slot 0/1");
+    L("# flags: f1/f8 W slot 0/1 in, f2/f3 lw done, f4/f5 mm done, f6 VPU, f9/f10 X slot 0/1");
+    L("# in, f11/f12 Y slot 0/1 out, f13 bias in");
+    // Scalar memory words: VPU ops issued, the group's HBM output base, its row bytes, its Y
+    // slot and bias address, and the image whose epilogue waits for the next step (pending:
+    // flag, Y address, HBM address, mm counts of MXU 0/1, row bytes, slot, bias).
+    constexpr int kVpu = 0, kYdst = 4, kYBytes = 8, kYSlot = 12, kYBias = 16, kPend = 20, kPY = 24,
+                  kPD = 28, kPC0 = 32, kPC1 = 36, kPBytes = 40, kPSlot = 44, kPBias = 48;
+    // Scalar memory keeps its words across launches.
+    L("        sw s0, [{}]", kVpu);
+    L("        sw s0, [{}]", kPend);
+    for (int r = 22; r <= 31; ++r) L("        li s{}, 0", r);
+
+    // Runs the code `f(slot)` for the slot in register `reg` (0 or 1): flags are per slot
+    // because the banked HBM can finish a DMA before an earlier one, so only a count of one
+    // slot's transfers proves that slot complete.
+    int uniq = 0;
+    auto by_slot = [&](const char* reg, const std::function<void(int)>& f) {
+        const int id = uniq++;
+        L("        bne {}, 0, sl1_{}", reg, id);
+        f(0);
+        L("        jmp sld_{}", id);
+        L("sl1_{}:", id);
+        f(1);
+        L("sld_{}:", id);
+    };
+    // The X block in register `breg` into the X slot (breg & 1).
+    auto x_load = [&](const char* breg) {
+        if (g.nbands == 1) {
+            L("        mul s11, {}, {}", breg, uint64_t(G) * g.x_img_h);
+        } else {
+            L("        divu s11, {}, {}", breg, g.nbands);
+            L("        mul s11, s11, {}", g.x_img_h);
+            L("        remu s12, {}, {}", breg, g.nbands);
+            L("        mul s12, s12, {}", uint64_t(g.hb) * t.Wq * g.pix);
+            L("        add s11, s11, s12");
+        }
+        L("        add s11, s11, s1");
+        L("        and s12, {}, 1", breg);
+        L("        mul s13, s12, {}", uint64_t(G) * g.xv_img);
+        by_slot("s12", [&](int slot) {
+            if (g.nbands == 1)  // whole images: one contiguous run
+                L("        dma.hv [s13+{}], [s11], 1, {}, {}, {}, f{}", g.vx, G * g.x_img_h,
+                  G * g.x_img_h, G * g.x_img_h, 9 + slot);
+            else  // a band: hin rows of every plane
+                L("        dma.hv [s13+{}], [s11], {}, {}, {}, {}, f{}", g.vx,
+                  t.phases * t.phases * t.CT, g.plane_v, g.plane_v, g.plane_h, 9 + slot);
+            L("        add s{}, s{}, 1", 28 + slot, 28 + slot);
+        });
+    };
+    // The epilogue of one image: s11 Y address, s12 HBM address, s13/s14 the mm counts that
+    // complete it, s15 row bytes, s16 Y slot, s17 bias address. Bias add on the VPU, then the
+    // store (NHWC rows of the tile's channels).
+    auto finish = [&] {
+        for (uint32_t m = 0; m < nm; ++m) L("        wait f{}, s{}", 4 + m, 13 + m);
+        L("        v.addrow [s11], [s11], [s17], {}, {}, f6", y_rows, C);
+        L("        lw s18, [{}]", kVpu);
+        L("        add s18, s18, 1");
+        L("        sw s18, [{}]", kVpu);
+        L("        wait f6, s18");
+        by_slot("s16", [&](int slot) {
+            if (NT == 1 && sh.cout == C)  // the tile is the whole pixel: one contiguous run
+                L("        dma.vh [s12], [s11], 1, {}, {}, {}, f{}", uint64_t(y_rows) * C * 4,
+                  uint64_t(y_rows) * C * 4, uint64_t(y_rows) * C * 4, 11 + slot);
+            else
+                L("        dma.vh [s12], [s11], {}, s15, {}, {}, f{}", y_rows, y_pix_h, C * 4,
+                  11 + slot);
+            L("        add s{}, s{}, 1", 30 + slot, 30 + slot);
+        });
+    };
+    auto flush_pending = [&] {
+        const int id = uniq++;
+        L("        lw s11, [{}]", kPend);
+        L("        beq s11, 0, nop_{}", id);
+        L("        lw s11, [{}]", kPY);
+        L("        lw s12, [{}]", kPD);
+        L("        lw s13, [{}]", kPC0);
+        L("        lw s14, [{}]", kPC1);
+        L("        lw s15, [{}]", kPBytes);
+        L("        lw s16, [{}]", kPSlot);
+        L("        lw s17, [{}]", kPBias);
+        finish();
+        L("        sw s0, [{}]", kPend);
+        L("nop_{}:", id);
+    };
+    // Registers s11..s17 of image `img` of the current group; `cnt` = its mm counts per MXU
+    // past s24/s25.
+    auto image_regs = [&](uint32_t img, const uint32_t cnt[2]) {
+        L("        add s11, s21, {}", img * g.yv_img);
+        L("        lw s12, [{}]", kYdst);
+        L("        add s12, s12, {}", uint64_t(img) * y_rows * y_pix_h);
+        L("        add s13, s24, {}", cnt[0]);
+        L("        add s14, s25, {}", cnt[1]);
+        L("        lw s15, [{}]", kYBytes);
+        L("        lw s16, [{}]", kYSlot);
+        L("        lw s17, [{}]", kYBias);
+    };
+
+    // Weight tile of step s9 + `ahead` (the tile index wraps per block) into its slot, unless
+    // the kernel has no such step. The slot was last read by the lw of step s9 + ahead - 2.
+    auto w_prefetch = [&](int ahead) {
+        const int id = uniq++;
+        L("        add s11, s9, {}", ahead);
+        L("        mul s12, s5, {}", NT * S);
+        L("        bge s11, s12, nopf_{}", id);
+        L("        remu s13, s11, {}", NT * S);
+        L("        mul s13, s13, {}", wtile);
+        L("        add s13, s13, s2");
+        L("        and s14, s11, 1");
+        by_slot("s14", [&](int slot) {
+            L("        dma.hv [{}], [s13], 1, {}, {}, {}, f{}", g.vw + slot * wtile, wtile, wtile,
+              wtile, slot ? 8 : 1);
+            L("        add s{}, s{}, 1", 26 + slot, 26 + slot);
+        });
+        L("nopf_{}:", id);
+    };
+    // The lw of step s9 + `ahead` into every MXU's shadow weights, once its tile is in.
+    auto w_load = [&](int ahead) {
+        const int id = uniq++;
+        L("        add s11, s9, {}", ahead);
+        L("        mul s12, s5, {}", NT * S);
+        L("        bge s11, s12, nolw_{}", id);
+        L("        and s14, s11, 1");
+        by_slot("s14", [&](int slot) { L("        wait f{}, s{}", slot ? 8 : 1, 26 + slot); });
+        L("        mul s14, s14, {}", wtile);
+        for (uint32_t m = 0; m < nm; ++m) {
+            L("        mxu.lw {}, [s14+{}], {}, {}, f{}", m, g.vw, R, C, 2 + m);
+            L("        add s{}, s{}, 1", 22 + m, 22 + m);
+        }
+        L("nolw_{}:", id);
+    };
+
+    // Prologue: the bias, the first two weight tiles (ahead of the X block in the in-order DMA
+    // queue: the first matmul needs both), the first X block, the first lw.
+    L("        dma.hv [{}], [s3], 1, {}, {}, {}, f13", g.vb, NT * C * 4, NT * C * 4, NT * C * 4);
+    L("        li s9, 0");
+    w_prefetch(0);
+    w_prefetch(1);
+    L("        li s6, 0");
+    x_load("s6");
+    w_load(0);
+    L("        wait f13, 1");
+
+    L("block:  and s11, s6, 1");
+    L("        mul s20, s11, {}", uint64_t(G) * g.xv_img);
+    L("        add s20, s20, {}", g.vx);
+    L("        li s7, 0");
+    // Per group: its Y slot (group index b NT + nt, parity), HBM output base, row bytes, bias.
+    L("group:  mul s11, s6, {}", NT);
+    L("        add s11, s11, s7");
+    L("        and s11, s11, 1");
+    L("        sw s11, [{}]", kYSlot);
+    L("        mul s21, s11, {}", uint64_t(G) * g.yv_img);
+    L("        add s21, s21, {}", g.vy);
+    if (g.nbands == 1) {
+        L("        mul s12, s6, {}", uint64_t(G) * y_img_h);
+    } else {
+        L("        divu s12, s6, {}", g.nbands);
+        L("        mul s12, s12, {}", y_img_h);
+        L("        remu s13, s6, {}", g.nbands);
+        L("        mul s13, s13, {}", uint64_t(y_rows) * y_pix_h);
+        L("        add s12, s12, s13");
+    }
+    L("        add s12, s12, s4");
+    L("        mul s13, s7, {}", C * 4);
+    L("        add s12, s12, s13");
+    L("        sw s12, [{}]", kYdst);
+    L("        li s14, {}", C * 4);
+    L("        bne s7, {}, rb_ok", NT - 1);
+    L("        li s14, {}", (sh.cout - (NT - 1) * C) * 4);
+    L("rb_ok:  sw s14, [{}]", kYBytes);
+    L("        add s13, s13, {}", g.vb);
+    L("        sw s13, [{}]", kYBias);
+    L("        li s8, 0");
+
+    // One K step: tap (kh, kw) and Cin tile ct of step s8, Cout tile s7. (1) prefetch the
+    // weight tile two steps ahead, so it is not queued behind the stores of a group's images in
+    // the in-order DMA queue; (2) stream every run of every image of the block through the
+    // loaded tile, then queue the next step's lw at once (the matmul after an lw swaps the new
+    // tile in, so the lw cannot go earlier; the R-cycle load hides in the array's drain).
+    // `last` (the group's last step) flags every matmul and stores each image as soon as the
+    // next one is queued, so stores overlap the matmuls; the last image's epilogue waits until
+    // the next step has queued its first image (pending), so the MXUs never run dry.
+    auto step = [&](bool last) {
+        const int id = uniq++;
+        // (1) This step's lw was issued in the previous step; once it is done its slot takes
+        // the tile after next.
+        for (uint32_t m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
+        w_prefetch(2);
+        // A group's first step waits until its Y slot is stored; a block's first, for its X.
+        L("        bne s8, 0, w_ok_{}", id);
+        L("        lw s11, [{}]", kYSlot);
+        by_slot("s11", [&](int slot) { L("        wait f{}, s{}", 11 + slot, 30 + slot); });
+        L("        bne s7, 0, w_ok_{}", id);
+        L("        and s11, s6, 1");
+        by_slot("s11", [&](int slot) { L("        wait f{}, s{}", 9 + slot, 28 + slot); });
+        L("w_ok_{}:", id);
+        // (2) The tap's LHS base: plane (phase (kh % s, kw % s), ct), shifted by (kh / s,
+        // kw / s) pixels.
+        L("        divu s11, s8, {}", t.CT);  // tap
+        L("        remu s12, s8, {}", t.CT);  // ct
+        L("        divu s13, s11, {}", g.k);  // kh
+        L("        remu s14, s11, {}", g.k);  // kw
+        L("        remu s15, s13, {}", g.s);  // phase row
+        L("        mul s15, s15, {}", t.phases);
+        L("        remu s16, s14, {}", g.s);  // phase column
+        L("        add s15, s15, s16");
+        L("        mul s15, s15, {}", t.CT);
+        L("        add s15, s15, s12");
+        L("        mul s15, s15, {}", g.plane_v);
+        L("        divu s13, s13, {}", g.s);
+        L("        mul s13, s13, {}", t.Wq);
+        L("        divu s14, s14, {}", g.s);
+        L("        add s13, s13, s14");
+        L("        mul s13, s13, {}", g.pix);
+        L("        add s10, s15, s13");
+        L("        add s10, s10, s20");
+        L("        sltu s19, 0, s8");
+        uint32_t cnt[2] = {0, 0};
+        for (uint32_t img = 0; img < G; ++img) {
+            for (uint32_t r = 0; r < g.runs; ++r) {
+                const uint32_t p = img * g.runs + r, m = p % nm;
+                const bool flag = last || p + nm >= G * g.runs;
+                if (flag) ++cnt[m];
+                L("        mxu.mm {}, [s21+{}], [s10+{}], {}, s19{}", m,
+                  img * g.yv_img + uint64_t(r) * g.run_rows * C * 4,
+                  img * g.xv_img + uint64_t(r) * t.Wq * g.pix, g.run_rows,
+                  flag ? fmt::format(", f{}", 4 + m) : "");
+                if (p + 1 == G * g.runs) w_load(1);
+            }
+            if (img == 0) {
+                flush_pending();
+                // A block's first step: every matmul of the previous block is done (the
+                // pending image was its last), so the next block's X may replace it.
+                const int xid = uniq++;
+                L("        bne s8, 0, nox_{}", xid);
+                L("        bne s7, 0, nox_{}", xid);
+                L("        add s18, s6, 1");
+                L("        bge s18, s5, nox_{}", xid);
+                x_load("s18");
+                L("nox_{}:", xid);
+            }
+            if (last && img > 0) {
+                uint32_t prev[2] = {0, 0};
+                for (uint32_t p = 0; p < img * g.runs; ++p) ++prev[p % nm];
+                image_regs(img - 1, prev);
+                finish();
+            }
+        }
+        if (last) {
+            image_regs(G - 1, cnt);
+            L("        sw s11, [{}]", kPY);
+            L("        sw s12, [{}]", kPD);
+            L("        sw s13, [{}]", kPC0);
+            L("        sw s14, [{}]", kPC1);
+            L("        sw s15, [{}]", kPBytes);
+            L("        sw s16, [{}]", kPSlot);
+            L("        sw s17, [{}]", kPBias);
+            L("        li s18, 1");
+            L("        sw s18, [{}]", kPend);
+        }
+        for (uint32_t m = 0; m < nm; ++m) L("        add s{}, s{}, {}", 24 + m, 24 + m, cnt[m]);
+        L("        add s8, s8, 1");
+        L("        add s9, s9, 1");
+    };
+    if (S > 1) {
+        L("kstep:");
+        step(false);
+        L("        bltu s8, {}, kstep", S - 1);
+    }
+    step(true);
+    L("        add s7, s7, 1");
+    L("        bltu s7, {}, group", NT);
+    L("        add s6, s6, 1");
+    L("        blt s6, s5, block");
+    flush_pending();
+    L("        wait f11, s30");
+    L("        wait f12, s31");
+    L("        halt");
+    return isa::assemble(s, "conv2d.s");
+}
+
+namespace {
+
+/// bf16 bits of x (round to nearest even).
+uint16_t bf16(float x) {
+    return hw::f32_to_bf16(x);
+}
+
+}  // namespace
+
+Conv2dResult conv2d(Device& dev, ProgramCache& cache, const std::vector<float>& x,
+                    const std::vector<float>& w, const std::vector<float>& bias,
+                    const Conv2dShape& s, const std::vector<uint32_t>& cores) {
+    s.validate();
+    const uint32_t H = s.height, W = s.width, Ho = s.out_height(), Wo = s.out_width(), k = s.kernel;
+    if (x.size() != size_t(s.batch) * H * W * s.cin || w.size() != size_t(k) * k * s.cin * s.cout ||
+        bias.size() != s.cout)
+        throw DeviceError(
+            ErrorKind::Usage,
+            fmt::format("conv2d: x has {} values, w {} and bias {}; the shape needs "
+                        "{}, {} and {}",
+                        x.size(), w.size(), bias.size(), size_t(s.batch) * H * W * s.cin,
+                        size_t(k) * k * s.cin * s.cout, s.cout));
+    if (cores.empty()) throw DeviceError(ErrorKind::Usage, "conv2d: no cores");
+    const hw::BoardConfig& cfg = dev.config();
+
+    struct Part {
+        uint32_t core, n0, images;
+        Buffer x, w, b, y;
+    };
+    std::vector<Part> work;
+    const uint32_t nc = static_cast<uint32_t>(cores.size());
+    for (uint32_t i = 0, n0 = 0; i < nc; ++i) {
+        const uint32_t n = s.batch / nc + (i < s.batch % nc ? 1 : 0);
+        if (n) work.push_back({cores[i], n0, n, {}, {}, {}, {}});
+        n0 += n;
+    }
+    std::map<uint32_t, Conv2dTiling> tilings;  // per image count (at most two)
+    for (const Part& p : work)
+        if (!tilings.count(p.images)) tilings.emplace(p.images, plan_conv2d(cfg, s, p.images));
+    const Conv2dTiling& t0 = tilings.begin()->second;
+    const uint32_t R = t0.R, C = t0.C, CT = t0.CT, NT = t0.NT, P = t0.phases;
+    const uint64_t img_vals = uint64_t(P) * P * CT * t0.Hq * t0.Wq * R;
+
+    // The weights in the kernel's tile order and the padded bias, the same on every core.
+    std::vector<uint16_t> wl(size_t(NT) * k * k * CT * R * C, 0);
+    for (uint32_t kh = 0; kh < k; ++kh)
+        for (uint32_t kw = 0; kw < k; ++kw)
+            for (uint32_t ci = 0; ci < s.cin; ++ci)
+                for (uint32_t co = 0; co < s.cout; ++co) {
+                    const size_t tile = ((size_t(co / C) * k + kh) * k + kw) * CT + ci / R;
+                    wl[(tile * R + ci % R) * C + co % C] =
+                        bf16(w[((size_t(kh) * k + kw) * s.cin + ci) * s.cout + co]);
+                }
+    std::vector<float> bl(size_t(NT) * C, 0.0f);
+    std::copy(bias.begin(), bias.end(), bl.begin());
+
+    auto release = [&] {
+        for (Part& p : work)
+            for (Buffer* b : {&p.x, &p.w, &p.b, &p.y})
+                if (b->bytes) dev.free(*b);
+    };
+    Conv2dResult res;
+    const uint64_t bytes_before = kernel_hbm_bytes(dev);
+    try {
+        for (Part& p : work) {
+            p.x = dev.alloc(img_vals * p.images * 2, p.core);
+            p.w = dev.alloc(wl.size() * 2, p.core);
+            p.b = dev.alloc(bl.size() * 4, p.core);
+            p.y = dev.alloc(uint64_t(p.images) * Ho * Wo * s.cout * 4, p.core);
+            // Host-side relayout into the phase planes (conv2d.h), as a TPU runtime converts
+            // arrays to the kernel's HBM layout on transfer.
+            std::vector<uint16_t> xl(img_vals * p.images, 0);
+            for (uint32_t n = 0; n < p.images; ++n)
+                for (uint32_t a = 0; a < P; ++a)
+                    for (uint32_t b = 0; b < P; ++b)
+                        for (uint32_t i = 0; i < t0.Hq; ++i)
+                            for (uint32_t j = 0; j < t0.Wq; ++j) {
+                                const int64_t r = int64_t(i) * s.stride + a - s.pad;
+                                const int64_t c = int64_t(j) * s.stride + b - s.pad;
+                                if (r < 0 || r >= H || c < 0 || c >= W) continue;
+                                const float* src = &x[((size_t(p.n0 + n) * H + r) * W + c) * s.cin];
+                                for (uint32_t ci = 0; ci < s.cin; ++ci) {
+                                    const size_t plane =
+                                        ((size_t(n) * P + a) * P + b) * CT + ci / R;
+                                    xl[((plane * t0.Hq + i) * t0.Wq + j) * R + ci % R] =
+                                        bf16(src[ci]);
+                                }
+                            }
+            dev.write(p.x, xl.data(), xl.size() * 2);
+            dev.write(p.w, wl.data(), wl.size() * 2);
+            dev.write(p.b, bl.data(), bl.size() * 4);
+        }
+        std::vector<LaunchHandle> handles;
+        for (const auto& entry : tilings) {
+            const uint32_t images = entry.first;
+            const Conv2dTiling& t = entry.second;
+            std::vector<const Part*> group;
+            std::vector<uint32_t> launch_cores;
+            for (const Part& p : work)
+                if (p.images == images) {
+                    group.push_back(&p);
+                    launch_cores.push_back(p.core);
+                }
+            const uint32_t blocks = images / t.block_images * (Ho / t.band_rows);
+            const isa::Program& prog =
+                cache.get(conv2d_key(s, t), [&] { return conv2d_program(s, t); });
+            handles.push_back(dev.launch_async(launch_cores, prog, [&, group, blocks](size_t j) {
+                const Part& p = *group[j];
+                return std::vector<uint32_t>{
+                    static_cast<uint32_t>(p.x.addr), static_cast<uint32_t>(p.w.addr),
+                    static_cast<uint32_t>(p.b.addr), static_cast<uint32_t>(p.y.addr), blocks};
+            }));
+        }
+        res.event = wait_all(dev, handles);
+        res.y.assign(size_t(s.batch) * Ho * Wo * s.cout, 0.0f);
+        for (const Part& p : work)
+            dev.read(p.y, &res.y[size_t(p.n0) * Ho * Wo * s.cout],
+                     uint64_t(p.images) * Ho * Wo * s.cout * 4);
+    } catch (...) {
+        release();
+        throw;
+    }
+    release();
+    res.hbm_bytes = kernel_hbm_bytes(dev) - bytes_before;
+    res.tiling = tilings.rbegin()->second;
+    res.macs = s.macs();
+    const uint64_t cycles = res.event.end_cycle - res.event.start_cycle;
+    const double array = double(cfg.core.mxus) * R * C * double(nc);
+    res.mxu_utilization = cycles ? double(res.macs) / (array * double(cycles)) : 0.0;
+    return res;
+}
+
+std::vector<float> conv2d_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                    const std::vector<float>& bias, const Conv2dShape& s,
+                                    uint32_t R) {
+    s.validate();
+    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel;
+    const size_t M = size_t(s.batch) * Ho * Wo;
+    std::vector<float> y(M * s.cout, 0.0f);
+    std::vector<uint16_t> lhs, rhs;
+    bool first = true;
+    for (uint32_t kh = 0; kh < k; ++kh)
+        for (uint32_t kw = 0; kw < k; ++kw)
+            for (uint32_t c0 = 0; c0 < s.cin; c0 += R) {
+                // The tap's shifted input window as an M x kk matrix (zeros in the padding)
+                // times the tap's kk x Cout weights: one MXU pass per output.
+                const uint32_t kk = std::min(R, s.cin - c0);
+                lhs.assign(M * kk, 0);
+                for (uint32_t n = 0; n < s.batch; ++n)
+                    for (uint32_t oy = 0; oy < Ho; ++oy)
+                        for (uint32_t ox = 0; ox < Wo; ++ox) {
+                            const int64_t r = int64_t(oy) * s.stride + kh - s.pad;
+                            const int64_t c = int64_t(ox) * s.stride + kw - s.pad;
+                            if (r < 0 || r >= s.height || c < 0 || c >= s.width) continue;
+                            const size_t row = (size_t(n) * Ho + oy) * Wo + ox;
+                            for (uint32_t ci = 0; ci < kk; ++ci)
+                                lhs[row * kk + ci] =
+                                    bf16(x[((size_t(n) * s.height + r) * s.width + c) * s.cin + c0 +
+                                           ci]);
+                        }
+                rhs.assign(size_t(kk) * s.cout, 0);
+                for (uint32_t ci = 0; ci < kk; ++ci)
+                    for (uint32_t co = 0; co < s.cout; ++co)
+                        rhs[size_t(ci) * s.cout + co] =
+                            bf16(w[((size_t(kh) * k + kw) * s.cin + c0 + ci) * s.cout + co]);
+                hw::mxu_matmul(lhs.data(), int(M), int(kk), rhs.data(), int(s.cout), y.data(),
+                               !first);
+                first = false;
+            }
+    for (size_t i = 0; i < M; ++i)
+        for (uint32_t co = 0; co < s.cout; ++co) y[i * s.cout + co] += bias[co];
+    return y;
+}
+
+std::vector<double> conv2d_reference_fp64(const std::vector<float>& x, const std::vector<float>& w,
+                                          const std::vector<float>& bias, const Conv2dShape& s) {
+    s.validate();
+    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel;
+    std::vector<double> y(size_t(s.batch) * Ho * Wo * s.cout);
+    for (uint32_t n = 0; n < s.batch; ++n)
+        for (uint32_t oy = 0; oy < Ho; ++oy)
+            for (uint32_t ox = 0; ox < Wo; ++ox) {
+                double* out = &y[((size_t(n) * Ho + oy) * Wo + ox) * s.cout];
+                for (uint32_t co = 0; co < s.cout; ++co) out[co] = bias[co];
+                for (uint32_t kh = 0; kh < k; ++kh)
+                    for (uint32_t kw = 0; kw < k; ++kw) {
+                        const int64_t r = int64_t(oy) * s.stride + kh - s.pad;
+                        const int64_t c = int64_t(ox) * s.stride + kw - s.pad;
+                        if (r < 0 || r >= s.height || c < 0 || c >= s.width) continue;
+                        const float* in = &x[((size_t(n) * s.height + r) * s.width + c) * s.cin];
+                        const float* wt = &w[(size_t(kh) * k + kw) * s.cin * s.cout];
+                        for (uint32_t ci = 0; ci < s.cin; ++ci)
+                            for (uint32_t co = 0; co < s.cout; ++co)
+                                out[co] += double(in[ci]) * double(wt[size_t(ci) * s.cout + co]);
+                    }
+            }
+    return y;
+}
+
+}  // namespace tpu::driver

@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "driver/device.h"
+#include "driver/program_cache.h"
+
+/// conv2d forward on the MXUs as an implicit GEMM (driver/README.md, "Convolution"): NHWC
+/// input, HWIO weights, NHWC fp32 output, bf16 operands with fp32 accumulation.
+namespace tpu::driver {
+
+/// The shape of a 2-D convolution (groups = 1).
+struct Conv2dShape {
+    uint32_t batch = 1;   ///< images (N)
+    uint32_t height = 1;  ///< input rows (H)
+    uint32_t width = 1;   ///< input columns (W)
+    uint32_t cin = 1;     ///< input channels
+    uint32_t cout = 1;    ///< output channels
+    uint32_t kernel = 1;  ///< kernel rows = columns (k)
+    uint32_t stride = 1;  ///< stride in both dimensions
+    uint32_t pad = 0;     ///< zero padding on every side
+    /// (H + 2 pad - k) / stride + 1
+    uint32_t out_height() const { return (height + 2 * pad - kernel) / stride + 1; }
+    /// (W + 2 pad - k) / stride + 1
+    uint32_t out_width() const { return (width + 2 * pad - kernel) / stride + 1; }
+    /// Multiply-accumulates: N Ho Wo k^2 Cin Cout.
+    uint64_t macs() const;
+    /// Throws DeviceError(Usage) naming the field: zero sizes, a kernel larger than the padded
+    /// input, or sizes whose HBM layout exceeds the kernels' 32-bit addressing.
+    void validate() const;
+};
+
+/// How one core's kernel tiles its images (driver/README.md, "Convolution").
+struct Conv2dTiling {
+    uint32_t R = 0, C = 0;      ///< MXU array: Cin tile (K) and Cout tile (N)
+    uint32_t CT = 0, NT = 0;    ///< Cin and Cout tiles
+    uint32_t phases = 0;        ///< stride phases per dimension: min(stride, k)
+    uint32_t Hq = 0, Wq = 0;    ///< rows and columns of one phase image in HBM
+    uint32_t band_rows = 0;     ///< output rows per block (the whole image unless it does not fit)
+    uint32_t images = 0;        ///< images on this core
+    uint32_t block_images = 0;  ///< images per block (1 when images are cut into bands)
+    uint32_t mxus = 0;          ///< MXUs used
+};
+
+/// The tiling of `images` images per core: whole images, as many per block as divide `images`
+/// and fit in VMEM twice (more images per block amortise the array drain of each weight tile),
+/// or, when one image does not fit, bands of output rows (the largest divisor of Ho that fits).
+Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images);
+/// The per-core kernel. Launch arguments: s1 = X, s2 = W, s3 = bias, s4 = Y (HBM addresses),
+/// s5 = blocks on this core. HBM layouts (conv2d() writes them from the host):
+/// - X: per image, per stride phase (a, b) (a, b < phases), per Cin tile: a Hq x Wq x R bf16
+///   plane, pixel (i, j) = zero-padded input (i stride + a - pad, j stride + b - pad), channels
+///   past Cin zero. Tap (kh, kw) of output (y, x) reads phase (kh % s, kw % s) at
+///   (y + kh / s, x + kw / s): with stride s every tap is a stride-1 window of one plane.
+/// - W: R x C bf16 tiles (Cin x Cout, zero-padded), tile (nt, kh, kw, ct) at index
+///   ((nt k + kh) k + kw) CT + ct, each row-major and contiguous.
+/// - bias: NT C fp32. Y: NHWC fp32, N x Ho x Wo x Cout, compact.
+isa::Program conv2d_program(const Conv2dShape& s, const Conv2dTiling& t);
+/// Cache key of the kernel (shape and tiling).
+std::string conv2d_key(const Conv2dShape& s, const Conv2dTiling& t);
+
+/// Result of conv2d().
+struct Conv2dResult {
+    std::vector<float> y;        ///< N x Ho x Wo x Cout, fp32
+    Event event;                 ///< the launches, merged
+    uint64_t macs = 0;           ///< useful multiply-accumulates (Conv2dShape::macs)
+    double mxu_utilization = 0;  ///< macs / (cores x MXUs x R x C x cycles)
+    uint64_t hbm_bytes = 0;      ///< bytes the kernel's DMAs moved between HBM and VMEM
+    Conv2dTiling tiling;         ///< the busiest core's tiling
+};
+
+/// Runs y = conv2d(x, w) + bias on `cores`, data-parallel over the batch (core i takes the
+/// i-th even share of the images): x is N x H x W x Cin (NHWC), w is k x k x Cin x Cout
+/// (HWIO), bias Cout; all fp32 on the host, rounded to bf16 (bias stays fp32).
+Conv2dResult conv2d(Device& dev, ProgramCache& cache, const std::vector<float>& x,
+                    const std::vector<float>& w, const std::vector<float>& bias,
+                    const Conv2dShape& s, const std::vector<uint32_t>& cores);
+
+/// The host reference with the device's exact numerics: per output value, for each tap
+/// (kh, kw) in row-major order and each Cin tile of R channels in order, a pass sum (channel
+/// order, from +0.0, bf16 products exact in fp32) added to the fp32 accumulator (the first one
+/// stored); padding taps take part with zeros. Then the fp32 bias is added.
+std::vector<float> conv2d_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                    const std::vector<float>& bias, const Conv2dShape& s,
+                                    uint32_t R);
+/// The exact convolution of the same fp32 inputs in fp64, to measure the bf16 error.
+std::vector<double> conv2d_reference_fp64(const std::vector<float>& x, const std::vector<float>& w,
+                                          const std::vector<float>& bias, const Conv2dShape& s);
+
+}  // namespace tpu::driver

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+// tpusim op KIND: conv2d checked bit-exactly, timing-only cycles, the gemm alias, bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_runner.h"
+#include "tests/common/paths.h"
+
+namespace {
+
+using tpu::test::shell_quote;
+using tpu::test::tmp;
+using tpu::test::tpusim;
+
+nlohmann::json run_json(const std::string& args) {
+    const auto r = tpusim(args + " --json");
+    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+}
+
+const std::string kOddConv =
+    "op conv2d --batch 3 --height 9 --width 7 --cin 130 --cout 20 --kernel 3 --stride 2 --pad 1";
+
+TEST(CliOp, Conv2dCheckIsBitExactOnOneAndEightCores) {
+    for (const char* cores : {"0", "0-7"}) {
+        const auto j = run_json(kOddConv + " --check --cores " + cores);
+        EXPECT_EQ(j["op"], "conv2d");
+        EXPECT_EQ(j["kernel"], 3);
+        EXPECT_EQ(j["cores"], std::string(cores) == "0" ? 1 : 8);
+        EXPECT_TRUE(j["bitexact"].get<bool>()) << cores;
+        // bf16 operands: errors of a few parts in a thousand of the largest output, never 0.
+        EXPECT_GT(j["max_rel_error"].get<double>(), 0.0);
+        EXPECT_LT(j["max_rel_error"].get<double>(), 1e-2);
+        // 3 x 5 x 4 outputs x 9 taps x 130 x 20.
+        EXPECT_EQ(j["macs"], 3 * 5 * 4 * 9 * 130 * 20);
+    }
+    const auto text = tpusim(kOddConv + " --check");
+    ASSERT_EQ(text.code, 0) << text.err;
+    EXPECT_NE(text.out.find("check: bit-exact vs reference: yes"), std::string::npos) << text.out;
+    EXPECT_NE(text.out.find("MXU utilisation"), std::string::npos) << text.out;
+}
+
+TEST(CliOp, TimingOnlyModeGivesTheSameCycles) {
+    for (const std::string shape :
+         {kOddConv + " --cores 0-7", std::string("op conv2d --batch 8 --height 14 --width 14 "
+                                                 "--cin 64 --cout 64 --kernel 1 --cores 0")}) {
+        const auto on = run_json(shape);
+        const auto off = run_json(shape + " --set sim.functional=false");
+        EXPECT_EQ(on["cycles"], off["cycles"]) << shape;
+        EXPECT_EQ(on["hbm_bytes"], off["hbm_bytes"]) << shape;
+    }
+}
+
+TEST(CliOp, GemmIsTheGemmCommand) {
+    const std::string shape = "--m 100 --k 300 --n 200 --cores 0-1 --set sim.functional=false";
+    const auto op = run_json("op gemm " + shape);
+    const auto gemm = run_json("gemm " + shape);
+    EXPECT_EQ(op["cycles"], gemm["cycles"]);
+    EXPECT_EQ(op["split"], gemm["split"]);
+}
+
+TEST(CliOp, StatsNameTheKernel) {
+    const std::string stats = tmp("op-stats.json");
+    const auto r = tpusim(kOddConv + " --stats " + shell_quote(stats));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(tpu::test::slurp(stats));
+    EXPECT_TRUE(j.dump().find("\"conv2d\"") != std::string::npos);
+    std::filesystem::remove(stats);
+}
+
+TEST(CliOp, BadInputIsAnErrorNamingTheFlag) {
+    struct Case {
+        std::string args, message;
+    };
+    const std::vector<Case> cases = {
+        {"op conv3d", "op: unknown KIND 'conv3d' (kinds: conv2d, gemm)"},
+        {"op", "op: name a KIND (conv2d, gemm)"},
+        {"op conv2d --batch 0", "--batch: expected a whole number >= 1, got '0'"},
+        {"op conv2d --cout 0", "--cout: expected a whole number >= 1, got '0'"},
+        {"op conv2d --height 4 --width 4 --kernel 7 --pad 1",
+         "--kernel 7 is larger than the padded input: --height 4 and --width 4 plus 2 x --pad 1 "
+         "give 6x6"},
+        {"op conv2d --cores 9", "--cores"},
+        {"op conv2d --check --set sim.functional=false", "--check needs computed results"},
+    };
+    for (const Case& c : cases) {
+        const auto r = tpusim(c.args);
+        EXPECT_EQ(r.code, 2) << c.args << ": " << r.err;
+        EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
+    }
+}
+
+}  // namespace

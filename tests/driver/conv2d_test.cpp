@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+// conv2d on the simulated cores against its bit-exact host reference, race detector on.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "driver/kernels/conv2d.h"
+#include "hw/board.h"
+#include "tests/driver/driver_test_util.h"
+
+namespace tpu::driver {
+namespace {
+
+/// One convolution on a fresh board: shape, cores, and extra config overrides.
+struct ConvCase {
+    Conv2dShape shape;
+    uint32_t cores;
+    std::vector<std::string> sets;
+    std::string name;
+};
+
+void PrintTo(const ConvCase& c, std::ostream* os) {
+    *os << c.name;
+}
+
+class Conv2dShapes : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(Conv2dShapes, MatchesReferenceBitExactly) {
+    const ConvCase& c = GetParam();
+    std::vector<std::string> sets = c.sets;
+    sets.push_back("sim.race_detector=true");
+    auto dev = Device::open(hw::BoardConfig::load("", sets));
+    const Conv2dShape& s = c.shape;
+    const auto x = tutil::random_values(size_t(s.batch) * s.height * s.width * s.cin, 1);
+    const auto w = tutil::random_values(size_t(s.kernel) * s.kernel * s.cin * s.cout, 2);
+    const auto b = tutil::random_values(s.cout, 3);
+    std::vector<uint32_t> cores(c.cores);
+    for (uint32_t i = 0; i < c.cores; ++i) cores[i] = i;
+    ProgramCache cache;
+    const Conv2dResult r = conv2d(*dev, cache, x, w, b, s, cores);
+    const auto want = conv2d_reference(x, w, b, s, dev->config().core.mxu_rows);
+    ASSERT_EQ(r.y.size(), want.size());
+    EXPECT_BITS_EQ(r.y, want);
+    // The reference itself is a convolution: bf16 rounding of the operands only.
+    const auto exact = conv2d_reference_fp64(x, w, b, s);
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < exact.size(); ++i) {
+        err += (want[i] - exact[i]) * (want[i] - exact[i]);
+        norm += exact[i] * exact[i];
+    }
+    EXPECT_LT(std::sqrt(err / norm), 1e-2);
+    EXPECT_EQ(r.macs, uint64_t(s.batch) * s.out_height() * s.out_width() * s.kernel * s.kernel *
+                          s.cin * s.cout);
+    EXPECT_GT(r.hbm_bytes, 0u);
+}
+
+Conv2dShape shape(uint32_t n, uint32_t h, uint32_t w, uint32_t cin, uint32_t cout, uint32_t k,
+                  uint32_t stride, uint32_t pad) {
+    return Conv2dShape{n, h, w, cin, cout, k, stride, pad};
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Odd, Conv2dShapes,
+    ::testing::Values(
+        ConvCase{shape(2, 6, 5, 5, 7, 3, 1, 1), 1, {}, "k3_s1_p1_small_channels"},
+        ConvCase{shape(3, 9, 7, 130, 129, 3, 2, 1), 1, {}, "k3_s2_p1_two_tiles_each_way"},
+        ConvCase{shape(1, 11, 10, 3, 16, 7, 2, 3), 1, {}, "k7_s2_p3_batch1"},
+        ConvCase{shape(2, 4, 4, 200, 130, 1, 1, 0), 1, {}, "k1_s1_p0"},
+        ConvCase{shape(2, 5, 5, 8, 8, 1, 2, 0), 1, {}, "k1_s2_p0"},
+        ConvCase{shape(1, 8, 9, 17, 33, 3, 1, 0), 1, {}, "k3_s1_p0_batch1"},
+        ConvCase{shape(9, 6, 6, 20, 12, 3, 1, 0), 8, {}, "k3_p0_batch9_on_8_cores"},
+        ConvCase{shape(16, 7, 7, 64, 40, 3, 1, 1), 8, {}, "k3_p1_batch16_on_8_cores"},
+        ConvCase{shape(2, 7, 9, 12, 10, 7, 1, 3), 8, {}, "k7_s1_p3_batch2_on_8_cores"},
+        // A small VMEM cuts every image into bands of output rows.
+        ConvCase{shape(2, 20, 18, 130, 20, 3, 1, 1),
+                 1,
+                 {"core.vmem_bytes=262144"},
+                 "k3_bands_in_small_vmem"},
+        ConvCase{shape(1, 29, 27, 6, 5, 5, 2, 2),
+                 1,
+                 {"core.vmem_bytes=262144"},
+                 "k5_s2_bands_in_small_vmem"},
+        ConvCase{shape(3, 5, 4, 9, 6, 3, 1, 1), 1, {"core.mxus=1"}, "one_mxu"}),
+    [](const auto& info) { return info.param.name; });
+
+/// The calibration shape's plan, derived by hand: a padded image is 30 x 30 pixels of 256
+/// bytes (230 400 B) and its fp32 output 28 x 28 x 512 B (401 408 B); two slots of G images of
+/// both plus two weight tiles (64 KiB) and the bias (512 B) fit in 16 MiB for G = 8
+/// (10 111 488 B), not for G = 16; 8 divides 64.
+TEST(Conv2dPlan, CalibrationShapeTakesBlocksOfEightImages) {
+    const auto cfg = hw::BoardConfig::load("", {});
+    const Conv2dTiling t = plan_conv2d(cfg, shape(64, 28, 28, 128, 128, 3, 1, 1), 64);
+    EXPECT_EQ(t.block_images, 8u);
+    EXPECT_EQ(t.band_rows, 28u);
+    EXPECT_EQ(t.Hq, 30u);
+    EXPECT_EQ(t.Wq, 30u);
+    EXPECT_EQ(t.phases, 1u);
+    EXPECT_EQ(t.mxus, 2u);
+    // Stride 2, k = 3: two phases per dimension, each (Ho + 1) x (Wo + 1) pixels.
+    const Conv2dTiling t2 = plan_conv2d(cfg, shape(8, 28, 28, 64, 64, 3, 2, 1), 7);
+    EXPECT_EQ(t2.phases, 2u);
+    EXPECT_EQ(t2.Hq, 15u);
+    EXPECT_EQ(t2.block_images, 7u);
+}
+
+TEST(Conv2dPlan, BadShapesNameTheField) {
+    const auto cfg = hw::BoardConfig::load("", {});
+    EXPECT_EQ(tutil::error_of([&] { plan_conv2d(cfg, shape(1, 4, 4, 0, 3, 3, 1, 1), 1); }, true),
+              "conv2d: cin must be at least 1");
+    EXPECT_EQ(tutil::error_of([&] { plan_conv2d(cfg, shape(1, 4, 4, 2, 3, 7, 1, 1), 1); }, true),
+              "conv2d: kernel 7 is larger than the padded input 6x6 (height 4 + 2 x pad 1, "
+              "width 4 + 2 x pad 1)");
+}
+
+}  // namespace
+}  // namespace tpu::driver
