@@ -247,4 +247,28 @@ Var Mlp::forward(Runtime& rt, const Var& x) {
     return h;
 }
 
+Gpt::Gpt(GptConfig cfg, OptimizerConfig opt, uint32_t seed) : Module(seed), m_cfg(cfg), m_opt(opt) {
+    if (m_cfg.ffn == 0) m_cfg.ffn = 4 * m_cfg.hidden;
+    for (const auto& [field, value] : {std::pair{"vocab", m_cfg.vocab},
+                                       {"layers", m_cfg.layers},
+                                       {"hidden", m_cfg.hidden},
+                                       {"heads", m_cfg.heads},
+                                       {"seq", m_cfg.seq}})
+        if (value == 0) throw std::invalid_argument(fmt::format("GPT: {} is 0", field));
+    m_wte = &add<Embedding>("wte", m_cfg.vocab, m_cfg.hidden, rng(), 0.02f);
+    m_wpe = &add<PositionalEmbedding>("wpe", m_cfg.seq, m_cfg.hidden, rng(), 0.01f);
+    for (uint32_t i = 0; i < m_cfg.layers; ++i)
+        m_blocks.push_back(&add<TransformerBlock>(fmt::format("h_{}", i), m_cfg.hidden, m_cfg.heads,
+                                                  m_cfg.ffn, m_cfg.seq, true, rng()));
+    m_ln_f = &add<LayerNorm>("ln_f", m_cfg.hidden);
+}
+
+Var Gpt::forward(Runtime& rt, const Var& x) {
+    Var h = (*m_wpe)(rt, (*m_wte)(rt, x));
+    for (TransformerBlock* b : m_blocks) h = (*b)(rt, h);
+    h = (*m_ln_f)(rt, h);
+    const auto scope = rt.layer("lm_head", "linear (tied to wte)");
+    return linear_transposed(rt, h, rt.param(*m_wte->weight));
+}
+
 }  // namespace tpu::trainer

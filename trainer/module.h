@@ -239,4 +239,35 @@ private:
     OptimizerConfig m_opt;
 };
 
+/// A decoder-only transformer's shape (GPT-2 style).
+struct GptConfig {
+    uint32_t vocab = 86;    ///< tokens
+    uint32_t layers = 2;    ///< transformer blocks
+    uint32_t hidden = 128;  ///< model width
+    uint32_t heads = 4;     ///< attention heads
+    uint32_t seq = 64;      ///< context (tokens per sequence)
+    uint32_t ffn = 0;       ///< feed-forward width (0: 4 x hidden)
+};
+
+/// A decoder-only transformer: token embedding "wte" (vocab x hidden, normal(0, 0.02) as
+/// GPT-2) plus positional embedding "wpe", `layers` causal pre-LN TransformerBlocks "h_0".., a
+/// final LayerNorm "ln_f", and logits = h wteᵀ: the output projection is tied to the input
+/// embedding (one parameter, one buffer per core, the gradients of both uses summed). Its input
+/// is batch·seq rows of one-hot tokens; its output batch·seq rows of next-token logits.
+class Gpt : public Module {
+public:
+    Gpt(GptConfig cfg, OptimizerConfig opt, uint32_t seed = 0);
+    Var forward(Runtime& rt, const Var& x) override;
+    OptimizerConfig configure_optimizers() const override { return m_opt; }
+    const GptConfig& config() const { return m_cfg; }
+
+private:
+    GptConfig m_cfg;
+    OptimizerConfig m_opt;
+    Embedding* m_wte;
+    PositionalEmbedding* m_wpe;
+    std::vector<TransformerBlock*> m_blocks;
+    LayerNorm* m_ln_f;
+};
+
 }  // namespace tpu::trainer

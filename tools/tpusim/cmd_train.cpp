@@ -16,6 +16,7 @@
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/run_output.h"
 #include "trainer/dataset.h"
+#include "trainer/text_corpus.h"
 #include "trainer/trainer.h"
 
 namespace tpu::cli {
@@ -50,7 +51,10 @@ void register_train_command(CLI::App& app) {
     struct Opts {
         CommonOptions common;
         std::string model = "mlp";
-        std::string hidden = "512,256";
+        std::string hidden;  // per model: "512,256" (mlp) or "128" (gpt)
+        std::vector<std::string> text_files;
+        int64_t max_steps = -2;  // -2: the model's default (-1 for mlp, 300 for gpt)
+        uint32_t layers = 2, heads = 4, context = 64;
         std::string data = "auto";
         std::string data_dir = std::string(trainer::kFashionMnistDir);
         std::string devices = "auto";
@@ -74,18 +78,29 @@ void register_train_command(CLI::App& app) {
     };
     auto o = std::make_shared<Opts>();
     auto* cmd = app.add_subcommand("train", "data-parallel training (PyTorch Lightning on TPU)");
-    cmd->add_option("--model", o->model, "model: mlp");
-    cmd->add_option("--hidden", o->hidden, "hidden layer widths of the MLP, e.g. 512,256");
+    cmd->add_option("--model", o->model, "model: mlp | gpt");
+    cmd->add_option("--hidden", o->hidden,
+                    "mlp: hidden layer widths, e.g. 512,256 (the default); gpt: the model width "
+                    "(default 128)");
     cmd->add_option("--data", o->data,
-                    "fashion-mnist | synthetic | auto (Fashion-MNIST when the Debian package "
-                    "dataset-fashion-mnist is installed)");
+                    "fashion-mnist | synthetic | text | auto (gpt: text; otherwise "
+                    "Fashion-MNIST when the Debian package dataset-fashion-mnist is installed)");
+    cmd->add_option("--text-file", o->text_files,
+                    "gpt: a text file of the corpus, repeatable, read in order (default: the "
+                    "regular files of /usr/share/common-licenses in name order)");
+    cmd->add_option("--max-steps", o->max_steps,
+                    "stop after this many optimizer steps in all, as Lightning's max_steps "
+                    "(-1: no limit; default -1, gpt 300)");
+    cmd->add_option("--layers", o->layers, "gpt: transformer blocks")->check(positive_number());
+    cmd->add_option("--heads", o->heads, "gpt: attention heads")->check(positive_number());
+    cmd->add_option("--context", o->context, "gpt: tokens per sequence")->check(positive_number());
     cmd->add_option("--data-dir", o->data_dir, "directory of the Fashion-MNIST IDX files");
     cmd->add_option("--devices", o->devices, "auto | 1 | 8 | [i]  (Lightning's TPU devices)");
     cmd->add_option("--precision", o->precision, "32-true | bf16-mixed | bf16-true");
     cmd->add_option("--optimizer", o->optimizer, "adam | sgd (SGD with momentum)");
-    cmd->add_option("--epochs", o->epochs,
-                    "total epochs (Lightning's max_epochs: a resumed run counts the "
-                    "checkpoint's epochs)");
+    auto* epochs = cmd->add_option("--epochs", o->epochs,
+                                   "total epochs (Lightning's max_epochs: a resumed run counts the "
+                                   "checkpoint's epochs)");
     cmd->add_option("--batch-size", o->batch_size, "examples per batch and device");
     cmd->add_option("--lr", o->lr, "learning rate");
     cmd->add_option("--momentum", o->momentum, "SGD momentum");
@@ -110,10 +125,11 @@ void register_train_command(CLI::App& app) {
                   "drop each device's short last batch, so shapes never change (no recompile)");
     cmd->add_flag("--no-progress", o->no_progress, "no progress bar");
     add_common_options(*cmd, o->common);
-    cmd->callback([o] {
+    cmd->callback([o, epochs] {
         const hw::BoardConfig cfg = o->common.board_config();
-        if (o->model != "mlp")
-            throw InputError(fmt::format("--model '{}': the models are: mlp", o->model));
+        const bool gpt = o->model == "gpt";
+        if (o->model != "mlp" && !gpt)
+            throw InputError(fmt::format("--model '{}': the models are: mlp, gpt", o->model));
         trainer::TrainerOptions topts;
         try {
             topts.devices = trainer::parse_devices(o->devices);
@@ -122,6 +138,13 @@ void register_train_command(CLI::App& app) {
         }
         topts.precision = o->precision;
         topts.max_epochs = o->epochs;
+        topts.max_steps = o->max_steps == -2 ? (gpt ? 300 : -1) : o->max_steps;
+        if (topts.max_steps < -1)
+            throw InputError(
+                fmt::format("--max-steps {}: expected a number of steps >= 0, or -1 for no limit",
+                            o->max_steps));
+        // As in Lightning, a step limit without an epoch limit runs as many epochs as it takes.
+        if (topts.max_steps >= 0 && epochs->count() == 0) topts.max_epochs = UINT32_MAX;
         topts.limit_train_batches = o->limit_train_batches;
         topts.limit_val_batches = o->limit_test_batches;
         topts.log_every_n_steps = o->log_every;
@@ -167,13 +190,32 @@ void register_train_command(CLI::App& app) {
         // Data: check before the board is built, so a missing file fails fast.
         std::string data = o->data;
         if (data == "auto")
-            data = std::filesystem::exists(std::filesystem::path(o->data_dir) /
-                                           "train-images-idx3-ubyte.gz")
+            data = gpt ? "text"
+                   : std::filesystem::exists(std::filesystem::path(o->data_dir) /
+                                             "train-images-idx3-ubyte.gz")
                        ? "fashion-mnist"
                        : "synthetic";
+        if (gpt != (data == "text"))
+            throw InputError(
+                fmt::format("--data '{}' does not suit --model {}: {}", data, o->model,
+                            gpt ? "a GPT trains on --data text" : "text data is for --model gpt"));
+        if (!o->text_files.empty() && !gpt)
+            throw InputError("--text-file is the corpus of --model gpt");
         trainer::Dataset train, test;
+        trainer::TextCorpus corpus;
         try {
-            if (data == "fashion-mnist") {
+            if (data == "text") {
+                const std::vector<std::string> files =
+                    o->text_files.empty()
+                        ? trainer::text_files_in(std::string(trainer::kLicenseDir))
+                        : o->text_files;
+                corpus = trainer::load_text_corpus(files, o->context + 1);
+                const auto vocab = uint32_t(corpus.vocab.size());
+                // Training windows start at every character; validation windows tile the
+                // validation text, so each of its characters is predicted once.
+                train = trainer::token_windows(corpus.train, vocab, o->context, 1);
+                test = trainer::token_windows(corpus.val, vocab, o->context, o->context);
+            } else if (data == "fashion-mnist") {
                 train = trainer::load_fashion_mnist(o->data_dir, true);
                 test = trainer::load_fashion_mnist(o->data_dir, false);
             } else if (data == "synthetic") {
@@ -184,20 +226,45 @@ void register_train_command(CLI::App& app) {
                 train = trainer::subset(all, 0, o->synthetic_count);
                 test = trainer::subset(all, o->synthetic_count, n_test);
             } else {
-                throw InputError(
-                    fmt::format("--data '{}': expected fashion-mnist, synthetic or auto", o->data));
+                throw InputError(fmt::format(
+                    "--data '{}': expected fashion-mnist, synthetic, text or auto", o->data));
             }
         } catch (const trainer::DataError& e) {
             throw InputError(e.what());
         }
         // Standardise with the training split's statistics (torchvision's Normalize): inputs
         // centred on 0 train faster than raw [0, 1] pixels.
-        const auto [mean, stddev] = trainer::value_stats(train);
-        trainer::normalize(train, mean, stddev);
-        trainer::normalize(test, mean, stddev);
-        std::vector<uint32_t> sizes{train.features};
-        for (uint32_t h : parse_sizes(o->hidden)) sizes.push_back(h);
-        sizes.push_back(train.classes);
+        std::unique_ptr<trainer::Module> model;
+        std::string description;
+        try {
+            if (gpt) {
+                trainer::GptConfig g;
+                g.vocab = train.classes;
+                g.layers = o->layers;
+                g.hidden = parse_sizes(o->hidden.empty() ? "128" : o->hidden).at(0);
+                if (o->hidden.find(',') != std::string::npos)
+                    throw InputError(fmt::format("--hidden '{}': a GPT has one width", o->hidden));
+                g.heads = o->heads;
+                g.seq = o->context;
+                model = std::make_unique<trainer::Gpt>(g, opt, o->seed);
+                description = fmt::format(
+                    "a GPT ({} layers, hidden {}, {} heads, context {}, {} symbols, tied "
+                    "embeddings)",
+                    g.layers, g.hidden, g.heads, g.seq, g.vocab);
+            } else {
+                const auto [mean, stddev] = trainer::value_stats(train);
+                trainer::normalize(train, mean, stddev);
+                trainer::normalize(test, mean, stddev);
+                const std::string hidden = o->hidden.empty() ? "512,256" : o->hidden;
+                std::vector<uint32_t> sizes{train.features};
+                for (uint32_t h : parse_sizes(hidden)) sizes.push_back(h);
+                sizes.push_back(train.classes);
+                model = std::make_unique<trainer::Mlp>(sizes, opt, o->seed);
+                description = fmt::format("an MLP {}", hidden);
+            }
+        } catch (const std::invalid_argument& e) {
+            throw InputError(e.what());
+        }
 
         auto dev = driver::Device::open(cfg);
         RunTrace trace(o->common, cfg);
@@ -209,13 +276,12 @@ void register_train_command(CLI::App& app) {
             throw InputError(e.what());
         }
         tr->set_tracer(trace.get());
-        trainer::Mlp model(sizes, opt, o->seed);
         trainer::DataLoader train_loader{&train, o->batch_size, true, o->drop_last, o->seed};
         trainer::DataLoader test_loader{&test, o->batch_size, false, false, 0};
         trainer::EvalResult eval;
         try {
-            tr->fit(model, train_loader);
-            eval = tr->validate(model, test_loader);
+            tr->fit(*model, train_loader);
+            eval = tr->validate(*model, test_loader);
             if (!o->checkpoint.empty()) tr->save_checkpoint(o->checkpoint);
         } catch (const trainer::ConfigError& e) {
             throw InputError(e.what());
@@ -239,7 +305,10 @@ void register_train_command(CLI::App& app) {
             }
         }
         nlohmann::ordered_json j;
-        j["test_accuracy"] = eval.accuracy;
+        // A language model is judged on held-out text: its validation split.
+        const std::string split = gpt ? "val" : "test";
+        j["model"] = o->model;
+        j[split + "_accuracy"] = eval.accuracy;
         j["final_loss"] = final_loss;
         j["steps"] = steps;
         j["simulated_seconds"] = tr->simulated_seconds();
@@ -248,22 +317,36 @@ void register_train_command(CLI::App& app) {
         j["devices"] = tr->cores().size();
         j["precision"] = trainer::precision_name(tr->precision());
         j["data"] = data;
-        j["test_loss"] = eval.loss;
-        j["test_examples"] = eval.examples;
+        j[split + "_loss"] = eval.loss;
+        j[split + "_examples"] = eval.examples;
+        if (gpt) {
+            j["val_characters"] = uint64_t(eval.examples) * o->context;
+            j["vocab"] = corpus.vocab.size();
+            j["unigram_entropy"] = corpus.unigram_entropy();
+        }
+        auto& curve = j["loss_curve"] = nlohmann::ordered_json::array();
+        for (const auto& h : hist) curve.push_back({h.step + 1, h.loss});
         j["recompile_warnings"] = tr->warnings().size();
         if (o->common.json) {
             fmt::print("{}\n", j.dump());
         } else {
-            fmt::print(
-                "trained an MLP {} on {} ({} examples) with {} core{}, {}, {} steps of {} "
-                "per device\n",
-                o->hidden, data, train.count, tr->cores().size(),
-                tr->cores().size() == 1 ? "" : "s", j["precision"].get<std::string>(), steps,
-                o->batch_size);
-            fmt::print(
-                "final training loss {:.4f}; test accuracy {:.2f}% on {} examples (test "
-                "loss {:.4f})\n",
-                final_loss, 100.0 * eval.accuracy, eval.examples, eval.loss);
+            fmt::print("trained {} on {} ({} {}) with {} core{}, {}, {} steps of {} per device\n",
+                       description, data, gpt ? corpus.chars : train.count,
+                       gpt ? "characters" : "examples", tr->cores().size(),
+                       tr->cores().size() == 1 ? "" : "s", j["precision"].get<std::string>(), steps,
+                       o->batch_size);
+            if (gpt)
+                fmt::print(
+                    "final training loss {:.4f} nats/char; validation loss {:.4f} nats/char, "
+                    "next-character accuracy {:.2f}% on {} characters (unigram entropy "
+                    "{:.2f})\n",
+                    final_loss, eval.loss, 100.0 * eval.accuracy,
+                    uint64_t(eval.examples) * o->context, corpus.unigram_entropy());
+            else
+                fmt::print(
+                    "final training loss {:.4f}; test accuracy {:.2f}% on {} examples (test "
+                    "loss {:.4f})\n",
+                    final_loss, 100.0 * eval.accuracy, eval.examples, eval.loss);
             fmt::print("simulated {:.3f} ms of device time; host {:.1f} s ({:.3f} s per step)\n",
                        tr->simulated_seconds() * 1e3, tr->host_seconds(),
                        j["host_seconds_per_step"].get<double>());
