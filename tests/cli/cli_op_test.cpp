@@ -55,6 +55,41 @@ TEST(CliOp, TimingOnlyModeGivesTheSameCycles) {
     }
 }
 
+// Odd shapes: rows that do not split evenly over 8 cores, columns and sequence lengths that
+// are not multiples of 128, heads whose width is not a power of two, the causal mask.
+const std::vector<std::string> kRowOps = {
+    "op layernorm --rows 37 --cols 300",
+    "op softmax --rows 21 --cols 1000",
+    "op attention --batch 3 --heads 3 --seq 70 --dhead 40 --causal",
+    "op attention --batch 1 --heads 2 --seq 130 --dhead 64",
+};
+
+TEST(CliOp, RowOpsAndAttentionAreBitExactOnOneAndEightCores) {
+    for (const std::string& shape : kRowOps)
+        for (const char* cores : {"0", "0-7"}) {
+            const auto j = run_json(shape + " --check --cores " + cores);
+            EXPECT_TRUE(j["bitexact"].get<bool>()) << shape << " on " << cores;
+            EXPECT_LT(j["max_rel_error"].get<double>(), 1e-2) << shape;
+            EXPECT_GT(j["cycles"].get<uint64_t>(), 0u);
+            EXPECT_GT(j["hbm_bytes"].get<uint64_t>(), 0u);
+        }
+    // 3 sequences over 8 cores: one per core (padded shares), 3 heads x 2 x 70 x 70 x 40 MACs
+    // each.
+    const auto j = run_json(kRowOps[2] + " --cores 0-7");
+    EXPECT_EQ(j["macs"], 8 * 3 * 2 * 70 * 70 * 40);
+    EXPECT_GT(j["mxu_utilization"].get<double>(), 0.0);
+    EXPECT_EQ(j["causal"], true);
+}
+
+TEST(CliOp, RowOpsAndAttentionTakeTheSameCyclesWithoutArithmetic) {
+    for (const std::string& shape : kRowOps) {
+        const auto on = run_json(shape + " --cores 0-1");
+        const auto off = run_json(shape + " --cores 0-1 --set sim.functional=false");
+        EXPECT_EQ(on["cycles"], off["cycles"]) << shape;
+        EXPECT_EQ(on["hbm_bytes"], off["hbm_bytes"]) << shape;
+    }
+}
+
 TEST(CliOp, GemmIsTheGemmCommand) {
     const std::string shape = "--m 100 --k 300 --n 200 --cores 0-1 --set sim.functional=false";
     const auto op = run_json("op gemm " + shape);
@@ -77,8 +112,13 @@ TEST(CliOp, BadInputIsAnErrorNamingTheFlag) {
         std::string args, message;
     };
     const std::vector<Case> cases = {
-        {"op conv3d", "op: unknown KIND 'conv3d' (kinds: conv2d, gemm)"},
-        {"op", "op: name a KIND (conv2d, gemm)"},
+        {"op conv3d",
+         "op: unknown KIND 'conv3d' (kinds: conv2d, layernorm, softmax, attention, gemm)"},
+        {"op", "op: name a KIND (conv2d, layernorm, softmax, attention, gemm)"},
+        {"op softmax --rows 0", "--rows: expected a whole number >= 1, got '0'"},
+        {"op layernorm --cols -3", "--cols"},
+        {"op attention --seq 0", "--seq: expected a whole number >= 1, got '0'"},
+        {"op attention --dhead x", "--dhead"},
         {"op conv2d --batch 0", "--batch: expected a whole number >= 1, got '0'"},
         {"op conv2d --cout 0", "--cout: expected a whole number >= 1, got '0'"},
         {"op conv2d --height 4 --width 4 --kernel 7 --pad 1",
