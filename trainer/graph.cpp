@@ -113,10 +113,15 @@ void Runtime::exec(std::string_view kernel, const std::function<driver::Event()>
         m_metrics.count("UncachedCompile", m_cache.misses() - misses);
     }
     if (m_cache.hits() > hits) m_metrics.count("CachedCompile", m_cache.hits() - hits);
+    const int last = std::exchange(m_last_layer, m_layer);
     if (m_layer >= 0) {
         LayerProfile& p = m_layers[size_t(m_layer)];
         if (p.work.launches == 0) p.first_cycle = c0;
         p.last_cycle = m_dev.now_cycle();
+        if (last == m_layer && !p.spans.empty())
+            p.spans.back().second = p.last_cycle;
+        else
+            p.spans.emplace_back(c0, p.last_cycle);
         p.work += m_dev.kernel_totals().since(k0);
     }
 }

@@ -58,6 +58,9 @@ struct LayerProfile {
     std::string kind;          ///< what it computes ("linear", "conv2d", "attention", ...)
     uint64_t first_cycle = 0;  ///< board cycle at which its first kernel was issued
     uint64_t last_cycle = 0;   ///< board cycle at which its last kernel completed
+    /// [start, end) board cycles of each run of consecutive kernels of this layer (its forward,
+    /// later its backward): the spans of a per-layer trace track, which never overlap.
+    std::vector<std::pair<uint64_t, uint64_t>> spans;
     /// Its kernels' totals: launches, board cycles, MXU MACs and peak, VPU FLOPs, HBM bytes.
     driver::KernelStats work;
 };
@@ -117,7 +120,10 @@ public:
     [[nodiscard]] LayerScope layer(const std::string& name, std::string_view kind);
     /// Per-layer work since the last clear_layer_profiles(), in first-use order.
     const std::vector<LayerProfile>& layer_profiles() const { return m_layers; }
-    void clear_layer_profiles() { m_layers.clear(); }
+    void clear_layer_profiles() {
+        m_layers.clear();
+        m_last_layer = -1;
+    }
 
     /// Runs one kernel call and records its launch in the metrics (ExecuteTime, compiles) and
     /// in the current layer's profile.
@@ -152,6 +158,7 @@ private:
     std::vector<std::pair<Parameter*, Var>> m_params;  ///< this step's parameter nodes
     std::vector<LayerProfile> m_layers;                ///< per-layer work
     int m_layer = -1;                                  ///< the current layer (-1: none)
+    int m_last_layer = -1;  ///< the layer of the last kernel run (spans grow while it repeats)
     friend class LayerScope;
 };
 

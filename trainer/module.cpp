@@ -128,14 +128,12 @@ void MultiheadAttention::set_name(std::string n) {
 }
 
 Var MultiheadAttention::operator()(Runtime& rt, const Var& x) {
+    // The projections count as their own layers (inner scopes); the head moves, scores,
+    // softmax and weighted sum as this one.
+    const auto scope = rt.layer(name, m_causal ? "attention (causal)" : "attention");
     const Var qh = split_heads(rt, q(rt, x), m_heads), kh = split_heads(rt, k(rt, x), m_heads),
               vh = split_heads(rt, v(rt, x), m_heads);
-    Var o;
-    {
-        const auto scope = rt.layer(name, m_causal ? "attention (causal)" : "attention");
-        o = merge_heads(rt, attention(rt, qh, kh, vh, m_seq, m_causal), m_heads);
-    }
-    return out(rt, o);
+    return out(rt, merge_heads(rt, attention(rt, qh, kh, vh, m_seq, m_causal), m_heads));
 }
 
 std::vector<std::pair<std::string, ParamPtr*>> MultiheadAttention::slots() {
@@ -147,12 +145,13 @@ std::vector<std::pair<std::string, ParamPtr*>> MultiheadAttention::slots() {
 }
 
 TransformerBlock::TransformerBlock(uint32_t dim, uint32_t heads, uint32_t ffn, uint32_t seq,
-                                   bool causal, std::mt19937& rng)
+                                   bool causal, std::mt19937& rng, bool pre_ln)
     : ln_1(dim),
       attn(dim, heads, seq, causal, rng),
       ln_2(dim),
       fc_1(dim, ffn, true, rng),
-      fc_2(ffn, dim, true, rng) {}
+      fc_2(ffn, dim, true, rng),
+      m_pre_ln(pre_ln) {}
 
 void TransformerBlock::set_name(std::string n) {
     ln_1.set_name(n + ".ln_1");
@@ -165,15 +164,17 @@ void TransformerBlock::set_name(std::string n) {
 }
 
 Var TransformerBlock::operator()(Runtime& rt, const Var& x) {
-    Var h;
-    {
-        Var a = attn(rt, ln_1(rt, x));
-        const auto scope = rt.layer(name + ".residual_1", "add");
-        h = add(rt, x, a);
+    const auto residual = [&](const char* part, const Var& a, const Var& b) {
+        const auto scope = rt.layer(name + part, "add");
+        return add(rt, a, b);
+    };
+    const auto mlp = [&](const Var& v) { return fc_2(rt, act(rt, fc_1(rt, v))); };
+    if (m_pre_ln) {
+        const Var h = residual(".residual_1", x, attn(rt, ln_1(rt, x)));
+        return residual(".residual_2", h, mlp(ln_2(rt, h)));
     }
-    Var m = fc_2(rt, act(rt, fc_1(rt, ln_2(rt, h))));
-    const auto scope = rt.layer(name + ".residual_2", "add");
-    return add(rt, h, m);
+    const Var h = ln_1(rt, residual(".residual_1", x, attn(rt, x)));
+    return ln_2(rt, residual(".residual_2", h, mlp(h)));
 }
 
 std::vector<std::pair<std::string, ParamPtr*>> TransformerBlock::slots() {

@@ -170,12 +170,13 @@ private:
     bool m_causal;
 };
 
-/// A pre-LN transformer block (GPT-2's): x + attn(ln_1(x)), then x + fc_2(gelu(fc_1(ln_2(x)))).
+/// A transformer block. Pre-LN (GPT-2's): h = x + attn(ln_1(x)), y = h + mlp(ln_2(h)); post-LN
+/// (BERT's): h = ln_1(x + attn(x)), y = ln_2(h + mlp(h)); mlp = fc_2(gelu(fc_1(.))).
 /// Parameters "ln_1.*", "attn.*", "ln_2.*", "fc_1.*", "fc_2.*".
 class TransformerBlock : public Layer {
 public:
     TransformerBlock(uint32_t dim, uint32_t heads, uint32_t ffn, uint32_t seq, bool causal,
-                     std::mt19937& rng);
+                     std::mt19937& rng, bool pre_ln = true);
     Var operator()(Runtime& rt, const Var& x);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
     void set_name(std::string n) override;
@@ -184,6 +185,9 @@ public:
     LayerNorm ln_2;           ///< before the feed-forward part
     Linear fc_1, fc_2;        ///< dim x ffn and ffn x dim
     GELU act;                 ///< between fc_1 and fc_2
+
+private:
+    bool m_pre_ln;
 };
 
 /// The user's model. Subclasses create layers with add() in their constructor and define

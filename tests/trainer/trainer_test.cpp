@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -483,6 +484,14 @@ TEST(TrainerProfile, LayersOwnTheirForwardAndBackwardKernels) {
     for (const auto& l : layers) launches += l.work.launches;
     EXPECT_LT(launches, dev->kernel_totals().launches);
     EXPECT_GE(layers[0].work.launches, 4u);
+    // Forward, then backward after the other layer's: two spans each, none overlapping.
+    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    for (const auto& l : layers) {
+        EXPECT_EQ(l.spans.size(), 2u) << l.name;
+        spans.insert(spans.end(), l.spans.begin(), l.spans.end());
+    }
+    std::sort(spans.begin(), spans.end());
+    for (size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first);
     tr.clear_layer_profiles();
     EXPECT_TRUE(tr.layer_profiles().empty());
 }

@@ -77,5 +77,6 @@ void register_report_command(CLI::App& app);    ///< report
 void register_bench_command(CLI::App& app);     ///< bench
 void register_validate_command(CLI::App& app);  ///< validate
 void register_op_command(CLI::App& app);        ///< op
+void register_model_command(CLI::App& app);     ///< model
 
 }  // namespace tpu::cli

@@ -33,6 +33,7 @@ int sc_main(int argc, char* argv[]) {
     tpu::cli::register_bench_command(app);
     tpu::cli::register_validate_command(app);
     tpu::cli::register_op_command(app);
+    tpu::cli::register_model_command(app);
     if (argc > 1 && argv[1][0] != '-') {
         // CLI11 would only say "A subcommand is required"; name the typo and the choices.
         std::string names;

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// tpusim model NAME: the per-layer table, timing-only cycles, training steps, traces, bad input.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/cli/cli_runner.h"
+#include "tests/common/paths.h"
+
+namespace {
+
+using tpu::test::tmp;
+using tpu::test::tpusim;
+
+nlohmann::json run_json(const std::string& args) {
+    const auto r = tpusim(args + " --json");
+    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+}
+
+const std::string kSmallGpt =
+    "model gpt --layers 1 --hidden 32 --heads 2 --seq 24 --vocab 20 --batch 8";
+const std::string kSmallBert = "model bert-block --hidden 64 --heads 4 --seq 40 --ffn 96";
+
+/// The layers' names in table order.
+std::vector<std::string> names(const nlohmann::json& j) {
+    std::vector<std::string> out;
+    for (const auto& l : j["layers"]) out.push_back(l["name"]);
+    return out;
+}
+
+TEST(CliModel, LayersAddUpAndTimingOnlyGivesTheSameCycles) {
+    for (const std::string& shape : {std::string("model mlp --batch 24"), kSmallGpt, kSmallBert})
+        for (const char* cores : {"0", "0-7"}) {
+            const std::string args = shape + " --cores " + cores;
+            const auto on = run_json(args);
+            const auto off = run_json(args + " --set sim.functional=false");
+            EXPECT_EQ(on["cycles"], off["cycles"]) << args;
+            EXPECT_EQ(on["layers"], off["layers"]) << args;
+            uint64_t sum = 0, flops = 0;
+            for (const auto& l : on["layers"]) {
+                sum += l["cycles"].get<uint64_t>();
+                flops += l["flops"].get<uint64_t>();
+                EXPECT_GT(l["cycles"].get<uint64_t>(), 0u) << l["name"];
+                EXPECT_LE(l["mxu_utilization"].get<double>(), 1.0) << l["name"];
+            }
+            // Layers' kernels run one after another inside the forward pass.
+            EXPECT_LE(sum, on["cycles"].get<uint64_t>()) << args;
+            EXPECT_GT(sum, on["cycles"].get<uint64_t>() / 2) << args;
+            EXPECT_EQ(flops, on["flops"].get<uint64_t>());
+        }
+}
+
+TEST(CliModel, ZooModelsNameTheirLayers) {
+    EXPECT_EQ(names(run_json("model mlp")),
+              (std::vector<std::string>{"layer_1", "layer_2", "layer_3"}));
+    const auto gpt = names(run_json(kSmallGpt));
+    for (const char* want : {"wte", "wpe", "h_0.ln_1", "h_0.attn.q", "h_0.attn", "h_0.attn.out",
+                             "h_0.fc_1", "h_0.fc_2", "ln_f", "lm_head"})
+        EXPECT_NE(std::find(gpt.begin(), gpt.end(), want), gpt.end()) << want;
+    const auto bert = run_json(kSmallBert);
+    EXPECT_EQ(bert["description"], "BERT encoder block: hidden 64, 4 heads, seq 40, ffn 96");
+    EXPECT_EQ(bert["mode"], "inference");
+}
+
+TEST(CliModel, TrainStepAddsBackwardAllReduceAndOptimizer) {
+    const auto infer = run_json(kSmallGpt + " --cores 0-7");
+    const auto step = run_json(kSmallGpt + " --cores 0-7 --train-step");
+    EXPECT_EQ(step["mode"], "train-step");
+    EXPECT_EQ(names(step), names(infer));
+    // Backward costs more than the forward alone: each layer's kernels at least double.
+    for (size_t i = 0; i < step["layers"].size(); ++i)
+        EXPECT_GT(step["layers"][i]["cycles"].get<uint64_t>(),
+                  infer["layers"][i]["cycles"].get<uint64_t>())
+            << step["layers"][i]["name"];
+    EXPECT_GT(step["cycles"].get<uint64_t>(), 2 * infer["cycles"].get<uint64_t>());
+}
+
+TEST(CliModel, TraceHasOneSpanPerLayerRun) {
+    const std::string trace = tmp("model_trace.json");
+    const auto j = run_json(kSmallBert + " --trace " + trace);
+    const auto t = nlohmann::json::parse(tpu::test::slurp(trace));
+    std::set<std::string> layer_names;
+    for (const auto& l : j["layers"]) layer_names.insert(l["name"]);
+    std::set<std::string> spans;
+    for (const auto& e : t["traceEvents"])
+        if (e.value("ph", "") == "X" && layer_names.count(e.value("name", "")))
+            spans.insert(e["name"]);
+    EXPECT_EQ(spans, layer_names);
+}
+
+TEST(CliModel, BadInputIsAnErrorNamingIt) {
+    struct Case {
+        std::string args, message;
+    };
+    const std::vector<Case> cases = {
+        {"model resnet9", "model 'resnet9': the zoo has mlp"},
+        {"model", "name is required"},
+        {"model bert-block --hidden 100 --heads 12",
+         "--hidden 100 is not a multiple of --heads 12"},
+        {"model mlp --batch 0", "--batch: expected a whole number >= 1, got '0'"},
+        {"model gpt --vocab 300", "--vocab 300"},
+        {"model mlp --cores 9", "--cores"},
+        {"model mlp --precision fp8", "precision='fp8'"},
+    };
+    for (const Case& c : cases) {
+        const auto r = tpusim(c.args);
+        EXPECT_EQ(r.code, 2) << c.args << ": " << r.err;
+        EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
+    }
+}
+
+}  // namespace
