@@ -91,6 +91,40 @@ TEST(CliValidate, RealCyclesAtAnotherClockCompareDurations) {
     EXPECT_DOUBLE_EQ(row["error"].get<double>(), row["sim_cycles"].get<double>() / 6202.0 - 1);
 }
 
+TEST(CliValidate, OpAndModelRowsMeasureWhatTheCommandsReport) {
+    // Each kind's row against the command that runs the same workload on the same cores.
+    const std::vector<std::pair<std::string, std::string>> rows = {
+        {"layernorm,rows=300 cols=200", "op layernorm --rows 300 --cols 200 --cores 0-1"},
+        {"softmax,rows=50 cols=1000", "op softmax --rows 50 --cols 1000 --cores 0-1"},
+        {"attention,heads=3 seq=70 dhead=40 batch=2 causal",
+         "op attention --heads 3 --seq 70 --dhead 40 --batch 2 --causal --cores 0-1"},
+        {"bert-block,hidden=64 seq=40 heads=4 ffn=96",
+         "model bert-block --hidden 64 --seq 40 --heads 4 --ffn 96 --cores 0-1"},
+    };
+    std::string body = kHeader;
+    for (const auto& [row, cmd] : rows) body += row + ",1000,940,2,test\n";
+    const auto r = tpusim("validate --json --data " + shell_quote(csv("kinds.csv", body)));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    ASSERT_EQ(j["rows"].size(), rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+        const auto c = tpusim(rows[i].second + " --set sim.functional=false --json");
+        ASSERT_EQ(c.code, 0) << c.err;
+        EXPECT_EQ(j["rows"][i]["sim_cycles"], nlohmann::json::parse(c.out)["cycles"])
+            << rows[i].first;
+    }
+    // A key the kind does not take is named, with what it does take.
+    const auto bad = tpusim(
+        "validate --data " +
+        shell_quote(csv("badkey.csv", std::string(kHeader) + "attention,heads=2 seq=8 dhead=4 "
+                                                             "depth=3,10,940,1,x\n")));
+    EXPECT_EQ(bad.code, 2);
+    EXPECT_NE(bad.err.find("key 'depth' is not a attention parameter (takes heads= seq= dhead=, "
+                           "optionally batch= and causal)"),
+              std::string::npos)
+        << bad.err;
+}
+
 TEST(CliValidate, BadFilesAreErrorsNamingTheLine) {
     struct Case {
         std::string name, body, message;
@@ -99,7 +133,8 @@ TEST(CliValidate, BadFilesAreErrorsNamingTheLine) {
     const std::vector<Case> cases = {
         {"header.csv", "workload,params\n", ":1: the header must be 'workload,params,"},
         {"kind.csv", h + "gemmm,M=1 K=1 N=1,10,940,1,x\n",
-         ":2: unknown workload 'gemmm' (known: conv2d, gemm)"},
+         ":2: unknown workload 'gemmm' (known: attention, bert-block, conv2d, gemm, layernorm, "
+         "softmax)"},
         {"missing.csv", h + "gemm,M=1 K=1,10,940,1,x\n", ":2: gemm needs parameter N="},
         {"twice.csv", h + "gemm,M=1 M=2 K=1 N=1,10,940,1,x\n", ":2: parameter M appears twice"},
         {"key.csv", h + "gemm,M=1 K=1 N=1 Q=3,10,940,1,x\n", ":2: key 'Q' is not a gemm parameter"},

@@ -11,6 +11,7 @@
 #include "hw/board.h"
 #include "sim/tracer.h"
 #include "tools/tpusim/commands.h"
+#include "tools/tpusim/op_runs.h"
 #include "tools/tpusim/run_output.h"
 #include "trainer/trainer.h"
 #include "trainer/zoo.h"
@@ -52,42 +53,18 @@ void register_model_command(CLI::App& app) {
     cmd->callback([o] {
         const hw::BoardConfig cfg = o->common.board_config();
         const std::vector<uint32_t> cores = parse_cores_option(o->cores, cfg.cores());
-        trainer::ZooModel model;
-        try {
-            model = trainer::make_zoo_model(o->name, o->zoo, o->batch);
-        } catch (const std::invalid_argument& e) {
-            throw InputError(e.what());
-        }
         auto dev = driver::Device::open(cfg);
         RunTrace trace(o->common, cfg);
         dev->set_tracer(trace.get());
-        trainer::TrainerOptions topts;
-        topts.cores = cores;
-        topts.precision = o->precision;
-        topts.enable_progress_bar = false;
-        topts.limit_train_batches = 1;
-        const auto share = uint32_t((o->batch + cores.size() - 1) / cores.size());
-        uint64_t cycles = 0;
-        double host = 0;
-        std::unique_ptr<trainer::Trainer> tr;
+        ModelRun run;
         try {
-            tr = std::make_unique<trainer::Trainer>(*dev, topts);
-            const trainer::DataLoader loader{&model.input, share, false, false, 0};
-            if (o->train_step) {
-                tr->fit(*model.module, loader);
-                cycles = tr->step_times().at(0).cycles;
-                host = tr->step_times().at(0).host_seconds;
-            } else {
-                const auto h0 = std::chrono::steady_clock::now();
-                cycles = tr->predict(*model.module, loader).forward_cycles;
-                host = std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
-            }
-        } catch (const trainer::ConfigError& e) {
-            throw InputError(e.what());
+            run = run_model(*dev, o->name, o->zoo, o->batch, cores, o->train_step, o->precision);
         } catch (const driver::DeviceError& e) {
             throw_as_cli_error(e);
         }
-        const auto& layers = tr->layer_profiles();
+        const uint64_t cycles = run.cycles;
+        const double host = run.host_seconds;
+        const auto& layers = run.layers;
         if (sim::Tracer* t = trace.get()) {
             const int track = t->track("host", "layers");
             for (const auto& l : layers)
@@ -97,7 +74,7 @@ void register_model_command(CLI::App& app) {
         const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);
         nlohmann::ordered_json j;
         j["model"] = o->name;
-        j["description"] = model.description;
+        j["description"] = run.description;
         j["mode"] = o->train_step ? "train-step" : "inference";
         j["batch"] = o->batch;
         j["cores"] = cores.size();
@@ -122,7 +99,7 @@ void register_model_command(CLI::App& app) {
             fmt::print("{}\n", j.dump());
         } else {
             fmt::print("{} {} of {} (batch {}) on {} core{}, {}: {} cycles = {:.3f} ms\n", o->name,
-                       o->train_step ? "training step" : "inference", model.description, o->batch,
+                       o->train_step ? "training step" : "inference", run.description, o->batch,
                        cores.size(), cores.size() == 1 ? "" : "s", o->precision, cycles,
                        seconds * 1e3);
             fmt::print("{:<28} {:<20} {:>10} {:>6} {:>10} {:>6} {:>12}\n", "layer", "kind",

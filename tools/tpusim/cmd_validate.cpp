@@ -18,6 +18,7 @@
 #include "driver/kernels/gemm.h"
 #include "tools/tpusim/bench_cases.h"
 #include "tools/tpusim/commands.h"
+#include "tools/tpusim/op_runs.h"
 
 #ifndef TPU_SOURCE_DIR
 #define TPU_SOURCE_DIR "."
@@ -51,6 +52,7 @@ struct Kind {
     std::vector<std::string> zero_ok = {};  ///< keys that may be 0 (the others are >= 1)
     /// Checks a row's values together when the file is read (empty: nothing to check).
     std::function<void(const Params&, size_t line)> check = {};
+    std::vector<std::string> optional = {};  ///< `key=` parameters that may be left out
 };
 
 /// The parameter `key` of a row as an integer below 1e9, at least `min`; the error names the
@@ -108,6 +110,54 @@ uint64_t run_conv2d(driver::Device& dev, driver::ProgramCache& cache, const Row&
     return res.event.end_cycle - res.event.start_cycle;
 }
 
+/// Cores 0 .. n-1 of a row that used n cores.
+std::vector<uint32_t> row_cores(const Row& r) {
+    std::vector<uint32_t> cores(r.cores);
+    for (uint32_t i = 0; i < r.cores; ++i) cores[i] = i;
+    return cores;
+}
+
+/// An optional parameter, or its default.
+uint32_t optional(const Params& p, const std::string& key, size_t line, uint32_t fallback) {
+    return p.count(key) ? positive(p, key, line) : fallback;
+}
+
+uint64_t cycles_of(const OpRun& run) {
+    return run.event.end_cycle - run.event.start_cycle;
+}
+
+uint64_t run_rows_op(driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
+    const uint32_t rows = positive(r.params, "rows", r.line),
+                   cols = positive(r.params, "cols", r.line);
+    return cycles_of(r.workload == "layernorm"
+                         ? run_layernorm(dev, cache, row_cores(r), rows, cols, false, 1)
+                         : run_softmax(dev, cache, row_cores(r), rows, cols, false, 1));
+}
+
+uint64_t run_attention_row(driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
+    driver::AttentionShape s;
+    s.batch = optional(r.params, "batch", r.line, 1);
+    s.heads = positive(r.params, "heads", r.line);
+    s.seq = positive(r.params, "seq", r.line);
+    s.dhead = positive(r.params, "dhead", r.line);
+    s.causal = r.params.count("causal") != 0;
+    return cycles_of(run_attention(dev, cache, row_cores(r), s, false, 1));
+}
+
+/// A zoo model's inference (forward pass) on the row's cores.
+uint64_t run_model_row(driver::Device& dev, driver::ProgramCache&, const Row& r) {
+    trainer::ZooOptions z;
+    const auto get = [&](const char* key) { return optional(r.params, key, r.line, 0); };
+    z.hidden = get("hidden");
+    z.heads = get("heads");
+    z.seq = get("seq");
+    z.ffn = get("ffn");
+    z.image = get("image");
+    return run_model(dev, r.workload, z, optional(r.params, "batch", r.line, 1), row_cores(r),
+                     false, "bf16-mixed")
+        .cycles;
+}
+
 /// The row kinds `tpusim validate` knows. A kind whose kernel is not in the library yet is
 /// listed with the reason, so its rows are reported as not simulated rather than rejected.
 const std::map<std::string, Kind>& kinds() {
@@ -120,6 +170,12 @@ const std::map<std::string, Kind>& kinds() {
                            {},
                            {"pad"},
                            check_conv2d};
+        m["layernorm"] = Kind{{"rows", "cols"}, {}, run_rows_op, {}};
+        m["softmax"] = Kind{{"rows", "cols"}, {}, run_rows_op, {}};
+        m["attention"] =
+            Kind{{"heads", "seq", "dhead"}, {"causal"}, run_attention_row, {}, {}, {}, {"batch"}};
+        m["bert-block"] =
+            Kind{{"hidden", "seq", "heads"}, {}, run_model_row, {}, {}, {}, {"batch", "ffn"}};
         return m;
     }();
     return k;
@@ -195,22 +251,29 @@ std::vector<Row> read_rows(const std::string& path, uint32_t board_cores) {
             const std::string key = tok.substr(0, eq);
             const bool tag = eq == std::string::npos;
             const auto& k = kind->second;
-            const auto& allowed = tag ? k.tags : k.keys;
+            std::vector<std::string> allowed = tag ? k.tags : k.keys;
+            if (!tag) allowed.insert(allowed.end(), k.optional.begin(), k.optional.end());
             if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
                 throw InputError(fmt::format(
-                    "{}: {} '{}' is not a {} parameter (takes {}{}{})", where(n),
+                    "{}: {} '{}' is not a {} parameter (takes {}{}{}{})", where(n),
                     tag ? "word" : "key", key, r.workload, fmt::join(k.keys, "= "),
                     k.keys.empty() ? "" : "=",
+                    k.optional.empty()
+                        ? ""
+                        : fmt::format(", optionally {}=", fmt::join(k.optional, "= ")),
                     k.tags.empty() ? "" : fmt::format(" and {}", fmt::join(k.tags, ", "))));
             if (!r.params.emplace(key, tag ? "" : tok.substr(eq + 1)).second)
                 throw InputError(fmt::format("{}: parameter {} appears twice", where(n), key));
         }
-        for (const auto& key : kind->second.keys) {
+        for (const auto& key : kind->second.keys)
             if (!r.params.count(key))
                 throw InputError(
                     fmt::format("{}: {} needs parameter {}=", where(n), r.workload, key));
-            const auto& z = kind->second.zero_ok;
-            whole(r.params, key, n, std::find(z.begin(), z.end(), key) == z.end() ? 1 : 0);
+        for (const auto& [key, value] : r.params) {
+            const auto& k = kind->second;
+            if (std::find(k.tags.begin(), k.tags.end(), key) != k.tags.end()) continue;
+            whole(r.params, key, n,
+                  std::find(k.zero_ok.begin(), k.zero_ok.end(), key) == k.zero_ok.end() ? 1 : 0);
         }
         if (kind->second.check) kind->second.check(r.params, n);
         try {
