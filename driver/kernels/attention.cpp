@@ -99,9 +99,13 @@ public:
         m_s += fmt::format(f, std::forward<A>(a)...);
         m_s += '\n';
     }
+    /// An instruction with no completion flag.
+    void raw(const std::string& ins) { m_s += ins + '\n'; }
     void dma(const std::string& ins) { issue(ins, 1, 20); }
     void store(const std::string& ins) { issue(ins, 5, 24); }
     void vpu(const std::string& ins) { issue(ins, 2, 21); }
+    /// A matmul (weight loads take no flag: a load queued behind a matmul finishes first, and
+    /// would make a count of completions pass before the matmul is done).
     void mxu(uint32_t m, const std::string& ins) { issue(ins, 3 + int(m), 22 + int(m)); }
     void wait_dma() { line("        wait f1, s20"); }
     void wait_store() { line("        wait f5, s24"); }
@@ -144,6 +148,7 @@ public:
     /// pass per tile, no accumulation.
     void scores(uint64_t out, uint64_t lhs, uint64_t w) {
         const Block& b = m_b;
+        m_score_done.assign(size_t(b.G) * b.KT, {0, 0});
         uint32_t job = 0;
         for (uint32_t i = 0; i < b.G; ++i)
             for (uint32_t j = 0; j < b.KT; ++j) {
@@ -155,7 +160,7 @@ public:
                     for (uint32_t m = 0; m < 2; ++m) {
                         const auto [r0, r1] = half(m);
                         if (r0 == r1) continue;
-                        mxu(m, fmt::format("        mxu.lw {}, [{}], {}, {}", m, wt, b.D, b.n(j)));
+                        raw(fmt::format("        mxu.lw {}, [{}], {}, {}", m, wt, b.D, b.n(j)));
                         mxu(m, fmt::format("        mxu.mm {}, [{}], [{}], {}, 0", m,
                                            o + uint64_t(r0) * b.n(j) * 4,
                                            l + uint64_t(r0) * b.D * 2, r1 - r0));
@@ -163,8 +168,9 @@ public:
                     continue;
                 }
                 const uint32_t m = job++ % 2;
-                mxu(m, fmt::format("        mxu.lw {}, [{}], {}, {}", m, wt, b.D, b.n(j)));
+                raw(fmt::format("        mxu.lw {}, [{}], {}, {}", m, wt, b.D, b.n(j)));
                 mxu(m, fmt::format("        mxu.mm {}, [{}], [{}], {}, 0", m, o, l, b.S));
+                m_score_done[size_t(i) * b.KT + j] = {m, m_issued[2 + m]};
             }
     }
     /// out = lhs x w per head: lhs S x S bf16 in key-tile-major order, w S x D bf16 row-major
@@ -172,17 +178,20 @@ public:
     /// heads alternate arrays, or one head's rows are halved over both.
     void contract(uint64_t out, uint64_t lhs, uint64_t w) {
         const Block& b = m_b;
-        for (uint32_t i = 0; i < b.G; ++i)
-            for (uint32_t m = 0; m < 2; ++m) {
-                if (b.G > 1 && m != i % 2) continue;
-                const auto [r0, r1] = b.G > 1 ? std::pair<uint32_t, uint32_t>{0, b.S} : half(m);
-                if (r0 == r1) continue;
-                for (uint32_t j = 0; j < b.KT; ++j) {
+        for (uint32_t j = 0; j < b.KT; ++j)
+            for (uint32_t i = 0; i < b.G; ++i) {
+                // The tile's LHS may still be on its way from retile (none without one).
+                if (!m_tile_moved.empty())
+                    wait_all_but(1, 20, m_issued[0] - m_tile_moved[size_t(i) * b.KT + j]);
+                for (uint32_t m = 0; m < 2; ++m) {
+                    if (b.G > 1 && m != i % 2) continue;
+                    const auto [r0, r1] = b.G > 1 ? std::pair<uint32_t, uint32_t>{0, b.S} : half(m);
+                    if (r0 == r1) continue;
                     const uint64_t wt = w + (uint64_t(i) * b.S * b.D + uint64_t(j) * b.C * b.D) * 2;
                     const uint64_t l = lhs + (uint64_t(i) * b.S * b.S + uint64_t(j) * b.C * b.S +
                                               uint64_t(r0) * b.n(j)) *
                                                  2;
-                    mxu(m, fmt::format("        mxu.lw {}, [{}], {}, {}", m, wt, b.n(j), b.D));
+                    raw(fmt::format("        mxu.lw {}, [{}], {}, {}", m, wt, b.n(j), b.D));
                     mxu(m, fmt::format("        mxu.mm {}, [{}], [{}], {}, {}", m,
                                        out + (uint64_t(i) * b.S + r0) * b.D * 4, l, r1 - r0,
                                        j ? 1 : 0));
@@ -194,9 +203,16 @@ public:
     /// key tile (the two orders are the same; callers then pass the same area).
     void retile(uint64_t dst, uint64_t src, uint32_t bytes, bool to_tiles) {
         const Block& b = m_b;
+        m_tile_moved.clear();
         if (b.KT == 1) return;
+        m_tile_moved.resize(size_t(b.G) * b.KT);
         for (uint32_t i = 0; i < b.G; ++i)
             for (uint32_t j = 0; j < b.KT; ++j) {
+                // Out of the scores: each tile as soon as its matmul is done.
+                if (!to_tiles && !m_score_done.empty()) {
+                    const auto [m, count] = m_score_done[size_t(i) * b.KT + j];
+                    wait_all_but(3 + int(m), 22 + int(m), m_issued[2 + m] - count);
+                }
                 const uint64_t head = uint64_t(i) * b.S * b.S * bytes;
                 const uint64_t tm = head + uint64_t(j) * b.C * b.S * bytes;
                 const uint64_t rm = head + uint64_t(j) * b.C * bytes;
@@ -207,6 +223,7 @@ public:
                 else
                     dma(fmt::format("        dma.vv [{}], [{}], {}, {}, {}, {}", dst + rm, src + tm,
                                     b.S, row, full, row));
+                m_tile_moved[size_t(i) * b.KT + j] = m_issued[0];
             }
     }
     /// The loop over blocks of G heads: s11 = the block's byte offset in S x D tensors, s12 in
@@ -228,6 +245,7 @@ public:
 private:
     void issue(const std::string& ins, int flag, int reg) {
         m_s += fmt::format("{}, f{}\n", ins, flag);
+        ++m_issued[reg - 20];
         line("        add s{}, s{}, 1", reg, reg);
     }
     std::pair<uint32_t, uint32_t> half(uint32_t m) const {
@@ -235,8 +253,22 @@ private:
         return m ? std::pair<uint32_t, uint32_t>{h, m_b.S} : std::pair<uint32_t, uint32_t>{0, h};
     }
 
+    /// Waits for the unit counted in s`reg` until all but `later` of its issued work is done.
+    void wait_all_but(int flag, int reg, uint64_t later) {
+        if (later)
+            line("        wait f{}, s{}-{}", flag, reg, later);
+        else
+            line("        wait f{}, s{}", flag, reg);
+    }
+
     const Block& m_b;
     std::string m_s;
+    /// Work issued per counter (s20..s24) so far in the program text.
+    uint64_t m_issued[5] = {};
+    /// Per (head, key tile): the MXU of its score matmul and that MXU's count after it.
+    std::vector<std::pair<uint32_t, uint64_t>> m_score_done;
+    /// Per (head, key tile): the load counter after the last retile's copy of it.
+    std::vector<uint64_t> m_tile_moved;
 };
 
 /// VMEM areas of the fused forward kernel (byte addresses).
@@ -353,8 +385,8 @@ isa::Program attention_fwd_program(const Block& b, bool scaled) {
     // The previous block's P and O leave the areas the scores and O overwrite.
     g.wait_store();
     g.scores(m.st, m.qb, m.ktb);
-    g.wait_mxu();
     g.retile(m.x, m.st, 4, false);
+    g.wait_mxu();
     g.wait_dma();
     // scaled_softmax's operations in its order (softmax.h).
     if (scaled) g.vpu(fmt::format("        v.muls [{}], [{}], s6, {}", m.x, m.x, n));
@@ -371,7 +403,6 @@ isa::Program attention_fwd_program(const Block& b, bool scaled) {
     g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.pb, m.x, n));
     g.wait_vpu();
     g.retile(m.pt, m.pb, 2, true);
-    g.wait_dma();
     g.contract(m.o, m.pt, m.vb);
     g.wait_mxu();
     g.put(4, "s11", m.o, sd * 4);
@@ -404,12 +435,11 @@ isa::Program attention_bwd_program(const Block& b, bool scaled) {
     g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.kb, m.kf, sd));
     g.wait_vpu();
     g.retile(m.t1, m.b1, 2, true);
-    g.wait_dma();
     g.contract(m.dv, m.t1, m.dob);
-    g.wait_mxu();
-    g.put(8, "s11", m.dv, sd * 4);
     g.retile(m.x, m.st, 4, false);
+    g.wait_mxu();
     g.wait_dma();
+    g.put(8, "s11", m.dv, sd * 4);
     // scaled_softmax_grad's operations in its order (softmax.h): dS lands in z.
     g.vpu(fmt::format("        v.mul [{}], [{}], [{}], {}", m.z, m.x, m.pf, n));
     g.vpu(fmt::format("        v.rsum [{}], [{}], {}, {}", m.sum, m.z, rows, b.S));
@@ -421,9 +451,8 @@ isa::Program attention_bwd_program(const Block& b, bool scaled) {
     g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.b2, m.pt, n));
     g.wait_vpu();
     g.retile(m.t1, m.b1, 2, true);
-    g.retile(m.t2, m.b2, 2, true);
-    g.wait_dma();
     g.contract(m.dq, m.t1, m.kb);
+    g.retile(m.t2, m.b2, 2, true);
     g.contract(m.dk, m.t2, m.qb);
     g.wait_mxu();
     g.put(6, "s11", m.dq, sd * 4);
