@@ -173,6 +173,16 @@ public:
                 m_score_done[size_t(i) * b.KT + j] = {m, m_issued[2 + m]};
             }
     }
+    /// scores(out, lhs, w) with w the transposed tiles of `rhs` (S x D fp32 per head) through
+    /// the fp32 area `tf` and the bf16 area `w`, once the previous block's stores (which
+    /// read the areas the MXUs overwrite) are done.
+    void scores_of(uint64_t out, uint64_t lhs, uint64_t rhs, uint64_t tf, uint64_t w) {
+        transpose_tiles(tf, rhs);
+        vpu(fmt::format("        v.f2bf [{}], [{}], {}", w, tf, m_b.sd()));
+        wait_vpu();
+        wait_store();
+        scores(out, lhs, w);
+    }
     /// out = lhs x w per head: lhs S x S bf16 in key-tile-major order, w S x D bf16 row-major
     /// (tile j its rows j C ..), out S x D fp32. The tiles accumulate in order on one array:
     /// heads alternate arrays, or one head's rows are halved over both.
@@ -278,13 +288,8 @@ struct FwdMap {
 FwdMap fwd_map(const Block& b) {
     VmemAreas a;
     FwdMap m{};
-    m.qf = a.take(b.sd() * 4);
-    m.kf = a.take(b.sd() * 4);
-    m.vf = a.take(b.sd() * 4);
-    m.qb = a.take(b.sd() * 2);
-    m.vb = a.take(b.sd() * 2);
-    m.ktf = a.take(b.sd() * 4);
-    m.ktb = a.take(b.sd() * 2);
+    for (uint64_t* f : {&m.qf, &m.kf, &m.vf, &m.ktf}) *f = a.take(b.sd() * 4);
+    for (uint64_t* h : {&m.qb, &m.vb, &m.ktb}) *h = a.take(b.sd() * 2);
     m.st = a.take(b.ss() * 4);
     m.x = b.KT == 1 ? m.st : a.take(b.ss() * 4);
     m.z = a.take(b.ss() * 4);
@@ -308,15 +313,9 @@ struct BwdMap {
 BwdMap bwd_map(const Block& b) {
     VmemAreas a;
     BwdMap m{};
-    m.qf = a.take(b.sd() * 4);
-    m.kf = a.take(b.sd() * 4);
-    m.vf = a.take(b.sd() * 4);
-    m.dof = a.take(b.sd() * 4);
-    m.qb = a.take(b.sd() * 2);
-    m.kb = a.take(b.sd() * 2);
-    m.dob = a.take(b.sd() * 2);
-    m.vtf = a.take(b.sd() * 4);
-    m.vtb = a.take(b.sd() * 2);
+    for (uint64_t* f : {&m.qf, &m.kf, &m.vf, &m.dof, &m.vtf, &m.dq, &m.dk, &m.dv})
+        *f = a.take(b.sd() * 4);
+    for (uint64_t* h : {&m.qb, &m.kb, &m.dob, &m.vtb}) *h = a.take(b.sd() * 2);
     m.pf = a.take(b.ss() * 4);
     m.pt = a.take(b.ss() * 4);
     m.st = a.take(b.ss() * 4);
@@ -328,9 +327,6 @@ BwdMap bwd_map(const Block& b) {
     m.t1 = b.KT == 1 ? m.b1 : a.take(b.ss() * 2);
     m.b2 = a.take(b.ss() * 2);
     m.t2 = b.KT == 1 ? m.b2 : a.take(b.ss() * 2);
-    m.dq = a.take(b.sd() * 4);
-    m.dk = a.take(b.sd() * 4);
-    m.dv = a.take(b.sd() * 4);
     m.end = a.end;
     return m;
 }
@@ -379,12 +375,7 @@ isa::Program attention_fwd_program(const Block& b, bool scaled) {
     g.wait_dma();
     g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.qb, m.qf, sd));
     g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.vb, m.vf, sd));
-    g.transpose_tiles(m.ktf, m.kf);
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.ktb, m.ktf, sd));
-    g.wait_vpu();
-    // The previous block's P and O leave the areas the scores and O overwrite.
-    g.wait_store();
-    g.scores(m.st, m.qb, m.ktb);
+    g.scores_of(m.st, m.qb, m.kf, m.ktf, m.ktb);
     g.retile(m.x, m.st, 4, false);
     g.wait_mxu();
     g.wait_dma();
@@ -422,13 +413,8 @@ isa::Program attention_bwd_program(const Block& b, bool scaled) {
     g.load(m.pf, 4, "s12", n * 4);
     g.wait_dma();
     g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.dob, m.dof, sd));
-    g.transpose_tiles(m.vtf, m.vf);
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.vtb, m.vtf, sd));
-    g.wait_vpu();
-    // The previous block's gradients leave the areas the MXUs overwrite.
-    g.wait_store();
     // dP = dO V^T on the MXUs while the VPU turns P into P^T.
-    g.scores(m.st, m.dob, m.vtb);
+    g.scores_of(m.st, m.dob, m.vf, m.vtf, m.vtb);
     g.transpose_heads(m.pt, m.pf);
     g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.b1, m.pt, n));
     g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.qb, m.qf, sd));
