@@ -9,8 +9,9 @@
 #include "driver/program_cache.h"
 
 /// Multi-head scaled dot-product attention, forward and backward, on device-resident Tensors:
-/// the two contractions per head on the MXU (tensor_ops matmul, bf16 operands, fp32
-/// accumulation), the scale, causal mask and softmax on the VPU (softmax.h).
+/// one fused launch per pass over all heads (driver/README.md "Attention"): the contractions on
+/// the MXU (bf16 operands, fp32 accumulation), the scale, causal mask and softmax on the VPU
+/// with S and P kept in VMEM.
 namespace tpu::driver {
 
 /// Shape of one core's share: `batch` sequences of `seq` tokens, `heads` heads of `dhead`.
@@ -30,8 +31,9 @@ struct AttentionShape {
 /// O = softmax(Q K^T * scale [+ causal mask]) V per (sequence, head). Layout [batch, heads,
 /// seq, dhead]: Q, K, V and O are Tensors of batch * heads * seq rows x dhead columns, head
 /// (b, h) the contiguous seq x dhead block at row (b * heads + h) * seq. P (batch * heads *
-/// seq rows x seq columns, the softmax per head) is written for the backward pass. Several
-/// launches (see driver/README.md "Attention"); the Event spans them.
+/// seq rows x seq columns, the softmax per head) is written for the backward pass. One launch
+/// when dhead <= the MXU rows and a head fits in VMEM, else per-head matmuls; the Event spans
+/// them.
 Event attention(Device& dev, ProgramCache& cache, const AttentionShape& s, const Tensor& q,
                 const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& p);
 /// Backward of attention given P and dO: per head dV = P^T dO, dP = dO V^T, dS =

@@ -87,7 +87,8 @@ Spec softmax_grad_spec(uint32_t rows, uint32_t C, bool scaled) {
     return sp;
 }
 
-/// The causal bias of C x C: 0 on and below the diagonal, -inf above it.
+}  // namespace
+
 std::vector<float> causal_bias(uint32_t C) {
     std::vector<float> bias(size_t(C) * C, 0.0f);
     for (size_t r = 0; r < C; ++r)
@@ -95,8 +96,6 @@ std::vector<float> causal_bias(uint32_t C) {
             bias[r * C + j] = -std::numeric_limits<float>::infinity();
     return bias;
 }
-
-}  // namespace
 
 Event softmax(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& y) {
     return scaled_softmax(dev, cache, x, 1.0f, false, y);

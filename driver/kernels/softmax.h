@@ -34,6 +34,10 @@ Event scaled_softmax(Device& dev, ProgramCache& cache, const Tensor& x, float sc
 Event scaled_softmax_grad(Device& dev, ProgramCache& cache, const Tensor& y, const Tensor& dy,
                           float scale, const Tensor& dx);
 
+/// The causal bias of cols x cols that scaled_softmax adds: 0 on and below the diagonal, -inf
+/// above it.
+std::vector<float> causal_bias(uint32_t cols);
+
 // ---- Host references: the devices' fp32 operations in the same order ----------------------
 
 /// softmax, or with `scale` != 1 / `causal` the scaled_softmax of the same ops.

@@ -93,6 +93,21 @@ TEST(Attention, CausalBitExactPerReplicaOnEightCores) {
                     {.batch = 1, .heads = 2, .seq = 20, .dhead = 8, .causal = true}, 13);
 }
 
+TEST(Attention, OneHeadPerBlockWithTwoKeyTilesBitExact) {
+    // 3 heads of 200 rows exceed a block of 512 rows: one head per block, rows halved over the
+    // MXUs in P V.
+    check_attention({0}, {.batch = 1, .heads = 3, .seq = 200, .dhead = 64}, 14);
+}
+
+TEST(Attention, OneKeyTileOneHeadCausalBitExact) {
+    // One score tile: both MXUs take half its rows.
+    check_attention({0}, {.batch = 1, .heads = 1, .seq = 50, .dhead = 128, .causal = true}, 15);
+}
+
+TEST(Attention, DheadBeyondTheArrayUsesPerHeadMatmulsBitExact) {
+    check_attention({0}, {.batch = 1, .heads = 2, .seq = 24, .dhead = 130}, 16);
+}
+
 TEST(Attention, WrongShapesAreUsageErrors) {
     auto dev = open_device();
     ProgramCache cache;
