@@ -4,6 +4,8 @@
 #include <filesystem>
 
 #include <gtest/gtest.h>
+
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "tests/cli/cli_runner.h"
@@ -40,7 +42,7 @@ TEST(CliTrain, LightningDeviceAndPrecisionErrors) {
          "tpusim: error: `precision='bf16'` is not supported in XLA. `precision` must be one "
          "of: ('32-true', 'bf16-mixed', 'bf16-true').\n"},
         {"--data mnist",
-         "tpusim: error: --data 'mnist': expected fashion-mnist, synthetic or "
+         "tpusim: error: --data 'mnist': expected fashion-mnist, synthetic, text or "
          "auto\n"},
         {"--data fashion-mnist --data-dir /nonexistent",
          "tpusim: error: cannot open '/nonexistent/train-images-idx3-ubyte.gz': No such file or "
@@ -51,7 +53,21 @@ TEST(CliTrain, LightningDeviceAndPrecisionErrors) {
         {"--data synthetic --hidden 32,0",
          "tpusim: error: --hidden: '0' is not a layer width (1-65536)\n"},
         {"--optimizer lamb", "tpusim: error: --optimizer 'lamb': expected adam or sgd\n"},
-        {"--model cnn", "tpusim: error: --model 'cnn': the models are: mlp\n"},
+        {"--model resnet", "tpusim: error: --model 'resnet': the models are: mlp, gpt\n"},
+        {"--data text",
+         "tpusim: error: --data 'text' does not suit --model mlp: text data is "
+         "for --model gpt\n"},
+        {"--model gpt --data synthetic",
+         "tpusim: error: --data 'synthetic' does not suit --model gpt: a GPT trains on --data "
+         "text\n"},
+        {"--model gpt --data text --text-file /nonexistent",
+         "tpusim: error: cannot open '/nonexistent': No such file or directory\n"},
+        {"--model gpt --data text --hidden 32,16",
+         "tpusim: error: --hidden '32,16': a GPT has one width\n"},
+        {"--model gpt --data text --hidden 30 --heads 4",
+         "tpusim: error: embed_dim must be divisible by num_heads (embed_dim 30, num_heads 4)\n"},
+        {"--max-steps -3",
+         "tpusim: error: --max-steps -3: expected a number of steps >= 0, or -1 for no limit\n"},
     };
     for (const Case& c : cases) {
         // Cases that choose --data or --hidden themselves start from the bare run.
@@ -121,6 +137,41 @@ TEST(CliTrain, JsonResultAndDeviceChoices) {
         EXPECT_GT(j["final_loss"].get<double>(), 0.0);
         EXPECT_GE(j["test_accuracy"].get<double>(), 0.0);
     }
+}
+
+TEST(CliTrain, GptLearnsATextAndReportsValidationLossPerCharacter) {
+    // A text of 12 blocks that repeats one sentence: a 1-layer GPT learns it quickly, so the
+    // validation loss falls far below the unigram entropy a frequency table would reach.
+    const std::string text_path = tmp("gpt.txt");
+    {
+        std::ofstream f(text_path);
+        while (f.tellp() < 12 * 4096) f << "the quick brown fox jumps over the lazy dog. ";
+    }
+    const std::string cmd =
+        "train --model gpt --text-file " + text_path +
+        " --layers 1 --hidden 32 --heads 2 --context 16 --batch-size 4 --max-steps 60 "
+        "--log-every-n-steps 20 --lr 3e-3 --no-progress --json";
+    const CliResult r = tpusim(cmd);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["model"], "gpt");
+    EXPECT_EQ(j["steps"], 60);
+    EXPECT_EQ(j["vocab"], 28);  // the pangram's 26 letters, space and full stop
+    ASSERT_EQ(j["loss_curve"].size(), 3u);
+    EXPECT_EQ(j["loss_curve"][2][0], 60);
+    EXPECT_LT(j["loss_curve"][2][1].get<double>(), j["loss_curve"][0][1].get<double>());
+    EXPECT_LT(j["val_loss"].get<double>(), 0.5 * j["unigram_entropy"].get<double>());
+    // The validation split (block 9) is tiled by windows of the context, each with the next
+    // character as its last label: (4096 - 17) / 16 + 1 windows.
+    EXPECT_EQ(j["val_characters"], ((4096 - 17) / 16 + 1) * 16);
+    // The default corpus: Debian's license texts.
+    const CliResult d = tpusim(
+        "train --model gpt --layers 1 --hidden 32 --heads 2 --context 16 --batch-size 2 "
+        "--max-steps 1 --limit-test-batches 1 --no-progress --json");
+    ASSERT_EQ(d.code, 0) << d.err;
+    const auto dj = nlohmann::json::parse(d.out);
+    EXPECT_EQ(dj["vocab"], 86);
+    EXPECT_NEAR(dj["unigram_entropy"].get<double>(), 3.21, 0.005);
 }
 
 TEST(CliTrain, MetricsReportCheckpointAndResume) {
