@@ -585,6 +585,80 @@ Var softmax(Runtime& rt, const Var& x) {
     return y;
 }
 
+namespace {
+
+enum class PoolKind : uint8_t { Max, Avg, Global };
+
+/// The three poolings: image rows viewed as the kernels' NHWC pixel rows, and back.
+Var pool(Runtime& rt, const Var& x, PoolWindow w, PoolKind kind) {
+    static constexpr const char* kNames[] = {"max_pool2d", "avg_pool2d", "global_avg_pool"};
+    const char* name = kNames[int(kind)];
+    const Tensor& X = x->value;
+    const uint64_t image = uint64_t(w.height) * w.width * w.channels;
+    if (image == 0 || X.cols != image)
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  fmt::format("{}: rows of {} values are not {}x{}x{} images", name,
+                                              X.cols, w.height, w.width, w.channels));
+    w.batch = X.rows;
+    w.validate(name);
+    const uint32_t out_pixels = kind == PoolKind::Global ? 1 : w.out_height() * w.out_width();
+    Var y = rt.make(X.rows, out_pixels * w.channels, needs(x));
+    const Tensor xp = reshaped(X, X.rows * w.height * w.width),
+                 yp = reshaped(y->value, X.rows * out_pixels);
+    rt.exec(name, [&] {
+        auto& dev = rt.device();
+        auto& cache = rt.cache();
+        switch (kind) {
+            case PoolKind::Max:
+                return driver::max_pool2d(dev, cache, w, xp, yp);
+            case PoolKind::Avg:
+                return driver::avg_pool2d(dev, cache, w, xp, yp);
+            case PoolKind::Global:
+                return driver::global_avg_pool(dev, cache, w, xp, yp);
+        }
+        return driver::Event{};
+    });
+    maybe_round(rt, y);
+    if (!needs(x)) return y;
+    Node* ynode = y.get();
+    y->backward = [&rt, x, ynode, w, kind, name, out_pixels] {
+        bool acc = false;
+        Tensor dX = rt.grad_target(x, acc);
+        const Tensor dxp = reshaped(dX, w.batch * w.height * w.width),
+                     dyp = reshaped(ynode->grad, w.batch * out_pixels),
+                     xp = reshaped(x->value, w.batch * w.height * w.width);
+        rt.exec(std::string(name) + ".grad", [&] {
+            auto& dev = rt.device();
+            auto& cache = rt.cache();
+            switch (kind) {
+                case PoolKind::Max:
+                    return driver::max_pool2d_grad(dev, cache, w, xp, dyp, dxp);
+                case PoolKind::Avg:
+                    return driver::avg_pool2d_grad(dev, cache, w, dyp, dxp);
+                case PoolKind::Global:
+                    return driver::global_avg_pool_grad(dev, cache, w, dyp, dxp);
+            }
+            return driver::Event{};
+        });
+        rt.finish_grad(x, dX, acc);
+    };
+    return y;
+}
+
+}  // namespace
+
+Var max_pool2d(Runtime& rt, const Var& x, const PoolWindow& w) {
+    return pool(rt, x, w, PoolKind::Max);
+}
+
+Var avg_pool2d(Runtime& rt, const Var& x, const PoolWindow& w) {
+    return pool(rt, x, w, PoolKind::Avg);
+}
+
+Var global_avg_pool(Runtime& rt, const Var& x, const PoolWindow& w) {
+    return pool(rt, x, w, PoolKind::Global);
+}
+
 Var embedding(Runtime& rt, const Var& onehot, const Var& table) {
     return linear(rt, onehot, table, nullptr);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "driver/kernels/gemm.h"
+#include "driver/kernels/pool.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
 #include "trainer/metrics.h"
@@ -197,6 +198,16 @@ Var merge_heads(Runtime& rt, const Var& x, uint32_t heads);
 Var attention(Runtime& rt, const Var& q, const Var& k, const Var& v, uint32_t seq, bool causal);
 /// Softmax over each row.
 Var softmax(Runtime& rt, const Var& x);
+/// What pools an image batch: its per-image NHWC shape and the window (batch is ignored; each
+/// input row is one image of height x width x channels values).
+using PoolWindow = driver::PoolShape;
+/// Max pooling of each image row (B x H·W·C) to B x Ho·Wo·C; the gradient goes to the first
+/// maximum of each window.
+Var max_pool2d(Runtime& rt, const Var& x, const PoolWindow& w);
+/// Average pooling (padding counts in the divisor, PyTorch's count_include_pad=True).
+Var avg_pool2d(Runtime& rt, const Var& x, const PoolWindow& w);
+/// Global average pooling of each image row (B x H·W·C) to B x C.
+Var global_avg_pool(Runtime& rt, const Var& x, const PoolWindow& w);
 /// Mean softmax cross-entropy over the rows of logits (B x C) against one-hot labels; the
 /// result is 1 x 1. Its backward seeds dlogits = (softmax - y) / B.
 Var cross_entropy(Runtime& rt, const Var& logits, const Var& onehot);

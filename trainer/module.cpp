@@ -104,6 +104,33 @@ std::vector<std::pair<std::string, ParamPtr*>> PositionalEmbedding::slots() {
     return {{"weight", &weight}};
 }
 
+Pool2d::Pool2d(bool max, ImageShape in, uint32_t kernel, uint32_t stride, uint32_t pad)
+    : m_max(max), m_window{1,  in.height, in.width, in.channels, kernel, stride ? stride : kernel,
+                           pad} {
+    try {
+        m_window.validate(max ? "MaxPool2d" : "AvgPool2d");
+    } catch (const driver::DeviceError& e) {
+        throw std::invalid_argument(e.what());
+    }
+}
+
+Var Pool2d::operator()(Runtime& rt, const Var& x) {
+    const auto scope = rt.layer(name, m_max ? "max_pool2d" : "avg_pool2d");
+    return m_max ? max_pool2d(rt, x, m_window) : avg_pool2d(rt, x, m_window);
+}
+
+ImageShape Pool2d::out() const {
+    return {m_window.out_height(), m_window.out_width(), m_window.channels};
+}
+
+GlobalAvgPool::GlobalAvgPool(ImageShape in)
+    : m_window{1, in.height, in.width, in.channels, 1, 1, 0} {}
+
+Var GlobalAvgPool::operator()(Runtime& rt, const Var& x) {
+    const auto scope = rt.layer(name, "global_avg_pool");
+    return global_avg_pool(rt, x, m_window);
+}
+
 MultiheadAttention::MultiheadAttention(uint32_t dim, uint32_t heads, uint32_t seq, bool causal,
                                        std::mt19937& rng)
     : q(dim, dim, true, rng),

@@ -143,6 +143,64 @@ public:
     ParamPtr weight;  ///< rows x dim
 };
 
+/// The images a layer takes: each input row is one image of height x width x channels values
+/// (NHWC, so a batch is B rows; the layout of Fashion-MNIST's 784 pixels).
+struct ImageShape {
+    uint32_t height = 1;    ///< rows
+    uint32_t width = 1;     ///< columns
+    uint32_t channels = 1;  ///< values per pixel
+    /// height x width x channels.
+    uint32_t values() const { return height * width * channels; }
+};
+
+/// Max or average pooling of image rows (torch.nn.MaxPool2d / AvgPool2d: stride defaults to
+/// the kernel; average pooling counts padding in the divisor).
+class Pool2d : public Layer {
+public:
+    /// Throws std::invalid_argument naming the bad size (a kernel larger than the padded image,
+    /// padding above kernel / 2).
+    Pool2d(bool max, ImageShape in, uint32_t kernel, uint32_t stride = 0, uint32_t pad = 0);
+    Var operator()(Runtime& rt, const Var& x);
+    /// The images it outputs.
+    ImageShape out() const;
+
+private:
+    bool m_max;
+    PoolWindow m_window;
+};
+
+/// torch.nn.MaxPool2d.
+class MaxPool2d : public Pool2d {
+public:
+    MaxPool2d(ImageShape in, uint32_t kernel, uint32_t stride = 0, uint32_t pad = 0)
+        : Pool2d(true, in, kernel, stride, pad) {}
+};
+
+/// torch.nn.AvgPool2d (count_include_pad=True).
+class AvgPool2d : public Pool2d {
+public:
+    AvgPool2d(ImageShape in, uint32_t kernel, uint32_t stride = 0, uint32_t pad = 0)
+        : Pool2d(false, in, kernel, stride, pad) {}
+};
+
+/// The mean of each channel over every pixel (torch.nn.AdaptiveAvgPool2d(1) then flatten):
+/// B x H·W·C to B x C.
+class GlobalAvgPool : public Layer {
+public:
+    explicit GlobalAvgPool(ImageShape in);
+    Var operator()(Runtime& rt, const Var& x);
+
+private:
+    PoolWindow m_window;
+};
+
+/// torch.nn.Flatten: image rows are already flat (one NHWC image per row), so it is the
+/// identity and moves no data; it exists so models read like their PyTorch definitions.
+class Flatten : public Layer {
+public:
+    Var operator()(Runtime&, const Var& x) { return x; }
+};
+
 /// Softmax over each row.
 class Softmax : public Layer {
 public:

@@ -139,6 +139,59 @@ TEST(GradCheck, SoftmaxMatchesFp64Gradients) {
         });
 }
 
+/// Pooling of NHWC images (rows of H·W·C values) in fp64: max or mean (zero padding counted)
+/// over each k x k window at stride s, padding p.
+std::vector<double> pool_fp64(const std::vector<double>& x, int n, int h, int w, int c, int k,
+                              int s, int p, bool max) {
+    const int ho = (h + 2 * p - k) / s + 1, wo = (w + 2 * p - k) / s + 1;
+    std::vector<double> y;
+    for (int b = 0; b < n; ++b)
+        for (int i = 0; i < ho; ++i)
+            for (int j = 0; j < wo; ++j)
+                for (int ch = 0; ch < c; ++ch) {
+                    double acc = max ? -1e300 : 0.0;
+                    for (int di = 0; di < k; ++di)
+                        for (int dj = 0; dj < k; ++dj) {
+                            const int r = i * s + di - p, q = j * s + dj - p;
+                            const bool in = r >= 0 && r < h && q >= 0 && q < w;
+                            const double v = in ? x[((size_t(b) * h + r) * w + q) * c + ch] : 0.0;
+                            if (max && in) acc = std::max(acc, v);
+                            if (!max) acc += v;
+                        }
+                    y.push_back(max ? acc : acc / (k * k));
+                }
+    return y;
+}
+
+TEST(GradCheck, MaxPoolRoutesTheGradientToEachWindowsMaximum) {
+    const PoolWindow w{1, 5, 5, 3, 3, 2, 1};
+    check_gradients(
+        {{2, 75}}, [&](Runtime& rt, const std::vector<Var>& v) { return max_pool2d(rt, v[0], w); },
+        [](const Values& x) { return pool_fp64(x[0], 2, 5, 5, 3, 3, 2, 1, true); });
+}
+
+TEST(GradCheck, AvgPoolCountsPaddingInTheDivisor) {
+    const PoolWindow w{1, 5, 5, 3, 3, 2, 1};
+    check_gradients(
+        {{2, 75}}, [&](Runtime& rt, const std::vector<Var>& v) { return avg_pool2d(rt, v[0], w); },
+        [](const Values& x) { return pool_fp64(x[0], 2, 5, 5, 3, 3, 2, 1, false); });
+}
+
+TEST(GradCheck, GlobalAvgPoolAveragesEveryPixel) {
+    const PoolWindow w{1, 4, 3, 5, 1, 1, 0};
+    check_gradients(
+        {{2, 60}},
+        [&](Runtime& rt, const std::vector<Var>& v) { return global_avg_pool(rt, v[0], w); },
+        [](const Values& x) {
+            std::vector<double> y(10, 0.0);
+            for (int b = 0; b < 2; ++b)
+                for (int px = 0; px < 12; ++px)
+                    for (int ch = 0; ch < 5; ++ch)
+                        y[b * 5 + ch] += x[0][(b * 12 + px) * 5 + ch] / 12.0;
+            return y;
+        });
+}
+
 TEST(GradCheck, BadShapesAreNamed) {
     auto dev = driver::Device::open(hw::BoardConfig{});
     driver::ProgramCache cache;
@@ -165,6 +218,10 @@ TEST(GradCheck, BadShapesAreNamed) {
     EXPECT_NE(error([&] {
                   split_heads(rt, x, 3);
               }).find("split_heads: a 10 x 4 tensor does not split into 3 heads"),
+              std::string::npos);
+    EXPECT_NE(error([&] {
+                  max_pool2d(rt, x, PoolWindow{1, 3, 3, 3, 2, 2, 0});
+              }).find("max_pool2d: rows of 4 values are not 3x3x3 images"),
               std::string::npos);
 }
 
