@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "trainer/zoo.h"
 
+#include <algorithm>
 #include <random>
 #include <stdexcept>
 
@@ -26,7 +27,7 @@ Dataset random_rows(uint32_t examples, uint32_t rows, uint32_t features, uint32_
     // 24 random bits per value, as the module initialisers: the same inputs on every platform.
     for (float& v : d.x) v = float(rng() >> 8) * (2.0f / 16777216.0f) - 1.0f;
     d.labels.resize(size_t(examples) * rows);
-    for (uint8_t& l : d.labels) l = uint8_t(rng() % classes);
+    for (uint8_t& l : d.labels) l = uint8_t(rng() % std::min(classes, 256u));
     return d;
 }
 

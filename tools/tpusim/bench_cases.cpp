@@ -23,6 +23,7 @@
 #include "sim/interrupt.h"
 #include "tools/tpusim/random_fill.h"
 #include "trainer/trainer.h"
+#include "trainer/zoo.h"
 
 namespace tpu::bench {
 namespace {
@@ -102,6 +103,20 @@ CaseRun train_step_case(driver::Device& dev) {
     trainer::Trainer tr(dev, opts);
     trainer::Mlp model({784, 512, 256, 10}, trainer::OptimizerConfig{}, 1);
     tr.fit(model, trainer::DataLoader{&data, 16, false, true, 0});
+    const trainer::StepTime& s = tr.step_times().at(2);
+    return {s.cycles, s.host_seconds, s.host_seconds};
+}
+
+/// Step 3 of training zoo model `name` (its defaults) on 8 cores x 16 examples, bf16-mixed.
+CaseRun zoo_train_step_case(driver::Device& dev, const char* name) {
+    const trainer::ZooModel m = trainer::make_zoo_model(name, {}, 8 * 16 * 3);
+    trainer::TrainerOptions opts;
+    opts.devices = 8;
+    opts.precision = "bf16-mixed";
+    opts.enable_progress_bar = false;
+    opts.log_every_n_steps = 1000;  // no loss read-back inside the timed steps
+    trainer::Trainer tr(dev, opts);
+    tr.fit(*m.module, trainer::DataLoader{&m.input, 16, false, true, 0});
     const trainer::StepTime& s = tr.step_times().at(2);
     return {s.cycles, s.host_seconds, s.host_seconds};
 }
@@ -217,6 +232,13 @@ std::vector<BenchCase> bench_cases() {
                          "one training step of the MLP 784-512-256-10, bf16-mixed, 8 cores x 16 "
                          "examples (forward, backward, gradient all-reduce, Adam)",
                          functional, true, std::nullopt, train_step_case});
+    }
+    for (const bool functional : {true, false}) {
+        cases.push_back({fmt::format("gpt_train_step/{}", mode(functional)),
+                         "one training step of tpusim train --model gpt's GPT (2 layers, hidden "
+                         "128, context 64), bf16-mixed, 8 cores x 16 sequences",
+                         functional, true, std::nullopt,
+                         [](driver::Device& dev) { return zoo_train_step_case(dev, "gpt"); }});
     }
     return cases;
 }
