@@ -237,7 +237,7 @@ std::vector<BenchCase> bench_cases() {
         cases.push_back({fmt::format("gpt_train_step/{}", mode(functional)),
                          "one training step of tpusim train --model gpt's GPT (2 layers, hidden "
                          "128, context 64), bf16-mixed, 8 cores x 16 sequences",
-                         functional, true, std::nullopt,
+                         functional, false, std::nullopt,
                          [](driver::Device& dev) { return zoo_train_step_case(dev, "gpt"); }});
     }
     return cases;
