@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "driver/device.h"
+#include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
 
 /// conv2d forward on the MXUs as an implicit GEMM (driver/README.md, "Convolution"): NHWC
@@ -50,7 +51,7 @@ struct Conv2dTiling {
 /// or, when one image does not fit, bands of output rows (the largest divisor of Ho that fits).
 Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images);
 /// The per-core kernel. Launch arguments: s1 = X, s2 = W, s3 = bias, s4 = Y (HBM addresses),
-/// s5 = blocks on this core. HBM layouts (conv2d() writes them from the host):
+/// s5 = blocks on this core. HBM layouts (the packing kernels write them):
 /// - X: per image, per stride phase (a, b) (a, b < phases), per Cin tile: a Hq x Wq x R bf16
 ///   plane, pixel (i, j) = zero-padded input (i stride + a - pad, j stride + b - pad), channels
 ///   past Cin zero. Tap (kh, kw) of output (y, x) reads phase (kh % s, kw % s) at
@@ -65,16 +66,27 @@ std::string conv2d_key(const Conv2dShape& s, const Conv2dTiling& t);
 /// Result of conv2d().
 struct Conv2dResult {
     std::vector<float> y;        ///< N x Ho x Wo x Cout, fp32
-    Event event;                 ///< the launches, merged
+    Event event;                 ///< the kernel's launches (operands already packed), merged
+    Event pack;                  ///< the packing launches before them (not in `event`)
     uint64_t macs = 0;           ///< useful multiply-accumulates (Conv2dShape::macs)
     double mxu_utilization = 0;  ///< macs / (cores x MXUs x R x C x cycles)
-    uint64_t hbm_bytes = 0;      ///< bytes the kernel's DMAs moved between HBM and VMEM
+    uint64_t hbm_bytes = 0;      ///< bytes the kernel's DMAs moved (packing excluded)
     Conv2dTiling tiling;         ///< the busiest core's tiling
 };
 
+/// y = conv2d(x, w) + bias on device Tensors, one launch group over their core set, each core
+/// on its own replica (`s.batch` images per core): x is N H W rows x Cin (NHWC), w k k Cin rows
+/// x Cout (HWIO), bias 1 x Cout, y N Ho Wo rows x Cout, all fp32. Packing kernels write the
+/// kernel's bf16 layouts (above) into scratch HBM, freed before returning. The event covers
+/// the packing and the kernel.
+Event conv2d(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tensor& x,
+             const Tensor& w, const Tensor& bias, const Tensor& y);
+
 /// Runs y = conv2d(x, w) + bias on `cores`, data-parallel over the batch (core i takes the
 /// i-th even share of the images): x is N x H x W x Cin (NHWC), w is k x k x Cin x Cout
-/// (HWIO), bias Cout; all fp32 on the host, rounded to bf16 (bias stays fp32).
+/// (HWIO), bias Cout; all fp32 on the host, rounded to bf16 (bias stays fp32). Uploads fp32
+/// Tensors and packs them on the device as the Tensor conv2d does, but reports the packing
+/// (`pack`) apart from the kernel (`event`).
 Conv2dResult conv2d(Device& dev, ProgramCache& cache, const std::vector<float>& x,
                     const std::vector<float>& w, const std::vector<float>& bias,
                     const Conv2dShape& s, const std::vector<uint32_t>& cores);
