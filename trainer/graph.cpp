@@ -659,6 +659,54 @@ Var global_avg_pool(Runtime& rt, const Var& x, const PoolWindow& w) {
     return pool(rt, x, w, PoolKind::Global);
 }
 
+Var conv2d(Runtime& rt, const Var& x, const Var& w, const Var& b, driver::Conv2dShape s) {
+    const Tensor &X = x->value, &W = w->value;
+    const uint64_t image = uint64_t(s.height) * s.width * s.cin;
+    if (X.cols != image)
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  fmt::format("conv2d: rows of {} values are not {}x{}x{} images",
+                                              X.cols, s.height, s.width, s.cin));
+    if (W.rows != s.kernel * s.kernel * s.cin || W.cols != s.cout)
+        throw driver::DeviceError(
+            driver::ErrorKind::Usage,
+            fmt::format("conv2d: the weight is {} x {}, expected {} x {} (k·k·Cin x Cout)", W.rows,
+                        W.cols, s.kernel * s.kernel * s.cin, s.cout));
+    if (b) check_cols("conv2d", b->value, s.cout, "the bias");
+    s.batch = X.rows;
+    s.validate();
+    const uint32_t pixels_in = s.height * s.width, pixels_out = s.out_height() * s.out_width();
+    const bool grad = needs(x) || needs(w) || needs(b);
+    Var y = rt.make(X.rows, pixels_out * s.cout, grad);
+    // Without a bias the kernel still adds one: zeros, in step scratch.
+    Tensor bias = b ? b->value : rt.scratch(1, s.cout);
+    if (!b)
+        rt.exec("conv2d.zero_bias",
+                [&] { return driver::scale(rt.device(), rt.cache(), bias, 0.0f, bias); });
+    rt.exec("conv2d", [&] {
+        return driver::conv2d(rt.device(), rt.cache(), s, reshaped(X, X.rows * pixels_in), W, bias,
+                              reshaped(y->value, X.rows * pixels_out));
+    });
+    maybe_round(rt, y);
+    if (!grad) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, x, w, b, yp, s, pixels_in, pixels_out] {
+        bool ax = false, aw = false, ab = false;
+        const Tensor dX =
+            needs(x) ? rt.grad_target(x, ax) : rt.scratch(x->value.rows, x->value.cols);
+        const Tensor dW =
+            needs(w) ? rt.grad_target(w, aw) : rt.scratch(w->value.rows, w->value.cols);
+        const Tensor dB = needs(b) ? rt.grad_target(b, ab) : rt.scratch(1, s.cout);
+        // PENDING_CONV2D_GRAD
+        throw driver::DeviceError(driver::ErrorKind::Usage,
+                                  "conv2d: training through a convolution needs its backward "
+                                  "kernel, which the library does not have yet");
+        if (needs(x)) rt.finish_grad(x, dX, ax);
+        if (needs(w)) rt.finish_grad(w, dW, aw);
+        if (needs(b)) rt.finish_grad(b, dB, ab);
+    };
+    return y;
+}
+
 Var embedding(Runtime& rt, const Var& onehot, const Var& table) {
     return linear(rt, onehot, table, nullptr);
 }

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "driver/kernels/conv2d.h"
 #include "driver/kernels/gemm.h"
 #include "driver/kernels/pool.h"
 #include "driver/kernels/tensor.h"
@@ -208,6 +209,10 @@ Var max_pool2d(Runtime& rt, const Var& x, const PoolWindow& w);
 Var avg_pool2d(Runtime& rt, const Var& x, const PoolWindow& w);
 /// Global average pooling of each image row (B x H·W·C) to B x C.
 Var global_avg_pool(Runtime& rt, const Var& x, const PoolWindow& w);
+/// conv2d of image rows (B x H·W·Cin, NHWC) with weights w (k·k·Cin x Cout, HWIO) and bias b
+/// (1 x Cout, may be null) to B x Ho·Wo·Cout; `shape.batch` is ignored (the rows are the
+/// batch). bf16 MXU passes in every precision mode, as XLA's default convolution precision.
+Var conv2d(Runtime& rt, const Var& x, const Var& w, const Var& b, driver::Conv2dShape shape);
 /// Mean softmax cross-entropy over the rows of logits (B x C) against one-hot labels; the
 /// result is 1 x 1. Its backward seeds dlogits = (softmax - y) / B.
 Var cross_entropy(Runtime& rt, const Var& logits, const Var& onehot);

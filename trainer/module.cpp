@@ -104,6 +104,35 @@ std::vector<std::pair<std::string, ParamPtr*>> PositionalEmbedding::slots() {
     return {{"weight", &weight}};
 }
 
+Conv2d::Conv2d(ImageShape in, uint32_t cout, uint32_t kernel, uint32_t stride, uint32_t pad,
+               bool with_bias, std::mt19937& rng)
+    : m_shape{1, in.height, in.width, in.channels, cout, kernel, stride, pad} {
+    try {
+        m_shape.validate();
+    } catch (const driver::DeviceError& e) {
+        throw std::invalid_argument(e.what());
+    }
+    const float bound = 1.0f / std::sqrt(float(in.channels * kernel * kernel));
+    weight = uniform_param(kernel * kernel * in.channels, cout, bound, rng);
+    if (with_bias) bias = uniform_param(1, cout, bound, rng);
+}
+
+Var Conv2d::operator()(Runtime& rt, const Var& x) {
+    const auto scope = rt.layer(
+        name, fmt::format("conv2d {}x{}/{}", m_shape.kernel, m_shape.kernel, m_shape.stride));
+    return conv2d(rt, x, rt.param(*weight), bias ? rt.param(*bias) : nullptr, m_shape);
+}
+
+std::vector<std::pair<std::string, ParamPtr*>> Conv2d::slots() {
+    std::vector<std::pair<std::string, ParamPtr*>> s{{"weight", &weight}};
+    if (bias) s.emplace_back("bias", &bias);
+    return s;
+}
+
+ImageShape Conv2d::out() const {
+    return {m_shape.out_height(), m_shape.out_width(), m_shape.cout};
+}
+
 Pool2d::Pool2d(bool max, ImageShape in, uint32_t kernel, uint32_t stride, uint32_t pad)
     : m_max(max), m_window{1,  in.height, in.width, in.channels, kernel, stride ? stride : kernel,
                            pad} {
@@ -273,6 +302,23 @@ Var Mlp::forward(Runtime& rt, const Var& x) {
         if (i + 1 < m_linear.size()) h = relu(rt, h);
     }
     return h;
+}
+
+Cnn::Cnn(ImageShape in, uint32_t classes, OptimizerConfig opt, uint32_t seed)
+    : Module(seed), m_opt(opt) {
+    m_conv1 = &add<Conv2d>("conv1", in, 32, 3, 1, 1, true, rng());
+    m_pool1 = &add<MaxPool2d>("pool1", m_conv1->out(), 2);
+    m_conv2 = &add<Conv2d>("conv2", m_pool1->out(), 64, 3, 1, 1, true, rng());
+    m_pool2 = &add<MaxPool2d>("pool2", m_conv2->out(), 2);
+    m_flatten = &add<Flatten>("flatten");
+    m_fc1 = &add<Linear>("fc1", m_pool2->out().values(), 128, true, rng());
+    m_fc2 = &add<Linear>("fc2", 128, classes, true, rng());
+}
+
+Var Cnn::forward(Runtime& rt, const Var& x) {
+    Var h = (*m_pool1)(rt, relu(rt, (*m_conv1)(rt, x)));
+    h = (*m_flatten)(rt, (*m_pool2)(rt, relu(rt, (*m_conv2)(rt, h))));
+    return (*m_fc2)(rt, relu(rt, (*m_fc1)(rt, h)));
 }
 
 Gpt::Gpt(GptConfig cfg, OptimizerConfig opt, uint32_t seed) : Module(seed), m_cfg(cfg), m_opt(opt) {

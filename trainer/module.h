@@ -169,6 +169,24 @@ private:
     PoolWindow m_window;
 };
 
+/// torch.nn.Conv2d (groups 1) on image rows: weight k·k·Cin x Cout (HWIO, the layout the
+/// implicit-GEMM kernel reads), initialised as PyTorch (uniform in +-1/sqrt(Cin k k)).
+class Conv2d : public Layer {
+public:
+    /// Throws std::invalid_argument naming the bad size.
+    Conv2d(ImageShape in, uint32_t cout, uint32_t kernel, uint32_t stride, uint32_t pad, bool bias,
+           std::mt19937& rng);
+    Var operator()(Runtime& rt, const Var& x);
+    std::vector<std::pair<std::string, ParamPtr*>> slots() override;
+    /// The images it outputs.
+    ImageShape out() const;
+    ParamPtr weight;  ///< k·k·Cin x Cout
+    ParamPtr bias;    ///< 1 x Cout, or null
+
+private:
+    driver::Conv2dShape m_shape;
+};
+
 /// torch.nn.MaxPool2d.
 class MaxPool2d : public Pool2d {
 public:
@@ -299,6 +317,22 @@ public:
 private:
     std::vector<Linear*> m_linear;
     OptimizerConfig m_opt;
+};
+
+/// The small CNN for 28x28x1 images: conv 32 (3x3, pad 1), ReLU, max-pool 2, conv 64
+/// (3x3, pad 1), ReLU, max-pool 2, flatten, linear 128, ReLU, linear `classes`.
+class Cnn : public Module {
+public:
+    Cnn(ImageShape in, uint32_t classes, OptimizerConfig opt, uint32_t seed = 0);
+    Var forward(Runtime& rt, const Var& x) override;
+    OptimizerConfig configure_optimizers() const override { return m_opt; }
+
+private:
+    OptimizerConfig m_opt;
+    Conv2d *m_conv1, *m_conv2;
+    MaxPool2d *m_pool1, *m_pool2;
+    Flatten* m_flatten;
+    Linear *m_fc1, *m_fc2;
 };
 
 /// A decoder-only transformer's shape (GPT-2 style).

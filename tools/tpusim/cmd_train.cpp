@@ -78,7 +78,7 @@ void register_train_command(CLI::App& app) {
     };
     auto o = std::make_shared<Opts>();
     auto* cmd = app.add_subcommand("train", "data-parallel training (PyTorch Lightning on TPU)");
-    cmd->add_option("--model", o->model, "model: mlp | gpt");
+    cmd->add_option("--model", o->model, "model: mlp | cnn | gpt");
     cmd->add_option("--hidden", o->hidden,
                     "mlp: hidden layer widths, e.g. 512,256 (the default); gpt: the model width "
                     "(default 128)");
@@ -127,9 +127,9 @@ void register_train_command(CLI::App& app) {
     add_common_options(*cmd, o->common);
     cmd->callback([o, epochs] {
         const hw::BoardConfig cfg = o->common.board_config();
-        const bool gpt = o->model == "gpt";
-        if (o->model != "mlp" && !gpt)
-            throw InputError(fmt::format("--model '{}': the models are: mlp, gpt", o->model));
+        const bool gpt = o->model == "gpt", cnn = o->model == "cnn";
+        if (o->model != "mlp" && !gpt && !cnn)
+            throw InputError(fmt::format("--model '{}': the models are: mlp, cnn, gpt", o->model));
         trainer::TrainerOptions topts;
         try {
             topts.devices = trainer::parse_devices(o->devices);
@@ -255,12 +255,25 @@ void register_train_command(CLI::App& app) {
                 const auto [mean, stddev] = trainer::value_stats(train);
                 trainer::normalize(train, mean, stddev);
                 trainer::normalize(test, mean, stddev);
-                const std::string hidden = o->hidden.empty() ? "512,256" : o->hidden;
-                std::vector<uint32_t> sizes{train.features};
-                for (uint32_t h : parse_sizes(hidden)) sizes.push_back(h);
-                sizes.push_back(train.classes);
-                model = std::make_unique<trainer::Mlp>(sizes, opt, o->seed);
-                description = fmt::format("an MLP {}", hidden);
+                if (cnn) {
+                    if (train.features != 784)
+                        throw InputError(fmt::format(
+                            "--model cnn takes 28x28x1 images; --data {} has {} values per "
+                            "example",
+                            data, train.features));
+                    if (!o->hidden.empty())
+                        throw InputError("--hidden is the MLP's and the GPT's; the CNN is fixed");
+                    model = std::make_unique<trainer::Cnn>(trainer::ImageShape{28, 28, 1},
+                                                           train.classes, opt, o->seed);
+                    description = "a CNN conv32-pool-conv64-pool-fc128-fc10";
+                } else {
+                    const std::string hidden = o->hidden.empty() ? "512,256" : o->hidden;
+                    std::vector<uint32_t> sizes{train.features};
+                    for (uint32_t h : parse_sizes(hidden)) sizes.push_back(h);
+                    sizes.push_back(train.classes);
+                    model = std::make_unique<trainer::Mlp>(sizes, opt, o->seed);
+                    description = fmt::format("an MLP {}", hidden);
+                }
             }
         } catch (const std::invalid_argument& e) {
             throw InputError(e.what());
