@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "driver/kernels/matmul_kernel.h"
 #include "driver/kernels/vector_ops.h"
 #include "hw/core/numerics.h"
 
@@ -290,6 +291,15 @@ Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a
         throw DeviceError(
             ErrorKind::Usage,
             fmt::format("matmul: c is {} x {} but op(a) x op(b) is {} x {}", c.rows, c.cols, M, N));
+    // The fused kernel reads the fp32 operands in tiles and converts them in VMEM; packing and
+    // the library GEMM remain for what it cannot hold (VMEM, instruction memory).
+    if (const auto mt = plan_matmul(dev.config(), M, K, N, transpose_a, transpose_b, precision)) {
+        const isa::Program& prog = cache.get(matmul_key(*mt), [&] { return matmul_program(*mt); });
+        if (prog.code.size() * isa::kInstrBytes <= dev.config().core.imem_bytes)
+            return dev.launch(a.cores, prog, [&](size_t i) {
+                return std::vector<uint32_t>{addr(a.bufs[i]), addr(b.bufs[i]), addr(c.bufs[i])};
+            });
+    }
     const GemmTiling t = plan_gemm(dev.config(), M, K, N, precision);
     const int P = parts_of(precision);
     std::vector<Buffer> sa, sw;
