@@ -340,16 +340,15 @@ void emit_split(const std::function<void(const std::string&)>& vpu, int parts,
 
 std::optional<MatmulTiling> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K,
                                         uint32_t N, bool ta, bool tb, Precision precision) {
-    MatmulTiling t;
-    t.M = M;
-    t.K = K;
-    t.N = N;
-    t.ta = ta;
-    t.tb = tb;
-    t.precision = precision;
-    t.R = cfg.core.mxu_rows;
-    t.C = cfg.core.mxu_cols;
-    t.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
+    MatmulTiling t{.M = M,
+                   .K = K,
+                   .N = N,
+                   .ta = ta,
+                   .tb = tb,
+                   .precision = precision,
+                   .R = cfg.core.mxu_rows,
+                   .C = cfg.core.mxu_cols,
+                   .mxus = std::min<uint32_t>(cfg.core.mxus, 2)};
     // The longest blocks first: each weight tile costs a drain (core.mxu_swap_drains), so rows
     // per tile are worth more than anything a shorter block would save.
     for (uint32_t nb = 1; nb <= ceil_div(M, 8); ++nb) {

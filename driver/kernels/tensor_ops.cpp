@@ -126,17 +126,9 @@ Spec pack_spec(uint32_t Ro, uint32_t Co, uint32_t Rp, uint32_t Cp, bool transpos
         if (transposed)
             b.vpu(
                 fmt::format("        v.trans {}, {}, {}, {}", b.a(X), b.a(S), Cp, b.tile_units()));
-        b.vpu(fmt::format("        v.f2bf {}, {}, {}", b.a(H), b.a(X), n));
-        if (parts >= 2) {
-            b.vpu(fmt::format("        v.bf2f {}, {}, {}", b.a(F), b.a(H), n));
-            b.vpu(fmt::format("        v.sub {}, {}, {}, {}", b.a(R1), b.a(X), b.a(F), n));
-            b.vpu(fmt::format("        v.f2bf {}, {}, {}", b.a(H + 1), b.a(R1), n));
-        }
-        if (parts == 3) {
-            b.vpu(fmt::format("        v.bf2f {}, {}, {}", b.a(F), b.a(H + 1), n));
-            b.vpu(fmt::format("        v.sub {}, {}, {}, {}", b.a(R2), b.a(R1), b.a(F), n));
-            b.vpu(fmt::format("        v.f2bf {}, {}, {}", b.a(H + 2), b.a(R2), n));
-        }
+        emit_split([&](const std::string& ins) { b.vpu(ins); }, parts,
+                   [&](int q) { return b.a(H + q); }, b.a(X), parts >= 2 ? b.a(F) : "",
+                   parts >= 2 ? b.a(R1) : "", parts == 3 ? b.a(R2) : "", fmt::format("{}", n));
     };
     return sp;
 }
