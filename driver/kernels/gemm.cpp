@@ -17,10 +17,8 @@
 #include "isa/assembler.h"
 
 namespace tpu::driver {
-namespace {
 
-/// (A part, W part) of each MXU pass, smallest terms first so they are not lost in the sum.
-std::vector<std::pair<int, int>> passes(Precision p) {
+std::vector<std::pair<int, int>> mxu_passes(Precision p) {
     switch (p) {
         case Precision::Bf16:
             return {{0, 0}};
@@ -30,6 +28,12 @@ std::vector<std::pair<int, int>> passes(Precision p) {
             return {{2, 0}, {0, 2}, {1, 1}, {1, 0}, {0, 1}, {0, 0}};
     }
     return {};
+}
+
+namespace {
+
+std::vector<std::pair<int, int>> passes(Precision p) {
+    return mxu_passes(p);
 }
 
 int parts(Precision p) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "driver/device.h"
@@ -18,6 +19,9 @@ enum class Precision : uint8_t {
     Fp32Pass3,  ///< 3 passes: mid.hi, hi.mid, hi.hi
     Fp32Pass6,  ///< 6 passes: lo.hi, hi.lo, mid.mid, mid.hi, hi.mid, hi.hi
 };
+/// (A part, W part) of each MXU pass in order, smallest terms first so they are not lost in
+/// the sum (parts as hw::split3: 0 hi, 1 mid, 2 lo).
+std::vector<std::pair<int, int>> mxu_passes(Precision p);
 /// "bf16", "fp32-3pass", "fp32-6pass".
 std::string_view precision_name(Precision p);
 /// Parses a precision name; throws DeviceError(Usage) listing the valid names.

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "driver/kernels/matmul_kernel.h"
 #include "driver/kernels/vector_ops.h"
 #include "hw/core/numerics.h"
 
@@ -125,17 +126,9 @@ Spec pack_spec(uint32_t Ro, uint32_t Co, uint32_t Rp, uint32_t Cp, bool transpos
         if (transposed)
             b.vpu(
                 fmt::format("        v.trans {}, {}, {}, {}", b.a(X), b.a(S), Cp, b.tile_units()));
-        b.vpu(fmt::format("        v.f2bf {}, {}, {}", b.a(H), b.a(X), n));
-        if (parts >= 2) {
-            b.vpu(fmt::format("        v.bf2f {}, {}, {}", b.a(F), b.a(H), n));
-            b.vpu(fmt::format("        v.sub {}, {}, {}, {}", b.a(R1), b.a(X), b.a(F), n));
-            b.vpu(fmt::format("        v.f2bf {}, {}, {}", b.a(H + 1), b.a(R1), n));
-        }
-        if (parts == 3) {
-            b.vpu(fmt::format("        v.bf2f {}, {}, {}", b.a(F), b.a(H + 1), n));
-            b.vpu(fmt::format("        v.sub {}, {}, {}, {}", b.a(R2), b.a(R1), b.a(F), n));
-            b.vpu(fmt::format("        v.f2bf {}, {}, {}", b.a(H + 2), b.a(R2), n));
-        }
+        emit_split([&](const std::string& ins) { b.vpu(ins); }, parts,
+                   [&](int q) { return b.a(H + q); }, b.a(X), parts >= 2 ? b.a(F) : "",
+                   parts >= 2 ? b.a(R1) : "", parts == 3 ? b.a(R2) : "", fmt::format("{}", n));
     };
     return sp;
 }
@@ -290,6 +283,15 @@ Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a
         throw DeviceError(
             ErrorKind::Usage,
             fmt::format("matmul: c is {} x {} but op(a) x op(b) is {} x {}", c.rows, c.cols, M, N));
+    // The fused kernel reads the fp32 operands in tiles and converts them in VMEM; packing and
+    // the library GEMM remain for what it cannot hold (VMEM, instruction memory).
+    if (const auto mt = plan_matmul(dev.config(), M, K, N, transpose_a, transpose_b, precision)) {
+        const isa::Program& prog = cache.get(matmul_key(*mt), [&] { return matmul_program(*mt); });
+        if (prog.code.size() * isa::kInstrBytes <= dev.config().core.imem_bytes)
+            return dev.launch(a.cores, prog, [&](size_t i) {
+                return std::vector<uint32_t>{addr(a.bufs[i]), addr(b.bufs[i]), addr(c.bufs[i])};
+            });
+    }
     const GemmTiling t = plan_gemm(dev.config(), M, K, N, precision);
     const int P = parts_of(precision);
     std::vector<Buffer> sa, sw;

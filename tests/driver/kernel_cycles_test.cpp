@@ -10,6 +10,7 @@
 #include "driver/kernels/attention.h"
 #include "driver/kernels/pool.h"
 #include "driver/kernels/softmax.h"
+#include "driver/kernels/tensor_ops.h"
 #include "hw/board_config.h"
 
 namespace tpu::driver {
@@ -88,6 +89,37 @@ TEST(KernelCycles, MaxPool3x3Stride2On112x112x64) {
     // Each output row reads its 3 input rows (4.8 MB) and writes 14 KiB: 11 700 cycles at HBM
     // peak.
     EXPECT_EQ(cycles(e), 17192u);
+}
+
+/// Cycles of tensor_ops::matmul of op(a) (M x K) x b (K x N), bf16, on core 0.
+uint64_t matmul_cycles(Device& dev, uint32_t M, uint32_t K, uint32_t N, bool ta) {
+    ProgramCache cache;
+    Tensor a = ta ? alloc_tensor(dev, {0}, K, M) : alloc_tensor(dev, {0}, M, K);
+    Tensor b = alloc_tensor(dev, {0}, K, N), c = alloc_tensor(dev, {0}, M, N);
+    const Event e = matmul(dev, cache, a, ta, b, false, c, Precision::Bf16);
+    for (Tensor* x : {&a, &b, &c}) free_tensor(dev, *x);
+    std::printf("matmul %ux%ux%u%s bf16: %llu cycles\n", M, K, N, ta ? " (a transposed)" : "",
+                (unsigned long long)cycles(e));
+    return cycles(e);
+}
+
+TEST(KernelCycles, BertProjectionMatmulsOnOneCore) {
+    // BERT-base, seq 512: the q projection, fc_1 and fc_2 (driver/README.md, "matmul" derives
+    // the first). Before the fused kernel (two packing launches and the GEMM): 40 161, 167 635
+    // and 132 104.
+    auto dev = timing_only();
+    EXPECT_EQ(matmul_cycles(*dev, 512, 768, 768, false), 20418u);
+    EXPECT_EQ(matmul_cycles(*dev, 512, 768, 3072, false), 138196u);
+    EXPECT_EQ(matmul_cycles(*dev, 512, 3072, 768, false), 98057u);
+}
+
+TEST(KernelCycles, BertWeightGradientMatmulsOnOneCore) {
+    // The weight gradients x^T dy of the same layers: a transposed, K = seq. Before: 41 171,
+    // 180 398 and 148 467.
+    auto dev = timing_only();
+    EXPECT_EQ(matmul_cycles(*dev, 768, 512, 768, true), 18327u);
+    EXPECT_EQ(matmul_cycles(*dev, 768, 512, 3072, true), 140638u);
+    EXPECT_EQ(matmul_cycles(*dev, 3072, 512, 768, true), 57388u);
 }
 
 }  // namespace

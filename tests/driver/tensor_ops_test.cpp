@@ -146,16 +146,53 @@ TEST(TensorMatmulOneMxu, CompactOutputOfTheLastPanelIsExact) {
         check_matmul(*dev, cache, {0, 1}, {33, 130, N, false, true}, Precision::Fp32Pass3, seed++);
 }
 
+TEST(TensorMatmulFused, EdgeShapesAreBitExact) {
+    // Tiny (M = 1, K = 3), one column (N = 1), K with an odd number of tiles (KT odd: a group's
+    // first step waits for the previous group's last), a middle-group loop (N = 1000: 8 panels,
+    // 4 groups), tall and wide shapes, each transpose.
+    auto dev = open_device();
+    ProgramCache cache;
+    uint32_t seed = 120;
+    const std::vector<MatmulCase> cases = {
+        {1, 3, 1, false, false},      {1, 3, 5, true, true},        {3, 300, 1000, false, true},
+        {2000, 40, 130, true, false}, {5, 1500, 260, false, false}, {257, 385, 129, true, true}};
+    for (Precision p : {Precision::Bf16, Precision::Fp32Pass6})
+        for (const MatmulCase& mc : cases) check_matmul(*dev, cache, kOne, mc, p, seed++);
+}
+
+TEST(TensorMatmulFused, SeveralRowBlocksAreBitExact) {
+    // 1 MiB of VMEM: a few hundred rows per block, so blocks follow each other (the next block's
+    // A panels overwrite the ones the previous block read; the last block is short).
+    auto dev = Device::open(
+        hw::BoardConfig::load("", {"sim.race_detector=true", "core.vmem_bytes=1048576"}));
+    ProgramCache cache;
+    uint32_t seed = 140;
+    for (Precision p : {Precision::Bf16, Precision::Fp32Pass3})
+        for (const MatmulCase& mc :
+             {MatmulCase{1000, 260, 300, false, false}, MatmulCase{900, 129, 200, true, true}})
+            check_matmul(*dev, cache, {0, 3}, mc, p, seed++);
+}
+
+TEST(TensorMatmulFused, FallsBackToPackingWhenTheKernelDoesNotFit) {
+    // 16 KiB of instruction memory (512 instructions): the unrolled K loop of K = 2000 does not
+    // fit, so the operands are packed and the library GEMM runs (three launches, three programs).
+    auto dev = Device::open(
+        hw::BoardConfig::load("", {"sim.race_detector=true", "core.imem_bytes=16384"}));
+    ProgramCache cache;
+    check_matmul(*dev, cache, kOne, {40, 2000, 100, true, false}, Precision::Fp32Pass3, 160);
+    EXPECT_EQ(cache.misses(), 4u);  // the fused kernel that did not fit, two packs, the GEMM
+}
+
 TEST(TensorMatmulCache, RepeatedCallsHitTheCache) {
     auto dev = open_device();
     ProgramCache cache;
     Filled a = filled(*dev, kEight, 32, 784, 1), b = filled(*dev, kEight, 784, 512, 2);
     Tensor c = alloc_tensor(*dev, kEight, 32, 512);
     matmul(*dev, cache, a.t, false, b.t, false, c, Precision::Bf16);
-    EXPECT_EQ(cache.misses(), 3u);  // two packs and the GEMM
+    EXPECT_EQ(cache.misses(), 1u);  // the fused kernel
     const Event ev = matmul(*dev, cache, a.t, false, b.t, false, c, Precision::Bf16);
-    EXPECT_EQ(cache.misses(), 3u);
-    EXPECT_EQ(cache.hits(), 3u);
+    EXPECT_EQ(cache.misses(), 1u);
+    EXPECT_EQ(cache.hits(), 1u);
     EXPECT_EQ(ev.cores, kEight);
     EXPECT_GT(ev.end_cycle, ev.start_cycle);
     const auto want = matmul_reference(a.data[5], 32, 784, false, b.data[5], 784, 512, false,

@@ -470,11 +470,11 @@ TEST(TrainerProfile, LayersOwnTheirForwardAndBackwardKernels) {
     EXPECT_EQ(layers[0].name, "layer_1");
     EXPECT_EQ(layers[0].kind, "linear");
     EXPECT_EQ(layers[1].name, "layer_2");
-    // The library GEMM pads K and N to whole 128 x 128 weight tiles, so each matmul of M rows
-    // issues M x 128 x 128 MACs: layer_1 forward (32 rows) and weight gradient (16 rows of
-    // x^T); layer_2 forward (32), weight gradient (8) and input gradient (32).
-    EXPECT_EQ(layers[0].work.mxu_macs, (32u + 16) * 128 * 128);
-    EXPECT_EQ(layers[1].work.mxu_macs, (32u + 8 + 32) * 128 * 128);
+    // The fused matmul loads ragged K x N weight tiles (the array pads them), so each matmul
+    // counts M x K x N MACs: layer_1 forward 32 x 16 x 8 and weight gradient 16 x 32 x 8;
+    // layer_2 forward 32 x 8 x 4, weight gradient 8 x 32 x 4 and input gradient 32 x 4 x 8.
+    EXPECT_EQ(layers[0].work.mxu_macs, 32u * 16 * 8 + 16 * 32 * 8);
+    EXPECT_EQ(layers[1].work.mxu_macs, 32u * 8 * 4 + 8 * 32 * 4 + 32 * 4 * 8);
     EXPECT_GT(layers[0].work.hbm_bytes(), 0u);
     EXPECT_LT(layers[0].first_cycle, layers[1].first_cycle);
     // layer_1's backward runs after layer_2's, so it ends last.
