@@ -2,6 +2,7 @@
 // tpusim model NAME: the per-layer table, timing-only cycles, training steps, traces, bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -66,6 +67,34 @@ TEST(CliModel, ZooModelsNameTheirLayers) {
     EXPECT_EQ(bert["mode"], "inference");
 }
 
+TEST(CliModel, ResNetsAreTorchvisionsWithFoldedBatchNorm) {
+    // 32x32 images keep it small; the layers are the same as at 224.
+    for (const char* cores : {"0", "0-7"}) {
+        const std::string args =
+            std::string("model resnet18 --image 32 --batch 8 --cores ") + cores;
+        const auto on = run_json(args);
+        const auto off = run_json(args + " --set sim.functional=false");
+        EXPECT_EQ(on["cycles"], off["cycles"]) << args;
+        EXPECT_EQ(on["layers"], off["layers"]) << args;
+    }
+    const auto r18 = names(run_json("model resnet18 --image 32 --set sim.functional=false"));
+    // Stem, 8 basic blocks of 2 convolutions (3 with a projection shortcut), pool and head.
+    for (const char* want : {"conv1", "maxpool", "layer1.0.conv1", "layer1.0.conv2",
+                             "layer2.0.downsample", "layer4.1.conv2", "avgpool", "fc"})
+        EXPECT_NE(std::find(r18.begin(), r18.end(), want), r18.end()) << want;
+    EXPECT_EQ(std::count_if(r18.begin(), r18.end(),
+                            [](const std::string& n) { return n.find(".conv") != n.npos; }),
+              16);
+    const auto r50 = names(run_json("model resnet50 --image 32 --set sim.functional=false"));
+    // 16 bottlenecks of 3 convolutions, 4 projection shortcuts.
+    EXPECT_EQ(std::count_if(r50.begin(), r50.end(),
+                            [](const std::string& n) { return n.find(".conv") != n.npos; }),
+              48);
+    EXPECT_EQ(std::count_if(r50.begin(), r50.end(),
+                            [](const std::string& n) { return n.find("downsample") != n.npos; }),
+              4);
+}
+
 TEST(CliModel, TrainStepAddsBackwardAllReduceAndOptimizer) {
     const auto infer = run_json(kSmallGpt + " --cores 0-7");
     const auto step = run_json(kSmallGpt + " --cores 0-7 --train-step");
@@ -97,12 +126,13 @@ TEST(CliModel, BadInputIsAnErrorNamingIt) {
         std::string args, message;
     };
     const std::vector<Case> cases = {
-        {"model resnet9", "model 'resnet9': the zoo has mlp"},
+        {"model resnet9", "model 'resnet9': the zoo has resnet18, resnet50, cnn, mlp"},
         {"model", "name is required"},
         {"model bert-block --hidden 100 --heads 12",
          "--hidden 100 is not a multiple of --heads 12"},
         {"model mlp --batch 0", "--batch: expected a whole number >= 1, got '0'"},
         {"model gpt --vocab 300", "--vocab 300"},
+        {"model resnet18 --image 16", "--image 16: a ResNet needs at least 32 x 32 pixels"},
         {"model mlp --cores 9", "--cores"},
         {"model mlp --precision fp8", "precision='fp8'"},
     };

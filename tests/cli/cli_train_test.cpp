@@ -53,7 +53,7 @@ TEST(CliTrain, LightningDeviceAndPrecisionErrors) {
         {"--data synthetic --hidden 32,0",
          "tpusim: error: --hidden: '0' is not a layer width (1-65536)\n"},
         {"--optimizer lamb", "tpusim: error: --optimizer 'lamb': expected adam or sgd\n"},
-        {"--model resnet", "tpusim: error: --model 'resnet': the models are: mlp, gpt\n"},
+        {"--model resnet", "tpusim: error: --model 'resnet': the models are: mlp, cnn, gpt\n"},
         {"--data text",
          "tpusim: error: --data 'text' does not suit --model mlp: text data is "
          "for --model gpt\n"},

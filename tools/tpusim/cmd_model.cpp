@@ -42,6 +42,7 @@ void register_model_command(CLI::App& app) {
     cmd->add_flag("--train-step", o->train_step,
                   "one training step instead: forward, backward, gradient all-reduce, Adam");
     cmd->add_option("--precision", o->precision, "32-true | bf16-mixed | bf16-true");
+    cmd->add_option("--image", o->zoo.image, "resnet18, resnet50: image height = width (224)");
     cmd->add_option("--hidden", o->zoo.hidden, "bert-block, gpt: model width");
     cmd->add_option("--heads", o->zoo.heads, "bert-block, gpt: attention heads");
     cmd->add_option("--seq", o->zoo.seq, "bert-block, gpt: tokens per sequence");
