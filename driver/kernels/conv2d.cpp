@@ -834,6 +834,154 @@ detail::Spec col2im_tap_spec(const Conv2dShape& s, uint32_t kh, uint32_t kw) {
     return sp;
 }
 
+/// Zeroes slot areas `areas` of both slots and every fixed area in the prologue (x > x is
+/// false for every x, NaN too): the row kernels below leave whatever a unit does not load zero.
+void zero_staging(Body& b, const std::vector<int>& areas, const std::vector<uint32_t>& area_vals,
+                  const std::vector<uint32_t>& fixed_vals) {
+    int n = 0;
+    for (int slot = 0; slot < 2; ++slot)
+        for (int a : areas) {
+            const std::string z = b.slot(slot, a);
+            b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", z, z, z, area_vals[a]));
+            ++n;
+        }
+    for (size_t f = 0; f < fixed_vals.size(); ++f) {
+        const std::string z = b.f(int(f));
+        b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", z, z, z, fixed_vals[f]));
+        ++n;
+    }
+    b.line(fmt::format("        wait f5, {}", n));
+}
+
+/// im2col with one unit per output row (image, y): one DMA per tap into the tap's columns of
+/// a Wo x k k Cin staging row (a zero copy when the tap's input row is padding), then one
+/// contiguous store. s1 = x, s2 = the column buffer.
+detail::Spec im2col_rows_spec(const Conv2dShape& s) {
+    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel, kk = k * k;
+    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * kk;
+    detail::Spec sp;
+    sp.name = fmt::format("conv2d_im2col_rows {}", shape_key(s));
+    sp.units = uint64_t(s.batch) * Ho;
+    sp.max_tile_units = 1;
+    sp.areas = {Wo * kk * s.cin};
+    sp.fixed = {Wo * s.cin};
+    auto uniq = std::make_shared<int>(0);
+    for (uint32_t t = 0; t < kk; ++t) {
+        const uint32_t kh = t / k, kw = t % k;
+        const TapRange r = tap_range(s, kh, kw);
+        if (!r.ny || !r.nx) continue;  // never loaded: stays zero
+        sp.ins.push_back(detail::Stream(
+            1, 0,
+            [=](Body& b, const std::string& u, const std::string&, const std::string& slot,
+                const std::string& flag) {
+                const int id = (*uniq)++;
+                const uint64_t at = b.off(0) + r.x0 * row + t * pix;
+                b.line(fmt::format("        remu s3, {}, {}", u, Ho));  // y
+                b.line(fmt::format("        divu s4, {}, {}", u, Ho));  // image
+                b.line(fmt::format("        bltu s3, {}, ic_z{}", r.y0, id));
+                b.line(fmt::format("        bge s3, {}, ic_z{}", r.y0 + r.ny, id));
+                b.line(fmt::format("        mul s5, s3, {}", s.stride));
+                b.line(fmt::format("        add s5, s5, {}", kh));
+                b.line(fmt::format("        sub s5, s5, {}", s.pad));
+                b.line(fmt::format("        mul s6, s4, {}", s.height));
+                b.line("        add s5, s5, s6");
+                b.line(fmt::format("        mul s5, s5, {}", s.width));
+                b.line(fmt::format("        add s5, s5, {}", r.x0 * s.stride + kw - s.pad));
+                b.line(fmt::format("        mul s5, s5, {}", pix));
+                b.line("        add s13, s5, s1");
+                b.line(fmt::format("        dma.hv [{}+{}], [s13], {}, {}, {}, {}, {}", slot, at,
+                                   r.nx, pix, row, pix * s.stride, flag));
+                b.line(fmt::format("        jmp ic_e{}", id));
+                b.line(fmt::format("ic_z{}:", id));
+                b.line(fmt::format("        dma.vv [{}+{}], {}, {}, {}, {}, {}, {}", slot, at,
+                                   b.f(0), r.nx, pix, row, pix, flag));
+                b.line(fmt::format("ic_e{}:", id));
+            }));
+    }
+    sp.outs = {{2, 0}};
+    sp.body = [](Body&) {};
+    sp.prologue = [=](Body& b) { zero_staging(b, {0}, {Wo * kk * s.cin}, {Wo * s.cin}); };
+    return sp;
+}
+
+/// col2im with one unit per input row (image, iy): per tap, the dcol values that reach the
+/// row are loaded at their pixels into the tap's W x Cin area (a zero copy when the tap does
+/// not reach it; the pixels it never reaches stay zero), then dx = +0.0 + area_0, dx += area_t
+/// in tap order, one contiguous store. Adding a +0.0 where the reference skips a tap is exact:
+/// the sum starts at +0.0, so it is never -0.0. s1 = dcol, s2 = dx.
+detail::Spec col2im_rows_spec(const Conv2dShape& s) {
+    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel, kk = k * k;
+    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * kk;
+    const uint32_t vals = s.width * s.cin;
+    detail::Spec sp;
+    sp.name = fmt::format("conv2d_col2im_rows {}", shape_key(s));
+    sp.units = uint64_t(s.batch) * s.height;
+    sp.max_tile_units = 1;
+    sp.areas = {vals};
+    sp.fixed = {std::max(s.width, Wo) * s.cin};
+    auto uniq = std::make_shared<int>(0);
+    std::vector<int> tap_areas;
+    for (uint32_t t = 0; t < kk; ++t) {
+        const uint32_t kh = t / k, kw = t % k;
+        const TapRange r = tap_range(s, kh, kw);
+        if (!r.ny || !r.nx) continue;
+        const int area = int(sp.areas.size());
+        sp.areas.push_back(vals);
+        tap_areas.push_back(area);
+        sp.ins.push_back(detail::Stream(
+            1, area,
+            [=](Body& b, const std::string& u, const std::string&, const std::string& slot,
+                const std::string& flag) {
+                const int id = (*uniq)++;
+                const uint64_t at = b.off(area) + uint64_t(r.x0 * s.stride + kw - s.pad) * pix;
+                b.line(fmt::format("        remu s3, {}, {}", u, s.height));  // iy
+                b.line(fmt::format("        divu s4, {}, {}", u, s.height));  // image
+                // Output row y = (iy + pad - kh) / stride when exact and inside 0 .. Ho.
+                b.line(fmt::format("        add s5, s3, {}", s.pad));
+                b.line(fmt::format("        bltu s5, {}, cc_z{}", kh, id));
+                b.line(fmt::format("        sub s5, s5, {}", kh));
+                b.line(fmt::format("        remu s6, s5, {}", s.stride));
+                b.line(fmt::format("        bne s6, 0, cc_z{}", id));
+                b.line(fmt::format("        divu s5, s5, {}", s.stride));
+                b.line(fmt::format("        bge s5, {}, cc_z{}", Ho, id));
+                b.line(fmt::format("        mul s6, s4, {}", Ho));
+                b.line("        add s5, s5, s6");
+                b.line(fmt::format("        mul s5, s5, {}", Wo));
+                b.line(fmt::format("        add s5, s5, {}", r.x0));
+                b.line(fmt::format("        mul s5, s5, {}", row));
+                b.line(fmt::format("        add s5, s5, {}", t * pix));
+                b.line("        add s13, s5, s1");
+                b.line(fmt::format("        dma.hv [{}+{}], [s13], {}, {}, {}, {}, {}", slot, at,
+                                   r.nx, pix, pix * s.stride, row, flag));
+                b.line(fmt::format("        jmp cc_e{}", id));
+                b.line(fmt::format("cc_z{}:", id));
+                b.line(fmt::format("        dma.vv [{}+{}], {}, {}, {}, {}, {}, {}", slot, at,
+                                   b.f(0), r.nx, pix, pix * s.stride, pix, flag));
+                b.line(fmt::format("cc_e{}:", id));
+            }));
+    }
+    sp.outs = {{2, 0}};
+    sp.body = [=](Body& b) {
+        for (size_t i = 0; i < tap_areas.size(); ++i)
+            b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.a(0), i ? b.a(0) : b.f(0),
+                              b.a(tap_areas[i]), vals));
+    };
+    std::vector<uint32_t> area_vals = sp.areas;
+    sp.prologue = [=](Body& b) {
+        zero_staging(b, tap_areas, area_vals, {std::max(s.width, Wo) * s.cin});
+    };
+    return sp;
+}
+
+/// Whether a kernel's staging fits VMEM (else conv2d_grad uses the per-tap kernels).
+bool fits(const detail::Spec& sp, const hw::BoardConfig& cfg) {
+    try {
+        return detail::tile_units(sp, cfg) >= 1;
+    } catch (const DeviceError&) {
+        return false;
+    }
+}
+
 /// t = +0.0 in place: x > x is false for every x (NaN too), whatever the memory held.
 Event zero_tensor(Device& dev, ProgramCache& cache, const Tensor& t) {
     detail::Spec sp;
@@ -890,21 +1038,31 @@ Event conv2d_grad(Device& dev, ProgramCache& cache, const Conv2dShape& s, const 
     try {
         col = alloc_tensor(dev, x.cores, M, KC);
         evs.push_back(col_sum(dev, cache, dy, db));
-        // Padding pixels are what no tap writes: zero them once.
-        if (partial) evs.push_back(zero_tensor(dev, cache, col));
-        for (uint32_t t = 0; t < k * k; ++t)
-            if (taps[t].ny && taps[t].nx)
-                evs.push_back(detail::run(dev, cache, im2col_tap_spec(s, t / k, t % k),
-                                          std::vector<const Tensor*>{&x, &col}));
+        const detail::Spec im2col = im2col_rows_spec(s);
+        if (fits(im2col, dev.config())) {
+            evs.push_back(detail::run(dev, cache, im2col, {&x, &col}));
+        } else {
+            // Padding pixels are what no tap writes: zero them once.
+            if (partial) evs.push_back(zero_tensor(dev, cache, col));
+            for (uint32_t t = 0; t < k * k; ++t)
+                if (taps[t].ny && taps[t].nx)
+                    evs.push_back(
+                        detail::run(dev, cache, im2col_tap_spec(s, t / k, t % k), {&x, &col}));
+        }
         evs.push_back(matmul(dev, cache, col, true, dy, false, dw, Precision::Bf16));
         free_tensor(dev, col);
         dcol = alloc_tensor(dev, x.cores, M, KC);
         evs.push_back(matmul(dev, cache, dy, false, w, true, dcol, Precision::Bf16));
-        evs.push_back(zero_tensor(dev, cache, dx));
-        for (uint32_t t = 0; t < k * k; ++t)
-            if (taps[t].ny && taps[t].nx)
-                evs.push_back(detail::run(dev, cache, col2im_tap_spec(s, t / k, t % k),
-                                          std::vector<const Tensor*>{&dcol, &dx}));
+        const detail::Spec col2im = col2im_rows_spec(s);
+        if (col2im.ins.size() && fits(col2im, dev.config())) {
+            evs.push_back(detail::run(dev, cache, col2im, {&dcol, &dx}));
+        } else {
+            evs.push_back(zero_tensor(dev, cache, dx));
+            for (uint32_t t = 0; t < k * k; ++t)
+                if (taps[t].ny && taps[t].nx)
+                    evs.push_back(
+                        detail::run(dev, cache, col2im_tap_spec(s, t / k, t % k), {&dcol, &dx}));
+        }
         free_tensor(dev, dcol);
     } catch (...) {
         if (!col.bufs.empty()) free_tensor(dev, col);
