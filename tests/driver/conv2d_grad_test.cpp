@@ -101,7 +101,9 @@ INSTANTIATE_TEST_SUITE_P(
                       GradCase{{1, 9, 8, 3, 5, 5, 2, 2}, 1, "k5_s2_p2"},
                       GradCase{{2, 6, 6, 130, 129, 3, 1, 1}, 1, "k3_two_tiles_each_way"},
                       GradCase{{2, 7, 9, 1, 32, 3, 1, 1}, 8, "cin1_on_8_cores"},
-                      GradCase{{1, 6, 5, 20, 3, 3, 2, 1}, 8, "k3_s2_p1_on_8_cores"}),
+                      GradCase{{1, 6, 5, 20, 3, 3, 2, 1}, 8, "k3_s2_p1_on_8_cores"},
+                      // Rows too wide for the row kernels' VMEM staging: the per-tap kernels.
+                      GradCase{{1, 2, 512, 128, 3, 7, 1, 3}, 1, "k7_wide_rows_per_tap"}),
     [](const auto& info) { return info.param.name; });
 
 /// Values that are multiples of 1/8 in [-2, 2]: exact in bf16, and every product and every
