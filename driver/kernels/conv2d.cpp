@@ -711,6 +711,291 @@ void check_operands(const Conv2dShape& s, const Tensor& x, const Tensor& w, cons
     check_tensor(x, s.batch * s.height * s.width, s.cin, x, "conv2d", "x");
 }
 
+/// The output rows y0 .. y0 + ny and columns x0 .. x0 + nx whose input pixel under tap
+/// (kh, kw) lies inside the image (the others read padding).
+struct TapRange {
+    uint32_t y0 = 0, ny = 0, x0 = 0, nx = 0;
+};
+
+TapRange tap_range(const Conv2dShape& s, uint32_t kh, uint32_t kw) {
+    auto span = [&](uint32_t size, uint32_t out, uint32_t kpos, uint32_t& first, uint32_t& n) {
+        first = s.pad > kpos ? (s.pad - kpos + s.stride - 1) / s.stride : 0;
+        const int64_t hi = int64_t(size) - 1 + s.pad - kpos;
+        const uint32_t end = hi < 0 ? 0 : std::min<uint32_t>(out, uint32_t(hi / s.stride) + 1);
+        n = end > first ? end - first : 0;
+    };
+    TapRange r;
+    span(s.height, s.out_height(), kh, r.y0, r.ny);
+    span(s.width, s.out_width(), kw, r.x0, r.nx);
+    return r;
+}
+
+/// Leaves in s13 the x address (base in s{x_arg}) of the first pixel unit u moves under tap
+/// (kh, kw) and in s14 the column-buffer address (base in s{col_arg}). Units are (image, output
+/// row) over the tap's valid rows.
+void emit_tap_addresses(Body& b, const std::string& u, const Conv2dShape& s, const TapRange& r,
+                        uint32_t kh, uint32_t kw, int x_arg, int col_arg) {
+    const uint32_t Ho = s.out_height(), Wo = s.out_width(), kk = s.kernel * s.kernel;
+    const uint64_t pix = uint64_t(s.cin) * 4;
+    b.line(fmt::format("        remu s3, {}, {}", u, r.ny));
+    b.line(fmt::format("        add s3, s3, {}", r.y0));      // output row
+    b.line(fmt::format("        divu s4, {}, {}", u, r.ny));  // image
+    // Input pixel (image, y s + kh - pad, x0 s + kw - pad), both coordinates >= 0.
+    b.line(fmt::format("        mul s5, s3, {}", s.stride));
+    b.line(fmt::format("        add s5, s5, {}", kh));
+    b.line(fmt::format("        sub s5, s5, {}", s.pad));
+    b.line(fmt::format("        mul s6, s4, {}", s.height));
+    b.line("        add s5, s5, s6");
+    b.line(fmt::format("        mul s5, s5, {}", s.width));
+    b.line(fmt::format("        add s5, s5, {}", r.x0 * s.stride + kw - s.pad));
+    b.line(fmt::format("        mul s5, s5, {}", pix));
+    b.line(fmt::format("        add s13, s5, s{}", x_arg));
+    // Column-buffer row (image, y, x0), columns from tap (kh k + kw) Cin.
+    b.line(fmt::format("        mul s6, s4, {}", Ho));
+    b.line("        add s6, s6, s3");
+    b.line(fmt::format("        mul s6, s6, {}", Wo));
+    b.line(fmt::format("        add s6, s6, {}", r.x0));
+    b.line(fmt::format("        mul s6, s6, {}", kk * pix));
+    b.line(fmt::format("        add s6, s6, {}", (kh * s.kernel + kw) * pix));
+    b.line(fmt::format("        add s14, s6, s{}", col_arg));
+}
+
+std::string shape_key(const Conv2dShape& s) {
+    return fmt::format("N{} H{} W{} Cin{} k{} s{} p{}", s.batch, s.height, s.width, s.cin, s.kernel,
+                       s.stride, s.pad);
+}
+
+/// im2col of one tap: s1 = x, s2 = the column buffer (N Ho Wo x k k Cin fp32). One unit per
+/// valid (image, output row): nx pixels of Cin values at the input pixel stride s, stored at
+/// the column buffer's row stride.
+detail::Spec im2col_tap_spec(const Conv2dShape& s, uint32_t kh, uint32_t kw) {
+    const TapRange r = tap_range(s, kh, kw);
+    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * s.kernel * s.kernel;
+    detail::Spec sp;
+    sp.name = fmt::format("conv2d_im2col {} tap {} {}", shape_key(s), kh, kw);
+    sp.units = uint64_t(s.batch) * r.ny;
+    // Consecutive units are not one affine 2-D transfer, so every tile is one unit.
+    sp.max_tile_units = 1;
+    sp.areas = {r.nx * s.cin};
+    sp.ins = {detail::Stream(1, 0,
+                             [=](Body& b, const std::string& first, const std::string&,
+                                 const std::string& slot, const std::string& flag) {
+                                 emit_tap_addresses(b, first, s, r, kh, kw, 1, 2);
+                                 b.line(fmt::format("        dma.hv {}, [s13], {}, {}, {}, {}, {}",
+                                                    b.at(slot, 0), r.nx, pix, pix, pix * s.stride,
+                                                    flag));
+                             })};
+    sp.outs = {detail::Stream(2, 0,
+                              [=](Body& b, const std::string& first, const std::string&,
+                                  const std::string& slot, const std::string& flag) {
+                                  emit_tap_addresses(b, first, s, r, kh, kw, 1, 2);
+                                  b.line(fmt::format("        dma.vh [s14], {}, {}, {}, {}, {}, {}",
+                                                     b.at(slot, 0), r.nx, pix, row, pix, flag));
+                              })};
+    sp.body = [](Body&) {};
+    return sp;
+}
+
+/// col2im of one tap: dx (s2) += the tap's columns of dcol (s1), per valid (image, output
+/// row). A tap maps distinct outputs to distinct input pixels, so its units never overlap.
+detail::Spec col2im_tap_spec(const Conv2dShape& s, uint32_t kh, uint32_t kw) {
+    const TapRange r = tap_range(s, kh, kw);
+    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * s.kernel * s.kernel;
+    const uint32_t vals = r.nx * s.cin;
+    detail::Spec sp;
+    sp.name = fmt::format("conv2d_col2im {} tap {} {}", shape_key(s), kh, kw);
+    sp.units = uint64_t(s.batch) * r.ny;
+    sp.max_tile_units = 1;
+    sp.areas = {vals, vals};
+    auto load_dx = [=](Body& b, const std::string& first, const std::string&,
+                       const std::string& slot, const std::string& flag) {
+        emit_tap_addresses(b, first, s, r, kh, kw, 2, 1);
+        b.line(fmt::format("        dma.hv {}, [s13], {}, {}, {}, {}, {}", b.at(slot, 0), r.nx, pix,
+                           pix, pix * s.stride, flag));
+    };
+    auto load_dcol = [=](Body& b, const std::string& first, const std::string&,
+                         const std::string& slot, const std::string& flag) {
+        emit_tap_addresses(b, first, s, r, kh, kw, 2, 1);
+        b.line(fmt::format("        dma.hv {}, [s14], {}, {}, {}, {}, {}", b.at(slot, 1), r.nx, pix,
+                           pix, row, flag));
+    };
+    sp.ins = {detail::Stream(2, 0, load_dx), detail::Stream(1, 1, load_dcol)};
+    sp.outs = {detail::Stream(2, 0,
+                              [=](Body& b, const std::string& first, const std::string&,
+                                  const std::string& slot, const std::string& flag) {
+                                  emit_tap_addresses(b, first, s, r, kh, kw, 2, 1);
+                                  b.line(fmt::format("        dma.vh [s13], {}, {}, {}, {}, {}, {}",
+                                                     b.at(slot, 0), r.nx, pix, pix * s.stride, pix,
+                                                     flag));
+                              })};
+    sp.body = [=](Body& b) {
+        b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.a(0), b.a(0), b.a(1), vals));
+    };
+    return sp;
+}
+
+/// Zeroes slot areas `areas` of both slots and every fixed area in the prologue (x > x is
+/// false for every x, NaN too): the row kernels below leave whatever a unit does not load zero.
+void zero_staging(Body& b, const std::vector<int>& areas, const std::vector<uint32_t>& area_vals,
+                  const std::vector<uint32_t>& fixed_vals) {
+    int n = 0;
+    for (int slot = 0; slot < 2; ++slot)
+        for (int a : areas) {
+            const std::string z = b.slot(slot, a);
+            b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", z, z, z, area_vals[a]));
+            ++n;
+        }
+    for (size_t f = 0; f < fixed_vals.size(); ++f) {
+        const std::string z = b.f(int(f));
+        b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", z, z, z, fixed_vals[f]));
+        ++n;
+    }
+    b.line(fmt::format("        wait f5, {}", n));
+}
+
+/// im2col with one unit per output row (image, y): one DMA per tap into the tap's columns of
+/// a Wo x k k Cin staging row (a zero copy when the tap's input row is padding), then one
+/// contiguous store. s1 = x, s2 = the column buffer.
+detail::Spec im2col_rows_spec(const Conv2dShape& s) {
+    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel, kk = k * k;
+    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * kk;
+    detail::Spec sp;
+    sp.name = fmt::format("conv2d_im2col_rows {}", shape_key(s));
+    sp.units = uint64_t(s.batch) * Ho;
+    sp.max_tile_units = 1;
+    sp.areas = {Wo * kk * s.cin};
+    sp.fixed = {Wo * s.cin};
+    auto uniq = std::make_shared<int>(0);
+    for (uint32_t t = 0; t < kk; ++t) {
+        const uint32_t kh = t / k, kw = t % k;
+        const TapRange r = tap_range(s, kh, kw);
+        if (!r.ny || !r.nx) continue;  // never loaded: stays zero
+        sp.ins.push_back(detail::Stream(
+            1, 0,
+            [=](Body& b, const std::string& u, const std::string&, const std::string& slot,
+                const std::string& flag) {
+                const int id = (*uniq)++;
+                const uint64_t at = b.off(0) + r.x0 * row + t * pix;
+                b.line(fmt::format("        remu s3, {}, {}", u, Ho));  // y
+                b.line(fmt::format("        divu s4, {}, {}", u, Ho));  // image
+                b.line(fmt::format("        bltu s3, {}, ic_z{}", r.y0, id));
+                b.line(fmt::format("        bge s3, {}, ic_z{}", r.y0 + r.ny, id));
+                b.line(fmt::format("        mul s5, s3, {}", s.stride));
+                b.line(fmt::format("        add s5, s5, {}", kh));
+                b.line(fmt::format("        sub s5, s5, {}", s.pad));
+                b.line(fmt::format("        mul s6, s4, {}", s.height));
+                b.line("        add s5, s5, s6");
+                b.line(fmt::format("        mul s5, s5, {}", s.width));
+                b.line(fmt::format("        add s5, s5, {}", r.x0 * s.stride + kw - s.pad));
+                b.line(fmt::format("        mul s5, s5, {}", pix));
+                b.line("        add s13, s5, s1");
+                b.line(fmt::format("        dma.hv [{}+{}], [s13], {}, {}, {}, {}, {}", slot, at,
+                                   r.nx, pix, row, pix * s.stride, flag));
+                b.line(fmt::format("        jmp ic_e{}", id));
+                b.line(fmt::format("ic_z{}:", id));
+                b.line(fmt::format("        dma.vv [{}+{}], {}, {}, {}, {}, {}, {}", slot, at,
+                                   b.f(0), r.nx, pix, row, pix, flag));
+                b.line(fmt::format("ic_e{}:", id));
+            }));
+    }
+    sp.outs = {{2, 0}};
+    sp.body = [](Body&) {};
+    sp.prologue = [=](Body& b) { zero_staging(b, {0}, {Wo * kk * s.cin}, {Wo * s.cin}); };
+    return sp;
+}
+
+/// col2im with one unit per input row (image, iy): per tap, the dcol values that reach the
+/// row are loaded at their pixels into the tap's W x Cin area (a zero copy when the tap does
+/// not reach it; the pixels it never reaches stay zero), then dx = +0.0 + area_0, dx += area_t
+/// in tap order, one contiguous store. Adding a +0.0 where the reference skips a tap is exact:
+/// the sum starts at +0.0, so it is never -0.0. s1 = dcol, s2 = dx.
+detail::Spec col2im_rows_spec(const Conv2dShape& s) {
+    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel, kk = k * k;
+    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * kk;
+    const uint32_t vals = s.width * s.cin;
+    detail::Spec sp;
+    sp.name = fmt::format("conv2d_col2im_rows {}", shape_key(s));
+    sp.units = uint64_t(s.batch) * s.height;
+    sp.max_tile_units = 1;
+    sp.areas = {vals};
+    sp.fixed = {std::max(s.width, Wo) * s.cin};
+    auto uniq = std::make_shared<int>(0);
+    std::vector<int> tap_areas;
+    for (uint32_t t = 0; t < kk; ++t) {
+        const uint32_t kh = t / k, kw = t % k;
+        const TapRange r = tap_range(s, kh, kw);
+        if (!r.ny || !r.nx) continue;
+        const int area = int(sp.areas.size());
+        sp.areas.push_back(vals);
+        tap_areas.push_back(area);
+        sp.ins.push_back(detail::Stream(
+            1, area,
+            [=](Body& b, const std::string& u, const std::string&, const std::string& slot,
+                const std::string& flag) {
+                const int id = (*uniq)++;
+                const uint64_t at = b.off(area) + uint64_t(r.x0 * s.stride + kw - s.pad) * pix;
+                b.line(fmt::format("        remu s3, {}, {}", u, s.height));  // iy
+                b.line(fmt::format("        divu s4, {}, {}", u, s.height));  // image
+                // Output row y = (iy + pad - kh) / stride when exact and inside 0 .. Ho.
+                b.line(fmt::format("        add s5, s3, {}", s.pad));
+                b.line(fmt::format("        bltu s5, {}, cc_z{}", kh, id));
+                b.line(fmt::format("        sub s5, s5, {}", kh));
+                b.line(fmt::format("        remu s6, s5, {}", s.stride));
+                b.line(fmt::format("        bne s6, 0, cc_z{}", id));
+                b.line(fmt::format("        divu s5, s5, {}", s.stride));
+                b.line(fmt::format("        bge s5, {}, cc_z{}", Ho, id));
+                b.line(fmt::format("        mul s6, s4, {}", Ho));
+                b.line("        add s5, s5, s6");
+                b.line(fmt::format("        mul s5, s5, {}", Wo));
+                b.line(fmt::format("        add s5, s5, {}", r.x0));
+                b.line(fmt::format("        mul s5, s5, {}", row));
+                b.line(fmt::format("        add s5, s5, {}", t * pix));
+                b.line("        add s13, s5, s1");
+                b.line(fmt::format("        dma.hv [{}+{}], [s13], {}, {}, {}, {}, {}", slot, at,
+                                   r.nx, pix, pix * s.stride, row, flag));
+                b.line(fmt::format("        jmp cc_e{}", id));
+                b.line(fmt::format("cc_z{}:", id));
+                b.line(fmt::format("        dma.vv [{}+{}], {}, {}, {}, {}, {}, {}", slot, at,
+                                   b.f(0), r.nx, pix, pix * s.stride, pix, flag));
+                b.line(fmt::format("cc_e{}:", id));
+            }));
+    }
+    sp.outs = {{2, 0}};
+    sp.body = [=](Body& b) {
+        for (size_t i = 0; i < tap_areas.size(); ++i)
+            b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.a(0), i ? b.a(0) : b.f(0),
+                              b.a(tap_areas[i]), vals));
+    };
+    std::vector<uint32_t> area_vals = sp.areas;
+    sp.prologue = [=](Body& b) {
+        zero_staging(b, tap_areas, area_vals, {std::max(s.width, Wo) * s.cin});
+    };
+    return sp;
+}
+
+/// Whether a kernel's staging fits VMEM (else conv2d_grad uses the per-tap kernels).
+bool fits(const detail::Spec& sp, const hw::BoardConfig& cfg) {
+    try {
+        return detail::tile_units(sp, cfg) >= 1;
+    } catch (const DeviceError&) {
+        return false;
+    }
+}
+
+/// t = +0.0 in place: x > x is false for every x (NaN too), whatever the memory held.
+Event zero_tensor(Device& dev, ProgramCache& cache, const Tensor& t) {
+    detail::Spec sp;
+    sp.name = "conv2d_grad_zero";
+    sp.units = t.elements();
+    sp.areas = {1};
+    sp.ins = {{1, 0}};
+    sp.outs = {{1, 0}};
+    sp.body = [](Body& b) {
+        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(0), b.a(0), b.a(0)));
+    };
+    return detail::run(dev, cache, sp, {&t});
+}
+
 }  // namespace
 
 Event conv2d(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tensor& x,
@@ -727,6 +1012,64 @@ Event conv2d(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tenso
     }
     free_packed(dev, p);
     return detail::merge({p.event, ev});
+}
+
+Event conv2d_grad(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tensor& x,
+                  const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                  const Tensor& db) {
+    s.validate();
+    const uint32_t k = s.kernel, M = s.batch * s.out_height() * s.out_width();
+    const uint32_t KC = k * k * s.cin;
+    check_tensor(x, s.batch * s.height * s.width, s.cin, x, "conv2d_grad", "x");
+    check_tensor(w, KC, s.cout, x, "conv2d_grad", "w");
+    check_tensor(dy, M, s.cout, x, "conv2d_grad", "dy");
+    check_tensor(dx, s.batch * s.height * s.width, s.cin, x, "conv2d_grad", "dx");
+    check_tensor(dw, KC, s.cout, x, "conv2d_grad", "dw");
+    check_tensor(db, 1, s.cout, x, "conv2d_grad", "db");
+    std::vector<TapRange> taps;
+    bool partial = false;
+    for (uint32_t kh = 0; kh < k; ++kh)
+        for (uint32_t kw = 0; kw < k; ++kw) {
+            taps.push_back(tap_range(s, kh, kw));
+            partial |= taps.back().ny < s.out_height() || taps.back().nx < s.out_width();
+        }
+    Tensor col, dcol;
+    std::vector<Event> evs;
+    try {
+        col = alloc_tensor(dev, x.cores, M, KC);
+        evs.push_back(col_sum(dev, cache, dy, db));
+        const detail::Spec im2col = im2col_rows_spec(s);
+        if (fits(im2col, dev.config())) {
+            evs.push_back(detail::run(dev, cache, im2col, {&x, &col}));
+        } else {
+            // Padding pixels are what no tap writes: zero them once.
+            if (partial) evs.push_back(zero_tensor(dev, cache, col));
+            for (uint32_t t = 0; t < k * k; ++t)
+                if (taps[t].ny && taps[t].nx)
+                    evs.push_back(
+                        detail::run(dev, cache, im2col_tap_spec(s, t / k, t % k), {&x, &col}));
+        }
+        evs.push_back(matmul(dev, cache, col, true, dy, false, dw, Precision::Bf16));
+        free_tensor(dev, col);
+        dcol = alloc_tensor(dev, x.cores, M, KC);
+        evs.push_back(matmul(dev, cache, dy, false, w, true, dcol, Precision::Bf16));
+        const detail::Spec col2im = col2im_rows_spec(s);
+        if (col2im.ins.size() && fits(col2im, dev.config())) {
+            evs.push_back(detail::run(dev, cache, col2im, {&dcol, &dx}));
+        } else {
+            evs.push_back(zero_tensor(dev, cache, dx));
+            for (uint32_t t = 0; t < k * k; ++t)
+                if (taps[t].ny && taps[t].nx)
+                    evs.push_back(
+                        detail::run(dev, cache, col2im_tap_spec(s, t / k, t % k), {&dcol, &dx}));
+        }
+        free_tensor(dev, dcol);
+    } catch (...) {
+        if (!col.bufs.empty()) free_tensor(dev, col);
+        if (!dcol.bufs.empty()) free_tensor(dev, dcol);
+        throw;
+    }
+    return detail::merge(evs);
 }
 
 Conv2dResult conv2d(Device& dev, ProgramCache& cache, const std::vector<float>& x,
@@ -895,6 +1238,56 @@ std::vector<double> conv2d_reference_fp64(const std::vector<float>& x, const std
                     }
             }
     return y;
+}
+
+std::vector<float> conv2d_im2col_reference(const std::vector<float>& x, const Conv2dShape& s) {
+    s.validate();
+    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel;
+    const size_t KC = size_t(k) * k * s.cin;
+    std::vector<float> col(size_t(s.batch) * Ho * Wo * KC, 0.0f);
+    for (uint32_t n = 0; n < s.batch; ++n)
+        for (uint32_t oy = 0; oy < Ho; ++oy)
+            for (uint32_t ox = 0; ox < Wo; ++ox)
+                for (uint32_t kh = 0; kh < k; ++kh)
+                    for (uint32_t kw = 0; kw < k; ++kw) {
+                        const int64_t r = int64_t(oy) * s.stride + kh - s.pad;
+                        const int64_t c = int64_t(ox) * s.stride + kw - s.pad;
+                        if (r < 0 || r >= s.height || c < 0 || c >= s.width) continue;
+                        const float* in = &x[((size_t(n) * s.height + r) * s.width + c) * s.cin];
+                        float* out = &col[((size_t(n) * Ho + oy) * Wo + ox) * KC +
+                                          (size_t(kh) * k + kw) * s.cin];
+                        std::copy(in, in + s.cin, out);
+                    }
+    return col;
+}
+
+Conv2dGradResult conv2d_grad_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                       const std::vector<float>& dy, const Conv2dShape& s,
+                                       uint32_t R, uint32_t col_sum_tile_rows) {
+    s.validate();
+    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel;
+    const uint32_t M = s.batch * Ho * Wo, KC = k * k * s.cin;
+    Conv2dGradResult g;
+    g.db = col_sum_reference(dy, M, s.cout, col_sum_tile_rows);
+    g.dw = matmul_reference(conv2d_im2col_reference(x, s), M, KC, true, dy, M, s.cout, false,
+                            Precision::Bf16, R);
+    const std::vector<float> dcol =
+        matmul_reference(dy, M, s.cout, false, w, KC, s.cout, true, Precision::Bf16, R);
+    g.dx.assign(size_t(s.batch) * s.height * s.width * s.cin, 0.0f);
+    for (uint32_t kh = 0; kh < k; ++kh)
+        for (uint32_t kw = 0; kw < k; ++kw)
+            for (uint32_t n = 0; n < s.batch; ++n)
+                for (uint32_t oy = 0; oy < Ho; ++oy)
+                    for (uint32_t ox = 0; ox < Wo; ++ox) {
+                        const int64_t r = int64_t(oy) * s.stride + kh - s.pad;
+                        const int64_t c = int64_t(ox) * s.stride + kw - s.pad;
+                        if (r < 0 || r >= s.height || c < 0 || c >= s.width) continue;
+                        float* out = &g.dx[((size_t(n) * s.height + r) * s.width + c) * s.cin];
+                        const float* in = &dcol[((size_t(n) * Ho + oy) * Wo + ox) * KC +
+                                                (size_t(kh) * k + kw) * s.cin];
+                        for (uint32_t ci = 0; ci < s.cin; ++ci) out[ci] = out[ci] + in[ci];
+                    }
+    return g;
 }
 
 }  // namespace tpu::driver

@@ -82,6 +82,32 @@ struct Conv2dResult {
 Event conv2d(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tensor& x,
              const Tensor& w, const Tensor& bias, const Tensor& y);
 
+/// Gradients of y = conv2d(x, w) + bias on device Tensors (layouts as in conv2d; dx like x, dw
+/// like w, db 1 x Cout), each core on its own replica. db = col_sum(dy); dw = im2col(x)^T dy
+/// and dcol = dy w^T with the bf16 matmul; dx = +0.0, then each tap's columns of dcol added in
+/// tap row-major order (col2im). im2col(x) is N Ho Wo x k k Cin fp32 (zeros in the padding),
+/// scratch freed before returning. The event covers every launch.
+Event conv2d_grad(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tensor& x,
+                  const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
+                  const Tensor& db);
+
+/// Gradients of conv2d (host reference).
+struct Conv2dGradResult {
+    std::vector<float> dx;  ///< N H W x Cin
+    std::vector<float> dw;  ///< k k Cin x Cout
+    std::vector<float> db;  ///< Cout
+};
+/// im2col(x): row (n, y, x) holds, for each tap (kh, kw) in row-major order, the Cin values of
+/// input pixel (y s + kh - pad, x s + kw - pad), zeros in the padding.
+std::vector<float> conv2d_im2col_reference(const std::vector<float>& x, const Conv2dShape& s);
+/// conv2d_grad with the device's exact numerics: db = col_sum_reference(dy, tile rows =
+/// `col_sum_tile_rows`), dw = matmul_reference(im2col(x)^T, dy, bf16), dcol =
+/// matmul_reference(dy, w^T, bf16), dx[p] = ((+0.0 + c_0) + c_1) + ... over the taps that reach
+/// pixel p in row-major (kh, kw) order, c_t the tap's dcol values, each add rounded to fp32.
+Conv2dGradResult conv2d_grad_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                       const std::vector<float>& dy, const Conv2dShape& s,
+                                       uint32_t R, uint32_t col_sum_tile_rows);
+
 /// Runs y = conv2d(x, w) + bias on `cores`, data-parallel over the batch (core i takes the
 /// i-th even share of the images): x is N x H x W x Cin (NHWC), w is k x k x Cin x Cout
 /// (HWIO), bias Cout; all fp32 on the host, rounded to bf16 (bias stays fp32). Uploads fp32
