@@ -696,10 +696,12 @@ Var conv2d(Runtime& rt, const Var& x, const Var& w, const Var& b, driver::Conv2d
         const Tensor dW =
             needs(w) ? rt.grad_target(w, aw) : rt.scratch(w->value.rows, w->value.cols);
         const Tensor dB = needs(b) ? rt.grad_target(b, ab) : rt.scratch(1, s.cout);
-        // PENDING_CONV2D_GRAD
-        throw driver::DeviceError(driver::ErrorKind::Usage,
-                                  "conv2d: training through a convolution needs its backward "
-                                  "kernel, which the library does not have yet");
+        rt.exec("conv2d.grad", [&] {
+            return driver::conv2d_grad(rt.device(), rt.cache(), s,
+                                       reshaped(x->value, s.batch * pixels_in), w->value,
+                                       reshaped(yp->grad, s.batch * pixels_out),
+                                       reshaped(dX, s.batch * pixels_in), dW, dB);
+        });
         if (needs(x)) rt.finish_grad(x, dX, ax);
         if (needs(w)) rt.finish_grad(w, dW, aw);
         if (needs(b)) rt.finish_grad(b, dB, ab);

@@ -192,6 +192,42 @@ TEST(GradCheck, GlobalAvgPoolAveragesEveryPixel) {
         });
 }
 
+TEST(GradCheck, Conv2dMatchesFp64Gradients) {
+    // 2 images of 5x4x3, 4 output channels, 3x3 kernel, stride 2, pad 1; inputs on the bf16
+    // grid (the contractions are bf16 MXU passes), so the tolerance covers the rounding of the
+    // output gradient fed back into the MXU.
+    const driver::Conv2dShape s{1, 5, 4, 3, 4, 3, 2, 1};
+    std::mt19937 rng(3);
+    std::vector<GradInput> in = {{2, 60}, {27, 4}, {1, 4}};
+    for (auto& i : in) {
+        i.value.resize(size_t(i.rows) * i.cols);
+        for (double& v : i.value) v = double(int(rng() % 64) - 32) / 32.0;
+    }
+    check_gradients(
+        in, [&](Runtime& rt, const std::vector<Var>& v) { return conv2d(rt, v[0], v[1], v[2], s); },
+        [&](const Values& x) {
+            const int ho = 3, wo = 2;
+            std::vector<double> y;
+            for (int n = 0; n < 2; ++n)
+                for (int i = 0; i < ho; ++i)
+                    for (int j = 0; j < wo; ++j)
+                        for (int co = 0; co < 4; ++co) {
+                            double acc = x[2][co];
+                            for (int kh = 0; kh < 3; ++kh)
+                                for (int kw = 0; kw < 3; ++kw) {
+                                    const int r = i * 2 + kh - 1, c = j * 2 + kw - 1;
+                                    if (r < 0 || r >= 5 || c < 0 || c >= 4) continue;
+                                    for (int ci = 0; ci < 3; ++ci)
+                                        acc += x[0][n * 60 + (r * 4 + c) * 3 + ci] *
+                                               x[1][((kh * 3 + kw) * 3 + ci) * 4 + co];
+                                }
+                            y.push_back(acc);
+                        }
+            return y;
+        },
+        2e-2);
+}
+
 TEST(GradCheck, BadShapesAreNamed) {
     auto dev = driver::Device::open(hw::BoardConfig{});
     driver::ProgramCache cache;
