@@ -161,24 +161,60 @@ void MxuTile::load(const uint16_t* w_bf16, int K, int N) {
         for (int n = 0; n < N; ++n)
             m_w[size_t(k) * m_stride + n] = bf16_to_f32(w_bf16[size_t(k) * N + n]);
     m_exp = exp_range(w_bf16, size_t(K) * N);
+    m_live.clear();
+    m_w_live.clear();
+    for (int k = 0; k < K; ++k) {
+        const uint16_t* row = w_bf16 + size_t(k) * N;
+        if (std::all_of(row, row + N, [](uint16_t v) { return (v & 0x7FFF) == 0; })) continue;
+        m_live.push_back(k);
+        m_w_live.insert(m_w_live.end(), m_w.begin() + ptrdiff_t(size_t(k) * m_stride),
+                        m_w.begin() + ptrdiff_t(size_t(k + 1) * m_stride));
+    }
 }
 
 void mxu_matmul(const uint16_t* lhs_bf16, int T, const MxuTile& w, float* out, bool accumulate) {
-    const int K = w.m_K, N = w.m_N;
-    // The LHS in fp32, rows padded to the row block (their results are never written).
+    const int N = w.m_N;
+    // Zero weight rows (padding channels, mostly) add a[t][k] * 0 = +-0 to every sum, which
+    // leaves it unchanged: a sum that starts at +0.0 is never -0.0 (x + -x rounds to +0.0).
+    // Only an infinite or NaN a[t][k] would make that product NaN, so the skip needs the LHS
+    // columns that meet zero rows to be finite.
+    bool skip = int(w.m_live.size()) < w.m_K;
+    if (skip)
+        for (int t = 0; t < T && skip; ++t) {
+            const uint16_t* row = lhs_bf16 + size_t(t) * w.m_K;
+            for (int k = 0, live = 0; k < w.m_K; ++k) {
+                if (live < int(w.m_live.size()) && w.m_live[size_t(live)] == k) {
+                    ++live;
+                } else if ((row[k] & 0x7F80) == 0x7F80) {
+                    skip = false;
+                    break;
+                }
+            }
+        }
+    const int K = skip ? int(w.m_live.size()) : w.m_K;
+    // The LHS in fp32 (only the live columns when skipping), rows padded to the row block
+    // (their results are never written).
     thread_local std::vector<float> a;
     const int t_pad = (T + kRowBlock - 1) / kRowBlock * kRowBlock;
     a.resize(size_t(t_pad) * K);
-    for (size_t i = 0; i < size_t(T) * K; ++i) a[i] = bf16_to_f32(lhs_bf16[i]);
+    if (skip) {
+        for (int t = 0; t < T; ++t)
+            for (int j = 0; j < K; ++j)
+                a[size_t(t) * K + j] =
+                    bf16_to_f32(lhs_bf16[size_t(t) * w.m_K + size_t(w.m_live[size_t(j)])]);
+    } else {
+        for (size_t i = 0; i < size_t(T) * K; ++i) a[i] = bf16_to_f32(lhs_bf16[i]);
+    }
     std::fill(a.begin() + ptrdiff_t(size_t(T) * K), a.end(), 0.0f);
-    const bool fma = kHaveFma && products_exact(exp_range(lhs_bf16, size_t(T) * K), w.m_exp);
+    const float* wp = skip ? w.m_w_live.data() : w.m_w.data();
+    const bool fma = kHaveFma && products_exact(exp_range(lhs_bf16, size_t(T) * w.m_K), w.m_exp);
     // Column blocks outside: one block's weights (K x kColBlock) stay in L1 while rows stream.
     for (int n0 = 0; n0 < N; n0 += kColBlock)
         for (int t0 = 0; t0 < T; t0 += kRowBlock) {
             if (fma)
-                block<true>(a.data(), K, w.m_w.data(), w.m_stride, t0, n0, T, N, out, accumulate);
+                block<true>(a.data(), K, wp, w.m_stride, t0, n0, T, N, out, accumulate);
             else
-                block<false>(a.data(), K, w.m_w.data(), w.m_stride, t0, n0, T, N, out, accumulate);
+                block<false>(a.data(), K, wp, w.m_stride, t0, n0, T, N, out, accumulate);
         }
 }
 

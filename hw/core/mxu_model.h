@@ -33,6 +33,11 @@ public:
 private:
     friend void mxu_matmul(const uint16_t*, int, const MxuTile&, float*, bool);
     std::vector<float> m_w;  ///< K x m_stride fp32, columns N..m_stride-1 zero
+    /// The rows of m_w that hold a nonzero value, and those rows alone (live x m_stride): a
+    /// zero row adds only exact zeros, which cannot change a sum that starts at +0.0, so the
+    /// arithmetic may skip it while the LHS column it meets is finite (see mxu_matmul).
+    std::vector<int> m_live;
+    std::vector<float> m_w_live;
     int m_K = 0, m_N = 0, m_stride = 0;
     ExpRange m_exp;
 };
