@@ -100,6 +100,7 @@ TEST(CliValidate, OpAndModelRowsMeasureWhatTheCommandsReport) {
          "op attention --heads 3 --seq 70 --dhead 40 --batch 2 --causal --cores 0-1"},
         {"bert-block,hidden=64 seq=40 heads=4 ffn=96",
          "model bert-block --hidden 64 --seq 40 --heads 4 --ffn 96 --cores 0-1"},
+        {"resnet18,batch=2 image=32", "model resnet18 --batch 2 --image 32 --cores 0-1"},
     };
     std::string body = kHeader;
     for (const auto& [row, cmd] : rows) body += row + ",1000,940,2,test\n";
@@ -134,7 +135,7 @@ TEST(CliValidate, BadFilesAreErrorsNamingTheLine) {
         {"header.csv", "workload,params\n", ":1: the header must be 'workload,params,"},
         {"kind.csv", h + "gemmm,M=1 K=1 N=1,10,940,1,x\n",
          ":2: unknown workload 'gemmm' (known: attention, bert-block, conv2d, gemm, layernorm, "
-         "softmax)"},
+         "resnet18, resnet50, softmax)"},
         {"missing.csv", h + "gemm,M=1 K=1,10,940,1,x\n", ":2: gemm needs parameter N="},
         {"twice.csv", h + "gemm,M=1 M=2 K=1 N=1,10,940,1,x\n", ":2: parameter M appears twice"},
         {"key.csv", h + "gemm,M=1 K=1 N=1 Q=3,10,940,1,x\n", ":2: key 'Q' is not a gemm parameter"},

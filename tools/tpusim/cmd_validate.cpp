@@ -174,6 +174,8 @@ const std::map<std::string, Kind>& kinds() {
         m["softmax"] = Kind{{"rows", "cols"}, {}, run_rows_op, {}};
         m["attention"] =
             Kind{{"heads", "seq", "dhead"}, {"causal"}, run_attention_row, {}, {}, {}, {"batch"}};
+        m["resnet18"] = Kind{{"batch", "image"}, {}, run_model_row, {}};
+        m["resnet50"] = Kind{{"batch", "image"}, {}, run_model_row, {}};
         m["bert-block"] =
             Kind{{"hidden", "seq", "heads"}, {}, run_model_row, {}, {}, {}, {"batch", "ffn"}};
         return m;
