@@ -466,19 +466,29 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
     m_host_seconds += since(t0);
 }
 
-PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
+std::vector<std::vector<uint32_t>> Trainer::eval_shards(Module& module, const DataLoader& loader,
+                                                        const char* what) {
     if (!loader.dataset || loader.dataset->count == 0)
-        throw ConfigError("predict: the DataLoader has no dataset");
+        throw ConfigError(fmt::format("{}: the DataLoader has no dataset", what));
     if (loader.batch_size == 0)
         throw ConfigError("batch_size should be a positive integer value, but got batch_size=0");
     place(module);
-    const Dataset& data = *loader.dataset;
+    const uint32_t count = loader.dataset->count;
     const auto N = static_cast<uint32_t>(m_cores.size());
-    // The shards of validate(): example r + i N on replica r, padding not returned.
-    const uint32_t per = (data.count + N - 1) / N;
+    // Shard r holds examples r, r + N, ...; positions past the dataset are padding (repeats)
+    // and are not counted.
+    const uint32_t per = (count + N - 1) / N;
     std::vector<std::vector<uint32_t>> idx(N);
     for (uint32_t r = 0; r < N; ++r)
-        for (uint32_t i = 0; i < per; ++i) idx[r].push_back((r + i * N) % data.count);
+        for (uint32_t i = 0; i < per; ++i) idx[r].push_back((r + i * N) % count);
+    return idx;
+}
+
+PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
+    const std::vector<std::vector<uint32_t>> idx = eval_shards(module, loader, "predict");
+    const Dataset& data = *loader.dataset;
+    const auto N = static_cast<uint32_t>(m_cores.size());
+    const auto per = uint32_t(idx[0].size());
     PredictResult res;
     m_rt->set_training(false);
     for (uint32_t first = 0; first < per; first += loader.batch_size) {
@@ -508,19 +518,10 @@ PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
 }
 
 EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
-    if (!loader.dataset || loader.dataset->count == 0)
-        throw ConfigError("validate: the DataLoader has no dataset");
-    if (loader.batch_size == 0)
-        throw ConfigError("batch_size should be a positive integer value, but got batch_size=0");
-    place(module);
+    const std::vector<std::vector<uint32_t>> idx = eval_shards(module, loader, "validate");
     const Dataset& data = *loader.dataset;
     const auto N = static_cast<uint32_t>(m_cores.size());
-    // Shard r holds examples r, r + N, ...; positions past the dataset are padding (repeats)
-    // and are not counted.
-    const uint32_t per = (data.count + N - 1) / N;
-    std::vector<std::vector<uint32_t>> idx(N);
-    for (uint32_t r = 0; r < N; ++r)
-        for (uint32_t i = 0; i < per; ++i) idx[r].push_back((r + i * N) % data.count);
+    const auto per = uint32_t(idx[0].size());
     uint64_t batches = (per + loader.batch_size - 1) / loader.batch_size;
     if (m_opts.limit_val_batches >= 0)
         batches = std::min<uint64_t>(batches, uint64_t(m_opts.limit_val_batches));

@@ -154,6 +154,10 @@ private:
     Batch load_batch(const Dataset& data, const std::vector<std::vector<uint32_t>>& idx,
                      uint32_t first, uint32_t examples);
     void optimizer_step(const OptimizerConfig& opt);
+    /// Checks an evaluation loader, places `module`, and returns each replica's example
+    /// indices (validate() and predict() shard alike).
+    std::vector<std::vector<uint32_t>> eval_shards(Module& module, const DataLoader& loader,
+                                                   const char* what);
     float read_loss(const Var& loss);
     void verify_replicas(Module& module);
     void warn(const std::string& text);

@@ -15,12 +15,7 @@ namespace {
 
 using tpu::test::tmp;
 using tpu::test::tpusim;
-
-nlohmann::json run_json(const std::string& args) {
-    const auto r = tpusim(args + " --json");
-    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
-    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
-}
+using tpu::test::tpusim_json;
 
 const std::string kSmallGpt =
     "model gpt --layers 1 --hidden 32 --heads 2 --seq 24 --vocab 20 --batch 8";
@@ -37,8 +32,8 @@ TEST(CliModel, LayersAddUpAndTimingOnlyGivesTheSameCycles) {
     for (const std::string& shape : {std::string("model mlp --batch 24"), kSmallGpt, kSmallBert})
         for (const char* cores : {"0", "0-7"}) {
             const std::string args = shape + " --cores " + cores;
-            const auto on = run_json(args);
-            const auto off = run_json(args + " --set sim.functional=false");
+            const auto on = tpusim_json(args);
+            const auto off = tpusim_json(args + " --set sim.functional=false");
             EXPECT_EQ(on["cycles"], off["cycles"]) << args;
             EXPECT_EQ(on["layers"], off["layers"]) << args;
             uint64_t sum = 0, flops = 0;
@@ -56,13 +51,13 @@ TEST(CliModel, LayersAddUpAndTimingOnlyGivesTheSameCycles) {
 }
 
 TEST(CliModel, ZooModelsNameTheirLayers) {
-    EXPECT_EQ(names(run_json("model mlp")),
+    EXPECT_EQ(names(tpusim_json("model mlp")),
               (std::vector<std::string>{"layer_1", "layer_2", "layer_3"}));
-    const auto gpt = names(run_json(kSmallGpt));
+    const auto gpt = names(tpusim_json(kSmallGpt));
     for (const char* want : {"wte", "wpe", "h_0.ln_1", "h_0.attn.q", "h_0.attn", "h_0.attn.out",
                              "h_0.fc_1", "h_0.fc_2", "ln_f", "lm_head"})
         EXPECT_NE(std::find(gpt.begin(), gpt.end(), want), gpt.end()) << want;
-    const auto bert = run_json(kSmallBert);
+    const auto bert = tpusim_json(kSmallBert);
     EXPECT_EQ(bert["description"], "BERT encoder block: hidden 64, 4 heads, seq 40, ffn 96");
     EXPECT_EQ(bert["mode"], "inference");
 }
@@ -72,12 +67,12 @@ TEST(CliModel, ResNetsAreTorchvisionsWithFoldedBatchNorm) {
     for (const char* cores : {"0", "0-7"}) {
         const std::string args =
             std::string("model resnet18 --image 32 --batch 8 --cores ") + cores;
-        const auto on = run_json(args);
-        const auto off = run_json(args + " --set sim.functional=false");
+        const auto on = tpusim_json(args);
+        const auto off = tpusim_json(args + " --set sim.functional=false");
         EXPECT_EQ(on["cycles"], off["cycles"]) << args;
         EXPECT_EQ(on["layers"], off["layers"]) << args;
     }
-    const auto r18 = names(run_json("model resnet18 --image 32 --set sim.functional=false"));
+    const auto r18 = names(tpusim_json("model resnet18 --image 32 --set sim.functional=false"));
     // Stem, 8 basic blocks of 2 convolutions (3 with a projection shortcut), pool and head.
     for (const char* want : {"conv1", "maxpool", "layer1.0.conv1", "layer1.0.conv2",
                              "layer2.0.downsample", "layer4.1.conv2", "avgpool", "fc"})
@@ -85,7 +80,7 @@ TEST(CliModel, ResNetsAreTorchvisionsWithFoldedBatchNorm) {
     EXPECT_EQ(std::count_if(r18.begin(), r18.end(),
                             [](const std::string& n) { return n.find(".conv") != n.npos; }),
               16);
-    const auto r50 = names(run_json("model resnet50 --image 32 --set sim.functional=false"));
+    const auto r50 = names(tpusim_json("model resnet50 --image 32 --set sim.functional=false"));
     // 16 bottlenecks of 3 convolutions, 4 projection shortcuts.
     EXPECT_EQ(std::count_if(r50.begin(), r50.end(),
                             [](const std::string& n) { return n.find(".conv") != n.npos; }),
@@ -96,8 +91,8 @@ TEST(CliModel, ResNetsAreTorchvisionsWithFoldedBatchNorm) {
 }
 
 TEST(CliModel, TrainStepAddsBackwardAllReduceAndOptimizer) {
-    const auto infer = run_json(kSmallGpt + " --cores 0-7");
-    const auto step = run_json(kSmallGpt + " --cores 0-7 --train-step");
+    const auto infer = tpusim_json(kSmallGpt + " --cores 0-7");
+    const auto step = tpusim_json(kSmallGpt + " --cores 0-7 --train-step");
     EXPECT_EQ(step["mode"], "train-step");
     EXPECT_EQ(names(step), names(infer));
     // Backward costs more than the forward alone: each layer's kernels at least double.
@@ -110,7 +105,7 @@ TEST(CliModel, TrainStepAddsBackwardAllReduceAndOptimizer) {
 
 TEST(CliModel, TraceHasOneSpanPerLayerRun) {
     const std::string trace = tmp("model_trace.json");
-    const auto j = run_json(kSmallBert + " --trace " + trace);
+    const auto j = tpusim_json(kSmallBert + " --trace " + trace);
     const auto t = nlohmann::json::parse(tpu::test::slurp(trace));
     std::set<std::string> layer_names;
     for (const auto& l : j["layers"]) layer_names.insert(l["name"]);

@@ -15,19 +15,14 @@ namespace {
 using tpu::test::shell_quote;
 using tpu::test::tmp;
 using tpu::test::tpusim;
-
-nlohmann::json run_json(const std::string& args) {
-    const auto r = tpusim(args + " --json");
-    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
-    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
-}
+using tpu::test::tpusim_json;
 
 const std::string kOddConv =
     "op conv2d --batch 3 --height 9 --width 7 --cin 130 --cout 20 --kernel 3 --stride 2 --pad 1";
 
 TEST(CliOp, Conv2dCheckIsBitExactOnOneAndEightCores) {
     for (const char* cores : {"0", "0-7"}) {
-        const auto j = run_json(kOddConv + " --check --cores " + cores);
+        const auto j = tpusim_json(kOddConv + " --check --cores " + cores);
         EXPECT_EQ(j["op"], "conv2d");
         EXPECT_EQ(j["kernel"], 3);
         EXPECT_EQ(j["cores"], std::string(cores) == "0" ? 1 : 8);
@@ -48,8 +43,8 @@ TEST(CliOp, TimingOnlyModeGivesTheSameCycles) {
     for (const std::string shape :
          {kOddConv + " --cores 0-7", std::string("op conv2d --batch 8 --height 14 --width 14 "
                                                  "--cin 64 --cout 64 --kernel 1 --cores 0")}) {
-        const auto on = run_json(shape);
-        const auto off = run_json(shape + " --set sim.functional=false");
+        const auto on = tpusim_json(shape);
+        const auto off = tpusim_json(shape + " --set sim.functional=false");
         EXPECT_EQ(on["cycles"], off["cycles"]) << shape;
         EXPECT_EQ(on["hbm_bytes"], off["hbm_bytes"]) << shape;
     }
@@ -67,7 +62,7 @@ const std::vector<std::string> kRowOps = {
 TEST(CliOp, RowOpsAndAttentionAreBitExactOnOneAndEightCores) {
     for (const std::string& shape : kRowOps)
         for (const char* cores : {"0", "0-7"}) {
-            const auto j = run_json(shape + " --check --cores " + cores);
+            const auto j = tpusim_json(shape + " --check --cores " + cores);
             EXPECT_TRUE(j["bitexact"].get<bool>()) << shape << " on " << cores;
             EXPECT_LT(j["max_rel_error"].get<double>(), 1e-2) << shape;
             EXPECT_GT(j["cycles"].get<uint64_t>(), 0u);
@@ -75,7 +70,7 @@ TEST(CliOp, RowOpsAndAttentionAreBitExactOnOneAndEightCores) {
         }
     // 3 sequences over 8 cores: one per core (padded shares), 3 heads x 2 x 70 x 70 x 40 MACs
     // each.
-    const auto j = run_json(kRowOps[2] + " --cores 0-7");
+    const auto j = tpusim_json(kRowOps[2] + " --cores 0-7");
     EXPECT_EQ(j["macs"], 8 * 3 * 2 * 70 * 70 * 40);
     EXPECT_GT(j["mxu_utilization"].get<double>(), 0.0);
     EXPECT_EQ(j["causal"], true);
@@ -83,8 +78,8 @@ TEST(CliOp, RowOpsAndAttentionAreBitExactOnOneAndEightCores) {
 
 TEST(CliOp, RowOpsAndAttentionTakeTheSameCyclesWithoutArithmetic) {
     for (const std::string& shape : kRowOps) {
-        const auto on = run_json(shape + " --cores 0-1");
-        const auto off = run_json(shape + " --cores 0-1 --set sim.functional=false");
+        const auto on = tpusim_json(shape + " --cores 0-1");
+        const auto off = tpusim_json(shape + " --cores 0-1 --set sim.functional=false");
         EXPECT_EQ(on["cycles"], off["cycles"]) << shape;
         EXPECT_EQ(on["hbm_bytes"], off["hbm_bytes"]) << shape;
     }
@@ -92,8 +87,8 @@ TEST(CliOp, RowOpsAndAttentionTakeTheSameCyclesWithoutArithmetic) {
 
 TEST(CliOp, GemmIsTheGemmCommand) {
     const std::string shape = "--m 100 --k 300 --n 200 --cores 0-1 --set sim.functional=false";
-    const auto op = run_json("op gemm " + shape);
-    const auto gemm = run_json("gemm " + shape);
+    const auto op = tpusim_json("op gemm " + shape);
+    const auto gemm = tpusim_json("gemm " + shape);
     EXPECT_EQ(op["cycles"], gemm["cycles"]);
     EXPECT_EQ(op["split"], gemm["split"]);
 }

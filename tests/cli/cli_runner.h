@@ -10,6 +10,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/common/paths.h"
 
@@ -60,6 +61,14 @@ inline CliResult run_command(const std::string& cmd) {
 /// Runs `tpusim ARGS`; ARGS is shell text, so quote paths with shell_quote() when needed.
 inline CliResult tpusim(const std::string& args) {
     return run_command(shell_quote(tpusim_exe()) + " " + args);
+}
+
+/// Runs `tpusim ARGS --json`, expects exit 0 and returns the parsed output (an empty object,
+/// after a test failure naming the command, otherwise).
+inline nlohmann::json tpusim_json(const std::string& args) {
+    const CliResult r = tpusim(args + " --json");
+    EXPECT_EQ(r.code, 0) << args << ": " << r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
 }
 
 }  // namespace tpu::test

@@ -66,6 +66,17 @@ void finish_run(OpRun& r, const driver::Device& dev, const driver::Event& ev,
     r.hbm_bytes = dev.kernel_totals().since(before).hbm_bytes();
 }
 
+/// The report of a row-wise VPU op on `rows_total` x `cols` values, `rows` per core.
+OpRun rows_op_run(const driver::Device& dev, const driver::Event& ev,
+                  const driver::KernelStats& before, size_t cores, uint32_t rows_total,
+                  uint32_t cols, uint32_t rows) {
+    OpRun r;
+    r.params = {{"rows", rows_total}, {"cols", cols}};
+    r.plan = fmt::format("{} rows per core, streamed through VMEM in row tiles (VPU)", rows);
+    finish_run(r, dev, ev, before, 0, cores);
+    return r;
+}
+
 }  // namespace
 
 /// Fills the --check fields from the device result, the bit-exact reference and fp64.
@@ -95,10 +106,7 @@ OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
                          rstd = driver::alloc_tensor(dev, cores, rows, 1);
     const float eps = 1e-5f;
     const driver::Event ev = driver::layer_norm(dev, cache, x.t, g.t, b.t, eps, y, mean, rstd);
-    OpRun r;
-    r.params = {{"rows", rows_total}, {"cols", cols}};
-    r.plan = fmt::format("{} rows per core, streamed through VMEM in row tiles (VPU)", rows);
-    finish_run(r, dev, ev, before, 0, cores.size());
+    OpRun r = rows_op_run(dev, ev, before, cores.size(), rows_total, cols, rows);
     if (check) {
         std::vector<float> want;
         std::vector<double> exact;
@@ -134,10 +142,7 @@ OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
     HostTensor x = random_tensor(dev, cores, rows, cols, seed);
     const driver::Tensor y = driver::alloc_tensor(dev, cores, rows, cols);
     const driver::Event ev = driver::softmax(dev, cache, x.t, y);
-    OpRun r;
-    r.params = {{"rows", rows_total}, {"cols", cols}};
-    r.plan = fmt::format("{} rows per core, streamed through VMEM in row tiles (VPU)", rows);
-    finish_run(r, dev, ev, before, 0, cores.size());
+    OpRun r = rows_op_run(dev, ev, before, cores.size(), rows_total, cols, rows);
     if (check) {
         std::vector<float> want;
         std::vector<double> exact;
