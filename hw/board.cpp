@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "hw/board.h"
+#include "hw/host/host_link.h"
 #include "hw/ici/ici_network.h"
 #include "hw/mem/hbm_target.h"
 #include "hw/mem/hbm_timing.h"
@@ -17,6 +18,7 @@
 
 #include "sim/interrupt.h"
 #include "sim/log.h"
+#include "sim/stats.h"
 #include "sim/tracer.h"
 
 namespace tpu::hw {
@@ -106,6 +108,9 @@ struct Board::Impl : CoreEnv {
     std::vector<std::unique_ptr<HbmTarget>> hbm_targets;
     std::vector<std::unique_ptr<CoreModel>> models;
     std::vector<std::unique_ptr<TensorCore>> modules;
+    sim::StatGroup stats{"board"};     ///< root of every block's statistics
+    sim::StatGroup host_stats{"host", &stats};
+    std::vector<std::unique_ptr<HostLink>> host_links;  ///< per chip
     IciNetwork ici;                    ///< link timing and statistics
     std::vector<IciHop> hops;          ///< scratch: the links of the latest transfer
     uint64_t ici_calls = 0;            ///< transfers so far (retires old link promises)
@@ -122,6 +127,9 @@ struct Board::Impl : CoreEnv {
 
     explicit Impl(const BoardConfig& c) : cfg(c), period_ps(c.period_ps()), ici(c) {
         const uint32_t n = cfg.cores();
+        for (uint32_t chip = 0; chip < cfg.chips; ++chip)
+            host_links.push_back(std::make_unique<HostLink>(fmt::format("chip{}", chip), cfg.host,
+                                                            cfg.clock(), &host_stats));
         for (uint32_t i = 0; i < n; ++i) {
             hbm.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.hbm", i),
                                                          cfg.hbm.bytes_per_core));
@@ -310,6 +318,19 @@ uint64_t Board::now_cycle() const {
 }
 const IciNetwork& Board::ici() const {
     return m_impl->ici;
+}
+uint32_t Board::chip_of(uint32_t core) const {
+    check_core(core, num_cores());
+    return core / m_impl->cfg.cores_per_chip;
+}
+HostLink& Board::host_link(uint32_t chip) {
+    if (chip >= m_impl->host_links.size())
+        throw std::invalid_argument(fmt::format("chip {} does not exist (the board has chips 0-{})",
+                                                chip, m_impl->host_links.size() - 1));
+    return *m_impl->host_links[chip];
+}
+sim::StatGroup& Board::stats() {
+    return m_impl->stats;
 }
 double Board::now_seconds() const {
     return sc_core::sc_time_stamp().to_seconds();
