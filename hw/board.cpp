@@ -18,6 +18,7 @@
 
 #include "sim/interrupt.h"
 #include "sim/log.h"
+#include "sim/stat_names.h"
 #include "sim/stats.h"
 #include "sim/tracer.h"
 
@@ -108,10 +109,11 @@ struct Board::Impl : CoreEnv {
     std::vector<std::unique_ptr<HbmTarget>> hbm_targets;
     std::vector<std::unique_ptr<CoreModel>> models;
     std::vector<std::unique_ptr<TensorCore>> modules;
-    sim::StatGroup stats{"board"};     ///< root of every block's statistics
-    sim::StatGroup host_stats{"host", &stats};
-    std::vector<std::unique_ptr<HostLink>> host_links;  ///< per chip
-    IciNetwork ici;                    ///< link timing and statistics
+    sim::StatGroup stats{"board"};                            ///< root of every block's statistics
+    std::unique_ptr<sim::StatGroup> host_stats;               ///< board.host
+    std::vector<std::unique_ptr<HostLink>> host_links;        ///< per chip
+    std::vector<std::unique_ptr<sim::StatGroup>> hbm_groups;  ///< per core: coreN.hbm
+    IciNetwork ici;                                           ///< link timing and statistics
     std::vector<IciHop> hops;          ///< scratch: the links of the latest transfer
     uint64_t ici_calls = 0;            ///< transfers so far (retires old link promises)
     sim::Tracer* tracer = nullptr;     ///< link transfers go to the "ici" process
@@ -127,9 +129,6 @@ struct Board::Impl : CoreEnv {
 
     explicit Impl(const BoardConfig& c) : cfg(c), period_ps(c.period_ps()), ici(c) {
         const uint32_t n = cfg.cores();
-        for (uint32_t chip = 0; chip < cfg.chips; ++chip)
-            host_links.push_back(std::make_unique<HostLink>(fmt::format("chip{}", chip), cfg.host,
-                                                            cfg.clock(), &host_stats));
         for (uint32_t i = 0; i < n; ++i) {
             hbm.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.hbm", i),
                                                          cfg.hbm.bytes_per_core));
@@ -140,6 +139,21 @@ struct Board::Impl : CoreEnv {
                 std::make_unique<CoreModel>(i, cfg, *hbm[i], *vmem[i], this, hbm_timing[i].get()));
             hbm_targets.emplace_back();  // made on request: an unbound socket fails elaboration
         }
+        // Every block's statistics under one root: stats.json is one walk of it.
+        stats.add(std::string(sim::stat_names::kCycles),
+                  "board cycles since the simulation started", sim::StatUnit::Cycles,
+                  [this] { return now_cycle(); });
+        for (uint32_t i = 0; i < n; ++i) {
+            sim::StatGroup& core = models[i]->register_stats(stats);
+            hbm_groups.push_back(
+                std::make_unique<sim::StatGroup>(std::string(sim::stat_names::kHbm), &core));
+            hbm_timing[i]->register_stats(*hbm_groups.back());
+        }
+        ici.register_stats(stats, [this] { return now_cycle(); });
+        host_stats = std::make_unique<sim::StatGroup>(std::string(sim::stat_names::kHost), &stats);
+        for (uint32_t chip = 0; chip < cfg.chips; ++chip)
+            host_links.push_back(std::make_unique<HostLink>(fmt::format("chip{}", chip), cfg.host,
+                                                            cfg.clock(), host_stats.get()));
         for (uint32_t i = 0; i < n; ++i)
             modules.push_back(std::make_unique<TensorCore>(fmt::format("core{}", i).c_str(),
                                                            *models[i], period_ps, [this, i] {

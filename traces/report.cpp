@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "sim/stat_names.h"
+
 namespace tpu::traces {
 
 ReportError::ReportError(Input input, const std::string& problem)
@@ -67,6 +69,8 @@ struct Core {
     uint64_t dma_hbm_bytes = 0;                 ///< bytes of HBM<->VMEM DMA events
     Samples util, gbps;                         ///< mxu_utilization, hbm_gbps
     std::optional<double> instructions, hbm_bytes, mxu_flops;  ///< from stats
+    /// The core's HBM group from stats (row hits, misses, activates, ...), in file order.
+    std::vector<std::pair<std::string, double>> hbm_stats;
 
     // Derived.
     uint64_t span = 0;
@@ -95,8 +99,15 @@ struct Kernel {
     }
 };
 
+/// One ICI link's figures from the stats' `ici` group.
+struct Link {
+    std::string name;
+    double bytes = 0, utilization = 0;
+};
+
 struct Model {
     Machine machine;
+    std::vector<Link> links;      ///< from stats, in file order
     std::map<int, Core> cores;    ///< by core index
     std::vector<Kernel> kernels;  ///< from stats, in file order
     Host host;
@@ -342,21 +353,22 @@ void read_kernels(const json& group, Model& model) {
         if (!k.is_object()) continue;
         const json counters = k.value("counters", json::object());
         if (!counters.is_object()) continue;
-        auto value = [&](const std::string& key) -> std::optional<double> {
+        auto value = [&](std::string_view key) -> std::optional<double> {
             const auto it = counters.find(key);
             return it == counters.end() ? std::nullopt : number(*it, "value");
         };
         Kernel out;
         out.name = name;
-        out.launches = value("launches").value_or(0);
-        out.cycles = value("cycles").value_or(0);
-        out.core_cycles = value("core_cycles").value_or(0);
-        out.flops = value("flops").value_or(0);
-        out.mxu_flops = value("mxu_flops").value_or(0);
-        out.vpu_flops = value("vpu_flops").value_or(0);
-        out.hbm_bytes = value("hbm_read_bytes").value_or(0) + value("hbm_write_bytes").value_or(0);
-        out.ici_bytes = value("ici_bytes").value_or(0);
-        out.mxu_util = value("mxu_utilization");
+        out.launches = value(sim::stat_names::kLaunches).value_or(0);
+        out.cycles = value(sim::stat_names::kCycles).value_or(0);
+        out.core_cycles = value(sim::stat_names::kCoreCycles).value_or(0);
+        out.flops = value(sim::stat_names::kFlops).value_or(0);
+        out.mxu_flops = value(sim::stat_names::kMxuFlops).value_or(0);
+        out.vpu_flops = value(sim::stat_names::kVpuFlops).value_or(0);
+        out.hbm_bytes = value(sim::stat_names::kHbmReadBytes).value_or(0) +
+                        value(sim::stat_names::kHbmWriteBytes).value_or(0);
+        out.ici_bytes = value(sim::stat_names::kIciBytes).value_or(0);
+        out.mxu_util = value(sim::stat_names::kMxuUtilization);
         model.kernels.push_back(std::move(out));
     }
 }
@@ -367,40 +379,54 @@ void read_stats(const std::string& text, Model& model) {
         throw ReportError(Input::Stats, "not a tpusim stats file (no \"board\" object)");
     const json& board = doc["board"];
     model.have_stats = true;
-    model.board_cycles =
-        number(board.value("counters", json::object()).value("cycles", json{}), "value");
+    model.board_cycles = number(board.value("counters", json::object())
+                                    .value(std::string(sim::stat_names::kCycles), json{}),
+                                "value");
     const json children = board.value("children", json::object());
     if (!children.is_object()) return;
-    read_kernels(children.value("kernels", json::object()), model);
+    read_kernels(children.value(std::string(sim::stat_names::kKernels), json::object()), model);
+    namespace n = sim::stat_names;
+    auto counters_of = [](const json& group) {
+        const json c = group.is_object() ? group.value("counters", json::object()) : json{};
+        return c.is_object() ? c : json::object();
+    };
+    auto value_in = [](const json& counters, std::string_view key) -> std::optional<double> {
+        const auto it = counters.find(key);
+        return it == counters.end() ? std::nullopt : number(*it, "value");
+    };
+    const json links =
+        children.value(std::string(n::kIci), json::object()).value("children", json::object());
+    for (const auto& [name, link] : links.items()) {
+        const json c = counters_of(link);
+        model.links.push_back(
+            {name, value_in(c, n::kBytes).value_or(0), value_in(c, n::kUtilization).value_or(0)});
+    }
     for (const auto& [name, group] : children.items()) {
         const int idx = core_index(name);
         if (idx < 0 || !group.is_object()) continue;
-        const json counters = group.value("counters", json::object());
-        if (!counters.is_object()) continue;
-        auto value = [&](const std::string& key) -> std::optional<double> {
-            const auto it = counters.find(key);
-            return it == counters.end() ? std::nullopt : number(*it, "value");
-        };
+        const json units = group.value("children", json::object());
+        const json dma = counters_of(units.value(std::string(n::kDma), json{}));
         // A core the trace was filtered away from (--trace-units) still gets its row.
         Core& c = model.cores[idx];
         c.name = name;
-        c.instructions = value("instructions");
-        const auto rd = value("hbm_read_bytes");
-        const auto wr = value("hbm_write_bytes");
+        c.instructions = value_in(counters_of(group), n::kInstructions);
+        const auto rd = value_in(dma, n::kHbmReadBytes);
+        const auto wr = value_in(dma, n::kHbmWriteBytes);
         if (rd || wr) c.hbm_bytes = rd.value_or(0) + wr.value_or(0);
         double flops = 0;
         bool any = false;
-        for (const auto& [key, counter] : counters.items()) {
-            // mxu0_flops, mxu1_flops, ...: one counter per MXU.
-            if (key.size() > 9 && key.compare(0, 3, "mxu") == 0 &&
-                key.compare(key.size() - 6, 6, "_flops") == 0) {
-                if (auto v = number(counter, "value")) {
-                    flops += *v;
-                    any = true;
-                }
+        for (const auto& [unit, ug] : units.items()) {
+            // mxu0, mxu1, ...: one group per MXU.
+            if (unit.compare(0, n::kMxuPrefix.size(), n::kMxuPrefix) != 0) continue;
+            if (auto v = value_in(counters_of(ug), n::kFlops)) {
+                flops += *v;
+                any = true;
             }
         }
         if (any) c.mxu_flops = flops;
+        const json hbm = counters_of(units.value(std::string(n::kHbm), json{}));
+        for (const auto& [key, counter] : hbm.items())
+            if (auto v = number(counter, "value")) c.hbm_stats.emplace_back(key, *v);
     }
 }
 
@@ -857,6 +883,48 @@ std::string summary(const Model& model) {
     return s;
 }
 
+/// HBM row behaviour per core and ICI link use, from the stats (empty without them).
+std::string memory_tables(const Model& model) {
+    std::string s;
+    std::vector<std::string> keys;
+    for (const auto& [idx, c] : model.cores)
+        for (const auto& [k, v] : c.hbm_stats)
+            if (k.find("bank") != 0 && std::find(keys.begin(), keys.end(), k) == keys.end())
+                keys.push_back(k);
+    if (!keys.empty()) {
+        s += "<table class=\"hbm\"><tr><th>core</th>";
+        for (const auto& k : keys) s += fmt::format("<th>{}</th>", escape(k));
+        s += "<th>worst bank (conflicts)</th></tr>\n";
+        for (const auto& [idx, c] : model.cores) {
+            if (c.hbm_stats.empty()) continue;
+            s += fmt::format("<tr><td>{}</td>", escape(c.name));
+            std::pair<std::string, double> worst{"-", 0};
+            for (const auto& k : keys) {
+                const auto it = std::find_if(c.hbm_stats.begin(), c.hbm_stats.end(),
+                                             [&](const auto& kv) { return kv.first == k; });
+                const double v = it == c.hbm_stats.end() ? 0 : it->second;
+                s += fmt::format("<td>{}</td>",
+                                 v != std::floor(v) ? fmt::format("{:.3f}", v) : grouped(v));
+            }
+            for (const auto& [k, v] : c.hbm_stats)
+                if (k.find("bank") == 0 && v > worst.second) worst = {k, v};
+            s += fmt::format("<td>{} ({})</td></tr>\n", escape(worst.first), grouped(worst.second));
+        }
+        s += "</table>\n";
+    }
+    bool any_link = false;
+    for (const Link& l : model.links) any_link |= l.bytes > 0;
+    if (any_link) {
+        s += "<table class=\"ici\"><tr><th>ICI link</th><th>bytes</th><th>utilisation</th></tr>\n";
+        for (const Link& l : model.links)
+            if (l.bytes > 0)
+                s += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>\n", escape(l.name),
+                                 grouped(l.bytes), pct(l.utilization));
+        s += "</table>\n";
+    }
+    return s;
+}
+
 /// Per-kernel totals from the stats (empty without a `kernels` group).
 std::string kernel_table(const Model& model) {
     const double clock = model.machine.clock_mhz;
@@ -988,6 +1056,8 @@ std::string render_report(const std::string& trace_json, const std::string& stat
         page += kernel_table(model);
     }
 
+    if (const std::string mem = memory_tables(model); !mem.empty())
+        page += "<h2>HBM rows and ICI links</h2>\n" + mem;
     page += "<h2>Roofline</h2>\n";
     page += fmt::format(
         "<p class=\"note\">Per core: peak {:.1f} TFLOP/s = 2 x {} MXUs x {}x{} PEs x {:.1f} MHz; "

@@ -14,6 +14,7 @@
 #include "hw/core/numerics.h"
 #include "hw/mem/hbm_timing.h"
 #include "isa/disassembler.h"
+#include "sim/stat_names.h"
 #include "sim/tracer.h"
 
 namespace tpu::hw {
@@ -101,6 +102,45 @@ CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, Spa
 }
 
 CoreModel::~CoreModel() = default;
+
+sim::StatGroup& CoreModel::register_stats(sim::StatGroup& parent) {
+    namespace n = sim::stat_names;
+    using sim::StatUnit;
+    m_stat_groups.clear();
+    auto group = [&](std::string name, sim::StatGroup& up) -> sim::StatGroup& {
+        return *m_stat_groups.emplace_back(std::make_unique<sim::StatGroup>(std::move(name), &up));
+    };
+    const CoreStats& s = m_stats;
+    sim::StatGroup& core = group(fmt::format("{}{}", n::kCorePrefix, m_id), parent);
+    core.add(std::string(n::kInstructions), "instructions issued", StatUnit::Count, s.instructions);
+    core.add("stall_queue_cycles", "sequencer cycles stalled on a full unit queue",
+             StatUnit::Cycles, s.stall_queue);
+    core.add("stall_wait_cycles", "sequencer cycles stalled in wait or fence", StatUnit::Cycles,
+             s.stall_wait);
+    sim::StatGroup& dma = group(std::string(n::kDma), core);
+    dma.add("ops", "DMA instructions", StatUnit::Count, s.dma_ops);
+    dma.add(std::string(n::kHbmReadBytes), "bytes read from HBM by DMA", StatUnit::Bytes,
+            s.hbm_read_bytes);
+    dma.add(std::string(n::kHbmWriteBytes), "bytes written to HBM by DMA", StatUnit::Bytes,
+            s.hbm_write_bytes);
+    sim::StatGroup& vpu = group(std::string(n::kVpu), core);
+    vpu.add("ops", "VPU instructions", StatUnit::Count, s.vpu_ops);
+    vpu.add("busy_cycles", "VPU issue cycles", StatUnit::Cycles, s.vpu_busy);
+    vpu.add(std::string(n::kFlops), "VPU fp32 operations", StatUnit::Flops, s.vpu_flops);
+    sim::StatGroup& ici = group(std::string(n::kIci), core);
+    ici.add("ops", "ICI instructions", StatUnit::Count, s.ici_ops);
+    ici.add("bytes", "bytes sent over ICI", StatUnit::Bytes, s.ici_bytes);
+    core.add("mxu_ops", "MXU instructions (mxu.lw and mxu.mm, both MXUs)", StatUnit::Count,
+             s.mxu_ops);
+    for (size_t i = 0; i < s.mxu_macs.size(); ++i) {
+        sim::StatGroup& mxu = group(fmt::format("{}{}", n::kMxuPrefix, i), core);
+        mxu.add("busy_cycles", "cycles streaming LHS rows", StatUnit::Cycles, s.mxu_busy[i]);
+        mxu.add("macs", "useful multiply-accumulates", StatUnit::Count, s.mxu_macs[i]);
+        mxu.add(std::string(n::kFlops), "2 x useful multiply-accumulates", StatUnit::Flops,
+                [&s, i] { return 2 * s.mxu_macs[i]; });
+    }
+    return core;
+}
 
 void CoreModel::load(const isa::Program& program) {
     const uint64_t bytes = program.code.size() * uint64_t(isa::kInstrBytes);

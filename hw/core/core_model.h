@@ -18,6 +18,7 @@
 #include "hw/fault.h"
 #include "hw/mem/sparse_memory.h"
 #include "isa/isa.h"
+#include "sim/stats.h"
 
 namespace tpu::sim {
 class Tracer;
@@ -67,7 +68,8 @@ public:
     virtual bool stop_requested() { return false; }
 };
 
-/// Per-core statistics, plain integers on the hot path; the board registers them.
+/// Per-core statistics, plain integers on the hot path; register_stats() views them in the
+/// stats tree.
 struct CoreStats {
     uint64_t instructions = 0;       ///< instructions issued
     uint64_t stall_queue = 0;        ///< sequencer cycles stalled on a full unit queue
@@ -140,6 +142,9 @@ public:
     /// Scalar register (for tests and dumps).
     uint32_t sreg(int i) const { return m_sregs[i]; }
     const CoreStats& stats() const { return m_stats; }
+    /// Registers this core's statistics as the group "coreN" under `parent`, with a child per
+    /// unit (dma, vpu, ici, mxuN) viewing the plain integers of stats(); returns the core's group.
+    sim::StatGroup& register_stats(sim::StatGroup& parent);
     /// A one-paragraph state dump: pc, instruction, waits, flags, unit queues.
     std::string dump_state() const;
 
@@ -227,6 +232,7 @@ private:
     std::vector<uint64_t> m_ici_arrival;  ///< per destination: latest arrival (in-order delivery)
 
     CoreStats m_stats;
+    std::vector<std::unique_ptr<sim::StatGroup>> m_stat_groups;  ///< core first, then its units
     bool m_record = false;
     std::vector<InstrRecord> m_records;
     sim::Tracer* m_tracer = nullptr;
