@@ -14,6 +14,7 @@
 #include "hw/core/numerics.h"
 #include "hw/mem/hbm_timing.h"
 #include "isa/disassembler.h"
+#include "isa/scalar_alu.h"
 #include "sim/stat_names.h"
 #include "sim/tracer.h"
 
@@ -89,7 +90,8 @@ CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, Spa
       m_vpu_q(std::make_unique<UnitQueue>()),
       m_ici_q(std::make_unique<UnitQueue>()),
       m_dma_hz(std::make_unique<Hazards>()),
-      m_vpu_hz(std::make_unique<Hazards>()) {
+      m_vpu_hz(std::make_unique<Hazards>()),
+      m_vpu(cfg.core) {
     for (uint32_t i = 0; i < m_core.mxus; ++i) {
         m_mxu_q.push_back(std::make_unique<UnitQueue>());
         m_mxu_timer.emplace_back(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
@@ -177,7 +179,8 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     for (auto& t : m_mxu_timer)
         t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
     m_mxu_loaded.assign(m_core.mxus, false);
-    m_dma_free = m_vpu_free = m_ici_free = cycle;
+    m_dma_free = m_ici_free = cycle;
+    m_vpu.start_at(cycle);
     m_ici_arrival.assign(m_ici_arrival.size(), 0);
     m_dma_hz->writes.clear();
     m_vpu_hz->writes.clear();
@@ -186,16 +189,18 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
 
 void CoreModel::set_tracer(sim::Tracer* tracer) {
     m_tracer = tracer && tracer->enabled() ? tracer : nullptr;
-    m_tracks.clear();
+    m_tracks = {};
     m_mxu_util.reset();
     m_hbm_gbps.reset();
     m_queue_depth.reset();
     if (!m_tracer) return;
     const std::string proc = fmt::format("core{}", m_id);
-    for (const char* unit : {"seq", "dma", "vpu", "ici"})
-        m_tracks.push_back(m_tracer->track(proc, unit));
+    m_tracks.seq = m_tracer->track(proc, "seq");
+    m_tracks.dma = m_tracer->track(proc, "dma");
+    m_tracks.vpu = m_tracer->track(proc, "vpu");
+    m_tracks.ici = m_tracer->track(proc, "ici");
     for (uint32_t i = 0; i < m_core.mxus; ++i)
-        m_tracks.push_back(m_tracer->track(proc, fmt::format("mxu{}", i)));
+        m_tracks.mxu.push_back(m_tracer->track(proc, fmt::format("mxu{}", i)));
     const uint64_t window = m_cfg.sim.trace_counter_cycles;
     m_mxu_util = std::make_unique<CounterTrack>(proc, "mxu_utilization", window, 1.0 / m_core.mxus);
     // bytes per cycle -> GB/s at the core clock.
@@ -363,6 +368,15 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                 const uint32_t c = val(ins.ops[2]);
                 uint32_t r = 0;
                 bool write = true;
+                if (const auto alu = isa::scalar_alu(ins.op, b, c)) {
+                    if (alu->div_by_zero) {
+                        fault("sequencer", 0, "division by zero");
+                        return {Block::Faulted, m_cycle};
+                    }
+                    if (ins.ops[0].reg != 0) m_sregs[ins.ops[0].reg] = alu->value;
+                    inline_done();
+                    break;
+                }
                 switch (ins.op) {
                     case Opcode::Nop:
                         write = false;
@@ -370,8 +384,8 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Halt: {
                         const uint64_t end = std::max(issue, m_units_done);
                         if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, end});
-                        if (m_tracer && !m_tracks.empty()) {
-                            m_tracer->instant(m_tracks[0], "halt", end);
+                        if (m_tracer) {
+                            m_tracer->instant(m_tracks.seq, "halt", end);
                             m_mxu_util->flush_all(*m_tracer);
                             m_hbm_gbps->flush_all(*m_tracer);
                             m_queue_depth->flush_all(*m_tracer);
@@ -381,50 +395,6 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         ++m_stats.instructions;
                         return {Block::Halted, end};
                     }
-                    case Opcode::Li:
-                        r = b;
-                        break;
-                    case Opcode::Add:
-                        r = b + c;
-                        break;
-                    case Opcode::Sub:
-                        r = b - c;
-                        break;
-                    case Opcode::Mul:
-                        r = b * c;
-                        break;
-                    case Opcode::Divu:
-                    case Opcode::Remu:
-                        if (c == 0) {
-                            fault("sequencer", 0, "division by zero");
-                            return {Block::Faulted, m_cycle};
-                        }
-                        r = ins.op == Opcode::Divu ? b / c : b % c;
-                        break;
-                    case Opcode::And:
-                        r = b & c;
-                        break;
-                    case Opcode::Or:
-                        r = b | c;
-                        break;
-                    case Opcode::Xor:
-                        r = b ^ c;
-                        break;
-                    case Opcode::Shl:
-                        r = b << (c & 31);
-                        break;
-                    case Opcode::Shr:
-                        r = b >> (c & 31);
-                        break;
-                    case Opcode::Sra:
-                        r = static_cast<uint32_t>(static_cast<int32_t>(b) >> (c & 31));
-                        break;
-                    case Opcode::Slt:
-                        r = static_cast<int32_t>(b) < static_cast<int32_t>(c);
-                        break;
-                    case Opcode::Sltu:
-                        r = b < c;
-                        break;
                     case Opcode::Lw:
                         if (!check(m_smem, b, 4, "sequencer", "scalar memory read", 4))
                             return {Block::Faulted, m_cycle};
@@ -645,7 +615,7 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
     ++m_stats.dma_ops;
     if (from_hbm) m_stats.hbm_read_bytes += bytes;
     if (!to_vmem) m_stats.hbm_write_bytes += bytes;
-    trace(m_tracks.empty() ? -1 : m_tracks[1], start, done, "bytes", bytes);
+    trace(m_tracks.dma, start, done, "bytes", bytes);
     if (m_hbm_gbps && ins.op != Opcode::DmaVv) {
         m_hbm_gbps->add(start, done, double(bytes));
         m_hbm_gbps->flush_before(m_cycle, *m_tracer);
@@ -717,7 +687,7 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         }
     }
     ++m_stats.mxu_ops;
-    trace(m_tracks.empty() ? -1 : m_tracks[4 + idx], span.start, span.done);
+    trace(m_tracks.mxu.empty() ? -1 : m_tracks.mxu[idx], span.start, span.done);
     if (m_mxu_util && ins.op == Opcode::MxuMm) {
         // Useful PE-cycles: the T rows stream for T cycles over K x N of the R x C PEs.
         const auto [K, N] = m_mxu_shape[idx];
@@ -732,116 +702,24 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
 /// Operand layout of each VPU opcode: which operands are VMEM arrays (read or written), element
 /// type and count. Everything the VPU reads is fp32 except v.bf2f's source; only v.f2bf writes
 /// bf16.
-struct CoreModel::VpuOp {
-    uint64_t elements = 0;  ///< elements processed (sets the timing)
-    struct Access {
-        uint32_t addr;
-        uint64_t bytes;
-        uint32_t align;
-    };
-    std::vector<Access> reads;
-    Access write{};
-};
-
 bool CoreModel::exec_vpu(const isa::Instr& ins) {
-    auto v = [&](int i) { return val(ins.ops[i]); };
-    VpuOp op;
-    uint64_t rows = 0, cols = 0, n = 0;
-    auto f32 = [](uint32_t a, uint64_t count) { return VpuOp::Access{a, count * 4, 4}; };
-    switch (ins.op) {
-        case Opcode::VAdd:
-        case Opcode::VSub:
-        case Opcode::VMul:
-        case Opcode::VMax:
-        case Opcode::VMin:
-        case Opcode::VCmpGt:
-            n = v(3);
-            op.reads = {f32(v(1), n), f32(v(2), n)};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VSel:
-            n = v(4);
-            op.reads = {f32(v(1), n), f32(v(2), n), f32(v(3), n)};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VAddS:
-        case Opcode::VMulS:
-        case Opcode::VMaxS:
-            n = v(3);
-            op.reads = {f32(v(1), n)};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VExp:
-        case Opcode::VLog:
-        case Opcode::VRsqrt:
-        case Opcode::VTanh:
-            n = v(2);
-            op.reads = {f32(v(1), n)};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VF2Bf:
-            n = v(2);
-            op.reads = {f32(v(1), n)};
-            op.write = {v(0), n * 2, 2};
-            break;
-        case Opcode::VBf2F:
-            n = v(2);
-            op.reads = {{v(1), n * 2, 2}};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VRand:
-            n = v(2);
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VRSum:
-        case Opcode::VRMax:
-        case Opcode::VCSum:
-        case Opcode::VTrans:
-            rows = v(2), cols = v(3), n = rows * cols;
-            op.reads = {f32(v(1), n)};
-            op.write = f32(v(0), ins.op == Opcode::VCSum    ? cols
-                                 : ins.op == Opcode::VTrans ? n
-                                                            : rows);
-            break;
-        case Opcode::VAddRow:
-        case Opcode::VSubCol:
-        case Opcode::VMulCol:
-            rows = v(3), cols = v(4), n = rows * cols;
-            op.reads = {f32(v(1), n), f32(v(2), ins.op == Opcode::VAddRow ? cols : rows)};
-            op.write = f32(v(0), n);
-            break;
-        default:
-            break;
-    }
+    std::array<uint32_t, isa::kMaxOperands> v{};
+    for (int i = 0; i < isa::kMaxOperands; ++i) v[i] = val(ins.ops[i]);
+    const VpuShape op = vpu_shape(ins.op, v);
+    const uint64_t n = op.elements, rows = op.rows, cols = op.cols;
     if (n == 0) return fault("vpu", op.write.addr, "vector operation on 0 elements");
     for (const auto& r : op.reads)
         if (!check(m_vmem, r.addr, r.bytes, "vpu", "VMEM read", r.align)) return false;
     if (!check(m_vmem, op.write.addr, op.write.bytes, "vpu", "VMEM write", op.write.align))
         return false;
 
-    // Timing: vector registers of sublanes x lanes, `alus` per cycle, then the class latency.
-    const uint64_t per_vreg = uint64_t(m_core.vpu_sublanes) * m_core.vpu_lanes;
-    const uint64_t issue_cycles = ceil_div(ceil_div(n, per_vreg), m_core.vpu_alus);
-    uint64_t latency = m_core.vpu_add_latency_cycles;
-    switch (isa::info(ins.op).timing) {
-        case isa::Timing::VpuMul:
-            latency = m_core.vpu_mul_latency_cycles;
-            break;
-        case isa::Timing::VpuTrans:
-            latency = m_core.vpu_transcendental_latency_cycles;
-            break;
-        case isa::Timing::VpuReduce:
-            latency += std::bit_width(uint64_t(m_core.vpu_lanes) - 1);
-            break;
-        default:
-            break;
-    }
-    uint64_t start = std::max(issue_to_unit(*m_vpu_q), m_vpu_free);
+    // Timing: VpuTimer (hw/core/vpu_unit.h), after the queue and the unit's RAW/WAW hazards.
+    uint64_t start = std::max(issue_to_unit(*m_vpu_q), m_vpu.free_at());
     for (const auto& r : op.reads)
         start = m_vpu_hz->ready_after(false, r.addr, r.addr + r.bytes, start);
     start = m_vpu_hz->ready_after(false, op.write.addr, op.write.addr + op.write.bytes, start);
-    const uint64_t done = start + issue_cycles - 1 + latency;
-    m_vpu_free = start + issue_cycles;
+    const uint64_t issue_cycles = m_vpu.issue_cycles(n);
+    const uint64_t done = m_vpu.run(ins.op, n, start);
     m_vpu_hz->add(false, op.write.addr, op.write.addr + op.write.bytes, done, m_cycle);
     if (m_cfg.sim.race_detector) {
         std::vector<MemRange> ranges;
@@ -854,7 +732,7 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
     ++m_stats.vpu_ops;
     m_stats.vpu_busy += issue_cycles;
     m_stats.vpu_flops += n;
-    trace(m_tracks.empty() ? -1 : m_tracks[2], start, done, "elements", n);
+    trace(m_tracks.vpu, start, done, "elements", n);
     finish_unit(*m_vpu_q, start, done, ins.flag);
     return true;
 }
@@ -863,9 +741,9 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
 // read completely before the result is written: an input the result overlaps is copied first,
 // unless the op is elementwise over fp32 and the two start at the same address (each result
 // element then depends only on the input elements at its own index, read before it is written).
-void CoreModel::exec_vpu_values(const isa::Instr& ins, const VpuOp& op, uint64_t rows,
+void CoreModel::exec_vpu_values(const isa::Instr& ins, const VpuShape& op, uint64_t rows,
                                 uint64_t cols, uint64_t n) {
-    const VpuOp::Access& w = op.write;
+    const VpuAccess& w = op.write;
     const bool direct = m_vmem.contiguous();
     bool elementwise = false;
     switch (ins.op) {
@@ -890,7 +768,7 @@ void CoreModel::exec_vpu_values(const isa::Instr& ins, const VpuOp& op, uint64_t
     }
     std::array<const void*, 3> in{};
     for (size_t k = 0; k < op.reads.size(); ++k) {
-        const VpuOp::Access& r = op.reads[k];
+        const VpuAccess& r = op.reads[k];
         const bool overlaps = r.addr < w.addr + w.bytes && w.addr < r.addr + r.bytes;
         if (direct && !(overlaps && !(elementwise && r.addr == w.addr))) {
             in[k] = m_vmem.data(r.addr);
@@ -1081,7 +959,7 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         m_stats.ici_bytes += bytes;
     }
     m_ici_arrival[dst] = done;
-    trace(m_tracks.empty() ? -1 : m_tracks[3], start, done, "dst_core", dst);
+    trace(m_tracks.ici, start, done, "dst_core", dst);
     finish_unit(q, start, done, ins.flag);
     return IciStep::Done;
 }

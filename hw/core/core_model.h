@@ -15,6 +15,7 @@
 #include "hw/core/counter_track.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/race_detector.h"
+#include "hw/core/vpu_unit.h"
 #include "hw/fault.h"
 #include "hw/mem/sparse_memory.h"
 #include "isa/isa.h"
@@ -157,7 +158,6 @@ public:
 private:
     struct UnitQueue;
     struct Hazards;
-    struct VpuOp;
 
     uint32_t val(const isa::Operand& o) const {
         return m_sregs[o.reg] + static_cast<uint32_t>(o.imm);
@@ -176,7 +176,7 @@ private:
     bool exec_dma(const isa::Instr& ins);
     bool exec_mxu(const isa::Instr& ins);
     bool exec_vpu(const isa::Instr& ins);
-    void exec_vpu_values(const isa::Instr& ins, const VpuOp& op, uint64_t rows, uint64_t cols,
+    void exec_vpu_values(const isa::Instr& ins, const VpuShape& op, uint64_t rows, uint64_t cols,
                          uint64_t n);
     IciStep exec_ici(const isa::Instr& ins, uint64_t now);
     /// Hands a unit instruction's accesses to a race detector (this core's unless `target`);
@@ -227,7 +227,7 @@ private:
     std::vector<bool> m_mxu_loaded;
     std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;
     uint64_t m_dma_free = 0;              ///< DMA path free from this cycle
-    uint64_t m_vpu_free = 0;              ///< VPU issue slot free from this cycle
+    VpuTimer m_vpu;                       ///< VPU issue slot and latencies
     uint64_t m_ici_free = 0;              ///< ICI engine free to inject the next transfer
     std::vector<uint64_t> m_ici_arrival;  ///< per destination: latest arrival (in-order delivery)
 
@@ -236,7 +236,11 @@ private:
     bool m_record = false;
     std::vector<InstrRecord> m_records;
     sim::Tracer* m_tracer = nullptr;
-    std::vector<int> m_tracks;  ///< tracer track per unit: seq, dma, vpu, ici, mxu0..
+    /// Tracer track of each unit (-1: not traced).
+    struct UnitTracks {
+        int seq = -1, dma = -1, vpu = -1, ici = -1;
+        std::vector<int> mxu;  ///< per MXU
+    } m_tracks;
     std::unique_ptr<CounterTrack> m_mxu_util;     ///< trace counter: MXU PE utilisation
     std::unique_ptr<CounterTrack> m_hbm_gbps;     ///< trace counter: HBM traffic in GB/s
     std::unique_ptr<CounterTrack> m_queue_depth;  ///< trace counter: instructions queued
