@@ -12,6 +12,7 @@
 
 #include "hw/board_config.h"
 #include "isa/isa.h"
+#include "sim/metrics.h"
 
 namespace tpu::hw {
 class Board;
@@ -89,7 +90,7 @@ struct KernelStats {
     uint64_t hbm_bytes() const { return hbm_read_bytes + hbm_write_bytes; }
     /// Useful MACs over the launched cores' MXU capacity during the launches (0..1).
     double mxu_utilization() const {
-        return mxu_peak_macs ? double(mxu_macs) / double(mxu_peak_macs) : 0.0;
+        return sim::mxu_utilization(double(mxu_macs), double(mxu_peak_macs));
     }
     /// FLOPs per HBM byte (0 when the kernel moved no HBM bytes).
     double arithmetic_intensity() const {

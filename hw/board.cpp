@@ -347,7 +347,8 @@ sim::StatGroup& Board::stats() {
     return m_impl->stats;
 }
 double Board::now_seconds() const {
-    return sc_core::sc_time_stamp().to_seconds();
+    // From cycles at the exact period: SystemC's step is the period rounded to whole ps.
+    return m_impl->cfg.clock().seconds(double(now_cycle()));
 }
 
 void Board::advance(uint64_t cycles) {

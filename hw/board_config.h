@@ -82,7 +82,7 @@ struct BoardConfig {
     uint64_t ns_to_cycles(double ns) const { return clock().ns_to_cycles(ns); }
     /// Peak bf16 FLOP/s of one core: 2 FLOPs per PE per cycle.
     double peak_flops_per_core() const {
-        return 2.0 * core.mxus * core.mxu_rows * core.mxu_cols * clock_mhz * 1e6;
+        return 2.0 * core.mxus * core.mxu_rows * core.mxu_cols * clock().hz();
     }
 
     /// Field checks plus cross-field rules; throws sim::ConfigError naming the key.

@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "sim/clock_domain.h"
+#include "sim/metrics.h"
 #include "sim/stat_names.h"
 
 namespace tpu::traces {
@@ -53,6 +55,7 @@ struct Machine {
     bool from_config = false;          ///< roof taken from the config, not the defaults
 
     double pe_count() const { return double(mxus) * rows * cols; }
+    sim::ClockDomain clock() const { return sim::ClockDomain{clock_mhz}; }
 };
 
 /// A counter track: (timestamp in us, value) in file order.
@@ -95,7 +98,8 @@ struct Kernel {
     /// Achieved TFLOP/s per core: FLOPs over the launched cores' summed busy time, so kernels
     /// on any number of cores sit under the same per-core roof.
     double tflops(double clock_mhz) const {
-        return core_cycles > 0 ? flops / (core_cycles / (clock_mhz * 1e6)) / 1e12 : 0.0;
+        return core_cycles > 0 ? flops / sim::ClockDomain{clock_mhz}.seconds(core_cycles) / 1e12
+                               : 0.0;
     }
 };
 
@@ -187,7 +191,7 @@ void read_config(const std::string& text, Machine& m) {
     if (auto v = number(core, "mxus"); v && *v > 0) m.mxus = static_cast<uint32_t>(*v);
     if (auto v = number(core, "mxu_rows"); v && *v > 0) m.rows = static_cast<uint32_t>(*v);
     if (auto v = number(core, "mxu_cols"); v && *v > 0) m.cols = static_cast<uint32_t>(*v);
-    m.peak_flops = 2.0 * m.pe_count() * m.clock_mhz * 1e6;
+    m.peak_flops = 2.0 * m.pe_count() * m.clock().hz();
     const auto channels = number(hbm, "channels");
     const auto bus_bits = number(hbm, "bus_bits");
     const auto tck_ps = number(hbm, "tck_ps");
@@ -208,7 +212,13 @@ void read_trace(const std::string& text, Model& model) {
         throw ReportError(Input::Trace, "not a Chrome trace (no \"traceEvents\" array)");
     }
     if (doc.is_object()) {
-        const json window = doc.value("otherData", json::object()).value("window", json{});
+        const json other = doc.value("otherData", json::object());
+        // The run's own config (tpusim writes it): the clock and the roof without guessing. A
+        // config file given explicitly takes precedence.
+        if (const json cfg = other.is_object() ? other.value("config", json{}) : json{};
+            cfg.is_object() && !model.machine.from_config)
+            read_config(cfg.dump(), model.machine);
+        const json window = other.is_object() ? other.value("window", json{}) : json{};
         const auto b = number(window, "begin_cycle"), e = number(window, "end_cycle");
         if (b && e && *b >= 0 && *e >= *b) model.window = {to_cycles(*b), to_cycles(*e)};
     }
@@ -646,7 +656,7 @@ std::string roofline(const Model& model) {
     std::vector<Point> points;
     for (const auto& [idx, c] : model.cores) {
         if (c.flops <= 0 || c.bytes <= 0 || c.span == 0) continue;
-        const double seconds = double(c.span) / (m.clock_mhz * 1e6);
+        const double seconds = m.clock().seconds(double(c.span));
         points.push_back(
             {idx, &c, c.flops / c.bytes, at_most(c.flops / seconds, m.peak_flops) / 1e12});
     }
@@ -812,8 +822,8 @@ std::string summary(const Model& model) {
     const uint64_t kernel = lo <= hi ? hi - lo : 0;
     const double total = model.board_cycles ? *model.board_cycles : double(model.trace_end);
     const double n = double(model.cores.size());
-    const double util =
-        kernel ? at_most(flops / (2.0 * m.pe_count() * n * double(kernel)), 1.0) : 0.0;
+    const double util = at_most(
+        sim::mxu_utilization(flops / 2, sim::mxu_capacity(m.pe_count(), double(kernel), n)), 1.0);
     const double us = 1.0 / m.clock_mhz;
     bool est_flops = false, trace_bytes = false, trace_insts = false;
     for (const auto& [idx, c] : model.cores) {
@@ -846,7 +856,7 @@ std::string summary(const Model& model) {
         fmt::format("{} ({})", grouped(flops), si(flops, "FLOP")));
     row("MXU utilisation over the core activity", pct(util));
     if (kernel) {
-        const double seconds = double(kernel) / (m.clock_mhz * 1e6);
+        const double seconds = m.clock().seconds(double(kernel));
         row("achieved",
             fmt::format("{:.2f} TFLOP/s of {:.2f} peak, {:.1f} GB/s HBM",
                         at_most(flops / seconds, n * m.peak_flops) / 1e12, n * m.peak_flops / 1e12,
@@ -868,9 +878,10 @@ std::string summary(const Model& model) {
          "bytes</th><th>MXU FLOPs</th><th>MXU util.</th><th>TFLOP/s</th><th>FLOP/byte</th></tr>"
          "\n";
     for (const auto& [idx, c] : model.cores) {
-        const double seconds = double(c.span) / (m.clock_mhz * 1e6);
-        const double cu =
-            c.span ? at_most(c.flops / (2.0 * m.pe_count() * double(c.span)), 1.0) : 0.0;
+        const double seconds = m.clock().seconds(double(c.span));
+        const double cu = at_most(
+            sim::mxu_utilization(c.flops / 2, sim::mxu_capacity(m.pe_count(), double(c.span))),
+            1.0);
         s += fmt::format(
             "<tr><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td>{}</td>"
             "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2f}</td><td>{}</td></tr>\n",

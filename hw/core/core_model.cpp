@@ -204,8 +204,7 @@ void CoreModel::set_tracer(sim::Tracer* tracer) {
     const uint64_t window = m_cfg.sim.trace_counter_cycles;
     m_mxu_util = std::make_unique<CounterTrack>(proc, "mxu_utilization", window, 1.0 / m_core.mxus);
     // bytes per cycle -> GB/s at the core clock.
-    m_hbm_gbps =
-        std::make_unique<CounterTrack>(proc, "hbm_gbps", window, m_cfg.clock_mhz * 1e6 / 1e9);
+    m_hbm_gbps = std::make_unique<CounterTrack>(proc, "hbm_gbps", window, m_cfg.clock().hz() / 1e9);
     // Cycles spent queued per cycle: the average number of instructions waiting in the unit
     // queues (dispatched, not started).
     m_queue_depth = std::make_unique<CounterTrack>(proc, "queue_depth", window, 1.0);
@@ -745,27 +744,7 @@ void CoreModel::exec_vpu_values(const isa::Instr& ins, const VpuShape& op, uint6
                                 uint64_t cols, uint64_t n) {
     const VpuAccess& w = op.write;
     const bool direct = m_vmem.contiguous();
-    bool elementwise = false;
-    switch (ins.op) {
-        case Opcode::VAdd:
-        case Opcode::VSub:
-        case Opcode::VMul:
-        case Opcode::VMax:
-        case Opcode::VMin:
-        case Opcode::VCmpGt:
-        case Opcode::VSel:
-        case Opcode::VAddS:
-        case Opcode::VMulS:
-        case Opcode::VMaxS:
-        case Opcode::VExp:
-        case Opcode::VLog:
-        case Opcode::VRsqrt:
-        case Opcode::VTanh:
-            elementwise = true;
-            break;
-        default:
-            break;
-    }
+    const bool elementwise = op.elementwise;
     std::array<const void*, 3> in{};
     for (size_t k = 0; k < op.reads.size(); ++k) {
         const VpuAccess& r = op.reads[k];

@@ -20,11 +20,13 @@ VpuShape vpu_shape(Opcode op, const std::array<uint32_t, isa::kMaxOperands>& v) 
         case Opcode::VMax:
         case Opcode::VMin:
         case Opcode::VCmpGt:
+            s.elementwise = true;
             n = v[3];
             s.reads = {f32(v[1], n), f32(v[2], n)};
             s.write = f32(v[0], n);
             break;
         case Opcode::VSel:
+            s.elementwise = true;
             n = v[4];
             s.reads = {f32(v[1], n), f32(v[2], n), f32(v[3], n)};
             s.write = f32(v[0], n);
@@ -32,6 +34,7 @@ VpuShape vpu_shape(Opcode op, const std::array<uint32_t, isa::kMaxOperands>& v) 
         case Opcode::VAddS:
         case Opcode::VMulS:
         case Opcode::VMaxS:
+            s.elementwise = true;
             n = v[3];
             s.reads = {f32(v[1], n)};
             s.write = f32(v[0], n);
@@ -40,6 +43,7 @@ VpuShape vpu_shape(Opcode op, const std::array<uint32_t, isa::kMaxOperands>& v) 
         case Opcode::VLog:
         case Opcode::VRsqrt:
         case Opcode::VTanh:
+            s.elementwise = true;
             n = v[2];
             s.reads = {f32(v[1], n)};
             s.write = f32(v[0], n);

@@ -26,6 +26,9 @@ struct VpuShape {
     uint64_t elements = 0;  ///< elements processed (sets the timing); 0 for a non-VPU opcode
     uint64_t rows = 0;      ///< rows of a 2-D op (reductions, transpose, row/column broadcasts)
     uint64_t cols = 0;      ///< columns of a 2-D op
+    /// fp32 in and out, each result element from the input elements at its own index only (so
+    /// an input may alias the output exactly).
+    bool elementwise = false;
     std::vector<VpuAccess> reads;
     VpuAccess write;
 };

@@ -31,10 +31,12 @@ TEST(VpuShape, OperandsOfEachFormAreDefinedOnce) {
     ASSERT_EQ(add.reads.size(), 2u);
     EXPECT_EQ(add.reads[1].addr, 0x300u);
     EXPECT_EQ(add.write.bytes, 64u);
+    EXPECT_TRUE(add.elementwise);
     // v.f2bf writes bf16: 2 bytes per element, 2-byte aligned.
     const VpuShape f2bf = vpu_shape(Opcode::VF2Bf, {0, 64, 10, 0, 0, 0});
     EXPECT_EQ(f2bf.write.bytes, 20u);
     EXPECT_EQ(f2bf.write.align, 2u);
+    EXPECT_FALSE(f2bf.elementwise);  // bf16 out: half the bytes per element
     // Row sums of a 3 x 5 tile write one value per row; column sums one per column.
     EXPECT_EQ(vpu_shape(Opcode::VRSum, {0, 64, 3, 5, 0, 0}).write.bytes, 12u);
     EXPECT_EQ(vpu_shape(Opcode::VCSum, {0, 64, 3, 5, 0, 0}).write.bytes, 20u);

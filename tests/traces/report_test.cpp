@@ -325,5 +325,13 @@ TEST(ReportTest, ShowsHbmRowsAndIciLinksFromTheBlocksGroups) {
     EXPECT_EQ(html.find("core1+x"), std::string::npos);  // idle links are left out
 }
 
+TEST(ReportTest, TheTracesOwnConfigGivesTheClockAndTheRoof) {
+    // tpusim writes the effective config into otherData.config: no config file, no guessing.
+    json doc = json::parse(trace());
+    doc["otherData"]["config"] = json::parse(config());
+    const std::string html = render_report(doc.dump(), stats(), "t", "");
+    EXPECT_NE(html.find("1000.0 MHz (config)"), std::string::npos) << html;
+}
+
 }  // namespace
 }  // namespace tpu::traces

@@ -9,6 +9,7 @@
 
 #include "sim/config_io.h"
 #include "sim/file_io.h"
+#include "sim/metrics.h"
 #include "sim/stat_names.h"
 #include "sim/stats.h"
 #include "sim/tracer.h"
@@ -87,6 +88,8 @@ RunTrace::RunTrace(const CommonOptions& opts, const hw::BoardConfig& cfg)
         const auto [b, e] = parse_window(opts.trace_window);
         try {
             m_tracer->open(opts.trace, cfg.clock_mhz, opts.trace_units, b, e);
+            hw::BoardConfig copy = cfg;
+            m_tracer->set_config(sim::dump_json(sim::root_of(copy)));
         } catch (const std::runtime_error& err) {
             throw InputError(fmt::format("--trace: {}", err.what()));
         }
@@ -136,14 +139,14 @@ double RunSession::mxu_utilization(const hw::LaunchResult& res) const {
         for (size_t i = 0; i < s.mxu_macs.size(); ++i)
             macs += s.mxu_macs[i] - m_before[c].mxu_macs[i];
     }
-    if (cycles == 0) return 0;
-    return double(macs) / (array * double(cycles) * double(res.cores.size()));
+    return sim::mxu_utilization(double(macs),
+                                sim::mxu_capacity(array, double(cycles), double(res.cores.size())));
 }
 
 std::string RunSession::result_json(const hw::LaunchResult& res) const {
     nlohmann::ordered_json j;
     j["cycles"] = res.end_cycle - res.start_cycle;
-    j["simulated_seconds"] = double(res.end_cycle - res.start_cycle) / (m_cfg.clock_mhz * 1e6);
+    j["simulated_seconds"] = m_cfg.clock().seconds(double(res.end_cycle - res.start_cycle));
     j["host_seconds"] = m_host_seconds;
     j["mxu_utilization"] = mxu_utilization(res);
     auto& arr = j["cores"] = nlohmann::ordered_json::array();
@@ -171,14 +174,14 @@ void RunSession::report(const hw::LaunchResult& res) {
             const auto& s = m_dev->board().core(c).stats();
             const auto& b = m_before[c];
             fmt::print("{:>4} {:>12} {:>12.3f} {:>10} {:>12} {:>12}\n", c, res.core_cycles[i],
-                       double(res.core_cycles[i]) / m_cfg.clock_mhz,
+                       m_cfg.clock().us(double(res.core_cycles[i])),
                        s.instructions - b.instructions, s.hbm_read_bytes - b.hbm_read_bytes,
                        s.hbm_write_bytes - b.hbm_write_bytes);
         }
         const uint64_t cycles = res.end_cycle - res.start_cycle;
         fmt::print(
             "total: {} cycles = {:.3f} us at {} MHz; MXU utilisation {:.1f}%; host {:.3f} s\n",
-            cycles, double(cycles) / m_cfg.clock_mhz, m_cfg.clock_mhz, 100.0 * mxu_utilization(res),
+            cycles, m_cfg.clock().us(double(cycles)), m_cfg.clock_mhz, 100.0 * mxu_utilization(res),
             m_host_seconds);
     }
     write_stats_file(m_opts, m_dev->board(), m_dev->kernel_stats());
