@@ -55,10 +55,6 @@ namespace {
 
 constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
 
-uint64_t ceil_div(uint64_t a, uint64_t b) {
-    return (a + b - 1) / b;
-}
-
 /// Span of a 2-D access: rows of row_bytes, `stride` apart.
 uint64_t span_2d(uint64_t rows, uint64_t row_bytes, uint64_t stride) {
     return rows == 0 ? 0 : (rows - 1) * stride + row_bytes;
@@ -91,6 +87,7 @@ CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, Spa
       m_ici_q(std::make_unique<UnitQueue>()),
       m_dma_hz(std::make_unique<Hazards>()),
       m_vpu_hz(std::make_unique<Hazards>()),
+      m_dma(cfg.core, m_hbm_timing),
       m_vpu(cfg.core) {
     for (uint32_t i = 0; i < m_core.mxus; ++i) {
         m_mxu_q.push_back(std::make_unique<UnitQueue>());
@@ -179,7 +176,8 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     for (auto& t : m_mxu_timer)
         t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
     m_mxu_loaded.assign(m_core.mxus, false);
-    m_dma_free = m_ici_free = cycle;
+    m_ici_free = cycle;
+    m_dma.start_at(cycle);
     m_vpu.start_at(cycle);
     m_ici_arrival.assign(m_ici_arrival.size(), 0);
     m_dma_hz->writes.clear();
@@ -562,36 +560,14 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
                                  dst_stride, src_stride, row_bytes));
 
     const uint64_t bytes = rows * row_bytes;
-    uint64_t start = std::max(issue_to_unit(*m_dma_q), m_dma_free);
+    uint64_t start = std::max(issue_to_unit(*m_dma_q), m_dma.free_at());
     start = m_dma_hz->ready_after(from_hbm, sbase, sbase + sspan, start);
     start = m_dma_hz->ready_after(!to_vmem, dbase, dbase + dspan, start);
-    uint64_t done;
-    if (ins.op == Opcode::DmaVv) {
-        const uint64_t occupancy = ceil_div(bytes, m_core.dma_vmem_bytes_per_cycle);
-        done = start + occupancy + 1;
-        m_dma_free = start + occupancy;
-    } else {
-        // The engine cuts each row into requests of at most dma_chunk_bytes and sends them as
-        // fast as its VMEM port moves the data (dma_vmem_bytes_per_cycle, fractional cycles);
-        // the HBM model decides when each request's data has moved.
-        const uint64_t hbm_base = from_hbm ? sbase : dbase;
-        const uint64_t hbm_stride = from_hbm ? src_stride : dst_stride;
-        // Send times come from the integer byte count: summing len / port in floating point
-        // drifts (4 x 504 B at 48 B/cycle came out as 42.000...01 cycles, ceil 43).
-        const uint64_t port = m_core.dma_vmem_bytes_per_cycle;
-        uint64_t before = 0;  // bytes of this transfer ahead of the request
-        done = start;
-        for (uint64_t r = 0; r < rows; ++r)
-            for (uint64_t off = 0; off < row_bytes; off += m_core.dma_chunk_bytes) {
-                const auto len = static_cast<uint32_t>(
-                    std::min<uint64_t>(m_core.dma_chunk_bytes, row_bytes - off));
-                done = std::max(
-                    done, m_hbm_timing->access(start + before / port,
-                                               hbm_base + r * hbm_stride + off, len, !from_hbm));
-                before += len;
-            }
-        m_dma_free = start + ceil_div(bytes, port);
-    }
+    // Timing: DmaEngine (hw/core/dma_engine.h) and the HBM model behind it.
+    const uint64_t done = ins.op == Opcode::DmaVv
+                              ? m_dma.copy_vmem(start, bytes)
+                              : m_dma.transfer_hbm(start, rows, row_bytes, from_hbm ? sbase : dbase,
+                                                   from_hbm ? src_stride : dst_stride, !from_hbm);
     m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
     if (!record_access(
             "dma", start, done, ins.flag,

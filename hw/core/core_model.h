@@ -13,6 +13,7 @@
 
 #include "hw/core/core_config.h"
 #include "hw/core/counter_track.h"
+#include "hw/core/dma_engine.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/race_detector.h"
 #include "hw/core/vpu_unit.h"
@@ -226,7 +227,7 @@ private:
     std::vector<std::pair<uint32_t, uint32_t>> m_mxu_shape;  ///< (K, N) of those weights
     std::vector<bool> m_mxu_loaded;
     std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;
-    uint64_t m_dma_free = 0;              ///< DMA path free from this cycle
+    DmaEngine m_dma;                      ///< DMA timing in front of the HBM model
     VpuTimer m_vpu;                       ///< VPU issue slot and latencies
     uint64_t m_ici_free = 0;              ///< ICI engine free to inject the next transfer
     std::vector<uint64_t> m_ici_arrival;  ///< per destination: latest arrival (in-order delivery)
