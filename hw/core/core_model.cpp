@@ -176,10 +176,9 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     for (auto& t : m_mxu_timer)
         t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
     m_mxu_loaded.assign(m_core.mxus, false);
-    m_ici_free = cycle;
     m_dma.start_at(cycle);
     m_vpu.start_at(cycle);
-    m_ici_arrival.assign(m_ici_arrival.size(), 0);
+    m_ici.start_at(cycle);
     m_dma_hz->writes.clear();
     m_vpu_hz->writes.clear();
     m_records.clear();
@@ -866,16 +865,13 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     // Link reservations must happen in simulated-time order across cores.
     if (now < m_cycle) return IciStep::NeedSync;
     UnitQueue& q = *m_ici_q;
-    const uint64_t ready = std::max(issue_to_unit(q), m_ici_free);
-    if (m_ici_arrival.size() < cores) m_ici_arrival.resize(cores, 0);
-    uint64_t start = ready, done;
+    // Timing: IciEngine (hw/core/ici_engine.h) around the board's IciNetwork.
+    const uint64_t start = std::max(issue_to_unit(q), m_ici.free_at());
+    uint64_t done;
     if (ins.op == Opcode::Sigr) {
         const uint32_t flag = static_cast<uint32_t>(ins.ops[1].imm);
         const uint32_t amount = val(ins.ops[2]);
-        // A signal never overtakes this core's earlier transfers to the same core.
-        done =
-            std::max(m_env ? m_env->ici_message(m_id, dst, start) : start + 1, m_ici_arrival[dst]);
-        m_ici_free = start + 1;
+        done = m_ici.issue(start, dst, m_env ? m_env->ici_message(m_id, dst, start) : start + 1);
         if (m_env) m_env->remote_signal(dst, flag, amount, done);
     } else {
         const uint32_t raddr = val(ins.ops[1]), laddr = val(ins.ops[2]), bytes = val(ins.ops[3]);
@@ -886,12 +882,9 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         const uint64_t rbase = hbm ? m_hbm_base + raddr : raddr;
         if (!check(rmem, rbase, bytes, "ici", fmt::format("remote {} write", hbm ? "HBM" : "VMEM")))
             return IciStep::Faulted;
-        done = m_env ? m_env->ici_transfer(m_id, dst, start, bytes, hbm, rbase) : start + bytes;
-        done = std::max(done, m_ici_arrival[dst]);  // in-order delivery per destination
-        // The engine takes one descriptor per cycle; bandwidth is the links' business (each
-        // link is reserved for the transfer's serialisation time), so transfers on different
-        // links proceed in parallel.
-        m_ici_free = start + 1;
+        done = m_ici.issue(
+            start, dst,
+            m_env ? m_env->ici_transfer(m_id, dst, start, bytes, hbm, rbase) : start + bytes);
         // The local read is ordered by this core's completion flag; the remote write by the
         // destination's flag that the transfer raises on arrival.
         if (!record_access("ici", start, done, ins.flag, {{false, laddr, laddr + bytes, false}}))
@@ -913,7 +906,6 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         ++m_stats.ici_ops;
         m_stats.ici_bytes += bytes;
     }
-    m_ici_arrival[dst] = done;
     trace(m_tracks.ici, start, done, "dst_core", dst);
     finish_unit(q, start, done, ins.flag);
     return IciStep::Done;

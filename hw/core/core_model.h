@@ -14,6 +14,7 @@
 #include "hw/core/core_config.h"
 #include "hw/core/counter_track.h"
 #include "hw/core/dma_engine.h"
+#include "hw/core/ici_engine.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/race_detector.h"
 #include "hw/core/vpu_unit.h"
@@ -227,10 +228,9 @@ private:
     std::vector<std::pair<uint32_t, uint32_t>> m_mxu_shape;  ///< (K, N) of those weights
     std::vector<bool> m_mxu_loaded;
     std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;
-    DmaEngine m_dma;                      ///< DMA timing in front of the HBM model
-    VpuTimer m_vpu;                       ///< VPU issue slot and latencies
-    uint64_t m_ici_free = 0;              ///< ICI engine free to inject the next transfer
-    std::vector<uint64_t> m_ici_arrival;  ///< per destination: latest arrival (in-order delivery)
+    DmaEngine m_dma;  ///< DMA timing in front of the HBM model
+    VpuTimer m_vpu;   ///< VPU issue slot and latencies
+    IciEngine m_ici;  ///< ICI descriptor rate and in-order delivery
 
     CoreStats m_stats;
     std::vector<std::unique_ptr<sim::StatGroup>> m_stat_groups;  ///< core first, then its units
