@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "hw/board.h"
+#include "hw/host/host_link.h"
 #include "sim/log.h"
 #include "sim/tracer.h"
 
@@ -58,7 +59,7 @@ double Device::now_seconds() const {
 
 void Device::set_tracer(sim::Tracer* tracer) {
     m_tracer = tracer && tracer->enabled() ? tracer : nullptr;
-    m_host_track = m_tracer ? m_tracer->track("host", "runtime") : -1;
+    m_link_tracks.clear();
     m_kernel_track = m_tracer ? m_tracer->track("host", "kernels") : -1;
     m_board->set_tracer(m_tracer);
 }
@@ -145,10 +146,6 @@ void Device::check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const
                                       bytes, offset, b.bytes));
 }
 
-uint64_t Device::link_cycles(uint64_t bytes) const {
-    return m_cfg->ns_to_cycles(m_cfg->host.setup_ns + double(bytes) / m_cfg->host.link_gb_per_s);
-}
-
 void Device::write(const Buffer& b, const void* data, uint64_t bytes, uint64_t offset) {
     check_range(b, offset, bytes, "write");
     sync_core(b.core);
@@ -164,14 +161,30 @@ void Device::read(const Buffer& b, void* data, uint64_t bytes, uint64_t offset) 
 }
 
 void Device::host_transfer(uint32_t core, uint64_t bytes, bool to_device) {
-    const uint64_t t0 = now_cycle(), cycles = link_cycles(bytes);
-    m_board->advance(cycles);
-    if (m_tracer)
-        m_tracer->complete(m_host_track, to_device ? "write" : "read", t0, t0 + cycles,
-                           {{"bytes", bytes}, {"core", uint64_t(core)}});
+    // The chip's link times the transfer. A write is posted: the host goes on at once, and what
+    // depends on the data (a launch on the chip, a read) waits for the link (wait_for_link). A
+    // read is a host sync: the host has the data only when the link has delivered it.
+    const uint32_t chip = m_board->chip_of(core);
+    const hw::HostTransfer t = m_board->host_link(chip).transfer(now_cycle(), bytes, to_device);
+    if (!to_device) m_board->advance(t.end - now_cycle());
+    if (m_tracer) {
+        if (m_link_tracks.empty()) m_link_tracks.assign(m_cfg->chips, -2);
+        int& track = m_link_tracks[chip];
+        if (track == -2) track = m_tracer->track("host", fmt::format("link chip{}", chip));
+        if (track >= 0)
+            m_tracer->complete(track, to_device ? "write" : "read", t.begin, t.end,
+                               {{"bytes", bytes}, {"core", uint64_t(core)}});
+    }
     ++(to_device ? m_metrics.h2d_transfers : m_metrics.d2h_transfers);
     (to_device ? m_metrics.h2d_bytes : m_metrics.d2h_bytes) += bytes;
-    (to_device ? m_metrics.h2d_cycles : m_metrics.d2h_cycles) += cycles;
+    (to_device ? m_metrics.h2d_cycles : m_metrics.d2h_cycles) += t.end - t.begin;
+}
+
+void Device::wait_for_links(const std::vector<uint32_t>& cores) {
+    uint64_t ready = now_cycle();
+    for (uint32_t c : cores)
+        ready = std::max(ready, m_board->host_link(m_board->chip_of(c)).free_at());
+    m_board->advance(ready - now_cycle());
 }
 
 // ---- launches --------------------------------------------------------------------------------
@@ -283,6 +296,9 @@ Event Device::wait(LaunchHandle h) {
 
 void Device::synchronize() {
     if (!m_queue.empty()) run_until(m_queue.back().id);
+    std::vector<uint32_t> all(num_cores());
+    for (uint32_t c = 0; c < num_cores(); ++c) all[c] = c;
+    wait_for_links(all);
 }
 
 Device::Outcome Device::take(LaunchHandle h) {
@@ -336,7 +352,9 @@ void Device::run_batch() {
     std::vector<hw::CoreStats> before;
     for (uint32_t c = 0; c < num_cores(); ++c) before.push_back(m_board->core(c).stats());
 
-    // (2) Load every core with its launch's program and start them at one cycle.
+    // (2) Load every core with its launch's program and start them at one cycle, once the host
+    // links of their chips have delivered what the host posted (the doorbell queues behind it).
+    wait_for_links(cores);
     const auto t0 = std::chrono::steady_clock::now();
     hw::LaunchResult r;
     try {

@@ -12,6 +12,7 @@
 
 #include "hw/board_config.h"
 #include "isa/isa.h"
+#include "sim/metrics.h"
 
 namespace tpu::hw {
 class Board;
@@ -89,7 +90,7 @@ struct KernelStats {
     uint64_t hbm_bytes() const { return hbm_read_bytes + hbm_write_bytes; }
     /// Useful MACs over the launched cores' MXU capacity during the launches (0..1).
     double mxu_utilization() const {
-        return mxu_peak_macs ? double(mxu_macs) / double(mxu_peak_macs) : 0.0;
+        return sim::mxu_utilization(double(mxu_macs), double(mxu_peak_macs));
     }
     /// FLOPs per HBM byte (0 when the kernel moved no HBM bytes).
     double arithmetic_intensity() const {
@@ -106,16 +107,16 @@ struct DeviceMetrics {
     double exec_host_seconds = 0;  ///< host seconds spent simulating launches
     uint64_t h2d_transfers = 0;    ///< host-to-device writes
     uint64_t h2d_bytes = 0;        ///< bytes written
-    uint64_t h2d_cycles = 0;       ///< board cycles spent on writes
+    uint64_t h2d_cycles = 0;       ///< host-link cycles of writes (summed over chips' links)
     uint64_t d2h_transfers = 0;    ///< device-to-host reads (host syncs)
     uint64_t d2h_bytes = 0;        ///< bytes read
-    uint64_t d2h_cycles = 0;       ///< board cycles spent on reads
+    uint64_t d2h_cycles = 0;       ///< host-link cycles of reads (summed over chips' links)
 };
 
 /// A simulated board seen from the host. launch() runs to completion before returning;
 /// launch_async() queues and the queue runs at wait(), synchronize() or a read/write of a core
-/// it uses (driver/README.md has the rules). Every transfer advances device time by its cost
-/// on the chip's host link.
+/// it uses (driver/README.md has the rules). Every transfer is timed on its chip's host link;
+/// links of different chips work in parallel.
 class Device {
 public:
     /// Builds the board. One Device per process (SystemC elaborates one design per process).
@@ -135,9 +136,11 @@ public:
     uint64_t free_bytes(uint32_t core) const;
     uint64_t largest_free_block(uint32_t core) const;
 
-    /// Host -> device copy into `buffer` at `offset`; costs set-up + bytes / bandwidth.
+    /// Host -> device copy into `buffer` at `offset`, posted on the host link of the buffer's
+    /// chip (set-up + bytes / bandwidth, hw/host/host_link.h): the call returns at once and a
+    /// launch on that chip starts when the link has delivered it.
     void write(const Buffer& buffer, const void* data, uint64_t bytes, uint64_t offset = 0);
-    /// Device -> host copy (a host sync).
+    /// Device -> host copy (a host sync): device time advances to the end of the transfer.
     void read(const Buffer& buffer, void* data, uint64_t bytes, uint64_t offset = 0);
 
     /// Launch arguments (s1, s2, ...) of cores[index].
@@ -154,7 +157,8 @@ public:
     /// Runs queued launches up to and including `h` (with the launches started together with
     /// it); returns its Event; throws its fault. Each handle can be waited once.
     Event wait(LaunchHandle h);
-    /// Runs every queued launch; throws the first fault.
+    /// Runs every queued launch and waits for every host link to be idle; throws the first
+    /// fault.
     void synchronize();
     /// Launches queued and not yet run.
     size_t queued_launches() const { return m_queue.size(); }
@@ -207,9 +211,11 @@ private:
     Outcome take(LaunchHandle h);
     void account(const Pending& p, const Event& ev, const std::vector<hw::CoreStats>& before);
     void check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const char* what) const;
-    uint64_t link_cycles(uint64_t bytes) const;
-    /// Advances device time by a host-link transfer and counts it.
+    /// Times a transfer on the host link of `core`'s chip and counts it; a read also advances
+    /// device time to its end (the host waits for the data).
     void host_transfer(uint32_t core, uint64_t bytes, bool to_device);
+    /// Advances device time until the host links of the chips of `cores` are idle.
+    void wait_for_links(const std::vector<uint32_t>& cores);
 
     std::unique_ptr<hw::BoardConfig> m_cfg;
     std::unique_ptr<hw::Board> m_board;
@@ -224,8 +230,8 @@ private:
     std::vector<KernelStats> m_kernels;
     std::map<std::string, size_t> m_kernel_index;
     sim::Tracer* m_tracer = nullptr;
-    int m_host_track = -1;
-    int m_kernel_track = -1;  ///< host/kernels: one span per launch, named after its kernel
+    std::vector<int> m_link_tracks;  ///< per chip: host/link chipN, -2 before first use
+    int m_kernel_track = -1;         ///< host/kernels: one span per launch, named after its kernel
 };
 
 }  // namespace tpu::driver

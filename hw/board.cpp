@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "hw/board.h"
+#include "hw/host/host_link.h"
 #include "hw/ici/ici_network.h"
 #include "hw/mem/hbm_target.h"
 #include "hw/mem/hbm_timing.h"
@@ -17,6 +18,8 @@
 
 #include "sim/interrupt.h"
 #include "sim/log.h"
+#include "sim/stat_names.h"
+#include "sim/stats.h"
 #include "sim/tracer.h"
 
 namespace tpu::hw {
@@ -106,7 +109,11 @@ struct Board::Impl : CoreEnv {
     std::vector<std::unique_ptr<HbmTarget>> hbm_targets;
     std::vector<std::unique_ptr<CoreModel>> models;
     std::vector<std::unique_ptr<TensorCore>> modules;
-    IciNetwork ici;                    ///< link timing and statistics
+    sim::StatGroup stats{"board"};                            ///< root of every block's statistics
+    std::unique_ptr<sim::StatGroup> host_stats;               ///< board.host
+    std::vector<std::unique_ptr<HostLink>> host_links;        ///< per chip
+    std::vector<std::unique_ptr<sim::StatGroup>> hbm_groups;  ///< per core: coreN.hbm
+    IciNetwork ici;                                           ///< link timing and statistics
     std::vector<IciHop> hops;          ///< scratch: the links of the latest transfer
     uint64_t ici_calls = 0;            ///< transfers so far (retires old link promises)
     sim::Tracer* tracer = nullptr;     ///< link transfers go to the "ici" process
@@ -132,6 +139,21 @@ struct Board::Impl : CoreEnv {
                 std::make_unique<CoreModel>(i, cfg, *hbm[i], *vmem[i], this, hbm_timing[i].get()));
             hbm_targets.emplace_back();  // made on request: an unbound socket fails elaboration
         }
+        // Every block's statistics under one root: stats.json is one walk of it.
+        stats.add(std::string(sim::stat_names::kCycles),
+                  "board cycles since the simulation started", sim::StatUnit::Cycles,
+                  [this] { return now_cycle(); });
+        for (uint32_t i = 0; i < n; ++i) {
+            sim::StatGroup& core = models[i]->register_stats(stats);
+            hbm_groups.push_back(
+                std::make_unique<sim::StatGroup>(std::string(sim::stat_names::kHbm), &core));
+            hbm_timing[i]->register_stats(*hbm_groups.back());
+        }
+        ici.register_stats(stats, [this] { return now_cycle(); });
+        host_stats = std::make_unique<sim::StatGroup>(std::string(sim::stat_names::kHost), &stats);
+        for (uint32_t chip = 0; chip < cfg.chips; ++chip)
+            host_links.push_back(std::make_unique<HostLink>(fmt::format("chip{}", chip), cfg.host,
+                                                            cfg.clock(), host_stats.get()));
         for (uint32_t i = 0; i < n; ++i)
             modules.push_back(std::make_unique<TensorCore>(fmt::format("core{}", i).c_str(),
                                                            *models[i], period_ps, [this, i] {
@@ -311,8 +333,22 @@ uint64_t Board::now_cycle() const {
 const IciNetwork& Board::ici() const {
     return m_impl->ici;
 }
+uint32_t Board::chip_of(uint32_t core) const {
+    check_core(core, num_cores());
+    return core / m_impl->cfg.cores_per_chip;
+}
+HostLink& Board::host_link(uint32_t chip) {
+    if (chip >= m_impl->host_links.size())
+        throw std::invalid_argument(fmt::format("chip {} does not exist (the board has chips 0-{})",
+                                                chip, m_impl->host_links.size() - 1));
+    return *m_impl->host_links[chip];
+}
+sim::StatGroup& Board::stats() {
+    return m_impl->stats;
+}
 double Board::now_seconds() const {
-    return sc_core::sc_time_stamp().to_seconds();
+    // From cycles at the exact period: SystemC's step is the period rounded to whole ps.
+    return m_impl->cfg.clock().seconds(double(now_cycle()));
 }
 
 void Board::advance(uint64_t cycles) {

@@ -12,12 +12,14 @@
 #include "isa/isa.h"
 
 namespace tpu::sim {
+class StatGroup;
 class Tracer;
-}
+}  // namespace tpu::sim
 
 namespace tpu::hw {
 
 class HbmTarget;
+class HostLink;
 class IciNetwork;
 
 /// Every running core waits on a flag that nothing can raise; the message holds a state dump.
@@ -65,6 +67,12 @@ public:
     CoreModel& core(uint32_t core);
     /// The inter-core network: link timing and per-link statistics (hw/ici/ici_network.h).
     const IciNetwork& ici() const;
+    /// Chip holding `core`: cores are numbered chip by chip (v3-8: cores 2c and 2c+1 on chip c).
+    uint32_t chip_of(uint32_t core) const;
+    /// Host link of `chip` (hw/host/host_link.h); the driver times host transfers on it.
+    HostLink& host_link(uint32_t chip);
+    /// Root ("board") of every block's statistics group; stats.json is one walk of it.
+    sim::StatGroup& stats();
 
     /// Loads a program on a core (checked against instruction memory).
     void load(uint32_t core, const isa::Program& program);

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,6 +9,7 @@
 #include "hw/host/host_config.h"
 #include "hw/ici/ici_config.h"
 #include "hw/mem/hbm_config.h"
+#include "sim/clock_domain.h"
 #include "sim/reflect.h"
 
 namespace tpu::hw {
@@ -74,15 +74,15 @@ struct BoardConfig {
 
     /// Number of TensorCores on the board.
     uint32_t cores() const { return chips * cores_per_chip; }
-    /// Core clock period in picoseconds (rounded to the nearest ps).
-    uint64_t period_ps() const { return static_cast<uint64_t>(1e6 / clock_mhz + 0.5); }
-    /// Whole core cycles that cover `ns` nanoseconds (rounded up): the one ns -> cycles rule.
-    uint64_t ns_to_cycles(double ns) const {
-        return static_cast<uint64_t>(std::ceil(ns * clock_mhz / 1000.0));
-    }
+    /// The core clock: every ns <-> cycles <-> seconds conversion of the board.
+    sim::ClockDomain clock() const { return sim::ClockDomain{clock_mhz}; }
+    /// Core clock period in whole picoseconds (SystemC's time step; ClockDomain::sc_period_ps).
+    uint64_t period_ps() const { return clock().sc_period_ps(); }
+    /// Whole core cycles that cover `ns` nanoseconds (rounded up; ClockDomain::ns_to_cycles).
+    uint64_t ns_to_cycles(double ns) const { return clock().ns_to_cycles(ns); }
     /// Peak bf16 FLOP/s of one core: 2 FLOPs per PE per cycle.
     double peak_flops_per_core() const {
-        return 2.0 * core.mxus * core.mxu_rows * core.mxu_cols * clock_mhz * 1e6;
+        return 2.0 * core.mxus * core.mxu_rows * core.mxu_cols * clock().hz();
     }
 
     /// Field checks plus cross-field rules; throws sim::ConfigError naming the key.

@@ -78,6 +78,12 @@ Counter& StatGroup::add(std::string name, std::string desc, StatUnit unit) {
     return m_counters.emplace_back(std::move(name), std::move(desc), unit);
 }
 
+Counter& StatGroup::add(std::string name, std::string desc, StatUnit unit,
+                        std::function<uint64_t()> source) {
+    check_new_stat(name);
+    return m_counters.emplace_back(std::move(name), std::move(desc), unit, std::move(source));
+}
+
 void StatGroup::add_formula(std::string name, std::string desc, StatUnit unit,
                             std::function<double()> eval) {
     check_new_stat(name);

@@ -20,11 +20,18 @@ enum class StatUnit { Count, Cycles, Bytes, Flops, Ratio, Seconds, BytesPerSecon
 /// Unit name as written in stats files ("count", "cycles", ...).
 std::string_view unit_name(StatUnit unit);
 
-/// A monotonically updated 64-bit counter.
+/// A monotonically updated 64-bit counter: either its own integer, or a view of an integer
+/// that a block keeps on its hot path (read only when stats are written).
 class Counter {
 public:
     Counter(std::string name, std::string desc, StatUnit unit)
         : m_name(std::move(name)), m_desc(std::move(desc)), m_unit(unit) {}
+    /// A counter that reads `source` when stats are written.
+    Counter(std::string name, std::string desc, StatUnit unit, std::function<uint64_t()> source)
+        : m_name(std::move(name)),
+          m_desc(std::move(desc)),
+          m_unit(unit),
+          m_source(std::move(source)) {}
     Counter& operator++() {
         ++m_value;
         return *this;
@@ -35,17 +42,20 @@ public:
     }
     /// Sets the value (for maxima and snapshots).
     void set(uint64_t v) { m_value = v; }
-    uint64_t value() const { return m_value; }
+    /// The count since the last reset().
+    uint64_t value() const { return m_source ? m_source() - m_value : m_value; }
     const std::string& name() const { return m_name; }
     const std::string& desc() const { return m_desc; }
     StatUnit unit() const { return m_unit; }
-    void reset() { m_value = 0; }
+    /// Starts counting from zero again (a view keeps the source's value as its base).
+    void reset() { m_value = m_source ? m_source() : 0; }
 
 private:
     std::string m_name;
     std::string m_desc;
     StatUnit m_unit;
-    uint64_t m_value = 0;
+    std::function<uint64_t()> m_source;  ///< empty: the count is m_value
+    uint64_t m_value = 0;                ///< the count, or the source's value at the last reset
 };
 
 /// A value computed from counters when stats are written (utilisation, bandwidth, ...).
@@ -69,6 +79,13 @@ public:
     /// Registers a counter; the reference stays valid for the group's lifetime. Counter and
     /// formula names are unique within a group (std::invalid_argument otherwise).
     Counter& add(std::string name, std::string desc, StatUnit unit);
+    /// Registers a counter that reads `source` (a block's plain integer) when stats are written.
+    Counter& add(std::string name, std::string desc, StatUnit unit,
+                 std::function<uint64_t()> source);
+    /// Registers a view of `value`, which must outlive the group.
+    Counter& add(std::string name, std::string desc, StatUnit unit, const uint64_t& value) {
+        return add(std::move(name), std::move(desc), unit, [&value] { return value; });
+    }
     /// Registers a formula evaluated when stats are written.
     void add_formula(std::string name, std::string desc, StatUnit unit,
                      std::function<double()> eval);

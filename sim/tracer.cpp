@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "sim/clock_domain.h"
 #include "sim/file_io.h"
 #include "sim/log.h"
 
@@ -90,6 +91,7 @@ struct Tracer::Impl {
     std::string path;
     double clock_mhz = 1000.0;
     std::vector<std::string> filters;
+    std::string config_json;  ///< otherData.config, empty for none
     uint64_t window_begin = 0, window_end = 0;
     /// Latest cycle of any complete or instant event offered, kept or not: the end of the run
     /// so far, which ends an open window. (Counter tracks are not: their last sample closes a
@@ -132,10 +134,8 @@ struct Tracer::Impl {
         return window_end == 0 || begin < window_end;
     }
 
-    /// Cycles to picoseconds at the configured clock: 1e6 / MHz ps per cycle.
-    int64_t ps(uint64_t cycles) const {
-        return std::llround(static_cast<double>(cycles) * 1e6 / clock_mhz);
-    }
+    /// Cycles to picoseconds at the configured clock (exact period, rounded per stamp).
+    int64_t ps(uint64_t cycles) const { return ClockDomain{clock_mhz}.ps(cycles); }
 
     int pid_of(std::string_view process) {
         if (auto it = pids.find(process); it != pids.end()) return it->second;
@@ -199,6 +199,10 @@ Tracer::~Tracer() {
     }
 }
 
+void Tracer::set_config(std::string config_json) {
+    if (m_impl) m_impl->config_json = std::move(config_json);
+}
+
 void Tracer::set_window(uint64_t window_begin, uint64_t window_end) {
     if (!m_impl) return;
     m_impl->window_begin = window_begin;
@@ -244,8 +248,9 @@ void Tracer::close() {
     const uint64_t end = im.window_end ? std::min(im.window_end, im.last_cycle) : im.last_cycle;
     file->stream() << fmt::format(
         "\n],\"otherData\":{{\"generator\":\"tpusim\",\"window\":{{\"begin_cycle\":{},"
-        "\"end_cycle\":{}}}}}}}\n",
-        std::min(im.window_begin, end), end);
+        "\"end_cycle\":{}}}{}}}}}\n",
+        std::min(im.window_begin, end), end,
+        im.config_json.empty() ? std::string() : ",\"config\":" + im.config_json);
     file->commit();
 }
 

@@ -38,6 +38,9 @@ public:
     /// instant event offered) and closes the file; throws OutputError if any write failed. The
     /// destructor closes too, logging such an error instead.
     void close();
+    /// The effective config of the run (a JSON object), written into `otherData.config` at
+    /// close() so that a reader of the trace never guesses the clock or the board.
+    void set_config(std::string config_json);
     /// Moves the cycle window (same meaning as in open()); for tools that learn where the
     /// interesting part starts only while running, e.g. the trainer tracing a few steps.
     void set_window(uint64_t window_begin, uint64_t window_end);

@@ -14,6 +14,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "sim/clock_domain.h"
+#include "sim/metrics.h"
+#include "sim/stat_names.h"
+
 namespace tpu::traces {
 
 ReportError::ReportError(Input input, const std::string& problem)
@@ -51,6 +55,7 @@ struct Machine {
     bool from_config = false;          ///< roof taken from the config, not the defaults
 
     double pe_count() const { return double(mxus) * rows * cols; }
+    sim::ClockDomain clock() const { return sim::ClockDomain{clock_mhz}; }
 };
 
 /// A counter track: (timestamp in us, value) in file order.
@@ -67,6 +72,8 @@ struct Core {
     uint64_t dma_hbm_bytes = 0;                 ///< bytes of HBM<->VMEM DMA events
     Samples util, gbps;                         ///< mxu_utilization, hbm_gbps
     std::optional<double> instructions, hbm_bytes, mxu_flops;  ///< from stats
+    /// The core's HBM group from stats (row hits, misses, activates, ...), in file order.
+    std::vector<std::pair<std::string, double>> hbm_stats;
 
     // Derived.
     uint64_t span = 0;
@@ -91,12 +98,20 @@ struct Kernel {
     /// Achieved TFLOP/s per core: FLOPs over the launched cores' summed busy time, so kernels
     /// on any number of cores sit under the same per-core roof.
     double tflops(double clock_mhz) const {
-        return core_cycles > 0 ? flops / (core_cycles / (clock_mhz * 1e6)) / 1e12 : 0.0;
+        return core_cycles > 0 ? flops / sim::ClockDomain{clock_mhz}.seconds(core_cycles) / 1e12
+                               : 0.0;
     }
+};
+
+/// One ICI link's figures from the stats' `ici` group.
+struct Link {
+    std::string name;
+    double bytes = 0, utilization = 0;
 };
 
 struct Model {
     Machine machine;
+    std::vector<Link> links;      ///< from stats, in file order
     std::map<int, Core> cores;    ///< by core index
     std::vector<Kernel> kernels;  ///< from stats, in file order
     Host host;
@@ -176,7 +191,7 @@ void read_config(const std::string& text, Machine& m) {
     if (auto v = number(core, "mxus"); v && *v > 0) m.mxus = static_cast<uint32_t>(*v);
     if (auto v = number(core, "mxu_rows"); v && *v > 0) m.rows = static_cast<uint32_t>(*v);
     if (auto v = number(core, "mxu_cols"); v && *v > 0) m.cols = static_cast<uint32_t>(*v);
-    m.peak_flops = 2.0 * m.pe_count() * m.clock_mhz * 1e6;
+    m.peak_flops = 2.0 * m.pe_count() * m.clock().hz();
     const auto channels = number(hbm, "channels");
     const auto bus_bits = number(hbm, "bus_bits");
     const auto tck_ps = number(hbm, "tck_ps");
@@ -197,7 +212,13 @@ void read_trace(const std::string& text, Model& model) {
         throw ReportError(Input::Trace, "not a Chrome trace (no \"traceEvents\" array)");
     }
     if (doc.is_object()) {
-        const json window = doc.value("otherData", json::object()).value("window", json{});
+        const json other = doc.value("otherData", json::object());
+        // The run's own config (tpusim writes it): the clock and the roof without guessing. A
+        // config file given explicitly takes precedence.
+        if (const json cfg = other.is_object() ? other.value("config", json{}) : json{};
+            cfg.is_object() && !model.machine.from_config)
+            read_config(cfg.dump(), model.machine);
+        const json window = other.is_object() ? other.value("window", json{}) : json{};
         const auto b = number(window, "begin_cycle"), e = number(window, "end_cycle");
         if (b && e && *b >= 0 && *e >= *b) model.window = {to_cycles(*b), to_cycles(*e)};
     }
@@ -342,21 +363,22 @@ void read_kernels(const json& group, Model& model) {
         if (!k.is_object()) continue;
         const json counters = k.value("counters", json::object());
         if (!counters.is_object()) continue;
-        auto value = [&](const std::string& key) -> std::optional<double> {
+        auto value = [&](std::string_view key) -> std::optional<double> {
             const auto it = counters.find(key);
             return it == counters.end() ? std::nullopt : number(*it, "value");
         };
         Kernel out;
         out.name = name;
-        out.launches = value("launches").value_or(0);
-        out.cycles = value("cycles").value_or(0);
-        out.core_cycles = value("core_cycles").value_or(0);
-        out.flops = value("flops").value_or(0);
-        out.mxu_flops = value("mxu_flops").value_or(0);
-        out.vpu_flops = value("vpu_flops").value_or(0);
-        out.hbm_bytes = value("hbm_read_bytes").value_or(0) + value("hbm_write_bytes").value_or(0);
-        out.ici_bytes = value("ici_bytes").value_or(0);
-        out.mxu_util = value("mxu_utilization");
+        out.launches = value(sim::stat_names::kLaunches).value_or(0);
+        out.cycles = value(sim::stat_names::kCycles).value_or(0);
+        out.core_cycles = value(sim::stat_names::kCoreCycles).value_or(0);
+        out.flops = value(sim::stat_names::kFlops).value_or(0);
+        out.mxu_flops = value(sim::stat_names::kMxuFlops).value_or(0);
+        out.vpu_flops = value(sim::stat_names::kVpuFlops).value_or(0);
+        out.hbm_bytes = value(sim::stat_names::kHbmReadBytes).value_or(0) +
+                        value(sim::stat_names::kHbmWriteBytes).value_or(0);
+        out.ici_bytes = value(sim::stat_names::kIciBytes).value_or(0);
+        out.mxu_util = value(sim::stat_names::kMxuUtilization);
         model.kernels.push_back(std::move(out));
     }
 }
@@ -367,40 +389,54 @@ void read_stats(const std::string& text, Model& model) {
         throw ReportError(Input::Stats, "not a tpusim stats file (no \"board\" object)");
     const json& board = doc["board"];
     model.have_stats = true;
-    model.board_cycles =
-        number(board.value("counters", json::object()).value("cycles", json{}), "value");
+    model.board_cycles = number(board.value("counters", json::object())
+                                    .value(std::string(sim::stat_names::kCycles), json{}),
+                                "value");
     const json children = board.value("children", json::object());
     if (!children.is_object()) return;
-    read_kernels(children.value("kernels", json::object()), model);
+    read_kernels(children.value(std::string(sim::stat_names::kKernels), json::object()), model);
+    namespace n = sim::stat_names;
+    auto counters_of = [](const json& group) {
+        const json c = group.is_object() ? group.value("counters", json::object()) : json{};
+        return c.is_object() ? c : json::object();
+    };
+    auto value_in = [](const json& counters, std::string_view key) -> std::optional<double> {
+        const auto it = counters.find(key);
+        return it == counters.end() ? std::nullopt : number(*it, "value");
+    };
+    const json links =
+        children.value(std::string(n::kIci), json::object()).value("children", json::object());
+    for (const auto& [name, link] : links.items()) {
+        const json c = counters_of(link);
+        model.links.push_back(
+            {name, value_in(c, n::kBytes).value_or(0), value_in(c, n::kUtilization).value_or(0)});
+    }
     for (const auto& [name, group] : children.items()) {
         const int idx = core_index(name);
         if (idx < 0 || !group.is_object()) continue;
-        const json counters = group.value("counters", json::object());
-        if (!counters.is_object()) continue;
-        auto value = [&](const std::string& key) -> std::optional<double> {
-            const auto it = counters.find(key);
-            return it == counters.end() ? std::nullopt : number(*it, "value");
-        };
+        const json units = group.value("children", json::object());
+        const json dma = counters_of(units.value(std::string(n::kDma), json{}));
         // A core the trace was filtered away from (--trace-units) still gets its row.
         Core& c = model.cores[idx];
         c.name = name;
-        c.instructions = value("instructions");
-        const auto rd = value("hbm_read_bytes");
-        const auto wr = value("hbm_write_bytes");
+        c.instructions = value_in(counters_of(group), n::kInstructions);
+        const auto rd = value_in(dma, n::kHbmReadBytes);
+        const auto wr = value_in(dma, n::kHbmWriteBytes);
         if (rd || wr) c.hbm_bytes = rd.value_or(0) + wr.value_or(0);
         double flops = 0;
         bool any = false;
-        for (const auto& [key, counter] : counters.items()) {
-            // mxu0_flops, mxu1_flops, ...: one counter per MXU.
-            if (key.size() > 9 && key.compare(0, 3, "mxu") == 0 &&
-                key.compare(key.size() - 6, 6, "_flops") == 0) {
-                if (auto v = number(counter, "value")) {
-                    flops += *v;
-                    any = true;
-                }
+        for (const auto& [unit, ug] : units.items()) {
+            // mxu0, mxu1, ...: one group per MXU.
+            if (unit.compare(0, n::kMxuPrefix.size(), n::kMxuPrefix) != 0) continue;
+            if (auto v = value_in(counters_of(ug), n::kFlops)) {
+                flops += *v;
+                any = true;
             }
         }
         if (any) c.mxu_flops = flops;
+        const json hbm = counters_of(units.value(std::string(n::kHbm), json{}));
+        for (const auto& [key, counter] : hbm.items())
+            if (auto v = number(counter, "value")) c.hbm_stats.emplace_back(key, *v);
     }
 }
 
@@ -620,7 +656,7 @@ std::string roofline(const Model& model) {
     std::vector<Point> points;
     for (const auto& [idx, c] : model.cores) {
         if (c.flops <= 0 || c.bytes <= 0 || c.span == 0) continue;
-        const double seconds = double(c.span) / (m.clock_mhz * 1e6);
+        const double seconds = m.clock().seconds(double(c.span));
         points.push_back(
             {idx, &c, c.flops / c.bytes, at_most(c.flops / seconds, m.peak_flops) / 1e12});
     }
@@ -786,8 +822,8 @@ std::string summary(const Model& model) {
     const uint64_t kernel = lo <= hi ? hi - lo : 0;
     const double total = model.board_cycles ? *model.board_cycles : double(model.trace_end);
     const double n = double(model.cores.size());
-    const double util =
-        kernel ? at_most(flops / (2.0 * m.pe_count() * n * double(kernel)), 1.0) : 0.0;
+    const double util = at_most(
+        sim::mxu_utilization(flops / 2, sim::mxu_capacity(m.pe_count(), double(kernel), n)), 1.0);
     const double us = 1.0 / m.clock_mhz;
     bool est_flops = false, trace_bytes = false, trace_insts = false;
     for (const auto& [idx, c] : model.cores) {
@@ -820,7 +856,7 @@ std::string summary(const Model& model) {
         fmt::format("{} ({})", grouped(flops), si(flops, "FLOP")));
     row("MXU utilisation over the core activity", pct(util));
     if (kernel) {
-        const double seconds = double(kernel) / (m.clock_mhz * 1e6);
+        const double seconds = m.clock().seconds(double(kernel));
         row("achieved",
             fmt::format("{:.2f} TFLOP/s of {:.2f} peak, {:.1f} GB/s HBM",
                         at_most(flops / seconds, n * m.peak_flops) / 1e12, n * m.peak_flops / 1e12,
@@ -842,9 +878,10 @@ std::string summary(const Model& model) {
          "bytes</th><th>MXU FLOPs</th><th>MXU util.</th><th>TFLOP/s</th><th>FLOP/byte</th></tr>"
          "\n";
     for (const auto& [idx, c] : model.cores) {
-        const double seconds = double(c.span) / (m.clock_mhz * 1e6);
-        const double cu =
-            c.span ? at_most(c.flops / (2.0 * m.pe_count() * double(c.span)), 1.0) : 0.0;
+        const double seconds = m.clock().seconds(double(c.span));
+        const double cu = at_most(
+            sim::mxu_utilization(c.flops / 2, sim::mxu_capacity(m.pe_count(), double(c.span))),
+            1.0);
         s += fmt::format(
             "<tr><td><span class=\"sw\" style=\"background:{}\"></span>{}</td><td>{}</td>"
             "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2f}</td><td>{}</td></tr>\n",
@@ -854,6 +891,48 @@ std::string summary(const Model& model) {
             c.bytes > 0 ? fmt::format("{:.2f}", c.flops / c.bytes) : std::string("-"));
     }
     s += "</table>\n";
+    return s;
+}
+
+/// HBM row behaviour per core and ICI link use, from the stats (empty without them).
+std::string memory_tables(const Model& model) {
+    std::string s;
+    std::vector<std::string> keys;
+    for (const auto& [idx, c] : model.cores)
+        for (const auto& [k, v] : c.hbm_stats)
+            if (k.find("bank") != 0 && std::find(keys.begin(), keys.end(), k) == keys.end())
+                keys.push_back(k);
+    if (!keys.empty()) {
+        s += "<table class=\"hbm\"><tr><th>core</th>";
+        for (const auto& k : keys) s += fmt::format("<th>{}</th>", escape(k));
+        s += "<th>worst bank (conflicts)</th></tr>\n";
+        for (const auto& [idx, c] : model.cores) {
+            if (c.hbm_stats.empty()) continue;
+            s += fmt::format("<tr><td>{}</td>", escape(c.name));
+            std::pair<std::string, double> worst{"-", 0};
+            for (const auto& k : keys) {
+                const auto it = std::find_if(c.hbm_stats.begin(), c.hbm_stats.end(),
+                                             [&](const auto& kv) { return kv.first == k; });
+                const double v = it == c.hbm_stats.end() ? 0 : it->second;
+                s += fmt::format("<td>{}</td>",
+                                 v != std::floor(v) ? fmt::format("{:.3f}", v) : grouped(v));
+            }
+            for (const auto& [k, v] : c.hbm_stats)
+                if (k.find("bank") == 0 && v > worst.second) worst = {k, v};
+            s += fmt::format("<td>{} ({})</td></tr>\n", escape(worst.first), grouped(worst.second));
+        }
+        s += "</table>\n";
+    }
+    bool any_link = false;
+    for (const Link& l : model.links) any_link |= l.bytes > 0;
+    if (any_link) {
+        s += "<table class=\"ici\"><tr><th>ICI link</th><th>bytes</th><th>utilisation</th></tr>\n";
+        for (const Link& l : model.links)
+            if (l.bytes > 0)
+                s += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td></tr>\n", escape(l.name),
+                                 grouped(l.bytes), pct(l.utilization));
+        s += "</table>\n";
+    }
     return s;
 }
 
@@ -988,6 +1067,8 @@ std::string render_report(const std::string& trace_json, const std::string& stat
         page += kernel_table(model);
     }
 
+    if (const std::string mem = memory_tables(model); !mem.empty())
+        page += "<h2>HBM rows and ICI links</h2>\n" + mem;
     page += "<h2>Roofline</h2>\n";
     page += fmt::format(
         "<p class=\"note\">Per core: peak {:.1f} TFLOP/s = 2 x {} MXUs x {}x{} PEs x {:.1f} MHz; "

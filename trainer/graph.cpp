@@ -105,7 +105,7 @@ void Runtime::exec(std::string_view kernel, const std::function<driver::Event()>
         throw driver::DeviceError(e.kind(), fmt::format("{}: {}", kernel, e.what()));
     }
     const driver::DeviceMetrics& after = m_dev.metrics();
-    const double hz = m_dev.config().clock_mhz * 1e6;
+    const double hz = m_dev.config().clock().hz();
     m_metrics.add_time("ExecuteTime", double(after.exec_cycles - before.exec_cycles) / hz,
                        after.exec_host_seconds - before.exec_host_seconds);
     if (m_cache.misses() > misses) {
@@ -133,7 +133,7 @@ void Runtime::upload(const Tensor& t, size_t index, const std::vector<float>& va
     const double host =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m_metrics.add_time("TransferToDeviceTime",
-                       double(m_dev.metrics().h2d_cycles - c0) / (m_dev.config().clock_mhz * 1e6),
+                       m_dev.config().clock().seconds(double(m_dev.metrics().h2d_cycles - c0)),
                        host);
     m_metrics.add_data("InboundData", t.bytes());
 }
@@ -145,7 +145,7 @@ std::vector<float> Runtime::download(const Tensor& t, size_t index) {
     const double host =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m_metrics.add_time("TransferFromDeviceTime",
-                       double(m_dev.metrics().d2h_cycles - c0) / (m_dev.config().clock_mhz * 1e6),
+                       m_dev.config().clock().seconds(double(m_dev.metrics().d2h_cycles - c0)),
                        host);
     m_metrics.add_data("OutboundData", t.bytes());
     m_metrics.count("HostSync");

@@ -191,7 +191,7 @@ struct RingTiming {
 };
 
 RingTiming ring_timing(const hw::BoardConfig& cfg, uint32_t piece_values) {
-    const double bw = cfg.ici.link_gb_per_s * 1e9 / (cfg.clock_mhz * 1e6);
+    const double bw = cfg.clock().bytes_per_cycle(cfg.ici.link_gb_per_s);
     return {cfg.ns_to_cycles(cfg.ici.hop_latency_ns),
             std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(piece_values * 4.0 / bw)))};
 }

@@ -15,6 +15,7 @@
 #include "hw/core/numerics.h"
 #include "hw/mem/hbm_timing.h"
 #include "isa/assembler.h"
+#include "sim/metrics.h"
 
 namespace tpu::driver {
 
@@ -750,8 +751,8 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
     res.macs = uint64_t(M) * K * N * passes(precision).size();
     const double array = double(cfg.core.mxus) * R * C;
     const uint64_t cycles = res.event.end_cycle - res.event.start_cycle;
-    res.mxu_utilization =
-        cycles ? double(res.macs) / (array * double(cycles) * double(cores.size())) : 0.0;
+    res.mxu_utilization = sim::mxu_utilization(
+        double(res.macs), sim::mxu_capacity(array, double(cycles), double(cores.size())));
     res.min_hbm_bytes = uint64_t(P) * (uint64_t(M) * K + uint64_t(K) * N) * 2 + uint64_t(M) * N * 4;
     res.roofline_cycles =
         std::max(double(res.macs) / (array * double(cores.size())),

@@ -14,6 +14,8 @@
 #include "hw/core/numerics.h"
 #include "hw/mem/hbm_timing.h"
 #include "isa/disassembler.h"
+#include "isa/scalar_alu.h"
+#include "sim/stat_names.h"
 #include "sim/tracer.h"
 
 namespace tpu::hw {
@@ -53,10 +55,6 @@ namespace {
 
 constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
 
-uint64_t ceil_div(uint64_t a, uint64_t b) {
-    return (a + b - 1) / b;
-}
-
 /// Span of a 2-D access: rows of row_bytes, `stride` apart.
 uint64_t span_2d(uint64_t rows, uint64_t row_bytes, uint64_t stride) {
     return rows == 0 ? 0 : (rows - 1) * stride + row_bytes;
@@ -88,7 +86,9 @@ CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, Spa
       m_vpu_q(std::make_unique<UnitQueue>()),
       m_ici_q(std::make_unique<UnitQueue>()),
       m_dma_hz(std::make_unique<Hazards>()),
-      m_vpu_hz(std::make_unique<Hazards>()) {
+      m_vpu_hz(std::make_unique<Hazards>()),
+      m_dma(cfg.core, m_hbm_timing),
+      m_vpu(cfg.core) {
     for (uint32_t i = 0; i < m_core.mxus; ++i) {
         m_mxu_q.push_back(std::make_unique<UnitQueue>());
         m_mxu_timer.emplace_back(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
@@ -101,6 +101,45 @@ CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, Spa
 }
 
 CoreModel::~CoreModel() = default;
+
+sim::StatGroup& CoreModel::register_stats(sim::StatGroup& parent) {
+    namespace n = sim::stat_names;
+    using sim::StatUnit;
+    m_stat_groups.clear();
+    auto group = [&](std::string name, sim::StatGroup& up) -> sim::StatGroup& {
+        return *m_stat_groups.emplace_back(std::make_unique<sim::StatGroup>(std::move(name), &up));
+    };
+    const CoreStats& s = m_stats;
+    sim::StatGroup& core = group(fmt::format("{}{}", n::kCorePrefix, m_id), parent);
+    core.add(std::string(n::kInstructions), "instructions issued", StatUnit::Count, s.instructions);
+    core.add("stall_queue_cycles", "sequencer cycles stalled on a full unit queue",
+             StatUnit::Cycles, s.stall_queue);
+    core.add("stall_wait_cycles", "sequencer cycles stalled in wait or fence", StatUnit::Cycles,
+             s.stall_wait);
+    sim::StatGroup& dma = group(std::string(n::kDma), core);
+    dma.add("ops", "DMA instructions", StatUnit::Count, s.dma_ops);
+    dma.add(std::string(n::kHbmReadBytes), "bytes read from HBM by DMA", StatUnit::Bytes,
+            s.hbm_read_bytes);
+    dma.add(std::string(n::kHbmWriteBytes), "bytes written to HBM by DMA", StatUnit::Bytes,
+            s.hbm_write_bytes);
+    sim::StatGroup& vpu = group(std::string(n::kVpu), core);
+    vpu.add("ops", "VPU instructions", StatUnit::Count, s.vpu_ops);
+    vpu.add("busy_cycles", "VPU issue cycles", StatUnit::Cycles, s.vpu_busy);
+    vpu.add(std::string(n::kFlops), "VPU fp32 operations", StatUnit::Flops, s.vpu_flops);
+    sim::StatGroup& ici = group(std::string(n::kIci), core);
+    ici.add("ops", "ICI instructions", StatUnit::Count, s.ici_ops);
+    ici.add("bytes", "bytes sent over ICI", StatUnit::Bytes, s.ici_bytes);
+    core.add("mxu_ops", "MXU instructions (mxu.lw and mxu.mm, both MXUs)", StatUnit::Count,
+             s.mxu_ops);
+    for (size_t i = 0; i < s.mxu_macs.size(); ++i) {
+        sim::StatGroup& mxu = group(fmt::format("{}{}", n::kMxuPrefix, i), core);
+        mxu.add("busy_cycles", "cycles streaming LHS rows", StatUnit::Cycles, s.mxu_busy[i]);
+        mxu.add("macs", "useful multiply-accumulates", StatUnit::Count, s.mxu_macs[i]);
+        mxu.add(std::string(n::kFlops), "2 x useful multiply-accumulates", StatUnit::Flops,
+                [&s, i] { return 2 * s.mxu_macs[i]; });
+    }
+    return core;
+}
 
 void CoreModel::load(const isa::Program& program) {
     const uint64_t bytes = program.code.size() * uint64_t(isa::kInstrBytes);
@@ -137,8 +176,9 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     for (auto& t : m_mxu_timer)
         t = MxuTimer(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
     m_mxu_loaded.assign(m_core.mxus, false);
-    m_dma_free = m_vpu_free = m_ici_free = cycle;
-    m_ici_arrival.assign(m_ici_arrival.size(), 0);
+    m_dma.start_at(cycle);
+    m_vpu.start_at(cycle);
+    m_ici.start_at(cycle);
     m_dma_hz->writes.clear();
     m_vpu_hz->writes.clear();
     m_records.clear();
@@ -146,21 +186,22 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
 
 void CoreModel::set_tracer(sim::Tracer* tracer) {
     m_tracer = tracer && tracer->enabled() ? tracer : nullptr;
-    m_tracks.clear();
+    m_tracks = {};
     m_mxu_util.reset();
     m_hbm_gbps.reset();
     m_queue_depth.reset();
     if (!m_tracer) return;
     const std::string proc = fmt::format("core{}", m_id);
-    for (const char* unit : {"seq", "dma", "vpu", "ici"})
-        m_tracks.push_back(m_tracer->track(proc, unit));
+    m_tracks.seq = m_tracer->track(proc, "seq");
+    m_tracks.dma = m_tracer->track(proc, "dma");
+    m_tracks.vpu = m_tracer->track(proc, "vpu");
+    m_tracks.ici = m_tracer->track(proc, "ici");
     for (uint32_t i = 0; i < m_core.mxus; ++i)
-        m_tracks.push_back(m_tracer->track(proc, fmt::format("mxu{}", i)));
+        m_tracks.mxu.push_back(m_tracer->track(proc, fmt::format("mxu{}", i)));
     const uint64_t window = m_cfg.sim.trace_counter_cycles;
     m_mxu_util = std::make_unique<CounterTrack>(proc, "mxu_utilization", window, 1.0 / m_core.mxus);
     // bytes per cycle -> GB/s at the core clock.
-    m_hbm_gbps =
-        std::make_unique<CounterTrack>(proc, "hbm_gbps", window, m_cfg.clock_mhz * 1e6 / 1e9);
+    m_hbm_gbps = std::make_unique<CounterTrack>(proc, "hbm_gbps", window, m_cfg.clock().hz() / 1e9);
     // Cycles spent queued per cycle: the average number of instructions waiting in the unit
     // queues (dispatched, not started).
     m_queue_depth = std::make_unique<CounterTrack>(proc, "queue_depth", window, 1.0);
@@ -323,6 +364,15 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                 const uint32_t c = val(ins.ops[2]);
                 uint32_t r = 0;
                 bool write = true;
+                if (const auto alu = isa::scalar_alu(ins.op, b, c)) {
+                    if (alu->div_by_zero) {
+                        fault("sequencer", 0, "division by zero");
+                        return {Block::Faulted, m_cycle};
+                    }
+                    if (ins.ops[0].reg != 0) m_sregs[ins.ops[0].reg] = alu->value;
+                    inline_done();
+                    break;
+                }
                 switch (ins.op) {
                     case Opcode::Nop:
                         write = false;
@@ -330,8 +380,8 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Halt: {
                         const uint64_t end = std::max(issue, m_units_done);
                         if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, end});
-                        if (m_tracer && !m_tracks.empty()) {
-                            m_tracer->instant(m_tracks[0], "halt", end);
+                        if (m_tracer) {
+                            m_tracer->instant(m_tracks.seq, "halt", end);
                             m_mxu_util->flush_all(*m_tracer);
                             m_hbm_gbps->flush_all(*m_tracer);
                             m_queue_depth->flush_all(*m_tracer);
@@ -341,50 +391,6 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         ++m_stats.instructions;
                         return {Block::Halted, end};
                     }
-                    case Opcode::Li:
-                        r = b;
-                        break;
-                    case Opcode::Add:
-                        r = b + c;
-                        break;
-                    case Opcode::Sub:
-                        r = b - c;
-                        break;
-                    case Opcode::Mul:
-                        r = b * c;
-                        break;
-                    case Opcode::Divu:
-                    case Opcode::Remu:
-                        if (c == 0) {
-                            fault("sequencer", 0, "division by zero");
-                            return {Block::Faulted, m_cycle};
-                        }
-                        r = ins.op == Opcode::Divu ? b / c : b % c;
-                        break;
-                    case Opcode::And:
-                        r = b & c;
-                        break;
-                    case Opcode::Or:
-                        r = b | c;
-                        break;
-                    case Opcode::Xor:
-                        r = b ^ c;
-                        break;
-                    case Opcode::Shl:
-                        r = b << (c & 31);
-                        break;
-                    case Opcode::Shr:
-                        r = b >> (c & 31);
-                        break;
-                    case Opcode::Sra:
-                        r = static_cast<uint32_t>(static_cast<int32_t>(b) >> (c & 31));
-                        break;
-                    case Opcode::Slt:
-                        r = static_cast<int32_t>(b) < static_cast<int32_t>(c);
-                        break;
-                    case Opcode::Sltu:
-                        r = b < c;
-                        break;
                     case Opcode::Lw:
                         if (!check(m_smem, b, 4, "sequencer", "scalar memory read", 4))
                             return {Block::Faulted, m_cycle};
@@ -553,36 +559,14 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
                                  dst_stride, src_stride, row_bytes));
 
     const uint64_t bytes = rows * row_bytes;
-    uint64_t start = std::max(issue_to_unit(*m_dma_q), m_dma_free);
+    uint64_t start = std::max(issue_to_unit(*m_dma_q), m_dma.free_at());
     start = m_dma_hz->ready_after(from_hbm, sbase, sbase + sspan, start);
     start = m_dma_hz->ready_after(!to_vmem, dbase, dbase + dspan, start);
-    uint64_t done;
-    if (ins.op == Opcode::DmaVv) {
-        const uint64_t occupancy = ceil_div(bytes, m_core.dma_vmem_bytes_per_cycle);
-        done = start + occupancy + 1;
-        m_dma_free = start + occupancy;
-    } else {
-        // The engine cuts each row into requests of at most dma_chunk_bytes and sends them as
-        // fast as its VMEM port moves the data (dma_vmem_bytes_per_cycle, fractional cycles);
-        // the HBM model decides when each request's data has moved.
-        const uint64_t hbm_base = from_hbm ? sbase : dbase;
-        const uint64_t hbm_stride = from_hbm ? src_stride : dst_stride;
-        // Send times come from the integer byte count: summing len / port in floating point
-        // drifts (4 x 504 B at 48 B/cycle came out as 42.000...01 cycles, ceil 43).
-        const uint64_t port = m_core.dma_vmem_bytes_per_cycle;
-        uint64_t before = 0;  // bytes of this transfer ahead of the request
-        done = start;
-        for (uint64_t r = 0; r < rows; ++r)
-            for (uint64_t off = 0; off < row_bytes; off += m_core.dma_chunk_bytes) {
-                const auto len = static_cast<uint32_t>(
-                    std::min<uint64_t>(m_core.dma_chunk_bytes, row_bytes - off));
-                done = std::max(
-                    done, m_hbm_timing->access(start + before / port,
-                                               hbm_base + r * hbm_stride + off, len, !from_hbm));
-                before += len;
-            }
-        m_dma_free = start + ceil_div(bytes, port);
-    }
+    // Timing: DmaEngine (hw/core/dma_engine.h) and the HBM model behind it.
+    const uint64_t done = ins.op == Opcode::DmaVv
+                              ? m_dma.copy_vmem(start, bytes)
+                              : m_dma.transfer_hbm(start, rows, row_bytes, from_hbm ? sbase : dbase,
+                                                   from_hbm ? src_stride : dst_stride, !from_hbm);
     m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
     if (!record_access(
             "dma", start, done, ins.flag,
@@ -605,7 +589,7 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
     ++m_stats.dma_ops;
     if (from_hbm) m_stats.hbm_read_bytes += bytes;
     if (!to_vmem) m_stats.hbm_write_bytes += bytes;
-    trace(m_tracks.empty() ? -1 : m_tracks[1], start, done, "bytes", bytes);
+    trace(m_tracks.dma, start, done, "bytes", bytes);
     if (m_hbm_gbps && ins.op != Opcode::DmaVv) {
         m_hbm_gbps->add(start, done, double(bytes));
         m_hbm_gbps->flush_before(m_cycle, *m_tracer);
@@ -677,7 +661,7 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         }
     }
     ++m_stats.mxu_ops;
-    trace(m_tracks.empty() ? -1 : m_tracks[4 + idx], span.start, span.done);
+    trace(m_tracks.mxu.empty() ? -1 : m_tracks.mxu[idx], span.start, span.done);
     if (m_mxu_util && ins.op == Opcode::MxuMm) {
         // Useful PE-cycles: the T rows stream for T cycles over K x N of the R x C PEs.
         const auto [K, N] = m_mxu_shape[idx];
@@ -692,116 +676,24 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
 /// Operand layout of each VPU opcode: which operands are VMEM arrays (read or written), element
 /// type and count. Everything the VPU reads is fp32 except v.bf2f's source; only v.f2bf writes
 /// bf16.
-struct CoreModel::VpuOp {
-    uint64_t elements = 0;  ///< elements processed (sets the timing)
-    struct Access {
-        uint32_t addr;
-        uint64_t bytes;
-        uint32_t align;
-    };
-    std::vector<Access> reads;
-    Access write{};
-};
-
 bool CoreModel::exec_vpu(const isa::Instr& ins) {
-    auto v = [&](int i) { return val(ins.ops[i]); };
-    VpuOp op;
-    uint64_t rows = 0, cols = 0, n = 0;
-    auto f32 = [](uint32_t a, uint64_t count) { return VpuOp::Access{a, count * 4, 4}; };
-    switch (ins.op) {
-        case Opcode::VAdd:
-        case Opcode::VSub:
-        case Opcode::VMul:
-        case Opcode::VMax:
-        case Opcode::VMin:
-        case Opcode::VCmpGt:
-            n = v(3);
-            op.reads = {f32(v(1), n), f32(v(2), n)};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VSel:
-            n = v(4);
-            op.reads = {f32(v(1), n), f32(v(2), n), f32(v(3), n)};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VAddS:
-        case Opcode::VMulS:
-        case Opcode::VMaxS:
-            n = v(3);
-            op.reads = {f32(v(1), n)};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VExp:
-        case Opcode::VLog:
-        case Opcode::VRsqrt:
-        case Opcode::VTanh:
-            n = v(2);
-            op.reads = {f32(v(1), n)};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VF2Bf:
-            n = v(2);
-            op.reads = {f32(v(1), n)};
-            op.write = {v(0), n * 2, 2};
-            break;
-        case Opcode::VBf2F:
-            n = v(2);
-            op.reads = {{v(1), n * 2, 2}};
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VRand:
-            n = v(2);
-            op.write = f32(v(0), n);
-            break;
-        case Opcode::VRSum:
-        case Opcode::VRMax:
-        case Opcode::VCSum:
-        case Opcode::VTrans:
-            rows = v(2), cols = v(3), n = rows * cols;
-            op.reads = {f32(v(1), n)};
-            op.write = f32(v(0), ins.op == Opcode::VCSum    ? cols
-                                 : ins.op == Opcode::VTrans ? n
-                                                            : rows);
-            break;
-        case Opcode::VAddRow:
-        case Opcode::VSubCol:
-        case Opcode::VMulCol:
-            rows = v(3), cols = v(4), n = rows * cols;
-            op.reads = {f32(v(1), n), f32(v(2), ins.op == Opcode::VAddRow ? cols : rows)};
-            op.write = f32(v(0), n);
-            break;
-        default:
-            break;
-    }
+    std::array<uint32_t, isa::kMaxOperands> v{};
+    for (int i = 0; i < isa::kMaxOperands; ++i) v[i] = val(ins.ops[i]);
+    const VpuShape op = vpu_shape(ins.op, v);
+    const uint64_t n = op.elements, rows = op.rows, cols = op.cols;
     if (n == 0) return fault("vpu", op.write.addr, "vector operation on 0 elements");
     for (const auto& r : op.reads)
         if (!check(m_vmem, r.addr, r.bytes, "vpu", "VMEM read", r.align)) return false;
     if (!check(m_vmem, op.write.addr, op.write.bytes, "vpu", "VMEM write", op.write.align))
         return false;
 
-    // Timing: vector registers of sublanes x lanes, `alus` per cycle, then the class latency.
-    const uint64_t per_vreg = uint64_t(m_core.vpu_sublanes) * m_core.vpu_lanes;
-    const uint64_t issue_cycles = ceil_div(ceil_div(n, per_vreg), m_core.vpu_alus);
-    uint64_t latency = m_core.vpu_add_latency_cycles;
-    switch (isa::info(ins.op).timing) {
-        case isa::Timing::VpuMul:
-            latency = m_core.vpu_mul_latency_cycles;
-            break;
-        case isa::Timing::VpuTrans:
-            latency = m_core.vpu_transcendental_latency_cycles;
-            break;
-        case isa::Timing::VpuReduce:
-            latency += std::bit_width(uint64_t(m_core.vpu_lanes) - 1);
-            break;
-        default:
-            break;
-    }
-    uint64_t start = std::max(issue_to_unit(*m_vpu_q), m_vpu_free);
+    // Timing: VpuTimer (hw/core/vpu_unit.h), after the queue and the unit's RAW/WAW hazards.
+    uint64_t start = std::max(issue_to_unit(*m_vpu_q), m_vpu.free_at());
     for (const auto& r : op.reads)
         start = m_vpu_hz->ready_after(false, r.addr, r.addr + r.bytes, start);
     start = m_vpu_hz->ready_after(false, op.write.addr, op.write.addr + op.write.bytes, start);
-    const uint64_t done = start + issue_cycles - 1 + latency;
-    m_vpu_free = start + issue_cycles;
+    const uint64_t issue_cycles = m_vpu.issue_cycles(n);
+    const uint64_t done = m_vpu.run(ins.op, n, start);
     m_vpu_hz->add(false, op.write.addr, op.write.addr + op.write.bytes, done, m_cycle);
     if (m_cfg.sim.race_detector) {
         std::vector<MemRange> ranges;
@@ -814,7 +706,7 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
     ++m_stats.vpu_ops;
     m_stats.vpu_busy += issue_cycles;
     m_stats.vpu_flops += n;
-    trace(m_tracks.empty() ? -1 : m_tracks[2], start, done, "elements", n);
+    trace(m_tracks.vpu, start, done, "elements", n);
     finish_unit(*m_vpu_q, start, done, ins.flag);
     return true;
 }
@@ -823,34 +715,14 @@ bool CoreModel::exec_vpu(const isa::Instr& ins) {
 // read completely before the result is written: an input the result overlaps is copied first,
 // unless the op is elementwise over fp32 and the two start at the same address (each result
 // element then depends only on the input elements at its own index, read before it is written).
-void CoreModel::exec_vpu_values(const isa::Instr& ins, const VpuOp& op, uint64_t rows,
+void CoreModel::exec_vpu_values(const isa::Instr& ins, const VpuShape& op, uint64_t rows,
                                 uint64_t cols, uint64_t n) {
-    const VpuOp::Access& w = op.write;
+    const VpuAccess& w = op.write;
     const bool direct = m_vmem.contiguous();
-    bool elementwise = false;
-    switch (ins.op) {
-        case Opcode::VAdd:
-        case Opcode::VSub:
-        case Opcode::VMul:
-        case Opcode::VMax:
-        case Opcode::VMin:
-        case Opcode::VCmpGt:
-        case Opcode::VSel:
-        case Opcode::VAddS:
-        case Opcode::VMulS:
-        case Opcode::VMaxS:
-        case Opcode::VExp:
-        case Opcode::VLog:
-        case Opcode::VRsqrt:
-        case Opcode::VTanh:
-            elementwise = true;
-            break;
-        default:
-            break;
-    }
+    const bool elementwise = op.elementwise;
     std::array<const void*, 3> in{};
     for (size_t k = 0; k < op.reads.size(); ++k) {
-        const VpuOp::Access& r = op.reads[k];
+        const VpuAccess& r = op.reads[k];
         const bool overlaps = r.addr < w.addr + w.bytes && w.addr < r.addr + r.bytes;
         if (direct && !(overlaps && !(elementwise && r.addr == w.addr))) {
             in[k] = m_vmem.data(r.addr);
@@ -993,16 +865,13 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     // Link reservations must happen in simulated-time order across cores.
     if (now < m_cycle) return IciStep::NeedSync;
     UnitQueue& q = *m_ici_q;
-    const uint64_t ready = std::max(issue_to_unit(q), m_ici_free);
-    if (m_ici_arrival.size() < cores) m_ici_arrival.resize(cores, 0);
-    uint64_t start = ready, done;
+    // Timing: IciEngine (hw/core/ici_engine.h) around the board's IciNetwork.
+    const uint64_t start = std::max(issue_to_unit(q), m_ici.free_at());
+    uint64_t done;
     if (ins.op == Opcode::Sigr) {
         const uint32_t flag = static_cast<uint32_t>(ins.ops[1].imm);
         const uint32_t amount = val(ins.ops[2]);
-        // A signal never overtakes this core's earlier transfers to the same core.
-        done =
-            std::max(m_env ? m_env->ici_message(m_id, dst, start) : start + 1, m_ici_arrival[dst]);
-        m_ici_free = start + 1;
+        done = m_ici.issue(start, dst, m_env ? m_env->ici_message(m_id, dst, start) : start + 1);
         if (m_env) m_env->remote_signal(dst, flag, amount, done);
     } else {
         const uint32_t raddr = val(ins.ops[1]), laddr = val(ins.ops[2]), bytes = val(ins.ops[3]);
@@ -1013,12 +882,9 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         const uint64_t rbase = hbm ? m_hbm_base + raddr : raddr;
         if (!check(rmem, rbase, bytes, "ici", fmt::format("remote {} write", hbm ? "HBM" : "VMEM")))
             return IciStep::Faulted;
-        done = m_env ? m_env->ici_transfer(m_id, dst, start, bytes, hbm, rbase) : start + bytes;
-        done = std::max(done, m_ici_arrival[dst]);  // in-order delivery per destination
-        // The engine takes one descriptor per cycle; bandwidth is the links' business (each
-        // link is reserved for the transfer's serialisation time), so transfers on different
-        // links proceed in parallel.
-        m_ici_free = start + 1;
+        done = m_ici.issue(
+            start, dst,
+            m_env ? m_env->ici_transfer(m_id, dst, start, bytes, hbm, rbase) : start + bytes);
         // The local read is ordered by this core's completion flag; the remote write by the
         // destination's flag that the transfer raises on arrival.
         if (!record_access("ici", start, done, ins.flag, {{false, laddr, laddr + bytes, false}}))
@@ -1040,8 +906,7 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         ++m_stats.ici_ops;
         m_stats.ici_bytes += bytes;
     }
-    m_ici_arrival[dst] = done;
-    trace(m_tracks.empty() ? -1 : m_tracks[3], start, done, "dst_core", dst);
+    trace(m_tracks.ici, start, done, "dst_core", dst);
     finish_unit(q, start, done, ins.flag);
     return IciStep::Done;
 }

@@ -13,11 +13,15 @@
 
 #include "hw/core/core_config.h"
 #include "hw/core/counter_track.h"
+#include "hw/core/dma_engine.h"
+#include "hw/core/ici_engine.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/race_detector.h"
+#include "hw/core/vpu_unit.h"
 #include "hw/fault.h"
 #include "hw/mem/sparse_memory.h"
 #include "isa/isa.h"
+#include "sim/stats.h"
 
 namespace tpu::sim {
 class Tracer;
@@ -67,7 +71,8 @@ public:
     virtual bool stop_requested() { return false; }
 };
 
-/// Per-core statistics, plain integers on the hot path; the board registers them.
+/// Per-core statistics, plain integers on the hot path; register_stats() views them in the
+/// stats tree.
 struct CoreStats {
     uint64_t instructions = 0;       ///< instructions issued
     uint64_t stall_queue = 0;        ///< sequencer cycles stalled on a full unit queue
@@ -140,6 +145,9 @@ public:
     /// Scalar register (for tests and dumps).
     uint32_t sreg(int i) const { return m_sregs[i]; }
     const CoreStats& stats() const { return m_stats; }
+    /// Registers this core's statistics as the group "coreN" under `parent`, with a child per
+    /// unit (dma, vpu, ici, mxuN) viewing the plain integers of stats(); returns the core's group.
+    sim::StatGroup& register_stats(sim::StatGroup& parent);
     /// A one-paragraph state dump: pc, instruction, waits, flags, unit queues.
     std::string dump_state() const;
 
@@ -152,7 +160,6 @@ public:
 private:
     struct UnitQueue;
     struct Hazards;
-    struct VpuOp;
 
     uint32_t val(const isa::Operand& o) const {
         return m_sregs[o.reg] + static_cast<uint32_t>(o.imm);
@@ -171,7 +178,7 @@ private:
     bool exec_dma(const isa::Instr& ins);
     bool exec_mxu(const isa::Instr& ins);
     bool exec_vpu(const isa::Instr& ins);
-    void exec_vpu_values(const isa::Instr& ins, const VpuOp& op, uint64_t rows, uint64_t cols,
+    void exec_vpu_values(const isa::Instr& ins, const VpuShape& op, uint64_t rows, uint64_t cols,
                          uint64_t n);
     IciStep exec_ici(const isa::Instr& ins, uint64_t now);
     /// Hands a unit instruction's accesses to a race detector (this core's unless `target`);
@@ -221,16 +228,20 @@ private:
     std::vector<std::pair<uint32_t, uint32_t>> m_mxu_shape;  ///< (K, N) of those weights
     std::vector<bool> m_mxu_loaded;
     std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;
-    uint64_t m_dma_free = 0;              ///< DMA path free from this cycle
-    uint64_t m_vpu_free = 0;              ///< VPU issue slot free from this cycle
-    uint64_t m_ici_free = 0;              ///< ICI engine free to inject the next transfer
-    std::vector<uint64_t> m_ici_arrival;  ///< per destination: latest arrival (in-order delivery)
+    DmaEngine m_dma;  ///< DMA timing in front of the HBM model
+    VpuTimer m_vpu;   ///< VPU issue slot and latencies
+    IciEngine m_ici;  ///< ICI descriptor rate and in-order delivery
 
     CoreStats m_stats;
+    std::vector<std::unique_ptr<sim::StatGroup>> m_stat_groups;  ///< core first, then its units
     bool m_record = false;
     std::vector<InstrRecord> m_records;
     sim::Tracer* m_tracer = nullptr;
-    std::vector<int> m_tracks;  ///< tracer track per unit: seq, dma, vpu, ici, mxu0..
+    /// Tracer track of each unit (-1: not traced).
+    struct UnitTracks {
+        int seq = -1, dma = -1, vpu = -1, ici = -1;
+        std::vector<int> mxu;  ///< per MXU
+    } m_tracks;
     std::unique_ptr<CounterTrack> m_mxu_util;     ///< trace counter: MXU PE utilisation
     std::unique_ptr<CounterTrack> m_hbm_gbps;     ///< trace counter: HBM traffic in GB/s
     std::unique_ptr<CounterTrack> m_queue_depth;  ///< trace counter: instructions queued

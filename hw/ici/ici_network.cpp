@@ -7,11 +7,13 @@
 
 #include <fmt/format.h>
 
+#include "sim/stat_names.h"
+
 namespace tpu::hw {
 
 IciNetwork::IciNetwork(const BoardConfig& cfg)
     : m_cores(cfg.cores()),
-      m_bytes_per_cycle(cfg.ici.link_gb_per_s * 1e9 / (cfg.clock_mhz * 1e6)),
+      m_bytes_per_cycle(cfg.clock().bytes_per_cycle(cfg.ici.link_gb_per_s)),
       m_hop(cfg.ns_to_cycles(cfg.ici.hop_latency_ns)),
       m_cut_through(cfg.ici.switching == "cut-through") {
     if (m_cores == 0) throw std::invalid_argument("ICI network of 0 cores");
@@ -134,6 +136,31 @@ uint64_t IciNetwork::message(uint32_t src, uint32_t dst, uint64_t start) const {
 void IciNetwork::retire(uint64_t cycle) {
     for (auto& busy : m_busy)
         while (!busy.empty() && busy.begin()->second <= cycle) busy.erase(busy.begin());
+}
+
+void IciNetwork::register_stats(sim::StatGroup& parent, std::function<uint64_t()> cycles) {
+    namespace n = sim::stat_names;
+    using sim::StatUnit;
+    m_stat_groups.clear();
+    auto& top = *m_stat_groups.emplace_back(
+        std::make_unique<sim::StatGroup>(std::string(n::kIci), &parent));
+    for (uint32_t link = 0; link < num_links(); ++link) {
+        if (!has_link(link)) continue;
+        const IciLinkStats& s = m_stats[link];
+        auto& g =
+            *m_stat_groups.emplace_back(std::make_unique<sim::StatGroup>(link_name(link), &top));
+        g.add(std::string(n::kBytes), "payload bytes sent over the link", StatUnit::Bytes, s.bytes);
+        g.add("transfers", "transfers that crossed the link", StatUnit::Count, s.transfers);
+        g.add("busy_cycles", "cycles the link was sending (serialisation of its transfers)",
+              StatUnit::Cycles, s.busy_cycles);
+        g.add("queue_cycles", "cycles transfers waited at the link's input while it was in use",
+              StatUnit::Cycles, s.queue_cycles);
+        g.add_formula(std::string(n::kUtilization), "busy_cycles / board cycles", StatUnit::Ratio,
+                      [&s, cycles] {
+                          const uint64_t c = cycles();
+                          return c ? double(s.busy_cycles) / double(c) : 0.0;
+                      });
+    }
 }
 
 }  // namespace tpu::hw

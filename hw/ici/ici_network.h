@@ -2,15 +2,18 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "hw/board_config.h"
+#include "sim/stats.h"
 
 namespace tpu::hw {
 
-/// What one link direction did (plain integers; the command line registers them in stats.json).
+/// What one link direction did (plain integers on the hot path; register_stats views them).
 struct IciLinkStats {
     uint64_t bytes = 0;         ///< payload bytes that crossed the link
     uint64_t transfers = 0;     ///< transfers that crossed the link
@@ -98,6 +101,9 @@ public:
 
     /// Statistics of one link.
     const IciLinkStats& link_stats(uint32_t link) const { return m_stats.at(link); }
+    /// Registers the group "ici" under `parent` with a child per link of the topology
+    /// ("core3+x"); `cycles` gives the elapsed cycles its utilisation is measured against.
+    void register_stats(sim::StatGroup& parent, std::function<uint64_t()> cycles);
 
 private:
     void check_core(uint32_t core) const;
@@ -112,6 +118,7 @@ private:
     /// Per link: promised intervals, begin -> end, disjoint and never touching (merged).
     std::vector<std::map<uint64_t, uint64_t>> m_busy;
     std::vector<IciLinkStats> m_stats;
+    std::vector<std::unique_ptr<sim::StatGroup>> m_stat_groups;  ///< "ici", then its links
 };
 
 }  // namespace tpu::hw

@@ -5,7 +5,11 @@
 #include <bit>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
 #include "hw/board_config.h"
+#include "sim/stat_names.h"
+#include "sim/stats.h"
 
 namespace tpu::hw {
 
@@ -150,6 +154,7 @@ Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, T
                 b.act_ready = std::max(b.act_ready, at + Tick(m_t.rp));
                 m_row_cursor = at + 1;
                 ++m_counters.precharges;
+                ++b.conflicts;
                 continue;
             case Act:
                 b.open_row = int64_t(req.row);
@@ -247,6 +252,45 @@ uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool
         lo = hi;
     }
     return mul_div_up(done_tck, m_tck_ps, m_core_ps);
+}
+
+uint64_t Hbm2Timing::bank_conflicts(size_t i) const {
+    uint64_t sum = 0;
+    for (const auto& pc : m_pcs) sum += pc.bank_conflicts(i);
+    return sum;
+}
+
+void Hbm2Timing::register_stats(sim::StatGroup& g) {
+    namespace n = sim::stat_names;
+    using sim::StatUnit;
+    auto sum = [this](uint64_t Hbm2PseudoChannel::Counters::*field) {
+        return [this, field] { return counters().*field; };
+    };
+    using C = Hbm2PseudoChannel::Counters;
+    g.add(std::string(n::kBursts), "column commands (RD/WR), all pseudo-channels", StatUnit::Count,
+          sum(&C::bursts));
+    g.add(std::string(n::kRowHits), "bursts that found their row open", StatUnit::Count,
+          sum(&C::row_hits));
+    g.add(std::string(n::kRowMisses), "bursts that needed an activate first", StatUnit::Count,
+          [this] { return counters().bursts - counters().row_hits; });
+    g.add(std::string(n::kActivates), "ACT commands", StatUnit::Count, sum(&C::activates));
+    g.add(std::string(n::kRowConflicts),
+          "bursts that found another row open in their bank (explicit PRE commands)",
+          StatUnit::Count, sum(&C::precharges));
+    g.add(std::string(n::kRefreshes), "REF commands", StatUnit::Count, sum(&C::refreshes));
+    g.add_formula("row_hit_rate", "row_hits / bursts", StatUnit::Ratio, [this] {
+        const C c = counters();
+        return c.bursts ? double(c.row_hits) / double(c.bursts) : 0.0;
+    });
+    // Per bank index, summed over pseudo-channels: the address hash spreads a stream over
+    // banks, and one hot bank shows up here.
+    const size_t banks = m_pcs.empty() ? 0 : m_pcs.front().banks();
+    for (size_t i = 0; i < banks; ++i)
+        g.add(fmt::format("bank{}_conflicts", i),
+              fmt::format("row conflicts in bank {} (group x banks + bank) over all "
+                          "pseudo-channels",
+                          i),
+              StatUnit::Count, [this, i] { return bank_conflicts(i); });
 }
 
 Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {

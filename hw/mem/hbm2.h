@@ -85,6 +85,10 @@ public:
     uint64_t access(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
     /// Counters since construction.
     const Counters& counters() const { return m_counters; }
+    /// Banks of the pseudo-channel (bank_groups x banks).
+    size_t banks() const { return m_banks.size(); }
+    /// Row conflicts of bank `i` (group * banks + bank): bursts that found another row open.
+    uint64_t bank_conflicts(size_t i) const { return m_banks.at(i).conflicts; }
 
 private:
     using Tick = int64_t;
@@ -96,6 +100,7 @@ private:
         Tick act_ready = 0;       ///< earliest next ACT (RC, RP, RFC)
         Tick pre_ready = kNever;  ///< earliest PRE of the open row (RAS, RTP, WR)
         Tick closed_at = kNever;  ///< last PRE or auto-precharge
+        uint64_t conflicts = 0;   ///< bursts that found another row open (cost a PRE)
     };
 
     /// Performs the refresh that is due (PREA if a bank is open, then REF).
@@ -139,6 +144,9 @@ public:
     const HbmAddressMap& address_map() const { return m_map; }
     /// Counters summed over every pseudo-channel.
     Hbm2PseudoChannel::Counters counters() const;
+    /// Row conflicts of bank index `i`, summed over the pseudo-channels.
+    uint64_t bank_conflicts(size_t i) const;
+    void register_stats(sim::StatGroup& group) override;
 
 private:
     HbmAddressMap m_map;

@@ -4,6 +4,10 @@
 #include <cstdint>
 #include <memory>
 
+namespace tpu::sim {
+class StatGroup;
+}
+
 namespace tpu::hw {
 
 struct BoardConfig;
@@ -19,6 +23,8 @@ public:
     virtual uint64_t access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) = 0;
     /// Peak bytes per core cycle (for reports).
     virtual double peak_bytes_per_cycle() const = 0;
+    /// Adds the model's statistics (views of its counters) to a core's "hbm" group.
+    virtual void register_stats(sim::StatGroup& group) = 0;
 };
 
 /// The model selected by `hbm.model`.
@@ -32,12 +38,15 @@ public:
     explicit SimpleHbmTiming(const BoardConfig& cfg);
     uint64_t access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) override;
     double peak_bytes_per_cycle() const override { return m_bytes_per_cycle; }
+    void register_stats(sim::StatGroup& group) override;
     uint64_t latency_cycles() const { return m_latency; }
 
 private:
     double m_bytes_per_cycle;
     uint64_t m_latency;
     double m_free = 0;  ///< cycle the pipe is free (fractional)
+    uint64_t m_requests = 0;
+    uint64_t m_bytes = 0;
 };
 
 }  // namespace tpu::hw

@@ -12,6 +12,9 @@
 
 #include <fmt/format.h>
 
+#include "hw/core/vpu_unit.h"
+#include "isa/scalar_alu.h"
+
 namespace tpu::hw {
 
 using isa::Opcode;
@@ -243,94 +246,21 @@ private:
         uint64_t latency;
     };
 
-    /// Element count, VMEM ranges read and written of a VPU instruction (from the ISA table's
-    /// semantics: fp32 everywhere except bf16 sides of v.f2bf / v.bf2f).
+    /// Element count, VMEM ranges read and written of a VPU instruction: the shapes are the
+    /// model's (hw/core/vpu_unit.h, the one definition); only the timing is re-derived here.
     struct VpuShape {
         uint64_t elements = 0;
         std::vector<Range> reads;
         Range write;
     };
     static VpuShape vpu_shape(const Entry& e) {
-        auto f32 = [](uint32_t a, uint64_t n) { return Range{false, a, a + 4 * n}; };
-        auto bf16 = [](uint32_t a, uint64_t n) { return Range{false, a, a + 2 * n}; };
-        const auto& v = e.v;
-        VpuShape s;
-        switch (e.op) {
-            case Opcode::VAdd:
-            case Opcode::VSub:
-            case Opcode::VMul:
-            case Opcode::VMax:
-            case Opcode::VMin:
-            case Opcode::VCmpGt:
-                s.elements = v[3];
-                s.reads = {f32(v[1], v[3]), f32(v[2], v[3])};
-                s.write = f32(v[0], v[3]);
-                break;
-            case Opcode::VSel:
-                s.elements = v[4];
-                s.reads = {f32(v[1], v[4]), f32(v[2], v[4]), f32(v[3], v[4])};
-                s.write = f32(v[0], v[4]);
-                break;
-            case Opcode::VAddS:
-            case Opcode::VMulS:
-            case Opcode::VMaxS:
-                s.elements = v[3];
-                s.reads = {f32(v[1], v[3])};
-                s.write = f32(v[0], v[3]);
-                break;
-            case Opcode::VExp:
-            case Opcode::VLog:
-            case Opcode::VRsqrt:
-            case Opcode::VTanh:
-                s.elements = v[2];
-                s.reads = {f32(v[1], v[2])};
-                s.write = f32(v[0], v[2]);
-                break;
-            case Opcode::VF2Bf:
-                s.elements = v[2];
-                s.reads = {f32(v[1], v[2])};
-                s.write = bf16(v[0], v[2]);
-                break;
-            case Opcode::VBf2F:
-                s.elements = v[2];
-                s.reads = {bf16(v[1], v[2])};
-                s.write = f32(v[0], v[2]);
-                break;
-            case Opcode::VRand:
-                s.elements = v[2];
-                s.write = f32(v[0], v[2]);
-                break;
-            case Opcode::VRSum:
-            case Opcode::VRMax:
-                s.elements = uint64_t(v[2]) * v[3];
-                s.reads = {f32(v[1], s.elements)};
-                s.write = f32(v[0], v[2]);  // one per row
-                break;
-            case Opcode::VCSum:
-                s.elements = uint64_t(v[2]) * v[3];
-                s.reads = {f32(v[1], s.elements)};
-                s.write = f32(v[0], v[3]);  // one per column
-                break;
-            case Opcode::VTrans:
-                s.elements = uint64_t(v[2]) * v[3];
-                s.reads = {f32(v[1], s.elements)};
-                s.write = f32(v[0], s.elements);
-                break;
-            case Opcode::VAddRow:
-                s.elements = uint64_t(v[3]) * v[4];
-                s.reads = {f32(v[1], s.elements), f32(v[2], v[4])};  // a row vector
-                s.write = f32(v[0], s.elements);
-                break;
-            case Opcode::VSubCol:
-            case Opcode::VMulCol:
-                s.elements = uint64_t(v[3]) * v[4];
-                s.reads = {f32(v[1], s.elements), f32(v[2], v[3])};  // a column vector
-                s.write = f32(v[0], s.elements);
-                break;
-            default:
-                throw std::logic_error("CoreRef: not a VPU opcode");
-        }
-        return s;
+        if (isa::info(e.op).unit != isa::Unit::Vpu)
+            throw std::logic_error("CoreRef: not a VPU opcode");
+        const hw::VpuShape s = hw::vpu_shape(e.op, e.v);
+        auto range = [](const hw::VpuAccess& a) { return Range{false, a.addr, a.addr + a.bytes}; };
+        VpuShape out{s.elements, {}, range(s.write)};
+        for (const auto& r : s.reads) out.reads.push_back(range(r));
+        return out;
     }
 
     uint64_t vpu_latency(Opcode op) const {
@@ -494,48 +424,11 @@ private:
                 }
                 const uint32_t b = val(o[1]), c = val(o[2]);
                 std::optional<uint32_t> r;
+                if (const auto alu = isa::scalar_alu(ins.op, b, c)) {
+                    if (alu->div_by_zero) throw std::domain_error("CoreRef: division by zero");
+                    r = alu->value;
+                }
                 switch (ins.op) {
-                    case Opcode::Li:
-                        r = b;
-                        break;
-                    case Opcode::Add:
-                        r = b + c;
-                        break;
-                    case Opcode::Sub:
-                        r = b - c;
-                        break;
-                    case Opcode::Mul:
-                        r = b * c;
-                        break;
-                    case Opcode::Divu:
-                    case Opcode::Remu:
-                        if (c == 0) throw std::domain_error("CoreRef: division by zero");
-                        r = ins.op == Opcode::Divu ? b / c : b % c;
-                        break;
-                    case Opcode::And:
-                        r = b & c;
-                        break;
-                    case Opcode::Or:
-                        r = b | c;
-                        break;
-                    case Opcode::Xor:
-                        r = b ^ c;
-                        break;
-                    case Opcode::Shl:
-                        r = b << (c % 32);
-                        break;
-                    case Opcode::Shr:
-                        r = b >> (c % 32);
-                        break;
-                    case Opcode::Sra:
-                        r = uint32_t(int32_t(b) >> (c % 32));
-                        break;
-                    case Opcode::Slt:
-                        r = int32_t(b) < int32_t(c) ? 1 : 0;
-                        break;
-                    case Opcode::Sltu:
-                        r = b < c ? 1 : 0;
-                        break;
                     case Opcode::Lw:
                         r = m_smem.contains(b) ? m_smem.at(b) : 0;
                         break;

@@ -124,7 +124,8 @@ TEST(CliRun, TraceAndStatsAreWrittenAndDeterministic) {
     // imem_fetch, first_instr, completion) on the launch tracks.
     EXPECT_EQ(x, 11);
     const auto stats = nlohmann::json::parse(slurp(tmp("t1.stats.json")));
-    EXPECT_EQ(stats["board"]["children"]["core0"]["counters"]["vpu_ops"]["value"], 4);
+    EXPECT_EQ(stats["board"]["children"]["core0"]["children"]["vpu"]["counters"]["ops"]["value"],
+              4);
     EXPECT_TRUE(std::filesystem::exists(tmp("t1.stats.json") + ".config.json"));
 }
 
@@ -350,10 +351,10 @@ TEST(CliStats, RunNamesItsKernelAfterTheFile) {
     ASSERT_EQ(r.code, 0) << r.err;
     const auto s = nlohmann::json::parse(slurp(tmp("k.stats.json")))["board"]["children"];
     const auto& k = s["kernels"]["children"]["vpu_chain"]["counters"];
-    const auto& c = s["core0"]["counters"];
+    const auto& c = s["core0"]["children"]["dma"]["counters"];
     EXPECT_EQ(k["launches"]["value"], 1);
     EXPECT_EQ(k["launches"]["unit"], "count");
-    EXPECT_EQ(k["instructions"]["value"], c["instructions"]["value"]);
+    EXPECT_EQ(k["instructions"]["value"], s["core0"]["counters"]["instructions"]["value"]);
     // 4 VPU ops over 8192 values, no MXU work.
     EXPECT_EQ(k["vpu_flops"]["value"], 4 * 8192);
     EXPECT_EQ(k["flops"]["value"], 4 * 8192);
@@ -385,12 +386,15 @@ TEST(CliStats, GemmKernelCountsTheMxuWorkOfThePaddedShape) {
     EXPECT_EQ(k["mxu_flops"]["value"], 2ull * 200 * 256 * 256 * 3);
     uint64_t mxu = 0, vpu = 0, rd = 0, wr = 0, ici = 0;
     for (const char* core : {"core0", "core1", "core2"}) {
-        const auto& c = s[core]["counters"];
-        mxu += c["mxu0_flops"]["value"].get<uint64_t>() + c["mxu1_flops"]["value"].get<uint64_t>();
-        vpu += c["vpu_flops"]["value"].get<uint64_t>();
-        rd += c["hbm_read_bytes"]["value"].get<uint64_t>();
-        wr += c["hbm_write_bytes"]["value"].get<uint64_t>();
-        ici += c["ici_bytes"]["value"].get<uint64_t>();
+        const auto& u = s[core]["children"];
+        auto v = [&](const char* unit, const char* key) {
+            return u[unit]["counters"][key]["value"].get<uint64_t>();
+        };
+        mxu += v("mxu0", "flops") + v("mxu1", "flops");
+        vpu += v("vpu", "flops");
+        rd += v("dma", "hbm_read_bytes");
+        wr += v("dma", "hbm_write_bytes");
+        ici += v("ici", "bytes");
     }
     EXPECT_EQ(k["mxu_flops"]["value"], mxu);
     EXPECT_EQ(k["flops"]["value"], mxu + vpu);

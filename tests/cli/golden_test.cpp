@@ -124,21 +124,27 @@ TEST(Golden, TraceEventTotalsEqualTheStatsCounters) {
     EXPECT_EQ(host_launches, 1u);
     uint64_t hbm = 0, flops = 0;
     for (const auto& [core, c] : per_core) {
-        const auto& k = s[core]["counters"];
-        auto v = [&](const char* key) { return k[key]["value"].get<uint64_t>(); };
+        // "dma.ops": counter ops of the core's dma group; "instructions": the core's own.
+        auto v = [&](const std::string& key) {
+            const size_t dot = key.find('.');
+            const auto& g =
+                dot == std::string::npos ? s[core] : s[core]["children"][key.substr(0, dot)];
+            return g["counters"][key.substr(dot == std::string::npos ? 0 : dot + 1)]["value"]
+                .get<uint64_t>();
+        };
         // One X event per unit instruction (scalar instructions run inline in the sequencer).
-        EXPECT_EQ(c.unit_events, v("dma_ops") + v("vpu_ops") + v("ici_ops") + v("mxu_ops")) << core;
-        EXPECT_EQ(c.hv_bytes, v("hbm_read_bytes")) << core;
-        EXPECT_EQ(c.vh_bytes, v("hbm_write_bytes")) << core;
-        EXPECT_EQ(c.elements, v("vpu_flops")) << core;
-        EXPECT_EQ(c.ici, v("ici_ops")) << core;
+        EXPECT_EQ(c.unit_events, v("dma.ops") + v("vpu.ops") + v("ici.ops") + v("mxu_ops")) << core;
+        EXPECT_EQ(c.hv_bytes, v("dma.hbm_read_bytes")) << core;
+        EXPECT_EQ(c.vh_bytes, v("dma.hbm_write_bytes")) << core;
+        EXPECT_EQ(c.elements, v("vpu.flops")) << core;
+        EXPECT_EQ(c.ici, v("ici.ops")) << core;
         EXPECT_EQ(c.mxu, v("mxu_ops")) << core;
         EXPECT_EQ(c.halts, 1u) << core;
         // 18 instructions: coreid, xor, 2 dma.hv, wait, mxu.lw, wait, mxu.mm, wait, v.maxs,
         // wait, ici.v, dma.vh, wait, dma.vh, 2 waits, halt.
         EXPECT_EQ(v("instructions"), 18u) << core;
-        hbm += v("hbm_read_bytes") + v("hbm_write_bytes");
-        flops += v("mxu0_flops") + v("mxu1_flops") + v("vpu_flops");
+        hbm += v("dma.hbm_read_bytes") + v("dma.hbm_write_bytes");
+        flops += v("mxu0.flops") + v("mxu1.flops") + v("vpu.flops");
     }
     // The kernel's totals are the two cores' counters.
     const auto& k = s["kernels"]["children"]["mix2"]["counters"];

@@ -7,6 +7,7 @@
 #include "driver/device.h"
 #include "driver/kernels/gemm.h"
 #include "hw/board.h"
+#include "hw/host/host_link.h"
 #include "isa/assembler.h"
 #include "tests/common/paths.h"
 
@@ -74,12 +75,65 @@ TEST(Device, TransfersAreTimedOnTheHostLink) {
     std::vector<uint8_t> data(1 << 20, 7), back(1 << 20);
     const uint64_t t0 = dev->now_cycle();
     dev->write(b, data.data(), data.size());
+    EXPECT_EQ(dev->now_cycle(), t0);  // posted: the host goes on
+    dev->synchronize();
     // 2000 ns set-up + 1048576 B / 12 GB/s = 89381.3 ns -> 84018.5 cycles at 940 MHz.
     EXPECT_EQ(dev->now_cycle() - t0, 84019u);
-    dev->read(b, back.data(), back.size());
+    dev->read(b, back.data(), back.size());  // a host sync: the same cost, waited for
+    EXPECT_EQ(dev->now_cycle() - t0, 2 * 84019u);
     EXPECT_EQ(back, data);
     EXPECT_EQ(dev->metrics().h2d_bytes, 1u << 20);
+    EXPECT_EQ(dev->metrics().h2d_cycles, 84019u);
     EXPECT_EQ(dev->metrics().d2h_transfers, 1u);
+    const hw::HostLink& link = dev->board().host_link(0);
+    EXPECT_EQ(link.stats.to_device_bytes.value(), 1u << 20);
+    EXPECT_EQ(link.stats.to_host_transfers.value(), 1u);
+    EXPECT_EQ(link.stats.busy_cycles.value(), 2 * 84019u);
+}
+
+/// The default board: 4 chips of 2 cores, one host link per chip (cores 2c, 2c+1 on chip c).
+hw::BoardConfig v3_8() {
+    return hw::BoardConfig::load(test::source_dir() + "/configs/v3-8.json",
+                                 {"sim.launch_costs=false"});
+}
+
+TEST(Device, HostTransfersToDifferentChipsOverlap) {
+    auto dev = Device::open(v3_8());
+    ASSERT_EQ(dev->board().chip_of(1), 0u);
+    ASSERT_EQ(dev->board().chip_of(2), 1u);
+    ASSERT_EQ(dev->board().chip_of(7), 3u);
+    std::vector<uint8_t> data(1 << 20, 3);
+    const Buffer a = dev->alloc(data.size(), 0), b = dev->alloc(data.size(), 1),
+                 c = dev->alloc(data.size(), 2), d = dev->alloc(data.size(), 6);
+    const uint64_t t0 = dev->now_cycle();
+    // 1 MiB is 84019 cycles on a link (TransfersAreTimedOnTheHostLink). Cores 0 and 1 share
+    // chip 0's link, so b runs after a: [t0, t0 + 84019), [t0 + 84019, t0 + 168038). Cores 2 and
+    // 6 are chips 1 and 3: each on its own link over [t0, t0 + 84019).
+    dev->write(a, data.data(), data.size());
+    dev->write(b, data.data(), data.size());
+    dev->write(c, data.data(), data.size());
+    dev->write(d, data.data(), data.size());
+    EXPECT_EQ(dev->board().host_link(0).free_at(), t0 + 168038);
+    EXPECT_EQ(dev->board().host_link(1).free_at(), t0 + 84019);
+    EXPECT_EQ(dev->board().host_link(2).free_at(), t0);  // unused
+    EXPECT_EQ(dev->board().host_link(3).free_at(), t0 + 84019);
+    // A launch on core 2 (chip 1) waits for chip 1's link only; a lone `halt` takes 0 cycles
+    // without launch costs.
+    const Event e2 = dev->launch({2}, isa::assemble("halt"));
+    EXPECT_EQ(e2.start_cycle, t0 + 84019);
+    EXPECT_EQ(e2.end_cycle, t0 + 84019);
+    // A read on core 6 (chip 3) finds its link idle at t0 + 84019: 1 KiB is
+    // 2000 ns + 1024 / 12 ns = 2085.3 ns -> 1960.2 -> 1961 cycles.
+    std::vector<uint8_t> back(1024);
+    dev->read(d, back.data(), back.size());
+    EXPECT_EQ(dev->now_cycle(), t0 + 84019 + 1961);
+    // Core 0 (chip 0) starts only when chip 0's link has delivered both writes.
+    const Event e0 = dev->launch({0}, isa::assemble("halt"));
+    EXPECT_EQ(e0.start_cycle, t0 + 168038);
+    // Serial on one board-wide link, as the driver used to time it, the four writes alone took
+    // 4 x 84019 = 336076 cycles.
+    EXPECT_EQ(dev->metrics().h2d_cycles, 4 * 84019u);
+    EXPECT_EQ(dev->board().host_link(0).stats.queue_cycles.value(), 84019u);
 }
 
 TEST(Device, FaultsAndDeadlocksBecomeErrors) {

@@ -197,5 +197,18 @@ TEST(Stats, UnitNames) {
     for (const auto& [unit, name] : expected) EXPECT_EQ(unit_name(unit), name);
 }
 
+TEST(Stats, AViewReadsTheBlocksIntegerAndResetsToARegionOfInterest) {
+    uint64_t hot = 5;  // what a block increments on its hot path
+    StatGroup root("board");
+    StatGroup unit("dma", &root);
+    const Counter& c = unit.add("ops", "DMA instructions", StatUnit::Count, hot);
+    hot += 3;
+    EXPECT_EQ(c.value(), 8u);
+    root.reset();  // region of interest starts: the view keeps 8 as its base
+    hot += 2;
+    EXPECT_EQ(c.value(), 2u);
+    EXPECT_EQ(root.find("dma.ops"), &c);
+}
+
 }  // namespace
 }  // namespace tpu::sim

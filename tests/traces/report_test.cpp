@@ -89,19 +89,21 @@ std::string stats(double core0_mxu_flops = 67108864) {
     auto c = [](double v, const char* unit) {
         return json{{"value", v}, {"unit", unit}, {"desc", "-"}};
     };
-    json core0 = {{"instructions", c(7, "count")},
-                  {"hbm_read_bytes", c(65536, "bytes")},
-                  {"hbm_write_bytes", c(32768, "bytes")},
-                  {"mxu0_flops", c(core0_mxu_flops, "flops")},
-                  {"mxu1_flops", c(0, "flops")}};
-    json core1 = {{"instructions", c(5, "count")},
-                  {"hbm_read_bytes", c(131072, "bytes")},
-                  {"hbm_write_bytes", c(0, "bytes")},
-                  {"mxu0_flops", c(33554432, "flops")}};
+    // The blocks' groups: the core's own counters, its DMA and one group per MXU.
+    auto core = [&](double insts, double rd, double wr, const json& mxus) {
+        json units = {
+            {"dma",
+             {{"counters",
+               {{"hbm_read_bytes", c(rd, "bytes")}, {"hbm_write_bytes", c(wr, "bytes")}}}}}};
+        for (size_t i = 0; i < mxus.size(); ++i)
+            units["mxu" + std::to_string(i)] = {
+                {"counters", {{"flops", c(mxus[i].get<double>(), "flops")}}}};
+        return json{{"counters", {{"instructions", c(insts, "count")}}}, {"children", units}};
+    };
     json board = {{"counters", {{"cycles", c(5500, "cycles")}}},
                   {"children",
-                   {{"core0", {{"counters", core0}, {"children", json::object()}}},
-                    {"core1", {{"counters", core1}, {"children", json::object()}}}}}};
+                   {{"core0", core(7, 65536, 32768, json::array({core0_mxu_flops, 0.0}))},
+                    {"core1", core(5, 131072, 0, json::array({33554432.0}))}}}};
     return json{{"board", board}}.dump();
 }
 
@@ -300,6 +302,35 @@ TEST(ReportTest, HeadlessChromiumRendersTheSvg) {
     EXPECT_EQ(count(dom, "<svg"), 5u);
     EXPECT_EQ(count(dom, "<circle class=\"point\""), 2u);
     EXPECT_EQ(count(dom, "<polyline class=\"roof\""), 1u);
+}
+
+TEST(ReportTest, ShowsHbmRowsAndIciLinksFromTheBlocksGroups) {
+    json doc = json::parse(stats());
+    auto c = [](double v) { return json{{"value", v}, {"unit", "count"}, {"desc", "-"}}; };
+    doc["board"]["children"]["core0"]["children"]["hbm"] = {{"counters",
+                                                             {{"bursts", c(32)},
+                                                              {"row_hits", c(24)},
+                                                              {"row_misses", c(8)},
+                                                              {"bank3_conflicts", c(5)}}}};
+    json links = json::object();
+    links["core0+x"]["counters"] = {{"bytes", c(4096)}, {"utilization", c(0.25)}};
+    links["core1+x"]["counters"] = {{"bytes", c(0)}, {"utilization", c(0)}};
+    doc["board"]["children"]["ici"]["children"] = links;
+    const std::string html = render_report(trace(), doc.dump(), "t", config());
+    EXPECT_NE(html.find("<th>bursts</th><th>row_hits</th><th>row_misses</th>"), std::string::npos)
+        << html;
+    EXPECT_NE(html.find("<td>core0</td><td>32</td><td>24</td><td>8</td><td>bank3_conflicts (5)"),
+              std::string::npos);
+    EXPECT_NE(html.find("<td>core0+x</td><td>4,096</td><td>25.0%</td>"), std::string::npos) << html;
+    EXPECT_EQ(html.find("core1+x"), std::string::npos);  // idle links are left out
+}
+
+TEST(ReportTest, TheTracesOwnConfigGivesTheClockAndTheRoof) {
+    // tpusim writes the effective config into otherData.config: no config file, no guessing.
+    json doc = json::parse(trace());
+    doc["otherData"]["config"] = json::parse(config());
+    const std::string html = render_report(doc.dump(), stats(), "t", "");
+    EXPECT_NE(html.find("1000.0 MHz (config)"), std::string::npos) << html;
 }
 
 }  // namespace

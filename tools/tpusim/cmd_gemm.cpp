@@ -74,7 +74,7 @@ void add_gemm_command(CLI::App& app, const std::string& name, const std::string&
             throw_as_cli_error(e);
         }
         const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
-        const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);
+        const double seconds = cfg.clock().seconds(double(cycles));
         nlohmann::ordered_json j;
         j["m"] = M;
         j["k"] = K;

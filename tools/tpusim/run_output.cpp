@@ -7,9 +7,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "hw/ici/ici_network.h"
 #include "sim/config_io.h"
 #include "sim/file_io.h"
+#include "sim/metrics.h"
+#include "sim/stat_names.h"
 #include "sim/stats.h"
 #include "sim/tracer.h"
 
@@ -36,65 +37,42 @@ std::pair<uint64_t, uint64_t> parse_window(const std::string& w) {
     return {a, b};
 }
 
-/// board.ici.<link>: what each link direction of the network did (hw/ici/ici_network.h).
-void add_ici_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::StatGroup>>& groups,
-                   const hw::IciNetwork& ici, uint64_t cycles) {
-    auto& top = *groups.emplace_back(std::make_unique<sim::StatGroup>("ici", &root));
-    for (uint32_t link = 0; link < ici.num_links(); ++link) {
-        if (!ici.has_link(link)) continue;
-        const hw::IciLinkStats& s = ici.link_stats(link);
-        auto& g = *groups.emplace_back(
-            std::make_unique<sim::StatGroup>(hw::IciNetwork::link_name(link), &top));
-        const struct {
-            const char* name;
-            const char* desc;
-            sim::StatUnit unit;
-            uint64_t value;
-        } counters[] = {
-            {"bytes", "payload bytes sent over the link", sim::StatUnit::Bytes, s.bytes},
-            {"transfers", "transfers that crossed the link", sim::StatUnit::Count, s.transfers},
-            {"busy_cycles", "cycles the link was sending (serialisation of its transfers)",
-             sim::StatUnit::Cycles, s.busy_cycles},
-            {"queue_cycles", "cycles transfers waited at the link's input while it was in use",
-             sim::StatUnit::Cycles, s.queue_cycles},
-        };
-        for (const auto& c : counters) g.add(c.name, c.desc, c.unit).set(c.value);
-        g.add_formula("utilization", "busy_cycles / board cycles", sim::StatUnit::Ratio,
-                      [busy = s.busy_cycles, cycles] {
-                          return cycles ? double(busy) / double(cycles) : 0.0;
-                      });
-    }
-}
-
 /// board.kernels.<name>: each kernel's totals, counters then the derived figures.
 void add_kernel_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::StatGroup>>& groups,
                       const std::vector<driver::KernelStats>& kernels) {
-    auto& top = *groups.emplace_back(std::make_unique<sim::StatGroup>("kernels", &root));
+    namespace n = sim::stat_names;
+    auto& top =
+        *groups.emplace_back(std::make_unique<sim::StatGroup>(std::string(n::kKernels), &root));
     for (const driver::KernelStats& k : kernels) {
         // Group names cannot hold '.' (it separates stat paths).
         std::string name = k.name;
         std::replace(name.begin(), name.end(), '.', '_');
         auto& g = *groups.emplace_back(std::make_unique<sim::StatGroup>(name, &top));
-        g.add("launches", "completed launches of the kernel", sim::StatUnit::Count).set(k.launches);
-        g.add("cycles", "sum of launch durations (launch to last core halted)",
+        g.add(std::string(n::kLaunches), "completed launches of the kernel", sim::StatUnit::Count)
+            .set(k.launches);
+        g.add(std::string(n::kCycles), "sum of launch durations (launch to last core halted)",
               sim::StatUnit::Cycles)
             .set(k.cycles);
-        g.add("core_cycles", "sum over launches and launched cores of each core's cycles",
-              sim::StatUnit::Cycles)
+        g.add(std::string(n::kCoreCycles),
+              "sum over launches and launched cores of each core's cycles", sim::StatUnit::Cycles)
             .set(k.core_cycles);
-        g.add("instructions", "instructions issued on the launched cores", sim::StatUnit::Count)
+        g.add(std::string(n::kInstructions), "instructions issued on the launched cores",
+              sim::StatUnit::Count)
             .set(k.instructions);
-        g.add("flops", "2 x MXU multiply-accumulates + VPU fp32 operations", sim::StatUnit::Flops)
+        g.add(std::string(n::kFlops), "2 x MXU multiply-accumulates + VPU fp32 operations",
+              sim::StatUnit::Flops)
             .set(k.flops());
-        g.add("mxu_flops", "2 x MXU multiply-accumulates", sim::StatUnit::Flops)
+        g.add(std::string(n::kMxuFlops), "2 x MXU multiply-accumulates", sim::StatUnit::Flops)
             .set(2 * k.mxu_macs);
-        g.add("vpu_flops", "VPU fp32 operations", sim::StatUnit::Flops).set(k.vpu_flops);
-        g.add("hbm_read_bytes", "bytes read from HBM by DMA", sim::StatUnit::Bytes)
+        g.add(std::string(n::kVpuFlops), "VPU fp32 operations", sim::StatUnit::Flops)
+            .set(k.vpu_flops);
+        g.add(std::string(n::kHbmReadBytes), "bytes read from HBM by DMA", sim::StatUnit::Bytes)
             .set(k.hbm_read_bytes);
-        g.add("hbm_write_bytes", "bytes written to HBM by DMA", sim::StatUnit::Bytes)
+        g.add(std::string(n::kHbmWriteBytes), "bytes written to HBM by DMA", sim::StatUnit::Bytes)
             .set(k.hbm_write_bytes);
-        g.add("ici_bytes", "bytes sent over ICI", sim::StatUnit::Bytes).set(k.ici_bytes);
-        g.add_formula("mxu_utilization",
+        g.add(std::string(n::kIciBytes), "bytes sent over ICI", sim::StatUnit::Bytes)
+            .set(k.ici_bytes);
+        g.add_formula(std::string(n::kMxuUtilization),
                       "useful MXU MACs / (MXUs x rows x cols x cycles x launched cores)",
                       sim::StatUnit::Ratio, [k] { return k.mxu_utilization(); });
         g.add_formula("arithmetic_intensity", "FLOPs per HBM byte read or written",
@@ -110,6 +88,8 @@ RunTrace::RunTrace(const CommonOptions& opts, const hw::BoardConfig& cfg)
         const auto [b, e] = parse_window(opts.trace_window);
         try {
             m_tracer->open(opts.trace, cfg.clock_mhz, opts.trace_units, b, e);
+            hw::BoardConfig copy = cfg;
+            m_tracer->set_config(sim::dump_json(sim::root_of(copy)));
         } catch (const std::runtime_error& err) {
             throw InputError(fmt::format("--trace: {}", err.what()));
         }
@@ -159,14 +139,14 @@ double RunSession::mxu_utilization(const hw::LaunchResult& res) const {
         for (size_t i = 0; i < s.mxu_macs.size(); ++i)
             macs += s.mxu_macs[i] - m_before[c].mxu_macs[i];
     }
-    if (cycles == 0) return 0;
-    return double(macs) / (array * double(cycles) * double(res.cores.size()));
+    return sim::mxu_utilization(double(macs),
+                                sim::mxu_capacity(array, double(cycles), double(res.cores.size())));
 }
 
 std::string RunSession::result_json(const hw::LaunchResult& res) const {
     nlohmann::ordered_json j;
     j["cycles"] = res.end_cycle - res.start_cycle;
-    j["simulated_seconds"] = double(res.end_cycle - res.start_cycle) / (m_cfg.clock_mhz * 1e6);
+    j["simulated_seconds"] = m_cfg.clock().seconds(double(res.end_cycle - res.start_cycle));
     j["host_seconds"] = m_host_seconds;
     j["mxu_utilization"] = mxu_utilization(res);
     auto& arr = j["cores"] = nlohmann::ordered_json::array();
@@ -194,14 +174,14 @@ void RunSession::report(const hw::LaunchResult& res) {
             const auto& s = m_dev->board().core(c).stats();
             const auto& b = m_before[c];
             fmt::print("{:>4} {:>12} {:>12.3f} {:>10} {:>12} {:>12}\n", c, res.core_cycles[i],
-                       double(res.core_cycles[i]) / m_cfg.clock_mhz,
+                       m_cfg.clock().us(double(res.core_cycles[i])),
                        s.instructions - b.instructions, s.hbm_read_bytes - b.hbm_read_bytes,
                        s.hbm_write_bytes - b.hbm_write_bytes);
         }
         const uint64_t cycles = res.end_cycle - res.start_cycle;
         fmt::print(
             "total: {} cycles = {:.3f} us at {} MHz; MXU utilisation {:.1f}%; host {:.3f} s\n",
-            cycles, double(cycles) / m_cfg.clock_mhz, m_cfg.clock_mhz, 100.0 * mxu_utilization(res),
+            cycles, m_cfg.clock().us(double(cycles)), m_cfg.clock_mhz, 100.0 * mxu_utilization(res),
             m_host_seconds);
     }
     write_stats_file(m_opts, m_dev->board(), m_dev->kernel_stats());
@@ -216,42 +196,10 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board) {
 void write_stats_file(const CommonOptions& opts, hw::Board& board,
                       const std::vector<driver::KernelStats>& kernels) {
     if (opts.stats.empty()) return;
-    sim::StatGroup root("board");
+    // The blocks' own groups under the board's root; the per-kernel totals are the driver's,
+    // attached for this one write.
+    sim::StatGroup& root = board.stats();
     std::vector<std::unique_ptr<sim::StatGroup>> groups;
-    root.add("cycles", "board cycles since the simulation started", sim::StatUnit::Cycles)
-        .set(board.now_cycle());
-    for (uint32_t c = 0; c < board.num_cores(); ++c) {
-        const auto& s = board.core(c).stats();
-        auto& g =
-            *groups.emplace_back(std::make_unique<sim::StatGroup>(fmt::format("core{}", c), &root));
-        g.add("instructions", "instructions issued", sim::StatUnit::Count).set(s.instructions);
-        g.add("stall_queue_cycles", "sequencer cycles stalled on a full unit queue",
-              sim::StatUnit::Cycles)
-            .set(s.stall_queue);
-        g.add("stall_wait_cycles", "sequencer cycles stalled in wait or fence",
-              sim::StatUnit::Cycles)
-            .set(s.stall_wait);
-        g.add("dma_ops", "DMA instructions", sim::StatUnit::Count).set(s.dma_ops);
-        g.add("hbm_read_bytes", "bytes read from HBM by DMA", sim::StatUnit::Bytes)
-            .set(s.hbm_read_bytes);
-        g.add("hbm_write_bytes", "bytes written to HBM by DMA", sim::StatUnit::Bytes)
-            .set(s.hbm_write_bytes);
-        g.add("vpu_ops", "VPU instructions", sim::StatUnit::Count).set(s.vpu_ops);
-        g.add("vpu_busy_cycles", "VPU issue cycles", sim::StatUnit::Cycles).set(s.vpu_busy);
-        g.add("vpu_flops", "VPU fp32 operations", sim::StatUnit::Flops).set(s.vpu_flops);
-        g.add("ici_ops", "ICI instructions", sim::StatUnit::Count).set(s.ici_ops);
-        g.add("ici_bytes", "bytes sent over ICI", sim::StatUnit::Bytes).set(s.ici_bytes);
-        g.add("mxu_ops", "MXU instructions", sim::StatUnit::Count).set(s.mxu_ops);
-        for (size_t i = 0; i < s.mxu_macs.size(); ++i) {
-            g.add(fmt::format("mxu{}_busy_cycles", i), "cycles streaming LHS rows",
-                  sim::StatUnit::Cycles)
-                .set(s.mxu_busy[i]);
-            g.add(fmt::format("mxu{}_flops", i), "2 x useful multiply-accumulates",
-                  sim::StatUnit::Flops)
-                .set(2 * s.mxu_macs[i]);
-        }
-    }
-    add_ici_stats(root, groups, board.ici(), board.now_cycle());
     if (!kernels.empty()) add_kernel_stats(root, groups, kernels);
     const bool csv = opts.stats.size() > 4 && opts.stats.substr(opts.stats.size() - 4) == ".csv";
     hw::BoardConfig copy = board.config();
