@@ -494,6 +494,8 @@ PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
     for (uint32_t first = 0; first < per; first += loader.batch_size) {
         const uint32_t rows = std::min(loader.batch_size, per - first);
         Batch batch = load_batch(data, idx, first, rows);
+        // Host writes are posted: wait for them, so the forward's cycles hold no transfer.
+        m_dev.synchronize();
         const uint64_t c0 = m_dev.now_cycle();
         const Var out = module.forward(*m_rt, batch.x);
         m_dev.synchronize();

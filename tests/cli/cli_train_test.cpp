@@ -232,5 +232,23 @@ TEST(CliTrain, FashionMnistOneEpochOnEightCoresReaches85Percent) {
                 j["test_accuracy"].get<double>(), j["host_seconds_per_step"].get<double>());
 }
 
+TEST(CliTrain, CnnOnFashionMnistOneEpochOnEightCoresReaches87Percent) {
+    // The recipe: conv32-pool-conv64-pool-fc128-fc10, 8 cores x 16, bf16-mixed, Adam
+    // 1e-3, one epoch; PyTorch on CPU reaches 87.6% with it. Minutes of host time, so the
+    // sanitizer run leaves it out (tpusim, ASAN_EXCLUDED).
+    if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
+        GTEST_SKIP() << "the Debian package dataset-fashion-mnist is not installed";
+    const CliResult r = tpusim(
+        "train --model cnn --data fashion-mnist --devices 8 --precision bf16-mixed --epochs 1 "
+        "--no-progress --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_GE(j["test_accuracy"].get<double>(), 0.87) << r.out;
+    EXPECT_EQ(j["steps"], 469);
+    EXPECT_EQ(j["test_examples"], 10000);
+    std::printf("CNN Fashion-MNIST 1 epoch: accuracy %.4f, %.3f host s per step\n",
+                j["test_accuracy"].get<double>(), j["host_seconds_per_step"].get<double>());
+}
+
 }  // namespace
 }  // namespace tpu::test
