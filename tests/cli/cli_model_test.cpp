@@ -29,7 +29,8 @@ std::vector<std::string> names(const nlohmann::json& j) {
 }
 
 TEST(CliModel, LayersAddUpAndTimingOnlyGivesTheSameCycles) {
-    for (const std::string& shape : {std::string("model mlp --batch 24"), kSmallGpt, kSmallBert})
+    for (const std::string& shape : {std::string("model mlp --batch 24"),
+                                     std::string("model cnn --batch 16"), kSmallGpt, kSmallBert})
         for (const char* cores : {"0", "0-7"}) {
             const std::string args = shape + " --cores " + cores;
             const auto on = tpusim_json(args);
