@@ -14,6 +14,7 @@
 #include "driver/kernels/vector_ops.h"
 #include "hw/board.h"
 #include "hw/core/numerics.h"
+#include "tests/driver/conv2d_case.h"
 #include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
@@ -73,17 +74,7 @@ void check_grad(const Conv2dShape& s, uint32_t cores) {
     }
 }
 
-struct GradCase {
-    Conv2dShape shape;
-    uint32_t cores;
-    std::string name;
-};
-
-void PrintTo(const GradCase& c, std::ostream* os) {
-    *os << c.name;
-}
-
-class Conv2dGrad : public ::testing::TestWithParam<GradCase> {};
+class Conv2dGrad : public ::testing::TestWithParam<ConvCase> {};
 
 TEST_P(Conv2dGrad, EveryReplicaMatchesTheReferenceBitExactly) {
     check_grad(GetParam().shape, GetParam().cores);
@@ -92,18 +83,18 @@ TEST_P(Conv2dGrad, EveryReplicaMatchesTheReferenceBitExactly) {
 // {batch, H, W, Cin, Cout, k, stride, pad}
 INSTANTIATE_TEST_SUITE_P(
     Odd, Conv2dGrad,
-    ::testing::Values(GradCase{{2, 6, 5, 3, 20, 3, 1, 1}, 1, "k3_s1_p1"},
-                      GradCase{{2, 7, 6, 20, 3, 3, 2, 1}, 1, "k3_s2_p1"},
-                      GradCase{{2, 7, 7, 3, 20, 3, 2, 0}, 1, "k3_s2_p0"},
-                      GradCase{{2, 5, 6, 20, 3, 3, 1, 0}, 1, "k3_s1_p0"},
-                      GradCase{{2, 4, 5, 20, 3, 1, 1, 0}, 1, "k1_s1_p0"},
-                      GradCase{{2, 5, 5, 3, 20, 1, 2, 1}, 1, "k1_s2_p1"},
-                      GradCase{{1, 9, 8, 3, 5, 5, 2, 2}, 1, "k5_s2_p2"},
-                      GradCase{{2, 6, 6, 130, 129, 3, 1, 1}, 1, "k3_two_tiles_each_way"},
-                      GradCase{{2, 7, 9, 1, 32, 3, 1, 1}, 8, "cin1_on_8_cores"},
-                      GradCase{{1, 6, 5, 20, 3, 3, 2, 1}, 8, "k3_s2_p1_on_8_cores"},
+    ::testing::Values(ConvCase{{2, 6, 5, 3, 20, 3, 1, 1}, 1, "k3_s1_p1"},
+                      ConvCase{{2, 7, 6, 20, 3, 3, 2, 1}, 1, "k3_s2_p1"},
+                      ConvCase{{2, 7, 7, 3, 20, 3, 2, 0}, 1, "k3_s2_p0"},
+                      ConvCase{{2, 5, 6, 20, 3, 3, 1, 0}, 1, "k3_s1_p0"},
+                      ConvCase{{2, 4, 5, 20, 3, 1, 1, 0}, 1, "k1_s1_p0"},
+                      ConvCase{{2, 5, 5, 3, 20, 1, 2, 1}, 1, "k1_s2_p1"},
+                      ConvCase{{1, 9, 8, 3, 5, 5, 2, 2}, 1, "k5_s2_p2"},
+                      ConvCase{{2, 6, 6, 130, 129, 3, 1, 1}, 1, "k3_two_tiles_each_way"},
+                      ConvCase{{2, 7, 9, 1, 32, 3, 1, 1}, 8, "cin1_on_8_cores"},
+                      ConvCase{{1, 6, 5, 20, 3, 3, 2, 1}, 8, "k3_s2_p1_on_8_cores"},
                       // Rows too wide for the row kernels' VMEM staging: the per-tap kernels.
-                      GradCase{{1, 2, 512, 128, 3, 7, 1, 3}, 1, "k7_wide_rows_per_tap"}),
+                      ConvCase{{1, 2, 512, 128, 3, 7, 1, 3}, 1, "k7_wide_rows_per_tap"}),
     [](const auto& info) { return info.param.name; });
 
 /// Values that are multiples of 1/8 in [-2, 2]: exact in bf16, and every product and every

@@ -10,6 +10,7 @@
 
 #include "driver/kernels/conv2d.h"
 #include "hw/board.h"
+#include "tests/driver/conv2d_case.h"
 #include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
@@ -50,17 +51,7 @@ Event check_tensor_conv(const Conv2dShape& s, uint32_t cores) {
     return ev;
 }
 
-struct TensorCase {
-    Conv2dShape shape;
-    uint32_t cores;
-    std::string name;
-};
-
-void PrintTo(const TensorCase& c, std::ostream* os) {
-    *os << c.name;
-}
-
-class Conv2dTensor : public ::testing::TestWithParam<TensorCase> {};
+class Conv2dTensor : public ::testing::TestWithParam<ConvCase> {};
 
 TEST_P(Conv2dTensor, EveryReplicaMatchesTheReferenceBitExactly) {
     check_tensor_conv(GetParam().shape, GetParam().cores);
@@ -68,14 +59,14 @@ TEST_P(Conv2dTensor, EveryReplicaMatchesTheReferenceBitExactly) {
 
 INSTANTIATE_TEST_SUITE_P(
     Odd, Conv2dTensor,
-    ::testing::Values(TensorCase{{2, 6, 5, 5, 7, 3, 1, 1}, 1, "k3_s1_p1"},
-                      TensorCase{{2, 9, 7, 130, 129, 3, 2, 1}, 1, "k3_s2_p1_two_tiles_each_way"},
-                      TensorCase{{1, 11, 10, 3, 16, 5, 2, 2}, 1, "k5_s2_p2"},
-                      TensorCase{{1, 3, 5, 3, 4, 3, 2, 0}, 1, "k3_s2_p0_one_output_row"},
-                      TensorCase{{2, 4, 4, 200, 130, 1, 1, 0}, 1, "k1_s1_p0"},
-                      TensorCase{{2, 5, 5, 8, 8, 1, 2, 0}, 1, "k1_s2_p0"},
-                      TensorCase{{2, 7, 9, 1, 32, 3, 1, 1}, 8, "cin1_on_8_cores"},
-                      TensorCase{{1, 7, 7, 12, 10, 7, 1, 3}, 8, "k7_s1_p3_on_8_cores"}),
+    ::testing::Values(ConvCase{{2, 6, 5, 5, 7, 3, 1, 1}, 1, "k3_s1_p1"},
+                      ConvCase{{2, 9, 7, 130, 129, 3, 2, 1}, 1, "k3_s2_p1_two_tiles_each_way"},
+                      ConvCase{{1, 11, 10, 3, 16, 5, 2, 2}, 1, "k5_s2_p2"},
+                      ConvCase{{1, 3, 5, 3, 4, 3, 2, 0}, 1, "k3_s2_p0_one_output_row"},
+                      ConvCase{{2, 4, 4, 200, 130, 1, 1, 0}, 1, "k1_s1_p0"},
+                      ConvCase{{2, 5, 5, 8, 8, 1, 2, 0}, 1, "k1_s2_p0"},
+                      ConvCase{{2, 7, 9, 1, 32, 3, 1, 1}, 8, "cin1_on_8_cores"},
+                      ConvCase{{1, 7, 7, 12, 10, 7, 1, 3}, 8, "k7_s1_p3_on_8_cores"}),
     [](const auto& info) { return info.param.name; });
 
 /// Cycles of conv2d on one core, timing-only (the cycles equal those with the arithmetic on).
