@@ -45,8 +45,8 @@ struct Dataset {
     /// inputs (features = classes = vocabulary size) labelled with the token that follows it.
     /// 0 for a classification dataset.
     uint32_t context = 0;
-    uint32_t stride = 0;          ///< tokens between the starts of two windows
-    std::vector<uint8_t> tokens;  ///< the token stream of the windows
+    uint32_t stride = 0;               ///< tokens between the starts of two windows
+    std::vector<uint8_t> tokens = {};  ///< the token stream of the windows
     /// Rows an example contributes to a batch: `context` for token windows, else `rows`.
     uint32_t rows_per_example() const { return context ? context : rows; }
     /// The label of row `row` of example `e`.

@@ -84,8 +84,11 @@ LayerScope Runtime::layer(const std::string& name, std::string_view kind) {
         auto it = std::find_if(m_layers.begin(), m_layers.end(),
                                [&](const LayerProfile& p) { return p.name == name; });
         if (it == m_layers.end()) {
-            m_layers.push_back({name, std::string(kind), 0, 0, {}});
-            m_layers.back().work.name = name;
+            LayerProfile p;
+            p.name = name;
+            p.kind = std::string(kind);
+            p.work.name = name;
+            m_layers.push_back(std::move(p));
             it = m_layers.end() - 1;
         }
         m_layer = int(it - m_layers.begin());

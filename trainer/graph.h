@@ -62,9 +62,9 @@ struct LayerProfile {
     uint64_t last_cycle = 0;   ///< board cycle at which its last kernel completed
     /// [start, end) board cycles of each run of consecutive kernels of this layer (its forward,
     /// later its backward): the spans of a per-layer trace track, which never overlap.
-    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    std::vector<std::pair<uint64_t, uint64_t>> spans = {};
     /// Its kernels' totals: launches, board cycles, MXU MACs and peak, VPU FLOPs, HBM bytes.
-    driver::KernelStats work;
+    driver::KernelStats work = {};
 };
 
 class Runtime;

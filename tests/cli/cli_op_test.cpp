@@ -40,7 +40,7 @@ TEST(CliOp, Conv2dCheckIsBitExactOnOneAndEightCores) {
 }
 
 TEST(CliOp, TimingOnlyModeGivesTheSameCycles) {
-    for (const std::string shape :
+    for (const std::string& shape :
          {kOddConv + " --cores 0-7", std::string("op conv2d --batch 8 --height 14 --width 14 "
                                                  "--cin 64 --cout 64 --kernel 1 --cores 0")}) {
         const auto on = tpusim_json(shape);

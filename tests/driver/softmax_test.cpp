@@ -86,7 +86,9 @@ TEST(Softmax, ScaledCausalRowsMaskPerBlock) {
     EXPECT_EQ(bits_of(got), bits_of(want));
     for (uint32_t r = 0; r < rows; ++r)
         for (uint32_t j = 0; j < cols; ++j)
-            if (j > r % cols) EXPECT_EQ(got[size_t(r) * cols + j], 0.0f) << r << "," << j;
+            if (j > r % cols) {
+                EXPECT_EQ(got[size_t(r) * cols + j], 0.0f) << r << "," << j;
+            }
     EXPECT_EQ(bits_of(read_tensor(*dev, dx, 0)),
               bits_of(softmax_grad_reference(want, dyv, rows, cols, scale)));
 }

@@ -23,9 +23,9 @@ namespace tpu::trainer::test {
 
 /// One input of the op under test.
 struct GradInput {
-    uint32_t rows = 0, cols = 0;  ///< shape
-    bool differentiable = true;   ///< false: a constant (one-hot labels, masks)
-    std::vector<double> value;    ///< initial value (random in [-1, 1] when empty)
+    uint32_t rows = 0, cols = 0;     ///< shape
+    bool differentiable = true;      ///< false: a constant (one-hot labels, masks)
+    std::vector<double> value = {};  ///< initial value (random in [-1, 1] when empty)
 };
 
 /// The op on the device.
