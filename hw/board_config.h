@@ -14,63 +14,46 @@
 
 namespace tpu::hw {
 
+#define TPU_SIM_FIELDS(F, S)                                                                    \
+    F(bool, functional, true, "", "compute values; false = timing only, with identical cycles") \
+    F(bool, race_detector, false, "", "report unordered overlapping memory accesses")           \
+    F(bool, launch_costs, true, "",                                                             \
+      "pay each launch's doorbell, program fetch, first-instruction latency and completion "    \
+      "(false: cores start at the launch cycle and the launch ends at the last halt, for "      \
+      "hand-derived unit timing)")                                                              \
+    F(uint64_t, max_cycles, 10'000'000'000, "cycles",                                           \
+      "a launch running longer than this stops with a device fault, so a kernel that never "    \
+      "halts cannot hang the simulator (0 = no limit)")                                         \
+    F(double, max_host_seconds, 600, "s",                                                       \
+      "a launch taking longer than this much host (wall-clock) time stops with a state dump, "  \
+      "like a deadlock; bounds a spinning kernel in host time, where max_cycles can mean "      \
+      "hours (0 = no limit)",                                                                   \
+      .min = 0)                                                                                 \
+    F(std::string, log_level, "warn", "", "log verbosity", .choices = "error,warn,info,debug")  \
+    F(uint64_t, trace_counter_cycles, 1024, "cycles",                                           \
+      "window of the trace's counter tracks (MXU utilisation, HBM GB/s)", .min = 1)
+
 /// Simulation controls that are not hardware.
 struct SimConfig {
-    bool functional = true;      ///< compute values (off: timing only, identical cycles)
-    bool race_detector = false;  ///< report unordered overlapping accesses
-    /// Pay each launch's doorbell, instruction fetch, first-instruction latency and completion
-    /// (off: cores start at the launch cycle, for hand-derived unit timing).
-    bool launch_costs = true;
-    uint64_t max_cycles = 10'000'000'000;  ///< per launch: stop with a fault after this (0: none)
-    double max_host_seconds = 600;         ///< per launch: stop after this much host time (0: none)
-    std::string log_level = "warn";        ///< error, warn, info, debug
-    uint64_t trace_counter_cycles = 1024;  ///< window of the trace's counter tracks
-
-    void visit(sim::Visitor& v) {
-        v("functional", functional, "compute values; off = timing only with identical cycles");
-        v("race_detector", race_detector, "report unordered overlapping memory accesses");
-        v("launch_costs", launch_costs,
-          "pay each launch's doorbell, program fetch, first-instruction latency and completion "
-          "(off: cores start at the launch cycle and the launch ends at the last halt)");
-        v("max_cycles", max_cycles,
-          "a launch running longer than this many cycles stops with a device fault, so a kernel "
-          "that never halts cannot hang the simulator (0 = no limit)");
-        v("max_host_seconds", max_host_seconds,
-          "a launch taking longer than this many host (wall-clock) seconds stops with a state "
-          "dump, like a deadlock; bounds a spinning kernel in host time, where max_cycles can "
-          "mean hours (0 = no limit)",
-          {.min = 0});
-        v("log_level", log_level, "log verbosity", {.choices = "error,warn,info,debug"});
-        v("trace_counter_cycles", trace_counter_cycles,
-          "cycles per sample of the trace's counter tracks (MXU utilisation, HBM GB/s)",
-          {.min = 1});
-    }
+    TPU_REFLECT(TPU_SIM_FIELDS)
 };
 
-/// The whole board. Defaults are the "v3-8-like" board of ARCHITECTURE.md and equal
-/// configs/v3-8.json (tests/sim/config_test.cpp checks it).
-struct BoardConfig {
-    std::string name = "v3-8-like";  ///< preset name, informational
-    uint32_t chips = 4;              ///< chips on the board
-    uint32_t cores_per_chip = 2;     ///< TensorCores per chip
-    double clock_mhz = 940.0;        ///< core clock
-    CoreConfig core;                 ///< every TensorCore
-    HbmConfig hbm;                   ///< every core's HBM
-    IciConfig ici;                   ///< inter-core links
-    HostLinkConfig host;             ///< host links
-    SimConfig sim;                   ///< simulation controls
+// The defaults are the "v3-8-like" board of ARCHITECTURE.md and equal configs/v3-8.json
+// (tests/sim/config_test.cpp checks it).
+#define TPU_BOARD_FIELDS(F, S)                                                     \
+    F(std::string, name, "v3-8-like", "", "preset name (informational)")           \
+    F(uint32_t, chips, 4, "", "chips on the board", .min = 1, .max = 256)          \
+    F(uint32_t, cores_per_chip, 2, "", "TensorCores per chip", .min = 1, .max = 8) \
+    F(double, clock_mhz, 940.0, "MHz", "core clock", .min = 1, .max = 10000)       \
+    S(CoreConfig, core, "every TensorCore")                                        \
+    S(HbmConfig, hbm, "every core's HBM")                                          \
+    S(IciConfig, ici, "inter-core interconnect")                                   \
+    S(HostLinkConfig, host, "host link per chip")                                  \
+    S(SimConfig, sim, "simulation controls")
 
-    void visit(sim::Visitor& v) {
-        v("name", name, "preset name (informational)");
-        v("chips", chips, "chips on the board", {.min = 1, .max = 256});
-        v("cores_per_chip", cores_per_chip, "TensorCores per chip", {.min = 1, .max = 8});
-        v("clock_mhz", clock_mhz, "core clock in MHz", {.min = 1, .max = 10000});
-        v.section("core", core, "TensorCore");
-        v.section("hbm", hbm, "HBM per core");
-        v.section("ici", ici, "inter-core interconnect");
-        v.section("host", host, "host link per chip");
-        v.section("sim", sim, "simulation controls");
-    }
+/// The whole board.
+struct BoardConfig {
+    TPU_REFLECT(TPU_BOARD_FIELDS)
 
     /// Number of TensorCores on the board.
     uint32_t cores() const { return chips * cores_per_chip; }

@@ -33,6 +33,7 @@ std::string join(const std::vector<std::string>& path, std::string_view leaf = {
 struct Leaf {
     std::string key;
     FieldRef ref;
+    std::string unit;
     std::string doc;
     Check check;
 };
@@ -43,9 +44,9 @@ public:
     std::vector<Leaf> leaves;
     std::vector<std::string> sections;
 
-    void field(std::string_view key, FieldRef ref, std::string_view doc,
+    void field(std::string_view key, FieldRef ref, std::string_view unit, std::string_view doc,
                const Check& check) override {
-        leaves.push_back({join(m_path, key), ref, std::string(doc), check});
+        leaves.push_back({join(m_path, key), ref, std::string(unit), std::string(doc), check});
     }
     void enter(std::string_view key, std::string_view) override {
         m_path.emplace_back(key);
@@ -354,7 +355,8 @@ std::string dump_json(const VisitRoot& root) {
     public:
         Json out = Json::object();
         std::vector<Json*> stack{&out};
-        void field(std::string_view key, FieldRef ref, std::string_view, const Check&) override {
+        void field(std::string_view key, FieldRef ref, std::string_view, std::string_view,
+                   const Check&) override {
             (*stack.back())[std::string(key)] = to_json(ref);
         }
         void enter(std::string_view key, std::string_view) override {
@@ -370,7 +372,7 @@ std::string dump_json(const VisitRoot& root) {
 }
 
 std::string doc_table(const VisitRoot& root) {
-    std::string out = "| key | type | default | description |\n|---|---|---|---|\n";
+    std::string out = "| key | type | unit | default | description |\n|---|---|---|---|---|\n";
     for (const auto& l : collect(root).leaves) {
         std::string type = type_name(l.ref);
         if (type.rfind("a ", 0) == 0)
@@ -380,7 +382,8 @@ std::string doc_table(const VisitRoot& root) {
         std::string doc = l.doc;
         if (!l.check.choices.empty()) doc += fmt::format(" (one of: {})", l.check.choices);
         if (l.check.pow2) doc += " (power of two)";
-        out += fmt::format("| `{}` | {} | `{}` | {} |\n", l.key, type, value_text(l.ref), doc);
+        out += fmt::format("| `{}` | {} | {} | `{}` | {} |\n", l.key, type,
+                           l.unit.empty() ? "–" : l.unit, value_text(l.ref), doc);
     }
     return out;
 }

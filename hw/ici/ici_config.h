@@ -8,23 +8,19 @@
 
 namespace tpu::hw {
 
+#define TPU_ICI_FIELDS(F, S)                                                                   \
+    F(std::string, topology, "ring", "", "link topology: a bidirectional ring or a 2-D torus", \
+      .choices = "ring,torus2d")                                                               \
+    F(uint32_t, torus_x, 0, "cores", "torus2d: cores along x (0 = a square)", .min = 0)        \
+    F(double, link_gb_per_s, 80.0, "GB/s", "bandwidth per link and direction (1 GB = 1e9 B)",  \
+      .min = 0.001)                                                                            \
+    F(uint32_t, hop_latency_ns, 1000, "ns", "latency per hop", .min = 0)                       \
+    F(std::string, switching, "cut-through", "", "how a transfer crosses intermediate cores",  \
+      .choices = "cut-through,store-and-forward")
+
 /// Inter-core interconnect: topology, link bandwidth and latency.
 struct IciConfig {
-    std::string topology = "ring";          ///< "ring" (bidirectional) or "torus2d"
-    uint32_t torus_x = 0;                   ///< torus2d: cores along x (0: derive a square)
-    double link_gb_per_s = 80.0;            ///< bandwidth per link per direction, GB/s (1e9 B/s)
-    uint32_t hop_latency_ns = 1000;         ///< latency per hop
-    std::string switching = "cut-through";  ///< "cut-through" or "store-and-forward"
-
-    void visit(sim::Visitor& v) {
-        v("topology", topology, "link topology", {.choices = "ring,torus2d"});
-        v("torus_x", torus_x, "torus2d: cores along x (0 = square)", {.min = 0});
-        v("link_gb_per_s", link_gb_per_s, "bandwidth per link and direction in GB/s",
-          {.min = 0.001});
-        v("hop_latency_ns", hop_latency_ns, "latency per hop in ns", {.min = 0});
-        v("switching", switching, "how a transfer crosses intermediate cores",
-          {.choices = "cut-through,store-and-forward"});
-    }
+    TPU_REFLECT(TPU_ICI_FIELDS)
 };
 
 }  // namespace tpu::hw

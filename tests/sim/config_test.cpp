@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "hw/board_config.h"
@@ -136,20 +138,53 @@ TEST(Config, ReferenceDocIsCurrent) {
         << "configs/README.md is stale: run `tpusim config --doc > configs/README.md`";
 }
 
+TEST(Config, EveryFieldHasADocAndTheUnitItsNameSays) {
+    // A field's name suffix and its declared unit must agree, so the docs never contradict
+    // the key a user types.
+    struct Walker : sim::Visitor {
+        std::vector<std::string> bad;
+        std::vector<std::string> path;
+        void field(std::string_view key, sim::FieldRef, std::string_view unit, std::string_view doc,
+                   const sim::Check&) override {
+            std::string k;
+            for (const auto& p : path) k += p + ".";
+            k += key;
+            if (doc.empty()) bad.push_back(k + ": no doc");
+            const std::pair<std::string_view, std::string_view> suffixes[] = {
+                {"_ns", "ns"},         {"_ps", "ps"},         {"_mhz", "MHz"},
+                {"_gb_per_s", "GB/s"}, {"_cycles", "cycles"}, {"_bytes_per_cycle", "bytes/cycle"},
+                {"_bytes", "bytes"},   {"_seconds", "s"}};
+            for (const auto& [suffix, expected] : suffixes)
+                if (key.ends_with(suffix)) {
+                    if (unit != expected)
+                        bad.push_back(
+                            fmt::format("{}: unit '{}', expected '{}'", k, unit, expected));
+                    break;
+                }
+        }
+        void enter(std::string_view key, std::string_view) override { path.emplace_back(key); }
+        void leave() override { path.pop_back(); }
+    } w;
+    BoardConfig cfg;
+    cfg.visit(w);
+    EXPECT_TRUE(w.bad.empty()) << fmt::format("{}", fmt::join(w.bad, "\n"));
+}
+
 TEST(Config, DocTableRows) {
     BoardConfig cfg;
     const std::string doc = sim::doc_table(sim::root_of(cfg));
-    EXPECT_EQ(doc.rfind("| key | type | default | description |\n|---|---|---|---|\n", 0), 0u);
-    EXPECT_NE(doc.find("| `core.mxus` | unsigned 32-bit integer | `2` | matrix units per core |\n"),
-              std::string::npos);
-    EXPECT_NE(doc.find("| `clock_mhz` | number | `940` | core clock in MHz |\n"),
-              std::string::npos);
-    EXPECT_NE(doc.find("| `sim.functional` | boolean | `true` |"), std::string::npos);
-    EXPECT_NE(doc.find("| `hbm.page_policy` | string | `open` | row buffer policy "
+    EXPECT_EQ(
+        doc.rfind("| key | type | unit | default | description |\n|---|---|---|---|---|\n", 0), 0u);
+    EXPECT_NE(
+        doc.find("| `core.mxus` | unsigned 32-bit integer | – | `2` | matrix units per core |\n"),
+        std::string::npos);
+    EXPECT_NE(doc.find("| `clock_mhz` | number | MHz | `940` | core clock |\n"), std::string::npos);
+    EXPECT_NE(doc.find("| `sim.functional` | boolean | – | `true` |"), std::string::npos);
+    EXPECT_NE(doc.find("| `hbm.page_policy` | string | – | `open` | row buffer policy "
                        "(one of: open,closed) |\n"),
               std::string::npos);
-    EXPECT_NE(doc.find("| `core.vmem_bytes` | unsigned 64-bit integer | `16777216` | vector "
-                       "memory per core in bytes (power of two) |\n"),
+    EXPECT_NE(doc.find("| `core.vmem_bytes` | unsigned 64-bit integer | bytes | `16777216` | "
+                       "vector memory per core (power of two) |\n"),
               std::string::npos);
 }
 
@@ -493,16 +528,18 @@ TEST(Config, FileErrorsNameThePath) {
 
 // ---- the reflection machinery on its own (covers the field kinds the board does not use) ----
 
-struct Probe {
-    int64_t offset = -3;
-    uint64_t size = 64;
-    std::string mode = "a";
+#define PROBE_FIELDS(F, S)                                             \
+    F(int64_t, offset, -3, "", "signed offset", .min = -10, .max = 10) \
+    F(uint64_t, size, 64, "bytes", "a size", .min = 1, .pow2 = true)   \
+    F(std::string, mode, "a", "", "mode", .choices = "a,bc")           \
+    S(ProbeSection, inner, "a nested section")
+#define PROBE_SECTION_FIELDS(F, S) F(bool, flag, false, "", "a flag")
 
-    void visit(sim::Visitor& v) {
-        v("offset", offset, "signed offset", {.min = -10, .max = 10});
-        v("size", size, "bytes", {.min = 1, .pow2 = true});
-        v("mode", mode, "mode", {.choices = "a,bc"});
-    }
+struct ProbeSection {
+    TPU_REFLECT(PROBE_SECTION_FIELDS)
+};
+struct Probe {
+    TPU_REFLECT(PROBE_FIELDS)
 };
 
 std::string probe_error(const std::string& text) {
@@ -540,13 +577,15 @@ TEST(ConfigReflect, PowerOfTwoAndDumpAndDoc) {
     EXPECT_EQ(probe_error(R"({"size": 96})"), "size must be a power of two (got 96)");
     Probe p;
     EXPECT_EQ(sim::dump_json(sim::root_of(p)),
-              "{\n  \"offset\": -3,\n  \"size\": 64,\n  \"mode\": \"a\"\n}\n");
+              "{\n  \"offset\": -3,\n  \"size\": 64,\n  \"mode\": \"a\",\n"
+              "  \"inner\": {\n    \"flag\": false\n  }\n}\n");
     EXPECT_EQ(sim::doc_table(sim::root_of(p)),
-              "| key | type | default | description |\n"
-              "|---|---|---|---|\n"
-              "| `offset` | integer | `-3` | signed offset |\n"
-              "| `size` | unsigned 64-bit integer | `64` | bytes (power of two) |\n"
-              "| `mode` | string | `a` | mode (one of: a,bc) |\n");
+              "| key | type | unit | default | description |\n"
+              "|---|---|---|---|---|\n"
+              "| `offset` | integer | – | `-3` | signed offset |\n"
+              "| `size` | unsigned 64-bit integer | bytes | `64` | a size (power of two) |\n"
+              "| `mode` | string | – | `a` | mode (one of: a,bc) |\n"
+              "| `inner.flag` | boolean | – | `false` | a flag |\n");
 }
 
 }  // namespace
