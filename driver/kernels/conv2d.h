@@ -34,6 +34,15 @@ struct Conv2dShape {
     void validate() const;
 };
 
+/// Whether conv2d lowers to im2col and one GEMM instead of the implicit GEMM (driver/README.md,
+/// "Convolution"): when the taps' channels packed together into K (k k Cin rows in R-row MXU
+/// passes) need at most a quarter of the passes of one pass per tap and Cin tile. Small-Cin
+/// layers such as an RGB stem (7x7x3: 2 passes instead of 49) would otherwise fill the array
+/// with zero rows; below a 4x saving the im2col round trip through HBM (k k times the input, in
+/// fp32) costs more than the passes it saves (3x3x32 on 14x14 images: 52 600 cycles folded
+/// against 44 000). `R` is the MXU's rows.
+bool conv2d_folds_taps(const Conv2dShape& s, uint32_t R);
+
 /// How one core's kernel tiles its images (driver/README.md, "Convolution").
 struct Conv2dTiling {
     uint32_t R = 0, C = 0;      ///< MXU array: Cin tile (K) and Cout tile (N)
@@ -71,7 +80,8 @@ struct Conv2dResult {
     uint64_t macs = 0;           ///< useful multiply-accumulates (Conv2dShape::macs)
     double mxu_utilization = 0;  ///< macs / (cores x MXUs x R x C x cycles)
     uint64_t hbm_bytes = 0;      ///< bytes the kernel's DMAs moved (packing excluded)
-    Conv2dTiling tiling;         ///< the busiest core's tiling
+    Conv2dTiling tiling;         ///< the busiest core's tiling (implicit GEMM; empty if folded)
+    bool folded = false;         ///< lowered to im2col + GEMM (conv2d_folds_taps); `pack` = im2col
 };
 
 /// y = conv2d(x, w) + bias on device Tensors, one launch group over their core set, each core
@@ -120,7 +130,8 @@ Conv2dResult conv2d(Device& dev, ProgramCache& cache, const std::vector<float>& 
 /// The host reference with the device's exact numerics: per output value, for each tap
 /// (kh, kw) in row-major order and each Cin tile of R channels in order, a pass sum (channel
 /// order, from +0.0, bf16 products exact in fp32) added to the fp32 accumulator (the first one
-/// stored); padding taps take part with zeros. Then the fp32 bias is added.
+/// stored); padding taps take part with zeros. Then the fp32 bias is added. When
+/// conv2d_folds_taps(s, R): matmul_reference(im2col(x), w, bf16, R), then the fp32 bias.
 std::vector<float> conv2d_reference(const std::vector<float>& x, const std::vector<float>& w,
                                     const std::vector<float>& bias, const Conv2dShape& s,
                                     uint32_t R);

@@ -56,6 +56,7 @@ TEST_P(Conv2dShapes, MatchesReferenceBitExactly) {
     EXPECT_EQ(r.macs, uint64_t(s.batch) * s.out_height() * s.out_width() * s.kernel * s.kernel *
                           s.cin * s.cout);
     EXPECT_GT(r.hbm_bytes, 0u);
+    EXPECT_EQ(r.folded, conv2d_folds_taps(s, dev->config().core.mxu_rows));
 }
 
 Conv2dShape shape(uint32_t n, uint32_t h, uint32_t w, uint32_t cin, uint32_t cout, uint32_t k,
@@ -84,7 +85,28 @@ INSTANTIATE_TEST_SUITE_P(
                  1,
                  {"core.vmem_bytes=262144"},
                  "k5_s2_bands_in_small_vmem"},
-        ConvCase{shape(3, 5, 4, 9, 6, 3, 1, 1), 1, {"core.mxus=1"}, "one_mxu"}),
+        ConvCase{shape(3, 5, 4, 9, 6, 3, 1, 1), 1, {"core.mxus=1"}, "one_mxu"},
+        // Small channels on 128-row MXUs fold the taps into K (im2col + GEMM); on 8 x 8 arrays
+        // the same shapes keep the implicit GEMM, so both lowerings see small channels.
+        ConvCase{shape(1, 30, 32, 3, 64, 7, 2, 3), 1, {}, "rgb_stem_k7_s2_folded"},
+        ConvCase{shape(3, 9, 8, 3, 20, 7, 2, 3), 2, {}, "rgb_stem_batch3_on_2_cores_folded"},
+        // A 200-pixel staging row (9.6 KB a slot) does not fit 8 KiB: one im2col launch per tap.
+        ConvCase{shape(1, 6, 200, 1, 5, 3, 1, 1),
+                 1,
+                 {"core.vmem_bytes=8192", "core.mxu_rows=8", "core.mxu_cols=8"},
+                 "folded_per_tap_im2col_in_tiny_vmem"},
+        ConvCase{shape(2, 6, 5, 5, 7, 3, 1, 1),
+                 1,
+                 {"core.mxu_rows=8", "core.mxu_cols=8"},
+                 "k3_small_channels_implicit_on_8x8"},
+        ConvCase{shape(1, 11, 10, 3, 16, 7, 2, 3),
+                 1,
+                 {"core.mxu_rows=8", "core.mxu_cols=8"},
+                 "k7_s2_implicit_on_8x8"},
+        ConvCase{shape(1, 29, 27, 6, 5, 5, 2, 2),
+                 1,
+                 {"core.vmem_bytes=262144", "core.mxu_rows=8", "core.mxu_cols=8"},
+                 "k5_s2_bands_implicit_on_8x8"}),
     [](const auto& info) { return info.param.name; });
 
 /// The calibration shape's plan, derived by hand: a padded image is 30 x 30 pixels of 256
@@ -105,6 +127,19 @@ TEST(Conv2dPlan, CalibrationShapeTakesBlocksOfEightImages) {
     EXPECT_EQ(t2.phases, 2u);
     EXPECT_EQ(t2.Hq, 15u);
     EXPECT_EQ(t2.block_images, 7u);
+}
+
+/// Passes per output on 128-row MXUs: folded ceil(k k Cin / 128), implicit k k ceil(Cin / 128);
+/// folding needs a 4x cut.
+TEST(Conv2dPlan, FoldsTheTapsIntoKWhenThatQuartersTheMxuPasses) {
+    EXPECT_TRUE(conv2d_folds_taps(shape(1, 224, 224, 3, 64, 7, 2, 3), 128));  // 2 vs 49
+    EXPECT_TRUE(conv2d_folds_taps(shape(1, 28, 28, 1, 32, 3, 1, 1), 128));    // 1 vs 9
+    EXPECT_TRUE(conv2d_folds_taps(shape(1, 28, 28, 28, 32, 3, 1, 1), 128));   // 2 vs 9
+    EXPECT_FALSE(conv2d_folds_taps(shape(1, 28, 28, 32, 32, 3, 1, 1), 128));  // 3 vs 9
+    EXPECT_FALSE(conv2d_folds_taps(shape(1, 56, 56, 64, 64, 3, 1, 1), 128));  // 5 vs 9
+    EXPECT_FALSE(conv2d_folds_taps(shape(1, 28, 28, 128, 128, 3, 1, 1), 128));
+    EXPECT_FALSE(conv2d_folds_taps(shape(1, 56, 56, 3, 64, 1, 1, 0), 128));  // 1 vs 1
+    EXPECT_FALSE(conv2d_folds_taps(shape(1, 9, 9, 5, 7, 3, 1, 1), 8));       // 6 vs 9
 }
 
 TEST(Conv2dPlan, BadShapesNameTheField) {

@@ -74,13 +74,22 @@ OpRunner conv2d_options(CLI::App& cmd) {
         r.mxu_utilization = res.mxu_utilization;
         r.hbm_bytes = res.hbm_bytes;
         const driver::Conv2dTiling& t = res.tiling;
-        r.plan = fmt::format(
-            "implicit GEMM, {} tap x {} Cin tile weight tiles per Cout tile ({}), blocks of {} "
-            "image{} x {} output rows, {} stride phase{}, {} MXU{}; NHWC/HWIO fp32 packed into "
-            "that layout on the device first in {} cycles (not counted)",
-            s->kernel * s->kernel, t.CT, t.NT, t.block_images, t.block_images == 1 ? "" : "s",
-            t.band_rows, t.phases * t.phases, t.phases == 1 ? "" : "s", t.mxus,
-            t.mxus == 1 ? "" : "s", res.pack.end_cycle - res.pack.start_cycle);
+        const uint32_t kc = s->kernel * s->kernel * s->cin, R = dev.config().core.mxu_rows;
+        if (res.folded)
+            r.plan = fmt::format(
+                "im2col + GEMM (taps folded into K: {} rows in {} MXU passes instead of {} per "
+                "tap), then the bias; im2col(x) written on the device first in {} cycles (not "
+                "counted)",
+                kc, (kc + R - 1) / R, s->kernel * s->kernel * ((s->cin + R - 1) / R),
+                res.pack.end_cycle - res.pack.start_cycle);
+        else
+            r.plan = fmt::format(
+                "implicit GEMM, {} tap x {} Cin tile weight tiles per Cout tile ({}), blocks of {} "
+                "image{} x {} output rows, {} stride phase{}, {} MXU{}; NHWC/HWIO fp32 packed into "
+                "that layout on the device first in {} cycles (not counted)",
+                s->kernel * s->kernel, t.CT, t.NT, t.block_images, t.block_images == 1 ? "" : "s",
+                t.band_rows, t.phases * t.phases, t.phases == 1 ? "" : "s", t.mxus,
+                t.mxus == 1 ? "" : "s", res.pack.end_cycle - res.pack.start_cycle);
         if (check)
             compare(r, res.y, driver::conv2d_reference(x, w, b, *s, dev.config().core.mxu_rows),
                     driver::conv2d_reference_fp64(x, w, b, *s));
