@@ -694,16 +694,16 @@ Var conv2d(Runtime& rt, const Var& x, const Var& w, const Var& b, driver::Conv2d
     Node* yp = y.get();
     y->backward = [&rt, x, w, b, yp, s, pixels_in, pixels_out] {
         bool ax = false, aw = false, ab = false;
-        const Tensor dX =
-            needs(x) ? rt.grad_target(x, ax) : rt.scratch(x->value.rows, x->value.cols);
+        // An input that needs no gradient (the images) gets no dx: no dcol GEMM, no col2im.
+        const Tensor dX = needs(x) ? rt.grad_target(x, ax) : Tensor{};
         const Tensor dW =
             needs(w) ? rt.grad_target(w, aw) : rt.scratch(w->value.rows, w->value.cols);
         const Tensor dB = needs(b) ? rt.grad_target(b, ab) : rt.scratch(1, s.cout);
         rt.exec("conv2d.grad", [&] {
-            return driver::conv2d_grad(rt.device(), rt.cache(), s,
-                                       reshaped(x->value, s.batch * pixels_in), w->value,
-                                       reshaped(yp->grad, s.batch * pixels_out),
-                                       reshaped(dX, s.batch * pixels_in), dW, dB);
+            return driver::conv2d_grad(
+                rt.device(), rt.cache(), s, reshaped(x->value, s.batch * pixels_in), w->value,
+                reshaped(yp->grad, s.batch * pixels_out),
+                needs(x) ? reshaped(dX, s.batch * pixels_in) : Tensor{}, dW, dB);
         });
         if (needs(x)) rt.finish_grad(x, dX, ax);
         if (needs(w)) rt.finish_grad(w, dW, aw);

@@ -268,6 +268,10 @@ void Trainer::place(Module& module) {
         m_rt->exec("round_bf16", [&] {
             return driver::round_bf16(m_dev, m_cache, m_flat_params, m_flat_params);
         });
+    // Setup ends when the state is on the device, as torch_xla's model.to(device) returns once
+    // the copies are done: the first step starts with its weights resident instead of waiting
+    // for the posted writes (tens of MB on a ResNet), so every step times the step alone.
+    m_dev.synchronize();
     for (const auto& [name, p] : params) {
         p->value = driver::view(m_flat_params, p->offset, p->rows, p->cols);
         p->grad = driver::view(m_flat_grads, p->offset, p->rows, p->cols);

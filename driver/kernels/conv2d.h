@@ -96,7 +96,8 @@ Event conv2d(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tenso
 /// like w, db 1 x Cout), each core on its own replica. db = col_sum(dy); dw = im2col(x)^T dy
 /// and dcol = dy w^T with the bf16 matmul; dx = +0.0, then each tap's columns of dcol added in
 /// tap row-major order (col2im). im2col(x) is N Ho Wo x k k Cin fp32 (zeros in the padding),
-/// scratch freed before returning. The event covers every launch.
+/// scratch freed before returning. The event covers every launch. A `dx` without buffers (a
+/// default Tensor) skips dcol and col2im: the input's gradient is not wanted (an image).
 Event conv2d_grad(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tensor& x,
                   const Tensor& w, const Tensor& dy, const Tensor& dx, const Tensor& dw,
                   const Tensor& db);
