@@ -16,6 +16,7 @@
 #include "hw/core/mxu_model.h"
 #include "hw/core/numerics.h"
 #include "isa/assembler.h"
+#include "sim/metrics.h"
 
 namespace tpu::driver {
 namespace {
@@ -1236,8 +1237,9 @@ Conv2dResult conv2d(Device& dev, ProgramCache& cache, const std::vector<float>& 
         if (g.shape.batch > res.tiling.images) res.tiling = g.tiling;
     res.macs = s.macs();
     const uint64_t cycles = res.event.end_cycle - res.event.start_cycle;
-    const double array = double(cfg.core.mxus) * res.tiling.R * res.tiling.C * double(nc);
-    res.mxu_utilization = cycles ? double(res.macs) / (array * double(cycles)) : 0.0;
+    const double pes = double(cfg.core.mxus) * cfg.core.mxu_rows * cfg.core.mxu_cols;
+    res.mxu_utilization =
+        sim::mxu_utilization(double(res.macs), sim::mxu_capacity(pes, double(cycles), nc));
     return res;
 }
 

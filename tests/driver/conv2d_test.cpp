@@ -57,6 +57,9 @@ TEST_P(Conv2dShapes, MatchesReferenceBitExactly) {
                           s.cin * s.cout);
     EXPECT_GT(r.hbm_bytes, 0u);
     EXPECT_EQ(r.folded, conv2d_folds_taps(s, dev->config().core.mxu_rows));
+    // Useful MACs over the whole array's capacity, whichever lowering ran.
+    EXPECT_GT(r.mxu_utilization, 0.0);
+    EXPECT_LT(r.mxu_utilization, 1.0);
 }
 
 Conv2dShape shape(uint32_t n, uint32_t h, uint32_t w, uint32_t cin, uint32_t cout, uint32_t k,
