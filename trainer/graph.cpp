@@ -224,13 +224,11 @@ Var linear(Runtime& rt, const Var& x, const Var& w, const Var& b) {
     const bool grad = needs(x) || needs(w) || needs(b);
     Var y = rt.make(X.rows, W.cols, grad);
     const auto prec = rt.matmul_precision();
+    // The bias rides the matmul's epilogue: one launch, C written once.
     rt.exec("linear.matmul", [&] {
-        return driver::matmul(rt.device(), rt.cache(), X, false, W, false, y->value, prec);
+        return driver::matmul(rt.device(), rt.cache(), X, false, W, false, y->value, prec,
+                              b ? &b->value : nullptr);
     });
-    if (b)
-        rt.exec("linear.bias", [&] {
-            return driver::bias_add(rt.device(), rt.cache(), y->value, b->value, y->value);
-        });
     maybe_round(rt, y);
     if (!grad) return y;
     Node* yp = y.get();

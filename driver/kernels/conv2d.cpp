@@ -1036,14 +1036,14 @@ std::vector<Event> im2col(Device& dev, ProgramCache& cache, const Conv2dShape& s
     return evs;
 }
 
-/// The folded lowering of conv2d_folds_taps(): col = im2col(x), y = col w (bf16 operands, fp32
-/// accumulation, the fused matmul), y += bias. `col` is caller-owned scratch.
+/// The folded lowering of conv2d_folds_taps(): col = im2col(x), y = col w + bias (bf16 operands,
+/// fp32 accumulation, the fused matmul with the bias in its epilogue). `col` is caller-owned
+/// scratch.
 std::vector<Event> conv2d_folded(Device& dev, ProgramCache& cache, const Conv2dShape& s,
                                  const Tensor& x, const Tensor& w, const Tensor& bias,
                                  const Tensor& col, const Tensor& y) {
     std::vector<Event> evs = im2col(dev, cache, s, x, col);
-    evs.push_back(matmul(dev, cache, col, false, w, false, y, Precision::Bf16));
-    evs.push_back(bias_add(dev, cache, y, bias, y));
+    evs.push_back(matmul(dev, cache, col, false, w, false, y, Precision::Bf16, &bias));
     return evs;
 }
 
@@ -1209,8 +1209,8 @@ Conv2dResult conv2d(Device& dev, ProgramCache& cache, const std::vector<float>& 
         if (folded) {
             std::vector<Event> evs;
             for (const Group& g : groups) {
-                evs.push_back(matmul(dev, cache, g.col, false, g.w, false, g.y, Precision::Bf16));
-                evs.push_back(bias_add(dev, cache, g.y, g.b, g.y));
+                evs.push_back(
+                    matmul(dev, cache, g.col, false, g.w, false, g.y, Precision::Bf16, &g.b));
             }
             res.event = detail::merge(evs);
         } else {

@@ -27,7 +27,7 @@ constexpr uint32_t kMaxBlockRows = 4096;
 /// reads them); everything else is per K step, double-buffered where a DMA or the MXUs read one
 /// copy while the next is written.
 struct Map {
-    uint64_t abf, astage, att, af, ar1, ar2, wstage, wtt, wf, wr1, wr2, wbf, c, end;
+    uint64_t abf, astage, att, af, ar1, ar2, wstage, wtt, wf, wr1, wr2, wbf, c, bias, end;
     uint64_t apanel, wtile, cpanel;  ///< bytes of one A bf16 panel, W bf16 tile, C panel
 };
 Map vmem_map(const MatmulTiling& t) {
@@ -56,6 +56,7 @@ Map vmem_map(const MatmulTiling& t) {
     m.wr2 = P > 2 ? take(w32) : 0;
     m.wbf = take(2 * t.mxus * P * m.wtile);
     m.c = take(2 * t.mxus * m.cpanel);
+    m.bias = t.bias ? take(uint64_t(t.N) * 4) : 0;
     m.end = end;
     return m;
 }
@@ -63,7 +64,8 @@ Map vmem_map(const MatmulTiling& t) {
 /// Emits the kernel. Registers: s1 a, s2 b, s3 c; s4 the block's first row, s7 its rows; s8 a
 /// middle group's first column x 4; s19 the C parity offset of the current group; s26..s29 the
 /// group whose C waits to be stored (HBM address, rows, parity offset, kind: 0 none, 1 a full
-/// group, 2 the last group). Flags and the registers counting work issued to them: f1/f6 (s20/
+/// group, 2 the last group); with a bias, s5 its HBM address and s9 the waiting group's first
+/// column x 4. Flags and the registers counting work issued to them: f1/f6 (s20/
 /// s25) loads into step slot 0/1, f2 (s21) the VPU, f3/f4 (s22/s23) the MXUs' steps, f5 (s24)
 /// C stores. A flag counts completions, so a wait on it covers all the work issued to it except
 /// the most recent `later` items only where the unit finishes in order (VPU, MXU); loads come
@@ -84,6 +86,13 @@ public:
           m_t.ta ? "T" : "N", m_t.tb ? "T" : "N", precision_name(m_t.precision), m_t.block_rows,
           m_t.mxus);
         for (int r : {19, 20, 21, 22, 23, 24, 25, 29}) L("        li s{}, 0", r);
+        if (m_t.bias) {
+            // The bias row stays in VMEM for every block; s4 becomes the row counter below.
+            const uint64_t b = uint64_t(m_t.N) * 4;
+            L("        add s5, s4, 0");
+            L("        dma.hv [{}], [s5], 1, {}, {}, {}, f7", m_m.bias, b, b, b);
+            L("        wait f7, 1");
+        }
         L("        li s4, 0");
         L("block:  sub s7, {}, s4", m_t.M);
         L("        bltu s7, {}, rows_ok", m_t.block_rows + 1);
@@ -210,6 +219,15 @@ private:
         L("        beq s29, 0, {}", done);
         for (uint32_t m = 0; m < m_t.mxus; ++m) wait_mxu(m, m < nm ? steps : 0);
         auto stores = [&](bool last) {
+            if (m_t.bias) {
+                L("        add s12, s9, {}", m_m.bias);
+                for (uint32_t m = 0; m < panels(last); ++m) {
+                    const uint64_t at = m_m.c + uint64_t(m) * m_m.cpanel;
+                    vpu(fmt::format("        v.addrow [s28+{}], [s28+{}], [s12+{}], s27, {}", at,
+                                    at, uint64_t(m) * m_t.C * 4, nn(last, m)));
+                }
+                L("        wait f2, s21");
+            }
             for (uint32_t m = 0; m < panels(last); ++m) {
                 const uint32_t n = nn(last, m);
                 L("        dma.vh [s26+{}], [s28+{}], s27, {}, {}, {}, f5", uint64_t(m) * m_t.C * 4,
@@ -306,6 +324,12 @@ private:
             L("        add s26, s26, s8");
         L("        add s27, s7, 0");
         L("        add s28, s19, 0");
+        if (m_t.bias) {
+            if (first || last)
+                L("        li s9, {}", first ? 0 : uint64_t(m_G - 1) * m_t.mxus * m_t.C * 4);
+            else
+                L("        add s9, s8, 0");
+        }
         L("        li s29, {}", last ? 2 : 1);
         L("        xor s19, s19, {}", uint64_t(m_t.mxus) * m_m.cpanel);
     }
@@ -339,7 +363,8 @@ void emit_split(const std::function<void(const std::string&)>& vpu, int parts,
 }
 
 std::optional<MatmulTiling> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K,
-                                        uint32_t N, bool ta, bool tb, Precision precision) {
+                                        uint32_t N, bool ta, bool tb, Precision precision,
+                                        bool bias) {
     MatmulTiling t{.M = M,
                    .K = K,
                    .N = N,
@@ -348,7 +373,8 @@ std::optional<MatmulTiling> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, 
                    .precision = precision,
                    .R = cfg.core.mxu_rows,
                    .C = cfg.core.mxu_cols,
-                   .mxus = std::min<uint32_t>(cfg.core.mxus, 2)};
+                   .mxus = std::min<uint32_t>(cfg.core.mxus, 2),
+                   .bias = bias};
     // The longest blocks first: each weight tile costs a drain (core.mxu_swap_drains), so rows
     // per tile are worth more than anything a shorter block would save.
     for (uint32_t nb = 1; nb <= ceil_div(M, 8); ++nb) {
@@ -366,9 +392,9 @@ isa::Program matmul_program(const MatmulTiling& t) {
 }
 
 std::string matmul_key(const MatmulTiling& t) {
-    return fmt::format("matmul R{} C{} M{} K{} N{} {}{} T{} mxus{} {}", t.R, t.C, t.M, t.K, t.N,
+    return fmt::format("matmul R{} C{} M{} K{} N{} {}{} T{} mxus{} {}{}", t.R, t.C, t.M, t.K, t.N,
                        t.ta ? "T" : "N", t.tb ? "T" : "N", t.block_rows, t.mxus,
-                       precision_name(t.precision));
+                       precision_name(t.precision), t.bias ? " bias" : "");
 }
 
 }  // namespace tpu::driver

@@ -20,16 +20,19 @@ struct MatmulTiling {
     uint32_t R = 128, C = 128;  ///< MXU array
     uint32_t mxus = 2;          ///< MXUs used (column panels per group)
     uint32_t block_rows = 0;    ///< LHS rows per block (T)
+    bool bias = false;          ///< C += a 1 x N fp32 row (launch argument s4) before it leaves
 };
 
 /// The fused kernel's tiling: the longest even blocks of rows (at most 4096, as plan_gemm) whose
-/// VMEM areas fit; nullopt when even 8 rows do not fit.
+/// VMEM areas fit; nullopt when even 8 rows do not fit. `bias`: the kernel adds a bias row.
 std::optional<MatmulTiling> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K,
-                                        uint32_t N, bool ta, bool tb, Precision precision);
+                                        uint32_t N, bool ta, bool tb, Precision precision,
+                                        bool bias = false);
 /// The kernel, its K loop unrolled (each step's slot, flags and K tile fixed) in up to three
 /// column-group variants: about 40 instructions per K step and variant, so K beyond about 6 000
 /// outgrows core.imem_bytes. Launch arguments: s1 = a, s2 = b, s3 = c (HBM, fp32 row-major,
-/// compact).
+/// compact), and with `bias` s4 = the 1 x N fp32 bias, added to each C panel in VMEM (one fp32
+/// add after the last pass, as bias_add would) just before it is stored.
 isa::Program matmul_program(const MatmulTiling& t);
 /// Cache key of matmul_program.
 std::string matmul_key(const MatmulTiling& t);

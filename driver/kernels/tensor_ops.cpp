@@ -265,7 +265,7 @@ void check_dropout_p(float p) {
 // ---- matmul ----------------------------------------------------------------------------------
 
 Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a, const Tensor& b,
-             bool transpose_b, const Tensor& c, Precision precision) {
+             bool transpose_b, const Tensor& c, Precision precision, const Tensor* bias) {
     if (a.cores != b.cores || a.cores != c.cores)
         throw DeviceError(
             ErrorKind::Usage,
@@ -283,13 +283,18 @@ Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a
         throw DeviceError(
             ErrorKind::Usage,
             fmt::format("matmul: c is {} x {} but op(a) x op(b) is {} x {}", c.rows, c.cols, M, N));
-    // The fused kernel reads the fp32 operands in tiles and converts them in VMEM; packing and
-    // the library GEMM remain for what it cannot hold (VMEM, instruction memory).
-    if (const auto mt = plan_matmul(dev.config(), M, K, N, transpose_a, transpose_b, precision)) {
+    if (bias) check_tensor(*bias, 1, N, c, "matmul", "bias");
+    // The fused kernel reads the fp32 operands in tiles and converts them in VMEM, and adds the
+    // bias before C leaves; packing, the library GEMM and bias_add remain for what it cannot
+    // hold (VMEM, instruction memory).
+    if (const auto mt = plan_matmul(dev.config(), M, K, N, transpose_a, transpose_b, precision,
+                                    bias != nullptr)) {
         const isa::Program& prog = cache.get(matmul_key(*mt), [&] { return matmul_program(*mt); });
         if (prog.code.size() * isa::kInstrBytes <= dev.config().core.imem_bytes)
             return dev.launch(a.cores, prog, [&](size_t i) {
-                return std::vector<uint32_t>{addr(a.bufs[i]), addr(b.bufs[i]), addr(c.bufs[i])};
+                std::vector<uint32_t> args{addr(a.bufs[i]), addr(b.bufs[i]), addr(c.bufs[i])};
+                if (bias) args.push_back(addr(bias->bufs[i]));
+                return args;
             });
     }
     const GemmTiling t = plan_gemm(dev.config(), M, K, N, precision);
@@ -319,6 +324,7 @@ Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a
             return std::vector<uint32_t>{addr(sa[i]), addr(sw[i]), addr(c.bufs[i]), M,
                                          M * t.Kp * 2};
         }));
+        if (bias) evs.push_back(bias_add(dev, cache, c, *bias, c));
     } catch (...) {
         release();
         throw;

@@ -15,11 +15,14 @@
 /// order, so results match bit for bit.
 namespace tpu::driver {
 
-/// c = op(a) x op(b), op(x) = x^T when its flag is set: op(a) is M x K, op(b) is K x N, c is
-/// M x N fp32 (compact). Operands are packed on the device into the library GEMM's layout
-/// (bf16 parts per `precision`, zero padding) in scratch HBM that is freed before returning.
+/// c = op(a) x op(b) (+ bias), op(x) = x^T when its flag is set: op(a) is M x K, op(b) is
+/// K x N, c is M x N fp32 (compact), `bias` (optional) 1 x N, added to each row of the product
+/// with one fp32 add as bias_add does (bit-identical to matmul then bias_add, one launch). The
+/// fused kernel (driver/kernels/matmul_kernel.h) reads the fp32 operands in tiles; what it cannot
+/// hold is packed on the device into the library GEMM's layout (bf16 parts per `precision`,
+/// zero padding) in scratch HBM that is freed before returning.
 Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a, const Tensor& b,
-             bool transpose_b, const Tensor& c, Precision precision);
+             bool transpose_b, const Tensor& c, Precision precision, const Tensor* bias = nullptr);
 /// Host reference of matmul (same numerics as gemm_reference after the transposes).
 std::vector<float> matmul_reference(const std::vector<float>& a, uint32_t a_rows, uint32_t a_cols,
                                     bool transpose_a, const std::vector<float>& b, uint32_t b_rows,

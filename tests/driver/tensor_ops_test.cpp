@@ -54,22 +54,30 @@ struct MatmulCase {
 };
 
 /// Checks every replica bit-exact against matmul_reference and close to the fp64 product.
+/// With `with_bias`, c = op(a) op(b) + bias, which must equal bias_add of the product bit for
+/// bit; the fp64 comparison below is on the product alone.
 void check_matmul(Device& dev, ProgramCache& cache, const std::vector<uint32_t>& cores,
-                  const MatmulCase& mc, Precision p, uint32_t seed) {
-    SCOPED_TRACE(fmt::format("{}x{}x{} ta={} tb={} {} on {} cores", mc.M, mc.K, mc.N, mc.ta, mc.tb,
-                             precision_name(p), cores.size()));
+                  const MatmulCase& mc, Precision p, uint32_t seed, bool with_bias = false) {
+    SCOPED_TRACE(fmt::format("{}x{}x{} ta={} tb={} {} on {} cores{}", mc.M, mc.K, mc.N, mc.ta,
+                             mc.tb, precision_name(p), cores.size(), with_bias ? " + bias" : ""));
     const uint32_t ar = mc.ta ? mc.K : mc.M, ac = mc.ta ? mc.M : mc.K;
     const uint32_t br = mc.tb ? mc.N : mc.K, bc = mc.tb ? mc.K : mc.N;
     Filled a = filled(dev, cores, ar, ac, seed), b = filled(dev, cores, br, bc, seed + 1);
+    Filled bias = filled(dev, cores, 1, mc.N, seed + 2);
     Tensor c = alloc_tensor(dev, cores, mc.M, mc.N);
     const uint64_t free_before = dev.free_bytes(cores[0]);
-    matmul(dev, cache, a.t, mc.ta, b.t, mc.tb, c, p);
+    matmul(dev, cache, a.t, mc.ta, b.t, mc.tb, c, p, with_bias ? &bias.t : nullptr);
     EXPECT_EQ(dev.free_bytes(cores[0]), free_before);  // scratch freed
     const double tol = p == Precision::Bf16 ? 1e-2 : p == Precision::Fp32Pass3 ? 1e-4 : 2e-6;
     for (size_t i = 0; i < cores.size(); ++i) {
-        const auto got = read_tensor(dev, c, i);
+        auto got = read_tensor(dev, c, i);
         const auto want = matmul_reference(a.data[i], ar, ac, mc.ta, b.data[i], br, bc, mc.tb, p,
                                            dev.config().core.mxu_rows);
+        if (with_bias) {
+            ASSERT_EQ(bits_of(got), bits_of(bias_add_reference(want, bias.data[i], mc.M, mc.N)))
+                << "replica " << i;
+            got = want;  // the fp64 check below is on the product
+        }
         ASSERT_EQ(bits_of(got), bits_of(want)) << "replica " << i;
         // Close to the fp64 product, relative to sum |a| |b|.
         for (uint32_t r = 0; r < mc.M; r += 5)
@@ -88,6 +96,7 @@ void check_matmul(Device& dev, ProgramCache& cache, const std::vector<uint32_t>&
     }
     free_tensor(dev, a.t);
     free_tensor(dev, b.t);
+    free_tensor(dev, bias.t);
     free_tensor(dev, c);
 }
 
@@ -143,7 +152,9 @@ TEST(TensorMatmulOneMxu, CompactOutputOfTheLastPanelIsExact) {
     ProgramCache cache;
     uint32_t seed = 90;
     for (uint32_t N : {7u, 129u, 300u})
-        check_matmul(*dev, cache, {0, 1}, {33, 130, N, false, true}, Precision::Fp32Pass3, seed++);
+        for (bool with_bias : {false, true})
+            check_matmul(*dev, cache, {0, 1}, {33, 130, N, false, true}, Precision::Fp32Pass3,
+                         seed++, with_bias);
 }
 
 TEST(TensorMatmulFused, EdgeShapesAreBitExact) {
@@ -158,6 +169,10 @@ TEST(TensorMatmulFused, EdgeShapesAreBitExact) {
         {2000, 40, 130, true, false}, {5, 1500, 260, false, false}, {257, 385, 129, true, true}};
     for (Precision p : {Precision::Bf16, Precision::Fp32Pass6})
         for (const MatmulCase& mc : cases) check_matmul(*dev, cache, kOne, mc, p, seed++);
+    // The bias epilogue in every group kind: first and last (N = 1, 5), first, middle and last
+    // (N = 1000), a narrow last panel (N = 129, 260).
+    for (const MatmulCase& mc : cases)
+        check_matmul(*dev, cache, kOne, mc, Precision::Bf16, seed++, true);
 }
 
 TEST(TensorMatmulFused, SeveralRowBlocksAreBitExact) {
@@ -170,7 +185,7 @@ TEST(TensorMatmulFused, SeveralRowBlocksAreBitExact) {
     for (Precision p : {Precision::Bf16, Precision::Fp32Pass3})
         for (const MatmulCase& mc :
              {MatmulCase{1000, 260, 300, false, false}, MatmulCase{900, 129, 200, true, true}})
-            check_matmul(*dev, cache, {0, 3}, mc, p, seed++);
+            check_matmul(*dev, cache, {0, 3}, mc, p, seed++, p == Precision::Bf16);
 }
 
 TEST(TensorMatmulFused, FallsBackToPackingWhenTheKernelDoesNotFit) {
@@ -181,6 +196,8 @@ TEST(TensorMatmulFused, FallsBackToPackingWhenTheKernelDoesNotFit) {
     ProgramCache cache;
     check_matmul(*dev, cache, kOne, {40, 2000, 100, true, false}, Precision::Fp32Pass3, 160);
     EXPECT_EQ(cache.misses(), 4u);  // the fused kernel that did not fit, two packs, the GEMM
+    // With a bias the fallback adds it with bias_add: the same bits.
+    check_matmul(*dev, cache, kOne, {40, 2000, 100, true, false}, Precision::Fp32Pass3, 161, true);
 }
 
 TEST(TensorMatmulCache, RepeatedCallsHitTheCache) {

@@ -539,7 +539,8 @@ TEST(TrainerProfile, LayersOwnTheirForwardAndBackwardKernels) {
     uint64_t launches = 0;
     for (const auto& l : layers) launches += l.work.launches;
     EXPECT_LT(launches, dev->kernel_totals().launches);
-    EXPECT_GE(layers[0].work.launches, 4u);
+    // layer_1: the forward matmul (its bias in the epilogue), the weight and bias gradients.
+    EXPECT_GE(layers[0].work.launches, 3u);
     // Forward, then backward after the other layer's: two spans each, none overlapping.
     std::vector<std::pair<uint64_t, uint64_t>> spans;
     for (const auto& l : layers) {
