@@ -39,8 +39,8 @@ struct Conv2dShape {
 /// passes) need at most a quarter of the passes of one pass per tap and Cin tile. Small-Cin
 /// layers such as an RGB stem (7x7x3: 2 passes instead of 49) would otherwise fill the array
 /// with zero rows; below a 4x saving the im2col round trip through HBM (k k times the input, in
-/// fp32) costs more than the passes it saves (3x3x32 on 14x14 images: 52 600 cycles folded
-/// against 44 000). `R` is the MXU's rows.
+/// fp32) costs more than the passes it saves (3x3x32 on 14x14 images: 47 564 cycles folded
+/// against 44 023 as an implicit GEMM). `R` is the MXU's rows.
 bool conv2d_folds_taps(const Conv2dShape& s, uint32_t R);
 
 /// How one core's kernel tiles its images (driver/README.md, "Convolution").
