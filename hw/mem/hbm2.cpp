@@ -77,10 +77,12 @@ HbmLocation HbmAddressMap::decode(uint64_t addr) const {
 // ---- one pseudo-channel
 // --------------------------------------------------------------------------
 
-Hbm2PseudoChannel::Hbm2PseudoChannel(const HbmConfig& cfg)
+Hbm2PseudoChannel::Hbm2PseudoChannel(const HbmConfig& cfg, bool batch_runs)
     : m_t(cfg.timing),
       m_closed_page(cfg.page_policy == "closed"),
+      m_batch_runs(batch_runs),
       m_bpg(cfg.banks_per_group),
+      m_groups(cfg.bank_groups),
       m_bl2(std::max<Tick>(1, cfg.burst_length / 2)),
       m_banks(size_t(cfg.bank_groups) * cfg.banks_per_group),
       m_last_col_bg(cfg.bank_groups, kNever),
@@ -171,8 +173,103 @@ Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, T
     }
 }
 
+bool Hbm2PseudoChannel::try_run(Tick arrive, const HbmColumnAccess& first, uint32_t count,
+                                bool write, Tick& done) {
+    // Why this equals serve() burst by burst: (a) every burst finds its row open (checked
+    // below) and nothing in the run opens or closes a row, so prepare() takes its Hit branch
+    // each time unless a refresh falls due first; (b) admission and the row cursor are running
+    // maxima, so burst i is prepared at P_i = max(cursor, arrive, admit, slot_0 + 1, ..,
+    // slot_i + 1) and P is non-decreasing: P_last < due rules out every refresh; (c) with
+    // count <= queue_bursts the slots read are those of bursts before the run; (d) in the column
+    // step the ACT time of each bank and the other direction's last command are constant, and
+    // the bus term m_data_end - lat is the previous column command + BL/2.
+    const size_t q = m_queue.size();
+    if (!m_batch_runs || m_closed_page || count == 0 || count > q || count > kMaxRun) return false;
+    const uint32_t gmask = m_groups - 1;
+    // The banks in the order the run first touches them: burst i is in banks[i & gmask].
+    const uint32_t touched = std::min(count, m_groups);
+    Bank* banks[kMaxRun];
+    for (uint32_t i = 0; i < touched; ++i) {
+        const uint32_t g = (first.bank_group + i) & gmask;
+        Bank& b = m_banks[g * m_bpg + first.bank];
+        if (b.open_row != int64_t(first.row)) return false;
+        banks[i] = &b;
+    }
+    // (1) Admission and row logic: every burst a hit.
+    Tick prepared[kMaxRun];
+    Tick admit = std::max(arrive, m_admit), cursor = m_row_cursor;
+    size_t slot = m_queue_idx;
+    for (uint32_t i = 0; i < count; ++i) {
+        admit = std::max(admit, m_queue[slot] + 1);
+        slot = slot + 1 == q ? 0 : slot + 1;
+        cursor = std::max(cursor, admit);
+        prepared[i] = cursor;
+    }
+    if (m_t.refi != 0 && cursor >= m_due) return false;
+    // (2) Column commands, in order.
+    // Two-operand maxima: an initializer-list max is a loop over a stack array here.
+    const Tick lat = write ? m_t.wl : m_t.cl;
+    const Tick turn = write ? m_last_rd + Tick(m_t.rtw) : m_last_wr + m_t.wl + m_bl2 + m_t.wtr;
+    // The bus rule in column terms: after the previous column command by max(CCD_S, BL/2).
+    const Tick step = std::max(Tick(m_t.ccd_s), m_bl2);
+    Tick col = std::max(m_last_col + Tick(m_t.ccd_s), m_data_end - lat) - step;
+    slot = m_queue_idx;
+    for (uint32_t i = 0; i < count; ++i) {
+        const uint32_t g = (first.bank_group + i) & gmask;
+        Tick& bg = m_last_col_bg[g];
+        const Tick bank_ready =
+            std::max(banks[i & gmask]->act + Tick(m_t.rcd), bg + Tick(m_t.ccd_l));
+        col = std::max(std::max(col + step, prepared[i]), std::max(bank_ready, turn));
+        bg = col;
+        m_queue[slot] = col;
+        slot = slot + 1 == q ? 0 : slot + 1;
+    }
+    // (3) The state serve() leaves: pre_ready grows with the bank's last column command.
+    for (uint32_t i = 0; i < touched; ++i) {
+        const uint32_t g = (first.bank_group + i) & gmask;
+        const Tick c = m_last_col_bg[g];
+        banks[i]->pre_ready =
+            std::max(banks[i]->pre_ready, write ? c + m_t.wl + m_bl2 + m_t.wr : c + m_t.rtp);
+    }
+    m_queue_idx = slot;
+    m_admit = admit;
+    m_row_cursor = cursor;
+    m_last_col = col;
+    (write ? m_last_wr : m_last_rd) = col;
+    m_data_end = col + lat + m_bl2;
+    m_counters.bursts += count;
+    m_counters.row_hits += count;
+    ++m_counters.runs;
+    done = m_data_end;
+    return true;
+}
+
+uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& first,
+                                       uint32_t count, bool write) {
+    Tick done;
+    if (try_run(Tick(arrive), first, count, write, done)) return uint64_t(done);
+    m_scratch.clear();
+    for (uint32_t i = 0; i < count; ++i)
+        m_scratch.push_back({(first.bank_group + i) & (m_groups - 1), first.bank, first.row});
+    return serve(arrive, m_scratch, write);
+}
+
 uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAccess> bursts,
                                    bool write) {
+    // A row-hit run given as a list (tests; other callers use access_run).
+    bool run = !bursts.empty();
+    for (size_t i = 1; i < bursts.size() && run; ++i)
+        run = bursts[i].bank_group == ((bursts[0].bank_group + i) & (m_groups - 1)) &&
+              bursts[i].bank == bursts[0].bank && bursts[i].row == bursts[0].row;
+    Tick done;
+    if (run && bursts.size() <= kMaxRun &&
+        try_run(Tick(arrive), bursts[0], uint32_t(bursts.size()), write, done))
+        return uint64_t(done);
+    return serve(arrive, bursts, write);
+}
+
+uint64_t Hbm2PseudoChannel::serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts,
+                                  bool write) {
     Tick done = Tick(arrive);
     for (size_t i = 0; i < bursts.size(); ++i) {
         const HbmColumnAccess& req = bursts[i];
@@ -229,26 +326,60 @@ Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
              double(m_core_ps);
     m_pcs.reserve(m_map.pseudo_channels());
     for (uint32_t i = 0; i < m_map.pseudo_channels(); ++i) m_pcs.emplace_back(h);
-    m_scratch.reserve(h.interleave_bytes / m_map.burst_bytes());
+}
+
+uint64_t Hbm2Timing::to_tck(uint64_t cycle) {
+    // ceil(cycle x T / tck). Requests come in rising core cycles a few apart, so stepping from
+    // the last answer (remainder r = n x tck - cycle x T in [0, tck)) replaces the division.
+    if (cycle >= m_arrive_cycle && cycle - m_arrive_cycle <= 4) {
+        int64_t r = m_arrive_rem - int64_t((cycle - m_arrive_cycle) * m_core_ps);
+        uint64_t n = m_arrive_tck;
+        while (r < 0) {
+            r += int64_t(m_tck_ps);
+            ++n;
+        }
+        m_arrive_cycle = cycle;
+        m_arrive_tck = n;
+        m_arrive_rem = r;
+        return n;
+    }
+    const uint64_t n = mul_div_up(cycle, m_core_ps, m_tck_ps);
+    if (n <= (uint64_t(INT64_MAX) / m_tck_ps)) {
+        m_arrive_cycle = cycle;
+        m_arrive_tck = n;
+        m_arrive_rem = int64_t(n * m_tck_ps - cycle * m_core_ps);
+    }
+    return n;
 }
 
 uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) {
     if (bytes == 0) return arrive;
-    const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_tck_ps);
-    const uint64_t burst = m_map.burst_bytes(), granule = m_map.interleave_bytes();
+    const uint64_t arrive_tck = to_tck(arrive);
+    // Shifts and masks: burst and granule sizes are powers of two (checked by the map).
+    const uint32_t sh_burst = std::countr_zero(m_map.burst_bytes());
+    const uint64_t granule = m_map.interleave_bytes(), burst_mask = m_map.burst_bytes() - 1;
     uint64_t done_tck = arrive_tck;
     const uint64_t end = addr + bytes;
     for (uint64_t lo = addr; lo < end;) {
-        const uint64_t hi = std::min(end, (lo / granule + 1) * granule);
+        const uint64_t hi = std::min(end, (lo | (granule - 1)) + 1);
         // Every burst the piece touches, in address order; bursts never cross a granule. Inside
-        // a granule the pseudo-channel is fixed and the local burst numbers are consecutive,
-        // so only the first burst is decoded in full.
-        m_scratch.clear();
-        const uint64_t first = lo / burst * burst;
+        // a granule the pseudo-channel is fixed and the local burst numbers are consecutive:
+        // bank groups rotate fastest, so while they stay in one bank and row (always, unless
+        // a granule is larger than a row in every bank group) they are a run for access_run.
+        const uint64_t first = lo & ~burst_mask;
         const HbmLocation l = m_map.decode(first);
-        const uint64_t b0 = l.local / burst, count = (hi - first + burst - 1) / burst;
-        for (uint64_t j = 0; j < count; ++j) m_scratch.push_back(m_map.bank_of_burst(b0 + j));
-        done_tck = std::max(done_tck, m_pcs[l.pseudo_channel].access(arrive_tck, m_scratch, write));
+        const uint64_t b0 = l.local >> sh_burst, count = (hi - first + burst_mask) >> sh_burst;
+        const HbmColumnAccess last = m_map.bank_of_burst(b0 + count - 1);
+        Hbm2PseudoChannel& pc = m_pcs[l.pseudo_channel];
+        uint64_t done;
+        if (last.bank == l.bank.bank && last.row == l.bank.row) {
+            done = pc.access_run(arrive_tck, l.bank, static_cast<uint32_t>(count), write);
+        } else {
+            m_scratch.clear();
+            for (uint64_t j = 0; j < count; ++j) m_scratch.push_back(m_map.bank_of_burst(b0 + j));
+            done = pc.access(arrive_tck, m_scratch, write);
+        }
+        done_tck = std::max(done_tck, done);
         lo = hi;
     }
     return mul_div_up(done_tck, m_tck_ps, m_core_ps);
@@ -302,6 +433,7 @@ Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {
         sum.activates += c.activates;
         sum.precharges += c.precharges;
         sum.refreshes += c.refreshes;
+        sum.runs += c.runs;
     }
     return sum;
 }

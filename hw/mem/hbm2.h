@@ -75,14 +75,29 @@ public:
         uint64_t activates = 0;   ///< ACT commands
         uint64_t precharges = 0;  ///< explicit PRE commands (auto-precharges and PREA excluded)
         uint64_t refreshes = 0;   ///< REF commands
+        /// Requests served as row-hit runs (a host-speed shortcut with no timing meaning; for
+        /// tests that prove both paths are taken).
+        uint64_t runs = 0;
     };
 
-    /// An idle pseudo-channel with every bank closed at tCK 0.
-    explicit Hbm2PseudoChannel(const HbmConfig& cfg);
+    /// An idle pseudo-channel with every bank closed at tCK 0. `batch_runs` = false turns the
+    /// row-hit run shortcut off (see access()), for tests that compare the two.
+    explicit Hbm2PseudoChannel(const HbmConfig& cfg, bool batch_runs = true);
     /// Serves a request of `bursts` (all reads or all writes) that reaches the controller at tCK
     /// `arrive`, after every request passed before it; returns the tCK at which its last data
     /// beat has moved (the end of its last burst on the data bus).
+    ///
+    /// A *row-hit run* is served without the per-burst row logic, with identical results: the
+    /// bursts share one bank index and row, their bank groups rotate (g0, g0 + 1, ... mod the
+    /// group count, as consecutive addresses do), the page policy is open, each bank they
+    /// touch has that row open, they fit in the queue and no refresh falls due before the last
+    /// one is prepared. Then no burst activates, precharges or refreshes, so a burst is prepared
+    /// at max(row cursor, its admission) and the row logic changes nothing else.
     uint64_t access(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
+    /// access() of `count` bursts at consecutive burst numbers of one bank's row, the first
+    /// `first` (its bank group first): the form in which Hbm2Timing sends a granule's piece, so
+    /// a row-hit run needs neither the bursts listed nor the pattern checked.
+    uint64_t access_run(uint64_t arrive, const HbmColumnAccess& first, uint32_t count, bool write);
     /// Counters since construction.
     const Counters& counters() const { return m_counters; }
     /// Banks of the pseudo-channel (bank_groups x banks).
@@ -105,14 +120,26 @@ private:
 
     /// Performs the refresh that is due (PREA if a bank is open, then REF).
     void refresh();
+    /// The row-hit run shortcut (see access()): serves `count` bursts of bank `first.bank`,
+    /// row `first.row`, bank groups first.bank_group + i (mod groups) and returns true, or
+    /// returns false having changed nothing when the run does not qualify.
+    bool try_run(Tick arrive, const HbmColumnAccess& first, uint32_t count, bool write, Tick& done);
+    /// The per-burst path.
+    uint64_t serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
     /// Row logic for one burst; returns the cycle the burst's column command may go.
     Tick prepare(const HbmColumnAccess& b, Tick admit);
     Bank& bank(const HbmColumnAccess& b) { return m_banks[b.bank_group * m_bpg + b.bank]; }
 
+    /// Runs longer than this take the per-burst path (try_run keeps a run's times on the
+    /// stack; a granule of the default board is 8 bursts).
+    static constexpr uint32_t kMaxRun = 64;
+
     HbmTiming m_t;
     bool m_closed_page;
+    bool m_batch_runs;
     uint32_t m_bpg;
-    Tick m_bl2;  ///< tCK of data per burst (burst_length / 2, at least 1)
+    uint32_t m_groups;  ///< bank groups
+    Tick m_bl2;         ///< tCK of data per burst (burst_length / 2, at least 1)
     std::vector<Bank> m_banks;
     std::vector<Tick> m_last_col_bg;
     std::vector<Tick> m_queue;  ///< column cycle of the last queue_bursts bursts (ring)
@@ -128,6 +155,7 @@ private:
     Tick m_data_end = 0;
     Tick m_due;  ///< next refresh due (tCK); unused when refi == 0
     Counters m_counters;
+    std::vector<HbmColumnAccess> m_scratch;  ///< access_run's bursts on the per-burst path
 };
 
 /// "hbm2": every pseudo-channel of a core's HBM stack as an Hbm2PseudoChannel behind the
@@ -149,11 +177,17 @@ public:
     void register_stats(sim::StatGroup& group) override;
 
 private:
+    /// The first tCK edge at or after core cycle `cycle`.
+    uint64_t to_tck(uint64_t cycle);
+
     HbmAddressMap m_map;
     uint64_t m_core_ps, m_tck_ps;
+    /// to_tck's last answer: core cycle, tCK and n x tck - cycle x T (ps).
+    uint64_t m_arrive_cycle = 0, m_arrive_tck = 0;
+    int64_t m_arrive_rem = 0;
     double m_peak;
     std::vector<Hbm2PseudoChannel> m_pcs;
-    std::vector<HbmColumnAccess> m_scratch;  ///< bursts of the piece being served
+    std::vector<HbmColumnAccess> m_scratch;  ///< bursts of a piece that spans two rows
 };
 
 }  // namespace tpu::hw
