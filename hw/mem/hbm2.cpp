@@ -175,59 +175,62 @@ Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, T
 
 bool Hbm2PseudoChannel::try_run(Tick arrive, const HbmColumnAccess& first, uint32_t count,
                                 bool write, Tick& done) {
-    // Why this equals serve() burst by burst: (a) every burst finds its row open (checked
-    // below) and nothing in the run opens or closes a row, so prepare() takes its Hit branch
-    // each time unless a refresh falls due first; (b) admission and the row cursor are running
-    // maxima, so burst i is prepared at P_i = max(cursor, arrive, admit, slot_0 + 1, ..,
-    // slot_i + 1) and P is non-decreasing: P_last < due rules out every refresh; (c) with
-    // count <= queue_bursts the slots read are those of bursts before the run; (d) in the column
-    // step the ACT time of each bank and the other direction's last command are constant, and
-    // the bus term m_data_end - lat is the previous column command + BL/2.
+    // Why this equals serve() burst by burst:
+    // (a) every burst finds its row open (checked below) and nothing in the run opens or closes
+    //     a row, so prepare() takes its Hit branch each time unless a refresh falls due first;
+    // (b) column commands issue in order, each at least CCD_S >= 1 after the previous one, and
+    //     fill the queue ring in order, so the slots read from m_queue_idx on are non-decreasing
+    //     (kNever where no burst was yet); with count <= queue_bursts they are all from bursts
+    //     before the run. Admission and the row cursor are running maxima, so burst i is
+    //     prepared at max(base, slot_i + 1) with base = max(arrive, admit, cursor): the last
+    //     burst's is the largest, and if it is before the due cycle no refresh intervenes;
+    // (c) in the column step the ACT time of each bank and the other direction's last command
+    //     are constant, and the bus term m_data_end - lat is the previous column + BL/2.
     const size_t q = m_queue.size();
     if (!m_batch_runs || m_closed_page || count == 0 || count > q || count > kMaxRun) return false;
     const uint32_t gmask = m_groups - 1;
-    // The banks in the order the run first touches them: burst i is in banks[i & gmask].
+    const Tick lat = write ? m_t.wl : m_t.cl;
+    const Tick turn = write ? m_last_rd + Tick(m_t.rtw) : m_last_wr + m_t.wl + m_bl2 + m_t.wtr;
+    // The banks in the order the run first touches them (burst i is in banks[i & gmask]), each
+    // with the bound its ACT and the turnaround put on every column command, and its group's
+    // last column command.
     const uint32_t touched = std::min(count, m_groups);
     Bank* banks[kMaxRun];
+    Tick fixed[kMaxRun], group_col[kMaxRun];
     for (uint32_t i = 0; i < touched; ++i) {
         const uint32_t g = (first.bank_group + i) & gmask;
         Bank& b = m_banks[g * m_bpg + first.bank];
         if (b.open_row != int64_t(first.row)) return false;
         banks[i] = &b;
+        fixed[i] = std::max(b.act + Tick(m_t.rcd), turn);
+        group_col[i] = m_last_col_bg[g];
     }
-    // (1) Admission and row logic: every burst a hit.
-    Tick prepared[kMaxRun];
-    Tick admit = std::max(arrive, m_admit), cursor = m_row_cursor;
-    size_t slot = m_queue_idx;
-    for (uint32_t i = 0; i < count; ++i) {
-        admit = std::max(admit, m_queue[slot] + 1);
-        slot = slot + 1 == q ? 0 : slot + 1;
-        cursor = std::max(cursor, admit);
-        prepared[i] = cursor;
-    }
+    // (1) Admission and row logic, by (b).
+    const size_t last_slot = m_queue_idx + count - 1 < q ? m_queue_idx + count - 1
+                                                         : m_queue_idx + count - 1 - q;
+    const Tick admit = std::max({arrive, m_admit, m_queue[last_slot] + 1});
+    const Tick base = std::max({arrive, m_admit, m_row_cursor});
+    const Tick cursor = std::max(m_row_cursor, admit);
     if (m_t.refi != 0 && cursor >= m_due) return false;
-    // (2) Column commands, in order.
-    // Two-operand maxima: an initializer-list max is a loop over a stack array here.
-    const Tick lat = write ? m_t.wl : m_t.cl;
-    const Tick turn = write ? m_last_rd + Tick(m_t.rtw) : m_last_wr + m_t.wl + m_bl2 + m_t.wtr;
-    // The bus rule in column terms: after the previous column command by max(CCD_S, BL/2).
+    // (2) Column commands, in order; two-operand maxima (an initializer-list max is a loop over
+    // a stack array here). The bus rule in column terms: the previous column + max(CCD_S, BL/2).
     const Tick step = std::max(Tick(m_t.ccd_s), m_bl2);
     Tick col = std::max(m_last_col + Tick(m_t.ccd_s), m_data_end - lat) - step;
-    slot = m_queue_idx;
+    size_t slot = m_queue_idx;
     for (uint32_t i = 0; i < count; ++i) {
-        const uint32_t g = (first.bank_group + i) & gmask;
-        Tick& bg = m_last_col_bg[g];
-        const Tick bank_ready =
-            std::max(banks[i & gmask]->act + Tick(m_t.rcd), bg + Tick(m_t.ccd_l));
-        col = std::max(std::max(col + step, prepared[i]), std::max(bank_ready, turn));
-        bg = col;
-        m_queue[slot] = col;
+        const uint32_t k = i & gmask;
+        Tick& entry = m_queue[slot];
+        const Tick prepared = std::max(base, entry + 1);
+        const Tick bank_ready = std::max(fixed[k], group_col[k] + Tick(m_t.ccd_l));
+        col = std::max(std::max(col + step, prepared), bank_ready);
+        group_col[k] = col;
+        entry = col;
         slot = slot + 1 == q ? 0 : slot + 1;
     }
     // (3) The state serve() leaves: pre_ready grows with the bank's last column command.
     for (uint32_t i = 0; i < touched; ++i) {
-        const uint32_t g = (first.bank_group + i) & gmask;
-        const Tick c = m_last_col_bg[g];
+        const Tick c = group_col[i];
+        m_last_col_bg[(first.bank_group + i) & gmask] = c;
         banks[i]->pre_ready =
             std::max(banks[i]->pre_ready, write ? c + m_t.wl + m_bl2 + m_t.wr : c + m_t.rtp);
     }
