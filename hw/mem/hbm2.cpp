@@ -206,8 +206,8 @@ bool Hbm2PseudoChannel::try_run(Tick arrive, const HbmColumnAccess& first, uint3
         group_col[i] = m_last_col_bg[g];
     }
     // (1) Admission and row logic, by (b).
-    const size_t last_slot = m_queue_idx + count - 1 < q ? m_queue_idx + count - 1
-                                                         : m_queue_idx + count - 1 - q;
+    const size_t last_slot =
+        m_queue_idx + count - 1 < q ? m_queue_idx + count - 1 : m_queue_idx + count - 1 - q;
     const Tick admit = std::max({arrive, m_admit, m_queue[last_slot] + 1});
     const Tick base = std::max({arrive, m_admit, m_row_cursor});
     const Tick cursor = std::max(m_row_cursor, admit);
@@ -254,7 +254,16 @@ uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& f
     m_scratch.clear();
     for (uint32_t i = 0; i < count; ++i)
         m_scratch.push_back({(first.bank_group + i) & (m_groups - 1), first.bank, first.row});
-    return serve(arrive, m_scratch, write);
+    // A run that opens its row: once its first burst in each bank group is served, the rest
+    // are row hits. Under the open page policy a request split in two with the same arrival is
+    // served alike (only the closed policy looks ahead within a request), so the rest may
+    // still take the shortcut.
+    const uint32_t head = std::min(count, m_groups);
+    if (m_closed_page || head == count) return serve(arrive, m_scratch, write);
+    serve(arrive, std::span(m_scratch).first(head), write);
+    const HbmColumnAccess rest{first.bank_group, first.bank, first.row};  // head % groups == 0
+    if (try_run(Tick(arrive), rest, count - head, write, done)) return uint64_t(done);
+    return serve(arrive, std::span(m_scratch).subspan(head), write);
 }
 
 uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAccess> bursts,
@@ -264,10 +273,8 @@ uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAcc
     for (size_t i = 1; i < bursts.size() && run; ++i)
         run = bursts[i].bank_group == ((bursts[0].bank_group + i) & (m_groups - 1)) &&
               bursts[i].bank == bursts[0].bank && bursts[i].row == bursts[0].row;
-    Tick done;
-    if (run && bursts.size() <= kMaxRun &&
-        try_run(Tick(arrive), bursts[0], uint32_t(bursts.size()), write, done))
-        return uint64_t(done);
+    if (run && bursts.size() <= kMaxRun)
+        return access_run(arrive, bursts[0], uint32_t(bursts.size()), write);
     return serve(arrive, bursts, write);
 }
 
