@@ -20,14 +20,27 @@ uint32_t burst_bytes_of(const HbmConfig& c) {
     return c.bus_bits / c.pseudo_channels * c.burst_length / 8;
 }
 
-/// ceil(x * m / d) without overflow; 64-bit arithmetic when the product fits (always, in
-/// practice: a 128-bit division costs more than the rest of a small request's bookkeeping).
-uint64_t mul_div_up(uint64_t x, uint64_t m, uint64_t d) {
-    if (x <= (UINT64_MAX - d) / m) return (x * m + d - 1) / d;
-    return static_cast<uint64_t>(((unsigned __int128)x * m + d - 1) / d);
+}  // namespace
+
+/// ceil(x * m / d) without overflow: a multiplication by d's reciprocal when x m + d - 1 is
+/// below 2^48 (always, in practice: a division costs more than the rest of a piece's
+/// bookkeeping), a 128-bit division otherwise.
+uint64_t Hbm2Timing::mul_div_up(uint64_t x, uint64_t m, const Divider& d) {
+    if (x < (uint64_t(1) << Divider::kBits) / m) {
+        const uint64_t y = x * m + d.divisor() - 1;
+        if (y < (uint64_t(1) << Divider::kBits)) return d.quotient(y);
+    }
+    return static_cast<uint64_t>(((unsigned __int128)x * m + d.divisor() - 1) / d.divisor());
 }
 
-}  // namespace
+Hbm2Timing::Divider::Divider(uint64_t d) : m_d(d) {
+    // m = ceil(2^(48 + l) / d) with 2^l >= d: m d lies in [2^(48 + l), 2^(48 + l) + d - 1], so
+    // (Granlund and Montgomery, "Division by invariant integers using multiplication", 4.2)
+    // floor(x m / 2^(48 + l)) = floor(x / d) for every x < 2^48; x m < 2^98 fits 128 bits.
+    const uint32_t l = static_cast<uint32_t>(std::bit_width(d - 1));
+    m_shift = kBits + l;
+    m_magic = static_cast<uint64_t>((((unsigned __int128)1 << m_shift) + d - 1) / d);
+}
 
 // ---- address map -------------------------------------------------------------------------------
 
@@ -213,18 +226,30 @@ bool Hbm2PseudoChannel::try_run(Tick arrive, const HbmColumnAccess& first, uint3
     const Tick cursor = std::max(m_row_cursor, admit);
     if (m_t.refi != 0 && cursor >= m_due) return false;
     // (2) Column commands, in order; two-operand maxima (an initializer-list max is a loop over
-    // a stack array here). The bus rule in column terms: the previous column + max(CCD_S, BL/2).
+    // a stack array here). The bus rule in column terms: the previous column + max(CCD_S, BL/2)
+    // = step. Burst i is prepared at max(base, slot_i + 1), and slot_i (burst i - Q's column)
+    // is at most the previous column, so only base counts, and only for the first burst.
     const Tick step = std::max(Tick(m_t.ccd_s), m_bl2);
     Tick col = std::max(m_last_col + Tick(m_t.ccd_s), m_data_end - lat) - step;
+    col = std::max(col, base - step);
     size_t slot = m_queue_idx;
-    for (uint32_t i = 0; i < count; ++i) {
+    auto issue = [&](uint32_t i) {
         const uint32_t k = i & gmask;
-        Tick& entry = m_queue[slot];
-        const Tick prepared = std::max(base, entry + 1);
-        const Tick bank_ready = std::max(fixed[k], group_col[k] + Tick(m_t.ccd_l));
-        col = std::max(std::max(col + step, prepared), bank_ready);
+        col = std::max(col + step, std::max(fixed[k], group_col[k] + Tick(m_t.ccd_l)));
         group_col[k] = col;
-        entry = col;
+        m_queue[slot] = col;
+        slot = slot + 1 == q ? 0 : slot + 1;
+    };
+    // From the second round of bank groups on, a burst's bank allowed it CCD_L after the same
+    // group's previous column and its bank's fixed bound held for that one, which is at least
+    // G - 1 steps back: with CCD_L <= G x step the burst issues one step after the previous.
+    const bool paced = Tick(m_t.ccd_l) <= Tick(m_groups) * step;
+    uint32_t i = 0;
+    for (; i < count && (i < m_groups || !paced); ++i) issue(i);
+    for (; i < count; ++i) {
+        col += step;
+        group_col[i & gmask] = col;
+        m_queue[slot] = col;
         slot = slot + 1 == q ? 0 : slot + 1;
     }
     // (3) The state serve() leaves: pre_ready grows with the bank's last column command.
@@ -328,7 +353,11 @@ uint64_t Hbm2PseudoChannel::serve(uint64_t arrive, std::span<const HbmColumnAcce
 // ---- the stack ---------------------------------------------------------------------------------
 
 Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
-    : m_map(cfg.hbm), m_core_ps(cfg.period_ps()), m_tck_ps(cfg.hbm.tck_ps) {
+    : m_map(cfg.hbm),
+      m_core_ps(cfg.period_ps()),
+      m_tck_ps(cfg.hbm.tck_ps),
+      m_to_tck(m_tck_ps),
+      m_to_core(m_core_ps) {
     const HbmConfig& h = cfg.hbm;
     // Every pseudo-channel moves one burst per max(1, BL/2) tCK.
     const double bl2 = std::max(1u, h.burst_length / 2);
@@ -338,33 +367,10 @@ Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
     for (uint32_t i = 0; i < m_map.pseudo_channels(); ++i) m_pcs.emplace_back(h);
 }
 
-uint64_t Hbm2Timing::to_tck(uint64_t cycle) {
-    // ceil(cycle x T / tck). Requests come in rising core cycles a few apart, so stepping from
-    // the last answer (remainder r = n x tck - cycle x T in [0, tck)) replaces the division.
-    if (cycle >= m_arrive_cycle && cycle - m_arrive_cycle <= 4) {
-        int64_t r = m_arrive_rem - int64_t((cycle - m_arrive_cycle) * m_core_ps);
-        uint64_t n = m_arrive_tck;
-        while (r < 0) {
-            r += int64_t(m_tck_ps);
-            ++n;
-        }
-        m_arrive_cycle = cycle;
-        m_arrive_tck = n;
-        m_arrive_rem = r;
-        return n;
-    }
-    const uint64_t n = mul_div_up(cycle, m_core_ps, m_tck_ps);
-    if (n <= (uint64_t(INT64_MAX) / m_tck_ps)) {
-        m_arrive_cycle = cycle;
-        m_arrive_tck = n;
-        m_arrive_rem = int64_t(n * m_tck_ps - cycle * m_core_ps);
-    }
-    return n;
-}
-
 uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) {
     if (bytes == 0) return arrive;
-    const uint64_t arrive_tck = to_tck(arrive);
+    // The first tCK edge at or after the arrival: ceil(arrive x T / tck).
+    const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
     // Shifts and masks: burst and granule sizes are powers of two (checked by the map).
     const uint32_t sh_burst = std::countr_zero(m_map.burst_bytes());
     const uint64_t granule = m_map.interleave_bytes(), burst_mask = m_map.burst_bytes() - 1;
@@ -392,7 +398,7 @@ uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool
         done_tck = std::max(done_tck, done);
         lo = hi;
     }
-    return mul_div_up(done_tck, m_tck_ps, m_core_ps);
+    return mul_div_up(done_tck, m_tck_ps, m_to_core);
 }
 
 uint64_t Hbm2Timing::bank_conflicts(size_t i) const {

@@ -177,14 +177,29 @@ public:
     void register_stats(sim::StatGroup& group) override;
 
 private:
-    /// The first tCK edge at or after core cycle `cycle`.
-    uint64_t to_tck(uint64_t cycle);
+    /// Exact division by a constant through its reciprocal, for dividends below 2^kBits: each
+    /// request converts two times between clocks, and a hardware division costs more than a
+    /// piece's bookkeeping.
+    class Divider {
+    public:
+        static constexpr uint32_t kBits = 48;  ///< dividends below 2^48 (78 hours of tCK)
+        explicit Divider(uint64_t d);
+        uint64_t divisor() const { return m_d; }
+        /// floor(x / divisor()) for x < 2^kBits.
+        uint64_t quotient(uint64_t x) const {
+            return static_cast<uint64_t>(((unsigned __int128)x * m_magic) >> m_shift);
+        }
+
+    private:
+        uint64_t m_d, m_magic;
+        uint32_t m_shift;
+    };
+    /// ceil(x * m / d).
+    static uint64_t mul_div_up(uint64_t x, uint64_t m, const Divider& d);
 
     HbmAddressMap m_map;
     uint64_t m_core_ps, m_tck_ps;
-    /// to_tck's last answer: core cycle, tCK and n x tck - cycle x T (ps).
-    uint64_t m_arrive_cycle = 0, m_arrive_tck = 0;
-    int64_t m_arrive_rem = 0;
+    Divider m_to_tck, m_to_core;  ///< by tck_ps, by the core period
     double m_peak;
     std::vector<Hbm2PseudoChannel> m_pcs;
     std::vector<HbmColumnAccess> m_scratch;  ///< bursts of a piece that spans two rows

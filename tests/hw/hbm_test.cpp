@@ -292,7 +292,8 @@ TEST(Hbm2Property, RowHitRunsEqualThePerBurstPath) {
 
 // The stack sends each granule's piece as a run; with granules larger than a row in every bank
 // group a piece spans banks and takes the listed path. Either way the stack equals pseudo-
-// channels fed burst by burst through the address map, for random requests.
+// channels fed burst by burst through the address map, for random requests, and its clock
+// conversions (by reciprocal) equal the divisions written out here.
 TEST(Hbm2Property, StackEqualsPerBurstPseudoChannels) {
     for (uint32_t seed = 1; seed <= 40; ++seed) {
         std::mt19937 rng(seed);
@@ -305,6 +306,8 @@ TEST(Hbm2Property, StackEqualsPerBurstPseudoChannels) {
             cfg.hbm.timing.refi = 900;
         }
         if (seed % 3 == 0) cfg.hbm.address_hash = "none";
+        // Clock ratios on both sides of 1 for the conversions between core cycles and tCK.
+        cfg.hbm.tck_ps = 500 + 97 * seed;
         Hbm2Timing stack(cfg);
         const HbmAddressMap& map = stack.address_map();
         std::vector<Hbm2PseudoChannel> pcs(map.pseudo_channels(),
@@ -322,6 +325,7 @@ TEST(Hbm2Property, StackEqualsPerBurstPseudoChannels) {
             const uint64_t arrive = (t * T + tck - 1) / tck;
             uint64_t done = arrive;
             const uint64_t g = map.interleave_bytes();
+            ASSERT_LT(t * T, uint64_t(1) << 48);  // the reciprocal's range, not the fallback
             for (uint64_t lo = addr; lo < addr + bytes;) {
                 const uint64_t hi = std::min(addr + bytes, (lo / g + 1) * g);
                 std::vector<HbmColumnAccess> bursts;
