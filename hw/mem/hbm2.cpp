@@ -186,10 +186,9 @@ Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, T
     }
 }
 
-bool Hbm2PseudoChannel::try_run(Tick arrive, const HbmColumnAccess& first, uint32_t count,
-                                bool write, Tick& done) {
-    // Why this equals serve() burst by burst:
-    // (a) every burst finds its row open (checked below) and nothing in the run opens or closes
+size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& done) {
+    // Why this equals serve() burst by burst, run after run:
+    // (a) every burst finds its row open (checked below) and nothing in the runs opens or closes
     //     a row, so prepare() takes its Hit branch each time unless a refresh falls due first;
     // (b) column commands issue in order, each at least CCD_S >= 1 after the previous one, and
     //     fill the queue ring in order, so the slots read from m_queue_idx on are non-decreasing
@@ -199,83 +198,123 @@ bool Hbm2PseudoChannel::try_run(Tick arrive, const HbmColumnAccess& first, uint3
     //     burst's is the largest, and if it is before the due cycle no refresh intervenes;
     // (c) in the column step the ACT time of each bank and the other direction's last command
     //     are constant, and the bus term m_data_end - lat is the previous column + BL/2.
+    // The state lives in locals while the runs last and is stored once at the end.
+    if (runs.empty() || !m_batch_runs || m_closed_page || m_groups > kMaxRun) return 0;
+    const HbmColumnAccess& row = runs[0].first;
     const size_t q = m_queue.size();
-    if (!m_batch_runs || m_closed_page || count == 0 || count > q || count > kMaxRun) return false;
     const uint32_t gmask = m_groups - 1;
     const Tick lat = write ? m_t.wl : m_t.cl;
     const Tick turn = write ? m_last_rd + Tick(m_t.rtw) : m_last_wr + m_t.wl + m_bl2 + m_t.wtr;
-    // The banks in the order the run first touches them (burst i is in banks[i & gmask]), each
-    // with the bound its ACT and the turnaround put on every column command, and its group's
-    // last column command.
-    const uint32_t touched = std::min(count, m_groups);
-    Bank* banks[kMaxRun];
+    // Per bank group: whether its bank has the row open, the bound its ACT and the turnaround
+    // put on every column command, and the group's last column command.
+    uint64_t open = 0;
     Tick fixed[kMaxRun], group_col[kMaxRun];
-    for (uint32_t i = 0; i < touched; ++i) {
-        const uint32_t g = (first.bank_group + i) & gmask;
-        Bank& b = m_banks[g * m_bpg + first.bank];
-        if (b.open_row != int64_t(first.row)) return false;
-        banks[i] = &b;
-        fixed[i] = std::max(b.act + Tick(m_t.rcd), turn);
-        group_col[i] = m_last_col_bg[g];
+    for (uint32_t g = 0; g < m_groups; ++g) {
+        const Bank& b = m_banks[g * m_bpg + row.bank];
+        if (b.open_row != int64_t(row.row)) continue;
+        open |= uint64_t(1) << g;
+        fixed[g] = std::max(b.act + Tick(m_t.rcd), turn);
+        group_col[g] = m_last_col_bg[g];
     }
-    // (1) Admission and row logic, by (b).
-    const size_t last_slot =
-        m_queue_idx + count - 1 < q ? m_queue_idx + count - 1 : m_queue_idx + count - 1 - q;
-    const Tick admit = std::max({arrive, m_admit, m_queue[last_slot] + 1});
-    const Tick base = std::max({arrive, m_admit, m_row_cursor});
-    const Tick cursor = std::max(m_row_cursor, admit);
-    if (m_t.refi != 0 && cursor >= m_due) return false;
-    // (2) Column commands, in order; two-operand maxima (an initializer-list max is a loop over
-    // a stack array here). The bus rule in column terms: the previous column + max(CCD_S, BL/2)
-    // = step. Burst i is prepared at max(base, slot_i + 1), and slot_i (burst i - Q's column)
-    // is at most the previous column, so only base counts, and only for the first burst.
-    const Tick step = std::max(Tick(m_t.ccd_s), m_bl2);
-    Tick col = std::max(m_last_col + Tick(m_t.ccd_s), m_data_end - lat) - step;
-    col = std::max(col, base - step);
-    size_t slot = m_queue_idx;
-    auto issue = [&](uint32_t i) {
-        const uint32_t k = i & gmask;
-        col = std::max(col + step, std::max(fixed[k], group_col[k] + Tick(m_t.ccd_l)));
-        group_col[k] = col;
-        m_queue[slot] = col;
-        slot = slot + 1 == q ? 0 : slot + 1;
-    };
+    const uint64_t all = m_groups == 64 ? ~uint64_t(0) : (uint64_t(1) << m_groups) - 1;
     // From the second round of bank groups on, a burst's bank allowed it CCD_L after the same
     // group's previous column and its bank's fixed bound held for that one, which is at least
     // G - 1 steps back: with CCD_L <= G x step the burst issues one step after the previous.
+    const Tick step = std::max(Tick(m_t.ccd_s), m_bl2);
     const bool paced = Tick(m_t.ccd_l) <= Tick(m_groups) * step;
-    uint32_t i = 0;
-    for (; i < count && (i < m_groups || !paced); ++i) issue(i);
-    for (; i < count; ++i) {
-        col += step;
-        group_col[i & gmask] = col;
-        m_queue[slot] = col;
-        slot = slot + 1 == q ? 0 : slot + 1;
+    size_t qidx = m_queue_idx;
+    Tick admit = m_admit, cursor = m_row_cursor, col = m_last_col, data_end = m_data_end;
+    Tick* const ring = m_queue.data();
+    uint64_t used = 0, bursts = 0;
+    size_t served = 0;
+    for (const Run& run : runs) {
+        const uint32_t count = run.count, g0 = run.first.bank_group;
+        if (run.first.bank != row.bank || run.first.row != row.row || count == 0 || count > q ||
+            count > kMaxRun)
+            break;
+        // The groups the run touches: count of them from g0 on, wrapping.
+        uint64_t touched = all;
+        if (count < m_groups) {
+            const uint64_t m = (uint64_t(1) << count) - 1;
+            touched = g0 == 0 ? m : ((m << g0) | (m >> (m_groups - g0))) & all;
+        }
+        if ((touched & open) != touched) break;
+        // (1) Admission and row logic, by (b).
+        const Tick arrive = Tick(run.arrive);
+        const size_t last = qidx + count - 1 < q ? qidx + count - 1 : qidx + count - 1 - q;
+        const Tick base = std::max({arrive, admit, cursor});
+        const Tick run_admit = std::max({arrive, admit, ring[last] + 1});
+        const Tick run_cursor = std::max(cursor, run_admit);
+        if (m_t.refi != 0 && run_cursor >= m_due) break;
+        admit = run_admit;
+        cursor = run_cursor;
+        // (2) Column commands, in order; two-operand maxima (an initializer-list max is a loop
+        // over a stack array here). The bus rule in column terms: the previous column +
+        // max(CCD_S, BL/2) = step. Burst i is prepared at max(base, slot_i + 1), and slot_i
+        // (burst i - Q's column) is at most the previous column, so only base counts, and only
+        // for the first burst.
+        col = std::max(std::max(col + Tick(m_t.ccd_s), data_end - lat), base) - step;
+        uint32_t i = 0;
+        for (; i < count && (i < m_groups || !paced); ++i) {
+            const uint32_t g = (g0 + i) & gmask;
+            col = std::max(col + step, std::max(fixed[g], group_col[g] + Tick(m_t.ccd_l)));
+            group_col[g] = col;
+            ring[qidx] = col;
+            qidx = qidx + 1 == q ? 0 : qidx + 1;
+        }
+        for (; i < count; ++i) {
+            col += step;
+            group_col[(g0 + i) & gmask] = col;
+            ring[qidx] = col;
+            qidx = qidx + 1 == q ? 0 : qidx + 1;
+        }
+        data_end = col + lat + m_bl2;
+        used |= touched;
+        bursts += count;
+        ++served;
     }
+    if (served == 0) return 0;
     // (3) The state serve() leaves: pre_ready grows with the bank's last column command.
-    for (uint32_t i = 0; i < touched; ++i) {
-        const Tick c = group_col[i];
-        m_last_col_bg[(first.bank_group + i) & gmask] = c;
-        banks[i]->pre_ready =
-            std::max(banks[i]->pre_ready, write ? c + m_t.wl + m_bl2 + m_t.wr : c + m_t.rtp);
+    for (uint32_t g = 0; g < m_groups; ++g) {
+        if (!(used >> g & 1)) continue;
+        const Tick c = group_col[g];
+        m_last_col_bg[g] = c;
+        Bank& b = m_banks[g * m_bpg + row.bank];
+        b.pre_ready = std::max(b.pre_ready, write ? c + m_t.wl + m_bl2 + m_t.wr : c + m_t.rtp);
     }
-    m_queue_idx = slot;
+    m_queue_idx = qidx;
     m_admit = admit;
     m_row_cursor = cursor;
     m_last_col = col;
     (write ? m_last_wr : m_last_rd) = col;
-    m_data_end = col + lat + m_bl2;
-    m_counters.bursts += count;
-    m_counters.row_hits += count;
-    ++m_counters.runs;
-    done = m_data_end;
-    return true;
+    m_data_end = data_end;
+    m_counters.bursts += bursts;
+    m_counters.row_hits += bursts;
+    m_counters.runs += served;
+    done = data_end;
+    return served;
+}
+
+uint64_t Hbm2PseudoChannel::access_runs(std::span<const Run> runs, bool write) {
+    uint64_t done = 0;
+    for (size_t i = 0; i < runs.size();) {
+        Tick end;
+        if (const size_t n = try_runs(runs.subspan(i), write, end); n > 0) {
+            done = std::max(done, uint64_t(end));
+            i += n;
+        } else {
+            done = std::max(done, access_run(runs[i].arrive, runs[i].first, runs[i].count, write));
+            ++i;
+        }
+    }
+    return done;
 }
 
 uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& first,
                                        uint32_t count, bool write) {
     Tick done;
-    if (try_run(Tick(arrive), first, count, write, done)) return uint64_t(done);
+    const Run run{arrive, first, count};
+    if (try_runs({&run, 1}, write, done)) return uint64_t(done);
     m_scratch.clear();
     for (uint32_t i = 0; i < count; ++i)
         m_scratch.push_back({(first.bank_group + i) & (m_groups - 1), first.bank, first.row});
@@ -286,8 +325,8 @@ uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& f
     const uint32_t head = std::min(count, m_groups);
     if (m_closed_page || head == count) return serve(arrive, m_scratch, write);
     serve(arrive, std::span(m_scratch).first(head), write);
-    const HbmColumnAccess rest{first.bank_group, first.bank, first.row};  // head % groups == 0
-    if (try_run(Tick(arrive), rest, count - head, write, done)) return uint64_t(done);
+    const Run rest{arrive, first, count - head};  // head % groups == 0: the same first group
+    if (try_runs({&rest, 1}, write, done)) return uint64_t(done);
     return serve(arrive, std::span(m_scratch).subspan(head), write);
 }
 
@@ -365,6 +404,7 @@ Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
              double(m_core_ps);
     m_pcs.reserve(m_map.pseudo_channels());
     for (uint32_t i = 0; i < m_map.pseudo_channels(); ++i) m_pcs.emplace_back(h);
+    m_runs.resize(m_map.pseudo_channels());
 }
 
 uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) {
@@ -399,6 +439,60 @@ uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool
         lo = hi;
     }
     return mul_div_up(done_tck, m_tck_ps, m_to_core);
+}
+
+uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
+                                 uint64_t stride, uint32_t chunk, uint32_t port, bool write) {
+    if (rows == 0 || row_bytes == 0) return start;
+    const uint32_t sh_burst = std::countr_zero(m_map.burst_bytes());
+    const uint64_t granule = m_map.interleave_bytes(), burst_mask = m_map.burst_bytes() - 1;
+    // (1) Every request in order, cut as access() cuts it; a piece that crosses from one bank's
+    // row into the next is cut there too: a request's bursts in two rows are served alike
+    // as two requests with the same arrival (the closed page policy looks ahead only within
+    // a row, and local burst numbers only grow, so no row comes back).
+    uint64_t before = 0, arrive = start, done_tck = 0;
+    for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t off = 0; off < row_bytes; off += chunk) {
+            const uint64_t len = std::min<uint64_t>(chunk, row_bytes - off);
+            const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
+            done_tck = std::max(done_tck, arrive_tck);
+            const uint64_t lo0 = addr + r * stride + off, end = lo0 + len;
+            for (uint64_t lo = lo0; lo < end;) {
+                const uint64_t hi = std::min(end, (lo | (granule - 1)) + 1);
+                const uint64_t first = lo & ~burst_mask;
+                const HbmLocation l = m_map.decode(first);
+                uint64_t b = l.local >> sh_burst;
+                const uint64_t b_end = b + ((hi - first + burst_mask) >> sh_burst);
+                std::vector<Hbm2PseudoChannel::Run>& runs = m_runs[l.pseudo_channel];
+                HbmColumnAccess at = l.bank;
+                for (;;) {
+                    // Bursts up to the end of this bank's row (or of the piece).
+                    const uint64_t row_end = m_map.next_row_burst(b);
+                    const uint64_t n = std::min(b_end, row_end) - b;
+                    runs.push_back({arrive_tck, at, static_cast<uint32_t>(n)});
+                    b += n;
+                    if (b == b_end) break;
+                    at = m_map.bank_of_burst(b);
+                }
+                lo = hi;
+            }
+            before += len;
+            // The next request's arrival: start + floor(before / port), without a division
+            // while the port moves a chunk in a few cycles.
+            if (len <= 4 * uint64_t(port)) {
+                while ((arrive - start + 1) * port <= before) ++arrive;
+            } else {
+                arrive = start + before / port;
+            }
+        }
+    // (2) Each pseudo-channel's runs in order.
+    for (size_t p = 0; p < m_runs.size(); ++p) {
+        std::vector<Hbm2PseudoChannel::Run>& runs = m_runs[p];
+        if (runs.empty()) continue;
+        done_tck = std::max(done_tck, m_pcs[p].access_runs(runs, write));
+        runs.clear();
+    }
+    return std::max(start, mul_div_up(done_tck, m_tck_ps, m_to_core));
 }
 
 uint64_t Hbm2Timing::bank_conflicts(size_t i) const {

@@ -47,6 +47,11 @@ public:
         b.row = burst >> m_sh_banks;
         return b;
     }
+    /// The burst number after the last one of `burst`'s bank row (bank groups x columns).
+    uint64_t next_row_burst(uint64_t burst) const {
+        const uint32_t sh = m_sh_groups + m_sh_cols;
+        return ((burst >> sh) + 1) << sh;
+    }
     /// Bytes one column command moves on a pseudo-channel.
     uint32_t burst_bytes() const { return m_burst_bytes; }
     /// Pseudo-channels in total (channels x pseudo_channels).
@@ -98,6 +103,15 @@ public:
     /// `first` (its bank group first): the form in which Hbm2Timing sends a granule's piece, so
     /// a row-hit run needs neither the bursts listed nor the pattern checked.
     uint64_t access_run(uint64_t arrive, const HbmColumnAccess& first, uint32_t count, bool write);
+    /// A request of access_run()'s form.
+    struct Run {
+        uint64_t arrive;        ///< tCK it reaches the controller
+        HbmColumnAccess first;  ///< its first burst
+        uint32_t count;         ///< bursts
+    };
+    /// access_run() of each of `runs` in order; returns the latest end of data (0 if none).
+    /// Consecutive row-hit runs of one bank row are served with the state held in registers.
+    uint64_t access_runs(std::span<const Run> runs, bool write);
     /// Counters since construction.
     const Counters& counters() const { return m_counters; }
     /// Banks of the pseudo-channel (bank_groups x banks).
@@ -120,10 +134,10 @@ private:
 
     /// Performs the refresh that is due (PREA if a bank is open, then REF).
     void refresh();
-    /// The row-hit run shortcut (see access()): serves `count` bursts of bank `first.bank`,
-    /// row `first.row`, bank groups first.bank_group + i (mod groups) and returns true, or
-    /// returns false having changed nothing when the run does not qualify.
-    bool try_run(Tick arrive, const HbmColumnAccess& first, uint32_t count, bool write, Tick& done);
+    /// The row-hit run shortcut (see access()): serves the longest prefix of `runs` that are
+    /// row-hit runs of runs[0]'s bank row, sets `done` to the last one's end of data and returns
+    /// how many it served; 0 (nothing changed) when the first does not qualify.
+    size_t try_runs(std::span<const Run> runs, bool write, Tick& done);
     /// The per-burst path.
     uint64_t serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
     /// Row logic for one burst; returns the cycle the burst's column command may go.
@@ -167,6 +181,12 @@ class Hbm2Timing : public HbmTimingModel {
 public:
     explicit Hbm2Timing(const BoardConfig& cfg);
     uint64_t access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) override;
+    /// The transfer's pieces (runs of one bank's row, as access() cuts them) gathered per
+    /// pseudo-channel, then each pseudo-channel's in order: the pseudo-channels share nothing,
+    /// so this equals access() request by request, and a pseudo-channel's runs are served one
+    /// after the other while its state is at hand.
+    uint64_t access_rows(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
+                         uint64_t stride, uint32_t chunk, uint32_t port, bool write) override;
     double peak_bytes_per_cycle() const override { return m_peak; }
     /// The address map in use.
     const HbmAddressMap& address_map() const { return m_map; }
@@ -203,6 +223,8 @@ private:
     double m_peak;
     std::vector<Hbm2PseudoChannel> m_pcs;
     std::vector<HbmColumnAccess> m_scratch;  ///< bursts of a piece that spans two rows
+    /// access_rows: runs per pseudo-channel, in request order.
+    std::vector<std::vector<Hbm2PseudoChannel::Run>> m_runs;
 };
 
 }  // namespace tpu::hw

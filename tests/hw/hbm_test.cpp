@@ -342,6 +342,57 @@ TEST(Hbm2Property, StackEqualsPerBurstPseudoChannels) {
     }
 }
 
+// A DMA transfer through access_rows (its pieces gathered per pseudo-channel, consecutive row
+// hits served together) equals access() request by request, on random 2-D transfers mixed
+// with single requests (as ICI writes come between transfers), in both page policies, with
+// refreshes, small queues and granules that span banks.
+TEST(Hbm2Property, TransfersEqualTheirRequestsOneByOne) {
+    uint64_t runs = 0, bursts = 0;
+    for (uint32_t seed = 1; seed <= 60; ++seed) {
+        std::mt19937 rng(seed);
+        auto pick = [&](uint64_t hi) {
+            return std::uniform_int_distribution<uint64_t>(0, hi)(rng);
+        };
+        BoardConfig cfg;
+        if (seed % 5 == 0) cfg.hbm.page_policy = "closed";
+        if (seed % 3 == 0) cfg.hbm.interleave_bytes = 8192;
+        if (seed % 4 == 1) cfg.hbm.timing.refi = 700;
+        if (seed % 7 == 0) cfg.hbm.queue_bursts = 1 + uint32_t(pick(12));
+        if (seed % 6 == 0) cfg.hbm.address_hash = "none";
+        Hbm2Timing batched(cfg), one_by_one(cfg);
+        uint64_t t = 0;
+        for (int i = 0; i < 60; ++i) {
+            t += pick(1) ? pick(30) : pick(3000);
+            const bool write = pick(3) == 0;
+            if (pick(4) == 0) {  // a lone request
+                const uint64_t addr = pick(8 << 20);
+                const auto bytes = static_cast<uint32_t>(1 + pick(1023));
+                ASSERT_EQ(batched.access(t, addr, bytes, write),
+                          one_by_one.access(t, addr, bytes, write));
+                continue;
+            }
+            const uint64_t rows = 1 + pick(pick(1) ? 3 : 64), row_bytes = 1 + pick(4095);
+            const uint64_t stride = pick(1) ? row_bytes : row_bytes + pick(3) * 256 + pick(64);
+            const uint64_t addr = pick(1) ? pick(16) * 4096 : pick(4 << 20);
+            const auto chunk = static_cast<uint32_t>(pick(1) ? 512 : 32 + pick(2000));
+            const auto port = static_cast<uint32_t>(pick(1) ? 512 : 1 + pick(700));
+            const uint64_t got =
+                batched.access_rows(t, rows, row_bytes, addr, stride, chunk, port, write);
+            const uint64_t want = one_by_one.HbmTimingModel::access_rows(
+                t, rows, row_bytes, addr, stride, chunk, port, write);
+            ASSERT_EQ(got, want) << "seed " << seed << " transfer " << i;
+        }
+        const auto x = batched.counters(), y = one_by_one.counters();
+        EXPECT_EQ(
+            std::vector<uint64_t>({x.bursts, x.row_hits, x.activates, x.precharges, x.refreshes}),
+            std::vector<uint64_t>({y.bursts, y.row_hits, y.activates, y.precharges, y.refreshes}))
+            << "seed " << seed;
+        runs += x.runs;
+        bursts += x.bursts;
+    }
+    EXPECT_GT(runs, bursts / 64);  // the shortcut serves a good share
+}
+
 // ---- the whole stack: address map and core cycles ----
 
 TEST(Hbm2Timing, AddressMap) {
