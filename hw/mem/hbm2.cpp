@@ -136,6 +136,23 @@ void Hbm2PseudoChannel::refresh() {
     ++m_counters.refreshes;
 }
 
+void Hbm2PseudoChannel::skip_idle_refreshes(Tick admit) {
+    // Right after a refresh every bank is closed, may activate RFC after the REF, and the row
+    // cursor and the last column command are before the next due cycle. A burst admitted at
+    // or after that cycle cannot act before it, so that refresh happens too, and finds the same
+    // situation: its gate is its due cycle (cursor, columns and RP all earlier, nothing open),
+    // and every bank's earliest ACT (RFC after the previous REF, RFC < REFI) is earlier too, so
+    // it issues at its due cycle. So the n refreshes due at or before `admit` issue at
+    // due, due + REFI, ..., and only the last one's state remains.
+    if (m_t.refi == 0 || admit < m_due) return;
+    const Tick n = (admit - m_due) / Tick(m_t.refi) + 1;
+    const Tick ref = m_due + (n - 1) * Tick(m_t.refi);
+    for (Bank& b : m_banks) b.act_ready = std::max(b.act_ready, ref + Tick(m_t.rfc));
+    m_row_cursor = ref + 1;
+    m_due = ref + m_t.refi;
+    m_counters.refreshes += uint64_t(n);
+}
+
 Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, Tick admit) {
     Bank& b = bank(req);
     for (;;) {
@@ -156,6 +173,7 @@ Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, T
         }
         if (m_t.refi != 0 && at >= m_due) {
             refresh();
+            skip_idle_refreshes(admit);
             continue;
         }
         switch (action) {

@@ -134,6 +134,10 @@ private:
 
     /// Performs the refresh that is due (PREA if a bank is open, then REF).
     void refresh();
+    /// After refresh(): performs at once the refreshes that fall due while the banks stay idle
+    /// until a burst admitted at `admit` (long gaps between requests cost O(banks), not
+    /// O(gap / REFI x banks)).
+    void skip_idle_refreshes(Tick admit);
     /// The row-hit run shortcut (see access()): serves the longest prefix of `runs` that are
     /// row-hit runs of runs[0]'s bank row, sets `done` to the last one's end of data and returns
     /// how many it served; 0 (nothing changed) when the first does not qualify.
