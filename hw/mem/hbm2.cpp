@@ -245,6 +245,8 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
     Tick* const ring = m_queue.data();
     uint64_t used = 0, bursts = 0;
     size_t served = 0;
+    bool steady = false;      ///< the previous run covered every group, paced (see below)
+    uint32_t next_group = 0;  ///< the group after the previous run's last burst
     for (const Run& run : runs) {
         const uint32_t count = run.count, g0 = run.first.bank_group;
         if (run.first.bank != row.bank || run.first.row != row.row || count == 0 || count > q ||
@@ -271,6 +273,29 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
         // max(CCD_S, BL/2) = step. Burst i is prepared at max(base, slot_i + 1), and slot_i
         // (burst i - Q's column) is at most the previous column, so only base counts, and only
         // for the first burst.
+        if (steady && g0 == next_group) {
+            // The previous run of this call covered every bank group and this one continues its
+            // rotation, so each burst's group last issued G bursts before it, at least G - 1
+            // steps before the previous column, and past its bank's fixed bound: with CCD_L <=
+            // G x step every bank and the bus allow the next step, and the whole run follows in
+            // closed form.
+            col = std::max(col + step, base);
+            const Tick first_col = col;
+            for (uint32_t i = 0; i < count; ++i) {
+                ring[qidx] = first_col + Tick(i) * step;
+                qidx = qidx + 1 == q ? 0 : qidx + 1;
+            }
+            col = first_col + Tick(count - 1) * step;
+            for (uint32_t i = count > m_groups ? count - m_groups : 0; i < count; ++i)
+                group_col[(g0 + i) & gmask] = first_col + Tick(i) * step;
+            data_end = col + lat + m_bl2;
+            used |= touched;
+            bursts += count;
+            ++served;
+            steady = count >= m_groups;
+            next_group = (g0 + count) & gmask;
+            continue;
+        }
         col = std::max(std::max(col + Tick(m_t.ccd_s), data_end - lat), base) - step;
         uint32_t i = 0;
         for (; i < count && (i < m_groups || !paced); ++i) {
@@ -290,6 +315,8 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
         used |= touched;
         bursts += count;
         ++served;
+        steady = paced && count >= m_groups;
+        next_group = (g0 + count) & gmask;
     }
     if (served == 0) return 0;
     // (3) The state serve() leaves: pre_ready grows with the bank's last column command.
