@@ -148,8 +148,8 @@ private:
     Tick prepare(const HbmColumnAccess& b, Tick admit);
     Bank& bank(const HbmColumnAccess& b) { return m_banks[b.bank_group * m_bpg + b.bank]; }
 
-    /// Runs longer than this take the per-burst path (try_run keeps a run's times on the
-    /// stack; a granule of the default board is 8 bursts).
+    /// Runs longer than this, or more bank groups, take the per-burst path (try_runs keeps a
+    /// bit and two times per group on the stack; a granule of the default board is 8 bursts).
     static constexpr uint32_t kMaxRun = 64;
 
     HbmTiming m_t;
