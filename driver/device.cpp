@@ -160,6 +160,18 @@ void Device::read(const Buffer& b, void* data, uint64_t bytes, uint64_t offset) 
     host_transfer(b.core, bytes, false);
 }
 
+void Device::write_timing(const Buffer& b, uint64_t bytes, uint64_t offset) {
+    check_range(b, offset, bytes, "write");
+    sync_core(b.core);
+    host_transfer(b.core, bytes, true);
+}
+
+void Device::read_timing(const Buffer& b, uint64_t bytes, uint64_t offset) {
+    check_range(b, offset, bytes, "read");
+    sync_core(b.core);
+    host_transfer(b.core, bytes, false);
+}
+
 void Device::host_transfer(uint32_t core, uint64_t bytes, bool to_device) {
     // The chip's link times the transfer. A write is posted: the host goes on at once, and what
     // depends on the data (a launch on the chip, a read) waits for the link (wait_for_link). A

@@ -142,6 +142,14 @@ public:
     void write(const Buffer& buffer, const void* data, uint64_t bytes, uint64_t offset = 0);
     /// Device -> host copy (a host sync): device time advances to the end of the transfer.
     void read(const Buffer& buffer, void* data, uint64_t bytes, uint64_t offset = 0);
+    /// write() without the bytes: the transfer is timed, traced and counted exactly as a
+    /// write() of `bytes`, but the buffer keeps its contents. For callers whose data nothing
+    /// observes: with sim.functional=false no unit moves or computes values, so packing and
+    /// copying operands only costs host time.
+    void write_timing(const Buffer& buffer, uint64_t bytes, uint64_t offset = 0);
+    /// read() without the bytes: the host sync, its timing and counters are those of a read()
+    /// of `bytes`; nothing is copied out. The timing-only counterpart of write_timing().
+    void read_timing(const Buffer& buffer, uint64_t bytes, uint64_t offset = 0);
 
     /// Launch arguments (s1, s2, ...) of cores[index].
     using ArgsFn = std::function<std::vector<uint32_t>(size_t index)>;

@@ -90,7 +90,7 @@ GemmSplit plan_gemm_split(const hw::BoardConfig& cfg, uint32_t M, uint32_t K, ui
 
 /// Result of a library GEMM.
 struct GemmResult {
-    std::vector<float> c;        ///< M x N, row-major
+    std::vector<float> c;        ///< M x N, row-major; empty with sim.functional=false
     Event event;                 ///< the launch
     uint64_t macs = 0;           ///< useful multiply-accumulates (M K N x passes)
     double mxu_utilization = 0;  ///< macs / (cores x MXUs x R x C x cycles)
@@ -106,7 +106,8 @@ struct GemmResult {
 
 /// Runs C = A x W (row-major fp32 host arrays; bf16 precision rounds them) on `cores`, split
 /// by plan_gemm_split: uploads each core's rows of A and columns of W in the tile-major layout,
-/// launches every block at once, reads C back, frees the buffers.
+/// launches every block at once, reads C back, frees the buffers. With sim.functional=false
+/// the transfers are timed without moving bytes (Device::write_timing) and `c` stays empty.
 GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                 const std::vector<float>& w, uint32_t M, uint32_t K, uint32_t N,
                 Precision precision, const std::vector<uint32_t>& cores);

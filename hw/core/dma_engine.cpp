@@ -22,16 +22,9 @@ uint64_t DmaEngine::copy_vmem(uint64_t start, uint64_t bytes) {
 uint64_t DmaEngine::transfer_hbm(uint64_t start, uint64_t rows, uint64_t row_bytes,
                                  uint64_t hbm_addr, uint64_t hbm_stride, bool to_hbm) {
     const uint64_t port = m_core.dma_vmem_bytes_per_cycle;
-    uint64_t before = 0;  // bytes of this transfer ahead of the request
-    uint64_t done = start;
-    for (uint64_t r = 0; r < rows; ++r)
-        for (uint64_t off = 0; off < row_bytes; off += m_core.dma_chunk_bytes) {
-            const auto len =
-                static_cast<uint32_t>(std::min<uint64_t>(m_core.dma_chunk_bytes, row_bytes - off));
-            done = std::max(done, m_hbm->access(start + before / port,
-                                                hbm_addr + r * hbm_stride + off, len, to_hbm));
-            before += len;
-        }
+    // Every request of the transfer at once: nothing else reaches the HBM model between them.
+    const uint64_t done = m_hbm->access_rows(start, rows, row_bytes, hbm_addr, hbm_stride,
+                                             m_core.dma_chunk_bytes, uint32_t(port), to_hbm);
     m_free = start + ceil_div(rows * row_bytes, port);
     return done;
 }

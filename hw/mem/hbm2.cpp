@@ -20,14 +20,27 @@ uint32_t burst_bytes_of(const HbmConfig& c) {
     return c.bus_bits / c.pseudo_channels * c.burst_length / 8;
 }
 
-/// ceil(x * m / d) without overflow; 64-bit arithmetic when the product fits (always, in
-/// practice: a 128-bit division costs more than the rest of a small request's bookkeeping).
-uint64_t mul_div_up(uint64_t x, uint64_t m, uint64_t d) {
-    if (x <= (UINT64_MAX - d) / m) return (x * m + d - 1) / d;
-    return static_cast<uint64_t>(((unsigned __int128)x * m + d - 1) / d);
+}  // namespace
+
+/// ceil(x * m / d) without overflow: a multiplication by d's reciprocal when x m + d - 1 is
+/// below 2^48 (always, in practice: a division costs more than the rest of a piece's
+/// bookkeeping), a 128-bit division otherwise.
+uint64_t Hbm2Timing::mul_div_up(uint64_t x, uint64_t m, const Divider& d) {
+    if (x < (uint64_t(1) << Divider::kBits) / m) {
+        const uint64_t y = x * m + d.divisor() - 1;
+        if (y < (uint64_t(1) << Divider::kBits)) return d.quotient(y);
+    }
+    return static_cast<uint64_t>(((unsigned __int128)x * m + d.divisor() - 1) / d.divisor());
 }
 
-}  // namespace
+Hbm2Timing::Divider::Divider(uint64_t d) : m_d(d) {
+    // m = ceil(2^(48 + l) / d) with 2^l >= d: m d lies in [2^(48 + l), 2^(48 + l) + d - 1], so
+    // (Granlund and Montgomery, "Division by invariant integers using multiplication", 4.2)
+    // floor(x m / 2^(48 + l)) = floor(x / d) for every x < 2^48; x m < 2^98 fits 128 bits.
+    const uint32_t l = static_cast<uint32_t>(std::bit_width(d - 1));
+    m_shift = kBits + l;
+    m_magic = static_cast<uint64_t>((((unsigned __int128)1 << m_shift) + d - 1) / d);
+}
 
 // ---- address map -------------------------------------------------------------------------------
 
@@ -77,10 +90,12 @@ HbmLocation HbmAddressMap::decode(uint64_t addr) const {
 // ---- one pseudo-channel
 // --------------------------------------------------------------------------
 
-Hbm2PseudoChannel::Hbm2PseudoChannel(const HbmConfig& cfg)
+Hbm2PseudoChannel::Hbm2PseudoChannel(const HbmConfig& cfg, bool batch_runs)
     : m_t(cfg.timing),
       m_closed_page(cfg.page_policy == "closed"),
+      m_batch_runs(batch_runs),
       m_bpg(cfg.banks_per_group),
+      m_groups(cfg.bank_groups),
       m_bl2(std::max<Tick>(1, cfg.burst_length / 2)),
       m_banks(size_t(cfg.bank_groups) * cfg.banks_per_group),
       m_last_col_bg(cfg.bank_groups, kNever),
@@ -121,6 +136,23 @@ void Hbm2PseudoChannel::refresh() {
     ++m_counters.refreshes;
 }
 
+void Hbm2PseudoChannel::skip_idle_refreshes(Tick admit) {
+    // Right after a refresh every bank is closed, may activate RFC after the REF, and the row
+    // cursor and the last column command are before the next due cycle. A burst admitted at
+    // or after that cycle cannot act before it, so that refresh happens too, and finds the same
+    // situation: its gate is its due cycle (cursor, columns and RP all earlier, nothing open),
+    // and every bank's earliest ACT (RFC after the previous REF, RFC < REFI) is earlier too, so
+    // it issues at its due cycle. So the n refreshes due at or before `admit` issue at
+    // due, due + REFI, ..., and only the last one's state remains.
+    if (m_t.refi == 0 || admit < m_due) return;
+    const Tick n = (admit - m_due) / Tick(m_t.refi) + 1;
+    const Tick ref = m_due + (n - 1) * Tick(m_t.refi);
+    for (Bank& b : m_banks) b.act_ready = std::max(b.act_ready, ref + Tick(m_t.rfc));
+    m_row_cursor = ref + 1;
+    m_due = ref + m_t.refi;
+    m_counters.refreshes += uint64_t(n);
+}
+
 Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, Tick admit) {
     Bank& b = bank(req);
     for (;;) {
@@ -141,6 +173,7 @@ Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, T
         }
         if (m_t.refi != 0 && at >= m_due) {
             refresh();
+            skip_idle_refreshes(admit);
             continue;
         }
         switch (action) {
@@ -171,8 +204,191 @@ Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, T
     }
 }
 
+size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& done) {
+    // Why this equals serve() burst by burst, run after run:
+    // (a) every burst finds its row open (checked below) and nothing in the runs opens or closes
+    //     a row, so prepare() takes its Hit branch each time unless a refresh falls due first;
+    // (b) column commands issue in order, each at least CCD_S >= 1 after the previous one, and
+    //     fill the queue ring in order, so the slots read from m_queue_idx on are non-decreasing
+    //     (kNever where no burst was yet); with count <= queue_bursts they are all from bursts
+    //     before the run. Admission and the row cursor are running maxima, so burst i is
+    //     prepared at max(base, slot_i + 1) with base = max(arrive, admit, cursor): the last
+    //     burst's is the largest, and if it is before the due cycle no refresh intervenes;
+    // (c) in the column step the ACT time of each bank and the other direction's last command
+    //     are constant, and the bus term m_data_end - lat is the previous column + BL/2.
+    // The state lives in locals while the runs last and is stored once at the end.
+    if (runs.empty() || !m_batch_runs || m_closed_page || m_groups > kMaxRun) return 0;
+    const HbmColumnAccess& row = runs[0].first;
+    const size_t q = m_queue.size();
+    const uint32_t gmask = m_groups - 1;
+    const Tick lat = write ? m_t.wl : m_t.cl;
+    const Tick turn = write ? m_last_rd + Tick(m_t.rtw) : m_last_wr + m_t.wl + m_bl2 + m_t.wtr;
+    // Per bank group: whether its bank has the row open, the bound its ACT and the turnaround
+    // put on every column command, and the group's last column command.
+    uint64_t open = 0;
+    Tick fixed[kMaxRun], group_col[kMaxRun];
+    for (uint32_t g = 0; g < m_groups; ++g) {
+        const Bank& b = m_banks[g * m_bpg + row.bank];
+        if (b.open_row != int64_t(row.row)) continue;
+        open |= uint64_t(1) << g;
+        fixed[g] = std::max(b.act + Tick(m_t.rcd), turn);
+        group_col[g] = m_last_col_bg[g];
+    }
+    const uint64_t all = m_groups == 64 ? ~uint64_t(0) : (uint64_t(1) << m_groups) - 1;
+    // From the second round of bank groups on, a burst's bank allowed it CCD_L after the same
+    // group's previous column and its bank's fixed bound held for that one, which is at least
+    // G - 1 steps back: with CCD_L <= G x step the burst issues one step after the previous.
+    const Tick step = std::max(Tick(m_t.ccd_s), m_bl2);
+    const bool paced = Tick(m_t.ccd_l) <= Tick(m_groups) * step;
+    size_t qidx = m_queue_idx;
+    Tick admit = m_admit, cursor = m_row_cursor, col = m_last_col, data_end = m_data_end;
+    Tick* const ring = m_queue.data();
+    uint64_t used = 0, bursts = 0;
+    size_t served = 0;
+    bool steady = false;      ///< the previous run covered every group, paced (see below)
+    uint32_t next_group = 0;  ///< the group after the previous run's last burst
+    for (const Run& run : runs) {
+        const uint32_t count = run.count, g0 = run.first.bank_group;
+        if (run.first.bank != row.bank || run.first.row != row.row || count == 0 || count > q ||
+            count > kMaxRun)
+            break;
+        // The groups the run touches: count of them from g0 on, wrapping.
+        uint64_t touched = all;
+        if (count < m_groups) {
+            const uint64_t m = (uint64_t(1) << count) - 1;
+            touched = g0 == 0 ? m : ((m << g0) | (m >> (m_groups - g0))) & all;
+        }
+        if ((touched & open) != touched) break;
+        // (1) Admission and row logic, by (b).
+        const Tick arrive = Tick(run.arrive);
+        const size_t last = qidx + count - 1 < q ? qidx + count - 1 : qidx + count - 1 - q;
+        const Tick base = std::max({arrive, admit, cursor});
+        const Tick run_admit = std::max({arrive, admit, ring[last] + 1});
+        const Tick run_cursor = std::max(cursor, run_admit);
+        if (m_t.refi != 0 && run_cursor >= m_due) break;
+        admit = run_admit;
+        cursor = run_cursor;
+        // (2) Column commands, in order; two-operand maxima (an initializer-list max is a loop
+        // over a stack array here). The bus rule in column terms: the previous column +
+        // max(CCD_S, BL/2) = step. Burst i is prepared at max(base, slot_i + 1), and slot_i
+        // (burst i - Q's column) is at most the previous column, so only base counts, and only
+        // for the first burst.
+        if (steady && g0 == next_group) {
+            // The previous run of this call covered every bank group and this one continues its
+            // rotation, so each burst's group last issued G bursts before it, at least G - 1
+            // steps before the previous column, and past its bank's fixed bound: with CCD_L <=
+            // G x step every bank and the bus allow the next step, and the whole run follows in
+            // closed form.
+            col = std::max(col + step, base);
+            const Tick first_col = col;
+            for (uint32_t i = 0; i < count; ++i) {
+                ring[qidx] = first_col + Tick(i) * step;
+                qidx = qidx + 1 == q ? 0 : qidx + 1;
+            }
+            col = first_col + Tick(count - 1) * step;
+            for (uint32_t i = count > m_groups ? count - m_groups : 0; i < count; ++i)
+                group_col[(g0 + i) & gmask] = first_col + Tick(i) * step;
+            data_end = col + lat + m_bl2;
+            used |= touched;
+            bursts += count;
+            ++served;
+            steady = count >= m_groups;
+            next_group = (g0 + count) & gmask;
+            continue;
+        }
+        col = std::max(std::max(col + Tick(m_t.ccd_s), data_end - lat), base) - step;
+        uint32_t i = 0;
+        for (; i < count && (i < m_groups || !paced); ++i) {
+            const uint32_t g = (g0 + i) & gmask;
+            col = std::max(col + step, std::max(fixed[g], group_col[g] + Tick(m_t.ccd_l)));
+            group_col[g] = col;
+            ring[qidx] = col;
+            qidx = qidx + 1 == q ? 0 : qidx + 1;
+        }
+        for (; i < count; ++i) {
+            col += step;
+            group_col[(g0 + i) & gmask] = col;
+            ring[qidx] = col;
+            qidx = qidx + 1 == q ? 0 : qidx + 1;
+        }
+        data_end = col + lat + m_bl2;
+        used |= touched;
+        bursts += count;
+        ++served;
+        steady = paced && count >= m_groups;
+        next_group = (g0 + count) & gmask;
+    }
+    if (served == 0) return 0;
+    // (3) The state serve() leaves: pre_ready grows with the bank's last column command.
+    for (uint32_t g = 0; g < m_groups; ++g) {
+        if (!(used >> g & 1)) continue;
+        const Tick c = group_col[g];
+        m_last_col_bg[g] = c;
+        Bank& b = m_banks[g * m_bpg + row.bank];
+        b.pre_ready = std::max(b.pre_ready, write ? c + m_t.wl + m_bl2 + m_t.wr : c + m_t.rtp);
+    }
+    m_queue_idx = qidx;
+    m_admit = admit;
+    m_row_cursor = cursor;
+    m_last_col = col;
+    (write ? m_last_wr : m_last_rd) = col;
+    m_data_end = data_end;
+    m_counters.bursts += bursts;
+    m_counters.row_hits += bursts;
+    m_counters.runs += served;
+    done = data_end;
+    return served;
+}
+
+uint64_t Hbm2PseudoChannel::access_runs(std::span<const Run> runs, bool write) {
+    uint64_t done = 0;
+    for (size_t i = 0; i < runs.size();) {
+        Tick end;
+        if (const size_t n = try_runs(runs.subspan(i), write, end); n > 0) {
+            done = std::max(done, uint64_t(end));
+            i += n;
+        } else {
+            done = std::max(done, access_run(runs[i].arrive, runs[i].first, runs[i].count, write));
+            ++i;
+        }
+    }
+    return done;
+}
+
+uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& first,
+                                       uint32_t count, bool write) {
+    Tick done;
+    const Run run{arrive, first, count};
+    if (try_runs({&run, 1}, write, done)) return uint64_t(done);
+    m_scratch.clear();
+    for (uint32_t i = 0; i < count; ++i)
+        m_scratch.push_back({(first.bank_group + i) & (m_groups - 1), first.bank, first.row});
+    // A run that opens its row: once its first burst in each bank group is served, the rest
+    // are row hits. Under the open page policy a request split in two with the same arrival is
+    // served alike (only the closed policy looks ahead within a request), so the rest may
+    // still take the shortcut.
+    const uint32_t head = std::min(count, m_groups);
+    if (m_closed_page || head == count) return serve(arrive, m_scratch, write);
+    serve(arrive, std::span(m_scratch).first(head), write);
+    const Run rest{arrive, first, count - head};  // head % groups == 0: the same first group
+    if (try_runs({&rest, 1}, write, done)) return uint64_t(done);
+    return serve(arrive, std::span(m_scratch).subspan(head), write);
+}
+
 uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAccess> bursts,
                                    bool write) {
+    // A row-hit run given as a list (tests; other callers use access_run).
+    bool run = !bursts.empty();
+    for (size_t i = 1; i < bursts.size() && run; ++i)
+        run = bursts[i].bank_group == ((bursts[0].bank_group + i) & (m_groups - 1)) &&
+              bursts[i].bank == bursts[0].bank && bursts[i].row == bursts[0].row;
+    if (run && bursts.size() <= kMaxRun)
+        return access_run(arrive, bursts[0], uint32_t(bursts.size()), write);
+    return serve(arrive, bursts, write);
+}
+
+uint64_t Hbm2PseudoChannel::serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts,
+                                  bool write) {
     Tick done = Tick(arrive);
     for (size_t i = 0; i < bursts.size(); ++i) {
         const HbmColumnAccess& req = bursts[i];
@@ -221,7 +437,11 @@ uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAcc
 // ---- the stack ---------------------------------------------------------------------------------
 
 Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
-    : m_map(cfg.hbm), m_core_ps(cfg.period_ps()), m_tck_ps(cfg.hbm.tck_ps) {
+    : m_map(cfg.hbm),
+      m_core_ps(cfg.period_ps()),
+      m_tck_ps(cfg.hbm.tck_ps),
+      m_to_tck(m_tck_ps),
+      m_to_core(m_core_ps) {
     const HbmConfig& h = cfg.hbm;
     // Every pseudo-channel moves one burst per max(1, BL/2) tCK.
     const double bl2 = std::max(1u, h.burst_length / 2);
@@ -229,29 +449,95 @@ Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
              double(m_core_ps);
     m_pcs.reserve(m_map.pseudo_channels());
     for (uint32_t i = 0; i < m_map.pseudo_channels(); ++i) m_pcs.emplace_back(h);
-    m_scratch.reserve(h.interleave_bytes / m_map.burst_bytes());
+    m_runs.resize(m_map.pseudo_channels());
 }
 
 uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) {
     if (bytes == 0) return arrive;
-    const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_tck_ps);
-    const uint64_t burst = m_map.burst_bytes(), granule = m_map.interleave_bytes();
+    // The first tCK edge at or after the arrival: ceil(arrive x T / tck).
+    const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
+    // Shifts and masks: burst and granule sizes are powers of two (checked by the map).
+    const uint32_t sh_burst = std::countr_zero(m_map.burst_bytes());
+    const uint64_t granule = m_map.interleave_bytes(), burst_mask = m_map.burst_bytes() - 1;
     uint64_t done_tck = arrive_tck;
     const uint64_t end = addr + bytes;
     for (uint64_t lo = addr; lo < end;) {
-        const uint64_t hi = std::min(end, (lo / granule + 1) * granule);
+        const uint64_t hi = std::min(end, (lo | (granule - 1)) + 1);
         // Every burst the piece touches, in address order; bursts never cross a granule. Inside
-        // a granule the pseudo-channel is fixed and the local burst numbers are consecutive,
-        // so only the first burst is decoded in full.
-        m_scratch.clear();
-        const uint64_t first = lo / burst * burst;
+        // a granule the pseudo-channel is fixed and the local burst numbers are consecutive:
+        // bank groups rotate fastest, so while they stay in one bank and row (always, unless
+        // a granule is larger than a row in every bank group) they are a run for access_run.
+        const uint64_t first = lo & ~burst_mask;
         const HbmLocation l = m_map.decode(first);
-        const uint64_t b0 = l.local / burst, count = (hi - first + burst - 1) / burst;
-        for (uint64_t j = 0; j < count; ++j) m_scratch.push_back(m_map.bank_of_burst(b0 + j));
-        done_tck = std::max(done_tck, m_pcs[l.pseudo_channel].access(arrive_tck, m_scratch, write));
+        const uint64_t b0 = l.local >> sh_burst, count = (hi - first + burst_mask) >> sh_burst;
+        const HbmColumnAccess last = m_map.bank_of_burst(b0 + count - 1);
+        Hbm2PseudoChannel& pc = m_pcs[l.pseudo_channel];
+        uint64_t done;
+        if (last.bank == l.bank.bank && last.row == l.bank.row) {
+            done = pc.access_run(arrive_tck, l.bank, static_cast<uint32_t>(count), write);
+        } else {
+            m_scratch.clear();
+            for (uint64_t j = 0; j < count; ++j) m_scratch.push_back(m_map.bank_of_burst(b0 + j));
+            done = pc.access(arrive_tck, m_scratch, write);
+        }
+        done_tck = std::max(done_tck, done);
         lo = hi;
     }
-    return mul_div_up(done_tck, m_tck_ps, m_core_ps);
+    return mul_div_up(done_tck, m_tck_ps, m_to_core);
+}
+
+uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
+                                 uint64_t stride, uint32_t chunk, uint32_t port, bool write) {
+    if (rows == 0 || row_bytes == 0) return start;
+    const uint32_t sh_burst = std::countr_zero(m_map.burst_bytes());
+    const uint64_t granule = m_map.interleave_bytes(), burst_mask = m_map.burst_bytes() - 1;
+    // (1) Every request in order, cut as access() cuts it; a piece that crosses from one bank's
+    // row into the next is cut there too: a request's bursts in two rows are served alike
+    // as two requests with the same arrival (the closed page policy looks ahead only within
+    // a row, and local burst numbers only grow, so no row comes back).
+    uint64_t before = 0, arrive = start, done_tck = 0;
+    for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t off = 0; off < row_bytes; off += chunk) {
+            const uint64_t len = std::min<uint64_t>(chunk, row_bytes - off);
+            const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
+            done_tck = std::max(done_tck, arrive_tck);
+            const uint64_t lo0 = addr + r * stride + off, end = lo0 + len;
+            for (uint64_t lo = lo0; lo < end;) {
+                const uint64_t hi = std::min(end, (lo | (granule - 1)) + 1);
+                const uint64_t first = lo & ~burst_mask;
+                const HbmLocation l = m_map.decode(first);
+                uint64_t b = l.local >> sh_burst;
+                const uint64_t b_end = b + ((hi - first + burst_mask) >> sh_burst);
+                std::vector<Hbm2PseudoChannel::Run>& runs = m_runs[l.pseudo_channel];
+                HbmColumnAccess at = l.bank;
+                for (;;) {
+                    // Bursts up to the end of this bank's row (or of the piece).
+                    const uint64_t row_end = m_map.next_row_burst(b);
+                    const uint64_t n = std::min(b_end, row_end) - b;
+                    runs.push_back({arrive_tck, at, static_cast<uint32_t>(n)});
+                    b += n;
+                    if (b == b_end) break;
+                    at = m_map.bank_of_burst(b);
+                }
+                lo = hi;
+            }
+            before += len;
+            // The next request's arrival: start + floor(before / port), without a division
+            // while the port moves a chunk in a few cycles.
+            if (len <= 4 * uint64_t(port)) {
+                while ((arrive - start + 1) * port <= before) ++arrive;
+            } else {
+                arrive = start + before / port;
+            }
+        }
+    // (2) Each pseudo-channel's runs in order.
+    for (size_t p = 0; p < m_runs.size(); ++p) {
+        std::vector<Hbm2PseudoChannel::Run>& runs = m_runs[p];
+        if (runs.empty()) continue;
+        done_tck = std::max(done_tck, m_pcs[p].access_runs(runs, write));
+        runs.clear();
+    }
+    return std::max(start, mul_div_up(done_tck, m_tck_ps, m_to_core));
 }
 
 uint64_t Hbm2Timing::bank_conflicts(size_t i) const {
@@ -302,6 +588,7 @@ Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {
         sum.activates += c.activates;
         sum.precharges += c.precharges;
         sum.refreshes += c.refreshes;
+        sum.runs += c.runs;
     }
     return sum;
 }

@@ -47,6 +47,11 @@ public:
         b.row = burst >> m_sh_banks;
         return b;
     }
+    /// The burst number after the last one of `burst`'s bank row (bank groups x columns).
+    uint64_t next_row_burst(uint64_t burst) const {
+        const uint32_t sh = m_sh_groups + m_sh_cols;
+        return ((burst >> sh) + 1) << sh;
+    }
     /// Bytes one column command moves on a pseudo-channel.
     uint32_t burst_bytes() const { return m_burst_bytes; }
     /// Pseudo-channels in total (channels x pseudo_channels).
@@ -75,14 +80,38 @@ public:
         uint64_t activates = 0;   ///< ACT commands
         uint64_t precharges = 0;  ///< explicit PRE commands (auto-precharges and PREA excluded)
         uint64_t refreshes = 0;   ///< REF commands
+        /// Requests served as row-hit runs (a host-speed shortcut with no timing meaning; for
+        /// tests that prove both paths are taken).
+        uint64_t runs = 0;
     };
 
-    /// An idle pseudo-channel with every bank closed at tCK 0.
-    explicit Hbm2PseudoChannel(const HbmConfig& cfg);
+    /// An idle pseudo-channel with every bank closed at tCK 0. `batch_runs` = false turns the
+    /// row-hit run shortcut off (see access()), for tests that compare the two.
+    explicit Hbm2PseudoChannel(const HbmConfig& cfg, bool batch_runs = true);
     /// Serves a request of `bursts` (all reads or all writes) that reaches the controller at tCK
     /// `arrive`, after every request passed before it; returns the tCK at which its last data
     /// beat has moved (the end of its last burst on the data bus).
+    ///
+    /// A *row-hit run* is served without the per-burst row logic, with identical results: the
+    /// bursts share one bank index and row, their bank groups rotate (g0, g0 + 1, ... mod the
+    /// group count, as consecutive addresses do), the page policy is open, each bank they
+    /// touch has that row open, they fit in the queue and no refresh falls due before the last
+    /// one is prepared. Then no burst activates, precharges or refreshes, so a burst is prepared
+    /// at max(row cursor, its admission) and the row logic changes nothing else.
     uint64_t access(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
+    /// access() of `count` bursts at consecutive burst numbers of one bank's row, the first
+    /// `first` (its bank group first): the form in which Hbm2Timing sends a granule's piece, so
+    /// a row-hit run needs neither the bursts listed nor the pattern checked.
+    uint64_t access_run(uint64_t arrive, const HbmColumnAccess& first, uint32_t count, bool write);
+    /// A request of access_run()'s form.
+    struct Run {
+        uint64_t arrive;        ///< tCK it reaches the controller
+        HbmColumnAccess first;  ///< its first burst
+        uint32_t count;         ///< bursts
+    };
+    /// access_run() of each of `runs` in order; returns the latest end of data (0 if none).
+    /// Consecutive row-hit runs of one bank row are served with the state held in registers.
+    uint64_t access_runs(std::span<const Run> runs, bool write);
     /// Counters since construction.
     const Counters& counters() const { return m_counters; }
     /// Banks of the pseudo-channel (bank_groups x banks).
@@ -105,14 +134,30 @@ private:
 
     /// Performs the refresh that is due (PREA if a bank is open, then REF).
     void refresh();
+    /// After refresh(): performs at once the refreshes that fall due while the banks stay idle
+    /// until a burst admitted at `admit` (long gaps between requests cost O(banks), not
+    /// O(gap / REFI x banks)).
+    void skip_idle_refreshes(Tick admit);
+    /// The row-hit run shortcut (see access()): serves the longest prefix of `runs` that are
+    /// row-hit runs of runs[0]'s bank row, sets `done` to the last one's end of data and returns
+    /// how many it served; 0 (nothing changed) when the first does not qualify.
+    size_t try_runs(std::span<const Run> runs, bool write, Tick& done);
+    /// The per-burst path.
+    uint64_t serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
     /// Row logic for one burst; returns the cycle the burst's column command may go.
     Tick prepare(const HbmColumnAccess& b, Tick admit);
     Bank& bank(const HbmColumnAccess& b) { return m_banks[b.bank_group * m_bpg + b.bank]; }
 
+    /// Runs longer than this, or more bank groups, take the per-burst path (try_runs keeps a
+    /// bit and two times per group on the stack; a granule of the default board is 8 bursts).
+    static constexpr uint32_t kMaxRun = 64;
+
     HbmTiming m_t;
     bool m_closed_page;
+    bool m_batch_runs;
     uint32_t m_bpg;
-    Tick m_bl2;  ///< tCK of data per burst (burst_length / 2, at least 1)
+    uint32_t m_groups;  ///< bank groups
+    Tick m_bl2;         ///< tCK of data per burst (burst_length / 2, at least 1)
     std::vector<Bank> m_banks;
     std::vector<Tick> m_last_col_bg;
     std::vector<Tick> m_queue;  ///< column cycle of the last queue_bursts bursts (ring)
@@ -128,6 +173,7 @@ private:
     Tick m_data_end = 0;
     Tick m_due;  ///< next refresh due (tCK); unused when refi == 0
     Counters m_counters;
+    std::vector<HbmColumnAccess> m_scratch;  ///< access_run's bursts on the per-burst path
 };
 
 /// "hbm2": every pseudo-channel of a core's HBM stack as an Hbm2PseudoChannel behind the
@@ -139,6 +185,12 @@ class Hbm2Timing : public HbmTimingModel {
 public:
     explicit Hbm2Timing(const BoardConfig& cfg);
     uint64_t access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) override;
+    /// The transfer's pieces (runs of one bank's row, as access() cuts them) gathered per
+    /// pseudo-channel, then each pseudo-channel's in order: the pseudo-channels share nothing,
+    /// so this equals access() request by request, and a pseudo-channel's runs are served one
+    /// after the other while its state is at hand.
+    uint64_t access_rows(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
+                         uint64_t stride, uint32_t chunk, uint32_t port, bool write) override;
     double peak_bytes_per_cycle() const override { return m_peak; }
     /// The address map in use.
     const HbmAddressMap& address_map() const { return m_map; }
@@ -149,11 +201,34 @@ public:
     void register_stats(sim::StatGroup& group) override;
 
 private:
+    /// Exact division by a constant through its reciprocal, for dividends below 2^kBits: each
+    /// request converts two times between clocks, and a hardware division costs more than a
+    /// piece's bookkeeping.
+    class Divider {
+    public:
+        static constexpr uint32_t kBits = 48;  ///< dividends below 2^48 (78 hours of tCK)
+        explicit Divider(uint64_t d);
+        uint64_t divisor() const { return m_d; }
+        /// floor(x / divisor()) for x < 2^kBits.
+        uint64_t quotient(uint64_t x) const {
+            return static_cast<uint64_t>(((unsigned __int128)x * m_magic) >> m_shift);
+        }
+
+    private:
+        uint64_t m_d, m_magic;
+        uint32_t m_shift;
+    };
+    /// ceil(x * m / d).
+    static uint64_t mul_div_up(uint64_t x, uint64_t m, const Divider& d);
+
     HbmAddressMap m_map;
     uint64_t m_core_ps, m_tck_ps;
+    Divider m_to_tck, m_to_core;  ///< by tck_ps, by the core period
     double m_peak;
     std::vector<Hbm2PseudoChannel> m_pcs;
-    std::vector<HbmColumnAccess> m_scratch;  ///< bursts of the piece being served
+    std::vector<HbmColumnAccess> m_scratch;  ///< bursts of a piece that spans two rows
+    /// access_rows: runs per pseudo-channel, in request order.
+    std::vector<std::vector<Hbm2PseudoChannel::Run>> m_runs;
 };
 
 }  // namespace tpu::hw

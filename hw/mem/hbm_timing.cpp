@@ -14,6 +14,21 @@ std::unique_ptr<HbmTimingModel> make_hbm_timing(const BoardConfig& cfg) {
     return std::make_unique<SimpleHbmTiming>(cfg);
 }
 
+uint64_t HbmTimingModel::access_rows(uint64_t start, uint64_t rows, uint64_t row_bytes,
+                                     uint64_t addr, uint64_t stride, uint32_t chunk, uint32_t port,
+                                     bool write) {
+    uint64_t before = 0;  // bytes of this transfer ahead of the request
+    uint64_t done = start;
+    for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t off = 0; off < row_bytes; off += chunk) {
+            const auto len = static_cast<uint32_t>(std::min<uint64_t>(chunk, row_bytes - off));
+            done =
+                std::max(done, access(start + before / port, addr + r * stride + off, len, write));
+            before += len;
+        }
+    return done;
+}
+
 SimpleHbmTiming::SimpleHbmTiming(const BoardConfig& cfg) {
     const HbmConfig& h = cfg.hbm;
     // Every channel moves bus_bits per edge, two edges per HBM clock: bytes per us, then per

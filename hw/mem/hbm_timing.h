@@ -21,6 +21,14 @@ public:
     /// A request of `bytes` at byte address `addr` that reaches the HBM controller at core cycle
     /// `arrive`; returns the core cycle its last byte has been transferred.
     virtual uint64_t access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) = 0;
+    /// A DMA transfer: `rows` rows of `row_bytes` at `addr` + r x `stride`, each cut into
+    /// requests of at most `chunk` bytes, request i arriving at core cycle `start` + floor(bytes
+    /// of the transfer before it / `port`). Returns the latest completion (`start` if none).
+    /// Equal to access() of every request in order (the default); a model may serve them in
+    /// another order where that cannot change a result, since no other requester can come
+    /// between them.
+    virtual uint64_t access_rows(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
+                                 uint64_t stride, uint32_t chunk, uint32_t port, bool write);
     /// Peak bytes per core cycle (for reports).
     virtual double peak_bytes_per_cycle() const = 0;
     /// Adds the model's statistics (views of its counters) to a core's "hbm" group.

@@ -91,6 +91,30 @@ TEST(Device, TransfersAreTimedOnTheHostLink) {
     EXPECT_EQ(link.stats.busy_cycles.value(), 2 * 84019u);
 }
 
+// The timing-only transfers cost what write() and read() cost (the figures of
+// TransfersAreTimedOnTheHostLink: 84019 cycles per MiB) and leave the buffer's bytes alone.
+TEST(Device, TimingOnlyTransfersAreTimedLikeCopies) {
+    auto dev = Device::open(tiny());
+    const Buffer b = dev->alloc(1 << 20, 0);
+    std::vector<uint8_t> data(1 << 20, 7), back(1 << 20);
+    dev->write(b, data.data(), data.size());
+    dev->synchronize();
+    const uint64_t t0 = dev->now_cycle();
+    dev->write_timing(b, 1 << 20);
+    EXPECT_EQ(dev->now_cycle(), t0);  // posted, like write()
+    dev->synchronize();
+    EXPECT_EQ(dev->now_cycle() - t0, 84019u);
+    dev->read_timing(b, 1 << 20);  // a host sync, like read()
+    EXPECT_EQ(dev->now_cycle() - t0, 2 * 84019u);
+    EXPECT_EQ(dev->metrics().h2d_transfers, 2u);
+    EXPECT_EQ(dev->metrics().h2d_cycles, 2 * 84019u);
+    EXPECT_EQ(dev->metrics().d2h_bytes, 1u << 20);
+    EXPECT_EQ(dev->board().host_link(0).stats.busy_cycles.value(), 3 * 84019u);
+    dev->read(b, back.data(), back.size());
+    EXPECT_EQ(back, data);
+    EXPECT_THROW(dev->write_timing(b, 1, 1 << 20), DeviceError);
+}
+
 /// The default board: 4 chips of 2 cores, one host link per chip (cores 2c, 2c+1 on chip c).
 hw::BoardConfig v3_8() {
     return hw::BoardConfig::load(test::source_dir() + "/configs/v3-8.json",

@@ -249,6 +249,150 @@ TEST(Hbm2Property, RandomTimingRandomStreams) {
     }
 }
 
+// The row-hit run shortcut against the per-burst path and the reference: the same end of data
+// for every request and the same counters, on streams where both paths are taken.
+TEST(Hbm2Property, RowHitRunsEqualThePerBurstPath) {
+    uint64_t runs = 0, requests = 0;
+    for (uint32_t seed = 1000; seed < 1300; ++seed) {
+        std::mt19937 rng(seed);
+        HbmConfig c = seed % 2 ? random_config(rng) : HbmConfig{};
+        if (seed % 4 == 0) c.page_policy = "open";
+        if (seed % 2 == 0) c.timing.refi = seed % 3 == 0 ? 0 : 700;
+        StreamShape shape{};
+        shape.groups = c.bank_groups;
+        shape.banks = c.banks_per_group;
+        shape.rows = 1 + seed % 3;
+        shape.write_p = 0.2 * (seed % 4);
+        shape.max_bursts = 1 + seed % 12;
+        shape.max_gap = seed % 3 == 0 ? 40 : 3;
+        const auto reqs = random_stream(rng, shape, 300);
+        Hbm2PseudoChannel batched(c), per_burst(c, false);
+        std::vector<uint64_t> a, b;
+        for (const auto& r : reqs) {
+            a.push_back(batched.access(r.arrive, r.bursts, r.write));
+            b.push_back(per_burst.access(r.arrive, r.bursts, r.write));
+        }
+        ASSERT_EQ(a, b) << "seed " << seed;
+        HbmPseudoChannelRef ref(c);
+        ASSERT_EQ(a, ref.run(reqs)) << "seed " << seed;
+        const auto& x = batched.counters();
+        const auto& y = per_burst.counters();
+        EXPECT_EQ(
+            std::vector<uint64_t>({x.bursts, x.row_hits, x.activates, x.precharges, x.refreshes}),
+            std::vector<uint64_t>({y.bursts, y.row_hits, y.activates, y.precharges, y.refreshes}))
+            << "seed " << seed;
+        EXPECT_EQ(y.runs, 0u);
+        runs += x.runs;
+        requests += reqs.size();
+    }
+    // Coverage: both paths serve a good share of the requests.
+    EXPECT_GT(runs, requests / 5);
+    EXPECT_LT(runs, requests * 4 / 5);
+}
+
+// The stack sends each granule's piece as a run; with granules larger than a row in every bank
+// group a piece spans banks and takes the listed path. Either way the stack equals pseudo-
+// channels fed burst by burst through the address map, for random requests, and its clock
+// conversions (by reciprocal) equal the divisions written out here.
+TEST(Hbm2Property, StackEqualsPerBurstPseudoChannels) {
+    for (uint32_t seed = 1; seed <= 40; ++seed) {
+        std::mt19937 rng(seed);
+        auto pick = [&](uint64_t hi) {
+            return std::uniform_int_distribution<uint64_t>(0, hi)(rng);
+        };
+        BoardConfig cfg;
+        if (seed % 2) {
+            cfg.hbm.interleave_bytes = 8192;  // 2 x (4 groups x 1 KiB rows): pieces span banks
+            cfg.hbm.timing.refi = 900;
+        }
+        if (seed % 3 == 0) cfg.hbm.address_hash = "none";
+        // Clock ratios on both sides of 1 for the conversions between core cycles and tCK.
+        cfg.hbm.tck_ps = 500 + 97 * seed;
+        Hbm2Timing stack(cfg);
+        const HbmAddressMap& map = stack.address_map();
+        std::vector<Hbm2PseudoChannel> pcs(map.pseudo_channels(),
+                                           Hbm2PseudoChannel(cfg.hbm, false));
+        const uint64_t T = cfg.period_ps(), tck = cfg.hbm.tck_ps, burst = map.burst_bytes();
+        uint64_t t = 0;
+        for (int i = 0; i < 400; ++i) {
+            t += pick(3) == 0 ? pick(400) : pick(2);
+            // Sequential runs, strided rows and random addresses in 4 MiB.
+            const uint64_t addr = pick(3) == 0 ? pick(4 << 20) : (uint64_t(i) * 512 + pick(64));
+            const auto bytes = static_cast<uint32_t>(1 + pick(2047));
+            const bool write = pick(4) == 0;
+            const uint64_t got = stack.access(t, addr, bytes, write);
+            // The same request piece by piece (granules), burst by burst.
+            const uint64_t arrive = (t * T + tck - 1) / tck;
+            uint64_t done = arrive;
+            const uint64_t g = map.interleave_bytes();
+            ASSERT_LT(t * T, uint64_t(1) << 48);  // the reciprocal's range, not the fallback
+            for (uint64_t lo = addr; lo < addr + bytes;) {
+                const uint64_t hi = std::min(addr + bytes, (lo / g + 1) * g);
+                std::vector<HbmColumnAccess> bursts;
+                const HbmLocation l = map.decode(lo / burst * burst);
+                const uint64_t b0 = l.local / burst;
+                for (uint64_t j = 0; j < (hi - lo / burst * burst + burst - 1) / burst; ++j)
+                    bursts.push_back(map.bank_of_burst(b0 + j));
+                done = std::max(done, pcs[l.pseudo_channel].access(arrive, bursts, write));
+                lo = hi;
+            }
+            ASSERT_EQ(got, (done * tck + T - 1) / T) << "seed " << seed << " request " << i;
+        }
+        EXPECT_GT(stack.counters().runs, 0u) << "seed " << seed;
+    }
+}
+
+// A DMA transfer through access_rows (its pieces gathered per pseudo-channel, consecutive row
+// hits served together) equals access() request by request, on random 2-D transfers mixed
+// with single requests (as ICI writes come between transfers), in both page policies, with
+// refreshes, small queues and granules that span banks.
+TEST(Hbm2Property, TransfersEqualTheirRequestsOneByOne) {
+    uint64_t runs = 0, bursts = 0;
+    for (uint32_t seed = 1; seed <= 60; ++seed) {
+        std::mt19937 rng(seed);
+        auto pick = [&](uint64_t hi) {
+            return std::uniform_int_distribution<uint64_t>(0, hi)(rng);
+        };
+        BoardConfig cfg;
+        if (seed % 5 == 0) cfg.hbm.page_policy = "closed";
+        if (seed % 3 == 0) cfg.hbm.interleave_bytes = 8192;
+        if (seed % 4 == 1) cfg.hbm.timing.refi = 700;
+        if (seed % 7 == 0) cfg.hbm.queue_bursts = 1 + uint32_t(pick(12));
+        if (seed % 6 == 0) cfg.hbm.address_hash = "none";
+        Hbm2Timing batched(cfg), one_by_one(cfg);
+        uint64_t t = 0;
+        for (int i = 0; i < 60; ++i) {
+            t += pick(1) ? pick(30) : pick(3000);
+            const bool write = pick(3) == 0;
+            if (pick(4) == 0) {  // a lone request
+                const uint64_t addr = pick(8 << 20);
+                const auto bytes = static_cast<uint32_t>(1 + pick(1023));
+                ASSERT_EQ(batched.access(t, addr, bytes, write),
+                          one_by_one.access(t, addr, bytes, write));
+                continue;
+            }
+            const uint64_t rows = 1 + pick(pick(1) ? 3 : 64), row_bytes = 1 + pick(4095);
+            const uint64_t stride = pick(1) ? row_bytes : row_bytes + pick(3) * 256 + pick(64);
+            const uint64_t addr = pick(1) ? pick(16) * 4096 : pick(4 << 20);
+            const auto chunk = static_cast<uint32_t>(pick(1) ? 512 : 32 + pick(2000));
+            const auto port = static_cast<uint32_t>(pick(1) ? 512 : 1 + pick(700));
+            const uint64_t got =
+                batched.access_rows(t, rows, row_bytes, addr, stride, chunk, port, write);
+            const uint64_t want = one_by_one.HbmTimingModel::access_rows(
+                t, rows, row_bytes, addr, stride, chunk, port, write);
+            ASSERT_EQ(got, want) << "seed " << seed << " transfer " << i;
+        }
+        const auto x = batched.counters(), y = one_by_one.counters();
+        EXPECT_EQ(
+            std::vector<uint64_t>({x.bursts, x.row_hits, x.activates, x.precharges, x.refreshes}),
+            std::vector<uint64_t>({y.bursts, y.row_hits, y.activates, y.precharges, y.refreshes}))
+            << "seed " << seed;
+        runs += x.runs;
+        bursts += x.bursts;
+    }
+    EXPECT_GT(runs, bursts / 64);  // the shortcut serves a good share
+}
+
 // ---- the whole stack: address map and core cycles ----
 
 TEST(Hbm2Timing, AddressMap) {
