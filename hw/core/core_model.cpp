@@ -623,10 +623,17 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         m_mxu_shape[idx] = {K, N};
         m_mxu_loaded[idx] = true;
         if (m_cfg.sim.functional) {
-            auto& w = m_mxu_lhs;  // scratch for the bf16 tile
-            w.resize(size_t(K) * N);
-            m_vmem.read(addr, {reinterpret_cast<uint8_t*>(w.data()), w.size() * 2});
-            m_mxu_weights[idx].load(w.data(), int(K), int(N));
+            // Straight from VMEM where it is one span: load() only reads the tile.
+            const uint16_t* tile = nullptr;
+            if (m_vmem.contiguous()) {
+                tile = reinterpret_cast<const uint16_t*>(m_vmem.data(addr));
+            } else {
+                auto& w = m_mxu_lhs;  // scratch for the bf16 tile
+                w.resize(size_t(K) * N);
+                m_vmem.read(addr, {reinterpret_cast<uint8_t*>(w.data()), w.size() * 2});
+                tile = w.data();
+            }
+            m_mxu_weights[idx].load(tile, int(K), int(N));
         }
     } else {
         const uint32_t out = val(ins.ops[1]), lhs = val(ins.ops[2]);
@@ -648,16 +655,26 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         m_stats.mxu_busy[idx] += T;
         m_stats.mxu_macs[idx] += uint64_t(T) * K * N;
         if (m_cfg.sim.functional) {
-            // Scratch vectors are only resized: every element is read from VMEM or written by
-            // mxu_matmul before use.
-            auto& a = m_mxu_lhs;
-            a.resize(size_t(T) * K);
-            m_vmem.read(lhs, {reinterpret_cast<uint8_t*>(a.data()), a.size() * 2});
-            auto& c = m_mxu_out;
-            c.resize(size_t(T) * N);
-            if (acc) m_vmem.read(out, {reinterpret_cast<uint8_t*>(c.data()), c.size() * 4});
-            mxu_matmul(a.data(), int(T), m_mxu_weights[idx], c.data(), acc != 0);
-            m_vmem.write(out, {reinterpret_cast<const uint8_t*>(c.data()), c.size() * 4});
+            const uint64_t lhs_end = lhs + uint64_t(T) * K * 2, out_end = out + uint64_t(T) * N * 4;
+            if (m_vmem.contiguous() && (lhs_end <= out || out_end <= lhs)) {
+                // In place on VMEM: the operands are disjoint, so reading the LHS while results
+                // are written cannot see them, and the copies in and out would only move the
+                // same bytes twice more.
+                mxu_matmul(reinterpret_cast<const uint16_t*>(m_vmem.data(lhs)), int(T),
+                           m_mxu_weights[idx], reinterpret_cast<float*>(m_vmem.data(out)),
+                           acc != 0);
+            } else {
+                // Scratch vectors are only resized: every element is read from VMEM or written
+                // by mxu_matmul before use.
+                auto& a = m_mxu_lhs;
+                a.resize(size_t(T) * K);
+                m_vmem.read(lhs, {reinterpret_cast<uint8_t*>(a.data()), a.size() * 2});
+                auto& c = m_mxu_out;
+                c.resize(size_t(T) * N);
+                if (acc) m_vmem.read(out, {reinterpret_cast<uint8_t*>(c.data()), c.size() * 4});
+                mxu_matmul(a.data(), int(T), m_mxu_weights[idx], c.data(), acc != 0);
+                m_vmem.write(out, {reinterpret_cast<const uint8_t*>(c.data()), c.size() * 4});
+            }
         }
     }
     ++m_stats.mxu_ops;
