@@ -92,6 +92,7 @@ CoreModel::CoreModel(uint32_t id, const BoardConfig& cfg, SparseMemory& hbm, Spa
     for (uint32_t i = 0; i < m_core.mxus; ++i) {
         m_mxu_q.push_back(std::make_unique<UnitQueue>());
         m_mxu_timer.emplace_back(m_core.mxu_rows, m_core.mxu_cols, m_core.mxu_swap_drains);
+        m_mxu_units.push_back(fmt::format("mxu{}", i));
     }
     m_mxu_weights.resize(m_core.mxus);
     m_mxu_shape.resize(m_core.mxus);
@@ -254,25 +255,29 @@ bool CoreModel::check(SparseMemory& mem, uint64_t addr, uint64_t bytes, std::str
 
 uint64_t CoreModel::flag_value(uint32_t flag, uint64_t cycle) const {
     uint64_t v = m_flags[flag];
-    for (auto it = m_pending.begin(); it != m_pending.end() && it->first <= cycle; ++it)
-        if (it->second.first == flag) v += it->second.second;
+    for (auto it = m_pending.begin(); it != m_pending.end() && it->cycle <= cycle; ++it)
+        if (it->flag == flag) v += it->amount;
     return v;
 }
 
 uint64_t CoreModel::next_flag_event(uint64_t now) const {
-    const auto it = m_pending.upper_bound(now);
-    return it == m_pending.end() ? kNever : it->first;
+    const auto it = std::upper_bound(m_pending.begin(), m_pending.end(), now,
+                                     [](uint64_t c, const PendingFlag& p) { return c < p.cycle; });
+    return it == m_pending.end() ? kNever : it->cycle;
 }
 
 void CoreModel::schedule_flag(uint32_t flag, uint32_t amount, uint64_t cycle) {
-    m_pending.emplace(cycle, std::make_pair(flag, amount));
+    // Behind increments of the same cycle (their order changes no sum). Completions mostly
+    // arrive in cycle order, so the insertion point is near the end.
+    const auto it = std::upper_bound(m_pending.begin(), m_pending.end(), cycle,
+                                     [](uint64_t c, const PendingFlag& p) { return c < p.cycle; });
+    m_pending.insert(it, {cycle, flag, amount});
 }
 
 void CoreModel::apply_due() {
     // m_cycle never decreases, so increments due by now can be folded in for good.
     auto it = m_pending.begin();
-    for (; it != m_pending.end() && it->first <= m_cycle; ++it)
-        m_flags[it->second.first] += it->second.second;
+    for (; it != m_pending.end() && it->cycle <= m_cycle; ++it) m_flags[it->flag] += it->amount;
     m_pending.erase(m_pending.begin(), it);
 }
 
@@ -286,6 +291,12 @@ uint64_t CoreModel::issue_to_unit(UnitQueue& q) {
         while (!q.starts.empty() && q.starts.front() <= m_cycle) q.starts.pop_front();
     }
     return std::max(m_cycle + m_core.dispatch_cycles, q.last_start);
+}
+
+bool CoreModel::record_access(std::string_view unit, uint64_t start, uint64_t done, uint8_t flag,
+                              std::initializer_list<MemRange> ranges, RaceDetector* target) {
+    return !m_cfg.sim.race_detector ||
+           record_access(unit, start, done, flag, std::vector<MemRange>(ranges), target);
 }
 
 bool CoreModel::record_access(std::string_view unit, uint64_t start, uint64_t done, uint8_t flag,
@@ -549,8 +560,8 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
                      fmt::format("zero-length transfer ({} rows of {} bytes)", rows, row_bytes));
     const uint64_t dspan = span_2d(rows, row_bytes, dst_stride);
     const uint64_t sspan = span_2d(rows, row_bytes, src_stride);
-    if (!check(dmem, dbase, dspan, "dma", fmt::format("{} write", to_vmem ? "VMEM" : "HBM")) ||
-        !check(smem, sbase, sspan, "dma", fmt::format("{} read", from_hbm ? "HBM" : "VMEM")))
+    if (!check(dmem, dbase, dspan, "dma", to_vmem ? "VMEM write" : "HBM write") ||
+        !check(smem, sbase, sspan, "dma", from_hbm ? "HBM read" : "VMEM read"))
         return false;
     if (rows > 1 && (dst_stride < row_bytes || src_stride < row_bytes))
         return fault("dma", dbase,
@@ -603,7 +614,7 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
     if (idx >= m_core.mxus)
         return fault("mxu", idx,
                      fmt::format("MXU {} does not exist (core.mxus = {})", idx, m_core.mxus));
-    const std::string unit = fmt::format("mxu{}", idx);
+    const std::string& unit = m_mxu_units[idx];
     const uint32_t R = m_core.mxu_rows, C = m_core.mxu_cols;
     UnitQueue& q = *m_mxu_q[idx];
     const uint64_t ready = issue_to_unit(q);
@@ -623,10 +634,17 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         m_mxu_shape[idx] = {K, N};
         m_mxu_loaded[idx] = true;
         if (m_cfg.sim.functional) {
-            auto& w = m_mxu_lhs;  // scratch for the bf16 tile
-            w.resize(size_t(K) * N);
-            m_vmem.read(addr, {reinterpret_cast<uint8_t*>(w.data()), w.size() * 2});
-            m_mxu_weights[idx].load(w.data(), int(K), int(N));
+            // Straight from VMEM where it is one span: load() only reads the tile.
+            const uint16_t* tile = nullptr;
+            if (m_vmem.contiguous()) {
+                tile = reinterpret_cast<const uint16_t*>(m_vmem.data(addr));
+            } else {
+                auto& w = m_mxu_lhs;  // scratch for the bf16 tile
+                w.resize(size_t(K) * N);
+                m_vmem.read(addr, {reinterpret_cast<uint8_t*>(w.data()), w.size() * 2});
+                tile = w.data();
+            }
+            m_mxu_weights[idx].load(tile, int(K), int(N));
         }
     } else {
         const uint32_t out = val(ins.ops[1]), lhs = val(ins.ops[2]);
@@ -648,16 +666,26 @@ bool CoreModel::exec_mxu(const isa::Instr& ins) {
         m_stats.mxu_busy[idx] += T;
         m_stats.mxu_macs[idx] += uint64_t(T) * K * N;
         if (m_cfg.sim.functional) {
-            // Scratch vectors are only resized: every element is read from VMEM or written by
-            // mxu_matmul before use.
-            auto& a = m_mxu_lhs;
-            a.resize(size_t(T) * K);
-            m_vmem.read(lhs, {reinterpret_cast<uint8_t*>(a.data()), a.size() * 2});
-            auto& c = m_mxu_out;
-            c.resize(size_t(T) * N);
-            if (acc) m_vmem.read(out, {reinterpret_cast<uint8_t*>(c.data()), c.size() * 4});
-            mxu_matmul(a.data(), int(T), m_mxu_weights[idx], c.data(), acc != 0);
-            m_vmem.write(out, {reinterpret_cast<const uint8_t*>(c.data()), c.size() * 4});
+            const uint64_t lhs_end = lhs + uint64_t(T) * K * 2, out_end = out + uint64_t(T) * N * 4;
+            if (m_vmem.contiguous() && (lhs_end <= out || out_end <= lhs)) {
+                // In place on VMEM: the operands are disjoint, so reading the LHS while results
+                // are written cannot see them, and the copies in and out would only move the
+                // same bytes twice more.
+                mxu_matmul(reinterpret_cast<const uint16_t*>(m_vmem.data(lhs)), int(T),
+                           m_mxu_weights[idx], reinterpret_cast<float*>(m_vmem.data(out)),
+                           acc != 0);
+            } else {
+                // Scratch vectors are only resized: every element is read from VMEM or written
+                // by mxu_matmul before use.
+                auto& a = m_mxu_lhs;
+                a.resize(size_t(T) * K);
+                m_vmem.read(lhs, {reinterpret_cast<uint8_t*>(a.data()), a.size() * 2});
+                auto& c = m_mxu_out;
+                c.resize(size_t(T) * N);
+                if (acc) m_vmem.read(out, {reinterpret_cast<uint8_t*>(c.data()), c.size() * 4});
+                mxu_matmul(a.data(), int(T), m_mxu_weights[idx], c.data(), acc != 0);
+                m_vmem.write(out, {reinterpret_cast<const uint8_t*>(c.data()), c.size() * 4});
+            }
         }
     }
     ++m_stats.mxu_ops;
@@ -880,7 +908,7 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         if (!check(m_vmem, laddr, bytes, "ici", "VMEM read")) return IciStep::Faulted;
         SparseMemory& rmem = m_env ? m_env->remote_memory(dst, hbm) : (hbm ? m_hbm : m_vmem);
         const uint64_t rbase = hbm ? m_hbm_base + raddr : raddr;
-        if (!check(rmem, rbase, bytes, "ici", fmt::format("remote {} write", hbm ? "HBM" : "VMEM")))
+        if (!check(rmem, rbase, bytes, "ici", hbm ? "remote HBM write" : "remote VMEM write"))
             return IciStep::Faulted;
         done = m_ici.issue(
             start, dst,

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <map>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -185,6 +185,10 @@ private:
     /// false with a fault recorded when they race.
     bool record_access(std::string_view unit, uint64_t start, uint64_t done, uint8_t flag,
                        std::vector<MemRange> ranges, RaceDetector* target = nullptr);
+    /// The same for a fixed list of ranges, which becomes a vector only while the race
+    /// detector is on (most runs leave it off, and every DMA, MXU and ICI instruction calls it).
+    bool record_access(std::string_view unit, uint64_t start, uint64_t done, uint8_t flag,
+                       std::initializer_list<MemRange> ranges, RaceDetector* target = nullptr);
 
     uint32_t m_id;
     const BoardConfig& m_cfg;
@@ -199,8 +203,15 @@ private:
     std::vector<isa::Instr> m_program;
     std::array<uint32_t, isa::kNumSregs> m_sregs{};
     std::array<uint64_t, isa::kNumFlags> m_flags{};
-    /// Scheduled increments, earliest first: (cycle, flag, amount).
-    std::multimap<uint64_t, std::pair<uint32_t, uint32_t>> m_pending;  ///< cycle -> (flag, +n)
+    /// A scheduled flag increment.
+    struct PendingFlag {
+        uint64_t cycle;
+        uint32_t flag, amount;
+    };
+    /// Scheduled increments, sorted by cycle. A flat vector: it holds only the in-flight
+    /// completions (a few dozen at most), and a tree node per unit instruction cost an
+    /// allocation each.
+    std::vector<PendingFlag> m_pending;
     /// Folds increments due by the current cycle into m_flags, keeping m_pending short.
     void apply_due();
 
@@ -220,9 +231,10 @@ private:
     std::unique_ptr<UnitQueue> m_dma_q, m_vpu_q, m_ici_q;
     std::vector<std::unique_ptr<UnitQueue>> m_mxu_q;
     std::vector<MxuTimer> m_mxu_timer;
-    std::vector<MxuTile> m_mxu_weights;  ///< weights of the latest mxu.lw
-    std::vector<uint16_t> m_mxu_lhs;     ///< scratch: an mxu.mm's LHS (kept to avoid reallocation)
-    std::vector<float> m_mxu_out;        ///< scratch: an mxu.mm's results
+    std::vector<std::string> m_mxu_units;  ///< "mxu0", "mxu1", ...: fault and race reports
+    std::vector<MxuTile> m_mxu_weights;    ///< weights of the latest mxu.lw
+    std::vector<uint16_t> m_mxu_lhs;  ///< scratch: an mxu.mm's LHS (kept to avoid reallocation)
+    std::vector<float> m_mxu_out;     ///< scratch: an mxu.mm's results
     std::array<std::vector<float>, 3> m_vpu_in;  ///< scratch: VPU inputs the result overlaps
     std::vector<float> m_vpu_out;  ///< scratch: the VPU result when VMEM is not contiguous
     std::vector<std::pair<uint32_t, uint32_t>> m_mxu_shape;  ///< (K, N) of those weights

@@ -156,20 +156,27 @@ void MxuTile::load(const uint16_t* w_bf16, int K, int N) {
     m_K = K;
     m_N = N;
     m_stride = (N + kColBlock - 1) / kColBlock * kColBlock;
-    m_w.assign(size_t(K) * m_stride, 0.0f);
-    for (int k = 0; k < K; ++k)
-        for (int n = 0; n < N; ++n)
-            m_w[size_t(k) * m_stride + n] = bf16_to_f32(w_bf16[size_t(k) * N + n]);
+    // Every element is written below (values, then the zero padding), so no fill first.
+    m_w.resize(size_t(K) * m_stride);
+    for (int k = 0; k < K; ++k) {
+        float* row = m_w.data() + size_t(k) * m_stride;
+        for (int n = 0; n < N; ++n) row[n] = bf16_to_f32(w_bf16[size_t(k) * N + n]);
+        std::fill(row + N, row + m_stride, 0.0f);
+    }
     m_exp = exp_range(w_bf16, size_t(K) * N);
     m_live.clear();
     m_w_live.clear();
     for (int k = 0; k < K; ++k) {
         const uint16_t* row = w_bf16 + size_t(k) * N;
-        if (std::all_of(row, row + N, [](uint16_t v) { return (v & 0x7FFF) == 0; })) continue;
-        m_live.push_back(k);
-        m_w_live.insert(m_w_live.end(), m_w.begin() + ptrdiff_t(size_t(k) * m_stride),
-                        m_w.begin() + ptrdiff_t(size_t(k + 1) * m_stride));
+        if (!std::all_of(row, row + N, [](uint16_t v) { return (v & 0x7FFF) == 0; }))
+            m_live.push_back(k);
     }
+    // mxu_matmul reads the live rows only when some row is dead; a full tile (the usual case)
+    // would copy all of m_w for nothing.
+    if (int(m_live.size()) < K)
+        for (const int k : m_live)
+            m_w_live.insert(m_w_live.end(), m_w.begin() + ptrdiff_t(size_t(k) * m_stride),
+                            m_w.begin() + ptrdiff_t(size_t(k + 1) * m_stride));
 }
 
 void mxu_matmul(const uint16_t* lhs_bf16, int T, const MxuTile& w, float* out, bool accumulate) {

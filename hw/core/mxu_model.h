@@ -36,6 +36,7 @@ private:
     /// The rows of m_w that hold a nonzero value, and those rows alone (live x m_stride): a
     /// zero row adds only exact zeros, which cannot change a sum that starts at +0.0, so the
     /// arithmetic may skip it while the LHS column it meets is finite (see mxu_matmul).
+    /// m_w_live is empty when every row is live (then there is nothing to skip).
     std::vector<int> m_live;
     std::vector<float> m_w_live;
     int m_K = 0, m_N = 0, m_stride = 0;
