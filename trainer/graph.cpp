@@ -392,6 +392,30 @@ Var add(Runtime& rt, const Var& a, const Var& b) {
     return y;
 }
 
+Var add_relu(Runtime& rt, const Var& a, const Var& b) {
+    driver::check_same(a->value, b->value, "add_relu: the operands");
+    const bool grad = needs(a) || needs(b);
+    Var y = rt.make(a->value.rows, a->value.cols, grad);
+    rt.exec("add_relu", [&] {
+        return driver::add_relu(rt.device(), rt.cache(), a->value, b->value, y->value);
+    });
+    maybe_round(rt, y);
+    if (!grad) return y;
+    Node* yp = y.get();
+    y->backward = [&rt, a, b, yp] {
+        // y > 0 exactly where a + b > 0 (relu keeps the sign and rounding to bf16 keeps it), so
+        // the mask comes from y and the sum is never needed.
+        Tensor dZ = rt.scratch(yp->value.rows, yp->value.cols);
+        rt.exec("add_relu.grad", [&] {
+            return driver::relu_grad(rt.device(), rt.cache(), yp->value, yp->grad, dZ);
+        });
+        // b first: a may take over dZ, after which accumulating into a's gradient changes it.
+        pass_grad(rt, b, dZ, false);
+        pass_grad(rt, a, dZ, a != b);
+    };
+    return y;
+}
+
 Var add_periodic(Runtime& rt, const Var& x, const Var& table) {
     const Tensor &X = x->value, &T = table->value;
     check_cols("add_periodic", T, X.cols, "the table");

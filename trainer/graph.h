@@ -180,6 +180,9 @@ Var layer_norm(Runtime& rt, const Var& x, const Var& gamma, const Var& beta, flo
 Var embedding(Runtime& rt, const Var& onehot, const Var& table);
 /// y = a + b (same shape): a residual connection.
 Var add(Runtime& rt, const Var& a, const Var& b);
+/// y = relu(a + b) in one kernel (a ResNet block's join): the same values and gradients as
+/// relu(add(a, b)), without storing and re-reading the sum.
+Var add_relu(Runtime& rt, const Var& a, const Var& b);
 /// y = x + table added to every block of table.rows rows of x (x.rows a multiple of them, same
 /// columns): a learned positional embedding added to each sequence of a batch of sequences.
 Var add_periodic(Runtime& rt, const Var& x, const Var& table);

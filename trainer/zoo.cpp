@@ -91,7 +91,7 @@ public:
         }
         const Var shortcut = m_down ? (*m_down)(rt, x) : x;
         const auto scope = rt.layer(name + ".add_relu", "add + relu");
-        return relu(rt, add(rt, h, shortcut));
+        return add_relu(rt, h, shortcut);
     }
     ImageShape out() const { return m_out; }
 

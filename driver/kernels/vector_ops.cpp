@@ -318,6 +318,17 @@ Spec relu_spec(uint64_t n) {
     return sp;
 }
 
+Spec add_relu_spec(uint64_t n) {
+    Spec sp = elementwise("add_relu", n, 3);
+    sp.ins = {{1, 0}, {2, 1}};
+    sp.outs = {{3, 2}};
+    sp.body = [](Body& b) {
+        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(2), b.a(0), b.a(1)));
+        b.vpu(fmt::format("        v.maxs {}, {}, 0.0, s18", b.a(2), b.a(2)));
+    };
+    return sp;
+}
+
 Spec relu_grad_spec(uint64_t n) {
     Spec sp = elementwise("relu_grad", n, 5);  // x, dy, zeros, mask, dx
     sp.ins = {{1, 0}, {2, 1}};
@@ -662,6 +673,13 @@ Event relu(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out)
     return detail::run(dev, cache, relu_spec(x.elements()), {&x, &out});
 }
 
+Event add_relu(Device& dev, ProgramCache& cache, const Tensor& a, const Tensor& b,
+               const Tensor& out) {
+    check_same(a, b, "add_relu");
+    check_same(a, out, "add_relu");
+    return detail::run(dev, cache, add_relu_spec(a.elements()), {&a, &b, &out});
+}
+
 Event relu_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& dy,
                 const Tensor& dx) {
     check_same(x, dy, "relu_grad");
@@ -739,6 +757,10 @@ std::vector<float> relu_reference(const std::vector<float>& x) {
     std::vector<float> out(x.size());
     for (size_t i = 0; i < x.size(); ++i) out[i] = max0(x[i]);
     return out;
+}
+
+std::vector<float> add_relu_reference(const std::vector<float>& a, const std::vector<float>& b) {
+    return relu_reference(add_reference(a, b));
 }
 
 std::vector<float> relu_grad_reference(const std::vector<float>& x, const std::vector<float>& dy) {

@@ -72,6 +72,10 @@ Event mul(Device& dev, ProgramCache& cache, const Tensor& a, const Tensor& b, co
 Event scale(Device& dev, ProgramCache& cache, const Tensor& a, float s, const Tensor& out);
 /// out = max(x, +0.0).
 Event relu(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out);
+/// out = relu(a + b) in one pass (a residual join): each value rounded once by the add, then
+/// max(., +0.0), so the same bits as add then relu with the sum never stored.
+Event add_relu(Device& dev, ProgramCache& cache, const Tensor& a, const Tensor& b,
+               const Tensor& out);
 /// dx = x > 0 ? dy : +0.0.
 Event relu_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& dy,
                 const Tensor& dx);
@@ -118,6 +122,7 @@ std::vector<float> mul_reference(const std::vector<float>& a, const std::vector<
 std::vector<float> scale_reference(const std::vector<float>& a, float s);
 /// isnan(x) ? quiet NaN : (x > 0 ? x : +0.0), like v.maxs.
 std::vector<float> relu_reference(const std::vector<float>& x);
+std::vector<float> add_relu_reference(const std::vector<float>& a, const std::vector<float>& b);
 std::vector<float> relu_grad_reference(const std::vector<float>& x, const std::vector<float>& dy);
 std::vector<float> bias_add_reference(const std::vector<float>& x, const std::vector<float>& bias,
                                       uint32_t rows, uint32_t cols);

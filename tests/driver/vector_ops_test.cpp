@@ -291,6 +291,8 @@ TEST_P(VectorOpsTensors, EveryKernelIsOneLaunchAndBitExactPerReplica) {
     check(out, [&](size_t i) { return relu_reference(a.data[i]); });
     relu_grad(*dev, cache, a.t, b.t, out);
     check(out, [&](size_t i) { return relu_grad_reference(a.data[i], b.data[i]); });
+    add_relu(*dev, cache, a.t, b.t, out);
+    check(out, [&](size_t i) { return add_relu_reference(a.data[i], b.data[i]); });
     bias_add(*dev, cache, a.t, bias.t, out);
     check(out, [&](size_t i) { return bias_add_reference(a.data[i], bias.data[i], rows, cols); });
     row_sum(*dev, cache, a.t, rs);
@@ -298,7 +300,7 @@ TEST_P(VectorOpsTensors, EveryKernelIsOneLaunchAndBitExactPerReplica) {
     col_sum(*dev, cache, a.t, cs);
     const uint32_t tile = col_sum_tile_rows(dev->config(), rows, cols);
     check(cs, [&](size_t i) { return col_sum_reference(a.data[i], rows, cols, tile); });
-    EXPECT_EQ(dev->metrics().launches - launches, 8u);  // one launch per kernel call
+    EXPECT_EQ(dev->metrics().launches - launches, 9u);  // one launch per kernel call
 
     // Softmax cross-entropy with one-hot labels.
     Replicas y{alloc_tensor(*dev, kEightCores, rows, cols), {}};

@@ -22,6 +22,28 @@ TEST(GradCheck, ResidualAddSendsTheGradientToBothInputs) {
         });
 }
 
+TEST(GradCheck, AddReluGatesBothInputsByTheSum) {
+    // x + w with every sum at least 0.05 away from the kink (fp64 central differences need
+    // that); half the sums negative. x also reaches the output a second time, so its gradient
+    // is taken over and then accumulated.
+    std::vector<double> x(35), w(35);
+    for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = 0.03 * double(i % 7) - 0.4;
+        w[i] = (i % 2 ? 0.5 : -0.6) + 0.01 * double(i % 5);
+    }
+    check_gradients(
+        {{5, 7, true, x}, {5, 7, true, w}},
+        [](Runtime& rt, const std::vector<Var>& v) {
+            return add(rt, v[0], add_relu(rt, v[0], v[1]));
+        },
+        [](const Values& in) {
+            std::vector<double> y(in[0].size());
+            for (size_t i = 0; i < y.size(); ++i)
+                y[i] = in[0][i] + std::max(0.0, in[0][i] + in[1][i]);
+            return y;
+        });
+}
+
 TEST(GradCheck, PeriodicAddSumsTheTableGradientOverBlocks) {
     // 3 sequences of 4 positions, 6 features; the table is 4 x 6.
     check_gradients(
