@@ -281,10 +281,12 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
             // closed form.
             col = std::max(col + step, base);
             const Tick first_col = col;
-            for (uint32_t i = 0; i < count; ++i) {
-                ring[qidx] = first_col + Tick(i) * step;
-                qidx = qidx + 1 == q ? 0 : qidx + 1;
-            }
+            // The ring in at most two straight pieces (count <= q), without a wrap test per
+            // burst, so the stores vectorise.
+            const size_t n1 = std::min<size_t>(count, q - qidx);
+            for (size_t i = 0; i < n1; ++i) ring[qidx + i] = first_col + Tick(i) * step;
+            for (size_t i = n1; i < count; ++i) ring[i - n1] = first_col + Tick(i) * step;
+            qidx = qidx + count >= q ? qidx + count - q : qidx + count;
             col = first_col + Tick(count - 1) * step;
             for (uint32_t i = count > m_groups ? count - m_groups : 0; i < count; ++i)
                 group_col[(g0 + i) & gmask] = first_col + Tick(i) * step;
@@ -348,7 +350,8 @@ uint64_t Hbm2PseudoChannel::access_runs(std::span<const Run> runs, bool write) {
             done = std::max(done, uint64_t(end));
             i += n;
         } else {
-            done = std::max(done, access_run(runs[i].arrive, runs[i].first, runs[i].count, write));
+            // try_runs changed nothing: go straight to the per-burst path.
+            done = std::max(done, serve_run(runs[i], write));
             ++i;
         }
     }
@@ -360,6 +363,14 @@ uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& f
     Tick done;
     const Run run{arrive, first, count};
     if (try_runs({&run, 1}, write, done)) return uint64_t(done);
+    return serve_run(run, write);
+}
+
+uint64_t Hbm2PseudoChannel::serve_run(const Run& run, bool write) {
+    const uint64_t arrive = run.arrive;
+    const HbmColumnAccess& first = run.first;
+    const uint32_t count = run.count;
+    Tick done;
     m_scratch.clear();
     for (uint32_t i = 0; i < count; ++i)
         m_scratch.push_back({(first.bank_group + i) & (m_groups - 1), first.bank, first.row});
@@ -491,6 +502,16 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
     if (rows == 0 || row_bytes == 0) return start;
     const uint32_t sh_burst = std::countr_zero(m_map.burst_bytes());
     const uint64_t granule = m_map.interleave_bytes(), burst_mask = m_map.burst_bytes() - 1;
+    // One contiguous range of whole granules, each inside one request and one bank row (the
+    // DMA's usual transfer): see whole_granules().
+    const uint64_t total = rows * row_bytes;
+    if ((rows == 1 || (stride == row_bytes && row_bytes % chunk == 0)) && addr % granule == 0 &&
+        total % granule == 0 && chunk % granule == 0 &&
+        (granule >> sh_burst) <= m_map.bursts_per_bank_row()) {
+        ++m_whole_granule_transfers;
+        return std::max(start, mul_div_up(whole_granules(start, addr, total, chunk, port, write),
+                                          m_tck_ps, m_to_core));
+    }
     // (1) Every request in order, cut as access() cuts it; a piece that crosses from one bank's
     // row into the next is cut there too: a request's bursts in two rows are served alike
     // as two requests with the same arrival (the closed page policy looks ahead only within
@@ -538,6 +559,56 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
         runs.clear();
     }
     return std::max(start, mul_div_up(done_tck, m_tck_ps, m_to_core));
+}
+
+uint64_t Hbm2Timing::whole_granules(uint64_t start, uint64_t addr, uint64_t bytes,
+                                    uint32_t chunk, uint32_t port, bool write) {
+    // Why this equals the general path of access_rows(): rows of a contiguous transfer whose
+    // length is a multiple of the chunk follow each other without a short request between
+    // them, so request k covers bytes [k chunk, (k + 1) chunk) of the range and arrives at
+    // start + floor(k chunk / port), as there. Every granule lies inside one request (chunk
+    // and addr are multiples of the granule) and inside one bank row (its bursts start at a
+    // multiple of their count, a power of two no larger than a bank row), so the general path
+    // sends each granule as one run of all its bursts from its first local burst. A
+    // pseudo-channel p gets one granule of each group of P consecutive ones: local granule k
+    // is granule granule_of(p, k), and increasing k is increasing address, which is request
+    // order. So the runs each pseudo-channel receives are the same, in the same order, and the
+    // pseudo-channels share nothing; only the cutting by address and the decoding are skipped.
+    const uint32_t sh_granule = std::countr_zero(m_map.interleave_bytes());
+    const uint32_t sh_pcs = std::countr_zero(m_map.pseudo_channels());
+    const uint32_t sh_run = sh_granule - std::countr_zero(m_map.burst_bytes());
+    const uint64_t g_lo = addr >> sh_granule, granules = bytes >> sh_granule,
+                   g_hi = g_lo + granules;
+    // (1) The arrival of every granule, request by request as the general path computes it.
+    m_arrivals.resize(granules);
+    uint64_t before = 0, arrive = start, done_tck = 0;
+    for (uint64_t i = 0; i < granules;) {
+        const uint64_t len = std::min<uint64_t>(chunk, bytes - before);
+        const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
+        done_tck = std::max(done_tck, arrive_tck);
+        for (const uint64_t e = i + (len >> sh_granule); i < e; ++i) m_arrivals[i] = arrive_tck;
+        before += len;
+        if (len <= 4 * uint64_t(port)) {
+            while ((arrive - start + 1) * port <= before) ++arrive;
+        } else {
+            arrive = start + before / port;
+        }
+    }
+    // (2) Each pseudo-channel's granules in order of their local number.
+    const uint64_t k_lo = g_lo >> sh_pcs, k_hi = (g_hi - 1) >> sh_pcs;
+    const uint32_t count = uint32_t(1) << sh_run;
+    std::vector<Hbm2PseudoChannel::Run>& runs = m_runs[0];
+    for (uint32_t p = 0; p < m_pcs.size(); ++p) {
+        runs.clear();
+        for (uint64_t k = k_lo; k <= k_hi; ++k) {
+            const uint64_t g = m_map.granule_of(p, k);
+            if (g < g_lo || g >= g_hi) continue;  // only in the first and last group
+            runs.push_back({m_arrivals[g - g_lo], m_map.bank_of_burst(k << sh_run), count});
+        }
+        if (!runs.empty()) done_tck = std::max(done_tck, m_pcs[p].access_runs(runs, write));
+    }
+    runs.clear();
+    return done_tck;
 }
 
 uint64_t Hbm2Timing::bank_conflicts(size_t i) const {
