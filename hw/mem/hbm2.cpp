@@ -342,18 +342,32 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
     return served;
 }
 
-uint64_t Hbm2PseudoChannel::access_runs(std::span<const Run> runs, bool write) {
+uint64_t Hbm2PseudoChannel::access_runs(std::span<Run> runs, bool write) {
     uint64_t done = 0;
     for (size_t i = 0; i < runs.size();) {
         Tick end;
         if (const size_t n = try_runs(runs.subspan(i), write, end); n > 0) {
             done = std::max(done, uint64_t(end));
             i += n;
-        } else {
-            // try_runs changed nothing: go straight to the per-burst path.
-            done = std::max(done, serve_run(runs[i], write));
-            ++i;
+            continue;
         }
+        // try_runs changed nothing: the run opens its row (or a refresh is due). As in
+        // serve_run(), its first burst in each bank group goes burst by burst; the rest stays in
+        // the list (head % groups == 0: the same first group), so the next try_runs() serves it
+        // together with the runs after it.
+        Run& run = runs[i];
+        const uint32_t head = std::min(run.count, m_groups);
+        if (m_closed_page || head == run.count || head > kMaxRun) {
+            done = std::max(done, serve_run(run, write));
+            ++i;
+            continue;
+        }
+        HbmColumnAccess bursts[kMaxRun];
+        for (uint32_t j = 0; j < head; ++j)
+            bursts[j] = {(run.first.bank_group + j) & (m_groups - 1), run.first.bank,
+                         run.first.row};
+        done = std::max(done, serve(run.arrive, std::span(bursts, head), write));
+        run.count -= head;
     }
     return done;
 }

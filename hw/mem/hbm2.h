@@ -123,7 +123,8 @@ public:
     };
     /// access_run() of each of `runs` in order; returns the latest end of data (0 if none).
     /// Consecutive row-hit runs of one bank row are served with the state held in registers.
-    uint64_t access_runs(std::span<const Run> runs, bool write);
+    /// A run that opens its row is left in `runs` with its row-opening bursts removed.
+    uint64_t access_runs(std::span<Run> runs, bool write);
     /// Counters since construction.
     const Counters& counters() const { return m_counters; }
     /// Banks of the pseudo-channel (bank_groups x banks).
