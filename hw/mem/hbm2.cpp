@@ -247,7 +247,76 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
     size_t served = 0;
     bool steady = false;      ///< the previous run covered every group, paced (see below)
     uint32_t next_group = 0;  ///< the group after the previous run's last burst
-    for (const Run& run : runs) {
+    for (size_t ri = 0; ri < runs.size(); ++ri) {
+        // (0) A gap-free stretch. After a run that covered every bank group (steady), take the
+        // longest stretch of runs of one count c >= G that continue the rotation in this bank
+        // row and would each issue its first column one step after the previous column. Then
+        // burst o of the stretch (o = 0 .. m c - 1) issues at col + (o + 1) step, and nothing
+        // in the stretch needs more than a running maximum:
+        //  - run i's base is max(cursor, admit, arrivals 1..i, slot_j + 1 for j < i), where
+        //    slot_j is the column of burst n_j + c - 1 - Q, at most burst n_j - 1's (c <= Q),
+        //    so slot_j + 1 <= run j's first column < run i's. So run i starts one step after
+        //    the previous column iff max(cursor, admit, arrivals 1..i) <= col + ((i - 1) c + 1)
+        //    step, checked run by run;
+        //  - admission and the cursor are running maxima and the slots grow with the burst
+        //    number, so the last run's admission is max(admit, arrivals, slot_m + 1), and if its
+        //    cursor is before the due cycle no refresh falls due in the stretch (else the
+        //    stretch is dropped and the runs go one by one below);
+        //  - the ring holds the newest Q columns and each group's last column is among the
+        //    last G bursts, all in closed form.
+        if (steady && open == all && runs[ri].count >= m_groups && runs[ri].count <= q &&
+            runs[ri].count <= kMaxRun) {
+            const uint32_t c = runs[ri].count;
+            size_t m = 0;
+            uint32_t ng = next_group;
+            Tick reach = std::max(admit, cursor), arr_max = kNever;
+            for (size_t j = ri; j < runs.size(); ++j) {
+                const Run& r = runs[j];
+                if (r.count != c || r.first.bank_group != ng || r.first.bank != row.bank ||
+                    r.first.row != row.row)
+                    break;
+                const Tick a = std::max(reach, Tick(r.arrive));
+                if (a > col + Tick(m * c + 1) * step) break;
+                reach = a;
+                arr_max = std::max(arr_max, Tick(r.arrive));
+                ng = (ng + c) & gmask;
+                ++m;
+            }
+            const size_t total = m * c;
+            Tick slot_last = kNever;  // the column of burst total - 1 - Q of the stretch
+            if (total > q) {
+                slot_last = col + Tick(total - q) * step;
+            } else if (m > 0) {
+                const size_t last = qidx + total - 1;
+                slot_last = ring[last >= q ? last - q : last];
+            }
+            const Tick new_admit = std::max({admit, arr_max, slot_last + 1});
+            const Tick new_cursor = std::max(cursor, new_admit);
+            if (m > 0 && (m_t.refi == 0 || new_cursor < m_due)) {
+                const Tick first_col = col + step;
+                // The newest min(total, Q) bursts, from slot `from` on, in two straight pieces.
+                const size_t o0 = total > q ? total - q : 0;
+                const size_t from = (qidx + o0) % q, n1 = std::min(total - o0, q - from);
+                for (size_t i = 0; i < n1; ++i) ring[from + i] = first_col + Tick(o0 + i) * step;
+                for (size_t i = n1; i < total - o0; ++i)
+                    ring[i - n1] = first_col + Tick(o0 + i) * step;
+                for (size_t o = total - m_groups; o < total; ++o)
+                    group_col[(next_group + o) & gmask] = first_col + Tick(o) * step;
+                qidx = (qidx + total) % q;
+                col = first_col + Tick(total - 1) * step;
+                data_end = col + lat + m_bl2;
+                admit = new_admit;
+                cursor = new_cursor;
+                used |= all;
+                bursts += total;
+                served += m;
+                m_counters.paced_runs += m;
+                next_group = ng;
+                ri += m - 1;
+                continue;
+            }
+        }
+        const Run& run = runs[ri];
         const uint32_t count = run.count, g0 = run.first.bank_group;
         if (run.first.bank != row.bank || run.first.row != row.row || count == 0 || count > q ||
             count > kMaxRun)
@@ -674,6 +743,7 @@ Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {
         sum.precharges += c.precharges;
         sum.refreshes += c.refreshes;
         sum.runs += c.runs;
+        sum.paced_runs += c.paced_runs;
     }
     return sum;
 }

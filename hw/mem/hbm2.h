@@ -95,6 +95,9 @@ public:
         /// Requests served as row-hit runs (a host-speed shortcut with no timing meaning; for
         /// tests that prove both paths are taken).
         uint64_t runs = 0;
+        /// Of those, runs served in a gap-free stretch in closed form (also a host-speed
+        /// shortcut, for tests).
+        uint64_t paced_runs = 0;
     };
 
     /// An idle pseudo-channel with every bank closed at tCK 0. `batch_runs` = false turns the

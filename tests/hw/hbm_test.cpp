@@ -399,7 +399,7 @@ TEST(Hbm2Property, TransfersEqualTheirRequestsOneByOne) {
 // chunks of one or more granules, any port, both hashes and page policies, refreshes, small
 // queues, granules that span banks, with lone requests and general transfers in between.
 TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
-    uint64_t whole = 0, transfers = 0;
+    uint64_t whole = 0, transfers = 0, runs = 0, paced = 0;
     for (uint32_t seed = 1; seed <= 60; ++seed) {
         std::mt19937 rng(seed);
         auto pick = [&](uint64_t hi) {
@@ -447,10 +447,15 @@ TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
             std::vector<uint64_t>({x.bursts, x.row_hits, x.activates, x.precharges, x.refreshes}),
             std::vector<uint64_t>({y.bursts, y.row_hits, y.activates, y.precharges, y.refreshes}))
             << "seed " << seed;
+        runs += x.runs;
+        paced += x.paced_runs;
     }
-    // Both paths are taken: most transfers are whole granules, some are not.
+    // Both paths are taken: most transfers are whole granules, some are not; many row-hit runs
+    // are served in gap-free stretches, others one by one.
     EXPECT_GT(whole, transfers / 2);
     EXPECT_LT(whole, transfers);
+    EXPECT_GT(paced, runs / 4);
+    EXPECT_LT(paced, runs);
 }
 
 // ---- the whole stack: address map and core cycles ----
