@@ -415,7 +415,12 @@ uint64_t Hbm2PseudoChannel::access_runs(std::span<Run> runs, bool write) {
     uint64_t done = 0;
     for (size_t i = 0; i < runs.size();) {
         Tick end;
-        if (const size_t n = try_runs(runs.subspan(i), write, end); n > 0) {
+        // A run whose first bank does not have its row open is not a row-hit run: try_runs
+        // would decline it after its set-up, so skip the call.
+        const Run& r = runs[i];
+        const bool opens = m_banks[r.first.bank_group * m_bpg + r.first.bank].open_row !=
+                           int64_t(r.first.row);
+        if (const size_t n = opens ? 0 : try_runs(runs.subspan(i), write, end); n > 0) {
             done = std::max(done, uint64_t(end));
             i += n;
             continue;
