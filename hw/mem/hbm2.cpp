@@ -418,8 +418,8 @@ uint64_t Hbm2PseudoChannel::access_runs(std::span<Run> runs, bool write) {
         // A run whose first bank does not have its row open is not a row-hit run: try_runs
         // would decline it after its set-up, so skip the call.
         const Run& r = runs[i];
-        const bool opens = m_banks[r.first.bank_group * m_bpg + r.first.bank].open_row !=
-                           int64_t(r.first.row);
+        const bool opens =
+            m_banks[r.first.bank_group * m_bpg + r.first.bank].open_row != int64_t(r.first.row);
         if (const size_t n = opens ? 0 : try_runs(runs.subspan(i), write, end); n > 0) {
             done = std::max(done, uint64_t(end));
             i += n;
@@ -649,8 +649,8 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
     return std::max(start, mul_div_up(done_tck, m_tck_ps, m_to_core));
 }
 
-uint64_t Hbm2Timing::whole_granules(uint64_t start, uint64_t addr, uint64_t bytes,
-                                    uint32_t chunk, uint32_t port, bool write) {
+uint64_t Hbm2Timing::whole_granules(uint64_t start, uint64_t addr, uint64_t bytes, uint32_t chunk,
+                                    uint32_t port, bool write) {
     // Why this equals the general path of access_rows(): rows of a contiguous transfer whose
     // length is a multiple of the chunk follow each other without a short request between
     // them, so request k covers bytes [k chunk, (k + 1) chunk) of the range and arrives at
