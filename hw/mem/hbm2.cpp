@@ -247,7 +247,76 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
     size_t served = 0;
     bool steady = false;      ///< the previous run covered every group, paced (see below)
     uint32_t next_group = 0;  ///< the group after the previous run's last burst
-    for (const Run& run : runs) {
+    for (size_t ri = 0; ri < runs.size(); ++ri) {
+        // (0) A gap-free stretch. After a run that covered every bank group (steady), take the
+        // longest stretch of runs of one count c >= G that continue the rotation in this bank
+        // row and would each issue its first column one step after the previous column. Then
+        // burst o of the stretch (o = 0 .. m c - 1) issues at col + (o + 1) step, and nothing
+        // in the stretch needs more than a running maximum:
+        //  - run i's base is max(cursor, admit, arrivals 1..i, slot_j + 1 for j < i), where
+        //    slot_j is the column of burst n_j + c - 1 - Q, at most burst n_j - 1's (c <= Q),
+        //    so slot_j + 1 <= run j's first column < run i's. So run i starts one step after
+        //    the previous column iff max(cursor, admit, arrivals 1..i) <= col + ((i - 1) c + 1)
+        //    step, checked run by run;
+        //  - admission and the cursor are running maxima and the slots grow with the burst
+        //    number, so the last run's admission is max(admit, arrivals, slot_m + 1), and if its
+        //    cursor is before the due cycle no refresh falls due in the stretch (else the
+        //    stretch is dropped and the runs go one by one below);
+        //  - the ring holds the newest Q columns and each group's last column is among the
+        //    last G bursts, all in closed form.
+        if (steady && open == all && runs[ri].count >= m_groups && runs[ri].count <= q &&
+            runs[ri].count <= kMaxRun) {
+            const uint32_t c = runs[ri].count;
+            size_t m = 0;
+            uint32_t ng = next_group;
+            Tick reach = std::max(admit, cursor), arr_max = kNever;
+            for (size_t j = ri; j < runs.size(); ++j) {
+                const Run& r = runs[j];
+                if (r.count != c || r.first.bank_group != ng || r.first.bank != row.bank ||
+                    r.first.row != row.row)
+                    break;
+                const Tick a = std::max(reach, Tick(r.arrive));
+                if (a > col + Tick(m * c + 1) * step) break;
+                reach = a;
+                arr_max = std::max(arr_max, Tick(r.arrive));
+                ng = (ng + c) & gmask;
+                ++m;
+            }
+            const size_t total = m * c;
+            Tick slot_last = kNever;  // the column of burst total - 1 - Q of the stretch
+            if (total > q) {
+                slot_last = col + Tick(total - q) * step;
+            } else if (m > 0) {
+                const size_t last = qidx + total - 1;
+                slot_last = ring[last >= q ? last - q : last];
+            }
+            const Tick new_admit = std::max({admit, arr_max, slot_last + 1});
+            const Tick new_cursor = std::max(cursor, new_admit);
+            if (m > 0 && (m_t.refi == 0 || new_cursor < m_due)) {
+                const Tick first_col = col + step;
+                // The newest min(total, Q) bursts, from slot `from` on, in two straight pieces.
+                const size_t o0 = total > q ? total - q : 0;
+                const size_t from = (qidx + o0) % q, n1 = std::min(total - o0, q - from);
+                for (size_t i = 0; i < n1; ++i) ring[from + i] = first_col + Tick(o0 + i) * step;
+                for (size_t i = n1; i < total - o0; ++i)
+                    ring[i - n1] = first_col + Tick(o0 + i) * step;
+                for (size_t o = total - m_groups; o < total; ++o)
+                    group_col[(next_group + o) & gmask] = first_col + Tick(o) * step;
+                qidx = (qidx + total) % q;
+                col = first_col + Tick(total - 1) * step;
+                data_end = col + lat + m_bl2;
+                admit = new_admit;
+                cursor = new_cursor;
+                used |= all;
+                bursts += total;
+                served += m;
+                m_counters.paced_runs += m;
+                next_group = ng;
+                ri += m - 1;
+                continue;
+            }
+        }
+        const Run& run = runs[ri];
         const uint32_t count = run.count, g0 = run.first.bank_group;
         if (run.first.bank != row.bank || run.first.row != row.row || count == 0 || count > q ||
             count > kMaxRun)
@@ -281,10 +350,12 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
             // closed form.
             col = std::max(col + step, base);
             const Tick first_col = col;
-            for (uint32_t i = 0; i < count; ++i) {
-                ring[qidx] = first_col + Tick(i) * step;
-                qidx = qidx + 1 == q ? 0 : qidx + 1;
-            }
+            // The ring in at most two straight pieces (count <= q), without a wrap test per
+            // burst, so the stores vectorise.
+            const size_t n1 = std::min<size_t>(count, q - qidx);
+            for (size_t i = 0; i < n1; ++i) ring[qidx + i] = first_col + Tick(i) * step;
+            for (size_t i = n1; i < count; ++i) ring[i - n1] = first_col + Tick(i) * step;
+            qidx = qidx + count >= q ? qidx + count - q : qidx + count;
             col = first_col + Tick(count - 1) * step;
             for (uint32_t i = count > m_groups ? count - m_groups : 0; i < count; ++i)
                 group_col[(g0 + i) & gmask] = first_col + Tick(i) * step;
@@ -340,17 +411,37 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
     return served;
 }
 
-uint64_t Hbm2PseudoChannel::access_runs(std::span<const Run> runs, bool write) {
+uint64_t Hbm2PseudoChannel::access_runs(std::span<Run> runs, bool write) {
     uint64_t done = 0;
     for (size_t i = 0; i < runs.size();) {
         Tick end;
-        if (const size_t n = try_runs(runs.subspan(i), write, end); n > 0) {
+        // A run whose first bank does not have its row open is not a row-hit run: try_runs
+        // would decline it after its set-up, so skip the call.
+        const Run& r = runs[i];
+        const bool opens =
+            m_banks[r.first.bank_group * m_bpg + r.first.bank].open_row != int64_t(r.first.row);
+        if (const size_t n = opens ? 0 : try_runs(runs.subspan(i), write, end); n > 0) {
             done = std::max(done, uint64_t(end));
             i += n;
-        } else {
-            done = std::max(done, access_run(runs[i].arrive, runs[i].first, runs[i].count, write));
-            ++i;
+            continue;
         }
+        // try_runs changed nothing: the run opens its row (or a refresh is due). As in
+        // serve_run(), its first burst in each bank group goes burst by burst; the rest stays in
+        // the list (head % groups == 0: the same first group), so the next try_runs() serves it
+        // together with the runs after it.
+        Run& run = runs[i];
+        const uint32_t head = std::min(run.count, m_groups);
+        if (m_closed_page || head == run.count || head > kMaxRun) {
+            done = std::max(done, serve_run(run, write));
+            ++i;
+            continue;
+        }
+        HbmColumnAccess bursts[kMaxRun];
+        for (uint32_t j = 0; j < head; ++j)
+            bursts[j] = {(run.first.bank_group + j) & (m_groups - 1), run.first.bank,
+                         run.first.row};
+        done = std::max(done, serve(run.arrive, std::span(bursts, head), write));
+        run.count -= head;
     }
     return done;
 }
@@ -360,6 +451,14 @@ uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& f
     Tick done;
     const Run run{arrive, first, count};
     if (try_runs({&run, 1}, write, done)) return uint64_t(done);
+    return serve_run(run, write);
+}
+
+uint64_t Hbm2PseudoChannel::serve_run(const Run& run, bool write) {
+    const uint64_t arrive = run.arrive;
+    const HbmColumnAccess& first = run.first;
+    const uint32_t count = run.count;
+    Tick done;
     m_scratch.clear();
     for (uint32_t i = 0; i < count; ++i)
         m_scratch.push_back({(first.bank_group + i) & (m_groups - 1), first.bank, first.row});
@@ -491,6 +590,16 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
     if (rows == 0 || row_bytes == 0) return start;
     const uint32_t sh_burst = std::countr_zero(m_map.burst_bytes());
     const uint64_t granule = m_map.interleave_bytes(), burst_mask = m_map.burst_bytes() - 1;
+    // One contiguous range of whole granules, each inside one request and one bank row (the
+    // DMA's usual transfer): see whole_granules().
+    const uint64_t total = rows * row_bytes;
+    if ((rows == 1 || (stride == row_bytes && row_bytes % chunk == 0)) && addr % granule == 0 &&
+        total % granule == 0 && chunk % granule == 0 &&
+        (granule >> sh_burst) <= m_map.bursts_per_bank_row()) {
+        ++m_whole_granule_transfers;
+        return std::max(start, mul_div_up(whole_granules(start, addr, total, chunk, port, write),
+                                          m_tck_ps, m_to_core));
+    }
     // (1) Every request in order, cut as access() cuts it; a piece that crosses from one bank's
     // row into the next is cut there too: a request's bursts in two rows are served alike
     // as two requests with the same arrival (the closed page policy looks ahead only within
@@ -538,6 +647,56 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
         runs.clear();
     }
     return std::max(start, mul_div_up(done_tck, m_tck_ps, m_to_core));
+}
+
+uint64_t Hbm2Timing::whole_granules(uint64_t start, uint64_t addr, uint64_t bytes, uint32_t chunk,
+                                    uint32_t port, bool write) {
+    // Why this equals the general path of access_rows(): rows of a contiguous transfer whose
+    // length is a multiple of the chunk follow each other without a short request between
+    // them, so request k covers bytes [k chunk, (k + 1) chunk) of the range and arrives at
+    // start + floor(k chunk / port), as there. Every granule lies inside one request (chunk
+    // and addr are multiples of the granule) and inside one bank row (its bursts start at a
+    // multiple of their count, a power of two no larger than a bank row), so the general path
+    // sends each granule as one run of all its bursts from its first local burst. A
+    // pseudo-channel p gets one granule of each group of P consecutive ones: local granule k
+    // is granule granule_of(p, k), and increasing k is increasing address, which is request
+    // order. So the runs each pseudo-channel receives are the same, in the same order, and the
+    // pseudo-channels share nothing; only the cutting by address and the decoding are skipped.
+    const uint32_t sh_granule = std::countr_zero(m_map.interleave_bytes());
+    const uint32_t sh_pcs = std::countr_zero(m_map.pseudo_channels());
+    const uint32_t sh_run = sh_granule - std::countr_zero(m_map.burst_bytes());
+    const uint64_t g_lo = addr >> sh_granule, granules = bytes >> sh_granule,
+                   g_hi = g_lo + granules;
+    // (1) The arrival of every granule, request by request as the general path computes it.
+    m_arrivals.resize(granules);
+    uint64_t before = 0, arrive = start, done_tck = 0;
+    for (uint64_t i = 0; i < granules;) {
+        const uint64_t len = std::min<uint64_t>(chunk, bytes - before);
+        const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
+        done_tck = std::max(done_tck, arrive_tck);
+        for (const uint64_t e = i + (len >> sh_granule); i < e; ++i) m_arrivals[i] = arrive_tck;
+        before += len;
+        if (len <= 4 * uint64_t(port)) {
+            while ((arrive - start + 1) * port <= before) ++arrive;
+        } else {
+            arrive = start + before / port;
+        }
+    }
+    // (2) Each pseudo-channel's granules in order of their local number.
+    const uint64_t k_lo = g_lo >> sh_pcs, k_hi = (g_hi - 1) >> sh_pcs;
+    const uint32_t count = uint32_t(1) << sh_run;
+    std::vector<Hbm2PseudoChannel::Run>& runs = m_runs[0];
+    for (uint32_t p = 0; p < m_pcs.size(); ++p) {
+        runs.clear();
+        for (uint64_t k = k_lo; k <= k_hi; ++k) {
+            const uint64_t g = m_map.granule_of(p, k);
+            if (g < g_lo || g >= g_hi) continue;  // only in the first and last group
+            runs.push_back({m_arrivals[g - g_lo], m_map.bank_of_burst(k << sh_run), count});
+        }
+        if (!runs.empty()) done_tck = std::max(done_tck, m_pcs[p].access_runs(runs, write));
+    }
+    runs.clear();
+    return done_tck;
 }
 
 uint64_t Hbm2Timing::bank_conflicts(size_t i) const {
@@ -589,6 +748,7 @@ Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {
         sum.precharges += c.precharges;
         sum.refreshes += c.refreshes;
         sum.runs += c.runs;
+        sum.paced_runs += c.paced_runs;
     }
     return sum;
 }

@@ -52,6 +52,18 @@ public:
         const uint32_t sh = m_sh_groups + m_sh_cols;
         return ((burst >> sh) + 1) << sh;
     }
+    /// Granule number (address / interleave_bytes()) of local granule `k` of pseudo-channel
+    /// `pc`: the inverse of decode() at granule resolution. The hash only mixes in bits of `k`
+    /// (granule / P and granule / P^2), so pc = j XOR k mod P XOR (k / P) mod P for the granule
+    /// k x P + j, and j follows from pc and k.
+    uint64_t granule_of(uint32_t pc, uint64_t k) const {
+        const uint64_t mask = m_pcs - 1;
+        uint64_t j = pc;
+        if (m_xor) j ^= (k & mask) ^ ((k >> m_sh_pcs) & mask);
+        return (k << m_sh_pcs) | j;
+    }
+    /// Bursts in one bank row across the bank groups (the span next_row_burst() steps over).
+    uint64_t bursts_per_bank_row() const { return uint64_t(m_bank_groups) << m_sh_cols; }
     /// Bytes one column command moves on a pseudo-channel.
     uint32_t burst_bytes() const { return m_burst_bytes; }
     /// Pseudo-channels in total (channels x pseudo_channels).
@@ -83,6 +95,9 @@ public:
         /// Requests served as row-hit runs (a host-speed shortcut with no timing meaning; for
         /// tests that prove both paths are taken).
         uint64_t runs = 0;
+        /// Of those, runs served in a gap-free stretch in closed form (also a host-speed
+        /// shortcut, for tests).
+        uint64_t paced_runs = 0;
     };
 
     /// An idle pseudo-channel with every bank closed at tCK 0. `batch_runs` = false turns the
@@ -111,7 +126,8 @@ public:
     };
     /// access_run() of each of `runs` in order; returns the latest end of data (0 if none).
     /// Consecutive row-hit runs of one bank row are served with the state held in registers.
-    uint64_t access_runs(std::span<const Run> runs, bool write);
+    /// A run that opens its row is left in `runs` with its row-opening bursts removed.
+    uint64_t access_runs(std::span<Run> runs, bool write);
     /// Counters since construction.
     const Counters& counters() const { return m_counters; }
     /// Banks of the pseudo-channel (bank_groups x banks).
@@ -142,6 +158,9 @@ private:
     /// row-hit runs of runs[0]'s bank row, sets `done` to the last one's end of data and returns
     /// how many it served; 0 (nothing changed) when the first does not qualify.
     size_t try_runs(std::span<const Run> runs, bool write, Tick& done);
+    /// access_run() of `run` when try_runs() has declined it: its row-opening bursts burst by
+    /// burst, the rest as a row-hit run where it qualifies.
+    uint64_t serve_run(const Run& run, bool write);
     /// The per-burst path.
     uint64_t serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
     /// Row logic for one burst; returns the cycle the burst's column command may go.
@@ -198,6 +217,9 @@ public:
     Hbm2PseudoChannel::Counters counters() const;
     /// Row conflicts of bank index `i`, summed over the pseudo-channels.
     uint64_t bank_conflicts(size_t i) const;
+    /// Transfers that access_rows() served per pseudo-channel without cutting them by address
+    /// (a host-speed shortcut with no timing meaning; for tests that prove it is taken).
+    uint64_t whole_granule_transfers() const { return m_whole_granule_transfers; }
     void register_stats(sim::StatGroup& group) override;
 
 private:
@@ -229,6 +251,13 @@ private:
     std::vector<HbmColumnAccess> m_scratch;  ///< bursts of a piece that spans two rows
     /// access_rows: runs per pseudo-channel, in request order.
     std::vector<std::vector<Hbm2PseudoChannel::Run>> m_runs;
+    /// access_rows of whole granules: the arrival (tCK) of each request of the transfer.
+    std::vector<uint64_t> m_arrivals;
+    uint64_t m_whole_granule_transfers = 0;
+    /// access_rows() of a transfer that is one contiguous range of whole granules, each inside
+    /// one request; returns the latest end of data (tCK). See access_rows().
+    uint64_t whole_granules(uint64_t start, uint64_t addr, uint64_t bytes, uint32_t chunk,
+                            uint32_t port, bool write);
 };
 
 }  // namespace tpu::hw

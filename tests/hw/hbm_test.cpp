@@ -393,6 +393,71 @@ TEST(Hbm2Property, TransfersEqualTheirRequestsOneByOne) {
     EXPECT_GT(runs, bursts / 64);  // the shortcut serves a good share
 }
 
+// Contiguous transfers of whole granules (the DMA's usual shape), which access_rows serves per
+// pseudo-channel without cutting them by address, equal access() request by request: random
+// granule-aligned ranges (some shorter than a group of pseudo-channels, some over many rows),
+// chunks of one or more granules, any port, both hashes and page policies, refreshes, small
+// queues, granules that span banks, with lone requests and general transfers in between.
+TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
+    uint64_t whole = 0, transfers = 0, runs = 0, paced = 0;
+    for (uint32_t seed = 1; seed <= 60; ++seed) {
+        std::mt19937 rng(seed);
+        auto pick = [&](uint64_t hi) {
+            return std::uniform_int_distribution<uint64_t>(0, hi)(rng);
+        };
+        BoardConfig cfg;
+        if (seed % 5 == 0) cfg.hbm.page_policy = "closed";
+        if (seed % 3 == 0) cfg.hbm.interleave_bytes = seed % 2 ? 8192 : 64;
+        if (seed % 4 == 1) cfg.hbm.timing.refi = 700;
+        if (seed % 7 == 0) cfg.hbm.queue_bursts = 1 + uint32_t(pick(12));
+        if (seed % 6 == 0) cfg.hbm.address_hash = "none";
+        const uint64_t g = cfg.hbm.interleave_bytes;
+        Hbm2Timing batched(cfg), one_by_one(cfg);
+        uint64_t t = 0;
+        for (int i = 0; i < 40; ++i) {
+            t += pick(1) ? pick(30) : pick(3000);
+            const bool write = pick(3) == 0;
+            if (pick(5) == 0) {  // a lone request
+                const uint64_t addr = pick(8 << 20);
+                const auto bytes = static_cast<uint32_t>(1 + pick(1023));
+                ASSERT_EQ(batched.access(t, addr, bytes, write),
+                          one_by_one.access(t, addr, bytes, write));
+                continue;
+            }
+            const auto chunk = static_cast<uint32_t>(g * (pick(1) ? 2 : 1 + pick(5)));
+            const uint64_t rows = pick(1) ? 1 : 1 + pick(40);
+            const uint64_t row_bytes =
+                rows == 1 ? g * (1 + pick(pick(1) ? 20 : 600)) : chunk * (1 + pick(8));
+            // Mostly contiguous; a strided one now and then takes the general path.
+            const uint64_t stride = pick(6) ? row_bytes : row_bytes + g * (1 + pick(3));
+            const uint64_t addr = g * pick((16 << 20) / g);
+            const auto port = static_cast<uint32_t>(pick(1) ? 512 : 1 + pick(700));
+            const uint64_t before = batched.whole_granule_transfers();
+            const uint64_t got =
+                batched.access_rows(t, rows, row_bytes, addr, stride, chunk, port, write);
+            const uint64_t want = one_by_one.HbmTimingModel::access_rows(
+                t, rows, row_bytes, addr, stride, chunk, port, write);
+            ASSERT_EQ(got, want) << "seed " << seed << " transfer " << i;
+            whole += batched.whole_granule_transfers() - before;
+            ++transfers;
+            if (pick(1)) t = got;  // the next one after this one, or overlapping it
+        }
+        const auto x = batched.counters(), y = one_by_one.counters();
+        EXPECT_EQ(
+            std::vector<uint64_t>({x.bursts, x.row_hits, x.activates, x.precharges, x.refreshes}),
+            std::vector<uint64_t>({y.bursts, y.row_hits, y.activates, y.precharges, y.refreshes}))
+            << "seed " << seed;
+        runs += x.runs;
+        paced += x.paced_runs;
+    }
+    // Both paths are taken: most transfers are whole granules, some are not; many row-hit runs
+    // are served in gap-free stretches, others one by one.
+    EXPECT_GT(whole, transfers / 2);
+    EXPECT_LT(whole, transfers);
+    EXPECT_GT(paced, runs / 4);
+    EXPECT_LT(paced, runs);
+}
+
 // ---- the whole stack: address map and core cycles ----
 
 TEST(Hbm2Timing, AddressMap) {
