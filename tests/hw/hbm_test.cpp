@@ -346,31 +346,56 @@ TEST(Hbm2Property, StackEqualsPerBurstPseudoChannels) {
 // hits served together) equals access() request by request, on random 2-D transfers mixed
 // with single requests (as ICI writes come between transfers), in both page policies, with
 // refreshes, small queues and granules that span banks.
+/// Uniform integers in [0, hi] from one seeded stream.
+struct Pick {
+    std::mt19937 rng;
+    uint64_t operator()(uint64_t hi) { return std::uniform_int_distribution<uint64_t>(0, hi)(rng); }
+};
+
+/// The HBM variants the transfer property tests cycle through by seed: closed pages, another
+/// granule (`granule` when seed % 3 == 0), frequent refresh, short queues, no address hash.
+BoardConfig varied_hbm(uint32_t seed, uint32_t granule, Pick& pick) {
+    BoardConfig cfg;
+    if (seed % 5 == 0) cfg.hbm.page_policy = "closed";
+    if (seed % 3 == 0) cfg.hbm.interleave_bytes = granule;
+    if (seed % 4 == 1) cfg.hbm.timing.refi = 700;
+    if (seed % 7 == 0) cfg.hbm.queue_bursts = 1 + uint32_t(pick(12));
+    if (seed % 6 == 0) cfg.hbm.address_hash = "none";
+    return cfg;
+}
+
+/// Both models issued the same commands (the shortcut only changes how they are computed).
+void expect_same_commands(const Hbm2PseudoChannel::Counters& x,
+                          const Hbm2PseudoChannel::Counters& y, uint32_t seed) {
+    EXPECT_EQ(std::vector<uint64_t>({x.bursts, x.row_hits, x.activates, x.precharges, x.refreshes}),
+              std::vector<uint64_t>({y.bursts, y.row_hits, y.activates, y.precharges, y.refreshes}))
+        << "seed " << seed;
+}
+
+/// The next event of a random stream: `t` advances by a short or a long gap and `write` is
+/// drawn; one time in `one_in`, a lone request (as an ICI write between transfers) of random
+/// address and size goes to both models, which must agree, and the result is true.
+bool lone_request(Hbm2Timing& batched, Hbm2Timing& one_by_one, Pick& pick, uint64_t one_in,
+                  uint64_t& t, bool& write) {
+    t += pick(1) ? pick(30) : pick(3000);
+    write = pick(3) == 0;
+    if (pick(one_in - 1) != 0) return false;
+    const uint64_t addr = pick(8 << 20);
+    const auto bytes = static_cast<uint32_t>(1 + pick(1023));
+    EXPECT_EQ(batched.access(t, addr, bytes, write), one_by_one.access(t, addr, bytes, write));
+    return true;
+}
+
 TEST(Hbm2Property, TransfersEqualTheirRequestsOneByOne) {
     uint64_t runs = 0, bursts = 0;
     for (uint32_t seed = 1; seed <= 60; ++seed) {
-        std::mt19937 rng(seed);
-        auto pick = [&](uint64_t hi) {
-            return std::uniform_int_distribution<uint64_t>(0, hi)(rng);
-        };
-        BoardConfig cfg;
-        if (seed % 5 == 0) cfg.hbm.page_policy = "closed";
-        if (seed % 3 == 0) cfg.hbm.interleave_bytes = 8192;
-        if (seed % 4 == 1) cfg.hbm.timing.refi = 700;
-        if (seed % 7 == 0) cfg.hbm.queue_bursts = 1 + uint32_t(pick(12));
-        if (seed % 6 == 0) cfg.hbm.address_hash = "none";
+        Pick pick{std::mt19937(seed)};
+        const BoardConfig cfg = varied_hbm(seed, 8192, pick);
         Hbm2Timing batched(cfg), one_by_one(cfg);
         uint64_t t = 0;
         for (int i = 0; i < 60; ++i) {
-            t += pick(1) ? pick(30) : pick(3000);
-            const bool write = pick(3) == 0;
-            if (pick(4) == 0) {  // a lone request
-                const uint64_t addr = pick(8 << 20);
-                const auto bytes = static_cast<uint32_t>(1 + pick(1023));
-                ASSERT_EQ(batched.access(t, addr, bytes, write),
-                          one_by_one.access(t, addr, bytes, write));
-                continue;
-            }
+            bool write = false;
+            if (lone_request(batched, one_by_one, pick, 5, t, write)) continue;
             const uint64_t rows = 1 + pick(pick(1) ? 3 : 64), row_bytes = 1 + pick(4095);
             const uint64_t stride = pick(1) ? row_bytes : row_bytes + pick(3) * 256 + pick(64);
             const uint64_t addr = pick(1) ? pick(16) * 4096 : pick(4 << 20);
@@ -382,11 +407,8 @@ TEST(Hbm2Property, TransfersEqualTheirRequestsOneByOne) {
                 t, rows, row_bytes, addr, stride, chunk, port, write);
             ASSERT_EQ(got, want) << "seed " << seed << " transfer " << i;
         }
-        const auto x = batched.counters(), y = one_by_one.counters();
-        EXPECT_EQ(
-            std::vector<uint64_t>({x.bursts, x.row_hits, x.activates, x.precharges, x.refreshes}),
-            std::vector<uint64_t>({y.bursts, y.row_hits, y.activates, y.precharges, y.refreshes}))
-            << "seed " << seed;
+        const auto x = batched.counters();
+        expect_same_commands(x, one_by_one.counters(), seed);
         runs += x.runs;
         bursts += x.bursts;
     }
@@ -401,29 +423,14 @@ TEST(Hbm2Property, TransfersEqualTheirRequestsOneByOne) {
 TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
     uint64_t whole = 0, transfers = 0, runs = 0, paced = 0;
     for (uint32_t seed = 1; seed <= 60; ++seed) {
-        std::mt19937 rng(seed);
-        auto pick = [&](uint64_t hi) {
-            return std::uniform_int_distribution<uint64_t>(0, hi)(rng);
-        };
-        BoardConfig cfg;
-        if (seed % 5 == 0) cfg.hbm.page_policy = "closed";
-        if (seed % 3 == 0) cfg.hbm.interleave_bytes = seed % 2 ? 8192 : 64;
-        if (seed % 4 == 1) cfg.hbm.timing.refi = 700;
-        if (seed % 7 == 0) cfg.hbm.queue_bursts = 1 + uint32_t(pick(12));
-        if (seed % 6 == 0) cfg.hbm.address_hash = "none";
+        Pick pick{std::mt19937(seed)};
+        const BoardConfig cfg = varied_hbm(seed, seed % 2 ? 8192 : 64, pick);
         const uint64_t g = cfg.hbm.interleave_bytes;
         Hbm2Timing batched(cfg), one_by_one(cfg);
         uint64_t t = 0;
         for (int i = 0; i < 40; ++i) {
-            t += pick(1) ? pick(30) : pick(3000);
-            const bool write = pick(3) == 0;
-            if (pick(5) == 0) {  // a lone request
-                const uint64_t addr = pick(8 << 20);
-                const auto bytes = static_cast<uint32_t>(1 + pick(1023));
-                ASSERT_EQ(batched.access(t, addr, bytes, write),
-                          one_by_one.access(t, addr, bytes, write));
-                continue;
-            }
+            bool write = false;
+            if (lone_request(batched, one_by_one, pick, 6, t, write)) continue;
             const auto chunk = static_cast<uint32_t>(g * (pick(1) ? 2 : 1 + pick(5)));
             const uint64_t rows = pick(1) ? 1 : 1 + pick(40);
             const uint64_t row_bytes =
@@ -442,11 +449,8 @@ TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
             ++transfers;
             if (pick(1)) t = got;  // the next one after this one, or overlapping it
         }
-        const auto x = batched.counters(), y = one_by_one.counters();
-        EXPECT_EQ(
-            std::vector<uint64_t>({x.bursts, x.row_hits, x.activates, x.precharges, x.refreshes}),
-            std::vector<uint64_t>({y.bursts, y.row_hits, y.activates, y.precharges, y.refreshes}))
-            << "seed " << seed;
+        const auto x = batched.counters();
+        expect_same_commands(x, one_by_one.counters(), seed);
         runs += x.runs;
         paced += x.paced_runs;
     }
