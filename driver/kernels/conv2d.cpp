@@ -1014,8 +1014,8 @@ Event zero_tensor(Device& dev, ProgramCache& cache, const Tensor& t) {
     return detail::run(dev, cache, sp, {&t});
 }
 
-/// col = im2col(x) (N Ho Wo x k k Cin fp32) on x's cores: one kernel with a DMA per tap and
-/// output row when its staging fits VMEM, else one kernel per tap over zeroed padding.
+/// col = im2col(x) (N Ho Wo x k k Cin fp32) on x's cores: one row kernel (im2col_rows_spec)
+/// when its staging fits VMEM, else one kernel per tap over zeroed padding.
 std::vector<Event> im2col(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tensor& x,
                           const Tensor& col) {
     const detail::Spec rows = im2col_rows_spec(s);
