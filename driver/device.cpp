@@ -149,14 +149,16 @@ void Device::check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const
 void Device::write(const Buffer& b, const void* data, uint64_t bytes, uint64_t offset) {
     check_range(b, offset, bytes, "write");
     sync_core(b.core);
-    m_board->hbm(b.core).write(b.addr + offset, {static_cast<const uint8_t*>(data), bytes});
+    // Over MPI only the rank that simulates the core keeps its memory; every rank times it.
+    if (m_board->owns(b.core))
+        m_board->hbm(b.core).write(b.addr + offset, {static_cast<const uint8_t*>(data), bytes});
     host_transfer(b.core, bytes, true);
 }
 
 void Device::read(const Buffer& b, void* data, uint64_t bytes, uint64_t offset) {
     check_range(b, offset, bytes, "read");
     sync_core(b.core);
-    m_board->hbm(b.core).read(b.addr + offset, {static_cast<uint8_t*>(data), bytes});
+    m_board->fetch(b.core, true, b.addr + offset, {static_cast<uint8_t*>(data), bytes});
     host_transfer(b.core, bytes, false);
 }
 

@@ -6,16 +6,22 @@
 #include "hw/mem/hbm_timing.h"
 
 #include <algorithm>
+#include <tuple>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <cstring>
 
 #include <fmt/format.h>
 #include <systemc>
 
+#include "sim/cluster.h"
 #include "sim/interrupt.h"
 #include "sim/log.h"
 #include "sim/stat_names.h"
@@ -26,6 +32,112 @@ namespace tpu::hw {
 namespace {
 
 constexpr uint64_t kNever = std::numeric_limits<uint64_t>::max();
+
+/// Appends plain values and byte strings to a message between ranks.
+struct Packer {
+    std::vector<uint8_t> bytes;
+    template <class T>
+    void put(const T& v) {
+        static_assert(std::is_trivially_copyable_v<T>);
+        const auto* p = reinterpret_cast<const uint8_t*>(&v);
+        bytes.insert(bytes.end(), p, p + sizeof(T));
+    }
+    void put_bytes(std::span<const uint8_t> b) {
+        put(uint64_t(b.size()));
+        bytes.insert(bytes.end(), b.begin(), b.end());
+    }
+    void put_string(std::string_view s) {
+        put_bytes({reinterpret_cast<const uint8_t*>(s.data()), s.size()});
+    }
+};
+
+/// Reads what a Packer wrote, in the same order.
+struct Unpacker {
+    std::span<const uint8_t> in;
+    size_t at = 0;
+    template <class T>
+    T get() {
+        T v;
+        if (at + sizeof(T) > in.size()) throw std::logic_error("rank message ends early");
+        std::memcpy(&v, in.data() + at, sizeof(T));
+        at += sizeof(T);
+        return v;
+    }
+    std::span<const uint8_t> get_bytes() {
+        const auto n = get<uint64_t>();
+        if (at + n > in.size()) throw std::logic_error("rank message ends early");
+        const auto b = in.subspan(at, n);
+        at += n;
+        return b;
+    }
+    std::string get_string() {
+        const auto b = get_bytes();
+        return {reinterpret_cast<const char*>(b.data()), b.size()};
+    }
+    bool done() const { return at == in.size(); }
+};
+
+/// Each rank's message out of one allgather.
+std::vector<std::vector<uint8_t>> gather_all(const Packer& mine) {
+    std::vector<size_t> sizes;
+    const std::vector<uint8_t> all = sim::Cluster::allgather(mine.bytes, &sizes);
+    std::vector<std::vector<uint8_t>> out;
+    size_t at = 0;
+    for (size_t n : sizes) {
+        out.emplace_back(all.begin() + long(at), all.begin() + long(at + n));
+        at += n;
+    }
+    return out;
+}
+
+// Every field of CoreStats travels: a new one must be added to both functions below.
+static_assert(sizeof(CoreStats) == 12 * sizeof(uint64_t) + 2 * sizeof(std::vector<uint64_t>));
+
+void pack_core_stats(Packer& p, const CoreStats& s) {
+    for (uint64_t v : {s.instructions, s.stall_queue, s.stall_wait, s.mxu_ops, s.vpu_ops,
+                       s.vpu_busy, s.vpu_flops, s.dma_ops, s.hbm_read_bytes, s.hbm_write_bytes,
+                       s.ici_ops, s.ici_bytes})
+        p.put(v);
+    for (const auto* vec : {&s.mxu_busy, &s.mxu_macs}) {
+        p.put(uint64_t(vec->size()));
+        for (uint64_t v : *vec) p.put(v);
+    }
+}
+
+CoreStats unpack_core_stats(Unpacker& u) {
+    CoreStats s;
+    for (uint64_t* v : {&s.instructions, &s.stall_queue, &s.stall_wait, &s.mxu_ops, &s.vpu_ops,
+                        &s.vpu_busy, &s.vpu_flops, &s.dma_ops, &s.hbm_read_bytes,
+                        &s.hbm_write_bytes, &s.ici_ops, &s.ici_bytes})
+        *v = u.get<uint64_t>();
+    for (auto* vec : {&s.mxu_busy, &s.mxu_macs}) {
+        vec->resize(u.get<uint64_t>());
+        for (uint64_t& v : *vec) v = u.get<uint64_t>();
+    }
+    return s;
+}
+
+void pack_fault(Packer& p, const FaultInfo& f) {
+    p.put(f.core);
+    p.put(f.pc);
+    p.put_string(f.instruction);
+    p.put_string(f.unit);
+    p.put(f.address);
+    p.put(f.cycle);
+    p.put_string(f.what);
+}
+
+FaultInfo unpack_fault(Unpacker& u) {
+    FaultInfo f;
+    f.core = u.get<uint32_t>();
+    f.pc = u.get<uint32_t>();
+    f.instruction = u.get_string();
+    f.unit = u.get_string();
+    f.address = u.get<uint64_t>();
+    f.cycle = u.get<uint64_t>();
+    f.what = u.get_string();
+    return f;
+}
 
 }  // namespace
 
@@ -113,9 +225,18 @@ struct Board::Impl : CoreEnv {
     std::unique_ptr<sim::StatGroup> host_stats;               ///< board.host
     std::vector<std::unique_ptr<HostLink>> host_links;        ///< per chip
     std::vector<std::unique_ptr<sim::StatGroup>> hbm_groups;  ///< per core: coreN.hbm
+    std::vector<sim::StatGroup*> core_groups;                 ///< per core: board.coreN
     IciNetwork ici;                                           ///< link timing and statistics
     std::vector<IciHop> hops;          ///< scratch: the links of the latest transfer
     uint64_t ici_calls = 0;            ///< transfers so far (retires old link promises)
+    /// ICI window in cycles (the hop latency; 0: posts resolve at once), hw/README.md.
+    uint64_t window = 0;
+    std::vector<IciPost> posts;       ///< posted in the current window, not resolved yet
+    std::vector<IciEngine> delivery;  ///< per source core: in-order delivery of its posts
+    /// MPI ranks sharing the board (hw/README.md, "Pod slices on MPI"): this one simulates
+    /// cores [rank * cores_per_rank, (rank + 1) * cores_per_rank).
+    int rank = 0, ranks = 1;
+    uint32_t cores_per_rank = 0;
     sim::Tracer* tracer = nullptr;     ///< link transfers go to the "ici" process
     std::vector<int> link_tracks;      ///< per link: trace track, -2 before first use
     std::vector<int> launch_tracks;    ///< host, then per core: launch-phase track, -2 unmade
@@ -127,8 +248,30 @@ struct Board::Impl : CoreEnv {
     std::string stop_reason;  ///< why the current launch was stopped ("" while it runs)
     bool stop_on_fault = false;
 
-    explicit Impl(const BoardConfig& c) : cfg(c), period_ps(c.period_ps()), ici(c) {
+    explicit Impl(const BoardConfig& c)
+        : cfg(c), period_ps(c.period_ps()), ici(c), window(ici.hop_cycles()) {
         const uint32_t n = cfg.cores();
+        delivery.resize(n);
+        rank = sim::Cluster::rank();
+        ranks = sim::Cluster::size();
+        cores_per_rank = n;
+        if (ranks > 1) {
+            const uint32_t hosts = cfg.hosts();
+            if (hosts % uint32_t(ranks) != 0)
+                throw std::invalid_argument(fmt::format(
+                    "{} MPI ranks do not divide the board's {} TPU hosts ({} chips, "
+                    "chips_per_host = {}): run 1 rank or a divisor of {}",
+                    ranks, hosts, cfg.chips, cfg.chips_per_host, hosts));
+            if (window == 0)
+                throw std::invalid_argument(
+                    "ici.hop_latency_ns: a board split over MPI ranks needs a hop latency of at "
+                    "least one cycle (it is the ranks' lookahead)");
+            if (cfg.sim.race_detector)
+                throw std::invalid_argument(
+                    "sim.race_detector: the race detector works in one process only; run it "
+                    "without mpirun");
+            cores_per_rank = n / uint32_t(ranks);
+        }
         for (uint32_t i = 0; i < n; ++i) {
             hbm.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.hbm", i),
                                                          cfg.hbm.bytes_per_core));
@@ -145,6 +288,7 @@ struct Board::Impl : CoreEnv {
                   [this] { return now_cycle(); });
         for (uint32_t i = 0; i < n; ++i) {
             sim::StatGroup& core = models[i]->register_stats(stats);
+            core_groups.push_back(&core);
             hbm_groups.push_back(
                 std::make_unique<sim::StatGroup>(std::string(sim::stat_names::kHbm), &core));
             hbm_timing[i]->register_stats(*hbm_groups.back());
@@ -223,17 +367,126 @@ struct Board::Impl : CoreEnv {
         if (track >= 0) tracer->complete(track, what, begin, end);
     }
 
-    uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes, bool to_hbm,
-                          uint64_t addr) override {
+    /// Reserves the network for `p` and returns when its data is in the destination's memory
+    /// (or the message there), before in-order delivery.
+    /// With `time_hbm` false (another rank simulates the destination), an HBM write's
+    /// completion is left to that rank and kNever returned.
+    uint64_t land(const IciPost& p, bool time_hbm = true) {
+        if (p.signal) return ici.message(p.src, p.dst, p.start);
         hops.clear();
-        const IciArrival a = ici.transfer(src, dst, start, bytes, tracer ? &hops : nullptr);
-        for (const IciHop& h : hops) trace_link(h, bytes, src, dst);
-        // Every later transfer starts at or after the caller's cycle, which is simulated time.
-        if (++ici_calls % 256 == 0) ici.retire(now_cycle());
-        return to_hbm ? remote_hbm_write(dst, addr, bytes, a) : a.last;
+        const IciArrival a = ici.transfer(p.src, p.dst, p.start, p.bytes, tracer ? &hops : nullptr);
+        for (const IciHop& h : hops)
+            if (owns(h.link / 4)) trace_link(h, p.bytes, p.src, p.dst);
+        if (!p.hbm) return a.last;
+        return time_hbm ? remote_hbm_write(p.dst, p.addr, p.bytes, a) : kNever;
     }
-    uint64_t ici_message(uint32_t src, uint32_t dst, uint64_t start) override {
-        return ici.message(src, dst, start);
+    /// The destination's side of a resolved post: the data, then the flag at `done`.
+    void deliver(const IciPost& p, uint64_t done) {
+        if (!p.data.empty()) (p.hbm ? *hbm[p.dst] : *vmem[p.dst]).write(p.addr, p.data);
+        models[p.dst]->schedule_flag(p.flag, p.amount, done);
+        modules[p.dst]->wake();
+    }
+    bool owns(uint32_t core) const { return ranks == 1 || core / cores_per_rank == uint32_t(rank); }
+    int rank_of(uint32_t core) const { return ranks == 1 ? 0 : int(core / cores_per_rank); }
+
+    /// This rank's posts for the others: everything but the bytes of a post whose destination
+    /// this rank simulates (it keeps its own posts).
+    void pack_posts(Packer& out) const {
+        for (const IciPost& p : posts) {
+            out.put(p.issue);
+            out.put(p.src);
+            out.put(p.dst);
+            out.put(p.seq);
+            out.put(p.start);
+            out.put(uint8_t(uint8_t(p.signal) | uint8_t(p.hbm) << 1));
+            out.put(p.addr);
+            out.put(p.bytes);
+            out.put(p.flag);
+            out.put(p.amount);
+            out.put_bytes(owns(p.dst) ? std::span<const uint8_t>{} : std::span(p.data));
+        }
+    }
+    /// Another rank's posts (the rest of its message), into `all`.
+    void unpack_posts(Unpacker& u, std::vector<IciPost>& all) const {
+        while (!u.done()) {
+            IciPost p;
+            p.issue = u.get<uint64_t>();
+            p.src = u.get<uint32_t>();
+            p.dst = u.get<uint32_t>();
+            p.seq = u.get<uint64_t>();
+            p.start = u.get<uint64_t>();
+            const auto kind = u.get<uint8_t>();
+            p.signal = kind & 1;
+            p.hbm = kind & 2;
+            p.addr = u.get<uint64_t>();
+            p.bytes = u.get<uint64_t>();
+            p.flag = u.get<uint32_t>();
+            p.amount = u.get<uint32_t>();
+            const auto data = u.get_bytes();
+            if (owns(p.dst)) p.data.assign(data.begin(), data.end());
+            all.push_back(std::move(p));
+        }
+    }
+
+    /// The window ends: every post of it, from every rank (`all`), in (issue cycle, source
+    /// core, source order). Each rank keeps the whole network and each source's in-order
+    /// delivery and reserves every post in that order, so all ranks hold the same calendars; a
+    /// post's destination HBM is timed by the rank that simulates the destination.
+    void resolve_window(std::vector<IciPost> all) {
+        std::sort(all.begin(), all.end(), [](const IciPost& a, const IciPost& b) {
+            return std::tie(a.issue, a.src, a.seq) < std::tie(b.issue, b.src, b.seq);
+        });
+        // Links first, in order; a write into another rank's HBM is done when that rank says.
+        std::vector<uint64_t> landed(all.size());
+        Packer hbm_done;
+        bool ask = false;
+        for (size_t i = 0; i < all.size(); ++i) {
+            const IciPost& p = all[i];
+            const bool remote_hbm = p.hbm && !p.signal && !owns(p.dst);
+            landed[i] = land(p, !remote_hbm);
+            ask |= p.hbm && !p.signal && rank_of(p.dst) != rank_of(p.src);
+            if (p.hbm && !p.signal && owns(p.dst) && rank_of(p.src) != rank) {
+                hbm_done.put(uint64_t(i));
+                hbm_done.put(landed[i]);
+            }
+        }
+        // Every rank knows whether some write crossed ranks, so all of them take part or none.
+        if (ranks > 1 && ask)
+            for (const auto& msg : gather_all(hbm_done)) {
+                Unpacker u{msg};
+                while (!u.done()) {
+                    const auto i = u.get<uint64_t>();
+                    landed[i] = u.get<uint64_t>();
+                }
+            }
+        for (size_t i = 0; i < all.size(); ++i) {
+            const IciPost& p = all[i];
+            const uint64_t done = delivery[p.src].deliver(p.dst, landed[i]);
+            if (owns(p.dst)) deliver(p, done);
+            if (owns(p.src)) {
+                models[p.src]->ici_done(p.seq, done);
+                modules[p.src]->wake();
+            }
+        }
+        ici_calls += all.size();
+        // Every later post issues at or after the window's end, which is simulated time now.
+        if (ici_calls >= 256) ici.retire(now_cycle()), ici_calls = 0;
+    }
+    /// End of the window the pending posts were issued in (windows start at multiples of it).
+    uint64_t window_end() const { return (posts.front().issue / window + 1) * window; }
+    uint64_t ici_post(IciPost p) override {
+        // A post to the core itself uses no link and may be done within the window; without
+        // hop latency there is no window. Both resolve at once.
+        if (p.src == p.dst || window == 0) {
+            const uint64_t done = delivery[p.src].deliver(p.dst, land(p));
+            deliver(p, done);
+            return done;
+        }
+        // run_each() then runs to the end of the window and resolves it (over MPI it runs
+        // window by window anyway).
+        if (posts.empty() && ranks == 1) sc_core::sc_pause();
+        posts.push_back(std::move(p));
+        return kIciPending;
     }
     uint64_t now_cycle() const {
         return static_cast<uint64_t>(sc_core::sc_time_stamp().value() / period_ps);
@@ -246,6 +499,13 @@ struct Board::Impl : CoreEnv {
         return models[core]->race_detector();
     }
     bool stop_requested() override {
+        if (!stop_due()) return false;
+        // sc_start() returns once the current delta cycle ends; launch() then reports.
+        sc_core::sc_pause();
+        return true;
+    }
+    /// True (with stop_reason set) when the launch must stop: Ctrl-C or the host-time limit.
+    bool stop_due() {
         if (stop_reason.empty()) {
             if (sim::interrupt_requested())
                 stop_reason = "interrupted (Ctrl-C)";
@@ -256,13 +516,120 @@ struct Board::Impl : CoreEnv {
             else
                 return false;
         }
-        // sc_start() returns once the current delta cycle ends; launch() then reports.
-        sc_core::sc_pause();
         return true;
     }
-    void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) override {
-        models[core]->schedule_flag(flag, amount, cycle);
-        modules[core]->wake();
+    /// Runs simulated time to `cycle` (events at `cycle` itself run in the next call); with
+    /// `starve`, stops at the last event before it if nothing else is scheduled.
+    void run_to(uint64_t cycle, bool starve = false) {
+        if (starve && !sc_core::sc_pending_activity()) return;
+        if (cycle > now_cycle())
+            sc_core::sc_start(sc_core::sc_time(static_cast<double>((cycle - now_cycle()) *
+                                                                   period_ps),
+                                               sc_core::SC_PS),
+                              starve ? sc_core::SC_EXIT_ON_STARVATION : sc_core::SC_RUN_TO_TIME);
+    }
+    /// The state of each unfinished core of the launch, from every rank, in core order.
+    std::string dump_unfinished() {
+        std::string dump;
+        for (uint32_t c : launch_set)
+            if (owns(c) && !modules[c]->done()) dump += "\n  " + models[c]->dump_state();
+        if (ranks == 1) return dump;
+        Packer mine;
+        mine.put_string(dump);
+        std::string all;
+        for (const auto& m : gather_all(mine)) all += Unpacker{m}.get_string();
+        return all;
+    }
+    /// Runs the launch to its end in one process: freely until a core posts on the ICI, then
+    /// to the end of that window, which resolves.
+    void run_alone() {
+        while (outstanding > 0 || !posts.empty()) {
+            if (posts.empty())
+                sc_core::sc_start();  // until every core halted, a post (sc_pause), no activity
+            else
+                run_to(window_end());
+            bool fault = false;
+            for (uint32_t c : launch_set) fault |= modules[c]->fault().has_value();
+            if (fault) return;
+            // A launch too long in host time, or Ctrl-C: the state dump of a deadlock.
+            if (outstanding > 0 && (!stop_reason.empty() || stop_requested())) {
+                faulted = true;
+                throw StoppedError(fmt::format("{}{}", stop_reason, dump_unfinished()));
+            }
+            if (!posts.empty()) {
+                if (now_cycle() >= window_end()) resolve_window(std::exchange(posts, {}));
+                continue;
+            }
+            if (outstanding > 0 && !sc_core::sc_pending_activity()) {
+                faulted = true;
+                throw DeadlockError(fmt::format("deadlock at cycle {}: every running core waits "
+                                                "on a flag that nothing can raise{}",
+                                                now_cycle(), dump_unfinished()));
+            }
+        }
+    }
+    /// Runs the launch to its end on every rank, window by window (conservative
+    /// synchronisation, lookahead = one hop): each window every rank says where it stands and
+    /// sends its posts, all resolve them, and the next window starts at the earliest event
+    /// of any rank. Returns with every rank's cores halted, or with a fault on some rank.
+    void run_ranks() {
+        uint64_t end = now_cycle();  // of the window that just ran
+        for (;;) {
+            Packer mine;
+            const uint64_t next =
+                sc_core::sc_pending_activity()
+                    ? now_cycle() + static_cast<uint64_t>(
+                                        sc_core::sc_time_to_pending_activity().value() / period_ps)
+                    : kNever;
+            bool fault = false;
+            for (uint32_t c : launch_set) fault |= owns(c) && modules[c]->fault().has_value();
+            const bool stop = outstanding > 0 && stop_due();
+            mine.put(next);
+            mine.put(uint64_t(outstanding));
+            mine.put(uint8_t(fault));
+            mine.put_string(stop ? stop_reason : std::string());
+            pack_posts(mine);
+            const auto msgs = gather_all(mine);
+            uint64_t g_next = kNever, g_out = 0;
+            bool g_fault = false;
+            std::string g_stop;
+            std::vector<IciPost> all;
+            for (int r = 0; r < ranks; ++r) {
+                Unpacker u{msgs[size_t(r)]};
+                g_next = std::min(g_next, u.get<uint64_t>());
+                g_out += u.get<uint64_t>();
+                g_fault |= u.get<uint8_t>() != 0;
+                const std::string why = u.get_string();
+                if (g_stop.empty()) g_stop = why;
+                if (r == rank)
+                    for (IciPost& p : posts) all.push_back(std::move(p));
+                else
+                    unpack_posts(u, all);
+            }
+            posts.clear();
+            if (g_fault) return;
+            if (!g_stop.empty()) {
+                faulted = true;
+                throw StoppedError(fmt::format("{}{}", g_stop, dump_unfinished()));
+            }
+            // A rank stops where its last event was (so the launch ends where it would in one
+            // process); while the launch goes on, all of them are at the window's end.
+            if (g_out == 0 && all.empty()) return;
+            run_to(end);
+            // Resolving wakes the posts' cores at once: the next window starts now.
+            if (!all.empty()) {
+                g_next = now_cycle();
+                resolve_window(std::move(all));
+            }
+            if (g_next == kNever) {
+                faulted = true;
+                throw DeadlockError(fmt::format("deadlock at cycle {}: every running core waits "
+                                                "on a flag that nothing can raise{}",
+                                                now_cycle(), dump_unfinished()));
+            }
+            end = (g_next / window + 1) * window;
+            run_to(end, true);
+        }
     }
 };
 
@@ -346,6 +713,45 @@ HostLink& Board::host_link(uint32_t chip) {
 sim::StatGroup& Board::stats() {
     return m_impl->stats;
 }
+bool Board::owns(uint32_t core) const {
+    check_core(core, num_cores());
+    return m_impl->owns(core);
+}
+int Board::rank_of(uint32_t core) const {
+    check_core(core, num_cores());
+    return m_impl->rank_of(core);
+}
+void Board::fetch(uint32_t core, bool hbm, uint64_t addr, std::span<uint8_t> out) {
+    check_core(core, num_cores());
+    if (m_impl->owns(core)) (hbm ? *m_impl->hbm[core] : *m_impl->vmem[core]).read(addr, out);
+    if (m_impl->ranks > 1) sim::Cluster::broadcast(m_impl->rank_of(core), out);
+}
+void Board::sync_stats() {
+    Impl& im = *m_impl;
+    if (im.ranks == 1) return;
+    Packer mine;
+    for (uint32_t c = 0; c < num_cores(); ++c) {
+        if (!im.owns(c)) continue;
+        std::vector<uint64_t> counters;
+        std::vector<double> formulas;
+        im.core_groups[c]->snapshot(counters, formulas);
+        mine.put(c);
+        mine.put_bytes({reinterpret_cast<const uint8_t*>(counters.data()), counters.size() * 8});
+        mine.put_bytes({reinterpret_cast<const uint8_t*>(formulas.data()), formulas.size() * 8});
+    }
+    for (const auto& msg : gather_all(mine)) {
+        Unpacker u{msg};
+        while (!u.done()) {
+            const auto c = u.get<uint32_t>();
+            const auto cb = u.get_bytes(), fb = u.get_bytes();
+            std::vector<uint64_t> counters(cb.size() / 8);
+            std::vector<double> formulas(fb.size() / 8);
+            std::memcpy(counters.data(), cb.data(), cb.size());
+            std::memcpy(formulas.data(), fb.data(), fb.size());
+            if (!im.owns(c)) im.core_groups[c]->mirror(counters, formulas);
+        }
+    }
+}
 double Board::now_seconds() const {
     // From cycles at the exact period: SystemC's step is the period rounded to whole ps.
     return m_impl->cfg.clock().seconds(double(now_cycle()));
@@ -411,46 +817,63 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     im.trace_launch(-1, "doorbell", res.start_cycle, rung);
     for (size_t i = 0; i < cores.size(); ++i) {
         const uint32_t c = cores[i];
+        im.delivery[c].start_at(rung);
+        if (!im.owns(c)) continue;  // another rank simulates it
         const uint64_t fetched = costs ? im.fetch_program(c, rung) : rung;
         const uint64_t first = fetched + (costs ? im.cfg.core.first_instr_cycles : 0);
         im.trace_launch(int(c), "imem_fetch", rung, fetched);
         im.trace_launch(int(c), "first_instr", fetched, first);
         im.models[c]->start(first, args[i]);
     }
-    for (uint32_t c : set) im.modules[c]->launch();
-    im.outstanding = static_cast<uint32_t>(set.size());
+    im.outstanding = 0;
+    for (uint32_t c : set)
+        if (im.owns(c)) im.modules[c]->launch(), ++im.outstanding;
     TPU_LOG(Info, "board", "launch on {} core(s) at cycle {}", set.size(), res.start_cycle);
-    while (im.outstanding > 0) {
-        sc_core::sc_start();
-        bool fault = false;
-        for (uint32_t c : set) fault |= im.modules[c]->fault().has_value();
-        if (fault) break;
-        // A launch that takes too long in host time, or Ctrl-C: the state dump of a deadlock.
-        if (im.outstanding > 0 && (!im.stop_reason.empty() || im.stop_requested())) {
-            std::string dump;
-            for (uint32_t c : set)
-                if (!im.modules[c]->done()) dump += "\n  " + im.models[c]->dump_state();
-            im.faulted = true;
-            throw StoppedError(fmt::format("{}{}", im.stop_reason, dump));
+    if (im.ranks == 1)
+        im.run_alone();
+    else
+        im.run_ranks();
+    // The lowest faulting core's fault, and every core's halt, on every rank.
+    std::optional<FaultInfo> fault;
+    for (uint32_t c : set)
+        if (im.owns(c) && im.modules[c]->fault()) {
+            fault = *im.modules[c]->fault();
+            break;
         }
-        if (im.outstanding > 0 && !sc_core::sc_pending_activity()) {
-            std::string dump;
-            for (uint32_t c : set)
-                if (!im.modules[c]->done()) dump += "\n  " + im.models[c]->dump_state();
-            im.faulted = true;
-            throw DeadlockError(fmt::format(
-                "deadlock at cycle {}: every running core waits on a flag that nothing can raise{}",
-                now_cycle(), dump));
+    std::vector<uint64_t> ends(num_cores(), 0);
+    for (uint32_t c : set)
+        if (im.owns(c)) ends[c] = im.models[c]->local_cycle();
+    if (im.ranks > 1) {
+        Packer mine;
+        mine.put(uint8_t(fault.has_value()));
+        if (fault) pack_fault(mine, *fault);
+        for (uint32_t c : set)
+            if (im.owns(c)) {
+                mine.put(c);
+                mine.put(ends[c]);
+                pack_core_stats(mine, im.models[c]->stats());
+            }
+        for (const auto& msg : gather_all(mine)) {
+            Unpacker u{msg};
+            if (u.get<uint8_t>()) {
+                FaultInfo f = unpack_fault(u);
+                if (!fault || f.core < fault->core) fault = std::move(f);
+            }
+            while (!u.done()) {
+                const auto c = u.get<uint32_t>();
+                ends[c] = u.get<uint64_t>();
+                CoreStats st = unpack_core_stats(u);
+                if (!im.owns(c)) im.models[c]->mirror_stats(std::move(st));
+            }
         }
     }
-    for (uint32_t c : set)
-        if (im.modules[c]->fault()) {
-            im.faulted = true;
-            throw DeviceFault(*im.modules[c]->fault());
-        }
+    if (fault) {
+        im.faulted = true;
+        throw DeviceFault(*fault);
+    }
     uint64_t last_halt = res.start_cycle;
     for (uint32_t c : set) {
-        const uint64_t end = im.models[c]->local_cycle();
+        const uint64_t end = ends[c];
         res.core_cycles.push_back(end - res.start_cycle);
         last_halt = std::max(last_halt, end);
         TPU_LOG(Debug, fmt::format("board.core{}", c), "halted after {} cycles, {} instructions",

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -71,8 +72,22 @@ public:
     uint32_t chip_of(uint32_t core) const;
     /// Host link of `chip` (hw/host/host_link.h); the driver times host transfers on it.
     HostLink& host_link(uint32_t chip);
-    /// Root ("board") of every block's statistics group; stats.json is one walk of it.
+    /// Root ("board") of every block's statistics group; stats.json is one walk of it. Over MPI
+    /// each rank's tree holds its own cores' values until sync_stats().
     sim::StatGroup& stats();
+
+    /// True if this process simulates `core`: always in one process; over MPI ranks (hw/README.md,
+    /// "Pod slices on MPI") each rank simulates the cores of its TPU hosts.
+    bool owns(uint32_t core) const;
+    /// MPI rank that simulates `core` (0 in one process).
+    int rank_of(uint32_t core) const;
+    /// Reads `out.size()` bytes at `addr` of `core`'s HBM (or VMEM) on every rank: the rank that
+    /// simulates the core reads and sends them to the others. Over MPI every rank must call it.
+    void fetch(uint32_t core, bool hbm, uint64_t addr, std::span<uint8_t> out);
+    /// Makes stats() show every core's values on every rank (each rank sends those of its own
+    /// cores; the network and host links are the same on all ranks). Over MPI every rank must
+    /// call it, before writing statistics.
+    void sync_stats();
 
     /// Loads a program on a core (checked against instruction memory).
     void load(uint32_t core, const isa::Program& program);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/file_io.h"
+#include "sim/cluster.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -54,8 +55,31 @@ std::string read_input_file(const std::string& path) {
     return bytes;
 }
 
-OutputFile::OutputFile(std::string path, size_t buffer_bytes) : m_path(std::move(path)) {
+std::string rank_path(const std::string& path) {
+    return rank_path(path, Cluster::rank());
+}
+
+std::string rank_path(const std::string& path, int rank) {
+    if (rank == 0) return path;
+    const size_t slash = path.find_last_of('/');
+    const size_t name = slash == std::string::npos ? 0 : slash + 1;
+    const size_t dot = path.find_last_of('.');
+    // A leading dot names a hidden file, not an extension.
+    const bool ext = dot != std::string::npos && dot > name;
+    const size_t at = ext ? dot : path.size();
+    return fmt::format("{}.rank{}{}", path.substr(0, at), rank, path.substr(at));
+}
+
+OutputFile::OutputFile(std::string path, size_t buffer_bytes, Ranks ranks)
+    : m_path(std::move(path)) {
     if (m_path.empty()) throw OutputError("cannot write '': empty file name");
+    if (ranks == Ranks::First && Cluster::rank() != 0) {
+        // Every rank computes the same output; rank 0 alone writes it.
+        m_out.open("/dev/null", std::ios::binary | std::ios::out);
+        if (!m_out) fail("/dev/null", errno);
+        m_in_place = true;
+        return;
+    }
     if (buffer_bytes > 0) {
         // libstdc++ honours pubsetbuf only before the file is opened.
         m_buffer.resize(buffer_bytes);

@@ -29,6 +29,12 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+/// `path` for MPI rank `rank`'s own file: unchanged for rank 0 (and in one process), else with
+/// ".rankN" before the extension ("t.json" -> "t.rank1.json", "t" -> "t.rank1").
+std::string rank_path(const std::string& path, int rank);
+/// rank_path() for this process's rank.
+std::string rank_path(const std::string& path);
+
 /// An output file being written. A regular file (or the regular file a symlink resolves to,
 /// or a path that does not exist yet) is written to a temporary file in the same directory
 /// and renamed onto it by commit(), so readers see the old file or the new one and a failure
@@ -36,9 +42,14 @@ public:
 /// such as /dev/null, a FIFO) is written in place: replacing it would destroy it.
 class OutputFile {
 public:
+    /// Which MPI ranks write the file.
+    enum class Ranks {
+        First,  ///< rank 0 only (the others write to /dev/null): results, stats, checkpoints
+        Each,   ///< every rank its own file (per-rank traces)
+    };
     /// Opens `path` for writing, with a stream buffer of `buffer_bytes` (0: the library's
     /// default); throws OutputError (a directory, a missing parent, no permission).
-    explicit OutputFile(std::string path, size_t buffer_bytes = 0);
+    explicit OutputFile(std::string path, size_t buffer_bytes = 0, Ranks ranks = Ranks::First);
     /// Without a successful commit() the temporary file is removed and the target untouched.
     ~OutputFile();
     OutputFile(const OutputFile&) = delete;

@@ -87,7 +87,7 @@ Counter& StatGroup::add(std::string name, std::string desc, StatUnit unit,
 void StatGroup::add_formula(std::string name, std::string desc, StatUnit unit,
                             std::function<double()> eval) {
     check_new_stat(name);
-    m_formulas.push_back({std::move(name), std::move(desc), unit, std::move(eval)});
+    m_formulas.push_back({std::move(name), std::move(desc), unit, std::move(eval), std::nullopt});
 }
 
 std::string StatGroup::path() const {
@@ -109,7 +109,38 @@ const Counter* StatGroup::find(std::string_view dotted) const {
 
 void StatGroup::reset() {
     for (Counter& c : m_counters) c.reset();
+    for (Formula& f : m_formulas) f.mirrored.reset();
     for (StatGroup* g : m_children) g->reset();
+}
+
+void StatGroup::snapshot(std::vector<uint64_t>& counters, std::vector<double>& formulas) const {
+    for (const Counter& c : m_counters) counters.push_back(c.value());
+    for (const Formula& f : m_formulas) formulas.push_back(f.value());
+    for (const StatGroup* g : m_children) g->snapshot(counters, formulas);
+}
+
+namespace {
+/// mirror() of `g`, consuming the snapshot from the front of the spans.
+void mirror_from(StatGroup& g, std::span<const uint64_t>& counters,
+                 std::span<const double>& formulas, std::deque<Counter>& cs,
+                 std::vector<Formula>& fs) {
+    if (counters.size() < cs.size() || formulas.size() < fs.size())
+        throw std::invalid_argument(
+            fmt::format("stats mirror of '{}': the snapshot is of another tree", g.path()));
+    for (Counter& c : cs) c.mirror(counters.front()), counters = counters.subspan(1);
+    for (Formula& f : fs) f.mirrored = formulas.front(), formulas = formulas.subspan(1);
+}
+}  // namespace
+
+void StatGroup::mirror(std::span<const uint64_t> counters, std::span<const double> formulas) {
+    const auto walk = [&](auto&& self, StatGroup& g) -> void {
+        mirror_from(g, counters, formulas, g.m_counters, g.m_formulas);
+        for (StatGroup* c : g.m_children) self(self, *c);
+    };
+    walk(walk, *this);
+    if (!counters.empty() || !formulas.empty())
+        throw std::invalid_argument(
+            fmt::format("stats mirror of '{}': the snapshot is of another tree", path()));
 }
 
 namespace {
@@ -121,7 +152,7 @@ nlohmann::ordered_json to_json(const StatGroup& g) {
         counters[c.name()] = {
             {"value", c.value()}, {"unit", unit_name(c.unit())}, {"desc", c.desc()}};
     for (const Formula& f : g.formulas()) {
-        const double v = f.eval ? f.eval() : 0.0;
+        const double v = f.value();
         counters[f.name] = {{"value", std::isfinite(v) ? nlohmann::ordered_json(v) : nullptr},
                             {"unit", unit_name(f.unit)},
                             {"desc", f.desc}};
@@ -148,7 +179,7 @@ void walk(const StatGroup& g, F&& visit) {
     for (const Counter& c : g.counters())
         visit(p, c.name(), fmt::format("{}", c.value()), c.unit(), c.desc());
     for (const Formula& f : g.formulas())
-        visit(p, f.name, fmt::format("{:.6g}", f.eval ? f.eval() : 0.0), f.unit, f.desc);
+        visit(p, f.name, fmt::format("{:.6g}", f.value()), f.unit, f.desc);
     for (const StatGroup* c : g.children()) walk(*c, visit);
 }
 

@@ -6,6 +6,8 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,12 +45,20 @@ public:
     /// Sets the value (for maxima and snapshots).
     void set(uint64_t v) { m_value = v; }
     /// The count since the last reset().
-    uint64_t value() const { return m_source ? m_source() - m_value : m_value; }
+    uint64_t value() const {
+        if (m_mirror) return *m_mirror;
+        return m_source ? m_source() - m_value : m_value;
+    }
+    /// Shows `v` from now on: the block runs in another MPI rank, which sent its value.
+    void mirror(uint64_t v) { m_mirror = v; }
     const std::string& name() const { return m_name; }
     const std::string& desc() const { return m_desc; }
     StatUnit unit() const { return m_unit; }
     /// Starts counting from zero again (a view keeps the source's value as its base).
-    void reset() { m_value = m_source ? m_source() : 0; }
+    void reset() {
+        m_mirror.reset();
+        m_value = m_source ? m_source() : 0;
+    }
 
 private:
     std::string m_name;
@@ -56,6 +66,7 @@ private:
     StatUnit m_unit;
     std::function<uint64_t()> m_source;  ///< empty: the count is m_value
     uint64_t m_value = 0;                ///< the count, or the source's value at the last reset
+    std::optional<uint64_t> m_mirror;    ///< another rank's value, shown instead (mirror())
 };
 
 /// A value computed from counters when stats are written (utilisation, bandwidth, ...).
@@ -64,6 +75,9 @@ struct Formula {
     std::string desc;              ///< one line
     StatUnit unit;                 ///< unit
     std::function<double()> eval;  ///< evaluated at dump time
+    std::optional<double> mirrored;  ///< another rank's value, shown instead of eval()
+    /// The value to write.
+    double value() const { return mirrored ? *mirrored : eval ? eval() : 0.0; }
 };
 
 /// A named node of the stats tree. Children register themselves with their parent.
@@ -99,6 +113,11 @@ public:
     /// Finds a counter by dotted path relative to this group, or nullptr.
     const Counter* find(std::string_view dotted) const;
 
+    /// Every counter and formula value of this group and below, in a fixed walk order (for
+    /// another rank's mirror()).
+    void snapshot(std::vector<uint64_t>& counters, std::vector<double>& formulas) const;
+    /// Shows the values of a snapshot() of the same tree, taken in another rank.
+    void mirror(std::span<const uint64_t> counters, std::span<const double> formulas);
     /// Zeroes every counter below this group (region-of-interest reset).
     void reset();
 

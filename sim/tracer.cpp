@@ -216,7 +216,9 @@ void Tracer::open(const std::string& path, double clock_mhz, std::string_view un
             fmt::format("trace file '{}': clock_mhz must be positive, got {}", path, clock_mhz));
     close();
     auto im = std::make_unique<Impl>();
-    im->file = std::make_unique<OutputFile>(path, Impl::kFileBufferBytes);
+    // Over MPI each rank traces its own cores, into its own file (rank_path).
+    im->file = std::make_unique<OutputFile>(rank_path(path), Impl::kFileBufferBytes,
+                                            OutputFile::Ranks::Each);
     im->out = &im->file->stream();
     im->path = path;
     im->clock_mhz = clock_mhz;

@@ -79,9 +79,32 @@ std::string devices_repr(const Devices& d) {
     return out + "]";
 }
 
-std::vector<uint32_t> resolve_devices(const Devices& d, uint32_t num_cores) {
+std::vector<uint32_t> resolve_devices(const Devices& d, uint32_t num_cores, uint32_t num_nodes,
+                                      uint32_t hosts) {
     std::vector<uint32_t> all(num_cores);
     for (uint32_t i = 0; i < num_cores; ++i) all[i] = i;
+    if (num_nodes == 0) throw ConfigError("`num_nodes` must be at least 1. Got 0");
+    if (num_nodes > 1) {
+        // A pod slice: xla_dist runs one process per host, each driving all of its cores.
+        const auto* n = std::get_if<int>(&d);
+        const auto* s = std::get_if<std::string>(&d);
+        if (n && int64_t(*n) * num_nodes != int64_t(num_cores))
+            throw ConfigError(fmt::format(
+                "`devices={}` x `num_nodes={}` = {} cores, but the board has {} cores: a TPU "
+                "pod slice trains on every core of every host",
+                *n, num_nodes, int64_t(*n) * num_nodes, num_cores));
+        if (!n && !(s && *s == "auto"))
+            throw ConfigError(fmt::format(
+                "`devices={}` with `num_nodes={}`: on a TPU pod slice `devices` is 'auto' or the "
+                "cores of one host ({})",
+                devices_repr(d), num_nodes, num_cores / num_nodes));
+        if (num_nodes != hosts)
+            throw ConfigError(fmt::format(
+                "`num_nodes={}`: the board has {} TPU hosts (chips / chips_per_host), and a pod "
+                "slice runs one node per host",
+                num_nodes, hosts));
+        return all;
+    }
     if (const auto* s = std::get_if<std::string>(&d)) {
         if (*s == "auto") return all;
     } else if (const auto* n = std::get_if<int>(&d)) {
@@ -182,7 +205,8 @@ private:
 Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
     : m_dev(dev),
       m_opts(std::move(opts)),
-      m_cores(m_opts.cores.empty() ? resolve_devices(m_opts.devices, dev.num_cores())
+      m_cores(m_opts.cores.empty() ? resolve_devices(m_opts.devices, dev.num_cores(),
+                                                     m_opts.num_nodes, dev.config().hosts())
                                    : m_opts.cores),
       m_mode(parse_precision(m_opts.precision)),
       m_warn([](const std::string& w) { std::fprintf(stderr, "%s\n", w.c_str()); }) {

@@ -43,8 +43,12 @@ Devices parse_devices(std::string_view text);
 /// Python repr of a Devices value ("'auto'", "9", "[1, 2]"), as Lightning's errors print it.
 std::string devices_repr(const Devices& d);
 /// Lightning's rule for TPUs: 'auto' and `num_cores` select every core, 1 selects core 0,
-/// [i] selects core i; anything else is a ConfigError with Lightning's message.
-std::vector<uint32_t> resolve_devices(const Devices& d, uint32_t num_cores);
+/// [i] selects core i; anything else is a ConfigError with Lightning's message. With
+/// `num_nodes` > 1 (a pod slice of `hosts` TPU hosts), `devices` counts the cores of one host
+/// and every core of every host trains: 'auto' or devices x num_nodes == num_cores, with one
+/// node per host; anything else is a ConfigError naming the numbers.
+std::vector<uint32_t> resolve_devices(const Devices& d, uint32_t num_cores, uint32_t num_nodes = 1,
+                                      uint32_t hosts = 1);
 /// "32-true", "bf16-mixed" or "bf16-true"; anything else is a ConfigError.
 PrecisionMode parse_precision(std::string_view precision);
 /// The precision string of a mode.
@@ -53,6 +57,8 @@ std::string_view precision_name(PrecisionMode mode);
 /// Trainer arguments (the subset of lightning.Trainer that applies here).
 struct TrainerOptions {
     Devices devices = std::string("auto");  ///< "auto", 1, 8 or {i}
+    /// TPU hosts (Lightning's num_nodes); above 1, `devices` counts the cores of one host.
+    uint32_t num_nodes = 1;
     /// When not empty, these cores instead of `devices`: any set of distinct cores of the board,
     /// for tools that are not bound by Lightning's devices rule (tpusim model).
     std::vector<uint32_t> cores;

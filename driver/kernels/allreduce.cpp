@@ -119,8 +119,9 @@ AllReduceResult allreduce(Device& dev, const std::vector<uint32_t>& cores,
     for (size_t i = 0; i < cores.size(); ++i) {
         std::vector<float> x(padded / 4, 0.0f);
         std::copy(data[i].begin(), data[i].end(), x.begin());
-        dev.board().vmem(cores[i]).write(
-            p.x_addr, {reinterpret_cast<const uint8_t*>(x.data()), x.size() * 4});
+        if (dev.board().owns(cores[i]))
+            dev.board().vmem(cores[i]).write(
+                p.x_addr, {reinterpret_cast<const uint8_t*>(x.data()), x.size() * 4});
     }
     const uint32_t N = p.cores;
     AllReduceResult r;
@@ -130,7 +131,7 @@ AllReduceResult allreduce(Device& dev, const std::vector<uint32_t>& cores,
     });
     for (uint32_t c : cores) {
         std::vector<float> y(n);
-        dev.board().vmem(c).read(p.y_addr, {reinterpret_cast<uint8_t*>(y.data()), y.size() * 4});
+        dev.board().fetch(c, false, p.y_addr, {reinterpret_cast<uint8_t*>(y.data()), y.size() * 4});
         r.out.push_back(std::move(y));
     }
     return r;

@@ -180,6 +180,8 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     m_dma.start_at(cycle);
     m_vpu.start_at(cycle);
     m_ici.start_at(cycle);
+    m_ici_wait.clear();
+    m_ici_seq = 0;
     m_dma_hz->writes.clear();
     m_vpu_hz->writes.clear();
     m_records.clear();
@@ -208,15 +210,19 @@ void CoreModel::set_tracer(sim::Tracer* tracer) {
     m_queue_depth = std::make_unique<CounterTrack>(proc, "queue_depth", window, 1.0);
 }
 
-void CoreModel::trace(int track, uint64_t start, uint64_t done, std::string_view key,
-                      uint64_t detail) {
-    if (!m_tracer || track < 0) return;
-    const auto& oi = isa::info(m_program[m_pc].op);
+void CoreModel::trace_queued(uint64_t start) {
     const uint64_t queued = m_cycle + m_core.dispatch_cycles;
     if (start > queued) {
         m_queue_depth->add(queued, start, double(start - queued));
         m_queue_depth->flush_before(m_cycle, *m_tracer);
     }
+}
+
+void CoreModel::trace(int track, uint64_t start, uint64_t done, std::string_view key,
+                      uint64_t detail) {
+    if (!m_tracer || track < 0) return;
+    trace_queued(start);
+    const auto& oi = isa::info(m_program[m_pc].op);
     if (key.empty())
         m_tracer->complete(track, oi.mnemonic, start, done, {{"pc", uint64_t(m_pc)}});
     else
@@ -389,6 +395,9 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         write = false;
                         break;
                     case Opcode::Halt: {
+                        // Its end needs the done of every ICI instruction the board has not
+                        // resolved yet: wait for the board, in simulated time.
+                        if (!m_ici_wait.empty()) return {now < m_cycle ? Block::Sync : Block::WaitFlag, m_cycle};
                         const uint64_t end = std::max(issue, m_units_done);
                         if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, end});
                         if (m_tracer) {
@@ -494,6 +503,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         break;
                     }
                     case Opcode::Fence: {
+                        if (!m_ici_wait.empty()) return {now < m_cycle ? Block::Sync : Block::WaitFlag, m_cycle};
                         const uint64_t at = std::max(m_cycle, m_units_done);
                         m_stats.stall_wait += at - m_cycle;
                         if (m_cfg.sim.race_detector) m_race.fence(at);
@@ -895,48 +905,108 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     UnitQueue& q = *m_ici_q;
     // Timing: IciEngine (hw/core/ici_engine.h) around the board's IciNetwork.
     const uint64_t start = std::max(issue_to_unit(q), m_ici.free_at());
-    uint64_t done;
+    m_ici.take(start);
+    IciPost post;
+    post.issue = m_cycle;
+    post.src = m_id;
+    post.dst = dst;
+    post.seq = m_ici_seq++;
+    post.start = start;
+    const size_t race_seq = m_seq;
+    bool raced = false;  // the race detector holds a local and a remote record of this post
     if (ins.op == Opcode::Sigr) {
-        const uint32_t flag = static_cast<uint32_t>(ins.ops[1].imm);
-        const uint32_t amount = val(ins.ops[2]);
-        done = m_ici.issue(start, dst, m_env ? m_env->ici_message(m_id, dst, start) : start + 1);
-        if (m_env) m_env->remote_signal(dst, flag, amount, done);
+        post.signal = true;
+        post.flag = static_cast<uint32_t>(ins.ops[1].imm);
+        post.amount = val(ins.ops[2]);
     } else {
         const uint32_t raddr = val(ins.ops[1]), laddr = val(ins.ops[2]), bytes = val(ins.ops[3]);
-        const uint32_t flag = static_cast<uint32_t>(ins.ops[4].imm);
         const bool hbm = ins.op == Opcode::IciH;
         if (!check(m_vmem, laddr, bytes, "ici", "VMEM read")) return IciStep::Faulted;
         SparseMemory& rmem = m_env ? m_env->remote_memory(dst, hbm) : (hbm ? m_hbm : m_vmem);
         const uint64_t rbase = hbm ? m_hbm_base + raddr : raddr;
         if (!check(rmem, rbase, bytes, "ici", hbm ? "remote HBM write" : "remote VMEM write"))
             return IciStep::Faulted;
-        done = m_ici.issue(
-            start, dst,
-            m_env ? m_env->ici_transfer(m_id, dst, start, bytes, hbm, rbase) : start + bytes);
-        // The local read is ordered by this core's completion flag; the remote write by the
-        // destination's flag that the transfer raises on arrival.
-        if (!record_access("ici", start, done, ins.flag, {{false, laddr, laddr + bytes, false}}))
+        post.hbm = hbm;
+        post.addr = rbase;
+        post.bytes = bytes;
+        post.flag = static_cast<uint32_t>(ins.ops[4].imm);
+        // The done cycles are not known yet: the records carry kIciPending, which no wait can
+        // acknowledge, until ici_done() fills them in.
+        if (!record_access("ici", start, CoreEnv::kIciPending, ins.flag,
+                           {{false, laddr, laddr + bytes, false}}))
             return IciStep::Faulted;
-        if (m_env &&
-            !record_access("ici", start, done, static_cast<uint8_t>(flag),
-                           {{hbm, rbase, rbase + bytes, true}}, &m_env->remote_race_detector(dst)))
+        if (m_env && !record_access("ici", start, CoreEnv::kIciPending,
+                                    static_cast<uint8_t>(post.flag),
+                                    {{hbm, rbase, rbase + bytes, true}},
+                                    &m_env->remote_race_detector(dst)))
             return IciStep::Faulted;
+        raced = m_env && m_cfg.sim.race_detector;
+        // The data leaves with the values it has now: the source may overwrite its VMEM before
+        // the board writes the destination.
         if (m_cfg.sim.functional) {
-            if (m_vmem.contiguous()) {
-                rmem.write(rbase, {m_vmem.data(laddr), bytes});
-            } else {
-                std::vector<uint8_t> buf(bytes);
-                m_vmem.read(laddr, buf);
-                rmem.write(rbase, buf);
-            }
+            post.data.resize(bytes);
+            m_vmem.read(laddr, post.data);
         }
-        if (m_env) m_env->remote_signal(dst, flag, 1, done);
         ++m_stats.ici_ops;
         m_stats.ici_bytes += bytes;
     }
-    trace(m_tracks.ici, start, done, "dst_core", dst);
-    finish_unit(q, start, done, ins.flag);
+    if (!m_env) {
+        // No board: the transfer is a local copy, done one cycle per byte after the start.
+        const uint64_t done =
+            m_ici.deliver(dst, post.signal ? start + 1 : start + post.bytes);
+        if (!post.signal && !post.data.empty())
+            (post.hbm ? m_hbm : m_vmem).write(post.addr, post.data);
+        if (!post.signal && m_cfg.sim.race_detector) m_race.set_done(m_id, race_seq, done);
+        trace(m_tracks.ici, start, done, "dst_core", dst);
+        finish_unit(q, start, done, ins.flag);
+        return IciStep::Done;
+    }
+    if (m_tracer && m_tracks.ici >= 0) trace_queued(start);
+    q.starts.push_back(start);
+    q.last_start = start;
+    const size_t record = m_record ? m_records.size() : SIZE_MAX;
+    if (m_record) m_records.push_back({m_pc, ins.op, m_cycle, start, CoreEnv::kIciPending});
+    m_ici_wait.push_back({post.seq, m_pc, dst, start, ins.flag, record,
+                          raced ? uint64_t(race_seq) : UINT64_MAX,
+                          raced ? uint64_t(race_seq + 1) : UINT64_MAX});
+    const uint64_t seq = post.seq;
+    const uint64_t done = m_env->ici_post(std::move(post));
+    if (done != CoreEnv::kIciPending) ici_done(seq, done);
     return IciStep::Done;
+}
+
+void CoreModel::mirror_stats(CoreStats stats) {
+    // The stats tree views these vectors' elements: keep their storage.
+    const auto keep = [](std::vector<uint64_t>& mine, const std::vector<uint64_t>& theirs) {
+        std::copy_n(theirs.begin(), std::min(mine.size(), theirs.size()), mine.begin());
+    };
+    keep(m_stats.mxu_busy, stats.mxu_busy);
+    keep(m_stats.mxu_macs, stats.mxu_macs);
+    stats.mxu_busy = std::move(m_stats.mxu_busy);
+    stats.mxu_macs = std::move(m_stats.mxu_macs);
+    m_stats = std::move(stats);
+}
+
+void CoreModel::ici_done(uint64_t seq, uint64_t done) {
+    // The board resolves a core's posts in issue order, except those it answers at once.
+    auto it = std::find_if(m_ici_wait.begin(), m_ici_wait.end(),
+                           [seq](const IciWait& w) { return w.seq == seq; });
+    if (it == m_ici_wait.end())
+        throw std::logic_error(fmt::format("core {}: ICI post {} is not pending", m_id, seq));
+    const IciWait w = *it;
+    m_ici_wait.erase(it);
+    if (w.flag != isa::kNoFlag) schedule_flag(w.flag, 1, done);
+    m_units_done = std::max(m_units_done, done);
+    if (w.record != SIZE_MAX) m_records[w.record].done = done;
+    if (w.race_local != UINT64_MAX) {
+        m_race.set_done(m_id, w.race_local, done);
+        m_env->remote_race_detector(w.dst).set_done(m_id, w.race_remote, done);
+    }
+    if (m_tracer && m_tracks.ici >= 0) {
+        const auto& oi = isa::info(m_program[w.pc].op);
+        m_tracer->complete(m_tracks.ici, oi.mnemonic, w.start, done,
+                           {{"pc", uint64_t(w.pc)}, {"dst_core", uint64_t(w.dst)}});
+    }
 }
 
 std::string CoreModel::dump_state() const {

@@ -44,26 +44,43 @@ struct InstrRecord {
     friend bool operator==(const InstrRecord&, const InstrRecord&) = default;
 };
 
+/// An ICI transfer or flag message a core started (CoreEnv::ici_post). The board applies it:
+/// link reservations, the write into the destination's memory and the flags it raises.
+struct IciPost {
+    uint64_t issue = 0;    ///< cycle the source issued it (simulated time)
+    uint32_t src = 0;      ///< sending core
+    uint32_t dst = 0;      ///< receiving core
+    uint64_t seq = 0;      ///< the source's ICI instructions before it in this launch
+    uint64_t start = 0;    ///< cycle the source's ICI engine starts it
+    bool signal = false;   ///< sigr: a flag message without data
+    bool hbm = false;      ///< data into the destination's HBM (else its VMEM)
+    uint64_t addr = 0;     ///< destination byte address (HBM: including the window base)
+    uint64_t bytes = 0;    ///< payload bytes (0 for a signal)
+    uint32_t flag = 0;     ///< destination flag raised when the data is in (or the message is)
+    uint32_t amount = 1;   ///< added to that flag
+    std::vector<uint8_t> data;  ///< the payload read at issue (functional runs; else empty)
+};
+
 /// What the board provides to a core: the inter-core network and the other cores' flags and
 /// memories. Calls happen with the caller synchronised to simulated time (`now` == its cycle).
 class CoreEnv {
 public:
+    /// ici_post's answer when the board resolves the post later (CoreModel::ici_done).
+    static constexpr uint64_t kIciPending = UINT64_MAX;
+
     virtual ~CoreEnv() = default;
     /// Number of cores on the board.
     virtual uint32_t num_cores() const = 0;
     /// The cores of the current launch, ascending (ICI may only reach these).
     virtual const std::vector<uint32_t>& launched() const = 0;
-    /// Reserves the route from `src` to `dst` for `bytes` starting no earlier than `start`;
-    /// returns the cycle the data is in the destination's memory: its arrival, or with `hbm`
-    /// the completion of its writes at `addr` through the destination's HBM timing.
-    virtual uint64_t ici_transfer(uint32_t src, uint32_t dst, uint64_t start, uint64_t bytes,
-                                  bool hbm, uint64_t addr) = 0;
-    /// Latency-only route (a flag message): cycle a message sent at `start` arrives.
-    virtual uint64_t ici_message(uint32_t src, uint32_t dst, uint64_t start) = 0;
-    /// Memory of another core (for ICI writes); `hbm` selects HBM over VMEM.
+    /// Starts a transfer or flag message. Returns its done cycle (data in the destination's
+    /// memory, or the message there, after earlier ones from the same source: IciEngine) if the
+    /// board resolves it at once, else kIciPending; the board then calls the source's
+    /// ici_done() with it at the end of the window it was issued in (hw/README.md, "ICI
+    /// windows").
+    virtual uint64_t ici_post(IciPost post) = 0;
+    /// Memory of another core (bounds of ICI writes); `hbm` selects HBM over VMEM.
     virtual SparseMemory& remote_memory(uint32_t core, bool hbm) = 0;
-    /// Adds `amount` to `flag` of `core` at `cycle` and wakes the core if it waits.
-    virtual void remote_signal(uint32_t core, uint32_t flag, uint32_t amount, uint64_t cycle) = 0;
     /// The race detector of another core's memories.
     virtual RaceDetector& remote_race_detector(uint32_t core) = 0;
     /// Polled every few thousand instructions: true when the launch must stop now (Ctrl-C, the
@@ -129,6 +146,10 @@ public:
     uint64_t next_flag_event(uint64_t now) const;
     /// Schedules flag += amount at cycle (ICI arrivals from other cores).
     void schedule_flag(uint32_t flag, uint32_t amount, uint64_t cycle);
+    /// The board resolved this core's ICI post `seq` (IciPost::seq): it is done at `done`.
+    void ici_done(uint64_t seq, uint64_t done);
+    /// ICI posts the board has not resolved yet (a fence or halt waits for them).
+    size_t ici_pending() const { return m_ici_wait.size(); }
 
     /// Bytes of the loaded program (what a launch fetches into instruction memory).
     uint64_t program_bytes() const { return uint64_t(m_program.size()) * isa::kInstrBytes; }
@@ -145,6 +166,9 @@ public:
     /// Scalar register (for tests and dumps).
     uint32_t sreg(int i) const { return m_sregs[i]; }
     const CoreStats& stats() const { return m_stats; }
+    /// Takes the statistics of this core as another MPI rank, which simulates it, reports them
+    /// (this process never runs the core, so its own are unused).
+    void mirror_stats(CoreStats stats);
     /// Registers this core's statistics as the group "coreN" under `parent`, with a child per
     /// unit (dma, vpu, ici, mxuN) viewing the plain integers of stats(); returns the core's group.
     sim::StatGroup& register_stats(sim::StatGroup& parent);
@@ -174,6 +198,8 @@ private:
     void finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t flag);
     void trace(int track, uint64_t start, uint64_t done, std::string_view detail_key = {},
                uint64_t detail = 0);
+    /// The queue-depth part of trace(): cycles the instruction waited for its unit.
+    void trace_queued(uint64_t start);
 
     bool exec_dma(const isa::Instr& ins);
     bool exec_mxu(const isa::Instr& ins);
@@ -242,7 +268,20 @@ private:
     std::unique_ptr<Hazards> m_dma_hz, m_vpu_hz;
     DmaEngine m_dma;  ///< DMA timing in front of the HBM model
     VpuTimer m_vpu;   ///< VPU issue slot and latencies
-    IciEngine m_ici;  ///< ICI descriptor rate and in-order delivery
+    IciEngine m_ici;  ///< ICI descriptor rate (in-order delivery is the board's)
+    /// An ICI instruction whose done the board has not resolved yet.
+    struct IciWait {
+        uint64_t seq;         ///< IciPost::seq
+        uint32_t pc;          ///< its pc (trace)
+        uint32_t dst;         ///< destination core (trace, remote race record)
+        uint64_t start;       ///< cycle the engine started it
+        uint8_t flag;         ///< this core's completion flag
+        size_t record;        ///< index in m_records, or SIZE_MAX
+        uint64_t race_local;  ///< race-detector seq of the local read (UINT64_MAX: none)
+        uint64_t race_remote;  ///< of the destination's record (UINT64_MAX: none)
+    };
+    std::deque<IciWait> m_ici_wait;  ///< in issue order (the board resolves them in order)
+    uint64_t m_ici_seq = 0;          ///< ICI instructions issued in this launch
 
     CoreStats m_stats;
     std::vector<std::unique_ptr<sim::StatGroup>> m_stat_groups;  ///< core first, then its units

@@ -13,6 +13,8 @@ namespace tpu::hw {
 ///     (bandwidth is the links' business, so transfers on different links overlap);
 ///   - delivery is in order per destination: done = max(arrival, done of this core's previous
 ///     transfer or signal to the same core), so a signal never overtakes earlier data.
+/// The core applies the first rule when it issues; the board applies the second when it
+/// resolves the core's posts (in their issue order), so it keeps an engine per core too.
 /// Example: a 4 KiB transfer to core 5 arriving at 1000, then a signal to core 5 whose message
 /// would arrive at 990, is done at 1000.
 class IciEngine {
@@ -24,13 +26,19 @@ public:
         m_free = cycle;
         std::fill(m_arrival.begin(), m_arrival.end(), 0);
     }
-    /// Takes a descriptor at `start`, whose data or message reaches `dst` at `arrival`; returns
-    /// its done cycle under in-order delivery.
-    uint64_t issue(uint64_t start, uint32_t dst, uint64_t arrival) {
-        m_free = start + 1;
+    /// Takes a descriptor at `start`.
+    void take(uint64_t start) { m_free = start + 1; }
+    /// The done cycle, under in-order delivery, of the next descriptor to `dst`, whose data or
+    /// message reaches it at `arrival`.
+    uint64_t deliver(uint32_t dst, uint64_t arrival) {
         if (m_arrival.size() <= dst) m_arrival.resize(dst + 1, 0);
         m_arrival[dst] = std::max(arrival, m_arrival[dst]);
         return m_arrival[dst];
+    }
+    /// take() and deliver() at once (a core with no board around it).
+    uint64_t issue(uint64_t start, uint32_t dst, uint64_t arrival) {
+        take(start);
+        return deliver(dst, arrival);
     }
 
 private:

@@ -90,6 +90,14 @@ void RaceDetector::acknowledge(uint8_t flag, uint64_t t) {
     });
 }
 
+void RaceDetector::set_done(uint32_t core, uint64_t seq, uint64_t done) {
+    for (auto it = m_open.rbegin(); it != m_open.rend(); ++it)
+        if (it->core == core && it->seq == seq) {
+            it->done = done;
+            return;
+        }
+}
+
 void RaceDetector::fence(uint64_t t) {
     std::erase_if(m_open, [&](const AccessRecord& r) { return r.core == m_owner && r.done <= t; });
 }

@@ -52,6 +52,9 @@ public:
     std::optional<std::string> add(AccessRecord rec);
     /// A `wait` on `flag` completed at cycle `t` on the owning core.
     void acknowledge(uint8_t flag, uint64_t t);
+    /// Fills in the done cycle of record `seq` of `core`, added with done unknown (an ICI
+    /// instruction the board resolves later); a record the window dropped is ignored.
+    void set_done(uint32_t core, uint64_t seq, uint64_t done);
     /// A `fence` completed at `t`: everything issued by the owning core is done.
     void fence(uint64_t t);
     /// Forgets everything (a new launch).

@@ -57,8 +57,9 @@ struct IciHop {
 /// s + hop + ser - 1 of the last link, so the data is complete at t_n + ser. Store-and-forward
 /// buffers the whole packet first: its tail is written in cycle s + hop + ser - 1, so the next
 /// link begins no earlier than s + hop + ser.
-/// Transfers are promised intervals in the order they are started (the order the cores issue
-/// them), and a later one may use an idle gap before an earlier one's interval if it fits there
+/// Transfers are promised intervals in the order the board hands them over: (issue cycle,
+/// source core, source order), at the end of each ICI window (hw/README.md). A later one may
+/// use an idle gap before an earlier one's interval if it fits there
 /// whole: it waits only while the link is really in use, and never moves an earlier promise
 /// (whose arrival the destination already knows). `src == dst` uses no link: arrival = start +
 /// ser. A flag message (`sigr`) takes `start + hops x hop` and occupies no link (a side band).

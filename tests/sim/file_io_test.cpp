@@ -25,6 +25,18 @@ std::string fresh_dir(const std::string& name) {
 }
 using test::listing;
 
+TEST(RankPath, RankZeroKeepsThePathOthersGetTheirOwnFile) {
+    using tpu::sim::rank_path;
+    EXPECT_EQ(rank_path("out/t.json", 0), "out/t.json");
+    EXPECT_EQ(rank_path("out/t.json", 3), "out/t.rank3.json");
+    EXPECT_EQ(rank_path("t.trace.json", 1), "t.trace.rank1.json");
+    EXPECT_EQ(rank_path("trace", 2), "trace.rank2");
+    EXPECT_EQ(rank_path("dir.d/trace", 2), "dir.d/trace.rank2");
+    EXPECT_EQ(rank_path(".hidden", 1), ".hidden.rank1");
+    // A process without mpirun is rank 0.
+    EXPECT_EQ(rank_path("t.json"), "t.json");
+}
+
 TEST(OutputFile, ReplacesARegularFileOnlyAtCommit) {
     const std::string d = fresh_dir("commit");
     write_output_file(d + "/a.txt", "old");

@@ -50,6 +50,39 @@ TEST(Stats, HierarchyFindResetAndPaths) {
     EXPECT_EQ(top.value(), 0u);
 }
 
+TEST(Stats, AMirrorShowsAnotherTreesSnapshot) {
+    // Over MPI a rank shows the values another rank sends for the cores it does not run.
+    using namespace tpu::sim;
+    auto fill = [](StatGroup& core, StatGroup& mxu, uint64_t& busy) {
+        core.add("instructions", "issued", StatUnit::Count) += busy / 2;
+        mxu.add("busy", "cycles", StatUnit::Cycles, busy);
+        mxu.add_formula("util", "busy / 100", StatUnit::Ratio,
+                        [&busy] { return double(busy) / 100.0; });
+    };
+    uint64_t theirs_busy = 42, mine_busy = 0;
+    StatGroup theirs("board"), tcore("core0", &theirs), tmxu("mxu0", &tcore);
+    StatGroup mine("board"), mcore("core0", &mine), mmxu("mxu0", &mcore);
+    fill(tcore, tmxu, theirs_busy);
+    fill(mcore, mmxu, mine_busy);
+    std::vector<uint64_t> counters;
+    std::vector<double> formulas;
+    tcore.snapshot(counters, formulas);
+    EXPECT_EQ(counters, (std::vector<uint64_t>{21, 42}));
+    EXPECT_EQ(formulas, (std::vector<double>{0.42}));
+    mcore.mirror(counters, formulas);
+    std::ostringstream a, b;
+    theirs.write_json(a);
+    mine.write_json(b);
+    EXPECT_EQ(a.str(), b.str());
+    EXPECT_EQ(mine.find("core0.mxu0.busy")->value(), 42u);
+    // A snapshot of another tree is refused.
+    counters.push_back(1);
+    EXPECT_THROW(mcore.mirror(counters, formulas), std::invalid_argument);
+    // reset() forgets the mirror: the group counts its own block again.
+    mine.reset();
+    EXPECT_EQ(mine.find("core0.mxu0.busy")->value(), 0u);
+}
+
 TEST(Stats, CounterReferencesStayValidAsMoreAreAdded) {
     StatGroup g("g");
     Counter& first = g.add("c0", "first", StatUnit::Count);

@@ -66,6 +66,27 @@ TEST(TrainerDevices, LightningErrors) {
               "`devices` can only be 'auto', 1, 4 or [<0-3>] for TPUs. Got 8");
 }
 
+TEST(TrainerDevices, PodSlicesTrainEveryCoreOfEveryHost) {
+    // v3-32: 4 hosts of 8 cores. devices counts one host's cores; every core trains.
+    std::vector<uint32_t> all(32);
+    for (uint32_t i = 0; i < 32; ++i) all[i] = i;
+    EXPECT_EQ(resolve_devices(8, 32, 4, 4), all);
+    EXPECT_EQ(resolve_devices(std::string("auto"), 32, 4, 4), all);
+    EXPECT_EQ(error_of([] { resolve_devices(8, 32, 2, 4); }),
+              "`devices=8` x `num_nodes=2` = 16 cores, but the board has 32 cores: a TPU pod "
+              "slice trains on every core of every host");
+    EXPECT_EQ(error_of([] { resolve_devices(16, 32, 2, 4); }),
+              "`num_nodes=2`: the board has 4 TPU hosts (chips / chips_per_host), and a pod "
+              "slice runs one node per host");
+    EXPECT_EQ(error_of([] { resolve_devices(std::vector<int>{3}, 32, 4, 4); }),
+              "`devices=[3]` with `num_nodes=4`: on a TPU pod slice `devices` is 'auto' or the "
+              "cores of one host (8)");
+    EXPECT_EQ(error_of([] { resolve_devices(8, 32, 0, 4); }),
+              "`num_nodes` must be at least 1. Got 0");
+    // One node keeps the single-host rule, whatever the board's size.
+    EXPECT_EQ(resolve_devices(1, 32, 1, 4), std::vector<uint32_t>{0});
+}
+
 TEST(TrainerPrecision, ValidAndLightningErrors) {
     EXPECT_EQ(parse_precision("32-true"), PrecisionMode::True32);
     EXPECT_EQ(parse_precision("bf16-mixed"), PrecisionMode::Bf16Mixed);

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "driver/kernels/allreduce.h"
 #include "driver/kernels/attention.h"
 #include "driver/kernels/conv2d.h"
 #include "driver/kernels/softmax.h"
@@ -139,6 +140,64 @@ OpRunner attention_options(CLI::App& cmd) {
                uint32_t seed) { return run_attention(dev, cache, cores, *s, check, seed); };
 }
 
+OpRunner allreduce_options(CLI::App& cmd) {
+    auto elements = std::make_shared<uint32_t>(4u << 20);  // 16 MiB of fp32 per core
+    cmd.add_option("--elements", *elements, "fp32 values per core")->check(positive_number());
+    return [elements](driver::Device& dev, driver::ProgramCache& cache,
+                      const std::vector<uint32_t>& cores, bool check, uint32_t seed) {
+        const uint32_t n = *elements;
+        driver::Tensor t = driver::alloc_tensor(dev, cores, 1, n);
+        std::vector<std::vector<float>> x(cores.size(), std::vector<float>(n));
+        for (size_t i = 0; i < cores.size(); ++i) {
+            fill_uniform(x[i], seed + uint32_t(i));
+            driver::write_tensor(dev, t, i, x[i]);
+        }
+        const driver::KernelStats before = dev.kernel_totals();
+        OpRun r;
+        r.params = {{"elements", n}};
+        r.event = driver::allreduce(dev, cache, t);
+        r.hbm_bytes = dev.kernel_totals().since(before).hbm_bytes();
+        // The collective's own bound (bench/allreduce_bench.cpp): both ring directions carry
+        // half the data, 2(N-1) steps of S/N bytes, each step at least one hop.
+        const hw::BoardConfig& cfg = dev.config();
+        const double N = double(cores.size()), S = double(n) * 4;
+        const double bw = cfg.clock().bytes_per_cycle(cfg.ici.link_gb_per_s);
+        const double hop = double(cfg.ns_to_cycles(cfg.ici.hop_latency_ns));
+        const double formula = 2 * (N - 1) / N * S / (2 * bw) + 2 * (N - 1) * hop;
+        const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
+        r.plan = fmt::format(
+            "ring all-reduce (sum) over {} cores in both directions; formula 2(N-1)/N x S / "
+            "(2 x link) + 2(N-1) x hop = {:.0f} cycles, simulated / formula = {:.3f}",
+            cores.size(), formula, double(cycles) / formula);
+        std::vector<float> got;
+        for (size_t i = 0; i < cores.size(); ++i) {
+            const std::vector<float> y = driver::read_tensor(dev, t, i);
+            got.insert(got.end(), y.begin(), y.end());
+        }
+        // A digest of every replica's bytes, so runs (and process splits) compare for identity.
+        uint64_t h = 1469598103934665603ull;
+        for (float v : got) {
+            uint32_t b;
+            std::memcpy(&b, &v, 4);
+            for (int k = 0; k < 4; ++k) h = (h ^ ((b >> (8 * k)) & 0xff)) * 1099511628211ull;
+        }
+        r.digest = fmt::format("{:016x}", h);
+        if (check) {
+            const std::vector<float> one = driver::allreduce_reference(x, 1.0f);
+            std::vector<float> want;
+            std::vector<double> exact(n, 0.0);
+            for (const auto& xi : x)
+                for (uint32_t j = 0; j < n; ++j) exact[j] += xi[j];
+            for (size_t i = 0; i < cores.size(); ++i) want.insert(want.end(), one.begin(), one.end());
+            std::vector<double> exact_all;
+            for (size_t i = 0; i < cores.size(); ++i)
+                exact_all.insert(exact_all.end(), exact.begin(), exact.end());
+            compare(r, got, want, exact_all);
+        }
+        return r;
+    };
+}
+
 /// The kinds `tpusim op` runs (besides `gemm`, the alias of `tpusim gemm`).
 const std::vector<OpKind>& kinds() {
     static const std::vector<OpKind> k = {
@@ -150,6 +209,8 @@ const std::vector<OpKind>& kinds() {
         {"attention",
          "multi-head scaled dot-product attention, bf16 MXU contractions, fp32 softmax",
          attention_options},
+        {"allreduce", "ring all-reduce (sum) of an fp32 tensor per core in HBM, over --cores",
+         allreduce_options},
     };
     return k;
 }
@@ -204,6 +265,7 @@ void add_kind(CLI::App& op, const OpKind& kind) {
             j["max_abs_error"] = r.max_abs_error;
             j["max_rel_error"] = r.max_rel_error;
         }
+        if (!r.digest.empty()) j["result_fnv1a"] = r.digest;
         if (o->common.json) {
             fmt::print("{}\n", j.dump());
         } else {
@@ -228,6 +290,7 @@ void add_kind(CLI::App& op, const OpKind& kind) {
                     "check: bit-exact vs reference: {}; max error vs fp64: {:.3e} ({:.3e} of "
                     "the largest value)\n",
                     r.bitexact ? "yes" : "NO", r.max_abs_error, r.max_rel_error);
+        if (!r.digest.empty()) fmt::print("result FNV-1a: {}\n", r.digest);
         }
         write_stats_file(o->common, dev->board(), dev->kernel_stats());
         dev->set_tracer(nullptr);
@@ -244,7 +307,7 @@ void register_op_command(CLI::App& app) {
     auto* op = app.add_subcommand("op", "run one library op from HBM to HBM on random inputs");
     auto kind = std::make_shared<std::string>();
     // An unmatched word lands here, so a typo gets a message that lists the kinds.
-    op->add_option("kind", *kind, "the op: conv2d, layernorm, softmax, attention or gemm");
+    op->add_option("kind", *kind, "the op: conv2d, layernorm, softmax, attention, allreduce or gemm");
     op->require_subcommand(0, 1);
     for (const OpKind& k : kinds()) add_kind(*op, k);
     add_gemm_command(*op, "gemm", "the library GEMM (an alias of tpusim gemm)");

@@ -166,7 +166,7 @@ void register_run_command(CLI::App& app) {
                     throw InputError(
                         fmt::format("--load {}: {} bytes at 0x{:x} do not fit in {} ({} bytes)",
                                     r.file, data.size(), r.addr, mem.name(), mem.size()));
-                mem.write(r.addr, data);
+                if (board.owns(c)) mem.write(r.addr, data);
             }
         }
         for (const Region& r : dumps) {
@@ -186,9 +186,8 @@ void register_run_command(CLI::App& app) {
         }
         const hw::LaunchResult res = session.launch(o->kernel, prog, cores, o->args);
         for (const Region& r : dumps) {
-            const hw::SparseMemory& mem = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
             std::vector<uint8_t> data(r.bytes);
-            mem.read(r.addr, data);
+            board.fetch(r.cores[0], r.hbm, r.addr, data);
             try {
                 sim::write_output_file(
                     r.file,

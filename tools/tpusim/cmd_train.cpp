@@ -58,6 +58,7 @@ void register_train_command(CLI::App& app) {
         std::string data = "auto";
         std::string data_dir = std::string(trainer::kFashionMnistDir);
         std::string devices = "auto";
+        uint32_t num_nodes = 1;
         std::string precision = "bf16-mixed";
         std::string optimizer = "adam";
         uint32_t epochs = 1;
@@ -96,6 +97,11 @@ void register_train_command(CLI::App& app) {
     cmd->add_option("--context", o->context, "gpt: tokens per sequence")->check(positive_number());
     cmd->add_option("--data-dir", o->data_dir, "directory of the Fashion-MNIST IDX files");
     cmd->add_option("--devices", o->devices, "auto | 1 | 8 | [i]  (Lightning's TPU devices)");
+    cmd->add_option("--num-nodes", o->num_nodes,
+                    "TPU hosts (Lightning's num_nodes): above 1, --devices counts the cores of "
+                    "one host and every core trains; run under mpirun to share the hosts among "
+                    "processes")
+        ->check(CLI::PositiveNumber);
     cmd->add_option("--precision", o->precision, "32-true | bf16-mixed | bf16-true");
     cmd->add_option("--optimizer", o->optimizer, "adam | sgd (SGD with momentum)");
     auto* epochs = cmd->add_option("--epochs", o->epochs,
@@ -136,6 +142,7 @@ void register_train_command(CLI::App& app) {
         } catch (const trainer::ConfigError& e) {
             throw InputError(fmt::format("--devices: {}", e.what()));
         }
+        topts.num_nodes = o->num_nodes;
         topts.precision = o->precision;
         topts.max_epochs = o->epochs;
         topts.max_steps = o->max_steps == -2 ? (gpt ? 300 : -1) : o->max_steps;
@@ -328,6 +335,7 @@ void register_train_command(CLI::App& app) {
         j["host_seconds"] = tr->host_seconds();
         j["host_seconds_per_step"] = steps ? tr->host_seconds() / double(steps) : 0.0;
         j["devices"] = tr->cores().size();
+        j["num_nodes"] = o->num_nodes;
         j["precision"] = trainer::precision_name(tr->precision());
         j["data"] = data;
         j[split + "_loss"] = eval.loss;

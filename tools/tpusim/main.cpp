@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <systemc>
 
+#include "sim/cluster.h"
 #include "sim/interrupt.h"
 #include "tools/tpusim/commands.h"
 
@@ -17,7 +18,32 @@ namespace {
 const int kQuietBanner = setenv("SYSTEMC_DISABLE_COPYRIGHT_MESSAGE", "1", 0);
 }  // namespace
 
+namespace {
+/// Ends the process with `rc` after `message` (if any) went to stderr. Over MPI a failing rank
+/// takes the others down with it (they may be waiting for it in a collective), and only rank 0
+/// prints results, so the others' stdout goes nowhere.
+/// `message` is printed after "tpusim: " (Cluster::abort's "tpusim: rank R of N: " over MPI),
+/// or as it is with `bare` (a source error names its file and line first).
+int finish(int rc, const std::string& message = {}, bool bare = false) {
+    using tpu::sim::Cluster;
+    if (Cluster::distributed() && rc != 0) Cluster::abort(message, rc);
+    if (!message.empty()) fmt::print(stderr, "{}{}\n", bare ? "" : "tpusim: ", message);
+    Cluster::finalize();
+    return rc;
+}
+
+int run(int argc, char* argv[]);
+}  // namespace
+
 int sc_main(int argc, char* argv[]) {
+    tpu::sim::Cluster::init(&argc, &argv);
+    if (tpu::sim::Cluster::rank() != 0 && !std::freopen("/dev/null", "w", stdout))
+        return finish(1, "error: cannot send rank output to /dev/null");
+    return run(argc, argv);
+}
+
+namespace {
+int run(int argc, char* argv[]) {
     tpu::sim::install_interrupt_handler();
     CLI::App app{"tpusim: a cycle-level simulator of an 8-core TPU board"};
     app.require_subcommand(1);
@@ -42,41 +68,29 @@ int sc_main(int argc, char* argv[]) {
             names += (names.empty() ? "" : ", ") + sub->get_name();
             known |= sub->get_name() == argv[1];
         }
-        if (!known) {
-            fmt::print(stderr, "tpusim: error: unknown command '{}' (commands: {})\n", argv[1],
-                       names);
-            return 2;
-        }
+        if (!known)
+            return finish(2, fmt::format("error: unknown command '{}' (commands: {})",
+                                         argv[1], names));
     }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         const int rc = app.exit(e);
-        return rc == 0 ? 0 : 2;
+        return finish(rc == 0 ? 0 : 2);
     } catch (const tpu::cli::SourceError& e) {
-        fmt::print(stderr, "{}\n", e.what());
-        return 2;
+        return finish(2, e.what(), true);
     } catch (const tpu::cli::InputError& e) {
-        fmt::print(stderr, "tpusim: error: {}\n", e.what());
-        return 2;
+        return finish(2, fmt::format("error: {}", e.what()));
     } catch (const std::exception& e) {
         // Ctrl-C stops the simulation with an error carrying the state dump; 130 is the exit
         // code of a process ended by SIGINT, what scripts and shells expect.
-        if (tpu::sim::interrupt_requested()) {
-            fmt::print(stderr, "tpusim: {}\n", e.what());
-            return 130;
-        }
-        if (dynamic_cast<const tpu::cli::RunError*>(&e)) {
-            fmt::print(stderr, "tpusim: {}\n", e.what());
-            return 1;
-        }
-        fmt::print(stderr, "tpusim: error: {}\n", e.what());
-        return 1;
+        if (tpu::sim::interrupt_requested()) return finish(130, e.what());
+        if (dynamic_cast<const tpu::cli::RunError*>(&e))
+            return finish(1, e.what());
+        return finish(1, fmt::format("error: {}", e.what()));
     }
-    if (tpu::sim::interrupt_requested()) {
-        // Interrupted after the last launch (e.g. while writing results): say so all the same.
-        fmt::print(stderr, "tpusim: interrupted (Ctrl-C)\n");
-        return 130;
-    }
-    return 0;
+    // Interrupted after the last launch (e.g. while writing results): say so all the same.
+    if (tpu::sim::interrupt_requested()) return finish(130, "interrupted (Ctrl-C)");
+    return finish(0);
 }
+}  // namespace

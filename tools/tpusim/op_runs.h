@@ -29,6 +29,7 @@ struct OpRun {
     bool bitexact = false;     ///< device result == host reference, bit for bit
     double max_abs_error = 0;  ///< max |device - fp64|
     double max_rel_error = 0;  ///< max_abs_error / max |fp64|
+    std::string digest;        ///< FNV-1a of the device result's bytes (ops that compute one)
 };
 
 /// Fills the --check fields from the device result, the bit-exact reference and fp64.

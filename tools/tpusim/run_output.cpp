@@ -196,6 +196,7 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board) {
 void write_stats_file(const CommonOptions& opts, hw::Board& board,
                       const std::vector<driver::KernelStats>& kernels) {
     if (opts.stats.empty()) return;
+    board.sync_stats();
     // The blocks' own groups under the board's root; the per-kernel totals are the driver's,
     // attached for this one write.
     sim::StatGroup& root = board.stats();

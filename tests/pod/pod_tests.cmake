@@ -1,0 +1,51 @@
+# SPDX-License-Identifier: Apache-2.0
+# Pod slices on MPI (hw/README.md, "Pod slices on MPI"): the same run in one process and on 2
+# and 4 ranks gives byte-identical results, and a mismatched launch fails on every rank with
+# its message instead of hanging. Labelled "mpi" (./tpusim keeps them out of the sanitizer run)
+# and each under a timeout.
+set(tpu_pod_config ${PROJECT_SOURCE_DIR}/configs/v3-32.json)
+set(tpu_pod_mpirun ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG})
+add_test(NAME Pod.TrainingIsTheSameOn1And2And4Ranks
+         COMMAND ${CMAKE_COMMAND} -DTPUSIM=$<TARGET_FILE:tpusim> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+                 -DWORK=${CMAKE_CURRENT_BINARY_DIR}/pod_train -DNAME=train
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/pod/equivalence.cmake --
+                 train --config ${tpu_pod_config} --devices 8 --num-nodes 4 --data synthetic
+                 --max-steps 3 --limit-test-batches 2 --log-every-n-steps 1 --no-progress --json
+                 --checkpoint @OUT@.ckpt)
+add_test(NAME Pod.AllReduceIsTheSameOn1And2And4Ranks
+         COMMAND ${CMAKE_COMMAND} -DTPUSIM=$<TARGET_FILE:tpusim> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+                 -DWORK=${CMAKE_CURRENT_BINARY_DIR}/pod_allreduce -DNAME=allreduce
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/pod/equivalence.cmake --
+                 op allreduce --config ${tpu_pod_config} --cores all --elements 4194304 --json)
+set_tests_properties(Pod.TrainingIsTheSameOn1And2And4Ranks Pod.AllReduceIsTheSameOn1And2And4Ranks
+                     PROPERTIES LABELS "mpi;long" TIMEOUT 900 PROCESSORS 2
+                                ENVIRONMENT "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1")
+
+# name; exit code; output regex; ranks; tpusim arguments
+function(tpu_pod_error name code regex np)
+    add_test(NAME Pod.${name}
+             COMMAND ${CMAKE_COMMAND} -DEXPECT_CODE=${code} "-DEXPECT_OUTPUT=${regex}"
+                     -P ${CMAKE_CURRENT_SOURCE_DIR}/mpi/expect_abort.cmake --
+                     ${tpu_pod_mpirun} ${np} --oversubscribe --allow-run-as-root
+                     $<TARGET_FILE:tpusim> ${ARGN})
+    set_tests_properties(Pod.${name} PROPERTIES LABELS mpi TIMEOUT 60 PROCESSORS 2
+                         ENVIRONMENT "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1")
+endfunction()
+tpu_pod_error(RanksThatDoNotDivideTheHostsAreAnError 2
+              "3 MPI ranks do not divide the board's 4 TPU hosts" 3
+              train --config ${tpu_pod_config} --devices 8 --num-nodes 4 --data synthetic
+              --max-steps 1 --no-progress)
+tpu_pod_error(DevicesTimesNodesMustBeTheCores 2
+              "`devices=8` x `num_nodes=2` = 16 cores, but the board has 32 cores" 2
+              train --config ${tpu_pod_config} --devices 8 --num-nodes 2 --data synthetic
+              --max-steps 1 --no-progress)
+tpu_pod_error(OneNodePerHost 2 "`num_nodes=2`: the board has 4 TPU hosts" 2
+              train --config ${tpu_pod_config} --devices 16 --num-nodes 2 --data synthetic
+              --max-steps 1 --no-progress)
+tpu_pod_error(RanksNeedAHopLatency 2 "needs a hop latency of at least one cycle" 2
+              gemm --config ${tpu_pod_config} --set ici.hop_latency_ns=0 --m 128 --k 128 --n 128)
+tpu_pod_error(AFaultOnOneRankEndsEveryRank 1 "core 20 pc 1 .*outside the program" 2
+              run --config ${tpu_pod_config} --cores 20 ${CMAKE_CURRENT_SOURCE_DIR}/pod/fault.s)
+tpu_pod_error(ADeadlockOverRanksIsReported 1 "deadlock at cycle" 2
+              run --config ${tpu_pod_config} --cores 0,1
+              ${PROJECT_SOURCE_DIR}/isa/examples/bad/deadlock.s)
