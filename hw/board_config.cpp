@@ -32,6 +32,11 @@ void BoardConfig::validate() {
         throw sim::ConfigError(fmt::format(
             "hbm.bytes_per_core: {} bytes cannot hold one row in every bank of every channel",
             hbm.bytes_per_core));
+    // Every host drives the same number of chips; only a board smaller than one host (a
+    // teaching board such as tiny.json) has a host that is not full.
+    if (chips > chips_per_host && chips % chips_per_host != 0)
+        throw sim::ConfigError(fmt::format(
+            "chips_per_host: {} chips per host do not divide {} chips", chips_per_host, chips));
     if (ici.topology == "torus2d" && ici.torus_x != 0 && cores() % ici.torus_x != 0)
         throw sim::ConfigError(
             fmt::format("ici.torus_x: {} does not divide the {} cores", ici.torus_x, cores()));

@@ -147,7 +147,10 @@ void expect_equal_stream(std::mt19937& rng, uint32_t cores, uint32_t width, bool
     const double gbps[] = {80.0, 47.0, 9.4, 150.0, 3.3};
     const bool cut_through = rng() % 3 != 0;
     std::vector<std::string> set = {
-        fmt::format("chips={}", cores), "cores_per_chip=1",
+        // One chip per core and one host for them all: any core count is a valid board.
+        fmt::format("chips={}", cores),
+        "cores_per_chip=1",
+        fmt::format("chips_per_host={}", cores),
         fmt::format("ici.hop_latency_ns={}", hop_ns),
         fmt::format("ici.link_gb_per_s={}", gbps[rng() % 5]),
         fmt::format("ici.switching={}", cut_through ? "cut-through" : "store-and-forward")};

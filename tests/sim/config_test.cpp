@@ -101,6 +101,48 @@ TEST(Config, TinyPresetLoads) {
     EXPECT_EQ(cfg.hbm.timing.cl, 13u);
 }
 
+TEST(Config, PodSlicePresetsLoadWithTheirCoresHostsAndTorus) {
+    // A chip's two cores are neighbours along x, so an X x Y chip torus is a 2X x Y core torus.
+    struct Slice {
+        const char* file;
+        uint32_t chips, hosts, torus_x, torus_rows;
+    };
+    const Slice slices[] = {
+        {"v3-32", 16, 4, 8, 4}, {"v3-128", 64, 16, 16, 8}, {"v3-512", 256, 64, 32, 16}};
+    BoardConfig v38;
+    for (const Slice& s : slices) {
+        SCOPED_TRACE(s.file);
+        BoardConfig cfg =
+            BoardConfig::load(test::source_dir() + "/configs/" + s.file + ".json", {});
+        EXPECT_EQ(cfg.name, s.file);
+        EXPECT_EQ(cfg.chips, s.chips);
+        EXPECT_EQ(cfg.cores_per_chip, 2u);
+        EXPECT_EQ(cfg.cores(), 2 * s.chips);
+        EXPECT_EQ(cfg.chips_per_host, 4u);
+        EXPECT_EQ(cfg.hosts(), s.hosts);
+        EXPECT_EQ(cfg.ici.topology, "torus2d");
+        EXPECT_EQ(cfg.ici.torus_x, s.torus_x);
+        EXPECT_EQ(cfg.cores() / cfg.ici.torus_x, s.torus_rows);
+        // Every other field is v3-8's.
+        cfg.name = v38.name;
+        cfg.chips = v38.chips;
+        cfg.ici.topology = v38.ici.topology;
+        cfg.ici.torus_x = v38.ici.torus_x;
+        EXPECT_EQ(sim::dump_json(sim::root_of(cfg)), sim::dump_json(sim::root_of(v38)));
+    }
+}
+
+TEST(Config, HostsOfABoard) {
+    BoardConfig cfg;
+    EXPECT_EQ(cfg.hosts(), 1u);  // v3-8: one host drives all 4 chips
+    cfg.chips = 16;
+    EXPECT_EQ(cfg.hosts(), 4u);
+    cfg.chips = 1;  // tiny.json: a board smaller than one host still has one
+    EXPECT_EQ(cfg.hosts(), 1u);
+    cfg.chips_per_host = 0xFFFFFFFF;  // no wrap-around in the rounding up
+    EXPECT_EQ(cfg.hosts(), 1u);
+}
+
 TEST(Config, EffectiveConfigReloadsToItself) {
     BoardConfig cfg = BoardConfig::load(test::source_dir() + "/configs/tiny.json",
                                         {"ici.link_gb_per_s=12.5", "sim.max_cycles=0"});
@@ -334,6 +376,7 @@ TEST(Config, WrongTypeForEachKind) {
 TEST(Config, BelowMin) {
     EXPECT_EQ(error_of_json(R"({"core": {"mxus": 0}})"), "core.mxus must be >= 1 (got 0)");
     EXPECT_EQ(error_of_json(R"({"chips": 0})"), "chips must be >= 1 (got 0)");
+    EXPECT_EQ(error_of_json(R"({"chips_per_host": 0})"), "chips_per_host must be >= 1 (got 0)");
     EXPECT_EQ(error_of_json(R"({"clock_mhz": 0.5})"), "clock_mhz must be >= 1 (got 0.5)");
     EXPECT_EQ(error_of_json(R"({"ici": {"link_gb_per_s": 0}})"),
               "ici.link_gb_per_s must be >= 0.001 (got 0)");
@@ -407,6 +450,12 @@ TEST(Config, CrossFieldRules) {
               "ici.torus_x: 16 does not divide the 8 cores");
     // torus_x only matters for the torus.
     EXPECT_EQ(error_of_json(R"({"ici": {"topology": "ring", "torus_x": 3}})"), "no error");
+    EXPECT_EQ(error_of_json(R"({"chips": 16, "chips_per_host": 3})"),
+              "chips_per_host: 3 chips per host do not divide 16 chips");
+    EXPECT_EQ(error_of_json(R"({"chips": 16, "chips_per_host": 8})"), "no error");
+    EXPECT_EQ(error_of_json(R"({"chips": 16, "chips_per_host": 16})"), "no error");
+    // A board with fewer chips than one host drives is one host that is not full.
+    EXPECT_EQ(error_of_json(R"({"chips": 3, "chips_per_host": 4})"), "no error");
     // 1 MiB over 16 channels x 2 pseudo-channels = 32 KiB, but 16 banks x 64 KiB rows = 1 MiB.
     EXPECT_EQ(error_of_json(R"({"hbm": {"bytes_per_core": 1048576, "row_bytes": 65536}})"),
               "hbm.bytes_per_core: 1048576 bytes cannot hold one row in every bank of every "
