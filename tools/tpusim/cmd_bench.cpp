@@ -12,6 +12,7 @@
 
 #include "driver/device.h"
 #include "hw/board_config.h"
+#include "sim/cluster.h"
 #include "sim/interrupt.h"
 #include "tools/tpusim/bench_cases.h"
 #include "tools/tpusim/commands.h"
@@ -90,6 +91,11 @@ void register_bench_command(CLI::App& app) {
     }
     cmd->footer(footer);
     cmd->callback([o] {
+        // Each case forks a child that opens its own board: a rank of a pod slice cannot.
+        if (sim::Cluster::distributed())
+            throw InputError(
+                "bench measures the simulator in one process (a forked child per case); run it "
+                "without mpirun");
         const hw::BoardConfig cfg = o->common.board_config();
         std::vector<bench::BenchCase> cases;
         try {
