@@ -2,6 +2,7 @@
 #include "driver/kernels/allreduce.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <string>
@@ -231,6 +232,7 @@ AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw:
     p.barrier = schedule == AllReduceSchedule::Auto ? barrier_fits
                                                     : schedule == AllReduceSchedule::StepBarrier;
     p.recv_slots = static_cast<uint32_t>(k);
+    p.imem_instrs = static_cast<uint32_t>(cfg.core.imem_bytes / isa::kInstrBytes);
     p.recv_addr[0] = 0;
     p.recv_addr[1] = static_cast<uint32_t>(k * P);
     p.own_addr[0] = static_cast<uint32_t>(2 * k * P);
@@ -238,7 +240,10 @@ AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw:
     return p;
 }
 
-isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
+namespace {
+/// The kernel's source; with `roll`, runs of steps whose code differs only in the step number
+/// become one loop over a step register (s25 = step, s26 = step x Q) instead of a copy each.
+std::string allreduce_hbm_source(const AllReduceHbmPlan& p, bool roll) {
     const uint32_t N = p.cores, Q = p.pieces, Pe = p.piece, E = p.chunk, K = p.recv_slots;
     const uint32_t O = p.own_slots, D = p.free_lag, n = p.elements;
     const uint64_t P = uint64_t(Pe) * 4;
@@ -296,17 +301,45 @@ isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
     L("group:");
     // Own data of step 0, piece 0 (slot 0): every earlier user of the slot has finished.
     for (int d = 0; d < 2; ++d) dma(true, d, "0", "0", fmt::format("{}", p.own_addr[d]));
+    // Everything about a step's code but its number: steps with equal shapes can share a loop.
+    auto shape = [&](uint32_t st) {
+        const bool sends = st <= 2 * (N - 1) - 1;
+        return std::array<bool, 10>{st == 0,
+                                    st <= N - 1,
+                                    st >= 1 && st <= N - 1,
+                                    st >= N - 1,
+                                    sends,
+                                    st == N - 1,
+                                    uint64_t(st) * Q < Q + O,
+                                    reuse && uint64_t(st + 1) * Q > K,
+                                    st == 2 * (N - 1) - 1,
+                                    st == 2 * (N - 1)};
+    };
     for (uint32_t st = 0; st <= 2 * (N - 1); ++st) {
         const bool sends = st <= 2 * (N - 1) - 1, loads = st <= N - 1;
         const bool adds = st >= 1 && st <= N - 1, stores = st >= N - 1;
+        // This step and the following ones of the same shape, when rolled into a loop.
+        uint32_t last = st;
+        if (roll)
+            while (last < 2 * (N - 1) && shape(last + 1) == shape(st)) ++last;
+        const bool looped = last > st;
+        // The step number and step x Q: constants, or registers in a loop over steps.
+        const std::string stv = looped ? "s25" : fmt::format("{}", st);
+        const std::string stq = looped ? "s26" : fmt::format("{}", uint64_t(st) * Q);
+        const std::string steps = fresh("steps");
+        if (looped) {
+            L("        li s25, {}", st);
+            L("        li s26, {}", uint64_t(st) * Q);
+            L("{}:", steps);
+        }
         const std::string loop = fresh("step");
-        L("# step {}: {}{}{}{}", st, loads ? "load " : "", adds ? "add " : "", sends ? "send " : "",
-          stores ? "store" : "");
+        L("# step {}{}: {}{}{}{}", st, looped ? fmt::format("-{}", last) : "",
+          loads ? "load " : "", adds ? "add " : "", sends ? "send " : "", stores ? "store" : "");
         // Pipelined: the previous step already stored all but the last kEarly pieces.
         const uint32_t q0 = !sends && !p.barrier && Q > kEarly ? Q - kEarly : 0;
         L("        li s6, {}", q0);
         L("{}:", loop);
-        L("        add s11, s6, {}", uint64_t(st) * Q);
+        L("        add s11, s6, {}", stq);
         L("        add s19, s11, s18");
         L("        remu s12, s11, {}", O);
         L("        mul s12, s12, {}", P);
@@ -327,13 +360,19 @@ isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
             L("        wait f5, s7");
             const std::string none = fresh("nopre"), same = fresh("same");
             L("        add s15, s6, 1");
-            L("        li s16, {}", st);
+            if (looped)
+                L("        add s16, s25, 0");
+            else
+                L("        li s16, {}", st);
             L("        bltu s15, {}, {}", Q, same);
             if (st + 1 > N - 1) {
                 L("        jmp {}", none);
             } else {
                 L("        li s15, 0");
-                L("        li s16, {}", st + 1);
+                if (looped)
+                    L("        add s16, s25, 1");
+                else
+                    L("        li s16, {}", st + 1);
             }
             L("{}:", same);
             // The slot's previous user: a step-0 piece sent straight from it must have arrived.
@@ -359,7 +398,7 @@ isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
         if (st >= 1) {
             // The last step only stores what arrives, so it never waits for the whole chunk.
             if (p.barrier && sends)
-                L("        add s24, s18, {}", uint64_t(st) * Q);
+                L("        add s24, s18, {}", stq);
             else
                 L("        add s24, s19, {}", 1 - int64_t(Q));
             L("        wait f1, s24");
@@ -435,9 +474,15 @@ isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
         // (7) Store the finished piece.
         if (stores)
             for (int d = 0; d < 2; ++d)
-                dma(false, d, fmt::format("{}", st), "s6", fmt::format("s13+{}", p.recv_addr[d]));
+                dma(false, d, stv, "s6", fmt::format("s13+{}", p.recv_addr[d]));
         L("        add s6, s6, 1");
         L("        bltu s6, {}, {}", Q, loop);
+        if (looped) {
+            L("        add s25, s25, 1");
+            L("        add s26, s26, {}", Q);
+            L("        bltu s25, {}, {}", last + 1, steps);
+            st = last;
+        }
     }
     if (p.groups > 1) {
         // Between groups: every transfer has arrived and every store is done, so the slots
@@ -464,7 +509,16 @@ isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
     L("        wait f7, {}", Mg * p.groups);
     L("        wait f8, {}", Mg * p.groups);
     L("        halt");
-    return isa::assemble(s, "allreduce_hbm.s");
+    return s;
+}
+}  // namespace
+
+isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
+    // Unrolled while it fits in instruction memory (no step-loop overhead); past that, as a
+    // compiler would, steps of one shape share a loop, so any ring size fits.
+    isa::Program prog = isa::assemble(allreduce_hbm_source(p, false), "allreduce_hbm.s");
+    if (p.imem_instrs == 0 || prog.code.size() <= p.imem_instrs) return prog;
+    return isa::assemble(allreduce_hbm_source(p, true), "allreduce_hbm.s");
 }
 
 Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale,

@@ -63,6 +63,9 @@ struct AllReduceHbmPlan {
     uint32_t own_slots = 0;   ///< slots O per direction for the core's own data loaded from HBM
     uint32_t free_lag = 0;    ///< a receive slot is handed back this many pieces after its use
     bool barrier = true;      ///< StepBarrier (else Pipelined)
+    /// Instructions that fit in instruction memory (0: no limit); a larger unrolled kernel
+    /// loops over its steps instead.
+    uint32_t imem_instrs = 0;
     uint32_t recv_addr[2] = {0, 0};  ///< VMEM receive rings, per direction
     uint32_t own_addr[2] = {0, 0};   ///< VMEM own-data rings, per direction
 };

@@ -199,6 +199,28 @@ TEST(AllReduceHbm, SmallVmemReusesSlotsWithoutRaces) {
     run_hbm(*dev, kEight, spread_data(8, 262144, 11), 1.0f);
 }
 
+TEST(AllReduceHbm, AKernelTooLargeToUnrollLoopsOverItsStepsAndStaysExact) {
+    // 128 cores need ~15k instructions unrolled, more than the 8k of instruction memory; a
+    // 1024-instruction one makes 16 cores loop the same way. Both schedules, race-free.
+    auto dev = Device::open(hw::BoardConfig::load(
+        "", {"sim.race_detector=true", "chips=8", "core.imem_bytes=32768",
+             "core.vmem_bytes=1048576"}));
+    std::vector<uint32_t> sixteen(16);
+    for (uint32_t i = 0; i < 16; ++i) sixteen[i] = i;
+    for (uint32_t n : {262144u, 20000u}) {
+        AllReduceHbmPlan p = plan_allreduce_hbm(16, n, dev->config());
+        EXPECT_EQ(p.imem_instrs, 1024u);
+        const size_t rolled = allreduce_hbm_program(p).code.size();
+        p.imem_instrs = 0;
+        const size_t unrolled = allreduce_hbm_program(p).code.size();
+        EXPECT_LE(rolled, 1024u) << n;
+        EXPECT_GT(unrolled, 1024u) << n;
+        run_hbm(*dev, sixteen, spread_data(16, n, 13), 0.125f);
+    }
+    EXPECT_FALSE(plan_allreduce_hbm(16, 262144, dev->config()).barrier);
+    EXPECT_TRUE(plan_allreduce_hbm(16, 20000, dev->config()).barrier);
+}
+
 TEST(AllReduceHbm, OneCoreOnlyScales) {
     auto dev = Device::open(hw::BoardConfig::load("", {}));
     run_hbm(*dev, {4}, spread_data(1, 5000, 1), 0.25f);
