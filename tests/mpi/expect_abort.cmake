@@ -2,16 +2,8 @@
 # cmake -DEXPECT_CODE=N -DEXPECT_OUTPUT=REGEX -P expect_abort.cmake -- COMMAND ARGS...
 # Runs the command and fails unless it exits with EXPECT_CODE and its output (stdout and stderr
 # together) matches EXPECT_OUTPUT. PASS_REGULAR_EXPRESSION alone would ignore the exit code.
-set(command)
-set(after_separator FALSE)
-math(EXPR last "${CMAKE_ARGC} - 1")
-foreach(i RANGE 1 ${last})
-    if(after_separator)
-        list(APPEND command "${CMAKE_ARGV${i}}")
-    elseif(CMAKE_ARGV${i} STREQUAL "--")
-        set(after_separator TRUE)
-    endif()
-endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/../cmake/script_args.cmake)
+tpu_script_args(command)
 if(NOT command)
     message(FATAL_ERROR "usage: cmake -DEXPECT_CODE=N -DEXPECT_OUTPUT=REGEX -P ${CMAKE_SCRIPT_MODE_FILE} -- COMMAND...")
 endif()

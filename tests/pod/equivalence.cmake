@@ -3,16 +3,8 @@
 # Runs `tpusim ARGS --stats ...` in one process and under mpirun with 2 and 4 ranks, and fails
 # unless the three runs agree byte for byte: stdout without its host-time fields, the stats
 # file, and every other file named by a `@OUT@` argument (replaced by a per-run path).
-set(args)
-set(after_separator FALSE)
-math(EXPR last "${CMAKE_ARGC} - 1")
-foreach(i RANGE 1 ${last})
-    if(after_separator)
-        list(APPEND args "${CMAKE_ARGV${i}}")
-    elseif(CMAKE_ARGV${i} STREQUAL "--")
-        set(after_separator TRUE)
-    endif()
-endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/../cmake/script_args.cmake)
+tpu_script_args(args)
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 foreach(np 1 2 4)
