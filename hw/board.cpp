@@ -6,17 +6,17 @@
 #include "hw/mem/hbm_timing.h"
 
 #include <algorithm>
-#include <tuple>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <span>
+#include <tuple>
 #include <type_traits>
 #include <utility>
-#include <cstring>
 
 #include <fmt/format.h>
 #include <systemc>
@@ -94,9 +94,9 @@ std::vector<std::vector<uint8_t>> gather_all(const Packer& mine) {
 static_assert(sizeof(CoreStats) == 12 * sizeof(uint64_t) + 2 * sizeof(std::vector<uint64_t>));
 
 void pack_core_stats(Packer& p, const CoreStats& s) {
-    for (uint64_t v : {s.instructions, s.stall_queue, s.stall_wait, s.mxu_ops, s.vpu_ops,
-                       s.vpu_busy, s.vpu_flops, s.dma_ops, s.hbm_read_bytes, s.hbm_write_bytes,
-                       s.ici_ops, s.ici_bytes})
+    for (uint64_t v :
+         {s.instructions, s.stall_queue, s.stall_wait, s.mxu_ops, s.vpu_ops, s.vpu_busy,
+          s.vpu_flops, s.dma_ops, s.hbm_read_bytes, s.hbm_write_bytes, s.ici_ops, s.ici_bytes})
         p.put(v);
     for (const auto* vec : {&s.mxu_busy, &s.mxu_macs}) {
         p.put(uint64_t(vec->size()));
@@ -227,8 +227,8 @@ struct Board::Impl : CoreEnv {
     std::vector<std::unique_ptr<sim::StatGroup>> hbm_groups;  ///< per core: coreN.hbm
     std::vector<sim::StatGroup*> core_groups;                 ///< per core: board.coreN
     IciNetwork ici;                                           ///< link timing and statistics
-    std::vector<IciHop> hops;          ///< scratch: the links of the latest transfer
-    uint64_t ici_calls = 0;            ///< transfers so far (retires old link promises)
+    std::vector<IciHop> hops;  ///< scratch: the links of the latest transfer
+    uint64_t ici_calls = 0;    ///< transfers so far (retires old link promises)
     /// ICI window in cycles (the hop latency; 0: posts resolve at once), hw/README.md.
     uint64_t window = 0;
     std::vector<IciPost> posts;       ///< posted in the current window, not resolved yet
@@ -258,10 +258,10 @@ struct Board::Impl : CoreEnv {
         if (ranks > 1) {
             const uint32_t hosts = cfg.hosts();
             if (hosts % uint32_t(ranks) != 0)
-                throw std::invalid_argument(fmt::format(
-                    "{} MPI ranks do not divide the board's {} TPU hosts ({} chips, "
-                    "chips_per_host = {}): run 1 rank or a divisor of {}",
-                    ranks, hosts, cfg.chips, cfg.chips_per_host, hosts));
+                throw std::invalid_argument(
+                    fmt::format("{} MPI ranks do not divide the board's {} TPU hosts ({} chips, "
+                                "chips_per_host = {}): run 1 rank or a divisor of {}",
+                                ranks, hosts, cfg.chips, cfg.chips_per_host, hosts));
             if (window == 0)
                 throw std::invalid_argument(
                     "ici.hop_latency_ns: a board split over MPI ranks needs a hop latency of at "
@@ -523,10 +523,10 @@ struct Board::Impl : CoreEnv {
     void run_to(uint64_t cycle, bool starve = false) {
         if (starve && !sc_core::sc_pending_activity()) return;
         if (cycle > now_cycle())
-            sc_core::sc_start(sc_core::sc_time(static_cast<double>((cycle - now_cycle()) *
-                                                                   period_ps),
-                                               sc_core::SC_PS),
-                              starve ? sc_core::SC_EXIT_ON_STARVATION : sc_core::SC_RUN_TO_TIME);
+            sc_core::sc_start(
+                sc_core::sc_time(static_cast<double>((cycle - now_cycle()) * period_ps),
+                                 sc_core::SC_PS),
+                starve ? sc_core::SC_EXIT_ON_STARVATION : sc_core::SC_RUN_TO_TIME);
     }
     /// The state of each unfinished core of the launch, from every rank, in core order.
     std::string dump_unfinished() {
@@ -562,9 +562,10 @@ struct Board::Impl : CoreEnv {
             }
             if (outstanding > 0 && !sc_core::sc_pending_activity()) {
                 faulted = true;
-                throw DeadlockError(fmt::format("deadlock at cycle {}: every running core waits "
-                                                "on a flag that nothing can raise{}",
-                                                now_cycle(), dump_unfinished()));
+                throw DeadlockError(
+                    fmt::format("deadlock at cycle {}: every running core waits "
+                                "on a flag that nothing can raise{}",
+                                now_cycle(), dump_unfinished()));
             }
         }
     }
@@ -623,9 +624,10 @@ struct Board::Impl : CoreEnv {
             }
             if (g_next == kNever) {
                 faulted = true;
-                throw DeadlockError(fmt::format("deadlock at cycle {}: every running core waits "
-                                                "on a flag that nothing can raise{}",
-                                                now_cycle(), dump_unfinished()));
+                throw DeadlockError(
+                    fmt::format("deadlock at cycle {}: every running core waits "
+                                "on a flag that nothing can raise{}",
+                                now_cycle(), dump_unfinished()));
             }
             end = (g_next / window + 1) * window;
             run_to(end, true);

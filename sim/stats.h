@@ -71,10 +71,10 @@ private:
 
 /// A value computed from counters when stats are written (utilisation, bandwidth, ...).
 struct Formula {
-    std::string name;              ///< key
-    std::string desc;              ///< one line
-    StatUnit unit;                 ///< unit
-    std::function<double()> eval;  ///< evaluated at dump time
+    std::string name;                ///< key
+    std::string desc;                ///< one line
+    StatUnit unit;                   ///< unit
+    std::function<double()> eval;    ///< evaluated at dump time
     std::optional<double> mirrored;  ///< another rank's value, shown instead of eval()
     /// The value to write.
     double value() const { return mirrored ? *mirrored : eval ? eval() : 0.0; }

@@ -333,8 +333,8 @@ std::string allreduce_hbm_source(const AllReduceHbmPlan& p, bool roll) {
             L("{}:", steps);
         }
         const std::string loop = fresh("step");
-        L("# step {}{}: {}{}{}{}", st, looped ? fmt::format("-{}", last) : "",
-          loads ? "load " : "", adds ? "add " : "", sends ? "send " : "", stores ? "store" : "");
+        L("# step {}{}: {}{}{}{}", st, looped ? fmt::format("-{}", last) : "", loads ? "load " : "",
+          adds ? "add " : "", sends ? "send " : "", stores ? "store" : "");
         // Pipelined: the previous step already stored all but the last kEarly pieces.
         const uint32_t q0 = !sends && !p.barrier && Q > kEarly ? Q - kEarly : 0;
         L("        li s6, {}", q0);

@@ -397,7 +397,8 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::Halt: {
                         // Its end needs the done of every ICI instruction the board has not
                         // resolved yet: wait for the board, in simulated time.
-                        if (!m_ici_wait.empty()) return {now < m_cycle ? Block::Sync : Block::WaitFlag, m_cycle};
+                        if (!m_ici_wait.empty())
+                            return {now < m_cycle ? Block::Sync : Block::WaitFlag, m_cycle};
                         const uint64_t end = std::max(issue, m_units_done);
                         if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, end});
                         if (m_tracer) {
@@ -503,7 +504,8 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         break;
                     }
                     case Opcode::Fence: {
-                        if (!m_ici_wait.empty()) return {now < m_cycle ? Block::Sync : Block::WaitFlag, m_cycle};
+                        if (!m_ici_wait.empty())
+                            return {now < m_cycle ? Block::Sync : Block::WaitFlag, m_cycle};
                         const uint64_t at = std::max(m_cycle, m_units_done);
                         m_stats.stall_wait += at - m_cycle;
                         if (m_cfg.sim.race_detector) m_race.fence(at);
@@ -935,10 +937,9 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         if (!record_access("ici", start, CoreEnv::kIciPending, ins.flag,
                            {{false, laddr, laddr + bytes, false}}))
             return IciStep::Faulted;
-        if (m_env && !record_access("ici", start, CoreEnv::kIciPending,
-                                    static_cast<uint8_t>(post.flag),
-                                    {{hbm, rbase, rbase + bytes, true}},
-                                    &m_env->remote_race_detector(dst)))
+        if (m_env &&
+            !record_access("ici", start, CoreEnv::kIciPending, static_cast<uint8_t>(post.flag),
+                           {{hbm, rbase, rbase + bytes, true}}, &m_env->remote_race_detector(dst)))
             return IciStep::Faulted;
         raced = m_env && m_cfg.sim.race_detector;
         // The data leaves with the values it has now: the source may overwrite its VMEM before
@@ -952,8 +953,7 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     }
     if (!m_env) {
         // No board: the transfer is a local copy, done one cycle per byte after the start.
-        const uint64_t done =
-            m_ici.deliver(dst, post.signal ? start + 1 : start + post.bytes);
+        const uint64_t done = m_ici.deliver(dst, post.signal ? start + 1 : start + post.bytes);
         if (!post.signal && !post.data.empty())
             (post.hbm ? m_hbm : m_vmem).write(post.addr, post.data);
         if (!post.signal && m_cfg.sim.race_detector) m_race.set_done(m_id, race_seq, done);

@@ -47,17 +47,17 @@ struct InstrRecord {
 /// An ICI transfer or flag message a core started (CoreEnv::ici_post). The board applies it:
 /// link reservations, the write into the destination's memory and the flags it raises.
 struct IciPost {
-    uint64_t issue = 0;    ///< cycle the source issued it (simulated time)
-    uint32_t src = 0;      ///< sending core
-    uint32_t dst = 0;      ///< receiving core
-    uint64_t seq = 0;      ///< the source's ICI instructions before it in this launch
-    uint64_t start = 0;    ///< cycle the source's ICI engine starts it
-    bool signal = false;   ///< sigr: a flag message without data
-    bool hbm = false;      ///< data into the destination's HBM (else its VMEM)
-    uint64_t addr = 0;     ///< destination byte address (HBM: including the window base)
-    uint64_t bytes = 0;    ///< payload bytes (0 for a signal)
-    uint32_t flag = 0;     ///< destination flag raised when the data is in (or the message is)
-    uint32_t amount = 1;   ///< added to that flag
+    uint64_t issue = 0;         ///< cycle the source issued it (simulated time)
+    uint32_t src = 0;           ///< sending core
+    uint32_t dst = 0;           ///< receiving core
+    uint64_t seq = 0;           ///< the source's ICI instructions before it in this launch
+    uint64_t start = 0;         ///< cycle the source's ICI engine starts it
+    bool signal = false;        ///< sigr: a flag message without data
+    bool hbm = false;           ///< data into the destination's HBM (else its VMEM)
+    uint64_t addr = 0;          ///< destination byte address (HBM: including the window base)
+    uint64_t bytes = 0;         ///< payload bytes (0 for a signal)
+    uint32_t flag = 0;          ///< destination flag raised when the data is in (or the message is)
+    uint32_t amount = 1;        ///< added to that flag
     std::vector<uint8_t> data;  ///< the payload read at issue (functional runs; else empty)
 };
 
@@ -271,13 +271,13 @@ private:
     IciEngine m_ici;  ///< ICI descriptor rate (in-order delivery is the board's)
     /// An ICI instruction whose done the board has not resolved yet.
     struct IciWait {
-        uint64_t seq;         ///< IciPost::seq
-        uint32_t pc;          ///< its pc (trace)
-        uint32_t dst;         ///< destination core (trace, remote race record)
-        uint64_t start;       ///< cycle the engine started it
-        uint8_t flag;         ///< this core's completion flag
-        size_t record;        ///< index in m_records, or SIZE_MAX
-        uint64_t race_local;  ///< race-detector seq of the local read (UINT64_MAX: none)
+        uint64_t seq;          ///< IciPost::seq
+        uint32_t pc;           ///< its pc (trace)
+        uint32_t dst;          ///< destination core (trace, remote race record)
+        uint64_t start;        ///< cycle the engine started it
+        uint8_t flag;          ///< this core's completion flag
+        size_t record;         ///< index in m_records, or SIZE_MAX
+        uint64_t race_local;   ///< race-detector seq of the local read (UINT64_MAX: none)
         uint64_t race_remote;  ///< of the destination's record (UINT64_MAX: none)
     };
     std::deque<IciWait> m_ici_wait;  ///< in issue order (the board resolves them in order)

@@ -108,7 +108,8 @@ TEST(CliOp, BadInputIsAnErrorNamingTheFlag) {
     };
     const std::vector<Case> cases = {
         {"op conv3d",
-         "op: unknown KIND 'conv3d' (kinds: conv2d, layernorm, softmax, attention, allreduce, gemm)"},
+         "op: unknown KIND 'conv3d' (kinds: conv2d, layernorm, softmax, attention, allreduce, "
+         "gemm)"},
         {"op", "op: name a KIND (conv2d, layernorm, softmax, attention, allreduce, gemm)"},
         {"op softmax --rows 0", "--rows: expected a whole number >= 1, got '0'"},
         {"op layernorm --cols -3", "--cols"},

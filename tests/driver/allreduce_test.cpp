@@ -203,8 +203,8 @@ TEST(AllReduceHbm, AKernelTooLargeToUnrollLoopsOverItsStepsAndStaysExact) {
     // 128 cores need ~15k instructions unrolled, more than the 8k of instruction memory; a
     // 1024-instruction one makes 16 cores loop the same way. Both schedules, race-free.
     auto dev = Device::open(hw::BoardConfig::load(
-        "", {"sim.race_detector=true", "chips=8", "core.imem_bytes=32768",
-             "core.vmem_bytes=1048576"}));
+        "",
+        {"sim.race_detector=true", "chips=8", "core.imem_bytes=32768", "core.vmem_bytes=1048576"}));
     std::vector<uint32_t> sixteen(16);
     for (uint32_t i = 0; i < 16; ++i) sixteen[i] = i;
     for (uint32_t n : {262144u, 20000u}) {

@@ -188,7 +188,8 @@ OpRunner allreduce_options(CLI::App& cmd) {
             std::vector<double> exact(n, 0.0);
             for (const auto& xi : x)
                 for (uint32_t j = 0; j < n; ++j) exact[j] += xi[j];
-            for (size_t i = 0; i < cores.size(); ++i) want.insert(want.end(), one.begin(), one.end());
+            for (size_t i = 0; i < cores.size(); ++i)
+                want.insert(want.end(), one.begin(), one.end());
             std::vector<double> exact_all;
             for (size_t i = 0; i < cores.size(); ++i)
                 exact_all.insert(exact_all.end(), exact.begin(), exact.end());
@@ -290,7 +291,7 @@ void add_kind(CLI::App& op, const OpKind& kind) {
                     "check: bit-exact vs reference: {}; max error vs fp64: {:.3e} ({:.3e} of "
                     "the largest value)\n",
                     r.bitexact ? "yes" : "NO", r.max_abs_error, r.max_rel_error);
-        if (!r.digest.empty()) fmt::print("result FNV-1a: {}\n", r.digest);
+            if (!r.digest.empty()) fmt::print("result FNV-1a: {}\n", r.digest);
         }
         write_stats_file(o->common, dev->board(), dev->kernel_stats());
         dev->set_tracer(nullptr);
@@ -307,7 +308,8 @@ void register_op_command(CLI::App& app) {
     auto* op = app.add_subcommand("op", "run one library op from HBM to HBM on random inputs");
     auto kind = std::make_shared<std::string>();
     // An unmatched word lands here, so a typo gets a message that lists the kinds.
-    op->add_option("kind", *kind, "the op: conv2d, layernorm, softmax, attention, allreduce or gemm");
+    op->add_option("kind", *kind,
+                   "the op: conv2d, layernorm, softmax, attention, allreduce or gemm");
     op->require_subcommand(0, 1);
     for (const OpKind& k : kinds()) add_kind(*op, k);
     add_gemm_command(*op, "gemm", "the library GEMM (an alias of tpusim gemm)");

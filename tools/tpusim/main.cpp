@@ -69,8 +69,8 @@ int run(int argc, char* argv[]) {
             known |= sub->get_name() == argv[1];
         }
         if (!known)
-            return finish(2, fmt::format("error: unknown command '{}' (commands: {})",
-                                         argv[1], names));
+            return finish(
+                2, fmt::format("error: unknown command '{}' (commands: {})", argv[1], names));
     }
     try {
         app.parse(argc, argv);
@@ -85,8 +85,7 @@ int run(int argc, char* argv[]) {
         // Ctrl-C stops the simulation with an error carrying the state dump; 130 is the exit
         // code of a process ended by SIGINT, what scripts and shells expect.
         if (tpu::sim::interrupt_requested()) return finish(130, e.what());
-        if (dynamic_cast<const tpu::cli::RunError*>(&e))
-            return finish(1, e.what());
+        if (dynamic_cast<const tpu::cli::RunError*>(&e)) return finish(1, e.what());
         return finish(1, fmt::format("error: {}", e.what()));
     }
     // Interrupted after the last launch (e.g. while writing results): say so all the same.
