@@ -575,6 +575,9 @@ struct Board::Impl : CoreEnv {
     /// of any rank. Returns with every rank's cores halted, or with a fault on some rank.
     void run_ranks() {
         uint64_t end = now_cycle();  // of the window that just ran
+        uint64_t windows = 0, posted = 0;
+        const auto host_start = std::chrono::steady_clock::now();
+        std::chrono::steady_clock::duration in_gather{};
         for (;;) {
             Packer mine;
             const uint64_t next =
@@ -590,7 +593,10 @@ struct Board::Impl : CoreEnv {
             mine.put(uint8_t(fault));
             mine.put_string(stop ? stop_reason : std::string());
             pack_posts(mine);
+            const auto gather_start = std::chrono::steady_clock::now();
             const auto msgs = gather_all(mine);
+            in_gather += std::chrono::steady_clock::now() - gather_start;
+            ++windows;
             uint64_t g_next = kNever, g_out = 0;
             bool g_fault = false;
             std::string g_stop;
@@ -613,9 +619,18 @@ struct Board::Impl : CoreEnv {
                 faulted = true;
                 throw StoppedError(fmt::format("{}{}", g_stop, dump_unfinished()));
             }
+            posted += all.size();
             // A rank stops where its last event was (so the launch ends where it would in one
             // process); while the launch goes on, all of them are at the window's end.
-            if (g_out == 0 && all.empty()) return;
+            if (g_out == 0 && all.empty()) {
+                // What synchronising cost this launch: how many windows, and the host time
+                // spent in the exchange (waiting for the slowest rank included).
+                const auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
+                TPU_LOG(Debug, "board", "rank {}: {} windows, {} ICI posts, {:.6f} of {:.6f} host s "
+                        "in the exchange", rank, windows, posted, secs(in_gather),
+                        secs(std::chrono::steady_clock::now() - host_start));
+                return;
+            }
             run_to(end);
             // Resolving wakes the posts' cores at once: the next window starts now.
             if (!all.empty()) {
