@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -20,17 +21,24 @@ uint32_t burst_bytes_of(const HbmConfig& c) {
     return c.bus_bits / c.pseudo_channels * c.burst_length / 8;
 }
 
+/// The largest argument, as a chain of two-operand maxima: GCC turns an initializer-list
+/// std::max into a loop over a stack array, which costs more than the rest of a burst's steps.
+template <class T, class... More>
+T max_of(T a, More... more) {
+    ((a = std::max(a, T(more))), ...);
+    return a;
+}
+
 }  // namespace
 
 /// ceil(x * m / d) without overflow: a multiplication by d's reciprocal when x m + d - 1 is
 /// below 2^48 (always, in practice: a division costs more than the rest of a piece's
 /// bookkeeping), a 128-bit division otherwise.
 uint64_t Hbm2Timing::mul_div_up(uint64_t x, uint64_t m, const Divider& d) {
-    if (x < (uint64_t(1) << Divider::kBits) / m) {
-        const uint64_t y = x * m + d.divisor() - 1;
-        if (y < (uint64_t(1) << Divider::kBits)) return d.quotient(y);
-    }
-    return static_cast<uint64_t>(((unsigned __int128)x * m + d.divisor() - 1) / d.divisor());
+    // The bound checked on the 128-bit product: testing x against 2^48 / m would divide.
+    const unsigned __int128 y = (unsigned __int128)x * m + d.divisor() - 1;
+    if (y < (unsigned __int128)1 << Divider::kBits) return d.quotient(uint64_t(y));
+    return static_cast<uint64_t>(y / d.divisor());
 }
 
 Hbm2Timing::Divider::Divider(uint64_t d) : m_d(d) {
@@ -151,57 +159,6 @@ void Hbm2PseudoChannel::skip_idle_refreshes(Tick admit) {
     m_row_cursor = ref + 1;
     m_due = ref + m_t.refi;
     m_counters.refreshes += uint64_t(n);
-}
-
-Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, Tick admit) {
-    Bank& b = bank(req);
-    for (;;) {
-        const Tick d = std::max(m_row_cursor, admit);
-        // The one action the row logic takes next for this burst, and its earliest cycle.
-        enum { Hit, Pre, Act } action;
-        Tick at;
-        if (b.open_row == int64_t(req.row)) {
-            action = Hit;
-            at = d;
-        } else if (b.open_row >= 0) {
-            action = Pre;
-            at = std::max(d, b.pre_ready);
-        } else {
-            action = Act;
-            at = std::max(
-                {d, b.act_ready, m_last_act + Tick(m_t.rrd), m_acts[m_act_idx] + Tick(m_t.faw)});
-        }
-        if (m_t.refi != 0 && at >= m_due) {
-            refresh();
-            skip_idle_refreshes(admit);
-            continue;
-        }
-        switch (action) {
-            case Hit:
-                m_row_cursor = at;
-                ++m_counters.row_hits;
-                return at;
-            case Pre:
-                b.open_row = -1;
-                b.closed_at = at;
-                b.act_ready = std::max(b.act_ready, at + Tick(m_t.rp));
-                m_row_cursor = at + 1;
-                ++m_counters.precharges;
-                ++b.conflicts;
-                continue;
-            case Act:
-                b.open_row = int64_t(req.row);
-                b.act = at;
-                b.act_ready = at + m_t.rc;
-                b.pre_ready = at + m_t.ras;
-                m_last_act = at;
-                m_acts[m_act_idx] = at;
-                m_act_idx = (m_act_idx + 1) % 4;
-                m_row_cursor = at + 1;
-                ++m_counters.activates;
-                return at;
-        }
-    }
 }
 
 size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& done) {
@@ -486,35 +443,122 @@ uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAcc
     return serve(arrive, bursts, write);
 }
 
+[[gnu::always_inline]] inline Hbm2PseudoChannel::Regs Hbm2PseudoChannel::load(bool write) const {
+    Regs r;
+    r.admit = m_admit;
+    r.cursor = m_row_cursor;
+    r.col = m_last_col;
+    r.last_act = m_last_act;
+    r.due = m_t.refi != 0 ? m_due : std::numeric_limits<Tick>::max();
+    r.qidx = m_queue_idx;
+    r.act_idx = m_act_idx;
+    r.step = std::max(Tick(m_t.ccd_s), m_bl2);
+    r.pre_after = write ? m_t.wl + m_bl2 + m_t.wr : Tick(m_t.rtp);
+    // The first column command waits for the other direction's last one, CCD_S and the data bus;
+    // the later ones go the same way, so the previous column + max(CCD_S, BL/2) bounds them
+    // (the turnaround bounded the first).
+    const Tick turn = write ? m_last_rd + Tick(m_t.rtw) : m_last_wr + m_t.wl + m_bl2 + m_t.wtr;
+    r.next = max_of(m_last_col + Tick(m_t.ccd_s), m_data_end - (write ? m_t.wl : m_t.cl), turn);
+    return r;
+}
+
+[[gnu::always_inline]] inline Hbm2PseudoChannel::Tick Hbm2PseudoChannel::store(const Regs& r,
+                                                                               bool write) {
+    m_admit = r.admit;
+    m_row_cursor = r.cursor;
+    m_last_act = r.last_act;
+    m_act_idx = r.act_idx;
+    m_queue_idx = r.qidx;
+    m_last_col = r.col;
+    (write ? m_last_wr : m_last_rd) = r.col;
+    m_data_end = r.col + (write ? m_t.wl : m_t.cl) + m_bl2;
+    m_counters.bursts += r.bursts;
+    m_counters.row_hits += r.hits;
+    m_counters.activates += r.bursts - r.hits;
+    m_counters.precharges += r.pres;
+    return m_data_end;
+}
+
+[[gnu::always_inline]] inline bool Hbm2PseudoChannel::step(Regs& r, const HbmColumnAccess& req,
+                                                           Tick arrive) {
+    Bank& b = bank(req);
+    // (1) Admission: in order, once the burst queue_bursts ahead has left the queue.
+    const Tick a = max_of(arrive, r.admit, m_queue[r.qidx] + 1);
+    r.admit = a;  // also when the burst waits for a refresh: skip_idle_refreshes() reads it
+    // (2) Row logic: hit, or [PRE] ACT, one command per cycle from the cursor on; at the due
+    // cycle the refresh comes first. A bank's times stay in registers: a value stored and
+    // loaded again at once would wait for the store.
+    Tick d = std::max(r.cursor, a);
+    Tick ready, pre_ready;  // the row's bound on the column command; the bank's PRE bound
+    if (b.open_row == int64_t(req.row)) {
+        if (d >= r.due) return false;
+        r.cursor = d;
+        ready = std::max(d, b.act + Tick(m_t.rcd));
+        pre_ready = b.pre_ready;
+        ++r.hits;
+    } else {
+        Tick act_ready = b.act_ready;
+        const bool pre = b.open_row >= 0;
+        if (pre) {
+            const Tick at = std::max(d, b.pre_ready);
+            if (at >= r.due) return false;
+            act_ready = std::max(act_ready, at + Tick(m_t.rp));
+            b.closed_at = at;
+            ++b.conflicts;
+            ++r.pres;
+            d = at + 1;  // the cursor after the PRE (at >= a)
+        }
+        const Tick act =
+            max_of(d, act_ready, r.last_act + Tick(m_t.rrd), m_acts[r.act_idx] + Tick(m_t.faw));
+        if (act >= r.due) {
+            if (pre) {  // closed by the PRE
+                b.open_row = -1;
+                b.act_ready = act_ready;
+                r.cursor = d;
+            }
+            return false;
+        }
+        b.open_row = int64_t(req.row);
+        b.act = act;
+        b.act_ready = act + m_t.rc;
+        pre_ready = act + m_t.ras;
+        r.last_act = act;
+        m_acts[r.act_idx] = act;
+        r.act_idx = (r.act_idx + 1) % 4;
+        r.cursor = act + 1;
+        ready = act + m_t.rcd;
+    }
+    // (3) Column command: in order, after RCD, CCD_S/CCD_L, the turnaround and the bus.
+    r.col = max_of(ready, r.next, m_last_col_bg[req.bank_group] + Tick(m_t.ccd_l));
+    r.next = r.col + r.step;
+    m_last_col_bg[req.bank_group] = r.col;
+    b.pre_ready = std::max(pre_ready, r.col + r.pre_after);
+    m_queue[r.qidx] = r.col;
+    r.qidx = r.qidx + 1 == m_queue.size() ? 0 : r.qidx + 1;
+    ++r.bursts;
+    return true;
+}
+
+Hbm2PseudoChannel::Tick Hbm2PseudoChannel::refresh_first(Tick cursor, Tick last_col, Tick admit) {
+    // refresh() and skip_idle_refreshes() work on the stored state; `admit` is the waiting
+    // burst's admission, which step() finds again.
+    m_row_cursor = cursor;
+    m_last_col = last_col;
+    refresh();
+    skip_idle_refreshes(admit);
+    return m_row_cursor;
+}
+
 uint64_t Hbm2PseudoChannel::serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts,
                                   bool write) {
-    Tick done = Tick(arrive);
+    if (bursts.empty()) return arrive;
+    Regs r = load(write);
     for (size_t i = 0; i < bursts.size(); ++i) {
         const HbmColumnAccess& req = bursts[i];
-        // (1) Admission: in order, once the burst queue_bursts ahead has left the queue.
-        Tick& slot = m_queue[m_queue_idx];
-        m_queue_idx = m_queue_idx + 1 == m_queue.size() ? 0 : m_queue_idx + 1;
-        m_admit = std::max({Tick(arrive), m_admit, slot + 1});
-        // (2) Row logic: hit, or [PRE] ACT, with refreshes where they fall due.
-        const Tick prepared = prepare(req, m_admit);
-        Bank& b = bank(req);
-        // (3) Column command: in order, after RCD, CCD_S/CCD_L, the turnaround and the bus.
-        Tick col = std::max({prepared, b.act + Tick(m_t.rcd), m_last_col + Tick(m_t.ccd_s),
-                             m_last_col_bg[req.bank_group] + Tick(m_t.ccd_l)});
-        const Tick lat = write ? m_t.wl : m_t.cl;
-        if (write)
-            col = std::max(col, m_last_rd + Tick(m_t.rtw));
-        else
-            col = std::max(col, m_last_wr + m_t.wl + m_bl2 + m_t.wtr);
-        col = std::max(col, m_data_end - lat);
-        m_data_end = col + lat + m_bl2;
-        m_last_col = col;
-        m_last_col_bg[req.bank_group] = col;
-        (write ? m_last_wr : m_last_rd) = col;
-        const Tick pre_after = write ? col + m_t.wl + m_bl2 + m_t.wr : col + m_t.rtp;
-        b.pre_ready = std::max(b.pre_ready, pre_after);
-        slot = col;
-        ++m_counters.bursts;
+        while (!step(r, req, Tick(arrive))) {
+            r.cursor = refresh_first(r.cursor, r.col, r.admit);
+            r.due = m_due;
+        }
         // (4) Closed page: the request's last access to this row auto-precharges the bank at
         // the first cycle it may.
         if (m_closed_page) {
@@ -523,14 +567,14 @@ uint64_t Hbm2PseudoChannel::serve(uint64_t arrive, std::span<const HbmColumnAcce
                 again = bursts[j].bank_group == req.bank_group && bursts[j].bank == req.bank &&
                         bursts[j].row == req.row;
             if (!again) {
+                Bank& b = bank(req);
                 b.open_row = -1;
                 b.closed_at = b.pre_ready;
                 b.act_ready = std::max(b.act_ready, b.pre_ready + Tick(m_t.rp));
             }
         }
-        done = m_data_end;
     }
-    return uint64_t(done);
+    return uint64_t(store(r, write));
 }
 
 // ---- the stack ---------------------------------------------------------------------------------

@@ -150,6 +150,30 @@ private:
 
     /// Performs the refresh that is due (PREA if a bank is open, then REF).
     void refresh();
+    /// The controller's state while a request's bursts last, held in registers (so a burst
+    /// does not wait for the previous one's stores).
+    struct Regs {
+        Tick admit, cursor, col, last_act, due;  ///< m_admit .. m_last_act; m_due (or never)
+        /// The next column command's bound by CCD_S, the turnaround and the data bus: for the
+        /// request's first burst max(last column + CCD_S, end of data - latency, turnaround),
+        /// then the previous column + step (same direction; the turnaround bounded the first).
+        Tick next;
+        Tick step, pre_after;  ///< max(CCD_S, BL/2); a column command to its bank's PRE
+        size_t qidx;           ///< m_queue_idx
+        uint32_t act_idx;      ///< m_act_idx
+        uint64_t bursts = 0, hits = 0, pres = 0;  ///< counted so far
+    };
+    /// The state for a request of `write` bursts.
+    Regs load(bool write) const;
+    /// Stores `r` after a request of `write` bursts; returns its end of data.
+    Tick store(const Regs& r, bool write);
+    /// One burst of a request (no auto-precharge): admission, row logic, column command.
+    /// Returns false, having issued only the row commands before the due cycle, when a refresh
+    /// falls due first: then refresh_first() and the same burst again.
+    bool step(Regs& r, const HbmColumnAccess& req, Tick arrive);
+    /// The refresh that fell due in step(), from its row cursor, last column command and
+    /// admission so far; returns the row cursor after it.
+    Tick refresh_first(Tick cursor, Tick last_col, Tick admit);
     /// After refresh(): performs at once the refreshes that fall due while the banks stay idle
     /// until a burst admitted at `admit` (long gaps between requests cost O(banks), not
     /// O(gap / REFI x banks)).
@@ -163,8 +187,6 @@ private:
     uint64_t serve_run(const Run& run, bool write);
     /// The per-burst path.
     uint64_t serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
-    /// Row logic for one burst; returns the cycle the burst's column command may go.
-    Tick prepare(const HbmColumnAccess& b, Tick admit);
     Bank& bank(const HbmColumnAccess& b) { return m_banks[b.bank_group * m_bpg + b.bank]; }
 
     /// Runs longer than this, or more bank groups, take the per-burst path (try_runs keeps a
