@@ -29,6 +29,24 @@ T max_of(T a, More... more) {
     return a;
 }
 
+/// dst[i] = first + i x step for i < n, eight at a time where it can: GCC vectorises a loop of
+/// a known count at -O2, not one of any count.
+void fill_steps(int64_t* dst, size_t n, int64_t first, int64_t step) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t u = 0; u < 8; ++u) dst[i + u] = first + int64_t(i + u) * step;
+    for (; i < n; ++i) dst[i] = first + int64_t(i) * step;
+}
+
+/// The column commands of n <= q evenly spaced bursts into a queue ring of q slots from slot
+/// `from` on: ring[(from + i) mod q] = first + i x step, in two straight pieces (no wrap test
+/// per burst).
+void fill_ring(int64_t* ring, size_t q, size_t from, size_t n, int64_t first, int64_t step) {
+    const size_t n1 = std::min(n, q - from);
+    fill_steps(ring + from, n1, first, step);
+    fill_steps(ring, n - n1, first + int64_t(n1) * step, step);
+}
+
 }  // namespace
 
 /// ceil(x * m / d) without overflow: a multiplication by d's reciprocal when x m + d - 1 is
@@ -251,12 +269,9 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
             const Tick new_cursor = std::max(cursor, new_admit);
             if (m > 0 && (m_t.refi == 0 || new_cursor < m_due)) {
                 const Tick first_col = col + step;
-                // The newest min(total, Q) bursts, from slot `from` on, in two straight pieces.
+                // The newest min(total, Q) bursts.
                 const size_t o0 = total > q ? total - q : 0;
-                const size_t from = (qidx + o0) % q, n1 = std::min(total - o0, q - from);
-                for (size_t i = 0; i < n1; ++i) ring[from + i] = first_col + Tick(o0 + i) * step;
-                for (size_t i = n1; i < total - o0; ++i)
-                    ring[i - n1] = first_col + Tick(o0 + i) * step;
+                fill_ring(ring, q, (qidx + o0) % q, total - o0, first_col + Tick(o0) * step, step);
                 for (size_t o = total - m_groups; o < total; ++o)
                     group_col[(next_group + o) & gmask] = first_col + Tick(o) * step;
                 qidx = (qidx + total) % q;
@@ -307,11 +322,7 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
             // closed form.
             col = std::max(col + step, base);
             const Tick first_col = col;
-            // The ring in at most two straight pieces (count <= q), without a wrap test per
-            // burst, so the stores vectorise.
-            const size_t n1 = std::min<size_t>(count, q - qidx);
-            for (size_t i = 0; i < n1; ++i) ring[qidx + i] = first_col + Tick(i) * step;
-            for (size_t i = n1; i < count; ++i) ring[i - n1] = first_col + Tick(i) * step;
+            fill_ring(ring, q, qidx, count, first_col, step);
             qidx = qidx + count >= q ? qidx + count - q : qidx + count;
             col = first_col + Tick(count - 1) * step;
             for (uint32_t i = count > m_groups ? count - m_groups : 0; i < count; ++i)
@@ -401,6 +412,151 @@ uint64_t Hbm2PseudoChannel::access_runs(std::span<Run> runs, bool write) {
         run.count -= head;
     }
     return done;
+}
+
+template <class Arrival>
+uint64_t Hbm2PseudoChannel::access_granules(uint64_t first_burst, uint32_t count,
+                                            std::span<const uint64_t> latest,
+                                            const Arrival& arrival, const HbmAddressMap& map,
+                                            bool write) {
+    // The stretches' closed form holds under these conditions (see the header); otherwise the
+    // runs go as a list.
+    if (!m_batch_runs || m_closed_page || count < m_groups || count > m_queue.size() ||
+        Tick(m_t.ccd_l) > Tick(m_groups) * std::max(Tick(m_t.ccd_s), m_bl2)) {
+        m_runs.clear();
+        for (size_t i = 0; i < latest.size(); ++i)
+            m_runs.push_back({arrival(i), map.bank_of_burst(first_burst + i * count), count});
+        return access_runs(m_runs, write);
+    }
+    const uint64_t row_bursts = map.bursts_per_bank_row();
+    Tick done = 0;
+    for (size_t i = 0; i < latest.size();) {
+        // (1) The runs [i, end) of one bank row.
+        const uint64_t b = first_burst + i * count;
+        const HbmColumnAccess at = map.bank_of_burst(b);
+        const size_t end =
+            std::min<size_t>(latest.size(), i + (row_bursts - (b & (row_bursts - 1))) / count);
+        // (2) A head from burst `off` of run j, then a stretch to the end of the row or to the
+        // next refresh, which the next head performs.
+        size_t j = i;
+        uint32_t off = 0;
+        while (j < end) {
+            // An arrival no later than the admission so far changes nothing: its bound will do.
+            const Tick lj = Tick(latest[j]);
+            const bool refreshed =
+                serve_row(lj <= m_admit ? lj : Tick(arrival(j)), at.bank, at.row, write, done);
+            off += m_groups;
+            if (off == count) {
+                ++j;
+                off = 0;
+            }
+            // A refresh among the head closed the rows it had opened before it: another head.
+            if (!refreshed)
+                done = std::max(done,
+                                serve_stretch(j, off, end, at.bank, count, latest, arrival, write));
+        }
+        i = end;
+    }
+    return uint64_t(done);
+}
+
+template <class Arrival>
+Hbm2PseudoChannel::Tick Hbm2PseudoChannel::serve_stretch(size_t& j, uint32_t& off, size_t end,
+                                                         uint32_t bank, uint32_t count,
+                                                         std::span<const uint64_t> latest,
+                                                         const Arrival& arrival, bool write) {
+    const Tick due = m_t.refi != 0 ? m_due : std::numeric_limits<Tick>::max();
+    if (m_row_cursor >= due) return 0;  // the next burst waits for the refresh
+    const size_t q = m_queue.size();
+    const Tick step = std::max(Tick(m_t.ccd_s), m_bl2), adv = Tick(count) * step;
+    Tick* const ring = m_queue.data();
+    // The columns so far are a piece of the stretch, bursts [piece_n, n) at piece_col + (t -
+    // piece_n) step, and before it the queue ring, which gets a piece's entries (the newest Q)
+    // only where a run starts later or the stretch ends.
+    Tick col = m_last_col;
+    uint64_t n = 0, piece_n = 0;
+    Tick piece_col = col + step;
+    size_t pos = m_queue_idx;              // the ring slot of burst n
+    auto slot_back = [&](uint64_t back) {  // of burst n - back, 1 <= back <= Q
+        return pos >= back ? pos - size_t(back) : pos + q - size_t(back);
+    };
+    auto col_back = [&](uint64_t back) {
+        return n >= piece_n + back ? piece_col + Tick(n - back - piece_n) * step
+                                   : ring[slot_back(back)];
+    };
+    auto flush = [&] {
+        const uint64_t lo = std::max(piece_n, n > q ? n - q : 0);
+        if (lo < n)
+            fill_ring(ring, q, slot_back(n - lo), n - lo, piece_col + Tick(lo - piece_n) * step,
+                      step);
+    };
+    uint64_t runs = 0, paced = 0;
+    size_t last = 0;  // the last run served
+    while (j < end) {
+        if (off == 0) {
+            // Whole runs whose bound is early enough, before the due cycle.
+            size_t k = j;
+            for (Tick f = col + step; k < end && f < due && Tick(latest[k]) <= f; f += adv) ++k;
+            if (k > j) {
+                const size_t m = k - j;
+                col += Tick(m) * adv;
+                n += m * count;
+                for (pos += m * count; pos >= q;) pos -= q;  // a few times at most
+                runs += m;
+                paced += m;
+                last = k - 1;
+                j = k;
+                continue;
+            }
+        }
+        // A run by its arrival. The column bounds the cursor loosely: the exact bound is
+        // max(arrival, the slot of the run's last burst + 1), burst n + len - 1 - Q's column.
+        const uint32_t len = count - off;
+        const Tick a = Tick(arrival(j));
+        const Tick first = std::max(col + step, a);
+        if (first >= due && std::max(a, col_back(q - len + 1) + 1) >= due) break;
+        if (first == col + step) {
+            ++paced;
+        } else {
+            flush();
+            piece_n = n;
+            piece_col = first;
+        }
+        col = first + Tick(len - 1) * step;
+        n += len;
+        pos = pos + len >= q ? pos + len - q : pos + len;
+        ++runs;
+        last = j++;
+        off = 0;
+    }
+    if (n == 0) return 0;
+    // The state after the stretch: the last burst's slot held burst n - 1 - Q's column.
+    const Tick slot =
+        n - 1 >= piece_n + q ? piece_col + Tick(n - 1 - q - piece_n) * step : ring[slot_back(1)];
+    const Tick admit = std::max(m_admit, slot + 1);
+    m_admit = std::max(admit, Tick(latest[last]) <= admit ? admit : Tick(arrival(last)));
+    m_row_cursor = std::max(m_row_cursor, m_admit);
+    // Each group's last column, from the piece where it can (a load right after the ring's
+    // vector stores would wait for them).
+    const Tick pre_after = write ? m_t.wl + m_bl2 + m_t.wr : Tick(m_t.rtp);
+    for (uint64_t t = n - std::min<uint64_t>(n, m_groups); t < n; ++t) {
+        const Tick c = col_back(n - t);
+        const uint32_t g = uint32_t(t) & (m_groups - 1);  // the stretch starts at group 0
+        m_last_col_bg[g] = c;
+        Bank& b = m_banks[g * m_bpg + bank];
+        b.pre_ready = std::max(b.pre_ready, c + pre_after);
+    }
+    flush();
+    m_queue_idx = pos;
+    m_last_col = col;
+    (write ? m_last_wr : m_last_rd) = col;
+    m_data_end = col + (write ? m_t.wl : m_t.cl) + m_bl2;
+    m_counters.bursts += n;
+    m_counters.row_hits += n;
+    m_counters.runs += runs;
+    m_counters.paced_runs += paced;
+    ++m_counters.stretches;
+    return m_data_end;
 }
 
 uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& first,
@@ -577,6 +733,21 @@ uint64_t Hbm2PseudoChannel::serve(uint64_t arrive, std::span<const HbmColumnAcce
     return uint64_t(store(r, write));
 }
 
+bool Hbm2PseudoChannel::serve_row(Tick arrive, uint32_t bank, uint64_t row, bool write,
+                                  Tick& done) {
+    Regs r = load(write);
+    const uint64_t refreshes = m_counters.refreshes;
+    for (uint32_t g = 0; g < m_groups; ++g) {
+        const HbmColumnAccess req{g, bank, row};
+        while (!step(r, req, arrive)) {
+            r.cursor = refresh_first(r.cursor, r.col, r.admit);
+            r.due = m_due;
+        }
+    }
+    done = std::max(done, store(r, write));
+    return m_counters.refreshes != refreshes;
+}
+
 // ---- the stack ---------------------------------------------------------------------------------
 
 Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
@@ -711,35 +882,39 @@ uint64_t Hbm2Timing::whole_granules(uint64_t start, uint64_t addr, uint64_t byte
     const uint32_t sh_run = sh_granule - std::countr_zero(m_map.burst_bytes());
     const uint64_t g_lo = addr >> sh_granule, granules = bytes >> sh_granule,
                    g_hi = g_lo + granules;
-    // (1) The arrival of every granule, request by request as the general path computes it.
-    m_arrivals.resize(granules);
-    uint64_t before = 0, arrive = start, done_tck = 0;
-    for (uint64_t i = 0; i < granules;) {
-        const uint64_t len = std::min<uint64_t>(chunk, bytes - before);
-        const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
-        done_tck = std::max(done_tck, arrive_tck);
-        for (const uint64_t e = i + (len >> sh_granule); i < e; ++i) m_arrivals[i] = arrive_tck;
-        before += len;
-        if (len <= 4 * uint64_t(port)) {
-            while ((arrive - start + 1) * port <= before) ++arrive;
-        } else {
-            arrive = start + before / port;
-        }
-    }
-    // (2) Each pseudo-channel's granules in order of their local number.
+    // (1) The arrival (tCK) of granule g_lo + d: that of its request, as the general path
+    // computes it.
+    const bool chunk_pow2 = std::has_single_bit(chunk), port_pow2 = std::has_single_bit(port);
+    const uint32_t sh_chunk = std::countr_zero(chunk), sh_port = std::countr_zero(port);
+    const auto arrival_of = [&](uint64_t d) {
+        const uint64_t at = d << sh_granule;
+        const uint64_t before = chunk_pow2 ? at >> sh_chunk << sh_chunk : at / chunk * chunk;
+        return mul_div_up(start + (port_pow2 ? before >> sh_port : before / port), m_core_ps,
+                          m_to_tck);
+    };
+    // (2) Per group of P granules (local granule k of every pseudo-channel), the arrival of its
+    // last one in the range: no earlier than any of the group's, and read in place of them
+    // where it is early enough.
     const uint64_t k_lo = g_lo >> sh_pcs, k_hi = (g_hi - 1) >> sh_pcs;
+    m_latest.resize(k_hi - k_lo + 1);
+    for (uint64_t k = k_lo; k <= k_hi; ++k)
+        m_latest[k - k_lo] = arrival_of(std::min(g_hi - 1, ((k + 1) << sh_pcs) - 1) - g_lo);
+    // (3) Each pseudo-channel's granules in order of their local number.
     const uint32_t count = uint32_t(1) << sh_run;
-    std::vector<Hbm2PseudoChannel::Run>& runs = m_runs[0];
+    uint64_t done_tck = m_latest.back();
     for (uint32_t p = 0; p < m_pcs.size(); ++p) {
-        runs.clear();
-        for (uint64_t k = k_lo; k <= k_hi; ++k) {
-            const uint64_t g = m_map.granule_of(p, k);
-            if (g < g_lo || g >= g_hi) continue;  // only in the first and last group
-            runs.push_back({m_arrivals[g - g_lo], m_map.bank_of_burst(k << sh_run), count});
-        }
-        if (!runs.empty()) done_tck = std::max(done_tck, m_pcs[p].access_runs(runs, write));
+        // Only the first and the last group of P granules may lack this pseudo-channel's.
+        const uint64_t ka = m_map.granule_of(p, k_lo) < g_lo ? k_lo + 1 : k_lo;
+        const uint64_t kb = m_map.granule_of(p, k_hi) >= g_hi ? k_hi : k_hi + 1;
+        if (ka >= kb) continue;
+        const auto arrival = [&](size_t i) {
+            return arrival_of(m_map.granule_of(p, ka + i) - g_lo);
+        };
+        done_tck = std::max(
+            done_tck, m_pcs[p].access_granules(ka << sh_run, count,
+                                               std::span(m_latest).subspan(ka - k_lo, kb - ka),
+                                               arrival, m_map, write));
     }
-    runs.clear();
     return done_tck;
 }
 
@@ -793,6 +968,7 @@ Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {
         sum.refreshes += c.refreshes;
         sum.runs += c.runs;
         sum.paced_runs += c.paced_runs;
+        sum.stretches += c.stretches;
     }
     return sum;
 }
