@@ -428,8 +428,9 @@ uint64_t Hbm2PseudoChannel::access_granules(uint64_t first_burst, uint32_t count
             m_runs.push_back({arrival(i), map.bank_of_burst(first_burst + i * count), count});
         return access_runs(m_runs, write);
     }
+    if (latest.empty()) return 0;  // store() would set the last column of a direction
     const uint64_t row_bursts = map.bursts_per_bank_row();
-    Tick done = 0;
+    Regs r = load(write);
     for (size_t i = 0; i < latest.size();) {
         // (1) The runs [i, end) of one bank row.
         const uint64_t b = first_burst + i * count;
@@ -443,40 +444,43 @@ uint64_t Hbm2PseudoChannel::access_granules(uint64_t first_burst, uint32_t count
         while (j < end) {
             // An arrival no later than the admission so far changes nothing: its bound will do.
             const Tick lj = Tick(latest[j]);
-            const bool refreshed =
-                serve_row(lj <= m_admit ? lj : Tick(arrival(j)), at.bank, at.row, write, done);
+            const Tick arrive = lj <= r.admit ? lj : Tick(arrival(j));
+            bool refreshed = false;
+            for (uint32_t g = 0; g < m_groups; ++g) {
+                while (!step(r, {g, at.bank, at.row}, arrive)) {
+                    r.cursor = refresh_first(r.cursor, r.col, r.admit);
+                    r.due = m_due;
+                    refreshed = true;
+                }
+            }
             off += m_groups;
             if (off == count) {
                 ++j;
                 off = 0;
             }
             // A refresh among the head closed the rows it had opened before it: another head.
-            if (!refreshed)
-                done = std::max(done,
-                                serve_stretch(j, off, end, at.bank, count, latest, arrival, write));
+            if (!refreshed) serve_stretch(r, j, off, end, at.bank, count, latest, arrival);
         }
         i = end;
     }
-    return uint64_t(done);
+    return uint64_t(store(r, write));
 }
 
 template <class Arrival>
-Hbm2PseudoChannel::Tick Hbm2PseudoChannel::serve_stretch(size_t& j, uint32_t& off, size_t end,
-                                                         uint32_t bank, uint32_t count,
-                                                         std::span<const uint64_t> latest,
-                                                         const Arrival& arrival, bool write) {
-    const Tick due = m_t.refi != 0 ? m_due : std::numeric_limits<Tick>::max();
-    if (m_row_cursor >= due) return 0;  // the next burst waits for the refresh
+void Hbm2PseudoChannel::serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t end, uint32_t bank,
+                                      uint32_t count, std::span<const uint64_t> latest,
+                                      const Arrival& arrival) {
+    if (r.cursor >= r.due) return;  // the next burst waits for the refresh
     const size_t q = m_queue.size();
-    const Tick step = std::max(Tick(m_t.ccd_s), m_bl2), adv = Tick(count) * step;
+    const Tick step = r.step, adv = Tick(count) * step, due = r.due;
     Tick* const ring = m_queue.data();
     // The columns so far are a piece of the stretch, bursts [piece_n, n) at piece_col + (t -
     // piece_n) step, and before it the queue ring, which gets a piece's entries (the newest Q)
     // only where a run starts later or the stretch ends.
-    Tick col = m_last_col;
+    Tick col = r.col;
     uint64_t n = 0, piece_n = 0;
     Tick piece_col = col + step;
-    size_t pos = m_queue_idx;              // the ring slot of burst n
+    size_t pos = r.qidx;                   // the ring slot of burst n
     auto slot_back = [&](uint64_t back) {  // of burst n - back, 1 <= back <= Q
         return pos >= back ? pos - size_t(back) : pos + q - size_t(back);
     };
@@ -529,34 +533,31 @@ Hbm2PseudoChannel::Tick Hbm2PseudoChannel::serve_stretch(size_t& j, uint32_t& of
         last = j++;
         off = 0;
     }
-    if (n == 0) return 0;
+    if (n == 0) return;
     // The state after the stretch: the last burst's slot held burst n - 1 - Q's column.
     const Tick slot =
         n - 1 >= piece_n + q ? piece_col + Tick(n - 1 - q - piece_n) * step : ring[slot_back(1)];
-    const Tick admit = std::max(m_admit, slot + 1);
-    m_admit = std::max(admit, Tick(latest[last]) <= admit ? admit : Tick(arrival(last)));
-    m_row_cursor = std::max(m_row_cursor, m_admit);
+    const Tick admit = std::max(r.admit, slot + 1);
+    r.admit = std::max(admit, Tick(latest[last]) <= admit ? admit : Tick(arrival(last)));
+    r.cursor = std::max(r.cursor, r.admit);
     // Each group's last column, from the piece where it can (a load right after the ring's
     // vector stores would wait for them).
-    const Tick pre_after = write ? m_t.wl + m_bl2 + m_t.wr : Tick(m_t.rtp);
     for (uint64_t t = n - std::min<uint64_t>(n, m_groups); t < n; ++t) {
         const Tick c = col_back(n - t);
         const uint32_t g = uint32_t(t) & (m_groups - 1);  // the stretch starts at group 0
         m_last_col_bg[g] = c;
         Bank& b = m_banks[g * m_bpg + bank];
-        b.pre_ready = std::max(b.pre_ready, c + pre_after);
+        b.pre_ready = std::max(b.pre_ready, c + r.pre_after);
     }
     flush();
-    m_queue_idx = pos;
-    m_last_col = col;
-    (write ? m_last_wr : m_last_rd) = col;
-    m_data_end = col + (write ? m_t.wl : m_t.cl) + m_bl2;
-    m_counters.bursts += n;
-    m_counters.row_hits += n;
+    r.qidx = pos;
+    r.col = col;
+    r.next = col + step;
+    r.bursts += n;
+    r.hits += n;
     m_counters.runs += runs;
     m_counters.paced_runs += paced;
     ++m_counters.stretches;
-    return m_data_end;
 }
 
 uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& first,
@@ -731,21 +732,6 @@ uint64_t Hbm2PseudoChannel::serve(uint64_t arrive, std::span<const HbmColumnAcce
         }
     }
     return uint64_t(store(r, write));
-}
-
-bool Hbm2PseudoChannel::serve_row(Tick arrive, uint32_t bank, uint64_t row, bool write,
-                                  Tick& done) {
-    Regs r = load(write);
-    const uint64_t refreshes = m_counters.refreshes;
-    for (uint32_t g = 0; g < m_groups; ++g) {
-        const HbmColumnAccess req{g, bank, row};
-        while (!step(r, req, arrive)) {
-            r.cursor = refresh_first(r.cursor, r.col, r.admit);
-            r.due = m_due;
-        }
-    }
-    done = std::max(done, store(r, write));
-    return m_counters.refreshes != refreshes;
 }
 
 // ---- the stack ---------------------------------------------------------------------------------

@@ -213,15 +213,12 @@ private:
     /// The refresh that fell due in step(), from its row cursor, last column command and
     /// admission so far; returns the row cursor after it.
     Tick refresh_first(Tick cursor, Tick last_col, Tick admit);
-    /// serve() of one burst per bank group, groups 0 .. G - 1 of `bank`'s `row`, arriving at
-    /// `arrive`: raises `done` to their end of data and returns whether a refresh fell due.
-    bool serve_row(Tick arrive, uint32_t bank, uint64_t row, bool write, Tick& done);
     /// access_granules()' closed form after a head: runs j .. end - 1 of one bank row of
-    /// `bank`, the first from burst `off` on, up to the next refresh. Advances j and off past
-    /// the runs served and returns their end of data (0 if none).
+    /// `bank`, the first from burst `off` on, up to the next refresh, from and into `r`.
+    /// Advances j and off past the runs served.
     template <class Arrival>
-    Tick serve_stretch(size_t& j, uint32_t& off, size_t end, uint32_t bank, uint32_t count,
-                       std::span<const uint64_t> latest, const Arrival& arrival, bool write);
+    void serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t end, uint32_t bank, uint32_t count,
+                       std::span<const uint64_t> latest, const Arrival& arrival);
     /// After refresh(): performs at once the refreshes that fall due while the banks stay idle
     /// until a burst admitted at `admit` (long gaps between requests cost O(banks), not
     /// O(gap / REFI x banks)).
