@@ -498,7 +498,9 @@ void Hbm2PseudoChannel::serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t 
     size_t last = 0;  // the last run served
     while (j < end) {
         if (off == 0) {
-            // Whole runs whose bound is early enough, before the due cycle.
+            // A whole run whose bound is no later than the previous column + step starts there
+            // whatever its arrival, and one whose first column is before the due cycle
+            // refreshes nothing.
             size_t k = j;
             for (Tick f = col + step; k < end && f < due && Tick(latest[k]) <= f; f += adv) ++k;
             if (k > j) {
@@ -540,8 +542,7 @@ void Hbm2PseudoChannel::serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t 
     const Tick admit = std::max(r.admit, slot + 1);
     r.admit = std::max(admit, Tick(latest[last]) <= admit ? admit : Tick(arrival(last)));
     r.cursor = std::max(r.cursor, r.admit);
-    // Each group's last column, from the piece where it can (a load right after the ring's
-    // vector stores would wait for them).
+    // Each group's last column bounds its bank's PRE.
     for (uint64_t t = n - std::min<uint64_t>(n, m_groups); t < n; ++t) {
         const Tick c = col_back(n - t);
         const uint32_t g = uint32_t(t) & (m_groups - 1);  // the stretch starts at group 0
