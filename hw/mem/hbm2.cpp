@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -20,17 +21,42 @@ uint32_t burst_bytes_of(const HbmConfig& c) {
     return c.bus_bits / c.pseudo_channels * c.burst_length / 8;
 }
 
+/// The largest argument, as a chain of two-operand maxima: GCC turns an initializer-list
+/// std::max into a loop over a stack array, which costs more than the rest of a burst's steps.
+template <class T, class... More>
+T max_of(T a, More... more) {
+    ((a = std::max(a, T(more))), ...);
+    return a;
+}
+
+/// dst[i] = first + i x step for i < n, eight at a time where it can: GCC vectorises a loop of
+/// a known count at -O2, not one of any count.
+void fill_steps(int64_t* dst, size_t n, int64_t first, int64_t step) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t u = 0; u < 8; ++u) dst[i + u] = first + int64_t(i + u) * step;
+    for (; i < n; ++i) dst[i] = first + int64_t(i) * step;
+}
+
+/// The column commands of n <= q evenly spaced bursts into a queue ring of q slots from slot
+/// `from` on: ring[(from + i) mod q] = first + i x step, in two straight pieces (no wrap test
+/// per burst).
+void fill_ring(int64_t* ring, size_t q, size_t from, size_t n, int64_t first, int64_t step) {
+    const size_t n1 = std::min(n, q - from);
+    fill_steps(ring + from, n1, first, step);
+    fill_steps(ring, n - n1, first + int64_t(n1) * step, step);
+}
+
 }  // namespace
 
 /// ceil(x * m / d) without overflow: a multiplication by d's reciprocal when x m + d - 1 is
 /// below 2^48 (always, in practice: a division costs more than the rest of a piece's
 /// bookkeeping), a 128-bit division otherwise.
 uint64_t Hbm2Timing::mul_div_up(uint64_t x, uint64_t m, const Divider& d) {
-    if (x < (uint64_t(1) << Divider::kBits) / m) {
-        const uint64_t y = x * m + d.divisor() - 1;
-        if (y < (uint64_t(1) << Divider::kBits)) return d.quotient(y);
-    }
-    return static_cast<uint64_t>(((unsigned __int128)x * m + d.divisor() - 1) / d.divisor());
+    // The bound checked on the 128-bit product: testing x against 2^48 / m would divide.
+    const unsigned __int128 y = (unsigned __int128)x * m + d.divisor() - 1;
+    if (y < (unsigned __int128)1 << Divider::kBits) return d.quotient(uint64_t(y));
+    return static_cast<uint64_t>(y / d.divisor());
 }
 
 Hbm2Timing::Divider::Divider(uint64_t d) : m_d(d) {
@@ -153,57 +179,6 @@ void Hbm2PseudoChannel::skip_idle_refreshes(Tick admit) {
     m_counters.refreshes += uint64_t(n);
 }
 
-Hbm2PseudoChannel::Tick Hbm2PseudoChannel::prepare(const HbmColumnAccess& req, Tick admit) {
-    Bank& b = bank(req);
-    for (;;) {
-        const Tick d = std::max(m_row_cursor, admit);
-        // The one action the row logic takes next for this burst, and its earliest cycle.
-        enum { Hit, Pre, Act } action;
-        Tick at;
-        if (b.open_row == int64_t(req.row)) {
-            action = Hit;
-            at = d;
-        } else if (b.open_row >= 0) {
-            action = Pre;
-            at = std::max(d, b.pre_ready);
-        } else {
-            action = Act;
-            at = std::max(
-                {d, b.act_ready, m_last_act + Tick(m_t.rrd), m_acts[m_act_idx] + Tick(m_t.faw)});
-        }
-        if (m_t.refi != 0 && at >= m_due) {
-            refresh();
-            skip_idle_refreshes(admit);
-            continue;
-        }
-        switch (action) {
-            case Hit:
-                m_row_cursor = at;
-                ++m_counters.row_hits;
-                return at;
-            case Pre:
-                b.open_row = -1;
-                b.closed_at = at;
-                b.act_ready = std::max(b.act_ready, at + Tick(m_t.rp));
-                m_row_cursor = at + 1;
-                ++m_counters.precharges;
-                ++b.conflicts;
-                continue;
-            case Act:
-                b.open_row = int64_t(req.row);
-                b.act = at;
-                b.act_ready = at + m_t.rc;
-                b.pre_ready = at + m_t.ras;
-                m_last_act = at;
-                m_acts[m_act_idx] = at;
-                m_act_idx = (m_act_idx + 1) % 4;
-                m_row_cursor = at + 1;
-                ++m_counters.activates;
-                return at;
-        }
-    }
-}
-
 size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& done) {
     // Why this equals serve() burst by burst, run after run:
     // (a) every burst finds its row open (checked below) and nothing in the runs opens or closes
@@ -294,12 +269,9 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
             const Tick new_cursor = std::max(cursor, new_admit);
             if (m > 0 && (m_t.refi == 0 || new_cursor < m_due)) {
                 const Tick first_col = col + step;
-                // The newest min(total, Q) bursts, from slot `from` on, in two straight pieces.
+                // The newest min(total, Q) bursts.
                 const size_t o0 = total > q ? total - q : 0;
-                const size_t from = (qidx + o0) % q, n1 = std::min(total - o0, q - from);
-                for (size_t i = 0; i < n1; ++i) ring[from + i] = first_col + Tick(o0 + i) * step;
-                for (size_t i = n1; i < total - o0; ++i)
-                    ring[i - n1] = first_col + Tick(o0 + i) * step;
+                fill_ring(ring, q, (qidx + o0) % q, total - o0, first_col + Tick(o0) * step, step);
                 for (size_t o = total - m_groups; o < total; ++o)
                     group_col[(next_group + o) & gmask] = first_col + Tick(o) * step;
                 qidx = (qidx + total) % q;
@@ -350,11 +322,7 @@ size_t Hbm2PseudoChannel::try_runs(std::span<const Run> runs, bool write, Tick& 
             // closed form.
             col = std::max(col + step, base);
             const Tick first_col = col;
-            // The ring in at most two straight pieces (count <= q), without a wrap test per
-            // burst, so the stores vectorise.
-            const size_t n1 = std::min<size_t>(count, q - qidx);
-            for (size_t i = 0; i < n1; ++i) ring[qidx + i] = first_col + Tick(i) * step;
-            for (size_t i = n1; i < count; ++i) ring[i - n1] = first_col + Tick(i) * step;
+            fill_ring(ring, q, qidx, count, first_col, step);
             qidx = qidx + count >= q ? qidx + count - q : qidx + count;
             col = first_col + Tick(count - 1) * step;
             for (uint32_t i = count > m_groups ? count - m_groups : 0; i < count; ++i)
@@ -446,6 +414,153 @@ uint64_t Hbm2PseudoChannel::access_runs(std::span<Run> runs, bool write) {
     return done;
 }
 
+template <class Arrival>
+uint64_t Hbm2PseudoChannel::access_granules(uint64_t first_burst, uint32_t count,
+                                            std::span<const uint64_t> latest,
+                                            const Arrival& arrival, const HbmAddressMap& map,
+                                            bool write) {
+    // The stretches' closed form holds under these conditions (see the header); otherwise the
+    // runs go as a list.
+    if (!m_batch_runs || m_closed_page || count < m_groups || count > m_queue.size() ||
+        Tick(m_t.ccd_l) > Tick(m_groups) * std::max(Tick(m_t.ccd_s), m_bl2)) {
+        m_runs.clear();
+        for (size_t i = 0; i < latest.size(); ++i)
+            m_runs.push_back({arrival(i), map.bank_of_burst(first_burst + i * count), count});
+        return access_runs(m_runs, write);
+    }
+    if (latest.empty()) return 0;  // store() would set the last column of a direction
+    const uint64_t row_bursts = map.bursts_per_bank_row();
+    Regs r = load(write);
+    for (size_t i = 0; i < latest.size();) {
+        // (1) The runs [i, end) of one bank row.
+        const uint64_t b = first_burst + i * count;
+        const HbmColumnAccess at = map.bank_of_burst(b);
+        const size_t end =
+            std::min<size_t>(latest.size(), i + (row_bursts - (b & (row_bursts - 1))) / count);
+        // (2) A head from burst `off` of run j, then a stretch to the end of the row or to the
+        // next refresh, which the next head performs.
+        size_t j = i;
+        uint32_t off = 0;
+        while (j < end) {
+            // An arrival no later than the admission so far changes nothing: its bound will do.
+            const Tick lj = Tick(latest[j]);
+            const Tick arrive = lj <= r.admit ? lj : Tick(arrival(j));
+            bool refreshed = false;
+            for (uint32_t g = 0; g < m_groups; ++g) {
+                while (!step(r, {g, at.bank, at.row}, arrive)) {
+                    r.cursor = refresh_first(r.cursor, r.col, r.admit);
+                    r.due = m_due;
+                    refreshed = true;
+                }
+            }
+            off += m_groups;
+            if (off == count) {
+                ++j;
+                off = 0;
+            }
+            // A refresh among the head closed the rows it had opened before it: another head.
+            if (!refreshed) serve_stretch(r, j, off, end, at.bank, count, latest, arrival);
+        }
+        i = end;
+    }
+    return uint64_t(store(r, write));
+}
+
+template <class Arrival>
+void Hbm2PseudoChannel::serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t end, uint32_t bank,
+                                      uint32_t count, std::span<const uint64_t> latest,
+                                      const Arrival& arrival) {
+    if (r.cursor >= r.due) return;  // the next burst waits for the refresh
+    const size_t q = m_queue.size();
+    const Tick step = r.step, adv = Tick(count) * step, due = r.due;
+    Tick* const ring = m_queue.data();
+    // The columns so far are a piece of the stretch, bursts [piece_n, n) at piece_col + (t -
+    // piece_n) step, and before it the queue ring, which gets a piece's entries (the newest Q)
+    // only where a run starts later or the stretch ends.
+    Tick col = r.col;
+    uint64_t n = 0, piece_n = 0;
+    Tick piece_col = col + step;
+    size_t pos = r.qidx;                   // the ring slot of burst n
+    auto slot_back = [&](uint64_t back) {  // of burst n - back, 1 <= back <= Q
+        return pos >= back ? pos - size_t(back) : pos + q - size_t(back);
+    };
+    auto col_back = [&](uint64_t back) {
+        return n >= piece_n + back ? piece_col + Tick(n - back - piece_n) * step
+                                   : ring[slot_back(back)];
+    };
+    auto flush = [&] {
+        const uint64_t lo = std::max(piece_n, n > q ? n - q : 0);
+        if (lo < n)
+            fill_ring(ring, q, slot_back(n - lo), n - lo, piece_col + Tick(lo - piece_n) * step,
+                      step);
+    };
+    uint64_t runs = 0, paced = 0;
+    size_t last = 0;  // the last run served
+    while (j < end) {
+        if (off == 0) {
+            // A whole run whose bound is no later than the previous column + step starts there
+            // whatever its arrival, and one whose first column is before the due cycle
+            // refreshes nothing.
+            size_t k = j;
+            for (Tick f = col + step; k < end && f < due && Tick(latest[k]) <= f; f += adv) ++k;
+            if (k > j) {
+                const size_t m = k - j;
+                col += Tick(m) * adv;
+                n += m * count;
+                for (pos += m * count; pos >= q;) pos -= q;  // a few times at most
+                runs += m;
+                paced += m;
+                last = k - 1;
+                j = k;
+                continue;
+            }
+        }
+        // A run by its arrival. The column bounds the cursor loosely: the exact bound is
+        // max(arrival, the slot of the run's last burst + 1), burst n + len - 1 - Q's column.
+        const uint32_t len = count - off;
+        const Tick a = Tick(arrival(j));
+        const Tick first = std::max(col + step, a);
+        if (first >= due && std::max(a, col_back(q - len + 1) + 1) >= due) break;
+        if (first == col + step) {
+            ++paced;
+        } else {
+            flush();
+            piece_n = n;
+            piece_col = first;
+        }
+        col = first + Tick(len - 1) * step;
+        n += len;
+        pos = pos + len >= q ? pos + len - q : pos + len;
+        ++runs;
+        last = j++;
+        off = 0;
+    }
+    if (n == 0) return;
+    // The state after the stretch: the last burst's slot held burst n - 1 - Q's column.
+    const Tick slot =
+        n - 1 >= piece_n + q ? piece_col + Tick(n - 1 - q - piece_n) * step : ring[slot_back(1)];
+    const Tick admit = std::max(r.admit, slot + 1);
+    r.admit = std::max(admit, Tick(latest[last]) <= admit ? admit : Tick(arrival(last)));
+    r.cursor = std::max(r.cursor, r.admit);
+    // Each group's last column bounds its bank's PRE.
+    for (uint64_t t = n - std::min<uint64_t>(n, m_groups); t < n; ++t) {
+        const Tick c = col_back(n - t);
+        const uint32_t g = uint32_t(t) & (m_groups - 1);  // the stretch starts at group 0
+        m_last_col_bg[g] = c;
+        Bank& b = m_banks[g * m_bpg + bank];
+        b.pre_ready = std::max(b.pre_ready, c + r.pre_after);
+    }
+    flush();
+    r.qidx = pos;
+    r.col = col;
+    r.next = col + step;
+    r.bursts += n;
+    r.hits += n;
+    m_counters.runs += runs;
+    m_counters.paced_runs += paced;
+    ++m_counters.stretches;
+}
+
 uint64_t Hbm2PseudoChannel::access_run(uint64_t arrive, const HbmColumnAccess& first,
                                        uint32_t count, bool write) {
     Tick done;
@@ -486,35 +601,122 @@ uint64_t Hbm2PseudoChannel::access(uint64_t arrive, std::span<const HbmColumnAcc
     return serve(arrive, bursts, write);
 }
 
+[[gnu::always_inline]] inline Hbm2PseudoChannel::Regs Hbm2PseudoChannel::load(bool write) const {
+    Regs r;
+    r.admit = m_admit;
+    r.cursor = m_row_cursor;
+    r.col = m_last_col;
+    r.last_act = m_last_act;
+    r.due = m_t.refi != 0 ? m_due : std::numeric_limits<Tick>::max();
+    r.qidx = m_queue_idx;
+    r.act_idx = m_act_idx;
+    r.step = std::max(Tick(m_t.ccd_s), m_bl2);
+    r.pre_after = write ? m_t.wl + m_bl2 + m_t.wr : Tick(m_t.rtp);
+    // The first column command waits for the other direction's last one, CCD_S and the data bus;
+    // the later ones go the same way, so the previous column + max(CCD_S, BL/2) bounds them
+    // (the turnaround bounded the first).
+    const Tick turn = write ? m_last_rd + Tick(m_t.rtw) : m_last_wr + m_t.wl + m_bl2 + m_t.wtr;
+    r.next = max_of(m_last_col + Tick(m_t.ccd_s), m_data_end - (write ? m_t.wl : m_t.cl), turn);
+    return r;
+}
+
+[[gnu::always_inline]] inline Hbm2PseudoChannel::Tick Hbm2PseudoChannel::store(const Regs& r,
+                                                                               bool write) {
+    m_admit = r.admit;
+    m_row_cursor = r.cursor;
+    m_last_act = r.last_act;
+    m_act_idx = r.act_idx;
+    m_queue_idx = r.qidx;
+    m_last_col = r.col;
+    (write ? m_last_wr : m_last_rd) = r.col;
+    m_data_end = r.col + (write ? m_t.wl : m_t.cl) + m_bl2;
+    m_counters.bursts += r.bursts;
+    m_counters.row_hits += r.hits;
+    m_counters.activates += r.bursts - r.hits;
+    m_counters.precharges += r.pres;
+    return m_data_end;
+}
+
+[[gnu::always_inline]] inline bool Hbm2PseudoChannel::step(Regs& r, const HbmColumnAccess& req,
+                                                           Tick arrive) {
+    Bank& b = bank(req);
+    // (1) Admission: in order, once the burst queue_bursts ahead has left the queue.
+    const Tick a = max_of(arrive, r.admit, m_queue[r.qidx] + 1);
+    r.admit = a;  // also when the burst waits for a refresh: skip_idle_refreshes() reads it
+    // (2) Row logic: hit, or [PRE] ACT, one command per cycle from the cursor on; at the due
+    // cycle the refresh comes first. A bank's times stay in registers: a value stored and
+    // loaded again at once would wait for the store.
+    Tick d = std::max(r.cursor, a);
+    Tick ready, pre_ready;  // the row's bound on the column command; the bank's PRE bound
+    if (b.open_row == int64_t(req.row)) {
+        if (d >= r.due) return false;
+        r.cursor = d;
+        ready = std::max(d, b.act + Tick(m_t.rcd));
+        pre_ready = b.pre_ready;
+        ++r.hits;
+    } else {
+        Tick act_ready = b.act_ready;
+        const bool pre = b.open_row >= 0;
+        if (pre) {
+            const Tick at = std::max(d, b.pre_ready);
+            if (at >= r.due) return false;
+            act_ready = std::max(act_ready, at + Tick(m_t.rp));
+            b.closed_at = at;
+            ++b.conflicts;
+            ++r.pres;
+            d = at + 1;  // the cursor after the PRE (at >= a)
+        }
+        const Tick act =
+            max_of(d, act_ready, r.last_act + Tick(m_t.rrd), m_acts[r.act_idx] + Tick(m_t.faw));
+        if (act >= r.due) {
+            if (pre) {  // closed by the PRE
+                b.open_row = -1;
+                b.act_ready = act_ready;
+                r.cursor = d;
+            }
+            return false;
+        }
+        b.open_row = int64_t(req.row);
+        b.act = act;
+        b.act_ready = act + m_t.rc;
+        pre_ready = act + m_t.ras;
+        r.last_act = act;
+        m_acts[r.act_idx] = act;
+        r.act_idx = (r.act_idx + 1) % 4;
+        r.cursor = act + 1;
+        ready = act + m_t.rcd;
+    }
+    // (3) Column command: in order, after RCD, CCD_S/CCD_L, the turnaround and the bus.
+    r.col = max_of(ready, r.next, m_last_col_bg[req.bank_group] + Tick(m_t.ccd_l));
+    r.next = r.col + r.step;
+    m_last_col_bg[req.bank_group] = r.col;
+    b.pre_ready = std::max(pre_ready, r.col + r.pre_after);
+    m_queue[r.qidx] = r.col;
+    r.qidx = r.qidx + 1 == m_queue.size() ? 0 : r.qidx + 1;
+    ++r.bursts;
+    return true;
+}
+
+Hbm2PseudoChannel::Tick Hbm2PseudoChannel::refresh_first(Tick cursor, Tick last_col, Tick admit) {
+    // refresh() and skip_idle_refreshes() work on the stored state; `admit` is the waiting
+    // burst's admission, which step() finds again.
+    m_row_cursor = cursor;
+    m_last_col = last_col;
+    refresh();
+    skip_idle_refreshes(admit);
+    return m_row_cursor;
+}
+
 uint64_t Hbm2PseudoChannel::serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts,
                                   bool write) {
-    Tick done = Tick(arrive);
+    if (bursts.empty()) return arrive;
+    Regs r = load(write);
     for (size_t i = 0; i < bursts.size(); ++i) {
         const HbmColumnAccess& req = bursts[i];
-        // (1) Admission: in order, once the burst queue_bursts ahead has left the queue.
-        Tick& slot = m_queue[m_queue_idx];
-        m_queue_idx = m_queue_idx + 1 == m_queue.size() ? 0 : m_queue_idx + 1;
-        m_admit = std::max({Tick(arrive), m_admit, slot + 1});
-        // (2) Row logic: hit, or [PRE] ACT, with refreshes where they fall due.
-        const Tick prepared = prepare(req, m_admit);
-        Bank& b = bank(req);
-        // (3) Column command: in order, after RCD, CCD_S/CCD_L, the turnaround and the bus.
-        Tick col = std::max({prepared, b.act + Tick(m_t.rcd), m_last_col + Tick(m_t.ccd_s),
-                             m_last_col_bg[req.bank_group] + Tick(m_t.ccd_l)});
-        const Tick lat = write ? m_t.wl : m_t.cl;
-        if (write)
-            col = std::max(col, m_last_rd + Tick(m_t.rtw));
-        else
-            col = std::max(col, m_last_wr + m_t.wl + m_bl2 + m_t.wtr);
-        col = std::max(col, m_data_end - lat);
-        m_data_end = col + lat + m_bl2;
-        m_last_col = col;
-        m_last_col_bg[req.bank_group] = col;
-        (write ? m_last_wr : m_last_rd) = col;
-        const Tick pre_after = write ? col + m_t.wl + m_bl2 + m_t.wr : col + m_t.rtp;
-        b.pre_ready = std::max(b.pre_ready, pre_after);
-        slot = col;
-        ++m_counters.bursts;
+        while (!step(r, req, Tick(arrive))) {
+            r.cursor = refresh_first(r.cursor, r.col, r.admit);
+            r.due = m_due;
+        }
         // (4) Closed page: the request's last access to this row auto-precharges the bank at
         // the first cycle it may.
         if (m_closed_page) {
@@ -523,14 +725,14 @@ uint64_t Hbm2PseudoChannel::serve(uint64_t arrive, std::span<const HbmColumnAcce
                 again = bursts[j].bank_group == req.bank_group && bursts[j].bank == req.bank &&
                         bursts[j].row == req.row;
             if (!again) {
+                Bank& b = bank(req);
                 b.open_row = -1;
                 b.closed_at = b.pre_ready;
                 b.act_ready = std::max(b.act_ready, b.pre_ready + Tick(m_t.rp));
             }
         }
-        done = m_data_end;
     }
-    return uint64_t(done);
+    return uint64_t(store(r, write));
 }
 
 // ---- the stack ---------------------------------------------------------------------------------
@@ -667,35 +869,39 @@ uint64_t Hbm2Timing::whole_granules(uint64_t start, uint64_t addr, uint64_t byte
     const uint32_t sh_run = sh_granule - std::countr_zero(m_map.burst_bytes());
     const uint64_t g_lo = addr >> sh_granule, granules = bytes >> sh_granule,
                    g_hi = g_lo + granules;
-    // (1) The arrival of every granule, request by request as the general path computes it.
-    m_arrivals.resize(granules);
-    uint64_t before = 0, arrive = start, done_tck = 0;
-    for (uint64_t i = 0; i < granules;) {
-        const uint64_t len = std::min<uint64_t>(chunk, bytes - before);
-        const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
-        done_tck = std::max(done_tck, arrive_tck);
-        for (const uint64_t e = i + (len >> sh_granule); i < e; ++i) m_arrivals[i] = arrive_tck;
-        before += len;
-        if (len <= 4 * uint64_t(port)) {
-            while ((arrive - start + 1) * port <= before) ++arrive;
-        } else {
-            arrive = start + before / port;
-        }
-    }
-    // (2) Each pseudo-channel's granules in order of their local number.
+    // (1) The arrival (tCK) of granule g_lo + d: that of its request, as the general path
+    // computes it.
+    const bool chunk_pow2 = std::has_single_bit(chunk), port_pow2 = std::has_single_bit(port);
+    const uint32_t sh_chunk = std::countr_zero(chunk), sh_port = std::countr_zero(port);
+    const auto arrival_of = [&](uint64_t d) {
+        const uint64_t at = d << sh_granule;
+        const uint64_t before = chunk_pow2 ? at >> sh_chunk << sh_chunk : at / chunk * chunk;
+        return mul_div_up(start + (port_pow2 ? before >> sh_port : before / port), m_core_ps,
+                          m_to_tck);
+    };
+    // (2) Per group of P granules (local granule k of every pseudo-channel), the arrival of its
+    // last one in the range: no earlier than any of the group's, and read in place of them
+    // where it is early enough.
     const uint64_t k_lo = g_lo >> sh_pcs, k_hi = (g_hi - 1) >> sh_pcs;
+    m_latest.resize(k_hi - k_lo + 1);
+    for (uint64_t k = k_lo; k <= k_hi; ++k)
+        m_latest[k - k_lo] = arrival_of(std::min(g_hi - 1, ((k + 1) << sh_pcs) - 1) - g_lo);
+    // (3) Each pseudo-channel's granules in order of their local number.
     const uint32_t count = uint32_t(1) << sh_run;
-    std::vector<Hbm2PseudoChannel::Run>& runs = m_runs[0];
+    uint64_t done_tck = m_latest.back();
     for (uint32_t p = 0; p < m_pcs.size(); ++p) {
-        runs.clear();
-        for (uint64_t k = k_lo; k <= k_hi; ++k) {
-            const uint64_t g = m_map.granule_of(p, k);
-            if (g < g_lo || g >= g_hi) continue;  // only in the first and last group
-            runs.push_back({m_arrivals[g - g_lo], m_map.bank_of_burst(k << sh_run), count});
-        }
-        if (!runs.empty()) done_tck = std::max(done_tck, m_pcs[p].access_runs(runs, write));
+        // Only the first and the last group of P granules may lack this pseudo-channel's.
+        const uint64_t ka = m_map.granule_of(p, k_lo) < g_lo ? k_lo + 1 : k_lo;
+        const uint64_t kb = m_map.granule_of(p, k_hi) >= g_hi ? k_hi : k_hi + 1;
+        if (ka >= kb) continue;
+        const auto arrival = [&](size_t i) {
+            return arrival_of(m_map.granule_of(p, ka + i) - g_lo);
+        };
+        done_tck = std::max(
+            done_tck, m_pcs[p].access_granules(ka << sh_run, count,
+                                               std::span(m_latest).subspan(ka - k_lo, kb - ka),
+                                               arrival, m_map, write));
     }
-    runs.clear();
     return done_tck;
 }
 
@@ -749,6 +955,7 @@ Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {
         sum.refreshes += c.refreshes;
         sum.runs += c.runs;
         sum.paced_runs += c.paced_runs;
+        sum.stretches += c.stretches;
     }
     return sum;
 }

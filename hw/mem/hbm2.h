@@ -98,6 +98,9 @@ public:
         /// Of those, runs served in a gap-free stretch in closed form (also a host-speed
         /// shortcut, for tests).
         uint64_t paced_runs = 0;
+        /// Stretches of whole granules after a head (access_granules(); a host-speed shortcut,
+        /// for tests).
+        uint64_t stretches = 0;
     };
 
     /// An idle pseudo-channel with every bank closed at tCK 0. `batch_runs` = false turns the
@@ -128,6 +131,42 @@ public:
     /// Consecutive row-hit runs of one bank row are served with the state held in registers.
     /// A run that opens its row is left in `runs` with its row-opening bursts removed.
     uint64_t access_runs(std::span<Run> runs, bool write);
+    /// access_runs() of `latest.size()` runs of `count` bursts each, run i at local burst
+    /// numbers [first_burst + i count, first_burst + (i + 1) count), arriving at arrival(i):
+    /// the whole granules a contiguous transfer sends to one pseudo-channel. `count` is a power
+    /// of two no larger than a bank row of `map` and divides `first_burst`, so no run crosses a
+    /// bank row; the arrivals do not decrease, and latest[i] is no earlier than arrival(i) (a
+    /// bound read instead of the arrival where it is early enough). Defined in hbm2.cpp, for
+    /// Hbm2Timing.
+    ///
+    /// With the open page, G <= count <= Q and CCD_L <= G x step (step = max(CCD_S, BL/2); G
+    /// bank groups, Q = queue_bursts) each bank row is served as a *head*, its first burst in
+    /// each bank group (groups 0 .. G - 1: count is a multiple of G), burst by burst as serve()
+    /// does, which opens the row where needed, then a *stretch* of the rest in closed form.
+    /// Why the stretch equals serve() burst by burst, after a head with no refresh in it:
+    ///  - every burst finds its row open and nothing opens, closes or refreshes a row, so the
+    ///    row logic prepares it at max(cursor, its admission);
+    ///  - its group last issued G bursts before it, at least (G - 1) steps before the previous
+    ///    column, so CCD_L allows the previous column + step; so do its bank's ACT + RCD and the
+    ///    turnaround, which bounded the head, and the data bus;
+    ///  - a burst is admitted at max(arrival, slot + 1), the slot holding the column of the
+    ///    burst Q before it, which for any burst of run j is at or before the burst before run
+    ///    j (count <= Q); admission and the cursor are running maxima, so they stay at or
+    ///    before the previous column (by induction from the head, whose cursor is an ACT + 1 or
+    ///    a prepared cycle), and run j's first column is max(previous column + step, arrival_j),
+    ///    the others one step apart. Where latest[j] <= previous column + step the arrival is
+    ///    not read;
+    ///  - after run j the cursor is max(cursor, arrival_j, its last burst's slot + 1). While
+    ///    that is before the due cycle (surely so where run j's first column is) no refresh
+    ///    falls due; where it is not, the stretch ends and the next G bursts are a head again,
+    ///    in whose steps the refresh happens (a refresh among a head closes rows it opened, so
+    ///    another head follows).
+    /// At the end of a stretch, the queue ring's newest Q entries, each group's last column and
+    /// its bank's PRE bound, the admission (by the last run's arrival and slot: both grow with
+    /// the burst number) and the cursor follow from the columns.
+    template <class Arrival>
+    uint64_t access_granules(uint64_t first_burst, uint32_t count, std::span<const uint64_t> latest,
+                             const Arrival& arrival, const HbmAddressMap& map, bool write);
     /// Counters since construction.
     const Counters& counters() const { return m_counters; }
     /// Banks of the pseudo-channel (bank_groups x banks).
@@ -150,6 +189,36 @@ private:
 
     /// Performs the refresh that is due (PREA if a bank is open, then REF).
     void refresh();
+    /// The controller's state while a request's bursts last, held in registers (so a burst
+    /// does not wait for the previous one's stores).
+    struct Regs {
+        Tick admit, cursor, col, last_act, due;  ///< m_admit .. m_last_act; m_due (or never)
+        /// The next column command's bound by CCD_S, the turnaround and the data bus: for the
+        /// request's first burst max(last column + CCD_S, end of data - latency, turnaround),
+        /// then the previous column + step (same direction; the turnaround bounded the first).
+        Tick next;
+        Tick step, pre_after;  ///< max(CCD_S, BL/2); a column command to its bank's PRE
+        size_t qidx;           ///< m_queue_idx
+        uint32_t act_idx;      ///< m_act_idx
+        uint64_t bursts = 0, hits = 0, pres = 0;  ///< counted so far
+    };
+    /// The state for a request of `write` bursts.
+    Regs load(bool write) const;
+    /// Stores `r` after a request of `write` bursts; returns its end of data.
+    Tick store(const Regs& r, bool write);
+    /// One burst of a request (no auto-precharge): admission, row logic, column command.
+    /// Returns false, having issued only the row commands before the due cycle, when a refresh
+    /// falls due first: then refresh_first() and the same burst again.
+    bool step(Regs& r, const HbmColumnAccess& req, Tick arrive);
+    /// The refresh that fell due in step(), from its row cursor, last column command and
+    /// admission so far; returns the row cursor after it.
+    Tick refresh_first(Tick cursor, Tick last_col, Tick admit);
+    /// access_granules()' closed form after a head: runs j .. end - 1 of one bank row of
+    /// `bank`, the first from burst `off` on, up to the next refresh, from and into `r`.
+    /// Advances j and off past the runs served.
+    template <class Arrival>
+    void serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t end, uint32_t bank, uint32_t count,
+                       std::span<const uint64_t> latest, const Arrival& arrival);
     /// After refresh(): performs at once the refreshes that fall due while the banks stay idle
     /// until a burst admitted at `admit` (long gaps between requests cost O(banks), not
     /// O(gap / REFI x banks)).
@@ -163,8 +232,6 @@ private:
     uint64_t serve_run(const Run& run, bool write);
     /// The per-burst path.
     uint64_t serve(uint64_t arrive, std::span<const HbmColumnAccess> bursts, bool write);
-    /// Row logic for one burst; returns the cycle the burst's column command may go.
-    Tick prepare(const HbmColumnAccess& b, Tick admit);
     Bank& bank(const HbmColumnAccess& b) { return m_banks[b.bank_group * m_bpg + b.bank]; }
 
     /// Runs longer than this, or more bank groups, take the per-burst path (try_runs keeps a
@@ -193,6 +260,7 @@ private:
     Tick m_due;  ///< next refresh due (tCK); unused when refi == 0
     Counters m_counters;
     std::vector<HbmColumnAccess> m_scratch;  ///< access_run's bursts on the per-burst path
+    std::vector<Run> m_runs;                 ///< access_granules' runs on the general path
 };
 
 /// "hbm2": every pseudo-channel of a core's HBM stack as an Hbm2PseudoChannel behind the
@@ -251,8 +319,8 @@ private:
     std::vector<HbmColumnAccess> m_scratch;  ///< bursts of a piece that spans two rows
     /// access_rows: runs per pseudo-channel, in request order.
     std::vector<std::vector<Hbm2PseudoChannel::Run>> m_runs;
-    /// access_rows of whole granules: the arrival (tCK) of each request of the transfer.
-    std::vector<uint64_t> m_arrivals;
+    /// access_rows of whole granules: per group of P granules, the arrival of its last one.
+    std::vector<uint64_t> m_latest;
     uint64_t m_whole_granule_transfers = 0;
     /// access_rows() of a transfer that is one contiguous range of whole granules, each inside
     /// one request; returns the latest end of data (tCK). See access_rows().

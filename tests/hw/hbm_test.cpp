@@ -462,6 +462,60 @@ TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
     EXPECT_LT(paced, runs);
 }
 
+// Whole-granule transfers on random timings and geometries (bank groups, banks, rows, bursts,
+// granules, queue depths, frequent refreshes): each pseudo-channel's granules, served per bank
+// row as a head of one burst per bank group and the rest in closed form up to the row's end or
+// the next refresh, equal access() request by request, with the same commands. Transfers of up
+// to hundreds of granules cross many bank rows, back to back or after gaps, at ports above and
+// below the HBM's bandwidth (runs that start one step after the previous column, and runs that
+// wait for their arrival).
+TEST(Hbm2Property, WholeGranuleStreamsOnRandomTimings) {
+    uint64_t whole = 0, transfers = 0, stretches = 0, refreshes = 0;
+    for (uint32_t seed = 1; seed <= 150; ++seed) {
+        Pick pick{std::mt19937(seed)};
+        BoardConfig cfg;
+        HbmConfig& h = cfg.hbm;
+        if (seed % 4 == 0) {
+            h.timing.refi = seed % 8 == 0 ? 0 : 700;
+        } else {
+            h = random_config(pick.rng);
+            h.page_policy = seed % 10 == 1 ? "closed" : "open";
+        }
+        h.row_bytes = 256u << pick(3);
+        h.interleave_bytes = 64u << pick(3);
+        if (pick(1)) h.queue_bursts = 8 + uint32_t(pick(56));
+        ASSERT_NO_THROW(cfg.validate()) << "seed " << seed;
+        const uint64_t g = h.interleave_bytes;
+        Hbm2Timing batched(cfg), one_by_one(cfg);
+        uint64_t t = 0;
+        for (int i = 0; i < 30; ++i) {
+            bool write = false;
+            if (lone_request(batched, one_by_one, pick, 8, t, write)) continue;
+            const auto chunk = static_cast<uint32_t>(g * (1 + pick(3)));
+            const uint64_t bytes = chunk * (1 + pick(pick(1) ? 8 : 160));
+            const uint64_t addr = g * pick((8 << 20) / g);
+            const auto port = static_cast<uint32_t>(pick(1) ? 512 : 1 + pick(300));
+            const uint64_t before = batched.whole_granule_transfers();
+            const uint64_t got = batched.access_rows(t, 1, bytes, addr, bytes, chunk, port, write);
+            const uint64_t want = one_by_one.HbmTimingModel::access_rows(t, 1, bytes, addr, bytes,
+                                                                         chunk, port, write);
+            ASSERT_EQ(got, want) << "seed " << seed << " transfer " << i;
+            whole += batched.whole_granule_transfers() - before;
+            ++transfers;
+            if (pick(1)) t = got;
+        }
+        const auto x = batched.counters();
+        expect_same_commands(x, one_by_one.counters(), seed);
+        stretches += x.stretches;
+        refreshes += x.refreshes;
+    }
+    // Every transfer is whole granules; many take the stream (others the general path: closed
+    // pages, granules of fewer bursts than bank groups or more than the queue), with refreshes.
+    EXPECT_EQ(whole, transfers);
+    EXPECT_GT(stretches, transfers * 2);
+    EXPECT_GT(refreshes, transfers);
+}
+
 // ---- the whole stack: address map and core cycles ----
 
 TEST(Hbm2Timing, AddressMap) {
@@ -527,6 +581,37 @@ TEST(Hbm2Timing, CoreCycles) {
     EXPECT_EQ(fresh.access(0, 128, 512, false), 52u);
     EXPECT_EQ(fresh.counters().bursts, 16u);
     EXPECT_NEAR(fresh.peak_bytes_per_cycle(), 32 * 32 / (2 * 1136.0) * 1064, 1e-9);
+}
+
+TEST(Hbm2Timing, WholeGranulesAcrossABankRow) {
+    // One pseudo-channel of 2 bank groups x 2 banks, 32 B bursts, 64 B rows and granules: a
+    // granule is a run of 2 bursts (groups 0, 1) and a bank row 4 bursts; queue of 4 bursts.
+    BoardConfig cfg;
+    HbmConfig& h = cfg.hbm;
+    h.channels = 1;
+    h.pseudo_channels = 1;
+    h.bus_bits = 64;
+    h.bank_groups = 2;
+    h.banks_per_group = 2;
+    h.row_bytes = 64;
+    h.interleave_bytes = 64;
+    h.queue_bursts = 4;
+    h.timing.refi = 0;
+    ASSERT_NO_THROW(cfg.validate());
+    Hbm2Timing stack(cfg), one_by_one(cfg);
+    // 256 B in 64 B requests at 64 B per core cycle: request k at core cycle k, tCK ceil(k x
+    // 1064 / 1136) = 0, 1, 2, 3; bank 0 row 0 (bursts 0-3), then bank 1 row 0 (bursts 4-7).
+    // Head of bank 0: ACT g0 0, RD 13 (RCD); ACT g1 4 (RRD), RD 17. Run 1 from 17 + 2: RD 19,
+    // 21. Head of bank 1: burst 4 enters after burst 0's RD (queue of 4): ACT 14, RD 27; burst
+    // 5 after burst 1's: ACT 18, RD 31. Run 3: RD 33, 35; data until 35 + CL 13 + 2 = tCK 50 =
+    // core cycle ceil(50 x 1136 / 1064) = 54.
+    EXPECT_EQ(stack.access_rows(0, 1, 256, 0, 256, 64, 64, false), 54u);
+    EXPECT_EQ(one_by_one.HbmTimingModel::access_rows(0, 1, 256, 0, 256, 64, 64, false), 54u);
+    EXPECT_EQ(stack.whole_granule_transfers(), 1u);
+    const auto c = stack.counters();
+    EXPECT_EQ(std::vector<uint64_t>({c.bursts, c.row_hits, c.activates, c.stretches}),
+              std::vector<uint64_t>({8, 4, 4, 2}));
+    expect_same_commands(c, one_by_one.counters(), 0);
 }
 
 TEST(Hbm2Timing, StreamingReachesNinetyPercent) {
