@@ -441,11 +441,10 @@ struct Board::Impl : CoreEnv {
         Packer hbm_done;
         bool ask = false;
         for (size_t i = 0; i < all.size(); ++i) {
-            const IciPost& p = all[i];
-            const bool remote_hbm = p.hbm && !p.signal && !owns(p.dst);
-            landed[i] = land(p, !remote_hbm);
-            ask |= p.hbm && !p.signal && rank_of(p.dst) != rank_of(p.src);
-            if (p.hbm && !p.signal && owns(p.dst) && rank_of(p.src) != rank) {
+            const IciPost& p = all[i];  // p.hbm: a transfer into HBM (never a signal)
+            landed[i] = land(p, !p.hbm || owns(p.dst));
+            ask |= p.hbm && rank_of(p.dst) != rank_of(p.src);
+            if (p.hbm && owns(p.dst) && rank_of(p.src) != rank) {
                 hbm_done.put(uint64_t(i));
                 hbm_done.put(landed[i]);
             }
