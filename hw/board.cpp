@@ -625,8 +625,10 @@ struct Board::Impl : CoreEnv {
                 // What synchronising cost this launch: how many windows, and the host time
                 // spent in the exchange (waiting for the slowest rank included).
                 const auto secs = [](auto d) { return std::chrono::duration<double>(d).count(); };
-                TPU_LOG(Debug, "board", "rank {}: {} windows, {} ICI posts, {:.6f} of {:.6f} host s "
-                        "in the exchange", rank, windows, posted, secs(in_gather),
+                TPU_LOG(Debug, "board",
+                        "rank {}: {} windows, {} ICI posts, {:.6f} of {:.6f} host s "
+                        "in the exchange",
+                        rank, windows, posted, secs(in_gather),
                         secs(std::chrono::steady_clock::now() - host_start));
                 return;
             }
