@@ -85,6 +85,24 @@ TEST(CliOp, RowOpsAndAttentionTakeTheSameCyclesWithoutArithmetic) {
     }
 }
 
+TEST(CliOp, AllReduceIsBitExactOnEveryReplicaAndNamesItsFormula) {
+    // 100 000 values (not a multiple of the pieces) over 3 cores and over all 8.
+    for (const char* cores : {"2,5,6", "all"}) {
+        const auto j =
+            tpusim_json(std::string("op allreduce --elements 100000 --check --cores ") + cores);
+        EXPECT_TRUE(j["bitexact"].get<bool>()) << cores;
+        EXPECT_LT(j["max_rel_error"].get<double>(), 1e-5) << cores;
+        EXPECT_EQ(j["result_fnv1a"].get<std::string>().size(), 16u);
+        EXPECT_NE(j["plan"].get<std::string>().find("simulated / formula"), std::string::npos);
+        EXPECT_GT(j["hbm_bytes"].get<uint64_t>(), 0u);
+        // The digest is of the result alone: the same inputs give it without --check.
+        const auto again =
+            tpusim_json(std::string("op allreduce --elements 100000 --cores ") + cores);
+        EXPECT_EQ(again["result_fnv1a"], j["result_fnv1a"]);
+        EXPECT_EQ(again["cycles"], j["cycles"]);
+    }
+}
+
 TEST(CliOp, GemmIsTheGemmCommand) {
     const std::string shape = "--m 100 --k 300 --n 200 --cores 0-1 --set sim.functional=false";
     const auto op = tpusim_json("op gemm " + shape);
