@@ -18,6 +18,7 @@
 #include "driver/kernels/allreduce.h"
 #include "driver/kernels/tensor_ops.h"
 #include "driver/kernels/vector_ops.h"
+#include "sim/cluster.h"
 #include "sim/file_io.h"
 #include "sim/tracer.h"
 
@@ -168,10 +169,12 @@ std::string progress_loss_text(std::optional<float> loss) {
 
 namespace {
 
-/// Lightning-like bar on stderr, redrawn in place; only when stderr is a terminal.
+/// Lightning-like bar on stderr, redrawn in place; only when stderr is a terminal, and over MPI
+/// only on rank 0 (every rank runs the same loop).
 class ProgressBar {
 public:
-    explicit ProgressBar(bool enabled) : m_on(enabled && isatty(STDERR_FILENO)) {}
+    explicit ProgressBar(bool enabled)
+        : m_on(enabled && isatty(STDERR_FILENO) && sim::Cluster::rank() == 0) {}
     void start(uint32_t epoch, uint64_t total) {
         m_epoch = epoch;
         m_total = total;
@@ -209,7 +212,10 @@ Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
                                                      m_opts.num_nodes, dev.config().hosts())
                                    : m_opts.cores),
       m_mode(parse_precision(m_opts.precision)),
-      m_warn([](const std::string& w) { std::fprintf(stderr, "%s\n", w.c_str()); }) {
+      // Every rank records the warning; rank 0 prints it (Lightning's rank_zero_warn).
+      m_warn([](const std::string& w) {
+          if (sim::Cluster::rank() == 0) std::fprintf(stderr, "%s\n", w.c_str());
+      }) {
     for (size_t i = 0; i < m_cores.size(); ++i)
         if (m_cores[i] >= dev.num_cores() ||
             std::find(m_cores.begin(), m_cores.begin() + int64_t(i), m_cores[i]) !=

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <utility>
 
 #include <fmt/format.h>
@@ -43,6 +44,23 @@ int parts(Precision p) {
 
 uint32_t round_up(uint32_t x, uint32_t m) {
     return (x + m - 1) / m * m;
+}
+
+/// `n` fp32 values from `src` as bf16 into `dst` (parts `part_stride` apart, P of them), then
+/// zeros up to `width`: one row of a tile in the kernel's HBM layout. The one-part loop is the
+/// common case and vectorises.
+void pack_row(const float* src, uint32_t n, uint32_t width, int P, size_t part_stride,
+              uint16_t* dst) {
+    if (P == 1) {
+        for (uint32_t i = 0; i < n; ++i) dst[i] = hw::f32_to_bf16(src[i]);
+    } else {
+        for (uint32_t i = 0; i < n; ++i) {
+            const auto s = hw::split3(src[i]);
+            for (int q = 0; q < P; ++q) dst[q * part_stride + i] = s[q];
+        }
+    }
+    for (int q = 0; q < P; ++q)
+        std::fill(dst + q * part_stride + n, dst + q * part_stride + width, 0);
 }
 
 /// VMEM map of the kernel: A block panels, double-buffered W tiles per MXU, double-buffered C
@@ -699,23 +717,25 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                 dev.write_timing(p.w, p.w.bytes);
                 continue;
             }
-            std::vector<uint16_t> al(size_t(P) * m * Kp, 0), wl(size_t(P) * Kp * Np, 0);
-            for (uint32_t r = 0; r < m; ++r)
-                for (uint32_t k = 0; k < K; ++k) {
-                    const auto s = hw::split3(a[size_t(p.row0 + r) * K + k]);
-                    const size_t at = (size_t(k / R) * m + r) * R + k % R;
-                    for (int q = 0; q < P; ++q) al[size_t(q) * m * Kp + at] = s[q];
-                }
+            // Every element, padding included, is written below: no zero-fill ahead of it.
+            const size_t a_part = size_t(m) * Kp, w_part = size_t(Kp) * Np;
+            const std::unique_ptr<uint16_t[]> al(new uint16_t[P * a_part]);
+            const std::unique_ptr<uint16_t[]> wl(new uint16_t[P * w_part]);
+            for (uint32_t k0 = 0; k0 < Kp; k0 += R)
+                for (uint32_t r = 0; r < m; ++r)
+                    pack_row(&a[size_t(p.row0 + r) * K + k0], std::min(R, K - std::min(K, k0)), R,
+                             P, a_part, &al[(size_t(k0 / R) * m + r) * R]);
             const uint32_t n0 = p.tile0 * C, n1 = std::min(N, n0 + Np);
-            for (uint32_t k = 0; k < K; ++k)
-                for (uint32_t n = n0; n < n1; ++n) {
-                    const auto s = hw::split3(w[size_t(k) * N + n]);
-                    const size_t tile = size_t(k / R) * p.tiles + (n - n0) / C;
-                    const size_t at = (tile * R + k % R) * C + (n - n0) % C;
-                    for (int q = 0; q < P; ++q) wl[size_t(q) * Kp * Np + at] = s[q];
+            for (uint32_t k = 0; k < Kp; ++k)
+                for (uint32_t t = 0; t < p.tiles; ++t) {
+                    const uint32_t first = n0 + t * C;
+                    const uint32_t n = k < K && first < n1 ? std::min(C, n1 - first) : 0;
+                    const size_t tile = size_t(k / R) * p.tiles + t;
+                    pack_row(n ? &w[size_t(k) * N + first] : nullptr, n, C, P, w_part,
+                             &wl[(tile * R + k % R) * C]);
                 }
-            dev.write(p.a, al.data(), al.size() * 2);
-            dev.write(p.w, wl.data(), wl.size() * 2);
+            dev.write(p.a, al.get(), P * a_part * 2);
+            dev.write(p.w, wl.get(), P * w_part * 2);
         }
         // Every block starts at once (disjoint cores): one launch per program.
         std::vector<LaunchHandle> handles;
@@ -737,7 +757,10 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
             }));
         }
         res.event = wait_all(dev, handles);
-        std::vector<float> part;
+        size_t part_max = 0;
+        for (const Part& p : work) part_max = std::max(part_max, size_t(p.rows) * p.tiles * C);
+        // Overwritten whole by each read: no zero-fill.
+        const std::unique_ptr<float[]> part(values ? new float[part_max] : nullptr);
         if (values) res.c.assign(size_t(M) * N, 0.0f);
         for (const Part& p : work) {
             if (!values) {
@@ -745,8 +768,7 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                 continue;
             }
             const uint32_t Np = p.tiles * C, n0 = p.tile0 * C;
-            part.resize(size_t(p.rows) * Np);
-            dev.read(p.c, part.data(), part.size() * 4);
+            dev.read(p.c, part.get(), size_t(p.rows) * Np * 4);
             for (uint32_t r = 0; r < p.rows; ++r)
                 for (uint32_t n = n0; n < std::min(N, n0 + Np); n += C)
                     std::copy_n(&part[(size_t((n - n0) / C) * p.rows + r) * C], std::min(C, N - n),

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/common/paths.h"
+#include "tests/common/scratch.h"
 
 namespace tpu::test {
 
@@ -23,10 +24,9 @@ struct CliResult {
     std::string err;  ///< everything written to stderr
 };
 
-/// A path in the temporary directory private to this test process (ctest runs tests in
-/// parallel, all sharing TempDir()).
+/// A path in the temporary directory private to this test process, removed at exit.
 inline std::string tmp(const std::string& name) {
-    return ::testing::TempDir() + "/tpusim-" + std::to_string(getpid()) + "-" + name;
+    return scratch(name);
 }
 
 /// TEXT as one single-quoted shell word, for paths and values with spaces or metacharacters.

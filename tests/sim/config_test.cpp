@@ -18,6 +18,7 @@
 #include "hw/board_config.h"
 #include "sim/config_io.h"
 #include "tests/common/paths.h"
+#include "tests/common/scratch.h"
 
 namespace tpu::hw {
 namespace {
@@ -56,9 +57,9 @@ std::string error_of_validate(BoardConfig cfg) {
     return "no error";
 }
 
-/// A path private to this test process (ctest runs test processes in parallel).
+/// A path private to this test process, removed at exit.
 std::string tmp(const std::string& name) {
-    return ::testing::TempDir() + "/config-test-" + std::to_string(getpid()) + "-" + name;
+    return test::scratch("config-" + name);
 }
 
 // ---- defaults and presets ----

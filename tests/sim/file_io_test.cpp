@@ -11,6 +11,7 @@
 
 #include "sim/file_io.h"
 #include "tests/common/paths.h"
+#include "tests/common/scratch.h"
 
 namespace tpu::sim {
 namespace {
@@ -20,8 +21,7 @@ using test::slurp;
 
 /// A fresh directory private to this test process.
 std::string fresh_dir(const std::string& name) {
-    return test::fresh_dir(::testing::TempDir() + "/file_io-" + std::to_string(getpid()) + "-" +
-                           name);
+    return test::fresh_dir(test::scratch("file_io-" + name));
 }
 using test::listing;
 

@@ -13,6 +13,7 @@
 
 #include "sim/tracer.h"
 #include "tests/common/paths.h"
+#include "tests/common/scratch.h"
 
 namespace tpu::sim {
 namespace {
@@ -22,7 +23,7 @@ using test::slurp;
 
 /// A per-process temp file, so parallel ctest processes never share one.
 std::string tmp(const std::string& name) {
-    return ::testing::TempDir() + "/tracer-" + std::to_string(getpid()) + "-" + name;
+    return test::scratch("tracer-" + name);
 }
 
 void write_sample(const std::string& path, std::string_view filter = {}, uint64_t b = 0,

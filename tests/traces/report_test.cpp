@@ -14,6 +14,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/common/scratch.h"
+
 namespace tpu::traces {
 namespace {
 
@@ -288,8 +290,7 @@ TEST(ReportTest, HeadlessChromiumRendersTheSvg) {
     if (!std::filesystem::exists(chromium))
         GTEST_SKIP() << "Debian's chromium is not installed (" << chromium
                      << "); the page's DOM is not checked in a browser";
-    const std::filesystem::path page =
-        std::filesystem::path(::testing::TempDir()) / "tpusim_report_test.html";
+    const std::filesystem::path page = test::scratch("report_test.html");
     std::ofstream(page) << render_report(trace(), stats(), "t", config());
     const std::string cmd = chromium + " --headless --disable-gpu --no-sandbox --dump-dom file://" +
                             page.string() + " 2>/dev/null";

@@ -14,6 +14,7 @@
 #include "driver/kernels/tensor.h"
 #include "hw/board_config.h"
 #include "tests/common/paths.h"
+#include "tests/common/scratch.h"
 #include "trainer/data_loader.h"
 #include "trainer/dataset.h"
 #include "trainer/metrics.h"
@@ -643,8 +644,7 @@ void fit_and_save(Trainer& trainer, Module& model, const std::string& path) {
 
 TEST(TrainerCheckpoint, SaveIsAtomicAndLoadRestoresParameters) {
     auto dev = driver::Device::open(board());
-    const std::string path =
-        ::testing::TempDir() + "/tpusim-ckpt-" + std::to_string(::getpid()) + ".ckpt";
+    const std::string path = test::scratch("ckpt.ckpt");
     const TrainerOptions opts = checkpoint_options();
     Trainer a(*dev, opts);
     Mlp model({16, 8, 4}, {}, 2);
@@ -717,8 +717,7 @@ TEST(Trainer, ValidationLossIsTheMeanOverExamples) {
 
 TEST(TrainerCheckpoint, HeaderFieldsAreCheckedBeforeUse) {
     auto dev = driver::Device::open(board());
-    const std::string path =
-        ::testing::TempDir() + "/tpusim-ckpt-hdr-" + std::to_string(::getpid()) + ".ckpt";
+    const std::string path = test::scratch("ckpt-hdr.ckpt");
     const TrainerOptions opts = checkpoint_options();
     Trainer a(*dev, opts);
     Mlp model({16, 8, 4}, {}, 2);
