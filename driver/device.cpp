@@ -83,8 +83,6 @@ Buffer Device::alloc(uint64_t bytes, uint32_t core) {
         free.erase(it);
         if (size > need) free.emplace(addr + need, size - need);
         m_used[core].emplace(addr, need);
-        // The buffer will be written in full (first fit keeps the heap dense): huge pages.
-        if (m_board->owns(core)) m_board->hbm(core).advise_dense(addr, need);
         TPU_LOG(Debug, "driver", "alloc {} bytes at 0x{:x} on core {}", bytes, addr, core);
         return Buffer{core, addr, bytes};
     }

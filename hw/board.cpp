@@ -277,8 +277,6 @@ struct Board::Impl : CoreEnv {
                                                          cfg.hbm.bytes_per_core));
             vmem.push_back(
                 std::make_unique<SparseMemory>(fmt::format("core{}.vmem", i), cfg.core.vmem_bytes));
-            // A scratchpad that kernels tile through: fewer page faults with huge pages.
-            vmem.back()->advise_dense(0, cfg.core.vmem_bytes);
             hbm_timing.push_back(make_hbm_timing(cfg));
             models.push_back(
                 std::make_unique<CoreModel>(i, cfg, *hbm[i], *vmem[i], this, hbm_timing[i].get()));

@@ -13,28 +13,13 @@ SparseMemory::SparseMemory(std::string name, uint64_t size_bytes, Backing backin
     if (m_size == 0 || backing == Backing::Pages) return;
     // MAP_NORESERVE: the OS commits (and zeroes) a page only when it is first written; reading
     // an untouched page maps the shared zero page.
-    // One huge page more than asked, so the base can sit on a huge-page boundary and
-    // advise_dense's aligned ranges are the OS's huge pages.
-    m_map_size = m_size + kHugePageBytes;
-    void* p = ::mmap(nullptr, m_map_size, PROT_READ | PROT_WRITE,
+    void* p = ::mmap(nullptr, m_size, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return;
-    m_map = static_cast<uint8_t*>(p);
-    const auto at = reinterpret_cast<uintptr_t>(m_map);
-    m_base = m_map + ((at + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes - at);
+    if (p != MAP_FAILED) m_base = static_cast<uint8_t*>(p);
 }
 
 SparseMemory::~SparseMemory() {
-    if (m_map) ::munmap(m_map, m_map_size);
-}
-
-void SparseMemory::advise_dense(uint64_t addr, uint64_t bytes) {
-    if (!m_base || bytes == 0) return;
-    const uint64_t first = addr / kHugePageBytes * kHugePageBytes;
-    const uint64_t end =
-        std::min(m_size, (addr + bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes);
-    // A hint: where the OS has no transparent huge pages it fails, and nothing changes.
-    ::madvise(m_base + first, end - first, MADV_HUGEPAGE);
+    if (m_base) ::munmap(m_base, m_size);
 }
 
 // A new page is left uninitialised where the caller is about to write

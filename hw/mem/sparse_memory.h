@@ -20,7 +20,6 @@ namespace tpu::hw {
 class SparseMemory {
 public:
     static constexpr uint64_t kPageBytes = 64 * 1024;  ///< allocation granule of the fallback
-    static constexpr uint64_t kHugePageBytes = 2 * 1024 * 1024;  ///< x86-64's transparent huge page
 
     /// How the bytes are held: one reservation when the OS grants it, or pages.
     enum class Backing { Reserve, Pages };
@@ -49,11 +48,6 @@ public:
     void write(uint64_t addr, std::span<const uint8_t> in);
     /// Fills with a byte value; requires in_range.
     void fill(uint64_t addr, uint64_t bytes, uint8_t value);
-    /// A hint that [addr, addr + bytes) is about to be written in full (a driver allocation):
-    /// the huge pages it overlaps are backed by the OS's transparent huge pages where it offers
-    /// them, so a first write costs one page fault per 2 MiB instead of one per 4 KiB. Values
-    /// are unaffected; a no-op in the paged fallback. Requires in_range.
-    void advise_dense(uint64_t addr, uint64_t bytes);
 
 private:
     uint8_t* page(uint64_t index, uint64_t keep_off, uint64_t keep_bytes);
@@ -62,8 +56,6 @@ private:
     std::string m_name;
     uint64_t m_size;
     uint8_t* m_base = nullptr;  ///< the reservation, or null in the paged fallback
-    uint8_t* m_map = nullptr;   ///< the mapping m_base lies in (aligned up to a huge page)
-    uint64_t m_map_size = 0;
     std::unordered_map<uint64_t, std::unique_ptr<uint8_t[]>> m_pages;
 };
 

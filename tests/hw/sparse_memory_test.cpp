@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <random>
-#include <utility>
 #include <vector>
 
 #include "hw/mem/sparse_memory.h"
@@ -61,37 +60,6 @@ TEST(SparseMemory, AWriteIntoANewPageLeavesTheRestZero) {
     std::vector<uint8_t> out(kPage);
     pages.read(kPage, out);
     for (uint64_t i = 0; i < kPage; ++i) ASSERT_EQ(out[i], i >= 1000 && i < 1100 ? 0xAB : 0) << i;
-}
-
-TEST(SparseMemory, AdviseDenseAlignsTheBaseAndChangesNoBytes) {
-    constexpr uint64_t kHuge = SparseMemory::kHugePageBytes;
-    const uint64_t size = 2 * kHuge + 3 * kPage + 4096;  // ends inside a huge page
-    SparseMemory reserve("r", size), pages("p", size, Backing::Pages);
-    ASSERT_TRUE(reserve.contiguous());
-    // Huge pages are aligned in the address space: so must the base be for advised ranges to
-    // map onto them.
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(reserve.data(0)) % kHuge, 0u);
-    std::vector<uint8_t> model(size);
-    std::mt19937 rng(2);
-    for (auto& b : model) b = uint8_t(rng());
-    reserve.write(kHuge - 100, {model.data() + kHuge - 100, 200});  // straddles a boundary
-    // Every kind of range: inside one huge page, across two, ending at the last byte, empty.
-    for (const auto& [addr, bytes] : std::vector<std::pair<uint64_t, uint64_t>>{
-             {0, 1}, {kHuge - 1, 2}, {kHuge + 5, kHuge}, {size - 4096, 4096}, {0, size}, {7, 0}}) {
-        reserve.advise_dense(addr, bytes);
-        pages.advise_dense(addr, bytes);
-    }
-    std::vector<uint8_t> out(200);
-    reserve.read(kHuge - 100, out);
-    EXPECT_EQ(out, std::vector<uint8_t>(model.begin() + ptrdiff_t(kHuge - 100),
-                                        model.begin() + ptrdiff_t(kHuge + 100)));
-    reserve.write(0, model);
-    pages.write(0, model);
-    std::vector<uint8_t> a(size), b(size);
-    reserve.read(0, a);
-    pages.read(0, b);
-    EXPECT_EQ(a, model);
-    EXPECT_EQ(b, model);
 }
 
 TEST(SparseMemory, HugeReservationCostsNothingUntilWritten) {
