@@ -2,7 +2,8 @@
 # cmake -DTPUSIM=BIN -DMPIEXEC=BIN -DWORK=DIR -DNAME=N -P equivalence.cmake -- ARGS...
 # Runs `tpusim ARGS --stats ...` in one process and under mpirun with 2 and 4 ranks, and fails
 # unless the three runs agree byte for byte: stdout without its host-time fields, the stats
-# file, and every other file named by a `@OUT@` argument (replaced by a per-run path).
+# file, every other file named by a `@OUT@` argument (replaced by a per-run path), and the
+# warnings on stderr (printed once, by rank 0). -DEXPECT_WARNING=1: the runs must warn.
 include(${CMAKE_CURRENT_LIST_DIR}/../cmake/script_args.cmake)
 tpu_script_args(args)
 file(REMOVE_RECURSE "${WORK}")
@@ -32,8 +33,16 @@ foreach(np 1 2 4)
     # Host time differs from run to run; everything simulated must not.
     string(REGEX REPLACE "\"host_seconds[a-z_]*\":[^,}]*,?" "" out "${out}")
     set(out_${np} "${out}")
+    string(REGEX MATCHALL "warning:[^\n]*" warn_${np} "${err}")
 endforeach()
+if(EXPECT_WARNING AND NOT warn_1)
+    message(FATAL_ERROR "${NAME}: expected a warning on stderr, got none")
+endif()
 foreach(np 2 4)
+    if(NOT "${warn_${np}}" STREQUAL "${warn_1}")
+        message(FATAL_ERROR "${NAME}: warnings with ${np} ranks differ from one process:\n"
+                            "${warn_${np}}\nvs\n${warn_1}")
+    endif()
     if(NOT out_${np} STREQUAL out_1)
         message(FATAL_ERROR "${NAME}: stdout with ${np} ranks differs from one process:\n"
                             "${out_${np}}\nvs\n${out_1}")

@@ -17,7 +17,15 @@ add_test(NAME Pod.AllReduceIsTheSameOn1And2And4Ranks
                  -DWORK=${CMAKE_CURRENT_BINARY_DIR}/pod_allreduce -DNAME=allreduce
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/pod/equivalence.cmake --
                  op allreduce --config ${tpu_pod_config} --cores all --elements 4194304 --json)
+# A last batch of 9 rows per device recompiles and warns: every rank records it, rank 0 prints.
+add_test(NAME Pod.WarningsPrintOnceOn1And2And4Ranks
+         COMMAND ${CMAKE_COMMAND} -DTPUSIM=$<TARGET_FILE:tpusim_cli> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+                 -DWORK=${CMAKE_CURRENT_BINARY_DIR}/pod_warn -DNAME=warn -DEXPECT_WARNING=1
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/pod/equivalence.cmake --
+                 train --config ${tpu_pod_config} --devices 8 --num-nodes 4 --data synthetic
+                 --synthetic-count 800 --epochs 1 --limit-test-batches 1 --no-progress --json)
 set_tests_properties(Pod.TrainingIsTheSameOn1And2And4Ranks Pod.AllReduceIsTheSameOn1And2And4Ranks
+                     Pod.WarningsPrintOnceOn1And2And4Ranks
                      PROPERTIES LABELS "mpi;long" TIMEOUT 900 PROCESSORS 2
                                 ENVIRONMENT "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1")
 
