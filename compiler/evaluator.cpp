@@ -1,0 +1,745 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "compiler/evaluator.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "driver/kernels/allreduce.h"
+#include "driver/kernels/conv2d.h"
+#include "driver/kernels/gemm.h"
+#include "driver/kernels/pool.h"
+#include "hw/core/numerics.h"
+
+namespace tpu::compiler {
+namespace {
+
+/// `x` as a value of type `t`: f32 rounding, bf16 rounding, s32 wrap-around, pred 0/1.
+double store(DType t, double x) {
+    switch (t) {
+        case DType::F32:
+            return double(float(x));
+        case DType::BF16:
+            return double(hw::bf16_round(float(x)));
+        case DType::S32: {
+            if (std::isnan(x)) return 0;
+            const double c = std::clamp(std::trunc(x), -2147483648.0, 2147483647.0);
+            return c;
+        }
+        case DType::Pred:
+            return x != 0 ? 1 : 0;
+    }
+    return x;
+}
+
+/// max/min with NaN winning (the VPU's v.max and v.maxs).
+float max_nan(float a, float b) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+    return a > b ? a : b;
+}
+float min_nan(float a, float b) {
+    if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+    return a < b ? a : b;
+}
+
+std::vector<int64_t> strides_of(const std::vector<int64_t>& dims) {
+    std::vector<int64_t> s(dims.size(), 1);
+    for (size_t i = dims.size(); i-- > 1;) s[i - 1] = s[i] * dims[i];
+    return s;
+}
+
+/// Multi-index of linear row-major index `i`.
+void unravel(int64_t i, const std::vector<int64_t>& dims, std::vector<int64_t>& idx) {
+    idx.resize(dims.size());
+    for (size_t d = dims.size(); d-- > 0;) {
+        idx[d] = dims[d] ? i % dims[d] : 0;
+        if (dims[d]) i /= dims[d];
+    }
+}
+
+int64_t ravel(const std::vector<int64_t>& idx, const std::vector<int64_t>& strides) {
+    int64_t i = 0;
+    for (size_t d = 0; d < idx.size(); ++d) i += idx[d] * strides[d];
+    return i;
+}
+
+driver::Precision mxu_precision(Precision p, DType t) {
+    if (t == DType::BF16) return driver::Precision::Bf16;
+    switch (p) {
+        case Precision::Default:
+            return driver::Precision::Bf16;
+        case Precision::High:
+            return driver::Precision::Fp32Pass3;
+        case Precision::Highest:
+            return driver::Precision::Fp32Pass6;
+    }
+    return driver::Precision::Bf16;
+}
+
+[[noreturn]] void eval_fail(const Op& op, const std::string& what) {
+    throw EvalError(fmt::format("{}{}: {}", op_name(op.kind),
+                                op.name.empty() ? "" : " (" + op.name + ")", what));
+}
+
+HostArray eval_dot(const Op& op, const HostArray& l, const HostArray& r, uint32_t R,
+                   const Shape& out) {
+    const DotDims& d = op.attrs.dot;
+    const auto free = [](int64_t rank, const std::vector<int64_t>& b, const std::vector<int64_t>& c) {
+        std::vector<int64_t> f;
+        for (int64_t i = 0; i < rank; ++i)
+            if (std::find(b.begin(), b.end(), i) == b.end() && std::find(c.begin(), c.end(), i) == c.end())
+                f.push_back(i);
+        return f;
+    };
+    const auto lf = free(l.shape.rank(), d.lhs_batch, d.lhs_contracting);
+    const auto rf = free(r.shape.rank(), d.rhs_batch, d.rhs_contracting);
+    const auto prod = [](const Shape& s, const std::vector<int64_t>& dims) {
+        int64_t n = 1;
+        for (int64_t x : dims) n *= s.dims[size_t(x)];
+        return n;
+    };
+    const int64_t B = prod(l.shape, d.lhs_batch), M = prod(l.shape, lf), K = prod(l.shape, d.lhs_contracting),
+                  N = prod(r.shape, rf);
+    // Linear position of a multi-index within a list of dims (row-major over that list).
+    const auto pos = [](const std::vector<int64_t>& idx, const Shape& s, const std::vector<int64_t>& dims) {
+        int64_t p = 0;
+        for (int64_t x : dims) p = p * s.dims[size_t(x)] + idx[size_t(x)];
+        return p;
+    };
+    std::vector<std::vector<float>> A(size_t(B), std::vector<float>(size_t(M * K))),
+        W(size_t(B), std::vector<float>(size_t(K * N)));
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < l.shape.elements(); ++i) {
+        unravel(i, l.shape.dims, idx);
+        A[size_t(pos(idx, l.shape, d.lhs_batch))][size_t(pos(idx, l.shape, lf) * K +
+                                                         pos(idx, l.shape, d.lhs_contracting))] =
+            float(l.data[size_t(i)]);
+    }
+    for (int64_t i = 0; i < r.shape.elements(); ++i) {
+        unravel(i, r.shape.dims, idx);
+        W[size_t(pos(idx, r.shape, d.rhs_batch))][size_t(pos(idx, r.shape, d.rhs_contracting) * N +
+                                                         pos(idx, r.shape, rf))] =
+            float(r.data[size_t(i)]);
+    }
+    HostArray y = HostArray::zeros(out);
+    const auto prec = mxu_precision(op.attrs.precision, l.shape.dtype);
+    for (int64_t b = 0; b < B; ++b) {
+        if (M == 0 || N == 0) break;
+        const auto c = K == 0 ? std::vector<float>(size_t(M * N), 0.0f)
+                              : driver::gemm_reference(A[size_t(b)], W[size_t(b)], uint32_t(M),
+                                                       uint32_t(K), uint32_t(N), prec, R);
+        for (int64_t i = 0; i < M * N; ++i)
+            y.data[size_t(b * M * N + i)] = store(out.dtype, c[size_t(i)]);
+    }
+    return y;
+}
+
+driver::Conv2dShape conv_shape(const std::vector<int64_t>& x, int64_t cout, const Window& w) {
+    driver::Conv2dShape s;
+    s.batch = uint32_t(x[0]);
+    s.height = uint32_t(x[1]);
+    s.width = uint32_t(x[2]);
+    s.cin = uint32_t(x[3]);
+    s.cout = uint32_t(cout);
+    s.kernel = uint32_t(w.kernel);
+    s.stride = uint32_t(w.stride);
+    s.pad = uint32_t(w.pad);
+    return s;
+}
+
+driver::PoolShape pool_shape(const std::vector<int64_t>& x, const Window& w) {
+    driver::PoolShape s;
+    s.batch = uint32_t(x[0]);
+    s.height = uint32_t(x[1]);
+    s.width = uint32_t(x[2]);
+    s.channels = uint32_t(x[3]);
+    s.kernel = uint32_t(w.kernel);
+    s.stride = uint32_t(w.stride);
+    s.pad = uint32_t(w.pad);
+    return s;
+}
+
+/// conv2d at three or six MXU passes: per output, tap by tap, each Cin tile of R channels and
+/// each pass a sum from +0.0 in channel order, added to the fp32 accumulator (the first stored),
+/// the implicit GEMM's order at every precision.
+std::vector<float> conv2d_passes(const std::vector<float>& x, const std::vector<float>& w,
+                                 const driver::Conv2dShape& s, driver::Precision p, uint32_t R) {
+    const auto passes = driver::mxu_passes(p);
+    const uint32_t Ho = s.out_height(), Wo = s.out_width();
+    std::vector<float> y(size_t(s.batch) * Ho * Wo * s.cout);
+    for (uint32_t n = 0; n < s.batch; ++n)
+        for (uint32_t oy = 0; oy < Ho; ++oy)
+            for (uint32_t ox = 0; ox < Wo; ++ox)
+                for (uint32_t co = 0; co < s.cout; ++co) {
+                    float acc = 0;
+                    bool first = true;
+                    for (uint32_t kh = 0; kh < s.kernel; ++kh)
+                        for (uint32_t kw = 0; kw < s.kernel; ++kw) {
+                            const int64_t iy = int64_t(oy) * s.stride + kh - s.pad,
+                                          ix = int64_t(ox) * s.stride + kw - s.pad;
+                            const bool inside = iy >= 0 && iy < s.height && ix >= 0 && ix < s.width;
+                            for (uint32_t c0 = 0; c0 < s.cin; c0 += R)
+                                for (const auto& [pa, pw] : passes) {
+                                    float sum = 0;
+                                    for (uint32_t c = c0; c < std::min(s.cin, c0 + R); ++c) {
+                                        const float xv =
+                                            inside ? x[((size_t(n) * s.height + size_t(iy)) * s.width +
+                                                        size_t(ix)) * s.cin + c]
+                                                   : 0.0f;
+                                        const float wv =
+                                            w[((size_t(kh) * s.kernel + kw) * s.cin + c) * s.cout + co];
+                                        sum += hw::bf16_to_f32(hw::split3(xv)[size_t(pa)]) *
+                                               hw::bf16_to_f32(hw::split3(wv)[size_t(pw)]);
+                                    }
+                                    acc = first ? sum : acc + sum;
+                                    first = false;
+                                }
+                        }
+                    y[((size_t(n) * Ho + oy) * Wo + ox) * s.cout + co] = acc;
+                }
+    return y;
+}
+
+/// Evaluates one op (not a leaf or a collective) on one replica.
+std::vector<HostArray> eval_op(const Graph& g, const Op& op, const std::vector<const HostArray*>& in,
+                               const EvalOptions& o) {
+    const Shape& out = g.shape(op.results[0]);
+    const Attrs& a = op.attrs;
+    HostArray y = HostArray::zeros(out);
+    const int64_t n = out.elements();
+    std::vector<int64_t> idx, src;
+    switch (op_class(op.kind)) {
+        case OpClass::Literal:
+            y.data[0] = store(out.dtype, a.scalar);
+            return {y};
+        case OpClass::Elementwise:
+            for (int64_t i = 0; i < n; ++i) {
+                const size_t k = size_t(i);
+                const double x0 = in[0]->data[k];
+                const float f0 = float(x0);
+                double r = 0;
+                switch (op.kind) {
+                    case OpKind::Neg:
+                        r = out.dtype == DType::S32 ? -x0 : double(-f0);
+                        break;
+                    case OpKind::Abs:
+                        r = out.dtype == DType::S32 ? std::fabs(x0) : double(std::fabs(f0));
+                        break;
+                    case OpKind::Exp:
+                        r = std::exp(f0);
+                        break;
+                    case OpKind::Log:
+                        r = std::log(f0);
+                        break;
+                    case OpKind::Rsqrt:
+                        r = 1.0f / std::sqrt(f0);
+                        break;
+                    case OpKind::Sqrt:
+                        r = std::sqrt(f0);
+                        break;
+                    case OpKind::Tanh:
+                        r = std::tanh(f0);
+                        break;
+                    case OpKind::Erf:
+                        r = std::erf(f0);
+                        break;
+                    case OpKind::Convert:
+                        r = in[0]->shape.dtype == DType::S32 || in[0]->shape.dtype == DType::Pred
+                                ? x0
+                                : double(f0);
+                        break;
+                    case OpKind::Select:
+                        r = x0 != 0 ? in[1]->data[k] : in[2]->data[k];
+                        break;
+                    default: {
+                        const double x1 = in[1]->data[k];
+                        const float f1 = float(x1);
+                        const bool integer = in[0]->shape.dtype == DType::S32 ||
+                                             in[0]->shape.dtype == DType::Pred;
+                        switch (op.kind) {
+                            case OpKind::Add:
+                                r = integer ? x0 + x1 : double(f0 + f1);
+                                break;
+                            case OpKind::Sub:
+                                r = integer ? x0 - x1 : double(f0 - f1);
+                                break;
+                            case OpKind::Mul:
+                                r = integer ? x0 * x1 : double(f0 * f1);
+                                break;
+                            case OpKind::Div:
+                                r = f0 / f1;
+                                break;
+                            case OpKind::Max:
+                                r = integer ? std::max(x0, x1) : double(max_nan(f0, f1));
+                                break;
+                            case OpKind::Min:
+                                r = integer ? std::min(x0, x1) : double(min_nan(f0, f1));
+                                break;
+                            case OpKind::Pow:
+                                r = std::pow(f0, f1);
+                                break;
+                            case OpKind::Compare: {
+                                const double p = integer ? x0 : double(f0), q = integer ? x1 : double(f1);
+                                switch (a.comparison) {
+                                    case Comparison::Eq: r = p == q; break;
+                                    case Comparison::Ne: r = p != q; break;
+                                    case Comparison::Lt: r = p < q; break;
+                                    case Comparison::Le: r = p <= q; break;
+                                    case Comparison::Gt: r = p > q; break;
+                                    case Comparison::Ge: r = p >= q; break;
+                                }
+                                break;
+                            }
+                            default:
+                                eval_fail(op, "not an elementwise op");
+                        }
+                    }
+                }
+                y.data[k] = store(out.dtype, r);
+            }
+            return {y};
+        case OpClass::Movement:
+            switch (op.kind) {
+                case OpKind::Broadcast: {
+                    const auto st = strides_of(in[0]->shape.dims);
+                    for (int64_t i = 0; i < n; ++i) {
+                        unravel(i, out.dims, idx);
+                        int64_t j = 0;
+                        for (size_t d = 0; d < a.dims.size(); ++d) j += idx[size_t(a.dims[d])] * st[d];
+                        y.data[size_t(i)] = in[0]->data[size_t(j)];
+                    }
+                    return {y};
+                }
+                case OpKind::Reshape:
+                    y.data = in[0]->data;
+                    return {y};
+                case OpKind::Transpose: {
+                    const auto st = strides_of(in[0]->shape.dims);
+                    src.resize(a.dims.size());
+                    for (int64_t i = 0; i < n; ++i) {
+                        unravel(i, out.dims, idx);
+                        for (size_t d = 0; d < a.dims.size(); ++d) src[size_t(a.dims[d])] = idx[d];
+                        y.data[size_t(i)] = in[0]->data[size_t(ravel(src, st))];
+                    }
+                    return {y};
+                }
+                case OpKind::Slice: {
+                    const auto st = strides_of(in[0]->shape.dims);
+                    for (int64_t i = 0; i < n; ++i) {
+                        unravel(i, out.dims, idx);
+                        for (size_t d = 0; d < idx.size(); ++d) idx[d] += a.dims[d];
+                        y.data[size_t(i)] = in[0]->data[size_t(ravel(idx, st))];
+                    }
+                    return {y};
+                }
+                case OpKind::Concatenate: {
+                    for (int64_t i = 0; i < n; ++i) {
+                        unravel(i, out.dims, idx);
+                        int64_t at = idx[size_t(a.axis)];
+                        for (const HostArray* part : in) {
+                            const int64_t len = part->shape.dims[size_t(a.axis)];
+                            if (at < len) {
+                                idx[size_t(a.axis)] = at;
+                                y.data[size_t(i)] =
+                                    part->data[size_t(ravel(idx, strides_of(part->shape.dims)))];
+                                break;
+                            }
+                            at -= len;
+                        }
+                    }
+                    return {y};
+                }
+                case OpKind::Iota:
+                    for (int64_t i = 0; i < n; ++i) {
+                        unravel(i, out.dims, idx);
+                        y.data[size_t(i)] = store(out.dtype, double(idx[size_t(a.axis)]));
+                    }
+                    return {y};
+                default:
+                    break;
+            }
+            break;
+        case OpClass::Reduce: {
+            const HostArray& x = *in[0];
+            const bool sum = a.reducer == Reducer::Sum;
+            std::vector<float> acc(size_t(n), sum ? 0.0f : -std::numeric_limits<float>::infinity());
+            std::vector<char> keep(size_t(x.shape.rank()), 1);
+            for (int64_t d : a.dims) keep[size_t(d)] = 0;
+            const auto ost = strides_of(out.dims);
+            // Row-major over the input visits each output's reduced indices in index order.
+            for (int64_t i = 0; i < x.shape.elements(); ++i) {
+                unravel(i, x.shape.dims, idx);
+                int64_t j = 0, k = 0;
+                for (size_t d = 0; d < idx.size(); ++d)
+                    if (keep[d]) j += idx[d] * ost[size_t(k++)];
+                const float v = float(x.data[size_t(i)]);
+                acc[size_t(j)] = sum ? acc[size_t(j)] + v : max_nan(acc[size_t(j)], v);
+            }
+            for (int64_t i = 0; i < n; ++i) y.data[size_t(i)] = store(out.dtype, acc[size_t(i)]);
+            return {y};
+        }
+        case OpClass::Contraction: {
+            if (op.kind == OpKind::Dot) return {eval_dot(op, *in[0], *in[1], o.mxu_rows, out)};
+            std::vector<float> r;
+            if (op.kind == OpKind::Conv2d) {
+                const auto s = conv_shape(in[0]->shape.dims, in[1]->shape.dims[3], a.window);
+                const auto prec = mxu_precision(a.precision, in[0]->shape.dtype);
+                if (prec == driver::Precision::Bf16)
+                    r = driver::conv2d_reference(in[0]->floats(), in[1]->floats(),
+                                                 std::vector<float>(s.cout, 0.0f), s, o.mxu_rows);
+                else
+                    r = conv2d_passes(in[0]->floats(), in[1]->floats(), s, prec, o.mxu_rows);
+            } else {
+                if (mxu_precision(a.precision, in[0]->shape.dtype) != driver::Precision::Bf16)
+                    eval_fail(op, "convolution gradients above default precision are not in the "
+                                  "host evaluator yet");
+                const auto& xd = a.window.input_dims;
+                if (op.kind == OpKind::Conv2dInputGrad) {
+                    const auto s = conv_shape(xd, in[1]->shape.dims[3], a.window);
+                    const std::vector<float> zeros_x(size_t(Shape{DType::F32, xd}.elements()), 0.0f);
+                    r = driver::conv2d_grad_reference(zeros_x, in[1]->floats(), in[0]->floats(), s,
+                                                      o.mxu_rows, 8)
+                            .dx;
+                } else {
+                    const auto s = conv_shape(xd, in[1]->shape.dims[3], a.window);
+                    const std::vector<float> zeros_w(size_t(out.elements()), 0.0f);
+                    r = driver::conv2d_grad_reference(in[0]->floats(), zeros_w, in[1]->floats(), s,
+                                                      o.mxu_rows, 8)
+                            .dw;
+                }
+            }
+            return {HostArray::from_floats(out, r)};
+        }
+        case OpClass::Window: {
+            std::vector<float> r;
+            switch (op.kind) {
+                case OpKind::Pool: {
+                    const auto s = pool_shape(in[0]->shape.dims, a.window);
+                    r = a.pool == PoolKind::Max ? driver::max_pool2d_reference(s, in[0]->floats())
+                                                : driver::avg_pool2d_reference(s, in[0]->floats());
+                    break;
+                }
+                case OpKind::MaxPoolGrad:
+                    r = driver::max_pool2d_grad_reference(pool_shape(in[0]->shape.dims, a.window),
+                                                          in[0]->floats(), in[1]->floats());
+                    break;
+                case OpKind::AvgPoolGrad:
+                    r = driver::avg_pool2d_grad_reference(pool_shape(a.window.input_dims, a.window),
+                                                          in[0]->floats());
+                    break;
+                case OpKind::ScatterAdd: {
+                    const HostArray &ix = *in[0], &up = *in[1];
+                    const int64_t rows = out.dims[0], row = out.elements() / std::max<int64_t>(rows, 1);
+                    std::vector<float> acc(size_t(out.elements()), 0.0f);
+                    for (int64_t i = 0; i < ix.shape.elements(); ++i) {
+                        const int64_t t = int64_t(ix.data[size_t(i)]);
+                        if (t < 0 || t >= rows)
+                            eval_fail(op, fmt::format("index {} outside the table's {} rows", t, rows));
+                        for (int64_t j = 0; j < row; ++j)
+                            acc[size_t(t * row + j)] += float(up.data[size_t(i * row + j)]);
+                    }
+                    r = acc;
+                    break;
+                }
+                default:
+                    break;
+            }
+            return {HostArray::from_floats(out, r)};
+        }
+        case OpClass::Gather: {
+            const HostArray &table = *in[0], &ix = *in[1];
+            const int64_t rows = table.shape.dims[0], row = table.shape.elements() / std::max<int64_t>(rows, 1);
+            for (int64_t i = 0; i < ix.shape.elements(); ++i) {
+                const int64_t t = int64_t(ix.data[size_t(i)]);
+                if (t < 0 || t >= rows)
+                    eval_fail(op, fmt::format("index {} outside the table's {} rows", t, rows));
+                std::copy_n(table.data.begin() + t * row, row, y.data.begin() + i * row);
+            }
+            return {y};
+        }
+        case OpClass::Rng: {
+            const uint32_t seed = uint32_t(int64_t(in[0]->data[0]));
+            for (int64_t i = 0; i < n; ++i) y.data[size_t(i)] = hw::vpu_uniform(seed, uint64_t(i));
+            return {y};
+        }
+        case OpClass::Custom: {
+            auto it = o.custom_calls.find(a.target);
+            if (it == o.custom_calls.end())
+                eval_fail(op, fmt::format("no host function is registered for \"{}\"", a.target));
+            std::vector<HostArray> args;
+            for (const HostArray* x : in) args.push_back(*x);
+            HostArray r = it->second(args, out);
+            if (!(r.shape == out) || int64_t(r.data.size()) != n)
+                eval_fail(op, fmt::format("\"{}\" returned {}, expected {}", a.target,
+                                          r.shape.to_string(), out.to_string()));
+            return {r};
+        }
+        case OpClass::Composite:
+            eval_fail(op, "is a composite: decompose() the graph first");
+        case OpClass::Leaf:
+        case OpClass::Collective:
+            break;
+    }
+    eval_fail(op, "cannot be evaluated here");
+}
+
+/// All-reduce across replicas: the driver's ring order and rounding.
+std::vector<HostArray> eval_all_reduce(const Op& op, const Shape& out,
+                                       const std::vector<const HostArray*>& per_replica) {
+    std::vector<std::vector<float>> rs;
+    for (const HostArray* x : per_replica) rs.push_back(x->floats());
+    const auto sum = rs.size() == 1 && op.attrs.scalar == 1.0
+                         ? rs[0]
+                         : driver::allreduce_reference(rs, float(op.attrs.scalar));
+    return std::vector<HostArray>(per_replica.size(), HostArray::from_floats(out, sum));
+}
+
+void check_bindings(const Graph& g, const Bindings& b) {
+    if (b.replicas() == 0) throw EvalError("evaluate: no replicas bound");
+    if (b.inputs.size() != b.replicas())
+        throw EvalError(fmt::format("evaluate: {} replicas of parameters but {} of inputs",
+                                    b.replicas(), b.inputs.size()));
+    const auto check = [&](OpKind k, const std::vector<std::vector<HostArray>>& data) {
+        const auto leaves = g.leaves(k);
+        for (size_t r = 0; r < data.size(); ++r) {
+            if (data[r].size() != leaves.size())
+                throw EvalError(fmt::format("evaluate: replica {} binds {} {}s, the graph has {}", r,
+                                            data[r].size(), op_name(k), leaves.size()));
+            for (size_t i = 0; i < leaves.size(); ++i) {
+                const Shape& s = g.shape(leaves[i]);
+                if (!(data[r][i].shape == s) || int64_t(data[r][i].data.size()) != s.elements())
+                    throw EvalError(fmt::format("evaluate: {} {} \"{}\" is {}, bound {}", op_name(k),
+                                                i, g.producer(leaves[i]).name, s.to_string(),
+                                                data[r][i].shape.to_string()));
+            }
+        }
+    };
+    check(OpKind::Parameter, b.parameters);
+    check(OpKind::Input, b.inputs);
+}
+
+HostArray leaf_value(const Graph& g, const Op& op, const Bindings& b, size_t r) {
+    switch (op.kind) {
+        case OpKind::Parameter:
+            return b.parameters[r][size_t(op.attrs.axis)];
+        case OpKind::Input:
+            return b.inputs[r][size_t(op.attrs.axis)];
+        default:
+            return HostArray::from_floats(g.shape(op.results[0]), g.constant_data(op.attrs.axis));
+    }
+}
+
+// ---- Byte buffers for evaluate_compiled -------------------------------------------------------
+
+void write_bytes(std::vector<uint8_t>& mem, uint64_t base, const HostArray& a, const Layout& l) {
+    const uint32_t eb = dtype_bytes(a.shape.dtype);
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < a.shape.elements(); ++i) {
+        unravel(i, a.shape.dims, idx);
+        const uint64_t at = base + physical_index(a.shape, l, idx) * eb;
+        const double v = a.data[size_t(i)];
+        switch (a.shape.dtype) {
+            case DType::F32: {
+                const uint32_t bits = std::bit_cast<uint32_t>(float(v));
+                std::memcpy(&mem.at(at + 3) - 3, &bits, 4);
+                break;
+            }
+            case DType::BF16: {
+                const uint16_t h = hw::f32_to_bf16(float(v));
+                std::memcpy(&mem.at(at + 1) - 1, &h, 2);
+                break;
+            }
+            case DType::S32: {
+                const int32_t s = int32_t(v);
+                std::memcpy(&mem.at(at + 3) - 3, &s, 4);
+                break;
+            }
+            case DType::Pred:
+                mem.at(at) = v != 0;
+                break;
+        }
+    }
+}
+
+HostArray read_bytes(const std::vector<uint8_t>& mem, uint64_t base, const Shape& s, const Layout& l) {
+    HostArray a = HostArray::zeros(s);
+    const uint32_t eb = dtype_bytes(s.dtype);
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < s.elements(); ++i) {
+        unravel(i, s.dims, idx);
+        const uint64_t at = base + physical_index(s, l, idx) * eb;
+        double& v = a.data[size_t(i)];
+        switch (s.dtype) {
+            case DType::F32: {
+                uint32_t bits;
+                std::memcpy(&bits, &mem.at(at + 3) - 3, 4);
+                v = std::bit_cast<float>(bits);
+                break;
+            }
+            case DType::BF16: {
+                uint16_t h;
+                std::memcpy(&h, &mem.at(at + 1) - 1, 2);
+                v = hw::bf16_to_f32(h);
+                break;
+            }
+            case DType::S32: {
+                int32_t x;
+                std::memcpy(&x, &mem.at(at + 3) - 3, 4);
+                v = x;
+                break;
+            }
+            case DType::Pred:
+                v = mem.at(at);
+                break;
+        }
+    }
+    return a;
+}
+
+/// One replica's HBM as the compiled step lays it out: one byte vector per allocation.
+struct Memory {
+    std::vector<std::vector<uint8_t>> parameters, inputs, constants, outputs;
+    std::vector<uint8_t> temp;
+
+    std::vector<uint8_t>& at(const BufferRef& b) {
+        switch (b.space) {
+            case BufferRef::Space::Parameter:
+                return parameters.at(b.index);
+            case BufferRef::Space::Input:
+                return inputs.at(b.index);
+            case BufferRef::Space::Constant:
+                return constants.at(b.index);
+            case BufferRef::Space::Output:
+                return outputs.at(b.index);
+            case BufferRef::Space::Temp:
+                return temp;
+        }
+        return temp;
+    }
+};
+
+}  // namespace
+
+HostArray HostArray::zeros(const Shape& s) {
+    return HostArray{s, std::vector<double>(size_t(s.elements()), 0.0)};
+}
+
+HostArray HostArray::from_floats(const Shape& s, const std::vector<float>& v) {
+    if (int64_t(v.size()) != s.elements())
+        throw EvalError(fmt::format("{} needs {} values, got {}", s.to_string(), s.elements(), v.size()));
+    HostArray a{s, std::vector<double>(v.size())};
+    for (size_t i = 0; i < v.size(); ++i) a.data[i] = store(s.dtype, v[i]);
+    return a;
+}
+
+std::vector<float> HostArray::floats() const {
+    return std::vector<float>(data.begin(), data.end());
+}
+
+std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& b, const EvalOptions& o) {
+    check_bindings(g, b);
+    const size_t R = b.replicas();
+    std::vector<std::vector<HostArray>> vals(R, std::vector<HostArray>(g.values().size()));
+    for (const Op& op : g.ops()) {
+        if (op_class(op.kind) == OpClass::Leaf) {
+            for (size_t r = 0; r < R; ++r) vals[r][op.results[0]] = leaf_value(g, op, b, r);
+            continue;
+        }
+        if (op_class(op.kind) == OpClass::Collective) {
+            std::vector<const HostArray*> xs;
+            for (size_t r = 0; r < R; ++r) xs.push_back(&vals[r][op.operands[0]]);
+            const auto ys = eval_all_reduce(op, g.shape(op.results[0]), xs);
+            for (size_t r = 0; r < R; ++r) vals[r][op.results[0]] = ys[r];
+            continue;
+        }
+        for (size_t r = 0; r < R; ++r) {
+            std::vector<const HostArray*> in;
+            for (ValueId v : op.operands) in.push_back(&vals[r][v]);
+            auto res = eval_op(g, op, in, o);
+            for (size_t i = 0; i < res.size(); ++i) vals[r][op.results[i]] = std::move(res[i]);
+        }
+    }
+    std::vector<std::vector<HostArray>> out(R);
+    for (size_t r = 0; r < R; ++r)
+        for (const Output& x : g.outputs()) out[r].push_back(vals[r][x.value]);
+    return out;
+}
+
+std::vector<std::vector<HostArray>> evaluate_compiled(const CompiledStep& step, const Bindings& b,
+                                                      const EvalOptions& o,
+                                                      std::vector<std::vector<HostArray>>* parameters_after) {
+    const Graph& g = step.graph;
+    check_bindings(g, b);
+    const size_t R = b.replicas();
+    std::vector<Memory> mem(R);
+    for (size_t r = 0; r < R; ++r) {
+        Memory& m = mem[r];
+        const auto fill = [&](const std::vector<LeafBuffer>& leaves,
+                              std::vector<std::vector<uint8_t>>& bufs) {
+            for (const LeafBuffer& lb : leaves) {
+                bufs.emplace_back(lb.bytes, 0);
+                write_bytes(bufs.back(), 0, leaf_value(g, g.producer(lb.value), b, r), lb.layout);
+            }
+        };
+        fill(step.parameters, m.parameters);
+        fill(step.inputs, m.inputs);
+        fill(step.constants, m.constants);
+        for (const OutputBuffer& ob : step.outputs)
+            m.outputs.emplace_back(ob.buffer.space == BufferRef::Space::Output ? ob.buffer.bytes : 0, 0);
+        m.temp.assign(step.memory.temp_bytes, 0);
+    }
+    for (const Fusion& f : step.fusions) {
+        std::vector<std::map<ValueId, HostArray>> env(R);
+        for (size_t r = 0; r < R; ++r)
+            for (const FusionValue& fv : f.operands)
+                env[r][fv.value] = read_bytes(mem[r].at(fv.buffer), fv.buffer.offset, fv.shape, fv.layout);
+        for (OpId id : f.ops) {
+            const Op& op = g.op(id);
+            if (op_class(op.kind) == OpClass::Collective) {
+                std::vector<const HostArray*> xs;
+                for (size_t r = 0; r < R; ++r) xs.push_back(&env[r].at(op.operands[0]));
+                const auto ys = eval_all_reduce(op, g.shape(op.results[0]), xs);
+                for (size_t r = 0; r < R; ++r) env[r][op.results[0]] = ys[r];
+                continue;
+            }
+            for (size_t r = 0; r < R; ++r) {
+                std::vector<const HostArray*> in;
+                for (ValueId v : op.operands) {
+                    auto it = env[r].find(v);
+                    if (it == env[r].end())
+                        throw EvalError(fmt::format("{}: %{} is neither an operand nor computed "
+                                                    "inside it (a compiler bug)",
+                                                    f.name, v));
+                    in.push_back(&it->second);
+                }
+                auto res = eval_op(g, op, in, o);
+                for (size_t i = 0; i < res.size(); ++i) env[r][op.results[i]] = std::move(res[i]);
+            }
+        }
+        for (size_t r = 0; r < R; ++r)
+            for (const FusionValue& fv : f.results)
+                write_bytes(mem[r].at(fv.buffer), fv.buffer.offset, env[r].at(fv.value), fv.layout);
+    }
+    std::vector<std::vector<HostArray>> out(R);
+    for (size_t r = 0; r < R; ++r)
+        for (const OutputBuffer& ob : step.outputs)
+            out[r].push_back(read_bytes(mem[r].at(ob.buffer), ob.buffer.offset, ob.shape, ob.layout));
+    if (parameters_after) {
+        parameters_after->assign(R, {});
+        for (size_t r = 0; r < R; ++r) {
+            for (const LeafBuffer& lb : step.parameters)
+                (*parameters_after)[r].push_back(
+                    read_bytes(mem[r].parameters[(&lb - step.parameters.data())], 0, lb.shape, lb.layout));
+            for (size_t i = 0; i < step.outputs.size(); ++i)
+                if (step.outputs[i].updates_parameter >= 0)
+                    (*parameters_after)[r][size_t(step.outputs[i].updates_parameter)] = out[r][i];
+        }
+    }
+    return out;
+}
+
+}  // namespace tpu::compiler

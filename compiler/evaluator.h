@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "compiler/compiled_step.h"
+#include "compiler/ir.h"
+
+/// The host evaluator (compiler/README.md, "Evaluator"): the IR's reference semantics on the
+/// host, used to check that passes preserve values and as the CPU fallback. fp32 arithmetic in
+/// the order each op defines; a bf16 result is rounded to nearest even; contractions, pooling
+/// and all-reduce use the driver's host references, so their numerics are the device's.
+namespace tpu::compiler {
+
+/// Data that cannot be evaluated (an index outside a table, an unknown custom call).
+class EvalError : public std::runtime_error {
+public:
+    explicit EvalError(const std::string& what) : std::runtime_error(what) {}
+};
+
+/// An array on the host: its shape and its elements in row-major order. Elements are doubles
+/// that hold the exact f32, bf16, s32 or pred (0/1) value.
+struct HostArray {
+    Shape shape{};
+    std::vector<double> data{};
+
+    /// Zeros of `s`.
+    static HostArray zeros(const Shape& s);
+    /// From floats (rounded to bf16 when s is bf16).
+    static HostArray from_floats(const Shape& s, const std::vector<float>& v);
+    /// The elements as floats.
+    std::vector<float> floats() const;
+};
+
+/// A custom call's host implementation: operands in, the result (of `result`'s shape) out.
+using CustomCallFn = std::function<HostArray(const std::vector<HostArray>&, const Shape& result)>;
+
+/// How to evaluate.
+struct EvalOptions {
+    uint32_t mxu_rows = 128;  ///< K per MXU pass (the contraction's order of sums)
+    std::map<std::string, CustomCallFn> custom_calls{};  ///< by target name
+};
+
+/// Per replica, the step's leaf data by number (constants come from the graph).
+struct Bindings {
+    std::vector<std::vector<HostArray>> parameters;  ///< [replica][parameter number]
+    std::vector<std::vector<HostArray>> inputs;      ///< [replica][input number]
+    /// Replicas: parameters.size() (all-reduce sums over them).
+    size_t replicas() const { return parameters.size(); }
+};
+
+/// Evaluates a graph without composites (decompose() first) on every replica; returns
+/// [replica][output number]. Throws EvalError or CompileError naming the op.
+std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& b,
+                                             const EvalOptions& o = {});
+/// Runs a compiled step fusion by fusion, each reading its operands from and writing its
+/// results to byte buffers at the assigned offsets in the assigned layouts (one temp arena per
+/// replica), so overlapping live buffers or inconsistent layouts change the results. Returns
+/// [replica][output number]; `parameters_after` (optional) receives each replica's parameters
+/// as the step leaves them (in-place updates applied).
+std::vector<std::vector<HostArray>> evaluate_compiled(
+    const CompiledStep& step, const Bindings& b, const EvalOptions& o = {},
+    std::vector<std::vector<HostArray>>* parameters_after = nullptr);
+
+}  // namespace tpu::compiler

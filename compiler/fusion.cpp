@@ -1,0 +1,486 @@
+// SPDX-License-Identifier: Apache-2.0
+// Stage 4: fusion (compiler/README.md, "Fusion"). Producers are fused into consumers in
+// reverse post order as xla/service/instruction_fusion.cc does; contractions take their
+// elementwise consumers as an epilogue (an "output" fusion); then the multi-output rules of
+// xla/service/gpu/multi_output_fusion.cc merge sibling reductions and a loop fusion into the
+// reduction that consumes it.
+#include "compiler/fusion.h"
+
+#include <algorithm>
+#include <map>
+#include <queue>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace tpu::compiler::detail {
+namespace {
+
+bool is_fusible_producer(OpClass c) {
+    return c == OpClass::Literal || c == OpClass::Elementwise || c == OpClass::Movement ||
+           c == OpClass::Gather || c == OpClass::Rng;
+}
+
+/// A hero: an op that gives its group a kind (and of which a group holds at most one).
+bool is_hero(OpClass c) {
+    return c == OpClass::Reduce || c == OpClass::Contraction || c == OpClass::Window ||
+           c == OpClass::Collective || c == OpClass::Custom;
+}
+
+class Fuser {
+public:
+    Fuser(const Graph& g, const FusionOptions& o) : m_g(g), m_o(o), m_users(g.users()) {
+        const size_t n = g.ops().size();
+        m_groups_of.resize(n);
+        m_home.assign(n, -1);
+        for (OpId id = 0; id < n; ++id) {
+            if (op_class(g.op(id).kind) == OpClass::Leaf) continue;
+            const int gi = int(m_members.size());
+            m_members.push_back({id});
+            m_alive.push_back(1);
+            m_groups_of[id].insert(gi);
+            m_home[id] = gi;
+        }
+        compute_do_not_duplicate();
+    }
+
+    std::vector<FusionGroup> run() {
+        // (1) Producer into consumer, consumers in reverse post order.
+        for (OpId c = OpId(m_g.ops().size()); c-- > 0;) {
+            if (op_class(m_g.op(c).kind) == OpClass::Leaf) continue;
+            if (op_class(m_g.op(c).kind) == OpClass::Contraction) try_epilogue(c);
+            const std::set<int> groups = m_groups_of[c];
+            for (int gi : groups)
+                if (m_alive[size_t(gi)]) fuse_operands(c, gi);
+        }
+        // (2) Multi-output fusion.
+        if (m_o.multi_output_fusion) multi_output();
+        // (3) Groups whose results nobody needs (their ops were all duplicated into consumers).
+        drop_dead_groups();
+        return ordered_groups();
+    }
+
+private:
+    // ---- Facts about ops ---------------------------------------------------------------------
+
+    OpClass cls(OpId id) const { return op_class(m_g.op(id).kind); }
+
+    /// Ops reading any result of `id`.
+    std::vector<OpId> op_users(OpId id) const {
+        std::vector<OpId> u;
+        for (ValueId r : m_g.op(id).results)
+            for (OpId x : m_users[r]) u.push_back(x);
+        std::sort(u.begin(), u.end());
+        u.erase(std::unique(u.begin(), u.end()), u.end());
+        return u;
+    }
+
+    /// instruction_fusion.cc, EffectivelyAtMostUnary: at most one operand that is not a
+    /// broadcast, iota or scalar and has at least the result's rank.
+    bool effectively_at_most_unary(OpId id) const {
+        const Op& op = m_g.op(id);
+        int64_t out_rank = 0;
+        for (ValueId r : op.results) out_rank = std::max(out_rank, m_g.shape(r).rank());
+        int big = 0;
+        for (ValueId v : op.operands) {
+            const OpKind pk = m_g.producer(v).kind;
+            if (pk == OpKind::Broadcast || pk == OpKind::Iota || pk == OpKind::Literal) continue;
+            if (m_g.shape(v).rank() == 0) continue;
+            big += m_g.shape(v).rank() >= out_rank;
+        }
+        return big <= 1;
+    }
+
+    /// instruction_fusion.cc, ComputeGloballyUnfusible: an op that is more than unary and reads
+    /// more elements than it writes is not duplicated (it would add reads). (XLA still fuses such
+    /// an op when it can fuse into all consumers on all paths; here that case is a move, which
+    /// needs no duplication.)
+    void compute_do_not_duplicate() {
+        m_do_not_duplicate.assign(m_g.ops().size(), 0);
+        for (OpId id = 0; id < m_g.ops().size(); ++id) {
+            const Op& op = m_g.op(id);
+            if (op_class(op.kind) == OpClass::Leaf || effectively_at_most_unary(id)) continue;
+            int64_t in = 0, out = 0;
+            std::set<ValueId> unique(op.operands.begin(), op.operands.end());
+            for (ValueId v : unique) in += m_g.shape(v).elements();
+            for (ValueId r : op.results) out += m_g.shape(r).elements();
+            if (in > out) m_do_not_duplicate[id] = 1;
+        }
+    }
+
+    /// instruction_fusion.cc, IsAlwaysDuplicable: broadcasts and widening converts get cheaper
+    /// the more they are duplicated (and literals cost nothing).
+    bool always_duplicable(OpId id) const {
+        const Op& op = m_g.op(id);
+        if (op.kind == OpKind::Literal || op.kind == OpKind::Broadcast || op.kind == OpKind::Iota)
+            return true;
+        return op.kind == OpKind::Convert &&
+               dtype_bytes(m_g.shape(op.operands[0]).dtype) < dtype_bytes(m_g.shape(op.results[0]).dtype);
+    }
+
+    /// HloInstruction::ReusesOperandElements: the consumer reads each element of that operand
+    /// more than once.
+    bool reuses_operand(OpId consumer, size_t operand) const {
+        const Op& op = m_g.op(consumer);
+        switch (op_class(op.kind)) {
+            case OpClass::Contraction:
+            case OpClass::Window:
+                return true;
+            case OpClass::Gather:
+                return operand == 0;
+            case OpClass::Movement:
+                return op.kind == OpKind::Broadcast &&
+                       m_g.shape(op.results[0]).elements() > m_g.shape(op.operands[0]).elements();
+            default:
+                return false;
+        }
+    }
+
+    // ---- Facts about groups ------------------------------------------------------------------
+
+    bool group_has(int gi, OpClass c) const {
+        for (OpId id : m_members[size_t(gi)])
+            if (cls(id) == c) return true;
+        return false;
+    }
+
+    FusionKind kind_of(int gi) const {
+        if (group_has(gi, OpClass::Contraction)) return FusionKind::Output;
+        if (group_has(gi, OpClass::Reduce)) return FusionKind::Input;
+        if (group_has(gi, OpClass::Collective)) return FusionKind::Collective;
+        if (group_has(gi, OpClass::Custom)) return FusionKind::Custom;
+        return FusionKind::Loop;
+    }
+
+    bool in_group(OpId id, int gi) const { return m_groups_of[id].count(gi) != 0; }
+
+    /// Values `gi` reads from outside (operands of members whose producer is not a member).
+    std::vector<ValueId> external_operands(int gi) const {
+        std::vector<ValueId> out;
+        for (OpId id : m_members[size_t(gi)])
+            for (ValueId v : m_g.op(id).operands)
+                if (!in_group(m_g.value(v).producer, gi) &&
+                    std::find(out.begin(), out.end(), v) == out.end())
+                    out.push_back(v);
+        return out;
+    }
+
+    /// The group that writes `v` to memory for readers that do not compute it.
+    int writer_of(ValueId v) const { return m_home[m_g.value(v).producer]; }
+
+    void add_member(OpId id, int gi) {
+        m_members[size_t(gi)].insert(id);
+        m_groups_of[id].insert(gi);
+    }
+
+    /// Moves every member of `from` into `into` (`from` dies).
+    void merge(int into, int from) {
+        for (OpId id : m_members[size_t(from)]) {
+            m_groups_of[id].erase(from);
+            add_member(id, into);
+            if (m_home[id] == from) m_home[id] = into;
+        }
+        m_members[size_t(from)].clear();
+        m_alive[size_t(from)] = 0;
+    }
+
+    /// Group DAG reachability: can `to` be reached from `from` through values written by one
+    /// group and read by another?
+    bool group_reaches(int from, int to) const {
+        std::vector<char> seen(m_members.size(), 0);
+        std::vector<int> stack{from};
+        while (!stack.empty()) {
+            const int gi = stack.back();
+            stack.pop_back();
+            if (gi == to) return true;
+            for (OpId id : m_members[size_t(gi)]) {
+                if (m_home[id] != gi) continue;
+                for (OpId u : op_users(id))
+                    for (int h : m_groups_of[u])
+                        if (h != gi && !in_group(id, h) && !seen[size_t(h)]) {
+                            seen[size_t(h)] = 1;
+                            stack.push_back(h);
+                        }
+            }
+        }
+        return false;
+    }
+
+    // ---- (1) Producer-consumer fusion -----------------------------------------------------------
+
+    void fuse_operands(OpId c, int gi) {
+        const Op& op = m_g.op(c);
+        // Operands latest-first (instruction_fusion.cc's ReversePostOrderFusionQueue order).
+        std::vector<std::pair<OpId, size_t>> order;
+        for (size_t i = 0; i < op.operands.size(); ++i)
+            order.emplace_back(m_g.value(op.operands[i]).producer, i);
+        std::sort(order.begin(), order.end(), [](auto a, auto b) { return a.first > b.first; });
+        for (auto [p, slot] : order) try_fuse(p, gi, c, slot);
+    }
+
+    void try_fuse(OpId p, int gi, OpId consumer, size_t slot) {
+        const OpClass pc = cls(p);
+        if (pc == OpClass::Leaf || !is_fusible_producer(pc) || in_group(p, gi)) return;
+        const FusionKind gk = kind_of(gi);
+        if (gk == FusionKind::Collective || gk == FusionKind::Custom) return;
+        // Before the MXU only what changes dims or types is fused: reshapes and transposes
+        // (a head split is a change of dims, never a copy) and conversions (an fp32 weight is
+        // converted to bf16 inside the dot's fusion). After it (the epilogue) anything
+        // elementwise.
+        if (gk == FusionKind::Output && before_contraction(consumer, gi) &&
+            !(pc == OpClass::Movement || pc == OpClass::Literal ||
+              m_g.op(p).kind == OpKind::Convert))
+            return;
+        // Cost: an expensive producer is not fused into a consumer that reads its elements
+        // more than once (instruction_fusion.cc, "not fuse (simple, expensive producers) and
+        // (consumers who reuse operand elements)").
+        if (op_expensive(m_g.op(p).kind) && reuses_operand(consumer, slot)) return;
+        bool all_users_here = true;
+        for (OpId u : op_users(p)) all_users_here &= in_group(u, gi);
+        const int own = m_home[p];
+        const bool alone = m_groups_of[p].size() == 1 && m_members[size_t(own)].size() == 1;
+        if (all_users_here && alone) {
+            merge(gi, own);
+            return;
+        }
+        if (!duplicable(p)) return;
+        add_member(p, gi);
+    }
+
+    bool duplicable(OpId p) const {
+        if (always_duplicable(p)) return true;
+        return m_o.may_duplicate && !op_expensive(m_g.op(p).kind) && !m_do_not_duplicate[p];
+    }
+
+    /// `c` is the contraction of output group `gi` or feeds it (is not part of its epilogue).
+    bool before_contraction(OpId c, int gi) const {
+        OpId hero = kNoOp;
+        for (OpId id : m_members[size_t(gi)])
+            if (cls(id) == OpClass::Contraction) hero = id;
+        if (hero == kNoOp || c == hero) return true;
+        std::vector<OpId> stack{hero};
+        std::set<OpId> seen;
+        while (!stack.empty()) {
+            const OpId id = stack.back();
+            stack.pop_back();
+            for (OpId u : op_users(id)) {
+                if (u == c) return false;
+                if (in_group(u, gi) && seen.insert(u).second) stack.push_back(u);
+            }
+        }
+        return true;
+    }
+
+    // ---- Epilogues of contractions --------------------------------------------------------------
+
+    /// Every consumer of contraction `c`'s result sits in loop groups of elementwise and data
+    /// movement ops: they become the contraction's epilogue (bias, activation, residual add,
+    /// the inference batch-norm affine, the scale of attention scores, head merges).
+    void try_epilogue(OpId c) {
+        const int gc = m_home[c];
+        std::set<int> consumers;
+        for (OpId u : op_users(c)) {
+            if (m_groups_of[u].empty()) return;
+            for (int h : m_groups_of[u]) consumers.insert(h);
+        }
+        if (consumers.empty()) return;
+        for (int h : consumers) {
+            if (h == gc || !m_alive[size_t(h)]) return;
+            for (OpId id : m_members[size_t(h)]) {
+                const OpClass k = cls(id);
+                if (!(k == OpClass::Elementwise || k == OpClass::Movement || k == OpClass::Literal))
+                    return;
+            }
+        }
+        // No epilogue may read something that itself depends on c (a cycle once fused).
+        for (int h : consumers)
+            for (ValueId v : external_operands(h)) {
+                if (m_g.value(v).producer == c) continue;
+                const int w = writer_of(v);
+                if (w >= 0 && w != gc && !consumers.count(w) && group_reaches(gc, w)) return;
+            }
+        for (int h : consumers) merge(gc, h);
+    }
+
+    // ---- (2) Multi-output fusion ------------------------------------------------------------------
+
+    /// The reduce of an input group (its first), or kNoOp.
+    OpId reduce_hero(int gi) const {
+        for (OpId id : m_members[size_t(gi)])
+            if (cls(id) == OpClass::Reduce) return id;
+        return kNoOp;
+    }
+
+    /// multi_output_fusion.cc, ShapesCompatibleForMultiOutputFusion for two reductions: the
+    /// same reduced operand shape and the same reduced dims.
+    bool reductions_compatible(int a, int b) const {
+        const OpId ra = reduce_hero(a), rb = reduce_hero(b);
+        if (ra == kNoOp || rb == kNoOp) return false;
+        const Op &x = m_g.op(ra), &y = m_g.op(rb);
+        return m_g.shape(x.operands[0]).dims == m_g.shape(y.operands[0]).dims &&
+               x.attrs.dims == y.attrs.dims;
+    }
+
+    void multi_output() {
+        // Producers in reverse post order, as GpuMultiOutputFusion::DoMultiOutputFusion.
+        for (OpId p = OpId(m_g.ops().size()); p-- > 0;) {
+            if (m_g.op(p).kind == OpKind::Literal) continue;
+            for (ValueId v : m_g.op(p).results) {
+                if (m_g.shape(v).rank() == 0) continue;  // IsProfitableOperand
+                fuse_siblings(v);
+                if (cls(p) != OpClass::Leaf) fuse_producer_consumer(v);
+            }
+        }
+    }
+
+    /// The alive groups that read `v` from memory.
+    std::vector<int> readers(ValueId v) const {
+        std::vector<int> r;
+        for (OpId u : m_users[v])
+            for (int h : m_groups_of[u])
+                if (m_alive[size_t(h)] && !in_group(m_g.value(v).producer, h) &&
+                    std::find(r.begin(), r.end(), h) == r.end())
+                    r.push_back(h);
+        std::sort(r.begin(), r.end());
+        return r;
+    }
+
+    /// FuseSiblings: reductions that read the same operand and are not connected become one
+    /// multi-output fusion, which reads the operand once.
+    void fuse_siblings(ValueId v) {
+        std::vector<int> sib;
+        for (int h : readers(v))
+            if (kind_of(h) == FusionKind::Input) sib.push_back(h);
+        for (size_t i = 0; i < sib.size(); ++i) {
+            if (!m_alive[size_t(sib[i])]) continue;
+            for (size_t j = i + 1; j < sib.size(); ++j) {
+                const int a = sib[i], b = sib[j];
+                if (!m_alive[size_t(b)] || !reductions_compatible(a, b)) continue;
+                if (group_reaches(a, b) || group_reaches(b, a)) continue;
+                merge(a, b);
+            }
+        }
+    }
+
+    /// Producer-consumer multi-output fusion: a loop fusion whose result a reduction reads (and
+    /// others too) is computed inside the reduction's fusion, which also writes it.
+    void fuse_producer_consumer(ValueId v) {
+        const int p = writer_of(v);
+        if (p < 0 || !m_alive[size_t(p)] || kind_of(p) != FusionKind::Loop) return;
+        for (OpId id : m_members[size_t(p)])
+            if (cls(id) == OpClass::Window || cls(id) == OpClass::Gather) return;
+        const auto rs = readers(v);
+        if (rs.size() < 2) return;
+        for (int r : rs) {
+            if (kind_of(r) != FusionKind::Input) continue;
+            const OpId hero = reduce_hero(r);
+            if (m_g.shape(m_g.op(hero).operands[0]).dims != m_g.shape(v).dims) continue;
+            // No other path from p to r (it would become a cycle).
+            bool cycle = false;
+            for (ValueId x : external_operands(r)) {
+                const int w = writer_of(x);
+                if (w >= 0 && w != p && group_reaches(p, w)) cycle = true;
+            }
+            // Nor may another reader of p's results lead to r: it would read them from r.
+            for (ValueId res : results_of(p))
+                for (int x : readers(res))
+                    if (x != r && group_reaches(x, r)) cycle = true;
+            if (cycle) continue;
+            merge(r, p);
+            return;
+        }
+    }
+
+    // ---- (3) Results, dead groups, order ----------------------------------------------------------
+
+    /// Values homed in `gi` that an output or another group needs.
+    std::vector<ValueId> results_of(int gi) const {
+        std::vector<ValueId> out;
+        for (OpId id : m_members[size_t(gi)]) {
+            if (m_home[id] != gi) continue;
+            for (ValueId r : m_g.op(id).results) {
+                bool needed = false;
+                for (const Output& o : m_g.outputs()) needed |= o.value == r;
+                for (OpId u : m_users[r])
+                    for (int h : m_groups_of[u])
+                        needed |= h != gi && m_alive[size_t(h)] && !in_group(id, h);
+                if (needed) out.push_back(r);
+            }
+        }
+        return out;
+    }
+
+    void drop_dead_groups() {
+        for (bool changed = true; changed;) {
+            changed = false;
+            for (size_t gi = 0; gi < m_members.size(); ++gi) {
+                if (!m_alive[gi] || !results_of(int(gi)).empty()) continue;
+                bool side_effect = false;
+                for (OpId id : m_members[gi]) side_effect |= cls(id) == OpClass::Custom;
+                if (side_effect) continue;
+                for (OpId id : m_members[gi]) m_groups_of[id].erase(int(gi));
+                m_members[gi].clear();
+                m_alive[gi] = 0;
+                changed = true;
+            }
+        }
+    }
+
+    std::vector<FusionGroup> ordered_groups() const {
+        // Kahn's algorithm over the group DAG, ties to the group whose first op came first.
+        std::map<int, std::set<int>> succ;
+        std::map<int, int> indeg;
+        std::vector<int> alive;
+        for (size_t gi = 0; gi < m_members.size(); ++gi)
+            if (m_alive[gi]) {
+                alive.push_back(int(gi));
+                indeg[int(gi)] = 0;
+            }
+        for (int h : alive)
+            for (ValueId v : external_operands(h)) {
+                const int w = writer_of(v);
+                if (w < 0 || w == h) continue;
+                if (succ[w].insert(h).second) ++indeg[h];
+            }
+        const auto first_op = [&](int gi) { return *m_members[size_t(gi)].begin(); };
+        std::priority_queue<std::pair<OpId, int>, std::vector<std::pair<OpId, int>>, std::greater<>>
+            ready;
+        for (int h : alive)
+            if (indeg[h] == 0) ready.emplace(first_op(h), h);
+        std::vector<FusionGroup> out;
+        while (!ready.empty()) {
+            const int gi = ready.top().second;
+            ready.pop();
+            FusionGroup fg;
+            fg.ops.assign(m_members[size_t(gi)].begin(), m_members[size_t(gi)].end());
+            fg.kind = kind_of(gi);
+            for (OpId id : fg.ops)
+                if (is_hero(cls(id)) && fg.hero == kNoOp) fg.hero = id;
+            fg.operands = external_operands(gi);
+            fg.results = results_of(gi);
+            out.push_back(std::move(fg));
+            for (int s : succ[gi])
+                if (--indeg[s] == 0) ready.emplace(first_op(s), s);
+        }
+        if (out.size() != alive.size())
+            throw CompileError("fusion: the fused graph has a cycle (a compiler bug)");
+        return out;
+    }
+
+    const Graph& m_g;
+    const FusionOptions& m_o;
+    std::vector<std::vector<OpId>> m_users;
+    std::vector<std::set<OpId>> m_members;  // per group
+    std::vector<char> m_alive;              // per group
+    std::vector<std::set<int>> m_groups_of;  // per op
+    std::vector<int> m_home;                 // per op: the group that writes its results
+    std::vector<char> m_do_not_duplicate;    // per op
+};
+
+}  // namespace
+
+std::vector<FusionGroup> fuse(const Graph& g, const FusionOptions& options) {
+    return Fuser(g, options).run();
+}
+
+}  // namespace tpu::compiler::detail

@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: Apache-2.0
+// Stages 5 and 6: the stationary operand of each dot (asked of the driver's planner) and the
+// layout of every buffer (compiler/README.md, "Stationary operand" and "Layouts").
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "compiler/stages.h"
+#include "driver/device.h"
+#include "driver/kernels/gemm.h"
+
+namespace tpu::compiler::detail {
+namespace {
+
+int64_t product(const Shape& s, const std::vector<int64_t>& dims) {
+    int64_t n = 1;
+    for (int64_t d : dims) n *= s.dims[size_t(d)];
+    return n;
+}
+
+std::vector<int64_t> free_dims(int64_t rank, const std::vector<int64_t>& batch,
+                               const std::vector<int64_t>& contracting) {
+    std::vector<int64_t> f;
+    for (int64_t d = 0; d < rank; ++d)
+        if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
+            std::find(contracting.begin(), contracting.end(), d) == contracting.end())
+            f.push_back(d);
+    return f;
+}
+
+driver::Precision gemm_precision(const Graph& g, const Op& dot) {
+    if (g.shape(dot.operands[0]).dtype == DType::BF16) return driver::Precision::Bf16;
+    switch (dot.attrs.precision) {
+        case Precision::Default:
+            return driver::Precision::Bf16;
+        case Precision::High:
+            return driver::Precision::Fp32Pass3;
+        case Precision::Highest:
+            return driver::Precision::Fp32Pass6;
+    }
+    return driver::Precision::Bf16;
+}
+
+/// The planner's cycles for `batch` GEMMs of rows x K x cols on one core (streaming `rows`),
+/// or infinity when no tiling fits.
+double gemm_cycles(const hw::BoardConfig& cfg, int64_t batch, int64_t rows, int64_t k, int64_t cols,
+                   driver::Precision p) {
+    constexpr int64_t kMax = std::numeric_limits<uint32_t>::max();
+    if (rows > kMax || k > kMax || cols > kMax) return std::numeric_limits<double>::infinity();
+    try {
+        const driver::GemmTiling t = driver::plan_gemm(cfg, uint32_t(rows), uint32_t(k),
+                                                       uint32_t(cols), p);
+        return double(batch) * driver::gemm_estimate_cycles(cfg, t, uint32_t(rows));
+    } catch (const driver::DeviceError&) {
+        return std::numeric_limits<double>::infinity();
+    }
+}
+
+/// Layout of a dot operand: batch dims major; the stationary operand with its contracting dims
+/// before its free dims (rows of K, the MXU's weight tile, R x C tiles), the streamed one with
+/// its contracting dims minor (each streamed row is one run of K values).
+Layout dot_operand_layout(const Shape& s, const std::vector<int64_t>& batch,
+                          const std::vector<int64_t>& contracting, bool stationary, bool weight,
+                          const hw::BoardConfig& cfg) {
+    const auto free = free_dims(s.rank(), batch, contracting);
+    std::vector<int64_t> order = batch;  // major to minor
+    const auto& first = stationary ? contracting : free;
+    const auto& second = stationary ? free : contracting;
+    order.insert(order.end(), first.begin(), first.end());
+    order.insert(order.end(), second.begin(), second.end());
+    Layout l;
+    l.minor_to_major.assign(order.rbegin(), order.rend());
+    if (weight && s.rank() >= 2)
+        l.tile = {int64_t(cfg.core.mxu_rows), int64_t(cfg.core.mxu_cols)};
+    else
+        l.tile = default_layout(s, cfg).tile;
+    return l;
+}
+
+bool is_member(const Fusion& f, OpId id) {
+    return std::binary_search(f.ops.begin(), f.ops.end(), id);
+}
+
+/// The layout fusion `f` would like operand `v` in, if it has a preference.
+std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, ValueId v,
+                                 const hw::BoardConfig& cfg) {
+    const Graph& g = step.graph;
+    if (f.kind != FusionKind::Output || f.hero == kNoOp) return std::nullopt;
+    const Op& hero = g.op(f.hero);
+    const bool leaf_param = g.producer(v).kind == OpKind::Parameter;
+    for (size_t side = 0; side < 2; ++side) {
+        // Follow the operand back through conversions and concatenations (merged dots read
+        // their parts as one operand, joined along a free dim); a reshape or transpose before
+        // the MXU means the kernel maps dims itself: no preference.
+        std::vector<ValueId> stack{hero.operands[side]};
+        bool found = false;
+        while (!stack.empty() && !found) {
+            const ValueId x = stack.back();
+            stack.pop_back();
+            found = x == v;
+            if (!is_member(f, g.value(x).producer)) continue;
+            const Op& p = g.producer(x);
+            if (p.kind == OpKind::Convert || p.kind == OpKind::Concatenate)
+                stack.insert(stack.end(), p.operands.begin(), p.operands.end());
+        }
+        if (!found) continue;
+        const Shape& s = g.shape(v);
+        if (hero.kind == OpKind::Dot) {
+            const DotDims& d = hero.attrs.dot;
+            const bool stationary =
+                !f.dots.empty() && (f.dots[0].stationary == Stationary::Rhs) == (side == 1);
+            return dot_operand_layout(s, side == 0 ? d.lhs_batch : d.rhs_batch,
+                                      side == 0 ? d.lhs_contracting : d.rhs_contracting, stationary,
+                                      stationary && leaf_param, cfg);
+        }
+        if (hero.kind == OpKind::Conv2d && side == 1 && leaf_param) {
+            // HWIO with (Cin, Cout) in MXU tiles: the filter the implicit GEMM holds.
+            Layout l = row_major(s.rank());
+            l.tile = {int64_t(cfg.core.mxu_rows), int64_t(cfg.core.mxu_cols)};
+            return l;
+        }
+        return std::nullopt;
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+Layout default_layout(const Shape& s, const hw::BoardConfig& board) {
+    Layout l = row_major(s.rank());
+    if (s.rank() >= 2) {
+        const int64_t pack = 4 / int64_t(dtype_bytes(s.dtype));
+        l.tile = {int64_t(board.core.vpu_sublanes) * pack, int64_t(board.core.vpu_lanes)};
+    }
+    return l;
+}
+
+void plan_dots(CompiledStep& step, const CompileOptions& options) {
+    const Graph& g = step.graph;
+    for (Fusion& f : step.fusions) {
+        if (f.hero == kNoOp || g.op(f.hero).kind != OpKind::Dot) continue;
+        const Op& op = g.op(f.hero);
+        const DotDims& d = op.attrs.dot;
+        const Shape &ls = g.shape(op.operands[0]), &rs = g.shape(op.operands[1]);
+        DotPlan p;
+        p.op = f.hero;
+        p.batch = product(ls, d.lhs_batch);
+        p.k = product(ls, d.lhs_contracting);
+        p.m = product(ls, free_dims(ls.rank(), d.lhs_batch, d.lhs_contracting));
+        p.n = product(rs, free_dims(rs.rank(), d.rhs_batch, d.rhs_contracting));
+        const driver::Precision prec = gemm_precision(g, op);
+        // C = A W streams A's m rows past W; the transposed problem streams W's n columns.
+        p.rhs_cycles = gemm_cycles(options.board, p.batch, p.m, p.k, p.n, prec);
+        p.lhs_cycles = gemm_cycles(options.board, p.batch, p.n, p.k, p.m, prec);
+        p.stationary = p.lhs_cycles < p.rhs_cycles ? Stationary::Lhs : Stationary::Rhs;
+        f.dots = {p};
+    }
+}
+
+void assign_layouts(CompiledStep& step, const CompileOptions& options) {
+    Graph& g = step.graph;
+    const hw::BoardConfig& cfg = options.board;
+    // Who reads each value, in execution order.
+    std::vector<std::vector<size_t>> readers(g.values().size());
+    for (size_t i = 0; i < step.fusions.size(); ++i)
+        for (ValueId v : [&] {
+                 std::vector<ValueId> vs;
+                 for (const FusionValue& fv : step.fusions[i].operands) vs.push_back(fv.value);
+                 return vs;
+             }())
+            readers[v].push_back(i);
+    const auto choose = [&](ValueId v) {
+        Value& val = g.value_mut(v);
+        if (val.layout.assigned()) return;
+        // Each producer writes the layout its first consumer with a preference reads.
+        for (size_t i : readers[v])
+            if (auto l = preference(step, step.fusions[i], v, cfg)) {
+                val.layout = *l;
+                return;
+            }
+        val.layout = default_layout(val.shape, cfg);
+    };
+    // Parameters first (they keep their layout across steps), then the rest.
+    for (OpKind k : {OpKind::Parameter, OpKind::Input, OpKind::Constant})
+        for (ValueId v : g.leaves(k)) choose(v);
+    // An output that replaces a parameter is written in the parameter's layout (in place).
+    const auto params = g.leaves(OpKind::Parameter);
+    for (const Output& o : g.outputs()) {
+        if (o.updates_parameter < 0 || g.producer(o.value).kind == OpKind::Parameter) continue;
+        Value& val = g.value_mut(o.value);
+        if (!val.layout.assigned() || op_class(g.producer(o.value).kind) != OpClass::Leaf)
+            val.layout = g.value(params[size_t(o.updates_parameter)]).layout;
+    }
+    for (const Fusion& f : step.fusions)
+        for (const FusionValue& r : f.results) choose(r.value);
+    for (const Output& o : g.outputs()) choose(o.value);
+    for (Fusion& f : step.fusions) {
+        for (FusionValue& fv : f.operands) fv.layout = g.value(fv.value).layout;
+        for (FusionValue& fv : f.results) fv.layout = g.value(fv.value).layout;
+    }
+    for (const Value& v : g.values())
+        if (v.layout.assigned()) check_layout(v.shape, v.layout, "layout assignment");
+}
+
+}  // namespace tpu::compiler::detail

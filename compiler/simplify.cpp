@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+// Stage 2: the algebraic clean-up XLA runs before fusion (compiler/README.md, "Simplification").
+#include <algorithm>
+
+#include "compiler/builder.h"
+#include "compiler/compiler.h"
+#include "compiler/rewriter.h"
+
+namespace tpu::compiler {
+namespace detail {
+
+Graph remove_dead_ops(const Graph& g) {
+    std::vector<char> live(g.ops().size(), 0);
+    std::vector<OpId> stack;
+    for (const Output& o : g.outputs()) stack.push_back(g.value(o.value).producer);
+    while (!stack.empty()) {
+        const OpId id = stack.back();
+        stack.pop_back();
+        if (live[id]) continue;
+        live[id] = 1;
+        for (ValueId v : g.op(id).operands) stack.push_back(g.value(v).producer);
+    }
+    Rewriter rw(g);
+    for (OpId id = 0; id < g.ops().size(); ++id) {
+        const Op& op = g.op(id);
+        // Leaves stay even when unused: their numbers are the step's calling convention.
+        if (live[id] || op_class(op.kind) == OpClass::Leaf) rw.copy(op);
+    }
+    return rw.finish();
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::OpScope;
+using detail::Rewriter;
+
+/// `v` is `value` everywhere: a literal or a broadcast of one.
+bool is_splat(const Graph& g, ValueId v, double value) {
+    const Op* op = &g.producer(v);
+    if (op->kind == OpKind::Broadcast) op = &g.producer(op->operands[0]);
+    return op->kind == OpKind::Literal && op->attrs.scalar == value;
+}
+
+/// Folds transposes into the dots that read them (xla/service/transpose_folding.cc): a dot of a
+/// transposed operand reads the operand itself with permuted dimension numbers. Only when the
+/// operand's free dims keep their order, so the dot's result dims do not move.
+bool fold_transpose(const Graph& g, const std::vector<int64_t>& perm, std::vector<int64_t>& batch,
+                    std::vector<int64_t>& contracting, int64_t rank) {
+    std::vector<int64_t> free_before, free_after;
+    for (int64_t d = 0; d < rank; ++d)
+        if (std::find(batch.begin(), batch.end(), d) == batch.end() &&
+            std::find(contracting.begin(), contracting.end(), d) == contracting.end()) {
+            free_before.push_back(d);
+            free_after.push_back(perm[size_t(d)]);
+        }
+    if (!std::is_sorted(free_after.begin(), free_after.end())) return false;
+    for (int64_t& d : batch) d = perm[size_t(d)];
+    for (int64_t& d : contracting) d = perm[size_t(d)];
+    (void)g;
+    return true;
+}
+
+/// The source of a broadcast operand, its dims map and the broadcast's dims; false if `v` is no
+/// broadcast.
+struct BroadcastOf {
+    ValueId source = 0;
+    std::vector<int64_t> dims, out_dims;
+};
+bool broadcast_of(const Graph& g, ValueId v, BroadcastOf& b) {
+    const Op& op = g.producer(v);
+    if (op.kind != OpKind::Broadcast) return false;
+    b = {op.operands[0], op.attrs.dims, op.attrs.out_dims};
+    return true;
+}
+
+void simplify_op(Rewriter& rw, const Op& op) {
+    Graph& g = rw.out();
+    auto in = rw.operands(op);
+    const Attrs& a = op.attrs;
+    const OpScope scope(g, op.name);
+    switch (op_class(op.kind)) {
+        case OpClass::Elementwise: {
+            // x * 1 and x + 0 (algebraic_simplifier.cc HandleMultiply, HandleAdd).
+            if (op.kind == OpKind::Mul || op.kind == OpKind::Add) {
+                const double unit = op.kind == OpKind::Mul ? 1.0 : 0.0;
+                if (is_splat(g, in[1], unit)) return rw.set(op.results[0], in[0]);
+                if (is_splat(g, in[0], unit)) return rw.set(op.results[0], in[1]);
+            }
+            // An elementwise op of broadcasts is the broadcast of the op on the smaller arrays
+            // (algebraic_simplifier.cc, TryToSinkBroadcastAfterOpWithUniqueNonScalarOperand):
+            // rsqrt(broadcast(var) + eps) runs once per row, not once per element.
+            std::vector<BroadcastOf> b(in.size());
+            const BroadcastOf* wide = nullptr;
+            bool ok = true;
+            for (size_t i = 0; ok && i < in.size(); ++i) {
+                ok = broadcast_of(g, in[i], b[i]);
+                if (!ok || g.shape(b[i].source).rank() == 0) continue;
+                if (!wide)
+                    wide = &b[i];
+                else
+                    ok = wide->dims == b[i].dims && g.shape(wide->source) == g.shape(b[i].source);
+            }
+            if (ok && wide) {
+                std::vector<ValueId> narrow;
+                const std::vector<int64_t> small = g.shape(wide->source).dims;
+                for (size_t i = 0; i < in.size(); ++i)
+                    narrow.push_back(g.shape(b[i].source).rank() == 0
+                                         ? broadcast(g, b[i].source, small, {})
+                                         : b[i].source);
+                const ValueId r = g.add1(op.kind, narrow, a);
+                return rw.set(op.results[0], broadcast(g, r, wide->out_dims, wide->dims));
+            }
+            break;
+        }
+        case OpClass::Movement:
+            if (op.kind == OpKind::Broadcast) {
+                BroadcastOf inner;
+                if (broadcast_of(g, in[0], inner)) {
+                    std::vector<int64_t> dims;
+                    for (int64_t d : inner.dims) dims.push_back(a.dims[size_t(d)]);
+                    return rw.set(op.results[0], broadcast(g, inner.source, a.out_dims, dims));
+                }
+                if (g.shape(in[0]).dims == a.out_dims) return rw.set(op.results[0], in[0]);
+            }
+            if (op.kind == OpKind::Reshape) {
+                if (g.shape(in[0]).dims == a.out_dims) return rw.set(op.results[0], in[0]);
+                if (g.producer(in[0]).kind == OpKind::Reshape)
+                    return rw.set(op.results[0],
+                                  reshape(g, g.producer(in[0]).operands[0], a.out_dims));
+            }
+            if (op.kind == OpKind::Transpose) {
+                bool identity = true;
+                for (size_t i = 0; i < a.dims.size(); ++i) identity &= a.dims[i] == int64_t(i);
+                if (identity) return rw.set(op.results[0], in[0]);
+            }
+            break;
+        case OpClass::Contraction:
+            if (op.kind == OpKind::Dot) {
+                Attrs na = a;
+                bool changed = false;
+                for (int side = 0; side < 2; ++side) {
+                    const Op& p = g.producer(in[size_t(side)]);
+                    if (p.kind != OpKind::Transpose) continue;
+                    auto batch = side == 0 ? na.dot.lhs_batch : na.dot.rhs_batch;
+                    auto contracting = side == 0 ? na.dot.lhs_contracting : na.dot.rhs_contracting;
+                    if (!fold_transpose(g, p.attrs.dims, batch, contracting,
+                                        g.shape(in[size_t(side)]).rank()))
+                        continue;
+                    (side == 0 ? na.dot.lhs_batch : na.dot.rhs_batch) = batch;
+                    (side == 0 ? na.dot.lhs_contracting : na.dot.rhs_contracting) = contracting;
+                    in[size_t(side)] = p.operands[0];
+                    changed = true;
+                }
+                if (changed) return rw.set(op.results[0], g.add1(OpKind::Dot, in, na));
+            }
+            break;
+        default:
+            break;
+    }
+    const auto res = g.add(op.kind, in, a);
+    for (size_t i = 0; i < res.size(); ++i) rw.set(op.results[i], res[i]);
+}
+
+}  // namespace
+
+Graph simplify(const Graph& graph) {
+    Rewriter rw(graph);
+    for (const Op& op : graph.ops()) {
+        if (op_class(op.kind) == OpClass::Leaf)
+            rw.copy(op);
+        else
+            simplify_op(rw, op);
+    }
+    return detail::remove_dead_ops(rw.finish());
+}
+
+}  // namespace tpu::compiler

@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include "compiler/compiled_step.h"
+#include "compiler/compiler.h"
+
+/// Internal: stages 5 to 7 of the pipeline, each filling in part of a CompiledStep whose graph
+/// and fusions (ops, operands, results) are set. Not a stable API.
+namespace tpu::compiler::detail {
+
+/// Stage 5: DotPlan of every dot hero, from the driver's GEMM planner.
+void plan_dots(CompiledStep& step, const CompileOptions& options);
+/// Stage 6: the layout of every buffer (leaves, fusion results, outputs).
+void assign_layouts(CompiledStep& step, const CompileOptions& options);
+/// Stage 7: buffers and offsets (parameters, inputs, outputs, the temp arena by liveness).
+void assign_buffers(CompiledStep& step, const CompileOptions& options);
+
+/// The layout XLA gives a TPU array by default: row-major, the two most-minor dims tiled by one
+/// vector register (sublanes x lanes for 4-byte types; 2 x or 4 x the sublanes for 2- and
+/// 1-byte types, which pack that many values per 32-bit word); rank 1 and 0 untiled.
+Layout default_layout(const Shape& s, const hw::BoardConfig& board);
+
+}  // namespace tpu::compiler::detail
