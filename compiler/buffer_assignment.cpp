@@ -166,8 +166,8 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
         std::vector<size_t> taken;  // allocations already shared by a result of this fusion
         for (const FusionValue& r : f.results) {
             if (where.count(r.value)) continue;
-            const uint64_t bytes = align_up(layout_bytes(g.shape(r.value), g.value(r.value).layout),
-                                            align);
+            const uint64_t bytes =
+                align_up(layout_bytes(g.shape(r.value), g.value(r.value).layout), align);
             const size_t end = last.count(r.value) ? last[r.value] : i;
             // Reuse an operand's buffer whose last read is this elementwise write.
             size_t shared = allocs.size();
@@ -209,10 +209,12 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
         if (options.reuse_buffers) {
             for (size_t pi : placed) {
                 const Alloc& p = allocs[pi];
-                if (p.start <= a.end && a.start <= p.end) busy.emplace_back(p.offset, p.offset + p.bytes);
+                if (p.start <= a.end && a.start <= p.end)
+                    busy.emplace_back(p.offset, p.offset + p.bytes);
             }
         } else {
-            for (size_t pi : placed) busy.emplace_back(allocs[pi].offset, allocs[pi].offset + allocs[pi].bytes);
+            for (size_t pi : placed)
+                busy.emplace_back(allocs[pi].offset, allocs[pi].offset + allocs[pi].bytes);
         }
         std::sort(busy.begin(), busy.end());
         uint64_t best = UINT64_MAX, best_gap = UINT64_MAX, cursor = 0;

@@ -100,7 +100,8 @@ ValueId full(Graph& g, double value, const Shape& shape) {
     return broadcast(g, s, shape.dims, {});
 }
 
-ValueId broadcast(Graph& g, ValueId a, std::vector<int64_t> result_dims, std::vector<int64_t> dims) {
+ValueId broadcast(Graph& g, ValueId a, std::vector<int64_t> result_dims,
+                  std::vector<int64_t> dims) {
     Attrs at;
     at.out_dims = std::move(result_dims);
     at.dims = std::move(dims);
@@ -313,8 +314,8 @@ LayerNormResult layer_norm(Graph& g, ValueId x, ValueId gamma, ValueId beta, dou
     return {r[0], r[1], r[2]};
 }
 
-BatchNormResult batch_norm_training(Graph& g, ValueId x, ValueId scale, ValueId offset,
-                                    double eps, int64_t feature) {
+BatchNormResult batch_norm_training(Graph& g, ValueId x, ValueId scale, ValueId offset, double eps,
+                                    int64_t feature) {
     Attrs at;
     at.eps = eps;
     at.axis = feature;

@@ -84,8 +84,7 @@ ValueId conv2d_filter_grad(Graph& g, ValueId x, ValueId dy, int64_t kernel, int6
 /// Max or average pooling (average counts padding, PyTorch's count_include_pad=True).
 ValueId pool(Graph& g, ValueId x, PoolKind kind, int64_t kernel, int64_t stride, int64_t pad);
 /// Max-pool gradient (each window's dy goes to its first maximum).
-ValueId max_pool_grad(Graph& g, ValueId x, ValueId dy, int64_t kernel, int64_t stride,
-                      int64_t pad);
+ValueId max_pool_grad(Graph& g, ValueId x, ValueId dy, int64_t kernel, int64_t stride, int64_t pad);
 /// Average-pool gradient.
 ValueId avg_pool_grad(Graph& g, ValueId dy, std::vector<int64_t> input_dims, int64_t kernel,
                       int64_t stride, int64_t pad);
@@ -129,8 +128,8 @@ LayerNormResult layer_norm(Graph& g, ValueId x, ValueId gamma, ValueId beta, dou
 struct BatchNormResult {
     ValueId y, mean, var;
 };
-BatchNormResult batch_norm_training(Graph& g, ValueId x, ValueId scale, ValueId offset,
-                                    double eps, int64_t feature);
+BatchNormResult batch_norm_training(Graph& g, ValueId x, ValueId scale, ValueId offset, double eps,
+                                    int64_t feature);
 /// Batch norm with running statistics: the inference affine.
 ValueId batch_norm_inference(Graph& g, ValueId x, ValueId scale, ValueId offset, ValueId mean,
                              ValueId var, double eps, int64_t feature);

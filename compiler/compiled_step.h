@@ -34,9 +34,9 @@ struct BufferRef {
 
 /// An array a fusion reads or writes.
 struct FusionValue {
-    ValueId value = 0;  ///< in CompiledStep::graph
-    Shape shape{};      ///< its type
-    Layout layout{};    ///< how it lies in its buffer
+    ValueId value = 0;   ///< in CompiledStep::graph
+    Shape shape{};       ///< its type
+    Layout layout{};     ///< how it lies in its buffer
     BufferRef buffer{};  ///< where
 };
 
@@ -60,8 +60,8 @@ enum class Stationary : uint8_t {
 
 /// How a dot runs on the MXU, decided by the driver's GEMM planner (never re-derived here).
 struct DotPlan {
-    OpId op = kNoOp;  ///< the dot
-    int64_t batch = 1, m = 1, k = 1, n = 1;  ///< batch x ([m, k] x [k, n])
+    OpId op = kNoOp;                          ///< the dot
+    int64_t batch = 1, m = 1, k = 1, n = 1;   ///< batch x ([m, k] x [k, n])
     Stationary stationary = Stationary::Rhs;  ///< the cheaper orientation
     double rhs_cycles = 0;  ///< planner estimate per core with the rhs stationary (all batches)
     double lhs_cycles = 0;  ///< the same with the lhs stationary
@@ -103,24 +103,26 @@ struct OutputBuffer {
 
 /// HBM per core.
 struct MemoryPlan {
-    uint64_t parameter_bytes = 0;  ///< persistent buffers read or updated by the step
-    uint64_t input_bytes = 0;      ///< inputs and constants
-    uint64_t output_bytes = 0;     ///< outputs with an allocation of their own
-    uint64_t temp_bytes = 0;       ///< the temp arena: the peak of live intermediates
+    uint64_t parameter_bytes = 0;      ///< persistent buffers read or updated by the step
+    uint64_t input_bytes = 0;          ///< inputs and constants
+    uint64_t output_bytes = 0;         ///< outputs with an allocation of their own
+    uint64_t temp_bytes = 0;           ///< the temp arena: the peak of live intermediates
     uint64_t temp_unshared_bytes = 0;  ///< the arena without reuse (every temp its own bytes)
-    uint64_t alignment_bytes = 0;  ///< every buffer starts at a multiple of this
+    uint64_t alignment_bytes = 0;      ///< every buffer starts at a multiple of this
     /// parameter + input + output + temp bytes: what the step needs on each core.
-    uint64_t peak_bytes() const { return parameter_bytes + input_bytes + output_bytes + temp_bytes; }
+    uint64_t peak_bytes() const {
+        return parameter_bytes + input_bytes + output_bytes + temp_bytes;
+    }
 };
 
 /// A compiled step: the lowered graph, its fusions in execution order and its buffers.
 struct CompiledStep {
-    Graph graph;                     ///< after decomposition and rewrites; fusions index it
-    std::vector<Fusion> fusions;     ///< execution order
+    Graph graph;                  ///< after decomposition and rewrites; fusions index it
+    std::vector<Fusion> fusions;  ///< execution order
     std::vector<LeafBuffer> parameters, inputs, constants;  ///< by leaf number
-    std::vector<OutputBuffer> outputs;  ///< as Graph::outputs()
+    std::vector<OutputBuffer> outputs;                      ///< as Graph::outputs()
     MemoryPlan memory{};
-    uint64_t source_hash = 0;  ///< hash of the recorded graph it was compiled from
+    uint64_t source_hash = 0;    ///< hash of the recorded graph it was compiled from
     double compile_seconds = 0;  ///< host time the compile took
     /// Fusion counts by kind, then each fusion: its ops, operands and results with buffers.
     std::string to_string() const;

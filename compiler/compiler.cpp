@@ -82,13 +82,14 @@ std::string CompiledStep::to_string() const {
         "compiled step of graph {:016x}: {} fusions ({} loop, {} input, {} output, {} collective, "
         "{} custom)\n",
         source_hash, fusions.size(), counts[0], counts[1], counts[2], counts[3], counts[4]);
-    s += fmt::format("HBM per core: {} parameter + {} input + {} output + {} temp = {} bytes "
-                     "(temps without reuse: {})\n",
-                     memory.parameter_bytes, memory.input_bytes, memory.output_bytes,
-                     memory.temp_bytes, memory.peak_bytes(), memory.temp_unshared_bytes);
+    s += fmt::format(
+        "HBM per core: {} parameter + {} input + {} output + {} temp = {} bytes "
+        "(temps without reuse: {})\n",
+        memory.parameter_bytes, memory.input_bytes, memory.output_bytes, memory.temp_bytes,
+        memory.peak_bytes(), memory.temp_unshared_bytes);
     for (const LeafBuffer& b : parameters)
-        s += fmt::format("parameter %{} \"{}\" {}{} {} bytes\n", b.value, b.name, b.shape.to_string(),
-                         b.layout.to_string(), b.bytes);
+        s += fmt::format("parameter %{} \"{}\" {}{} {} bytes\n", b.value, b.name,
+                         b.shape.to_string(), b.layout.to_string(), b.bytes);
     for (const LeafBuffer& b : inputs)
         s += fmt::format("input %{} \"{}\" {}{} {} bytes\n", b.value, b.name, b.shape.to_string(),
                          b.layout.to_string(), b.bytes);
@@ -99,15 +100,16 @@ std::string CompiledStep::to_string() const {
         for (const FusionValue& v : f.operands) s += "  in  " + value_text(v) + "\n";
         for (const FusionValue& v : f.results) s += "  out " + value_text(v) + "\n";
         for (const DotPlan& d : f.dots)
-            s += fmt::format("  dot %{}: {} x [{}x{}] x [{}x{}], {} stationary (planner: rhs {:.0f}, "
-                             "lhs {:.0f} cycles)\n",
-                             graph.op(d.op).results[0], d.batch, d.m, d.k, d.k, d.n,
-                             d.stationary == Stationary::Rhs ? "rhs" : "lhs", d.rhs_cycles,
-                             d.lhs_cycles);
+            s += fmt::format(
+                "  dot %{}: {} x [{}x{}] x [{}x{}], {} stationary (planner: rhs {:.0f}, "
+                "lhs {:.0f} cycles)\n",
+                graph.op(d.op).results[0], d.batch, d.m, d.k, d.k, d.n,
+                d.stationary == Stationary::Rhs ? "rhs" : "lhs", d.rhs_cycles, d.lhs_cycles);
     }
     for (const OutputBuffer& o : outputs) {
         s += fmt::format("output %{} \"{}\" @{}", o.value, o.name, o.buffer.to_string());
-        if (o.updates_parameter >= 0) s += fmt::format(" updates parameter({})", o.updates_parameter);
+        if (o.updates_parameter >= 0)
+            s += fmt::format(" updates parameter({})", o.updates_parameter);
         s += "\n";
     }
     return s;
@@ -135,8 +137,10 @@ CompiledStep compile(const Graph& graph, const CompileOptions& options) {
         f.kind = grp.kind;
         f.hero = grp.hero;
         f.ops = grp.ops;
-        for (ValueId v : grp.operands) f.operands.push_back(FusionValue{v, step.graph.shape(v), {}, {}});
-        for (ValueId v : grp.results) f.results.push_back(FusionValue{v, step.graph.shape(v), {}, {}});
+        for (ValueId v : grp.operands)
+            f.operands.push_back(FusionValue{v, step.graph.shape(v), {}, {}});
+        for (ValueId v : grp.results)
+            f.results.push_back(FusionValue{v, step.graph.shape(v), {}, {}});
         for (OpId id : f.ops) {
             // Literals and broadcasts are shared constants, not a layer's work.
             const OpKind k = step.graph.op(id).kind;

@@ -57,18 +57,18 @@ BatchNormResult expand_batch_norm_training(Graph& g, ValueId x, ValueId scale, V
     const ValueId elements = count_per_feature(g, x, f, scale);
     const ValueId scale_b = feature_broadcast(g, scale, x, f);
     const ValueId offset_b = feature_broadcast(g, offset, x, f);
-    const ValueId x2 = mul(g, x, x);                                     // X^2
-    const ValueId sum = reduce(g, x, reduce_dims, Reducer::Sum);         // Sum[X]
-    const ValueId sum2 = reduce(g, x2, reduce_dims, Reducer::Sum);       // Sum[X^2]
-    const ValueId mean = div(g, sum, elements);                          // E[X]
+    const ValueId x2 = mul(g, x, x);                                // X^2
+    const ValueId sum = reduce(g, x, reduce_dims, Reducer::Sum);    // Sum[X]
+    const ValueId sum2 = reduce(g, x2, reduce_dims, Reducer::Sum);  // Sum[X^2]
+    const ValueId mean = div(g, sum, elements);                     // E[X]
     const ValueId mean_b = feature_broadcast(g, mean, x, f);
-    const ValueId square_mean = div(g, sum2, elements);                  // E[X^2]
-    const ValueId mean_square = mul(g, mean, mean);                      // E^2[X]
-    const ValueId var = sub(g, square_mean, mean_square);                // Var[X]
+    const ValueId square_mean = div(g, sum2, elements);    // E[X^2]
+    const ValueId mean_square = mul(g, mean, mean);        // E^2[X]
+    const ValueId var = sub(g, square_mean, mean_square);  // Var[X]
     const ValueId var_b = feature_broadcast(g, var, x, f);
-    const ValueId var_eps = add(g, var_b, epsilon);                      // Var[X] + eps
+    const ValueId var_eps = add(g, var_b, epsilon);  // Var[X] + eps
     const ValueId rstd = rsqrt(g, var_eps);
-    const ValueId centred = sub(g, x, mean_b);                           // X - E[X]
+    const ValueId centred = sub(g, x, mean_b);  // X - E[X]
     const ValueId normalized = mul(g, centred, rstd);
     const ValueId scaled = mul(g, normalized, scale_b);
     return {add(g, scaled, offset_b), mean, var};
@@ -98,7 +98,7 @@ BatchNormGradResult expand_batch_norm_grad(Graph& g, ValueId x, ValueId scale, V
     const ValueId mean_b = feature_broadcast(g, mean, x, f);
     const ValueId rstd_b = rsqrt(g, add(g, var_b, eps_x));
     const ValueId rstd = rsqrt(g, add(g, var, eps_f));
-    const ValueId centred = sub(g, x, mean_b);                           // X - E[X]
+    const ValueId centred = sub(g, x, mean_b);  // X - E[X]
     const ValueId dy_centred = mul(g, dy, centred);
     const ValueId sum_dy_centred = reduce(g, dy_centred, reduce_dims, Reducer::Sum);
     const ValueId grad_beta = reduce(g, dy, reduce_dims, Reducer::Sum);  // Sum(Grad[Y])
@@ -107,7 +107,7 @@ BatchNormGradResult expand_batch_norm_grad(Graph& g, ValueId x, ValueId scale, V
     const ValueId i3 = feature_broadcast(g, sum_dy_centred, x, f);
     const ValueId i4 = mul(g, i3, centred);
     const ValueId i5 = div(g, i4, add(g, var_b, eps_x));
-    const ValueId scale_rstd = div(g, mul(g, scale_b, rstd_b), n);      // scale rsqrt / N
+    const ValueId scale_rstd = div(g, mul(g, scale_b, rstd_b), n);  // scale rsqrt / N
     const ValueId i1 = mul(g, dy, n);
     const ValueId i6 = sub(g, sub(g, i1, i2), i5);
     return {mul(g, scale_rstd, i6), grad_scale, grad_beta};
@@ -221,8 +221,8 @@ void lower(Rewriter& rw, const Op& op) {
             const int64_t n = xs.dims.back(), m = xs.elements() / std::max<int64_t>(n, 1);
             const ValueId x3 = reshape(g, x, {1, m, n});
             const Shape feat{xs.dtype, {m}};
-            const auto bn = expand_batch_norm_training(g, x3, full(g, 1.0, feat), full(g, 0.0, feat),
-                                                       a.eps, 1);
+            const auto bn =
+                expand_batch_norm_training(g, x3, full(g, 1.0, feat), full(g, 0.0, feat), a.eps, 1);
             const ValueId out = reshape(g, bn.y, xs.dims);
             const ValueId prod = mul(g, out, broadcast(g, gamma, xs.dims, {xs.rank() - 1}));
             const ValueId y = add(g, broadcast(g, beta, xs.dims, {xs.rank() - 1}),
@@ -244,10 +244,12 @@ void lower(Rewriter& rw, const Op& op) {
             return;
         }
         case OpKind::BatchNormInference:
-            set(0, expand_batch_norm_inference(g, in[0], in[1], in[2], in[3], in[4], a.eps, a.axis));
+            set(0,
+                expand_batch_norm_inference(g, in[0], in[1], in[2], in[3], in[4], a.eps, a.axis));
             return;
         case OpKind::BatchNormGrad: {
-            const auto r = expand_batch_norm_grad(g, in[0], in[1], in[2], in[3], in[4], a.eps, a.axis);
+            const auto r =
+                expand_batch_norm_grad(g, in[0], in[1], in[2], in[3], in[4], a.eps, a.axis);
             set(0, r.dx);
             set(1, r.dscale);
             set(2, r.doffset);

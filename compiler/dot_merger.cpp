@@ -109,8 +109,8 @@ Graph merge_dots(const Graph& graph, uint64_t max_bytes) {
                 const int gi = group_of[dots[i]];
                 if (gi >= 0 && groups[size_t(gi)].shared != side) continue;
                 // Neither may depend on the other (or on any dot already in the group).
-                std::vector<OpId> members = gi >= 0 ? groups[size_t(gi)].dots
-                                                    : std::vector<OpId>{dots[i]};
+                std::vector<OpId> members =
+                    gi >= 0 ? groups[size_t(gi)].dots : std::vector<OpId>{dots[i]};
                 bool independent = true;
                 bool candidate = dot_bytes(graph, b) <= max_bytes;
                 for (OpId m : members) {

@@ -88,10 +88,12 @@ driver::Precision mxu_precision(Precision p, DType t) {
 HostArray eval_dot(const Op& op, const HostArray& l, const HostArray& r, uint32_t R,
                    const Shape& out) {
     const DotDims& d = op.attrs.dot;
-    const auto free = [](int64_t rank, const std::vector<int64_t>& b, const std::vector<int64_t>& c) {
+    const auto free = [](int64_t rank, const std::vector<int64_t>& b,
+                         const std::vector<int64_t>& c) {
         std::vector<int64_t> f;
         for (int64_t i = 0; i < rank; ++i)
-            if (std::find(b.begin(), b.end(), i) == b.end() && std::find(c.begin(), c.end(), i) == c.end())
+            if (std::find(b.begin(), b.end(), i) == b.end() &&
+                std::find(c.begin(), c.end(), i) == c.end())
                 f.push_back(i);
         return f;
     };
@@ -102,10 +104,11 @@ HostArray eval_dot(const Op& op, const HostArray& l, const HostArray& r, uint32_
         for (int64_t x : dims) n *= s.dims[size_t(x)];
         return n;
     };
-    const int64_t B = prod(l.shape, d.lhs_batch), M = prod(l.shape, lf), K = prod(l.shape, d.lhs_contracting),
-                  N = prod(r.shape, rf);
+    const int64_t B = prod(l.shape, d.lhs_batch), M = prod(l.shape, lf),
+                  K = prod(l.shape, d.lhs_contracting), N = prod(r.shape, rf);
     // Linear position of a multi-index within a list of dims (row-major over that list).
-    const auto pos = [](const std::vector<int64_t>& idx, const Shape& s, const std::vector<int64_t>& dims) {
+    const auto pos = [](const std::vector<int64_t>& idx, const Shape& s,
+                        const std::vector<int64_t>& dims) {
         int64_t p = 0;
         for (int64_t x : dims) p = p * s.dims[size_t(x)] + idx[size_t(x)];
         return p;
@@ -115,15 +118,15 @@ HostArray eval_dot(const Op& op, const HostArray& l, const HostArray& r, uint32_
     std::vector<int64_t> idx;
     for (int64_t i = 0; i < l.shape.elements(); ++i) {
         unravel(i, l.shape.dims, idx);
-        A[size_t(pos(idx, l.shape, d.lhs_batch))][size_t(pos(idx, l.shape, lf) * K +
-                                                         pos(idx, l.shape, d.lhs_contracting))] =
-            float(l.data[size_t(i)]);
+        A[size_t(pos(idx, l.shape, d.lhs_batch))]
+         [size_t(pos(idx, l.shape, lf) * K + pos(idx, l.shape, d.lhs_contracting))] =
+             float(l.data[size_t(i)]);
     }
     for (int64_t i = 0; i < r.shape.elements(); ++i) {
         unravel(i, r.shape.dims, idx);
-        W[size_t(pos(idx, r.shape, d.rhs_batch))][size_t(pos(idx, r.shape, d.rhs_contracting) * N +
-                                                         pos(idx, r.shape, rf))] =
-            float(r.data[size_t(i)]);
+        W[size_t(pos(idx, r.shape, d.rhs_batch))]
+         [size_t(pos(idx, r.shape, d.rhs_contracting) * N + pos(idx, r.shape, rf))] =
+             float(r.data[size_t(i)]);
     }
     HostArray y = HostArray::zeros(out);
     const auto prec = mxu_precision(op.attrs.precision, l.shape.dtype);
@@ -187,11 +190,15 @@ std::vector<float> conv2d_passes(const std::vector<float>& x, const std::vector<
                                     float sum = 0;
                                     for (uint32_t c = c0; c < std::min(s.cin, c0 + R); ++c) {
                                         const float xv =
-                                            inside ? x[((size_t(n) * s.height + size_t(iy)) * s.width +
-                                                        size_t(ix)) * s.cin + c]
-                                                   : 0.0f;
+                                            inside
+                                                ? x[((size_t(n) * s.height + size_t(iy)) * s.width +
+                                                     size_t(ix)) *
+                                                        s.cin +
+                                                    c]
+                                                : 0.0f;
                                         const float wv =
-                                            w[((size_t(kh) * s.kernel + kw) * s.cin + c) * s.cout + co];
+                                            w[((size_t(kh) * s.kernel + kw) * s.cin + c) * s.cout +
+                                              co];
                                         sum += hw::bf16_to_f32(hw::split3(xv)[size_t(pa)]) *
                                                hw::bf16_to_f32(hw::split3(wv)[size_t(pw)]);
                                     }
@@ -205,8 +212,8 @@ std::vector<float> conv2d_passes(const std::vector<float>& x, const std::vector<
 }
 
 /// Evaluates one op (not a leaf or a collective) on one replica.
-std::vector<HostArray> eval_op(const Graph& g, const Op& op, const std::vector<const HostArray*>& in,
-                               const EvalOptions& o) {
+std::vector<HostArray> eval_op(const Graph& g, const Op& op,
+                               const std::vector<const HostArray*>& in, const EvalOptions& o) {
     const Shape& out = g.shape(op.results[0]);
     const Attrs& a = op.attrs;
     HostArray y = HostArray::zeros(out);
@@ -258,8 +265,8 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op, const std::vector<c
                     default: {
                         const double x1 = in[1]->data[k];
                         const float f1 = float(x1);
-                        const bool integer = in[0]->shape.dtype == DType::S32 ||
-                                             in[0]->shape.dtype == DType::Pred;
+                        const bool integer =
+                            in[0]->shape.dtype == DType::S32 || in[0]->shape.dtype == DType::Pred;
                         switch (op.kind) {
                             case OpKind::Add:
                                 r = integer ? x0 + x1 : double(f0 + f1);
@@ -283,14 +290,27 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op, const std::vector<c
                                 r = std::pow(f0, f1);
                                 break;
                             case OpKind::Compare: {
-                                const double p = integer ? x0 : double(f0), q = integer ? x1 : double(f1);
+                                const double p = integer ? x0 : double(f0),
+                                             q = integer ? x1 : double(f1);
                                 switch (a.comparison) {
-                                    case Comparison::Eq: r = p == q; break;
-                                    case Comparison::Ne: r = p != q; break;
-                                    case Comparison::Lt: r = p < q; break;
-                                    case Comparison::Le: r = p <= q; break;
-                                    case Comparison::Gt: r = p > q; break;
-                                    case Comparison::Ge: r = p >= q; break;
+                                    case Comparison::Eq:
+                                        r = p == q;
+                                        break;
+                                    case Comparison::Ne:
+                                        r = p != q;
+                                        break;
+                                    case Comparison::Lt:
+                                        r = p < q;
+                                        break;
+                                    case Comparison::Le:
+                                        r = p <= q;
+                                        break;
+                                    case Comparison::Gt:
+                                        r = p > q;
+                                        break;
+                                    case Comparison::Ge:
+                                        r = p >= q;
+                                        break;
                                 }
                                 break;
                             }
@@ -309,7 +329,8 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op, const std::vector<c
                     for (int64_t i = 0; i < n; ++i) {
                         unravel(i, out.dims, idx);
                         int64_t j = 0;
-                        for (size_t d = 0; d < a.dims.size(); ++d) j += idx[size_t(a.dims[d])] * st[d];
+                        for (size_t d = 0; d < a.dims.size(); ++d)
+                            j += idx[size_t(a.dims[d])] * st[d];
                         y.data[size_t(i)] = in[0]->data[size_t(j)];
                     }
                     return {y};
@@ -395,12 +416,14 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op, const std::vector<c
                     r = conv2d_passes(in[0]->floats(), in[1]->floats(), s, prec, o.mxu_rows);
             } else {
                 if (mxu_precision(a.precision, in[0]->shape.dtype) != driver::Precision::Bf16)
-                    eval_fail(op, "convolution gradients above default precision are not in the "
-                                  "host evaluator yet");
+                    eval_fail(op,
+                              "convolution gradients above default precision are not in the "
+                              "host evaluator yet");
                 const auto& xd = a.window.input_dims;
                 if (op.kind == OpKind::Conv2dInputGrad) {
                     const auto s = conv_shape(xd, in[1]->shape.dims[3], a.window);
-                    const std::vector<float> zeros_x(size_t(Shape{DType::F32, xd}.elements()), 0.0f);
+                    const std::vector<float> zeros_x(size_t(Shape{DType::F32, xd}.elements()),
+                                                     0.0f);
                     r = driver::conv2d_grad_reference(zeros_x, in[1]->floats(), in[0]->floats(), s,
                                                       o.mxu_rows, 8)
                             .dx;
@@ -433,12 +456,14 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op, const std::vector<c
                     break;
                 case OpKind::ScatterAdd: {
                     const HostArray &ix = *in[0], &up = *in[1];
-                    const int64_t rows = out.dims[0], row = out.elements() / std::max<int64_t>(rows, 1);
+                    const int64_t rows = out.dims[0],
+                                  row = out.elements() / std::max<int64_t>(rows, 1);
                     std::vector<float> acc(size_t(out.elements()), 0.0f);
                     for (int64_t i = 0; i < ix.shape.elements(); ++i) {
                         const int64_t t = int64_t(ix.data[size_t(i)]);
                         if (t < 0 || t >= rows)
-                            eval_fail(op, fmt::format("index {} outside the table's {} rows", t, rows));
+                            eval_fail(op,
+                                      fmt::format("index {} outside the table's {} rows", t, rows));
                         for (int64_t j = 0; j < row; ++j)
                             acc[size_t(t * row + j)] += float(up.data[size_t(i * row + j)]);
                     }
@@ -452,7 +477,8 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op, const std::vector<c
         }
         case OpClass::Gather: {
             const HostArray &table = *in[0], &ix = *in[1];
-            const int64_t rows = table.shape.dims[0], row = table.shape.elements() / std::max<int64_t>(rows, 1);
+            const int64_t rows = table.shape.dims[0],
+                          row = table.shape.elements() / std::max<int64_t>(rows, 1);
             for (int64_t i = 0; i < ix.shape.elements(); ++i) {
                 const int64_t t = int64_t(ix.data[size_t(i)]);
                 if (t < 0 || t >= rows)
@@ -507,14 +533,14 @@ void check_bindings(const Graph& g, const Bindings& b) {
         const auto leaves = g.leaves(k);
         for (size_t r = 0; r < data.size(); ++r) {
             if (data[r].size() != leaves.size())
-                throw EvalError(fmt::format("evaluate: replica {} binds {} {}s, the graph has {}", r,
-                                            data[r].size(), op_name(k), leaves.size()));
+                throw EvalError(fmt::format("evaluate: replica {} binds {} {}s, the graph has {}",
+                                            r, data[r].size(), op_name(k), leaves.size()));
             for (size_t i = 0; i < leaves.size(); ++i) {
                 const Shape& s = g.shape(leaves[i]);
                 if (!(data[r][i].shape == s) || int64_t(data[r][i].data.size()) != s.elements())
-                    throw EvalError(fmt::format("evaluate: {} {} \"{}\" is {}, bound {}", op_name(k),
-                                                i, g.producer(leaves[i]).name, s.to_string(),
-                                                data[r][i].shape.to_string()));
+                    throw EvalError(fmt::format("evaluate: {} {} \"{}\" is {}, bound {}",
+                                                op_name(k), i, g.producer(leaves[i]).name,
+                                                s.to_string(), data[r][i].shape.to_string()));
             }
         }
     };
@@ -565,7 +591,8 @@ void write_bytes(std::vector<uint8_t>& mem, uint64_t base, const HostArray& a, c
     }
 }
 
-HostArray read_bytes(const std::vector<uint8_t>& mem, uint64_t base, const Shape& s, const Layout& l) {
+HostArray read_bytes(const std::vector<uint8_t>& mem, uint64_t base, const Shape& s,
+                     const Layout& l) {
     HostArray a = HostArray::zeros(s);
     const uint32_t eb = dtype_bytes(s.dtype);
     std::vector<int64_t> idx;
@@ -630,7 +657,8 @@ HostArray HostArray::zeros(const Shape& s) {
 
 HostArray HostArray::from_floats(const Shape& s, const std::vector<float>& v) {
     if (int64_t(v.size()) != s.elements())
-        throw EvalError(fmt::format("{} needs {} values, got {}", s.to_string(), s.elements(), v.size()));
+        throw EvalError(
+            fmt::format("{} needs {} values, got {}", s.to_string(), s.elements(), v.size()));
     HostArray a{s, std::vector<double>(v.size())};
     for (size_t i = 0; i < v.size(); ++i) a.data[i] = store(s.dtype, v[i]);
     return a;
@@ -640,7 +668,8 @@ std::vector<float> HostArray::floats() const {
     return std::vector<float>(data.begin(), data.end());
 }
 
-std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& b, const EvalOptions& o) {
+std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& b,
+                                             const EvalOptions& o) {
     check_bindings(g, b);
     const size_t R = b.replicas();
     std::vector<std::vector<HostArray>> vals(R, std::vector<HostArray>(g.values().size()));
@@ -669,9 +698,9 @@ std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& b, 
     return out;
 }
 
-std::vector<std::vector<HostArray>> evaluate_compiled(const CompiledStep& step, const Bindings& b,
-                                                      const EvalOptions& o,
-                                                      std::vector<std::vector<HostArray>>* parameters_after) {
+std::vector<std::vector<HostArray>> evaluate_compiled(
+    const CompiledStep& step, const Bindings& b, const EvalOptions& o,
+    std::vector<std::vector<HostArray>>* parameters_after) {
     const Graph& g = step.graph;
     check_bindings(g, b);
     const size_t R = b.replicas();
@@ -689,14 +718,16 @@ std::vector<std::vector<HostArray>> evaluate_compiled(const CompiledStep& step, 
         fill(step.inputs, m.inputs);
         fill(step.constants, m.constants);
         for (const OutputBuffer& ob : step.outputs)
-            m.outputs.emplace_back(ob.buffer.space == BufferRef::Space::Output ? ob.buffer.bytes : 0, 0);
+            m.outputs.emplace_back(
+                ob.buffer.space == BufferRef::Space::Output ? ob.buffer.bytes : 0, 0);
         m.temp.assign(step.memory.temp_bytes, 0);
     }
     for (const Fusion& f : step.fusions) {
         std::vector<std::map<ValueId, HostArray>> env(R);
         for (size_t r = 0; r < R; ++r)
             for (const FusionValue& fv : f.operands)
-                env[r][fv.value] = read_bytes(mem[r].at(fv.buffer), fv.buffer.offset, fv.shape, fv.layout);
+                env[r][fv.value] =
+                    read_bytes(mem[r].at(fv.buffer), fv.buffer.offset, fv.shape, fv.layout);
         for (OpId id : f.ops) {
             const Op& op = g.op(id);
             if (op_class(op.kind) == OpClass::Collective) {
@@ -711,9 +742,10 @@ std::vector<std::vector<HostArray>> evaluate_compiled(const CompiledStep& step, 
                 for (ValueId v : op.operands) {
                     auto it = env[r].find(v);
                     if (it == env[r].end())
-                        throw EvalError(fmt::format("{}: %{} is neither an operand nor computed "
-                                                    "inside it (a compiler bug)",
-                                                    f.name, v));
+                        throw EvalError(
+                            fmt::format("{}: %{} is neither an operand nor computed "
+                                        "inside it (a compiler bug)",
+                                        f.name, v));
                     in.push_back(&it->second);
                 }
                 auto res = eval_op(g, op, in, o);
@@ -727,13 +759,14 @@ std::vector<std::vector<HostArray>> evaluate_compiled(const CompiledStep& step, 
     std::vector<std::vector<HostArray>> out(R);
     for (size_t r = 0; r < R; ++r)
         for (const OutputBuffer& ob : step.outputs)
-            out[r].push_back(read_bytes(mem[r].at(ob.buffer), ob.buffer.offset, ob.shape, ob.layout));
+            out[r].push_back(
+                read_bytes(mem[r].at(ob.buffer), ob.buffer.offset, ob.shape, ob.layout));
     if (parameters_after) {
         parameters_after->assign(R, {});
         for (size_t r = 0; r < R; ++r) {
             for (const LeafBuffer& lb : step.parameters)
-                (*parameters_after)[r].push_back(
-                    read_bytes(mem[r].parameters[(&lb - step.parameters.data())], 0, lb.shape, lb.layout));
+                (*parameters_after)[r].push_back(read_bytes(
+                    mem[r].parameters[(&lb - step.parameters.data())], 0, lb.shape, lb.layout));
             for (size_t i = 0; i < step.outputs.size(); ++i)
                 if (step.outputs[i].updates_parameter >= 0)
                     (*parameters_after)[r][size_t(step.outputs[i].updates_parameter)] = out[r][i];

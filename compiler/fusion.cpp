@@ -57,6 +57,7 @@ public:
         if (m_o.multi_output_fusion) multi_output();
         // (3) Groups whose results nobody needs (their ops were all duplicated into consumers).
         drop_dead_groups();
+        prune_dead_members();
         return ordered_groups();
     }
 
@@ -114,8 +115,8 @@ private:
         const Op& op = m_g.op(id);
         if (op.kind == OpKind::Literal || op.kind == OpKind::Broadcast || op.kind == OpKind::Iota)
             return true;
-        return op.kind == OpKind::Convert &&
-               dtype_bytes(m_g.shape(op.operands[0]).dtype) < dtype_bytes(m_g.shape(op.results[0]).dtype);
+        return op.kind == OpKind::Convert && dtype_bytes(m_g.shape(op.operands[0]).dtype) <
+                                                 dtype_bytes(m_g.shape(op.results[0]).dtype);
     }
 
     /// HloInstruction::ReusesOperandElements: the consumer reads each element of that operand
@@ -252,23 +253,24 @@ private:
         return m_o.may_duplicate && !op_expensive(m_g.op(p).kind) && !m_do_not_duplicate[p];
     }
 
-    /// `c` is the contraction of output group `gi` or feeds it (is not part of its epilogue).
+    /// `c` is the contraction of output group `gi` or feeds it inside the group (it is not part
+    /// of the epilogue, nor one of the epilogue's other inputs).
     bool before_contraction(OpId c, int gi) const {
         OpId hero = kNoOp;
         for (OpId id : m_members[size_t(gi)])
             if (cls(id) == OpClass::Contraction) hero = id;
         if (hero == kNoOp || c == hero) return true;
-        std::vector<OpId> stack{hero};
+        std::vector<OpId> stack{c};
         std::set<OpId> seen;
         while (!stack.empty()) {
             const OpId id = stack.back();
             stack.pop_back();
             for (OpId u : op_users(id)) {
-                if (u == c) return false;
+                if (u == hero) return true;
                 if (in_group(u, gi) && seen.insert(u).second) stack.push_back(u);
             }
         }
-        return true;
+        return false;
     }
 
     // ---- Epilogues of contractions --------------------------------------------------------------
@@ -302,7 +304,8 @@ private:
         for (int h : consumers) merge(gc, h);
     }
 
-    // ---- (2) Multi-output fusion ------------------------------------------------------------------
+    // ---- (2) Multi-output fusion
+    // ------------------------------------------------------------------
 
     /// The reduce of an input group (its first), or kNoOp.
     OpId reduce_hero(int gi) const {
@@ -391,7 +394,8 @@ private:
         }
     }
 
-    // ---- (3) Results, dead groups, order ----------------------------------------------------------
+    // ---- (3) Results, dead groups, order
+    // ----------------------------------------------------------
 
     /// Values homed in `gi` that an output or another group needs.
     std::vector<ValueId> results_of(int gi) const {
@@ -422,6 +426,29 @@ private:
                 m_members[gi].clear();
                 m_alive[gi] = 0;
                 changed = true;
+            }
+        }
+    }
+
+    /// Members whose results nothing reads (not a member, not another group, not an output):
+    /// left behind when an op was fused for a consumer that later moved.
+    void prune_dead_members() {
+        for (size_t gi = 0; gi < m_members.size(); ++gi) {
+            if (!m_alive[gi]) continue;
+            for (bool changed = true; changed;) {
+                changed = false;
+                const auto needed = results_of(int(gi));
+                for (OpId id : std::set<OpId>(m_members[gi])) {
+                    if (is_hero(cls(id))) continue;
+                    bool used = false;
+                    for (OpId u : op_users(id)) used |= in_group(u, int(gi));
+                    for (ValueId r : m_g.op(id).results)
+                        used |= std::find(needed.begin(), needed.end(), r) != needed.end();
+                    if (used) continue;
+                    m_members[gi].erase(id);
+                    m_groups_of[id].erase(int(gi));
+                    changed = true;
+                }
             }
         }
     }
@@ -470,8 +497,8 @@ private:
     const Graph& m_g;
     const FusionOptions& m_o;
     std::vector<std::vector<OpId>> m_users;
-    std::vector<std::set<OpId>> m_members;  // per group
-    std::vector<char> m_alive;              // per group
+    std::vector<std::set<OpId>> m_members;   // per group
+    std::vector<char> m_alive;               // per group
     std::vector<std::set<int>> m_groups_of;  // per op
     std::vector<int> m_home;                 // per op: the group that writes its results
     std::vector<char> m_do_not_duplicate;    // per op

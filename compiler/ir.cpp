@@ -200,19 +200,18 @@ namespace {
 }
 
 void need_float(OpKind k, const Shape& s, const char* what) {
-    if (!is_float(s.dtype)) fail(k, fmt::format("{} is {}, expected f32 or bf16", what, s.to_string()));
+    if (!is_float(s.dtype))
+        fail(k, fmt::format("{} is {}, expected f32 or bf16", what, s.to_string()));
 }
 
 void same(OpKind k, const Shape& a, const Shape& b, const char* what) {
-    if (!(a == b))
-        fail(k, fmt::format("{} differ: {} and {}", what, a.to_string(), b.to_string()));
+    if (!(a == b)) fail(k, fmt::format("{} differ: {} and {}", what, a.to_string(), b.to_string()));
 }
 
 void check_dims_unique(OpKind k, const std::vector<int64_t>& dims, int64_t rank, const char* what) {
     std::set<int64_t> seen;
     for (int64_t d : dims) {
-        if (d < 0 || d >= rank)
-            fail(k, fmt::format("{} dim {} is outside rank {}", what, d, rank));
+        if (d < 0 || d >= rank) fail(k, fmt::format("{} dim {} is outside rank {}", what, d, rank));
         if (!seen.insert(d).second) fail(k, fmt::format("{} dim {} appears twice", what, d));
     }
 }
@@ -323,7 +322,8 @@ std::vector<Shape> infer_shapes(OpKind k, const std::vector<Shape>& in, const At
                 case OpKind::Slice: {
                     const Shape& x = in[0];
                     if (int64_t(a.dims.size()) != x.rank() || int64_t(a.limits.size()) != x.rank())
-                        fail(k, fmt::format("{} needs {} starts and limits", x.to_string(), x.rank()));
+                        fail(k,
+                             fmt::format("{} needs {} starts and limits", x.to_string(), x.rank()));
                     Shape out{x.dtype, {}};
                     for (int64_t i = 0; i < x.rank(); ++i) {
                         const int64_t s = a.dims[size_t(i)], e = a.limits[size_t(i)];
@@ -372,7 +372,8 @@ std::vector<Shape> infer_shapes(OpKind k, const std::vector<Shape>& in, const At
             need_float(k, x, "the lhs");
             need_float(k, y, "the rhs");
             if (x.dtype != y.dtype)
-                fail(k, fmt::format("operand types differ: {} and {}", x.to_string(), y.to_string()));
+                fail(k,
+                     fmt::format("operand types differ: {} and {}", x.to_string(), y.to_string()));
             if (k == OpKind::Dot) {
                 const DotDims& d = a.dot;
                 if (d.lhs_batch.size() != d.rhs_batch.size() ||
@@ -444,7 +445,8 @@ std::vector<Shape> infer_shapes(OpKind k, const std::vector<Shape>& in, const At
                 std::vector<int64_t> want = idx.dims;
                 want.insert(want.end(), a.out_dims.begin() + 1, a.out_dims.end());
                 if (upd.dims != want)
-                    fail(k, fmt::format("updates are {}, expected [{}]", upd.to_string(), join(want)));
+                    fail(k,
+                         fmt::format("updates are {}, expected [{}]", upd.to_string(), join(want)));
                 return {Shape{upd.dtype, a.out_dims}};
             }
             const Window& w = a.window;
@@ -462,9 +464,9 @@ std::vector<Shape> infer_shapes(OpKind k, const std::vector<Shape>& in, const At
             const Shape& x = in[0];
             need_rank(k, x, 4, "the input");
             need_float(k, x, "the input");
-            const Shape out{x.dtype,
-                            {x.dims[0], window_out(k, x.dims[1], w), window_out(k, x.dims[2], w),
-                             x.dims[3]}};
+            const Shape out{
+                x.dtype,
+                {x.dims[0], window_out(k, x.dims[1], w), window_out(k, x.dims[2], w), x.dims[3]}};
             if (k == OpKind::MaxPoolGrad) {
                 same(k, in[1], out, "dy and the pooled shape");
                 return {x};
@@ -668,8 +670,7 @@ std::string attrs_to_string(OpKind k, const Attrs& a) {
 ValueId Graph::leaf(OpKind kind, const Shape& s, std::string name, Layout layout) {
     for (int64_t d : s.dims)
         if (d < 0)
-            throw CompileError(
-                fmt::format("{} '{}': dim {} is negative", op_name(kind), name, d));
+            throw CompileError(fmt::format("{} '{}': dim {} is negative", op_name(kind), name, d));
     check_layout(s, layout, fmt::format("{} '{}'", op_name(kind), name));
     const size_t slot = kind == OpKind::Parameter ? 0 : kind == OpKind::Input ? 1 : 2;
     Op op;
@@ -704,8 +705,8 @@ std::vector<ValueId> Graph::add(OpKind kind, std::vector<ValueId> operands, Attr
     std::vector<Shape> shapes;
     for (ValueId v : operands) {
         if (v >= m_values.size())
-            throw CompileError(fmt::format("{}: operand %{} is not a value of this graph",
-                                           op_name(kind), v));
+            throw CompileError(
+                fmt::format("{}: operand %{} is not a value of this graph", op_name(kind), v));
         shapes.push_back(m_values[v].shape);
     }
     std::vector<Shape> results;
@@ -761,8 +762,7 @@ std::string Graph::set_scope(std::string scope) {
     return std::exchange(m_scope, std::move(scope));
 }
 
-ScopeGuard::ScopeGuard(Graph& g, const std::string& name)
-    : m_g(g), m_previous(g.scope()) {
+ScopeGuard::ScopeGuard(Graph& g, const std::string& name) : m_g(g), m_previous(g.scope()) {
     if (!name.empty()) g.set_scope(m_previous.empty() ? name : m_previous + "." + name);
 }
 
@@ -832,7 +832,8 @@ std::string Graph::to_string() const {
         for (ValueId v : op.results) {
             names.push_back(fmt::format("%{}", v));
             const Value& val = m_values[v];
-            types.push_back(val.shape.to_string() + (val.layout.assigned() ? val.layout.to_string() : ""));
+            types.push_back(val.shape.to_string() +
+                            (val.layout.assigned() ? val.layout.to_string() : ""));
         }
         std::string line = fmt::format("  {} = ", fmt::join(names, ", "));
         line += types.size() == 1 ? types[0] : fmt::format("({})", fmt::join(types, ", "));
@@ -845,7 +846,7 @@ std::string Graph::to_string() const {
         if (!attrs.empty()) line += ", " + attrs;
         if (!op.name.empty())
             line += op_class(op.kind) == OpClass::Leaf ? fmt::format(" \"{}\"", op.name)
-                                                        : fmt::format("  # {}", op.name);
+                                                       : fmt::format("  # {}", op.name);
         s += line + "\n";
     }
     for (const Output& o : m_outputs) {
@@ -862,14 +863,16 @@ Graph Graph::extract(const std::vector<Output>& outputs, std::vector<ValueId>* v
     std::vector<OpId> stack;
     for (const Output& o : outputs) {
         if (o.value >= m_values.size())
-            throw CompileError(fmt::format("extract: output %{} is not a value of this graph", o.value));
+            throw CompileError(
+                fmt::format("extract: output %{} is not a value of this graph", o.value));
         stack.push_back(m_values[o.value].producer);
         if (o.updates_parameter >= 0) {
             const auto params = leaves(OpKind::Parameter);
             if (o.updates_parameter >= int64_t(params.size()))
-                throw CompileError(fmt::format("extract: output '{}' updates parameter {}, but "
-                                               "the graph has {}",
-                                               o.name, o.updates_parameter, params.size()));
+                throw CompileError(
+                    fmt::format("extract: output '{}' updates parameter {}, but "
+                                "the graph has {}",
+                                o.name, o.updates_parameter, params.size()));
             stack.push_back(m_values[params[size_t(o.updates_parameter)]].producer);
         }
     }
@@ -893,7 +896,8 @@ Graph Graph::extract(const std::vector<Output>& outputs, std::vector<ValueId>* v
             const Value& v = m_values[op.results[0]];
             if (op.kind == OpKind::Parameter) {
                 res = {g.parameter(v.shape, op.name, v.layout)};
-                if (param_map.size() <= size_t(op.attrs.axis)) param_map.resize(size_t(op.attrs.axis) + 1, -1);
+                if (param_map.size() <= size_t(op.attrs.axis))
+                    param_map.resize(size_t(op.attrs.axis) + 1, -1);
                 param_map[size_t(op.attrs.axis)] = g.m_leaf_count[0] - 1;
             } else if (op.kind == OpKind::Input) {
                 res = {g.input(v.shape, op.name, v.layout)};

@@ -122,9 +122,9 @@ struct DotDims {
 
 /// A square 2-D window over NHWC images (convolution, pooling and their gradients).
 struct Window {
-    int64_t kernel = 1;                ///< window rows = columns
-    int64_t stride = 1;                ///< step in both dims
-    int64_t pad = 0;                   ///< zero (pooling max: -inf) padding on every side
+    int64_t kernel = 1;                 ///< window rows = columns
+    int64_t stride = 1;                 ///< step in both dims
+    int64_t pad = 0;                    ///< zero (pooling max: -inf) padding on every side
     std::vector<int64_t> input_dims{};  ///< gradients: the forward input's NHWC dims
     friend bool operator==(const Window&, const Window&) = default;
 };
@@ -141,16 +141,16 @@ struct Attrs {
     /// Concatenate, Iota: the dim; Softmax family: the dim; BatchNorm*: the feature dim;
     /// Parameter, Input, Constant: the leaf's number among leaves of its kind.
     int64_t axis = 0;
-    DotDims dot{};                           ///< Dot
+    DotDims dot{};                             ///< Dot
     Precision precision = Precision::Default;  ///< Dot, convolutions
-    Window window{};                         ///< convolutions, pooling
-    PoolKind pool = PoolKind::Max;           ///< Pool
-    Reducer reducer = Reducer::Sum;          ///< Reduce
-    Comparison comparison = Comparison::Eq;  ///< Compare
+    Window window{};                           ///< convolutions, pooling
+    PoolKind pool = PoolKind::Max;             ///< Pool
+    Reducer reducer = Reducer::Sum;            ///< Reduce
+    Comparison comparison = Comparison::Eq;    ///< Compare
     DType dtype = DType::F32;  ///< Convert: the target; Literal, Iota, CustomCall: the type
-    double scalar = 0;  ///< Literal: its value; AllReduce: the scale applied after the sum
-    double eps = 0;     ///< LayerNorm, BatchNorm*, Adam
-    double momentum = 0;  ///< SgdMomentum
+    double scalar = 0;         ///< Literal: its value; AllReduce: the scale applied after the sum
+    double eps = 0;            ///< LayerNorm, BatchNorm*, Adam
+    double momentum = 0;       ///< SgdMomentum
     double beta1 = 0, beta2 = 0;  ///< Adam
     bool approximate = false;     ///< Gelu, GeluGrad: the tanh form
     std::string target{};         ///< CustomCall: the function's name
@@ -163,8 +163,8 @@ inline constexpr OpId kNoOp = ~OpId(0);
 
 /// One result of one op.
 struct Value {
-    Shape shape{};    ///< type
-    Layout layout{};  ///< assigned by the layout pass (a preset leaf layout is kept)
+    Shape shape{};          ///< type
+    Layout layout{};        ///< assigned by the layout pass (a preset leaf layout is kept)
     OpId producer = kNoOp;  ///< the op that defines it
     uint32_t index = 0;     ///< which of its results
 };
@@ -181,8 +181,8 @@ struct Op {
 
 /// A graph output: a value the host or the next step needs.
 struct Output {
-    ValueId value = 0;       ///< the value
-    std::string name{};      ///< for listings
+    ValueId value = 0;   ///< the value
+    std::string name{};  ///< for listings
     /// The Parameter number this output replaces at the end of the step (an in-place update
     /// such as an optimizer's, XLA's input/output alias), or -1.
     int64_t updates_parameter = -1;

@@ -50,8 +50,8 @@ double gemm_cycles(const hw::BoardConfig& cfg, int64_t batch, int64_t rows, int6
     constexpr int64_t kMax = std::numeric_limits<uint32_t>::max();
     if (rows > kMax || k > kMax || cols > kMax) return std::numeric_limits<double>::infinity();
     try {
-        const driver::GemmTiling t = driver::plan_gemm(cfg, uint32_t(rows), uint32_t(k),
-                                                       uint32_t(cols), p);
+        const driver::GemmTiling t =
+            driver::plan_gemm(cfg, uint32_t(rows), uint32_t(k), uint32_t(cols), p);
         return double(batch) * driver::gemm_estimate_cycles(cfg, t, uint32_t(rows));
     } catch (const driver::DeviceError&) {
         return std::numeric_limits<double>::infinity();

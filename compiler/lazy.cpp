@@ -93,7 +93,8 @@ bool LazyTensor::pending() const {
     return m_state && m_state->pending();
 }
 
-// ---- LazyContext ----------------------------------------------------------------------------------
+// ---- LazyContext
+// ----------------------------------------------------------------------------------
 
 LazyContext::LazyContext(Backend& backend, CompileOptions options)
     : m_backend(backend), m_cache(std::move(options)) {}
@@ -127,8 +128,8 @@ ValueId LazyContext::value(const LazyTensor& t) {
     detail::TensorState& st = *t.m_state;
     if (st.pending()) {
         if (st.generation != m_generation)
-            throw CompileError(fmt::format("tensor '{}' holds a value of a graph already cut",
-                                           st.name));
+            throw CompileError(
+                fmt::format("tensor '{}' holds a value of a graph already cut", st.name));
         return st.value;
     }
     for (const auto& [v, d] : m_leaf_data)

@@ -46,12 +46,13 @@ inline Bindings random_bindings(const Graph& g, size_t replicas, uint32_t seed =
 /// rewrite may turn one into the other), with the first difference in the message.
 inline ::testing::AssertionResult same_bits(const HostArray& a, const HostArray& b) {
     if (!(a.shape == b.shape))
-        return ::testing::AssertionFailure() << a.shape.to_string() << " vs " << b.shape.to_string();
+        return ::testing::AssertionFailure()
+               << a.shape.to_string() << " vs " << b.shape.to_string();
     for (size_t i = 0; i < a.data.size(); ++i) {
         const double x = a.data[i], y = b.data[i];
         if (!(x == y || (std::isnan(x) && std::isnan(y))))
-            return ::testing::AssertionFailure()
-                   << "element " << i << ": " << x << " vs " << y << " (" << a.shape.to_string() << ")";
+            return ::testing::AssertionFailure() << "element " << i << ": " << x << " vs " << y
+                                                 << " (" << a.shape.to_string() << ")";
     }
     return ::testing::AssertionSuccess();
 }
@@ -60,7 +61,8 @@ inline ::testing::AssertionResult same_bits(const HostArray& a, const HostArray&
 inline double max_rel_error(const std::vector<float>& a, const std::vector<float>& b) {
     double e = 0;
     for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-        e = std::max(e, std::abs(double(a[i]) - double(b[i])) / std::max(1.0, std::abs(double(b[i]))));
+        e = std::max(e,
+                     std::abs(double(a[i]) - double(b[i])) / std::max(1.0, std::abs(double(b[i]))));
     return e;
 }
 
@@ -71,7 +73,7 @@ inline double max_rel_error(const std::vector<float>& a, const std::vector<float
 /// ffn2 + bias + residual + LayerNorm. Parameters in PyTorch's layouts (Linear weight [out, in]).
 inline ValueId bert_block(Graph& g, ValueId x, int64_t hidden, int64_t heads, int64_t ffn) {
     const int64_t seq = g.shape(x).dims[0], d = hidden / heads;
-    const Shape w{DType::F32, {hidden, hidden}}, b{DType::F32, {hidden}};
+    const Shape b{DType::F32, {hidden}};
     const auto lin = [&](const std::string& name, ValueId in, int64_t out_dim, int64_t in_dim) {
         const ScopeGuard s(g, name);
         const ValueId W = g.parameter(Shape{DType::F32, {out_dim, in_dim}}, name + ".weight");
@@ -84,7 +86,6 @@ inline ValueId bert_block(Graph& g, ValueId x, int64_t hidden, int64_t heads, in
         const ValueId beta = g.parameter(b, name + ".bias");
         return layer_norm(g, in, gamma, beta, 1e-5).y;
     };
-    (void)w;
     ValueId q, k, v;
     {
         const ScopeGuard s(g, "attn");

@@ -19,8 +19,8 @@ using test::max_rel_error;
 using test::random_values;
 
 /// Evaluates `g` (decomposed) on one replica with the given leaf values.
-std::vector<HostArray> run(const Graph& g, std::vector<HostArray> params, std::vector<HostArray> inputs,
-                           const EvalOptions& o = {}) {
+std::vector<HostArray> run(const Graph& g, std::vector<HostArray> params,
+                           std::vector<HostArray> inputs, const EvalOptions& o = {}) {
     Bindings b;
     b.parameters = {std::move(params)};
     b.inputs = {std::move(inputs)};
@@ -37,10 +37,12 @@ TEST(CompilerEvaluator, LayerNormThroughBatchNormMatchesTheKernelToRounding) {
     g.add_output(ln.y);
     g.add_output(ln.mean);
     g.add_output(ln.rstd);
-    const auto xv = random_values(rows * cols, 1), gv = random_values(cols, 2), bv = random_values(cols, 3);
+    const auto xv = random_values(rows * cols, 1), gv = random_values(cols, 2),
+               bv = random_values(cols, 3);
     const auto out = run(g, {HostArray::from_floats(fs, gv), HostArray::from_floats(fs, bv)},
                          {HostArray::from_floats(xs, xv)});
-    const auto ref = driver::layer_norm_reference(xv, gv, bv, 1e-5f, uint32_t(rows), uint32_t(cols));
+    const auto ref =
+        driver::layer_norm_reference(xv, gv, bv, 1e-5f, uint32_t(rows), uint32_t(cols));
     // Var = E[X^2] - E[X]^2 (batchnorm_expander) against the kernel's centred sum: equal to
     // fp32 rounding for values of order 1.
     EXPECT_LT(max_rel_error(out[0].floats(), ref.out), 1e-5);
@@ -83,8 +85,9 @@ TEST(CompilerEvaluator, OptimizerLoweringsAreBitExactWithTheTrainersKernels) {
         const auto r = sgd_momentum(g, w, gr, v, lr, 0.9);
         g.add_output(r.w);
         g.add_output(r.v);
-        const auto out = run(g, {HostArray::from_floats(s, w0), HostArray::from_floats(s, m0)},
-                             {HostArray::from_floats(s, g0), HostArray::from_floats(scalar, {0.01f})});
+        const auto out =
+            run(g, {HostArray::from_floats(s, w0), HostArray::from_floats(s, m0)},
+                {HostArray::from_floats(s, g0), HostArray::from_floats(scalar, {0.01f})});
         auto wr = w0, vr = m0;
         driver::sgd_momentum_reference(wr, g0, vr, 0.01f, 0.9f);
         EXPECT_TRUE(test::same_bits(out[0], HostArray::from_floats(s, wr)));
@@ -93,17 +96,19 @@ TEST(CompilerEvaluator, OptimizerLoweringsAreBitExactWithTheTrainersKernels) {
     {
         Graph g;
         const ValueId w = g.parameter(s, "w"), m = g.parameter(s, "m"), v = g.parameter(s, "v"),
-                      gr = g.input(s, "g"), lr_c1 = g.input(scalar, "lr_c1"), c2 = g.input(scalar, "c2");
+                      gr = g.input(s, "g"), lr_c1 = g.input(scalar, "lr_c1"),
+                      c2 = g.input(scalar, "c2");
         const auto r = adam(g, w, gr, m, v, lr_c1, c2, 0.9, 0.999, 1e-8);
         g.add_output(r.w);
         g.add_output(r.m);
         g.add_output(r.v);
         const auto k = driver::adam_scalars(1e-3f, 0.9f, 0.999f, 1e-8f, 3);
-        const auto out = run(g,
-                             {HostArray::from_floats(s, w0), HostArray::from_floats(s, m0),
-                              HostArray::from_floats(s, v0)},
-                             {HostArray::from_floats(s, g0), HostArray::from_floats(scalar, {k.lr_c1}),
-                              HostArray::from_floats(scalar, {k.c2})});
+        const auto out =
+            run(g,
+                {HostArray::from_floats(s, w0), HostArray::from_floats(s, m0),
+                 HostArray::from_floats(s, v0)},
+                {HostArray::from_floats(s, g0), HostArray::from_floats(scalar, {k.lr_c1}),
+                 HostArray::from_floats(scalar, {k.c2})});
         auto wr = w0, mr = m0, vr = v0;
         driver::adam_reference(wr, g0, mr, vr, 1e-3f, 0.9f, 0.999f, 1e-8f, 3);
         EXPECT_TRUE(test::same_bits(out[0], HostArray::from_floats(s, wr)));
@@ -121,12 +126,14 @@ TEST(CompilerEvaluator, DotsHaveTheMxusNumericsAtEveryPrecision) {
         const ValueId a = g.input(Shape{DType::F32, {K, M}}, "a");  // used transposed
         const ValueId b = g.input(Shape{DType::F32, {N, K}}, "b");  // used transposed
         g.add_output(matmul(g, a, b, true, true, p));
-        const auto out = run(g, {}, {HostArray::from_floats(g.shape(a), av), HostArray::from_floats(g.shape(b), bv)});
+        const auto out =
+            run(g, {},
+                {HostArray::from_floats(g.shape(a), av), HostArray::from_floats(g.shape(b), bv)});
         const auto prec = p == Precision::Default ? driver::Precision::Bf16
                           : p == Precision::High  ? driver::Precision::Fp32Pass3
                                                   : driver::Precision::Fp32Pass6;
-        const auto ref = driver::matmul_reference(av, uint32_t(K), uint32_t(M), true, bv, uint32_t(N),
-                                                  uint32_t(K), true, prec, 128);
+        const auto ref = driver::matmul_reference(av, uint32_t(K), uint32_t(M), true, bv,
+                                                  uint32_t(N), uint32_t(K), true, prec, 128);
         EXPECT_TRUE(test::same_bits(out[0], HostArray::from_floats(Shape{DType::F32, {M, N}}, ref)))
             << "precision " << int(p);
     }
@@ -141,7 +148,8 @@ TEST(CompilerEvaluator, EmbeddingGatherReturnsExactRowsAndScatterAddsTheirGradie
     g.add_output(rows);
     g.add_output(scatter_add_rows(g, i, rows, 5));
     const std::vector<float> tokens{4, 0, 4, 2};
-    const auto out = run(g, {HostArray::from_floats(table, tv)}, {HostArray::from_floats(idx, tokens)});
+    const auto out =
+        run(g, {HostArray::from_floats(table, tv)}, {HostArray::from_floats(idx, tokens)});
     for (int r = 0; r < 4; ++r)
         for (int c = 0; c < 3; ++c)
             EXPECT_EQ(out[0].data[size_t(r * 3 + c)], tv[size_t(int(tokens[size_t(r)]) * 3 + c)]);
@@ -170,7 +178,8 @@ TEST(CompilerEvaluator, AllReduceSumsReplicasInTheRingsOrder) {
     }
     const auto out = evaluate(g, b);
     const auto ref = driver::allreduce_reference(reps, float(1.0 / 3.0));
-    for (size_t r = 0; r < 3; ++r) EXPECT_TRUE(test::same_bits(out[r][0], HostArray::from_floats(s, ref)));
+    for (size_t r = 0; r < 3; ++r)
+        EXPECT_TRUE(test::same_bits(out[r][0], HostArray::from_floats(s, ref)));
 }
 
 TEST(CompilerEvaluator, Bf16RoundsToNearestEvenAndCustomCallsRunOnTheHost) {

@@ -19,7 +19,8 @@ std::vector<std::string> fusions_of(const CompiledStep& s) {
         std::set<std::string> names;
         for (OpId id : f.ops) {
             const OpKind k = s.graph.op(id).kind;
-            if (k != OpKind::Literal && k != OpKind::Broadcast) names.insert(std::string(op_name(k)));
+            if (k != OpKind::Literal && k != OpKind::Broadcast)
+                names.insert(std::string(op_name(k)));
         }
         out.push_back(fmt::format("{}:{}", fusion_kind_name(f.kind), fmt::join(names, ",")));
     }
@@ -118,7 +119,7 @@ TEST(CompilerFusion, LayerNormThroughBatchNormIsOneStatsPassOneNormalizeAndTwoTi
                                         "loop:add,divide,multiply,rsqrt,subtract",
                                         "loop:add,multiply,reshape,subtract"}))
         << s.to_string();
-    EXPECT_EQ(s.fusions[0].results.size(), 2u);  // Sum[X], Sum[X^2]
+    EXPECT_EQ(s.fusions[0].results.size(), 2u);               // Sum[X], Sum[X^2]
     EXPECT_EQ(readers_of(s, g.leaves(OpKind::Input)[0]), 2);  // x streams twice
     // Without multi-output fusion the two sums stream x separately.
     CompileOptions o;
@@ -142,15 +143,14 @@ TEST(CompilerFusion, DependentReductionsStayTheirOwnStreamingFusions) {
     const ValueId xc = sub(g, x, broadcast(g, mean, xs.dims, {0}));
     const ValueId var = div(g, reduce(g, mul(g, xc, xc), {1}, Reducer::Sum), n);
     const ValueId rstd = rsqrt(g, add(g, var, full(g, 1e-5, rs)));
-    const ValueId y = add(g, mul(g, mul(g, xc, broadcast(g, rstd, xs.dims, {0})),
-                                 broadcast(g, gamma, xs.dims, {1})),
-                          broadcast(g, beta, xs.dims, {1}));
+    const ValueId y = add(
+        g, mul(g, mul(g, xc, broadcast(g, rstd, xs.dims, {0})), broadcast(g, gamma, xs.dims, {1})),
+        broadcast(g, beta, xs.dims, {1}));
     g.add_output(y, "y");
     const CompiledStep s = compile(g);
-    EXPECT_EQ(fusions_of(s), (std::vector<std::string>{"input:reduce", "loop:divide",
-                                                       "input:multiply,reduce,subtract",
-                                                       "loop:add,divide,rsqrt",
-                                                       "loop:add,multiply,subtract"}))
+    EXPECT_EQ(fusions_of(s), (std::vector<std::string>{
+                                 "input:reduce", "loop:divide", "input:multiply,reduce,subtract",
+                                 "loop:add,divide,rsqrt", "loop:add,multiply,subtract"}))
         << s.to_string();
     EXPECT_EQ(readers_of(s, x), 3);
 }
@@ -162,9 +162,9 @@ TEST(CompilerFusion, SoftmaxIsThreeStreamingFusions) {
     const ValueId x = g.input(Shape{DType::F32, {512, 512}}, "x");
     g.add_output(softmax(g, x, 1), "y");
     const CompiledStep s = compile(g);
-    EXPECT_EQ(fusions_of(s), (std::vector<std::string>{"input:reduce",
-                                                       "input:exponential,reduce,subtract",
-                                                       "loop:divide"}))
+    EXPECT_EQ(fusions_of(s),
+              (std::vector<std::string>{"input:reduce", "input:exponential,reduce,subtract",
+                                        "loop:divide"}))
         << s.to_string();
     EXPECT_EQ(s.fusions[1].results.size(), 2u);
     EXPECT_EQ(readers_of(s, x), 2);

@@ -30,13 +30,14 @@ std::string body(const std::string& listing) {
 }
 
 TEST(CompilerIr, PrinterListsOpsLikeHlo) {
-    EXPECT_EQ(body(small_graph().to_string()),
-              "  %0 = f32[2,3] input(0) \"x\"\n"
-              "  %1 = f32[4,3] parameter(0) \"w\"\n"
-              "  %2 = f32[2,4] dot(%0, %1), lhs_contracting_dims={1}, rhs_contracting_dims={1}  # fc\n"
-              "  %3 = f32[2,4] relu(%2)\n"
-              "  output %3 \"y\"\n"
-              "}\n");
+    EXPECT_EQ(
+        body(small_graph().to_string()),
+        "  %0 = f32[2,3] input(0) \"x\"\n"
+        "  %1 = f32[4,3] parameter(0) \"w\"\n"
+        "  %2 = f32[2,4] dot(%0, %1), lhs_contracting_dims={1}, rhs_contracting_dims={1}  # fc\n"
+        "  %3 = f32[2,4] relu(%2)\n"
+        "  output %3 \"y\"\n"
+        "}\n");
 }
 
 TEST(CompilerIr, MultiResultOpsPrintATuple) {
@@ -60,8 +61,9 @@ TEST(CompilerIr, ShapeErrorsNameTheOpTheDimsAndTheScope) {
         matmul(g, x, w, false, false);
         FAIL() << "a 2x3 by 4x3 matmul was recorded";
     } catch (const CompileError& e) {
-        EXPECT_STREQ(e.what(), "dot: lhs contracting dim 1 has 3 elements, rhs contracting dim 0 "
-                               "has 4 (in block.fc)");
+        EXPECT_STREQ(e.what(),
+                     "dot: lhs contracting dim 1 has 3 elements, rhs contracting dim 0 "
+                     "has 4 (in block.fc)");
     }
     EXPECT_THROW(add(g, x, w), CompileError);
     EXPECT_THROW(reshape(g, x, {5}), CompileError);

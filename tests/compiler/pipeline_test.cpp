@@ -54,7 +54,8 @@ Graph mlp_train_step(size_t replicas) {
     const ValueId logits = linear(g, h, w2, b2);
     g.add_output(cross_entropy(g, logits, y), "loss");
     // d loss / d logits = (softmax - y) / B.
-    const ValueId dl = div(g, sub(g, softmax(g, logits, 1), y), full(g, double(B), g.shape(logits)));
+    const ValueId dl =
+        div(g, sub(g, softmax(g, logits, 1), y), full(g, double(B), g.shape(logits)));
     const ValueId dw2 = matmul(g, dl, h, true, false);
     const ValueId db2 = reduce(g, dl, {0}, Reducer::Sum);
     const ValueId dh = matmul(g, dl, w2, false, false);
@@ -113,8 +114,8 @@ TEST(CompilerPipeline, ConvolutionsPoolingAndNormsKeepTheirValuesThroughEveryPas
     const auto bn = batch_norm_training(g, h2, full(g, 1.0, Shape{DType::F32, {16}}),
                                         full(g, 0.0, Shape{DType::F32, {16}}), 1e-5, 3);
     g.add_output(bn.y, "bn");
-    const auto bg = batch_norm_grad(g, h2, full(g, 1.5, Shape{DType::F32, {16}}), bn.mean, bn.var,
-                                    dy, 1e-5, 3);
+    const auto bg =
+        batch_norm_grad(g, h2, full(g, 1.5, Shape{DType::F32, {16}}), bn.mean, bn.var, dy, 1e-5, 3);
     g.add_output(bg.dx, "bn.dx");
     g.add_output(bg.dscale, "bn.dscale");
     expect_preserved(g, 1);
@@ -148,8 +149,8 @@ TEST(CompilerPipeline, TheCompileCacheHitsOnTheSameStructureOnly) {
     const auto step_graph = [](int64_t batch, const std::string& name, float c) {
         Graph g;
         const ValueId x = g.input(Shape{DType::F32, {batch, 32}}, name);
-        const ValueId k = g.constant(Shape{DType::F32, {batch, 32}},
-                                     std::vector<float>(size_t(batch * 32), c));
+        const ValueId k =
+            g.constant(Shape{DType::F32, {batch, 32}}, std::vector<float>(size_t(batch * 32), c));
         g.add_output(exp(g, add(g, x, k)));
         return g;
     };
@@ -185,7 +186,8 @@ TEST(CompilerPipeline, LazyStepsCompileOnNewGraphsAndHitTheCacheAfter) {
     HostBackend backend(R);
     LazyContext ctx(backend);
     const Shape ws{DType::F32, {Regression::kO, Regression::kI}};
-    const Shape xs{DType::F32, {Regression::kB, Regression::kI}}, ts{DType::F32, {Regression::kB, Regression::kO}};
+    const Shape xs{DType::F32, {Regression::kB, Regression::kI}},
+        ts{DType::F32, {Regression::kB, Regression::kO}};
     const auto w0 = test::random_values(ws.elements(), 5);
     LazyTensor w = ctx.parameter("w", ws, {w0});
     LazyTensor v = ctx.parameter("v", ws, {std::vector<float>(size_t(ws.elements()), 0.0f)});
@@ -213,7 +215,8 @@ TEST(CompilerPipeline, LazyStepsCompileOnNewGraphsAndHitTheCacheAfter) {
         // Reference: the same graph built directly, evaluated with the carried parameters.
         Graph h;
         const ValueId hw = h.parameter(ws, "w"), hv = h.parameter(ws, "v");
-        const ValueId hx = h.input(xs, "x"), ht = h.input(ts, "t"), hl = h.input(Shape{DType::F32, {}}, "lr");
+        const ValueId hx = h.input(xs, "x"), ht = h.input(ts, "t"),
+                      hl = h.input(Shape{DType::F32, {}}, "lr");
         ValueId hloss, hvnew;
         const ValueId hwnew = Regression::step(h, hw, hv, hx, ht, hl, R, &hloss, &hvnew);
         h.add_output(hwnew);
@@ -222,7 +225,8 @@ TEST(CompilerPipeline, LazyStepsCompileOnNewGraphsAndHitTheCacheAfter) {
         Bindings b;
         for (size_t r = 0; r < R; ++r) {
             b.parameters.push_back({wr[r], vr[r]});
-            b.inputs.push_back({HostArray::from_floats(xs, xv[r]), HostArray::from_floats(ts, tv[r]),
+            b.inputs.push_back({HostArray::from_floats(xs, xv[r]),
+                                HostArray::from_floats(ts, tv[r]),
                                 HostArray::from_floats(Shape{DType::F32, {}}, {0.05f})});
         }
         const auto ref = evaluate(decompose(h), b);
