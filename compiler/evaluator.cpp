@@ -524,11 +524,15 @@ std::vector<HostArray> eval_all_reduce(const Op& op, const Shape& out,
     return std::vector<HostArray>(per_replica.size(), HostArray::from_floats(out, sum));
 }
 
-void check_bindings(const Graph& g, const Bindings& b) {
+/// `b` with an empty list filled with one empty binding per replica; throws EvalError when the
+/// lists disagree or a leaf is missing or has the wrong shape.
+Bindings checked_bindings(const Graph& g, Bindings b) {
     if (b.replicas() == 0) throw EvalError("evaluate: no replicas bound");
-    if (b.inputs.size() != b.replicas())
+    if (b.parameters.empty()) b.parameters.resize(b.replicas());
+    if (b.inputs.empty()) b.inputs.resize(b.replicas());
+    if (b.inputs.size() != b.parameters.size())
         throw EvalError(fmt::format("evaluate: {} replicas of parameters but {} of inputs",
-                                    b.replicas(), b.inputs.size()));
+                                    b.parameters.size(), b.inputs.size()));
     const auto check = [&](OpKind k, const std::vector<std::vector<HostArray>>& data) {
         const auto leaves = g.leaves(k);
         for (size_t r = 0; r < data.size(); ++r) {
@@ -546,6 +550,7 @@ void check_bindings(const Graph& g, const Bindings& b) {
     };
     check(OpKind::Parameter, b.parameters);
     check(OpKind::Input, b.inputs);
+    return b;
 }
 
 HostArray leaf_value(const Graph& g, const Op& op, const Bindings& b, size_t r) {
@@ -668,9 +673,9 @@ std::vector<float> HostArray::floats() const {
     return std::vector<float>(data.begin(), data.end());
 }
 
-std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& b,
+std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& bindings,
                                              const EvalOptions& o) {
-    check_bindings(g, b);
+    const Bindings b = checked_bindings(g, bindings);
     const size_t R = b.replicas();
     std::vector<std::vector<HostArray>> vals(R, std::vector<HostArray>(g.values().size()));
     for (const Op& op : g.ops()) {
@@ -699,10 +704,10 @@ std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& b,
 }
 
 std::vector<std::vector<HostArray>> evaluate_compiled(
-    const CompiledStep& step, const Bindings& b, const EvalOptions& o,
+    const CompiledStep& step, const Bindings& bindings, const EvalOptions& o,
     std::vector<std::vector<HostArray>>* parameters_after) {
     const Graph& g = step.graph;
-    check_bindings(g, b);
+    const Bindings b = checked_bindings(g, bindings);
     const size_t R = b.replicas();
     std::vector<Memory> mem(R);
     for (size_t r = 0; r < R; ++r) {

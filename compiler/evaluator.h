@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -42,16 +43,18 @@ using CustomCallFn = std::function<HostArray(const std::vector<HostArray>&, cons
 
 /// How to evaluate.
 struct EvalOptions {
-    uint32_t mxu_rows = 128;  ///< K per MXU pass (the contraction's order of sums)
+    /// K per MXU pass (the order of a contraction's sums): the board's core.mxu_rows.
+    uint32_t mxu_rows = 128;
     std::map<std::string, CustomCallFn> custom_calls{};  ///< by target name
 };
 
-/// Per replica, the step's leaf data by number (constants come from the graph).
+/// Per replica, the step's leaf data by number (constants come from the graph). A graph without
+/// parameters (or inputs) may leave that list empty.
 struct Bindings {
     std::vector<std::vector<HostArray>> parameters;  ///< [replica][parameter number]
     std::vector<std::vector<HostArray>> inputs;      ///< [replica][input number]
-    /// Replicas: parameters.size() (all-reduce sums over them).
-    size_t replicas() const { return parameters.size(); }
+    /// Replicas (all-reduce sums over them): the longer of the two lists.
+    size_t replicas() const { return std::max(parameters.size(), inputs.size()); }
 };
 
 /// Evaluates a graph without composites (decompose() first) on every replica; returns

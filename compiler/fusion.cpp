@@ -207,6 +207,60 @@ private:
         return false;
     }
 
+    /// Groups reachable from any group of `from` (through values written by one group and read
+    /// by another).
+    std::vector<char> reach(const std::set<int>& from) const {
+        std::vector<char> seen(m_members.size(), 0);
+        std::vector<int> stack(from.begin(), from.end());
+        while (!stack.empty()) {
+            const int gi = stack.back();
+            stack.pop_back();
+            for (OpId id : m_members[size_t(gi)]) {
+                if (m_home[id] != gi) continue;
+                for (OpId u : op_users(id))
+                    for (int h : m_groups_of[u])
+                        if (h != gi && !in_group(id, h) && !seen[size_t(h)]) {
+                            seen[size_t(h)] = 1;
+                            stack.push_back(h);
+                        }
+            }
+        }
+        return seen;
+    }
+
+    /// Merging the groups of `s` into one makes a cycle: one of them reads a value written by a
+    /// group outside `s` that one of them reaches.
+    bool merge_creates_cycle(const std::set<int>& s) const {
+        const auto r = reach(s);
+        for (int gi : s)
+            for (ValueId v : external_operands(gi)) {
+                const int w = writer_of(v);
+                if (w >= 0 && !s.count(w) && r[size_t(w)]) return true;
+            }
+        return false;
+    }
+
+    /// Fusing producer `p` into group `gi` (moving it there when `move`) makes a cycle: `gi` (or
+    /// a group that would then read p from it) reaches a writer of p's operands, or a group
+    /// that would read p from `gi` reaches `gi`.
+    bool fuse_creates_cycle(OpId p, int gi, bool move) const {
+        std::set<int> from{gi}, readers;
+        if (move)
+            for (OpId u : op_users(p))
+                for (int h : m_groups_of[u])
+                    if (h != gi && m_alive[size_t(h)]) readers.insert(h);
+        from.insert(readers.begin(), readers.end());
+        const auto r = reach(from);
+        for (ValueId v : m_g.op(p).operands) {
+            const OpId q = m_g.value(v).producer;
+            if (in_group(q, gi)) continue;
+            const int w = writer_of(v);
+            if (w >= 0 && (w == gi || r[size_t(w)])) return true;
+        }
+        if (!readers.empty() && reach(readers)[size_t(gi)]) return true;
+        return false;
+    }
+
     // ---- (1) Producer-consumer fusion -----------------------------------------------------------
 
     void fuse_operands(OpId c, int gi) {
@@ -241,10 +295,10 @@ private:
         const int own = m_home[p];
         const bool alone = m_groups_of[p].size() == 1 && m_members[size_t(own)].size() == 1;
         if (all_users_here && alone) {
-            merge(gi, own);
+            if (!fuse_creates_cycle(p, gi, true)) merge(gi, own);
             return;
         }
-        if (!duplicable(p)) return;
+        if (!duplicable(p) || fuse_creates_cycle(p, gi, false)) return;
         add_member(p, gi);
     }
 
@@ -295,12 +349,9 @@ private:
             }
         }
         // No epilogue may read something that itself depends on c (a cycle once fused).
-        for (int h : consumers)
-            for (ValueId v : external_operands(h)) {
-                if (m_g.value(v).producer == c) continue;
-                const int w = writer_of(v);
-                if (w >= 0 && w != gc && !consumers.count(w) && group_reaches(gc, w)) return;
-            }
+        std::set<int> all = consumers;
+        all.insert(gc);
+        if (merge_creates_cycle(all)) return;
         for (int h : consumers) merge(gc, h);
     }
 
@@ -359,7 +410,8 @@ private:
             for (size_t j = i + 1; j < sib.size(); ++j) {
                 const int a = sib[i], b = sib[j];
                 if (!m_alive[size_t(b)] || !reductions_compatible(a, b)) continue;
-                if (group_reaches(a, b) || group_reaches(b, a)) continue;
+                if (group_reaches(a, b) || group_reaches(b, a) || merge_creates_cycle({a, b}))
+                    continue;
                 merge(a, b);
             }
         }
@@ -378,13 +430,9 @@ private:
             if (kind_of(r) != FusionKind::Input) continue;
             const OpId hero = reduce_hero(r);
             if (m_g.shape(m_g.op(hero).operands[0]).dims != m_g.shape(v).dims) continue;
-            // No other path from p to r (it would become a cycle).
-            bool cycle = false;
-            for (ValueId x : external_operands(r)) {
-                const int w = writer_of(x);
-                if (w >= 0 && w != p && group_reaches(p, w)) cycle = true;
-            }
-            // Nor may another reader of p's results lead to r: it would read them from r.
+            // No other path from p to r (it would become a cycle), nor from another reader of
+            // p's results to r (it would then read them from r).
+            bool cycle = merge_creates_cycle({p, r});
             for (ValueId res : results_of(p))
                 for (int x : readers(res))
                     if (x != r && group_reaches(x, r)) cycle = true;
@@ -489,8 +537,19 @@ private:
             for (int s : succ[gi])
                 if (--indeg[s] == 0) ready.emplace(first_op(s), s);
         }
-        if (out.size() != alive.size())
-            throw CompileError("fusion: the fused graph has a cycle (a compiler bug)");
+        if (out.size() != alive.size()) {
+            std::string dump;
+            for (int h : alive) {
+                dump += fmt::format("group {}: ops", h);
+                for (OpId id : m_members[size_t(h)])
+                    dump += fmt::format(" {}{}", id, m_home[id] == h ? "*" : "");
+                dump += " reads";
+                for (ValueId v : external_operands(h))
+                    dump += fmt::format(" %{}<-g{}", v, writer_of(v));
+                dump += "\n";
+            }
+            throw CompileError("fusion: the fused graph has a cycle (a compiler bug)\n" + dump);
+        }
         return out;
     }
 

@@ -46,7 +46,7 @@ bool is_splat(const Graph& g, ValueId v, double value) {
 /// Folds transposes into the dots that read them (xla/service/transpose_folding.cc): a dot of a
 /// transposed operand reads the operand itself with permuted dimension numbers. Only when the
 /// operand's free dims keep their order, so the dot's result dims do not move.
-bool fold_transpose(const Graph& g, const std::vector<int64_t>& perm, std::vector<int64_t>& batch,
+bool fold_transpose(const std::vector<int64_t>& perm, std::vector<int64_t>& batch,
                     std::vector<int64_t>& contracting, int64_t rank) {
     std::vector<int64_t> free_before, free_after;
     for (int64_t d = 0; d < rank; ++d)
@@ -58,7 +58,6 @@ bool fold_transpose(const Graph& g, const std::vector<int64_t>& perm, std::vecto
     if (!std::is_sorted(free_after.begin(), free_after.end())) return false;
     for (int64_t& d : batch) d = perm[size_t(d)];
     for (int64_t& d : contracting) d = perm[size_t(d)];
-    (void)g;
     return true;
 }
 
@@ -145,7 +144,7 @@ void simplify_op(Rewriter& rw, const Op& op) {
                     if (p.kind != OpKind::Transpose) continue;
                     auto batch = side == 0 ? na.dot.lhs_batch : na.dot.rhs_batch;
                     auto contracting = side == 0 ? na.dot.lhs_contracting : na.dot.rhs_contracting;
-                    if (!fold_transpose(g, p.attrs.dims, batch, contracting,
+                    if (!fold_transpose(p.attrs.dims, batch, contracting,
                                         g.shape(in[size_t(side)]).rank()))
                         continue;
                     (side == 0 ? na.dot.lhs_batch : na.dot.rhs_batch) = batch;

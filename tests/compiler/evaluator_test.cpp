@@ -173,7 +173,6 @@ TEST(CompilerEvaluator, AllReduceSumsReplicasInTheRingsOrder) {
     std::vector<std::vector<float>> reps;
     for (uint32_t r = 0; r < 3; ++r) {
         reps.push_back(random_values(210, 20 + r));
-        b.parameters.emplace_back();
         b.inputs.push_back({HostArray::from_floats(s, reps.back())});
     }
     const auto out = evaluate(g, b);
