@@ -93,6 +93,9 @@ std::string CompiledStep::to_string() const {
     for (const LeafBuffer& b : inputs)
         s += fmt::format("input %{} \"{}\" {}{} {} bytes\n", b.value, b.name, b.shape.to_string(),
                          b.layout.to_string(), b.bytes);
+    for (const LeafBuffer& b : constants)
+        s += fmt::format("constant %{} \"{}\" {}{} {} bytes\n", b.value, b.name,
+                         b.shape.to_string(), b.layout.to_string(), b.bytes);
     for (const Fusion& f : fusions) {
         s += fmt::format("{} {} {}", f.name, fusion_kind_name(f.kind), op_list(graph, f));
         if (!f.layers.empty()) s += fmt::format(" [{}]", fmt::join(f.layers, ", "));
