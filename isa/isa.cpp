@@ -129,11 +129,13 @@ void validate(const Instr& instr, size_t index) {
     if (static_cast<int>(instr.op) >= kNumOpcodes)
         throw DecodeError(fmt::format("instruction {}: unknown opcode 0x{:02x}", index,
                                       static_cast<unsigned>(instr.op)));
+    // Every load of a program checks each instruction (CoreModel::load): one pass over the
+    // opcode's operand kinds, nothing more.
     const OpInfo& oi = info(instr.op);
-    if (instr.flag != kNoFlag && (instr.flag >= kNumFlags || !has_completion_flag(instr.op)))
+    if (instr.flag != kNoFlag &&
+        (instr.flag >= kNumFlags || oi.kinds.find('c') == std::string_view::npos))
         throw DecodeError(fmt::format("instruction {} ({}): invalid completion flag byte 0x{:02x}",
                                       index, oi.mnemonic, instr.flag));
-    const int used = num_operands(instr.op);
     int slot = 0;
     for (char kind : oi.kinds) {
         if (kind == 'c') continue;
@@ -159,7 +161,7 @@ void validate(const Instr& instr, size_t index) {
                                           oi.mnemonic, slot, imm));
         ++slot;
     }
-    for (int i = used; i < kMaxOperands; ++i)
+    for (int i = slot; i < kMaxOperands; ++i)
         if (instr.ops[i].reg != 0 || instr.ops[i].imm != 0)
             throw DecodeError(fmt::format("instruction {} ({}): unused operand slot {} is not zero",
                                           index, oi.mnemonic, i));

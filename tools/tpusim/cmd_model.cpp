@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // tpusim model NAME: one inference or one training step of a zoo model, with a per-layer table.
 #include <algorithm>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -47,29 +46,30 @@ void register_model_command(CLI::App& app) {
                   "one training step instead: forward, backward, gradient all-reduce, Adam (the "
                   "loss: softmax cross-entropy of the outputs against random labels; bert-block "
                   "adds a token-classification head, 9 labels per token)");
-    cmd->add_option("--precision", o->precision, "32-true | bf16-mixed | bf16-true");
-    // The size options, each with the models that read it (zoo_models() lists them per model).
-    const std::pair<const char*, uint32_t*> sizes[] = {
-        {"image", &o->zoo.image}, {"hidden", &o->zoo.hidden}, {"heads", &o->zoo.heads},
-        {"seq", &o->zoo.seq},     {"ffn", &o->zoo.ffn},       {"layers", &o->zoo.layers},
-        {"vocab", &o->zoo.vocab}};
-    const std::map<std::string, std::string> size_help = {{"image", "image height = width (224)"},
-                                                          {"hidden", "model width"},
-                                                          {"heads", "attention heads"},
-                                                          {"seq", "tokens per sequence"},
-                                                          {"ffn", "feed-forward width"},
-                                                          {"layers", "transformer blocks"},
-                                                          {"vocab", "tokens"}};
+    cmd->add_option("--precision", o->precision,
+                    "32-true | bf16-mixed | bf16-true (and Lightning's 32, 16, 16-mixed, bf16)");
+    // The size options; each one's help lists the models that read it (zoo_models()).
+    struct Size {
+        const char* key;
+        uint32_t* field;
+        const char* help;
+    };
+    const Size sizes[] = {{"image", &o->zoo.image, "image height = width (224)"},
+                          {"hidden", &o->zoo.hidden, "model width"},
+                          {"heads", &o->zoo.heads, "attention heads"},
+                          {"seq", &o->zoo.seq, "tokens per sequence"},
+                          {"ffn", &o->zoo.ffn, "feed-forward width"},
+                          {"layers", &o->zoo.layers, "transformer blocks"},
+                          {"vocab", &o->zoo.vocab, "tokens"}};
     auto size_options = std::make_shared<std::vector<std::pair<std::string, CLI::Option*>>>();
-    for (const auto& [key, field] : sizes) {
+    for (const Size& sz : sizes) {
         std::string users;
         for (const auto& m : trainer::zoo_models())
-            if (std::find(m.sizes.begin(), m.sizes.end(), key) != m.sizes.end())
+            if (std::find(m.sizes.begin(), m.sizes.end(), sz.key) != m.sizes.end())
                 users += fmt::format("{}{}", users.empty() ? "" : ", ", m.name);
-        size_options->emplace_back(key,
-                                   cmd->add_option(fmt::format("--{}", key), *field,
-                                                   fmt::format("{}: {}", users, size_help.at(key)))
-                                       ->check(positive_number()));
+        size_options->emplace_back(sz.key, cmd->add_option(fmt::format("--{}", sz.key), *sz.field,
+                                                           fmt::format("{}: {}", users, sz.help))
+                                               ->check(positive_number()));
     }
     cmd->add_option("--seed", o->zoo.seed, "seed of the weights and inputs")->check(whole_number());
     add_common_options(*cmd, o->common);
