@@ -16,7 +16,6 @@ namespace tpu::driver {
 namespace {
 
 constexpr uint64_t kAlign = 256;
-constexpr uint64_t kWindow = 1ull << 32;  // 32-bit HBM offsets in kernels
 
 std::string human(uint64_t bytes) {
     if (bytes >= (1ull << 30)) return fmt::format("{:.2f} GiB", double(bytes) / double(1ull << 30));
@@ -33,13 +32,17 @@ std::unique_ptr<Device> Device::open(const hw::BoardConfig& cfg) {
 
 Device::Device(const hw::BoardConfig& cfg)
     : m_cfg(std::make_unique<hw::BoardConfig>(cfg)), m_board(std::make_unique<hw::Board>(*m_cfg)) {
-    const uint64_t capacity = std::min(m_cfg->hbm.bytes_per_core, kWindow) / kAlign * kAlign;
+    const uint64_t capacity = window_bytes(*m_cfg);
     m_free.resize(num_cores());
     m_used.resize(num_cores());
     for (auto& f : m_free) f.emplace(0, capacity);
 }
 
 Device::~Device() = default;
+
+uint64_t Device::window_bytes(const hw::BoardConfig& cfg) {
+    return std::min(cfg.hbm.bytes_per_core, kHbmWindowBytes) / kAlign * kAlign;
+}
 
 const hw::BoardConfig& Device::config() const {
     return *m_cfg;
@@ -135,8 +138,10 @@ void Device::check_range(const Buffer& b, uint64_t offset, uint64_t bytes, const
     check_core(b.core, num_cores(), what);
     // A buffer may be a view into an allocation (e.g. one parameter of a flat buffer): it must
     // lie inside one live allocation.
+    // Compared as lengths, not ends: an address plus a size near 2^64 wraps around.
     auto it = m_used[b.core].upper_bound(b.addr);
-    if (it == m_used[b.core].begin() || (--it, b.addr + b.bytes > it->first + it->second))
+    if (it == m_used[b.core].begin() ||
+        (--it, b.addr - it->first > it->second || b.bytes > it->second - (b.addr - it->first)))
         throw DeviceError(ErrorKind::Usage, fmt::format("{}: buffer at 0x{:x} on core {} is not "
                                                         "allocated",
                                                         what, b.addr, b.core));

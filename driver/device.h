@@ -45,6 +45,10 @@ private:
     ErrorKind m_kind;
 };
 
+/// Kernels address HBM with 32-bit offsets: buffers come from the first 4 GiB of each core's
+/// HBM, and no buffer (so no tensor) is larger.
+inline constexpr uint64_t kHbmWindowBytes = uint64_t(1) << 32;
+
 /// A range of one core's HBM.
 struct Buffer {
     uint32_t core = 0;   ///< owning core
@@ -125,6 +129,9 @@ public:
 
     const hw::BoardConfig& config() const;
     uint32_t num_cores() const;
+    /// Bytes of one core's HBM that alloc() hands out: min(HBM per core, kHbmWindowBytes),
+    /// whole 256-byte blocks. A tool can check a size against it before building a board.
+    static uint64_t window_bytes(const hw::BoardConfig& cfg);
 
     /// HBM on `core`, 256-byte aligned. Kernels address 32-bit HBM offsets, so buffers come
     /// from the first 4 GiB of each core's HBM. Throws OutOfMemory naming requested and free

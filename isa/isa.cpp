@@ -118,17 +118,28 @@ Instr decode(std::span<const uint8_t, kInstrBytes> in, size_t index) {
         throw DecodeError(fmt::format("instruction {}: unknown opcode 0x{:02x}", index, in[0]));
     Instr instr;
     instr.op = static_cast<Opcode>(in[0]);
-    const OpInfo& oi = info(instr.op);
     instr.flag = in[1];
-    if (instr.flag != kNoFlag && (instr.flag >= kNumFlags || !has_completion_flag(instr.op)))
+    for (int i = 0; i < kMaxOperands; ++i)
+        instr.ops[i] = Operand{in[2 + i], static_cast<int32_t>(get32(&in[8 + 4 * i]))};
+    validate(instr, index);
+    return instr;
+}
+
+void validate(const Instr& instr, size_t index) {
+    if (static_cast<int>(instr.op) >= kNumOpcodes)
+        throw DecodeError(fmt::format("instruction {}: unknown opcode 0x{:02x}", index,
+                                      static_cast<unsigned>(instr.op)));
+    // Every load of a program checks each instruction (CoreModel::load): one pass over the
+    // opcode's operand kinds, nothing more.
+    const OpInfo& oi = info(instr.op);
+    if (instr.flag != kNoFlag &&
+        (instr.flag >= kNumFlags || oi.kinds.find('c') == std::string_view::npos))
         throw DecodeError(fmt::format("instruction {} ({}): invalid completion flag byte 0x{:02x}",
                                       index, oi.mnemonic, instr.flag));
-    const int used = num_operands(instr.op);
     int slot = 0;
     for (char kind : oi.kinds) {
         if (kind == 'c') continue;
-        const uint8_t reg = in[2 + slot];
-        const auto imm = static_cast<int32_t>(get32(&in[8 + 4 * slot]));
+        const auto [reg, imm] = instr.ops[slot];
         if (reg >= kNumSregs)
             throw DecodeError(fmt::format("instruction {} ({}): operand {} names register s{}",
                                           index, oi.mnemonic, slot, reg));
@@ -140,17 +151,20 @@ Instr decode(std::span<const uint8_t, kInstrBytes> in, size_t index) {
             throw DecodeError(
                 fmt::format("instruction {} ({}): destination operand {} has a non-zero immediate",
                             index, oi.mnemonic, slot));
-        if (kind == 'f' && (imm < 0 || imm >= kNumFlags))
+        // A negative number is no flag name: "f-3" would read as one.
+        if (kind == 'f' && imm < 0)
+            throw DecodeError(fmt::format(
+                "instruction {} ({}): operand {} names flag number {} (flags are f0..f{})", index,
+                oi.mnemonic, slot, imm, kNumFlags - 1));
+        if (kind == 'f' && imm >= kNumFlags)
             throw DecodeError(fmt::format("instruction {} ({}): operand {} names flag f{}", index,
                                           oi.mnemonic, slot, imm));
-        instr.ops[slot] = Operand{reg, imm};
         ++slot;
     }
-    for (int i = used; i < kMaxOperands; ++i)
-        if (in[2 + i] != 0 || get32(&in[8 + 4 * i]) != 0)
+    for (int i = slot; i < kMaxOperands; ++i)
+        if (instr.ops[i].reg != 0 || instr.ops[i].imm != 0)
             throw DecodeError(fmt::format("instruction {} ({}): unused operand slot {} is not zero",
                                           index, oi.mnemonic, i));
-    return instr;
 }
 
 std::vector<uint8_t> encode_program(const Program& program) {

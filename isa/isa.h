@@ -106,6 +106,11 @@ public:
 void encode(const Instr& instr, std::span<uint8_t, kInstrBytes> out);
 /// Decodes and validates one instruction; `index` only names it in the error message.
 Instr decode(std::span<const uint8_t, kInstrBytes> in, size_t index = 0);
+/// Checks an instruction built in memory by the rules decode() applies to an encoded one (an
+/// opcode of the table, a completion flag only where the opcode takes one, registers s0..s31,
+/// flags f0..f31, zero destination immediates and unused slots); throws DecodeError naming
+/// instruction `index`. For programs from outside the assembler, builder and decoder.
+void validate(const Instr& instr, size_t index = 0);
 
 /// A program: instructions plus the label table the assembler saw (for disassembly).
 struct Program {

@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "sim/file_io.h"
+
 namespace tpu::sim {
 namespace {
 
@@ -154,6 +156,9 @@ void Cluster::abort(const std::string& message, int code) {
     else
         fmt::print(stderr, "tpusim: {}\n", message);
     std::fflush(stderr);
+    // Neither MPI_Abort nor _Exit runs the destructors that remove temporary output files; the
+    // other ranks remove theirs when mpirun's SIGTERM reaches them (sim/interrupt.h).
+    remove_temporary_files();
     // MPI_Abort even under `mpirun -np 1`: a rank that exits without MPI_Finalize is itself
     // reported as an error by mpirun, with a less helpful message.
     if (g_cluster.active) MPI_Abort(MPI_COMM_WORLD, code);

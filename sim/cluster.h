@@ -44,8 +44,9 @@ public:
     static uint64_t allreduce_sum(uint64_t v);
     /// Returns once every rank has called it.
     static void barrier();
-    /// Prints "tpusim: rank R of N: <message>" to stderr and aborts every rank (MPI_Abort with
-    /// `code`); alone it just exits with `code` after printing "tpusim: <message>".
+    /// Prints "tpusim: rank R of N: <message>" to stderr, removes this rank's temporary output
+    /// files and aborts every rank (MPI_Abort with `code`); alone it just exits with `code`
+    /// after printing "tpusim: <message>".
     [[noreturn]] static void abort(const std::string& message, int code = 2);
 };
 

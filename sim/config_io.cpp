@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/config_io.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "sim/file_io.h"
 
 namespace tpu::sim {
 namespace {
@@ -253,31 +255,46 @@ std::string check_leaf(const Leaf& l) {
 }  // namespace
 
 void apply_json(const VisitRoot& root, std::string_view text, std::string_view source) {
+    const Collector fields = collect(root);
+    // No config value is an object deeper than the deepest section, or an array of more than
+    // one level; a file nested deeper is refused as it is parsed, so a huge nesting costs
+    // neither memory nor stack (printing such a value in an error would recurse through it).
+    size_t max_nesting = 1;
+    for (const auto& sec : fields.sections)
+        max_nesting = std::max<size_t>(max_nesting, 2 + std::count(sec.begin(), sec.end(), '.'));
+    ++max_nesting;  // an array (or object) as a leaf's value gets the leaf's type error
     // nlohmann keeps the last of duplicate keys; a file that sets a field twice is ambiguous
     // (which did the user mean?), so the parser callback refuses the second, naming its path.
+    // Each open object keeps its own keys only; the dotted path is joined for an error.
     struct Object {
-        std::string path;  ///< dotted key path of the object ("" at the top level)
         std::set<std::string> keys;
         std::string last;  ///< the key whose value is being parsed
     };
     std::vector<Object> open;
+    size_t nesting = 0;  // open objects and arrays
+    const auto path_to = [&](const std::string& leaf) {
+        std::string path;
+        for (size_t i = 0; i + 1 < open.size(); ++i) path += open[i].last + ".";
+        return path + leaf;
+    };
     const auto refuse_duplicates = [&](int, nlohmann::json::parse_event_t event, Json& parsed) {
         using Event = nlohmann::json::parse_event_t;
-        if (event == Event::object_start) {
+        if (event == Event::object_start || event == Event::array_start) {
+            if (++nesting > max_nesting)
+                throw ConfigError(fmt::format(
+                    "{}: key '{}': nested {} levels deep; no config value is nested more than {}",
+                    source, open.empty() ? std::string() : path_to(open.back().last), nesting,
+                    max_nesting));
             // Arrays are transparent: an object in one takes the path of the array's key.
-            std::string path;
-            if (!open.empty())
-                path = open.back().path.empty() ? open.back().last
-                                                : open.back().path + "." + open.back().last;
-            open.push_back({std::move(path), {}, {}});
-        } else if (event == Event::object_end) {
-            open.pop_back();
+            if (event == Event::object_start) open.push_back({});
+        } else if (event == Event::object_end || event == Event::array_end) {
+            --nesting;
+            if (event == Event::object_end) open.pop_back();
         } else if (event == Event::key) {
             Object& o = open.back();
             o.last = parsed.get<std::string>();
             if (!o.keys.insert(o.last).second)
-                throw ConfigError(fmt::format("{}: duplicate key '{}'", source,
-                                              o.path.empty() ? o.last : o.path + "." + o.last));
+                throw ConfigError(fmt::format("{}: duplicate key '{}'", source, path_to(o.last)));
         }
         return true;
     };
@@ -304,7 +321,7 @@ void apply_json(const VisitRoot& root, std::string_view text, std::string_view s
     }
     if (!j.is_object())
         throw ConfigError(fmt::format("{}: expected a JSON object at the top level", source));
-    apply_object(collect(root), j, "", source);
+    apply_object(fields, j, "", source);
 }
 
 void apply_json_file(const VisitRoot& root, const std::string& path) {
@@ -313,12 +330,15 @@ void apply_json_file(const VisitRoot& root, const std::string& path) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec))
         throw ConfigError(fmt::format("{}: is a directory, not a config file", path));
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw ConfigError(fmt::format("{}: cannot open config file", path));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (in.bad()) throw ConfigError(fmt::format("{}: cannot read config file", path));
-    apply_json(root, ss.str(), path);
+    if (!std::ifstream(path, std::ios::binary))
+        throw ConfigError(fmt::format("{}: cannot open config file", path));
+    std::string text;
+    try {
+        text = read_input_file(path, kMaxConfigBytes);
+    } catch (const InputFileError& e) {
+        throw ConfigError(e.what());
+    }
+    apply_json(root, text, path);
 }
 
 void apply_override(const VisitRoot& root, std::string_view assignment) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -23,7 +24,11 @@ using VisitRoot = std::function<void(Visitor&)>;
 /// Overlays JSON text onto the config; `source` names the file in errors. Unknown keys, wrong
 /// types and out-of-range values throw ConfigError("FILE: key a.b.c: ...").
 void apply_json(const VisitRoot& root, std::string_view text, std::string_view source);
-/// Reads a JSON file and overlays it; a missing or unreadable file is a ConfigError.
+/// The largest config file read: a board config is a few KB, so anything near this is not one.
+inline constexpr uint64_t kMaxConfigBytes = uint64_t(16) << 20;
+
+/// Reads a JSON file (at most kMaxConfigBytes) and overlays it; a missing, unreadable or
+/// oversized file is a ConfigError.
 void apply_json_file(const VisitRoot& root, const std::string& path);
 /// Applies one `a.b.c=value` override (from --set).
 void apply_override(const VisitRoot& root, std::string_view assignment);

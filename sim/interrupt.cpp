@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/interrupt.h"
+#include "sim/file_io.h"
 
 #include <unistd.h>
 #include <atomic>
@@ -13,7 +14,23 @@ std::atomic<bool> g_requested{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
 
 extern "C" void on_sigint(int) {
-    if (g_requested.exchange(true)) _exit(130);
+    if (g_requested.exchange(true)) {
+        // The second Ctrl-C ends the process without destructors: remove what they would.
+        remove_temporary_files();
+        _exit(130);
+    }
+}
+
+/// SIGTERM (kill, mpirun taking down the ranks of an aborted job) and SIGHUP (the terminal
+/// closed): remove the temporary output files, then die of the signal as before, so the parent
+/// sees the usual status.
+extern "C" void on_termination(int sig) {
+    remove_temporary_files();
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    raise(sig);
 }
 
 }  // namespace
@@ -23,6 +40,15 @@ void install_interrupt_handler() {
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, nullptr);
+    struct sigaction term {};
+    term.sa_handler = on_termination;
+    sigemptyset(&term.sa_mask);
+    for (const int sig : {SIGTERM, SIGHUP}) {
+        // A signal the parent chose to ignore (nohup's SIGHUP) stays ignored.
+        struct sigaction old {};
+        sigaction(sig, nullptr, &old);
+        if (old.sa_handler != SIG_IGN) sigaction(sig, &term, nullptr);
+    }
 }
 
 bool interrupt_requested() {

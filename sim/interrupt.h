@@ -7,7 +7,8 @@ namespace tpu::sim {
 
 /// Installs the SIGINT handler. The first Ctrl-C requests a stop at the simulation's next
 /// poll; a second one ends the process at once with exit code 130, for a host computation
-/// that never polls.
+/// that never polls, after removing the temporary output files (remove_temporary_files()).
+/// SIGTERM and SIGHUP remove them too and then end the process as the signal would.
 void install_interrupt_handler();
 /// True once Ctrl-C was pressed (or request_interrupt() called).
 bool interrupt_requested();

@@ -22,7 +22,20 @@ ParamPtr make_param(uint32_t rows, uint32_t cols, std::vector<float> init) {
     return p;
 }
 
+/// The most fp32 values one parameter may hold: one core's kernels address 4 GiB.
+constexpr uint64_t kMaxValues = driver::kHbmWindowBytes / 4;
+
+/// Refuses a parameter too large for any core before its initial values are allocated.
+void check_param_size(uint32_t rows, uint32_t cols) {
+    if (uint64_t(rows) * cols > kMaxValues)
+        throw std::invalid_argument(
+            fmt::format("a {} x {} parameter ({} fp32 values) is larger than the 4 GiB a core's "
+                        "kernels address",
+                        rows, cols, uint64_t(rows) * cols));
+}
+
 ParamPtr uniform_param(uint32_t rows, uint32_t cols, float bound, std::mt19937& rng) {
+    check_param_size(rows, cols);
     std::vector<float> v(size_t(rows) * cols);
     for (float& x : v) x = uniform(rng, -bound, bound);
     return make_param(rows, cols, std::move(v));
@@ -30,6 +43,7 @@ ParamPtr uniform_param(uint32_t rows, uint32_t cols, float bound, std::mt19937& 
 
 ParamPtr normal_param(uint32_t rows, uint32_t cols, float stddev, std::mt19937& rng) {
     // Box-Muller on our own uniforms, for platform-independent values.
+    check_param_size(rows, cols);
     std::vector<float> v(size_t(rows) * cols);
     for (size_t i = 0; i < v.size(); ++i) {
         const float u1 = uniform(rng, 1e-7f, 1.0f), u2 = uniform(rng, 0.0f, 1.0f);
@@ -256,6 +270,16 @@ Var LayerNorm::operator()(Runtime& rt, const Var& x) {
 
 std::vector<std::pair<std::string, ParamPtr*>> LayerNorm::slots() {
     return {{"weight", &weight}, {"bias", &bias}};
+}
+
+void Module::count_parameters(const std::string& name, Layer& layer) {
+    for (auto& [slot, p] : layer.slots())
+        if (*p) m_parameter_values += uint64_t((*p)->rows) * (*p)->cols;
+    if (m_parameter_values > kMaxValues)
+        throw std::invalid_argument(
+            fmt::format("{}: the model's parameters reach {} fp32 values, more than the 4 GiB a "
+                        "core's kernels address (every core holds a replica)",
+                        name, m_parameter_values));
 }
 
 Var Module::training_step(Runtime& rt, const Batch& batch) {

@@ -290,10 +290,13 @@ public:
 
 protected:
     /// Creates a layer named `name` (its parameters become "name.weight", ...).
+    /// A model whose parameters outgrow what one core addresses (they are replicated on every
+    /// core) is a std::invalid_argument at the first layer past it, before the next is built.
     template <class L, class... A>
     L& add(std::string name, A&&... args) {
         auto layer = std::make_unique<L>(std::forward<A>(args)...);
         layer->set_name(name);
+        count_parameters(name, *layer);
         L& ref = *layer;
         m_layers.emplace_back(std::move(name), std::move(layer));
         return ref;
@@ -302,8 +305,12 @@ protected:
     std::mt19937& rng() { return m_rng; }
 
 private:
+    /// Adds `layer`'s parameter values to the running total; throws past the limit.
+    void count_parameters(const std::string& name, Layer& layer);
+
     std::mt19937 m_rng;
     std::vector<std::pair<std::string, std::unique_ptr<Layer>>> m_layers;
+    uint64_t m_parameter_values = 0;  ///< fp32 values of the layers added so far
 };
 
 /// A multi-layer perceptron: Linear layers "layer_1".."layer_n" with ReLU between them.

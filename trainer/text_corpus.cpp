@@ -45,7 +45,8 @@ TextCorpus load_text_corpus(const std::vector<std::string>& files, uint32_t min_
     std::string text;
     for (const std::string& f : files) {
         try {
-            text += sim::read_input_file(f);
+            // One bound for the whole corpus: what is left of it bounds each file.
+            text += sim::read_input_file(f, kMaxCorpusBytes - text.size());
         } catch (const sim::InputFileError& e) {
             throw DataError(e.what());
         }

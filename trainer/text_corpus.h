@@ -15,6 +15,10 @@ inline constexpr std::string_view kLicenseDir = "/usr/share/common-licenses";
 inline constexpr uint32_t kTextBlockBytes = 4096;
 /// Every tenth block (blocks 9, 19, 29, ... counting from 0) is validation.
 inline constexpr uint32_t kTextValEvery = 10;
+/// The most text load_text_corpus reads, over all its files (a thousand times the default
+/// corpus): windows are counted in 32 bits and each is a batch row of one-hot floats, and an
+/// endless file (/dev/zero) must be an error, not a process that grows until it is killed.
+inline constexpr uint64_t kMaxCorpusBytes = uint64_t(256) << 20;
 
 /// The bytes of some text files as token ids over the vocabulary of the bytes that occur, split
 /// into training and validation text by blocks.

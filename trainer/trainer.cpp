@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -131,6 +132,28 @@ PrecisionMode parse_precision(std::string_view precision) {
                     precision));
 }
 
+PrecisionChoice resolve_precision(std::string_view precision) {
+    // Lightning 2's aliases of its 1.x words: "32" silently, the others with its warning.
+    if (precision == "32") return {PrecisionMode::True32, {}};
+    if (precision == "16")
+        return {PrecisionMode::Bf16Mixed,
+                "You passed `Trainer(accelerator='tpu', precision=16)` but AMP is not supported "
+                "with TPUs. Using `precision='bf16'` instead."};
+    if (precision == "16-mixed")
+        return {PrecisionMode::Bf16Mixed,
+                "You passed `Trainer(accelerator='tpu', precision='16-mixed')` but AMP with fp16 "
+                "is not supported on TPUs. Using `precision='bf16-mixed'` instead."};
+    if (precision == "bf16")
+        return {PrecisionMode::Bf16Mixed,
+                "`precision=bf16` is supported for historical reasons but its usage is "
+                "discouraged. Please set your precision to bf16-mixed instead!"};
+    if (precision == "16-true")
+        throw ConfigError(
+            "`precision='16-true'`: fp16 is not modelled (the MXU multiplies bf16); use "
+            "'bf16-true' or 'bf16-mixed'");
+    return {parse_precision(precision), {}};
+}
+
 std::string_view precision_name(PrecisionMode mode) {
     switch (mode) {
         case PrecisionMode::True32:
@@ -208,10 +231,11 @@ private:
 Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
     : m_dev(dev),
       m_opts(std::move(opts)),
-      m_cores(m_opts.cores.empty() ? resolve_devices(m_opts.devices, dev.num_cores(),
-                                                     m_opts.num_nodes, dev.config().hosts())
-                                   : m_opts.cores),
-      m_mode(parse_precision(m_opts.precision)),
+      m_cores(m_opts.cores.empty()
+                  ? resolve_devices(m_opts.tpu_cores ? *m_opts.tpu_cores : m_opts.devices,
+                                    dev.num_cores(), m_opts.num_nodes, dev.config().hosts())
+                  : m_opts.cores),
+      m_mode(resolve_precision(m_opts.precision).mode),
       // Every rank records the warning; rank 0 prints it (Lightning's rank_zero_warn).
       m_warn([](const std::string& w) {
           if (sim::Cluster::rank() == 0) std::fprintf(stderr, "%s\n", w.c_str());
@@ -234,6 +258,23 @@ Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
             throw ConfigError(fmt::format(
                 "`{}` must be a number of batches >= 1 or -1 (all). Got {}", name, limit));
     m_rt = std::make_unique<Runtime>(m_dev, m_cache, m_cores, m_mode, m_metrics);
+    // Lightning's words for its older arguments (trainer/README.md names the versions).
+    if (m_opts.tpu_cores) {
+        const std::string n = devices_repr(*m_opts.tpu_cores);
+        warn(
+            fmt::format("warning: Setting `Trainer(tpu_cores={})` is deprecated in v1.7 and will "
+                        "be removed in v2.0. Please use `Trainer(accelerator='tpu', devices={})` "
+                        "instead.",
+                        n, n));
+        const auto* d = std::get_if<std::string>(&m_opts.devices);
+        if (!d || *d != "auto")
+            warn(
+                fmt::format("warning: The flag `devices={}` will be ignored, instead the device "
+                            "specific number {} will be used",
+                            devices_repr(m_opts.devices), n));
+    }
+    if (const std::string w = resolve_precision(m_opts.precision).warning; !w.empty())
+        warn("warning: " + w);
 }
 
 Trainer::~Trainer() {
@@ -311,7 +352,7 @@ void Trainer::place(Module& module) {
 }
 
 Batch Trainer::load_batch(const Dataset& data, const std::vector<std::vector<uint32_t>>& idx,
-                          uint32_t first, uint32_t examples) {
+                          uint32_t first, uint32_t examples, bool mask_padding) {
     const uint32_t per = data.rows_per_example();
     const uint32_t rows = examples * per;
     Batch b;
@@ -333,6 +374,8 @@ Batch Trainer::load_batch(const Dataset& data, const std::vector<std::vector<uin
                 const uint64_t n = uint64_t(per) * data.features;
                 std::copy_n(data.x.begin() + int64_t(e * n), n, x.begin() + int64_t(i * n));
             }
+            // eval_shards puts example r + i N of the dataset at position i of replica r.
+            if (mask_padding && r + uint64_t(first + i) * m_cores.size() >= data.count) continue;
             for (uint32_t t = 0; t < per; ++t)
                 y[(size_t(i) * per + t) * data.classes + data.label(e, t)] = 1.0f;
         }
@@ -391,10 +434,12 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
         throw ConfigError("fit: the training DataLoader has no dataset");
     if (train.batch_size == 0)
         throw ConfigError("batch_size should be a positive integer value, but got batch_size=0");
+    check_batch(*train.dataset, train.batch_size);
     const auto t0 = std::chrono::steady_clock::now();
     const double sim0 = m_dev.now_seconds();
     place(module);
     if (!m_opts.ckpt_path.empty()) load_checkpoint(module, m_opts.ckpt_path);
+    const uint64_t step0 = m_global_step;
     const Dataset& data = *train.dataset;
     const auto N = static_cast<uint32_t>(m_cores.size());
     // The sampler Lightning inserts: even shards, padded by wrapping around.
@@ -471,13 +516,15 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
             m_metrics.count("MarkStep");
             // A new batch shape recompiles every kernel it touches; other first-time programs
             // (the loss read-back at the first log step) are expected.
-            if (m_global_step > 0 && m_cache.misses() > misses && rows != m_batch_rows)
+            if (m_global_step > 0 && m_cache.misses() > misses && rows != m_batch_rows) {
+                ++m_recompiles;
                 warn(fmt::format(
                     "warning: step {} compiled {} new programs: its batch has {} rows "
                     "per device instead of {}. Every new shape recompiles (as on a "
                     "TPU); use drop_last=True (tpusim train --drop-last) or a dataset size "
                     "that divides evenly.",
                     m_global_step, m_cache.misses() - misses, rows, m_batch_rows));
+            }
             if (m_tracer)
                 m_tracer->complete(m_track, "train_step", c0, m_dev.now_cycle(),
                                    {{"step", m_global_step}, {"rows", uint64_t(rows)}});
@@ -495,9 +542,26 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
                                    {{"examples", uint64_t(r.examples)}});
         }
     }
+    m_fit_steps = m_global_step - step0;
+    // Lightning's fit loop says which limit ended it (a resumed run may have met it already).
+    m_stop_reason =
+        steps_left() == 0
+            ? fmt::format("`Trainer.fit` stopped: `max_steps={}` reached.", m_opts.max_steps)
+            : fmt::format("`Trainer.fit` stopped: `max_epochs={}` reached.", m_opts.max_epochs);
     verify_replicas(module);
     m_sim_seconds += m_dev.now_seconds() - sim0;
     m_host_seconds += since(t0);
+}
+
+void Trainer::check_batch(const Dataset& data, uint32_t batch_size) const {
+    // Inputs and one-hot labels of one batch on one core, in 64 bits.
+    const uint64_t rows = uint64_t(batch_size) * data.rows_per_example();
+    const uint64_t width = uint64_t(data.features) + data.classes;
+    if (width != 0 && rows > driver::kHbmWindowBytes / 4 / width)
+        throw ConfigError(fmt::format(
+            "batch_size={}: a batch of {} rows of {} input and {} label values per device is "
+            "larger than the 4 GiB a core's kernels address",
+            batch_size, rows, data.features, data.classes));
 }
 
 std::vector<std::vector<uint32_t>> Trainer::eval_shards(Module& module, const DataLoader& loader,
@@ -519,6 +583,7 @@ std::vector<std::vector<uint32_t>> Trainer::eval_shards(Module& module, const Da
 }
 
 PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
+    if (loader.dataset) check_batch(*loader.dataset, loader.batch_size);
     const std::vector<std::vector<uint32_t>> idx = eval_shards(module, loader, "predict");
     const Dataset& data = *loader.dataset;
     const auto N = static_cast<uint32_t>(m_cores.size());
@@ -554,6 +619,7 @@ PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
 }
 
 EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
+    if (loader.dataset) check_batch(*loader.dataset, loader.batch_size);
     const std::vector<std::vector<uint32_t>> idx = eval_shards(module, loader, "validate");
     const Dataset& data = *loader.dataset;
     const auto N = static_cast<uint32_t>(m_cores.size());
@@ -562,19 +628,24 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
     if (m_opts.limit_val_batches >= 0)
         batches = std::min<uint64_t>(batches, uint64_t(m_opts.limit_val_batches));
     EvalResult res;
-    double loss_sum = 0;  // sum over batches of (batch mean x rows in the global batch)
+    double loss_sum = 0;  // sum over batches of the loss of their real rows
     uint64_t loss_rows = 0;
     uint64_t correct = 0, predictions = 0;
+    const uint32_t per_example = data.rows_per_example();
     m_rt->set_training(false);
     for (uint64_t b = 0; b < batches; ++b) {
         const auto first = static_cast<uint32_t>(b * loader.batch_size);
         const uint32_t rows = std::min(loader.batch_size, per - first);
-        Batch batch = load_batch(data, idx, first, rows);
+        // Padding rows get all-zero labels: their loss terms are -(0 . log p) = 0, so the
+        // device's mean over the global batch (every core's rows x N) times that row count is
+        // the sum over the real rows alone (trainer/README.md, "one rule for padding").
+        Batch batch = load_batch(data, idx, first, rows, true);
         StepOutput out = module.validation_step(*m_rt, batch);
-        // Lightning weights each batch's mean by its size, so the result is the mean over
-        // examples: a short last batch counts for its rows, not as much as a full one.
-        loss_sum += double(read_loss(out.loss)) * double(rows) * N;
-        loss_rows += uint64_t(rows) * N;
+        uint64_t real = 0;
+        for (uint32_t r = 0; r < N; ++r)
+            for (uint32_t i = 0; i < rows; ++i) real += r + uint64_t(first + i) * N < data.count;
+        loss_sum += double(read_loss(out.loss)) * double(rows) * per_example * N;
+        loss_rows += real * per_example;
         const uint32_t classes = out.logits->value.cols;
         for (uint32_t r = 0; r < N; ++r) {
             const std::vector<float> logits = m_rt->download(out.logits->value, r);
@@ -620,7 +691,10 @@ void Trainer::verify_replicas(Module& module) {
 
 namespace {
 constexpr char kCkptMagic[] = "TPUCKPT1\n";
-}
+/// The longest header line read: names, shapes and offsets of every parameter, a few hundred
+/// bytes each (ResNet-50's 161 parameters take about 12 KB).
+constexpr uint64_t kCkptMaxHeader = uint64_t(16) << 20;
+}  // namespace
 
 void Trainer::save_checkpoint(const std::string& path) {
     if (!m_placed) throw ConfigError("save_checkpoint: fit() has not placed a module yet");
@@ -656,8 +730,12 @@ void Trainer::save_checkpoint(const std::string& path) {
 void Trainer::load_checkpoint(Module& module, const std::string& path) {
     place(module);
     std::string bytes;
+    // The layout of the placed module says how long its checkpoint is: the magic, a header
+    // line of at most kCkptMaxHeader bytes and the buffers' values. Nothing longer is read.
+    const uint64_t layout_bytes =
+        (m_state2.bufs.empty() ? 2 : 3) * uint64_t(m_flat_params.cols) * 4;
     try {
-        bytes = sim::read_input_file(path);
+        bytes = sim::read_input_file(path, sizeof(kCkptMagic) + kCkptMaxHeader + layout_bytes);
     } catch (const sim::InputFileError& e) {
         throw ConfigError(fmt::format("checkpoint: {}", e.what()));
     }
@@ -665,12 +743,43 @@ void Trainer::load_checkpoint(Module& module, const std::string& path) {
     const size_t eol = bytes.find('\n', magic.size());
     if (bytes.compare(0, magic.size(), magic) != 0 || eol == std::string::npos)
         throw ConfigError(fmt::format("checkpoint '{}': not a tpusim checkpoint", path));
+    const std::string_view header(bytes.data() + magic.size(), eol - magic.size());
     nlohmann::json meta;
+    // As config files: a key given twice is ambiguous, so the second is refused, naming it.
+    std::vector<std::pair<std::set<std::string>, std::string>> open;  // keys, last key
+    const auto refuse_duplicates = [&](int, nlohmann::json::parse_event_t event,
+                                       nlohmann::json& parsed) {
+        using Event = nlohmann::json::parse_event_t;
+        if (event == Event::object_start) {
+            open.emplace_back();
+        } else if (event == Event::object_end) {
+            open.pop_back();
+        } else if (event == Event::key) {
+            auto& [keys, last] = open.back();
+            last = parsed.get<std::string>();
+            if (!keys.insert(last).second) {
+                std::string where;
+                for (size_t i = 0; i + 1 < open.size(); ++i) where += open[i].second + ".";
+                throw ConfigError(fmt::format("checkpoint '{}': the header gives '{}{}' twice",
+                                              path, where, last));
+            }
+        }
+        return true;
+    };
     try {
-        meta = nlohmann::json::parse(bytes.begin() + std::ptrdiff_t(magic.size()),
-                                     bytes.begin() + std::ptrdiff_t(eol));
-    } catch (const std::exception& e) {
-        throw ConfigError(fmt::format("checkpoint '{}': bad header: {}", path, e.what()));
+        meta = nlohmann::json::parse(header, refuse_duplicates);
+    } catch (const nlohmann::json::exception& e) {
+        // nlohmann's text starts with its exception id and the position; keep the reason.
+        std::string what = e.what();
+        for (const char* from : {"syntax error", "] "})
+            if (const size_t at = what.find(from); at != std::string::npos) {
+                what = what.substr(at + (from[0] == ']' ? 2 : 0));
+                break;
+            }
+        const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&e);
+        throw ConfigError(
+            fmt::format("checkpoint '{}': the header (line 2) is not valid JSON{}: {}", path,
+                        pe ? fmt::format(" at column {}", pe->byte) : std::string(), what));
     }
     if (!meta.is_object())
         throw ConfigError(fmt::format("checkpoint '{}': the header is not a JSON object", path));
@@ -760,8 +869,8 @@ std::string Trainer::metrics_report() const {
                        m_cores.size(), precision_name(m_mode));
     out += fmt::format("  Compilations: {} programs compiled, {} cache hits.{}\n", uncached,
                        m_metrics.counter("CachedCompile"),
-                       m_warnings.empty() ? " No recompilation after the first step."
-                                          : " Shapes changed during training (see warnings).");
+                       m_recompiles == 0 ? " No recompilation after the first step."
+                                         : " Shapes changed during training (see warnings).");
     out += fmt::format(
         "  Host syncs: {} in training steps ({:.3f} per step: the loss is read "
         "every {} steps), {} outside them (set-up, evaluation, the final replica "

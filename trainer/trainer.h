@@ -51,6 +51,18 @@ std::vector<uint32_t> resolve_devices(const Devices& d, uint32_t num_cores, uint
                                       uint32_t hosts = 1);
 /// "32-true", "bf16-mixed" or "bf16-true"; anything else is a ConfigError.
 PrecisionMode parse_precision(std::string_view precision);
+/// A precision as a Lightning user types it: the mode it runs in and, for a word Lightning
+/// accepts on a TPU with a warning, that warning in Lightning's words (empty otherwise).
+struct PrecisionChoice {
+    PrecisionMode mode = PrecisionMode::True32;  ///< what runs
+    std::string warning;                         ///< Lightning's warning, or empty
+};
+/// parse_precision's names, and Lightning's older words (trainer/README.md says whose): "32"
+/// (Lightning 2's alias of "32-true", silent); "16" (Lightning 1.x: AMP is not supported with
+/// TPUs), "16-mixed" (Lightning 2.0: AMP with fp16 is not supported on TPUs) and "bf16"
+/// (Lightning 2's alias of "bf16-mixed") run as bf16-mixed with that warning. "16-true" is a
+/// ConfigError: fp16 is not modelled. Anything else: parse_precision's error.
+PrecisionChoice resolve_precision(std::string_view precision);
 /// The precision string of a mode.
 std::string_view precision_name(PrecisionMode mode);
 
@@ -62,9 +74,13 @@ struct TrainerOptions {
     /// When not empty, these cores instead of `devices`: any set of distinct cores of the board,
     /// for tools that are not bound by Lightning's devices rule (tpusim model).
     std::vector<uint32_t> cores;
-    std::string precision = "32-true";  ///< "32-true", "bf16-mixed", "bf16-true"
-    uint32_t max_epochs = 1;            ///< total epochs, counting a resumed checkpoint's
-    int64_t max_steps = -1;  ///< total optimizer steps, counting a resumed checkpoint's (-1: none)
+    /// Lightning 1.x's `tpu_cores`: when set, the devices to use instead of `devices`, with
+    /// Lightning's deprecation warning.
+    std::optional<Devices> tpu_cores;
+    std::string precision =
+        "32-true";            ///< "32-true", "bf16-mixed", "bf16-true" (resolve_precision)
+    uint32_t max_epochs = 1;  ///< total epochs, counting a resumed checkpoint's
+    int64_t max_steps = -1;   ///< total optimizer steps, counting a resumed checkpoint's (-1: none)
     int64_t limit_train_batches = -1;  ///< steps per epoch at most (-1: all)
     int64_t limit_val_batches = -1;    ///< validation batches at most (-1: all)
     uint32_t log_every_n_steps = 50;   ///< loss read back (a host sync) every n steps
@@ -88,9 +104,11 @@ struct StepTime {
     double host_seconds = 0;  ///< host seconds of the same span
 };
 
-/// The result of validate().
+/// The result of validate(). Every figure counts each example of the dataset once: the
+/// distributed sampler's padding (repeats that even out the shards) is evaluated, costing its
+/// cycles as on a TPU, but weighs nothing in the loss, the accuracy or the count.
 struct EvalResult {
-    double loss = 0;  ///< mean loss over examples (batch means weighted by batch size)
+    double loss = 0;  ///< mean loss over the real rows (each token of a window)
     /// argmax(logits) == label, over every row of the real examples (each token of a window)
     double accuracy = 0;
     uint32_t examples = 0;  ///< examples counted (padding excluded)
@@ -138,8 +156,15 @@ public:
     /// Simulated device seconds and host seconds spent in fit() so far.
     double simulated_seconds() const { return m_sim_seconds; }
     double host_seconds() const { return m_host_seconds; }
-    /// Warnings issued (recompilation, ...), also printed to stderr.
+    /// Warnings issued (Lightning's deprecations, recompilation, ...), also printed to stderr.
     const std::vector<std::string>& warnings() const { return m_warnings; }
+    /// How many of them were recompilations (a new batch shape).
+    uint64_t recompile_warnings() const { return m_recompiles; }
+    /// Why the last fit() stopped, in Lightning's words ("`Trainer.fit` stopped: `max_steps=0`
+    /// reached."); empty before the first fit.
+    const std::string& stop_reason() const { return m_stop_reason; }
+    /// Optimizer steps the last fit() took (0 when a limit was already reached).
+    uint64_t fit_steps() const { return m_fit_steps; }
     /// Steps and validation as spans on a host track (nullptr: off).
     void set_tracer(sim::Tracer* tracer);
     /// Replaces the stderr warning printer (tests).
@@ -157,8 +182,14 @@ private:
     struct Shard;
     void place(Module& module);
     void release();
+    /// Uploads examples idx[r][first ..] of every replica r. Positions at or past `real` (the
+    /// dataset's examples, counted over the replicas as eval_shards lays them out) are
+    /// padding: with `mask_padding` their labels are all zero, so they add nothing to a loss.
     Batch load_batch(const Dataset& data, const std::vector<std::vector<uint32_t>>& idx,
-                     uint32_t first, uint32_t examples);
+                     uint32_t first, uint32_t examples, bool mask_padding = false);
+    /// Refuses a batch whose per-core upload would not fit the HBM a kernel addresses, before
+    /// any host buffer of it exists.
+    void check_batch(const Dataset& data, uint32_t batch_size) const;
     void optimizer_step(const OptimizerConfig& opt);
     /// Checks an evaluation loader, places `module`, and returns each replica's example
     /// indices (validate() and predict() shard alike).
@@ -186,6 +217,9 @@ private:
     uint64_t m_train_syncs = 0;  ///< host syncs inside training steps
     double m_sim_seconds = 0, m_host_seconds = 0;
     std::vector<std::string> m_warnings;
+    uint64_t m_recompiles = 0;
+    std::string m_stop_reason;
+    uint64_t m_fit_steps = 0;
     std::function<void(const std::string&)> m_warn;
     sim::Tracer* m_tracer = nullptr;
     int m_track = -1;

@@ -2,6 +2,7 @@
 #include "trainer/zoo.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <random>
 #include <stdexcept>
 
@@ -31,19 +32,66 @@ Dataset random_rows(uint32_t examples, uint32_t rows, uint32_t features, uint32_
     return d;
 }
 
-/// A stack of transformer blocks over rows of hidden values, with no embedding or head: one
-/// BERT encoder block when `layers` is 1 and the blocks are post-LN.
+/// One post-LN BERT encoder block over rows of hidden values, no embedding. With `labels` > 0
+/// its training and validation steps put a token-classification head on the block's output
+/// (Linear hidden -> labels, BertForTokenClassification's classifier); forward() and so
+/// inference stay the block alone.
 class Encoder : public Module {
 public:
-    Encoder(uint32_t hidden, uint32_t heads, uint32_t ffn, uint32_t seq, uint32_t seed)
+    Encoder(uint32_t hidden, uint32_t heads, uint32_t ffn, uint32_t seq, uint32_t seed,
+            uint32_t labels)
         : Module(seed) {
         m_block = &add<TransformerBlock>("block", hidden, heads, ffn, seq, false, rng(), false);
+        // Created after the block, so the block's weights are those of the inference model.
+        if (labels) m_head = &add<Linear>("classifier", hidden, labels, true, rng());
     }
     Var forward(Runtime& rt, const Var& x) override { return (*m_block)(rt, x); }
+    Var training_step(Runtime& rt, const Batch& batch) override {
+        if (!m_head) return Module::training_step(rt, batch);
+        return cross_entropy(rt, (*m_head)(rt, forward(rt, batch.x)), batch.onehot);
+    }
+    StepOutput validation_step(Runtime& rt, const Batch& batch) override {
+        if (!m_head) return Module::validation_step(rt, batch);
+        Var logits = (*m_head)(rt, forward(rt, batch.x));
+        return {cross_entropy(rt, logits, batch.onehot), logits};
+    }
 
 private:
     TransformerBlock* m_block;
+    Linear* m_head = nullptr;
 };
+
+/// `options` with every size the model `name` leaves at 0 set to its default.
+ZooOptions with_defaults(std::string_view name, ZooOptions o) {
+    if (name == "resnet18" || name == "resnet50") {
+        o.image = or_default(o.image, 224);
+    } else if (name == "bert-block") {
+        o.hidden = or_default(o.hidden, 768);
+        o.heads = or_default(o.heads, 12);
+        o.seq = or_default(o.seq, 512);
+    } else if (name == "gpt") {
+        const GptConfig g;
+        o.layers = or_default(o.layers, g.layers);
+        o.hidden = or_default(o.hidden, g.hidden);
+        o.heads = or_default(o.heads, g.heads);
+        o.seq = or_default(o.seq, g.seq);
+        o.vocab = or_default(o.vocab, g.vocab);
+    }
+    // 4 x hidden in 64 bits: a width near 2^32 must not wrap to a small ffn.
+    if (o.ffn == 0 && o.hidden != 0)
+        o.ffn = static_cast<uint32_t>(std::min<uint64_t>(4ull * o.hidden, UINT32_MAX));
+    return o;
+}
+
+/// Refuses a weight or input of rows x cols (named by `what`, the options it comes from) that
+/// would not fit the 4 GiB a core's kernels address, before anything is allocated.
+void check_weight(const std::string& what, uint64_t rows, uint64_t cols) {
+    if (rows * cols > driver::kHbmWindowBytes / 4)
+        throw std::invalid_argument(fmt::format(
+            "{}: a tensor of {} x {} fp32 values is larger than the 4 GiB a core's kernels "
+            "address",
+            what, rows, cols));
+}
 
 /// A torchvision ResNet block with batch norm folded into each convolution's weights and bias
 /// (inference form): basic (two 3x3 convolutions, ResNet-18/34) or bottleneck (1x1, 3x3, 1x1
@@ -139,29 +187,76 @@ private:
 const std::vector<ZooEntry>& zoo_models() {
     static const std::vector<ZooEntry> models = {
         {"resnet18",
-         "torchvision's ResNet-18, batch norm folded into the convolutions: --image 224"},
+         "torchvision's ResNet-18, batch norm folded into the convolutions: --image 224",
+         {"image"}},
         {"resnet50",
-         "torchvision's ResNet-50, batch norm folded into the convolutions: --image 224"},
+         "torchvision's ResNet-50, batch norm folded into the convolutions: --image 224",
+         {"image"}},
         {"cnn",
-         "conv32-pool-conv64-pool-fc128-fc10 for 28x28x1 images (tpusim train --model cnn's)"},
-        {"mlp", "the MLP 784-512-256-10 of tpusim train (Fashion-MNIST-shaped inputs)"},
+         "conv32-pool-conv64-pool-fc128-fc10 for 28x28x1 images (tpusim train --model cnn's)",
+         {}},
+        {"mlp", "the MLP 784-512-256-10 of tpusim train (Fashion-MNIST-shaped inputs)", {}},
         {"bert-block",
-         "one BERT encoder block (post-LN): --hidden 768 --heads 12 --seq 512 --ffn 4 x hidden"},
+         "one BERT encoder block (post-LN): --hidden 768 --heads 12 --seq 512 --ffn 4 x hidden; "
+         "--train-step adds a token-classification head (hidden -> 9 tags, random labels)",
+         {"hidden", "heads", "seq", "ffn"}},
         {"gpt",
          "a decoder-only transformer with tied embeddings: --layers 2 --hidden 128 --heads 4 "
-         "--seq 64 --vocab 86 (tpusim train --model gpt's)"},
+         "--seq 64 --vocab 86 (tpusim train --model gpt's)",
+         {"hidden", "heads", "seq", "ffn", "layers", "vocab"}},
     };
     return models;
 }
 
-ZooModel make_zoo_model(std::string_view name, const ZooOptions& o, uint32_t examples) {
+uint64_t zoo_example_values(std::string_view name, const ZooOptions& options, bool train_step) {
+    const ZooOptions o = with_defaults(name, options);
+    // Saturating: these come straight from the command line.
+    const auto mul = [](uint64_t a, uint64_t b) {
+        return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+    };
+    if (name == "resnet18" || name == "resnet50") return mul(mul(o.image, o.image), 3) + 1000;
+    if (name == "cnn" || name == "mlp") return 784 + 10;
+    if (name == "bert-block")
+        return mul(o.seq,
+                   uint64_t(o.hidden) + (train_step ? kBertTokenLabels : std::min(o.hidden, 256u)));
+    if (name == "gpt") return mul(o.seq, 2 * uint64_t(o.vocab));
+    return 0;
+}
+
+void check_zoo_options(std::string_view name, const ZooOptions& options, uint32_t examples) {
     if (examples == 0) throw std::invalid_argument("a zoo model needs at least one example");
+    const ZooOptions o = with_defaults(name, options);
+    if (name == "resnet18" || name == "resnet50") {
+        if (o.image < 32)
+            throw std::invalid_argument(
+                fmt::format("--image {}: a ResNet needs at least 32 x 32 pixels", o.image));
+        check_weight(fmt::format("--image {}", o.image), uint64_t(o.image) * o.image, 3);
+    } else if (name == "bert-block" || name == "gpt") {
+        if (name == "gpt" && o.vocab > 256)
+            throw std::invalid_argument(fmt::format(
+                "--vocab {}: the token datasets hold byte tokens (at most 256)", o.vocab));
+        if (o.hidden % o.heads != 0)
+            throw std::invalid_argument(
+                fmt::format("--hidden {} is not a multiple of --heads {}", o.hidden, o.heads));
+        check_weight(fmt::format("--hidden {} x --ffn {}", o.hidden, o.ffn), o.hidden, o.ffn);
+        check_weight(fmt::format("--hidden {}", o.hidden), o.hidden, o.hidden);
+        // GPT's positional table, and the input rows of one BERT example.
+        check_weight(fmt::format("--seq {} x --hidden {}", o.seq, o.hidden), o.seq, o.hidden);
+    } else if (name != "cnn" && name != "mlp") {
+        std::string names;
+        for (const ZooEntry& e : zoo_models())
+            names += fmt::format("{}{}", names.empty() ? "" : ", ", e.name);
+        throw std::invalid_argument(fmt::format("model '{}': the zoo has {}", name, names));
+    }
+}
+
+ZooModel make_zoo_model(std::string_view name, const ZooOptions& options, uint32_t examples,
+                        bool train_step) {
+    check_zoo_options(name, options, examples);
+    const ZooOptions o = with_defaults(name, options);
     ZooModel m;
     if (name == "resnet18" || name == "resnet50") {
-        const uint32_t image = or_default(o.image, 224);
-        if (image < 32)
-            throw std::invalid_argument(
-                fmt::format("--image {}: a ResNet needs at least 32 x 32 pixels", image));
+        const uint32_t image = o.image;
         m.module = std::make_unique<ResNet>(name == "resnet50", image, 1000, o.seed);
         m.description = fmt::format("{} on {}x{}x3 images, 1000 classes, batch norm folded",
                                     name == "resnet50" ? "ResNet-50" : "ResNet-18", image, image);
@@ -177,30 +272,27 @@ ZooModel make_zoo_model(std::string_view name, const ZooOptions& o, uint32_t exa
         m.description = "MLP 784-512-256-10";
         m.input = random_rows(examples, 1, 784, 10, o.seed + 1);
     } else if (name == "bert-block") {
-        const uint32_t hidden = or_default(o.hidden, 768), heads = or_default(o.heads, 12),
-                       seq = or_default(o.seq, 512), ffn = or_default(o.ffn, 4 * hidden);
-        if (hidden % heads != 0)
-            throw std::invalid_argument(
-                fmt::format("--hidden {} is not a multiple of --heads {}", hidden, heads));
-        m.module = std::make_unique<Encoder>(hidden, heads, ffn, seq, o.seed);
-        m.description = fmt::format("BERT encoder block: hidden {}, {} heads, seq {}, ffn {}",
-                                    hidden, heads, seq, ffn);
-        // Labels only give --train-step a loss over the block's outputs.
-        m.input = random_rows(examples, seq, hidden, std::min(hidden, 256u), o.seed + 1);
-    } else if (name == "gpt") {
+        const uint32_t hidden = o.hidden, heads = o.heads, seq = o.seq, ffn = o.ffn;
+        m.module = std::make_unique<Encoder>(hidden, heads, ffn, seq, o.seed,
+                                             train_step ? kBertTokenLabels : 0);
+        m.description = fmt::format("BERT encoder block: hidden {}, {} heads, seq {}, ffn {}{}",
+                                    hidden, heads, seq, ffn,
+                                    train_step ? fmt::format(", token-classification head ({} "
+                                                             "labels)",
+                                                             kBertTokenLabels)
+                                               : std::string());
+        // Inference reads no label; its label tensor keeps the width it always had, so the
+        // device layout (and every cycle) of an inference stays as it was.
+        m.input = random_rows(examples, seq, hidden,
+                              train_step ? kBertTokenLabels : std::min(hidden, 256u), o.seed + 1);
+    } else {  // gpt
         GptConfig g;
-        g.layers = or_default(o.layers, g.layers);
-        g.hidden = or_default(o.hidden, g.hidden);
-        g.heads = or_default(o.heads, g.heads);
-        g.seq = or_default(o.seq, g.seq);
-        g.vocab = or_default(o.vocab, g.vocab);
-        g.ffn = or_default(o.ffn, 4 * g.hidden);
-        if (g.vocab > 256)
-            throw std::invalid_argument(fmt::format(
-                "--vocab {}: the token datasets hold byte tokens (at most 256)", g.vocab));
-        if (g.hidden % g.heads != 0)
-            throw std::invalid_argument(
-                fmt::format("--hidden {} is not a multiple of --heads {}", g.hidden, g.heads));
+        g.layers = o.layers;
+        g.hidden = o.hidden;
+        g.heads = o.heads;
+        g.seq = o.seq;
+        g.vocab = o.vocab;
+        g.ffn = o.ffn;
         m.module = std::make_unique<Gpt>(g, OptimizerConfig{}, o.seed);
         m.description =
             fmt::format("GPT: {} layers, hidden {}, {} heads, seq {}, ffn {}, vocab {} (tied)",
@@ -209,11 +301,6 @@ ZooModel make_zoo_model(std::string_view name, const ZooOptions& o, uint32_t exa
         std::vector<uint8_t> tokens(size_t(examples) * g.seq + 1);
         for (uint8_t& t : tokens) t = uint8_t(rng() % g.vocab);
         m.input = token_windows(std::move(tokens), g.vocab, g.seq, g.seq);
-    } else {
-        std::string names;
-        for (const ZooEntry& e : zoo_models())
-            names += fmt::format("{}{}", names.empty() ? "" : ", ", e.name);
-        throw std::invalid_argument(fmt::format("model '{}': the zoo has {}", name, names));
     }
     return m;
 }

@@ -31,7 +31,14 @@ Tensor rows_of(const Tensor& t, uint64_t first, uint32_t rows) {
 void check_shapes(const AttentionShape& s, const char* kernel, const Tensor& q,
                   std::initializer_list<std::pair<const Tensor*, const char*>> per_head,
                   const Tensor& p) {
-    const uint32_t rows = s.groups() * s.seq;
+    // batch x heads x seq in 64 bits: in 32 it wraps and a smaller problem would pass.
+    const uint64_t rows64 = uint64_t(s.batch) * s.heads * s.seq;
+    if (rows64 > UINT32_MAX)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("{}: batch {} x heads {} x seq {} = {} rows, more than a "
+                                      "tensor holds (2^32 - 1)",
+                                      kernel, s.batch, s.heads, s.seq, rows64));
+    const auto rows = static_cast<uint32_t>(rows64);
     check_tensor(q, rows, s.dhead, q, kernel, "q");
     for (const auto& [t, label] : per_head) check_tensor(*t, rows, s.dhead, q, kernel, label);
     check_tensor(p, rows, s.seq, q, kernel, "p");

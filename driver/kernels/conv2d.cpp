@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <utility>
@@ -92,22 +93,31 @@ void Conv2dShape::validate() const {
     for (const auto& [name, v] : sizes)
         if (v == 0)
             throw DeviceError(ErrorKind::Usage, fmt::format("conv2d: {} must be at least 1", name));
-    if (kernel > height + 2 * pad || kernel > width + 2 * pad)
-        throw DeviceError(
-            ErrorKind::Usage,
-            fmt::format("conv2d: kernel {} is larger than the padded input {}x{} "
-                        "(height {} + 2 x pad {}, width {} + 2 x pad {})",
-                        kernel, height + 2 * pad, width + 2 * pad, height, pad, width, pad));
-    // The kernels address HBM with 32-bit offsets.
-    const uint64_t limit = uint64_t(1) << 32;
-    const uint64_t x = uint64_t(batch) * (height + 2 * pad + stride) * (width + 2 * pad + stride) *
-                       ((cin + 127) / 128) * 128 * 2;
-    const uint64_t y = uint64_t(batch) * out_height() * out_width() * cout * 4;
-    if (x >= limit || y >= limit)
+    // Every size in 64 bits: in 32, 2 x pad wraps and a huge padding looks like none.
+    const uint64_t ph = uint64_t(height) + 2 * uint64_t(pad),
+                   pw = uint64_t(width) + 2 * uint64_t(pad);
+    if (kernel > ph || kernel > pw)
         throw DeviceError(ErrorKind::Usage,
-                          fmt::format("conv2d: the input ({} bytes) or output ({} bytes) exceeds "
-                                      "the 4 GiB a kernel addresses; use a smaller batch",
-                                      x, y));
+                          fmt::format("conv2d: kernel {} is larger than the padded input {}x{} "
+                                      "(height {} + 2 x pad {}, width {} + 2 x pad {})",
+                                      kernel, ph, pw, height, pad, width, pad));
+    // The kernels address HBM with 32-bit offsets, and the padded planes' sizes travel in
+    // 32-bit fields.
+    const uint64_t limit = uint64_t(1) << 32;
+    const uint64_t ho = (ph - kernel) / stride + 1, wo = (pw - kernel) / stride + 1;
+    const auto bytes = [&](std::initializer_list<uint64_t> factors) {
+        uint64_t p = 1;
+        for (const uint64_t f : factors) p = f != 0 && p > limit / f ? limit : p * f;
+        return p;
+    };
+    const uint64_t x = bytes({batch, ph + stride, pw + stride, (cin + 127ull) / 128 * 128, 2});
+    const uint64_t y = bytes({batch, ho, wo, cout, 4});
+    if (ph + stride >= limit || pw + stride >= limit || x >= limit || y >= limit)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("conv2d: the padded input ({}{} bytes) or output ({}{} "
+                                      "bytes) exceeds the 4 GiB a kernel addresses; use a smaller "
+                                      "batch, image or padding",
+                                      x >= limit ? "over " : "", x, y >= limit ? "over " : "", y));
 }
 
 Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images) {

@@ -543,10 +543,18 @@ void PoolShape::validate(const char* kernel_name) const {
         bad(fmt::format("empty input {} x {} x {} x {}", batch, height, width, channels));
     if (!kernel || !stride)
         bad(fmt::format("kernel {} and stride {} must be >= 1", kernel, stride));
-    if (2 * pad > kernel) bad(fmt::format("pad {} is more than half the kernel {}", pad, kernel));
-    if (height + 2 * pad < kernel || width + 2 * pad < kernel)
-        bad(fmt::format("kernel {} is larger than the padded input {} x {}", kernel,
-                        height + 2 * pad, width + 2 * pad));
+    // In 64 bits: 2 x pad wraps in 32, and so would the rows of a large batch.
+    const uint64_t pad2 = 2 * uint64_t(pad);
+    if (pad2 > kernel) bad(fmt::format("pad {} is more than half the kernel {}", pad, kernel));
+    if (height + pad2 < kernel || width + pad2 < kernel)
+        bad(fmt::format("kernel {} is larger than the padded input {} x {}", kernel, height + pad2,
+                        width + pad2));
+    const uint64_t rows = uint64_t(batch) * height * width;
+    if (rows > UINT32_MAX)
+        bad(
+            fmt::format("batch {} x height {} x width {} = {} rows, more than a tensor holds "
+                        "(2^32 - 1)",
+                        batch, height, width, rows));
 }
 
 Event max_pool2d(Device& dev, ProgramCache& cache, const PoolShape& s, const Tensor& x,

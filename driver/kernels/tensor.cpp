@@ -10,6 +10,12 @@ Tensor alloc_tensor(Device& dev, const std::vector<uint32_t>& cores, uint32_t ro
     if (rows == 0 || cols == 0)
         throw DeviceError(ErrorKind::Usage,
                           fmt::format("a tensor of {} x {} is empty", rows, cols));
+    // rows x cols x 4 in 64 bits can still wrap (2^31 x 2^31 x 4 is 0): compare counts.
+    if (uint64_t(rows) * cols > kHbmWindowBytes / 4)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("a tensor of {} x {} fp32 values is larger than the 4 GiB "
+                                      "a kernel addresses",
+                                      rows, cols));
     Tensor t;
     t.cores = cores;
     t.rows = rows;
@@ -59,7 +65,7 @@ std::vector<float> read_tensor(Device& dev, const Tensor& t, size_t index) {
 }
 
 Tensor view(const Tensor& t, uint64_t offset, uint32_t rows, uint32_t cols) {
-    if (offset + uint64_t(rows) * cols > t.elements())
+    if (offset > t.elements() || uint64_t(rows) * cols > t.elements() - offset)
         throw DeviceError(ErrorKind::Usage,
                           fmt::format("view of {} x {} values from {} of a {} x {} tensor", rows,
                                       cols, offset, t.rows, t.cols));

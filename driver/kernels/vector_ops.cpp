@@ -250,7 +250,8 @@ uint32_t check_args(const std::string& name, const std::vector<Arg>& args) {
             throw DeviceError(ErrorKind::Usage,
                               fmt::format("{}: {} holds {} bytes; {} fp32 values need {}", name,
                                           a.label, a.buf->bytes, a.values, need));
-        if (a.buf->addr + need > (uint64_t(1) << 32))
+        // As lengths: an address near 2^64 plus the need wraps to a small end.
+        if (a.buf->addr > kHbmWindowBytes || need > kHbmWindowBytes - a.buf->addr)
             throw DeviceError(
                 ErrorKind::Usage,
                 fmt::format("{}: {} ends past the 4 GiB of HBM a kernel addresses", name, a.label));

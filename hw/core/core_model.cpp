@@ -149,6 +149,15 @@ void CoreModel::load(const isa::Program& program) {
             "core {}: program of {} instructions ({} bytes) does not fit in instruction memory "
             "({} bytes, core.imem_bytes)",
             m_id, program.code.size(), bytes, m_core.imem_bytes));
+    // A program built in memory (an embedder's, not the assembler's or decoder's) may hold a
+    // register or flag number that would index past the core's files: refuse it here.
+    for (size_t i = 0; i < program.code.size(); ++i) {
+        try {
+            isa::validate(program.code[i], i);
+        } catch (const isa::DecodeError& e) {
+            throw std::invalid_argument(fmt::format("core {}: program: {}", m_id, e.what()));
+        }
+    }
     m_program = program.code;
 }
 

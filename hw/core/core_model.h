@@ -132,7 +132,8 @@ public:
               CoreEnv* env, HbmTimingModel* hbm_timing = nullptr);
     ~CoreModel();
 
-    /// Loads a program into instruction memory; too large is a std::invalid_argument.
+    /// Loads a program into instruction memory; too large, or an instruction isa::validate()
+    /// refuses (a register or flag number out of range), is a std::invalid_argument.
     void load(const isa::Program& program);
     /// Resets sequencer state and starts at pc 0 at `cycle`; s1..sN = args, HBM window base.
     void start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_t hbm_base = 0);

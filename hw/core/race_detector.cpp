@@ -2,6 +2,7 @@
 #include "hw/core/race_detector.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -12,9 +13,13 @@ namespace tpu::hw {
 namespace {
 
 std::string side(const AccessRecord& r, bool write) {
-    return fmt::format("core {} pc {} `{}` ({}, {}, issued at cycle {}, done at {})", r.core, r.pc,
-                       isa::to_string(r.instr), r.unit, write ? "writes" : "reads", r.issue,
-                       r.done);
+    // An ICI transfer's end is known only once the board resolves it: until then `done` holds
+    // the sentinel, which is no cycle to print.
+    const std::string done = r.done == std::numeric_limits<uint64_t>::max()
+                                 ? std::string("still in flight")
+                                 : fmt::format("done at {}", r.done);
+    return fmt::format("core {} pc {} `{}` ({}, {}, issued at cycle {}, {})", r.core, r.pc,
+                       isa::to_string(r.instr), r.unit, write ? "writes" : "reads", r.issue, done);
 }
 
 }  // namespace

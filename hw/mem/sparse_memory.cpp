@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 namespace tpu::hw {
 
@@ -40,7 +43,14 @@ const uint8_t* SparseMemory::page(uint64_t index) const {
     return it == m_pages.end() ? nullptr : it->second.get();
 }
 
+void SparseMemory::check(uint64_t addr, uint64_t bytes, const char* what) const {
+    if (!in_range(addr, bytes))
+        throw std::out_of_range(fmt::format("{}: {} of {} bytes at 0x{:x} is outside its {} bytes",
+                                            m_name, what, bytes, addr, m_size));
+}
+
 void SparseMemory::read(uint64_t addr, std::span<uint8_t> out) const {
+    check(addr, out.size(), "read");
     if (m_base) {
         if (!out.empty()) std::memmove(out.data(), m_base + addr, out.size());
         return;
@@ -60,6 +70,7 @@ void SparseMemory::read(uint64_t addr, std::span<uint8_t> out) const {
 }
 
 void SparseMemory::write(uint64_t addr, std::span<const uint8_t> in) {
+    check(addr, in.size(), "write");
     if (m_base) {
         if (!in.empty()) std::memmove(m_base + addr, in.data(), in.size());
         return;
@@ -75,6 +86,7 @@ void SparseMemory::write(uint64_t addr, std::span<const uint8_t> in) {
 }
 
 void SparseMemory::fill(uint64_t addr, uint64_t bytes, uint8_t value) {
+    check(addr, bytes, "fill");
     if (m_base) {
         std::memset(m_base + addr, value, bytes);
         return;

@@ -10,8 +10,10 @@
 namespace tpu::hw {
 
 /// Byte-addressed memory of a fixed size that costs host memory only where it is written, so a
-/// 16 GiB HBM costs only what is used. Unwritten bytes read as zero. Every access is
-/// bounds-checked by the caller through in_range(); the methods assume a checked range.
+/// 16 GiB HBM costs only what is used. Unwritten bytes read as zero. Callers bounds-check every
+/// access through in_range() (a device fault names the instruction); read, write and fill check
+/// again and throw std::out_of_range naming the memory, so a missed check is an error, never a
+/// write outside the reservation. data() cannot check the length the caller goes on to use.
 ///
 /// The memory is one reservation of address space (mmap, MAP_NORESERVE) whose pages the OS
 /// zeroes on first touch, so nothing is zero-filled ahead of a write and units can work on
@@ -42,14 +44,17 @@ public:
     /// The bytes from `addr` on, in place; requires contiguous() and in_range.
     uint8_t* data(uint64_t addr) { return m_base + addr; }
     const uint8_t* data(uint64_t addr) const { return m_base + addr; }
-    /// Copies out; requires in_range.
+    /// Copies out; outside the memory is std::out_of_range.
     void read(uint64_t addr, std::span<uint8_t> out) const;
-    /// Copies in; requires in_range. `in` may overlap this memory's own bytes.
+    /// Copies in; outside the memory is std::out_of_range. `in` may overlap this memory's own
+    /// bytes.
     void write(uint64_t addr, std::span<const uint8_t> in);
-    /// Fills with a byte value; requires in_range.
+    /// Fills with a byte value; outside the memory is std::out_of_range.
     void fill(uint64_t addr, uint64_t bytes, uint8_t value);
 
 private:
+    /// Throws std::out_of_range unless in_range(addr, bytes); `what` names the access.
+    void check(uint64_t addr, uint64_t bytes, const char* what) const;
     uint8_t* page(uint64_t index, uint64_t keep_off, uint64_t keep_bytes);
     const uint8_t* page(uint64_t index) const;
 

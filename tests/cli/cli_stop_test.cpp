@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -53,10 +54,11 @@ struct Interrupted {
     std::string err;
 };
 
-/// Runs `tpusim args...`, sends it SIGINT once it has been running `after` past installing its
-/// handler, and waits for it to end (a SIGKILL and a failure if it has not after 60 s, which
-/// only keeps a broken build from hanging the test).
-Interrupted interrupt(const std::vector<std::string>& args, std::chrono::milliseconds after) {
+/// Runs `tpusim args...`, sends it `signals` (back to back) once it has been running `after`
+/// past installing its handler, and waits for it to end (a SIGKILL and a failure if it has not
+/// after 60 s, which only keeps a broken build from hanging the test).
+Interrupted interrupt(const std::vector<std::string>& args, std::chrono::milliseconds after,
+                      const std::vector<int>& signals = {SIGINT}) {
     const std::string err = tmp("sigint.err");
     const pid_t pid = fork();
     if (pid < 0) {
@@ -80,7 +82,7 @@ Interrupted interrupt(const std::vector<std::string>& args, std::chrono::millise
     while (!catches_sigint(pid) && Clock::now() < give_up)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     std::this_thread::sleep_for(after);
-    EXPECT_EQ(kill(pid, SIGINT), 0);
+    for (const int sig : signals) EXPECT_EQ(kill(pid, sig), 0);
     Interrupted r;
     pid_t done = 0;
     while ((done = waitpid(pid, &r.status, WNOHANG)) == 0 && Clock::now() < give_up)
@@ -118,6 +120,32 @@ TEST(CliStop, CtrlCStopsGemmTrainAndBenchWithExitCode130) {
         EXPECT_EQ(WEXITSTATUS(r.status), 130) << args[0] << ": " << r.err;
         EXPECT_NE(r.err.find("interrupted (Ctrl-C)"), std::string::npos) << args[0] << r.err;
     }
+}
+
+/// The hidden temporary files (".NAME.tmpPID-N") an OutputFile leaves in `dir`, if any.
+std::vector<std::string> temporaries(const std::string& dir) {
+    std::vector<std::string> out;
+    for (const std::string& name : listing(dir))
+        if (name.find(".tmp") != std::string::npos) out.push_back(name);
+    return out;
+}
+
+TEST(CliStop, SigtermAndASecondCtrlCLeaveNoTemporaryFile) {
+    // Issue #30, class 7: a traced run killed by SIGTERM, or by a second Ctrl-C that ends the
+    // process at once, left its hidden temporary trace file behind (30 MB after 5 s). The
+    // handlers remove it; the process still ends as the signal says.
+    const std::string k = spinning_kernel();
+    const std::string dir = fresh_dir(tmp("sigterm"));
+    const Interrupted term = interrupt({"run", k, "--trace", dir + "/t.json"},
+                                       std::chrono::milliseconds(500), {SIGTERM});
+    EXPECT_TRUE(WIFSIGNALED(term.status) && WTERMSIG(term.status) == SIGTERM) << term.status;
+    EXPECT_EQ(temporaries(dir), std::vector<std::string>{});
+    EXPECT_FALSE(std::filesystem::exists(dir + "/t.json"));  // never committed
+    const Interrupted twice = interrupt({"run", k, "--trace", dir + "/t.json"},
+                                        std::chrono::milliseconds(500), {SIGINT, SIGINT});
+    ASSERT_TRUE(WIFEXITED(twice.status));
+    EXPECT_EQ(WEXITSTATUS(twice.status), 130);
+    EXPECT_EQ(temporaries(dir), std::vector<std::string>{});
 }
 
 }  // namespace

@@ -116,6 +116,25 @@ TEST(Attention, WrongShapesAreUsageErrors) {
     EXPECT_NE(tutil::error_of([&] { attention(*dev, cache, s, a, a, a, a, pbad); }, true)
                   .find("attention: p is 8 x 8"),
               std::string::npos);
+    // Issue #30, class 1: batch x heads wrapped in 32 bits (65537 x 65537 = 2^32 + 2^17 + 1
+    // -> 131073 heads), so tensors sized for the wrapped count passed. In 64 bits it is refused.
+    const AttentionShape huge{.batch = 65537, .heads = 65537, .seq = 1, .dhead = 1};
+    Tensor t = alloc_tensor(*dev, {0}, 131073, 1);
+    EXPECT_EQ(tutil::error_of([&] { attention(*dev, cache, huge, t, t, t, t, t); }, true),
+              "attention: batch 65537 x heads 65537 x seq 1 = 4295098369 rows, more than a "
+              "tensor holds (2^32 - 1)");
+}
+
+TEST(Tensor, SizesBeyondWhatAKernelAddressesAreUsageErrors) {
+    // 2^31 x 2^31 fp32 values are 2^64 bytes, which wrapped to "alloc: 0 bytes requested".
+    auto dev = open_device();
+    EXPECT_EQ(tutil::error_of([&] { alloc_tensor(*dev, {0}, 2147483648u, 2147483648u); }, true),
+              "a tensor of 2147483648 x 2147483648 fp32 values is larger than the 4 GiB a kernel "
+              "addresses");
+    // A view whose offset alone runs past its tensor.
+    Tensor t = alloc_tensor(*dev, {0}, 4, 4);
+    EXPECT_NE(tutil::error_of([&] { view(t, UINT64_MAX - 2, 2, 2); }, true).find("view of 2 x 2"),
+              std::string::npos);
 }
 
 }  // namespace

@@ -154,5 +154,20 @@ TEST(Conv2dPlan, BadShapesNameTheField) {
               "width 4 + 2 x pad 1)");
 }
 
+TEST(Conv2dPlan, SizesAreCheckedIn64Bits) {
+    // Issue #30, class 1: 2 x pad 2147483648 wraps to 0 in 32 bits, so a 3x3 input padded by
+    // 2^31 passed as a 3x3 one (and `op conv2d --check` said "bit-exact"). In 64 bits the
+    // padded plane is 2^32 + 3 pixels wide: beyond what a kernel addresses.
+    const auto cfg = hw::BoardConfig::load("", {});
+    const std::string e = tutil::error_of(
+        [&] { plan_conv2d(cfg, shape(1, 3, 3, 1, 1, 3, 1, 2147483648u), 1); }, true);
+    EXPECT_EQ(e.rfind("conv2d: the padded input (over 4294967296 bytes)", 0), 0u) << e;
+    // A huge stride would make the padded plane (H + 2 pad + stride) wrap the same way.
+    EXPECT_NE(
+        tutil::error_of([&] { plan_conv2d(cfg, shape(1, 3, 3, 1, 1, 3, 4294967295u, 0), 1); }, true)
+            .find("exceeds the 4 GiB a kernel addresses"),
+        std::string::npos);
+}
+
 }  // namespace
 }  // namespace tpu::driver

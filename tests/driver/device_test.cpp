@@ -69,6 +69,45 @@ TEST(Device, ErrorsNameWhatAndWhere) {
               "read: buffer at 0x0 on core 0 is not allocated");
 }
 
+TEST(Device, ABufferWhoseEndWrapsAroundIsAUsageError) {
+    // Issue #30, class 15: address + size past 2^64 wrapped to a small end, passed the range
+    // check and reached memory outside HBM (a segfault). Both ways of leaving the allocation
+    // are refused before any byte moves.
+    auto dev = Device::open(tiny());
+    const Buffer b = dev->alloc(4096, 0);
+    std::vector<uint8_t> data(64);
+    ErrorKind kind{};
+    const Buffer wraps{0, b.addr + 256, UINT64_MAX - 128};
+    EXPECT_EQ(error_of([&] { dev->write(wraps, data.data(), 64); }, &kind),
+              "write: buffer at 0x100 on core 0 is not allocated");
+    EXPECT_EQ(kind, ErrorKind::Usage);
+    EXPECT_EQ(error_of([&] { dev->read(wraps, data.data(), 64, UINT64_MAX - 200); }),
+              "read: buffer at 0x100 on core 0 is not allocated");
+    // Starting past the allocation's end (a view cut from a freed neighbour's address).
+    const Buffer past{0, b.addr + 8192, 64};
+    EXPECT_EQ(error_of([&] { dev->write(past, data.data(), 64); }),
+              "write: buffer at 0x2000 on core 0 is not allocated");
+    // A view inside the allocation is fine, up to its last byte.
+    dev->write(Buffer{0, b.addr + 4032, 64}, data.data(), 64);
+}
+
+TEST(Device, AProgramBuiltInMemoryIsCheckedAtLoad) {
+    // Issue #30, item 4: an embedder's program may name a register or flag the core does not
+    // have; CoreModel::load refuses it instead of indexing past the register file.
+    auto dev = Device::open(tiny());
+    isa::Program p;
+    isa::Instr add{isa::Opcode::Add};
+    add.ops[1].reg = 200;
+    p.code = {add, isa::Instr{isa::Opcode::Halt}};
+    ErrorKind kind{};
+    EXPECT_EQ(error_of([&] { dev->launch({0}, p); }, &kind),
+              "launch: core 0: program: instruction 0 (add): operand 1 names register s200");
+    EXPECT_EQ(kind, ErrorKind::Usage);
+    // A usage error does not stop the board: a good program runs next.
+    p.code = {isa::Instr{isa::Opcode::Halt}};
+    EXPECT_NO_THROW(dev->launch({0}, p));
+}
+
 TEST(Device, TransfersAreTimedOnTheHostLink) {
     auto dev = Device::open(tiny());
     const Buffer b = dev->alloc(1 << 20, 0);

@@ -140,6 +140,19 @@ TEST(Pool, BadWindowsAreUsageErrors) {
         .batch = 1, .height = 4, .width = 4, .channels = 1, .kernel = 2, .stride = 2, .pad = 2};
     EXPECT_EQ(tutil::error_of([&] { max_pool2d(*dev, cache, s, x, y); }, true),
               "max_pool2d: pad 2 is more than half the kernel 2");
+    // Issue #30, item 4: 2 x pad 2^31 wrapped to 0 in 32 bits and passed the rule above.
+    PoolShape wraps = s;
+    wraps.pad = 2147483648u;
+    EXPECT_EQ(tutil::error_of([&] { max_pool2d(*dev, cache, wraps, x, y); }, true),
+              "max_pool2d: pad 2147483648 is more than half the kernel 2");
+    // And batch x height x width rows beyond a tensor's 32-bit row count.
+    PoolShape rows = s;
+    rows.pad = 0;
+    rows.batch = 65536;
+    rows.height = 65536;
+    EXPECT_EQ(tutil::error_of([&] { max_pool2d(*dev, cache, rows, x, y); }, true),
+              "max_pool2d: batch 65536 x height 65536 x width 4 = 17179869184 rows, more than a "
+              "tensor holds (2^32 - 1)");
 }
 
 }  // namespace

@@ -241,6 +241,11 @@ TEST(VectorOps, ErrorsNameKernelBufferAndSizes) {
     EXPECT_EQ(error_of([&] { row_sum(*dev, cache, huge, huge, 1, 3u << 20); }),
               "row_sum: a row of 3145728 values needs 25166336 bytes of VMEM in two tile slots; "
               "the core has 16777216");
+    // Issue #30, item 4: an address near 2^64 plus its size wrapped to a small end and passed;
+    // the kernel would have used the address's low 32 bits.
+    const Buffer wraps{0, UINT64_MAX - 8, 4096};
+    EXPECT_EQ(error_of([&] { relu(*dev, cache, wraps, big, 10); }),
+              "relu: x ends past the 4 GiB of HBM a kernel addresses");
     EXPECT_EQ(cache.misses(), 0u);  // nothing was compiled for a bad call
 }
 

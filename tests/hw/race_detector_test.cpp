@@ -3,6 +3,8 @@
 // pairing of the owner's own accesses and ICI writes from other cores.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "hw/core/race_detector.h"
 
 namespace tpu::hw {
@@ -92,6 +94,20 @@ TEST(RaceDetector, LocalRacesKeepTheirShortAdvice) {
     EXPECT_FALSE(remote.add(rec(0, 2, "ici", 0, true, 3)));
     remote.fence(200);
     EXPECT_TRUE(remote.add(rec(1, 3, "vpu", 300, false)));
+}
+
+TEST(RaceDetector, AnIciTransferStillInFlightHasNoDoneCycleInTheReport) {
+    // The board learns when an ICI write lands only once it resolves it; until then the record
+    // holds the sentinel, which a report printed as "done at 18446744073709551615" (issue #30).
+    RaceDetector d(1);
+    AccessRecord in_flight = rec(0, 2, "ici", 100, true, 3);
+    in_flight.done = std::numeric_limits<uint64_t>::max();
+    EXPECT_FALSE(d.add(in_flight));
+    const auto r = d.add(rec(1, 7, "vpu", 300, false));
+    ASSERT_TRUE(r);
+    EXPECT_NE(r->find("issued at cycle 100, still in flight)"), std::string::npos) << *r;
+    EXPECT_EQ(r->find("18446744073709551615"), std::string::npos) << *r;
+    EXPECT_NE(r->find("issued at cycle 300, done at 310)"), std::string::npos) << *r;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "hw/mem/sparse_memory.h"
@@ -71,6 +72,29 @@ TEST(SparseMemory, HugeReservationCostsNothingUntilWritten) {
     big.write(uint64_t(8) << 30, in);
     big.read(uint64_t(8) << 30, out);
     EXPECT_EQ(out, in);
+}
+
+TEST(SparseMemory, AccessesOutsideTheMemoryAreErrorsNotWrites) {
+    // Callers check with in_range(); a missed check must not write past the reservation (issue
+    // #30, item 4). An address plus a size that wraps 2^64 is outside too.
+    for (const Backing b : {Backing::Reserve, Backing::Pages}) {
+        SparseMemory m("vmem3", 4 * kPage, b);
+        std::vector<uint8_t> buf(16, 1);
+        try {
+            m.write(4 * kPage - 8, buf);
+            ADD_FAILURE() << "write past the end accepted";
+        } catch (const std::out_of_range& e) {
+            EXPECT_STREQ(e.what(),
+                         "vmem3: write of 16 bytes at 0x3fff8 is outside its 262144 bytes");
+        }
+        EXPECT_THROW(m.read(UINT64_MAX - 4, buf), std::out_of_range);
+        EXPECT_THROW(m.fill(8, UINT64_MAX - 4, 0xFF), std::out_of_range);
+        // The bytes up to the end stay writable.
+        m.write(4 * kPage - 16, buf);
+        std::vector<uint8_t> out(16);
+        m.read(4 * kPage - 16, out);
+        EXPECT_EQ(out, buf);
+    }
 }
 
 }  // namespace

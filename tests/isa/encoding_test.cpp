@@ -119,6 +119,36 @@ TEST(Encoding, DecodeRejectsMalformedInstructions) {
     expect_decode_error(b, "instruction 7 (add): unused operand slot 5 is not zero");
 }
 
+TEST(Encoding, ANegativeFlagNumberIsNamedAsANumber) {
+    // Issue #30: an image whose flag operand reads as -285212427 was reported as "flag
+    // f-285212427", a name that does not exist.
+    Instr wait{Opcode::Wait};
+    wait.ops[0].imm = -285212427;
+    expect_decode_error(bytes_of(wait),
+                        "instruction 7 (wait): operand 0 names flag number -285212427 (flags are "
+                        "f0..f31)");
+}
+
+TEST(Encoding, ValidateAppliesDecodesRulesToInstructionsBuiltInMemory) {
+    std::mt19937 rng(5);
+    for (const OpInfo& oi : op_table()) EXPECT_NO_THROW(validate(random_instr(oi.op, rng), 3));
+    // What a hand-built program could hold that no encoded one can: each is refused with the
+    // message decode gives for the same bytes.
+    Instr add{Opcode::Add};
+    add.ops[1].reg = 200;
+    try {
+        validate(add, 4);
+        ADD_FAILURE() << "register s200 accepted";
+    } catch (const DecodeError& e) {
+        EXPECT_STREQ(e.what(), "instruction 4 (add): operand 1 names register s200");
+    }
+    Instr bad_op{static_cast<Opcode>(kNumOpcodes + 3)};
+    EXPECT_THROW(validate(bad_op), DecodeError);
+    Instr vadd{Opcode::VAdd};
+    vadd.flag = 40;
+    EXPECT_THROW(validate(vadd), DecodeError);
+}
+
 TEST(Encoding, ProgramImage) {
     Program p;
     p.code = {Instr{Opcode::Li, kNoFlag, {Operand{1, 0}, Operand{0, 42}}}, Instr{Opcode::Halt}};

@@ -59,3 +59,19 @@ tpu_pod_error(ADeadlockOverRanksIsReported 1 "deadlock at cycle" 2
               ${PROJECT_SOURCE_DIR}/isa/examples/bad/deadlock.s)
 tpu_pod_error(BenchRefusesToRunSplit 2 "bench measures the simulator in one process" 2
               bench --quick --filter gemm_256)
+# Issue #30, class 2: each row of validate runs in a forked child, which a rank cannot do.
+tpu_pod_error(ValidateRefusesToRunSplit 2 "validate runs each row on a board of its own" 2
+              validate --config ${tpu_pod_config})
+# Issue #30, class 7: the rank that did not fault is killed by mpirun's SIGTERM while writing
+# its per-rank trace; neither rank's hidden temporary file survives the abort.
+set(tpu_pod_abort_dir ${CMAKE_CURRENT_BINARY_DIR}/pod_abort_trace)
+file(MAKE_DIRECTORY ${tpu_pod_abort_dir})
+add_test(NAME Pod.AnAbortLeavesNoTemporaryTrace
+         COMMAND ${CMAKE_COMMAND} -DEXPECT_CODE=1 "-DEXPECT_OUTPUT=device fault on core 20"
+                 "-DEXPECT_NO_FILES=${tpu_pod_abort_dir}/.t*"
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/mpi/expect_abort.cmake --
+                 ${tpu_pod_mpirun} 2 --oversubscribe --allow-run-as-root
+                 $<TARGET_FILE:tpusim_cli> run --config ${tpu_pod_config} --cores 20
+                 --trace ${tpu_pod_abort_dir}/t.json ${CMAKE_CURRENT_SOURCE_DIR}/pod/fault.s)
+set_tests_properties(Pod.AnAbortLeavesNoTemporaryTrace PROPERTIES LABELS mpi TIMEOUT 60
+                     PROCESSORS 2 ENVIRONMENT "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1")

@@ -309,6 +309,38 @@ TEST(Config, DuplicateKeyIsRefusedNamingIt) {
               std::string::npos);
 }
 
+TEST(Config, DeepNestingIsRefusedAsItIsParsed) {
+    // Issue #30, class 6: the duplicate-key check kept a full dotted path per open object, so a
+    // 450 KB file of nested objects needed about 6 GB. No config value nests deeper than its
+    // deepest section (plus a leaf's array), so the parser stops at the first level past it.
+    std::string deep;
+    for (int i = 0; i < 75000; ++i) deep += "{\"a\":";
+    deep += "1" + std::string(75000, '}');
+    const std::string e = error_of_json(deep);
+    EXPECT_EQ(e.rfind("c.json: key 'a.a.a", 0), 0u) << e.substr(0, 200);
+    EXPECT_NE(e.find(" levels deep; no config value is nested more than "), std::string::npos)
+        << e.substr(0, 200);
+    EXPECT_LT(e.size(), 200u);
+    // Arrays count too: printing such a value in a type error would recurse through it.
+    const std::string arrays =
+        "{\"clock_mhz\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+    EXPECT_NE(error_of_json(arrays).find("c.json: key 'clock_mhz': nested "), std::string::npos);
+    // A leaf given an array or an object still gets its type error.
+    EXPECT_EQ(error_of_json(R"({"clock_mhz": [1]})"),
+              "c.json: key 'clock_mhz': expected a number, got [1]");
+}
+
+TEST(Config, AnEndlessConfigFileIsRefusedAtItsBound) {
+    // Issue #30, class 5: /dev/zero as --config grew until the process was killed.
+    try {
+        BoardConfig::load("/dev/zero", {});
+        ADD_FAILURE() << "/dev/zero loaded";
+    } catch (const sim::ConfigError& e) {
+        EXPECT_STREQ(e.what(),
+                     "cannot read '/dev/zero': longer than 16 MiB (the most this input may hold)");
+    }
+}
+
 TEST(Config, TopLevelMustBeAnObject) {
     EXPECT_EQ(error_of_json("[1]"), "c.json: expected a JSON object at the top level");
     EXPECT_EQ(error_of_json("null"), "c.json: expected a JSON object at the top level");

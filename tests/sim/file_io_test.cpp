@@ -137,5 +137,60 @@ TEST(ReadInputFile, RefusesDirectoriesAndNamesMissingFiles) {
     EXPECT_THROW(read_input_file(d + "/none"), InputFileError);
 }
 
+TEST(ReadInputFile, EveryInputHasABound) {
+    // Issue #30, class 5: an endless input (/dev/zero) grew until the process was killed. A
+    // device is read to one byte past the bound; a regular file is refused by its size.
+    const std::string too_long =
+        "cannot read '/dev/zero': longer than 1 MiB (the most this "
+        "input may hold)";
+    try {
+        read_input_file("/dev/zero", 1 << 20);
+        ADD_FAILURE() << "/dev/zero read";
+    } catch (const InputFileError& e) {
+        EXPECT_EQ(std::string(e.what()), too_long);
+    }
+    const std::string d = fresh_dir("bound");
+    write_output_file(d + "/f", std::string(100, 'x'));
+    EXPECT_EQ(read_input_file(d + "/f", 100).size(), 100u);
+    EXPECT_THROW(read_input_file(d + "/f", 99), InputFileError);
+    EXPECT_EQ(bytes_text(16u << 20), "16 MiB");
+    EXPECT_EQ(bytes_text(1000), "1000 bytes");
+}
+
+TEST(OutputFile, DashIsRefusedNotAFileNamedDash) {
+    // Issue #30, class 10: `--stats -` wrote a file named '-' (and '-.config.json').
+    const std::string here = std::filesystem::current_path().string();
+    try {
+        OutputFile f("-");
+        ADD_FAILURE() << "'-' opened";
+    } catch (const OutputError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "cannot write '-': standard output is not an output file here (name a file, or "
+                  "/dev/stdout; ./- for a file named '-')");
+    }
+    EXPECT_FALSE(std::filesystem::exists(here + "/-"));
+}
+
+TEST(OutputFile, ASignalHandlerRemovesTheTemporaryFiles) {
+    // What the SIGTERM and second-Ctrl-C handlers and Cluster::abort call before the process
+    // ends without destructors: every open temporary file goes, committed targets stay.
+    const std::string d = fresh_dir("signal");
+    write_output_file(d + "/kept.txt", "kept");
+    {
+        OutputFile a(d + "/a.json"), b(d + "/b.json");
+        a.stream() << "partial";
+        EXPECT_EQ(listing(d).size(), 3u);  // kept.txt and two hidden temporary files
+        remove_temporary_files();
+        EXPECT_EQ(listing(d), std::set<std::string>{"kept.txt"});
+    }
+    EXPECT_EQ(slurp(d + "/kept.txt"), "kept");
+    // A committed file is no temporary any more: the handler leaves it.
+    OutputFile c(d + "/c.json");
+    c.stream() << "done";
+    c.commit();
+    remove_temporary_files();
+    EXPECT_EQ(slurp(d + "/c.json"), "done");
+}
+
 }  // namespace
 }  // namespace tpu::sim

@@ -99,6 +99,36 @@ TEST(TrainerPrecision, ValidAndLightningErrors) {
                       "'bf16-mixed', 'bf16-true').");
 }
 
+TEST(TrainerPrecision, LightningsOlderWordsRunAsBf16WithItsWarnings) {
+    // Issue #30, item 5: a Lightning user's 16, 16-mixed and bf16 run as bf16-mixed with the
+    // warning their Lightning gives (trainer/README.md names the versions); "32" is Lightning
+    // 2's silent alias; 16-true is refused.
+    const PrecisionChoice p16 = resolve_precision("16");
+    EXPECT_EQ(p16.mode, PrecisionMode::Bf16Mixed);
+    EXPECT_EQ(p16.warning,
+              "You passed `Trainer(accelerator='tpu', precision=16)` but AMP is not supported with "
+              "TPUs. Using `precision='bf16'` instead.");
+    const PrecisionChoice mixed = resolve_precision("16-mixed");
+    EXPECT_EQ(mixed.mode, PrecisionMode::Bf16Mixed);
+    EXPECT_EQ(mixed.warning,
+              "You passed `Trainer(accelerator='tpu', precision='16-mixed')` but AMP with fp16 is "
+              "not supported on TPUs. Using `precision='bf16-mixed'` instead.");
+    const PrecisionChoice bf16 = resolve_precision("bf16");
+    EXPECT_EQ(bf16.mode, PrecisionMode::Bf16Mixed);
+    EXPECT_EQ(bf16.warning,
+              "`precision=bf16` is supported for historical reasons but its usage is discouraged. "
+              "Please set your precision to bf16-mixed instead!");
+    EXPECT_EQ(resolve_precision("32").mode, PrecisionMode::True32);
+    EXPECT_EQ(resolve_precision("32").warning, "");
+    EXPECT_EQ(resolve_precision("bf16-true").mode, PrecisionMode::Bf16True);
+    EXPECT_EQ(error_of([] { resolve_precision("16-true"); }),
+              "`precision='16-true'`: fp16 is not modelled (the MXU multiplies bf16); use "
+              "'bf16-true' or 'bf16-mixed'");
+    EXPECT_EQ(error_of([] { resolve_precision("64-true"); }),
+              "`precision='64-true'` is not supported in XLA. `precision` must be one of: "
+              "('32-true', 'bf16-mixed', 'bf16-true').");
+}
+
 // ---- sampler and metrics --------------------------------------------------------------------
 
 TEST(DistributedSampler, EvenShardsPaddedByWrapping) {
@@ -715,6 +745,50 @@ TEST(Trainer, ValidationLossIsTheMeanOverExamples) {
     EXPECT_NEAR(split.loss, whole.loss, 1e-5 * whole.loss);
 }
 
+TEST(Trainer, ValidationPaddingWeighsNothingInAnyFigure) {
+    // Issue #30, class 14. 203 examples on 8 cores: 26 positions per core, 5 of them the
+    // sampler's repeats. They run (their cycles count, as on a TPU) but their labels are zero,
+    // so the loss, like the accuracy and the count, is that of the 203 examples: one core,
+    // which pads nothing, gives the same figures up to the order of fp32 sums.
+    auto dev = driver::Device::open(board());
+    const Dataset data = synthetic(203, 16, 4, 3);
+    EvalResult on[2];
+    for (const int devices : {8, 1}) {
+        TrainerOptions opts;
+        opts.devices = devices;
+        opts.enable_progress_bar = false;
+        opts.precision = "32-true";
+        Trainer t(*dev, opts);
+        Mlp model({16, 8, 4}, {}, 2);
+        on[devices == 1] = t.validate(model, DataLoader{&data, 8, false, false, 0});
+    }
+    EXPECT_EQ(on[0].examples, 203u);
+    EXPECT_EQ(on[1].examples, 203u);
+    EXPECT_EQ(on[0].accuracy, on[1].accuracy);
+    EXPECT_NEAR(on[0].loss, on[1].loss, 1e-5 * on[1].loss);
+}
+
+TEST(Trainer, AFitThatTakesNoStepSaysWhichLimitInLightningsWords) {
+    // Issue #30, class 8: max_steps=0 (or a resumed run at its limit) trains nothing; Lightning
+    // says so rather than reporting a loss.
+    auto dev = driver::Device::open(board());
+    const Dataset data = synthetic(64, 16, 4, 3);
+    TrainerOptions opts;
+    opts.enable_progress_bar = false;
+    opts.max_steps = 0;
+    Trainer t(*dev, opts);
+    Mlp model({16, 8, 4}, {}, 2);
+    t.fit(model, DataLoader{&data, 8, true, false, 0});
+    EXPECT_EQ(t.fit_steps(), 0u);
+    EXPECT_TRUE(t.history().empty());
+    EXPECT_EQ(t.stop_reason(), "`Trainer.fit` stopped: `max_steps=0` reached.");
+    opts.max_steps = -1;
+    Trainer u(*dev, opts);
+    u.fit(model, DataLoader{&data, 8, true, false, 0});
+    EXPECT_EQ(u.fit_steps(), 1u);  // 64 examples over 8 cores: one batch of 8 per core
+    EXPECT_EQ(u.stop_reason(), "`Trainer.fit` stopped: `max_epochs=1` reached.");
+}
+
 TEST(TrainerCheckpoint, HeaderFieldsAreCheckedBeforeUse) {
     auto dev = driver::Device::open(board());
     const std::string path = test::scratch("ckpt-hdr.ckpt");
@@ -754,6 +828,15 @@ TEST(TrainerCheckpoint, HeaderFieldsAreCheckedBeforeUse) {
     EXPECT_EQ(with("\"values\"", "\"valuez\"", ""), c + "'values' is missing");
     EXPECT_NE(with("", "", "extra").find("bytes of values after its header"), std::string::npos);
     EXPECT_EQ(with("", "", ""), "no error");
+    // Issue #30, class 9: a malformed header gets words, not nlohmann's exception text, and a
+    // key given twice is refused (nlohmann would keep the last one silently).
+    EXPECT_EQ(with("{", "{x", ""),
+              c + "the header (line 2) is not valid JSON at column 2: syntax error while parsing "
+                  "object key - invalid literal; last read: '{x'; expected string literal");
+    EXPECT_EQ(with("\"epoch\":1", "\"epoch\":1,\"epoch\":1", ""),
+              c + "the header gives 'epoch' twice");
+    EXPECT_EQ(with("\"rows\":16", "\"rows\":16,\"rows\":16", ""),
+              c + "the header gives 'parameters.rows' twice");
 }
 
 }  // namespace

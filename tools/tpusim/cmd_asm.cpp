@@ -21,7 +21,7 @@ constexpr std::string_view kEnd = "<!-- END GENERATED -->";
 
 std::string read_text(const std::string& path) {
     try {
-        return sim::read_input_file(path);
+        return sim::read_input_file(path, kMaxKernelFileBytes);
     } catch (const sim::InputFileError& e) {
         throw InputError(e.what());
     }
@@ -57,7 +57,8 @@ void register_asm_commands(CLI::App& app) {
     auto a = std::make_shared<AsmOpts>();
     auto* as = app.add_subcommand("asm", "assemble a kernel (.s) into a program image (.bin)");
     as->add_option("input", a->input, "assembly source");
-    as->add_option("-o,--output", a->output, "program image to write (default: INPUT with .bin)");
+    as->add_option("-o,--output", a->output, "program image to write (default: INPUT with .bin)")
+        ->check(output_path());
     as->add_flag("--doc", a->doc, "print the instruction reference (Markdown) and exit");
     as->add_option("--write-doc", a->write_doc,
                    "rewrite the generated section of a README (e.g. isa/README.md)");

@@ -12,6 +12,7 @@
 #include "driver/kernels/gemm.h"
 #include "hw/board.h"
 #include "tools/tpusim/commands.h"
+#include "tools/tpusim/op_runs.h"
 #include "tools/tpusim/random_fill.h"
 #include "tools/tpusim/run_output.h"
 
@@ -41,7 +42,7 @@ void add_gemm_command(CLI::App& app, const std::string& name, const std::string&
     cmd->add_option("--precision", o->precision, "bf16 | fp32-3pass | fp32-6pass");
     cmd->add_flag("--check", o->check,
                   "compare with a host reference of the same numerics (bit-exact) and with fp64");
-    cmd->add_option("--seed", o->seed, "seed of the random inputs");
+    cmd->add_option("--seed", o->seed, "seed of the random inputs")->check(whole_number());
     add_common_options(*cmd, o->common);
     cmd->callback([o] {
         const hw::BoardConfig cfg = o->common.board_config();
@@ -59,6 +60,7 @@ void add_gemm_command(CLI::App& app, const std::string& name, const std::string&
         if (o->num_cores == 0) cores = parse_cores_option(o->cores, cfg.cores());
         check_needs_values(o->check, cfg);
         const uint32_t M = o->m, K = o->k, N = o->n;
+        check_gemm(cfg, cores.size(), M, K, N, precision, option_names());
         std::vector<float> a(size_t(M) * K), w(size_t(K) * N);
         fill_uniform(a, o->seed);
         fill_uniform(w, o->seed ^ 0x80000000u);

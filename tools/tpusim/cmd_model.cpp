@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -40,18 +43,49 @@ void register_model_command(CLI::App& app) {
         ->check(positive_number());
     cmd->add_option("--cores", o->cores, "cores: 3, 0-3, 2,5 or all");
     cmd->add_flag("--train-step", o->train_step,
-                  "one training step instead: forward, backward, gradient all-reduce, Adam");
-    cmd->add_option("--precision", o->precision, "32-true | bf16-mixed | bf16-true");
-    cmd->add_option("--image", o->zoo.image, "resnet18, resnet50: image height = width (224)");
-    cmd->add_option("--hidden", o->zoo.hidden, "bert-block, gpt: model width");
-    cmd->add_option("--heads", o->zoo.heads, "bert-block, gpt: attention heads");
-    cmd->add_option("--seq", o->zoo.seq, "bert-block, gpt: tokens per sequence");
-    cmd->add_option("--ffn", o->zoo.ffn, "bert-block, gpt: feed-forward width");
-    cmd->add_option("--layers", o->zoo.layers, "gpt: transformer blocks");
-    cmd->add_option("--vocab", o->zoo.vocab, "gpt: tokens");
-    cmd->add_option("--seed", o->zoo.seed, "seed of the weights and inputs");
+                  "one training step instead: forward, backward, gradient all-reduce, Adam (the "
+                  "loss: softmax cross-entropy of the outputs against random labels; bert-block "
+                  "adds a token-classification head, 9 labels per token)");
+    cmd->add_option("--precision", o->precision,
+                    "32-true | bf16-mixed | bf16-true (and Lightning's 32, 16, 16-mixed, bf16)");
+    // The size options; each one's help lists the models that read it (zoo_models()).
+    struct Size {
+        const char* key;
+        uint32_t* field;
+        const char* help;
+    };
+    const Size sizes[] = {{"image", &o->zoo.image, "image height = width (224)"},
+                          {"hidden", &o->zoo.hidden, "model width"},
+                          {"heads", &o->zoo.heads, "attention heads"},
+                          {"seq", &o->zoo.seq, "tokens per sequence"},
+                          {"ffn", &o->zoo.ffn, "feed-forward width"},
+                          {"layers", &o->zoo.layers, "transformer blocks"},
+                          {"vocab", &o->zoo.vocab, "tokens"}};
+    auto size_options = std::make_shared<std::vector<std::pair<std::string, CLI::Option*>>>();
+    for (const Size& sz : sizes) {
+        std::string users;
+        for (const auto& m : trainer::zoo_models())
+            if (std::find(m.sizes.begin(), m.sizes.end(), sz.key) != m.sizes.end())
+                users += fmt::format("{}{}", users.empty() ? "" : ", ", m.name);
+        size_options->emplace_back(sz.key, cmd->add_option(fmt::format("--{}", sz.key), *sz.field,
+                                                           fmt::format("{}: {}", users, sz.help))
+                                               ->check(positive_number()));
+    }
+    cmd->add_option("--seed", o->zoo.seed, "seed of the weights and inputs")->check(whole_number());
     add_common_options(*cmd, o->common);
-    cmd->callback([o] {
+    cmd->callback([o, size_options] {
+        // An option the model does not read would be silently ignored: refuse it.
+        const auto entry = std::find_if(trainer::zoo_models().begin(), trainer::zoo_models().end(),
+                                        [&](const auto& m) { return m.name == o->name; });
+        if (entry != trainer::zoo_models().end())
+            for (const auto& [key, opt] : *size_options)
+                if (opt->count() > 0 &&
+                    std::find(entry->sizes.begin(), entry->sizes.end(), key) == entry->sizes.end())
+                    throw InputError(fmt::format(
+                        "--{} does not apply to model {} ({})", key, o->name,
+                        entry->sizes.empty()
+                            ? std::string("it has no size options")
+                            : fmt::format("it takes --{}", fmt::join(entry->sizes, ", --"))));
         const hw::BoardConfig cfg = o->common.board_config();
         const std::vector<uint32_t> cores = parse_cores_option(o->cores, cfg.cores());
         auto dev = driver::Device::open(cfg);

@@ -38,6 +38,7 @@ struct OpKind {
     const char* name;
     const char* help;
     std::function<OpRunner(CLI::App& cmd)> add_options;
+    const char* default_cores = "0";  ///< --cores when not given
 };
 
 OpRunner conv2d_options(CLI::App& cmd) {
@@ -51,15 +52,17 @@ OpRunner conv2d_options(CLI::App& cmd) {
     cmd.add_option("--cout", s->cout, "output channels")->check(positive_number());
     cmd.add_option("--kernel", s->kernel, "kernel rows = columns")->check(positive_number());
     cmd.add_option("--stride", s->stride, "stride")->check(positive_number());
-    cmd.add_option("--pad", s->pad, "zero padding on every side");
+    cmd.add_option("--pad", s->pad, "zero padding on every side")->check(whole_number());
     return [s](driver::Device& dev, driver::ProgramCache& cache, const std::vector<uint32_t>& cores,
                bool check, uint32_t seed) {
-        if (s->kernel > s->height + 2 * s->pad || s->kernel > s->width + 2 * s->pad)
+        // In 64 bits: 2 x --pad wraps in 32.
+        const uint64_t ph = s->height + 2 * uint64_t(s->pad), pw = s->width + 2 * uint64_t(s->pad);
+        if (s->kernel > ph || s->kernel > pw)
             throw InputError(fmt::format(
                 "--kernel {} is larger than the padded input: --height {} and --width {} plus "
                 "2 x --pad {} give {}x{}",
-                s->kernel, s->height, s->width, s->pad, s->height + 2 * s->pad,
-                s->width + 2 * s->pad));
+                s->kernel, s->height, s->width, s->pad, ph, pw));
+        check_conv2d(dev.config(), cores.size(), *s, option_names());
         std::vector<float> x(size_t(s->batch) * s->height * s->width * s->cin),
             w(size_t(s->kernel) * s->kernel * s->cin * s->cout), b(s->cout);
         fill_uniform(x, seed);
@@ -114,6 +117,7 @@ OpRunner layernorm_options(CLI::App& cmd) {
     auto s = rows_options(cmd, 768);
     return [s](driver::Device& dev, driver::ProgramCache& cache, const std::vector<uint32_t>& cores,
                bool check, uint32_t seed) {
+        check_rows_op(dev.config(), cores.size(), s->rows, s->cols, option_names());
         return run_layernorm(dev, cache, cores, s->rows, s->cols, check, seed);
     };
 }
@@ -122,6 +126,7 @@ OpRunner softmax_options(CLI::App& cmd) {
     auto s = rows_options(cmd, 2048);
     return [s](driver::Device& dev, driver::ProgramCache& cache, const std::vector<uint32_t>& cores,
                bool check, uint32_t seed) {
+        check_rows_op(dev.config(), cores.size(), s->rows, s->cols, option_names());
         return run_softmax(dev, cache, cores, s->rows, s->cols, check, seed);
     };
 }
@@ -136,8 +141,10 @@ OpRunner attention_options(CLI::App& cmd) {
     cmd.add_option("--dhead", s->dhead, "features per head")->check(positive_number());
     cmd.add_flag("--causal", s->causal, "mask keys after the query (decoder self-attention)");
     return [s](driver::Device& dev, driver::ProgramCache& cache, const std::vector<uint32_t>& cores,
-               bool check,
-               uint32_t seed) { return run_attention(dev, cache, cores, *s, check, seed); };
+               bool check, uint32_t seed) {
+        check_attention(dev.config(), cores.size(), *s, option_names());
+        return run_attention(dev, cache, cores, *s, check, seed);
+    };
 }
 
 OpRunner allreduce_options(CLI::App& cmd) {
@@ -146,6 +153,13 @@ OpRunner allreduce_options(CLI::App& cmd) {
     return [elements](driver::Device& dev, driver::ProgramCache& cache,
                       const std::vector<uint32_t>& cores, bool check, uint32_t seed) {
         const uint32_t n = *elements;
+        // One core has nobody to reduce with (and the bound below would be 0 / 0).
+        if (cores.size() < 2)
+            throw InputError(fmt::format(
+                "--cores: an all-reduce needs at least two cores; core {} alone has nothing to "
+                "reduce with",
+                cores.at(0)));
+        check_allreduce(dev.config(), n, option_names());
         driver::Tensor t = driver::alloc_tensor(dev, cores, 1, n);
         std::vector<std::vector<float>> x(cores.size(), std::vector<float>(n));
         for (size_t i = 0; i < cores.size(); ++i) {
@@ -212,8 +226,9 @@ const std::vector<OpKind>& kinds() {
         {"attention",
          "multi-head scaled dot-product attention, bf16 MXU contractions, fp32 softmax",
          attention_options},
-        {"allreduce", "ring all-reduce (sum) of an fp32 tensor per core in HBM, over --cores",
-         allreduce_options},
+        {"allreduce",
+         "ring all-reduce (sum) of an fp32 tensor per core in HBM, over --cores (default all)",
+         allreduce_options, "all"},
     };
     return k;
 }
@@ -221,18 +236,19 @@ const std::vector<OpKind>& kinds() {
 void add_kind(CLI::App& op, const OpKind& kind) {
     struct Opts {
         CommonOptions common;
-        std::string cores = "0";
+        std::string cores;
         bool check = false;
         uint32_t seed = 1;
     };
     auto o = std::make_shared<Opts>();
+    o->cores = kind.default_cores;
     CLI::App* cmd = op.add_subcommand(kind.name, kind.help);
     const OpRunner run = kind.add_options(*cmd);
     cmd->add_option("--cores", o->cores, "cores, data-parallel over the batch: 3, 0-3, 2,5 or all");
     cmd->add_flag("--check", o->check,
                   "compare with the host reference of the same numerics (bit-exact) "
                   "and report the max error against fp64");
-    cmd->add_option("--seed", o->seed, "seed of the random inputs");
+    cmd->add_option("--seed", o->seed, "seed of the random inputs")->check(whole_number());
     add_common_options(*cmd, o->common);
     const std::string name = kind.name;
     cmd->callback([o, run, name] {

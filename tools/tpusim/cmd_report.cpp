@@ -24,9 +24,14 @@ struct ReportOptions {
     std::string title;   ///< --title (default: from the trace's file name)
 };
 
+/// The largest trace or stats file read: the page embeds what it plots, and a page made from
+/// more than this would not open in a browser; --trace-window or --trace-steps cut a run's
+/// trace down.
+constexpr uint64_t kMaxReportInputBytes = uint64_t(256) << 20;
+
 std::string read_input(const std::string& path) {
     try {
-        return sim::read_input_file(path);
+        return sim::read_input_file(path, kMaxReportInputBytes);
     } catch (const sim::InputFileError& e) {
         throw InputError(e.what());
     }
@@ -76,7 +81,8 @@ void register_report_command(CLI::App& app) {
     cmd->add_option("trace", o->trace, "trace JSON written by --trace")->required();
     cmd->add_option("--stats", o->stats,
                     "stats JSON written by --stats (its .config.json sets the roof)");
-    cmd->add_option("-o,--output", o->output, "HTML file to write (default: TRACE with .html)");
+    cmd->add_option("-o,--output", o->output, "HTML file to write (default: TRACE with .html)")
+        ->check(output_path());
     cmd->add_option("--title", o->title, "page title (default: from the trace's file name)");
     cmd->callback([o] { run_report(*o); });
 }

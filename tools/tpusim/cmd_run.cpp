@@ -10,6 +10,8 @@
 #include <memory>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -69,14 +71,68 @@ Region parse_region(const std::string& spec, bool with_bytes, uint32_t num_cores
     if (with_bytes && r.cores.size() != 1)
         throw InputError(fmt::format("'{}': a dump names one core", spec));
     r.addr = parse_number(parts[1], "address", spec);
-    if (with_bytes) r.bytes = parse_number(parts[2], "byte count", spec);
+    if (with_bytes) {
+        r.bytes = parse_number(parts[2], "byte count", spec);
+        // Refused before the run rather than after it (sim::OutputFile's rule).
+        try {
+            sim::check_output_path(r.file);
+        } catch (const sim::OutputError& e) {
+            throw InputError(fmt::format("--dump: {}", e.what()));
+        }
+    }
     return r;
+}
+
+/// Copies --load's file into memory as it reads it, so the room left in the memory bounds the
+/// read: a larger file (or an endless one, /dev/zero) is an error after at most that many bytes,
+/// and no host copy of the whole file is made.
+void load_region(hw::Board& board, const Region& r) {
+    struct stat st {};
+    if (::stat(r.file.c_str(), &st) != 0 || S_ISDIR(st.st_mode))
+        throw InputError(fmt::format("--load: cannot open '{}': {}", r.file,
+                                     std::strerror(S_ISDIR(st.st_mode) ? EISDIR : errno)));
+    const hw::SparseMemory& first = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
+    const uint64_t room = r.addr <= first.size() ? first.size() - r.addr : 0;
+    const auto too_big = [&](const std::string& bytes) {
+        return InputError(fmt::format("--load {}: {} bytes at 0x{:x} do not fit in {} ({} bytes)",
+                                      r.file, bytes, r.addr, first.name(), first.size()));
+    };
+    // A regular file is measured first; the message then gives its exact size.
+    if (S_ISREG(st.st_mode) && uint64_t(st.st_size) > room)
+        throw too_big(std::to_string(st.st_size));
+    std::ifstream in(r.file, std::ios::binary);
+    if (!in)
+        throw InputError(fmt::format("--load: cannot open '{}': {}", r.file, std::strerror(errno)));
+    std::vector<uint8_t> chunk(1 << 20), old(chunk.size());
+    const auto is_zero = [](const uint8_t* p, uint64_t n) {
+        return std::all_of(p, p + n, [](uint8_t b) { return b == 0; });
+    };
+    uint64_t at = 0;
+    while (in.read(reinterpret_cast<char*>(chunk.data()), std::streamsize(chunk.size())) ||
+           in.gcount() > 0) {
+        const auto n = static_cast<uint64_t>(in.gcount());
+        if (n > room - at) throw too_big(fmt::format("more than {}", room));
+        const bool zeros = is_zero(chunk.data(), n);
+        for (uint32_t c : r.cores)
+            if (board.owns(c)) {
+                hw::SparseMemory& mem = r.hbm ? board.hbm(c) : board.vmem(c);
+                // Zeros over untouched memory change nothing and would cost host memory for
+                // every page (a --load of /dev/zero reads the whole HBM before it fails).
+                if (zeros) {
+                    mem.read(r.addr + at, {old.data(), n});
+                    if (is_zero(old.data(), n)) continue;
+                }
+                mem.write(r.addr + at, {chunk.data(), n});
+            }
+        at += n;
+    }
+    if (in.bad()) throw InputError(fmt::format("--load: cannot read '{}': read error", r.file));
 }
 
 isa::Program load_kernel(const std::string& path) {
     std::string bytes;
     try {
-        bytes = sim::read_input_file(path);
+        bytes = sim::read_input_file(path, kMaxKernelFileBytes);
     } catch (const sim::InputFileError& e) {
         throw InputError(fmt::format("kernel: {}", e.what()));
     }
@@ -152,23 +208,7 @@ void register_run_command(CLI::App& app) {
 
         RunSession session(cfg, o->common);
         hw::Board& board = session.board();
-        for (const Region& r : loads) {
-            std::string bytes;
-            try {
-                bytes = sim::read_input_file(r.file);
-            } catch (const sim::InputFileError& e) {
-                throw InputError(fmt::format("--load: {}", e.what()));
-            }
-            const std::vector<uint8_t> data(bytes.begin(), bytes.end());
-            for (uint32_t c : r.cores) {
-                hw::SparseMemory& mem = r.hbm ? board.hbm(c) : board.vmem(c);
-                if (!mem.in_range(r.addr, data.size()))
-                    throw InputError(
-                        fmt::format("--load {}: {} bytes at 0x{:x} do not fit in {} ({} bytes)",
-                                    r.file, data.size(), r.addr, mem.name(), mem.size()));
-                if (board.owns(c)) mem.write(r.addr, data);
-            }
-        }
+        for (const Region& r : loads) load_region(board, r);
         for (const Region& r : dumps) {
             const hw::SparseMemory& mem = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
             if (r.bytes == 0 || !mem.in_range(r.addr, r.bytes))

@@ -58,6 +58,7 @@ void register_train_command(CLI::App& app) {
         std::string data = "auto";
         std::string data_dir = std::string(trainer::kFashionMnistDir);
         std::string devices = "auto";
+        std::string tpu_cores;
         uint32_t num_nodes = 1;
         std::string precision = "bf16-mixed";
         std::string optimizer = "adam";
@@ -97,32 +98,43 @@ void register_train_command(CLI::App& app) {
     cmd->add_option("--context", o->context, "gpt: tokens per sequence")->check(positive_number());
     cmd->add_option("--data-dir", o->data_dir, "directory of the Fashion-MNIST IDX files");
     cmd->add_option("--devices", o->devices, "auto | 1 | 8 | [i]  (Lightning's TPU devices)");
+    cmd->add_option("--tpu-cores", o->tpu_cores,
+                    "Lightning 1.x's tpu_cores: as --devices, with Lightning's deprecation "
+                    "warning")
+        ->default_str("");
     cmd->add_option("--num-nodes", o->num_nodes,
                     "TPU hosts (Lightning's num_nodes): above 1, --devices counts the cores of "
                     "one host and every core trains; run under mpirun to share the hosts among "
                     "processes")
-        ->check(CLI::PositiveNumber);
-    cmd->add_option("--precision", o->precision, "32-true | bf16-mixed | bf16-true");
+        ->check(positive_number());
+    cmd->add_option("--precision", o->precision,
+                    "32-true | bf16-mixed | bf16-true (Lightning's older 32, 16, 16-mixed and "
+                    "bf16 are accepted with its warnings; 16-true is not modelled)");
     cmd->add_option("--optimizer", o->optimizer, "adam | sgd (SGD with momentum)");
     auto* epochs = cmd->add_option("--epochs", o->epochs,
                                    "total epochs (Lightning's max_epochs: a resumed run counts the "
-                                   "checkpoint's epochs)");
-    cmd->add_option("--batch-size", o->batch_size, "examples per batch and device");
+                                   "checkpoint's epochs)")
+                       ->check(whole_number());
+    cmd->add_option("--batch-size", o->batch_size, "examples per batch and device")
+        ->check(whole_number());
     cmd->add_option("--lr", o->lr, "learning rate");
     cmd->add_option("--momentum", o->momentum, "SGD momentum");
-    cmd->add_option("--seed", o->seed, "seed of initialisation, shuffling and synthetic data");
+    cmd->add_option("--seed", o->seed, "seed of initialisation, shuffling and synthetic data")
+        ->check(whole_number());
     cmd->add_option("--limit-train-batches", o->limit_train_batches,
                     "at most this many steps per epoch (-1: all)");
     cmd->add_option("--limit-test-batches", o->limit_test_batches,
                     "at most this many test batches (-1: all)");
     cmd->add_option("--log-every-n-steps", o->log_every,
-                    "read the loss back (a host sync) every n steps");
+                    "read the loss back (a host sync) every n steps")
+        ->check(whole_number());
     cmd->add_option("--synthetic-count", o->synthetic_count,
                     "training examples of the synthetic dataset")
         ->check(positive_number());
     cmd->add_option("--metrics-report", o->metrics_report,
                     "write the PyTorch/XLA-style metrics report to FILE ('-': stdout)");
-    cmd->add_option("--checkpoint", o->checkpoint, "save parameters and optimizer state to FILE");
+    cmd->add_option("--checkpoint", o->checkpoint, "save parameters and optimizer state to FILE")
+        ->check(output_path());
     cmd->add_option("--resume", o->resume, "resume from a checkpoint FILE");
     cmd->add_option("--trace-steps", o->trace_steps,
                     "FIRST:COUNT: trace only COUNT training steps from global step FIRST "
@@ -136,11 +148,22 @@ void register_train_command(CLI::App& app) {
         const bool gpt = o->model == "gpt", cnn = o->model == "cnn";
         if (o->model != "mlp" && !gpt && !cnn)
             throw InputError(fmt::format("--model '{}': the models are: mlp, cnn, gpt", o->model));
+        // Both write stdout, and the JSON must stay one parseable document.
+        if (o->metrics_report == "-" && o->common.json)
+            throw InputError(
+                "--metrics-report - and --json both write to stdout; name a file for the report");
         trainer::TrainerOptions topts;
         try {
             topts.devices = trainer::parse_devices(o->devices);
         } catch (const trainer::ConfigError& e) {
             throw InputError(fmt::format("--devices: {}", e.what()));
+        }
+        if (!o->tpu_cores.empty()) {
+            try {
+                topts.tpu_cores = trainer::parse_devices(o->tpu_cores);
+            } catch (const trainer::ConfigError& e) {
+                throw InputError(fmt::format("--tpu-cores: {}", e.what()));
+            }
         }
         topts.num_nodes = o->num_nodes;
         topts.precision = o->precision;
@@ -164,6 +187,10 @@ void register_train_command(CLI::App& app) {
                 size_t u1 = 0, u2 = 0;
                 const std::string a = o->trace_steps.substr(0, colon),
                                   b = o->trace_steps.substr(colon + 1);
+                // Digits only: stoull reads "-1" as 2^64 - 1.
+                for (const std::string* part : {&a, &b})
+                    if (part->empty() || part->find_first_not_of("0123456789") != std::string::npos)
+                        throw std::invalid_argument("not a whole number");
                 topts.trace_first_step = std::stoull(a, &u1);
                 topts.trace_steps = std::stoull(b, &u2);
                 if (u1 != a.size() || u2 != b.size() || topts.trace_steps == 0)
@@ -311,7 +338,9 @@ void register_train_command(CLI::App& app) {
             throw RunError(e.what());
         }
         const auto& hist = tr->history();
-        const double final_loss = hist.empty() ? 0.0 : hist.back().loss;
+        // A fit that took no step (max_steps 0, a resumed run already at its limit) has no
+        // loss to report: Lightning says which limit it met and trains nothing.
+        const bool trained = !hist.empty();
         const uint64_t steps = tr->global_step();
         if (!o->metrics_report.empty()) {
             if (o->metrics_report == "-") {
@@ -329,7 +358,9 @@ void register_train_command(CLI::App& app) {
         const std::string split = gpt ? "val" : "test";
         j["model"] = o->model;
         j[split + "_accuracy"] = eval.accuracy;
-        j["final_loss"] = final_loss;
+        j["final_loss"] =
+            trained ? nlohmann::ordered_json(hist.back().loss) : nlohmann::ordered_json(nullptr);
+        if (!trained) j["stopped"] = tr->stop_reason();
         j["steps"] = steps;
         j["simulated_seconds"] = tr->simulated_seconds();
         j["host_seconds"] = tr->host_seconds();
@@ -347,7 +378,7 @@ void register_train_command(CLI::App& app) {
         }
         auto& curve = j["loss_curve"] = nlohmann::ordered_json::array();
         for (const auto& h : hist) curve.push_back({h.step + 1, h.loss});
-        j["recompile_warnings"] = tr->warnings().size();
+        j["recompile_warnings"] = tr->recompile_warnings();
         if (o->common.json) {
             fmt::print("{}\n", j.dump());
         } else {
@@ -356,18 +387,19 @@ void register_train_command(CLI::App& app) {
                        gpt ? "characters" : "examples", tr->cores().size(),
                        tr->cores().size() == 1 ? "" : "s", j["precision"].get<std::string>(), steps,
                        o->batch_size);
+            const std::string loss_text =
+                !trained ? fmt::format("{} No training loss", tr->stop_reason())
+                : gpt    ? fmt::format("final training loss {:.4f} nats/char", hist.back().loss)
+                         : fmt::format("final training loss {:.4f}", hist.back().loss);
             if (gpt)
                 fmt::print(
-                    "final training loss {:.4f} nats/char; validation loss {:.4f} nats/char, "
-                    "next-character accuracy {:.2f}% on {} characters (unigram entropy "
-                    "{:.2f})\n",
-                    final_loss, eval.loss, 100.0 * eval.accuracy,
+                    "{}; validation loss {:.4f} nats/char, next-character accuracy {:.2f}% on {} "
+                    "characters (unigram entropy {:.2f})\n",
+                    loss_text, eval.loss, 100.0 * eval.accuracy,
                     uint64_t(eval.examples) * o->context, corpus.unigram_entropy());
             else
-                fmt::print(
-                    "final training loss {:.4f}; test accuracy {:.2f}% on {} examples (test "
-                    "loss {:.4f})\n",
-                    final_loss, 100.0 * eval.accuracy, eval.examples, eval.loss);
+                fmt::print("{}; test accuracy {:.2f}% on {} examples (test loss {:.4f})\n",
+                           loss_text, 100.0 * eval.accuracy, eval.examples, eval.loss);
             fmt::print("simulated {:.3f} ms of device time; host {:.1f} s ({:.3f} s per step)\n",
                        tr->simulated_seconds() * 1e3, tr->host_seconds(),
                        j["host_seconds_per_step"].get<double>());

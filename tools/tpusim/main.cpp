@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <new>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -81,6 +83,12 @@ int run(int argc, char* argv[]) {
         return finish(2, e.what(), true);
     } catch (const tpu::cli::InputError& e) {
         return finish(2, fmt::format("error: {}", e.what()));
+    } catch (const std::bad_alloc&) {
+        // Sizes are checked against the board before anything is allocated; what is left is a
+        // host too small for what the board holds.
+        return finish(1, "error: the host ran out of memory for the sizes asked for");
+    } catch (const std::length_error&) {
+        return finish(1, "error: the host ran out of memory for the sizes asked for");
     } catch (const std::exception& e) {
         // Ctrl-C stops the simulation with an error carrying the state dump; 130 is the exit
         // code of a process ended by SIGINT, what scripts and shells expect.

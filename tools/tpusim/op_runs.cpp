@@ -77,7 +77,92 @@ OpRun rows_op_run(const driver::Device& dev, const driver::Event& ev,
     return r;
 }
 
+/// Each core's share of `total` in 64 bits (the same even shares as share()).
+uint64_t share64(uint64_t total, size_t cores) {
+    return (total + cores - 1) / cores;
+}
+
 }  // namespace
+
+void check_rows_op(const hw::BoardConfig& cfg, size_t cores, uint64_t rows_total, uint64_t cols,
+                   const SizeName& name) {
+    const uint64_t rows = share64(rows_total, cores);
+    check_core_bytes(
+        cfg, fmt::format("{} x {}", name("rows", rows_total), name("cols", cols)),
+        fmt::format("each core's input and output ({} rows of {} fp32 values each)", rows, cols),
+        product({2, rows, cols, 4}));
+}
+
+void check_attention(const hw::BoardConfig& cfg, size_t cores, const driver::AttentionShape& s,
+                     const SizeName& name) {
+    const uint64_t rows = product({share64(s.batch, cores), s.heads, s.seq});
+    // Q, K, V and O are rows x dhead, the probabilities P rows x seq.
+    check_core_bytes(
+        cfg,
+        fmt::format("{} x {} x {} x {}", name("batch", s.batch), name("heads", s.heads),
+                    name("seq", s.seq), name("dhead", s.dhead)),
+        fmt::format("each core's Q, K, V, O ({} rows x {} fp32 values) and P ({} rows x {})", rows,
+                    s.dhead, rows, s.seq),
+        product({rows, 4}) > UINT64_MAX / 2 ? UINT64_MAX
+                                            : product({rows, 4 * uint64_t(s.dhead) + s.seq, 4}));
+}
+
+void check_conv2d(const hw::BoardConfig& cfg, size_t cores, const driver::Conv2dShape& s,
+                  const SizeName& name) {
+    const std::string inputs = fmt::format(
+        "{} x {} x {} x {} x {} with {}, {} and {}", name("batch", s.batch),
+        name("height", s.height), name("width", s.width), name("cin", s.cin), name("cout", s.cout),
+        name("kernel", s.kernel), name("stride", s.stride), name("pad", s.pad));
+    driver::Conv2dShape core = s;
+    core.batch = static_cast<uint32_t>(share64(s.batch, cores));
+    try {
+        core.validate();
+    } catch (const driver::DeviceError& e) {
+        throw InputError(fmt::format("{}: {}", inputs, e.what()));
+    }
+    // validate() bounds every size below 2^32, so the output dims are exact here.
+    const uint64_t x = product({core.batch, s.height, s.width, s.cin, 4}),
+                   y = product({core.batch, core.out_height(), core.out_width(), s.cout, 4}),
+                   w = product({s.kernel, s.kernel, s.cin, s.cout, 4});
+    check_core_bytes(cfg, inputs,
+                     fmt::format("each core's input ({} images), weights and output", core.batch),
+                     x > UINT64_MAX - w - y ? UINT64_MAX : x + w + y);
+}
+
+void check_gemm(const hw::BoardConfig& cfg, size_t cores, uint64_t M, uint64_t K, uint64_t N,
+                driver::Precision precision, const SizeName& name) {
+    // bf16 parts of A and W (one per MXU pass), fp32 C; every element lives on some core.
+    uint64_t parts = 0;
+    for (const auto& [ap, wp] : driver::mxu_passes(precision))
+        parts = std::max<uint64_t>(parts, std::max(ap, wp) + 1);
+    const uint64_t a = product({parts, M, K, 2}), w = product({parts, K, N, 2}),
+                   c = product({M, N, 4});
+    const uint64_t all = a > UINT64_MAX - w - c ? UINT64_MAX : a + w + c;
+    check_core_bytes(
+        cfg, fmt::format("{} x {} x {}", name("m", M), name("k", K), name("n", N)),
+        fmt::format("the largest core's share of A, W and C ({}, split over {} core{})",
+                    driver::precision_name(precision), cores, cores == 1 ? "" : "s"),
+        all == UINT64_MAX ? all : share64(all, cores));
+}
+
+void check_model(const hw::BoardConfig& cfg, const std::string& model,
+                 const trainer::ZooOptions& options, uint64_t batch, size_t cores, bool train_step,
+                 const SizeName& name) {
+    // Each core's share of the examples goes to the device in one step: check it (and so the
+    // host copy of the whole batch) before anything is allocated.
+    const uint64_t per_example = trainer::zoo_example_values(model, options, train_step);
+    const uint64_t share = share64(batch, cores);
+    if (per_example != 0)
+        check_core_bytes(cfg, name("batch", batch),
+                         fmt::format("each core's {} example{} ({} fp32 input and label values "
+                                     "each)",
+                                     share, share == 1 ? "" : "s", per_example),
+                         product({share, per_example, 4}));
+}
+
+void check_allreduce(const hw::BoardConfig& cfg, uint64_t elements, const SizeName& name) {
+    check_core_bytes(cfg, name("elements", elements), "each core's tensor", product({elements, 4}));
+}
 
 /// Fills the --check fields from the device result, the bit-exact reference and fp64.
 void compare(OpRun& r, const std::vector<float>& got, const std::vector<float>& want,
@@ -226,9 +311,17 @@ OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
 ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::ZooOptions& options,
                    uint32_t batch, const std::vector<uint32_t>& cores, bool train_step,
                    const std::string& precision) {
+    // The model's own sizes first (they name the option at fault), then its inputs per core.
+    try {
+        trainer::check_zoo_options(name, options, batch);
+    } catch (const std::invalid_argument& e) {
+        throw InputError(e.what());
+    }
+    check_model(dev.config(), name, options, batch, cores.size(), train_step, option_names());
+    const uint64_t share = share64(batch, cores.size());
     trainer::ZooModel model;
     try {
-        model = trainer::make_zoo_model(name, options, batch);
+        model = trainer::make_zoo_model(name, options, batch, train_step);
     } catch (const std::invalid_argument& e) {
         throw InputError(e.what());
     }
@@ -237,12 +330,12 @@ ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::
     topts.precision = precision;
     topts.enable_progress_bar = false;
     topts.limit_train_batches = 1;
-    const auto share = uint32_t((batch + cores.size() - 1) / cores.size());
     ModelRun r;
     r.description = model.description;
     try {
         trainer::Trainer tr(dev, topts);
-        const trainer::DataLoader loader{&model.input, share, false, false, 0};
+        const trainer::DataLoader loader{&model.input, static_cast<uint32_t>(share), false, false,
+                                         0};
         if (train_step) {
             tr.fit(*model.module, loader);
             r.cycles = tr.step_times().at(0).cycles;

@@ -9,7 +9,10 @@
 
 #include "driver/device.h"
 #include "driver/kernels/attention.h"
+#include "driver/kernels/conv2d.h"
+#include "driver/kernels/gemm.h"
 #include "driver/program_cache.h"
+#include "tools/tpusim/commands.h"
 #include "trainer/graph.h"
 #include "trainer/zoo.h"
 
@@ -31,6 +34,32 @@ struct OpRun {
     double max_rel_error = 0;  ///< max_abs_error / max |fp64|
     std::string digest;        ///< FNV-1a of the device result's bytes (ops that compute one)
 };
+
+// Size checks, in 64 bits against the board, before anything is allocated on the host or the
+// device: each core's share of the op's tensors must fit the HBM its kernels address. Errors
+// are InputError naming the sizes through `name` (options for `op`, CSV fields for `validate`).
+
+/// Layer norm or softmax of `rows_total` x `cols` over `cores` cores.
+void check_rows_op(const hw::BoardConfig& cfg, size_t cores, uint64_t rows_total, uint64_t cols,
+                   const SizeName& name);
+/// Attention of `shape` (shape.batch sequences in all) over `cores` cores.
+void check_attention(const hw::BoardConfig& cfg, size_t cores, const driver::AttentionShape& shape,
+                     const SizeName& name);
+/// conv2d of `shape` (shape.batch images in all) over `cores` cores, including the kernel's own
+/// limits (Conv2dShape::validate on one core's share).
+void check_conv2d(const hw::BoardConfig& cfg, size_t cores, const driver::Conv2dShape& shape,
+                  const SizeName& name);
+/// The library GEMM of M x K x N in `precision` over `cores` cores: however it splits, some
+/// core holds at least a cores-th of A, W and C.
+void check_gemm(const hw::BoardConfig& cfg, size_t cores, uint64_t M, uint64_t K, uint64_t N,
+                driver::Precision precision, const SizeName& name);
+/// Zoo model `model` on `batch` examples over `cores` cores: each core's share of the inputs
+/// and labels (the sizes themselves are make_zoo_model's to check).
+void check_model(const hw::BoardConfig& cfg, const std::string& model,
+                 const trainer::ZooOptions& options, uint64_t batch, size_t cores, bool train_step,
+                 const SizeName& name);
+/// The all-reduce of `elements` fp32 values per core.
+void check_allreduce(const hw::BoardConfig& cfg, uint64_t elements, const SizeName& name);
 
 /// Fills the --check fields from the device result, the bit-exact reference and fp64.
 void compare(OpRun& r, const std::vector<float>& got, const std::vector<float>& want,
