@@ -73,6 +73,8 @@ Region parse_region(const std::string& spec, bool with_bytes, uint32_t num_cores
     return r;
 }
 
+}  // namespace
+
 isa::Program load_kernel(const std::string& path) {
     std::string bytes;
     try {
@@ -105,8 +107,6 @@ isa::Program load_kernel(const std::string& path) {
         throw SourceError(e.what());
     }
 }
-
-}  // namespace
 
 void register_run_command(CLI::App& app) {
     struct Opts {
@@ -160,22 +160,10 @@ void register_run_command(CLI::App& app) {
                 throw InputError(fmt::format("--load: {}", e.what()));
             }
             const std::vector<uint8_t> data(bytes.begin(), bytes.end());
-            for (uint32_t c : r.cores) {
-                hw::SparseMemory& mem = r.hbm ? board.hbm(c) : board.vmem(c);
-                if (!mem.in_range(r.addr, data.size()))
-                    throw InputError(
-                        fmt::format("--load {}: {} bytes at 0x{:x} do not fit in {} ({} bytes)",
-                                    r.file, data.size(), r.addr, mem.name(), mem.size()));
-                if (board.owns(c)) mem.write(r.addr, data);
-            }
+            load_memory(board, r.cores, r.hbm, r.addr, data, "--load " + r.file);
         }
-        for (const Region& r : dumps) {
-            const hw::SparseMemory& mem = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
-            if (r.bytes == 0 || !mem.in_range(r.addr, r.bytes))
-                throw InputError(
-                    fmt::format("--dump {}: {} bytes at 0x{:x} are not inside {} ({} bytes)",
-                                r.file, r.bytes, r.addr, mem.name(), mem.size()));
-        }
+        for (const Region& r : dumps)
+            check_dump(board, r.cores[0], r.hbm, r.addr, r.bytes, "--dump " + r.file);
         // Loading here first keeps the instruction-memory error as the board words it.
         for (uint32_t c : cores) {
             try {
