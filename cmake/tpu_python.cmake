@@ -4,7 +4,10 @@
 # virtual environment it sets up from python/requirements.txt); pybind11 comes from that
 # interpreter (`python -m pybind11 --cmakedir`), so its version is the pinned one.
 set(TPU_PYTHON_ENABLED OFF)
-if(TPU_PYTHON AND NOT TPU_FUZZ)
+# Under ASan the extension would need libasan preloaded into Python: AUTO leaves it out there.
+if(TPU_PYTHON STREQUAL "AUTO" AND TPU_SANITIZE)
+    message(STATUS "Python extension not built in a sanitizer build (TPU_PYTHON=ON forces it)")
+elseif(TPU_PYTHON AND NOT TPU_FUZZ)
     if(TPU_PYTHON STREQUAL "AUTO")
         find_package(Python3 3.9 QUIET COMPONENTS Interpreter Development.Module)
     else()

@@ -3,6 +3,9 @@
 bad requests worded as `tpusim run` words them."""
 
 import json
+import os
+import signal
+import subprocess
 
 import numpy as np
 import pytest
@@ -96,3 +99,15 @@ def test_bad_run_requests_are_value_and_type_errors(board):
         board.run("missing.s")
     with pytest.raises(ValueError, match="^cores: bad core list"):
         board.run(prog, cores="3-1")
+
+
+def test_ctrl_c_stops_a_simulation_with_keyboard_interrupt():
+    spin = tpusim.assemble("top: jmp top\n", name="spin")
+    # No cycle limit; the host-time limit only keeps a broken stop from hanging the suite.
+    with tpusim.Board(set={"sim.max_cycles": 0, "sim.max_host_seconds": 60}) as b:
+        killer = subprocess.Popen(["sh", "-c", f"sleep 1; kill -INT {os.getpid()}"])
+        with pytest.raises(KeyboardInterrupt, match="interrupted|Ctrl-C"):
+            b.run(spin)
+        killer.wait()
+    # Python's own handler is back once the call returns.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
