@@ -142,6 +142,8 @@ def test_allreduce_and_its_cli_cycles(board, cli):
     assert r.cycles == out["cycles"]
     with pytest.raises(ValueError, match="x has 4 rows for 2 cores"):
         board.allreduce(x, cores="0-1")
+    with pytest.raises(ValueError, match="needs at least two cores"):
+        board.allreduce(x[:1])
 
 
 def test_op_results_carry_stats_and_files(board, tmp_path):

@@ -512,6 +512,9 @@ class Board:
         n) is the vector of the i-th core of `cores` (default 0, 1, ...). ``result.output``
         holds every core's result (cores x n), each bit-identical."""
         x = _float_array(x, "allreduce x", 2)
+        if x.shape[0] < 2:
+            raise ValueError("allreduce: needs at least two cores; one alone has nothing to "
+                             "reduce with")
         launched = self.cores(range(x.shape[0]) if cores is None else cores)
         if len(launched) != x.shape[0]:
             raise ValueError(f"allreduce: x has {x.shape[0]} rows for {len(launched)} cores")
