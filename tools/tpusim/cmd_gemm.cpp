@@ -77,23 +77,7 @@ void add_gemm_command(CLI::App& app, const std::string& name, const std::string&
         }
         const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
         const double seconds = cfg.clock().seconds(double(cycles));
-        nlohmann::ordered_json j;
-        j["m"] = M;
-        j["k"] = K;
-        j["n"] = N;
-        j["cores"] = cores.size();
-        j["precision"] = driver::precision_name(precision);
-        j["cycles"] = cycles;
-        j["simulated_seconds"] = seconds;
-        j["mxu_utilization"] = r.mxu_utilization;
-        j["tflops"] = 2.0 * M * K * N / seconds / 1e12;
-        j["host_seconds"] = r.event.host_seconds;
-        j["split"] = fmt::format("{}x{}", r.split.gm, r.split.gn);
-        j["block_rows"] = r.tiling.block_rows;
-        j["a_stream"] = r.tiling.a_stream;
-        j["hbm_bytes"] = r.hbm_bytes;
-        j["min_hbm_bytes"] = r.min_hbm_bytes;
-        j["roofline_cycles"] = r.roofline_cycles;
+        nlohmann::ordered_json j = gemm_json(r, M, K, N, cores.size(), precision, cfg);
         if (o->check) {
             const auto want = driver::gemm_reference(a, w, M, K, N, precision, cfg.core.mxu_rows);
             j["bitexact"] = std::memcmp(want.data(), r.c.data(), want.size() * 4) == 0;

@@ -12,7 +12,6 @@
 #include <nlohmann/json.hpp>
 
 #include "hw/board.h"
-#include "sim/tracer.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/op_runs.h"
 #include "tools/tpusim/run_output.h"
@@ -100,36 +99,10 @@ void register_model_command(CLI::App& app) {
         const uint64_t cycles = run.cycles;
         const double host = run.host_seconds;
         const auto& layers = run.layers;
-        if (sim::Tracer* t = trace.get()) {
-            const int track = t->track("host", "layers");
-            for (const auto& l : layers)
-                for (const auto& [begin, end] : l.spans)
-                    t->complete(track, l.name, begin, end, {{"kind", std::string_view(l.kind)}});
-        }
+        trace_layers(trace.get(), layers);
         const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);
-        nlohmann::ordered_json j;
-        j["model"] = o->name;
-        j["description"] = run.description;
-        j["mode"] = o->train_step ? "train-step" : "inference";
-        j["batch"] = o->batch;
-        j["cores"] = cores.size();
-        j["precision"] = o->precision;
-        j["cycles"] = cycles;
-        j["simulated_seconds"] = seconds;
-        j["host_seconds"] = host;
-        uint64_t flops = 0;
-        auto& jl = j["layers"] = nlohmann::ordered_json::array();
-        for (const auto& l : layers) {
-            flops += l.work.flops();
-            jl.push_back({{"name", l.name},
-                          {"kind", l.kind},
-                          {"cycles", l.work.cycles},
-                          {"launches", l.work.launches},
-                          {"flops", l.work.flops()},
-                          {"mxu_utilization", l.work.mxu_utilization()},
-                          {"hbm_bytes", l.work.hbm_bytes()}});
-        }
-        j["flops"] = flops;
+        const nlohmann::ordered_json j =
+            model_json(run, o->name, o->batch, cores.size(), o->train_step, o->precision, cfg);
         if (o->common.json) {
             fmt::print("{}\n", j.dump());
         } else {

@@ -68,36 +68,7 @@ OpRunner conv2d_options(CLI::App& cmd) {
         fill_uniform(x, seed);
         fill_uniform(w, seed ^ 0x80000000u);
         fill_uniform(b, seed ^ 0x40000000u);
-        const driver::Conv2dResult res = driver::conv2d(dev, cache, x, w, b, *s, cores);
-        OpRun r;
-        r.params = {{"batch", s->batch},   {"height", s->height}, {"width", s->width},
-                    {"cin", s->cin},       {"cout", s->cout},     {"kernel", s->kernel},
-                    {"stride", s->stride}, {"pad", s->pad}};
-        r.event = res.event;
-        r.macs = res.macs;
-        r.mxu_utilization = res.mxu_utilization;
-        r.hbm_bytes = res.hbm_bytes;
-        const driver::Conv2dTiling& t = res.tiling;
-        const uint32_t kc = s->kernel * s->kernel * s->cin, R = dev.config().core.mxu_rows;
-        if (res.folded)
-            r.plan = fmt::format(
-                "im2col + GEMM (taps folded into K: {} rows in {} MXU passes instead of {} per "
-                "tap), then the bias; im2col(x) written on the device first in {} cycles (not "
-                "counted)",
-                kc, (kc + R - 1) / R, s->kernel * s->kernel * ((s->cin + R - 1) / R),
-                res.pack.end_cycle - res.pack.start_cycle);
-        else
-            r.plan = fmt::format(
-                "implicit GEMM, {} tap x {} Cin tile weight tiles per Cout tile ({}), blocks of {} "
-                "image{} x {} output rows, {} stride phase{}, {} MXU{}; NHWC/HWIO fp32 packed into "
-                "that layout on the device first in {} cycles (not counted)",
-                s->kernel * s->kernel, t.CT, t.NT, t.block_images, t.block_images == 1 ? "" : "s",
-                t.band_rows, t.phases * t.phases, t.phases == 1 ? "" : "s", t.mxus,
-                t.mxus == 1 ? "" : "s", res.pack.end_cycle - res.pack.start_cycle);
-        if (check)
-            compare(r, res.y, driver::conv2d_reference(x, w, b, *s, dev.config().core.mxu_rows),
-                    driver::conv2d_reference_fp64(x, w, b, *s));
-        return r;
+        return run_conv2d(dev, cache, cores, *s, x, w, b, check);
     };
 }
 
@@ -153,65 +124,10 @@ OpRunner allreduce_options(CLI::App& cmd) {
     return [elements](driver::Device& dev, driver::ProgramCache& cache,
                       const std::vector<uint32_t>& cores, bool check, uint32_t seed) {
         const uint32_t n = *elements;
-        // One core has nobody to reduce with (and the bound below would be 0 / 0).
-        if (cores.size() < 2)
-            throw InputError(fmt::format(
-                "--cores: an all-reduce needs at least two cores; core {} alone has nothing to "
-                "reduce with",
-                cores.at(0)));
         check_allreduce(dev.config(), n, option_names());
-        driver::Tensor t = driver::alloc_tensor(dev, cores, 1, n);
         std::vector<std::vector<float>> x(cores.size(), std::vector<float>(n));
-        for (size_t i = 0; i < cores.size(); ++i) {
-            fill_uniform(x[i], seed + uint32_t(i));
-            driver::write_tensor(dev, t, i, x[i]);
-        }
-        const driver::KernelStats before = dev.kernel_totals();
-        OpRun r;
-        r.params = {{"elements", n}};
-        r.event = driver::allreduce(dev, cache, t);
-        r.hbm_bytes = dev.kernel_totals().since(before).hbm_bytes();
-        // The collective's own bound (bench/allreduce_bench.cpp): both ring directions carry
-        // half the data, 2(N-1) steps of S/N bytes, each step at least one hop.
-        const hw::BoardConfig& cfg = dev.config();
-        const double N = double(cores.size()), S = double(n) * 4;
-        const double bw = cfg.clock().bytes_per_cycle(cfg.ici.link_gb_per_s);
-        const double hop = double(cfg.ns_to_cycles(cfg.ici.hop_latency_ns));
-        const double formula = 2 * (N - 1) / N * S / (2 * bw) + 2 * (N - 1) * hop;
-        const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
-        r.plan = fmt::format(
-            "ring all-reduce (sum) over {} cores in both directions; formula 2(N-1)/N x S / "
-            "(2 x link) + 2(N-1) x hop = {:.0f} cycles, simulated / formula = {:.3f}",
-            cores.size(), formula, double(cycles) / formula);
-        // Every replica should equal the one reference: compare each against it, rather than
-        // against N copies of it (at 128 cores x 16 MiB those would be gigabytes).
-        std::vector<float> want;
-        std::vector<double> exact;
-        if (check) {
-            want = driver::allreduce_reference(x, 1.0f);
-            exact.assign(n, 0.0);
-            for (const auto& xi : x)
-                for (uint32_t j = 0; j < n; ++j) exact[j] += xi[j];
-            r.bitexact = true;
-        }
-        // A digest of every replica's bytes, so runs (and process splits) compare for identity.
-        uint64_t h = 1469598103934665603ull;
-        for (size_t i = 0; i < cores.size(); ++i) {
-            const std::vector<float> y = driver::read_tensor(dev, t, i);
-            for (float v : y) {
-                uint32_t b;
-                std::memcpy(&b, &v, 4);
-                for (int k = 0; k < 4; ++k) h = (h ^ ((b >> (8 * k)) & 0xff)) * 1099511628211ull;
-            }
-            if (!check) continue;
-            OpRun one;
-            compare(one, y, want, exact);
-            r.bitexact = r.bitexact && one.bitexact;
-            r.max_abs_error = std::max(r.max_abs_error, one.max_abs_error);
-            r.max_rel_error = std::max(r.max_rel_error, one.max_rel_error);
-        }
-        r.digest = fmt::format("{:016x}", h);
-        return r;
+        for (size_t i = 0; i < cores.size(); ++i) fill_uniform(x[i], seed + uint32_t(i));
+        return run_allreduce(dev, cache, cores, x, check, false);
     };
 }
 
@@ -267,24 +183,7 @@ void add_kind(CLI::App& op, const OpKind& kind) {
         }
         const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
         const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);
-        nlohmann::ordered_json j;
-        j["op"] = name;
-        for (const auto& [key, value] : r.params.items()) j[key] = value;
-        j["cores"] = cores.size();
-        j["cycles"] = cycles;
-        j["simulated_seconds"] = seconds;
-        j["mxu_utilization"] = r.mxu_utilization;
-        j["tflops"] = seconds > 0 ? 2.0 * double(r.macs) / seconds / 1e12 : 0.0;
-        j["macs"] = r.macs;
-        j["hbm_bytes"] = r.hbm_bytes;
-        j["host_seconds"] = r.event.host_seconds;
-        j["plan"] = r.plan;
-        if (o->check) {
-            j["bitexact"] = r.bitexact;
-            j["max_abs_error"] = r.max_abs_error;
-            j["max_rel_error"] = r.max_rel_error;
-        }
-        if (!r.digest.empty()) j["result_fnv1a"] = r.digest;
+        const nlohmann::ordered_json j = op_json(name, r, cores.size(), cfg, o->check);
         if (o->common.json) {
             fmt::print("{}\n", j.dump());
         } else {

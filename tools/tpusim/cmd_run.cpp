@@ -128,6 +128,7 @@ void load_region(hw::Board& board, const Region& r) {
     }
     if (in.bad()) throw InputError(fmt::format("--load: cannot read '{}': read error", r.file));
 }
+}  // namespace
 
 isa::Program load_kernel(const std::string& path) {
     std::string bytes;
@@ -161,8 +162,6 @@ isa::Program load_kernel(const std::string& path) {
         throw SourceError(e.what());
     }
 }
-
-}  // namespace
 
 void register_run_command(CLI::App& app) {
     struct Opts {
@@ -209,13 +208,8 @@ void register_run_command(CLI::App& app) {
         RunSession session(cfg, o->common);
         hw::Board& board = session.board();
         for (const Region& r : loads) load_region(board, r);
-        for (const Region& r : dumps) {
-            const hw::SparseMemory& mem = r.hbm ? board.hbm(r.cores[0]) : board.vmem(r.cores[0]);
-            if (r.bytes == 0 || !mem.in_range(r.addr, r.bytes))
-                throw InputError(
-                    fmt::format("--dump {}: {} bytes at 0x{:x} are not inside {} ({} bytes)",
-                                r.file, r.bytes, r.addr, mem.name(), mem.size()));
-        }
+        for (const Region& r : dumps)
+            check_dump(board, r.cores[0], r.hbm, r.addr, r.bytes, "--dump " + r.file);
         // Loading here first keeps the instruction-memory error as the board words it.
         for (uint32_t c : cores) {
             try {

@@ -6,12 +6,15 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
+#include "driver/kernels/allreduce.h"
 #include "driver/kernels/softmax.h"
 #include "driver/kernels/tensor.h"
 #include "driver/kernels/tensor_ops.h"
+#include "sim/tracer.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/random_fill.h"
 #include "trainer/trainer.h"
@@ -19,26 +22,33 @@
 namespace tpu::cli {
 namespace {
 
-/// Each core's share of `total` rows: even shares, the last ones padded (as XLA pads a
-/// sharded dimension), so every replica has one shape.
-uint32_t share(uint32_t total, size_t cores) {
-    return uint32_t((total + cores - 1) / cores);
+/// Random values in [-1, 1) for each core: block i from `seed` + i x golden ratio.
+PerCore random_blocks(size_t cores, uint32_t rows, uint32_t cols, uint32_t seed) {
+    PerCore host;
+    for (size_t i = 0; i < cores; ++i) {
+        host.emplace_back(size_t(rows) * cols);
+        fill_uniform(host.back(), seed + uint32_t(i) * 0x9E3779B9u);
+    }
+    return host;
 }
 
-/// A tensor on `cores` whose replica i holds host[i]: random values in [-1, 1) from `seed`.
+/// A tensor on `cores` whose replica i holds host[i] (each rows x cols values).
 struct HostTensor {
     driver::Tensor t;
-    std::vector<std::vector<float>> host;
+    const PerCore& host;
 };
 
-HostTensor random_tensor(driver::Device& dev, const std::vector<uint32_t>& cores, uint32_t rows,
-                         uint32_t cols, uint32_t seed) {
-    HostTensor h{driver::alloc_tensor(dev, cores, rows, cols), {}};
-    for (size_t i = 0; i < cores.size(); ++i) {
-        h.host.emplace_back(size_t(rows) * cols);
-        fill_uniform(h.host.back(), seed + uint32_t(i) * 0x9E3779B9u);
-        driver::write_tensor(dev, h.t, i, h.host.back());
-    }
+HostTensor upload(driver::Device& dev, const std::vector<uint32_t>& cores, uint32_t rows,
+                  uint32_t cols, const PerCore& host, const char* what) {
+    if (host.size() != cores.size())
+        throw InputError(
+            fmt::format("{}: {} blocks for {} cores", what, host.size(), cores.size()));
+    for (const auto& h : host)
+        if (h.size() != size_t(rows) * cols)
+            throw InputError(fmt::format("{}: a block of {} values, expected {} x {}", what,
+                                         h.size(), rows, cols));
+    HostTensor h{driver::alloc_tensor(dev, cores, rows, cols), host};
+    for (size_t i = 0; i < cores.size(); ++i) driver::write_tensor(dev, h.t, i, host[i]);
     return h;
 }
 
@@ -177,15 +187,30 @@ void compare(OpRun& r, const std::vector<float>& got, const std::vector<float>& 
     r.max_rel_error = scale > 0 ? r.max_abs_error / scale : 0;
 }
 
+uint32_t core_share(uint32_t total, size_t cores) {
+    return uint32_t((total + cores - 1) / cores);
+}
+
 OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
                     bool check, uint32_t seed) {
-    const uint32_t rows = share(rows_total, cores.size());
-    const driver::KernelStats before = dev.kernel_totals();
-    HostTensor x = random_tensor(dev, cores, rows, cols, seed);
+    const uint32_t rows = core_share(rows_total, cores.size());
     // PyTorch's initial gain and bias (ones and zeros) would hide a mix-up of the two.
-    HostTensor g = random_tensor(dev, cores, 1, cols, seed ^ 0x5555u),
-               b = random_tensor(dev, cores, 1, cols, seed ^ 0xAAAAu);
+    return run_layernorm(dev, cache, cores, rows_total, cols,
+                         random_blocks(cores.size(), rows, cols, seed),
+                         random_blocks(cores.size(), 1, cols, seed ^ 0x5555u),
+                         random_blocks(cores.size(), 1, cols, seed ^ 0xAAAAu), check, false);
+}
+
+OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
+                    const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
+                    const PerCore& xs, const PerCore& gammas, const PerCore& betas, bool check,
+                    bool keep_result) {
+    const uint32_t rows = core_share(rows_total, cores.size());
+    const driver::KernelStats before = dev.kernel_totals();
+    HostTensor x = upload(dev, cores, rows, cols, xs, "layernorm x");
+    HostTensor g = upload(dev, cores, 1, cols, gammas, "layernorm gamma"),
+               b = upload(dev, cores, 1, cols, betas, "layernorm beta");
     const driver::Tensor y = driver::alloc_tensor(dev, cores, rows, cols),
                          mean = driver::alloc_tensor(dev, cores, rows, 1),
                          rstd = driver::alloc_tensor(dev, cores, rows, 1);
@@ -214,7 +239,10 @@ OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
                                     b.host[c][j]);
             }
         }
-        compare(r, read_all(dev, y), want, exact);
+        r.result = read_all(dev, y);
+        compare(r, r.result, want, exact);
+    } else if (keep_result) {
+        r.result = read_all(dev, y);
     }
     return r;
 }
@@ -222,9 +250,17 @@ OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
 OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
                   const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
                   bool check, uint32_t seed) {
-    const uint32_t rows = share(rows_total, cores.size());
+    const uint32_t rows = core_share(rows_total, cores.size());
+    return run_softmax(dev, cache, cores, rows_total, cols,
+                       random_blocks(cores.size(), rows, cols, seed), check, false);
+}
+
+OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
+                  const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
+                  const PerCore& xs, bool check, bool keep_result) {
+    const uint32_t rows = core_share(rows_total, cores.size());
     const driver::KernelStats before = dev.kernel_totals();
-    HostTensor x = random_tensor(dev, cores, rows, cols, seed);
+    HostTensor x = upload(dev, cores, rows, cols, xs, "softmax x");
     const driver::Tensor y = driver::alloc_tensor(dev, cores, rows, cols);
     const driver::Event ev = driver::softmax(dev, cache, x.t, y);
     OpRun r = rows_op_run(dev, ev, before, cores.size(), rows_total, cols, rows);
@@ -242,7 +278,10 @@ OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
                 for (uint32_t j = 0; j < cols; ++j) exact.push_back(std::exp(row[j] - m) / sum);
             }
         }
-        compare(r, read_all(dev, y), want, exact);
+        r.result = read_all(dev, y);
+        compare(r, r.result, want, exact);
+    } else if (keep_result) {
+        r.result = read_all(dev, y);
     }
     return r;
 }
@@ -251,12 +290,25 @@ OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, const driver::AttentionShape& shape,
                     bool check, uint32_t seed) {
     driver::AttentionShape core = shape;
-    core.batch = share(shape.batch, cores.size());
+    core.batch = core_share(shape.batch, cores.size());
+    const uint32_t rows = core.groups() * core.seq;
+    return run_attention(
+        dev, cache, cores, shape, random_blocks(cores.size(), rows, core.dhead, seed),
+        random_blocks(cores.size(), rows, core.dhead, seed ^ 0x5555u),
+        random_blocks(cores.size(), rows, core.dhead, seed ^ 0xAAAAu), check, false);
+}
+
+OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
+                    const std::vector<uint32_t>& cores, const driver::AttentionShape& shape,
+                    const PerCore& qs, const PerCore& ks, const PerCore& vs, bool check,
+                    bool keep_result) {
+    driver::AttentionShape core = shape;
+    core.batch = core_share(shape.batch, cores.size());
     const uint32_t rows = core.groups() * core.seq;
     const driver::KernelStats before = dev.kernel_totals();
-    HostTensor q = random_tensor(dev, cores, rows, core.dhead, seed),
-               k = random_tensor(dev, cores, rows, core.dhead, seed ^ 0x5555u),
-               v = random_tensor(dev, cores, rows, core.dhead, seed ^ 0xAAAAu);
+    HostTensor q = upload(dev, cores, rows, core.dhead, qs, "attention q"),
+               k = upload(dev, cores, rows, core.dhead, ks, "attention k"),
+               v = upload(dev, cores, rows, core.dhead, vs, "attention v");
     const driver::Tensor o = driver::alloc_tensor(dev, cores, rows, core.dhead),
                          p = driver::alloc_tensor(dev, cores, rows, core.seq);
     const driver::Event ev = driver::attention(dev, cache, core, q.t, k.t, v.t, o, p);
@@ -303,9 +355,166 @@ OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
                     }
                 }
         }
-        compare(r, read_all(dev, o), want, exact);
+        r.result = read_all(dev, o);
+        compare(r, r.result, want, exact);
+    } else if (keep_result) {
+        r.result = read_all(dev, o);
     }
     return r;
+}
+
+OpRun run_conv2d(driver::Device& dev, driver::ProgramCache& cache,
+                 const std::vector<uint32_t>& cores, const driver::Conv2dShape& shape,
+                 const std::vector<float>& x, const std::vector<float>& w,
+                 const std::vector<float>& b, bool check) {
+    const driver::Conv2dShape* s = &shape;
+    driver::Conv2dResult res = driver::conv2d(dev, cache, x, w, b, *s, cores);
+    OpRun r;
+    r.params = {{"batch", s->batch}, {"height", s->height}, {"width", s->width},   {"cin", s->cin},
+                {"cout", s->cout},   {"kernel", s->kernel}, {"stride", s->stride}, {"pad", s->pad}};
+    r.event = res.event;
+    r.macs = res.macs;
+    r.mxu_utilization = res.mxu_utilization;
+    r.hbm_bytes = res.hbm_bytes;
+    const driver::Conv2dTiling& t = res.tiling;
+    const uint32_t kc = s->kernel * s->kernel * s->cin, R = dev.config().core.mxu_rows;
+    if (res.folded)
+        r.plan = fmt::format(
+            "im2col + GEMM (taps folded into K: {} rows in {} MXU passes instead of {} per "
+            "tap), then the bias; im2col(x) written on the device first in {} cycles (not "
+            "counted)",
+            kc, (kc + R - 1) / R, s->kernel * s->kernel * ((s->cin + R - 1) / R),
+            res.pack.end_cycle - res.pack.start_cycle);
+    else
+        r.plan = fmt::format(
+            "implicit GEMM, {} tap x {} Cin tile weight tiles per Cout tile ({}), blocks of {} "
+            "image{} x {} output rows, {} stride phase{}, {} MXU{}; NHWC/HWIO fp32 packed into "
+            "that layout on the device first in {} cycles (not counted)",
+            s->kernel * s->kernel, t.CT, t.NT, t.block_images, t.block_images == 1 ? "" : "s",
+            t.band_rows, t.phases * t.phases, t.phases == 1 ? "" : "s", t.mxus,
+            t.mxus == 1 ? "" : "s", res.pack.end_cycle - res.pack.start_cycle);
+    if (check)
+        compare(r, res.y, driver::conv2d_reference(x, w, b, *s, dev.config().core.mxu_rows),
+                driver::conv2d_reference_fp64(x, w, b, *s));
+    r.result = std::move(res.y);
+    return r;
+}
+
+OpRun run_allreduce(driver::Device& dev, driver::ProgramCache& cache,
+                    const std::vector<uint32_t>& cores, const PerCore& x, bool check,
+                    bool keep_result) {
+    const auto n = uint32_t(x.empty() ? 0 : x[0].size());
+    // One core has nobody to reduce with (and the formula's bound would be 0 / 0).
+    if (cores.size() < 2)
+        throw InputError(fmt::format(
+            "--cores: an all-reduce needs at least two cores; core {} alone has nothing to "
+            "reduce with",
+            cores.at(0)));
+    if (x.size() != cores.size())
+        throw InputError(fmt::format("allreduce: {} vectors for {} cores", x.size(), cores.size()));
+    for (size_t i = 0; i < cores.size(); ++i)
+        if (x[i].size() != n)
+            throw InputError(fmt::format("allreduce: vector {} has {} values, vector 0 has {}", i,
+                                         x[i].size(), n));
+    driver::Tensor t = driver::alloc_tensor(dev, cores, 1, n);
+    for (size_t i = 0; i < cores.size(); ++i) driver::write_tensor(dev, t, i, x[i]);
+    const driver::KernelStats before = dev.kernel_totals();
+    OpRun r;
+    r.params = {{"elements", n}};
+    r.event = driver::allreduce(dev, cache, t);
+    r.hbm_bytes = dev.kernel_totals().since(before).hbm_bytes();
+    // The collective's own bound (bench/allreduce_bench.cpp): both ring directions carry
+    // half the data, 2(N-1) steps of S/N bytes, each step at least one hop.
+    const hw::BoardConfig& cfg = dev.config();
+    const double N = double(cores.size()), S = double(n) * 4;
+    const double bw = cfg.clock().bytes_per_cycle(cfg.ici.link_gb_per_s);
+    const double hop = double(cfg.ns_to_cycles(cfg.ici.hop_latency_ns));
+    const double formula = 2 * (N - 1) / N * S / (2 * bw) + 2 * (N - 1) * hop;
+    const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
+    r.plan = fmt::format(
+        "ring all-reduce (sum) over {} cores in both directions; formula 2(N-1)/N x S / "
+        "(2 x link) + 2(N-1) x hop = {:.0f} cycles, simulated / formula = {:.3f}",
+        cores.size(), formula, double(cycles) / formula);
+    // Every replica should equal the one reference: compare each against it, rather than
+    // against N copies of it (at 128 cores x 16 MiB those would be gigabytes).
+    std::vector<float> want;
+    std::vector<double> exact;
+    if (check) {
+        want = driver::allreduce_reference(x, 1.0f);
+        exact.assign(n, 0.0);
+        for (const auto& xi : x)
+            for (uint32_t j = 0; j < n; ++j) exact[j] += xi[j];
+        r.bitexact = true;
+    }
+    // A digest of every replica's bytes, so runs (and process splits) compare for identity.
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < cores.size(); ++i) {
+        const std::vector<float> y = driver::read_tensor(dev, t, i);
+        for (float v : y) {
+            uint32_t b;
+            std::memcpy(&b, &v, 4);
+            for (int k = 0; k < 4; ++k) h = (h ^ ((b >> (8 * k)) & 0xff)) * 1099511628211ull;
+        }
+        if (keep_result) r.result.insert(r.result.end(), y.begin(), y.end());
+        if (!check) continue;
+        OpRun one;
+        compare(one, y, want, exact);
+        r.bitexact = r.bitexact && one.bitexact;
+        r.max_abs_error = std::max(r.max_abs_error, one.max_abs_error);
+        r.max_rel_error = std::max(r.max_rel_error, one.max_rel_error);
+    }
+    r.digest = fmt::format("{:016x}", h);
+    return r;
+}
+
+nlohmann::ordered_json op_json(const std::string& kind, const OpRun& r, size_t cores,
+                               const hw::BoardConfig& cfg, bool check) {
+    const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
+    const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);
+    nlohmann::ordered_json j;
+    j["op"] = kind;
+    for (const auto& [key, value] : r.params.items()) j[key] = value;
+    j["cores"] = cores;
+    j["cycles"] = cycles;
+    j["simulated_seconds"] = seconds;
+    j["mxu_utilization"] = r.mxu_utilization;
+    j["tflops"] = seconds > 0 ? 2.0 * double(r.macs) / seconds / 1e12 : 0.0;
+    j["macs"] = r.macs;
+    j["hbm_bytes"] = r.hbm_bytes;
+    j["host_seconds"] = r.event.host_seconds;
+    j["plan"] = r.plan;
+    if (check) {
+        j["bitexact"] = r.bitexact;
+        j["max_abs_error"] = r.max_abs_error;
+        j["max_rel_error"] = r.max_rel_error;
+    }
+    if (!r.digest.empty()) j["result_fnv1a"] = r.digest;
+    return j;
+}
+
+nlohmann::ordered_json gemm_json(const driver::GemmResult& r, uint32_t M, uint32_t K, uint32_t N,
+                                 size_t cores, driver::Precision precision,
+                                 const hw::BoardConfig& cfg) {
+    const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
+    const double seconds = cfg.clock().seconds(double(cycles));
+    nlohmann::ordered_json j;
+    j["m"] = M;
+    j["k"] = K;
+    j["n"] = N;
+    j["cores"] = cores;
+    j["precision"] = driver::precision_name(precision);
+    j["cycles"] = cycles;
+    j["simulated_seconds"] = seconds;
+    j["mxu_utilization"] = r.mxu_utilization;
+    j["tflops"] = 2.0 * M * K * N / seconds / 1e12;
+    j["host_seconds"] = r.event.host_seconds;
+    j["split"] = fmt::format("{}x{}", r.split.gm, r.split.gn);
+    j["block_rows"] = r.tiling.block_rows;
+    j["a_stream"] = r.tiling.a_stream;
+    j["hbm_bytes"] = r.hbm_bytes;
+    j["min_hbm_bytes"] = r.min_hbm_bytes;
+    j["roofline_cycles"] = r.roofline_cycles;
+    return j;
 }
 
 ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::ZooOptions& options,
@@ -351,6 +560,44 @@ ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::
         throw InputError(e.what());
     }
     return r;
+}
+
+nlohmann::ordered_json model_json(const ModelRun& run, const std::string& name, uint32_t batch,
+                                  size_t cores, bool train_step, const std::string& precision,
+                                  const hw::BoardConfig& cfg) {
+    const double seconds = double(run.cycles) / (cfg.clock_mhz * 1e6);
+    nlohmann::ordered_json j;
+    j["model"] = name;
+    j["description"] = run.description;
+    j["mode"] = train_step ? "train-step" : "inference";
+    j["batch"] = batch;
+    j["cores"] = cores;
+    j["precision"] = precision;
+    j["cycles"] = run.cycles;
+    j["simulated_seconds"] = seconds;
+    j["host_seconds"] = run.host_seconds;
+    uint64_t flops = 0;
+    auto& jl = j["layers"] = nlohmann::ordered_json::array();
+    for (const auto& l : run.layers) {
+        flops += l.work.flops();
+        jl.push_back({{"name", l.name},
+                      {"kind", l.kind},
+                      {"cycles", l.work.cycles},
+                      {"launches", l.work.launches},
+                      {"flops", l.work.flops()},
+                      {"mxu_utilization", l.work.mxu_utilization()},
+                      {"hbm_bytes", l.work.hbm_bytes()}});
+    }
+    j["flops"] = flops;
+    return j;
+}
+
+void trace_layers(sim::Tracer* tracer, const std::vector<trainer::LayerProfile>& layers) {
+    if (!tracer) return;
+    const int track = tracer->track("host", "layers");
+    for (const auto& l : layers)
+        for (const auto& [begin, end] : l.spans)
+            tracer->complete(track, l.name, begin, end, {{"kind", std::string_view(l.kind)}});
 }
 
 }  // namespace tpu::cli

@@ -16,9 +16,18 @@
 #include "trainer/graph.h"
 #include "trainer/zoo.h"
 
-/// Single ops and zoo models as `tpusim op`, `tpusim model` and `tpusim validate` run them, so
-/// a validation row measures exactly what the command reports.
+namespace tpu::sim {
+class Tracer;
+}
+
+/// Single ops and zoo models as `tpusim op`, `tpusim model`, `tpusim validate` and the Python
+/// module (`import tpusim`) run them, so a validation row or a Python call measures exactly what
+/// the command reports.
 namespace tpu::cli {
+
+/// Host values of an op's operand, one block per core of the run (each core's share, the same
+/// shape on every core).
+using PerCore = std::vector<std::vector<float>>;
 
 /// What one run of an op reports.
 struct OpRun {
@@ -33,6 +42,8 @@ struct OpRun {
     double max_abs_error = 0;  ///< max |device - fp64|
     double max_rel_error = 0;  ///< max_abs_error / max |fp64|
     std::string digest;        ///< FNV-1a of the device result's bytes (ops that compute one)
+    /// The device result, every core's block in core order (with `keep_result` only).
+    std::vector<float> result;
 };
 
 // Size checks, in 64 bits against the board, before anything is allocated on the host or the
@@ -65,19 +76,59 @@ void check_allreduce(const hw::BoardConfig& cfg, uint64_t elements, const SizeNa
 void compare(OpRun& r, const std::vector<float>& got, const std::vector<float>& want,
              const std::vector<double>& exact);
 
+/// Each core's share of `total` rows or sequences: even shares, the last ones padded (as XLA
+/// pads a sharded dimension), so every replica has one shape.
+uint32_t core_share(uint32_t total, size_t cores);
+
 /// Layer normalisation of `rows_total` x `cols` random values (random gain and bias), the rows
 /// data-parallel over `cores` in even, padded shares; `check` compares with the references.
 OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
                     bool check, uint32_t seed);
+/// As above on given values: x[i] is core i's core_share(rows_total) x cols block, gamma[i] and
+/// beta[i] its cols gain and bias values.
+OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
+                    const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
+                    const PerCore& x, const PerCore& gamma, const PerCore& beta, bool check,
+                    bool keep_result);
 /// Softmax over each of `rows_total` rows of `cols` random values, as run_layernorm.
 OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
                   const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
                   bool check, uint32_t seed);
+/// As above on given values (x as in run_layernorm).
+OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
+                  const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
+                  const PerCore& x, bool check, bool keep_result);
 /// Attention of `shape` (shape.batch sequences in all, data-parallel over `cores`).
 OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, const driver::AttentionShape& shape,
                     bool check, uint32_t seed);
+/// As above on given values: q[i], k[i], v[i] hold core i's core_share(shape.batch) sequences,
+/// layout [batch, heads, seq, dhead].
+OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
+                    const std::vector<uint32_t>& cores, const driver::AttentionShape& shape,
+                    const PerCore& q, const PerCore& k, const PerCore& v, bool check,
+                    bool keep_result);
+/// y = conv2d(x, w) + bias over `cores`, data-parallel over the batch (driver::conv2d on host
+/// arrays: x NHWC, w HWIO, bias Cout); the result is always kept (the driver reads it back).
+OpRun run_conv2d(driver::Device& dev, driver::ProgramCache& cache,
+                 const std::vector<uint32_t>& cores, const driver::Conv2dShape& shape,
+                 const std::vector<float>& x, const std::vector<float>& w,
+                 const std::vector<float>& bias, bool check);
+/// The ring all-reduce (sum) of x[i] (one vector per core of `cores`, all of one length) in
+/// HBM, with the digest of every replica's result and its bandwidth-latency formula in the plan.
+OpRun run_allreduce(driver::Device& dev, driver::ProgramCache& cache,
+                    const std::vector<uint32_t>& cores, const PerCore& x, bool check,
+                    bool keep_result);
+
+/// The result of `tpusim op KIND --json`: the kind, its sizes, cycles, utilisation, HBM bytes,
+/// the plan, and with `check` the comparison.
+nlohmann::ordered_json op_json(const std::string& kind, const OpRun& r, size_t cores,
+                               const hw::BoardConfig& cfg, bool check);
+/// The result of `tpusim gemm --json` without the check: sizes, cycles, utilisation, the split.
+nlohmann::ordered_json gemm_json(const driver::GemmResult& r, uint32_t M, uint32_t K, uint32_t N,
+                                 size_t cores, driver::Precision precision,
+                                 const hw::BoardConfig& cfg);
 
 /// What one run of a zoo model reports.
 struct ModelRun {
@@ -92,5 +143,11 @@ struct ModelRun {
 ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::ZooOptions& options,
                    uint32_t batch, const std::vector<uint32_t>& cores, bool train_step,
                    const std::string& precision);
+/// The result of `tpusim model --json`: the model, mode, cycles and the per-layer table.
+nlohmann::ordered_json model_json(const ModelRun& run, const std::string& name, uint32_t batch,
+                                  size_t cores, bool train_step, const std::string& precision,
+                                  const hw::BoardConfig& cfg);
+/// One span per layer run on the trace's host/layers track (nothing without a tracer).
+void trace_layers(sim::Tracer* tracer, const std::vector<trainer::LayerProfile>& layers);
 
 }  // namespace tpu::cli

@@ -108,12 +108,43 @@ void RunTrace::finish() {
     }
 }
 
+void load_memory(hw::Board& board, const std::vector<uint32_t>& cores, bool hbm, uint64_t addr,
+                 std::span<const uint8_t> data, const std::string& what) {
+    for (uint32_t c : cores) {
+        hw::SparseMemory& mem = hbm ? board.hbm(c) : board.vmem(c);
+        if (!mem.in_range(addr, data.size()))
+            throw InputError(fmt::format("{}: {} bytes at 0x{:x} do not fit in {} ({} bytes)", what,
+                                         data.size(), addr, mem.name(), mem.size()));
+        if (board.owns(c)) mem.write(addr, data);
+    }
+}
+
+void check_dump(hw::Board& board, uint32_t core, bool hbm, uint64_t addr, uint64_t bytes,
+                const std::string& what) {
+    const hw::SparseMemory& mem = hbm ? board.hbm(core) : board.vmem(core);
+    if (bytes == 0 || !mem.in_range(addr, bytes))
+        throw InputError(fmt::format("{}: {} bytes at 0x{:x} are not inside {} ({} bytes)", what,
+                                     bytes, addr, mem.name(), mem.size()));
+}
+
 RunSession::RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts)
-    : m_cfg(cfg), m_opts(opts), m_trace(opts, cfg), m_dev(driver::Device::open(cfg)) {
+    : m_opts(opts),
+      m_trace(opts, cfg),
+      m_owned(driver::Device::open(cfg)),
+      m_dev(m_owned.get()),
+      m_cfg(m_dev->config()) {
     m_dev->set_tracer(m_trace.get());
 }
 
-RunSession::~RunSession() = default;
+RunSession::RunSession(driver::Device& dev, const CommonOptions& opts)
+    : m_opts(opts), m_trace(opts, dev.config()), m_dev(&dev), m_cfg(dev.config()) {
+    m_dev->set_tracer(m_trace.get());
+}
+
+RunSession::~RunSession() {
+    // A borrowed device outlives the tracer about to close.
+    if (!m_owned) m_dev->set_tracer(nullptr);
+}
 
 hw::LaunchResult RunSession::launch(const std::string& source, const isa::Program& program,
                                     const std::vector<uint32_t>& cores,
@@ -184,6 +215,10 @@ void RunSession::report(const hw::LaunchResult& res) {
             cycles, m_cfg.clock().us(double(cycles)), m_cfg.clock_mhz, 100.0 * mxu_utilization(res),
             m_host_seconds);
     }
+    finish();
+}
+
+void RunSession::finish() {
     write_stats_file(m_opts, m_dev->board(), m_dev->kernel_stats());
     m_dev->set_tracer(nullptr);
     m_trace.finish();
@@ -193,23 +228,28 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board) {
     write_stats_file(opts, board, {});
 }
 
-void write_stats_file(const CommonOptions& opts, hw::Board& board,
-                      const std::vector<driver::KernelStats>& kernels) {
-    if (opts.stats.empty()) return;
-    board.sync_stats();
+void write_stats(std::ostream& os, bool csv, hw::Board& board,
+                 const std::vector<driver::KernelStats>& kernels) {
     // The blocks' own groups under the board's root; the per-kernel totals are the driver's,
     // attached for this one write.
     sim::StatGroup& root = board.stats();
     std::vector<std::unique_ptr<sim::StatGroup>> groups;
     if (!kernels.empty()) add_kernel_stats(root, groups, kernels);
+    if (csv)
+        root.write_csv(os);
+    else
+        root.write_json(os);
+}
+
+void write_stats_file(const CommonOptions& opts, hw::Board& board,
+                      const std::vector<driver::KernelStats>& kernels) {
+    if (opts.stats.empty()) return;
+    board.sync_stats();
     const bool csv = opts.stats.size() > 4 && opts.stats.substr(opts.stats.size() - 4) == ".csv";
     hw::BoardConfig copy = board.config();
     try {
         sim::OutputFile out(opts.stats);
-        if (csv)
-            root.write_csv(out.stream());
-        else
-            root.write_json(out.stream());
+        write_stats(out.stream(), csv, board, kernels);
         out.commit();
         // The effective config beside every stats file, so a result always says what
         // produced it; not beside a device (/dev/null.config.json would be a stray file).

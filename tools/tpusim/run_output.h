@@ -2,7 +2,9 @@
 #pragma once
 
 #include <chrono>
+#include <iosfwd>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,11 @@ private:
 /// InputError (exit 2), anything else as RunError (exit 1).
 [[noreturn]] void throw_as_cli_error(const driver::DeviceError& e);
 
+/// Writes the statistics tree of every core of the board as JSON (or CSV), with a `kernels` group
+/// holding each kernel's totals (Device::kernel_stats()) when there are any. Over MPI call
+/// board.sync_stats() first.
+void write_stats(std::ostream& os, bool csv, hw::Board& board,
+                 const std::vector<driver::KernelStats>& kernels);
 /// Writes --stats (JSON, or CSV for a .csv name) from every core of the board, and the
 /// effective config beside it (FILE.config.json).
 void write_stats_file(const CommonOptions& opts, hw::Board& board);
@@ -43,11 +50,28 @@ void write_stats_file(const CommonOptions& opts, hw::Board& board);
 void write_stats_file(const CommonOptions& opts, hw::Board& board,
                       const std::vector<driver::KernelStats>& kernels);
 
+/// The kernel of `tpusim run`: a program image (TPUPROG1) or assembly text. An unreadable or
+/// undecodable file is an InputError, an assembly error a SourceError ("FILE:LINE:COL: ...").
+isa::Program load_kernel(const std::string& path);
+
+/// Copies `data` into the HBM (or VMEM) of each of `cores` at `addr` before a run, as a loader
+/// does (untimed); a range outside that memory is an InputError starting with `what`.
+void load_memory(hw::Board& board, const std::vector<uint32_t>& cores, bool hbm, uint64_t addr,
+                 std::span<const uint8_t> data, const std::string& what);
+/// Throws InputError starting with `what` unless `bytes` (> 0) at `addr` lie inside the HBM (or
+/// VMEM) of `core`: checked before a run, so a bad dump costs no simulation.
+void check_dump(hw::Board& board, uint32_t core, bool hbm, uint64_t addr, uint64_t bytes,
+                const std::string& what);
+
 /// One simulation as the CLI runs it: the device, the optional trace, the launches, and the
 /// result printed as text or --json, with --stats written at the end.
 class RunSession {
 public:
+    /// Opens a device of `cfg` for this session.
     RunSession(const hw::BoardConfig& cfg, const CommonOptions& opts);
+    /// Runs on `dev`, which outlives the session (the Python module's Board); the session traces
+    /// it until finish() or its end.
+    RunSession(driver::Device& dev, const CommonOptions& opts);
     ~RunSession();
 
     hw::Board& board() { return m_dev->board(); }
@@ -61,17 +85,19 @@ public:
     double host_seconds() const { return m_host_seconds; }
     /// Per-core MXU utilisation of a launch: useful MACs / (MXUs x R x C x cycles).
     double mxu_utilization(const hw::LaunchResult& res) const;
-    /// Prints the result of the last launch (text table, or JSON with --json), writes --stats
-    /// and completes --trace.
+    /// Prints the result of the last launch (text table, or JSON with --json), then finish().
     void report(const hw::LaunchResult& res);
+    /// Writes --stats, stops tracing the device and completes --trace.
+    void finish();
     /// The result JSON (what --json prints).
     std::string result_json(const hw::LaunchResult& res) const;
 
 private:
-    const hw::BoardConfig& m_cfg;
     const CommonOptions& m_opts;
     RunTrace m_trace;  ///< declared first: the device stops tracing before the file closes
-    std::unique_ptr<driver::Device> m_dev;
+    std::unique_ptr<driver::Device> m_owned;  ///< the device, unless borrowed
+    driver::Device* m_dev;
+    const hw::BoardConfig& m_cfg;
     double m_host_seconds = 0;
     std::vector<hw::CoreStats> m_before;
 };
