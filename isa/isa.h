@@ -137,5 +137,7 @@ struct Program {
 std::vector<uint8_t> encode_program(const Program& program);
 /// Decodes a program image; errors name the byte offset and instruction index.
 Program decode_program(std::span<const uint8_t> image);
+/// FNV-1a (64-bit) of the program image: equal for byte-identical programs (golden tests).
+uint64_t image_hash(const Program& program);
 
 }  // namespace tpu::isa

@@ -3,6 +3,7 @@
 // bound by name, and two kernels composed into one program.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -160,6 +161,74 @@ TEST(ProgramBuilder, TypedKeysShareTheCacheCountersAndNameTheKernels) {
     const std::string text = isa::disassemble(p2);
     EXPECT_NE(text.find("# launch arguments: s1 x, s2 y, s3 scale"), std::string::npos) << text;
     EXPECT_NE(text.find("s19 softmax.slot"), std::string::npos) << text;
+}
+
+// ---- The worked example of driver/README.md ("Writing a kernel"), kept compiling here ------
+
+/// y = alpha * x + y over n fp32 values, one VMEM tile at a time.
+struct AxpyKey {
+    uint64_t n = 0;     ///< values
+    uint32_t tile = 0;  ///< values per VMEM tile
+    auto operator<=>(const AxpyKey&) const = default;
+    std::string name() const { return "axpy"; }
+    friend size_t hash_value(const AxpyKey& k) { return hash_fields(k.n, k.tile); }
+};
+
+isa::Program generate(const AxpyKey& k) {
+    using enum isa::Opcode;
+    using isa::imm;
+    isa::Builder b(k.name());
+    const isa::Reg x = b.arg("x"), y = b.arg("y"), alpha = b.arg("alpha");  // s1, s2, s3
+    const isa::Vmem vx = b.vmem("x", k.tile * 4), vy = b.vmem("y", k.tile * 4);
+    const isa::Reg i = b.reg("i"), len = b.reg("len"), bytes = b.reg("bytes");
+    const isa::Reg off = b.reg("off"), at = b.reg("at");
+    isa::CountedFlag loads(b, "loads", isa::Count::InRegister);
+    isa::CountedFlag vpu(b, "vpu", isa::Count::InRegister);
+    isa::CountedFlag stores(b, "stores", isa::Count::InRegister);
+    b.loop(i, imm(0), imm(int64_t(k.n)), k.tile, [&] {
+        b.emit(Sub, {len, imm(int64_t(k.n)), i});  // len = min(tile, n - i)
+        b.if_(isa::Cond::Geu, len, imm(k.tile), [&] { b.emit(Li, {len, imm(k.tile)}); });
+        b.emit(Shl, {bytes, len, imm(2)});
+        b.emit(Shl, {off, i, imm(2)});
+        stores.wait_all();  // the previous tile's store has read vy
+        b.emit(Add, {at, off, x});
+        loads.issue(DmaHv, {vx, at, imm(1), bytes, bytes, bytes});
+        b.emit(Add, {at, off, y});
+        loads.issue(DmaHv, {vy, at, imm(1), bytes, bytes, bytes});
+        loads.wait_all();
+        vpu.issue(VMulS, {vx, vx, alpha, len});
+        vpu.issue(VAdd, {vy, vx, vy, len});
+        vpu.wait_all();
+        stores.issue(DmaVh, {at, vy, imm(1), bytes, bytes, bytes});
+    });
+    stores.wait_all();
+    b.emit(Halt, {});
+    return b.finish();
+}
+
+/// Runs axpy on `x` and `y` (one core's buffers of n values).
+Event axpy(Device& dev, ProgramCache& cache, float alpha, const Buffer& x, const Buffer& y,
+           uint64_t n) {
+    const AxpyKey key{n, static_cast<uint32_t>(std::min<uint64_t>(n, 8192))};
+    return launch(dev, cache, key, {x.core}, [&](size_t, LaunchArgs& a) {
+        a.set("x", x).set("y", y).set_f32("alpha", alpha);
+    });
+}
+
+TEST(ProgramBuilder, TheReadmesWorkedExampleRuns) {
+    auto dev = open_device();  // race detector on: the waits must be right
+    ProgramCache cache;
+    const uint64_t n = 20000;  // three tiles, the last one ragged
+    const auto xv = random_values(n, 1), yv = random_values(n, 2);
+    const Buffer x = dev->alloc(n * 4, 0), y = dev->alloc(n * 4, 0);
+    dev->write(x, xv.data(), n * 4);
+    dev->write(y, yv.data(), n * 4);
+    axpy(*dev, cache, 0.5f, x, y, n);
+    std::vector<float> got(n), want(n);
+    dev->read(y, got.data(), n * 4);
+    for (size_t i = 0; i < n; ++i) want[i] = xv[i] * 0.5f + yv[i];
+    EXPECT_EQ(bits_of(got), bits_of(want));
+    EXPECT_EQ(dev->kernel_stats().at(0).name, "axpy");
 }
 
 }  // namespace
