@@ -7,14 +7,16 @@
 
 #include <fmt/format.h>
 
+#include "isa/disassembler.h"
 #include "sim/file_io.h"
 
 namespace tpu::driver {
 namespace {
 
-/// With TPU_DUMP_PROGRAMS=DIR, writes every compiled program to DIR/<image hash>.bin and
-/// appends "<image hash> <name>" to DIR/programs.txt, so the programs two builds compile over a
-/// test suite can be compared (driver/README.md, "Migrating a text kernel").
+/// With TPU_DUMP_PROGRAMS=DIR, writes every compiled program to DIR/<image hash>.bin, its
+/// disassembly with the builder's names to DIR/<image hash>.s, and appends "<image hash> <name>"
+/// to DIR/programs.txt, so the programs two builds compile over a test suite can be compared
+/// (driver/README.md, "Migrating a text kernel").
 void dump(const isa::Program& p) {
     const char* dir = std::getenv("TPU_DUMP_PROGRAMS");
     if (!dir || !*dir) return;
@@ -23,6 +25,8 @@ void dump(const isa::Program& p) {
     sim::write_output_file(
         fmt::format("{}/{}.bin", dir, hash),
         std::string_view(reinterpret_cast<const char*>(image.data()), image.size()));
+    sim::write_output_file(fmt::format("{}/{}.s", dir, hash),
+                           isa::disassemble(p, {.show_pc = true}));
     const std::string list = fmt::format("{}/programs.txt", dir);
     std::ofstream out(list, std::ios::app);
     out << hash << ' ' << p.name << '\n';

@@ -91,33 +91,13 @@ Spec softmax_grad_spec(uint32_t rows, uint32_t C, bool scaled, std::span<const O
     return sp;
 }
 
-/// Operands that only fill a spec's slots, for planning.
-std::vector<Operand> placeholders(const std::vector<Param>& params) {
-    std::vector<Operand> ops;
-    for (const Param& p : params)
-        ops.push_back(p.scalar ? Operand::scalar(imm(0)) : Operand::hbm(imm(0)));
-    return ops;
-}
-
-/// A stand-alone program: `params` as launch arguments, `sp(operands)` emitted, halt.
-template <class F>
-isa::Program standalone(const std::string& name, const std::vector<Param>& params, uint32_t tile,
-                        F&& spec) {
-    isa::Builder b(name);
-    std::vector<isa::Reg> args;
-    const auto ops = streaming::declare_args(b, params, args);
-    streaming::emit(b, spec(ops), tile);
-    b.emit(Opcode::Halt, {});
-    return b.finish();
-}
-
 }  // namespace
 
 SoftmaxKey plan_softmax(uint32_t rows, uint32_t cols, bool scaled, bool causal,
                         uint64_t vmem_bytes) {
     SoftmaxKey k{rows, cols, scaled, causal, 0};
     streaming::Footprint fp =
-        softmax_spec(rows, cols, scaled, causal, placeholders(softmax_params(k))).fp;
+        softmax_spec(rows, cols, scaled, causal, streaming::placeholders(softmax_params(k))).fp;
     if (causal) fp.max_tile_units = divisor_at_most(cols, streaming::plan(fp, vmem_bytes));
     k.tile = streaming::plan(fp, vmem_bytes);
     return k;
@@ -136,15 +116,17 @@ void emit(isa::Builder& b, const SoftmaxKey& k, std::span<const Operand> ops) {
 }
 
 isa::Program generate(const SoftmaxKey& k) {
-    return standalone(k.name(), softmax_params(k), k.tile, [&](std::span<const Operand> o) {
-        return softmax_spec(k.rows, k.cols, k.scaled, k.causal, o);
-    });
+    return streaming::standalone(k.name(), softmax_params(k), k.tile,
+                                 [&](std::span<const Operand> o) {
+                                     return softmax_spec(k.rows, k.cols, k.scaled, k.causal, o);
+                                 });
 }
 
 SoftmaxGradKey plan_softmax_grad(uint32_t rows, uint32_t cols, bool scaled, uint64_t vmem_bytes) {
     SoftmaxGradKey k{rows, cols, scaled, 0};
     k.tile = streaming::plan(
-        softmax_grad_spec(rows, cols, scaled, placeholders(softmax_grad_params(k))).fp, vmem_bytes);
+        softmax_grad_spec(rows, cols, scaled, streaming::placeholders(softmax_grad_params(k))).fp,
+        vmem_bytes);
     return k;
 }
 
@@ -160,9 +142,9 @@ void emit(isa::Builder& b, const SoftmaxGradKey& k, std::span<const Operand> ops
 }
 
 isa::Program generate(const SoftmaxGradKey& k) {
-    return standalone(k.name(), softmax_grad_params(k), k.tile, [&](std::span<const Operand> o) {
-        return softmax_grad_spec(k.rows, k.cols, k.scaled, o);
-    });
+    return streaming::standalone(
+        k.name(), softmax_grad_params(k), k.tile,
+        [&](std::span<const Operand> o) { return softmax_grad_spec(k.rows, k.cols, k.scaled, o); });
 }
 
 std::vector<float> causal_bias(uint32_t C) {

@@ -65,6 +65,13 @@ void check_operands(std::string_view kernel, std::span<const Param> params,
                                               params[i].scalar ? "a scalar" : "a tensor"));
 }
 
+std::vector<Operand> placeholders(std::span<const Param> params) {
+    std::vector<Operand> ops;
+    for (const Param& p : params)
+        ops.push_back(p.scalar ? Operand::scalar(imm(0)) : Operand::hbm(imm(0)));
+    return ops;
+}
+
 uint32_t plan(const Footprint& fp, uint64_t vmem_bytes) {
     uint64_t fixed_bytes = 0;
     for (uint32_t v : fp.fixed) fixed_bytes += round_up(uint64_t(v) * 4, kVmemAlign);
@@ -198,7 +205,7 @@ void emit(isa::Builder& b, const Spec& sp, uint32_t tile) {
     st.vpu = &vpu;
     Body body(b, st);
 
-    auto check_tensor = [&](const Operand& o) {
+    auto need_tensor = [&](const Operand& o) {
         if (o.kind == Operand::Kind::Scalar)
             throw b.error("a streamed or fixed operand must be a tensor, not a scalar");
     };
@@ -206,7 +213,7 @@ void emit(isa::Builder& b, const Spec& sp, uint32_t tile) {
     auto transfer = [&](const std::vector<Stream>& streams, bool in, const isa::Reg& off,
                         const isa::Reg& len, const isa::Reg& base, const isa::Flag& flag) {
         for (const Stream& s : streams) {
-            check_tensor(s.place);
+            need_tensor(s.place);
             if (s.custom) {
                 if (s.place.kind != Operand::Kind::Hbm)
                     throw b.error("a custom transfer needs its tensor in HBM");
@@ -230,7 +237,7 @@ void emit(isa::Builder& b, const Spec& sp, uint32_t tile) {
         }
     };
     auto fixed_io = [&](const FixedIo& io, bool in) {
-        check_tensor(io.place);
+        need_tensor(io.place);
         const int64_t bytes = int64_t(fp.fixed.at(io.fixed)) * 4;
         const isa::Arg area = imm(static_cast<int64_t>(st.fixed_addr.at(io.fixed)));
         const bool hbm = io.place.kind == Operand::Kind::Hbm;
@@ -303,6 +310,16 @@ void emit(isa::Builder& b, const Spec& sp, uint32_t tile) {
     }
     if (fixed_stores) fixed_stores->wait_all();
     if (sp.epilogue) sp.epilogue(body);
+}
+
+isa::Program standalone(const std::string& name, std::span<const Param> params, uint32_t tile,
+                        const std::function<Spec(std::span<const Operand>)>& spec) {
+    isa::Builder b(name);
+    std::vector<isa::Reg> args;
+    const std::vector<Operand> ops = declare_args(b, params, args);
+    emit(b, spec(ops), tile);
+    b.emit(Opcode::Halt, {});
+    return b.finish();
 }
 
 }  // namespace tpu::driver::streaming

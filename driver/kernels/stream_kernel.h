@@ -49,6 +49,9 @@ std::vector<Operand> declare_args(isa::Builder& b, std::span<const Param> params
 /// Throws isa::BuildError naming `kernel` unless `ops` match `params` in number and kind.
 void check_operands(std::string_view kernel, std::span<const Param> params,
                     std::span<const Operand> ops);
+/// Operands that only fill the places of `params`, for planning a kernel's footprint (which
+/// needs no addresses).
+std::vector<Operand> placeholders(std::span<const Param> params);
 
 /// The VMEM shape of a streaming kernel: everything its tiling depends on.
 struct Footprint {
@@ -111,6 +114,10 @@ struct Spec {
 /// VMEM from b's pools in its own scope and returning them at the end. Standalone programs
 /// keep the numbering of the original text kernels: s13-s30 and f1-f10 (hints).
 void emit(isa::Builder& b, const Spec& sp, uint32_t tile);
+/// A stand-alone program named `name`: `params` declared as its launch arguments, the kernel
+/// `spec(operands)` emitted with `tile` units per tile, then halt.
+isa::Program standalone(const std::string& name, std::span<const Param> params, uint32_t tile,
+                        const std::function<Spec(std::span<const Operand>)>& spec);
 
 /// What a body (and prologue, epilogue, custom transfer) emits with: the tile's slot areas,
 /// the fixed areas, the tile registers and the VPU's counted flag.

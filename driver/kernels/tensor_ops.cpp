@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -44,25 +45,6 @@ uint32_t addr(const Buffer& b) {
 
 int parts_of(Precision p) {
     return p == Precision::Bf16 ? 1 : p == Precision::Fp32Pass3 ? 2 : 3;
-}
-
-/// A stand-alone program: `params` as launch arguments, `spec(operands)` emitted, halt.
-isa::Program standalone(const std::string& name, std::span<const Param> params, uint32_t tile,
-                        const std::function<Spec(std::span<const Operand>)>& spec) {
-    isa::Builder b(name);
-    std::vector<isa::Reg> args;
-    const auto ops = streaming::declare_args(b, params, args);
-    streaming::emit(b, spec(ops), tile);
-    b.emit(Opcode::Halt, {});
-    return b.finish();
-}
-
-/// Operands that only fill a spec's slots, for planning (its footprint needs no addresses).
-std::vector<Operand> placeholders(std::span<const Param> params) {
-    std::vector<Operand> ops;
-    for (const Param& p : params)
-        ops.push_back(p.scalar ? Operand::scalar(imm(0)) : Operand::hbm(imm(0)));
-    return ops;
 }
 
 // ---- matmul_pack -----------------------------------------------------------------------------
@@ -472,7 +454,7 @@ std::string TensorOpKey::name() const {
 }
 
 TensorOpKey plan_tensor_op(TensorOp op, uint64_t units, uint32_t cols, uint64_t vmem_bytes) {
-    const auto ops = placeholders(tensor_op_params(op));
+    const auto ops = streaming::placeholders(tensor_op_params(op));
     return {op, units, cols, streaming::plan(tensor_op_spec(op, units, cols, ops).fp, vmem_bytes)};
 }
 
@@ -486,32 +468,32 @@ void emit(isa::Builder& b, const TensorOpKey& k, std::span<const Operand> ops) {
 }
 
 isa::Program generate(const TensorOpKey& k) {
-    return standalone(k.name(), tensor_op_params(k.op), k.tile, [&](std::span<const Operand> o) {
-        return tensor_op_spec(k.op, k.units, k.cols, o);
-    });
+    return streaming::standalone(
+        k.name(), tensor_op_params(k.op), k.tile,
+        [&](std::span<const Operand> o) { return tensor_op_spec(k.op, k.units, k.cols, o); });
 }
 
 PackKey plan_pack(uint32_t rows, uint32_t cols, uint32_t rows_padded, uint32_t cols_padded,
                   bool transposed, int parts, uint64_t vmem_bytes) {
     PackKey k{rows, cols, rows_padded, cols_padded, transposed, static_cast<uint8_t>(parts), 0};
-    k.tile = streaming::plan(pack_spec(k, placeholders(kPackParams)).fp, vmem_bytes);
+    k.tile = streaming::plan(pack_spec(k, streaming::placeholders(kPackParams)).fp, vmem_bytes);
     return k;
 }
 
 isa::Program generate(const PackKey& k) {
-    return standalone(k.name(), kPackParams, k.tile,
-                      [&](std::span<const Operand> o) { return pack_spec(k, o); });
+    return streaming::standalone(k.name(), kPackParams, k.tile,
+                                 [&](std::span<const Operand> o) { return pack_spec(k, o); });
 }
 
 ColumnCopyKey plan_column_copy(bool into, uint32_t rows, uint32_t width, uint32_t stride,
                                uint64_t vmem_bytes) {
-    const auto ops = placeholders(kCopyParams);
+    const auto ops = streaming::placeholders(kCopyParams);
     return {into, rows, width, stride,
             streaming::plan(column_copy_spec(into, rows, width, stride, ops).fp, vmem_bytes)};
 }
 
 isa::Program generate(const ColumnCopyKey& k) {
-    return standalone(k.name(), kCopyParams, k.tile, [&](std::span<const Operand> o) {
+    return streaming::standalone(k.name(), kCopyParams, k.tile, [&](std::span<const Operand> o) {
         return column_copy_spec(k.into, k.rows, k.width, k.stride, o);
     });
 }

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -246,14 +247,6 @@ Spec vector_spec(VectorOp op, uint64_t units, uint32_t cols, std::span<const Ope
     throw std::logic_error("vector_spec: unknown VectorOp");
 }
 
-/// Operands that only fill a spec's slots, for planning (its footprint needs no addresses).
-std::vector<Operand> placeholders(VectorOp op) {
-    std::vector<Operand> ops;
-    for (const Param& p : info_of(op).params)
-        ops.push_back(p.scalar ? Operand::scalar(imm(0)) : Operand::hbm(imm(0)));
-    return ops;
-}
-
 /// A buffer argument and the fp32 values the shape needs in it.
 struct BufArg {
     const Buffer* buf;
@@ -354,7 +347,7 @@ std::string VectorKey::name() const {
 }
 
 VectorKey plan_vector(VectorOp op, uint64_t units, uint32_t cols, uint64_t vmem_bytes) {
-    const auto ops = placeholders(op);
+    const auto ops = streaming::placeholders(vector_params(op));
     return {op, units, cols, streaming::plan(vector_spec(op, units, cols, ops).fp, vmem_bytes)};
 }
 
@@ -368,12 +361,9 @@ void emit(isa::Builder& b, const VectorKey& k, std::span<const Operand> ops) {
 }
 
 isa::Program generate(const VectorKey& k) {
-    isa::Builder b(k.name());
-    std::vector<isa::Reg> args;
-    const auto ops = streaming::declare_args(b, vector_params(k.op), args);
-    emit(b, k, ops);
-    b.emit(Opcode::Halt, {});
-    return b.finish();
+    return streaming::standalone(
+        k.name(), vector_params(k.op), k.tile,
+        [&](std::span<const Operand> o) { return vector_spec(k.op, k.units, k.cols, o); });
 }
 
 // ---- detail ----------------------------------------------------------------------------------
