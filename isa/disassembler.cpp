@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "isa/disassembler.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -52,6 +54,73 @@ std::string format(const Instr& instr, const std::multimap<uint32_t, std::string
     return out;
 }
 
+/// The symbol of register or flag `index` held at `pc` (the latest allocated), or nullptr.
+const Symbol* held_at(const Program& p, Symbol::Kind kind, uint64_t index, uint32_t pc) {
+    const Symbol* found = nullptr;
+    for (const Symbol& s : p.symbols)
+        if (s.kind == kind && s.index == index && s.first_pc <= pc && pc < s.end_pc) found = &s;
+    return found;
+}
+
+/// "s19 tiles.slot, f2 vpu": the names of the registers and flags instruction `pc` uses.
+std::string names_used(const Program& p, uint32_t pc) {
+    if (p.symbols.empty()) return {};
+    const Instr& ins = p.code[pc];
+    std::vector<std::string> parts;
+    auto add = [&](Symbol::Kind kind, uint64_t index) {
+        const Symbol* s = held_at(p, kind, index, pc);
+        if (!s) return;
+        const std::string text =
+            fmt::format("{}{} {}", kind == Symbol::Kind::Reg ? 's' : 'f', index, s->name);
+        if (std::find(parts.begin(), parts.end(), text) == parts.end()) parts.push_back(text);
+    };
+    int slot = 0;
+    for (char kind : info(ins.op).kinds) {
+        if (kind == 'c') break;
+        const Operand& o = ins.ops[slot++];
+        if (kind == 'f')
+            add(Symbol::Kind::Flag, static_cast<uint64_t>(o.imm));
+        else if (kind != 'l' && o.reg != 0)
+            add(Symbol::Kind::Reg, o.reg);
+    }
+    if (ins.flag != kNoFlag) add(Symbol::Kind::Flag, ins.flag);
+    std::string out;
+    for (const std::string& s : parts) out += (out.empty() ? "" : ", ") + s;
+    return out;
+}
+
+/// The comment block naming the kernel, its launch arguments and every symbol.
+std::string symbol_table(const Program& p) {
+    if (p.symbols.empty() && p.args.empty()) return {};
+    std::string out = fmt::format("# kernel '{}'\n", p.name);
+    if (!p.args.empty()) {
+        out += "# launch arguments:";
+        for (size_t i = 0; i < p.args.size(); ++i)
+            out += fmt::format("{} s{} {}", i ? "," : "", i + 1, p.args[i]);
+        out += "\n";
+    }
+    if (!p.symbols.empty()) out += "# names, held for instructions [first, end):\n";
+    for (const Symbol& s : p.symbols) {
+        std::string what;
+        switch (s.kind) {
+            case Symbol::Kind::Reg:
+                what = fmt::format("s{}", s.index);
+                break;
+            case Symbol::Kind::Flag:
+                what = fmt::format("f{}", s.index);
+                break;
+            case Symbol::Kind::Vmem:
+                what = fmt::format("vmem [{}, {})", s.index, s.index + s.bytes);
+                break;
+            case Symbol::Kind::Smem:
+                what = fmt::format("smem [{}, {})", s.index, s.index + s.bytes);
+                break;
+        }
+        out += fmt::format("#   {:<24} {:<28} [{}, {})\n", what, s.name, s.first_pc, s.end_pc);
+    }
+    return out;
+}
+
 }  // namespace
 
 std::string to_string(const Instr& instr) {
@@ -81,7 +150,7 @@ std::string disassemble(const Program& program, const DisasmOptions& options) {
             ++slot;
         }
     }
-    std::string out;
+    std::string out = symbol_table(program);
     auto emit_labels = [&](uint32_t pc) {
         const auto [b, e] = labels.equal_range(pc);
         for (auto it = b; it != e; ++it) out += it->second + ":\n";
@@ -89,8 +158,13 @@ std::string disassemble(const Program& program, const DisasmOptions& options) {
     for (uint32_t pc = 0; pc < program.code.size(); ++pc) {
         emit_labels(pc);
         const std::string text = format(program.code[pc], &labels);
-        if (options.show_pc)
-            out += fmt::format("    {:<60} # pc {}\n", text, pc);
+        std::string note = options.show_pc ? fmt::format("pc {}", pc) : "";
+        if (options.names) {
+            const std::string used = names_used(program, pc);
+            if (!used.empty()) note += (note.empty() ? "" : " | ") + used;
+        }
+        if (!note.empty())
+            out += fmt::format("    {:<60} # {}\n", text, note);
         else
             out += "    " + text + "\n";
     }

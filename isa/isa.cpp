@@ -199,4 +199,10 @@ Program decode_program(std::span<const uint8_t> image) {
     return p;
 }
 
+uint64_t image_hash(const Program& program) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (uint8_t b : encode_program(program)) h = (h ^ b) * 0x100000001b3ull;
+    return h;
+}
+
 }  // namespace tpu::isa

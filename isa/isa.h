@@ -112,11 +112,29 @@ Instr decode(std::span<const uint8_t, kInstrBytes> in, size_t index = 0);
 /// instruction `index`. For programs from outside the assembler, builder and decoder.
 void validate(const Instr& instr, size_t index = 0);
 
+/// A name a Builder gave to a register, flag or memory range, and the instructions it held it
+/// for (the disassembler prints them; nothing of it is encoded).
+struct Symbol {
+    /// What was named.
+    enum class Kind : uint8_t { Reg, Flag, Vmem, Smem };
+    Kind kind = Kind::Reg;  ///< register, flag, VMEM or scalar-memory range
+    std::string name;       ///< "tile"; "softmax.tile" when emitted by a nested kernel
+    uint64_t index = 0;     ///< register or flag number, or the range's first byte address
+    uint64_t bytes = 0;     ///< size of a memory range (0 for registers and flags)
+    uint32_t first_pc = 0;  ///< first instruction emitted while it was held
+    uint32_t end_pc = 0;    ///< one past the last (== first_pc: held by no instruction)
+    friend bool operator==(const Symbol&, const Symbol&) = default;
+};
+
 /// A program: instructions plus the label table the assembler saw (for disassembly).
 struct Program {
     std::vector<Instr> code;                               ///< instructions, pc = index
     std::vector<std::pair<std::string, uint32_t>> labels;  ///< optional names of pcs
     std::string name;  ///< kernel name for per-kernel statistics (not encoded; may be empty)
+    /// Names of the launch arguments s1, s2, ... in order (Builder::arg; not encoded).
+    std::vector<std::string> args;
+    /// Names of registers, flags and memory ranges (Builder programs; not encoded).
+    std::vector<Symbol> symbols;
 };
 
 /// Program image: "TPUPROG1" magic, u32 instruction count, u32 reserved (0), then the
@@ -124,5 +142,7 @@ struct Program {
 std::vector<uint8_t> encode_program(const Program& program);
 /// Decodes a program image; errors name the byte offset and instruction index.
 Program decode_program(std::span<const uint8_t> image);
+/// FNV-1a (64-bit) of the program image: equal for byte-identical programs (golden tests).
+uint64_t image_hash(const Program& program);
 
 }  // namespace tpu::isa

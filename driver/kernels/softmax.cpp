@@ -1,21 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "driver/kernels/softmax.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "driver/kernels/kernel.h"
 #include "driver/kernels/vector_ops.h"
 
 namespace tpu::driver {
 namespace {
 
-using detail::Body;
-using detail::f32_bits;
-using detail::Spec;
-using detail::Stream;
+using isa::imm;
+using isa::Opcode;
+using streaming::Body;
+using streaming::Operand;
+using streaming::Param;
+using streaming::Spec;
+using streaming::Stream;
 
 /// The largest divisor of `n` that is at most `limit` (>= 1).
 uint32_t divisor_at_most(uint32_t n, uint64_t limit) {
@@ -24,70 +29,123 @@ uint32_t divisor_at_most(uint32_t n, uint64_t limit) {
     return 1;
 }
 
-/// Softmax over rows of C values. Launch args: s1 x, s2 y, then s3 the fp32 scale when
-/// `scaled`, then the causal bias (C x C, row r of a tile uses bias row r mod C) when `causal`.
-Spec softmax_spec(uint32_t rows, uint32_t C, bool scaled, bool causal, const hw::BoardConfig& cfg) {
+/// Softmax over rows of C values, operands as softmax_params.
+Spec softmax_spec(uint32_t rows, uint32_t C, bool scaled, bool causal, std::span<const Operand> o) {
     enum { X, Z, E, Y, M, S, Ls, B };
     Spec sp;
-    sp.name = fmt::format("softmax{}{}", scaled ? " scaled" : "", causal ? " causal" : "");
-    sp.units = rows;
-    sp.areas = {C, C, C, C, 1, 1, 1};
-    sp.ins = {{1, X}};
-    sp.outs = {{2, Y}};
-    const int bias_arg = scaled ? 4 : 3;
+    sp.fp = {"softmax", rows, {C, C, C, C, 1, 1, 1}, {}};
+    sp.ins = {{o[0], X}};
+    sp.outs = {{o[1], Y}};
+    const isa::Arg scale = scaled ? o[2].value : imm(0);
     if (causal) {
-        sp.areas.push_back(C);
+        sp.fp.areas.push_back(C);
         // Bias rows follow the row index within its C x C block; tiles never straddle two blocks
-        // (the tile size divides C, below), so one contiguous DMA covers a tile's bias rows.
-        sp.ins.emplace_back(bias_arg, B,
-                            [=](Body& b, const std::string& first, const std::string& units,
-                                const std::string& slot, const std::string& flag) {
-                                const uint64_t row = uint64_t(C) * 4;
-                                b.line(fmt::format("        remu s13, {}, {}", first, C));
-                                b.line(fmt::format("        mul s13, s13, {}", row));
-                                b.line(fmt::format("        add s13, s13, s{}", bias_arg));
-                                b.line(fmt::format("        mul s14, {}, {}", units, row));
-                                b.line(fmt::format("        dma.hv {}, [s13], 1, s14, s14, s14, {}",
-                                                   b.at(slot, B), flag));
+        // (the tile size divides C, plan_softmax), so one contiguous DMA covers a tile's bias
+        // rows.
+        const Operand bias = o[scaled ? 3 : 2];
+        sp.ins.emplace_back(bias, B,
+                            [=](Body& b, const isa::Reg& first, const isa::Reg& units,
+                                const isa::Reg& slot, const isa::Flag& flag) {
+                                const int64_t row = int64_t(C) * 4;
+                                b.emit(Opcode::Remu, {b.tmp(0), first, imm(C)});
+                                b.emit(Opcode::Mul, {b.tmp(0), b.tmp(0), imm(row)});
+                                b.emit(Opcode::Add, {b.tmp(0), b.tmp(0), bias.value});
+                                b.emit(Opcode::Mul, {b.tmp(1), units, imm(row)});
+                                b.emit(Opcode::DmaHv, {b.at(slot, B), b.tmp(0), imm(1), b.tmp(1),
+                                                       b.tmp(1), b.tmp(1), flag});
                             });
     }
     sp.body = [=](Body& b) {
-        b.line(fmt::format("        mul s15, s18, {}", C));
-        if (scaled) b.vpu(fmt::format("        v.muls {}, {}, s3, s15", b.a(X), b.a(X)));
-        if (causal) b.vpu(fmt::format("        v.add {}, {}, {}, s15", b.a(X), b.a(X), b.a(B)));
-        b.vpu(fmt::format("        v.rmax {}, {}, s18, {}", b.a(M), b.a(X), C));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(Z), b.a(X), b.a(M), C));
-        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(E), b.a(Z)));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(S), b.a(E), C));
-        b.vpu(fmt::format("        v.log {}, {}, s18", b.a(Ls), b.a(S)));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(Z), b.a(Z), b.a(Ls), C));
-        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(Y), b.a(Z)));
+        const isa::Reg &r = b.units(), &n = b.scratch();
+        b.emit(Opcode::Mul, {n, r, imm(C)});
+        if (scaled) b.vpu(Opcode::VMulS, {b.a(X), b.a(X), scale, n});
+        if (causal) b.vpu(Opcode::VAdd, {b.a(X), b.a(X), b.a(B), n});
+        b.vpu(Opcode::VRMax, {b.a(M), b.a(X), r, imm(C)});
+        b.vpu(Opcode::VSubCol, {b.a(Z), b.a(X), b.a(M), r, imm(C)});
+        b.vpu(Opcode::VExp, {b.a(E), b.a(Z), n});
+        b.vpu(Opcode::VRSum, {b.a(S), b.a(E), r, imm(C)});
+        b.vpu(Opcode::VLog, {b.a(Ls), b.a(S), r});
+        b.vpu(Opcode::VSubCol, {b.a(Z), b.a(Z), b.a(Ls), r, imm(C)});
+        b.vpu(Opcode::VExp, {b.a(Y), b.a(Z), n});
     };
-    if (causal) sp.max_tile_units = divisor_at_most(C, detail::tile_units(sp, cfg));
     return sp;
 }
 
-/// dx = y (dy - sum dy y) [* scale]. Launch args: s1 y, s2 dy, s3 dx, s4 the fp32 scale.
-Spec softmax_grad_spec(uint32_t rows, uint32_t C, bool scaled) {
+/// dx = y (dy - sum dy y) [* scale], operands as softmax_grad_params.
+Spec softmax_grad_spec(uint32_t rows, uint32_t C, bool scaled, std::span<const Operand> o) {
     enum { Y, Dy, T, U, Dx, S };
     Spec sp;
-    sp.name = scaled ? "softmax_grad scaled" : "softmax_grad";
-    sp.units = rows;
-    sp.areas = {C, C, C, C, C, 1};
-    sp.ins = {{1, Y}, {2, Dy}};
-    sp.outs = {{3, Dx}};
+    sp.fp = {"softmax_grad", rows, {C, C, C, C, C, 1}, {}};
+    sp.ins = {{o[0], Y}, {o[1], Dy}};
+    sp.outs = {{o[2], Dx}};
+    const isa::Arg scale = scaled ? o[3].value : imm(0);
     sp.body = [=](Body& b) {
-        b.line(fmt::format("        mul s15, s18, {}", C));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(T), b.a(Dy), b.a(Y)));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(S), b.a(T), C));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(U), b.a(Dy), b.a(S), C));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(Dx), b.a(Y), b.a(U)));
-        if (scaled) b.vpu(fmt::format("        v.muls {}, {}, s4, s15", b.a(Dx), b.a(Dx)));
+        const isa::Reg &r = b.units(), &n = b.scratch();
+        b.emit(Opcode::Mul, {n, r, imm(C)});
+        b.vpu(Opcode::VMul, {b.a(T), b.a(Dy), b.a(Y), n});
+        b.vpu(Opcode::VRSum, {b.a(S), b.a(T), r, imm(C)});
+        b.vpu(Opcode::VSubCol, {b.a(U), b.a(Dy), b.a(S), r, imm(C)});
+        b.vpu(Opcode::VMul, {b.a(Dx), b.a(Y), b.a(U), n});
+        if (scaled) b.vpu(Opcode::VMulS, {b.a(Dx), b.a(Dx), scale, n});
     };
     return sp;
 }
 
 }  // namespace
+
+SoftmaxKey plan_softmax(uint32_t rows, uint32_t cols, bool scaled, bool causal,
+                        uint64_t vmem_bytes) {
+    SoftmaxKey k{rows, cols, scaled, causal, 0};
+    streaming::Footprint fp =
+        softmax_spec(rows, cols, scaled, causal, streaming::placeholders(softmax_params(k))).fp;
+    if (causal) fp.max_tile_units = divisor_at_most(cols, streaming::plan(fp, vmem_bytes));
+    k.tile = streaming::plan(fp, vmem_bytes);
+    return k;
+}
+
+std::vector<Param> softmax_params(const SoftmaxKey& k) {
+    std::vector<Param> p = {{"x"}, {"y"}};
+    if (k.scaled) p.push_back({"scale", true});
+    if (k.causal) p.push_back({"bias"});
+    return p;
+}
+
+void emit(isa::Builder& b, const SoftmaxKey& k, std::span<const Operand> ops) {
+    streaming::check_operands(k.name(), softmax_params(k), ops);
+    streaming::emit(b, softmax_spec(k.rows, k.cols, k.scaled, k.causal, ops), k.tile);
+}
+
+isa::Program generate(const SoftmaxKey& k) {
+    return streaming::standalone(k.name(), softmax_params(k), k.tile,
+                                 [&](std::span<const Operand> o) {
+                                     return softmax_spec(k.rows, k.cols, k.scaled, k.causal, o);
+                                 });
+}
+
+SoftmaxGradKey plan_softmax_grad(uint32_t rows, uint32_t cols, bool scaled, uint64_t vmem_bytes) {
+    SoftmaxGradKey k{rows, cols, scaled, 0};
+    k.tile = streaming::plan(
+        softmax_grad_spec(rows, cols, scaled, streaming::placeholders(softmax_grad_params(k))).fp,
+        vmem_bytes);
+    return k;
+}
+
+std::vector<Param> softmax_grad_params(const SoftmaxGradKey& k) {
+    std::vector<Param> p = {{"y"}, {"dy"}, {"dx"}};
+    if (k.scaled) p.push_back({"scale", true});
+    return p;
+}
+
+void emit(isa::Builder& b, const SoftmaxGradKey& k, std::span<const Operand> ops) {
+    streaming::check_operands(k.name(), softmax_grad_params(k), ops);
+    streaming::emit(b, softmax_grad_spec(k.rows, k.cols, k.scaled, ops), k.tile);
+}
+
+isa::Program generate(const SoftmaxGradKey& k) {
+    return streaming::standalone(
+        k.name(), softmax_grad_params(k), k.tile,
+        [&](std::span<const Operand> o) { return softmax_grad_spec(k.rows, k.cols, k.scaled, o); });
+}
 
 std::vector<float> causal_bias(uint32_t C) {
     std::vector<float> bias(size_t(C) * C, 0.0f);
@@ -110,22 +168,20 @@ Event scaled_softmax(Device& dev, ProgramCache& cache, const Tensor& x, float sc
                      const Tensor& y) {
     check_same(x, y, "softmax");
     const bool scaled = scale != 1.0f;
-    const Spec sp = softmax_spec(x.rows, x.cols, scaled, causal, dev.config());
-    std::vector<uint32_t> scalars;
-    if (scaled) scalars.push_back(f32_bits(scale));
-    if (!causal) return detail::run(dev, cache, sp, {&x, &y}, scalars);
+    const SoftmaxKey k = plan_softmax(x.rows, x.cols, scaled, causal, dev.config().core.vmem_bytes);
+    Tensor bias;
+    auto bind = [&](size_t i, LaunchArgs& a) {
+        a.set("x", x.bufs[i]).set("y", y.bufs[i]);
+        if (scaled) a.set_f32("scale", scale);
+        if (causal) a.set("bias", bias.bufs[i]);
+    };
+    if (!causal) return launch(dev, cache, k, x.cores, bind);
     // The bias is written once per call from the host (outside the launch's Event), one copy
     // per core, because the VPU has no index generator to build it in VMEM.
-    Tensor bias = alloc_tensor(dev, x.cores, x.cols, x.cols);
+    bias = alloc_tensor(dev, x.cores, x.cols, x.cols);
     try {
         write_tensor_all(dev, bias, causal_bias(x.cols));
-        const Event ev = detail::run(dev, cache, sp, x.cores, [&](size_t i) {
-            std::vector<uint32_t> a = {static_cast<uint32_t>(x.bufs[i].addr),
-                                       static_cast<uint32_t>(y.bufs[i].addr)};
-            a.insert(a.end(), scalars.begin(), scalars.end());
-            a.push_back(static_cast<uint32_t>(bias.bufs[i].addr));
-            return a;
-        });
+        const Event ev = launch(dev, cache, k, x.cores, bind);
         free_tensor(dev, bias);
         return ev;
     } catch (...) {
@@ -139,8 +195,12 @@ Event scaled_softmax_grad(Device& dev, ProgramCache& cache, const Tensor& y, con
     check_same(y, dy, "softmax_grad");
     check_same(y, dx, "softmax_grad");
     const bool scaled = scale != 1.0f;
-    return detail::run(dev, cache, softmax_grad_spec(y.rows, y.cols, scaled), {&y, &dy, &dx},
-                       {f32_bits(scale)});
+    const SoftmaxGradKey k =
+        plan_softmax_grad(y.rows, y.cols, scaled, dev.config().core.vmem_bytes);
+    return launch(dev, cache, k, y.cores, [&](size_t i, LaunchArgs& a) {
+        a.set("y", y.bufs[i]).set("dy", dy.bufs[i]).set("dx", dx.bufs[i]);
+        if (scaled) a.set_f32("scale", scale);
+    });
 }
 
 std::vector<float> softmax_reference(const std::vector<float>& x, uint32_t rows, uint32_t cols,

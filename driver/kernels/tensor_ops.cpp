@@ -2,25 +2,35 @@
 #include "driver/kernels/tensor_ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "driver/kernels/kernel.h"
 #include "driver/kernels/matmul_kernel.h"
+#include "driver/kernels/split.h"
 #include "driver/kernels/vector_ops.h"
 #include "hw/core/numerics.h"
 
 namespace tpu::driver {
 namespace {
 
-using detail::Body;
 using detail::f32_bits;
-using detail::Spec;
-using detail::Stream;
+using isa::fimm;
+using isa::imm;
+using isa::Opcode;
+using streaming::Body;
+using streaming::Operand;
+using streaming::Param;
+using streaming::Spec;
+using streaming::Stream;
 
 /// Odd constant that spreads dropout's per-tile seeds (golden ratio, 32 bits).
 constexpr uint32_t kSeedStride = 0x9E3779B9u;
@@ -37,217 +47,392 @@ int parts_of(Precision p) {
     return p == Precision::Bf16 ? 1 : p == Precision::Fp32Pass3 ? 2 : 3;
 }
 
+// ---- matmul_pack -----------------------------------------------------------------------------
+
+const std::array<Param, 2> kPackParams = {{{"x"}, {"dst"}}};
+
 /// Packs op(x) (Ro x Co fp32) into `parts` bf16 parts of Rp x Cp, zero-padded, part p at
-/// s2 + p Rp Cp 2 bytes (the library GEMM's operand layout: hi, mid, lo as hw::split3).
-/// Without the transpose x is stored Ro x Co; with it, Co x Ro. Launch args: s1 x, s2 dst.
-Spec pack_spec(uint32_t Ro, uint32_t Co, uint32_t Rp, uint32_t Cp, bool transposed, int parts) {
+/// dst + p Rp Cp 2 bytes (the library GEMM's operand layout: hi, mid, lo as hw::split3).
+/// Without the transpose x is stored Ro x Co; with it, Co x Ro.
+Spec pack_spec(uint32_t Ro, uint32_t Co, uint32_t Rp, uint32_t Cp, bool transposed, int parts,
+               std::span<const Operand> o) {
+    const Operand x = o[0], dst = o[1];
     Spec sp;
-    sp.name = fmt::format("matmul_pack {}x{} to {}x{} {} parts{}", Ro, Co, Rp, Cp,
-                          transposed ? "T" : "N", parts);
-    sp.units = Ro;
+    sp.fp.name = "matmul_pack";
+    sp.fp.units = Ro;
     // Areas: X fp32 rows of op(x); H0..H2 bf16 parts (Cp / 2 fp32 slots per row); S the
     // transposed source block; F, R1, R2 the fp32 temporaries of the split.
     const int X = 0, H = 1, S = 1 + parts, F = S + 1, R1 = S + 2, R2 = S + 3;
-    sp.areas = {Cp};
-    for (int p = 0; p < parts; ++p) sp.areas.push_back(Cp / 2);
-    sp.areas.push_back(transposed ? Cp : 1);
-    if (parts >= 2) sp.areas.insert(sp.areas.end(), {Cp, Cp});
-    if (parts == 3) sp.areas.push_back(Cp);
-    const uint64_t pad_bytes = uint64_t(Rp - Ro) * Cp * 2;
-    if (pad_bytes) sp.fixed = {static_cast<uint32_t>(pad_bytes / 4)};
-    const uint64_t part_bytes = uint64_t(Rp) * Cp * 2;
+    sp.fp.areas = {Cp};
+    for (int p = 0; p < parts; ++p) sp.fp.areas.push_back(Cp / 2);
+    sp.fp.areas.push_back(transposed ? Cp : 1);
+    if (parts >= 2) sp.fp.areas.insert(sp.fp.areas.end(), {Cp, Cp});
+    if (parts == 3) sp.fp.areas.push_back(Cp);
+    const int64_t pad_bytes = int64_t(Rp - Ro) * Cp * 2;
+    if (pad_bytes) sp.fp.fixed = {static_cast<uint32_t>(pad_bytes / 4)};
+    const int64_t part_bytes = int64_t(Rp) * Cp * 2;
 
     if (transposed) {
         // The source block is Co rows of the tile's columns, at a fixed row stride of T values
         // so its zero rows Co..Cp (set once) stay where v.trans reads them.
-        sp.ins = {Stream(1, S,
-                         [=](Body& b, const std::string& first, const std::string& units,
-                             const std::string& slot, const std::string& flag) {
-                             b.line(fmt::format("        mul s13, {}, 4", first));
-                             b.line("        add s13, s13, s1");
-                             b.line(fmt::format("        mul s14, {}, 4", units));
-                             b.line(fmt::format("        dma.hv {}, [s13], {}, s14, {}, {}, {}",
-                                                b.at(slot, S), Co, uint64_t(b.tile_units()) * 4,
-                                                uint64_t(Ro) * 4, flag));
+        sp.ins = {Stream(x, S,
+                         [=](Body& b, const isa::Reg& first, const isa::Reg& units,
+                             const isa::Reg& slot, const isa::Flag& flag) {
+                             b.emit(Opcode::Mul, {b.tmp(0), first, imm(4)});
+                             b.emit(Opcode::Add, {b.tmp(0), b.tmp(0), x.value});
+                             b.emit(Opcode::Mul, {b.tmp(1), units, imm(4)});
+                             b.emit(Opcode::DmaHv,
+                                    {b.at(slot, S), b.tmp(0), imm(Co), b.tmp(1),
+                                     imm(int64_t(b.tile_units()) * 4), imm(int64_t(Ro) * 4), flag});
                          })};
     } else {
         // Rows land Cp values apart; the padding columns (set once) stay zero.
-        sp.ins = {Stream(1, X,
-                         [=](Body& b, const std::string& first, const std::string& units,
-                             const std::string& slot, const std::string& flag) {
-                             b.line(
-                                 fmt::format("        mul s13, {}, {}", first, uint64_t(Co) * 4));
-                             b.line("        add s13, s13, s1");
-                             b.line(fmt::format("        dma.hv {}, [s13], {}, {}, {}, {}, {}",
-                                                b.at(slot, X), units, uint64_t(Co) * 4,
-                                                uint64_t(Cp) * 4, uint64_t(Co) * 4, flag));
+        sp.ins = {Stream(x, X,
+                         [=](Body& b, const isa::Reg& first, const isa::Reg& units,
+                             const isa::Reg& slot, const isa::Flag& flag) {
+                             b.emit(Opcode::Mul, {b.tmp(0), first, imm(int64_t(Co) * 4)});
+                             b.emit(Opcode::Add, {b.tmp(0), b.tmp(0), x.value});
+                             b.emit(Opcode::DmaHv,
+                                    {b.at(slot, X), b.tmp(0), units, imm(int64_t(Co) * 4),
+                                     imm(int64_t(Cp) * 4), imm(int64_t(Co) * 4), flag});
                          })};
     }
     for (int p = 0; p < parts; ++p)
-        sp.outs.emplace_back(
-            2, H + p,
-            [=](Body& b, const std::string& first, const std::string& units,
-                const std::string& slot, const std::string& flag) {
-                b.line(fmt::format("        mul s13, {}, {}", first, uint64_t(Cp) * 2));
-                b.line(fmt::format("        add s13, s13, s2"));
-                if (p) b.line(fmt::format("        add s13, s13, {}", p * part_bytes));
-                b.line(fmt::format("        mul s14, {}, {}", units, uint64_t(Cp) * 2));
-                b.line(fmt::format("        dma.vh [s13], {}, 1, s14, s14, s14, {}",
-                                   b.at(slot, H + p), flag));
-            });
+        sp.outs.emplace_back(dst, H + p,
+                             [=](Body& b, const isa::Reg& first, const isa::Reg& units,
+                                 const isa::Reg& slot, const isa::Flag& flag) {
+                                 b.emit(Opcode::Mul, {b.tmp(0), first, imm(int64_t(Cp) * 2)});
+                                 b.emit(Opcode::Add, {b.tmp(0), b.tmp(0), dst.value});
+                                 if (p)
+                                     b.emit(Opcode::Add, {b.tmp(0), b.tmp(0), imm(p * part_bytes)});
+                                 b.emit(Opcode::Mul, {b.tmp(1), units, imm(int64_t(Cp) * 2)});
+                                 b.emit(Opcode::DmaVh, {b.tmp(0), b.at(slot, H + p), imm(1),
+                                                        b.tmp(1), b.tmp(1), b.tmp(1), flag});
+                             });
+    // The padding rows' stores are issued in the prologue and waited for in the epilogue.
+    auto pad = std::make_shared<std::unique_ptr<isa::CountedFlag>>();
     // Zeros: x > x is false for every x (NaN too), whatever VMEM held before.
     sp.prologue = [=](Body& b) {
-        const uint64_t n = uint64_t(b.tile_units()) * Cp;
-        int count = 0;
+        const int64_t n = int64_t(b.tile_units()) * Cp;
+        isa::CountedFlag zero(b.builder(), "zero", isa::Count::AtBuild, 5);
         if (Co < Cp)
             for (int slot = 0; slot < 2; ++slot) {
-                const std::string a = b.slot(slot, transposed ? S : X);
-                b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", a, a, a, n));
-                ++count;
+                const isa::Arg a = b.slot(slot, transposed ? S : X);
+                zero.issue(Opcode::VCmpGt, {a, a, a, imm(n)});
             }
-        if (pad_bytes) {
-            b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", b.f(0), b.f(0), b.f(0),
-                               pad_bytes / 4));
-            ++count;
-        }
-        if (count) b.line(fmt::format("        wait f5, {}", count));
+        if (pad_bytes) zero.issue(Opcode::VCmpGt, {b.f(0), b.f(0), b.f(0), imm(pad_bytes / 4)});
+        zero.wait_all();
+        if (!pad_bytes) return;
         // Rows Ro..Rp of every part are zero (K padding of the weights).
-        for (int p = 0; pad_bytes && p < parts; ++p)
-            b.line(fmt::format("        dma.vh [s2+{}], {}, 1, {}, {}, {}, f6",
-                               p * part_bytes + uint64_t(Ro) * Cp * 2, b.f(0), pad_bytes, pad_bytes,
-                               pad_bytes));
+        *pad = std::make_unique<isa::CountedFlag>(b.builder(), "pad", isa::Count::AtBuild, 6);
+        for (int p = 0; p < parts; ++p)
+            (*pad)->issue(Opcode::DmaVh,
+                          {dst.value + (p * part_bytes + int64_t(Ro) * Cp * 2), b.f(0), imm(1),
+                           imm(pad_bytes), imm(pad_bytes), imm(pad_bytes)});
     };
-    sp.epilogue = [=](Body& b) {
-        if (pad_bytes) b.line(fmt::format("        wait f6, {}", parts));
+    sp.epilogue = [=](Body&) {
+        if (!*pad) return;
+        (*pad)->wait_all();
+        pad->reset();
     };
     // The VPU works on whole tiles (the rows of a ragged last tile past its end are not stored).
     sp.body = [=](Body& b) {
-        const uint64_t n = uint64_t(b.tile_units()) * Cp;
-        if (transposed)
-            b.vpu(
-                fmt::format("        v.trans {}, {}, {}, {}", b.a(X), b.a(S), Cp, b.tile_units()));
-        emit_split([&](const std::string& ins) { b.vpu(ins); }, parts,
-                   [&](int q) { return b.a(H + q); }, b.a(X), parts >= 2 ? b.a(F) : "",
-                   parts >= 2 ? b.a(R1) : "", parts == 3 ? b.a(R2) : "", fmt::format("{}", n));
+        const isa::Arg n = imm(int64_t(b.tile_units()) * Cp);
+        if (transposed) b.vpu(Opcode::VTrans, {b.a(X), b.a(S), imm(Cp), imm(b.tile_units())});
+        emit_split([&](Opcode op, std::initializer_list<isa::Arg> args) { b.vpu(op, args); }, parts,
+                   [&](int q) { return b.a(H + q); }, b.a(X), parts >= 2 ? b.a(F) : imm(0),
+                   parts >= 2 ? b.a(R1) : imm(0), parts == 3 ? b.a(R2) : imm(0), n);
     };
     return sp;
 }
 
-/// Elementwise kernel over n values with `areas` one-value areas.
-Spec elementwise(const std::string& name, uint64_t n, int areas) {
+Spec pack_spec(const PackKey& k, std::span<const Operand> o) {
+    return pack_spec(k.rows, k.cols, k.rows_padded, k.cols_padded, k.transposed, k.parts, o);
+}
+
+// ---- column copies ---------------------------------------------------------------------------
+
+const std::array<Param, 2> kCopyParams = {{{"src"}, {"dst"}}};
+
+Spec column_copy_spec(bool into, uint32_t rows, uint32_t W, uint32_t S,
+                      std::span<const Operand> o) {
+    const Operand src = o[0], dst = o[1];
     Spec sp;
-    sp.name = name;
-    sp.units = n;
-    sp.areas.assign(areas, 1);
+    sp.fp = {into ? "copy_into_columns" : "copy_columns", rows, {W}, {}};
+    if (!into) {
+        // Rows of W values, S values apart in HBM.
+        sp.ins = {Stream(src, 0,
+                         [=](Body& b, const isa::Reg& first, const isa::Reg& units,
+                             const isa::Reg& slot, const isa::Flag& flag) {
+                             b.emit(Opcode::Mul, {b.tmp(0), first, imm(int64_t(S) * 4)});
+                             b.emit(Opcode::Add, {b.tmp(0), b.tmp(0), src.value});
+                             b.emit(Opcode::DmaHv,
+                                    {b.at(slot, 0), b.tmp(0), units, imm(int64_t(W) * 4),
+                                     imm(int64_t(W) * 4), imm(int64_t(S) * 4), flag});
+                         })};
+        sp.outs = {{dst, 0}};
+    } else {
+        sp.ins = {{src, 0}};
+        // Rows of W values stored S values apart in HBM.
+        sp.outs = {Stream(dst, 0,
+                          [=](Body& b, const isa::Reg& first, const isa::Reg& units,
+                              const isa::Reg& slot, const isa::Flag& flag) {
+                              b.emit(Opcode::Mul, {b.tmp(0), first, imm(int64_t(S) * 4)});
+                              b.emit(Opcode::Add, {b.tmp(0), b.tmp(0), dst.value});
+                              b.emit(Opcode::DmaVh,
+                                     {b.tmp(0), b.at(slot, 0), units, imm(int64_t(W) * 4),
+                                      imm(int64_t(S) * 4), imm(int64_t(W) * 4), flag});
+                          })};
+    }
+    sp.body = [](Body&) {};
     return sp;
 }
+
+// ---- elementwise and row kernels -------------------------------------------------------------
 
 /// GELU constants: sqrt(2 / pi) and the cubic coefficient (and 3x it, for the derivative).
 constexpr float kGeluK = 0.7978845608028654f;
 constexpr float kGeluC = 0.044715f;
 constexpr float kGeluC3 = 0.134145f;
 
-Spec dropout_spec(uint64_t n) {
-    enum { X, U, Z, P, K, Out };
-    Spec sp = elementwise("dropout", n, 6);
-    sp.ins = {{1, X}};
-    sp.outs = {{2, K}, {3, Out}};
-    // s4 seed of this replica, s5 the largest float below p, s6 1 / (1 - p).
-    sp.body = [](Body& b) {
-        b.line(fmt::format("        mul s15, s16, {}", kSeedStride));
-        b.line("        add s15, s15, s4");
-        b.vpu(fmt::format("        v.rand {}, s15, s18", b.a(U)));
-        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(Z), b.a(U), b.a(U)));
-        b.vpu(fmt::format("        v.adds {}, {}, s5, s18", b.a(P), b.a(Z)));
-        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(K), b.a(U), b.a(P)));
-        b.vpu(fmt::format("        v.muls {}, {}, s6, s18", b.a(K), b.a(K)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(Out), b.a(X), b.a(K)));
-    };
+/// Name and operands of each TensorOp, in enum order.
+struct OpInfo {
+    const char* name;
+    std::vector<Param> params;
+};
+const OpInfo& info_of(TensorOp op) {
+    static const std::array<OpInfo, 7> kInfo = {{
+        {"copy", {{"src"}, {"dst"}}},
+        {"round_bf16", {{"x"}, {"out"}}},
+        {"gelu", {{"x"}, {"out"}}},
+        {"gelu_grad", {{"x"}, {"dy"}, {"dx"}}},
+        {"dropout", {{"x"}, {"mask"}, {"out"}, {"seed", true}, {"below_p", true}, {"keep", true}}},
+        {"layer_norm",
+         {{"x"},
+          {"gamma"},
+          {"beta"},
+          {"out"},
+          {"mean"},
+          {"rstd"},
+          {"inv_cols", true},
+          {"eps", true}}},
+        {"layer_norm_grad",
+         {{"x"},
+          {"dy"},
+          {"gamma"},
+          {"mean"},
+          {"rstd"},
+          {"dx"},
+          {"dgamma"},
+          {"dbeta"},
+          {"inv_cols", true}}},
+    }};
+    return kInfo.at(static_cast<size_t>(op));
+}
+
+/// Elementwise kernel over n values with `areas` one-value areas.
+Spec elementwise(TensorOp op, uint64_t n, int areas) {
+    Spec sp;
+    sp.fp.name = info_of(op).name;
+    sp.fp.units = n;
+    sp.fp.areas.assign(areas, 1);
     return sp;
+}
+
+/// Th = tanh(kGeluK (x + kGeluC x^3)), the shared start of gelu and gelu_grad (same order as
+/// gelu_reference): X2 = x x, U = X2 x, U = U kGeluC, U = x + U, U = U kGeluK, Th = tanh(U).
+void gelu_tanh(Body& b, int X, int X2, int U, int Th) {
+    const isa::Reg& n = b.units();
+    b.vpu(Opcode::VMul, {b.a(X2), b.a(X), b.a(X), n});
+    b.vpu(Opcode::VMul, {b.a(U), b.a(X2), b.a(X), n});
+    b.vpu(Opcode::VMulS, {b.a(U), b.a(U), imm(f32_bits(kGeluC)), n});
+    b.vpu(Opcode::VAdd, {b.a(U), b.a(X), b.a(U), n});
+    b.vpu(Opcode::VMulS, {b.a(U), b.a(U), imm(f32_bits(kGeluK)), n});
+    b.vpu(Opcode::VTanh, {b.a(Th), b.a(U), n});
 }
 
 /// Broadcasts gamma (fixed area `gamma`) over the tile's rows into area `g`, exactly: -0.0 +
-/// gamma[j] == gamma[j] for every value. `any` is an area whose first s15 values are loaded.
+/// gamma[j] == gamma[j] for every value. `any` is an area whose first scratch() values are
+/// loaded.
 void broadcast_row(Body& b, int g, int any, int gamma, uint32_t cols) {
-    b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s15", b.a(g), b.a(any), b.a(any)));
-    b.vpu(fmt::format("        v.muls {}, {}, -1.0, s15", b.a(g), b.a(g)));
-    b.vpu(fmt::format("        v.addrow {}, {}, {}, s18, {}", b.a(g), b.a(g), b.f(gamma), cols));
+    b.vpu(Opcode::VCmpGt, {b.a(g), b.a(any), b.a(any), b.scratch()});
+    b.vpu(Opcode::VMulS, {b.a(g), b.a(g), fimm(-1.0f), b.scratch()});
+    b.vpu(Opcode::VAddRow, {b.a(g), b.a(g), b.f(gamma), b.units(), imm(cols)});
 }
 
-Spec layer_norm_spec(uint32_t rows, uint32_t cols) {
-    enum { X, Xc, Sq, Xh, G, Y, Out, Sum, Mean, Var, Rstd };
+Spec tensor_op_spec(TensorOp op, uint64_t units, uint32_t cols, std::span<const Operand> o) {
     const uint32_t C = cols;
-    Spec sp;
-    sp.name = "layer_norm";
-    sp.units = rows;
-    sp.areas = {C, C, C, C, C, C, C, 1, 1, 1, 1};
-    sp.fixed = {C, C};  // gamma, beta
-    sp.fixed_ins = {{2, 0}, {3, 1}};
-    sp.ins = {{1, X}};
-    sp.outs = {{4, Out}, {5, Mean}, {6, Rstd}};
-    // s7 fp32(1 / cols), s8 eps.
-    sp.body = [C](Body& b) {
-        b.line(fmt::format("        mul s15, s18, {}", C));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(Sum), b.a(X), C));
-        b.vpu(fmt::format("        v.muls {}, {}, s7, s18", b.a(Mean), b.a(Sum)));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(Xc), b.a(X), b.a(Mean), C));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(Sq), b.a(Xc), b.a(Xc)));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(Sum), b.a(Sq), C));
-        b.vpu(fmt::format("        v.muls {}, {}, s7, s18", b.a(Var), b.a(Sum)));
-        b.vpu(fmt::format("        v.adds {}, {}, s8, s18", b.a(Var), b.a(Var)));
-        b.vpu(fmt::format("        v.rsqrt {}, {}, s18", b.a(Rstd), b.a(Var)));
-        b.vpu(fmt::format("        v.mulcol {}, {}, {}, s18, {}", b.a(Xh), b.a(Xc), b.a(Rstd), C));
-        broadcast_row(b, G, X, 0, C);
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(Y), b.a(Xh), b.a(G)));
-        b.vpu(fmt::format("        v.addrow {}, {}, {}, s18, {}", b.a(Out), b.a(Y), b.f(1), C));
-    };
-    return sp;
+    switch (op) {
+        case TensorOp::Copy: {
+            Spec sp = elementwise(op, units, 1);
+            sp.ins = {{o[0], 0}};
+            sp.outs = {{o[1], 0}};
+            sp.body = [](Body&) {};
+            return sp;
+        }
+        case TensorOp::RoundBf16: {
+            Spec sp = elementwise(op, units, 3);
+            sp.ins = {{o[0], 0}};
+            sp.outs = {{o[1], 2}};
+            sp.body = [](Body& b) {
+                b.vpu(Opcode::VF2Bf, {b.a(1), b.a(0), b.units()});
+                b.vpu(Opcode::VBf2F, {b.a(2), b.a(1), b.units()});
+            };
+            return sp;
+        }
+        case TensorOp::Gelu: {
+            enum { X, X2, U, Th, Out };
+            Spec sp = elementwise(op, units, 5);
+            sp.ins = {{o[0], X}};
+            sp.outs = {{o[1], Out}};
+            sp.body = [](Body& b) {
+                const isa::Reg& n = b.units();
+                gelu_tanh(b, X, X2, U, Th);
+                b.vpu(Opcode::VAddS, {b.a(Th), b.a(Th), fimm(1.0f), n});
+                b.vpu(Opcode::VMul, {b.a(Out), b.a(X), b.a(Th), n});
+                b.vpu(Opcode::VMulS, {b.a(Out), b.a(Out), fimm(0.5f), n});
+            };
+            return sp;
+        }
+        case TensorOp::GeluGrad: {
+            enum { X, Dy, X2, U, Th, L, S, P, Out };
+            Spec sp = elementwise(op, units, 9);
+            sp.ins = {{o[0], X}, {o[1], Dy}};
+            sp.outs = {{o[2], Out}};
+            sp.body = [](Body& b) {
+                const isa::Reg& n = b.units();
+                gelu_tanh(b, X, X2, U, Th);
+                b.vpu(Opcode::VAddS, {b.a(L), b.a(Th), fimm(1.0f), n});
+                b.vpu(Opcode::VMulS, {b.a(L), b.a(L), fimm(0.5f), n});
+                b.vpu(Opcode::VMul, {b.a(S), b.a(Th), b.a(Th), n});
+                b.vpu(Opcode::VMulS, {b.a(S), b.a(S), fimm(-1.0f), n});
+                b.vpu(Opcode::VAddS, {b.a(S), b.a(S), fimm(1.0f), n});
+                b.vpu(Opcode::VMulS, {b.a(P), b.a(X2), imm(f32_bits(kGeluC3)), n});
+                b.vpu(Opcode::VAddS, {b.a(P), b.a(P), fimm(1.0f), n});
+                b.vpu(Opcode::VMulS, {b.a(P), b.a(P), imm(f32_bits(kGeluK)), n});
+                b.vpu(Opcode::VMul, {b.a(S), b.a(S), b.a(P), n});
+                b.vpu(Opcode::VMul, {b.a(S), b.a(S), b.a(X), n});
+                b.vpu(Opcode::VMulS, {b.a(S), b.a(S), fimm(0.5f), n});
+                b.vpu(Opcode::VAdd, {b.a(L), b.a(L), b.a(S), n});
+                b.vpu(Opcode::VMul, {b.a(Out), b.a(L), b.a(Dy), n});
+            };
+            return sp;
+        }
+        case TensorOp::Dropout: {
+            enum { X, U, Z, P, K, Out };
+            Spec sp = elementwise(op, units, 6);
+            sp.ins = {{o[0], X}};
+            sp.outs = {{o[1], K}, {o[2], Out}};
+            const isa::Arg seed = o[3].value, below_p = o[4].value, keep = o[5].value;
+            sp.body = [=](Body& b) {
+                const isa::Reg& n = b.units();
+                b.emit(Opcode::Mul, {b.scratch(), b.tile(), imm(kSeedStride)});
+                b.emit(Opcode::Add, {b.scratch(), b.scratch(), seed});
+                b.vpu(Opcode::VRand, {b.a(U), b.scratch(), n});
+                b.vpu(Opcode::VCmpGt, {b.a(Z), b.a(U), b.a(U), n});
+                b.vpu(Opcode::VAddS, {b.a(P), b.a(Z), below_p, n});
+                b.vpu(Opcode::VCmpGt, {b.a(K), b.a(U), b.a(P), n});
+                b.vpu(Opcode::VMulS, {b.a(K), b.a(K), keep, n});
+                b.vpu(Opcode::VMul, {b.a(Out), b.a(X), b.a(K), n});
+            };
+            return sp;
+        }
+        case TensorOp::LayerNorm: {
+            enum { X, Xc, Sq, Xh, G, Y, Out, Sum, Mean, Var, Rstd };
+            Spec sp;
+            sp.fp = {info_of(op).name, units, {C, C, C, C, C, C, C, 1, 1, 1, 1}, {C, C}};
+            sp.fixed_ins = {{o[1], 0}, {o[2], 1}};  // gamma, beta
+            sp.ins = {{o[0], X}};
+            sp.outs = {{o[3], Out}, {o[4], Mean}, {o[5], Rstd}};
+            const isa::Arg inv = o[6].value, eps = o[7].value;
+            sp.body = [=](Body& b) {
+                const isa::Reg &r = b.units(), &n = b.scratch();
+                b.emit(Opcode::Mul, {n, r, imm(C)});
+                b.vpu(Opcode::VRSum, {b.a(Sum), b.a(X), r, imm(C)});
+                b.vpu(Opcode::VMulS, {b.a(Mean), b.a(Sum), inv, r});
+                b.vpu(Opcode::VSubCol, {b.a(Xc), b.a(X), b.a(Mean), r, imm(C)});
+                b.vpu(Opcode::VMul, {b.a(Sq), b.a(Xc), b.a(Xc), n});
+                b.vpu(Opcode::VRSum, {b.a(Sum), b.a(Sq), r, imm(C)});
+                b.vpu(Opcode::VMulS, {b.a(Var), b.a(Sum), inv, r});
+                b.vpu(Opcode::VAddS, {b.a(Var), b.a(Var), eps, r});
+                b.vpu(Opcode::VRsqrt, {b.a(Rstd), b.a(Var), r});
+                b.vpu(Opcode::VMulCol, {b.a(Xh), b.a(Xc), b.a(Rstd), r, imm(C)});
+                broadcast_row(b, G, X, 0, C);
+                b.vpu(Opcode::VMul, {b.a(Y), b.a(Xh), b.a(G), n});
+                b.vpu(Opcode::VAddRow, {b.a(Out), b.a(Y), b.f(1), r, imm(C)});
+            };
+            return sp;
+        }
+        case TensorOp::LayerNormGrad: {
+            enum { X, Dy, Mean, Rstd, Xc, Xh, Gb, G, Gx, T, U, Dx, P, S1, S2 };
+            enum { Gamma, Dg, Db, Tg, Tb };
+            Spec sp;
+            sp.fp = {info_of(op).name,
+                     units,
+                     {C, C, 1, 1, C, C, C, C, C, C, C, C, C, 1, 1},
+                     {C, C, C, C, C}};
+            sp.fixed_ins = {{o[2], Gamma}};
+            sp.fixed_outs = {{o[6], Dg}, {o[7], Db}};
+            sp.ins = {{o[0], X}, {o[1], Dy}, {o[3], Mean}, {o[4], Rstd}};
+            sp.outs = {{o[5], Dx}};
+            const isa::Arg inv = o[8].value;
+            sp.body = [=](Body& b) {
+                const isa::Reg &r = b.units(), &n = b.scratch();
+                b.emit(Opcode::Mul, {n, r, imm(C)});
+                b.vpu(Opcode::VSubCol, {b.a(Xc), b.a(X), b.a(Mean), r, imm(C)});
+                b.vpu(Opcode::VMulCol, {b.a(Xh), b.a(Xc), b.a(Rstd), r, imm(C)});
+                broadcast_row(b, Gb, X, Gamma, C);
+                b.vpu(Opcode::VMul, {b.a(G), b.a(Dy), b.a(Gb), n});
+                b.vpu(Opcode::VRSum, {b.a(S1), b.a(G), r, imm(C)});
+                b.vpu(Opcode::VMulS, {b.a(S1), b.a(S1), inv, r});
+                b.vpu(Opcode::VMul, {b.a(Gx), b.a(G), b.a(Xh), n});
+                b.vpu(Opcode::VRSum, {b.a(S2), b.a(Gx), r, imm(C)});
+                b.vpu(Opcode::VMulS, {b.a(S2), b.a(S2), inv, r});
+                b.vpu(Opcode::VSubCol, {b.a(T), b.a(G), b.a(S1), r, imm(C)});
+                b.vpu(Opcode::VMulCol, {b.a(U), b.a(Xh), b.a(S2), r, imm(C)});
+                b.vpu(Opcode::VSub, {b.a(T), b.a(T), b.a(U), n});
+                b.vpu(Opcode::VMulCol, {b.a(Dx), b.a(T), b.a(Rstd), r, imm(C)});
+                b.vpu(Opcode::VMul, {b.a(P), b.a(Dy), b.a(Xh), n});
+                // Column sums as col_sum: the first tile's stored, later tiles' added in order.
+                b.builder().if_(
+                    isa::Cond::Eq, b.tile(), imm(0),
+                    [&] {
+                        b.vpu(Opcode::VCSum, {b.f(Dg), b.a(P), r, imm(C)});
+                        b.vpu(Opcode::VCSum, {b.f(Db), b.a(Dy), r, imm(C)});
+                    },
+                    [&] {
+                        b.vpu(Opcode::VCSum, {b.f(Tg), b.a(P), r, imm(C)});
+                        b.vpu(Opcode::VAdd, {b.f(Dg), b.f(Dg), b.f(Tg), imm(C)});
+                        b.vpu(Opcode::VCSum, {b.f(Tb), b.a(Dy), r, imm(C)});
+                        b.vpu(Opcode::VAdd, {b.f(Db), b.f(Db), b.f(Tb), imm(C)});
+                    });
+            };
+            return sp;
+        }
+    }
+    throw std::logic_error("tensor_op_spec: unknown TensorOp");
 }
 
-Spec layer_norm_grad_spec(uint32_t rows, uint32_t cols) {
-    enum { X, Dy, Mean, Rstd, Xc, Xh, Gb, G, Gx, T, U, Dx, P, S1, S2 };
-    enum { Gamma, Dg, Db, Tg, Tb };
-    const uint32_t C = cols;
-    Spec sp;
-    sp.name = "layer_norm_grad";
-    sp.units = rows;
-    sp.areas = {C, C, 1, 1, C, C, C, C, C, C, C, C, C, 1, 1};
-    sp.fixed = {C, C, C, C, C};
-    sp.fixed_ins = {{3, Gamma}};
-    sp.fixed_outs = {{7, Dg}, {8, Db}};
-    sp.ins = {{1, X}, {2, Dy}, {4, Mean}, {5, Rstd}};
-    sp.outs = {{6, Dx}};
-    // s9 fp32(1 / cols).
-    sp.body = [C](Body& b) {
-        b.line(fmt::format("        mul s15, s18, {}", C));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(Xc), b.a(X), b.a(Mean), C));
-        b.vpu(fmt::format("        v.mulcol {}, {}, {}, s18, {}", b.a(Xh), b.a(Xc), b.a(Rstd), C));
-        broadcast_row(b, Gb, X, Gamma, C);
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(G), b.a(Dy), b.a(Gb)));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(S1), b.a(G), C));
-        b.vpu(fmt::format("        v.muls {}, {}, s9, s18", b.a(S1), b.a(S1)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(Gx), b.a(G), b.a(Xh)));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(S2), b.a(Gx), C));
-        b.vpu(fmt::format("        v.muls {}, {}, s9, s18", b.a(S2), b.a(S2)));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(T), b.a(G), b.a(S1), C));
-        b.vpu(fmt::format("        v.mulcol {}, {}, {}, s18, {}", b.a(U), b.a(Xh), b.a(S2), C));
-        b.vpu(fmt::format("        v.sub {}, {}, {}, s15", b.a(T), b.a(T), b.a(U)));
-        b.vpu(fmt::format("        v.mulcol {}, {}, {}, s18, {}", b.a(Dx), b.a(T), b.a(Rstd), C));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(P), b.a(Dy), b.a(Xh)));
-        // Column sums as col_sum: the first tile's stored, later tiles' added in order.
-        b.line(fmt::format("        bne s16, 0, {}", b.label("lg_more")));
-        b.vpu(fmt::format("        v.csum {}, {}, s18, {}", b.f(Dg), b.a(P), C));
-        b.vpu(fmt::format("        v.csum {}, {}, s18, {}", b.f(Db), b.a(Dy), C));
-        b.line(fmt::format("        jmp {}", b.label("lg_done")));
-        b.line(
-            fmt::format("{}: v.csum {}, {}, s18, {}, f2", b.label("lg_more"), b.f(Tg), b.a(P), C));
-        b.line("        add s26, s26, 1");
-        b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.f(Dg), b.f(Dg), b.f(Tg), C));
-        b.vpu(fmt::format("        v.csum {}, {}, s18, {}", b.f(Tb), b.a(Dy), C));
-        b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.f(Db), b.f(Db), b.f(Tb), C));
-        b.line(b.label("lg_done") + ":");
-    };
-    return sp;
+/// Plans `op` on this device and launches its program on `cores`, replica i of `tensors` bound
+/// to its tensor parameters in order and `scalars` to its scalar ones.
+Event run(Device& dev, ProgramCache& cache, TensorOp op, uint64_t units, uint32_t cols,
+          const std::vector<const Tensor*>& tensors, const std::vector<uint32_t>& scalars = {}) {
+    const Tensor& first = *tensors.front();
+    for (const Tensor* t : tensors)
+        if (t->bufs.size() != first.cores.size() || t->cores != first.cores)
+            throw DeviceError(
+                ErrorKind::Usage,
+                fmt::format("{}: tensors on different core sets ({} and {})", info_of(op).name,
+                            cores_text(first.cores), cores_text(t->cores)));
+    const auto& params = info_of(op).params;
+    const TensorOpKey k = plan_tensor_op(op, units, cols, dev.config().core.vmem_bytes);
+    return launch(dev, cache, k, first.cores, [&](size_t i, LaunchArgs& a) {
+        for (size_t p = 0; p < params.size(); ++p)
+            if (params[p].scalar)
+                a.set(params[p].name, scalars.at(p - tensors.size()));
+            else
+                a.set(params[p].name, tensors.at(p)->bufs[i]);
+    });
 }
 
 /// The largest float below p, so that u >= p is u > below(p) (no float lies between them).
@@ -261,6 +446,57 @@ void check_dropout_p(float p) {
 }
 
 }  // namespace
+
+// ---- keys and generators ---------------------------------------------------------------------
+
+std::string TensorOpKey::name() const {
+    return info_of(op).name;
+}
+
+TensorOpKey plan_tensor_op(TensorOp op, uint64_t units, uint32_t cols, uint64_t vmem_bytes) {
+    const auto ops = streaming::placeholders(tensor_op_params(op));
+    return {op, units, cols, streaming::plan(tensor_op_spec(op, units, cols, ops).fp, vmem_bytes)};
+}
+
+std::span<const Param> tensor_op_params(TensorOp op) {
+    return info_of(op).params;
+}
+
+void emit(isa::Builder& b, const TensorOpKey& k, std::span<const Operand> ops) {
+    streaming::check_operands(k.name(), tensor_op_params(k.op), ops);
+    streaming::emit(b, tensor_op_spec(k.op, k.units, k.cols, ops), k.tile);
+}
+
+isa::Program generate(const TensorOpKey& k) {
+    return streaming::standalone(
+        k.name(), tensor_op_params(k.op), k.tile,
+        [&](std::span<const Operand> o) { return tensor_op_spec(k.op, k.units, k.cols, o); });
+}
+
+PackKey plan_pack(uint32_t rows, uint32_t cols, uint32_t rows_padded, uint32_t cols_padded,
+                  bool transposed, int parts, uint64_t vmem_bytes) {
+    PackKey k{rows, cols, rows_padded, cols_padded, transposed, static_cast<uint8_t>(parts), 0};
+    k.tile = streaming::plan(pack_spec(k, streaming::placeholders(kPackParams)).fp, vmem_bytes);
+    return k;
+}
+
+isa::Program generate(const PackKey& k) {
+    return streaming::standalone(k.name(), kPackParams, k.tile,
+                                 [&](std::span<const Operand> o) { return pack_spec(k, o); });
+}
+
+ColumnCopyKey plan_column_copy(bool into, uint32_t rows, uint32_t width, uint32_t stride,
+                               uint64_t vmem_bytes) {
+    const auto ops = streaming::placeholders(kCopyParams);
+    return {into, rows, width, stride,
+            streaming::plan(column_copy_spec(into, rows, width, stride, ops).fp, vmem_bytes)};
+}
+
+isa::Program generate(const ColumnCopyKey& k) {
+    return streaming::standalone(k.name(), kCopyParams, k.tile, [&](std::span<const Operand> o) {
+        return column_copy_spec(k.into, k.rows, k.width, k.stride, o);
+    });
+}
 
 // ---- matmul ----------------------------------------------------------------------------------
 
@@ -310,14 +546,13 @@ Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a
             sa.push_back(dev.alloc(uint64_t(P) * M * t.Kp * 2, core));
             sw.push_back(dev.alloc(uint64_t(P) * t.Kp * t.Np * 2, core));
         }
-        evs.push_back(detail::run(dev, cache, pack_spec(M, K, M, t.Kp, transpose_a, P), a.cores,
-                                  [&](size_t i) {
-                                      return std::vector<uint32_t>{addr(a.bufs[i]), addr(sa[i])};
-                                  }));
-        evs.push_back(detail::run(dev, cache, pack_spec(K, N, t.Kp, t.Np, transpose_b, P), a.cores,
-                                  [&](size_t i) {
-                                      return std::vector<uint32_t>{addr(b.bufs[i]), addr(sw[i])};
-                                  }));
+        const uint64_t vmem = dev.config().core.vmem_bytes;
+        evs.push_back(launch(
+            dev, cache, plan_pack(M, K, M, t.Kp, transpose_a, P, vmem), a.cores,
+            [&](size_t i, LaunchArgs& args) { args.set("x", a.bufs[i]).set("dst", sa[i]); }));
+        evs.push_back(launch(
+            dev, cache, plan_pack(K, N, t.Kp, t.Np, transpose_b, P, vmem), a.cores,
+            [&](size_t i, LaunchArgs& args) { args.set("x", b.bufs[i]).set("dst", sw[i]); }));
         const isa::Program& prog =
             cache.get(gemm_key_compact(t, N), [&] { return gemm_program_compact(t, N); });
         evs.push_back(dev.launch(a.cores, prog, [&](size_t i) {
@@ -354,11 +589,7 @@ std::vector<float> matmul_reference(const std::vector<float>& a, uint32_t a_rows
 
 Event copy(Device& dev, ProgramCache& cache, const Tensor& src, const Tensor& dst) {
     check_same(src, dst, "copy");
-    Spec sp = elementwise("copy", src.elements(), 1);
-    sp.ins = {{1, 0}};
-    sp.outs = {{2, 0}};
-    sp.body = [](Body&) {};
-    return detail::run(dev, cache, sp, {&src, &dst});
+    return run(dev, cache, TensorOp::Copy, src.elements(), 1, {&src, &dst});
 }
 
 Event copy_columns(Device& dev, ProgramCache& cache, const Tensor& src, uint32_t first_col,
@@ -370,25 +601,10 @@ Event copy_columns(Device& dev, ProgramCache& cache, const Tensor& src, uint32_t
                         "{} do not fit a {} x {} tensor on cores {}",
                         first_col, uint64_t(first_col) + dst.cols, src.rows, src.cols,
                         cores_text(src.cores), dst.rows, dst.cols, cores_text(dst.cores)));
-    const uint32_t W = dst.cols, S = src.cols;
-    Spec sp;
-    sp.name = fmt::format("copy_columns of {}", S);
-    sp.units = dst.rows;
-    sp.areas = {W};
-    // Rows of W values, S values apart in HBM.
-    sp.ins = {Stream(1, 0,
-                     [=](Body& b, const std::string& first, const std::string& units,
-                         const std::string& slot, const std::string& flag) {
-                         b.line(fmt::format("        mul s13, {}, {}", first, uint64_t(S) * 4));
-                         b.line("        add s13, s13, s1");
-                         b.line(fmt::format("        dma.hv {}, [s13], {}, {}, {}, {}, {}",
-                                            b.at(slot, 0), units, uint64_t(W) * 4, uint64_t(W) * 4,
-                                            uint64_t(S) * 4, flag));
-                     })};
-    sp.outs = {{2, 0}};
-    sp.body = [](Body&) {};
-    return detail::run(dev, cache, sp, src.cores, [&](size_t i) {
-        return std::vector<uint32_t>{addr(src.bufs[i]) + first_col * 4, addr(dst.bufs[i])};
+    const ColumnCopyKey k =
+        plan_column_copy(false, dst.rows, dst.cols, src.cols, dev.config().core.vmem_bytes);
+    return launch(dev, cache, k, src.cores, [&](size_t i, LaunchArgs& a) {
+        a.set("src", addr(src.bufs[i]) + first_col * 4).set("dst", dst.bufs[i]);
     });
 }
 
@@ -401,38 +617,16 @@ Event copy_into_columns(Device& dev, ProgramCache& cache, const Tensor& src, con
                         "{}..{} of a {} x {} tensor on cores {}",
                         src.rows, src.cols, cores_text(src.cores), first_col,
                         uint64_t(first_col) + src.cols, dst.rows, dst.cols, cores_text(dst.cores)));
-    const uint32_t W = src.cols, S = dst.cols;
-    Spec sp;
-    sp.name = fmt::format("copy_into_columns of {}", S);
-    sp.units = src.rows;
-    sp.areas = {W};
-    sp.ins = {{1, 0}};
-    // Rows of W values stored S values apart in HBM.
-    sp.outs = {Stream(2, 0,
-                      [=](Body& b, const std::string& first, const std::string& units,
-                          const std::string& slot, const std::string& flag) {
-                          b.line(fmt::format("        mul s13, {}, {}", first, uint64_t(S) * 4));
-                          b.line("        add s13, s13, s2");
-                          b.line(fmt::format("        dma.vh [s13], {}, {}, {}, {}, {}, {}",
-                                             b.at(slot, 0), units, uint64_t(W) * 4, uint64_t(S) * 4,
-                                             uint64_t(W) * 4, flag));
-                      })};
-    sp.body = [](Body&) {};
-    return detail::run(dev, cache, sp, src.cores, [&](size_t i) {
-        return std::vector<uint32_t>{addr(src.bufs[i]), addr(dst.bufs[i]) + first_col * 4};
+    const ColumnCopyKey k =
+        plan_column_copy(true, src.rows, src.cols, dst.cols, dev.config().core.vmem_bytes);
+    return launch(dev, cache, k, src.cores, [&](size_t i, LaunchArgs& a) {
+        a.set("src", src.bufs[i]).set("dst", addr(dst.bufs[i]) + first_col * 4);
     });
 }
 
 Event round_bf16(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
     check_same(x, out, "round_bf16");
-    Spec sp = elementwise("round_bf16", x.elements(), 3);
-    sp.ins = {{1, 0}};
-    sp.outs = {{2, 2}};
-    sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.f2bf {}, {}, s18", b.a(1), b.a(0)));
-        b.vpu(fmt::format("        v.bf2f {}, {}, s18", b.a(2), b.a(1)));
-    };
-    return detail::run(dev, cache, sp, {&x, &out});
+    return run(dev, cache, TensorOp::RoundBf16, x.elements(), 1, {&x, &out});
 }
 
 std::vector<float> round_bf16_reference(const std::vector<float>& x) {
@@ -443,61 +637,16 @@ std::vector<float> round_bf16_reference(const std::vector<float>& x) {
 
 // ---- GELU ------------------------------------------------------------------------------------
 
-namespace {
-
-/// Th = tanh(kGeluK (x + kGeluC x^3)), the shared start of gelu and gelu_grad (same order as
-/// gelu_reference): X2 = x x, U = X2 x, U = U kGeluC, U = x + U, U = U kGeluK, Th = tanh(U).
-void gelu_tanh(Body& b, int X, int X2, int U, int Th) {
-    b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(X2), b.a(X), b.a(X)));
-    b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(U), b.a(X2), b.a(X)));
-    b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(U), b.a(U), f32_bits(kGeluC)));
-    b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(U), b.a(X), b.a(U)));
-    b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(U), b.a(U), f32_bits(kGeluK)));
-    b.vpu(fmt::format("        v.tanh {}, {}, s18", b.a(Th), b.a(U)));
-}
-
-}  // namespace
-
 Event gelu(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
     check_same(x, out, "gelu");
-    enum { X, X2, U, Th, Out };
-    Spec sp = elementwise("gelu", x.elements(), 5);
-    sp.ins = {{1, X}};
-    sp.outs = {{2, Out}};
-    sp.body = [](Body& b) {
-        gelu_tanh(b, X, X2, U, Th);
-        b.vpu(fmt::format("        v.adds {}, {}, 1.0, s18", b.a(Th), b.a(Th)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(Out), b.a(X), b.a(Th)));
-        b.vpu(fmt::format("        v.muls {}, {}, 0.5, s18", b.a(Out), b.a(Out)));
-    };
-    return detail::run(dev, cache, sp, {&x, &out});
+    return run(dev, cache, TensorOp::Gelu, x.elements(), 1, {&x, &out});
 }
 
 Event gelu_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& dy,
                 const Tensor& dx) {
     check_same(x, dy, "gelu_grad");
     check_same(x, dx, "gelu_grad");
-    enum { X, Dy, X2, U, Th, L, S, P, Out };
-    Spec sp = elementwise("gelu_grad", x.elements(), 9);
-    sp.ins = {{1, X}, {2, Dy}};
-    sp.outs = {{3, Out}};
-    sp.body = [](Body& b) {
-        gelu_tanh(b, X, X2, U, Th);
-        b.vpu(fmt::format("        v.adds {}, {}, 1.0, s18", b.a(L), b.a(Th)));
-        b.vpu(fmt::format("        v.muls {}, {}, 0.5, s18", b.a(L), b.a(L)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(S), b.a(Th), b.a(Th)));
-        b.vpu(fmt::format("        v.muls {}, {}, -1.0, s18", b.a(S), b.a(S)));
-        b.vpu(fmt::format("        v.adds {}, {}, 1.0, s18", b.a(S), b.a(S)));
-        b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(P), b.a(X2), f32_bits(kGeluC3)));
-        b.vpu(fmt::format("        v.adds {}, {}, 1.0, s18", b.a(P), b.a(P)));
-        b.vpu(fmt::format("        v.muls {}, {}, {}, s18", b.a(P), b.a(P), f32_bits(kGeluK)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(S), b.a(S), b.a(P)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(S), b.a(S), b.a(X)));
-        b.vpu(fmt::format("        v.muls {}, {}, 0.5, s18", b.a(S), b.a(S)));
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(L), b.a(L), b.a(S)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(Out), b.a(L), b.a(Dy)));
-    };
-    return detail::run(dev, cache, sp, {&x, &dy, &dx});
+    return run(dev, cache, TensorOp::GeluGrad, x.elements(), 1, {&x, &dy, &dx});
 }
 
 namespace {
@@ -550,15 +699,17 @@ Event dropout(Device& dev, ProgramCache& cache, const Tensor& x, float p, uint32
     check_same(x, out, "dropout");
     check_dropout_p(p);
     const float keep = 1.0f / (1.0f - p);
-    return detail::run(dev, cache, dropout_spec(x.elements()), x.cores, [&](size_t i) {
-        return std::vector<uint32_t>{addr(x.bufs[i]),    addr(mask.bufs[i]),
-                                     addr(out.bufs[i]),  seed + static_cast<uint32_t>(i),
-                                     f32_bits(below(p)), f32_bits(keep)};
+    const TensorOpKey k =
+        plan_tensor_op(TensorOp::Dropout, x.elements(), 1, dev.config().core.vmem_bytes);
+    return launch(dev, cache, k, x.cores, [&](size_t i, LaunchArgs& a) {
+        a.set("x", x.bufs[i]).set("mask", mask.bufs[i]).set("out", out.bufs[i]);
+        a.set("seed", seed + static_cast<uint32_t>(i)).set_f32("below_p", below(p));
+        a.set_f32("keep", keep);
     });
 }
 
 uint32_t dropout_tile_values(const hw::BoardConfig& cfg, uint64_t n) {
-    return detail::tile_units(dropout_spec(n), cfg);
+    return plan_tensor_op(TensorOp::Dropout, n, 1, cfg.core.vmem_bytes).tile;
 }
 
 DropoutResult dropout_reference(const std::vector<float>& x, float p, uint32_t replica_seed,
@@ -588,8 +739,8 @@ Event layer_norm(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor
     check_tensor(mean, x.rows, 1, x, name, "mean");
     check_tensor(rstd, x.rows, 1, x, name, "rstd");
     const float inv = 1.0f / static_cast<float>(x.cols);
-    return detail::run(dev, cache, layer_norm_spec(x.rows, x.cols),
-                       {&x, &gamma, &beta, &out, &mean, &rstd}, {f32_bits(inv), f32_bits(eps)});
+    return run(dev, cache, TensorOp::LayerNorm, x.rows, x.cols,
+               {&x, &gamma, &beta, &out, &mean, &rstd}, {f32_bits(inv), f32_bits(eps)});
 }
 
 Event layer_norm_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& dy,
@@ -604,12 +755,12 @@ Event layer_norm_grad(Device& dev, ProgramCache& cache, const Tensor& x, const T
     check_tensor(dgamma, 1, x.cols, x, name, "dgamma");
     check_tensor(dbeta, 1, x.cols, x, name, "dbeta");
     const float inv = 1.0f / static_cast<float>(x.cols);
-    return detail::run(dev, cache, layer_norm_grad_spec(x.rows, x.cols),
-                       {&x, &dy, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta}, {f32_bits(inv)});
+    return run(dev, cache, TensorOp::LayerNormGrad, x.rows, x.cols,
+               {&x, &dy, &gamma, &mean, &rstd, &dx, &dgamma, &dbeta}, {f32_bits(inv)});
 }
 
 uint32_t layer_norm_grad_tile_rows(const hw::BoardConfig& cfg, uint32_t rows, uint32_t cols) {
-    return detail::tile_units(layer_norm_grad_spec(rows, cols), cfg);
+    return plan_tensor_op(TensorOp::LayerNormGrad, rows, cols, cfg.core.vmem_bytes).tile;
 }
 
 LayerNormResult layer_norm_reference(const std::vector<float>& x, const std::vector<float>& gamma,

@@ -2,9 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "driver/kernels/gemm.h"
+#include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
 
@@ -14,6 +17,83 @@
 /// its own replica. Each kernel has a host reference with the device's exact fp32 operation
 /// order, so results match bit for bit.
 namespace tpu::driver {
+
+// ---- Keys and generators of the streaming kernels (driver/kernels/stream_kernel.h) -----------
+
+/// The elementwise and row kernels of this file.
+enum class TensorOp : uint8_t {
+    Copy,           ///< src -> dst
+    RoundBf16,      ///< x -> out
+    Gelu,           ///< x -> out
+    GeluGrad,       ///< x, dy -> dx
+    Dropout,        ///< x -> mask, out; scalars seed, below_p, keep
+    LayerNorm,      ///< x, gamma, beta -> out, mean, rstd; scalars inv_cols, eps
+    LayerNormGrad,  ///< x, dy, gamma, mean, rstd -> dx, dgamma, dbeta; scalar inv_cols
+};
+
+/// The program-cache key of a TensorOp kernel.
+struct TensorOpKey {
+    TensorOp op = TensorOp::Copy;  ///< which kernel
+    uint64_t units = 0;            ///< elements (elementwise kernels) or rows (layer norms)
+    uint32_t cols = 1;             ///< values per row (layer norms; 1 otherwise)
+    uint32_t tile = 0;             ///< units per VMEM tile (plan_tensor_op)
+    auto operator<=>(const TensorOpKey&) const = default;
+    /// The kernel name of per-kernel statistics ("gelu", "layer_norm", ...).
+    std::string name() const;
+    friend size_t hash_value(const TensorOpKey& k) {
+        return hash_fields(k.op, k.units, k.cols, k.tile);
+    }
+};
+/// The key of `op` on `units` units of `cols` values, tiled for `vmem_bytes` of free VMEM.
+TensorOpKey plan_tensor_op(TensorOp op, uint64_t units, uint32_t cols, uint64_t vmem_bytes);
+/// The operands of `op` in launch-argument order: tensors, then scalars.
+std::span<const streaming::Param> tensor_op_params(TensorOp op);
+/// Emits kernel `k` into `b` (no halt), operands in tensor_op_params order.
+void emit(isa::Builder& b, const TensorOpKey& k, std::span<const streaming::Operand> ops);
+/// The stand-alone program of `k`.
+isa::Program generate(const TensorOpKey& k);
+
+/// Key of matmul's packing kernel ("matmul_pack", the fallback path): op(x) (rows x cols fp32,
+/// stored transposed when `transposed`) into `parts` bf16 parts of rows_padded x cols_padded.
+/// Operands: x, dst.
+struct PackKey {
+    uint32_t rows = 0, cols = 0;                ///< op(x)
+    uint32_t rows_padded = 0, cols_padded = 0;  ///< each part
+    bool transposed = false;                    ///< x is stored cols x rows
+    uint8_t parts = 1;                          ///< 1, 2 or 3 (Precision)
+    uint32_t tile = 0;                          ///< rows per VMEM tile
+    auto operator<=>(const PackKey&) const = default;
+    std::string name() const { return "matmul_pack"; }
+    friend size_t hash_value(const PackKey& k) {
+        return hash_fields(k.rows, k.cols, k.rows_padded, k.cols_padded, k.transposed, k.parts,
+                           k.tile);
+    }
+};
+/// The packing kernel's key, tiled for `vmem_bytes`.
+PackKey plan_pack(uint32_t rows, uint32_t cols, uint32_t rows_padded, uint32_t cols_padded,
+                  bool transposed, int parts, uint64_t vmem_bytes);
+/// The stand-alone packing program.
+isa::Program generate(const PackKey& k);
+
+/// Key of copy_columns (`into` false: rows of `width` values from rows `stride` apart) and
+/// copy_into_columns (`into`: into rows `stride` apart). Operands: src, dst.
+struct ColumnCopyKey {
+    bool into = false;    ///< copy_into_columns
+    uint32_t rows = 0;    ///< rows copied
+    uint32_t width = 0;   ///< values per row copied
+    uint32_t stride = 0;  ///< values per row of the wider tensor
+    uint32_t tile = 0;    ///< rows per VMEM tile
+    auto operator<=>(const ColumnCopyKey&) const = default;
+    std::string name() const { return into ? "copy_into_columns" : "copy_columns"; }
+    friend size_t hash_value(const ColumnCopyKey& k) {
+        return hash_fields(k.into, k.rows, k.width, k.stride, k.tile);
+    }
+};
+/// The column copy's key, tiled for `vmem_bytes`.
+ColumnCopyKey plan_column_copy(bool into, uint32_t rows, uint32_t width, uint32_t stride,
+                               uint64_t vmem_bytes);
+/// The stand-alone column-copy program.
+isa::Program generate(const ColumnCopyKey& k);
 
 /// c = op(a) x op(b) (+ bias), op(x) = x^T when its flag is set: op(a) is M x K, op(b) is
 /// K x N, c is M x N fp32 (compact), `bias` (optional) 1 x N, added to each row of the product

@@ -2,244 +2,262 @@
 #include "driver/kernels/vector_ops.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
-#include <functional>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "isa/assembler.h"
+#include "driver/kernels/kernel.h"
 
 namespace tpu::driver {
-namespace detail {
 
-/// Where the body finds its operands: slot areas relative to s19 and fixed areas.
-struct Layout {
-    uint32_t tile_units = 0;         ///< units (elements or rows) per tile
-    uint64_t slot_bytes = 0;         ///< one of the two tile slots
-    std::vector<uint64_t> area_off;  ///< per slot area, bytes from the slot base
-    std::vector<uint64_t> fixed_at;  ///< per fixed area, absolute VMEM address
-    uint64_t end = 0;                ///< VMEM bytes used
-};
-
-std::string Body::a(int k) const {
-    return fmt::format("[s19+{}]", m_l.area_off[k]);
-}
-std::string Body::at(const std::string& slot, int k) const {
-    return fmt::format("[{}+{}]", slot, m_l.area_off[k]);
-}
-std::string Body::slot(int which, int k) const {
-    return fmt::format("[{}]", uint64_t(which) * m_l.slot_bytes + m_l.area_off[k]);
-}
-std::string Body::f(int k) const {
-    return fmt::format("[{}]", m_l.fixed_at[k]);
-}
-uint64_t Body::off(int k) const {
-    return m_l.area_off[k];
-}
-uint64_t Body::fixed_addr(int k) const {
-    return m_l.fixed_at[k];
-}
-uint32_t Body::tile_units() const {
-    return m_l.tile_units;
-}
-void Body::vpu(const std::string& ins) {
-    line(ins + ", f2");
-    line("        add s26, s26, 1");
-}
-std::string Body::label(const std::string& name) const {
-    return name + "_" + m_tag;
-}
-void Body::line(const std::string& text) {
-    m_s += text;
-    m_s += '\n';
-}
-
-uint32_t f32_bits(float x) {
+uint32_t detail::f32_bits(float x) {
     return std::bit_cast<uint32_t>(x);
 }
-
-}  // namespace detail
 
 namespace {
 
-using detail::Body;
-using detail::FixedIo;
-using detail::Layout;
-using detail::Spec;
-using detail::Stream;
+using isa::fimm;
+using isa::imm;
+using isa::Opcode;
+using streaming::Body;
+using streaming::Operand;
+using streaming::Param;
+using streaming::Spec;
 
-/// Values of the widest stream per tile: large enough that the DMA's fixed latency is small
-/// against the transfer, small enough that a 70 000-value tensor still runs as a pipeline.
-constexpr uint32_t kMaxTileValues = 32768;
-/// Alignment of tile slots and fixed areas in VMEM.
-constexpr uint64_t kVmemAlign = 256;
-
-uint64_t round_up(uint64_t x, uint64_t m) {
-    return (x + m - 1) / m * m;
+/// Name and operands of each VectorOp, in enum order.
+struct OpInfo {
+    const char* name;
+    std::vector<Param> params;
+};
+const std::array<OpInfo, 12>& op_info() {
+    static const std::array<OpInfo, 12> kInfo = {{
+        {"add", {{"a"}, {"b"}, {"out"}}},
+        {"mul", {{"a"}, {"b"}, {"out"}}},
+        {"scale", {{"a"}, {"out"}, {"s", true}}},
+        {"relu", {{"x"}, {"out"}}},
+        {"add_relu", {{"a"}, {"b"}, {"out"}}},
+        {"relu_grad", {{"x"}, {"dy"}, {"dx"}}},
+        {"bias_add", {{"x"}, {"bias"}, {"out"}}},
+        {"row_sum", {{"x"}, {"out"}}},
+        {"col_sum", {{"x"}, {"out"}}},
+        {"softmax_cross_entropy",
+         {{"logits"}, {"labels"}, {"loss"}, {"dlogits"}, {"inv_rows", true}}},
+        {"sgd_momentum", {{"w"}, {"g"}, {"v"}, {"lr", true}, {"momentum", true}}},
+        {"adam",
+         {{"w"},
+          {"g"},
+          {"m"},
+          {"v"},
+          {"beta1", true},
+          {"one_minus_b1", true},
+          {"beta2", true},
+          {"one_minus_b2", true},
+          {"c2", true},
+          {"eps", true},
+          {"lr_c1", true}}},
+    }};
+    return kInfo;
+}
+const OpInfo& info_of(VectorOp op) {
+    return op_info().at(static_cast<size_t>(op));
 }
 
-uint32_t bits(float x) {
-    return std::bit_cast<uint32_t>(x);
+/// Elementwise kernels over n values: `areas` slot areas of one value per unit.
+Spec elementwise(VectorOp op, uint64_t n, int areas) {
+    Spec sp;
+    sp.fp.name = info_of(op).name;
+    sp.fp.units = n;
+    sp.fp.areas.assign(areas, 1);
+    return sp;
 }
 
-Layout plan(const Spec& sp, uint64_t vmem_bytes) {
-    Layout l;
-    uint64_t fixed_bytes = 0;
-    for (uint32_t v : sp.fixed) fixed_bytes += round_up(uint64_t(v) * 4, kVmemAlign);
-    uint64_t unit_bytes = 0;
-    uint32_t widest = 1;
-    for (uint32_t v : sp.areas) {
-        unit_bytes += uint64_t(v) * 4;
-        widest = std::max(widest, v);
-    }
-    auto slot_of = [&](uint64_t units, std::vector<uint64_t>* off) {
-        uint64_t at = 0;
-        for (uint32_t v : sp.areas) {
-            if (off) off->push_back(at);
-            at += round_up(units * v * 4, kVmemAlign);
+/// The kernel: its footprint, streams and body, with operands `o` (vector_params order).
+Spec vector_spec(VectorOp op, uint64_t units, uint32_t cols, std::span<const Operand> o) {
+    const uint32_t C = cols;
+    switch (op) {
+        case VectorOp::Add:
+        case VectorOp::Mul: {
+            Spec sp = elementwise(op, units, 3);
+            sp.ins = {{o[0], 0}, {o[1], 1}};
+            sp.outs = {{o[2], 2}};
+            const Opcode vop = op == VectorOp::Add ? Opcode::VAdd : Opcode::VMul;
+            sp.body = [vop](Body& b) { b.vpu(vop, {b.a(2), b.a(0), b.a(1), b.units()}); };
+            return sp;
         }
-        return at;
-    };
-    // Two slots of one unit each plus the fixed areas.
-    const uint64_t min_need = 2 * slot_of(1, nullptr) + fixed_bytes;
-    if (min_need > vmem_bytes)
-        throw DeviceError(ErrorKind::Usage,
-                          fmt::format("{}: a row of {} values needs {} bytes of VMEM in two tile "
-                                      "slots; the core has {}",
-                                      sp.name, widest, min_need, vmem_bytes));
-    // Each area rounds up by less than the alignment, so this many units always fit.
-    const uint64_t fit =
-        ((vmem_bytes - fixed_bytes) / 2 - sp.areas.size() * kVmemAlign) / unit_bytes;
-    uint64_t t = std::min<uint64_t>(
-        {sp.units, std::max<uint64_t>(1, kMaxTileValues / widest), std::max<uint64_t>(1, fit)});
-    if (sp.max_tile_units) t = std::min(t, sp.max_tile_units);
-    l.tile_units = static_cast<uint32_t>(t);
-    l.slot_bytes = slot_of(t, &l.area_off);
-    uint64_t at = 2 * l.slot_bytes;
-    for (uint32_t v : sp.fixed) {
-        l.fixed_at.push_back(at);
-        at += round_up(uint64_t(v) * 4, kVmemAlign);
-    }
-    l.end = at;
-    return l;
-}
-
-isa::Program build(const Spec& sp, const Layout& l) {
-    std::string s;
-    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
-        s += fmt::format(f, std::forward<A>(a)...);
-        s += '\n';
-    };
-    Body body(s, l);
-    const uint64_t U = sp.units, T = l.tile_units, tiles = (U + T - 1) / T;
-    const size_t NI = sp.ins.size(), NO = sp.outs.size();
-    // Per-slot flags: a banked HBM can finish a DMA before an earlier one, so a count over
-    // both slots would not prove that this slot's transfers are done.
-    const char* ld[2] = {"f1", "f8"};
-    const char* st[2] = {"f3", "f9"};
-    L("# {}: {} units, {} per tile, two slots of {} bytes at 0 and {}", sp.name, U, T, l.slot_bytes,
-      l.slot_bytes);
-    L("# s16 tile i, s17/s18/s19 its first unit, units and slot; s20/s21/s22 tile i+1;");
-    L("# s23/s24/s25 tile i-1; s26 VPU ops issued; s29/s30 stores/loads to wait for.");
-    L("# Flags: f1/f8 loads and f3/f9 stores of slot 0/1, f2 VPU, f4 fixed loads, f10 fixed");
-    L("# stores. The loop is unrolled twice so that tile i (slot i & 1) uses fixed flags.");
-    // One dma per stream: HBM address = base + first unit * per * 4, one row of units * per * 4.
-    auto transfer = [&](const std::vector<Stream>& streams, bool in, const char* off,
-                        const char* len, const char* slot, const char* flag) {
-        for (const Stream& st : streams) {
-            if (st.dma) {
-                st.dma(body, off, len, slot, flag);
-                continue;
-            }
-            const uint64_t per_bytes = uint64_t(sp.areas[st.area]) * 4;
-            L("        mul s13, {}, {}", off, per_bytes);
-            L("        add s13, s13, s{}", st.arg);
-            L("        mul s14, {}, {}", len, per_bytes);
-            if (in)
-                L("        dma.hv [{}+{}], [s13], 1, s14, s14, s14, {}", slot, l.area_off[st.area],
-                  flag);
-            else
-                L("        dma.vh [s13], [{}+{}], 1, s14, s14, s14, {}", slot, l.area_off[st.area],
-                  flag);
+        case VectorOp::Scale: {
+            Spec sp = elementwise(op, units, 2);
+            sp.ins = {{o[0], 0}};
+            sp.outs = {{o[1], 1}};
+            const isa::Arg s = o[2].value;
+            sp.body = [s](Body& b) { b.vpu(Opcode::VMulS, {b.a(1), b.a(0), s, b.units()}); };
+            return sp;
         }
-    };
-    for (int r : {16, 17, 19, 26}) L("        li s{}, 0", r);
-    L("        li s18, {}", std::min(U, T));
-    if (sp.prologue) sp.prologue(body);
-    for (const FixedIo& io : sp.fixed_ins) {
-        const uint64_t b = uint64_t(sp.fixed[io.fixed]) * 4;
-        L("        dma.hv [{}], [s{}], 1, {}, {}, {}, f4", l.fixed_at[io.fixed], io.arg, b, b, b);
+        case VectorOp::Relu: {
+            Spec sp = elementwise(op, units, 2);
+            sp.ins = {{o[0], 0}};
+            sp.outs = {{o[1], 1}};
+            sp.body = [](Body& b) {
+                b.vpu(Opcode::VMaxS, {b.a(1), b.a(0), fimm(0.0f), b.units()});
+            };
+            return sp;
+        }
+        case VectorOp::AddRelu: {
+            Spec sp = elementwise(op, units, 3);
+            sp.ins = {{o[0], 0}, {o[1], 1}};
+            sp.outs = {{o[2], 2}};
+            sp.body = [](Body& b) {
+                b.vpu(Opcode::VAdd, {b.a(2), b.a(0), b.a(1), b.units()});
+                b.vpu(Opcode::VMaxS, {b.a(2), b.a(2), fimm(0.0f), b.units()});
+            };
+            return sp;
+        }
+        case VectorOp::ReluGrad: {
+            enum { X, Dy, Zero, Mask, Dx };
+            Spec sp = elementwise(op, units, 5);
+            sp.ins = {{o[0], X}, {o[1], Dy}};
+            sp.outs = {{o[2], Dx}};
+            sp.body = [](Body& b) {
+                // x > x is false for every x, NaN included, so this makes +0.0 without a
+                // constant in memory; the mask is 1.0 or +0.0 and doubles as the +0.0 operand of
+                // the select.
+                b.vpu(Opcode::VCmpGt, {b.a(Zero), b.a(X), b.a(X), b.units()});
+                b.vpu(Opcode::VCmpGt, {b.a(Mask), b.a(X), b.a(Zero), b.units()});
+                b.vpu(Opcode::VSel, {b.a(Dx), b.a(Mask), b.a(Dy), b.a(Mask), b.units()});
+            };
+            return sp;
+        }
+        case VectorOp::BiasAdd: {
+            Spec sp;
+            sp.fp = {info_of(op).name, units, {C, C}, {C}};
+            sp.ins = {{o[0], 0}};
+            sp.outs = {{o[2], 1}};
+            sp.fixed_ins = {{o[1], 0}};
+            sp.body = [C](Body& b) {
+                b.vpu(Opcode::VAddRow, {b.a(1), b.a(0), b.f(0), b.units(), imm(C)});
+            };
+            return sp;
+        }
+        case VectorOp::RowSum: {
+            Spec sp;
+            sp.fp = {info_of(op).name, units, {C, 1}, {}};
+            sp.ins = {{o[0], 0}};
+            sp.outs = {{o[1], 1}};
+            sp.body = [C](Body& b) { b.vpu(Opcode::VRSum, {b.a(1), b.a(0), b.units(), imm(C)}); };
+            return sp;
+        }
+        case VectorOp::ColSum: {
+            Spec sp;
+            sp.fp = {info_of(op).name, units, {C}, {C, C}};  // fixed: running sum, tile sum
+            sp.ins = {{o[0], 0}};
+            sp.fixed_outs = {{o[1], 0}};
+            sp.body = [C](Body& b) {
+                // The first tile's sum is stored; later tile sums are added to it.
+                b.builder().if_(
+                    isa::Cond::Eq, b.tile(), imm(0),
+                    [&] {
+                        b.vpu(Opcode::VCSum, {b.f(0), b.a(0), b.units(), imm(C)});
+                    },
+                    [&] {
+                        b.vpu(Opcode::VCSum, {b.f(1), b.a(0), b.units(), imm(C)});
+                        b.vpu(Opcode::VAdd, {b.f(0), b.f(0), b.f(1), imm(C)});
+                    });
+            };
+            return sp;
+        }
+        case VectorOp::SoftmaxCrossEntropy: {
+            enum { Lg, Y, Z, E, P, D, M, S, Ls, Lr, Loss };
+            Spec sp;
+            sp.fp = {info_of(op).name, units, {C, C, C, C, C, C, 1, 1, 1, 1, 1}, {}};
+            sp.ins = {{o[0], Lg}, {o[1], Y}};
+            sp.outs = {{o[2], Loss}, {o[3], D}};
+            const isa::Arg inv_rows = o[4].value;
+            sp.body = [C, inv_rows](Body& b) {
+                const isa::Reg& n = b.scratch();  // values in the tile
+                b.emit(Opcode::Mul, {n, b.units(), imm(C)});
+                b.vpu(Opcode::VRMax, {b.a(M), b.a(Lg), b.units(), imm(C)});
+                b.vpu(Opcode::VSubCol, {b.a(Z), b.a(Lg), b.a(M), b.units(), imm(C)});
+                b.vpu(Opcode::VExp, {b.a(E), b.a(Z), n});
+                b.vpu(Opcode::VRSum, {b.a(S), b.a(E), b.units(), imm(C)});
+                b.vpu(Opcode::VLog, {b.a(Ls), b.a(S), b.units()});
+                b.vpu(Opcode::VSubCol, {b.a(P), b.a(Z), b.a(Ls), b.units(), imm(C)});
+                b.vpu(Opcode::VMul, {b.a(E), b.a(Y), b.a(P), n});
+                b.vpu(Opcode::VRSum, {b.a(Lr), b.a(E), b.units(), imm(C)});
+                b.vpu(Opcode::VMulS, {b.a(Loss), b.a(Lr), fimm(-1.0f), b.units()});
+                b.vpu(Opcode::VExp, {b.a(E), b.a(P), n});
+                b.vpu(Opcode::VSub, {b.a(D), b.a(E), b.a(Y), n});
+                b.vpu(Opcode::VMulS, {b.a(D), b.a(D), inv_rows, n});
+            };
+            return sp;
+        }
+        case VectorOp::SgdMomentum: {
+            enum { W, G, V, T };
+            Spec sp = elementwise(op, units, 4);
+            sp.ins = {{o[0], W}, {o[1], G}, {o[2], V}};
+            sp.outs = {{o[0], W}, {o[2], V}};
+            const isa::Arg lr = o[3].value, momentum = o[4].value;
+            sp.body = [lr, momentum](Body& b) {
+                b.vpu(Opcode::VMulS, {b.a(V), b.a(V), momentum, b.units()});
+                b.vpu(Opcode::VAdd, {b.a(V), b.a(V), b.a(G), b.units()});
+                b.vpu(Opcode::VMulS, {b.a(T), b.a(V), lr, b.units()});
+                b.vpu(Opcode::VSub, {b.a(W), b.a(W), b.a(T), b.units()});
+            };
+            return sp;
+        }
+        case VectorOp::Adam: {
+            enum { W, G, M, V, T1, T2 };
+            Spec sp = elementwise(op, units, 6);
+            sp.ins = {{o[0], W}, {o[1], G}, {o[2], M}, {o[3], V}};
+            sp.outs = {{o[0], W}, {o[2], M}, {o[3], V}};
+            const isa::Arg beta1 = o[4].value, one_minus_b1 = o[5].value, beta2 = o[6].value,
+                           one_minus_b2 = o[7].value, c2 = o[8].value, eps = o[9].value,
+                           lr_c1 = o[10].value;
+            // PyTorch divides by sqrt(v_hat) + eps; the VPU has rsqrt but no sqrt or divide, so
+            // sqrt(x) = x * rsqrt(x) (selected back to 0 where x = 0, where rsqrt is inf) and
+            // 1 / d = rsqrt(d)^2.
+            sp.body = [=](Body& b) {
+                const isa::Reg& n = b.units();
+                b.vpu(Opcode::VMulS, {b.a(T1), b.a(G), one_minus_b1, n});
+                b.vpu(Opcode::VMulS, {b.a(M), b.a(M), beta1, n});
+                b.vpu(Opcode::VAdd, {b.a(M), b.a(M), b.a(T1), n});
+                b.vpu(Opcode::VMul, {b.a(T2), b.a(G), b.a(G), n});
+                b.vpu(Opcode::VMulS, {b.a(T2), b.a(T2), one_minus_b2, n});
+                b.vpu(Opcode::VMulS, {b.a(V), b.a(V), beta2, n});
+                b.vpu(Opcode::VAdd, {b.a(V), b.a(V), b.a(T2), n});
+                b.vpu(Opcode::VMulS, {b.a(T2), b.a(V), c2, n});
+                b.vpu(Opcode::VRsqrt, {b.a(T1), b.a(T2), n});
+                b.vpu(Opcode::VMul, {b.a(T1), b.a(T2), b.a(T1), n});
+                b.vpu(Opcode::VSel, {b.a(T1), b.a(T2), b.a(T1), b.a(T2), n});
+                b.vpu(Opcode::VAddS, {b.a(T1), b.a(T1), eps, n});
+                b.vpu(Opcode::VRsqrt, {b.a(T1), b.a(T1), n});
+                b.vpu(Opcode::VMul, {b.a(T1), b.a(T1), b.a(T1), n});
+                b.vpu(Opcode::VMul, {b.a(T1), b.a(M), b.a(T1), n});
+                b.vpu(Opcode::VMulS, {b.a(T1), b.a(T1), lr_c1, n});
+                b.vpu(Opcode::VSub, {b.a(W), b.a(W), b.a(T1), n});
+            };
+            return sp;
+        }
     }
-    transfer(sp.ins, true, "s17", "s18", "s19", ld[0]);
-    if (!sp.fixed_ins.empty()) L("        wait f4, {}", sp.fixed_ins.size());
-    for (int p = 0; p < 2; ++p) {
-        body.set_tag(std::to_string(p));
-        // (1) Store tile i-1 once its VPU work is done; that also frees its slot for tile i+1.
-        L("loop_{}:", p);
-        if (p == 0) L("        beq s16, 0, first_0");
-        L("        wait f2, s26");
-        transfer(sp.outs, false, "s23", "s24", "s25", st[1 - p]);
-        // (2) Prefetch tile i+1 into the other slot while the VPU works on tile i.
-        L("first_{}: add s20, s17, s18", p);
-        L("        bge s20, {}, compute_{}", U, p);
-        L("        sub s21, {}, s20", U);
-        L("        bltu s21, {}, ragged_{}", T, p);
-        L("        li s21, {}", T);
-        L("ragged_{}: xor s22, s19, {}", p, l.slot_bytes);
-        transfer(sp.ins, true, "s20", "s21", "s22", ld[1 - p]);
-        // (3) Tile i's inputs are in (this slot has had i / 2 + 1 tiles loaded), and the stores
-        // of tile i-2 (same slot, i / 2 tiles stored) have read its outputs.
-        L("compute_{}: shr s30, s16, 1", p);
-        L("        mul s29, s30, {}", NO);
-        L("        add s30, s30, 1");
-        L("        mul s30, s30, {}", NI);
-        L("        wait {}, s30", ld[p]);
-        L("        wait {}, s29", st[p]);
-        sp.body(body);
-        // (4) Rotate: i-1 <- i <- i+1.
-        L("        add s23, s17, 0");
-        L("        add s24, s18, 0");
-        L("        add s25, s19, 0");
-        L("        add s17, s20, 0");
-        L("        add s18, s21, 0");
-        L("        add s19, s22, 0");
-        L("        add s16, s16, 1");
-        L("        bltu s17, {}, loop_{}", U, 1 - p);
-        if (p == 0) L("        jmp done");
-    }
-    // (5) Store the last tile and the fixed results, then wait for every store.
-    L("done:   wait f2, s26");
-    transfer(sp.outs, false, "s23", "s24", "s25", st[(tiles - 1) & 1]);
-    for (const FixedIo& io : sp.fixed_outs) {
-        const uint64_t b = uint64_t(sp.fixed[io.fixed]) * 4;
-        L("        dma.vh [s{}], [{}], 1, {}, {}, {}, f10", io.arg, l.fixed_at[io.fixed], b, b, b);
-    }
-    if (NO) {
-        L("        wait f3, {}", NO * ((tiles + 1) / 2));
-        if (tiles > 1) L("        wait f9, {}", NO * (tiles / 2));
-    }
-    if (!sp.fixed_outs.empty()) L("        wait f10, {}", sp.fixed_outs.size());
-    if (sp.epilogue) sp.epilogue(body);
-    L("        halt");
-    return isa::assemble(s, sp.name + ".s");
+    throw std::logic_error("vector_spec: unknown VectorOp");
 }
 
 /// A buffer argument and the fp32 values the shape needs in it.
-struct Arg {
+struct BufArg {
     const Buffer* buf;
     const char* label;
     uint64_t values;
 };
 
 /// Checks the arguments (one core, large enough, addressable) and returns their core.
-uint32_t check_args(const std::string& name, const std::vector<Arg>& args) {
+uint32_t check_args(const std::string& name, const std::vector<BufArg>& args) {
     const uint32_t core = args.front().buf->core;
-    for (const Arg& a : args) {
+    for (const BufArg& a : args) {
         if (a.buf->core != core)
             throw DeviceError(ErrorKind::Usage,
                               fmt::format("{}: {} is on core {} but {} is on core {}; all buffers "
@@ -265,211 +283,55 @@ void check_shape(const std::string& name, uint64_t rows, uint64_t cols) {
                           fmt::format("{}: empty shape ({} x {})", name, rows, cols));
 }
 
-/// One core: the Buffer kernels.
-Event run(Device& dev, ProgramCache& cache, const Spec& sp, uint32_t core,
-          std::vector<uint32_t> args) {
-    return detail::run(dev, cache, sp, {core}, [&](size_t) { return args; });
+std::string cores_text(const std::vector<uint32_t>& cores) {
+    return fmt::format("[{}]", fmt::join(cores, ", "));
 }
 
-uint32_t addr(const Buffer& b) {
-    return static_cast<uint32_t>(b.addr);
+/// Plans `op` on this device and launches its program on `cores`.
+Event run(Device& dev, ProgramCache& cache, VectorOp op, uint64_t units, uint32_t cols,
+          const std::vector<uint32_t>& cores, const BindFn& bind) {
+    return launch(dev, cache, plan_vector(op, units, cols, dev.config().core.vmem_bytes), cores,
+                  bind);
 }
 
-/// Elementwise kernels over n values: slot areas of one value per unit.
-Spec elementwise(const std::string& name, uint64_t n, int areas) {
-    Spec sp;
-    sp.name = name;
-    sp.units = n;
-    sp.areas.assign(areas, 1);
-    return sp;
+/// run() on one core with the buffers bound to `op`'s tensor parameters in order and
+/// `scalars` (fp32) to the scalar ones.
+Event run_buffers(Device& dev, ProgramCache& cache, VectorOp op, uint64_t units, uint32_t cols,
+                  const std::vector<const Buffer*>& bufs, const std::vector<float>& scalars = {}) {
+    const auto& params = info_of(op).params;
+    return run(dev, cache, op, units, cols, {bufs.front()->core}, [&](size_t, LaunchArgs& a) {
+        for (size_t k = 0; k < params.size(); ++k)
+            if (params[k].scalar)
+                a.set_f32(params[k].name, scalars.at(k - bufs.size()));
+            else
+                a.set(params[k].name, *bufs.at(k));
+    });
 }
 
-Spec binary_spec(const char* name, const char* op, uint64_t n) {
-    Spec sp = elementwise(name, n, 3);
-    sp.ins = {{1, 0}, {2, 1}};
-    sp.outs = {{3, 2}};
-    sp.body = [op](Body& b) {
-        b.vpu(fmt::format("        {} {}, {}, {}, s18", op, b.a(2), b.a(0), b.a(1)));
-    };
-    return sp;
+/// run() on the tensors' core set: replica i of each tensor bound to `op`'s tensor parameters in
+/// order, `scalars` (fp32) to the scalar ones.
+Event run_tensors(Device& dev, ProgramCache& cache, VectorOp op, uint64_t units, uint32_t cols,
+                  const std::vector<const Tensor*>& tensors,
+                  const std::vector<float>& scalars = {}) {
+    const Tensor& first = *tensors.front();
+    for (const Tensor* t : tensors)
+        if (t->bufs.size() != first.cores.size() || t->cores != first.cores)
+            throw DeviceError(
+                ErrorKind::Usage,
+                fmt::format("{}: tensors on different core sets ({} and {})", info_of(op).name,
+                            cores_text(first.cores), cores_text(t->cores)));
+    const auto& params = info_of(op).params;
+    return run(dev, cache, op, units, cols, first.cores, [&](size_t i, LaunchArgs& a) {
+        for (size_t k = 0; k < params.size(); ++k)
+            if (params[k].scalar)
+                a.set_f32(params[k].name, scalars.at(k - tensors.size()));
+            else
+                a.set(params[k].name, tensors.at(k)->bufs[i]);
+    });
 }
 
-Event binary(Device& dev, ProgramCache& cache, const char* name, const char* op, const Buffer& a,
-             const Buffer& b, const Buffer& out, uint64_t n) {
-    check_shape(name, n, 1);
-    const uint32_t core = check_args(name, {{&a, "a", n}, {&b, "b", n}, {&out, "out", n}});
-    return run(dev, cache, binary_spec(name, op, n), core, {addr(a), addr(b), addr(out)});
-}
-
-Spec scale_spec(uint64_t n) {
-    Spec sp = elementwise("scale", n, 2);
-    sp.ins = {{1, 0}};
-    sp.outs = {{2, 1}};
-    sp.body = [](Body& b) { b.vpu(fmt::format("        v.muls {}, {}, s3, s18", b.a(1), b.a(0))); };
-    return sp;
-}
-
-Spec relu_spec(uint64_t n) {
-    Spec sp = elementwise("relu", n, 2);
-    sp.ins = {{1, 0}};
-    sp.outs = {{2, 1}};
-    sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.maxs {}, {}, 0.0, s18", b.a(1), b.a(0)));
-    };
-    return sp;
-}
-
-Spec add_relu_spec(uint64_t n) {
-    Spec sp = elementwise("add_relu", n, 3);
-    sp.ins = {{1, 0}, {2, 1}};
-    sp.outs = {{3, 2}};
-    sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(2), b.a(0), b.a(1)));
-        b.vpu(fmt::format("        v.maxs {}, {}, 0.0, s18", b.a(2), b.a(2)));
-    };
-    return sp;
-}
-
-Spec relu_grad_spec(uint64_t n) {
-    Spec sp = elementwise("relu_grad", n, 5);  // x, dy, zeros, mask, dx
-    sp.ins = {{1, 0}, {2, 1}};
-    sp.outs = {{3, 4}};
-    sp.body = [](Body& b) {
-        // x > x is false for every x, NaN included, so this makes +0.0 without a constant in
-        // memory; the mask is 1.0 or +0.0 and doubles as the +0.0 operand of the select.
-        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(2), b.a(0), b.a(0)));
-        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(3), b.a(0), b.a(2)));
-        b.vpu(fmt::format("        v.sel {}, {}, {}, {}, s18", b.a(4), b.a(3), b.a(1), b.a(3)));
-    };
-    return sp;
-}
-
-Spec bias_add_spec(uint32_t rows, uint32_t cols) {
-    Spec sp;
-    sp.name = "bias_add";
-    sp.units = rows;
-    sp.areas = {cols, cols};
-    sp.fixed = {cols};
-    sp.ins = {{1, 0}};
-    sp.outs = {{3, 1}};
-    sp.fixed_ins = {{2, 0}};
-    sp.body = [cols](Body& b) {
-        b.vpu(fmt::format("        v.addrow {}, {}, {}, s18, {}", b.a(1), b.a(0), b.f(0), cols));
-    };
-    return sp;
-}
-
-Spec row_sum_spec(uint32_t rows, uint32_t cols) {
-    Spec sp;
-    sp.name = "row_sum";
-    sp.units = rows;
-    sp.areas = {cols, 1};
-    sp.ins = {{1, 0}};
-    sp.outs = {{2, 1}};
-    sp.body = [cols](Body& b) {
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(1), b.a(0), cols));
-    };
-    return sp;
-}
-
-/// The col_sum kernel's spec (also used to report its tiling).
-Spec col_sum_spec(uint32_t rows, uint32_t cols) {
-    Spec sp;
-    sp.name = "col_sum";
-    sp.units = rows;
-    sp.areas = {cols};
-    sp.fixed = {cols, cols};  // running sum, tile sum
-    sp.ins = {{1, 0}};
-    sp.fixed_outs = {{2, 0}};
-    sp.body = [cols](Body& b) {
-        // The first tile's sum is stored; later tile sums are added to it.
-        b.line(fmt::format("        bne s16, 0, {}", b.label("cs_more")));
-        b.vpu(fmt::format("        v.csum {}, {}, s18, {}", b.f(0), b.a(0), cols));
-        b.line(fmt::format("        jmp {}", b.label("cs_done")));
-        b.line(fmt::format("{}: v.csum {}, {}, s18, {}, f2", b.label("cs_more"), b.f(1), b.a(0),
-                           cols));
-        b.line("        add s26, s26, 1");
-        b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.f(0), b.f(0), b.f(1), cols));
-        b.line(b.label("cs_done") + ":");
-    };
-    return sp;
-}
-
-Spec softmax_ce_spec(uint32_t rows, uint32_t classes) {
-    enum { Lg, Y, Z, E, P, D, M, S, Ls, Lr, Loss };
-    Spec sp;
-    sp.name = "softmax_cross_entropy";
-    sp.units = rows;
-    sp.areas = {classes, classes, classes, classes, classes, classes, 1, 1, 1, 1, 1};
-    sp.ins = {{1, Lg}, {2, Y}};
-    sp.outs = {{3, Loss}, {4, D}};
-    sp.body = [classes](Body& b) {
-        const uint32_t C = classes;
-        b.line(fmt::format("        mul s15, s18, {}", C));
-        b.vpu(fmt::format("        v.rmax {}, {}, s18, {}", b.a(M), b.a(Lg), C));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(Z), b.a(Lg), b.a(M), C));
-        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(E), b.a(Z)));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(S), b.a(E), C));
-        b.vpu(fmt::format("        v.log {}, {}, s18", b.a(Ls), b.a(S)));
-        b.vpu(fmt::format("        v.subcol {}, {}, {}, s18, {}", b.a(P), b.a(Z), b.a(Ls), C));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s15", b.a(E), b.a(Y), b.a(P)));
-        b.vpu(fmt::format("        v.rsum {}, {}, s18, {}", b.a(Lr), b.a(E), C));
-        b.vpu(fmt::format("        v.muls {}, {}, -1.0, s18", b.a(Loss), b.a(Lr)));
-        b.vpu(fmt::format("        v.exp {}, {}, s15", b.a(E), b.a(P)));
-        b.vpu(fmt::format("        v.sub {}, {}, {}, s15", b.a(D), b.a(E), b.a(Y)));
-        b.vpu(fmt::format("        v.muls {}, {}, s5, s15", b.a(D), b.a(D)));
-    };
-    return sp;
-}
-
-Spec sgd_momentum_spec(uint64_t n) {
-    enum { W, G, V, T };
-    Spec sp = elementwise("sgd_momentum", n, 4);
-    sp.ins = {{1, W}, {2, G}, {3, V}};
-    sp.outs = {{1, W}, {3, V}};
-    sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.muls {}, {}, s5, s18", b.a(V), b.a(V)));
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(V), b.a(V), b.a(G)));
-        b.vpu(fmt::format("        v.muls {}, {}, s4, s18", b.a(T), b.a(V)));
-        b.vpu(fmt::format("        v.sub {}, {}, {}, s18", b.a(W), b.a(W), b.a(T)));
-    };
-    return sp;
-}
-
-Spec adam_spec(uint64_t n) {
-    enum { W, G, M, V, T1, T2 };
-    Spec sp = elementwise("adam", n, 6);
-    sp.ins = {{1, W}, {2, G}, {3, M}, {4, V}};
-    sp.outs = {{1, W}, {3, M}, {4, V}};
-    // s5 beta1, s6 1 - beta1, s7 beta2, s8 1 - beta2, s9 c2, s10 eps, s11 lr c1.
-    // PyTorch divides by sqrt(v_hat) + eps; the VPU has rsqrt but no sqrt or divide, so
-    // sqrt(x) = x * rsqrt(x) (selected back to 0 where x = 0, where rsqrt is inf) and
-    // 1 / d = rsqrt(d)^2.
-    sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.muls {}, {}, s6, s18", b.a(T1), b.a(G)));
-        b.vpu(fmt::format("        v.muls {}, {}, s5, s18", b.a(M), b.a(M)));
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(M), b.a(M), b.a(T1)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T2), b.a(G), b.a(G)));
-        b.vpu(fmt::format("        v.muls {}, {}, s8, s18", b.a(T2), b.a(T2)));
-        b.vpu(fmt::format("        v.muls {}, {}, s7, s18", b.a(V), b.a(V)));
-        b.vpu(fmt::format("        v.add {}, {}, {}, s18", b.a(V), b.a(V), b.a(T2)));
-        b.vpu(fmt::format("        v.muls {}, {}, s9, s18", b.a(T2), b.a(V)));
-        b.vpu(fmt::format("        v.rsqrt {}, {}, s18", b.a(T1), b.a(T2)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(T2), b.a(T1)));
-        b.vpu(fmt::format("        v.sel {}, {}, {}, {}, s18", b.a(T1), b.a(T2), b.a(T1), b.a(T2)));
-        b.vpu(fmt::format("        v.adds {}, {}, s10, s18", b.a(T1), b.a(T1)));
-        b.vpu(fmt::format("        v.rsqrt {}, {}, s18", b.a(T1), b.a(T1)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(T1), b.a(T1)));
-        b.vpu(fmt::format("        v.mul {}, {}, {}, s18", b.a(T1), b.a(M), b.a(T1)));
-        b.vpu(fmt::format("        v.muls {}, {}, s11, s18", b.a(T1), b.a(T1)));
-        b.vpu(fmt::format("        v.sub {}, {}, {}, s18", b.a(W), b.a(W), b.a(T1)));
-    };
-    return sp;
-}
-
-std::vector<uint32_t> adam_args(const AdamScalars& k) {
-    return {bits(k.beta1), bits(k.one_minus_b1), bits(k.beta2), bits(k.one_minus_b2),
-            bits(k.c2),    bits(k.eps),          bits(k.lr_c1)};
+std::vector<float> adam_args(const AdamScalars& k) {
+    return {k.beta1, k.one_minus_b1, k.beta2, k.one_minus_b2, k.c2, k.eps, k.lr_c1};
 }
 
 float max0(float x) {
@@ -477,42 +339,37 @@ float max0(float x) {
     return x > 0.0f ? x : 0.0f;
 }
 
-std::string cores_text(const std::vector<uint32_t>& cores) {
-    return fmt::format("[{}]", fmt::join(cores, ", "));
-}
-
 }  // namespace
 
-// ---- detail ---------------------------------------------------------------------------------
+// ---- keys and generators ---------------------------------------------------------------------
 
-namespace detail {
-
-Event run(Device& dev, ProgramCache& cache, const Spec& sp, const std::vector<uint32_t>& cores,
-          const ArgsFn& args) {
-    const Layout l = plan(sp, dev.config().core.vmem_bytes);
-    std::string key = fmt::format("{} units{} tile{}", sp.name, sp.units, l.tile_units);
-    for (uint32_t v : sp.areas) key += fmt::format(" {}", v);
-    const isa::Program& prog = cache.get(key, [&] { return build(sp, l); });
-    return dev.launch(cores, prog, args);
+std::string VectorKey::name() const {
+    return info_of(op).name;
 }
 
-Event run(Device& dev, ProgramCache& cache, const Spec& sp,
-          const std::vector<const Tensor*>& tensors, const std::vector<uint32_t>& scalars) {
-    const Tensor& first = *tensors.front();
-    for (const Tensor* t : tensors)
-        if (t->bufs.size() != first.cores.size() || t->cores != first.cores)
-            throw DeviceError(ErrorKind::Usage,
-                              fmt::format("{}: tensors on different core sets ({} and {})", sp.name,
-                                          cores_text(first.cores), cores_text(t->cores)));
-    std::vector<uint32_t> a(tensors.size() + scalars.size());
-    return run(dev, cache, sp, first.cores, [&](size_t i) {
-        for (size_t k = 0; k < tensors.size(); ++k) a[k] = addr(tensors[k]->bufs[i]);
-        std::copy(scalars.begin(), scalars.end(), a.begin() + tensors.size());
-        return a;
-    });
+VectorKey plan_vector(VectorOp op, uint64_t units, uint32_t cols, uint64_t vmem_bytes) {
+    const auto ops = streaming::placeholders(vector_params(op));
+    return {op, units, cols, streaming::plan(vector_spec(op, units, cols, ops).fp, vmem_bytes)};
 }
 
-Event merge(const std::vector<Event>& evs) {
+std::span<const Param> vector_params(VectorOp op) {
+    return info_of(op).params;
+}
+
+void emit(isa::Builder& b, const VectorKey& k, std::span<const Operand> ops) {
+    streaming::check_operands(k.name(), vector_params(k.op), ops);
+    streaming::emit(b, vector_spec(k.op, k.units, k.cols, ops), k.tile);
+}
+
+isa::Program generate(const VectorKey& k) {
+    return streaming::standalone(
+        k.name(), vector_params(k.op), k.tile,
+        [&](std::span<const Operand> o) { return vector_spec(k.op, k.units, k.cols, o); });
+}
+
+// ---- detail ----------------------------------------------------------------------------------
+
+Event detail::merge(const std::vector<Event>& evs) {
     Event e = evs.back();
     e.start_cycle = evs.front().start_cycle;
     e.host_seconds = 0;
@@ -525,12 +382,6 @@ Event merge(const std::vector<Event>& evs) {
     return e;
 }
 
-uint32_t tile_units(const Spec& sp, const hw::BoardConfig& cfg) {
-    return plan(sp, cfg.core.vmem_bytes).tile_units;
-}
-
-}  // namespace detail
-
 void check_tensor(const Tensor& t, uint32_t rows, uint32_t cols, const Tensor& like,
                   const char* kernel, const char* label) {
     if (t.rows != rows || t.cols != cols || t.cores != like.cores)
@@ -542,64 +393,73 @@ void check_tensor(const Tensor& t, uint32_t rows, uint32_t cols, const Tensor& l
 
 // ---- Buffer kernels --------------------------------------------------------------------------
 
+namespace {
+
+Event binary(Device& dev, ProgramCache& cache, VectorOp op, const Buffer& a, const Buffer& b,
+             const Buffer& out, uint64_t n) {
+    const char* name = info_of(op).name;
+    check_shape(name, n, 1);
+    check_args(name, {{&a, "a", n}, {&b, "b", n}, {&out, "out", n}});
+    return run_buffers(dev, cache, op, n, 1, {&a, &b, &out});
+}
+
+}  // namespace
+
 Event add(Device& dev, ProgramCache& cache, const Buffer& a, const Buffer& b, const Buffer& out,
           uint64_t n) {
-    return binary(dev, cache, "add", "v.add", a, b, out, n);
+    return binary(dev, cache, VectorOp::Add, a, b, out, n);
 }
 
 Event mul(Device& dev, ProgramCache& cache, const Buffer& a, const Buffer& b, const Buffer& out,
           uint64_t n) {
-    return binary(dev, cache, "mul", "v.mul", a, b, out, n);
+    return binary(dev, cache, VectorOp::Mul, a, b, out, n);
 }
 
 Event scale(Device& dev, ProgramCache& cache, const Buffer& a, float s, const Buffer& out,
             uint64_t n) {
     check_shape("scale", n, 1);
-    const uint32_t core = check_args("scale", {{&a, "a", n}, {&out, "out", n}});
-    return run(dev, cache, scale_spec(n), core, {addr(a), addr(out), bits(s)});
+    check_args("scale", {{&a, "a", n}, {&out, "out", n}});
+    return run_buffers(dev, cache, VectorOp::Scale, n, 1, {&a, &out}, {s});
 }
 
 Event relu(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& out, uint64_t n) {
     check_shape("relu", n, 1);
-    const uint32_t core = check_args("relu", {{&x, "x", n}, {&out, "out", n}});
-    return run(dev, cache, relu_spec(n), core, {addr(x), addr(out)});
+    check_args("relu", {{&x, "x", n}, {&out, "out", n}});
+    return run_buffers(dev, cache, VectorOp::Relu, n, 1, {&x, &out});
 }
 
 Event relu_grad(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& dy,
                 const Buffer& dx, uint64_t n) {
     check_shape("relu_grad", n, 1);
-    const uint32_t core = check_args("relu_grad", {{&x, "x", n}, {&dy, "dy", n}, {&dx, "dx", n}});
-    return run(dev, cache, relu_grad_spec(n), core, {addr(x), addr(dy), addr(dx)});
+    check_args("relu_grad", {{&x, "x", n}, {&dy, "dy", n}, {&dx, "dx", n}});
+    return run_buffers(dev, cache, VectorOp::ReluGrad, n, 1, {&x, &dy, &dx});
 }
 
 Event bias_add(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& bias,
                const Buffer& out, uint32_t rows, uint32_t cols) {
     check_shape("bias_add", rows, cols);
     const uint64_t n = uint64_t(rows) * cols;
-    const uint32_t core =
-        check_args("bias_add", {{&x, "x", n}, {&bias, "bias", cols}, {&out, "out", n}});
-    return run(dev, cache, bias_add_spec(rows, cols), core, {addr(x), addr(bias), addr(out)});
+    check_args("bias_add", {{&x, "x", n}, {&bias, "bias", cols}, {&out, "out", n}});
+    return run_buffers(dev, cache, VectorOp::BiasAdd, rows, cols, {&x, &bias, &out});
 }
 
 Event row_sum(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& out, uint32_t rows,
               uint32_t cols) {
     check_shape("row_sum", rows, cols);
-    const uint32_t core =
-        check_args("row_sum", {{&x, "x", uint64_t(rows) * cols}, {&out, "out", rows}});
-    return run(dev, cache, row_sum_spec(rows, cols), core, {addr(x), addr(out)});
+    check_args("row_sum", {{&x, "x", uint64_t(rows) * cols}, {&out, "out", rows}});
+    return run_buffers(dev, cache, VectorOp::RowSum, rows, cols, {&x, &out});
 }
 
 Event col_sum(Device& dev, ProgramCache& cache, const Buffer& x, const Buffer& out, uint32_t rows,
               uint32_t cols) {
     check_shape("col_sum", rows, cols);
-    const uint32_t core =
-        check_args("col_sum", {{&x, "x", uint64_t(rows) * cols}, {&out, "out", cols}});
-    return run(dev, cache, col_sum_spec(rows, cols), core, {addr(x), addr(out)});
+    check_args("col_sum", {{&x, "x", uint64_t(rows) * cols}, {&out, "out", cols}});
+    return run_buffers(dev, cache, VectorOp::ColSum, rows, cols, {&x, &out});
 }
 
 uint32_t col_sum_tile_rows(const hw::BoardConfig& cfg, uint32_t rows, uint32_t cols) {
     check_shape("col_sum", rows, cols);
-    return plan(col_sum_spec(rows, cols), cfg.core.vmem_bytes).tile_units;
+    return plan_vector(VectorOp::ColSum, rows, cols, cfg.core.vmem_bytes).tile;
 }
 
 Event softmax_cross_entropy(Device& dev, ProgramCache& cache, const Buffer& logits,
@@ -608,22 +468,20 @@ Event softmax_cross_entropy(Device& dev, ProgramCache& cache, const Buffer& logi
     const char* name = "softmax_cross_entropy";
     check_shape(name, rows, classes);
     const uint64_t n = uint64_t(rows) * classes;
-    const uint32_t core = check_args(name, {{&logits, "logits", n},
-                                            {&labels_onehot, "labels_onehot", n},
-                                            {&loss_per_row, "loss_per_row", rows},
-                                            {&dlogits, "dlogits", n}});
+    check_args(name, {{&logits, "logits", n},
+                      {&labels_onehot, "labels_onehot", n},
+                      {&loss_per_row, "loss_per_row", rows},
+                      {&dlogits, "dlogits", n}});
     const float inv_rows = 1.0f / static_cast<float>(rows);
-    return run(
-        dev, cache, softmax_ce_spec(rows, classes), core,
-        {addr(logits), addr(labels_onehot), addr(loss_per_row), addr(dlogits), bits(inv_rows)});
+    return run_buffers(dev, cache, VectorOp::SoftmaxCrossEntropy, rows, classes,
+                       {&logits, &labels_onehot, &loss_per_row, &dlogits}, {inv_rows});
 }
 
 Event sgd_momentum(Device& dev, ProgramCache& cache, const Buffer& w, const Buffer& g,
                    const Buffer& v, uint64_t n, float lr, float momentum) {
     check_shape("sgd_momentum", n, 1);
-    const uint32_t core = check_args("sgd_momentum", {{&w, "w", n}, {&g, "g", n}, {&v, "v", n}});
-    return run(dev, cache, sgd_momentum_spec(n), core,
-               {addr(w), addr(g), addr(v), bits(lr), bits(momentum)});
+    check_args("sgd_momentum", {{&w, "w", n}, {&g, "g", n}, {&v, "v", n}});
+    return run_buffers(dev, cache, VectorOp::SgdMomentum, n, 1, {&w, &g, &v}, {lr, momentum});
 }
 
 AdamScalars adam_scalars(float lr, float beta1, float beta2, float eps, uint32_t step) {
@@ -643,11 +501,9 @@ Event adam(Device& dev, ProgramCache& cache, const Buffer& w, const Buffer& g, c
            const Buffer& v, uint64_t n, float lr, float beta1, float beta2, float eps,
            uint32_t step) {
     check_shape("adam", n, 1);
-    const uint32_t core =
-        check_args("adam", {{&w, "w", n}, {&g, "g", n}, {&m, "m", n}, {&v, "v", n}});
-    std::vector<uint32_t> args = {addr(w), addr(g), addr(m), addr(v)};
-    for (uint32_t x : adam_args(adam_scalars(lr, beta1, beta2, eps, step))) args.push_back(x);
-    return run(dev, cache, adam_spec(n), core, std::move(args));
+    check_args("adam", {{&w, "w", n}, {&g, "g", n}, {&m, "m", n}, {&v, "v", n}});
+    return run_buffers(dev, cache, VectorOp::Adam, n, 1, {&w, &g, &m, &v},
+                       adam_args(adam_scalars(lr, beta1, beta2, eps, step)));
 }
 
 // ---- Tensor kernels --------------------------------------------------------------------------
@@ -655,54 +511,54 @@ Event adam(Device& dev, ProgramCache& cache, const Buffer& w, const Buffer& g, c
 Event add(Device& dev, ProgramCache& cache, const Tensor& a, const Tensor& b, const Tensor& out) {
     check_same(a, b, "add");
     check_same(a, out, "add");
-    return detail::run(dev, cache, binary_spec("add", "v.add", a.elements()), {&a, &b, &out});
+    return run_tensors(dev, cache, VectorOp::Add, a.elements(), 1, {&a, &b, &out});
 }
 
 Event mul(Device& dev, ProgramCache& cache, const Tensor& a, const Tensor& b, const Tensor& out) {
     check_same(a, b, "mul");
     check_same(a, out, "mul");
-    return detail::run(dev, cache, binary_spec("mul", "v.mul", a.elements()), {&a, &b, &out});
+    return run_tensors(dev, cache, VectorOp::Mul, a.elements(), 1, {&a, &b, &out});
 }
 
 Event scale(Device& dev, ProgramCache& cache, const Tensor& a, float s, const Tensor& out) {
     check_same(a, out, "scale");
-    return detail::run(dev, cache, scale_spec(a.elements()), {&a, &out}, {bits(s)});
+    return run_tensors(dev, cache, VectorOp::Scale, a.elements(), 1, {&a, &out}, {s});
 }
 
 Event relu(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
     check_same(x, out, "relu");
-    return detail::run(dev, cache, relu_spec(x.elements()), {&x, &out});
+    return run_tensors(dev, cache, VectorOp::Relu, x.elements(), 1, {&x, &out});
 }
 
 Event add_relu(Device& dev, ProgramCache& cache, const Tensor& a, const Tensor& b,
                const Tensor& out) {
     check_same(a, b, "add_relu");
     check_same(a, out, "add_relu");
-    return detail::run(dev, cache, add_relu_spec(a.elements()), {&a, &b, &out});
+    return run_tensors(dev, cache, VectorOp::AddRelu, a.elements(), 1, {&a, &b, &out});
 }
 
 Event relu_grad(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& dy,
                 const Tensor& dx) {
     check_same(x, dy, "relu_grad");
     check_same(x, dx, "relu_grad");
-    return detail::run(dev, cache, relu_grad_spec(x.elements()), {&x, &dy, &dx});
+    return run_tensors(dev, cache, VectorOp::ReluGrad, x.elements(), 1, {&x, &dy, &dx});
 }
 
 Event bias_add(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& bias,
                const Tensor& out) {
     check_tensor(bias, 1, x.cols, x, "bias_add", "bias");
     check_same(x, out, "bias_add");
-    return detail::run(dev, cache, bias_add_spec(x.rows, x.cols), {&x, &bias, &out});
+    return run_tensors(dev, cache, VectorOp::BiasAdd, x.rows, x.cols, {&x, &bias, &out});
 }
 
 Event row_sum(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
     check_tensor(out, x.rows, 1, x, "row_sum", "out");
-    return detail::run(dev, cache, row_sum_spec(x.rows, x.cols), {&x, &out});
+    return run_tensors(dev, cache, VectorOp::RowSum, x.rows, x.cols, {&x, &out});
 }
 
 Event col_sum(Device& dev, ProgramCache& cache, const Tensor& x, const Tensor& out) {
     check_tensor(out, 1, x.cols, x, "col_sum", "out");
-    return detail::run(dev, cache, col_sum_spec(x.rows, x.cols), {&x, &out});
+    return run_tensors(dev, cache, VectorOp::ColSum, x.rows, x.cols, {&x, &out});
 }
 
 Event softmax_cross_entropy(Device& dev, ProgramCache& cache, const Tensor& logits,
@@ -713,16 +569,16 @@ Event softmax_cross_entropy(Device& dev, ProgramCache& cache, const Tensor& logi
     check_same(logits, dlogits, name);
     check_tensor(loss_per_row, logits.rows, 1, logits, name, "loss_per_row");
     const float inv_rows = 1.0f / static_cast<float>(logits.rows);
-    return detail::run(dev, cache, softmax_ce_spec(logits.rows, logits.cols),
-                       {&logits, &labels_onehot, &loss_per_row, &dlogits}, {bits(inv_rows)});
+    return run_tensors(dev, cache, VectorOp::SoftmaxCrossEntropy, logits.rows, logits.cols,
+                       {&logits, &labels_onehot, &loss_per_row, &dlogits}, {inv_rows});
 }
 
 Event sgd_momentum(Device& dev, ProgramCache& cache, const Tensor& w, const Tensor& g,
                    const Tensor& v, float lr, float momentum) {
     check_same(w, g, "sgd_momentum");
     check_same(w, v, "sgd_momentum");
-    return detail::run(dev, cache, sgd_momentum_spec(w.elements()), {&w, &g, &v},
-                       {bits(lr), bits(momentum)});
+    return run_tensors(dev, cache, VectorOp::SgdMomentum, w.elements(), 1, {&w, &g, &v},
+                       {lr, momentum});
 }
 
 Event adam(Device& dev, ProgramCache& cache, const Tensor& w, const Tensor& g, const Tensor& m,
@@ -730,7 +586,7 @@ Event adam(Device& dev, ProgramCache& cache, const Tensor& w, const Tensor& g, c
     check_same(w, g, "adam");
     check_same(w, m, "adam");
     check_same(w, v, "adam");
-    return detail::run(dev, cache, adam_spec(w.elements()), {&w, &g, &m, &v},
+    return run_tensors(dev, cache, VectorOp::Adam, w.elements(), 1, {&w, &g, &m, &v},
                        adam_args(adam_scalars(lr, beta1, beta2, eps, step)));
 }
 

@@ -3,11 +3,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "driver/device.h"
+#include "driver/kernels/legacy_stream.h"
+#include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
 
@@ -17,10 +20,52 @@
 /// so results match bit for bit.
 namespace tpu::driver {
 
+// ---- Keys and generators ----------------------------------------------------------------------
+
+/// The kernels of this file (each a streaming kernel, driver/kernels/stream_kernel.h).
+enum class VectorOp : uint8_t {
+    Add,                  ///< a, b -> out
+    Mul,                  ///< a, b -> out
+    Scale,                ///< a, scalar s -> out
+    Relu,                 ///< x -> out
+    AddRelu,              ///< a, b -> out
+    ReluGrad,             ///< x, dy -> dx
+    BiasAdd,              ///< x, bias -> out (rows x cols)
+    RowSum,               ///< x -> out (rows)
+    ColSum,               ///< x -> out (cols)
+    SoftmaxCrossEntropy,  ///< logits, labels -> loss, dlogits; scalar inv_rows
+    SgdMomentum,          ///< w, g, v (w, v in place); scalars lr, momentum
+    Adam,                 ///< w, g, m, v (w, m, v in place); the seven AdamScalars
+};
+
+/// The program-cache key of a vector_ops kernel: everything its program depends on.
+struct VectorKey {
+    VectorOp op = VectorOp::Add;  ///< which kernel
+    uint64_t units = 0;           ///< elements (elementwise kernels) or rows (row kernels)
+    uint32_t cols = 1;            ///< values per row (row kernels; 1 for the elementwise ones)
+    uint32_t tile = 0;            ///< units per VMEM tile (plan_vector)
+    auto operator<=>(const VectorKey&) const = default;
+    /// The kernel name of per-kernel statistics ("add", "bias_add", ...).
+    std::string name() const;
+    friend size_t hash_value(const VectorKey& k) {
+        return hash_fields(k.op, k.units, k.cols, k.tile);
+    }
+};
+
+/// The key of `op` on `units` units of `cols` values, tiled for `vmem_bytes` of free VMEM.
+/// Throws DeviceError(Usage) when two tile slots of one unit do not fit.
+VectorKey plan_vector(VectorOp op, uint64_t units, uint32_t cols, uint64_t vmem_bytes);
+/// The operands of `op` in launch-argument order (also the names to bind): tensors, then scalars.
+std::span<const streaming::Param> vector_params(VectorOp op);
+/// Emits kernel `k` into `b` (no halt), operands in vector_params order, resources from b's pools.
+void emit(isa::Builder& b, const VectorKey& k, std::span<const streaming::Operand> ops);
+/// The stand-alone program of `k`: launch arguments named as vector_params, emit, halt.
+isa::Program generate(const VectorKey& k);
+
 // ---- Device kernels -------------------------------------------------------------------------
 // All buffers must live on the same core (the launch runs there) and hold the fp32 values the
 // shape needs; violations throw DeviceError(Usage). Each returns the launch event. Programs are
-// cached under the kernel name and shape; buffer addresses and scalars are launch arguments.
+// cached under their VectorKey; buffer addresses and scalars are launch arguments.
 
 /// out[i] = a[i] + b[i], i < n.
 Event add(Device& dev, ProgramCache& cache, const Buffer& a, const Buffer& b, const Buffer& out,
@@ -154,94 +199,8 @@ void adam_reference(std::vector<float>& w, const std::vector<float>& g, std::vec
                     std::vector<float>& v, float lr, float beta1, float beta2, float eps,
                     uint32_t step);
 
-/// The streaming-kernel machinery, shared with tensor_ops.cpp. Not a stable API.
 namespace detail {
 
-struct Layout;
-
-/// Emits kernel text for one tile. Registers: s16 tile index, s18 units in the tile, s19 slot
-/// base; s15 is free for the body (s13-s15 for custom transfers). Flags f5-f7 are free for
-/// prologues and epilogues.
-class Body {
-public:
-    Body(std::string& s, const Layout& l) : m_s(s), m_l(l) {}
-    /// Slot area k of the current tile.
-    std::string a(int k) const;
-    /// Slot area k of the slot whose base is in register `slot` (custom transfers).
-    std::string at(const std::string& slot, int k) const;
-    /// Slot area k of slot 0 or 1, absolute (prologues).
-    std::string slot(int which, int k) const;
-    /// Fixed area k.
-    std::string f(int k) const;
-    /// Bytes from a slot base to slot area k (for operands at an offset inside an area).
-    uint64_t off(int k) const;
-    /// Absolute VMEM address of fixed area k.
-    uint64_t fixed_addr(int k) const;
-    /// Units per full tile.
-    uint32_t tile_units() const;
-    /// A VPU instruction of the body: gets completion flag f2 and is counted in s26, which the
-    /// loop waits on before reusing the slot or storing results.
-    void vpu(const std::string& ins);
-    /// Any other line (labels, branches, scalar arithmetic, waits).
-    void line(const std::string& text);
-    /// A label unique to this copy of the body (the loop is unrolled twice).
-    std::string label(const std::string& name) const;
-    /// Sets the suffix label() appends.
-    void set_tag(std::string tag) { m_tag = std::move(tag); }
-
-private:
-    std::string& m_s;
-    const Layout& m_l;
-    std::string m_tag;
-};
-
-/// A custom transfer of one tile: emits exactly one DMA with completion flag `flag`.
-/// Arguments: registers holding the tile's first unit, its units and its slot base.
-using TransferFn = std::function<void(Body&, const std::string& first, const std::string& units,
-                                      const std::string& slot, const std::string& flag)>;
-
-/// An HBM tensor moved tile by tile (`dma` set: a custom transfer instead of a contiguous one).
-struct Stream {
-    Stream(int arg_reg, int area_index, TransferFn transfer = {})
-        : arg(arg_reg), area(area_index), dma(std::move(transfer)) {}
-    int arg;         ///< s-register with the HBM address
-    int area;        ///< index into Spec::areas
-    TransferFn dma;  ///< optional custom transfer
-};
-
-/// A tensor loaded once before the loop (or stored once after it) from a fixed VMEM area.
-struct FixedIo {
-    int arg;    ///< s-register with the HBM address
-    int fixed;  ///< index into Spec::fixed
-};
-
-/// A streamed kernel: `units` units (elements or rows) of `areas[k]` fp32 values each per slot
-/// area, `ins` loaded and `outs` stored per tile, `body` emitting the VPU work of one tile.
-struct Spec {
-    std::string name;  ///< also the cache key prefix: must name everything the code depends on
-    uint64_t units = 0;
-    std::vector<uint32_t> areas;  ///< fp32 values per unit of each slot area
-    std::vector<uint32_t> fixed;  ///< fp32 values of each fixed area
-    std::vector<Stream> ins, outs;
-    std::vector<FixedIo> fixed_ins, fixed_outs;
-    std::function<void(Body&)> body;
-    /// Before any load; must finish its own work on the slots before returning.
-    std::function<void(Body&)> prologue;
-    /// After every store has completed (flags f5-f7).
-    std::function<void(Body&)> epilogue;
-    uint64_t max_tile_units = 0;  ///< 0: no limit beyond the VMEM and tile-value bounds
-};
-
-/// Launch arguments of core set index i.
-using ArgsFn = std::function<std::vector<uint32_t>(size_t index)>;
-/// Plans, compiles (or fetches) and launches `sp` on `cores`, core i with args(i) in s1, ...
-Event run(Device& dev, ProgramCache& cache, const Spec& sp, const std::vector<uint32_t>& cores,
-          const ArgsFn& args);
-/// run() on the tensors' core set: s1.. = the tensors' replica addresses, then `scalars`.
-Event run(Device& dev, ProgramCache& cache, const Spec& sp,
-          const std::vector<const Tensor*>& tensors, const std::vector<uint32_t>& scalars = {});
-/// Units per tile `sp` gets on this configuration.
-uint32_t tile_units(const Spec& sp, const hw::BoardConfig& cfg);
 /// One event for a sequence of launches on the same cores: first start to last end, core
 /// cycles and host seconds summed.
 Event merge(const std::vector<Event>& evs);
