@@ -227,7 +227,9 @@ public:
     /// hints), else the lowest free one. Throws naming every held register when none is free.
     Reg reg(std::string name, int hint = 0);
     /// A free flag, `hint` if it is free, else the lowest free one. A flag that was used before
-    /// in this program is reset to 0 (`fset`) when it is handed out again.
+    /// in this program is reset to 0 (`fset`, emitted here) when it is handed out again, so
+    /// release a flag only after everything that signals it has completed (CountedFlag checks
+    /// that) and take it where the reset runs on every path (not inside one branch).
     Flag flag(std::string name, int hint = -1);
     /// `bytes` of VMEM at the lowest `align`-aligned free address.
     Vmem vmem(std::string name, uint64_t bytes, uint64_t align = 256);
