@@ -18,8 +18,11 @@ struct TraceArg {
 };
 
 /// Writes trace events as they happen; disabled tracers cost one branch per call site.
-/// Times are core cycles; the writer converts to microseconds at the configured clock and
-/// puts the cycle numbers in args ("begin_cycle", "end_cycle").
+/// Times are core cycles; the writer stamps whole nanoseconds at the configured clock (written
+/// as microseconds with three decimals, the format's unit) and puts the cycle numbers in args
+/// ("begin_cycle", "end_cycle"). No two complete events of one thread overlap: an event that
+/// would overlap an earlier one of its track goes to the track's next free lane, a thread of
+/// its own named "THREAD#1", "THREAD#2", ... (Perfetto drops slices that partially overlap).
 class Tracer {
 public:
     /// A disabled tracer.
@@ -50,7 +53,8 @@ public:
     /// Returns an id for the event calls, stable for the tracer's lifetime; names are emitted
     /// as metadata once. Returns -1 when the track is filtered out.
     int track(std::string_view process, std::string_view thread);
-    /// A complete ('X') event on a track from cycle `begin` to `end`.
+    /// A complete ('X') event on a track from cycle `begin` to `end`, on the track's first lane
+    /// whose last event ended by `begin` (a new lane if none did).
     void complete(int track, std::string_view name, uint64_t begin, uint64_t end,
                   std::initializer_list<TraceArg> args = {});
     /// An instant ('i') event.

@@ -175,6 +175,15 @@ int core_index(const std::string& name) {
     return v;
 }
 
+/// The unit a thread belongs to: "dma#3" (a lane of overlapping events) -> "dma".
+std::string unit_of(const std::string& thread) {
+    const size_t hash = thread.rfind('#');
+    if (hash == std::string::npos || hash + 1 == thread.size()) return thread;
+    for (size_t i = hash + 1; i < thread.size(); ++i)
+        if (thread[i] < '0' || thread[i] > '9') return thread;
+    return thread.substr(0, hash);
+}
+
 uint64_t to_cycles(double v) {
     return v <= 0 ? 0 : static_cast<uint64_t>(std::llround(v));
 }
@@ -309,7 +318,8 @@ void read_trace(const std::string& text, Model& model) {
         Core& c = model.cores[idx];
         c.name = pname;
         const auto tit = threads.find({s.pid, s.tid});
-        const std::string unit = tit == threads.end() ? fmt::format("tid{}", s.tid) : tit->second;
+        const std::string unit =
+            tit == threads.end() ? fmt::format("tid{}", s.tid) : unit_of(tit->second);
         c.unit_sum[unit] += end - begin;
         intervals[{idx, unit}].emplace_back(begin, end);
         c.first = std::min(c.first, begin);

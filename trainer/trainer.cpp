@@ -393,6 +393,10 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
         throw ConfigError("batch_size should be a positive integer value, but got batch_size=0");
     const auto t0 = std::chrono::steady_clock::now();
     const double sim0 = m_dev.now_seconds();
+    // Tracing a few steps: nothing is kept until the first traced step starts, not even the
+    // set-up's uploads (a trace that opens on an empty timeline hides the steps it recorded).
+    const bool windowed = m_tracer && m_opts.trace_steps > 0;
+    if (windowed && m_global_step <= m_opts.trace_first_step) m_tracer->set_window(UINT64_MAX, 0);
     place(module);
     if (!m_opts.ckpt_path.empty()) load_checkpoint(module, m_opts.ckpt_path);
     const Dataset& data = *train.dataset;
@@ -415,9 +419,6 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
                         "(drop_last=True)",
                         per, train.batch_size));
     ProgressBar bar(m_opts.enable_progress_bar);
-    // Tracing a few steps: nothing is kept until the first traced step starts.
-    const bool windowed = m_tracer && m_opts.trace_steps > 0;
-    if (windowed && m_global_step <= m_opts.trace_first_step) m_tracer->set_window(UINT64_MAX, 0);
     const OptimizerConfig opt = module.configure_optimizers();
     try {
         opt.validate();
