@@ -104,6 +104,7 @@ struct Tracer::Impl {
         std::string thread;
         std::vector<int> lane_tid;       ///< thread id of each lane (lane 0: the track's own)
         std::vector<uint64_t> lane_end;  ///< end cycle of the last event put on each lane
+        bool own_clock = false;          ///< TrackWindow::Own
     };
     std::map<std::string, int, std::less<>> pids;                    // process -> pid
     std::map<std::pair<int, std::string>, int, std::less<>> by_key;  // (pid, thread) -> track
@@ -303,7 +304,7 @@ void Tracer::close() {
     file->commit();
 }
 
-int Tracer::track(std::string_view process, std::string_view thread) {
+int Tracer::track(std::string_view process, std::string_view thread, TrackWindow window) {
     if (!m_enabled) return -1;
     Impl& im = *m_impl;
     if (!im.keep_unit(process, thread)) return -1;
@@ -313,7 +314,7 @@ int Tracer::track(std::string_view process, std::string_view thread) {
     // tids are unique across processes so a track is identified by its tid alone.
     const int tid = im.next_tid++;
     const int id = static_cast<int>(im.tracks.size());
-    im.tracks.push_back({pid, std::string(thread), {tid}, {0}});
+    im.tracks.push_back({pid, std::string(thread), {tid}, {0}, window == TrackWindow::Own});
     im.by_key.emplace(std::move(key), id);
     im.name_thread(pid, tid, thread, int64_t(tid) * Impl::kLanesPerTrack);
     return id;
@@ -324,8 +325,9 @@ void Tracer::complete(int track, std::string_view name, uint64_t begin, uint64_t
     if (!m_enabled) return;
     Impl& im = *m_impl;
     if (end < begin) end = begin;  // a negative duration would be a model bug; keep JSON sane
-    im.last_cycle = std::max(im.last_cycle, end);
-    if (track < 0 || !im.in_window(begin, end)) return;
+    const bool own = track >= 0 && im.tracks[static_cast<size_t>(track)].own_clock;
+    if (!own) im.last_cycle = std::max(im.last_cycle, end);
+    if (track < 0 || (!own && !im.in_window(begin, end))) return;
     const int pid = im.tracks.at(static_cast<size_t>(track)).pid;
     im.put_head('X', name, pid, im.lane_tid(track, begin, end));
     // dur is the difference of the rounded ends so back-to-back events touch exactly.
@@ -345,8 +347,9 @@ void Tracer::instant(int track, std::string_view name, uint64_t at,
                      std::initializer_list<TraceArg> args) {
     if (!m_enabled) return;
     Impl& im = *m_impl;
-    im.last_cycle = std::max(im.last_cycle, at);
-    if (track < 0 || !im.in_window(at, at)) return;
+    const bool own = track >= 0 && im.tracks[static_cast<size_t>(track)].own_clock;
+    if (!own) im.last_cycle = std::max(im.last_cycle, at);
+    if (track < 0 || (!own && !im.in_window(at, at))) return;
     // An instant has no extent: it nests in whatever the track's first lane has open.
     const Impl::Track& t = im.tracks.at(static_cast<size_t>(track));
     im.put_head('i', name, t.pid, t.lane_tid.front());

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hw/board.h"
+#include "sim/stat_names.h"
 #include "sim/tracer.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/op_runs.h"
@@ -66,11 +67,15 @@ void register_model_command(CLI::App& app) {
         const uint64_t cycles = run.cycles;
         const double host = run.host_seconds;
         const auto& layers = run.layers;
+        const std::string what = o->train_step ? "training step" : "inference";
         if (sim::Tracer* t = trace.get()) {
             const int track = t->track("host", "layers");
             for (const auto& l : layers)
                 for (const auto& [begin, end] : l.spans)
                     t->complete(track, l.name, begin, end, {{"kind", std::string_view(l.kind)}});
+            // The span the command reports (the report's headline), beside the whole run.
+            t->complete(t->track("host", "model"), what, run.begin_cycle, run.begin_cycle + cycles,
+                        {{"model", std::string_view(o->name)}, {"batch", uint64_t(o->batch)}});
         }
         const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);
         nlohmann::ordered_json j;
@@ -82,6 +87,8 @@ void register_model_command(CLI::App& app) {
         j["precision"] = o->precision;
         j["cycles"] = cycles;
         j["simulated_seconds"] = seconds;
+        j["run_cycles"] = dev->now_cycle();
+        j["run_simulated_seconds"] = cfg.clock().seconds(double(dev->now_cycle()));
         j["host_seconds"] = host;
         uint64_t flops = 0;
         auto& jl = j["layers"] = nlohmann::ordered_json::array();
@@ -96,6 +103,8 @@ void register_model_command(CLI::App& app) {
                           {"hbm_bytes", l.work.hbm_bytes()}});
         }
         j["flops"] = flops;
+        const RunEnergy energy = estimate_energy(dev->board(), dev->kernel_stats());
+        j["energy"] = energy_json(energy);
         if (o->common.json) {
             fmt::print("{}\n", j.dump());
         } else {
@@ -111,9 +120,25 @@ void register_model_command(CLI::App& app) {
                            cycles ? 100.0 * double(l.work.cycles) / double(cycles) : 0.0,
                            double(l.work.flops()) / 1e9, 100.0 * l.work.mxu_utilization(),
                            l.work.hbm_bytes());
+            fmt::print(
+                "whole run {} cycles = {:.3f} ms (weights and inputs uploaded first); estimated "
+                "energy {:.3f} J, {:.0f} W on average\n",
+                dev->now_cycle(), cfg.clock().seconds(double(dev->now_cycle())) * 1e3,
+                energy.total_j(), energy.average_power_w());
             fmt::print("host {:.2f} s\n", host);
         }
-        write_stats_file(o->common, dev->board(), dev->kernel_stats());
+        const std::vector<ResultStat> result{
+            {"cycles",
+             fmt::format("device cycles of one {} of {} (batch {}) on {} core{}, weights already "
+                         "on the device; board.cycles is the whole run (uploads included)",
+                         what, o->name, o->batch, cores.size(), cores.size() == 1 ? "" : "s"),
+             sim::StatUnit::Cycles, double(cycles)},
+            {std::string(sim::stat_names::kSteps), fmt::format("{}s measured", what),
+             sim::StatUnit::Count, 1.0},
+            {"batch_rows", "examples per core (the batch's share)", sim::StatUnit::Count,
+             double((o->batch + cores.size() - 1) / cores.size())},
+            {"devices", "cores running the model", sim::StatUnit::Count, double(cores.size())}};
+        write_stats_file(o->common, dev->board(), dev->kernel_stats(), result);
         dev->set_tracer(nullptr);
         trace.finish();
     });

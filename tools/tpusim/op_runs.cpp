@@ -246,10 +246,13 @@ ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::
         if (train_step) {
             tr.fit(*model.module, loader);
             r.cycles = tr.step_times().at(0).cycles;
+            r.begin_cycle = tr.step_times().at(0).begin_cycle;
             r.host_seconds = tr.step_times().at(0).host_seconds;
         } else {
             const auto h0 = std::chrono::steady_clock::now();
-            r.cycles = tr.predict(*model.module, loader).forward_cycles;
+            const trainer::PredictResult p = tr.predict(*model.module, loader);
+            r.cycles = p.forward_cycles;
+            r.begin_cycle = p.begin_cycle;
             r.host_seconds =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
         }

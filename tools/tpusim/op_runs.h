@@ -54,6 +54,7 @@ OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
 struct ModelRun {
     std::string description;                    ///< the model's shape
     uint64_t cycles = 0;                        ///< the forward pass, or the training step
+    uint64_t begin_cycle = 0;                   ///< board cycle the measured span began
     double host_seconds = 0;                    ///< host time of the same span
     std::vector<trainer::LayerProfile> layers;  ///< per-layer work, in first-use order
 };
