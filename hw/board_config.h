@@ -7,8 +7,10 @@
 
 #include "hw/core/core_config.h"
 #include "hw/host/host_config.h"
+#include "hw/host/runtime_config.h"
 #include "hw/ici/ici_config.h"
 #include "hw/mem/hbm_config.h"
+#include "hw/power/power_config.h"
 #include "sim/clock_domain.h"
 #include "sim/reflect.h"
 
@@ -51,6 +53,8 @@ struct SimConfig {
     S(HbmConfig, hbm, "every core's HBM")                                              \
     S(IciConfig, ici, "inter-core interconnect")                                       \
     S(HostLinkConfig, host, "host link per chip")                                      \
+    S(PowerConfig, power, "power and energy estimate")                                 \
+    S(RuntimeConfig, runtime, "host costs of a training step (wall-clock estimate)")   \
     S(SimConfig, sim, "simulation controls")
 
 /// The whole board.

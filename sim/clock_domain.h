@@ -34,9 +34,10 @@ public:
     constexpr double seconds(double cycles) const { return cycles / hz(); }
     /// Exact real time of `cycles`, in microseconds.
     constexpr double us(double cycles) const { return cycles / m_mhz; }
-    /// Exact real time of `cycles`, in picoseconds, rounded to the nearest one (trace stamps).
-    int64_t ps(uint64_t cycles) const {
-        return std::llround(static_cast<double>(cycles) * 1e6 / m_mhz);
+    /// Real time of `cycles` in whole nanoseconds, rounded to the nearest one (trace stamps).
+    /// Monotonic in `cycles`, so spans that touch or nest in cycles still do in nanoseconds.
+    int64_t ns(uint64_t cycles) const {
+        return std::llround(static_cast<double>(cycles) * 1e3 / m_mhz);
     }
     /// Bytes per cycle of a link of `gb_per_s` GB/s (1e9 B/s).
     constexpr double bytes_per_cycle(double gb_per_s) const { return gb_per_s * 1e9 / hz(); }

@@ -40,4 +40,20 @@ inline constexpr std::string_view kRefreshes = "refreshes";             ///< hbm
 inline constexpr std::string_view kBytes = "bytes";                     ///< ici links
 inline constexpr std::string_view kUtilization = "utilization";         ///< ici links
 
+// The energy estimate and a command's result, groups and statistics.
+inline constexpr std::string_view kEnergy = "energy";  ///< group: the power and energy estimate
+inline constexpr std::string_view kResult = "result";  ///< group: what a command reports
+inline constexpr std::string_view kMacs = "macs";      ///< mxuN
+inline constexpr std::string_view kToDeviceBytes = "to_device_bytes";      ///< host links
+inline constexpr std::string_view kToHostBytes = "to_host_bytes";          ///< host links
+inline constexpr std::string_view kEnergyJ = "energy_j";                   ///< kernels, energy.*
+inline constexpr std::string_view kTotalJ = "total_j";                     ///< energy
+inline constexpr std::string_view kStaticJ = "static_j";                   ///< energy.*
+inline constexpr std::string_view kDynamicJ = "dynamic_j";                 ///< energy.*
+inline constexpr std::string_view kAveragePowerW = "average_power_w";      ///< energy
+inline constexpr std::string_view kIdlePowerW = "idle_power_w";            ///< energy
+inline constexpr std::string_view kOutsideKernelsJ = "outside_kernels_j";  ///< energy
+inline constexpr std::string_view kSteps = "steps";                        ///< result
+inline constexpr std::string_view kWallCycles = "wall_cycles_estimate";    ///< result
+
 }  // namespace tpu::sim::stat_names

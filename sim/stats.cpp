@@ -29,6 +29,10 @@ std::string_view unit_name(StatUnit unit) {
             return "bytes_per_second";
         case StatUnit::FlopsPerByte:
             return "flops_per_byte";
+        case StatUnit::Joules:
+            return "joules";
+        case StatUnit::Watts:
+            return "watts";
     }
     return "?";
 }

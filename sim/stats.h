@@ -17,7 +17,18 @@
 namespace tpu::sim {
 
 /// What a statistic counts.
-enum class StatUnit { Count, Cycles, Bytes, Flops, Ratio, Seconds, BytesPerSecond, FlopsPerByte };
+enum class StatUnit {
+    Count,
+    Cycles,
+    Bytes,
+    Flops,
+    Ratio,
+    Seconds,
+    BytesPerSecond,
+    FlopsPerByte,
+    Joules,
+    Watts,
+};
 
 /// Unit name as written in stats files ("count", "cycles", ...).
 std::string_view unit_name(StatUnit unit);

@@ -71,10 +71,11 @@ void put_double(Buffer& b, double v, bool short_form) {
         fmt::format_to(std::back_inserter(b), "{}", v);
 }
 
-/// Picoseconds as microseconds with exactly six decimals, printed from integers so the text
-/// never depends on floating-point formatting.
-void put_us(Buffer& b, int64_t ps) {
-    fmt::format_to(std::back_inserter(b), "{}.{:06}", ps / 1'000'000, ps % 1'000'000);
+/// Whole nanoseconds as microseconds (the trace-event format's unit) with exactly three
+/// decimals, printed from integers: a viewer reads back the same integer nanoseconds (Perfetto
+/// rounds ts x 1000), so spans that touch in cycles touch in the viewer too.
+void put_us(Buffer& b, int64_t ns) {
+    fmt::format_to(std::back_inserter(b), "{}.{:03}", ns / 1000, ns % 1000);
 }
 
 }  // namespace
@@ -97,10 +98,19 @@ struct Tracer::Impl {
     /// so far, which ends an open window. (Counter tracks are not: their last sample closes a
     /// sampling window that may reach past the run.)
     uint64_t last_cycle = 0;
+    /// One track as callers see it, and the lanes its complete events are spread over.
+    struct Track {
+        int pid = 0;
+        std::string thread;
+        std::vector<int> lane_tid;       ///< thread id of each lane (lane 0: the track's own)
+        std::vector<uint64_t> lane_end;  ///< end cycle of the last event put on each lane
+        bool own_clock = false;          ///< TrackWindow::Own
+    };
     std::map<std::string, int, std::less<>> pids;                    // process -> pid
     std::map<std::pair<int, std::string>, int, std::less<>> by_key;  // (pid, thread) -> track
-    std::vector<std::pair<int, int>> tracks;                         // track -> (pid, tid)
-    std::array<uint64_t, 3> written{};                               // X, i, C
+    std::vector<Track> tracks;
+    int next_tid = 1;                   ///< tids are unique across processes, lanes included
+    std::array<uint64_t, 3> written{};  // X, i, C
     bool first = true;
 
     /// Writes the event in `line` as the next array element.
@@ -134,8 +144,46 @@ struct Tracer::Impl {
         return window_end == 0 || begin < window_end;
     }
 
-    /// Cycles to picoseconds at the configured clock (exact period, rounded per stamp).
-    int64_t ps(uint64_t cycles) const { return ClockDomain{clock_mhz}.ps(cycles); }
+    /// Cycles to whole nanoseconds at the configured clock (exact period, rounded per stamp).
+    int64_t ns(uint64_t cycles) const { return ClockDomain{clock_mhz}.ns(cycles); }
+
+    /// Names thread `tid` of `pid` and places it at `sort_index` among the process's threads.
+    void name_thread(int pid, int tid, std::string_view name, int64_t sort_index) {
+        fmt::format_to(std::back_inserter(line),
+                       R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":)", pid,
+                       tid);
+        put_string(line, name);
+        put(line, "}}");
+        flush_line();
+        fmt::format_to(std::back_inserter(line),
+                       R"({{"ph":"M","name":"thread_sort_index","pid":{},"tid":{},)"
+                       R"("args":{{"sort_index":{}}}}})",
+                       pid, tid, sort_index);
+        flush_line();
+    }
+
+    /// The lane of `track` for a complete event [begin, end): the first lane whose last event
+    /// ended by `begin`, else a new lane ("dma#1", "dma#2", ...). Perfetto drops a slice that
+    /// starts inside another of its thread and ends after it (slice_drop_overlapping_complete_
+    /// event), and a unit's queued work overlaps in flight, so no two events of a lane may
+    /// overlap at all; lanes sort right after their track.
+    int lane_tid(int track, uint64_t begin, uint64_t end) {
+        Track& t = tracks.at(static_cast<size_t>(track));
+        for (size_t i = 0; i < t.lane_end.size(); ++i) {
+            if (t.lane_end[i] <= begin) {
+                t.lane_end[i] = end;
+                return t.lane_tid[i];
+            }
+        }
+        const int tid = next_tid++;
+        name_thread(t.pid, tid, fmt::format("{}#{}", t.thread, t.lane_tid.size()),
+                    int64_t(t.lane_tid.front()) * kLanesPerTrack + int64_t(t.lane_tid.size()));
+        t.lane_tid.push_back(tid);
+        t.lane_end.push_back(end);
+        return tid;
+    }
+    /// Sort-index stride between tracks: room for this many lanes after each.
+    static constexpr int64_t kLanesPerTrack = 1000;
 
     int pid_of(std::string_view process) {
         if (auto it = pids.find(process); it != pids.end()) return it->second;
@@ -256,7 +304,7 @@ void Tracer::close() {
     file->commit();
 }
 
-int Tracer::track(std::string_view process, std::string_view thread) {
+int Tracer::track(std::string_view process, std::string_view thread, TrackWindow window) {
     if (!m_enabled) return -1;
     Impl& im = *m_impl;
     if (!im.keep_unit(process, thread)) return -1;
@@ -264,16 +312,11 @@ int Tracer::track(std::string_view process, std::string_view thread) {
     auto key = std::make_pair(pid, std::string(thread));
     if (auto it = im.by_key.find(key); it != im.by_key.end()) return it->second;
     // tids are unique across processes so a track is identified by its tid alone.
-    const int tid = static_cast<int>(im.tracks.size()) + 1;
+    const int tid = im.next_tid++;
     const int id = static_cast<int>(im.tracks.size());
-    im.tracks.emplace_back(pid, tid);
+    im.tracks.push_back({pid, std::string(thread), {tid}, {0}, window == TrackWindow::Own});
     im.by_key.emplace(std::move(key), id);
-    fmt::format_to(std::back_inserter(im.line),
-                   R"({{"ph":"M","name":"thread_name","pid":{},"tid":{},"args":{{"name":)", pid,
-                   tid);
-    put_string(im.line, thread);
-    put(im.line, "}}");
-    im.flush_line();
+    im.name_thread(pid, tid, thread, int64_t(tid) * Impl::kLanesPerTrack);
     return id;
 }
 
@@ -282,16 +325,17 @@ void Tracer::complete(int track, std::string_view name, uint64_t begin, uint64_t
     if (!m_enabled) return;
     Impl& im = *m_impl;
     if (end < begin) end = begin;  // a negative duration would be a model bug; keep JSON sane
-    im.last_cycle = std::max(im.last_cycle, end);
-    if (track < 0 || !im.in_window(begin, end)) return;
-    const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
-    im.put_head('X', name, pid, tid);
+    const bool own = track >= 0 && im.tracks[static_cast<size_t>(track)].own_clock;
+    if (!own) im.last_cycle = std::max(im.last_cycle, end);
+    if (track < 0 || (!own && !im.in_window(begin, end))) return;
+    const int pid = im.tracks.at(static_cast<size_t>(track)).pid;
+    im.put_head('X', name, pid, im.lane_tid(track, begin, end));
     // dur is the difference of the rounded ends so back-to-back events touch exactly.
-    const int64_t b = im.ps(begin);
+    const int64_t b = im.ns(begin);
     put(im.line, R"("ts":)");
     put_us(im.line, b);
     put(im.line, R"(,"dur":)");
-    put_us(im.line, im.ps(end) - b);
+    put_us(im.line, im.ns(end) - b);
     im.line.push_back(',');
     im.put_args(args, begin, &end);
     im.line.push_back('}');
@@ -303,12 +347,14 @@ void Tracer::instant(int track, std::string_view name, uint64_t at,
                      std::initializer_list<TraceArg> args) {
     if (!m_enabled) return;
     Impl& im = *m_impl;
-    im.last_cycle = std::max(im.last_cycle, at);
-    if (track < 0 || !im.in_window(at, at)) return;
-    const auto [pid, tid] = im.tracks.at(static_cast<size_t>(track));
-    im.put_head('i', name, pid, tid);
+    const bool own = track >= 0 && im.tracks[static_cast<size_t>(track)].own_clock;
+    if (!own) im.last_cycle = std::max(im.last_cycle, at);
+    if (track < 0 || (!own && !im.in_window(at, at))) return;
+    // An instant has no extent: it nests in whatever the track's first lane has open.
+    const Impl::Track& t = im.tracks.at(static_cast<size_t>(track));
+    im.put_head('i', name, t.pid, t.lane_tid.front());
     put(im.line, R"("s":"t","ts":)");
-    put_us(im.line, im.ps(at));
+    put_us(im.line, im.ns(at));
     im.line.push_back(',');
     im.put_args(args, at, nullptr);
     im.line.push_back('}');
@@ -323,7 +369,7 @@ void Tracer::counter(std::string_view process, std::string_view name, uint64_t a
     const int pid = im.pid_of(process);
     im.put_head('C', name, pid, 0);
     put(im.line, R"("ts":)");
-    put_us(im.line, im.ps(at));
+    put_us(im.line, im.ns(at));
     put(im.line, R"(,"args":{"value":)");
     put_double(im.line, value, true);
     put(im.line, "}}");

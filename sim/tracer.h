@@ -17,9 +17,22 @@ struct TraceArg {
     std::variant<int64_t, uint64_t, double, std::string_view> value;  ///< argument value
 };
 
+/// The trace process of the trainer's estimated wall clock (trainer/host_timeline.h): its
+/// tracks are on a clock of their own (TrackWindow::Own), so readers leave it out of the run.
+inline constexpr std::string_view kWallClockProcess = "wall clock (estimate)";
+
+/// Which cycles a track's events are on.
+enum class TrackWindow : uint8_t {
+    Run,  ///< the run's cycles: the cycle window applies, and the events end the run
+    Own,  ///< a clock of their own (an estimate drawn beside the run): always kept
+};
+
 /// Writes trace events as they happen; disabled tracers cost one branch per call site.
-/// Times are core cycles; the writer converts to microseconds at the configured clock and
-/// puts the cycle numbers in args ("begin_cycle", "end_cycle").
+/// Times are core cycles; the writer stamps whole nanoseconds at the configured clock (written
+/// as microseconds with three decimals, the format's unit) and puts the cycle numbers in args
+/// ("begin_cycle", "end_cycle"). No two complete events of one thread overlap: an event that
+/// would overlap an earlier one of its track goes to the track's next free lane, a thread of
+/// its own named "THREAD#1", "THREAD#2", ... (Perfetto drops slices that partially overlap).
 class Tracer {
 public:
     /// A disabled tracer.
@@ -48,9 +61,12 @@ public:
 
     /// A track: process `process` (e.g. "core3", "hbm", "host"), thread `thread` (e.g. "mxu0").
     /// Returns an id for the event calls, stable for the tracer's lifetime; names are emitted
-    /// as metadata once. Returns -1 when the track is filtered out.
-    int track(std::string_view process, std::string_view thread);
-    /// A complete ('X') event on a track from cycle `begin` to `end`.
+    /// as metadata once. Returns -1 when the track is filtered out. `window` Own: the events
+    /// are on a clock of their own, kept whatever the cycle window, and do not end the run.
+    int track(std::string_view process, std::string_view thread,
+              TrackWindow window = TrackWindow::Run);
+    /// A complete ('X') event on a track from cycle `begin` to `end`, on the track's first lane
+    /// whose last event ended by `begin` (a new lane if none did).
     void complete(int track, std::string_view name, uint64_t begin, uint64_t end,
                   std::initializer_list<TraceArg> args = {});
     /// An instant ('i') event.

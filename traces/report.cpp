@@ -8,15 +8,19 @@
 #include <map>
 #include <optional>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "hw/power/power_model.h"
 #include "sim/clock_domain.h"
+#include "sim/config_io.h"
 #include "sim/metrics.h"
 #include "sim/stat_names.h"
+#include "sim/tracer.h"
 
 namespace tpu::traces {
 
@@ -53,6 +57,9 @@ struct Machine {
     double peak_flops = 61.6e12;       ///< MXU FLOP/s per core
     double hbm_bytes_per_s = 450.7e9;  ///< HBM bandwidth per core
     bool from_config = false;          ///< roof taken from the config, not the defaults
+    /// The whole board config (the power estimate's coefficients); defaults unless the run's
+    /// config could be read into it.
+    hw::BoardConfig board;
 
     double pe_count() const { return double(mxus) * rows * cols; }
     sim::ClockDomain clock() const { return sim::ClockDomain{clock_mhz}; }
@@ -71,6 +78,8 @@ struct Core {
     uint64_t events = 0;                        ///< X events
     uint64_t dma_hbm_bytes = 0;                 ///< bytes of HBM<->VMEM DMA events
     Samples util, gbps;                         ///< mxu_utilization, hbm_gbps
+    /// (begin, end, amount) of HBM DMA events (bytes) and VPU events (elements), for power.
+    std::vector<std::tuple<uint64_t, uint64_t, double>> hbm_events, vpu_events;
     std::optional<double> instructions, hbm_bytes, mxu_flops;  ///< from stats
     /// The core's HBM group from stats (row hits, misses, activates, ...), in file order.
     std::vector<std::pair<std::string, double>> hbm_stats;
@@ -92,6 +101,7 @@ struct Kernel {
     double launches = 0, cycles = 0, core_cycles = 0, flops = 0, mxu_flops = 0, vpu_flops = 0;
     double hbm_bytes = 0, ici_bytes = 0;
     std::optional<double> mxu_util;
+    std::optional<double> energy_j;  ///< the estimate's energy of the launches
 
     /// FLOP/byte of HBM traffic (0 without HBM bytes).
     double ai() const { return hbm_bytes > 0 ? flops / hbm_bytes : 0.0; }
@@ -109,8 +119,41 @@ struct Link {
     double bytes = 0, utilization = 0;
 };
 
+/// One layer of the trace's host "layers" track (tpusim model).
+struct Layer {
+    std::string name, kind;
+    uint64_t cycles = 0;  ///< sum of its spans
+    uint64_t spans = 0;   ///< runs of consecutive kernels (forward, backward)
+};
+
+/// The stats' `result` group: what the command reported, labelled.
+struct Result {
+    std::string label;  ///< the description of `cycles`
+    double cycles = 0;
+    std::map<std::string, double> values;  ///< every other statistic of the group
+    std::optional<double> get(const std::string& key) const {
+        const auto it = values.find(key);
+        return it == values.end() ? std::nullopt : std::optional<double>(it->second);
+    }
+};
+
+/// The stats' `energy` group.
+struct EnergyStats {
+    double total_j = 0, average_w = 0, idle_w = 0;
+    std::optional<double> outside_kernels_j;
+    std::vector<std::pair<std::string, double>> blocks;  ///< kind -> joules, in file order
+};
+
 struct Model {
     Machine machine;
+    std::vector<Layer> layers;          ///< host "layers" track, first-appearance order
+    std::optional<Result> result;       ///< from stats
+    std::optional<EnergyStats> energy;  ///< from stats
+    uint64_t trace_steps = 0, trace_step_cycles = 0;  ///< host "trainer" train_step spans
+    std::optional<std::pair<std::string, uint64_t>> trace_model;  ///< host "model" span
+    uint64_t hidden_cores = 0;  ///< cores that did nothing, left out
+    /// (begin, end, bytes) of ICI link transfers and host-link transfers, for power.
+    std::vector<std::tuple<uint64_t, uint64_t, double>> ici_events, host_events;
     std::vector<Link> links;      ///< from stats, in file order
     std::map<int, Core> cores;    ///< by core index
     std::vector<Kernel> kernels;  ///< from stats, in file order
@@ -175,6 +218,15 @@ int core_index(const std::string& name) {
     return v;
 }
 
+/// The unit a thread belongs to: "dma#3" (a lane of overlapping events) -> "dma".
+std::string unit_of(const std::string& thread) {
+    const size_t hash = thread.rfind('#');
+    if (hash == std::string::npos || hash + 1 == thread.size()) return thread;
+    for (size_t i = hash + 1; i < thread.size(); ++i)
+        if (thread[i] < '0' || thread[i] > '9') return thread;
+    return thread.substr(0, hash);
+}
+
 uint64_t to_cycles(double v) {
     return v <= 0 ? 0 : static_cast<uint64_t>(std::llround(v));
 }
@@ -199,6 +251,15 @@ void read_config(const std::string& text, Machine& m) {
     if (channels && bus_bits && tck_ps && *tck_ps > 0)
         m.hbm_bytes_per_s = *channels * (*bus_bits / 8.0) * 2.0 / (*tck_ps * 1e-12);
     m.from_config = true;
+    // The power estimate needs every coefficient: read the config as the run did. A config of
+    // another version (unknown or bad keys) leaves the defaults, as a foreign trace does.
+    hw::BoardConfig board;
+    try {
+        sim::apply_json(sim::root_of(board), text, "config");
+        m.board = board;
+    } catch (const sim::ConfigError&) {
+        m.board = hw::BoardConfig{};
+    }
 }
 
 void read_trace(const std::string& text, Model& model) {
@@ -230,6 +291,8 @@ void read_trace(const std::string& text, Model& model) {
         double a, b;  ///< begin and end cycle, or ts and dur in us when !cycles
         bool cycles;
         uint64_t bytes;
+        uint64_t elements;
+        std::string kind;
     };
     struct Sample {
         int pid;
@@ -263,14 +326,15 @@ void read_trace(const std::string& text, Model& model) {
             const auto ts = number(e, "ts");
             const auto dur = number(e, "dur");
             const uint64_t bytes = to_cycles(number(args, "bytes").value_or(0));
+            const uint64_t elements = to_cycles(number(args, "elements").value_or(0));
             if (b && en) {
                 if (!clock_from_trace && ts && *ts >= 1.0) clock_from_trace = *b / *ts;
-                spans.push_back(
-                    {int(*pid), tid ? int(*tid) : 0, string_of(e, "name"), *b, *en, true, bytes});
+                spans.push_back({int(*pid), tid ? int(*tid) : 0, string_of(e, "name"), *b, *en,
+                                 true, bytes, elements, string_of(args, "kind")});
             } else if (ts && dur) {
                 // Not written by tpusim: placed in cycles from ts/dur once the clock is known.
                 spans.push_back({int(*pid), tid ? int(*tid) : 0, string_of(e, "name"), *ts, *dur,
-                                 false, bytes});
+                                 false, bytes, elements, string_of(args, "kind")});
             }
         } else if (ph == "C") {
             const auto ts = number(e, "ts");
@@ -290,33 +354,58 @@ void read_trace(const std::string& text, Model& model) {
         const uint64_t begin = to_cycles(s.cycles ? s.a : s.a * m.clock_mhz);
         const uint64_t end =
             std::max(begin, s.cycles ? to_cycles(s.b) : begin + to_cycles(s.b * m.clock_mhz));
-        model.trace_end = std::max(model.trace_end, end);
         const auto pit = processes.find(s.pid);
         const std::string pname = pit == processes.end() ? std::string{} : pit->second;
+        // The trainer's wall-clock estimate runs on a clock of its own: not part of the run.
+        if (pname == sim::kWallClockProcess) continue;
+        model.trace_end = std::max(model.trace_end, end);
+        const auto tit = threads.find({s.pid, s.tid});
+        const std::string unit =
+            tit == threads.end() ? fmt::format("tid{}", s.tid) : unit_of(tit->second);
         if (pname == "host") {
             Host& h = model.host;
             if (s.name == "write") {
                 ++h.writes;
                 h.write_bytes += s.bytes;
+                model.host_events.emplace_back(begin, end, double(s.bytes));
             } else if (s.name == "read") {
                 ++h.reads;
                 h.read_bytes += s.bytes;
+                model.host_events.emplace_back(begin, end, double(s.bytes));
+            } else if (unit == "layers") {
+                auto it = std::find_if(model.layers.begin(), model.layers.end(),
+                                       [&](const Layer& l) { return l.name == s.name; });
+                if (it == model.layers.end())
+                    it = model.layers.insert(model.layers.end(), Layer{s.name, s.kind});
+                it->cycles += end - begin;
+                ++it->spans;
+            } else if (unit == "trainer" && s.name == "train_step") {
+                ++model.trace_steps;
+                model.trace_step_cycles += end - begin;
+            } else if (unit == "model") {
+                model.trace_model = {s.name, end - begin};
             }
+            continue;
+        }
+        if (pname == "ici") {
+            model.ici_events.emplace_back(begin, end, double(s.bytes));
             continue;
         }
         const int idx = core_index(pname);
         if (idx < 0) continue;
         Core& c = model.cores[idx];
         c.name = pname;
-        const auto tit = threads.find({s.pid, s.tid});
-        const std::string unit = tit == threads.end() ? fmt::format("tid{}", s.tid) : tit->second;
         c.unit_sum[unit] += end - begin;
         intervals[{idx, unit}].emplace_back(begin, end);
         c.first = std::min(c.first, begin);
         c.last = std::max(c.last, end);
         ++c.events;
         // dma.vv stays inside VMEM; only the HBM<->VMEM directions count as HBM traffic.
-        if (s.name == "dma.hv" || s.name == "dma.vh") c.dma_hbm_bytes += s.bytes;
+        if (s.name == "dma.hv" || s.name == "dma.vh") {
+            c.dma_hbm_bytes += s.bytes;
+            c.hbm_events.emplace_back(begin, end, double(s.bytes));
+        }
+        if (unit == "vpu" && s.elements) c.vpu_events.emplace_back(begin, end, double(s.elements));
     }
     // A unit's queue lets its events overlap (a weight load runs under the previous matmul),
     // so busy time is the union of its events, not their sum.
@@ -379,6 +468,7 @@ void read_kernels(const json& group, Model& model) {
                         value(sim::stat_names::kHbmWriteBytes).value_or(0);
         out.ici_bytes = value(sim::stat_names::kIciBytes).value_or(0);
         out.mxu_util = value(sim::stat_names::kMxuUtilization);
+        out.energy_j = value(sim::stat_names::kEnergyJ);
         model.kernels.push_back(std::move(out));
     }
 }
@@ -396,6 +486,43 @@ void read_stats(const std::string& text, Model& model) {
     if (!children.is_object()) return;
     read_kernels(children.value(std::string(sim::stat_names::kKernels), json::object()), model);
     namespace n = sim::stat_names;
+    if (const json r = children.value(std::string(n::kResult), json::object());
+        r.is_object() && r.value("counters", json::object()).is_object()) {
+        const json counters = r.value("counters", json::object());
+        if (const auto it = counters.find(std::string(n::kCycles));
+            it != counters.end() && number(*it, "value")) {
+            Result out;
+            out.cycles = *number(*it, "value");
+            out.label = string_of(*it, "desc");
+            for (const auto& [key, c] : counters.items())
+                if (auto v = number(c, "value"); v && key != n::kCycles) out.values[key] = *v;
+            model.result = std::move(out);
+        }
+    }
+    if (const json en = children.value(std::string(n::kEnergy), json::object()); en.is_object()) {
+        const json counters = en.value("counters", json::object());
+        auto v = [&](std::string_view key) -> std::optional<double> {
+            const auto it = counters.is_object() ? counters.find(key) : counters.end();
+            return counters.is_object() && it != counters.end() ? number(*it, "value")
+                                                                : std::nullopt;
+        };
+        if (const auto total = v(n::kTotalJ)) {
+            EnergyStats e;
+            e.total_j = *total;
+            e.average_w = v(n::kAveragePowerW).value_or(0);
+            e.idle_w = v(n::kIdlePowerW).value_or(0);
+            e.outside_kernels_j = v(n::kOutsideKernelsJ);
+            const json kinds = en.value("children", json::object());
+            if (kinds.is_object())
+                for (const auto& [kind, g] : kinds.items()) {
+                    const json kc = g.is_object() ? g.value("counters", json::object()) : json{};
+                    const auto it = kc.is_object() ? kc.find(n::kEnergyJ) : kc.end();
+                    if (kc.is_object() && it != kc.end())
+                        if (auto j = number(*it, "value")) e.blocks.emplace_back(kind, *j);
+                }
+            model.energy = std::move(e);
+        }
+    }
     auto counters_of = [](const json& group) {
         const json c = group.is_object() ? group.value("counters", json::object()) : json{};
         return c.is_object() ? c : json::object();
@@ -477,6 +604,21 @@ void derive(Model& model) {
         } else {
             c.insts = double(c.events);
             c.insts_from_trace = true;
+        }
+    }
+    // Only the cores that ran: a one-core run on an 8-core board shows one core, not 7 idle.
+    auto idle = [](const Core& c) {
+        return c.events == 0 && c.insts == 0 && c.flops == 0 && c.bytes == 0 && c.util.empty();
+    };
+    if (std::all_of(model.cores.begin(), model.cores.end(),
+                    [&](const auto& kv) { return idle(kv.second); }))
+        return;
+    for (auto it = model.cores.begin(); it != model.cores.end();) {
+        if (idle(it->second)) {
+            ++model.hidden_cores;
+            it = model.cores.erase(it);
+        } else {
+            ++it;
         }
     }
 }
@@ -782,6 +924,250 @@ std::string roofline(const Model& model) {
     return s;
 }
 
+/// Kernel cycles by role, from the kernel names the driver gives them.
+struct KernelShares {
+    double matmul = 0, optimizer = 0, allreduce = 0, total = 0;
+};
+
+KernelShares kernel_shares(const Model& model) {
+    KernelShares k;
+    auto has = [](const std::string& name, std::string_view part) {
+        return name.find(part) != std::string::npos;
+    };
+    for (const Kernel& kn : model.kernels) {
+        k.total += kn.cycles;
+        if (has(kn.name, "adam") || has(kn.name, "sgd"))
+            k.optimizer += kn.cycles;
+        else if (has(kn.name, "allreduce"))
+            k.allreduce += kn.cycles;
+        else if (has(kn.name, "gemm") || has(kn.name, "matmul") || has(kn.name, "conv"))
+            k.matmul += kn.cycles;
+    }
+    return k;
+}
+
+/// Advice in the spirit of PyTorch/XLA's debug analysis and Lightning's TPU pitfalls: each item
+/// names the number that triggered it. Empty when nothing applies.
+std::vector<std::string> advice(const Model& model) {
+    std::vector<std::string> out;
+    const Machine& m = model.machine;
+    const double us = 1.0 / m.clock_mhz;
+    const Result* r = model.result ? &*model.result : nullptr;
+    auto value = [&](const char* key) { return r ? r->get(key) : std::nullopt; };
+    const double steps = value("steps").value_or(1);
+    if (const auto rows = value("batch_rows"); rows && *rows > 0 && *rows < m.rows) {
+        double macs = 0, peak = 0;
+        for (const auto& [idx, c] : model.cores) {
+            macs += c.flops / 2;
+            peak += sim::mxu_capacity(m.pe_count(), double(c.span));
+        }
+        out.push_back(fmt::format(
+            "<b>Small batch:</b> {:.0f} examples per device stream {:.0f} rows through each "
+            "{}x{} weight tile, which takes {} cycles to load: the MXUs are {} busy. Lightning's "
+            "TPU docs list \"too small batch size\": use at least {} rows per device.",
+            *rows, *rows, m.rows, m.cols, m.rows,
+            pct(at_most(sim::mxu_utilization(macs, peak), 1.0)), m.rows));
+    }
+    if (const KernelShares k = kernel_shares(model); k.total > 0) {
+        for (const auto& [what, cycles] :
+             {std::pair{"Optimizer", k.optimizer}, std::pair{"Gradient all-reduce", k.allreduce}}) {
+            if (cycles <= 0 || (cycles < 0.5 * k.matmul && cycles < 0.25 * k.total)) continue;
+            out.push_back(fmt::format(
+                "<b>{}:</b> {} cycles, {} of all kernel cycles, against {} cycles for all the "
+                "matmuls ({}). Its cost follows the parameters, not the batch: a small model with "
+                "a small batch spends its steps here, and larger batches amortise it.",
+                what, grouped(cycles), pct(cycles / k.total), grouped(k.matmul),
+                pct(k.matmul / k.total)));
+        }
+    }
+    if (const auto syncs = value("host_syncs"); syncs && *syncs >= 0.5 * steps && steps > 1)
+        out.push_back(fmt::format(
+            "<b>Host syncs:</b> the loss was read back {:.0f} times in {:.0f} steps "
+            "(log_every_n_steps={:.0f}): every read (<code>tensor.item()</code>) waits for the "
+            "device, so the host stops tracing the next step while the device runs.",
+            *syncs, steps, value("log_every_n_steps").value_or(1)));
+    if (const auto changes = value("shape_changes"); changes && *changes > 0)
+        out.push_back(fmt::format(
+            "<b>Changing shapes:</b> {:.0f} training step(s) had a batch shape of their own and "
+            "compiled again ({:.0f} steps compiled in all): every new tensor shape recompiles "
+            "(a short last batch: use drop_last=True).",
+            *changes, value("compiled_steps").value_or(0)));
+    if (const auto compile = value("compile_cycles_estimate"),
+        wall = value(std::string(sim::stat_names::kWallCycles).c_str());
+        compile && wall && *wall > 0 && *compile > 0.25 * *wall)
+        out.push_back(fmt::format(
+            "<b>Compilation in the first steps:</b> compiling took {:.1f} ms of the steps' "
+            "{:.1f} ms of wall clock (estimate; {:.0f} steps compiled): short runs are dominated "
+            "by it, and it is paid again for every new graph.",
+            *compile * us / 1e3, *wall * us / 1e3, value("compiled_steps").value_or(0)));
+    if (r) {
+        if (const auto wall = value(std::string(sim::stat_names::kWallCycles).c_str());
+            wall && *wall > 2 * r->cycles)
+            out.push_back(fmt::format(
+                "<b>Host-bound steps:</b> the estimated wall clock of the steps, {:.3f} ms, is "
+                "{:.1f}x their device time ({:.3f} ms): the device waits for the host's tracing "
+                "and dispatch (about {:.0f} ops per step).",
+                *wall * us / 1e3, *wall / r->cycles, r->cycles * us / 1e3,
+                value("ops").value_or(0) / steps));
+    }
+    if (const auto fb = value("cpu_fallbacks"); fb && *fb > 0)
+        out.push_back(fmt::format(
+            "<b>CPU fallbacks:</b> {:.0f} ops ran on the CPU (<code>aten::</code> counters of the "
+            "metrics report): each waits for the device and copies its data both ways.",
+            *fb));
+    return out;
+}
+
+/// Per-layer work from the trace's host "layers" track (tpusim model).
+std::string layer_table(const Model& model) {
+    const double us = 1.0 / model.machine.clock_mhz;
+    double whole = 0;
+    if (model.result)
+        whole = model.result->cycles;
+    else if (model.trace_model)
+        whole = double(model.trace_model->second);
+    std::string s =
+        "<table class=\"layers\"><tr><th>layer</th><th>kind</th><th>spans</th><th>cycles</th>"
+        "<th>time</th><th>share</th></tr>\n";
+    for (const Layer& l : model.layers)
+        s += fmt::format(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.3f} us</td><td>{}</td></tr>\n",
+            escape(l.name), escape(l.kind), l.spans, grouped(double(l.cycles)),
+            double(l.cycles) * us,
+            whole > 0 ? pct(std::min(1.0, double(l.cycles) / whole)) : std::string("-"));
+    return s + "</table>\n";
+}
+
+/// Board power over time, estimated from the trace's own activity (hw::PowerModel).
+struct PowerSeries {
+    uint64_t x0 = 0, bucket = 1;  ///< first cycle and window of each value
+    std::vector<double> watts;    ///< board power per window
+    double peak = 0, average = 0, idle = 0;
+};
+
+PowerSeries power_series(const Model& model, const TimeAxis& ax) {
+    const Machine& m = model.machine;
+    const hw::BoardConfig& cfg = m.board;
+    const hw::PowerModel pm(cfg);
+    PowerSeries p;
+    p.idle = pm.board_static_w();
+    const uint64_t span = ax.x1 - ax.x0;
+    if (span == 0) return p;
+    // Windows of the trace's counter tracks, wider for long traces (at most ~400 points).
+    p.bucket = std::max<uint64_t>({uint64_t(1), cfg.sim.trace_counter_cycles, (span + 399) / 400});
+    p.x0 = ax.x0;
+    const size_t n = size_t((span + p.bucket - 1) / p.bucket);
+    std::vector<hw::Activity> act(n);
+    // Spreads `amount` evenly over [b, e) into the windows it overlaps.
+    auto spread = [&](uint64_t b, uint64_t e, double amount, double hw::Activity::*field) {
+        if (amount <= 0) return;
+        b = std::clamp(b, ax.x0, ax.x1);
+        e = std::clamp(e, ax.x0, ax.x1);
+        if (e <= b) {
+            const size_t k = std::min(n - 1, size_t((b - ax.x0) / p.bucket));
+            act[k].*field += amount;
+            return;
+        }
+        for (uint64_t t = b; t < e;) {
+            const size_t k = size_t((t - ax.x0) / p.bucket);
+            const uint64_t end = std::min(e, ax.x0 + (k + 1) * p.bucket);
+            act[std::min(k, n - 1)].*field += amount * double(end - t) / double(e - b);
+            t = end;
+        }
+    };
+    for (const auto& [idx, c] : model.cores) {
+        for (size_t i = 0; i + 1 < c.util.size(); ++i) {
+            const uint64_t b = to_cycles(c.util[i].first * m.clock_mhz);
+            const uint64_t e = to_cycles(c.util[i + 1].first * m.clock_mhz);
+            spread(b, e, c.util[i].second * m.pe_count() * double(e - b), &hw::Activity::mxu_macs);
+        }
+        for (const auto& [b, e, v] : c.hbm_events) spread(b, e, v, &hw::Activity::hbm_bytes);
+        for (const auto& [b, e, v] : c.vpu_events) spread(b, e, v, &hw::Activity::vpu_flops);
+    }
+    for (const auto& [b, e, v] : model.ici_events) spread(b, e, v, &hw::Activity::ici_bytes);
+    for (const auto& [b, e, v] : model.host_events) spread(b, e, v, &hw::Activity::host_bytes);
+    double sum = 0;
+    for (size_t k = 0; k < n; ++k) {
+        const uint64_t len = std::min(p.bucket, span - k * p.bucket);
+        const double w = p.idle + pm.dynamic(act[k]).total() / m.clock().seconds(double(len));
+        p.watts.push_back(w);
+        p.peak = std::max(p.peak, w);
+        sum += w * double(len);
+    }
+    p.average = sum / double(span);
+    return p;
+}
+
+/// The power series as one line chart, with the idle power dashed.
+std::string power_chart(const PowerSeries& p) {
+    constexpr double kW = 900, kH = 220, kL = 56, kR = 12, kT = 14, kB = 28;
+    const double pw = kW - kL - kR, ph = kH - kT - kB;
+    const double ymax = nice_max(std::max(p.peak, p.idle) * 1.05);
+    const double span = double(p.watts.size() * p.bucket);
+    auto x = [&](double cycle) { return kL + pw * std::clamp(cycle / span, 0.0, 1.0); };
+    auto y = [&](double w) { return kT + ph * (1.0 - std::clamp(w / ymax, 0.0, 1.0)); };
+    std::string s = fmt::format(
+        R"(<svg xmlns="{}" class="chart power" width="{}" height="{}" viewBox="0 0 {} {}" )"
+        R"(role="img" aria-label="board power over time">)"
+        "\n",
+        kSvgNs, kW, kH, kW, kH);
+    for (const double f : {0.0, 0.5, 1.0}) {
+        s += fmt::format(R"(<line class="grid" x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}"/>)", kL,
+                         y(f * ymax), kW - kR, y(f * ymax));
+        s += fmt::format(R"(<text class="yl" x="{}" y="{:.1f}">{} W</text>)"
+                         "\n",
+                         kL - 3, y(f * ymax) + 3, tick(f * ymax));
+        s += fmt::format(R"(<text class="xl" x="{:.1f}" y="{}">{}</text>)", kL + f * pw, kH - 8,
+                         tick(f * span));
+    }
+    s += fmt::format(R"(<line class="ref" x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}"/>)"
+                     "\n",
+                     kL, y(p.idle), kW - kR, y(p.idle));
+    std::string d = fmt::format("M{:.1f},{:.1f}", x(0), y(p.watts.empty() ? 0 : p.watts[0]));
+    for (size_t k = 0; k < p.watts.size(); ++k)
+        d += fmt::format(" H{:.1f} V{:.1f}", x(double(k * p.bucket)), y(p.watts[k]));
+    d += fmt::format(" H{:.1f}", x(span));
+    s += fmt::format(R"(<path class="line" stroke="#d62728" d="{}"/>)"
+                     "\n</svg>\n",
+                     d);
+    return s;
+}
+
+/// The estimate's figures: whole run from the stats, power over time from the trace.
+std::string power_section(const Model& model, const PowerSeries& p) {
+    const double chips = std::max(1u, model.machine.board.chips);
+    std::string s = "<table class=\"power\">\n";
+    auto row = [&](std::string_view k, const std::string& v) {
+        s += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, v);
+    };
+    if (const auto& e = model.energy) {
+        row("energy of the whole run (stats)", fmt::format("{:.4g} J", e->total_j));
+        row("average power of the whole run (stats)",
+            fmt::format("{:.1f} W = {:.1f} W per chip", e->average_w, e->average_w / chips));
+        if (e->outside_kernels_j)
+            row("energy outside kernels (idle cores, transfers)",
+                fmt::format("{:.4g} J", *e->outside_kernels_j));
+    }
+    if (!p.watts.empty()) {
+        row("average power over the trace",
+            fmt::format("{:.1f} W = {:.1f} W per chip", p.average, p.average / chips));
+        row(fmt::format("peak power ({}-cycle windows)", p.bucket),
+            fmt::format("{:.1f} W = {:.1f} W per chip", p.peak, p.peak / chips));
+    }
+    row("idle board (static power)",
+        fmt::format("{:.1f} W = {:.1f} W per chip", p.idle, p.idle / chips));
+    s += "</table>\n";
+    if (model.energy && !model.energy->blocks.empty()) {
+        s += "<table class=\"energy\"><tr><th>blocks</th><th>energy</th><th>share</th></tr>\n";
+        for (const auto& [kind, j] : model.energy->blocks)
+            s += fmt::format("<tr><td>{}</td><td>{:.4g} J</td><td>{}</td></tr>\n", escape(kind), j,
+                             pct(model.energy->total_j > 0 ? j / model.energy->total_j : 0.0));
+        s += "</table>\n";
+    }
+    if (!p.watts.empty()) s += power_chart(p);
+    return s;
+}
+
 // ---- page ---------------------------------------------------------------------------------
 
 constexpr const char* kStyle = R"(
@@ -804,6 +1190,8 @@ svg .roof{fill:none;stroke:#000;stroke-width:2}svg .point{stroke:#000;stroke-wid
 svg .kpoint{stroke:#000;stroke-width:.5}.sw.kd{transform:rotate(45deg) scale(.8)}
 .bar{display:inline-block;height:8px;background:#1f77b4;margin-left:6px;vertical-align:middle}
 .sw{display:inline-block;width:10px;height:10px;margin-right:6px}
+.advice{background:#fff8e1;border:1px solid #f0c36d;padding:2px 14px;margin:14px 0}
+.advice h2{border:none;margin:8px 0 2px}.advice li{margin:4px 0}
 )";
 
 std::string summary(const Model& model) {
@@ -836,8 +1224,40 @@ std::string summary(const Model& model) {
     auto row = [&](std::string_view k, const std::string& v) {
         s += fmt::format("<tr><th>{}</th><td>{}</td></tr>\n", k, v);
     };
-    row("cores", fmt::format("{}", model.cores.size()));
-    row(model.board_cycles ? "total cycles (board, from stats)" : "total cycles (trace)",
+    // The command's own total first, saying what it counts; then the whole run.
+    if (const auto& r = model.result) {
+        const double steps = r->get(std::string(sim::stat_names::kSteps)).value_or(1);
+        row("result: device time", fmt::format("{} cycles = {:.3f} ms{}<br><small>{}</small>",
+                                               grouped(r->cycles), r->cycles * us / 1e3,
+                                               steps > 1 ? fmt::format(" ({:.3f} ms per step)",
+                                                                       r->cycles * us / 1e3 / steps)
+                                                         : std::string(),
+                                               escape(r->label)));
+        if (const auto wall = r->get(std::string(sim::stat_names::kWallCycles)))
+            row("result: wall clock (estimate)",
+                fmt::format("{} cycles = {:.3f} ms{}; the device is busy {} of it", grouped(*wall),
+                            *wall * us / 1e3,
+                            steps > 1
+                                ? fmt::format(" ({:.3f} ms per step)", *wall * us / 1e3 / steps)
+                                : std::string(),
+                            pct(*wall > 0 ? std::min(1.0, r->cycles / *wall) : 0.0)));
+    } else if (model.trace_model) {
+        row(fmt::format("result: {} (trace)", escape(model.trace_model->first)),
+            fmt::format("{} cycles = {:.3f} ms", grouped(double(model.trace_model->second)),
+                        double(model.trace_model->second) * us / 1e3));
+    } else if (model.trace_steps) {
+        row("result: training steps in the trace",
+            fmt::format("{} steps, {} cycles = {:.3f} ms", model.trace_steps,
+                        grouped(double(model.trace_step_cycles)),
+                        double(model.trace_step_cycles) * us / 1e3));
+    }
+    row("cores", fmt::format("{}{}", model.cores.size(),
+                             model.hidden_cores
+                                 ? fmt::format(" ({} idle core{} not shown)", model.hidden_cores,
+                                               model.hidden_cores == 1 ? "" : "s")
+                                 : std::string()));
+    row(model.board_cycles ? "whole run: total cycles (board, from stats)"
+                           : "whole run: total cycles (trace)",
         fmt::format("{} = {:.3f} us", grouped(total), total * us));
     if (model.window)
         row("trace window",
@@ -942,18 +1362,20 @@ std::string kernel_table(const Model& model) {
     std::string s =
         "<table class=\"kernels\"><tr><th>kernel</th><th>launches</th><th>cycles</th>"
         "<th>time</th><th>FLOPs (MXU + VPU)</th><th>HBM bytes</th><th>ICI bytes</th>"
-        "<th>MXU utilisation</th><th>FLOP/byte</th><th>TFLOP/s per core</th></tr>\n";
+        "<th>MXU utilisation</th><th>FLOP/byte</th><th>TFLOP/s per core</th>"
+        "<th>energy (estimate)</th></tr>\n";
     for (size_t i = 0; i < model.kernels.size(); ++i) {
         const Kernel& k = model.kernels[i];
         s += fmt::format(
             "<tr><td><span class=\"sw kd\" style=\"background:{}\"></span>{}</td><td>{}</td>"
             "<td>{}</td><td>{:.3f} us</td><td>{} ({} + {})</td><td>{}</td><td>{}</td><td>{}</td>"
-            "<td>{:.2f}</td><td>{:.3f}</td></tr>\n",
+            "<td>{:.2f}</td><td>{:.3f}</td><td>{}</td></tr>\n",
             colour(int(i)), escape(k.name), grouped(k.launches), grouped(k.cycles),
             k.cycles / clock, grouped(k.flops), grouped(k.mxu_flops), grouped(k.vpu_flops),
             grouped(k.hbm_bytes), grouped(k.ici_bytes),
             k.mxu_util ? pct(at_most(*k.mxu_util, 1.0)) : "-", k.ai(),
-            at_most(k.tflops(clock), model.machine.peak_flops / 1e12));
+            at_most(k.tflops(clock), model.machine.peak_flops / 1e12),
+            k.energy_j ? fmt::format("{:.4g} J", *k.energy_j) : std::string("-"));
     }
     return s + "</table>\n";
 }
@@ -1024,6 +1446,11 @@ std::string render_report(const std::string& trace_json, const std::string& stat
                     m.from_config ? "the run's config" : "the default v3-8-like board");
 
     page += "<h2>Summary</h2>\n" + summary(model);
+    if (const std::vector<std::string> items = advice(model); !items.empty()) {
+        page += "<div class=\"advice\"><h2>Advice</h2>\n<ul>\n";
+        for (const std::string& item : items) page += "<li>" + item + "</li>\n";
+        page += "</ul></div>\n";
+    }
 
     page += "<h2>MXU utilisation over time</h2>\n";
     page += fmt::format(
@@ -1050,6 +1477,14 @@ std::string render_report(const std::string& trace_json, const std::string& stat
         page += line_chart("hbm", c, idx, c.gbps, ax, m.clock_mhz, gmax, "", 1.0, peak_gbps);
     page += "</div>\n";
 
+    page += "<h2>Power and energy (estimate)</h2>\n";
+    page += fmt::format(
+        "<p class=\"note\">An estimate, not a measurement: each block's static power while the "
+        "board runs plus an energy per MAC, VPU operation and byte moved (hw/README.md, \"Power "
+        "and energy\"; coefficients from {}). Published TPU v3 chip power: 450 W TDP, measured "
+        "123 / 220 / 262 W min / mean / max (Cloud TPU v3 page). Dashed: the idle board.</p>\n",
+        m.from_config ? "the run's config" : "the default config");
+    page += power_section(model, power_series(model, ax));
     page += "<h2>Unit busy time</h2>\n";
     page +=
         "<p class=\"note\">Cycles in which the unit has an event in flight (the union of its "
@@ -1067,6 +1502,14 @@ std::string render_report(const std::string& trace_json, const std::string& stat
         page += kernel_table(model);
     }
 
+    if (!model.layers.empty()) {
+        page += "<h2>Layers</h2>\n";
+        page +=
+            "<p class=\"note\">From the trace's host <code>layers</code> track: each layer's "
+            "spans of consecutive kernels (forward, then backward), their cycles, and their share "
+            "of the result's device time.</p>\n";
+        page += layer_table(model);
+    }
     if (const std::string mem = memory_tables(model); !mem.empty())
         page += "<h2>HBM rows and ICI links</h2>\n" + mem;
     page += "<h2>Roofline</h2>\n";

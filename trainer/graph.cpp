@@ -99,23 +99,14 @@ LayerScope Runtime::layer(const std::string& name, std::string_view kind) {
 void Runtime::exec(std::string_view kernel, const std::function<driver::Event()>& call) {
     const driver::KernelStats k0 = m_layer >= 0 ? m_dev.kernel_totals() : driver::KernelStats{};
     const uint64_t c0 = m_dev.now_cycle();
-    const driver::DeviceMetrics before = m_dev.metrics();
-    const uint64_t misses = m_cache.misses(), hits = m_cache.hits();
-    const double compile = m_cache.compile_seconds();
     try {
         call();
     } catch (const driver::DeviceError& e) {
         throw driver::DeviceError(e.kind(), fmt::format("{}: {}", kernel, e.what()));
     }
-    const driver::DeviceMetrics& after = m_dev.metrics();
-    const double hz = m_dev.config().clock().hz();
-    m_metrics.add_time("ExecuteTime", double(after.exec_cycles - before.exec_cycles) / hz,
-                       after.exec_host_seconds - before.exec_host_seconds);
-    if (m_cache.misses() > misses) {
-        m_metrics.add_time("CompileTime", 0.0, m_cache.compile_seconds() - compile);
-        m_metrics.count("UncachedCompile", m_cache.misses() - misses);
-    }
-    if (m_cache.hits() > hits) m_metrics.count("CachedCompile", m_cache.hits() - hits);
+    // The trainer turns calls and compiles into its per-graph metrics (ExecuteTime, CompileTime)
+    // and the host timeline: each kernel call stands for an op recorded into the step's graph.
+    ++m_kernel_calls;
     const int last = std::exchange(m_last_layer, m_layer);
     if (m_layer >= 0) {
         LayerProfile& p = m_layers[size_t(m_layer)];
@@ -127,6 +118,18 @@ void Runtime::exec(std::string_view kernel, const std::function<driver::Event()>
             p.spans.emplace_back(c0, p.last_cycle);
         p.work += m_dev.kernel_totals().since(k0);
     }
+}
+
+void Runtime::cpu_fallback(std::string_view op) {
+    std::string name(op);
+    if (name.rfind("aten::", 0) != 0) name = "aten::" + name;
+    // PyTorch/XLA counts each op that fell back to the CPU under its aten:: name.
+    m_metrics.count(name);
+    m_fallbacks.push_back(std::move(name));
+}
+
+std::vector<std::string> Runtime::take_cpu_fallbacks() {
+    return std::exchange(m_fallbacks, {});
 }
 
 void Runtime::upload(const Tensor& t, size_t index, const std::vector<float>& values) {

@@ -127,9 +127,18 @@ public:
         m_last_layer = -1;
     }
 
-    /// Runs one kernel call and records its launch in the metrics (ExecuteTime, compiles) and
-    /// in the current layer's profile.
+    /// Runs one kernel call, counts it (kernel_calls()) and records it in the current layer's
+    /// profile.
     void exec(std::string_view kernel, const std::function<driver::Event()>& call);
+    /// Kernel calls so far: each stands for one op recorded into a step's graph.
+    uint64_t kernel_calls() const { return m_kernel_calls; }
+    /// Records that op `op` ("aten::nonzero", or "nonzero") ran on the CPU instead of the
+    /// device, as PyTorch/XLA does with ops it cannot lower: counted in the metrics under its
+    /// aten:: name, and costed on the host timeline of the step it ran in (a device sync plus a
+    /// round trip, config().runtime.cpu_fallback_us).
+    void cpu_fallback(std::string_view op);
+    /// The CPU fallbacks since the last call, in order (the trainer takes them per step).
+    std::vector<std::string> take_cpu_fallbacks();
     /// Writes replica `index` of `t` from the host, recorded as TransferToDevice.
     void upload(const driver::Tensor& t, size_t index, const std::vector<float>& values);
     /// Reads replica `index` of `t`, recorded as TransferFromDevice (a host sync).
@@ -161,6 +170,8 @@ private:
     std::vector<LayerProfile> m_layers;                ///< per-layer work
     int m_layer = -1;                                  ///< the current layer (-1: none)
     int m_last_layer = -1;  ///< the layer of the last kernel run (spans grow while it repeats)
+    uint64_t m_kernel_calls = 0;           ///< exec() calls
+    std::vector<std::string> m_fallbacks;  ///< cpu_fallback() ops not yet taken
     friend class LayerScope;
 };
 

@@ -239,7 +239,8 @@ Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
       // Every rank records the warning; rank 0 prints it (Lightning's rank_zero_warn).
       m_warn([](const std::string& w) {
           if (sim::Cluster::rank() == 0) std::fprintf(stderr, "%s\n", w.c_str());
-      }) {
+      }),
+      m_timeline(dev.config().runtime, dev.config().clock()) {
     for (size_t i = 0; i < m_cores.size(); ++i)
         if (m_cores[i] >= dev.num_cores() ||
             std::find(m_cores.begin(), m_cores.begin() + int64_t(i), m_cores[i]) !=
@@ -287,6 +288,82 @@ Trainer::~Trainer() {
 void Trainer::set_tracer(sim::Tracer* tracer) {
     m_tracer = tracer && tracer->enabled() ? tracer : nullptr;
     m_track = m_tracer ? m_tracer->track("host", "trainer") : -1;
+    // The estimate runs on its own clock, so its tracks ignore the cycle window.
+    m_wall_host =
+        m_tracer ? m_tracer->track(sim::kWallClockProcess, "host", sim::TrackWindow::Own) : -1;
+    m_wall_device =
+        m_tracer ? m_tracer->track(sim::kWallClockProcess, "device", sim::TrackWindow::Own) : -1;
+    m_wall_aligned = false;
+}
+
+Trainer::GraphMark Trainer::mark_graph() const {
+    return {m_dev.now_cycle(), m_rt->kernel_calls(), m_cache.misses(), m_cache.compile_seconds(),
+            std::chrono::steady_clock::now()};
+}
+
+HostStep Trainer::finish_graph(const GraphMark& m) {
+    HostStep s;
+    s.ops = m_rt->kernel_calls() - m.calls;
+    s.compiled = m_cache.misses() > m.misses;
+    s.device_cycles = m_dev.now_cycle() - m.cycle;
+    s.cpu_fallbacks = m_rt->take_cpu_fallbacks();
+    const sim::ClockDomain clock = m_dev.config().clock();
+    // One sample per graph, as PyTorch/XLA counts executions and compilations: the device time
+    // of the graph (host seconds spent simulating it beside), and on a compile-cache miss the
+    // compile time of the host timeline (host seconds spent generating programs beside).
+    m_metrics.add_time("ExecuteTime", clock.seconds(double(s.device_cycles)), since(m.host));
+    if (s.compiled) {
+        m_metrics.add_time("CompileTime", clock.seconds(double(m_timeline.compile_cycles(s.ops))),
+                           m_cache.compile_seconds() - m.compile_host);
+        m_metrics.count("UncachedCompile");
+    } else if (s.ops > 0) {
+        m_metrics.count("CachedCompile");
+    }
+    return s;
+}
+
+void Trainer::trace_wall(const StepWall& w, const HostStep& step, uint64_t sim_begin) {
+    if (!m_tracer || (m_wall_host < 0 && m_wall_device < 0)) return;
+    if (!m_wall_aligned) {
+        // The first step drawn starts on the host at the cycle its device work starts in the
+        // simulation; from there the estimate runs on its own (longer) clock.
+        m_wall_offset = int64_t(sim_begin) - int64_t(w.trace_begin);
+        m_wall_aligned = true;
+    }
+    auto span = [&](int track, std::string_view name, uint64_t a, uint64_t b,
+                    std::initializer_list<sim::TraceArg> args = {}) {
+        if (b <= a) return;
+        const int64_t ta = int64_t(a) + m_wall_offset, tb = int64_t(b) + m_wall_offset;
+        if (ta < 0) return;
+        m_tracer->complete(track, name, uint64_t(ta), uint64_t(tb), args);
+    };
+    const uint64_t step_no = m_global_step;
+    span(m_wall_host, "trace", w.trace_begin, w.trace_end, {{"step", step_no}, {"ops", step.ops}});
+    if (!step.cpu_fallbacks.empty())
+        span(m_wall_host, "cpu fallbacks", w.trace_end, w.fallback_end,
+             {{"ops", uint64_t(step.cpu_fallbacks.size())},
+              {"first", std::string_view(step.cpu_fallbacks.front())}});
+    span(m_wall_host, "wait for device (mark_step)", w.fallback_end, w.lock_end);
+    span(m_wall_host, "compile", w.lock_end, w.compile_end, {{"step", step_no}});
+    span(m_wall_host, "dispatch", w.compile_end, w.dispatch_end, {{"step", step_no}});
+    if (step.reads) {
+        span(m_wall_host, "wait for device (.item())", w.dispatch_end, w.device_end);
+        span(m_wall_host, "read", w.device_end, w.host_end);
+    }
+    span(m_wall_device, "train_step", w.device_begin, w.device_end,
+         {{"step", step_no}, {"device_cycles", step.device_cycles}});
+}
+
+uint64_t Trainer::step_cycles() const {
+    uint64_t sum = 0;
+    for (const StepTime& t : m_step_times) sum += t.cycles;
+    return sum;
+}
+
+uint64_t Trainer::compiled_steps() const {
+    uint64_t n = 0;
+    for (const StepTime& t : m_step_times) n += t.compiled;
+    return n;
 }
 
 void Trainer::warn(const std::string& text) {
@@ -437,6 +514,10 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
     check_batch(*train.dataset, train.batch_size);
     const auto t0 = std::chrono::steady_clock::now();
     const double sim0 = m_dev.now_seconds();
+    // Tracing a few steps: nothing is kept until the first traced step starts, not even the
+    // set-up's uploads (a trace that opens on an empty timeline hides the steps it recorded).
+    const bool windowed = m_tracer && m_opts.trace_steps > 0;
+    if (windowed && m_global_step <= m_opts.trace_first_step) m_tracer->set_window(UINT64_MAX, 0);
     place(module);
     if (!m_opts.ckpt_path.empty()) load_checkpoint(module, m_opts.ckpt_path);
     const uint64_t step0 = m_global_step;
@@ -460,9 +541,6 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
                         "(drop_last=True)",
                         per, train.batch_size));
     ProgressBar bar(m_opts.enable_progress_bar);
-    // Tracing a few steps: nothing is kept until the first traced step starts.
-    const bool windowed = m_tracer && m_opts.trace_steps > 0;
-    if (windowed && m_global_step <= m_opts.trace_first_step) m_tracer->set_window(UINT64_MAX, 0);
     const OptimizerConfig opt = module.configure_optimizers();
     try {
         opt.validate();
@@ -490,6 +568,7 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
         for (uint64_t s = 0; s < epoch_steps; ++s) {
             const uint64_t c0 = m_dev.now_cycle();
             const auto h0 = std::chrono::steady_clock::now();
+            const GraphMark graph = mark_graph();
             if (windowed && m_global_step == m_opts.trace_first_step) {
                 m_trace_begin = c0;
                 m_tracer->set_window(c0, 0);
@@ -525,10 +604,19 @@ void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val
                     "that divides evenly.",
                     m_global_step, m_cache.misses() - misses, rows, m_batch_rows));
             }
-            if (m_tracer)
+            HostStep host = finish_graph(graph);
+            host.reads = log ? 1 : 0;
+            const StepWall& wall = m_timeline.add(host);
+            if (m_tracer) {
                 m_tracer->complete(m_track, "train_step", c0, m_dev.now_cycle(),
                                    {{"step", m_global_step}, {"rows", uint64_t(rows)}});
-            m_step_times.push_back({m_dev.now_cycle() - c0, since(h0)});
+                const bool traced =
+                    !windowed || (m_global_step >= m_opts.trace_first_step &&
+                                  m_global_step < m_opts.trace_first_step + m_opts.trace_steps);
+                if (traced) trace_wall(wall, host, c0);
+            }
+            m_step_times.push_back(
+                {m_dev.now_cycle() - c0, since(h0), c0, wall.wall_cycles, host.ops, host.compiled});
             m_train_syncs += m_metrics.counter("HostSync") - syncs;
             ++m_global_step;
             bar.update(s + 1, last_loss, m_dev.now_seconds() - sim0);
@@ -592,10 +680,12 @@ PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
     m_rt->set_training(false);
     for (uint32_t first = 0; first < per; first += loader.batch_size) {
         const uint32_t rows = std::min(loader.batch_size, per - first);
+        const GraphMark graph = mark_graph();
         Batch batch = load_batch(data, idx, first, rows);
         // Host writes are posted: wait for them, so the forward's cycles hold no transfer.
         m_dev.synchronize();
         const uint64_t c0 = m_dev.now_cycle();
+        if (first == 0) res.begin_cycle = c0;
         const Var out = module.forward(*m_rt, batch.x);
         m_dev.synchronize();
         res.forward_cycles += m_dev.now_cycle() - c0;
@@ -613,6 +703,7 @@ PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
             }
         }
         m_rt->end_step();
+        finish_graph(graph);
     }
     m_rt->set_training(true);
     return res;
@@ -639,6 +730,7 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
         // Padding rows get all-zero labels: their loss terms are -(0 . log p) = 0, so the
         // device's mean over the global batch (every core's rows x N) times that row count is
         // the sum over the real rows alone (trainer/README.md, "one rule for padding").
+        const GraphMark graph = mark_graph();
         Batch batch = load_batch(data, idx, first, rows, true);
         StepOutput out = module.validation_step(*m_rt, batch);
         uint64_t real = 0;
@@ -662,6 +754,7 @@ EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
             }
         }
         m_rt->end_step();
+        finish_graph(graph);
     }
     m_rt->set_training(true);
     res.loss = loss_rows ? loss_sum / double(loss_rows) : 0;
@@ -860,26 +953,55 @@ void Trainer::load_checkpoint(Module& module, const std::string& path) {
 
 std::string Trainer::metrics_report() const {
     std::string out = m_metrics.report();
-    const uint64_t steps = std::max<uint64_t>(1, m_metrics.counter("MarkStep"));
+    const uint64_t steps = m_step_times.size();
     const uint64_t syncs = m_metrics.counter("HostSync");
-    const uint64_t uncached = m_metrics.counter("UncachedCompile");
-    const MetricSamples* exec = m_metrics.metric("ExecuteTime");
+    const sim::ClockDomain clock = m_dev.config().clock();
+    const auto ms = [&](uint64_t cycles) { return clock.seconds(double(cycles)) * 1e3; };
+    const auto per = [&](double v) { return steps ? v / double(steps) : 0.0; };
+    uint64_t ops = 0;
+    for (const StepTime& t : m_step_times) ops += t.ops;
     out += "\nAnalysis:\n";
-    out += fmt::format("  {} steps on {} core(s), precision {}.\n", m_metrics.counter("MarkStep"),
-                       m_cores.size(), precision_name(m_mode));
-    out += fmt::format("  Compilations: {} programs compiled, {} cache hits.{}\n", uncached,
-                       m_metrics.counter("CachedCompile"),
-                       m_recompiles == 0 ? " No recompilation after the first step."
-                                         : " Shapes changed during training (see warnings).");
+    out += fmt::format("  {} steps on {} core(s), precision {}, {} examples per device.\n", steps,
+                       m_cores.size(), precision_name(m_mode), m_batch_rows);
+    const uint64_t device = step_cycles(), wall = m_timeline.wall_cycles();
     out += fmt::format(
-        "  Host syncs: {} in training steps ({:.3f} per step: the loss is read "
-        "every {} steps), {} outside them (set-up, evaluation, the final replica "
-        "check).\n",
-        m_train_syncs, double(m_train_syncs) / double(steps), m_opts.log_every_n_steps,
-        syncs - m_train_syncs);
-    if (exec)
-        out += fmt::format("  Kernel calls: {} ({:.1f} per step).\n", exec->value.size(),
-                           double(exec->value.size()) / double(steps));
+        "  Device time of the training steps: {:.3f} ms ({:.3f} ms per step); set-up and "
+        "evaluation are not in it.\n",
+        ms(device), per(ms(device)));
+    out += fmt::format(
+        "  Wall clock of the steps (estimate, host timeline): {:.3f} ms ({:.3f} ms per step); the "
+        "device is busy {:.1f}% of it.\n",
+        ms(wall), per(ms(wall)), wall ? 100.0 * double(device) / double(wall) : 0.0);
+    if (steps && wall > 2 * device)
+        out += fmt::format(
+            "  Host-bound: per step the host records {:.0f} ops ({:.3f} ms) and dispatches the "
+            "program ({:.3f} ms) while the device needs {:.3f} ms; larger batches per device "
+            "amortise the host's work.\n",
+            per(double(ops)), ms(m_timeline.trace_cycles(ops / steps)),
+            m_timeline.config().dispatch_us / 1e3, per(ms(device)));
+    uint64_t compile = 0;
+    for (const StepWall& w : m_timeline.steps()) compile += w.compile_end - w.lock_end;
+    out += fmt::format(
+        "  Compilations: {} graphs compiled, {} cache hits; {} training step(s) compiled new "
+        "programs ({:.1f} ms of the wall clock, estimate){}.\n",
+        m_metrics.counter("UncachedCompile"), m_metrics.counter("CachedCompile"), compiled_steps(),
+        ms(compile), m_recompiles == 0 ? "" : "; shapes changed (see warnings)");
+    out += fmt::format(
+        "  Host syncs: {} in training steps ({:.3f} per step: the loss is read every {} steps), "
+        "{} outside them (set-up, evaluation, the final replica check).\n",
+        m_train_syncs, per(double(m_train_syncs)), m_opts.log_every_n_steps, syncs - m_train_syncs);
+    uint64_t fallbacks = 0;
+    std::string names;
+    for (const auto& [name, n] : m_metrics.counters()) {
+        if (name.rfind("aten::", 0) != 0) continue;
+        fallbacks += n;
+        names += fmt::format("{}{} x {}", names.empty() ? "" : ", ", name, n);
+    }
+    if (fallbacks)
+        out +=
+            fmt::format("  CPU fallbacks: {} ({}): each waits for the device.\n", fallbacks, names);
+    out += fmt::format("  Kernel calls: {} ({:.1f} per step).\n", m_rt->kernel_calls(),
+                       per(double(ops)));
     return out;
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "driver/program_cache.h"
 #include "trainer/data_loader.h"
 #include "trainer/graph.h"
+#include "trainer/host_timeline.h"
 #include "trainer/metrics.h"
 #include "trainer/module.h"
 
@@ -100,8 +102,12 @@ struct StepLog {
 
 /// What one training step cost.
 struct StepTime {
-    uint64_t cycles = 0;      ///< board cycles from batch upload to the end of the update
-    double host_seconds = 0;  ///< host seconds of the same span
+    uint64_t cycles = 0;       ///< board cycles from batch upload to the end of the update
+    double host_seconds = 0;   ///< host seconds of the same span
+    uint64_t begin_cycle = 0;  ///< board cycle the step's batch upload began
+    uint64_t wall_cycles = 0;  ///< estimated wall-clock cycles of the step (host timeline)
+    uint64_t ops = 0;          ///< ops recorded into the step's graph (kernel calls)
+    bool compiled = false;     ///< the step compiled new programs
 };
 
 /// The result of validate(). Every figure counts each example of the dataset once: the
@@ -119,6 +125,7 @@ struct PredictResult {
     std::vector<float> outputs;   ///< forward(x) of every example in dataset order, row-major
     uint32_t cols = 0;            ///< values per output row
     uint64_t forward_cycles = 0;  ///< board cycles of the forward passes (no transfers)
+    uint64_t begin_cycle = 0;     ///< board cycle the first forward pass began
 };
 
 /// Fits a Module on the cores selected by `devices` of an open Device.
@@ -153,9 +160,21 @@ public:
     const std::vector<uint32_t>& cores() const { return m_cores; }
     PrecisionMode precision() const { return m_mode; }
     uint64_t global_step() const { return m_global_step; }
-    /// Simulated device seconds and host seconds spent in fit() so far.
+    /// Simulated device seconds spent in fit() so far: set-up, steps and validation.
     double simulated_seconds() const { return m_sim_seconds; }
+    /// Host seconds spent simulating in fit() so far.
     double host_seconds() const { return m_host_seconds; }
+    /// The device time of training: board cycles of every training step so far (batch upload
+    /// to the end of the update), summed. Set-up, validation and the replica check are not in it.
+    uint64_t step_cycles() const;
+    /// Where each training step sat on the estimated wall clock (host timeline).
+    const HostTimeline& host_timeline() const { return m_timeline; }
+    /// Host syncs inside training steps (loss read-backs).
+    uint64_t train_host_syncs() const { return m_train_syncs; }
+    /// Training steps that compiled new programs (the first one, and every new shape).
+    uint64_t compiled_steps() const;
+    /// Examples per device of the first training batch.
+    uint32_t batch_rows() const { return m_batch_rows; }
     /// Warnings issued (Lightning's deprecations, recompilation, ...), also printed to stderr.
     const std::vector<std::string>& warnings() const { return m_warnings; }
     /// How many of them were recompilations (a new batch shape).
@@ -180,6 +199,18 @@ public:
 
 private:
     struct Shard;
+    /// Where a graph execution (a step, an evaluation batch) started.
+    struct GraphMark {
+        uint64_t cycle = 0, calls = 0, misses = 0;
+        double compile_host = 0;
+        std::chrono::steady_clock::time_point host;
+    };
+    GraphMark mark_graph() const;
+    /// Records the graph started at `m` in the metrics as PyTorch/XLA counts graphs
+    /// (ExecuteTime, CompileTime, Cached/UncachedCompile) and returns what the host did for it.
+    HostStep finish_graph(const GraphMark& m);
+    /// Draws a training step's estimated wall-clock phases on the trace's "wall clock" process.
+    void trace_wall(const StepWall& w, const HostStep& step, uint64_t sim_begin);
     void place(Module& module);
     void release();
     /// Uploads examples idx[r][first ..] of every replica r. Positions at or past `real` (the
@@ -221,8 +252,12 @@ private:
     std::string m_stop_reason;
     uint64_t m_fit_steps = 0;
     std::function<void(const std::string&)> m_warn;
+    HostTimeline m_timeline;
     sim::Tracer* m_tracer = nullptr;
     int m_track = -1;
+    int m_wall_host = -1, m_wall_device = -1;  ///< the wall-clock estimate's tracks
+    int64_t m_wall_offset = 0;                 ///< trace cycle of wall-clock cycle 0
+    bool m_wall_aligned = false;
     uint64_t m_trace_begin = 0;  ///< cycle the traced steps began
     uint32_t m_batch_rows = 0;   ///< rows of the first training batch (shape changes warn)
 };

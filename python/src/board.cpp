@@ -245,11 +245,11 @@ py::dict Board::model(const std::string& name, const py::dict& sizes, uint32_t b
     return with_outputs(out, [&](sim::Tracer* tracer) {
         const cli::ModelRun run =
             cli::run_model(device(), name, z, batch, cores, train_step, precision);
-        cli::trace_layers(tracer, run.layers);
+        cli::trace_model(tracer, run, name, batch, train_step);
         py::dict d;
-        d["summary"] = cli::model_json(run, name, batch, cores.size(), train_step, precision,
-                                       device().config())
-                           .dump();
+        d["summary"] =
+            cli::model_json(run, name, batch, cores.size(), train_step, precision, device())
+                .dump();
         return d;
     });
 }

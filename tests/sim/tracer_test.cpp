@@ -3,9 +3,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,9 +50,10 @@ std::vector<json> events_of(const std::string& path, const std::string& phase) {
     return out;
 }
 
-/// A microsecond value as written (six decimals) back to integer picoseconds.
-int64_t ps(const json& us) {
-    return std::llround(us.get<double>() * 1e6);
+/// A microsecond value as written (three decimals) back to integer nanoseconds, as Perfetto's
+/// JSON importer reads it (llround of ts x 1000).
+int64_t ns(const json& us) {
+    return std::llround(us.get<double>() * 1e3);
 }
 
 TEST(Tracer, WritesChromeTraceEventsWithCyclesInArgs) {
@@ -70,7 +73,7 @@ TEST(Tracer, WritesChromeTraceEventsWithCyclesInArgs) {
             EXPECT_TRUE(e["args"].contains("begin_cycle") && e["args"].contains("end_cycle"));
         }
     }
-    EXPECT_EQ(meta, 7);  // 2 processes x (name, sort index) + 3 threads
+    EXPECT_EQ(meta, 10);  // (2 processes + 3 threads) x (name, sort index)
     EXPECT_EQ(x, 3);
 
     const auto xs = events_of(p, "X");
@@ -143,7 +146,7 @@ TEST(Tracer, MetadataOncePerTrackAndStableIds) {
     EXPECT_EQ(tids, (std::vector<int>{1, 2}));  // same thread name, distinct tracks
 }
 
-TEST(Tracer, TimesAreExactSixDecimalMicrosecondsAndAbut) {
+TEST(Tracer, TimesAreIntegerNanosecondsAndAbut) {
     const std::string p = tmp("times.json");
     {
         Tracer t;
@@ -154,14 +157,53 @@ TEST(Tracer, TimesAreExactSixDecimalMicrosecondsAndAbut) {
         t.complete(k, "long", 100, 10'000'000'000ull);  // 10^10 cycles
     }
     const std::string text = slurp(p);
-    // 3 * 1e6 / 940 = 3191.489 ps -> 0.003191 us; the end 6 cycles = 6382.98 -> 6383 ps.
-    EXPECT_NE(text.find(R"("ts":0.003191,"dur":0.003192)"), std::string::npos) << text;
+    // 3 cycles = 3.19 ns -> 3 ns; 6 cycles = 6.38 ns -> 6 ns: the second event is 0.003 us long.
+    EXPECT_NE(text.find(R"("ts":0.003,"dur":0.003)"), std::string::npos) << text;
     const auto xs = events_of(p, "X");
     ASSERT_EQ(xs.size(), 11u);
     for (size_t i = 0; i + 2 < xs.size(); ++i)
-        EXPECT_EQ(ps(xs[i]["ts"]) + ps(xs[i]["dur"]), ps(xs[i + 1]["ts"])) << i;
-    // 10^10 cycles at 940 MHz end at 10638297.872340 us; minus the start 0.106383 us.
-    EXPECT_NE(text.find(R"("ts":0.106383,"dur":10638297.765957)"), std::string::npos) << text;
+        EXPECT_EQ(ns(xs[i]["ts"]) + ns(xs[i]["dur"]), ns(xs[i + 1]["ts"])) << i;
+    // 10^10 cycles at 940 MHz end at 10638297872.34 ns -> 10638297872; minus the start 106 ns.
+    EXPECT_NE(text.find(R"("ts":0.106,"dur":10638297.766)"), std::string::npos) << text;
+}
+
+TEST(Tracer, OverlappingEventsOfATrackGoToLanesThatNeverOverlap) {
+    const std::string p = tmp("lanes.json");
+    {
+        Tracer t;
+        t.open(p, 1000.0);
+        const int dma = t.track("core0", "dma");
+        // Emitted in completion order, as a unit queue does: B [10, 50) finishes before A.
+        t.complete(dma, "B", 10, 50);
+        t.complete(dma, "C", 20, 60);  // overlaps B: lane 1
+        t.complete(dma, "A", 0, 100);  // overlaps both: lane 2
+        t.complete(dma, "D", 50, 70);  // starts where B ended: lane 0 again
+        t.complete(dma, "E", 100, 110);
+        t.instant(dma, "halt", 105);  // instants stay on the track's own thread
+        t.complete(t.track("core0", "seq"), "S", 0, 5);
+    }
+    std::map<int, std::string> thread;
+    std::map<int, int64_t> sort_index;
+    for (const auto& e : events_of(p, "M")) {
+        if (e["name"] == "thread_name") thread[e["tid"]] = e["args"]["name"];
+        if (e["name"] == "thread_sort_index") sort_index[e["tid"]] = e["args"]["sort_index"];
+    }
+    std::map<std::string, std::string> lane_of;
+    for (const auto& e : events_of(p, "X")) lane_of[e["name"]] = thread.at(e["tid"]);
+    EXPECT_EQ(lane_of["B"], "dma");
+    EXPECT_EQ(lane_of["C"], "dma#1");
+    EXPECT_EQ(lane_of["A"], "dma#2");
+    EXPECT_EQ(lane_of["D"], "dma");
+    EXPECT_EQ(lane_of["E"], "dma");
+    EXPECT_EQ(lane_of["S"], "seq");
+    EXPECT_EQ(thread.at(events_of(p, "i")[0]["tid"]), "dma");
+    // Lanes sort right after their track, before the next track (seq).
+    std::vector<std::string> order;
+    std::vector<std::pair<int64_t, std::string>> by_index;
+    for (const auto& [tid, name] : thread) by_index.emplace_back(sort_index.at(tid), name);
+    std::sort(by_index.begin(), by_index.end());
+    for (const auto& [i, name] : by_index) order.push_back(name);
+    EXPECT_EQ(order, (std::vector<std::string>{"dma", "dma#1", "dma#2", "seq"}));
 }
 
 TEST(Tracer, FiltersByUnitPrefixAndWindowAndIsDeterministic) {
@@ -291,10 +333,10 @@ TEST(Tracer, StreamsToDiskWhileOpen) {
     EXPECT_GT(on_disk, kEvents * 80);
     t.close();
     EXPECT_FALSE(t.enabled());
-    EXPECT_EQ(json::parse(slurp(p))["traceEvents"].size(), kEvents + 3);  // + 3 metadata
+    EXPECT_EQ(json::parse(slurp(p))["traceEvents"].size(), kEvents + 4);  // + 4 metadata
     t.close();                                                            // idempotent
     t.complete(k, "after", 0, 1);  // a closed tracer ignores events
-    EXPECT_EQ(json::parse(slurp(p))["traceEvents"].size(), kEvents + 3);
+    EXPECT_EQ(json::parse(slurp(p))["traceEvents"].size(), kEvents + 4);
 }
 
 TEST(Tracer, ReopenStartsAFreshFile) {

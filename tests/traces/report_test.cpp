@@ -6,6 +6,7 @@
 #include <array>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/common/paths.h"
 #include "tests/common/scratch.h"
 
 namespace tpu::traces {
@@ -121,7 +123,8 @@ TEST(ReportTest, PageHasOneChartPerCoreAndTheRoofline) {
     const std::string html = render_report(trace(), stats(), "gemm <test>", config());
     EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
     EXPECT_NE(html.find("<title>gemm &lt;test&gt;</title>"), std::string::npos);
-    EXPECT_EQ(count(html, "<svg"), 5u);  // 2 utilisation + 2 HBM + roofline
+    EXPECT_EQ(count(html, "<svg"), 6u);  // 2 utilisation + 2 HBM + power + roofline
+    EXPECT_EQ(count(html, "class=\"chart power\""), 1u);
     EXPECT_EQ(count(html, "class=\"chart util\""), 2u);
     EXPECT_EQ(count(html, "class=\"chart hbm\""), 2u);
     EXPECT_NE(html.find("class=\"chart util\" data-core=\"core0\""), std::string::npos);
@@ -133,7 +136,7 @@ TEST(ReportTest, PageHasOneChartPerCoreAndTheRoofline) {
     EXPECT_NE(html.find("<circle class=\"point\" data-core=\"core1\""), std::string::npos);
     // core1 has utilisation samples but no hbm_gbps ones.
     EXPECT_EQ(count(html, ">no samples<"), 1u);
-    EXPECT_EQ(count(html, "<path class=\"line\""), 3u);
+    EXPECT_EQ(count(html, "<path class=\"line\""), 4u);  // 3 counters + the power
 }
 
 TEST(ReportTest, SummaryNumbersComeFromStatsAndConfig) {
@@ -233,7 +236,7 @@ TEST(ReportTest, TraceOnlyUsesDefaultsAndTraceCounts) {
 TEST(ReportTest, PageIsSelfContained) {
     std::string html = render_report(trace(), stats(), "t", config());
     const std::string ns = "http://www.w3.org/2000/svg";
-    EXPECT_EQ(count(html, "xmlns=\"" + ns + "\""), 5u);
+    EXPECT_EQ(count(html, "xmlns=\"" + ns + "\""), 6u);
     for (size_t at = html.find(ns); at != std::string::npos; at = html.find(ns))
         html.erase(at, ns.size());
     EXPECT_EQ(html.find("http"), std::string::npos);
@@ -300,7 +303,7 @@ TEST(ReportTest, HeadlessChromiumRendersTheSvg) {
     std::array<char, 4096> buf{};
     for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) dom.append(buf.data(), n);
     EXPECT_EQ(pclose(p), 0);
-    EXPECT_EQ(count(dom, "<svg"), 5u);
+    EXPECT_EQ(count(dom, "<svg"), 6u);
     EXPECT_EQ(count(dom, "<circle class=\"point\""), 2u);
     EXPECT_EQ(count(dom, "<polyline class=\"roof\""), 1u);
 }
@@ -332,6 +335,214 @@ TEST(ReportTest, TheTracesOwnConfigGivesTheClockAndTheRoof) {
     doc["otherData"]["config"] = json::parse(config());
     const std::string html = render_report(doc.dump(), stats(), "t", "");
     EXPECT_NE(html.find("1000.0 MHz (config)"), std::string::npos) << html;
+}
+
+/// stats() with a `result` group (tpusim train's), an `energy` group and a kernel per role.
+std::string stats_with_result(double batch_rows, double host_syncs, double shape_changes) {
+    json doc = json::parse(stats());
+    auto c = [](double v, const char* unit, const char* desc = "-") {
+        return json{{"value", v}, {"unit", unit}, {"desc", desc}};
+    };
+    doc["board"]["children"]["result"]["counters"] = {
+        {"cycles", c(4000, "cycles", "device cycles of the 4 training steps")},
+        {"steps", c(4, "count")},
+        {"wall_cycles_estimate", c(40000, "cycles")},
+        {"batch_rows", c(batch_rows, "count")},
+        {"host_syncs", c(host_syncs, "count")},
+        {"log_every_n_steps", c(1, "count")},
+        {"compiled_steps", c(1 + shape_changes, "count")},
+        {"shape_changes", c(shape_changes, "count")},
+        {"compile_cycles_estimate", c(100, "cycles")},
+        {"cpu_fallbacks", c(2, "count")},
+        {"ops", c(80, "count")}};
+    auto kernel = [&](double cycles) {
+        return json{
+            {"counters", {{"cycles", c(cycles, "cycles")}, {"energy_j", c(0.5, "joules")}}}};
+    };
+    doc["board"]["children"]["kernels"]["children"] = {
+        {"matmul", kernel(1000)}, {"adam", kernel(1200)}, {"allreduce_hbm", kernel(300)}};
+    doc["board"]["children"]["energy"] = {
+        {"counters",
+         {{"total_j", c(2.5, "joules")},
+          {"average_power_w", c(454.5, "watts")},
+          {"idle_power_w", c(336, "watts")},
+          {"outside_kernels_j", c(1.0, "joules")}}},
+        {"children",
+         {{"mxu", {{"counters", {{"energy_j", c(1.5, "joules")}}}}},
+          {"other", {{"counters", {{"energy_j", c(1.0, "joules")}}}}}}}};
+    return doc.dump();
+}
+
+TEST(ReportTest, TheResultIsLabelledAndTheWholeRunToo) {
+    const std::string html = render_report(trace(), stats_with_result(128, 1, 0), "t", config());
+    // 4000 cycles at 1000 MHz = 4 ms, 1 ms per step; the estimate's wall clock 40 ms.
+    EXPECT_NE(html.find("<tr><th>result: device time</th><td>4,000 cycles = 0.004 ms (0.001 ms "
+                        "per step)<br><small>device cycles of the 4 training steps</small>"),
+              std::string::npos)
+        << html;
+    EXPECT_NE(html.find("<tr><th>result: wall clock (estimate)</th><td>40,000 cycles = 0.040 ms"),
+              std::string::npos);
+    EXPECT_NE(html.find("<tr><th>whole run: total cycles (board, from stats)</th><td>5,500 = "),
+              std::string::npos);
+}
+
+TEST(ReportTest, AdviceNamesTheNumberBehindEachItem) {
+    // 16 rows per device, the loss read every step, one shape change, two fallbacks, host-bound
+    // (40,000 wall cycles for 4,000 of device time), Adam 1,200 cycles against 1,000 of matmul.
+    const std::string html = render_report(trace(), stats_with_result(16, 4, 1), "t", config());
+    EXPECT_NE(html.find("<div class=\"advice\">"), std::string::npos);
+    for (const char* item :
+         {"<b>Small batch:</b> 16 examples per device stream 16 rows through each 128x128",
+          "<b>Optimizer:</b> 1,200 cycles, 48.0% of all kernel cycles, against 1,000 cycles",
+          "<b>Host syncs:</b> the loss was read back 4 times in 4 steps (log_every_n_steps=1)",
+          "<b>Changing shapes:</b> 1 training step(s)", "<b>Host-bound steps:</b>",
+          "is 10.0x their device time", "<b>CPU fallbacks:</b> 2 ops ran on the CPU"})
+        EXPECT_NE(html.find(item), std::string::npos) << item;
+    // The all-reduce's 300 cycles are neither half the matmuls' nor a quarter of the kernels'.
+    EXPECT_EQ(html.find("<b>Gradient all-reduce:</b>"), std::string::npos);
+    // Nothing to say: no advice box.
+    json quiet = json::parse(stats_with_result(128, 0, 0));
+    quiet["board"]["children"]["result"]["counters"]["wall_cycles_estimate"]["value"] = 5000;
+    quiet["board"]["children"]["result"]["counters"]["cpu_fallbacks"]["value"] = 0;
+    quiet["board"]["children"]["kernels"]["children"]["adam"]["counters"]["cycles"]["value"] = 10;
+    EXPECT_EQ(render_report(trace(), quiet.dump(), "t", config()).find("class=\"advice\""),
+              std::string::npos);
+}
+
+TEST(ReportTest, OnlyTheCoresThatRanAreShown) {
+    // The stats of an 8-core board where only core0 and core1 ran: six idle cores are counted,
+    // not drawn.
+    json doc = json::parse(stats());
+    for (int i = 2; i < 8; ++i)
+        doc["board"]["children"]["core" + std::to_string(i)] = {
+            {"counters", {{"instructions", {{"value", 0}, {"unit", "count"}, {"desc", "-"}}}}}};
+    const std::string html = render_report(trace(), doc.dump(), "t", config());
+    EXPECT_NE(html.find("<tr><th>cores</th><td>2 (6 idle cores not shown)</td></tr>"),
+              std::string::npos)
+        << html;
+    EXPECT_EQ(html.find("data-core=\"core2\""), std::string::npos);
+    EXPECT_EQ(count(html, "class=\"chart util\""), 2u);
+}
+
+TEST(ReportTest, LayersComeFromTheHostLayersTrack) {
+    json doc = json::parse(trace());
+    auto& ev = doc["traceEvents"];
+    ev.push_back(meta("thread_name", 0, 20, "layers"));
+    ev.push_back(meta("thread_name", 0, 21, "model"));
+    auto layer = [&](const char* name, const char* kind, uint64_t b, uint64_t e) {
+        json x = span(0, 20, name, b, e);
+        x["args"]["kind"] = kind;
+        ev.push_back(x);
+    };
+    layer("fc1", "linear", 1000, 3000);
+    layer("relu", "relu", 3000, 3500);
+    layer("fc1", "linear", 4000, 5000);  // its backward
+    ev.push_back(span(0, 21, "inference", 1000, 5000));
+    const std::string html = render_report(doc.dump(), "", "t", config());
+    EXPECT_NE(html.find("<h2>Layers</h2>"), std::string::npos);
+    // fc1: two spans, 2000 + 1000 cycles of the 4000-cycle inference.
+    EXPECT_NE(html.find("<tr><td>fc1</td><td>linear</td><td>2</td><td>3,000</td><td>3.000 us</td>"
+                        "<td>75.0%</td></tr>"),
+              std::string::npos)
+        << html;
+    EXPECT_NE(html.find("<tr><td>relu</td><td>relu</td><td>1</td><td>500</td>"), std::string::npos);
+    EXPECT_NE(html.find("<tr><th>result: inference (trace)</th><td>4,000 cycles = 0.004 ms"),
+              std::string::npos);
+}
+
+TEST(ReportTest, PowerIsEstimatedOverTheTraceAndFromTheStats) {
+    const std::string html = render_report(trace(), stats_with_result(128, 0, 0), "t", config());
+    EXPECT_NE(html.find("<h2>Power and energy (estimate)</h2>"), std::string::npos);
+    EXPECT_NE(html.find("<tr><th>energy of the whole run (stats)</th><td>2.5 J</td></tr>"),
+              std::string::npos)
+        << html;
+    // The default board's static power, 4 chips x 83.9994 W, whatever the trace did.
+    EXPECT_NE(html.find("<tr><th>idle board (static power)</th><td>336.0 W = 84.0 W per chip"),
+              std::string::npos);
+    EXPECT_NE(html.find("<tr><th>peak power (1024-cycle windows)</th>"), std::string::npos);
+    EXPECT_NE(html.find("<tr><td>mxu</td><td>1.5 J</td><td>60.0%</td></tr>"), std::string::npos);
+    EXPECT_NE(html.find("<td>0.5 J</td></tr>"), std::string::npos);  // a kernel's energy
+}
+
+/// Runs `tpusim ARGS` (the built executable beside the tests) and returns its exit code.
+int run_tpusim(const std::string& args) {
+    const std::string cmd = test::tpusim_exe() + " " + args + " >/dev/null 2>&1";
+    return std::system(cmd.c_str()) == 0 ? 0 : 1;
+}
+
+/// Every number with a unit of its kind on a page: "12.5%", "170.2 W".
+std::vector<double> numbers_before(const std::string& text, const std::string& unit) {
+    std::vector<double> out;
+    for (size_t at = text.find(unit); at != std::string::npos; at = text.find(unit, at + 1)) {
+        size_t b = at;
+        while (b > 0 &&
+               (std::isdigit(static_cast<unsigned char>(text[b - 1])) || text[b - 1] == '.'))
+            --b;
+        if (b < at) out.push_back(std::stod(text.substr(b, at - b)));
+    }
+    return out;
+}
+
+TEST(ReportTest, TheDemosReportRendersInHeadlessChromiumWithEverySection) {
+    const std::string chromium = "/usr/bin/chromium";
+    if (!std::filesystem::exists(chromium))
+        GTEST_SKIP() << "Debian's chromium is not installed (" << chromium << ")";
+    // The demo's job on fewer steps: two steps traced, the stats of the whole run, the report
+    // of both.
+    const std::string trace = test::scratch("demo_trace.json"),
+                      st = test::scratch("demo_stats.json"),
+                      page = test::scratch("demo_report.html"), png = test::scratch("demo.png");
+    ASSERT_EQ(run_tpusim("train --model mlp --data synthetic --devices 8 --precision bf16-mixed "
+                         "--epochs 1 --limit-train-batches 6 --limit-test-batches 2 --no-progress "
+                         "--trace-steps 2:2 --trace " +
+                         trace + " --stats " + st),
+              0);
+    ASSERT_EQ(run_tpusim("report " + trace + " --stats " + st + " -o " + page), 0);
+    // The page as the browser builds it.
+    const std::string cmd = chromium + " --headless --disable-gpu --no-sandbox --dump-dom file://" +
+                            page + " 2>/dev/null";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string dom;
+    std::array<char, 4096> buf{};
+    for (size_t n; (n = fread(buf.data(), 1, buf.size(), p)) > 0;) dom.append(buf.data(), n);
+    EXPECT_EQ(pclose(p), 0);
+    for (const char* section :
+         {"<h2>Summary</h2>", "<h2>Advice</h2>", "<h2>MXU utilisation over time</h2>",
+          "<h2>HBM bandwidth over time</h2>", "<h2>Power and energy (estimate)</h2>",
+          "<h2>Unit busy time</h2>", "<h2>Kernels</h2>", "<h2>HBM rows and ICI links</h2>",
+          "<h2>Roofline</h2>", "result: device time", "result: wall clock (estimate)",
+          "whole run: total cycles", "<b>Small batch:</b>", "class=\"chart power\""})
+        EXPECT_NE(dom.find(section), std::string::npos) << section;
+    EXPECT_EQ(count(dom, "class=\"chart util\""), 8u);
+    // No impossible numbers: no share above 100%, no power above the chip's 450 W TDP per
+    // chip, nothing negative or not a number.
+    for (double v : numbers_before(dom, "%")) EXPECT_LE(v, 100.0);
+    for (double v : numbers_before(dom, " W per chip")) {
+        EXPECT_GT(v, 0.0);
+        EXPECT_LE(v, 450.0);
+    }
+    EXPECT_EQ(dom.find("nan"), std::string::npos);
+    EXPECT_EQ(dom.find("inf "), std::string::npos);
+    EXPECT_EQ(dom.find(">-0"), std::string::npos);
+    // The screenshot: the page renders to a full-page image that is not blank.
+    const std::string shot = chromium +
+                             " --headless --disable-gpu --no-sandbox --hide-scrollbars "
+                             "--window-size=1300,4000 --screenshot=" +
+                             png + " file://" + page + " >/dev/null 2>&1";
+    ASSERT_EQ(std::system(shot.c_str()), 0);
+    const std::string image = test::slurp(png);
+    ASSERT_GT(image.size(), 24u);
+    EXPECT_EQ(image.substr(1, 3), "PNG");
+    // Width and height from the IHDR chunk (big-endian at bytes 16 and 20).
+    auto be32 = [&](size_t at) {
+        return (uint32_t(uint8_t(image[at])) << 24) | (uint32_t(uint8_t(image[at + 1])) << 16) |
+               (uint32_t(uint8_t(image[at + 2])) << 8) | uint32_t(uint8_t(image[at + 3]));
+    };
+    EXPECT_EQ(be32(16), 1300u);
+    EXPECT_EQ(be32(20), 4000u);
+    // A blank page compresses to a few kilobytes; charts and tables do not.
+    EXPECT_GT(image.size(), 100'000u);
 }
 
 }  // namespace

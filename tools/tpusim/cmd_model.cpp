@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hw/board.h"
+#include "sim/stat_names.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/op_runs.h"
 #include "tools/tpusim/run_output.h"
@@ -99,10 +100,12 @@ void register_model_command(CLI::App& app) {
         const uint64_t cycles = run.cycles;
         const double host = run.host_seconds;
         const auto& layers = run.layers;
-        trace_layers(trace.get(), layers);
-        const double seconds = double(cycles) / (cfg.clock_mhz * 1e6);
+        const std::string what = o->train_step ? "training step" : "inference";
+        trace_model(trace.get(), run, o->name, o->batch, o->train_step);
+        const double seconds = cfg.clock().seconds(double(cycles));
         const nlohmann::ordered_json j =
-            model_json(run, o->name, o->batch, cores.size(), o->train_step, o->precision, cfg);
+            model_json(run, o->name, o->batch, cores.size(), o->train_step, o->precision, *dev);
+        const RunEnergy energy = estimate_energy(dev->board(), dev->kernel_stats());
         if (o->common.json) {
             fmt::print("{}\n", j.dump());
         } else {
@@ -118,9 +121,25 @@ void register_model_command(CLI::App& app) {
                            cycles ? 100.0 * double(l.work.cycles) / double(cycles) : 0.0,
                            double(l.work.flops()) / 1e9, 100.0 * l.work.mxu_utilization(),
                            l.work.hbm_bytes());
+            fmt::print(
+                "whole run {} cycles = {:.3f} ms (weights and inputs uploaded first); estimated "
+                "energy {:.3f} J, {:.0f} W on average\n",
+                dev->now_cycle(), cfg.clock().seconds(double(dev->now_cycle())) * 1e3,
+                energy.total_j(), energy.average_power_w());
             fmt::print("host {:.2f} s\n", host);
         }
-        write_stats_file(o->common, dev->board(), dev->kernel_stats());
+        const std::vector<ResultStat> result{
+            {"cycles",
+             fmt::format("device cycles of one {} of {} (batch {}) on {} core{}, weights already "
+                         "on the device; board.cycles is the whole run (uploads included)",
+                         what, o->name, o->batch, cores.size(), cores.size() == 1 ? "" : "s"),
+             sim::StatUnit::Cycles, double(cycles)},
+            {std::string(sim::stat_names::kSteps), fmt::format("{}s measured", what),
+             sim::StatUnit::Count, 1.0},
+            {"batch_rows", "examples per core (the batch's share)", sim::StatUnit::Count,
+             double((o->batch + cores.size() - 1) / cores.size())},
+            {"devices", "cores running the model", sim::StatUnit::Count, double(cores.size())}};
+        write_stats_file(o->common, dev->board(), dev->kernel_stats(), result);
         dev->set_tracer(nullptr);
         trace.finish();
     });

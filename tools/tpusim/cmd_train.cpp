@@ -13,6 +13,7 @@
 
 #include "hw/board.h"
 #include "sim/file_io.h"
+#include "sim/stat_names.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/run_output.h"
 #include "trainer/dataset.h"
@@ -353,6 +354,17 @@ void register_train_command(CLI::App& app) {
                 }
             }
         }
+        // Totals, each saying what it counts: the device time of training is the training
+        // steps' (result); the whole run adds set-up, uploads and evaluation; the wall clock
+        // is the host timeline's estimate of the steps.
+        const sim::ClockDomain clock = cfg.clock();
+        const uint64_t run_steps = tr->step_times().size();  // steps of this run (not resumed)
+        const uint64_t step_cycles = tr->step_cycles();
+        const uint64_t run_cycles = dev->now_cycle();
+        const trainer::HostTimeline& timeline = tr->host_timeline();
+        const uint64_t wall_cycles = timeline.wall_cycles();
+        const auto per_step = [&](double v) { return run_steps ? v / double(run_steps) : 0.0; };
+        const RunEnergy energy = estimate_energy(dev->board(), dev->kernel_stats());
         nlohmann::ordered_json j;
         // A language model is judged on held-out text: its validation split.
         const std::string split = gpt ? "val" : "test";
@@ -362,7 +374,26 @@ void register_train_command(CLI::App& app) {
             trained ? nlohmann::ordered_json(hist.back().loss) : nlohmann::ordered_json(nullptr);
         if (!trained) j["stopped"] = tr->stop_reason();
         j["steps"] = steps;
-        j["simulated_seconds"] = tr->simulated_seconds();
+        j["simulated_seconds"] = clock.seconds(double(step_cycles));
+        j["simulated_seconds_per_step"] = per_step(clock.seconds(double(step_cycles)));
+        j["run_simulated_seconds"] = clock.seconds(double(run_cycles));
+        j["wall_seconds_estimate"] = clock.seconds(double(wall_cycles));
+        j["wall_seconds_per_step_estimate"] = per_step(clock.seconds(double(wall_cycles)));
+        j["device_busy_fraction_estimate"] =
+            wall_cycles ? double(step_cycles) / double(wall_cycles) : 0.0;
+        // A typical step, without the first steps' compilation: the medians.
+        const auto median = [](std::vector<uint64_t> v) {
+            if (v.empty()) return uint64_t(0);
+            std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+            return v[v.size() / 2];
+        };
+        std::vector<uint64_t> device_steps, wall_steps;
+        for (const trainer::StepTime& t : tr->step_times()) {
+            device_steps.push_back(t.cycles);
+            wall_steps.push_back(t.wall_cycles);
+        }
+        j["simulated_seconds_median_step"] = clock.seconds(double(median(device_steps)));
+        j["wall_seconds_median_step_estimate"] = clock.seconds(double(median(wall_steps)));
         j["host_seconds"] = tr->host_seconds();
         j["host_seconds_per_step"] = steps ? tr->host_seconds() / double(steps) : 0.0;
         j["devices"] = tr->cores().size();
@@ -379,6 +410,7 @@ void register_train_command(CLI::App& app) {
         auto& curve = j["loss_curve"] = nlohmann::ordered_json::array();
         for (const auto& h : hist) curve.push_back({h.step + 1, h.loss});
         j["recompile_warnings"] = tr->recompile_warnings();
+        j["energy"] = energy_json(energy);
         if (o->common.json) {
             fmt::print("{}\n", j.dump());
         } else {
@@ -400,11 +432,65 @@ void register_train_command(CLI::App& app) {
             else
                 fmt::print("{}; test accuracy {:.2f}% on {} examples (test loss {:.4f})\n",
                            loss_text, 100.0 * eval.accuracy, eval.examples, eval.loss);
-            fmt::print("simulated {:.3f} ms of device time; host {:.1f} s ({:.3f} s per step)\n",
-                       tr->simulated_seconds() * 1e3, tr->host_seconds(),
+            fmt::print(
+                "device time of the {} training steps: {:.3f} ms ({:.3f} ms per step); whole run "
+                "{:.3f} ms (set-up, uploads and evaluation included)\n",
+                run_steps, clock.seconds(double(step_cycles)) * 1e3,
+                per_step(clock.seconds(double(step_cycles))) * 1e3,
+                clock.seconds(double(run_cycles)) * 1e3);
+            fmt::print(
+                "estimated wall clock of the steps: {:.3f} ms ({:.3f} ms per step); the device "
+                "is busy {:.1f}% of it{}\n",
+                clock.seconds(double(wall_cycles)) * 1e3,
+                per_step(clock.seconds(double(wall_cycles))) * 1e3,
+                100.0 * j["device_busy_fraction_estimate"].get<double>(),
+                wall_cycles > 2 * step_cycles ? " (host-bound: see --metrics-report)" : "");
+            fmt::print(
+                "estimated energy of the whole run: {:.3f} J, {:.0f} W on average (idle board "
+                "{:.0f} W)\n",
+                energy.total_j(), energy.average_power_w(), energy.idle_power_w);
+            fmt::print("host {:.1f} s simulating ({:.3f} s per step)\n", tr->host_seconds(),
                        j["host_seconds_per_step"].get<double>());
         }
-        write_stats_file(o->common, dev->board(), dev->kernel_stats());
+        uint64_t fallbacks = 0, ops = 0, compile_cycles = 0;
+        for (const trainer::StepWall& w : timeline.steps())
+            compile_cycles += w.compile_end - w.lock_end;
+        for (const auto& [name, n] : tr->metrics().counters())
+            if (name.rfind("aten::", 0) == 0) fallbacks += n;
+        for (const trainer::StepTime& t : tr->step_times()) ops += t.ops;
+        const std::vector<ResultStat> result{
+            {"cycles",
+             fmt::format("device cycles of the {} training steps (batch upload to the end of the "
+                         "update), summed: the device time of training; board.cycles is the "
+                         "whole run",
+                         run_steps),
+             sim::StatUnit::Cycles, double(step_cycles)},
+            {std::string(sim::stat_names::kSteps), "training steps", sim::StatUnit::Count,
+             double(run_steps)},
+            {std::string(sim::stat_names::kWallCycles),
+             "estimated wall-clock cycles of the training steps: the host timeline (tracing, "
+             "compiling, dispatching, host reads) overlapped with the device "
+             "(trainer/README.md)",
+             sim::StatUnit::Cycles, double(wall_cycles)},
+            {"batch_rows", "examples per device of a training batch", sim::StatUnit::Count,
+             double(tr->batch_rows())},
+            {"devices", "cores training", sim::StatUnit::Count, double(tr->cores().size())},
+            {"host_syncs", "host reads (loss.item()) inside training steps", sim::StatUnit::Count,
+             double(tr->train_host_syncs())},
+            {"compiled_steps", "training steps that compiled new programs", sim::StatUnit::Count,
+             double(tr->compiled_steps())},
+            {"shape_changes", "training steps whose batch shape differed from the first's",
+             sim::StatUnit::Count, double(tr->recompile_warnings())},
+            {"compile_cycles_estimate",
+             "estimated compile time of the training steps on the host timeline",
+             sim::StatUnit::Cycles, double(compile_cycles)},
+            {"cpu_fallbacks", "ops run on the CPU (aten:: fallbacks)", sim::StatUnit::Count,
+             double(fallbacks)},
+            {"ops", "ops recorded into the training steps' graphs (kernel calls)",
+             sim::StatUnit::Count, double(ops)},
+            {"log_every_n_steps", "the loss is read back every this many steps",
+             sim::StatUnit::Count, double(o->log_every)}};
+        write_stats_file(o->common, dev->board(), dev->kernel_stats(), result);
         dev->set_tracer(nullptr);
         trace.finish();
     });

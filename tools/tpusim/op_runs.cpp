@@ -17,6 +17,7 @@
 #include "sim/tracer.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/random_fill.h"
+#include "tools/tpusim/run_output.h"
 #include "trainer/trainer.h"
 
 namespace tpu::cli {
@@ -548,10 +549,13 @@ ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::
         if (train_step) {
             tr.fit(*model.module, loader);
             r.cycles = tr.step_times().at(0).cycles;
+            r.begin_cycle = tr.step_times().at(0).begin_cycle;
             r.host_seconds = tr.step_times().at(0).host_seconds;
         } else {
             const auto h0 = std::chrono::steady_clock::now();
-            r.cycles = tr.predict(*model.module, loader).forward_cycles;
+            const trainer::PredictResult p = tr.predict(*model.module, loader);
+            r.cycles = p.forward_cycles;
+            r.begin_cycle = p.begin_cycle;
             r.host_seconds =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
         }
@@ -564,8 +568,8 @@ ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::
 
 nlohmann::ordered_json model_json(const ModelRun& run, const std::string& name, uint32_t batch,
                                   size_t cores, bool train_step, const std::string& precision,
-                                  const hw::BoardConfig& cfg) {
-    const double seconds = double(run.cycles) / (cfg.clock_mhz * 1e6);
+                                  driver::Device& dev) {
+    const hw::BoardConfig& cfg = dev.config();
     nlohmann::ordered_json j;
     j["model"] = name;
     j["description"] = run.description;
@@ -574,7 +578,9 @@ nlohmann::ordered_json model_json(const ModelRun& run, const std::string& name, 
     j["cores"] = cores;
     j["precision"] = precision;
     j["cycles"] = run.cycles;
-    j["simulated_seconds"] = seconds;
+    j["simulated_seconds"] = cfg.clock().seconds(double(run.cycles));
+    j["run_cycles"] = dev.now_cycle();
+    j["run_simulated_seconds"] = cfg.clock().seconds(double(dev.now_cycle()));
     j["host_seconds"] = run.host_seconds;
     uint64_t flops = 0;
     auto& jl = j["layers"] = nlohmann::ordered_json::array();
@@ -589,15 +595,21 @@ nlohmann::ordered_json model_json(const ModelRun& run, const std::string& name, 
                       {"hbm_bytes", l.work.hbm_bytes()}});
     }
     j["flops"] = flops;
+    j["energy"] = energy_json(estimate_energy(dev.board(), dev.kernel_stats()));
     return j;
 }
 
-void trace_layers(sim::Tracer* tracer, const std::vector<trainer::LayerProfile>& layers) {
+void trace_model(sim::Tracer* tracer, const ModelRun& run, const std::string& name,
+                 uint32_t batch, bool train_step) {
     if (!tracer) return;
     const int track = tracer->track("host", "layers");
-    for (const auto& l : layers)
+    for (const auto& l : run.layers)
         for (const auto& [begin, end] : l.spans)
             tracer->complete(track, l.name, begin, end, {{"kind", std::string_view(l.kind)}});
+    // The span the command reports (the report's headline), beside the whole run.
+    tracer->complete(tracer->track("host", "model"), train_step ? "training step" : "inference",
+                     run.begin_cycle, run.begin_cycle + run.cycles,
+                     {{"model", std::string_view(name)}, {"batch", uint64_t(batch)}});
 }
 
 }  // namespace tpu::cli

@@ -134,6 +134,7 @@ nlohmann::ordered_json gemm_json(const driver::GemmResult& r, uint32_t M, uint32
 struct ModelRun {
     std::string description;                    ///< the model's shape
     uint64_t cycles = 0;                        ///< the forward pass, or the training step
+    uint64_t begin_cycle = 0;                   ///< board cycle the measured span began
     double host_seconds = 0;                    ///< host time of the same span
     std::vector<trainer::LayerProfile> layers;  ///< per-layer work, in first-use order
 };
@@ -143,11 +144,14 @@ struct ModelRun {
 ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::ZooOptions& options,
                    uint32_t batch, const std::vector<uint32_t>& cores, bool train_step,
                    const std::string& precision);
-/// The result of `tpusim model --json`: the model, mode, cycles and the per-layer table.
+/// The result of `tpusim model --json`: the model, mode, cycles of the inference or step alone,
+/// the whole run's cycles (uploads included), the per-layer table and the run's energy estimate.
 nlohmann::ordered_json model_json(const ModelRun& run, const std::string& name, uint32_t batch,
                                   size_t cores, bool train_step, const std::string& precision,
-                                  const hw::BoardConfig& cfg);
-/// One span per layer run on the trace's host/layers track (nothing without a tracer).
-void trace_layers(sim::Tracer* tracer, const std::vector<trainer::LayerProfile>& layers);
+                                  driver::Device& dev);
+/// One span per layer run on the trace's host/layers track, and the span the command reports on
+/// host/model (nothing without a tracer).
+void trace_model(sim::Tracer* tracer, const ModelRun& run, const std::string& name,
+                 uint32_t batch, bool train_step);
 
 }  // namespace tpu::cli

@@ -37,13 +37,105 @@ std::pair<uint64_t, uint64_t> parse_window(const std::string& w) {
     return {a, b};
 }
 
+/// A counter of the board's stats tree by dotted path below the root (0 if absent).
+double stat(const sim::StatGroup& root, const std::string& path) {
+    const sim::Counter* c = root.find(path);
+    return c ? double(c->value()) : 0.0;
+}
+
+/// The activity counters of the whole board, from its stats tree (every rank's after
+/// sync_stats()).
+hw::Activity board_activity(const sim::StatGroup& root, const hw::BoardConfig& cfg) {
+    namespace n = sim::stat_names;
+    hw::Activity a;
+    for (uint32_t c = 0; c < cfg.cores(); ++c) {
+        const std::string core = fmt::format("{}{}.", n::kCorePrefix, c);
+        for (uint32_t m = 0; m < cfg.core.mxus; ++m)
+            a.mxu_macs += stat(root, fmt::format("{}{}{}.{}", core, n::kMxuPrefix, m, n::kMacs));
+        a.vpu_flops += stat(root, fmt::format("{}{}.{}", core, n::kVpu, n::kFlops));
+        a.hbm_bytes += stat(root, fmt::format("{}{}.{}", core, n::kDma, n::kHbmReadBytes)) +
+                       stat(root, fmt::format("{}{}.{}", core, n::kDma, n::kHbmWriteBytes));
+        a.ici_bytes += stat(root, fmt::format("{}{}.{}", core, n::kIci, n::kBytes));
+    }
+    for (uint32_t chip = 0; chip < cfg.chips; ++chip) {
+        const std::string link = fmt::format("{}.chip{}.", n::kHost, chip);
+        a.host_bytes += stat(root, link + std::string(n::kToDeviceBytes)) +
+                        stat(root, link + std::string(n::kToHostBytes));
+    }
+    return a;
+}
+
+/// The energy of one kernel's launches (hw::PowerModel::work_energy).
+hw::Energy kernel_energy(const hw::PowerModel& model, const driver::KernelStats& k) {
+    hw::Activity a;
+    a.mxu_macs = double(k.mxu_macs);
+    a.vpu_flops = double(k.vpu_flops);
+    a.hbm_bytes = double(k.hbm_bytes());
+    a.ici_bytes = double(k.ici_bytes);
+    return model.work_energy(a, double(k.core_cycles));
+}
+
+/// board.energy: the estimate per block kind, its totals, and the energy outside kernels.
+void add_energy_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::StatGroup>>& groups,
+                      const RunEnergy& e) {
+    namespace n = sim::stat_names;
+    auto& top =
+        *groups.emplace_back(std::make_unique<sim::StatGroup>(std::string(n::kEnergy), &root));
+    top.add_formula(std::string(n::kTotalJ),
+                    "estimated energy of the whole run: static power of every block while the "
+                    "board ran, plus energy per MAC, VPU op and byte moved",
+                    sim::StatUnit::Joules, [e] { return e.total_j(); });
+    top.add_formula(std::string(n::kStaticJ), "of which static (leakage) energy",
+                    sim::StatUnit::Joules, [e] { return e.statics.total(); });
+    top.add_formula(std::string(n::kDynamicJ), "of which dynamic energy (activity)",
+                    sim::StatUnit::Joules, [e] { return e.dynamic.total(); });
+    top.add_formula(std::string(n::kAveragePowerW),
+                    "estimated average power of the board: total energy / simulated time",
+                    sim::StatUnit::Watts, [e] { return e.average_power_w(); });
+    top.add_formula(std::string(n::kIdlePowerW),
+                    "estimated power of the board doing nothing: the static power of every block",
+                    sim::StatUnit::Watts, [e] { return e.idle_power_w; });
+    if (!e.kernels.empty())
+        top.add_formula(std::string(n::kOutsideKernelsJ),
+                        "energy outside every kernel: idle cores, host transfers, set-up (total - "
+                        "the kernels' energy_j)",
+                        sim::StatUnit::Joules, [e] { return e.total_j() - e.kernels_j(); });
+    const std::pair<const char*, double hw::Energy::*> kinds[] = {
+        {"mxu", &hw::Energy::mxu},    {"vpu", &hw::Energy::vpu},
+        {"vmem", &hw::Energy::vmem},  {"hbm", &hw::Energy::hbm},
+        {"ici", &hw::Energy::ici},    {"host_link", &hw::Energy::host_link},
+        {"other", &hw::Energy::other}};
+    for (const auto& [kind, member] : kinds) {
+        auto& g = *groups.emplace_back(std::make_unique<sim::StatGroup>(kind, &top));
+        const double st = e.statics.*member, dy = e.dynamic.*member;
+        g.add_formula(std::string(n::kEnergyJ), "estimated energy of these blocks, board-wide",
+                      sim::StatUnit::Joules, [st, dy] { return st + dy; });
+        g.add_formula(std::string(n::kStaticJ), "of which static", sim::StatUnit::Joules,
+                      [st] { return st; });
+        g.add_formula(std::string(n::kDynamicJ), "of which dynamic", sim::StatUnit::Joules,
+                      [dy] { return dy; });
+    }
+}
+
+/// board.result: what the command reports as its result, labelled.
+void add_result_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::StatGroup>>& groups,
+                      const std::vector<ResultStat>& result) {
+    auto& g = *groups.emplace_back(
+        std::make_unique<sim::StatGroup>(std::string(sim::stat_names::kResult), &root));
+    for (const ResultStat& r : result) {
+        const double v = r.value;
+        g.add_formula(r.name, r.desc, r.unit, [v] { return v; });
+    }
+}
+
 /// board.kernels.<name>: each kernel's totals, counters then the derived figures.
 void add_kernel_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::StatGroup>>& groups,
-                      const std::vector<driver::KernelStats>& kernels) {
+                      const std::vector<driver::KernelStats>& kernels, const RunEnergy& energy) {
     namespace n = sim::stat_names;
     auto& top =
         *groups.emplace_back(std::make_unique<sim::StatGroup>(std::string(n::kKernels), &root));
-    for (const driver::KernelStats& k : kernels) {
+    for (size_t i = 0; i < kernels.size(); ++i) {
+        const driver::KernelStats& k = kernels[i];
         // Group names cannot hold '.' (it separates stat paths).
         std::string name = k.name;
         std::replace(name.begin(), name.end(), '.', '_');
@@ -77,6 +169,11 @@ void add_kernel_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::Sta
                       sim::StatUnit::Ratio, [k] { return k.mxu_utilization(); });
         g.add_formula("arithmetic_intensity", "FLOPs per HBM byte read or written",
                       sim::StatUnit::FlopsPerByte, [k] { return k.arithmetic_intensity(); });
+        const double joules = energy.kernels.at(i).second.total();
+        g.add_formula(std::string(n::kEnergyJ),
+                      "estimated energy of the launches: their activity, their cores' static "
+                      "power over their core cycles and those cores' share of their chips'",
+                      sim::StatUnit::Joules, [joules] { return joules; });
     }
 }
 
@@ -224,17 +321,68 @@ void RunSession::finish() {
     m_trace.finish();
 }
 
+double RunEnergy::kernels_j() const {
+    double sum = 0;
+    for (const auto& [name, e] : kernels) sum += e.total();
+    return sum;
+}
+
+RunEnergy estimate_energy(hw::Board& board, const std::vector<driver::KernelStats>& kernels) {
+    board.sync_stats();
+    const hw::BoardConfig& cfg = board.config();
+    const hw::PowerModel model(cfg);
+    const sim::StatGroup& root = board.stats();
+    const double cycles = stat(root, std::string(sim::stat_names::kCycles));
+    RunEnergy e;
+    e.seconds = cfg.clock().seconds(cycles);
+    e.idle_power_w = model.board_static_w();
+    e.statics = model.static_energy(cycles * cfg.cores(), cycles * cfg.chips);
+    e.dynamic = model.dynamic(board_activity(root, cfg));
+    for (const driver::KernelStats& k : kernels)
+        e.kernels.emplace_back(k.name, kernel_energy(model, k));
+    return e;
+}
+
+nlohmann::ordered_json energy_json(const RunEnergy& e) {
+    nlohmann::ordered_json j;
+    j["total_j"] = e.total_j();
+    j["static_j"] = e.statics.total();
+    j["dynamic_j"] = e.dynamic.total();
+    j["average_power_w"] = e.average_power_w();
+    j["idle_power_w"] = e.idle_power_w;
+    j["seconds"] = e.seconds;
+    auto& b = j["blocks"] = nlohmann::ordered_json::object();
+    const hw::Energy& s = e.statics;
+    const hw::Energy& d = e.dynamic;
+    b["mxu"] = s.mxu + d.mxu;
+    b["vpu"] = s.vpu + d.vpu;
+    b["vmem"] = s.vmem + d.vmem;
+    b["hbm"] = s.hbm + d.hbm;
+    b["ici"] = s.ici + d.ici;
+    b["host_link"] = s.host_link + d.host_link;
+    b["other"] = s.other + d.other;
+    auto& k = j["kernels"] = nlohmann::ordered_json::array();
+    for (const auto& [name, en] : e.kernels)
+        k.push_back({{"name", name}, {"energy_j", en.total()}});
+    if (!e.kernels.empty()) j["outside_kernels_j"] = e.total_j() - e.kernels_j();
+    return j;
+}
+
 void write_stats_file(const CommonOptions& opts, hw::Board& board) {
     write_stats_file(opts, board, {});
 }
 
 void write_stats(std::ostream& os, bool csv, hw::Board& board,
-                 const std::vector<driver::KernelStats>& kernels) {
+                 const std::vector<driver::KernelStats>& kernels,
+                 const std::vector<ResultStat>& result) {
     // The blocks' own groups under the board's root; the per-kernel totals are the driver's,
-    // attached for this one write.
+    // the energy estimate and the result the command's, attached for this one write.
     sim::StatGroup& root = board.stats();
     std::vector<std::unique_ptr<sim::StatGroup>> groups;
-    if (!kernels.empty()) add_kernel_stats(root, groups, kernels);
+    const RunEnergy energy = estimate_energy(board, kernels);
+    if (!result.empty()) add_result_stats(root, groups, result);
+    if (!kernels.empty()) add_kernel_stats(root, groups, kernels, energy);
+    add_energy_stats(root, groups, energy);
     if (csv)
         root.write_csv(os);
     else
@@ -242,14 +390,15 @@ void write_stats(std::ostream& os, bool csv, hw::Board& board,
 }
 
 void write_stats_file(const CommonOptions& opts, hw::Board& board,
-                      const std::vector<driver::KernelStats>& kernels) {
+                      const std::vector<driver::KernelStats>& kernels,
+                      const std::vector<ResultStat>& result) {
     if (opts.stats.empty()) return;
     board.sync_stats();
     const bool csv = opts.stats.size() > 4 && opts.stats.substr(opts.stats.size() - 4) == ".csv";
     hw::BoardConfig copy = board.config();
     try {
         sim::OutputFile out(opts.stats);
-        write_stats(out.stream(), csv, board, kernels);
+        write_stats(out.stream(), csv, board, kernels, result);
         out.commit();
         // The effective config beside every stats file, so a result always says what
         // produced it; not beside a device (/dev/null.config.json would be a stray file).

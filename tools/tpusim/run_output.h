@@ -8,8 +8,12 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "driver/device.h"
 #include "hw/board.h"
+#include "hw/power/power_model.h"
+#include "sim/stats.h"
 #include "tools/tpusim/commands.h"
 
 namespace tpu::sim {
@@ -37,18 +41,52 @@ private:
 /// InputError (exit 2), anything else as RunError (exit 1).
 [[noreturn]] void throw_as_cli_error(const driver::DeviceError& e);
 
+/// One statistic of what a command reports as its result (stats group board.result).
+struct ResultStat {
+    std::string name;  ///< key
+    std::string desc;  ///< what it counts, in words a reader of the report sees
+    sim::StatUnit unit;
+    double value = 0;
+};
+
+/// The run's power and energy estimate (hw/power/power_model.h), from the board's counters.
+struct RunEnergy {
+    double seconds = 0;       ///< simulated time of the whole run
+    double idle_power_w = 0;  ///< the board's static power
+    hw::Energy statics;       ///< static energy per block kind
+    hw::Energy dynamic;       ///< dynamic energy per block kind
+    /// Per kernel name: its launches' dynamic energy, its cores' static energy over its core
+    /// cycles and their share of their chips' (hw::PowerModel::work_energy).
+    std::vector<std::pair<std::string, hw::Energy>> kernels;
+
+    double total_j() const { return statics.total() + dynamic.total(); }
+    double kernels_j() const;
+    double average_power_w() const { return seconds > 0 ? total_j() / seconds : 0.0; }
+};
+/// The energy estimate of everything `board` did so far (stats synced first).
+RunEnergy estimate_energy(hw::Board& board, const std::vector<driver::KernelStats>& kernels);
+/// The estimate as --json prints it: {"total_j", "average_power_w", "idle_power_w",
+/// "blocks": {"mxu": J, ...}, "kernels": [{"name", "energy_j"}], "outside_kernels_j"}.
+nlohmann::ordered_json energy_json(const RunEnergy& e);
+
 /// Writes the statistics tree of every core of the board as JSON (or CSV), with a `kernels` group
-/// holding each kernel's totals (Device::kernel_stats()) when there are any. Over MPI call
-/// board.sync_stats() first.
+/// holding each kernel's totals (Device::kernel_stats()) and energy when there are any, the
+/// `energy` group and, when not empty, the `result` group. Over MPI call board.sync_stats()
+/// first.
 void write_stats(std::ostream& os, bool csv, hw::Board& board,
-                 const std::vector<driver::KernelStats>& kernels);
+                 const std::vector<driver::KernelStats>& kernels,
+                 const std::vector<ResultStat>& result = {});
+
 /// Writes --stats (JSON, or CSV for a .csv name) from every core of the board, and the
 /// effective config beside it (FILE.config.json).
 void write_stats_file(const CommonOptions& opts, hw::Board& board);
-/// As above, with a `kernels` group holding each kernel's totals (Device::kernel_stats()).
-/// Nothing in the file depends on host time, so the same command writes the same bytes.
+/// As above, with a `kernels` group holding each kernel's totals (Device::kernel_stats()) and
+/// its energy, the `energy` group (the estimate per block kind), and a `result` group holding
+/// `result` (what the command reports, labelled) when it is not empty. Nothing in the file
+/// depends on host time, so the same command writes the same bytes.
 void write_stats_file(const CommonOptions& opts, hw::Board& board,
-                      const std::vector<driver::KernelStats>& kernels);
+                      const std::vector<driver::KernelStats>& kernels,
+                      const std::vector<ResultStat>& result = {});
 
 /// The kernel of `tpusim run`: a program image (TPUPROG1) or assembly text. An unreadable or
 /// undecodable file is an InputError, an assembly error a SourceError ("FILE:LINE:COL: ...").
