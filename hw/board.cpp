@@ -233,29 +233,29 @@ private:
         }
         const auto st = m_model.run(now());
         switch (st.block) {
-        case CoreModel::Block::Faulted:
-            m_fault = m_model.fault();
-            finish();
-            return;
-        case CoreModel::Block::Sync:
-            next_trigger(until(st.cycle));
-            return;
-        case CoreModel::Block::WaitFlag: {
-            const uint64_t t = m_model.next_flag_event(now());
-            if (t == kNever)
-                next_trigger(m_wake);
-            else
-                next_trigger(until(t), m_wake);
-            return;
-        }
-        case CoreModel::Block::Halted:
-            if (st.cycle > now()) {
-                m_state = State::Halting;
-                next_trigger(until(st.cycle));
-            } else {
+            case CoreModel::Block::Faulted:
+                m_fault = m_model.fault();
                 finish();
+                return;
+            case CoreModel::Block::Sync:
+                next_trigger(until(st.cycle));
+                return;
+            case CoreModel::Block::WaitFlag: {
+                const uint64_t t = m_model.next_flag_event(now());
+                if (t == kNever)
+                    next_trigger(m_wake);
+                else
+                    next_trigger(until(t), m_wake);
+                return;
             }
-            return;
+            case CoreModel::Block::Halted:
+                if (st.cycle > now()) {
+                    m_state = State::Halting;
+                    next_trigger(until(st.cycle));
+                } else {
+                    finish();
+                }
+                return;
         }
     }
 
