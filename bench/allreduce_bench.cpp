@@ -32,7 +32,7 @@ std::vector<std::string>& overrides() {
 }
 
 tpu::driver::Device& device() {
-    // SystemC elaborates one design per process: every benchmark shares this board.
+    // Opened once; every benchmark shares this board.
     static auto dev = tpu::driver::Device::open(tpu::hw::BoardConfig::load("", overrides()));
     return *dev;
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The `tpusim bench` cases (tools/tpusim/bench_cases.h) as Google Benchmark benchmarks. Each
-// iteration simulates the case in a fresh child process (one SystemC design per process); the
-// reported time is the case's own host seconds (manual time), not the fork and elaboration.
+// iteration simulates the case on a fresh board; the reported time is the case's own host
+// seconds (manual time), not building and tearing down the board.
 // Counters: cycles, cycles_per_second (simulated cycles per host second) and, for GEMMs, the
 // Eigen fp32 GEMM of the same shape measured in this run and the ratio to it.
 //   build/bin/sim_bench --benchmark_counters_tabular=true [--benchmark_filter=gemm_1024]
@@ -25,7 +25,7 @@ void run_case(benchmark::State& state, const tb::BenchCase& c) {
     int64_t iterations = 0;
     for (auto _ : state) {
         try {
-            run = tb::run_case_isolated(cfg, c);
+            run = tb::run_case(cfg, c);
         } catch (const std::exception& e) {
             state.SkipWithError(e.what());
             return;

@@ -14,8 +14,9 @@ function(tpu_add_library name alias)
 endfunction()
 
 # tpu_add_test(NAME SOURCES ... LIBS ... [TIMEOUT s]): a GoogleTest binary with our own sc_main
-# runner (tests/common/test_main.cpp). gtest_discover_tests runs each test in its own process,
-# so SystemC's global simulation context never leaks between tests.
+# runner (tests/common/test_main.cpp). gtest_discover_tests makes each test a ctest entry of its
+# own (parallel runs, per-test timeouts, a crash confined to one test). Boards do not need the
+# separate processes: each owns its SystemC context, and a test binary also passes run whole.
 function(tpu_add_test name)
     cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS" ${ARGN})
     if(NOT ARG_SOURCES)

@@ -123,7 +123,8 @@ struct DeviceMetrics {
 /// links of different chips work in parallel.
 class Device {
 public:
-    /// Builds the board. One Device per process (SystemC elaborates one design per process).
+    /// Builds the board, in its own SystemC context: a process may open any number of devices,
+    /// one after another or alive at once (a faulted one included), each starting at cycle 0.
     static std::unique_ptr<Device> open(const hw::BoardConfig& cfg);
     ~Device();
 

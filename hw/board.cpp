@@ -141,65 +141,121 @@ FaultInfo unpack_fault(Unpacker& u) {
 
 }  // namespace
 
-/// One TensorCore in SystemC: a thread that runs the CoreModel ahead of simulated time and
-/// sleeps only where the model needs time to pass (no clock, no per-cycle process).
+/// The SystemC simulation context a board runs in (hw/README.md, "One board, one SystemC
+/// context"). SystemC keeps its whole kernel state (time, event queues, processes, the module
+/// registry) in the current context; a board that makes its own current whenever it is called
+/// shares nothing with any other board, and deleting it frees the board's processes and events.
+class SimContext {
+public:
+    SimContext() : m_ctx(new sc_core::sc_simcontext) {
+        idle();  // remembered before the first board's context replaces it
+        enter();
+    }
+    ~SimContext() {
+        const bool current = sc_core::sc_curr_simcontext == m_ctx;
+        delete m_ctx;
+        if (current) set(idle());
+    }
+    SimContext(const SimContext&) = delete;
+    SimContext& operator=(const SimContext&) = delete;
+
+    /// Makes this context SystemC's current one (sc_start, sc_time_stamp, new modules).
+    void enter() const { set(m_ctx); }
+    sc_core::sc_simcontext* get() const { return m_ctx; }
+
+    static void set(sc_core::sc_simcontext* c) {
+        sc_core::sc_curr_simcontext = c;
+        sc_core::sc_default_global_context = c;
+    }
+    /// The context that is current while no board is: the one the process started with.
+    static sc_core::sc_simcontext* idle() {
+        static sc_core::sc_simcontext* const base = sc_core::sc_get_curr_simcontext();
+        return base;
+    }
+
+private:
+    sc_core::sc_simcontext* m_ctx;
+};
+
+/// One TensorCore in SystemC: a method process that runs the CoreModel ahead of simulated time
+/// and asks to be triggered again only where the model needs time to pass (no clock, no
+/// per-cycle process). A method rather than a thread: it has no stack of its own, so a board
+/// can be torn down at any point, and AddressSanitizer can follow every path.
 class TensorCore : public sc_core::sc_module {
 public:
     SC_HAS_PROCESS(TensorCore);
     TensorCore(sc_core::sc_module_name name, CoreModel& model, uint64_t period_ps,
                std::function<void()> on_stop)
         : sc_module(name), m_model(model), m_period_ps(period_ps), m_on_stop(std::move(on_stop)) {
-        SC_THREAD(main);
+        // Runs once at initialisation, where it waits for the first launch.
+        SC_METHOD(step);
     }
 
     void launch() {
         m_done = false;
         m_fault.reset();
+        m_state = State::Running;
         m_start.notify(sc_core::SC_ZERO_TIME);
     }
     void wake() { m_wake.notify(sc_core::SC_ZERO_TIME); }
+    /// Ends the core's part in a launch that stopped without it (a fault elsewhere, a deadlock,
+    /// a stop): whatever it still waits for, it does nothing more until the next launch.
+    void abandon() { m_state = State::Idle; }
     bool done() const { return m_done; }
     const std::optional<FaultInfo>& fault() const { return m_fault; }
-    bool waiting() const { return m_waiting; }
 
 private:
+    /// Idle: waits for a launch. Running: runs the model whenever triggered. Halting: halted,
+    /// waits for its last unit to drain.
+    enum class State : uint8_t { Idle, Running, Halting };
+
     uint64_t now() const {
-        return static_cast<uint64_t>(sc_core::sc_time_stamp().value() / m_period_ps);
+        return static_cast<uint64_t>(simcontext()->time_stamp().value() / m_period_ps);
     }
     sc_core::sc_time until(uint64_t cycle) const {
         return sc_core::sc_time(static_cast<double>((cycle - now()) * m_period_ps), sc_core::SC_PS);
     }
+    void finish() {
+        m_done = true;
+        m_state = State::Idle;
+        next_trigger(m_start);
+        m_on_stop();
+    }
 
-    void main() {
-        for (;;) {
-            sc_core::wait(m_start);
-            {
-                for (;;) {
-                    const auto st = m_model.run(now());
-                    if (st.block == CoreModel::Block::Faulted) {
-                        m_fault = m_model.fault();
-                        m_done = true;
-                        m_on_stop();
-                        break;
-                    }
-                    if (st.block == CoreModel::Block::Sync) {
-                        sc_core::wait(until(st.cycle));
-                    } else if (st.block == CoreModel::Block::WaitFlag) {
-                        const uint64_t t = m_model.next_flag_event(now());
-                        m_waiting = true;
-                        if (t == kNever)
-                            sc_core::wait(m_wake);
-                        else
-                            sc_core::wait(until(t), m_wake);
-                        m_waiting = false;
-                    } else {
-                        if (st.cycle > now()) sc_core::wait(until(st.cycle));
-                        m_done = true;
-                        m_on_stop();
-                        break;
-                    }
-                }
+    void step() {
+        if (m_state == State::Idle) {
+            next_trigger(m_start);
+            return;
+        }
+        if (m_state == State::Halting) {
+            finish();
+            return;
+        }
+        const auto st = m_model.run(now());
+        switch (st.block) {
+            case CoreModel::Block::Faulted:
+                m_fault = m_model.fault();
+                finish();
+                return;
+            case CoreModel::Block::Sync:
+                next_trigger(until(st.cycle));
+                return;
+            case CoreModel::Block::WaitFlag: {
+                const uint64_t t = m_model.next_flag_event(now());
+                if (t == kNever)
+                    next_trigger(m_wake);
+                else
+                    next_trigger(until(t), m_wake);
+                return;
             }
+            case CoreModel::Block::Halted:
+                if (st.cycle > now()) {
+                    m_state = State::Halting;
+                    next_trigger(until(st.cycle));
+                } else {
+                    finish();
+                }
+                return;
         }
     }
 
@@ -207,12 +263,14 @@ private:
     uint64_t m_period_ps;
     std::function<void()> m_on_stop;
     sc_core::sc_event m_start, m_wake;
+    State m_state = State::Idle;
     bool m_done = true;
-    bool m_waiting = false;
     std::optional<FaultInfo> m_fault;
 };
 
 struct Board::Impl : CoreEnv {
+    /// First member: every SystemC object below is made in it and destroyed before it.
+    SimContext context;
     BoardConfig cfg;
     uint64_t period_ps;
     std::vector<std::unique_ptr<SparseMemory>> hbm, vmem;
@@ -302,12 +360,12 @@ struct Board::Impl : CoreEnv {
             modules.push_back(std::make_unique<TensorCore>(fmt::format("core{}", i).c_str(),
                                                            *models[i], period_ps, [this, i] {
                                                                --outstanding;
-                                                               // The board refuses further launches
-                                                               // after a fault, so stopping for
-                                                               // good is fine (and sc_pause from a
-                                                               // thread confuses AddressSanitizer).
+                                                               // The launch ends at this delta
+                                                               // cycle's end; the board is
+                                                               // marked faulted and can still
+                                                               // be read and advanced.
                                                                if (modules[i]->fault())
-                                                                   sc_core::sc_stop();
+                                                                   sc_core::sc_pause();
                                                            }));
     }
 
@@ -487,8 +545,9 @@ struct Board::Impl : CoreEnv {
         posts.push_back(std::move(p));
         return kIciPending;
     }
+    /// From the board's own context: statistics read it while another board may be current.
     uint64_t now_cycle() const {
-        return static_cast<uint64_t>(sc_core::sc_time_stamp().value() / period_ps);
+        return static_cast<uint64_t>(context.get()->time_stamp().value() / period_ps);
     }
     const std::vector<uint32_t>& launched() const override { return launch_set; }
     SparseMemory& remote_memory(uint32_t core, bool is_hbm) override {
@@ -526,6 +585,13 @@ struct Board::Impl : CoreEnv {
                 sc_core::sc_time(static_cast<double>((cycle - now_cycle()) * period_ps),
                                  sc_core::SC_PS),
                 starve ? sc_core::SC_EXIT_ON_STARVATION : sc_core::SC_RUN_TO_TIME);
+    }
+    /// A launch that ended early (fault, deadlock, stop) leaves its cores as they were: none of
+    /// them runs again, whatever it was waiting for, so the board can still be advanced.
+    void abandon_launch() {
+        for (uint32_t c : launch_set)
+            if (owns(c)) modules[c]->abandon();
+        posts.clear();
     }
     /// The state of each unfinished core of the launch, from every rank, in core order.
     std::string dump_unfinished() {
@@ -662,17 +728,18 @@ void report_to_stderr(const sc_core::sc_report& rep, const sc_core::sc_actions& 
 }  // namespace
 
 Board::Board(const BoardConfig& cfg) : m_impl(std::make_unique<Impl>(cfg)) {
-    // sc_stop() on a fault would print "Simulation stopped by user" to stdout; the fault
-    // itself is the report.
-    sc_core::sc_report_handler::set_actions("/OSCI/SystemC", sc_core::SC_INFO,
-                                            sc_core::SC_DO_NOTHING);
-    // Likewise W545: cores faulting in the same delta cycle each call sc_stop(), and the
-    // warning about the second call says nothing about the kernel.
-    sc_core::sc_report_handler::set_actions(sc_core::SC_ID_SIMULATION_STOP_CALLED_TWICE_,
-                                            sc_core::SC_DO_NOTHING);
     sc_core::sc_report_handler::set_handler(report_to_stderr);
 }
-Board::~Board() = default;
+
+Board::~Board() {
+    // The blocks are torn down in their own context, which goes last (SimContext then makes the
+    // process's own context current); a board that was current stays current.
+    sc_core::sc_simcontext* const current = sc_core::sc_curr_simcontext;
+    const bool mine = current == m_impl->context.get();
+    m_impl->context.enter();
+    m_impl.reset();
+    if (!mine) SimContext::set(current);
+}
 
 const BoardConfig& Board::config() const {
     return m_impl->cfg;
@@ -689,6 +756,7 @@ static void check_core(uint32_t core, uint32_t n) {
 
 HbmTarget& Board::hbm_target(uint32_t core) {
     auto& t = m_impl->hbm_targets.at(core);
+    m_impl->context.enter();  // the target, and the initiator bound to it next, live there
     if (!t)
         t = std::make_unique<HbmTarget>(fmt::format("core{}_hbm", core).c_str(), *m_impl->hbm[core],
                                         *m_impl->hbm_timing[core], m_impl->period_ps);
@@ -777,6 +845,7 @@ double Board::now_seconds() const {
 
 void Board::advance(uint64_t cycles) {
     if (cycles == 0) return;
+    m_impl->context.enter();
     if (sc_core::sc_get_status() == sc_core::SC_ELABORATION)
         sc_core::sc_start(sc_core::SC_ZERO_TIME);
     sc_core::sc_start(
@@ -810,7 +879,9 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
         throw std::invalid_argument("a core appears twice in the launch set");
     for (uint32_t c : set) check_core(c, num_cores());
 
-    // The core threads must have reached their first wait before a launch can notify them.
+    m_impl->context.enter();
+    // The core processes must have run their initialisation (waiting for a launch) before a
+    // launch can notify them.
     if (sc_core::sc_get_status() == sc_core::SC_ELABORATION)
         sc_core::sc_start(sc_core::SC_ZERO_TIME);
     if (sim::interrupt_requested())
@@ -847,10 +918,15 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     for (uint32_t c : set)
         if (im.owns(c)) im.modules[c]->launch(), ++im.outstanding;
     TPU_LOG(Info, "board", "launch on {} core(s) at cycle {}", set.size(), res.start_cycle);
-    if (im.ranks == 1)
-        im.run_alone();
-    else
-        im.run_ranks();
+    try {
+        if (im.ranks == 1)
+            im.run_alone();
+        else
+            im.run_ranks();
+    } catch (...) {
+        im.abandon_launch();  // a deadlock or a stop
+        throw;
+    }
     // The lowest faulting core's fault, and every core's halt, on every rank.
     std::optional<FaultInfo> fault;
     for (uint32_t c : set)
@@ -887,6 +963,7 @@ LaunchResult Board::run_each(const std::vector<uint32_t>& cores,
     }
     if (fault) {
         im.faulted = true;
+        im.abandon_launch();
         throw DeviceFault(*fault);
     }
     uint64_t last_halt = res.start_cycle;

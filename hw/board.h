@@ -48,8 +48,11 @@ struct LaunchResult {
 };
 
 /// The board: cores, their HBM and VMEM, the inter-core network. Owns the SystemC modules
-/// (hidden here so users of this header never include SystemC). SystemC allows one elaborated
-/// design per process, so create one Board per process.
+/// (hidden here so users of this header never include SystemC) and the SystemC simulation
+/// context they live in: a process may build any number of boards, one after another or alive
+/// at once, and each starts at cycle 0. Every call into a board makes its context SystemC's
+/// current one, and it stays current until another board is called or this one is destroyed
+/// (hw/README.md, "One board, one SystemC context").
 class Board {
 public:
     explicit Board(const BoardConfig& cfg);

@@ -110,9 +110,9 @@ TEST(CliBench, TextTableHasOneRowPerCase) {
     EXPECT_EQ(r.out.find("gemm_"), std::string::npos) << r.out;
 }
 
-TEST(CliBench, ErrorsInTheCaseProcessComeBackNamedAfterTheCase) {
-    // The case runs in a child process; its DeviceError (here OutOfMemory: A alone needs 2 MiB
-    // of bf16) reaches the parent with kind and message, and OutOfMemory is bad input.
+TEST(CliBench, ErrorsOfACaseComeBackNamedAfterTheCase) {
+    // The case's DeviceError (here OutOfMemory: A alone needs 2 MiB of bf16) keeps its kind and
+    // message behind the case's name, and OutOfMemory is bad input.
     const Result r =
         tpusim("bench --json --filter gemm_1024/timing --set hbm.bytes_per_core=1048576");
     EXPECT_EQ(r.code, 2);

@@ -281,8 +281,8 @@ TEST(CliRun, IciRaceAndIciOutsideTheLaunchNameTheRightCore) {
 }
 
 TEST(CliRun, TwoCoresFaultingAtOnceKeepStdoutClean) {
-    // Both cores fault in the same delta cycle and both call sc_stop(); SystemC's warning about
-    // the second call (W545) went to stdout, into the --json output.
+    // Both cores fault in the same delta cycle. When a fault called sc_stop(), SystemC's warning
+    // about the second call (W545) went to stdout, into the --json output.
     std::ofstream(tmp("fault2.s")) << "li s1, 0x100000\nv.exp [s1], [0], 8\nhalt\n";
     const Result f = tpusim("run " + tmp("fault2.s") + " --cores 0,1 --json --config " +
                             tpu::test::source_dir() + "/configs/tiny.json");

@@ -108,8 +108,7 @@ TEST(CliStop, CtrlCStopsASpinningKernelWithExitCode130) {
 
 TEST(CliStop, CtrlCStopsGemmTrainAndBenchWithExitCode130) {
     // Each runs for seconds to minutes (the GEMM about 5 s here); the signal goes to tpusim alone
-    // (not its process group, as a terminal's Ctrl-C would), so bench must pass it on to its case's
-    // process.
+    // (not its process group, as a terminal's Ctrl-C would).
     for (const std::vector<std::string>& args :
          {std::vector<std::string>{"gemm", "--m", "4096", "--k", "4096", "--n", "4096",
                                    "--precision", "fp32-6pass"},

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "driver/device.h"
@@ -454,6 +455,76 @@ TEST(DeviceStats, GemmKernelCountsMatchTheShapeAndTheCoreCounters) {
     EXPECT_EQ(ProgramCache::kernel_name("gemm R8 C8 Kp16"), "gemm");
     EXPECT_EQ(ProgramCache::kernel_name("adam:units64"), "adam");
     EXPECT_EQ(ProgramCache::kernel_name("relu"), "relu");
+}
+
+// ---- Devices one after another in one process ------------------------------------------------
+
+TEST(DeviceReopen, AFaultedDeviceIsFollowedByAFreshOne) {
+    {
+        auto dev = Device::open(tiny());
+        EXPECT_EQ(error_of([&] { dev->launch({1}, isa::assemble("li s1, 7\ndivu s2, s1, 0")); }),
+                  "device fault on core 1 at pc 1 (divu s2, s1, 0) in sequencer, cycle 1: "
+                  "division by zero");
+        // What the message says can be done: a new device runs, while this one still exists.
+        auto next = Device::open(tiny());
+        const auto ev = next->launch({0}, isa::assemble(kCountdown), arg(3));
+        EXPECT_EQ(ev.core_cycles, std::vector<uint64_t>{7});  // 1 + 2 x 3
+    }
+    auto dev = Device::open(tiny());
+    EXPECT_EQ(dev->now_cycle(), 0u);
+    // Device.LaunchArgumentsPerCore's launch in a fresh process: 1 + 2n cycles for n = 5, 50,
+    // from cycle 0 (tiny board: no launch costs, nothing written before).
+    const auto ev = dev->launch({0, 1}, isa::assemble(kCountdown),
+                                [](size_t i) { return std::vector<uint32_t>{i == 0 ? 5u : 50u}; });
+    EXPECT_EQ(ev.start_cycle, 0u);
+    EXPECT_EQ(ev.core_cycles, (std::vector<uint64_t>{11, 101}));
+}
+
+TEST(DeviceReopen, GemmsOnDevicesInSequenceMatchTheFirstDeviceOfTheProcess) {
+    // A GEMM split over the default board's 8 cores, on the first device of this process (a
+    // fresh process's), then on devices opened after a deadlocked and a faulted one: the same
+    // cycles, per-kernel counters and result bits.
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    const uint32_t M = 300, K = 200, N = 260;
+    std::vector<float> a(size_t(M) * K), w(size_t(K) * N);
+    for (auto& x : a) x = u(rng);
+    for (auto& x : w) x = u(rng);
+    const std::vector<uint32_t> all{0, 1, 2, 3, 4, 5, 6, 7};
+    std::optional<GemmResult> first;
+    std::optional<KernelStats> first_stats;
+    for (int round = 0; round < 3; ++round) {
+        if (round == 1) {
+            auto stuck = Device::open(tiny());
+            ErrorKind kind{};
+            error_of([&] { stuck->launch({0, 1}, isa::assemble("wait f0, 1\nhalt")); }, &kind);
+            EXPECT_EQ(kind, ErrorKind::Deadlock);
+        }
+        if (round == 2) {
+            auto bad = Device::open(hw::BoardConfig::load("", {}));
+            ErrorKind kind{};
+            error_of([&] { bad->launch(all, isa::assemble("li s1, 7\ndivu s2, s1, 0")); }, &kind);
+            EXPECT_EQ(kind, ErrorKind::Fault);
+        }
+        auto dev = Device::open(hw::BoardConfig::load("", {}));
+        ProgramCache cache;
+        const GemmResult r = gemm(*dev, cache, a, w, M, K, N, Precision::Bf16, all);
+        if (!first) {
+            first = r;
+            first_stats = dev->kernel_totals();
+            continue;
+        }
+        EXPECT_EQ(r.event.start_cycle, first->event.start_cycle) << round;
+        EXPECT_EQ(r.event.end_cycle, first->event.end_cycle) << round;
+        EXPECT_EQ(r.event.core_cycles, first->event.core_cycles) << round;
+        EXPECT_EQ(0, std::memcmp(r.c.data(), first->c.data(), r.c.size() * 4)) << round;
+        const KernelStats k = dev->kernel_totals();
+        EXPECT_EQ(k.cycles, first_stats->cycles) << round;
+        EXPECT_EQ(k.instructions, first_stats->instructions) << round;
+        EXPECT_EQ(k.mxu_macs, first_stats->mxu_macs) << round;
+        EXPECT_EQ(k.hbm_read_bytes, first_stats->hbm_read_bytes) << round;
+        EXPECT_EQ(k.hbm_write_bytes, first_stats->hbm_write_bytes) << round;
+    }
 }
 
 class GemmShapes : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t, uint32_t>> {};

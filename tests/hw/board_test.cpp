@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The SystemC board end to end: programs, flags across cores, faults and deadlocks. SystemC
-// elaborates one design per process; ctest runs every test in its own process.
+// The SystemC board end to end: programs, flags across cores, faults and deadlocks, and boards
+// one after another and side by side in one process (each owns its SystemC context).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 
 #include <systemc>
 
@@ -17,6 +18,7 @@
 #include "hw/core/numerics.h"
 #include "hw/ici/ici_network.h"
 #include "isa/assembler.h"
+#include "sim/stats.h"
 #include "tests/common/paths.h"
 
 namespace tpu::hw {
@@ -344,7 +346,7 @@ spin:
 }
 
 /// Runs `op` on core 0 alone and expects a device fault naming core 1, which exists but runs
-/// nothing, and core 1's VMEM untouched. (One board per process: one op per test.)
+/// nothing, and core 1's VMEM untouched.
 void expect_fault_outside_launch(const std::string& op) {
     Board b(v3());
     b.load(0, isa::assemble(op + "\nhalt\n"));
@@ -368,6 +370,137 @@ TEST(Board, IciTransferToACoreOutsideTheLaunchIsADeviceFault) {
 
 TEST(Board, SignalToACoreOutsideTheLaunchIsADeviceFault) {
     expect_fault_outside_launch("sigr 1, f4, 1");
+}
+
+// ---- One board, one SystemC context (hw/README.md) ---------------------------------------------
+
+/// The loop of Board.ScalarLoopTakesOneCyclePerInstruction on core 0 of `b`: li at 0, ten
+/// (sub, bne) pairs at 1..20, the halt issues at 21 with nothing in flight (tiny board, no
+/// launch costs).
+void expect_scalar_loop(Board& b, uint64_t start) {
+    b.load(0, isa::assemble("li s1, 10\nloop: sub s1, s1, 1\nbne s1, 0, loop\nhalt"));
+    const auto r = b.run({0});
+    EXPECT_EQ(r.start_cycle, start);
+    EXPECT_EQ(r.core_cycles, std::vector<uint64_t>{21});
+    EXPECT_EQ(b.now_cycle(), start + 21);
+}
+
+/// The launch of Board.FlagsAcrossCoresOverIci: core 0 sends 4 KiB to core 5 over 3 hops and
+/// raises its f3; arrival 3 + 3 x 940 + 49 = 2872, core 5 halts at 2873 (derivation there).
+void expect_flags_over_ici(Board& b) {
+    const std::vector<uint32_t> data = put_words(b.vmem(0), 7, 0);
+    for (uint32_t c : {0u, 5u}) b.load(c, send_and_wait("ici.v 5, [0x1000], [0], 4096, f3"));
+    const auto r = b.run({0, 5});
+    EXPECT_EQ(get<uint32_t>(b.vmem(5), 0x1000, 1024), data);
+    EXPECT_EQ(r.core_cycles, (std::vector<uint64_t>{2872, 2873}));
+}
+
+/// An out-of-range DMA (Board.OutOfRangeDmaIsADeviceFault) with core 1 still waiting on a flag
+/// when core 0 faults: the fault pauses the simulation with core 1 in the middle of its launch.
+void fault(Board& b) {
+    b.load(0, isa::assemble("li s2, 0x4000000\ndma.hv [0], [s2], 1, 64, 64, 64, f0\nhalt"));
+    b.load(1, isa::assemble("li s1, 5000\nloop: sub s1, s1, 1\nbne s1, 0, loop\nhalt"));
+    EXPECT_THROW(b.run({0, 1}), DeviceFault);
+}
+
+std::string stats_json(Board& b) {
+    std::ostringstream os;
+    b.stats().write_json(os);
+    return os.str();
+}
+
+TEST(BoardContext, AFaultedBoardLeavesTheProcessUsable) {
+    {
+        Board bad(tiny());
+        fault(bad);
+        try {
+            bad.run({0});
+            ADD_FAILURE() << "a faulted board ran again";
+        } catch (const std::invalid_argument& e) {
+            EXPECT_STREQ(e.what(),
+                         "the board stopped on a device fault; open a new device to run again");
+        }
+        // Its time can still advance (past core 1's abandoned halt at 1 + 2 x 5000 = 10001),
+        // and its memory be read.
+        const uint64_t at = bad.now_cycle();
+        bad.advance(20000);
+        EXPECT_EQ(bad.now_cycle(), at + 20000);
+        EXPECT_EQ(get<uint32_t>(bad.vmem(0), 0, 1), std::vector<uint32_t>{0});
+    }
+    // The next board starts at cycle 0, and its launches take what they take in a fresh process.
+    Board good(tiny());
+    EXPECT_EQ(good.now_cycle(), 0u);
+    expect_scalar_loop(good, 0);
+    expect_scalar_loop(good, 21);
+}
+
+TEST(BoardContext, AFaultedBoardStillAliveDoesNotDisturbTheNextOne) {
+    Board bad(tiny());
+    fault(bad);
+    Board good(v3());
+    expect_flags_over_ici(good);
+    EXPECT_EQ(good.now_cycle(), 2873u);
+    // Back to the faulted board: its time is its own.
+    const uint64_t at = bad.now_cycle();
+    bad.advance(5);
+    EXPECT_EQ(bad.now_cycle(), at + 5);
+    EXPECT_EQ(good.now_cycle(), 2873u);
+}
+
+TEST(BoardContext, ADeadlockedBoardThenAGoodOne) {
+    {
+        Board b(tiny());
+        b.load(0, isa::assemble("wait f2, 1\nhalt"));
+        EXPECT_THROW(b.run({0}), DeadlockError);
+    }
+    Board b(tiny());
+    expect_scalar_loop(b, 0);
+}
+
+TEST(BoardContext, AStoppedBoardThenAGoodOne) {
+    {
+        // A kernel that never halts, stopped by the host-time limit.
+        Board b(BoardConfig::load(test::source_dir() + "/configs/tiny.json",
+                                  {"sim.max_host_seconds=0.05"}));
+        b.load(0, isa::assemble("loop: jmp loop"));
+        EXPECT_THROW(b.run({0}), StoppedError);
+    }
+    Board b(tiny());
+    expect_scalar_loop(b, 0);
+}
+
+TEST(BoardContext, BoardsInSequenceMatchTheFirstBoardOfTheProcess) {
+    // The first board of this process is a fresh process's board; the ones after it (with a
+    // fault and a deadlock in between) must give the same cycles, results and statistics.
+    std::string first;
+    for (int round = 0; round < 3; ++round) {
+        if (round > 0) {
+            Board bad(tiny());
+            fault(bad);
+            Board stuck(v3());
+            stuck.load(3, isa::assemble("wait f1, 1\nhalt"));
+            EXPECT_THROW(stuck.run({3}), DeadlockError);
+        }
+        Board b(v3());
+        expect_flags_over_ici(b);
+        const std::string stats = stats_json(b);
+        if (round == 0)
+            first = stats;
+        else
+            EXPECT_EQ(stats, first) << "round " << round;
+    }
+}
+
+TEST(BoardContext, TwoBoardsAliveAtOnceKeepTheirOwnTime) {
+    Board a(tiny()), b(v3());
+    expect_scalar_loop(a, 0);
+    expect_flags_over_ici(b);
+    expect_scalar_loop(a, 21);  // a resumes at its own cycle, not b's
+    EXPECT_EQ(a.now_cycle(), 42u);
+    EXPECT_EQ(b.now_cycle(), 2873u);
+    b.advance(7);
+    EXPECT_EQ(b.now_cycle(), 2880u);
+    EXPECT_EQ(a.now_cycle(), 42u);
 }
 
 TEST(Board, CoreSetParsing) {

@@ -16,11 +16,12 @@
 namespace tpu::hw {
 namespace {
 
-/// A test bench initiator: one SC_THREAD that runs the transactions of `script`.
+/// A test bench initiator: a method that runs the transactions of `script` once, at the start of
+/// the simulation (blocking transport into the HBM never waits).
 struct Initiator : sc_core::sc_module {
     tlm_utils::simple_initiator_socket<Initiator> socket{"socket"};
     std::function<void(Initiator&)> script;
-    explicit Initiator(sc_core::sc_module_name n) : sc_core::sc_module(n) { SC_THREAD(run); }
+    explicit Initiator(sc_core::sc_module_name n) : sc_core::sc_module(n) { SC_METHOD(run); }
     SC_HAS_PROCESS(Initiator);
     void run() { script(*this); }
 

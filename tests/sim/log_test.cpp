@@ -60,16 +60,26 @@ TEST_F(Log, ShowsCycleWhenKnown) {
     EXPECT_EQ(lines[1], "[           0 ns @ cycle 0] info  x: zero");
 }
 
-/// Logs from a SystemC process so the line carries the simulated time.
-SC_MODULE(Talker){SC_CTOR(Talker){SC_THREAD(run);
-}  // namespace
-void run() {
-    wait(12345, sc_core::SC_NS);
-    TPU_LOG(Info, name(), "at {}", "t1");
-    wait(sc_core::sc_time(0.5, sc_core::SC_NS));
-    TPU_LOG(Info, name(), "rounded");
-}
-};  // namespace tpu::sim
+/// Logs from a SystemC process so the line carries the simulated time: at 12345 ns, then
+/// 0.5 ns later. A method, as every process of the simulator is.
+struct Talker : sc_core::sc_module {
+    SC_HAS_PROCESS(Talker);
+    explicit Talker(sc_core::sc_module_name n) : sc_core::sc_module(n) { SC_METHOD(run); }
+    int step = 0;
+    void run() {
+        switch (step++) {
+            case 0:
+                next_trigger(12345, sc_core::SC_NS);
+                break;
+            case 1:
+                TPU_LOG(Info, name(), "at {}", "t1");
+                next_trigger(sc_core::sc_time(0.5, sc_core::SC_NS));
+                break;
+            default:
+                TPU_LOG(Info, name(), "rounded");
+        }
+    }
+};
 
 TEST_F(Log, UsesSimulatedTime) {
     set_log_level(LogLevel::Info);

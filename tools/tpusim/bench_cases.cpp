@@ -259,6 +259,19 @@ std::vector<BenchCase> select_cases(bool quick, const std::string& filter) {
     return picked;
 }
 
+CaseRun run_case(const hw::BoardConfig& cfg, const BenchCase& c) {
+    hw::BoardConfig board = cfg;
+    board.sim.functional = c.functional;
+    try {
+        auto dev = driver::Device::open(board);
+        return c.run(*dev);
+    } catch (const driver::DeviceError& e) {
+        throw driver::DeviceError(e.kind(), fmt::format("{}: {}", c.name, e.what()));
+    } catch (const std::exception& e) {
+        throw std::runtime_error(fmt::format("{}: {}", c.name, e.what()));
+    }
+}
+
 CaseRun run_case_isolated(const hw::BoardConfig& cfg, const BenchCase& c) {
     int fds[2];
     if (::pipe(fds) != 0)
@@ -336,7 +349,7 @@ BenchRow run_row(const hw::BoardConfig& cfg, const BenchCase& c, EigenYardstick&
     BenchRow row;
     row.name = c.name;
     row.functional = c.functional;
-    row.run = run_case_isolated(cfg, c);
+    row.run = run_case(cfg, c);
     row.cycles_per_host_second =
         row.run.host_seconds > 0 ? double(row.run.cycles) / row.run.host_seconds : 0.0;
     if (c.eigen) {

@@ -49,11 +49,13 @@ std::vector<BenchCase> bench_cases();
 /// it. Throws DeviceError(Usage) naming the filter and the case names when nothing is left.
 std::vector<BenchCase> select_cases(bool quick, const std::string& filter);
 
-/// Runs `c` in a child process on its own Device built from `cfg` with sim.functional set to
-/// c.functional. SystemC elaborates one design per process and the board reads its config at
-/// elaboration, so a fresh process per case is how each case gets its own board. Errors of the
-/// case come back as the same DeviceError kind and message; a child killed by a signal is a
-/// DeviceError(Fault).
+/// Runs `c` in this process on a Device of its own, built from `cfg` with sim.functional set to
+/// c.functional (each board owns its SystemC context, so every case starts on a fresh board at
+/// cycle 0). Errors of the case are rethrown with the case's name in front: DeviceError with
+/// its kind, anything else as std::runtime_error.
+CaseRun run_case(const hw::BoardConfig& cfg, const BenchCase& c);
+/// As run_case(), in a forked child process that sends its figures back through a pipe; a
+/// child killed by a signal is a DeviceError(Fault). `tpusim validate` runs its rows this way.
 CaseRun run_case_isolated(const hw::BoardConfig& cfg, const BenchCase& c);
 
 /// Host seconds of an Eigen fp32 GEMM (Eigen::MatrixXf product), best of 2..5 repetitions
@@ -81,7 +83,7 @@ struct BenchRow {
     std::optional<double> ratio_to_eigen;      ///< run.host_seconds / eigen_host_seconds
 };
 
-/// Runs `c` isolated (run_case_isolated) and, for GEMMs, measures the Eigen yardstick.
+/// Runs `c` (run_case) and, for GEMMs, measures the Eigen yardstick.
 BenchRow run_row(const hw::BoardConfig& cfg, const BenchCase& c, EigenYardstick& eigen);
 
 }  // namespace tpu::bench

@@ -73,10 +73,9 @@ void register_bench_command(CLI::App& app) {
     cmd->add_flag("--json", o->common.json, "print a machine-readable result on stdout");
     add_config_options(*cmd, o->common);
     std::string footer =
-        "Each case runs in its own process on a fresh board with sim.functional set by the "
-        "case (SystemC builds one board per process). Host seconds are wall time, so other "
-        "load on the machine shows up in them.\n\nCases (NAME/functional computes values, "
-        "NAME/timing only times them):\n";
+        "Each case runs on a fresh board (cycle 0, empty HBM) with sim.functional set by the "
+        "case. Host seconds are wall time, so other load on the machine shows up in them."
+        "\n\nCases (NAME/functional computes values, NAME/timing only times them):\n";
     // One line per case name; a case with no functional run (gemm_4096_8core) says so.
     std::vector<std::string> listed;
     const auto all = bench::bench_cases();
@@ -91,11 +90,10 @@ void register_bench_command(CLI::App& app) {
     }
     cmd->footer(footer);
     cmd->callback([o] {
-        // Each case forks a child that opens its own board: a rank of a pod slice cannot.
+        // A pod slice would split each case's board over the ranks: its host seconds would
+        // measure MPI as much as the simulator, and the rows are not comparable with others.
         if (sim::Cluster::distributed())
-            throw InputError(
-                "bench measures the simulator in one process (a forked child per case); run it "
-                "without mpirun");
+            throw InputError("bench measures the simulator in one process; run it without mpirun");
         const hw::BoardConfig cfg = o->common.board_config();
         std::vector<bench::BenchCase> cases;
         try {
