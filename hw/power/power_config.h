@@ -30,6 +30,11 @@ namespace tpu::hw {
       "static power of the rest of a chip: scalar units, control, clocks, host interface "      \
       "(NeuSim TPU v3: static_power_other_W)",                                                  \
       .min = 0)                                                                                 \
+    F(double, clocked_idle_w_per_chip, 39.0006, "W",                                            \
+      "power a powered, clocked chip draws besides leakage even when it runs nothing: clock "   \
+      "tree, ICI SerDes and HBM PHY kept up (Cloud TPU v3's measured minimum chip power, 123 W, " \
+      "less the static 83.9994 W above)",                                                       \
+      .min = 0)                                                                                 \
     F(double, mxu_pj_per_mac, 1.967, "pJ",                                                      \
       "energy of one MXU multiply-accumulate (NeuSim TPU v3: 30.29 W per 128 x 128 MXU at "     \
       "full use, 940 MHz: 30.29 / (16384 x 0.94e9) J)",                                         \

@@ -60,11 +60,14 @@ struct Energy {
 /// out per rows x cols multiply-accumulates, i.e. 2 / cols + 4 / rows bytes per MAC; a VPU op
 /// moves `vpu_vmem_bytes_per_flop`. Static power per core: MXUs x mxu_static_w + VPU ALUs x
 /// vpu_alu_static_w + VMEM MiB x vmem_static_w_per_mib + HBM channels x hbm_static_w_per_
-/// channel; per chip: ici_static_w_per_chip + other_static_w_per_chip.
+/// channel; per chip: ici_static_w_per_chip + other_static_w_per_chip + clocked_idle_w_per_chip
+/// (what a clocked chip draws beyond leakage: its clock tree, SerDes and PHYs stay up whether or
+/// not a unit works; counted in the "other" kind).
 ///
 /// Worked example (default board, NeuSim's TPU v3 figures): a core's static power is 2 x 2.9867
-/// + 2 x 0.7413 + 16 x 0.4042 + 16 x 0.315 = 18.96 W, a chip's 2 x 18.96 + 8.96 + 37.113 =
-/// 84.0 W (NeuSim: idle_power_W 84). Both MXUs of a core at full use add 2 x 16384 MACs x
+/// + 2 x 0.7413 + 16 x 0.4042 + 16 x 0.315 = 18.96 W, a chip's leakage 2 x 18.96 + 8.96 +
+/// 37.113 = 84.0 W (NeuSim: idle_power_W 84); with the clocked chip's 39.0 W an idle chip draws
+/// 123.0 W, the minimum Cloud TPU v3 measures per chip. Both MXUs of a core at full use add 2 x 16384 MACs x
 /// 1.967 pJ x 0.94 GHz = 60.6 W and stream (2 / 128 + 4 / 128) B x 32768 MAC x 0.94 GHz =
 /// 1.44 TB/s through VMEM, 6.0 W.
 ///
@@ -107,7 +110,7 @@ public:
         e.vmem = vmem_mib() * p.vmem_static_w_per_mib * core_s;
         e.hbm = m_cfg.hbm.channels * p.hbm_static_w_per_channel * core_s;
         e.ici = p.ici_static_w_per_chip * chip_s;
-        e.other = p.other_static_w_per_chip * chip_s;
+        e.other = (p.other_static_w_per_chip + p.clocked_idle_w_per_chip) * chip_s;
         return e;
     }
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tpusim
-from conftest import EXAMPLES, SOURCE, needs_ctx
+from conftest import EXAMPLES, SOURCE
 
 
 def test_default_board_is_the_v3_8_like_one(board):
@@ -91,7 +91,6 @@ def run_matmul(board):
     return r.cycles
 
 
-@needs_ctx
 def test_several_boards_one_after_another():
     cycles = []
     for _ in range(3):
@@ -100,7 +99,6 @@ def test_several_boards_one_after_another():
     assert cycles[0] == cycles[1] == cycles[2]
 
 
-@needs_ctx
 def test_after_a_fault_the_next_board_works():
     with tpusim.Board(set={"sim.launch_costs": False}) as b:
         with pytest.raises(tpusim.DeviceError):

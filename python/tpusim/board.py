@@ -207,7 +207,7 @@ class Board:
 
     A board keeps its simulated time, memory and statistics across calls; every op and model
     measures its own cycles. Close it (or use ``with``) to free the simulation. A device
-    fault ends a board: open a new one.
+    fault ends that board; open a new one (in the same process) to run again.
     """
 
     def __init__(self, config=None, set=None):  # noqa: A002 (the CLI's --set)
@@ -218,15 +218,7 @@ class Board:
             sets.append(f"{key}={_set_value(value)}")
         if config is not None and not isinstance(config, (str, os.PathLike)):
             raise TypeError(f"config: expected a preset name or a path, got {type(config).__name__}")
-        try:
-            self._board = _core.Board(config_path(config), sets)
-        except RuntimeError as e:
-            if "E529" not in str(e):
-                raise
-            # SystemC's one global simulation context; each board gets its own with branch ctx.
-            raise RuntimeError(
-                "one tpusim.Board per process: SystemC cannot elaborate a second board after "
-                "the first one ran; open it in a new process") from e
+        self._board = _core.Board(config_path(config), sets)
 
     # ---- the board ----------------------------------------------------------------------
 

@@ -365,7 +365,7 @@ std::string stats_with_result(double batch_rows, double host_syncs, double shape
         {"counters",
          {{"total_j", c(2.5, "joules")},
           {"average_power_w", c(454.5, "watts")},
-          {"idle_power_w", c(336, "watts")},
+          {"idle_power_w", c(492, "watts")},
           {"outside_kernels_j", c(1.0, "joules")}}},
         {"children",
          {{"mxu", {{"counters", {{"energy_j", c(1.5, "joules")}}}}},
@@ -456,8 +456,8 @@ TEST(ReportTest, PowerIsEstimatedOverTheTraceAndFromTheStats) {
     EXPECT_NE(html.find("<tr><th>energy of the whole run (stats)</th><td>2.5 J</td></tr>"),
               std::string::npos)
         << html;
-    // The default board's static power, 4 chips x 83.9994 W, whatever the trace did.
-    EXPECT_NE(html.find("<tr><th>idle board (static power)</th><td>336.0 W = 84.0 W per chip"),
+    // The default board's static power, 4 chips x 123.0 W, whatever the trace did.
+    EXPECT_NE(html.find("<tr><th>idle board (static power)</th><td>492.0 W = 123.0 W per chip"),
               std::string::npos);
     EXPECT_NE(html.find("<tr><th>peak power (1024-cycle windows)</th>"), std::string::npos);
     EXPECT_NE(html.find("<tr><td>mxu</td><td>1.5 J</td><td>60.0%</td></tr>"), std::string::npos);
