@@ -25,7 +25,7 @@ using isa::Opcode;
 namespace st = driver::streaming;
 
 [[noreturn]] void not_generated(const Fusion& f, const std::string& what) {
-    throw CompileError(fmt::format("{}: {} not yet generated", f.name, what));
+    throw NotYetGenerated(fmt::format("{}: {} not yet generated", f.name, what));
 }
 
 /// How a value of a loop or input fusion lies against the fusion's [R, C] iteration space.

@@ -14,6 +14,13 @@
 /// execution order. No SystemC or Eigen here.
 namespace tpu::compiler {
 
+/// What the code generator cannot generate yet (a fusion kind, an op, a layout), naming the
+/// fusion: a front end may catch it and run the computation another way.
+class NotYetGenerated : public CompileError {
+public:
+    using CompileError::CompileError;
+};
+
 /// What the code generator needs besides the step.
 struct CodegenOptions {
     /// The board: VMEM and scalar-memory sizes, the VPU's lanes and sublanes.
@@ -53,7 +60,7 @@ struct StepProgram {
     double seconds = 0;  ///< host time code generation took
 };
 
-/// Generates the programs of `step`. Throws CompileError naming the fusion for what cannot be
+/// Generates the programs of `step`. Throws NotYetGenerated naming the fusion for what cannot be
 /// generated yet (output and collective fusions: "fusion kind output not yet generated"; ops or
 /// layouts the loop and input emitters do not cover) and isa::BuildError when a program does not
 /// fit the core (VMEM, registers, instruction memory).
