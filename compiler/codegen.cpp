@@ -55,11 +55,11 @@ int64_t product(const std::vector<int64_t>& v, size_t from = 0, size_t to = ~siz
 struct Plan {
     bool rows = false;  ///< a 2-D iteration space (broadcasts, reductions); else flat elementwise
     int64_t R = 1, C = 1;
-    uint32_t h = 1;       ///< rows per streamed unit: 8 (a band of T(8,128) tiles) or 1
-    int64_t lanes = 1;    ///< elements per reduction chunk: min(C, vpu_lanes)
-    int64_t chunks = 1;   ///< chunks per row: C / lanes
-    uint64_t units = 0;   ///< units streamed
-    uint32_t full = 1;    ///< values per unit of a Full array
+    uint32_t h = 1;      ///< rows per streamed unit: 8 (a band of T(8,128) tiles) or 1
+    int64_t lanes = 1;   ///< elements per reduction chunk: min(C, vpu_lanes)
+    int64_t chunks = 1;  ///< chunks per row: C / lanes
+    uint64_t units = 0;  ///< units streamed
+    uint32_t full = 1;   ///< values per unit of a Full array
     std::map<ValueId, View> view;
 };
 
@@ -83,8 +83,8 @@ uint32_t band_of(const Fusion& f, const Shape& s, const Layout& l, const Plan& p
     if (l.tile.size() == 2 && rank >= 2 && l.tile[1] == lanes && s.dims[size_t(rank - 1)] == p.C &&
         p.C % lanes == 0 && s.dims[size_t(rank - 2)] % l.tile[0] == 0)
         return uint32_t(l.tile[0]);
-    not_generated(f, fmt::format("a {} array in layout {} (padded tiles)", s.to_string(),
-                                 l.to_string()));
+    not_generated(
+        f, fmt::format("a {} array in layout {} (padded tiles)", s.to_string(), l.to_string()));
 }
 
 /// Classifies every value of `f` against its iteration space.
@@ -100,11 +100,11 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             bool seen_reduced = false;
             for (int64_t d = 0; d < s.rank(); ++d) {
                 if (s.dims[size_t(d)] == 1) continue;
-                const bool r = std::find(op.attrs.dims.begin(), op.attrs.dims.end(), d) !=
-                               op.attrs.dims.end();
+                const bool r =
+                    std::find(op.attrs.dims.begin(), op.attrs.dims.end(), d) != op.attrs.dims.end();
                 if (!r && seen_reduced)
-                    not_generated(f, fmt::format("a reduction over major dims of {}",
-                                                 s.to_string()));
+                    not_generated(f,
+                                  fmt::format("a reduction over major dims of {}", s.to_string()));
                 seen_reduced |= r;
                 (r ? red : kept).push_back(s.dims[size_t(d)]);
             }
@@ -183,7 +183,8 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                     for (int64_t d = 0; d < out.rank(); ++d)
                         if (out.dims[size_t(d)] != 1) nz.push_back(covered[size_t(d)]);
                     const bool last = !nz.empty() && nz.back();
-                    const int64_t others = std::count(nz.begin(), nz.end() - (nz.empty() ? 0 : 1), 1);
+                    const int64_t others =
+                        std::count(nz.begin(), nz.end() - (nz.empty() ? 0 : 1), 1);
                     const int64_t nothers = nz.empty() ? 0 : int64_t(nz.size()) - 1;
                     if (last && others == 0)
                         set(op.operands[0], View::Row);
@@ -211,9 +212,10 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         if (!p.rows && p.view[v] == View::Unknown) p.view[v] = View::Full;
     for (ValueId v : values)
         if (p.view[v] == View::Unknown)
-            not_generated(f, fmt::format("%{} ({}) that is neither [R, C], [R], [C] nor a scalar of "
-                                         "the fusion's {} x {} iteration space",
-                                         v, g.shape(v).to_string(), p.R, p.C));
+            not_generated(f,
+                          fmt::format("%{} ({}) that is neither [R, C], [R], [C] nor a scalar of "
+                                      "the fusion's {} x {} iteration space",
+                                      v, g.shape(v).to_string(), p.R, p.C));
     // Layouts and dtypes of the arrays in HBM.
     p.lanes = std::min<int64_t>(p.C, vlanes);
     p.chunks = p.C > vlanes ? p.C / vlanes : 1;
@@ -229,12 +231,13 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
     uint64_t flat_bytes = 0;
     const auto check_hbm = [&](const FusionValue& fv) {
         if (fv.shape.dtype != DType::F32)
-            not_generated(f, fmt::format("a {} array in HBM (only f32 is streamed)",
-                                         fv.shape.to_string()));
+            not_generated(
+                f, fmt::format("a {} array in HBM (only f32 is streamed)", fv.shape.to_string()));
         const View w = p.view[fv.value];
         if (w == View::Full) {
             if (!p.rows) {
-                const bool plain = fv.layout.tile.empty() && (!flat_layout || flat_layout->tile.empty());
+                const bool plain =
+                    fv.layout.tile.empty() && (!flat_layout || flat_layout->tile.empty());
                 if (plain) band_of(f, fv.shape, fv.layout, p, vlanes);  // row-major
                 if (flat_layout && !(*flat_layout == fv.layout) && !plain)
                     not_generated(f, fmt::format("elementwise arrays in layouts {} and {}",
@@ -251,8 +254,8 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                 not_generated(f, fmt::format("a vector {} in padded layout {}",
                                              fv.shape.to_string(), fv.layout.to_string()));
         } else {
-            not_generated(f, fmt::format("a {} array read or written as a literal",
-                                         fv.shape.to_string()));
+            not_generated(
+                f, fmt::format("a {} array read or written as a literal", fv.shape.to_string()));
         }
     };
     for (const FusionValue& fv : f.operands) check_hbm(fv);
@@ -379,7 +382,8 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             }
             case OpKind::Transpose: {
                 bool identity = true;
-                for (size_t d = 0; d < op.attrs.dims.size(); ++d) identity &= op.attrs.dims[d] == int64_t(d);
+                for (size_t d = 0; d < op.attrs.dims.size(); ++d)
+                    identity &= op.attrs.dims[d] == int64_t(d);
                 if (!identity) not_generated(f, "a transpose that moves data");
                 at[res] = at.at(op.operands[0]);
                 s.tmp = {-1};
@@ -473,10 +477,10 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 } else {
                     for (uint32_t u = 0; u < tile; ++u)
                         for (int64_t t = 0; t < Ct; ++t)
-                            body.vpu(Opcode::VAddRow,
-                                     {out + int64_t((u * Ct + t) * p.h * p.lanes * 4),
-                                      body.a(negzero), src + int64_t(t * p.lanes * 4), imm(p.h),
-                                      imm(p.lanes)});
+                            body.vpu(
+                                Opcode::VAddRow,
+                                {out + int64_t((u * Ct + t) * p.h * p.lanes * 4), body.a(negzero),
+                                 src + int64_t(t * p.lanes * 4), imm(p.h), imm(p.lanes)});
                 }
             }
         });
@@ -520,9 +524,10 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                     // Col, tiled: per band, each row's value for every lane chunk, then x 1.0.
                     const isa::Arg e = body.a(s.tmp[0]);
                     const int64_t eb = Ct * p.h * 4;
-                    per_band(e, eb, A(0), int64_t(p.h) * 4, [&](const isa::Reg& d, const isa::Reg& src) {
-                        body.vpu(Opcode::VAddRow, {d, body.a(negzero), src, imm(Ct), imm(p.h)});
-                    });
+                    per_band(
+                        e, eb, A(0), int64_t(p.h) * 4, [&](const isa::Reg& d, const isa::Reg& src) {
+                            body.vpu(Opcode::VAddRow, {d, body.a(negzero), src, imm(Ct), imm(p.h)});
+                        });
                     bb.emit(Opcode::Mul, {t0, body.units(), imm(Ct * p.h)});
                     body.vpu(Opcode::VMulCol, {out, body.a(ones), e, t0, imm(p.lanes)});
                     break;
@@ -675,8 +680,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         std::vector<isa::Reg> args;
         for (const ProgramArg& a : seg.args) args.push_back(b.arg(arg_name(a)));
         if (!args.empty()) table.emplace(b.smem("args", args.size()));
-        for (size_t i = 0; i < args.size(); ++i)
-            b.emit(Opcode::Sw, {args[i], table->word(i)});
+        for (size_t i = 0; i < args.size(); ++i) b.emit(Opcode::Sw, {args[i], table->word(i)});
     }
     for (size_t k = 0; k < fusions.size(); ++k) {
         const Fusion& f = step.fusions[fusions[k]];
@@ -688,8 +692,8 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
                 const auto key = alloc_key(fv.buffer);
                 if (bases.regs.count(key)) continue;
                 if (fv.buffer.space == BufferRef::Space::Temp && fv.buffer.offset > 0x7fffffffu)
-                    throw CompileError(fmt::format("{}: temp offset {} beyond 2 GiB", f.name,
-                                                   fv.buffer.offset));
+                    throw CompileError(
+                        fmt::format("{}: temp offset {} beyond 2 GiB", f.name, fv.buffer.offset));
                 isa::Reg r = b.reg(arg_name(seg.args[slot.at(key)]));
                 b.emit(Opcode::Lw, {r, table->word(slot.at(key))});
                 bases.regs.emplace(key, std::move(r));

@@ -135,18 +135,17 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                                             const std::vector<DataPtr>& parameters,
                                             const std::vector<DataPtr>& inputs) {
     if (parameters.size() != step.parameters.size() || inputs.size() != step.inputs.size())
-        throw CompileError(fmt::format("execute: {} parameters and {} inputs bound; the step has "
-                                       "{} and {}",
-                                       parameters.size(), inputs.size(), step.parameters.size(),
-                                       step.inputs.size()));
+        throw CompileError(fmt::format(
+            "execute: {} parameters and {} inputs bound; the step has "
+            "{} and {}",
+            parameters.size(), inputs.size(), step.parameters.size(), step.inputs.size()));
     const StepProgram& prog = program(step);
     for (size_t i = 0; i < parameters.size(); ++i) {
         DeviceTensor& t = tensor(parameters[i]);
         if (!(t.shape == step.parameters[i].shape))
-            throw CompileError(fmt::format("execute: parameter {} \"{}\" is {}, bound {}", i,
-                                           step.parameters[i].name,
-                                           step.parameters[i].shape.to_string(),
-                                           t.shape.to_string()));
+            throw CompileError(fmt::format(
+                "execute: parameter {} \"{}\" is {}, bound {}", i, step.parameters[i].name,
+                step.parameters[i].shape.to_string(), t.shape.to_string()));
         place(m_dev, m_cores, m_stats, t, step.parameters[i].layout);
     }
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -226,7 +225,8 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
         for (size_t r = 0; r < m_cores.size(); ++r)
             for (const FusionValue& fv : f.operands) {
                 const Alloc& a = alloc_of(fv.buffer.space, fv.buffer.index);
-                const uint64_t off = fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset : 0;
+                const uint64_t off =
+                    fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset : 0;
                 b.inputs[r].push_back(array_from_layout_bytes(
                     read_bytes(m_dev, a.bufs[r], off, layout_bytes(fv.shape, fv.layout)), fv.shape,
                     fv.layout));
@@ -236,7 +236,8 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             for (size_t k = 0; k < f.results.size(); ++k) {
                 const FusionValue& fv = f.results[k];
                 const Alloc& a = alloc_of(fv.buffer.space, fv.buffer.index);
-                const uint64_t off = fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset : 0;
+                const uint64_t off =
+                    fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset : 0;
                 const auto raw = layout_bytes_of(out[r][k], fv.layout);
                 m_dev.write(a.bufs[r], raw.data(), raw.size(), off);
             }
@@ -259,8 +260,9 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                 auto t = std::make_shared<DeviceTensor>();
                 t->shape = ob.shape;
                 t->layout = ob.layout;
-                t->mem = ob.buffer.space == BufferRef::Space::Output ? outputs[i]
-                                                                      : constants.at(ob.buffer.index);
+                t->mem = ob.buffer.space == BufferRef::Space::Output
+                             ? outputs[i]
+                             : constants.at(ob.buffer.index);
                 res.push_back(std::move(t));
             }
         }

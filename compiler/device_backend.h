@@ -16,15 +16,15 @@ namespace tpu::compiler {
 
 /// What the device backend did, for reports and tests.
 struct DeviceBackendStats {
-    uint64_t executions = 0;        ///< steps run
-    uint64_t launches = 0;          ///< device programs launched (one per step without custom calls)
-    uint64_t host_fusions = 0;      ///< custom fusions run on the host
+    uint64_t executions = 0;    ///< steps run
+    uint64_t launches = 0;      ///< device programs launched (one per step without custom calls)
+    uint64_t host_fusions = 0;  ///< custom fusions run on the host
     uint64_t programs_generated = 0;  ///< steps whose code was generated (a new compiled step)
-    double codegen_seconds = 0;     ///< host time spent generating code
-    uint64_t device_bytes = 0;      ///< HBM the backend holds now, per core
-    uint64_t peak_device_bytes = 0;  ///< the most it held at once, per core
-    driver::Event last_launch{};    ///< the last launch (its cycles are the step's device time)
-    uint64_t last_step_cycles = 0;  ///< the last step: first launch's start to last launch's end
+    double codegen_seconds = 0;       ///< host time spent generating code
+    uint64_t device_bytes = 0;        ///< HBM the backend holds now, per core
+    uint64_t peak_device_bytes = 0;   ///< the most it held at once, per core
+    driver::Event last_launch{};      ///< the last launch (its cycles are the step's device time)
+    uint64_t last_step_cycles = 0;    ///< the last step: first launch's start to last launch's end
 };
 
 /// Runs compiled steps on `cores` of `device` (replica r on cores[r]). Parameters are written

@@ -63,8 +63,7 @@ struct Bindings {
 /// writes to HBM.
 std::vector<uint8_t> layout_bytes_of(const HostArray& a, const Layout& l);
 /// The array of shape `s` that `mem` holds in layout `l`.
-HostArray array_from_layout_bytes(const std::vector<uint8_t>& mem, const Shape& s,
-                                  const Layout& l);
+HostArray array_from_layout_bytes(const std::vector<uint8_t>& mem, const Shape& s, const Layout& l);
 
 /// 1 / |y| as the VPU computes it (it has no divide): t = rsqrt(max(y, -y)), then t * t; two
 /// roundings, so up to about 1.5 ulp from the correctly rounded reciprocal.

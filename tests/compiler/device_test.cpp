@@ -80,11 +80,12 @@ DeviceBackendStats expect_bit_exact(const std::vector<Leaf>& leaves, const Recor
 TEST(CompilerDevice, LayerNormIsOneProgramBitExactWithTheEvaluator) {
     // 16 x 256 in T(8,128) tiles: two bands of 8 rows, each row two lane chunks.
     const Shape xs{DType::F32, {16, 256}}, vs{DType::F32, {256}};
-    const auto st = expect_bit_exact(
-        {{"x", xs, {randoms(16 * 256, 1)}},
-         {"weight", vs, {randoms(256, 2)}, true},
-         {"bias", vs, {randoms(256, 3)}, true}},
-        [](Graph& g, const std::vector<ValueId>& v) { return layer_norm(g, v[0], v[1], v[2], 1e-5).y; });
+    const auto st = expect_bit_exact({{"x", xs, {randoms(16 * 256, 1)}},
+                                      {"weight", vs, {randoms(256, 2)}, true},
+                                      {"bias", vs, {randoms(256, 3)}, true}},
+                                     [](Graph& g, const std::vector<ValueId>& v) {
+                                         return layer_norm(g, v[0], v[1], v[2], 1e-5).y;
+                                     });
     EXPECT_EQ(st.launches, 1u);
     EXPECT_EQ(st.programs_generated, 1u);
 }
@@ -100,20 +101,19 @@ TEST(CompilerDevice, SoftmaxOnTwoReplicasIsBitExact) {
 TEST(CompilerDevice, ElementwiseLoopFusionIsBitExact) {
     // Every VPU lowering of the loop emitter in one fusion (flat: no broadcast of a vector).
     const Shape s{DType::F32, {3, 1000}};
-    expect_bit_exact(
-        {{"a", s, {randoms(3000, 6)}}, {"b", s, {randoms(3000, 7)}}},
-        [](Graph& g, const std::vector<ValueId>& v) {
-            const ValueId a = v[0], b = v[1];
-            const ValueId half = broadcast(g, literal(g, 0.5), {3, 1000}, {});
-            ValueId y = add(g, mul(g, a, b), exp(g, a));
-            y = sub(g, y, max(g, a, half));
-            y = div(g, y, b);
-            y = add(g, y, min(g, tanh(g, a), neg(g, b)));
-            y = select(g, compare(g, a, b, Comparison::Gt), y, rsqrt(g, mul(g, b, b)));
-            y = add(g, y, log(g, add(g, mul(g, a, a), half)));
-            y = convert(g, convert(g, y, DType::BF16), DType::F32);
-            return select(g, compare(g, a, b, Comparison::Lt), y, div(g, y, half));
-        });
+    expect_bit_exact({{"a", s, {randoms(3000, 6)}}, {"b", s, {randoms(3000, 7)}}},
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         const ValueId a = v[0], b = v[1];
+                         const ValueId half = broadcast(g, literal(g, 0.5), {3, 1000}, {});
+                         ValueId y = add(g, mul(g, a, b), exp(g, a));
+                         y = sub(g, y, max(g, a, half));
+                         y = div(g, y, b);
+                         y = add(g, y, min(g, tanh(g, a), neg(g, b)));
+                         y = select(g, compare(g, a, b, Comparison::Gt), y, rsqrt(g, mul(g, b, b)));
+                         y = add(g, y, log(g, add(g, mul(g, a, a), half)));
+                         y = convert(g, convert(g, y, DType::BF16), DType::F32);
+                         return select(g, compare(g, a, b, Comparison::Lt), y, div(g, y, half));
+                     });
 }
 
 TEST(CompilerDevice, RowAndColumnBroadcastsAndSiblingReductions) {
@@ -229,7 +229,8 @@ TEST(CompilerDevice, FusionKindsNotYetGeneratedAreClearErrors) {
     DeviceBackend device(*dev, {0}, cg);
     LazyContext ctx(device);
     const LazyTensor a = ctx.input("a", Shape{DType::F32, {8, 128}}, {std::vector<float>(1024)});
-    const LazyTensor w = ctx.parameter("w", Shape{DType::F32, {128, 128}}, {std::vector<float>(16384)});
+    const LazyTensor w =
+        ctx.parameter("w", Shape{DType::F32, {128, 128}}, {std::vector<float>(16384)});
     const LazyTensor y = ctx.wrap(matmul(ctx.graph(), ctx.value(a), ctx.value(w), false, false));
     try {
         ctx.mark_step();

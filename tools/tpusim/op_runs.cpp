@@ -119,8 +119,8 @@ std::optional<CompiledRowsOp> run_compiled_rows(
     const uint32_t rows = core_share(rows_total, cores.size());
     for (const auto& h : xs)
         if (h.size() != size_t(rows) * cols)
-            throw InputError(fmt::format("a block of {} values, expected {} x {}", h.size(), rows,
-                                         cols));
+            throw InputError(
+                fmt::format("a block of {} values, expected {} x {}", h.size(), rows, cols));
     if (xs.size() != cores.size())
         throw InputError(fmt::format("{} blocks for {} cores", xs.size(), cores.size()));
     CompileOptions co;
@@ -179,9 +179,9 @@ std::optional<CompiledRowsOp> run_compiled_rows(
 /// The hand-written layer-norm kernel (driver/kernels), for shapes the code generator does not
 /// cover yet (`why` names what).
 OpRun run_layernorm_kernel(const std::string& why, driver::Device& dev, driver::ProgramCache& cache,
-                           const std::vector<uint32_t>& cores, uint32_t rows_total,
-                           uint32_t cols, const PerCore& xs, const PerCore& gammas,
-                           const PerCore& betas, bool check, bool keep_result) {
+                           const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
+                           const PerCore& xs, const PerCore& gammas, const PerCore& betas,
+                           bool check, bool keep_result) {
     const uint32_t rows = core_share(rows_total, cores.size());
     const driver::KernelStats before = dev.kernel_totals();
     HostTensor x = upload(dev, cores, rows, cols, xs, "layernorm x");
@@ -376,8 +376,7 @@ OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
     const float eps = 1e-5f;
     std::string why;
     std::optional<CompiledRowsOp> compiled = run_compiled_rows(
-        dev, cores, rows_total, cols, xs, {{"weight", gammas}, {"bias", betas}}, check,
-        keep_result,
+        dev, cores, rows_total, cols, xs, {{"weight", gammas}, {"bias", betas}}, check, keep_result,
         [&](compiler::Graph& g, compiler::ValueId x, const std::vector<compiler::ValueId>& p) {
             return compiler::layer_norm(g, x, p[0], p[1], eps).y;
         },
@@ -431,8 +430,7 @@ OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
         },
         why);
     if (!compiled)
-        return run_softmax_kernel(why, dev, cache, cores, rows_total, cols, xs, check,
-                                  keep_result);
+        return run_softmax_kernel(why, dev, cache, cores, rows_total, cols, xs, check, keep_result);
     CompiledRowsOp& c = *compiled;
     OpRun r = std::move(c.run);
     if (check) {
