@@ -278,7 +278,7 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                                 r = integer ? x0 * x1 : double(f0 * f1);
                                 break;
                             case OpKind::Div:
-                                r = f0 / f1;
+                                r = vpu_divide(f0, f1);
                                 break;
                             case OpKind::Max:
                                 r = integer ? std::max(x0, x1) : double(max_nan(f0, f1));
@@ -391,6 +391,15 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
             std::vector<char> keep(size_t(x.shape.rank()), 1);
             for (int64_t d : a.dims) keep[size_t(d)] = 0;
             const auto ost = strides_of(out.dims);
+            // The VPU's order (compiler/README.md, "Code generation"): each output's reduced
+            // elements, in index order, are cut into chunks of one vector register row
+            // (vpu_lanes); a chunk is reduced from the identity (v.rsum / v.rmax), and with more
+            // than one chunk the chunk results are reduced again from the identity.
+            const float ident = sum ? 0.0f : -std::numeric_limits<float>::infinity();
+            const auto combine = [&](float a, float v) { return sum ? a + v : max_nan(a, v); };
+            std::vector<float> outer(size_t(n), ident);
+            std::vector<int64_t> count(size_t(n), 0);
+            const int64_t lanes = std::max<int64_t>(1, o.vpu_lanes);
             // Row-major over the input visits each output's reduced indices in index order.
             for (int64_t i = 0; i < x.shape.elements(); ++i) {
                 unravel(i, x.shape.dims, idx);
@@ -398,9 +407,19 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                 for (size_t d = 0; d < idx.size(); ++d)
                     if (keep[d]) j += idx[d] * ost[size_t(k++)];
                 const float v = float(x.data[size_t(i)]);
-                acc[size_t(j)] = sum ? acc[size_t(j)] + v : max_nan(acc[size_t(j)], v);
+                acc[size_t(j)] = combine(acc[size_t(j)], v);
+                if (++count[size_t(j)] % lanes == 0) {
+                    outer[size_t(j)] = combine(outer[size_t(j)], acc[size_t(j)]);
+                    acc[size_t(j)] = ident;
+                }
             }
-            for (int64_t i = 0; i < n; ++i) y.data[size_t(i)] = store(out.dtype, acc[size_t(i)]);
+            for (int64_t i = 0; i < n; ++i) {
+                const int64_t c = count[size_t(i)];
+                float r = acc[size_t(i)];  // one chunk (or none): the chunk's own result
+                if (c > lanes)
+                    r = c % lanes ? combine(outer[size_t(i)], acc[size_t(i)]) : outer[size_t(i)];
+                y.data[size_t(i)] = store(out.dtype, r);
+            }
             return {y};
         }
         case OpClass::Contraction: {
@@ -655,6 +674,27 @@ struct Memory {
 };
 
 }  // namespace
+
+std::vector<uint8_t> layout_bytes_of(const HostArray& a, const Layout& l) {
+    std::vector<uint8_t> mem(layout_bytes(a.shape, l), 0);
+    write_bytes(mem, 0, a, l);
+    return mem;
+}
+
+HostArray array_from_layout_bytes(const std::vector<uint8_t>& mem, const Shape& s,
+                                  const Layout& l) {
+    return read_bytes(mem, 0, s, l);
+}
+
+float vpu_reciprocal(float y) {
+    const float t = 1.0f / std::sqrt(max_nan(y, y * -1.0f));
+    return t * t;
+}
+
+float vpu_divide(float x, float y) {
+    const float q = x * vpu_reciprocal(y);
+    return 0.0f > y ? q * -1.0f : q;
+}
 
 HostArray HostArray::zeros(const Shape& s) {
     return HostArray{s, std::vector<double>(size_t(s.elements()), 0.0)};

@@ -45,6 +45,8 @@ using CustomCallFn = std::function<HostArray(const std::vector<HostArray>&, cons
 struct EvalOptions {
     /// K per MXU pass (the order of a contraction's sums): the board's core.mxu_rows.
     uint32_t mxu_rows = 128;
+    /// Elements per chunk of a reduction (the order of its sums): the board's core.vpu_lanes.
+    uint32_t vpu_lanes = 128;
     std::map<std::string, CustomCallFn> custom_calls{};  ///< by target name
 };
 
@@ -56,6 +58,20 @@ struct Bindings {
     /// Replicas (all-reduce sums over them): the longer of the two lists.
     size_t replicas() const { return std::max(parameters.size(), inputs.size()); }
 };
+
+/// `a` as bytes in layout `l` (layout_bytes(a.shape, l) of them; padding zero): what the runtime
+/// writes to HBM.
+std::vector<uint8_t> layout_bytes_of(const HostArray& a, const Layout& l);
+/// The array of shape `s` that `mem` holds in layout `l`.
+HostArray array_from_layout_bytes(const std::vector<uint8_t>& mem, const Shape& s, const Layout& l);
+
+/// 1 / |y| as the VPU computes it (it has no divide): t = rsqrt(max(y, -y)), then t * t; two
+/// roundings, so up to about 1.5 ulp from the correctly rounded reciprocal.
+float vpu_reciprocal(float y);
+/// x / y as the device computes it (compiler/README.md, "Code generation"): q = x *
+/// vpu_reciprocal(y), negated when 0 > y. The evaluator's divide is this, so host and device
+/// agree bit for bit; it differs from IEEE x / y by up to about 2 ulp.
+float vpu_divide(float x, float y);
 
 /// Evaluates a graph without composites (decompose() first) on every replica; returns
 /// [replica][output number]. Throws EvalError or CompileError naming the op.

@@ -59,6 +59,36 @@ const std::vector<std::string> kRowOps = {
     "op attention --batch 1 --heads 2 --seq 130 --dhead 64",
 };
 
+// Rows that fill T(8,128) tiles: the op is the one-op program PyTorch/XLA compiles (compiler/
+// README.md, "Code generation"), bit-exact with the compiler's host evaluator, one launch.
+// Layer norm is batch norm's Sum[X] and Sum[X^2] in one pass, two tiny vector fusions and the
+// normalize; softmax the max, the exp and its sum, and the divide.
+TEST(CliOp, LayerNormAndSoftmaxOfWholeTilesRunAsOneCompiledProgram) {
+    const std::vector<std::pair<std::string, std::string>> ops = {
+        {"op layernorm --rows 32 --cols 256",
+         "one program of 4 fusions (input loop loop loop), 1 launch"},
+        {"op softmax --rows 16 --cols 384",
+         "one program of 3 fusions (input input loop), 1 launch"},
+    };
+    for (const auto& [shape, plan] : ops)
+        for (const char* cores : {"0", "0-1"}) {
+            const auto j = tpusim_json(shape + " --check --cores " + cores);
+            EXPECT_TRUE(j["bitexact"].get<bool>()) << shape << " on " << cores;
+            EXPECT_LT(j["max_rel_error"].get<double>(), 1e-5) << shape;
+            EXPECT_NE(j["plan"].get<std::string>().find(plan), std::string::npos) << j["plan"];
+            const auto off =
+                tpusim_json(shape + " --cores " + cores + " --set sim.functional=false");
+            EXPECT_EQ(j["cycles"], off["cycles"]) << shape;
+        }
+    // Rows of 1000 values are not whole lane chunks: the hand-written kernel runs, and says why.
+    const auto j = tpusim_json(kRowOps[1]);
+    EXPECT_NE(j["plan"].get<std::string>().find(
+                  "hand-written kernel: fusion.0: a reduction of rows of 1000 (not a multiple of "
+                  "128 lanes) not yet generated"),
+              std::string::npos)
+        << j["plan"];
+}
+
 TEST(CliOp, RowOpsAndAttentionAreBitExactOnOneAndEightCores) {
     for (const std::string& shape : kRowOps)
         for (const char* cores : {"0", "0-7"}) {

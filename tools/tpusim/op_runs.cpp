@@ -5,11 +5,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "compiler/builder.h"
+#include "compiler/device_backend.h"
+#include "compiler/lazy.h"
 #include "driver/kernels/allreduce.h"
 #include "driver/kernels/softmax.h"
 #include "driver/kernels/tensor.h"
@@ -91,6 +96,167 @@ OpRun rows_op_run(const driver::Device& dev, const driver::Event& ev,
 /// Each core's share of `total` in 64 bits (the same even shares as share()).
 uint64_t share64(uint64_t total, size_t cores) {
     return (total + cores - 1) / cores;
+}
+
+/// A rows x cols op as PyTorch/XLA runs it: recorded lazily, compiled into one program
+/// (compiler/), run on the device backend over `cores` (one launch), and the same recording
+/// run on the host evaluator for --check. `record` builds the op on x and returns its result.
+struct CompiledRowsOp {
+    OpRun run;
+    std::vector<float> device, host;  ///< every core's result in core order (when asked)
+};
+
+using RecordRows = std::function<compiler::ValueId(compiler::Graph&, compiler::ValueId,
+                                                   const std::vector<compiler::ValueId>&)>;
+
+/// The compiled op, or nothing (with `why` set) when the code generator does not yet cover its
+/// shape (compiler::NotYetGenerated, e.g. rows that do not fill T(8,128) tiles): then nothing
+/// has touched the device and the caller runs its hand-written kernel instead.
+std::optional<CompiledRowsOp> run_compiled_rows(
+    driver::Device& dev, const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
+    const PerCore& xs, const std::vector<std::pair<std::string, PerCore>>& params, bool check,
+    bool keep_result, const RecordRows& record, std::string& why) {
+    using namespace compiler;
+    const uint32_t rows = core_share(rows_total, cores.size());
+    for (const auto& h : xs)
+        if (h.size() != size_t(rows) * cols)
+            throw InputError(
+                fmt::format("a block of {} values, expected {} x {}", h.size(), rows, cols));
+    if (xs.size() != cores.size())
+        throw InputError(fmt::format("{} blocks for {} cores", xs.size(), cores.size()));
+    CompileOptions co;
+    co.board = dev.config();
+    CodegenOptions cg;
+    cg.board = dev.config();
+    CompiledRowsOp c;
+    // Records the op in a fresh context on `backend` and runs it as one step; returns every
+    // core's result (when `read`) and the compiled step.
+    const auto run_on = [&](Backend& backend, bool read, std::vector<float>& out,
+                            const std::function<void(const CompiledStep&)>& after_step) {
+        LazyContext ctx(backend, co);
+        const LazyTensor x = ctx.input("x", Shape{DType::F32, {rows, cols}}, xs);
+        std::vector<LazyTensor> ps;
+        for (const auto& [name, v] : params)
+            ps.push_back(ctx.parameter(name, Shape{DType::F32, {cols}}, v));
+        std::vector<ValueId> pv;
+        for (const LazyTensor& p : ps) pv.push_back(ctx.value(p));
+        const LazyTensor y = ctx.wrap(record(ctx.graph(), ctx.value(x), pv), "y");
+        ctx.mark_step();
+        if (after_step) after_step(*ctx.last_step());
+        if (read)
+            for (size_t r = 0; r < cores.size(); ++r) {
+                const auto v = ctx.to_host(y, r);
+                out.insert(out.end(), v.begin(), v.end());
+            }
+    };
+    const driver::KernelStats before = dev.kernel_totals();
+    DeviceBackend device(dev, cores, cg);
+    try {
+        // The device run: uploads, one launch, and the reads only when a result is wanted.
+        run_on(device, check || keep_result, c.device, [&](const CompiledStep& step) {
+            finish_run(c.run, dev, device.stats().last_launch, before, 0, cores.size());
+            std::string kinds;
+            for (const Fusion& f : step.fusions)
+                kinds += (kinds.empty() ? "" : " ") + std::string(fusion_kind_name(f.kind));
+            c.run.plan = fmt::format(
+                "{} rows per core; one program of {} fusions ({}), {} launch, compiled in {:.3f} "
+                "s + code generation {:.3f} s",
+                rows, step.fusions.size(), kinds, device.stats().launches, step.compile_seconds,
+                device.stats().codegen_seconds);
+        });
+    } catch (const NotYetGenerated& e) {
+        why = e.what();
+        return std::nullopt;
+    }
+    c.run.params = {{"rows", rows_total}, {"cols", cols}};
+    if (check) {
+        HostBackend host(cores.size(), EvalOptions{.mxu_rows = dev.config().core.mxu_rows,
+                                                   .vpu_lanes = dev.config().core.vpu_lanes});
+        run_on(host, true, c.host, nullptr);
+    }
+    return c;
+}
+
+/// The hand-written layer-norm kernel (driver/kernels), for shapes the code generator does not
+/// cover yet (`why` names what).
+OpRun run_layernorm_kernel(const std::string& why, driver::Device& dev, driver::ProgramCache& cache,
+                           const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
+                           const PerCore& xs, const PerCore& gammas, const PerCore& betas,
+                           bool check, bool keep_result) {
+    const uint32_t rows = core_share(rows_total, cores.size());
+    const driver::KernelStats before = dev.kernel_totals();
+    HostTensor x = upload(dev, cores, rows, cols, xs, "layernorm x");
+    HostTensor g = upload(dev, cores, 1, cols, gammas, "layernorm gamma"),
+               b = upload(dev, cores, 1, cols, betas, "layernorm beta");
+    const driver::Tensor y = driver::alloc_tensor(dev, cores, rows, cols),
+                         mean = driver::alloc_tensor(dev, cores, rows, 1),
+                         rstd = driver::alloc_tensor(dev, cores, rows, 1);
+    const float eps = 1e-5f;
+    const driver::Event ev = driver::layer_norm(dev, cache, x.t, g.t, b.t, eps, y, mean, rstd);
+    OpRun r = rows_op_run(dev, ev, before, cores.size(), rows_total, cols, rows);
+    r.plan += fmt::format(" (hand-written kernel: {})", why);
+    if (check) {
+        std::vector<float> want;
+        std::vector<double> exact;
+        for (size_t c = 0; c < cores.size(); ++c) {
+            const auto& xv = x.host[c];
+            const auto ref =
+                driver::layer_norm_reference(xv, g.host[c], b.host[c], eps, rows, cols);
+            want.insert(want.end(), ref.out.begin(), ref.out.end());
+            for (uint32_t i = 0; i < rows; ++i) {
+                double m = 0, v = 0;
+                for (uint32_t j = 0; j < cols; ++j) m += xv[size_t(i) * cols + j];
+                m /= cols;
+                for (uint32_t j = 0; j < cols; ++j) {
+                    const double d = xv[size_t(i) * cols + j] - m;
+                    v += d * d;
+                }
+                const double inv = 1.0 / std::sqrt(v / cols + double(eps));
+                for (uint32_t j = 0; j < cols; ++j)
+                    exact.push_back((xv[size_t(i) * cols + j] - m) * inv * g.host[c][j] +
+                                    b.host[c][j]);
+            }
+        }
+        r.result = read_all(dev, y);
+        compare(r, r.result, want, exact);
+    } else if (keep_result) {
+        r.result = read_all(dev, y);
+    }
+    return r;
+}
+
+/// The hand-written softmax kernel (driver/kernels), for shapes the code generator does not
+/// cover yet (`why` names what).
+OpRun run_softmax_kernel(const std::string& why, driver::Device& dev, driver::ProgramCache& cache,
+                         const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
+                         const PerCore& xs, bool check, bool keep_result) {
+    const uint32_t rows = core_share(rows_total, cores.size());
+    const driver::KernelStats before = dev.kernel_totals();
+    HostTensor x = upload(dev, cores, rows, cols, xs, "softmax x");
+    const driver::Tensor y = driver::alloc_tensor(dev, cores, rows, cols);
+    const driver::Event ev = driver::softmax(dev, cache, x.t, y);
+    OpRun r = rows_op_run(dev, ev, before, cores.size(), rows_total, cols, rows);
+    r.plan += fmt::format(" (hand-written kernel: {})", why);
+    if (check) {
+        std::vector<float> want;
+        std::vector<double> exact;
+        for (size_t c = 0; c < cores.size(); ++c) {
+            const auto ref = driver::softmax_reference(x.host[c], rows, cols);
+            want.insert(want.end(), ref.begin(), ref.end());
+            for (uint32_t i = 0; i < rows; ++i) {
+                const float* row = x.host[c].data() + size_t(i) * cols;
+                const double m = *std::max_element(row, row + cols);
+                double sum = 0;
+                for (uint32_t j = 0; j < cols; ++j) sum += std::exp(row[j] - m);
+                for (uint32_t j = 0; j < cols; ++j) exact.push_back(std::exp(row[j] - m) / sum);
+            }
+        }
+        r.result = read_all(dev, y);
+        compare(r, r.result, want, exact);
+    } else if (keep_result) {
+        r.result = read_all(dev, y);
+    }
+    return r;
 }
 
 }  // namespace
@@ -208,24 +374,23 @@ OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
                     const PerCore& xs, const PerCore& gammas, const PerCore& betas, bool check,
                     bool keep_result) {
     const uint32_t rows = core_share(rows_total, cores.size());
-    const driver::KernelStats before = dev.kernel_totals();
-    HostTensor x = upload(dev, cores, rows, cols, xs, "layernorm x");
-    HostTensor g = upload(dev, cores, 1, cols, gammas, "layernorm gamma"),
-               b = upload(dev, cores, 1, cols, betas, "layernorm beta");
-    const driver::Tensor y = driver::alloc_tensor(dev, cores, rows, cols),
-                         mean = driver::alloc_tensor(dev, cores, rows, 1),
-                         rstd = driver::alloc_tensor(dev, cores, rows, 1);
     const float eps = 1e-5f;
-    const driver::Event ev = driver::layer_norm(dev, cache, x.t, g.t, b.t, eps, y, mean, rstd);
-    OpRun r = rows_op_run(dev, ev, before, cores.size(), rows_total, cols, rows);
+    std::string why;
+    std::optional<CompiledRowsOp> compiled = run_compiled_rows(
+        dev, cores, rows_total, cols, xs, {{"weight", gammas}, {"bias", betas}}, check, keep_result,
+        [&](compiler::Graph& g, compiler::ValueId x, const std::vector<compiler::ValueId>& p) {
+            return compiler::layer_norm(g, x, p[0], p[1], eps).y;
+        },
+        why);
+    if (!compiled)
+        return run_layernorm_kernel(why, dev, cache, cores, rows_total, cols, xs, gammas, betas,
+                                    check, keep_result);
+    CompiledRowsOp& c = *compiled;
+    OpRun r = std::move(c.run);
     if (check) {
-        std::vector<float> want;
         std::vector<double> exact;
-        for (size_t c = 0; c < cores.size(); ++c) {
-            const auto& xv = x.host[c];
-            const auto ref =
-                driver::layer_norm_reference(xv, g.host[c], b.host[c], eps, rows, cols);
-            want.insert(want.end(), ref.out.begin(), ref.out.end());
+        for (size_t k = 0; k < cores.size(); ++k) {
+            const auto& xv = xs[k];
             for (uint32_t i = 0; i < rows; ++i) {
                 double m = 0, v = 0;
                 for (uint32_t j = 0; j < cols; ++j) m += xv[size_t(i) * cols + j];
@@ -236,15 +401,13 @@ OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
                 }
                 const double inv = 1.0 / std::sqrt(v / cols + double(eps));
                 for (uint32_t j = 0; j < cols; ++j)
-                    exact.push_back((xv[size_t(i) * cols + j] - m) * inv * g.host[c][j] +
-                                    b.host[c][j]);
+                    exact.push_back((xv[size_t(i) * cols + j] - m) * inv * gammas[k][j] +
+                                    betas[k][j]);
             }
         }
-        r.result = read_all(dev, y);
-        compare(r, r.result, want, exact);
-    } else if (keep_result) {
-        r.result = read_all(dev, y);
+        compare(r, c.device, c.host, exact);
     }
+    if (check || keep_result) r.result = std::move(c.device);
     return r;
 }
 
@@ -260,30 +423,30 @@ OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
                   const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
                   const PerCore& xs, bool check, bool keep_result) {
     const uint32_t rows = core_share(rows_total, cores.size());
-    const driver::KernelStats before = dev.kernel_totals();
-    HostTensor x = upload(dev, cores, rows, cols, xs, "softmax x");
-    const driver::Tensor y = driver::alloc_tensor(dev, cores, rows, cols);
-    const driver::Event ev = driver::softmax(dev, cache, x.t, y);
-    OpRun r = rows_op_run(dev, ev, before, cores.size(), rows_total, cols, rows);
+    std::string why;
+    std::optional<CompiledRowsOp> compiled = run_compiled_rows(
+        dev, cores, rows_total, cols, xs, {}, check, keep_result,
+        [&](compiler::Graph& g, compiler::ValueId x, const std::vector<compiler::ValueId>&) {
+            return compiler::softmax(g, x, 1);
+        },
+        why);
+    if (!compiled)
+        return run_softmax_kernel(why, dev, cache, cores, rows_total, cols, xs, check, keep_result);
+    CompiledRowsOp& c = *compiled;
+    OpRun r = std::move(c.run);
     if (check) {
-        std::vector<float> want;
         std::vector<double> exact;
-        for (size_t c = 0; c < cores.size(); ++c) {
-            const auto ref = driver::softmax_reference(x.host[c], rows, cols);
-            want.insert(want.end(), ref.begin(), ref.end());
+        for (size_t k = 0; k < cores.size(); ++k)
             for (uint32_t i = 0; i < rows; ++i) {
-                const float* row = x.host[c].data() + size_t(i) * cols;
+                const float* row = xs[k].data() + size_t(i) * cols;
                 const double m = *std::max_element(row, row + cols);
                 double sum = 0;
                 for (uint32_t j = 0; j < cols; ++j) sum += std::exp(row[j] - m);
                 for (uint32_t j = 0; j < cols; ++j) exact.push_back(std::exp(row[j] - m) / sum);
             }
-        }
-        r.result = read_all(dev, y);
-        compare(r, r.result, want, exact);
-    } else if (keep_result) {
-        r.result = read_all(dev, y);
+        compare(r, c.device, c.host, exact);
     }
+    if (check || keep_result) r.result = std::move(c.device);
     return r;
 }
 

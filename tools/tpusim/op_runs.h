@@ -82,6 +82,8 @@ uint32_t core_share(uint32_t total, size_t cores);
 
 /// Layer normalisation of `rows_total` x `cols` random values (random gain and bias), the rows
 /// data-parallel over `cores` in even, padded shares; `check` compares with the references.
+/// Runs as the one-op program PyTorch/XLA compiles (compiler/, one launch) when the code
+/// generator covers the shape, else the hand-written kernel; OpRun::plan says which.
 OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
                     bool check, uint32_t seed);

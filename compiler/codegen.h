@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compiler/compiled_step.h"
+#include "hw/board_config.h"
+#include "isa/isa.h"
+
+/// Code generation (compiler/README.md, "Code generation"): a compiled step becomes one device
+/// program per core, every fusion emitted with the program builder in its own Builder::Scope, in
+/// execution order. No SystemC or Eigen here.
+namespace tpu::compiler {
+
+/// What the code generator cannot generate yet (a fusion kind, an op, a layout), naming the
+/// fusion: a front end may catch it and run the computation another way.
+class NotYetGenerated : public CompileError {
+public:
+    using CompileError::CompileError;
+};
+
+/// What the code generator needs besides the step.
+struct CodegenOptions {
+    /// The board: VMEM and scalar-memory sizes, the VPU's lanes and sublanes.
+    hw::BoardConfig board{};
+    /// Cycles a fusion boundary costs inside one program, on top of waiting for the previous
+    /// fusion's work: the scalar core's set-up of the next fusion (its descriptors, flags and
+    /// loop state) that XLA's TPU programs pay per fusion. *(assumed)* Chosen so that a tiny
+    /// fusion of 512 values costs about 0.37 us, what a TPU v4 profile of layer norm shows for
+    /// its two tiny fusions (yutation/SCALE-SIM_Validation, data/data_layer_norm1; see
+    /// ../shared/validation/README.md); no v3 figure is published.
+    uint32_t fusion_boundary_cycles = 200;
+};
+
+/// Where one launch argument of a program points: the base of one allocation per core.
+struct ProgramArg {
+    BufferRef::Space space = BufferRef::Space::Temp;  ///< which allocation
+    uint32_t index = 0;  ///< Parameter, Input, Constant, Output: the number
+};
+
+/// One piece of a step: a device program (every device fusion between two host fusions) or a
+/// custom fusion that runs on the host.
+struct ProgramSegment {
+    /// Device segment: the program every core of the replica set runs (empty for a host one).
+    isa::Program program;
+    /// Device segment: the launch arguments s1, s2, ..., each an allocation's base address.
+    std::vector<ProgramArg> args;
+    /// Host segment: the custom fusion's index in CompiledStep::fusions (-1 for a device one).
+    int64_t host_fusion = -1;
+    /// Device segment: the fusions it holds, in order.
+    std::vector<size_t> fusions;
+};
+
+/// The generated code of a step: one device program per run of device fusions. A step without
+/// custom calls is one segment, so one launch.
+struct StepProgram {
+    std::vector<ProgramSegment> segments;
+    double seconds = 0;  ///< host time code generation took
+};
+
+/// Generates the programs of `step`. Throws NotYetGenerated naming the fusion for what cannot be
+/// generated yet (output and collective fusions: "fusion kind output not yet generated"; ops or
+/// layouts the loop and input emitters do not cover) and isa::BuildError when a program does not
+/// fit the core (VMEM, registers, instruction memory).
+StepProgram generate_step(const CompiledStep& step, const CodegenOptions& options = {});
+
+}  // namespace tpu::compiler

@@ -1,0 +1,273 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "compiler/device_backend.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace tpu::compiler {
+
+/// One buffer per replica, freed with the last datum that holds it.
+struct DeviceBackend::Allocation {
+    driver::Device* dev = nullptr;
+    std::vector<driver::Buffer> bufs;  ///< by replica
+    uint64_t bytes = 0;                ///< per replica
+    std::shared_ptr<DeviceBackendStats> stats;
+
+    Allocation(driver::Device& d, const std::vector<uint32_t>& cores, uint64_t n,
+               std::shared_ptr<DeviceBackendStats> s)
+        : dev(&d), bytes(n), stats(std::move(s)) {
+        for (uint32_t c : cores) bufs.push_back(d.alloc(std::max<uint64_t>(n, 4), c));
+        stats->device_bytes += bytes;
+        stats->peak_device_bytes = std::max(stats->peak_device_bytes, stats->device_bytes);
+    }
+    ~Allocation() {
+        for (const driver::Buffer& b : bufs) {
+            try {
+                dev->free(b);
+            } catch (...) {  // a destructor must not throw; the device reports its own errors
+            }
+        }
+        stats->device_bytes -= bytes;
+    }
+    Allocation(const Allocation&) = delete;
+    Allocation& operator=(const Allocation&) = delete;
+};
+
+namespace {
+
+using Alloc = DeviceBackend::Allocation;
+
+/// A tensor of the device backend: host values until a step places it, then HBM in a layout.
+struct DeviceTensor : DeviceData {
+    std::vector<HostArray> host;  ///< by replica, while not on the device
+    std::shared_ptr<Alloc> mem;   ///< on the device, in `layout`
+};
+
+DeviceTensor& tensor(const DataPtr& d) {
+    auto* t = dynamic_cast<DeviceTensor*>(d.get());
+    if (!t) throw CompileError("device backend: data from another backend");
+    return *t;
+}
+
+}  // namespace
+
+DeviceBackend::DeviceBackend(driver::Device& device, std::vector<uint32_t> cores,
+                             CodegenOptions codegen, EvalOptions host)
+    : m_dev(device),
+      m_cores(std::move(cores)),
+      m_codegen(std::move(codegen)),
+      m_host(std::move(host)),
+      m_stats(std::make_shared<DeviceBackendStats>()) {
+    if (m_cores.empty()) throw CompileError("device backend: no cores");
+    m_host.mxu_rows = m_codegen.board.core.mxu_rows;
+    m_host.vpu_lanes = m_codegen.board.core.vpu_lanes;
+}
+
+DataPtr DeviceBackend::upload(const Shape& s, const std::vector<std::vector<float>>& values) {
+    if (values.size() != 1 && values.size() != m_cores.size())
+        throw CompileError(fmt::format("upload {}: {} value sets for {} replicas", s.to_string(),
+                                       values.size(), m_cores.size()));
+    auto d = std::make_shared<DeviceTensor>();
+    d->shape = s;
+    for (size_t r = 0; r < m_cores.size(); ++r)
+        d->host.push_back(HostArray::from_floats(s, values[values.size() == 1 ? 0 : r]));
+    return d;
+}
+
+namespace {
+
+std::vector<uint8_t> read_bytes(driver::Device& dev, const driver::Buffer& b, uint64_t offset,
+                                uint64_t bytes) {
+    std::vector<uint8_t> mem(bytes);
+    if (bytes) dev.read(b, mem.data(), bytes, offset);
+    return mem;
+}
+
+/// Puts `t` on the device in layout `l` (a timed write; a tensor already there in another
+/// layout is read back and written again, as a runtime relayouts a buffer).
+void place(driver::Device& dev, const std::vector<uint32_t>& cores,
+           const std::shared_ptr<DeviceBackendStats>& stats, DeviceTensor& t, const Layout& l) {
+    if (t.mem && t.layout == l) return;
+    if (t.mem) {
+        t.host.clear();
+        for (const driver::Buffer& b : t.mem->bufs)
+            t.host.push_back(
+                array_from_layout_bytes(read_bytes(dev, b, 0, t.mem->bytes), t.shape, t.layout));
+    }
+    const uint64_t bytes = layout_bytes(t.shape, l);
+    auto mem = std::make_shared<Alloc>(dev, cores, bytes, stats);
+    for (size_t r = 0; r < cores.size(); ++r) {
+        const auto raw = layout_bytes_of(t.host.at(r), l);
+        dev.write(mem->bufs[r], raw.data(), raw.size());
+    }
+    t.mem = std::move(mem);
+    t.layout = l;
+    t.host.clear();
+}
+
+}  // namespace
+
+std::vector<float> DeviceBackend::download(const DataPtr& d, size_t r) {
+    DeviceTensor& t = tensor(d);
+    if (r >= m_cores.size())
+        throw CompileError(fmt::format("download: replica {} of {}", r, m_cores.size()));
+    if (!t.mem) return t.host.at(r).floats();
+    return array_from_layout_bytes(read_bytes(m_dev, t.mem->bufs[r], 0, t.mem->bytes), t.shape,
+                                   t.layout)
+        .floats();
+}
+
+const StepProgram& DeviceBackend::program(const CompiledStep& step) {
+    // The compiler's CompileCache holds one compiled step per graph structure (source_hash), and
+    // this backend's code generation options are fixed, so the hash names the program.
+    auto it = m_programs.find(step.source_hash);
+    if (it == m_programs.end()) {
+        auto p = std::make_shared<const StepProgram>(generate_step(step, m_codegen));
+        m_stats->codegen_seconds += p->seconds;
+        ++m_stats->programs_generated;
+        it = m_programs.emplace(step.source_hash, std::move(p)).first;
+    }
+    return *it->second;
+}
+
+std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
+                                            const std::vector<DataPtr>& parameters,
+                                            const std::vector<DataPtr>& inputs) {
+    if (parameters.size() != step.parameters.size() || inputs.size() != step.inputs.size())
+        throw CompileError(fmt::format(
+            "execute: {} parameters and {} inputs bound; the step has "
+            "{} and {}",
+            parameters.size(), inputs.size(), step.parameters.size(), step.inputs.size()));
+    const StepProgram& prog = program(step);
+    for (size_t i = 0; i < parameters.size(); ++i) {
+        DeviceTensor& t = tensor(parameters[i]);
+        if (!(t.shape == step.parameters[i].shape))
+            throw CompileError(fmt::format(
+                "execute: parameter {} \"{}\" is {}, bound {}", i, step.parameters[i].name,
+                step.parameters[i].shape.to_string(), t.shape.to_string()));
+        place(m_dev, m_cores, m_stats, t, step.parameters[i].layout);
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        DeviceTensor& t = tensor(inputs[i]);
+        if (!(t.shape == step.inputs[i].shape))
+            throw CompileError(fmt::format("execute: input {} \"{}\" is {}, bound {}", i,
+                                           step.inputs[i].name, step.inputs[i].shape.to_string(),
+                                           t.shape.to_string()));
+        place(m_dev, m_cores, m_stats, t, step.inputs[i].layout);
+    }
+    std::vector<std::shared_ptr<Alloc>> constants, outputs;
+    for (const LeafBuffer& lb : step.constants) {
+        auto t = std::make_shared<DeviceTensor>();
+        t->shape = lb.shape;
+        const HostArray a = HostArray::from_floats(
+            lb.shape, step.graph.constant_data(step.graph.producer(lb.value).attrs.axis));
+        t->host.assign(m_cores.size(), a);
+        place(m_dev, m_cores, m_stats, *t, lb.layout);
+        constants.push_back(t->mem);
+    }
+    for (const OutputBuffer& ob : step.outputs)
+        outputs.push_back(ob.buffer.space == BufferRef::Space::Output
+                              ? std::make_shared<Alloc>(m_dev, m_cores, ob.buffer.bytes, m_stats)
+                              : nullptr);
+    const auto temp = step.memory.temp_bytes
+                          ? std::make_shared<Alloc>(m_dev, m_cores, step.memory.temp_bytes, m_stats)
+                          : nullptr;
+    const auto alloc_of = [&](BufferRef::Space space, uint32_t index) -> const Alloc& {
+        switch (space) {
+            case BufferRef::Space::Parameter:
+                return *tensor(parameters.at(index)).mem;
+            case BufferRef::Space::Input:
+                return *tensor(inputs.at(index)).mem;
+            case BufferRef::Space::Constant:
+                return *constants.at(index);
+            case BufferRef::Space::Output:
+                return *outputs.at(index);
+            case BufferRef::Space::Temp:
+                break;
+        }
+        if (!temp) throw CompileError("execute: a temp buffer in a step without a temp arena");
+        return *temp;
+    };
+
+    uint64_t first_cycle = 0, last_cycle = 0;
+    bool any = false;
+    for (const ProgramSegment& seg : prog.segments) {
+        if (seg.host_fusion < 0) {
+            const driver::Event ev = m_dev.launch(m_cores, seg.program, [&](size_t i) {
+                std::vector<uint32_t> a;
+                for (const ProgramArg& pa : seg.args)
+                    a.push_back(uint32_t(alloc_of(pa.space, pa.index).bufs.at(i).addr));
+                return a;
+            });
+            ++m_stats->launches;
+            m_stats->last_launch = ev;
+            if (!any) first_cycle = ev.start_cycle;
+            last_cycle = ev.end_cycle;
+            any = true;
+            continue;
+        }
+        // A custom fusion on the host: its operands come over the host link, its results go back.
+        const Fusion& f = step.fusions[size_t(seg.host_fusion)];
+        Graph g;
+        std::map<ValueId, ValueId> map;
+        for (const FusionValue& fv : f.operands) map[fv.value] = g.input(fv.shape, "operand");
+        for (OpId id : f.ops) {
+            const Op& op = step.graph.op(id);
+            std::vector<ValueId> ins;
+            for (ValueId v : op.operands) ins.push_back(map.at(v));
+            const auto res = g.add(op.kind, ins, op.attrs);
+            for (size_t k = 0; k < res.size(); ++k) map[op.results[k]] = res[k];
+        }
+        for (const FusionValue& fv : f.results) g.add_output(map.at(fv.value));
+        Bindings b;
+        b.inputs.resize(m_cores.size());
+        for (size_t r = 0; r < m_cores.size(); ++r)
+            for (const FusionValue& fv : f.operands) {
+                const Alloc& a = alloc_of(fv.buffer.space, fv.buffer.index);
+                const uint64_t off =
+                    fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset : 0;
+                b.inputs[r].push_back(array_from_layout_bytes(
+                    read_bytes(m_dev, a.bufs[r], off, layout_bytes(fv.shape, fv.layout)), fv.shape,
+                    fv.layout));
+            }
+        const auto out = evaluate(g, b, m_host);
+        for (size_t r = 0; r < m_cores.size(); ++r)
+            for (size_t k = 0; k < f.results.size(); ++k) {
+                const FusionValue& fv = f.results[k];
+                const Alloc& a = alloc_of(fv.buffer.space, fv.buffer.index);
+                const uint64_t off =
+                    fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset : 0;
+                const auto raw = layout_bytes_of(out[r][k], fv.layout);
+                m_dev.write(a.bufs[r], raw.data(), raw.size(), off);
+            }
+        ++m_stats->host_fusions;
+    }
+    ++m_stats->executions;
+    m_stats->last_step_cycles = any ? last_cycle - first_cycle : 0;
+
+    std::vector<DataPtr> res;
+    for (size_t i = 0; i < step.outputs.size(); ++i) {
+        const OutputBuffer& ob = step.outputs[i];
+        switch (ob.buffer.space) {
+            case BufferRef::Space::Parameter:
+                res.push_back(parameters.at(ob.buffer.index));
+                break;
+            case BufferRef::Space::Input:
+                res.push_back(inputs.at(ob.buffer.index));
+                break;
+            default: {
+                auto t = std::make_shared<DeviceTensor>();
+                t->shape = ob.shape;
+                t->layout = ob.layout;
+                t->mem = ob.buffer.space == BufferRef::Space::Output
+                             ? outputs[i]
+                             : constants.at(ob.buffer.index);
+                res.push_back(std::move(t));
+            }
+        }
+    }
+    return res;
+}
+
+}  // namespace tpu::compiler

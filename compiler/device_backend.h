@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "compiler/codegen.h"
+#include "compiler/lazy.h"
+#include "driver/device.h"
+
+/// The device backend (compiler/README.md, "Running on the device"): compiled steps run as
+/// generated programs on a driver::Device, one launch per step over the replica core set.
+namespace tpu::compiler {
+
+/// What the device backend did, for reports and tests.
+struct DeviceBackendStats {
+    uint64_t executions = 0;    ///< steps run
+    uint64_t launches = 0;      ///< device programs launched (one per step without custom calls)
+    uint64_t host_fusions = 0;  ///< custom fusions run on the host
+    uint64_t programs_generated = 0;  ///< steps whose code was generated (a new compiled step)
+    double codegen_seconds = 0;       ///< host time spent generating code
+    uint64_t device_bytes = 0;        ///< HBM the backend holds now, per core
+    uint64_t peak_device_bytes = 0;   ///< the most it held at once, per core
+    driver::Event last_launch{};      ///< the last launch (its cycles are the step's device time)
+    uint64_t last_step_cycles = 0;    ///< the last step: first launch's start to last launch's end
+};
+
+/// Runs compiled steps on `cores` of `device` (replica r on cores[r]). Parameters are written
+/// to HBM once, in the layout the compiler gave them, and stay there across steps (an update
+/// writes over them in place); inputs and constants are written per step over the host link
+/// (timed), the temp arena and outputs are allocated per step, and the step's program runs as
+/// one launch over the replica set: every core runs the same program, its launch arguments
+/// are its replica's buffer addresses. A host read is a timed transfer. Custom fusions run on
+/// the host between launches, their operands and results crossing the host link (timed).
+/// Data handed out by the backend must not outlive `device`.
+class DeviceBackend : public Backend {
+public:
+    DeviceBackend(driver::Device& device, std::vector<uint32_t> cores, CodegenOptions codegen,
+                  EvalOptions host = {});
+    size_t replicas() const override { return m_cores.size(); }
+    DataPtr upload(const Shape& s, const std::vector<std::vector<float>>& values) override;
+    std::vector<float> download(const DataPtr& d, size_t r) override;
+    std::vector<DataPtr> execute(const CompiledStep& step, const std::vector<DataPtr>& parameters,
+                                 const std::vector<DataPtr>& inputs) override;
+
+    const DeviceBackendStats& stats() const { return *m_stats; }
+    /// The generated code of `step` (generated on first use; cached by the step's graph hash).
+    const StepProgram& program(const CompiledStep& step);
+
+    struct Allocation;
+
+private:
+    driver::Device& m_dev;
+    std::vector<uint32_t> m_cores;
+    CodegenOptions m_codegen;
+    EvalOptions m_host;
+    std::map<uint64_t, std::shared_ptr<const StepProgram>> m_programs;
+    std::shared_ptr<DeviceBackendStats> m_stats;  // allocations count their bytes here
+};
+
+}  // namespace tpu::compiler
