@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/gemm.h"
+#include "driver/kernels/matmul_kernel.h"
 #include "driver/kernels/softmax.h"
 #include "driver/kernels/tensor_ops.h"
 #include "driver/kernels/vector_ops.h"
@@ -18,8 +20,8 @@
 namespace tpu::driver {
 namespace {
 
-using AnyKey =
-    std::variant<VectorKey, TensorOpKey, PackKey, ColumnCopyKey, SoftmaxKey, SoftmaxGradKey>;
+using AnyKey = std::variant<VectorKey, TensorOpKey, PackKey, ColumnCopyKey, SoftmaxKey,
+                            SoftmaxGradKey, GemmKey, MatmulKey>;
 
 struct Golden {
     AnyKey key;
@@ -101,6 +103,34 @@ const std::vector<Golden> kGolden = {
     {SoftmaxGradKey{1, 1, false, 1}, 0x0b250721351b459f},
     {SoftmaxGradKey{130, 1000, false, 32}, 0xd1308790fee61018},
     {SoftmaxGradKey{48, 24, true, 48}, 0xbaee5ea3a316b00d},
+    // The GEMM and the fused matmul: plan_gemm's and plan_matmul's tilings of the shapes the
+    // GEMM tests run (gemm_order_test, tensor_ops_test), in both layouts, compact and padded C,
+    // A kept and streamed, with and without transposes and bias, on the default board, on
+    // smaller VMEMs and on an 8 x 8 MXU.
+    {GemmKey{{.R = 128, .C = 128, .Kp = 128, .Np = 128, .block_rows = 8, .mxus = 2, .precision = Precision::Bf16, .tiled = false, .a_stream = false}, 1}, 0x73a8437d95cc21b1},
+    {MatmulKey{.M = 1, .K = 1, .N = 1, .ta = false, .tb = false, .precision = Precision::Bf16, .R = 128, .C = 128, .mxus = 2, .block_rows = 8, .bias = false}, 0xb33688d29349cda9},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 1152, .Np = 256, .block_rows = 304, .mxus = 2, .precision = Precision::Fp32Pass6, .tiled = true, .a_stream = false}, 0}, 0x3a35eede675f623c},
+    {MatmulKey{.M = 300, .K = 1152, .N = 129, .ta = true, .tb = false, .precision = Precision::Fp32Pass6, .R = 128, .C = 128, .mxus = 2, .block_rows = 304, .bias = true}, 0x128c1a14c391a4e9},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 256, .Np = 256, .block_rows = 8, .mxus = 2, .precision = Precision::Fp32Pass6, .tiled = false, .a_stream = false}, 129}, 0xdc751458a0b8089e},
+    {MatmulKey{.M = 8, .K = 256, .N = 129, .ta = false, .tb = true, .precision = Precision::Fp32Pass6, .R = 128, .C = 128, .mxus = 2, .block_rows = 8, .bias = false}, 0xb92666185015831f},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 2048, .Np = 384, .block_rows = 64, .mxus = 2, .precision = Precision::Fp32Pass6, .tiled = false, .a_stream = false}, 0}, 0x5e1b7668b598364c},
+    {MatmulKey{.M = 64, .K = 2048, .N = 300, .ta = true, .tb = false, .precision = Precision::Fp32Pass6, .R = 128, .C = 128, .mxus = 2, .block_rows = 64, .bias = false}, 0xf62492dee7f6a226},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 512, .Np = 1024, .block_rows = 256, .mxus = 2, .precision = Precision::Bf16, .tiled = true, .a_stream = false}, 0}, 0x88670630c119b971},
+    {MatmulKey{.M = 256, .K = 512, .N = 1024, .ta = false, .tb = false, .precision = Precision::Bf16, .R = 128, .C = 128, .mxus = 2, .block_rows = 256, .bias = false}, 0x0d7d2648601f30db},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 384, .Np = 640, .block_rows = 1104, .mxus = 2, .precision = Precision::Bf16, .tiled = false, .a_stream = false}, 0}, 0xfe205995e6f7787b},
+    {MatmulKey{.M = 1100, .K = 384, .N = 640, .ta = true, .tb = true, .precision = Precision::Bf16, .R = 128, .C = 128, .mxus = 2, .block_rows = 1104, .bias = true}, 0x7f4c9390e3c7f9e8},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 384, .Np = 384, .block_rows = 136, .mxus = 2, .precision = Precision::Fp32Pass3, .tiled = false, .a_stream = false}, 0}, 0x68cc94dd313b8277},
+    {MatmulKey{.M = 129, .K = 300, .N = 384, .ta = false, .tb = false, .precision = Precision::Fp32Pass3, .R = 128, .C = 128, .mxus = 2, .block_rows = 136, .bias = false}, 0x5b60793bda98315b},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 1152, .Np = 640, .block_rows = 280, .mxus = 2, .precision = Precision::Bf16, .tiled = true, .a_stream = true}, 0}, 0x493576a66428d153},
+    {MatmulKey{.M = 1100, .K = 1152, .N = 640, .ta = true, .tb = false, .precision = Precision::Bf16, .R = 128, .C = 128, .mxus = 2, .block_rows = 104, .bias = false}, 0x02fa3562df288201},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 1024, .Np = 640, .block_rows = 304, .mxus = 2, .precision = Precision::Fp32Pass3, .tiled = false, .a_stream = true}, 0}, 0x377fee58e4afe99d},
+    {MatmulKey{.M = 600, .K = 1024, .N = 640, .ta = false, .tb = true, .precision = Precision::Fp32Pass3, .R = 128, .C = 128, .mxus = 2, .block_rows = 152, .bias = false}, 0xa5e4cda17fd1650a},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 384, .Np = 256, .block_rows = 304, .mxus = 2, .precision = Precision::Bf16, .tiled = false, .a_stream = false}, 0}, 0x1e9ddcf6f556a030},
+    {MatmulKey{.M = 300, .K = 260, .N = 140, .ta = true, .tb = false, .precision = Precision::Bf16, .R = 128, .C = 128, .mxus = 2, .block_rows = 304, .bias = true}, 0x5b6aea7a5478cf80},
+    {GemmKey{{.R = 128, .C = 128, .Kp = 8192, .Np = 512, .block_rows = 2504, .mxus = 2, .precision = Precision::Fp32Pass6, .tiled = true, .a_stream = true}, 0}, 0xed1f790a08ab78a7},
+    {MatmulKey{.M = 5000, .K = 8192, .N = 512, .ta = false, .tb = false, .precision = Precision::Fp32Pass6, .R = 128, .C = 128, .mxus = 2, .block_rows = 296, .bias = false}, 0xad1352241af9667c},
+    {GemmKey{{.R = 8, .C = 8, .Kp = 32, .Np = 32, .block_rows = 40, .mxus = 2, .precision = Precision::Fp32Pass3, .tiled = false, .a_stream = false}, 0}, 0x44598dfd6895ebbb},
+    {MatmulKey{.M = 37, .K = 30, .N = 29, .ta = true, .tb = true, .precision = Precision::Fp32Pass3, .R = 8, .C = 8, .mxus = 2, .block_rows = 40, .bias = false}, 0xe6bd036842c28e69},
 };
 
 TEST(KernelPrograms, BuilderProgramsAreByteIdenticalToTheTextKernelsTheyReplaced) {
