@@ -34,7 +34,11 @@ public:
     /// Made by the kernel for each tile.
     EpilogueTile(isa::Builder& b, isa::Arg out, std::vector<isa::Arg> sides, const isa::Reg& rows,
                  uint32_t cols, VpuFn vpu)
-        : m_b(b), m_out(out), m_sides(std::move(sides)), m_rows(rows), m_cols(cols),
+        : m_b(b),
+          m_out(out),
+          m_sides(std::move(sides)),
+          m_rows(rows),
+          m_cols(cols),
           m_vpu(std::move(vpu)) {}
 
     /// The builder (labels, scalar arithmetic, registers from its pool).

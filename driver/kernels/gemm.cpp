@@ -150,10 +150,9 @@ double estimate_cycles(const GemmTiling& t, uint32_t rows, double bw, bool drain
     const uint64_t regroup = waits * v.a * std::min<uint64_t>(rows, T) * R;
     // Exposed: what moves before the first matmul (an A panel, the first weight tiles) and
     // after the last one (the last group's C and the side tiles its epilogue reads).
-    const uint64_t exposed = v.a * std::min<uint64_t>(rows, T) * R +
-                             v.w * std::min<uint64_t>(NT, t.mxus) * R * C +
-                             last_rows * last_panels * C * (v.c + 4 * uint64_t(x.full_sides)) +
-                             regroup;
+    const uint64_t exposed =
+        v.a * std::min<uint64_t>(rows, T) * R + v.w * std::min<uint64_t>(NT, t.mxus) * R * C +
+        last_rows * last_panels * C * (v.c + 4 * uint64_t(x.full_sides)) + regroup;
     return double(exposed) / bw +
            std::max(double(compute),
                     double(traffic_bytes(t, rows, x) - exposed) / (bw * kPlannedHbmShare));
@@ -216,8 +215,8 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
 
 size_t hash_value(const GemmKey& k) {
     const GemmTiling& t = k.tiling;
-    return hash_fields(t.R, t.C, t.Kp, t.Np, t.block_rows, t.mxus, t.precision, t.tiled,
-                       t.a_stream, k.compact_cols);
+    return hash_fields(t.R, t.C, t.Kp, t.Np, t.block_rows, t.mxus, t.precision, t.tiled, t.a_stream,
+                       k.compact_cols);
 }
 
 namespace {
@@ -498,10 +497,9 @@ private:
         for (int m = 0; m < nm; ++m) {
             for (size_t i = 0; i < pass_list.size(); ++i) {
                 const auto [pa, pw] = pass_list[i];
-                E(MxuLw, {imm(m), imm(int64_t(w_home(m, slot, pw))), imm(R), imm(C),
-                          m_lw[m].flag});
-                const isa::Arg a_src = stream ? imm(int64_t(a_home(slot, pa)))
-                                              : a_at + int64_t(a_home(slot, pa));
+                E(MxuLw, {imm(m), imm(int64_t(w_home(m, slot, pw))), imm(R), imm(C), m_lw[m].flag});
+                const isa::Arg a_src =
+                    stream ? imm(int64_t(a_home(slot, pa))) : a_at + int64_t(a_home(slot, pa));
                 const isa::Arg dst = c_at + int64_t(c_home(m, 0));
                 const isa::Arg mode = i == 0 ? isa::Arg(acc) : imm(1);
                 if (i + 1 == pass_list.size())

@@ -99,7 +99,7 @@ struct Map {
     uint64_t col_stride;             ///< from one Column side's area to the next
     /// The areas taken, in address order: the field, its name, its bytes.
     struct Area {
-        uint64_t Map::* field;
+        uint64_t Map::*field;
         const char* name;
         uint64_t bytes;
     };
@@ -110,7 +110,7 @@ Map vmem_map(const DotKey& k) {
     const uint64_t T = k.block_rows, KT = ceil_div(p.K, k.R), P = parts_of(k.precision);
     const uint64_t a32 = T * k.R * 4, w32 = uint64_t(k.R) * k.C * 4;
     Map m{};
-    auto take = [&](uint64_t Map::* field, const char* name, uint64_t bytes) {
+    auto take = [&](uint64_t Map::*field, const char* name, uint64_t bytes) {
         bytes = (bytes + 511) / 512 * 512;
         m.*field = m.end;
         m.areas.push_back({field, name, bytes});
@@ -286,8 +286,8 @@ private:
                 // may hand the argument's register back for the kernel's row counter (s4).
                 addrs.push_back(m_b.reg(fmt::format("column{}.addr", i), i == 0 ? 5 : 0));
                 E(Opcode::Add, {addrs.back(), s.place.value, imm(0)});
-                once.issue(Opcode::DmaHv, {dst, addrs.back(), imm(1), imm(bytes), imm(bytes),
-                                           imm(bytes)});
+                once.issue(Opcode::DmaHv,
+                           {dst, addrs.back(), imm(1), imm(bytes), imm(bytes), imm(bytes)});
             } else {
                 once.issue(Opcode::DmaVv,
                            {dst, s.place.value, imm(1), imm(bytes), imm(bytes), imm(bytes)});
@@ -379,8 +379,8 @@ private:
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(K * 4))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
-                E(op, {imm(int64_t(at)), m_t14 + int64_t(j * R * 4), m_rows, imm(k * 4),
-                       imm(k * 4), imm(int64_t(K * 4)), t.flag});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(j * R * 4), m_rows, imm(k * 4), imm(k * 4),
+                       imm(int64_t(K * 4)), t.flag});
                 ++count;
             } else {
                 // The GEMM's A panels: panel j's block rows, each part P straight into place.
@@ -422,10 +422,10 @@ private:
                         break;
                     case DotLayout::Gemm:
                         for (int q = 0; q < m_P; ++q) {
-                            E(op, {imm(int64_t(wbf(slot, m, q))),
-                                   m_wb + int64_t(q * uint64_t(m_KT) * R * np * 2 +
-                                                  tile * R * C * 2),
-                                   imm(k), imm(n * 2), imm(n * 2), imm(C * 2), t.flag});
+                            E(op,
+                              {imm(int64_t(wbf(slot, m, q))),
+                               m_wb + int64_t(q * uint64_t(m_KT) * R * np * 2 + tile * R * C * 2),
+                               imm(k), imm(n * 2), imm(n * 2), imm(C * 2), t.flag});
                             ++count;
                         }
                         break;
@@ -544,8 +544,8 @@ private:
                     E(Opcode::Mul, {count, m_prows, imm(n)});
                     values = count;
                 }
-                counted(Opcode::VF2Bf, {imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2)), tile,
-                                        values});
+                counted(Opcode::VF2Bf,
+                        {imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2)), tile, values});
             }
         }
         if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
@@ -566,9 +566,9 @@ private:
                 E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
                        m_stores.flag});
             else
-                E(op, {dst, src, m_prows, imm(int64_t(n * e)),
-                       imm(int64_t(panels_out ? C * e : cn * e)), imm(int64_t(n * e)),
-                       m_stores.flag});
+                E(op,
+                  {dst, src, m_prows, imm(int64_t(n * e)),
+                   imm(int64_t(panels_out ? C * e : cn * e)), imm(int64_t(n * e)), m_stores.flag});
             E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
         }
     }
@@ -651,8 +651,8 @@ private:
                 for (size_t i = 0; i < m_passes.size(); ++i) {
                     const auto [pa, pw] = m_passes[i];
                     const bool fresh = j == 0 && i == 0, end = i + 1 == m_passes.size();
-                    E(Opcode::MxuLw, {imm(m), imm(int64_t(wbf(slot, m, pw))), imm(k),
-                                      imm(nn(last, m))});
+                    E(Opcode::MxuLw,
+                      {imm(m), imm(int64_t(wbf(slot, m, pw))), imm(k), imm(nn(last, m))});
                     const isa::Arg dst = m_par + int64_t(m_a.c + m * m_m.cpanel);
                     if (end)
                         E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
@@ -817,7 +817,8 @@ void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
             key.store_bf16 ? "a" : "no"));
     auto check = [&](const Operand& o, const std::string& what) {
         if (o.kind == Operand::Kind::Scalar)
-            throw b.error(fmt::format("dot: {} is a scalar; a tensor in HBM or VMEM expected", what));
+            throw b.error(
+                fmt::format("dot: {} is a scalar; a tensor in HBM or VMEM expected", what));
     };
     check(ops.a, "A");
     check(ops.w, "W");
@@ -840,9 +841,8 @@ isa::Program generate(const DotKey& key) {
     return b.finish();
 }
 
-std::optional<MatmulKey> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K,
-                                     uint32_t N, bool ta, bool tb, Precision precision,
-                                     bool bias) {
+std::optional<MatmulKey> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K, uint32_t N,
+                                     bool ta, bool tb, Precision precision, bool bias) {
     MatmulKey t{.M = M,
                 .K = K,
                 .N = N,

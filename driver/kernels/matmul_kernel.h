@@ -120,9 +120,8 @@ struct MatmulKey {
 
 /// The fused kernel's tiling: the longest even blocks of rows (at most 4096, as plan_gemm) whose
 /// VMEM areas fit; nullopt when even 8 rows do not fit. `bias`: the kernel adds a bias row.
-std::optional<MatmulKey> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K,
-                                     uint32_t N, bool ta, bool tb, Precision precision,
-                                     bool bias = false);
+std::optional<MatmulKey> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K, uint32_t N,
+                                     bool ta, bool tb, Precision precision, bool bias = false);
 /// The kernel, its K loop unrolled (each step's slot, flags and K tile fixed) in up to three
 /// column-group variants: about 40 instructions per K step and variant, so K beyond about 6 000
 /// outgrows core.imem_bytes. Launch arguments: a, b, c (HBM, fp32 row-major, compact), and with
