@@ -435,6 +435,35 @@ TEST(DotKernel, UnsupportedKeysAreNamed) {
                  isa::BuildError);
 }
 
+TEST(DotKernel, PlannerCountsTheDotsOwnTraffic) {
+    const auto cfg = hw::BoardConfig::load("", {});
+    // No extra traffic is the library GEMM's estimate, so plan_gemm's choices stay.
+    const GemmTiling t = plan_gemm(cfg, 512, 768, 768, Precision::Bf16);
+    const double base = gemm_estimate_cycles(cfg, t, 512);
+    EXPECT_EQ(gemm_estimate_cycles(cfg, t, 512, GemmTraffic{}), base);
+    // 512 x 768 x 768 bf16 is HBM-bound (README "matmul"): a residual's 1.5 MiB costs cycles,
+    // fp32 operands (4 bytes a value, not 2) cost more, a bf16 C saves some.
+    EXPECT_GT(gemm_estimate_cycles(cfg, t, 512, {.full_sides = 1}), base);
+    EXPECT_GT(gemm_estimate_cycles(cfg, t, 512, {.a_fp32 = true, .w_fp32 = true}), base);
+    EXPECT_LT(gemm_estimate_cycles(cfg, t, 512, {.c_bf16 = true}), base);
+    // plan_dot keeps to the VMEM it is given (a composing caller's Builder::vmem_free()).
+    const DotKey shape{.M = 2000, .K = 512, .N = 512, .full_sides = 1};
+    const auto roomy = plan_dot(cfg, shape, cfg.core.vmem_bytes);
+    const auto tight = plan_dot(cfg, shape, 1u << 20);
+    ASSERT_TRUE(roomy && tight);
+    EXPECT_LE(dot_vmem_bytes(*roomy), cfg.core.vmem_bytes);
+    EXPECT_LE(dot_vmem_bytes(*tight), 1u << 20);
+    EXPECT_LT(tight->block_rows, roomy->block_rows);
+    EXPECT_FALSE(plan_dot(cfg, shape, 4096));
+    // A key the kernel cannot run is a usage error naming why.
+    EXPECT_THROW(
+        plan_dot(
+            cfg,
+            DotKey{.M = 8, .K = 8, .N = 8, .a = DotLayout::Gemm, .stationary = Stationary::Lhs},
+            cfg.core.vmem_bytes),
+        DeviceError);
+}
+
 TEST(DotKernel, ComposesWithSoftmaxInOneProgram) {
     // A dot with a bias epilogue, then softmax over its rows, in one program: the softmax reads
     // C after emit_dot has waited for its stores (race detector on).
