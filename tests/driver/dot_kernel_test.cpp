@@ -515,3 +515,65 @@ TEST(DotKernel, ComposesWithSoftmaxInOneProgram) {
 
 }  // namespace
 }  // namespace tpu::driver
+
+namespace tpu::driver {
+namespace {
+
+TEST(DotKernel, LeavesItsResultInVmemForTheNextKernel) {
+    // C in a VMEM region of the caller (Operand::vmem: stored with dma.vv), which softmax then
+    // reads from there: C never crosses HBM. A residual from VMEM too.
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    const uint32_t M = 40, K = 300, N = 140;
+    const Precision p = Precision::Bf16;
+    const auto a = random_values(size_t(M) * K, 601, -1.0f, 1.0f);
+    const auto w = random_values(size_t(K) * N, 602, -1.0f, 1.0f);
+    const auto r = random_values(size_t(M) * N, 603, -1.0f, 1.0f);
+    auto dev = Device::open(cfg);
+    auto put = [&](const std::vector<float>& v) {
+        Buffer buf = dev->alloc(v.size() * 4, 0);
+        dev->write(buf, v.data(), v.size() * 4);
+        return buf;
+    };
+    const Buffer ba = put(a), bw = put(w), br = put(r);
+    const Buffer by = dev->alloc(size_t(M) * N * 4, 0);
+
+    isa::Builder b("dot_vmem_softmax", {.vmem_bytes = cfg.core.vmem_bytes});
+    const isa::Reg ra = b.arg("a"), rw = b.arg("w"), rr = b.arg("res"), ry = b.arg("y");
+    const isa::Vmem c = b.vmem("c", uint64_t(M) * N * 4, 512);
+    const isa::Vmem res = b.vmem("res", uint64_t(M) * N * 4, 512);
+    {
+        isa::CountedFlag in(b, "res_in", isa::Count::AtBuild);
+        in.issue(Opcode::DmaHv,
+                 {res.at(0), rr, imm(1), imm(M * N * 4), imm(M * N * 4), imm(M * N * 4)});
+        in.wait_all();
+    }
+    {
+        const auto k = plan_dot(
+            cfg, DotKey{.M = M, .K = K, .N = N, .precision = p, .full_sides = 1}, b.vmem_free());
+        ASSERT_TRUE(k);
+        Epilogue ep;
+        ep.sides.push_back({EpilogueSide::Kind::Full, streaming::Operand::vmem(res)});
+        ep.body = body_of(Fusion{.residual = true});
+        emit_dot(
+            b, *k,
+            {streaming::Operand::hbm(ra), streaming::Operand::hbm(rw), streaming::Operand::vmem(c)},
+            ep);
+    }
+    const SoftmaxKey sk = plan_softmax(M, N, false, false, b.vmem_free());
+    const std::vector<streaming::Operand> ops = {streaming::Operand::vmem(c),
+                                                 streaming::Operand::hbm(ry)};
+    emit(b, sk, ops);
+    b.emit(Opcode::Halt, {});
+    const isa::Program prog = b.finish();
+    launch(*dev, {0}, prog, [&](size_t, LaunchArgs& args) {
+        args.set("a", ba).set("w", bw).set("res", br).set("y", by);
+    });
+    std::vector<float> got(size_t(M) * N);
+    dev->read(by, got.data(), got.size() * 4);
+    const auto y =
+        add_reference(matmul_reference(a, M, K, false, w, K, N, false, p, cfg.core.mxu_rows), r);
+    EXPECT_EQ(bits_of(got), bits_of(softmax_reference(y, M, N)));
+}
+
+}  // namespace
+}  // namespace tpu::driver
