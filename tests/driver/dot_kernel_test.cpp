@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The composable dot emitter (emit_dot): every operand layout, both stationary sides and the
 // epilogues of output fusions, bit-exact against the host references with the race detector on;
-// and a dot composed with softmax in one program.
+// a dot composed with softmax in one program (through HBM and through VMEM); two library GEMMs
+// (emit_gemm) in one program.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/gemm.h"
 #include "driver/kernels/kernel.h"
 #include "driver/kernels/matmul_kernel.h"
 #include "driver/kernels/softmax.h"
@@ -573,6 +575,85 @@ TEST(DotKernel, LeavesItsResultInVmemForTheNextKernel) {
     const auto y =
         add_reference(matmul_reference(a, M, K, false, w, K, N, false, p, cfg.core.mxu_rows), r);
     EXPECT_EQ(bits_of(got), bits_of(softmax_reference(y, M, N)));
+}
+
+}  // namespace
+}  // namespace tpu::driver
+
+namespace tpu::driver {
+namespace {
+
+/// `x` (rows x cols) as the library GEMM's row-major bf16 parts: rows x cols_p each, zero-padded
+/// to `rows_p` x `cols_p`, the parts one after the other.
+std::vector<uint16_t> gemm_rows(const std::vector<float>& x, uint32_t rows, uint32_t cols,
+                                uint32_t rows_p, uint32_t cols_p, int P) {
+    std::vector<uint16_t> v(size_t(P) * rows_p * cols_p, 0);
+    for (uint32_t r = 0; r < rows; ++r)
+        for (uint32_t c = 0; c < cols; ++c) {
+            const auto s = hw::split3(x[size_t(r) * cols + c]);
+            for (int q = 0; q < P; ++q) v[(size_t(q) * rows_p + r) * cols_p + c] = s[q];
+        }
+    return v;
+}
+
+TEST(GemmEmit, TwoGemmsInOneProgramAreBitExact) {
+    // The second emit_gemm is not the program's first code: it zeroes its counters itself and
+    // its flags are reset as the builder hands them out again (race detector on).
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    auto dev = Device::open(cfg);
+    struct One {
+        uint32_t M, K, N;
+        Precision p;
+        bool a_stream;
+        std::vector<float> a, w;
+        Buffer ba, bw, bc;
+        GemmKey key;
+    };
+    std::vector<One> gemms = {{37, 300, 129, Precision::Fp32Pass3, false, {}, {}, {}, {}, {}, {}},
+                              {70, 200, 300, Precision::Bf16, true, {}, {}, {}, {}, {}, {}}};
+    uint32_t seed = 700;
+    for (One& g : gemms) {
+        g.a = random_values(size_t(g.M) * g.K, seed++, -1.0f, 1.0f);
+        g.w = random_values(size_t(g.K) * g.N, seed++, -1.0f, 1.0f);
+        GemmTiling t = plan_gemm(cfg, g.M, g.K, g.N, g.p);
+        t.a_stream = g.a_stream;
+        g.key = GemmKey{t, g.N};
+        const int P = parts_of(g.p);
+        const auto a16 = gemm_rows(g.a, g.M, g.K, g.M, t.Kp, P);
+        const auto w16 = gemm_rows(g.w, g.K, g.N, t.Kp, t.Np, P);
+        g.ba = dev->alloc(a16.size() * 2, 0);
+        g.bw = dev->alloc(w16.size() * 2, 0);
+        g.bc = dev->alloc(size_t(g.M) * g.N * 4, 0);
+        dev->write(g.ba, a16.data(), a16.size() * 2);
+        dev->write(g.bw, w16.data(), w16.size() * 2);
+    }
+    isa::Builder b("two_gemms", {.vmem_bytes = cfg.core.vmem_bytes});
+    std::vector<isa::Reg> regs;
+    for (size_t i = 0; i < gemms.size(); ++i)
+        for (const char* n : {"a", "w", "c"}) regs.push_back(b.arg(fmt::format("{}{}", n, i)));
+    for (size_t i = 0; i < gemms.size(); ++i) {
+        const One& g = gemms[i];
+        using streaming::Operand;
+        emit_gemm(b, g.key,
+                  {Operand::hbm(regs[3 * i]), Operand::hbm(regs[3 * i + 1]),
+                   Operand::hbm(regs[3 * i + 2]), Operand::scalar(imm(g.M)),
+                   Operand::scalar(imm(int64_t(g.M) * g.key.tiling.Kp * 2))});
+    }
+    b.emit(Opcode::Halt, {});
+    const isa::Program prog = b.finish();
+    launch(*dev, {0}, prog, [&](size_t, LaunchArgs& args) {
+        for (size_t i = 0; i < gemms.size(); ++i)
+            args.set(fmt::format("a{}", i), gemms[i].ba)
+                .set(fmt::format("w{}", i), gemms[i].bw)
+                .set(fmt::format("c{}", i), gemms[i].bc);
+    });
+    for (const One& g : gemms) {
+        std::vector<float> got(size_t(g.M) * g.N);
+        dev->read(g.bc, got.data(), got.size() * 4);
+        EXPECT_EQ(bits_of(got),
+                  bits_of(gemm_reference(g.a, g.w, g.M, g.K, g.N, g.p, cfg.core.mxu_rows)))
+            << g.M << "x" << g.K << "x" << g.N;
+    }
 }
 
 }  // namespace
