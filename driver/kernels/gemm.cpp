@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "driver/kernels/gemm.h"
 
-#include "driver/kernels/launch_group.h"
-
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -10,12 +8,13 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/kernel.h"
+#include "driver/kernels/launch_group.h"
 #include "hw/board.h"
 #include "hw/core/core_model.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/numerics.h"
 #include "hw/mem/hbm_timing.h"
-#include "isa/assembler.h"
 #include "sim/metrics.h"
 
 namespace tpu::driver {
@@ -103,13 +102,25 @@ Precision parse_precision(std::string_view name) {
 
 namespace {
 
+/// HBM bytes per value of A, W and C (bf16 parts of the GEMM, or a fused kernel's fp32 / bf16).
+struct ValueBytes {
+    uint64_t a, w, c;
+};
+ValueBytes value_bytes(const GemmTiling& t, const GemmTraffic& x) {
+    const uint64_t P = parts(t.precision);
+    return {x.a_fp32 ? 4 : 2 * P, x.w_fp32 ? 4 : 2 * P, x.c_bf16 ? 2u : 4u};
+}
+
 /// HBM bytes of one core's kernel on `rows` rows: A once (once per column group when
-/// streamed), W once per row block, C once.
-uint64_t traffic_bytes(const GemmTiling& t, uint32_t rows) {
-    const uint64_t P = parts(t.precision), blocks = (rows + t.block_rows - 1) / t.block_rows;
+/// streamed), W once per row block, C once, and `x`'s side inputs (fp32 operands are counted
+/// at their padded width Kp, Np: at most R - 1 columns more than they hold).
+uint64_t traffic_bytes(const GemmTiling& t, uint32_t rows, const GemmTraffic& x = {}) {
+    const ValueBytes v = value_bytes(t, x);
+    const uint64_t blocks = (rows + t.block_rows - 1) / t.block_rows;
     const uint64_t groups = (t.Np / t.C + t.mxus - 1) / t.mxus;
-    return (t.a_stream ? groups : 1) * P * rows * t.Kp * 2 + blocks * P * t.Kp * t.Np * 2 +
-           uint64_t(rows) * t.Np * 4;
+    return (t.a_stream ? groups : 1) * v.a * rows * t.Kp + blocks * v.w * t.Kp * t.Np +
+           uint64_t(rows) * t.Np * v.c + uint64_t(x.full_sides) * rows * t.Np * 4 +
+           uint64_t(x.column_sides) * t.Np * 4;
 }
 
 /// The share of HBM peak the planner counts on while the MXUs work. One sequential stream gets
@@ -120,9 +131,11 @@ uint64_t traffic_bytes(const GemmTiling& t, uint32_t rows) {
 constexpr double kPlannedHbmShare = 0.75;
 
 /// gemm_estimate_cycles at `bw` HBM bytes per cycle; `drains` = CoreConfig::mxu_swap_drains.
-double estimate_cycles(const GemmTiling& t, uint32_t rows, double bw, bool drains) {
+double estimate_cycles(const GemmTiling& t, uint32_t rows, double bw, bool drains,
+                       const GemmTraffic& x = {}) {
     const uint64_t R = t.R, C = t.C, KT = t.Kp / t.R, NT = t.Np / t.C, T = t.block_rows;
-    const uint64_t P = parts(t.precision), npass = passes(t.precision).size();
+    const uint64_t npass = passes(t.precision).size();
+    const ValueBytes v = value_bytes(t, x);
     const uint64_t groups = (NT + t.mxus - 1) / t.mxus, blocks = (rows + T - 1) / T;
     const uint64_t last_rows = rows - (blocks - 1) * T;
     const uint64_t last_panels = NT % t.mxus ? NT % t.mxus : t.mxus;
@@ -132,15 +145,17 @@ double estimate_cycles(const GemmTiling& t, uint32_t rows, double bw, bool drain
     auto step = [&](uint64_t r) { return drains ? r + R + C - 2 : std::max(r, R); };
     const uint64_t compute = ((blocks - 1) * step(T) + step(last_rows)) * KT * groups * npass;
     // A first panel that waits for the previous matmuls to free its place: in every later group
-    // when A streams and KT is odd, in every later block when A is kept (see gemm_program).
+    // when A streams and KT is odd, in every later block when A is kept (see GemmGen).
     const uint64_t waits = t.a_stream ? (KT % 2 ? blocks * groups - 1 : 0) : blocks - 1;
-    const uint64_t regroup = waits * P * std::min<uint64_t>(rows, T) * R * 2;
-    const uint64_t exposed = P * std::min<uint64_t>(rows, T) * R * 2 +
-                             P * std::min<uint64_t>(NT, t.mxus) * R * C * 2 +
-                             last_rows * last_panels * C * 4 + regroup;
+    const uint64_t regroup = waits * v.a * std::min<uint64_t>(rows, T) * R;
+    // Exposed: what moves before the first matmul (an A panel, the first weight tiles) and
+    // after the last one (the last group's C and the side tiles its epilogue reads).
+    const uint64_t exposed =
+        v.a * std::min<uint64_t>(rows, T) * R + v.w * std::min<uint64_t>(NT, t.mxus) * R * C +
+        last_rows * last_panels * C * (v.c + 4 * uint64_t(x.full_sides)) + regroup;
     return double(exposed) / bw +
            std::max(double(compute),
-                    double(traffic_bytes(t, rows) - exposed) / (bw * kPlannedHbmShare));
+                    double(traffic_bytes(t, rows, x) - exposed) / (bw * kPlannedHbmShare));
 }
 
 double hbm_peak(const hw::BoardConfig& cfg) {
@@ -154,6 +169,11 @@ constexpr uint32_t kMaxBlockRows = 4096;
 
 double gemm_estimate_cycles(const hw::BoardConfig& cfg, const GemmTiling& t, uint32_t rows) {
     return estimate_cycles(t, rows, hbm_peak(cfg), cfg.core.mxu_swap_drains);
+}
+
+double gemm_estimate_cycles(const hw::BoardConfig& cfg, const GemmTiling& t, uint32_t rows,
+                            const GemmTraffic& extra) {
+    return estimate_cycles(t, rows, hbm_peak(cfg), cfg.core.mxu_swap_drains, extra);
 }
 
 GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, uint32_t N,
@@ -193,397 +213,516 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
     return best;
 }
 
-std::string gemm_key(const GemmTiling& t) {
-    return fmt::format("gemm R{} C{} Kp{} Np{} T{} mxus{} {}{}{}", t.R, t.C, t.Kp, t.Np,
-                       t.block_rows, t.mxus, precision_name(t.precision), t.tiled ? " tiled" : "",
-                       t.a_stream ? " a-stream" : "");
+size_t hash_value(const GemmKey& k) {
+    const GemmTiling& t = k.tiling;
+    return hash_fields(t.R, t.C, t.Kp, t.Np, t.block_rows, t.mxus, t.precision, t.tiled, t.a_stream,
+                       k.compact_cols);
 }
 
 namespace {
 
-/// The kernel; `n_out` = 0 writes C padded (rows x Np), otherwise compact (rows x n_out).
-isa::Program gemm_program_impl(const GemmTiling& t, uint32_t n_out) {
-    const uint32_t R = t.R, C = t.C, KT = t.Kp / R, NT = t.Np / C, Tm = t.block_rows;
-    const int PA = parts(t.precision);
-    const auto pass_list = passes(t.precision);
-    const VmemMap vm = vmem_map(t);
-    const uint64_t panel = uint64_t(Tm) * R * 2, wtile = uint64_t(R) * C * 2;
-    const uint64_t cslot = uint64_t(Tm) * C * 4, wpart_stride = uint64_t(t.Kp) * t.Np * 2;
-    const uint32_t full = NT / t.mxus, tail = NT % t.mxus;
-    const uint64_t c_stride = uint64_t(n_out ? n_out : t.Np) * 4;
-    const uint32_t last_bytes = n_out ? (n_out - (NT - 1) * C) * 4 : C * 4;
-    std::string s;
-    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
-        s += fmt::format(f, std::forward<A>(a)...);
-        s += '\n';
-    };
+using isa::imm;
+using isa::Opcode;
 
-    L("# library GEMM: {} passes, R={} C={} Kp={} Np={} T={} mxus={}", pass_list.size(), R, C, t.Kp,
-      t.Np, Tm, t.mxus);
-    L("# s1 A, s2 W, s3 C (HBM), s4 rows, s5 A part stride; s6 block row, s7 block rows");
-    L("# flags: f1/f8 W and A panels in (slot 0/1), f2/f3 lw done, f4/f5 mm done, f6/f7 C out "
-      "(slot");
-    L("# 0/1)");
-    L("# counters: s22/s23 lw, s24/s25 mm, s27/s30 W+A into slot 0/1, s26/s28 C out of slot");
-    L("# 0/1, s29 group (C slot parity)");
-    // Tiled layout: C stores are deferred (see flush below); scalar-memory words of the
-    // pending ones.
-    const bool defer = t.tiled;
-    constexpr int kPend = 0, kDst = 4, kRows = 8, kPar = 12, kDone = 16;
-    // s31: bytes of one column panel of A in the tile-major layout (rows x R bf16).
-    if (t.tiled) L("        mul s31, s4, {}", R * 2);
-    // Scalar memory keeps its words across launches: no C store is pending yet.
-    if (defer) L("        sw s0, [{}]", kPend);
-    L("        li s6, 0");
-    L("block:  sub s7, s4, s6");
-    L("        li s10, {}", Tm);
-    L("        bltu s7, s10, rows_ok");
-    L("        li s7, {}", Tm);
-    // A block: its panels stream in with the first group's weight tiles (a_panel below), so
-    // the first matmul waits for one panel, not the whole block. s20 = the block's first row
-    // within a panel, s13 = bytes of the block's rows of one panel (tiled).
-    if (t.tiled) {
-        L("rows_ok: mul s20, s6, {}", R * 2);
-        L("        mul s13, s7, {}", R * 2);
-    } else {
-        L("rows_ok: mul s20, s6, {}", t.Kp * 2);
+/// A flag and the register that counts the instructions issued on it, several at a time (the
+/// kernel adds a step's count after its instructions, then waits for the register).
+struct Tally {
+    isa::Flag flag;
+    isa::Reg count;
+};
+
+/// VMEM areas are placed at the next multiple of this (every area of the kernel is a multiple of
+/// it for any MXU of at least 4 x 4, so they lie back to back as in the original map).
+constexpr uint64_t kGemmAlign = 32;
+
+/// The kernel for `key` (see emit_gemm). Registers and flags keep the numbering of the text
+/// kernel it replaced as hints: s6 row, s7 block rows, s8 group, s9 K step, s10/s11/s14/s15
+/// scratch, s12 C parity, s13 block bytes of an A panel (tiled), s16-s19 per step, s20 the
+/// block's offset in an A panel, s21 C panel bytes, s22/s23 weight loads and s24/s25 matmuls
+/// per MXU (f2/f3, f4/f5), s27/s30 transfers into step slot 0/1 (f1/f8), s26/s28 C stores out
+/// of C slot 0/1 (f6/f7), s29 groups done, s31 bytes of an A panel (tiled).
+class GemmGen {
+    using enum isa::Opcode;
+
+public:
+    GemmGen(isa::Builder& b, const GemmKey& key, const GemmOperands& ops)
+        : m_b(b), m_t(key.tiling), m_nout(key.compact_cols), m_ops(ops) {}
+
+    void emit() {
+        const GemmTiling& t = m_t;
+        // At the program's first instruction every register the pool hands out is 0.
+        const bool fresh = m_b.pc() == 0;
+        const auto scope = m_b.scope("gemm");
+        R = t.R;
+        C = t.C;
+        KT = t.Kp / R;
+        NT = t.Np / C;
+        Tm = t.block_rows;
+        PA = parts(t.precision);
+        pass_list = passes(t.precision);
+        panel = uint64_t(Tm) * R * 2;
+        wtile = uint64_t(R) * C * 2;
+        cslot = uint64_t(Tm) * C * 4;
+        wpart_stride = uint64_t(t.Kp) * t.Np * 2;
+        full = NT / t.mxus;
+        tail = NT % t.mxus;
+        c_stride = uint64_t(m_nout ? m_nout : t.Np) * 4;
+        last_bytes = m_nout ? (m_nout - (NT - 1) * C) * 4 : C * 4;
+        stream = t.a_stream;
+        defer = t.tiled;
+        // Tiled layout: C stores are deferred (see flush); the pending ones in scalar memory.
+        if (defer) m_pend = m_b.smem("pending_c", 5);
+        // VMEM: A's panels (the block's, or two slots when streamed), two slots of weight tiles
+        // per MXU, two C slots per MXU (vmem_map, which the planner checks against VMEM).
+        const VmemMap vm = vmem_map(t);
+        m_va = m_b.vmem("a", vm.w - vm.a, kGemmAlign);
+        m_vw = m_b.vmem("w", vm.c - vm.w, kGemmAlign);
+        m_vc = m_b.vmem("c", vm.end - vm.c, kGemmAlign);
+
+        m_row = m_b.reg("row", 6);
+        m_rows = m_b.reg("block_rows", 7);
+        m_group = m_b.reg("group", 8);
+        m_k = m_b.reg("k", 9);
+        m_t0 = m_b.reg("tmp0", 10);
+        m_t1 = m_b.reg("tmp1", 11);
+        m_par = m_b.reg("c_parity", 12);
+        if (t.tiled) m_a_rows_bytes = m_b.reg("a_rows_bytes", 13);
+        m_t2 = m_b.reg("tmp2", 14);
+        m_t3 = m_b.reg("tmp3", 15);
+        m_a_row = m_b.reg("a_row", 20);
+        for (uint32_t m = 0; m < t.mxus; ++m) {
+            m_lw[m] = {m_b.flag(fmt::format("lw{}", m), 2 + int(m)),
+                       m_b.reg(fmt::format("lw{}.count", m), 22 + int(m))};
+            m_mm[m] = {m_b.flag(fmt::format("mm{}", m), 4 + int(m)),
+                       m_b.reg(fmt::format("mm{}.count", m), 24 + int(m))};
+        }
+        // Per-slot flags and counts: a banked HBM can finish a DMA before one issued earlier,
+        // so a count over both slots of one flag would not prove that the slot about to be read
+        // is full. Waiting for every transfer issued into one slot is exact: the next one into
+        // it is issued only after the wait.
+        m_cout[0] = {m_b.flag("c_out0", 6), m_b.reg("c_out0.count", 26)};
+        m_loads[0] = {m_b.flag("loads0", 1), m_b.reg("loads0.count", 27)};
+        m_cout[1] = {m_b.flag("c_out1", 7), m_b.reg("c_out1.count", 28)};
+        m_groups = m_b.reg("groups", 29);
+        m_loads[1] = {m_b.flag("loads1", 8), m_b.reg("loads1.count", 30)};
+        if (t.tiled) m_a_panel_bytes = m_b.reg("a_panel_bytes", 31);
+        if (!fresh) {
+            for (uint32_t m = 0; m < t.mxus; ++m)
+                for (const isa::Reg* r : {&m_lw[m].count, &m_mm[m].count}) E(Li, {*r, imm(0)});
+            for (const isa::Reg* r : {&m_cout[0].count, &m_cout[1].count, &m_loads[0].count,
+                                      &m_loads[1].count, &m_groups})
+                E(Li, {*r, imm(0)});
+        }
+
+        // Bytes of one column panel of A in the tile-major layout (rows x R bf16).
+        if (t.tiled) E(Mul, {m_a_panel_bytes, rows(), imm(R * 2)});
+        // Scalar memory keeps its words across launches: no C store is pending yet.
+        if (defer) E(Sw, {imm(0), m_pend.word(kPend)});
+        E(Li, {m_row, imm(0)});
+        const isa::Label block = m_b.label("block"), rows_ok = m_b.label("rows_ok");
+        m_b.bind(block);
+        E(Sub, {m_rows, rows(), m_row});
+        E(Li, {m_t0, imm(Tm)});
+        E(Bltu, {m_rows, m_t0, rows_ok});
+        E(Li, {m_rows, imm(Tm)});
+        m_b.bind(rows_ok);
+        // A block: its panels stream in with the first group's weight tiles (a_panel below), so
+        // the first matmul waits for one panel, not the whole block. a_row = the block's first
+        // row within a panel, a_rows_bytes = bytes of the block's rows of one panel (tiled).
+        if (t.tiled) {
+            E(Mul, {m_a_row, m_row, imm(R * 2)});
+            E(Mul, {m_a_rows_bytes, m_rows, imm(R * 2)});
+        } else {
+            E(Mul, {m_a_row, m_row, imm(int64_t(t.Kp) * 2)});
+        }
+        if (full) {
+            E(Li, {m_group, imm(0)});
+            const isa::Label pair = m_b.label("pair");
+            m_b.bind(pair);
+            group(int(t.mxus), "full");
+            E(Add, {m_group, m_group, imm(1)});
+            E(Bne, {m_group, imm(full), pair});
+        }
+        if (tail) {
+            // A last single panel: n = group * 1 with group = full * mxus.
+            E(Li, {m_group, imm(int64_t(full) * t.mxus)});
+            group(1, "tail");
+        }
+        E(Add, {m_row, m_row, m_rows});
+        E(Bltu, {m_row, rows(), block});
+        if (defer) flush("end", true);
+        E(Wait, {m_cout[0].flag, m_cout[0].count});
+        E(Wait, {m_cout[1].flag, m_cout[1].count});
     }
 
-    // Per-slot flags and counts: a banked HBM can finish a DMA before one issued earlier, so a
-    // count over both slots of one flag would not prove that the slot about to be read is full.
-    // Waiting for every transfer issued into one slot is exact: the next one into it is issued
-    // only after the wait.
-    const int wflag[2] = {1, 8}, cflag[2] = {6, 7};
-    const char* wcount[2] = {"s27", "s30"};
+private:
+    static constexpr int kPend = 0, kDst = 1, kRows = 2, kPar = 3, kDone = 4;  // words
 
-    // VMEM home of W part q for MXU m in `slot`.
-    auto w_home = [&](int m, int slot, int q) {
-        return vm.w + (uint64_t(m) * 2 * PA + uint64_t(slot) * PA + q) * wtile;
-    };
+    void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
+    isa::Arg rows() const { return m_ops.rows.value; }
+    isa::Label label(const std::string& name) { return m_b.label(name); }
 
-    // W tile (k = reg) of panel n for MXU m into `slot`: rows k*R.., columns n*C...
-    auto w_dma = [&](const char* kreg, int m, int nm, int slot) {
-        if (t.tiled) {
+    /// VMEM home of W part q for MXU m in `slot`.
+    uint64_t w_home(uint32_t m, int slot, int q) const {
+        return m_vw.addr() + ((uint64_t(m) * 2 + slot) * PA + q) * wtile;
+    }
+    /// VMEM home of A part `pa`: the step's slot when streamed, else panel 0 of the block's.
+    uint64_t a_home(int slot, int pa) const {
+        return stream ? m_va.addr() + (uint64_t(pa) * 2 + slot) * panel
+                      : m_va.addr() + uint64_t(pa) * KT * panel;
+    }
+    /// C slot `slot` of MXU m.
+    uint64_t c_home(uint32_t m, int slot) const {
+        return m_vc.addr() + (uint64_t(m) * 2 + slot) * cslot;
+    }
+
+    /// W tile (k = `kreg`) of panel n for MXU m into `slot`: rows k R.., columns n C...
+    void w_dma(const isa::Reg& kreg, uint32_t m, int nm, int slot) {
+        if (m_t.tiled) {
             // Tile (k, n) is one contiguous run of R x C x 2 bytes.
-            L("        mul s14, {}, {}", kreg, uint64_t(NT) * wtile);
-            L("        mul s15, s8, {}", uint64_t(nm) * wtile);
+            E(Mul, {m_t2, kreg, imm(int64_t(NT) * wtile)});
+            E(Mul, {m_t3, m_group, imm(int64_t(nm) * wtile)});
         } else {
-            L("        mul s14, {}, {}", kreg, uint64_t(R) * t.Np * 2);
-            L("        mul s15, s8, {}", uint64_t(nm) * C * 2);
+            E(Mul, {m_t2, kreg, imm(int64_t(R) * m_t.Np * 2)});
+            E(Mul, {m_t3, m_group, imm(int64_t(nm) * C * 2)});
         }
-        L("        add s14, s14, s15");
-        L("        add s14, s14, s2");
+        E(Add, {m_t2, m_t2, m_t3});
+        E(Add, {m_t2, m_t2, m_ops.w.value});
         for (int q = 0; q < PA; ++q) {
-            if (q) L("        add s14, s14, {}", wpart_stride);
-            const uint64_t dst = w_home(m, slot, q);
-            if (t.tiled)
-                L("        dma.hv [{}], [s14+{}], 1, {}, {}, {}, f{}", dst, uint64_t(m) * wtile,
-                  wtile, wtile, wtile, wflag[slot]);
+            if (q) E(Add, {m_t2, m_t2, imm(int64_t(wpart_stride))});
+            const isa::Arg dst = imm(int64_t(w_home(m, slot, q)));
+            if (m_t.tiled)
+                E(DmaHv, {dst, m_t2 + int64_t(m * wtile), imm(1), imm(int64_t(wtile)),
+                          imm(int64_t(wtile)), imm(int64_t(wtile)), m_loads[slot].flag});
             else
-                L("        dma.hv [{}], [s14+{}], {}, {}, {}, {}, f{}", dst, uint64_t(m) * C * 2, R,
-                  C * 2, C * 2, t.Np * 2, wflag[slot]);
+                E(DmaHv, {dst, m_t2 + int64_t(m) * C * 2, imm(R), imm(C * 2), imm(C * 2),
+                          imm(int64_t(m_t.Np) * 2), m_loads[slot].flag});
         }
-    };
-    auto w_tiles = [&](const char* kreg, int nm, int slot) {
-        for (int m = 0; m < nm; ++m) w_dma(kreg, m, nm, slot);
-        L("        add {}, {}, {}", wcount[slot], wcount[slot], PA * nm);
-    };
+    }
+    void w_tiles(const isa::Reg& kreg, int nm, int slot) {
+        for (int m = 0; m < nm; ++m) w_dma(kreg, uint32_t(m), nm, slot);
+        E(Add, {m_loads[slot].count, m_loads[slot].count, imm(PA * nm)});
+    }
 
-    // A panel k = reg of this block into the A area, counted with the weight tiles of `slot`.
-    // Kept (a_stream off): only the block's first group (s8 = 0) loads the panels, each into its
-    // own place, and the later groups reuse them. Streamed: every group loads panel k into the
-    // step's slot, next to the weight tiles, so VMEM holds two panels instead of the block.
-    const bool stream = t.a_stream;
-    auto a_home = [&](int slot, int pa) {
-        return stream ? vm.a + (uint64_t(pa) * 2 + slot) * panel : vm.a + uint64_t(pa) * KT * panel;
-    };
-    auto a_panel = [&](const char* kreg, int slot, const std::string& label) {
-        if (!stream) L("        bne s8, 0, {}", label);
-        if (t.tiled)
-            L("        mul s10, {}, s31", kreg);
+    /// A panel k = `kreg` of this block into the A area, counted with the weight tiles of
+    /// `slot`. Kept (a_stream off): only the block's first group (group = 0) loads the panels,
+    /// each into its own place, and the later groups reuse them. Streamed: every group loads
+    /// panel k into the step's slot, next to the weight tiles, so VMEM holds two panels instead
+    /// of the block.
+    void a_panel(const isa::Reg& kreg, int slot) {
+        const isa::Label skip = label("a_kept");
+        if (!stream) E(Bne, {m_group, imm(0), skip});
+        if (m_t.tiled)
+            E(Mul, {m_t0, kreg, m_a_panel_bytes});
         else
-            L("        mul s10, {}, {}", kreg, R * 2);
-        L("        add s10, s10, s20");
-        L("        add s10, s10, s1");
+            E(Mul, {m_t0, kreg, imm(R * 2)});
+        E(Add, {m_t0, m_t0, m_a_row});
+        E(Add, {m_t0, m_t0, m_ops.a.value});
         if (stream)
-            L("        li s11, 0");
+            E(Li, {m_t1, imm(0)});
         else
-            L("        mul s11, {}, {}", kreg, panel);
+            E(Mul, {m_t1, kreg, imm(int64_t(panel))});
         for (int p = 0; p < PA; ++p) {
-            if (p) L("        add s10, s10, s5");
-            if (t.tiled)
-                L("        dma.hv [s11+{}], [s10], 1, s13, s13, s13, f{}", a_home(slot, p),
-                  wflag[slot]);
+            if (p) E(Add, {m_t0, m_t0, m_ops.a_part_bytes.value});
+            if (m_t.tiled)
+                E(DmaHv, {m_t1 + int64_t(a_home(slot, p)), m_t0, imm(1), m_a_rows_bytes,
+                          m_a_rows_bytes, m_a_rows_bytes, m_loads[slot].flag});
             else
-                L("        dma.hv [s11+{}], [s10], s7, {}, {}, {}, f{}", a_home(slot, p), R * 2,
-                  R * 2, t.Kp * 2, wflag[slot]);
+                E(DmaHv, {m_t1 + int64_t(a_home(slot, p)), m_t0, m_rows, imm(R * 2), imm(R * 2),
+                          imm(int64_t(m_t.Kp) * 2), m_loads[slot].flag});
         }
-        L("        add {}, {}, {}", wcount[slot], wcount[slot], PA);
-        if (!stream) L("{}:", label);
-    };
-    // Waits until A's place about to be refilled is no longer read: for each MXU m, until its
-    // matmuls counted in s24 + m (every earlier group's) plus `plus` (this group's done so far;
-    // for MXUs in the group) less `back` (the last ones, which read the other slot) are done.
-    auto a_slot_free = [&](int nm, const std::string& plus, int back, const std::string& tag) {
-        for (uint32_t m = 0; m < t.mxus; ++m) {
-            const std::string cnt = fmt::format("s{}", 24 + m);
-            if (int(m) < nm && !plus.empty()) {
-                L("        add s10, {}, {}", cnt, plus);
-                L("        wait f{}, s10", 4 + m);
+        E(Add, {m_loads[slot].count, m_loads[slot].count, imm(PA)});
+        if (!stream) m_b.bind(skip);
+    }
+
+    /// Waits until A's place about to be refilled is no longer read: for each MXU m, until its
+    /// matmuls counted in mm[m] (every earlier group's) plus `plus` (this group's done so far;
+    /// for MXUs in the group) less `back` (the last ones, which read the other slot) are done.
+    void a_slot_free(int nm, const isa::Reg* plus, int back) {
+        for (uint32_t m = 0; m < m_t.mxus; ++m) {
+            const Tally& mm = m_mm[m];
+            if (int(m) < nm && plus) {
+                E(Add, {m_t0, mm.count, *plus});
+                E(Wait, {mm.flag, m_t0});
             } else if (back > 0) {
-                L("        beq {}, 0, af{}_{}", cnt, m, tag);
-                L("        sub s10, {}, {}", cnt, back);
-                L("        wait f{}, s10", 4 + m);
-                L("af{}_{}:", m, tag);
+                const isa::Label none = label("a_free");
+                E(Beq, {mm.count, imm(0), none});
+                E(Sub, {m_t0, mm.count, imm(back)});
+                E(Wait, {mm.flag, m_t0});
+                m_b.bind(none);
             } else {
-                L("        wait f{}, {}", 4 + m, cnt);
+                E(Wait, {mm.flag, mm.count});
             }
         }
-    };
+    }
 
-    // K step s9 (even for slot 0, odd for slot 1) of a group: prefetch step s9 + 1 into the other
-    // slot, wait for this slot's tiles, run the passes. Kept A: the prefetch goes first, so two
-    // steps' transfers are in flight while the MXUs work. Streamed A: the step's matmuls go first,
-    // because the slot the prefetch refills is free only once the previous step's matmuls are done,
-    // and waiting for that before issuing this step would idle the MXUs.
-    const int npass = static_cast<int>(pass_list.size());
-    auto k_step = [&](int nm, const std::string& tag, int slot) {
+    /// K step k (even for slot 0, odd for slot 1) of a group: prefetch step k + 1 into the other
+    /// slot, wait for this slot's tiles, run the passes. Kept A: the prefetch goes first, so two
+    /// steps' transfers are in flight while the MXUs work. Streamed A: the step's matmuls go
+    /// first, because the slot the prefetch refills is free only once the previous step's
+    /// matmuls are done, and waiting for that before issuing this step would idle the MXUs.
+    void k_step(int nm, int slot, const isa::Label& top) {
+        const int npass = int(pass_list.size());
         auto prefetch = [&] {
-            L("        add s16, s9, 1");
-            L("        beq s16, {}, np{}_{}", KT, slot, tag);
+            const isa::Reg next = m_b.reg("k_next", 16);
+            const isa::Label none = label("no_prefetch");
+            E(Add, {next, m_k, imm(1)});
+            E(Beq, {next, imm(KT), none});
             // The slot about to be refilled was read by the previous step's weight loads (the
             // ones before this step's when this step's are already issued).
             for (int m = 0; m < nm; ++m) {
                 if (stream) {
-                    L("        sub s10, s{}, {}", 22 + m, npass);
-                    L("        wait f{}, s10", 2 + m);
+                    E(Sub, {m_t0, m_lw[m].count, imm(npass)});
+                    E(Wait, {m_lw[m].flag, m_t0});
                 } else {
-                    L("        wait f{}, s{}", 2 + m, 22 + m);
+                    E(Wait, {m_lw[m].flag, m_lw[m].count});
                 }
             }
-            // ... and, streamed, its A panel by the previous step's matmuls (s9 of this group's
-            // are counted: steps 0 .. s9 - 1).
-            if (stream) a_slot_free(nm, "s9", 0, fmt::format("p{}_{}", slot, tag));
-            w_tiles("s16", nm, 1 - slot);
-            a_panel("s16", 1 - slot, fmt::format("na{}_{}", slot, tag));
-            L("np{}_{}:", slot, tag);
+            // ... and, streamed, its A panel by the previous step's matmuls (k of this group's
+            // are counted: steps 0 .. k - 1).
+            if (stream) a_slot_free(nm, &m_k, 0);
+            w_tiles(next, nm, 1 - slot);
+            a_panel(next, 1 - slot);
+            m_b.bind(none);
         };
-        L("k{}_{}:", slot, tag);
+        m_b.bind(top);
         if (!stream) prefetch();
-        L("        wait f{}, {}", wflag[slot], wcount[slot]);
-        if (!stream) L("        mul s17, s9, {}", panel);
-        L("        and s18, s29, 1");
-        L("        mul s18, s18, {}", cslot);
-        L("        sltu s19, 0, s9");
+        E(Wait, {m_loads[slot].flag, m_loads[slot].count});
+        const isa::Reg a_at = m_b.reg("a_at", 17), c_at = m_b.reg("c_at", 18);
+        const isa::Reg acc = m_b.reg("accumulate", 19);
+        if (!stream) E(Mul, {a_at, m_k, imm(int64_t(panel))});
+        E(And, {c_at, m_groups, imm(1)});
+        E(Mul, {c_at, c_at, imm(int64_t(cslot))});
+        E(Sltu, {acc, imm(0), m_k});
         for (int m = 0; m < nm; ++m) {
             for (size_t i = 0; i < pass_list.size(); ++i) {
                 const auto [pa, pw] = pass_list[i];
-                L("        mxu.lw {}, [{}], {}, {}, f{}", m, w_home(m, slot, pw), R, C, 2 + m);
-                const bool last = i + 1 == pass_list.size();
-                const std::string a_src = stream ? fmt::format("{}", a_home(slot, pa))
-                                                 : fmt::format("s17+{}", a_home(slot, pa));
-                L("        mxu.mm {}, [s18+{}], [{}], s7, {}{}", m, vm.c + uint64_t(m) * 2 * cslot,
-                  a_src, i == 0 ? "s19" : "1", last ? fmt::format(", f{}", 4 + m) : "");
+                E(MxuLw, {imm(m), imm(int64_t(w_home(m, slot, pw))), imm(R), imm(C), m_lw[m].flag});
+                const isa::Arg a_src =
+                    stream ? imm(int64_t(a_home(slot, pa))) : a_at + int64_t(a_home(slot, pa));
+                const isa::Arg dst = c_at + int64_t(c_home(m, 0));
+                const isa::Arg mode = i == 0 ? isa::Arg(acc) : imm(1);
+                if (i + 1 == pass_list.size())
+                    E(MxuMm, {imm(m), dst, a_src, m_rows, mode, m_mm[m].flag});
+                else
+                    E(MxuMm, {imm(m), dst, a_src, m_rows, mode});
             }
-            L("        add s{}, s{}, {}", 22 + m, 22 + m, npass);
+            E(Add, {m_lw[m].count, m_lw[m].count, imm(npass)});
         }
         if (stream) prefetch();
-        L("        add s9, s9, 1");
-    };
+        E(Add, {m_k, m_k, imm(1)});
+    }
 
-    // Tiled layout: a group's C stores wait in scalar memory until the next group has queued
-    // its first matmuls and weight tiles, then leave in pieces of `piece` rows, one piece per
-    // odd K step of the next group, so the in-order DMA engine never holds the tiles the MXUs
-    // need next behind a megabyte of results. Scalar memory: pending panels (0 = none), the
-    // first panel's HBM address, rows, C slot parity, rows already stored (kPend, kDst, kRows,
-    // kPar, kDone). `all` stores everything still pending.
-    const uint32_t piece = round_up((Tm + std::max(KT / 2, 1u) - 1) / std::max(KT / 2, 1u), 8);
-    auto flush = [&](const std::string& tag, bool all) {
-        L("        lw s11, [{}]", kPend);
-        L("        beq s11, 0, fd_{}", tag);
-        L("        lw s10, [{}]", kDst);
-        L("        lw s17, [{}]", kRows);
-        L("        lw s18, [{}]", kPar);
-        L("        lw s16, [{}]", kDone);
-        L("        sub s17, s17, s16");
+    /// Tiled layout: a group's C stores wait in scalar memory until the next group has queued
+    /// its first matmuls and weight tiles, then leave in pieces of `piece` rows, one piece per
+    /// odd K step of the next group, so the in-order DMA engine never holds the tiles the MXUs
+    /// need next behind a megabyte of results. Scalar memory: pending panels (0 = none), the
+    /// first panel's HBM address, rows, C slot parity, rows already stored. `all` stores
+    /// everything still pending.
+    void flush(const std::string& tag, bool all) {
+        const uint32_t half = std::max(KT / 2, 1u);
+        const uint32_t piece = round_up((Tm + half - 1) / half, 8);
+        const isa::Reg done = m_b.reg("flush.done", 16), n = m_b.reg("flush.rows", 17);
+        const isa::Reg par = m_b.reg("flush.parity", 18), pbytes = m_b.reg("flush.panel_bytes", 19);
+        const isa::Label fd = label("fd_" + tag), fr = label("fr_" + tag), fs = label("fs_" + tag);
+        E(Lw, {m_t1, m_pend.word(kPend)});
+        E(Beq, {m_t1, imm(0), fd});
+        E(Lw, {m_t0, m_pend.word(kDst)});
+        E(Lw, {n, m_pend.word(kRows)});
+        E(Lw, {par, m_pend.word(kPar)});
+        E(Lw, {done, m_pend.word(kDone)});
+        E(Sub, {n, n, done});
         if (!all) {
-            L("        li s14, {}", piece);
-            L("        bltu s17, s14, fr_{}", tag);
-            L("        add s17, s14, 0");
+            E(Li, {m_t2, imm(piece)});
+            E(Bltu, {n, m_t2, fr});
+            E(Add, {n, m_t2, imm(0)});
         }
-        // s15: the piece's offset in the C slot and in each HBM panel (both rows x C fp32).
-        L("fr_{}:   mul s15, s16, {}", tag, C * 4);
-        L("        add s10, s10, s15");
-        L("        mul s19, s4, {}", C * 4);
-        for (uint32_t m = 0; m < t.mxus; ++m) {
+        // tmp3: the piece's offset in the C slot and in each HBM panel (both rows x C fp32).
+        m_b.bind(fr);
+        E(Mul, {m_t3, done, imm(C * 4)});
+        E(Add, {m_t0, m_t0, m_t3});
+        E(Mul, {pbytes, rows(), imm(C * 4)});
+        for (uint32_t m = 0; m < m_t.mxus; ++m) {
             // The pending group's last matmul on MXU m (a count its kend already added).
-            L("        wait f{}, s{}", 4 + m, 24 + m);
+            E(Wait, {m_mm[m].flag, m_mm[m].count});
             if (m > 0) {
-                L("        beq s11, {}, fs_{}", m, tag);
-                L("        add s10, s10, s19");
+                E(Beq, {m_t1, imm(m), fs});
+                E(Add, {m_t0, m_t0, pbytes});
             }
-            L("        bne s18, 0, fa{}_{}", m, tag);
+            const isa::Label fa = label("fa_" + tag), fb = label("fb_" + tag);
+            E(Bne, {par, imm(0), fa});
             for (int slot = 0; slot < 2; ++slot) {
-                if (slot) L("fa{}_{}:", m, tag);
-                L("        dma.vh [s10], [s15+{}], s17, {}, {}, {}, f{}",
-                  vm.c + (uint64_t(m) * 2 + slot) * cslot, C * 4, C * 4, C * 4, cflag[slot]);
-                if (!slot) L("        jmp fb{}_{}", m, tag);
+                if (slot) m_b.bind(fa);
+                E(DmaVh, {m_t0, m_t3 + int64_t(c_home(m, slot)), n, imm(C * 4), imm(C * 4),
+                          imm(C * 4), m_cout[slot].flag});
+                if (!slot) E(Jmp, {fb});
             }
-            L("fb{}_{}:", m, tag);
+            m_b.bind(fb);
         }
-        // s28 += panels on slot 1, s26 += panels on slot 0.
-        L("fs_{}:   mul s14, s18, s11", tag);
-        L("        add s28, s28, s14");
-        L("        sub s14, s11, s14");
-        L("        add s26, s26, s14");
-        L("        add s16, s16, s17");
-        L("        sw s16, [{}]", kDone);
-        L("        lw s14, [{}]", kRows);
-        L("        bltu s16, s14, fd_{}", tag);
-        L("        sw s0, [{}]", kPend);
-        L("fd_{}:", tag);
-    };
+        // c_out1 += panels on slot 1, c_out0 += panels on slot 0.
+        m_b.bind(fs);
+        E(Mul, {m_t2, par, m_t1});
+        E(Add, {m_cout[1].count, m_cout[1].count, m_t2});
+        E(Sub, {m_t2, m_t1, m_t2});
+        E(Add, {m_cout[0].count, m_cout[0].count, m_t2});
+        E(Add, {done, done, n});
+        E(Sw, {done, m_pend.word(kDone)});
+        E(Lw, {m_t2, m_pend.word(kRows)});
+        E(Bltu, {done, m_t2, fd});
+        E(Sw, {imm(0), m_pend.word(kPend)});
+        m_b.bind(fd);
+    }
 
-    // One group of `nm` column panels (n = s8 * nm + m on MXU m), all K tiles.
-    auto group = [&](int nm, const std::string& tag) {
-        // Every store out of the C slot this group writes (s29 & 1; the previous group used the
-        // other one) has read it.
-        L("        and s12, s29, 1");
-        L("        bne s12, 0, c1_{}", tag);
-        L("        wait f{}, s26", cflag[0]);
-        L("        jmp c_{}", tag);
-        L("c1_{}:   wait f{}, s28", tag, cflag[1]);
-        L("c_{}:    li s9, 0", tag);
+    /// One group of `nm` column panels (n = group nm + m on MXU m), all K tiles.
+    void group(int nm, const std::string& tag) {
+        // Every store out of the C slot this group writes (groups & 1; the previous group used
+        // the other one) has read it.
+        const isa::Label c1 = label("c1_" + tag), c = label("c_" + tag);
+        E(And, {m_par, m_groups, imm(1)});
+        E(Bne, {m_par, imm(0), c1});
+        E(Wait, {m_cout[0].flag, m_cout[0].count});
+        E(Jmp, {c});
+        m_b.bind(c1);
+        E(Wait, {m_cout[1].flag, m_cout[1].count});
+        m_b.bind(c);
+        E(Li, {m_k, imm(0)});
         // Slot 0 may still feed the previous group's last weight loads, and, streamed, its A
         // panel the previous group's matmuls of step KT - 2 (KT even) or KT - 1 (odd): every
         // one of them counted but the last when KT is even.
-        for (int m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
-        if (stream) a_slot_free(nm, "", KT % 2 == 0 ? 1 : 0, fmt::format("g_{}", tag));
+        for (int m = 0; m < nm; ++m) E(Wait, {m_lw[m].flag, m_lw[m].count});
+        if (stream) a_slot_free(nm, nullptr, KT % 2 == 0 ? 1 : 0);
         // Kept A: a new block's panels overwrite the ones every matmul so far has read.
         if (!stream) {
-            L("        bne s8, 0, gk_{}", tag);
-            a_slot_free(nm, "", 0, fmt::format("gk_{}", tag));
-            L("gk_{}:", tag);
+            const isa::Label gk = label("gk_" + tag);
+            E(Bne, {m_group, imm(0), gk});
+            a_slot_free(nm, nullptr, 0);
+            m_b.bind(gk);
         }
-        w_tiles("s9", nm, 0);
-        a_panel("s9", 0, fmt::format("na_{}", tag));
+        w_tiles(m_k, nm, 0);
+        a_panel(m_k, 0);
         // Unrolled twice so that each step's slot, and so its flag, is fixed.
-        k_step(nm, tag, 0);
-        L("        beq s9, {}, kend_{}", KT, tag);
-        k_step(nm, tag, 1);
+        const isa::Label k0 = label("k0_" + tag), k1 = label("k1_" + tag);
+        const isa::Label kend = label("kend_" + tag);
+        k_step(nm, 0, k0);
+        E(Beq, {m_k, imm(KT), kend});
+        k_step(nm, 1, k1);
         // The previous group's stores leave a piece per odd step, after that step's matmuls and
         // the next step's tiles are queued: by then that group's last matmul has drained, so
         // waiting for it does not idle the MXUs.
         if (defer) flush(tag, false);
-        L("        bne s9, {}, k0_{}", KT, tag);
+        E(Bne, {m_k, imm(KT), k0});
         // Results out: wait for each MXU's last matmul, then DMA its panel to HBM.
-        L("kend_{}:", tag);
+        m_b.bind(kend);
         // What the odd steps did not store of the previous group goes now.
         if (defer) flush(tag + "_rest", true);
-        if (t.tiled) {
-            // Panel n of C is rows x C fp32, contiguous; s21 = its bytes.
-            L("        mul s10, s6, {}", C * 4);
-            L("        add s10, s10, s3");
-            L("        mul s21, s4, {}", C * 4);
-            L("        mul s11, s8, {}", nm);
-            L("        mul s11, s11, s21");
+        const isa::Reg cbytes = m_b.reg("c_bytes", 21);
+        if (m_t.tiled) {
+            // Panel n of C is rows x C fp32, contiguous; c_bytes = its bytes.
+            E(Mul, {m_t0, m_row, imm(C * 4)});
+            E(Add, {m_t0, m_t0, m_ops.c.value});
+            E(Mul, {cbytes, rows(), imm(C * 4)});
+            E(Mul, {m_t1, m_group, imm(nm)});
+            E(Mul, {m_t1, m_t1, cbytes});
         } else {
-            L("        mul s10, s6, {}", c_stride);
-            L("        add s10, s10, s3");
-            L("        mul s11, s8, {}", uint64_t(nm) * C * 4);
+            E(Mul, {m_t0, m_row, imm(int64_t(c_stride))});
+            E(Add, {m_t0, m_t0, m_ops.c.value});
+            E(Mul, {m_t1, m_group, imm(int64_t(nm) * C * 4)});
         }
-        L("        add s10, s10, s11");
+        E(Add, {m_t0, m_t0, m_t1});
         if (defer) {
-            for (int m = 0; m < nm; ++m) L("        add s{}, s{}, {}", 24 + m, 24 + m, KT);
-            L("        sw s10, [{}]", kDst);
-            L("        sw s7, [{}]", kRows);
-            L("        sw s12, [{}]", kPar);
-            L("        sw s0, [{}]", kDone);
-            L("        li s11, {}", nm);
-            L("        sw s11, [{}]", kPend);
-            L("        add s29, s29, 1");
+            for (int m = 0; m < nm; ++m) E(Add, {m_mm[m].count, m_mm[m].count, imm(KT)});
+            E(Sw, {m_t0, m_pend.word(kDst)});
+            E(Sw, {m_rows, m_pend.word(kRows)});
+            E(Sw, {m_par, m_pend.word(kPar)});
+            E(Sw, {imm(0), m_pend.word(kDone)});
+            E(Li, {m_t1, imm(nm)});
+            E(Sw, {m_t1, m_pend.word(kPend)});
+            E(Add, {m_groups, m_groups, imm(1)});
             return;
         }
         for (int m = 0; m < nm; ++m) {
-            L("        add s{}, s{}, {}", 24 + m, 24 + m, KT);
-            L("        wait f{}, s{}", 4 + m, 24 + m);
+            E(Add, {m_mm[m].count, m_mm[m].count, imm(KT)});
+            E(Wait, {m_mm[m].flag, m_mm[m].count});
             // Compact C: the last panel (the tail group's, or the last full group's last MXU
             // when there is no tail) keeps only its valid columns.
-            std::string row_bytes = fmt::format("{}", C * 4);
+            isa::Arg row_bytes = imm(C * 4);
             if (last_bytes != C * 4 && nm == 1 && tag == "tail") {
-                row_bytes = fmt::format("{}", last_bytes);
+                row_bytes = imm(last_bytes);
             } else if (last_bytes != C * 4 && tail == 0 && m == nm - 1) {
-                row_bytes = "s21";
-                L("        li s21, {}", C * 4);
-                L("        bne s8, {}, cw_{}", full - 1, tag);
-                L("        li s21, {}", last_bytes);
-                L("cw_{}:", tag);
+                const isa::Label cw = label("cw_" + tag);
+                row_bytes = cbytes;
+                E(Li, {cbytes, imm(C * 4)});
+                E(Bne, {m_group, imm(full - 1), cw});
+                E(Li, {cbytes, imm(last_bytes)});
+                m_b.bind(cw);
             }
             // Out of the group's C slot, raising that slot's flag.
-            if (t.tiled && m > 0) L("        add s10, s10, s21");
+            const isa::Label st1 = label("cst1_" + tag), std_ = label("cstd_" + tag);
             auto store = [&](int slot) {
-                if (t.tiled)
-                    L("        dma.vh [s10], [{}], s7, {}, {}, {}, f{}",
-                      vm.c + (uint64_t(m) * 2 + slot) * cslot, C * 4, C * 4, C * 4, cflag[slot]);
-                else
-                    L("        dma.vh [s10+{}], [{}], s7, {}, {}, {}, f{}", uint64_t(m) * C * 4,
-                      vm.c + (uint64_t(m) * 2 + slot) * cslot, row_bytes, c_stride, C * 4,
-                      cflag[slot]);
+                E(DmaVh, {m_t0 + int64_t(m) * C * 4, imm(int64_t(c_home(m, slot))), m_rows,
+                          row_bytes, imm(int64_t(c_stride)), imm(C * 4), m_cout[slot].flag});
             };
-            L("        bne s12, 0, cst1_{}{}", tag, m);
+            E(Bne, {m_par, imm(0), st1});
             store(0);
-            L("        jmp cstd_{}{}", tag, m);
-            L("cst1_{}{}:", tag, m);
+            E(Jmp, {std_});
+            m_b.bind(st1);
             store(1);
-            L("cstd_{}{}:", tag, m);
+            m_b.bind(std_);
         }
-        // s28 += nm on slot 1, s26 += nm on slot 0.
-        L("        mul s11, s12, {}", nm);
-        L("        add s28, s28, s11");
-        L("        sub s11, {}, s11", nm);
-        L("        add s26, s26, s11");
-        L("        add s29, s29, 1");
-    };
+        // c_out1 += nm on slot 1, c_out0 += nm on slot 0.
+        E(Mul, {m_t1, m_par, imm(nm)});
+        E(Add, {m_cout[1].count, m_cout[1].count, m_t1});
+        E(Sub, {m_t1, imm(nm), m_t1});
+        E(Add, {m_cout[0].count, m_cout[0].count, m_t1});
+        E(Add, {m_groups, m_groups, imm(1)});
+    }
 
-    if (full) {
-        L("        li s8, 0");
-        L("pair:");
-        group(static_cast<int>(t.mxus), "full");
-        L("        add s8, s8, 1");
-        L("        bne s8, {}, pair", full);
-    }
-    if (tail) {
-        // A last single panel: n = s8 * 1 with s8 = full * mxus.
-        L("        li s8, {}", full * t.mxus);
-        group(1, "tail");
-    }
-    L("        add s6, s6, s7");
-    L("        bltu s6, s4, block");
-    if (defer) flush("end", true);
-    L("        wait f{}, s26", cflag[0]);
-    L("        wait f{}, s28", cflag[1]);
-    L("        halt");
-    return isa::assemble(s, "gemm.s");
-}
+    isa::Builder& m_b;
+    const GemmTiling& m_t;
+    uint32_t m_nout;
+    const GemmOperands& m_ops;
+
+    uint32_t R = 0, C = 0, KT = 0, NT = 0, Tm = 0, full = 0, tail = 0, last_bytes = 0;
+    int PA = 1;
+    std::vector<std::pair<int, int>> pass_list;
+    uint64_t panel = 0, wtile = 0, cslot = 0, wpart_stride = 0, c_stride = 0;
+    bool stream = false, defer = false;
+
+    isa::Smem m_pend;
+    isa::Vmem m_va, m_vw, m_vc;
+    isa::Reg m_row, m_rows, m_group, m_k, m_t0, m_t1, m_par, m_a_rows_bytes, m_t2, m_t3, m_a_row;
+    isa::Reg m_groups, m_a_panel_bytes;
+    Tally m_lw[2], m_mm[2], m_cout[2], m_loads[2];
+};
 
 }  // namespace
 
-isa::Program gemm_program(const GemmTiling& t) {
-    return gemm_program_impl(t, 0);
-}
-
-isa::Program gemm_program_compact(const GemmTiling& t, uint32_t n_cols) {
-    if (t.tiled)
+void emit_gemm(isa::Builder& b, const GemmKey& key, const GemmOperands& ops) {
+    const GemmTiling& t = key.tiling;
+    if (key.compact_cols && t.tiled)
         throw DeviceError(ErrorKind::Usage, "gemm: compact C is a row-major layout, not tiled");
-    if (n_cols == 0 || n_cols > t.Np || n_cols + t.C <= t.Np)
-        throw DeviceError(
-            ErrorKind::Usage,
-            fmt::format("gemm: compact C of {} columns does not match Np = {}", n_cols, t.Np));
-    return gemm_program_impl(t, n_cols);
+    if (key.compact_cols && (key.compact_cols > t.Np || key.compact_cols + t.C <= t.Np))
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("gemm: compact C of {} columns does not match Np = {}",
+                                      key.compact_cols, t.Np));
+    if (t.R == 0 || t.C == 0 || t.Kp % t.R || t.Np % t.C || t.Kp == 0 || t.Np == 0 ||
+        t.block_rows == 0 || t.mxus == 0 || t.mxus > 2)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("gemm: tiling R{} C{} Kp{} Np{} T{} mxus{} is not a plan",
+                                      t.R, t.C, t.Kp, t.Np, t.block_rows, t.mxus));
+    GemmGen(b, key, ops).emit();
 }
 
-std::string gemm_key_compact(const GemmTiling& t, uint32_t n_cols) {
-    return fmt::format("{} compact{}", gemm_key(t), n_cols);
+isa::Program generate(const GemmKey& key) {
+    isa::Builder b(key.name());
+    const isa::Reg a = b.arg("a"), w = b.arg("w"), c = b.arg("c"), rows = b.arg("rows");
+    const isa::Reg a_part_bytes = b.arg("a_part_bytes");
+    using streaming::Operand;
+    emit_gemm(b, key,
+              {Operand::hbm(a), Operand::hbm(w), Operand::hbm(c), Operand::scalar(rows),
+               Operand::scalar(a_part_bytes)});
+    b.emit(Opcode::Halt, {});
+    return b.finish();
 }
 
 std::vector<float> gemm_reference(const std::vector<float>& a, const std::vector<float>& w,
@@ -748,12 +887,16 @@ GemmResult gemm(Device& dev, ProgramCache& cache, const std::vector<float>& a,
                 if (p.tiles == tiles) group.push_back(&p);
             std::vector<uint32_t> launch_cores;
             for (const Part* p : group) launch_cores.push_back(p->core);
-            const isa::Program& prog = cache.get(gemm_key(t), [&] { return gemm_program(t); });
+            const isa::Program& prog = cache.get(GemmKey{t});
             handles.push_back(dev.launch_async(launch_cores, prog, [&, group](size_t j) {
                 const Part& p = *group[j];
-                return std::vector<uint32_t>{
-                    static_cast<uint32_t>(p.a.addr), static_cast<uint32_t>(p.w.addr),
-                    static_cast<uint32_t>(p.c.addr), p.rows, p.rows * Kp * 2};
+                return LaunchArgs(prog)
+                    .set("a", p.a)
+                    .set("w", p.w)
+                    .set("c", p.c)
+                    .set("rows", p.rows)
+                    .set("a_part_bytes", p.rows * Kp * 2)
+                    .values();
             }));
         }
         res.event = wait_all(dev, handles);

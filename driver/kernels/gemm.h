@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "driver/device.h"
+#include "driver/kernels/stream_kernel.h"
 #include "driver/program_cache.h"
 
 /// The library GEMM: C (M x N, fp32) = A (M x K) x W (K x N) for any shape, rows split over a
@@ -34,12 +35,13 @@ struct GemmTiling {
     uint32_t block_rows = 0;  ///< LHS rows streamed per matmul (T)
     uint32_t mxus = 0;        ///< MXUs used
     Precision precision = Precision::Bf16;
-    /// Operands in the tile-major HBM layout (gemm_program) instead of row-major.
+    /// Operands in the tile-major HBM layout (GemmKey) instead of row-major.
     bool tiled = false;
     /// A's panels stream through two VMEM slots with the weight tiles in every column group
     /// (A read once per group) instead of staying in VMEM for the whole block (read once), so
     /// VMEM no longer bounds the block rows.
     bool a_stream = false;
+    auto operator<=>(const GemmTiling&) const = default;
 };
 
 /// Chooses the tiling of a GEMM whose largest per-core share has `max_rows` rows: the block
@@ -54,24 +56,59 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
 /// drain R + C - 2 when core.mxu_swap_drains) and the other HBM bytes at peak (A once, or
 /// once per column group when streamed; W once per row block; C once).
 double gemm_estimate_cycles(const hw::BoardConfig& cfg, const GemmTiling& t, uint32_t rows);
-/// The per-core kernel. Launch arguments: s1 = A (part 0) HBM address, s2 = W (part 0),
-/// s3 = C, s4 = rows on this core, s5 = bytes between A's parts (rows x Kp x 2).
+/// What a kernel built on the GEMM's schedule moves besides the GEMM's own operands, for
+/// gemm_estimate_cycles: the fused dot kernel (matmul_kernel.h) reads fp32 operands and
+/// converts them in VMEM, reads its epilogue's side inputs and may store C as bf16.
+struct GemmTraffic {
+    bool a_fp32 = false;        ///< A read as fp32 (4 bytes a value) instead of P bf16 parts
+    bool w_fp32 = false;        ///< W read as fp32 instead of P bf16 parts
+    uint32_t full_sides = 0;    ///< fp32 tensors of C's shape read per output tile (residuals)
+    uint32_t column_sides = 0;  ///< fp32 vectors of N values read once (biases)
+    bool c_bf16 = false;        ///< C stored as bf16 (2 bytes a value)
+    auto operator<=>(const GemmTraffic&) const = default;
+};
+/// gemm_estimate_cycles with a fused kernel's `extra` traffic counted in the HBM bytes (and in
+/// the exposed bytes: the first A panel, the last group's side tiles).
+double gemm_estimate_cycles(const hw::BoardConfig& cfg, const GemmTiling& t, uint32_t rows,
+                            const GemmTraffic& extra);
+
+/// Program-cache key of the library GEMM kernel: one core's tiling and C's layout.
 /// HBM layouts, each zero-padded, parts of A (W) rows x Kp x 2 (Kp x Np x 2) bytes apart:
 /// - row-major (`tiled` off; what the device-side packing of tensor_ops writes): A parts
-///   rows x Kp bf16, W parts Kp x Np bf16, C rows x Np fp32;
+///   rows x Kp bf16, W parts Kp x Np bf16, C rows x Np fp32 (or compact: rows x
+///   `compact_cols`, the padding columns of the last panel dropped, N <= Np < N + C);
 /// - tile-major (`tiled` on; what gemm() writes from the host, as a TPU runtime converts arrays
 ///   to XLA's tiled HBM layouts on transfer): A as Kp / R column panels, each rows x R bf16 and
 ///   contiguous; W as R x C tiles, tile (k, n) at ((k Np / C + n) R C 2) bytes, each row-major
 ///   and contiguous; C as Np / C column panels, each rows x C fp32 and contiguous. Every DMA of
 ///   the kernel then reads or writes one contiguous run, which HBM serves at streaming rates.
-isa::Program gemm_program(const GemmTiling& t);
-/// Cache key of the kernel (kernel, tiling, precision).
-std::string gemm_key(const GemmTiling& t);
-/// gemm_program writing C compact: rows x n_cols fp32, row stride n_cols x 4 bytes, the padding
-/// columns of the last panel dropped (N <= Np < N + C). Same launch arguments.
-isa::Program gemm_program_compact(const GemmTiling& t, uint32_t n_cols);
-/// Cache key of gemm_program_compact.
-std::string gemm_key_compact(const GemmTiling& t, uint32_t n_cols);
+struct GemmKey {
+    GemmTiling tiling;          ///< the core's tiling and operand layout
+    uint32_t compact_cols = 0;  ///< 0: C padded to Np columns (or tiled); n: compact rows x n
+    auto operator<=>(const GemmKey&) const = default;
+    std::string name() const { return "gemm"; }
+    friend size_t hash_value(const GemmKey& k);
+};
+
+/// Where emit_gemm's operands are.
+struct GemmOperands {
+    streaming::Operand a;             ///< HBM: A's part 0 in the key's layout
+    streaming::Operand w;             ///< HBM: W's part 0
+    streaming::Operand c;             ///< HBM: C
+    streaming::Operand rows;          ///< scalar: rows of A and C on this core
+    streaming::Operand a_part_bytes;  ///< scalar: bytes between A's parts (rows x Kp x 2)
+};
+
+/// Emits the library GEMM kernel for `key` into `b` (driver/README.md, "How the GEMM kernel is
+/// laid out and scheduled"): resources from b's pools in its own scope; on return every
+/// instruction it issued has completed. It uses 26 scalar registers besides its operands, so a
+/// caller may hold few others. Counters start from 0 without code when it is the first code of
+/// the program (a launch clears the registers). Throws DeviceError(Usage) for a compact C in the
+/// tiled layout or a compact width that does not match Np.
+void emit_gemm(isa::Builder& b, const GemmKey& key, const GemmOperands& ops);
+/// The stand-alone kernel: launch arguments a, w, c (HBM addresses), rows (on this core),
+/// a_part_bytes (rows x Kp x 2), then emit_gemm, then halt.
+isa::Program generate(const GemmKey& key);
 
 /// How gemm() splits a GEMM over cores: `gm` row blocks times `gn` blocks of 128-column tiles;
 /// core (i, j) = cores[i gn + j] computes C's block (i, j); cores past gm gn sit out.

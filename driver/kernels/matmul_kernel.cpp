@@ -7,9 +7,54 @@
 
 #include <fmt/format.h>
 
-#include "isa/assembler.h"
+#include "driver/kernels/split.h"
 
 namespace tpu::driver {
+
+using isa::imm;
+using isa::Opcode;
+using streaming::Operand;
+
+std::string_view dot_layout_name(DotLayout l) {
+    switch (l) {
+        case DotLayout::RowMajor:
+            return "row-major";
+        case DotLayout::Transposed:
+            return "transposed";
+        case DotLayout::Tiles:
+            return "tiles";
+        case DotLayout::Gemm:
+            return "gemm";
+    }
+    return "?";
+}
+
+size_t hash_value(const DotKey& k) {
+    return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
+                       k.block_rows, k.column_sides, k.full_sides, k.store_bf16);
+}
+
+size_t hash_value(const MatmulKey& k) {
+    return hash_fields(k.M, k.K, k.N, k.ta, k.tb, k.precision, k.R, k.C, k.mxus, k.block_rows,
+                       k.bias);
+}
+
+DotKey MatmulKey::dot() const {
+    DotKey d;
+    d.M = M;
+    d.K = K;
+    d.N = N;
+    d.precision = precision;
+    d.a = ta ? DotLayout::Transposed : DotLayout::RowMajor;
+    d.w = tb ? DotLayout::Transposed : DotLayout::RowMajor;
+    d.R = R;
+    d.C = C;
+    d.mxus = mxus;
+    d.block_rows = block_rows;
+    d.column_sides = bias ? 1 : 0;
+    return d;
+}
+
 namespace {
 
 uint32_t ceil_div(uint32_t a, uint32_t b) {
@@ -20,381 +65,823 @@ int parts_of(Precision p) {
     return p == Precision::Bf16 ? 1 : p == Precision::Fp32Pass3 ? 2 : 3;
 }
 
-/// Largest block the planner considers, as plan_gemm: beyond it the drain is amortised.
+/// Largest block the planners consider, as plan_gemm: beyond it the drain is amortised.
 constexpr uint32_t kMaxBlockRows = 4096;
 
-/// VMEM areas (byte addresses). A's bf16 parts stay for the whole block (every column group
-/// reads them); everything else is per K step, double-buffered where a DMA or the MXUs read one
-/// copy while the next is written.
-struct Map {
-    uint64_t abf, astage, att, af, ar1, ar2, wstage, wtt, wf, wr1, wr2, wbf, c, bias, end;
-    uint64_t apanel, wtile, cpanel;  ///< bytes of one A bf16 panel, W bf16 tile, C panel
+/// An fp32 layout: the kernel stages and converts it in VMEM (else it loads bf16 parts).
+bool staged(DotLayout l) {
+    return l != DotLayout::Gemm;
+}
+
+/// The problem the kernel runs: `M` rows of the streamed operand (M x K, laid out as `a`) pass
+/// the stationary one's tiles (K x N, laid out as `w`). Stationary::Lhs is C^T = W^T A^T: W^T
+/// streams (W row-major is W^T stored transposed) and A^T is held.
+struct Problem {
+    uint32_t M, K, N;
+    DotLayout a, w;
+    bool lhs;
 };
-Map vmem_map(const MatmulTiling& t) {
-    const uint64_t T = t.block_rows, KT = ceil_div(t.K, t.R), P = parts_of(t.precision);
-    const uint64_t a32 = T * t.R * 4, w32 = uint64_t(t.R) * t.C * 4;
-    Map m{};
-    uint64_t end = 0;
-    auto take = [&](uint64_t bytes) {
-        const uint64_t at = end;
-        end += (bytes + 511) / 512 * 512;
-        return at;
+Problem problem(const DotKey& k) {
+    if (k.stationary == Stationary::Rhs) return {k.M, k.K, k.N, k.a, k.w, false};
+    auto flip = [](DotLayout l) {
+        return l == DotLayout::RowMajor ? DotLayout::Transposed : DotLayout::RowMajor;
     };
-    m.apanel = T * t.R * 2;
-    m.wtile = uint64_t(t.R) * t.C * 2;
-    m.cpanel = T * t.C * 4;
-    m.abf = take(P * KT * m.apanel);
-    m.astage = take(2 * a32);
-    m.att = t.ta ? take(a32) : 0;
-    m.af = P > 1 ? take(a32) : 0;
-    m.ar1 = P > 1 ? take(a32) : 0;
-    m.ar2 = P > 2 ? take(a32) : 0;
-    m.wstage = take(2 * t.mxus * w32);
-    m.wtt = t.tb ? take(t.mxus * w32) : 0;
-    m.wf = P > 1 ? take(w32) : 0;
-    m.wr1 = P > 1 ? take(w32) : 0;
-    m.wr2 = P > 2 ? take(w32) : 0;
-    m.wbf = take(2 * t.mxus * P * m.wtile);
-    m.c = take(2 * t.mxus * m.cpanel);
-    m.bias = t.bias ? take(uint64_t(t.N) * 4) : 0;
-    m.end = end;
+    return {k.N, k.K, k.M, flip(k.w), flip(k.a), true};
+}
+
+/// VMEM areas (byte offsets from the first; each 512-byte aligned, in this order). A's bf16
+/// parts stay for the whole block (every column group reads them); everything else is per K
+/// step, double-buffered where a DMA or the MXUs read one copy while the next is written.
+struct Map {
+    uint64_t abf, astage, att, af, ar1, ar2, wstage, wtt, wf, wr1, wr2, wbf, c, col, full, tt, bf;
+    uint64_t end;
+    uint64_t apanel, wtile, cpanel;  ///< bytes of one A bf16 panel, W bf16 tile, C panel
+    uint64_t col_stride;             ///< from one Column side's area to the next
+    /// The areas taken, in address order: the field, its name, its bytes.
+    struct Area {
+        uint64_t Map::*field;
+        const char* name;
+        uint64_t bytes;
+    };
+    std::vector<Area> areas;
+};
+Map vmem_map(const DotKey& k) {
+    const Problem p = problem(k);
+    const uint64_t T = k.block_rows, KT = ceil_div(p.K, k.R), P = parts_of(k.precision);
+    const uint64_t a32 = T * k.R * 4, w32 = uint64_t(k.R) * k.C * 4;
+    Map m{};
+    auto take = [&](uint64_t Map::*field, const char* name, uint64_t bytes) {
+        bytes = (bytes + 511) / 512 * 512;
+        m.*field = m.end;
+        m.areas.push_back({field, name, bytes});
+        m.end += bytes;
+    };
+    m.apanel = T * k.R * 2;
+    m.wtile = uint64_t(k.R) * k.C * 2;
+    m.cpanel = T * k.C * 4;
+    take(&Map::abf, "a_bf16", P * KT * m.apanel);
+    if (staged(p.a)) {
+        take(&Map::astage, "a_stage", 2 * a32);
+        if (p.a == DotLayout::Transposed) take(&Map::att, "a_trans", a32);
+        if (P > 1) take(&Map::af, "a_f", a32);
+        if (P > 1) take(&Map::ar1, "a_r1", a32);
+        if (P > 2) take(&Map::ar2, "a_r2", a32);
+    }
+    if (staged(p.w)) {
+        take(&Map::wstage, "w_stage", 2 * k.mxus * w32);
+        if (p.w == DotLayout::Transposed) take(&Map::wtt, "w_trans", k.mxus * w32);
+        if (P > 1) take(&Map::wf, "w_f", w32);
+        if (P > 1) take(&Map::wr1, "w_r1", w32);
+        if (P > 2) take(&Map::wr2, "w_r2", w32);
+    }
+    take(&Map::wbf, "w_bf16", 2 * k.mxus * P * m.wtile);
+    take(&Map::c, "c", 2 * k.mxus * m.cpanel);
+    // A Column side holds one value per output column; with the LHS stationary the output
+    // columns are the streamed rows, read a whole block at a time from the block's first.
+    m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
+    if (k.column_sides) take(&Map::col, "columns", k.column_sides * m.col_stride);
+    if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * k.mxus * m.cpanel);
+    if (p.lhs) take(&Map::tt, "c_trans", k.mxus * m.cpanel);
+    if (k.store_bf16) take(&Map::bf, "c_bf16", k.mxus * T * k.C * 2);
     return m;
 }
 
-/// Emits the kernel. Registers: s1 a, s2 b, s3 c; s4 the block's first row, s7 its rows; s8 a
-/// middle group's first column x 4; s19 the C parity offset of the current group; s26..s29 the
-/// group whose C waits to be stored (HBM address, rows, parity offset, kind: 0 none, 1 a full
-/// group, 2 the last group); with a bias, s5 its HBM address and s9 the waiting group's first
-/// column x 4. Flags and the registers counting work issued to them: f1/f6 (s20/
-/// s25) loads into step slot 0/1, f2 (s21) the VPU, f3/f4 (s22/s23) the MXUs' steps, f5 (s24)
-/// C stores. A flag counts completions, so a wait on it covers all the work issued to it except
+/// A flag and the register counting the instructions issued on it, several at a time.
+struct Tally {
+    isa::Flag flag;
+    isa::Reg count;
+};
+
+/// Emits the kernel. The numbering of the text kernel it replaced (hints): s4 the block's first
+/// row, s7 its rows; s8 a middle group's first column x 4; s9 the pending group's first column
+/// (Column sides; the first row with the LHS stationary) x 4; s19 the C parity offset of the
+/// current group; s26..s29 the group whose C waits to be stored (HBM address, rows, parity
+/// offset, kind: 0 none, 1 a full group, 2 the last group). Flags and the registers counting
+/// the work issued to them: f1/f6 (s20/s25) loads into step slot 0/1, f2 (s21) the VPU, f3/f4
+/// (s22/s23) the MXUs' steps, f5 (s24) C stores, f7 the Column sides' one-time loads (s5 their
+/// address). A flag counts completions, so a wait on it covers all the work issued to it except
 /// the most recent `later` items only where the unit finishes in order (VPU, MXU); loads come
 /// back out of order from the banked HBM and are waited per slot, in full.
-class Gen {
+class DotGen {
 public:
-    explicit Gen(const MatmulTiling& t)
-        : m_t(t),
-          m_m(vmem_map(t)),
-          m_P(parts_of(t.precision)),
-          m_KT(ceil_div(t.K, t.R)),
-          m_NT(ceil_div(t.N, t.C)),
-          m_G(ceil_div(m_NT, t.mxus)),
-          m_passes(mxu_passes(t.precision)) {}
+    DotGen(isa::Builder& b, const DotKey& k, const DotOperands& ops, const Epilogue& ep)
+        : m_b(b),
+          m_k(k),
+          m_p(problem(k)),
+          m_ep(ep),
+          m_m(vmem_map(k)),
+          m_P(parts_of(k.precision)),
+          m_KT(ceil_div(m_p.K, k.R)),
+          m_NT(ceil_div(m_p.N, k.C)),
+          m_G(ceil_div(m_NT, k.mxus)),
+          m_A(m_p.lhs ? ops.w : ops.a),
+          m_W(m_p.lhs ? ops.a : ops.w),
+          m_C(ops.c) {
+        // With the LHS stationary the streamed operand is W^T: pass (A part, W part) becomes
+        // (W part, A part), in the same order, so every product and sum is C = A W's.
+        for (auto [pa, pw] : mxu_passes(k.precision))
+            m_passes.push_back(m_p.lhs ? std::pair{pw, pa} : std::pair{pa, pw});
+    }
 
-    isa::Program program() {
-        L("# fused matmul M={} K={} N={} {}{} {} T={} mxus={}", m_t.M, m_t.K, m_t.N,
-          m_t.ta ? "T" : "N", m_t.tb ? "T" : "N", precision_name(m_t.precision), m_t.block_rows,
-          m_t.mxus);
-        for (int r : {19, 20, 21, 22, 23, 24, 25, 29}) L("        li s{}, 0", r);
-        if (m_t.bias) {
-            // The bias row stays in VMEM for every block; s4 becomes the row counter below.
-            const uint64_t b = uint64_t(m_t.N) * 4;
-            L("        add s5, s4, 0");
-            L("        dma.hv [{}], [s5], 1, {}, {}, {}, f7", m_m.bias, b, b, b);
-            L("        wait f7, 1");
+    void emit() {
+        const auto scope = m_b.scope("dot");
+        allocate_vmem();
+        m_par = m_b.reg("c_parity", 19);
+        m_loads[0] = {m_b.flag("loads0", 1), m_b.reg("loads0.count", 20)};
+        m_vpu = {m_b.flag("vpu", 2), m_b.reg("vpu.count", 21)};
+        m_mxu[0] = {m_b.flag("mxu0", 3), m_b.reg("mxu0.count", 22)};
+        m_mxu[1] = {m_b.flag("mxu1", 4), m_b.reg("mxu1.count", 23)};
+        m_stores = {m_b.flag("stores", 5), m_b.reg("stores.count", 24)};
+        m_loads[1] = {m_b.flag("loads1", 6), m_b.reg("loads1.count", 25)};
+        m_pending = m_b.reg("pending", 29);
+        for (const isa::Reg* r : {&m_par, &m_loads[0].count, &m_vpu.count, &m_mxu[0].count,
+                                  &m_mxu[1].count, &m_stores.count, &m_loads[1].count, &m_pending})
+            E(Opcode::Li, {*r, imm(0)});
+        if (m_k.full_sides) {
+            m_sides = {m_b.flag("sides"), m_b.reg("sides.count")};
+            E(Opcode::Li, {m_sides.count, imm(0)});
         }
-        L("        li s4, 0");
-        L("block:  sub s7, {}, s4", m_t.M);
-        L("        bltu s7, {}, rows_ok", m_t.block_rows + 1);
-        L("        li s7, {}", m_t.block_rows);
-        L("rows_ok:");
+        load_columns();
+        m_row = m_b.reg("row", 4);
+        m_rows = m_b.reg("block_rows", 7);
+        if (m_G > 2) m_col = m_b.reg("group_col", 8);
+        if (m_k.column_sides) m_pcol = m_b.reg("pending_col", 9);
+        m_tmp = m_b.reg("tmp", 10);
+        m_wb = m_b.reg("w_base", 13);
+        m_t14 = m_b.reg("tmp14", 14);
+        m_t15 = m_b.reg("tmp15", 15);
+        m_cnt = m_b.reg("convert_count", 16);
+        m_paddr = m_b.reg("pending_addr", 26);
+        m_prows = m_b.reg("pending_rows", 27);
+        m_ppar = m_b.reg("pending_parity", 28);
+
+        const uint32_t T = m_k.block_rows;
+        E(Opcode::Li, {m_row, imm(0)});
+        const isa::Label block = m_b.label("block"), rows_ok = m_b.label("rows_ok");
+        m_b.bind(block);
+        E(Opcode::Sub, {m_rows, imm(m_p.M), m_row});
+        E(Opcode::Bltu, {m_rows, imm(T + 1), rows_ok});
+        E(Opcode::Li, {m_rows, imm(T)});
+        m_b.bind(rows_ok);
         if (m_G == 1) {
             group(true, true);
         } else {
             group(true, false);
             if (m_G > 2) {
-                L("        li s8, {}", m_t.mxus * m_t.C * 4);
-                L("mid:");
+                const int64_t step = int64_t(m_k.mxus) * m_k.C * 4;
+                E(Opcode::Li, {m_col, imm(step)});
+                const isa::Label mid = m_b.label("mid");
+                m_b.bind(mid);
                 group(false, false);
-                L("        add s8, s8, {}", m_t.mxus * m_t.C * 4);
-                L("        bltu s8, {}, mid", (m_G - 1) * m_t.mxus * m_t.C * 4);
+                E(Opcode::Add, {m_col, m_col, imm(step)});
+                E(Opcode::Bltu, {m_col, imm((m_G - 1) * step), mid});
             }
             group(false, true);
         }
-        L("        add s4, s4, s7");
-        L("        bltu s4, {}, block", m_t.M);
+        E(Opcode::Add, {m_row, m_row, m_rows});
+        E(Opcode::Bltu, {m_row, imm(m_p.M), block});
         flush("end", 0, 0);
-        L("        wait f5, s24");
-        L("        halt");
-        return isa::assemble(m_s, "matmul.s");
+        E(Opcode::Wait, {m_stores.flag, m_stores.count});
     }
 
 private:
-    template <class... A>
-    void L(fmt::format_string<A...> f, A&&... a) {
-        m_s += fmt::format(f, std::forward<A>(a)...);
-        m_s += '\n';
+    void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
+    /// A VPU instruction counted on f2.
+    void vpu(Opcode op, std::initializer_list<isa::Arg> args) {
+        std::vector<isa::Arg> all(args);
+        all.push_back(m_vpu.flag);
+        m_b.emit(op, all);
+        E(Opcode::Add, {m_vpu.count, m_vpu.count, imm(1)});
     }
-    void vpu(const std::string& ins) {
-        m_s += ins + ", f2\n";
-        L("        add s21, s21, 1");
+    /// The DMA that moves operand `o` into VMEM, or C out of it.
+    static Opcode load_op(const Operand& o) {
+        return o.kind == Operand::Kind::Vmem ? Opcode::DmaVv : Opcode::DmaHv;
     }
-    std::string label(const char* what) { return fmt::format("{}{}", what, m_label++); }
+    static Opcode store_op(const Operand& o) {
+        return o.kind == Operand::Kind::Vmem ? Opcode::DmaVv : Opcode::DmaVh;
+    }
+
+    /// Each area of the map from b's pool, in the map's order (at the map's offsets in a
+    /// program of its own).
+    void allocate_vmem() {
+        m_a = m_m;
+        for (const Map::Area& area : m_m.areas) {
+            m_vmem.push_back(m_b.vmem(area.name, area.bytes, 512));
+            m_a.*area.field = m_vmem.back().addr();
+        }
+    }
+
+    /// The Column sides, loaded once into VMEM (they stay for every block).
+    void load_columns() {
+        if (!m_k.column_sides) return;
+        isa::CountedFlag once(m_b, "columns", isa::Count::AtBuild, 7);
+        std::vector<isa::Reg> addrs;
+        const int64_t bytes = int64_t(m_k.N) * 4;
+        uint32_t i = 0;
+        for (const EpilogueSide& s : m_ep.sides) {
+            if (s.kind != EpilogueSide::Kind::Column) continue;
+            const isa::Arg dst = imm(int64_t(m_a.col + i * m_m.col_stride));
+            if (s.place.kind == Operand::Kind::Hbm) {
+                // The address goes into a register of the kernel's first: a stand-alone caller
+                // may hand the argument's register back for the kernel's row counter (s4).
+                addrs.push_back(m_b.reg(fmt::format("column{}.addr", i), i == 0 ? 5 : 0));
+                E(Opcode::Add, {addrs.back(), s.place.value, imm(0)});
+                once.issue(Opcode::DmaHv,
+                           {dst, addrs.back(), imm(1), imm(bytes), imm(bytes), imm(bytes)});
+            } else {
+                once.issue(Opcode::DmaVv,
+                           {dst, s.place.value, imm(1), imm(bytes), imm(bytes), imm(bytes)});
+            }
+            ++i;
+        }
+        once.wait_all();
+    }
 
     /// Waits until MXU m has finished all its steps but the `later` most recent.
     void wait_mxu(uint32_t m, uint32_t later) {
         if (!later) {
-            L("        wait f{}, s{}", 3 + m, 22 + m);
+            E(Opcode::Wait, {m_mxu[m].flag, m_mxu[m].count});
             return;
         }
-        const std::string skip = label("wm");
-        L("        sub s10, s{}, {}", 22 + m, later);
-        L("        blt s10, 1, {}", skip);
-        L("        wait f{}, s10", 3 + m);
-        L("{}:", skip);
+        const isa::Label skip = m_b.label("wm");
+        E(Opcode::Sub, {m_tmp, m_mxu[m].count, imm(later)});
+        E(Opcode::Blt, {m_tmp, imm(1), skip});
+        E(Opcode::Wait, {m_mxu[m].flag, m_tmp});
+        m_b.bind(skip);
     }
 
-    uint32_t kk(uint32_t j) const { return std::min(m_t.R, m_t.K - j * m_t.R); }
+    uint32_t kk(uint32_t j) const { return std::min(m_k.R, m_p.K - j * m_k.R); }
     /// Columns of panel m of the group (the last panel of C may be narrow).
     uint32_t nn(bool last, uint32_t m) const {
-        const uint32_t panel = (m_G - 1) * m_t.mxus + m;
-        return last && panel == m_NT - 1 ? m_t.N - panel * m_t.C : m_t.C;
+        const uint32_t panel = (m_G - 1) * m_k.mxus + m;
+        return last && panel == m_NT - 1 ? m_p.N - panel * m_k.C : m_k.C;
     }
-    uint32_t panels(bool last) const { return last ? m_NT - (m_G - 1) * m_t.mxus : m_t.mxus; }
+    uint32_t panels(bool last) const { return last ? m_NT - (m_G - 1) * m_k.mxus : m_k.mxus; }
     uint64_t wbf(int slot, uint32_t m, int q) const {
-        return m_m.wbf + ((uint64_t(slot) * m_t.mxus + m) * m_P + q) * m_m.wtile;
+        return m_a.wbf + ((uint64_t(slot) * m_k.mxus + m) * m_P + q) * m_m.wtile;
     }
     uint64_t wstage(int slot, uint32_t m) const {
-        return m_m.wstage + (uint64_t(slot) * m_t.mxus + m) * m_t.R * m_t.C * 4;
+        return m_a.wstage + (uint64_t(slot) * m_k.mxus + m) * m_k.R * m_k.C * 4;
     }
     uint64_t abf(int q, uint32_t j) const {
-        return m_m.abf + (uint64_t(q) * m_KT + j) * m_m.apanel;
+        return m_a.abf + (uint64_t(q) * m_KT + j) * m_m.apanel;
+    }
+    /// First column of the group (a middle group's is group_col / 4).
+    uint64_t first_col(bool first) const {
+        return first ? 0 : uint64_t(m_G - 1) * m_k.mxus * m_k.C;
     }
 
-    /// s13 = the HBM address of op(b)'s column n0 of the group (s8 in a middle group).
+    /// w_base = the HBM address of the stationary operand's column n0 of the group.
     void w_base(bool first, bool last) {
-        const uint64_t n0 = first ? 0 : uint64_t(m_G - 1) * m_t.mxus * m_t.C;
-        const uint64_t per_col = m_t.tb ? uint64_t(m_t.K) * 4 : 4;
+        uint64_t per_col = 4;  // bytes from one column to the next
+        switch (m_p.w) {
+            case DotLayout::RowMajor:
+                break;
+            case DotLayout::Transposed:
+                per_col = uint64_t(m_p.K) * 4;
+                break;
+            case DotLayout::Tiles:
+                per_col = uint64_t(m_k.R) * 4;  // n0 / C tiles of R C 4 bytes
+                break;
+            case DotLayout::Gemm:
+                per_col = uint64_t(m_k.R) * 2;
+                break;
+        }
         if (first || last) {
-            L("        add s13, s2, {}", n0 * per_col);
+            E(Opcode::Add, {m_wb, m_W.value, imm(int64_t(first_col(first) * per_col))});
         } else {
-            L("        mul s13, s8, {}", per_col / 4);
-            L("        add s13, s13, s2");
+            E(Opcode::Mul, {m_wb, m_col, imm(int64_t(per_col / 4))});
+            E(Opcode::Add, {m_wb, m_wb, m_W.value});
         }
     }
 
-    /// Loads of step j into `slot`: the group's weight tiles and, in a block's first group,
-    /// A's panel j.
-    void loads(uint32_t j, bool first, bool last, int slot) {
-        const int flag = slot ? 6 : 1, reg = slot ? 25 : 20;
-        const uint32_t k = kk(j), R = m_t.R;
+    enum Part { kA = 1, kW = 2, kBoth = 3 };
+    /// Loads of step j into `slot`: in a block's first group A's panel j (`what` & kA), the
+    /// group's weight tiles (`what` & kW). fp32 operands go to the staging areas; bf16 parts
+    /// straight to where the MXUs read them.
+    void loads(uint32_t j, bool first, bool last, int slot, int what) {
+        const Tally& t = m_loads[slot];
+        const uint32_t k = kk(j), R = m_k.R, C = m_k.C;
+        const uint64_t M = m_p.M, K = m_p.K, N = m_p.N;
         int count = 0;
-        if (first) {
-            const uint64_t at = m_m.astage + uint64_t(slot) * m_t.block_rows * R * 4;
-            if (m_t.ta) {
-                // a^T: rows j R .. of a, the block's columns; v.trans turns them.
-                L("        mul s14, s4, 4");
-                L("        add s14, s14, s1");
-                L("        mul s15, s7, 4");
-                L("        dma.hv [{}], [s14+{}], {}, s15, s15, {}, f{}", at,
-                  uint64_t(j) * R * m_t.M * 4, k, uint64_t(m_t.M) * 4, flag);
+        if (first && (what & kA)) {
+            const Opcode op = load_op(m_A);
+            if (m_p.a == DotLayout::Transposed) {
+                // A^T: rows j R .. of the stored K x M, the block's columns; v.trans turns them.
+                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                E(Opcode::Mul, {m_t14, m_row, imm(4)});
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                E(Opcode::Mul, {m_t15, m_rows, imm(4)});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(j * R * M * 4), imm(k), m_t15, m_t15,
+                       imm(int64_t(M * 4)), t.flag});
+                ++count;
+            } else if (m_p.a == DotLayout::RowMajor) {
+                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(K * 4))});
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(j * R * 4), m_rows, imm(k * 4), imm(k * 4),
+                       imm(int64_t(K * 4)), t.flag});
+                ++count;
             } else {
-                L("        mul s14, s4, {}", uint64_t(m_t.K) * 4);
-                L("        add s14, s14, s1");
-                L("        dma.hv [{}], [s14+{}], s7, {}, {}, {}, f{}", at, uint64_t(j) * R * 4,
-                  k * 4, k * 4, uint64_t(m_t.K) * 4, flag);
-            }
-            ++count;
-        }
-        w_base(first, last);
-        for (uint32_t m = 0; m < panels(last); ++m) {
-            const uint32_t n = nn(last, m);
-            if (m_t.tb)
-                L("        dma.hv [{}], [s13+{}], {}, {}, {}, {}, f{}", wstage(slot, m),
-                  uint64_t(m) * m_t.C * m_t.K * 4 + uint64_t(j) * R * 4, n, k * 4, k * 4,
-                  uint64_t(m_t.K) * 4, flag);
-            else
-                L("        dma.hv [{}], [s13+{}], {}, {}, {}, {}, f{}", wstage(slot, m),
-                  uint64_t(j) * R * m_t.N * 4 + uint64_t(m) * m_t.C * 4, k, n * 4, n * 4,
-                  uint64_t(m_t.N) * 4, flag);
-            ++count;
-        }
-        L("        add s{}, s{}, {}", reg, reg, count);
-    }
-
-    /// Stores the pending group's C (if any), once its matmuls are done; `issued[m]` = steps of
-    /// the current group already issued to MXU m.
-    void flush(const std::string& tag, uint32_t steps, uint32_t nm) {
-        const std::string done = "fd_" + tag;
-        L("        beq s29, 0, {}", done);
-        for (uint32_t m = 0; m < m_t.mxus; ++m) wait_mxu(m, m < nm ? steps : 0);
-        auto stores = [&](bool last) {
-            if (m_t.bias) {
-                L("        add s12, s9, {}", m_m.bias);
-                for (uint32_t m = 0; m < panels(last); ++m) {
-                    const uint64_t at = m_m.c + uint64_t(m) * m_m.cpanel;
-                    vpu(fmt::format("        v.addrow [s28+{}], [s28+{}], [s12+{}], s27, {}", at,
-                                    at, uint64_t(m) * m_t.C * 4, nn(last, m)));
+                // The GEMM's A panels: panel j's block rows, each part P straight into place.
+                const uint64_t kp = uint64_t(m_KT) * R;
+                E(Opcode::Mul, {m_t14, m_row, imm(R * 2)});
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                for (int q = 0; q < m_P; ++q) {
+                    E(op, {imm(int64_t(abf(q, j))),
+                           m_t14 + int64_t(q * M * kp * 2 + uint64_t(j) * M * R * 2), m_rows,
+                           imm(k * 2), imm(k * 2), imm(R * 2), t.flag});
+                    ++count;
                 }
-                L("        wait f2, s21");
             }
+        }
+        if (what & kW) {
+            const Opcode op = load_op(m_W);
+            w_base(first, last);
+            const uint64_t NT = m_NT, np = NT * C;
             for (uint32_t m = 0; m < panels(last); ++m) {
                 const uint32_t n = nn(last, m);
-                L("        dma.vh [s26+{}], [s28+{}], s27, {}, {}, {}, f5", uint64_t(m) * m_t.C * 4,
-                  m_m.c + uint64_t(m) * m_m.cpanel, n * 4, uint64_t(m_t.N) * 4, n * 4);
-                L("        add s24, s24, 1");
+                const uint64_t tile = uint64_t(j) * NT + m;  // tile (j, n0 / C + m) less n0 / C
+                switch (m_p.w) {
+                    case DotLayout::Transposed:
+                        E(op, {imm(int64_t(wstage(slot, m))),
+                               m_wb + int64_t(uint64_t(m) * C * K * 4 + uint64_t(j) * R * 4),
+                               imm(n), imm(k * 4), imm(k * 4), imm(int64_t(K * 4)), t.flag});
+                        ++count;
+                        break;
+                    case DotLayout::RowMajor:
+                        E(op, {imm(int64_t(wstage(slot, m))),
+                               m_wb + int64_t(uint64_t(j) * R * N * 4 + uint64_t(m) * C * 4),
+                               imm(k), imm(n * 4), imm(n * 4), imm(int64_t(N * 4)), t.flag});
+                        ++count;
+                        break;
+                    case DotLayout::Tiles:
+                        E(op, {imm(int64_t(wstage(slot, m))), m_wb + int64_t(tile * R * C * 4),
+                               imm(k), imm(n * 4), imm(n * 4), imm(C * 4), t.flag});
+                        ++count;
+                        break;
+                    case DotLayout::Gemm:
+                        for (int q = 0; q < m_P; ++q) {
+                            E(op,
+                              {imm(int64_t(wbf(slot, m, q))),
+                               m_wb + int64_t(q * uint64_t(m_KT) * R * np * 2 + tile * R * C * 2),
+                               imm(k), imm(n * 2), imm(n * 2), imm(C * 2), t.flag});
+                            ++count;
+                        }
+                        break;
+                }
             }
-        };
-        if (m_G > 1) {
-            L("        beq s29, 2, fl_{}", tag);
-            stores(false);
-            L("        jmp fe_{}", tag);
-            L("fl_{}:", tag);
         }
-        stores(true);
-        L("fe_{}:  li s29, 0", tag);
-        L("{}:", done);
+        if (count) E(Opcode::Add, {t.count, t.count, imm(count)});
     }
 
-    /// VPU: fp32 at `x` (rows x cols values, `n` as text) into the bf16 parts `part(q)`.
-    void convert(const std::function<std::string(int)>& part, uint64_t x, const std::string& n,
-                 uint64_t f, uint64_t r1, uint64_t r2) {
-        emit_split([&](const std::string& ins) { vpu(ins); }, m_P, part, fmt::format("[{}]", x),
-                   fmt::format("[{}]", f), fmt::format("[{}]", r1), fmt::format("[{}]", r2), n);
+    /// The group whose C waits for its store, if any: once its matmuls are done (`steps` =
+    /// steps of the current group already issued to MXU m < `nm`), its epilogue and its stores.
+    void flush(const std::string& tag, uint32_t steps, uint32_t nm) {
+        const isa::Label done = m_b.label("fd_" + tag), fe = m_b.label("fe_" + tag);
+        E(Opcode::Beq, {m_pending, imm(0), done});
+        for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, m < nm ? steps : 0);
+        if (m_G > 1) {
+            const isa::Label fl = m_b.label("fl_" + tag);
+            E(Opcode::Beq, {m_pending, imm(2), fl});
+            stores(false);
+            E(Opcode::Jmp, {fe});
+            m_b.bind(fl);
+        }
+        stores(true);
+        m_b.bind(fe);
+        E(Opcode::Li, {m_pending, imm(0)});
+        m_b.bind(done);
+    }
+
+    /// The pending group's epilogue and stores (`last`: the last group's panels).
+    void stores(bool last) {
+        const uint32_t np = panels(last), T = m_k.block_rows, C = m_k.C;
+        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;  // C's bytes a value, row length
+        const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
+        // HBM byte offset of panel m from the pending address, in values.
+        auto panel_off = [&](uint32_t m) -> uint64_t {
+            return lhs ? uint64_t(m) * C * cn : panels_out ? uint64_t(m) * m_k.M * C : m * C;
+        };
+        int vpu_ops = 0;
+        // (1) Full sides: each panel's tile of each, the same elements as the result's.
+        if (m_k.full_sides) {
+            const isa::Reg at = m_b.reg("side_at");
+            isa::Reg row_bytes;
+            if (lhs) {
+                row_bytes = m_b.reg("side_row_bytes");
+                E(Opcode::Mul, {row_bytes, m_prows, imm(4)});
+            }
+            uint32_t f = 0, issued = 0;
+            for (const EpilogueSide& s : m_ep.sides) {
+                if (s.kind != EpilogueSide::Kind::Full) continue;
+                // at = side + (pending address - C) x 4 / e: the pending tile's first element
+                // in the fp32 side.
+                E(Opcode::Sub, {at, m_paddr, m_C.value});
+                if (e == 2) E(Opcode::Add, {at, at, at});
+                E(Opcode::Add, {at, at, s.place.value});
+                const Opcode op = load_op(s.place);
+                for (uint32_t m = 0; m < np; ++m) {
+                    const uint32_t n = nn(last, m);
+                    const isa::Arg dst = imm(int64_t(full_tile(f, m)));
+                    const isa::Arg src = at + int64_t(panel_off(m) * 4);
+                    if (lhs)
+                        E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
+                               m_sides.flag});
+                    else
+                        E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
+                               imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
+                    ++issued;
+                }
+                ++f;
+            }
+            E(Opcode::Add, {m_sides.count, m_sides.count, imm(issued)});
+            E(Opcode::Wait, {m_sides.flag, m_sides.count});
+        }
+        // (2) The epilogue of each panel's tile.
+        isa::Reg columns, tile_rows, count;
+        if (m_k.column_sides) {
+            columns = m_b.reg("columns", 12);
+            E(Opcode::Add, {columns, m_pcol, imm(int64_t(m_a.col))});
+        }
+        if (lhs) tile_rows = m_b.reg("tile_rows");
+        if (m_k.store_bf16 && !lhs) count = m_b.reg("tile_values");
+        auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
+            vpu(op, args);
+            ++vpu_ops;
+        };
+        for (uint32_t m = 0; m < np; ++m) {
+            const uint32_t n = nn(last, m);
+            const isa::Arg result = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
+            isa::Arg tile = result;
+            uint32_t cols = n;
+            const isa::Reg* rows = &m_prows;
+            if (lhs) {
+                // C^T's tile (rows x n) back to C's orientation: n rows of T values (the
+                // columns past the block's rows are not stored).
+                tile = imm(int64_t(m_a.tt + m * m_m.cpanel));
+                counted(Opcode::VTrans, {tile, result, imm(T), imm(n)});
+                E(Opcode::Li, {tile_rows, imm(n)});
+                rows = &tile_rows;
+                cols = T;
+            }
+            if (m_ep.body) {
+                std::vector<isa::Arg> sides;
+                uint32_t ci = 0, fi = 0;
+                for (const EpilogueSide& s : m_ep.sides) {
+                    if (s.kind == EpilogueSide::Kind::Column)
+                        sides.push_back(columns + int64_t(ci++ * m_m.col_stride +
+                                                          (lhs ? 0 : uint64_t(m) * C * 4)));
+                    else
+                        sides.push_back(imm(int64_t(full_tile(fi++, m))));
+                }
+                EpilogueTile et(m_b, tile, std::move(sides), *rows, cols, counted);
+                m_ep.body(et);
+            }
+            if (m_k.store_bf16) {
+                isa::Arg values = imm(int64_t(n) * T);
+                if (!lhs) {
+                    E(Opcode::Mul, {count, m_prows, imm(n)});
+                    values = count;
+                }
+                counted(Opcode::VF2Bf,
+                        {imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2)), tile, values});
+            }
+        }
+        if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+        // (3) The stores.
+        isa::Reg row_bytes;
+        if (lhs) {
+            row_bytes = m_b.reg("row_bytes");
+            E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
+        }
+        const Opcode op = store_op(m_C);
+        for (uint32_t m = 0; m < np; ++m) {
+            const uint32_t n = nn(last, m);
+            isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
+            if (lhs) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
+            if (m_k.store_bf16) src = imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2));
+            const isa::Arg dst = m_paddr + int64_t(panel_off(m) * e);
+            if (lhs)
+                E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
+                       m_stores.flag});
+            else
+                E(op,
+                  {dst, src, m_prows, imm(int64_t(n * e)),
+                   imm(int64_t(panels_out ? C * e : cn * e)), imm(int64_t(n * e)), m_stores.flag});
+            E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
+        }
+    }
+    uint64_t full_tile(uint32_t f, uint32_t m) const {
+        return m_a.full + (uint64_t(f) * m_k.mxus + m) * m_m.cpanel;
+    }
+
+    /// VPU: fp32 at `x` (`n` values) into the bf16 parts `part(q)`.
+    void convert(const std::function<isa::Arg(int)>& part, uint64_t x, isa::Arg n, uint64_t f,
+                 uint64_t r1, uint64_t r2) {
+        emit_split([&](Opcode op, std::initializer_list<isa::Arg> args) { vpu(op, args); }, m_P,
+                   part, imm(int64_t(x)), imm(int64_t(f)), imm(int64_t(r1)), imm(int64_t(r2)), n);
     }
 
     /// One column group: every K step, unrolled so that each step's slot and flag are fixed.
     void group(bool first, bool last) {
-        const uint32_t nm = panels(last), R = m_t.R;
+        const uint32_t nm = panels(last), R = m_k.R;
         const std::string tag = first ? (last ? "fl" : "f") : (last ? "l" : "m");
+        const bool a_staged = staged(m_p.a), w_staged = staged(m_p.w);
+        // Weight tiles in bf16 go straight to where the MXUs read them, so a slot is refilled
+        // only after the step that last read it (the one before, issued just before the refill).
+        const bool w_direct = !w_staged;
         // The stores of the group before the previous one read the C parity this group writes.
-        L("        wait f5, s24");
-        loads(0, first, last, 0);
+        E(Opcode::Wait, {m_stores.flag, m_stores.count});
+        // A's bf16 panels loaded as they are replace the ones every matmul so far has read.
+        if (first && !a_staged)
+            for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, 0);
+        // Slot 0 of the weight tiles was last read by the previous group's last step (KT odd)
+        // or the one before.
+        if (w_direct)
+            for (uint32_t m = 0; m < nm; ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
+        loads(0, first, last, 0, kBoth);
+        const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
         for (uint32_t j = 0; j < m_KT; ++j) {
             const int slot = int(j % 2);
             const uint32_t k = kk(j);
             // Step j + 1's transfers go first: their slot was last read by step j - 1's
             // conversions, which are done.
-            if (j + 1 < m_KT) loads(j + 1, first, last, 1 - slot);
-            L("        wait f{}, s{}", slot ? 6 : 1, slot ? 25 : 20);
+            if (j + 1 < m_KT) loads(j + 1, first, last, 1 - slot, w_direct ? kA : kBoth);
+            E(Opcode::Wait, {m_loads[slot].flag, m_loads[slot].count});
+            const bool converts = w_staged || (first && a_staged);
             // The weight slot is free once the step before the previous one is done on each
             // MXU; at a group's start with KT odd the previous group's last step read it too.
             // A block's first group also overwrites A's panel j, which the previous block's
             // steps read (all but this group's j).
-            for (uint32_t m = 0; m < m_t.mxus; ++m) {
-                uint32_t later = m < nm ? (j == 0 && m_KT % 2 ? 0 : 1) : m_t.mxus;
-                if (first) later = std::min(later, m < nm ? j : 0);
-                if (m < nm || first) wait_mxu(m, later);
-            }
-            if (first) {
-                const uint64_t src = m_m.astage + uint64_t(slot) * m_t.block_rows * R * 4;
+            if (converts)
+                for (uint32_t m = 0; m < m_k.mxus; ++m) {
+                    uint32_t later = m < nm ? (j == 0 && m_KT % 2 ? 0 : 1) : m_k.mxus;
+                    if (first) later = std::min(later, m < nm ? j : 0);
+                    if (m < nm || first) wait_mxu(m, later);
+                }
+            if (first && a_staged) {
+                const uint64_t src = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
                 uint64_t x = src;
-                if (m_t.ta) {
-                    L("        v.trans [{}], [{}], {}, s7, f2", m_m.att, src, k);
-                    L("        add s21, s21, 1");
-                    x = m_m.att;
+                if (m_p.a == DotLayout::Transposed) {
+                    vpu(Opcode::VTrans, {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), m_rows});
+                    x = m_a.att;
                 }
-                L("        mul s16, s7, {}", k);
-                convert([&](int q) { return fmt::format("[{}]", abf(q, j)); }, x, "s16", m_m.af,
-                        m_m.ar1, m_m.ar2);
+                E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
+                convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
+                        m_a.ar2);
             }
-            for (uint32_t m = 0; m < nm; ++m) {
-                const uint32_t n = nn(last, m);
-                uint64_t x = wstage(slot, m);
-                if (m_t.tb) {
-                    const uint64_t tt = m_m.wtt + uint64_t(m) * R * m_t.C * 4;
-                    vpu(fmt::format("        v.trans [{}], [{}], {}, {}", tt, x, n, k));
-                    x = tt;
+            if (w_staged)
+                for (uint32_t m = 0; m < nm; ++m) {
+                    const uint32_t n = nn(last, m);
+                    uint64_t x = wstage(slot, m);
+                    if (m_p.w == DotLayout::Transposed) {
+                        const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
+                        vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
+                        x = tt;
+                    }
+                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
+                            imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
                 }
-                convert([&](int q) { return fmt::format("[{}]", wbf(slot, m, q)); }, x,
-                        fmt::format("{}", uint64_t(k) * n), m_m.wf, m_m.wr1, m_m.wr2);
-            }
             // The previous group's results leave after this step's transfers are queued, so
             // the in-order DMA engine does not hold the next tiles behind them.
-            if (j == std::min<uint32_t>(1, m_KT - 1)) flush(fmt::format("{}{}", tag, j), j, nm);
-            L("        wait f2, s21");
+            if (!w_direct && j == flush_step) flush(fmt::format("{}{}", tag, j), j, nm);
+            if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
             for (uint32_t m = 0; m < nm; ++m) {
                 for (size_t i = 0; i < m_passes.size(); ++i) {
                     const auto [pa, pw] = m_passes[i];
                     const bool fresh = j == 0 && i == 0, end = i + 1 == m_passes.size();
-                    L("        mxu.lw {}, [{}], {}, {}", m, wbf(slot, m, pw), k, nn(last, m));
-                    L("        mxu.mm {}, [s19+{}], [{}], s7, {}{}", m,
-                      m_m.c + uint64_t(m) * m_m.cpanel, abf(pa, j), fresh ? 0 : 1,
-                      end ? fmt::format(", f{}", 3 + m) : "");
+                    E(Opcode::MxuLw,
+                      {imm(m), imm(int64_t(wbf(slot, m, pw))), imm(k), imm(nn(last, m))});
+                    const isa::Arg dst = m_par + int64_t(m_a.c + m * m_m.cpanel);
+                    if (end)
+                        E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
+                                          imm(fresh ? 0 : 1), m_mxu[m].flag});
+                    else
+                        E(Opcode::MxuMm,
+                          {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows, imm(fresh ? 0 : 1)});
                 }
-                L("        add s{}, s{}, 1", 22 + m, 22 + m);
+                E(Opcode::Add, {m_mxu[m].count, m_mxu[m].count, imm(1)});
+            }
+            if (w_direct) {
+                // Step j + 1's tiles go into the slot step j - 1 read; step j keeps the MXUs
+                // busy meanwhile. The previous group's results leave after them.
+                if (j + 1 < m_KT) {
+                    for (uint32_t m = 0; m < nm; ++m) wait_mxu(m, 1);
+                    loads(j + 1, first, last, 1 - slot, kW);
+                }
+                if (j == flush_step) flush(fmt::format("{}{}", tag, j), j + 1, nm);
             }
         }
         // This group's C is pending until the next group's step 1 (or the end).
-        L("        mul s26, s4, {}", uint64_t(m_t.N) * 4);
-        L("        add s26, s26, s3");
-        if (first || last)
-            L("        add s26, s26, {}", first ? 0 : uint64_t(m_G - 1) * m_t.mxus * m_t.C * 4);
-        else
-            L("        add s26, s26, s8");
-        L("        add s27, s7, 0");
-        L("        add s28, s19, 0");
-        if (m_t.bias) {
-            if (first || last)
-                L("        li s9, {}", first ? 0 : uint64_t(m_G - 1) * m_t.mxus * m_t.C * 4);
-            else
-                L("        add s9, s8, 0");
-        }
-        L("        li s29, {}", last ? 2 : 1);
-        L("        xor s19, s19, {}", uint64_t(m_t.mxus) * m_m.cpanel);
+        set_pending(first, last);
+        E(Opcode::Li, {m_pending, imm(last ? 2 : 1)});
+        E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_k.mxus) * m_m.cpanel)});
     }
 
-    const MatmulTiling& m_t;
-    Map m_m;
+    /// pending_addr = C's address of the group's first result, pending_rows, pending_parity
+    /// and, for Column sides, pending_col = the side's first value x 4.
+    void set_pending(bool first, bool last) {
+        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;
+        const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
+        // Bytes from one streamed row, and from one column of the problem, to the next.
+        const uint64_t per_row = lhs ? e : panels_out ? uint64_t(m_k.C) * e : cn * e;
+        const uint64_t per_col = lhs ? cn * e : panels_out ? uint64_t(m_k.M) * e : e;
+        E(Opcode::Mul, {m_paddr, m_row, imm(int64_t(per_row))});
+        E(Opcode::Add, {m_paddr, m_paddr, m_C.value});
+        if (first || last) {
+            E(Opcode::Add, {m_paddr, m_paddr, imm(int64_t(first_col(first) * per_col))});
+        } else if (per_col == 4) {
+            E(Opcode::Add, {m_paddr, m_paddr, m_col});
+        } else {
+            E(Opcode::Shr, {m_tmp, m_col, imm(2)});
+            E(Opcode::Mul, {m_tmp, m_tmp, imm(int64_t(per_col))});
+            E(Opcode::Add, {m_paddr, m_paddr, m_tmp});
+        }
+        E(Opcode::Add, {m_prows, m_rows, imm(0)});
+        E(Opcode::Add, {m_ppar, m_par, imm(0)});
+        if (m_k.column_sides) {
+            if (lhs)
+                E(Opcode::Mul, {m_pcol, m_row, imm(4)});
+            else if (first || last)
+                E(Opcode::Li, {m_pcol, imm(int64_t(first_col(first) * 4))});
+            else
+                E(Opcode::Add, {m_pcol, m_col, imm(0)});
+        }
+    }
+
+    isa::Builder& m_b;
+    const DotKey& m_k;
+    Problem m_p;
+    const Epilogue& m_ep;
+    Map m_m;  ///< offsets and sizes
+    Map m_a;  ///< absolute addresses of the areas
     int m_P;
     uint32_t m_KT, m_NT, m_G;
+    Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
     std::vector<std::pair<int, int>> m_passes;
-    std::string m_s;
-    int m_label = 0;
+
+    std::vector<isa::Vmem> m_vmem;
+    isa::Reg m_par, m_pending, m_row, m_rows, m_col, m_pcol, m_tmp, m_wb, m_t14, m_t15, m_cnt;
+    isa::Reg m_paddr, m_prows, m_ppar;
+    Tally m_loads[2], m_vpu, m_mxu[2], m_stores, m_sides;
 };
 
 }  // namespace
 
-void emit_split(const std::function<void(const std::string&)>& vpu, int parts,
-                const std::function<std::string(int)>& part, const std::string& x,
-                const std::string& f, const std::string& r1, const std::string& r2,
-                const std::string& n) {
-    vpu(fmt::format("        v.f2bf {}, {}, {}", part(0), x, n));
-    if (parts >= 2) {
-        vpu(fmt::format("        v.bf2f {}, {}, {}", f, part(0), n));
-        vpu(fmt::format("        v.sub {}, {}, {}, {}", r1, x, f, n));
-        vpu(fmt::format("        v.f2bf {}, {}, {}", part(1), r1, n));
+std::string dot_unsupported(const DotKey& k) {
+    if (k.M == 0 || k.K == 0 || k.N == 0)
+        return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
+    if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > 2)
+        return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
+    if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
+    if (k.a == DotLayout::Tiles) return "A cannot lie in tiles (a stationary W's layout)";
+    if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm)
+        return fmt::format("C is written row-major or in the GEMM's panels, not {}",
+                           dot_layout_name(k.c));
+    if (k.w == DotLayout::Gemm && k.R % 2)
+        return fmt::format("the GEMM's W tiles need an even MXU height (R = {})", k.R);
+    if (k.stationary == Stationary::Lhs) {
+        auto fp32 = [](DotLayout l) {
+            return l == DotLayout::RowMajor || l == DotLayout::Transposed;
+        };
+        if (!fp32(k.a) || !fp32(k.w) || k.c != DotLayout::RowMajor)
+            return fmt::format(
+                "with the LHS stationary the kernel reads A and W fp32 (row-major or "
+                "transposed) and writes C row-major; A is {}, W {}, C {}",
+                dot_layout_name(k.a), dot_layout_name(k.w), dot_layout_name(k.c));
     }
-    if (parts == 3) {
-        vpu(fmt::format("        v.bf2f {}, {}, {}", f, part(1), n));
-        vpu(fmt::format("        v.sub {}, {}, {}, {}", r2, r1, f, n));
-        vpu(fmt::format("        v.f2bf {}, {}, {}", part(2), r2, n));
-    }
+    return "";
 }
 
-std::optional<MatmulTiling> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K,
-                                        uint32_t N, bool ta, bool tb, Precision precision,
-                                        bool bias) {
-    MatmulTiling t{.M = M,
-                   .K = K,
-                   .N = N,
-                   .ta = ta,
-                   .tb = tb,
-                   .precision = precision,
-                   .R = cfg.core.mxu_rows,
-                   .C = cfg.core.mxu_cols,
-                   .mxus = std::min<uint32_t>(cfg.core.mxus, 2),
-                   .bias = bias};
+uint64_t dot_vmem_bytes(const DotKey& key) {
+    return vmem_map(key).end;
+}
+
+double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
+    const Problem p = problem(key);
+    GemmTiling t;
+    t.R = key.R;
+    t.C = key.C;
+    t.Kp = ceil_div(p.K, key.R) * key.R;
+    t.Np = ceil_div(p.N, key.C) * key.C;
+    t.block_rows = key.block_rows;
+    t.mxus = key.mxus;
+    t.precision = key.precision;
+    const GemmTraffic x{.a_fp32 = staged(p.a),
+                        .w_fp32 = staged(p.w),
+                        .full_sides = key.full_sides,
+                        .column_sides = key.column_sides,
+                        .c_bf16 = key.store_bf16};
+    return gemm_estimate_cycles(cfg, t, p.M, x);
+}
+
+std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_t vmem_bytes) {
+    DotKey k = shape;
+    k.R = cfg.core.mxu_rows;
+    k.C = cfg.core.mxu_cols;
+    k.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
+    k.block_rows = 8;
+    if (const std::string why = dot_unsupported(k); !why.empty())
+        throw DeviceError(ErrorKind::Usage, "dot: " + why);
+    const uint32_t rows = problem(k).M;
+    std::optional<DotKey> best;
+    double best_est = 0;
+    // Even cuts of the rows, longest first; below R rows a block only adds steps bound by the
+    // weight load (as plan_gemm).
+    for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
+        k.block_rows = ceil_div(ceil_div(rows, nb), 8) * 8;
+        if (k.block_rows > kMaxBlockRows) continue;
+        if (best && k.block_rows < std::min(rows, k.R)) break;
+        if (dot_vmem_bytes(k) > vmem_bytes) continue;
+        const double est = dot_estimate_cycles(cfg, k);
+        if (!best || est < best_est) {
+            best = k;
+            best_est = est;
+        }
+    }
+    return best;
+}
+
+void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
+              const Epilogue& epilogue) {
+    if (const std::string why = dot_unsupported(key); !why.empty()) throw b.error("dot: " + why);
+    const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
+    const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);
+    if (cols != key.column_sides || fulls != key.full_sides ||
+        epilogue.store_bf16 != key.store_bf16)
+        throw b.error(fmt::format(
+            "dot: the epilogue has {} Column and {} Full sides and {} bf16 store; the key says "
+            "{}, {} and {}",
+            cols, fulls, epilogue.store_bf16 ? "a" : "no", key.column_sides, key.full_sides,
+            key.store_bf16 ? "a" : "no"));
+    auto check = [&](const Operand& o, const std::string& what) {
+        if (o.kind == Operand::Kind::Scalar)
+            throw b.error(
+                fmt::format("dot: {} is a scalar; a tensor in HBM or VMEM expected", what));
+    };
+    check(ops.a, "A");
+    check(ops.w, "W");
+    check(ops.c, "C");
+    for (size_t i = 0; i < epilogue.sides.size(); ++i)
+        check(epilogue.sides[i].place, fmt::format("epilogue side {}", i));
+    DotGen(b, key, ops, epilogue).emit();
+}
+
+isa::Program generate(const DotKey& key) {
+    if (key.column_sides || key.full_sides)
+        throw isa::BuildError(
+            "kernel 'dot': a dot with epilogue sides is emitted with its epilogue (emit_dot)");
+    isa::Builder b(key.name());
+    const isa::Reg a = b.arg("a"), w = b.arg("w"), c = b.arg("c");
+    Epilogue ep;
+    ep.store_bf16 = key.store_bf16;
+    emit_dot(b, key, {Operand::hbm(a), Operand::hbm(w), Operand::hbm(c)}, ep);
+    b.emit(Opcode::Halt, {});
+    return b.finish();
+}
+
+std::optional<MatmulKey> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K, uint32_t N,
+                                     bool ta, bool tb, Precision precision, bool bias) {
+    MatmulKey t{.M = M,
+                .K = K,
+                .N = N,
+                .ta = ta,
+                .tb = tb,
+                .precision = precision,
+                .R = cfg.core.mxu_rows,
+                .C = cfg.core.mxu_cols,
+                .mxus = std::min<uint32_t>(cfg.core.mxus, 2),
+                .bias = bias};
     // The longest blocks first: each weight tile costs a drain (core.mxu_swap_drains), so rows
     // per tile are worth more than anything a shorter block would save.
     for (uint32_t nb = 1; nb <= ceil_div(M, 8); ++nb) {
         t.block_rows = ceil_div(ceil_div(M, nb), 8) * 8;
         if (t.block_rows > kMaxBlockRows) continue;
-        if (vmem_map(t).end <= cfg.core.vmem_bytes) break;
+        if (dot_vmem_bytes(t.dot()) <= cfg.core.vmem_bytes) break;
         t.block_rows = 0;
     }
     if (!t.block_rows) return std::nullopt;
     return t;
 }
 
-isa::Program matmul_program(const MatmulTiling& t) {
-    return Gen(t).program();
-}
-
-std::string matmul_key(const MatmulTiling& t) {
-    return fmt::format("matmul R{} C{} M{} K{} N{} {}{} T{} mxus{} {}{}", t.R, t.C, t.M, t.K, t.N,
-                       t.ta ? "T" : "N", t.tb ? "T" : "N", t.block_rows, t.mxus,
-                       precision_name(t.precision), t.bias ? " bias" : "");
+isa::Program generate(const MatmulKey& key) {
+    isa::Builder b(key.name());
+    const isa::Reg a = b.arg("a"), w = b.arg("b"), c = b.arg("c");
+    Epilogue ep;
+    if (key.bias) {
+        // The bias row, added to each C panel after the last pass (bias_add's arithmetic).
+        const isa::Reg bias = b.arg("bias");
+        ep.sides.push_back({EpilogueSide::Kind::Column, Operand::hbm(isa::s(bias.index()))});
+        ep.body = [](EpilogueTile& t) {
+            t.vpu(Opcode::VAddRow, {t.out(), t.out(), t.side(0), t.rows(), imm(t.cols())});
+        };
+        // emit_dot copies the address into a register of its own before it takes s4 for its
+        // row counter (the text kernel's numbering), so the argument's register goes back.
+    }
+    emit_dot(b, key.dot(), {Operand::hbm(a), Operand::hbm(w), Operand::hbm(c)}, ep);
+    b.emit(Opcode::Halt, {});
+    return b.finish();
 }
 
 }  // namespace tpu::driver

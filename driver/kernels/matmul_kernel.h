@@ -2,47 +2,131 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 
+#include "driver/kernels/epilogue.h"
 #include "driver/kernels/gemm.h"
 
-/// The fused matmul kernel behind tensor_ops::matmul: fp32 operands read from HBM in tiles,
-/// converted (and transposed) to bf16 parts in VMEM, C written compact fp32.
+/// The fused dot kernel: C = A x W on one core with operands in HBM, fp32 operands read in
+/// tiles and converted (and transposed) to bf16 parts in VMEM, or bf16 operands in the library
+/// GEMM's layouts read as they are, an epilogue on each result tile, either operand stationary.
+/// tensor_ops::matmul runs it stand-alone (MatmulKey); the compiler emits it into a step's
+/// program (DotKey, emit_dot).
 namespace tpu::driver {
 
-/// Shape and tiling of one fused matmul kernel (every core runs the same one on its replica).
-struct MatmulTiling {
+/// Which dot operand the MXU holds while the other streams through it.
+enum class Stationary : uint8_t {
+    Rhs,  ///< C = A W: W's tiles in the arrays, A's rows stream (the library GEMM's orientation)
+    Lhs,  ///< the transposed problem C^T = W^T A^T: A's tiles in the arrays, W's columns stream
+};
+
+/// How a dot operand or its result lies in HBM (each layout's byte offsets below; R x C is the
+/// MXU, KT = ceil(K / R), NT = ceil(N / C), Kp = KT R, Np = NT C, P = the precision's parts).
+enum class DotLayout : uint8_t {
+    /// fp32 row-major: A M x K, W K x N, C M x N (C bf16 with Epilogue::store_bf16).
+    RowMajor,
+    /// fp32 stored transposed (operands only): A as K x M, W as N x K (a dot contracting W's
+    /// minor dim, as the backward pass's dX = dY W^T).
+    Transposed,
+    /// W only: fp32 R x C tiles, zero-padded, tile (k, n) row-major at (k NT + n) R C 4 bytes
+    /// (the compiler's T(128,128) layout of a stationary fp32 weight).
+    Tiles,
+    /// The library GEMM's tile-major layouts (GemmKey): A as KT panels of M x R bf16 (panel k
+    /// at k M R 2 bytes), W as R x C bf16 tiles (tile (k, n) at (k NT + n) R C 2), each in P
+    /// parts M Kp 2 (Kp Np 2) bytes apart, zero-padded; C as NT column panels of M x C values
+    /// (fp32, or bf16 with store_bf16; panel n at n M C 4 (2) bytes), the columns of the last
+    /// panel past N not written. Stationary::Rhs only.
+    Gemm,
+};
+/// "row-major", "transposed", "tiles", "gemm".
+std::string_view dot_layout_name(DotLayout l);
+
+/// The fused dot kernel's key: every input its code depends on besides the epilogue's body.
+struct DotKey {
+    uint32_t M = 0, K = 0, N = 0;  ///< C (M x N) = A (M x K) x W (K x N)
+    Precision precision = Precision::Bf16;
+    DotLayout a = DotLayout::RowMajor;        ///< A's layout
+    DotLayout w = DotLayout::RowMajor;        ///< W's layout
+    DotLayout c = DotLayout::RowMajor;        ///< C's layout (RowMajor or Gemm)
+    Stationary stationary = Stationary::Rhs;  ///< which operand the arrays hold
+    uint32_t R = 128, C = 128;                ///< MXU array
+    uint32_t mxus = 2;                        ///< MXUs used (column panels per group)
+    uint32_t block_rows = 0;    ///< streamed rows per block: of A (Rhs) or of W^T (Lhs)
+    uint32_t column_sides = 0;  ///< the epilogue's Column sides (VMEM they take)
+    uint32_t full_sides = 0;    ///< the epilogue's Full sides
+    bool store_bf16 = false;    ///< C stored as bf16 (Epilogue::store_bf16)
+    auto operator<=>(const DotKey&) const = default;
+    std::string name() const { return "dot"; }
+    friend size_t hash_value(const DotKey& k);
+};
+
+/// Where emit_dot's tensors are: HBM addresses (Operand::hbm) or VMEM regions of the caller
+/// holding the whole tensor in the key's layout (Operand::vmem; moved with dma.vv).
+struct DotOperands {
+    streaming::Operand a;  ///< A in key.a's layout
+    streaming::Operand w;  ///< W in key.w's layout
+    streaming::Operand c;  ///< C in key.c's layout
+};
+
+/// Why the kernel cannot run `key` (a layout the orientation does not allow, an empty shape,
+/// a tiling it does not have), or "" when it can. The compiler falls back on a reason.
+std::string dot_unsupported(const DotKey& key);
+/// VMEM bytes the kernel for `key` takes (its areas, each 512-byte aligned).
+uint64_t dot_vmem_bytes(const DotKey& key);
+/// The planner's cost of `key` in cycles: gemm_estimate_cycles of the same schedule (the
+/// streamed dim's rows in blocks of block_rows, A kept) with the dot's own traffic (fp32
+/// operands, side inputs, a bf16 C; GemmTraffic).
+double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key);
+/// `shape` (M, K, N, precision, layouts, stationary, sides, store_bf16 set; the rest ignored)
+/// tiled for the board's MXUs: among even cuts of the streamed rows into blocks of at most 4096
+/// whose areas fit in `vmem_bytes` (a composing caller passes Builder::vmem_free()), the one
+/// with the smallest dot_estimate_cycles (ties: fewer blocks). nullopt when even 8 rows do not
+/// fit; throws DeviceError(Usage) with dot_unsupported's reason.
+std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_t vmem_bytes);
+
+/// Emits the dot for `key` into `b` (driver/README.md "The fused dot kernel"): resources from
+/// b's pools in its own scope; on return every instruction it issued has completed. The
+/// epilogue runs on each result tile (rows x cols fp32 in VMEM) after the last pass and before
+/// the store; its sides must match key.column_sides, key.full_sides and key.store_bf16. With
+/// Stationary::Lhs the kernel runs C^T = W^T A^T (passes in the order of C = A W, so the values
+/// are the same bits) and transposes each result tile back (v.trans) before the epilogue: the
+/// epilogue's tile is then nn rows of C (a register) by block_rows columns (the columns past the
+/// block's last row hold garbage and are not stored). Throws isa::BuildError naming the
+/// problem (an unsupported key, sides that do not match it).
+void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
+              const Epilogue& epilogue = {});
+/// The stand-alone kernel of a key without sides: launch arguments a, w, c, then emit_dot
+/// (store_bf16 as the key says), then halt.
+isa::Program generate(const DotKey& key);
+
+/// tensor_ops::matmul's kernel: C = op(a) op(b), fp32 row-major operands (op = optional
+/// transpose), C fp32 row-major, an optional bias row, weights stationary. A DotKey in the
+/// trainer's terms, cached under the name "matmul".
+struct MatmulKey {
     uint32_t M = 0, K = 0, N = 0;  ///< op(a) is M x K, op(b) K x N
     bool ta = false, tb = false;   ///< a, b stored transposed
     Precision precision = Precision::Bf16;
     uint32_t R = 128, C = 128;  ///< MXU array
     uint32_t mxus = 2;          ///< MXUs used (column panels per group)
     uint32_t block_rows = 0;    ///< LHS rows per block (T)
-    bool bias = false;          ///< C += a 1 x N fp32 row (launch argument s4) before it leaves
+    bool bias = false;          ///< C += a 1 x N fp32 row before it leaves
+    auto operator<=>(const MatmulKey&) const = default;
+    std::string name() const { return "matmul"; }
+    friend size_t hash_value(const MatmulKey& k);
+    /// The dot it runs (the bias a Column side).
+    DotKey dot() const;
 };
 
 /// The fused kernel's tiling: the longest even blocks of rows (at most 4096, as plan_gemm) whose
 /// VMEM areas fit; nullopt when even 8 rows do not fit. `bias`: the kernel adds a bias row.
-std::optional<MatmulTiling> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K,
-                                        uint32_t N, bool ta, bool tb, Precision precision,
-                                        bool bias = false);
+std::optional<MatmulKey> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uint32_t K, uint32_t N,
+                                     bool ta, bool tb, Precision precision, bool bias = false);
 /// The kernel, its K loop unrolled (each step's slot, flags and K tile fixed) in up to three
 /// column-group variants: about 40 instructions per K step and variant, so K beyond about 6 000
-/// outgrows core.imem_bytes. Launch arguments: s1 = a, s2 = b, s3 = c (HBM, fp32 row-major,
-/// compact), and with `bias` s4 = the 1 x N fp32 bias, added to each C panel in VMEM (one fp32
-/// add after the last pass, as bias_add would) just before it is stored.
-isa::Program matmul_program(const MatmulTiling& t);
-/// Cache key of matmul_program.
-std::string matmul_key(const MatmulTiling& t);
-
-/// Emits the VPU ops that split `n` fp32 values at `x` into `parts` bf16 parts (hw::split3:
-/// hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid)) at part(0..2), with the fp32
-/// temporaries f, r1, r2 (r2 only for 3 parts). Operands are assembly text.
-void emit_split(const std::function<void(const std::string&)>& vpu, int parts,
-                const std::function<std::string(int)>& part, const std::string& x,
-                const std::string& f, const std::string& r1, const std::string& r2,
-                const std::string& n);
+/// outgrows core.imem_bytes. Launch arguments: a, b, c (HBM, fp32 row-major, compact), and with
+/// `bias` the 1 x N fp32 bias, added to each C panel in VMEM (one fp32 add after the last pass,
+/// as bias_add would) just before it is stored.
+isa::Program generate(const MatmulKey& key);
 
 }  // namespace tpu::driver

@@ -525,12 +525,11 @@ Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a
     // hold (VMEM, instruction memory).
     if (const auto mt = plan_matmul(dev.config(), M, K, N, transpose_a, transpose_b, precision,
                                     bias != nullptr)) {
-        const isa::Program& prog = cache.get(matmul_key(*mt), [&] { return matmul_program(*mt); });
+        const isa::Program& prog = cache.get(*mt);
         if (prog.code.size() * isa::kInstrBytes <= dev.config().core.imem_bytes)
-            return dev.launch(a.cores, prog, [&](size_t i) {
-                std::vector<uint32_t> args{addr(a.bufs[i]), addr(b.bufs[i]), addr(c.bufs[i])};
-                if (bias) args.push_back(addr(bias->bufs[i]));
-                return args;
+            return launch(dev, a.cores, prog, [&](size_t i, LaunchArgs& args) {
+                args.set("a", a.bufs[i]).set("b", b.bufs[i]).set("c", c.bufs[i]);
+                if (bias) args.set("bias", bias->bufs[i]);
             });
     }
     const GemmTiling t = plan_gemm(dev.config(), M, K, N, precision);
@@ -553,11 +552,12 @@ Event matmul(Device& dev, ProgramCache& cache, const Tensor& a, bool transpose_a
         evs.push_back(launch(
             dev, cache, plan_pack(K, N, t.Kp, t.Np, transpose_b, P, vmem), a.cores,
             [&](size_t i, LaunchArgs& args) { args.set("x", b.bufs[i]).set("dst", sw[i]); }));
-        const isa::Program& prog =
-            cache.get(gemm_key_compact(t, N), [&] { return gemm_program_compact(t, N); });
-        evs.push_back(dev.launch(a.cores, prog, [&](size_t i) {
-            return std::vector<uint32_t>{addr(sa[i]), addr(sw[i]), addr(c.bufs[i]), M,
-                                         M * t.Kp * 2};
+        evs.push_back(launch(dev, cache, GemmKey{t, N}, a.cores, [&](size_t i, LaunchArgs& args) {
+            args.set("a", sa[i])
+                .set("w", sw[i])
+                .set("c", c.bufs[i])
+                .set("rows", M)
+                .set("a_part_bytes", M * t.Kp * 2);
         }));
         if (bias) evs.push_back(bias_add(dev, cache, c, *bias, c));
     } catch (...) {

@@ -197,7 +197,7 @@ TEST(GemmOrder, PlannerChoosesTheDocumentedTiling) {
     // no board run: an exception after SystemC has switched stacks trips ASan falsely.)
     GemmTiling t = plan_gemm(cfg, 300, 260, 140, Precision::Bf16);
     t.tiled = true;
-    EXPECT_THROW(gemm_program_compact(t, 140), DeviceError);
+    EXPECT_THROW(generate(GemmKey{t, 140}), DeviceError);
 }
 
 // The M/N split: the busiest core's gemm_estimate_cycles under its plan_gemm tiling.

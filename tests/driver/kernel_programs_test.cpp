@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/gemm.h"
+#include "driver/kernels/matmul_kernel.h"
 #include "driver/kernels/softmax.h"
 #include "driver/kernels/tensor_ops.h"
 #include "driver/kernels/vector_ops.h"
@@ -18,8 +20,8 @@
 namespace tpu::driver {
 namespace {
 
-using AnyKey =
-    std::variant<VectorKey, TensorOpKey, PackKey, ColumnCopyKey, SoftmaxKey, SoftmaxGradKey>;
+using AnyKey = std::variant<VectorKey, TensorOpKey, PackKey, ColumnCopyKey, SoftmaxKey,
+                            SoftmaxGradKey, GemmKey, MatmulKey>;
 
 struct Golden {
     AnyKey key;
@@ -101,6 +103,53 @@ const std::vector<Golden> kGolden = {
     {SoftmaxGradKey{1, 1, false, 1}, 0x0b250721351b459f},
     {SoftmaxGradKey{130, 1000, false, 32}, 0xd1308790fee61018},
     {SoftmaxGradKey{48, 24, true, 48}, 0xbaee5ea3a316b00d},
+    // The GEMM and the fused matmul: plan_gemm's and plan_matmul's tilings of the shapes the
+    // GEMM tests run (gemm_order_test, tensor_ops_test), in both layouts, compact and padded C,
+    // A kept and streamed, with and without transposes and bias, on the default board, on
+    // smaller VMEMs and on an 8 x 8 MXU. GemmKey{{R, C, Kp, Np, block_rows, mxus, precision,
+    // tiled, a_stream}, compact_cols}; MatmulKey{M, K, N, ta, tb, precision, R, C, mxus,
+    // block_rows, bias}.
+    {GemmKey{{128, 128, 128, 128, 8, 2, Precision::Bf16, false, false}, 1}, 0x73a8437d95cc21b1},
+    {MatmulKey{1, 1, 1, false, false, Precision::Bf16, 128, 128, 2, 8, false}, 0xb33688d29349cda9},
+    {GemmKey{{128, 128, 1152, 256, 304, 2, Precision::Fp32Pass6, true, false}, 0},
+     0x3a35eede675f623c},
+    {MatmulKey{300, 1152, 129, true, false, Precision::Fp32Pass6, 128, 128, 2, 304, true},
+     0x128c1a14c391a4e9},
+    {GemmKey{{128, 128, 256, 256, 8, 2, Precision::Fp32Pass6, false, false}, 129},
+     0xdc751458a0b8089e},
+    {MatmulKey{8, 256, 129, false, true, Precision::Fp32Pass6, 128, 128, 2, 8, false},
+     0xb92666185015831f},
+    {GemmKey{{128, 128, 2048, 384, 64, 2, Precision::Fp32Pass6, false, false}, 0},
+     0x5e1b7668b598364c},
+    {MatmulKey{64, 2048, 300, true, false, Precision::Fp32Pass6, 128, 128, 2, 64, false},
+     0xf62492dee7f6a226},
+    {GemmKey{{128, 128, 512, 1024, 256, 2, Precision::Bf16, true, false}, 0}, 0x88670630c119b971},
+    {MatmulKey{256, 512, 1024, false, false, Precision::Bf16, 128, 128, 2, 256, false},
+     0x0d7d2648601f30db},
+    {GemmKey{{128, 128, 384, 640, 1104, 2, Precision::Bf16, false, false}, 0}, 0xfe205995e6f7787b},
+    {MatmulKey{1100, 384, 640, true, true, Precision::Bf16, 128, 128, 2, 1104, true},
+     0x7f4c9390e3c7f9e8},
+    {GemmKey{{128, 128, 384, 384, 136, 2, Precision::Fp32Pass3, false, false}, 0},
+     0x68cc94dd313b8277},
+    {MatmulKey{129, 300, 384, false, false, Precision::Fp32Pass3, 128, 128, 2, 136, false},
+     0x5b60793bda98315b},
+    {GemmKey{{128, 128, 1152, 640, 280, 2, Precision::Bf16, true, true}, 0}, 0x493576a66428d153},
+    {MatmulKey{1100, 1152, 640, true, false, Precision::Bf16, 128, 128, 2, 104, false},
+     0x02fa3562df288201},
+    {GemmKey{{128, 128, 1024, 640, 304, 2, Precision::Fp32Pass3, false, true}, 0},
+     0x377fee58e4afe99d},
+    {MatmulKey{600, 1024, 640, false, true, Precision::Fp32Pass3, 128, 128, 2, 152, false},
+     0xa5e4cda17fd1650a},
+    {GemmKey{{128, 128, 384, 256, 304, 2, Precision::Bf16, false, false}, 0}, 0x1e9ddcf6f556a030},
+    {MatmulKey{300, 260, 140, true, false, Precision::Bf16, 128, 128, 2, 304, true},
+     0x5b6aea7a5478cf80},
+    {GemmKey{{128, 128, 8192, 512, 2504, 2, Precision::Fp32Pass6, true, true}, 0},
+     0xed1f790a08ab78a7},
+    {MatmulKey{5000, 8192, 512, false, false, Precision::Fp32Pass6, 128, 128, 2, 296, false},
+     0xad1352241af9667c},
+    {GemmKey{{8, 8, 32, 32, 40, 2, Precision::Fp32Pass3, false, false}, 0}, 0x44598dfd6895ebbb},
+    {MatmulKey{37, 30, 29, true, true, Precision::Fp32Pass3, 8, 8, 2, 40, false},
+     0xe6bd036842c28e69},
 };
 
 TEST(KernelPrograms, BuilderProgramsAreByteIdenticalToTheTextKernelsTheyReplaced) {

@@ -1,0 +1,660 @@
+// SPDX-License-Identifier: Apache-2.0
+// The composable dot emitter (emit_dot): every operand layout, both stationary sides and the
+// epilogues of output fusions, bit-exact against the host references with the race detector on;
+// a dot composed with softmax in one program (through HBM and through VMEM); two library GEMMs
+// (emit_gemm) in one program.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "driver/kernels/gemm.h"
+#include "driver/kernels/kernel.h"
+#include "driver/kernels/matmul_kernel.h"
+#include "driver/kernels/softmax.h"
+#include "driver/kernels/tensor_ops.h"
+#include "driver/kernels/vector_ops.h"
+#include "hw/board.h"
+#include "hw/core/numerics.h"
+#include "tests/driver/driver_test_util.h"
+
+namespace tpu::driver {
+namespace {
+
+using isa::fimm;
+using isa::imm;
+using isa::Opcode;
+using tutil::bits_of;
+using tutil::random_values;
+
+int parts_of(Precision p) {
+    return p == Precision::Bf16 ? 1 : p == Precision::Fp32Pass3 ? 2 : 3;
+}
+uint32_t ceil_div(uint32_t a, uint32_t b) {
+    return (a + b - 1) / b;
+}
+
+/// Bytes of `x` (rows x cols, row-major) in `layout` (matmul_kernel.h's DotLayout offsets).
+std::vector<uint8_t> lay_out(const std::vector<float>& x, uint32_t rows, uint32_t cols,
+                             DotLayout layout, bool is_a, const DotKey& k) {
+    const uint32_t R = k.R, C = k.C;
+    std::vector<uint8_t> out;
+    auto put32 = [&](std::vector<float>& v) {
+        out.resize(v.size() * 4);
+        std::memcpy(out.data(), v.data(), out.size());
+    };
+    switch (layout) {
+        case DotLayout::RowMajor: {
+            std::vector<float> v = x;
+            put32(v);
+            break;
+        }
+        case DotLayout::Transposed: {
+            std::vector<float> v(x.size());
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t c = 0; c < cols; ++c)
+                    v[size_t(c) * rows + r] = x[size_t(r) * cols + c];
+            put32(v);
+            break;
+        }
+        case DotLayout::Tiles: {  // W (K x N): fp32 R x C tiles
+            const uint32_t KT = ceil_div(rows, R), NT = ceil_div(cols, C);
+            std::vector<float> v(size_t(KT) * NT * R * C, 0.0f);
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t c = 0; c < cols; ++c)
+                    v[(size_t(r / R) * NT + c / C) * R * C + (r % R) * C + c % C] =
+                        x[size_t(r) * cols + c];
+            put32(v);
+            break;
+        }
+        case DotLayout::Gemm: {  // bf16 parts; A: KT panels of M x R, W: R x C tiles
+            const int P = parts_of(k.precision);
+            const uint32_t KT = ceil_div(is_a ? cols : rows, R);
+            const size_t part =
+                is_a ? size_t(rows) * KT * R : size_t(KT) * R * ceil_div(cols, C) * C;
+            std::vector<uint16_t> v(P * part, 0);
+            const uint32_t NT = ceil_div(cols, C);
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t c = 0; c < cols; ++c) {
+                    const auto s = hw::split3(x[size_t(r) * cols + c]);
+                    const size_t at =
+                        is_a ? (size_t(c / R) * rows + r) * R + c % R
+                             : (size_t(r / R) * NT + c / C) * R * C + (r % R) * C + c % C;
+                    for (int q = 0; q < P; ++q) v[q * part + at] = s[q];
+                }
+            out.resize(v.size() * 2);
+            std::memcpy(out.data(), v.data(), out.size());
+            break;
+        }
+    }
+    return out;
+}
+
+/// An output fusion under test: optional bias (Column side), ReLU, residual (Full side).
+struct Fusion {
+    bool bias = false, relu = false, residual = false, store_bf16 = false;
+};
+
+struct Case {
+    uint32_t M = 0, K = 0, N = 0;
+    Precision precision = Precision::Bf16;
+    DotLayout a = DotLayout::RowMajor, w = DotLayout::RowMajor, c = DotLayout::RowMajor;
+    Stationary stationary = Stationary::Rhs;
+    Fusion f;
+    uint32_t block_rows = 0;  ///< 0: plan_dot's
+};
+
+std::string describe(const Case& t, const DotKey& k) {
+    return fmt::format("{}x{}x{} {} a {} w {} c {} {} T{} bias{} relu{} res{} bf16{}", t.M, t.K,
+                       t.N, precision_name(t.precision), dot_layout_name(t.a), dot_layout_name(t.w),
+                       dot_layout_name(t.c), t.stationary == Stationary::Lhs ? "lhs" : "rhs",
+                       k.block_rows, t.f.bias, t.f.relu, t.f.residual, t.f.store_bf16);
+}
+
+/// The epilogue body of `f`: bias row, ReLU, residual, in that order (sides: bias first).
+std::function<void(EpilogueTile&)> body_of(const Fusion& f) {
+    if (!f.bias && !f.relu && !f.residual) return {};
+    return [f](EpilogueTile& t) {
+        isa::Builder& b = t.builder();
+        const isa::Reg n = b.reg("epilogue.values");
+        b.emit(Opcode::Mul, {n, t.rows(), imm(t.cols())});
+        if (f.bias) t.vpu(Opcode::VAddRow, {t.out(), t.out(), t.side(0), t.rows(), imm(t.cols())});
+        if (f.relu) t.vpu(Opcode::VMaxS, {t.out(), t.out(), fimm(0.0f), n});
+        if (f.residual) t.vpu(Opcode::VAdd, {t.out(), t.out(), t.side(f.bias ? 1 : 0), n});
+    };
+}
+
+/// The host reference of the fused dot: matmul_reference, then the epilogue's fp32 ops.
+std::vector<float> reference(const Case& t, const std::vector<float>& a,
+                             const std::vector<float>& w, const std::vector<float>& bias,
+                             const std::vector<float>& res, uint32_t R) {
+    auto y = matmul_reference(a, t.M, t.K, false, w, t.K, t.N, false, t.precision, R);
+    if (t.f.bias) y = bias_add_reference(y, bias, t.M, t.N);
+    if (t.f.relu) y = relu_reference(y);
+    if (t.f.residual) y = add_reference(y, res);
+    return y;
+}
+
+/// C (fp32 values, or bf16 as fp32) out of its HBM bytes in `layout`.
+std::vector<float> read_c(const std::vector<uint8_t>& bytes, const Case& t, const DotKey& k) {
+    const size_t e = t.f.store_bf16 ? 2 : 4;
+    std::vector<float> y(size_t(t.M) * t.N);
+    for (uint32_t r = 0; r < t.M; ++r)
+        for (uint32_t c = 0; c < t.N; ++c) {
+            const size_t at = t.c == DotLayout::Gemm ? (size_t(c / k.C) * t.M + r) * k.C + c % k.C
+                                                     : size_t(r) * t.N + c;
+            if (e == 4) {
+                std::memcpy(&y[size_t(r) * t.N + c], bytes.data() + at * 4, 4);
+            } else {
+                uint16_t h;
+                std::memcpy(&h, bytes.data() + at * 2, 2);
+                y[size_t(r) * t.N + c] = hw::bf16_to_f32(h);
+            }
+        }
+    return y;
+}
+
+std::vector<float> to_bf16(std::vector<float> y) {
+    for (float& v : y) v = hw::bf16_to_f32(hw::f32_to_bf16(v));
+    return y;
+}
+
+/// One SystemC simulation per test process: every case of a test runs on its device.
+std::unique_ptr<Device> open_checked() {
+    return Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
+}
+
+void run_case(Device& device, const Case& t, uint32_t seed) {
+    const hw::BoardConfig& cfg = device.config();
+    DotKey shape{.M = t.M,
+                 .K = t.K,
+                 .N = t.N,
+                 .precision = t.precision,
+                 .a = t.a,
+                 .w = t.w,
+                 .c = t.c,
+                 .stationary = t.stationary,
+                 .column_sides = t.f.bias ? 1u : 0u,
+                 .full_sides = t.f.residual ? 1u : 0u,
+                 .store_bf16 = t.f.store_bf16};
+    auto planned = plan_dot(cfg, shape, cfg.core.vmem_bytes);
+    ASSERT_TRUE(planned);
+    DotKey k = *planned;
+    if (t.block_rows) k.block_rows = t.block_rows;
+    SCOPED_TRACE(describe(t, k));
+    const auto a = random_values(size_t(t.M) * t.K, seed, -2.0f, 2.0f);
+    const auto w = random_values(size_t(t.K) * t.N, seed + 1, -2.0f, 2.0f);
+    const auto bias = random_values(t.N, seed + 2, -2.0f, 2.0f);
+    const auto res = random_values(size_t(t.M) * t.N, seed + 3, -2.0f, 2.0f);
+
+    Device* dev = &device;
+    auto put = [&](const std::vector<uint8_t>& bytes) {
+        Buffer buf = dev->alloc(std::max<size_t>(bytes.size(), 4), 0);
+        dev->write(buf, bytes.data(), bytes.size());
+        return buf;
+    };
+    const Buffer ba = put(lay_out(a, t.M, t.K, t.a, true, k));
+    const Buffer bw = put(lay_out(w, t.K, t.N, t.w, false, k));
+    const Buffer bb = put(lay_out(bias, 1, t.N, DotLayout::RowMajor, false, k));
+    // A residual has the output's shape and layout.
+    const std::vector<uint8_t> res_bytes = [&] {
+        if (t.c != DotLayout::Gemm) return lay_out(res, t.M, t.N, DotLayout::RowMajor, false, k);
+        std::vector<float> v(size_t(ceil_div(t.N, k.C)) * k.C * t.M, 0.0f);
+        for (uint32_t r = 0; r < t.M; ++r)
+            for (uint32_t c = 0; c < t.N; ++c)
+                v[(size_t(c / k.C) * t.M + r) * k.C + c % k.C] = res[size_t(r) * t.N + c];
+        std::vector<uint8_t> out(v.size() * 4);
+        std::memcpy(out.data(), v.data(), out.size());
+        return out;
+    }();
+    const Buffer br = put(res_bytes);
+    const size_t c_bytes = (t.c == DotLayout::Gemm ? size_t(ceil_div(t.N, k.C)) * k.C : t.N) * t.M *
+                           (t.f.store_bf16 ? 2 : 4);
+    const Buffer bc = dev->alloc(c_bytes, 0);
+
+    isa::Builder b("dot_test");
+    const isa::Reg ra = b.arg("a"), rw = b.arg("w"), rc = b.arg("c");
+    Epilogue ep;
+    isa::Reg rbias, rres;
+    if (t.f.bias) {
+        rbias = b.arg("bias");
+        ep.sides.push_back({EpilogueSide::Kind::Column, streaming::Operand::hbm(rbias)});
+    }
+    if (t.f.residual) {
+        rres = b.arg("res");
+        ep.sides.push_back({EpilogueSide::Kind::Full, streaming::Operand::hbm(rres)});
+    }
+    ep.body = body_of(t.f);
+    ep.store_bf16 = t.f.store_bf16;
+    emit_dot(
+        b, k,
+        {streaming::Operand::hbm(ra), streaming::Operand::hbm(rw), streaming::Operand::hbm(rc)},
+        ep);
+    b.emit(Opcode::Halt, {});
+    const isa::Program prog = b.finish();
+    launch(*dev, {0}, prog, [&](size_t, LaunchArgs& args) {
+        args.set("a", ba).set("w", bw).set("c", bc);
+        if (t.f.bias) args.set("bias", bb);
+        if (t.f.residual) args.set("res", br);
+    });
+    std::vector<uint8_t> got_bytes(c_bytes);
+    dev->read(bc, got_bytes.data(), c_bytes);
+    auto want = reference(t, a, w, bias, res, k.R);
+    if (t.f.store_bf16) want = to_bf16(want);
+    EXPECT_EQ(bits_of(read_c(got_bytes, t, k)), bits_of(want));
+}
+
+const Fusion kNone{};
+const Fusion kBiasRelu{.bias = true, .relu = true};
+const Fusion kResidual{.residual = true};
+const Fusion kAll{.bias = true, .relu = true, .residual = true};
+const Fusion kBf16{.bias = true, .store_bf16 = true};
+const Fusion kAllBf16{.bias = true, .relu = true, .residual = true, .store_bf16 = true};
+
+TEST(DotKernel, FusedEpiloguesAreBitExact) {
+    // Ragged M, K, N (a narrow last panel, a short last K tile); several blocks where block_rows
+    // is set, so a block's first group overwrites A's panels and the Column side stays.
+    const std::vector<Case> cases = {
+        {.M = 37, .K = 300, .N = 129, .precision = Precision::Bf16, .f = kBiasRelu},
+        {.M = 100,
+         .K = 130,
+         .N = 300,
+         .precision = Precision::Fp32Pass3,
+         .f = kAll,
+         .block_rows = 24},
+        {.M = 50, .K = 260, .N = 260, .precision = Precision::Fp32Pass6, .f = kResidual},
+        {.M = 33, .K = 129, .N = 200, .precision = Precision::Bf16, .f = kBf16},
+        {.M = 70,
+         .K = 140,
+         .N = 520,
+         .precision = Precision::Fp32Pass3,
+         .f = kAllBf16,
+         .block_rows = 32},
+    };
+    uint32_t seed = 11;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, TransposedAndTiledOperandsAreBitExact) {
+    // W stored N x K (dX = dY W^T), A stored K x M, W in fp32 tiles.
+    const std::vector<Case> cases = {
+        {.M = 45,
+         .K = 200,
+         .N = 140,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::Transposed,
+         .f = kBiasRelu},
+        {.M = 60,
+         .K = 150,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .a = DotLayout::Transposed,
+         .w = DotLayout::Transposed,
+         .f = kResidual,
+         .block_rows = 16},
+        {.M = 40,
+         .K = 257,
+         .N = 129,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::Transposed,
+         .w = DotLayout::Tiles,
+         .f = kAll},
+        {.M = 300,
+         .K = 128,
+         .N = 256,
+         .precision = Precision::Bf16,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::Tiles,
+         .f = kNone},
+    };
+    uint32_t seed = 71;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, GemmLayoutsAreBitExact) {
+    // The library GEMM's tile-major bf16 operands and C panels (fp32 or bf16).
+    const std::vector<Case> cases = {
+        {.M = 37,
+         .K = 300,
+         .N = 129,
+         .precision = Precision::Bf16,
+         .a = DotLayout::Gemm,
+         .w = DotLayout::Gemm,
+         .c = DotLayout::Gemm,
+         .f = kBiasRelu},
+        {.M = 90,
+         .K = 200,
+         .N = 300,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::Gemm,
+         .w = DotLayout::Gemm,
+         .c = DotLayout::Gemm,
+         .f = kAll,
+         .block_rows = 40},
+        {.M = 70,
+         .K = 130,
+         .N = 140,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::Gemm,
+         .c = DotLayout::RowMajor,
+         .f = kResidual},
+        {.M = 50,
+         .K = 129,
+         .N = 260,
+         .precision = Precision::Bf16,
+         .a = DotLayout::Gemm,
+         .w = DotLayout::RowMajor,
+         .c = DotLayout::Gemm,
+         .f = kAllBf16},
+    };
+    uint32_t seed = 131;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, LhsStationaryIsBitExact) {
+    // C^T = W^T A^T: A's tiles held, W's columns streamed; the same passes in the same order,
+    // so the same bits as C = A W; each result tile transposed back before the epilogue.
+    const std::vector<Case> cases = {
+        {.M = 129,
+         .K = 200,
+         .N = 30,
+         .precision = Precision::Bf16,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu},
+        {.M = 260,
+         .K = 130,
+         .N = 45,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::Transposed,
+         .w = DotLayout::RowMajor,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 16},
+        {.M = 100,
+         .K = 300,
+         .N = 70,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::Transposed,
+         .stationary = Stationary::Lhs,
+         .f = kResidual},
+        {.M = 140,
+         .K = 129,
+         .N = 20,
+         .precision = Precision::Bf16,
+         .stationary = Stationary::Lhs,
+         .f = kAllBf16},
+    };
+    uint32_t seed = 191;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, EmptyEpilogueEmitsTheMatmulKernel) {
+    // The stand-alone dot of a matmul's key is the matmul kernel, instruction for instruction.
+    const auto cfg = hw::BoardConfig::load("", {});
+    for (const auto& [M, K, N, ta, tb] :
+         std::vector<std::tuple<uint32_t, uint32_t, uint32_t, bool, bool>>{
+             {37, 300, 129, false, false},
+             {300, 1152, 640, true, true},
+             {8, 256, 129, false, true}})
+        for (Precision p : {Precision::Bf16, Precision::Fp32Pass6}) {
+            const auto mk = plan_matmul(cfg, M, K, N, ta, tb, p);
+            ASSERT_TRUE(mk);
+            EXPECT_EQ(isa::encode_program(generate(mk->dot())), isa::encode_program(generate(*mk)));
+        }
+}
+
+TEST(DotKernel, UnsupportedKeysAreNamed) {
+    DotKey k{.M = 10,
+             .K = 10,
+             .N = 10,
+             .a = DotLayout::Gemm,
+             .stationary = Stationary::Lhs,
+             .block_rows = 8};
+    EXPECT_NE(dot_unsupported(k).find("LHS stationary"), std::string::npos) << dot_unsupported(k);
+    k = DotKey{.M = 10, .K = 10, .N = 10, .a = DotLayout::Tiles, .block_rows = 8};
+    EXPECT_NE(dot_unsupported(k).find("tiles"), std::string::npos) << dot_unsupported(k);
+    // An epilogue whose sides the key does not announce.
+    k = DotKey{.M = 10, .K = 10, .N = 10, .block_rows = 8};
+    isa::Builder b("dot");
+    const isa::Reg x = b.arg("x");
+    Epilogue ep;
+    ep.sides.push_back({EpilogueSide::Kind::Column, streaming::Operand::hbm(x)});
+    EXPECT_THROW(emit_dot(b, k,
+                          {streaming::Operand::hbm(x), streaming::Operand::hbm(x),
+                           streaming::Operand::hbm(x)},
+                          ep),
+                 isa::BuildError);
+}
+
+TEST(DotKernel, PlannerCountsTheDotsOwnTraffic) {
+    const auto cfg = hw::BoardConfig::load("", {});
+    // No extra traffic is the library GEMM's estimate, so plan_gemm's choices stay.
+    const GemmTiling t = plan_gemm(cfg, 512, 768, 768, Precision::Bf16);
+    const double base = gemm_estimate_cycles(cfg, t, 512);
+    EXPECT_EQ(gemm_estimate_cycles(cfg, t, 512, GemmTraffic{}), base);
+    // 512 x 768 x 768 bf16 is HBM-bound (README "matmul"): a residual's 1.5 MiB costs cycles,
+    // fp32 operands (4 bytes a value, not 2) cost more, a bf16 C saves some.
+    EXPECT_GT(gemm_estimate_cycles(cfg, t, 512, {.full_sides = 1}), base);
+    EXPECT_GT(gemm_estimate_cycles(cfg, t, 512, {.a_fp32 = true, .w_fp32 = true}), base);
+    EXPECT_LT(gemm_estimate_cycles(cfg, t, 512, {.c_bf16 = true}), base);
+    // plan_dot keeps to the VMEM it is given (a composing caller's Builder::vmem_free()).
+    const DotKey shape{.M = 2000, .K = 512, .N = 512, .full_sides = 1};
+    const auto roomy = plan_dot(cfg, shape, cfg.core.vmem_bytes);
+    const auto tight = plan_dot(cfg, shape, 1u << 20);
+    ASSERT_TRUE(roomy && tight);
+    EXPECT_LE(dot_vmem_bytes(*roomy), cfg.core.vmem_bytes);
+    EXPECT_LE(dot_vmem_bytes(*tight), 1u << 20);
+    EXPECT_LT(tight->block_rows, roomy->block_rows);
+    EXPECT_FALSE(plan_dot(cfg, shape, 4096));
+    // A key the kernel cannot run is a usage error naming why.
+    EXPECT_THROW(
+        plan_dot(
+            cfg,
+            DotKey{.M = 8, .K = 8, .N = 8, .a = DotLayout::Gemm, .stationary = Stationary::Lhs},
+            cfg.core.vmem_bytes),
+        DeviceError);
+}
+
+TEST(DotKernel, ComposesWithSoftmaxInOneProgram) {
+    // A dot with a bias epilogue, then softmax over its rows, in one program: the softmax reads
+    // C after emit_dot has waited for its stores (race detector on).
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    const uint32_t M = 70, K = 200, N = 150;
+    const Precision p = Precision::Fp32Pass3;
+    const auto a = random_values(size_t(M) * K, 501, -1.0f, 1.0f);
+    const auto w = random_values(size_t(K) * N, 502, -1.0f, 1.0f);
+    const auto bias = random_values(N, 503, -1.0f, 1.0f);
+    auto dev = Device::open(cfg);
+    auto put = [&](const std::vector<float>& v) {
+        Buffer buf = dev->alloc(v.size() * 4, 0);
+        dev->write(buf, v.data(), v.size() * 4);
+        return buf;
+    };
+    const Buffer ba = put(a), bw = put(w), bb = put(bias);
+    const Buffer bc = dev->alloc(size_t(M) * N * 4, 0), by = dev->alloc(size_t(M) * N * 4, 0);
+
+    isa::Builder b("dot_softmax", {.vmem_bytes = cfg.core.vmem_bytes});
+    const isa::Reg ra = b.arg("a"), rw = b.arg("w"), rb = b.arg("bias"), rc = b.arg("c"),
+                   ry = b.arg("y");
+    {
+        const auto k = plan_dot(
+            cfg, DotKey{.M = M, .K = K, .N = N, .precision = p, .column_sides = 1}, b.vmem_free());
+        ASSERT_TRUE(k);
+        Epilogue ep;
+        ep.sides.push_back({EpilogueSide::Kind::Column, streaming::Operand::hbm(rb)});
+        ep.body = body_of(Fusion{.bias = true});
+        emit_dot(
+            b, *k,
+            {streaming::Operand::hbm(ra), streaming::Operand::hbm(rw), streaming::Operand::hbm(rc)},
+            ep);
+    }
+    const SoftmaxKey sk = plan_softmax(M, N, false, false, b.vmem_free());
+    const std::vector<streaming::Operand> ops = {streaming::Operand::hbm(rc),
+                                                 streaming::Operand::hbm(ry)};
+    emit(b, sk, ops);
+    b.emit(Opcode::Halt, {});
+    const isa::Program prog = b.finish();
+    launch(*dev, {0}, prog, [&](size_t, LaunchArgs& args) {
+        args.set("a", ba).set("w", bw).set("bias", bb).set("c", bc).set("y", by);
+    });
+    std::vector<float> got(size_t(M) * N);
+    dev->read(by, got.data(), got.size() * 4);
+    const auto c = bias_add_reference(
+        matmul_reference(a, M, K, false, w, K, N, false, p, cfg.core.mxu_rows), bias, M, N);
+    EXPECT_EQ(bits_of(got), bits_of(softmax_reference(c, M, N)));
+}
+
+}  // namespace
+}  // namespace tpu::driver
+
+namespace tpu::driver {
+namespace {
+
+TEST(DotKernel, LeavesItsResultInVmemForTheNextKernel) {
+    // C in a VMEM region of the caller (Operand::vmem: stored with dma.vv), which softmax then
+    // reads from there: C never crosses HBM. A residual from VMEM too.
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    const uint32_t M = 40, K = 300, N = 140;
+    const Precision p = Precision::Bf16;
+    const auto a = random_values(size_t(M) * K, 601, -1.0f, 1.0f);
+    const auto w = random_values(size_t(K) * N, 602, -1.0f, 1.0f);
+    const auto r = random_values(size_t(M) * N, 603, -1.0f, 1.0f);
+    auto dev = Device::open(cfg);
+    auto put = [&](const std::vector<float>& v) {
+        Buffer buf = dev->alloc(v.size() * 4, 0);
+        dev->write(buf, v.data(), v.size() * 4);
+        return buf;
+    };
+    const Buffer ba = put(a), bw = put(w), br = put(r);
+    const Buffer by = dev->alloc(size_t(M) * N * 4, 0);
+
+    isa::Builder b("dot_vmem_softmax", {.vmem_bytes = cfg.core.vmem_bytes});
+    const isa::Reg ra = b.arg("a"), rw = b.arg("w"), rr = b.arg("res"), ry = b.arg("y");
+    const isa::Vmem c = b.vmem("c", uint64_t(M) * N * 4, 512);
+    const isa::Vmem res = b.vmem("res", uint64_t(M) * N * 4, 512);
+    {
+        isa::CountedFlag in(b, "res_in", isa::Count::AtBuild);
+        in.issue(Opcode::DmaHv,
+                 {res.at(0), rr, imm(1), imm(M * N * 4), imm(M * N * 4), imm(M * N * 4)});
+        in.wait_all();
+    }
+    {
+        const auto k = plan_dot(
+            cfg, DotKey{.M = M, .K = K, .N = N, .precision = p, .full_sides = 1}, b.vmem_free());
+        ASSERT_TRUE(k);
+        Epilogue ep;
+        ep.sides.push_back({EpilogueSide::Kind::Full, streaming::Operand::vmem(res)});
+        ep.body = body_of(Fusion{.residual = true});
+        emit_dot(
+            b, *k,
+            {streaming::Operand::hbm(ra), streaming::Operand::hbm(rw), streaming::Operand::vmem(c)},
+            ep);
+    }
+    const SoftmaxKey sk = plan_softmax(M, N, false, false, b.vmem_free());
+    const std::vector<streaming::Operand> ops = {streaming::Operand::vmem(c),
+                                                 streaming::Operand::hbm(ry)};
+    emit(b, sk, ops);
+    b.emit(Opcode::Halt, {});
+    const isa::Program prog = b.finish();
+    launch(*dev, {0}, prog, [&](size_t, LaunchArgs& args) {
+        args.set("a", ba).set("w", bw).set("res", br).set("y", by);
+    });
+    std::vector<float> got(size_t(M) * N);
+    dev->read(by, got.data(), got.size() * 4);
+    const auto y =
+        add_reference(matmul_reference(a, M, K, false, w, K, N, false, p, cfg.core.mxu_rows), r);
+    EXPECT_EQ(bits_of(got), bits_of(softmax_reference(y, M, N)));
+}
+
+}  // namespace
+}  // namespace tpu::driver
+
+namespace tpu::driver {
+namespace {
+
+/// `x` (rows x cols) as the library GEMM's row-major bf16 parts: rows x cols_p each, zero-padded
+/// to `rows_p` x `cols_p`, the parts one after the other.
+std::vector<uint16_t> gemm_rows(const std::vector<float>& x, uint32_t rows, uint32_t cols,
+                                uint32_t rows_p, uint32_t cols_p, int P) {
+    std::vector<uint16_t> v(size_t(P) * rows_p * cols_p, 0);
+    for (uint32_t r = 0; r < rows; ++r)
+        for (uint32_t c = 0; c < cols; ++c) {
+            const auto s = hw::split3(x[size_t(r) * cols + c]);
+            for (int q = 0; q < P; ++q) v[(size_t(q) * rows_p + r) * cols_p + c] = s[q];
+        }
+    return v;
+}
+
+TEST(GemmEmit, TwoGemmsInOneProgramAreBitExact) {
+    // The second emit_gemm is not the program's first code: it zeroes its counters itself and
+    // its flags are reset as the builder hands them out again (race detector on).
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    auto dev = Device::open(cfg);
+    struct One {
+        uint32_t M, K, N;
+        Precision p;
+        bool a_stream;
+        std::vector<float> a, w;
+        Buffer ba, bw, bc;
+        GemmKey key;
+    };
+    std::vector<One> gemms = {{37, 300, 129, Precision::Fp32Pass3, false, {}, {}, {}, {}, {}, {}},
+                              {70, 200, 300, Precision::Bf16, true, {}, {}, {}, {}, {}, {}}};
+    uint32_t seed = 700;
+    for (One& g : gemms) {
+        g.a = random_values(size_t(g.M) * g.K, seed++, -1.0f, 1.0f);
+        g.w = random_values(size_t(g.K) * g.N, seed++, -1.0f, 1.0f);
+        GemmTiling t = plan_gemm(cfg, g.M, g.K, g.N, g.p);
+        t.a_stream = g.a_stream;
+        g.key = GemmKey{t, g.N};
+        const int P = parts_of(g.p);
+        const auto a16 = gemm_rows(g.a, g.M, g.K, g.M, t.Kp, P);
+        const auto w16 = gemm_rows(g.w, g.K, g.N, t.Kp, t.Np, P);
+        g.ba = dev->alloc(a16.size() * 2, 0);
+        g.bw = dev->alloc(w16.size() * 2, 0);
+        g.bc = dev->alloc(size_t(g.M) * g.N * 4, 0);
+        dev->write(g.ba, a16.data(), a16.size() * 2);
+        dev->write(g.bw, w16.data(), w16.size() * 2);
+    }
+    isa::Builder b("two_gemms", {.vmem_bytes = cfg.core.vmem_bytes});
+    std::vector<isa::Reg> regs;
+    for (size_t i = 0; i < gemms.size(); ++i)
+        for (const char* n : {"a", "w", "c"}) regs.push_back(b.arg(fmt::format("{}{}", n, i)));
+    for (size_t i = 0; i < gemms.size(); ++i) {
+        const One& g = gemms[i];
+        using streaming::Operand;
+        emit_gemm(b, g.key,
+                  {Operand::hbm(regs[3 * i]), Operand::hbm(regs[3 * i + 1]),
+                   Operand::hbm(regs[3 * i + 2]), Operand::scalar(imm(g.M)),
+                   Operand::scalar(imm(int64_t(g.M) * g.key.tiling.Kp * 2))});
+    }
+    b.emit(Opcode::Halt, {});
+    const isa::Program prog = b.finish();
+    launch(*dev, {0}, prog, [&](size_t, LaunchArgs& args) {
+        for (size_t i = 0; i < gemms.size(); ++i)
+            args.set(fmt::format("a{}", i), gemms[i].ba)
+                .set(fmt::format("w{}", i), gemms[i].bw)
+                .set(fmt::format("c{}", i), gemms[i].bc);
+    });
+    for (const One& g : gemms) {
+        std::vector<float> got(size_t(g.M) * g.N);
+        dev->read(g.bc, got.data(), got.size() * 4);
+        EXPECT_EQ(bits_of(got),
+                  bits_of(gemm_reference(g.a, g.w, g.M, g.K, g.N, g.p, cfg.core.mxu_rows)))
+            << g.M << "x" << g.K << "x" << g.N;
+    }
+}
+
+}  // namespace
+}  // namespace tpu::driver
