@@ -28,6 +28,22 @@
 namespace tpu::cli {
 namespace {
 
+/// Appends layer norm of `rows` x `cols` row-major `x` in double precision: the exact value the
+/// device's fp32 result is compared with.
+void exact_layer_norm(const std::vector<float>& x, const std::vector<float>& gamma,
+                      const std::vector<float>& beta, float eps, uint32_t rows, uint32_t cols,
+                      std::vector<double>& out) {
+    for (uint32_t i = 0; i < rows; ++i) {
+        const float* row = x.data() + size_t(i) * cols;
+        double m = 0, v = 0;
+        for (uint32_t j = 0; j < cols; ++j) m += row[j];
+        m /= cols;
+        for (uint32_t j = 0; j < cols; ++j) v += (row[j] - m) * (row[j] - m);
+        const double inv = 1.0 / std::sqrt(v / cols + double(eps));
+        for (uint32_t j = 0; j < cols; ++j) out.push_back((row[j] - m) * inv * gamma[j] + beta[j]);
+    }
+}
+
 /// Random values in [-1, 1) for each core: block i from `seed` + i x golden ratio.
 PerCore random_blocks(size_t cores, uint32_t rows, uint32_t cols, uint32_t seed) {
     PerCore host;
@@ -203,19 +219,7 @@ OpRun run_layernorm_kernel(const std::string& why, driver::Device& dev, driver::
             const auto ref =
                 driver::layer_norm_reference(xv, g.host[c], b.host[c], eps, rows, cols);
             want.insert(want.end(), ref.out.begin(), ref.out.end());
-            for (uint32_t i = 0; i < rows; ++i) {
-                double m = 0, v = 0;
-                for (uint32_t j = 0; j < cols; ++j) m += xv[size_t(i) * cols + j];
-                m /= cols;
-                for (uint32_t j = 0; j < cols; ++j) {
-                    const double d = xv[size_t(i) * cols + j] - m;
-                    v += d * d;
-                }
-                const double inv = 1.0 / std::sqrt(v / cols + double(eps));
-                for (uint32_t j = 0; j < cols; ++j)
-                    exact.push_back((xv[size_t(i) * cols + j] - m) * inv * g.host[c][j] +
-                                    b.host[c][j]);
-            }
+            exact_layer_norm(xv, g.host[c], b.host[c], eps, rows, cols, exact);
         }
         r.result = read_all(dev, y);
         compare(r, r.result, want, exact);
@@ -391,19 +395,7 @@ OpRun run_layernorm(driver::Device& dev, driver::ProgramCache& cache,
         std::vector<double> exact;
         for (size_t k = 0; k < cores.size(); ++k) {
             const auto& xv = xs[k];
-            for (uint32_t i = 0; i < rows; ++i) {
-                double m = 0, v = 0;
-                for (uint32_t j = 0; j < cols; ++j) m += xv[size_t(i) * cols + j];
-                m /= cols;
-                for (uint32_t j = 0; j < cols; ++j) {
-                    const double d = xv[size_t(i) * cols + j] - m;
-                    v += d * d;
-                }
-                const double inv = 1.0 / std::sqrt(v / cols + double(eps));
-                for (uint32_t j = 0; j < cols; ++j)
-                    exact.push_back((xv[size_t(i) * cols + j] - m) * inv * gammas[k][j] +
-                                    betas[k][j]);
-            }
+            exact_layer_norm(xv, gammas[k], betas[k], eps, rows, cols, exact);
         }
         compare(r, c.device, c.host, exact);
     }

@@ -85,7 +85,8 @@ void add_energy_stats(sim::StatGroup& root, std::vector<std::unique_ptr<sim::Sta
                     "estimated energy of the whole run: static power of every block while the "
                     "board ran, plus energy per MAC, VPU op and byte moved",
                     sim::StatUnit::Joules, [e] { return e.total_j(); });
-    top.add_formula(std::string(n::kStaticJ), "of which static energy (leakage, and a clocked chip's idle power)",
+    top.add_formula(std::string(n::kStaticJ),
+                    "of which static energy (leakage, and a clocked chip's idle power)",
                     sim::StatUnit::Joules, [e] { return e.statics.total(); });
     top.add_formula(std::string(n::kDynamicJ), "of which dynamic energy (activity)",
                     sim::StatUnit::Joules, [e] { return e.dynamic.total(); });
