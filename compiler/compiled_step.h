@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "compiler/ir.h"
+#include "driver/kernels/stationary.h"
 
 /// The compiled step: the contract between the compiler's passes and a code generator. A step
 /// is a list of fusions in execution order; each fusion is a small graph of ops (in
@@ -52,11 +53,9 @@ enum class FusionKind : uint8_t {
 /// "loop", "input", "output", "collective", "custom".
 std::string_view fusion_kind_name(FusionKind k);
 
-/// Which dot operand the MXU holds while the other streams through it.
-enum class Stationary : uint8_t {
-    Rhs,  ///< weights stationary: C = A W, A's rows stream (the library GEMM's orientation)
-    Lhs,  ///< the transposed problem: C^T = W^T A^T, W's columns stream
-};
+/// Which dot operand the MXU holds while the other streams through it: the dot kernel's own
+/// enum, so a layout decision reaches the emitter as it is.
+using Stationary = driver::Stationary;
 
 /// How a dot runs on the MXU, decided by the driver's GEMM planner (never re-derived here).
 struct DotPlan {

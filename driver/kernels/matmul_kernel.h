@@ -7,6 +7,7 @@
 
 #include "driver/kernels/epilogue.h"
 #include "driver/kernels/gemm.h"
+#include "driver/kernels/stationary.h"
 
 /// The fused dot kernel: C = A x W on one core with operands in HBM, fp32 operands read in
 /// tiles and converted (and transposed) to bf16 parts in VMEM, or bf16 operands in the library
@@ -14,12 +15,6 @@
 /// tensor_ops::matmul runs it stand-alone (MatmulKey); the compiler emits it into a step's
 /// program (DotKey, emit_dot).
 namespace tpu::driver {
-
-/// Which dot operand the MXU holds while the other streams through it.
-enum class Stationary : uint8_t {
-    Rhs,  ///< C = A W: W's tiles in the arrays, A's rows stream (the library GEMM's orientation)
-    Lhs,  ///< the transposed problem C^T = W^T A^T: A's tiles in the arrays, W's columns stream
-};
 
 /// How a dot operand or its result lies in HBM (each layout's byte offsets below; R x C is the
 /// MXU, KT = ceil(K / R), NT = ceil(N / C), Kp = KT R, Np = NT C, P = the precision's parts).
