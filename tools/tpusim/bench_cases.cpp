@@ -1,15 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/tpusim/bench_cases.h"
 
-#include <poll.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
@@ -125,71 +119,6 @@ std::string mode(bool functional) {
     return functional ? "functional" : "timing";
 }
 
-/// What a child process sends back: a fixed header, then `text_bytes` of error message.
-struct ChildReport {
-    int32_t status = 0;  ///< 0 ok, 1 DeviceError (kind below), 2 other exception
-    int32_t kind = 0;    ///< driver::ErrorKind
-    CaseRun run;
-    uint32_t text_bytes = 0;
-};
-
-bool write_all(int fd, const void* data, size_t bytes) {
-    const auto* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-        const ssize_t n = ::write(fd, p, bytes);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
-        p += n;
-        bytes -= size_t(n);
-    }
-    return true;
-}
-
-/// Reads the child's report until it closes the pipe. Ctrl-C at a terminal reaches the whole
-/// process group, so the child stops by itself; a SIGINT sent to this process alone (kill, a
-/// test harness) is forwarded to the child if it has not answered within 200 ms, so a case
-/// stops as promptly either way (a second SIGINT to the child would end it without a report).
-std::string read_report(int fd, pid_t child) {
-    std::string out;
-    char buf[4096];
-    bool forwarded = false;
-    for (;;) {
-        if (!forwarded && sim::interrupt_requested()) {
-            pollfd p{fd, POLLIN, 0};
-            if (::poll(&p, 1, 200) == 0) ::kill(child, SIGINT);
-            forwarded = true;
-        }
-        const ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        out.append(buf, size_t(n));
-    }
-    return out;
-}
-
-[[noreturn]] void child_main(int fd, const hw::BoardConfig& cfg, const BenchCase& c) {
-    ChildReport rep;
-    std::string text;
-    try {
-        hw::BoardConfig board = cfg;
-        board.sim.functional = c.functional;
-        auto dev = driver::Device::open(board);
-        rep.run = c.run(*dev);
-    } catch (const driver::DeviceError& e) {
-        rep.status = 1;
-        rep.kind = int32_t(e.kind());
-        text = e.what();
-    } catch (const std::exception& e) {
-        rep.status = 2;
-        text = e.what();
-    }
-    rep.text_bytes = uint32_t(text.size());
-    const bool ok = write_all(fd, &rep, sizeof rep) && write_all(fd, text.data(), text.size());
-    // _exit: the parent owns stdio buffers and atexit handlers; tearing down a large board
-    // would only cost time.
-    ::_exit(ok ? 0 : 1);
-}
-
 }  // namespace
 
 std::vector<BenchCase> bench_cases() {
@@ -270,49 +199,6 @@ CaseRun run_case(const hw::BoardConfig& cfg, const BenchCase& c) {
     } catch (const std::exception& e) {
         throw std::runtime_error(fmt::format("{}: {}", c.name, e.what()));
     }
-}
-
-CaseRun run_case_isolated(const hw::BoardConfig& cfg, const BenchCase& c) {
-    int fds[2];
-    if (::pipe(fds) != 0)
-        throw driver::DeviceError(driver::ErrorKind::Fault,
-                                  fmt::format("{}: pipe: {}", c.name, std::strerror(errno)));
-    // Anything still buffered would otherwise be written twice, once by each process.
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-        ::close(fds[0]);
-        ::close(fds[1]);
-        throw driver::DeviceError(driver::ErrorKind::Fault,
-                                  fmt::format("{}: fork: {}", c.name, std::strerror(errno)));
-    }
-    if (pid == 0) {
-        ::close(fds[0]);
-        child_main(fds[1], cfg, c);
-    }
-    ::close(fds[1]);
-    const std::string data = read_report(fds[0], pid);
-    ::close(fds[0]);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    ChildReport rep;
-    if (data.size() < sizeof rep) {
-        const std::string how = WIFSIGNALED(status)
-                                    ? fmt::format("killed by signal {} ({})", WTERMSIG(status),
-                                                  strsignal(WTERMSIG(status)))
-                                    : fmt::format("exit code {}", WEXITSTATUS(status));
-        throw driver::DeviceError(driver::ErrorKind::Fault,
-                                  fmt::format("{}: the simulation process ended without a result "
-                                              "({})",
-                                              c.name, how));
-    }
-    std::memcpy(&rep, data.data(), sizeof rep);
-    const std::string text = data.substr(sizeof rep, rep.text_bytes);
-    if (rep.status == 1)
-        throw driver::DeviceError(driver::ErrorKind(rep.kind), fmt::format("{}: {}", c.name, text));
-    if (rep.status != 0) throw std::runtime_error(fmt::format("{}: {}", c.name, text));
-    return rep.run;
 }
 
 double EigenYardstick::seconds(const GemmShape& s) {

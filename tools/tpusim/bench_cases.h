@@ -54,9 +54,6 @@ std::vector<BenchCase> select_cases(bool quick, const std::string& filter);
 /// cycle 0). Errors of the case are rethrown with the case's name in front: DeviceError with
 /// its kind, anything else as std::runtime_error.
 CaseRun run_case(const hw::BoardConfig& cfg, const BenchCase& c);
-/// As run_case(), in a forked child process that sends its figures back through a pipe; a
-/// child killed by a signal is a DeviceError(Fault). `tpusim validate` runs its rows this way.
-CaseRun run_case_isolated(const hw::BoardConfig& cfg, const BenchCase& c);
 
 /// Host seconds of an Eigen fp32 GEMM (Eigen::MatrixXf product), best of 2..5 repetitions
 /// (fewer once they add up to `budget_seconds`), memoised per shape.

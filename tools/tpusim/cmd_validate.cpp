@@ -408,8 +408,8 @@ std::vector<Row> read_rows(const std::string& path, const hw::BoardConfig& cfg) 
 }
 
 /// Runs one row on a board of its own, so no row sees the HBM state (open rows, refresh
-/// phase) an earlier row left behind: the bench's isolated runner (a forked child per board, as
-/// SystemC allows one board per process), timing-only.
+/// phase) an earlier row left behind: the bench's runner (each board owns its SystemC context,
+/// so every row starts on a fresh board at cycle 0), timing-only.
 uint64_t run_isolated(const hw::BoardConfig& cfg, const Kind& kind, const Row& r,
                       const std::string& path) {
     const bench::BenchCase c{fmt::format("{}:{}", path, r.line),
@@ -424,7 +424,7 @@ uint64_t run_isolated(const hw::BoardConfig& cfg, const Kind& kind, const Row& r
                                  return run;
                              }};
     try {
-        return bench::run_case_isolated(cfg, c).cycles;
+        return bench::run_case(cfg, c).cycles;
     } catch (const driver::DeviceError& e) {
         if (e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory)
             throw InputError(e.what());
@@ -450,12 +450,12 @@ void register_validate_command(CLI::App& app) {
     cmd->add_flag("--json", o->common.json,
                   "print {\"rows\":[{workload,params,sim_cycles,real_cycles,error}],\"mae\"}");
     cmd->callback([o] {
-        // Each row runs in a forked child on a board of its own: a rank of an MPI job cannot
-        // fork (Open MPI's state is not the child's), as `tpusim bench` says.
+        // The published rows are single-board timings: split over ranks, every rank would run
+        // every row and print the table again.
         if (sim::Cluster::distributed())
             throw InputError(
-                "validate runs each row on a board of its own in a forked child process; run it "
-                "without mpirun");
+                "validate runs each row on a board of its own in one process; run it without "
+                "mpirun");
         hw::BoardConfig cfg = o->common.board_config();
         const std::vector<Row> rows = read_rows(o->data, cfg);
         // Timing only: cycle counts are identical with the arithmetic on (hw/README.md).
