@@ -88,6 +88,17 @@ TEST(TrainerDevices, PodSlicesTrainEveryCoreOfEveryHost) {
     EXPECT_EQ(resolve_devices(1, 32, 1, 4), std::vector<uint32_t>{0});
 }
 
+TEST(TrainerDevices, AMegacoreDeviceIsAChip) {
+    // v4-8 (configs/v4-8.json): 4 chips of 2 TensorCores, one device per chip.
+    const std::vector<uint32_t> all{0, 1, 2, 3, 4, 5, 6, 7};
+    EXPECT_EQ(resolve_devices(4, 8, 1, 1, 2), all);
+    EXPECT_EQ(resolve_devices(std::string("auto"), 8, 1, 1, 2), all);
+    EXPECT_EQ(resolve_devices(1, 8, 1, 1, 2), (std::vector<uint32_t>{0, 1}));
+    EXPECT_EQ(resolve_devices(std::vector<int>{3}, 8, 1, 1, 2), (std::vector<uint32_t>{6, 7}));
+    EXPECT_EQ(error_of([] { resolve_devices(8, 8, 1, 1, 2); }),
+              "`devices` can only be 'auto', 1, 4 or [<0-3>] for TPUs. Got 8");
+}
+
 TEST(TrainerPrecision, ValidAndLightningErrors) {
     EXPECT_EQ(parse_precision("32-true"), PrecisionMode::True32);
     EXPECT_EQ(parse_precision("bf16-mixed"), PrecisionMode::Bf16Mixed);
@@ -274,7 +285,8 @@ TEST(TrainerWeightTying, OneBufferPerCoreAndGradientsOfBothUses) {
     EXPECT_EQ(names[0].first, "layer_1.weight");
     EXPECT_EQ(names[1].first, "layer_2.weight");
     EXPECT_EQ(model.all_parameter_slots().size(), 3u);
-    const std::vector<float> w1 = model.layer_1->weight->init, w2 = model.layer_2->weight->init;
+    const std::vector<float> w1 = model.layer_1->weight->initial_values(),
+                             w2 = model.layer_2->weight->initial_values();
 
     TrainerOptions opts;
     opts.devices = 8;

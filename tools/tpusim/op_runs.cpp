@@ -320,8 +320,10 @@ ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::
     check_model(dev.config(), name, options, batch, cores.size(), train_step, option_names());
     const uint64_t share = share64(batch, cores.size());
     trainer::ZooModel model;
+    trainer::ZooOptions zoo = options;
+    zoo.values = dev.config().sim.functional;  // a timing-only board uploads no input values
     try {
-        model = trainer::make_zoo_model(name, options, batch, train_step);
+        model = trainer::make_zoo_model(name, zoo, batch, train_step);
     } catch (const std::invalid_argument& e) {
         throw InputError(e.what());
     }
