@@ -553,7 +553,7 @@ TEST(Config, CrossFieldRules) {
               "ici.torus_y: a 3-D torus needs both torus_x and torus_y (or neither, for a cube)");
     EXPECT_EQ(error_of_json(R"({"ici": {"topology": "torus3d", "torus_x": 2, "torus_y": 3}})"),
               "ici.torus_y: 3 does not divide the 4 cores of a plane (8 cores / torus_x 2)");
-    EXPECT_EQ(error_of_json(R"({"chips": 6, "ici": {"topology": "torus3d"}})"),
+    EXPECT_EQ(error_of_json(R"({"chips": 6, "chips_per_host": 6, "ici": {"topology": "torus3d"}})"),
               "ici.torus_x: 12 cores are not a cube; set ici.torus_x and ici.torus_y");
     EXPECT_EQ(error_of_json(R"({"chips": 16, "chips_per_host": 3})"),
               "chips_per_host: 3 chips per host do not divide 16 chips");
