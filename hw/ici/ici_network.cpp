@@ -31,6 +31,16 @@ bool IciNetwork::has_link(uint32_t link) const {
     return size[link % kDirs / 2] > 1;
 }
 
+uint32_t IciNetwork::link_target(uint32_t link) const {
+    const uint32_t core = link_core(link);
+    check_core(core);
+    const uint32_t X = m_shape.x, Y = m_shape.y;
+    uint32_t pos[3] = {core % X, core / X % Y, core / X / Y};
+    const uint32_t size[3] = {X, Y, m_shape.z}, dim = link % kDirs / 2;
+    pos[dim] = (pos[dim] + (link % 2 == 0 ? 1 : size[dim] - 1)) % size[dim];
+    return (pos[2] * Y + pos[1]) * X + pos[0];
+}
+
 std::string IciNetwork::link_name(uint32_t link) {
     static const char* kDir[] = {"+x", "-x", "+y", "-y", "+z", "-z"};
     return fmt::format("core{}{}", link / kDirs, kDir[link % kDirs]);

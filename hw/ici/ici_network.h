@@ -86,6 +86,8 @@ public:
     bool has_link(uint32_t link) const;
     /// The core a link leaves.
     static uint32_t link_core(uint32_t link) { return link / kDirs; }
+    /// The core a link enters: the neighbour one step along its direction, wrapping around.
+    uint32_t link_target(uint32_t link) const;
     /// "core3+x": the link leaving core 3 in the +x direction.
     static std::string link_name(uint32_t link);
     /// Links from `src` to `dst` in order (empty when they are equal).

@@ -39,6 +39,17 @@ TEST(CliPresets, GemmAndOpsAreBitExactOnEveryGeneration) {
     }
 }
 
+TEST(CliPresets, EveryPresetRunsTheGemmAndATimingOnlyResNet50) {
+    for (const char* board : {"v2-8", "v3-8", "v4-8", "v5e-8", "v6e-8", "v3-2048"}) {
+        SCOPED_TRACE(board);
+        EXPECT_TRUE(
+            tpusim_json("op gemm --m 256 --k 384 --n 512 --check" + preset(board))["bitexact"]
+                .get<bool>());
+        const auto r = tpusim_json("model resnet50 --set sim.functional=false" + preset(board));
+        EXPECT_GT(r["cycles"].get<uint64_t>(), 0u);
+    }
+}
+
 TEST(CliPresets, TimingOnlyCyclesEqualFunctionalOnes) {
     // A v6e board holds no values without the arithmetic, and its cycles do not change.
     const std::string gemm = "gemm --m 512 --k 768 --n 1024 --cores 0-3" + preset("v6e-8");

@@ -45,6 +45,8 @@ TEST(IciNetwork, DefaultBoardFigures) {
     EXPECT_FALSE(net.has_link(kLink(3, 2)));  // a ring has no y links
     EXPECT_FALSE(net.has_link(kLink(3, 4)));  // nor z links
     EXPECT_EQ(IciNetwork::link_name(kMinusX(7)), "core7-x");
+    EXPECT_EQ(net.link_target(kMinusX(0)), 7u);  // wraps around
+    EXPECT_EQ(net.link_target(kLink(7, 0)), 0u);
 }
 
 // The example of issue 13 (the same cycles as Board.IciTransferFitsTheIdleGapBeforeAnother):
@@ -121,6 +123,10 @@ TEST(IciNetwork, Torus3dRoutesXThenYThenZ) {
     EXPECT_EQ(net.route(1, 22), (std::vector<uint32_t>{kLink(1, 0), kLink(2, 2), kLink(6, 5)}));
     EXPECT_TRUE(net.has_link(kLink(6, 5)));
     EXPECT_EQ(IciNetwork::link_name(kLink(6, 5)), "core6-z");
+    EXPECT_EQ(net.link_target(kLink(6, 5)), 22u);  // z 0 -> 2 of 3, wrapping
+    EXPECT_EQ(net.link_target(kLink(22, 4)), 6u);
+    EXPECT_EQ(net.link_target(kLink(7, 0)), 4u);  // x 3 -> 0
+    EXPECT_EQ(net.link_target(kLink(7, 3)), 3u);  // y 1 -> 0
     // Three hops: 5 + 3 x 940 + 49.
     EXPECT_EQ(net.transfer(1, 22, 5, 4096).last, 5 + 3 * kHop + kSer4K);
     // A cube by default: 27 cores are 3 x 3 x 3.
