@@ -32,8 +32,8 @@ TEST(CliPresets, GemmAndOpsAreBitExactOnEveryGeneration) {
             "--pad 1 --cores 0-1 --check" +
             preset(board));
         EXPECT_TRUE(c["bitexact"].get<bool>());
-        // The ring all-reduce over the board's network: a 3-D torus on v4-8, 2-D on v5e and
-        // v6e.
+        // The ring all-reduce over the board's network: a 3-D torus on v4-8, 2-D on v2, v5e
+        // and v6e.
         const auto a = tpusim_json("op allreduce --elements 20000 --check" + preset(board));
         EXPECT_TRUE(a["bitexact"].get<bool>());
     }

@@ -155,7 +155,7 @@ TEST(Config, GenerationPresetsHaveTheirPublishedFigures) {
         double link_gb_per_s;
     };
     const Preset presets[] = {
-        {"v2-8", 8, 8, 1, 128, 46, 700, 16, "ring", 0, 62},                // [CACM20]
+        {"v2-8", 8, 8, 1, 128, 46, 700, 16, "torus2d", 0, 62},             // [CACM20]
         {"v3-8", 8, 8, 2, 128, 123, 900, 32, "ring", 0, 82},               // [CACM20]
         {"v3-2048", 2048, 2048, 2, 128, 123, 900, 32, "torus2d", 0, 82},   // [CACM20]
         {"v4-8", 8, 4, 4, 128, 275, 1200, 32, "torus3d", 6, 45},           // [ISCA23], [Book]
@@ -195,8 +195,8 @@ TEST(Config, GenerationPresetsHaveTheirPublishedFigures) {
         if (p.ici_links) {
             EXPECT_EQ(links, p.ici_links);
         } else if (cfg.ici.topology == "ring") {
-            // [CACM20]: 4 links per v2/v3 chip; ARCHITECTURE.md's v3-8 board is a ring of the
-            // 8 cores, so 2 leave a chip (one each way).
+            // [CACM20]: 4 links per v3 chip; ARCHITECTURE.md's v3-8 board is a ring of the 8
+            // cores, so 2 leave a chip (one each way).
             EXPECT_EQ(links, 2u);
         } else {
             // Every core of a 2-core chip is a torus node with its own y links: 2 along x and
