@@ -494,6 +494,33 @@ public:
     Linear* fc;
 };
 
+/// 1 device and `all` devices of the preset `name` agree step by step, with the tolerance
+/// and its reason of EightCoresMatchOneCoreLossCurve (one board per process: SystemC).
+void expect_one_device_matches_all(const std::string& name, int all) {
+    auto dev = driver::Device::open(
+        hw::BoardConfig::load(test::source_dir() + "/configs/" + name + ".json", {}));
+    const Dataset data = synthetic(640, 64, 10, 9);
+    Mlp m1({64, 32, 10}, sgd(0.1f), 11), mn({64, 32, 10}, sgd(0.1f), 11);
+    const auto one = loss_curve(*dev, 1, "bf16-mixed", m1, data);
+    const auto many = loss_curve(*dev, all, "bf16-mixed", mn, data);
+    ASSERT_EQ(one.size(), 10u);
+    ASSERT_EQ(many.size(), 10u);
+    EXPECT_LT(one.back(), one.front()) << "the loss must fall";
+    for (size_t i = 0; i < one.size(); ++i)
+        EXPECT_NEAR(many[i], one[i], 1e-5 * std::abs(one[i])) << "step " << i;
+}
+
+TEST(TrainerPresets, V6eOneCoreMatchesEight) {
+    // The kernels on 256 x 256 MXUs (configs/v6e-8.json).
+    expect_one_device_matches_all("v6e-8", 8);
+}
+
+TEST(TrainerPresets, V4OneMegacoreMatchesFour) {
+    // A device is a chip (configs/v4-8.json): 1 device is cores 0-1 splitting its batch, 4
+    // devices are all 8 cores.
+    expect_one_device_matches_all("v4-8", 4);
+}
+
 TEST(TrainerLayers, EveryLayerTrainsOnEightCores) {
     auto dev = driver::Device::open(board());
     TrainerOptions opts;
