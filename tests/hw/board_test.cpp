@@ -206,7 +206,7 @@ receiver:
     const auto without = b.run(all, {0});
     EXPECT_EQ(without.core_cycles[6], 1095u);
     EXPECT_EQ(without.core_cycles[7], 1094u);
-    const IciLinkStats& link76 = b.ici().link_stats(7 * 4 + 1);
+    const IciLinkStats& link76 = b.ici().link_stats(7 * IciNetwork::kDirs + 1);  // 7 -x
     EXPECT_EQ(link76.transfers, 3u);
     EXPECT_EQ(link76.queue_cycles, 0u);
 }
