@@ -137,6 +137,19 @@ TEST(Board, VpuChainComputesTheDocumentedFunction) {
     }
 }
 
+TEST(Board, ATimingOnlyBoardHoldsNoValues) {
+    // sim.functional = false: no core's HBM or VMEM keeps bytes, and a kernel still runs.
+    Board b(BoardConfig::load("", {"sim.functional=false"}));
+    for (uint32_t c = 0; c < b.config().cores(); ++c) {
+        EXPECT_FALSE(b.hbm(c).holds_values()) << c;
+        EXPECT_FALSE(b.vmem(c).holds_values()) << c;
+    }
+    put(b.hbm(0), 0, std::vector<float>(8192, 1.0f));
+    b.load(0, kernel("vpu_chain.s"));
+    b.run({0});
+    EXPECT_EQ(get<float>(b.hbm(0), 0x10000, 4), std::vector<float>(4, 0.0f));
+}
+
 TEST(Board, FlagsAcrossCoresOverIci) {
     Board b(v3());
     // Core 0 sends 4 KiB of VMEM to core 5 and raises its f3; core 5 waits for it.
