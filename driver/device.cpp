@@ -167,6 +167,14 @@ void Device::read(const Buffer& b, void* data, uint64_t bytes, uint64_t offset) 
     host_transfer(b.core, bytes, false);
 }
 
+uint64_t Device::read_digest(const Buffer& b, uint64_t h) {
+    check_range(b, 0, b.bytes, "read");
+    sync_core(b.core);
+    h = m_board->digest(b.core, b.addr, b.bytes, h);
+    host_transfer(b.core, b.bytes, false);
+    return h;
+}
+
 void Device::write_timing(const Buffer& b, uint64_t bytes, uint64_t offset) {
     check_range(b, offset, bytes, "write");
     sync_core(b.core);

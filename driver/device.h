@@ -155,6 +155,10 @@ public:
     /// observes: with sim.functional=false no unit moves or computes values, so packing and
     /// copying operands only costs host time.
     void write_timing(const Buffer& buffer, uint64_t bytes, uint64_t offset = 0);
+    /// FNV-1a (64-bit) of the buffer's bytes continuing from `h`, timed and counted as a read()
+    /// of them: for comparing results without holding them (on a pod slice only the 8-byte
+    /// digest leaves the rank that simulates the core).
+    uint64_t read_digest(const Buffer& buffer, uint64_t h);
     /// read() without the bytes: the host sync, its timing and counters are those of a read()
     /// of `bytes`; nothing is copied out. The timing-only counterpart of write_timing().
     void read_timing(const Buffer& buffer, uint64_t bytes, uint64_t offset = 0);

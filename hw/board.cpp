@@ -331,10 +331,14 @@ struct Board::Impl : CoreEnv {
             cores_per_rank = n / uint32_t(ranks);
         }
         for (uint32_t i = 0; i < n; ++i) {
+            // Values live only where something computes with them: not on a timing-only board,
+            // not for a core another rank simulates (hw/README.md, "Timing-only mode").
+            const auto backing = cfg.sim.functional && owns(i) ? SparseMemory::Backing::Reserve
+                                                               : SparseMemory::Backing::None;
             hbm.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.hbm", i),
-                                                         cfg.hbm.bytes_per_core));
-            vmem.push_back(
-                std::make_unique<SparseMemory>(fmt::format("core{}.vmem", i), cfg.core.vmem_bytes));
+                                                         cfg.hbm.bytes_per_core, backing));
+            vmem.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.vmem", i),
+                                                          cfg.core.vmem_bytes, backing));
             hbm_timing.push_back(make_hbm_timing(cfg));
             models.push_back(
                 std::make_unique<CoreModel>(i, cfg, *hbm[i], *vmem[i], this, hbm_timing[i].get()));
@@ -434,7 +438,7 @@ struct Board::Impl : CoreEnv {
         hops.clear();
         const IciArrival a = ici.transfer(p.src, p.dst, p.start, p.bytes, tracer ? &hops : nullptr);
         for (const IciHop& h : hops)
-            if (owns(h.link / 4)) trace_link(h, p.bytes, p.src, p.dst);
+            if (owns(IciNetwork::link_core(h.link))) trace_link(h, p.bytes, p.src, p.dst);
         if (!p.hbm) return a.last;
         return time_hbm ? remote_hbm_write(p.dst, p.addr, p.bytes, a) : kNever;
     }
@@ -447,9 +451,9 @@ struct Board::Impl : CoreEnv {
     bool owns(uint32_t core) const { return ranks == 1 || core / cores_per_rank == uint32_t(rank); }
     int rank_of(uint32_t core) const { return ranks == 1 ? 0 : int(core / cores_per_rank); }
 
-    /// This rank's posts for the others: everything but the bytes of a post whose destination
-    /// this rank simulates (it keeps its own posts).
-    void pack_posts(Packer& out) const {
+    /// This rank's posts for rank `to`: every post's header (each rank reserves every post),
+    /// and the bytes only of the posts whose destination `to` simulates.
+    void pack_posts(Packer& out, int to) const {
         for (const IciPost& p : posts) {
             out.put(p.issue);
             out.put(p.src);
@@ -461,7 +465,7 @@ struct Board::Impl : CoreEnv {
             out.put(p.bytes);
             out.put(p.flag);
             out.put(p.amount);
-            out.put_bytes(owns(p.dst) ? std::span<const uint8_t>{} : std::span(p.data));
+            out.put_bytes(rank_of(p.dst) == to ? std::span(p.data) : std::span<const uint8_t>{});
         }
     }
     /// Another rank's posts (the rest of its message), into `all`.
@@ -644,7 +648,7 @@ struct Board::Impl : CoreEnv {
         const auto host_start = std::chrono::steady_clock::now();
         std::chrono::steady_clock::duration in_gather{};
         for (;;) {
-            Packer mine;
+            Packer head;
             const uint64_t next =
                 sc_core::sc_pending_activity()
                     ? now_cycle() + static_cast<uint64_t>(
@@ -653,13 +657,22 @@ struct Board::Impl : CoreEnv {
             bool fault = false;
             for (uint32_t c : launch_set) fault |= owns(c) && modules[c]->fault().has_value();
             const bool stop = outstanding > 0 && stop_due();
-            mine.put(next);
-            mine.put(uint64_t(outstanding));
-            mine.put(uint8_t(fault));
-            mine.put_string(stop ? stop_reason : std::string());
-            pack_posts(mine);
+            head.put(next);
+            head.put(uint64_t(outstanding));
+            head.put(uint8_t(fault));
+            head.put_string(stop ? stop_reason : std::string());
+            // Each rank gets every header but the payloads of its own cores' posts only: an
+            // all-to-all, where an allgather would send every payload to every rank.
+            std::vector<std::vector<uint8_t>> out(static_cast<size_t>(ranks));
+            for (int r = 0; r < ranks; ++r) {
+                if (r == rank) continue;  // this rank keeps its own posts
+                Packer m = head;
+                pack_posts(m, r);
+                out[size_t(r)] = std::move(m.bytes);
+            }
+            out[size_t(rank)] = std::move(head.bytes);
             const auto gather_start = std::chrono::steady_clock::now();
-            const auto msgs = gather_all(mine);
+            const auto msgs = sim::Cluster::alltoallv(out);
             in_gather += std::chrono::steady_clock::now() - gather_start;
             ++windows;
             uint64_t g_next = kNever, g_out = 0;
@@ -812,6 +825,22 @@ void Board::fetch(uint32_t core, bool hbm, uint64_t addr, std::span<uint8_t> out
     if (m_impl->owns(core)) (hbm ? *m_impl->hbm[core] : *m_impl->vmem[core]).read(addr, out);
     if (m_impl->ranks > 1) sim::Cluster::broadcast(m_impl->rank_of(core), out);
 }
+uint64_t Board::digest(uint32_t core, uint64_t addr, uint64_t bytes, uint64_t h) {
+    check_core(core, num_cores());
+    if (m_impl->owns(core)) {
+        std::vector<uint8_t> buf(std::min<uint64_t>(bytes, 1 << 20));
+        for (uint64_t at = 0; at < bytes; at += buf.size()) {
+            const auto span = std::span(buf).first(std::min<uint64_t>(buf.size(), bytes - at));
+            m_impl->hbm[core]->read(addr + at, span);
+            for (uint8_t b : span) h = (h ^ b) * 1099511628211ull;
+        }
+    }
+    if (m_impl->ranks > 1)
+        sim::Cluster::broadcast(m_impl->rank_of(core),
+                                std::span(reinterpret_cast<uint8_t*>(&h), sizeof h));
+    return h;
+}
+
 void Board::sync_stats() {
     Impl& im = *m_impl;
     if (im.ranks == 1) return;

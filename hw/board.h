@@ -87,6 +87,10 @@ public:
     /// Reads `out.size()` bytes at `addr` of `core`'s HBM (or VMEM) on every rank: the rank that
     /// simulates the core reads and sends them to the others. Over MPI every rank must call it.
     void fetch(uint32_t core, bool hbm, uint64_t addr, std::span<uint8_t> out);
+    /// FNV-1a (64-bit) of `bytes` bytes at `addr` of `core`'s HBM, continuing from `h` (the
+    /// offset basis 14695981039346656037 starts a new one): the rank that simulates the core
+    /// hashes and only the 8-byte result travels. Over MPI every rank must call it.
+    uint64_t digest(uint32_t core, uint64_t addr, uint64_t bytes, uint64_t h);
     /// Makes stats() show every core's values on every rank (each rank sends those of its own
     /// cores; the network and host links are the same on all ranks). Over MPI every rank must
     /// call it, before writing statistics.

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "hw/mem/hbm_generation.h"
 #include "sim/config_io.h"
 
 namespace tpu::hw {
@@ -37,23 +38,24 @@ void BoardConfig::validate() {
     if (chips > chips_per_host && chips % chips_per_host != 0)
         throw sim::ConfigError(fmt::format(
             "chips_per_host: {} chips per host do not divide {} chips", chips_per_host, chips));
-    if (ici.topology == "torus2d" && ici.torus_x != 0 && cores() % ici.torus_x != 0)
-        throw sim::ConfigError(
-            fmt::format("ici.torus_x: {} does not divide the {} cores", ici.torus_x, cores()));
-    if (ici.topology == "torus2d" && ici.torus_x == 0) {
-        uint32_t x = 1;
-        while ((x + 1) * (x + 1) <= cores()) ++x;
-        if (x * x != cores())
-            throw sim::ConfigError(fmt::format(
-                "ici.torus_x: {} cores are not a square; set ici.torus_x to the torus width",
-                cores()));
-    }
+    torus_shape(ici, cores());  // throws naming torus_x or torus_y when they do not tile
 }
 
 BoardConfig BoardConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
+    const auto layer = [&](BoardConfig& cfg) {
+        if (!path.empty()) sim::apply_json_file(sim::root_of(cfg), path);
+        for (const auto& o : overrides) sim::apply_override(sim::root_of(cfg), o);
+    };
     BoardConfig cfg;
-    if (!path.empty()) sim::apply_json_file(sim::root_of(cfg), path);
-    for (const auto& o : overrides) sim::apply_override(sim::root_of(cfg), o);
+    layer(cfg);
+    // A named HBM generation gives hbm.timing its defaults at the configured clock; the values
+    // the file and the overrides set are laid over them again, so they win.
+    if (const HbmGeneration* g = find_hbm_generation(cfg.hbm.generation)) {
+        BoardConfig base;
+        base.hbm.timing = hbm_timing_at(*g, cfg.hbm.tck_ps);
+        layer(base);
+        cfg = std::move(base);
+    }
     cfg.validate();
     return cfg;
 }

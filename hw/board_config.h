@@ -42,19 +42,23 @@ struct SimConfig {
 
 // The defaults are the "v3-8-like" board of ARCHITECTURE.md and equal configs/v3-8.json
 // (tests/sim/config_test.cpp checks it).
-#define TPU_BOARD_FIELDS(F, S)                                                         \
-    F(std::string, name, "v3-8-like", "", "preset name (informational)")               \
-    F(uint32_t, chips, 4, "", "chips on the board", .min = 1, .max = 256)              \
-    F(uint32_t, cores_per_chip, 2, "", "TensorCores per chip", .min = 1, .max = 8)     \
-    F(uint32_t, chips_per_host, 4, "",                                                 \
-      "chips driven by one TPU host (one process per host group under MPI)", .min = 1) \
-    F(double, clock_mhz, 940.0, "MHz", "core clock", .min = 1, .max = 10000)           \
-    S(CoreConfig, core, "every TensorCore")                                            \
-    S(HbmConfig, hbm, "every core's HBM")                                              \
-    S(IciConfig, ici, "inter-core interconnect")                                       \
-    S(HostLinkConfig, host, "host link per chip")                                      \
-    S(PowerConfig, power, "power and energy estimate")                                 \
-    S(RuntimeConfig, runtime, "host costs of a training step (wall-clock estimate)")   \
+#define TPU_BOARD_FIELDS(F, S)                                                          \
+    F(std::string, name, "v3-8-like", "", "preset name (informational)")                \
+    F(uint32_t, chips, 4, "", "chips on the board", .min = 1, .max = 4096)              \
+    F(uint32_t, cores_per_chip, 2, "", "TensorCores per chip", .min = 1, .max = 8)      \
+    F(uint32_t, chips_per_host, 4, "",                                                  \
+      "chips driven by one TPU host (one process per host group under MPI)", .min = 1)  \
+    F(double, clock_mhz, 940.0, "MHz", "core clock", .min = 1, .max = 10000)            \
+    F(bool, megacore, false, "",                                                        \
+      "the TensorCores of a chip form one device (TPU v4): the trainer counts devices " \
+      "in chips and splits each device's batch over the chip's cores, as XLA splits a " \
+      "program over both cores of a megacore")                                          \
+    S(CoreConfig, core, "every TensorCore")                                             \
+    S(HbmConfig, hbm, "every core's HBM")                                               \
+    S(IciConfig, ici, "inter-core interconnect")                                        \
+    S(HostLinkConfig, host, "host link per chip")                                       \
+    S(PowerConfig, power, "power and energy estimate")                                  \
+    S(RuntimeConfig, runtime, "host costs of a training step (wall-clock estimate)")    \
     S(SimConfig, sim, "simulation controls")
 
 /// The whole board.
@@ -63,6 +67,10 @@ struct BoardConfig {
 
     /// Number of TensorCores on the board.
     uint32_t cores() const { return chips * cores_per_chip; }
+    /// TensorCores one device holds: the chip's with `megacore`, else 1.
+    uint32_t cores_per_device() const { return megacore ? cores_per_chip : 1; }
+    /// Devices a framework sees (Lightning's `devices`): chips with `megacore`, else cores.
+    uint32_t devices() const { return cores() / cores_per_device(); }
     /// Number of TPU hosts: a board smaller than one host (tiny.json) still has one.
     uint32_t hosts() const { return chips / chips_per_host + (chips % chips_per_host != 0); }
     /// The core clock: every ns <-> cycles <-> seconds conversion of the board.

@@ -118,6 +118,10 @@ std::vector<uint8_t> Cluster::allgather(std::span<const uint8_t> mine, std::vect
     return detail::cluster_allgather(mine, sizes, detail::kClusterMaxCallBytes);
 }
 
+std::vector<std::vector<uint8_t>> Cluster::alltoallv(const std::vector<std::vector<uint8_t>>& to) {
+    return detail::cluster_alltoallv(to, detail::kClusterMaxCallBytes);
+}
+
 void Cluster::broadcast(int root, std::span<uint8_t> data) {
     detail::cluster_broadcast(root, data, detail::kClusterMaxCallBytes);
 }
@@ -227,6 +231,60 @@ std::vector<uint8_t> cluster_allgather(std::span<const uint8_t> mine, std::vecto
                             call_counts[r]);
     }
     return all;
+}
+
+std::vector<std::vector<uint8_t>> cluster_alltoallv(const std::vector<std::vector<uint8_t>>& to,
+                                                    size_t max_call_bytes) {
+    const int n = Cluster::size(), me = Cluster::rank();
+    if (to.size() != size_t(n))
+        Cluster::abort(fmt::format("alltoallv: {} messages for {} ranks", to.size(), n));
+    if (n == 1) return {to[0]};
+    max_call_bytes = clamp_call_bytes(max_call_bytes);
+    // (1) Every pair's byte count, on every rank (one allgather of n counts per rank), so each
+    // rank knows what it receives and how many rounds the whole exchange needs. A rank's
+    // message to itself stays out of MPI.
+    std::vector<uint64_t> send_sizes(n), matrix(size_t(n) * n);
+    for (int r = 0; r < n; ++r) send_sizes[r] = r == me ? 0 : to[r].size();
+    check(MPI_Allgather(send_sizes.data(), n, MPI_UINT64_T, matrix.data(), n, MPI_UINT64_T,
+                        world("MPI_Allgather")),
+          "MPI_Allgather");
+    std::vector<uint64_t> recv_sizes(n);
+    for (int r = 0; r < n; ++r) recv_sizes[r] = matrix[size_t(r) * n + me];
+    std::vector<std::vector<uint8_t>> from(n);
+    for (int r = 0; r < n; ++r) from[r].resize(recv_sizes[r]);
+    from[me] = to[me];
+    // (2) Rounds: each pair moves at most `piece` bytes per call, so a rank's bytes in one call
+    // (n pieces) stay under the limit and every count and displacement fits an int. Every rank
+    // runs as many rounds as the largest pair of the whole exchange needs.
+    const size_t piece = std::max<size_t>(1, max_call_bytes / n);
+    const uint64_t largest = *std::max_element(matrix.begin(), matrix.end());
+    std::vector<int> scounts(n), sdispls(n), rcounts(n), rdispls(n);
+    std::vector<uint8_t> sbuf, rbuf;
+    for (uint64_t start = 0; start < largest; start += piece) {
+        int sat = 0, rat = 0;
+        for (int r = 0; r < n; ++r) {
+            scounts[r] =
+                send_sizes[r] > start ? count_of(std::min(piece, send_sizes[r] - start)) : 0;
+            rcounts[r] =
+                recv_sizes[r] > start ? count_of(std::min(piece, recv_sizes[r] - start)) : 0;
+            sdispls[r] = sat;
+            rdispls[r] = rat;
+            sat += scounts[r];
+            rat += rcounts[r];
+        }
+        sbuf.resize(size_t(sat));
+        rbuf.resize(size_t(rat));
+        for (int r = 0; r < n; ++r)
+            if (scounts[r] > 0)
+                std::memcpy(sbuf.data() + sdispls[r], to[r].data() + start, size_t(scounts[r]));
+        check(MPI_Alltoallv(sbuf.data(), scounts.data(), sdispls.data(), MPI_BYTE, rbuf.data(),
+                            rcounts.data(), rdispls.data(), MPI_BYTE, world("MPI_Alltoallv")),
+              "MPI_Alltoallv");
+        for (int r = 0; r < n; ++r)
+            if (rcounts[r] > 0)
+                std::memcpy(from[r].data() + start, rbuf.data() + rdispls[r], size_t(rcounts[r]));
+    }
+    return from;
 }
 
 void cluster_broadcast(int root, std::span<uint8_t> data, size_t max_call_bytes) {

@@ -32,6 +32,10 @@ public:
     /// each rank's byte count. In a cluster of one: a copy of `mine`.
     static std::vector<uint8_t> allgather(std::span<const uint8_t> mine,
                                           std::vector<size_t>* sizes = nullptr);
+    /// Personalised exchange (MPI_Alltoallv): `to[r]` goes to rank r only, and the result's
+    /// element r is what rank r sent to this one. `to` has one entry per rank. In a cluster of
+    /// one: `to[0]`.
+    static std::vector<std::vector<uint8_t>> alltoallv(const std::vector<std::vector<uint8_t>>& to);
     /// Root's bytes into every rank's `data` (all ranks pass the same size). No-op alone.
     static void broadcast(int root, std::span<uint8_t> data);
     /// Broadcast of a byte vector whose size only the root knows (size first, then bytes).
@@ -58,6 +62,10 @@ inline constexpr size_t kClusterMaxCallBytes = size_t{1} << 30;
 /// gather runs in rounds through a staging buffer. A parameter so tests can force many rounds.
 std::vector<uint8_t> cluster_allgather(std::span<const uint8_t> mine, std::vector<size_t>* sizes,
                                        size_t max_call_bytes);
+/// Cluster::alltoallv with at most `max_call_bytes` (>= 1) sent by one rank in one MPI call: a
+/// larger exchange runs in rounds through staging buffers.
+std::vector<std::vector<uint8_t>> cluster_alltoallv(const std::vector<std::vector<uint8_t>>& to,
+                                                    size_t max_call_bytes);
 /// Cluster::broadcast in pieces of at most `max_call_bytes` (>= 1).
 void cluster_broadcast(int root, std::span<uint8_t> data, size_t max_call_bytes);
 }  // namespace detail

@@ -132,10 +132,28 @@ std::vector<std::string> Runtime::take_cpu_fallbacks() {
     return std::exchange(m_fallbacks, {});
 }
 
+std::vector<float> Parameter::initial_values() const {
+    std::vector<float> v(size_t(rows) * cols);
+    if (init) init(v);
+    return v;
+}
+
 void Runtime::upload(const Tensor& t, size_t index, const std::vector<float>& values) {
     const uint64_t c0 = m_dev.metrics().h2d_cycles;
     const auto t0 = std::chrono::steady_clock::now();
     driver::write_tensor(m_dev, t, index, values);
+    const double host =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m_metrics.add_time("TransferToDeviceTime",
+                       m_dev.config().clock().seconds(double(m_dev.metrics().h2d_cycles - c0)),
+                       host);
+    m_metrics.add_data("InboundData", t.bytes());
+}
+
+void Runtime::upload_timing(const Tensor& t, size_t index) {
+    const uint64_t c0 = m_dev.metrics().h2d_cycles;
+    const auto t0 = std::chrono::steady_clock::now();
+    m_dev.write_timing(t.bufs.at(index), t.bytes());
     const double host =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m_metrics.add_time("TransferToDeviceTime",

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,12 +45,17 @@ using Var = std::shared_ptr<Node>;
 /// value and gradient are views into the trainer's flat per-core buffers, so tied parameters
 /// (one shared_ptr used by two layers) stay one buffer per core.
 struct Parameter {
-    uint32_t rows = 0;        ///< rows
-    uint32_t cols = 0;        ///< columns
-    std::vector<float> init;  ///< host initial values (rows x cols), used at placement
-    driver::Tensor value;     ///< per-core value (a view) once placed
-    driver::Tensor grad;      ///< per-core gradient (a view) once placed
-    uint64_t offset = 0;      ///< fp32 values from the start of the flat buffers
+    uint32_t rows = 0;  ///< rows
+    uint32_t cols = 0;  ///< columns
+    /// Writes the rows x cols initial values into its argument, the same on every call. Called
+    /// at placement, and not at all on a timing-only board (sim.functional = false), whose
+    /// device holds no values: a model's initial weights then cost no host memory.
+    std::function<void(std::span<float>)> init;
+    /// The initial values (a rows x cols vector made by `init`).
+    std::vector<float> initial_values() const;
+    driver::Tensor value;  ///< per-core value (a view) once placed
+    driver::Tensor grad;   ///< per-core gradient (a view) once placed
+    uint64_t offset = 0;   ///< fp32 values from the start of the flat buffers
     bool placed() const { return !value.bufs.empty(); }
 };
 using ParamPtr = std::shared_ptr<Parameter>;
@@ -141,6 +147,9 @@ public:
     std::vector<std::string> take_cpu_fallbacks();
     /// Writes replica `index` of `t` from the host, recorded as TransferToDevice.
     void upload(const driver::Tensor& t, size_t index, const std::vector<float>& values);
+    /// upload() without values, for a timing-only board (sim.functional = false): the transfer
+    /// is timed and recorded alike, and nothing is copied.
+    void upload_timing(const driver::Tensor& t, size_t index);
     /// Reads replica `index` of `t`, recorded as TransferFromDevice (a host sync).
     std::vector<float> download(const driver::Tensor& t, size_t index);
 

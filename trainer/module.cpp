@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "trainer/module.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -14,12 +15,17 @@ float uniform(std::mt19937& rng, float lo, float hi) {
     return lo + (hi - lo) * float(rng() >> 8) * (1.0f / 16777216.0f);
 }
 
-ParamPtr make_param(uint32_t rows, uint32_t cols, std::vector<float> init) {
+ParamPtr make_param(uint32_t rows, uint32_t cols, std::function<void(std::span<float>)> init) {
     auto p = std::make_shared<Parameter>();
     p->rows = rows;
     p->cols = cols;
     p->init = std::move(init);
     return p;
+}
+
+ParamPtr constant_param(uint32_t rows, uint32_t cols, float value) {
+    return make_param(rows, cols,
+                      [value](std::span<float> v) { std::fill(v.begin(), v.end(), value); });
 }
 
 /// The most fp32 values one parameter may hold: one core's kernels address 4 GiB.
@@ -34,22 +40,30 @@ void check_param_size(uint32_t rows, uint32_t cols) {
                         rows, cols, uint64_t(rows) * cols));
 }
 
+// A parameter keeps the generator's state where its values begin and the module's generator
+// skips past them, so later parameters get the values they would get if these were drawn now.
 ParamPtr uniform_param(uint32_t rows, uint32_t cols, float bound, std::mt19937& rng) {
     check_param_size(rows, cols);
-    std::vector<float> v(size_t(rows) * cols);
-    for (float& x : v) x = uniform(rng, -bound, bound);
-    return make_param(rows, cols, std::move(v));
+    const std::mt19937 at = rng;
+    rng.discard(uint64_t(rows) * cols);  // one draw per value
+    return make_param(rows, cols, [at, bound](std::span<float> v) {
+        std::mt19937 r = at;
+        for (float& x : v) x = uniform(r, -bound, bound);
+    });
 }
 
 ParamPtr normal_param(uint32_t rows, uint32_t cols, float stddev, std::mt19937& rng) {
     // Box-Muller on our own uniforms, for platform-independent values.
     check_param_size(rows, cols);
-    std::vector<float> v(size_t(rows) * cols);
-    for (size_t i = 0; i < v.size(); ++i) {
-        const float u1 = uniform(rng, 1e-7f, 1.0f), u2 = uniform(rng, 0.0f, 1.0f);
-        v[i] = stddev * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
-    }
-    return make_param(rows, cols, std::move(v));
+    const std::mt19937 at = rng;
+    rng.discard(2 * uint64_t(rows) * cols);  // two draws per value
+    return make_param(rows, cols, [at, stddev](std::span<float> v) {
+        std::mt19937 r = at;
+        for (float& x : v) {
+            const float u1 = uniform(r, 1e-7f, 1.0f), u2 = uniform(r, 0.0f, 1.0f);
+            x = stddev * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+        }
+    });
 }
 
 /// Prefixes a part's parameter names ("weight" -> "q.weight").
@@ -259,8 +273,8 @@ std::vector<std::pair<std::string, ParamPtr*>> TransformerBlock::slots() {
 }
 
 LayerNorm::LayerNorm(uint32_t dim, float eps) : m_eps(eps) {
-    weight = make_param(1, dim, std::vector<float>(dim, 1.0f));
-    bias = make_param(1, dim, std::vector<float>(dim, 0.0f));
+    weight = constant_param(1, dim, 1.0f);
+    bias = constant_param(1, dim, 0.0f);
 }
 
 Var LayerNorm::operator()(Runtime& rt, const Var& x) {

@@ -82,7 +82,15 @@ std::string devices_repr(const Devices& d) {
 }
 
 std::vector<uint32_t> resolve_devices(const Devices& d, uint32_t num_cores, uint32_t num_nodes,
-                                      uint32_t hosts) {
+                                      uint32_t hosts, uint32_t cores_per_device) {
+    if (cores_per_device > 1) {
+        // A megacore: the rule below over devices, then each device's cores.
+        std::vector<uint32_t> cores;
+        for (uint32_t dev : resolve_devices(d, num_cores / cores_per_device, num_nodes, hosts))
+            for (uint32_t c = 0; c < cores_per_device; ++c)
+                cores.push_back(dev * cores_per_device + c);
+        return cores;
+    }
     std::vector<uint32_t> all(num_cores);
     for (uint32_t i = 0; i < num_cores; ++i) all[i] = i;
     if (num_nodes == 0) throw ConfigError("`num_nodes` must be at least 1. Got 0");
@@ -233,8 +241,10 @@ Trainer::Trainer(driver::Device& dev, TrainerOptions opts)
       m_opts(std::move(opts)),
       m_cores(m_opts.cores.empty()
                   ? resolve_devices(m_opts.tpu_cores ? *m_opts.tpu_cores : m_opts.devices,
-                                    dev.num_cores(), m_opts.num_nodes, dev.config().hosts())
+                                    dev.num_cores(), m_opts.num_nodes, dev.config().hosts(),
+                                    dev.config().cores_per_device())
                   : m_opts.cores),
+      m_cores_per_device(m_opts.cores.empty() ? dev.config().cores_per_device() : 1),
       m_mode(resolve_precision(m_opts.precision).mode),
       // Every rank records the warning; rank 0 prints it (Lightning's rank_zero_warn).
       m_warn([](const std::string& w) {
@@ -385,9 +395,7 @@ void Trainer::place(Module& module) {
     if (params.empty()) throw ConfigError("The module has no parameters to optimize");
     uint64_t total = 0;
     for (const auto& [name, p] : params) {
-        if (p->init.size() != uint64_t(p->rows) * p->cols)
-            throw ConfigError(fmt::format("parameter {} has {} initial values for {} x {}", name,
-                                          p->init.size(), p->rows, p->cols));
+        if (!p->init) throw ConfigError(fmt::format("parameter {} has no initialiser", name));
         p->offset = total;
         total += (uint64_t(p->rows) * p->cols + kAlignValues - 1) / kAlignValues * kAlignValues;
     }
@@ -401,16 +409,23 @@ void Trainer::place(Module& module) {
     m_state1 = driver::alloc_tensor(m_dev, m_cores, 1, n);
     if (m_opt.kind == OptimizerConfig::Kind::Adam)
         m_state2 = driver::alloc_tensor(m_dev, m_cores, 1, n);
-    // Initial values go to every replica once (the broadcast Lightning does at setup).
-    std::vector<float> host(n, 0.0f);
-    for (const auto& [name, p] : params)
-        std::copy(p->init.begin(), p->init.end(), host.begin() + int64_t(p->offset));
-    const std::vector<float> zeros(n, 0.0f);
-    for (size_t r = 0; r < m_cores.size(); ++r) {
-        m_rt->upload(m_flat_params, r, host);
-        m_rt->upload(m_flat_grads, r, zeros);
-        m_rt->upload(m_state1, r, zeros);
-        if (!m_state2.bufs.empty()) m_rt->upload(m_state2, r, zeros);
+    // Initial values go to every replica once (the broadcast Lightning does at setup). A
+    // timing-only board holds no values: the transfers are timed, no value is made.
+    if (m_dev.config().sim.functional) {
+        std::vector<float> host(n, 0.0f);
+        for (const auto& [name, p] : params)
+            p->init({host.data() + p->offset, uint64_t(p->rows) * p->cols});
+        const std::vector<float> zeros(n, 0.0f);
+        for (size_t r = 0; r < m_cores.size(); ++r) {
+            m_rt->upload(m_flat_params, r, host);
+            m_rt->upload(m_flat_grads, r, zeros);
+            m_rt->upload(m_state1, r, zeros);
+            if (!m_state2.bufs.empty()) m_rt->upload(m_state2, r, zeros);
+        }
+    } else {
+        for (size_t r = 0; r < m_cores.size(); ++r)
+            for (const Tensor* t : {&m_flat_params, &m_flat_grads, &m_state1, &m_state2})
+                if (!t->bufs.empty()) m_rt->upload_timing(*t, r);
     }
     if (m_mode == PrecisionMode::Bf16True)
         m_rt->exec("round_bf16", [&] {
@@ -436,6 +451,14 @@ Batch Trainer::load_batch(const Dataset& data, const std::vector<std::vector<uin
     b.rows = rows;
     b.x = m_rt->leaf(rows, data.features);
     b.onehot = m_rt->leaf(rows, data.classes);
+    if (!m_dev.config().sim.functional) {
+        // A timing-only board holds no values: time the uploads, stage nothing.
+        for (size_t r = 0; r < m_cores.size(); ++r) {
+            m_rt->upload_timing(b.x->value, r);
+            m_rt->upload_timing(b.onehot->value, r);
+        }
+        return b;
+    }
     std::vector<float> x(size_t(rows) * data.features), y(size_t(rows) * data.classes);
     for (size_t r = 0; r < m_cores.size(); ++r) {
         std::fill(y.begin(), y.end(), 0.0f);
@@ -465,6 +488,10 @@ Batch Trainer::load_batch(const Dataset& data, const std::vector<std::vector<uin
 void Trainer::optimizer_step(const OptimizerConfig& opt) {
     // A parameter the step did not use keeps no stale gradient: it gets zeros.
     for (Parameter* p : m_rt->params_without_grad()) {
+        if (!m_dev.config().sim.functional) {
+            for (size_t r = 0; r < m_cores.size(); ++r) m_rt->upload_timing(p->grad, r);
+            continue;
+        }
         const std::vector<float> zeros(uint64_t(p->rows) * p->cols, 0.0f);
         for (size_t r = 0; r < m_cores.size(); ++r) m_rt->upload(p->grad, r, zeros);
     }
@@ -506,7 +533,20 @@ float Trainer::read_loss(const Var& loss) {
     return m_rt->download(loss->value, 0)[0];
 }
 
-void Trainer::fit(Module& module, const DataLoader& train, const DataLoader* val) {
+DataLoader Trainer::per_core(const DataLoader& loader) const {
+    DataLoader l = loader;
+    if (m_cores_per_device > 1 && loader.batch_size % m_cores_per_device != 0)
+        throw ConfigError(fmt::format(
+            "batch_size={}: a megacore device splits its batch over its {} cores; use a "
+            "multiple of {}",
+            loader.batch_size, m_cores_per_device, m_cores_per_device));
+    l.batch_size = loader.batch_size / m_cores_per_device;
+    return l;
+}
+
+void Trainer::fit(Module& module, const DataLoader& device_loader, const DataLoader* val) {
+    // Below, every replica is a core: a megacore device's batch is split over its cores.
+    const DataLoader train = per_core(device_loader);
     if (!train.dataset || train.dataset->count == 0)
         throw ConfigError("fit: the training DataLoader has no dataset");
     if (train.batch_size == 0)
@@ -670,7 +710,8 @@ std::vector<std::vector<uint32_t>> Trainer::eval_shards(Module& module, const Da
     return idx;
 }
 
-PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
+PredictResult Trainer::predict(Module& module, const DataLoader& device_loader) {
+    const DataLoader loader = per_core(device_loader);
     if (loader.dataset) check_batch(*loader.dataset, loader.batch_size);
     const std::vector<std::vector<uint32_t>> idx = eval_shards(module, loader, "predict");
     const Dataset& data = *loader.dataset;
@@ -709,7 +750,8 @@ PredictResult Trainer::predict(Module& module, const DataLoader& loader) {
     return res;
 }
 
-EvalResult Trainer::validate(Module& module, const DataLoader& loader) {
+EvalResult Trainer::validate(Module& module, const DataLoader& device_loader) {
+    const DataLoader loader = per_core(device_loader);
     if (loader.dataset) check_batch(*loader.dataset, loader.batch_size);
     const std::vector<std::vector<uint32_t>> idx = eval_shards(module, loader, "validate");
     const Dataset& data = *loader.dataset;

@@ -48,9 +48,11 @@ std::string devices_repr(const Devices& d);
 /// [i] selects core i; anything else is a ConfigError with Lightning's message. With
 /// `num_nodes` > 1 (a pod slice of `hosts` TPU hosts), `devices` counts the cores of one host
 /// and every core of every host trains: 'auto' or devices x num_nodes == num_cores, with one
-/// node per host; anything else is a ConfigError naming the numbers.
+/// node per host; anything else is a ConfigError naming the numbers. On a megacore board
+/// (`cores_per_device` > 1, hw::BoardConfig::megacore) the rule counts devices, num_cores /
+/// cores_per_device of them, and each selected device brings its cores.
 std::vector<uint32_t> resolve_devices(const Devices& d, uint32_t num_cores, uint32_t num_nodes = 1,
-                                      uint32_t hosts = 1);
+                                      uint32_t hosts = 1, uint32_t cores_per_device = 1);
 /// "32-true", "bf16-mixed" or "bf16-true"; anything else is a ConfigError.
 PrecisionMode parse_precision(std::string_view precision);
 /// A precision as a Lightning user types it: the mode it runs in and, for a word Lightning
@@ -229,10 +231,14 @@ private:
     float read_loss(const Var& loss);
     void verify_replicas(Module& module);
     void warn(const std::string& text);
+    /// `loader` with each core's share of its per-device batch (a megacore's cores split it).
+    DataLoader per_core(const DataLoader& loader) const;
 
     driver::Device& m_dev;
     TrainerOptions m_opts;
     std::vector<uint32_t> m_cores;
+    /// Cores of one device: a megacore's (hw::BoardConfig::cores_per_device), else 1.
+    uint32_t m_cores_per_device = 1;
     PrecisionMode m_mode;
     driver::ProgramCache m_cache;
     Metrics m_metrics;

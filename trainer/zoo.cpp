@@ -17,16 +17,19 @@ uint32_t or_default(uint32_t value, uint32_t fallback) {
 
 /// `examples` examples of `rows` rows of `features` values uniform in [-1, 1), labels uniform.
 Dataset random_rows(uint32_t examples, uint32_t rows, uint32_t features, uint32_t classes,
-                    uint32_t seed) {
+                    uint32_t seed, bool values) {
     std::mt19937 rng(seed);
     Dataset d;
     d.count = examples;
     d.rows = rows;
     d.features = features;
     d.classes = classes;
-    d.x.resize(size_t(examples) * rows * features);
-    // 24 random bits per value, as the module initialisers: the same inputs on every platform.
-    for (float& v : d.x) v = float(rng() >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    if (values) {
+        d.x.resize(size_t(examples) * rows * features);
+        // 24 random bits per value, as the module initialisers: the same inputs on every
+        // platform.
+        for (float& v : d.x) v = float(rng() >> 8) * (2.0f / 16777216.0f) - 1.0f;
+    }
     d.labels.resize(size_t(examples) * rows);
     for (uint8_t& l : d.labels) l = uint8_t(rng() % std::min(classes, 256u));
     return d;
@@ -261,16 +264,16 @@ ZooModel make_zoo_model(std::string_view name, const ZooOptions& options, uint32
         m.description = fmt::format("{} on {}x{}x3 images, 1000 classes, batch norm folded",
                                     name == "resnet50" ? "ResNet-50" : "ResNet-18", image, image);
         // Labels are bytes (classes 0-255 of the 1000): enough for a --train-step loss.
-        m.input = random_rows(examples, 1, image * image * 3, 1000, o.seed + 1);
+        m.input = random_rows(examples, 1, image * image * 3, 1000, o.seed + 1, o.values);
     } else if (name == "cnn") {
         m.module = std::make_unique<Cnn>(ImageShape{28, 28, 1}, 10, OptimizerConfig{}, o.seed);
         m.description = "CNN conv32-pool-conv64-pool-fc128-fc10 on 28x28x1 images";
-        m.input = random_rows(examples, 1, 784, 10, o.seed + 1);
+        m.input = random_rows(examples, 1, 784, 10, o.seed + 1, o.values);
     } else if (name == "mlp") {
         m.module = std::make_unique<Mlp>(std::vector<uint32_t>{784, 512, 256, 10},
                                          OptimizerConfig{}, o.seed);
         m.description = "MLP 784-512-256-10";
-        m.input = random_rows(examples, 1, 784, 10, o.seed + 1);
+        m.input = random_rows(examples, 1, 784, 10, o.seed + 1, o.values);
     } else if (name == "bert-block") {
         const uint32_t hidden = o.hidden, heads = o.heads, seq = o.seq, ffn = o.ffn;
         m.module = std::make_unique<Encoder>(hidden, heads, ffn, seq, o.seed,
@@ -284,7 +287,8 @@ ZooModel make_zoo_model(std::string_view name, const ZooOptions& options, uint32
         // Inference reads no label; its label tensor keeps the width it always had, so the
         // device layout (and every cycle) of an inference stays as it was.
         m.input = random_rows(examples, seq, hidden,
-                              train_step ? kBertTokenLabels : std::min(hidden, 256u), o.seed + 1);
+                              train_step ? kBertTokenLabels : std::min(hidden, 256u), o.seed + 1,
+                              o.values);
     } else {  // gpt
         GptConfig g;
         g.layers = o.layers;

@@ -24,6 +24,9 @@ struct ZooOptions {
     uint32_t layers = 0;  ///< gpt: transformer blocks (2)
     uint32_t vocab = 0;   ///< gpt: tokens (86)
     uint32_t seed = 0;    ///< weights and inputs
+    /// False: the inputs hold no values (a timing-only board uploads none), only their shape
+    /// and labels.
+    bool values = true;
 };
 
 /// A zoo model and inputs for it.

@@ -20,34 +20,30 @@ IciNetwork::IciNetwork(const BoardConfig& cfg)
     if (!(m_bytes_per_cycle > 0))
         throw std::invalid_argument(fmt::format("ici.link_gb_per_s: {} is not a positive bandwidth",
                                                 cfg.ici.link_gb_per_s));
-    m_x = m_cores;
-    if (cfg.ici.topology == "torus2d") {
-        if (cfg.ici.torus_x) {
-            m_x = cfg.ici.torus_x;
-        } else {
-            m_x = 1;
-            while ((m_x + 1) * (m_x + 1) <= m_cores) ++m_x;
-        }
-        if (m_cores % m_x != 0)
-            throw std::invalid_argument(
-                fmt::format("ici.torus_x: a torus {} wide does not hold {} cores", m_x, m_cores));
-    } else if (cfg.ici.topology != "ring") {
-        throw std::invalid_argument(
-            fmt::format("ici.topology: '{}' is not ring or torus2d", cfg.ici.topology));
-    }
-    m_y = m_cores / m_x;
+    m_shape = torus_shape(cfg.ici, m_cores);
     m_busy.resize(num_links());
     m_stats.resize(num_links());
 }
 
 bool IciNetwork::has_link(uint32_t link) const {
     if (link >= num_links()) return false;
-    return (link % 4 < 2 ? m_x : m_y) > 1;
+    const uint32_t size[] = {m_shape.x, m_shape.y, m_shape.z};
+    return size[link % kDirs / 2] > 1;
+}
+
+uint32_t IciNetwork::link_target(uint32_t link) const {
+    const uint32_t core = link_core(link);
+    check_core(core);
+    const uint32_t X = m_shape.x, Y = m_shape.y;
+    uint32_t pos[3] = {core % X, core / X % Y, core / X / Y};
+    const uint32_t size[3] = {X, Y, m_shape.z}, dim = link % kDirs / 2;
+    pos[dim] = (pos[dim] + (link % 2 == 0 ? 1 : size[dim] - 1)) % size[dim];
+    return (pos[2] * Y + pos[1]) * X + pos[0];
 }
 
 std::string IciNetwork::link_name(uint32_t link) {
-    static const char* kDir[] = {"+x", "-x", "+y", "-y"};
-    return fmt::format("core{}{}", link / 4, kDir[link % 4]);
+    static const char* kDir[] = {"+x", "-x", "+y", "-y", "+z", "-z"};
+    return fmt::format("core{}{}", link / kDirs, kDir[link % kDirs]);
 }
 
 void IciNetwork::check_core(uint32_t core) const {
@@ -60,18 +56,18 @@ std::vector<uint32_t> IciNetwork::route(uint32_t src, uint32_t dst) const {
     check_core(src);
     check_core(dst);
     std::vector<uint32_t> links;
-    uint32_t x = src % m_x, y = src / m_x;
-    const uint32_t tx = dst % m_x, ty = dst / m_x;
-    auto walk = [&](uint32_t& pos, uint32_t target, uint32_t size, uint32_t dim) {
-        const uint32_t fwd = (target + size - pos) % size;
-        const bool plus = fwd <= size - fwd;
-        for (uint32_t h = 0, hops = plus ? fwd : size - fwd; h < hops; ++h) {
-            links.push_back((y * m_x + x) * 4 + dim * 2 + (plus ? 0 : 1));
-            pos = plus ? (pos + 1) % size : (pos + size - 1) % size;
+    const uint32_t X = m_shape.x, Y = m_shape.y, Z = m_shape.z;
+    uint32_t pos[3] = {src % X, src / X % Y, src / X / Y};
+    const uint32_t target[3] = {dst % X, dst / X % Y, dst / X / Y}, size[3] = {X, Y, Z};
+    for (uint32_t dim = 0; dim < 3; ++dim) {
+        const uint32_t n = size[dim], fwd = (target[dim] + n - pos[dim]) % n;
+        const bool plus = fwd <= n - fwd;
+        for (uint32_t h = 0, hops = plus ? fwd : n - fwd; h < hops; ++h) {
+            const uint32_t core = (pos[2] * Y + pos[1]) * X + pos[0];
+            links.push_back(core * kDirs + dim * 2 + (plus ? 0 : 1));
+            pos[dim] = plus ? (pos[dim] + 1) % n : (pos[dim] + n - 1) % n;
         }
-    };
-    walk(x, tx, m_x, 0);
-    walk(y, ty, m_y, 1);
+    }
     return links;
 }
 

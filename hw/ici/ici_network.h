@@ -38,10 +38,11 @@ struct IciHop {
 /// Timing of the inter-core interconnect (hw/README.md, "ICI network"). Plain C++: the board
 /// calls it when a core's ICI engine starts a transfer, in simulated-time order.
 ///
-/// Links: every core has a link to each neighbour in each direction of the ring or the 2-D
-/// torus; id = core * 4 + {0: +x, 1: -x, 2: +y, 3: -y}, and each id is a separate resource.
-/// Route: dimension order (x, then y), each dimension the shorter way round, the positive
-/// direction on a tie; a ring is a torus of one row.
+/// Links: every core has a link to each neighbour in each direction of the ring or the 2-D or
+/// 3-D torus (ici.topology, shape from torus_shape()); id = core * 6 + {0: +x, 1: -x, 2: +y,
+/// 3: -y, 4: +z, 5: -z}, and each id is a separate resource. Route: dimension order (x, then y,
+/// then z), each dimension the shorter way round, the positive direction on a tie; a ring is a
+/// torus of one row.
 ///
 /// Timing, with `ser = ceil(bytes / B)` (B = link bytes per core cycle) and `hop` the per-hop
 /// latency in cycles. A link sends one transfer at a time, contiguously, for `ser` cycles, and
@@ -68,16 +69,25 @@ struct IciHop {
 /// fits [105, 154) and arrives at 105 + 940 + 49 = 1094, as it would alone.
 class IciNetwork {
 public:
+    /// Link ids per core: +x, -x, +y, -y, +z, -z.
+    static constexpr uint32_t kDirs = 6;
+
     /// The network of the board `cfg` (its cores, clock and `ici` section); throws
-    /// std::invalid_argument if the torus width does not divide the cores.
+    /// sim::ConfigError if the torus widths do not tile the cores.
     explicit IciNetwork(const BoardConfig& cfg);
 
     /// Cores along x (all of them on the ring).
-    uint32_t torus_x() const { return m_x; }
-    /// Number of link ids (4 per core; a ring uses only the x ones).
-    uint32_t num_links() const { return m_cores * 4; }
+    uint32_t torus_x() const { return m_shape.x; }
+    /// Cores along each dimension.
+    const TorusShape& shape() const { return m_shape; }
+    /// Number of link ids (kDirs per core; a ring uses only the x ones, a 2-D torus no z).
+    uint32_t num_links() const { return m_cores * kDirs; }
     /// True if the topology has this link (a ring has no y links, a torus of width 1 no x).
     bool has_link(uint32_t link) const;
+    /// The core a link leaves.
+    static uint32_t link_core(uint32_t link) { return link / kDirs; }
+    /// The core a link enters: the neighbour one step along its direction, wrapping around.
+    uint32_t link_target(uint32_t link) const;
     /// "core3+x": the link leaving core 3 in the +x direction.
     static std::string link_name(uint32_t link);
     /// Links from `src` to `dst` in order (empty when they are equal).
@@ -112,7 +122,7 @@ private:
     uint64_t reserve(uint32_t link, uint64_t t, uint64_t len);
 
     uint32_t m_cores;
-    uint32_t m_x, m_y;
+    TorusShape m_shape;
     double m_bytes_per_cycle;
     uint64_t m_hop;
     bool m_cut_through;

@@ -27,7 +27,7 @@ namespace tpu::hw {
     F(uint32_t, wtr, 6, "tCK", "end of write data to RD", .min = 1)                   \
     F(uint32_t, rtw, 8, "tCK", "RD to WR bus turnaround", .min = 1)
 
-/// HBM2 timing parameters in tCK.
+/// HBM timing parameters in tCK.
 struct HbmTiming {
     TPU_REFLECT(TPU_HBM_TIMING_FIELDS)
 };
@@ -63,7 +63,12 @@ struct HbmTiming {
       "ahead of the data bus",                                                                   \
       .min = 1, .max = 4096)                                                                     \
     F(uint32_t, simple_latency_ns, 100, "ns", "access latency of the simple model", .min = 1)    \
-    S(HbmTiming, timing, "HBM2 timing parameters in tCK")
+    F(std::string, generation, "custom", "",                                                     \
+      "JEDEC generation whose timing set (hw/mem/hbm_generation.cpp) gives hbm.timing its "      \
+      "defaults at hbm.tck_ps; timing values a file or --set gives still win (custom: "          \
+      "hbm.timing as written)",                                                                  \
+      .choices = "custom,hbm2,hbm2e,hbm3")                                                       \
+    S(HbmTiming, timing, "timing parameters in tCK")
 
 /// Per-core HBM stack: geometry, address map and timing.
 struct HbmConfig {

@@ -12,8 +12,8 @@
 namespace tpu::hw {
 
 SparseMemory::SparseMemory(std::string name, uint64_t size_bytes, Backing backing)
-    : m_name(std::move(name)), m_size(size_bytes) {
-    if (m_size == 0 || backing == Backing::Pages) return;
+    : m_name(std::move(name)), m_size(size_bytes), m_holds(backing != Backing::None) {
+    if (m_size == 0 || backing != Backing::Reserve) return;
     // MAP_NORESERVE: the OS commits (and zeroes) a page only when it is first written; reading
     // an untouched page maps the shared zero page.
     void* p = ::mmap(nullptr, m_size, PROT_READ | PROT_WRITE,
@@ -51,6 +51,10 @@ void SparseMemory::check(uint64_t addr, uint64_t bytes, const char* what) const 
 
 void SparseMemory::read(uint64_t addr, std::span<uint8_t> out) const {
     check(addr, out.size(), "read");
+    if (!m_holds) {
+        if (!out.empty()) std::memset(out.data(), 0, out.size());
+        return;
+    }
     if (m_base) {
         if (!out.empty()) std::memmove(out.data(), m_base + addr, out.size());
         return;
@@ -71,6 +75,7 @@ void SparseMemory::read(uint64_t addr, std::span<uint8_t> out) const {
 
 void SparseMemory::write(uint64_t addr, std::span<const uint8_t> in) {
     check(addr, in.size(), "write");
+    if (!m_holds) return;
     if (m_base) {
         if (!in.empty()) std::memmove(m_base + addr, in.data(), in.size());
         return;
@@ -87,6 +92,7 @@ void SparseMemory::write(uint64_t addr, std::span<const uint8_t> in) {
 
 void SparseMemory::fill(uint64_t addr, uint64_t bytes, uint8_t value) {
     check(addr, bytes, "fill");
+    if (!m_holds) return;
     if (m_base) {
         std::memset(m_base + addr, value, bytes);
         return;

@@ -19,15 +19,19 @@ namespace tpu::hw {
 /// zeroes on first touch, so nothing is zero-filled ahead of a write and units can work on
 /// spans in place (data()). Where the OS refuses the reservation (strict overcommit) it falls
 /// back to 64 KiB pages allocated on first write, zeroing only the bytes that write leaves.
+///
+/// A memory whose values nothing observes (a timing-only board, sim.functional = false, or a
+/// core another MPI rank simulates) holds no bytes at all: Backing::None keeps the bounds
+/// checks, drops writes and reads zeros, so host memory does not grow with the data.
 class SparseMemory {
 public:
     static constexpr uint64_t kPageBytes = 64 * 1024;  ///< allocation granule of the fallback
 
-    /// How the bytes are held: one reservation when the OS grants it, or pages.
-    enum class Backing { Reserve, Pages };
+    /// How the bytes are held: one reservation when the OS grants it, pages, or none at all.
+    enum class Backing { Reserve, Pages, None };
 
     /// A memory of `size_bytes`; `name` appears in error messages. `Pages` forces the fallback
-    /// (tests cover both).
+    /// (tests cover both); `None` holds no values (writes are dropped, reads are zeros).
     SparseMemory(std::string name, uint64_t size_bytes, Backing backing = Backing::Reserve);
     ~SparseMemory();
     SparseMemory(const SparseMemory&) = delete;
@@ -41,6 +45,8 @@ public:
     }
     /// True when data() gives direct access (the reservation succeeded).
     bool contiguous() const { return m_base != nullptr; }
+    /// False for Backing::None: the memory keeps no values.
+    bool holds_values() const { return m_holds; }
     /// The bytes from `addr` on, in place; requires contiguous() and in_range.
     uint8_t* data(uint64_t addr) { return m_base + addr; }
     const uint8_t* data(uint64_t addr) const { return m_base + addr; }
@@ -61,6 +67,7 @@ private:
     std::string m_name;
     uint64_t m_size;
     uint8_t* m_base = nullptr;  ///< the reservation, or null in the paged fallback
+    bool m_holds = true;        ///< false for Backing::None
     std::unordered_map<uint64_t, std::unique_ptr<uint8_t[]>> m_pages;
 };
 

@@ -12,11 +12,16 @@ IciRef::IciRef(const IciRefConfig& cfg) : m_cfg(cfg) {
     if (cfg.cores == 0 || cfg.width == 0 || cfg.cores % cfg.width != 0)
         throw std::invalid_argument("IciRef: width " + std::to_string(cfg.width) +
                                     " does not divide " + std::to_string(cfg.cores) + " cores");
+    if (m_cfg.height == 0) m_cfg.height = cfg.cores / cfg.width;
+    if ((cfg.cores / cfg.width) % m_cfg.height != 0)
+        throw std::invalid_argument("IciRef: height " + std::to_string(m_cfg.height) +
+                                    " does not divide a plane of " +
+                                    std::to_string(cfg.cores / cfg.width) + " cores");
     if (!(cfg.bytes_per_cycle > 0)) throw std::invalid_argument("IciRef: bytes_per_cycle <= 0");
 }
 
 std::vector<IciRef::Link> IciRef::path(uint32_t src, uint32_t dst) const {
-    const uint32_t w = m_cfg.width, h = m_cfg.cores / w;
+    const uint32_t w = m_cfg.width, h = m_cfg.height, d = m_cfg.cores / w / h;
     std::vector<Link> links;
     uint32_t cur = src;
     // One step at a time: decide the direction again at every core.
@@ -27,19 +32,26 @@ std::vector<IciRef::Link> IciRef::path(uint32_t src, uint32_t dst) const {
         const uint32_t nx = plus ? (x + 1) % w : (x + w - 1) % w;
         cur = cur - x + nx;
     }
-    while (cur / w != dst / w) {
-        const uint32_t y = cur / w, up = (dst / w + h - y) % h;
+    while (cur / w % h != dst / w % h) {
+        const uint32_t y = cur / w % h, up = (dst / w % h + h - y) % h;
         const bool plus = up <= h - up;
         links.push_back({cur, plus ? 2u : 3u});
         const uint32_t ny = plus ? (y + 1) % h : (y + h - 1) % h;
-        cur = ny * w + cur % w;
+        cur = cur - y * w + ny * w;
+    }
+    while (cur / (w * h) != dst / (w * h)) {
+        const uint32_t z = cur / (w * h), up = (dst / (w * h) + d - z) % d;
+        const bool plus = up <= d - up;
+        links.push_back({cur, plus ? 4u : 5u});
+        const uint32_t nz = plus ? (z + 1) % d : (z + d - 1) % d;
+        cur = cur - z * w * h + nz * w * h;
     }
     return links;
 }
 
 std::vector<uint64_t> IciRef::run(const std::vector<IciRefTransfer>& transfers) {
     constexpr uint64_t kUnknown = ~uint64_t(0);
-    // Per link (from * 4 + dir): 1 for every cycle an earlier transfer holds.
+    // Per link (from * 6 + dir): 1 for every cycle an earlier transfer holds.
     std::map<uint32_t, std::vector<uint8_t>> calendar;
     auto held = [&](uint32_t link, uint64_t cycle) {
         const auto& cal = calendar[link];
@@ -68,7 +80,7 @@ std::vector<uint64_t> IciRef::run(const std::vector<IciRefTransfer>& transfers) 
         for (;; ++cycle) {
             if (cycle > limit) throw std::logic_error("IciRef: a transfer never arrived");
             for (size_t k = 0; k < n; ++k) {
-                const uint32_t id = links[k].from * 4 + links[k].dir;
+                const uint32_t id = links[k].from * 6 + links[k].dir;
                 if (!begun[k]) {
                     bool may_leave;
                     if (k == 0)

@@ -21,6 +21,7 @@ struct IciRefTransfer {
 struct IciRefConfig {
     uint32_t cores = 8;             ///< cores on the network
     uint32_t width = 8;             ///< cores along x; width == cores is the ring
+    uint32_t height = 0;            ///< cores along y; 0: cores / width (a 2-D torus or ring)
     uint64_t hop_cycles = 940;      ///< cycles from a flit leaving a core to the next core's input
     double bytes_per_cycle = 85.1;  ///< bytes one flit (one link cycle) carries
     bool cut_through = true;        ///< false: store-and-forward
@@ -40,20 +41,21 @@ struct IciRefConfig {
 /// src == dst copies one flit per cycle locally.
 class IciRef {
 public:
-    /// An idle network; throws std::invalid_argument for a width that does not divide cores.
+    /// An idle network; throws std::invalid_argument for a width or height that does not
+    /// divide the cores.
     explicit IciRef(const IciRefConfig& cfg);
     /// Serves `transfers` in order and returns each one's arrival cycle. Throws
     /// std::invalid_argument for a bad core or 0 bytes, std::logic_error if the model breaks.
     std::vector<uint64_t> run(const std::vector<IciRefTransfer>& transfers);
 
 private:
-    /// A link: the core it leaves and its direction (0 +x, 1 -x, 2 +y, 3 -y).
+    /// A link: the core it leaves and its direction (0 +x, 1 -x, 2 +y, 3 -y, 4 +z, 5 -z).
     struct Link {
         uint32_t from;  ///< core the link leaves
         uint32_t dir;   ///< direction
     };
-    /// The links a transfer crosses, walking x first, then y, one core at a time, each the
-    /// shorter way round (the positive way on a tie).
+    /// The links a transfer crosses, walking x first, then y, then z, one core at a time, each
+    /// the shorter way round (the positive way on a tie).
     std::vector<Link> path(uint32_t src, uint32_t dst) const;
 
     IciRefConfig m_cfg;

@@ -91,6 +91,40 @@ TEST(CliValidate, RealCyclesAtAnotherClockCompareDurations) {
     EXPECT_DOUBLE_EQ(row["error"].get<double>(), row["sim_cycles"].get<double>() / 6202.0 - 1);
 }
 
+TEST(CliValidate, ARowMayNameItsBoard) {
+    // The seventh column runs a row on a preset of configs/ (or a JSON file): here a v5e-8 and a
+    // v6e-8 GEMM beside one on the command's own board, each as `tpusim gemm` on that board.
+    const auto path = csv("boards.csv",
+                          "workload,params,real_cycles,clock_mhz,cores,source,config\n"
+                          "gemm,M=512 K=512 N=512,9000,1500,1,x,v5e-8\n"
+                          "gemm,M=512 K=512 N=512,9000,1750,1,x,v6e-8\n"
+                          "gemm,M=512 K=512 N=512,9000,940,1,x,\n");
+    const auto r = tpusim("validate --json --data " + shell_quote(path));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto rows = nlohmann::json::parse(r.out)["rows"];
+    ASSERT_EQ(rows.size(), 3u);
+    const char* boards[] = {"v5e-8", "v6e-8", nullptr};
+    for (size_t i = 0; i < 3; ++i) {
+        const std::string config =
+            boards[i] ? " --config " +
+                            shell_quote(tpu::test::source_dir() + "/configs/" + boards[i] + ".json")
+                      : "";
+        const auto g = tpusim(
+            "gemm --m 512 --k 512 --n 512 --cores 0-0 --json "
+            "--set sim.functional=false" +
+            config);
+        ASSERT_EQ(g.code, 0) << g.err;
+        EXPECT_EQ(rows[i]["sim_cycles"], nlohmann::json::parse(g.out)["cycles"]) << i;
+        EXPECT_EQ(rows[i].contains("config"), boards[i] != nullptr);
+    }
+    const auto bad = tpusim("validate --data " +
+                            shell_quote(csv("noboard.csv",
+                                            "workload,params,real_cycles,clock_mhz,cores,source,"
+                                            "config\ngemm,M=1 K=1 N=1,10,940,1,x,v9-8\n")));
+    EXPECT_EQ(bad.code, 2);
+    EXPECT_NE(bad.err.find(":2: config 'v9-8': no preset v9-8 in "), std::string::npos) << bad.err;
+}
+
 TEST(CliValidate, OpAndModelRowsMeasureWhatTheCommandsReport) {
     // Each kind's row against the command that runs the same workload on the same cores.
     const std::vector<std::pair<std::string, std::string>> rows = {

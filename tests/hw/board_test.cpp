@@ -139,6 +139,19 @@ TEST(Board, VpuChainComputesTheDocumentedFunction) {
     }
 }
 
+TEST(Board, ATimingOnlyBoardHoldsNoValues) {
+    // sim.functional = false: no core's HBM or VMEM keeps bytes, and a kernel still runs.
+    Board b(BoardConfig::load("", {"sim.functional=false"}));
+    for (uint32_t c = 0; c < b.config().cores(); ++c) {
+        EXPECT_FALSE(b.hbm(c).holds_values()) << c;
+        EXPECT_FALSE(b.vmem(c).holds_values()) << c;
+    }
+    put(b.hbm(0), 0, std::vector<float>(8192, 1.0f));
+    b.load(0, kernel("vpu_chain.s"));
+    b.run({0});
+    EXPECT_EQ(get<float>(b.hbm(0), 0x10000, 4), std::vector<float>(4, 0.0f));
+}
+
 TEST(Board, FlagsAcrossCoresOverIci) {
     Board b(v3());
     // Core 0 sends 4 KiB of VMEM to core 5 and raises its f3; core 5 waits for it.
@@ -208,7 +221,7 @@ receiver:
     const auto without = b.run(all, {0});
     EXPECT_EQ(without.core_cycles[6], 1095u);
     EXPECT_EQ(without.core_cycles[7], 1094u);
-    const IciLinkStats& link76 = b.ici().link_stats(7 * 4 + 1);
+    const IciLinkStats& link76 = b.ici().link_stats(7 * IciNetwork::kDirs + 1);  // 7 -x
     EXPECT_EQ(link76.transfers, 3u);
     EXPECT_EQ(link76.queue_cycles, 0u);
 }

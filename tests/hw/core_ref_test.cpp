@@ -21,6 +21,7 @@
 #include "hw/reference/core_ref.h"
 #include "isa/assembler.h"
 #include "isa/disassembler.h"
+#include "tests/common/paths.h"
 
 namespace tpu::hw {
 
@@ -62,6 +63,19 @@ BoardConfig default_config(uint32_t queue_depth = 8, uint32_t dispatch_cycles = 
     cfg.core.dispatch_cycles = dispatch_cycles;
     cfg.sim.functional = false;
     cfg.hbm.model = "simple";  // the reference core models the simple HBM pipe
+    return cfg;
+}
+
+/// The v6e-8 preset's TensorCore (four 256 x 256 MXUs, 128 MiB of VMEM, a 1024-byte DMA port,
+/// 1750 MHz) with the simple HBM pipe the reference models.
+BoardConfig v6e_config(uint32_t queue_depth = 8, uint32_t dispatch_cycles = 1) {
+    BoardConfig cfg = BoardConfig::load(test::source_dir() + "/configs/v6e-8.json", {});
+    cfg.chips = 1;
+    cfg.hbm.bytes_per_core = 64 << 20;
+    cfg.core.queue_depth = queue_depth;
+    cfg.core.dispatch_cycles = dispatch_cycles;
+    cfg.sim.functional = false;
+    cfg.hbm.model = "simple";
     return cfg;
 }
 
@@ -425,13 +439,16 @@ private:
 constexpr std::array<uint32_t, 6> kPorts = {48, 64, 100, 333, 512, 1000};
 
 /// Runs `streams` random streams; stops at the first mismatch (one listing is enough).
-void random_streams(uint32_t seed, int streams, bool small_array) {
+enum class Board { Tiny, Default, V6e };
+void random_streams(uint32_t seed, int streams, Board board) {
+    const bool small_array = board == Board::Tiny;
     std::mt19937 rng(seed);
     for (int i = 0; i < streams; ++i) {
         const uint32_t depth = std::array<uint32_t, 4>{1, 2, 3, 8}[rng() % 4];
         const uint32_t dispatch = rng() % 4;
-        BoardConfig cfg =
-            small_array ? tiny_config(depth, dispatch) : default_config(depth, dispatch);
+        BoardConfig cfg = board == Board::Tiny      ? tiny_config(depth, dispatch)
+                          : board == Board::Default ? default_config(depth, dispatch)
+                                                    : v6e_config(depth, dispatch);
         if (rng() % 4 == 0) cfg.core.vpu_alus = 1 + rng() % 3;
         cfg.core.mxu_swap_drains = i % 2 == 0;  // both MXU swap rules
         // Ports that do not divide a request (fractional send times) and odd shapes.
@@ -459,7 +476,7 @@ void random_streams(uint32_t seed, int streams, bool small_array) {
 
 TEST(CoreRef, RandomStreamsTinyConfig) {
     g_coverage = {};
-    for (uint32_t seed = 1; seed <= 8; ++seed) random_streams(seed, 100, true);
+    for (uint32_t seed = 1; seed <= 8; ++seed) random_streams(seed, 100, Board::Tiny);
     // The streams must actually stress the rules, not just run straight through.
     EXPECT_GT(g_coverage.records, 20'000u);
     EXPECT_GT(g_coverage.queue_stalls, 500u);
@@ -472,11 +489,19 @@ TEST(CoreRef, RandomStreamsTinyConfig) {
 
 TEST(CoreRef, RandomStreamsDefaultConfig) {
     g_coverage = {};
-    for (uint32_t seed = 101; seed <= 104; ++seed) random_streams(seed, 30, false);
+    for (uint32_t seed = 101; seed <= 104; ++seed) random_streams(seed, 30, Board::Default);
     EXPECT_GT(g_coverage.records, 5'000u);
     std::cout << "coverage: " << g_coverage.records << " instructions, " << g_coverage.queue_stalls
               << " queue stalls, " << g_coverage.late_starts << " late starts, "
               << g_coverage.waits_held << " held waits/fences\n";
+}
+
+TEST(CoreRef, RandomStreamsV6ePreset) {
+    // A non-v3 TensorCore: four MXUs of 256 x 256 (configs/v6e-8.json).
+    g_coverage = {};
+    for (uint32_t seed = 201; seed <= 204; ++seed) random_streams(seed, 30, Board::V6e);
+    EXPECT_GT(g_coverage.records, 5'000u);
+    EXPECT_GT(g_coverage.late_starts, 500u);
 }
 
 // ---- hand-checked cases ---------------------------------------------------------------------

@@ -15,9 +15,12 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "hw/board_config.h"
 #include "hw/mem/hbm2.h"
 #include "hw/reference/hbm_ref.h"
+#include "tests/common/paths.h"
 
 namespace tpu::hw {
 namespace {
@@ -230,6 +233,29 @@ TEST(Hbm2Property, DefaultTimingRandomStreams) {
                                     8, seed % 2 ? 4u : 40u};
             expect_equal_streams(c, random_stream(rng, shape, 400),
                                  std::string(policy) + " seed " + std::to_string(seed));
+        }
+    }
+}
+
+// The timing sets of the non-v3 presets (hbm.generation, hw/mem/hbm_generation.cpp) at their
+// clocks, on their geometries: HBM2 at 853 ps (v4-8), HBM2E at 625 ps (v5e-8) and HBM3's BL8
+// at 312 ps (v6e-8).
+TEST(Hbm2Property, PresetTimingSetsRandomStreams) {
+    for (const char* preset : {"v4-8", "v5e-8", "v6e-8"}) {
+        const BoardConfig b =
+            BoardConfig::load(test::source_dir() + "/configs/" + preset + ".json", {});
+        ASSERT_NE(b.hbm.generation, "custom") << preset;
+        for (const char* policy : {"open", "closed"}) {
+            for (uint32_t seed = 1; seed <= 6; ++seed) {
+                std::mt19937 rng(seed);
+                HbmConfig c = b.hbm;
+                c.page_policy = policy;
+                const StreamShape shape{
+                    c.bank_groups,      2 + seed % 3, 1 + seed % 4, 0.1 * (seed % 5), 8,
+                    seed % 2 ? 4u : 40u};
+                expect_equal_streams(c, random_stream(rng, shape, 400),
+                                     fmt::format("{} {} seed {}", preset, policy, seed));
+            }
         }
     }
 }

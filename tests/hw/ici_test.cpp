@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // IciNetwork: hand-derived link timing, statistics and errors, and random transfer streams on
-// rings and 2-D tori against the cycle-stepped IciRef (hw/README.md, "ICI network").
+// rings and 2-D and 3-D tori against the cycle-stepped IciRef (hw/README.md, "ICI network").
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,9 +25,12 @@ IciNetwork network(const std::vector<std::string>& overrides = {}) {
 // ceil(48.13) = 49 cycles, and a hop is ceil(1000 ns x 0.94) = 940 cycles.
 constexpr uint64_t kSer4K = 49, kHop = 940;
 
-// Links of the ring: core * 4 + 1 is the -x (counter-clockwise) link leaving that core.
+// Link ids: core * 6 + {+x, -x, +y, -y, +z, -z}; on the ring -x is counter-clockwise.
+constexpr uint32_t kLink(uint32_t core, uint32_t dir) {
+    return core * IciNetwork::kDirs + dir;
+}
 constexpr uint32_t kMinusX(uint32_t core) {
-    return core * 4 + 1;
+    return kLink(core, 1);
 }
 
 TEST(IciNetwork, DefaultBoardFigures) {
@@ -35,10 +38,15 @@ TEST(IciNetwork, DefaultBoardFigures) {
     EXPECT_EQ(net.ser_cycles(4096), kSer4K);
     EXPECT_EQ(net.hop_cycles(), kHop);
     EXPECT_EQ(net.route(0, 5), (std::vector<uint32_t>{kMinusX(0), kMinusX(7), kMinusX(6)}));
-    EXPECT_EQ(net.route(0, 4), (std::vector<uint32_t>{0, 4, 8, 12}));  // a tie goes clockwise
+    // A tie goes clockwise.
+    EXPECT_EQ(net.route(0, 4),
+              (std::vector<uint32_t>{kLink(0, 0), kLink(1, 0), kLink(2, 0), kLink(3, 0)}));
     EXPECT_TRUE(net.has_link(kMinusX(3)));
-    EXPECT_FALSE(net.has_link(3 * 4 + 2));  // a ring has no y links
+    EXPECT_FALSE(net.has_link(kLink(3, 2)));  // a ring has no y links
+    EXPECT_FALSE(net.has_link(kLink(3, 4)));  // nor z links
     EXPECT_EQ(IciNetwork::link_name(kMinusX(7)), "core7-x");
+    EXPECT_EQ(net.link_target(kMinusX(0)), 7u);  // wraps around
+    EXPECT_EQ(net.link_target(kLink(7, 0)), 0u);
 }
 
 // The example of issue 13 (the same cycles as Board.IciTransferFitsTheIdleGapBeforeAnother):
@@ -93,12 +101,39 @@ TEST(IciNetwork, TorusRoutesXThenYAndLocalCopiesUseNoLink) {
     IciNetwork net = network({"chips=8", "ici.topology=torus2d"});
     EXPECT_EQ(net.torus_x(), 4u);
     // 0 -> 10 on a 4 x 4 torus: +x, +x (0 -> 1 -> 2), then +y, +y (2 -> 6 -> 10).
-    EXPECT_EQ(net.route(0, 10), (std::vector<uint32_t>{0, 4, 2 * 4 + 2, 6 * 4 + 2}));
+    EXPECT_EQ(net.route(0, 10),
+              (std::vector<uint32_t>{kLink(0, 0), kLink(1, 0), kLink(2, 2), kLink(6, 2)}));
     // 0 -> 12: y the short way round, -y.
-    EXPECT_EQ(net.route(0, 12), (std::vector<uint32_t>{3}));
+    EXPECT_EQ(net.route(0, 12), (std::vector<uint32_t>{kLink(0, 3)}));
+    EXPECT_FALSE(net.has_link(kLink(5, 4)));  // a 2-D torus has no z links
     EXPECT_EQ(net.transfer(0, 10, 3, 4096).last, 3 + 4 * kHop + kSer4K);
     EXPECT_EQ(net.transfer(3, 3, 7, 4096).last, 7 + kSer4K);
     EXPECT_EQ(net.message(0, 10, 3), 3 + 4 * kHop);
+}
+
+// A 3-D torus 4 x 2 x 3 (24 cores, core = (z x 2 + y) x 4 + x): x, then y, then z, each the
+// short way round. 1 = (1, 0, 0) -> 22 = (2, 1, 2): +x (1 -> 2); y from 0 to 1 of 2 ties, so +y
+// (2 -> 6); z from 0 to 2 of 3 is one step back, -z (6 -> 6 + 2 x 8 = 22).
+TEST(IciNetwork, Torus3dRoutesXThenYThenZ) {
+    IciNetwork net = network({"chips=24", "cores_per_chip=1", "chips_per_host=24",
+                              "ici.topology=torus3d", "ici.torus_x=4", "ici.torus_y=2"});
+    EXPECT_EQ(net.shape().x, 4u);
+    EXPECT_EQ(net.shape().y, 2u);
+    EXPECT_EQ(net.shape().z, 3u);
+    EXPECT_EQ(net.route(1, 22), (std::vector<uint32_t>{kLink(1, 0), kLink(2, 2), kLink(6, 5)}));
+    EXPECT_TRUE(net.has_link(kLink(6, 5)));
+    EXPECT_EQ(IciNetwork::link_name(kLink(6, 5)), "core6-z");
+    EXPECT_EQ(net.link_target(kLink(6, 5)), 22u);  // z 0 -> 2 of 3, wrapping
+    EXPECT_EQ(net.link_target(kLink(22, 4)), 6u);
+    EXPECT_EQ(net.link_target(kLink(7, 0)), 4u);  // x 3 -> 0
+    EXPECT_EQ(net.link_target(kLink(7, 3)), 3u);  // y 1 -> 0
+    // Three hops: 5 + 3 x 940 + 49.
+    EXPECT_EQ(net.transfer(1, 22, 5, 4096).last, 5 + 3 * kHop + kSer4K);
+    // A cube by default: 27 cores are 3 x 3 x 3.
+    const IciNetwork cube =
+        network({"chips=27", "cores_per_chip=1", "chips_per_host=27", "ici.topology=torus3d"});
+    EXPECT_EQ(cube.shape().x * 10 + cube.shape().y, 33u);
+    EXPECT_EQ(cube.shape().z, 3u);
 }
 
 TEST(IciNetwork, RetiringOldPromisesChangesNothing) {
@@ -140,7 +175,7 @@ struct Coverage {
 /// One random stream: `cores` cores `width` wide, transfers started in non-decreasing issue
 /// order (as the cores do), each no earlier than its issue; both models must agree.
 void expect_equal_stream(std::mt19937& rng, uint32_t cores, uint32_t width, bool torus,
-                         Coverage& cov, const std::string& what) {
+                         Coverage& cov, const std::string& what, uint32_t height = 0) {
     const uint32_t hop_ns = std::uniform_int_distribution<uint32_t>(0, 9)(rng) == 0
                                 ? 1000
                                 : std::uniform_int_distribution<uint32_t>(0, 40)(rng);
@@ -155,13 +190,15 @@ void expect_equal_stream(std::mt19937& rng, uint32_t cores, uint32_t width, bool
         fmt::format("ici.link_gb_per_s={}", gbps[rng() % 5]),
         fmt::format("ici.switching={}", cut_through ? "cut-through" : "store-and-forward")};
     if (torus) {
-        set.push_back("ici.topology=torus2d");
+        set.push_back(height ? "ici.topology=torus3d" : "ici.topology=torus2d");
         set.push_back(fmt::format("ici.torus_x={}", width));
+        if (height) set.push_back(fmt::format("ici.torus_y={}", height));
     }
     IciNetwork net = network(set);
     ASSERT_EQ(net.torus_x(), width);
     IciRef ref({.cores = cores,
                 .width = width,
+                .height = height,
                 .hop_cycles = net.hop_cycles(),
                 .bytes_per_cycle = net.bytes_per_cycle(),
                 .cut_through = cut_through});
@@ -229,6 +266,22 @@ TEST(IciProperty, TorusRandomStreams) {
     }
     EXPECT_GT(cov.queued, cov.transfers / 10);
     EXPECT_GT(cov.gap_fills, 200u);
+    EXPECT_GT(cov.multi_hop, cov.transfers / 3);
+}
+
+TEST(IciProperty, Torus3dRandomStreams) {
+    Coverage cov;
+    for (uint32_t seed = 1; seed <= 300; ++seed) {
+        std::mt19937 rng(seed + 20000);
+        const uint32_t x = std::uniform_int_distribution<uint32_t>(1, 4)(rng);
+        const uint32_t y = std::uniform_int_distribution<uint32_t>(1, 3)(rng);
+        const uint32_t z = std::uniform_int_distribution<uint32_t>(x * y == 1 ? 2 : 1, 3)(rng);
+        expect_equal_stream(rng, x * y * z, x, true, cov,
+                            fmt::format("torus {}x{}x{} seed {}", x, y, z, seed), y);
+        if (HasFatalFailure()) return;
+    }
+    EXPECT_GT(cov.queued, cov.transfers / 10);
+    EXPECT_GT(cov.gap_fills, 100u);
     EXPECT_GT(cov.multi_hop, cov.transfers / 3);
 }
 

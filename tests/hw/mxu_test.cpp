@@ -313,6 +313,11 @@ TEST(MxuVsReference, Random128x128) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     RecordProperty("seconds", std::to_string(s));
 }
+TEST(MxuVsReference, Random256x256) {
+    // The v6e-8 preset's array (configs/v6e-8.json): a few short streams, as the PE-level
+    // reference steps 65536 PEs a cycle.
+    check_streams(256, 256, 9, 2, 10, 300);
+}
 TEST(MxuVsReference, RandomWithoutExtremes) {
     // Every product exact in fp32: the fused multiply-add path of mxu_matmul where the host has
     // one (see mxu_model.cpp), the separate multiply and add elsewhere.

@@ -97,5 +97,28 @@ TEST(SparseMemory, AccessesOutsideTheMemoryAreErrorsNotWrites) {
     }
 }
 
+TEST(SparseMemory, ATimingOnlyMemoryHoldsNoBytesButKeepsItsBounds) {
+    // Backing::None (sim.functional = false): writes and fills are dropped, reads are zeros, and
+    // an access outside is still the same error.
+    SparseMemory none("hbm0", uint64_t(16) << 30, Backing::None);
+    EXPECT_FALSE(none.holds_values());
+    EXPECT_FALSE(none.contiguous());
+    const std::vector<uint8_t> in(64, 7);
+    none.write(uint64_t(8) << 30, in);
+    none.fill(0, 1 << 20, 0xFF);
+    std::vector<uint8_t> out(64, 0xEE);
+    none.read(uint64_t(8) << 30, out);
+    EXPECT_EQ(out, std::vector<uint8_t>(64, 0));
+    none.read(0, out);
+    EXPECT_EQ(out, std::vector<uint8_t>(64, 0));
+    try {
+        none.write((uint64_t(16) << 30) - 8, in);
+        ADD_FAILURE() << "write past the end accepted";
+    } catch (const std::out_of_range& e) {
+        EXPECT_STREQ(e.what(),
+                     "hbm0: write of 64 bytes at 0x3fffffff8 is outside its 17179869184 bytes");
+    }
+}
+
 }  // namespace
 }  // namespace tpu::hw

@@ -107,6 +107,23 @@ TEST(ClusterRanks, AllgatherOfMegabytesInRounds) {
     EXPECT_EQ(at, all.size());
 }
 
+TEST(ClusterRanks, AlltoallvGivesEachRankOnlyItsOwnMessage) {
+    // Rank s sends rank d 7s + 3d + (s == d) bytes, each a pattern of (s * 16 + d): rank 0's
+    // message to itself is 1 byte, most pairs differ in size, and some carry hundreds of bytes
+    // through the small call limits in many rounds.
+    const int n = Cluster::size(), me = Cluster::rank();
+    auto size_of = [](int s, int d) -> size_t { return 7 * s + 3 * d + (s == d) + 100 * (d == 1); };
+    std::vector<std::vector<uint8_t>> to(n);
+    for (int d = 0; d < n; ++d) to[d] = bytes_of(me * 16 + d, size_of(me, d));
+    for (size_t limit : kCallLimits) {
+        SCOPED_TRACE(limit);
+        const auto from = detail::cluster_alltoallv(to, limit);
+        ASSERT_EQ(from.size(), size_t(n));
+        for (int s = 0; s < n; ++s) EXPECT_EQ(from[s], bytes_of(s * 16 + me, size_of(s, me)));
+    }
+    EXPECT_EQ(Cluster::alltoallv(to)[me], to[me]);
+}
+
 TEST(ClusterRanks, BroadcastFromEveryRoot) {
     for (int root = 0; root < Cluster::size(); ++root) {
         for (size_t limit : kCallLimits) {

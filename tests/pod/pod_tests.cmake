@@ -17,6 +17,15 @@ add_test(NAME Pod.AllReduceIsTheSameOn1And2And4Ranks
                  -DWORK=${CMAKE_CURRENT_BINARY_DIR}/pod_allreduce -DNAME=allreduce
                  -P ${CMAKE_CURRENT_SOURCE_DIR}/pod/equivalence.cmake --
                  op allreduce --config ${tpu_pod_config} --cores all --elements 4194304 --json)
+# TPU v4's 3-D torus and megacore (configs/v4-8.json) split over ranks: one chip per host so
+# that its 4 chips make 4 hosts; a device is a chip, each chip's batch split over its 2 cores.
+add_test(NAME Pod.MegacoreTorus3dTrainingIsTheSameOn1And2And4Ranks
+         COMMAND ${CMAKE_COMMAND} -DTPUSIM=$<TARGET_FILE:tpusim_cli> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+                 -DWORK=${CMAKE_CURRENT_BINARY_DIR}/pod_v4 -DNAME=v4
+                 -P ${CMAKE_CURRENT_SOURCE_DIR}/pod/equivalence.cmake --
+                 train --config ${PROJECT_SOURCE_DIR}/configs/v4-8.json --set chips_per_host=1
+                 --devices 1 --num-nodes 4 --data synthetic --max-steps 2 --log-every-n-steps 1
+                 --no-progress --json)
 # A last batch of 9 rows per device recompiles and warns: every rank records it, rank 0 prints.
 add_test(NAME Pod.WarningsPrintOnceOn1And2And4Ranks
          COMMAND ${CMAKE_COMMAND} -DTPUSIM=$<TARGET_FILE:tpusim_cli> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
@@ -26,6 +35,7 @@ add_test(NAME Pod.WarningsPrintOnceOn1And2And4Ranks
                  --synthetic-count 800 --epochs 1 --limit-test-batches 1 --no-progress --json)
 set_tests_properties(Pod.TrainingIsTheSameOn1And2And4Ranks Pod.AllReduceIsTheSameOn1And2And4Ranks
                      Pod.WarningsPrintOnceOn1And2And4Ranks
+                     Pod.MegacoreTorus3dTrainingIsTheSameOn1And2And4Ranks
                      PROPERTIES LABELS "mpi;long" TIMEOUT 900 PROCESSORS 2
                                 ENVIRONMENT "SYSTEMC_DISABLE_COPYRIGHT_MESSAGE=1")
 

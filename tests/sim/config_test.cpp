@@ -16,6 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "hw/board_config.h"
+#include "hw/ici/ici_network.h"
+#include "hw/mem/hbm_generation.h"
+#include "hw/mem/hbm_timing.h"
 #include "sim/config_io.h"
 #include "tests/common/paths.h"
 #include "tests/common/scratch.h"
@@ -109,7 +112,10 @@ TEST(Config, PodSlicePresetsLoadWithTheirCoresHostsAndTorus) {
         uint32_t chips, hosts, torus_x, torus_rows;
     };
     const Slice slices[] = {
-        {"v3-32", 16, 4, 8, 4}, {"v3-128", 64, 16, 16, 8}, {"v3-512", 256, 64, 32, 16}};
+        {"v3-32", 16, 4, 8, 4},
+        {"v3-128", 64, 16, 16, 8},
+        {"v3-512", 256, 64, 32, 16},
+        {"v3-2048", 1024, 256, 64, 32}};  // the full pod: 32 x 32 chips, 2048 cores
     BoardConfig v38;
     for (const Slice& s : slices) {
         SCOPED_TRACE(s.file);
@@ -131,6 +137,96 @@ TEST(Config, PodSlicePresetsLoadWithTheirCoresHostsAndTorus) {
         cfg.ici.torus_x = v38.ici.torus_x;
         EXPECT_EQ(sim::dump_json(sim::root_of(cfg)), sim::dump_json(sim::root_of(v38)));
     }
+}
+
+// The presets of other generations (configs/presets.md): each loads with the figures its
+// sources publish, derived from its fields the way the model uses them.
+TEST(Config, GenerationPresetsHaveTheirPublishedFigures) {
+    // Per chip, as the spec sheets give them (configs/presets.md cites each): peak bf16
+    // TFLOP/s, HBM GB/s and GiB, ICI links and one-way GB/s per link.
+    struct Preset {
+        const char* file;
+        uint32_t cores, devices, mxus, array;
+        double peak_tflops;
+        double hbm_gb_per_s;
+        uint64_t hbm_gib;
+        const char* topology;
+        uint32_t ici_links;  // 0: the model's count differs (checked below)
+        double link_gb_per_s;
+    };
+    const Preset presets[] = {
+        {"v2-8", 8, 8, 1, 128, 46, 700, 16, "torus2d", 0, 62},             // [CACM20]
+        {"v3-8", 8, 8, 2, 128, 123, 900, 32, "ring", 0, 82},               // [CACM20]
+        {"v3-2048", 2048, 2048, 2, 128, 123, 900, 32, "torus2d", 0, 82},   // [CACM20]
+        {"v4-8", 8, 4, 4, 128, 275, 1200, 32, "torus3d", 6, 45},           // [ISCA23], [Book]
+        {"v5e-8", 8, 8, 4, 128, 197, 819, 16, "torus2d", 4, 400.0 / 8},    // [Cloud]
+        {"v6e-8", 8, 8, 4, 256, 918, 1640, 32, "torus2d", 4, 800.0 / 8}};  // [Cloud]
+    for (const Preset& p : presets) {
+        SCOPED_TRACE(p.file);
+        const BoardConfig cfg =
+            BoardConfig::load(test::source_dir() + "/configs/" + p.file + ".json", {});
+        EXPECT_EQ(cfg.name.rfind(p.file, 0), 0u) << cfg.name;  // v3-8 is "v3-8-like"
+        EXPECT_EQ(cfg.cores(), p.cores);
+        EXPECT_EQ(cfg.devices(), p.devices);
+        EXPECT_EQ(cfg.core.mxus, p.mxus);
+        EXPECT_EQ(cfg.core.mxu_rows, p.array);
+        EXPECT_EQ(cfg.core.mxu_cols, p.array);
+        EXPECT_EQ(cfg.ici.topology, p.topology);
+        // Within 0.5% (the clocks are whole MHz, the HBM clocks whole ps), as the model derives
+        // them: the MXUs' peak, the HBM timing model's peak and the ICI network's link rate.
+        const double hz = cfg.clock().hz();
+        const double peak = cfg.peak_flops_per_core() * cfg.cores_per_chip / 1e12;
+        EXPECT_NEAR(peak / p.peak_tflops, 1.0, 0.005) << peak;
+        const double hbm =
+            make_hbm_timing(cfg)->peak_bytes_per_cycle() * hz * cfg.cores_per_chip / 1e9;
+        EXPECT_NEAR(hbm / p.hbm_gb_per_s, 1.0, 0.005) << hbm;
+        EXPECT_EQ(cfg.hbm.bytes_per_core * cfg.cores_per_chip, p.hbm_gib << 30);
+        const IciNetwork net(cfg);
+        const double link = net.bytes_per_cycle() * hz / 1e9;
+        // Within 3%: v3's 80 GB/s is ARCHITECTURE.md's round figure for 656 Gbit/s (82 GB/s).
+        EXPECT_NEAR(link / p.link_gb_per_s, 1.0, 0.03) << link;
+        // Links that leave chip 0 for another chip.
+        uint32_t links = 0;
+        for (uint32_t c = 0; c < cfg.cores_per_chip; ++c)
+            for (uint32_t d = 0; d < IciNetwork::kDirs; ++d) {
+                const uint32_t id = c * IciNetwork::kDirs + d;
+                links += net.has_link(id) && net.link_target(id) >= cfg.cores_per_chip;
+            }
+        if (p.ici_links) {
+            EXPECT_EQ(links, p.ici_links);
+        } else if (cfg.ici.topology == "ring") {
+            // [CACM20]: 4 links per v3 chip; ARCHITECTURE.md's v3-8 board is a ring of the 8
+            // cores, so 2 leave a chip (one each way).
+            EXPECT_EQ(links, 2u);
+        } else {
+            // Every core of a 2-core chip is a torus node with its own y links: 2 along x and
+            // 2 x 2 along y leave the chip, where [CACM20] has 4.
+            EXPECT_EQ(links, 6u);
+        }
+        // The timing block is the generation's set at the preset's HBM clock.
+        const HbmGeneration* g = find_hbm_generation(cfg.hbm.generation);
+        if (cfg.hbm.generation == "custom") continue;  // v3: its own calibrated block
+        ASSERT_NE(g, nullptr);
+        const auto fields = [](HbmTiming t) { return sim::dump_json(sim::root_of(t)); };
+        EXPECT_EQ(fields(cfg.hbm.timing), fields(hbm_timing_at(*g, cfg.hbm.tck_ps)));
+    }
+}
+
+TEST(Config, AnHbmGenerationGivesTimingDefaultsThatExplicitValuesOverride) {
+    const std::string v4 = test::source_dir() + "/configs/v4-8.json";
+    // hbm2: tRCD 12 ns = ceil(12000 / 853) = 15 tCK, tRFC 220 ns = 258 tCK.
+    const BoardConfig a = BoardConfig::load(v4, {});
+    EXPECT_EQ(a.hbm.timing.rcd, 15u);
+    EXPECT_EQ(a.hbm.timing.rfc, 258u);
+    EXPECT_EQ(a.hbm.timing.ccd_l, 3u);  // tCK, not scaled
+    // A slower clock rescales the nanoseconds: ceil(12000 / 1706) = 8.
+    EXPECT_EQ(BoardConfig::load(v4, {"hbm.tck_ps=1706"}).hbm.timing.rcd, 8u);
+    // An explicit value wins over the set, and only that one.
+    const BoardConfig b = BoardConfig::load(v4, {"hbm.timing.rcd=20"});
+    EXPECT_EQ(b.hbm.timing.rcd, 20u);
+    EXPECT_EQ(b.hbm.timing.rfc, 258u);
+    // custom (the default) keeps the block as written.
+    EXPECT_EQ(BoardConfig::load("", {"hbm.tck_ps=500"}).hbm.timing.rcd, 13u);
 }
 
 TEST(Config, HostsOfABoard) {
@@ -176,7 +272,8 @@ TEST(Config, ReferenceDocIsCurrent) {
         "# Board configuration reference\n\n"
         "Generated by `tpusim config --doc`; defaults are the v3-8-like board.\n"
         "Set any field with `--set key=value` or in a JSON file passed with `--config`.\n\n" +
-        sim::doc_table(sim::root_of(cfg));
+        sim::doc_table(sim::root_of(cfg)) + "\n" +
+        slurp(test::source_dir() + "/configs/presets.md");
     EXPECT_EQ(slurp(test::source_dir() + "/configs/README.md"), expected)
         << "configs/README.md is stale: run `tpusim config --doc > configs/README.md`";
 }
@@ -423,7 +520,7 @@ TEST(Config, BelowMin) {
 
 TEST(Config, AboveMax) {
     EXPECT_EQ(error_of_json(R"({"core": {"mxus": 9}})"), "core.mxus must be <= 8 (got 9)");
-    EXPECT_EQ(error_of_json(R"({"chips": 257})"), "chips must be <= 256 (got 257)");
+    EXPECT_EQ(error_of_json(R"({"chips": 4097})"), "chips must be <= 4096 (got 4097)");
     EXPECT_EQ(error_of_json(R"({"clock_mhz": 20000.25})"),
               "clock_mhz must be <= 10000 (got 20000.25)");
     EXPECT_EQ(error_of_json(R"({"hbm": {"pseudo_channels": 4}})"),
@@ -447,7 +544,7 @@ TEST(Config, InvalidChoice) {
     EXPECT_EQ(error_of_json(R"({"hbm": {"model": "ddr4"}})"),
               "hbm.model must be one of hbm2,simple (got 'ddr4')");
     EXPECT_EQ(error_of_json(R"({"ici": {"topology": "mesh"}})"),
-              "ici.topology must be one of ring,torus2d (got 'mesh')");
+              "ici.topology must be one of ring,torus2d,torus3d (got 'mesh')");
     EXPECT_EQ(error_of_json(R"({"ici": {"switching": "cut"}})"),
               "ici.switching must be one of cut-through,store-and-forward (got 'cut')");
     EXPECT_EQ(error_of_json(R"({"sim": {"log_level": "WARN"}})"),
@@ -483,6 +580,16 @@ TEST(Config, CrossFieldRules) {
               "ici.torus_x: 16 does not divide the 8 cores");
     // torus_x only matters for the torus.
     EXPECT_EQ(error_of_json(R"({"ici": {"topology": "ring", "torus_x": 3}})"), "no error");
+    // A 3-D torus: both widths or neither (a cube); 8 cores are 2 x 2 x 2.
+    EXPECT_EQ(error_of_json(R"({"ici": {"topology": "torus3d"}})"), "no error");
+    EXPECT_EQ(error_of_json(R"({"ici": {"topology": "torus3d", "torus_x": 4, "torus_y": 2}})"),
+              "no error");
+    EXPECT_EQ(error_of_json(R"({"ici": {"topology": "torus3d", "torus_x": 4}})"),
+              "ici.torus_y: a 3-D torus needs both torus_x and torus_y (or neither, for a cube)");
+    EXPECT_EQ(error_of_json(R"({"ici": {"topology": "torus3d", "torus_x": 2, "torus_y": 3}})"),
+              "ici.torus_y: 3 does not divide the 4 cores of a plane (8 cores / torus_x 2)");
+    EXPECT_EQ(error_of_json(R"({"chips": 6, "chips_per_host": 6, "ici": {"topology": "torus3d"}})"),
+              "ici.torus_x: 12 cores are not a cube; set ici.torus_x and ici.torus_y");
     EXPECT_EQ(error_of_json(R"({"chips": 16, "chips_per_host": 3})"),
               "chips_per_host: 3 chips per host do not divide 16 chips");
     EXPECT_EQ(error_of_json(R"({"chips": 16, "chips_per_host": 8})"), "no error");

@@ -88,6 +88,17 @@ TEST(TrainerDevices, PodSlicesTrainEveryCoreOfEveryHost) {
     EXPECT_EQ(resolve_devices(1, 32, 1, 4), std::vector<uint32_t>{0});
 }
 
+TEST(TrainerDevices, AMegacoreDeviceIsAChip) {
+    // v4-8 (configs/v4-8.json): 4 chips of 2 TensorCores, one device per chip.
+    const std::vector<uint32_t> all{0, 1, 2, 3, 4, 5, 6, 7};
+    EXPECT_EQ(resolve_devices(4, 8, 1, 1, 2), all);
+    EXPECT_EQ(resolve_devices(std::string("auto"), 8, 1, 1, 2), all);
+    EXPECT_EQ(resolve_devices(1, 8, 1, 1, 2), (std::vector<uint32_t>{0, 1}));
+    EXPECT_EQ(resolve_devices(std::vector<int>{3}, 8, 1, 1, 2), (std::vector<uint32_t>{6, 7}));
+    EXPECT_EQ(error_of([] { resolve_devices(8, 8, 1, 1, 2); }),
+              "`devices` can only be 'auto', 1, 4 or [<0-3>] for TPUs. Got 8");
+}
+
 TEST(TrainerPrecision, ValidAndLightningErrors) {
     EXPECT_EQ(parse_precision("32-true"), PrecisionMode::True32);
     EXPECT_EQ(parse_precision("bf16-mixed"), PrecisionMode::Bf16Mixed);
@@ -274,7 +285,8 @@ TEST(TrainerWeightTying, OneBufferPerCoreAndGradientsOfBothUses) {
     EXPECT_EQ(names[0].first, "layer_1.weight");
     EXPECT_EQ(names[1].first, "layer_2.weight");
     EXPECT_EQ(model.all_parameter_slots().size(), 3u);
-    const std::vector<float> w1 = model.layer_1->weight->init, w2 = model.layer_2->weight->init;
+    const std::vector<float> w1 = model.layer_1->weight->initial_values(),
+                             w2 = model.layer_2->weight->initial_values();
 
     TrainerOptions opts;
     opts.devices = 8;
@@ -481,6 +493,33 @@ public:
     Embedding* emb;
     Linear* fc;
 };
+
+/// 1 device and `all` devices of the preset `name` agree step by step, with the tolerance
+/// and its reason of EightCoresMatchOneCoreLossCurve (one board per process: SystemC).
+void expect_one_device_matches_all(const std::string& name, int all) {
+    auto dev = driver::Device::open(
+        hw::BoardConfig::load(test::source_dir() + "/configs/" + name + ".json", {}));
+    const Dataset data = synthetic(640, 64, 10, 9);
+    Mlp m1({64, 32, 10}, sgd(0.1f), 11), mn({64, 32, 10}, sgd(0.1f), 11);
+    const auto one = loss_curve(*dev, 1, "bf16-mixed", m1, data);
+    const auto many = loss_curve(*dev, all, "bf16-mixed", mn, data);
+    ASSERT_EQ(one.size(), 10u);
+    ASSERT_EQ(many.size(), 10u);
+    EXPECT_LT(one.back(), one.front()) << "the loss must fall";
+    for (size_t i = 0; i < one.size(); ++i)
+        EXPECT_NEAR(many[i], one[i], 1e-5 * std::abs(one[i])) << "step " << i;
+}
+
+TEST(TrainerPresets, V6eOneCoreMatchesEight) {
+    // The kernels on 256 x 256 MXUs (configs/v6e-8.json).
+    expect_one_device_matches_all("v6e-8", 8);
+}
+
+TEST(TrainerPresets, V4OneMegacoreMatchesFour) {
+    // A device is a chip (configs/v4-8.json): 1 device is cores 0-1 splitting its batch, 4
+    // devices are all 8 cores.
+    expect_one_device_matches_all("v4-8", 4);
+}
 
 TEST(TrainerLayers, EveryLayerTrainsOnEightCores) {
     auto dev = driver::Device::open(board());

@@ -125,9 +125,10 @@ OpRunner allreduce_options(CLI::App& cmd) {
                       const std::vector<uint32_t>& cores, bool check, uint32_t seed) {
         const uint32_t n = *elements;
         check_allreduce(dev.config(), n, option_names());
-        std::vector<std::vector<float>> x(cores.size(), std::vector<float>(n));
-        for (size_t i = 0; i < cores.size(); ++i) fill_uniform(x[i], seed + uint32_t(i));
-        return run_allreduce(dev, cache, cores, x, check, false);
+        return run_allreduce(
+            dev, cache, cores, n,
+            [seed](size_t i, std::vector<float>& xi) { fill_uniform(xi, seed + uint32_t(i)); },
+            check, false);
     };
 }
 

@@ -18,6 +18,7 @@
 #include "driver/kernels/conv2d.h"
 #include "driver/kernels/gemm.h"
 #include "sim/cluster.h"
+#include "sim/config_io.h"
 #include "sim/file_io.h"
 #include "tools/tpusim/bench_cases.h"
 #include "tools/tpusim/commands.h"
@@ -41,7 +42,14 @@ struct Row {
     uint64_t real_cycles = 0;
     double clock_mhz = 0;
     uint32_t cores = 0;
+    std::string config;     ///< the `config` column: the board the row runs on ("" = --config's)
+    hw::BoardConfig board;  ///< that board, with the command's --set overrides
 };
+
+/// The board a row names in its `config` column: a preset of configs/ by name ("v4-8") or a
+/// JSON file (a path with a '/' or ending in .json, relative to the CSV's folder), with the
+/// command's --set overrides on top; "" is the command's own board.
+using BoardOf = std::function<hw::BoardConfig(const std::string& config)>;
 
 /// Runs one row's workload on the device; returns its cycles from launch to completion.
 using Runner = std::function<uint64_t(driver::Device&, driver::ProgramCache&, const Row&)>;
@@ -278,9 +286,16 @@ std::optional<uint64_t> digits(const std::string& text) {
 /// One checked row from `f`, the fields of line `n`; errors name the line, and `where` (its
 /// "FILE:LINE") where the message does not start with "line N".
 Row read_row(const std::vector<std::string>& f, size_t n, const std::string& where,
-             const hw::BoardConfig& cfg) {
+             const BoardOf& board_of) {
     Row r;
     r.line = n;
+    r.config = f.size() > 6 ? f[6] : std::string();
+    try {
+        r.board = board_of(r.config);
+    } catch (const InputError& e) {
+        throw InputError(fmt::format("{}: config '{}': {}", where, r.config, e.what()));
+    }
+    const hw::BoardConfig& cfg = r.board;
     r.workload = f[0];
     r.params_text = f[1];
     const auto kind = kinds().find(r.workload);
@@ -352,7 +367,7 @@ Row read_row(const std::vector<std::string>& f, size_t n, const std::string& whe
     return r;
 }
 
-std::vector<Row> read_rows(const std::string& path, const hw::BoardConfig& cfg) {
+std::vector<Row> read_rows(const std::string& path, const BoardOf& board_of) {
     if (std::filesystem::is_directory(path))
         throw InputError(fmt::format("--data {}: is a directory, not a CSV file", path));
     if (!std::ifstream(path))
@@ -363,8 +378,10 @@ std::vector<Row> read_rows(const std::string& path, const hw::BoardConfig& cfg) 
     } catch (const sim::InputFileError& e) {
         throw InputError(fmt::format("--data: {}", e.what()));
     }
+    // A seventh column, `config`, may name each row's board.
     static const std::vector<std::string> kHeader = {"workload",  "params", "real_cycles",
                                                      "clock_mhz", "cores",  "source"};
+    std::vector<std::string> header = kHeader;
     std::vector<Row> rows;
     std::istringstream in(text);
     std::string line;
@@ -386,15 +403,19 @@ std::vector<Row> read_rows(const std::string& path, const hw::BoardConfig& cfg) 
         try {
             auto f = csv_fields(line, n);
             if (n == 1) {
-                if (f != kHeader)
-                    throw InputError(fmt::format("{}: the header must be '{}'", where(n),
-                                                 fmt::join(kHeader, ",")));
+                std::vector<std::string> with_config = kHeader;
+                with_config.push_back("config");
+                if (f != kHeader && f != with_config)
+                    throw InputError(fmt::format(
+                        "{}: the header must be '{}' (with an optional seventh column config)",
+                        where(n), fmt::join(kHeader, ",")));
+                header = f;
                 continue;
             }
-            if (f.size() != kHeader.size())
+            if (f.size() != header.size())
                 throw InputError(fmt::format("{}: {} fields, expected {} ({})", where(n), f.size(),
-                                             kHeader.size(), fmt::join(kHeader, ",")));
-            rows.push_back(read_row(f, n, where(n), cfg));
+                                             header.size(), fmt::join(header, ",")));
+            rows.push_back(read_row(f, n, where(n), board_of));
         } catch (const InputError& e) {
             // Messages that name only "line N" get the file too.
             const std::string what = e.what();
@@ -456,10 +477,29 @@ void register_validate_command(CLI::App& app) {
             throw InputError(
                 "validate runs each row on a board of its own in one process; run it without "
                 "mpirun");
-        hw::BoardConfig cfg = o->common.board_config();
-        const std::vector<Row> rows = read_rows(o->data, cfg);
+        const hw::BoardConfig cfg = o->common.board_config();
         // Timing only: cycle counts are identical with the arithmetic on (hw/README.md).
-        cfg.sim.functional = false;
+        const auto timing_only = [](hw::BoardConfig b) {
+            b.sim.functional = false;
+            return b;
+        };
+        const std::filesystem::path folder = std::filesystem::path(o->data).parent_path();
+        const BoardOf board_of = [&](const std::string& name) {
+            if (name.empty()) return timing_only(cfg);
+            const bool file = name.find('/') != std::string::npos ||
+                              (name.size() > 5 && name.substr(name.size() - 5) == ".json");
+            const std::string path =
+                file ? (folder / name).string()
+                     : std::string(TPU_SOURCE_DIR) + "/configs/" + name + ".json";
+            if (!file && !std::filesystem::is_regular_file(path))
+                throw InputError(fmt::format("no preset {} in {}/configs", name, TPU_SOURCE_DIR));
+            try {
+                return timing_only(hw::BoardConfig::load(path, o->common.sets));
+            } catch (const sim::ConfigError& e) {
+                throw InputError(e.what());
+            }
+        };
+        const std::vector<Row> rows = read_rows(o->data, board_of);
         nlohmann::ordered_json out;
         out["rows"] = nlohmann::ordered_json::array();
         double abs_sum = 0;
@@ -470,9 +510,10 @@ void register_validate_command(CLI::App& app) {
             nlohmann::ordered_json j;
             j["workload"] = r.workload;
             j["params"] = r.params_text;
+            if (!r.config.empty()) j["config"] = r.config;
             const Kind& kind = kinds().at(r.workload);
             // Real cycles count the row's clock: compare durations, shown in board cycles.
-            const double real_board = double(r.real_cycles) * cfg.clock_mhz / r.clock_mhz;
+            const double real_board = double(r.real_cycles) * r.board.clock_mhz / r.clock_mhz;
             if (!kind.run) {
                 j["sim_cycles"] = nullptr;
                 j["real_cycles"] = r.real_cycles;
@@ -484,7 +525,7 @@ void register_validate_command(CLI::App& app) {
                 out["rows"].push_back(j);
                 continue;
             }
-            const uint64_t sim_cycles = run_isolated(cfg, kind, r, o->data);
+            const uint64_t sim_cycles = run_isolated(r.board, kind, r, o->data);
             const double error = double(sim_cycles) / real_board - 1.0;
             abs_sum += std::abs(error);
             ++simulated;

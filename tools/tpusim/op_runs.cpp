@@ -559,21 +559,42 @@ OpRun run_conv2d(driver::Device& dev, driver::ProgramCache& cache,
 OpRun run_allreduce(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, const PerCore& x, bool check,
                     bool keep_result) {
+    if (x.size() != cores.size())
+        throw InputError(fmt::format("allreduce: {} vectors for {} cores", x.size(), cores.size()));
     const auto n = uint32_t(x.empty() ? 0 : x[0].size());
+    for (size_t i = 0; i < cores.size(); ++i)
+        if (x[i].size() != n)
+            throw InputError(fmt::format("allreduce: vector {} has {} values, vector 0 has {}", i,
+                                         x[i].size(), n));
+    return run_allreduce(
+        dev, cache, cores, n, [&](size_t i, std::vector<float>& out) { out = x[i]; }, check,
+        keep_result);
+}
+
+OpRun run_allreduce(driver::Device& dev, driver::ProgramCache& cache,
+                    const std::vector<uint32_t>& cores, uint32_t n, const AllreduceInput& input,
+                    bool check, bool keep_result) {
     // One core has nobody to reduce with (and the formula's bound would be 0 / 0).
     if (cores.size() < 2)
         throw InputError(fmt::format(
             "--cores: an all-reduce needs at least two cores; core {} alone has nothing to "
             "reduce with",
             cores.at(0)));
-    if (x.size() != cores.size())
-        throw InputError(fmt::format("allreduce: {} vectors for {} cores", x.size(), cores.size()));
-    for (size_t i = 0; i < cores.size(); ++i)
-        if (x[i].size() != n)
-            throw InputError(fmt::format("allreduce: vector {} has {} values, vector 0 has {}", i,
-                                         x[i].size(), n));
+    // Values leave the device only for --check or a kept result; otherwise digests do.
+    const bool read_values = check || keep_result;
     driver::Tensor t = driver::alloc_tensor(dev, cores, 1, n);
-    for (size_t i = 0; i < cores.size(); ++i) driver::write_tensor(dev, t, i, x[i]);
+    std::vector<std::vector<float>> x(check ? cores.size() : 0);
+    std::vector<float> one;
+    for (size_t i = 0; i < cores.size(); ++i) {
+        if (!read_values && !(dev.config().sim.functional && dev.board().owns(cores[i]))) {
+            dev.write_timing(t.bufs[i], t.bytes());
+            continue;
+        }
+        std::vector<float>& xi = check ? x[i] : one;
+        xi.resize(n);
+        input(i, xi);
+        driver::write_tensor(dev, t, i, xi);
+    }
     const driver::KernelStats before = dev.kernel_totals();
     OpRun r;
     r.params = {{"elements", n}};
@@ -602,9 +623,14 @@ OpRun run_allreduce(driver::Device& dev, driver::ProgramCache& cache,
             for (uint32_t j = 0; j < n; ++j) exact[j] += xi[j];
         r.bitexact = true;
     }
-    // A digest of every replica's bytes, so runs (and process splits) compare for identity.
+    // A digest of every replica's bytes, so runs (and process splits) compare for identity;
+    // without values to read only the digests leave the ranks that simulate the cores.
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < cores.size(); ++i) {
+        if (!read_values) {
+            h = dev.read_digest(t.bufs[i], h);
+            continue;
+        }
         const std::vector<float> y = driver::read_tensor(dev, t, i);
         for (float v : y) {
             uint32_t b;
@@ -685,8 +711,10 @@ ModelRun run_model(driver::Device& dev, const std::string& name, const trainer::
     check_model(dev.config(), name, options, batch, cores.size(), train_step, option_names());
     const uint64_t share = share64(batch, cores.size());
     trainer::ZooModel model;
+    trainer::ZooOptions zoo = options;
+    zoo.values = dev.config().sim.functional;  // a timing-only board uploads no input values
     try {
-        model = trainer::make_zoo_model(name, options, batch, train_step);
+        model = trainer::make_zoo_model(name, zoo, batch, train_step);
     } catch (const std::invalid_argument& e) {
         throw InputError(e.what());
     }

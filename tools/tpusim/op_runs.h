@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -122,6 +123,16 @@ OpRun run_conv2d(driver::Device& dev, driver::ProgramCache& cache,
 OpRun run_allreduce(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, const PerCore& x, bool check,
                     bool keep_result);
+/// Makes replica i's input of `n` values into `out` (resized by the caller).
+using AllreduceInput = std::function<void(size_t i, std::vector<float>& out)>;
+/// As above, with each input of `n` values made by `input` only where it is needed: with
+/// `check` every input is kept for the reference; otherwise an input is made only where the
+/// board holds values for its core (this rank's cores of a functional board) and dropped once
+/// written, and every replica's result leaves the device as a digest alone. A v3-2048 board's
+/// inputs are 32 GiB at the CLI's default size.
+OpRun run_allreduce(driver::Device& dev, driver::ProgramCache& cache,
+                    const std::vector<uint32_t>& cores, uint32_t n, const AllreduceInput& input,
+                    bool check, bool keep_result);
 
 /// The result of `tpusim op KIND --json`: the kind, its sizes, cycles, utilisation, HBM bytes,
 /// the plan, and with `check` the comparison.
