@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "compiler/stages.h"
 #include "driver/kernels/allreduce.h"
 #include "driver/kernels/conv2d.h"
 #include "driver/kernels/gemm.h"
@@ -67,19 +68,6 @@ int64_t ravel(const std::vector<int64_t>& idx, const std::vector<int64_t>& strid
     return i;
 }
 
-driver::Precision mxu_precision(Precision p, DType t) {
-    if (t == DType::BF16) return driver::Precision::Bf16;
-    switch (p) {
-        case Precision::Default:
-            return driver::Precision::Bf16;
-        case Precision::High:
-            return driver::Precision::Fp32Pass3;
-        case Precision::Highest:
-            return driver::Precision::Fp32Pass6;
-    }
-    return driver::Precision::Bf16;
-}
-
 [[noreturn]] void eval_fail(const Op& op, const std::string& what) {
     throw EvalError(fmt::format("{}{}: {}", op_name(op.kind),
                                 op.name.empty() ? "" : " (" + op.name + ")", what));
@@ -129,7 +117,7 @@ HostArray eval_dot(const Op& op, const HostArray& l, const HostArray& r, uint32_
              float(r.data[size_t(i)]);
     }
     HostArray y = HostArray::zeros(out);
-    const auto prec = mxu_precision(op.attrs.precision, l.shape.dtype);
+    const auto prec = detail::mxu_precision(op.attrs.precision, l.shape.dtype);
     for (int64_t b = 0; b < B; ++b) {
         if (M == 0 || N == 0) break;
         const auto c = K == 0 ? std::vector<float>(size_t(M * N), 0.0f)
@@ -427,14 +415,15 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
             std::vector<float> r;
             if (op.kind == OpKind::Conv2d) {
                 const auto s = conv_shape(in[0]->shape.dims, in[1]->shape.dims[3], a.window);
-                const auto prec = mxu_precision(a.precision, in[0]->shape.dtype);
+                const auto prec = detail::mxu_precision(a.precision, in[0]->shape.dtype);
                 if (prec == driver::Precision::Bf16)
                     r = driver::conv2d_reference(in[0]->floats(), in[1]->floats(),
                                                  std::vector<float>(s.cout, 0.0f), s, o.mxu_rows);
                 else
                     r = conv2d_passes(in[0]->floats(), in[1]->floats(), s, prec, o.mxu_rows);
             } else {
-                if (mxu_precision(a.precision, in[0]->shape.dtype) != driver::Precision::Bf16)
+                if (detail::mxu_precision(a.precision, in[0]->shape.dtype) !=
+                    driver::Precision::Bf16)
                     eval_fail(op,
                               "convolution gradients above default precision are not in the "
                               "host evaluator yet");
@@ -818,6 +807,19 @@ std::vector<std::vector<HostArray>> evaluate_compiled(
         }
     }
     return out;
+}
+
+driver::Precision detail::mxu_precision(Precision precision, DType dtype) {
+    if (dtype == DType::BF16) return driver::Precision::Bf16;
+    switch (precision) {
+        case Precision::Default:
+            return driver::Precision::Bf16;
+        case Precision::High:
+            return driver::Precision::Fp32Pass3;
+        case Precision::Highest:
+            return driver::Precision::Fp32Pass6;
+    }
+    return driver::Precision::Bf16;
 }
 
 }  // namespace tpu::compiler

@@ -188,28 +188,12 @@ private:
     /// Group DAG reachability: can `to` be reached from `from` through values written by one
     /// group and read by another?
     bool group_reaches(int from, int to) const {
-        std::vector<char> seen(m_members.size(), 0);
-        std::vector<int> stack{from};
-        while (!stack.empty()) {
-            const int gi = stack.back();
-            stack.pop_back();
-            if (gi == to) return true;
-            for (OpId id : m_members[size_t(gi)]) {
-                if (m_home[id] != gi) continue;
-                for (OpId u : op_users(id))
-                    for (int h : m_groups_of[u])
-                        if (h != gi && !in_group(id, h) && !seen[size_t(h)]) {
-                            seen[size_t(h)] = 1;
-                            stack.push_back(h);
-                        }
-            }
-        }
-        return false;
+        return from == to || reach({from}, to)[size_t(to)];
     }
 
     /// Groups reachable from any group of `from` (through values written by one group and read
-    /// by another).
-    std::vector<char> reach(const std::set<int>& from) const {
+    /// by another); the walk stops early once `stop` (if any) is reached.
+    std::vector<char> reach(const std::set<int>& from, int stop = -1) const {
         std::vector<char> seen(m_members.size(), 0);
         std::vector<int> stack(from.begin(), from.end());
         while (!stack.empty()) {
@@ -221,6 +205,7 @@ private:
                     for (int h : m_groups_of[u])
                         if (h != gi && !in_group(id, h) && !seen[size_t(h)]) {
                             seen[size_t(h)] = 1;
+                            if (h == stop) return seen;
                             stack.push_back(h);
                         }
             }

@@ -30,19 +30,6 @@ std::vector<int64_t> free_dims(int64_t rank, const std::vector<int64_t>& batch,
     return f;
 }
 
-driver::Precision gemm_precision(const Graph& g, const Op& dot) {
-    if (g.shape(dot.operands[0]).dtype == DType::BF16) return driver::Precision::Bf16;
-    switch (dot.attrs.precision) {
-        case Precision::Default:
-            return driver::Precision::Bf16;
-        case Precision::High:
-            return driver::Precision::Fp32Pass3;
-        case Precision::Highest:
-            return driver::Precision::Fp32Pass6;
-    }
-    return driver::Precision::Bf16;
-}
-
 /// The planner's cycles for `batch` GEMMs of rows x K x cols on one core (streaming `rows`),
 /// or infinity when no tiling fits.
 double gemm_cycles(const hw::BoardConfig& cfg, int64_t batch, int64_t rows, int64_t k, int64_t cols,
@@ -150,7 +137,8 @@ void plan_dots(CompiledStep& step, const CompileOptions& options) {
         p.k = product(ls, d.lhs_contracting);
         p.m = product(ls, free_dims(ls.rank(), d.lhs_batch, d.lhs_contracting));
         p.n = product(rs, free_dims(rs.rank(), d.rhs_batch, d.rhs_contracting));
-        const driver::Precision prec = gemm_precision(g, op);
+        const driver::Precision prec =
+            mxu_precision(op.attrs.precision, g.shape(op.operands[0]).dtype);
         // C = A W streams A's m rows past W; the transposed problem streams W's n columns.
         p.rhs_cycles = gemm_cycles(options.board, p.batch, p.m, p.k, p.n, prec);
         p.lhs_cycles = gemm_cycles(options.board, p.batch, p.n, p.k, p.m, prec);

@@ -3,6 +3,7 @@
 
 #include "compiler/compiled_step.h"
 #include "compiler/compiler.h"
+#include "driver/kernels/gemm.h"
 
 /// Internal: stages 5 to 7 of the pipeline, each filling in part of a CompiledStep whose graph
 /// and fusions (ops, operands, results) are set. Not a stable API.
@@ -19,5 +20,10 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options);
 /// vector register (sublanes x lanes for 4-byte types; 2 x or 4 x the sublanes for 2- and
 /// 1-byte types, which pack that many values per 32-bit word); rank 1 and 0 untiled.
 Layout default_layout(const Shape& s, const hw::BoardConfig& board);
+
+/// The MXU precision a dot of `dtype` operands at `precision` runs in: bf16 operands (or the
+/// default precision) one bf16 pass, HIGH 3 passes, HIGHEST 6, as XLA's TPU backend maps
+/// PrecisionConfig. The evaluator and the planner share it so they time and compute the same.
+driver::Precision mxu_precision(Precision precision, DType dtype);
 
 }  // namespace tpu::compiler::detail
