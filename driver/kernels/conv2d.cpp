@@ -12,6 +12,7 @@
 
 #include "driver/kernels/launch_group.h"
 #include "driver/kernels/tensor_ops.h"
+#include "driver/kernels/legacy_stream.h"
 #include "driver/kernels/vector_ops.h"
 #include "hw/board.h"
 #include "hw/core/mxu_model.h"

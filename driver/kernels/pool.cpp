@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/legacy_stream.h"
 #include "driver/kernels/vector_ops.h"
 
 namespace tpu::driver {

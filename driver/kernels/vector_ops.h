@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "driver/device.h"
-#include "driver/kernels/legacy_stream.h"
 #include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
