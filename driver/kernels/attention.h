@@ -2,9 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "driver/kernels/gemm.h"
+#include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
 
@@ -27,6 +31,40 @@ struct AttentionShape {
     /// fp32(1 / sqrt(dhead)), computed in double.
     float scale() const;
 };
+
+/// Program-cache key of the fused attention kernels: `blocks` blocks of `heads_per_block` heads
+/// of seq x dhead each, scores in key tiles of `key_cols` columns (the MXU's).
+struct AttentionKey {
+    bool backward = false;         ///< attention_grad's kernel, else attention's
+    uint32_t seq = 0;              ///< S: tokens per sequence
+    uint32_t dhead = 0;            ///< D: features per head (at most the MXU rows)
+    uint32_t heads_per_block = 0;  ///< G: heads whose areas share VMEM at once
+    uint32_t blocks = 0;           ///< groups / G: iterations of the kernel's loop
+    uint32_t key_cols = 0;         ///< C: keys per score tile (MXU columns)
+    bool causal = false;           ///< forward only: adds the causal bias operand
+    bool scaled = false;           ///< the scores are multiplied by the scale operand
+    auto operator<=>(const AttentionKey&) const = default;
+    std::string name() const { return backward ? "attention_bwd" : "attention_fwd"; }
+    friend size_t hash_value(const AttentionKey& k) {
+        return hash_fields(k.backward, k.seq, k.dhead, k.heads_per_block, k.blocks, k.key_cols,
+                           k.causal, k.scaled);
+    }
+};
+/// The fused kernel's key for `s` on `cfg` (forward or `backward`), or nothing when it does not
+/// apply (dhead above the MXU rows, fewer than two MXUs, non-square MXU, one head's areas
+/// beyond VMEM: attention then composes per-head matmuls and a softmax).
+std::optional<AttentionKey> plan_attention(const hw::BoardConfig& cfg, const AttentionShape& s,
+                                           bool backward);
+/// The operands of `k` in launch-argument order: forward q, k, v, o, p, scale (fp32 scalar),
+/// bias (the causal S x S bias; unused unless causal); backward q, k, v, p, dout, dq, dk, dv,
+/// scale. Tensors in the [batch, heads, seq, dhead] layout of attention() below.
+std::vector<streaming::Param> attention_params(const AttentionKey& k);
+/// Emits the fused kernel `k` into `b` (no halt), operands in attention_params order (tensors
+/// in HBM); it takes its registers, flags and VMEM from b's pools and has waited for all its
+/// work when it returns.
+void emit(isa::Builder& b, const AttentionKey& k, std::span<const streaming::Operand> ops);
+/// The stand-alone program of `k`.
+isa::Program generate(const AttentionKey& k);
 
 /// O = softmax(Q K^T * scale [+ causal mask]) V per (sequence, head). Layout [batch, heads,
 /// seq, dhead]: Q, K, V and O are Tensors of batch * heads * seq rows x dhead columns, head
