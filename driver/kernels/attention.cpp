@@ -203,9 +203,10 @@ uint64_t vmem_need(const Block& b, bool backward) {
 /// issued before it: loads and VMEM moves, stores, the VPU and each MXU.
 class Fused {
 public:
-    Fused(isa::Builder& b, const Block& blk)
+    Fused(isa::Builder& b, const Block& blk, const AttentionKey& key)
         : m_b(b),
           m_blk(blk),
+          m_key(key),
           m_block(b.reg("block", 10)),
           m_sd_off(b.reg("block.sd_bytes", 11)),
           m_ss_off(b.reg("block.ss_bytes", 12)),
@@ -215,7 +216,9 @@ public:
           m_vpu(b, "vpu", isa::Count::InRegister, 2, 21),
           m_mxu0(b, "mxu0", isa::Count::InRegister, 3, 22),
           m_mxu1(b, "mxu1", isa::Count::InRegister, 4, 23),
-          m_store(b, "stores", isa::Count::InRegister, 5, 24) {}
+          m_store(b, "stores", isa::Count::InRegister, 5, 24) {
+        if (key.heads) m_head_tmp.emplace(b.reg("head_addr_tmp"));
+    }
 
     isa::Builder& b() { return m_b; }
     /// The block's byte offset in S x D tensors and in S x S ones.
@@ -242,6 +245,30 @@ public:
         m_b.emit(Opcode::Add, {m_store_at, dst, off});
         const Arg n = imm(static_cast<int64_t>(bytes));
         m_store.issue(Opcode::DmaVh, {m_store_at, imm(int64_t(at)), imm(1), n, n, n});
+    }
+    /// VMEM[at] <- the block's G heads (S x D each, back to back) of tensor `src`, whose token
+    /// rows hold `row` values in the token-major layout: one DMA in the head-major layout, else
+    /// one strided DMA per head.
+    void load_heads(uint64_t at, Arg src, uint32_t row) {
+        const Block& b = m_blk;
+        if (!m_key.heads) return load(at, src, m_sd_off, b.sd() * 4);
+        for (uint32_t i = 0; i < b.G; ++i) {
+            head_addr(m_load_at, i, src, row);
+            m_dma.issue(Opcode::DmaHv,
+                        {at_(at + uint64_t(i) * b.S * b.D * 4), m_load_at, imm(b.S),
+                         imm(int64_t(b.D) * 4), imm(int64_t(b.D) * 4), imm(int64_t(row) * 4)});
+        }
+    }
+    /// The block's G heads at VMEM[at] -> tensor `dst` (as load_heads).
+    void put_heads(Arg dst, uint32_t row, uint64_t at) {
+        const Block& b = m_blk;
+        if (!m_key.heads) return put(dst, m_sd_off, at, b.sd() * 4);
+        for (uint32_t i = 0; i < b.G; ++i) {
+            head_addr(m_store_at, i, dst, row);
+            m_store.issue(Opcode::DmaVh,
+                          {m_store_at, at_(at + uint64_t(i) * b.S * b.D * 4), imm(b.S),
+                           imm(int64_t(b.D) * 4), imm(int64_t(row) * 4), imm(int64_t(b.D) * 4)});
+        }
     }
     /// Per head and key tile j, the n_j x D rows of `src` transposed to D x n_j, the tiles
     /// back to back (each one an MXU weight tile of K = D rows once in bf16).
@@ -369,6 +396,20 @@ public:
 
 private:
     static Arg at_(uint64_t addr) { return imm(static_cast<int64_t>(addr)); }
+    /// out = the address of head i of the block in a token-major tensor at `base`: group
+    /// t = block G + i is head t mod heads of sequence t div heads.
+    void head_addr(const isa::Reg& out, uint32_t i, Arg base, uint32_t row) {
+        const Block& b = m_blk;
+        const isa::Reg& seq = *m_head_tmp;
+        m_b.emit(Opcode::Mul, {out, m_block, imm(b.G)});
+        m_b.emit(Opcode::Add, {out, out, imm(i)});
+        m_b.emit(Opcode::Divu, {seq, out, imm(m_key.heads)});
+        m_b.emit(Opcode::Remu, {out, out, imm(m_key.heads)});
+        m_b.emit(Opcode::Mul, {seq, seq, imm(int64_t(b.S) * row * 4)});
+        m_b.emit(Opcode::Mul, {out, out, imm(int64_t(b.D) * 4)});
+        m_b.emit(Opcode::Add, {out, out, seq});
+        m_b.emit(Opcode::Add, {out, out, base});
+    }
     isa::CountedFlag& mxu(uint32_t m) { return m ? m_mxu1 : m_mxu0; }
     /// A weight load takes no flag: a load queued behind a matmul finishes first, and would make
     /// a count of completions pass before the matmul is done.
@@ -385,8 +426,10 @@ private:
 
     isa::Builder& m_b;
     const Block& m_blk;
+    const AttentionKey& m_key;
     isa::Reg m_block, m_sd_off, m_ss_off, m_load_at, m_store_at;
     isa::CountedFlag m_dma, m_vpu, m_mxu0, m_mxu1, m_store;
+    std::optional<isa::Reg> m_head_tmp;  ///< token-major layouts only
     /// Per (head, key tile): the MXU of its score matmul and that MXU's count after it.
     std::vector<std::pair<uint32_t, int64_t>> m_score_done;
     /// Per (head, key tile): the load counter after the last retile's copy of it.
@@ -398,7 +441,7 @@ void emit_fwd(isa::Builder& bb, const AttentionKey& k, std::span<const Operand> 
     const Block b = block_of(k);
     const Arg q = o[0].value, kk = o[1].value, v = o[2].value, out = o[3].value, p = o[4].value,
               scale = o[5].value, bias = o[6].value;
-    Fused g(bb, b);
+    Fused g(bb, b, k);
     Areas areas(bb);
     const FwdMap m = fwd_map(b, areas);
     const uint64_t rows = uint64_t(b.G) * b.S, n = b.ss(), sd = b.sd();
@@ -408,9 +451,9 @@ void emit_fwd(isa::Builder& bb, const AttentionKey& k, std::span<const Operand> 
     for (uint32_t i = 0; b.causal && i < b.G; ++i)
         g.load(m.bias + uint64_t(i) * b.S * b.S * 4, bias, imm(0), uint64_t(b.S) * b.S * 4);
     g.blocks([&] {
-        g.load(m.qf, q, g.sd_off(), sd * 4);
-        g.load(m.kf, kk, g.sd_off(), sd * 4);
-        g.load(m.vf, v, g.sd_off(), sd * 4);
+        g.load_heads(m.qf, q, k.qkv_row);
+        g.load_heads(m.kf, kk, k.qkv_row);
+        g.load_heads(m.vf, v, k.qkv_row);
         g.wait_dma();
         g.vpu(Opcode::VF2Bf, {a(m.qb), a(m.qf), SD});
         g.vpu(Opcode::VF2Bf, {a(m.vb), a(m.vf), SD});
@@ -435,7 +478,7 @@ void emit_fwd(isa::Builder& bb, const AttentionKey& k, std::span<const Operand> 
         g.retile(m.pt, m.pb, 2, true);
         g.contract(m.o, m.pt, m.vb);
         g.wait_mxu();
-        g.put(out, g.sd_off(), m.o, sd * 4);
+        g.put_heads(out, k.out_row, m.o);
     });
 }
 
@@ -444,17 +487,17 @@ void emit_bwd(isa::Builder& bb, const AttentionKey& k, std::span<const Operand> 
     const Block b = block_of(k);
     const Arg q = o[0].value, kk = o[1].value, v = o[2].value, p = o[3].value, dout = o[4].value,
               dq = o[5].value, dk = o[6].value, dv = o[7].value, scale = o[8].value;
-    Fused g(bb, b);
+    Fused g(bb, b, k);
     Areas areas(bb);
     const BwdMap m = bwd_map(b, areas);
     const uint64_t rows = uint64_t(b.G) * b.S, n = b.ss(), sd = b.sd();
     const Arg R = imm(int64_t(rows)), S = imm(b.S), N = imm(int64_t(n)), SD = imm(int64_t(sd));
     auto a = [](uint64_t addr) { return imm(static_cast<int64_t>(addr)); };
     g.blocks([&] {
-        g.load(m.qf, q, g.sd_off(), sd * 4);
-        g.load(m.kf, kk, g.sd_off(), sd * 4);
-        g.load(m.vf, v, g.sd_off(), sd * 4);
-        g.load(m.dof, dout, g.sd_off(), sd * 4);
+        g.load_heads(m.qf, q, k.qkv_row);
+        g.load_heads(m.kf, kk, k.qkv_row);
+        g.load_heads(m.vf, v, k.qkv_row);
+        g.load_heads(m.dof, dout, k.out_row);
         g.load(m.pf, p, g.ss_off(), n * 4);
         g.wait_dma();
         g.vpu(Opcode::VF2Bf, {a(m.dob), a(m.dof), SD});
@@ -470,7 +513,7 @@ void emit_bwd(isa::Builder& bb, const AttentionKey& k, std::span<const Operand> 
         g.retile(m.x, m.st, 4, false);
         g.wait_mxu();
         g.wait_dma();
-        g.put(dv, g.sd_off(), m.dv, sd * 4);
+        g.put_heads(dv, k.qkv_row, m.dv);
         // scaled_softmax_grad's operations in its order (softmax.h): dS lands in z.
         g.vpu(Opcode::VMul, {a(m.z), a(m.x), a(m.pf), N});
         g.vpu(Opcode::VRSum, {a(m.sum), a(m.z), R, S});
@@ -486,8 +529,8 @@ void emit_bwd(isa::Builder& bb, const AttentionKey& k, std::span<const Operand> 
         g.retile(m.t2, m.b2, 2, true);
         g.contract(m.dk, m.t2, m.qb);
         g.wait_mxu();
-        g.put(dq, g.sd_off(), m.dq, sd * 4);
-        g.put(dk, g.sd_off(), m.dk, sd * 4);
+        g.put_heads(dq, k.qkv_row, m.dq);
+        g.put_heads(dk, k.qkv_row, m.dk);
     });
 }
 
@@ -541,6 +584,17 @@ void emit(isa::Builder& b, const AttentionKey& k, std::span<const Operand> ops) 
                 k.name(), params[i].name));
     if (k.seq == 0 || k.dhead == 0 || k.heads_per_block == 0 || k.blocks == 0 || k.key_cols == 0)
         throw isa::BuildError(fmt::format("kernel '{}': empty shape", k.name()));
+    const uint64_t groups = uint64_t(k.heads_per_block) * k.blocks,
+                   width = uint64_t(k.heads) * k.dhead;
+    if (k.heads && (groups % k.heads || k.qkv_row < width || k.out_row < width))
+        throw isa::BuildError(fmt::format(
+            "kernel '{}': token-major layout of {} heads x {} over {} groups with rows of {} (q, "
+            "k, v) and {} (o) values: the heads must divide the groups and fit in the rows",
+            k.name(), k.heads, k.dhead, groups, k.qkv_row, k.out_row));
+    if (!k.heads && (k.qkv_row || k.out_row))
+        throw isa::BuildError(fmt::format(
+            "kernel '{}': row widths {} and {} given for the head-major layout (heads = 0)",
+            k.name(), k.qkv_row, k.out_row));
     const auto scope = b.scope(k.name());
     if (k.backward)
         emit_bwd(b, k, ops);

@@ -43,11 +43,21 @@ struct AttentionKey {
     uint32_t key_cols = 0;         ///< C: keys per score tile (MXU columns)
     bool causal = false;           ///< forward only: adds the causal bias operand
     bool scaled = false;           ///< the scores are multiplied by the scale operand
+    /// The layout of Q, K, V, O (and dO, dQ, dK, dV). 0: head-major [batch, heads, seq, dhead],
+    /// each head a contiguous seq x dhead block (attention() below). Else token-major with this
+    /// many heads per sequence: a tensor is batch * seq token rows, head h of sequence b the
+    /// seq x dhead block at row b * seq, column h * dhead. Q, K and V then read straight out of
+    /// a fused QKV projection [batch * seq, 3 * hidden] (operands at column offsets 0, hidden and
+    /// 2 * hidden) and O lands as [batch * seq, hidden]: a head split or merge is a change of
+    /// dims, never a copy. P is head-major [batch * heads * seq, seq] either way.
+    uint32_t heads = 0;
+    uint32_t qkv_row = 0;  ///< token-major: fp32 values per token row of Q, K, V, dQ, dK, dV
+    uint32_t out_row = 0;  ///< token-major: fp32 values per token row of O and dO
     auto operator<=>(const AttentionKey&) const = default;
     std::string name() const { return backward ? "attention_bwd" : "attention_fwd"; }
     friend size_t hash_value(const AttentionKey& k) {
         return hash_fields(k.backward, k.seq, k.dhead, k.heads_per_block, k.blocks, k.key_cols,
-                           k.causal, k.scaled);
+                           k.causal, k.scaled, k.heads, k.qkv_row, k.out_row);
     }
 };
 /// The fused kernel's key for `s` on `cfg` (forward or `backward`), or nothing when it does not
@@ -60,8 +70,9 @@ std::optional<AttentionKey> plan_attention(const hw::BoardConfig& cfg, const Att
 /// scale. Tensors in the [batch, heads, seq, dhead] layout of attention() below.
 std::vector<streaming::Param> attention_params(const AttentionKey& k);
 /// Emits the fused kernel `k` into `b` (no halt), operands in attention_params order (tensors
-/// in HBM); it takes its registers, flags and VMEM from b's pools and has waited for all its
-/// work when it returns.
+/// in HBM, each an address in a register plus an immediate offset); it takes its registers,
+/// flags and VMEM from b's pools and has waited for all its work when it returns. A token-major
+/// key moves each head with one strided DMA (a head-major one each block with one).
 void emit(isa::Builder& b, const AttentionKey& k, std::span<const streaming::Operand> ops);
 /// The stand-alone program of `k`.
 isa::Program generate(const AttentionKey& k);
