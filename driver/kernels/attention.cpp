@@ -220,9 +220,7 @@ public:
         if (key.heads) m_head_tmp.emplace(b.reg("head_addr_tmp"));
     }
 
-    isa::Builder& b() { return m_b; }
-    /// The block's byte offset in S x D tensors and in S x S ones.
-    const isa::Reg& sd_off() const { return m_sd_off; }
+    /// The block's byte offset in head-major S x S tensors (P).
     const isa::Reg& ss_off() const { return m_ss_off; }
 
     void vpu(Opcode op, std::initializer_list<Arg> args) { m_vpu.issue(op, args); }
@@ -378,7 +376,7 @@ public:
                 m_tile_moved[size_t(i) * b.KT + j] = m_dma.issued();
             }
     }
-    /// The loop over blocks of G heads (`body` once per block: sd_off() and ss_off() are the
+    /// The loop over blocks of G heads (`body` once per block: m_sd_off and ss_off() are the
     /// block's offsets), then a wait for every store. (Not Builder::loop: the count is
     /// compared unsigned.)
     void blocks(const std::function<void()>& body) {
@@ -538,7 +536,8 @@ void emit_bwd(isa::Builder& bb, const AttentionKey& k, std::span<const Operand> 
 /// stay within kBlockRows and whose areas fit in VMEM; 0 when not even one head fits or dhead
 /// exceeds the array (the per-head composition then runs).
 constexpr uint32_t kBlockRows = 512;
-Block plan_block(const hw::BoardConfig& cfg, const AttentionShape& s, bool backward) {
+Block plan_block(const hw::BoardConfig& cfg, const AttentionShape& s, bool backward,
+                 uint64_t vmem_bytes) {
     Block b;
     b.S = s.seq;
     b.D = s.dhead;
@@ -551,7 +550,7 @@ Block plan_block(const hw::BoardConfig& cfg, const AttentionShape& s, bool backw
         if (s.groups() % g || (g > 1 && uint64_t(g) * s.seq > kBlockRows)) continue;
         Block t = b;
         t.G = g;
-        if (vmem_need(t, backward) > cfg.core.vmem_bytes) break;
+        if (vmem_need(t, backward) > vmem_bytes) break;
         b.G = g;
     }
     if (b.G) b.blocks = s.groups() / b.G;
@@ -561,8 +560,8 @@ Block plan_block(const hw::BoardConfig& cfg, const AttentionShape& s, bool backw
 }  // namespace
 
 std::optional<AttentionKey> plan_attention(const hw::BoardConfig& cfg, const AttentionShape& s,
-                                           bool backward) {
-    const Block b = plan_block(cfg, s, backward);
+                                           bool backward, uint64_t vmem_bytes) {
+    const Block b = plan_block(cfg, s, backward, vmem_bytes ? vmem_bytes : cfg.core.vmem_bytes);
     if (!b.G) return std::nullopt;
     return AttentionKey{backward, b.S, b.D, b.G, b.blocks, b.C, b.causal, s.scale() != 1.0f};
 }

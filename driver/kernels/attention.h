@@ -60,11 +60,13 @@ struct AttentionKey {
                            k.causal, k.scaled, k.heads, k.qkv_row, k.out_row);
     }
 };
-/// The fused kernel's key for `s` on `cfg` (forward or `backward`), or nothing when it does not
-/// apply (dhead above the MXU rows, fewer than two MXUs, non-square MXU, one head's areas
-/// beyond VMEM: attention then composes per-head matmuls and a softmax).
+/// The fused kernel's key for `s` on `cfg` (forward or `backward`) with its areas in
+/// `vmem_bytes` of free VMEM (0: the core's), or nothing when it does not apply (dhead above the
+/// MXU rows, fewer than two MXUs, non-square MXU, one head's areas beyond the VMEM: attention
+/// then composes per-head matmuls and a softmax). The key is head-major; set its layout fields
+/// for token-major operands.
 std::optional<AttentionKey> plan_attention(const hw::BoardConfig& cfg, const AttentionShape& s,
-                                           bool backward);
+                                           bool backward, uint64_t vmem_bytes = 0);
 /// The operands of `k` in launch-argument order: forward q, k, v, o, p, scale (fp32 scalar),
 /// bias (the causal S x S bias; unused unless causal); backward q, k, v, p, dout, dq, dk, dv,
 /// scale. Tensors in the [batch, heads, seq, dhead] layout of attention() below.

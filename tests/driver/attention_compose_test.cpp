@@ -51,16 +51,19 @@ void merge_into(std::vector<float>& out, const std::vector<float>& x, const Atte
 /// y = relu(attention(a + b)): the add writes the fused QKV projection [batch * seq,
 /// 3 * hidden] to HBM, attention reads its heads with strided DMAs and writes O as
 /// [batch * seq, hidden], relu reads O. Launch arguments: a, b, qkv, o, p, bias, y.
-isa::Program add_attention_relu(const hw::BoardConfig& cfg, const AttentionKey& k,
-                                uint64_t tokens) {
+isa::Program add_attention_relu(const hw::BoardConfig& cfg, const AttentionShape& s) {
     isa::Builder b("add_attention_relu",
                    {.vmem_bytes = cfg.core.vmem_bytes, .smem_bytes = cfg.core.smem_bytes});
     const isa::Reg a = b.arg("a"), bb = b.arg("b"), qkv = b.arg("qkv"), o = b.arg("o");
     const isa::Reg p = b.arg("p"), bias = b.arg("bias"), y = b.arg("y");
-    const int64_t hidden = int64_t(k.heads) * k.dhead;
-    emit(b, plan_vector(VectorOp::Add, tokens * k.qkv_row, 1, b.vmem_free()),
+    const uint64_t tokens = uint64_t(s.batch) * s.seq;
+    const int64_t hidden = int64_t(s.heads) * s.dhead;
+    emit(b, plan_vector(VectorOp::Add, tokens * 3 * hidden, 1, b.vmem_free()),
          std::vector{Operand::hbm(a), Operand::hbm(bb), Operand::hbm(qkv)});
-    const float scale = AttentionShape{.dhead = k.dhead}.scale();
+    // Planned in the VMEM the caller leaves free; the layout makes it read the fused QKV.
+    AttentionKey k = *plan_attention(cfg, s, false, b.vmem_free());
+    k.heads = s.heads, k.qkv_row = uint32_t(3 * hidden), k.out_row = uint32_t(hidden);
+    const float scale = s.scale();
     emit(b, k,
          std::vector{Operand::hbm(qkv), Operand::hbm(qkv + hidden * 4),
                      Operand::hbm(qkv + 2 * hidden * 4), Operand::hbm(o), Operand::hbm(p),
@@ -83,9 +86,7 @@ TEST(AttentionCompose, AddAttentionReluInOneProgramReadsHeadsOutOfAFusedQkv) {
         SCOPED_TRACE(fmt::format("{}x{}x{}x{}{}", s.batch, s.heads, s.seq, s.dhead,
                                  s.causal ? " causal" : ""));
         const uint32_t hidden = s.heads * s.dhead, tokens = s.batch * s.seq;
-        AttentionKey k = *plan_attention(dev->config(), s, false);
-        k.heads = s.heads, k.qkv_row = 3 * hidden, k.out_row = hidden;
-        const isa::Program prog = add_attention_relu(dev->config(), k, tokens);
+        const isa::Program prog = add_attention_relu(dev->config(), s);
         EXPECT_EQ(prog.args, (std::vector<std::string>{"a", "b", "qkv", "o", "p", "bias", "y"}));
         Tensor a = alloc_tensor(*dev, cores, tokens, 3 * hidden),
                b = alloc_tensor(*dev, cores, tokens, 3 * hidden),
