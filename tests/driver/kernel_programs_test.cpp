@@ -196,6 +196,11 @@ const std::vector<Golden> kGolden = {
     {AttentionKey{true, 5, 4, 6, 1, 128, false, true}, 0x72e23c0d811c338e},
     {AttentionKey{false, 200, 1, 2, 1, 128, false, false}, 0xb97fdc905ed8120d},
     {AttentionKey{true, 200, 1, 2, 1, 128, false, false}, 0x6bc6a403949ed223},
+    // New programs with no text predecessor (their values are checked by AttentionCompose.*):
+    // the token-major layout, Q, K, V out of a fused QKV. AttentionKey{..., heads, qkv_row,
+    // out_row}.
+    {AttentionKey{false, 20, 8, 6, 1, 128, true, true, 3, 72, 24}, 0xb25a308bc97f8a89},
+    {AttentionKey{true, 130, 16, 2, 2, 128, false, true, 2, 96, 32}, 0x93df66f5cd57c732},
 };
 
 TEST(KernelPrograms, BuilderProgramsAreByteIdenticalToTheTextKernelsTheyReplaced) {
