@@ -206,6 +206,13 @@ TEST(Pool, BadWindowsAreUsageErrors) {
     EXPECT_EQ(tutil::error_of([&] { max_pool2d(*dev, cache, rows, x, y); }, true),
               "max_pool2d: batch 65536 x height 65536 x width 4 = 17179869184 rows, more than a "
               "tensor holds (2^32 - 1)");
+    // Global pooling keeps one image per tile: 512 x 512 x 16 values (16 MiB) cannot sit in two
+    // slots (2 x (16 MiB + 2 x 256 bytes for the sum and mean areas)) of a 16 MiB VMEM.
+    const PoolShape big{.batch = 1, .height = 512, .width = 512, .channels = 16};
+    Tensor img = alloc_tensor(*dev, {0}, 512 * 512, 16), mean = alloc_tensor(*dev, {0}, 1, 16);
+    EXPECT_EQ(tutil::error_of([&] { global_avg_pool(*dev, cache, big, img, mean); }, true),
+              "global_avg_pool: a row of 4194304 values needs 33555456 bytes of VMEM in two tile "
+              "slots; the core has 16777216");
 }
 
 }  // namespace
