@@ -470,23 +470,46 @@ CountedFlag::~CountedFlag() {
 }
 
 void CountedFlag::issue(Opcode op, std::initializer_list<Arg> args) {
+    issue_deferred(op, args);
+    count_deferred();
+}
+
+void CountedFlag::issue_deferred(Opcode op, std::initializer_list<Arg> args) {
     if (!has_completion_flag(op))
         throw m_b.error(fmt::format("counted flag '{}': {} has no completion flag", m_flag.name(),
                                     info(op).mnemonic));
     std::vector<Arg> all(args);
     all.push_back(m_flag);
     m_b.emit(op, all);
-    if (m_counter) m_b.emit(Opcode::Add, {*m_counter, *m_counter, imm(1)});
-    ++m_issued;
+    ++m_deferred;
     m_unwaited = true;
 }
 
-void CountedFlag::wait_all() {
+void CountedFlag::count_deferred() {
+    if (!m_deferred) return;
+    if (m_counter) m_b.emit(Opcode::Add, {*m_counter, *m_counter, imm(m_deferred)});
+    m_issued += m_deferred;
+    m_deferred = 0;
+}
+
+void CountedFlag::wait_all_but(int64_t later) {
+    if (m_deferred)
+        throw m_b.error(
+            fmt::format("counted flag '{}': a wait with {} issues not counted yet "
+                        "(count_deferred)",
+                        m_flag.name(), m_deferred));
+    if (later < 0 || (!m_counter && later > m_issued))
+        throw m_b.error(fmt::format("counted flag '{}': cannot wait for all but {} of {} issues",
+                                    m_flag.name(), later, m_issued));
     if (m_counter)
-        m_b.emit(Opcode::Wait, {m_flag, *m_counter});
-    else if (m_issued)
-        m_b.emit(Opcode::Wait, {m_flag, imm(m_issued)});
-    m_unwaited = false;
+        m_b.emit(Opcode::Wait, {m_flag, *m_counter - later});
+    else if (m_issued > later)
+        m_b.emit(Opcode::Wait, {m_flag, imm(m_issued - later)});
+    if (later == 0) m_unwaited = false;
+}
+
+void CountedFlag::wait_all() {
+    wait_all_but(0);
 }
 
 DoubleBuffer::DoubleBuffer(Builder& b, const std::string& name, uint64_t slot_bytes,

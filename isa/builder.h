@@ -338,6 +338,15 @@ public:
     /// Waits until every instruction issued so far has completed (AtBuild with nothing issued:
     /// emits nothing).
     void wait_all();
+    /// Emits `op args..., flag` like issue() but counts it only at the next count_deferred():
+    /// a long straight-line body then updates the counter once, not once per instruction.
+    void issue_deferred(Opcode op, std::initializer_list<Arg> args);
+    /// Counts the issue_deferred() instructions since the last call (InRegister: one `add
+    /// counter, counter, n`; nothing when there were none).
+    void count_deferred();
+    /// Waits until all but the last `later` instructions issued have completed (a unit that
+    /// completes in issue order: the earlier ones are done).
+    void wait_all_but(int64_t later);
     /// The flag.
     const Flag& flag() const { return m_flag; }
     /// Instructions issued (AtBuild; for InRegister the emitted issue sites).
@@ -348,6 +357,7 @@ private:
     Flag m_flag;
     std::optional<Reg> m_counter;
     int64_t m_issued = 0;
+    int64_t m_deferred = 0;  ///< issue_deferred() instructions not counted yet
     bool m_unwaited = false;
 };
 

@@ -3,18 +3,26 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <initializer_list>
+#include <optional>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "driver/kernels/kernel.h"
 #include "driver/kernels/softmax.h"
 #include "driver/kernels/tensor_ops.h"
 #include "driver/kernels/vector_ops.h"
-#include "isa/assembler.h"
 
 namespace tpu::driver {
 namespace {
+
+using isa::Arg;
+using isa::imm;
+using isa::Opcode;
+using streaming::Operand;
+using streaming::Param;
 
 /// Rows [first, first + rows) of every replica of `t`, as a Tensor that aliases its memory.
 Tensor rows_of(const Tensor& t, uint64_t first, uint32_t rows) {
@@ -54,11 +62,6 @@ void per_head(Device& dev, ProgramCache& cache, std::vector<Event>& evs, const A
     }
 }
 
-/// HBM address of replica i of `t`.
-uint32_t addr(const Tensor& t, size_t i) {
-    return static_cast<uint32_t>(t.bufs[i].addr);
-}
-
 /// Host: the seq x cols block of head g.
 std::vector<float> block(const std::vector<float>& x, uint32_t g, uint32_t seq, uint32_t cols) {
     const auto* p = x.data() + size_t(g) * seq * cols;
@@ -71,17 +74,6 @@ void put(std::vector<float>& x, uint32_t g, const std::vector<float>& b) {
 
 // ---- The fused kernels ---------------------------------------------------------------------
 
-/// A bump allocator of VMEM areas, 512-byte aligned so every DMA and MXU operand starts on a
-/// fresh row of the banked memory.
-struct VmemAreas {
-    uint64_t end = 0;
-    uint64_t take(uint64_t bytes) {
-        const uint64_t at = end;
-        end += (bytes + 511) / 512 * 512;
-        return at;
-    }
-};
-
 /// Shape of one block of the fused kernels: G heads of S x D, KT key tiles of up to C columns.
 struct Block {
     uint32_t S = 0, D = 0, G = 1, KT = 1, C = 128, blocks = 1;
@@ -92,69 +84,213 @@ struct Block {
     uint64_t ss() const { return uint64_t(G) * S * S; }  ///< values of a G x S x S area
 };
 
-/// Emits a fused kernel. Every unit has one completion flag and a register counting what was
-/// issued to it, so a wait covers exactly the work issued before it: f1/s20 loads and VMEM
-/// moves, f5/s24 stores, f2/s21 the VPU, f3/s22 and f4/s23 the MXUs.
-class FusedGen {
+Block block_of(const AttentionKey& k) {
+    Block b;
+    b.S = k.seq;
+    b.D = k.dhead;
+    b.G = k.heads_per_block;
+    b.C = k.key_cols;
+    b.KT = (k.seq + k.key_cols - 1) / k.key_cols;
+    b.blocks = k.blocks;
+    b.causal = k.causal;
+    return b;
+}
+
+/// VMEM areas are 512-byte aligned so every DMA and MXU operand starts on a fresh row of the
+/// banked memory.
+constexpr uint64_t kAreaAlign = 512;
+
+/// Hands out the VMEM areas of a kernel: from a builder's pool (named), or, for planning, from
+/// address 0 up (the addresses the pool gives a kernel alone in VMEM).
+class Areas {
 public:
-    explicit FusedGen(const Block& b) : m_b(b) {
-        for (int r = 20; r <= 24; ++r) line("        li s{}, 0", r);
+    /// Planning: no builder.
+    Areas() = default;
+    explicit Areas(isa::Builder& b) : m_b(&b) {}
+    uint64_t take(const char* name, uint64_t bytes) {
+        if (m_b) {
+            m_held.push_back(m_b->vmem(name, bytes, kAreaAlign));
+            return m_held.back().addr();
+        }
+        const uint64_t at = m_end;
+        m_end += (bytes + kAreaAlign - 1) / kAreaAlign * kAreaAlign;
+        return at;
+    }
+    /// Bytes from 0 to the end of the last area (planning).
+    uint64_t end() const { return m_end; }
+
+private:
+    isa::Builder* m_b = nullptr;
+    std::vector<isa::Vmem> m_held;
+    uint64_t m_end = 0;
+};
+
+/// VMEM areas of the fused forward kernel (byte addresses).
+struct FwdMap {
+    uint64_t qf, kf, vf, ktf, qb, vb, ktb, st, x, z, e, m, sum, ls, pb, pt, o, bias;
+};
+FwdMap fwd_map(const Block& b, Areas& a) {
+    FwdMap m{};
+    const uint64_t sd4 = b.sd() * 4, sd2 = b.sd() * 2, ss4 = b.ss() * 4, ss2 = b.ss() * 2,
+                   rows4 = uint64_t(b.G) * b.S * 4;
+    m.qf = a.take("q", sd4);
+    m.kf = a.take("k", sd4);
+    m.vf = a.take("v", sd4);
+    m.ktf = a.take("k_tiles", sd4);
+    m.qb = a.take("q.bf16", sd2);
+    m.vb = a.take("v.bf16", sd2);
+    m.ktb = a.take("k_tiles.bf16", sd2);
+    m.st = a.take("scores", ss4);
+    // With one key tile the tile-major and row-major orders are the same area.
+    m.x = b.KT == 1 ? m.st : a.take("scores.rows", ss4);
+    m.z = a.take("z", ss4);
+    m.e = a.take("e", ss4);
+    m.m = a.take("row_max", rows4);
+    m.sum = a.take("row_sum", rows4);
+    m.ls = a.take("log_sum", rows4);
+    m.pb = a.take("p.bf16", ss2);
+    m.pt = b.KT == 1 ? m.pb : a.take("p.bf16.tiles", ss2);
+    m.o = a.take("o", sd4);
+    m.bias = b.causal ? a.take("bias", ss4) : 0;
+    return m;
+}
+
+/// VMEM areas of the fused backward kernel.
+struct BwdMap {
+    uint64_t qf, kf, vf, dof, vtf, dq, dk, dv, qb, kb, dob, vtb, pf, pt, st, x, z, sum, b1, t1, b2,
+        t2;
+};
+BwdMap bwd_map(const Block& b, Areas& a) {
+    BwdMap m{};
+    const uint64_t sd4 = b.sd() * 4, sd2 = b.sd() * 2, ss4 = b.ss() * 4, ss2 = b.ss() * 2;
+    m.qf = a.take("q", sd4);
+    m.kf = a.take("k", sd4);
+    m.vf = a.take("v", sd4);
+    m.dof = a.take("dout", sd4);
+    m.vtf = a.take("v_tiles", sd4);
+    m.dq = a.take("dq", sd4);
+    m.dk = a.take("dk", sd4);
+    m.dv = a.take("dv", sd4);
+    m.qb = a.take("q.bf16", sd2);
+    m.kb = a.take("k.bf16", sd2);
+    m.dob = a.take("dout.bf16", sd2);
+    m.vtb = a.take("v_tiles.bf16", sd2);
+    m.pf = a.take("p", ss4);
+    m.pt = a.take("p.t", ss4);
+    m.st = a.take("dp", ss4);
+    m.x = b.KT == 1 ? m.st : a.take("dp.rows", ss4);
+    m.z = a.take("ds", ss4);
+    m.sum = a.take("row_sum", uint64_t(b.G) * b.S * 4);
+    // Two bf16 S x S operands (P^T, then dS; and dS^T), each row-major and key-tile-major.
+    m.b1 = a.take("lhs1", ss2);
+    m.t1 = b.KT == 1 ? m.b1 : a.take("lhs1.tiles", ss2);
+    m.b2 = a.take("lhs2", ss2);
+    m.t2 = b.KT == 1 ? m.b2 : a.take("lhs2.tiles", ss2);
+    return m;
+}
+
+/// VMEM bytes the areas of `b` take.
+uint64_t vmem_need(const Block& b, bool backward) {
+    Areas a;
+    if (backward)
+        bwd_map(b, a);
+    else
+        fwd_map(b, a);
+    return a.end();
+}
+
+/// Emits a fused kernel. Every unit has a counted flag, so a wait covers exactly the work
+/// issued before it: loads and VMEM moves, stores, the VPU and each MXU.
+class Fused {
+public:
+    Fused(isa::Builder& b, const Block& blk, const AttentionKey& key)
+        : m_b(b),
+          m_blk(blk),
+          m_key(key),
+          m_block(b.reg("block", 10)),
+          m_sd_off(b.reg("block.sd_bytes", 11)),
+          m_ss_off(b.reg("block.ss_bytes", 12)),
+          m_load_at(b.reg("load_addr", 13)),
+          m_store_at(b.reg("store_addr", 14)),
+          m_dma(b, "dma", isa::Count::InRegister, 1, 20),
+          m_vpu(b, "vpu", isa::Count::InRegister, 2, 21),
+          m_mxu0(b, "mxu0", isa::Count::InRegister, 3, 22),
+          m_mxu1(b, "mxu1", isa::Count::InRegister, 4, 23),
+          m_store(b, "stores", isa::Count::InRegister, 5, 24) {
+        if (key.heads) m_head_tmp.emplace(b.reg("head_addr_tmp"));
     }
 
-    template <class... A>
-    void line(fmt::format_string<A...> f, A&&... a) {
-        m_s += fmt::format(f, std::forward<A>(a)...);
-        m_s += '\n';
-    }
-    /// An instruction with no completion flag.
-    void raw(const std::string& ins) { m_s += ins + '\n'; }
-    void dma(const std::string& ins) { issue(ins, 1, 20); }
-    void store(const std::string& ins) { issue(ins, 5, 24); }
-    void vpu(const std::string& ins) { issue(ins, 2, 21); }
-    /// A matmul (weight loads take no flag: a load queued behind a matmul finishes first, and
-    /// would make a count of completions pass before the matmul is done).
-    void mxu(uint32_t m, const std::string& ins) { issue(ins, 3 + int(m), 22 + int(m)); }
-    void wait_dma() { line("        wait f1, s20"); }
-    void wait_store() { line("        wait f5, s24"); }
-    void wait_vpu() { line("        wait f2, s21"); }
+    /// The block's byte offset in head-major S x S tensors (P).
+    const isa::Reg& ss_off() const { return m_ss_off; }
+
+    void vpu(Opcode op, std::initializer_list<Arg> args) { m_vpu.issue(op, args); }
+    void wait_dma() { m_dma.wait_all(); }
+    void wait_vpu() { m_vpu.wait_all(); }
+    void wait_store() { m_store.wait_all(); }
     void wait_mxu() {
-        line("        wait f3, s22");
-        line("        wait f4, s23");
+        m_mxu0.wait_all();
+        m_mxu1.wait_all();
     }
 
-    /// VMEM[at] <- HBM[arg + off] (`bytes` contiguous), on the load flag.
-    void load(uint64_t at, int arg, const char* off, uint64_t bytes) {
-        line("        add s13, s{}, {}", arg, off);
-        dma(fmt::format("        dma.hv [{}], [s13], 1, {}, {}, {}", at, bytes, bytes, bytes));
+    /// VMEM[at] <- HBM[src + off] (`bytes` contiguous), on the load flag.
+    void load(uint64_t at, Arg src, Arg off, uint64_t bytes) {
+        m_b.emit(Opcode::Add, {m_load_at, src, off});
+        const Arg n = imm(static_cast<int64_t>(bytes));
+        m_dma.issue(Opcode::DmaHv, {imm(int64_t(at)), m_load_at, imm(1), n, n, n});
     }
-    /// HBM[arg + off] <- VMEM[at], on the store flag.
-    void put(int arg, const char* off, uint64_t at, uint64_t bytes) {
-        line("        add s14, s{}, {}", arg, off);
-        store(fmt::format("        dma.vh [s14], [{}], 1, {}, {}, {}", at, bytes, bytes, bytes));
+    /// HBM[dst + off] <- VMEM[at], on the store flag.
+    void put(Arg dst, Arg off, uint64_t at, uint64_t bytes) {
+        m_b.emit(Opcode::Add, {m_store_at, dst, off});
+        const Arg n = imm(static_cast<int64_t>(bytes));
+        m_store.issue(Opcode::DmaVh, {m_store_at, imm(int64_t(at)), imm(1), n, n, n});
+    }
+    /// VMEM[at] <- the block's G heads (S x D each, back to back) of tensor `src`, whose token
+    /// rows hold `row` values in the token-major layout: one DMA in the head-major layout, else
+    /// one strided DMA per head.
+    void load_heads(uint64_t at, Arg src, uint32_t row) {
+        const Block& b = m_blk;
+        if (!m_key.heads) return load(at, src, m_sd_off, b.sd() * 4);
+        for (uint32_t i = 0; i < b.G; ++i) {
+            head_addr(m_load_at, i, src, row);
+            m_dma.issue(Opcode::DmaHv,
+                        {at_(at + uint64_t(i) * b.S * b.D * 4), m_load_at, imm(b.S),
+                         imm(int64_t(b.D) * 4), imm(int64_t(b.D) * 4), imm(int64_t(row) * 4)});
+        }
+    }
+    /// The block's G heads at VMEM[at] -> tensor `dst` (as load_heads).
+    void put_heads(Arg dst, uint32_t row, uint64_t at) {
+        const Block& b = m_blk;
+        if (!m_key.heads) return put(dst, m_sd_off, at, b.sd() * 4);
+        for (uint32_t i = 0; i < b.G; ++i) {
+            head_addr(m_store_at, i, dst, row);
+            m_store.issue(Opcode::DmaVh,
+                          {m_store_at, at_(at + uint64_t(i) * b.S * b.D * 4), imm(b.S),
+                           imm(int64_t(b.D) * 4), imm(int64_t(row) * 4), imm(int64_t(b.D) * 4)});
+        }
     }
     /// Per head and key tile j, the n_j x D rows of `src` transposed to D x n_j, the tiles
     /// back to back (each one an MXU weight tile of K = D rows once in bf16).
     void transpose_tiles(uint64_t dst, uint64_t src) {
-        for (uint32_t i = 0; i < m_b.G; ++i)
-            for (uint32_t j = 0; j < m_b.KT; ++j) {
-                const uint64_t at = (uint64_t(i) * m_b.S * m_b.D + uint64_t(j) * m_b.C * m_b.D) * 4;
-                vpu(fmt::format("        v.trans [{}], [{}], {}, {}", dst + at, src + at, m_b.n(j),
-                                m_b.D));
+        const Block& b = m_blk;
+        for (uint32_t i = 0; i < b.G; ++i)
+            for (uint32_t j = 0; j < b.KT; ++j) {
+                const uint64_t at = (uint64_t(i) * b.S * b.D + uint64_t(j) * b.C * b.D) * 4;
+                vpu(Opcode::VTrans, {at_(dst + at), at_(src + at), imm(b.n(j)), imm(b.D)});
             }
     }
     /// Per head, the S x S `src` transposed.
     void transpose_heads(uint64_t dst, uint64_t src) {
-        for (uint32_t i = 0; i < m_b.G; ++i) {
-            const uint64_t at = uint64_t(i) * m_b.S * m_b.S * 4;
-            vpu(fmt::format("        v.trans [{}], [{}], {}, {}", dst + at, src + at, m_b.S,
-                            m_b.S));
+        const Block& b = m_blk;
+        for (uint32_t i = 0; i < b.G; ++i) {
+            const uint64_t at = uint64_t(i) * b.S * b.S * 4;
+            vpu(Opcode::VTrans, {at_(dst + at), at_(src + at), imm(b.S), imm(b.S)});
         }
     }
     /// out = lhs x w^T per head: lhs S x D bf16, w the bf16 transposed tiles of transpose_tiles;
     /// out S x S fp32 in key-tile-major order (tile j: S x n_j). The K dimension is D <= R: one
     /// pass per tile, no accumulation.
     void scores(uint64_t out, uint64_t lhs, uint64_t w) {
-        const Block& b = m_b;
+        const Block& b = m_blk;
         m_score_done.assign(size_t(b.G) * b.KT, {0, 0});
         uint32_t job = 0;
         for (uint32_t i = 0; i < b.G; ++i)
@@ -167,17 +303,16 @@ public:
                     for (uint32_t m = 0; m < 2; ++m) {
                         const auto [r0, r1] = half(m);
                         if (r0 == r1) continue;
-                        raw(fmt::format("        mxu.lw {}, [{}], {}, {}", m, wt, b.D, b.n(j)));
-                        mxu(m, fmt::format("        mxu.mm {}, [{}], [{}], {}, 0", m,
-                                           o + uint64_t(r0) * b.n(j) * 4,
-                                           l + uint64_t(r0) * b.D * 2, r1 - r0));
+                        weights(m, wt, b.D, b.n(j));
+                        matmul(m, o + uint64_t(r0) * b.n(j) * 4, l + uint64_t(r0) * b.D * 2,
+                               r1 - r0, false);
                     }
                     continue;
                 }
                 const uint32_t m = job++ % 2;
-                raw(fmt::format("        mxu.lw {}, [{}], {}, {}", m, wt, b.D, b.n(j)));
-                mxu(m, fmt::format("        mxu.mm {}, [{}], [{}], {}, 0", m, o, l, b.S));
-                m_score_done[size_t(i) * b.KT + j] = {m, m_issued[2 + m]};
+                weights(m, wt, b.D, b.n(j));
+                matmul(m, o, l, b.S, false);
+                m_score_done[size_t(i) * b.KT + j] = {m, mxu(m).issued()};
             }
     }
     /// scores(out, lhs, w) with w the transposed tiles of `rhs` (S x D fp32 per head) through
@@ -185,7 +320,7 @@ public:
     /// read the areas the MXUs overwrite) are done.
     void scores_of(uint64_t out, uint64_t lhs, uint64_t rhs, uint64_t tf, uint64_t w) {
         transpose_tiles(tf, rhs);
-        vpu(fmt::format("        v.f2bf [{}], [{}], {}", w, tf, m_b.sd()));
+        vpu(Opcode::VF2Bf, {at_(w), at_(tf), imm(int64_t(m_blk.sd()))});
         wait_vpu();
         wait_store();
         scores(out, lhs, w);
@@ -194,12 +329,12 @@ public:
     /// (tile j its rows j C ..), out S x D fp32. The tiles accumulate in order on one array:
     /// heads alternate arrays, or one head's rows are halved over both.
     void contract(uint64_t out, uint64_t lhs, uint64_t w) {
-        const Block& b = m_b;
+        const Block& b = m_blk;
         for (uint32_t j = 0; j < b.KT; ++j)
             for (uint32_t i = 0; i < b.G; ++i) {
                 // The tile's LHS may still be on its way from retile (none without one).
                 if (!m_tile_moved.empty())
-                    wait_all_but(1, 20, m_issued[0] - m_tile_moved[size_t(i) * b.KT + j]);
+                    m_dma.wait_all_but(m_dma.issued() - m_tile_moved[size_t(i) * b.KT + j]);
                 for (uint32_t m = 0; m < 2; ++m) {
                     if (b.G > 1 && m != i % 2) continue;
                     const auto [r0, r1] = b.G > 1 ? std::pair<uint32_t, uint32_t>{0, b.S} : half(m);
@@ -208,10 +343,8 @@ public:
                     const uint64_t l = lhs + (uint64_t(i) * b.S * b.S + uint64_t(j) * b.C * b.S +
                                               uint64_t(r0) * b.n(j)) *
                                                  2;
-                    raw(fmt::format("        mxu.lw {}, [{}], {}, {}", m, wt, b.n(j), b.D));
-                    mxu(m, fmt::format("        mxu.mm {}, [{}], [{}], {}, {}", m,
-                                       out + (uint64_t(i) * b.S + r0) * b.D * 4, l, r1 - r0,
-                                       j ? 1 : 0));
+                    weights(m, wt, b.n(j), b.D);
+                    matmul(m, out + (uint64_t(i) * b.S + r0) * b.D * 4, l, r1 - r0, j > 0);
                 }
             }
     }
@@ -219,7 +352,7 @@ public:
     /// and key-tile-major order with the DMA engine's 2-D VMEM copies. Nothing to do with one
     /// key tile (the two orders are the same; callers then pass the same area).
     void retile(uint64_t dst, uint64_t src, uint32_t bytes, bool to_tiles) {
-        const Block& b = m_b;
+        const Block& b = m_blk;
         m_tile_moved.clear();
         if (b.KT == 1) return;
         m_tile_moved.resize(size_t(b.G) * b.KT);
@@ -228,121 +361,183 @@ public:
                 // Out of the scores: each tile as soon as its matmul is done.
                 if (!to_tiles && !m_score_done.empty()) {
                     const auto [m, count] = m_score_done[size_t(i) * b.KT + j];
-                    wait_all_but(3 + int(m), 22 + int(m), m_issued[2 + m] - count);
+                    mxu(m).wait_all_but(mxu(m).issued() - count);
                 }
                 const uint64_t head = uint64_t(i) * b.S * b.S * bytes;
                 const uint64_t tm = head + uint64_t(j) * b.C * b.S * bytes;
                 const uint64_t rm = head + uint64_t(j) * b.C * bytes;
-                const uint64_t row = uint64_t(b.n(j)) * bytes, full = uint64_t(b.S) * bytes;
+                const Arg row = imm(int64_t(b.n(j)) * bytes), full = imm(int64_t(b.S) * bytes);
                 if (to_tiles)
-                    dma(fmt::format("        dma.vv [{}], [{}], {}, {}, {}, {}", dst + tm, src + rm,
-                                    b.S, row, row, full));
+                    m_dma.issue(Opcode::DmaVv,
+                                {at_(dst + tm), at_(src + rm), imm(b.S), row, row, full});
                 else
-                    dma(fmt::format("        dma.vv [{}], [{}], {}, {}, {}, {}", dst + rm, src + tm,
-                                    b.S, row, full, row));
-                m_tile_moved[size_t(i) * b.KT + j] = m_issued[0];
+                    m_dma.issue(Opcode::DmaVv,
+                                {at_(dst + rm), at_(src + tm), imm(b.S), row, full, row});
+                m_tile_moved[size_t(i) * b.KT + j] = m_dma.issued();
             }
     }
-    /// The loop over blocks of G heads: s11 = the block's byte offset in S x D tensors, s12 in
-    /// S x S ones.
-    void loop_begin() {
-        line("        li s10, 0");
-        line("block:");
-        line("        mul s11, s10, {}", m_b.sd() * 4);
-        line("        mul s12, s10, {}", m_b.ss() * 4);
-    }
-    isa::Program loop_end(const char* name) {
-        line("        add s10, s10, 1");
-        line("        bltu s10, {}, block", m_b.blocks);
+    /// The loop over blocks of G heads (`body` once per block: m_sd_off and ss_off() are the
+    /// block's offsets), then a wait for every store. (Not Builder::loop: the count is
+    /// compared unsigned.)
+    void blocks(const std::function<void()>& body) {
+        const Block& b = m_blk;
+        m_b.emit(Opcode::Li, {m_block, imm(0)});
+        const isa::Label top = m_b.label("block");
+        m_b.bind(top);
+        m_b.emit(Opcode::Mul, {m_sd_off, m_block, imm(int64_t(b.sd()) * 4)});
+        m_b.emit(Opcode::Mul, {m_ss_off, m_block, imm(int64_t(b.ss()) * 4)});
+        body();
+        m_b.emit(Opcode::Add, {m_block, m_block, imm(1)});
+        m_b.emit(Opcode::Bltu, {m_block, imm(b.blocks), top});
         wait_store();
-        line("        halt");
-        return isa::assemble(m_s, name);
     }
 
 private:
-    void issue(const std::string& ins, int flag, int reg) {
-        m_s += fmt::format("{}, f{}\n", ins, flag);
-        ++m_issued[reg - 20];
-        line("        add s{}, s{}, 1", reg, reg);
+    static Arg at_(uint64_t addr) { return imm(static_cast<int64_t>(addr)); }
+    /// out = the address of head i of the block in a token-major tensor at `base`: group
+    /// t = block G + i is head t mod heads of sequence t div heads.
+    void head_addr(const isa::Reg& out, uint32_t i, Arg base, uint32_t row) {
+        const Block& b = m_blk;
+        const isa::Reg& seq = *m_head_tmp;
+        m_b.emit(Opcode::Mul, {out, m_block, imm(b.G)});
+        m_b.emit(Opcode::Add, {out, out, imm(i)});
+        m_b.emit(Opcode::Divu, {seq, out, imm(m_key.heads)});
+        m_b.emit(Opcode::Remu, {out, out, imm(m_key.heads)});
+        m_b.emit(Opcode::Mul, {seq, seq, imm(int64_t(b.S) * row * 4)});
+        m_b.emit(Opcode::Mul, {out, out, imm(int64_t(b.D) * 4)});
+        m_b.emit(Opcode::Add, {out, out, seq});
+        m_b.emit(Opcode::Add, {out, out, base});
+    }
+    isa::CountedFlag& mxu(uint32_t m) { return m ? m_mxu1 : m_mxu0; }
+    /// A weight load takes no flag: a load queued behind a matmul finishes first, and would make
+    /// a count of completions pass before the matmul is done.
+    void weights(uint32_t m, uint64_t at, uint32_t rows, uint32_t cols) {
+        m_b.emit(Opcode::MxuLw, {imm(m), at_(at), imm(rows), imm(cols)});
+    }
+    void matmul(uint32_t m, uint64_t out, uint64_t lhs, uint32_t rows, bool accumulate) {
+        mxu(m).issue(Opcode::MxuMm, {imm(m), at_(out), at_(lhs), imm(rows), imm(accumulate)});
     }
     std::pair<uint32_t, uint32_t> half(uint32_t m) const {
-        const uint32_t h = (m_b.S + 1) / 2;
-        return m ? std::pair<uint32_t, uint32_t>{h, m_b.S} : std::pair<uint32_t, uint32_t>{0, h};
+        const uint32_t h = (m_blk.S + 1) / 2;
+        return m ? std::pair<uint32_t, uint32_t>{h, m_blk.S} : std::pair<uint32_t, uint32_t>{0, h};
     }
 
-    /// Waits for the unit counted in s`reg` until all but `later` of its issued work is done.
-    void wait_all_but(int flag, int reg, uint64_t later) {
-        if (later)
-            line("        wait f{}, s{}-{}", flag, reg, later);
-        else
-            line("        wait f{}, s{}", flag, reg);
-    }
-
-    const Block& m_b;
-    std::string m_s;
-    /// Work issued per counter (s20..s24) so far in the program text.
-    uint64_t m_issued[5] = {};
+    isa::Builder& m_b;
+    const Block& m_blk;
+    const AttentionKey& m_key;
+    isa::Reg m_block, m_sd_off, m_ss_off, m_load_at, m_store_at;
+    isa::CountedFlag m_dma, m_vpu, m_mxu0, m_mxu1, m_store;
+    std::optional<isa::Reg> m_head_tmp;  ///< token-major layouts only
     /// Per (head, key tile): the MXU of its score matmul and that MXU's count after it.
-    std::vector<std::pair<uint32_t, uint64_t>> m_score_done;
+    std::vector<std::pair<uint32_t, int64_t>> m_score_done;
     /// Per (head, key tile): the load counter after the last retile's copy of it.
-    std::vector<uint64_t> m_tile_moved;
+    std::vector<int64_t> m_tile_moved;
 };
 
-/// VMEM areas of the fused forward kernel (byte addresses).
-struct FwdMap {
-    uint64_t qf, kf, vf, qb, vb, ktf, ktb, st, x, z, e, m, sum, ls, pb, pt, o, bias, end;
-};
-FwdMap fwd_map(const Block& b) {
-    VmemAreas a;
-    FwdMap m{};
-    for (uint64_t* f : {&m.qf, &m.kf, &m.vf, &m.ktf}) *f = a.take(b.sd() * 4);
-    for (uint64_t* h : {&m.qb, &m.vb, &m.ktb}) *h = a.take(b.sd() * 2);
-    m.st = a.take(b.ss() * 4);
-    m.x = b.KT == 1 ? m.st : a.take(b.ss() * 4);
-    m.z = a.take(b.ss() * 4);
-    m.e = a.take(b.ss() * 4);
-    m.m = a.take(uint64_t(b.G) * b.S * 4);
-    m.sum = a.take(uint64_t(b.G) * b.S * 4);
-    m.ls = a.take(uint64_t(b.G) * b.S * 4);
-    m.pb = a.take(b.ss() * 2);
-    m.pt = b.KT == 1 ? m.pb : a.take(b.ss() * 2);
-    m.o = a.take(b.sd() * 4);
-    m.bias = b.causal ? a.take(b.ss() * 4) : 0;
-    m.end = a.end;
-    return m;
+/// The fused forward kernel; operands as attention_params.
+void emit_fwd(isa::Builder& bb, const AttentionKey& k, std::span<const Operand> o) {
+    const Block b = block_of(k);
+    const Arg q = o[0].value, kk = o[1].value, v = o[2].value, out = o[3].value, p = o[4].value,
+              scale = o[5].value, bias = o[6].value;
+    Fused g(bb, b, k);
+    Areas areas(bb);
+    const FwdMap m = fwd_map(b, areas);
+    const uint64_t rows = uint64_t(b.G) * b.S, n = b.ss(), sd = b.sd();
+    const Arg R = imm(int64_t(rows)), S = imm(b.S), N = imm(int64_t(n)), SD = imm(int64_t(sd));
+    auto a = [](uint64_t addr) { return imm(static_cast<int64_t>(addr)); };
+    // The bias rows follow the query index within a head, so each head of the block gets a copy.
+    for (uint32_t i = 0; b.causal && i < b.G; ++i)
+        g.load(m.bias + uint64_t(i) * b.S * b.S * 4, bias, imm(0), uint64_t(b.S) * b.S * 4);
+    g.blocks([&] {
+        g.load_heads(m.qf, q, k.qkv_row);
+        g.load_heads(m.kf, kk, k.qkv_row);
+        g.load_heads(m.vf, v, k.qkv_row);
+        g.wait_dma();
+        g.vpu(Opcode::VF2Bf, {a(m.qb), a(m.qf), SD});
+        g.vpu(Opcode::VF2Bf, {a(m.vb), a(m.vf), SD});
+        g.scores_of(m.st, m.qb, m.kf, m.ktf, m.ktb);
+        g.retile(m.x, m.st, 4, false);
+        g.wait_mxu();
+        g.wait_dma();
+        // scaled_softmax's operations in its order (softmax.h).
+        if (k.scaled) g.vpu(Opcode::VMulS, {a(m.x), a(m.x), scale, N});
+        if (b.causal) g.vpu(Opcode::VAdd, {a(m.x), a(m.x), a(m.bias), N});
+        g.vpu(Opcode::VRMax, {a(m.m), a(m.x), R, S});
+        g.vpu(Opcode::VSubCol, {a(m.z), a(m.x), a(m.m), R, S});
+        g.vpu(Opcode::VExp, {a(m.e), a(m.z), N});
+        g.vpu(Opcode::VRSum, {a(m.sum), a(m.e), R, S});
+        g.vpu(Opcode::VLog, {a(m.ls), a(m.sum), R});
+        g.vpu(Opcode::VSubCol, {a(m.z), a(m.z), a(m.ls), R, S});
+        g.vpu(Opcode::VExp, {a(m.x), a(m.z), N});
+        g.wait_vpu();
+        g.put(p, g.ss_off(), m.x, n * 4);
+        g.vpu(Opcode::VF2Bf, {a(m.pb), a(m.x), N});
+        g.wait_vpu();
+        g.retile(m.pt, m.pb, 2, true);
+        g.contract(m.o, m.pt, m.vb);
+        g.wait_mxu();
+        g.put_heads(out, k.out_row, m.o);
+    });
 }
 
-/// VMEM areas of the fused backward kernel.
-struct BwdMap {
-    uint64_t qf, kf, vf, dof, qb, kb, dob, vtf, vtb, pf, pt, st, x, z, sum, b1, t1, b2, t2, dq, dk,
-        dv, end;
-};
-BwdMap bwd_map(const Block& b) {
-    VmemAreas a;
-    BwdMap m{};
-    for (uint64_t* f : {&m.qf, &m.kf, &m.vf, &m.dof, &m.vtf, &m.dq, &m.dk, &m.dv})
-        *f = a.take(b.sd() * 4);
-    for (uint64_t* h : {&m.qb, &m.kb, &m.dob, &m.vtb}) *h = a.take(b.sd() * 2);
-    m.pf = a.take(b.ss() * 4);
-    m.pt = a.take(b.ss() * 4);
-    m.st = a.take(b.ss() * 4);
-    m.x = b.KT == 1 ? m.st : a.take(b.ss() * 4);
-    m.z = a.take(b.ss() * 4);
-    m.sum = a.take(uint64_t(b.G) * b.S * 4);
-    // Two bf16 S x S operands (P^T, then dS; and dS^T), each row-major and key-tile-major.
-    m.b1 = a.take(b.ss() * 2);
-    m.t1 = b.KT == 1 ? m.b1 : a.take(b.ss() * 2);
-    m.b2 = a.take(b.ss() * 2);
-    m.t2 = b.KT == 1 ? m.b2 : a.take(b.ss() * 2);
-    m.end = a.end;
-    return m;
+/// The fused backward kernel; operands as attention_params.
+void emit_bwd(isa::Builder& bb, const AttentionKey& k, std::span<const Operand> o) {
+    const Block b = block_of(k);
+    const Arg q = o[0].value, kk = o[1].value, v = o[2].value, p = o[3].value, dout = o[4].value,
+              dq = o[5].value, dk = o[6].value, dv = o[7].value, scale = o[8].value;
+    Fused g(bb, b, k);
+    Areas areas(bb);
+    const BwdMap m = bwd_map(b, areas);
+    const uint64_t rows = uint64_t(b.G) * b.S, n = b.ss(), sd = b.sd();
+    const Arg R = imm(int64_t(rows)), S = imm(b.S), N = imm(int64_t(n)), SD = imm(int64_t(sd));
+    auto a = [](uint64_t addr) { return imm(static_cast<int64_t>(addr)); };
+    g.blocks([&] {
+        g.load_heads(m.qf, q, k.qkv_row);
+        g.load_heads(m.kf, kk, k.qkv_row);
+        g.load_heads(m.vf, v, k.qkv_row);
+        g.load_heads(m.dof, dout, k.out_row);
+        g.load(m.pf, p, g.ss_off(), n * 4);
+        g.wait_dma();
+        g.vpu(Opcode::VF2Bf, {a(m.dob), a(m.dof), SD});
+        // dP = dO V^T on the MXUs while the VPU turns P into P^T.
+        g.scores_of(m.st, m.dob, m.vf, m.vtf, m.vtb);
+        g.transpose_heads(m.pt, m.pf);
+        g.vpu(Opcode::VF2Bf, {a(m.b1), a(m.pt), N});
+        g.vpu(Opcode::VF2Bf, {a(m.qb), a(m.qf), SD});
+        g.vpu(Opcode::VF2Bf, {a(m.kb), a(m.kf), SD});
+        g.wait_vpu();
+        g.retile(m.t1, m.b1, 2, true);
+        g.contract(m.dv, m.t1, m.dob);
+        g.retile(m.x, m.st, 4, false);
+        g.wait_mxu();
+        g.wait_dma();
+        g.put_heads(dv, k.qkv_row, m.dv);
+        // scaled_softmax_grad's operations in its order (softmax.h): dS lands in z.
+        g.vpu(Opcode::VMul, {a(m.z), a(m.x), a(m.pf), N});
+        g.vpu(Opcode::VRSum, {a(m.sum), a(m.z), R, S});
+        g.vpu(Opcode::VSubCol, {a(m.x), a(m.x), a(m.sum), R, S});
+        g.vpu(Opcode::VMul, {a(m.z), a(m.pf), a(m.x), N});
+        if (k.scaled) g.vpu(Opcode::VMulS, {a(m.z), a(m.z), scale, N});
+        g.vpu(Opcode::VF2Bf, {a(m.b1), a(m.z), N});
+        g.transpose_heads(m.pt, m.z);
+        g.vpu(Opcode::VF2Bf, {a(m.b2), a(m.pt), N});
+        g.wait_vpu();
+        g.retile(m.t1, m.b1, 2, true);
+        g.contract(m.dq, m.t1, m.kb);
+        g.retile(m.t2, m.b2, 2, true);
+        g.contract(m.dk, m.t2, m.qb);
+        g.wait_mxu();
+        g.put_heads(dq, k.qkv_row, m.dq);
+        g.put_heads(dk, k.qkv_row, m.dk);
+    });
 }
 
 /// Heads per block: the most (a divisor of the groups, so every block is alike) whose rows
 /// stay within kBlockRows and whose areas fit in VMEM; 0 when not even one head fits or dhead
 /// exceeds the array (the per-head composition then runs).
 constexpr uint32_t kBlockRows = 512;
-Block plan_block(const hw::BoardConfig& cfg, const AttentionShape& s, bool backward) {
+Block plan_block(const hw::BoardConfig& cfg, const AttentionShape& s, bool backward,
+                 uint64_t vmem_bytes) {
     Block b;
     b.S = s.seq;
     b.D = s.dhead;
@@ -355,105 +550,66 @@ Block plan_block(const hw::BoardConfig& cfg, const AttentionShape& s, bool backw
         if (s.groups() % g || (g > 1 && uint64_t(g) * s.seq > kBlockRows)) continue;
         Block t = b;
         t.G = g;
-        if ((backward ? bwd_map(t).end : fwd_map(t).end) > cfg.core.vmem_bytes) break;
+        if (vmem_need(t, backward) > vmem_bytes) break;
         b.G = g;
     }
     if (b.G) b.blocks = s.groups() / b.G;
     return b;
 }
 
-std::string block_key(const char* kernel, const Block& b) {
-    return fmt::format("{} S{} D{} G{} blocks{} C{}{}", kernel, b.S, b.D, b.G, b.blocks, b.C,
-                       b.causal ? " causal" : "");
-}
-
-/// Launch args: s1 Q, s2 K, s3 V, s4 O, s5 P, s6 fp32 scale, s7 the causal bias (S x S).
-isa::Program attention_fwd_program(const Block& b, bool scaled) {
-    const FwdMap m = fwd_map(b);
-    FusedGen g(b);
-    const uint64_t rows = uint64_t(b.G) * b.S, n = b.ss(), sd = b.sd();
-    // The bias rows follow the query index within a head, so each head of the block gets a copy.
-    for (uint32_t i = 0; b.causal && i < b.G; ++i)
-        g.load(m.bias + uint64_t(i) * b.S * b.S * 4, 7, "0", uint64_t(b.S) * b.S * 4);
-    g.loop_begin();
-    g.load(m.qf, 1, "s11", sd * 4);
-    g.load(m.kf, 2, "s11", sd * 4);
-    g.load(m.vf, 3, "s11", sd * 4);
-    g.wait_dma();
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.qb, m.qf, sd));
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.vb, m.vf, sd));
-    g.scores_of(m.st, m.qb, m.kf, m.ktf, m.ktb);
-    g.retile(m.x, m.st, 4, false);
-    g.wait_mxu();
-    g.wait_dma();
-    // scaled_softmax's operations in its order (softmax.h).
-    if (scaled) g.vpu(fmt::format("        v.muls [{}], [{}], s6, {}", m.x, m.x, n));
-    if (b.causal) g.vpu(fmt::format("        v.add [{}], [{}], [{}], {}", m.x, m.x, m.bias, n));
-    g.vpu(fmt::format("        v.rmax [{}], [{}], {}, {}", m.m, m.x, rows, b.S));
-    g.vpu(fmt::format("        v.subcol [{}], [{}], [{}], {}, {}", m.z, m.x, m.m, rows, b.S));
-    g.vpu(fmt::format("        v.exp [{}], [{}], {}", m.e, m.z, n));
-    g.vpu(fmt::format("        v.rsum [{}], [{}], {}, {}", m.sum, m.e, rows, b.S));
-    g.vpu(fmt::format("        v.log [{}], [{}], {}", m.ls, m.sum, rows));
-    g.vpu(fmt::format("        v.subcol [{}], [{}], [{}], {}, {}", m.z, m.z, m.ls, rows, b.S));
-    g.vpu(fmt::format("        v.exp [{}], [{}], {}", m.x, m.z, n));
-    g.wait_vpu();
-    g.put(5, "s12", m.x, n * 4);
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.pb, m.x, n));
-    g.wait_vpu();
-    g.retile(m.pt, m.pb, 2, true);
-    g.contract(m.o, m.pt, m.vb);
-    g.wait_mxu();
-    g.put(4, "s11", m.o, sd * 4);
-    return g.loop_end("attention_fwd.s");
-}
-
-/// Launch args: s1 Q, s2 K, s3 V, s4 P, s5 dO, s6 dQ, s7 dK, s8 dV, s9 fp32 scale.
-isa::Program attention_bwd_program(const Block& b, bool scaled) {
-    const BwdMap m = bwd_map(b);
-    FusedGen g(b);
-    const uint64_t rows = uint64_t(b.G) * b.S, n = b.ss(), sd = b.sd();
-    g.loop_begin();
-    g.load(m.qf, 1, "s11", sd * 4);
-    g.load(m.kf, 2, "s11", sd * 4);
-    g.load(m.vf, 3, "s11", sd * 4);
-    g.load(m.dof, 5, "s11", sd * 4);
-    g.load(m.pf, 4, "s12", n * 4);
-    g.wait_dma();
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.dob, m.dof, sd));
-    // dP = dO V^T on the MXUs while the VPU turns P into P^T.
-    g.scores_of(m.st, m.dob, m.vf, m.vtf, m.vtb);
-    g.transpose_heads(m.pt, m.pf);
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.b1, m.pt, n));
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.qb, m.qf, sd));
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.kb, m.kf, sd));
-    g.wait_vpu();
-    g.retile(m.t1, m.b1, 2, true);
-    g.contract(m.dv, m.t1, m.dob);
-    g.retile(m.x, m.st, 4, false);
-    g.wait_mxu();
-    g.wait_dma();
-    g.put(8, "s11", m.dv, sd * 4);
-    // scaled_softmax_grad's operations in its order (softmax.h): dS lands in z.
-    g.vpu(fmt::format("        v.mul [{}], [{}], [{}], {}", m.z, m.x, m.pf, n));
-    g.vpu(fmt::format("        v.rsum [{}], [{}], {}, {}", m.sum, m.z, rows, b.S));
-    g.vpu(fmt::format("        v.subcol [{}], [{}], [{}], {}, {}", m.x, m.x, m.sum, rows, b.S));
-    g.vpu(fmt::format("        v.mul [{}], [{}], [{}], {}", m.z, m.pf, m.x, n));
-    if (scaled) g.vpu(fmt::format("        v.muls [{}], [{}], s9, {}", m.z, m.z, n));
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.b1, m.z, n));
-    g.transpose_heads(m.pt, m.z);
-    g.vpu(fmt::format("        v.f2bf [{}], [{}], {}", m.b2, m.pt, n));
-    g.wait_vpu();
-    g.retile(m.t1, m.b1, 2, true);
-    g.contract(m.dq, m.t1, m.kb);
-    g.retile(m.t2, m.b2, 2, true);
-    g.contract(m.dk, m.t2, m.qb);
-    g.wait_mxu();
-    g.put(6, "s11", m.dq, sd * 4);
-    g.put(7, "s11", m.dk, sd * 4);
-    return g.loop_end("attention_bwd.s");
-}
-
 }  // namespace
+
+std::optional<AttentionKey> plan_attention(const hw::BoardConfig& cfg, const AttentionShape& s,
+                                           bool backward, uint64_t vmem_bytes) {
+    const Block b = plan_block(cfg, s, backward, vmem_bytes ? vmem_bytes : cfg.core.vmem_bytes);
+    if (!b.G) return std::nullopt;
+    return AttentionKey{backward, b.S, b.D, b.G, b.blocks, b.C, b.causal, s.scale() != 1.0f};
+}
+
+std::vector<Param> attention_params(const AttentionKey& k) {
+    if (k.backward)
+        return {{"q"}, {"k"}, {"v"}, {"p"}, {"dout"}, {"dq"}, {"dk"}, {"dv"}, {"scale", true}};
+    return {{"q"}, {"k"}, {"v"}, {"o"}, {"p"}, {"scale", true}, {"bias"}};
+}
+
+void emit(isa::Builder& b, const AttentionKey& k, std::span<const Operand> ops) {
+    const std::vector<Param> params = attention_params(k);
+    streaming::check_operands(k.name(), params, ops);
+    for (size_t i = 0; i < ops.size(); ++i)
+        if (!params[i].scalar && ops[i].kind != Operand::Kind::Hbm)
+            throw isa::BuildError(fmt::format(
+                "kernel '{}': operand '{}' must be an HBM tensor (the kernel moves blocks of heads "
+                "between HBM and its own VMEM areas)",
+                k.name(), params[i].name));
+    if (k.seq == 0 || k.dhead == 0 || k.heads_per_block == 0 || k.blocks == 0 || k.key_cols == 0)
+        throw isa::BuildError(fmt::format("kernel '{}': empty shape", k.name()));
+    const uint64_t groups = uint64_t(k.heads_per_block) * k.blocks,
+                   width = uint64_t(k.heads) * k.dhead;
+    if (k.heads && (groups % k.heads || k.qkv_row < width || k.out_row < width))
+        throw isa::BuildError(fmt::format(
+            "kernel '{}': token-major layout of {} heads x {} over {} groups with rows of {} (q, "
+            "k, v) and {} (o) values: the heads must divide the groups and fit in the rows",
+            k.name(), k.heads, k.dhead, groups, k.qkv_row, k.out_row));
+    if (!k.heads && (k.qkv_row || k.out_row))
+        throw isa::BuildError(fmt::format(
+            "kernel '{}': row widths {} and {} given for the head-major layout (heads = 0)",
+            k.name(), k.qkv_row, k.out_row));
+    const auto scope = b.scope(k.name());
+    if (k.backward)
+        emit_bwd(b, k, ops);
+    else
+        emit_fwd(b, k, ops);
+}
+
+isa::Program generate(const AttentionKey& k) {
+    isa::Builder b(k.name());
+    std::vector<isa::Reg> args;
+    const std::vector<Param> params = attention_params(k);
+    const std::vector<Operand> ops = streaming::declare_args(b, params, args);
+    emit(b, k, ops);
+    b.emit(Opcode::Halt, {});
+    return b.finish();
+}
 
 float AttentionShape::scale() const {
     return static_cast<float>(1.0 / std::sqrt(double(dhead)));
@@ -462,12 +618,7 @@ float AttentionShape::scale() const {
 Event attention(Device& dev, ProgramCache& cache, const AttentionShape& s, const Tensor& q,
                 const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& p) {
     check_shapes(s, "attention", q, {{&k, "k"}, {&v, "v"}, {&o, "o"}}, p);
-    const Block b = plan_block(dev.config(), s, false);
-    if (b.G) {
-        const bool scaled = s.scale() != 1.0f;
-        const isa::Program& prog =
-            cache.get(block_key(scaled ? "attention_fwd scaled" : "attention_fwd", b),
-                      [&] { return attention_fwd_program(b, scaled); });
+    if (const auto key = plan_attention(dev.config(), s, false)) {
         // The bias is written from the host, as scaled_softmax's (softmax.h).
         Tensor bias;
         if (s.causal) {
@@ -475,14 +626,13 @@ Event attention(Device& dev, ProgramCache& cache, const AttentionShape& s, const
             write_tensor_all(dev, bias, causal_bias(s.seq));
         }
         try {
-            const Event ev = dev.launch(q.cores, prog, [&](size_t i) {
-                return std::vector<uint32_t>{addr(q, i),
-                                             addr(k, i),
-                                             addr(v, i),
-                                             addr(o, i),
-                                             addr(p, i),
-                                             detail::f32_bits(s.scale()),
-                                             s.causal ? addr(bias, i) : 0};
+            const Event ev = launch(dev, cache, *key, q.cores, [&](size_t i, LaunchArgs& a) {
+                a.set("q", q.bufs[i]).set("k", k.bufs[i]).set("v", v.bufs[i]);
+                a.set("o", o.bufs[i]).set("p", p.bufs[i]).set_f32("scale", s.scale());
+                if (s.causal)
+                    a.set("bias", bias.bufs[i]);
+                else
+                    a.set("bias", 0u);
             });
             if (s.causal) free_tensor(dev, bias);
             return ev;
@@ -505,18 +655,12 @@ Event attention_grad(Device& dev, ProgramCache& cache, const AttentionShape& s, 
                      const Tensor& dq, const Tensor& dk, const Tensor& dv) {
     check_shapes(s, "attention_grad", q,
                  {{&k, "k"}, {&v, "v"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}}, p);
-    const Block b = plan_block(dev.config(), s, true);
-    if (b.G) {
-        const bool scaled = s.scale() != 1.0f;
-        const isa::Program& prog =
-            cache.get(block_key(scaled ? "attention_bwd scaled" : "attention_bwd", b),
-                      [&] { return attention_bwd_program(b, scaled); });
-        return dev.launch(q.cores, prog, [&](size_t i) {
-            return std::vector<uint32_t>{addr(q, i),  addr(k, i),    addr(v, i),
-                                         addr(p, i),  addr(dout, i), addr(dq, i),
-                                         addr(dk, i), addr(dv, i),   detail::f32_bits(s.scale())};
+    if (const auto key = plan_attention(dev.config(), s, true))
+        return launch(dev, cache, *key, q.cores, [&](size_t i, LaunchArgs& a) {
+            a.set("q", q.bufs[i]).set("k", k.bufs[i]).set("v", v.bufs[i]).set("p", p.bufs[i]);
+            a.set("dout", dout.bufs[i]).set("dq", dq.bufs[i]).set("dk", dk.bufs[i]);
+            a.set("dv", dv.bufs[i]).set_f32("scale", s.scale());
         });
-    }
     Tensor ds = alloc_tensor(dev, q.cores, s.groups() * s.seq, s.seq);
     std::vector<Event> evs;
     try {

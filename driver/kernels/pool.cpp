@@ -9,39 +9,35 @@
 
 #include <fmt/format.h>
 
-#include "driver/kernels/legacy_stream.h"
+#include "driver/kernels/kernel.h"
 #include "driver/kernels/vector_ops.h"
 
 namespace tpu::driver {
 namespace {
 
-using detail::Body;
-using detail::f32_bits;
-using detail::Spec;
-using detail::Stream;
+using isa::Arg;
+using isa::fimm;
+using isa::imm;
+using isa::Opcode;
+using streaming::Body;
+using streaming::Operand;
+using streaming::Param;
+using streaming::Spec;
+using streaming::Stream;
 
-/// -inf as an fp32 immediate (the max-pool padding).
-constexpr uint32_t kNegInfBits = 0xff800000u;
+/// -inf, the max-pool padding.
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-/// Emits VPU ops of the body on flag f2 and counts them once at the end: large windows issue
-/// hundreds of ops per tile, and one counter update per op would double the program.
+/// The VPU ops of one tile, counted once at the end (count()): large windows issue hundreds of
+/// ops per tile, and one counter update per op would double the program.
 class VpuOps {
 public:
-    explicit VpuOps(Body& b) : m_b(b) {}
-    VpuOps(const VpuOps&) = delete;
-    VpuOps& operator=(const VpuOps&) = delete;
-    ~VpuOps() {
-        if (m_n) m_b.line(fmt::format("        add s26, s26, {}", m_n));
-    }
-    /// One VPU instruction.
-    void operator()(const std::string& ins) {
-        m_b.line(ins + ", f2");
-        ++m_n;
-    }
+    explicit VpuOps(Body& b) : m_f(b.vpu_flag()) {}
+    void operator()(Opcode op, std::initializer_list<Arg> args) { m_f.issue_deferred(op, args); }
+    void count() { m_f.count_deferred(); }
 
 private:
-    Body& m_b;
-    int m_n = 0;
+    isa::CountedFlag& m_f;
 };
 
 /// The layout the kernels use for one padded input row: its Wp = W + 2 pad columns split into
@@ -86,208 +82,204 @@ struct Geo {
         c.iw0 = c.j0 * s + r - p;
         return c;
     }
-    std::string key() const { return fmt::format("{}x{}x{}x{} k{} s{} p{}", N, H, W, C, k, s, p); }
 };
 
 /// Sets `values` fp32 at VMEM operand `at` to +0.0 (x > x is false for every x) or, with
-/// `neg_inf`, to -inf; one or two VPU ops on flag f5, returned.
-int fill(Body& b, const std::string& at, uint64_t values, bool neg_inf) {
-    b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", at, at, at, values));
-    if (!neg_inf) return 1;
-    b.line(fmt::format("        v.adds {}, {}, {:#x}, {}, f5", at, at, kNegInfBits, values));
-    return 2;
+/// `neg_inf`, to -inf; one or two VPU ops on `fill`.
+void fill(isa::CountedFlag& f, Arg at, uint64_t values, bool neg_inf) {
+    const Arg n = imm(static_cast<int64_t>(values));
+    f.issue(Opcode::VCmpGt, {at, at, at, n});
+    if (neg_inf) f.issue(Opcode::VAddS, {at, at, fimm(kNegInf), n});
 }
 
-/// Sets s13 to the output row and s14 to the image of the window a stream loads.
-using RowPrefix = std::function<void(Body&, const std::string& first)>;
+/// Sets tmp(0) to the output row and tmp(1) to the image of the window a stream loads.
+using RowPrefix = std::function<void(Body&, const isa::Reg& first)>;
 
 /// A stream that loads phase r of input row oh * s - p + kh of image n into `area`: one strided
-/// DMA from HBM (arg `x_arg`) when the row exists, else one VMEM copy of the padding kept in
-/// fixed area `pad_fixed`. Either way exactly one transfer signals the flag.
-Stream window_row(const Geo& g, int x_arg, const RowPrefix& prefix, uint32_t q, uint32_t kh,
-                  uint32_t r, int area, int pad_fixed) {
-    return Stream(x_arg, area,
-                  [=](Body& b, const std::string& first, const std::string&,
-                      const std::string& slot, const std::string& flag) {
-                      const Geo::Cols c = g.cols(r);
-                      const uint64_t cb = g.col_bytes(), bytes = c.count * cb;
-                      const std::string dst = fmt::format("[{}+{}]", slot, b.off(area) + c.j0 * cb);
-                      const std::string ok = b.label(fmt::format("row{}_{}_{}", q, kh, r));
-                      const std::string done = b.label(fmt::format("rowd{}_{}_{}", q, kh, r));
-                      prefix(b, first);
-                      b.line(fmt::format("        mul s13, s13, {}", g.s));
-                      b.line(fmt::format("        add s13, s13, {}", int64_t(kh) - int64_t(g.p)));
-                      // A row above the image wraps to a large unsigned value.
-                      b.line(fmt::format("        bltu s13, {}, {}", g.H, ok));
-                      b.line(fmt::format("        dma.vv {}, [{}], 1, {}, {}, {}, {}", dst,
-                                         b.fixed_addr(pad_fixed), bytes, bytes, bytes, flag));
-                      b.line(fmt::format("        jmp {}", done));
-                      b.line(fmt::format("{}: mul s14, s14, {}", ok, g.H));
-                      b.line("        add s13, s13, s14");
-                      b.line(fmt::format("        mul s13, s13, {}", uint64_t(g.W) * cb));
-                      b.line(fmt::format("        add s13, s13, s{}", x_arg));
-                      b.line(fmt::format("        dma.hv {}, [s13+{}], {}, {}, {}, {}, {}", dst,
-                                         uint64_t(c.iw0) * cb, c.count, cb, cb, cb * g.s, flag));
-                      b.line(done + ":");
-                  });
+/// DMA from HBM tensor `x` when the row exists, else one VMEM copy of the padding kept in fixed
+/// area `pad_fixed`. Either way exactly one transfer signals the flag.
+Stream window_row(const Geo& g, const Operand& x, const RowPrefix& prefix, uint32_t kh, uint32_t r,
+                  int area, int pad_fixed) {
+    return Stream(
+        x, area,
+        [=](Body& b, const isa::Reg& first, const isa::Reg&, const isa::Reg& slot,
+            const isa::Flag& flag) {
+            isa::Builder& bb = b.builder();
+            const isa::Reg &t0 = b.tmp(0), &t1 = b.tmp(1);
+            const Geo::Cols c = g.cols(r);
+            const uint64_t cb = g.col_bytes();
+            const Arg bytes = imm(static_cast<int64_t>(c.count * cb));
+            const Arg dst = b.at(slot, area) + static_cast<int64_t>(c.j0 * cb);
+            const isa::Label ok = bb.label("row"), done = bb.label("row_done");
+            prefix(b, first);
+            bb.emit(Opcode::Mul, {t0, t0, imm(g.s)});
+            bb.emit(Opcode::Add, {t0, t0, imm(int64_t(kh) - int64_t(g.p))});
+            // A row above the image wraps to a large unsigned value.
+            bb.emit(Opcode::Bltu, {t0, imm(g.H), ok});
+            bb.emit(Opcode::DmaVv, {dst, b.f(pad_fixed), imm(1), bytes, bytes, bytes, flag});
+            bb.emit(Opcode::Jmp, {done});
+            bb.bind(ok);
+            bb.emit(Opcode::Mul, {t1, t1, imm(g.H)});
+            bb.emit(Opcode::Add, {t0, t0, t1});
+            bb.emit(Opcode::Mul, {t0, t0, imm(static_cast<int64_t>(g.W * cb))});
+            bb.emit(Opcode::Add, {t0, t0, x.value});
+            const Arg cbi = imm(static_cast<int64_t>(cb));
+            bb.emit(Opcode::DmaHv, {dst, t0 + static_cast<int64_t>(c.iw0 * cb), imm(c.count), cbi,
+                                    cbi, imm(static_cast<int64_t>(cb * g.s)), flag});
+            bb.bind(done);
+        });
 }
 
 /// Forward kernels: the output row's image and row from the unit index.
 RowPrefix forward_prefix(const Geo& g) {
-    return [=](Body& b, const std::string& first) {
-        b.line(fmt::format("        remu s13, {}, {}", first, g.OH));
-        b.line(fmt::format("        divu s14, {}, {}", first, g.OH));
+    return [=](Body& b, const isa::Reg& first) {
+        b.emit(Opcode::Remu, {b.tmp(0), first, imm(g.OH)});
+        b.emit(Opcode::Divu, {b.tmp(1), first, imm(g.OH)});
     };
 }
 
 /// Backward kernels (a unit is an input row ih): output row (ih + p) div s - q, which wraps
 /// to a large value below 0.
 RowPrefix backward_prefix(const Geo& g, uint32_t q) {
-    return [=](Body& b, const std::string& first) {
-        b.line(fmt::format("        remu s13, {}, {}", first, g.H));
-        b.line(fmt::format("        add s13, s13, {}", g.p));
-        b.line(fmt::format("        divu s13, s13, {}", g.s));
-        b.line(fmt::format("        sub s13, s13, {}", q));
-        b.line(fmt::format("        divu s14, {}, {}", first, g.H));
+    return [=](Body& b, const isa::Reg& first) {
+        const isa::Reg& t0 = b.tmp(0);
+        b.emit(Opcode::Remu, {t0, first, imm(g.H)});
+        b.emit(Opcode::Add, {t0, t0, imm(g.p)});
+        b.emit(Opcode::Divu, {t0, t0, imm(g.s)});
+        b.emit(Opcode::Sub, {t0, t0, imm(q)});
+        b.emit(Opcode::Divu, {b.tmp(1), first, imm(g.H)});
     };
 }
 
 /// Window areas A[kh * phases + r] of one output row, appended to `sp`; returns the first.
-int add_window(Spec& sp, const Geo& g, int x_arg, const RowPrefix& prefix, uint32_t q,
-               int pad_fixed) {
-    const int first = static_cast<int>(sp.areas.size());
+int add_window(Spec& sp, const Geo& g, const Operand& x, const RowPrefix& prefix, int pad_fixed) {
+    const int first = static_cast<int>(sp.fp.areas.size());
     for (uint32_t kh = 0; kh < g.k; ++kh)
         for (uint32_t r = 0; r < g.window_phases(); ++r) {
-            const int area = static_cast<int>(sp.areas.size());
-            sp.areas.push_back(g.J * g.C);
-            if (g.cols(r).count)
-                sp.ins.push_back(window_row(g, x_arg, prefix, q, kh, r, area, pad_fixed));
+            const int area = static_cast<int>(sp.fp.areas.size());
+            sp.fp.areas.push_back(g.J * g.C);
+            if (g.cols(r).count) sp.ins.push_back(window_row(g, x, prefix, kh, r, area, pad_fixed));
         }
     return first;
 }
 
 /// Operand of window tap (kh, kw) for output columns 0..OW-1.
-std::string tap(const Body& b, const Geo& g, int window, uint32_t kh, uint32_t kw) {
+Arg tap(const Body& b, const Geo& g, int window, uint32_t kh, uint32_t kw) {
     const int area = window + static_cast<int>(kh * g.window_phases() + kw % g.s);
-    return fmt::format("[s19+{}]", b.off(area) + uint64_t(kw / g.s) * g.col_bytes());
+    return b.a(area) + static_cast<int64_t>(uint64_t(kw / g.s) * g.col_bytes());
 }
 
 /// out = max (or the sum) of the taps in window order.
-void reduce_window(Body& b, VpuOps& v, const Geo& g, int window, const std::string& out,
-                   bool is_max) {
-    const char* op = is_max ? "v.max" : "v.add";
-    const uint32_t n = g.n();
+void reduce_window(const Body& b, VpuOps& v, const Geo& g, int window, Arg out, bool is_max) {
+    const Arg n = imm(g.n());
     if (g.k == 1) {
         if (is_max)
-            v(fmt::format("        v.maxs {}, {}, {:#x}, {}", out, tap(b, g, window, 0, 0),
-                          kNegInfBits, n));
+            v(Opcode::VMaxS, {out, tap(b, g, window, 0, 0), fimm(kNegInf), n});
         else
-            v(fmt::format("        v.adds {}, {}, -0.0, {}", out, tap(b, g, window, 0, 0), n));
+            v(Opcode::VAddS, {out, tap(b, g, window, 0, 0), fimm(-0.0f), n});
         return;
     }
-    v(fmt::format("        {} {}, {}, {}, {}", op, out, tap(b, g, window, 0, 0),
-                  tap(b, g, window, 0, 1), n));
+    const Opcode op = is_max ? Opcode::VMax : Opcode::VAdd;
+    v(op, {out, tap(b, g, window, 0, 0), tap(b, g, window, 0, 1), n});
     for (uint32_t t = 2; t < g.k * g.k; ++t)
-        v(fmt::format("        {} {}, {}, {}, {}", op, out, out,
-                      tap(b, g, window, t / g.k, t % g.k), n));
+        v(op, {out, out, tap(b, g, window, t / g.k, t % g.k), n});
 }
 
 /// Prologue: the padding areas of both slots and the fixed areas hold `pad` (and `zero`
 /// fixed areas +0.0) before the first load; loads only ever overwrite the input columns.
 void fill_prologue(Body& b, const Geo& g, int window, uint32_t windows, int pad_fixed, bool neg_inf,
                    int zero_fixed, uint32_t zero_values) {
-    int ops = 0;
-    if (pad_fixed >= 0) ops += fill(b, b.f(pad_fixed), uint64_t(g.J) * g.C, neg_inf);
-    if (zero_fixed >= 0) ops += fill(b, b.f(zero_fixed), zero_values, false);
+    isa::CountedFlag f(b.builder(), "fill", isa::Count::AtBuild, 5);
+    if (pad_fixed >= 0) fill(f, b.f(pad_fixed), uint64_t(g.J) * g.C, neg_inf);
+    if (zero_fixed >= 0) fill(f, b.f(zero_fixed), zero_values, false);
     for (int slot = 0; slot < 2; ++slot)
         for (uint32_t a = 0; a < windows * g.k * g.window_phases(); ++a)
-            ops +=
-                fill(b, b.slot(slot, window + static_cast<int>(a)), uint64_t(g.J) * g.C, neg_inf);
-    b.line(fmt::format("        wait f5, {}", ops));
+            fill(f, b.slot(slot, window + static_cast<int>(a)), uint64_t(g.J) * g.C, neg_inf);
+    f.wait_all();
 }
 
 float inv_window(const Geo& g) {
     return 1.0f / static_cast<float>(g.k * g.k);
 }
 
-Spec pool_spec(const Geo& g, bool is_max) {
+/// Forward max or average pooling, operands x, y.
+Spec pool_spec(const PoolKey& k, std::span<const Operand> o) {
+    const Geo g(k.shape);
+    const bool is_max = k.op == PoolOp::Max;
     Spec sp;
-    sp.name = fmt::format("{} {}", is_max ? "max_pool2d" : "avg_pool2d", g.key());
-    sp.units = uint64_t(g.N) * g.OH;
-    sp.max_tile_units = 1;
-    sp.fixed = {g.J * g.C};
-    const int window = add_window(sp, g, 1, forward_prefix(g), 0, 0);
-    const int out = static_cast<int>(sp.areas.size());
-    sp.areas.push_back(g.n());
-    sp.outs = {{2, out}};
+    sp.fp = {k.name(), uint64_t(g.N) * g.OH, {}, {g.J * g.C}, 1};
+    const int window = add_window(sp, g, o[0], forward_prefix(g), 0);
+    const int out = static_cast<int>(sp.fp.areas.size());
+    sp.fp.areas.push_back(g.n());
+    sp.outs = {{o[1], out}};
     sp.prologue = [=](Body& b) { fill_prologue(b, g, window, 1, 0, is_max, -1, 0); };
     sp.body = [=](Body& b) {
         VpuOps v(b);
         reduce_window(b, v, g, window, b.a(out), is_max);
         if (!is_max && g.k > 1)
-            v(fmt::format("        v.muls {}, {}, {}, {}", b.a(out), b.a(out),
-                          f32_bits(inv_window(g)), g.n()));
-        if (!is_max && g.k == 1)
-            v(fmt::format("        v.muls {}, {}, 1.0, {}", b.a(out), b.a(out), g.n()));
+            v(Opcode::VMulS, {b.a(out), b.a(out), fimm(inv_window(g)), imm(g.n())});
+        if (!is_max && g.k == 1) v(Opcode::VMulS, {b.a(out), b.a(out), fimm(1.0f), imm(g.n())});
+        v.count();
     };
     return sp;
 }
 
-/// A stream that loads output row (ih + p) div s - q of dy (arg `dy_arg`) into `area` when
-/// that window holds input row ih (kernel row (ih + p) mod s + q s < k, output row in range),
-/// else zeros from fixed area `zero_fixed`.
-Stream dy_row(const Geo& g, int dy_arg, uint32_t q, int area, int zero_fixed) {
-    return Stream(dy_arg, area,
-                  [=](Body& b, const std::string& first, const std::string&,
-                      const std::string& slot, const std::string& flag) {
-                      const uint64_t bytes = uint64_t(g.n()) * 4;
-                      const std::string dst = b.at(slot, area);
-                      const std::string bad = b.label(fmt::format("dyz{}", q));
-                      const std::string done = b.label(fmt::format("dyd{}", q));
-                      b.line(fmt::format("        remu s13, {}, {}", first, g.H));
-                      b.line(fmt::format("        add s13, s13, {}", g.p));
-                      b.line(fmt::format("        remu s14, s13, {}", g.s));
-                      b.line(fmt::format("        add s14, s14, {}", q * g.s));
-                      b.line(fmt::format("        bge s14, {}, {}", g.k, bad));
-                      b.line(fmt::format("        divu s13, s13, {}", g.s));
-                      b.line(fmt::format("        blt s13, {}, {}", q, bad));
-                      b.line(fmt::format("        sub s13, s13, {}", q));
-                      b.line(fmt::format("        bge s13, {}, {}", g.OH, bad));
-                      b.line(fmt::format("        divu s14, {}, {}", first, g.H));
-                      b.line(fmt::format("        mul s14, s14, {}", g.OH));
-                      b.line("        add s13, s13, s14");
-                      b.line(fmt::format("        mul s13, s13, {}", bytes));
-                      b.line(fmt::format("        add s13, s13, s{}", dy_arg));
-                      b.line(fmt::format("        dma.hv {}, [s13], 1, {}, {}, {}, {}", dst, bytes,
-                                         bytes, bytes, flag));
-                      b.line(fmt::format("        jmp {}", done));
-                      b.line(fmt::format("{}: dma.vv {}, {}, 1, {}, {}, {}, {}", bad, dst,
-                                         b.f(zero_fixed), bytes, bytes, bytes, flag));
-                      b.line(done + ":");
-                  });
+/// A stream that loads output row (ih + p) div s - q of dy into `area` when that window holds
+/// input row ih (kernel row (ih + p) mod s + q s < k, output row in range), else zeros from
+/// fixed area `zero_fixed`.
+Stream dy_row(const Geo& g, const Operand& dy, uint32_t q, int area, int zero_fixed) {
+    return Stream(
+        dy, area,
+        [=](Body& b, const isa::Reg& first, const isa::Reg&, const isa::Reg& slot,
+            const isa::Flag& flag) {
+            isa::Builder& bb = b.builder();
+            const isa::Reg &t0 = b.tmp(0), &t1 = b.tmp(1);
+            const Arg bytes = imm(int64_t(g.n()) * 4);
+            const Arg dst = b.at(slot, area);
+            const isa::Label bad = bb.label("dy_zero"), done = bb.label("dy_done");
+            bb.emit(Opcode::Remu, {t0, first, imm(g.H)});
+            bb.emit(Opcode::Add, {t0, t0, imm(g.p)});
+            bb.emit(Opcode::Remu, {t1, t0, imm(g.s)});
+            bb.emit(Opcode::Add, {t1, t1, imm(int64_t(q) * g.s)});
+            bb.emit(Opcode::Bge, {t1, imm(g.k), bad});
+            bb.emit(Opcode::Divu, {t0, t0, imm(g.s)});
+            bb.emit(Opcode::Blt, {t0, imm(q), bad});
+            bb.emit(Opcode::Sub, {t0, t0, imm(q)});
+            bb.emit(Opcode::Bge, {t0, imm(g.OH), bad});
+            bb.emit(Opcode::Divu, {t1, first, imm(g.H)});
+            bb.emit(Opcode::Mul, {t1, t1, imm(g.OH)});
+            bb.emit(Opcode::Add, {t0, t0, t1});
+            bb.emit(Opcode::Mul, {t0, t0, bytes});
+            bb.emit(Opcode::Add, {t0, t0, dy.value});
+            bb.emit(Opcode::DmaHv, {dst, t0, imm(1), bytes, bytes, bytes, flag});
+            bb.emit(Opcode::Jmp, {done});
+            bb.bind(bad);
+            bb.emit(Opcode::DmaVv, {dst, b.f(zero_fixed), imm(1), bytes, bytes, bytes, flag});
+            bb.bind(done);
+        });
 }
 
 /// Backward: phase areas D[r] (r < s) of the dx row, zeroed per tile, and one store per phase
-/// with input columns into dx (arg `dx_arg`) with a strided DMA. Returns the first area.
-int add_dx_phases(Spec& sp, const Geo& g, int dx_arg) {
-    const int first = static_cast<int>(sp.areas.size());
+/// with input columns into dx with a strided DMA. Returns the first area.
+int add_dx_phases(Spec& sp, const Geo& g, const Operand& dx) {
+    const int first = static_cast<int>(sp.fp.areas.size());
     for (uint32_t r = 0; r < g.s; ++r) {
-        const int area = static_cast<int>(sp.areas.size());
-        sp.areas.push_back(g.J * g.C);
+        const int area = static_cast<int>(sp.fp.areas.size());
+        sp.fp.areas.push_back(g.J * g.C);
         const Geo::Cols c = g.cols(r);
         if (!c.count) continue;
         sp.outs.emplace_back(
-            dx_arg, area,
-            [=](Body& b, const std::string& first_unit, const std::string&, const std::string& slot,
-                const std::string& flag) {
+            dx, area,
+            [=](Body& b, const isa::Reg& first_unit, const isa::Reg&, const isa::Reg& slot,
+                const isa::Flag& flag) {
                 const uint64_t cb = g.col_bytes();
-                b.line(fmt::format("        mul s13, {}, {}", first_unit, uint64_t(g.W) * cb));
-                b.line(fmt::format("        add s13, s13, s{}", dx_arg));
-                b.line(
-                    fmt::format("        dma.vh [s13+{}], [{}+{}], {}, {}, {}, "
-                                "{}, {}",
-                                uint64_t(c.iw0) * cb, slot, b.off(area) + c.j0 * cb, c.count, cb,
-                                cb * g.s, cb, flag));
+                const isa::Reg& t0 = b.tmp(0);
+                b.emit(Opcode::Mul, {t0, first_unit, imm(int64_t(g.W * cb))});
+                b.emit(Opcode::Add, {t0, t0, dx.value});
+                const Arg cbi = imm(int64_t(cb));
+                b.emit(Opcode::DmaVh,
+                       {t0 + int64_t(c.iw0 * cb), b.at(slot, area) + int64_t(c.j0 * cb),
+                        imm(c.count), cbi, imm(int64_t(cb * g.s)), cbi, flag});
             });
     }
     return first;
@@ -295,151 +287,168 @@ int add_dx_phases(Spec& sp, const Geo& g, int dx_arg) {
 
 /// Operand of phase area D[kw mod s] at the column where window column kw of output column 0
 /// lands.
-std::string dx_at(const Body& b, const Geo& g, int phases, uint32_t kw) {
-    return fmt::format("[s19+{}]", b.off(phases + static_cast<int>(kw % g.s)) +
-                                       uint64_t(kw / g.s) * g.col_bytes());
+Arg dx_at(const Body& b, const Geo& g, int phases, uint32_t kw) {
+    return b.a(phases + static_cast<int>(kw % g.s)) + int64_t(uint64_t(kw / g.s) * g.col_bytes());
 }
 
-void zero_phases(Body& b, VpuOps& v, const Geo& g, int phases) {
+void zero_phases(const Body& b, VpuOps& v, const Geo& g, int phases) {
     for (uint32_t r = 0; r < g.s; ++r) {
-        const std::string d = b.a(phases + static_cast<int>(r));
-        v(fmt::format("        v.cmpgt {}, {}, {}, {}", d, d, d, uint64_t(g.J) * g.C));
+        const Arg d = b.a(phases + static_cast<int>(r));
+        v(Opcode::VCmpGt, {d, d, d, imm(int64_t(g.J) * g.C)});
     }
 }
 
-Spec avg_grad_spec(const Geo& g) {
+/// Backward of average pooling, operands dy, dx.
+Spec avg_grad_spec(const PoolKey& k, std::span<const Operand> o) {
+    const Geo g(k.shape);
     Spec sp;
-    sp.name = fmt::format("avg_pool2d_grad {}", g.key());
-    sp.units = uint64_t(g.N) * g.H;
-    sp.max_tile_units = 1;
-    sp.fixed = {g.n()};
+    sp.fp = {k.name(), uint64_t(g.N) * g.H, {}, {g.n()}, 1};
     const uint32_t Q = g.windows_per_row();
     for (uint32_t q = 0; q < Q; ++q) {
-        sp.ins.push_back(dy_row(g, 1, q, static_cast<int>(sp.areas.size()), 0));
-        sp.areas.push_back(g.n());
+        sp.ins.push_back(dy_row(g, o[0], q, static_cast<int>(sp.fp.areas.size()), 0));
+        sp.fp.areas.push_back(g.n());
     }
-    const int gs = static_cast<int>(sp.areas.size());
-    sp.areas.push_back(g.n());
-    const int phases = add_dx_phases(sp, g, 2);
+    const int gs = static_cast<int>(sp.fp.areas.size());
+    sp.fp.areas.push_back(g.n());
+    const int phases = add_dx_phases(sp, g, o[1]);
     sp.prologue = [=](Body& b) {
-        b.line(fmt::format("        wait f5, {}", fill(b, b.f(0), g.n(), false)));
+        isa::CountedFlag f(b.builder(), "fill", isa::Count::AtBuild, 5);
+        fill(f, b.f(0), g.n(), false);
+        f.wait_all();
     };
     sp.body = [=](Body& b) {
         VpuOps v(b);
         zero_phases(b, v, g, phases);
         for (uint32_t q = 0; q < Q; ++q) {
-            v(fmt::format("        v.muls {}, {}, {}, {}", b.a(gs), b.a(static_cast<int>(q)),
-                          f32_bits(inv_window(g)), g.n()));
+            v(Opcode::VMulS, {b.a(gs), b.a(static_cast<int>(q)), fimm(inv_window(g)), imm(g.n())});
             for (uint32_t kw = 0; kw < g.k; ++kw) {
-                const std::string d = dx_at(b, g, phases, kw);
-                v(fmt::format("        v.add {}, {}, {}, {}", d, d, b.a(gs), g.n()));
+                const Arg d = dx_at(b, g, phases, kw);
+                v(Opcode::VAdd, {d, d, b.a(gs), imm(g.n())});
             }
         }
+        v.count();
     };
     return sp;
 }
 
-Spec max_grad_spec(const Geo& g) {
-    Spec sp;
-    sp.name = fmt::format("max_pool2d_grad {}", g.key());
-    sp.units = uint64_t(g.N) * g.H;
-    sp.max_tile_units = 1;
+/// Backward of max pooling, operands x, dy, dx.
+Spec max_grad_spec(const PoolKey& k, std::span<const Operand> o) {
+    const Geo g(k.shape);
     enum { Pad, Zero };
-    sp.fixed = {g.J * g.C, g.n()};
+    Spec sp;
     const uint32_t Q = g.windows_per_row(), n = g.n(), taps = g.k * g.k;
+    sp.fp = {k.name(), uint64_t(g.N) * g.H, {}, {g.J * g.C, n}, 1};
     std::vector<int> window, dy, out, routed;
     for (uint32_t q = 0; q < Q; ++q)
-        window.push_back(add_window(sp, g, 1, backward_prefix(g, q), q, Pad));
+        window.push_back(add_window(sp, g, o[0], backward_prefix(g, q), Pad));
     for (uint32_t q = 0; q < Q; ++q) {
-        dy.push_back(static_cast<int>(sp.areas.size()));
-        sp.ins.push_back(dy_row(g, 2, q, dy.back(), Zero));
+        dy.push_back(static_cast<int>(sp.fp.areas.size()));
+        sp.ins.push_back(dy_row(g, o[1], q, dy.back(), Zero));
         out.push_back(dy.back() + 1);
         routed.push_back(dy.back() + 2);
-        sp.areas.insert(sp.areas.end(), {n, n, taps * n});
+        sp.fp.areas.insert(sp.fp.areas.end(), {n, n, taps * n});
     }
-    const int Z = static_cast<int>(sp.areas.size()), NF = Z + 1, GT = Z + 2, MT = Z + 3;
-    sp.areas.insert(sp.areas.end(), {n, n, n, n});
-    const int phases = add_dx_phases(sp, g, 3);
+    const int Z = static_cast<int>(sp.fp.areas.size()), NF = Z + 1, GT = Z + 2, MT = Z + 3;
+    sp.fp.areas.insert(sp.fp.areas.end(), {n, n, n, n});
+    const int phases = add_dx_phases(sp, g, o[2]);
     sp.prologue = [=](Body& b) { fill_prologue(b, g, window[0], Q, Pad, true, Zero, n); };
     sp.body = [=](Body& b) {
+        isa::Builder& bb = b.builder();
+        const isa::Reg& row = b.scratch();
+        const Arg N = imm(n);
         VpuOps v(b);
         zero_phases(b, v, g, phases);
-        v(fmt::format("        v.cmpgt {}, {}, {}, {}", b.a(Z), b.a(Z), b.a(Z), n));
+        v(Opcode::VCmpGt, {b.a(Z), b.a(Z), b.a(Z), N});
         for (uint32_t q = 0; q < Q; ++q) {
             // Route dy to the first tap equal to the window's maximum: NF is 1 until a tap has
             // taken it, so each window's dy lands exactly once.
             reduce_window(b, v, g, window[q], b.a(out[q]), true);
-            v(fmt::format("        v.adds {}, {}, 1.0, {}", b.a(NF), b.a(Z), n));
+            v(Opcode::VAddS, {b.a(NF), b.a(Z), fimm(1.0f), N});
             for (uint32_t t = 0; t < taps; ++t) {
-                v(fmt::format("        v.cmpgt {}, {}, {}, {}", b.a(GT), b.a(out[q]),
-                              tap(b, g, window[q], t / g.k, t % g.k), n));
-                v(fmt::format("        v.sel {}, {}, {}, {}, {}", b.a(MT), b.a(GT), b.a(Z), b.a(NF),
-                              n));
-                v(fmt::format("        v.sub {}, {}, {}, {}", b.a(NF), b.a(NF), b.a(MT), n));
-                v(fmt::format("        v.mul [s19+{}], {}, {}, {}",
-                              b.off(routed[q]) + uint64_t(t) * n * 4, b.a(MT), b.a(dy[q]), n));
+                v(Opcode::VCmpGt,
+                  {b.a(GT), b.a(out[q]), tap(b, g, window[q], t / g.k, t % g.k), N});
+                v(Opcode::VSel, {b.a(MT), b.a(GT), b.a(Z), b.a(NF), N});
+                v(Opcode::VSub, {b.a(NF), b.a(NF), b.a(MT), N});
+                v(Opcode::VMul,
+                  {b.a(routed[q]) + int64_t(uint64_t(t) * n * 4), b.a(MT), b.a(dy[q]), N});
             }
             // Input row ih is kernel row (ih + p) mod s + q s of this window; when that is past
             // the kernel, dy is zeros and any row will do, so take row 0.
-            const std::string ok = b.label(fmt::format("kh{}", q));
-            b.line(fmt::format("        remu s15, s17, {}", g.H));
-            b.line(fmt::format("        add s15, s15, {}", g.p));
-            b.line(fmt::format("        remu s15, s15, {}", g.s));
-            b.line(fmt::format("        add s15, s15, {}", q * g.s));
-            b.line(fmt::format("        blt s15, {}, {}", g.k, ok));
-            b.line("        li s15, 0");
-            b.line(fmt::format("{}: mul s15, s15, {}", ok, uint64_t(g.k) * n * 4));
-            b.line("        add s15, s15, s19");
+            const isa::Label ok = bb.label("kernel_row");
+            bb.emit(Opcode::Remu, {row, b.first(), imm(g.H)});
+            bb.emit(Opcode::Add, {row, row, imm(g.p)});
+            bb.emit(Opcode::Remu, {row, row, imm(g.s)});
+            bb.emit(Opcode::Add, {row, row, imm(int64_t(q) * g.s)});
+            bb.emit(Opcode::Blt, {row, imm(g.k), ok});
+            bb.emit(Opcode::Li, {row, imm(0)});
+            bb.bind(ok);
+            bb.emit(Opcode::Mul, {row, row, imm(int64_t(g.k) * n * 4)});
+            bb.emit(Opcode::Add, {row, row, b.a(0) - int64_t(b.off(0))});  // + the slot base
             for (uint32_t kw = 0; kw < g.k; ++kw) {
-                const std::string d = dx_at(b, g, phases, kw);
-                v(fmt::format("        v.add {}, {}, [s15+{}], {}", d, d,
-                              b.off(routed[q]) + uint64_t(kw) * n * 4, n));
+                const Arg d = dx_at(b, g, phases, kw);
+                v(Opcode::VAdd, {d, d, row + int64_t(b.off(routed[q]) + uint64_t(kw) * n * 4), N});
             }
         }
+        v.count();
     };
     return sp;
 }
 
-Spec gap_spec(const PoolShape& s) {
+/// Global average pooling, operands x, y: one image per tile.
+Spec gap_spec(const PoolKey& k, std::span<const Operand> o) {
     enum { X, Sum, Y };
-    const uint32_t hw = s.height * s.width, C = s.channels;
+    const uint32_t hw = k.shape.height * k.shape.width, C = k.shape.channels;
     Spec sp;
-    sp.name = fmt::format("global_avg_pool {}x{}", hw, C);
-    sp.units = s.batch;
-    sp.max_tile_units = 1;
-    sp.areas = {hw * C, C, C};
-    sp.ins = {{1, X}};
-    sp.outs = {{2, Y}};
+    sp.fp = {k.name(), k.shape.batch, {hw * C, C, C}, {}, 1};
+    sp.ins = {{o[0], X}};
+    sp.outs = {{o[1], Y}};
     const float inv = 1.0f / static_cast<float>(hw);
     sp.body = [=](Body& b) {
         VpuOps v(b);
-        v(fmt::format("        v.csum {}, {}, {}, {}", b.a(Sum), b.a(X), hw, C));
-        v(fmt::format("        v.muls {}, {}, {}, {}", b.a(Y), b.a(Sum), f32_bits(inv), C));
+        v(Opcode::VCSum, {b.a(Sum), b.a(X), imm(hw), imm(C)});
+        v(Opcode::VMulS, {b.a(Y), b.a(Sum), fimm(inv), imm(C)});
+        v.count();
     };
     return sp;
 }
 
-Spec gap_grad_spec(const PoolShape& s) {
+/// Backward of global average pooling, operands dy, dx.
+Spec gap_grad_spec(const PoolKey& k, std::span<const Operand> o) {
     enum { G, G2, Nz, Dx };
-    const uint32_t hw = s.height * s.width, C = s.channels;
+    const uint32_t hw = k.shape.height * k.shape.width, C = k.shape.channels;
     Spec sp;
-    sp.name = fmt::format("global_avg_pool_grad {}x{}", hw, C);
-    sp.units = s.batch;
-    sp.max_tile_units = 1;
-    sp.areas = {C, C, hw * C, hw * C};
-    sp.ins = {{1, G}};
-    sp.outs = {{2, Dx}};
+    sp.fp = {k.name(), k.shape.batch, {C, C, hw * C, hw * C}, {}, 1};
+    sp.ins = {{o[0], G}};
+    sp.outs = {{o[1], Dx}};
     const float inv = 1.0f / static_cast<float>(hw);
-    const uint64_t n = uint64_t(hw) * C;
+    const Arg n = imm(int64_t(hw) * C);
     // -0.0 + g == g for every g, so broadcasting onto -0.0 copies the row exactly.
     sp.body = [=](Body& b) {
         VpuOps v(b);
-        v(fmt::format("        v.muls {}, {}, {}, {}", b.a(G2), b.a(G), f32_bits(inv), C));
-        v(fmt::format("        v.cmpgt {}, {}, {}, {}", b.a(Nz), b.a(Nz), b.a(Nz), n));
-        v(fmt::format("        v.muls {}, {}, -1.0, {}", b.a(Nz), b.a(Nz), n));
-        v(fmt::format("        v.addrow {}, {}, {}, {}, {}", b.a(Dx), b.a(Nz), b.a(G2), hw, C));
+        v(Opcode::VMulS, {b.a(G2), b.a(G), fimm(inv), imm(C)});
+        v(Opcode::VCmpGt, {b.a(Nz), b.a(Nz), b.a(Nz), n});
+        v(Opcode::VMulS, {b.a(Nz), b.a(Nz), fimm(-1.0f), n});
+        v(Opcode::VAddRow, {b.a(Dx), b.a(Nz), b.a(G2), imm(hw), imm(C)});
+        v.count();
     };
     return sp;
+}
+
+Spec pool_spec_of(const PoolKey& k, std::span<const Operand> o) {
+    switch (k.op) {
+        case PoolOp::Max:
+        case PoolOp::Avg:
+            return pool_spec(k, o);
+        case PoolOp::MaxGrad:
+            return max_grad_spec(k, o);
+        case PoolOp::AvgGrad:
+            return avg_grad_spec(k, o);
+        case PoolOp::Global:
+            return gap_spec(k, o);
+        case PoolOp::GlobalGrad:
+            return gap_grad_spec(k, o);
+    }
+    throw isa::BuildError("pool: unknown PoolOp");
 }
 
 void check_io(const PoolShape& s, const char* name, const Tensor& in, uint32_t in_rows,
@@ -558,41 +567,107 @@ void PoolShape::validate(const char* kernel_name) const {
                         batch, height, width, rows));
 }
 
+std::string PoolKey::name() const {
+    switch (op) {
+        case PoolOp::Max:
+            return "max_pool2d";
+        case PoolOp::Avg:
+            return "avg_pool2d";
+        case PoolOp::MaxGrad:
+            return "max_pool2d_grad";
+        case PoolOp::AvgGrad:
+            return "avg_pool2d_grad";
+        case PoolOp::Global:
+            return "global_avg_pool";
+        case PoolOp::GlobalGrad:
+            return "global_avg_pool_grad";
+    }
+    return "pool";
+}
+
+PoolKey plan_pool(PoolOp op, const PoolShape& s, uint64_t vmem_bytes) {
+    PoolKey k{op, s};
+    if (op == PoolOp::Global || op == PoolOp::GlobalGrad) {
+        k.shape.kernel = 1, k.shape.stride = 1, k.shape.pad = 0;
+    }
+    k.shape.validate(k.name().c_str());
+    streaming::plan(pool_spec_of(k, streaming::placeholders(pool_params(k))).fp, vmem_bytes);
+    return k;
+}
+
+std::vector<Param> pool_params(const PoolKey& k) {
+    switch (k.op) {
+        case PoolOp::MaxGrad:
+            return {{"x"}, {"dy"}, {"dx"}};
+        case PoolOp::AvgGrad:
+        case PoolOp::GlobalGrad:
+            return {{"dy"}, {"dx"}};
+        default:
+            return {{"x"}, {"y"}};
+    }
+}
+
+void emit(isa::Builder& b, const PoolKey& k, std::span<const Operand> ops) {
+    streaming::check_operands(k.name(), pool_params(k), ops);
+    streaming::emit(b, pool_spec_of(k, ops), 1);
+}
+
+isa::Program generate(const PoolKey& k) {
+    return streaming::standalone(k.name(), pool_params(k), 1,
+                                 [&](std::span<const Operand> o) { return pool_spec_of(k, o); });
+}
+
+namespace {
+
+/// Plans and launches `op` over the tensors' core set, operands in pool_params order.
+Event run_pool(Device& dev, ProgramCache& cache, PoolOp op, const PoolShape& s,
+               std::initializer_list<const Tensor*> tensors) {
+    const PoolKey k = plan_pool(op, s, dev.config().core.vmem_bytes);
+    const std::vector<Param> params = pool_params(k);
+    const Tensor& first = **tensors.begin();
+    return launch(dev, cache, k, first.cores, [&](size_t i, LaunchArgs& a) {
+        size_t p = 0;
+        for (const Tensor* t : tensors) a.set(params[p++].name, t->bufs[i]);
+    });
+}
+
+}  // namespace
+
 Event max_pool2d(Device& dev, ProgramCache& cache, const PoolShape& s, const Tensor& x,
                  const Tensor& y) {
     check_io(s, "max_pool2d", x, in_rows(s), y, out_rows(s));
-    return detail::run(dev, cache, pool_spec(Geo(s), true), {&x, &y});
+    return run_pool(dev, cache, PoolOp::Max, s, {&x, &y});
 }
 
 Event avg_pool2d(Device& dev, ProgramCache& cache, const PoolShape& s, const Tensor& x,
                  const Tensor& y) {
     check_io(s, "avg_pool2d", x, in_rows(s), y, out_rows(s));
-    return detail::run(dev, cache, pool_spec(Geo(s), false), {&x, &y});
+    return run_pool(dev, cache, PoolOp::Avg, s, {&x, &y});
 }
 
 Event max_pool2d_grad(Device& dev, ProgramCache& cache, const PoolShape& s, const Tensor& x,
                       const Tensor& dy, const Tensor& dx) {
     check_io(s, "max_pool2d_grad", x, in_rows(s), dy, out_rows(s));
     check_tensor(dx, in_rows(s), s.channels, x, "max_pool2d_grad", "dx");
-    return detail::run(dev, cache, max_grad_spec(Geo(s)), {&x, &dy, &dx});
+    return run_pool(dev, cache, PoolOp::MaxGrad, s, {&x, &dy, &dx});
 }
 
 Event avg_pool2d_grad(Device& dev, ProgramCache& cache, const PoolShape& s, const Tensor& dy,
                       const Tensor& dx) {
     check_io(s, "avg_pool2d_grad", dx, in_rows(s), dy, out_rows(s));
-    return detail::run(dev, cache, avg_grad_spec(Geo(s)), {&dy, &dx});
+    return run_pool(dev, cache, PoolOp::AvgGrad, s, {&dy, &dx});
 }
 
 Event global_avg_pool(Device& dev, ProgramCache& cache, const PoolShape& s, const Tensor& x,
                       const Tensor& y) {
     const PoolShape g = whole_image(s, "global_avg_pool", x, y);
-    return detail::run(dev, cache, gap_spec(g), {&x, &y});
+    return run_pool(dev, cache, PoolOp::Global, g, {&x, &y});
 }
 
 Event global_avg_pool_grad(Device& dev, ProgramCache& cache, const PoolShape& s, const Tensor& dy,
                            const Tensor& dx) {
     const PoolShape g = whole_image(s, "global_avg_pool_grad", dx, dy);
-    return detail::run(dev, cache, gap_grad_spec(g), {&dy, &dx});
+    return run_pool(dev, cache, PoolOp::GlobalGrad, g, {&dy, &dx});
 }
 
 std::vector<float> max_pool2d_reference(const PoolShape& s, const std::vector<float>& x) {

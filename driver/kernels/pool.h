@@ -2,8 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
 
@@ -29,7 +32,44 @@ struct PoolShape {
     uint32_t out_width() const;
     /// Throws DeviceError(Usage) naming `kernel_name` and the bad field.
     void validate(const char* kernel_name) const;
+    auto operator<=>(const PoolShape&) const = default;
 };
+
+/// The pooling kernels.
+enum class PoolOp : uint8_t {
+    Max,         ///< max_pool2d: operands x, y
+    Avg,         ///< avg_pool2d: operands x, y
+    MaxGrad,     ///< max_pool2d_grad: operands x, dy, dx
+    AvgGrad,     ///< avg_pool2d_grad: operands dy, dx
+    Global,      ///< global_avg_pool: operands x, y
+    GlobalGrad,  ///< global_avg_pool_grad: operands dy, dx
+};
+
+/// Program-cache key of a pooling kernel: one output row (forward) or input row (backward), or
+/// one image (global), per VMEM tile, so the shape is all the code depends on.
+struct PoolKey {
+    PoolOp op = PoolOp::Max;  ///< which kernel
+    PoolShape shape;          ///< one core's input and window (kernel 1, stride 1, pad 0: global)
+    auto operator<=>(const PoolKey&) const = default;
+    /// "max_pool2d", "avg_pool2d_grad", "global_avg_pool", ...
+    std::string name() const;
+    friend size_t hash_value(const PoolKey& k) {
+        const PoolShape& s = k.shape;
+        return hash_fields(k.op, s.batch, s.height, s.width, s.channels, s.kernel, s.stride, s.pad);
+    }
+};
+/// The key of pooling `op` on `s` (validated; global pools ignore the window), checked to fit
+/// in `vmem_bytes` of free VMEM (DeviceError(Usage) naming the kernel when a row or image does
+/// not fit twice).
+PoolKey plan_pool(PoolOp op, const PoolShape& s, uint64_t vmem_bytes);
+/// The operands of `k` in launch-argument order (PoolOp lists them).
+std::vector<streaming::Param> pool_params(const PoolKey& k);
+/// Emits pooling kernel `k` into `b` (no halt), operands in pool_params order. Window rows, dy
+/// rows and dx phases move by strided DMAs from and to HBM, so every operand of the windowed
+/// kernels but the forward y must be in HBM; the global kernels' operands may be anywhere.
+void emit(isa::Builder& b, const PoolKey& k, std::span<const streaming::Operand> ops);
+/// The stand-alone program of `k`.
+isa::Program generate(const PoolKey& k);
 
 /// y[n][oh][ow][c] = max over the window (kh, kw in row-major order) of the input padded with
 /// -inf. x is batch * height * width rows x channels, y batch * out_height * out_width rows x

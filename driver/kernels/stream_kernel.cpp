@@ -110,6 +110,7 @@ struct Body::State {
     std::array<uint64_t, 2> slot_addr{};
     std::vector<uint64_t> fixed_addr;
     const isa::Reg* units = nullptr;
+    const isa::Reg* first = nullptr;
     const isa::Reg* tile_index = nullptr;
     const isa::Reg* slot = nullptr;
     const isa::Reg* scratch = nullptr;
@@ -137,6 +138,12 @@ uint32_t Body::tile_units() const {
 }
 const isa::Reg& Body::units() const {
     return *m_s.units;
+}
+const isa::Reg& Body::first() const {
+    return *m_s.first;
+}
+isa::CountedFlag& Body::vpu_flag() const {
+    return *m_s.vpu;
 }
 const isa::Reg& Body::tile() const {
     return *m_s.tile_index;
@@ -198,6 +205,7 @@ void emit(isa::Builder& b, const Spec& sp, uint32_t tile) {
     isa::CountedFlag vpu(b, "vpu", isa::Count::InRegister, 2, 26);
     b.emit(Opcode::Li, {units, imm(static_cast<int64_t>(std::min(U, T)))});
     st.units = &units;
+    st.first = &first;
     st.tile_index = &i;
     st.slot = &slot;
     st.scratch = &scratch;

@@ -139,6 +139,8 @@ public:
     uint32_t tile_units() const;
     /// Units in the current tile (the last one is ragged).
     const isa::Reg& units() const;
+    /// The current tile's first unit.
+    const isa::Reg& first() const;
     /// Index of the current tile (0, 1, ...).
     const isa::Reg& tile() const;
     /// A register free for the body.
@@ -148,6 +150,9 @@ public:
     /// A VPU instruction of the body, counted on the VPU flag that the loop waits on before
     /// reusing a slot or storing results.
     void vpu(isa::Opcode op, std::initializer_list<isa::Arg> args);
+    /// The VPU's counted flag (for CountedFlag::issue_deferred: a body of hundreds of VPU ops
+    /// counts them once; it must count_deferred() before it returns).
+    isa::CountedFlag& vpu_flag() const;
     /// Any other instruction.
     void emit(isa::Opcode op, std::initializer_list<isa::Arg> args);
 

@@ -11,8 +11,10 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/attention.h"
 #include "driver/kernels/gemm.h"
 #include "driver/kernels/matmul_kernel.h"
+#include "driver/kernels/pool.h"
 #include "driver/kernels/softmax.h"
 #include "driver/kernels/tensor_ops.h"
 #include "driver/kernels/vector_ops.h"
@@ -21,7 +23,7 @@ namespace tpu::driver {
 namespace {
 
 using AnyKey = std::variant<VectorKey, TensorOpKey, PackKey, ColumnCopyKey, SoftmaxKey,
-                            SoftmaxGradKey, GemmKey, MatmulKey>;
+                            SoftmaxGradKey, GemmKey, MatmulKey, PoolKey, AttentionKey>;
 
 struct Golden {
     AnyKey key;
@@ -150,6 +152,55 @@ const std::vector<Golden> kGolden = {
     {GemmKey{{8, 8, 32, 32, 40, 2, Precision::Fp32Pass3, false, false}, 0}, 0x44598dfd6895ebbb},
     {MatmulKey{37, 30, 29, true, true, Precision::Fp32Pass3, 8, 8, 2, 40, false},
      0xe6bd036842c28e69},
+    // Pooling: the smallest window, ResNet's stem pool (112 x 112 x 64, k3 s2 p1), stride =
+    // kernel with padding, a 7 x 7 window with stride 1, a 1 x 1 window with stride 2; the
+    // global pools on an odd image and ResNet's 7 x 7 x 512. PoolKey{op, {batch, height, width,
+    // channels, kernel, stride, pad}}.
+    {PoolKey{PoolOp::Max, {1, 4, 4, 1, 2, 2, 0}}, 0xb2079ea4d246bc87},
+    {PoolKey{PoolOp::Max, {1, 112, 112, 64, 3, 2, 1}}, 0x1250a6d543ef815e},
+    {PoolKey{PoolOp::Max, {1, 10, 11, 3, 3, 3, 1}}, 0x558fc9544a90bbc7},
+    {PoolKey{PoolOp::Max, {1, 9, 8, 5, 7, 1, 3}}, 0x844934d9133b2219},
+    {PoolKey{PoolOp::Max, {2, 5, 6, 2, 1, 2, 0}}, 0x46e94505204419b5},
+    {PoolKey{PoolOp::Avg, {1, 4, 4, 1, 2, 2, 0}}, 0x99515582825763f3},
+    {PoolKey{PoolOp::Avg, {1, 112, 112, 64, 3, 2, 1}}, 0x765587bc7cb2e43e},
+    {PoolKey{PoolOp::Avg, {1, 10, 11, 3, 3, 3, 1}}, 0x192457218380ae62},
+    {PoolKey{PoolOp::Avg, {1, 9, 8, 5, 7, 1, 3}}, 0xa5af9c0235695529},
+    {PoolKey{PoolOp::Avg, {2, 5, 6, 2, 1, 2, 0}}, 0x2898a80954a61e65},
+    {PoolKey{PoolOp::MaxGrad, {1, 4, 4, 1, 2, 2, 0}}, 0x6545046eafb42e60},
+    {PoolKey{PoolOp::MaxGrad, {1, 112, 112, 64, 3, 2, 1}}, 0xcf2040ff5ed4de4e},
+    {PoolKey{PoolOp::MaxGrad, {1, 10, 11, 3, 3, 3, 1}}, 0x7b30c6cc78208626},
+    {PoolKey{PoolOp::MaxGrad, {1, 9, 8, 5, 7, 1, 3}}, 0x5b76a080dff47b95},
+    {PoolKey{PoolOp::MaxGrad, {2, 5, 6, 2, 1, 2, 0}}, 0xdc2830935c556573},
+    {PoolKey{PoolOp::AvgGrad, {1, 4, 4, 1, 2, 2, 0}}, 0xdd8050fbfdb5b033},
+    {PoolKey{PoolOp::AvgGrad, {1, 112, 112, 64, 3, 2, 1}}, 0xfd8cdcb927bc4613},
+    {PoolKey{PoolOp::AvgGrad, {1, 10, 11, 3, 3, 3, 1}}, 0x461da2b6ccb3e997},
+    {PoolKey{PoolOp::AvgGrad, {1, 9, 8, 5, 7, 1, 3}}, 0x185391a76e8dce7c},
+    {PoolKey{PoolOp::AvgGrad, {2, 5, 6, 2, 1, 2, 0}}, 0x6ddc9ac61a629a15},
+    {PoolKey{PoolOp::Global, {3, 7, 5, 131, 1, 1, 0}}, 0x6d951dcd72145aa2},
+    {PoolKey{PoolOp::Global, {8, 7, 7, 512, 1, 1, 0}}, 0xbdf790af9e3e9783},
+    {PoolKey{PoolOp::GlobalGrad, {3, 7, 5, 131, 1, 1, 0}}, 0x4c26af00de89b05b},
+    {PoolKey{PoolOp::GlobalGrad, {8, 7, 7, 512, 1, 1, 0}}, 0xc525f9c158fef7e9},
+    // Fused attention: bert-block's 12 heads x 512 x 64, gpt's 16 x 4 heads x 64 x 32 causal
+    // (8 heads per block), one key tile with one head, 130 keys (a ragged second key tile), tiny
+    // heads, and an unscaled one (dhead 1). AttentionKey{backward, seq, dhead, heads_per_block,
+    // blocks, key_cols, causal, scaled}.
+    {AttentionKey{false, 512, 64, 1, 12, 128, false, true}, 0x480ae135d0e8ff38},
+    {AttentionKey{true, 512, 64, 1, 12, 128, false, true}, 0x608c1fe0cad9acb9},
+    {AttentionKey{false, 64, 32, 8, 8, 128, true, true}, 0xe57130fc3986b78f},
+    {AttentionKey{true, 64, 32, 8, 8, 128, false, true}, 0xa84f6dca5bdebd5d},
+    {AttentionKey{false, 100, 16, 1, 1, 128, true, true}, 0xf96c5de4ab3b366a},
+    {AttentionKey{true, 100, 16, 1, 1, 128, false, true}, 0xe89d2e11cfac0e6b},
+    {AttentionKey{false, 130, 16, 2, 1, 128, false, true}, 0x1169bbee3264de7a},
+    {AttentionKey{true, 130, 16, 2, 1, 128, false, true}, 0x3980c892ee6faa6d},
+    {AttentionKey{false, 5, 4, 6, 1, 128, true, true}, 0xb794523f5bd23b0b},
+    {AttentionKey{true, 5, 4, 6, 1, 128, false, true}, 0x72e23c0d811c338e},
+    {AttentionKey{false, 200, 1, 2, 1, 128, false, false}, 0xb97fdc905ed8120d},
+    {AttentionKey{true, 200, 1, 2, 1, 128, false, false}, 0x6bc6a403949ed223},
+    // New programs with no text predecessor (their values are checked by AttentionCompose.*):
+    // the token-major layout, Q, K, V out of a fused QKV. AttentionKey{..., heads, qkv_row,
+    // out_row}.
+    {AttentionKey{false, 20, 8, 6, 1, 128, true, true, 3, 72, 24}, 0xb25a308bc97f8a89},
+    {AttentionKey{true, 130, 16, 2, 2, 128, false, true, 2, 96, 32}, 0x93df66f5cd57c732},
 };
 
 TEST(KernelPrograms, BuilderProgramsAreByteIdenticalToTheTextKernelsTheyReplaced) {

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "driver/kernels/kernel.h"
 #include "driver/kernels/pool.h"
+#include "driver/kernels/vector_ops.h"
 #include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
@@ -132,6 +134,57 @@ TEST(Pool, GlobalAvgPoolBitExactOnOneAndEightCores) {
     }
 }
 
+TEST(Pool, MaxPoolThenReluAndGlobalPoolInOneProgramThroughVmem) {
+    // y = relu(max_pool2d(x)) with the pooled rows left in a VMEM region of the caller's that
+    // relu reads, then g = global_avg_pool(y) from HBM: three kernels in one program, the race
+    // detector on (open_device), so a missing wait or a shared flag would be a device fault.
+    auto dev = open_device();
+    const PoolShape s{
+        .batch = 2, .height = 9, .width = 7, .channels = 5, .kernel = 3, .stride = 2, .pad = 1};
+    const PoolShape gs{.batch = 2, .height = s.out_height(), .width = s.out_width(), .channels = 5};
+    const uint32_t in = s.batch * s.height * s.width,
+                   out = s.batch * s.out_height() * s.out_width();
+    const auto& cfg = dev->config();
+    isa::Builder b("pool_relu_gap",
+                   {.vmem_bytes = cfg.core.vmem_bytes, .smem_bytes = cfg.core.smem_bytes});
+    const isa::Reg xr = b.arg("x"), yr = b.arg("y"), gr = b.arg("g");
+    {
+        const isa::Vmem pooled = b.vmem("pooled", uint64_t(out) * s.channels * 4);
+        emit(b, plan_pool(PoolOp::Max, s, b.vmem_free()),
+             std::vector{streaming::Operand::hbm(xr), streaming::Operand::vmem(pooled)});
+        emit(b, plan_vector(VectorOp::Relu, uint64_t(out) * s.channels, 1, b.vmem_free()),
+             std::vector{streaming::Operand::vmem(pooled), streaming::Operand::hbm(yr)});
+    }
+    emit(b, plan_pool(PoolOp::Global, gs, b.vmem_free()),
+         std::vector{streaming::Operand::hbm(yr), streaming::Operand::hbm(gr)});
+    b.emit(isa::Opcode::Halt, {});
+    const isa::Program prog = b.finish();
+    Tensor x = alloc_tensor(*dev, {0}, in, s.channels),
+           y = alloc_tensor(*dev, {0}, out, s.channels);
+    Tensor g = alloc_tensor(*dev, {0}, s.batch, s.channels);
+    const std::vector<float> xv = random_values(size_t(in) * s.channels, 5);
+    write_tensor(*dev, x, 0, xv);
+    launch(*dev, {0}, prog, [&](size_t, LaunchArgs& a) {
+        a.set("x", x.bufs[0]).set("y", y.bufs[0]).set("g", g.bufs[0]);
+    });
+    const std::vector<float> want = relu_reference(max_pool2d_reference(s, xv));
+    EXPECT_EQ(bits_of(read_tensor(*dev, y, 0)), bits_of(want));
+    EXPECT_EQ(bits_of(read_tensor(*dev, g, 0)), bits_of(global_avg_pool_reference(gs, want)));
+    // The window rows are gathered by strided DMAs from HBM: x in VMEM is refused when built.
+    isa::Builder c("bad");
+    const isa::Vmem v = c.vmem("x", 4096);
+    const isa::Reg r = c.arg("y");
+    try {
+        emit(c, plan_pool(PoolOp::Max, s, 1 << 20),
+             std::vector{streaming::Operand::vmem(v), streaming::Operand::hbm(r)});
+        ADD_FAILURE() << "no error";
+    } catch (const isa::BuildError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "kernel 'max_pool2d': a custom transfer needs its tensor in HBM");
+    }
+    for (Tensor* t : {&x, &y, &g}) free_tensor(*dev, *t);
+}
+
 TEST(Pool, BadWindowsAreUsageErrors) {
     auto dev = open_device();
     ProgramCache cache;
@@ -153,6 +206,13 @@ TEST(Pool, BadWindowsAreUsageErrors) {
     EXPECT_EQ(tutil::error_of([&] { max_pool2d(*dev, cache, rows, x, y); }, true),
               "max_pool2d: batch 65536 x height 65536 x width 4 = 17179869184 rows, more than a "
               "tensor holds (2^32 - 1)");
+    // Global pooling keeps one image per tile: 512 x 512 x 16 values (16 MiB) cannot sit in two
+    // slots (2 x (16 MiB + 2 x 256 bytes for the sum and mean areas)) of a 16 MiB VMEM.
+    const PoolShape big{.batch = 1, .height = 512, .width = 512, .channels = 16};
+    Tensor img = alloc_tensor(*dev, {0}, 512 * 512, 16), mean = alloc_tensor(*dev, {0}, 1, 16);
+    EXPECT_EQ(tutil::error_of([&] { global_avg_pool(*dev, cache, big, img, mean); }, true),
+              "global_avg_pool: a row of 4194304 values needs 33555456 bytes of VMEM in two tile "
+              "slots; the core has 16777216");
 }
 
 }  // namespace

@@ -252,6 +252,48 @@ TEST(BuilderControl, CountedFlagsWaitForExactlyWhatWasIssued) {
               "waited for (wait_all)");
 }
 
+TEST(BuilderControl, DeferredCountsAndWaitsForAllButTheLatest) {
+    Builder b("k");
+    {
+        // A body of many ops counts them once; a wait may leave the latest issues in flight.
+        CountedFlag vpu(b, "vpu", Count::InRegister, 2, 26);
+        vpu.issue_deferred(Opcode::VExp, {imm(0), imm(0), imm(16)});
+        vpu.issue_deferred(Opcode::VExp, {imm(64), imm(64), imm(16)});
+        vpu.count_deferred();
+        vpu.issue(Opcode::VExp, {imm(128), imm(128), imm(16)});
+        vpu.wait_all_but(1);
+        vpu.wait_all();
+        CountedFlag dma(b, "dma", Count::AtBuild, 4);
+        dma.issue_deferred(Opcode::DmaVv, {imm(0), imm(64), imm(1), imm(64), imm(64), imm(64)});
+        EXPECT_EQ(build_error([&] { dma.wait_all(); }),
+                  "kernel 'k': counted flag 'dma': a wait with 1 issues not counted yet "
+                  "(count_deferred)");
+        dma.count_deferred();
+        dma.issue(Opcode::DmaVv, {imm(64), imm(128), imm(1), imm(64), imm(64), imm(64)});
+        dma.wait_all_but(1);
+        EXPECT_EQ(build_error([&] { dma.wait_all_but(3); }),
+                  "kernel 'k': counted flag 'dma': cannot wait for all but 3 of 2 issues");
+        dma.wait_all();
+    }
+    b.emit(Opcode::Halt, {});
+    EXPECT_EQ(b.finish().code, assemble(R"(
+        li s26, 0
+        v.exp [0], [0], 16, f2
+        v.exp [64], [64], 16, f2
+        add s26, s26, 2
+        v.exp [128], [128], 16, f2
+        add s26, s26, 1
+        wait f2, s26-1
+        wait f2, s26
+        dma.vv [0], [64], 1, 64, 64, 64, f4
+        dma.vv [64], [128], 1, 64, 64, 64, f4
+        wait f4, 1
+        wait f4, 2
+        halt
+)")
+                                   .code);
+}
+
 TEST(BuilderControl, DoubleBufferTogglesBetweenItsSlots) {
     Builder b("k");
     const Vmem before = b.vmem("before", 768);
