@@ -1116,7 +1116,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     }
     for (size_t k = 0; k < fusions.size(); ++k) {
         const Fusion& f = step.fusions[fusions[k]];
-        if (k > 0) emit_delay(b, o.fusion_boundary_cycles);
+        if (k > 0) emit_delay(b, o.board.core.fusion_setup_cycles);
         const auto scope = b.scope(f.name);
         if (dots[k]) {
             emit_dot_fusion(b, *dots[k], [&](const isa::Reg& r, const BufferRef& buf) {
