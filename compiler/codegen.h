@@ -23,15 +23,9 @@ public:
 
 /// What the code generator needs besides the step.
 struct CodegenOptions {
-    /// The board: VMEM and scalar-memory sizes, the VPU's lanes and sublanes.
+    /// The board: VMEM and scalar-memory sizes, the VPU's lanes and sublanes, and what a fusion
+    /// boundary costs inside one program (`core.fusion_setup_cycles`).
     hw::BoardConfig board{};
-    /// Cycles a fusion boundary costs inside one program, on top of waiting for the previous
-    /// fusion's work: the scalar core's set-up of the next fusion (its descriptors, flags and
-    /// loop state) that XLA's TPU programs pay per fusion. *(assumed)* Chosen so that a tiny
-    /// fusion of 512 values costs about 0.37 us, what a TPU v4 profile of layer norm shows for
-    /// its two tiny fusions (yutation/SCALE-SIM_Validation, data/data_layer_norm1; see
-    /// ../shared/validation/README.md); no v3 figure is published.
-    uint32_t fusion_boundary_cycles = 200;
 };
 
 /// Where one launch argument of a program points: the base of one allocation per core.

@@ -25,6 +25,8 @@ std::string_view dot_layout_name(DotLayout l) {
             return "tiles";
         case DotLayout::Gemm:
             return "gemm";
+        case DotLayout::VpuTiles:
+            return "vpu-tiles";
     }
     return "?";
 }
@@ -67,6 +69,9 @@ int parts_of(Precision p) {
 
 /// Largest block the planners consider, as plan_gemm: beyond it the drain is amortised.
 constexpr uint32_t kMaxBlockRows = 4096;
+
+/// Bytes of one 8 x 128 fp32 tile of DotLayout::VpuTiles.
+constexpr int64_t kBandBytes = 8 * 128 * 4;
 
 /// An fp32 layout: the kernel stages and converts it in VMEM (else it loads bf16 parts).
 bool staged(DotLayout l) {
@@ -346,6 +351,8 @@ private:
             case DotLayout::Gemm:
                 per_col = uint64_t(m_k.R) * 2;
                 break;
+            case DotLayout::VpuTiles:  // not a W layout (dot_unsupported)
+                break;
         }
         if (first || last) {
             E(Opcode::Add, {m_wb, m_W.value, imm(int64_t(first_col(first) * per_col))});
@@ -374,6 +381,17 @@ private:
                 E(Opcode::Mul, {m_t15, m_rows, imm(4)});
                 E(op, {imm(int64_t(at)), m_t14 + int64_t(j * R * M * 4), imm(k), m_t15, m_t15,
                        imm(int64_t(M * 4)), t.flag});
+                ++count;
+            } else if (m_p.a == DotLayout::VpuTiles) {
+                // Panel j of the block's bands: one 4 KiB tile per 8 rows, KT tiles apart; in
+                // VMEM they are the block's rows of R = 128 values, as a row-major panel's.
+                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(uint64_t(m_KT) * R * 4))});
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                E(Opcode::Shr, {m_t15, m_rows, imm(3)});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
+                       imm(kBandBytes), imm(kBandBytes), imm(int64_t(uint64_t(m_KT) * kBandBytes)),
+                       t.flag});
                 ++count;
             } else if (m_p.a == DotLayout::RowMajor) {
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
@@ -429,6 +447,8 @@ private:
                             ++count;
                         }
                         break;
+                    case DotLayout::VpuTiles:  // not a W layout (dot_unsupported)
+                        break;
                 }
             }
         }
@@ -459,10 +479,19 @@ private:
         const uint32_t np = panels(last), T = m_k.block_rows, C = m_k.C;
         const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;  // C's bytes a value, row length
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
+        const bool tiles_out = m_k.c == DotLayout::VpuTiles;
         // HBM byte offset of panel m from the pending address, in values.
         auto panel_off = [&](uint32_t m) -> uint64_t {
+            if (tiles_out) return uint64_t(m) * kBandBytes / 4;
             return lhs ? uint64_t(m) * C * cn : panels_out ? uint64_t(m) * m_k.M * C : m * C;
         };
+        // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run.
+        isa::Reg bands;
+        const int64_t band_stride = int64_t(m_NT) * kBandBytes;
+        if (tiles_out) {
+            bands = m_b.reg("bands");
+            E(Opcode::Shr, {bands, m_prows, imm(3)});
+        }
         int vpu_ops = 0;
         // (1) Full sides: each panel's tile of each, the same elements as the result's.
         if (m_k.full_sides) {
@@ -488,6 +517,9 @@ private:
                     if (lhs)
                         E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
                                m_sides.flag});
+                    else if (tiles_out)
+                        E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes),
+                               imm(band_stride), m_sides.flag});
                     else
                         E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
                                imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
@@ -564,6 +596,9 @@ private:
             const isa::Arg dst = m_paddr + int64_t(panel_off(m) * e);
             if (lhs)
                 E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
+                       m_stores.flag});
+            else if (tiles_out)
+                E(op, {dst, src, bands, imm(kBandBytes), imm(band_stride), imm(kBandBytes),
                        m_stores.flag});
             else
                 E(op,
@@ -684,9 +719,15 @@ private:
     void set_pending(bool first, bool last) {
         const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
-        // Bytes from one streamed row, and from one column of the problem, to the next.
-        const uint64_t per_row = lhs ? e : panels_out ? uint64_t(m_k.C) * e : cn * e;
-        const uint64_t per_col = lhs ? cn * e : panels_out ? uint64_t(m_k.M) * e : e;
+        // Bytes from one streamed row, and from one column of the problem, to the next (in
+        // VpuTiles the rows and columns of whole bands and panels: 8 rows are a band of NT
+        // tiles, 128 columns one tile).
+        uint64_t per_row = lhs ? e : panels_out ? uint64_t(m_k.C) * e : cn * e;
+        uint64_t per_col = lhs ? cn * e : panels_out ? uint64_t(m_k.M) * e : e;
+        if (m_k.c == DotLayout::VpuTiles) {
+            per_row = uint64_t(m_NT) * kBandBytes / 8;
+            per_col = kBandBytes / 128;
+        }
         E(Opcode::Mul, {m_paddr, m_row, imm(int64_t(per_row))});
         E(Opcode::Add, {m_paddr, m_paddr, m_C.value});
         if (first || last) {
@@ -736,9 +777,24 @@ std::string dot_unsupported(const DotKey& k) {
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
     if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
     if (k.a == DotLayout::Tiles) return "A cannot lie in tiles (a stationary W's layout)";
-    if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm)
-        return fmt::format("C is written row-major or in the GEMM's panels, not {}",
+    if (k.w == DotLayout::VpuTiles) return "W cannot lie in the VPU's 8 x 128 tiles";
+    if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles)
+        return fmt::format("C is written row-major, in the GEMM's panels or in 8 x 128 tiles, "
+                           "not {}",
                            dot_layout_name(k.c));
+    if (k.a == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) {
+        if (k.stationary != Stationary::Rhs)
+            return "operands in 8 x 128 tiles need the RHS stationary";
+        if (k.M % 8) return fmt::format("8 x 128 tiles need M a multiple of 8, not {}", k.M);
+        if (k.a == DotLayout::VpuTiles && (k.R != 128 || k.K % 128))
+            return fmt::format("A in 8 x 128 tiles needs a 128-row MXU and K a multiple of 128 "
+                               "(R = {}, K = {})",
+                               k.R, k.K);
+        if (k.c == DotLayout::VpuTiles && (k.C != 128 || k.N % 128 || k.store_bf16))
+            return fmt::format("C in 8 x 128 tiles needs a 128-column MXU, N a multiple of 128 "
+                               "and an fp32 store (C = {}, N = {})",
+                               k.C, k.N);
+    }
     if (k.w == DotLayout::Gemm && k.R % 2)
         return fmt::format("the GEMM's W tiles need an even MXU height (R = {})", k.R);
     if (k.stationary == Stationary::Lhs) {

@@ -34,6 +34,11 @@ namespace tpu::hw {
     F(uint32_t, dispatch_cycles, 1, "cycles", "from sequencer issue to the unit queue", .min = 1)  \
     F(uint32_t, first_instr_cycles, 16, "cycles",                                                  \
       "from the program landing in instruction memory to the first issue", .min = 0)               \
+    F(uint32_t, fusion_setup_cycles, 200, "cycles",                                                \
+      "sequencer cycles a compiled program spends between two fusions, setting up the next "     \
+      "one's descriptors, flags and loop state (assumed: 0.37 us tiny fusions in a TPU v4 "        \
+      "profile; compiler/README.md, Code generation)",                                             \
+      .min = 0)                                                                                    \
     F(uint32_t, dma_chunk_bytes, 512, "bytes", "DMA request size sent to HBM", .min = 32,          \
       .pow2 = true)                                                                                \
     F(uint32_t, dma_vmem_bytes_per_cycle, 512, "bytes/cycle",                                      \

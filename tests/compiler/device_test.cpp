@@ -8,6 +8,7 @@
 #include <random>
 
 #include "compiler/builder.h"
+#include "compiler/compiler.h"
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
 #include "hw/board_config.h"
@@ -221,6 +222,54 @@ TEST(CompilerDevice, CustomCallsRunOnTheHostWithTimedTransfers) {
     for (size_t i = 0; i < xv.size(); ++i) ASSERT_EQ(got[i], std::exp(xv[i]) * 2 + xv[i]) << i;
 }
 
+TEST(CompilerDevice, LinearBiasAndReluAreOneDotKernelBitExact) {
+    // relu(x W^T + b): one output fusion, the dot kernel reading x in T(8,128) tiles and W in
+    // its stationary T(128,128) layout, the bias a Column side, ReLU a scalar max on each tile.
+    const Shape xs{DType::F32, {64, 256}}, ws{DType::F32, {384, 256}}, bs{DType::F32, {384}};
+    const auto st = expect_bit_exact({{"x", xs, {randoms(64 * 256, 21)}},
+                                      {"w", ws, {randoms(384 * 256, 22)}, true},
+                                      {"b", bs, {randoms(384, 23)}, true}},
+                                     [](Graph& g, const std::vector<ValueId>& v) {
+                                         return relu(g, linear(g, v[0], v[1], v[2]));
+                                     });
+    EXPECT_EQ(st.programs_generated, 1u);
+}
+
+TEST(CompilerDevice, TwoLinearsAndAResidualAreOneProgramBitExact) {
+    // x + fc2(t(fc1(x))) / 3 at HIGHEST precision on two replicas, t(z) = z tanh(0.8 z) + z:
+    // two output fusions in one program, the first writing its result in the tiles the second
+    // reads; the residual a Full side in the result's layout; scalars, mul, add, tanh and a
+    // divide in the epilogues.
+    const Shape xs{DType::F32, {32, 256}}, ws{DType::F32, {256, 256}}, bs{DType::F32, {256}};
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId z = linear(g, v[0], v[1], v[2], Precision::Highest);
+        const ValueId k = broadcast(g, literal(g, 0.8), {32, 256}, {});
+        const ValueId h = add(g, mul(g, z, tanh(g, mul(g, k, z))), z);
+        const ValueId y = linear(g, h, v[3], v[4], Precision::Highest);
+        const ValueId three = broadcast(g, literal(g, 3.0), {32, 256}, {});
+        return add(g, div(g, y, three), v[0]);
+    };
+    const auto st = expect_bit_exact({{"x", xs, {randoms(32 * 256, 31), randoms(32 * 256, 32)}},
+                                      {"w1", ws, {randoms(256 * 256, 33, -0.2f, 0.2f)}, true},
+                                      {"b1", bs, {randoms(256, 34)}, true},
+                                      {"w2", ws, {randoms(256 * 256, 35, -0.2f, 0.2f)}, true},
+                                      {"b2", bs, {randoms(256, 36)}, true}},
+                                     record, {0, 1});
+    EXPECT_EQ(st.programs_generated, 1u);
+    // What ran: two output fusions, each with its epilogue, the activation between them in
+    // T(8,128) tiles.
+    Graph g;
+    std::vector<ValueId> v{g.input(xs, "x"), g.parameter(ws, "w1"), g.parameter(bs, "b1"),
+                           g.parameter(ws, "w2"), g.parameter(bs, "b2")};
+    g.add_output(record(g, v), "y");
+    const CompiledStep s = compile(g);
+    ASSERT_EQ(s.fusions.size(), 2u) << s.to_string();
+    EXPECT_EQ(s.fusions[0].kind, FusionKind::Output);
+    EXPECT_EQ(s.fusions[1].kind, FusionKind::Output);
+    EXPECT_EQ(s.fusions[0].results.at(0).layout.to_string(), "{1,0:T(8,128)}");
+    EXPECT_NE(s.summary().find("divide"), std::string::npos) << s.summary();
+}
+
 TEST(CompilerDevice, FusionKindsNotYetGeneratedAreClearErrors) {
     const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
     auto dev = driver::Device::open(cfg);
@@ -228,16 +277,19 @@ TEST(CompilerDevice, FusionKindsNotYetGeneratedAreClearErrors) {
     cg.board = cfg;
     DeviceBackend device(*dev, {0}, cg);
     LazyContext ctx(device);
-    const LazyTensor a = ctx.input("a", Shape{DType::F32, {8, 128}}, {std::vector<float>(1024)});
-    const LazyTensor w =
-        ctx.parameter("w", Shape{DType::F32, {128, 128}}, {std::vector<float>(16384)});
-    const LazyTensor y = ctx.wrap(matmul(ctx.graph(), ctx.value(a), ctx.value(w), false, false));
+    // A batched dot (attention's scores per head): not yet generated, and said so.
+    const Shape s{DType::F32, {2, 8, 128}};
+    const LazyTensor a = ctx.input("a", s, {std::vector<float>(2048)});
+    const LazyTensor b = ctx.input("b", s, {std::vector<float>(2048)});
+    const LazyTensor y = ctx.wrap(
+        dot(ctx.graph(), ctx.value(a), ctx.value(b),
+            DotDims{.lhs_batch = {0}, .rhs_batch = {0}, .lhs_contracting = {2},
+                    .rhs_contracting = {2}}));
     try {
         ctx.mark_step();
         FAIL() << "expected a CompileError";
-    } catch (const CompileError& e) {
-        EXPECT_NE(std::string(e.what()).find("fusion kind output not yet generated"),
-                  std::string::npos)
+    } catch (const NotYetGenerated& e) {
+        EXPECT_NE(std::string(e.what()).find("a dot with batch dims"), std::string::npos)
             << e.what();
     }
     (void)y;

@@ -38,6 +38,11 @@ uint32_t ceil_div(uint32_t a, uint32_t b) {
     return (a + b - 1) / b;
 }
 
+/// Index of element (r, c) of a rows x cols array in DotLayout::VpuTiles (8 x 128 tiles).
+size_t tiled_at(uint32_t r, uint32_t c, uint32_t cols) {
+    return (size_t(r / 8) * ceil_div(cols, 128) + c / 128) * 1024 + (r % 8) * 128 + c % 128;
+}
+
 /// Bytes of `x` (rows x cols, row-major) in `layout` (matmul_kernel.h's DotLayout offsets).
 std::vector<uint8_t> lay_out(const std::vector<float>& x, uint32_t rows, uint32_t cols,
                              DotLayout layout, bool is_a, const DotKey& k) {
@@ -68,6 +73,15 @@ std::vector<uint8_t> lay_out(const std::vector<float>& x, uint32_t rows, uint32_
                 for (uint32_t c = 0; c < cols; ++c)
                     v[(size_t(r / R) * NT + c / C) * R * C + (r % R) * C + c % C] =
                         x[size_t(r) * cols + c];
+            put32(v);
+            break;
+        }
+        case DotLayout::VpuTiles: {  // A or C: fp32 8 x 128 tiles, row-major grid
+            const uint32_t CT = ceil_div(cols, 128);
+            std::vector<float> v(size_t(ceil_div(rows, 8)) * CT * 1024, 0.0f);
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t c = 0; c < cols; ++c)
+                    v[tiled_at(r, c, cols)] = x[size_t(r) * cols + c];
             put32(v);
             break;
         }
@@ -146,7 +160,8 @@ std::vector<float> read_c(const std::vector<uint8_t>& bytes, const Case& t, cons
     for (uint32_t r = 0; r < t.M; ++r)
         for (uint32_t c = 0; c < t.N; ++c) {
             const size_t at = t.c == DotLayout::Gemm ? (size_t(c / k.C) * t.M + r) * k.C + c % k.C
-                                                     : size_t(r) * t.N + c;
+                              : t.c == DotLayout::VpuTiles ? tiled_at(r, c, t.N)
+                                                           : size_t(r) * t.N + c;
             if (e == 4) {
                 std::memcpy(&y[size_t(r) * t.N + c], bytes.data() + at * 4, 4);
             } else {
@@ -202,7 +217,10 @@ void run_case(Device& device, const Case& t, uint32_t seed) {
     const Buffer bb = put(lay_out(bias, 1, t.N, DotLayout::RowMajor, false, k));
     // A residual has the output's shape and layout.
     const std::vector<uint8_t> res_bytes = [&] {
-        if (t.c != DotLayout::Gemm) return lay_out(res, t.M, t.N, DotLayout::RowMajor, false, k);
+        if (t.c != DotLayout::Gemm)
+            return lay_out(res, t.M, t.N,
+                           t.c == DotLayout::VpuTiles ? DotLayout::VpuTiles : DotLayout::RowMajor,
+                           false, k);
         std::vector<float> v(size_t(ceil_div(t.N, k.C)) * k.C * t.M, 0.0f);
         for (uint32_t r = 0; r < t.M; ++r)
             for (uint32_t c = 0; c < t.N; ++c)
@@ -318,6 +336,51 @@ TEST(DotKernel, TransposedAndTiledOperandsAreBitExact) {
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
 }
 
+TEST(DotKernel, ActivationsInEightByOneTwentyEightTilesAreBitExact) {
+    // The compiler's default layout of an activation (T(8,128)): A read a band of 8 rows at a
+    // time, C and the residual written and read the same way; one, two and three column groups
+    // (N = 128, 384, 768 on two MXUs), several blocks where block_rows is set.
+    const std::vector<Case> cases = {
+        {.M = 64,
+         .K = 256,
+         .N = 384,
+         .precision = Precision::Bf16,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll,
+         .block_rows = 16},
+        {.M = 40,
+         .K = 384,
+         .N = 768,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::RowMajor,
+         .c = DotLayout::VpuTiles,
+         .f = kBiasRelu},
+        {.M = 24,
+         .K = 130,
+         .N = 128,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::Transposed,
+         .c = DotLayout::VpuTiles,
+         .f = kResidual},
+        {.M = 56,
+         .K = 128,
+         .N = 200,
+         .precision = Precision::Bf16,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::RowMajor,
+         .f = kNone,
+         .block_rows = 24},
+    };
+    uint32_t seed = 231;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
 TEST(DotKernel, GemmLayoutsAreBitExact) {
     // The library GEMM's tile-major bf16 operands and C panels (fp32 or bf16).
     const std::vector<Case> cases = {
@@ -424,6 +487,16 @@ TEST(DotKernel, UnsupportedKeysAreNamed) {
     EXPECT_NE(dot_unsupported(k).find("LHS stationary"), std::string::npos) << dot_unsupported(k);
     k = DotKey{.M = 10, .K = 10, .N = 10, .a = DotLayout::Tiles, .block_rows = 8};
     EXPECT_NE(dot_unsupported(k).find("tiles"), std::string::npos) << dot_unsupported(k);
+    // 8 x 128 tiles hold whole bands and panels only.
+    k = DotKey{.M = 12, .K = 128, .N = 128, .a = DotLayout::VpuTiles, .block_rows = 8};
+    EXPECT_NE(dot_unsupported(k).find("M a multiple of 8"), std::string::npos)
+        << dot_unsupported(k);
+    k = DotKey{.M = 16, .K = 130, .N = 128, .a = DotLayout::VpuTiles, .block_rows = 8};
+    EXPECT_NE(dot_unsupported(k).find("K a multiple of 128"), std::string::npos)
+        << dot_unsupported(k);
+    k = DotKey{.M = 16, .K = 128, .N = 128, .c = DotLayout::VpuTiles, .block_rows = 8,
+               .store_bf16 = true};
+    EXPECT_NE(dot_unsupported(k).find("fp32 store"), std::string::npos) << dot_unsupported(k);
     // An epilogue whose sides the key does not announce.
     k = DotKey{.M = 10, .K = 10, .N = 10, .block_rows = 8};
     isa::Builder b("dot");
