@@ -43,8 +43,8 @@ struct Geometry {
     uint64_t plane_h;  // HBM bytes of one (phase, Cin tile) plane
     uint64_t plane_v;  // VMEM bytes of a block's part of one plane (hin rows)
     uint64_t xv_img, yv_img, x_img_h;
-    // VMEM map: two X slots, two Y slots, two W slots, the bias.
-    uint64_t vx, vy, vw, vb, vend;
+    // VMEM map: two X slots, two Y slots, two W slots, the bias, the epilogue's side tiles.
+    uint64_t vx, vy, vw, vb, vs, vend;
 };
 
 Geometry geometry(const Conv2dShape& s, const Conv2dTiling& t) {
@@ -74,7 +74,8 @@ Geometry geometry(const Conv2dShape& s, const Conv2dTiling& t) {
     g.vy = g.vx + 2 * g.G * g.xv_img;
     g.vw = g.vy + 2 * g.G * g.yv_img;
     g.vb = g.vw + 2 * uint64_t(t.R) * t.C * 2;
-    g.vend = g.vb + uint64_t(t.NT) * t.C * 4;
+    g.vs = g.vb + uint64_t(t.NT) * t.C * 4;
+    g.vend = g.vs + uint64_t(t.column_sides) * t.C * 4 + uint64_t(t.full_sides) * g.yv_img;
     return g;
 }
 
@@ -124,9 +125,12 @@ void Conv2dShape::validate() const {
                                       x >= limit ? "over " : "", x, y >= limit ? "over " : "", y));
 }
 
-Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images) {
+Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images,
+                         uint32_t column_sides, uint32_t full_sides) {
     s.validate();
     Conv2dTiling base;
+    base.column_sides = column_sides;
+    base.full_sides = full_sides;
     base.R = cfg.core.mxu_rows;
     base.C = cfg.core.mxu_cols;
     base.CT = ceil_div(s.cin, base.R);
@@ -169,7 +173,7 @@ size_t hash_value(const Conv2dKey& k) {
     const Conv2dTiling& t = k.tiling;
     return hash_fields(s.batch, s.height, s.width, s.cin, s.cout, s.kernel, s.stride, s.pad, t.R,
                        t.C, t.CT, t.NT, t.phases, t.Hq, t.Wq, t.band_rows, t.images, t.block_images,
-                       t.mxus);
+                       t.mxus, t.column_sides, t.full_sides, k.store_bf16);
 }
 
 uint32_t conv2d_blocks(const Conv2dShape& s, const Conv2dTiling& t) {
@@ -219,12 +223,14 @@ class Conv2dGen {
     using enum isa::Opcode;
 
 public:
-    Conv2dGen(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& ops)
+    Conv2dGen(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& ops, const Epilogue& ep)
         : m_b(b),
           m_sh(key.shape),
           m_t(key.tiling),
           m_g(geometry(key.shape, key.tiling)),
-          m_ops(ops) {}
+          m_ops(ops),
+          m_ep(ep),
+          e(key.store_bf16 ? 2 : 4) {}
 
     void emit() {
         const Conv2dTiling& t = m_t;
@@ -234,7 +240,7 @@ public:
         G = m_g.G;
         nm = m_g.nm;
         wtile = uint64_t(t.R) * t.C * 2;
-        y_pix_h = uint64_t(m_sh.cout) * 4;
+        y_pix_h = uint64_t(m_sh.cout) * e;
         y_img_h = uint64_t(m_g.Ho) * m_g.Wo * y_pix_h;
         y_rows = m_g.hb * m_g.Wo;
         // Scalar memory: the VPU ops issued; the current group's HBM output base, row bytes, Y
@@ -248,6 +254,10 @@ public:
         m_vy = m_b.vmem("y", 2 * G * m_g.yv_img, kConvAlign);
         m_vw = m_b.vmem("w", 2 * wtile, kConvAlign);
         m_vb = m_b.vmem("bias", uint64_t(NT) * t.C * 4, kConvAlign);
+        if (t.column_sides)
+            m_vcol = m_b.vmem("epilogue.columns", uint64_t(t.column_sides) * t.C * 4, kConvAlign);
+        if (t.full_sides)
+            m_vfull = m_b.vmem("epilogue.full", uint64_t(t.full_sides) * m_g.yv_img, kConvAlign);
 
         m_block = m_b.reg("block", 6);
         m_nt = m_b.reg("cout_tile", 7);
@@ -261,6 +271,12 @@ public:
         // Scalar memory keeps its words across launches.
         E(Sw, {imm(0), m_vpu_count.word(0)});
         E(Sw, {imm(0), m_pend.word(kPend)});
+        if (!m_ep.sides.empty()) {
+            // The side tiles' loads, counted in scalar memory (no register is left).
+            m_side_count = m_b.smem("sides.count", 1);
+            m_sides = m_b.flag("epilogue.sides", 14);
+            E(Sw, {imm(0), m_side_count.word(0)});
+        }
         // Per-slot counts: a banked HBM can finish a DMA before one issued earlier, so only a
         // count of one slot's transfers proves that slot complete.
         for (int m = 0; m < 2; ++m) m_lw[m] = tally(fmt::format("lw{}", m), 2 + m, 22 + m);
@@ -366,27 +382,87 @@ private:
         });
     }
 
-    /// The epilogue of one image: bias add on the VPU once its matmuls are done, then the store
-    /// (NHWC rows of the tile's channels).
-    void finish(const ImageRegs& r) {
+    /// The epilogue of one image: its side tiles loaded while its last matmuls run, the bias
+    /// added on the VPU once they are done, the caller's epilogue, then the store (NHWC rows of
+    /// the tile's channels).
+    void finish(ImageRegs& r) {
+        if (!m_ep.sides.empty()) load_sides(r);
         for (uint32_t m = 0; m < nm; ++m) E(Wait, {m_mm[m].flag, r.mm(m)});
         E(VAddRow, {r.y, r.y, r.bias, imm(y_rows), imm(m_t.C), m_vpu});
+        int64_t ops = 1;
+        auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
+            std::vector<isa::Arg> all(args);
+            all.push_back(m_vpu);
+            m_b.emit(op, all);
+            ++ops;
+        };
+        if (!m_ep.sides.empty()) {
+            const isa::Reg n = m_b.reg("sides.issued", 18);
+            E(Lw, {n, m_side_count.word(0)});
+            E(Wait, {m_sides, n});
+        }
+        if (m_ep.body) {
+            // The matmul counts are spent: their register holds the tile's rows.
+            r.mm1.release();
+            const isa::Reg rows = m_b.reg("epilogue.rows", 14);
+            E(Li, {rows, imm(y_rows)});
+            std::vector<isa::Arg> sides;
+            uint32_t ci = 0, fi = 0;
+            for (const EpilogueSide& sd : m_ep.sides)
+                sides.push_back(sd.kind == EpilogueSide::Kind::Column
+                                    ? m_vcol.at(uint64_t(ci++) * m_t.C * 4)
+                                    : m_vfull.at(uint64_t(fi++) * m_g.yv_img));
+            EpilogueTile tile(m_b, r.y, std::move(sides), rows, m_t.C, counted);
+            m_ep.body(tile);
+        }
+        // In place: value i's bf16 lands below fp32 value i, which has been read.
+        if (m_ep.store_bf16) counted(VF2Bf, {r.y, r.y, imm(int64_t(y_rows) * m_t.C)});
         {
             const isa::Reg n = m_b.reg("vpu.issued", 18);
             E(Lw, {n, m_vpu_count.word(0)});
-            E(Add, {n, n, imm(1)});
+            E(Add, {n, n, imm(ops)});
             E(Sw, {n, m_vpu_count.word(0)});
             E(Wait, {m_vpu, n});
         }
         by_slot(r.slot, [&](int slot) {
             if (NT == 1 && m_sh.cout == m_t.C) {  // the tile is the whole pixel: one run
-                const isa::Arg n = imm(int64_t(uint64_t(y_rows) * m_t.C * 4));
+                const isa::Arg n = imm(int64_t(uint64_t(y_rows) * m_t.C * e));
                 m_ystore[slot]->issue(DmaVh, {r.dst, r.y, imm(1), n, n, n});
             } else {
                 m_ystore[slot]->issue(DmaVh, {r.dst, r.y, imm(y_rows), r.row_bytes,
-                                              imm(int64_t(y_pix_h)), imm(m_t.C * 4)});
+                                              imm(int64_t(y_pix_h)), imm(m_t.C * e)});
             }
         });
+    }
+
+    /// Issues the loads of the image's side tiles (its Cout tile's columns of each Column side,
+    /// its pixels of each Full side) on the sides flag.
+    void load_sides(const ImageRegs& r) {
+        const isa::Reg at = m_b.reg("side.at", 18);
+        // Bytes of the tile's fp32 row: the row bytes of Y (bf16: half of them).
+        if (e == 2) E(Add, {r.row_bytes, r.row_bytes, r.row_bytes});
+        uint32_t ci = 0, fi = 0;
+        for (const EpilogueSide& sd : m_ep.sides) {
+            const Opcode op = sd.place.kind == streaming::Operand::Kind::Vmem ? DmaVv : DmaHv;
+            if (sd.kind == EpilogueSide::Kind::Column) {
+                // The Cout tile's columns: bias address - bias base = nt C 4.
+                E(Add, {at, r.bias, imm(-int64_t(m_vb.addr()))});
+                E(Add, {at, at, sd.place.value});
+                E(op, {m_vcol.at(uint64_t(ci++) * m_t.C * 4), at, imm(1), r.row_bytes, r.row_bytes,
+                       r.row_bytes, m_sides});
+            } else {
+                // The image's pixels: Y's offset, in fp32.
+                E(Sub, {at, r.dst, m_ops.y.value});
+                if (e == 2) E(Add, {at, at, at});
+                E(Add, {at, at, sd.place.value});
+                E(op, {m_vfull.at(uint64_t(fi++) * m_g.yv_img), at, imm(y_rows), r.row_bytes,
+                       imm(m_t.C * 4), imm(int64_t(m_sh.cout) * 4), m_sides});
+            }
+        }
+        if (e == 2) E(Shr, {r.row_bytes, r.row_bytes, imm(1)});
+        E(Lw, {at, m_side_count.word(0)});
+        E(Add, {at, at, imm(int64_t(m_ep.sides.size()))});
+        E(Sw, {at, m_side_count.word(0)});
     }
 
     /// The pending image's epilogue, if one waits.
@@ -479,14 +555,15 @@ private:
             E(Add, {dst, dst, col});
         }
         E(Add, {dst, dst, m_ops.y.value});
-        E(Mul, {col, m_nt, imm(m_t.C * 4)});
+        E(Mul, {col, m_nt, imm(m_t.C * e)});
         E(Add, {dst, dst, col});
         E(Sw, {dst, m_group.word(kYDst)});
-        E(Li, {bytes, imm(m_t.C * 4)});
+        E(Li, {bytes, imm(m_t.C * e)});
         m_b.if_(isa::Cond::Eq, m_nt, imm(NT - 1), [&] {
-            E(Li, {bytes, imm((m_sh.cout - (NT - 1) * m_t.C) * 4)});
+            E(Li, {bytes, imm((m_sh.cout - (NT - 1) * m_t.C) * e)});
         });
         E(Sw, {bytes, m_group.word(kYBytes)});
+        if (e != 4) E(Mul, {col, m_nt, imm(m_t.C * 4)});  // the bias is fp32
         E(Add, {col, col, m_vb});
         E(Sw, {col, m_group.word(kYBias)});
         E(Li, {m_step, imm(0)});
@@ -608,10 +685,13 @@ private:
     const Conv2dTiling m_t;
     const Geometry m_g;
     const Conv2dOperands m_ops;
+    const Epilogue& m_ep;
+    const uint32_t e;  ///< bytes of one output value (4, or 2 with a bf16 store)
     uint32_t NT = 0, S = 0, G = 0, nm = 0, y_rows = 0;
     uint64_t wtile = 0, y_pix_h = 0, y_img_h = 0;
-    isa::Smem m_vpu_count, m_group, m_pend;
-    isa::Vmem m_vx, m_vy, m_vw, m_vb;
+    isa::Smem m_vpu_count, m_group, m_pend, m_side_count;
+    isa::Vmem m_vx, m_vy, m_vw, m_vb, m_vcol, m_vfull;
+    isa::Flag m_sides;
     isa::Reg m_block, m_nt, m_step, m_step_all, m_lhs, m_acc, m_x_at, m_y_at;
     isa::Flag m_vpu;
     std::array<Tally, 2> m_lw, m_mm, m_xload;
@@ -623,17 +703,36 @@ const std::array<streaming::Param, 5> kConvParams = {
 
 }  // namespace
 
-void emit_conv2d(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& ops) {
+void emit_conv2d(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& ops,
+                 const Epilogue& epilogue) {
     const streaming::Operand all[] = {ops.x, ops.w, ops.bias, ops.y, ops.blocks};
     streaming::check_operands("conv2d", kConvParams, all);
-    Conv2dGen(b, key, ops).emit();
+    const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
+    const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);
+    if (cols != key.tiling.column_sides || fulls != key.tiling.full_sides ||
+        epilogue.store_bf16 != key.store_bf16)
+        throw b.error(fmt::format(
+            "conv2d: the epilogue has {} Column and {} Full sides and {} bf16 store; the key says "
+            "{}, {} and {}",
+            cols, fulls, epilogue.store_bf16 ? "a" : "no", key.tiling.column_sides,
+            key.tiling.full_sides, key.store_bf16 ? "a" : "no"));
+    for (const EpilogueSide& sd : epilogue.sides)
+        if (sd.place.kind == streaming::Operand::Kind::Scalar)
+            throw b.error("conv2d: an epilogue side must be a tensor, not a scalar");
+    Conv2dGen(b, key, ops, epilogue).emit();
 }
 
 isa::Program generate(const Conv2dKey& key) {
     isa::Builder b(key.name());
     std::vector<isa::Reg> regs;
+    if (key.tiling.column_sides || key.tiling.full_sides)
+        throw b.error(
+            "conv2d: a kernel with epilogue sides is emitted with its epilogue "
+            "(emit_conv2d)");
     const auto ops = streaming::declare_args(b, kConvParams, regs);
-    emit_conv2d(b, key, {ops[0], ops[1], ops[2], ops[3], ops[4]});
+    Epilogue ep;
+    ep.store_bf16 = key.store_bf16;
+    emit_conv2d(b, key, {ops[0], ops[1], ops[2], ops[3], ops[4]}, ep);
     b.emit(isa::Opcode::Halt, {});
     return b.finish();
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "driver/device.h"
+#include "driver/kernels/epilogue.h"
 #include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
@@ -56,13 +57,17 @@ struct Conv2dTiling {
     uint32_t images = 0;        ///< images on this core
     uint32_t block_images = 0;  ///< images per block (1 when images are cut into bands)
     uint32_t mxus = 0;          ///< MXUs used
+    uint32_t column_sides = 0;  ///< epilogue Column sides VMEM holds a Cout tile of (C fp32)
+    uint32_t full_sides = 0;    ///< epilogue Full sides VMEM holds an image's tile of
     auto operator<=>(const Conv2dTiling&) const = default;
 };
 
 /// The tiling of `images` images per core: whole images, as many per block as divide `images`
 /// and fit in VMEM twice (more images per block amortise the array drain of each weight tile),
 /// or, when one image does not fit, bands of output rows (the largest divisor of Ho that fits).
-Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images);
+/// An epilogue's sides (emit_conv2d) take VMEM beside them: one tile of each.
+Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images,
+                         uint32_t column_sides = 0, uint32_t full_sides = 0);
 /// Program-cache key of the per-core kernel: the shape (`batch` = every core's images, as the
 /// caller planned it) and one core's tiling. HBM layouts (the packing kernels write them):
 /// - X: per image, per stride phase (a, b) (a, b < phases), per Cin tile: a Hq x Wq x R bf16
@@ -73,8 +78,9 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
 ///   ((nt k + kh) k + kw) CT + ct, each row-major and contiguous.
 /// - bias: NT C fp32. Y: NHWC fp32, N x Ho x Wo x Cout, compact.
 struct Conv2dKey {
-    Conv2dShape shape;    ///< the convolution
-    Conv2dTiling tiling;  ///< one core's tiling (plan_conv2d)
+    Conv2dShape shape;        ///< the convolution
+    Conv2dTiling tiling;      ///< one core's tiling (plan_conv2d), with the epilogue's sides
+    bool store_bf16 = false;  ///< Y in bf16 (an epilogue's store_bf16), N x Ho x Wo x Cout
     auto operator<=>(const Conv2dKey&) const = default;
     std::string name() const { return "conv2d"; }
     friend size_t hash_value(const Conv2dKey& k);
@@ -91,8 +97,13 @@ struct Conv2dOperands {
 uint32_t conv2d_blocks(const Conv2dShape& s, const Conv2dTiling& t);
 /// Emits the kernel for `key` into `b` (driver/README.md, "Convolution"): registers, flags,
 /// scalar memory and VMEM from b's pools in its own scope (it uses 26 registers besides its
-/// operands and 13 flags); on return every instruction it issued has completed.
-void emit_conv2d(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& ops);
+/// operands and 13 flags, 14 with epilogue sides); on return every instruction it issued has
+/// completed. `epilogue` runs on each image's fp32 tile (hb Wo rows x C, after the bias) before
+/// its store: its sides must match the key's tiling (column_sides, full_sides) and its
+/// store_bf16 the key's; a Full side is NHWC fp32 like Y, a Column side Cout fp32. Throws
+/// isa::BuildError when they do not match.
+void emit_conv2d(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& ops,
+                 const Epilogue& epilogue = {});
 /// The stand-alone kernel: launch arguments x, w, bias, y (HBM addresses), blocks (s1..s5), then
 /// emit_conv2d, then halt.
 isa::Program generate(const Conv2dKey& key);
