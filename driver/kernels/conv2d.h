@@ -47,6 +47,14 @@ struct Conv2dShape {
 /// against 44 023 as an implicit GEMM). `R` is the MXU's rows.
 bool conv2d_folds_taps(const Conv2dShape& s, uint32_t R);
 
+/// The output rows y0 .. y0 + ny and columns x0 .. x0 + nx whose input pixel under tap
+/// (kh, kw) lies inside the image (the others read padding).
+struct Conv2dTapRange {
+    uint32_t y0 = 0, ny = 0, x0 = 0, nx = 0;
+};
+/// Conv2dTapRange of tap (kh, kw) of `s`.
+Conv2dTapRange conv2d_tap_range(const Conv2dShape& s, uint32_t kh, uint32_t kw);
+
 /// How one core's kernel tiles its images (driver/README.md, "Convolution").
 struct Conv2dTiling {
     uint32_t R = 0, C = 0;      ///< MXU array: Cin tile (K) and Cout tile (N)
