@@ -720,6 +720,9 @@ void emit_conv2d(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& op
                  const Epilogue& epilogue) {
     const streaming::Operand all[] = {ops.x, ops.w, ops.bias, ops.y, ops.blocks};
     streaming::check_operands("conv2d", kConvParams, all);
+    for (const streaming::Operand* o : {&ops.x, &ops.w, &ops.bias, &ops.y})
+        if (o->kind != streaming::Operand::Kind::Hbm)
+            throw b.error("conv2d: x, w, bias and y must be in HBM (the kernel streams them)");
     const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
     const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);
     if (cols != key.tiling.column_sides || fulls != key.tiling.full_sides ||
