@@ -2,22 +2,25 @@
 #include "driver/kernels/conv2d.h"
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <initializer_list>
-#include <map>
-#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "driver/kernels/kernel.h"
 #include "driver/kernels/launch_group.h"
 #include "driver/kernels/tensor_ops.h"
-#include "driver/kernels/legacy_stream.h"
 #include "driver/kernels/vector_ops.h"
 #include "hw/board.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/numerics.h"
-#include "isa/assembler.h"
+#include "isa/builder.h"
 #include "sim/metrics.h"
 
 namespace tpu::driver {
@@ -40,8 +43,8 @@ struct Geometry {
     uint64_t plane_h;  // HBM bytes of one (phase, Cin tile) plane
     uint64_t plane_v;  // VMEM bytes of a block's part of one plane (hin rows)
     uint64_t xv_img, yv_img, x_img_h;
-    // VMEM map: two X slots, two Y slots, two W slots, the bias.
-    uint64_t vx, vy, vw, vb, vend;
+    // VMEM map: two X slots, two Y slots, two W slots, the bias, the epilogue's side tiles.
+    uint64_t vx, vy, vw, vb, vs, vend;
 };
 
 Geometry geometry(const Conv2dShape& s, const Conv2dTiling& t) {
@@ -71,11 +74,25 @@ Geometry geometry(const Conv2dShape& s, const Conv2dTiling& t) {
     g.vy = g.vx + 2 * g.G * g.xv_img;
     g.vw = g.vy + 2 * g.G * g.yv_img;
     g.vb = g.vw + 2 * uint64_t(t.R) * t.C * 2;
-    g.vend = g.vb + uint64_t(t.NT) * t.C * 4;
+    g.vs = g.vb + uint64_t(t.NT) * t.C * 4;
+    g.vend = g.vs + uint64_t(t.column_sides) * t.C * 4 + uint64_t(t.full_sides) * g.yv_img;
     return g;
 }
 
 }  // namespace
+
+Conv2dTapRange conv2d_tap_range(const Conv2dShape& s, uint32_t kh, uint32_t kw) {
+    auto span = [&](uint32_t size, uint32_t out, uint32_t kpos, uint32_t& first, uint32_t& n) {
+        first = s.pad > kpos ? (s.pad - kpos + s.stride - 1) / s.stride : 0;
+        const int64_t hi = int64_t(size) - 1 + s.pad - kpos;
+        const uint32_t end = hi < 0 ? 0 : std::min<uint32_t>(out, uint32_t(hi / s.stride) + 1);
+        n = end > first ? end - first : 0;
+    };
+    Conv2dTapRange r;
+    span(s.height, s.out_height(), kh, r.y0, r.ny);
+    span(s.width, s.out_width(), kw, r.x0, r.nx);
+    return r;
+}
 
 bool conv2d_folds_taps(const Conv2dShape& s, uint32_t R) {
     const uint64_t taps = uint64_t(s.kernel) * s.kernel;
@@ -121,9 +138,12 @@ void Conv2dShape::validate() const {
                                       x >= limit ? "over " : "", x, y >= limit ? "over " : "", y));
 }
 
-Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images) {
+Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images,
+                         uint32_t column_sides, uint32_t full_sides) {
     s.validate();
     Conv2dTiling base;
+    base.column_sides = column_sides;
+    base.full_sides = full_sides;
     base.R = cfg.core.mxu_rows;
     base.C = cfg.core.mxu_cols;
     base.CT = ceil_div(s.cin, base.R);
@@ -161,498 +181,596 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
                                   s.out_width(), s.cin, cfg.core.vmem_bytes));
 }
 
-std::string conv2d_key(const Conv2dShape& s, const Conv2dTiling& t) {
-    return fmt::format(
-        "conv2d N{} H{} W{} Cin{} Cout{} k{} s{} p{} R{} C{} images{} G{} hb{} mxus{}", s.batch,
-        s.height, s.width, s.cin, s.cout, s.kernel, s.stride, s.pad, t.R, t.C, t.images,
-        t.block_images, t.band_rows, t.mxus);
+size_t hash_value(const Conv2dKey& k) {
+    const Conv2dShape& s = k.shape;
+    const Conv2dTiling& t = k.tiling;
+    return hash_fields(s.batch, s.height, s.width, s.cin, s.cout, s.kernel, s.stride, s.pad, t.R,
+                       t.C, t.CT, t.NT, t.phases, t.Hq, t.Wq, t.band_rows, t.images, t.block_images,
+                       t.mxus, t.column_sides, t.full_sides, k.store_bf16);
 }
 
-isa::Program conv2d_program(const Conv2dShape& sh, const Conv2dTiling& t) {
-    const Geometry g = geometry(sh, t);
-    const uint32_t R = t.R, C = t.C, NT = t.NT, S = g.S, G = g.G, nm = g.nm;
-    const uint64_t wtile = uint64_t(R) * C * 2;
-    const uint64_t y_pix_h = uint64_t(sh.cout) * 4;  // bytes of one output pixel in HBM
-    const uint64_t y_img_h = uint64_t(g.Ho) * g.Wo * y_pix_h;
-    const uint32_t y_rows = g.hb * g.Wo;  // output pixels of one image of a block
-    std::string s;
-    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
-        s += fmt::format(f, std::forward<A>(a)...);
-        s += '\n';
-    };
-    L("# conv2d (implicit GEMM): k={} stride={} CT={} NT={} G={} band={} runs={}x{} mxus={}", g.k,
-      g.s, t.CT, NT, G, g.hb, g.runs, g.run_rows, nm);
-    L("# s1 X, s2 W, s3 bias, s4 Y (HBM), s5 blocks; s6 block, s7 Cout tile, s8 step of the");
-    L("# group, s9 step overall, s10 tap's LHS base, s11-s18 temporaries, s19 accumulate, s20 X");
-    L("# slot, s21 Y slot, s22/s23 lw issued, s24/s25 flagged mm issued (MXU 0/1), s26/s27 W");
-    L("# tiles into slot 0/1, s28/s29 X blocks into slot 0/1, s30/s31 Y stores from slot 0/1");
-    L("# flags: f1/f8 W slot 0/1 in, f2/f3 lw done, f4/f5 mm done, f6 VPU, f9/f10 X slot 0/1");
-    L("# in, f11/f12 Y slot 0/1 out, f13 bias in");
-    // Scalar memory words: VPU ops issued, the group's HBM output base, its row bytes, its Y
-    // slot and bias address, and the image whose epilogue waits for the next step (pending:
-    // flag, Y address, HBM address, mm counts of MXU 0/1, row bytes, slot, bias).
-    constexpr int kVpu = 0, kYdst = 4, kYBytes = 8, kYSlot = 12, kYBias = 16, kPend = 20, kPY = 24,
-                  kPD = 28, kPC0 = 32, kPC1 = 36, kPBytes = 40, kPSlot = 44, kPBias = 48;
-    // Scalar memory keeps its words across launches.
-    L("        sw s0, [{}]", kVpu);
-    L("        sw s0, [{}]", kPend);
-    for (int r = 22; r <= 31; ++r) L("        li s{}, 0", r);
+uint32_t conv2d_blocks(const Conv2dShape& s, const Conv2dTiling& t) {
+    return t.images / t.block_images * (s.out_height() / t.band_rows);
+}
 
-    // Runs the code `f(slot)` for the slot in register `reg` (0 or 1): flags are per slot
-    // because the banked HBM can finish a DMA before an earlier one, so only a count of one
-    // slot's transfers proves that slot complete.
-    int uniq = 0;
-    auto by_slot = [&](const char* reg, const std::function<void(int)>& f) {
-        const int id = uniq++;
-        L("        bne {}, 0, sl1_{}", reg, id);
-        f(0);
-        L("        jmp sld_{}", id);
-        L("sl1_{}:", id);
-        f(1);
-        L("sld_{}:", id);
-    };
-    // The X block in register `breg` into the X slot (breg & 1).
-    auto x_load = [&](const char* breg) {
-        if (g.nbands == 1) {
-            L("        mul s11, {}, {}", breg, uint64_t(G) * g.x_img_h);
-        } else {
-            L("        divu s11, {}, {}", breg, g.nbands);
-            L("        mul s11, s11, {}", g.x_img_h);
-            L("        remu s12, {}, {}", breg, g.nbands);
-            L("        mul s12, s12, {}", uint64_t(g.hb) * t.Wq * g.pix);
-            L("        add s11, s11, s12");
+namespace {
+
+using isa::imm;
+using isa::Opcode;
+
+/// VMEM areas are placed at the next multiple of this: every area of the kernel is a multiple
+/// of it for any MXU of at least 4 x 4, so they lie back to back as geometry() counts them.
+constexpr uint64_t kConvAlign = 16;
+
+/// A flag and the register counting the instructions issued on it, for the kernel's MXU and X
+/// transfers: their last issue in program order is waited for at the top of the next step or
+/// block (a loop-carried wait CountedFlag's build-order check cannot see), or not at all when
+/// the kernel has no next step (the issue is skipped at run time).
+struct Tally {
+    isa::Flag flag;
+    isa::Reg count;
+};
+
+/// The registers of one image's epilogue (finish): its Y tile, its HBM address, the matmul
+/// counts per MXU that complete it, the row bytes of its Cout tile, its Y slot and its bias.
+struct ImageRegs {
+    isa::Reg y, dst, mm0, mm1, row_bytes, slot, bias;
+    explicit ImageRegs(isa::Builder& b)
+        : y(b.reg("image.y", 11)),
+          dst(b.reg("image.dst", 12)),
+          mm0(b.reg("image.mm0", 13)),
+          mm1(b.reg("image.mm1", 14)),
+          row_bytes(b.reg("image.row_bytes", 15)),
+          slot(b.reg("image.slot", 16)),
+          bias(b.reg("image.bias", 17)) {}
+    const isa::Reg& mm(uint32_t m) const { return m ? mm1 : mm0; }
+};
+
+/// The implicit-GEMM kernel (driver/README.md, "Convolution"). Registers and flags keep the
+/// numbering of the text kernel it replaced as hints: s6 block, s7 Cout tile, s8 step of the
+/// group, s9 step overall, s10 the tap's LHS base, s11-s18 temporaries, s19 accumulate, s20 X
+/// slot, s21 Y slot, s22/s23 weight loads (f2/f3) and s24/s25 flagged matmuls (f4/f5) per MXU,
+/// s26/s27 W tiles into slot 0/1 (f1/f8), s28/s29 X blocks into slot 0/1 (f9/f10), s30/s31 Y
+/// stores from slot 0/1 (f11/f12); f6 VPU (its count in scalar memory), f13 the bias.
+class Conv2dGen {
+    using enum isa::Opcode;
+
+public:
+    Conv2dGen(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& ops, const Epilogue& ep)
+        : m_b(b),
+          m_sh(key.shape),
+          m_t(key.tiling),
+          m_g(geometry(key.shape, key.tiling)),
+          m_ops(ops),
+          m_ep(ep),
+          e(key.store_bf16 ? 2 : 4) {}
+
+    void emit() {
+        const Conv2dTiling& t = m_t;
+        const auto scope = m_b.scope("conv2d");
+        NT = t.NT;
+        S = m_g.S;
+        G = m_g.G;
+        nm = m_g.nm;
+        wtile = uint64_t(t.R) * t.C * 2;
+        y_pix_h = uint64_t(m_sh.cout) * e;
+        y_img_h = uint64_t(m_g.Ho) * m_g.Wo * y_pix_h;
+        y_rows = m_g.hb * m_g.Wo;
+        // Scalar memory: the VPU ops issued; the current group's HBM output base, row bytes, Y
+        // slot and bias address; the image whose epilogue waits for the next step (pending).
+        m_vpu_count = m_b.smem("vpu.count", 1);
+        m_group = m_b.smem("group", kGroupWords);
+        m_pend = m_b.smem("pending", kPendWords);
+        // VMEM: two X slots of a block's planes, two Y slots of its outputs, two W slots, the
+        // bias (geometry(), which the planner checks against VMEM).
+        m_vx = m_b.vmem("x", 2 * G * m_g.xv_img, kConvAlign);
+        m_vy = m_b.vmem("y", 2 * G * m_g.yv_img, kConvAlign);
+        m_vw = m_b.vmem("w", 2 * wtile, kConvAlign);
+        m_vb = m_b.vmem("bias", uint64_t(NT) * t.C * 4, kConvAlign);
+        if (t.column_sides)
+            m_vcol = m_b.vmem("epilogue.columns", uint64_t(t.column_sides) * t.C * 4, kConvAlign);
+        if (t.full_sides)
+            m_vfull = m_b.vmem("epilogue.full", uint64_t(t.full_sides) * m_g.yv_img, kConvAlign);
+
+        m_block = m_b.reg("block", 6);
+        m_nt = m_b.reg("cout_tile", 7);
+        m_step = m_b.reg("step", 8);
+        m_step_all = m_b.reg("step_all", 9);
+        m_lhs = m_b.reg("lhs", 10);
+        m_acc = m_b.reg("accumulate", 19);
+        m_x_at = m_b.reg("x_slot", 20);
+        m_y_at = m_b.reg("y_slot", 21);
+        m_vpu = m_b.flag("vpu", 6);
+        // Scalar memory keeps its words across launches.
+        E(Sw, {imm(0), m_vpu_count.word(0)});
+        E(Sw, {imm(0), m_pend.word(kPend)});
+        if (!m_ep.sides.empty()) {
+            // The side tiles' loads, counted in scalar memory (no register is left).
+            m_side_count = m_b.smem("sides.count", 1);
+            m_sides = m_b.flag("epilogue.sides", 14);
+            E(Sw, {imm(0), m_side_count.word(0)});
         }
-        L("        add s11, s11, s1");
-        L("        and s12, {}, 1", breg);
-        L("        mul s13, s12, {}", uint64_t(G) * g.xv_img);
-        by_slot("s12", [&](int slot) {
-            if (g.nbands == 1)  // whole images: one contiguous run
-                L("        dma.hv [s13+{}], [s11], 1, {}, {}, {}, f{}", g.vx, G * g.x_img_h,
-                  G * g.x_img_h, G * g.x_img_h, 9 + slot);
-            else  // a band: hin rows of every plane
-                L("        dma.hv [s13+{}], [s11], {}, {}, {}, {}, f{}", g.vx,
-                  t.phases * t.phases * t.CT, g.plane_v, g.plane_v, g.plane_h, 9 + slot);
-            L("        add s{}, s{}, 1", 28 + slot, 28 + slot);
-        });
-    };
-    // The epilogue of one image: s11 Y address, s12 HBM address, s13/s14 the mm counts that
-    // complete it, s15 row bytes, s16 Y slot, s17 bias address. Bias add on the VPU, then the
-    // store (NHWC rows of the tile's channels).
-    auto finish = [&] {
-        for (uint32_t m = 0; m < nm; ++m) L("        wait f{}, s{}", 4 + m, 13 + m);
-        L("        v.addrow [s11], [s11], [s17], {}, {}, f6", y_rows, C);
-        L("        lw s18, [{}]", kVpu);
-        L("        add s18, s18, 1");
-        L("        sw s18, [{}]", kVpu);
-        L("        wait f6, s18");
-        by_slot("s16", [&](int slot) {
-            if (NT == 1 && sh.cout == C)  // the tile is the whole pixel: one contiguous run
-                L("        dma.vh [s12], [s11], 1, {}, {}, {}, f{}", uint64_t(y_rows) * C * 4,
-                  uint64_t(y_rows) * C * 4, uint64_t(y_rows) * C * 4, 11 + slot);
-            else
-                L("        dma.vh [s12], [s11], {}, s15, {}, {}, f{}", y_rows, y_pix_h, C * 4,
-                  11 + slot);
-            L("        add s{}, s{}, 1", 30 + slot, 30 + slot);
-        });
-    };
-    auto flush_pending = [&] {
-        const int id = uniq++;
-        L("        lw s11, [{}]", kPend);
-        L("        beq s11, 0, nop_{}", id);
-        L("        lw s11, [{}]", kPY);
-        L("        lw s12, [{}]", kPD);
-        L("        lw s13, [{}]", kPC0);
-        L("        lw s14, [{}]", kPC1);
-        L("        lw s15, [{}]", kPBytes);
-        L("        lw s16, [{}]", kPSlot);
-        L("        lw s17, [{}]", kPBias);
-        finish();
-        L("        sw s0, [{}]", kPend);
-        L("nop_{}:", id);
-    };
-    // Registers s11..s17 of image `img` of the current group; `cnt` = its mm counts per MXU
-    // past s24/s25.
-    auto image_regs = [&](uint32_t img, const uint32_t cnt[2]) {
-        L("        add s11, s21, {}", img * g.yv_img);
-        L("        lw s12, [{}]", kYdst);
-        L("        add s12, s12, {}", uint64_t(img) * y_rows * y_pix_h);
-        L("        add s13, s24, {}", cnt[0]);
-        L("        add s14, s25, {}", cnt[1]);
-        L("        lw s15, [{}]", kYBytes);
-        L("        lw s16, [{}]", kYSlot);
-        L("        lw s17, [{}]", kYBias);
-    };
+        // Per-slot counts: a banked HBM can finish a DMA before one issued earlier, so only a
+        // count of one slot's transfers proves that slot complete.
+        for (int m = 0; m < 2; ++m) m_lw[m] = tally(fmt::format("lw{}", m), 2 + m, 22 + m);
+        for (int m = 0; m < 2; ++m) m_mm[m] = tally(fmt::format("mm{}", m), 4 + m, 24 + m);
+        m_wload[0].emplace(m_b, "w.loads0", isa::Count::InRegister, 1, 26);
+        m_wload[1].emplace(m_b, "w.loads1", isa::Count::InRegister, 8, 27);
+        for (int i = 0; i < 2; ++i) m_xload[i] = tally(fmt::format("x.loads{}", i), 9 + i, 28 + i);
+        m_ystore[0].emplace(m_b, "y.stores0", isa::Count::InRegister, 11, 30);
+        m_ystore[1].emplace(m_b, "y.stores1", isa::Count::InRegister, 12, 31);
+        isa::CountedFlag bias_in(m_b, "bias.loads", isa::Count::AtBuild, 13);
 
-    // Weight tile of step s9 + `ahead` (the tile index wraps per block) into its slot, unless
-    // the kernel has no such step. The slot was last read by the lw of step s9 + ahead - 2.
-    auto w_prefetch = [&](int ahead) {
-        const int id = uniq++;
-        L("        add s11, s9, {}", ahead);
-        L("        mul s12, s5, {}", NT * S);
-        L("        bge s11, s12, nopf_{}", id);
-        L("        remu s13, s11, {}", NT * S);
-        L("        mul s13, s13, {}", wtile);
-        L("        add s13, s13, s2");
-        L("        and s14, s11, 1");
-        by_slot("s14", [&](int slot) {
-            L("        dma.hv [{}], [s13], 1, {}, {}, {}, f{}", g.vw + slot * wtile, wtile, wtile,
-              wtile, slot ? 8 : 1);
-            L("        add s{}, s{}, 1", 26 + slot, 26 + slot);
-        });
-        L("nopf_{}:", id);
-    };
-    // The lw of step s9 + `ahead` into every MXU's shadow weights, once its tile is in.
-    auto w_load = [&](int ahead) {
-        const int id = uniq++;
-        L("        add s11, s9, {}", ahead);
-        L("        mul s12, s5, {}", NT * S);
-        L("        bge s11, s12, nolw_{}", id);
-        L("        and s14, s11, 1");
-        by_slot("s14", [&](int slot) { L("        wait f{}, s{}", slot ? 8 : 1, 26 + slot); });
-        L("        mul s14, s14, {}", wtile);
-        for (uint32_t m = 0; m < nm; ++m) {
-            L("        mxu.lw {}, [s14+{}], {}, {}, f{}", m, g.vw, R, C, 2 + m);
-            L("        add s{}, s{}, 1", 22 + m, 22 + m);
+        // Prologue: the bias, the first two weight tiles (ahead of the X block in the in-order
+        // DMA queue: the first matmul needs both), the first X block, the first lw.
+        const isa::Arg nb = imm(int64_t(NT) * t.C * 4);
+        bias_in.issue(DmaHv, {m_vb, m_ops.bias.value, imm(1), nb, nb, nb});
+        E(Li, {m_step_all, imm(0)});
+        w_prefetch(0);
+        w_prefetch(1);
+        E(Li, {m_block, imm(0)});
+        x_load(m_block);
+        w_load(0);
+        bias_in.wait_all();
+
+        const isa::Label block = m_b.label("block"), group = m_b.label("group");
+        m_b.bind(block);
+        {
+            const isa::Reg parity = m_b.reg("parity", 11);
+            E(And, {parity, m_block, imm(1)});
+            E(Mul, {m_x_at, parity, imm(int64_t(G * m_g.xv_img))});
+            E(Add, {m_x_at, m_x_at, m_vx});
         }
-        L("nolw_{}:", id);
-    };
-
-    // Prologue: the bias, the first two weight tiles (ahead of the X block in the in-order DMA
-    // queue: the first matmul needs both), the first X block, the first lw.
-    L("        dma.hv [{}], [s3], 1, {}, {}, {}, f13", g.vb, NT * C * 4, NT * C * 4, NT * C * 4);
-    L("        li s9, 0");
-    w_prefetch(0);
-    w_prefetch(1);
-    L("        li s6, 0");
-    x_load("s6");
-    w_load(0);
-    L("        wait f13, 1");
-
-    L("block:  and s11, s6, 1");
-    L("        mul s20, s11, {}", uint64_t(G) * g.xv_img);
-    L("        add s20, s20, {}", g.vx);
-    L("        li s7, 0");
-    // Per group: its Y slot (group index b NT + nt, parity), HBM output base, row bytes, bias.
-    L("group:  mul s11, s6, {}", NT);
-    L("        add s11, s11, s7");
-    L("        and s11, s11, 1");
-    L("        sw s11, [{}]", kYSlot);
-    L("        mul s21, s11, {}", uint64_t(G) * g.yv_img);
-    L("        add s21, s21, {}", g.vy);
-    if (g.nbands == 1) {
-        L("        mul s12, s6, {}", uint64_t(G) * y_img_h);
-    } else {
-        L("        divu s12, s6, {}", g.nbands);
-        L("        mul s12, s12, {}", y_img_h);
-        L("        remu s13, s6, {}", g.nbands);
-        L("        mul s13, s13, {}", uint64_t(y_rows) * y_pix_h);
-        L("        add s12, s12, s13");
+        E(Li, {m_nt, imm(0)});
+        m_b.bind(group);
+        group_setup();
+        if (S > 1) {
+            const isa::Label kstep = m_b.label("kstep");
+            m_b.bind(kstep);
+            step(false);
+            E(Bltu, {m_step, imm(S - 1), kstep});
+        }
+        step(true);
+        E(Add, {m_nt, m_nt, imm(1)});
+        E(Bltu, {m_nt, imm(NT), group});
+        E(Add, {m_block, m_block, imm(1)});
+        E(Blt, {m_block, blocks(), block});
+        flush_pending();
+        m_ystore[0]->wait_all();
+        m_ystore[1]->wait_all();
     }
-    L("        add s12, s12, s4");
-    L("        mul s13, s7, {}", C * 4);
-    L("        add s12, s12, s13");
-    L("        sw s12, [{}]", kYdst);
-    L("        li s14, {}", C * 4);
-    L("        bne s7, {}, rb_ok", NT - 1);
-    L("        li s14, {}", (sh.cout - (NT - 1) * C) * 4);
-    L("rb_ok:  sw s14, [{}]", kYBytes);
-    L("        add s13, s13, {}", g.vb);
-    L("        sw s13, [{}]", kYBias);
-    L("        li s8, 0");
 
-    // One K step: tap (kh, kw) and Cin tile ct of step s8, Cout tile s7. (1) prefetch the
-    // weight tile two steps ahead, so it is not queued behind the stores of a group's images in
-    // the in-order DMA queue; (2) stream every run of every image of the block through the
-    // loaded tile, then queue the next step's lw at once (the matmul after an lw swaps the new
-    // tile in, so the lw cannot go earlier; the R-cycle load hides in the array's drain).
-    // `last` (the group's last step) flags every matmul and stores each image as soon as the
-    // next one is queued, so stores overlap the matmuls; the last image's epilogue waits until
-    // the next step has queued its first image (pending), so the MXUs never run dry.
-    auto step = [&](bool last) {
-        const int id = uniq++;
+private:
+    /// Words of the `group` scalar-memory area.
+    enum GroupWord : uint64_t { kYDst, kYBytes, kYSlot, kYBias, kGroupWords };
+    /// Words of the `pending` area: the flag (an image waits), then its ImageRegs.
+    enum PendWord : uint64_t { kPend, kPY, kPD, kPC0, kPC1, kPBytes, kPSlot, kPBias, kPendWords };
+
+    void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
+    isa::Arg blocks() const { return m_ops.blocks.value; }
+    Tally tally(const std::string& name, int flag, int reg) {
+        Tally c{m_b.flag(name, flag), m_b.reg(name + ".count", reg)};
+        E(Li, {c.count, imm(0)});
+        return c;
+    }
+    /// `op args..., flag` and one more in the count.
+    void issue(const Tally& c, Opcode op, std::initializer_list<isa::Arg> args) {
+        std::vector<isa::Arg> all(args);
+        all.push_back(c.flag);
+        m_b.emit(op, all);
+        E(Add, {c.count, c.count, imm(1)});
+    }
+    /// Runs `f(slot)` for the slot in `reg` (0 or 1): flags are per slot (Tally above).
+    void by_slot(const isa::Reg& reg, const std::function<void(int)>& f) {
+        m_b.if_(
+            isa::Cond::Eq, reg, imm(0), [&] { f(0); }, [&] { f(1); });
+    }
+
+    /// The X block in register `blk` into the X slot (blk & 1).
+    void x_load(const isa::Reg& blk) {
+        const Geometry& g = m_g;
+        const isa::Reg src = m_b.reg("x.src", 11), parity = m_b.reg("x.parity", 12),
+                       at = m_b.reg("x.at", 13);
+        if (g.nbands == 1) {
+            E(Mul, {src, blk, imm(int64_t(G * g.x_img_h))});
+        } else {
+            E(Divu, {src, blk, imm(g.nbands)});
+            E(Mul, {src, src, imm(int64_t(g.x_img_h))});
+            E(Remu, {parity, blk, imm(g.nbands)});
+            E(Mul, {parity, parity, imm(int64_t(uint64_t(g.hb) * m_t.Wq * g.pix))});
+            E(Add, {src, src, parity});
+        }
+        E(Add, {src, src, m_ops.x.value});
+        E(And, {parity, blk, imm(1)});
+        E(Mul, {at, parity, imm(int64_t(G * g.xv_img))});
+        by_slot(parity, [&](int slot) {
+            if (g.nbands == 1) {  // whole images: one contiguous run
+                const isa::Arg n = imm(int64_t(G * g.x_img_h));
+                issue(m_xload[slot], DmaHv, {at + int64_t(m_vx.addr()), src, imm(1), n, n, n});
+            } else {  // a band: hin rows of every plane
+                issue(m_xload[slot], DmaHv,
+                      {at + int64_t(m_vx.addr()), src, imm(m_t.phases * m_t.phases * m_t.CT),
+                       imm(int64_t(g.plane_v)), imm(int64_t(g.plane_v)), imm(int64_t(g.plane_h))});
+            }
+        });
+    }
+
+    /// The epilogue of one image: its side tiles loaded while its last matmuls run, the bias
+    /// added on the VPU once they are done, the caller's epilogue, then the store (NHWC rows of
+    /// the tile's channels).
+    void finish(ImageRegs& r) {
+        if (!m_ep.sides.empty()) load_sides(r);
+        for (uint32_t m = 0; m < nm; ++m) E(Wait, {m_mm[m].flag, r.mm(m)});
+        E(VAddRow, {r.y, r.y, r.bias, imm(y_rows), imm(m_t.C), m_vpu});
+        int64_t ops = 1;
+        auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
+            std::vector<isa::Arg> all(args);
+            all.push_back(m_vpu);
+            m_b.emit(op, all);
+            ++ops;
+        };
+        if (!m_ep.sides.empty()) {
+            const isa::Reg n = m_b.reg("sides.issued", 18);
+            E(Lw, {n, m_side_count.word(0)});
+            E(Wait, {m_sides, n});
+        }
+        if (m_ep.body) {
+            // The matmul counts are spent: their register holds the tile's rows.
+            r.mm1.release();
+            const isa::Reg rows = m_b.reg("epilogue.rows", 14);
+            E(Li, {rows, imm(y_rows)});
+            std::vector<isa::Arg> sides;
+            uint32_t ci = 0, fi = 0;
+            for (const EpilogueSide& sd : m_ep.sides)
+                sides.push_back(sd.kind == EpilogueSide::Kind::Column
+                                    ? m_vcol.at(uint64_t(ci++) * m_t.C * 4)
+                                    : m_vfull.at(uint64_t(fi++) * m_g.yv_img));
+            EpilogueTile tile(m_b, r.y, std::move(sides), rows, m_t.C, counted);
+            m_ep.body(tile);
+        }
+        // In place: value i's bf16 lands below fp32 value i, which has been read.
+        if (m_ep.store_bf16) counted(VF2Bf, {r.y, r.y, imm(int64_t(y_rows) * m_t.C)});
+        {
+            const isa::Reg n = m_b.reg("vpu.issued", 18);
+            E(Lw, {n, m_vpu_count.word(0)});
+            E(Add, {n, n, imm(ops)});
+            E(Sw, {n, m_vpu_count.word(0)});
+            E(Wait, {m_vpu, n});
+        }
+        by_slot(r.slot, [&](int slot) {
+            if (NT == 1 && m_sh.cout == m_t.C) {  // the tile is the whole pixel: one run
+                const isa::Arg n = imm(int64_t(uint64_t(y_rows) * m_t.C * e));
+                m_ystore[slot]->issue(DmaVh, {r.dst, r.y, imm(1), n, n, n});
+            } else {
+                m_ystore[slot]->issue(DmaVh, {r.dst, r.y, imm(y_rows), r.row_bytes,
+                                              imm(int64_t(y_pix_h)), imm(m_t.C * e)});
+            }
+        });
+    }
+
+    /// Issues the loads of the image's side tiles (its Cout tile's columns of each Column side,
+    /// its pixels of each Full side) on the sides flag.
+    void load_sides(const ImageRegs& r) {
+        const isa::Reg at = m_b.reg("side.at", 18);
+        // Bytes of the tile's fp32 row: the row bytes of Y (bf16: half of them).
+        if (e == 2) E(Add, {r.row_bytes, r.row_bytes, r.row_bytes});
+        uint32_t ci = 0, fi = 0;
+        for (const EpilogueSide& sd : m_ep.sides) {
+            const Opcode op = sd.place.kind == streaming::Operand::Kind::Vmem ? DmaVv : DmaHv;
+            if (sd.kind == EpilogueSide::Kind::Column) {
+                // The Cout tile's columns: bias address - bias base = nt C 4.
+                E(Add, {at, r.bias, imm(-int64_t(m_vb.addr()))});
+                E(Add, {at, at, sd.place.value});
+                E(op, {m_vcol.at(uint64_t(ci++) * m_t.C * 4), at, imm(1), r.row_bytes, r.row_bytes,
+                       r.row_bytes, m_sides});
+            } else {
+                // The image's pixels: Y's offset, in fp32.
+                E(Sub, {at, r.dst, m_ops.y.value});
+                if (e == 2) E(Add, {at, at, at});
+                E(Add, {at, at, sd.place.value});
+                E(op, {m_vfull.at(uint64_t(fi++) * m_g.yv_img), at, imm(y_rows), r.row_bytes,
+                       imm(m_t.C * 4), imm(int64_t(m_sh.cout) * 4), m_sides});
+            }
+        }
+        if (e == 2) E(Shr, {r.row_bytes, r.row_bytes, imm(1)});
+        E(Lw, {at, m_side_count.word(0)});
+        E(Add, {at, at, imm(int64_t(m_ep.sides.size()))});
+        E(Sw, {at, m_side_count.word(0)});
+    }
+
+    /// The pending image's epilogue, if one waits.
+    void flush_pending() {
+        const isa::Label none = m_b.label("no_pending");
+        ImageRegs r(m_b);
+        E(Lw, {r.y, m_pend.word(kPend)});
+        E(Beq, {r.y, imm(0), none});
+        E(Lw, {r.y, m_pend.word(kPY)});
+        E(Lw, {r.dst, m_pend.word(kPD)});
+        E(Lw, {r.mm0, m_pend.word(kPC0)});
+        E(Lw, {r.mm1, m_pend.word(kPC1)});
+        E(Lw, {r.row_bytes, m_pend.word(kPBytes)});
+        E(Lw, {r.slot, m_pend.word(kPSlot)});
+        E(Lw, {r.bias, m_pend.word(kPBias)});
+        finish(r);
+        E(Sw, {imm(0), m_pend.word(kPend)});
+        m_b.bind(none);
+    }
+
+    /// Fills `r` for image `img` of the current group; `cnt` = its mm counts per MXU past the
+    /// counters.
+    void image_regs(const ImageRegs& r, uint32_t img, const uint32_t cnt[2]) {
+        E(Add, {r.y, m_y_at, imm(int64_t(img * m_g.yv_img))});
+        E(Lw, {r.dst, m_group.word(kYDst)});
+        E(Add, {r.dst, r.dst, imm(int64_t(uint64_t(img) * y_rows * y_pix_h))});
+        E(Add, {r.mm0, m_mm[0].count, imm(cnt[0])});
+        E(Add, {r.mm1, m_mm[1].count, imm(cnt[1])});
+        E(Lw, {r.row_bytes, m_group.word(kYBytes)});
+        E(Lw, {r.slot, m_group.word(kYSlot)});
+        E(Lw, {r.bias, m_group.word(kYBias)});
+    }
+
+    /// Weight tile of step step_all + `ahead` (the tile index wraps per block) into its slot,
+    /// unless the kernel has no such step. The slot was last read by the lw of step
+    /// step_all + ahead - 2.
+    void w_prefetch(int ahead) {
+        const isa::Label none = m_b.label("no_prefetch");
+        const isa::Reg next = m_b.reg("w.step", 11), end = m_b.reg("w.end", 12),
+                       src = m_b.reg("w.src", 13), parity = m_b.reg("w.parity", 14);
+        E(Add, {next, m_step_all, imm(ahead)});
+        E(Mul, {end, blocks(), imm(NT * S)});
+        E(Bge, {next, end, none});
+        E(Remu, {src, next, imm(NT * S)});
+        E(Mul, {src, src, imm(int64_t(wtile))});
+        E(Add, {src, src, m_ops.w.value});
+        E(And, {parity, next, imm(1)});
+        by_slot(parity, [&](int slot) {
+            const isa::Arg n = imm(int64_t(wtile));
+            m_wload[slot]->issue(DmaHv, {m_vw.at(slot * wtile), src, imm(1), n, n, n});
+        });
+        m_b.bind(none);
+    }
+
+    /// The lw of step step_all + `ahead` into every MXU's shadow weights, once its tile is in.
+    void w_load(int ahead) {
+        const isa::Label none = m_b.label("no_lw");
+        const isa::Reg next = m_b.reg("w.step", 11), end = m_b.reg("w.end", 12),
+                       at = m_b.reg("w.at", 14);
+        E(Add, {next, m_step_all, imm(ahead)});
+        E(Mul, {end, blocks(), imm(NT * S)});
+        E(Bge, {next, end, none});
+        E(And, {at, next, imm(1)});
+        by_slot(at, [&](int slot) { m_wload[slot]->wait_all(); });
+        E(Mul, {at, at, imm(int64_t(wtile))});
+        for (uint32_t m = 0; m < nm; ++m)
+            issue(m_lw[m], MxuLw, {imm(m), at + int64_t(m_vw.addr()), imm(m_t.R), imm(m_t.C)});
+        m_b.bind(none);
+    }
+
+    /// Per group (block, Cout tile): its Y slot (group index block NT + nt, parity), HBM output
+    /// base, row bytes and bias, in scalar memory.
+    void group_setup() {
+        const Geometry& g = m_g;
+        const isa::Reg parity = m_b.reg("group.parity", 11), dst = m_b.reg("group.dst", 12),
+                       col = m_b.reg("group.col", 13), bytes = m_b.reg("group.row_bytes", 14);
+        E(Mul, {parity, m_block, imm(NT)});
+        E(Add, {parity, parity, m_nt});
+        E(And, {parity, parity, imm(1)});
+        E(Sw, {parity, m_group.word(kYSlot)});
+        E(Mul, {m_y_at, parity, imm(int64_t(G * g.yv_img))});
+        E(Add, {m_y_at, m_y_at, m_vy});
+        if (g.nbands == 1) {
+            E(Mul, {dst, m_block, imm(int64_t(G * y_img_h))});
+        } else {
+            E(Divu, {dst, m_block, imm(g.nbands)});
+            E(Mul, {dst, dst, imm(int64_t(y_img_h))});
+            E(Remu, {col, m_block, imm(g.nbands)});
+            E(Mul, {col, col, imm(int64_t(uint64_t(y_rows) * y_pix_h))});
+            E(Add, {dst, dst, col});
+        }
+        E(Add, {dst, dst, m_ops.y.value});
+        E(Mul, {col, m_nt, imm(m_t.C * e)});
+        E(Add, {dst, dst, col});
+        E(Sw, {dst, m_group.word(kYDst)});
+        E(Li, {bytes, imm(m_t.C * e)});
+        m_b.if_(isa::Cond::Eq, m_nt, imm(NT - 1), [&] {
+            E(Li, {bytes, imm((m_sh.cout - (NT - 1) * m_t.C) * e)});
+        });
+        E(Sw, {bytes, m_group.word(kYBytes)});
+        if (e != 4) E(Mul, {col, m_nt, imm(m_t.C * 4)});  // the bias is fp32
+        E(Add, {col, col, m_vb});
+        E(Sw, {col, m_group.word(kYBias)});
+        E(Li, {m_step, imm(0)});
+    }
+
+    /// The tap's LHS base into lhs: plane (phase (kh % s, kw % s), ct), shifted by (kh / s,
+    /// kw / s) pixels.
+    void lhs_base() {
+        const Geometry& g = m_g;
+        const isa::Reg tap = m_b.reg("tap", 11), ct = m_b.reg("ct", 12), kh = m_b.reg("kh", 13),
+                       kw = m_b.reg("kw", 14), plane = m_b.reg("plane", 15),
+                       pcol = m_b.reg("phase_col", 16);
+        E(Divu, {tap, m_step, imm(m_t.CT)});
+        E(Remu, {ct, m_step, imm(m_t.CT)});
+        E(Divu, {kh, tap, imm(g.k)});
+        E(Remu, {kw, tap, imm(g.k)});
+        E(Remu, {plane, kh, imm(g.s)});  // phase row
+        E(Mul, {plane, plane, imm(m_t.phases)});
+        E(Remu, {pcol, kw, imm(g.s)});  // phase column
+        E(Add, {plane, plane, pcol});
+        E(Mul, {plane, plane, imm(m_t.CT)});
+        E(Add, {plane, plane, ct});
+        E(Mul, {plane, plane, imm(int64_t(g.plane_v))});
+        E(Divu, {kh, kh, imm(g.s)});
+        E(Mul, {kh, kh, imm(m_t.Wq)});
+        E(Divu, {kw, kw, imm(g.s)});
+        E(Add, {kh, kh, kw});
+        E(Mul, {kh, kh, imm(int64_t(g.pix))});
+        E(Add, {m_lhs, plane, kh});
+        E(Add, {m_lhs, m_lhs, m_x_at});
+    }
+
+    /// One K step: tap (kh, kw) and Cin tile ct of step `step`, Cout tile nt. (1) prefetch the
+    /// weight tile two steps ahead, so it is not queued behind the stores of a group's images in
+    /// the in-order DMA queue; (2) stream every run of every image of the block through the
+    /// loaded tile, then queue the next step's lw at once (the matmul after an lw swaps the new
+    /// tile in, so the lw cannot go earlier; the R-cycle load hides in the array's drain).
+    /// `last` (the group's last step) flags every matmul and stores each image as soon as the
+    /// next one is queued, so stores overlap the matmuls; the last image's epilogue waits until
+    /// the next step has queued its first image (pending), so the MXUs never run dry.
+    void step(bool last) {
+        const Geometry& g = m_g;
         // (1) This step's lw was issued in the previous step; once it is done its slot takes
         // the tile after next.
-        for (uint32_t m = 0; m < nm; ++m) L("        wait f{}, s{}", 2 + m, 22 + m);
+        for (uint32_t m = 0; m < nm; ++m) E(Wait, {m_lw[m].flag, m_lw[m].count});
         w_prefetch(2);
         // A group's first step waits until its Y slot is stored; a block's first, for its X.
-        L("        bne s8, 0, w_ok_{}", id);
-        L("        lw s11, [{}]", kYSlot);
-        by_slot("s11", [&](int slot) { L("        wait f{}, s{}", 11 + slot, 30 + slot); });
-        L("        bne s7, 0, w_ok_{}", id);
-        L("        and s11, s6, 1");
-        by_slot("s11", [&](int slot) { L("        wait f{}, s{}", 9 + slot, 28 + slot); });
-        L("w_ok_{}:", id);
-        // (2) The tap's LHS base: plane (phase (kh % s, kw % s), ct), shifted by (kh / s,
-        // kw / s) pixels.
-        L("        divu s11, s8, {}", t.CT);  // tap
-        L("        remu s12, s8, {}", t.CT);  // ct
-        L("        divu s13, s11, {}", g.k);  // kh
-        L("        remu s14, s11, {}", g.k);  // kw
-        L("        remu s15, s13, {}", g.s);  // phase row
-        L("        mul s15, s15, {}", t.phases);
-        L("        remu s16, s14, {}", g.s);  // phase column
-        L("        add s15, s15, s16");
-        L("        mul s15, s15, {}", t.CT);
-        L("        add s15, s15, s12");
-        L("        mul s15, s15, {}", g.plane_v);
-        L("        divu s13, s13, {}", g.s);
-        L("        mul s13, s13, {}", t.Wq);
-        L("        divu s14, s14, {}", g.s);
-        L("        add s13, s13, s14");
-        L("        mul s13, s13, {}", g.pix);
-        L("        add s10, s15, s13");
-        L("        add s10, s10, s20");
-        L("        sltu s19, 0, s8");
+        {
+            const isa::Label ok = m_b.label("inputs_ok");
+            const isa::Reg parity = m_b.reg("parity", 11);
+            E(Bne, {m_step, imm(0), ok});
+            E(Lw, {parity, m_group.word(kYSlot)});
+            by_slot(parity, [&](int slot) { m_ystore[slot]->wait_all(); });
+            E(Bne, {m_nt, imm(0), ok});
+            E(And, {parity, m_block, imm(1)});
+            by_slot(parity, [&](int slot) { E(Wait, {m_xload[slot].flag, m_xload[slot].count}); });
+            m_b.bind(ok);
+        }
+        // (2)
+        lhs_base();
+        E(Sltu, {m_acc, imm(0), m_step});
         uint32_t cnt[2] = {0, 0};
         for (uint32_t img = 0; img < G; ++img) {
             for (uint32_t r = 0; r < g.runs; ++r) {
                 const uint32_t p = img * g.runs + r, m = p % nm;
                 const bool flag = last || p + nm >= G * g.runs;
                 if (flag) ++cnt[m];
-                L("        mxu.mm {}, [s21+{}], [s10+{}], {}, s19{}", m,
-                  img * g.yv_img + uint64_t(r) * g.run_rows * C * 4,
-                  img * g.xv_img + uint64_t(r) * t.Wq * g.pix, g.run_rows,
-                  flag ? fmt::format(", f{}", 4 + m) : "");
+                const isa::Arg y =
+                    m_y_at + int64_t(img * g.yv_img + uint64_t(r) * g.run_rows * m_t.C * 4);
+                const isa::Arg x = m_lhs + int64_t(img * g.xv_img + uint64_t(r) * m_t.Wq * g.pix);
+                if (flag)
+                    E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc, m_mm[m].flag});
+                else
+                    E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc});
                 if (p + 1 == G * g.runs) w_load(1);
             }
             if (img == 0) {
                 flush_pending();
                 // A block's first step: every matmul of the previous block is done (the
                 // pending image was its last), so the next block's X may replace it.
-                const int xid = uniq++;
-                L("        bne s8, 0, nox_{}", xid);
-                L("        bne s7, 0, nox_{}", xid);
-                L("        add s18, s6, 1");
-                L("        bge s18, s5, nox_{}", xid);
-                x_load("s18");
-                L("nox_{}:", xid);
+                const isa::Label nox = m_b.label("no_x");
+                const isa::Reg next = m_b.reg("next_block", 18);
+                E(Bne, {m_step, imm(0), nox});
+                E(Bne, {m_nt, imm(0), nox});
+                E(Add, {next, m_block, imm(1)});
+                E(Bge, {next, blocks(), nox});
+                x_load(next);
+                m_b.bind(nox);
             }
             if (last && img > 0) {
                 uint32_t prev[2] = {0, 0};
                 for (uint32_t p = 0; p < img * g.runs; ++p) ++prev[p % nm];
-                image_regs(img - 1, prev);
-                finish();
+                ImageRegs r(m_b);
+                image_regs(r, img - 1, prev);
+                finish(r);
             }
         }
         if (last) {
-            image_regs(G - 1, cnt);
-            L("        sw s11, [{}]", kPY);
-            L("        sw s12, [{}]", kPD);
-            L("        sw s13, [{}]", kPC0);
-            L("        sw s14, [{}]", kPC1);
-            L("        sw s15, [{}]", kPBytes);
-            L("        sw s16, [{}]", kPSlot);
-            L("        sw s17, [{}]", kPBias);
-            L("        li s18, 1");
-            L("        sw s18, [{}]", kPend);
+            ImageRegs r(m_b);
+            image_regs(r, G - 1, cnt);
+            E(Sw, {r.y, m_pend.word(kPY)});
+            E(Sw, {r.dst, m_pend.word(kPD)});
+            E(Sw, {r.mm0, m_pend.word(kPC0)});
+            E(Sw, {r.mm1, m_pend.word(kPC1)});
+            E(Sw, {r.row_bytes, m_pend.word(kPBytes)});
+            E(Sw, {r.slot, m_pend.word(kPSlot)});
+            E(Sw, {r.bias, m_pend.word(kPBias)});
+            const isa::Reg one = m_b.reg("one", 18);
+            E(Li, {one, imm(1)});
+            E(Sw, {one, m_pend.word(kPend)});
         }
-        for (uint32_t m = 0; m < nm; ++m) L("        add s{}, s{}, {}", 24 + m, 24 + m, cnt[m]);
-        L("        add s8, s8, 1");
-        L("        add s9, s9, 1");
-    };
-    if (S > 1) {
-        L("kstep:");
-        step(false);
-        L("        bltu s8, {}, kstep", S - 1);
+        for (uint32_t m = 0; m < nm; ++m) E(Add, {m_mm[m].count, m_mm[m].count, imm(cnt[m])});
+        E(Add, {m_step, m_step, imm(1)});
+        E(Add, {m_step_all, m_step_all, imm(1)});
     }
-    step(true);
-    L("        add s7, s7, 1");
-    L("        bltu s7, {}, group", NT);
-    L("        add s6, s6, 1");
-    L("        blt s6, s5, block");
-    flush_pending();
-    L("        wait f11, s30");
-    L("        wait f12, s31");
-    L("        halt");
-    return isa::assemble(s, "conv2d.s");
+
+    isa::Builder& m_b;
+    const Conv2dShape m_sh;
+    const Conv2dTiling m_t;
+    const Geometry m_g;
+    const Conv2dOperands m_ops;
+    const Epilogue& m_ep;
+    const uint32_t e;  ///< bytes of one output value (4, or 2 with a bf16 store)
+    uint32_t NT = 0, S = 0, G = 0, nm = 0, y_rows = 0;
+    uint64_t wtile = 0, y_pix_h = 0, y_img_h = 0;
+    isa::Smem m_vpu_count, m_group, m_pend, m_side_count;
+    isa::Vmem m_vx, m_vy, m_vw, m_vb, m_vcol, m_vfull;
+    isa::Flag m_sides;
+    isa::Reg m_block, m_nt, m_step, m_step_all, m_lhs, m_acc, m_x_at, m_y_at;
+    isa::Flag m_vpu;
+    std::array<Tally, 2> m_lw, m_mm, m_xload;
+    std::array<std::optional<isa::CountedFlag>, 2> m_wload, m_ystore;
+};
+
+const std::array<streaming::Param, 5> kConvParams = {
+    {{"x"}, {"w"}, {"bias"}, {"y"}, {"blocks", true}}};
+
+}  // namespace
+
+void emit_conv2d(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& ops,
+                 const Epilogue& epilogue) {
+    const streaming::Operand all[] = {ops.x, ops.w, ops.bias, ops.y, ops.blocks};
+    streaming::check_operands("conv2d", kConvParams, all);
+    for (const streaming::Operand* o : {&ops.x, &ops.w, &ops.bias, &ops.y})
+        if (o->kind != streaming::Operand::Kind::Hbm)
+            throw b.error("conv2d: x, w, bias and y must be in HBM (the kernel streams them)");
+    const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
+    const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);
+    if (cols != key.tiling.column_sides || fulls != key.tiling.full_sides ||
+        epilogue.store_bf16 != key.store_bf16)
+        throw b.error(fmt::format(
+            "conv2d: the epilogue has {} Column and {} Full sides and {} bf16 store; the key says "
+            "{}, {} and {}",
+            cols, fulls, epilogue.store_bf16 ? "a" : "no", key.tiling.column_sides,
+            key.tiling.full_sides, key.store_bf16 ? "a" : "no"));
+    for (const EpilogueSide& sd : epilogue.sides)
+        if (sd.place.kind == streaming::Operand::Kind::Scalar)
+            throw b.error("conv2d: an epilogue side must be a tensor, not a scalar");
+    Conv2dGen(b, key, ops, epilogue).emit();
+}
+
+isa::Program generate(const Conv2dKey& key) {
+    isa::Builder b(key.name());
+    std::vector<isa::Reg> regs;
+    if (key.tiling.column_sides || key.tiling.full_sides)
+        throw b.error(
+            "conv2d: a kernel with epilogue sides is emitted with its epilogue "
+            "(emit_conv2d)");
+    const auto ops = streaming::declare_args(b, kConvParams, regs);
+    Epilogue ep;
+    ep.store_bf16 = key.store_bf16;
+    emit_conv2d(b, key, {ops[0], ops[1], ops[2], ops[3], ops[4]}, ep);
+    b.emit(isa::Opcode::Halt, {});
+    return b.finish();
 }
 
 namespace {
-
-using detail::Body;
 
 /// bf16 bits of x (round to nearest even).
 uint16_t bf16(float x) {
     return hw::f32_to_bf16(x);
 }
 
-uint32_t addr(const Buffer& b) {
-    return static_cast<uint32_t>(b.addr);
-}
-
-/// How one unit of a gather pack reaches the staging area: a strided fp32 DMA (rows of
-/// row_bytes) at `vmem_offset` into it, or (zero) a copy of the zero area.
-struct GatherClass {
-    bool zero = false;  ///< copy the zero area instead of loading from HBM
-    uint64_t hbm_offset = 0, vmem_offset = 0, rows = 0, row_bytes = 0, vstride = 0, hstride = 0;
-};
-
-/// A gather pack: unit u of `units` is `vals` fp32 values gathered from HBM (s1) into the
-/// staging area, rounded to bf16 and stored contiguously at s2 + u vals 2 bytes. The staging
-/// area is zero before every unit (zeroed once, then again after each conversion), so the zeros
-/// the kernel layouts need (padding pixels and channels) are whatever a class does not load.
-/// `decode(unit register)` leaves the class index in s14 and, for loading classes, the HBM
-/// source address (before hbm_offset) in s13; it may use s3..s12.
-detail::Spec gather_pack_spec(std::string name, uint64_t units, uint32_t vals,
-                              std::vector<GatherClass> classes,
-                              std::function<void(Body&, const std::string&)> decode) {
-    detail::Spec sp;
-    sp.name = std::move(name);
-    sp.units = units;
-    // A unit's source is not affine in its index across units, so every tile is one unit.
-    sp.max_tile_units = 1;
-    sp.areas = {vals / 2, vals};
-    const bool zeros = std::any_of(classes.begin(), classes.end(), [](auto& g) { return g.zero; });
-    if (zeros) sp.fixed = {vals};
-    const uint64_t bytes = uint64_t(vals) * 4;
-    auto uniq = std::make_shared<int>(0);
-    sp.ins = {detail::Stream(
-        1, 1,
-        [=](Body& b, const std::string& first, const std::string&, const std::string& slot,
-            const std::string& flag) {
-            const int id = (*uniq)++;
-            decode(b, first);
-            for (size_t c = 0; c < classes.size(); ++c) {
-                const GatherClass& g = classes[c];
-                const uint64_t at = b.off(1);
-                b.line(fmt::format("        bne s14, {}, gp_{}_{}", c, id, c));
-                if (g.zero) {
-                    b.line(fmt::format("        dma.vv [{}+{}], {}, 1, {}, {}, {}, {}", slot, at,
-                                       b.f(0), bytes, bytes, bytes, flag));
-                } else {
-                    b.line(fmt::format("        add s13, s13, {}", g.hbm_offset));
-                    b.line(fmt::format("        dma.hv [{}+{}], [s13], {}, {}, {}, {}, {}", slot,
-                                       at + g.vmem_offset, g.rows, g.row_bytes, g.vstride,
-                                       g.hstride, flag));
-                }
-                b.line(fmt::format("        jmp gp_{}_end", id));
-                b.line(fmt::format("gp_{}_{}:", id, c));
-            }
-            b.line(fmt::format("gp_{}_end:", id));
-        })};
-    sp.outs = {{2, 0}};
-    sp.body = [=](Body& b) {
-        b.vpu(fmt::format("        v.f2bf {}, {}, {}", b.a(0), b.a(1), vals));
-        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, {}", b.a(1), b.a(1), b.a(1), vals));
-    };
-    // Zeros: x > x is false for every x (NaN too), whatever VMEM held before.
-    sp.prologue = [=](Body& b) {
-        for (int slot = 0; slot < 2; ++slot) {
-            const std::string z = b.slot(slot, 1);
-            b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", z, z, z, vals));
-        }
-        if (zeros)
-            b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", b.f(0), b.f(0), b.f(0), vals));
-        b.line(fmt::format("        wait f5, {}", zeros ? 3 : 2));
-    };
-    return sp;
-}
-
-/// Packs x (N H W x Cin fp32, NHWC) into the kernel's bf16 stride-phase planes (conv2d.h). One
-/// unit is one plane row (image, phase row a, phase column b, Cin tile, row i): Wq pixels read
-/// from input row i s + a - pad at a stride of s pixels; rows in the padding are zeros.
-detail::Spec pack_input_spec(const Conv2dShape& sh, const Conv2dTiling& t) {
-    const uint32_t P = t.phases, R = t.R, CT = t.CT, s = sh.stride, p = sh.pad;
-    const uint32_t last = sh.cin - (CT - 1) * R;  // channels of the last Cin tile
-    const uint64_t units = uint64_t(sh.batch) * P * P * CT * t.Hq;
-    // Classes 2 b + (last Cin tile): columns j of phase b hold input column j s + b - pad.
-    std::vector<GatherClass> cls;
-    std::vector<bool> empty(P);
-    for (uint32_t b = 0; b < P; ++b) {
-        const uint32_t j0 = p > b ? (p - b + s - 1) / s : 0;
-        const int64_t hi = (int64_t(sh.width) - 1 + p - b);
-        const uint32_t j1 = hi < 0 ? 0 : std::min<uint32_t>(t.Wq, uint32_t(hi / s) + 1);
-        empty[b] = j1 <= j0;
-        for (uint32_t part = 0; part < 2; ++part) {
-            GatherClass g;
-            g.hbm_offset = (uint64_t(j0) * s + b - p) * sh.cin * 4;
-            g.vmem_offset = uint64_t(j0) * R * 4;
-            g.rows = empty[b] ? 1 : j1 - j0;
-            g.row_bytes = uint64_t(part ? last : R) * 4;
-            g.vstride = uint64_t(R) * 4;
-            g.hstride = uint64_t(s) * sh.cin * 4;
-            cls.push_back(g);
-        }
+/// Whether any tap of `s` reads the image somewhere (else col2im has nothing to add).
+bool any_tap_reaches(const Conv2dShape& s) {
+    for (uint32_t t = 0; t < s.kernel * s.kernel; ++t) {
+        const Conv2dTapRange r = conv2d_tap_range(s, t / s.kernel, t % s.kernel);
+        if (r.ny && r.nx) return true;
     }
-    GatherClass zero;
-    zero.zero = true;
-    const uint32_t kZero = static_cast<uint32_t>(cls.size());
-    cls.push_back(zero);
-    auto uniq = std::make_shared<int>(0);  // the decoder is emitted several times per program
-    auto decode = [=](Body& b, const std::string& u) {
-        const int k = (*uniq)++;
-        b.line(fmt::format("        remu s3, {}, {}", u, t.Hq));  // i
-        b.line(fmt::format("        divu s4, {}, {}", u, t.Hq));
-        b.line(fmt::format("        remu s5, s4, {}", CT));  // ct
-        b.line(fmt::format("        divu s4, s4, {}", CT));
-        b.line(fmt::format("        remu s6, s4, {}", P));  // b
-        b.line(fmt::format("        divu s4, s4, {}", P));
-        b.line(fmt::format("        remu s7, s4, {}", P));  // a
-        b.line(fmt::format("        divu s4, s4, {}", P));  // image
-        b.line(fmt::format("        mul s8, s3, {}", s));
-        b.line("        add s8, s8, s7");  // padded input row
-        b.line(fmt::format("        li s14, {}", kZero));
-        b.line(fmt::format("        bltu s8, {}, pz_{}", p, k));
-        b.line(fmt::format("        bltu s8, {}, pv_{}", sh.height + p, k));
-        b.line(fmt::format("        jmp pz_{}", k));
-        b.line(fmt::format("pv_{}:", k));
-        for (uint32_t c = 0; c < P; ++c)
-            if (empty[c]) b.line(fmt::format("        beq s6, {}, pz_{}", c, k));
-        b.line("        mul s14, s6, 2");
-        b.line(fmt::format("        sltu s9, s5, {}", CT - 1));
-        b.line("        add s14, s14, 1");
-        b.line("        sub s14, s14, s9");
-        b.line(fmt::format("        mul s9, s4, {}", sh.height));
-        b.line("        add s9, s9, s8");
-        b.line(fmt::format("        sub s9, s9, {}", p));
-        b.line(fmt::format("        mul s9, s9, {}", uint64_t(sh.width) * sh.cin * 4));
-        b.line("        add s13, s9, s1");
-        b.line(fmt::format("        mul s9, s5, {}", uint64_t(R) * 4));
-        b.line("        add s13, s13, s9");
-        b.line(fmt::format("pz_{}:", k));
-    };
-    return gather_pack_spec(fmt::format("conv2d_pack_x N{} H{} W{} Cin{} k{} s{} p{} R{}", sh.batch,
-                                        sh.height, sh.width, sh.cin, sh.kernel, s, p, R),
-                            units, t.Wq * R, cls, decode);
+    return false;
 }
 
-/// Packs w (k k Cin x Cout fp32, HWIO) into the kernel's R x C bf16 tiles (conv2d.h). One unit
-/// is one tile (Cout tile, tap, Cin tile): its Cin rows x Cout columns at the row stride Cout.
-detail::Spec pack_weight_spec(const Conv2dShape& sh, const Conv2dTiling& t) {
-    const uint32_t R = t.R, C = t.C, CT = t.CT, NT = t.NT, kk = sh.kernel * sh.kernel;
-    const uint32_t last_r = sh.cin - (CT - 1) * R, last_c = sh.cout - (NT - 1) * C;
-    std::vector<GatherClass> cls;
-    for (uint32_t pr = 0; pr < 2; ++pr)
-        for (uint32_t pc = 0; pc < 2; ++pc) {
-            GatherClass g;
-            g.rows = pr ? last_r : R;
-            g.row_bytes = uint64_t(pc ? last_c : C) * 4;
-            g.vstride = uint64_t(C) * 4;
-            g.hstride = uint64_t(sh.cout) * 4;
-            cls.push_back(g);
-        }
-    auto decode = [=](Body& b, const std::string& u) {
-        b.line(fmt::format("        remu s3, {}, {}", u, CT));  // ct
-        b.line(fmt::format("        divu s4, {}, {}", u, CT));
-        b.line(fmt::format("        remu s5, s4, {}", kk));  // tap
-        b.line(fmt::format("        divu s6, s4, {}", kk));  // Cout tile
-        b.line(fmt::format("        sltu s7, s3, {}", CT - 1));
-        b.line("        li s14, 3");
-        b.line("        sub s14, s14, s7");
-        b.line("        sub s14, s14, s7");
-        b.line(fmt::format("        sltu s7, s6, {}", NT - 1));
-        b.line("        sub s14, s14, s7");
-        b.line(fmt::format("        mul s8, s5, {}", sh.cin));
-        b.line(fmt::format("        mul s9, s3, {}", R));
-        b.line("        add s8, s8, s9");
-        b.line(fmt::format("        mul s8, s8, {}", uint64_t(sh.cout) * 4));
-        b.line(fmt::format("        mul s9, s6, {}", uint64_t(C) * 4));
-        b.line("        add s8, s8, s9");
-        b.line("        add s13, s8, s1");
-    };
-    return gather_pack_spec(
-        fmt::format("conv2d_pack_w k{} Cin{} Cout{} R{} C{}", sh.kernel, sh.cin, sh.cout, R, C),
-        uint64_t(NT) * kk * CT, R * C, cls, decode);
+std::string cores_text(const std::vector<uint32_t>& cores) {
+    return fmt::format("[{}]", fmt::join(cores, ", "));
 }
 
 /// The kernel's operands of one group of cores (one replica each) in scratch HBM.
@@ -684,11 +802,14 @@ Packed pack_operands(Device& dev, ProgramCache& cache, const Conv2dShape& s, con
             p.w.push_back(dev.alloc(w_bytes, core));
         }
         std::vector<Event> evs;
-        evs.push_back(detail::run(dev, cache, pack_input_spec(s, t), x.cores, [&](size_t i) {
-            return std::vector<uint32_t>{addr(x.bufs[i]), addr(p.x[i])};
+        const uint64_t vmem = dev.config().core.vmem_bytes;
+        const auto pack_x = plan_conv2d_aux(Conv2dAux::PackInput, s, t.R, t.C, 0, 0, 0, vmem);
+        evs.push_back(launch(dev, cache, pack_x, x.cores, [&](size_t i, LaunchArgs& a) {
+            a.set("x", x.bufs[i]).set("packed", p.x[i]);
         }));
-        evs.push_back(detail::run(dev, cache, pack_weight_spec(s, t), x.cores, [&](size_t i) {
-            return std::vector<uint32_t>{addr(w.bufs[i]), addr(p.w[i])};
+        const auto pack_w = plan_conv2d_aux(Conv2dAux::PackWeight, s, t.R, t.C, 0, 0, 0, vmem);
+        evs.push_back(launch(dev, cache, pack_w, x.cores, [&](size_t i, LaunchArgs& a) {
+            a.set("w", w.bufs[i]).set("packed", p.w[i]);
         }));
         if (s.cout % t.C) {
             // The kernel loads NT C bias values; the padding columns only reach output
@@ -710,11 +831,12 @@ Packed pack_operands(Device& dev, ProgramCache& cache, const Conv2dShape& s, con
 /// Starts the kernel on the group's cores: packed operands in, y (N Ho Wo x Cout fp32) out.
 LaunchHandle launch_conv(Device& dev, ProgramCache& cache, const Conv2dShape& s,
                          const Conv2dTiling& t, const Packed& p, const Tensor& y) {
-    const uint32_t blocks = t.images / t.block_images * (s.out_height() / t.band_rows);
-    const isa::Program& prog = cache.get(conv2d_key(s, t), [&] { return conv2d_program(s, t); });
-    return dev.launch_async(y.cores, prog, [&, blocks](size_t j) {
-        return std::vector<uint32_t>{addr(p.x[j]), addr(p.w[j]), addr(p.b[j]), addr(y.bufs[j]),
-                                     blocks};
+    const isa::Program& prog = cache.get(Conv2dKey{s, t});
+    return dev.launch_async(y.cores, prog, [&](size_t j) {
+        LaunchArgs a(prog);
+        a.set("x", p.x[j]).set("w", p.w[j]).set("bias", p.b[j]).set("y", y.bufs[j]);
+        a.set("blocks", conv2d_blocks(s, t));
+        return a.values();
     });
 }
 
@@ -728,314 +850,57 @@ void check_operands(const Conv2dShape& s, const Tensor& x, const Tensor& w, cons
     check_tensor(x, s.batch * s.height * s.width, s.cin, x, "conv2d", "x");
 }
 
-/// The output rows y0 .. y0 + ny and columns x0 .. x0 + nx whose input pixel under tap
-/// (kh, kw) lies inside the image (the others read padding).
-struct TapRange {
-    uint32_t y0 = 0, ny = 0, x0 = 0, nx = 0;
-};
-
-TapRange tap_range(const Conv2dShape& s, uint32_t kh, uint32_t kw) {
-    auto span = [&](uint32_t size, uint32_t out, uint32_t kpos, uint32_t& first, uint32_t& n) {
-        first = s.pad > kpos ? (s.pad - kpos + s.stride - 1) / s.stride : 0;
-        const int64_t hi = int64_t(size) - 1 + s.pad - kpos;
-        const uint32_t end = hi < 0 ? 0 : std::min<uint32_t>(out, uint32_t(hi / s.stride) + 1);
-        n = end > first ? end - first : 0;
-    };
-    TapRange r;
-    span(s.height, s.out_height(), kh, r.y0, r.ny);
-    span(s.width, s.out_width(), kw, r.x0, r.nx);
-    return r;
-}
-
-/// Leaves in s13 the x address (base in s{x_arg}) of the first pixel unit u moves under tap
-/// (kh, kw) and in s14 the column-buffer address (base in s{col_arg}). Units are (image, output
-/// row) over the tap's valid rows.
-void emit_tap_addresses(Body& b, const std::string& u, const Conv2dShape& s, const TapRange& r,
-                        uint32_t kh, uint32_t kw, int x_arg, int col_arg) {
-    const uint32_t Ho = s.out_height(), Wo = s.out_width(), kk = s.kernel * s.kernel;
-    const uint64_t pix = uint64_t(s.cin) * 4;
-    b.line(fmt::format("        remu s3, {}, {}", u, r.ny));
-    b.line(fmt::format("        add s3, s3, {}", r.y0));      // output row
-    b.line(fmt::format("        divu s4, {}, {}", u, r.ny));  // image
-    // Input pixel (image, y s + kh - pad, x0 s + kw - pad), both coordinates >= 0.
-    b.line(fmt::format("        mul s5, s3, {}", s.stride));
-    b.line(fmt::format("        add s5, s5, {}", kh));
-    b.line(fmt::format("        sub s5, s5, {}", s.pad));
-    b.line(fmt::format("        mul s6, s4, {}", s.height));
-    b.line("        add s5, s5, s6");
-    b.line(fmt::format("        mul s5, s5, {}", s.width));
-    b.line(fmt::format("        add s5, s5, {}", r.x0 * s.stride + kw - s.pad));
-    b.line(fmt::format("        mul s5, s5, {}", pix));
-    b.line(fmt::format("        add s13, s5, s{}", x_arg));
-    // Column-buffer row (image, y, x0), columns from tap (kh k + kw) Cin.
-    b.line(fmt::format("        mul s6, s4, {}", Ho));
-    b.line("        add s6, s6, s3");
-    b.line(fmt::format("        mul s6, s6, {}", Wo));
-    b.line(fmt::format("        add s6, s6, {}", r.x0));
-    b.line(fmt::format("        mul s6, s6, {}", kk * pix));
-    b.line(fmt::format("        add s6, s6, {}", (kh * s.kernel + kw) * pix));
-    b.line(fmt::format("        add s14, s6, s{}", col_arg));
-}
-
-std::string shape_key(const Conv2dShape& s) {
-    return fmt::format("N{} H{} W{} Cin{} k{} s{} p{}", s.batch, s.height, s.width, s.cin, s.kernel,
-                       s.stride, s.pad);
-}
-
-/// im2col of one tap: s1 = x, s2 = the column buffer (N Ho Wo x k k Cin fp32). One unit per
-/// valid (image, output row): nx pixels of Cin values at the input pixel stride s, stored at
-/// the column buffer's row stride.
-detail::Spec im2col_tap_spec(const Conv2dShape& s, uint32_t kh, uint32_t kw) {
-    const TapRange r = tap_range(s, kh, kw);
-    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * s.kernel * s.kernel;
-    detail::Spec sp;
-    sp.name = fmt::format("conv2d_im2col {} tap {} {}", shape_key(s), kh, kw);
-    sp.units = uint64_t(s.batch) * r.ny;
-    // Consecutive units are not one affine 2-D transfer, so every tile is one unit.
-    sp.max_tile_units = 1;
-    sp.areas = {r.nx * s.cin};
-    sp.ins = {detail::Stream(1, 0,
-                             [=](Body& b, const std::string& first, const std::string&,
-                                 const std::string& slot, const std::string& flag) {
-                                 emit_tap_addresses(b, first, s, r, kh, kw, 1, 2);
-                                 b.line(fmt::format("        dma.hv {}, [s13], {}, {}, {}, {}, {}",
-                                                    b.at(slot, 0), r.nx, pix, pix, pix * s.stride,
-                                                    flag));
-                             })};
-    sp.outs = {detail::Stream(2, 0,
-                              [=](Body& b, const std::string& first, const std::string&,
-                                  const std::string& slot, const std::string& flag) {
-                                  emit_tap_addresses(b, first, s, r, kh, kw, 1, 2);
-                                  b.line(fmt::format("        dma.vh [s14], {}, {}, {}, {}, {}, {}",
-                                                     b.at(slot, 0), r.nx, pix, row, pix, flag));
-                              })};
-    sp.body = [](Body&) {};
-    return sp;
-}
-
-/// col2im of one tap: dx (s2) += the tap's columns of dcol (s1), per valid (image, output
-/// row). A tap maps distinct outputs to distinct input pixels, so its units never overlap.
-detail::Spec col2im_tap_spec(const Conv2dShape& s, uint32_t kh, uint32_t kw) {
-    const TapRange r = tap_range(s, kh, kw);
-    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * s.kernel * s.kernel;
-    const uint32_t vals = r.nx * s.cin;
-    detail::Spec sp;
-    sp.name = fmt::format("conv2d_col2im {} tap {} {}", shape_key(s), kh, kw);
-    sp.units = uint64_t(s.batch) * r.ny;
-    sp.max_tile_units = 1;
-    sp.areas = {vals, vals};
-    auto load_dx = [=](Body& b, const std::string& first, const std::string&,
-                       const std::string& slot, const std::string& flag) {
-        emit_tap_addresses(b, first, s, r, kh, kw, 2, 1);
-        b.line(fmt::format("        dma.hv {}, [s13], {}, {}, {}, {}, {}", b.at(slot, 0), r.nx, pix,
-                           pix, pix * s.stride, flag));
-    };
-    auto load_dcol = [=](Body& b, const std::string& first, const std::string&,
-                         const std::string& slot, const std::string& flag) {
-        emit_tap_addresses(b, first, s, r, kh, kw, 2, 1);
-        b.line(fmt::format("        dma.hv {}, [s14], {}, {}, {}, {}, {}", b.at(slot, 1), r.nx, pix,
-                           pix, row, flag));
-    };
-    sp.ins = {detail::Stream(2, 0, load_dx), detail::Stream(1, 1, load_dcol)};
-    sp.outs = {detail::Stream(2, 0,
-                              [=](Body& b, const std::string& first, const std::string&,
-                                  const std::string& slot, const std::string& flag) {
-                                  emit_tap_addresses(b, first, s, r, kh, kw, 2, 1);
-                                  b.line(fmt::format("        dma.vh [s13], {}, {}, {}, {}, {}, {}",
-                                                     b.at(slot, 0), r.nx, pix, pix * s.stride, pix,
-                                                     flag));
-                              })};
-    sp.body = [=](Body& b) {
-        b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.a(0), b.a(0), b.a(1), vals));
-    };
-    return sp;
-}
-
-/// Zeroes slot areas `areas` of both slots and every fixed area in the prologue (x > x is
-/// false for every x, NaN too): the row kernels below leave whatever a unit does not load zero.
-void zero_staging(Body& b, const std::vector<int>& areas, const std::vector<uint32_t>& area_vals,
-                  const std::vector<uint32_t>& fixed_vals) {
-    int n = 0;
-    for (int slot = 0; slot < 2; ++slot)
-        for (int a : areas) {
-            const std::string z = b.slot(slot, a);
-            b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", z, z, z, area_vals[a]));
-            ++n;
-        }
-    for (size_t f = 0; f < fixed_vals.size(); ++f) {
-        const std::string z = b.f(int(f));
-        b.line(fmt::format("        v.cmpgt {}, {}, {}, {}, f5", z, z, z, fixed_vals[f]));
-        ++n;
-    }
-    b.line(fmt::format("        wait f5, {}", n));
-}
-
-/// im2col with one unit per output row (image, y): the k input rows it reads come in as k
-/// contiguous row DMAs (a zero copy for a padding row), each tap's pixels are gathered from
-/// them into the tap's columns of a Wo x k k Cin staging row by a VMEM copy, and the row goes
-/// out in one contiguous store. Gathering in VMEM keeps every HBM transfer a whole image row:
-/// a per-tap DMA straight from HBM moves Cin values per request, which for a small Cin (an RGB
-/// stem: 12 bytes) wastes most of each burst. Columns no tap reaches (horizontal padding) keep
-/// the prologue's zeros. s1 = x, s2 = the column buffer.
-detail::Spec im2col_rows_spec(const Conv2dShape& s) {
-    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel, kk = k * k;
-    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * kk, in_row = pix * s.width;
-    detail::Spec sp;
-    sp.name = fmt::format("conv2d_im2col_rows {}", shape_key(s));
-    sp.units = uint64_t(s.batch) * Ho;
-    sp.max_tile_units = 1;
-    sp.areas = {Wo * kk * s.cin};
-    sp.fixed = {s.width * s.cin};
-    auto uniq = std::make_shared<int>(0);
-    for (uint32_t kh = 0; kh < k; ++kh) {
-        const TapRange r = tap_range(s, kh, 0);  // rows y0 .. y0 + ny read a real input row
-        const int area = int(sp.areas.size());
-        sp.areas.push_back(s.width * s.cin);
-        sp.ins.push_back(detail::Stream(
-            1, area,
-            [=](Body& b, const std::string& u, const std::string&, const std::string& slot,
-                const std::string& flag) {
-                const int id = (*uniq)++;
-                b.line(fmt::format("        remu s3, {}, {}", u, Ho));  // y
-                b.line(fmt::format("        divu s4, {}, {}", u, Ho));  // image
-                b.line(fmt::format("        bltu s3, {}, ic_z{}", r.y0, id));
-                b.line(fmt::format("        bge s3, {}, ic_z{}", r.y0 + r.ny, id));
-                b.line(fmt::format("        mul s5, s3, {}", s.stride));
-                b.line(fmt::format("        add s5, s5, {}", kh));
-                b.line(fmt::format("        sub s5, s5, {}", s.pad));
-                b.line(fmt::format("        mul s6, s4, {}", s.height));
-                b.line("        add s5, s5, s6");
-                b.line(fmt::format("        mul s5, s5, {}", in_row));
-                b.line("        add s13, s5, s1");
-                b.line(fmt::format("        dma.hv {}, [s13], 1, {}, {}, {}, {}", b.at(slot, area),
-                                   in_row, in_row, in_row, flag));
-                b.line(fmt::format("        jmp ic_e{}", id));
-                b.line(fmt::format("ic_z{}:", id));
-                b.line(fmt::format("        dma.vv {}, {}, 1, {}, {}, {}, {}", b.at(slot, area),
-                                   b.f(0), in_row, in_row, in_row, flag));
-                b.line(fmt::format("ic_e{}:", id));
-            }));
-    }
-    sp.outs = {{2, 0}};
-    sp.body = [=](Body& b) {
-        for (uint32_t t = 0; t < kk; ++t) {
-            const uint32_t kh = t / k, kw = t % k;
-            const TapRange r = tap_range(s, kh, kw);
-            if (!r.ny || !r.nx) continue;  // never reads the image: stays zero
-            const uint64_t to = b.off(0) + r.x0 * row + t * pix;
-            const uint64_t from =
-                b.off(1 + int(kh)) + (uint64_t(r.x0) * s.stride + kw - s.pad) * pix;
-            b.vpu(fmt::format("        dma.vv [s19+{}], [s19+{}], {}, {}, {}, {}", to, from, r.nx,
-                              pix, row, pix * s.stride));
-        }
-    };
-    sp.prologue = [=](Body& b) { zero_staging(b, {0}, {Wo * kk * s.cin}, {s.width * s.cin}); };
-    return sp;
-}
-
-/// col2im with one unit per input row (image, iy): per tap, the dcol values that reach the
-/// row are loaded at their pixels into the tap's W x Cin area (a zero copy when the tap does
-/// not reach it; the pixels it never reaches stay zero), then dx = +0.0 + area_0, dx += area_t
-/// in tap order, one contiguous store. Adding a +0.0 where the reference skips a tap is exact:
-/// the sum starts at +0.0, so it is never -0.0. s1 = dcol, s2 = dx.
-detail::Spec col2im_rows_spec(const Conv2dShape& s) {
-    const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel, kk = k * k;
-    const uint64_t pix = uint64_t(s.cin) * 4, row = pix * kk;
-    const uint32_t vals = s.width * s.cin;
-    detail::Spec sp;
-    sp.name = fmt::format("conv2d_col2im_rows {}", shape_key(s));
-    sp.units = uint64_t(s.batch) * s.height;
-    sp.max_tile_units = 1;
-    sp.areas = {vals};
-    sp.fixed = {std::max(s.width, Wo) * s.cin};
-    auto uniq = std::make_shared<int>(0);
-    std::vector<int> tap_areas;
-    for (uint32_t t = 0; t < kk; ++t) {
-        const uint32_t kh = t / k, kw = t % k;
-        const TapRange r = tap_range(s, kh, kw);
-        if (!r.ny || !r.nx) continue;
-        const int area = int(sp.areas.size());
-        sp.areas.push_back(vals);
-        tap_areas.push_back(area);
-        sp.ins.push_back(detail::Stream(
-            1, area,
-            [=](Body& b, const std::string& u, const std::string&, const std::string& slot,
-                const std::string& flag) {
-                const int id = (*uniq)++;
-                const uint64_t at = b.off(area) + uint64_t(r.x0 * s.stride + kw - s.pad) * pix;
-                b.line(fmt::format("        remu s3, {}, {}", u, s.height));  // iy
-                b.line(fmt::format("        divu s4, {}, {}", u, s.height));  // image
-                // Output row y = (iy + pad - kh) / stride when exact and inside 0 .. Ho.
-                b.line(fmt::format("        add s5, s3, {}", s.pad));
-                b.line(fmt::format("        bltu s5, {}, cc_z{}", kh, id));
-                b.line(fmt::format("        sub s5, s5, {}", kh));
-                b.line(fmt::format("        remu s6, s5, {}", s.stride));
-                b.line(fmt::format("        bne s6, 0, cc_z{}", id));
-                b.line(fmt::format("        divu s5, s5, {}", s.stride));
-                b.line(fmt::format("        bge s5, {}, cc_z{}", Ho, id));
-                b.line(fmt::format("        mul s6, s4, {}", Ho));
-                b.line("        add s5, s5, s6");
-                b.line(fmt::format("        mul s5, s5, {}", Wo));
-                b.line(fmt::format("        add s5, s5, {}", r.x0));
-                b.line(fmt::format("        mul s5, s5, {}", row));
-                b.line(fmt::format("        add s5, s5, {}", t * pix));
-                b.line("        add s13, s5, s1");
-                b.line(fmt::format("        dma.hv [{}+{}], [s13], {}, {}, {}, {}, {}", slot, at,
-                                   r.nx, pix, pix * s.stride, row, flag));
-                b.line(fmt::format("        jmp cc_e{}", id));
-                b.line(fmt::format("cc_z{}:", id));
-                b.line(fmt::format("        dma.vv [{}+{}], {}, {}, {}, {}, {}, {}", slot, at,
-                                   b.f(0), r.nx, pix, pix * s.stride, pix, flag));
-                b.line(fmt::format("cc_e{}:", id));
-            }));
-    }
-    sp.outs = {{2, 0}};
-    sp.body = [=](Body& b) {
-        for (size_t i = 0; i < tap_areas.size(); ++i)
-            b.vpu(fmt::format("        v.add {}, {}, {}, {}", b.a(0), i ? b.a(0) : b.f(0),
-                              b.a(tap_areas[i]), vals));
-    };
-    std::vector<uint32_t> area_vals = sp.areas;
-    sp.prologue = [=](Body& b) {
-        zero_staging(b, tap_areas, area_vals, {std::max(s.width, Wo) * s.cin});
-    };
-    return sp;
-}
-
-/// Whether a kernel's staging fits VMEM (else conv2d_grad uses the per-tap kernels).
-bool fits(const detail::Spec& sp, const hw::BoardConfig& cfg) {
+/// The key of helper `kind` on this board, or none when not even one unit fits its VMEM
+/// (conv2d_grad then uses the per-tap kernels).
+std::optional<Conv2dAuxKey> plan_aux(const Device& dev, Conv2dAux kind, const Conv2dShape& s,
+                                     uint32_t kh = 0, uint32_t kw = 0, uint64_t units = 0) {
+    const hw::BoardConfig& cfg = dev.config();
     try {
-        return detail::tile_units(sp, cfg) >= 1;
+        return plan_conv2d_aux(kind, s, cfg.core.mxu_rows, cfg.core.mxu_cols, kh, kw, units,
+                               cfg.core.vmem_bytes);
     } catch (const DeviceError&) {
-        return false;
+        return std::nullopt;
     }
 }
 
-/// t = +0.0 in place: x > x is false for every x (NaN too), whatever the memory held.
+/// Launches helper `k` over `a`'s core set with `a` and `b` (if given) as its operands.
+Event run_aux(Device& dev, ProgramCache& cache, const Conv2dAuxKey& k, const Tensor& a,
+              const Tensor* b = nullptr) {
+    const auto params = conv2d_aux_params(k.kind);
+    if (b && b->cores != a.cores)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("{}: tensors on different core sets ({} and {})", k.name(),
+                                      cores_text(a.cores), cores_text(b->cores)));
+    return launch(dev, cache, k, a.cores, [&](size_t i, LaunchArgs& args) {
+        args.set(params[0].name, a.bufs[i]);
+        if (b) args.set(params[1].name, b->bufs[i]);
+    });
+}
+
+/// Launches helper `k`, which must fit VMEM (plan_conv2d_aux throws naming it otherwise).
+Conv2dAuxKey must_plan(const Device& dev, Conv2dAux kind, const Conv2dShape& s, uint32_t kh = 0,
+                       uint32_t kw = 0, uint64_t units = 0) {
+    const hw::BoardConfig& cfg = dev.config();
+    return plan_conv2d_aux(kind, s, cfg.core.mxu_rows, cfg.core.mxu_cols, kh, kw, units,
+                           cfg.core.vmem_bytes);
+}
+
+/// t = +0.0 in place (Conv2dAux::Zero).
 Event zero_tensor(Device& dev, ProgramCache& cache, const Tensor& t) {
-    detail::Spec sp;
-    sp.name = "conv2d_grad_zero";
-    sp.units = t.elements();
-    sp.areas = {1};
-    sp.ins = {{1, 0}};
-    sp.outs = {{1, 0}};
-    sp.body = [](Body& b) {
-        b.vpu(fmt::format("        v.cmpgt {}, {}, {}, s18", b.a(0), b.a(0), b.a(0)));
-    };
-    return detail::run(dev, cache, sp, {&t});
+    return run_aux(dev, cache, must_plan(dev, Conv2dAux::Zero, {}, 0, 0, t.elements()), t);
 }
 
 /// col = im2col(x) (N Ho Wo x k k Cin fp32) on x's cores: one row kernel (im2col_rows_spec)
 /// when its staging fits VMEM, else one kernel per tap over zeroed padding.
 std::vector<Event> im2col(Device& dev, ProgramCache& cache, const Conv2dShape& s, const Tensor& x,
                           const Tensor& col) {
-    const detail::Spec rows = im2col_rows_spec(s);
-    if (fits(rows, dev.config())) return {detail::run(dev, cache, rows, {&x, &col})};
+    if (const auto rows = plan_aux(dev, Conv2dAux::Im2colRows, s))
+        return {run_aux(dev, cache, *rows, x, &col)};
     const uint32_t k = s.kernel;
-    std::vector<TapRange> taps;
+    std::vector<Conv2dTapRange> taps;
     bool partial = false;
     for (uint32_t t = 0; t < k * k; ++t) {
-        taps.push_back(tap_range(s, t / k, t % k));
+        taps.push_back(conv2d_tap_range(s, t / k, t % k));
         partial |= taps.back().ny < s.out_height() || taps.back().nx < s.out_width();
     }
     std::vector<Event> evs;
@@ -1043,7 +908,8 @@ std::vector<Event> im2col(Device& dev, ProgramCache& cache, const Conv2dShape& s
     if (partial) evs.push_back(zero_tensor(dev, cache, col));
     for (uint32_t t = 0; t < k * k; ++t)
         if (taps[t].ny && taps[t].nx)
-            evs.push_back(detail::run(dev, cache, im2col_tap_spec(s, t / k, t % k), {&x, &col}));
+            evs.push_back(run_aux(dev, cache, must_plan(dev, Conv2dAux::Im2colTap, s, t / k, t % k),
+                                  x, &col));
     return evs;
 }
 
@@ -1113,16 +979,18 @@ Event conv2d_grad(Device& dev, ProgramCache& cache, const Conv2dShape& s, const 
         if (!want_dx) return detail::merge(evs);
         dcol = alloc_tensor(dev, x.cores, M, KC);
         evs.push_back(matmul(dev, cache, dy, false, w, true, dcol, Precision::Bf16));
-        const detail::Spec col2im = col2im_rows_spec(s);
-        if (col2im.ins.size() && fits(col2im, dev.config())) {
-            evs.push_back(detail::run(dev, cache, col2im, {&dcol, &dx}));
+        const auto col2im =
+            any_tap_reaches(s) ? plan_aux(dev, Conv2dAux::Col2imRows, s) : std::nullopt;
+        if (col2im) {
+            evs.push_back(run_aux(dev, cache, *col2im, dcol, &dx));
         } else {
             evs.push_back(zero_tensor(dev, cache, dx));
             for (uint32_t t = 0; t < k * k; ++t) {
-                const TapRange r = tap_range(s, t / k, t % k);
+                const Conv2dTapRange r = conv2d_tap_range(s, t / k, t % k);
                 if (r.ny && r.nx)
-                    evs.push_back(
-                        detail::run(dev, cache, col2im_tap_spec(s, t / k, t % k), {&dcol, &dx}));
+                    evs.push_back(run_aux(dev, cache,
+                                          must_plan(dev, Conv2dAux::Col2imTap, s, t / k, t % k),
+                                          dcol, &dx));
             }
         }
         free_tensor(dev, dcol);

@@ -2,10 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "driver/device.h"
+#include "driver/kernels/epilogue.h"
+#include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
 
@@ -32,6 +35,7 @@ struct Conv2dShape {
     /// Throws DeviceError(Usage) naming the field: zero sizes, a kernel larger than the padded
     /// input, or sizes whose HBM layout exceeds the kernels' 32-bit addressing.
     void validate() const;
+    auto operator<=>(const Conv2dShape&) const = default;
 };
 
 /// Whether conv2d lowers to im2col and one GEMM instead of the implicit GEMM (driver/README.md,
@@ -43,6 +47,14 @@ struct Conv2dShape {
 /// against 44 023 as an implicit GEMM). `R` is the MXU's rows.
 bool conv2d_folds_taps(const Conv2dShape& s, uint32_t R);
 
+/// The output rows y0 .. y0 + ny and columns x0 .. x0 + nx whose input pixel under tap
+/// (kh, kw) lies inside the image (the others read padding).
+struct Conv2dTapRange {
+    uint32_t y0 = 0, ny = 0, x0 = 0, nx = 0;
+};
+/// Conv2dTapRange of tap (kh, kw) of `s`.
+Conv2dTapRange conv2d_tap_range(const Conv2dShape& s, uint32_t kh, uint32_t kw);
+
 /// How one core's kernel tiles its images (driver/README.md, "Convolution").
 struct Conv2dTiling {
     uint32_t R = 0, C = 0;      ///< MXU array: Cin tile (K) and Cout tile (N)
@@ -53,14 +65,19 @@ struct Conv2dTiling {
     uint32_t images = 0;        ///< images on this core
     uint32_t block_images = 0;  ///< images per block (1 when images are cut into bands)
     uint32_t mxus = 0;          ///< MXUs used
+    uint32_t column_sides = 0;  ///< epilogue Column sides (VMEM: one Cout tile of each, C fp32)
+    uint32_t full_sides = 0;    ///< epilogue Full sides (VMEM: one image's tile of each)
+    auto operator<=>(const Conv2dTiling&) const = default;
 };
 
 /// The tiling of `images` images per core: whole images, as many per block as divide `images`
 /// and fit in VMEM twice (more images per block amortise the array drain of each weight tile),
 /// or, when one image does not fit, bands of output rows (the largest divisor of Ho that fits).
-Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images);
-/// The per-core kernel. Launch arguments: s1 = X, s2 = W, s3 = bias, s4 = Y (HBM addresses),
-/// s5 = blocks on this core. HBM layouts (the packing kernels write them):
+/// An epilogue's sides (emit_conv2d) take VMEM beside them: one tile of each.
+Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images,
+                         uint32_t column_sides = 0, uint32_t full_sides = 0);
+/// Program-cache key of the per-core kernel: the shape (`batch` = every core's images, as the
+/// caller planned it) and one core's tiling. HBM layouts (the packing kernels write them):
 /// - X: per image, per stride phase (a, b) (a, b < phases), per Cin tile: a Hq x Wq x R bf16
 ///   plane, pixel (i, j) = zero-padded input (i stride + a - pad, j stride + b - pad), channels
 ///   past Cin zero. Tap (kh, kw) of output (y, x) reads phase (kh % s, kw % s) at
@@ -68,9 +85,73 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
 /// - W: R x C bf16 tiles (Cin x Cout, zero-padded), tile (nt, kh, kw, ct) at index
 ///   ((nt k + kh) k + kw) CT + ct, each row-major and contiguous.
 /// - bias: NT C fp32. Y: NHWC fp32, N x Ho x Wo x Cout, compact.
-isa::Program conv2d_program(const Conv2dShape& s, const Conv2dTiling& t);
-/// Cache key of the kernel (shape and tiling).
-std::string conv2d_key(const Conv2dShape& s, const Conv2dTiling& t);
+struct Conv2dKey {
+    Conv2dShape shape;        ///< the convolution
+    Conv2dTiling tiling;      ///< one core's tiling (plan_conv2d), with the epilogue's sides
+    bool store_bf16 = false;  ///< Y in bf16 (an epilogue's store_bf16), N x Ho x Wo x Cout
+    auto operator<=>(const Conv2dKey&) const = default;
+    std::string name() const { return "conv2d"; }
+    friend size_t hash_value(const Conv2dKey& k);
+};
+/// Where emit_conv2d's operands are (HBM addresses in the layouts above).
+struct Conv2dOperands {
+    streaming::Operand x;       ///< HBM: the packed phase planes
+    streaming::Operand w;       ///< HBM: the packed weight tiles
+    streaming::Operand bias;    ///< HBM: NT C fp32
+    streaming::Operand y;       ///< HBM: the output
+    streaming::Operand blocks;  ///< scalar: blocks on this core (conv2d_blocks)
+};
+/// Blocks of one core's kernel: images / block_images x Ho / band_rows.
+uint32_t conv2d_blocks(const Conv2dShape& s, const Conv2dTiling& t);
+/// Emits the kernel for `key` into `b` (driver/README.md, "Convolution"): registers, flags,
+/// scalar memory and VMEM from b's pools in its own scope (it uses 26 registers besides its
+/// operands and 13 flags, 14 with epilogue sides); on return every instruction it issued has
+/// completed. `epilogue` runs on each image's fp32 tile (hb Wo rows x C, after the bias) before
+/// its store: its sides must match the key's tiling (column_sides, full_sides) and its
+/// store_bf16 the key's; a Full side is NHWC fp32 like Y, a Column side Cout fp32. Throws
+/// isa::BuildError when they do not match.
+void emit_conv2d(isa::Builder& b, const Conv2dKey& key, const Conv2dOperands& ops,
+                 const Epilogue& epilogue = {});
+/// The stand-alone kernel: launch arguments x, w, bias, y (HBM addresses), blocks (s1..s5), then
+/// emit_conv2d, then halt.
+isa::Program generate(const Conv2dKey& key);
+
+/// The streaming helper kernels of conv2d and conv2d_grad (driver/README.md, "Convolution").
+enum class Conv2dAux : uint8_t {
+    PackInput,   ///< x (NHWC fp32) -> the kernel's bf16 phase planes; operands x, packed
+    PackWeight,  ///< w (HWIO fp32) -> the kernel's bf16 weight tiles; operands w, packed
+    Im2colTap,   ///< one tap's columns of im2col(x); operands x, col
+    Col2imTap,   ///< dx += one tap's columns of dcol; operands dcol, dx
+    Im2colRows,  ///< im2col(x), one unit per output row; operands x, col
+    Col2imRows,  ///< dx = col2im(dcol), one unit per input row; operands dcol, dx
+    Zero,        ///< t = +0.0; operand t
+};
+/// Program-cache key of a helper kernel: the fields it reads (the others stay 0, so shapes that
+/// differ only in what a kernel does not read share its program).
+struct Conv2dAuxKey {
+    Conv2dAux kind = Conv2dAux::Zero;           ///< which kernel
+    Conv2dShape shape{0, 0, 0, 0, 0, 0, 0, 0};  ///< the convolution's fields the kernel reads
+    uint32_t R = 0, C = 0;                      ///< MXU array (packing kernels)
+    uint32_t kh = 0, kw = 0;                    ///< the tap (per-tap kernels)
+    uint64_t units = 0;                         ///< values (Zero)
+    uint32_t tile = 0;                          ///< units per VMEM tile (plan_conv2d_aux)
+    auto operator<=>(const Conv2dAuxKey&) const = default;
+    /// "conv2d_pack_x", "conv2d_pack_w", "conv2d_im2col", "conv2d_col2im", "conv2d_im2col_rows",
+    /// "conv2d_col2im_rows", "conv2d_grad_zero".
+    std::string name() const;
+    friend size_t hash_value(const Conv2dAuxKey& k);
+};
+/// The key of helper `kind` for shape `s` (R, C: the MXU; tap (kh, kw); `units` values for
+/// Zero), tiled for `vmem_bytes` of free VMEM. Throws DeviceError(Usage) when not even one
+/// unit fits.
+Conv2dAuxKey plan_conv2d_aux(Conv2dAux kind, const Conv2dShape& s, uint32_t R, uint32_t C,
+                             uint32_t kh, uint32_t kw, uint64_t units, uint64_t vmem_bytes);
+/// The operands of helper `kind`, in launch-argument order.
+std::span<const streaming::Param> conv2d_aux_params(Conv2dAux kind);
+/// Emits helper `k` into `b` (no halt), operands in conv2d_aux_params order.
+void emit(isa::Builder& b, const Conv2dAuxKey& k, std::span<const streaming::Operand> ops);
+/// The stand-alone program of helper `k`.
+isa::Program generate(const Conv2dAuxKey& k);
 
 /// Result of conv2d().
 struct Conv2dResult {
