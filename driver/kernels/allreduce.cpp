@@ -10,9 +10,9 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/kernel.h"
 #include "driver/kernels/vector_ops.h"
 #include "hw/board.h"
-#include "isa/assembler.h"
 
 namespace tpu::driver {
 
@@ -41,67 +41,80 @@ AllReducePlan plan_allreduce(uint32_t cores, uint32_t elements, uint64_t vmem_by
     return p;
 }
 
-isa::Program allreduce_program(const AllReducePlan& p) {
+isa::Program generate(const AllReducePlan& p) {
+    using enum isa::Opcode;
+    using isa::imm;
     const uint32_t N = p.cores, C = allreduce_chunk_bytes(p), E = C / 4;
     const uint64_t half = uint64_t(N) * C;  // direction 1 works on the second half
-    std::string s;
-    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
-        s += fmt::format(f, std::forward<A>(a)...);
-        s += '\n';
+    isa::Builder b(p.name());
+    const isa::Reg pos = b.arg("position"), next = b.arg("next"), prev = b.arg("prev");
+    const uint64_t full = allreduce_vmem_bytes(p);
+    const isa::Vmem x = b.vmem_at("x", p.x_addr, full), y = b.vmem_at("y", p.y_addr, full);
+    const isa::Vmem scratch =
+        b.vmem_at("scratch", p.scratch_addr, uint64_t(allreduce_chunk_bytes(p)) * 2 * (N - 1));
+    const isa::Reg send = b.reg("send", 10), add = b.reg("add", 11), own = b.reg("own", 12);
+    const isa::Reg gather = b.reg("gather", 13);
+    // Reduce-scatter arrivals and all-gather arrivals are raised by the neighbours.
+    const isa::Flag arrived[2] = {b.flag("arrived.cw", 1), b.flag("arrived.ccw", 2)};
+    isa::CountedFlag adds[2] = {{b, "adds.cw", isa::Count::AtBuild, 3},
+                                {b, "adds.ccw", isa::Count::AtBuild, 4}};
+    const isa::Flag gathered[2] = {b.flag("gathered.cw", 5), b.flag("gathered.ccw", 6)};
+    isa::CountedFlag copies(b, "copies", isa::Count::AtBuild, 7);
+    // Byte offset of chunk (position + delta) mod N into `reg`.
+    auto chunk = [&](int delta, const isa::Reg& reg) {
+        b.emit(Add, {reg, pos, imm((delta % int(N) + int(N)) % int(N))});
+        b.emit(Remu, {reg, reg, imm(N)});
+        b.emit(Mul, {reg, reg, imm(C)});
     };
-    L("# ring all-reduce: N={} chunk={} B; s1 position, s2 next core, s3 previous core", N, C);
-    // Byte offset of chunk (s1 + delta) mod N into `reg`.
-    auto chunk = [&](int delta, const char* reg) {
-        L("        add {}, s1, {}", reg, (delta % int(N) + int(N)) % int(N));
-        L("        remu {}, {}, {}", reg, reg, N);
-        L("        mul {}, {}, {}", reg, reg, C);
-    };
-    // Direction 0 sends to s2 (clockwise) and receives from s3; direction 1 the reverse. In
-    // reduce-scatter step k direction 0 sends chunk p-k and adds the received chunk p-1-k into
-    // its own; direction 1 mirrors it (p+k, p+1+k). Both directions interleave step by step.
+    auto dir = [&](int d) -> const isa::Reg& { return d == 0 ? next : prev; };
+    // Direction 0 sends to `next` (clockwise) and receives from `prev`; direction 1 the
+    // reverse. In reduce-scatter step k direction 0 sends chunk p-k and adds the received
+    // chunk p-1-k into its own; direction 1 mirrors it (p+k, p+1+k). Both directions
+    // interleave step by step.
     for (uint32_t k = 0; k + 1 < N; ++k) {
         for (int d = 0; d < 2; ++d) {
             const int sign = d == 0 ? -1 : 1;
-            const uint64_t base = p.x_addr + d * half;
-            const uint64_t slot = p.scratch_addr + (uint64_t(d) * (N - 1) + k) * C;
-            if (k > 0) L("        wait f{}, {}", 3 + d, k);
-            chunk(sign * int(k), "s10");
-            L("        ici.v {}, [{}], [s10+{}], {}, f{}", d == 0 ? "s2" : "s3", slot, base, C,
-              1 + d);
+            const isa::Arg slot = scratch.at((uint64_t(d) * (N - 1) + k) * C);
+            if (k > 0) adds[d].wait_all();
+            chunk(sign * int(k), send);
+            b.emit(IciV, {dir(d), slot, send + int64_t(x.addr() + d * half), imm(C), arrived[d]});
         }
         for (int d = 0; d < 2; ++d) {
             const int sign = d == 0 ? -1 : 1;
-            const uint64_t base = p.x_addr + d * half;
-            const uint64_t slot = p.scratch_addr + (uint64_t(d) * (N - 1) + k) * C;
-            L("        wait f{}, {}", 1 + d, k + 1);
-            chunk(sign * (int(k) + 1), "s11");
-            L("        v.add [s11+{}], [s11+{}], [{}], {}, f{}", base, base, slot, E, 3 + d);
+            const int64_t base = int64_t(x.addr() + d * half);
+            const isa::Arg slot = scratch.at((uint64_t(d) * (N - 1) + k) * C);
+            b.emit(Wait, {arrived[d], imm(k + 1)});
+            chunk(sign * (int(k) + 1), add);
+            adds[d].issue(VAdd, {add + base, add + base, slot, imm(E)});
         }
     }
     // Own reduced chunk (p+1 clockwise, p-1 counter-clockwise) into y.
     for (int d = 0; d < 2; ++d) {
         const int sign = d == 0 ? -1 : 1;
-        L("        wait f{}, {}", 3 + d, N - 1);
-        chunk(-sign, "s12");
-        L("        dma.vv [s12+{}], [s12+{}], 1, {}, {}, {}, f7", p.y_addr + d * half,
-          p.x_addr + d * half, C, C, C);
+        adds[d].wait_all();
+        chunk(-sign, own);
+        copies.issue(DmaVv, {own + int64_t(y.addr() + d * half), own + int64_t(x.addr() + d * half),
+                             imm(1), imm(C), imm(C), imm(C)});
     }
     // All-gather: step k sends chunk p+1-k (clockwise) to the neighbour's y; from step 1 on
     // the chunk is the one received in the step before.
     for (uint32_t k = 0; k + 1 < N; ++k)
         for (int d = 0; d < 2; ++d) {
             const int sign = d == 0 ? -1 : 1;
-            const char* src = k == 0 ? "x" : "y";
-            if (k > 0) L("        wait f{}, {}", 5 + d, k);
-            chunk(sign * (int(k) - 1), "s13");
-            L("        ici.v {}, [s13+{}], [s13+{}], {}, f{}   # from {}", d == 0 ? "s2" : "s3",
-              p.y_addr + d * half, (k == 0 ? p.x_addr : p.y_addr) + d * half, C, 5 + d, src);
+            if (k > 0) b.emit(Wait, {gathered[d], imm(k)});
+            chunk(sign * (int(k) - 1), gather);
+            b.emit(IciV, {dir(d), gather + int64_t(y.addr() + d * half),
+                          gather + int64_t((k == 0 ? x.addr() : y.addr()) + d * half), imm(C),
+                          gathered[d]});
         }
-    L("        wait f5, {}", N - 1);
-    L("        wait f6, {}", N - 1);
-    L("        wait f7, 2");
-    L("        halt");
-    return isa::assemble(s, "allreduce.s");
+    for (int d = 0; d < 2; ++d) b.emit(Wait, {gathered[d], imm(N - 1)});
+    copies.wait_all();
+    b.emit(Halt, {});
+    return b.finish();
+}
+
+isa::Program allreduce_program(const AllReducePlan& p) {
+    return generate(p);
 }
 
 AllReduceResult allreduce(Device& dev, const std::vector<uint32_t>& cores,
@@ -126,9 +139,10 @@ AllReduceResult allreduce(Device& dev, const std::vector<uint32_t>& cores,
     }
     const uint32_t N = p.cores;
     AllReduceResult r;
-    r.event = dev.launch(cores, allreduce_program(p), [&](size_t i) {
-        return std::vector<uint32_t>{static_cast<uint32_t>(i), cores[(i + 1) % N],
-                                     cores[(i + N - 1) % N]};
+    r.event = launch(dev, cores, generate(p), [&](size_t i, LaunchArgs& a) {
+        a.set("position", static_cast<uint32_t>(i))
+            .set("next", cores[(i + 1) % N])
+            .set("prev", cores[(i + N - 1) % N]);
     });
     for (uint32_t c : cores) {
         std::vector<float> y(n);
@@ -201,7 +215,7 @@ RingTiming ring_timing(const hw::BoardConfig& cfg, uint32_t piece_values) {
 }  // namespace
 
 AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw::BoardConfig& cfg,
-                                    AllReduceSchedule schedule) {
+                                    AllReduceSchedule schedule, uint64_t vmem_bytes) {
     AllReduceHbmPlan p = allreduce_partition(cores, elements);
     const uint64_t P = uint64_t(p.piece) * 4, Q = p.pieces;
     const RingTiming t = ring_timing(cfg, p.piece);
@@ -213,7 +227,8 @@ AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw:
     // the next core) and stored: free_lag pieces later, when that has normally happened.
     p.free_lag = static_cast<uint32_t>(2 + ceil_div(t.hop + t.ser, t.ser));
     const uint64_t messages = uint64_t(2 * (cores - 1)) * Q * p.groups;
-    const uint64_t vmem = cfg.core.vmem_bytes, own = 2 * uint64_t(p.own_slots) * P;
+    const uint64_t vmem = vmem_bytes ? vmem_bytes : cfg.core.vmem_bytes,
+                   own = 2 * uint64_t(p.own_slots) * P;
     const uint64_t fit = vmem > own ? (vmem - own) / (2 * P) : 0;
     const uint64_t k = std::min(messages, fit);
     // Slots a credit round trip (data there, credit back) and the free lag keep busy.
@@ -233,74 +248,91 @@ AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw:
                                                     : schedule == AllReduceSchedule::StepBarrier;
     p.recv_slots = static_cast<uint32_t>(k);
     p.imem_instrs = static_cast<uint32_t>(cfg.core.imem_bytes / isa::kInstrBytes);
-    p.recv_addr[0] = 0;
-    p.recv_addr[1] = static_cast<uint32_t>(k * P);
-    p.own_addr[0] = static_cast<uint32_t>(2 * k * P);
-    p.own_addr[1] = static_cast<uint32_t>(2 * k * P + p.own_slots * P);
     return p;
 }
 
 namespace {
-/// The kernel's source; with `roll`, runs of steps whose code differs only in the step number
-/// become one loop over a step register (s25 = step, s26 = step x Q) instead of a copy each.
-std::string allreduce_hbm_source(const AllReduceHbmPlan& p, bool roll) {
+
+/// Emits the HBM ring all-reduce of `p` (see emit_allreduce); with `roll`, runs of steps whose
+/// code differs only in the step number become one loop over a step register instead of a
+/// copy each.
+void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperands& ops, bool roll) {
+    using enum isa::Opcode;
+    using isa::Arg;
+    using isa::imm;
+    using isa::Label;
+    using isa::Reg;
     const uint32_t N = p.cores, Q = p.pieces, Pe = p.piece, E = p.chunk, K = p.recv_slots;
     const uint32_t O = p.own_slots, D = p.free_lag, n = p.elements;
     const uint64_t P = uint64_t(Pe) * 4;
     const uint64_t Mg = uint64_t(2 * (N - 1)) * Q;  // messages per direction and group
     const uint64_t Gel = 2 * uint64_t(N) * E;       // values per group
     const bool reuse = uint64_t(K) < Mg * p.groups;
-    std::string s;
-    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
-        s += fmt::format(f, std::forward<A>(a)...);
-        s += '\n';
-    };
-    int label = 0;
-    auto fresh = [&](const char* what) { return fmt::format("{}{}", what, label++); };
-    L("# HBM ring all-reduce: N={} values={} piece={} pieces={} groups={} K={} O={} D={} {}", N, n,
-      Pe, Q, p.groups, K, O, D, p.barrier ? "step-barrier" : "pipelined");
-    L("# s1 position, s2 next, s3 previous, s4 HBM address, s5 scale; s6 piece q, s7 loads,");
-    L("# s8 stores, s9/s10 VPU ops per direction issued; s11 i (piece of the group), s12 own");
-    L("# slot, s13 slot of the piece received, s14 slot it goes to; s17 first value of the");
-    L("# group, s18 messages before it, s19 global message index, s21 group.");
-    L("# Flags: f1/f2 arrivals, f3/f4 credits, f5 loads, f6 stores, f7/f8 sends done, f9/f10 VPU");
-    // One HBM transfer of piece `q` of the step-`step` chunk of direction d, clipped to the
+    const auto scope = b.scope(p.name());
+    const Arg pos = ops.position.value, x = ops.x.value, scale = ops.scale.value;
+    const Arg next = ops.next.value, prev = ops.prev.value;
+    // Receive rings and own-data rings, per direction (clockwise, counter-clockwise).
+    const isa::Vmem recv[2] = {b.vmem("recv.cw", uint64_t(K) * P),
+                               b.vmem("recv.ccw", uint64_t(K) * P)};
+    const isa::Vmem own[2] = {b.vmem("own.cw", uint64_t(O) * P),
+                              b.vmem("own.ccw", uint64_t(O) * P)};
+    const Reg q = b.reg("piece", 6);
+    // Loads from HBM: counted in a register and waited for piece by piece before the next
+    // prefetch (every load is waited for, the last one by the piece that uses it).
+    const Reg nloads = b.reg("loads.count", 7);
+    b.emit(Li, {nloads, imm(0)});
+    isa::CountedFlag stores(b, "stores", isa::Count::InRegister, 6, 8);
+    isa::CountedFlag vpu[2] = {{b, "vpu.cw", isa::Count::InRegister, 9, 9},
+                               {b, "vpu.ccw", isa::Count::InRegister, 10, 10}};
+    const isa::Flag loads = b.flag("loads", 5);
+    // Raised by the neighbours: arrivals of their sends, credits for our sends' slots.
+    const isa::Flag arrived[2] = {b.flag("arrived.cw", 1), b.flag("arrived.ccw", 2)};
+    const isa::Flag credit[2] = {b.flag("credit.cw", 3), b.flag("credit.ccw", 4)};
+    const isa::Flag sent[2] = {b.flag("sent.cw", 7), b.flag("sent.ccw", 8)};
+    const Reg i = b.reg("i", 11), own_slot = b.reg("own_slot", 12), in_slot = b.reg("in_slot", 13);
+    const Reg out_slot = b.reg("out_slot", 14), nq = b.reg("next_piece", 15);
+    const Reg nstep = b.reg("next_step", 16), gfirst = b.reg("group_first", 17);
+    const Reg gmsgs = b.reg("group_messages", 18), msg = b.reg("message", 19);
+    const Reg group = b.reg("group", 21), at = b.reg("at", 22), len = b.reg("len", 23);
+    const Reg t = b.reg("t", 24);
+    for (const Reg* r : {&gfirst, &gmsgs, &group}) b.emit(Li, {*r, imm(0)});
+    // One HBM transfer of piece `pq` of the step-`step` chunk of direction d, clipped to the
     // tensor (a piece past its end moves nothing and counts nothing).
-    auto dma = [&](bool load, int d, const std::string& step, const std::string& q,
-                   const std::string& vmem) {
-        const std::string go = fresh("go"), skip = fresh("skip"), full = fresh("full");
+    auto dma = [&](bool load, int d, Arg step, Arg pq, Arg vmem) {
+        const Label go = b.label("go"), skip = b.label("skip"), whole = b.label("whole");
         if (d == 0) {
-            L("        sub s22, s1, {}", step);
-            L("        add s22, s22, {}", 2 * N);  // step < 2N: stays positive
+            b.emit(Sub, {at, pos, step});
+            b.emit(Add, {at, at, imm(2 * N)});  // step < 2N: stays positive
         } else {
-            L("        add s22, s1, {}", step);
+            b.emit(Add, {at, pos, step});
         }
-        L("        remu s22, s22, {}", N);
-        L("        mul s22, s22, {}", E);
-        L("        add s22, s22, s17+{}", uint64_t(d) * N * E);
-        L("        mul s23, {}, {}", q, Pe);
-        L("        add s22, s22, s23");
-        L("        bltu s22, {}, {}", n, go);
-        L("        jmp {}", skip);
-        L("{}:     sub s23, {}, s22", go, n);
-        L("        bltu s23, {}, {}", Pe, full);
-        L("        li s23, {}", Pe);
-        L("{}:     shl s23, s23, 2", full);
-        L("        shl s22, s22, 2");
-        L("        add s22, s22, s4");
+        b.emit(Remu, {at, at, imm(N)});
+        b.emit(Mul, {at, at, imm(E)});
+        b.emit(Add, {at, at, gfirst + int64_t(uint64_t(d) * N * E)});
+        b.emit(Mul, {len, pq, imm(Pe)});
+        b.emit(Add, {at, at, len});
+        b.emit(Bltu, {at, imm(n), go});
+        b.emit(Jmp, {skip});
+        b.bind(go);
+        b.emit(Sub, {len, imm(n), at});
+        b.emit(Bltu, {len, imm(Pe), whole});
+        b.emit(Li, {len, imm(Pe)});
+        b.bind(whole);
+        b.emit(Shl, {len, len, imm(2)});
+        b.emit(Shl, {at, at, imm(2)});
+        b.emit(Add, {at, at, x});
         if (load) {
-            L("        dma.hv [{}], [s22], 1, s23, s23, s23, f5", vmem);
-            L("        add s7, s7, 1");
+            b.emit(DmaHv, {vmem, at, imm(1), len, len, len, loads});
+            b.emit(Add, {nloads, nloads, imm(1)});
         } else {
-            L("        dma.vh [s22], [{}], 1, s23, s23, s23, f6", vmem);
-            L("        add s8, s8, 1");
+            stores.issue(DmaVh, {at, vmem, imm(1), len, len, len});
         }
-        L("{}:", skip);
+        b.bind(skip);
     };
-    for (int r : {7, 8, 9, 10, 17, 18, 21}) L("        li s{}, 0", r);
-    L("group:");
+    const Label group_top = b.label("group");
+    b.bind(group_top);
     // Own data of step 0, piece 0 (slot 0): every earlier user of the slot has finished.
-    for (int d = 0; d < 2; ++d) dma(true, d, "0", "0", fmt::format("{}", p.own_addr[d]));
+    for (int d = 0; d < 2; ++d) dma(true, d, imm(0), imm(0), own[d].at(0));
     // Everything about a step's code but its number: steps with equal shapes can share a loop.
     auto shape = [&](uint32_t st) {
         const bool sends = st <= 2 * (N - 1) - 1;
@@ -316,209 +348,238 @@ std::string allreduce_hbm_source(const AllReduceHbmPlan& p, bool roll) {
                                     st == 2 * (N - 1)};
     };
     for (uint32_t st = 0; st <= 2 * (N - 1); ++st) {
-        const bool sends = st <= 2 * (N - 1) - 1, loads = st <= N - 1;
-        const bool adds = st >= 1 && st <= N - 1, stores = st >= N - 1;
+        const bool sends = st <= 2 * (N - 1) - 1, loads_own = st <= N - 1;
+        const bool adds = st >= 1 && st <= N - 1, stores_out = st >= N - 1;
         // This step and the following ones of the same shape, when rolled into a loop.
         uint32_t last = st;
         if (roll)
             while (last < 2 * (N - 1) && shape(last + 1) == shape(st)) ++last;
         const bool looped = last > st;
         // The step number and step x Q: constants, or registers in a loop over steps.
-        const std::string stv = looped ? "s25" : fmt::format("{}", st);
-        const std::string stq = looped ? "s26" : fmt::format("{}", uint64_t(st) * Q);
-        const std::string steps = fresh("steps");
+        Reg step_reg, step_q;
+        const Label steps = b.label("steps");
         if (looped) {
-            L("        li s25, {}", st);
-            L("        li s26, {}", uint64_t(st) * Q);
-            L("{}:", steps);
+            step_reg = b.reg("step", 25);
+            step_q = b.reg("step_q", 26);
+            b.emit(Li, {step_reg, imm(st)});
+            b.emit(Li, {step_q, imm(int64_t(uint64_t(st) * Q))});
+            b.bind(steps);
         }
-        const std::string loop = fresh("step");
-        L("# step {}{}: {}{}{}{}", st, looped ? fmt::format("-{}", last) : "", loads ? "load " : "",
-          adds ? "add " : "", sends ? "send " : "", stores ? "store" : "");
+        const Arg stv = looped ? Arg(step_reg) : imm(st);
+        const Arg stq = looped ? Arg(step_q) : imm(int64_t(uint64_t(st) * Q));
+        const Label loop = b.label("step");
         // Pipelined: the previous step already stored all but the last kEarly pieces.
         const uint32_t q0 = !sends && !p.barrier && Q > kEarly ? Q - kEarly : 0;
-        L("        li s6, {}", q0);
-        L("{}:", loop);
-        L("        add s11, s6, {}", stq);
-        L("        add s19, s11, s18");
-        L("        remu s12, s11, {}", O);
-        L("        mul s12, s12, {}", P);
+        b.emit(Li, {q, imm(q0)});
+        b.bind(loop);
+        b.emit(Add, {i, q, stq});
+        b.emit(Add, {msg, i, gmsgs});
+        b.emit(Remu, {own_slot, i, imm(O)});
+        b.emit(Mul, {own_slot, own_slot, imm(int64_t(P))});
         if (sends) {
-            L("        remu s14, s19, {}", K);
-            L("        mul s14, s14, {}", P);
+            b.emit(Remu, {out_slot, msg, imm(K)});
+            b.emit(Mul, {out_slot, out_slot, imm(int64_t(P))});
         }
         if (st >= 1) {
-            L("        sub s13, s19, {}", Q);
-            L("        remu s13, s13, {}", K);
-            L("        mul s13, s13, {}", P);
+            b.emit(Sub, {in_slot, msg, imm(Q)});
+            b.emit(Remu, {in_slot, in_slot, imm(K)});
+            b.emit(Mul, {in_slot, in_slot, imm(int64_t(P))});
         }
         // (1) Prefetch the own data of the next piece of this group (double buffering).
-        if (loads) {
+        if (loads_own) {
             // This piece's own data must be in before the prefetch is issued: the banked HBM can
-            // finish a later load first, and f5 only counts completions, so a wait after the
-            // prefetch could be satisfied by the prefetch while this piece is still on its way.
-            L("        wait f5, s7");
-            const std::string none = fresh("nopre"), same = fresh("same");
-            L("        add s15, s6, 1");
+            // finish a later load first, and the flag only counts completions, so a wait after
+            // the prefetch could be satisfied by the prefetch while this piece is still on its
+            // way.
+            b.emit(Wait, {loads, nloads});
+            const Label none = b.label("nopre"), same = b.label("same");
+            b.emit(Add, {nq, q, imm(1)});
             if (looped)
-                L("        add s16, s25, 0");
+                b.emit(Add, {nstep, step_reg, imm(0)});
             else
-                L("        li s16, {}", st);
-            L("        bltu s15, {}, {}", Q, same);
+                b.emit(Li, {nstep, imm(st)});
+            b.emit(Bltu, {nq, imm(Q), same});
             if (st + 1 > N - 1) {
-                L("        jmp {}", none);
+                b.emit(Jmp, {none});
             } else {
-                L("        li s15, 0");
+                b.emit(Li, {nq, imm(0)});
                 if (looped)
-                    L("        add s16, s25, 1");
+                    b.emit(Add, {nstep, step_reg, imm(1)});
                 else
-                    L("        li s16, {}", st + 1);
+                    b.emit(Li, {nstep, imm(st + 1)});
             }
-            L("{}:", same);
+            b.bind(same);
             // The slot's previous user: a step-0 piece sent straight from it must have arrived.
             if (uint64_t(st) * Q < Q + O) {
-                const std::string ok = fresh("ownok");
-                L("        add s24, s11, 1");
-                L("        bltu s24, {}, {}", O, ok);
-                L("        sub s24, s24, {}", O - 1);
-                L("        bltu {}, s24, {}", Q, ok);
-                L("        add s24, s24, s18");
-                L("        wait f7, s24");
-                L("        wait f8, s24");
-                L("{}:", ok);
+                const Label ok = b.label("ownok");
+                b.emit(Add, {t, i, imm(1)});
+                b.emit(Bltu, {t, imm(O), ok});
+                b.emit(Sub, {t, t, imm(O - 1)});
+                b.emit(Bltu, {imm(Q), t, ok});
+                b.emit(Add, {t, t, gmsgs});
+                for (int d = 0; d < 2; ++d) b.emit(Wait, {sent[d], t});
+                b.bind(ok);
             }
-            L("        add s24, s11, 1");
-            L("        remu s24, s24, {}", O);
-            L("        mul s24, s24, {}", P);
-            for (int d = 0; d < 2; ++d)
-                dma(true, d, "s16", "s15", fmt::format("s24+{}", p.own_addr[d]));
-            L("{}:", none);
+            b.emit(Add, {t, i, imm(1)});
+            b.emit(Remu, {t, t, imm(O)});
+            b.emit(Mul, {t, t, imm(int64_t(P))});
+            for (int d = 0; d < 2; ++d) dma(true, d, nstep, nq, t + int64_t(own[d].addr()));
+            b.bind(none);
         }
         // (2) The piece of step st-1 has arrived (whole step st-1 with the barrier).
         if (st >= 1) {
             // The last step only stores what arrives, so it never waits for the whole chunk.
             if (p.barrier && sends)
-                L("        add s24, s18, {}", stq);
+                b.emit(Add, {t, gmsgs, stq});
             else
-                L("        add s24, s19, {}", 1 - int64_t(Q));
-            L("        wait f1, s24");
-            L("        wait f2, s24");
+                b.emit(Add, {t, msg, imm(1 - int64_t(Q))});
+            for (int d = 0; d < 2; ++d) b.emit(Wait, {arrived[d], t});
         }
         // (3) Add the own piece into the received one; the owner of the sum scales it.
         if (adds) {
             for (int d = 0; d < 2; ++d) {
-                L("        v.add [s13+{}], [s13+{}], [s12+{}], {}, f{}", p.recv_addr[d],
-                  p.recv_addr[d], p.own_addr[d], Pe, 9 + d);
-                L("        add s{}, s{}, 1", 9 + d, 9 + d);
+                const Arg acc = in_slot + int64_t(recv[d].addr());
+                vpu[d].issue(VAdd, {acc, acc, own_slot + int64_t(own[d].addr()), imm(Pe)});
                 if (st == N - 1) {
-                    const std::string one = fresh("one");
-                    L("        beq s5, {}, {}", kOneBits, one);
-                    L("        v.muls [s13+{}], [s13+{}], s5, {}, f{}", p.recv_addr[d],
-                      p.recv_addr[d], Pe, 9 + d);
-                    L("        add s{}, s{}, 1", 9 + d, 9 + d);
-                    L("{}:", one);
+                    const Label one = b.label("one");
+                    b.emit(Beq, {scale, imm(kOneBits), one});
+                    vpu[d].issue(VMulS, {acc, acc, scale, imm(Pe)});
+                    b.bind(one);
                 }
             }
         }
         // (4) Send: a free slot on the receiver (credits), then the transfer.
         if (sends) {
             if (reuse && uint64_t(st + 1) * Q > K) {
-                const std::string ok = fresh("credit");
-                L("        bltu s19, {}, {}", K, ok);
-                L("        add s24, s19, {}", 1 - int64_t(K));
-                L("        wait f3, s24");
-                L("        wait f4, s24");
-                L("{}:", ok);
+                const Label ok = b.label("credit");
+                b.emit(Bltu, {msg, imm(K), ok});
+                b.emit(Add, {t, msg, imm(1 - int64_t(K))});
+                for (int d = 0; d < 2; ++d) b.emit(Wait, {credit[d], t});
+                b.bind(ok);
             }
             for (int d = 0; d < 2; ++d) {
-                if (adds) L("        wait f{}, s{}", 9 + d, 9 + d);
-                const std::string src = st == 0 ? fmt::format("s12+{}", p.own_addr[d])
-                                                : fmt::format("s13+{}", p.recv_addr[d]);
-                L("        ici.v {}, [s14+{}], [{}], {}, f{}, f{}", d == 0 ? "s2" : "s3",
-                  p.recv_addr[d], src, P, 1 + d, 7 + d);
+                if (adds) vpu[d].wait_all();
+                const Arg src =
+                    st == 0 ? own_slot + int64_t(own[d].addr()) : in_slot + int64_t(recv[d].addr());
+                b.emit(IciV, {d == 0 ? next : prev, out_slot + int64_t(recv[d].addr()), src,
+                              imm(int64_t(P)), arrived[d], sent[d]});
             }
         }
         // (5) Hand back the slot used free_lag pieces ago: its forward has arrived, its store
         // is done.
         if (reuse && st >= 1 && sends) {
-            const std::string none = fresh("nofree"), c = fresh("clamp");
-            L("        bltu s11, {}, {}", uint64_t(Q) + D, none);
-            L("        add s24, s11, {}", 1 - int64_t(D));
-            L("        bltu s24, {}, {}", Mg + 1, c);
-            L("        li s24, {}", Mg);
-            L("{}:     add s24, s24, s18", c);
-            L("        wait f7, s24");
-            L("        wait f8, s24");
-            L("        wait f6, s8");
-            L("        sigr s3, f3, 1");
-            L("        sigr s2, f4, 1");
-            L("{}:", none);
+            const Label none = b.label("nofree"), clamp = b.label("clamp");
+            b.emit(Bltu, {i, imm(int64_t(uint64_t(Q) + D)), none});
+            b.emit(Add, {t, i, imm(1 - int64_t(D))});
+            b.emit(Bltu, {t, imm(int64_t(Mg + 1)), clamp});
+            b.emit(Li, {t, imm(int64_t(Mg))});
+            b.bind(clamp);
+            b.emit(Add, {t, t, gmsgs});
+            for (int d = 0; d < 2; ++d) b.emit(Wait, {sent[d], t});
+            stores.wait_all();
+            b.emit(Sigr, {prev, credit[0], imm(1)});
+            b.emit(Sigr, {next, credit[1], imm(1)});
+            b.bind(none);
         }
         // (6) Pipelined, last sending step: store the final piece that arrived kEarly pieces
         // ago, so the last step does not store a whole chunk after the links went quiet.
         if (!p.barrier && st == 2 * (N - 1) - 1 && Q > kEarly) {
-            const std::string none = fresh("noearly");
-            L("        bltu s6, {}, {}", kEarly, none);
-            L("        add s24, s19, {}", 1 - int64_t(kEarly));
-            L("        wait f1, s24");
-            L("        wait f2, s24");
-            L("        sub s24, s24, 1");
-            L("        remu s24, s24, {}", K);
-            L("        mul s25, s24, {}", P);
-            L("        sub s15, s6, {}", kEarly);
+            const Label none = b.label("noearly");
+            const Reg early = b.reg("early_slot", 25);
+            b.emit(Bltu, {q, imm(kEarly), none});
+            b.emit(Add, {t, msg, imm(1 - int64_t(kEarly))});
+            for (int d = 0; d < 2; ++d) b.emit(Wait, {arrived[d], t});
+            b.emit(Sub, {t, t, imm(1)});
+            b.emit(Remu, {t, t, imm(K)});
+            b.emit(Mul, {early, t, imm(int64_t(P))});
+            b.emit(Sub, {nq, q, imm(kEarly)});
             for (int d = 0; d < 2; ++d)
-                dma(false, d, fmt::format("{}", st + 1), "s15",
-                    fmt::format("s25+{}", p.recv_addr[d]));
-            L("{}:", none);
+                dma(false, d, imm(st + 1), nq, early + int64_t(recv[d].addr()));
+            b.bind(none);
         }
         // (7) Store the finished piece.
-        if (stores)
-            for (int d = 0; d < 2; ++d)
-                dma(false, d, stv, "s6", fmt::format("s13+{}", p.recv_addr[d]));
-        L("        add s6, s6, 1");
-        L("        bltu s6, {}, {}", Q, loop);
+        if (stores_out)
+            for (int d = 0; d < 2; ++d) dma(false, d, stv, q, in_slot + int64_t(recv[d].addr()));
+        b.emit(Add, {q, q, imm(1)});
+        b.emit(Bltu, {q, imm(Q), loop});
         if (looped) {
-            L("        add s25, s25, 1");
-            L("        add s26, s26, {}", Q);
-            L("        bltu s25, {}, {}", last + 1, steps);
+            b.emit(Add, {step_reg, step_reg, imm(1)});
+            b.emit(Add, {step_q, step_q, imm(Q)});
+            b.emit(Bltu, {step_reg, imm(last + 1), steps});
             st = last;
         }
     }
     if (p.groups > 1) {
         // Between groups: every transfer has arrived and every store is done, so the slots
         // not yet handed back go back at once and the next group starts with empty rings.
-        const std::string last = fresh("last");
-        L("        add s21, s21, 1");
-        L("        bltu {}, s21, {}", p.groups - 1, last);
-        L("        add s24, s18, {}", Mg);
-        L("        wait f7, s24");
-        L("        wait f8, s24");
-        L("        wait f6, s8");
+        const Label done = b.label("last");
+        b.emit(Add, {group, group, imm(1)});
+        b.emit(Bltu, {imm(p.groups - 1), group, done});
+        b.emit(Add, {t, gmsgs, imm(int64_t(Mg))});
+        for (int d = 0; d < 2; ++d) b.emit(Wait, {sent[d], t});
+        stores.wait_all();
         if (reuse) {
             // Handed back in the loop: pieces Q + D .. Mg - 1 of steps 1 .. 2N-3.
             const uint64_t freed = Mg > uint64_t(Q) + D ? Mg - Q - D : 0;
-            L("        sigr s3, f3, {}", Mg - freed);
-            L("        sigr s2, f4, {}", Mg - freed);
+            b.emit(Sigr, {prev, credit[0], imm(int64_t(Mg - freed))});
+            b.emit(Sigr, {next, credit[1], imm(int64_t(Mg - freed))});
         }
-        L("        add s17, s17, {}", Gel);
-        L("        add s18, s18, {}", Mg);
-        L("        jmp group");
-        L("{}:", last);
+        b.emit(Add, {gfirst, gfirst, imm(int64_t(Gel))});
+        b.emit(Add, {gmsgs, gmsgs, imm(int64_t(Mg))});
+        b.emit(Jmp, {group_top});
+        b.bind(done);
     }
-    L("        wait f6, s8");
-    L("        wait f7, {}", Mg * p.groups);
-    L("        wait f8, {}", Mg * p.groups);
-    L("        halt");
-    return s;
+    stores.wait_all();
+    for (int d = 0; d < 2; ++d) b.emit(Wait, {sent[d], imm(int64_t(Mg * p.groups))});
 }
+
+/// Declares the stand-alone kernel's launch arguments and emits it.
+isa::Program standalone_hbm(const AllReduceHbmPlan& p, bool roll) {
+    isa::Builder b(p.name());
+    const isa::Reg position = b.arg("position"), next = b.arg("next"), prev = b.arg("prev");
+    const isa::Reg x = b.arg("x"), scale = b.arg("scale");
+    using streaming::Operand;
+    emit_hbm(b, p,
+             {Operand::hbm(x), Operand::scalar(scale), Operand::scalar(position),
+              Operand::scalar(next), Operand::scalar(prev)},
+             roll);
+    b.emit(isa::Opcode::Halt, {});
+    return b.finish();
+}
+
+/// Whether the kernel of `p` loops over its steps: only when unrolled it does not fit in
+/// instruction memory.
+bool rolled(const AllReduceHbmPlan& p) {
+    return p.imem_instrs != 0 && standalone_hbm(p, false).code.size() > p.imem_instrs;
+}
+
 }  // namespace
 
-isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
+uint64_t AllReduceHbmPlan::vmem_bytes() const {
+    return 2 * (uint64_t(recv_slots) + own_slots) * piece * 4;
+}
+
+void emit_allreduce(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperands& ops) {
+    using K = streaming::Operand::Kind;
+    if (ops.x.kind != K::Hbm || ops.scale.kind != K::Scalar || ops.position.kind != K::Scalar ||
+        ops.next.kind != K::Scalar || ops.prev.kind != K::Scalar)
+        throw isa::BuildError(fmt::format(
+            "kernel '{}': allreduce_hbm takes its tensor in HBM and scale, position, next and "
+            "prev as scalars",
+            b.kernel()));
+    emit_hbm(b, p, ops, rolled(p));
+}
+
+isa::Program generate(const AllReduceHbmPlan& p) {
     // Unrolled while it fits in instruction memory (no step-loop overhead); past that, as a
     // compiler would, steps of one shape share a loop, so any ring size fits.
-    isa::Program prog = isa::assemble(allreduce_hbm_source(p, false), "allreduce_hbm.s");
+    isa::Program prog = standalone_hbm(p, false);
     if (p.imem_instrs == 0 || prog.code.size() <= p.imem_instrs) return prog;
-    return isa::assemble(allreduce_hbm_source(p, true), "allreduce_hbm.s");
+    return standalone_hbm(p, true);
+}
+
+isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
+    return generate(p);
 }
 
 Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
@@ -560,13 +621,12 @@ Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
     }
     const auto n = static_cast<uint32_t>(t.elements());
     const AllReduceHbmPlan p = plan_allreduce_hbm(N, n, dev.config(), schedule);
-    const std::string key =
-        fmt::format("allreduce_hbm N{} n{} {}", N, n, p.barrier ? "barrier" : "pipelined");
-    const isa::Program& prog = cache.get(key, [&] { return allreduce_hbm_program(p); });
-    return dev.launch(t.cores, prog, [&](size_t i) {
-        return std::vector<uint32_t>{
-            static_cast<uint32_t>(i), t.cores[(i + 1) % N], t.cores[(i + N - 1) % N],
-            static_cast<uint32_t>(t.bufs[i].addr), std::bit_cast<uint32_t>(scale)};
+    return launch(dev, cache, p, t.cores, [&](size_t i, LaunchArgs& a) {
+        a.set("position", static_cast<uint32_t>(i))
+            .set("next", t.cores[(i + 1) % N])
+            .set("prev", t.cores[(i + N - 1) % N])
+            .set("x", t.bufs[i])
+            .set_f32("scale", scale);
     });
 }
 

@@ -2,24 +2,32 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "driver/device.h"
+#include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
-#include "isa/isa.h"
+#include "isa/builder.h"
 
 /// Ring all-reduce (sum) of fp32 vectors in VMEM over ICI: reduce-scatter then all-gather, half
 /// of the data clockwise and half counter-clockwise so both directions of every link work.
 namespace tpu::driver {
 
-/// Where the all-reduce keeps its data on every core (same addresses on each core).
+/// Where the all-reduce keeps its data on every core (same addresses on each core); the
+/// program-cache key of the VMEM-resident kernel.
 struct AllReducePlan {
     uint32_t cores = 0;         ///< ring size N (the launch's core set, in order)
     uint32_t elements = 0;      ///< fp32 values per core; padded to a multiple of 2N inside
     uint32_t x_addr = 0;        ///< VMEM input (kept: the sum lands in y_addr)
     uint32_t y_addr = 0;        ///< VMEM result
     uint32_t scratch_addr = 0;  ///< VMEM scratch for reduce-scatter: 2 (N-1) chunks
+    auto operator<=>(const AllReducePlan&) const = default;
+    std::string name() const { return "allreduce"; }
+    friend size_t hash_value(const AllReducePlan& p) {
+        return hash_fields(p.cores, p.elements, p.x_addr, p.y_addr, p.scratch_addr);
+    }
 };
 
 /// Bytes of each direction's chunk: ceil(elements / 2N) values.
@@ -28,9 +36,11 @@ uint32_t allreduce_chunk_bytes(const AllReducePlan& p);
 uint64_t allreduce_vmem_bytes(const AllReducePlan& p);
 /// A plan packing x, y and scratch from VMEM address 0 for `elements` values on `cores`.
 AllReducePlan plan_allreduce(uint32_t cores, uint32_t elements, uint64_t vmem_bytes);
-/// The kernel. Launch arguments: s1 = position in the ring, s2 = next core (clockwise),
-/// s3 = previous core. Flags: f1/f2 reduce-scatter arrivals, f3/f4 adds, f5/f6 all-gather
-/// arrivals, f7 local copies (per direction).
+/// The kernel. Launch arguments: s1 `position` in the ring, s2 `next` core (clockwise), s3
+/// `prev` core. Flags: f1/f2 reduce-scatter arrivals, f3/f4 adds, f5/f6 all-gather arrivals,
+/// f7 local copies (per direction).
+isa::Program generate(const AllReducePlan& p);
+/// generate(p).
 isa::Program allreduce_program(const AllReducePlan& p);
 
 /// Runs an all-reduce of `data[i]` (one vector per core of `cores`) on the device: writes the
@@ -51,7 +61,10 @@ enum class AllReduceSchedule : uint8_t {
     Pipelined,    ///< piece q of step s starts once piece q of step s-1 has arrived
 };
 
-/// Layout and schedule of the HBM all-reduce (same VMEM addresses on every core).
+/// Partition and schedule of the HBM all-reduce: the program-cache key of its kernel (every
+/// input the code depends on). Its VMEM rings come from the builder's pool in the order
+/// receive (clockwise, counter-clockwise), own (clockwise, counter-clockwise): from address 0
+/// in a stand-alone program.
 struct AllReduceHbmPlan {
     uint32_t cores = 0;       ///< ring size N
     uint32_t elements = 0;    ///< fp32 values per core
@@ -66,15 +79,43 @@ struct AllReduceHbmPlan {
     /// Instructions that fit in instruction memory (0: no limit); a larger unrolled kernel
     /// loops over its steps instead.
     uint32_t imem_instrs = 0;
-    uint32_t recv_addr[2] = {0, 0};  ///< VMEM receive rings, per direction
-    uint32_t own_addr[2] = {0, 0};   ///< VMEM own-data rings, per direction
+    auto operator<=>(const AllReduceHbmPlan&) const = default;
+    std::string name() const { return "allreduce_hbm"; }
+    friend size_t hash_value(const AllReduceHbmPlan& p) {
+        return hash_fields(p.cores, p.elements, p.piece, p.pieces, p.chunk, p.groups, p.recv_slots,
+                           p.own_slots, p.free_lag, p.barrier, p.imem_instrs);
+    }
+    /// VMEM bytes of the receive and own-data rings.
+    uint64_t vmem_bytes() const;
 };
 
-/// Plans an all-reduce of `elements` values per core over `cores` cores.
+/// Plans an all-reduce of `elements` values per core over `cores` cores in `vmem_bytes` of
+/// VMEM (0: the core's whole VMEM, as a stand-alone program has it).
 AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw::BoardConfig& cfg,
-                                    AllReduceSchedule schedule = AllReduceSchedule::Auto);
-/// The kernel. Launch arguments: s1 position in the ring, s2 next core, s3 previous core,
-/// s4 the tensor's HBM address on this core, s5 fp32 bits of the scale.
+                                    AllReduceSchedule schedule = AllReduceSchedule::Auto,
+                                    uint64_t vmem_bytes = 0);
+
+/// Where emit_allreduce's operands are: this core's replica and its place in the ring.
+struct AllReduceOperands {
+    streaming::Operand x;         ///< HBM: this core's replica (summed in place)
+    streaming::Operand scale;     ///< scalar: fp32 bits of the scale
+    streaming::Operand position;  ///< scalar: this core's position in the ring (0..N-1)
+    streaming::Operand next;      ///< scalar: the core at position + 1 (mod N)
+    streaming::Operand prev;      ///< scalar: the core at position - 1 (mod N)
+};
+
+/// Emits the HBM all-reduce for `p` into `b`: every core of the launch that runs it, in the
+/// ring order the operands give, ends with (sum over replicas) x scale in its replica, the
+/// values allreduce_reference() gives. Resources from b's pools in its own scope (plan `p` in
+/// b.vmem_free()); on return every instruction it issued has completed. Every core of the
+/// ring must run the same program: the kernel signals its flags on its neighbours. It uses 21
+/// scalar registers besides its operands. Unrolled while the stand-alone program fits in
+/// p.imem_instrs, else its steps of one shape share a loop.
+void emit_allreduce(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperands& ops);
+/// The stand-alone kernel: launch arguments `position`, `next`, `prev`, `x` (the replica's HBM
+/// address on this core), `scale` (fp32 bits), then emit_allreduce, then halt.
+isa::Program generate(const AllReduceHbmPlan& p);
+/// generate(p).
 isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p);
 
 /// In place: every replica of `t` becomes the sum over replicas times `scale` (scale = 1/N
