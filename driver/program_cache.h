@@ -65,7 +65,7 @@ public:
 
     // ---- Legacy string keys --------------------------------------------------------------
     // Kernels not yet written with the program builder (conv2d, gemm, matmul_kernel,
-    // attention, allreduce, pool: issue 25) still key their programs by hand-built strings.
+    // attention, pool: issue 25) still key their programs by hand-built strings.
     // When the last of them has a typed key, delete this section and program_cache.cpp's
     // get(string) and kernel_name.
 
