@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cmath>
 #include <string>
 #include <unordered_set>
 
@@ -13,6 +12,7 @@
 #include "driver/kernels/kernel.h"
 #include "driver/kernels/vector_ops.h"
 #include "hw/board.h"
+#include "hw/ici/ici_costs.h"
 
 namespace tpu::driver {
 
@@ -207,9 +207,8 @@ struct RingTiming {
 };
 
 RingTiming ring_timing(const hw::BoardConfig& cfg, uint32_t piece_values) {
-    const double bw = cfg.clock().bytes_per_cycle(cfg.ici.link_gb_per_s);
-    return {cfg.ns_to_cycles(cfg.ici.hop_latency_ns),
-            std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(piece_values * 4.0 / bw)))};
+    const hw::IciCosts c = hw::ici_costs(cfg);
+    return {c.hop, std::max<uint64_t>(1, c.ser_cycles(uint64_t(piece_values) * 4))};
 }
 
 }  // namespace
