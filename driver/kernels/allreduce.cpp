@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <unordered_set>
 
@@ -264,12 +266,21 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
     const uint32_t N = p.cores, Q = p.pieces, Pe = p.piece, E = p.chunk, K = p.recv_slots;
     const uint32_t O = p.own_slots, D = p.free_lag, n = p.elements;
     const uint64_t P = uint64_t(Pe) * 4;
-    const uint64_t Mg = uint64_t(2 * (N - 1)) * Q;  // messages per direction and group
-    const uint64_t Gel = 2 * uint64_t(N) * E;       // values per group
+    // Steps st0..st1 of the full all-reduce's 0..2N-2 (reduce-scatter: 0..N-1, all-gather:
+    // N-1..2N-2); messages are numbered from the first step's.
+    const bool rs = p.phase == AllReducePhase::ReduceScatter;
+    const bool ag = p.phase == AllReducePhase::AllGather;
+    const uint32_t st0 = ag ? N - 1 : 0, st1 = rs ? N - 1 : 2 * (N - 1);
+    const uint64_t Mg = uint64_t(rs || ag ? N - 1 : 2 * (N - 1)) * Q;  // messages per direction
+                                                                       // and group
+    const uint64_t Gel = 2 * uint64_t(N) * E;                          // values per group
     const bool reuse = uint64_t(K) < Mg * p.groups;
     const auto scope = b.scope(p.name());
     const Arg pos = ops.position.value, x = ops.x.value, scale = ops.scale.value;
     const Arg next = ops.next.value, prev = ops.prev.value;
+    // Two ranges: direction 1 works on its own range (x_ccw), each clipped to its own length.
+    const Arg xd[2] = {x, p.ranges ? ops.x_ccw.value : x};
+    const Arg limit[2] = {p.ranges ? ops.n_cw.value : imm(n), p.ranges ? ops.n_ccw.value : imm(n)};
     // Receive rings and own-data rings, per direction (clockwise, counter-clockwise).
     const isa::Vmem recv[2] = {b.vmem("recv.cw", uint64_t(K) * P),
                                b.vmem("recv.ccw", uint64_t(K) * P)};
@@ -295,6 +306,8 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
     const Reg group = b.reg("group", 21), at = b.reg("at", 22), len = b.reg("len", 23);
     const Reg t = b.reg("t", 24);
     for (const Reg* r : {&gfirst, &gmsgs, &group}) b.emit(Li, {*r, imm(0)});
+    // The caller's handshake: the flags above are ours now, nothing has been sent yet.
+    if (ops.ready) ops.ready();
     // One HBM transfer of piece `pq` of the step-`step` chunk of direction d, clipped to the
     // tensor (a piece past its end moves nothing and counts nothing).
     auto dma = [&](bool load, int d, Arg step, Arg pq, Arg vmem) {
@@ -307,19 +320,19 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
         }
         b.emit(Remu, {at, at, imm(N)});
         b.emit(Mul, {at, at, imm(E)});
-        b.emit(Add, {at, at, gfirst + int64_t(uint64_t(d) * N * E)});
+        b.emit(Add, {at, at, gfirst + int64_t(p.ranges ? 0 : uint64_t(d) * N * E)});
         b.emit(Mul, {len, pq, imm(Pe)});
         b.emit(Add, {at, at, len});
-        b.emit(Bltu, {at, imm(n), go});
+        b.emit(Bltu, {at, limit[d], go});
         b.emit(Jmp, {skip});
         b.bind(go);
-        b.emit(Sub, {len, imm(n), at});
+        b.emit(Sub, {len, limit[d], at});
         b.emit(Bltu, {len, imm(Pe), whole});
         b.emit(Li, {len, imm(Pe)});
         b.bind(whole);
         b.emit(Shl, {len, len, imm(2)});
         b.emit(Shl, {at, at, imm(2)});
-        b.emit(Add, {at, at, x});
+        b.emit(Add, {at, at, xd[d]});
         if (load) {
             b.emit(DmaHv, {vmem, at, imm(1), len, len, len, loads});
             b.emit(Add, {nloads, nloads, imm(1)});
@@ -331,28 +344,34 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
     const Label group_top = b.label("group");
     b.bind(group_top);
     // Own data of step 0, piece 0 (slot 0): every earlier user of the slot has finished.
-    for (int d = 0; d < 2; ++d) dma(true, d, imm(0), imm(0), own[d].at(0));
+    for (int d = 0; d < 2; ++d) dma(true, d, imm(st0), imm(0), own[d].at(0));
     // Everything about a step's code but its number: steps with equal shapes can share a loop.
+    // What step st does: the reduce-scatter's last step only adds and stores; the all-gather's
+    // first sends its own (reduced) data.
+    auto sends_at = [&](uint32_t st) { return st <= 2 * (N - 1) - 1 && !(rs && st == N - 1); };
+    auto adds_at = [&](uint32_t st) { return st >= 1 && st <= N - 1 && !(ag && st == N - 1); };
+    auto stores_at = [&](uint32_t st) { return st >= N - 1 && !(ag && st == N - 1); };
     auto shape = [&](uint32_t st) {
-        const bool sends = st <= 2 * (N - 1) - 1;
-        return std::array<bool, 10>{st == 0,
+        const uint32_t ord = st - st0;
+        return std::array<bool, 10>{st == st0,
                                     st <= N - 1,
-                                    st >= 1 && st <= N - 1,
-                                    st >= N - 1,
-                                    sends,
+                                    adds_at(st),
+                                    stores_at(st),
+                                    sends_at(st),
                                     st == N - 1,
-                                    uint64_t(st) * Q < Q + O,
-                                    reuse && uint64_t(st + 1) * Q > K,
+                                    uint64_t(ord) * Q < Q + O,
+                                    reuse && uint64_t(ord + 1) * Q > K,
                                     st == 2 * (N - 1) - 1,
-                                    st == 2 * (N - 1)};
+                                    st == st1};
     };
-    for (uint32_t st = 0; st <= 2 * (N - 1); ++st) {
-        const bool sends = st <= 2 * (N - 1) - 1, loads_own = st <= N - 1;
-        const bool adds = st >= 1 && st <= N - 1, stores_out = st >= N - 1;
+    for (uint32_t st = st0; st <= st1; ++st) {
+        const uint32_t ord = st - st0;  // steps before this one
+        const bool sends = sends_at(st), loads_own = st <= N - 1;
+        const bool adds = adds_at(st), stores_out = stores_at(st);
         // This step and the following ones of the same shape, when rolled into a loop.
         uint32_t last = st;
         if (roll)
-            while (last < 2 * (N - 1) && shape(last + 1) == shape(st)) ++last;
+            while (last < st1 && shape(last + 1) == shape(st)) ++last;
         const bool looped = last > st;
         // The step number and step x Q: constants, or registers in a loop over steps.
         Reg step_reg, step_q;
@@ -361,11 +380,11 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
             step_reg = b.reg("step", 25);
             step_q = b.reg("step_q", 26);
             b.emit(Li, {step_reg, imm(st)});
-            b.emit(Li, {step_q, imm(int64_t(uint64_t(st) * Q))});
+            b.emit(Li, {step_q, imm(int64_t(uint64_t(ord) * Q))});
             b.bind(steps);
         }
         const Arg stv = looped ? Arg(step_reg) : imm(st);
-        const Arg stq = looped ? Arg(step_q) : imm(int64_t(uint64_t(st) * Q));
+        const Arg stq = looped ? Arg(step_q) : imm(int64_t(uint64_t(ord) * Q));
         const Label loop = b.label("step");
         // Pipelined: the previous step already stored all but the last kEarly pieces.
         const uint32_t q0 = !sends && !p.barrier && Q > kEarly ? Q - kEarly : 0;
@@ -379,7 +398,7 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
             b.emit(Remu, {out_slot, msg, imm(K)});
             b.emit(Mul, {out_slot, out_slot, imm(int64_t(P))});
         }
-        if (st >= 1) {
+        if (st > st0) {
             b.emit(Sub, {in_slot, msg, imm(Q)});
             b.emit(Remu, {in_slot, in_slot, imm(K)});
             b.emit(Mul, {in_slot, in_slot, imm(int64_t(P))});
@@ -409,7 +428,7 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
             }
             b.bind(same);
             // The slot's previous user: a step-0 piece sent straight from it must have arrived.
-            if (uint64_t(st) * Q < Q + O) {
+            if (uint64_t(ord) * Q < Q + O) {
                 const Label ok = b.label("ownok");
                 b.emit(Add, {t, i, imm(1)});
                 b.emit(Bltu, {t, imm(O), ok});
@@ -426,7 +445,7 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
             b.bind(none);
         }
         // (2) The piece of step st-1 has arrived (whole step st-1 with the barrier).
-        if (st >= 1) {
+        if (st > st0) {
             // The last step only stores what arrives, so it never waits for the whole chunk.
             if (p.barrier && sends)
                 b.emit(Add, {t, gmsgs, stq});
@@ -439,7 +458,7 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
             for (int d = 0; d < 2; ++d) {
                 const Arg acc = in_slot + int64_t(recv[d].addr());
                 vpu[d].issue(VAdd, {acc, acc, own_slot + int64_t(own[d].addr()), imm(Pe)});
-                if (st == N - 1) {
+                if (st == N - 1 && !rs) {
                     const Label one = b.label("one");
                     b.emit(Beq, {scale, imm(kOneBits), one});
                     vpu[d].issue(VMulS, {acc, acc, scale, imm(Pe)});
@@ -458,15 +477,15 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
             }
             for (int d = 0; d < 2; ++d) {
                 if (adds) vpu[d].wait_all();
-                const Arg src =
-                    st == 0 ? own_slot + int64_t(own[d].addr()) : in_slot + int64_t(recv[d].addr());
+                const Arg src = st == st0 ? own_slot + int64_t(own[d].addr())
+                                          : in_slot + int64_t(recv[d].addr());
                 b.emit(IciV, {d == 0 ? next : prev, out_slot + int64_t(recv[d].addr()), src,
                               imm(int64_t(P)), arrived[d], sent[d]});
             }
         }
         // (5) Hand back the slot used free_lag pieces ago: its forward has arrived, its store
         // is done.
-        if (reuse && st >= 1 && sends) {
+        if (reuse && st > st0 && sends) {
             const Label none = b.label("nofree"), clamp = b.label("clamp");
             b.emit(Bltu, {i, imm(int64_t(uint64_t(Q) + D)), none});
             b.emit(Add, {t, i, imm(1 - int64_t(D))});
@@ -498,7 +517,10 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
         }
         // (7) Store the finished piece.
         if (stores_out)
-            for (int d = 0; d < 2; ++d) dma(false, d, stv, q, in_slot + int64_t(recv[d].addr()));
+            for (int d = 0; d < 2; ++d) {
+                if (adds && !sends) vpu[d].wait_all();  // the reduce-scatter's last sum
+                dma(false, d, stv, q, in_slot + int64_t(recv[d].addr()));
+            }
         b.emit(Add, {q, q, imm(1)});
         b.emit(Bltu, {q, imm(Q), loop});
         if (looped) {
@@ -581,6 +603,293 @@ isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
     return generate(p);
 }
 
+// ---- Torus all-reduce ------------------------------------------------------------------------
+
+namespace {
+
+/// Cores along x, y, z of the board's network (1 for a dimension it lacks).
+std::array<uint32_t, 3> torus_dims(const hw::BoardConfig& cfg) {
+    const hw::TorusShape s = hw::torus_shape(cfg.ici, cfg.cores());
+    return {s.x, s.y, s.z};
+}
+
+/// A phase of the torus all-reduce on `cores` cores over `elements` (virtual) values: its
+/// receive ring must hold every message of the phase (the phases reuse flags and VMEM, so no
+/// credit may arrive late) and one group must cover the values.
+std::optional<AllReduceHbmPlan> plan_phase(uint32_t cores, uint32_t elements,
+                                           const hw::BoardConfig& cfg, AllReducePhase phase) {
+    AllReduceHbmPlan p;
+    try {
+        p = plan_allreduce_hbm(cores, elements, cfg);
+    } catch (const DeviceError&) {
+        return std::nullopt;
+    }
+    if (p.groups != 1) return std::nullopt;
+    const uint64_t P = uint64_t(p.piece) * 4, Q = p.pieces;
+    const uint64_t messages = uint64_t(phase == AllReducePhase::Full ? 2 : 1) * (cores - 1) * Q;
+    const uint64_t own = 2 * uint64_t(p.own_slots) * P;
+    if (cfg.core.vmem_bytes < own || (cfg.core.vmem_bytes - own) / (2 * P) < messages)
+        return std::nullopt;
+    p.recv_slots = static_cast<uint32_t>(messages);
+    p.barrier = true;
+    p.phase = phase;
+    p.ranges = true;
+    return p;
+}
+
+/// Values of direction d's range after the first phase: the partition's first half, the rest.
+std::array<uint64_t, 2> first_ranges(const AllReduceHbmPlan& p) {
+    const uint64_t half = std::min<uint64_t>(p.elements, uint64_t(p.cores) * p.chunk);
+    return {half, p.elements - half};
+}
+
+constexpr const char* kDimName[3] = {"x", "y", "z"};
+
+}  // namespace
+
+std::optional<TorusAllReduceKey> plan_allreduce_torus(const hw::BoardConfig& cfg,
+                                                      const std::vector<uint32_t>& cores,
+                                                      uint32_t elements, bool force) {
+    if (cfg.ici.topology == "ring" || cores.size() != cfg.cores()) return std::nullopt;
+    for (size_t i = 0; i < cores.size(); ++i)
+        if (cores[i] != i) return std::nullopt;
+    std::vector<uint32_t> sizes;
+    for (uint32_t n : torus_dims(cfg))
+        if (n > 1) sizes.push_back(n);
+    if (sizes.size() < 2 || elements == 0) return std::nullopt;
+    TorusAllReduceKey k;
+    k.elements = elements;
+    uint64_t values = elements;  // the phase's (virtual) values: its two ranges' partition
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        if (values > 0xFFFFFFFFull) return std::nullopt;
+        const auto phase =
+            i + 1 == sizes.size() ? AllReducePhase::Full : AllReducePhase::ReduceScatter;
+        const auto p = plan_phase(sizes[i], static_cast<uint32_t>(values), cfg, phase);
+        if (!p) return std::nullopt;
+        k.phases.push_back(*p);
+        values = 2 * uint64_t(p->chunk);  // a core's two chunks after the reduce-scatter
+    }
+    // The planner asks the network for both bounds and takes the smaller.
+    const hw::IciCosts c = hw::ici_costs(cfg);
+    const uint64_t bytes = uint64_t(elements) * 4;
+    if (!force && hw::allreduce_torus_bound(c, sizes, bytes) >=
+                      hw::allreduce_ring_bound(c, static_cast<uint32_t>(cores.size()), bytes))
+        return std::nullopt;
+    return k;
+}
+
+isa::Program generate(const TorusAllReduceKey& k) {
+    using enum isa::Opcode;
+    using isa::imm;
+    using streaming::Operand;
+    const size_t D = k.phases.size();
+    isa::Builder b(k.name());
+    const isa::Reg x = b.arg("x"), scale = b.arg("scale");
+    // Each dimension's position and neighbours wait in scalar memory until their phases.
+    const isa::Smem dims = b.smem("dims", 3 * D), saved = b.smem("ranges", 4 * D);
+    {
+        std::vector<isa::Reg> args;
+        for (size_t i = 0; i < D; ++i)
+            for (const char* what : {"position", "next", "prev"})
+                args.push_back(b.arg(fmt::format("{}.{}", what, kDimName[i])));
+        for (size_t j = 0; j < args.size(); ++j) b.emit(Sw, {args[j], dims.word(j)});
+    }
+    // One flag per phase for the handshake: a core sends in a phase only once both its
+    // neighbours there have finished the phase before (and so freed the flags and VMEM the
+    // phase reuses). Held for the whole program: never reset.
+    std::vector<isa::Flag> ready;
+    for (size_t i = 0; i + 1 < 2 * D; ++i) ready.push_back(b.flag(fmt::format("ready.{}", i)));
+    // The two ranges the current phase works on: HBM addresses and values.
+    const isa::Reg xa = b.reg("range.cw"), xb = b.reg("range.ccw");
+    const isa::Reg na = b.reg("values.cw"), nb = b.reg("values.ccw");
+    const auto first = first_ranges(k.phases[0]);
+    b.emit(Li, {xa, x});
+    b.emit(Add, {xb, x, imm(int64_t(4 * uint64_t(k.phases[0].cores) * k.phases[0].chunk))});
+    b.emit(Li, {na, imm(int64_t(first[0]))});
+    b.emit(Li, {nb, imm(int64_t(first[1]))});
+    auto run = [&](size_t dim, const AllReduceHbmPlan& p, size_t phase) {
+        const auto scope = b.scope(fmt::format("{}.{}", kDimName[dim], phase));
+        const isa::Reg pos = b.reg("position"), next = b.reg("next"), prev = b.reg("prev");
+        b.emit(Lw, {pos, dims.word(3 * dim)});
+        b.emit(Lw, {next, dims.word(3 * dim + 1)});
+        b.emit(Lw, {prev, dims.word(3 * dim + 2)});
+        AllReduceOperands ops{Operand::hbm(xa),      Operand::scalar(scale), Operand::scalar(pos),
+                              Operand::scalar(next), Operand::scalar(prev),  Operand::hbm(xb),
+                              Operand::scalar(na),   Operand::scalar(nb),    {}};
+        ops.ready = [&] {
+            b.emit(Sigr, {next, ready[phase], imm(1)});
+            b.emit(Sigr, {prev, ready[phase], imm(1)});
+            b.emit(Wait, {ready[phase], imm(2)});
+        };
+        emit_hbm(b, p, ops, false);
+    };
+    size_t phase = 0;
+    for (size_t i = 0; i + 1 < D; ++i) {
+        const AllReduceHbmPlan& p = k.phases[i];
+        run(i, p, phase++);
+        // Keep this phase's ranges for its all-gather, then narrow them to the two chunks this
+        // core now holds summed: chunk position + 1 of the first, position - 1 of the second.
+        for (int j = 0; j < 4; ++j)
+            b.emit(Sw, {(j == 0 ? xa : j == 1 ? xb : j == 2 ? na : nb), saved.word(4 * i + j)});
+        const auto scope = b.scope("narrow");
+        const isa::Reg pos = b.reg("position"), off = b.reg("offset");
+        b.emit(Lw, {pos, dims.word(3 * i)});
+        for (int d = 0; d < 2; ++d) {
+            const isa::Reg& base = d == 0 ? xa : xb;
+            const isa::Reg& n = d == 0 ? na : nb;
+            b.emit(Add, {off, pos, imm(d == 0 ? 1 : p.cores - 1)});
+            b.emit(Remu, {off, off, imm(p.cores)});
+            b.emit(Mul, {off, off, imm(p.chunk)});
+            // values = clamp(values - offset, 0, chunk)
+            b.if_(
+                isa::Cond::Ltu, n, off,
+                [&] {
+                    b.emit(Li, {n, imm(0)});
+                },
+                [&] {
+                    b.emit(Sub, {n, n, off});
+                    b.if_(isa::Cond::Ltu, imm(p.chunk), n, [&] { b.emit(Li, {n, imm(p.chunk)}); });
+                });
+            b.emit(Shl, {off, off, imm(2)});
+            b.emit(Add, {base, base, off});
+        }
+    }
+    run(D - 1, k.phases[D - 1], phase++);
+    for (size_t i = D - 1; i-- > 0;) {
+        for (int j = 0; j < 4; ++j)
+            b.emit(Lw, {(j == 0 ? xa : j == 1 ? xb : j == 2 ? na : nb), saved.word(4 * i + j)});
+        AllReduceHbmPlan p = k.phases[i];
+        p.phase = AllReducePhase::AllGather;
+        run(i, p, phase++);
+    }
+    b.emit(Halt, {});
+    return b.finish();
+}
+
+std::vector<float> allreduce_torus_reference(const std::vector<std::vector<float>>& replicas,
+                                             float scale, const TorusAllReduceKey& k,
+                                             std::array<uint32_t, 3> dims) {
+    const uint64_t n = k.elements;
+    const uint32_t cores = dims[0] * dims[1] * dims[2];
+    if (replicas.size() != cores || k.phases.empty())
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("torus all-reduce reference: {} replicas for {} cores",
+                                      replicas.size(), cores));
+    for (const auto& r : replicas)
+        if (r.size() != n)
+            throw DeviceError(ErrorKind::Usage, "all-reduce: replicas differ in length");
+    const bool one = std::bit_cast<uint32_t>(scale) == kOneBits;
+    std::vector<std::vector<float>> buf = replicas;
+    // Each core's two ranges (offset, values), as the kernel narrows them.
+    struct Range {
+        uint64_t off[2], len[2];
+    };
+    const auto f0 = first_ranges(k.phases[0]);
+    std::vector<Range> range(
+        cores, Range{{0, uint64_t(k.phases[0].cores) * k.phases[0].chunk}, {f0[0], f0[1]}});
+    std::vector<std::vector<Range>> kept;
+    std::vector<uint32_t> active;  // the dimensions the phases run along
+    for (uint32_t i = 0; i < 3; ++i)
+        if (dims[i] > 1) active.push_back(i);
+    auto coord = [&](uint32_t c, uint32_t i) {
+        return i == 0 ? c % dims[0] : i == 1 ? (c / dims[0]) % dims[1] : c / (dims[0] * dims[1]);
+    };
+    auto stride = [&](uint32_t i) { return i == 0 ? 1u : i == 1 ? dims[0] : dims[0] * dims[1]; };
+    // One phase along dimension `dim`: every ring of it (cores sharing the other coordinates)
+    // reduces (and, for the last phase, scales and spreads) or gathers its chunks.
+    auto phase = [&](uint32_t dim, const AllReduceHbmPlan& p, AllReducePhase what) {
+        const uint32_t N = p.cores;
+        const uint64_t E = p.chunk;
+        for (uint32_t c = 0; c < cores; ++c) {
+            if (coord(c, dim) != 0) continue;  // ring members: c + j * stride(dim)
+            auto member = [&](uint32_t j) { return c + (j % N) * stride(dim); };
+            const Range r = range[c];  // the same on every member
+            for (int d = 0; d < 2; ++d)
+                for (uint32_t ch = 0; ch < N; ++ch)
+                    for (uint64_t v = ch * E; v < std::min<uint64_t>((ch + 1) * E, r.len[d]); ++v) {
+                        const uint64_t a = r.off[d] + v;
+                        const uint32_t owner = d == 0 ? (ch + N - 1) % N : (ch + 1) % N;
+                        if (what == AllReducePhase::AllGather) {
+                            for (uint32_t j = 0; j < N; ++j)
+                                buf[member(j)][a] = buf[member(owner)][a];
+                            continue;
+                        }
+                        float acc = buf[member(ch)][a];
+                        for (uint32_t s = 1; s < N; ++s)
+                            acc = acc + buf[member(d == 0 ? ch + s : ch + N * N - s)][a];
+                        if (what == AllReducePhase::Full) {
+                            if (!one) acc = acc * scale;
+                            for (uint32_t j = 0; j < N; ++j) buf[member(j)][a] = acc;
+                        } else {
+                            buf[member(owner)][a] = acc;
+                        }
+                    }
+        }
+    };
+    for (size_t i = 0; i + 1 < k.phases.size(); ++i) {
+        const AllReduceHbmPlan& p = k.phases[i];
+        phase(active[i], p, AllReducePhase::ReduceScatter);
+        kept.push_back(range);
+        for (uint32_t c = 0; c < cores; ++c) {
+            const uint32_t pos = coord(c, active[i]);
+            for (int d = 0; d < 2; ++d) {
+                const uint64_t off =
+                    uint64_t((pos + (d == 0 ? 1 : p.cores - 1)) % p.cores) * p.chunk;
+                Range& r = range[c];
+                r.len[d] = r.len[d] < off ? 0 : std::min<uint64_t>(r.len[d] - off, p.chunk);
+                r.off[d] += off;
+            }
+        }
+    }
+    phase(active[k.phases.size() - 1], k.phases.back(), AllReducePhase::Full);
+    for (size_t i = k.phases.size() - 1; i-- > 0;) {
+        range = kept[i];
+        phase(active[i], k.phases[i], AllReducePhase::AllGather);
+    }
+    for (uint32_t c = 1; c < cores; ++c)
+        if (buf[c] != buf[0])
+            throw std::logic_error(fmt::format("torus all-reduce reference: core {} differs", c));
+    return buf[0];
+}
+
+std::vector<float> allreduce_reference(const hw::BoardConfig& cfg,
+                                       const std::vector<uint32_t>& cores,
+                                       const std::vector<std::vector<float>>& replicas,
+                                       float scale) {
+    if (!replicas.empty() && !replicas[0].empty() && replicas[0].size() <= 0xFFFFFFFFu)
+        if (const auto k =
+                plan_allreduce_torus(cfg, cores, static_cast<uint32_t>(replicas[0].size())))
+            return allreduce_torus_reference(replicas, scale, *k, torus_dims(cfg));
+    return allreduce_reference(replicas, scale);
+}
+
+Event allreduce_torus(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
+                      const TorusAllReduceKey& k) {
+    const auto dims = torus_dims(dev.config());
+    if (t.elements() != k.elements || t.cores.size() != dev.config().cores() ||
+        t.bufs.size() != t.cores.size())
+        throw DeviceError(
+            ErrorKind::Usage,
+            fmt::format("torus all-reduce: a tensor of {} values on {} cores for a "
+                        "plan of {} values on the board's {} cores",
+                        t.elements(), t.cores.size(), k.elements, dev.config().cores()));
+    std::vector<uint32_t> active;
+    for (uint32_t i = 0; i < 3; ++i)
+        if (dims[i] > 1) active.push_back(i);
+    const uint32_t stride[3] = {1, dims[0], dims[0] * dims[1]};
+    return launch(dev, cache, k, t.cores, [&](size_t i, LaunchArgs& a) {
+        a.set("x", t.bufs[i]).set_f32("scale", scale);
+        const auto c = t.cores[i];
+        for (size_t j = 0; j < active.size(); ++j) {
+            const uint32_t dim = active[j], w = dims[dim], s = stride[dim];
+            const uint32_t pos = (c / s) % w, base = c - pos * s;
+            a.set(fmt::format("position.{}", kDimName[j]), pos)
+                .set(fmt::format("next.{}", kDimName[j]), base + (pos + 1) % w * s)
+                .set(fmt::format("prev.{}", kDimName[j]), base + (pos + w - 1) % w * s);
+        }
+    });
+}
+
 Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
                 AllReduceSchedule schedule) {
     if (t.cores.empty() || t.elements() == 0)
@@ -619,6 +928,9 @@ Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
         return driver::scale(dev, cache, t, scale, t);
     }
     const auto n = static_cast<uint32_t>(t.elements());
+    if (schedule == AllReduceSchedule::Auto)
+        if (const auto k = plan_allreduce_torus(dev.config(), t.cores, n))
+            return allreduce_torus(dev, cache, t, scale, *k);
     const AllReduceHbmPlan p = plan_allreduce_hbm(N, n, dev.config(), schedule);
     return launch(dev, cache, p, t.cores, [&](size_t i, LaunchArgs& a) {
         a.set("position", static_cast<uint32_t>(i))

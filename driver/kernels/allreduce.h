@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +64,14 @@ enum class AllReduceSchedule : uint8_t {
     Pipelined,    ///< piece q of step s starts once piece q of step s-1 has arrived
 };
 
+/// Which part of the ring all-reduce a kernel runs: the torus all-reduce runs a reduce-scatter
+/// and an all-gather along each dimension but the last, and the whole all-reduce along that.
+enum class AllReducePhase : uint8_t {
+    Full,           ///< reduce-scatter then all-gather (the ring all-reduce)
+    ReduceScatter,  ///< steps 0..N-1: each core ends with its two chunks summed, in HBM
+    AllGather,      ///< steps N-1..2N-2: from those chunks, every core ends with all of them
+};
+
 /// Partition and schedule of the HBM all-reduce: the program-cache key of its kernel (every
 /// input the code depends on). Its VMEM rings come from the builder's pool in the order
 /// receive (clockwise, counter-clockwise), own (clockwise, counter-clockwise): from address 0
@@ -79,11 +90,15 @@ struct AllReduceHbmPlan {
     /// Instructions that fit in instruction memory (0: no limit); a larger unrolled kernel
     /// loops over its steps instead.
     uint32_t imem_instrs = 0;
+    AllReducePhase phase = AllReducePhase::Full;  ///< which part of the all-reduce
+    /// Direction 1 works on a range of its own (AllReduceOperands::x_ccw, n_ccw) instead of
+    /// the second half of x (the torus phases, which work on the chunks a phase left).
+    bool ranges = false;
     auto operator<=>(const AllReduceHbmPlan&) const = default;
     std::string name() const { return "allreduce_hbm"; }
     friend size_t hash_value(const AllReduceHbmPlan& p) {
         return hash_fields(p.cores, p.elements, p.piece, p.pieces, p.chunk, p.groups, p.recv_slots,
-                           p.own_slots, p.free_lag, p.barrier, p.imem_instrs);
+                           p.own_slots, p.free_lag, p.barrier, p.imem_instrs, p.phase, p.ranges);
     }
     /// VMEM bytes of the receive and own-data rings.
     uint64_t vmem_bytes() const;
@@ -102,6 +117,12 @@ struct AllReduceOperands {
     streaming::Operand position;  ///< scalar: this core's position in the ring (0..N-1)
     streaming::Operand next;      ///< scalar: the core at position + 1 (mod N)
     streaming::Operand prev;      ///< scalar: the core at position - 1 (mod N)
+    /// With AllReduceHbmPlan::ranges: HBM address of direction 1's range (direction 0's is
+    /// x) and the values in each range (scalars; the partition's half may run past them).
+    streaming::Operand x_ccw, n_cw, n_ccw;
+    /// Optional: emitted once the kernel holds its flags, before it sends anything (a
+    /// handshake between kernels that reuse flags and VMEM on neighbouring cores).
+    std::function<void()> ready;
 };
 
 /// Emits the HBM all-reduce for `p` into `b`: every core of the launch that runs it, in the
@@ -118,8 +139,61 @@ isa::Program generate(const AllReduceHbmPlan& p);
 /// generate(p).
 isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p);
 
+// ---- Torus all-reduce ------------------------------------------------------------------------
+
+/// The torus all-reduce (hw/README.md, "All-reduce bounds"): along each torus dimension but the
+/// last a reduce-scatter (ring, both directions), the whole all-reduce along the last on the
+/// share each core then holds, and the all-gathers back in reverse order; one program, one
+/// phase after the other, each phase's neighbours shaking hands before it sends. The key.
+struct TorusAllReduceKey {
+    uint32_t elements = 0;  ///< fp32 values per core
+    /// Per dimension of more than one core (x, y, z order): its reduce-scatter plan (phase
+    /// ReduceScatter; the all-gather runs the same plan as AllGather), the last one Full.
+    std::vector<AllReduceHbmPlan> phases;
+    auto operator<=>(const TorusAllReduceKey&) const = default;
+    std::string name() const { return "allreduce_torus"; }
+    friend size_t hash_value(const TorusAllReduceKey& k) {
+        size_t h = hash_fields(k.elements);
+        for (const auto& p : k.phases) h = hash_fields(h, hash_value(p));
+        return h;
+    }
+};
+
+/// The torus plan of an all-reduce of `elements` values over `cores` (their order is the
+/// launch's), or nullopt when the ring is used instead: the board is a ring or a torus with
+/// one dimension of more than one core, `cores` is not the whole board in core order, a phase
+/// does not fit in VMEM without reusing its receive slots (or in one group), or (unless
+/// `force`) the ring's bound (hw::allreduce_ring_bound) is not above the torus's
+/// (hw::allreduce_torus_bound): v4-8's 4 x 2 torus keeps the ring.
+std::optional<TorusAllReduceKey> plan_allreduce_torus(const hw::BoardConfig& cfg,
+                                                      const std::vector<uint32_t>& cores,
+                                                      uint32_t elements, bool force = false);
+/// The kernel. Launch arguments: `x` (HBM address), `scale` (fp32 bits), then per dimension
+/// of the key (x, y, z) `position.D`, `next.D`, `prev.D` (the core's coordinate along it and
+/// its neighbours there).
+isa::Program generate(const TorusAllReduceKey& k);
+/// The exact result of the torus all-reduce of `replicas` (core order) on a torus of `dims`
+/// (cores along x, y, z, with 1 for a dimension the torus lacks): the order of additions is
+/// the ring's (allreduce_reference) along x within each x-ring, then along y on the sums each
+/// core holds, and so on; scaled once, after the last dimension.
+std::vector<float> allreduce_torus_reference(const std::vector<std::vector<float>>& replicas,
+                                             float scale, const TorusAllReduceKey& k,
+                                             std::array<uint32_t, 3> dims);
+/// The exact result allreduce(dev, ...) gives on board `cfg` over `cores`: the torus reference
+/// when plan_allreduce_torus chooses the torus, else allreduce_reference.
+std::vector<float> allreduce_reference(const hw::BoardConfig& cfg,
+                                       const std::vector<uint32_t>& cores,
+                                       const std::vector<std::vector<float>>& replicas,
+                                       float scale);
+
+/// The torus all-reduce of `k` on `t` (which must cover the whole board in core order), in
+/// place, like allreduce(); allreduce() calls it when the planner chooses the torus.
+Event allreduce_torus(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
+                      const TorusAllReduceKey& k);
+
 /// In place: every replica of `t` becomes the sum over replicas times `scale` (scale = 1/N
-/// gives the mean used for data-parallel gradients). One launch over t.cores, ring order =
+/// gives the mean used for data-parallel gradients). One launch over t.cores: the torus
+/// all-reduce where plan_allreduce_torus gives a plan (schedule Auto), else the ring in
 /// t.cores order. Every replica ends bit-identical to allreduce_reference().
 Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale = 1.0f,
                 AllReduceSchedule schedule = AllReduceSchedule::Auto);
