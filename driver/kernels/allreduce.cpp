@@ -552,6 +552,10 @@ void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperand
     }
     stores.wait_all();
     for (int d = 0; d < 2; ++d) b.emit(Wait, {sent[d], imm(int64_t(Mg * p.groups))});
+    // A phase's credits must all be in before the next phase takes the flags (and resets them).
+    if ((rs || ag) && reuse && Mg > uint64_t(Q) + D)
+        for (int d = 0; d < 2; ++d)
+            b.emit(Wait, {credit[d], imm(int64_t((Mg - Q - D) * p.groups))});
 }
 
 /// Declares the stand-alone kernel's launch arguments and emits it.
@@ -613,9 +617,9 @@ std::array<uint32_t, 3> torus_dims(const hw::BoardConfig& cfg) {
     return {s.x, s.y, s.z};
 }
 
-/// A phase of the torus all-reduce on `cores` cores over `elements` (virtual) values: its
-/// receive ring must hold every message of the phase (the phases reuse flags and VMEM, so no
-/// credit may arrive late) and one group must cover the values.
+/// A phase of the torus all-reduce on `cores` cores over `elements` (virtual) values: step
+/// barriers (the pipelined schedule's early stores belong to the whole all-reduce's last
+/// steps), one group covering the values.
 std::optional<AllReduceHbmPlan> plan_phase(uint32_t cores, uint32_t elements,
                                            const hw::BoardConfig& cfg, AllReducePhase phase) {
     AllReduceHbmPlan p;
@@ -628,9 +632,11 @@ std::optional<AllReduceHbmPlan> plan_phase(uint32_t cores, uint32_t elements,
     const uint64_t P = uint64_t(p.piece) * 4, Q = p.pieces;
     const uint64_t messages = uint64_t(phase == AllReducePhase::Full ? 2 : 1) * (cores - 1) * Q;
     const uint64_t own = 2 * uint64_t(p.own_slots) * P;
-    if (cfg.core.vmem_bytes < own || (cfg.core.vmem_bytes - own) / (2 * P) < messages)
-        return std::nullopt;
-    p.recv_slots = static_cast<uint32_t>(messages);
+    const uint64_t fit = cfg.core.vmem_bytes > own ? (cfg.core.vmem_bytes - own) / (2 * P) : 0;
+    const RingTiming t = ring_timing(cfg, p.piece);
+    const uint64_t slack = p.free_lag + 2 + ceil_div(2 * t.hop, t.ser);  // as for the ring
+    if (fit < messages && fit < 2 * Q + slack) return std::nullopt;
+    p.recv_slots = static_cast<uint32_t>(std::min(messages, fit));
     p.barrier = true;
     p.phase = phase;
     p.ranges = true;

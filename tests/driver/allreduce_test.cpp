@@ -460,6 +460,22 @@ TEST(TorusAllReduce, V4_8AndThreeDimensionalToriEqualTheirReferenceBitForBit) {
     }
 }
 
+TEST(TorusAllReduce, PhasesThatReuseTheirSlotsWaitForEveryCredit) {
+    // v4-8 (forced torus), 5 MiB per core: the x reduce-scatter sends 3 steps x 10 pieces of
+    // 64 KiB per direction; 4 MiB of VMEM hold 3 own slots (384 KiB) and 29 receive slots per
+    // direction, not 30, but more than a step barrier needs (2 x 10 + 8): slots are handed
+    // back with credits, and a phase ends only once all its credits are in (the next phase
+    // resets the flag). Race detector on.
+    auto dev =
+        Device::open(preset_config("v4-8", {"sim.race_detector=true", "core.vmem_bytes=4194304"}));
+    const auto k = plan_allreduce_torus(dev->config(), all_cores(dev->config()), 1310720, true);
+    ASSERT_TRUE(k.has_value());
+    const AllReduceHbmPlan& x = k->phases[0];
+    EXPECT_EQ(x.pieces, 10u);
+    EXPECT_EQ(x.recv_slots, 29u);
+    run_torus(*dev, *k, 17, 0.25f, false);
+}
+
 TEST(TorusAllReduce, ThePlannerTakesTheSmallerBound) {
     const auto v3_32 = preset_config("v3-32"), v4_8 = preset_config("v4-8");
     const uint32_t n = 4194304;  // 16 MiB per core
