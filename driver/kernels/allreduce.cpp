@@ -684,7 +684,10 @@ std::optional<TorusAllReduceKey> plan_allreduce_torus(const hw::BoardConfig& cfg
     return k;
 }
 
-isa::Program generate(const TorusAllReduceKey& k) {
+namespace {
+
+/// The torus kernel of `k`; with `roll`, every phase loops over its steps of one shape.
+isa::Program torus_program(const TorusAllReduceKey& k, bool roll) {
     using enum isa::Opcode;
     using isa::imm;
     using streaming::Operand;
@@ -727,7 +730,7 @@ isa::Program generate(const TorusAllReduceKey& k) {
             b.emit(Sigr, {prev, ready[phase], imm(1)});
             b.emit(Wait, {ready[phase], imm(2)});
         };
-        emit_hbm(b, p, ops, false);
+        emit_hbm(b, p, ops, roll);
     };
     size_t phase = 0;
     for (size_t i = 0; i + 1 < D; ++i) {
@@ -770,6 +773,16 @@ isa::Program generate(const TorusAllReduceKey& k) {
     }
     b.emit(Halt, {});
     return b.finish();
+}
+
+}  // namespace
+
+isa::Program generate(const TorusAllReduceKey& k) {
+    // Unrolled while the whole program fits in instruction memory, as the ring kernel.
+    isa::Program prog = torus_program(k, false);
+    const uint32_t limit = k.phases.at(0).imem_instrs;
+    if (limit == 0 || prog.code.size() <= limit) return prog;
+    return torus_program(k, true);
 }
 
 std::vector<float> allreduce_torus_reference(const std::vector<std::vector<float>>& replicas,

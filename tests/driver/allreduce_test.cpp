@@ -476,6 +476,20 @@ TEST(TorusAllReduce, PhasesThatReuseTheirSlotsWaitForEveryCredit) {
     run_torus(*dev, *k, 17, 0.25f, false);
 }
 
+TEST(TorusAllReduce, AProgramTooLargeToUnrollLoopsOverItsStepsAndStaysExact) {
+    // v3-128 with 2 048 instructions of memory: the three phases unrolled take more, so each
+    // loops over its steps of one shape (as v3-2048 needs with its 64-core rings).
+    auto dev =
+        Device::open(preset_config("v3-128", {"sim.race_detector=true", "core.imem_bytes=65536"}));
+    const auto k = plan_allreduce_torus(dev->config(), all_cores(dev->config()), 10000);
+    ASSERT_TRUE(k.has_value());
+    EXPECT_LE(generate(*k).code.size(), 2048u);
+    TorusAllReduceKey unlimited = *k;
+    for (auto& p : unlimited.phases) p.imem_instrs = 0;
+    EXPECT_GT(generate(unlimited).code.size(), 2048u);
+    run_torus(*dev, *k, 23, 0.125f, true);
+}
+
 TEST(TorusAllReduce, ThePlannerTakesTheSmallerBound) {
     const auto v3_32 = preset_config("v3-32"), v4_8 = preset_config("v4-8");
     const uint32_t n = 4194304;  // 16 MiB per core
