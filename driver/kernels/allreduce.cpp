@@ -564,10 +564,13 @@ isa::Program standalone_hbm(const AllReduceHbmPlan& p, bool roll) {
     const isa::Reg position = b.arg("position"), next = b.arg("next"), prev = b.arg("prev");
     const isa::Reg x = b.arg("x"), scale = b.arg("scale");
     using streaming::Operand;
-    emit_hbm(b, p,
-             {Operand::hbm(x), Operand::scalar(scale), Operand::scalar(position),
-              Operand::scalar(next), Operand::scalar(prev)},
-             roll);
+    AllReduceOperands ops;
+    ops.x = Operand::hbm(x);
+    ops.scale = Operand::scalar(scale);
+    ops.position = Operand::scalar(position);
+    ops.next = Operand::scalar(next);
+    ops.prev = Operand::scalar(prev);
+    emit_hbm(b, p, ops, roll);
     b.emit(isa::Opcode::Halt, {});
     return b.finish();
 }

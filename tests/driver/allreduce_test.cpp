@@ -353,9 +353,13 @@ TEST(AllReduceHbm, ComposesAfterAnotherKernelInOneProgram) {
     using streaming::Operand;
     emit(b, plan_vector(VectorOp::Add, n, 1, b.vmem_free()),
          std::vector{Operand::hbm(a), Operand::hbm(bb), Operand::hbm(out)});
-    emit_allreduce(b, plan_allreduce_hbm(8, n, cfg, AllReduceSchedule::Auto, b.vmem_free()),
-                   {Operand::hbm(out), Operand::scalar(sc), Operand::scalar(position),
-                    Operand::scalar(next), Operand::scalar(prev)});
+    AllReduceOperands ops;
+    ops.x = Operand::hbm(out);
+    ops.scale = Operand::scalar(sc);
+    ops.position = Operand::scalar(position);
+    ops.next = Operand::scalar(next);
+    ops.prev = Operand::scalar(prev);
+    emit_allreduce(b, plan_allreduce_hbm(8, n, cfg, AllReduceSchedule::Auto, b.vmem_free()), ops);
     b.emit(isa::Opcode::Halt, {});
     const isa::Program prog = b.finish();
 
