@@ -590,10 +590,12 @@ uint64_t AllReduceHbmPlan::vmem_bytes() const {
 void emit_allreduce(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperands& ops) {
     using K = streaming::Operand::Kind;
     if (ops.x.kind != K::Hbm || ops.scale.kind != K::Scalar || ops.position.kind != K::Scalar ||
-        ops.next.kind != K::Scalar || ops.prev.kind != K::Scalar)
+        ops.next.kind != K::Scalar || ops.prev.kind != K::Scalar ||
+        (p.ranges &&
+         (ops.x_ccw.kind != K::Hbm || ops.n_cw.kind != K::Scalar || ops.n_ccw.kind != K::Scalar)))
         throw isa::BuildError(fmt::format(
             "kernel '{}': allreduce_hbm takes its tensor in HBM and scale, position, next and "
-            "prev as scalars",
+            "prev as scalars (with ranges: x_ccw in HBM, n_cw and n_ccw as scalars)",
             b.kernel()));
     emit_hbm(b, p, ops, rolled(p));
 }

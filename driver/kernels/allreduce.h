@@ -129,8 +129,8 @@ struct AllReduceOperands {
 /// ring order the operands give, ends with (sum over replicas) x scale in its replica, the
 /// values allreduce_reference() gives. Resources from b's pools in its own scope (plan `p` in
 /// b.vmem_free()); on return every instruction it issued has completed. Every core of the
-/// ring must run the same program: the kernel signals its flags on its neighbours. It uses 21
-/// scalar registers besides its operands. Unrolled while the stand-alone program fits in
+/// ring must run the same program: the kernel signals its flags on its neighbours. It uses up to
+/// 20 scalar registers besides its operands. Unrolled while the stand-alone program fits in
 /// p.imem_instrs, else its steps of one shape share a loop.
 void emit_allreduce(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperands& ops);
 /// The stand-alone kernel: launch arguments `position`, `next`, `prev`, `x` (the replica's HBM
