@@ -47,18 +47,4 @@ isa::Program ProgramCache::compile(const std::string& name,
     return p;
 }
 
-std::string ProgramCache::kernel_name(const std::string& key) {
-    return key.substr(0, key.find_first_of(" :"));
-}
-
-const isa::Program& ProgramCache::get(const std::string& key,
-                                      const std::function<isa::Program()>& compile) {
-    const auto it = m_legacy.find(key);
-    if (it != m_legacy.end()) {
-        ++m_hits;
-        return it->second;
-    }
-    return m_legacy.emplace(key, this->compile(kernel_name(key), compile)).first->second;
-}
-
 }  // namespace tpu::driver

@@ -5,7 +5,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <typeindex>
@@ -63,18 +62,6 @@ public:
     /// Host seconds spent compiling (misses only).
     double compile_seconds() const { return m_compile_seconds; }
 
-    // ---- Legacy string keys --------------------------------------------------------------
-    // Kernels not yet written with the program builder (conv2d, gemm, matmul_kernel,
-    // attention, allreduce, pool: issue 25) still key their programs by hand-built strings.
-    // When the last of them has a typed key, delete this section and program_cache.cpp's
-    // get(string) and kernel_name.
-
-    /// The cached program for `key`, or `compile()`'s result (timed and counted as a miss).
-    /// A compiled program without a name is named kernel_name(key).
-    const isa::Program& get(const std::string& key, const std::function<isa::Program()>& compile);
-    /// The kernel part of a key: up to the first space or ':' ("gemm R128 C128 ..." -> "gemm").
-    static std::string kernel_name(const std::string& key);
-
 private:
     struct TableBase {
         virtual ~TableBase() = default;
@@ -97,7 +84,6 @@ private:
     isa::Program compile(const std::string& name, const std::function<isa::Program()>& generate);
 
     std::unordered_map<std::type_index, std::unique_ptr<TableBase>> m_tables;
-    std::map<std::string, isa::Program> m_legacy;
     uint64_t m_hits = 0, m_misses = 0;
     double m_compile_seconds = 0;
 };

@@ -4,15 +4,17 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cmath>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <unordered_set>
 
 #include <fmt/format.h>
 
+#include "driver/kernels/kernel.h"
 #include "driver/kernels/vector_ops.h"
 #include "hw/board.h"
-#include "isa/assembler.h"
+#include "hw/ici/ici_costs.h"
 
 namespace tpu::driver {
 
@@ -41,67 +43,80 @@ AllReducePlan plan_allreduce(uint32_t cores, uint32_t elements, uint64_t vmem_by
     return p;
 }
 
-isa::Program allreduce_program(const AllReducePlan& p) {
+isa::Program generate(const AllReducePlan& p) {
+    using enum isa::Opcode;
+    using isa::imm;
     const uint32_t N = p.cores, C = allreduce_chunk_bytes(p), E = C / 4;
     const uint64_t half = uint64_t(N) * C;  // direction 1 works on the second half
-    std::string s;
-    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
-        s += fmt::format(f, std::forward<A>(a)...);
-        s += '\n';
+    isa::Builder b(p.name());
+    const isa::Reg pos = b.arg("position"), next = b.arg("next"), prev = b.arg("prev");
+    const uint64_t full = allreduce_vmem_bytes(p);
+    const isa::Vmem x = b.vmem_at("x", p.x_addr, full), y = b.vmem_at("y", p.y_addr, full);
+    const isa::Vmem scratch =
+        b.vmem_at("scratch", p.scratch_addr, uint64_t(allreduce_chunk_bytes(p)) * 2 * (N - 1));
+    const isa::Reg send = b.reg("send", 10), add = b.reg("add", 11), own = b.reg("own", 12);
+    const isa::Reg gather = b.reg("gather", 13);
+    // Reduce-scatter arrivals and all-gather arrivals are raised by the neighbours.
+    const isa::Flag arrived[2] = {b.flag("arrived.cw", 1), b.flag("arrived.ccw", 2)};
+    isa::CountedFlag adds[2] = {{b, "adds.cw", isa::Count::AtBuild, 3},
+                                {b, "adds.ccw", isa::Count::AtBuild, 4}};
+    const isa::Flag gathered[2] = {b.flag("gathered.cw", 5), b.flag("gathered.ccw", 6)};
+    isa::CountedFlag copies(b, "copies", isa::Count::AtBuild, 7);
+    // Byte offset of chunk (position + delta) mod N into `reg`.
+    auto chunk = [&](int delta, const isa::Reg& reg) {
+        b.emit(Add, {reg, pos, imm((delta % int(N) + int(N)) % int(N))});
+        b.emit(Remu, {reg, reg, imm(N)});
+        b.emit(Mul, {reg, reg, imm(C)});
     };
-    L("# ring all-reduce: N={} chunk={} B; s1 position, s2 next core, s3 previous core", N, C);
-    // Byte offset of chunk (s1 + delta) mod N into `reg`.
-    auto chunk = [&](int delta, const char* reg) {
-        L("        add {}, s1, {}", reg, (delta % int(N) + int(N)) % int(N));
-        L("        remu {}, {}, {}", reg, reg, N);
-        L("        mul {}, {}, {}", reg, reg, C);
-    };
-    // Direction 0 sends to s2 (clockwise) and receives from s3; direction 1 the reverse. In
-    // reduce-scatter step k direction 0 sends chunk p-k and adds the received chunk p-1-k into
-    // its own; direction 1 mirrors it (p+k, p+1+k). Both directions interleave step by step.
+    auto dir = [&](int d) -> const isa::Reg& { return d == 0 ? next : prev; };
+    // Direction 0 sends to `next` (clockwise) and receives from `prev`; direction 1 the
+    // reverse. In reduce-scatter step k direction 0 sends chunk p-k and adds the received
+    // chunk p-1-k into its own; direction 1 mirrors it (p+k, p+1+k). Both directions
+    // interleave step by step.
     for (uint32_t k = 0; k + 1 < N; ++k) {
         for (int d = 0; d < 2; ++d) {
             const int sign = d == 0 ? -1 : 1;
-            const uint64_t base = p.x_addr + d * half;
-            const uint64_t slot = p.scratch_addr + (uint64_t(d) * (N - 1) + k) * C;
-            if (k > 0) L("        wait f{}, {}", 3 + d, k);
-            chunk(sign * int(k), "s10");
-            L("        ici.v {}, [{}], [s10+{}], {}, f{}", d == 0 ? "s2" : "s3", slot, base, C,
-              1 + d);
+            const isa::Arg slot = scratch.at((uint64_t(d) * (N - 1) + k) * C);
+            if (k > 0) adds[d].wait_all();
+            chunk(sign * int(k), send);
+            b.emit(IciV, {dir(d), slot, send + int64_t(x.addr() + d * half), imm(C), arrived[d]});
         }
         for (int d = 0; d < 2; ++d) {
             const int sign = d == 0 ? -1 : 1;
-            const uint64_t base = p.x_addr + d * half;
-            const uint64_t slot = p.scratch_addr + (uint64_t(d) * (N - 1) + k) * C;
-            L("        wait f{}, {}", 1 + d, k + 1);
-            chunk(sign * (int(k) + 1), "s11");
-            L("        v.add [s11+{}], [s11+{}], [{}], {}, f{}", base, base, slot, E, 3 + d);
+            const int64_t base = int64_t(x.addr() + d * half);
+            const isa::Arg slot = scratch.at((uint64_t(d) * (N - 1) + k) * C);
+            b.emit(Wait, {arrived[d], imm(k + 1)});
+            chunk(sign * (int(k) + 1), add);
+            adds[d].issue(VAdd, {add + base, add + base, slot, imm(E)});
         }
     }
     // Own reduced chunk (p+1 clockwise, p-1 counter-clockwise) into y.
     for (int d = 0; d < 2; ++d) {
         const int sign = d == 0 ? -1 : 1;
-        L("        wait f{}, {}", 3 + d, N - 1);
-        chunk(-sign, "s12");
-        L("        dma.vv [s12+{}], [s12+{}], 1, {}, {}, {}, f7", p.y_addr + d * half,
-          p.x_addr + d * half, C, C, C);
+        adds[d].wait_all();
+        chunk(-sign, own);
+        copies.issue(DmaVv, {own + int64_t(y.addr() + d * half), own + int64_t(x.addr() + d * half),
+                             imm(1), imm(C), imm(C), imm(C)});
     }
     // All-gather: step k sends chunk p+1-k (clockwise) to the neighbour's y; from step 1 on
     // the chunk is the one received in the step before.
     for (uint32_t k = 0; k + 1 < N; ++k)
         for (int d = 0; d < 2; ++d) {
             const int sign = d == 0 ? -1 : 1;
-            const char* src = k == 0 ? "x" : "y";
-            if (k > 0) L("        wait f{}, {}", 5 + d, k);
-            chunk(sign * (int(k) - 1), "s13");
-            L("        ici.v {}, [s13+{}], [s13+{}], {}, f{}   # from {}", d == 0 ? "s2" : "s3",
-              p.y_addr + d * half, (k == 0 ? p.x_addr : p.y_addr) + d * half, C, 5 + d, src);
+            if (k > 0) b.emit(Wait, {gathered[d], imm(k)});
+            chunk(sign * (int(k) - 1), gather);
+            b.emit(IciV, {dir(d), gather + int64_t(y.addr() + d * half),
+                          gather + int64_t((k == 0 ? x.addr() : y.addr()) + d * half), imm(C),
+                          gathered[d]});
         }
-    L("        wait f5, {}", N - 1);
-    L("        wait f6, {}", N - 1);
-    L("        wait f7, 2");
-    L("        halt");
-    return isa::assemble(s, "allreduce.s");
+    for (int d = 0; d < 2; ++d) b.emit(Wait, {gathered[d], imm(N - 1)});
+    copies.wait_all();
+    b.emit(Halt, {});
+    return b.finish();
+}
+
+isa::Program allreduce_program(const AllReducePlan& p) {
+    return generate(p);
 }
 
 AllReduceResult allreduce(Device& dev, const std::vector<uint32_t>& cores,
@@ -126,9 +141,10 @@ AllReduceResult allreduce(Device& dev, const std::vector<uint32_t>& cores,
     }
     const uint32_t N = p.cores;
     AllReduceResult r;
-    r.event = dev.launch(cores, allreduce_program(p), [&](size_t i) {
-        return std::vector<uint32_t>{static_cast<uint32_t>(i), cores[(i + 1) % N],
-                                     cores[(i + N - 1) % N]};
+    r.event = launch(dev, cores, generate(p), [&](size_t i, LaunchArgs& a) {
+        a.set("position", static_cast<uint32_t>(i))
+            .set("next", cores[(i + 1) % N])
+            .set("prev", cores[(i + N - 1) % N]);
     });
     for (uint32_t c : cores) {
         std::vector<float> y(n);
@@ -193,15 +209,14 @@ struct RingTiming {
 };
 
 RingTiming ring_timing(const hw::BoardConfig& cfg, uint32_t piece_values) {
-    const double bw = cfg.clock().bytes_per_cycle(cfg.ici.link_gb_per_s);
-    return {cfg.ns_to_cycles(cfg.ici.hop_latency_ns),
-            std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(piece_values * 4.0 / bw)))};
+    const hw::IciCosts c = hw::ici_costs(cfg);
+    return {c.hop, std::max<uint64_t>(1, c.ser_cycles(uint64_t(piece_values) * 4))};
 }
 
 }  // namespace
 
 AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw::BoardConfig& cfg,
-                                    AllReduceSchedule schedule) {
+                                    AllReduceSchedule schedule, uint64_t vmem_bytes) {
     AllReduceHbmPlan p = allreduce_partition(cores, elements);
     const uint64_t P = uint64_t(p.piece) * 4, Q = p.pieces;
     const RingTiming t = ring_timing(cfg, p.piece);
@@ -213,7 +228,8 @@ AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw:
     // the next core) and stored: free_lag pieces later, when that has normally happened.
     p.free_lag = static_cast<uint32_t>(2 + ceil_div(t.hop + t.ser, t.ser));
     const uint64_t messages = uint64_t(2 * (cores - 1)) * Q * p.groups;
-    const uint64_t vmem = cfg.core.vmem_bytes, own = 2 * uint64_t(p.own_slots) * P;
+    const uint64_t vmem = vmem_bytes ? vmem_bytes : cfg.core.vmem_bytes,
+                   own = 2 * uint64_t(p.own_slots) * P;
     const uint64_t fit = vmem > own ? (vmem - own) / (2 * P) : 0;
     const uint64_t k = std::min(messages, fit);
     // Slots a credit round trip (data there, credit back) and the free lag keep busy.
@@ -233,292 +249,669 @@ AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw:
                                                     : schedule == AllReduceSchedule::StepBarrier;
     p.recv_slots = static_cast<uint32_t>(k);
     p.imem_instrs = static_cast<uint32_t>(cfg.core.imem_bytes / isa::kInstrBytes);
-    p.recv_addr[0] = 0;
-    p.recv_addr[1] = static_cast<uint32_t>(k * P);
-    p.own_addr[0] = static_cast<uint32_t>(2 * k * P);
-    p.own_addr[1] = static_cast<uint32_t>(2 * k * P + p.own_slots * P);
     return p;
 }
 
 namespace {
-/// The kernel's source; with `roll`, runs of steps whose code differs only in the step number
-/// become one loop over a step register (s25 = step, s26 = step x Q) instead of a copy each.
-std::string allreduce_hbm_source(const AllReduceHbmPlan& p, bool roll) {
+
+/// Emits the HBM ring all-reduce of `p` (see emit_allreduce); with `roll`, runs of steps whose
+/// code differs only in the step number become one loop over a step register instead of a
+/// copy each.
+void emit_hbm(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperands& ops, bool roll) {
+    using enum isa::Opcode;
+    using isa::Arg;
+    using isa::imm;
+    using isa::Label;
+    using isa::Reg;
     const uint32_t N = p.cores, Q = p.pieces, Pe = p.piece, E = p.chunk, K = p.recv_slots;
     const uint32_t O = p.own_slots, D = p.free_lag, n = p.elements;
     const uint64_t P = uint64_t(Pe) * 4;
-    const uint64_t Mg = uint64_t(2 * (N - 1)) * Q;  // messages per direction and group
-    const uint64_t Gel = 2 * uint64_t(N) * E;       // values per group
+    // Steps st0..st1 of the full all-reduce's 0..2N-2 (reduce-scatter: 0..N-1, all-gather:
+    // N-1..2N-2); messages are numbered from the first step's.
+    const bool rs = p.phase == AllReducePhase::ReduceScatter;
+    const bool ag = p.phase == AllReducePhase::AllGather;
+    const uint32_t st0 = ag ? N - 1 : 0, st1 = rs ? N - 1 : 2 * (N - 1);
+    const uint64_t Mg = uint64_t(rs || ag ? N - 1 : 2 * (N - 1)) * Q;  // messages per direction
+                                                                       // and group
+    const uint64_t Gel = 2 * uint64_t(N) * E;                          // values per group
     const bool reuse = uint64_t(K) < Mg * p.groups;
-    std::string s;
-    auto L = [&]<class... A>(fmt::format_string<A...> f, A&&... a) {
-        s += fmt::format(f, std::forward<A>(a)...);
-        s += '\n';
-    };
-    int label = 0;
-    auto fresh = [&](const char* what) { return fmt::format("{}{}", what, label++); };
-    L("# HBM ring all-reduce: N={} values={} piece={} pieces={} groups={} K={} O={} D={} {}", N, n,
-      Pe, Q, p.groups, K, O, D, p.barrier ? "step-barrier" : "pipelined");
-    L("# s1 position, s2 next, s3 previous, s4 HBM address, s5 scale; s6 piece q, s7 loads,");
-    L("# s8 stores, s9/s10 VPU ops per direction issued; s11 i (piece of the group), s12 own");
-    L("# slot, s13 slot of the piece received, s14 slot it goes to; s17 first value of the");
-    L("# group, s18 messages before it, s19 global message index, s21 group.");
-    L("# Flags: f1/f2 arrivals, f3/f4 credits, f5 loads, f6 stores, f7/f8 sends done, f9/f10 VPU");
-    // One HBM transfer of piece `q` of the step-`step` chunk of direction d, clipped to the
+    const auto scope = b.scope(p.name());
+    const Arg pos = ops.position.value, x = ops.x.value, scale = ops.scale.value;
+    const Arg next = ops.next.value, prev = ops.prev.value;
+    // Two ranges: direction 1 works on its own range (x_ccw), each clipped to its own length.
+    const Arg xd[2] = {x, p.ranges ? ops.x_ccw.value : x};
+    const Arg limit[2] = {p.ranges ? ops.n_cw.value : imm(n), p.ranges ? ops.n_ccw.value : imm(n)};
+    // Receive rings and own-data rings, per direction (clockwise, counter-clockwise).
+    const isa::Vmem recv[2] = {b.vmem("recv.cw", uint64_t(K) * P),
+                               b.vmem("recv.ccw", uint64_t(K) * P)};
+    const isa::Vmem own[2] = {b.vmem("own.cw", uint64_t(O) * P),
+                              b.vmem("own.ccw", uint64_t(O) * P)};
+    const Reg q = b.reg("piece", 6);
+    // Loads from HBM: counted in a register and waited for piece by piece before the next
+    // prefetch (every load is waited for, the last one by the piece that uses it).
+    const Reg nloads = b.reg("loads.count", 7);
+    b.emit(Li, {nloads, imm(0)});
+    isa::CountedFlag stores(b, "stores", isa::Count::InRegister, 6, 8);
+    isa::CountedFlag vpu[2] = {{b, "vpu.cw", isa::Count::InRegister, 9, 9},
+                               {b, "vpu.ccw", isa::Count::InRegister, 10, 10}};
+    const isa::Flag loads = b.flag("loads", 5);
+    // Raised by the neighbours: arrivals of their sends, credits for our sends' slots.
+    const isa::Flag arrived[2] = {b.flag("arrived.cw", 1), b.flag("arrived.ccw", 2)};
+    const isa::Flag credit[2] = {b.flag("credit.cw", 3), b.flag("credit.ccw", 4)};
+    const isa::Flag sent[2] = {b.flag("sent.cw", 7), b.flag("sent.ccw", 8)};
+    const Reg i = b.reg("i", 11), own_slot = b.reg("own_slot", 12), in_slot = b.reg("in_slot", 13);
+    const Reg out_slot = b.reg("out_slot", 14), nq = b.reg("next_piece", 15);
+    const Reg nstep = b.reg("next_step", 16), gfirst = b.reg("group_first", 17);
+    const Reg gmsgs = b.reg("group_messages", 18), msg = b.reg("message", 19);
+    const Reg group = b.reg("group", 21), at = b.reg("at", 22), len = b.reg("len", 23);
+    const Reg t = b.reg("t", 24);
+    for (const Reg* r : {&gfirst, &gmsgs, &group}) b.emit(Li, {*r, imm(0)});
+    // The caller's handshake: the flags above are ours now, nothing has been sent yet.
+    if (ops.ready) ops.ready();
+    // One HBM transfer of piece `pq` of the step-`step` chunk of direction d, clipped to the
     // tensor (a piece past its end moves nothing and counts nothing).
-    auto dma = [&](bool load, int d, const std::string& step, const std::string& q,
-                   const std::string& vmem) {
-        const std::string go = fresh("go"), skip = fresh("skip"), full = fresh("full");
+    auto dma = [&](bool load, int d, Arg step, Arg pq, Arg vmem) {
+        const Label go = b.label("go"), skip = b.label("skip"), whole = b.label("whole");
         if (d == 0) {
-            L("        sub s22, s1, {}", step);
-            L("        add s22, s22, {}", 2 * N);  // step < 2N: stays positive
+            b.emit(Sub, {at, pos, step});
+            b.emit(Add, {at, at, imm(2 * N)});  // step < 2N: stays positive
         } else {
-            L("        add s22, s1, {}", step);
+            b.emit(Add, {at, pos, step});
         }
-        L("        remu s22, s22, {}", N);
-        L("        mul s22, s22, {}", E);
-        L("        add s22, s22, s17+{}", uint64_t(d) * N * E);
-        L("        mul s23, {}, {}", q, Pe);
-        L("        add s22, s22, s23");
-        L("        bltu s22, {}, {}", n, go);
-        L("        jmp {}", skip);
-        L("{}:     sub s23, {}, s22", go, n);
-        L("        bltu s23, {}, {}", Pe, full);
-        L("        li s23, {}", Pe);
-        L("{}:     shl s23, s23, 2", full);
-        L("        shl s22, s22, 2");
-        L("        add s22, s22, s4");
+        b.emit(Remu, {at, at, imm(N)});
+        b.emit(Mul, {at, at, imm(E)});
+        b.emit(Add, {at, at, gfirst + int64_t(p.ranges ? 0 : uint64_t(d) * N * E)});
+        b.emit(Mul, {len, pq, imm(Pe)});
+        b.emit(Add, {at, at, len});
+        b.emit(Bltu, {at, limit[d], go});
+        b.emit(Jmp, {skip});
+        b.bind(go);
+        b.emit(Sub, {len, limit[d], at});
+        b.emit(Bltu, {len, imm(Pe), whole});
+        b.emit(Li, {len, imm(Pe)});
+        b.bind(whole);
+        b.emit(Shl, {len, len, imm(2)});
+        b.emit(Shl, {at, at, imm(2)});
+        b.emit(Add, {at, at, xd[d]});
         if (load) {
-            L("        dma.hv [{}], [s22], 1, s23, s23, s23, f5", vmem);
-            L("        add s7, s7, 1");
+            b.emit(DmaHv, {vmem, at, imm(1), len, len, len, loads});
+            b.emit(Add, {nloads, nloads, imm(1)});
         } else {
-            L("        dma.vh [s22], [{}], 1, s23, s23, s23, f6", vmem);
-            L("        add s8, s8, 1");
+            stores.issue(DmaVh, {at, vmem, imm(1), len, len, len});
         }
-        L("{}:", skip);
+        b.bind(skip);
     };
-    for (int r : {7, 8, 9, 10, 17, 18, 21}) L("        li s{}, 0", r);
-    L("group:");
+    const Label group_top = b.label("group");
+    b.bind(group_top);
     // Own data of step 0, piece 0 (slot 0): every earlier user of the slot has finished.
-    for (int d = 0; d < 2; ++d) dma(true, d, "0", "0", fmt::format("{}", p.own_addr[d]));
+    for (int d = 0; d < 2; ++d) dma(true, d, imm(st0), imm(0), own[d].at(0));
     // Everything about a step's code but its number: steps with equal shapes can share a loop.
+    // What step st does: the reduce-scatter's last step only adds and stores; the all-gather's
+    // first sends its own (reduced) data.
+    auto sends_at = [&](uint32_t st) { return st <= 2 * (N - 1) - 1 && !(rs && st == N - 1); };
+    auto adds_at = [&](uint32_t st) { return st >= 1 && st <= N - 1 && !(ag && st == N - 1); };
+    auto stores_at = [&](uint32_t st) { return st >= N - 1 && !(ag && st == N - 1); };
     auto shape = [&](uint32_t st) {
-        const bool sends = st <= 2 * (N - 1) - 1;
-        return std::array<bool, 10>{st == 0,
+        const uint32_t ord = st - st0;
+        return std::array<bool, 10>{st == st0,
                                     st <= N - 1,
-                                    st >= 1 && st <= N - 1,
-                                    st >= N - 1,
-                                    sends,
+                                    adds_at(st),
+                                    stores_at(st),
+                                    sends_at(st),
                                     st == N - 1,
-                                    uint64_t(st) * Q < Q + O,
-                                    reuse && uint64_t(st + 1) * Q > K,
+                                    uint64_t(ord) * Q < Q + O,
+                                    reuse && uint64_t(ord + 1) * Q > K,
                                     st == 2 * (N - 1) - 1,
-                                    st == 2 * (N - 1)};
+                                    st == st1};
     };
-    for (uint32_t st = 0; st <= 2 * (N - 1); ++st) {
-        const bool sends = st <= 2 * (N - 1) - 1, loads = st <= N - 1;
-        const bool adds = st >= 1 && st <= N - 1, stores = st >= N - 1;
+    for (uint32_t st = st0; st <= st1; ++st) {
+        const uint32_t ord = st - st0;  // steps before this one
+        const bool sends = sends_at(st), loads_own = st <= N - 1;
+        const bool adds = adds_at(st), stores_out = stores_at(st);
         // This step and the following ones of the same shape, when rolled into a loop.
         uint32_t last = st;
         if (roll)
-            while (last < 2 * (N - 1) && shape(last + 1) == shape(st)) ++last;
+            while (last < st1 && shape(last + 1) == shape(st)) ++last;
         const bool looped = last > st;
         // The step number and step x Q: constants, or registers in a loop over steps.
-        const std::string stv = looped ? "s25" : fmt::format("{}", st);
-        const std::string stq = looped ? "s26" : fmt::format("{}", uint64_t(st) * Q);
-        const std::string steps = fresh("steps");
+        Reg step_reg, step_q;
+        const Label steps = b.label("steps");
         if (looped) {
-            L("        li s25, {}", st);
-            L("        li s26, {}", uint64_t(st) * Q);
-            L("{}:", steps);
+            step_reg = b.reg("step", 25);
+            step_q = b.reg("step_q", 26);
+            b.emit(Li, {step_reg, imm(st)});
+            b.emit(Li, {step_q, imm(int64_t(uint64_t(ord) * Q))});
+            b.bind(steps);
         }
-        const std::string loop = fresh("step");
-        L("# step {}{}: {}{}{}{}", st, looped ? fmt::format("-{}", last) : "", loads ? "load " : "",
-          adds ? "add " : "", sends ? "send " : "", stores ? "store" : "");
+        const Arg stv = looped ? Arg(step_reg) : imm(st);
+        const Arg stq = looped ? Arg(step_q) : imm(int64_t(uint64_t(ord) * Q));
+        const Label loop = b.label("step");
         // Pipelined: the previous step already stored all but the last kEarly pieces.
         const uint32_t q0 = !sends && !p.barrier && Q > kEarly ? Q - kEarly : 0;
-        L("        li s6, {}", q0);
-        L("{}:", loop);
-        L("        add s11, s6, {}", stq);
-        L("        add s19, s11, s18");
-        L("        remu s12, s11, {}", O);
-        L("        mul s12, s12, {}", P);
+        b.emit(Li, {q, imm(q0)});
+        b.bind(loop);
+        b.emit(Add, {i, q, stq});
+        b.emit(Add, {msg, i, gmsgs});
+        b.emit(Remu, {own_slot, i, imm(O)});
+        b.emit(Mul, {own_slot, own_slot, imm(int64_t(P))});
         if (sends) {
-            L("        remu s14, s19, {}", K);
-            L("        mul s14, s14, {}", P);
+            b.emit(Remu, {out_slot, msg, imm(K)});
+            b.emit(Mul, {out_slot, out_slot, imm(int64_t(P))});
         }
-        if (st >= 1) {
-            L("        sub s13, s19, {}", Q);
-            L("        remu s13, s13, {}", K);
-            L("        mul s13, s13, {}", P);
+        if (st > st0) {
+            b.emit(Sub, {in_slot, msg, imm(Q)});
+            b.emit(Remu, {in_slot, in_slot, imm(K)});
+            b.emit(Mul, {in_slot, in_slot, imm(int64_t(P))});
         }
         // (1) Prefetch the own data of the next piece of this group (double buffering).
-        if (loads) {
+        if (loads_own) {
             // This piece's own data must be in before the prefetch is issued: the banked HBM can
-            // finish a later load first, and f5 only counts completions, so a wait after the
-            // prefetch could be satisfied by the prefetch while this piece is still on its way.
-            L("        wait f5, s7");
-            const std::string none = fresh("nopre"), same = fresh("same");
-            L("        add s15, s6, 1");
+            // finish a later load first, and the flag only counts completions, so a wait after
+            // the prefetch could be satisfied by the prefetch while this piece is still on its
+            // way.
+            b.emit(Wait, {loads, nloads});
+            const Label none = b.label("nopre"), same = b.label("same");
+            b.emit(Add, {nq, q, imm(1)});
             if (looped)
-                L("        add s16, s25, 0");
+                b.emit(Add, {nstep, step_reg, imm(0)});
             else
-                L("        li s16, {}", st);
-            L("        bltu s15, {}, {}", Q, same);
+                b.emit(Li, {nstep, imm(st)});
+            b.emit(Bltu, {nq, imm(Q), same});
             if (st + 1 > N - 1) {
-                L("        jmp {}", none);
+                b.emit(Jmp, {none});
             } else {
-                L("        li s15, 0");
+                b.emit(Li, {nq, imm(0)});
                 if (looped)
-                    L("        add s16, s25, 1");
+                    b.emit(Add, {nstep, step_reg, imm(1)});
                 else
-                    L("        li s16, {}", st + 1);
+                    b.emit(Li, {nstep, imm(st + 1)});
             }
-            L("{}:", same);
+            b.bind(same);
             // The slot's previous user: a step-0 piece sent straight from it must have arrived.
-            if (uint64_t(st) * Q < Q + O) {
-                const std::string ok = fresh("ownok");
-                L("        add s24, s11, 1");
-                L("        bltu s24, {}, {}", O, ok);
-                L("        sub s24, s24, {}", O - 1);
-                L("        bltu {}, s24, {}", Q, ok);
-                L("        add s24, s24, s18");
-                L("        wait f7, s24");
-                L("        wait f8, s24");
-                L("{}:", ok);
+            if (uint64_t(ord) * Q < Q + O) {
+                const Label ok = b.label("ownok");
+                b.emit(Add, {t, i, imm(1)});
+                b.emit(Bltu, {t, imm(O), ok});
+                b.emit(Sub, {t, t, imm(O - 1)});
+                b.emit(Bltu, {imm(Q), t, ok});
+                b.emit(Add, {t, t, gmsgs});
+                for (int d = 0; d < 2; ++d) b.emit(Wait, {sent[d], t});
+                b.bind(ok);
             }
-            L("        add s24, s11, 1");
-            L("        remu s24, s24, {}", O);
-            L("        mul s24, s24, {}", P);
-            for (int d = 0; d < 2; ++d)
-                dma(true, d, "s16", "s15", fmt::format("s24+{}", p.own_addr[d]));
-            L("{}:", none);
+            b.emit(Add, {t, i, imm(1)});
+            b.emit(Remu, {t, t, imm(O)});
+            b.emit(Mul, {t, t, imm(int64_t(P))});
+            for (int d = 0; d < 2; ++d) dma(true, d, nstep, nq, t + int64_t(own[d].addr()));
+            b.bind(none);
         }
         // (2) The piece of step st-1 has arrived (whole step st-1 with the barrier).
-        if (st >= 1) {
+        if (st > st0) {
             // The last step only stores what arrives, so it never waits for the whole chunk.
             if (p.barrier && sends)
-                L("        add s24, s18, {}", stq);
+                b.emit(Add, {t, gmsgs, stq});
             else
-                L("        add s24, s19, {}", 1 - int64_t(Q));
-            L("        wait f1, s24");
-            L("        wait f2, s24");
+                b.emit(Add, {t, msg, imm(1 - int64_t(Q))});
+            for (int d = 0; d < 2; ++d) b.emit(Wait, {arrived[d], t});
         }
         // (3) Add the own piece into the received one; the owner of the sum scales it.
         if (adds) {
             for (int d = 0; d < 2; ++d) {
-                L("        v.add [s13+{}], [s13+{}], [s12+{}], {}, f{}", p.recv_addr[d],
-                  p.recv_addr[d], p.own_addr[d], Pe, 9 + d);
-                L("        add s{}, s{}, 1", 9 + d, 9 + d);
-                if (st == N - 1) {
-                    const std::string one = fresh("one");
-                    L("        beq s5, {}, {}", kOneBits, one);
-                    L("        v.muls [s13+{}], [s13+{}], s5, {}, f{}", p.recv_addr[d],
-                      p.recv_addr[d], Pe, 9 + d);
-                    L("        add s{}, s{}, 1", 9 + d, 9 + d);
-                    L("{}:", one);
+                const Arg acc = in_slot + int64_t(recv[d].addr());
+                vpu[d].issue(VAdd, {acc, acc, own_slot + int64_t(own[d].addr()), imm(Pe)});
+                if (st == N - 1 && !rs) {
+                    const Label one = b.label("one");
+                    b.emit(Beq, {scale, imm(kOneBits), one});
+                    vpu[d].issue(VMulS, {acc, acc, scale, imm(Pe)});
+                    b.bind(one);
                 }
             }
         }
         // (4) Send: a free slot on the receiver (credits), then the transfer.
         if (sends) {
             if (reuse && uint64_t(st + 1) * Q > K) {
-                const std::string ok = fresh("credit");
-                L("        bltu s19, {}, {}", K, ok);
-                L("        add s24, s19, {}", 1 - int64_t(K));
-                L("        wait f3, s24");
-                L("        wait f4, s24");
-                L("{}:", ok);
+                const Label ok = b.label("credit");
+                b.emit(Bltu, {msg, imm(K), ok});
+                b.emit(Add, {t, msg, imm(1 - int64_t(K))});
+                for (int d = 0; d < 2; ++d) b.emit(Wait, {credit[d], t});
+                b.bind(ok);
             }
             for (int d = 0; d < 2; ++d) {
-                if (adds) L("        wait f{}, s{}", 9 + d, 9 + d);
-                const std::string src = st == 0 ? fmt::format("s12+{}", p.own_addr[d])
-                                                : fmt::format("s13+{}", p.recv_addr[d]);
-                L("        ici.v {}, [s14+{}], [{}], {}, f{}, f{}", d == 0 ? "s2" : "s3",
-                  p.recv_addr[d], src, P, 1 + d, 7 + d);
+                if (adds) vpu[d].wait_all();
+                const Arg src = st == st0 ? own_slot + int64_t(own[d].addr())
+                                          : in_slot + int64_t(recv[d].addr());
+                b.emit(IciV, {d == 0 ? next : prev, out_slot + int64_t(recv[d].addr()), src,
+                              imm(int64_t(P)), arrived[d], sent[d]});
             }
         }
         // (5) Hand back the slot used free_lag pieces ago: its forward has arrived, its store
         // is done.
-        if (reuse && st >= 1 && sends) {
-            const std::string none = fresh("nofree"), c = fresh("clamp");
-            L("        bltu s11, {}, {}", uint64_t(Q) + D, none);
-            L("        add s24, s11, {}", 1 - int64_t(D));
-            L("        bltu s24, {}, {}", Mg + 1, c);
-            L("        li s24, {}", Mg);
-            L("{}:     add s24, s24, s18", c);
-            L("        wait f7, s24");
-            L("        wait f8, s24");
-            L("        wait f6, s8");
-            L("        sigr s3, f3, 1");
-            L("        sigr s2, f4, 1");
-            L("{}:", none);
+        if (reuse && st > st0 && sends) {
+            const Label none = b.label("nofree"), clamp = b.label("clamp");
+            b.emit(Bltu, {i, imm(int64_t(uint64_t(Q) + D)), none});
+            b.emit(Add, {t, i, imm(1 - int64_t(D))});
+            b.emit(Bltu, {t, imm(int64_t(Mg + 1)), clamp});
+            b.emit(Li, {t, imm(int64_t(Mg))});
+            b.bind(clamp);
+            b.emit(Add, {t, t, gmsgs});
+            for (int d = 0; d < 2; ++d) b.emit(Wait, {sent[d], t});
+            stores.wait_all();
+            b.emit(Sigr, {prev, credit[0], imm(1)});
+            b.emit(Sigr, {next, credit[1], imm(1)});
+            b.bind(none);
         }
         // (6) Pipelined, last sending step: store the final piece that arrived kEarly pieces
         // ago, so the last step does not store a whole chunk after the links went quiet.
         if (!p.barrier && st == 2 * (N - 1) - 1 && Q > kEarly) {
-            const std::string none = fresh("noearly");
-            L("        bltu s6, {}, {}", kEarly, none);
-            L("        add s24, s19, {}", 1 - int64_t(kEarly));
-            L("        wait f1, s24");
-            L("        wait f2, s24");
-            L("        sub s24, s24, 1");
-            L("        remu s24, s24, {}", K);
-            L("        mul s25, s24, {}", P);
-            L("        sub s15, s6, {}", kEarly);
+            const Label none = b.label("noearly");
+            const Reg early = b.reg("early_slot", 25);
+            b.emit(Bltu, {q, imm(kEarly), none});
+            b.emit(Add, {t, msg, imm(1 - int64_t(kEarly))});
+            for (int d = 0; d < 2; ++d) b.emit(Wait, {arrived[d], t});
+            b.emit(Sub, {t, t, imm(1)});
+            b.emit(Remu, {t, t, imm(K)});
+            b.emit(Mul, {early, t, imm(int64_t(P))});
+            b.emit(Sub, {nq, q, imm(kEarly)});
             for (int d = 0; d < 2; ++d)
-                dma(false, d, fmt::format("{}", st + 1), "s15",
-                    fmt::format("s25+{}", p.recv_addr[d]));
-            L("{}:", none);
+                dma(false, d, imm(st + 1), nq, early + int64_t(recv[d].addr()));
+            b.bind(none);
         }
         // (7) Store the finished piece.
-        if (stores)
-            for (int d = 0; d < 2; ++d)
-                dma(false, d, stv, "s6", fmt::format("s13+{}", p.recv_addr[d]));
-        L("        add s6, s6, 1");
-        L("        bltu s6, {}, {}", Q, loop);
+        if (stores_out)
+            for (int d = 0; d < 2; ++d) {
+                if (adds && !sends) vpu[d].wait_all();  // the reduce-scatter's last sum
+                dma(false, d, stv, q, in_slot + int64_t(recv[d].addr()));
+            }
+        b.emit(Add, {q, q, imm(1)});
+        b.emit(Bltu, {q, imm(Q), loop});
         if (looped) {
-            L("        add s25, s25, 1");
-            L("        add s26, s26, {}", Q);
-            L("        bltu s25, {}, {}", last + 1, steps);
+            b.emit(Add, {step_reg, step_reg, imm(1)});
+            b.emit(Add, {step_q, step_q, imm(Q)});
+            b.emit(Bltu, {step_reg, imm(last + 1), steps});
             st = last;
         }
     }
     if (p.groups > 1) {
         // Between groups: every transfer has arrived and every store is done, so the slots
         // not yet handed back go back at once and the next group starts with empty rings.
-        const std::string last = fresh("last");
-        L("        add s21, s21, 1");
-        L("        bltu {}, s21, {}", p.groups - 1, last);
-        L("        add s24, s18, {}", Mg);
-        L("        wait f7, s24");
-        L("        wait f8, s24");
-        L("        wait f6, s8");
+        const Label done = b.label("last");
+        b.emit(Add, {group, group, imm(1)});
+        b.emit(Bltu, {imm(p.groups - 1), group, done});
+        b.emit(Add, {t, gmsgs, imm(int64_t(Mg))});
+        for (int d = 0; d < 2; ++d) b.emit(Wait, {sent[d], t});
+        stores.wait_all();
         if (reuse) {
             // Handed back in the loop: pieces Q + D .. Mg - 1 of steps 1 .. 2N-3.
             const uint64_t freed = Mg > uint64_t(Q) + D ? Mg - Q - D : 0;
-            L("        sigr s3, f3, {}", Mg - freed);
-            L("        sigr s2, f4, {}", Mg - freed);
+            b.emit(Sigr, {prev, credit[0], imm(int64_t(Mg - freed))});
+            b.emit(Sigr, {next, credit[1], imm(int64_t(Mg - freed))});
         }
-        L("        add s17, s17, {}", Gel);
-        L("        add s18, s18, {}", Mg);
-        L("        jmp group");
-        L("{}:", last);
+        b.emit(Add, {gfirst, gfirst, imm(int64_t(Gel))});
+        b.emit(Add, {gmsgs, gmsgs, imm(int64_t(Mg))});
+        b.emit(Jmp, {group_top});
+        b.bind(done);
     }
-    L("        wait f6, s8");
-    L("        wait f7, {}", Mg * p.groups);
-    L("        wait f8, {}", Mg * p.groups);
-    L("        halt");
-    return s;
+    stores.wait_all();
+    for (int d = 0; d < 2; ++d) b.emit(Wait, {sent[d], imm(int64_t(Mg * p.groups))});
+    // A phase's credits must all be in before the next phase takes the flags (and resets them).
+    if ((rs || ag) && reuse && Mg > uint64_t(Q) + D)
+        for (int d = 0; d < 2; ++d)
+            b.emit(Wait, {credit[d], imm(int64_t((Mg - Q - D) * p.groups))});
 }
+
+/// Declares the stand-alone kernel's launch arguments and emits it.
+isa::Program standalone_hbm(const AllReduceHbmPlan& p, bool roll) {
+    isa::Builder b(p.name());
+    const isa::Reg position = b.arg("position"), next = b.arg("next"), prev = b.arg("prev");
+    const isa::Reg x = b.arg("x"), scale = b.arg("scale");
+    using streaming::Operand;
+    AllReduceOperands ops;
+    ops.x = Operand::hbm(x);
+    ops.scale = Operand::scalar(scale);
+    ops.position = Operand::scalar(position);
+    ops.next = Operand::scalar(next);
+    ops.prev = Operand::scalar(prev);
+    emit_hbm(b, p, ops, roll);
+    b.emit(isa::Opcode::Halt, {});
+    return b.finish();
+}
+
+/// Whether the kernel of `p` loops over its steps: only when unrolled it does not fit in
+/// instruction memory.
+bool rolled(const AllReduceHbmPlan& p) {
+    return p.imem_instrs != 0 && standalone_hbm(p, false).code.size() > p.imem_instrs;
+}
+
 }  // namespace
 
-isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
+uint64_t AllReduceHbmPlan::vmem_bytes() const {
+    return 2 * (uint64_t(recv_slots) + own_slots) * piece * 4;
+}
+
+void emit_allreduce(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperands& ops) {
+    using K = streaming::Operand::Kind;
+    if (ops.x.kind != K::Hbm || ops.scale.kind != K::Scalar || ops.position.kind != K::Scalar ||
+        ops.next.kind != K::Scalar || ops.prev.kind != K::Scalar ||
+        (p.ranges &&
+         (ops.x_ccw.kind != K::Hbm || ops.n_cw.kind != K::Scalar || ops.n_ccw.kind != K::Scalar)))
+        throw isa::BuildError(fmt::format(
+            "kernel '{}': allreduce_hbm takes its tensor in HBM and scale, position, next and "
+            "prev as scalars (with ranges: x_ccw in HBM, n_cw and n_ccw as scalars)",
+            b.kernel()));
+    emit_hbm(b, p, ops, rolled(p));
+}
+
+isa::Program generate(const AllReduceHbmPlan& p) {
     // Unrolled while it fits in instruction memory (no step-loop overhead); past that, as a
     // compiler would, steps of one shape share a loop, so any ring size fits.
-    isa::Program prog = isa::assemble(allreduce_hbm_source(p, false), "allreduce_hbm.s");
+    isa::Program prog = standalone_hbm(p, false);
     if (p.imem_instrs == 0 || prog.code.size() <= p.imem_instrs) return prog;
-    return isa::assemble(allreduce_hbm_source(p, true), "allreduce_hbm.s");
+    return standalone_hbm(p, true);
+}
+
+isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p) {
+    return generate(p);
+}
+
+// ---- Torus all-reduce ------------------------------------------------------------------------
+
+namespace {
+
+/// Cores along x, y, z of the board's network (1 for a dimension it lacks).
+std::array<uint32_t, 3> torus_dims(const hw::BoardConfig& cfg) {
+    const hw::TorusShape s = hw::torus_shape(cfg.ici, cfg.cores());
+    return {s.x, s.y, s.z};
+}
+
+/// A phase of the torus all-reduce on `cores` cores over `elements` (virtual) values: step
+/// barriers (the pipelined schedule's early stores belong to the whole all-reduce's last
+/// steps), one group covering the values.
+std::optional<AllReduceHbmPlan> plan_phase(uint32_t cores, uint32_t elements,
+                                           const hw::BoardConfig& cfg, AllReducePhase phase) {
+    AllReduceHbmPlan p;
+    try {
+        p = plan_allreduce_hbm(cores, elements, cfg);
+    } catch (const DeviceError&) {
+        return std::nullopt;
+    }
+    if (p.groups != 1) return std::nullopt;
+    const uint64_t P = uint64_t(p.piece) * 4, Q = p.pieces;
+    const uint64_t messages = uint64_t(phase == AllReducePhase::Full ? 2 : 1) * (cores - 1) * Q;
+    const uint64_t own = 2 * uint64_t(p.own_slots) * P;
+    const uint64_t fit = cfg.core.vmem_bytes > own ? (cfg.core.vmem_bytes - own) / (2 * P) : 0;
+    const RingTiming t = ring_timing(cfg, p.piece);
+    const uint64_t slack = p.free_lag + 2 + ceil_div(2 * t.hop, t.ser);  // as for the ring
+    if (fit < messages && fit < 2 * Q + slack) return std::nullopt;
+    p.recv_slots = static_cast<uint32_t>(std::min(messages, fit));
+    p.barrier = true;
+    p.phase = phase;
+    p.ranges = true;
+    return p;
+}
+
+/// Values of direction d's range after the first phase: the partition's first half, the rest.
+std::array<uint64_t, 2> first_ranges(const AllReduceHbmPlan& p) {
+    const uint64_t half = std::min<uint64_t>(p.elements, uint64_t(p.cores) * p.chunk);
+    return {half, p.elements - half};
+}
+
+constexpr const char* kDimName[3] = {"x", "y", "z"};
+
+}  // namespace
+
+std::optional<TorusAllReduceKey> plan_allreduce_torus(const hw::BoardConfig& cfg,
+                                                      const std::vector<uint32_t>& cores,
+                                                      uint32_t elements, bool force) {
+    if (cfg.ici.topology == "ring" || cores.size() != cfg.cores()) return std::nullopt;
+    for (size_t i = 0; i < cores.size(); ++i)
+        if (cores[i] != i) return std::nullopt;
+    std::vector<uint32_t> sizes;
+    for (uint32_t n : torus_dims(cfg))
+        if (n > 1) sizes.push_back(n);
+    if (sizes.size() < 2 || elements == 0) return std::nullopt;
+    TorusAllReduceKey k;
+    k.elements = elements;
+    uint64_t values = elements;  // the phase's (virtual) values: its two ranges' partition
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        if (values > 0xFFFFFFFFull) return std::nullopt;
+        const auto phase =
+            i + 1 == sizes.size() ? AllReducePhase::Full : AllReducePhase::ReduceScatter;
+        const auto p = plan_phase(sizes[i], static_cast<uint32_t>(values), cfg, phase);
+        if (!p) return std::nullopt;
+        k.phases.push_back(*p);
+        values = 2 * uint64_t(p->chunk);  // a core's two chunks after the reduce-scatter
+    }
+    // The planner asks the network for both bounds and takes the smaller.
+    const hw::IciCosts c = hw::ici_costs(cfg);
+    const uint64_t bytes = uint64_t(elements) * 4;
+    if (!force && hw::allreduce_torus_bound(c, sizes, bytes) >=
+                      hw::allreduce_ring_bound(c, static_cast<uint32_t>(cores.size()), bytes))
+        return std::nullopt;
+    return k;
+}
+
+namespace {
+
+/// The torus kernel of `k`; with `roll`, every phase loops over its steps of one shape.
+isa::Program torus_program(const TorusAllReduceKey& k, bool roll) {
+    using enum isa::Opcode;
+    using isa::imm;
+    using streaming::Operand;
+    const size_t D = k.phases.size();
+    isa::Builder b(k.name());
+    const isa::Reg x = b.arg("x"), scale = b.arg("scale");
+    // Each dimension's position and neighbours wait in scalar memory until their phases.
+    const isa::Smem dims = b.smem("dims", 3 * D), saved = b.smem("ranges", 4 * D);
+    {
+        std::vector<isa::Reg> args;
+        for (size_t i = 0; i < D; ++i)
+            for (const char* what : {"position", "next", "prev"})
+                args.push_back(b.arg(fmt::format("{}.{}", what, kDimName[i])));
+        for (size_t j = 0; j < args.size(); ++j) b.emit(Sw, {args[j], dims.word(j)});
+    }
+    // One flag per phase for the handshake: a core sends in a phase only once both its
+    // neighbours there have finished the phase before (and so freed the flags and VMEM the
+    // phase reuses). Held for the whole program: never reset.
+    std::vector<isa::Flag> ready;
+    for (size_t i = 0; i + 1 < 2 * D; ++i) ready.push_back(b.flag(fmt::format("ready.{}", i)));
+    // The two ranges the current phase works on: HBM addresses and values.
+    const isa::Reg xa = b.reg("range.cw"), xb = b.reg("range.ccw");
+    const isa::Reg na = b.reg("values.cw"), nb = b.reg("values.ccw");
+    const auto first = first_ranges(k.phases[0]);
+    b.emit(Li, {xa, x});
+    b.emit(Add, {xb, x, imm(int64_t(4 * uint64_t(k.phases[0].cores) * k.phases[0].chunk))});
+    b.emit(Li, {na, imm(int64_t(first[0]))});
+    b.emit(Li, {nb, imm(int64_t(first[1]))});
+    auto run = [&](size_t dim, const AllReduceHbmPlan& p, size_t phase) {
+        const auto scope = b.scope(fmt::format("{}.{}", kDimName[dim], phase));
+        const isa::Reg pos = b.reg("position"), next = b.reg("next"), prev = b.reg("prev");
+        b.emit(Lw, {pos, dims.word(3 * dim)});
+        b.emit(Lw, {next, dims.word(3 * dim + 1)});
+        b.emit(Lw, {prev, dims.word(3 * dim + 2)});
+        AllReduceOperands ops{Operand::hbm(xa),      Operand::scalar(scale), Operand::scalar(pos),
+                              Operand::scalar(next), Operand::scalar(prev),  Operand::hbm(xb),
+                              Operand::scalar(na),   Operand::scalar(nb),    {}};
+        ops.ready = [&] {
+            b.emit(Sigr, {next, ready[phase], imm(1)});
+            b.emit(Sigr, {prev, ready[phase], imm(1)});
+            b.emit(Wait, {ready[phase], imm(2)});
+        };
+        emit_hbm(b, p, ops, roll);
+    };
+    size_t phase = 0;
+    for (size_t i = 0; i + 1 < D; ++i) {
+        const AllReduceHbmPlan& p = k.phases[i];
+        run(i, p, phase++);
+        // Keep this phase's ranges for its all-gather, then narrow them to the two chunks this
+        // core now holds summed: chunk position + 1 of the first, position - 1 of the second.
+        for (int j = 0; j < 4; ++j)
+            b.emit(Sw, {(j == 0 ? xa : j == 1 ? xb : j == 2 ? na : nb), saved.word(4 * i + j)});
+        const auto scope = b.scope("narrow");
+        const isa::Reg pos = b.reg("position"), off = b.reg("offset");
+        b.emit(Lw, {pos, dims.word(3 * i)});
+        for (int d = 0; d < 2; ++d) {
+            const isa::Reg& base = d == 0 ? xa : xb;
+            const isa::Reg& n = d == 0 ? na : nb;
+            b.emit(Add, {off, pos, imm(d == 0 ? 1 : p.cores - 1)});
+            b.emit(Remu, {off, off, imm(p.cores)});
+            b.emit(Mul, {off, off, imm(p.chunk)});
+            // values = clamp(values - offset, 0, chunk)
+            b.if_(
+                isa::Cond::Ltu, n, off,
+                [&] {
+                    b.emit(Li, {n, imm(0)});
+                },
+                [&] {
+                    b.emit(Sub, {n, n, off});
+                    b.if_(isa::Cond::Ltu, imm(p.chunk), n, [&] { b.emit(Li, {n, imm(p.chunk)}); });
+                });
+            b.emit(Shl, {off, off, imm(2)});
+            b.emit(Add, {base, base, off});
+        }
+    }
+    run(D - 1, k.phases[D - 1], phase++);
+    for (size_t i = D - 1; i-- > 0;) {
+        for (int j = 0; j < 4; ++j)
+            b.emit(Lw, {(j == 0 ? xa : j == 1 ? xb : j == 2 ? na : nb), saved.word(4 * i + j)});
+        AllReduceHbmPlan p = k.phases[i];
+        p.phase = AllReducePhase::AllGather;
+        run(i, p, phase++);
+    }
+    b.emit(Halt, {});
+    return b.finish();
+}
+
+}  // namespace
+
+isa::Program generate(const TorusAllReduceKey& k) {
+    // Unrolled while the whole program fits in instruction memory, as the ring kernel.
+    isa::Program prog = torus_program(k, false);
+    const uint32_t limit = k.phases.at(0).imem_instrs;
+    if (limit == 0 || prog.code.size() <= limit) return prog;
+    return torus_program(k, true);
+}
+
+std::vector<float> allreduce_torus_reference(const std::vector<std::vector<float>>& replicas,
+                                             float scale, const TorusAllReduceKey& k,
+                                             std::array<uint32_t, 3> dims) {
+    const uint64_t n = k.elements;
+    const uint32_t cores = dims[0] * dims[1] * dims[2];
+    if (replicas.size() != cores || k.phases.empty())
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("torus all-reduce reference: {} replicas for {} cores",
+                                      replicas.size(), cores));
+    for (const auto& r : replicas)
+        if (r.size() != n)
+            throw DeviceError(ErrorKind::Usage, "all-reduce: replicas differ in length");
+    const bool one = std::bit_cast<uint32_t>(scale) == kOneBits;
+    std::vector<std::vector<float>> buf = replicas;
+    // Each core's two ranges (offset, values), as the kernel narrows them.
+    struct Range {
+        uint64_t off[2], len[2];
+    };
+    const auto f0 = first_ranges(k.phases[0]);
+    std::vector<Range> range(
+        cores, Range{{0, uint64_t(k.phases[0].cores) * k.phases[0].chunk}, {f0[0], f0[1]}});
+    std::vector<std::vector<Range>> kept;
+    std::vector<uint32_t> active;  // the dimensions the phases run along
+    for (uint32_t i = 0; i < 3; ++i)
+        if (dims[i] > 1) active.push_back(i);
+    auto coord = [&](uint32_t c, uint32_t i) {
+        return i == 0 ? c % dims[0] : i == 1 ? (c / dims[0]) % dims[1] : c / (dims[0] * dims[1]);
+    };
+    auto stride = [&](uint32_t i) { return i == 0 ? 1u : i == 1 ? dims[0] : dims[0] * dims[1]; };
+    // One phase along dimension `dim`: every ring of it (cores sharing the other coordinates)
+    // reduces (and, for the last phase, scales and spreads) or gathers its chunks.
+    auto phase = [&](uint32_t dim, const AllReduceHbmPlan& p, AllReducePhase what) {
+        const uint32_t N = p.cores;
+        const uint64_t E = p.chunk;
+        for (uint32_t c = 0; c < cores; ++c) {
+            if (coord(c, dim) != 0) continue;  // ring members: c + j * stride(dim)
+            auto member = [&](uint32_t j) { return c + (j % N) * stride(dim); };
+            const Range r = range[c];  // the same on every member
+            for (int d = 0; d < 2; ++d)
+                for (uint32_t ch = 0; ch < N; ++ch)
+                    for (uint64_t v = ch * E; v < std::min<uint64_t>((ch + 1) * E, r.len[d]); ++v) {
+                        const uint64_t a = r.off[d] + v;
+                        const uint32_t owner = d == 0 ? (ch + N - 1) % N : (ch + 1) % N;
+                        if (what == AllReducePhase::AllGather) {
+                            for (uint32_t j = 0; j < N; ++j)
+                                buf[member(j)][a] = buf[member(owner)][a];
+                            continue;
+                        }
+                        float acc = buf[member(ch)][a];
+                        for (uint32_t s = 1; s < N; ++s)
+                            acc = acc + buf[member(d == 0 ? ch + s : ch + N * N - s)][a];
+                        if (what == AllReducePhase::Full) {
+                            if (!one) acc = acc * scale;
+                            for (uint32_t j = 0; j < N; ++j) buf[member(j)][a] = acc;
+                        } else {
+                            buf[member(owner)][a] = acc;
+                        }
+                    }
+        }
+    };
+    for (size_t i = 0; i + 1 < k.phases.size(); ++i) {
+        const AllReduceHbmPlan& p = k.phases[i];
+        phase(active[i], p, AllReducePhase::ReduceScatter);
+        kept.push_back(range);
+        for (uint32_t c = 0; c < cores; ++c) {
+            const uint32_t pos = coord(c, active[i]);
+            for (int d = 0; d < 2; ++d) {
+                const uint64_t off =
+                    uint64_t((pos + (d == 0 ? 1 : p.cores - 1)) % p.cores) * p.chunk;
+                Range& r = range[c];
+                r.len[d] = r.len[d] < off ? 0 : std::min<uint64_t>(r.len[d] - off, p.chunk);
+                r.off[d] += off;
+            }
+        }
+    }
+    phase(active[k.phases.size() - 1], k.phases.back(), AllReducePhase::Full);
+    for (size_t i = k.phases.size() - 1; i-- > 0;) {
+        range = kept[i];
+        phase(active[i], k.phases[i], AllReducePhase::AllGather);
+    }
+    for (uint32_t c = 1; c < cores; ++c)
+        if (buf[c] != buf[0])
+            throw std::logic_error(fmt::format("torus all-reduce reference: core {} differs", c));
+    return buf[0];
+}
+
+std::vector<float> allreduce_reference(const hw::BoardConfig& cfg,
+                                       const std::vector<uint32_t>& cores,
+                                       const std::vector<std::vector<float>>& replicas,
+                                       float scale) {
+    if (!replicas.empty() && !replicas[0].empty() && replicas[0].size() <= 0xFFFFFFFFu)
+        if (const auto k =
+                plan_allreduce_torus(cfg, cores, static_cast<uint32_t>(replicas[0].size())))
+            return allreduce_torus_reference(replicas, scale, *k, torus_dims(cfg));
+    return allreduce_reference(replicas, scale);
+}
+
+Event allreduce_torus(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
+                      const TorusAllReduceKey& k) {
+    const auto dims = torus_dims(dev.config());
+    if (t.elements() != k.elements || t.cores.size() != dev.config().cores() ||
+        t.bufs.size() != t.cores.size())
+        throw DeviceError(
+            ErrorKind::Usage,
+            fmt::format("torus all-reduce: a tensor of {} values on {} cores for a "
+                        "plan of {} values on the board's {} cores",
+                        t.elements(), t.cores.size(), k.elements, dev.config().cores()));
+    std::vector<uint32_t> active;
+    for (uint32_t i = 0; i < 3; ++i)
+        if (dims[i] > 1) active.push_back(i);
+    const uint32_t stride[3] = {1, dims[0], dims[0] * dims[1]};
+    return launch(dev, cache, k, t.cores, [&](size_t i, LaunchArgs& a) {
+        a.set("x", t.bufs[i]).set_f32("scale", scale);
+        const auto c = t.cores[i];
+        for (size_t j = 0; j < active.size(); ++j) {
+            const uint32_t dim = active[j], w = dims[dim], s = stride[dim];
+            const uint32_t pos = (c / s) % w, base = c - pos * s;
+            a.set(fmt::format("position.{}", kDimName[j]), pos)
+                .set(fmt::format("next.{}", kDimName[j]), base + (pos + 1) % w * s)
+                .set(fmt::format("prev.{}", kDimName[j]), base + (pos + w - 1) % w * s);
+        }
+    });
 }
 
 Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
@@ -559,14 +952,16 @@ Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
         return driver::scale(dev, cache, t, scale, t);
     }
     const auto n = static_cast<uint32_t>(t.elements());
+    if (schedule == AllReduceSchedule::Auto)
+        if (const auto k = plan_allreduce_torus(dev.config(), t.cores, n))
+            return allreduce_torus(dev, cache, t, scale, *k);
     const AllReduceHbmPlan p = plan_allreduce_hbm(N, n, dev.config(), schedule);
-    const std::string key =
-        fmt::format("allreduce_hbm N{} n{} {}", N, n, p.barrier ? "barrier" : "pipelined");
-    const isa::Program& prog = cache.get(key, [&] { return allreduce_hbm_program(p); });
-    return dev.launch(t.cores, prog, [&](size_t i) {
-        return std::vector<uint32_t>{
-            static_cast<uint32_t>(i), t.cores[(i + 1) % N], t.cores[(i + N - 1) % N],
-            static_cast<uint32_t>(t.bufs[i].addr), std::bit_cast<uint32_t>(scale)};
+    return launch(dev, cache, p, t.cores, [&](size_t i, LaunchArgs& a) {
+        a.set("position", static_cast<uint32_t>(i))
+            .set("next", t.cores[(i + 1) % N])
+            .set("prev", t.cores[(i + N - 1) % N])
+            .set("x", t.bufs[i])
+            .set_f32("scale", scale);
     });
 }
 

@@ -1,25 +1,36 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "driver/device.h"
+#include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/tensor.h"
 #include "driver/program_cache.h"
-#include "isa/isa.h"
+#include "isa/builder.h"
 
 /// Ring all-reduce (sum) of fp32 vectors in VMEM over ICI: reduce-scatter then all-gather, half
 /// of the data clockwise and half counter-clockwise so both directions of every link work.
 namespace tpu::driver {
 
-/// Where the all-reduce keeps its data on every core (same addresses on each core).
+/// Where the all-reduce keeps its data on every core (same addresses on each core); the
+/// program-cache key of the VMEM-resident kernel.
 struct AllReducePlan {
     uint32_t cores = 0;         ///< ring size N (the launch's core set, in order)
     uint32_t elements = 0;      ///< fp32 values per core; padded to a multiple of 2N inside
     uint32_t x_addr = 0;        ///< VMEM input (kept: the sum lands in y_addr)
     uint32_t y_addr = 0;        ///< VMEM result
     uint32_t scratch_addr = 0;  ///< VMEM scratch for reduce-scatter: 2 (N-1) chunks
+    auto operator<=>(const AllReducePlan&) const = default;
+    std::string name() const { return "allreduce"; }
+    friend size_t hash_value(const AllReducePlan& p) {
+        return hash_fields(p.cores, p.elements, p.x_addr, p.y_addr, p.scratch_addr);
+    }
 };
 
 /// Bytes of each direction's chunk: ceil(elements / 2N) values.
@@ -28,9 +39,11 @@ uint32_t allreduce_chunk_bytes(const AllReducePlan& p);
 uint64_t allreduce_vmem_bytes(const AllReducePlan& p);
 /// A plan packing x, y and scratch from VMEM address 0 for `elements` values on `cores`.
 AllReducePlan plan_allreduce(uint32_t cores, uint32_t elements, uint64_t vmem_bytes);
-/// The kernel. Launch arguments: s1 = position in the ring, s2 = next core (clockwise),
-/// s3 = previous core. Flags: f1/f2 reduce-scatter arrivals, f3/f4 adds, f5/f6 all-gather
-/// arrivals, f7 local copies (per direction).
+/// The kernel. Launch arguments: s1 `position` in the ring, s2 `next` core (clockwise), s3
+/// `prev` core. Flags: f1/f2 reduce-scatter arrivals, f3/f4 adds, f5/f6 all-gather arrivals,
+/// f7 local copies (per direction).
+isa::Program generate(const AllReducePlan& p);
+/// generate(p).
 isa::Program allreduce_program(const AllReducePlan& p);
 
 /// Runs an all-reduce of `data[i]` (one vector per core of `cores`) on the device: writes the
@@ -51,7 +64,18 @@ enum class AllReduceSchedule : uint8_t {
     Pipelined,    ///< piece q of step s starts once piece q of step s-1 has arrived
 };
 
-/// Layout and schedule of the HBM all-reduce (same VMEM addresses on every core).
+/// Which part of the ring all-reduce a kernel runs: the torus all-reduce runs a reduce-scatter
+/// and an all-gather along each dimension but the last, and the whole all-reduce along that.
+enum class AllReducePhase : uint8_t {
+    Full,           ///< reduce-scatter then all-gather (the ring all-reduce)
+    ReduceScatter,  ///< steps 0..N-1: each core ends with its two chunks summed, in HBM
+    AllGather,      ///< steps N-1..2N-2: from those chunks, every core ends with all of them
+};
+
+/// Partition and schedule of the HBM all-reduce: the program-cache key of its kernel (every
+/// input the code depends on). Its VMEM rings come from the builder's pool in the order
+/// receive (clockwise, counter-clockwise), own (clockwise, counter-clockwise): from address 0
+/// in a stand-alone program.
 struct AllReduceHbmPlan {
     uint32_t cores = 0;       ///< ring size N
     uint32_t elements = 0;    ///< fp32 values per core
@@ -66,19 +90,110 @@ struct AllReduceHbmPlan {
     /// Instructions that fit in instruction memory (0: no limit); a larger unrolled kernel
     /// loops over its steps instead.
     uint32_t imem_instrs = 0;
-    uint32_t recv_addr[2] = {0, 0};  ///< VMEM receive rings, per direction
-    uint32_t own_addr[2] = {0, 0};   ///< VMEM own-data rings, per direction
+    AllReducePhase phase = AllReducePhase::Full;  ///< which part of the all-reduce
+    /// Direction 1 works on a range of its own (AllReduceOperands::x_ccw, n_ccw) instead of
+    /// the second half of x (the torus phases, which work on the chunks a phase left).
+    bool ranges = false;
+    auto operator<=>(const AllReduceHbmPlan&) const = default;
+    std::string name() const { return "allreduce_hbm"; }
+    friend size_t hash_value(const AllReduceHbmPlan& p) {
+        return hash_fields(p.cores, p.elements, p.piece, p.pieces, p.chunk, p.groups, p.recv_slots,
+                           p.own_slots, p.free_lag, p.barrier, p.imem_instrs, p.phase, p.ranges);
+    }
+    /// VMEM bytes of the receive and own-data rings.
+    uint64_t vmem_bytes() const;
 };
 
-/// Plans an all-reduce of `elements` values per core over `cores` cores.
+/// Plans an all-reduce of `elements` values per core over `cores` cores in `vmem_bytes` of
+/// VMEM (0: the core's whole VMEM, as a stand-alone program has it).
 AllReduceHbmPlan plan_allreduce_hbm(uint32_t cores, uint32_t elements, const hw::BoardConfig& cfg,
-                                    AllReduceSchedule schedule = AllReduceSchedule::Auto);
-/// The kernel. Launch arguments: s1 position in the ring, s2 next core, s3 previous core,
-/// s4 the tensor's HBM address on this core, s5 fp32 bits of the scale.
+                                    AllReduceSchedule schedule = AllReduceSchedule::Auto,
+                                    uint64_t vmem_bytes = 0);
+
+/// Where emit_allreduce's operands are: this core's replica and its place in the ring.
+struct AllReduceOperands {
+    streaming::Operand x;         ///< HBM: this core's replica (summed in place)
+    streaming::Operand scale;     ///< scalar: fp32 bits of the scale
+    streaming::Operand position;  ///< scalar: this core's position in the ring (0..N-1)
+    streaming::Operand next;      ///< scalar: the core at position + 1 (mod N)
+    streaming::Operand prev;      ///< scalar: the core at position - 1 (mod N)
+    /// With AllReduceHbmPlan::ranges: HBM address of direction 1's range (direction 0's is
+    /// x) and the values in each range (scalars; the partition's half may run past them).
+    streaming::Operand x_ccw, n_cw, n_ccw;
+    /// Optional: emitted once the kernel holds its flags, before it sends anything (a
+    /// handshake between kernels that reuse flags and VMEM on neighbouring cores).
+    std::function<void()> ready;
+};
+
+/// Emits the HBM all-reduce for `p` into `b`: every core of the launch that runs it, in the
+/// ring order the operands give, ends with (sum over replicas) x scale in its replica, the
+/// values allreduce_reference() gives. Resources from b's pools in its own scope (plan `p` in
+/// b.vmem_free()); on return every instruction it issued has completed. Every core of the
+/// ring must run the same program: the kernel signals its flags on its neighbours. It uses up to
+/// 20 scalar registers besides its operands. Unrolled while the stand-alone program fits in
+/// p.imem_instrs, else its steps of one shape share a loop.
+void emit_allreduce(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperands& ops);
+/// The stand-alone kernel: launch arguments `position`, `next`, `prev`, `x` (the replica's HBM
+/// address on this core), `scale` (fp32 bits), then emit_allreduce, then halt.
+isa::Program generate(const AllReduceHbmPlan& p);
+/// generate(p).
 isa::Program allreduce_hbm_program(const AllReduceHbmPlan& p);
 
+// ---- Torus all-reduce ------------------------------------------------------------------------
+
+/// The torus all-reduce (hw/README.md, "All-reduce bounds"): along each torus dimension but the
+/// last a reduce-scatter (ring, both directions), the whole all-reduce along the last on the
+/// share each core then holds, and the all-gathers back in reverse order; one program, one
+/// phase after the other, each phase's neighbours shaking hands before it sends. The key.
+struct TorusAllReduceKey {
+    uint32_t elements = 0;  ///< fp32 values per core
+    /// Per dimension of more than one core (x, y, z order): its reduce-scatter plan (phase
+    /// ReduceScatter; the all-gather runs the same plan as AllGather), the last one Full.
+    std::vector<AllReduceHbmPlan> phases;
+    auto operator<=>(const TorusAllReduceKey&) const = default;
+    std::string name() const { return "allreduce_torus"; }
+    friend size_t hash_value(const TorusAllReduceKey& k) {
+        size_t h = hash_fields(k.elements);
+        for (const auto& p : k.phases) h = hash_fields(h, hash_value(p));
+        return h;
+    }
+};
+
+/// The torus plan of an all-reduce of `elements` values over `cores` (their order is the
+/// launch's), or nullopt when the ring is used instead: the board is a ring or a torus with
+/// one dimension of more than one core, `cores` is not the whole board in core order, a phase
+/// does not fit in VMEM without reusing its receive slots (or in one group), or (unless
+/// `force`) the ring's bound (hw::allreduce_ring_bound) is not above the torus's
+/// (hw::allreduce_torus_bound): v4-8's 4 x 2 torus keeps the ring.
+std::optional<TorusAllReduceKey> plan_allreduce_torus(const hw::BoardConfig& cfg,
+                                                      const std::vector<uint32_t>& cores,
+                                                      uint32_t elements, bool force = false);
+/// The kernel. Launch arguments: `x` (HBM address), `scale` (fp32 bits), then per dimension
+/// of the key (x, y, z) `position.D`, `next.D`, `prev.D` (the core's coordinate along it and
+/// its neighbours there).
+isa::Program generate(const TorusAllReduceKey& k);
+/// The exact result of the torus all-reduce of `replicas` (core order) on a torus of `dims`
+/// (cores along x, y, z, with 1 for a dimension the torus lacks): the order of additions is
+/// the ring's (allreduce_reference) along x within each x-ring, then along y on the sums each
+/// core holds, and so on; scaled once, after the last dimension.
+std::vector<float> allreduce_torus_reference(const std::vector<std::vector<float>>& replicas,
+                                             float scale, const TorusAllReduceKey& k,
+                                             std::array<uint32_t, 3> dims);
+/// The exact result allreduce(dev, ...) gives on board `cfg` over `cores`: the torus reference
+/// when plan_allreduce_torus chooses the torus, else allreduce_reference.
+std::vector<float> allreduce_reference(const hw::BoardConfig& cfg,
+                                       const std::vector<uint32_t>& cores,
+                                       const std::vector<std::vector<float>>& replicas,
+                                       float scale);
+
+/// The torus all-reduce of `k` on `t` (which must cover the whole board in core order), in
+/// place, like allreduce(); allreduce() calls it when the planner chooses the torus.
+Event allreduce_torus(Device& dev, ProgramCache& cache, const Tensor& t, float scale,
+                      const TorusAllReduceKey& k);
+
 /// In place: every replica of `t` becomes the sum over replicas times `scale` (scale = 1/N
-/// gives the mean used for data-parallel gradients). One launch over t.cores, ring order =
+/// gives the mean used for data-parallel gradients). One launch over t.cores: the torus
+/// all-reduce where plan_allreduce_torus gives a plan (schedule Auto), else the ring in
 /// t.cores order. Every replica ends bit-identical to allreduce_reference().
 Event allreduce(Device& dev, ProgramCache& cache, const Tensor& t, float scale = 1.0f,
                 AllReduceSchedule schedule = AllReduceSchedule::Auto);

@@ -7,14 +7,15 @@
 
 #include <fmt/format.h>
 
+#include "hw/ici/ici_costs.h"
 #include "sim/stat_names.h"
 
 namespace tpu::hw {
 
 IciNetwork::IciNetwork(const BoardConfig& cfg)
     : m_cores(cfg.cores()),
-      m_bytes_per_cycle(cfg.clock().bytes_per_cycle(cfg.ici.link_gb_per_s)),
-      m_hop(cfg.ns_to_cycles(cfg.ici.hop_latency_ns)),
+      m_bytes_per_cycle(ici_costs(cfg).bytes_per_cycle),
+      m_hop(ici_costs(cfg).hop),
       m_cut_through(cfg.ici.switching == "cut-through") {
     if (m_cores == 0) throw std::invalid_argument("ICI network of 0 cores");
     if (!(m_bytes_per_cycle > 0))
@@ -72,7 +73,7 @@ std::vector<uint32_t> IciNetwork::route(uint32_t src, uint32_t dst) const {
 }
 
 uint64_t IciNetwork::ser_cycles(uint64_t bytes) const {
-    return static_cast<uint64_t>(std::ceil(double(bytes) / m_bytes_per_cycle));
+    return IciCosts{m_bytes_per_cycle, m_hop}.ser_cycles(bytes);
 }
 
 uint64_t IciNetwork::reserve(uint32_t link, uint64_t t, uint64_t len) {

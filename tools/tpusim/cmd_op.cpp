@@ -144,7 +144,8 @@ const std::vector<OpKind>& kinds() {
          "multi-head scaled dot-product attention, bf16 MXU contractions, fp32 softmax",
          attention_options},
         {"allreduce",
-         "ring all-reduce (sum) of an fp32 tensor per core in HBM, over --cores (default all)",
+         "all-reduce (sum) of an fp32 tensor per core in HBM, over --cores (default all): a "
+         "ring, or along each torus dimension on a torus board",
          allreduce_options, "all"},
     };
     return k;

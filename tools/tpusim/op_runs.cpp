@@ -19,6 +19,7 @@
 #include "driver/kernels/softmax.h"
 #include "driver/kernels/tensor.h"
 #include "driver/kernels/tensor_ops.h"
+#include "hw/ici/ici_costs.h"
 #include "sim/tracer.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/random_fill.h"
@@ -600,24 +601,34 @@ OpRun run_allreduce(driver::Device& dev, driver::ProgramCache& cache,
     r.params = {{"elements", n}};
     r.event = driver::allreduce(dev, cache, t);
     r.hbm_bytes = dev.kernel_totals().since(before).hbm_bytes();
-    // The collective's own bound (bench/allreduce_bench.cpp): both ring directions carry
-    // half the data, 2(N-1) steps of S/N bytes, each step at least one hop.
+    // The collective's own bound (hw/README.md, "All-reduce bounds"), of the algorithm the
+    // planner chose: the torus's on a torus board where it is lower, else the ring's.
     const hw::BoardConfig& cfg = dev.config();
-    const double N = double(cores.size()), S = double(n) * 4;
-    const double bw = cfg.clock().bytes_per_cycle(cfg.ici.link_gb_per_s);
-    const double hop = double(cfg.ns_to_cycles(cfg.ici.hop_latency_ns));
-    const double formula = 2 * (N - 1) / N * S / (2 * bw) + 2 * (N - 1) * hop;
+    const uint64_t S = uint64_t(n) * 4;
+    const hw::IciCosts costs = hw::ici_costs(cfg);
+    const bool torus = driver::plan_allreduce_torus(cfg, cores, n).has_value();
+    const hw::TorusShape shape = hw::torus_shape(cfg.ici, cfg.cores());
+    const double formula =
+        torus ? hw::allreduce_torus_bound(costs, {shape.x, shape.y, shape.z}, S)
+              : hw::allreduce_ring_bound(costs, static_cast<uint32_t>(cores.size()), S);
     const uint64_t cycles = r.event.end_cycle - r.event.start_cycle;
-    r.plan = fmt::format(
-        "ring all-reduce (sum) over {} cores in both directions; formula 2(N-1)/N x S / "
-        "(2 x link) + 2(N-1) x hop = {:.0f} cycles, simulated / formula = {:.3f}",
-        cores.size(), formula, double(cycles) / formula);
+    r.plan = torus ? fmt::format(
+                         "torus all-reduce (sum) over {} cores ({} x {} x {}), reduce-scatter "
+                         "and all-gather along each dimension; formula sum over dimensions of "
+                         "2(n-1)/n x S_i / (2 x link) + 2(n-1) x hop = {:.0f} cycles, "
+                         "simulated / formula = {:.3f}",
+                         cores.size(), shape.x, shape.y, shape.z, formula, double(cycles) / formula)
+                   : fmt::format(
+                         "ring all-reduce (sum) over {} cores in both directions; formula "
+                         "2(N-1)/N x S / (2 x link) + 2(N-1) x hop = {:.0f} cycles, "
+                         "simulated / formula = {:.3f}",
+                         cores.size(), formula, double(cycles) / formula);
     // Every replica should equal the one reference: compare each against it, rather than
     // against N copies of it (at 128 cores x 16 MiB those would be gigabytes).
     std::vector<float> want;
     std::vector<double> exact;
     if (check) {
-        want = driver::allreduce_reference(x, 1.0f);
+        want = driver::allreduce_reference(cfg, cores, x, 1.0f);
         exact.assign(n, 0.0);
         for (const auto& xi : x)
             for (uint32_t j = 0; j < n; ++j) exact[j] += xi[j];
@@ -782,8 +793,8 @@ nlohmann::ordered_json model_json(const ModelRun& run, const std::string& name, 
     return j;
 }
 
-void trace_model(sim::Tracer* tracer, const ModelRun& run, const std::string& name,
-                 uint32_t batch, bool train_step) {
+void trace_model(sim::Tracer* tracer, const ModelRun& run, const std::string& name, uint32_t batch,
+                 bool train_step) {
     if (!tracer) return;
     const int track = tracer->track("host", "layers");
     for (const auto& l : run.layers)
