@@ -683,7 +683,7 @@ std::optional<driver::DotLayout> dot_layout_of(const FusionValue& fv, int64_t ro
     if (!rows_major) return std::nullopt;
     if (is_w && l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
         return driver::DotLayout::Tiles;
-    if (!is_w && l.tile == std::vector<int64_t>{8, 128}) return driver::DotLayout::VpuTiles;
+    if (l.tile == std::vector<int64_t>{8, 128}) return driver::DotLayout::VpuTiles;
     return std::nullopt;
 }
 

@@ -351,7 +351,8 @@ private:
             case DotLayout::Gemm:
                 per_col = uint64_t(m_k.R) * 2;
                 break;
-            case DotLayout::VpuTiles:  // not a W layout (dot_unsupported)
+            case DotLayout::VpuTiles:
+                per_col = kBandBytes / 128;  // n0 / 128 tiles of 4 KiB
                 break;
         }
         if (first || last) {
@@ -447,7 +448,14 @@ private:
                             ++count;
                         }
                         break;
-                    case DotLayout::VpuTiles:  // not a W layout (dot_unsupported)
+                    case DotLayout::VpuTiles:
+                        // Tile (j, n0 / C + m): R / 8 bands of 4 KiB, a band row of NT tiles
+                        // apart, landing as the R x C row-major tile.
+                        E(op, {imm(int64_t(wstage(slot, m))),
+                               m_wb + int64_t((uint64_t(j) * R / 8 * NT + m) * kBandBytes),
+                               imm(R / 8), imm(kBandBytes), imm(kBandBytes),
+                               imm(int64_t(NT * kBandBytes)), t.flag});
+                        ++count;
                         break;
                 }
             }
@@ -777,19 +785,23 @@ std::string dot_unsupported(const DotKey& k) {
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
     if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
     if (k.a == DotLayout::Tiles) return "A cannot lie in tiles (a stationary W's layout)";
-    if (k.w == DotLayout::VpuTiles) return "W cannot lie in the VPU's 8 x 128 tiles";
     if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles)
         return fmt::format("C is written row-major, in the GEMM's panels or in 8 x 128 tiles, "
                            "not {}",
                            dot_layout_name(k.c));
-    if (k.a == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) {
+    if (k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) {
         if (k.stationary != Stationary::Rhs)
             return "operands in 8 x 128 tiles need the RHS stationary";
-        if (k.M % 8) return fmt::format("8 x 128 tiles need M a multiple of 8, not {}", k.M);
+        if ((k.a == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) && k.M % 8)
+            return fmt::format("8 x 128 tiles need M a multiple of 8, not {}", k.M);
         if (k.a == DotLayout::VpuTiles && (k.R != 128 || k.K % 128))
             return fmt::format("A in 8 x 128 tiles needs a 128-row MXU and K a multiple of 128 "
                                "(R = {}, K = {})",
                                k.R, k.K);
+        if (k.w == DotLayout::VpuTiles && (k.R != 128 || k.C != 128 || k.K % 128 || k.N % 128))
+            return fmt::format("W in 8 x 128 tiles needs a 128 x 128 MXU and K and N multiples "
+                               "of 128 (K = {}, N = {})",
+                               k.K, k.N);
         if (k.c == DotLayout::VpuTiles && (k.C != 128 || k.N % 128 || k.store_bf16))
             return fmt::format("C in 8 x 128 tiles needs a 128-column MXU, N a multiple of 128 "
                                "and an fp32 store (C = {}, N = {})",

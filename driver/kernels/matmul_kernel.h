@@ -33,11 +33,11 @@ enum class DotLayout : uint8_t {
     /// (fp32, or bf16 with store_bf16; panel n at n M C 4 (2) bytes), the columns of the last
     /// panel past N not written. Stationary::Rhs only.
     Gemm,
-    /// A and C only: fp32 in the VPU's 8 x 128 tiles, the compiler's default layout of an
-    /// activation ({1,0:T(8,128)}): tile (b, t) of rows 8b.. and columns 128t.. at (b ceil(cols
-    /// / 128) + t) 4096 bytes, each tile row-major. A block of 8k rows is then k runs of 4 KiB
-    /// per 128-column panel, one DMA. Stationary::Rhs, a 128-wide MXU, M a multiple of 8, and K
-    /// (for A) or N (for C, fp32) a multiple of 128.
+    /// fp32 in the VPU's 8 x 128 tiles, the compiler's default layout of an activation
+    /// ({1,0:T(8,128)}; A M x K, W K x N, C M x N): tile (b, t) of rows 8b.. and columns 128t..
+    /// at (b ceil(cols / 128) + t) 4096 bytes, each tile row-major. A block of 8k rows is then k
+    /// runs of 4 KiB per 128-column panel, one DMA; a W tile 16 runs. Stationary::Rhs, a
+    /// 128 x 128 MXU, M a multiple of 8 (A, C), and K (A, W) and N (W, C fp32) multiples of 128.
     VpuTiles,
 };
 /// "row-major", "transposed", "tiles", "gemm", "vpu-tiles".

@@ -235,6 +235,23 @@ TEST(CompilerDevice, LinearBiasAndReluAreOneDotKernelBitExact) {
     EXPECT_EQ(st.programs_generated, 1u);
 }
 
+TEST(CompilerDevice, ADotOfTwoActivationsReadsBothInTheirTiles) {
+    // a b with both operands computed (inputs here): the stationary b lies in T(8,128) tiles
+    // too, K rows before N (the planner streams a's 1024 rows past b's 2 x 2 tiles, one column
+    // panel per MXU, rather than b's 256 columns past a's 2 x 8).
+    const Shape as{DType::F32, {1024, 256}}, bs{DType::F32, {256, 256}};
+    expect_bit_exact({{"a", as, {randoms(1024 * 256, 41)}}, {"b", bs, {randoms(256 * 256, 42)}}},
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         return relu(g, matmul(g, v[0], v[1], false, false));
+                     });
+    Graph g;
+    g.add_output(relu(g, matmul(g, g.input(as, "a"), g.input(bs, "b"), false, false)), "y");
+    const CompiledStep s = compile(g);
+    ASSERT_EQ(s.fusions.size(), 1u);
+    EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Rhs);
+    EXPECT_EQ(s.inputs[1].layout.to_string(), "{1,0:T(8,128)}");
+}
+
 TEST(CompilerDevice, TwoLinearsAndAResidualAreOneProgramBitExact) {
     // x + fc2(t(fc1(x))) / 3 at HIGHEST precision on two replicas, t(z) = z tanh(0.8 z) + z:
     // two output fusions in one program, the first writing its result in the tiles the second

@@ -375,6 +375,24 @@ TEST(DotKernel, ActivationsInEightByOneTwentyEightTilesAreBitExact) {
          .c = DotLayout::RowMajor,
          .f = kNone,
          .block_rows = 24},
+        // W an activation too (a dot of two activations): its 128 x 128 tiles are 16 bands.
+        {.M = 48,
+         .K = 256,
+         .N = 640,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll,
+         .block_rows = 16},
+        {.M = 20,
+         .K = 384,
+         .N = 256,
+         .precision = Precision::Bf16,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::RowMajor,
+         .f = kBiasRelu},
     };
     uint32_t seed = 231;
     auto dev = open_checked();
