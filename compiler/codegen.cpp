@@ -5,6 +5,8 @@
 #include "compiler/codegen.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -15,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "compiler/stages.h"
+#include "driver/kernels/allreduce.h"
 #include "driver/kernels/epilogue.h"
 #include "driver/kernels/matmul_kernel.h"
 #include "driver/kernels/stream_kernel.h"
@@ -1056,7 +1059,100 @@ void emit_delay(isa::Builder& b, uint32_t cycles) {
     b.emit(Opcode::Bne, {d, imm(0), top});
 }
 
+/// The plan of a collective fusion: an all-reduce of one array over the replicas, in place in
+/// its result buffer (the operand copied there first when they differ).
+struct CollectiveFusion {
+    const FusionValue* x = nullptr;  ///< the operand
+    const FusionValue* y = nullptr;  ///< the result
+    float scale = 1;                 ///< applied after the sum (scale == 1: none)
+    uint32_t values = 0;             ///< fp32 values in the buffer (tile padding included)
+    std::optional<driver::AllReduceHbmPlan> ring;  ///< the ring kernel (replicas > 1)
+    uint32_t copy_tile = 0;  ///< streaming copy (or scale) of x into y: values per tile
+    bool copy = false;       ///< x and y are different buffers
+};
+
+CollectiveFusion plan_collective(const Graph& g, const Fusion& f, const CodegenOptions& o) {
+    CollectiveFusion p;
+    const Op& op = g.op(f.hero);
+    if (op.kind != OpKind::AllReduce || f.ops.size() != 1 || f.operands.size() != 1 ||
+        f.results.size() != 1)
+        not_generated(f, "a collective fusion other than one all-reduce");
+    p.x = &f.operands[0];
+    p.y = &f.results[0];
+    if (p.x->shape.dtype != DType::F32 || !(p.x->shape == p.y->shape) ||
+        !(p.x->layout == p.y->layout))
+        not_generated(f, fmt::format("an all-reduce of {} in {} into {} in {}",
+                                     p.x->shape.to_string(), p.x->layout.to_string(),
+                                     p.y->shape.to_string(), p.y->layout.to_string()));
+    const uint64_t values = layout_bytes(p.x->shape, p.x->layout) / 4;
+    if (values == 0 || values > UINT32_MAX) not_generated(f, "an all-reduce of this size");
+    p.values = uint32_t(values);
+    p.scale = float(op.attrs.scalar);
+    p.copy = !(p.x->buffer == p.y->buffer);
+    if (p.copy || o.replicas == 1) {
+        st::Footprint fp;
+        fp.name = f.name;
+        fp.units = p.values;
+        fp.areas = {1};
+        p.copy_tile = st::plan(fp, o.board.core.vmem_bytes);
+    }
+    if (o.replicas > 1)
+        p.ring = driver::plan_allreduce_hbm(o.replicas, p.values, o.board,
+                                            driver::AllReduceSchedule::Auto,
+                                            o.board.core.vmem_bytes);
+    return p;
+}
+
+/// Emits a collective fusion: the ring all-reduce in place (driver::emit_allreduce), the ring in
+/// replica order as the evaluator's reference sums. Neighbours shake hands on `ready` (never
+/// reset, `count` handshakes so far) before anything is sent: a core may still be in the
+/// previous fusion, whose flags and VMEM the all-reduce takes over.
+void emit_collective(isa::Builder& b, const CollectiveFusion& p, const isa::Reg& x,
+                     const isa::Reg& y, const std::array<isa::Reg, 3>& ring, const isa::Flag* ready,
+                     uint32_t count) {
+    const bool scale_here = !p.ring && p.scale != 1.0f;
+    if (p.copy || scale_here) {
+        st::Spec sp;
+        sp.fp.name = "copy";
+        sp.fp.units = p.values;
+        sp.fp.areas = {1};
+        sp.ins.emplace_back(st::Operand::hbm(x), 0);
+        sp.outs.emplace_back(st::Operand::hbm(y), 0);
+        // One replica: the all-reduce is the scale alone (allreduce_reference's x * scale).
+        sp.body = [&](st::Body& body) {
+            if (scale_here)
+                body.vpu(Opcode::VMulS, {body.a(0), body.a(0), fimm(p.scale), body.units()});
+        };
+        st::emit(b, sp, p.copy_tile);
+    }
+    if (!p.ring) return;
+    const isa::Reg scale = b.reg("scale");
+    b.emit(Opcode::Li, {scale, imm(int64_t(std::bit_cast<uint32_t>(p.scale)))});
+    driver::AllReduceOperands ops;
+    ops.x = st::Operand::hbm(y);
+    ops.scale = st::Operand::scalar(scale);
+    ops.position = st::Operand::scalar(ring[0]);
+    ops.next = st::Operand::scalar(ring[1]);
+    ops.prev = st::Operand::scalar(ring[2]);
+    ops.ready = [&] {
+        b.emit(Opcode::Sigr, {ring[1], *ready, imm(1)});
+        b.emit(Opcode::Sigr, {ring[2], *ready, imm(1)});
+        b.emit(Opcode::Wait, {*ready, imm(2 * int64_t(count))});
+    };
+    driver::emit_allreduce(b, *p.ring, ops);
+}
+
 std::string arg_name(const ProgramArg& a) {
+    switch (a.what) {
+        case ProgramArg::What::Position:
+            return "ring.position";
+        case ProgramArg::What::Next:
+            return "ring.next";
+        case ProgramArg::What::Prev:
+            return "ring.prev";
+        case ProgramArg::What::Base:
+            break;
+    }
     switch (a.space) {
         case BufferRef::Space::Parameter:
             return fmt::format("param{}", a.index);
@@ -1080,26 +1176,35 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     // Plans first: a fusion that cannot be generated fails before anything is emitted.
     std::vector<Plan> plans;
     std::vector<std::optional<DotFusion>> dots;
+    std::vector<std::optional<CollectiveFusion>> collectives;
     std::map<std::pair<uint8_t, uint32_t>, size_t> slot;
+    bool rings = false;
     for (size_t i : fusions) {
         const Fusion& f = step.fusions[i];
-        if (f.kind == FusionKind::Collective)
-            not_generated(f, fmt::format("fusion kind {}", fusion_kind_name(f.kind)));
-        if (f.kind == FusionKind::Output) {
-            dots.push_back(plan_dot_fusion(g, f, o.board));
-            plans.emplace_back();
+        plans.emplace_back();
+        dots.emplace_back();
+        collectives.emplace_back();
+        if (f.kind == FusionKind::Collective) {
+            collectives.back() = plan_collective(g, f, o);
+            rings |= collectives.back()->ring.has_value();
+        } else if (f.kind == FusionKind::Output) {
+            dots.back() = plan_dot_fusion(g, f, o.board);
         } else {
-            dots.emplace_back();
-            plans.push_back(plan_fusion(g, f, o.board));
+            plans.back() = plan_fusion(g, f, o.board);
         }
         for (const auto* list : {&f.operands, &f.results})
             for (const FusionValue& fv : *list) {
                 const auto key = alloc_key(fv.buffer);
                 if (slot.count(key)) continue;
                 slot[key] = seg.args.size();
-                seg.args.push_back({fv.buffer.space, key.second});
+                seg.args.push_back({ProgramArg::What::Base, fv.buffer.space, key.second});
             }
     }
+    // Each core's place in the ring, for the all-reduces.
+    const size_t ring_args = seg.args.size();
+    if (rings)
+        for (auto w : {ProgramArg::What::Position, ProgramArg::What::Next, ProgramArg::What::Prev})
+            seg.args.push_back({w, BufferRef::Space::Temp, 0});
     if (seg.args.size() >= size_t(isa::kNumSregs))
         throw CompileError(fmt::format(
             "step: {} buffers in one program, but a launch carries at most {} addresses",
@@ -1114,19 +1219,42 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         if (!args.empty()) table.emplace(b.smem("args", args.size()));
         for (size_t i = 0; i < args.size(); ++i) b.emit(Opcode::Sw, {args[i], table->word(i)});
     }
+    // The all-reduces' handshake flag: held for the whole program, never reset, so a
+    // neighbour's signal cannot be lost to a reset (codegen.h, emit_collective).
+    std::optional<isa::Flag> ready;
+    if (rings) ready.emplace(b.flag("ring.ready"));
+    uint32_t handshakes = 0;
     for (size_t k = 0; k < fusions.size(); ++k) {
         const Fusion& f = step.fusions[fusions[k]];
         if (k > 0) emit_delay(b, o.board.core.fusion_setup_cycles);
         const auto scope = b.scope(f.name);
+        const auto load = [&](const isa::Reg& r, const BufferRef& buf) {
+            if (buf.space == BufferRef::Space::Temp && buf.offset > 0x7fffffffu)
+                throw CompileError(
+                    fmt::format("{}: temp offset {} beyond 2 GiB", f.name, buf.offset));
+            b.emit(Opcode::Lw, {r, table->word(slot.at(alloc_key(buf)))});
+            if (buf.space == BufferRef::Space::Temp && buf.offset > 0)
+                b.emit(Opcode::Add, {r, r, imm(int64_t(buf.offset))});
+        };
+        if (collectives[k]) {
+            const CollectiveFusion& c = *collectives[k];
+            const isa::Reg x = b.reg("x"), y = b.reg("y");
+            load(x, c.x->buffer);
+            load(y, c.y->buffer);
+            std::array<isa::Reg, 3> ring;
+            if (c.ring) {
+                const char* names[] = {"position", "next", "prev"};
+                for (size_t j = 0; j < 3; ++j) {
+                    ring[j] = b.reg(names[j]);
+                    b.emit(Opcode::Lw, {ring[j], table->word(ring_args + j)});
+                }
+                ++handshakes;
+            }
+            emit_collective(b, c, x, y, ring, ready ? &*ready : nullptr, handshakes);
+            continue;
+        }
         if (dots[k]) {
-            emit_dot_fusion(b, *dots[k], [&](const isa::Reg& r, const BufferRef& buf) {
-                if (buf.space == BufferRef::Space::Temp && buf.offset > 0x7fffffffu)
-                    throw CompileError(
-                        fmt::format("{}: temp offset {} beyond 2 GiB", f.name, buf.offset));
-                b.emit(Opcode::Lw, {r, table->word(slot.at(alloc_key(buf)))});
-                if (buf.space == BufferRef::Space::Temp && buf.offset > 0)
-                    b.emit(Opcode::Add, {r, r, imm(int64_t(buf.offset))});
-            });
+            emit_dot_fusion(b, *dots[k], load);
             continue;
         }
         Bases bases;

@@ -26,12 +26,21 @@ struct CodegenOptions {
     /// The board: VMEM and scalar-memory sizes, the VPU's lanes and sublanes, and what a fusion
     /// boundary costs inside one program (`core.fusion_setup_cycles`).
     hw::BoardConfig board{};
+    /// Replicas the program runs on (one per core): the ring of its all-reduces.
+    uint32_t replicas = 1;
 };
 
-/// Where one launch argument of a program points: the base of one allocation per core.
+/// What one launch argument of a program holds on each core.
 struct ProgramArg {
-    BufferRef::Space space = BufferRef::Space::Temp;  ///< which allocation
-    uint32_t index = 0;  ///< Parameter, Input, Constant, Output: the number
+    enum class What : uint8_t {
+        Base,      ///< the base address of an allocation (space, index)
+        Position,  ///< the core's position in the replica ring (0..replicas-1)
+        Next,      ///< the core at the next position of the ring
+        Prev,      ///< the core at the previous position of the ring
+    };
+    What what = What::Base;                           ///< what it holds
+    BufferRef::Space space = BufferRef::Space::Temp;  ///< Base: which allocation
+    uint32_t index = 0;  ///< Base of a Parameter, Input, Constant, Output: the number
 };
 
 /// One piece of a step: a device program (every device fusion between two host fusions) or a
@@ -55,8 +64,7 @@ struct StepProgram {
 };
 
 /// Generates the programs of `step`. Throws NotYetGenerated naming the fusion for what cannot be
-/// generated yet (output and collective fusions: "fusion kind output not yet generated"; ops or
-/// layouts the loop and input emitters do not cover) and isa::BuildError when a program does not
+/// generated yet (ops, layouts or dots the emitters do not cover) and isa::BuildError when a program does not
 /// fit the core (VMEM, registers, instruction memory).
 StepProgram generate_step(const CompiledStep& step, const CodegenOptions& options = {});
 

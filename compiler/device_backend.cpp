@@ -60,6 +60,8 @@ DeviceBackend::DeviceBackend(driver::Device& device, std::vector<uint32_t> cores
       m_host(std::move(host)),
       m_stats(std::make_shared<DeviceBackendStats>()) {
     if (m_cores.empty()) throw CompileError("device backend: no cores");
+    // The program's all-reduces ring over this backend's replica set.
+    m_codegen.replicas = uint32_t(m_cores.size());
     m_host.mxu_rows = m_codegen.board.core.mxu_rows;
     m_host.vpu_lanes = m_codegen.board.core.vpu_lanes;
 }
@@ -194,10 +196,24 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
     bool any = false;
     for (const ProgramSegment& seg : prog.segments) {
         if (seg.host_fusion < 0) {
+            const size_t n = m_cores.size();
             const driver::Event ev = m_dev.launch(m_cores, seg.program, [&](size_t i) {
                 std::vector<uint32_t> a;
                 for (const ProgramArg& pa : seg.args)
-                    a.push_back(uint32_t(alloc_of(pa.space, pa.index).bufs.at(i).addr));
+                    switch (pa.what) {
+                        case ProgramArg::What::Base:
+                            a.push_back(uint32_t(alloc_of(pa.space, pa.index).bufs.at(i).addr));
+                            break;
+                        case ProgramArg::What::Position:
+                            a.push_back(uint32_t(i));
+                            break;
+                        case ProgramArg::What::Next:
+                            a.push_back(m_cores[(i + 1) % n]);
+                            break;
+                        case ProgramArg::What::Prev:
+                            a.push_back(m_cores[(i + n - 1) % n]);
+                            break;
+                    }
                 return a;
             });
             ++m_stats->launches;

@@ -287,6 +287,36 @@ TEST(CompilerDevice, TwoLinearsAndAResidualAreOneProgramBitExact) {
     EXPECT_NE(s.summary().find("divide"), std::string::npos) << s.summary();
 }
 
+TEST(CompilerDevice, AnAllReduceBetweenFusionsIsInTheStepsOneProgram) {
+    // y = allreduce(2 x, 1/4) + x on four replicas: a loop fusion, the ring all-reduce of its
+    // result in place (ring in replica order, the evaluator's order of additions), a second loop
+    // fusion; then a second all-reduce, so the handshake counts on. One launch, bit-exact.
+    const Shape xs{DType::F32, {64, 384}};
+    std::vector<std::vector<float>> per_replica;
+    for (uint32_t r = 0; r < 4; ++r) per_replica.push_back(randoms(64 * 384, 51 + r));
+    const auto st = expect_bit_exact(
+        {{"x", xs, per_replica}},
+        [](Graph& g, const std::vector<ValueId>& v) {
+            const ValueId two = broadcast(g, literal(g, 2.0), {64, 384}, {});
+            const ValueId s = all_reduce(g, mul(g, v[0], two), 0.25);
+            const ValueId t = add(g, s, v[0]);
+            return all_reduce(g, exp(g, t), 1.0);
+        },
+        {0, 1, 2, 3});
+    EXPECT_EQ(st.programs_generated, 1u);
+}
+
+TEST(CompilerDevice, AnAllReduceOnOneReplicaIsItsScaleAndOnTwoItsRing) {
+    // One replica: a streaming copy times the scale. Two: next and prev are the same core, so
+    // each handshake signals it twice.
+    const Shape xs{DType::F32, {16, 256}};
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        return all_reduce(g, exp(g, v[0]), 0.5);
+    };
+    expect_bit_exact({{"x", xs, {randoms(16 * 256, 61)}}}, record);
+    expect_bit_exact({{"x", xs, {randoms(16 * 256, 62), randoms(16 * 256, 63)}}}, record, {2, 5});
+}
+
 TEST(CompilerDevice, FusionKindsNotYetGeneratedAreClearErrors) {
     const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
     auto dev = driver::Device::open(cfg);

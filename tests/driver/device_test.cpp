@@ -452,9 +452,6 @@ TEST(DeviceStats, GemmKernelCountsMatchTheShapeAndTheCoreCounters) {
     EXPECT_EQ(k.instructions, instrs);
     EXPECT_GT(k.hbm_bytes(), 0u);
     EXPECT_DOUBLE_EQ(k.arithmetic_intensity(), double(k.flops()) / double(hbm_r + hbm_w));
-    EXPECT_EQ(ProgramCache::kernel_name("gemm R8 C8 Kp16"), "gemm");
-    EXPECT_EQ(ProgramCache::kernel_name("adam:units64"), "adam");
-    EXPECT_EQ(ProgramCache::kernel_name("relu"), "relu");
 }
 
 // ---- Devices one after another in one process ------------------------------------------------

@@ -5,6 +5,7 @@
 // (emit_gemm) in one program.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -604,6 +605,73 @@ TEST(DotKernel, ComposesWithSoftmaxInOneProgram) {
     const auto c = bias_add_reference(
         matmul_reference(a, M, K, false, w, K, N, false, p, cfg.core.mxu_rows), bias, M, N);
     EXPECT_EQ(bits_of(got), bits_of(softmax_reference(c, M, N)));
+}
+
+TEST(DotKernel, ComposesWithTheLayerNormThatConsumesItsResult) {
+    // Issue 25's example: a GEMM (the fused dot, bias epilogue) and the layer norm of its result
+    // in one program, each kernel's registers, flags and VMEM from the same pools; the layer
+    // norm reads C after emit_dot has waited for its stores. Race detector on; every output of
+    // the layer norm (y, mean, rstd) bit-exact with the host references.
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    const uint32_t M = 48, K = 256, N = 384;
+    const Precision p = Precision::Bf16;
+    const auto a = random_values(size_t(M) * K, 511, -1.0f, 1.0f);
+    const auto w = random_values(size_t(K) * N, 512, -1.0f, 1.0f);
+    const auto bias = random_values(N, 513, -1.0f, 1.0f);
+    const auto gamma = random_values(N, 514, 0.5f, 1.5f);
+    const auto beta = random_values(N, 515, -0.5f, 0.5f);
+    auto dev = Device::open(cfg);
+    auto put = [&](const std::vector<float>& v) {
+        Buffer buf = dev->alloc(v.size() * 4, 0);
+        dev->write(buf, v.data(), v.size() * 4);
+        return buf;
+    };
+    const Buffer ba = put(a), bw = put(w), bb = put(bias), bg = put(gamma), bt = put(beta);
+    const Buffer bc = dev->alloc(size_t(M) * N * 4, 0), by = dev->alloc(size_t(M) * N * 4, 0);
+    const Buffer bm = dev->alloc(size_t(M) * 4, 0), br = dev->alloc(size_t(M) * 4, 0);
+
+    isa::Builder b("gemm_layer_norm", {.vmem_bytes = cfg.core.vmem_bytes});
+    const isa::Reg ra = b.arg("a"), rw = b.arg("w"), rb = b.arg("bias"), rc = b.arg("c");
+    const isa::Reg ry = b.arg("y"), rg = b.arg("gamma"), rt = b.arg("beta"), rm = b.arg("mean"),
+                   rr = b.arg("rstd");
+    using streaming::Operand;
+    {
+        const auto k = plan_dot(
+            cfg, DotKey{.M = M, .K = K, .N = N, .precision = p, .column_sides = 1}, b.vmem_free());
+        ASSERT_TRUE(k);
+        Epilogue ep;
+        ep.sides.push_back({EpilogueSide::Kind::Column, Operand::hbm(rb)});
+        ep.body = body_of(Fusion{.bias = true});
+        emit_dot(b, *k, {Operand::hbm(ra), Operand::hbm(rw), Operand::hbm(rc)}, ep);
+    }
+    const float eps = 1e-5f;
+    const TensorOpKey lk = plan_tensor_op(TensorOp::LayerNorm, M, N, b.vmem_free());
+    const std::vector<Operand> ops = {
+        Operand::hbm(rc),
+        Operand::hbm(rg),
+        Operand::hbm(rt),
+        Operand::hbm(ry),
+        Operand::hbm(rm),
+        Operand::hbm(rr),
+        Operand::scalar(imm(int64_t(std::bit_cast<uint32_t>(1.0f / float(N))))),
+        Operand::scalar(imm(int64_t(std::bit_cast<uint32_t>(eps))))};
+    emit(b, lk, ops);
+    b.emit(Opcode::Halt, {});
+    const isa::Program prog = b.finish();
+    launch(*dev, {0}, prog, [&](size_t, LaunchArgs& args) {
+        args.set("a", ba).set("w", bw).set("bias", bb).set("c", bc).set("y", by);
+        args.set("gamma", bg).set("beta", bt).set("mean", bm).set("rstd", br);
+    });
+    const auto c = bias_add_reference(
+        matmul_reference(a, M, K, false, w, K, N, false, p, cfg.core.mxu_rows), bias, M, N);
+    const LayerNormResult want = layer_norm_reference(c, gamma, beta, eps, M, N);
+    std::vector<float> y(size_t(M) * N), mean(M), rstd(M);
+    dev->read(by, y.data(), y.size() * 4);
+    dev->read(bm, mean.data(), mean.size() * 4);
+    dev->read(br, rstd.data(), rstd.size() * 4);
+    EXPECT_EQ(bits_of(y), bits_of(want.out));
+    EXPECT_EQ(bits_of(mean), bits_of(want.mean));
+    EXPECT_EQ(bits_of(rstd), bits_of(want.rstd));
 }
 
 }  // namespace
