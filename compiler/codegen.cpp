@@ -295,6 +295,58 @@ std::pair<uint8_t, uint32_t> alloc_key(const BufferRef& r) {
     return {uint8_t(r.space), r.space == BufferRef::Space::Temp ? 0u : r.index};
 }
 
+/// The one VPU instruction of an elementwise op whose operands are all whole tiles (`in(i)`),
+/// emitted with `vpu` (a streaming body's or an epilogue tile's). False for an op that takes
+/// more (divide, convert) or that the VPU does not have.
+template <class Vpu, class In>
+bool emit_elementwise(Vpu&& vpu, OpKind kind, Comparison comparison, const isa::Arg& out, In&& in,
+                      const isa::Arg& n) {
+    switch (kind) {
+        case OpKind::Add:
+            vpu(Opcode::VAdd, {out, in(0), in(1), n});
+            return true;
+        case OpKind::Sub:
+            vpu(Opcode::VSub, {out, in(0), in(1), n});
+            return true;
+        case OpKind::Mul:
+            vpu(Opcode::VMul, {out, in(0), in(1), n});
+            return true;
+        case OpKind::Max:
+            vpu(Opcode::VMax, {out, in(0), in(1), n});
+            return true;
+        case OpKind::Min:
+            vpu(Opcode::VMin, {out, in(0), in(1), n});
+            return true;
+        case OpKind::Neg:
+            vpu(Opcode::VMulS, {out, in(0), fimm(-1.0f), n});
+            return true;
+        case OpKind::Exp:
+            vpu(Opcode::VExp, {out, in(0), n});
+            return true;
+        case OpKind::Log:
+            vpu(Opcode::VLog, {out, in(0), n});
+            return true;
+        case OpKind::Rsqrt:
+            vpu(Opcode::VRsqrt, {out, in(0), n});
+            return true;
+        case OpKind::Tanh:
+            vpu(Opcode::VTanh, {out, in(0), n});
+            return true;
+        case OpKind::Select:
+            vpu(Opcode::VSel, {out, in(0), in(1), in(2), n});
+            return true;
+        case OpKind::Compare:
+            // a < b is b > a: the VPU compares one way.
+            if (comparison == Comparison::Gt)
+                vpu(Opcode::VCmpGt, {out, in(0), in(1), n});
+            else
+                vpu(Opcode::VCmpGt, {out, in(1), in(0), n});
+            return true;
+        default:
+            return false;
+    }
+}
+
 /// Emits one loop or input fusion on the streaming engine.
 void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const Plan& p,
                         const Bases& bases, const hw::BoardConfig& board) {
@@ -566,45 +618,6 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                              });
                     break;
                 }
-                case OpKind::Add:
-                    body.vpu(Opcode::VAdd, {out, A(0), A(1), n});
-                    break;
-                case OpKind::Sub:
-                    body.vpu(Opcode::VSub, {out, A(0), A(1), n});
-                    break;
-                case OpKind::Mul:
-                    body.vpu(Opcode::VMul, {out, A(0), A(1), n});
-                    break;
-                case OpKind::Max:
-                    body.vpu(Opcode::VMax, {out, A(0), A(1), n});
-                    break;
-                case OpKind::Min:
-                    body.vpu(Opcode::VMin, {out, A(0), A(1), n});
-                    break;
-                case OpKind::Neg:
-                    body.vpu(Opcode::VMulS, {out, A(0), fimm(-1.0f), n});
-                    break;
-                case OpKind::Exp:
-                    body.vpu(Opcode::VExp, {out, A(0), n});
-                    break;
-                case OpKind::Log:
-                    body.vpu(Opcode::VLog, {out, A(0), n});
-                    break;
-                case OpKind::Rsqrt:
-                    body.vpu(Opcode::VRsqrt, {out, A(0), n});
-                    break;
-                case OpKind::Tanh:
-                    body.vpu(Opcode::VTanh, {out, A(0), n});
-                    break;
-                case OpKind::Select:
-                    body.vpu(Opcode::VSel, {out, A(0), A(1), A(2), n});
-                    break;
-                case OpKind::Compare:
-                    if (op.attrs.comparison == Comparison::Gt)
-                        body.vpu(Opcode::VCmpGt, {out, A(0), A(1), n});
-                    else
-                        body.vpu(Opcode::VCmpGt, {out, A(1), A(0), n});
-                    break;
                 case OpKind::Div: {
                     // vpu_divide (evaluator.h): q = x * rsqrt(max(y, -y))^2, negated if 0 > y.
                     const isa::Arg r = body.a(s.tmp[0]), m = body.a(s.tmp[1]),
@@ -619,8 +632,13 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                     body.vpu(Opcode::VSel, {out, m, r, out, n});
                     break;
                 }
-                default:
-                    not_generated(f, fmt::format("op {}", op_name(op.kind)));
+                default: {
+                    const auto vpu = [&](Opcode o, std::initializer_list<isa::Arg> args) {
+                        body.vpu(o, args);
+                    };
+                    if (!emit_elementwise(vpu, op.kind, op.attrs.comparison, out, A, n))
+                        not_generated(f, fmt::format("op {}", op_name(op.kind)));
+                }
             }
         }
     };
@@ -728,8 +746,8 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
         const FusionValue* fv = operand_of(f, v);
         if (!fv) not_generated(f, fmt::format("dot operand %{} not read from memory", v));
         if (fv->shape.dtype != DType::F32)
-            not_generated(f, fmt::format("a {} dot operand (the kernel reads f32)",
-                                         fv->shape.to_string()));
+            not_generated(
+                f, fmt::format("a {} dot operand (the kernel reads f32)", fv->shape.to_string()));
         return fv;
     };
     p.a = source(dot.operands[0]);
@@ -765,9 +783,9 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
     const auto full_operand = [&](ValueId v) -> EpValue {
         const FusionValue* fv = operand_of(f, v);
         if (fv->shape.dims != mn || !(fv->layout == p.c->layout) || fv->shape.dtype != DType::F32)
-            not_generated(f, fmt::format("a side {} in layout {} (the result's is {})",
-                                         fv->shape.to_string(), fv->layout.to_string(),
-                                         p.c->layout.to_string()));
+            not_generated(
+                f, fmt::format("a side {} in layout {} (the result's is {})", fv->shape.to_string(),
+                               fv->layout.to_string(), p.c->layout.to_string()));
         fulls.push_back(fv);
         return {EpKind::Full, -1 - int(fulls.size())};
     };
@@ -960,67 +978,32 @@ void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
                 const bool bin = x.size() == 2;
                 const size_t fi = bin && x[0].kind != EpKind::Full ? 1 : 0;
                 const EpValue& o = bin ? x[1 - fi] : x[0];
+                // The scalar and row forms first (x - c is x + (-c) in IEEE arithmetic).
+                const bool scalar = o.kind == EpKind::Scalar, column = o.kind == EpKind::Column;
+                if (bin && s.kind == OpKind::Add && scalar) {
+                    t.vpu(Opcode::VAddS, {out, at(x[fi]), fimm(o.scalar), n});
+                    continue;
+                }
+                if (bin && s.kind == OpKind::Add && column) {
+                    t.vpu(Opcode::VAddRow, {out, at(x[fi]), t.side(o.side), t.rows(), cols});
+                    continue;
+                }
+                if (bin && s.kind == OpKind::Sub && scalar && fi == 0) {
+                    t.vpu(Opcode::VAddS, {out, at(x[0]), fimm(-o.scalar), n});
+                    continue;
+                }
+                if (bin && (s.kind == OpKind::Mul || s.kind == OpKind::Max) && scalar) {
+                    t.vpu(s.kind == OpKind::Mul ? Opcode::VMulS : Opcode::VMaxS,
+                          {out, at(x[fi]), fimm(o.scalar), n});
+                    continue;
+                }
                 switch (s.kind) {
-                    case OpKind::Add:
-                        if (o.kind == EpKind::Scalar)
-                            t.vpu(Opcode::VAddS, {out, at(x[fi]), fimm(o.scalar), n});
-                        else if (o.kind == EpKind::Column)
-                            t.vpu(Opcode::VAddRow, {out, at(x[fi]), t.side(o.side), t.rows(), cols});
-                        else
-                            t.vpu(Opcode::VAdd, {out, F(0), F(1), n});
-                        break;
-                    case OpKind::Sub:
-                        // x - c is x + (-c) in IEEE arithmetic.
-                        if (fi == 0 && o.kind == EpKind::Scalar)
-                            t.vpu(Opcode::VAddS, {out, at(x[0]), fimm(-o.scalar), n});
-                        else
-                            t.vpu(Opcode::VSub, {out, F(0), F(1), n});
-                        break;
-                    case OpKind::Mul:
-                        if (o.kind == EpKind::Scalar)
-                            t.vpu(Opcode::VMulS, {out, at(x[fi]), fimm(o.scalar), n});
-                        else
-                            t.vpu(Opcode::VMul, {out, F(0), F(1), n});
-                        break;
-                    case OpKind::Max:
-                        if (o.kind == EpKind::Scalar)
-                            t.vpu(Opcode::VMaxS, {out, at(x[fi]), fimm(o.scalar), n});
-                        else
-                            t.vpu(Opcode::VMax, {out, F(0), F(1), n});
-                        break;
-                    case OpKind::Min:
-                        t.vpu(Opcode::VMin, {out, F(0), F(1), n});
-                        break;
-                    case OpKind::Neg:
-                        t.vpu(Opcode::VMulS, {out, F(0), fimm(-1.0f), n});
-                        break;
-                    case OpKind::Exp:
-                        t.vpu(Opcode::VExp, {out, F(0), n});
-                        break;
-                    case OpKind::Log:
-                        t.vpu(Opcode::VLog, {out, F(0), n});
-                        break;
-                    case OpKind::Rsqrt:
-                        t.vpu(Opcode::VRsqrt, {out, F(0), n});
-                        break;
-                    case OpKind::Tanh:
-                        t.vpu(Opcode::VTanh, {out, F(0), n});
-                        break;
                     case OpKind::Convert: {  // f32 -> bf16 -> f32: round, keep as f32
                         const isa::Arg h = area(scratch + 3);
                         t.vpu(Opcode::VF2Bf, {h, F(0), n});
                         t.vpu(Opcode::VBf2F, {out, h, n});
                         break;
                     }
-                    case OpKind::Compare:
-                        if (s.comparison == Comparison::Gt)
-                            t.vpu(Opcode::VCmpGt, {out, F(0), F(1), n});
-                        else
-                            t.vpu(Opcode::VCmpGt, {out, F(1), F(0), n});
-                        break;
-                    case OpKind::Select:
-                        t.vpu(Opcode::VSel, {out, F(0), F(1), F(2), n});
-                        break;
                     case OpKind::Div: {
                         // vpu_divide (evaluator.h), as the loop emitter: q = x rsqrt(|y|)^2,
                         // negated where 0 > y.
@@ -1038,9 +1021,14 @@ void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
                         t.vpu(Opcode::VSel, {out, m, zero, r, n});
                         break;
                     }
-                    default:
-                        throw CompileError(fmt::format("epilogue op {} not generated",
-                                                       op_name(s.kind)));
+                    default: {
+                        const auto vpu = [&](Opcode o, std::initializer_list<isa::Arg> args) {
+                            t.vpu(o, args);
+                        };
+                        if (!emit_elementwise(vpu, s.kind, s.comparison, out, F, n))
+                            throw CompileError(
+                                fmt::format("epilogue op {} not generated", op_name(s.kind)));
+                    }
                 }
             }
         };
@@ -1097,9 +1085,9 @@ CollectiveFusion plan_collective(const Graph& g, const Fusion& f, const CodegenO
         p.copy_tile = st::plan(fp, o.board.core.vmem_bytes);
     }
     if (o.replicas > 1)
-        p.ring = driver::plan_allreduce_hbm(o.replicas, p.values, o.board,
-                                            driver::AllReduceSchedule::Auto,
-                                            o.board.core.vmem_bytes);
+        p.ring =
+            driver::plan_allreduce_hbm(o.replicas, p.values, o.board,
+                                       driver::AllReduceSchedule::Auto, o.board.core.vmem_bytes);
     return p;
 }
 

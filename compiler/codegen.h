@@ -64,8 +64,8 @@ struct StepProgram {
 };
 
 /// Generates the programs of `step`. Throws NotYetGenerated naming the fusion for what cannot be
-/// generated yet (ops, layouts or dots the emitters do not cover) and isa::BuildError when a program does not
-/// fit the core (VMEM, registers, instruction memory).
+/// generated yet (ops, layouts or dots the emitters do not cover) and isa::BuildError when a
+/// program does not fit the core (VMEM, registers, instruction memory).
 StepProgram generate_step(const CompiledStep& step, const CodegenOptions& options = {});
 
 }  // namespace tpu::compiler

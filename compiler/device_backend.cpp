@@ -199,8 +199,7 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             const size_t n = m_cores.size();
             const driver::Event ev = m_dev.launch(m_cores, seg.program, [&](size_t i) {
                 std::vector<uint32_t> a;
-                for (const ProgramArg& pa : seg.args)
-                    switch (pa.what) {
+                for (const ProgramArg& pa : seg.args) switch (pa.what) {
                         case ProgramArg::What::Base:
                             a.push_back(uint32_t(alloc_of(pa.space, pa.index).bufs.at(i).addr));
                             break;

@@ -526,8 +526,8 @@ private:
                         E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
                                m_sides.flag});
                     else if (tiles_out)
-                        E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes),
-                               imm(band_stride), m_sides.flag});
+                        E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
+                               m_sides.flag});
                     else
                         E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
                                imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
@@ -786,26 +786,30 @@ std::string dot_unsupported(const DotKey& k) {
     if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
     if (k.a == DotLayout::Tiles) return "A cannot lie in tiles (a stationary W's layout)";
     if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles)
-        return fmt::format("C is written row-major, in the GEMM's panels or in 8 x 128 tiles, "
-                           "not {}",
-                           dot_layout_name(k.c));
+        return fmt::format(
+            "C is written row-major, in the GEMM's panels or in 8 x 128 tiles, "
+            "not {}",
+            dot_layout_name(k.c));
     if (k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) {
         if (k.stationary != Stationary::Rhs)
             return "operands in 8 x 128 tiles need the RHS stationary";
         if ((k.a == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) && k.M % 8)
             return fmt::format("8 x 128 tiles need M a multiple of 8, not {}", k.M);
         if (k.a == DotLayout::VpuTiles && (k.R != 128 || k.K % 128))
-            return fmt::format("A in 8 x 128 tiles needs a 128-row MXU and K a multiple of 128 "
-                               "(R = {}, K = {})",
-                               k.R, k.K);
+            return fmt::format(
+                "A in 8 x 128 tiles needs a 128-row MXU and K a multiple of 128 "
+                "(R = {}, K = {})",
+                k.R, k.K);
         if (k.w == DotLayout::VpuTiles && (k.R != 128 || k.C != 128 || k.K % 128 || k.N % 128))
-            return fmt::format("W in 8 x 128 tiles needs a 128 x 128 MXU and K and N multiples "
-                               "of 128 (K = {}, N = {})",
-                               k.K, k.N);
+            return fmt::format(
+                "W in 8 x 128 tiles needs a 128 x 128 MXU and K and N multiples "
+                "of 128 (K = {}, N = {})",
+                k.K, k.N);
         if (k.c == DotLayout::VpuTiles && (k.C != 128 || k.N % 128 || k.store_bf16))
-            return fmt::format("C in 8 x 128 tiles needs a 128-column MXU, N a multiple of 128 "
-                               "and an fp32 store (C = {}, N = {})",
-                               k.C, k.N);
+            return fmt::format(
+                "C in 8 x 128 tiles needs a 128-column MXU, N a multiple of 128 "
+                "and an fp32 store (C = {}, N = {})",
+                k.C, k.N);
     }
     if (k.w == DotLayout::Gemm && k.R % 2)
         return fmt::format("the GEMM's W tiles need an even MXU height (R = {})", k.R);

@@ -294,15 +294,15 @@ TEST(CompilerDevice, AnAllReduceBetweenFusionsIsInTheStepsOneProgram) {
     const Shape xs{DType::F32, {64, 384}};
     std::vector<std::vector<float>> per_replica;
     for (uint32_t r = 0; r < 4; ++r) per_replica.push_back(randoms(64 * 384, 51 + r));
-    const auto st = expect_bit_exact(
-        {{"x", xs, per_replica}},
-        [](Graph& g, const std::vector<ValueId>& v) {
-            const ValueId two = broadcast(g, literal(g, 2.0), {64, 384}, {});
-            const ValueId s = all_reduce(g, mul(g, v[0], two), 0.25);
-            const ValueId t = add(g, s, v[0]);
-            return all_reduce(g, exp(g, t), 1.0);
-        },
-        {0, 1, 2, 3});
+    const auto st =
+        expect_bit_exact({{"x", xs, per_replica}},
+                         [](Graph& g, const std::vector<ValueId>& v) {
+                             const ValueId two = broadcast(g, literal(g, 2.0), {64, 384}, {});
+                             const ValueId s = all_reduce(g, mul(g, v[0], two), 0.25);
+                             const ValueId t = add(g, s, v[0]);
+                             return all_reduce(g, exp(g, t), 1.0);
+                         },
+                         {0, 1, 2, 3});
     EXPECT_EQ(st.programs_generated, 1u);
 }
 
@@ -328,10 +328,10 @@ TEST(CompilerDevice, FusionKindsNotYetGeneratedAreClearErrors) {
     const Shape s{DType::F32, {2, 8, 128}};
     const LazyTensor a = ctx.input("a", s, {std::vector<float>(2048)});
     const LazyTensor b = ctx.input("b", s, {std::vector<float>(2048)});
-    const LazyTensor y = ctx.wrap(
-        dot(ctx.graph(), ctx.value(a), ctx.value(b),
-            DotDims{.lhs_batch = {0}, .rhs_batch = {0}, .lhs_contracting = {2},
-                    .rhs_contracting = {2}}));
+    const LazyTensor y = ctx.wrap(dot(
+        ctx.graph(), ctx.value(a), ctx.value(b),
+        DotDims{
+            .lhs_batch = {0}, .rhs_batch = {0}, .lhs_contracting = {2}, .rhs_contracting = {2}}));
     try {
         ctx.mark_step();
         FAIL() << "expected a CompileError";

@@ -513,8 +513,8 @@ TEST(DotKernel, UnsupportedKeysAreNamed) {
     k = DotKey{.M = 16, .K = 130, .N = 128, .a = DotLayout::VpuTiles, .block_rows = 8};
     EXPECT_NE(dot_unsupported(k).find("K a multiple of 128"), std::string::npos)
         << dot_unsupported(k);
-    k = DotKey{.M = 16, .K = 128, .N = 128, .c = DotLayout::VpuTiles, .block_rows = 8,
-               .store_bf16 = true};
+    k = DotKey{
+        .M = 16, .K = 128, .N = 128, .c = DotLayout::VpuTiles, .block_rows = 8, .store_bf16 = true};
     EXPECT_NE(dot_unsupported(k).find("fp32 store"), std::string::npos) << dot_unsupported(k);
     // An epilogue whose sides the key does not announce.
     k = DotKey{.M = 10, .K = 10, .N = 10, .block_rows = 8};
