@@ -1116,17 +1116,8 @@ void emit_collective(isa::Builder& b, const CollectiveFusion& p, const isa::Reg&
     if (!p.ring) return;
     const isa::Reg scale = b.reg("scale");
     b.emit(Opcode::Li, {scale, imm(int64_t(std::bit_cast<uint32_t>(p.scale)))});
-    driver::AllReduceOperands ops;
-    ops.x = st::Operand::hbm(y);
-    ops.scale = st::Operand::scalar(scale);
-    ops.position = st::Operand::scalar(ring[0]);
-    ops.next = st::Operand::scalar(ring[1]);
-    ops.prev = st::Operand::scalar(ring[2]);
-    ops.ready = [&] {
-        b.emit(Opcode::Sigr, {ring[1], *ready, imm(1)});
-        b.emit(Opcode::Sigr, {ring[2], *ready, imm(1)});
-        b.emit(Opcode::Wait, {*ready, imm(2 * int64_t(count))});
-    };
+    auto ops = driver::AllReduceOperands::ring(y, scale, ring[0], ring[1], ring[2]);
+    ops.ready = [&] { driver::emit_ring_ready(b, ring[1], ring[2], *ready, count); };
     driver::emit_allreduce(b, *p.ring, ops);
 }
 

@@ -563,14 +563,7 @@ isa::Program standalone_hbm(const AllReduceHbmPlan& p, bool roll) {
     isa::Builder b(p.name());
     const isa::Reg position = b.arg("position"), next = b.arg("next"), prev = b.arg("prev");
     const isa::Reg x = b.arg("x"), scale = b.arg("scale");
-    using streaming::Operand;
-    AllReduceOperands ops;
-    ops.x = Operand::hbm(x);
-    ops.scale = Operand::scalar(scale);
-    ops.position = Operand::scalar(position);
-    ops.next = Operand::scalar(next);
-    ops.prev = Operand::scalar(prev);
-    emit_hbm(b, p, ops, roll);
+    emit_hbm(b, p, AllReduceOperands::ring(x, scale, position, next, prev), roll);
     b.emit(isa::Opcode::Halt, {});
     return b.finish();
 }
@@ -585,6 +578,13 @@ bool rolled(const AllReduceHbmPlan& p) {
 
 uint64_t AllReduceHbmPlan::vmem_bytes() const {
     return 2 * (uint64_t(recv_slots) + own_slots) * piece * 4;
+}
+
+void emit_ring_ready(isa::Builder& b, const isa::Arg& next, const isa::Arg& prev,
+                     const isa::Flag& flag, uint32_t count) {
+    b.emit(isa::Opcode::Sigr, {next, flag, isa::imm(1)});
+    b.emit(isa::Opcode::Sigr, {prev, flag, isa::imm(1)});
+    b.emit(isa::Opcode::Wait, {flag, isa::imm(2 * int64_t(count))});
 }
 
 void emit_allreduce(isa::Builder& b, const AllReduceHbmPlan& p, const AllReduceOperands& ops) {
@@ -727,14 +727,11 @@ isa::Program torus_program(const TorusAllReduceKey& k, bool roll) {
         b.emit(Lw, {pos, dims.word(3 * dim)});
         b.emit(Lw, {next, dims.word(3 * dim + 1)});
         b.emit(Lw, {prev, dims.word(3 * dim + 2)});
-        AllReduceOperands ops{Operand::hbm(xa),      Operand::scalar(scale), Operand::scalar(pos),
-                              Operand::scalar(next), Operand::scalar(prev),  Operand::hbm(xb),
-                              Operand::scalar(na),   Operand::scalar(nb),    {}};
-        ops.ready = [&] {
-            b.emit(Sigr, {next, ready[phase], imm(1)});
-            b.emit(Sigr, {prev, ready[phase], imm(1)});
-            b.emit(Wait, {ready[phase], imm(2)});
-        };
+        AllReduceOperands ops = AllReduceOperands::ring(xa, scale, pos, next, prev);
+        ops.x_ccw = Operand::hbm(xb);
+        ops.n_cw = Operand::scalar(na);
+        ops.n_ccw = Operand::scalar(nb);
+        ops.ready = [&] { emit_ring_ready(b, next, prev, ready[phase], 1); };
         emit_hbm(b, p, ops, roll);
     };
     size_t phase = 0;

@@ -123,7 +123,26 @@ struct AllReduceOperands {
     /// Optional: emitted once the kernel holds its flags, before it sends anything (a
     /// handshake between kernels that reuse flags and VMEM on neighbouring cores).
     std::function<void()> ready;
+
+    /// A core's ring operands: its replica at the HBM address `x`, the rest scalars.
+    static AllReduceOperands ring(const isa::Arg& x, const isa::Arg& scale,
+                                  const isa::Arg& position, const isa::Arg& next,
+                                  const isa::Arg& prev) {
+        AllReduceOperands ops;
+        ops.x = streaming::Operand::hbm(x);
+        ops.scale = streaming::Operand::scalar(scale);
+        ops.position = streaming::Operand::scalar(position);
+        ops.next = streaming::Operand::scalar(next);
+        ops.prev = streaming::Operand::scalar(prev);
+        return ops;
+    }
 };
+
+/// The handshake before a ring kernel sends (AllReduceOperands::ready): signals both
+/// neighbours on `flag` and waits until they have signalled it 2 x `count` times in all (a flag
+/// never reset, so `count` is the handshakes on it so far, this one included).
+void emit_ring_ready(isa::Builder& b, const isa::Arg& next, const isa::Arg& prev,
+                     const isa::Flag& flag, uint32_t count);
 
 /// Emits the HBM all-reduce for `p` into `b`: every core of the launch that runs it, in the
 /// ring order the operands give, ends with (sum over replicas) x scale in its replica, the

@@ -353,13 +353,8 @@ TEST(AllReduceHbm, ComposesAfterAnotherKernelInOneProgram) {
     using streaming::Operand;
     emit(b, plan_vector(VectorOp::Add, n, 1, b.vmem_free()),
          std::vector{Operand::hbm(a), Operand::hbm(bb), Operand::hbm(out)});
-    AllReduceOperands ops;
-    ops.x = Operand::hbm(out);
-    ops.scale = Operand::scalar(sc);
-    ops.position = Operand::scalar(position);
-    ops.next = Operand::scalar(next);
-    ops.prev = Operand::scalar(prev);
-    emit_allreduce(b, plan_allreduce_hbm(8, n, cfg, AllReduceSchedule::Auto, b.vmem_free()), ops);
+    emit_allreduce(b, plan_allreduce_hbm(8, n, cfg, AllReduceSchedule::Auto, b.vmem_free()),
+                   AllReduceOperands::ring(out, sc, position, next, prev));
     b.emit(isa::Opcode::Halt, {});
     const isa::Program prog = b.finish();
 
