@@ -91,28 +91,6 @@ HbmAddressMap::HbmAddressMap(const HbmConfig& cfg)
             throw std::invalid_argument("HBM geometry must be powers of two");
 }
 
-HbmLocation HbmAddressMap::decode(uint64_t addr) const {
-    HbmLocation l;
-    const uint64_t granule = addr >> m_sh_interleave, pc_mask = m_pcs - 1;
-    uint64_t pc = granule & pc_mask;
-    if (m_xor) {
-        // XOR with the next two groups of granule bits: for fixed higher bits this permutes the
-        // P granules of a group (so the map stays one-to-one), and a stride of any power of two
-        // granules still visits every pseudo-channel.
-        pc ^= (granule >> m_sh_pcs) & pc_mask;
-        pc ^= (granule >> (2 * m_sh_pcs)) & pc_mask;
-    }
-    l.pseudo_channel = static_cast<uint32_t>(pc);
-    l.channel = l.pseudo_channel & (m_channels - 1);
-    l.local = ((granule >> m_sh_pcs) << m_sh_interleave) | (addr & (m_interleave - 1));
-    // Bank groups rotate fastest: a stream then alternates groups and its column commands are
-    // CCD_S apart (one burst of data) instead of CCD_L (two on the default board).
-    const uint64_t burst = l.local >> m_sh_burst;
-    l.bank = bank_of_burst(burst);
-    l.column = static_cast<uint32_t>((burst >> m_sh_groups) & (m_bursts_per_row - 1));
-    return l;
-}
-
 // ---- one pseudo-channel
 // --------------------------------------------------------------------------
 
@@ -829,6 +807,14 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
                     b += n;
                     if (b == b_end) break;
                     at = m_map.bank_of_burst(b);
+                }
+                // A pseudo-channel's runs served in pieces are served as in one list
+                // (access_runs() is access_run() of each in order), and a short list stays in
+                // the L1 cache: gathered whole, a large strided transfer's lists miss it on
+                // every store and load.
+                if (runs.size() >= kRunBatch) {
+                    done_tck = std::max(done_tck, m_pcs[l.pseudo_channel].access_runs(runs, write));
+                    runs.clear();
                 }
                 lo = hi;
             }

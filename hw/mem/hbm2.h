@@ -35,7 +35,8 @@ class HbmAddressMap {
 public:
     /// Geometry from `cfg` (validated: a burst fits in a granule and in a row).
     explicit HbmAddressMap(const HbmConfig& cfg);
-    /// Decodes byte address `addr`.
+    /// Decodes byte address `addr`. Inline: the DMA path decodes every granule, and an
+    /// out-of-line call returns the location through memory, which the caller then waits on.
     HbmLocation decode(uint64_t addr) const;
     /// Bank group, bank and row of burst number `burst` (local byte address / burst_bytes())
     /// inside a pseudo-channel.
@@ -79,6 +80,28 @@ private:
     /// shifts and masks instead of dividing: it runs once per burst.
     uint32_t m_sh_interleave, m_sh_pcs, m_sh_burst, m_sh_groups, m_sh_cols, m_sh_banks;
 };
+
+inline HbmLocation HbmAddressMap::decode(uint64_t addr) const {
+    HbmLocation l;
+    const uint64_t granule = addr >> m_sh_interleave, pc_mask = m_pcs - 1;
+    uint64_t pc = granule & pc_mask;
+    if (m_xor) {
+        // XOR with the next two groups of granule bits: for fixed higher bits this permutes the
+        // P granules of a group (so the map stays one-to-one), and a stride of any power of two
+        // granules still visits every pseudo-channel.
+        pc ^= (granule >> m_sh_pcs) & pc_mask;
+        pc ^= (granule >> (2 * m_sh_pcs)) & pc_mask;
+    }
+    l.pseudo_channel = static_cast<uint32_t>(pc);
+    l.channel = l.pseudo_channel & (m_channels - 1);
+    l.local = ((granule >> m_sh_pcs) << m_sh_interleave) | (addr & (m_interleave - 1));
+    // Bank groups rotate fastest: a stream then alternates groups and its column commands are
+    // CCD_S apart (one burst of data) instead of CCD_L (two on the default board).
+    const uint64_t burst = l.local >> m_sh_burst;
+    l.bank = bank_of_burst(burst);
+    l.column = static_cast<uint32_t>((burst >> m_sh_groups) & (m_bursts_per_row - 1));
+    return l;
+}
 
 /// Busy-until timing of one pseudo-channel's controller and banks: FCFS at burst granularity,
 /// open or closed page, refresh. Every request costs O(its bursts) and no clock runs; the
@@ -319,6 +342,9 @@ private:
     std::vector<HbmColumnAccess> m_scratch;  ///< bursts of a piece that spans two rows
     /// access_rows: runs per pseudo-channel, in request order.
     std::vector<std::vector<Hbm2PseudoChannel::Run>> m_runs;
+    /// access_rows serves a pseudo-channel's runs once this many have gathered (a host-speed
+    /// choice with no timing meaning: long enough for try_runs' stretches, short enough for L1).
+    static constexpr size_t kRunBatch = 64;
     /// access_rows of whole granules: per group of P granules, the arrival of its last one.
     std::vector<uint64_t> m_latest;
     uint64_t m_whole_granule_transfers = 0;

@@ -126,8 +126,9 @@ TEST(CliBench, ErrorsOfACaseComeBackNamedAfterTheCase) {
 TEST(CliBench, HelpListsEveryCaseOnceAndMarksTimingOnlyOnes) {
     const Result r = tpusim("bench --help");
     ASSERT_EQ(r.code, 0) << r.err;
-    for (const char* name : {"gemm_256", "gemm_1024", "gemm_4096", "gemm_4096_8core",
-                             "vpu_chain_4M", "allreduce_64MiB_8core", "train_step"}) {
+    for (const char* name :
+         {"gemm_256", "gemm_1024", "gemm_4096", "gemm_4096_8core", "vpu_chain_4M",
+          "allreduce_64MiB_8core", "train_step", "resnet50_step_8core"}) {
         const std::string line = fmt::format("\n  {:<24} ", name);
         const size_t at = r.out.find(line);
         ASSERT_NE(at, std::string::npos) << name << "\n" << r.out;
