@@ -301,36 +301,28 @@ std::pair<uint8_t, uint32_t> alloc_key(const BufferRef& r) {
 template <class Vpu, class In>
 bool emit_elementwise(Vpu&& vpu, OpKind kind, Comparison comparison, const isa::Arg& out, In&& in,
                       const isa::Arg& n) {
+    static constexpr std::pair<OpKind, Opcode> kBinary[] = {{OpKind::Add, Opcode::VAdd},
+                                                            {OpKind::Sub, Opcode::VSub},
+                                                            {OpKind::Mul, Opcode::VMul},
+                                                            {OpKind::Max, Opcode::VMax},
+                                                            {OpKind::Min, Opcode::VMin}};
+    static constexpr std::pair<OpKind, Opcode> kUnary[] = {{OpKind::Exp, Opcode::VExp},
+                                                           {OpKind::Log, Opcode::VLog},
+                                                           {OpKind::Rsqrt, Opcode::VRsqrt},
+                                                           {OpKind::Tanh, Opcode::VTanh}};
+    for (const auto& [k, op] : kBinary)
+        if (k == kind) {
+            vpu(op, {out, in(0), in(1), n});
+            return true;
+        }
+    for (const auto& [k, op] : kUnary)
+        if (k == kind) {
+            vpu(op, {out, in(0), n});
+            return true;
+        }
     switch (kind) {
-        case OpKind::Add:
-            vpu(Opcode::VAdd, {out, in(0), in(1), n});
-            return true;
-        case OpKind::Sub:
-            vpu(Opcode::VSub, {out, in(0), in(1), n});
-            return true;
-        case OpKind::Mul:
-            vpu(Opcode::VMul, {out, in(0), in(1), n});
-            return true;
-        case OpKind::Max:
-            vpu(Opcode::VMax, {out, in(0), in(1), n});
-            return true;
-        case OpKind::Min:
-            vpu(Opcode::VMin, {out, in(0), in(1), n});
-            return true;
         case OpKind::Neg:
             vpu(Opcode::VMulS, {out, in(0), fimm(-1.0f), n});
-            return true;
-        case OpKind::Exp:
-            vpu(Opcode::VExp, {out, in(0), n});
-            return true;
-        case OpKind::Log:
-            vpu(Opcode::VLog, {out, in(0), n});
-            return true;
-        case OpKind::Rsqrt:
-            vpu(Opcode::VRsqrt, {out, in(0), n});
-            return true;
-        case OpKind::Tanh:
-            vpu(Opcode::VTanh, {out, in(0), n});
             return true;
         case OpKind::Select:
             vpu(Opcode::VSel, {out, in(0), in(1), in(2), n});
