@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -295,21 +296,33 @@ std::pair<uint8_t, uint32_t> alloc_key(const BufferRef& r) {
     return {uint8_t(r.space), r.space == BufferRef::Space::Temp ? 0u : r.index};
 }
 
+/// Elementwise ops that are one VPU instruction on whole tiles (emit_elementwise).
+constexpr std::pair<OpKind, Opcode> kBinary[] = {{OpKind::Add, Opcode::VAdd},
+                                                 {OpKind::Sub, Opcode::VSub},
+                                                 {OpKind::Mul, Opcode::VMul},
+                                                 {OpKind::Max, Opcode::VMax},
+                                                 {OpKind::Min, Opcode::VMin}};
+constexpr std::pair<OpKind, Opcode> kUnary[] = {{OpKind::Exp, Opcode::VExp},
+                                                {OpKind::Log, Opcode::VLog},
+                                                {OpKind::Rsqrt, Opcode::VRsqrt},
+                                                {OpKind::Tanh, Opcode::VTanh}};
+
+/// Whether emit_elementwise lowers `kind` (a comparison: only > and <, checked by the caller,
+/// which names it).
+bool has_vpu_lowering(OpKind kind) {
+    using Table = std::span<const std::pair<OpKind, Opcode>>;
+    for (const Table table : {Table(kBinary), Table(kUnary)})
+        for (const auto& [k, op] : table)
+            if (k == kind) return true;
+    return kind == OpKind::Neg || kind == OpKind::Select || kind == OpKind::Compare;
+}
+
 /// The one VPU instruction of an elementwise op whose operands are all whole tiles (`in(i)`),
 /// emitted with `vpu` (a streaming body's or an epilogue tile's). False for an op that takes
-/// more (divide, convert) or that the VPU does not have.
+/// more (divide, convert) or that the VPU does not have (has_vpu_lowering is the same set).
 template <class Vpu, class In>
 bool emit_elementwise(Vpu&& vpu, OpKind kind, Comparison comparison, const isa::Arg& out, In&& in,
                       const isa::Arg& n) {
-    static constexpr std::pair<OpKind, Opcode> kBinary[] = {{OpKind::Add, Opcode::VAdd},
-                                                            {OpKind::Sub, Opcode::VSub},
-                                                            {OpKind::Mul, Opcode::VMul},
-                                                            {OpKind::Max, Opcode::VMax},
-                                                            {OpKind::Min, Opcode::VMin}};
-    static constexpr std::pair<OpKind, Opcode> kUnary[] = {{OpKind::Exp, Opcode::VExp},
-                                                           {OpKind::Log, Opcode::VLog},
-                                                           {OpKind::Rsqrt, Opcode::VRsqrt},
-                                                           {OpKind::Tanh, Opcode::VTanh}};
     for (const auto& [k, op] : kBinary)
         if (k == kind) {
             vpu(op, {out, in(0), in(1), n});
@@ -451,27 +464,16 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 at[res] = area(per());
                 s.tmp = {area(per()), area(per()), constant(0.0f)};
                 break;
-            case OpKind::Add:
-            case OpKind::Sub:
-            case OpKind::Mul:
-            case OpKind::Max:
-            case OpKind::Min:
-            case OpKind::Neg:
-            case OpKind::Exp:
-            case OpKind::Log:
-            case OpKind::Rsqrt:
-            case OpKind::Tanh:
-            case OpKind::Select:
-                at[res] = area(per());
-                break;
             case OpKind::Compare:
                 if (op.attrs.comparison != Comparison::Gt && op.attrs.comparison != Comparison::Lt)
                     not_generated(f, "a comparison other than > and <");
                 at[res] = area(per());
                 break;
             default:
-                not_generated(f, fmt::format("op {} (in a {} fusion)", op_name(op.kind),
-                                             fusion_kind_name(f.kind)));
+                if (!has_vpu_lowering(op.kind))
+                    not_generated(f, fmt::format("op {} (in a {} fusion)", op_name(op.kind),
+                                                 fusion_kind_name(f.kind)));
+                at[res] = area(per());
         }
         if (w == View::Row || w == View::Scalar)
             if (op.kind != OpKind::Literal && !(s.tmp.size() == 1 && s.tmp[0] == -1))
@@ -832,25 +834,15 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
                 if (op.attrs.dtype != DType::BF16)
                     not_generated(f, fmt::format("a convert to {}", dtype_name(op.attrs.dtype)));
                 break;
-            case OpKind::Add:
-            case OpKind::Sub:
-            case OpKind::Mul:
-            case OpKind::Max:
-            case OpKind::Min:
             case OpKind::Div:
-            case OpKind::Neg:
-            case OpKind::Exp:
-            case OpKind::Log:
-            case OpKind::Rsqrt:
-            case OpKind::Tanh:
-            case OpKind::Select:
                 break;
             case OpKind::Compare:
                 if (op.attrs.comparison != Comparison::Gt && op.attrs.comparison != Comparison::Lt)
                     not_generated(f, "a comparison other than > and <");
                 break;
             default:
-                not_generated(f, fmt::format("op {} in the epilogue", op_name(op.kind)));
+                if (!has_vpu_lowering(op.kind))
+                    not_generated(f, fmt::format("op {} in the epilogue", op_name(op.kind)));
         }
         EpStep step{op.kind, op.attrs.comparison, {}, {}};
         bool any_full = false;
