@@ -261,10 +261,44 @@ StepProgram generate_step(const CompiledStep& step, const CodegenOptions& option
     const auto t0 = std::chrono::steady_clock::now();
     StepProgram out;
     std::vector<size_t> run;
+    std::set<std::pair<uint8_t, uint32_t>> run_allocs;
+    bool run_rings = false;
+    // A program larger than the core's instruction memory is halved until its pieces fit
+    // (each cut a launch); a single fusion that does not fit is left for the launch to refuse.
+    const std::function<void(std::span<const size_t>)> emit_run = [&](std::span<const size_t> fs) {
+        ProgramSegment seg = device_segment(step, {fs.begin(), fs.end()}, options);
+        if (fs.size() > 1 &&
+            seg.program.code.size() * uint64_t(isa::kInstrBytes) > options.board.core.imem_bytes) {
+            emit_run(fs.first(fs.size() / 2));
+            emit_run(fs.subspan(fs.size() / 2));
+            return;
+        }
+        out.segments.push_back(std::move(seg));
+    };
     const auto flush = [&] {
         if (run.empty()) return;
-        out.segments.push_back(device_segment(step, run, options));
+        emit_run(run);
         run.clear();
+        run_allocs.clear();
+        run_rings = false;
+    };
+    // A launch carries at most kNumSregs - 1 arguments (every allocation a program touches, and
+    // a ring's three), so a step that touches more is cut into several programs, each as many
+    // fusions as fit: each cut costs a launch.
+    const auto fits = [&](const Fusion& f) {
+        auto allocs = run_allocs;
+        for (const auto* list : {&f.operands, &f.results})
+            for (const FusionValue& fv : *list) allocs.insert(alloc_key(fv.buffer));
+        const bool rings = run_rings || (f.kind == FusionKind::Collective && options.replicas > 1);
+        return allocs.size() + (rings ? 3 : 0) < size_t(isa::kNumSregs);
+    };
+    const auto add = [&](size_t i) {
+        const Fusion& f = step.fusions[i];
+        if (!fits(f)) flush();
+        for (const auto* list : {&f.operands, &f.results})
+            for (const FusionValue& fv : *list) run_allocs.insert(alloc_key(fv.buffer));
+        run_rings |= f.kind == FusionKind::Collective && options.replicas > 1;
+        run.push_back(i);
     };
     for (size_t i = 0; i < step.fusions.size(); ++i) {
         std::string fallback;
@@ -284,7 +318,7 @@ StepProgram generate_step(const CompiledStep& step, const CodegenOptions& option
             host.fallback = std::move(fallback);
             out.segments.push_back(std::move(host));
         } else {
-            run.push_back(i);
+            add(i);
         }
     }
     flush();

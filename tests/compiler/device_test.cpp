@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Code generation and the device backend (compiler/README.md, "Code generation"): compiled
 // steps run as one program per core, bit-exact with the host evaluator.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -256,6 +257,38 @@ TEST(CompilerDevice, AFusionNotGeneratedYetRunsOnTheHostWithHostFallback) {
     ASSERT_EQ(device.stats().fallbacks.size(), 1u);
     EXPECT_NE(device.stats().fallbacks.begin()->first.find("erf"), std::string::npos)
         << device.stats().fallbacks.begin()->first;
+}
+
+TEST(CompilerDevice, AStepTooLargeForOneLaunchIsCutIntoProgramsThatEachFit) {
+    // 40 parameters, each read by its own reduction fusion: with the input, the output and the
+    // temp arena 43 allocations, more than the 31 arguments of one launch. With instruction
+    // memory to spare that is two programs (the first as many fusions as fit); with the
+    // default 256 KiB, 80 fusions of about 250 instructions (32 bytes each) are about 640 KiB,
+    // so each of the two is halved until it fits: four programs each.
+    const Shape s{DType::F32, {8, 128}};
+    std::vector<Leaf> leaves = {{"x", s, {randoms(8 * 128, 1)}}};
+    for (uint32_t i = 0; i < 40; ++i)
+        leaves.push_back({fmt::format("p{}", i), s, {randoms(8 * 128, 100 + i)}, true});
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        ValueId h = v[0];
+        for (size_t i = 1; i < v.size(); ++i) {
+            const ValueId r = reduce(g, mul(g, h, v[i]), {1}, Reducer::Max);
+            h = sub(g, h, broadcast(g, r, {8, 128}, {0}));
+        }
+        return h;
+    };
+    HostBackend host(1);
+    const auto want = run(host, leaves, record);
+    for (const auto& [imem, launches] : {std::pair{"4194304", 2u}, std::pair{"262144", 8u}}) {
+        const auto cfg = hw::BoardConfig::load(
+            "", {"sim.race_detector=true", fmt::format("core.imem_bytes={}", imem)});
+        auto dev = driver::Device::open(cfg);
+        CodegenOptions cg;
+        cg.board = cfg;
+        DeviceBackend device(*dev, {0}, cg);
+        EXPECT_TRUE(same_bits(run(device, leaves, record)[0], want[0])) << imem;
+        EXPECT_EQ(device.stats().launches, launches) << imem;
+    }
 }
 
 TEST(CompilerDevice, LinearBiasAndReluAreOneDotKernelBitExact) {
