@@ -138,14 +138,16 @@ void bind_compiler(py::module_& parent) {
     m.def("pow", &compiler::pow);
     m.def("compare", &compiler::compare);
     m.def("select", &compiler::select);
-    m.def("literal", &compiler::literal);
+    m.def("literal", &compiler::literal, py::arg("g"), py::arg("value"),
+          py::arg("dtype") = DType::F32);
     m.def("full", &compiler::full);
     m.def("broadcast", &compiler::broadcast);
     m.def("reshape", &compiler::reshape);
     m.def("transpose", &compiler::transpose);
     m.def("slice", &compiler::slice);
     m.def("concatenate", &compiler::concatenate);
-    m.def("iota", &compiler::iota);
+    m.def("iota", &compiler::iota, py::arg("g"), py::arg("dims"), py::arg("axis"),
+          py::arg("dtype") = DType::S32);
     m.def("reduce", &compiler::reduce);
     m.def("dot", &compiler::dot);
     m.def("matmul", &compiler::matmul);

@@ -18,6 +18,7 @@ import contextlib
 
 import torch
 
+from tpusim import _core
 from tpusim.torch._lazy import (Device, RecompileWarning, TpuTensor, default_device, mark_step,
                                 set_default_device, to_cpu, to_device)
 from tpusim.torch._metrics import METRICS, format_seconds
@@ -25,9 +26,22 @@ from tpusim.torch import _ops  # noqa: F401  (registers the lowerings)
 
 __all__ = [
     "Device", "RecompileWarning", "TpuTensor", "clear_metrics", "counter_value",
-    "default_device", "mark_step", "metrics_report", "profile", "set_default_device", "to_cpu",
+    "default_device", "mark_step", "metrics_report", "profile", "set_default_device", "set_mat_mul_precision", "to_cpu",
     "to_device",
 ]
+
+
+_PRECISIONS = {"default": _core.compiler.Precision.Default, "high": _core.compiler.Precision.High,
+               "highest": _core.compiler.Precision.Highest}
+
+
+def set_mat_mul_precision(precision: str) -> None:
+    """The precision of matmuls and convolutions recorded from now on, as PyTorch/XLA's
+    torch_xla._XLAC._xla_set_mat_mul_precision: "default" (one bf16 MXU pass, the TPU's
+    default for fp32), "high" (3 passes, bf16x3) or "highest" (6 passes, about fp32)."""
+    if precision not in _PRECISIONS:
+        raise ValueError(f"precision {precision!r}: expected one of {sorted(_PRECISIONS)}")
+    _ops.PRECISION[0] = _PRECISIONS[precision]
 
 
 def metrics_report() -> str:

@@ -31,6 +31,10 @@ _DECOMP = core_aten_decompositions()
 LOWER = {}
 
 
+# The precision of every dot and convolution recorded from now on (set_mat_mul_precision).
+PRECISION = [C.Precision.Default]
+
+
 class Unsupported(Exception):
     """This call of an op has no lowering (its arguments are outside what the compiler has):
     try a decomposition, else the CPU fallback."""
@@ -254,6 +258,47 @@ def _logical_not(r, a):
                                                               list(a.shape)), C.Comparison.Eq))
 
 
+@lowers(aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim,
+        aten.all.dims)
+def _any_all(r, a, dims=None, keepdim=False):
+    # any: the max of the values as 0/1; all: not any of their negation.
+    is_all = r.func.overloadpacket is aten.all
+    ne = C.compare(r.g, r.v(a, torch.float32), r.bcast(C.literal(r.g, 0.0), list(a.shape)),
+                   C.Comparison.Eq if is_all else C.Comparison.Ne)
+    one = C.full(r.g, 1.0, C.Shape(C.DType.F32, list(a.shape)))
+    zero = C.full(r.g, 0.0, C.Shape(C.DType.F32, list(a.shape)))
+    m = C.select(r.g, ne, one, zero)
+    if a.dim():
+        m = C.reduce(r.g, m, _norm_dims(dims, a.dim()), C.Reducer.Max)
+    m = C.reshape(r.g, m, list(r.meta.shape)) if r.shape(m) != list(r.meta.shape) else m
+    hit = C.compare(r.g, m, r.ew(0.0, torch.float32),
+                    C.Comparison.Eq if is_all else C.Comparison.Gt)
+    return r.out(hit)
+
+
+@lowers(aten.constant_pad_nd.default)
+def _pad(r, a, pad, value=0):
+    # pad lists (before, after) pairs from the last dim backwards; negative pads crop.
+    if any(p < 0 for p in pad):
+        raise Unsupported()
+    v = r.v(a)
+    dt = r.g.shape(v).dtype
+    for i in range(len(pad) // 2):
+        dim = a.dim() - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        parts = []
+        for n in (lo, None, hi):
+            if n is None:
+                parts.append(v)
+            elif n:
+                dims = r.shape(v)
+                dims[dim] = n
+                parts.append(C.full(r.g, float(value), C.Shape(dt, dims)))
+        if len(parts) > 1:
+            v = C.concatenate(r.g, parts, dim)
+    return r.out(v)
+
+
 # ---- copies, dtypes, views ----------------------------------------------------------------
 
 
@@ -439,13 +484,13 @@ def _var(r, a, dims=None, correction=None, keepdim=False):
 @lowers(aten.mm.default)
 def _mm(r, a, b):
     t = r.meta.dtype
-    return r.out(C.matmul(r.g, r.v(a, t), r.v(b, t), False, False, C.Precision.Default))
+    return r.out(C.matmul(r.g, r.v(a, t), r.v(b, t), False, False, PRECISION[0]))
 
 
 @lowers(aten.addmm.default)
 def _addmm(r, bias, a, b, beta=1, alpha=1):
     t = r.meta.dtype
-    y = C.matmul(r.g, r.v(a, t), r.v(b, t), False, False, C.Precision.Default)
+    y = C.matmul(r.g, r.v(a, t), r.v(b, t), False, False, PRECISION[0])
     if alpha != 1:
         y = C.mul(r.g, y, r.ew(alpha, t))
     bv = r.ew(bias, t)
@@ -458,7 +503,7 @@ def _addmm(r, bias, a, b, beta=1, alpha=1):
 def _bmm(r, a, b):
     t = r.meta.dtype
     dims = C.DotDims([0], [0], [2], [1])
-    return r.out(C.dot(r.g, r.v(a, t), r.v(b, t), dims, C.Precision.Default))
+    return r.out(C.dot(r.g, r.v(a, t), r.v(b, t), dims, PRECISION[0]))
 
 
 @lowers(aten._softmax.default)
@@ -528,7 +573,7 @@ def _convolution(r, x, w, bias, stride, padding, dilation, transposed, output_pa
     s, p = _conv_params(w, stride, padding, dilation, transposed, groups)
     t = r.meta.dtype
     y = C.conv2d(r.g, _nchw_to_nhwc(r, r.v(x, t)), C.transpose(r.g, r.v(w, t), [2, 3, 1, 0]), s, p,
-                 C.Precision.Default)
+                 PRECISION[0])
     if bias is not None:
         y = C.add(r.g, y, r.bcast(r.v(bias, t), r.shape(y)))
     return r.out(_nhwc_to_nchw(r, y))
@@ -544,11 +589,11 @@ def _convolution_backward(r, dy, x, w, bias_sizes, stride, padding, dilation, tr
     if mask[0]:
         nhwc = [x.shape[0], x.shape[2], x.shape[3], x.shape[1]]
         gi = C.conv2d_input_grad(r.g, dyv, C.transpose(r.g, r.v(w, t), [2, 3, 1, 0]), nhwc, s, p,
-                                 C.Precision.Default)
+                                 PRECISION[0])
         outs[0] = r.out(_nhwc_to_nchw(r, gi), r.meta[0])
     if mask[1]:
         gw = C.conv2d_filter_grad(r.g, _nchw_to_nhwc(r, r.v(x, t)), dyv, w.shape[2], s, p,
-                                  C.Precision.Default)
+                                  PRECISION[0])
         outs[1] = r.out(C.transpose(r.g, gw, [3, 2, 0, 1]), r.meta[1])
     if mask[2]:
         outs[2] = r.out(C.reduce(r.g, r.v(dy, t), [0, 2, 3], C.Reducer.Sum), r.meta[2])
@@ -675,13 +720,10 @@ def _embedding_bwd(r, dy, indices, num_weights, padding_idx, scale_grad_by_freq)
     idx = C.reshape(r.g, r.v(indices, torch.int32), [n])
     upd = C.reshape(r.g, r.v(dy, r.meta.dtype), [n, r.meta.shape[1]])
     if padding_idx >= 0:
-        keep = C.compare(r.g, r.bcast(idx, [n]), r.bcast(C.literal(r.g, float(padding_idx),
-                                                                    C.DType.S32), [n]),
-                         C.Comparison.Ne)
-        keep = r.bcast(keep, [n, r.meta.shape[1]]) if False else C.broadcast(
-            r.g, keep, [n, r.meta.shape[1]], [0])
-        upd = C.select(r.g, keep, upd, C.full(r.g, 0.0, C.Shape(C.DType.F32,
-                                                                 [n, r.meta.shape[1]])))
+        d = r.meta.shape[1]
+        pad = C.broadcast(r.g, C.literal(r.g, float(padding_idx), C.DType.S32), [n], [])
+        keep = C.broadcast(r.g, C.compare(r.g, idx, pad, C.Comparison.Ne), [n, d], [0])
+        upd = C.select(r.g, keep, upd, C.full(r.g, 0.0, C.Shape(C.DType.F32, [n, d])))
     return r.out(C.scatter_add_rows(r.g, idx, upd, num_weights))
 
 
