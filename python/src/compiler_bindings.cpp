@@ -201,22 +201,26 @@ void bind_compiler(py::module_& parent) {
     py::class_<DeviceBackend, Backend>(
         m, "DeviceBackend",
         "Steps run as generated programs on cores of a board (replica r on cores[r]).")
-        .def(py::init([](Board& board, std::vector<uint32_t> cores) {
+        .def(py::init([](Board& board, std::vector<uint32_t> cores, bool host_fallback) {
                  driver::Device& dev = board.device();
                  if (cores.empty()) throw CompileError("device backend: no cores");
                  CodegenOptions cg;
                  cg.board = dev.config();
                  cg.replicas = uint32_t(cores.size());
+                 cg.host_fallback = host_fallback;
                  return std::make_unique<DeviceBackend>(dev, std::move(cores), cg,
                                                         eval_options(dev.config()));
              }),
-             py::arg("board"), py::arg("cores"), py::keep_alive<1, 2>())
+             py::arg("board"), py::arg("cores"), py::arg("host_fallback") = true,
+             py::keep_alive<1, 2>())
         .def("stats", [](const DeviceBackend& b) {
             const DeviceBackendStats& s = b.stats();
             py::dict d;
             d["executions"] = s.executions;
             d["launches"] = s.launches;
             d["host_fusions"] = s.host_fusions;
+            d["fallback_fusions"] = s.fallback_fusions;
+            d["fallbacks"] = s.fallbacks;
             d["programs_generated"] = s.programs_generated;
             d["codegen_seconds"] = s.codegen_seconds;
             d["device_bytes"] = s.device_bytes;

@@ -52,7 +52,7 @@ class Device:
     matmuls as the MXU's bf16 passes); ``Device(board, cores=[0])`` runs them as generated
     programs on the simulated board, with its cycles (``last_step_cycles``)."""
 
-    def __init__(self, board=None, cores=(0,), index: int = 0):
+    def __init__(self, board=None, cores=(0,), index: int = 0, host_fallback: bool = True):
         self.board = board
         self.index = index
         if board is None:
@@ -60,7 +60,7 @@ class Device:
             self.ctx = C.LazyContext(self.backend)
         else:
             cb = board._board
-            self.backend = C.DeviceBackend(cb, list(board.cores(list(cores))))
+            self.backend = C.DeviceBackend(cb, list(board.cores(list(cores))), host_fallback)
             self.ctx = C.LazyContext(self.backend, cb)
         self._shape_of_last = {}
         self._scopes = []
