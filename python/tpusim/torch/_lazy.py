@@ -94,7 +94,7 @@ class Device:
             METRICS.count(name, after[key] - before[key])
         if after["compile_seconds"] > before["compile_seconds"]:
             METRICS.metric("CompileTime").add(after["compile_seconds"] - before["compile_seconds"])
-        if after["uncached_compiles"] > before["uncached_compiles"] and after["mark_steps"] >= 2:
+        if after["uncached_compiles"] > before["uncached_compiles"] and before["mark_steps"] >= 2:
             warnings.warn("tpusim.torch: a new graph was compiled (a changed shape or op; "
                           f"{after['uncached_compiles']} compiles so far): "
                           "keep shapes fixed across steps", RecompileWarning, stacklevel=4)
