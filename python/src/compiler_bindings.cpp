@@ -47,6 +47,22 @@ EvalOptions eval_options(const hw::BoardConfig& cfg) {
     return o;
 }
 
+/// Holds the board's device until the backend (and so, through keep_alive, every lazy tensor
+/// with data on it) is gone: a base, so it is destroyed after the DeviceBackend.
+struct DeviceOwner {
+    std::shared_ptr<driver::Device> device;
+};
+
+/// A DeviceBackend that keeps its device alive (a closed Board's device lives on until the
+/// tensors on it are gone).
+class OwningDeviceBackend : private DeviceOwner, public DeviceBackend {
+public:
+    OwningDeviceBackend(std::shared_ptr<driver::Device> dev, std::vector<uint32_t> cores,
+                        CodegenOptions cg, EvalOptions host)
+        : DeviceOwner{std::move(dev)},
+          DeviceBackend(*DeviceOwner::device, std::move(cores), std::move(cg), std::move(host)) {}
+};
+
 }  // namespace
 
 void bind_compiler(py::module_& parent) {
@@ -198,22 +214,24 @@ void bind_compiler(py::module_& parent) {
                  return std::make_unique<HostBackend>(replicas, o);
              }),
              py::arg("replicas") = 1, py::arg("mxu_rows") = 128, py::arg("vpu_lanes") = 128);
-    py::class_<DeviceBackend, Backend>(
+    py::class_<DeviceBackend, Backend>(m, "DeviceBackendBase");
+    py::class_<OwningDeviceBackend, DeviceBackend>(
         m, "DeviceBackend",
         "Steps run as generated programs on cores of a board (replica r on cores[r]).")
         .def(py::init([](Board& board, std::vector<uint32_t> cores, bool host_fallback) {
-                 driver::Device& dev = board.device();
+                 std::shared_ptr<driver::Device> dev = board.shared_device();
                  if (cores.empty()) throw CompileError("device backend: no cores");
                  CodegenOptions cg;
-                 cg.board = dev.config();
+                 cg.board = dev->config();
                  cg.replicas = uint32_t(cores.size());
                  cg.host_fallback = host_fallback;
-                 return std::make_unique<DeviceBackend>(dev, std::move(cores), cg,
-                                                        eval_options(dev.config()));
+                 const EvalOptions host = eval_options(dev->config());
+                 return std::make_unique<OwningDeviceBackend>(std::move(dev), std::move(cores),
+                                                              cg, host);
              }),
              py::arg("board"), py::arg("cores"), py::arg("host_fallback") = true,
              py::keep_alive<1, 2>())
-        .def("stats", [](const DeviceBackend& b) {
+        .def("stats", [](const OwningDeviceBackend& b) {
             const DeviceBackendStats& s = b.stats();
             py::dict d;
             d["executions"] = s.executions;
@@ -255,7 +273,7 @@ void bind_compiler(py::module_& parent) {
                 InterruptScope ctrl_c;
                 return c.parameter(std::move(name), s, std::move(v));
             },
-            py::arg("name"), py::arg("shape"), py::arg("values"))
+            py::arg("name"), py::arg("shape"), py::arg("values"), py::keep_alive<0, 1>())
         .def(
             "input",
             [](LazyContext& c, std::string name, const Shape& s,
@@ -264,10 +282,11 @@ void bind_compiler(py::module_& parent) {
                 InterruptScope ctrl_c;
                 return c.input(std::move(name), s, std::move(v));
             },
-            py::arg("name"), py::arg("shape"), py::arg("values"))
+            py::arg("name"), py::arg("shape"), py::arg("values"), py::keep_alive<0, 1>())
         .def_property_readonly("graph", &LazyContext::graph, py::return_value_policy::reference_internal)
         .def("value", &LazyContext::value, py::arg("tensor"))
-        .def("wrap", &LazyContext::wrap, py::arg("value"), py::arg("name") = "")
+        .def("wrap", &LazyContext::wrap, py::arg("value"), py::arg("name") = "",
+             py::keep_alive<0, 1>())
         .def("assign", &LazyContext::assign, py::arg("tensor"), py::arg("value"))
         .def(
             "to_host",
