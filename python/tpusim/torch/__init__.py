@@ -19,13 +19,14 @@ import contextlib
 import torch
 
 from tpusim import _core
-from tpusim.torch._lazy import (Device, RecompileWarning, TpuTensor, default_device, mark_step,
-                                set_default_device, to_cpu, to_device)
+from tpusim.torch._lazy import (Device, RecompileWarning, TpuTensor, all_reduce, default_device,
+                                mark_step, optimizer_step, reduce_gradients, replica_values,
+                                set_default_device, shard, to_cpu, to_device)
 from tpusim.torch._metrics import METRICS, format_seconds
 from tpusim.torch import _ops  # noqa: F401  (registers the lowerings)
 
 __all__ = [
-    "Device", "RecompileWarning", "TpuTensor", "clear_metrics", "counter_value",
+    "Device", "all_reduce", "optimizer_step", "reduce_gradients", "replica_values", "shard", "RecompileWarning", "TpuTensor", "clear_metrics", "counter_value",
     "default_device", "mark_step", "metrics_report", "profile", "set_default_device", "set_mat_mul_precision", "to_cpu",
     "to_device",
 ]

@@ -52,11 +52,12 @@ class Device:
     matmuls as the MXU's bf16 passes); ``Device(board, cores=[0])`` runs them as generated
     programs on the simulated board, with its cycles (``last_step_cycles``)."""
 
-    def __init__(self, board=None, cores=(0,), index: int = 0, host_fallback: bool = True):
+    def __init__(self, board=None, cores=(0,), index: int = 0, host_fallback: bool = True,
+                 replicas: int = 1):
         self.board = board
         self.index = index
         if board is None:
-            self.backend = C.HostBackend(1)
+            self.backend = C.HostBackend(replicas)
             self.ctx = C.LazyContext(self.backend)
         else:
             cb = board._board
@@ -66,12 +67,13 @@ class Device:
         self._scopes = []
 
     def __repr__(self):
-        where = "host" if self.board is None else f"board cores {list(self.cores)}"
+        where = "host" if self.board is None else "board"
         return f"tpusim:{self.index} ({where})"
 
     @property
-    def cores(self):
-        return self.backend.replicas if self.board is None else self.backend.replicas
+    def replicas(self) -> int:
+        """Replicas every step runs on (data parallel: one per core on a board)."""
+        return self.backend.replicas
 
     def _sim_seconds(self):
         if self.board is None:
@@ -119,12 +121,28 @@ class Device:
         lazy = self.timed("TransferToDeviceTime", make, name or "t", shape, [values])
         return TpuTensor(lazy, self, t.dtype, t.shape)
 
-    def to_host(self, x: "TpuTensor") -> torch.Tensor:
-        """A host read: runs the graph x needs (a host sync when x is pending)."""
+    def upload_shards(self, shards, name: str = "batch"):
+        """One tensor per replica (same shape and dtype) as one per-step input: replica r
+        holds shards[r]."""
+        if len(shards) != self.replicas:
+            raise ValueError(f"{len(shards)} shards for {self.replicas} replicas")
+        first = shards[0]
+        for s in shards:
+            if s.shape != first.shape or s.dtype != first.dtype:
+                raise ValueError(f"shards differ: {tuple(s.shape)} {s.dtype} and "
+                                 f"{tuple(first.shape)} {first.dtype}")
+        shape = C.Shape(compiler_dtype(first.dtype), list(first.shape))
+        values = [s.detach().to(torch.float32).contiguous().numpy().reshape(-1) for s in shards]
+        lazy = self.timed("TransferToDeviceTime", self.ctx.input, name, shape, values)
+        return TpuTensor(lazy, self, first.dtype, first.shape)
+
+    def to_host(self, x: "TpuTensor", replica: int = 0) -> torch.Tensor:
+        """A host read of one replica: runs the graph x needs (a host sync when x is
+        pending)."""
         if x._lazy.pending:
-            values = self.run(self.ctx.to_host, x._lazy, 0)
+            values = self.run(self.ctx.to_host, x._lazy, replica)
         else:
-            values = self.timed("TransferFromDeviceTime", self.ctx.to_host, x._lazy, 0)
+            values = self.timed("TransferFromDeviceTime", self.ctx.to_host, x._lazy, replica)
         out = torch.from_numpy(np.asarray(values).reshape(tuple(x.shape)))
         if not x.dtype.is_floating_point:
             out = out.round()
@@ -239,6 +257,55 @@ def to_device(obj, dev: Device = None, parameter: bool = None):
 def to_cpu(obj):
     """Tensors (in any nesting) back to the host: a host read of each."""
     return tree_map(lambda x: x._dev.to_host(x) if isinstance(x, TpuTensor) else x, obj)
+
+
+def shard(batch, dev: Device = None):
+    """A global batch (tensors in any nesting) split along dim 0 into one equal shard per
+    replica, each replica's shard one per-step input (the data-parallel batch)."""
+    dev = dev or default_device()
+
+    def split(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        n = dev.replicas
+        if t.shape[0] % n:
+            raise ValueError(f"a batch of {t.shape[0]} does not split into {n} equal shards")
+        return dev.upload_shards(list(torch.chunk(t, n, 0)))
+
+    return tree_map(split, batch)
+
+
+def replica_values(x: "TpuTensor"):
+    """Every replica's value of x (host reads)."""
+    return [x._dev.to_host(x, r) for r in range(x._dev.replicas)]
+
+
+def all_reduce(x: "TpuTensor", scale: float = 1.0) -> "TpuTensor":
+    """The sum over replicas times scale (xm.all_reduce), recorded: the compiler's all-reduce."""
+    from tpusim.torch._ops import Rec
+
+    r = Rec(x._dev, x)
+    return r.out(C.all_reduce(r.g, r.v(x), float(scale)), x)
+
+
+def reduce_gradients(optimizer, dev: Device = None) -> None:
+    """xm.reduce_gradients: every parameter's gradient becomes its mean over the replicas
+    (recorded in place, so the all-reduce is inside the step)."""
+    dev = dev or default_device()
+    if dev.replicas == 1:
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if isinstance(p.grad, TpuTensor):
+                g = p.grad
+                v = C.all_reduce(dev.ctx.graph, dev.ctx.value(g._lazy), 1.0 / dev.replicas)
+                dev.ctx.assign(g._lazy, v)
+
+
+def optimizer_step(optimizer, dev: Device = None):
+    """xm.optimizer_step: reduce_gradients, then optimizer.step()."""
+    reduce_gradients(optimizer, dev)
+    return optimizer.step()
 
 
 def mark_step(dev: Device = None) -> None:
