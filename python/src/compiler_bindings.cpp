@@ -66,9 +66,10 @@ public:
 }  // namespace
 
 void bind_compiler(py::module_& parent) {
-    py::module_ m = parent.def_submodule(
-        "compiler", "The compiler's lazy recording API (compiler/README.md): LazyContext, "
-                    "backends and the builder functions of compiler/builder.h.");
+    py::module_ m =
+        parent.def_submodule("compiler",
+                             "The compiler's lazy recording API (compiler/README.md): LazyContext, "
+                             "backends and the builder functions of compiler/builder.h.");
     // Alive as long as the module (as module.cpp's exception types).
     static PyObject* compile_error = PyErr_NewExceptionWithDoc(
         "tpusim.compiler.CompileError",
@@ -110,7 +111,9 @@ void bind_compiler(py::module_& parent) {
     py::enum_<PoolKind>(m, "PoolKind").value("Max", PoolKind::Max).value("Avg", PoolKind::Avg);
 
     py::class_<Shape>(m, "Shape")
-        .def(py::init([](DType t, std::vector<int64_t> dims) { return Shape{t, std::move(dims)}; }),
+        .def(py::init([](DType t, std::vector<int64_t> dims) {
+                 return Shape{t, std::move(dims)};
+             }),
              py::arg("dtype"), py::arg("dims"))
         .def_readonly("dtype", &Shape::dtype)
         .def_readonly("dims", &Shape::dims)
@@ -190,11 +193,11 @@ void bind_compiler(py::module_& parent) {
         const LayerNormResult r = layer_norm(g, x, gamma, beta, eps);
         return py::make_tuple(r.y, r.mean, r.rstd);
     });
-    m.def("batch_norm_training", [](Graph& g, ValueId x, ValueId scale, ValueId offset, double eps,
-                                    int64_t feature) {
-        const BatchNormResult r = batch_norm_training(g, x, scale, offset, eps, feature);
-        return py::make_tuple(r.y, r.mean, r.var);
-    });
+    m.def("batch_norm_training",
+          [](Graph& g, ValueId x, ValueId scale, ValueId offset, double eps, int64_t feature) {
+              const BatchNormResult r = batch_norm_training(g, x, scale, offset, eps, feature);
+              return py::make_tuple(r.y, r.mean, r.var);
+          });
     m.def("batch_norm_inference", &compiler::batch_norm_inference);
     m.def("batch_norm_grad", [](Graph& g, ValueId x, ValueId scale, ValueId mean, ValueId var,
                                 ValueId dy, double eps, int64_t feature) {
@@ -226,8 +229,8 @@ void bind_compiler(py::module_& parent) {
                  cg.replicas = uint32_t(cores.size());
                  cg.host_fallback = host_fallback;
                  const EvalOptions host = eval_options(dev->config());
-                 return std::make_unique<OwningDeviceBackend>(std::move(dev), std::move(cores),
-                                                              cg, host);
+                 return std::make_unique<OwningDeviceBackend>(std::move(dev), std::move(cores), cg,
+                                                              host);
              }),
              py::arg("board"), py::arg("cores"), py::arg("host_fallback") = true,
              py::keep_alive<1, 2>())
@@ -254,15 +257,15 @@ void bind_compiler(py::module_& parent) {
         .def_property_readonly("defined", &LazyTensor::defined);
     py::class_<LazyContext>(m, "LazyContext",
                             "PyTorch/XLA's lazy graph executor in miniature (compiler/lazy.h).")
-        .def(py::init([](Backend& backend, Board* board, bool multi_output_fusion,
-                         bool may_duplicate) {
-                 CompileOptions o;
-                 // The planner's board (the stationary operand of each dot).
-                 if (board) o.board = board->device().config();
-                 o.multi_output_fusion = multi_output_fusion;
-                 o.may_duplicate = may_duplicate;
-                 return std::make_unique<LazyContext>(backend, o);
-             }),
+        .def(py::init(
+                 [](Backend& backend, Board* board, bool multi_output_fusion, bool may_duplicate) {
+                     CompileOptions o;
+                     // The planner's board (the stationary operand of each dot).
+                     if (board) o.board = board->device().config();
+                     o.multi_output_fusion = multi_output_fusion;
+                     o.may_duplicate = may_duplicate;
+                     return std::make_unique<LazyContext>(backend, o);
+                 }),
              py::arg("backend"), py::arg("board") = nullptr, py::arg("multi_output_fusion") = true,
              py::arg("may_duplicate") = true, py::keep_alive<1, 2>(), py::keep_alive<1, 3>())
         .def(
@@ -283,7 +286,8 @@ void bind_compiler(py::module_& parent) {
                 return c.input(std::move(name), s, std::move(v));
             },
             py::arg("name"), py::arg("shape"), py::arg("values"), py::keep_alive<0, 1>())
-        .def_property_readonly("graph", &LazyContext::graph, py::return_value_policy::reference_internal)
+        .def_property_readonly("graph", &LazyContext::graph,
+                               py::return_value_policy::reference_internal)
         .def("value", &LazyContext::value, py::arg("tensor"))
         .def("wrap", &LazyContext::wrap, py::arg("value"), py::arg("name") = "",
              py::keep_alive<0, 1>())

@@ -120,3 +120,20 @@ def test_unsupported_precision_and_batches_fail_with_their_names():
     strategy = tpusim.lightning.TpusimStrategy(accelerator=tpusim.lightning.TpusimAccelerator())
     with pytest.raises(TypeError, match="a batch holds a object"):
         strategy.batch_to_device({"x": torch.zeros(2), "what": object()})
+
+
+def test_weight_sharing_module_on_8_cores_of_the_board():
+    # The step as generated programs on the board's 8 cores, the gradient all-reduce on the
+    # ring inside it; fusions not generated yet run on the host (the device backend's
+    # fallback). Same bf16 rule as on the host evaluator.
+    import tpusim
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 32), torch.randn(64, 10))
+    _, cpu = fit(WeightSharingModule, data, 16, accelerator="cpu", devices=1)
+    with tpusim.Board() as board:
+        acc = tpusim.lightning.TpusimAccelerator(board=board)
+        model, lazy8 = fit(WeightSharingModule, data, 16, accelerator=acc, devices=8)
+        s = model.trainer.strategy.lazy_device.stats()
+    close(lazy8, cpu, CPU_RTOL)
+    assert s["last_step_cycles"] > 0 and s["launches"] >= 4
