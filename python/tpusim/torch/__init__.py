@@ -66,7 +66,6 @@ def profile(module: torch.nn.Module, dev: Device = None):
     scope, which names the fusions). Yields a function that returns, for the last step run,
     [(fusion, kind, [module names])]."""
     dev = dev or default_device()
-    g = dev.ctx.graph
     stack = []
     handles = []
     for name, mod in module.named_modules():
@@ -86,7 +85,6 @@ def profile(module: torch.nn.Module, dev: Device = None):
     finally:
         for h in handles:
             h.remove()
-        del g
 
 
 def _dynamo_backend(gm, example_inputs):

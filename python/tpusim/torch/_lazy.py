@@ -12,7 +12,6 @@ fallback) and is counted as ``aten::NAME``.
 
 import time
 import warnings
-import weakref
 
 import numpy as np
 import torch
@@ -63,8 +62,6 @@ class Device:
             cb = board._board
             self.backend = C.DeviceBackend(cb, list(board.cores(list(cores))), host_fallback)
             self.ctx = C.LazyContext(self.backend, cb)
-        self._shape_of_last = {}
-        self._scopes = []
 
     def __repr__(self):
         where = "host" if self.board is None else "board"
@@ -311,7 +308,3 @@ def optimizer_step(optimizer, dev: Device = None):
 def mark_step(dev: Device = None) -> None:
     """xm.mark_step(): runs every live pending tensor's graph as one step."""
     (dev or default_device()).mark_step()
-
-
-def _live_devices():
-    return [d for d in [_default] if d is not None]

@@ -92,8 +92,7 @@ class Rec:
         if have == dims:
             return v
         off = len(dims) - len(have)
-        keep = [i for i, d in enumerate(have) if d == dims[off + i] and d != 1 or
-                (d == 1 and dims[off + i] == 1)]
+        keep = [i for i, d in enumerate(have) if d == dims[off + i]]  # the rest are 1s
         if len(keep) != len(have):
             v = C.reshape(self.g, v, [have[i] for i in keep])
         return C.broadcast(self.g, v, dims, [off + i for i in keep])
@@ -121,10 +120,7 @@ def _norm_dims(dims, rank):
 
 # ---- elementwise --------------------------------------------------------------------------
 
-_BINARY = {
-    aten.add: C.add, aten.sub: C.sub, aten.mul: C.mul, aten.div: C.div,
-    aten.maximum: C.max, aten.minimum: C.min,
-}
+_BINARY = {aten.mul: C.mul, aten.maximum: C.max, aten.minimum: C.min}
 
 
 @lowers(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar)
@@ -145,10 +141,8 @@ def _binary(r, a, b):
 
 @lowers(aten.div.Tensor, aten.div.Scalar)
 def _div(r, a, b):
+    # A division by a constant stays a division (the device's vpu_divide), not x * (1 / c).
     t = r.meta.dtype
-    if isinstance(b, (int, float)) and not isinstance(b, bool):
-        # x / c as PyTorch's CPU kernel rounds it: a true division (not x * (1/c)).
-        return r.out(C.div(r.g, r.ew(a, t), r.ew(float(b), t)))
     return r.out(C.div(r.g, r.ew(a, t), r.ew(b, t)))
 
 
@@ -234,9 +228,7 @@ _CMP = {
 
 @lowers(*[getattr(op, o) for op in _CMP for o in ("Tensor", "Scalar")])
 def _compare(r, a, b):
-    ma = a if not isinstance(a, torch.Tensor) else torch.empty((), dtype=a.dtype)
-    mb = b if not isinstance(b, torch.Tensor) else torch.empty((), dtype=b.dtype)
-    t = torch.result_type(ma, mb)
+    t = torch.result_type(_meta(a), _meta(b))  # the comparison's operand type, PyTorch's
     return r.out(C.compare(r.g, r.ew(a, t), r.ew(b, t), _CMP[r.func.overloadpacket]))
 
 
@@ -854,9 +846,7 @@ def _out_of_place(func):
 def dispatch(func, args, kwargs):
     flat, _ = tree_flatten((args, kwargs))
     dev = _device_of(flat)
-    if func in _HOST_READ:
-        METRICS.count(f"aten::{func.overloadpacket.__name__}") if func is not \
-            aten._local_scalar_dense.default else None
+    if func in _HOST_READ:  # .item(), bool(x), torch.equal: a host read, not a fallback
         cargs, ckwargs = _to_host_tree(args, kwargs)
         return func(*cargs, **ckwargs)
     try:
