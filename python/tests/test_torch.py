@@ -148,6 +148,27 @@ def test_training_loop_compiles_once_then_hits_the_cache_and_matches_cpu_losses(
         assert abs(g - w) <= DEFAULT_RTOL * abs(w), (got, want)
 
 
+def test_a_cnn_with_batch_norm_trains_and_updates_its_running_statistics():
+    def cnn():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                                   torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                   torch.nn.Flatten(), torch.nn.Linear(8, 4))
+
+    batches = [(torch.randn(8, 3, 8, 8), torch.randint(0, 4, (8,))) for _ in range(3)]
+    cpu = cnn()
+    want = _train(cpu, batches, lazy=False)
+    lazy = tt.to_device(cnn())
+    got = _train(lazy, batches, lazy=True)
+    for g, w in zip(got, want):
+        assert abs(g - w) <= DEFAULT_RTOL * abs(w), (got, want)
+    # The running statistics are updated in place inside the step (momentum 0.1, unbiased var).
+    close(lazy[1].running_mean.cpu(), cpu[1].running_mean, DEFAULT_RTOL)
+    close(lazy[1].running_var.cpu(), cpu[1].running_var, DEFAULT_RTOL)
+    assert int(lazy[1].num_batches_tracked.item()) == 3
+    assert not [k for k in tt._metrics.METRICS.counters if k.startswith("aten::")]
+
+
 def test_a_changed_batch_shape_recompiles_and_warns():
     model = tt.to_device(mlp())
     batches = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(3)]
