@@ -73,7 +73,9 @@ class Device:
         return self.backend.replicas
 
     def _sim_seconds(self):
-        if self.board is None:
+        # A closed board's device lives on while tensors hold data on it (reads still work);
+        # its clock is no longer the Board's to report.
+        if self.board is None or self.board._board.closed:
             return None
         return self.board.cycle / (self.board.clock_mhz * 1e6)
 
@@ -83,7 +85,8 @@ class Device:
         t0, s0 = time.perf_counter(), self._sim_seconds()
         out = fn(*args)
         s1 = self._sim_seconds()
-        METRICS.metric(name).add((s1 - s0) if s0 is not None else time.perf_counter() - t0)
+        METRICS.metric(name).add((s1 - s0) if s0 is not None and s1 is not None
+                                 else time.perf_counter() - t0)
         return out
 
     def _count_compiles(self, before):
