@@ -169,6 +169,55 @@ def test_a_cnn_with_batch_norm_trains_and_updates_its_running_statistics():
     assert not [k for k in tt._metrics.METRICS.counters if k.startswith("aten::")]
 
 
+def _bert_classifier(dropout):
+    import transformers as tr
+
+    torch.manual_seed(0)
+    return tr.BertForSequenceClassification(tr.BertConfig(
+        vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=32, num_labels=3,
+        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
+
+
+def _train_hf(model, batches, lazy):
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for ids, y in batches:
+        if lazy:
+            ids, y = tt.to_device(ids), tt.to_device(y)
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=y).loss
+        loss.backward()
+        opt.step()
+        if lazy:
+            tt.mark_step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_bert_trains_with_autograd_and_sgd_as_on_the_cpu():
+    # The backward of attention (PyTorch's CPU flash kernel, no decomposition of its own) is
+    # recorded as the math attention's gradient; layer norm's comes from torch._decomp.
+    batches = [(torch.randint(0, 100, (4, 16)), torch.randint(0, 3, (4,))) for _ in range(2)]
+    want = _train_hf(_bert_classifier(0.0), batches, lazy=False)
+    got = _train_hf(tt.to_device(_bert_classifier(0.0)), batches, lazy=True)
+    for g, w in zip(got, want):
+        assert abs(g - w) <= DEFAULT_RTOL * abs(w), (got, want)
+    fallbacks = {k for k in tt._metrics.METRICS.counters if k.startswith("aten::")}
+    assert fallbacks == {"aten::gather"}   # the token type ids' buffer
+
+
+def test_dropout_is_recorded_with_the_compilers_random_numbers():
+    batches = [(torch.randint(0, 100, (4, 16)), torch.randint(0, 3, (4,))) for _ in range(3)]
+    losses = _train_hf(tt.to_device(_bert_classifier(0.1)), batches, lazy=True)
+    assert all(0.5 < x < 2.0 for x in losses)
+    assert tt.counter_value("aten::bernoulli_") == 0
+    assert tt.counter_value("aten::native_dropout") == 0
+    # The seeds are data: the third step's graphs are the second's.
+    assert tt.counter_value("CachedCompile") > 0
+
+
 def test_a_changed_batch_shape_recompiles_and_warns():
     model = tt.to_device(mlp())
     batches = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(3)]

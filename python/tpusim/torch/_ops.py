@@ -769,6 +769,63 @@ def _nll_loss_bwd(r, dy, logp, target, weight, reduction, ignore_index, total_we
     return r.out(g)
 
 
+@lowers(aten.bernoulli_.float)
+def _bernoulli_(r, x, p=0.5, generator=None):
+    # u < p with u uniform in [0, 1) from the compiler's rng, seeded by a scalar drawn from
+    # PyTorch's CPU generator: the seed is data (an input), so every step hits the same graph.
+    if generator is not None:
+        raise Unsupported()
+    seed = r.v(torch.randint(0, 2**31 - 1, (), dtype=torch.int32))
+    u = C.rng_uniform(r.g, seed, list(x.shape))
+    hit = C.compare(r.g, u, r.bcast(C.literal(r.g, float(p)), list(x.shape)), C.Comparison.Lt)
+    r.ctx.assign(x._lazy, r.conv(hit, x.dtype))
+    return x
+
+
+@lowers(aten.native_dropout.default)
+def _native_dropout(r, x, p, train):
+    if not train or p == 0:
+        keep = C.full(r.g, 1.0, C.Shape(C.DType.Pred, list(x.shape)))
+        return r.out(r.v(x), r.meta[0]), r.out(keep, r.meta[1])
+    seed = r.v(torch.randint(0, 2**31 - 1, (), dtype=torch.int32))
+    u = C.rng_uniform(r.g, seed, list(x.shape))
+    keep = C.compare(r.g, u, r.bcast(C.literal(r.g, float(p)), list(x.shape)), C.Comparison.Ge)
+    t = r.meta[0].dtype
+    scaled = C.mul(r.g, r.v(x, t), r.ew(1.0 / (1.0 - p), t))
+    zero = C.full(r.g, 0.0, C.Shape(compiler_dtype(t), list(x.shape)))
+    return r.out(C.select(r.g, keep, scaled, zero), r.meta[0]), r.out(keep, r.meta[1])
+
+
+def _sdpa_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, attn_mask=None,
+                       scale=None):
+    """The gradient of scaled dot-product attention (PyTorch's CPU flash kernel has no
+    decomposition): the scores recomputed, then dV = P^T dO, dS = P (dP - rowsum(dP P)),
+    dQ = dS K s, dK = dS^T Q s, as PyTorch's math attention differentiates."""
+    if dropout_p:
+        return NotImplemented
+    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.matmul(q, k.transpose(-2, -1)) * s
+    if is_causal:
+        n, m = q.shape[-2], k.shape[-2]
+        causal = torch.ones(n, m, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = (scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+                  if attn_mask.dtype == torch.bool else scores + attn_mask)
+    p = torch.softmax(scores, -1)
+    dv = torch.matmul(p.transpose(-2, -1), grad_out)
+    dp = torch.matmul(grad_out, v.transpose(-2, -1))
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dq = torch.matmul(ds, k) * s
+    dk = torch.matmul(ds.transpose(-2, -1), q) * s
+    return dq, dk, dv
+
+
+_EXTRA_DECOMP = {
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _sdpa_cpu_backward,
+}
+
+
 # ---- dispatch -----------------------------------------------------------------------------
 
 _HOST_READ = {aten._local_scalar_dense.default, aten.equal.default, aten.is_nonzero.default}
@@ -870,10 +927,11 @@ def dispatch(func, args, kwargs):
                 v = C.convert(g, v, compiler_dtype(dst.dtype))
             dev.ctx.assign(dst._lazy, v)
             return dst
-    if func in _DECOMP:
-        out = _DECOMP[func](*args, **kwargs)
-        if out is not NotImplemented:
-            return out
+    for table in (_DECOMP, _EXTRA_DECOMP):
+        if func in table:
+            out = table[func](*args, **kwargs)
+            if out is not NotImplemented:
+                return out
     decomposed = func.decompose(*args, **kwargs)
     if decomposed is not NotImplemented:
         return decomposed
