@@ -334,3 +334,16 @@ def test_an_output_and_its_view_on_the_board():
         tt.mark_step(dev)
         close(y.cpu(), torch.exp(x), 1e-6)
         close(z.cpu(), torch.exp(x), 1e-6)
+
+
+def test_bad_input_fails_with_a_clear_error():
+    a = tt.to_device(torch.ones(4))
+    b = tt.to_device(torch.ones(4), tt.Device())
+    with pytest.raises(RuntimeError, match="tensors of two devices in one op"):
+        a + b
+    with pytest.raises(ValueError, match="a batch of 6 does not split into 4 equal shards"):
+        tt.shard(torch.ones(6, 2), tt.Device(replicas=4))
+    with pytest.raises(ValueError, match="precision 'fast'"):
+        tt.set_mat_mul_precision("fast")
+    with pytest.raises(TypeError, match="complex64 has no compiler type"):
+        tt.to_device(torch.ones(2, dtype=torch.complex64))
