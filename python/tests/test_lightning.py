@@ -113,8 +113,22 @@ def test_small_cnn_trains_on_8_replicas_as_on_1_and_on_the_cpu():
     close(lazy8, lazy1, REPLICA_RTOL)
 
 
+def test_bf16_true_trains_as_lightning_on_the_cpu_does():
+    # Parameters, inputs and every result in bf16 on both sides: each op rounds to 8
+    # significant bits, in a different order of additions, so losses agree within a few bf16
+    # ulp (4 x 2^-8) of each other.
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 32), torch.randn(64, 10))
+    _, cpu = fit(WeightSharingModule, data, 16, accelerator="cpu", devices=1,
+                 precision="bf16-true")
+    model, lazy = fit(WeightSharingModule, data, 16, accelerator="tpusim", devices=8,
+                      precision="bf16-true")
+    assert model.layer_1.weight.dtype == torch.bfloat16
+    close(lazy, cpu, CPU_RTOL)
+
+
 def test_unsupported_precision_and_batches_fail_with_their_names():
-    with pytest.raises(ValueError, match="not supported by tpusim"):
+    with pytest.raises(ValueError, match="`precision='bf16-mixed'` is not supported by tpusim"):
         fit(WeightSharingModule, TensorDataset(torch.randn(16, 32), torch.randn(16, 10)), 16,
             accelerator="tpusim", devices=1, precision="bf16-mixed")
     strategy = tpusim.lightning.TpusimStrategy(accelerator=tpusim.lightning.TpusimAccelerator())

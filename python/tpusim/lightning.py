@@ -28,7 +28,7 @@ from lightning.pytorch.trainer.connectors import accelerator_connector as _conne
 
 import tpusim.torch as tt
 
-_PRECISIONS = ("32-true", "32")
+_PRECISIONS = ("32-true", "bf16-true")
 
 
 class TpusimAccelerator(Accelerator):
@@ -86,15 +86,28 @@ class TpusimAccelerator(Accelerator):
 
 class TpusimPrecision(Precision):
     """XLAPrecision's optimizer step: the closure (forward, backward), the gradients averaged
-    over the replicas, the optimizer's step, then mark_step. Full precision only."""
+    over the replicas, the optimizer's step, then mark_step. "32-true" (matmuls at the TPU's
+    default precision: bf16 operands, fp32 sums) or "bf16-true" (parameters and floating
+    inputs in bf16, as XLA_USE_BF16); a TPU has no fp16."""
 
     def __init__(self, precision: str = "32-true"):
-        if str(precision) not in _PRECISIONS:
+        precision = {"32": "32-true", "bf16": "bf16-true"}.get(str(precision), str(precision))
+        if precision not in _PRECISIONS:
             raise ValueError(
-                f"`precision={precision!r}` is not supported by tpusim yet: `precision` must be "
-                f"one of {list(_PRECISIONS)} (matmuls round their operands to bf16 as a TPU's "
-                "default precision does)")
-        self.precision = "32-true"
+                f"`precision={precision!r}` is not supported by tpusim. `precision` must be one "
+                f"of: {_PRECISIONS}.")
+        self.precision = precision
+        self._dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
+
+    def convert_module(self, module):
+        return module.to(dtype=self._dtype)
+
+    def convert_input(self, data):
+        def convert(t):
+            return t.to(self._dtype) if torch.is_floating_point(t) else t
+
+        return torch.utils._pytree.tree_map(
+            lambda x: convert(x) if isinstance(x, torch.Tensor) else x, data)
 
     def optimizer_step(self, optimizer, model, closure, **kwargs):
         closure = partial(self._reduce_closure, optimizer, closure)
@@ -144,7 +157,12 @@ class TpusimStrategy(SingleDeviceStrategy):
         # precision checked (XLAStrategy gets XLAPrecision the same way).
         if plugin is not None and not isinstance(plugin, TpusimPrecision):
             plugin = TpusimPrecision(getattr(plugin, "precision", "32-true"))
+        if plugin is not None and self.lazy_device_or_none() is not None:
+            plugin.device = self.lazy_device
         self._tpusim_precision = plugin
+
+    def lazy_device_or_none(self):
+        return getattr(self, "lazy_device", None)
 
     @property
     def num_replicas(self) -> int:
