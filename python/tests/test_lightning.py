@@ -113,6 +113,16 @@ def test_small_cnn_trains_on_8_replicas_as_on_1_and_on_the_cpu():
     close(lazy8, lazy1, REPLICA_RTOL)
 
 
+def test_num_nodes_drives_every_node_s_cores_from_one_process():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 32), torch.randn(64, 10))
+    _, one = fit(WeightSharingModule, data, 32, accelerator="tpusim", devices=1)
+    model, sixteen = fit(WeightSharingModule, data, 32, accelerator="tpusim", devices=8,
+                         num_nodes=2)
+    assert model.trainer.strategy.num_replicas == 16 and model.trainer.num_nodes == 2
+    close(sixteen, one, REPLICA_RTOL)
+
+
 def test_bf16_true_trains_as_lightning_on_the_cpu_does():
     # Parameters, inputs and every result in bf16 on both sides: each op rounds to 8
     # significant bits, in a different order of additions, so losses agree within a few bf16

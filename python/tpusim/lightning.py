@@ -133,6 +133,7 @@ class TpusimStrategy(SingleDeviceStrategy):
                          precision_plugin=precision_plugin or TpusimPrecision())
         self._cores = cores
         self.lazy_device = None
+        self.num_nodes = 1
 
     def _make_device(self):
         if self.lazy_device is None:
@@ -205,7 +206,12 @@ def _choose_strategy(self, _original=_connector._AcceleratorConnector._choose_st
     if flag == "tpusim" or isinstance(flag, TpusimAccelerator):
         acc = flag if isinstance(flag, TpusimAccelerator) else TpusimAccelerator()
         cores = [d.index or 0 for d in self._parallel_devices] or [0]
-        return TpusimStrategy(accelerator=acc, cores=cores)
+        # num_nodes: the next chips' cores of the board (a pod preset), one process driving all.
+        per_node = max(cores) + 1
+        cores = [n * per_node + c for n in range(self._num_nodes_flag) for c in cores]
+        strategy = TpusimStrategy(accelerator=acc, cores=cores)
+        strategy.num_nodes = self._num_nodes_flag
+        return strategy
     return _original(self)
 
 
