@@ -168,10 +168,14 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
         place(m_dev, m_cores, m_stats, *t, lb.layout);
         constants.push_back(t->mem);
     }
-    for (const OutputBuffer& ob : step.outputs)
-        outputs.push_back(ob.buffer.space == BufferRef::Space::Output
-                              ? std::make_shared<Alloc>(m_dev, m_cores, ob.buffer.bytes, m_stats)
+    // An output of a value an earlier output already holds shares that output's buffer
+    // (buffer assignment gives it the earlier index): only an output's own index allocates.
+    for (size_t i = 0; i < step.outputs.size(); ++i) {
+        const BufferRef& b = step.outputs[i].buffer;
+        outputs.push_back(b.space == BufferRef::Space::Output && b.index == i
+                              ? std::make_shared<Alloc>(m_dev, m_cores, b.bytes, m_stats)
                               : nullptr);
+    }
     const auto temp = step.memory.temp_bytes
                           ? std::make_shared<Alloc>(m_dev, m_cores, step.memory.temp_bytes, m_stats)
                           : nullptr;
@@ -280,7 +284,7 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                 t->shape = ob.shape;
                 t->layout = ob.layout;
                 t->mem = ob.buffer.space == BufferRef::Space::Output
-                             ? outputs[i]
+                             ? outputs.at(ob.buffer.index)
                              : constants.at(ob.buffer.index);
                 res.push_back(std::move(t));
             }

@@ -56,6 +56,12 @@ public:
     bool closed() const { return !m_dev; }
     /// The device (raises once closed).
     driver::Device& device();
+    /// The device, shared: a holder keeps it alive after close() (lazy tensors' device data
+    /// must not outlive it).
+    std::shared_ptr<driver::Device> shared_device() {
+        device();
+        return m_dev;
+    }
     /// The effective config as JSON (what --stats writes beside the statistics).
     std::string config_json();
 
@@ -98,7 +104,7 @@ private:
     template <class F>
     py::dict with_outputs(const Outputs& out, F&& body);
 
-    std::unique_ptr<driver::Device> m_dev;
+    std::shared_ptr<driver::Device> m_dev;
     driver::ProgramCache m_cache;
 };
 

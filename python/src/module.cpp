@@ -100,6 +100,8 @@ std::vector<py::ssize_t> shape_of(const py::array& a) {
 }
 
 }  // namespace
+
+void bind_compiler(py::module_& m);  // compiler_bindings.cpp
 }  // namespace tpu::python
 
 PYBIND11_MODULE(_core, m) {
@@ -262,4 +264,6 @@ PYBIND11_MODULE(_core, m) {
         .def("allreduce", &Board::allreduce, py::arg("x"), py::arg("cores"), py::arg("outputs"))
         .def("model", &Board::model, py::arg("name"), py::arg("sizes"), py::arg("batch"),
              py::arg("cores"), py::arg("train_step"), py::arg("precision"), py::arg("outputs"));
+
+    bind_compiler(m);
 }

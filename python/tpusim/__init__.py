@@ -18,6 +18,9 @@ Errors are Python exceptions with the message the CLI prints: bad input raises V
 TypeError for a wrong type), a kernel's fault, deadlock or stop raises :class:`DeviceError`,
 bad assembly :class:`AsmError`, and Ctrl-C during a simulation KeyboardInterrupt.
 
+PyTorch programs run on the board through lazy tensors (``tpusim.torch``, as PyTorch/XLA runs
+them on a TPU) and Lightning trains on it (``tpusim.lightning``, accelerator "tpusim").
+
 The API is described in python/README.md.
 """
 

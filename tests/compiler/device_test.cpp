@@ -143,6 +143,29 @@ TEST(CompilerDevice, VectorReductionsToScalarsAreBitExact) {
     });
 }
 
+TEST(CompilerDevice, TwoOutputsOfOneValueReadBackTheSameData) {
+    // y and a same-dims reshape of y (PyTorch's y.view(y.shape), both alive at the cut): the
+    // reshape is simplified away, so both outputs are one value and buffer assignment gives the
+    // second the first's buffer. Its data must be that buffer, not an allocation of its own
+    // (GPT-2's last_hidden_state read back as zeros through tpusim.torch).
+    const auto cfg = hw::BoardConfig::load("", {});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    DeviceBackend device(*dev, {0}, cg);
+    LazyContext ctx(device);
+    std::vector<float> values(8 * 128);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = 0.01f * float(i % 97);
+    const LazyTensor x = ctx.input("x", Shape{DType::F32, {8, 128}}, {values});
+    const ValueId e = exp(ctx.graph(), ctx.value(x));
+    const LazyTensor y = ctx.wrap(e, "y");
+    const LazyTensor z = ctx.wrap(reshape(ctx.graph(), e, {8, 128}), "z");
+    ctx.mark_step();
+    const std::vector<float> got_y = ctx.to_host(y), got_z = ctx.to_host(z);
+    EXPECT_NE(got_y[1], 0.0f);
+    EXPECT_EQ(got_y, got_z);
+}
+
 TEST(CompilerDevice, CompileCacheOverDeviceRunsHitsTheSameGraphAndCompilesANewShape) {
     const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
     auto dev = driver::Device::open(cfg);
