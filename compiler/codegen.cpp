@@ -156,6 +156,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     std::vector<Plan> plans;
     std::vector<std::optional<DotFusion>> dots;
     std::vector<std::optional<CollectiveFusion>> collectives;
+    std::vector<std::shared_ptr<const ConvPoolFusion>> windows;  // codegen_conv.cpp
     std::map<std::pair<uint8_t, uint32_t>, size_t> slot;
     bool rings = false;
     for (size_t i : fusions) {
@@ -163,21 +164,27 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         plans.emplace_back();
         dots.emplace_back();
         collectives.emplace_back();
+        windows.push_back(plan_conv_pool_fusion(g, f, o.board));
         if (f.kind == FusionKind::Collective) {
             collectives.back() = plan_collective(g, f, o);
             rings |= collectives.back()->ring.has_value();
+        } else if (windows.back()) {
+            // a convolution or pooling fusion (codegen_conv.cpp)
         } else if (f.kind == FusionKind::Output) {
             dots.back() = plan_dot_fusion(g, f, o.board);
         } else {
             plans.back() = plan_fusion(g, f, o.board);
         }
+        std::vector<BufferRef> bufs;
         for (const auto* list : {&f.operands, &f.results})
-            for (const FusionValue& fv : *list) {
-                const auto key = alloc_key(fv.buffer);
-                if (slot.count(key)) continue;
-                slot[key] = seg.args.size();
-                seg.args.push_back({ProgramArg::What::Base, fv.buffer.space, key.second});
-            }
+            for (const FusionValue& fv : *list) bufs.push_back(fv.buffer);
+        if (f.scratch.bytes) bufs.push_back(f.scratch);
+        for (const BufferRef& buf : bufs) {
+            const auto key = alloc_key(buf);
+            if (slot.count(key)) continue;
+            slot[key] = seg.args.size();
+            seg.args.push_back({ProgramArg::What::Base, buf.space, key.second});
+        }
     }
     // Each core's place in the ring, for the all-reduces.
     const size_t ring_args = seg.args.size();
@@ -234,6 +241,10 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         }
         if (dots[k]) {
             emit_dot_fusion(b, *dots[k], load);
+            continue;
+        }
+        if (windows[k]) {
+            emit_conv_pool_fusion(b, *windows[k], load);
             continue;
         }
         Bases bases;

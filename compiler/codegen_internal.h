@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -186,5 +187,21 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
 /// puts a buffer's address into a register.
 void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
                      const std::function<void(const isa::Reg&, const BufferRef&)>& load);
+
+/// Puts a buffer's address into a register (the program's argument table, plus a temp's offset).
+using LoadFn = std::function<void(const isa::Reg&, const BufferRef&)>;
+
+/// A planned convolution output fusion, reduce-window fusion or reduction over H and W
+/// (codegen_conv.cpp).
+struct ConvPoolFusion;
+
+/// The plan of `f` when it is a convolution output fusion, a pooling fusion or a sum over the
+/// H and W of an NHWC array (global average pooling); nullptr for other fusions. Throws
+/// NotYetGenerated for such a fusion the emitters do not cover.
+std::shared_ptr<const ConvPoolFusion> plan_conv_pool_fusion(const Graph& g, const Fusion& f,
+                                                            const hw::BoardConfig& board);
+
+/// Emits a fusion planned by plan_conv_pool_fusion.
+void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load);
 
 }  // namespace tpu::compiler::gen

@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: Apache-2.0
+// Convolution and pooling fusions (compiler/README.md, "Convolution and pooling fusions"):
+// generated into the step's one program, bit-exact with the host evaluator, race detector on.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+
+#include "compiler/builder.h"
+#include "compiler/compiler.h"
+#include "compiler/device_backend.h"
+#include "compiler/lazy.h"
+#include "hw/board_config.h"
+
+namespace tpu::compiler {
+namespace {
+
+// run / same_bits / expect_bit_exact: copied from device_test.cpp (cg_common.md: cg-stream
+// moves them to compiler_test_util.h).
+std::vector<float> randoms(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    return v;
+}
+
+using Record = std::function<ValueId(Graph&, const std::vector<ValueId>&)>;
+
+struct Leaf {
+    std::string name;
+    Shape shape;
+    std::vector<std::vector<float>> values;  // one per replica, or one for all
+    bool parameter = false;
+};
+
+std::vector<std::vector<float>> run(Backend& backend, const std::vector<Leaf>& leaves,
+                                    const Record& record, CompileOptions co = {}) {
+    LazyContext ctx(backend, co);
+    std::vector<LazyTensor> ts;
+    std::vector<ValueId> vs;
+    for (const Leaf& l : leaves)
+        ts.push_back(l.parameter ? ctx.parameter(l.name, l.shape, l.values)
+                                 : ctx.input(l.name, l.shape, l.values));
+    for (const LazyTensor& t : ts) vs.push_back(ctx.value(t));
+    const LazyTensor y = ctx.wrap(record(ctx.graph(), vs), "y");
+    ctx.mark_step();
+    std::vector<std::vector<float>> out;
+    for (size_t r = 0; r < backend.replicas(); ++r) out.push_back(ctx.to_host(y, r));
+    return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+        if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i]) &&
+            !(std::isnan(a[i]) && std::isnan(b[i])))
+            return false;
+    return true;
+}
+
+/// Runs on the device (race detector on) and on the host evaluator; expects equal bits and
+/// one launch (no host fallback). Returns the backend's stats.
+DeviceBackendStats expect_bit_exact(const std::vector<Leaf>& leaves, const Record& record,
+                                    std::vector<uint32_t> cores = {0}) {
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    DeviceBackend device(*dev, cores, cg);
+    const uint64_t launches = dev->metrics().launches;
+    const auto got = run(device, leaves, record);
+    EXPECT_EQ(dev->metrics().launches - launches, 1u) << "one launch per step";
+    HostBackend host(cores.size());
+    const auto want = run(host, leaves, record);
+    for (size_t r = 0; r < cores.size(); ++r) {
+        EXPECT_TRUE(same_bits(got[r], want[r])) << "replica " << r;
+        size_t bad = 0;
+        for (size_t i = 0; i < got[r].size() && bad < 5; ++i)
+            if (std::bit_cast<uint32_t>(got[r][i]) != std::bit_cast<uint32_t>(want[r][i]))
+                ADD_FAILURE() << "value " << i << ": " << got[r][i] << " vs " << want[r][i]
+                              << (++bad, "");
+    }
+    return device.stats();
+}
+
+Shape f32(std::vector<int64_t> dims) {
+    return Shape{DType::F32, std::move(dims)};
+}
+
+/// conv + BN (inference affine) + optional residual + relu: one layer of a ResNet block.
+ValueId conv_bn(Graph& g, ValueId x, ValueId w, const ValueId* bn, int64_t stride, int64_t pad,
+                ValueId residual, bool act) {
+    ValueId y = conv2d(g, x, w, stride, pad);
+    y = batch_norm_inference(g, y, bn[0], bn[1], bn[2], bn[3], 1e-5, 3);
+    if (residual != kNoValue) y = add(g, y, residual);
+    return act ? relu(g, y) : y;
+}
+
+std::vector<Leaf> bn_leaves(const std::string& name, int64_t c, uint32_t seed) {
+    const Shape cs = f32({c});
+    return {{name + ".scale", cs, {randoms(size_t(c), seed, 0.5f, 1.5f)}, true},
+            {name + ".shift", cs, {randoms(size_t(c), seed + 1)}, true},
+            {name + ".mean", cs, {randoms(size_t(c), seed + 2, -0.5f, 0.5f)}, true},
+            {name + ".var", cs, {randoms(size_t(c), seed + 3, 0.5f, 2.0f)}, true}};
+}
+
+TEST(CompilerDeviceConv, ConvBiasReluIsOneConvKernelBitExact) {
+    // 2 images of 8 x 8 x 128, 3 x 3, pad 1, 128 -> 128: one Cin and one Cout tile.
+    expect_bit_exact({{"x", f32({2, 8, 8, 128}), {randoms(2 * 64 * 128, 1)}},
+                      {"w", f32({3, 3, 128, 128}), {randoms(9 * 128 * 128, 2, -0.1f, 0.1f)}, true},
+                      {"b", f32({128}), {randoms(128, 3)}, true}},
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         const ValueId y = conv2d(g, v[0], v[1], 1, 1);
+                         return relu(g, add(g, y, broadcast(g, v[2], {2, 8, 8, 128}, {3})));
+                     });
+}
+
+TEST(CompilerDeviceConv, ResNetBasicBlockConvBnResidualReluBitExact) {
+    // ResNet's basic block tail on 2 images of 8 x 8 x 128: conv 3 x 3 + the inference
+    // batch-norm affine (two Column sides: its per-channel scale and shift, computed by tiny
+    // [128] fusions) + the block's input as a Full side + ReLU, all in the conv kernel's epilogue.
+    std::vector<Leaf> leaves = {
+        {"x", f32({2, 8, 8, 128}), {randoms(2 * 64 * 128, 11)}},
+        {"w", f32({3, 3, 128, 128}), {randoms(9 * 128 * 128, 12, -0.1f, 0.1f)}, true}};
+    for (Leaf& l : bn_leaves("bn", 128, 13)) leaves.push_back(l);
+    expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        return conv_bn(g, v[0], v[1], &v[2], 1, 1, v[0], true);
+    });
+}
+
+TEST(CompilerDeviceConv, StridedConvWithTwoCoutTilesBitExact) {
+    // 2 x 10 x 10 x 160 -> 5 x 5 x 256, 3 x 3, stride 2, pad 1: two Cin tiles (the second
+    // padded), two Cout tiles, four stride phases; BN affine and ReLU in the epilogue.
+    std::vector<Leaf> leaves = {
+        {"x", f32({2, 10, 10, 160}), {randoms(2 * 100 * 160, 21)}},
+        {"w", f32({3, 3, 160, 256}), {randoms(9 * 160 * 256, 22, -0.1f, 0.1f)}, true}};
+    for (Leaf& l : bn_leaves("bn", 256, 23)) leaves.push_back(l);
+    expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        return conv_bn(g, v[0], v[1], &v[2], 2, 1, kNoValue, true);
+    });
+}
+
+TEST(CompilerDeviceConv, MaxPoolIsThePoolKernelBitExact) {
+    // ResNet's stem pool, 3 x 3, stride 2, pad 1 on 2 x 16 x 16 x 64 (-inf padding).
+    expect_bit_exact({{"x", f32({2, 16, 16, 64}), {randoms(2 * 256 * 64, 31)}}},
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         return pool(g, v[0], PoolKind::Max, 3, 2, 1);
+                     });
+}
+
+TEST(CompilerDeviceConv, AvgPoolIsThePoolKernelBitExact) {
+    expect_bit_exact({{"x", f32({1, 8, 8, 128}), {randoms(64 * 128, 32)}}},
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         return pool(g, v[0], PoolKind::Avg, 2, 2, 0);
+                     });
+}
+
+TEST(CompilerDeviceConv, GlobalAveragePoolBitExact) {
+    // The sum over H and W of 8 x 12 x 12 x 128 (144 pixels: two chunks of 128 and 16, summed
+    // per chunk, then the chunk sums), written into [8, 128]'s T(8,128) tile; the divide by 144
+    // is a loop fusion.
+    expect_bit_exact({{"x", f32({8, 12, 12, 128}), {randoms(8 * 144 * 128, 41)}}},
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         return global_avg_pool(g, v[0]);
+                     });
+}
+
+/// The probe: compiles `record` and lists each fusion that falls back to the host and why.
+DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& record) {
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    cg.host_fallback = true;
+    DeviceBackend device(*dev, {0}, cg);
+    run(device, leaves, record);
+    return device.stats();
+}
+
+/// A small ResNet: stem conv 3 x 3 (128 -> 128: a 3-channel stem folds its taps, not generated
+/// yet), BN, ReLU, max pool, two basic blocks, global average pool, linear to 128 classes (a
+/// multiple of 128: the linear's padded tiles are another emitter's work).
+ValueId small_resnet(Graph& g, const std::vector<ValueId>& v) {
+    size_t i = 1;
+    const auto next = [&] { return &v[i]; };
+    ValueId x = v[0];
+    const ValueId* stem = next();
+    x = conv_bn(g, x, stem[0], stem + 1, 1, 1, kNoValue, true);
+    i += 5;
+    x = pool(g, x, PoolKind::Max, 3, 2, 1);
+    for (int b = 0; b < 2; ++b) {
+        const ValueId* c1 = next();
+        i += 5;
+        const ValueId* c2 = next();
+        i += 5;
+        const ValueId h = conv_bn(g, x, c1[0], c1 + 1, 1, 1, kNoValue, true);
+        x = conv_bn(g, h, c2[0], c2 + 1, 1, 1, x, true);
+    }
+    x = global_avg_pool(g, x);
+    return linear(g, x, v[i], v[i + 1]);
+}
+
+std::vector<Leaf> small_resnet_leaves() {
+    std::vector<Leaf> l = {{"x", f32({8, 16, 16, 128}), {randoms(8 * 256 * 128, 51)}}};
+    uint32_t seed = 52;
+    for (const char* name : {"stem", "b1.c1", "b1.c2", "b2.c1", "b2.c2"}) {
+        l.push_back({std::string(name) + ".w", f32({3, 3, 128, 128}),
+                     {randoms(9 * 128 * 128, seed++, -0.05f, 0.05f)}, true});
+        for (Leaf& b : bn_leaves(std::string(name) + ".bn", 128, seed)) l.push_back(b);
+        seed += 4;
+    }
+    l.push_back({"fc.w", f32({128, 128}), {randoms(128 * 128, seed++, -0.1f, 0.1f)}, true});
+    l.push_back({"fc.b", f32({128}), {randoms(128, seed++)}, true});
+    return l;
+}
+
+TEST(CompilerDeviceConv, ProbeSmallResNet) {
+    const auto st = probe(small_resnet_leaves(), small_resnet);
+    std::cout << "fallback fusions: " << st.fallback_fusions << "\n";
+    for (const auto& [why, n] : st.fallbacks) std::cout << "  " << n << "x " << why << "\n";
+}
+
+}  // namespace
+}  // namespace tpu::compiler
