@@ -57,12 +57,24 @@ driver::Conv2dShape conv_shape_of(const Graph& g, const Op& op) {
 
 /// Bytes of the kernel's packed operands in HBM (conv2d.h, Conv2dKey): phase planes, weight
 /// tiles and a zero bias of NT C values.
+/// The Column sides are copied there too (NT C values each), so the kernel reaches every
+/// per-channel operand through the arena's register and reads no padding past a [Cout] buffer.
 struct ConvScratch {
-    uint64_t x = 0, w = 0, bias = 0;
-    uint64_t total() const { return x + w + bias; }
+    uint64_t x = 0, w = 0, bias = 0, column = 0, columns = 0;
+    uint64_t total() const { return x + w + bias + columns; }
 };
-ConvScratch conv_scratch(const driver::Conv2dShape& s, const driver::Conv2dTiling& t) {
+/// Column sides a convolution fusion may have: its f32 [Cout] operands.
+uint32_t column_operands(const Graph& g, const Fusion& f, int64_t cout) {
+    uint32_t n = 0;
+    for (const FusionValue& fv : f.operands)
+        n += fv.shape.dtype == DType::F32 && fv.shape.dims == std::vector<int64_t>{cout};
+    return n;
+}
+ConvScratch conv_scratch(const driver::Conv2dShape& s, const driver::Conv2dTiling& t,
+                         uint32_t columns) {
     ConvScratch c;
+    c.column = align512(uint64_t(t.NT) * t.C * 4);
+    c.columns = c.column * columns;
     c.x = align512(uint64_t(s.batch) * t.phases * t.phases * t.CT * t.Hq * t.Wq * t.R * 2);
     c.w = align512(uint64_t(t.NT) * s.kernel * s.kernel * t.CT * t.R * t.C * 2);
     c.bias = align512(uint64_t(t.NT) * t.C * 4);
@@ -89,99 +101,127 @@ std::string conv_unsupported(const Graph& g, const Op& op, const hw::BoardConfig
     return {};
 }
 
-/// How an epilogue value lies against the convolution's NHWC result tile.
+/// An elementwise value against the [pixels, C] tiles an epilogue works on: the result tile,
+/// a tile of a Full side (an NHWC array read from memory), a tile area of its own, one value
+/// per channel (a Column side read from memory, or a column area computed from them), or a
+/// literal.
+struct Val {
+    enum class K : uint8_t { Full, Column, Scalar } k = K::Full;
+    int area = -1;      ///< Full: -1 the result tile, -2 - i Full side i, >= 0 a tile area;
+                        ///< Column: -1 Column side `side`, >= 0 a column area
+    size_t side = 0;    ///< Column side
+    float scalar = 0;   ///< Scalar
+};
+
+/// One placed elementwise op.
+struct Step {
+    OpKind kind = OpKind::Add;
+    Comparison comparison = Comparison::Gt;
+    std::vector<Val> in;
+    Val out;
+};
+
+/// Elementwise ops of a fusion placed against NHWC tiles (a convolution's epilogue, or a
+/// streaming pass before a pooling kernel): ops on [C] vectors (the inference batch-norm's
+/// scale and shift) run on column areas, ops on NHWC arrays on tile areas.
 struct Placed {
-    std::map<ValueId, EpValue> val;
-    std::vector<const FusionValue*> columns, fulls;
-    std::vector<EpStep> steps;
-    int results = 0;
-    bool needs_scratch = false;
+    std::vector<const FusionValue*> columns, fulls;  ///< sides, in their index order
+    std::vector<Step> steps;
+    int areas = 0;         ///< tile areas: results, then scratch
+    int scratch = 0;       ///< of which scratch (materialised operands)
+    int col_areas = 0;     ///< column areas: results, then one scratch per operand
+    int col_scratch = 0;   ///< of which scratch
 };
 
-}  // namespace
+/// The ops of `f` that values `targets` need, walking back through ops of the fusion and
+/// stopping at `stops` (values the pass already has) and at the fusion's operands.
+std::set<OpId> needed_ops(const Graph& g, const Fusion& f, const std::vector<ValueId>& targets,
+                          const std::set<ValueId>& stops) {
+    std::set<OpId> ops;
+    std::vector<ValueId> stack = targets;
+    while (!stack.empty()) {
+        const ValueId v = stack.back();
+        stack.pop_back();
+        if (stops.count(v) || !inside_fusion(f, g, v)) continue;
+        const OpId p = g.value(v).producer;
+        if (!ops.insert(p).second) continue;
+        for (ValueId x : g.op(p).operands) stack.push_back(x);
+    }
+    return ops;
+}
 
-/// A planned convolution or pooling fusion.
-struct ConvPoolFusion {
-    enum class Kind : uint8_t { Conv, Pool, GlobalSum } kind = Kind::Conv;
-    // Conv
-    driver::Conv2dKey key;
-    driver::Conv2dAuxKey pack_x, pack_w, zero;
-    ConvScratch scratch;
-    const FusionValue* x = nullptr;
-    const FusionValue* w = nullptr;
-    const FusionValue* y = nullptr;
-    std::vector<const FusionValue*> sides;  ///< Column sides first
-    std::vector<EpStep> steps;
-    int areas = 0, scratch_areas = 0;
-    uint64_t area_bytes = 0;
-    BufferRef scratch_buf;
-    // Pool
-    driver::PoolKey pool;
-    // GlobalSum: images, H W, C, rows per chunk (vpu_lanes)
-    uint32_t images = 0, hw = 0, channels = 0, lanes = 128, out_tile_rows = 0;
-    uint32_t tile = 0;
-};
-
-namespace {
-
-/// The epilogue of conv fusion `f`: every op but the convolution, placed against the result
-/// tile as the dot's epilogue places them (codegen_dot.cpp): a broadcast of a [Cout] array is
-/// a Column side, an array of the result's dims and layout a Full side, a broadcast literal a
-/// scalar.
-Placed place_epilogue(const Graph& g, const Fusion& f, const Op& conv, const FusionValue& y) {
+/// Places the ops `ops` of `f` (in fusion order) that compute `target` of dims `D` into the
+/// result tile; `seeds` are values the tile already holds (the convolution's result). Full
+/// operands must lie in `layout`.
+Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops,
+             std::map<ValueId, Val> val, const std::vector<const FusionValue*>& seeded_fulls,
+             ValueId target, const std::vector<int64_t>& D, const Layout& layout) {
     Placed p;
-    const std::vector<int64_t>& D = y.shape.dims;
-    const int64_t cout = D.back();
-    p.val[conv.results[0]] = {EpKind::Full, -1};
+    for (const FusionValue* fv : seeded_fulls) {
+        p.fulls.push_back(fv);
+        val[fv->value] = {Val::K::Full, -1 - int(p.fulls.size())};
+    }
+    const int64_t C = D.back();
+    const std::vector<int64_t> col_dims{C};
+    int results = 0, col_results = 0;
+    bool scratch = false;
+    size_t col_operands = 0;
     for (OpId id : f.ops) {
-        if (id == f.hero) continue;
+        if (!ops.count(id)) continue;
         const Op& op = g.op(id);
         const ValueId res = op.results[0];
-        const auto in = [&](size_t i) -> EpValue {
+        const Shape& rs = g.shape(res);
+        const auto in = [&](size_t i) -> Val {
             const ValueId v = op.operands[i];
-            if (auto it = p.val.find(v); it != p.val.end()) return it->second;
+            if (auto it = val.find(v); it != val.end()) return it->second;
             if (inside_fusion(f, g, v)) not_generated(f, fmt::format("%{} in the epilogue", v));
             const FusionValue* fv = operand_of(f, v);
-            if (!fv || fv->shape.dims != D || !(fv->layout == y.layout) ||
+            if (fv && fv->shape.dtype == DType::F32 && fv->shape.dims == col_dims) {
+                p.columns.push_back(fv);
+                return val[v] = {Val::K::Column, -1, p.columns.size() - 1};
+            }
+            if (!fv || fv->shape.dims != D || !(fv->layout == layout) ||
                 fv->shape.dtype != DType::F32)
                 not_generated(f, fmt::format("a side {} in layout {} (the result's is {})",
                                              g.shape(v).to_string(),
                                              fv ? fv->layout.to_string() : "?",
-                                             y.layout.to_string()));
+                                             layout.to_string()));
             p.fulls.push_back(fv);
-            return p.val[v] = {EpKind::Full, -1 - int(p.fulls.size())};
+            return val[v] = {Val::K::Full, -1 - int(p.fulls.size())};
         };
         switch (op.kind) {
             case OpKind::Literal:
-                p.val[res] = {EpKind::Scalar, 0, 0, float(op.attrs.scalar)};
+                val[res] = {Val::K::Scalar, 0, 0, float(op.attrs.scalar)};
                 continue;
             case OpKind::Broadcast: {
                 const ValueId x = op.operands[0];
                 const Shape& xs = g.shape(x);
-                if (g.shape(res).dims != D)
-                    not_generated(f, fmt::format("a broadcast to {}", g.shape(res).to_string()));
-                if (xs.elements() == 1 && p.val.count(x) && p.val[x].kind == EpKind::Scalar) {
-                    p.val[res] = p.val[x];
-                } else if (xs.rank() == 1 && xs.dims[0] == cout &&
-                           op.attrs.dims == std::vector<int64_t>{int64_t(D.size()) - 1} &&
-                           !inside_fusion(f, g, x) && xs.dtype == DType::F32) {
-                    p.columns.push_back(operand_of(f, x));
-                    p.val[res] = {EpKind::Column, 0, p.columns.size() - 1};
+                if (xs.elements() == 1 && (rs.dims == D || rs.dims == col_dims)) {
+                    const Val v = in(0);
+                    if (v.k != Val::K::Scalar)
+                        not_generated(f, "a broadcast of a computed scalar in the epilogue");
+                    val[res] = v;
+                } else if (rs.dims == D && xs.dims == col_dims &&
+                           op.attrs.dims == std::vector<int64_t>{int64_t(D.size()) - 1}) {
+                    const Val v = in(0);
+                    if (v.k != Val::K::Column)
+                        not_generated(f, "a broadcast of a per-channel value not in a column");
+                    val[res] = v;
                 } else {
                     not_generated(f, fmt::format("a broadcast {} -> {} in the epilogue",
-                                                 xs.to_string(), g.shape(res).to_string()));
+                                                 xs.to_string(), rs.to_string()));
                 }
                 continue;
             }
             case OpKind::Reshape:
             case OpKind::Transpose:
-                if (g.shape(res).dims != g.shape(op.operands[0]).dims)
+                if (rs.dims != g.shape(op.operands[0]).dims)
                     not_generated(f, fmt::format("{} in the epilogue", op_name(op.kind)));
-                p.val[res] = in(0);
+                val[res] = in(0);
                 continue;
             case OpKind::Convert:
                 if (op.attrs.dtype == g.shape(op.operands[0]).dtype) {
-                    p.val[res] = in(0);
+                    val[res] = in(0);
                     continue;
                 }
                 not_generated(f, fmt::format("a convert to {} in the epilogue",
@@ -194,35 +234,197 @@ Placed place_epilogue(const Graph& g, const Fusion& f, const Op& conv, const Fus
                 if (!has_vpu_lowering(op.kind))
                     not_generated(f, fmt::format("op {} in the epilogue", op_name(op.kind)));
         }
-        EpStep step{op.kind, op.attrs.comparison, {}, {}};
-        bool any_full = false;
+        Step step{op.kind, op.attrs.comparison, {}, {}};
+        bool any_full = false, any_column = false;
         for (size_t i = 0; i < op.operands.size(); ++i) {
             step.in.push_back(in(i));
-            any_full |= step.in.back().kind == EpKind::Full;
+            any_full |= step.in.back().k == Val::K::Full;
+            any_column |= step.in.back().k == Val::K::Column;
         }
-        if (!any_full)
-            not_generated(f,
-                          fmt::format("{} of broadcast values in the epilogue", op_name(op.kind)));
-        // The scalar and row forms need no scratch tile (emit_epilogue_step).
-        const bool bin = step.in.size() == 2;
-        const size_t fi = bin && step.in[0].kind != EpKind::Full ? 1 : 0;
-        const EpValue& o = bin ? step.in[1 - fi] : step.in[0];
-        const bool direct =
-            bin && ((o.kind == EpKind::Scalar &&
-                     (op.kind == OpKind::Add || op.kind == OpKind::Mul || op.kind == OpKind::Max ||
-                      (op.kind == OpKind::Sub && fi == 0))) ||
-                    (o.kind == EpKind::Column && op.kind == OpKind::Add));
-        for (const EpValue& v : step.in) p.needs_scratch |= v.kind != EpKind::Full && !direct;
-        step.out = res == y.value ? EpValue{EpKind::Full, -1} : EpValue{EpKind::Full, p.results++};
-        p.val[res] = step.out;
+        if (rs.dims == col_dims && !any_full && any_column) {
+            // A per-channel op: C values into a column area of its own.
+            step.out = {Val::K::Column, col_results++};
+            col_operands = std::max(col_operands, step.in.size());
+        } else if (rs.dims == D && any_full) {
+            const bool bin = step.in.size() == 2;
+            const size_t fi = bin && step.in[0].k != Val::K::Full ? 1 : 0;
+            const Val& o = bin ? step.in[1 - fi] : step.in[0];
+            const bool direct =
+                bin && ((o.k == Val::K::Scalar &&
+                         (op.kind == OpKind::Add || op.kind == OpKind::Mul ||
+                          op.kind == OpKind::Max || (op.kind == OpKind::Sub && fi == 0))) ||
+                        (o.k == Val::K::Column && op.kind == OpKind::Add));
+            for (const Val& v : step.in) scratch |= v.k != Val::K::Full && !direct;
+            step.out = res == target ? Val{Val::K::Full, -1} : Val{Val::K::Full, results++};
+        } else {
+            not_generated(f, fmt::format("{} of {} in the epilogue", op_name(op.kind),
+                                         rs.to_string()));
+        }
+        val[res] = step.out;
         p.steps.push_back(std::move(step));
     }
-    if (!p.val.count(y.value) || p.val[y.value].kind != EpKind::Full || p.val[y.value].area != -1)
+    if (!val.count(target) || val[target].k != Val::K::Full || val[target].area != -1)
         not_generated(f, "a result the epilogue does not leave in the result tile");
     for (size_t i = 0; i + 1 < p.steps.size(); ++i)
-        if (p.steps[i].out.area == -1)
+        if (p.steps[i].out.k == Val::K::Full && p.steps[i].out.area == -1)
             not_generated(f, "an epilogue that writes its result before its last op");
+    p.scratch = scratch ? 3 : 0;
+    p.areas = results + p.scratch;
+    p.col_scratch = int(col_operands);
+    p.col_areas = col_results + p.col_scratch;
     return p;
+}
+
+/// Where an epilogue finds its tiles: the conv kernel's EpilogueTile or a streaming body.
+struct TileCtx {
+    isa::Builder& b;
+    std::function<void(Opcode, std::initializer_list<isa::Arg>)> vpu;
+    isa::Arg out;                   ///< the result tile
+    std::vector<isa::Arg> columns;  ///< Column sides (C values of the tile's channels)
+    std::vector<isa::Arg> fulls;    ///< Full sides' tiles
+    std::vector<isa::Arg> areas;    ///< tile areas
+    std::vector<isa::Arg> col_areas;
+    isa::Arg rows;                  ///< pixels in this tile
+    uint32_t cols = 0;              ///< channels per pixel in the tile
+    isa::Arg n;                     ///< rows x cols
+};
+
+/// Emits placed ops on one tile (the same fp32 ops in the evaluator's order, so bit-exact).
+void emit_steps(const TileCtx& t, const Placed& p) {
+    const isa::Arg C = imm(t.cols);
+    const auto at = [&](const Val& v) -> isa::Arg {
+        if (v.k == Val::K::Column) return v.area < 0 ? t.columns[v.side] : t.col_areas[size_t(v.area)];
+        if (v.area == -1) return t.out;
+        if (v.area <= -2) return t.fulls[size_t(-2 - v.area)];
+        return t.areas[size_t(v.area)];
+    };
+    // `v` as a whole tile (or column) in scratch `dst`: -0.0 everywhere (v.cmpgt x, x, x is
+    // +0.0 whatever x holds), plus the value: exact for every value.
+    const auto materialise = [&](const Val& v, const isa::Arg& dst, const isa::Arg& n,
+                                 bool tile) -> isa::Arg {
+        if (v.k == Val::K::Full || (!tile && v.k == Val::K::Column)) return at(v);
+        t.vpu(Opcode::VCmpGt, {dst, dst, dst, n});
+        t.vpu(Opcode::VMulS, {dst, dst, fimm(-1.0f), n});
+        if (v.k == Val::K::Scalar)
+            t.vpu(Opcode::VAddS, {dst, dst, fimm(v.scalar), n});
+        else
+            t.vpu(Opcode::VAddRow, {dst, dst, at(v), t.rows, C});
+        return dst;
+    };
+    const int tile_scratch = p.areas - p.scratch, col_scratch = p.col_areas - p.col_scratch;
+    for (const Step& s : p.steps) {
+        const bool tile = s.out.k == Val::K::Full;
+        const isa::Arg n = tile ? t.n : C;
+        const std::vector<Val>& x = s.in;
+        const isa::Arg out = at(s.out);
+        const bool bin = x.size() == 2;
+        const size_t fi = bin && x[0].k == Val::K::Scalar ? 1
+                          : bin && tile && x[0].k != Val::K::Full ? 1
+                                                                  : 0;
+        const Val& o = bin ? x[1 - fi] : x[0];
+        const bool scalar = o.k == Val::K::Scalar;
+        if (bin && scalar && s.kind == OpKind::Add) {
+            t.vpu(Opcode::VAddS, {out, at(x[fi]), fimm(o.scalar), n});
+            continue;
+        }
+        if (bin && tile && o.k == Val::K::Column && s.kind == OpKind::Add) {
+            t.vpu(Opcode::VAddRow, {out, at(x[fi]), at(o), t.rows, C});
+            continue;
+        }
+        if (bin && scalar && s.kind == OpKind::Sub && fi == 0) {
+            t.vpu(Opcode::VAddS, {out, at(x[0]), fimm(-o.scalar), n});
+            continue;
+        }
+        if (bin && scalar && (s.kind == OpKind::Mul || s.kind == OpKind::Max)) {
+            t.vpu(s.kind == OpKind::Mul ? Opcode::VMulS : Opcode::VMaxS,
+                  {out, at(x[fi]), fimm(o.scalar), n});
+            continue;
+        }
+        const auto F = [&](size_t i) {
+            return materialise(x[i], tile ? t.areas[size_t(tile_scratch) + i]
+                                          : t.col_areas[size_t(col_scratch) + i],
+                               n, tile);
+        };
+        if (!emit_elementwise(t.vpu, s.kind, s.comparison, out, F, n))
+            throw CompileError(fmt::format("epilogue op {} not generated", op_name(s.kind)));
+    }
+}
+
+}  // namespace
+
+/// A streaming pass of placed elementwise ops over NHWC arrays, [pixels, C] tile by tile: a
+/// pooling or H W reduction's fused producers (into the fusion's scratch, which the kernel then
+/// reads), or a convolution fusion's results other than the kernel's own.
+struct Pass {
+    Placed ep;
+    BufferRef out;       ///< where the result goes (row-major NHWC)
+    uint64_t pixels = 0;
+    uint32_t C = 0;
+    uint32_t tile = 0;   ///< pixels per tile
+};
+
+/// A planned convolution or pooling fusion.
+struct ConvPoolFusion {
+    enum class Kind : uint8_t { Conv, Pool, GlobalSum } kind = Kind::Conv;
+    BufferRef scratch_buf;  ///< the fusion's own HBM (Fusion::scratch)
+    const FusionValue* x = nullptr;  ///< the kernel's input (unless a pass writes it to scratch)
+    const FusionValue* y = nullptr;  ///< the kernel's result
+    std::optional<Pass> before;      ///< Pool, GlobalSum: fused producers, into the scratch
+    std::vector<Pass> after;         ///< Conv: the other results
+    // Conv
+    driver::Conv2dKey key;
+    driver::Conv2dAuxKey pack_x, pack_w, zero;
+    ConvScratch scratch;
+    const FusionValue* w = nullptr;
+    Placed ep;
+    uint64_t area_bytes = 0;
+    // Pool
+    driver::PoolKey pool;
+    // GlobalSum
+    uint32_t images = 0, hw = 0, channels = 0, lanes = 128, out_tile_rows = 0, tile = 0;
+};
+
+namespace {
+
+/// Plans a streaming pass computing `target` (NHWC, row-major) into `out`.
+Pass plan_pass(const Graph& g, const Fusion& f, const std::set<OpId>& ops,
+               const std::vector<const FusionValue*>& seeded, ValueId target, BufferRef out,
+               const hw::BoardConfig& board) {
+    Pass ps;
+    const Shape& ts = g.shape(target);
+    if (ts.rank() != 4 || ts.dtype != DType::F32)
+        not_generated(f, fmt::format("a fused value {} (NHWC f32 only)", ts.to_string()));
+    ps.ep = place(g, f, ops, {}, seeded, target, ts.dims, row_major(4));
+    ps.out = out;
+    ps.C = uint32_t(ts.dims[3]);
+    ps.pixels = uint64_t(ts.elements() / ts.dims[3]);
+    st::Footprint fp;
+    fp.name = f.name;
+    fp.units = ps.pixels;
+    fp.areas.assign(1 + ps.ep.fulls.size() + size_t(ps.ep.areas), ps.C);
+    fp.fixed.assign(ps.ep.columns.size() + size_t(ps.ep.col_areas), ps.C);
+    try {
+        ps.tile = st::plan(fp, board.core.vmem_bytes - 64 * 1024);
+    } catch (const driver::DeviceError& e) {
+        not_generated(f, fmt::format("an elementwise pass that does not fit ({})", e.what()));
+    }
+    return ps;
+}
+
+/// The value a pooling or reduction kernel reads: its operand from memory, or, when the fusion
+/// computes it, the scratch a pass writes it to.
+void plan_input(ConvPoolFusion& p, const Graph& g, const Fusion& f, ValueId v,
+                const hw::BoardConfig& board) {
+    if (!inside_fusion(f, g, v)) {
+        p.x = operand_of(f, v);
+        return;
+    }
+    const uint64_t bytes = uint64_t(g.shape(v).elements()) * 4;
+    if (f.scratch.bytes < bytes)
+        not_generated(f, fmt::format("fused producers without their {} bytes of scratch", bytes));
+    p.before = plan_pass(g, f, needed_ops(g, f, {v}, {}), {}, v,
+                         BufferRef{f.scratch.space, f.scratch.index, f.scratch.offset, bytes},
+                         board);
 }
 
 std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
@@ -239,49 +441,63 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
         not_generated(f, fmt::format("convolution operands in layouts {} and {} (the packing "
                                      "kernels read row-major NHWC and HWIO)",
                                      p->x->layout.to_string(), p->w->layout.to_string()));
-    if (f.results.size() != 1)
-        not_generated(f, fmt::format("an output fusion with {} results", f.results.size()));
-    p->y = &f.results[0];
-    if (p->y->shape.dtype != DType::F32 || !untiled_row_major(*p->y) ||
-        p->y->shape.dims != g.shape(conv.results[0]).dims)
-        not_generated(f, fmt::format("a convolution result {} in layout {} (the kernel writes "
-                                     "row-major NHWC f32)",
-                                     p->y->shape.to_string(), p->y->layout.to_string()));
-    const Placed ep = place_epilogue(g, f, conv, *p->y);
-    for (const FusionValue* fv : ep.columns) p->sides.push_back(fv);
-    for (const FusionValue* fv : ep.fulls) p->sides.push_back(fv);
-    p->steps = ep.steps;
-    p->scratch_areas = ep.needs_scratch ? kScratch : 0;
-    p->areas = p->steps.empty() ? 0 : ep.results + p->scratch_areas;
+    const ValueId cy = conv.results[0];
+    const std::vector<int64_t>& D = g.shape(cy).dims;
+    for (const FusionValue& r : f.results)
+        if (r.shape.dtype != DType::F32 || !untiled_row_major(r) || r.shape.dims != D)
+            not_generated(f, fmt::format("a convolution fusion result {} in layout {} (the "
+                                         "kernel writes row-major NHWC f32)",
+                                         r.shape.to_string(), r.layout.to_string()));
+    // The kernel writes one result; the others must follow from it without the convolution's
+    // own value (a ReLU after a residual sum that is also a result: a pass after the kernel).
+    for (const FusionValue& r : f.results) {
+        bool ok = true;
+        for (const FusionValue& o : f.results)
+            if (&o != &r && needed_ops(g, f, {o.value}, {r.value}).count(f.hero)) ok = false;
+        if (ok) {
+            p->y = &r;
+            break;
+        }
+    }
+    if (!p->y) not_generated(f, "convolution fusion results that each need the convolution");
+    std::map<ValueId, Val> seeds{{cy, {Val::K::Full, -1}}};
+    p->ep = place(g, f, needed_ops(g, f, {p->y->value}, {cy}), seeds, {}, p->y->value, D,
+                  p->y->layout);
+    for (const FusionValue& r : f.results)
+        if (&r != p->y)
+            p->after.push_back(plan_pass(g, f, needed_ops(g, f, {r.value}, {p->y->value}),
+                                         {p->y}, r.value, r.buffer, board));
 
     const driver::Conv2dShape s = conv_shape_of(g, conv);
-    const auto cols = uint32_t(ep.columns.size()), fulls = uint32_t(ep.fulls.size());
+    const auto cols = uint32_t(p->ep.columns.size()), fulls = uint32_t(p->ep.fulls.size());
     // The kernel's tiling in what the epilogue's areas (one image tile each) leave of VMEM.
-    hw::BoardConfig cfg = board;
     const uint64_t margin = 64 * 1024;
+    const uint64_t col_bytes =
+        uint64_t(p->ep.col_areas) * align512(uint64_t(board.core.mxu_cols) * 4);
+    hw::BoardConfig cfg = board;
+    cfg.core.vmem_bytes = board.core.vmem_bytes - margin - col_bytes;
     std::optional<driver::Conv2dTiling> t;
-    for (int tries = 0; tries < 16; ++tries) {
+    for (int tries = 0; tries < 16 && !t; ++tries) {
         driver::Conv2dTiling cand;
         try {
             cand = driver::plan_conv2d(cfg, s, s.batch, cols, fulls);
-        } catch (const driver::DeviceError& e) {
+        } catch (const driver::DeviceError&) {
             break;
         }
         const uint64_t area = align512(uint64_t(cand.band_rows) * s.out_width() * cand.C * 4);
-        const uint64_t need = uint64_t(p->areas) * area + margin;
-        if (cfg.core.vmem_bytes + need <= board.core.vmem_bytes + margin * 0 + need &&
-            cfg.core.vmem_bytes <= board.core.vmem_bytes - std::min(need, board.core.vmem_bytes)) {
+        const uint64_t need = uint64_t(p->ep.areas) * area + margin + col_bytes;
+        if (need >= board.core.vmem_bytes) break;
+        if (cfg.core.vmem_bytes <= board.core.vmem_bytes - need) {
             t = cand;
             p->area_bytes = area;
-            break;
+        } else {
+            cfg.core.vmem_bytes = board.core.vmem_bytes - need;
         }
-        if (need >= board.core.vmem_bytes) break;
-        cfg.core.vmem_bytes = board.core.vmem_bytes - need;
     }
     if (!t) not_generated(f, "a convolution whose epilogue does not fit in VMEM beside it");
     p->key.shape = s;
     p->key.tiling = *t;
-    p->scratch = conv_scratch(s, *t);
+    p->scratch = conv_scratch(s, *t, uint32_t(p->ep.columns.size()));
     const uint64_t aux_vmem = board.core.vmem_bytes - margin;
     const uint32_t R = board.core.mxu_rows, C = board.core.mxu_cols;
     try {
@@ -294,6 +510,16 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     } catch (const driver::DeviceError& e) {
         not_generated(f, fmt::format("a convolution whose packing does not fit ({})", e.what()));
     }
+    // emit_conv2d keeps 26 of the 31 registers: the arena's (scratch and temps) and one per
+    // other allocation the kernel reads.
+    std::set<std::pair<uint8_t, uint32_t>> held;
+    for (const FusionValue* fv : p->ep.fulls)
+        if (fv->buffer.space != BufferRef::Space::Temp) held.insert(alloc_key(fv->buffer));
+    if (p->y->buffer.space != BufferRef::Space::Temp) held.insert(alloc_key(p->y->buffer));
+    if (held.size() > 4)
+        not_generated(f, fmt::format("a convolution reading {} allocations besides the temp arena "
+                                     "(the kernel leaves registers for 4)",
+                                     held.size()));
     if (f.scratch.bytes < p->scratch.total())
         not_generated(f, fmt::format("a convolution without its {} bytes of scratch",
                                      p->scratch.total()));
@@ -304,25 +530,23 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
 std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
                                           const hw::BoardConfig& board) {
     const Op& op = g.op(f.hero);
-    if (f.ops.size() != 1 || f.operands.size() != 1 || f.results.size() != 1)
-        not_generated(f, "a pooling fusion with other ops");
-    const FusionValue& x = f.operands[0];
-    const FusionValue& y = f.results[0];
-    if (x.shape.dtype != DType::F32 || x.shape.rank() != 4 || !untiled_row_major(x) ||
-        !untiled_row_major(y))
-        not_generated(f, fmt::format("pooling of {} in {} into {} (the kernel reads and writes "
-                                     "row-major NHWC f32)",
-                                     x.shape.to_string(), x.layout.to_string(),
-                                     y.layout.to_string()));
+    if (f.results.size() != 1 || f.results[0].value != op.results[0])
+        not_generated(f, "a pooling fusion with results other than the pool's");
     auto p = std::make_unique<ConvPoolFusion>();
     p->kind = ConvPoolFusion::Kind::Pool;
-    p->x = &x;
-    p->y = &y;
+    p->y = &f.results[0];
+    plan_input(*p, g, f, op.operands[0], board);
+    const Shape& xs = g.shape(op.operands[0]);
+    if (xs.dtype != DType::F32 || xs.rank() != 4 || (p->x && !untiled_row_major(*p->x)) ||
+        !untiled_row_major(*p->y))
+        not_generated(f, fmt::format("pooling of {} into {} (the kernel reads and writes "
+                                     "row-major NHWC f32)",
+                                     xs.to_string(), p->y->layout.to_string()));
     driver::PoolShape s;
-    s.batch = uint32_t(x.shape.dims[0]);
-    s.height = uint32_t(x.shape.dims[1]);
-    s.width = uint32_t(x.shape.dims[2]);
-    s.channels = uint32_t(x.shape.dims[3]);
+    s.batch = uint32_t(xs.dims[0]);
+    s.height = uint32_t(xs.dims[1]);
+    s.width = uint32_t(xs.dims[2]);
+    s.channels = uint32_t(xs.dims[3]);
     s.kernel = uint32_t(op.attrs.window.kernel);
     s.stride = uint32_t(op.attrs.window.stride);
     s.pad = uint32_t(op.attrs.window.pad);
@@ -340,21 +564,22 @@ std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
 /// each chunk of vpu_lanes pixels, then over the chunk sums, the evaluator's order.
 std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
                                                 const hw::BoardConfig& board) {
-    if (f.ops.size() != 1 || f.operands.size() != 1 || f.results.size() != 1)
-        not_generated(f, "a reduction over H and W with other ops in its fusion");
-    const FusionValue& x = f.operands[0];
-    const FusionValue& y = f.results[0];
+    const Op& op = g.op(f.hero);
+    if (f.results.size() != 1 || f.results[0].value != op.results[0])
+        not_generated(f, "a reduction over H and W with results other than the sum");
     auto p = std::make_unique<ConvPoolFusion>();
     p->kind = ConvPoolFusion::Kind::GlobalSum;
-    p->x = &x;
-    p->y = &y;
-    p->images = uint32_t(x.shape.dims[0]);
-    p->hw = uint32_t(x.shape.dims[1] * x.shape.dims[2]);
-    p->channels = uint32_t(x.shape.dims[3]);
+    p->y = &f.results[0];
+    plan_input(*p, g, f, op.operands[0], board);
+    const Shape& xs = g.shape(op.operands[0]);
+    const FusionValue& y = *p->y;
+    p->images = uint32_t(xs.dims[0]);
+    p->hw = uint32_t(xs.dims[1] * xs.dims[2]);
+    p->channels = uint32_t(xs.dims[3]);
     p->lanes = board.core.vpu_lanes;
-    if (x.shape.dtype != DType::F32 || !untiled_row_major(x))
+    if (xs.dtype != DType::F32 || (p->x && !untiled_row_major(*p->x)))
         not_generated(f, fmt::format("a reduction over H and W of {} in layout {}",
-                                     x.shape.to_string(), x.layout.to_string()));
+                                     xs.to_string(), p->x->layout.to_string()));
     // The result [N, C]: row-major, or T(8, 128) tiles of whole bands and lane chunks.
     const int64_t lanes = board.core.vpu_lanes, sub = board.core.vpu_sublanes;
     if (untiled_row_major(y)) {
@@ -381,118 +606,149 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
     return p;
 }
 
-/// The epilogue body on one result tile (the dot's, codegen_dot.cpp, on the conv's tile).
-void emit_epilogue(driver::EpilogueTile& t, const ConvPoolFusion& p,
-                   const std::vector<isa::Vmem>& areas) {
-    isa::Builder& bb = t.builder();
-    const isa::Reg n = bb.reg("epilogue.values");
-    bb.emit(Opcode::Mul, {n, t.rows(), imm(t.cols())});
-    const isa::Arg cols = imm(t.cols());
-    const int scratch = p.areas - p.scratch_areas;
-    const size_t column_sides = p.key.tiling.column_sides;
-    const auto area = [&](int i) { return areas[size_t(i)].at(0); };
-    const auto at = [&](const EpValue& v) -> isa::Arg {
-        if (v.area == -1) return t.out();
-        if (v.area <= -2) return t.side(column_sides + size_t(-2 - v.area));
-        return area(v.area);
-    };
-    // A broadcast into scratch area `s`: -0.0 everywhere, plus the value (exact for every value).
-    const auto tile_of = [&](const EpValue& v, int s) -> isa::Arg {
-        if (v.kind == EpKind::Full) return at(v);
-        const isa::Arg dst = area(scratch + s);
-        t.vpu(Opcode::VCmpGt, {dst, t.out(), t.out(), n});
-        t.vpu(Opcode::VMulS, {dst, dst, fimm(-1.0f), n});
-        if (v.kind == EpKind::Scalar)
-            t.vpu(Opcode::VAddS, {dst, dst, fimm(v.scalar), n});
-        else
-            t.vpu(Opcode::VAddRow, {dst, dst, t.side(v.side), t.rows(), cols});
-        return dst;
-    };
-    for (const EpStep& s : p.steps) {
-        const std::vector<EpValue>& x = s.in;
-        const isa::Arg out = at(s.out);
-        const auto F = [&](size_t i) { return tile_of(x[i], int(i)); };
-        const bool bin = x.size() == 2;
-        const size_t fi = bin && x[0].kind != EpKind::Full ? 1 : 0;
-        const EpValue& o = bin ? x[1 - fi] : x[0];
-        const bool scalar = o.kind == EpKind::Scalar, column = o.kind == EpKind::Column;
-        // The scalar and row forms (commutative ops only; x - c is x + (-c) in IEEE).
-        if (bin && s.kind == OpKind::Add && scalar) {
-            t.vpu(Opcode::VAddS, {out, at(x[fi]), fimm(o.scalar), n});
-            continue;
+/// Registers for the allocations a kernel reads: temps share the arena's register, every
+/// other allocation gets one (a kernel that keeps most registers for itself can hold few).
+class Addresses {
+public:
+    /// Temps use `parent`'s arena register when it has one.
+    Addresses(isa::Builder& b, const LoadFn& load, const Addresses* parent = nullptr)
+        : b(b), load(load), parent(parent) {}
+    isa::Arg of(const BufferRef& r) {
+        if (r.space == BufferRef::Space::Temp) {
+            if (parent && parent->arena) return *parent->arena + int64_t(r.offset);
+            if (!arena) {
+                arena.emplace(b.reg("arena"));
+                load(*arena, BufferRef{BufferRef::Space::Temp, 0, 0, 0});
+            }
+            return *arena + int64_t(r.offset);
         }
-        if (bin && s.kind == OpKind::Add && column) {
-            t.vpu(Opcode::VAddRow, {out, at(x[fi]), t.side(o.side), t.rows(), cols});
-            continue;
-        }
-        if (bin && s.kind == OpKind::Sub && scalar && fi == 0) {
-            t.vpu(Opcode::VAddS, {out, at(x[0]), fimm(-o.scalar), n});
-            continue;
-        }
-        if (bin && (s.kind == OpKind::Mul || s.kind == OpKind::Max) && scalar) {
-            t.vpu(s.kind == OpKind::Mul ? Opcode::VMulS : Opcode::VMaxS,
-                  {out, at(x[fi]), fimm(o.scalar), n});
-            continue;
-        }
-        const auto vpu = [&](Opcode op, std::initializer_list<isa::Arg> args) { t.vpu(op, args); };
-        if (!emit_elementwise(vpu, s.kind, s.comparison, out, F, n))
-            throw CompileError(fmt::format("epilogue op {} not generated", op_name(s.kind)));
-    }
-}
-
-void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
-    // The scratch (and every temp) shares the arena's register.
-    const isa::Reg arena = b.reg("conv.arena");
-    BufferRef arena_ref = p.scratch_buf;
-    arena_ref.offset = 0;
-    load(arena, arena_ref);
-    const int64_t so = int64_t(p.scratch_buf.offset);
-    const isa::Arg xs = arena + so, ws = arena + (so + int64_t(p.scratch.x)),
-                   bs = arena + (so + int64_t(p.scratch.x + p.scratch.w));
-    {
-        // The packing kernels read the fusion's operands in their row-major layouts.
-        const auto scope = b.scope("pack");
-        const isa::Reg x = b.reg("conv.x");
-        load(x, p.x->buffer);
-        driver::emit(b, p.pack_x, std::vector<st::Operand>{st::Operand::hbm(x), st::Operand::hbm(xs)});
-        const isa::Reg w = b.reg("conv.w");
-        load(w, p.w->buffer);
-        driver::emit(b, p.pack_w, std::vector<st::Operand>{st::Operand::hbm(w), st::Operand::hbm(ws)});
-        driver::emit(b, p.zero, std::vector<st::Operand>{st::Operand::hbm(bs)});
-    }
-    // One register per allocation the kernel reads besides the arena (it keeps 26 for itself).
-    std::map<std::pair<uint8_t, uint32_t>, isa::Reg> regs;
-    const auto where = [&](const BufferRef& r) -> isa::Arg {
-        if (r.space == BufferRef::Space::Temp) return arena + int64_t(r.offset);
         const auto key = alloc_key(r);
         auto it = regs.find(key);
         if (it == regs.end()) {
-            isa::Reg reg = b.reg(fmt::format("conv.buf{}", regs.size()));
+            isa::Reg reg = b.reg(fmt::format("buf{}", regs.size()));
             load(reg, BufferRef{r.space, r.index, 0, r.bytes});
             it = regs.emplace(key, std::move(reg)).first;
         }
         return it->second;
+    }
+
+private:
+    isa::Builder& b;
+    const LoadFn& load;
+    const Addresses* parent;
+    std::optional<isa::Reg> arena;
+    std::map<std::pair<uint8_t, uint32_t>, isa::Reg> regs;
+};
+
+void emit_pass(isa::Builder& b, const Pass& ps, const LoadFn& load) {
+    const auto scope = b.scope("pass");
+    Addresses ad(b, load);
+    const Placed& ep = ps.ep;
+    st::Spec sp;
+    sp.fp.name = "elementwise";
+    sp.fp.units = ps.pixels;
+    sp.fp.areas.assign(1 + ep.fulls.size() + size_t(ep.areas), ps.C);
+    sp.fp.fixed.assign(ep.columns.size() + size_t(ep.col_areas), ps.C);
+    for (size_t i = 0; i < ep.fulls.size(); ++i)
+        sp.ins.emplace_back(st::Operand::hbm(ad.of(ep.fulls[i]->buffer)), int(1 + i));
+    sp.outs.emplace_back(st::Operand::hbm(ad.of(ps.out)), 0);
+    for (size_t i = 0; i < ep.columns.size(); ++i)
+        sp.fixed_ins.push_back({st::Operand::hbm(ad.of(ep.columns[i]->buffer)), int(i)});
+    sp.body = [&](st::Body& bd) {
+        const isa::Reg& n = bd.scratch();
+        bd.emit(Opcode::Mul, {n, bd.units(), imm(ps.C)});
+        TileCtx t{bd.builder(),
+                  [&](Opcode op, std::initializer_list<isa::Arg> a) { bd.vpu(op, a); },
+                  bd.a(0), {}, {}, {}, {}, bd.units(), ps.C, n};
+        for (size_t i = 0; i < ep.columns.size(); ++i) t.columns.push_back(bd.f(int(i)));
+        for (size_t i = 0; i < ep.fulls.size(); ++i) t.fulls.push_back(bd.a(int(1 + i)));
+        for (int i = 0; i < ep.areas; ++i)
+            t.areas.push_back(bd.a(int(1 + ep.fulls.size()) + i));
+        for (int i = 0; i < ep.col_areas; ++i)
+            t.col_areas.push_back(bd.f(int(ep.columns.size()) + i));
+        emit_steps(t, ep);
     };
-    const isa::Arg y = where(p.y->buffer);
-    driver::Epilogue ep;
-    for (size_t i = 0; i < p.sides.size(); ++i)
-        ep.sides.push_back({i < p.key.tiling.column_sides ? driver::EpilogueSide::Kind::Column
-                                                          : driver::EpilogueSide::Kind::Full,
-                            st::Operand::hbm(where(p.sides[i]->buffer))});
-    std::vector<isa::Vmem> areas;
-    for (int i = 0; i < p.areas; ++i)
-        areas.push_back(b.vmem(fmt::format("epilogue{}", i), p.area_bytes, 512));
-    if (!p.steps.empty()) ep.body = [&](driver::EpilogueTile& t) { emit_epilogue(t, p, areas); };
-    driver::Conv2dOperands ops{
-        st::Operand::hbm(xs), st::Operand::hbm(ws), st::Operand::hbm(bs), st::Operand::hbm(y),
-        st::Operand::scalar(imm(driver::conv2d_blocks(p.key.shape, p.key.tiling)))};
-    driver::emit_conv2d(b, p.key, ops, ep);
+    st::emit(b, sp, ps.tile);
+}
+
+void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
+    {
+        const auto scope = b.scope("conv");
+        Addresses ad(b, load);
+        const isa::Arg xs = ad.of(p.scratch_buf);
+        const isa::Arg ws = xs + int64_t(p.scratch.x);
+        const isa::Arg bs = xs + int64_t(p.scratch.x + p.scratch.w);
+        {
+            // The packing kernels read the fusion's operands in their row-major layouts.
+            const auto pack = b.scope("pack");
+            Addresses in(b, load, &ad);
+            const isa::Arg x = in.of(p.x->buffer);
+            driver::emit(b, p.pack_x,
+                         std::vector<st::Operand>{st::Operand::hbm(x), st::Operand::hbm(xs)});
+            const isa::Arg w = in.of(p.w->buffer);
+            driver::emit(b, p.pack_w,
+                         std::vector<st::Operand>{st::Operand::hbm(w), st::Operand::hbm(ws)});
+            driver::emit(b, p.zero, std::vector<st::Operand>{st::Operand::hbm(bs)});
+        }
+        // The Column sides into the scratch, behind the bias.
+        const int64_t cols_at = int64_t(p.scratch.x + p.scratch.w + p.scratch.bias);
+        const auto column = [&](size_t i) { return xs + (cols_at + int64_t(i * p.scratch.column)); };
+        if (!p.ep.columns.empty()) {
+            const auto copy = b.scope("columns");
+            Addresses in(b, load, &ad);
+            st::Spec sp;
+            sp.fp.name = "columns";
+            sp.fp.units = p.key.shape.cout;
+            sp.body = [](st::Body&) {};  // a copy
+            for (size_t i = 0; i < p.ep.columns.size(); ++i) {
+                sp.fp.areas.push_back(1);
+                sp.ins.emplace_back(st::Operand::hbm(in.of(p.ep.columns[i]->buffer)), int(i));
+                sp.outs.emplace_back(st::Operand::hbm(column(i)), int(i));
+            }
+            st::emit(b, sp, st::plan(sp.fp, b.vmem_free()));
+        }
+        const isa::Arg y = ad.of(p.y->buffer);
+        driver::Epilogue ep;
+        for (size_t i = 0; i < p.ep.columns.size(); ++i)
+            ep.sides.push_back({driver::EpilogueSide::Kind::Column, st::Operand::hbm(column(i))});
+        for (const FusionValue* fv : p.ep.fulls)
+            ep.sides.push_back(
+                {driver::EpilogueSide::Kind::Full, st::Operand::hbm(ad.of(fv->buffer))});
+        std::vector<isa::Vmem> areas, col_areas;
+        for (int i = 0; i < p.ep.areas; ++i)
+            areas.push_back(b.vmem(fmt::format("epilogue{}", i), p.area_bytes, 512));
+        for (int i = 0; i < p.ep.col_areas; ++i)
+            col_areas.push_back(b.vmem(fmt::format("epilogue.col{}", i),
+                                       align512(uint64_t(p.key.tiling.C) * 4), 512));
+        if (!p.ep.steps.empty())
+            ep.body = [&](driver::EpilogueTile& et) {
+                isa::Builder& bb = et.builder();
+                const isa::Reg n = bb.reg("epilogue.values");
+                bb.emit(Opcode::Mul, {n, et.rows(), imm(et.cols())});
+                TileCtx t{bb,
+                          [&](Opcode op, std::initializer_list<isa::Arg> a) { et.vpu(op, a); },
+                          et.out(), {}, {}, {}, {}, et.rows(), et.cols(), n};
+                const size_t nc = p.ep.columns.size();
+                for (size_t i = 0; i < nc; ++i) t.columns.push_back(et.side(i));
+                for (size_t i = 0; i < p.ep.fulls.size(); ++i) t.fulls.push_back(et.side(nc + i));
+                for (const isa::Vmem& a : areas) t.areas.push_back(a.at(0));
+                for (const isa::Vmem& a : col_areas) t.col_areas.push_back(a.at(0));
+                emit_steps(t, p.ep);
+            };
+        driver::Conv2dOperands ops{
+            st::Operand::hbm(xs), st::Operand::hbm(ws), st::Operand::hbm(bs), st::Operand::hbm(y),
+            st::Operand::scalar(imm(driver::conv2d_blocks(p.key.shape, p.key.tiling)))};
+        driver::emit_conv2d(b, p.key, ops, ep);
+    }
+    for (const Pass& ps : p.after) emit_pass(b, ps, load);
 }
 
 void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
-    const isa::Reg x = b.reg("gsum.x"), y = b.reg("gsum.y");
-    load(x, p.x->buffer);
-    load(y, p.y->buffer);
+    if (p.before) emit_pass(b, *p.before, load);
+    const auto scope = b.scope("global_sum");
+    Addresses ad(b, load);
+    const isa::Arg x = ad.of(p.before ? p.before->out : p.x->buffer);
+    const isa::Arg y = ad.of(p.y->buffer);
     enum { X, Part, Y };
     const uint32_t C = p.channels, hw = p.hw, L = p.lanes;
     const uint32_t chunks = (hw + L - 1) / L;
@@ -507,20 +763,18 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
     } else {
         // Image n's C values go to row n % 8 of its band's T(8,128) tiles: one strided DMA.
         const uint32_t rows = p.out_tile_rows, CT = C / L;
-        const isa::Reg& yr = y;
         sp.outs.emplace_back(
             st::Operand::hbm(y), Y,
-            [=, &yr](st::Body& bd, const isa::Reg& first, const isa::Reg& units,
-                     const isa::Reg& slot, const isa::Flag& flag) {
+            [=](st::Body& bd, const isa::Reg& first, const isa::Reg&, const isa::Reg& slot,
+                const isa::Flag& flag) {
                 const isa::Reg& a = bd.tmp(0);
                 const isa::Reg& r = bd.tmp(1);
-                // (first / 8) * CT * 8 * L * 4 + (first % 8) * L * 4
                 bd.emit(Opcode::Remu, {r, first, imm(rows)});
                 bd.emit(Opcode::Mul, {r, r, imm(int64_t(L) * 4)});
                 bd.emit(Opcode::Divu, {a, first, imm(rows)});
                 bd.emit(Opcode::Mul, {a, a, imm(int64_t(CT) * rows * L * 4)});
                 bd.emit(Opcode::Add, {a, a, r});
-                bd.emit(Opcode::Add, {a, a, yr});
+                bd.emit(Opcode::Add, {a, a, y});
                 bd.emit(Opcode::DmaVh, {a, bd.at(slot, Y), imm(CT), imm(int64_t(L) * 4),
                                         imm(int64_t(rows) * L * 4), imm(int64_t(L) * 4), flag});
             });
@@ -540,9 +794,11 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
 }
 
 void emit_pool(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
-    const isa::Reg x = b.reg("pool.x"), y = b.reg("pool.y");
-    load(x, p.x->buffer);
-    load(y, p.y->buffer);
+    if (p.before) emit_pass(b, *p.before, load);
+    const auto scope = b.scope("pool");
+    Addresses ad(b, load);
+    const isa::Arg x = ad.of(p.before ? p.before->out : p.x->buffer);
+    const isa::Arg y = ad.of(p.y->buffer);
     driver::emit(b, p.pool, std::vector<st::Operand>{st::Operand::hbm(x), st::Operand::hbm(y)});
 }
 
@@ -581,8 +837,19 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
     const Graph& g = step.graph;
     for (Fusion& f : step.fusions) {
         f.scratch = {};
-        if (f.kind != FusionKind::Output || f.hero == kNoOp) continue;
+        if (f.hero == kNoOp) continue;
         const Op& op = g.op(f.hero);
+        // A pooling or H W reduction fusion that computes its kernel's input first (its fused
+        // producers) writes it to scratch, which the kernel reads.
+        if (op.kind == OpKind::Pool || op.kind == OpKind::Reduce) {
+            const ValueId x = op.operands[0];
+            const Shape& xs = g.shape(x);
+            if (xs.rank() == 4 && gen::inside_fusion(f, g, x) &&
+                (op.kind == OpKind::Pool || op.attrs.dims == std::vector<int64_t>{1, 2}))
+                f.scratch.bytes = uint64_t(xs.elements()) * 4;
+            continue;
+        }
+        if (f.kind != FusionKind::Output) continue;
         if (op.kind != OpKind::Conv2d || !gen::conv_unsupported(g, op, options.board).empty())
             continue;
         const driver::Conv2dShape s = gen::conv_shape_of(g, op);
@@ -593,7 +860,7 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
         } catch (const driver::DeviceError&) {
             continue;
         }
-        f.scratch.bytes = gen::conv_scratch(s, t).total();
+        f.scratch.bytes = gen::conv_scratch(s, t, gen::column_operands(g, f, s.cout)).total();
     }
 }
 

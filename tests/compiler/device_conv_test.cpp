@@ -218,6 +218,16 @@ std::vector<Leaf> small_resnet_leaves() {
     return l;
 }
 
+TEST(CompilerDeviceConv, DISABLED_Listing) {
+    Graph g;
+    std::vector<ValueId> v;
+    for (const Leaf& l : small_resnet_leaves())
+        v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
+    g.add_output(small_resnet(g, v), "y");
+    const CompiledStep s = compile(g);
+    std::cout << s.graph.to_string() << s.to_string();
+}
+
 TEST(CompilerDeviceConv, ProbeSmallResNet) {
     const auto st = probe(small_resnet_leaves(), small_resnet);
     std::cout << "fallback fusions: " << st.fallback_fusions << "\n";
