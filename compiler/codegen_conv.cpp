@@ -15,6 +15,7 @@
 #include "compiler/stages.h"
 #include "driver/kernels/conv2d.h"
 #include "driver/kernels/epilogue.h"
+#include "driver/kernels/matmul_kernel.h"
 #include "driver/kernels/pool.h"
 #include "driver/kernels/stream_kernel.h"
 #include "isa/builder.h"
@@ -70,6 +71,15 @@ uint32_t column_operands(const Graph& g, const Fusion& f, int64_t cout) {
         n += fv.shape.dtype == DType::F32 && fv.shape.dims == std::vector<int64_t>{cout};
     return n;
 }
+/// Folded (conv2d_folds_taps): x is im2col(x), N Ho Wo x k k Cin fp32, and no w or bias.
+ConvScratch folded_scratch(const driver::Conv2dShape& s, uint32_t C, uint32_t columns) {
+    ConvScratch c;
+    c.x = align512(uint64_t(s.batch) * s.out_height() * s.out_width() * s.kernel * s.kernel *
+                   s.cin * 4);
+    c.column = align512(uint64_t((s.cout + C - 1) / C) * C * 4);
+    c.columns = c.column * columns;
+    return c;
+}
 ConvScratch conv_scratch(const driver::Conv2dShape& s, const driver::Conv2dTiling& t,
                          uint32_t columns) {
     ConvScratch c;
@@ -94,10 +104,6 @@ std::string conv_unsupported(const Graph& g, const Op& op, const hw::BoardConfig
     } catch (const driver::DeviceError& e) {
         return fmt::format("a convolution the kernel refuses ({})", e.what());
     }
-    // The folded lowering (im2col and one GEMM, conv2d_folds_taps) is what the evaluator's
-    // reference computes for small Cin; its im2col into the dot kernel is not wired yet.
-    if (driver::conv2d_folds_taps(s, board.core.mxu_rows))
-        return "a convolution whose taps fold into K (small Cin: im2col and a dot)";
     return {};
 }
 
@@ -371,7 +377,10 @@ struct ConvPoolFusion {
     const FusionValue* y = nullptr;  ///< the kernel's result
     std::optional<Pass> before;      ///< Pool, GlobalSum: fused producers, into the scratch
     std::vector<Pass> after;         ///< Conv: the other results
-    // Conv
+    // Conv: the implicit GEMM, or (folded) im2col into the scratch and the dot kernel
+    bool folded = false;
+    driver::Conv2dAuxKey im2col;
+    driver::DotKey dot;
     driver::Conv2dKey key;
     driver::Conv2dAuxKey pack_x, pack_w, zero;
     ConvScratch scratch;
@@ -470,8 +479,70 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
 
     const driver::Conv2dShape s = conv_shape_of(g, conv);
     const auto cols = uint32_t(p->ep.columns.size()), fulls = uint32_t(p->ep.fulls.size());
-    // The kernel's tiling in what the epilogue's areas (one image tile each) leave of VMEM.
     const uint64_t margin = 64 * 1024;
+    // emit_conv2d keeps 26 of the 31 registers: the arena's (scratch and temps) and one per
+    // other allocation the kernel reads.
+    std::set<std::pair<uint8_t, uint32_t>> held;
+    for (const FusionValue* fv : p->ep.fulls)
+        if (fv->buffer.space != BufferRef::Space::Temp) held.insert(alloc_key(fv->buffer));
+    if (p->y->buffer.space != BufferRef::Space::Temp) held.insert(alloc_key(p->y->buffer));
+    if (held.size() > 3)
+        not_generated(f, fmt::format("a convolution reading {} allocations besides the temp arena "
+                                     "(the kernels leave registers for 3)",
+                                     held.size()));
+    p->scratch_buf = f.scratch;
+    if (driver::conv2d_folds_taps(s, board.core.mxu_rows)) {
+        // Small Cin: the taps folded into K as conv2d does (driver/README.md, "Convolution"),
+        // im2col(x) into the scratch and the dot kernel, so the evaluator's reference (the
+        // same test) gives the same bits.
+        p->folded = true;
+        p->key.shape = s;
+        p->scratch = folded_scratch(s, board.core.mxu_cols, cols);
+        if (f.scratch.bytes < p->scratch.total())
+            not_generated(f, fmt::format("a convolution without its {} bytes of scratch",
+                                         p->scratch.total()));
+        try {
+            p->im2col = driver::plan_conv2d_aux(driver::Conv2dAux::Im2colRows, s,
+                                                board.core.mxu_rows, board.core.mxu_cols, 0, 0,
+                                                0, board.core.vmem_bytes - margin);
+        } catch (const driver::DeviceError& e) {
+            not_generated(f, fmt::format("a folded convolution whose im2col rows do not fit ({})",
+                                         e.what()));
+        }
+        driver::DotKey shape;
+        shape.M = s.batch * s.out_height() * s.out_width();
+        shape.K = s.kernel * s.kernel * s.cin;
+        shape.N = s.cout;
+        shape.precision = driver::Precision::Bf16;
+        shape.stationary = Stationary::Rhs;
+        shape.column_sides = cols;
+        shape.full_sides = fulls;
+        const uint64_t col_bytes =
+            uint64_t(p->ep.col_areas) * align512(uint64_t(board.core.mxu_cols) * 4);
+        uint64_t budget = board.core.vmem_bytes - margin - col_bytes;
+        for (int tries = 0; tries < 32; ++tries) {
+            std::optional<driver::DotKey> k;
+            try {
+                k = driver::plan_dot(board, shape, budget);
+            } catch (const driver::DeviceError& e) {
+                not_generated(f, fmt::format("the dot kernel: {}", e.what()));
+            }
+            if (!k) break;
+            const uint64_t area = align512(uint64_t(k->block_rows) * k->C * 4);
+            const uint64_t need = driver::dot_vmem_bytes(*k) + uint64_t(p->ep.areas) * area +
+                                  col_bytes + margin;
+            if (need <= board.core.vmem_bytes) {
+                p->dot = *k;
+                p->area_bytes = area;
+                return p;
+            }
+            const uint64_t over = need - board.core.vmem_bytes;
+            if (driver::dot_vmem_bytes(*k) <= over) break;
+            budget = driver::dot_vmem_bytes(*k) - over;
+        }
+        not_generated(f, "a folded convolution whose epilogue does not fit in VMEM beside it");
+    }
+    // The kernel's tiling in what the epilogue's areas (one image tile each) leave of VMEM.
     const uint64_t col_bytes =
         uint64_t(p->ep.col_areas) * align512(uint64_t(board.core.mxu_cols) * 4);
     hw::BoardConfig cfg = board;
@@ -510,20 +581,9 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     } catch (const driver::DeviceError& e) {
         not_generated(f, fmt::format("a convolution whose packing does not fit ({})", e.what()));
     }
-    // emit_conv2d keeps 26 of the 31 registers: the arena's (scratch and temps) and one per
-    // other allocation the kernel reads.
-    std::set<std::pair<uint8_t, uint32_t>> held;
-    for (const FusionValue* fv : p->ep.fulls)
-        if (fv->buffer.space != BufferRef::Space::Temp) held.insert(alloc_key(fv->buffer));
-    if (p->y->buffer.space != BufferRef::Space::Temp) held.insert(alloc_key(p->y->buffer));
-    if (held.size() > 4)
-        not_generated(f, fmt::format("a convolution reading {} allocations besides the temp arena "
-                                     "(the kernel leaves registers for 4)",
-                                     held.size()));
     if (f.scratch.bytes < p->scratch.total())
         not_generated(f, fmt::format("a convolution without its {} bytes of scratch",
                                      p->scratch.total()));
-    p->scratch_buf = f.scratch;
     return p;
 }
 
@@ -678,7 +738,13 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
         const isa::Arg xs = ad.of(p.scratch_buf);
         const isa::Arg ws = xs + int64_t(p.scratch.x);
         const isa::Arg bs = xs + int64_t(p.scratch.x + p.scratch.w);
-        {
+        if (p.folded) {
+            const auto pack = b.scope("im2col");
+            Addresses in(b, load, &ad);
+            driver::emit(b, p.im2col,
+                         std::vector<st::Operand>{st::Operand::hbm(in.of(p.x->buffer)),
+                                                  st::Operand::hbm(xs)});
+        } else {
             // The packing kernels read the fusion's operands in their row-major layouts.
             const auto pack = b.scope("pack");
             Addresses in(b, load, &ad);
@@ -719,7 +785,8 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
             areas.push_back(b.vmem(fmt::format("epilogue{}", i), p.area_bytes, 512));
         for (int i = 0; i < p.ep.col_areas; ++i)
             col_areas.push_back(b.vmem(fmt::format("epilogue.col{}", i),
-                                       align512(uint64_t(p.key.tiling.C) * 4), 512));
+                                       align512(uint64_t(p.folded ? p.dot.C : p.key.tiling.C) * 4),
+                                       512));
         if (!p.ep.steps.empty())
             ep.body = [&](driver::EpilogueTile& et) {
                 isa::Builder& bb = et.builder();
@@ -735,10 +802,19 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
                 for (const isa::Vmem& a : col_areas) t.col_areas.push_back(a.at(0));
                 emit_steps(t, p.ep);
             };
-        driver::Conv2dOperands ops{
-            st::Operand::hbm(xs), st::Operand::hbm(ws), st::Operand::hbm(bs), st::Operand::hbm(y),
-            st::Operand::scalar(imm(driver::conv2d_blocks(p.key.shape, p.key.tiling)))};
-        driver::emit_conv2d(b, p.key, ops, ep);
+        if (p.folded) {
+            const isa::Reg w = b.reg("conv.w");
+            load(w, p.w->buffer);
+            driver::emit_dot(b, p.dot, {st::Operand::hbm(xs), st::Operand::hbm(w),
+                                        st::Operand::hbm(y)},
+                             ep);
+        } else {
+            driver::Conv2dOperands ops{
+                st::Operand::hbm(xs), st::Operand::hbm(ws), st::Operand::hbm(bs),
+                st::Operand::hbm(y),
+                st::Operand::scalar(imm(driver::conv2d_blocks(p.key.shape, p.key.tiling)))};
+            driver::emit_conv2d(b, p.key, ops, ep);
+        }
     }
     for (const Pass& ps : p.after) emit_pass(b, ps, load);
 }
@@ -854,13 +930,18 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
             continue;
         const driver::Conv2dShape s = gen::conv_shape_of(g, op);
         // Sides do not change the packed layouts (only the blocking), so none are counted here.
+        const uint32_t columns = gen::column_operands(g, f, s.cout);
+        if (driver::conv2d_folds_taps(s, options.board.core.mxu_rows)) {
+            f.scratch.bytes = gen::folded_scratch(s, options.board.core.mxu_cols, columns).total();
+            continue;
+        }
         driver::Conv2dTiling t;
         try {
             t = driver::plan_conv2d(options.board, s, s.batch);
         } catch (const driver::DeviceError&) {
             continue;
         }
-        f.scratch.bytes = gen::conv_scratch(s, t, gen::column_operands(g, f, s.cout)).total();
+        f.scratch.bytes = gen::conv_scratch(s, t, columns).total();
     }
 }
 

@@ -144,6 +144,19 @@ TEST(CompilerDeviceConv, StridedConvWithTwoCoutTilesBitExact) {
     });
 }
 
+TEST(CompilerDeviceConv, FoldedStemConvBnReluMaxPoolBitExact) {
+    // ResNet's stem on 2 x 32 x 32 x 3: 7 x 7, stride 2, pad 3, 3 -> 64 folds its taps into K
+    // (2 MXU passes of k k Cin = 147 rows instead of 49 of 3): im2col into the fusion's scratch
+    // and the dot kernel with the batch norm and ReLU in its epilogue; then the 3 x 3 max pool.
+    std::vector<Leaf> leaves = {
+        {"x", f32({2, 32, 32, 3}), {randoms(2 * 1024 * 3, 61)}},
+        {"w", f32({7, 7, 3, 64}), {randoms(49 * 3 * 64, 62, -0.2f, 0.2f)}, true}};
+    for (Leaf& l : bn_leaves("bn", 64, 63)) leaves.push_back(l);
+    expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        return pool(g, conv_bn(g, v[0], v[1], &v[2], 2, 3, kNoValue, true), PoolKind::Max, 3, 2, 1);
+    });
+}
+
 TEST(CompilerDeviceConv, MaxPoolIsThePoolKernelBitExact) {
     // ResNet's stem pool, 3 x 3, stride 2, pad 1 on 2 x 16 x 16 x 64 (-inf padding).
     expect_bit_exact({{"x", f32({2, 16, 16, 64}), {randoms(2 * 256 * 64, 31)}}},
@@ -181,15 +194,15 @@ DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& record) 
     return device.stats();
 }
 
-/// A small ResNet: stem conv 3 x 3 (128 -> 128: a 3-channel stem folds its taps, not generated
-/// yet), BN, ReLU, max pool, two basic blocks, global average pool, linear to 128 classes (a
-/// multiple of 128: the linear's padded tiles are another emitter's work).
+/// A small ResNet: stem conv 7 x 7 stride 2 (3 -> 128, folded), BN, ReLU, max pool, two basic
+/// blocks of 128 channels, global average pool, linear to 128 classes (8 images and 128
+/// classes fill whole T(8,128) tiles: the padded tiles of the head are another emitter's work).
 ValueId small_resnet(Graph& g, const std::vector<ValueId>& v) {
     size_t i = 1;
     const auto next = [&] { return &v[i]; };
     ValueId x = v[0];
     const ValueId* stem = next();
-    x = conv_bn(g, x, stem[0], stem + 1, 1, 1, kNoValue, true);
+    x = conv_bn(g, x, stem[0], stem + 1, 2, 3, kNoValue, true);
     i += 5;
     x = pool(g, x, PoolKind::Max, 3, 2, 1);
     for (int b = 0; b < 2; ++b) {
@@ -205,11 +218,13 @@ ValueId small_resnet(Graph& g, const std::vector<ValueId>& v) {
 }
 
 std::vector<Leaf> small_resnet_leaves() {
-    std::vector<Leaf> l = {{"x", f32({8, 16, 16, 128}), {randoms(8 * 256 * 128, 51)}}};
+    std::vector<Leaf> l = {{"x", f32({8, 32, 32, 3}), {randoms(8 * 1024 * 3, 51)}}};
     uint32_t seed = 52;
     for (const char* name : {"stem", "b1.c1", "b1.c2", "b2.c1", "b2.c2"}) {
-        l.push_back({std::string(name) + ".w", f32({3, 3, 128, 128}),
-                     {randoms(9 * 128 * 128, seed++, -0.05f, 0.05f)}, true});
+        const bool stem = std::string(name) == "stem";
+        const int64_t k = stem ? 7 : 3, cin = stem ? 3 : 128;
+        l.push_back({std::string(name) + ".w", f32({k, k, cin, 128}),
+                     {randoms(size_t(k * k * cin * 128), seed++, -0.05f, 0.05f)}, true});
         for (Leaf& b : bn_leaves(std::string(name) + ".bn", 128, seed)) l.push_back(b);
         seed += 4;
     }
