@@ -71,6 +71,15 @@ uint32_t column_operands(const Graph& g, const Fusion& f, int64_t cout) {
         n += fv.shape.dtype == DType::F32 && fv.shape.dims == std::vector<int64_t>{cout};
     return n;
 }
+uint64_t packed_w_bytes(const driver::Conv2dShape& s, const driver::Conv2dTiling& t) {
+    return align512(uint64_t(t.NT) * s.kernel * s.kernel * t.CT * t.R * t.C * 2);
+}
+
+/// Whether convolution `conv`'s filter is a parameter of the step (packed once, kept).
+bool filter_is_parameter(const Graph& g, const Op& conv) {
+    return g.producer(conv.operands[1]).kind == OpKind::Parameter;
+}
+
 /// Folded (conv2d_folds_taps): x is im2col(x), N Ho Wo x k k Cin fp32, and no w or bias.
 ConvScratch folded_scratch(const driver::Conv2dShape& s, uint32_t C, uint32_t columns) {
     ConvScratch c;
@@ -81,12 +90,12 @@ ConvScratch folded_scratch(const driver::Conv2dShape& s, uint32_t C, uint32_t co
     return c;
 }
 ConvScratch conv_scratch(const driver::Conv2dShape& s, const driver::Conv2dTiling& t,
-                         uint32_t columns) {
+                         uint32_t columns, bool w_in_scratch) {
     ConvScratch c;
     c.column = align512(uint64_t(t.NT) * t.C * 4);
     c.columns = c.column * columns;
     c.x = align512(uint64_t(s.batch) * t.phases * t.phases * t.CT * t.Hq * t.Wq * t.R * 2);
-    c.w = align512(uint64_t(t.NT) * s.kernel * s.kernel * t.CT * t.R * t.C * 2);
+    c.w = w_in_scratch ? packed_w_bytes(s, t) : 0;
     c.bias = align512(uint64_t(t.NT) * t.C * 4);
     return c;
 }
@@ -379,6 +388,9 @@ struct ConvPoolFusion {
     std::vector<Pass> after;         ///< Conv: the other results
     // Conv: the implicit GEMM, or (folded) im2col into the scratch and the dot kernel
     bool folded = false;
+    /// The filter is a parameter: its packed tiles are a derived buffer the backend keeps
+    /// (ProgramSegment::derived), packed only when stale.
+    std::optional<DerivedBuffer> packed_w;
     driver::Conv2dAuxKey im2col;
     driver::DotKey dot;
     driver::Conv2dKey key;
@@ -568,7 +580,12 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     if (!t) not_generated(f, "a convolution whose epilogue does not fit in VMEM beside it");
     p->key.shape = s;
     p->key.tiling = *t;
-    p->scratch = conv_scratch(s, *t, uint32_t(p->ep.columns.size()));
+    const bool param_w = p->w->buffer.space == BufferRef::Space::Parameter;
+    if (param_w != filter_is_parameter(g, conv))
+        not_generated(f, "a filter parameter placed outside the parameters");
+    // The scratch keeps room for the packed filter even when it is a derived buffer: a segment
+    // with more than 32 of those packs the rest there on every launch.
+    p->scratch = conv_scratch(s, *t, uint32_t(p->ep.columns.size()), true);
     const uint64_t aux_vmem = board.core.vmem_bytes - margin;
     const uint32_t R = board.core.mxu_rows, C = board.core.mxu_cols;
     try {
@@ -580,6 +597,13 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
                                           uint64_t(t->NT) * t->C, aux_vmem);
     } catch (const driver::DeviceError& e) {
         not_generated(f, fmt::format("a convolution whose packing does not fit ({})", e.what()));
+    }
+    if (param_w) {
+        DerivedBuffer d;
+        d.parameter = p->w->buffer.index;
+        d.key = hash_value(p->pack_w);
+        d.bytes = packed_w_bytes(s, *t);
+        p->packed_w = d;
     }
     if (f.scratch.bytes < p->scratch.total())
         not_generated(f, fmt::format("a convolution without its {} bytes of scratch",
@@ -731,12 +755,23 @@ void emit_pass(isa::Builder& b, const Pass& ps, const LoadFn& load) {
     st::emit(b, sp, ps.tile);
 }
 
-void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
+void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
+               const LoadArgFn& load_arg, std::optional<DerivedSlot> slot) {
     {
         const auto scope = b.scope("conv");
         Addresses ad(b, load);
         const isa::Arg xs = ad.of(p.scratch_buf);
-        const isa::Arg ws = xs + int64_t(p.scratch.x);
+        // The packed filter: a derived buffer kept across launches, or the scratch.
+        std::optional<isa::Reg> derived, stale;
+        if (slot) {
+            // The argument is the arena's base plus the stale mask below kDerivedAlign.
+            derived.emplace(b.reg("conv.derived"));
+            stale.emplace(b.reg("conv.stale"));
+            load_arg(*derived);
+            b.emit(Opcode::And, {*stale, *derived, imm(kDerivedAlign - 1)});
+            b.emit(Opcode::Sub, {*derived, *derived, *stale});
+        }
+        const isa::Arg ws = derived ? *derived + int64_t(slot->offset) : xs + int64_t(p.scratch.x);
         const isa::Arg bs = xs + int64_t(p.scratch.x + p.scratch.w);
         if (p.folded) {
             const auto pack = b.scope("im2col");
@@ -752,10 +787,20 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
             driver::emit(b, p.pack_x,
                          std::vector<st::Operand>{st::Operand::hbm(x), st::Operand::hbm(xs)});
             const isa::Arg w = in.of(p.w->buffer);
-            driver::emit(b, p.pack_w,
-                         std::vector<st::Operand>{st::Operand::hbm(w), st::Operand::hbm(ws)});
+            const auto pack_w = [&] {
+                driver::emit(b, p.pack_w,
+                             std::vector<st::Operand>{st::Operand::hbm(w), st::Operand::hbm(ws)});
+            };
+            if (slot) {
+                // Packed by the first launch and again only after the parameter is rewritten.
+                b.emit(Opcode::And, {*stale, *stale, imm(int64_t(1) << slot->bit)});
+                b.if_(isa::Cond::Ne, *stale, imm(0), pack_w);
+            } else {
+                pack_w();
+            }
             driver::emit(b, p.zero, std::vector<st::Operand>{st::Operand::hbm(bs)});
         }
+        stale.reset();  // the kernel needs the register
         // The Column sides into the scratch, behind the bias.
         const int64_t cols_at = int64_t(p.scratch.x + p.scratch.w + p.scratch.bias);
         const auto column = [&](size_t i) { return xs + (cols_at + int64_t(i * p.scratch.column)); };
@@ -894,10 +939,15 @@ std::shared_ptr<const ConvPoolFusion> plan_conv_pool_fusion(const Graph& g, cons
     return nullptr;
 }
 
-void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
+std::optional<DerivedBuffer> conv_pool_derived(const ConvPoolFusion& p) {
+    return p.packed_w;
+}
+
+void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
+                           const LoadArgFn& load_arg, std::optional<DerivedSlot> slot) {
     switch (p.kind) {
         case ConvPoolFusion::Kind::Conv:
-            return emit_conv(b, p, load);
+            return emit_conv(b, p, load, load_arg, slot);
         case ConvPoolFusion::Kind::Pool:
             return emit_pool(b, p, load);
         case ConvPoolFusion::Kind::GlobalSum:
@@ -941,7 +991,7 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
         } catch (const driver::DeviceError&) {
             continue;
         }
-        f.scratch.bytes = gen::conv_scratch(s, t, columns).total();
+        f.scratch.bytes = gen::conv_scratch(s, t, columns, true).total();
     }
 }
 

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -201,7 +202,23 @@ struct ConvPoolFusion;
 std::shared_ptr<const ConvPoolFusion> plan_conv_pool_fusion(const Graph& g, const Fusion& f,
                                                             const hw::BoardConfig& board);
 
-/// Emits a fusion planned by plan_conv_pool_fusion.
-void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load);
+/// Puts the segment's Derived launch argument (the derived arena's base plus its stale mask)
+/// into a register.
+using LoadArgFn = std::function<void(const isa::Reg&)>;
+
+/// A buffer a fusion computes from a parameter and would keep across launches (a convolution's
+/// packed filter): parameter, key and bytes of a DerivedBuffer.
+std::optional<DerivedBuffer> conv_pool_derived(const ConvPoolFusion& p);
+
+/// Where device_segment put that buffer: its offset in the derived arena and its stale bit.
+struct DerivedSlot {
+    uint64_t offset = 0;
+    uint32_t bit = 0;
+};
+
+/// Emits a fusion planned by plan_conv_pool_fusion; `slot` when its derived buffer has one
+/// (else the fusion computes it into its scratch on every launch).
+void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
+                           const LoadArgFn& load_arg, std::optional<DerivedSlot> slot);
 
 }  // namespace tpu::compiler::gen

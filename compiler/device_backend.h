@@ -60,6 +60,17 @@ private:
     CodegenOptions m_codegen;
     EvalOptions m_host;
     std::map<uint64_t, std::shared_ptr<const StepProgram>> m_programs;
+    /// A program segment's derived arena (ProgramSegment::derived) and, per buffer, the
+    /// parameter memory and rewrite count it was last computed from.
+    struct DerivedArena {
+        struct Made {
+            std::weak_ptr<Allocation> source;
+            uint64_t rewrites = 0;
+        };
+        std::shared_ptr<Allocation> mem;
+        std::vector<Made> made;
+    };
+    std::map<std::pair<uint64_t, size_t>, DerivedArena> m_derived;  // by (source hash, segment)
     std::shared_ptr<DeviceBackendStats> m_stats;  // allocations count their bytes here
 };
 

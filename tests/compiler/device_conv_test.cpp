@@ -182,6 +182,58 @@ TEST(CompilerDeviceConv, GlobalAveragePoolBitExact) {
                      });
 }
 
+/// Runs `steps` steps of y = relu(conv(x_i, w)) (and, if `update`, w = w * 0.5 in the same
+/// step) on `backend`; returns each step's y and, on a device backend, its cycles.
+std::vector<std::vector<float>> conv_steps(Backend& backend, int steps, bool update,
+                                           std::vector<uint64_t>* cycles) {
+    LazyContext ctx(backend);
+    const Shape xs = f32({2, 8, 8, 128});
+    const LazyTensor w = ctx.parameter("w", f32({3, 3, 128, 128}),
+                                       {randoms(9 * 128 * 128, 71, -0.1f, 0.1f)});
+    std::vector<std::vector<float>> out;
+    for (int i = 0; i < steps; ++i) {
+        const LazyTensor x = ctx.input("x", xs, {randoms(2 * 64 * 128, 72 + uint32_t(i))});
+        Graph& g = ctx.graph();
+        const ValueId wv = ctx.value(w);
+        const LazyTensor y = ctx.wrap(relu(g, conv2d(g, ctx.value(x), wv, 1, 1)), "y");
+        if (update) ctx.assign(w, mul(g, wv, full(g, 0.5, g.shape(wv))));
+        ctx.mark_step();
+        out.push_back(ctx.to_host(y));
+        if (auto* d = dynamic_cast<DeviceBackend*>(&backend); d && cycles)
+            cycles->push_back(d->stats().last_launch.core_cycles.at(0));
+    }
+    return out;
+}
+
+TEST(CompilerDeviceConv, AFilterParameterIsPackedOnceAndAgainOnlyAfterItChanges) {
+    // The filter's packed bf16 tiles are a derived buffer the backend keeps with the program
+    // (ProgramSegment::derived): the first step packs them, later steps of the same program
+    // skip conv2d_pack_w, and a step that rewrites the filter in place makes the next one pack
+    // again (else it would compute with the old filter: the results would differ).
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    for (const bool update : {false, true}) {
+        auto dev = driver::Device::open(cfg);
+        CodegenOptions cg;
+        cg.board = cfg;
+        DeviceBackend device(*dev, {0}, cg);
+        HostBackend host(1);
+        std::vector<uint64_t> cycles;
+        const auto got = conv_steps(device, 4, update, &cycles);
+        const auto want = conv_steps(host, 4, update, nullptr);
+        for (size_t i = 0; i < got.size(); ++i)
+            EXPECT_TRUE(same_bits(got[i], want[i])) << "step " << i << " update " << update;
+        // Steps 0 and 1 compile (the first gives the parameter its layout), each packing once;
+        // step 2 reuses step 1's program. Its packing of the filter (72 tiles, about 100
+        // cycles each) is what it saves, or not when the filter was rewritten.
+        std::cout << "update " << update << ": cycles " << cycles[1] << ", " << cycles[2] << ", "
+                  << cycles[3] << "\n";
+        if (update)
+            EXPECT_GT(cycles[2] + 2000, cycles[1]);
+        else
+            EXPECT_LT(cycles[2] + 2000, cycles[1]);
+    }
+}
+
 /// The probe: compiles `record` and lists each fusion that falls back to the host and why.
 DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& record) {
     const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
