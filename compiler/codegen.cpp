@@ -208,6 +208,12 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         }
     }
     const size_t derived_args = seg.args.size();
+    // The derived arena takes one launch argument; without a free one, each fusion packs its
+    // filter into its scratch on every launch instead.
+    if (!seg.derived.empty() && seg.args.size() + 1 + (rings ? 3 : 0) >= size_t(isa::kNumSregs)) {
+        seg.derived.clear();
+        for (auto& s : slots) s.reset();
+    }
     if (!seg.derived.empty())
         seg.args.push_back({ProgramArg::What::Derived, BufferRef::Space::Temp, 0});
     // Each core's place in the ring, for the all-reduces.

@@ -122,10 +122,10 @@ std::string conv_unsupported(const Graph& g, const Op& op, const hw::BoardConfig
 /// literal.
 struct Val {
     enum class K : uint8_t { Full, Column, Scalar } k = K::Full;
-    int area = -1;      ///< Full: -1 the result tile, -2 - i Full side i, >= 0 a tile area;
-                        ///< Column: -1 Column side `side`, >= 0 a column area
-    size_t side = 0;    ///< Column side
-    float scalar = 0;   ///< Scalar
+    int area = -1;     ///< Full: -1 the result tile, -2 - i Full side i, >= 0 a tile area;
+                       ///< Column: -1 Column side `side`, >= 0 a column area
+    size_t side = 0;   ///< Column side
+    float scalar = 0;  ///< Scalar
 };
 
 /// One placed elementwise op.
@@ -142,10 +142,10 @@ struct Step {
 struct Placed {
     std::vector<const FusionValue*> columns, fulls;  ///< sides, in their index order
     std::vector<Step> steps;
-    int areas = 0;         ///< tile areas: results, then scratch
-    int scratch = 0;       ///< of which scratch (materialised operands)
-    int col_areas = 0;     ///< column areas: results, then one scratch per operand
-    int col_scratch = 0;   ///< of which scratch
+    int areas = 0;        ///< tile areas: results, then scratch
+    int scratch = 0;      ///< of which scratch (materialised operands)
+    int col_areas = 0;    ///< column areas: results, then one scratch per operand
+    int col_scratch = 0;  ///< of which scratch
 };
 
 /// The ops of `f` that values `targets` need, walking back through ops of the fusion and
@@ -168,9 +168,9 @@ std::set<OpId> needed_ops(const Graph& g, const Fusion& f, const std::vector<Val
 /// Places the ops `ops` of `f` (in fusion order) that compute `target` of dims `D` into the
 /// result tile; `seeds` are values the tile already holds (the convolution's result). Full
 /// operands must lie in `layout`.
-Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops,
-             std::map<ValueId, Val> val, const std::vector<const FusionValue*>& seeded_fulls,
-             ValueId target, const std::vector<int64_t>& D, const Layout& layout) {
+Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops, std::map<ValueId, Val> val,
+             const std::vector<const FusionValue*>& seeded_fulls, ValueId target,
+             const std::vector<int64_t>& D, const Layout& layout) {
     Placed p;
     for (const FusionValue* fv : seeded_fulls) {
         p.fulls.push_back(fv);
@@ -197,10 +197,10 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops,
             }
             if (!fv || fv->shape.dims != D || !(fv->layout == layout) ||
                 fv->shape.dtype != DType::F32)
-                not_generated(f, fmt::format("a side {} in layout {} (the result's is {})",
-                                             g.shape(v).to_string(),
-                                             fv ? fv->layout.to_string() : "?",
-                                             layout.to_string()));
+                not_generated(f,
+                              fmt::format("a side {} in layout {} (the result's is {})",
+                                          g.shape(v).to_string(), fv ? fv->layout.to_string() : "?",
+                                          layout.to_string()));
             p.fulls.push_back(fv);
             return val[v] = {Val::K::Full, -1 - int(p.fulls.size())};
         };
@@ -239,8 +239,8 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops,
                     val[res] = in(0);
                     continue;
                 }
-                not_generated(f, fmt::format("a convert to {} in the epilogue",
-                                             dtype_name(op.attrs.dtype)));
+                not_generated(
+                    f, fmt::format("a convert to {} in the epilogue", dtype_name(op.attrs.dtype)));
             case OpKind::Compare:
                 if (op.attrs.comparison != Comparison::Gt && op.attrs.comparison != Comparison::Lt)
                     not_generated(f, "a comparison other than > and <");
@@ -272,8 +272,8 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops,
             for (const Val& v : step.in) scratch |= v.k != Val::K::Full && !direct;
             step.out = res == target ? Val{Val::K::Full, -1} : Val{Val::K::Full, results++};
         } else {
-            not_generated(f, fmt::format("{} of {} in the epilogue", op_name(op.kind),
-                                         rs.to_string()));
+            not_generated(
+                f, fmt::format("{} of {} in the epilogue", op_name(op.kind), rs.to_string()));
         }
         val[res] = step.out;
         p.steps.push_back(std::move(step));
@@ -299,16 +299,17 @@ struct TileCtx {
     std::vector<isa::Arg> fulls;    ///< Full sides' tiles
     std::vector<isa::Arg> areas;    ///< tile areas
     std::vector<isa::Arg> col_areas;
-    isa::Arg rows;                  ///< pixels in this tile
-    uint32_t cols = 0;              ///< channels per pixel in the tile
-    isa::Arg n;                     ///< rows x cols
+    isa::Arg rows;      ///< pixels in this tile
+    uint32_t cols = 0;  ///< channels per pixel in the tile
+    isa::Arg n;         ///< rows x cols
 };
 
 /// Emits placed ops on one tile (the same fp32 ops in the evaluator's order, so bit-exact).
 void emit_steps(const TileCtx& t, const Placed& p) {
     const isa::Arg C = imm(t.cols);
     const auto at = [&](const Val& v) -> isa::Arg {
-        if (v.k == Val::K::Column) return v.area < 0 ? t.columns[v.side] : t.col_areas[size_t(v.area)];
+        if (v.k == Val::K::Column)
+            return v.area < 0 ? t.columns[v.side] : t.col_areas[size_t(v.area)];
         if (v.area == -1) return t.out;
         if (v.area <= -2) return t.fulls[size_t(-2 - v.area)];
         return t.areas[size_t(v.area)];
@@ -333,7 +334,7 @@ void emit_steps(const TileCtx& t, const Placed& p) {
         const std::vector<Val>& x = s.in;
         const isa::Arg out = at(s.out);
         const bool bin = x.size() == 2;
-        const size_t fi = bin && x[0].k == Val::K::Scalar ? 1
+        const size_t fi = bin && x[0].k == Val::K::Scalar         ? 1
                           : bin && tile && x[0].k != Val::K::Full ? 1
                                                                   : 0;
         const Val& o = bin ? x[1 - fi] : x[0];
@@ -356,9 +357,10 @@ void emit_steps(const TileCtx& t, const Placed& p) {
             continue;
         }
         const auto F = [&](size_t i) {
-            return materialise(x[i], tile ? t.areas[size_t(tile_scratch) + i]
-                                          : t.col_areas[size_t(col_scratch) + i],
-                               n, tile);
+            return materialise(
+                x[i],
+                tile ? t.areas[size_t(tile_scratch) + i] : t.col_areas[size_t(col_scratch) + i], n,
+                tile);
         };
         if (!emit_elementwise(t.vpu, s.kind, s.comparison, out, F, n))
             throw CompileError(fmt::format("epilogue op {} not generated", op_name(s.kind)));
@@ -372,16 +374,16 @@ void emit_steps(const TileCtx& t, const Placed& p) {
 /// reads), or a convolution fusion's results other than the kernel's own.
 struct Pass {
     Placed ep;
-    BufferRef out;       ///< where the result goes (row-major NHWC)
+    BufferRef out;  ///< where the result goes (row-major NHWC)
     uint64_t pixels = 0;
     uint32_t C = 0;
-    uint32_t tile = 0;   ///< pixels per tile
+    uint32_t tile = 0;  ///< pixels per tile
 };
 
 /// A planned convolution or pooling fusion.
 struct ConvPoolFusion {
     enum class Kind : uint8_t { Conv, Pool, GlobalSum } kind = Kind::Conv;
-    BufferRef scratch_buf;  ///< the fusion's own HBM (Fusion::scratch)
+    BufferRef scratch_buf;           ///< the fusion's own HBM (Fusion::scratch)
     const FusionValue* x = nullptr;  ///< the kernel's input (unless a pass writes it to scratch)
     const FusionValue* y = nullptr;  ///< the kernel's result
     std::optional<Pass> before;      ///< Pool, GlobalSum: fused producers, into the scratch
@@ -443,9 +445,9 @@ void plan_input(ConvPoolFusion& p, const Graph& g, const Fusion& f, ValueId v,
     const uint64_t bytes = uint64_t(g.shape(v).elements()) * 4;
     if (f.scratch.bytes < bytes)
         not_generated(f, fmt::format("fused producers without their {} bytes of scratch", bytes));
-    p.before = plan_pass(g, f, needed_ops(g, f, {v}, {}), {}, v,
-                         BufferRef{f.scratch.space, f.scratch.index, f.scratch.offset, bytes},
-                         board);
+    p.before =
+        plan_pass(g, f, needed_ops(g, f, {v}, {}), {}, v,
+                  BufferRef{f.scratch.space, f.scratch.index, f.scratch.offset, bytes}, board);
 }
 
 std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
@@ -482,12 +484,12 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     }
     if (!p->y) not_generated(f, "convolution fusion results that each need the convolution");
     std::map<ValueId, Val> seeds{{cy, {Val::K::Full, -1}}};
-    p->ep = place(g, f, needed_ops(g, f, {p->y->value}, {cy}), seeds, {}, p->y->value, D,
-                  p->y->layout);
+    p->ep =
+        place(g, f, needed_ops(g, f, {p->y->value}, {cy}), seeds, {}, p->y->value, D, p->y->layout);
     for (const FusionValue& r : f.results)
         if (&r != p->y)
-            p->after.push_back(plan_pass(g, f, needed_ops(g, f, {r.value}, {p->y->value}),
-                                         {p->y}, r.value, r.buffer, board));
+            p->after.push_back(plan_pass(g, f, needed_ops(g, f, {r.value}, {p->y->value}), {p->y},
+                                         r.value, r.buffer, board));
 
     const driver::Conv2dShape s = conv_shape_of(g, conv);
     const auto cols = uint32_t(p->ep.columns.size()), fulls = uint32_t(p->ep.fulls.size());
@@ -515,11 +517,11 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
                                          p->scratch.total()));
         try {
             p->im2col = driver::plan_conv2d_aux(driver::Conv2dAux::Im2colRows, s,
-                                                board.core.mxu_rows, board.core.mxu_cols, 0, 0,
-                                                0, board.core.vmem_bytes - margin);
+                                                board.core.mxu_rows, board.core.mxu_cols, 0, 0, 0,
+                                                board.core.vmem_bytes - margin);
         } catch (const driver::DeviceError& e) {
-            not_generated(f, fmt::format("a folded convolution whose im2col rows do not fit ({})",
-                                         e.what()));
+            not_generated(
+                f, fmt::format("a folded convolution whose im2col rows do not fit ({})", e.what()));
         }
         driver::DotKey shape;
         shape.M = s.batch * s.out_height() * s.out_width();
@@ -541,8 +543,8 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
             }
             if (!k) break;
             const uint64_t area = align512(uint64_t(k->block_rows) * k->C * 4);
-            const uint64_t need = driver::dot_vmem_bytes(*k) + uint64_t(p->ep.areas) * area +
-                                  col_bytes + margin;
+            const uint64_t need =
+                driver::dot_vmem_bytes(*k) + uint64_t(p->ep.areas) * area + col_bytes + margin;
             if (need <= board.core.vmem_bytes) {
                 p->dot = *k;
                 p->area_bytes = area;
@@ -589,10 +591,10 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     const uint64_t aux_vmem = board.core.vmem_bytes - margin;
     const uint32_t R = board.core.mxu_rows, C = board.core.mxu_cols;
     try {
-        p->pack_x = driver::plan_conv2d_aux(driver::Conv2dAux::PackInput, s, R, C, 0, 0, 0,
-                                            aux_vmem);
-        p->pack_w = driver::plan_conv2d_aux(driver::Conv2dAux::PackWeight, s, R, C, 0, 0, 0,
-                                            aux_vmem);
+        p->pack_x =
+            driver::plan_conv2d_aux(driver::Conv2dAux::PackInput, s, R, C, 0, 0, 0, aux_vmem);
+        p->pack_w =
+            driver::plan_conv2d_aux(driver::Conv2dAux::PackWeight, s, R, C, 0, 0, 0, aux_vmem);
         p->zero = driver::plan_conv2d_aux(driver::Conv2dAux::Zero, s, R, C, 0, 0,
                                           uint64_t(t->NT) * t->C, aux_vmem);
     } catch (const driver::DeviceError& e) {
@@ -606,8 +608,8 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
         p->packed_w = d;
     }
     if (f.scratch.bytes < p->scratch.total())
-        not_generated(f, fmt::format("a convolution without its {} bytes of scratch",
-                                     p->scratch.total()));
+        not_generated(
+            f, fmt::format("a convolution without its {} bytes of scratch", p->scratch.total()));
     return p;
 }
 
@@ -635,9 +637,9 @@ std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
     s.stride = uint32_t(op.attrs.window.stride);
     s.pad = uint32_t(op.attrs.window.pad);
     try {
-        p->pool = driver::plan_pool(op.attrs.pool == PoolKind::Max ? driver::PoolOp::Max
-                                                                   : driver::PoolOp::Avg,
-                                    s, board.core.vmem_bytes - 64 * 1024);
+        p->pool = driver::plan_pool(
+            op.attrs.pool == PoolKind::Max ? driver::PoolOp::Max : driver::PoolOp::Avg, s,
+            board.core.vmem_bytes - 64 * 1024);
     } catch (const driver::DeviceError& e) {
         not_generated(f, fmt::format("pooling the kernel refuses ({})", e.what()));
     }
@@ -662,8 +664,8 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
     p->channels = uint32_t(xs.dims[3]);
     p->lanes = board.core.vpu_lanes;
     if (xs.dtype != DType::F32 || (p->x && !untiled_row_major(*p->x)))
-        not_generated(f, fmt::format("a reduction over H and W of {} in layout {}",
-                                     xs.to_string(), p->x->layout.to_string()));
+        not_generated(f, fmt::format("a reduction over H and W of {} in layout {}", xs.to_string(),
+                                     p->x->layout.to_string()));
     // The result [N, C]: row-major, or T(8, 128) tiles of whole bands and lane chunks.
     const int64_t lanes = board.core.vpu_lanes, sub = board.core.vpu_sublanes;
     if (untiled_row_major(y)) {
@@ -684,8 +686,8 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
     try {
         p->tile = st::plan(fp, board.core.vmem_bytes - 64 * 1024);
     } catch (const driver::DeviceError& e) {
-        not_generated(f, fmt::format("a reduction over H and W whose image does not fit ({})",
-                                     e.what()));
+        not_generated(
+            f, fmt::format("a reduction over H and W whose image does not fit ({})", e.what()));
     }
     return p;
 }
@@ -741,13 +743,15 @@ void emit_pass(isa::Builder& b, const Pass& ps, const LoadFn& load) {
     sp.body = [&](st::Body& bd) {
         const isa::Reg& n = bd.scratch();
         bd.emit(Opcode::Mul, {n, bd.units(), imm(ps.C)});
-        TileCtx t{bd.builder(),
-                  [&](Opcode op, std::initializer_list<isa::Arg> a) { bd.vpu(op, a); },
-                  bd.a(0), {}, {}, {}, {}, bd.units(), ps.C, n};
+        TileCtx t{
+            bd.builder(), [&](Opcode op, std::initializer_list<isa::Arg> a) { bd.vpu(op, a); },
+            bd.a(0),      {},
+            {},           {},
+            {},           bd.units(),
+            ps.C,         n};
         for (size_t i = 0; i < ep.columns.size(); ++i) t.columns.push_back(bd.f(int(i)));
         for (size_t i = 0; i < ep.fulls.size(); ++i) t.fulls.push_back(bd.a(int(1 + i)));
-        for (int i = 0; i < ep.areas; ++i)
-            t.areas.push_back(bd.a(int(1 + ep.fulls.size()) + i));
+        for (int i = 0; i < ep.areas; ++i) t.areas.push_back(bd.a(int(1 + ep.fulls.size()) + i));
         for (int i = 0; i < ep.col_areas; ++i)
             t.col_areas.push_back(bd.f(int(ep.columns.size()) + i));
         emit_steps(t, ep);
@@ -803,7 +807,9 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
         stale.reset();  // the kernel needs the register
         // The Column sides into the scratch, behind the bias.
         const int64_t cols_at = int64_t(p.scratch.x + p.scratch.w + p.scratch.bias);
-        const auto column = [&](size_t i) { return xs + (cols_at + int64_t(i * p.scratch.column)); };
+        const auto column = [&](size_t i) {
+            return xs + (cols_at + int64_t(i * p.scratch.column));
+        };
         if (!p.ep.columns.empty()) {
             const auto copy = b.scope("columns");
             Addresses in(b, load, &ad);
@@ -837,9 +843,12 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
                 isa::Builder& bb = et.builder();
                 const isa::Reg n = bb.reg("epilogue.values");
                 bb.emit(Opcode::Mul, {n, et.rows(), imm(et.cols())});
-                TileCtx t{bb,
-                          [&](Opcode op, std::initializer_list<isa::Arg> a) { et.vpu(op, a); },
-                          et.out(), {}, {}, {}, {}, et.rows(), et.cols(), n};
+                TileCtx t{
+                    bb,        [&](Opcode op, std::initializer_list<isa::Arg> a) { et.vpu(op, a); },
+                    et.out(),  {},
+                    {},        {},
+                    {},        et.rows(),
+                    et.cols(), n};
                 const size_t nc = p.ep.columns.size();
                 for (size_t i = 0; i < nc; ++i) t.columns.push_back(et.side(i));
                 for (size_t i = 0; i < p.ep.fulls.size(); ++i) t.fulls.push_back(et.side(nc + i));
@@ -850,9 +859,8 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
         if (p.folded) {
             const isa::Reg w = b.reg("conv.w");
             load(w, p.w->buffer);
-            driver::emit_dot(b, p.dot, {st::Operand::hbm(xs), st::Operand::hbm(w),
-                                        st::Operand::hbm(y)},
-                             ep);
+            driver::emit_dot(b, p.dot,
+                             {st::Operand::hbm(xs), st::Operand::hbm(w), st::Operand::hbm(y)}, ep);
         } else {
             driver::Conv2dOperands ops{
                 st::Operand::hbm(xs), st::Operand::hbm(ws), st::Operand::hbm(bs),
@@ -884,21 +892,21 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
     } else {
         // Image n's C values go to row n % 8 of its band's T(8,128) tiles: one strided DMA.
         const uint32_t rows = p.out_tile_rows, CT = C / L;
-        sp.outs.emplace_back(
-            st::Operand::hbm(y), Y,
-            [=](st::Body& bd, const isa::Reg& first, const isa::Reg&, const isa::Reg& slot,
-                const isa::Flag& flag) {
-                const isa::Reg& a = bd.tmp(0);
-                const isa::Reg& r = bd.tmp(1);
-                bd.emit(Opcode::Remu, {r, first, imm(rows)});
-                bd.emit(Opcode::Mul, {r, r, imm(int64_t(L) * 4)});
-                bd.emit(Opcode::Divu, {a, first, imm(rows)});
-                bd.emit(Opcode::Mul, {a, a, imm(int64_t(CT) * rows * L * 4)});
-                bd.emit(Opcode::Add, {a, a, r});
-                bd.emit(Opcode::Add, {a, a, y});
-                bd.emit(Opcode::DmaVh, {a, bd.at(slot, Y), imm(CT), imm(int64_t(L) * 4),
-                                        imm(int64_t(rows) * L * 4), imm(int64_t(L) * 4), flag});
-            });
+        sp.outs.emplace_back(st::Operand::hbm(y), Y,
+                             [=](st::Body& bd, const isa::Reg& first, const isa::Reg&,
+                                 const isa::Reg& slot, const isa::Flag& flag) {
+                                 const isa::Reg& a = bd.tmp(0);
+                                 const isa::Reg& r = bd.tmp(1);
+                                 bd.emit(Opcode::Remu, {r, first, imm(rows)});
+                                 bd.emit(Opcode::Mul, {r, r, imm(int64_t(L) * 4)});
+                                 bd.emit(Opcode::Divu, {a, first, imm(rows)});
+                                 bd.emit(Opcode::Mul, {a, a, imm(int64_t(CT) * rows * L * 4)});
+                                 bd.emit(Opcode::Add, {a, a, r});
+                                 bd.emit(Opcode::Add, {a, a, y});
+                                 bd.emit(Opcode::DmaVh,
+                                         {a, bd.at(slot, Y), imm(CT), imm(int64_t(L) * 4),
+                                          imm(int64_t(rows) * L * 4), imm(int64_t(L) * 4), flag});
+                             });
     }
     sp.body = [=](st::Body& bd) {
         if (chunks == 1) {
@@ -906,9 +914,9 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
             return;
         }
         for (uint32_t c = 0; c < chunks; ++c)
-            bd.vpu(Opcode::VCSum, {bd.a(Part) + int64_t(c) * C * 4,
-                                   bd.a(X) + int64_t(c) * L * C * 4,
-                                   imm(std::min(L, hw - c * L)), imm(C)});
+            bd.vpu(Opcode::VCSum,
+                   {bd.a(Part) + int64_t(c) * C * 4, bd.a(X) + int64_t(c) * L * C * 4,
+                    imm(std::min(L, hw - c * L)), imm(C)});
         bd.vpu(Opcode::VCSum, {bd.a(Y), bd.a(Part), imm(chunks), imm(C)});
     };
     st::emit(b, sp, p.tile);
@@ -929,8 +937,7 @@ std::shared_ptr<const ConvPoolFusion> plan_conv_pool_fusion(const Graph& g, cons
                                                             const hw::BoardConfig& board) {
     if (f.hero == kNoOp) return nullptr;
     const Op& hero = g.op(f.hero);
-    if (f.kind == FusionKind::Output && hero.kind == OpKind::Conv2d)
-        return plan_conv(g, f, board);
+    if (f.kind == FusionKind::Output && hero.kind == OpKind::Conv2d) return plan_conv(g, f, board);
     if (hero.kind == OpKind::Pool) return plan_pool(g, f, board);
     if (f.kind == FusionKind::Input && hero.kind == OpKind::Reduce &&
         hero.attrs.reducer == Reducer::Sum && g.shape(hero.operands[0]).rank() == 4 &&

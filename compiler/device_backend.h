@@ -20,7 +20,7 @@ struct DeviceBackendStats {
     uint64_t executions = 0;    ///< steps run
     uint64_t launches = 0;      ///< device programs launched (one per step without custom calls)
     uint64_t host_fusions = 0;  ///< custom fusions and host fallbacks run on the host
-    uint64_t fallback_fusions = 0;    ///< of those, fusions not generated yet (host_fallback)
+    uint64_t fallback_fusions = 0;  ///< of those, fusions not generated yet (host_fallback)
     std::map<std::string, uint64_t> fallbacks;  ///< each fallback's reason, times it ran
     uint64_t programs_generated = 0;  ///< steps whose code was generated (a new compiled step)
     double codegen_seconds = 0;       ///< host time spent generating code
