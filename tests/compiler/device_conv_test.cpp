@@ -9,6 +9,8 @@
 #include <iostream>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "compiler/builder.h"
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
@@ -141,6 +143,30 @@ TEST(CompilerDeviceConv, StridedConvWithTwoCoutTilesBitExact) {
     for (Leaf& l : bn_leaves("bn", 256, 23)) leaves.push_back(l);
     expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         return conv_bn(g, v[0], v[1], &v[2], 2, 1, kNoValue, true);
+    });
+}
+
+TEST(CompilerDeviceConv, ResNet50BottleneckWithDownsampleBitExact) {
+    // ResNet-50's first bottleneck on one 28 x 28 image of 64 channels: 1 x 1 64 -> 64, 3 x 3
+    // 64 -> 64 (a Cout of half a tile), 1 x 1 64 -> 256 (two Cout tiles) and the 1 x 1
+    // downsample 64 -> 256, each with its batch norm; the sum and ReLU.
+    std::vector<Leaf> leaves = {{"x", f32({1, 28, 28, 64}), {randoms(28 * 28 * 64, 81)}}};
+    const std::vector<std::vector<int64_t>> ws = {
+        {1, 1, 64, 64}, {3, 3, 64, 64}, {1, 1, 64, 256}, {1, 1, 64, 256}};
+    uint32_t seed = 82;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        const Shape s = f32(ws[i]);
+        leaves.push_back({fmt::format("c{}.w", i), s,
+                          {randoms(size_t(s.elements()), seed++, -0.1f, 0.1f)}, true});
+        for (Leaf& l : bn_leaves(fmt::format("c{}.bn", i), ws[i][3], seed)) leaves.push_back(l);
+        seed += 4;
+    }
+    expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        const auto layer = [&](size_t i) { return &v[1 + 5 * i]; };
+        ValueId h = conv_bn(g, v[0], layer(0)[0], layer(0) + 1, 1, 0, kNoValue, true);
+        h = conv_bn(g, h, layer(1)[0], layer(1) + 1, 1, 1, kNoValue, true);
+        const ValueId down = conv_bn(g, v[0], layer(3)[0], layer(3) + 1, 1, 0, kNoValue, false);
+        return conv_bn(g, h, layer(2)[0], layer(2) + 1, 1, 0, down, true);
     });
 }
 
