@@ -403,6 +403,7 @@ struct ConvPoolFusion {
     uint64_t area_bytes = 0;
     // Pool
     driver::PoolKey pool;
+    std::vector<const FusionValue*> grad_operands;  ///< a gradient's (x, dy) or (dy)
     // GlobalSum
     uint32_t images = 0, hw = 0, channels = 0, lanes = 128, out_tile_rows = 0, tile = 0;
 };
@@ -621,25 +622,46 @@ std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
     auto p = std::make_unique<ConvPoolFusion>();
     p->kind = ConvPoolFusion::Kind::Pool;
     p->y = &f.results[0];
-    plan_input(*p, g, f, op.operands[0], board);
+    // The forward reads x (its fused producers first, into the scratch); the gradients read
+    // x and dy (max) or dy (avg) from memory.
+    const bool forward = op.kind == OpKind::Pool;
+    if (forward) {
+        plan_input(*p, g, f, op.operands[0], board);
+    } else {
+        for (ValueId v : op.operands) {
+            const FusionValue* fv = operand_of(f, v);
+            if (!fv || inside_fusion(f, g, v))
+                not_generated(f, fmt::format("{} of an operand computed in its fusion",
+                                             op_name(op.kind)));
+            if (!untiled_row_major(*fv) || fv->shape.dtype != DType::F32)
+                not_generated(f, fmt::format("{} of {} in layout {}", op_name(op.kind),
+                                             fv->shape.to_string(), fv->layout.to_string()));
+            p->grad_operands.push_back(fv);
+        }
+    }
+    const std::vector<int64_t> xd =
+        op.kind == OpKind::AvgPoolGrad ? op.attrs.window.input_dims : g.shape(op.operands[0]).dims;
     const Shape& xs = g.shape(op.operands[0]);
-    if (xs.dtype != DType::F32 || xs.rank() != 4 || (p->x && !untiled_row_major(*p->x)) ||
+    if (xs.dtype != DType::F32 || xd.size() != 4 || (p->x && !untiled_row_major(*p->x)) ||
         !untiled_row_major(*p->y))
         not_generated(f, fmt::format("pooling of {} into {} (the kernel reads and writes "
                                      "row-major NHWC f32)",
                                      xs.to_string(), p->y->layout.to_string()));
     driver::PoolShape s;
-    s.batch = uint32_t(xs.dims[0]);
-    s.height = uint32_t(xs.dims[1]);
-    s.width = uint32_t(xs.dims[2]);
-    s.channels = uint32_t(xs.dims[3]);
+    s.batch = uint32_t(xd[0]);
+    s.height = uint32_t(xd[1]);
+    s.width = uint32_t(xd[2]);
+    s.channels = uint32_t(xd[3]);
     s.kernel = uint32_t(op.attrs.window.kernel);
     s.stride = uint32_t(op.attrs.window.stride);
     s.pad = uint32_t(op.attrs.window.pad);
+    const driver::PoolOp kind =
+        op.kind == OpKind::MaxPoolGrad   ? driver::PoolOp::MaxGrad
+        : op.kind == OpKind::AvgPoolGrad ? driver::PoolOp::AvgGrad
+        : op.attrs.pool == PoolKind::Max ? driver::PoolOp::Max
+                                         : driver::PoolOp::Avg;
     try {
-        p->pool = driver::plan_pool(
-            op.attrs.pool == PoolKind::Max ? driver::PoolOp::Max : driver::PoolOp::Avg, s,
-            board.core.vmem_bytes - 64 * 1024);
+        p->pool = driver::plan_pool(kind, s, board.core.vmem_bytes - 64 * 1024);
     } catch (const driver::DeviceError& e) {
         not_generated(f, fmt::format("pooling the kernel refuses ({})", e.what()));
     }
@@ -926,9 +948,12 @@ void emit_pool(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
     if (p.before) emit_pass(b, *p.before, load);
     const auto scope = b.scope("pool");
     Addresses ad(b, load);
-    const isa::Arg x = ad.of(p.before ? p.before->out : p.x->buffer);
-    const isa::Arg y = ad.of(p.y->buffer);
-    driver::emit(b, p.pool, std::vector<st::Operand>{st::Operand::hbm(x), st::Operand::hbm(y)});
+    std::vector<st::Operand> ops;
+    if (p.grad_operands.empty())
+        ops.push_back(st::Operand::hbm(ad.of(p.before ? p.before->out : p.x->buffer)));
+    for (const FusionValue* fv : p.grad_operands) ops.push_back(st::Operand::hbm(ad.of(fv->buffer)));
+    ops.push_back(st::Operand::hbm(ad.of(p.y->buffer)));
+    driver::emit(b, p.pool, ops);
 }
 
 }  // namespace
@@ -938,7 +963,9 @@ std::shared_ptr<const ConvPoolFusion> plan_conv_pool_fusion(const Graph& g, cons
     if (f.hero == kNoOp) return nullptr;
     const Op& hero = g.op(f.hero);
     if (f.kind == FusionKind::Output && hero.kind == OpKind::Conv2d) return plan_conv(g, f, board);
-    if (hero.kind == OpKind::Pool) return plan_pool(g, f, board);
+    if (hero.kind == OpKind::Pool || hero.kind == OpKind::MaxPoolGrad ||
+        hero.kind == OpKind::AvgPoolGrad)
+        return plan_pool(g, f, board);
     if (f.kind == FusionKind::Input && hero.kind == OpKind::Reduce &&
         hero.attrs.reducer == Reducer::Sum && g.shape(hero.operands[0]).rank() == 4 &&
         hero.attrs.dims == std::vector<int64_t>{1, 2})

@@ -198,6 +198,22 @@ TEST(CompilerDeviceConv, AvgPoolIsThePoolKernelBitExact) {
                      });
 }
 
+TEST(CompilerDeviceConv, PoolGradientsAreThePoolKernelsBitExact) {
+    // select-and-scatter (max-pool's gradient, ties to the first maximum: x rounded to 1/4 makes
+    // some) and avg-pool-grad, 3 x 3 stride 2 pad 1 on 2 x 12 x 12 x 64 -> 6 x 6.
+    std::vector<float> x = randoms(2 * 144 * 64, 91);
+    for (float& v : x) v = std::round(v * 4) / 4;
+    const Shape xs = f32({2, 12, 12, 64}), ys = f32({2, 6, 6, 64});
+    expect_bit_exact({{"x", xs, {x}}, {"dy", ys, {randoms(2 * 36 * 64, 92)}}},
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         return max_pool_grad(g, v[0], v[1], 3, 2, 1);
+                     });
+    expect_bit_exact({{"dy", ys, {randoms(2 * 36 * 64, 93)}}},
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         return avg_pool_grad(g, v[0], {2, 12, 12, 64}, 3, 2, 1);
+                     });
+}
+
 TEST(CompilerDeviceConv, GlobalAveragePoolBitExact) {
     // The sum over H and W of 8 x 12 x 12 x 128 (144 pixels: two chunks of 128 and 16, summed
     // per chunk, then the chunk sums), written into [8, 128]'s T(8,128) tile; the divide by 144
