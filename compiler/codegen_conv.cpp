@@ -382,7 +382,7 @@ struct Pass {
 
 /// A planned convolution or pooling fusion.
 struct ConvPoolFusion {
-    enum class Kind : uint8_t { Conv, Pool, GlobalSum } kind = Kind::Conv;
+    enum class Kind : uint8_t { Conv, ConvGrad, Pool, GlobalSum } kind = Kind::Conv;
     BufferRef scratch_buf;           ///< the fusion's own HBM (Fusion::scratch)
     const FusionValue* x = nullptr;  ///< the kernel's input (unless a pass writes it to scratch)
     const FusionValue* y = nullptr;  ///< the kernel's result
@@ -401,6 +401,12 @@ struct ConvPoolFusion {
     const FusionValue* w = nullptr;
     Placed ep;
     uint64_t area_bytes = 0;
+    // ConvGrad: the input's gradient (dcol = dy w^T into the scratch, then col2im) or the
+    // filter's (im2col(x) into the scratch, then dw = col^T dy), as conv2d_grad lowers them
+    bool input_grad = false;
+    driver::Conv2dAuxKey grad_aux;
+    const FusionValue* grad_a = nullptr;  ///< dy (input grad) or x (filter grad)
+    const FusionValue* grad_b = nullptr;  ///< w (input grad) or dy (filter grad)
     // Pool
     driver::PoolKey pool;
     std::vector<const FusionValue*> grad_operands;  ///< a gradient's (x, dy) or (dy)
@@ -614,6 +620,89 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     return p;
 }
 
+/// The shape of a convolution gradient's forward convolution.
+driver::Conv2dShape grad_shape(const Graph& g, const Op& op) {
+    const std::vector<int64_t>& xd = op.attrs.window.input_dims;
+    driver::Conv2dShape s;
+    s.batch = uint32_t(xd[0]);
+    s.height = uint32_t(xd[1]);
+    s.width = uint32_t(xd[2]);
+    s.cin = uint32_t(xd[3]);
+    s.cout = uint32_t(g.shape(op.operands[1]).dims[3]);
+    s.kernel = uint32_t(op.attrs.window.kernel);
+    s.stride = uint32_t(op.attrs.window.stride);
+    s.pad = uint32_t(op.attrs.window.pad);
+    return s;
+}
+
+/// Bytes of a convolution gradient's scratch: the N Ho Wo x k k Cin fp32 matrix (dcol or col).
+uint64_t grad_scratch_bytes(const driver::Conv2dShape& s) {
+    return align512(uint64_t(s.batch) * s.out_height() * s.out_width() * s.kernel * s.kernel *
+                    s.cin * 4);
+}
+
+std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
+                                               const hw::BoardConfig& board) {
+    const Op& op = g.op(f.hero);
+    auto p = std::make_unique<ConvPoolFusion>();
+    p->kind = ConvPoolFusion::Kind::ConvGrad;
+    p->input_grad = op.kind == OpKind::Conv2dInputGrad;
+    if (f.ops.size() != 1 || f.results.size() != 1)
+        not_generated(f, fmt::format("{} with other ops in its fusion", op_name(op.kind)));
+    if (detail::mxu_precision(op.attrs.precision, g.shape(op.operands[0]).dtype) !=
+        driver::Precision::Bf16)
+        not_generated(f, "a convolution gradient above default precision");
+    p->grad_a = operand_of(f, op.operands[0]);
+    p->grad_b = operand_of(f, op.operands[1]);
+    p->y = &f.results[0];
+    for (const FusionValue* fv : {p->grad_a, p->grad_b, p->y})
+        if (!fv || !untiled_row_major(*fv) || fv->shape.dtype != DType::F32)
+            not_generated(f, fmt::format("{} of arrays not in row-major f32", op_name(op.kind)));
+    const driver::Conv2dShape s = grad_shape(g, op);
+    try {
+        s.validate();
+    } catch (const driver::DeviceError& e) {
+        not_generated(f, fmt::format("a convolution gradient the kernels refuse ({})", e.what()));
+    }
+    const uint32_t M = s.batch * s.out_height() * s.out_width(), KC = s.kernel * s.kernel * s.cin;
+    const uint64_t margin = 64 * 1024;
+    try {
+        p->grad_aux = driver::plan_conv2d_aux(
+            p->input_grad ? driver::Conv2dAux::Col2imRows : driver::Conv2dAux::Im2colRows, s,
+            board.core.mxu_rows, board.core.mxu_cols, 0, 0, 0, board.core.vmem_bytes - margin);
+    } catch (const driver::DeviceError& e) {
+        not_generated(f,
+                      fmt::format("a convolution gradient whose rows do not fit ({})", e.what()));
+    }
+    driver::DotKey shape;
+    shape.precision = driver::Precision::Bf16;
+    shape.stationary = Stationary::Rhs;
+    if (p->input_grad) {
+        // dcol [M, KC] = dy [M, Cout] x w^T: w [KC, Cout] row-major is W transposed.
+        shape.M = M;
+        shape.K = s.cout;
+        shape.N = KC;
+        shape.w = driver::DotLayout::Transposed;
+    } else {
+        // dw [KC, Cout] = col^T x dy: col [M, KC] row-major is A transposed.
+        shape.M = KC;
+        shape.K = M;
+        shape.N = s.cout;
+        shape.a = driver::DotLayout::Transposed;
+    }
+    try {
+        const auto k = driver::plan_dot(board, shape, board.core.vmem_bytes - margin);
+        if (!k) not_generated(f, "a convolution gradient's dot that does not fit in VMEM");
+        p->dot = *k;
+    } catch (const driver::DeviceError& e) {
+        not_generated(f, fmt::format("the dot kernel: {}", e.what()));
+    }
+    if (f.scratch.bytes < grad_scratch_bytes(s))
+        not_generated(f, "a convolution gradient without its scratch");
+    p->scratch_buf = f.scratch;
+    return p;
+}
+
 std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
                                           const hw::BoardConfig& board) {
     const Op& op = g.op(f.hero);
@@ -631,8 +720,8 @@ std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
         for (ValueId v : op.operands) {
             const FusionValue* fv = operand_of(f, v);
             if (!fv || inside_fusion(f, g, v))
-                not_generated(f, fmt::format("{} of an operand computed in its fusion",
-                                             op_name(op.kind)));
+                not_generated(
+                    f, fmt::format("{} of an operand computed in its fusion", op_name(op.kind)));
             if (!untiled_row_major(*fv) || fv->shape.dtype != DType::F32)
                 not_generated(f, fmt::format("{} of {} in layout {}", op_name(op.kind),
                                              fv->shape.to_string(), fv->layout.to_string()));
@@ -655,11 +744,10 @@ std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
     s.kernel = uint32_t(op.attrs.window.kernel);
     s.stride = uint32_t(op.attrs.window.stride);
     s.pad = uint32_t(op.attrs.window.pad);
-    const driver::PoolOp kind =
-        op.kind == OpKind::MaxPoolGrad   ? driver::PoolOp::MaxGrad
-        : op.kind == OpKind::AvgPoolGrad ? driver::PoolOp::AvgGrad
-        : op.attrs.pool == PoolKind::Max ? driver::PoolOp::Max
-                                         : driver::PoolOp::Avg;
+    const driver::PoolOp kind = op.kind == OpKind::MaxPoolGrad   ? driver::PoolOp::MaxGrad
+                                : op.kind == OpKind::AvgPoolGrad ? driver::PoolOp::AvgGrad
+                                : op.attrs.pool == PoolKind::Max ? driver::PoolOp::Max
+                                                                 : driver::PoolOp::Avg;
     try {
         p->pool = driver::plan_pool(kind, s, board.core.vmem_bytes - 64 * 1024);
     } catch (const driver::DeviceError& e) {
@@ -944,6 +1032,35 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
     st::emit(b, sp, p.tile);
 }
 
+void emit_conv_grad(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
+    const auto scope = b.scope("conv_grad");
+    Addresses ad(b, load);
+    const isa::Arg col = ad.of(p.scratch_buf);
+    if (p.input_grad) {
+        {
+            const auto dot = b.scope("dcol");
+            Addresses in(b, load, &ad);
+            driver::emit_dot(b, p.dot,
+                             {st::Operand::hbm(in.of(p.grad_a->buffer)),
+                              st::Operand::hbm(in.of(p.grad_b->buffer)), st::Operand::hbm(col)});
+        }
+        driver::emit(
+            b, p.grad_aux,
+            std::vector<st::Operand>{st::Operand::hbm(col), st::Operand::hbm(ad.of(p.y->buffer))});
+    } else {
+        {
+            const auto im2col = b.scope("im2col");
+            Addresses in(b, load, &ad);
+            driver::emit(b, p.grad_aux,
+                         std::vector<st::Operand>{st::Operand::hbm(in.of(p.grad_a->buffer)),
+                                                  st::Operand::hbm(col)});
+        }
+        driver::emit_dot(b, p.dot,
+                         {st::Operand::hbm(col), st::Operand::hbm(ad.of(p.grad_b->buffer)),
+                          st::Operand::hbm(ad.of(p.y->buffer))});
+    }
+}
+
 void emit_pool(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
     if (p.before) emit_pass(b, *p.before, load);
     const auto scope = b.scope("pool");
@@ -951,7 +1068,8 @@ void emit_pool(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
     std::vector<st::Operand> ops;
     if (p.grad_operands.empty())
         ops.push_back(st::Operand::hbm(ad.of(p.before ? p.before->out : p.x->buffer)));
-    for (const FusionValue* fv : p.grad_operands) ops.push_back(st::Operand::hbm(ad.of(fv->buffer)));
+    for (const FusionValue* fv : p.grad_operands)
+        ops.push_back(st::Operand::hbm(ad.of(fv->buffer)));
     ops.push_back(st::Operand::hbm(ad.of(p.y->buffer)));
     driver::emit(b, p.pool, ops);
 }
@@ -963,6 +1081,9 @@ std::shared_ptr<const ConvPoolFusion> plan_conv_pool_fusion(const Graph& g, cons
     if (f.hero == kNoOp) return nullptr;
     const Op& hero = g.op(f.hero);
     if (f.kind == FusionKind::Output && hero.kind == OpKind::Conv2d) return plan_conv(g, f, board);
+    if (f.kind == FusionKind::Output &&
+        (hero.kind == OpKind::Conv2dInputGrad || hero.kind == OpKind::Conv2dFilterGrad))
+        return plan_conv_grad(g, f, board);
     if (hero.kind == OpKind::Pool || hero.kind == OpKind::MaxPoolGrad ||
         hero.kind == OpKind::AvgPoolGrad)
         return plan_pool(g, f, board);
@@ -982,6 +1103,8 @@ void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadF
     switch (p.kind) {
         case ConvPoolFusion::Kind::Conv:
             return emit_conv(b, p, load, load_arg, slot);
+        case ConvPoolFusion::Kind::ConvGrad:
+            return emit_conv_grad(b, p, load);
         case ConvPoolFusion::Kind::Pool:
             return emit_pool(b, p, load);
         case ConvPoolFusion::Kind::GlobalSum:
@@ -1010,6 +1133,10 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
             continue;
         }
         if (f.kind != FusionKind::Output) continue;
+        if (op.kind == OpKind::Conv2dInputGrad || op.kind == OpKind::Conv2dFilterGrad) {
+            f.scratch.bytes = gen::grad_scratch_bytes(gen::grad_shape(g, op));
+            continue;
+        }
         if (op.kind != OpKind::Conv2d || !gen::conv_unsupported(g, op, options.board).empty())
             continue;
         const driver::Conv2dShape s = gen::conv_shape_of(g, op);

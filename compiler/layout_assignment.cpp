@@ -76,7 +76,10 @@ bool is_member(const Fusion& f, OpId id) {
 bool conv_pool_fusion(const Graph& g, const Fusion& f) {
     if (f.hero == kNoOp) return false;
     const Op& h = g.op(f.hero);
-    return (f.kind == FusionKind::Output && h.kind == OpKind::Conv2d) || h.kind == OpKind::Pool ||
+    return (f.kind == FusionKind::Output &&
+            (h.kind == OpKind::Conv2d || h.kind == OpKind::Conv2dInputGrad ||
+             h.kind == OpKind::Conv2dFilterGrad)) ||
+           h.kind == OpKind::Pool ||
            h.kind == OpKind::MaxPoolGrad || h.kind == OpKind::AvgPoolGrad ||
            (f.kind == FusionKind::Input && h.kind == OpKind::Reduce &&
             g.shape(h.operands[0]).rank() == 4 && h.attrs.dims == std::vector<int64_t>{1, 2});

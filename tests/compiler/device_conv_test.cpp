@@ -156,8 +156,10 @@ TEST(CompilerDeviceConv, ResNet50BottleneckWithDownsampleBitExact) {
     uint32_t seed = 82;
     for (size_t i = 0; i < ws.size(); ++i) {
         const Shape s = f32(ws[i]);
-        leaves.push_back({fmt::format("c{}.w", i), s,
-                          {randoms(size_t(s.elements()), seed++, -0.1f, 0.1f)}, true});
+        leaves.push_back({fmt::format("c{}.w", i),
+                          s,
+                          {randoms(size_t(s.elements()), seed++, -0.1f, 0.1f)},
+                          true});
         for (Leaf& l : bn_leaves(fmt::format("c{}.bn", i), ws[i][3], seed)) leaves.push_back(l);
         seed += 4;
     }
@@ -212,6 +214,23 @@ TEST(CompilerDeviceConv, PoolGradientsAreThePoolKernelsBitExact) {
                      [](Graph& g, const std::vector<ValueId>& v) {
                          return avg_pool_grad(g, v[0], {2, 12, 12, 64}, 3, 2, 1);
                      });
+}
+
+TEST(CompilerDeviceConv, ConvolutionGradientsBitExact) {
+    // 2 x 10 x 10 x 20 -> 5 x 5 x 24, 3 x 3, stride 2, pad 1, as conv2d_grad lowers them: the
+    // input's gradient dy w^T into the scratch, then col2im; the filter's im2col(x) into the
+    // scratch, then col^T dy (K = 50 rows).
+    const Shape xs = f32({2, 10, 10, 20}), ws = f32({3, 3, 20, 24}), ys = f32({2, 5, 5, 24});
+    expect_bit_exact(
+        {{"dy", ys, {randoms(2 * 25 * 24, 101)}}, {"w", ws, {randoms(9 * 20 * 24, 102)}, true}},
+        [](Graph& g, const std::vector<ValueId>& v) {
+            return conv2d_input_grad(g, v[0], v[1], {2, 10, 10, 20}, 2, 1);
+        });
+    expect_bit_exact(
+        {{"x", xs, {randoms(2 * 100 * 20, 103)}}, {"dy", ys, {randoms(2 * 25 * 24, 104)}}},
+        [](Graph& g, const std::vector<ValueId>& v) {
+            return conv2d_filter_grad(g, v[0], v[1], 3, 2, 1);
+        });
 }
 
 TEST(CompilerDeviceConv, GlobalAveragePoolBitExact) {
