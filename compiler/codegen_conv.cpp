@@ -647,14 +647,41 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
     auto p = std::make_unique<ConvPoolFusion>();
     p->kind = ConvPoolFusion::Kind::ConvGrad;
     p->input_grad = op.kind == OpKind::Conv2dInputGrad;
-    if (f.ops.size() != 1 || f.results.size() != 1)
-        not_generated(f, fmt::format("{} with other ops in its fusion", op_name(op.kind)));
+    if (p->input_grad && (f.ops.size() != 1 || f.results.size() != 1))
+        not_generated(f, fmt::format("{} with other ops in its fusion (col2im writes dx last)",
+                                     op_name(op.kind)));
     if (detail::mxu_precision(op.attrs.precision, g.shape(op.operands[0]).dtype) !=
         driver::Precision::Bf16)
         not_generated(f, "a convolution gradient above default precision");
     p->grad_a = operand_of(f, op.operands[0]);
     p->grad_b = operand_of(f, op.operands[1]);
-    p->y = &f.results[0];
+    // The filter's gradient takes an epilogue in the dot kernel (an optimizer's update of the
+    // filter, placed as a conv's epilogue on [k k Cin, Cout] tiles, HWIO row-major); the kernel
+    // writes the result the others follow from, a pass the rest.
+    const ValueId hy = op.results[0];
+    for (const FusionValue& r : f.results) {
+        bool ok = r.shape.dims == g.shape(hy).dims;
+        for (const FusionValue& o : f.results)
+            if (&o != &r && needed_ops(g, f, {o.value}, {r.value}).count(f.hero)) ok = false;
+        if (ok) {
+            p->y = &r;
+            break;
+        }
+    }
+    if (!p->y) not_generated(f, "convolution gradient results that each need the gradient");
+    for (const FusionValue& r : f.results)
+        if (!untiled_row_major(r))
+            not_generated(f, fmt::format("a result in layout {}", r.layout.to_string()));
+    if (!p->input_grad) {
+        p->ep = place(g, f, needed_ops(g, f, {p->y->value}, {hy}), {{hy, {Val::K::Full, -1}}}, {},
+                      p->y->value, g.shape(hy).dims, p->y->layout);
+        if (!p->ep.columns.empty() || p->ep.col_areas)
+            not_generated(f, "a per-channel operand in a filter gradient's epilogue");
+        for (const FusionValue& r : f.results)
+            if (&r != p->y)
+                p->after.push_back(plan_pass(g, f, needed_ops(g, f, {r.value}, {p->y->value}),
+                                             {p->y}, r.value, r.buffer, board));
+    }
     for (const FusionValue* fv : {p->grad_a, p->grad_b, p->y})
         if (!fv || !untiled_row_major(*fv) || fv->shape.dtype != DType::F32)
             not_generated(f, fmt::format("{} of arrays not in row-major f32", op_name(op.kind)));
@@ -690,13 +717,28 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
         shape.N = s.cout;
         shape.a = driver::DotLayout::Transposed;
     }
-    try {
-        const auto k = driver::plan_dot(board, shape, board.core.vmem_bytes - margin);
-        if (!k) not_generated(f, "a convolution gradient's dot that does not fit in VMEM");
-        p->dot = *k;
-    } catch (const driver::DeviceError& e) {
-        not_generated(f, fmt::format("the dot kernel: {}", e.what()));
+    shape.full_sides = uint32_t(p->ep.fulls.size());
+    uint64_t budget = board.core.vmem_bytes - margin;
+    for (int tries = 0; tries < 32 && !p->dot.M; ++tries) {
+        std::optional<driver::DotKey> k;
+        try {
+            k = driver::plan_dot(board, shape, budget);
+        } catch (const driver::DeviceError& e) {
+            not_generated(f, fmt::format("the dot kernel: {}", e.what()));
+        }
+        if (!k) break;
+        const uint64_t area = align512(uint64_t(k->block_rows) * k->C * 4);
+        const uint64_t need = driver::dot_vmem_bytes(*k) + uint64_t(p->ep.areas) * area + margin;
+        if (need <= board.core.vmem_bytes) {
+            p->dot = *k;
+            p->area_bytes = area;
+            break;
+        }
+        const uint64_t over = need - board.core.vmem_bytes;
+        if (driver::dot_vmem_bytes(*k) <= over) break;
+        budget = driver::dot_vmem_bytes(*k) - over;
     }
+    if (!p->dot.M) not_generated(f, "a convolution gradient's dot that does not fit in VMEM");
     if (f.scratch.bytes < grad_scratch_bytes(s))
         not_generated(f, "a convolution gradient without its scratch");
     p->scratch_buf = f.scratch;
@@ -1055,10 +1097,34 @@ void emit_conv_grad(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load
                          std::vector<st::Operand>{st::Operand::hbm(in.of(p.grad_a->buffer)),
                                                   st::Operand::hbm(col)});
         }
+        driver::Epilogue ep;
+        for (const FusionValue* fv : p.ep.fulls)
+            ep.sides.push_back(
+                {driver::EpilogueSide::Kind::Full, st::Operand::hbm(ad.of(fv->buffer))});
+        std::vector<isa::Vmem> areas;
+        for (int i = 0; i < p.ep.areas; ++i)
+            areas.push_back(b.vmem(fmt::format("epilogue{}", i), p.area_bytes, 512));
+        if (!p.ep.steps.empty())
+            ep.body = [&](driver::EpilogueTile& et) {
+                isa::Builder& bb = et.builder();
+                const isa::Reg n = bb.reg("epilogue.values");
+                bb.emit(Opcode::Mul, {n, et.rows(), imm(et.cols())});
+                TileCtx t{
+                    bb,        [&](Opcode op, std::initializer_list<isa::Arg> a) { et.vpu(op, a); },
+                    et.out(),  {},
+                    {},        {},
+                    {},        et.rows(),
+                    et.cols(), n};
+                for (size_t i = 0; i < p.ep.fulls.size(); ++i) t.fulls.push_back(et.side(i));
+                for (const isa::Vmem& a : areas) t.areas.push_back(a.at(0));
+                emit_steps(t, p.ep);
+            };
         driver::emit_dot(b, p.dot,
                          {st::Operand::hbm(col), st::Operand::hbm(ad.of(p.grad_b->buffer)),
-                          st::Operand::hbm(ad.of(p.y->buffer))});
+                          st::Operand::hbm(ad.of(p.y->buffer))},
+                         ep);
     }
+    for (const Pass& ps : p.after) emit_pass(b, ps, load);
 }
 
 void emit_pool(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
