@@ -350,6 +350,32 @@ std::vector<Leaf> small_resnet_leaves() {
     return l;
 }
 
+/// A small CNN's training step by hand: conv 3 x 3 + ReLU, 2 x 2 max pool, global average
+/// pool, linear; the backward from the logits' gradient (an input) down to the filter's, and
+/// SGD on the filter (lr 0.1). Returns the updated filter.
+ValueId cnn_train_step(Graph& g, const std::vector<ValueId>& v) {
+    const ValueId x = v[0], w = v[1], fc = v[2], dlogits = v[3];
+    const ValueId h = relu(g, conv2d(g, x, w, 1, 1));      // [8, 8, 8, 128]
+    const ValueId p = pool(g, h, PoolKind::Max, 2, 2, 0);  // [8, 4, 4, 128]
+    const ValueId feat = global_avg_pool(g, p);            // [8, 128]
+    g.add_output(linear(g, feat, fc, kNoValue), "logits");
+    const ValueId dfeat = matmul(g, dlogits, fc, false, false);  // [8, 128]
+    const ValueId dp =
+        broadcast(g, div(g, dfeat, full(g, 16.0, g.shape(dfeat))), {8, 4, 4, 128}, {0, 3});
+    const ValueId dh = max_pool_grad(g, h, dp, 2, 2, 0);
+    const ValueId zero = full(g, 0.0, g.shape(h));
+    const ValueId dconv = select(g, compare(g, h, zero, Comparison::Gt), dh, zero);
+    const ValueId dw = conv2d_filter_grad(g, x, dconv, 3, 1, 1);
+    return sub(g, w, mul(g, dw, full(g, 0.1, g.shape(w))));
+}
+
+std::vector<Leaf> cnn_leaves() {
+    return {{"x", f32({8, 8, 8, 128}), {randoms(8 * 64 * 128, 111)}},
+            {"w", f32({3, 3, 128, 128}), {randoms(9 * 128 * 128, 112, -0.05f, 0.05f)}, true},
+            {"fc.w", f32({128, 128}), {randoms(128 * 128, 113, -0.1f, 0.1f)}, true},
+            {"dlogits", f32({8, 128}), {randoms(8 * 128, 114, -0.1f, 0.1f)}}};
+}
+
 TEST(CompilerDeviceConv, ProbeCnnTrainingStep) {
     // The filter's gradient with SGD in its epilogue generates; the max pool's gradient reads
     // the global pool's gradient broadcast over H and W, computed in its fusion: a [N, C] ->
