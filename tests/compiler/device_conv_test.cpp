@@ -134,6 +134,20 @@ TEST(CompilerDeviceConv, ResNetBasicBlockConvBnResidualReluBitExact) {
     });
 }
 
+TEST(CompilerDeviceConv, BasicBlockOnTwoReplicasBitExact) {
+    // The same program on cores 0 and 1, each replica its own images: every address (operands,
+    // scratch, the derived arena of the packed filter) is a launch argument per core.
+    std::vector<Leaf> leaves = {
+        {"x", f32({2, 8, 8, 128}), {randoms(2 * 64 * 128, 14), randoms(2 * 64 * 128, 15)}},
+        {"w", f32({3, 3, 128, 128}), {randoms(9 * 128 * 128, 16, -0.1f, 0.1f)}, true}};
+    for (Leaf& l : bn_leaves("bn", 128, 17)) leaves.push_back(l);
+    expect_bit_exact(leaves,
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         return conv_bn(g, v[0], v[1], &v[2], 1, 1, v[0], true);
+                     },
+                     {0, 1});
+}
+
 TEST(CompilerDeviceConv, StridedConvWithTwoCoutTilesBitExact) {
     // 2 x 10 x 10 x 160 -> 5 x 5 x 256, 3 x 3, stride 2, pad 1: two Cin tiles (the second
     // padded), two Cout tiles, four stride phases; BN affine and ReLU in the epilogue.
