@@ -387,6 +387,7 @@ struct ConvPoolFusion {
     const FusionValue* x = nullptr;  ///< the kernel's input (unless a pass writes it to scratch)
     const FusionValue* y = nullptr;  ///< the kernel's result
     std::optional<Pass> before;      ///< Pool, GlobalSum: fused producers, into the scratch
+    std::vector<Pass> befores;       ///< a pooling gradient's computed operands, into the scratch
     std::vector<Pass> after;         ///< Conv: the other results
     // Conv: the implicit GEMM, or (folded) im2col into the scratch and the dot kernel
     bool folded = false;
@@ -409,7 +410,7 @@ struct ConvPoolFusion {
     const FusionValue* grad_b = nullptr;  ///< w (input grad) or dy (filter grad)
     // Pool
     driver::PoolKey pool;
-    std::vector<const FusionValue*> grad_operands;  ///< a gradient's (x, dy) or (dy)
+    std::vector<BufferRef> grad_operands;  ///< a gradient's (x, dy) or (dy), read or computed
     // GlobalSum
     uint32_t images = 0, hw = 0, channels = 0, lanes = 128, out_tile_rows = 0, tile = 0;
 };
@@ -759,15 +760,24 @@ std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
     if (forward) {
         plan_input(*p, g, f, op.operands[0], board);
     } else {
+        // Operands computed in the fusion are passes into the scratch, one after another.
+        uint64_t at = 0;
         for (ValueId v : op.operands) {
+            if (inside_fusion(f, g, v)) {
+                const uint64_t bytes = align512(uint64_t(g.shape(v).elements()) * 4);
+                if (f.scratch.bytes < at + bytes)
+                    not_generated(f, "fused producers without their scratch");
+                const BufferRef out{f.scratch.space, f.scratch.index, f.scratch.offset + at, bytes};
+                p->befores.push_back(plan_pass(g, f, needed_ops(g, f, {v}, {}), {}, v, out, board));
+                p->grad_operands.push_back(out);
+                at += bytes;
+                continue;
+            }
             const FusionValue* fv = operand_of(f, v);
-            if (!fv || inside_fusion(f, g, v))
-                not_generated(
-                    f, fmt::format("{} of an operand computed in its fusion", op_name(op.kind)));
             if (!untiled_row_major(*fv) || fv->shape.dtype != DType::F32)
                 not_generated(f, fmt::format("{} of {} in layout {}", op_name(op.kind),
                                              fv->shape.to_string(), fv->layout.to_string()));
-            p->grad_operands.push_back(fv);
+            p->grad_operands.push_back(fv->buffer);
         }
     }
     const std::vector<int64_t> xd =
@@ -1129,13 +1139,13 @@ void emit_conv_grad(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load
 
 void emit_pool(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
     if (p.before) emit_pass(b, *p.before, load);
+    for (const Pass& ps : p.befores) emit_pass(b, ps, load);
     const auto scope = b.scope("pool");
     Addresses ad(b, load);
     std::vector<st::Operand> ops;
     if (p.grad_operands.empty())
         ops.push_back(st::Operand::hbm(ad.of(p.before ? p.before->out : p.x->buffer)));
-    for (const FusionValue* fv : p.grad_operands)
-        ops.push_back(st::Operand::hbm(ad.of(fv->buffer)));
+    for (const BufferRef& r : p.grad_operands) ops.push_back(st::Operand::hbm(ad.of(r)));
     ops.push_back(st::Operand::hbm(ad.of(p.y->buffer)));
     driver::emit(b, p.pool, ops);
 }
@@ -1190,6 +1200,12 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
         const Op& op = g.op(f.hero);
         // A pooling or H W reduction fusion that computes its kernel's input first (its fused
         // producers) writes it to scratch, which the kernel reads.
+        if (op.kind == OpKind::MaxPoolGrad || op.kind == OpKind::AvgPoolGrad) {
+            for (ValueId v : op.operands)
+                if (gen::inside_fusion(f, g, v))
+                    f.scratch.bytes += gen::align512(uint64_t(g.shape(v).elements()) * 4);
+            continue;
+        }
         if (op.kind == OpKind::Pool || op.kind == OpKind::Reduce) {
             const ValueId x = op.operands[0];
             const Shape& xs = g.shape(x);
