@@ -139,8 +139,13 @@ struct Step {
 /// Elementwise ops of a fusion placed against NHWC tiles (a convolution's epilogue, or a
 /// streaming pass before a pooling kernel): ops on [C] vectors (the inference batch-norm's
 /// scale and shift) run on column areas, ops on NHWC arrays on tile areas.
+/// Column sides at or past this index are image rows (Placed::rows): one `[N, C]` row per image,
+/// broadcast over its pixels (a streaming pass's tiles never straddle two images).
+constexpr size_t kRowSide = 1 << 20;
+
 struct Placed {
     std::vector<const FusionValue*> columns, fulls;  ///< sides, in their index order
+    std::vector<const FusionValue*> rows;            ///< [N, C] sides (passes only)
     std::vector<Step> steps;
     int areas = 0;        ///< tile areas: results, then scratch
     int scratch = 0;      ///< of which scratch (materialised operands)
@@ -178,8 +183,14 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops, std::ma
     }
     const int64_t C = D.back();
     const std::vector<int64_t> col_dims{C};
+    // [N, C] values broadcast over H and W (dims {0, 3}): per image, so per column area.
+    const std::vector<int64_t> row_dims =
+        D.size() == 4 ? std::vector<int64_t>{D[0], C} : std::vector<int64_t>{};
+    const auto per_channel = [&](const std::vector<int64_t>& d) {
+        return d == col_dims || (!row_dims.empty() && d == row_dims);
+    };
     int results = 0, col_results = 0;
-    bool scratch = false;
+    bool scratch = false, divide = false, col_divide = false;
     size_t col_operands = 0;
     for (OpId id : f.ops) {
         if (!ops.count(id)) continue;
@@ -194,6 +205,11 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops, std::ma
             if (fv && fv->shape.dtype == DType::F32 && fv->shape.dims == col_dims) {
                 p.columns.push_back(fv);
                 return val[v] = {Val::K::Column, -1, p.columns.size() - 1};
+            }
+            if (fv && fv->shape.dtype == DType::F32 && !row_dims.empty() &&
+                fv->shape.dims == row_dims) {
+                p.rows.push_back(fv);
+                return val[v] = {Val::K::Column, -1, kRowSide + p.rows.size() - 1};
             }
             if (!fv || fv->shape.dims != D || !(fv->layout == layout) ||
                 fv->shape.dtype != DType::F32)
@@ -211,7 +227,7 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops, std::ma
             case OpKind::Broadcast: {
                 const ValueId x = op.operands[0];
                 const Shape& xs = g.shape(x);
-                if (xs.elements() == 1 && (rs.dims == D || rs.dims == col_dims)) {
+                if (xs.elements() == 1 && (rs.dims == D || per_channel(rs.dims))) {
                     const Val v = in(0);
                     if (v.k != Val::K::Scalar)
                         not_generated(f, "a broadcast of a computed scalar in the epilogue");
@@ -221,6 +237,12 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops, std::ma
                     const Val v = in(0);
                     if (v.k != Val::K::Column)
                         not_generated(f, "a broadcast of a per-channel value not in a column");
+                    val[res] = v;
+                } else if (rs.dims == D && !row_dims.empty() && xs.dims == row_dims &&
+                           op.attrs.dims == std::vector<int64_t>{0, 3}) {
+                    const Val v = in(0);
+                    if (v.k != Val::K::Column)
+                        not_generated(f, "a broadcast of a per-image value not in a column");
                     val[res] = v;
                 } else {
                     not_generated(f, fmt::format("a broadcast {} -> {} in the epilogue",
@@ -245,6 +267,8 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops, std::ma
                 if (op.attrs.comparison != Comparison::Gt && op.attrs.comparison != Comparison::Lt)
                     not_generated(f, "a comparison other than > and <");
                 break;
+            case OpKind::Div:
+                break;
             default:
                 if (!has_vpu_lowering(op.kind))
                     not_generated(f, fmt::format("op {} in the epilogue", op_name(op.kind)));
@@ -256,11 +280,13 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops, std::ma
             any_full |= step.in.back().k == Val::K::Full;
             any_column |= step.in.back().k == Val::K::Column;
         }
-        if (rs.dims == col_dims && !any_full && any_column) {
+        if (per_channel(rs.dims) && !any_full && any_column) {
             // A per-channel op: C values into a column area of its own.
             step.out = {Val::K::Column, col_results++};
             col_operands = std::max(col_operands, step.in.size());
+            col_divide |= op.kind == OpKind::Div;
         } else if (rs.dims == D && any_full) {
+            divide |= op.kind == OpKind::Div;
             const bool bin = step.in.size() == 2;
             const size_t fi = bin && step.in[0].k != Val::K::Full ? 1 : 0;
             const Val& o = bin ? step.in[1 - fi] : step.in[0];
@@ -278,14 +304,21 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops, std::ma
         val[res] = step.out;
         p.steps.push_back(std::move(step));
     }
+    // A result that is a broadcast (a per-image or per-channel value over the pixels): written
+    // into the result tile (-0.0, plus the value: exact).
+    if (val.count(target) && val[target].k != Val::K::Full) {
+        p.steps.push_back({OpKind::Broadcast, Comparison::Gt, {val[target]}, {Val::K::Full, -1}});
+        val[target] = {Val::K::Full, -1};
+    }
     if (!val.count(target) || val[target].k != Val::K::Full || val[target].area != -1)
         not_generated(f, "a result the epilogue does not leave in the result tile");
     for (size_t i = 0; i + 1 < p.steps.size(); ++i)
         if (p.steps[i].out.k == Val::K::Full && p.steps[i].out.area == -1)
             not_generated(f, "an epilogue that writes its result before its last op");
-    p.scratch = scratch ? 3 : 0;
+    // Materialised operands take scratch 0 and 1, a divide's temporaries 2 to 4.
+    p.scratch = divide ? 5 : scratch ? 3 : 0;
     p.areas = results + p.scratch;
-    p.col_scratch = int(col_operands);
+    p.col_scratch = col_divide ? 5 : int(col_operands);
     p.col_areas = col_results + p.col_scratch;
     return p;
 }
@@ -299,9 +332,10 @@ struct TileCtx {
     std::vector<isa::Arg> fulls;    ///< Full sides' tiles
     std::vector<isa::Arg> areas;    ///< tile areas
     std::vector<isa::Arg> col_areas;
-    isa::Arg rows;      ///< pixels in this tile
-    uint32_t cols = 0;  ///< channels per pixel in the tile
-    isa::Arg n;         ///< rows x cols
+    isa::Arg rows;                    ///< pixels in this tile
+    uint32_t cols = 0;                ///< channels per pixel in the tile
+    isa::Arg n;                       ///< rows x cols
+    std::vector<isa::Arg> rows_of{};  ///< image rows: the tile's image's C values of each
 };
 
 /// Emits placed ops on one tile (the same fp32 ops in the evaluator's order, so bit-exact).
@@ -309,7 +343,9 @@ void emit_steps(const TileCtx& t, const Placed& p) {
     const isa::Arg C = imm(t.cols);
     const auto at = [&](const Val& v) -> isa::Arg {
         if (v.k == Val::K::Column)
-            return v.area < 0 ? t.columns[v.side] : t.col_areas[size_t(v.area)];
+            return v.area >= 0          ? t.col_areas[size_t(v.area)]
+                   : v.side >= kRowSide ? t.rows_of[v.side - kRowSide]
+                                        : t.columns[v.side];
         if (v.area == -1) return t.out;
         if (v.area <= -2) return t.fulls[size_t(-2 - v.area)];
         return t.areas[size_t(v.area)];
@@ -362,6 +398,30 @@ void emit_steps(const TileCtx& t, const Placed& p) {
                 tile ? t.areas[size_t(tile_scratch) + i] : t.col_areas[size_t(col_scratch) + i], n,
                 tile);
         };
+        if (s.kind == OpKind::Broadcast) {
+            materialise(x[0], out, n, true);
+            continue;
+        }
+        if (s.kind == OpKind::Div) {
+            // vpu_divide (evaluator.h), as the loop emitter and the dot's epilogue: q = x
+            // rsqrt(|y|)^2, negated where 0 > y.
+            const auto area = [&](int i) {
+                return tile ? t.areas[size_t(tile_scratch + i)]
+                            : t.col_areas[size_t(col_scratch + i)];
+            };
+            const isa::Arg xa = F(0), ya = F(1);
+            const isa::Arg r = area(2), m = area(3), zero = area(4);
+            t.vpu(Opcode::VCmpGt, {zero, zero, zero, n});
+            t.vpu(Opcode::VMulS, {r, ya, fimm(-1.0f), n});
+            t.vpu(Opcode::VMax, {r, ya, r, n});
+            t.vpu(Opcode::VRsqrt, {r, r, n});
+            t.vpu(Opcode::VMul, {r, r, r, n});
+            t.vpu(Opcode::VCmpGt, {m, zero, ya, n});
+            t.vpu(Opcode::VMul, {r, xa, r, n});
+            t.vpu(Opcode::VMulS, {zero, r, fimm(-1.0f), n});
+            t.vpu(Opcode::VSel, {out, m, zero, r, n});
+            continue;
+        }
         if (!emit_elementwise(t.vpu, s.kind, s.comparison, out, F, n))
             throw CompileError(fmt::format("epilogue op {} not generated", op_name(s.kind)));
     }
@@ -377,7 +437,8 @@ struct Pass {
     BufferRef out;  ///< where the result goes (row-major NHWC)
     uint64_t pixels = 0;
     uint32_t C = 0;
-    uint32_t tile = 0;  ///< pixels per tile
+    uint32_t image = 0;  ///< pixels per image (a tile never straddles two with image rows)
+    uint32_t tile = 0;   ///< pixels per tile
 };
 
 /// A planned convolution or pooling fusion.
@@ -429,16 +490,26 @@ Pass plan_pass(const Graph& g, const Fusion& f, const std::set<OpId>& ops,
     ps.out = out;
     ps.C = uint32_t(ts.dims[3]);
     ps.pixels = uint64_t(ts.elements() / ts.dims[3]);
+    ps.image = uint32_t(ts.dims[1] * ts.dims[2]);
+    for (const FusionValue* fv : ps.ep.rows)
+        if (!(fv->layout == row_major(2)) &&
+            !(fv->layout == Layout{{1, 0}, {board.core.vpu_sublanes, board.core.vpu_lanes}} &&
+              ps.C % board.core.vpu_lanes == 0))
+            not_generated(f, fmt::format("a per-image operand {} in layout {}",
+                                         fv->shape.to_string(), fv->layout.to_string()));
     st::Footprint fp;
     fp.name = f.name;
     fp.units = ps.pixels;
-    fp.areas.assign(1 + ps.ep.fulls.size() + size_t(ps.ep.areas), ps.C);
+    fp.areas.assign(1 + ps.ep.fulls.size() + size_t(ps.ep.areas) + ps.ep.rows.size(), ps.C);
     fp.fixed.assign(ps.ep.columns.size() + size_t(ps.ep.col_areas), ps.C);
     try {
         ps.tile = st::plan(fp, board.core.vmem_bytes - 64 * 1024);
     } catch (const driver::DeviceError& e) {
         not_generated(f, fmt::format("an elementwise pass that does not fit ({})", e.what()));
     }
+    // With image rows, tiles of a divisor of the image's pixels stay inside one image.
+    if (!ps.ep.rows.empty())
+        while (ps.image % ps.tile) --ps.tile;
     return ps;
 }
 
@@ -494,6 +565,7 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     std::map<ValueId, Val> seeds{{cy, {Val::K::Full, -1}}};
     p->ep =
         place(g, f, needed_ops(g, f, {p->y->value}, {cy}), seeds, {}, p->y->value, D, p->y->layout);
+    if (!p->ep.rows.empty()) not_generated(f, "a per-image operand in a convolution's epilogue");
     for (const FusionValue& r : f.results)
         if (&r != p->y)
             p->after.push_back(plan_pass(g, f, needed_ops(g, f, {r.value}, {p->y->value}), {p->y},
@@ -676,7 +748,7 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
     if (!p->input_grad) {
         p->ep = place(g, f, needed_ops(g, f, {p->y->value}, {hy}), {{hy, {Val::K::Full, -1}}}, {},
                       p->y->value, g.shape(hy).dims, p->y->layout);
-        if (!p->ep.columns.empty() || p->ep.col_areas)
+        if (!p->ep.columns.empty() || p->ep.col_areas || !p->ep.rows.empty())
             not_generated(f, "a per-channel operand in a filter gradient's epilogue");
         for (const FusionValue& r : f.results)
             if (&r != p->y)
@@ -895,13 +967,37 @@ void emit_pass(isa::Builder& b, const Pass& ps, const LoadFn& load) {
     st::Spec sp;
     sp.fp.name = "elementwise";
     sp.fp.units = ps.pixels;
-    sp.fp.areas.assign(1 + ep.fulls.size() + size_t(ep.areas), ps.C);
+    sp.fp.areas.assign(1 + ep.fulls.size() + size_t(ep.areas) + ep.rows.size(), ps.C);
     sp.fp.fixed.assign(ep.columns.size() + size_t(ep.col_areas), ps.C);
     for (size_t i = 0; i < ep.fulls.size(); ++i)
         sp.ins.emplace_back(st::Operand::hbm(ad.of(ep.fulls[i]->buffer)), int(1 + i));
     sp.outs.emplace_back(st::Operand::hbm(ad.of(ps.out)), 0);
     for (size_t i = 0; i < ep.columns.size(); ++i)
         sp.fixed_ins.push_back({st::Operand::hbm(ad.of(ep.columns[i]->buffer)), int(i)});
+    // Image rows: the C values of the tile's image, row-major or in T(8, 128) tiles.
+    const int row_area0 = int(1 + ep.fulls.size()) + ep.areas;
+    for (size_t i = 0; i < ep.rows.size(); ++i) {
+        const isa::Arg base = ad.of(ep.rows[i]->buffer);
+        const bool tiled = !ep.rows[i]->layout.tile.empty();
+        const int64_t sub = tiled ? ep.rows[i]->layout.tile[0] : 1, lanes = tiled ? 128 : ps.C;
+        const int64_t chunks = ps.C / lanes, image = ps.image, area = row_area0 + int(i);
+        sp.ins.emplace_back(st::Operand::hbm(base), area,
+                            [=](st::Body& bd, const isa::Reg& first, const isa::Reg&,
+                                const isa::Reg& slot, const isa::Flag& flag) {
+                                const isa::Reg& a = bd.tmp(0);
+                                const isa::Reg& r = bd.tmp(1);
+                                bd.emit(Opcode::Divu, {a, first, imm(image)});  // the image
+                                bd.emit(Opcode::Remu, {r, a, imm(sub)});
+                                bd.emit(Opcode::Mul, {r, r, imm(lanes * 4)});
+                                bd.emit(Opcode::Divu, {a, a, imm(sub)});
+                                bd.emit(Opcode::Mul, {a, a, imm(chunks * sub * lanes * 4)});
+                                bd.emit(Opcode::Add, {a, a, r});
+                                bd.emit(Opcode::Add, {a, a, base});
+                                bd.emit(Opcode::DmaHv,
+                                        {bd.at(slot, area), a, imm(chunks), imm(lanes * 4),
+                                         imm(lanes * 4), imm(sub * lanes * 4), flag});
+                            });
+    }
     sp.body = [&](st::Body& bd) {
         const isa::Reg& n = bd.scratch();
         bd.emit(Opcode::Mul, {n, bd.units(), imm(ps.C)});
@@ -916,6 +1012,7 @@ void emit_pass(isa::Builder& b, const Pass& ps, const LoadFn& load) {
         for (int i = 0; i < ep.areas; ++i) t.areas.push_back(bd.a(int(1 + ep.fulls.size()) + i));
         for (int i = 0; i < ep.col_areas; ++i)
             t.col_areas.push_back(bd.f(int(ep.columns.size()) + i));
+        for (size_t i = 0; i < ep.rows.size(); ++i) t.rows_of.push_back(bd.a(row_area0 + int(i)));
         emit_steps(t, ep);
     };
     st::emit(b, sp, ps.tile);
