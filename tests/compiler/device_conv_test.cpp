@@ -399,7 +399,8 @@ TEST(CompilerDeviceConv, CnnTrainingStepIsOneLaunchBitExact) {
     const auto st = probe(cnn_leaves(), cnn_train_step);
     for (const auto& [why, n] : st.fallbacks) std::cout << "  " << n << "x " << why << "\n";
     EXPECT_EQ(st.fallback_fusions, 0u);
-    expect_bit_exact(cnn_leaves(), cnn_train_step);
+    const auto dev = expect_bit_exact(cnn_leaves(), cnn_train_step);
+    std::cout << "CNN training step: " << dev.last_launch.core_cycles.at(0) << " cycles\n";
 }
 
 TEST(CompilerDeviceConv, ProbeSmallResNet) {
