@@ -75,11 +75,6 @@ uint64_t packed_w_bytes(const driver::Conv2dShape& s, const driver::Conv2dTiling
     return align512(uint64_t(t.NT) * s.kernel * s.kernel * t.CT * t.R * t.C * 2);
 }
 
-/// Whether convolution `conv`'s filter is a parameter of the step (packed once, kept).
-bool filter_is_parameter(const Graph& g, const Op& conv) {
-    return g.producer(conv.operands[1]).kind == OpKind::Parameter;
-}
-
 /// Folded (conv2d_folds_taps): x is im2col(x), N Ho Wo x k k Cin fp32, and no w or bias.
 ConvScratch folded_scratch(const driver::Conv2dShape& s, uint32_t C, uint32_t columns) {
     ConvScratch c;
@@ -90,12 +85,14 @@ ConvScratch folded_scratch(const driver::Conv2dShape& s, uint32_t C, uint32_t co
     return c;
 }
 ConvScratch conv_scratch(const driver::Conv2dShape& s, const driver::Conv2dTiling& t,
-                         uint32_t columns, bool w_in_scratch) {
+                         uint32_t columns) {
     ConvScratch c;
     c.column = align512(uint64_t(t.NT) * t.C * 4);
     c.columns = c.column * columns;
     c.x = align512(uint64_t(s.batch) * t.phases * t.phases * t.CT * t.Hq * t.Wq * t.R * 2);
-    c.w = w_in_scratch ? packed_w_bytes(s, t) : 0;
+    // The packed filter keeps room here even when it is a derived buffer: a segment with more
+    // than kMaxDerived of those packs the rest here on every launch.
+    c.w = packed_w_bytes(s, t);
     c.bias = align512(uint64_t(t.NT) * t.C * 4);
     return c;
 }
@@ -663,11 +660,7 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     p->key.shape = s;
     p->key.tiling = *t;
     const bool param_w = p->w->buffer.space == BufferRef::Space::Parameter;
-    if (param_w != filter_is_parameter(g, conv))
-        not_generated(f, "a filter parameter placed outside the parameters");
-    // The scratch keeps room for the packed filter even when it is a derived buffer: a segment
-    // with more than 32 of those packs the rest there on every launch.
-    p->scratch = conv_scratch(s, *t, uint32_t(p->ep.columns.size()), true);
+    p->scratch = conv_scratch(s, *t, uint32_t(p->ep.columns.size()));
     const uint64_t aux_vmem = board.core.vmem_bytes - margin;
     const uint32_t R = board.core.mxu_rows, C = board.core.mxu_cols;
     try {
@@ -1331,7 +1324,7 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
         } catch (const driver::DeviceError&) {
             continue;
         }
-        f.scratch.bytes = gen::conv_scratch(s, t, columns, true).total();
+        f.scratch.bytes = gen::conv_scratch(s, t, columns).total();
     }
 }
 
