@@ -470,10 +470,16 @@ struct ConvPoolFusion {
     driver::PoolKey pool;
     std::vector<BufferRef> grad_operands;  ///< a gradient's (x, dy) or (dy), read or computed
     // GlobalSum
+    std::optional<driver::Conv2dAuxKey> zero_out;  ///< zeroes a padded result first
     uint32_t images = 0, hw = 0, channels = 0, lanes = 128, out_tile_rows = 0, tile = 0;
 };
 
 namespace {
+
+/// Values of a global sum's result row in VMEM: C, or whole lane chunks when tiled.
+uint32_t padded_channels(const ConvPoolFusion& p) {
+    return p.out_tile_rows > 1 ? (p.channels + p.lanes - 1) / p.lanes * p.lanes : p.channels;
+}
 
 /// Plans a streaming pass computing `target` (NHWC, row-major) into `out`.
 Pass plan_pass(const Graph& g, const Fusion& f, const std::set<OpId>& ops,
@@ -893,13 +899,23 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
     if (xs.dtype != DType::F32 || (p->x && !untiled_row_major(*p->x)))
         not_generated(f, fmt::format("a reduction over H and W of {} in layout {}", xs.to_string(),
                                      p->x->layout.to_string()));
-    // The result [N, C]: row-major, or T(8, 128) tiles of whole bands and lane chunks.
+    // The result [N, C]: row-major, or T(8, 128) tiles; padded tiles (N not a multiple of 8,
+    // as at batch 1, or C of 128) are zeroed first, then each image's row is written.
     const int64_t lanes = board.core.vpu_lanes, sub = board.core.vpu_sublanes;
     if (untiled_row_major(y)) {
         p->out_tile_rows = 1;
-    } else if (y.layout == Layout{{1, 0}, {sub, lanes}} && p->images % sub == 0 &&
-               p->channels % lanes == 0) {
+    } else if (y.layout == Layout{{1, 0}, {sub, lanes}}) {
         p->out_tile_rows = uint32_t(sub);
+        const uint64_t values = layout_bytes(y.shape, y.layout) / 4;
+        if (values != y.shape.elements()) {
+            try {
+                p->zero_out = driver::plan_conv2d_aux(driver::Conv2dAux::Zero, {}, 0, 0, 0, 0,
+                                                      values, board.core.vmem_bytes - 64 * 1024);
+            } catch (const driver::DeviceError& e) {
+                not_generated(f,
+                              fmt::format("a padded result that cannot be zeroed ({})", e.what()));
+            }
+        }
     } else {
         not_generated(f, fmt::format("a reduction result {} in layout {} (padded tiles)",
                                      y.shape.to_string(), y.layout.to_string()));
@@ -908,7 +924,7 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
     st::Footprint fp;
     fp.name = f.name;
     fp.units = p->images;
-    fp.areas = {p->hw * p->channels, chunks * p->channels, p->channels};
+    fp.areas = {p->hw * p->channels, chunks * p->channels, padded_channels(*p)};
     fp.max_tile_units = 1;
     try {
         p->tile = st::plan(fp, board.core.vmem_bytes - 64 * 1024);
@@ -1130,20 +1146,21 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
     Addresses ad(b, load);
     const isa::Arg x = ad.of(p.before ? p.before->out : p.x->buffer);
     const isa::Arg y = ad.of(p.y->buffer);
+    if (p.zero_out) driver::emit(b, *p.zero_out, std::vector<st::Operand>{st::Operand::hbm(y)});
     enum { X, Part, Y };
     const uint32_t C = p.channels, hw = p.hw, L = p.lanes;
     const uint32_t chunks = (hw + L - 1) / L;
     st::Spec sp;
     sp.fp.name = "global_sum";
     sp.fp.units = p.images;
-    sp.fp.areas = {hw * C, chunks * C, C};
+    sp.fp.areas = {hw * C, chunks * C, padded_channels(p)};
     sp.fp.max_tile_units = 1;
     sp.ins.emplace_back(st::Operand::hbm(x), X);
     if (p.out_tile_rows == 1) {
         sp.outs.emplace_back(st::Operand::hbm(y), Y);
     } else {
         // Image n's C values go to row n % 8 of its band's T(8,128) tiles: one strided DMA.
-        const uint32_t rows = p.out_tile_rows, CT = C / L;
+        const uint32_t rows = p.out_tile_rows, CT = (C + L - 1) / L;
         sp.outs.emplace_back(st::Operand::hbm(y), Y,
                              [=](st::Body& bd, const isa::Reg& first, const isa::Reg&,
                                  const isa::Reg& slot, const isa::Flag& flag) {
@@ -1160,7 +1177,10 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
                                           imm(int64_t(rows) * L * 4), imm(int64_t(L) * 4), flag});
                              });
     }
+    const uint32_t padded = padded_channels(p);
     sp.body = [=](st::Body& bd) {
+        // The padding lanes of a tiled row: +0.0 (v.cmpgt x, x, x), the sums over them.
+        if (padded != C) bd.vpu(Opcode::VCmpGt, {bd.a(Y), bd.a(Y), bd.a(Y), imm(padded)});
         if (chunks == 1) {
             bd.vpu(Opcode::VCSum, {bd.a(Y), bd.a(X), imm(hw), imm(C)});
             return;

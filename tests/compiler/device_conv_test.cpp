@@ -323,6 +323,22 @@ DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& record,
     return device.stats();
 }
 
+TEST(CompilerDeviceConv, GlobalSumAtBatchOneWritesPaddedTiles) {
+    // ResNet's head at batch 1 (the validation rows): the sum over 7 x 7 of 1 x 7 x 7 x 320 goes
+    // into [1, 320]'s T(8,128) tiles (7 padding rows and 64 padding lanes, zeroed first); the
+    // divide after it streams the padded buffer flat. No fusion falls back; bit-exact.
+    const Shape xs = f32({1, 7, 7, 320});
+    const Record rec = [](Graph& g, const std::vector<ValueId>& v) {
+        return global_avg_pool(g, v[0]);
+    };
+    std::vector<std::vector<float>> got;
+    const auto st = probe({{"x", xs, {randoms(49 * 320, 121)}}}, rec, &got);
+    for (const auto& [why, n] : st.fallbacks) std::cout << "  " << n << "x " << why << "\n";
+    EXPECT_EQ(st.fallback_fusions, 0u);
+    HostBackend host(1);
+    EXPECT_TRUE(same_bits(got[0], run(host, {{"x", xs, {randoms(49 * 320, 121)}}}, rec)[0]));
+}
+
 /// A small ResNet: stem conv 7 x 7 stride 2 (3 -> 128, folded), BN, ReLU, max pool, two basic
 /// blocks of 128 channels, global average pool, linear to 128 classes (8 images and 128
 /// classes fill whole T(8,128) tiles: the padded tiles of the head are another emitter's work).
