@@ -6,6 +6,7 @@
 // that no buffer live at the same time uses), sharing an operand's buffer where a loop fusion
 // reads it elementwise for the last time (buffer_assignment.cc, CanShareOperandBufferWithUser).
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include <fmt/format.h>
@@ -161,6 +162,7 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
     // (3) Temps: live from their writer to their last reader.
     std::vector<Alloc> allocs;
     std::map<ValueId, size_t> alloc_of;
+    std::vector<size_t> scratch_alloc;  // per fusion: its scratch allocation, or SIZE_MAX
     for (size_t i = 0; i < nf; ++i) {
         const Fusion& f = step.fusions[i];
         std::vector<size_t> taken;  // allocations already shared by a result of this fusion
@@ -193,6 +195,9 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
             taken.push_back(shared < allocs.size() ? shared : allocs.size() - 1);
             alloc_of[r.value] = shared < allocs.size() ? shared : allocs.size() - 1;
         }
+        // A kernel's own scratch: live during this fusion only.
+        if (f.scratch.bytes) allocs.push_back(Alloc{align_up(f.scratch.bytes, align), i, i, 0, {}});
+        scratch_alloc.push_back(f.scratch.bytes ? allocs.size() - 1 : SIZE_MAX);
     }
     // (4) Offsets: largest first, best fit among what is live at the same time.
     std::vector<size_t> order(allocs.size());
@@ -232,6 +237,11 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
             where[v] = BufferRef{BufferRef::Space::Temp, 0, a.offset,
                                  layout_bytes(g.shape(v), g.value(v).layout)};
     }
+    for (size_t i = 0; i < nf; ++i)
+        if (scratch_alloc[i] != SIZE_MAX) {
+            BufferRef& s = step.fusions[i].scratch;
+            s = BufferRef{BufferRef::Space::Temp, 0, allocs[scratch_alloc[i]].offset, s.bytes};
+        }
     for (Fusion& f : step.fusions) {
         for (FusionValue& fv : f.operands) fv.buffer = where.at(fv.value);
         for (FusionValue& fv : f.results) fv.buffer = where.at(fv.value);

@@ -129,6 +129,8 @@ std::string arg_name(const ProgramArg& a) {
             return "ring.next";
         case ProgramArg::What::Prev:
             return "ring.prev";
+        case ProgramArg::What::Derived:
+            return "derived";
         case ProgramArg::What::Base:
             break;
     }
@@ -156,6 +158,9 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     std::vector<Plan> plans;
     std::vector<std::optional<DotFusion>> dots;
     std::vector<std::optional<CollectiveFusion>> collectives;
+    std::vector<std::shared_ptr<const ConvPoolFusion>> windows;  // codegen_conv.cpp
+    std::vector<std::optional<DerivedSlot>> slots;
+    uint64_t derived_bytes = 0;
     std::map<std::pair<uint8_t, uint32_t>, size_t> slot;
     bool rings = false;
     for (size_t i : fusions) {
@@ -163,22 +168,54 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         plans.emplace_back();
         dots.emplace_back();
         collectives.emplace_back();
+        windows.push_back(plan_conv_pool_fusion(g, f, o.board));
         if (f.kind == FusionKind::Collective) {
             collectives.back() = plan_collective(g, f, o);
             rings |= collectives.back()->ring.has_value();
+        } else if (windows.back()) {
+            // a convolution or pooling fusion (codegen_conv.cpp)
         } else if (f.kind == FusionKind::Output) {
             dots.back() = plan_dot_fusion(g, f, o.board);
         } else {
             plans.back() = plan_fusion(g, f, o.board);
         }
+        std::vector<BufferRef> bufs;
         for (const auto* list : {&f.operands, &f.results})
-            for (const FusionValue& fv : *list) {
-                const auto key = alloc_key(fv.buffer);
-                if (slot.count(key)) continue;
-                slot[key] = seg.args.size();
-                seg.args.push_back({ProgramArg::What::Base, fv.buffer.space, key.second});
+            for (const FusionValue& fv : *list) bufs.push_back(fv.buffer);
+        if (f.scratch.bytes) bufs.push_back(f.scratch);
+        // A buffer computed from a parameter, kept across launches in the derived arena (one
+        // per parameter and key; kMaxDerived at most, one stale bit each).
+        slots.emplace_back();
+        if (const auto d = windows.back() ? conv_pool_derived(*windows.back()) : std::nullopt) {
+            auto it = std::find_if(seg.derived.begin(), seg.derived.end(), [&](const auto& x) {
+                return x.parameter == d->parameter && x.key == d->key;
+            });
+            if (it == seg.derived.end() && seg.derived.size() < kMaxDerived) {
+                DerivedBuffer nb = *d;
+                nb.offset = derived_bytes;
+                derived_bytes += (d->bytes + 511) / 512 * 512;
+                seg.derived.push_back(nb);
+                it = seg.derived.end() - 1;
             }
+            if (it != seg.derived.end())
+                slots.back() = DerivedSlot{it->offset, uint32_t(it - seg.derived.begin())};
+        }
+        for (const BufferRef& buf : bufs) {
+            const auto key = alloc_key(buf);
+            if (slot.count(key)) continue;
+            slot[key] = seg.args.size();
+            seg.args.push_back({ProgramArg::What::Base, buf.space, key.second});
+        }
     }
+    const size_t derived_args = seg.args.size();
+    // The derived arena takes one launch argument; without a free one, each fusion packs its
+    // filter into its scratch on every launch instead.
+    if (!seg.derived.empty() && seg.args.size() + 1 + (rings ? 3 : 0) >= size_t(isa::kNumSregs)) {
+        seg.derived.clear();
+        for (auto& s : slots) s.reset();
+    }
+    if (!seg.derived.empty())
+        seg.args.push_back({ProgramArg::What::Derived, BufferRef::Space::Temp, 0});
     // Each core's place in the ring, for the all-reduces.
     const size_t ring_args = seg.args.size();
     if (rings)
@@ -234,6 +271,13 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         }
         if (dots[k]) {
             emit_dot_fusion(b, *dots[k], load);
+            continue;
+        }
+        if (windows[k]) {
+            const auto load_arg = [&](const isa::Reg& r) {
+                b.emit(Opcode::Lw, {r, table->word(derived_args)});
+            };
+            emit_conv_pool_fusion(b, *windows[k], load, load_arg, slots[k]);
             continue;
         }
         Bases bases;

@@ -41,10 +41,31 @@ struct ProgramArg {
         Position,  ///< the core's position in the replica ring (0..replicas-1)
         Next,      ///< the core at the next position of the ring
         Prev,      ///< the core at the previous position of the ring
+        /// The segment's derived arena (ProgramSegment::derived: buffers the backend keeps
+        /// for this program, each computed from a parameter and valid while the parameter is
+        /// unchanged, such as a convolution's filter in packed bf16 tiles): its base, a multiple
+        /// of kDerivedAlign, plus the stale mask in the bits below: bit j set when derived[j]
+        /// must be (re)computed by this launch (its first launch, or the parameter was
+        /// rewritten since). One argument, since a launch carries at most 31.
+        Derived,
     };
     What what = What::Base;                           ///< what it holds
     BufferRef::Space space = BufferRef::Space::Temp;  ///< Base: which allocation
     uint32_t index = 0;  ///< Base of a Parameter, Input, Constant, Output: the number
+};
+
+/// Alignment of a derived arena; its low bits carry the stale mask, one per derived buffer.
+inline constexpr uint32_t kDerivedAlign = 1u << 16;
+/// Derived buffers a segment holds at most (a further one is recomputed on every launch).
+inline constexpr size_t kMaxDerived = 16;
+
+/// A buffer of a segment's derived arena: what a program computes from a parameter once and
+/// keeps while the parameter is unchanged.
+struct DerivedBuffer {
+    uint32_t parameter = 0;  ///< CompiledStep::parameters index it is computed from
+    uint64_t key = 0;        ///< what it holds (the packing kernel's key hash)
+    uint64_t offset = 0;     ///< bytes into the derived arena
+    uint64_t bytes = 0;      ///< its bytes per replica
 };
 
 /// One piece of a step: a device program (every device fusion between two host fusions) or a
@@ -59,6 +80,8 @@ struct ProgramSegment {
     /// Host segment of a fusion that is not a custom call (CodegenOptions::host_fallback): the
     /// NotYetGenerated message that sent it to the host.
     std::string fallback;
+    /// Device segment: its derived arena's buffers (at most kMaxDerived).
+    std::vector<DerivedBuffer> derived;
     /// Device segment: the fusions it holds, in order.
     std::vector<size_t> fusions;
 };

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -186,5 +188,37 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
 /// puts a buffer's address into a register.
 void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
                      const std::function<void(const isa::Reg&, const BufferRef&)>& load);
+
+/// Puts a buffer's address into a register (the program's argument table, plus a temp's offset).
+using LoadFn = std::function<void(const isa::Reg&, const BufferRef&)>;
+
+/// A planned convolution output fusion, reduce-window fusion or reduction over H and W
+/// (codegen_conv.cpp).
+struct ConvPoolFusion;
+
+/// The plan of `f` when it is a convolution output fusion, a pooling fusion or a sum over the
+/// H and W of an NHWC array (global average pooling); nullptr for other fusions. Throws
+/// NotYetGenerated for such a fusion the emitters do not cover.
+std::shared_ptr<const ConvPoolFusion> plan_conv_pool_fusion(const Graph& g, const Fusion& f,
+                                                            const hw::BoardConfig& board);
+
+/// Puts the segment's Derived launch argument (the derived arena's base plus its stale mask)
+/// into a register.
+using LoadArgFn = std::function<void(const isa::Reg&)>;
+
+/// A buffer a fusion computes from a parameter and would keep across launches (a convolution's
+/// packed filter): parameter, key and bytes of a DerivedBuffer.
+std::optional<DerivedBuffer> conv_pool_derived(const ConvPoolFusion& p);
+
+/// Where device_segment put that buffer: its offset in the derived arena and its stale bit.
+struct DerivedSlot {
+    uint64_t offset = 0;
+    uint32_t bit = 0;
+};
+
+/// Emits a fusion planned by plan_conv_pool_fusion; `slot` when its derived buffer has one
+/// (else the fusion computes it into its scratch on every launch).
+void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
+                           const LoadArgFn& load_arg, std::optional<DerivedSlot> slot);
 
 }  // namespace tpu::compiler::gen

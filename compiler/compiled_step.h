@@ -77,6 +77,9 @@ struct Fusion {
     std::vector<FusionValue> results;   ///< arrays it writes (needed after it)
     std::vector<DotPlan> dots;          ///< Output fusions with a dot: how it runs
     std::vector<std::string> layers;    ///< the scopes of its ops, first-use order
+    /// HBM the fusion's kernel needs for itself while it runs (a convolution's packed operands),
+    /// a temp live during this fusion only; bytes 0: none.
+    BufferRef scratch{};
 };
 
 /// A buffer of the runtime: a parameter, input or constant of the step.

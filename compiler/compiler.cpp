@@ -157,6 +157,7 @@ CompiledStep compile(const Graph& graph, const CompileOptions& options) {
     // (5)-(7).
     detail::plan_dots(step, options);
     detail::assign_layouts(step, options);
+    detail::plan_convolution_scratch(step, options);
     detail::assign_buffers(step, options);
     step.compile_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -2,6 +2,7 @@
 #include "compiler/device_backend.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -39,9 +40,11 @@ namespace {
 using Alloc = DeviceBackend::Allocation;
 
 /// A tensor of the device backend: host values until a step places it, then HBM in a layout.
+/// A tensor of the device backend: host values until a step places it, then HBM in a layout.
 struct DeviceTensor : DeviceData {
     std::vector<HostArray> host;  ///< by replica, while not on the device
     std::shared_ptr<Alloc> mem;   ///< on the device, in `layout`
+    uint64_t rewrites = 0;        ///< steps that wrote `mem` in place (derived buffers go stale)
 };
 
 DeviceTensor& tensor(const DataPtr& d) {
@@ -196,11 +199,44 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
         return *temp;
     };
 
+    // Each segment's derived arena (ProgramSegment::derived), kept with the program: a buffer is
+    // stale until a launch computed it from its parameter's current memory and contents.
+    std::vector<DerivedArena*> arenas;
+    for (size_t si = 0; si < prog.segments.size(); ++si) {
+        const ProgramSegment& seg = prog.segments[si];
+        if (seg.derived.empty()) {
+            arenas.push_back(nullptr);
+            continue;
+        }
+        DerivedArena& a = m_derived[{step.source_hash, si}];
+        const DerivedBuffer& last = seg.derived.back();
+        if (!a.mem) {
+            // Aligned to kDerivedAlign: the launch argument's low bits are the stale mask.
+            a.mem = std::make_shared<Alloc>(m_dev, m_cores,
+                                            last.offset + last.bytes + kDerivedAlign, m_stats);
+            a.made.assign(seg.derived.size(), {});
+        }
+        arenas.push_back(&a);
+    }
+    const auto stale_mask = [&](size_t si) {
+        uint32_t mask = 0;
+        const auto& derived = prog.segments[si].derived;
+        for (size_t j = 0; j < derived.size(); ++j) {
+            const DeviceTensor& t = tensor(parameters.at(derived[j].parameter));
+            const DerivedArena::Made& m = arenas[si]->made[j];
+            if (m.source.expired() || m.source.lock() != t.mem || m.rewrites != t.rewrites)
+                mask |= 1u << j;
+        }
+        return mask;
+    };
+
     uint64_t first_cycle = 0, last_cycle = 0;
     bool any = false;
-    for (const ProgramSegment& seg : prog.segments) {
+    for (size_t si = 0; si < prog.segments.size(); ++si) {
+        const ProgramSegment& seg = prog.segments[si];
         if (seg.host_fusion < 0) {
             const size_t n = m_cores.size();
+            const uint32_t stale = arenas[si] ? stale_mask(si) : 0;
             const driver::Event ev = m_dev.launch(m_cores, seg.program, [&](size_t i) {
                 std::vector<uint32_t> a;
                 for (const ProgramArg& pa : seg.args) switch (pa.what) {
@@ -216,9 +252,20 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                         case ProgramArg::What::Prev:
                             a.push_back(m_cores[(i + n - 1) % n]);
                             break;
+                        case ProgramArg::What::Derived: {
+                            const uint64_t base = arenas[si]->mem->bufs.at(i).addr;
+                            const uint64_t aligned =
+                                (base + kDerivedAlign - 1) / kDerivedAlign * kDerivedAlign;
+                            a.push_back(uint32_t(aligned) | stale);
+                            break;
+                        }
                     }
                 return a;
             });
+            for (size_t j = 0; j < seg.derived.size(); ++j) {
+                const DeviceTensor& t = tensor(parameters.at(seg.derived[j].parameter));
+                arenas[si]->made[j] = {t.mem, t.rewrites};
+            }
             ++m_stats->launches;
             m_stats->last_launch = ev;
             if (!any) first_cycle = ev.start_cycle;
@@ -266,6 +313,10 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             ++m_stats->fallbacks[seg.fallback];
         }
     }
+    // A parameter the step rewrote in place: what was derived from it is stale.
+    for (const OutputBuffer& ob : step.outputs)
+        if (ob.buffer.space == BufferRef::Space::Parameter && ob.updates_parameter >= 0)
+            ++tensor(parameters.at(ob.buffer.index)).rewrites;
     ++m_stats->executions;
     m_stats->last_step_cycles = any ? last_cycle - first_cycle : 0;
 

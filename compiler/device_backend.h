@@ -20,7 +20,7 @@ struct DeviceBackendStats {
     uint64_t executions = 0;    ///< steps run
     uint64_t launches = 0;      ///< device programs launched (one per step without custom calls)
     uint64_t host_fusions = 0;  ///< custom fusions and host fallbacks run on the host
-    uint64_t fallback_fusions = 0;    ///< of those, fusions not generated yet (host_fallback)
+    uint64_t fallback_fusions = 0;  ///< of those, fusions not generated yet (host_fallback)
     std::map<std::string, uint64_t> fallbacks;  ///< each fallback's reason, times it ran
     uint64_t programs_generated = 0;  ///< steps whose code was generated (a new compiled step)
     double codegen_seconds = 0;       ///< host time spent generating code
@@ -60,6 +60,17 @@ private:
     CodegenOptions m_codegen;
     EvalOptions m_host;
     std::map<uint64_t, std::shared_ptr<const StepProgram>> m_programs;
+    /// A program segment's derived arena (ProgramSegment::derived) and, per buffer, the
+    /// parameter memory and rewrite count it was last computed from.
+    struct DerivedArena {
+        struct Made {
+            std::weak_ptr<Allocation> source;
+            uint64_t rewrites = 0;
+        };
+        std::shared_ptr<Allocation> mem;
+        std::vector<Made> made;
+    };
+    std::map<std::pair<uint64_t, size_t>, DerivedArena> m_derived;  // by (source hash, segment)
     std::shared_ptr<DeviceBackendStats> m_stats;  // allocations count their bytes here
 };
 

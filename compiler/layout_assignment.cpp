@@ -3,6 +3,7 @@
 // layout of every buffer (compiler/README.md, "Stationary operand" and "Layouts").
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include <fmt/format.h>
@@ -70,10 +71,36 @@ bool is_member(const Fusion& f, OpId id) {
     return std::binary_search(f.ops.begin(), f.ops.end(), id);
 }
 
+/// Whether `f` is a convolution output fusion, a pooling fusion or a sum over H and W of an
+/// NHWC array (codegen_conv.cpp): its kernels read and write row-major NHWC (and HWIO).
+bool conv_pool_fusion(const Graph& g, const Fusion& f) {
+    if (f.hero == kNoOp) return false;
+    const Op& h = g.op(f.hero);
+    return (f.kind == FusionKind::Output &&
+            (h.kind == OpKind::Conv2d || h.kind == OpKind::Conv2dInputGrad ||
+             h.kind == OpKind::Conv2dFilterGrad)) ||
+           h.kind == OpKind::Pool ||
+           h.kind == OpKind::MaxPoolGrad || h.kind == OpKind::AvgPoolGrad ||
+           (f.kind == FusionKind::Input && h.kind == OpKind::Reduce &&
+            g.shape(h.operands[0]).rank() == 4 && h.attrs.dims == std::vector<int64_t>{1, 2});
+}
+
+/// The layout a convolution or pooling fusion reads operand `v` in: untiled row-major NHWC
+/// for its activations and residuals, HWIO for a filter. The packing kernels read these and
+/// write the convolution's bf16 phase planes and weight tiles into the fusion's scratch
+/// (driver/kernels/conv2d.h); the pooling kernel gathers rows of C channels by strided DMAs.
+std::optional<Layout> conv_pool_preference(const Graph& g, const Fusion& f, ValueId v) {
+    if (!conv_pool_fusion(g, f)) return std::nullopt;
+    const Shape& s = g.shape(v);
+    if (s.rank() != 4) return std::nullopt;
+    return row_major(4);
+}
+
 /// The layout fusion `f` would like operand `v` in, if it has a preference.
 std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, ValueId v,
                                  const hw::BoardConfig& cfg) {
     const Graph& g = step.graph;
+    if (auto l = conv_pool_preference(g, f, v)) return l;
     if (f.kind != FusionKind::Output || f.hero == kNoOp) return std::nullopt;
     const Op& hero = g.op(f.hero);
     const bool leaf_param = g.producer(v).kind == OpKind::Parameter;
@@ -101,12 +128,6 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             return dot_operand_layout(s, side == 0 ? d.lhs_batch : d.rhs_batch,
                                       side == 0 ? d.lhs_contracting : d.rhs_contracting, stationary,
                                       stationary && leaf_param, cfg);
-        }
-        if (hero.kind == OpKind::Conv2d && side == 1 && leaf_param) {
-            // HWIO with (Cin, Cout) in MXU tiles: the filter the implicit GEMM holds.
-            Layout l = row_major(s.rank());
-            l.tile = {int64_t(cfg.core.mxu_rows), int64_t(cfg.core.mxu_cols)};
-            return l;
         }
         return std::nullopt;
     }
@@ -159,6 +180,9 @@ void assign_layouts(CompiledStep& step, const CompileOptions& options) {
                  return vs;
              }())
             readers[v].push_back(i);
+    std::map<ValueId, size_t> writer;
+    for (size_t i = 0; i < step.fusions.size(); ++i)
+        for (const FusionValue& r : step.fusions[i].results) writer[r.value] = i;
     const auto choose = [&](ValueId v) {
         Value& val = g.value_mut(v);
         if (val.layout.assigned()) return;
@@ -168,6 +192,12 @@ void assign_layouts(CompiledStep& step, const CompileOptions& options) {
                 val.layout = *l;
                 return;
             }
+        // A convolution or pooling fusion writes row-major NHWC (conv_pool_preference).
+        if (auto w = writer.find(v); w != writer.end() && val.shape.rank() == 4 &&
+                                     conv_pool_fusion(g, step.fusions[w->second])) {
+            val.layout = row_major(4);
+            return;
+        }
         val.layout = default_layout(val.shape, cfg);
     };
     // Parameters first (they keep their layout across steps), then the rest.

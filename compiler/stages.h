@@ -13,6 +13,9 @@ namespace tpu::compiler::detail {
 void plan_dots(CompiledStep& step, const CompileOptions& options);
 /// Stage 6: the layout of every buffer (leaves, fusion results, outputs).
 void assign_layouts(CompiledStep& step, const CompileOptions& options);
+/// Stage 6b: the HBM scratch of each convolution fusion's packed operands (Fusion::scratch
+/// bytes; codegen_conv.cpp), so buffer assignment places it.
+void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options);
 /// Stage 7: buffers and offsets (parameters, inputs, outputs, the temp arena by liveness).
 void assign_buffers(CompiledStep& step, const CompileOptions& options);
 
