@@ -307,6 +307,9 @@ StepProgram generate_step(const CompiledStep& step, const CodegenOptions& option
     std::vector<size_t> run;
     std::set<std::pair<uint8_t, uint32_t>> run_allocs;
     bool run_rings = false;
+    // A fusion with an HBM scratch (a convolution or pooling) also reads the temp arena and may
+    // keep a packed filter in the derived arena, one more argument.
+    bool run_derived = false;
     // A program larger than the core's instruction memory is halved until its pieces fit
     // (each cut a launch); a single fusion that does not fit is left for the launch to refuse.
     const std::function<void(std::span<const size_t>)> emit_run = [&](std::span<const size_t> fs) {
@@ -325,23 +328,29 @@ StepProgram generate_step(const CompiledStep& step, const CodegenOptions& option
         run.clear();
         run_allocs.clear();
         run_rings = false;
+        run_derived = false;
     };
     // A launch carries at most kNumSregs - 1 arguments (every allocation a program touches, and
     // a ring's three), so a step that touches more is cut into several programs, each as many
     // fusions as fit: each cut costs a launch.
-    const auto fits = [&](const Fusion& f) {
-        auto allocs = run_allocs;
+    const auto insert_allocs = [](std::set<std::pair<uint8_t, uint32_t>>& allocs, const Fusion& f) {
         for (const auto* list : {&f.operands, &f.results})
             for (const FusionValue& fv : *list) allocs.insert(alloc_key(fv.buffer));
+        if (f.scratch.bytes) allocs.insert(alloc_key(f.scratch));
+    };
+    const auto fits = [&](const Fusion& f) {
+        auto allocs = run_allocs;
+        insert_allocs(allocs, f);
         const bool rings = run_rings || (f.kind == FusionKind::Collective && options.replicas > 1);
-        return allocs.size() + (rings ? 3 : 0) < size_t(isa::kNumSregs);
+        const bool derived = run_derived || f.scratch.bytes != 0;
+        return allocs.size() + (rings ? 3 : 0) + (derived ? 1 : 0) < size_t(isa::kNumSregs);
     };
     const auto add = [&](size_t i) {
         const Fusion& f = step.fusions[i];
         if (!fits(f)) flush();
-        for (const auto* list : {&f.operands, &f.results})
-            for (const FusionValue& fv : *list) run_allocs.insert(alloc_key(fv.buffer));
+        insert_allocs(run_allocs, f);
         run_rings |= f.kind == FusionKind::Collective && options.replicas > 1;
+        run_derived |= f.scratch.bytes != 0;
         run.push_back(i);
     };
     for (size_t i = 0; i < step.fusions.size(); ++i) {
