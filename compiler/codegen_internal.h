@@ -55,8 +55,10 @@ struct Plan {
     bool rows = false;  ///< a 2-D iteration space (broadcasts, reductions); else flat elementwise
     int64_t R = 1, C = 1;
     uint32_t h = 1;      ///< rows per streamed unit: 8 (a band of T(8,128) tiles) or 1
-    int64_t lanes = 1;   ///< elements per reduction chunk: min(C, vpu_lanes)
-    int64_t chunks = 1;  ///< chunks per row: C / lanes
+    int64_t lanes = 1;   ///< elements per reduction chunk: min(C, vpu_lanes); vpu_lanes tiled
+    int64_t chunks = 1;  ///< chunks per row: C / lanes, rounded up in tiles (padded lanes)
+    int64_t Cp = 1;      ///< values per row in VMEM: C, or whole chunks in T(8,128) tiles
+    bool major = false;  ///< its reductions are over the rows (major dims), each result a [C] row
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
     std::map<ValueId, View> view;

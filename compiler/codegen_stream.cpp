@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -35,8 +36,10 @@ uint32_t band_of(const Fusion& f, const Shape& s, const Layout& l, const Plan& p
                                          l.to_string()));
     if (l.tile.empty()) return 1;
     if (!p.rows) return 1;
+    // Padded lanes are computed on and never stored as data; padded rows only at the end of the
+    // array (the rows above its two tiled dims are one).
     if (l.tile.size() == 2 && rank >= 2 && l.tile[1] == lanes && s.dims[size_t(rank - 1)] == p.C &&
-        p.C % lanes == 0 && s.dims[size_t(rank - 2)] % l.tile[0] == 0)
+        (s.dims[size_t(rank - 2)] % l.tile[0] == 0 || product(s.dims, 0, size_t(rank - 2)) == 1))
         return uint32_t(l.tile[0]);
     not_generated(
         f, fmt::format("a {} array in layout {} (padded tiles)", s.to_string(), l.to_string()));
@@ -52,22 +55,25 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         const Op& op = g.op(id);
         if (op.kind == OpKind::Reduce) {
             const Shape& s = g.shape(op.operands[0]);
+            // Minor: [kept..., reduced...]; major: [reduced..., kept...] (rows reduced).
             std::vector<int64_t> kept, red;
-            bool seen_reduced = false;
+            std::vector<bool> order;
             for (int64_t d = 0; d < s.rank(); ++d) {
                 if (s.dims[size_t(d)] == 1) continue;
                 const bool r =
                     std::find(op.attrs.dims.begin(), op.attrs.dims.end(), d) != op.attrs.dims.end();
-                if (!r && seen_reduced)
-                    not_generated(f,
-                                  fmt::format("a reduction over major dims of {}", s.to_string()));
-                seen_reduced |= r;
+                if (order.empty() || order.back() != r) order.push_back(r);
                 (r ? red : kept).push_back(s.dims[size_t(d)]);
             }
-            const int64_t R = product(kept), C = product(red);
-            if (p.rows && (p.R != R || p.C != C))
+            const bool major = !order.empty() && order.back() == false && red.size() > 0;
+            if (order.size() > 2)
+                not_generated(f, fmt::format("a reduction over middle dims of {}", s.to_string()));
+            const int64_t R = major ? product(red) : product(kept);
+            const int64_t C = major ? product(kept) : product(red);
+            if (p.rows && (p.R != R || p.C != C || p.major != major))
                 not_generated(f, "reductions of different shapes in one fusion");
             p.rows = true;
+            p.major = major;
             p.R = R;
             p.C = C;
         }
@@ -119,7 +125,8 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                     break;
                 case OpKind::Reduce:
                     set(op.operands[0], View::Full);
-                    set(res, p.view[res] == View::Unknown && g.shape(res).elements() == p.R
+                    set(res, p.major ? View::Row
+                             : p.view[res] == View::Unknown && g.shape(res).elements() == p.R
                                  ? View::Col
                                  : View::Unknown);
                     break;
@@ -175,13 +182,6 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
     // Layouts and dtypes of the arrays in HBM.
     p.lanes = std::min<int64_t>(p.C, vlanes);
     p.chunks = p.C > vlanes ? p.C / vlanes : 1;
-    if (p.rows && p.C > vlanes && p.C % vlanes != 0) {
-        bool reduces = false;
-        for (OpId id : f.ops) reduces |= g.op(id).kind == OpKind::Reduce;
-        if (reduces)
-            not_generated(f, fmt::format("a reduction of rows of {} (not a multiple of {} lanes)",
-                                         p.C, vlanes));
-    }
     std::optional<uint32_t> h;
     std::optional<Layout> flat_layout;
     uint64_t flat_bytes = 0;
@@ -218,9 +218,24 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
     for (const FusionValue& fv : f.results) check_hbm(fv);
     if (p.rows) {
         p.h = h.value_or(1);
-        if (p.R % p.h) not_generated(f, fmt::format("{} rows in bands of {}", p.R, p.h));
-        p.units = uint64_t(p.R / p.h);
-        p.full = uint32_t(p.h * p.C);
+        bool reduces = false;
+        for (OpId id : f.ops) reduces |= g.op(id).kind == OpKind::Reduce;
+        if (p.h > 1) {
+            // T(8,128) tiles: whole lane chunks, the padding computed on like data.
+            p.lanes = vlanes;
+            p.chunks = (p.C + vlanes - 1) / vlanes;
+        } else if (p.C > vlanes && p.C % vlanes != 0 && reduces) {
+            not_generated(f, fmt::format("a reduction of rows of {} (not a multiple of {} lanes)",
+                                         p.C, vlanes));
+        }
+        p.Cp = p.lanes * p.chunks;
+        if (p.major && p.h != board.core.vpu_sublanes)
+            not_generated(f, "a reduction over major dims of untiled rows");
+        // Padded rows: the last band's (a [R] vector's DMA reads and writes the rest of its
+        // 256-byte allocation, never another buffer); a minor reduction's results there are
+        // never stored as data, a major one masks them (emit_stream_fusion).
+        p.units = uint64_t((p.R + p.h - 1) / p.h);
+        p.full = uint32_t(p.h * p.Cp);
     } else {
         p.units = flat_bytes ? flat_bytes / 4 : 1;
         for (const FusionValue& fv : f.results)
@@ -258,10 +273,12 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             at[fv.value] = area(w == View::Full ? full : col);
             sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value]);
         } else {
-            const uint32_t n = w == View::Row ? uint32_t(p.C) : 1;
+            // A row in whole lane chunks (the pattern reads them), of which C values are data.
+            const uint32_t n = w == View::Row ? uint32_t(p.Cp) : 1;
             sp.fp.fixed.push_back(n);
             fixed_of[fv.value] = int(sp.fp.fixed.size() - 1);
-            sp.fixed_ins.push_back({st::Operand::hbm(addr), fixed_of[fv.value]});
+            sp.fixed_ins.push_back({st::Operand::hbm(addr), fixed_of[fv.value],
+                                    w == View::Row ? uint32_t(p.C) : 1u});
         }
     }
     // Constant areas, filled once per slot: literals, -0.0, +0.0, 1.0, row and scalar patterns.
@@ -282,6 +299,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
     };
     bool tiled = p.h > 1;
     const int64_t Ct = p.chunks;
+    bool need_lane_mask = false;  // 1.0 on data lanes, 0.0 on padding (a minor reduction's)
     // Scratch areas per op, planned while walking the ops.
     struct Step {
         OpId op;
@@ -338,13 +356,33 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 s.tmp = {-1};
                 break;
             }
-            case OpKind::Reduce:
+            case OpKind::Reduce: {
+                const float ident = op.attrs.reducer == Reducer::Sum
+                                        ? 0.0f
+                                        : -std::numeric_limits<float>::infinity();
+                if (p.major) {
+                    // Partials per sublane (a band's registers), their transpose, the row.
+                    const auto fixed = [&](uint32_t n) {
+                        sp.fp.fixed.push_back(n);
+                        return int(sp.fp.fixed.size() - 1);
+                    };
+                    fixed_of[res] = fixed(uint32_t(p.C));
+                    s.tmp = {fixed(full), fixed(full)};
+                    break;
+                }
                 at[res] = area(col);
+                s.tmp = {-3, -3, -3};
                 if (Ct > 1) {
-                    s.tmp = {area(uint32_t(Ct * p.h))};
-                    if (tiled) s.tmp.push_back(area(uint32_t(Ct * p.h)));
+                    s.tmp[0] = area(uint32_t(Ct * p.h));
+                    if (tiled) s.tmp[1] = area(uint32_t(Ct * p.h));
+                }
+                if (p.Cp != p.C) {  // padded lanes read as the identity
+                    s.tmp.push_back(area(full));
+                    s.tmp.push_back(constant(ident));
+                    need_lane_mask = true;
                 }
                 break;
+            }
             case OpKind::Div:
                 at[res] = area(per());
                 s.tmp = {area(per()), area(per()), constant(0.0f)};
@@ -360,8 +398,12 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                                                  fusion_kind_name(f.kind)));
                 at[res] = area(per());
         }
+        if (op.kind == OpKind::Broadcast && p.view.at(op.operands[0]) == View::Row &&
+            inside_fusion(f, g, op.operands[0]))
+            not_generated(f, "a broadcast of a row the fusion reduces");
         if (w == View::Row || w == View::Scalar)
-            if (op.kind != OpKind::Literal && !(s.tmp.size() == 1 && s.tmp[0] == -1))
+            if (op.kind != OpKind::Literal && !(s.tmp.size() == 1 && s.tmp[0] == -1) &&
+                !(op.kind == OpKind::Reduce && p.major))
                 not_generated(f, fmt::format("{} computed on a {} vector", op_name(op.kind),
                                              w == View::Row ? "row" : "scalar"));
         steps.push_back(std::move(s));
@@ -373,16 +415,61 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         need_negzero |= pattern || tiled;
         need_ones |= !pattern;
     }
-    const int negzero = need_negzero ? constant(-0.0f) : -1;
+    const int negzero = need_negzero || need_lane_mask ? constant(-0.0f) : -1;
     const int ones = need_ones ? constant(1.0f) : -1;
+    // The lane mask: a row of C ones in whole chunks (a fixed area), as a pattern per slot.
+    int mask_row = -1, lane_mask = -1;
+    if (need_lane_mask) {
+        sp.fp.fixed.push_back(uint32_t(p.Cp));
+        mask_row = int(sp.fp.fixed.size() - 1);
+        lane_mask = area(full);
+    }
     // Outputs.
     for (const FusionValue& fv : f.results) {
         const View w = p.view.at(fv.value);
+        if (w == View::Row && p.major && g.producer(fv.value).kind == OpKind::Reduce) {
+            sp.fixed_outs.push_back({st::Operand::hbm(bases.of(fv.buffer)), fixed_of.at(fv.value)});
+            continue;
+        }
         if (w != View::Full && w != View::Col)
             not_generated(f, fmt::format("a {} result", fv.shape.to_string()));
         sp.outs.emplace_back(st::Operand::hbm(bases.of(fv.buffer)), at.at(fv.value));
     }
     const uint32_t tile = st::plan(sp.fp, b.vmem_free());
+
+    // Once per fusion: the lane mask's row; a major reduction's partials at the identity.
+    sp.prologue = [&](st::Body& body) {
+        if (mask_row >= 0) {
+            const isa::Arg m = body.f(mask_row);
+            body.vpu(Opcode::VCmpGt, {m, m, m, imm(p.Cp)});
+            body.vpu(Opcode::VAddS, {m, m, fimm(1.0f), imm(p.C)});
+        }
+        for (const Step& s : steps) {
+            const Op& op = g.op(s.op);
+            if (op.kind != OpKind::Reduce || !p.major) continue;
+            const isa::Arg acc = body.f(s.tmp[0]);
+            body.vpu(Opcode::VCmpGt, {acc, acc, acc, imm(full)});
+            if (op.attrs.reducer == Reducer::Max)
+                body.vpu(Opcode::VAddS,
+                         {acc, acc, fimm(-std::numeric_limits<float>::infinity()), imm(full)});
+        }
+    };
+    // After the last band: each column's sublane partials (transposed per lane chunk to
+    // [column][sublane]) reduced from the identity, in sublane order.
+    if (p.major)
+        sp.finish = [&](st::Body& body) {
+            for (const Step& s : steps) {
+                const Op& op = g.op(s.op);
+                if (op.kind != OpKind::Reduce) continue;
+                const isa::Arg acc = body.f(s.tmp[0]), tr = body.f(s.tmp[1]);
+                const int64_t chunk = int64_t(p.h) * p.lanes * 4;
+                for (int64_t t = 0; t < Ct; ++t)
+                    body.vpu(Opcode::VTrans, {tr + t * chunk, acc + t * chunk, imm(p.h),
+                                              imm(p.lanes)});
+                body.vpu(op.attrs.reducer == Reducer::Sum ? Opcode::VRSum : Opcode::VRMax,
+                         {body.f(fixed_of.at(op.results[0])), tr, imm(p.C), imm(p.h)});
+            }
+        };
 
     sp.body = [&](st::Body& body) {
         isa::Builder& bb = body.builder();
@@ -421,6 +508,13 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                                  src + int64_t(t * p.lanes * 4), imm(p.h), imm(p.lanes)});
                 }
             }
+            if (lane_mask >= 0)
+                for (uint32_t u = 0; u < tile; ++u)
+                    for (int64_t t = 0; t < Ct; ++t)
+                        body.vpu(Opcode::VAddRow,
+                                 {body.a(lane_mask) + int64_t((u * Ct + t) * p.h * p.lanes * 4),
+                                  body.a(negzero), body.f(mask_row) + int64_t(t * p.lanes * 4),
+                                  imm(p.h), imm(p.lanes)});
         });
         const isa::Reg t0 = bb.reg("t0");
         // A loop over the tile's bands: `fn(dst_reg, src_reg)` with the two addresses set.
@@ -443,7 +537,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             const View w = p.view.at(res);
             const isa::Reg& n = w == View::Col ? nc : nf;
             const auto A = [&](size_t i) { return body.a(at.at(op.operands[i])); };
-            const isa::Arg out = body.a(at.at(res));
+            const isa::Arg out = at.count(res) ? body.a(at.at(res)) : imm(0);  // a row: fixed
             switch (op.kind) {
                 case OpKind::Literal:
                     break;
@@ -472,15 +566,53 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 }
                 case OpKind::Reduce: {
                     const bool sum = op.attrs.reducer == Reducer::Sum;
+                    if (p.major) {
+                        // Each band into the sublane partials; of the array's last band only
+                        // its rows of data (contiguous within each lane chunk).
+                        const Opcode acc_op = sum ? Opcode::VAdd : Opcode::VMax;
+                        const isa::Arg acc = body.f(s.tmp[0]);
+                        const int64_t last_rows = p.R % p.h;
+                        const isa::Reg k = bb.reg("band"), a = bb.reg("band.src"),
+                                       whole = bb.reg("bands");
+                        bb.emit(Opcode::Add, {whole, body.units(), imm(0)});
+                        bb.emit(Opcode::Add, {t0, body.first(), body.units()});
+                        if (last_rows)
+                            bb.if_(isa::Cond::Eq, t0, imm(int64_t(p.units)),
+                                   [&] { bb.emit(Opcode::Sub, {whole, whole, imm(1)}); });
+                        bb.if_(isa::Cond::Ne, whole, imm(0), [&] {
+                            bb.loop(k, imm(0), whole, 1, [&] {
+                                bb.emit(Opcode::Mul, {a, k, imm(int64_t(full) * 4)});
+                                bb.emit(Opcode::Add, {a, a, A(0)});
+                                body.vpu(acc_op, {acc, acc, a, imm(full)});
+                            });
+                        });
+                        if (last_rows)
+                            bb.if_(isa::Cond::Eq, t0, imm(int64_t(p.units)), [&] {
+                                bb.emit(Opcode::Mul, {a, whole, imm(int64_t(full) * 4)});
+                                bb.emit(Opcode::Add, {a, a, A(0)});
+                                const int64_t chunk = int64_t(p.h) * p.lanes * 4;
+                                for (int64_t t = 0; t < Ct; ++t)
+                                    body.vpu(acc_op, {acc + t * chunk, acc + t * chunk,
+                                                      a + t * chunk, imm(last_rows * p.lanes)});
+                            });
+                        break;
+                    }
                     const Opcode red = sum ? Opcode::VRSum : Opcode::VRMax;
+                    isa::Arg src = A(0);
+                    if (p.Cp != p.C) {  // padded lanes: the identity
+                        const isa::Arg masked = body.a(s.tmp[3]);
+                        body.vpu(Opcode::VSel,
+                                 {masked, body.a(lane_mask), src, body.a(s.tmp[4]), nf});
+                        src = masked;
+                    }
                     if (Ct == 1) {
                         bb.emit(Opcode::Mul, {t0, body.units(), imm(p.h)});
-                        body.vpu(red, {out, A(0), t0, imm(p.C)});
+                        body.vpu(red, {out, src, t0, imm(p.Cp)});
                         break;
                     }
                     const isa::Arg part = body.a(s.tmp[0]);
                     bb.emit(Opcode::Mul, {t0, body.units(), imm(Ct * p.h)});
-                    body.vpu(red, {part, A(0), t0, imm(p.lanes)});
+                    body.vpu(red, {part, src, t0, imm(p.lanes)});
                     if (!tiled) {
                         body.vpu(red, {out, part, body.units(), imm(Ct)});
                         break;

@@ -385,6 +385,32 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
             // than one chunk the chunk results are reduced again from the identity.
             const float ident = sum ? 0.0f : -std::numeric_limits<float>::infinity();
             const auto combine = [&](float a, float v) { return sum ? a + v : max_nan(a, v); };
+            // Over major dims (the operand's most-minor non-unit dim is kept), the device streams
+            // bands of vpu_sublanes rows and accumulates each band into one register of partials
+            // (v.add / v.max): reduced element i goes to partial i mod vpu_sublanes, each from the
+            // identity in index order; the partials are then reduced from the identity in order.
+            int64_t minor = -1;
+            for (int64_t d = 0; d < x.shape.rank(); ++d)
+                if (x.shape.dims[size_t(d)] != 1) minor = d;
+            if (minor >= 0 && keep[size_t(minor)] && int64_t(a.dims.size()) > 0) {
+                const int64_t parts = std::max<int64_t>(1, o.vpu_sublanes);
+                std::vector<float> part(size_t(n * parts), ident);
+                std::vector<int64_t> seen(size_t(n), 0);
+                for (int64_t i = 0; i < x.shape.elements(); ++i) {
+                    unravel(i, x.shape.dims, idx);
+                    int64_t j = 0, k = 0;
+                    for (size_t d = 0; d < idx.size(); ++d)
+                        if (keep[d]) j += idx[d] * ost[size_t(k++)];
+                    float& p = part[size_t(j * parts + seen[size_t(j)]++ % parts)];
+                    p = combine(p, float(x.data[size_t(i)]));
+                }
+                for (int64_t j = 0; j < n; ++j) {
+                    float r = ident;
+                    for (int64_t s = 0; s < parts; ++s) r = combine(r, part[size_t(j * parts + s)]);
+                    y.data[size_t(j)] = store(out.dtype, r);
+                }
+                return {y};
+            }
             std::vector<float> outer(size_t(n), ident);
             std::vector<int64_t> count(size_t(n), 0);
             const int64_t lanes = std::max<int64_t>(1, o.vpu_lanes);

@@ -47,6 +47,9 @@ struct EvalOptions {
     uint32_t mxu_rows = 128;
     /// Elements per chunk of a reduction (the order of its sums): the board's core.vpu_lanes.
     uint32_t vpu_lanes = 128;
+    /// Partial results of a reduction over major dims (rows accumulated per sublane): the
+    /// board's core.vpu_sublanes.
+    uint32_t vpu_sublanes = 8;
     std::map<std::string, CustomCallFn> custom_calls{};  ///< by target name
 };
 
