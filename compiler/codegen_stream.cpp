@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "compiler/codegen_internal.h"
+#include "compiler/evaluator.h"
 #include "driver/kernels/matmul_kernel.h"
 #include "driver/kernels/stream_kernel.h"
 #include "isa/builder.h"
@@ -43,6 +44,16 @@ uint32_t band_of(const Fusion& f, const Shape& s, const Layout& l, const Plan& p
         return uint32_t(l.tile[0]);
     not_generated(
         f, fmt::format("a {} array in layout {} (padded tiles)", s.to_string(), l.to_string()));
+}
+
+/// The integer exponent (0 .. kVpuPowMax) of a power whose exponent is a broadcast literal, or -1.
+int literal_exponent(const Graph& g, ValueId v) {
+    const Op* op = &g.producer(v);
+    while (op->kind == OpKind::Broadcast || op->kind == OpKind::Reshape)
+        op = &g.producer(op->operands[0]);
+    if (op->kind != OpKind::Literal) return -1;
+    const double e = op->attrs.scalar;
+    return e >= 0 && e <= kVpuPowMax && e == std::floor(e) ? int(e) : -1;
 }
 
 }  // namespace
@@ -306,6 +317,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         std::vector<int> tmp;
     };
     std::vector<Step> steps;
+    std::map<OpId, int> exponent;  // a power's literal integer exponent
     for (OpId id : f.ops) {
         const Op& op = g.op(id);
         const ValueId res = op.results[0];
@@ -388,10 +400,42 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 s.tmp = {area(per()), area(per()), constant(0.0f)};
                 break;
             case OpKind::Compare:
-                if (op.attrs.comparison != Comparison::Gt && op.attrs.comparison != Comparison::Lt)
-                    not_generated(f, "a comparison other than > and <");
                 at[res] = area(per());
+                if (op.attrs.comparison != Comparison::Gt && op.attrs.comparison != Comparison::Lt)
+                    s.tmp = {area(per())};  // built from > (vpu_compare order in the evaluator)
                 break;
+            case OpKind::Abs:
+                at[res] = area(per());
+                s.tmp = {area(per())};
+                break;
+            case OpKind::Sqrt:
+                at[res] = area(per());
+                s.tmp = {area(per()), area(per()), constant(0.0f)};
+                break;
+            case OpKind::Erf:
+                at[res] = area(per());
+                s.tmp = {area(per()), area(per()), area(per()), constant(0.0f)};
+                break;
+            case OpKind::Pow: {
+                // XLA's algebraic simplifier rewrites only pow(x, 2) to x * x (and 0, 1, -1):
+                // a literal integer exponent is multiplied out here (vpu_pow), so GELU's x^3
+                // is two products; any other power has no VPU lowering.
+                const int n = literal_exponent(g, op.operands[1]);
+                if (n < 0)
+                    not_generated(f, "a power whose exponent is not a literal integer in [0, " +
+                                         std::to_string(kVpuPowMax) + "]");
+                exponent[id] = n;
+                if (n == 0) {
+                    at[res] = constant(1.0f);
+                    s.tmp = {-1};
+                } else if (n == 1) {
+                    at[res] = at.at(op.operands[0]);
+                    s.tmp = {-1};
+                } else {
+                    at[res] = area(per());
+                }
+                break;
+            }
             default:
                 if (!has_vpu_lowering(op.kind))
                     not_generated(f, fmt::format("op {} (in a {} fusion)", op_name(op.kind),
@@ -627,6 +671,78 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                              [&](const isa::Reg& d, const isa::Reg& src) {
                                  body.vpu(red, {d, src, imm(p.h), imm(Ct)});
                              });
+                    break;
+                }
+                case OpKind::Compare: {
+                    const Comparison c = op.attrs.comparison;
+                    if (c == Comparison::Gt || c == Comparison::Lt) {
+                        body.vpu(Opcode::VCmpGt, {out, A(c == Comparison::Gt ? 0 : 1),
+                                                  A(c == Comparison::Gt ? 1 : 0), n});
+                        break;
+                    }
+                    // a >= b is 1 - (b > a); a <= b is 1 - (a > b); == is 1 - both; != both.
+                    const isa::Arg t = body.a(s.tmp[0]);
+                    if (c == Comparison::Ge || c == Comparison::Eq)
+                        body.vpu(Opcode::VCmpGt, {out, A(1), A(0), n});
+                    if (c == Comparison::Le)
+                        body.vpu(Opcode::VCmpGt, {out, A(0), A(1), n});
+                    if (c == Comparison::Eq || c == Comparison::Ne) {
+                        body.vpu(Opcode::VCmpGt, {t, A(0), A(1), n});
+                        if (c == Comparison::Ne) body.vpu(Opcode::VCmpGt, {out, A(1), A(0), n});
+                        body.vpu(Opcode::VAdd, {out, out, t, n});
+                    }
+                    if (c != Comparison::Ne) {
+                        body.vpu(Opcode::VMulS, {out, out, fimm(-1.0f), n});
+                        body.vpu(Opcode::VAddS, {out, out, fimm(1.0f), n});
+                    }
+                    break;
+                }
+                case OpKind::Abs: {  // vpu_abs: max(x, -x)
+                    const isa::Arg t = body.a(s.tmp[0]);
+                    body.vpu(Opcode::VMulS, {t, A(0), fimm(-1.0f), n});
+                    body.vpu(Opcode::VMax, {out, A(0), t, n});
+                    break;
+                }
+                case OpKind::Sqrt: {  // vpu_sqrt: x * rsqrt(x) for x > 0, x at +-0, NaN below
+                    const isa::Arg t = body.a(s.tmp[0]), m = body.a(s.tmp[1]),
+                                   zero = body.a(s.tmp[2]);
+                    body.vpu(Opcode::VRsqrt, {t, A(0), n});
+                    body.vpu(Opcode::VMul, {out, A(0), t, n});
+                    body.vpu(Opcode::VCmpGt, {m, A(0), zero, n});
+                    body.vpu(Opcode::VSel, {out, m, out, A(0), n});
+                    body.vpu(Opcode::VCmpGt, {m, zero, A(0), n});
+                    body.vpu(Opcode::VSel, {out, m, t, out, n});
+                    break;
+                }
+                case OpKind::Erf: {  // vpu_erf: Abramowitz and Stegun 7.1.26
+                    const isa::Arg ax = body.a(s.tmp[0]), t = body.a(s.tmp[1]),
+                                   e = body.a(s.tmp[2]), zero = body.a(s.tmp[3]);
+                    body.vpu(Opcode::VMulS, {ax, A(0), fimm(-1.0f), n});
+                    body.vpu(Opcode::VMax, {ax, A(0), ax, n});
+                    body.vpu(Opcode::VMulS, {t, ax, fimm(kErfP), n});
+                    body.vpu(Opcode::VAddS, {t, t, fimm(1.0f), n});
+                    body.vpu(Opcode::VRsqrt, {t, t, n});  // vpu_reciprocal of a positive value
+                    body.vpu(Opcode::VMul, {t, t, t, n});
+                    body.vpu(Opcode::VMulS, {out, t, fimm(kErfA[4]), n});
+                    for (int i = 3; i >= 0; --i) {
+                        body.vpu(Opcode::VAddS, {out, out, fimm(kErfA[i]), n});
+                        body.vpu(Opcode::VMul, {out, out, t, n});
+                    }
+                    body.vpu(Opcode::VMul, {e, ax, ax, n});
+                    body.vpu(Opcode::VMulS, {e, e, fimm(-1.0f), n});
+                    body.vpu(Opcode::VExp, {e, e, n});
+                    body.vpu(Opcode::VMul, {out, out, e, n});
+                    body.vpu(Opcode::VMulS, {out, out, fimm(-1.0f), n});
+                    body.vpu(Opcode::VAddS, {out, out, fimm(1.0f), n});
+                    body.vpu(Opcode::VMulS, {t, out, fimm(-1.0f), n});
+                    body.vpu(Opcode::VCmpGt, {e, zero, A(0), n});
+                    body.vpu(Opcode::VSel, {out, e, t, out, n});
+                    break;
+                }
+                case OpKind::Pow: {  // vpu_pow: x * x * ... left to right
+                    const int e = exponent.at(s.op);
+                    body.vpu(Opcode::VMul, {out, A(0), A(0), n});
+                    for (int i = 2; i < e; ++i) body.vpu(Opcode::VMul, {out, out, A(0), n});
                     break;
                 }
                 case OpKind::Div: {

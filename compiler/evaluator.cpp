@@ -222,7 +222,7 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                         r = out.dtype == DType::S32 ? -x0 : double(-f0);
                         break;
                     case OpKind::Abs:
-                        r = out.dtype == DType::S32 ? std::fabs(x0) : double(std::fabs(f0));
+                        r = out.dtype == DType::S32 ? std::fabs(x0) : double(vpu_abs(f0));
                         break;
                     case OpKind::Exp:
                         r = std::exp(f0);
@@ -234,13 +234,13 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                         r = 1.0f / std::sqrt(f0);
                         break;
                     case OpKind::Sqrt:
-                        r = std::sqrt(f0);
+                        r = vpu_sqrt(f0);
                         break;
                     case OpKind::Tanh:
                         r = std::tanh(f0);
                         break;
                     case OpKind::Erf:
-                        r = std::erf(f0);
+                        r = vpu_erf(f0);
                         break;
                     case OpKind::Convert:
                         r = in[0]->shape.dtype == DType::S32 || in[0]->shape.dtype == DType::Pred
@@ -275,29 +275,32 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                                 r = integer ? std::min(x0, x1) : double(min_nan(f0, f1));
                                 break;
                             case OpKind::Pow:
-                                r = std::pow(f0, f1);
+                                r = vpu_pow(f0, f1);
                                 break;
                             case OpKind::Compare: {
                                 const double p = integer ? x0 : double(f0),
                                              q = integer ? x1 : double(f1);
                                 switch (a.comparison) {
+                                    // The VPU compares with > only (compiler/README.md,
+                                    // "Numerics"): the others are built from p > q and q > p,
+                                    // so with a NaN ==, <= and >= hold and != does not.
                                     case Comparison::Eq:
-                                        r = p == q;
+                                        r = !(p > q) && !(q > p);
                                         break;
                                     case Comparison::Ne:
-                                        r = p != q;
+                                        r = p > q || q > p;
                                         break;
                                     case Comparison::Lt:
                                         r = p < q;
                                         break;
                                     case Comparison::Le:
-                                        r = p <= q;
+                                        r = !(p > q);
                                         break;
                                     case Comparison::Gt:
                                         r = p > q;
                                         break;
                                     case Comparison::Ge:
-                                        r = p >= q;
+                                        r = !(q > p);
                                         break;
                                 }
                                 break;
@@ -712,6 +715,32 @@ float vpu_reciprocal(float y) {
 float vpu_divide(float x, float y) {
     const float q = x * vpu_reciprocal(y);
     return 0.0f > y ? q * -1.0f : q;
+}
+
+float vpu_abs(float x) { return max_nan(x, x * -1.0f); }
+
+float vpu_sqrt(float x) {
+    const float t = 1.0f / std::sqrt(x);
+    const float r = x > 0.0f ? x * t : x;
+    return 0.0f > x ? t : r;
+}
+
+float vpu_erf(float x) {
+    const float ax = vpu_abs(x);
+    const float t = vpu_reciprocal(ax * kErfP + 1.0f);
+    float poly = kErfA[4];  // Horner: ((((a5 t + a4) t + a3) t + a2) t + a1) t
+    for (int i = 3; i >= 0; --i) poly = poly * t + kErfA[i];
+    poly = poly * t;
+    const float e = std::exp(ax * ax * -1.0f);
+    const float y = poly * e * -1.0f + 1.0f;
+    return 0.0f > x ? y * -1.0f : y;
+}
+
+float vpu_pow(float x, float n) {
+    if (!(n >= 0.0f && n <= float(kVpuPowMax) && n == std::floor(n))) return std::pow(x, n);
+    float r = 1.0f;
+    for (int i = 0; i < int(n); ++i) r = i == 0 ? x : r * x;
+    return r;
 }
 
 HostArray HostArray::zeros(const Shape& s) {

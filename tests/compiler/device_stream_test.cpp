@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
@@ -184,6 +186,51 @@ TEST(CompilerDeviceStream, CrossEntropyOverTenClasses) {
     g.add_output(cross_entropy(g, logits, onehot), "loss");
     g.add_output(softmax(g, logits, 1), "p");
     run_on_both(g, 1);
+}
+
+TEST(CompilerDeviceStream, ElementwiseOpsWithoutAVpuInstruction) {
+    // sqrt, abs, erf, an integer power and every comparison, as the device builds them from
+    // its instructions (the evaluator follows: compiler/README.md, "Numerics"); the data has
+    // zeros, negatives, and equal pairs so that every branch of every formula is taken.
+    Graph g;
+    const Shape s{DType::F32, {16, 256}};
+    const ValueId a = g.input(s, "a"), b = g.input(s, "b");
+    const ValueId a2 = mul(g, a, full(g, 4.0, s));
+    ValueId y = add(g, sqrt(g, a2), abs(g, b));
+    y = add(g, y, erf(g, a2));
+    y = add(g, y, pow(g, a, full(g, 3.0, s)));
+    y = add(g, y, mul(g, pow(g, b, full(g, 2.0, s)), pow(g, b, full(g, 1.0, s))));
+    const ValueId r = max(g, a, full(g, 0.0, s));  // zeros: a == r wherever a <= 0
+    for (Comparison c : {Comparison::Eq, Comparison::Ne, Comparison::Le, Comparison::Ge})
+        y = select(g, compare(g, a, r, c), y, sub(g, y, b));
+    g.add_output(y, "y");
+    g.add_output(pow(g, b, full(g, 0.0, s)), "ones");
+    run_on_both(g, 1);
+}
+
+TEST(CompilerDeviceStream, GeluBothFormsAndTheirGradients) {
+    // PyTorch/XLA's GELU: erf form (vpu_erf) and tanh form (x^3 as two products), forward and
+    // backward, on a [32, 512] activation.
+    Graph g;
+    const Shape s{DType::F32, {32, 512}};
+    const ValueId x = g.input(s, "x"), dy = g.input(s, "dy");
+    g.add_output(gelu(g, x, false), "gelu");
+    g.add_output(gelu(g, x, true), "gelu_tanh");
+    g.add_output(gelu_grad(g, dy, x, false), "dgelu");
+    g.add_output(gelu_grad(g, dy, x, true), "dgelu_tanh");
+    run_on_both(g, 1);
+}
+
+TEST(CompilerDeviceStream, TheErfFormulaIsWithinItsPublishedBound) {
+    // A&S 7.1.26 is within 1.5e-7 of erf; fp32 roundings add a few 1e-7.
+    double worst = 0;
+    for (int i = -4000; i <= 4000; ++i) {
+        const float x = float(i) * 1e-3f;
+        worst = std::max(worst, std::abs(double(vpu_erf(x)) - std::erf(double(x))));
+    }
+    EXPECT_LT(worst, 1e-6);
+    EXPECT_EQ(vpu_erf(std::numeric_limits<float>::infinity()), 1.0f);
+    EXPECT_EQ(vpu_erf(-std::numeric_limits<float>::infinity()), -1.0f);
 }
 
 TEST(CompilerDeviceStream, ProbeOfRealSteps) {
