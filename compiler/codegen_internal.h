@@ -59,6 +59,7 @@ struct Plan {
     int64_t chunks = 1;  ///< chunks per row: C / lanes, rounded up in tiles (padded lanes)
     int64_t Cp = 1;      ///< values per row in VMEM: C, or whole chunks in T(8,128) tiles
     bool major = false;  ///< its reductions are over the rows (major dims), each result a [C] row
+    bool total = false;  ///< major, then over the row: to a scalar (all dims of a tiled array)
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
     std::map<ValueId, View> view;

@@ -76,15 +76,21 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                 if (order.empty() || order.back() != r) order.push_back(r);
                 (r ? red : kept).push_back(s.dims[size_t(d)]);
             }
-            const bool major = !order.empty() && order.back() == false && red.size() > 0;
+            // Total: every dim of an array of rank 2 or more (T(8,128) tiles): over the rows
+            // first, then over the row of column results.
+            const bool total = kept.empty() && red.size() >= 2;
+            const bool major = total || (!order.empty() && !order.back() && !red.empty());
             if (order.size() > 2)
                 not_generated(f, fmt::format("a reduction over middle dims of {}", s.to_string()));
-            const int64_t R = major ? product(red) : product(kept);
-            const int64_t C = major ? product(kept) : product(red);
-            if (p.rows && (p.R != R || p.C != C || p.major != major))
+            const int64_t R = total ? product(red, 0, red.size() - 1)
+                              : major ? product(red)
+                                      : product(kept);
+            const int64_t C = total ? red.back() : major ? product(kept) : product(red);
+            if (p.rows && (p.R != R || p.C != C || p.major != major || p.total != total))
                 not_generated(f, "reductions of different shapes in one fusion");
             p.rows = true;
             p.major = major;
+            p.total = total;
             p.R = R;
             p.C = C;
         }
@@ -136,7 +142,8 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                     break;
                 case OpKind::Reduce:
                     set(op.operands[0], View::Full);
-                    set(res, p.major ? View::Row
+                    set(res, p.total   ? View::Scalar
+                             : p.major ? View::Row
                              : p.view[res] == View::Unknown && g.shape(res).elements() == p.R
                                  ? View::Col
                                  : View::Unknown);
@@ -310,6 +317,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
     };
     bool tiled = p.h > 1;
     const int64_t Ct = p.chunks;
+    const int64_t vl = board.core.vpu_lanes;
     bool need_lane_mask = false;  // 1.0 on data lanes, 0.0 on padding (a minor reduction's)
     // Scratch areas per op, planned while walking the ops.
     struct Step {
@@ -378,8 +386,11 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                         sp.fp.fixed.push_back(n);
                         return int(sp.fp.fixed.size() - 1);
                     };
-                    fixed_of[res] = fixed(uint32_t(p.C));
+                    fixed_of[res] = fixed(p.total ? 1u : uint32_t(p.C));
                     s.tmp = {fixed(full), fixed(full)};
+                    if (p.total)  // the column results, the lane chunks' results
+                        s.tmp.insert(s.tmp.end(),
+                                     {fixed(uint32_t(p.C)), fixed(uint32_t((p.C + vl - 1) / vl))});
                     break;
                 }
                 at[res] = area(col);
@@ -442,9 +453,9 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                                                  fusion_kind_name(f.kind)));
                 at[res] = area(per());
         }
-        if (op.kind == OpKind::Broadcast && p.view.at(op.operands[0]) == View::Row &&
-            inside_fusion(f, g, op.operands[0]))
-            not_generated(f, "a broadcast of a row the fusion reduces");
+        if (op.kind == OpKind::Broadcast && p.major && inside_fusion(f, g, op.operands[0]) &&
+            g.producer(op.operands[0]).kind == OpKind::Reduce)
+            not_generated(f, "a broadcast of a result the fusion reduces over its rows");
         if (w == View::Row || w == View::Scalar)
             if (op.kind != OpKind::Literal && !(s.tmp.size() == 1 && s.tmp[0] == -1) &&
                 !(op.kind == OpKind::Reduce && p.major))
@@ -471,7 +482,8 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
     // Outputs.
     for (const FusionValue& fv : f.results) {
         const View w = p.view.at(fv.value);
-        if (w == View::Row && p.major && g.producer(fv.value).kind == OpKind::Reduce) {
+        if ((w == View::Row || w == View::Scalar) && p.major &&
+            g.producer(fv.value).kind == OpKind::Reduce) {
             sp.fixed_outs.push_back({st::Operand::hbm(bases.of(fv.buffer)), fixed_of.at(fv.value)});
             continue;
         }
@@ -510,8 +522,21 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 for (int64_t t = 0; t < Ct; ++t)
                     body.vpu(Opcode::VTrans, {tr + t * chunk, acc + t * chunk, imm(p.h),
                                               imm(p.lanes)});
-                body.vpu(op.attrs.reducer == Reducer::Sum ? Opcode::VRSum : Opcode::VRMax,
-                         {body.f(fixed_of.at(op.results[0])), tr, imm(p.C), imm(p.h)});
+                const Opcode red =
+                    op.attrs.reducer == Reducer::Sum ? Opcode::VRSum : Opcode::VRMax;
+                const isa::Arg res = body.f(fixed_of.at(op.results[0]));
+                if (!p.total) {
+                    body.vpu(red, {res, tr, imm(p.C), imm(p.h)});
+                    continue;
+                }
+                // The row of column results in chunks of vpu_lanes, then the chunks' results.
+                const isa::Arg cols = body.f(s.tmp[2]), part = body.f(s.tmp[3]);
+                body.vpu(red, {cols, tr, imm(p.C), imm(p.h)});
+                const int64_t n = (p.C + vl - 1) / vl;
+                for (int64_t t = 0; t < n; ++t)
+                    body.vpu(red, {n == 1 ? res : part + t * 4, cols + t * vl * 4, imm(1),
+                                   imm(std::min<int64_t>(vl, p.C - t * vl))});
+                if (n > 1) body.vpu(red, {res, part, imm(1), imm(n)});
             }
         };
 

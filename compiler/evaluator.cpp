@@ -395,6 +395,33 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
             int64_t minor = -1;
             for (int64_t d = 0; d < x.shape.rank(); ++d)
                 if (x.shape.dims[size_t(d)] != 1) minor = d;
+            // Over every dim of an array of rank 2 or more: over the rows as above for each
+            // column of the most-minor dim, then the row of column results in chunks as below.
+            int64_t nonunit = 0;
+            for (int64_t d : x.shape.dims) nonunit += d != 1;
+            if (nonunit >= 2 && n == 1 && !keep[size_t(minor)]) {
+                const int64_t C = x.shape.dims[size_t(minor)];
+                const int64_t parts = std::max<int64_t>(1, o.vpu_sublanes);
+                const int64_t lanes = std::max<int64_t>(1, o.vpu_lanes);
+                std::vector<float> part(size_t(C * parts), ident);
+                std::vector<int64_t> seen(size_t(C), 0);
+                for (int64_t i = 0; i < x.shape.elements(); ++i) {
+                    float& p = part[size_t((i % C) * parts + seen[size_t(i % C)]++ % parts)];
+                    p = combine(p, float(x.data[size_t(i)]));
+                }
+                float total = ident, chunk = ident;
+                for (int64_t c = 0; c < C; ++c) {
+                    float col = ident;
+                    for (int64_t s = 0; s < parts; ++s) col = combine(col, part[size_t(c * parts + s)]);
+                    chunk = combine(chunk, col);
+                    if ((c + 1) % lanes == 0 || c + 1 == C) {
+                        total = C <= lanes ? chunk : combine(total, chunk);
+                        chunk = ident;
+                    }
+                }
+                y.data[0] = store(out.dtype, total);
+                return {y};
+            }
             if (minor >= 0 && keep[size_t(minor)] && int64_t(a.dims.size()) > 0) {
                 const int64_t parts = std::max<int64_t>(1, o.vpu_sublanes);
                 std::vector<float> part(size_t(n * parts), ident);

@@ -147,6 +147,9 @@ TEST(CompilerDeviceStream, ABiasGradientSumsTheBatchInSublanePartials) {
     const ValueId dy = g.input(Shape{DType::F32, {40, 300}}, "dy");
     g.add_output(reduce(g, dy, {0}, Reducer::Sum), "db");
     g.add_output(reduce(g, mul(g, dy, dy), {0}, Reducer::Max), "max_sq");
+    // Over both dims (a loss): the column results as above, then the row of them in chunks of
+    // 128 lanes (128, 128, 44), then the three chunk results.
+    g.add_output(reduce(g, dy, {0, 1}, Reducer::Sum), "total");
     run_on_both(g, 1);
 }
 
