@@ -35,6 +35,7 @@ enum class View : uint8_t {
     Col,      ///< one value per row: [R]
     Row,      ///< one value per column: [C]
     Full,     ///< [R, C]
+    GroupRow, ///< one row per group of rows: [G, C] (a reduction over the middle dims)
 };
 
 inline std::vector<int64_t> nonunit(const std::vector<int64_t>& dims) {
@@ -60,6 +61,7 @@ struct Plan {
     int64_t Cp = 1;      ///< values per row in VMEM: C, or whole chunks in T(8,128) tiles
     bool major = false;  ///< its reductions are over the rows (major dims), each result a [C] row
     bool total = false;  ///< major, then over the row: to a scalar (all dims of a tiled array)
+    int64_t G = 1;       ///< groups of R / G rows: [G, R / G, C] (kept dims above reduced ones)
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
     std::map<ValueId, View> view;

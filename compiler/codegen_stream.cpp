@@ -13,6 +13,7 @@
 #include <span>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "compiler/codegen_internal.h"
 #include "compiler/evaluator.h"
@@ -44,6 +45,18 @@ uint32_t band_of(const Fusion& f, const Shape& s, const Layout& l, const Plan& p
         return uint32_t(l.tile[0]);
     not_generated(
         f, fmt::format("a {} array in layout {} (padded tiles)", s.to_string(), l.to_string()));
+}
+
+/// `r` = the address of row `q` (a register, clobbered) of a [G, C] array in T(h,128) tiles at
+/// `base`: band q / h of `chunks` lane chunks of `chunk` bytes, row q % h in each.
+void group_row(isa::Builder& bb, const isa::Reg& r, const isa::Reg& q, const isa::Arg& base,
+               int64_t h, int64_t chunks, int64_t chunk) {
+    bb.emit(Opcode::Divu, {r, q, imm(h)});
+    bb.emit(Opcode::Mul, {r, r, imm(chunks * chunk)});
+    bb.emit(Opcode::Remu, {q, q, imm(h)});
+    bb.emit(Opcode::Mul, {q, q, imm(chunk / h)});
+    bb.emit(Opcode::Add, {r, r, q});
+    bb.emit(Opcode::Add, {r, r, base});
 }
 
 /// The integer exponent (0 .. kVpuPowMax) of a power whose exponent is a broadcast literal, or -1.
@@ -78,16 +91,34 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             }
             // Total: every dim of an array of rank 2 or more (T(8,128) tiles): over the rows
             // first, then over the row of column results.
+            // Grouped: [kept G, reduced, kept C], per group a major reduction (attention's
+            // softmax over dim -2).
             const bool total = kept.empty() && red.size() >= 2;
-            const bool major = total || (!order.empty() && !order.back() && !red.empty());
-            if (order.size() > 2)
-                not_generated(f, fmt::format("a reduction over middle dims of {}", s.to_string()));
-            const int64_t R = total ? product(red, 0, red.size() - 1)
-                              : major ? product(red)
-                                      : product(kept);
-            const int64_t C = total ? red.back() : major ? product(kept) : product(red);
-            if (p.rows && (p.R != R || p.C != C || p.major != major || p.total != total))
+            const bool grouped = order.size() == 3 && !order[0];
+            const bool major = total || grouped || (!order.empty() && !order.back() && !red.empty());
+            if (order.size() > 3 || (order.size() == 3 && order[0]))
+                not_generated(f, fmt::format("a reduction over dims {} of {}",
+                                             fmt::join(op.attrs.dims, ","), s.to_string()));
+            int64_t G = 1;
+            if (grouped) {
+                size_t lead = 0;  // kept dims before the first reduced one
+                for (int64_t d = 0; d < s.rank(); ++d) {
+                    if (s.dims[size_t(d)] == 1) continue;
+                    if (std::find(op.attrs.dims.begin(), op.attrs.dims.end(), d) !=
+                        op.attrs.dims.end())
+                        break;
+                    ++lead;
+                }
+                G = product(kept, 0, lead);
+            }
+            const int64_t R = total    ? product(red, 0, red.size() - 1)
+                              : grouped ? G * product(red)
+                              : major   ? product(red)
+                                        : product(kept);
+            const int64_t C = total ? red.back() : major ? product(kept) / G : product(red);
+            if (p.rows && (p.R != R || p.C != C || p.major != major || p.total != total || p.G != G))
                 not_generated(f, "reductions of different shapes in one fusion");
+            p.G = G;
             p.rows = true;
             p.major = major;
             p.total = total;
@@ -103,6 +134,21 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                 p.rows = true;
                 p.C = d.empty() ? 1 : d.back();
                 p.R = d.empty() ? 1 : product(d, 0, d.size() - 1);
+                // [G, C] broadcast over the middle dims: covered leading dims, then uncovered.
+                const Shape& out = g.shape(op.results[0]);
+                std::vector<int64_t> cov;
+                for (int64_t k = 0; k < out.rank(); ++k) {
+                    if (out.dims[size_t(k)] == 1) continue;
+                    bool c = false;
+                    for (size_t j = 0; j < op.attrs.dims.size(); ++j)
+                        c |= op.attrs.dims[j] == k && g.shape(op.operands[0]).dims[j] != 1;
+                    cov.push_back(c);
+                }
+                size_t lead = 0;
+                while (lead < cov.size() && cov[lead]) ++lead;
+                if (cov.size() >= 3 && cov.back() && lead > 0 && lead + 1 < cov.size() &&
+                    std::count(cov.begin() + lead, cov.end() - 1, 1) == 0)
+                    p.G = product(d, 0, lead);
                 break;
             }
         }
@@ -117,10 +163,12 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         // Flat: a rank-0 array is a scalar when broadcast, else the whole (one-value) space.
         if (!p.rows) return g.shape(v).rank() == 0 ? View::Unknown : View::Full;
         const bool full = n == p.R * p.C, col = n == p.R, row = n == p.C;
-        if (full && !col && !row) return View::Full;
-        if (col && !full && !row) return View::Col;
-        if (row && !full && !col) return View::Row;
-        if (n == 1 && !full && !col && !row) return View::Scalar;
+        const bool grow = p.G > 1 && n == p.G * p.C;
+        if (full && !col && !row && !grow) return View::Full;
+        if (col && !full && !row && !grow) return View::Col;
+        if (row && !full && !col && !grow) return View::Row;
+        if (grow && !full && !col && !row) return View::GroupRow;
+        if (n == 1 && !full && !col && !row && !grow) return View::Scalar;
         return View::Unknown;
     };
     for (ValueId v : values) p.view[v] = by_count(v);
@@ -143,6 +191,7 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                 case OpKind::Reduce:
                     set(op.operands[0], View::Full);
                     set(res, p.total   ? View::Scalar
+                             : p.G > 1 ? View::GroupRow
                              : p.major ? View::Row
                              : p.view[res] == View::Unknown && g.shape(res).elements() == p.R
                                  ? View::Col
@@ -164,6 +213,10 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                     for (int64_t d = 0; d < out.rank(); ++d)
                         if (out.dims[size_t(d)] != 1) nz.push_back(covered[size_t(d)]);
                     const bool last = !nz.empty() && nz.back();
+                    if (p.G > 1 && in.elements() == p.G * p.C && last) {
+                        set(op.operands[0], View::GroupRow);
+                        break;
+                    }
                     const int64_t others =
                         std::count(nz.begin(), nz.end() - (nz.empty() ? 0 : 1), 1);
                     const int64_t nothers = nz.empty() ? 0 : int64_t(nz.size()) - 1;
@@ -223,6 +276,14 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             const uint32_t b = band_of(f, fv.shape, fv.layout, p, vlanes);
             if (h && *h != b) not_generated(f, "arrays of one fusion in tiled and untiled layouts");
             h = b;
+        } else if (w == View::GroupRow) {
+            // [G, C] in T(8,128) tiles (layout assignment tiles a rank-2 reduction result).
+            const auto d = nonunit(fv.shape.dims);
+            if (d.size() != 2 || fv.layout.tile != std::vector<int64_t>{8, vlanes} ||
+                fv.layout.minor_to_major.empty() ||
+                fv.layout.minor_to_major[0] != fv.shape.rank() - 1)
+                not_generated(f, fmt::format("a [groups, columns] array {} in layout {}",
+                                             fv.shape.to_string(), fv.layout.to_string()));
         } else if (w == View::Col || w == View::Row || w == View::Scalar) {
             if (layout_bytes(fv.shape, fv.layout) != uint64_t(fv.shape.elements()) * 4)
                 not_generated(f, fmt::format("a vector {} in padded layout {}",
@@ -249,6 +310,8 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         p.Cp = p.lanes * p.chunks;
         if (p.major && p.h != board.core.vpu_sublanes)
             not_generated(f, "a reduction over major dims of untiled rows");
+        if (p.G > 1 && (p.h != board.core.vpu_sublanes || (p.R / p.G) % p.h))
+            not_generated(f, fmt::format("groups of {} rows in bands of {}", p.R / p.G, p.h));
         // Padded rows: the last band's (a [R] vector's DMA reads and writes the rest of its
         // 256-byte allocation, never another buffer); a minor reduction's results there are
         // never stored as data, a major one masks them (emit_stream_fusion).
@@ -290,6 +353,10 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         if (w == View::Full || w == View::Col) {
             at[fv.value] = area(w == View::Full ? full : col);
             sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value]);
+        } else if (w == View::GroupRow) {  // the whole tiled array, once
+            sp.fp.fixed.push_back(uint32_t(layout_bytes(fv.shape, fv.layout) / 4));
+            fixed_of[fv.value] = int(sp.fp.fixed.size() - 1);
+            sp.fixed_ins.push_back({st::Operand::hbm(addr), fixed_of[fv.value]});
         } else {
             // A row in whole lane chunks (the pattern reads them), of which C values are data.
             const uint32_t n = w == View::Row ? uint32_t(p.Cp) : 1;
@@ -358,6 +425,9 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 if (wi == View::Full || wi == View::Literal || (wi == w)) {
                     at[res] = at.at(in);
                     s.tmp = {-1};
+                } else if (wi == View::GroupRow) {  // its group's row, per band
+                    at[res] = area(full);
+                    s.tmp = {-4};
                 } else if (wi == View::Col) {
                     at[res] = area(full);
                     if (tiled) s.tmp = {area(uint32_t(Ct * p.h))};
@@ -386,7 +456,10 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                         sp.fp.fixed.push_back(n);
                         return int(sp.fp.fixed.size() - 1);
                     };
-                    fixed_of[res] = fixed(p.total ? 1u : uint32_t(p.C));
+                    // A group's row goes into the whole tiled [G, C] result (stored once).
+                    fixed_of[res] = fixed(p.total   ? 1u
+                                          : p.G > 1 ? uint32_t((p.G + p.h - 1) / p.h * full)
+                                                    : uint32_t(p.C));
                     s.tmp = {fixed(full), fixed(full)};
                     if (p.total)  // the column results, the lane chunks' results
                         s.tmp.insert(s.tmp.end(),
@@ -482,7 +555,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
     // Outputs.
     for (const FusionValue& fv : f.results) {
         const View w = p.view.at(fv.value);
-        if ((w == View::Row || w == View::Scalar) && p.major &&
+        if ((w == View::Row || w == View::Scalar || w == View::GroupRow) && p.major &&
             g.producer(fv.value).kind == OpKind::Reduce) {
             sp.fixed_outs.push_back({st::Operand::hbm(bases.of(fv.buffer)), fixed_of.at(fv.value)});
             continue;
@@ -512,7 +585,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
     };
     // After the last band: each column's sublane partials (transposed per lane chunk to
     // [column][sublane]) reduced from the identity, in sublane order.
-    if (p.major)
+    if (p.major && p.G == 1)
         sp.finish = [&](st::Body& body) {
             for (const Step& s : steps) {
                 const Op& op = g.op(s.op);
@@ -615,6 +688,24 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                     body.vpu(Opcode::VBf2F, {out, body.a(s.tmp[0]), n});
                     break;
                 case OpKind::Broadcast: {
+                    if (!s.tmp.empty() && s.tmp[0] == -4) {
+                        // Per band: its group's row, chunk by chunk, on 8 rows of -0.0.
+                        const int64_t bpg = p.R / p.G / p.h, chunk = int64_t(p.h) * p.lanes * 4;
+                        const isa::Reg k = bb.reg("band"), r = bb.reg("row"), d = bb.reg("dst"),
+                                       q = bb.reg("q");
+                        const isa::Arg src = body.f(fixed_of.at(op.operands[0]));
+                        bb.loop(k, imm(0), body.units(), 1, [&] {
+                            bb.emit(Opcode::Add, {q, body.first(), k});
+                            bb.emit(Opcode::Divu, {q, q, imm(bpg)});  // the group
+                            group_row(bb, r, q, src, p.h, Ct, chunk);
+                            bb.emit(Opcode::Mul, {d, k, imm(int64_t(full) * 4)});
+                            bb.emit(Opcode::Add, {d, d, out});
+                            for (int64_t t = 0; t < Ct; ++t)
+                                body.vpu(Opcode::VAddRow, {d + t * chunk, body.a(negzero),
+                                                           r + t * chunk, imm(p.h), imm(p.lanes)});
+                        });
+                        break;
+                    }
                     if (s.tmp.empty() || s.tmp[0] == -2) {
                         if (s.tmp.empty()) {  // Col, untiled: rows of C
                             body.vpu(Opcode::VMulCol,
@@ -635,6 +726,43 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 }
                 case OpKind::Reduce: {
                     const bool sum = op.attrs.reducer == Reducer::Sum;
+                    if (p.G > 1) {
+                        // Each band into the sublane partials; at a group's last band, its row
+                        // of results (as `finish` below) and the partials back to the identity.
+                        const Opcode acc_op = sum ? Opcode::VAdd : Opcode::VMax;
+                        const Opcode red = sum ? Opcode::VRSum : Opcode::VRMax;
+                        const isa::Arg acc = body.f(s.tmp[0]), tr = body.f(s.tmp[1]);
+                        const isa::Arg res = body.f(fixed_of.at(op.results[0]));
+                        const int64_t bpg = p.R / p.G / p.h, chunk = int64_t(p.h) * p.lanes * 4;
+                        const isa::Reg k = bb.reg("band"), a = bb.reg("band.src"),
+                                       q = bb.reg("q"), r = bb.reg("row");
+                        bb.loop(k, imm(0), body.units(), 1, [&] {
+                            bb.emit(Opcode::Mul, {a, k, imm(int64_t(full) * 4)});
+                            bb.emit(Opcode::Add, {a, a, A(0)});
+                            body.vpu(acc_op, {acc, acc, a, imm(full)});
+                            bb.emit(Opcode::Add, {q, body.first(), k});
+                            bb.emit(Opcode::Remu, {a, q, imm(bpg)});
+                            bb.if_(isa::Cond::Eq, a, imm(bpg - 1), [&] {
+                                bb.emit(Opcode::Divu, {q, q, imm(bpg)});
+                                group_row(bb, r, q, res, p.h, Ct, chunk);
+                                for (int64_t t = 0; t < Ct; ++t)
+                                    body.vpu(Opcode::VTrans, {tr + t * chunk, acc + t * chunk,
+                                                              imm(p.h), imm(p.lanes)});
+                                for (int64_t t = 0; t < Ct; ++t)
+                                    body.vpu(red, {r + t * chunk, tr + t * chunk,
+                                                   imm(std::min<int64_t>(p.lanes,
+                                                                         p.C - t * p.lanes)),
+                                                   imm(p.h)});
+                                body.vpu(Opcode::VCmpGt, {acc, acc, acc, imm(full)});
+                                if (!sum)
+                                    body.vpu(Opcode::VAddS,
+                                             {acc, acc,
+                                              fimm(-std::numeric_limits<float>::infinity()),
+                                              imm(full)});
+                            });
+                        });
+                        break;
+                    }
                     if (p.major) {
                         // Each band into the sublane partials; of the array's last band only
                         // its rows of data (contiguous within each lane chunk).

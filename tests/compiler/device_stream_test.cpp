@@ -236,6 +236,19 @@ TEST(CompilerDeviceStream, TheErfFormulaIsWithinItsPublishedBound) {
     EXPECT_EQ(vpu_erf(-std::numeric_limits<float>::infinity()), -1.0f);
 }
 
+TEST(CompilerDeviceStream, AttentionSoftmaxOverTheKeysReducesAMiddleDim) {
+    // PyTorchSim's block takes the softmax over dim -2 of [heads, keys, queries]: per head a
+    // reduction over the rows, each head's row of results into the tiled [heads, queries]
+    // result, and broadcast back per band. 3 heads (a padded band of results) x 16 keys x 200
+    // queries (a padded lane chunk).
+    Graph g;
+    const ValueId s = g.input(Shape{DType::F32, {3, 16, 200}}, "scores");
+    g.add_output(softmax(g, s, 1), "p");
+    g.add_output(softmax_grad(g, g.input(Shape{DType::F32, {3, 16, 200}}, "dp"), softmax(g, s, 1), 1),
+                 "ds");
+    run_on_both(g, 1);
+}
+
 TEST(CompilerDeviceStream, ProbeOfRealSteps) {
     // Which fusions of real steps are generated (compiler/README.md, "Loop and input
     // fusions"): with host fallback, every other fusion runs on the host and is counted.
