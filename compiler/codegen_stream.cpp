@@ -564,7 +564,14 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             not_generated(f, fmt::format("a {} result", fv.shape.to_string()));
         sp.outs.emplace_back(st::Operand::hbm(bases.of(fv.buffer)), at.at(fv.value));
     }
-    const uint32_t tile = st::plan(sp.fp, b.vmem_free());
+    // A band that does not fit VMEM twice (rows of tens of thousands of values) is a shape the
+    // emitter does not cover yet (a row split into passes), not a device error.
+    uint32_t tile = 0;
+    try {
+        tile = st::plan(sp.fp, b.vmem_free());
+    } catch (const driver::DeviceError& e) {
+        not_generated(f, fmt::format("a band of {} x {} values in VMEM ({})", p.h, p.Cp, e.what()));
+    }
 
     // Once per fusion: the lane mask's row; a major reduction's partials at the identity.
     sp.prologue = [&](st::Body& body) {
