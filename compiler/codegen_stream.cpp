@@ -200,11 +200,12 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                 case OpKind::Broadcast: {
                     const Shape& in = g.shape(op.operands[0]);
                     const Shape& out = g.shape(res);
-                    set(res, View::Full);
-                    if (in.elements() == 1) {
+                    if (in.elements() == 1) {  // a scalar to the space, or to a row or a column
                         set(op.operands[0], View::Scalar);
+                        if (out.elements() == p.R * p.C) set(res, View::Full);
                         break;
                     }
+                    set(res, View::Full);
                     // Which of the result's non-unit dims the operand covers.
                     std::vector<int64_t> covered(size_t(out.rank()), 0);
                     for (size_t d = 0; d < op.attrs.dims.size(); ++d)
@@ -390,7 +391,9 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
     struct Step {
         OpId op;
         std::vector<int> tmp;
+        bool once = false;  ///< a row computed once per slot on its broadcast pattern
     };
+    std::vector<std::pair<ValueId, int>> input_patterns;  // row inputs a row op reads
     std::vector<Step> steps;
     std::map<OpId, int> exponent;  // a power's literal integer exponent
     for (OpId id : f.ops) {
@@ -399,6 +402,21 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         const View w = p.view.at(res);
         Step s{id, {}};
         const auto per = [&] { return w == View::Col ? col : full; };
+        // An op on rows (var + eps of [C]) runs once per slot on the rows' broadcast patterns,
+        // so its result is already the pattern its broadcast reads.
+        if (w == View::Row && op.kind != OpKind::Literal && op.kind != OpKind::Broadcast &&
+            !(op.kind == OpKind::Reduce && p.major)) {
+            s.once = true;
+            for (ValueId v : op.operands) {
+                const View wv = p.view.at(v);
+                if (wv == View::Literal || (wv == View::Row && at.count(v))) continue;
+                if (wv != View::Row || !fixed_of.count(v))
+                    not_generated(f, fmt::format("{} of a row and a {} value", op_name(op.kind),
+                                                 g.shape(v).to_string()));
+                at[v] = area(full);
+                input_patterns.push_back({v, at[v]});
+            }
+        }
         switch (op.kind) {
             case OpKind::Literal: {
                 if (!(g.shape(res).dtype == DType::F32 || g.shape(res).dtype == DType::Pred))
@@ -422,7 +440,8 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             case OpKind::Broadcast: {
                 const ValueId in = op.operands[0];
                 const View wi = p.view.at(in);
-                if (wi == View::Full || wi == View::Literal || (wi == w)) {
+                if (wi == View::Full || wi == View::Literal || (wi == w) ||
+                    (wi == View::Row && at.count(in))) {
                     at[res] = at.at(in);
                     s.tmp = {-1};
                 } else if (wi == View::GroupRow) {  // its group's row, per band
@@ -531,7 +550,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             not_generated(f, "a broadcast of a result the fusion reduces over its rows");
         if (w == View::Row || w == View::Scalar)
             if (op.kind != OpKind::Literal && !(s.tmp.size() == 1 && s.tmp[0] == -1) &&
-                !(op.kind == OpKind::Reduce && p.major))
+                !(op.kind == OpKind::Reduce && p.major) && !s.once)
                 not_generated(f, fmt::format("{} computed on a {} vector", op_name(op.kind),
                                              w == View::Row ? "row" : "scalar"));
         steps.push_back(std::move(s));
@@ -543,7 +562,8 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         need_negzero |= pattern || tiled;
         need_ones |= !pattern;
     }
-    const int negzero = need_negzero || need_lane_mask ? constant(-0.0f) : -1;
+    const int negzero =
+        need_negzero || need_lane_mask || !input_patterns.empty() ? constant(-0.0f) : -1;
     const int ones = need_ones ? constant(1.0f) : -1;
     // The lane mask: a row of C ones in whole chunks (a fixed area), as a pattern per slot.
     int mask_row = -1, lane_mask = -1;
@@ -626,45 +646,6 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         bb.emit(Opcode::Mul, {nf, body.units(), imm(full)});
         bb.emit(Opcode::Mul, {nc, body.units(), imm(col)});
         const int64_t tile_full = int64_t(tile) * full;
-        // Constants and patterns, once in each slot (tiles 0 and 1).
-        bb.if_(isa::Cond::Ltu, body.tile(), imm(2), [&] {
-            std::vector<int> zeroed;
-            for (const Fill& fl : fills) {
-                const isa::Arg a = body.a(fl.area);
-                body.vpu(Opcode::VCmpGt, {a, a, a, imm(tile_full)});
-                if (fl.value == 0 && std::signbit(fl.value))
-                    body.vpu(Opcode::VMulS, {a, a, fimm(-1.0f), imm(tile_full)});
-                else if (fl.value != 0)
-                    body.vpu(Opcode::VAddS, {a, a, fimm(fl.value), imm(tile_full)});
-            }
-            for (const Step& s : steps) {
-                const Op& op = g.op(s.op);
-                if (op.kind != OpKind::Broadcast || s.tmp.empty() || s.tmp[0] != -2) continue;
-                const ValueId in = op.operands[0];
-                const isa::Arg out = body.a(at.at(op.results[0]));
-                const isa::Arg src = body.f(fixed_of.at(in));
-                if (p.view.at(in) == View::Scalar) {
-                    body.vpu(Opcode::VAddRow, {out, body.a(negzero), src, imm(tile_full), imm(1)});
-                } else if (!tiled) {
-                    body.vpu(Opcode::VAddRow,
-                             {out, body.a(negzero), src, imm(tile * p.h), imm(p.C)});
-                } else {
-                    for (uint32_t u = 0; u < tile; ++u)
-                        for (int64_t t = 0; t < Ct; ++t)
-                            body.vpu(
-                                Opcode::VAddRow,
-                                {out + int64_t((u * Ct + t) * p.h * p.lanes * 4), body.a(negzero),
-                                 src + int64_t(t * p.lanes * 4), imm(p.h), imm(p.lanes)});
-                }
-            }
-            if (lane_mask >= 0)
-                for (uint32_t u = 0; u < tile; ++u)
-                    for (int64_t t = 0; t < Ct; ++t)
-                        body.vpu(Opcode::VAddRow,
-                                 {body.a(lane_mask) + int64_t((u * Ct + t) * p.h * p.lanes * 4),
-                                  body.a(negzero), body.f(mask_row) + int64_t(t * p.lanes * 4),
-                                  imm(p.h), imm(p.lanes)});
-        });
         const isa::Reg t0 = bb.reg("t0");
         // A loop over the tile's bands: `fn(dst_reg, src_reg)` with the two addresses set.
         const auto per_band = [&](isa::Arg dst, int64_t dst_stride, isa::Arg src,
@@ -679,12 +660,12 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 fn(d, s);
             });
         };
-        for (const Step& s : steps) {
+        const auto emit_step = [&](const Step& s) {
             const Op& op = g.op(s.op);
-            if (!s.tmp.empty() && s.tmp[0] == -1) continue;
+            if (!s.tmp.empty() && s.tmp[0] == -1) return;
             const ValueId res = op.results[0];
             const View w = p.view.at(res);
-            const isa::Reg& n = w == View::Col ? nc : nf;
+            const isa::Arg n = s.once ? imm(tile_full) : w == View::Col ? isa::Arg(nc) : isa::Arg(nf);
             const auto A = [&](size_t i) { return body.a(at.at(op.operands[i])); };
             const isa::Arg out = at.count(res) ? body.a(at.at(res)) : imm(0);  // a row: fixed
             switch (op.kind) {
@@ -927,7 +908,68 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                         not_generated(f, fmt::format("op {}", op_name(op.kind)));
                 }
             }
-        }
+        };
+        // Constants and patterns, once in each slot (tiles 0 and 1).
+        bb.if_(isa::Cond::Ltu, body.tile(), imm(2), [&] {
+            std::vector<int> zeroed;
+            for (const Fill& fl : fills) {
+                const isa::Arg a = body.a(fl.area);
+                body.vpu(Opcode::VCmpGt, {a, a, a, imm(tile_full)});
+                if (fl.value == 0 && std::signbit(fl.value))
+                    body.vpu(Opcode::VMulS, {a, a, fimm(-1.0f), imm(tile_full)});
+                else if (fl.value != 0)
+                    body.vpu(Opcode::VAddS, {a, a, fimm(fl.value), imm(tile_full)});
+            }
+            for (const Step& s : steps) {
+                const Op& op = g.op(s.op);
+                if (op.kind != OpKind::Broadcast || s.tmp.empty() || s.tmp[0] != -2) continue;
+                const ValueId in = op.operands[0];
+                const isa::Arg out = body.a(at.at(op.results[0]));
+                const isa::Arg src = body.f(fixed_of.at(in));
+                if (p.view.at(in) == View::Scalar) {
+                    body.vpu(Opcode::VAddRow, {out, body.a(negzero), src, imm(tile_full), imm(1)});
+                } else if (!tiled) {
+                    body.vpu(Opcode::VAddRow,
+                             {out, body.a(negzero), src, imm(tile * p.h), imm(p.C)});
+                } else {
+                    for (uint32_t u = 0; u < tile; ++u)
+                        for (int64_t t = 0; t < Ct; ++t)
+                            body.vpu(
+                                Opcode::VAddRow,
+                                {out + int64_t((u * Ct + t) * p.h * p.lanes * 4), body.a(negzero),
+                                 src + int64_t(t * p.lanes * 4), imm(p.h), imm(p.lanes)});
+                }
+            }
+            if (lane_mask >= 0)
+                for (uint32_t u = 0; u < tile; ++u)
+                    for (int64_t t = 0; t < Ct; ++t)
+                        body.vpu(Opcode::VAddRow,
+                                 {body.a(lane_mask) + int64_t((u * Ct + t) * p.h * p.lanes * 4),
+                                  body.a(negzero), body.f(mask_row) + int64_t(t * p.lanes * 4),
+                                  imm(p.h), imm(p.lanes)});
+            // Rows a row op reads (as the broadcasts above), then the row ops, in order.
+            for (const auto& [v, a] : input_patterns)
+                for (uint32_t u = 0; u < (tiled ? tile : 1u); ++u)
+                    for (int64_t t = 0; t < (tiled ? Ct : 1); ++t)
+                        body.vpu(Opcode::VAddRow,
+                                 {body.a(a) + int64_t((u * Ct + t) * p.h * p.lanes * 4),
+                                  body.a(negzero), body.f(fixed_of.at(v)) + int64_t(t * p.lanes * 4),
+                                  imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.C)});
+            for (const Step& s : steps)
+                if (s.once) emit_step(s);
+            // Rows a row op reads (as the broadcasts above), then the row ops, in order.
+            for (const auto& [v, a] : input_patterns)
+                for (uint32_t u = 0; u < (tiled ? tile : 1u); ++u)
+                    for (int64_t t = 0; t < (tiled ? Ct : 1); ++t)
+                        body.vpu(Opcode::VAddRow,
+                                 {body.a(a) + int64_t((u * Ct + t) * p.h * p.lanes * 4),
+                                  body.a(negzero), body.f(fixed_of.at(v)) + int64_t(t * p.lanes * 4),
+                                  imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.C)});
+            for (const Step& s : steps)
+                if (s.once) emit_step(s);
+        });
+        for (const Step& s : steps)
+            if (!s.once) emit_step(s);
     };
     st::emit(b, sp, tile);
 }

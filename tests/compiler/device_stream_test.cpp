@@ -82,8 +82,10 @@ DeviceBackendStats run_on_both(const Graph& g, size_t replicas, bool host_fallba
 }
 
 void print_fallbacks(const char* what, const DeviceBackendStats& st) {
-    std::printf("[probe] %s: %llu fusions fall back to the host\n", what,
-                static_cast<unsigned long long>(st.fallback_fusions));
+    std::printf("[probe] %s: %llu fusions fall back to the host; %llu cycles, %llu launches\n",
+                what, static_cast<unsigned long long>(st.fallback_fusions),
+                static_cast<unsigned long long>(st.last_step_cycles),
+                static_cast<unsigned long long>(st.launches));
     for (const auto& [why, n] : st.fallbacks) std::printf("[probe]   %s\n", why.c_str());
 }
 
@@ -131,7 +133,26 @@ Graph bert_block_backward(int64_t seq, int64_t hidden, int64_t heads, int64_t ff
     return g;
 }
 
-/// A BERT block's forward (bert_block) with GELU in its ffn instead of ReLU when asked.
+/// A CNN block's training pieces: convolution, batch norm in training mode (its statistics
+/// over N, H, W), ReLU, global average pooling, and batch norm's gradient.
+Graph cnn_block() {
+    Graph g;
+    const ValueId x = g.input(Shape{DType::F32, {4, 8, 8, 16}}, "images");
+    const ValueId w = g.parameter(Shape{DType::F32, {3, 3, 16, 32}}, "conv.weight");
+    const Shape c{DType::F32, {32}};
+    const ValueId scale = g.parameter(c, "bn.weight");
+    const ValueId h = conv2d(g, x, w, 1, 1);
+    const auto bn = batch_norm_training(g, h, scale, g.parameter(c, "bn.bias"), 1e-5, 3);
+    g.add_output(global_avg_pool(g, relu(g, bn.y)), "pooled");
+    const ValueId dy = g.input(Shape{DType::F32, {4, 8, 8, 32}}, "dy");
+    const auto bg = batch_norm_grad(g, h, scale, bn.mean, bn.var, dy, 1e-5, 3);
+    g.add_output(bg.dx, "dx");
+    g.add_output(bg.dscale, "dscale");
+    g.add_output(bg.doffset, "doffset");
+    return g;
+}
+
+/// A BERT block's forward (bert_block).
 Graph bert_forward(int64_t seq, int64_t hidden, int64_t heads, int64_t ffn) {
     Graph g;
     const ValueId x = g.input(Shape{DType::F32, {seq, hidden}}, "x");
@@ -169,7 +190,7 @@ TEST(CompilerDeviceStream, PaddedRowsAndLanesOfASmallBatch) {
 
 TEST(CompilerDeviceStream, BatchNormTrainingStatisticsOverNHWC) {
     // Sum[X] and Sum[X^2] over N, H, W of NHWC [2, 4, 8, 16] -> [16] in one pass (64 rows of
-    // 16 padded channels), then batch norm's normalize with the statistics.
+    // 16 padded channels), then batch norm's normalize with the statistics, and its gradient.
     Graph g;
     const ValueId x = g.input(Shape{DType::F32, {2, 4, 8, 16}}, "x");
     const Shape c{DType::F32, {16}};
@@ -178,6 +199,13 @@ TEST(CompilerDeviceStream, BatchNormTrainingStatisticsOverNHWC) {
     g.add_output(bn.y, "y");
     g.add_output(bn.mean, "mean");
     g.add_output(bn.var, "var");
+    // The gradient: its sums over N, H, W, and dx, whose loop fusion computes var + eps on the
+    // [C] row once per slot, on the row's broadcast pattern.
+    const auto bg = batch_norm_grad(g, x, g.parameter(c, "bn.weight2"), bn.mean, bn.var,
+                                    g.input(Shape{DType::F32, {2, 4, 8, 16}}, "dy"), 1e-5, 3);
+    g.add_output(bg.dx, "dx");
+    g.add_output(bg.dscale, "dscale");
+    g.add_output(bg.doffset, "doffset");
     run_on_both(g, 1);
 }
 
@@ -260,6 +288,8 @@ TEST(CompilerDeviceStream, ProbeOfRealSteps) {
     print_fallbacks("BERT block backward (ReLU)", bwd);
     const auto bwdg = run_on_both(bert_block_backward(64, 128, 2, 256, true), 1, true);
     print_fallbacks("BERT block backward (GELU)", bwdg);
+    const auto cnn = run_on_both(cnn_block(), 1, true);
+    print_fallbacks("CNN block (conv, batch norm training and its gradient)", cnn);
 }
 
 }  // namespace
