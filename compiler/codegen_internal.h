@@ -30,12 +30,12 @@ using isa::Opcode;
 /// How a value of a loop or input fusion lies against the fusion's [R, C] iteration space.
 enum class View : uint8_t {
     Unknown,
-    Literal,  ///< a literal scalar (a constant area, filled once per slot)
-    Scalar,   ///< one value broadcast everywhere
-    Col,      ///< one value per row: [R]
-    Row,      ///< one value per column: [C]
-    Full,     ///< [R, C]
-    GroupRow, ///< one row per group of rows: [G, C] (a reduction over the middle dims)
+    Literal,   ///< a literal scalar (a constant area, filled once per slot)
+    Scalar,    ///< one value broadcast everywhere
+    Col,       ///< one value per row: [R]
+    Row,       ///< one value per column: [C]
+    Full,      ///< [R, C]
+    GroupRow,  ///< one row per group of rows: [G, C] (a reduction over the middle dims)
 };
 
 inline std::vector<int64_t> nonunit(const std::vector<int64_t>& dims) {

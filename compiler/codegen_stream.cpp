@@ -95,7 +95,8 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             // softmax over dim -2).
             const bool total = kept.empty() && red.size() >= 2;
             const bool grouped = order.size() == 3 && !order[0];
-            const bool major = total || grouped || (!order.empty() && !order.back() && !red.empty());
+            const bool major =
+                total || grouped || (!order.empty() && !order.back() && !red.empty());
             if (order.size() > 3 || (order.size() == 3 && order[0]))
                 not_generated(f, fmt::format("a reduction over dims {} of {}",
                                              fmt::join(op.attrs.dims, ","), s.to_string()));
@@ -111,12 +112,13 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                 }
                 G = product(kept, 0, lead);
             }
-            const int64_t R = total    ? product(red, 0, red.size() - 1)
+            const int64_t R = total     ? product(red, 0, red.size() - 1)
                               : grouped ? G * product(red)
                               : major   ? product(red)
                                         : product(kept);
             const int64_t C = total ? red.back() : major ? product(kept) / G : product(red);
-            if (p.rows && (p.R != R || p.C != C || p.major != major || p.total != total || p.G != G))
+            if (p.rows &&
+                (p.R != R || p.C != C || p.major != major || p.total != total || p.G != G))
                 not_generated(f, "reductions of different shapes in one fusion");
             p.G = G;
             p.rows = true;
@@ -280,7 +282,7 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         } else if (w == View::GroupRow) {
             // [G, C] in T(8,128) tiles (layout assignment tiles a rank-2 reduction result).
             const auto d = nonunit(fv.shape.dims);
-            if (d.size() != 2 || fv.layout.tile != std::vector<int64_t>{8, vlanes} ||
+            if (d.size() != 2 || fv.layout.tile != std::vector<int64_t>{int64_t(board.core.vpu_sublanes), vlanes} ||
                 fv.layout.minor_to_major.empty() ||
                 fv.layout.minor_to_major[0] != fv.shape.rank() - 1)
                 not_generated(f, fmt::format("a [groups, columns] array {} in layout {}",
@@ -363,8 +365,8 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             const uint32_t n = w == View::Row ? uint32_t(p.Cp) : 1;
             sp.fp.fixed.push_back(n);
             fixed_of[fv.value] = int(sp.fp.fixed.size() - 1);
-            sp.fixed_ins.push_back({st::Operand::hbm(addr), fixed_of[fv.value],
-                                    w == View::Row ? uint32_t(p.C) : 1u});
+            sp.fixed_ins.push_back(
+                {st::Operand::hbm(addr), fixed_of[fv.value], w == View::Row ? uint32_t(p.C) : 1u});
         }
     }
     // Constant areas, filled once per slot: literals, -0.0, +0.0, 1.0, row and scalar patterns.
@@ -620,10 +622,9 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 const isa::Arg acc = body.f(s.tmp[0]), tr = body.f(s.tmp[1]);
                 const int64_t chunk = int64_t(p.h) * p.lanes * 4;
                 for (int64_t t = 0; t < Ct; ++t)
-                    body.vpu(Opcode::VTrans, {tr + t * chunk, acc + t * chunk, imm(p.h),
-                                              imm(p.lanes)});
-                const Opcode red =
-                    op.attrs.reducer == Reducer::Sum ? Opcode::VRSum : Opcode::VRMax;
+                    body.vpu(Opcode::VTrans,
+                             {tr + t * chunk, acc + t * chunk, imm(p.h), imm(p.lanes)});
+                const Opcode red = op.attrs.reducer == Reducer::Sum ? Opcode::VRSum : Opcode::VRMax;
                 const isa::Arg res = body.f(fixed_of.at(op.results[0]));
                 if (!p.total) {
                     body.vpu(red, {res, tr, imm(p.C), imm(p.h)});
@@ -665,7 +666,9 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             if (!s.tmp.empty() && s.tmp[0] == -1) return;
             const ValueId res = op.results[0];
             const View w = p.view.at(res);
-            const isa::Arg n = s.once ? imm(tile_full) : w == View::Col ? isa::Arg(nc) : isa::Arg(nf);
+            const isa::Arg n = s.once           ? imm(tile_full)
+                               : w == View::Col ? isa::Arg(nc)
+                                                : isa::Arg(nf);
             const auto A = [&](size_t i) { return body.a(at.at(op.operands[i])); };
             const isa::Arg out = at.count(res) ? body.a(at.at(res)) : imm(0);  // a row: fixed
             switch (op.kind) {
@@ -722,8 +725,8 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                         const isa::Arg acc = body.f(s.tmp[0]), tr = body.f(s.tmp[1]);
                         const isa::Arg res = body.f(fixed_of.at(op.results[0]));
                         const int64_t bpg = p.R / p.G / p.h, chunk = int64_t(p.h) * p.lanes * 4;
-                        const isa::Reg k = bb.reg("band"), a = bb.reg("band.src"),
-                                       q = bb.reg("q"), r = bb.reg("row");
+                        const isa::Reg k = bb.reg("band"), a = bb.reg("band.src"), q = bb.reg("q"),
+                                       r = bb.reg("row");
                         bb.loop(k, imm(0), body.units(), 1, [&] {
                             bb.emit(Opcode::Mul, {a, k, imm(int64_t(full) * 4)});
                             bb.emit(Opcode::Add, {a, a, A(0)});
@@ -737,16 +740,16 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                                     body.vpu(Opcode::VTrans, {tr + t * chunk, acc + t * chunk,
                                                               imm(p.h), imm(p.lanes)});
                                 for (int64_t t = 0; t < Ct; ++t)
-                                    body.vpu(red, {r + t * chunk, tr + t * chunk,
-                                                   imm(std::min<int64_t>(p.lanes,
-                                                                         p.C - t * p.lanes)),
-                                                   imm(p.h)});
+                                    body.vpu(red,
+                                             {r + t * chunk, tr + t * chunk,
+                                              imm(std::min<int64_t>(p.lanes, p.C - t * p.lanes)),
+                                              imm(p.h)});
                                 body.vpu(Opcode::VCmpGt, {acc, acc, acc, imm(full)});
                                 if (!sum)
-                                    body.vpu(Opcode::VAddS,
-                                             {acc, acc,
-                                              fimm(-std::numeric_limits<float>::infinity()),
-                                              imm(full)});
+                                    body.vpu(
+                                        Opcode::VAddS,
+                                        {acc, acc, fimm(-std::numeric_limits<float>::infinity()),
+                                         imm(full)});
                             });
                         });
                         break;
@@ -762,8 +765,9 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                         bb.emit(Opcode::Add, {whole, body.units(), imm(0)});
                         bb.emit(Opcode::Add, {t0, body.first(), body.units()});
                         if (last_rows)
-                            bb.if_(isa::Cond::Eq, t0, imm(int64_t(p.units)),
-                                   [&] { bb.emit(Opcode::Sub, {whole, whole, imm(1)}); });
+                            bb.if_(isa::Cond::Eq, t0, imm(int64_t(p.units)), [&] {
+                                bb.emit(Opcode::Sub, {whole, whole, imm(1)});
+                            });
                         bb.if_(isa::Cond::Ne, whole, imm(0), [&] {
                             bb.loop(k, imm(0), whole, 1, [&] {
                                 bb.emit(Opcode::Mul, {a, k, imm(int64_t(full) * 4)});
@@ -825,8 +829,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                     const isa::Arg t = body.a(s.tmp[0]);
                     if (c == Comparison::Ge || c == Comparison::Eq)
                         body.vpu(Opcode::VCmpGt, {out, A(1), A(0), n});
-                    if (c == Comparison::Le)
-                        body.vpu(Opcode::VCmpGt, {out, A(0), A(1), n});
+                    if (c == Comparison::Le) body.vpu(Opcode::VCmpGt, {out, A(0), A(1), n});
                     if (c == Comparison::Eq || c == Comparison::Ne) {
                         body.vpu(Opcode::VCmpGt, {t, A(0), A(1), n});
                         if (c == Comparison::Ne) body.vpu(Opcode::VCmpGt, {out, A(1), A(0), n});
@@ -951,20 +954,22 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             for (const auto& [v, a] : input_patterns)
                 for (uint32_t u = 0; u < (tiled ? tile : 1u); ++u)
                     for (int64_t t = 0; t < (tiled ? Ct : 1); ++t)
-                        body.vpu(Opcode::VAddRow,
-                                 {body.a(a) + int64_t((u * Ct + t) * p.h * p.lanes * 4),
-                                  body.a(negzero), body.f(fixed_of.at(v)) + int64_t(t * p.lanes * 4),
-                                  imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.C)});
+                        body.vpu(
+                            Opcode::VAddRow,
+                            {body.a(a) + int64_t((u * Ct + t) * p.h * p.lanes * 4), body.a(negzero),
+                             body.f(fixed_of.at(v)) + int64_t(t * p.lanes * 4),
+                             imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.C)});
             for (const Step& s : steps)
                 if (s.once) emit_step(s);
             // Rows a row op reads (as the broadcasts above), then the row ops, in order.
             for (const auto& [v, a] : input_patterns)
                 for (uint32_t u = 0; u < (tiled ? tile : 1u); ++u)
                     for (int64_t t = 0; t < (tiled ? Ct : 1); ++t)
-                        body.vpu(Opcode::VAddRow,
-                                 {body.a(a) + int64_t((u * Ct + t) * p.h * p.lanes * 4),
-                                  body.a(negzero), body.f(fixed_of.at(v)) + int64_t(t * p.lanes * 4),
-                                  imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.C)});
+                        body.vpu(
+                            Opcode::VAddRow,
+                            {body.a(a) + int64_t((u * Ct + t) * p.h * p.lanes * 4), body.a(negzero),
+                             body.f(fixed_of.at(v)) + int64_t(t * p.lanes * 4),
+                             imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.C)});
             for (const Step& s : steps)
                 if (s.once) emit_step(s);
         });

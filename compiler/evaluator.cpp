@@ -412,7 +412,8 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                 float total = ident, chunk = ident;
                 for (int64_t c = 0; c < C; ++c) {
                     float col = ident;
-                    for (int64_t s = 0; s < parts; ++s) col = combine(col, part[size_t(c * parts + s)]);
+                    for (int64_t s = 0; s < parts; ++s)
+                        col = combine(col, part[size_t(c * parts + s)]);
                     chunk = combine(chunk, col);
                     if ((c + 1) % lanes == 0 || c + 1 == C) {
                         total = C <= lanes ? chunk : combine(total, chunk);
@@ -744,7 +745,9 @@ float vpu_divide(float x, float y) {
     return 0.0f > y ? q * -1.0f : q;
 }
 
-float vpu_abs(float x) { return max_nan(x, x * -1.0f); }
+float vpu_abs(float x) {
+    return max_nan(x, x * -1.0f);
+}
 
 float vpu_sqrt(float x) {
     const float t = 1.0f / std::sqrt(x);

@@ -69,11 +69,11 @@ DeviceBackendStats run_on_both(const Graph& g, size_t replicas, bool host_fallba
                     bad = e;
                     break;
                 }
-            EXPECT_EQ(bad, x.size()) << "output " << i << " \"" << g.outputs()[i].name
-                                     << "\" replica " << k << " element " << bad << ": "
-                                     << (bad < x.size() ? x[bad] : 0) << " vs "
-                                     << (bad < y.size() ? y[bad] : 0) << "\n"
-                                     << step.to_string();
+            EXPECT_EQ(bad, x.size())
+                << "output " << i << " \"" << g.outputs()[i].name << "\" replica " << k
+                << " element " << bad << ": " << (bad < x.size() ? x[bad] : 0) << " vs "
+                << (bad < y.size() ? y[bad] : 0) << "\n"
+                << step.to_string();
         }
     if (!host_fallback) {
         EXPECT_EQ(device.stats().launches, 1u) << "one launch per step";
@@ -100,7 +100,9 @@ Graph bert_block_backward(int64_t seq, int64_t hidden, int64_t heads, int64_t ff
     const ValueId y2 = g.input(sh, "ln_2.in");
     const ValueId gamma2 = g.parameter(hv, "ln_2.weight");
     const auto ln = layer_norm(g, y2, gamma2, g.parameter(hv, "ln_2.bias"), 1e-5);
-    const auto rows = [&](ValueId v) { return broadcast(g, reshape(g, v, {seq}), {seq, hidden}, {0}); };
+    const auto rows = [&](ValueId v) {
+        return broadcast(g, reshape(g, v, {seq}), {seq, hidden}, {0});
+    };
     const ValueId xhat = mul(g, sub(g, y2, rows(ln.mean)), rows(ln.rstd));
     g.add_output(reduce(g, mul(g, dy, xhat), {0}, Reducer::Sum), "ln_2.dweight");
     g.add_output(reduce(g, dy, {0}, Reducer::Sum), "ln_2.dbias");
@@ -272,8 +274,8 @@ TEST(CompilerDeviceStream, AttentionSoftmaxOverTheKeysReducesAMiddleDim) {
     Graph g;
     const ValueId s = g.input(Shape{DType::F32, {3, 16, 200}}, "scores");
     g.add_output(softmax(g, s, 1), "p");
-    g.add_output(softmax_grad(g, g.input(Shape{DType::F32, {3, 16, 200}}, "dp"), softmax(g, s, 1), 1),
-                 "ds");
+    g.add_output(
+        softmax_grad(g, g.input(Shape{DType::F32, {3, 16, 200}}, "dp"), softmax(g, s, 1), 1), "ds");
     run_on_both(g, 1);
 }
 

@@ -9,8 +9,8 @@
 namespace tpu::compiler {
 namespace {
 
-using test::random_bindings;
 using test::mlp_train_step;
+using test::random_bindings;
 using test::same_bits;
 
 /// evaluate(decompose(g)) against the compiled step run fusion by fusion through its buffers:
