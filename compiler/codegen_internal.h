@@ -65,6 +65,8 @@ struct Plan {
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
     std::map<ValueId, View> view;
+    /// Col values whose array is [G, S] in T(8,128) tiles (a rank-2 reduction result): S.
+    std::map<ValueId, int64_t> tiled_col;
 };
 
 inline bool inside_fusion(const Fusion& f, const Graph& g, ValueId v) {

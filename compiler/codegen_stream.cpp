@@ -282,11 +282,21 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         } else if (w == View::GroupRow) {
             // [G, C] in T(8,128) tiles (layout assignment tiles a rank-2 reduction result).
             const auto d = nonunit(fv.shape.dims);
-            if (d.size() != 2 || fv.layout.tile != std::vector<int64_t>{int64_t(board.core.vpu_sublanes), vlanes} ||
+            if (d.size() != 2 ||
+                fv.layout.tile != std::vector<int64_t>{int64_t(board.core.vpu_sublanes), vlanes} ||
                 fv.layout.minor_to_major.empty() ||
                 fv.layout.minor_to_major[0] != fv.shape.rank() - 1)
                 not_generated(f, fmt::format("a [groups, columns] array {} in layout {}",
                                              fv.shape.to_string(), fv.layout.to_string()));
+        } else if (w == View::Col && !fv.layout.tile.empty()) {
+            // [G, S] in T(8,128) tiles: loaded or stored whole, each band's 8 values found in it.
+            const auto d = nonunit(fv.shape.dims);
+            if (d.size() != 2 || fv.layout.minor_to_major.empty() ||
+                fv.layout.minor_to_major[0] != fv.shape.rank() - 1 ||
+                fv.layout.tile != std::vector<int64_t>{int64_t(board.core.vpu_sublanes), vlanes})
+                not_generated(f, fmt::format("a vector {} in layout {}", fv.shape.to_string(),
+                                             fv.layout.to_string()));
+            p.tiled_col[fv.value] = d[1];
         } else if (w == View::Col || w == View::Row || w == View::Scalar) {
             if (layout_bytes(fv.shape, fv.layout) != uint64_t(fv.shape.elements()) * 4)
                 not_generated(f, fmt::format("a vector {} in padded layout {}",
@@ -313,6 +323,10 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         p.Cp = p.lanes * p.chunks;
         if (p.major && p.h != board.core.vpu_sublanes)
             not_generated(f, "a reduction over major dims of untiled rows");
+        for (const auto& [v, S] : p.tiled_col)
+            if (p.h != board.core.vpu_sublanes || S % p.h)
+                not_generated(f, fmt::format("a {} vector in tiles with bands of {} rows",
+                                             g.shape(v).to_string(), p.h));
         if (p.G > 1 && (p.h != board.core.vpu_sublanes || (p.R / p.G) % p.h))
             not_generated(f, fmt::format("groups of {} rows in bands of {}", p.R / p.G, p.h));
         // Padded rows: the last band's (a [R] vector's DMA reads and writes the rest of its
@@ -353,7 +367,12 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
     for (const FusionValue& fv : f.operands) {
         const View w = p.view.at(fv.value);
         const isa::Arg addr = bases.of(fv.buffer);
-        if (w == View::Full || w == View::Col) {
+        if (p.tiled_col.count(fv.value)) {
+            at[fv.value] = area(col);
+            sp.fp.fixed.push_back(uint32_t(layout_bytes(fv.shape, fv.layout) / 4));
+            fixed_of[fv.value] = int(sp.fp.fixed.size() - 1);
+            sp.fixed_ins.push_back({st::Operand::hbm(addr), fixed_of[fv.value]});
+        } else if (w == View::Full || w == View::Col) {
             at[fv.value] = area(w == View::Full ? full : col);
             sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value]);
         } else if (w == View::GroupRow) {  // the whole tiled array, once
@@ -580,6 +599,12 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         if ((w == View::Row || w == View::Scalar || w == View::GroupRow) && p.major &&
             g.producer(fv.value).kind == OpKind::Reduce) {
             sp.fixed_outs.push_back({st::Operand::hbm(bases.of(fv.buffer)), fixed_of.at(fv.value)});
+            continue;
+        }
+        if (p.tiled_col.count(fv.value)) {
+            sp.fp.fixed.push_back(uint32_t(layout_bytes(fv.shape, fv.layout) / 4));
+            fixed_of[fv.value] = int(sp.fp.fixed.size() - 1);
+            sp.fixed_outs.push_back({st::Operand::hbm(bases.of(fv.buffer)), fixed_of[fv.value]});
             continue;
         }
         if (w != View::Full && w != View::Col)
@@ -973,8 +998,47 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             for (const Step& s : steps)
                 if (s.once) emit_step(s);
         });
+        // Tiled [G, S] vectors: each band's 8 values between the slot and the whole array
+        // (band k of the tile: row r = 8 (first + k), at [r / S][r % S] in T(8,128) tiles).
+        const auto tiled_cols = [&](bool in) {
+            for (const auto& [v, S] : p.tiled_col) {
+                if (in != !inside_fusion(f, g, v)) continue;
+                const int64_t Sp = (S + p.lanes - 1) / p.lanes * p.lanes;
+                const int64_t tile_bytes = int64_t(p.h) * p.lanes * 4;
+                const isa::Reg k = bb.reg("band"), q = bb.reg("q"), r = bb.reg("row"),
+                               a = bb.reg("at");
+                bb.loop(k, imm(0), body.units(), 1, [&] {
+                    bb.emit(Opcode::Add, {q, body.first(), k});
+                    bb.emit(Opcode::Mul, {q, q, imm(p.h)});   // row
+                    bb.emit(Opcode::Remu, {r, q, imm(S)});    // s
+                    bb.emit(Opcode::Divu, {q, q, imm(S)});    // g
+                    bb.emit(Opcode::Divu, {a, q, imm(p.h)});  // tile row of g
+                    bb.emit(Opcode::Mul, {a, a, imm(Sp / p.lanes)});
+                    bb.emit(Opcode::Remu, {q, q, imm(p.h)});  // g's row in its tile
+                    bb.emit(Opcode::Mul, {q, q, imm(p.lanes * 4)});
+                    bb.emit(Opcode::Add, {q, q, body.f(fixed_of.at(v))});
+                    // a = (tile row * tiles per row + s / lanes) * tile bytes + (s % lanes) * 4
+                    const isa::Reg t = bb.reg("t");
+                    bb.emit(Opcode::Divu, {t, r, imm(p.lanes)});
+                    bb.emit(Opcode::Add, {a, a, t});
+                    bb.emit(Opcode::Mul, {a, a, imm(tile_bytes)});
+                    bb.emit(Opcode::Remu, {t, r, imm(p.lanes)});
+                    bb.emit(Opcode::Mul, {t, t, imm(4)});
+                    bb.emit(Opcode::Add, {a, a, t});
+                    bb.emit(Opcode::Add, {a, a, q});
+                    bb.emit(Opcode::Mul, {t, k, imm(int64_t(p.h) * 4)});
+                    bb.emit(Opcode::Add, {t, t, body.a(at.at(v))});
+                    if (in)
+                        body.vpu(Opcode::VAddS, {t, a, fimm(-0.0f), imm(p.h)});
+                    else
+                        body.vpu(Opcode::VAddS, {a, t, fimm(-0.0f), imm(p.h)});
+                });
+            }
+        };
+        tiled_cols(true);
         for (const Step& s : steps)
             if (!s.once) emit_step(s);
+        tiled_cols(false);
     };
     st::emit(b, sp, tile);
 }

@@ -279,6 +279,17 @@ TEST(CompilerDeviceStream, AttentionSoftmaxOverTheKeysReducesAMiddleDim) {
     run_on_both(g, 1);
 }
 
+TEST(CompilerDeviceStream, ReductionResultsOfRankTwoLieInPaddedTiles) {
+    // Softmax over the last dim of [3, 24, 200]: the max and the sum are [3, 24] arrays in
+    // T(8,128) tiles (3 rows padded to 8, 24 lanes padded to 128); each band's 8 values are
+    // found at its rows' place in the whole array, loaded or stored once.
+    Graph g;
+    const ValueId x = g.input(Shape{DType::F32, {3, 24, 200}}, "x");
+    g.add_output(softmax(g, x, 2), "p");
+    g.add_output(reduce(g, x, {2}, Reducer::Sum), "rowsum");
+    run_on_both(g, 1);
+}
+
 TEST(CompilerDeviceStream, ProbeOfRealSteps) {
     // Which fusions of real steps are generated (compiler/README.md, "Loop and input
     // fusions"): with host fallback, every other fusion runs on the host and is counted.
