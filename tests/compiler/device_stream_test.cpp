@@ -173,6 +173,7 @@ TEST(CompilerDeviceStream, ABiasGradientSumsTheBatchInSublanePartials) {
     // Over both dims (a loss): the column results as above, then the row of them in chunks of
     // 128 lanes (128, 128, 44), then the three chunk results.
     g.add_output(reduce(g, dy, {0, 1}, Reducer::Sum), "total");
+    g.add_output(reduce(g, dy, {0, 1}, Reducer::Max), "total_max");
     run_on_both(g, 1);
 }
 
