@@ -32,11 +32,12 @@ using isa::Opcode;
 /// How a value of a loop or input fusion lies against the fusion's [R, C] iteration space.
 enum class View : uint8_t {
     Unknown,
-    Literal,  ///< a literal scalar (a constant area, filled once per slot)
-    Scalar,   ///< one value broadcast everywhere
-    Col,      ///< one value per row: [R]
-    Row,      ///< one value per column: [C]
-    Full,     ///< [R, C]
+    Literal,   ///< a literal scalar (a constant area, filled once per slot)
+    Scalar,    ///< one value broadcast everywhere
+    Col,       ///< one value per row: [R]
+    Row,       ///< one value per column: [C]
+    Full,      ///< [R, C]
+    GroupRow,  ///< one row per group of rows: [G, C] (a reduction over the middle dims)
 };
 
 inline std::vector<int64_t> nonunit(const std::vector<int64_t>& dims) {
@@ -57,11 +58,17 @@ struct Plan {
     bool rows = false;  ///< a 2-D iteration space (broadcasts, reductions); else flat elementwise
     int64_t R = 1, C = 1;
     uint32_t h = 1;      ///< rows per streamed unit: 8 (a band of T(8,128) tiles) or 1
-    int64_t lanes = 1;   ///< elements per reduction chunk: min(C, vpu_lanes)
-    int64_t chunks = 1;  ///< chunks per row: C / lanes
+    int64_t lanes = 1;   ///< elements per reduction chunk: min(C, vpu_lanes); vpu_lanes tiled
+    int64_t chunks = 1;  ///< chunks per row: C / lanes, rounded up in tiles (padded lanes)
+    int64_t Cp = 1;      ///< values per row in VMEM: C, or whole chunks in T(8,128) tiles
+    bool major = false;  ///< its reductions are over the rows (major dims), each result a [C] row
+    bool total = false;  ///< major, then over the row: to a scalar (all dims of a tiled array)
+    int64_t G = 1;       ///< groups of R / G rows: [G, R / G, C] (kept dims above reduced ones)
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
     std::map<ValueId, View> view;
+    /// Col values whose array is [G, S] in T(8,128) tiles (a rank-2 reduction result): S.
+    std::map<ValueId, int64_t> tiled_col;
 };
 
 inline bool inside_fusion(const Fusion& f, const Graph& g, ValueId v) {

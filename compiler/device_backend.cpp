@@ -67,6 +67,7 @@ DeviceBackend::DeviceBackend(driver::Device& device, std::vector<uint32_t> cores
     m_codegen.replicas = uint32_t(m_cores.size());
     m_host.mxu_rows = m_codegen.board.core.mxu_rows;
     m_host.vpu_lanes = m_codegen.board.core.vpu_lanes;
+    m_host.vpu_sublanes = m_codegen.board.core.vpu_sublanes;
 }
 
 DataPtr DeviceBackend::upload(const Shape& s, const std::vector<std::vector<float>>& values) {

@@ -222,7 +222,7 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                         r = out.dtype == DType::S32 ? -x0 : double(-f0);
                         break;
                     case OpKind::Abs:
-                        r = out.dtype == DType::S32 ? std::fabs(x0) : double(std::fabs(f0));
+                        r = out.dtype == DType::S32 ? std::fabs(x0) : double(vpu_abs(f0));
                         break;
                     case OpKind::Exp:
                         r = std::exp(f0);
@@ -234,13 +234,13 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                         r = 1.0f / std::sqrt(f0);
                         break;
                     case OpKind::Sqrt:
-                        r = std::sqrt(f0);
+                        r = vpu_sqrt(f0);
                         break;
                     case OpKind::Tanh:
                         r = std::tanh(f0);
                         break;
                     case OpKind::Erf:
-                        r = std::erf(f0);
+                        r = vpu_erf(f0);
                         break;
                     case OpKind::Convert:
                         r = in[0]->shape.dtype == DType::S32 || in[0]->shape.dtype == DType::Pred
@@ -275,29 +275,32 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                                 r = integer ? std::min(x0, x1) : double(min_nan(f0, f1));
                                 break;
                             case OpKind::Pow:
-                                r = std::pow(f0, f1);
+                                r = vpu_pow(f0, f1);
                                 break;
                             case OpKind::Compare: {
                                 const double p = integer ? x0 : double(f0),
                                              q = integer ? x1 : double(f1);
                                 switch (a.comparison) {
+                                    // The VPU compares with > only (compiler/README.md,
+                                    // "Numerics"): the others are built from p > q and q > p,
+                                    // so with a NaN ==, <= and >= hold and != does not.
                                     case Comparison::Eq:
-                                        r = p == q;
+                                        r = !(p > q) && !(q > p);
                                         break;
                                     case Comparison::Ne:
-                                        r = p != q;
+                                        r = p > q || q > p;
                                         break;
                                     case Comparison::Lt:
                                         r = p < q;
                                         break;
                                     case Comparison::Le:
-                                        r = p <= q;
+                                        r = !(p > q);
                                         break;
                                     case Comparison::Gt:
                                         r = p > q;
                                         break;
                                     case Comparison::Ge:
-                                        r = p >= q;
+                                        r = !(q > p);
                                         break;
                                 }
                                 break;
@@ -385,6 +388,60 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
             // than one chunk the chunk results are reduced again from the identity.
             const float ident = sum ? 0.0f : -std::numeric_limits<float>::infinity();
             const auto combine = [&](float a, float v) { return sum ? a + v : max_nan(a, v); };
+            // Over major dims (the operand's most-minor non-unit dim is kept), the device streams
+            // bands of vpu_sublanes rows and accumulates each band into one register of partials
+            // (v.add / v.max): reduced element i goes to partial i mod vpu_sublanes, each from the
+            // identity in index order; the partials are then reduced from the identity in order.
+            int64_t minor = -1;
+            for (int64_t d = 0; d < x.shape.rank(); ++d)
+                if (x.shape.dims[size_t(d)] != 1) minor = d;
+            // Over every dim of an array of rank 2 or more: over the rows as above for each
+            // column of the most-minor dim, then the row of column results in chunks as below.
+            int64_t nonunit = 0;
+            for (int64_t d : x.shape.dims) nonunit += d != 1;
+            if (nonunit >= 2 && n == 1 && !keep[size_t(minor)]) {
+                const int64_t C = x.shape.dims[size_t(minor)];
+                const int64_t parts = std::max<int64_t>(1, o.vpu_sublanes);
+                const int64_t lanes = std::max<int64_t>(1, o.vpu_lanes);
+                std::vector<float> part(size_t(C * parts), ident);
+                std::vector<int64_t> seen(size_t(C), 0);
+                for (int64_t i = 0; i < x.shape.elements(); ++i) {
+                    float& p = part[size_t((i % C) * parts + seen[size_t(i % C)]++ % parts)];
+                    p = combine(p, float(x.data[size_t(i)]));
+                }
+                float total = ident, chunk = ident;
+                for (int64_t c = 0; c < C; ++c) {
+                    float col = ident;
+                    for (int64_t s = 0; s < parts; ++s)
+                        col = combine(col, part[size_t(c * parts + s)]);
+                    chunk = combine(chunk, col);
+                    if ((c + 1) % lanes == 0 || c + 1 == C) {
+                        total = C <= lanes ? chunk : combine(total, chunk);
+                        chunk = ident;
+                    }
+                }
+                y.data[0] = store(out.dtype, total);
+                return {y};
+            }
+            if (minor >= 0 && keep[size_t(minor)] && int64_t(a.dims.size()) > 0) {
+                const int64_t parts = std::max<int64_t>(1, o.vpu_sublanes);
+                std::vector<float> part(size_t(n * parts), ident);
+                std::vector<int64_t> seen(size_t(n), 0);
+                for (int64_t i = 0; i < x.shape.elements(); ++i) {
+                    unravel(i, x.shape.dims, idx);
+                    int64_t j = 0, k = 0;
+                    for (size_t d = 0; d < idx.size(); ++d)
+                        if (keep[d]) j += idx[d] * ost[size_t(k++)];
+                    float& p = part[size_t(j * parts + seen[size_t(j)]++ % parts)];
+                    p = combine(p, float(x.data[size_t(i)]));
+                }
+                for (int64_t j = 0; j < n; ++j) {
+                    float r = ident;
+                    for (int64_t s = 0; s < parts; ++s) r = combine(r, part[size_t(j * parts + s)]);
+                    y.data[size_t(j)] = store(out.dtype, r);
+                }
+                return {y};
+            }
             std::vector<float> outer(size_t(n), ident);
             std::vector<int64_t> count(size_t(n), 0);
             const int64_t lanes = std::max<int64_t>(1, o.vpu_lanes);
@@ -686,6 +743,34 @@ float vpu_reciprocal(float y) {
 float vpu_divide(float x, float y) {
     const float q = x * vpu_reciprocal(y);
     return 0.0f > y ? q * -1.0f : q;
+}
+
+float vpu_abs(float x) {
+    return max_nan(x, x * -1.0f);
+}
+
+float vpu_sqrt(float x) {
+    const float t = 1.0f / std::sqrt(x);
+    const float r = x > 0.0f ? x * t : x;
+    return 0.0f > x ? t : r;
+}
+
+float vpu_erf(float x) {
+    const float ax = vpu_abs(x);
+    const float t = vpu_reciprocal(ax * kErfP + 1.0f);
+    float poly = kErfA[4];  // Horner: ((((a5 t + a4) t + a3) t + a2) t + a1) t
+    for (int i = 3; i >= 0; --i) poly = poly * t + kErfA[i];
+    poly = poly * t;
+    const float e = std::exp(ax * ax * -1.0f);
+    const float y = poly * e * -1.0f + 1.0f;
+    return 0.0f > x ? y * -1.0f : y;
+}
+
+float vpu_pow(float x, float n) {
+    if (!(n >= 0.0f && n <= float(kVpuPowMax) && n == std::floor(n))) return std::pow(x, n);
+    float r = 1.0f;
+    for (int i = 0; i < int(n); ++i) r = i == 0 ? x : r * x;
+    return r;
 }
 
 HostArray HostArray::zeros(const Shape& s) {

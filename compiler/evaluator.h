@@ -47,6 +47,9 @@ struct EvalOptions {
     uint32_t mxu_rows = 128;
     /// Elements per chunk of a reduction (the order of its sums): the board's core.vpu_lanes.
     uint32_t vpu_lanes = 128;
+    /// Partial results of a reduction over major dims (rows accumulated per sublane): the
+    /// board's core.vpu_sublanes.
+    uint32_t vpu_sublanes = 8;
     std::map<std::string, CustomCallFn> custom_calls{};  ///< by target name
 };
 
@@ -72,6 +75,23 @@ float vpu_reciprocal(float y);
 /// vpu_reciprocal(y), negated when 0 > y. The evaluator's divide is this, so host and device
 /// agree bit for bit; it differs from IEEE x / y by up to about 2 ulp.
 float vpu_divide(float x, float y);
+/// |x| as the device computes it: max(x, -x) (NaN stays NaN).
+float vpu_abs(float x);
+/// sqrt(x) as the device computes it (the VPU has rsqrt only): x * rsqrt(x) for x > 0, x itself
+/// for +-0, rsqrt(x) (NaN) for x < 0. Within about 1 ulp of sqrt; sqrt(+inf) gives NaN.
+float vpu_sqrt(float x);
+/// erf(x) as the device computes it: Abramowitz and Stegun 7.1.26 (absolute error <= 1.5e-7),
+/// 1 - (a1 t + ... + a5 t^5) exp(-x^2) with t = 1 / (1 + p |x|) (vpu_reciprocal), the sign of x.
+float vpu_erf(float x);
+/// x^n for an integer 0 <= n <= kVpuPowMax as the device computes it: 1, then n - 1 products
+/// left to right (x * x * x); std::pow otherwise (the device does not generate it).
+float vpu_pow(float x, float n);
+/// The largest integer exponent vpu_pow multiplies out.
+inline constexpr int kVpuPowMax = 16;
+/// The coefficients of vpu_erf (A&S 7.1.26): p, then a1 .. a5.
+inline constexpr float kErfP = 0.3275911f;
+inline constexpr float kErfA[5] = {0.254829592f, -0.284496736f, 1.421413741f, -1.453152027f,
+                                   1.061405429f};
 
 /// Evaluates a graph without composites (decompose() first) on every replica; returns
 /// [replica][output number]. Throws EvalError or CompileError naming the op.

@@ -246,7 +246,7 @@ void emit(isa::Builder& b, const Spec& sp, uint32_t tile) {
     };
     auto fixed_io = [&](const FixedIo& io, bool in) {
         need_tensor(io.place);
-        const int64_t bytes = int64_t(fp.fixed.at(io.fixed)) * 4;
+        const int64_t bytes = int64_t(io.values ? io.values : fp.fixed.at(io.fixed)) * 4;
         const isa::Arg area = imm(static_cast<int64_t>(st.fixed_addr.at(io.fixed)));
         const bool hbm = io.place.kind == Operand::Kind::Hbm;
         const isa::Arg n = imm(bytes);
@@ -310,6 +310,10 @@ void emit(isa::Builder& b, const Spec& sp, uint32_t tile) {
     b.bind(done);
     vpu.wait_all();
     transfer(sp.outs, false, prev_first, prev_units, prev_slot, db.stores((tiles - 1) & 1));
+    if (sp.finish) {
+        sp.finish(body);
+        vpu.wait_all();
+    }
     for (const FixedIo& io : sp.fixed_outs) fixed_io(io, false);
     if (NO) {
         b.emit(Opcode::Wait, {db.stores(0), imm(static_cast<int64_t>(NO * ((tiles + 1) / 2)))});

@@ -93,8 +93,9 @@ struct Stream {
 
 /// A tensor loaded into fixed area `fixed` before the loop, or stored from it after the loop.
 struct FixedIo {
-    Operand place;  ///< the tensor (HBM or VMEM)
-    int fixed;      ///< index into Footprint::fixed
+    Operand place;        ///< the tensor (HBM or VMEM)
+    int fixed;            ///< index into Footprint::fixed
+    uint32_t values = 0;  ///< values moved: 0 for the whole area (an area padded for the VPU)
 };
 
 /// A streaming kernel: `ins` loaded and `outs` stored per tile, `body` emitting the VPU work of
@@ -106,6 +107,9 @@ struct Spec {
     std::function<void(Body&)> body;             ///< the VPU work of one tile
     /// Before any load; must finish its own work on the slots before returning.
     std::function<void(Body&)> prologue;
+    /// After the last tile's VPU work, before the fixed results are stored (results accumulated
+    /// over the tiles: its VPU work is waited for).
+    std::function<void(Body&)> finish;
     /// After every store has completed.
     std::function<void(Body&)> epilogue;
 };

@@ -80,11 +80,18 @@ TEST(CliOp, LayerNormAndSoftmaxOfWholeTilesRunAsOneCompiledProgram) {
                 tpusim_json(shape + " --cores " + cores + " --set sim.functional=false");
             EXPECT_EQ(j["cycles"], off["cycles"]) << shape;
         }
-    // Rows of 1000 values are not whole lane chunks: the hand-written kernel runs, and says why.
-    const auto j = tpusim_json(kRowOps[1]);
+    // Padded tiles compile too (21 rows of 1000 values: a padded band, a padded lane chunk).
+    const auto padded = tpusim_json(kRowOps[1] + " --check");
+    EXPECT_TRUE(padded["bitexact"].get<bool>());
+    EXPECT_NE(padded["plan"].get<std::string>().find(
+                  "one program of 3 fusions (input input loop), 1 launch"),
+              std::string::npos)
+        << padded["plan"];
+    // A band of 8 rows of 70 000 values does not fit VMEM twice: the hand-written kernel runs,
+    // and says why.
+    const auto j = tpusim_json("op softmax --rows 8 --cols 70000");
     EXPECT_NE(j["plan"].get<std::string>().find(
-                  "hand-written kernel: fusion.0: a reduction of rows of 1000 (not a multiple of "
-                  "128 lanes) not yet generated"),
+                  "hand-written kernel: fusion.0: a band of 8 x 70016 values in VMEM"),
               std::string::npos)
         << j["plan"];
 }

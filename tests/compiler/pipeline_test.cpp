@@ -9,6 +9,7 @@
 namespace tpu::compiler {
 namespace {
 
+using test::mlp_train_step;
 using test::random_bindings;
 using test::same_bits;
 
@@ -33,44 +34,6 @@ void expect_preserved(const Graph& g, size_t replicas, const CompileOptions& o =
             EXPECT_TRUE(same_bits(after[r][p], *want)) << "replica " << r << " parameter " << p;
         }
     }
-}
-
-/// One data-parallel training step of a 2-layer MLP with softmax cross-entropy: the forward,
-/// the backward recorded by hand, gradients averaged over replicas, SGD with momentum in place.
-Graph mlp_train_step(size_t replicas) {
-    const int64_t B = 16, I = 48, H = 64, C = 10;
-    Graph g;
-    const ValueId x = g.input(Shape{DType::F32, {B, I}}, "x");
-    const ValueId y = g.input(Shape{DType::F32, {B, C}}, "onehot");
-    const ValueId lr = g.input(Shape{DType::F32, {}}, "lr");
-    const ValueId w1 = g.parameter(Shape{DType::F32, {H, I}}, "fc1.weight");
-    const ValueId b1 = g.parameter(Shape{DType::F32, {H}}, "fc1.bias");
-    const ValueId w2 = g.parameter(Shape{DType::F32, {C, H}}, "fc2.weight");
-    const ValueId b2 = g.parameter(Shape{DType::F32, {C}}, "fc2.bias");
-    std::vector<ValueId> bufs;
-    for (ValueId p : {w1, b1, w2, b2}) bufs.push_back(g.parameter(g.shape(p), "momentum"));
-    const ValueId pre = linear(g, x, w1, b1);
-    const ValueId h = relu(g, pre);
-    const ValueId logits = linear(g, h, w2, b2);
-    g.add_output(cross_entropy(g, logits, y), "loss");
-    // d loss / d logits = (softmax - y) / B.
-    const ValueId dl =
-        div(g, sub(g, softmax(g, logits, 1), y), full(g, double(B), g.shape(logits)));
-    const ValueId dw2 = matmul(g, dl, h, true, false);
-    const ValueId db2 = reduce(g, dl, {0}, Reducer::Sum);
-    const ValueId dh = matmul(g, dl, w2, false, false);
-    const ValueId zero = full(g, 0.0, g.shape(pre));
-    const ValueId dpre = select(g, compare(g, pre, zero, Comparison::Gt), dh, zero);
-    const ValueId dw1 = matmul(g, dpre, x, true, false);
-    const ValueId db1 = reduce(g, dpre, {0}, Reducer::Sum);
-    const std::vector<ValueId> params{w1, b1, w2, b2}, grads{dw1, db1, dw2, db2};
-    for (size_t i = 0; i < params.size(); ++i) {
-        const ValueId gm = all_reduce(g, grads[i], 1.0 / double(replicas));
-        const auto r = sgd_momentum(g, params[i], gm, bufs[i], lr, 0.9);
-        g.add_output(r.w, "w", int64_t(i));
-        g.add_output(r.v, "v", int64_t(4 + i));
-    }
-    return g;
 }
 
 TEST(CompilerPipeline, ATrainingStepKeepsItsValuesThroughEveryPass) {
