@@ -472,6 +472,7 @@ struct ConvPoolFusion {
     // GlobalSum
     std::optional<driver::Conv2dAuxKey> zero_out;  ///< zeroes a padded result first
     uint32_t images = 0, hw = 0, channels = 0, lanes = 128, out_tile_rows = 0, tile = 0;
+    uint32_t parts = 8;  ///< partial sums: vpu_sublanes (pixel i goes to partial i mod parts)
 };
 
 namespace {
@@ -879,8 +880,10 @@ std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
     return p;
 }
 
-/// A sum over H and W of an NHWC array (the global average pool's reduction): `v.csum` over
-/// each chunk of vpu_lanes pixels, then over the chunk sums, the evaluator's order.
+/// A sum over H and W of an NHWC array (the global average pool's reduction), in the
+/// evaluator's order for reductions over major dims: each band of vpu_sublanes pixels is added
+/// (`v.add`) into one band of partial sums from +0.0, pixel i into partial i mod vpu_sublanes,
+/// then `v.csum` adds the partials from +0.0 in order.
 std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
                                                 const hw::BoardConfig& board) {
     const Op& op = g.op(f.hero);
@@ -896,6 +899,7 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
     p->hw = uint32_t(xs.dims[1] * xs.dims[2]);
     p->channels = uint32_t(xs.dims[3]);
     p->lanes = board.core.vpu_lanes;
+    p->parts = board.core.vpu_sublanes;
     if (xs.dtype != DType::F32 || (p->x && !untiled_row_major(*p->x)))
         not_generated(f, fmt::format("a reduction over H and W of {} in layout {}", xs.to_string(),
                                      p->x->layout.to_string()));
@@ -920,11 +924,10 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
         not_generated(f, fmt::format("a reduction result {} in layout {} (padded tiles)",
                                      y.shape.to_string(), y.layout.to_string()));
     }
-    const uint32_t chunks = (p->hw + p->lanes - 1) / p->lanes;
     st::Footprint fp;
     fp.name = f.name;
     fp.units = p->images;
-    fp.areas = {p->hw * p->channels, chunks * p->channels, padded_channels(*p)};
+    fp.areas = {p->hw * p->channels, p->parts * p->channels, padded_channels(*p)};
     fp.max_tile_units = 1;
     try {
         p->tile = st::plan(fp, board.core.vmem_bytes - 64 * 1024);
@@ -1148,12 +1151,11 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
     const isa::Arg y = ad.of(p.y->buffer);
     if (p.zero_out) driver::emit(b, *p.zero_out, std::vector<st::Operand>{st::Operand::hbm(y)});
     enum { X, Part, Y };
-    const uint32_t C = p.channels, hw = p.hw, L = p.lanes;
-    const uint32_t chunks = (hw + L - 1) / L;
+    const uint32_t C = p.channels, hw = p.hw, L = p.lanes, P = p.parts;
     st::Spec sp;
     sp.fp.name = "global_sum";
     sp.fp.units = p.images;
-    sp.fp.areas = {hw * C, chunks * C, padded_channels(p)};
+    sp.fp.areas = {hw * C, P * C, padded_channels(p)};
     sp.fp.max_tile_units = 1;
     sp.ins.emplace_back(st::Operand::hbm(x), X);
     if (p.out_tile_rows == 1) {
@@ -1181,15 +1183,11 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
     sp.body = [=](st::Body& bd) {
         // The padding lanes of a tiled row: +0.0 (v.cmpgt x, x, x), the sums over them.
         if (padded != C) bd.vpu(Opcode::VCmpGt, {bd.a(Y), bd.a(Y), bd.a(Y), imm(padded)});
-        if (chunks == 1) {
-            bd.vpu(Opcode::VCSum, {bd.a(Y), bd.a(X), imm(hw), imm(C)});
-            return;
-        }
-        for (uint32_t c = 0; c < chunks; ++c)
-            bd.vpu(Opcode::VCSum,
-                   {bd.a(Part) + int64_t(c) * C * 4, bd.a(X) + int64_t(c) * L * C * 4,
-                    imm(std::min(L, hw - c * L)), imm(C)});
-        bd.vpu(Opcode::VCSum, {bd.a(Y), bd.a(Part), imm(chunks), imm(C)});
+        bd.vpu(Opcode::VCmpGt, {bd.a(Part), bd.a(Part), bd.a(Part), imm(P * C)});
+        for (uint32_t r = 0; r < hw; r += P)
+            bd.vpu(Opcode::VAdd, {bd.a(Part), bd.a(Part), bd.a(X) + int64_t(r) * C * 4,
+                                  imm(std::min(P, hw - r) * C)});
+        bd.vpu(Opcode::VCSum, {bd.a(Y), bd.a(Part), imm(P), imm(C)});
     };
     st::emit(b, sp, p.tile);
 }
