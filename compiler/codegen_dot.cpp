@@ -43,7 +43,12 @@ std::optional<driver::DotLayout> dot_layout_of(const FusionValue& fv, int64_t ro
         if (!is_c) return driver::DotLayout::Transposed;
         return std::nullopt;
     }
-    if (!rows_major) return std::nullopt;
+    if (!rows_major) {
+        // Stored transposed in VPU tiles: what the LHS stationary reads (A^T held, W^T streamed).
+        if (!is_c && l.tile == std::vector<int64_t>{8, 128})
+            return driver::DotLayout::TransposedVpuTiles;
+        return std::nullopt;
+    }
     if (is_w && l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
         return driver::DotLayout::Tiles;
     if (l.tile == std::vector<int64_t>{8, 128}) return driver::DotLayout::VpuTiles;
@@ -230,7 +235,7 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
     probe.R = board.core.mxu_rows;
     probe.C = board.core.mxu_cols;
     probe.mxus = std::min<uint32_t>(board.core.mxus, 2);
-    probe.block_rows = 8;
+    probe.block_rows = 128;  // a block of whole tiles: the layouts alone are probed here
     if (const std::string why = driver::dot_unsupported(probe); !why.empty())
         not_generated(f, "the dot kernel: " + why);
     // The kernel's tiling in what the epilogue's areas leave of VMEM.

@@ -27,6 +27,8 @@ std::string_view dot_layout_name(DotLayout l) {
             return "gemm";
         case DotLayout::VpuTiles:
             return "vpu-tiles";
+        case DotLayout::TransposedVpuTiles:
+            return "transposed-vpu-tiles";
     }
     return "?";
 }
@@ -89,7 +91,16 @@ struct Problem {
 Problem problem(const DotKey& k) {
     if (k.stationary == Stationary::Rhs) return {k.M, k.K, k.N, k.a, k.w, false};
     auto flip = [](DotLayout l) {
-        return l == DotLayout::RowMajor ? DotLayout::Transposed : DotLayout::RowMajor;
+        switch (l) {
+            case DotLayout::RowMajor:
+                return DotLayout::Transposed;
+            case DotLayout::VpuTiles:
+                return DotLayout::TransposedVpuTiles;
+            case DotLayout::TransposedVpuTiles:
+                return DotLayout::VpuTiles;
+            default:
+                return DotLayout::RowMajor;
+        }
     };
     return {k.N, k.K, k.M, flip(k.w), flip(k.a), true};
 }
@@ -354,6 +365,8 @@ private:
             case DotLayout::VpuTiles:
                 per_col = kBandBytes / 128;  // n0 / 128 tiles of 4 KiB
                 break;
+            case DotLayout::TransposedVpuTiles:  // not a problem's layout (dot_unsupported)
+                break;
         }
         if (first || last) {
             E(Opcode::Add, {m_wb, m_W.value, imm(int64_t(first_col(first) * per_col))});
@@ -457,6 +470,8 @@ private:
                                imm(int64_t(NT * kBandBytes)), t.flag});
                         ++count;
                         break;
+                    case DotLayout::TransposedVpuTiles:  // not a problem's layout
+                        break;
                 }
             }
         }
@@ -489,14 +504,16 @@ private:
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
         const bool tiles_out = m_k.c == DotLayout::VpuTiles;
         // HBM byte offset of panel m from the pending address, in values.
+        // With the LHS stationary a panel is 128 rows of C, in either layout C * N values.
         auto panel_off = [&](uint32_t m) -> uint64_t {
+            if (lhs) return uint64_t(m) * C * cn;
             if (tiles_out) return uint64_t(m) * kBandBytes / 4;
-            return lhs ? uint64_t(m) * C * cn : panels_out ? uint64_t(m) * m_k.M * C : m * C;
+            return panels_out ? uint64_t(m) * m_k.M * C : m * C;
         };
         // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run.
         isa::Reg bands;
         const int64_t band_stride = int64_t(m_NT) * kBandBytes;
-        if (tiles_out) {
+        if (tiles_out && !lhs) {
             bands = m_b.reg("bands");
             E(Opcode::Shr, {bands, m_prows, imm(3)});
         }
@@ -505,7 +522,7 @@ private:
         if (m_k.full_sides) {
             const isa::Reg at = m_b.reg("side_at");
             isa::Reg row_bytes;
-            if (lhs) {
+            if (lhs && !tiles_out) {
                 row_bytes = m_b.reg("side_row_bytes");
                 E(Opcode::Mul, {row_bytes, m_prows, imm(4)});
             }
@@ -522,7 +539,10 @@ private:
                     const uint32_t n = nn(last, m);
                     const isa::Arg dst = imm(int64_t(full_tile(f, m)));
                     const isa::Arg src = at + int64_t(panel_off(m) * 4);
-                    if (lhs)
+                    if (lhs && tiles_out)
+                        issued += lhs_tiles(op, false, at, panel_off(m) * 4,
+                                            full_tile(f, m), n, m_sides);
+                    else if (lhs)
                         E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
                                m_sides.flag});
                     else if (tiles_out)
@@ -531,7 +551,7 @@ private:
                     else
                         E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
                                imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
-                    ++issued;
+                    if (!(lhs && tiles_out)) ++issued;
                 }
                 ++f;
             }
@@ -591,7 +611,7 @@ private:
         if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
         // (3) The stores.
         isa::Reg row_bytes;
-        if (lhs) {
+        if (lhs && !tiles_out) {
             row_bytes = m_b.reg("row_bytes");
             E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
         }
@@ -602,6 +622,11 @@ private:
             if (lhs) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
             if (m_k.store_bf16) src = imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2));
             const isa::Arg dst = m_paddr + int64_t(panel_off(m) * e);
+            if (lhs && tiles_out) {
+                lhs_tiles(op, true, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n,
+                          m_stores);
+                continue;
+            }
             if (lhs)
                 E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
                        m_stores.flag});
@@ -615,6 +640,37 @@ private:
             E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
         }
     }
+    /// With the LHS stationary and C in 8 x 128 tiles: moves the pending columns of an n x T
+    /// tile in VMEM at `vm` (n rows of C, T values a row) to (`store`) or from C's tiles at
+    /// `hbm` + `off` bytes, one 8-row DMA of 512-byte rows per band and column tile (a column
+    /// tile is contiguous in HBM but strided in VMEM), counted on `t`. Returns the DMAs counted
+    /// (the loop adds them to t.count itself, so 0).
+    uint32_t lhs_tiles(Opcode op, bool store, const isa::Reg& hbm, uint64_t off, uint64_t vm,
+                       uint32_t n, const Tally& t) {
+        const uint32_t T = m_k.block_rows;
+        const int64_t band = int64_t(m_k.N / 128) * kBandBytes;  // one band of C's tiles
+        const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+                       end = m_b.reg("tiles.end");
+        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+        E(Opcode::Li, {v, imm(int64_t(vm))});
+        E(Opcode::Mul, {end, m_prows, imm(4)});  // prows / 128 column tiles of 512 bytes
+        E(Opcode::Add, {end, end, imm(int64_t(vm))});
+        const isa::Label loop = m_b.label("tiles");
+        m_b.bind(loop);
+        for (uint32_t b = 0; b < n / 8; ++b) {
+            const isa::Arg ha = h + int64_t(b) * band, va = v + int64_t(b) * 8 * T * 4;
+            if (store)
+                E(op, {ha, va, imm(8), imm(512), imm(512), imm(int64_t(T) * 4), t.flag});
+            else
+                E(op, {va, ha, imm(8), imm(512), imm(int64_t(T) * 4), imm(512), t.flag});
+        }
+        E(Opcode::Add, {t.count, t.count, imm(n / 8)});
+        E(Opcode::Add, {h, h, imm(kBandBytes)});
+        E(Opcode::Add, {v, v, imm(512)});
+        E(Opcode::Bltu, {v, end, loop});
+        return 0;
+    }
+
     uint64_t full_tile(uint32_t f, uint32_t m) const {
         return m_a.full + (uint64_t(f) * m_k.mxus + m) * m_m.cpanel;
     }
@@ -732,7 +788,11 @@ private:
         // tiles, 128 columns one tile).
         uint64_t per_row = lhs ? e : panels_out ? uint64_t(m_k.C) * e : cn * e;
         uint64_t per_col = lhs ? cn * e : panels_out ? uint64_t(m_k.M) * e : e;
-        if (m_k.c == DotLayout::VpuTiles) {
+        if (m_k.c == DotLayout::VpuTiles && lhs) {
+            // A streamed row is a column of C (blocks of whole tiles), a column of the problem
+            // a row of C: a band of N / 128 tiles per 8 rows, as many bytes as row-major.
+            per_row = kBandBytes / 128;
+        } else if (m_k.c == DotLayout::VpuTiles) {
             per_row = uint64_t(m_NT) * kBandBytes / 8;
             per_col = kBandBytes / 128;
         }
@@ -778,21 +838,31 @@ private:
 
 }  // namespace
 
-std::string dot_unsupported(const DotKey& k) {
+namespace {
+
+/// dot_unsupported's reasons that do not depend on the block rows.
+std::string layout_unsupported(const DotKey& k) {
     if (k.M == 0 || k.K == 0 || k.N == 0)
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > 2)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
-    if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
     if (k.a == DotLayout::Tiles) return "A cannot lie in tiles (a stationary W's layout)";
     if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles)
         return fmt::format(
             "C is written row-major, in the GEMM's panels or in 8 x 128 tiles, "
             "not {}",
             dot_layout_name(k.c));
-    if (k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) {
-        if (k.stationary != Stationary::Rhs)
-            return "operands in 8 x 128 tiles need the RHS stationary";
+    const bool lhs = k.stationary == Stationary::Lhs;
+    // The problem the kernel runs reads its streamed and its held operand in row-major tiles:
+    // with the RHS stationary A and W as they are, with the LHS stationary W^T and A^T.
+    for (auto [l, name] : {std::pair{k.a, "A"}, std::pair{k.w, "W"}}) {
+        if (!lhs && l == DotLayout::TransposedVpuTiles)
+            return fmt::format("{} in transposed 8 x 128 tiles needs the LHS stationary", name);
+        if (lhs && l == DotLayout::VpuTiles)
+            return fmt::format("{} in 8 x 128 tiles needs the RHS stationary", name);
+    }
+    if (!lhs &&
+        (k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles)) {
         if ((k.a == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) && k.M % 8)
             return fmt::format("8 x 128 tiles need M a multiple of 8, not {}", k.M);
         if (k.a == DotLayout::VpuTiles && (k.R != 128 || k.K % 128))
@@ -813,17 +883,54 @@ std::string dot_unsupported(const DotKey& k) {
     }
     if (k.w == DotLayout::Gemm && k.R % 2)
         return fmt::format("the GEMM's W tiles need an even MXU height (R = {})", k.R);
-    if (k.stationary == Stationary::Lhs) {
+    if (lhs) {
         auto fp32 = [](DotLayout l) {
-            return l == DotLayout::RowMajor || l == DotLayout::Transposed;
+            return l == DotLayout::RowMajor || l == DotLayout::Transposed ||
+                   l == DotLayout::TransposedVpuTiles;
         };
-        if (!fp32(k.a) || !fp32(k.w) || k.c != DotLayout::RowMajor)
+        if (!fp32(k.a) || !fp32(k.w) || k.c == DotLayout::Gemm)
             return fmt::format(
-                "with the LHS stationary the kernel reads A and W fp32 (row-major or "
-                "transposed) and writes C row-major; A is {}, W {}, C {}",
+                "with the LHS stationary the kernel reads A and W fp32 (row-major, "
+                "transposed or in transposed 8 x 128 tiles) and writes C row-major or in 8 x 128 "
+                "tiles; A is {}, W {}, C {}",
                 dot_layout_name(k.a), dot_layout_name(k.w), dot_layout_name(k.c));
+        if (k.w == DotLayout::TransposedVpuTiles && (k.R != 128 || k.K % 128 || k.N % 8))
+            return fmt::format(
+                "W in transposed 8 x 128 tiles needs a 128-row MXU, K a multiple of 128 and N "
+                "of 8 (R = {}, K = {}, N = {})",
+                k.R, k.K, k.N);
+        if (k.a == DotLayout::TransposedVpuTiles &&
+            (k.R != 128 || k.C != 128 || k.K % 128 || k.M % 128))
+            return fmt::format(
+                "A in transposed 8 x 128 tiles needs a 128 x 128 MXU and K and M multiples of "
+                "128 (K = {}, M = {})",
+                k.K, k.M);
+        if (k.c == DotLayout::VpuTiles && (k.C != 128 || k.N % 128 || k.M % 8 || k.store_bf16))
+            return fmt::format(
+                "C in 8 x 128 tiles with the LHS stationary needs a 128-column MXU, N a multiple "
+                "of 128, M of 8 and an fp32 store (C = {}, M = {}, N = {})",
+                k.C, k.M, k.N);
     }
     return "";
+}
+
+/// dot_unsupported's reasons about the block rows.
+std::string blocks_unsupported(const DotKey& k) {
+    if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
+    // Each block's rows are C's columns there: whole 8 x 128 tiles of C per block.
+    if (k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles && k.block_rows % 128)
+        return fmt::format(
+            "C in 8 x 128 tiles with the LHS stationary needs blocks of a multiple of 128 rows, "
+            "not {}",
+            k.block_rows);
+    return "";
+}
+
+}  // namespace
+
+std::string dot_unsupported(const DotKey& k) {
+    std::string why = layout_unsupported(k);
+    return why.empty() ? blocks_unsupported(k) : why;
 }
 
 uint64_t dot_vmem_bytes(const DotKey& key) {
@@ -854,7 +961,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     k.C = cfg.core.mxu_cols;
     k.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
     k.block_rows = 8;
-    if (const std::string why = dot_unsupported(k); !why.empty())
+    if (const std::string why = layout_unsupported(k); !why.empty())
         throw DeviceError(ErrorKind::Usage, "dot: " + why);
     const uint32_t rows = problem(k).M;
     std::optional<DotKey> best;
@@ -863,7 +970,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     // weight load (as plan_gemm).
     for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
         k.block_rows = ceil_div(ceil_div(rows, nb), 8) * 8;
-        if (k.block_rows > kMaxBlockRows) continue;
+        if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
         if (best && k.block_rows < std::min(rows, k.R)) break;
         if (dot_vmem_bytes(k) > vmem_bytes) continue;
         const double est = dot_estimate_cycles(cfg, k);

@@ -39,8 +39,13 @@ enum class DotLayout : uint8_t {
     /// runs of 4 KiB per 128-column panel, one DMA; a W tile 16 runs. Stationary::Rhs, a
     /// 128 x 128 MXU, M a multiple of 8 (A, C), and K (A, W) and N (W, C fp32) multiples of 128.
     VpuTiles,
+    /// fp32 stored transposed in the VPU's 8 x 128 tiles (A as K x M, W as N x K; the
+    /// compiler's {0,1:T(8,128)} of a rank-2 operand): with the LHS stationary, the layouts
+    /// under which the kernel's problem C^T = W^T A^T reads W^T and A^T in VpuTiles. A in
+    /// it needs M, W in it N a multiple of 128; K a multiple of 128.
+    TransposedVpuTiles,
 };
-/// "row-major", "transposed", "tiles", "gemm", "vpu-tiles".
+/// "row-major", "transposed", "tiles", "gemm", "vpu-tiles", "transposed-vpu-tiles".
 std::string_view dot_layout_name(DotLayout l);
 
 /// The fused dot kernel's key: every input its code depends on besides the epilogue's body.
@@ -49,7 +54,7 @@ struct DotKey {
     Precision precision = Precision::Bf16;
     DotLayout a = DotLayout::RowMajor;        ///< A's layout
     DotLayout w = DotLayout::RowMajor;        ///< W's layout
-    DotLayout c = DotLayout::RowMajor;        ///< C's layout (RowMajor or Gemm)
+    DotLayout c = DotLayout::RowMajor;        ///< C's layout (RowMajor, Gemm or VpuTiles)
     Stationary stationary = Stationary::Rhs;  ///< which operand the arrays hold
     uint32_t R = 128, C = 128;                ///< MXU array
     uint32_t mxus = 2;                        ///< MXUs used (column panels per group)
