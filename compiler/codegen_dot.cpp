@@ -44,8 +44,9 @@ std::optional<driver::DotLayout> dot_layout_of(const FusionValue& fv, int64_t ro
         return std::nullopt;
     }
     if (!rows_major) {
-        // Stored transposed in VPU tiles: what the LHS stationary reads (A^T held, W^T streamed).
-        if (!is_c && l.tile == std::vector<int64_t>{8, 128})
+        // Stored transposed in VPU tiles: what the LHS stationary reads (A^T held, W^T
+        // streamed) and may write (C^T, as a next dot holding it stationary reads it).
+        if (l.tile == std::vector<int64_t>{8, 128})
             return driver::DotLayout::TransposedVpuTiles;
         return std::nullopt;
     }

@@ -503,9 +503,13 @@ private:
         const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;  // C's bytes a value, row length
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
         const bool tiles_out = m_k.c == DotLayout::VpuTiles;
+        // C^T in tiles (LHS stationary): the epilogue's tile is transposed back to the
+        // problem's orientation and stored as the RHS stationary stores C in tiles.
+        const bool ttiles_out = m_k.c == DotLayout::TransposedVpuTiles;
         // HBM byte offset of panel m from the pending address, in values.
         // With the LHS stationary a panel is 128 rows of C, in either layout C * N values.
         auto panel_off = [&](uint32_t m) -> uint64_t {
+            if (ttiles_out) return uint64_t(m) * kBandBytes / 4;
             if (lhs) return uint64_t(m) * C * cn;
             if (tiles_out) return uint64_t(m) * kBandBytes / 4;
             return panels_out ? uint64_t(m) * m_k.M * C : m * C;
@@ -513,7 +517,7 @@ private:
         // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run.
         isa::Reg bands;
         const int64_t band_stride = int64_t(m_NT) * kBandBytes;
-        if (tiles_out && !lhs) {
+        if ((tiles_out && !lhs) || ttiles_out) {
             bands = m_b.reg("bands");
             E(Opcode::Shr, {bands, m_prows, imm(3)});
         }
@@ -598,6 +602,7 @@ private:
                 EpilogueTile et(m_b, tile, std::move(sides), *rows, cols, counted);
                 m_ep.body(et);
             }
+            if (ttiles_out) counted(Opcode::VTrans, {result, tile, imm(n), imm(T)});
             if (m_k.store_bf16) {
                 isa::Arg values = imm(int64_t(n) * T);
                 if (!lhs) {
@@ -611,7 +616,7 @@ private:
         if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
         // (3) The stores.
         isa::Reg row_bytes;
-        if (lhs && !tiles_out) {
+        if (lhs && !tiles_out && !ttiles_out) {
             row_bytes = m_b.reg("row_bytes");
             E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
         }
@@ -619,7 +624,7 @@ private:
         for (uint32_t m = 0; m < np; ++m) {
             const uint32_t n = nn(last, m);
             isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
-            if (lhs) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
+            if (lhs && !ttiles_out) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
             if (m_k.store_bf16) src = imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2));
             const isa::Arg dst = m_paddr + int64_t(panel_off(m) * e);
             if (lhs && tiles_out) {
@@ -627,10 +632,10 @@ private:
                           m_stores);
                 continue;
             }
-            if (lhs)
+            if (lhs && !ttiles_out)
                 E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
                        m_stores.flag});
-            else if (tiles_out)
+            else if (tiles_out || ttiles_out)
                 E(op, {dst, src, bands, imm(kBandBytes), imm(band_stride), imm(kBandBytes),
                        m_stores.flag});
             else
@@ -788,7 +793,10 @@ private:
         // tiles, 128 columns one tile).
         uint64_t per_row = lhs ? e : panels_out ? uint64_t(m_k.C) * e : cn * e;
         uint64_t per_col = lhs ? cn * e : panels_out ? uint64_t(m_k.M) * e : e;
-        if (m_k.c == DotLayout::VpuTiles && lhs) {
+        if (m_k.c == DotLayout::TransposedVpuTiles) {  // the problem's C in tiles
+            per_row = uint64_t(m_NT) * kBandBytes / 8;
+            per_col = kBandBytes / 128;
+        } else if (m_k.c == DotLayout::VpuTiles && lhs) {
             // A streamed row is a column of C (blocks of whole tiles), a column of the problem
             // a row of C: a band of N / 128 tiles per 8 rows, as many bytes as row-major.
             per_row = kBandBytes / 128;
@@ -847,12 +855,13 @@ std::string layout_unsupported(const DotKey& k) {
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > 2)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
     if (k.a == DotLayout::Tiles) return "A cannot lie in tiles (a stationary W's layout)";
-    if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles)
-        return fmt::format(
-            "C is written row-major, in the GEMM's panels or in 8 x 128 tiles, "
-            "not {}",
-            dot_layout_name(k.c));
     const bool lhs = k.stationary == Stationary::Lhs;
+    if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles &&
+        !(lhs && k.c == DotLayout::TransposedVpuTiles))
+        return fmt::format(
+            "C is written row-major, in the GEMM's panels or in 8 x 128 tiles (transposed "
+            "with the LHS stationary), not {}",
+            dot_layout_name(k.c));
     // The problem the kernel runs reads its streamed and its held operand in row-major tiles:
     // with the RHS stationary A and W as they are, with the LHS stationary W^T and A^T.
     for (auto [l, name] : {std::pair{k.a, "A"}, std::pair{k.w, "W"}}) {
@@ -905,6 +914,12 @@ std::string layout_unsupported(const DotKey& k) {
                 "A in transposed 8 x 128 tiles needs a 128 x 128 MXU and K and M multiples of "
                 "128 (K = {}, M = {})",
                 k.K, k.M);
+        if (k.c == DotLayout::TransposedVpuTiles &&
+            (k.C != 128 || k.M % 128 || k.N % 8 || k.store_bf16 || k.full_sides))
+            return fmt::format(
+                "C in transposed 8 x 128 tiles needs a 128-column MXU, M a multiple of 128, N "
+                "of 8, an fp32 store and no Full sides (C = {}, M = {}, N = {}, {} Full sides)",
+                k.C, k.M, k.N, k.full_sides);
         if (k.c == DotLayout::VpuTiles && (k.C != 128 || k.N % 128 || k.M % 8 || k.store_bf16))
             return fmt::format(
                 "C in 8 x 128 tiles with the LHS stationary needs a 128-column MXU, N a multiple "

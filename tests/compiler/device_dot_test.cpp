@@ -180,5 +180,31 @@ TEST(CompilerDotDevice, TheLhsStationaryReadsTiledOperandsAndWritesTiles) {
     EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{1,0:T(8,128)}");
 }
 
+TEST(CompilerDotDevice, AnLhsStationaryDotWritesTheTransposedTilesTheNextOneHolds) {
+    // fc2(relu(fc1(x))), both with the LHS stationary (ffn1 -> ffn2 of a BERT block): fc2 holds
+    // h = relu(fc1(x)) as A^T, so fc1 writes C^T in T(8,128) tiles ({0,1:T(8,128)}): each
+    // result tile, after its epilogue, is transposed back and stored as whole bands.
+    const Shape xs{DType::F32, {256, 256}}, w1s{DType::F32, {1024, 256}},
+        w2s{DType::F32, {1024, 1024}}, bs{DType::F32, {1024}};
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        return linear(g, relu(g, linear(g, v[0], v[1], v[2])), v[3], v[4]);
+    };
+    expect_bit_exact({{"x", xs, {randoms(256 * 256, 81)}},
+                      {"w1", w1s, {randoms(1024 * 256, 82, -0.2f, 0.2f)}, true},
+                      {"b1", bs, {randoms(1024, 83)}, true},
+                      {"w2", w2s, {randoms(1024 * 1024, 84, -0.2f, 0.2f)}, true},
+                      {"b2", bs, {randoms(1024, 85)}, true}},
+                     record);
+    Graph g;
+    std::vector<ValueId> v{g.input(xs, "x"), g.parameter(w1s, "w1"), g.parameter(bs, "b1"),
+                           g.parameter(w2s, "w2"), g.parameter(bs, "b2")};
+    g.add_output(record(g, v), "y");
+    const CompiledStep s = compile(g);
+    ASSERT_EQ(s.fusions.size(), 2u) << s.to_string();
+    EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
+    EXPECT_EQ(s.fusions[1].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
+    EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{0,1:T(8,128)}");
+}
+
 }  // namespace
 }  // namespace tpu::compiler
