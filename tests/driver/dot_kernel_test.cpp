@@ -86,6 +86,13 @@ std::vector<uint8_t> lay_out(const std::vector<float>& x, uint32_t rows, uint32_
             put32(v);
             break;
         }
+        case DotLayout::TransposedVpuTiles: {  // the transpose (cols x rows) in 8 x 128 tiles
+            std::vector<float> v(size_t(ceil_div(cols, 8)) * ceil_div(rows, 128) * 1024, 0.0f);
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t c = 0; c < cols; ++c) v[tiled_at(c, r, rows)] = x[size_t(r) * cols + c];
+            put32(v);
+            break;
+        }
         case DotLayout::Gemm: {  // bf16 parts; A: KT panels of M x R, W: R x C tiles
             const int P = parts_of(k.precision);
             const uint32_t KT = ceil_div(is_a ? cols : rows, R);
@@ -162,7 +169,8 @@ std::vector<float> read_c(const std::vector<uint8_t>& bytes, const Case& t, cons
         for (uint32_t c = 0; c < t.N; ++c) {
             const size_t at = t.c == DotLayout::Gemm ? (size_t(c / k.C) * t.M + r) * k.C + c % k.C
                               : t.c == DotLayout::VpuTiles ? tiled_at(r, c, t.N)
-                                                           : size_t(r) * t.N + c;
+                              : t.c == DotLayout::TransposedVpuTiles ? tiled_at(c, r, t.M)
+                                                                     : size_t(r) * t.N + c;
             if (e == 4) {
                 std::memcpy(&y[size_t(r) * t.N + c], bytes.data() + at * 4, 4);
             } else {
@@ -396,6 +404,49 @@ TEST(DotKernel, ActivationsInEightByOneTwentyEightTilesAreBitExact) {
          .f = kBiasRelu},
     };
     uint32_t seed = 231;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, TheLhsStationaryReadsAndWritesEightByOneTwentyEightTiles) {
+    // C^T = W^T A^T with A^T held and W^T streamed, both stored transposed in 8 x 128 tiles
+    // (the compiler's {0,1:T(8,128)} of A, {1,0:T(8,128)} of a [N, K] weight): C in tiles,
+    // written per band and column tile of each transposed-back result tile (several blocks,
+    // the residual read the same way), or C^T in tiles (the result tile transposed again,
+    // stored as the RHS stationary stores it; three panels, N not a multiple of 128), or C
+    // from fp32 row-major operands.
+    const std::vector<Case> cases = {
+        {.M = 256,
+         .K = 256,
+         .N = 1152,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::VpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 384},
+        {.M = 384,
+         .K = 256,
+         .N = 200,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::TransposedVpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu,
+         .block_rows = 104},
+        {.M = 136,
+         .K = 130,
+         .N = 256,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::Transposed,
+         .c = DotLayout::VpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kResidual},
+    };
+    uint32_t seed = 531;
     auto dev = open_checked();
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
 }
