@@ -138,7 +138,8 @@ Map vmem_map(const DotKey& k) {
     take(&Map::abf, "a_bf16", P * KT * m.apanel);
     if (staged(p.a)) {
         take(&Map::astage, "a_stage", 2 * a32);
-        if (p.a == DotLayout::Transposed) take(&Map::att, "a_trans", a32);
+        if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles)
+            take(&Map::att, "a_trans", a32);
         if (P > 1) take(&Map::af, "a_f", a32);
         if (P > 1) take(&Map::ar1, "a_r1", a32);
         if (P > 2) take(&Map::ar2, "a_r2", a32);
@@ -396,6 +397,17 @@ private:
                 E(op, {imm(int64_t(at)), m_t14 + int64_t(j * R * M * 4), imm(k), m_t15, m_t15,
                        imm(int64_t(M * 4)), t.flag});
                 ++count;
+            } else if (m_p.a == DotLayout::TransposedVpuTiles) {
+                // A^T (K x M) in tiles, blocks of 128 rows: the block's column of tiles in
+                // the 16 bands of step j, MT tiles apart, lands as k x 128 row-major.
+                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t MT = ceil_div(m_p.M, 128);
+                E(Opcode::Mul, {m_t14, m_row, imm(kBandBytes / 128)});
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * R / 8 * MT * kBandBytes),
+                       imm(k / 8), imm(kBandBytes), imm(kBandBytes), imm(int64_t(MT * kBandBytes)),
+                       t.flag});
+                ++count;
             } else if (m_p.a == DotLayout::VpuTiles) {
                 // Panel j of the block's bands: one 4 KiB tile per 8 rows, KT tiles apart; in
                 // VMEM they are the block's rows of R = 128 values, as a row-major panel's.
@@ -568,7 +580,12 @@ private:
             columns = m_b.reg("columns", 12);
             E(Opcode::Add, {columns, m_pcol, imm(int64_t(m_a.col))});
         }
-        if (lhs) tile_rows = m_b.reg("tile_rows");
+        if (lhs) {
+            tile_rows = m_b.reg("tile_rows");
+            // The transposed tiles have one area: the previous group's stores from it must be
+            // done (the last group's flush follows the one inside it with no group between).
+            E(Opcode::Wait, {m_stores.flag, m_stores.count});
+        }
         if (m_k.store_bf16 && !lhs) count = m_b.reg("tile_values");
         auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
             vpu(op, args);
@@ -730,6 +747,11 @@ private:
                 if (m_p.a == DotLayout::Transposed) {
                     vpu(Opcode::VTrans, {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), m_rows});
                     x = m_a.att;
+                } else if (m_p.a == DotLayout::TransposedVpuTiles) {
+                    // k x 128 (a short last block's columns past its rows are padding).
+                    vpu(Opcode::VTrans,
+                        {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), imm(128)});
+                    x = m_a.att;
                 }
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
@@ -864,12 +886,21 @@ std::string layout_unsupported(const DotKey& k) {
             dot_layout_name(k.c));
     // The problem the kernel runs reads its streamed and its held operand in row-major tiles:
     // with the RHS stationary A and W as they are, with the LHS stationary W^T and A^T.
-    for (auto [l, name] : {std::pair{k.a, "A"}, std::pair{k.w, "W"}}) {
-        if (!lhs && l == DotLayout::TransposedVpuTiles)
-            return fmt::format("{} in transposed 8 x 128 tiles needs the LHS stationary", name);
-        if (lhs && l == DotLayout::VpuTiles)
-            return fmt::format("{} in 8 x 128 tiles needs the RHS stationary", name);
-    }
+    // The streamed operand may be stored transposed too (read a tile column at a time and
+    // transposed in VMEM); the held one only as it is.
+    if (!lhs && k.w == DotLayout::TransposedVpuTiles)
+        return "W in transposed 8 x 128 tiles needs the LHS stationary";
+    if (lhs && k.a == DotLayout::VpuTiles) return "A in 8 x 128 tiles needs the RHS stationary";
+    if (!lhs && k.a == DotLayout::TransposedVpuTiles && (k.R != 128 || k.K % 128))
+        return fmt::format(
+            "A in transposed 8 x 128 tiles needs a 128-row MXU and K a multiple of 128 (R = {}, "
+            "K = {})",
+            k.R, k.K);
+    if (lhs && k.w == DotLayout::VpuTiles && (k.R != 128 || k.K % 128))
+        return fmt::format(
+            "W in 8 x 128 tiles with the LHS stationary needs a 128-row MXU and K a multiple of "
+            "128 (R = {}, K = {})",
+            k.R, k.K);
     if (!lhs &&
         (k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles)) {
         if ((k.a == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) && k.M % 8)
@@ -895,12 +926,12 @@ std::string layout_unsupported(const DotKey& k) {
     if (lhs) {
         auto fp32 = [](DotLayout l) {
             return l == DotLayout::RowMajor || l == DotLayout::Transposed ||
-                   l == DotLayout::TransposedVpuTiles;
+                   l == DotLayout::TransposedVpuTiles || l == DotLayout::VpuTiles;
         };
         if (!fp32(k.a) || !fp32(k.w) || k.c == DotLayout::Gemm)
             return fmt::format(
                 "with the LHS stationary the kernel reads A and W fp32 (row-major, "
-                "transposed or in transposed 8 x 128 tiles) and writes C row-major or in 8 x 128 "
+                "transposed or in 8 x 128 tiles) and writes C row-major or in 8 x 128 "
                 "tiles; A is {}, W {}, C {}",
                 dot_layout_name(k.a), dot_layout_name(k.w), dot_layout_name(k.c));
         if (k.w == DotLayout::TransposedVpuTiles && (k.R != 128 || k.K % 128 || k.N % 8))
@@ -932,6 +963,11 @@ std::string layout_unsupported(const DotKey& k) {
 /// dot_unsupported's reasons about the block rows.
 std::string blocks_unsupported(const DotKey& k) {
     if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
+    // A streamed operand stored transposed in tiles is read one tile column per block.
+    if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows != 128)
+        return fmt::format(
+            "a streamed operand in transposed 8 x 128 tiles needs blocks of 128 rows, not {}",
+            k.block_rows);
     // Each block's rows are C's columns there: whole 8 x 128 tiles of C per block.
     if (k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles && k.block_rows % 128)
         return fmt::format(
@@ -983,8 +1019,13 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     double best_est = 0;
     // Even cuts of the rows, longest first; below R rows a block only adds steps bound by the
     // weight load (as plan_gemm).
+    const bool column_blocks = problem(k).a == DotLayout::TransposedVpuTiles;
     for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
         k.block_rows = ceil_div(ceil_div(rows, nb), 8) * 8;
+        if (column_blocks) {  // one tile column per block (blocks_unsupported)
+            if (nb > 1) break;
+            k.block_rows = 128;
+        }
         if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
         if (best && k.block_rows < std::min(rows, k.R)) break;
         if (dot_vmem_bytes(k) > vmem_bytes) continue;

@@ -145,6 +145,9 @@ TEST(CompilerDotProbe, TheDotsOfAnMlpStepAndABertBlock) {
     if (std::getenv("TPUSIM_PROBE_DUMP")) std::cout << mlp.to_string();
     probe("mlp step 128x784x256x10", mlp, 2);
     probe("mlp step 16x48x64x10", compile(mlp_train_step(16, 48, 64, 10, 2)), 2);
+    const CompiledStep tiled = compile(mlp_train_step(128, 256, 256, 128, 2));
+    if (std::getenv("TPUSIM_PROBE_DUMP")) std::cout << tiled.to_string();
+    probe("mlp step 128x256x256x128", tiled, 2);
     Graph g;
     const ValueId x = g.input(Shape{DType::F32, {512, 768}}, "x");
     g.add_output(test::bert_block(g, x, 768, 12, 3072), "y");

@@ -447,8 +447,31 @@ TEST(DotKernel, TheLhsStationaryReadsAndWritesEightByOneTwentyEightTiles) {
          .f = kResidual},
     };
     uint32_t seed = 531;
+    // The streamed operand stored transposed in tiles (a weight gradient's dY^T with the RHS
+    // stationary, W stored K x N with the LHS stationary): blocks of one tile column, the last
+    // one short (M = 200), transposed in VMEM.
+    const std::vector<Case> streamed_transposed = {
+        {.M = 200,
+         .K = 256,
+         .N = 384,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll},
+        {.M = 256,
+         .K = 128,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::RowMajor,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu},
+    };
     auto dev = open_checked();
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
+    for (const Case& t : streamed_transposed) run_case(*dev, t, seed += 10);
 }
 
 TEST(DotKernel, GemmLayoutsAreBitExact) {
