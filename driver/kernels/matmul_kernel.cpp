@@ -29,6 +29,8 @@ std::string_view dot_layout_name(DotLayout l) {
             return "vpu-tiles";
         case DotLayout::TransposedVpuTiles:
             return "transposed-vpu-tiles";
+        case DotLayout::TransposedTiles:
+            return "transposed-tiles";
     }
     return "?";
 }
@@ -146,7 +148,8 @@ Map vmem_map(const DotKey& k) {
     }
     if (staged(p.w)) {
         take(&Map::wstage, "w_stage", 2 * k.mxus * w32);
-        if (p.w == DotLayout::Transposed) take(&Map::wtt, "w_trans", k.mxus * w32);
+        if (p.w == DotLayout::Transposed || p.w == DotLayout::TransposedTiles)
+            take(&Map::wtt, "w_trans", k.mxus * w32);
         if (P > 1) take(&Map::wf, "w_f", w32);
         if (P > 1) take(&Map::wr1, "w_r1", w32);
         if (P > 2) take(&Map::wr2, "w_r2", w32);
@@ -158,7 +161,7 @@ Map vmem_map(const DotKey& k) {
     m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
     if (k.column_sides) take(&Map::col, "columns", k.column_sides * m.col_stride);
     if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * k.mxus * m.cpanel);
-    if (p.lhs) take(&Map::tt, "c_trans", k.mxus * m.cpanel);
+    if (p.lhs || k.c == DotLayout::TransposedTiles) take(&Map::tt, "c_trans", k.mxus * m.cpanel);
     if (k.store_bf16) take(&Map::bf, "c_bf16", k.mxus * T * k.C * 2);
     return m;
 }
@@ -368,6 +371,9 @@ private:
                 break;
             case DotLayout::TransposedVpuTiles:  // not a problem's layout (dot_unsupported)
                 break;
+            case DotLayout::TransposedTiles:
+                per_col = uint64_t(m_KT) * m_k.C * 4;  // n0 / C rows of KT tiles
+                break;
         }
         if (first || last) {
             E(Opcode::Add, {m_wb, m_W.value, imm(int64_t(first_col(first) * per_col))});
@@ -484,6 +490,13 @@ private:
                         break;
                     case DotLayout::TransposedVpuTiles:  // not a problem's layout
                         break;
+                    case DotLayout::TransposedTiles:
+                        // Tile (n0 / C + m, j) of W^T: n rows of k values, transposed in VMEM.
+                        E(op, {imm(int64_t(wstage(slot, m))),
+                               m_wb + int64_t((uint64_t(m) * m_KT + j) * R * C * 4), imm(n),
+                               imm(k * 4), imm(k * 4), imm(C * 4), t.flag});
+                        ++count;
+                        break;
                 }
             }
         }
@@ -518,9 +531,14 @@ private:
         // C^T in tiles (LHS stationary): the epilogue's tile is transposed back to the
         // problem's orientation and stored as the RHS stationary stores C in tiles.
         const bool ttiles_out = m_k.c == DotLayout::TransposedVpuTiles;
+        // C^T in the MXU's tiles (a weight gradient in its parameter's layout): each result
+        // tile transposed after its epilogue, stored a 128-column piece (one tile) at a time.
+        const bool mxu_tiles_out = m_k.c == DotLayout::TransposedTiles;
+        const uint64_t MT = ceil_div(m_k.M, C), tile_bytes = uint64_t(C) * C * 4;
         // HBM byte offset of panel m from the pending address, in values.
         // With the LHS stationary a panel is 128 rows of C, in either layout C * N values.
         auto panel_off = [&](uint32_t m) -> uint64_t {
+            if (mxu_tiles_out) return uint64_t(m) * MT * tile_bytes / 4;
             if (ttiles_out) return uint64_t(m) * kBandBytes / 4;
             if (lhs) return uint64_t(m) * C * cn;
             if (tiles_out) return uint64_t(m) * kBandBytes / 4;
@@ -580,12 +598,10 @@ private:
             columns = m_b.reg("columns", 12);
             E(Opcode::Add, {columns, m_pcol, imm(int64_t(m_a.col))});
         }
-        if (lhs) {
-            tile_rows = m_b.reg("tile_rows");
-            // The transposed tiles have one area: the previous group's stores from it must be
-            // done (the last group's flush follows the one inside it with no group between).
-            E(Opcode::Wait, {m_stores.flag, m_stores.count});
-        }
+        if (lhs) tile_rows = m_b.reg("tile_rows");
+        // The transposed tiles have one area: the previous group's stores from it must be
+        // done (the last group's flush follows the one inside it with no group between).
+        if (lhs || mxu_tiles_out) E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_k.store_bf16 && !lhs) count = m_b.reg("tile_values");
         auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
             vpu(op, args);
@@ -620,6 +636,9 @@ private:
                 m_ep.body(et);
             }
             if (ttiles_out) counted(Opcode::VTrans, {result, tile, imm(n), imm(T)});
+            if (mxu_tiles_out)
+                counted(Opcode::VTrans,
+                        {imm(int64_t(m_a.tt + m * m_m.cpanel)), result, imm(T), imm(n)});
             if (m_k.store_bf16) {
                 isa::Arg values = imm(int64_t(n) * T);
                 if (!lhs) {
@@ -647,6 +666,10 @@ private:
             if (lhs && tiles_out) {
                 lhs_tiles(op, true, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n,
                           m_stores);
+                continue;
+            }
+            if (mxu_tiles_out) {
+                mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n);
                 continue;
             }
             if (lhs && !ttiles_out)
@@ -691,6 +714,27 @@ private:
         E(Opcode::Add, {v, v, imm(512)});
         E(Opcode::Bltu, {v, end, loop});
         return 0;
+    }
+
+    /// C^T in the MXU's tiles: the n x T transposed result tile at `vm` (n rows of C^T, the
+    /// pending rows of C as its columns) stored one tile (128 columns) at a time: n rows of
+    /// 512 bytes each; a short last block's last piece writes the tile's padding too (don't-care).
+    void mxu_tiles(Opcode op, const isa::Reg& hbm, uint64_t off, uint64_t vm, uint32_t n) {
+        const uint32_t T = m_k.block_rows, C = m_k.C;
+        const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+                       end = m_b.reg("tiles.end");
+        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+        E(Opcode::Li, {v, imm(int64_t(vm))});
+        E(Opcode::Mul, {end, m_prows, imm(4)});  // ceil(prows / C) pieces of C values
+        E(Opcode::Add, {end, end, imm(int64_t(vm))});
+        const isa::Label loop = m_b.label("mxu_tiles");
+        m_b.bind(loop);
+        E(op, {h, v, imm(n), imm(int64_t(C) * 4), imm(int64_t(C) * 4), imm(int64_t(T) * 4),
+               m_stores.flag});
+        E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
+        E(Opcode::Add, {h, h, imm(int64_t(C) * C * 4)});
+        E(Opcode::Add, {v, v, imm(int64_t(C) * 4)});
+        E(Opcode::Bltu, {v, end, loop});
     }
 
     uint64_t full_tile(uint32_t f, uint32_t m) const {
@@ -761,7 +805,7 @@ private:
                 for (uint32_t m = 0; m < nm; ++m) {
                     const uint32_t n = nn(last, m);
                     uint64_t x = wstage(slot, m);
-                    if (m_p.w == DotLayout::Transposed) {
+                    if (m_p.w == DotLayout::Transposed || m_p.w == DotLayout::TransposedTiles) {
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                         vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
                         x = tt;
@@ -815,7 +859,10 @@ private:
         // tiles, 128 columns one tile).
         uint64_t per_row = lhs ? e : panels_out ? uint64_t(m_k.C) * e : cn * e;
         uint64_t per_col = lhs ? cn * e : panels_out ? uint64_t(m_k.M) * e : e;
-        if (m_k.c == DotLayout::TransposedVpuTiles) {  // the problem's C in tiles
+        if (m_k.c == DotLayout::TransposedTiles) {  // C^T in R x C tiles, rows of C^T = N
+            per_row = uint64_t(m_k.C) * 4;                          // row / C tiles
+            per_col = uint64_t(ceil_div(m_k.M, m_k.C)) * m_k.C * 4;  // n0 / C rows of MT tiles
+        } else if (m_k.c == DotLayout::TransposedVpuTiles) {  // the problem's C in tiles
             per_row = uint64_t(m_NT) * kBandBytes / 8;
             per_col = kBandBytes / 128;
         } else if (m_k.c == DotLayout::VpuTiles && lhs) {
@@ -876,10 +923,19 @@ std::string layout_unsupported(const DotKey& k) {
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > 2)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
-    if (k.a == DotLayout::Tiles) return "A cannot lie in tiles (a stationary W's layout)";
+    if (k.a == DotLayout::Tiles || k.a == DotLayout::TransposedTiles)
+        return "A cannot lie in tiles (a stationary W's layout)";
+    if ((k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles) &&
+        (k.R != k.C || k.stationary != Stationary::Rhs))
+        return fmt::format(
+            "W or C transposed in MXU tiles needs a square MXU and the RHS stationary (R = {}, "
+            "C = {})",
+            k.R, k.C);
+    if (k.c == DotLayout::TransposedTiles && (k.store_bf16 || k.full_sides))
+        return "C transposed in MXU tiles needs an fp32 store and no Full sides";
     const bool lhs = k.stationary == Stationary::Lhs;
     if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles &&
-        !(lhs && k.c == DotLayout::TransposedVpuTiles))
+        k.c != DotLayout::TransposedTiles && !(lhs && k.c == DotLayout::TransposedVpuTiles))
         return fmt::format(
             "C is written row-major, in the GEMM's panels or in 8 x 128 tiles (transposed "
             "with the LHS stationary), not {}",
@@ -963,6 +1019,10 @@ std::string layout_unsupported(const DotKey& k) {
 /// dot_unsupported's reasons about the block rows.
 std::string blocks_unsupported(const DotKey& k) {
     if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
+    // C^T in MXU tiles: every block starts a tile.
+    if (k.c == DotLayout::TransposedTiles && k.block_rows % k.C)
+        return fmt::format("C transposed in MXU tiles needs blocks of a multiple of {} rows, not {}",
+                           k.C, k.block_rows);
     // A streamed operand stored transposed in tiles is read one tile column per block.
     if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows != 128)
         return fmt::format(
@@ -1019,10 +1079,15 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     double best_est = 0;
     // Even cuts of the rows, longest first; below R rows a block only adds steps bound by the
     // weight load (as plan_gemm).
+    // Blocks of whole tiles where C's tiles or a streamed operand's need them
+    // (blocks_unsupported): one tile column of a streamed operand in transposed tiles.
     const bool column_blocks = problem(k).a == DotLayout::TransposedVpuTiles;
+    const uint32_t unit = k.c == DotLayout::TransposedTiles ? k.C
+                          : k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles ? 128
+                                                                                          : 8;
     for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
-        k.block_rows = ceil_div(ceil_div(rows, nb), 8) * 8;
-        if (column_blocks) {  // one tile column per block (blocks_unsupported)
+        k.block_rows = ceil_div(ceil_div(rows, nb), unit) * unit;
+        if (column_blocks) {
             if (nb > 1) break;
             k.block_rows = 128;
         }

@@ -44,8 +44,14 @@ enum class DotLayout : uint8_t {
     /// under which the kernel's problem C^T = W^T A^T reads W^T and A^T in VpuTiles. A in
     /// it needs M, W in it N a multiple of 128; K a multiple of 128.
     TransposedVpuTiles,
+    /// fp32 stored transposed in the MXU's R x C tiles (R = C), zero-padded: W as N x K
+    /// (tile (n, k) at (n KT + k) R C 4 bytes), a stationary weight of `[out, in]` read by
+    /// dX = dY W; C as N x M (tile (n, m) at (n MT + m) R C 4, MT = ceil(M / C)), a weight
+    /// gradient written in its parameter's layout. The RHS stationary only.
+    TransposedTiles,
 };
-/// "row-major", "transposed", "tiles", "gemm", "vpu-tiles", "transposed-vpu-tiles".
+/// "row-major", "transposed", "tiles", "gemm", "vpu-tiles", "transposed-vpu-tiles",
+/// "transposed-tiles".
 std::string_view dot_layout_name(DotLayout l);
 
 /// The fused dot kernel's key: every input its code depends on besides the epilogue's body.

@@ -86,6 +86,16 @@ std::vector<uint8_t> lay_out(const std::vector<float>& x, uint32_t rows, uint32_
             put32(v);
             break;
         }
+        case DotLayout::TransposedTiles: {  // the transpose (cols x rows) in R x C tiles
+            const uint32_t RT = ceil_div(cols, R), CT = ceil_div(rows, C);
+            std::vector<float> v(size_t(RT) * CT * R * C, 0.0f);
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t c = 0; c < cols; ++c)
+                    v[(size_t(c / R) * CT + r / C) * R * C + (c % R) * C + r % C] =
+                        x[size_t(r) * cols + c];
+            put32(v);
+            break;
+        }
         case DotLayout::TransposedVpuTiles: {  // the transpose (cols x rows) in 8 x 128 tiles
             std::vector<float> v(size_t(ceil_div(cols, 8)) * ceil_div(rows, 128) * 1024, 0.0f);
             for (uint32_t r = 0; r < rows; ++r)
@@ -170,6 +180,9 @@ std::vector<float> read_c(const std::vector<uint8_t>& bytes, const Case& t, cons
             const size_t at = t.c == DotLayout::Gemm ? (size_t(c / k.C) * t.M + r) * k.C + c % k.C
                               : t.c == DotLayout::VpuTiles ? tiled_at(r, c, t.N)
                               : t.c == DotLayout::TransposedVpuTiles ? tiled_at(c, r, t.M)
+                              : t.c == DotLayout::TransposedTiles
+                                  ? (size_t(c / k.C) * ceil_div(t.M, k.C) + r / k.C) * k.C * k.C +
+                                        (c % k.C) * k.C + r % k.C
                                                                      : size_t(r) * t.N + c;
             if (e == 4) {
                 std::memcpy(&y[size_t(r) * t.N + c], bytes.data() + at * 4, 4);
@@ -239,8 +252,11 @@ void run_case(Device& device, const Case& t, uint32_t seed) {
         return out;
     }();
     const Buffer br = put(res_bytes);
-    const size_t c_bytes = (t.c == DotLayout::Gemm ? size_t(ceil_div(t.N, k.C)) * k.C : t.N) * t.M *
-                           (t.f.store_bf16 ? 2 : 4);
+    const size_t c_bytes =
+        t.c == DotLayout::TransposedTiles
+            ? size_t(ceil_div(t.N, k.C)) * ceil_div(t.M, k.C) * k.C * k.C * 4
+            : (t.c == DotLayout::Gemm ? size_t(ceil_div(t.N, k.C)) * k.C : t.N) * t.M *
+                  (t.f.store_bf16 ? 2 : 4);
     const Buffer bc = dev->alloc(c_bytes, 0);
 
     isa::Builder b("dot_test");
@@ -472,6 +488,51 @@ TEST(DotKernel, TheLhsStationaryReadsAndWritesEightByOneTwentyEightTiles) {
     auto dev = open_checked();
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
     for (const Case& t : streamed_transposed) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, TheBackwardReadsAndWritesWeightsInTheirTransposedMxuTiles) {
+    // A [out, in] weight lies as W^T in 128 x 128 tiles ({0,1:T(128,128)}): dX = dY W reads it
+    // tile by tile, transposed in VMEM; dW = dY^T X writes C^T in the same tiles, the result
+    // tile transposed after its epilogue (blocks of whole tiles; M = 200 and N = 200 pad the
+    // last tiles, whose padding is don't-care).
+    const std::vector<Case> cases = {
+        {.M = 64,
+         .K = 300,
+         .N = 200,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::TransposedTiles,
+         .c = DotLayout::RowMajor,
+         .f = kBiasRelu},
+        {.M = 48,
+         .K = 256,
+         .N = 384,
+         .precision = Precision::Bf16,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::TransposedTiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll},
+        {.M = 200,
+         .K = 128,
+         .N = 384,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::TransposedTiles,
+         .f = kBiasRelu},
+        {.M = 384,
+         .K = 64,
+         .N = 256,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::Transposed,
+         .w = DotLayout::RowMajor,
+         .c = DotLayout::TransposedTiles,
+         .f = kNone,
+         .block_rows = 256},
+    };
+    uint32_t seed = 631;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
 }
 
 TEST(DotKernel, GemmLayoutsAreBitExact) {
