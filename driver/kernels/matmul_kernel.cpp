@@ -411,7 +411,8 @@ private:
                 E(Opcode::Mul, {m_t14, m_row, imm(kBandBytes / 128)});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * R / 8 * MT * kBandBytes),
-                       imm(k / 8), imm(kBandBytes), imm(kBandBytes), imm(int64_t(MT * kBandBytes)),
+                       imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
+                       imm(int64_t(MT * kBandBytes)),
                        t.flag});
                 ++count;
             } else if (m_p.a == DotLayout::VpuTiles) {
@@ -420,11 +421,33 @@ private:
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(uint64_t(m_KT) * R * 4))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
-                E(Opcode::Shr, {m_t15, m_rows, imm(3)});
-                E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
-                       imm(kBandBytes), imm(kBandBytes), imm(int64_t(uint64_t(m_KT) * kBandBytes)),
-                       t.flag});
-                ++count;
+                if (k < R) {
+                    // K padded: the last step's k lanes of each band's tile, one DMA per band,
+                    // compacted to rows of k values (a short last band brings padding rows).
+                    const isa::Label band = m_b.label("a_band");
+                    E(Opcode::Add, {m_t14, m_t14, imm(int64_t(uint64_t(j) * kBandBytes))});
+                    E(Opcode::Li, {m_t15, imm(int64_t(at))});
+                    E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
+                    E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at))});
+                    m_b.bind(band);
+                    E(op, {m_t15, m_t14, imm(8), imm(k * 4), imm(k * 4), imm(512), t.flag});
+                    E(Opcode::Add, {t.count, t.count, imm(1)});
+                    E(Opcode::Add, {m_t14, m_t14, imm(int64_t(uint64_t(m_KT) * kBandBytes))});
+                    E(Opcode::Add, {m_t15, m_t15, imm(8 * k * 4)});
+                    E(Opcode::Bltu, {m_t15, m_tmp, band});
+                } else {
+                    // Rows not a multiple of 8: the last band's padding rows come along.
+                    if (m_p.M % 8) {
+                        E(Opcode::Add, {m_t15, m_rows, imm(7)});
+                        E(Opcode::Shr, {m_t15, m_t15, imm(3)});
+                    } else {
+                        E(Opcode::Shr, {m_t15, m_rows, imm(3)});
+                    }
+                    E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
+                           imm(kBandBytes), imm(kBandBytes),
+                           imm(int64_t(uint64_t(m_KT) * kBandBytes)), t.flag});
+                    ++count;
+                }
             } else if (m_p.a == DotLayout::RowMajor) {
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(K * 4))});
@@ -480,13 +503,24 @@ private:
                         }
                         break;
                     case DotLayout::VpuTiles:
-                        // Tile (j, n0 / C + m): R / 8 bands of 4 KiB, a band row of NT tiles
-                        // apart, landing as the R x C row-major tile.
-                        E(op, {imm(int64_t(wstage(slot, m))),
-                               m_wb + int64_t((uint64_t(j) * R / 8 * NT + m) * kBandBytes),
-                               imm(R / 8), imm(kBandBytes), imm(kBandBytes),
-                               imm(int64_t(NT * kBandBytes)), t.flag});
-                        ++count;
+                        // Tile (j, n0 / C + m): ceil(k / 8) bands of 4 KiB, a band row of NT
+                        // tiles apart, landing as the k x C row-major tile; a narrow last
+                        // panel (N padded) one DMA per band, compacted to rows of n values.
+                        if (n == C) {
+                            E(op, {imm(int64_t(wstage(slot, m))),
+                                   m_wb + int64_t((uint64_t(j) * R / 8 * NT + m) * kBandBytes),
+                                   imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
+                                   imm(int64_t(NT * kBandBytes)), t.flag});
+                            ++count;
+                            break;
+                        }
+                        for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
+                            E(op, {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4)),
+                                   m_wb + int64_t(((uint64_t(j) * R / 8 + band) * NT + m) *
+                                                  kBandBytes),
+                                   imm(8), imm(n * 4), imm(n * 4), imm(512), t.flag});
+                            ++count;
+                        }
                         break;
                     case DotLayout::TransposedVpuTiles:  // not a problem's layout
                         break;
@@ -536,10 +570,12 @@ private:
         const bool mxu_tiles_out = m_k.c == DotLayout::TransposedTiles;
         const uint64_t MT = ceil_div(m_k.M, C), tile_bytes = uint64_t(C) * C * 4;
         // HBM byte offset of panel m from the pending address, in values.
-        // With the LHS stationary a panel is 128 rows of C, in either layout C * N values.
+        // With the LHS stationary a panel is 128 rows of C: C N values, in tiles C rows of
+        // ceil(N / 128) tiles.
         auto panel_off = [&](uint32_t m) -> uint64_t {
             if (mxu_tiles_out) return uint64_t(m) * MT * tile_bytes / 4;
             if (ttiles_out) return uint64_t(m) * kBandBytes / 4;
+            if (lhs && tiles_out) return uint64_t(m) * C * ceil_div(m_k.N, 128) * 128;
             if (lhs) return uint64_t(m) * C * cn;
             if (tiles_out) return uint64_t(m) * kBandBytes / 4;
             return panels_out ? uint64_t(m) * m_k.M * C : m * C;
@@ -549,7 +585,12 @@ private:
         const int64_t band_stride = int64_t(m_NT) * kBandBytes;
         if ((tiles_out && !lhs) || ttiles_out) {
             bands = m_b.reg("bands");
-            E(Opcode::Shr, {bands, m_prows, imm(3)});
+            if (m_p.M % 8) {  // the last band's padding rows too
+                E(Opcode::Add, {bands, m_prows, imm(7)});
+                E(Opcode::Shr, {bands, bands, imm(3)});
+            } else {
+                E(Opcode::Shr, {bands, m_prows, imm(3)});
+            }
         }
         int vpu_ops = 0;
         // (1) Full sides: each panel's tile of each, the same elements as the result's.
@@ -579,13 +620,16 @@ private:
                     else if (lhs)
                         E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
                                m_sides.flag});
+                    else if (tiles_out && n < C)
+                        issued += narrow_bands(op, false, at, panel_off(m) * 4, nullptr,
+                                               full_tile(f, m), n, m_sides);
                     else if (tiles_out)
                         E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
                                m_sides.flag});
                     else
                         E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
                                imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
-                    if (!(lhs && tiles_out)) ++issued;
+                    if (!(lhs && tiles_out) && !(tiles_out && n < C)) ++issued;
                 }
                 ++f;
             }
@@ -672,6 +716,11 @@ private:
                 mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n);
                 continue;
             }
+            if (tiles_out && n < C) {
+                narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar,
+                             m_a.c + m * m_m.cpanel, n, m_stores);
+                continue;
+            }
             if (lhs && !ttiles_out)
                 E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
                        m_stores.flag});
@@ -693,7 +742,7 @@ private:
     uint32_t lhs_tiles(Opcode op, bool store, const isa::Reg& hbm, uint64_t off, uint64_t vm,
                        uint32_t n, const Tally& t) {
         const uint32_t T = m_k.block_rows;
-        const int64_t band = int64_t(m_k.N / 128) * kBandBytes;  // one band of C's tiles
+        const int64_t band = int64_t(ceil_div(m_k.N, 128)) * kBandBytes;  // a band of C's tiles
         const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
                        end = m_b.reg("tiles.end");
         E(Opcode::Add, {h, hbm, imm(int64_t(off))});
@@ -702,14 +751,14 @@ private:
         E(Opcode::Add, {end, end, imm(int64_t(vm))});
         const isa::Label loop = m_b.label("tiles");
         m_b.bind(loop);
-        for (uint32_t b = 0; b < n / 8; ++b) {
+        for (uint32_t b = 0; b < ceil_div(n, 8); ++b) {
             const isa::Arg ha = h + int64_t(b) * band, va = v + int64_t(b) * 8 * T * 4;
             if (store)
                 E(op, {ha, va, imm(8), imm(512), imm(512), imm(int64_t(T) * 4), t.flag});
             else
                 E(op, {va, ha, imm(8), imm(512), imm(int64_t(T) * 4), imm(512), t.flag});
         }
-        E(Opcode::Add, {t.count, t.count, imm(n / 8)});
+        E(Opcode::Add, {t.count, t.count, imm(ceil_div(n, 8))});
         E(Opcode::Add, {h, h, imm(kBandBytes)});
         E(Opcode::Add, {v, v, imm(512)});
         E(Opcode::Bltu, {v, end, loop});
@@ -735,6 +784,34 @@ private:
         E(Opcode::Add, {h, h, imm(int64_t(C) * C * 4)});
         E(Opcode::Add, {v, v, imm(int64_t(C) * 4)});
         E(Opcode::Bltu, {v, end, loop});
+    }
+
+    /// C in 8 x 128 tiles, a narrow last panel (N padded): the pending rows of an n-column
+    /// panel (compact rows of n values in VMEM at `vbase` + `voff`) to (`store`) or from the
+    /// panel's tiles at `hbm` + `off`, one 8-row DMA of n values a row per band (a short last
+    /// band moves padding rows too). Counts on `t` itself; returns 0.
+    uint32_t narrow_bands(Opcode op, bool store, const isa::Reg& hbm, uint64_t off,
+                          const isa::Reg* vbase, uint64_t voff, uint32_t n, const Tally& t) {
+        const isa::Reg h = m_b.reg("bands.hbm"), v = m_b.reg("bands.vmem"),
+                       end = m_b.reg("bands.end");
+        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+        if (vbase)
+            E(Opcode::Add, {v, *vbase, imm(int64_t(voff))});
+        else
+            E(Opcode::Li, {v, imm(int64_t(voff))});
+        E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
+        E(Opcode::Add, {end, end, v});
+        const isa::Label loop = m_b.label("narrow");
+        m_b.bind(loop);
+        if (store)
+            E(op, {h, v, imm(8), imm(int64_t(n) * 4), imm(512), imm(int64_t(n) * 4), t.flag});
+        else
+            E(op, {v, h, imm(8), imm(int64_t(n) * 4), imm(int64_t(n) * 4), imm(512), t.flag});
+        E(Opcode::Add, {t.count, t.count, imm(1)});
+        E(Opcode::Add, {h, h, imm(int64_t(m_NT) * kBandBytes)});
+        E(Opcode::Add, {v, v, imm(int64_t(n) * 8 * 4)});
+        E(Opcode::Bltu, {v, end, loop});
+        return 0;
     }
 
     uint64_t full_tile(uint32_t f, uint32_t m) const {
@@ -867,8 +944,9 @@ private:
             per_col = kBandBytes / 128;
         } else if (m_k.c == DotLayout::VpuTiles && lhs) {
             // A streamed row is a column of C (blocks of whole tiles), a column of the problem
-            // a row of C: a band of N / 128 tiles per 8 rows, as many bytes as row-major.
+            // a row of C: a band of ceil(N / 128) tiles per 8 rows.
             per_row = kBandBytes / 128;
+            per_col = uint64_t(ceil_div(m_k.N, 128)) * kBandBytes / 8;
         } else if (m_k.c == DotLayout::VpuTiles) {
             per_row = uint64_t(m_NT) * kBandBytes / 8;
             per_col = kBandBytes / 128;
@@ -943,40 +1021,20 @@ std::string layout_unsupported(const DotKey& k) {
     // The problem the kernel runs reads its streamed and its held operand in row-major tiles:
     // with the RHS stationary A and W as they are, with the LHS stationary W^T and A^T.
     // The streamed operand may be stored transposed too (read a tile column at a time and
-    // transposed in VMEM); the held one only as it is.
+    // transposed in VMEM); the held one only as it is. Tiles pad their dims (XLA's tiled
+    // layout): the kernel reads the padding of a last tile only where it lands outside the
+    // values it uses, and may write garbage into C's padding (its meaning is unspecified).
     if (!lhs && k.w == DotLayout::TransposedVpuTiles)
         return "W in transposed 8 x 128 tiles needs the LHS stationary";
     if (lhs && k.a == DotLayout::VpuTiles) return "A in 8 x 128 tiles needs the RHS stationary";
-    if (!lhs && k.a == DotLayout::TransposedVpuTiles && (k.R != 128 || k.K % 128))
-        return fmt::format(
-            "A in transposed 8 x 128 tiles needs a 128-row MXU and K a multiple of 128 (R = {}, "
-            "K = {})",
-            k.R, k.K);
-    if (lhs && k.w == DotLayout::VpuTiles && (k.R != 128 || k.K % 128))
-        return fmt::format(
-            "W in 8 x 128 tiles with the LHS stationary needs a 128-row MXU and K a multiple of "
-            "128 (R = {}, K = {})",
-            k.R, k.K);
-    if (!lhs &&
-        (k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles)) {
-        if ((k.a == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) && k.M % 8)
-            return fmt::format("8 x 128 tiles need M a multiple of 8, not {}", k.M);
-        if (k.a == DotLayout::VpuTiles && (k.R != 128 || k.K % 128))
-            return fmt::format(
-                "A in 8 x 128 tiles needs a 128-row MXU and K a multiple of 128 "
-                "(R = {}, K = {})",
-                k.R, k.K);
-        if (k.w == DotLayout::VpuTiles && (k.R != 128 || k.C != 128 || k.K % 128 || k.N % 128))
-            return fmt::format(
-                "W in 8 x 128 tiles needs a 128 x 128 MXU and K and N multiples "
-                "of 128 (K = {}, N = {})",
-                k.K, k.N);
-        if (k.c == DotLayout::VpuTiles && (k.C != 128 || k.N % 128 || k.store_bf16))
-            return fmt::format(
-                "C in 8 x 128 tiles needs a 128-column MXU, N a multiple of 128 "
-                "and an fp32 store (C = {}, N = {})",
-                k.C, k.N);
-    }
+    const bool vpu_tiles = k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles ||
+                           k.c == DotLayout::VpuTiles || k.a == DotLayout::TransposedVpuTiles ||
+                           k.w == DotLayout::TransposedVpuTiles ||
+                           k.c == DotLayout::TransposedVpuTiles;
+    if (vpu_tiles && (k.R != 128 || k.C != 128))
+        return fmt::format("8 x 128 tiles need a 128 x 128 MXU (R = {}, C = {})", k.R, k.C);
+    if ((k.c == DotLayout::VpuTiles || k.c == DotLayout::TransposedVpuTiles) && k.store_bf16)
+        return "C in 8 x 128 tiles needs an fp32 store";
     if (k.w == DotLayout::Gemm && k.R % 2)
         return fmt::format("the GEMM's W tiles need an even MXU height (R = {})", k.R);
     if (lhs) {
@@ -990,28 +1048,11 @@ std::string layout_unsupported(const DotKey& k) {
                 "transposed or in 8 x 128 tiles) and writes C row-major or in 8 x 128 "
                 "tiles; A is {}, W {}, C {}",
                 dot_layout_name(k.a), dot_layout_name(k.w), dot_layout_name(k.c));
-        if (k.w == DotLayout::TransposedVpuTiles && (k.R != 128 || k.K % 128 || k.N % 8))
+        if (k.c == DotLayout::TransposedVpuTiles && (k.M % 128 || k.full_sides))
             return fmt::format(
-                "W in transposed 8 x 128 tiles needs a 128-row MXU, K a multiple of 128 and N "
-                "of 8 (R = {}, K = {}, N = {})",
-                k.R, k.K, k.N);
-        if (k.a == DotLayout::TransposedVpuTiles &&
-            (k.R != 128 || k.C != 128 || k.K % 128 || k.M % 128))
-            return fmt::format(
-                "A in transposed 8 x 128 tiles needs a 128 x 128 MXU and K and M multiples of "
-                "128 (K = {}, M = {})",
-                k.K, k.M);
-        if (k.c == DotLayout::TransposedVpuTiles &&
-            (k.C != 128 || k.M % 128 || k.N % 8 || k.store_bf16 || k.full_sides))
-            return fmt::format(
-                "C in transposed 8 x 128 tiles needs a 128-column MXU, M a multiple of 128, N "
-                "of 8, an fp32 store and no Full sides (C = {}, M = {}, N = {}, {} Full sides)",
-                k.C, k.M, k.N, k.full_sides);
-        if (k.c == DotLayout::VpuTiles && (k.C != 128 || k.N % 128 || k.M % 8 || k.store_bf16))
-            return fmt::format(
-                "C in 8 x 128 tiles with the LHS stationary needs a 128-column MXU, N a multiple "
-                "of 128, M of 8 and an fp32 store (C = {}, M = {}, N = {})",
-                k.C, k.M, k.N);
+                "C in transposed 8 x 128 tiles needs M a multiple of 128 and no Full sides "
+                "(M = {}, {} Full sides)",
+                k.M, k.full_sides);
     }
     return "";
 }

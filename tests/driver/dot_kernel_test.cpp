@@ -255,6 +255,9 @@ void run_case(Device& device, const Case& t, uint32_t seed) {
     const size_t c_bytes =
         t.c == DotLayout::TransposedTiles
             ? size_t(ceil_div(t.N, k.C)) * ceil_div(t.M, k.C) * k.C * k.C * 4
+        : t.c == DotLayout::VpuTiles ? size_t(ceil_div(t.M, 8)) * ceil_div(t.N, 128) * 4096
+        : t.c == DotLayout::TransposedVpuTiles
+            ? size_t(ceil_div(t.N, 8)) * ceil_div(t.M, 128) * 4096
             : (t.c == DotLayout::Gemm ? size_t(ceil_div(t.N, k.C)) * k.C : t.N) * t.M *
                   (t.f.store_bf16 ? 2 : 4);
     const Buffer bc = dev->alloc(c_bytes, 0);
@@ -535,6 +538,60 @@ TEST(DotKernel, TheBackwardReadsAndWritesWeightsInTheirTransposedMxuTiles) {
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
 }
 
+TEST(DotKernel, PaddedEightByOneTwentyEightTilesAreBitExact) {
+    // Dims that are not whole tiles (XLA's tiles pad them; the padding's values are
+    // unspecified): rows not a multiple of 8, K and N not multiples of 128, on either side
+    // stationary; a narrow last panel of W and C moved band by band.
+    const std::vector<Case> cases = {
+        {.M = 20,
+         .K = 200,
+         .N = 200,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll,
+         .block_rows = 16},
+        {.M = 30,
+         .K = 300,
+         .N = 10,
+         .precision = Precision::Bf16,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::VpuTiles,
+         .f = kBiasRelu},
+        {.M = 200,
+         .K = 200,
+         .N = 10,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::VpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll},
+        {.M = 128,
+         .K = 100,
+         .N = 20,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::TransposedVpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu},
+        {.M = 10,
+         .K = 128,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::TransposedTiles,
+         .f = kNone},
+    };
+    uint32_t seed = 731;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
 TEST(DotKernel, GemmLayoutsAreBitExact) {
     // The library GEMM's tile-major bf16 operands and C panels (fp32 or bf16).
     const std::vector<Case> cases = {
@@ -641,12 +698,12 @@ TEST(DotKernel, UnsupportedKeysAreNamed) {
     EXPECT_NE(dot_unsupported(k).find("LHS stationary"), std::string::npos) << dot_unsupported(k);
     k = DotKey{.M = 10, .K = 10, .N = 10, .a = DotLayout::Tiles, .block_rows = 8};
     EXPECT_NE(dot_unsupported(k).find("tiles"), std::string::npos) << dot_unsupported(k);
-    // 8 x 128 tiles hold whole bands and panels only.
-    k = DotKey{.M = 12, .K = 128, .N = 128, .a = DotLayout::VpuTiles, .block_rows = 8};
-    EXPECT_NE(dot_unsupported(k).find("M a multiple of 8"), std::string::npos)
-        << dot_unsupported(k);
-    k = DotKey{.M = 16, .K = 130, .N = 128, .a = DotLayout::VpuTiles, .block_rows = 8};
-    EXPECT_NE(dot_unsupported(k).find("K a multiple of 128"), std::string::npos)
+    // 8 x 128 tiles pad their dims (DotKernel.PaddedEightByOneTwentyEightTilesAreBitExact) but
+    // need the MXU their tiles are cut for; a held operand is read as it lies.
+    k = DotKey{.M = 12, .K = 128, .N = 128, .a = DotLayout::VpuTiles, .R = 64, .block_rows = 8};
+    EXPECT_NE(dot_unsupported(k).find("128 x 128 MXU"), std::string::npos) << dot_unsupported(k);
+    k = DotKey{.M = 16, .K = 130, .N = 128, .w = DotLayout::TransposedVpuTiles, .block_rows = 8};
+    EXPECT_NE(dot_unsupported(k).find("needs the LHS stationary"), std::string::npos)
         << dot_unsupported(k);
     k = DotKey{
         .M = 16, .K = 128, .N = 128, .c = DotLayout::VpuTiles, .block_rows = 8, .store_bf16 = true};
