@@ -148,7 +148,8 @@ Map vmem_map(const DotKey& k) {
     }
     if (staged(p.w)) {
         take(&Map::wstage, "w_stage", 2 * k.mxus * w32);
-        if (p.w == DotLayout::Transposed || p.w == DotLayout::TransposedTiles)
+        if (p.w == DotLayout::Transposed || p.w == DotLayout::TransposedTiles ||
+            p.w == DotLayout::TransposedVpuTiles)
             take(&Map::wtt, "w_trans", k.mxus * w32);
         if (P > 1) take(&Map::wf, "w_f", w32);
         if (P > 1) take(&Map::wr1, "w_r1", w32);
@@ -369,7 +370,8 @@ private:
             case DotLayout::VpuTiles:
                 per_col = kBandBytes / 128;  // n0 / 128 tiles of 4 KiB
                 break;
-            case DotLayout::TransposedVpuTiles:  // not a problem's layout (dot_unsupported)
+            case DotLayout::TransposedVpuTiles:
+                per_col = uint64_t(m_KT) * kBandBytes / 8;  // n0 / 8 bands of KT tiles
                 break;
             case DotLayout::TransposedTiles:
                 per_col = uint64_t(m_KT) * m_k.C * 4;  // n0 / C rows of KT tiles
@@ -522,7 +524,14 @@ private:
                             ++count;
                         }
                         break;
-                    case DotLayout::TransposedVpuTiles:  // not a problem's layout
+                    case DotLayout::TransposedVpuTiles:
+                        // W^T (N x K) in tiles: tile column j of the panel's ceil(n / 8) bands,
+                        // KT tiles apart, lands as n x 128 and is transposed in VMEM.
+                        E(op, {imm(int64_t(wstage(slot, m))),
+                               m_wb + int64_t((uint64_t(m) * C / 8 * m_KT + j) * kBandBytes),
+                               imm(ceil_div(n, 8)), imm(kBandBytes), imm(kBandBytes),
+                               imm(int64_t(uint64_t(m_KT) * kBandBytes)), t.flag});
+                        ++count;
                         break;
                     case DotLayout::TransposedTiles:
                         // Tile (n0 / C + m, j) of W^T: n rows of k values, transposed in VMEM.
@@ -573,7 +582,7 @@ private:
         // With the LHS stationary a panel is 128 rows of C: C N values, in tiles C rows of
         // ceil(N / 128) tiles.
         auto panel_off = [&](uint32_t m) -> uint64_t {
-            if (mxu_tiles_out) return uint64_t(m) * MT * tile_bytes / 4;
+            if (mxu_tiles_out) return uint64_t(m) * (lhs ? 1 : MT) * tile_bytes / 4;
             if (ttiles_out) return uint64_t(m) * kBandBytes / 4;
             if (lhs && tiles_out) return uint64_t(m) * C * ceil_div(m_k.N, 128) * 128;
             if (lhs) return uint64_t(m) * C * cn;
@@ -680,9 +689,11 @@ private:
                 m_ep.body(et);
             }
             if (ttiles_out) counted(Opcode::VTrans, {result, tile, imm(n), imm(T)});
-            if (mxu_tiles_out)
+            if (mxu_tiles_out && !lhs)
                 counted(Opcode::VTrans,
                         {imm(int64_t(m_a.tt + m * m_m.cpanel)), result, imm(T), imm(n)});
+            if (mxu_tiles_out && lhs)  // back to C^T's orientation, the problem's
+                counted(Opcode::VTrans, {result, tile, imm(n), imm(T)});
             if (m_k.store_bf16) {
                 isa::Arg values = imm(int64_t(n) * T);
                 if (!lhs) {
@@ -696,7 +707,7 @@ private:
         if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
         // (3) The stores.
         isa::Reg row_bytes;
-        if (lhs && !tiles_out && !ttiles_out) {
+        if (lhs && !tiles_out && !ttiles_out && !mxu_tiles_out) {
             row_bytes = m_b.reg("row_bytes");
             E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
         }
@@ -710,6 +721,10 @@ private:
             if (lhs && tiles_out) {
                 lhs_tiles(op, true, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n,
                           m_stores);
+                continue;
+            }
+            if (mxu_tiles_out && lhs) {
+                lhs_mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.c + m * m_m.cpanel, n);
                 continue;
             }
             if (mxu_tiles_out) {
@@ -814,6 +829,28 @@ private:
         return 0;
     }
 
+    /// C^T in the MXU's tiles with the LHS stationary: the problem's T x n result tile (rows of
+    /// C^T, at c_parity + `voff`) stored one tile (128 rows) at a time; a short last block's
+    /// last piece writes padding rows (don't-care).
+    void lhs_mxu_tiles(Opcode op, const isa::Reg& hbm, uint64_t off, uint64_t voff, uint32_t n) {
+        const uint32_t C = m_k.C;
+        const uint64_t MT = ceil_div(m_k.M, C);
+        const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+                       end = m_b.reg("tiles.end");
+        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+        E(Opcode::Add, {v, m_ppar, imm(int64_t(voff))});
+        E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
+        E(Opcode::Add, {end, end, v});
+        const isa::Label loop = m_b.label("lhs_mxu_tiles");
+        m_b.bind(loop);
+        E(op, {h, v, imm(C), imm(int64_t(n) * 4), imm(int64_t(C) * 4), imm(int64_t(n) * 4),
+               m_stores.flag});
+        E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
+        E(Opcode::Add, {h, h, imm(int64_t(MT * C * C * 4))});
+        E(Opcode::Add, {v, v, imm(int64_t(C) * n * 4)});
+        E(Opcode::Bltu, {v, end, loop});
+    }
+
     uint64_t full_tile(uint32_t f, uint32_t m) const {
         return m_a.full + (uint64_t(f) * m_k.mxus + m) * m_m.cpanel;
     }
@@ -886,6 +923,12 @@ private:
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                         vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
                         x = tt;
+                    } else if (m_p.w == DotLayout::TransposedVpuTiles) {
+                        // n x 128: the first k rows of the transpose are the tile's.
+                        const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
+                        vpu(Opcode::VTrans,
+                            {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(int64_t(R))});
+                        x = tt;
                     }
                     convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
                             imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
@@ -936,7 +979,10 @@ private:
         // tiles, 128 columns one tile).
         uint64_t per_row = lhs ? e : panels_out ? uint64_t(m_k.C) * e : cn * e;
         uint64_t per_col = lhs ? cn * e : panels_out ? uint64_t(m_k.M) * e : e;
-        if (m_k.c == DotLayout::TransposedTiles) {  // C^T in R x C tiles, rows of C^T = N
+        if (m_k.c == DotLayout::TransposedTiles && lhs) {  // streamed rows: C^T's rows
+            per_row = uint64_t(ceil_div(m_k.M, m_k.C)) * m_k.C * 4;  // row / C rows of MT tiles
+            per_col = uint64_t(m_k.C) * 4;                          // m0 / C tiles
+        } else if (m_k.c == DotLayout::TransposedTiles) {  // C^T in R x C tiles, rows = N
             per_row = uint64_t(m_k.C) * 4;                          // row / C tiles
             per_col = uint64_t(ceil_div(m_k.M, m_k.C)) * m_k.C * 4;  // n0 / C rows of MT tiles
         } else if (m_k.c == DotLayout::TransposedVpuTiles) {  // the problem's C in tiles
@@ -1003,12 +1049,11 @@ std::string layout_unsupported(const DotKey& k) {
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
     if (k.a == DotLayout::Tiles || k.a == DotLayout::TransposedTiles)
         return "A cannot lie in tiles (a stationary W's layout)";
-    if ((k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles) &&
-        (k.R != k.C || k.stationary != Stationary::Rhs))
-        return fmt::format(
-            "W or C transposed in MXU tiles needs a square MXU and the RHS stationary (R = {}, "
-            "C = {})",
-            k.R, k.C);
+    if (k.w == DotLayout::TransposedTiles && k.stationary != Stationary::Rhs)
+        return "W transposed in MXU tiles needs the RHS stationary";
+    if ((k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles) && k.R != k.C)
+        return fmt::format("W or C transposed in MXU tiles needs a square MXU (R = {}, C = {})",
+                           k.R, k.C);
     if (k.c == DotLayout::TransposedTiles && (k.store_bf16 || k.full_sides))
         return "C transposed in MXU tiles needs an fp32 store and no Full sides";
     const bool lhs = k.stationary == Stationary::Lhs;
@@ -1024,9 +1069,6 @@ std::string layout_unsupported(const DotKey& k) {
     // transposed in VMEM); the held one only as it is. Tiles pad their dims (XLA's tiled
     // layout): the kernel reads the padding of a last tile only where it lands outside the
     // values it uses, and may write garbage into C's padding (its meaning is unspecified).
-    if (!lhs && k.w == DotLayout::TransposedVpuTiles)
-        return "W in transposed 8 x 128 tiles needs the LHS stationary";
-    if (lhs && k.a == DotLayout::VpuTiles) return "A in 8 x 128 tiles needs the RHS stationary";
     const bool vpu_tiles = k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles ||
                            k.c == DotLayout::VpuTiles || k.a == DotLayout::TransposedVpuTiles ||
                            k.w == DotLayout::TransposedVpuTiles ||
@@ -1042,7 +1084,7 @@ std::string layout_unsupported(const DotKey& k) {
             return l == DotLayout::RowMajor || l == DotLayout::Transposed ||
                    l == DotLayout::TransposedVpuTiles || l == DotLayout::VpuTiles;
         };
-        if (!fp32(k.a) || !fp32(k.w) || k.c == DotLayout::Gemm)
+        if (!fp32(k.a) || !fp32(k.w) || k.c == DotLayout::Gemm || k.w == DotLayout::Tiles)
             return fmt::format(
                 "with the LHS stationary the kernel reads A and W fp32 (row-major, "
                 "transposed or in 8 x 128 tiles) and writes C row-major or in 8 x 128 "

@@ -542,7 +542,7 @@ TEST(DotKernel, PaddedEightByOneTwentyEightTilesAreBitExact) {
     // Dims that are not whole tiles (XLA's tiles pad them; the padding's values are
     // unspecified): rows not a multiple of 8, K and N not multiples of 128, on either side
     // stationary; a narrow last panel of W and C moved band by band.
-    const std::vector<Case> cases = {
+    std::vector<Case> cases = {
         {.M = 20,
          .K = 200,
          .N = 200,
@@ -587,6 +587,35 @@ TEST(DotKernel, PaddedEightByOneTwentyEightTilesAreBitExact) {
          .c = DotLayout::TransposedTiles,
          .f = kNone},
     };
+    // A held operand stored transposed in tiles (the weight gradient's X when the planner
+    // holds it), and C^T in the MXU's tiles with the LHS stationary (a weight gradient
+    // streaming N = 784 inputs' columns).
+    cases.push_back({.M = 10,
+                     .K = 128,
+                     .N = 200,
+                     .precision = Precision::Fp32Pass3,
+                     .a = DotLayout::TransposedVpuTiles,
+                     .w = DotLayout::TransposedVpuTiles,
+                     .c = DotLayout::VpuTiles,
+                     .f = kBiasRelu});
+    cases.push_back({.M = 256,
+                     .K = 128,
+                     .N = 300,
+                     .precision = Precision::Bf16,
+                     .a = DotLayout::TransposedVpuTiles,
+                     .w = DotLayout::VpuTiles,
+                     .c = DotLayout::TransposedTiles,
+                     .stationary = Stationary::Lhs,
+                     .f = kBiasRelu});
+    cases.push_back({.M = 200,
+                     .K = 100,
+                     .N = 260,
+                     .precision = Precision::Fp32Pass6,
+                     .a = DotLayout::RowMajor,
+                     .w = DotLayout::VpuTiles,
+                     .c = DotLayout::TransposedTiles,
+                     .stationary = Stationary::Lhs,
+                     .f = kNone});
     uint32_t seed = 731;
     auto dev = open_checked();
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
@@ -699,11 +728,16 @@ TEST(DotKernel, UnsupportedKeysAreNamed) {
     k = DotKey{.M = 10, .K = 10, .N = 10, .a = DotLayout::Tiles, .block_rows = 8};
     EXPECT_NE(dot_unsupported(k).find("tiles"), std::string::npos) << dot_unsupported(k);
     // 8 x 128 tiles pad their dims (DotKernel.PaddedEightByOneTwentyEightTilesAreBitExact) but
-    // need the MXU their tiles are cut for; a held operand is read as it lies.
+    // need the MXU their tiles are cut for; a weight in MXU tiles is held, never streamed.
     k = DotKey{.M = 12, .K = 128, .N = 128, .a = DotLayout::VpuTiles, .R = 64, .block_rows = 8};
     EXPECT_NE(dot_unsupported(k).find("128 x 128 MXU"), std::string::npos) << dot_unsupported(k);
-    k = DotKey{.M = 16, .K = 130, .N = 128, .w = DotLayout::TransposedVpuTiles, .block_rows = 8};
-    EXPECT_NE(dot_unsupported(k).find("needs the LHS stationary"), std::string::npos)
+    k = DotKey{.M = 16,
+               .K = 130,
+               .N = 128,
+               .w = DotLayout::TransposedTiles,
+               .stationary = Stationary::Lhs,
+               .block_rows = 128};
+    EXPECT_NE(dot_unsupported(k).find("needs the RHS stationary"), std::string::npos)
         << dot_unsupported(k);
     k = DotKey{
         .M = 16, .K = 128, .N = 128, .c = DotLayout::VpuTiles, .block_rows = 8, .store_bf16 = true};
