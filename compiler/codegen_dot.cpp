@@ -66,9 +66,124 @@ const FusionValue* operand_of(const Fusion& f, ValueId v) {
     return nullptr;
 }
 
+/// One dot of a fusion whose operand is a concatenation along its free dim (dot_merger's merged
+/// Q, K, V): the part this dot reads, and the slice of the result it computes with the ops
+/// downstream of it (its epilogue) and the fusion result they write.
+struct Part {
+    int side = 1;                    ///< the concatenated operand: 0 (lhs) or 1 (rhs)
+    ValueId operand = ~ValueId(0);     ///< the part of the concatenation
+    int64_t size = 0;                ///< its free dim
+    ValueId root = ~ValueId(0);        ///< the slice of the dot's result it computes
+    std::set<OpId> ops;              ///< the ops downstream of the slice (the epilogue)
+    const FusionValue* result = nullptr;
+};
+
+DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board,
+                   const Part* part);
+
 }  // namespace
 
-DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) {
+std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
+                                       const hw::BoardConfig& board) {
+    const Op& dot = g.op(f.hero);
+    if (dot.kind != OpKind::Dot)
+        not_generated(f, fmt::format("an output fusion of {}", op_name(dot.kind)));
+    // A concatenated operand (through conversions) along its free dim: each part is a dot of
+    // its own over the slice of the result it makes, so the parts' buffers are read as they
+    // lie (no concatenation is materialised) and each slice's epilogue runs on its tiles.
+    const DotDims& d = dot.attrs.dot;
+    for (int side = 0; side < 2; ++side) {
+        ValueId v = dot.operands[size_t(side)];
+        if (!inside_fusion(f, g, v) || g.producer(v).kind != OpKind::Concatenate) continue;
+        const Op& cat = g.producer(v);
+        const auto& contracting = side == 0 ? d.lhs_contracting : d.rhs_contracting;
+        if (g.shape(v).rank() != 2 || contracting.size() != 1 || cat.attrs.axis == contracting[0])
+            not_generated(f, "a concatenation along a contracting dim before the dot");
+        const int64_t out_dim = side == 0 ? 0 : 1;  // the free dim's place in the result
+        // Every op of the fusion but the dot and the concatenation is downstream of one slice
+        // of the result that matches one part exactly.
+        std::vector<Part> parts;
+        int64_t at = 0;
+        for (ValueId x : cat.operands) {
+            Part pt;
+            pt.side = side;
+            pt.operand = x;
+            pt.size = g.shape(x).dims[size_t(cat.attrs.axis)];
+            for (OpId id : f.ops) {
+                const Op& op = g.op(id);
+                if (op.kind != OpKind::Slice || op.operands[0] != dot.results[0]) continue;
+                const Shape& rs = g.shape(dot.results[0]);
+                std::vector<int64_t> start(2, 0), limit = rs.dims;
+                start[size_t(out_dim)] = at;
+                limit[size_t(out_dim)] = at + pt.size;
+                if (op.attrs.dims == start && op.attrs.limits == limit) pt.root = op.results[0];
+            }
+            if (pt.root == ~ValueId(0))
+                not_generated(f, "a concatenated dot operand whose parts' results are not sliced");
+            at += pt.size;
+            parts.push_back(std::move(pt));
+        }
+        std::set<OpId> claimed{f.hero, g.value(v).producer};
+        for (Part& pt : parts) {
+            claimed.insert(g.value(pt.root).producer);
+            std::set<ValueId> reach{pt.root};
+            for (OpId id : f.ops) {
+                const Op& op = g.op(id);
+                if (std::none_of(op.operands.begin(), op.operands.end(),
+                                 [&](ValueId o) { return reach.count(o) > 0; }))
+                    continue;
+                pt.ops.insert(id);
+                for (ValueId r : op.results) reach.insert(r);
+            }
+            for (const FusionValue& r : f.results)
+                if (reach.count(r.value)) {
+                    if (pt.result) not_generated(f, "a part of a merged dot with two results");
+                    pt.result = &r;
+                }
+            if (!pt.result) not_generated(f, "a part of a merged dot without a result");
+            for (OpId id : pt.ops)
+                if (!claimed.insert(id).second)
+                    not_generated(f, "an epilogue op that reads two parts of a merged dot");
+        }
+        // Each part's epilogue also takes what its ops read that does not come from the dot
+        // (a bias's broadcast, a literal): cheap ops a part may share with another.
+        std::set<ValueId> from_dot{dot.results[0]};
+        for (OpId id : f.ops) {
+            const Op& op = g.op(id);
+            if (std::any_of(op.operands.begin(), op.operands.end(),
+                            [&](ValueId o) { return from_dot.count(o) > 0; }))
+                for (ValueId r : op.results) from_dot.insert(r);
+        }
+        for (Part& pt : parts) {
+            std::vector<OpId> todo(pt.ops.begin(), pt.ops.end());
+            while (!todo.empty()) {
+                const Op& op = g.op(todo.back());
+                todo.pop_back();
+                for (ValueId o : op.operands)
+                    if (inside_fusion(f, g, o) && !from_dot.count(o) &&
+                        pt.ops.insert(g.value(o).producer).second)
+                        todo.push_back(g.value(o).producer);
+            }
+        }
+        if (f.results.size() != parts.size())
+            not_generated(f, "a merged dot whose results are not one per part");
+        // Nothing that reads the dot's result may be left out of every part.
+        for (OpId id : f.ops)
+            if (!claimed.count(id) &&
+                std::any_of(g.op(id).results.begin(), g.op(id).results.end(),
+                            [&](ValueId r) { return from_dot.count(r) > 0; }))
+                not_generated(f, "an op of a merged dot that reads the whole result");
+        std::vector<DotFusion> plans;
+        for (const Part& pt : parts) plans.push_back(plan_one(g, f, board, &pt));
+        return plans;
+    }
+    return {plan_one(g, f, board, nullptr)};
+}
+
+namespace {
+
+DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board,
+                   const Part* part) {
     DotFusion p;
     const Op& dot = g.op(f.hero);
     if (dot.kind != OpKind::Dot)
@@ -101,24 +216,26 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
                 f, fmt::format("a {} dot operand (the kernel reads f32)", fv->shape.to_string()));
         return fv;
     };
-    p.a = source(dot.operands[0]);
-    p.w = source(dot.operands[1]);
+    p.a = source(part && part->side == 0 ? part->operand : dot.operands[0]);
+    p.w = source(part && part->side == 1 ? part->operand : dot.operands[1]);
     const int64_t lc = d.lhs_contracting[0], rc = d.rhs_contracting[0];
     const auto la = dot_layout_of(*p.a, 1 - lc, false, false, board);
     const auto lw = dot_layout_of(*p.w, rc, true, false, board);
     if (!la || !lw)
         not_generated(f, fmt::format("dot operands in layouts {} and {}", p.a->layout.to_string(),
                                      p.w->layout.to_string()));
-    if (f.results.size() != 1)
+    if (!part && f.results.size() != 1)
         not_generated(f, fmt::format("an output fusion with {} results", f.results.size()));
-    p.c = &f.results[0];
+    p.c = part ? part->result : &f.results[0];
     if (p.c->shape.dtype != DType::F32)
         not_generated(f, fmt::format("a {} result (f32 only)", p.c->shape.to_string()));
     const auto lcv = dot_layout_of(*p.c, 0, false, true, board);
     if (!lcv) not_generated(f, fmt::format("a dot result in layout {}", p.c->layout.to_string()));
     const Shape& ls = g.shape(dot.operands[0]);
-    const int64_t M = ls.dims[size_t(1 - lc)], K = ls.dims[size_t(lc)];
-    const int64_t N = g.shape(dot.operands[1]).dims[size_t(1 - rc)];
+    const int64_t M = part && part->side == 0 ? part->size : ls.dims[size_t(1 - lc)];
+    const int64_t K = ls.dims[size_t(lc)];
+    const int64_t N =
+        part && part->side == 1 ? part->size : g.shape(dot.operands[1]).dims[size_t(1 - rc)];
     const std::vector<int64_t> mn{M, N};
     if (p.c->shape.dims != mn)
         not_generated(f, fmt::format("a result {} that is not the dot's [{}, {}]",
@@ -128,7 +245,7 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
 
     // The epilogue: every other op, placed against the result tile.
     std::map<ValueId, EpValue> val;
-    val[dot.results[0]] = {EpKind::Full, -1};
+    val[part ? part->root : dot.results[0]] = {EpKind::Full, -1};
     std::vector<const FusionValue*> columns, fulls;
     int results = 0;
     const auto full_operand = [&](ValueId v) -> EpValue {
@@ -142,6 +259,7 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
     };
     for (OpId id : f.ops) {
         if (id == f.hero || prologue.count(id)) continue;
+        if (part && !part->ops.count(id)) continue;
         const Op& op = g.op(id);
         const ValueId res = op.results[0];
         const auto in = [&](size_t i) -> EpValue {
@@ -260,6 +378,8 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
     }
     not_generated(f, "a dot whose epilogue does not fit in VMEM beside it");
 }
+
+}  // namespace
 
 void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
                      const std::function<void(const isa::Reg&, const BufferRef&)>& load) {

@@ -178,8 +178,10 @@ struct DotFusion {
 
 /// Plans an output fusion rooted at a 2-D dot (no batch dims): operands through in-fusion
 /// conversions, the epilogue's ops and sides, the kernel's tiling in the VMEM the epilogue's
-/// areas leave.
-DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board);
+/// areas leave. One plan per dot the fusion runs: a dot of a concatenated operand (merged
+/// Q, K, V) runs one dot per part, each over the slice of the result it makes.
+std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
+                                       const hw::BoardConfig& board);
 
 /// Emits an output fusion rooted at a dot: the dot kernel with the epilogue's ops on each
 /// result tile (bit-exact with the evaluator: the same fp32 ops in the same order). `load`

@@ -290,6 +290,45 @@ TEST(CompilerDotDevice, AnLhsStationaryDotWritesTheTransposedTilesTheNextOneHold
     EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{0,1:T(8,128)}");
 }
 
+TEST(CompilerDotDevice, TheMergedQkvReadsItsThreeWeightsAsTheyLie) {
+    // q, k, v = three linears of x (dot_merger: one dot of the concatenated weights, its result
+    // sliced): the concatenation is never materialised; each part is a dot over its slice,
+    // reading its own weight buffer, with its bias in its epilogue. Three outputs.
+    const Shape xs{DType::F32, {256, 256}}, ws{DType::F32, {512, 256}}, bs{DType::F32, {512}};
+    const auto run_qkv = [&](Backend& backend) {
+        LazyContext ctx(backend);
+        const LazyTensor x = ctx.input("x", xs, {randoms(256 * 256, 91)});
+        std::vector<LazyTensor> outs;
+        for (uint32_t i = 0; i < 3; ++i) {
+            const LazyTensor w =
+                ctx.parameter(fmt::format("w{}", i), ws, {randoms(512 * 256, 92 + i, -0.2f, 0.2f)});
+            const LazyTensor b = ctx.parameter(fmt::format("b{}", i), bs, {randoms(512, 95 + i)});
+            outs.push_back(
+                ctx.wrap(linear(ctx.graph(), ctx.value(x), ctx.value(w), ctx.value(b))));
+        }
+        ctx.mark_step();
+        std::vector<std::vector<float>> got;
+        for (const LazyTensor& t : outs) got.push_back(ctx.to_host(t));
+        return got;
+    };
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    DeviceBackend device(*dev, {0}, cg);
+    HostBackend host(1);
+    const auto got = run_qkv(device), want = run_qkv(host);
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(same_bits(got[i], want[i])) << i;
+    EXPECT_EQ(device.stats().launches, 1u);
+    Graph g;
+    const ValueId x = g.input(xs, "x");
+    for (int i = 0; i < 3; ++i)
+        g.add_output(linear(g, x, g.parameter(ws, "w"), g.parameter(bs, "b")), "y");
+    const CompiledStep s = compile(g);
+    ASSERT_EQ(s.fusions.size(), 1u) << s.summary();
+    EXPECT_NE(s.summary().find("dot+concatenate+slice+add"), std::string::npos) << s.summary();
+}
+
 /// Two MLP training steps on the device (2 replicas, race detector on, host fallback for what
 /// the streaming side does not generate yet) and on the evaluator: every loss, parameter and
 /// momentum equal, and no dot fusion among the fallbacks.
