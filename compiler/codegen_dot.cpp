@@ -78,8 +78,105 @@ struct Part {
     const FusionValue* result = nullptr;
 };
 
+/// One batch of a batched dot (attention's heads): where its operands' matrices lie.
+struct Batch {
+    struct Operand {
+        const FusionValue* fv = nullptr;
+        driver::DotLayout layout = driver::DotLayout::VpuTiles;
+        uint64_t offset = 0;       ///< bytes from the array's start to the matrix's first tile
+        uint32_t band_tiles = 0;   ///< a window's array's tiles per band (0: its own)
+        uint32_t lane = 0;         ///< a window's first lane
+        std::set<OpId> prologue;   ///< the reshape it is read through
+    };
+    Operand a, w;
+    uint64_t c_offset = 0;
+    int64_t M = 0, K = 0, N = 0;
+};
+
 DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board,
-                   const Part* part);
+                   const Part* part, const Batch* batch = nullptr);
+
+/// Bytes of one [rows, cols] f32 matrix in T(8,128) tiles.
+uint64_t tiled_bytes(int64_t rows, int64_t cols) {
+    return uint64_t((rows + 7) / 8) * uint64_t((cols + 127) / 128) * 4096;
+}
+
+/// The batches of a dot with one batch dim whose operands are either [B, P, Q] arrays in
+/// T(8,128) tiles (one matrix per batch) or a reshape of a [R, H x D] array in T(8,128) tiles
+/// to [R, H, D] with the batch dim H (attention's head split: head h is the window of D lanes
+/// at column h D, read through with the array's strides, never copied).
+std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
+    const Op& dot = g.op(f.hero);
+    const DotDims& d = dot.attrs.dot;
+    if (d.lhs_batch.size() != 1 || d.rhs_batch.size() != 1 || d.lhs_contracting.size() != 1 ||
+        d.rhs_contracting.size() != 1 || g.shape(dot.operands[0]).rank() != 3 ||
+        g.shape(dot.operands[1]).rank() != 3)
+        not_generated(f, "a dot with batch dims other than one batch of matrices");
+    const Layout tiled3{{2, 1, 0}, {8, 128}};
+    const int64_t B = g.shape(dot.results[0]).dims[0];
+    std::vector<Batch> out(static_cast<size_t>(B));
+    int64_t dims[2][2];  // per side: free, contracting extent
+    for (int side = 0; side < 2; ++side) {
+        const ValueId v = dot.operands[size_t(side)];
+        const int64_t bd = side == 0 ? d.lhs_batch[0] : d.rhs_batch[0];
+        const int64_t cd = side == 0 ? d.lhs_contracting[0] : d.rhs_contracting[0];
+        const Shape& vs = g.shape(v);
+        const int64_t fd = 3 - bd - cd;
+        dims[side][0] = vs.dims[size_t(fd)];
+        dims[side][1] = vs.dims[size_t(cd)];
+        for (int64_t b = 0; b < B; ++b) {
+            Batch::Operand o;
+            bool contracting_minor;  // the matrix's minor (lane) dim is the contracting one
+            if (inside_fusion(f, g, v)) {
+                const Op& r = g.producer(v);
+                const ValueId x = r.operands.empty() ? v : r.operands[0];
+                const Shape& xs = g.shape(x);
+                if (r.kind != OpKind::Reshape || inside_fusion(f, g, x) || xs.rank() != 2 ||
+                    xs.dims[0] != vs.dims[0] || xs.dims[1] != vs.dims[1] * vs.dims[2] ||
+                    bd != 1)
+                    not_generated(f, fmt::format("{} before a batched dot", op_name(r.kind)));
+                o.fv = operand_of(f, x);
+                if (!(o.fv->layout == Layout{{1, 0}, {8, 128}}))
+                    not_generated(f, fmt::format("a head split of an array in layout {}",
+                                                 o.fv->layout.to_string()));
+                const int64_t col = b * vs.dims[2];
+                o.offset = uint64_t(col / 128) * 4096;
+                o.lane = uint32_t(col % 128);
+                o.band_tiles = uint32_t((xs.dims[1] + 127) / 128);
+                o.prologue.insert(g.value(v).producer);
+                contracting_minor = cd == 2;
+            } else {
+                // One matrix per batch: the batch dim most major, the other two in T(8,128)
+                // tiles (either order: the lanes' dim contracting or free).
+                o.fv = operand_of(f, v);
+                const auto& mtm = o.fv->layout.minor_to_major;
+                if (mtm.size() != 3 || mtm[2] != bd ||
+                    o.fv->layout.tile != std::vector<int64_t>{8, 128})
+                    not_generated(f, fmt::format("a batched dot operand in layout {}",
+                                                 o.fv->layout.to_string()));
+                o.offset = uint64_t(b) * tiled_bytes(vs.dims[size_t(mtm[1])],
+                                                     vs.dims[size_t(mtm[0])]);
+                contracting_minor = cd == mtm[0];
+            }
+            // A (M x K) is row-major when K is minor; W (K x N) when N is.
+            const bool row_major = side == 0 ? contracting_minor : !contracting_minor;
+            o.layout = row_major ? driver::DotLayout::VpuTiles
+                                 : driver::DotLayout::TransposedVpuTiles;
+            (side == 0 ? out[size_t(b)].a : out[size_t(b)].w) = o;
+        }
+    }
+    if (f.results.size() != 1 || !(f.results[0].layout == tiled3) ||
+        g.shape(dot.results[0]).rank() != 3)
+        not_generated(f, "a batched dot's result not one [B, M, N] array in T(8,128) tiles");
+    for (int64_t b = 0; b < B; ++b) {
+        Batch& x = out[size_t(b)];
+        x.M = dims[0][0];
+        x.K = dims[0][1];
+        x.N = dims[1][0];
+        x.c_offset = uint64_t(b) * tiled_bytes(x.M, x.N);
+    }
+    return out;
+}
 
 }  // namespace
 
@@ -88,6 +185,12 @@ std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
     const Op& dot = g.op(f.hero);
     if (dot.kind != OpKind::Dot)
         not_generated(f, fmt::format("an output fusion of {}", op_name(dot.kind)));
+    if (!dot.attrs.dot.lhs_batch.empty()) {
+        // One dot per batch (attention's heads), each reading its matrices where they lie.
+        std::vector<DotFusion> plans;
+        for (const Batch& b : plan_batches(g, f)) plans.push_back(plan_one(g, f, board, nullptr, &b));
+        return plans;
+    }
     // A concatenated operand (through conversions) along its free dim: each part is a dot of
     // its own over the slice of the result it makes, so the parts' buffers are read as they
     // lie (no concatenation is materialised) and each slice's epilogue runs on its tiles.
@@ -183,14 +286,15 @@ std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
 namespace {
 
 DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board,
-                   const Part* part) {
+                   const Part* part, const Batch* batch) {
     DotFusion p;
     const Op& dot = g.op(f.hero);
     if (dot.kind != OpKind::Dot)
         not_generated(f, fmt::format("an output fusion of {}", op_name(dot.kind)));
     const DotDims& d = dot.attrs.dot;
-    if (!d.lhs_batch.empty() || d.lhs_contracting.size() != 1 || d.rhs_contracting.size() != 1 ||
-        g.shape(dot.operands[0]).rank() != 2 || g.shape(dot.operands[1]).rank() != 2)
+    if (!batch &&
+        (!d.lhs_batch.empty() || d.lhs_contracting.size() != 1 || d.rhs_contracting.size() != 1 ||
+         g.shape(dot.operands[0]).rank() != 2 || g.shape(dot.operands[1]).rank() != 2))
         not_generated(f, "a dot with batch dims or operands of rank other than 2");
     if (f.dots.empty()) not_generated(f, "a dot without a plan");
     const driver::Precision prec =
@@ -216,11 +320,37 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                 f, fmt::format("a {} dot operand (the kernel reads f32)", fv->shape.to_string()));
         return fv;
     };
-    p.a = source(part && part->side == 0 ? part->operand : dot.operands[0]);
-    p.w = source(part && part->side == 1 ? part->operand : dot.operands[1]);
-    const int64_t lc = d.lhs_contracting[0], rc = d.rhs_contracting[0];
-    const auto la = dot_layout_of(*p.a, 1 - lc, false, false, board);
-    const auto lw = dot_layout_of(*p.w, rc, true, false, board);
+    std::optional<driver::DotLayout> la, lw, lcv;
+    int64_t M = 0, K = 0, N = 0;
+    if (batch) {
+        p.a = batch->a.fv;
+        p.w = batch->w.fv;
+        for (const FusionValue* fv : {p.a, p.w})
+            if (fv->shape.dtype != DType::F32)
+                not_generated(f, fmt::format("a {} dot operand (the kernel reads f32)",
+                                             fv->shape.to_string()));
+        prologue.insert(batch->a.prologue.begin(), batch->a.prologue.end());
+        prologue.insert(batch->w.prologue.begin(), batch->w.prologue.end());
+        la = batch->a.layout;
+        lw = batch->w.layout;
+        lcv = driver::DotLayout::VpuTiles;
+        M = batch->M;
+        K = batch->K;
+        N = batch->N;
+        p.a_off = batch->a.offset;
+        p.w_off = batch->w.offset;
+        p.c_off = batch->c_offset;
+    } else {
+        p.a = source(part && part->side == 0 ? part->operand : dot.operands[0]);
+        p.w = source(part && part->side == 1 ? part->operand : dot.operands[1]);
+        const int64_t lc = d.lhs_contracting[0], rc = d.rhs_contracting[0];
+        la = dot_layout_of(*p.a, 1 - lc, false, false, board);
+        lw = dot_layout_of(*p.w, rc, true, false, board);
+        const Shape& ls = g.shape(dot.operands[0]);
+        M = part && part->side == 0 ? part->size : ls.dims[size_t(1 - lc)];
+        K = ls.dims[size_t(lc)];
+        N = part && part->side == 1 ? part->size : g.shape(dot.operands[1]).dims[size_t(1 - rc)];
+    }
     if (!la || !lw)
         not_generated(f, fmt::format("dot operands in layouts {} and {}", p.a->layout.to_string(),
                                      p.w->layout.to_string()));
@@ -229,15 +359,12 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     p.c = part ? part->result : &f.results[0];
     if (p.c->shape.dtype != DType::F32)
         not_generated(f, fmt::format("a {} result (f32 only)", p.c->shape.to_string()));
-    const auto lcv = dot_layout_of(*p.c, 0, false, true, board);
+    if (!batch) lcv = dot_layout_of(*p.c, 0, false, true, board);
     if (!lcv) not_generated(f, fmt::format("a dot result in layout {}", p.c->layout.to_string()));
-    const Shape& ls = g.shape(dot.operands[0]);
-    const int64_t M = part && part->side == 0 ? part->size : ls.dims[size_t(1 - lc)];
-    const int64_t K = ls.dims[size_t(lc)];
-    const int64_t N =
-        part && part->side == 1 ? part->size : g.shape(dot.operands[1]).dims[size_t(1 - rc)];
-    const std::vector<int64_t> mn{M, N};
-    if (p.c->shape.dims != mn)
+    // The epilogue's arrays have the result's shape ([B, M, N] for a batched dot: each
+    // batch's tiles are its own, so only literals and the result itself take part).
+    const std::vector<int64_t> mn = batch ? p.c->shape.dims : std::vector<int64_t>{M, N};
+    if (!batch && p.c->shape.dims != mn)
         not_generated(f, fmt::format("a result {} that is not the dot's [{}, {}]",
                                      p.c->shape.to_string(), M, N));
     if (M > UINT32_MAX || K > UINT32_MAX || N > UINT32_MAX)
@@ -250,6 +377,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     int results = 0;
     const auto full_operand = [&](ValueId v) -> EpValue {
         const FusionValue* fv = operand_of(f, v);
+        if (batch) not_generated(f, "a side array in a batched dot's epilogue");
         if (fv->shape.dims != mn || !(fv->layout == p.c->layout) || fv->shape.dtype != DType::F32)
             not_generated(
                 f, fmt::format("a side {} in layout {} (the result's is {})", fv->shape.to_string(),
@@ -352,6 +480,12 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     shape.w = *lw;
     shape.c = *lcv;
     shape.stationary = f.dots[0].stationary;
+    if (batch) {
+        shape.a_band_tiles = batch->a.band_tiles;
+        shape.a_lane = batch->a.lane;
+        shape.w_band_tiles = batch->w.band_tiles;
+        shape.w_lane = batch->w.lane;
+    }
     shape.column_sides = uint32_t(columns.size());
     shape.full_sides = uint32_t(fulls.size());
     driver::DotKey probe = shape;
@@ -359,6 +493,10 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     probe.C = board.core.mxu_cols;
     probe.mxus = std::min<uint32_t>(board.core.mxus, 2);
     probe.block_rows = 128;  // a block of whole tiles: the layouts alone are probed here
+    probe.a_band_tiles = shape.a_band_tiles;
+    probe.w_band_tiles = shape.w_band_tiles;
+    probe.a_lane = shape.a_lane;
+    probe.w_lane = shape.w_lane;
     if (const std::string why = driver::dot_unsupported(probe); !why.empty())
         not_generated(f, "the dot kernel: " + why);
     // The kernel's tiling in what the epilogue's areas leave of VMEM.
@@ -391,6 +529,9 @@ void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
         return r;
     };
     const isa::Reg ra = addr(*p.a, "dot.a"), rw = addr(*p.w, "dot.w"), rc = addr(*p.c, "dot.c");
+    // A batch's matrices within their arrays.
+    for (const auto& [r, off] : {std::pair{&ra, p.a_off}, {&rw, p.w_off}, {&rc, p.c_off}})
+        if (off) b.emit(Opcode::Add, {*r, *r, imm(int64_t(off))});
     std::vector<isa::Reg> side_regs;
     driver::Epilogue ep;
     for (size_t i = 0; i < p.sides.size(); ++i) {

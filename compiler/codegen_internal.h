@@ -174,6 +174,7 @@ struct DotFusion {
     std::vector<const FusionValue*> sides;  ///< in Epilogue::sides order (Columns first)
     std::vector<EpStep> steps;              ///< the epilogue, in order
     int areas = 0;                          ///< tile-sized VMEM areas: results, then scratch
+    uint64_t a_off = 0, w_off = 0, c_off = 0;  ///< a batch's matrices within a, w and c (bytes)
 };
 
 /// Plans an output fusion rooted at a 2-D dot (no batch dims): operands through in-fusion

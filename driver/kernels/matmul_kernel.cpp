@@ -89,9 +89,11 @@ struct Problem {
     uint32_t M, K, N;
     DotLayout a, w;
     bool lhs;
+    uint32_t a_band_tiles = 0, w_band_tiles = 0, a_lane = 0, w_lane = 0;  ///< DotKey's windows
 };
 Problem problem(const DotKey& k) {
-    if (k.stationary == Stationary::Rhs) return {k.M, k.K, k.N, k.a, k.w, false};
+    if (k.stationary == Stationary::Rhs)
+        return {k.M, k.K, k.N, k.a, k.w, false, k.a_band_tiles, k.w_band_tiles, k.a_lane, k.w_lane};
     auto flip = [](DotLayout l) {
         switch (l) {
             case DotLayout::RowMajor:
@@ -104,7 +106,8 @@ Problem problem(const DotKey& k) {
                 return DotLayout::RowMajor;
         }
     };
-    return {k.N, k.K, k.M, flip(k.w), flip(k.a), true};
+    return {k.N,  k.K,           k.M,           flip(k.w), flip(k.a),
+            true, k.w_band_tiles, k.a_band_tiles, k.w_lane,  k.a_lane};
 }
 
 /// VMEM areas (byte offsets from the first; each 512-byte aligned, in this order). A's bf16
@@ -331,6 +334,9 @@ private:
         m_b.bind(skip);
     }
 
+    /// Tiles per band of a held W^T in 8 x 128 tiles (KT, or a window's array's).
+    uint64_t wbt() const { return m_p.w_band_tiles ? m_p.w_band_tiles : m_KT; }
+
     uint32_t kk(uint32_t j) const { return std::min(m_k.R, m_p.K - j * m_k.R); }
     /// Columns of panel m of the group (the last panel of C may be narrow).
     uint32_t nn(bool last, uint32_t m) const {
@@ -371,7 +377,7 @@ private:
                 per_col = kBandBytes / 128;  // n0 / 128 tiles of 4 KiB
                 break;
             case DotLayout::TransposedVpuTiles:
-                per_col = uint64_t(m_KT) * kBandBytes / 8;  // n0 / 8 bands of KT tiles
+                per_col = wbt() * kBandBytes / 8;  // n0 / 8 bands of KT tiles
                 break;
             case DotLayout::TransposedTiles:
                 per_col = uint64_t(m_KT) * m_k.C * 4;  // n0 / C rows of KT tiles
@@ -409,7 +415,8 @@ private:
                 // A^T (K x M) in tiles, blocks of 128 rows: the block's column of tiles in
                 // the 16 bands of step j, MT tiles apart, lands as k x 128 row-major.
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
-                const uint64_t MT = ceil_div(m_p.M, 128);
+                const uint64_t MT =
+                    m_p.a_band_tiles ? m_p.a_band_tiles : ceil_div(m_p.M, 128);
                 E(Opcode::Mul, {m_t14, m_row, imm(kBandBytes / 128)});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * R / 8 * MT * kBandBytes),
@@ -421,20 +428,22 @@ private:
                 // Panel j of the block's bands: one 4 KiB tile per 8 rows, KT tiles apart; in
                 // VMEM they are the block's rows of R = 128 values, as a row-major panel's.
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
-                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(uint64_t(m_KT) * R * 4))});
+                const uint64_t band_tiles = m_p.a_band_tiles ? m_p.a_band_tiles : m_KT;
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * R * 4))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 if (k < R) {
                     // K padded: the last step's k lanes of each band's tile, one DMA per band,
                     // compacted to rows of k values (a short last band brings padding rows).
                     const isa::Label band = m_b.label("a_band");
-                    E(Opcode::Add, {m_t14, m_t14, imm(int64_t(uint64_t(j) * kBandBytes))});
+                    E(Opcode::Add, {m_t14, m_t14,
+                                    imm(int64_t(uint64_t(j) * kBandBytes + m_p.a_lane * 4))});
                     E(Opcode::Li, {m_t15, imm(int64_t(at))});
                     E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
                     E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at))});
                     m_b.bind(band);
                     E(op, {m_t15, m_t14, imm(8), imm(k * 4), imm(k * 4), imm(512), t.flag});
                     E(Opcode::Add, {t.count, t.count, imm(1)});
-                    E(Opcode::Add, {m_t14, m_t14, imm(int64_t(uint64_t(m_KT) * kBandBytes))});
+                    E(Opcode::Add, {m_t14, m_t14, imm(int64_t(band_tiles * kBandBytes))});
                     E(Opcode::Add, {m_t15, m_t15, imm(8 * k * 4)});
                     E(Opcode::Bltu, {m_t15, m_tmp, band});
                 } else {
@@ -517,9 +526,11 @@ private:
                             break;
                         }
                         for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
+                            const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : NT;
                             E(op, {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4)),
-                                   m_wb + int64_t(((uint64_t(j) * R / 8 + band) * NT + m) *
-                                                  kBandBytes),
+                                   m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + m) *
+                                                      kBandBytes +
+                                                  m_p.w_lane * 4),
                                    imm(8), imm(n * 4), imm(n * 4), imm(512), t.flag});
                             ++count;
                         }
@@ -528,9 +539,9 @@ private:
                         // W^T (N x K) in tiles: tile column j of the panel's ceil(n / 8) bands,
                         // KT tiles apart, lands as n x 128 and is transposed in VMEM.
                         E(op, {imm(int64_t(wstage(slot, m))),
-                               m_wb + int64_t((uint64_t(m) * C / 8 * m_KT + j) * kBandBytes),
+                               m_wb + int64_t((uint64_t(m) * C / 8 * wbt() + j) * kBandBytes),
                                imm(ceil_div(n, 8)), imm(kBandBytes), imm(kBandBytes),
-                               imm(int64_t(uint64_t(m_KT) * kBandBytes)), t.flag});
+                               imm(int64_t(wbt() * kBandBytes)), t.flag});
                         ++count;
                         break;
                     case DotLayout::TransposedTiles:
@@ -906,10 +917,11 @@ private:
                     vpu(Opcode::VTrans, {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), m_rows});
                     x = m_a.att;
                 } else if (m_p.a == DotLayout::TransposedVpuTiles) {
-                    // k x 128 (a short last block's columns past its rows are padding).
+                    // k x 128 (a short last block's columns past its rows are padding; a
+                    // window's rows start at its lane).
                     vpu(Opcode::VTrans,
                         {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), imm(128)});
-                    x = m_a.att;
+                    x = m_a.att + uint64_t(m_p.a_lane) * k * 4;
                 }
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
@@ -928,7 +940,7 @@ private:
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                         vpu(Opcode::VTrans,
                             {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(int64_t(R))});
-                        x = tt;
+                        x = tt + uint64_t(m_p.w_lane) * n * 4;
                     }
                     convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
                             imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
@@ -1075,6 +1087,23 @@ std::string layout_unsupported(const DotKey& k) {
                            k.c == DotLayout::TransposedVpuTiles;
     if (vpu_tiles && (k.R != 128 || k.C != 128))
         return fmt::format("8 x 128 tiles need a 128 x 128 MXU (R = {}, C = {})", k.R, k.C);
+    {
+        // Windows: only where the kernel reads a tile's lanes piecewise.
+        const Problem p = problem(k);
+        const bool a_win = p.a_band_tiles || p.a_lane, w_win = p.w_band_tiles || p.w_lane;
+        const uint32_t a_width = p.a == DotLayout::VpuTiles ? p.K : p.M;
+        const uint32_t w_width = p.w == DotLayout::VpuTiles ? p.N : p.K;
+        if (a_win && !((p.a == DotLayout::VpuTiles && (p.K < 128 || p.a_lane == 0)) ||
+                       p.a == DotLayout::TransposedVpuTiles))
+            return "a window of a wider array needs the streamed operand in 8 x 128 tiles with K "
+                   "below 128, or transposed";
+        if (w_win && !((p.w == DotLayout::VpuTiles && (p.N < 128 || p.w_lane == 0)) ||
+                       p.w == DotLayout::TransposedVpuTiles))
+            return "a window of a wider array needs the held operand in 8 x 128 tiles with N "
+                   "below 128, or transposed";
+        if ((p.a_lane && p.a_lane + a_width > 128) || (p.w_lane && p.w_lane + w_width > 128))
+            return "a window that starts inside a tile must end in it";
+    }
     if ((k.c == DotLayout::VpuTiles || k.c == DotLayout::TransposedVpuTiles) && k.store_bf16)
         return "C in 8 x 128 tiles needs an fp32 store";
     if (k.w == DotLayout::Gemm && k.R % 2)

@@ -68,6 +68,13 @@ struct DotKey {
     uint32_t column_sides = 0;  ///< the epilogue's Column sides (VMEM they take)
     uint32_t full_sides = 0;    ///< the epilogue's Full sides
     bool store_bf16 = false;    ///< C stored as bf16 (Epilogue::store_bf16)
+    /// A window of a wider 8 x 128-tiled array (an attention head of a [seq, heads x d]
+    /// projection): the array's tiles per band (0: the operand's own) and the window's first
+    /// lane in its tile (the operand's address is the window's first tile). Whole-tile reads
+    /// need lane 0; a window of up to 128 lanes within one tile: A in VpuTiles with K <= 128,
+    /// W in VpuTiles of one narrow panel, either in TransposedVpuTiles.
+    uint32_t a_band_tiles = 0, w_band_tiles = 0;
+    uint32_t a_lane = 0, w_lane = 0;
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);

@@ -329,6 +329,54 @@ TEST(CompilerDotDevice, TheMergedQkvReadsItsThreeWeightsAsTheyLie) {
     EXPECT_NE(s.summary().find("dot+concatenate+slice+add"), std::string::npos) << s.summary();
 }
 
+/// [seq, heads x d] -> [heads, seq, d]: the head split of a projection, as bert_block does it.
+ValueId heads_of(Graph& g, ValueId t, int64_t heads) {
+    const Shape& s = g.shape(t);
+    const int64_t seq = s.dims[0], d = s.dims[1] / heads;
+    return transpose(g, reshape(g, t, {seq, heads, d}), {1, 0, 2});
+}
+
+TEST(CompilerDotDevice, AttentionScoresPerHeadReadTheProjectionsThroughTheHeadSplit) {
+    // K Q^T / sqrt(d) per head over [128, 4 x 64] projections: one dot per head, each reading
+    // its 64 lanes of the projections' T(8,128) tiles (two heads per tile: the window starts
+    // at lane 0 or 64), K streamed band by band, Q^T held (its tiles transposed in VMEM); the
+    // divide in each head's epilogue. No copy of a head is made.
+    const Shape ps{DType::F32, {128, 256}};
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        DotDims sd;
+        sd.lhs_batch = {0};
+        sd.rhs_batch = {0};
+        sd.lhs_contracting = {2};
+        sd.rhs_contracting = {2};
+        const ValueId scores = dot(g, heads_of(g, v[0], 4), heads_of(g, v[1], 4), sd);
+        return div(g, scores, full(g, 8.0, g.shape(scores)));
+    };
+    expect_bit_exact({{"k", ps, {randoms(128 * 256, 101)}}, {"q", ps, {randoms(128 * 256, 102)}}},
+                     record);
+    Graph g;
+    g.add_output(record(g, {g.input(ps, "k"), g.input(ps, "q")}), "y");
+    const CompiledStep s = compile(g);
+    ASSERT_EQ(s.fusions.size(), 1u) << s.to_string();
+    EXPECT_EQ(s.fusions[0].dots.at(0).batch, 4);
+}
+
+TEST(CompilerDotDevice, AttentionValuesPerHeadReadVTransposedThroughTheHeadSplit) {
+    // V^T P per head ([4, 64, 128]): V's head window streamed transposed (a tile column per
+    // block, its rows from the window's lane), P one [128, 128] matrix per head.
+    const Shape vs{DType::F32, {128, 256}}, ps{DType::F32, {4, 128, 128}};
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        DotDims od;
+        od.lhs_batch = {0};
+        od.rhs_batch = {0};
+        od.lhs_contracting = {1};
+        od.rhs_contracting = {1};
+        return dot(g, heads_of(g, v[0], 4), v[1], od);
+    };
+    expect_bit_exact(
+        {{"v", vs, {randoms(128 * 256, 103)}}, {"p", ps, {randoms(4 * 128 * 128, 104, 0, 1)}}},
+        record);
+}
+
 /// Two MLP training steps on the device (2 replicas, race detector on, host fallback for what
 /// the streaming side does not generate yet) and on the evaluator: every loss, parameter and
 /// momentum equal, and no dot fusion among the fallbacks.
