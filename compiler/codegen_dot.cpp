@@ -46,8 +46,7 @@ std::optional<driver::DotLayout> dot_layout_of(const FusionValue& fv, int64_t ro
     if (!rows_major) {
         // Stored transposed in VPU tiles: what the LHS stationary reads (A^T held, W^T
         // streamed) and may write (C^T, as a next dot holding it stationary reads it).
-        if (l.tile == std::vector<int64_t>{8, 128})
-            return driver::DotLayout::TransposedVpuTiles;
+        if (l.tile == std::vector<int64_t>{8, 128}) return driver::DotLayout::TransposedVpuTiles;
         // A weight [out, in] as the forward holds it ({0,1:T(128,128)}), read by dX = dY W or
         // written by dW = dY^T X in its parameter's layout.
         if ((is_w || is_c) && l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
@@ -70,11 +69,11 @@ const FusionValue* operand_of(const Fusion& f, ValueId v) {
 /// Q, K, V): the part this dot reads, and the slice of the result it computes with the ops
 /// downstream of it (its epilogue) and the fusion result they write.
 struct Part {
-    int side = 1;                    ///< the concatenated operand: 0 (lhs) or 1 (rhs)
-    ValueId operand = ~ValueId(0);     ///< the part of the concatenation
-    int64_t size = 0;                ///< its free dim
-    ValueId root = ~ValueId(0);        ///< the slice of the dot's result it computes
-    std::set<OpId> ops;              ///< the ops downstream of the slice (the epilogue)
+    int side = 1;                   ///< the concatenated operand: 0 (lhs) or 1 (rhs)
+    ValueId operand = ~ValueId(0);  ///< the part of the concatenation
+    int64_t size = 0;               ///< its free dim
+    ValueId root = ~ValueId(0);     ///< the slice of the dot's result it computes
+    std::set<OpId> ops;             ///< the ops downstream of the slice (the epilogue)
     const FusionValue* result = nullptr;
 };
 
@@ -83,18 +82,18 @@ struct Batch {
     struct Operand {
         const FusionValue* fv = nullptr;
         driver::DotLayout layout = driver::DotLayout::VpuTiles;
-        uint64_t offset = 0;       ///< bytes from the array's start to the matrix's first tile
-        uint32_t band_tiles = 0;   ///< a window's array's tiles per band (0: its own)
-        uint32_t lane = 0;         ///< a window's first lane
-        std::set<OpId> prologue;   ///< the reshape it is read through
+        uint64_t offset = 0;      ///< bytes from the array's start to the matrix's first tile
+        uint32_t band_tiles = 0;  ///< a window's array's tiles per band (0: its own)
+        uint32_t lane = 0;        ///< a window's first lane
+        std::set<OpId> prologue;  ///< the reshape it is read through
     };
     Operand a, w;
     uint64_t c_offset = 0;
     int64_t M = 0, K = 0, N = 0;
 };
 
-DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board,
-                   const Part* part, const Batch* batch = nullptr);
+DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board, const Part* part,
+                   const Batch* batch = nullptr);
 
 /// Bytes of one [rows, cols] f32 matrix in T(8,128) tiles.
 uint64_t tiled_bytes(int64_t rows, int64_t cols) {
@@ -132,8 +131,7 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
                 const ValueId x = r.operands.empty() ? v : r.operands[0];
                 const Shape& xs = g.shape(x);
                 if (r.kind != OpKind::Reshape || inside_fusion(f, g, x) || xs.rank() != 2 ||
-                    xs.dims[0] != vs.dims[0] || xs.dims[1] != vs.dims[1] * vs.dims[2] ||
-                    bd != 1)
+                    xs.dims[0] != vs.dims[0] || xs.dims[1] != vs.dims[1] * vs.dims[2] || bd != 1)
                     not_generated(f, fmt::format("{} before a batched dot", op_name(r.kind)));
                 o.fv = operand_of(f, x);
                 if (!(o.fv->layout == Layout{{1, 0}, {8, 128}}))
@@ -154,14 +152,14 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
                     o.fv->layout.tile != std::vector<int64_t>{8, 128})
                     not_generated(f, fmt::format("a batched dot operand in layout {}",
                                                  o.fv->layout.to_string()));
-                o.offset = uint64_t(b) * tiled_bytes(vs.dims[size_t(mtm[1])],
-                                                     vs.dims[size_t(mtm[0])]);
+                o.offset =
+                    uint64_t(b) * tiled_bytes(vs.dims[size_t(mtm[1])], vs.dims[size_t(mtm[0])]);
                 contracting_minor = cd == mtm[0];
             }
             // A (M x K) is row-major when K is minor; W (K x N) when N is.
             const bool row_major = side == 0 ? contracting_minor : !contracting_minor;
-            o.layout = row_major ? driver::DotLayout::VpuTiles
-                                 : driver::DotLayout::TransposedVpuTiles;
+            o.layout =
+                row_major ? driver::DotLayout::VpuTiles : driver::DotLayout::TransposedVpuTiles;
             (side == 0 ? out[size_t(b)].a : out[size_t(b)].w) = o;
         }
     }
@@ -188,7 +186,8 @@ std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
     if (!dot.attrs.dot.lhs_batch.empty()) {
         // One dot per batch (attention's heads), each reading its matrices where they lie.
         std::vector<DotFusion> plans;
-        for (const Batch& b : plan_batches(g, f)) plans.push_back(plan_one(g, f, board, nullptr, &b));
+        for (const Batch& b : plan_batches(g, f))
+            plans.push_back(plan_one(g, f, board, nullptr, &b));
         return plans;
     }
     // A concatenated operand (through conversions) along its free dim: each part is a dot of
@@ -272,9 +271,8 @@ std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
             not_generated(f, "a merged dot whose results are not one per part");
         // Nothing that reads the dot's result may be left out of every part.
         for (OpId id : f.ops)
-            if (!claimed.count(id) &&
-                std::any_of(g.op(id).results.begin(), g.op(id).results.end(),
-                            [&](ValueId r) { return from_dot.count(r) > 0; }))
+            if (!claimed.count(id) && std::any_of(g.op(id).results.begin(), g.op(id).results.end(),
+                                                  [&](ValueId r) { return from_dot.count(r) > 0; }))
                 not_generated(f, "an op of a merged dot that reads the whole result");
         std::vector<DotFusion> plans;
         for (const Part& pt : parts) plans.push_back(plan_one(g, f, board, &pt));
@@ -285,8 +283,8 @@ std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
 
 namespace {
 
-DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board,
-                   const Part* part, const Batch* batch) {
+DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board, const Part* part,
+                   const Batch* batch) {
     DotFusion p;
     const Op& dot = g.op(f.hero);
     if (dot.kind != OpKind::Dot)

@@ -171,9 +171,9 @@ struct DotFusion {
     const FusionValue* a = nullptr;
     const FusionValue* w = nullptr;
     const FusionValue* c = nullptr;
-    std::vector<const FusionValue*> sides;  ///< in Epilogue::sides order (Columns first)
-    std::vector<EpStep> steps;              ///< the epilogue, in order
-    int areas = 0;                          ///< tile-sized VMEM areas: results, then scratch
+    std::vector<const FusionValue*> sides;     ///< in Epilogue::sides order (Columns first)
+    std::vector<EpStep> steps;                 ///< the epilogue, in order
+    int areas = 0;                             ///< tile-sized VMEM areas: results, then scratch
     uint64_t a_off = 0, w_off = 0, c_off = 0;  ///< a batch's matrices within a, w and c (bytes)
 };
 

@@ -106,8 +106,8 @@ Problem problem(const DotKey& k) {
                 return DotLayout::RowMajor;
         }
     };
-    return {k.N,  k.K,           k.M,           flip(k.w), flip(k.a),
-            true, k.w_band_tiles, k.a_band_tiles, k.w_lane,  k.a_lane};
+    return {k.N,      k.K,     k.M, flip(k.w), flip(k.a), true, k.w_band_tiles, k.a_band_tiles,
+            k.w_lane, k.a_lane};
 }
 
 /// VMEM areas (byte offsets from the first; each 512-byte aligned, in this order). A's bf16
@@ -415,14 +415,12 @@ private:
                 // A^T (K x M) in tiles, blocks of 128 rows: the block's column of tiles in
                 // the 16 bands of step j, MT tiles apart, lands as k x 128 row-major.
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
-                const uint64_t MT =
-                    m_p.a_band_tiles ? m_p.a_band_tiles : ceil_div(m_p.M, 128);
+                const uint64_t MT = m_p.a_band_tiles ? m_p.a_band_tiles : ceil_div(m_p.M, 128);
                 E(Opcode::Mul, {m_t14, m_row, imm(kBandBytes / 128)});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * R / 8 * MT * kBandBytes),
                        imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
-                       imm(int64_t(MT * kBandBytes)),
-                       t.flag});
+                       imm(int64_t(MT * kBandBytes)), t.flag});
                 ++count;
             } else if (m_p.a == DotLayout::VpuTiles) {
                 // Panel j of the block's bands: one 4 KiB tile per 8 rows, KT tiles apart; in
@@ -435,8 +433,8 @@ private:
                     // K padded: the last step's k lanes of each band's tile, one DMA per band,
                     // compacted to rows of k values (a short last band brings padding rows).
                     const isa::Label band = m_b.label("a_band");
-                    E(Opcode::Add, {m_t14, m_t14,
-                                    imm(int64_t(uint64_t(j) * kBandBytes + m_p.a_lane * 4))});
+                    E(Opcode::Add,
+                      {m_t14, m_t14, imm(int64_t(uint64_t(j) * kBandBytes + m_p.a_lane * 4))});
                     E(Opcode::Li, {m_t15, imm(int64_t(at))});
                     E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
                     E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at))});
@@ -527,11 +525,11 @@ private:
                         }
                         for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
                             const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : NT;
-                            E(op, {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4)),
-                                   m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + m) *
-                                                      kBandBytes +
-                                                  m_p.w_lane * 4),
-                                   imm(8), imm(n * 4), imm(n * 4), imm(512), t.flag});
+                            E(op,
+                              {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4)),
+                               m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + m) * kBandBytes +
+                                              m_p.w_lane * 4),
+                               imm(8), imm(n * 4), imm(n * 4), imm(512), t.flag});
                             ++count;
                         }
                         break;
@@ -635,8 +633,8 @@ private:
                     const isa::Arg dst = imm(int64_t(full_tile(f, m)));
                     const isa::Arg src = at + int64_t(panel_off(m) * 4);
                     if (lhs && tiles_out)
-                        issued += lhs_tiles(op, false, at, panel_off(m) * 4,
-                                            full_tile(f, m), n, m_sides);
+                        issued +=
+                            lhs_tiles(op, false, at, panel_off(m) * 4, full_tile(f, m), n, m_sides);
                     else if (lhs)
                         E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
                                m_sides.flag});
@@ -743,8 +741,8 @@ private:
                 continue;
             }
             if (tiles_out && n < C) {
-                narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar,
-                             m_a.c + m * m_m.cpanel, n, m_stores);
+                narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar, m_a.c + m * m_m.cpanel,
+                             n, m_stores);
                 continue;
             }
             if (lhs && !ttiles_out)
@@ -991,13 +989,13 @@ private:
         // tiles, 128 columns one tile).
         uint64_t per_row = lhs ? e : panels_out ? uint64_t(m_k.C) * e : cn * e;
         uint64_t per_col = lhs ? cn * e : panels_out ? uint64_t(m_k.M) * e : e;
-        if (m_k.c == DotLayout::TransposedTiles && lhs) {  // streamed rows: C^T's rows
+        if (m_k.c == DotLayout::TransposedTiles && lhs) {            // streamed rows: C^T's rows
             per_row = uint64_t(ceil_div(m_k.M, m_k.C)) * m_k.C * 4;  // row / C rows of MT tiles
-            per_col = uint64_t(m_k.C) * 4;                          // m0 / C tiles
-        } else if (m_k.c == DotLayout::TransposedTiles) {  // C^T in R x C tiles, rows = N
-            per_row = uint64_t(m_k.C) * 4;                          // row / C tiles
+            per_col = uint64_t(m_k.C) * 4;                           // m0 / C tiles
+        } else if (m_k.c == DotLayout::TransposedTiles) {            // C^T in R x C tiles, rows = N
+            per_row = uint64_t(m_k.C) * 4;                           // row / C tiles
             per_col = uint64_t(ceil_div(m_k.M, m_k.C)) * m_k.C * 4;  // n0 / C rows of MT tiles
-        } else if (m_k.c == DotLayout::TransposedVpuTiles) {  // the problem's C in tiles
+        } else if (m_k.c == DotLayout::TransposedVpuTiles) {         // the problem's C in tiles
             per_row = uint64_t(m_NT) * kBandBytes / 8;
             per_col = kBandBytes / 128;
         } else if (m_k.c == DotLayout::VpuTiles && lhs) {
@@ -1133,8 +1131,9 @@ std::string blocks_unsupported(const DotKey& k) {
     if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
     // C^T in MXU tiles: every block starts a tile.
     if (k.c == DotLayout::TransposedTiles && k.block_rows % k.C)
-        return fmt::format("C transposed in MXU tiles needs blocks of a multiple of {} rows, not {}",
-                           k.C, k.block_rows);
+        return fmt::format(
+            "C transposed in MXU tiles needs blocks of a multiple of {} rows, not {}", k.C,
+            k.block_rows);
     // A streamed operand stored transposed in tiles is read one tile column per block.
     if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows != 128)
         return fmt::format(
@@ -1194,7 +1193,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     // Blocks of whole tiles where C's tiles or a streamed operand's need them
     // (blocks_unsupported): one tile column of a streamed operand in transposed tiles.
     const bool column_blocks = problem(k).a == DotLayout::TransposedVpuTiles;
-    const uint32_t unit = k.c == DotLayout::TransposedTiles ? k.C
+    const uint32_t unit = k.c == DotLayout::TransposedTiles                               ? k.C
                           : k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles ? 128
                                                                                           : 8;
     for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {

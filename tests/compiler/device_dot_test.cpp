@@ -157,9 +157,9 @@ std::vector<std::vector<float>> run_mlp(Backend& backend, int64_t B, int64_t I, 
     const auto shapes = mlp_param_shapes(I, H, C);
     std::vector<LazyTensor> params, momenta;
     for (size_t i = 0; i < 4; ++i) {
-        params.push_back(ctx.parameter(fmt::format("p{}", i), shapes[i],
-                                       {randoms(size_t(shapes[i].elements()), 90 + uint32_t(i),
-                                                -0.1f, 0.1f)}));
+        params.push_back(
+            ctx.parameter(fmt::format("p{}", i), shapes[i],
+                          {randoms(size_t(shapes[i].elements()), 90 + uint32_t(i), -0.1f, 0.1f)}));
         momenta.push_back(ctx.parameter(fmt::format("m{}", i), shapes[i],
                                         {std::vector<float>(size_t(shapes[i].elements()), 0.0f)}));
     }
@@ -303,8 +303,7 @@ TEST(CompilerDotDevice, TheMergedQkvReadsItsThreeWeightsAsTheyLie) {
             const LazyTensor w =
                 ctx.parameter(fmt::format("w{}", i), ws, {randoms(512 * 256, 92 + i, -0.2f, 0.2f)});
             const LazyTensor b = ctx.parameter(fmt::format("b{}", i), bs, {randoms(512, 95 + i)});
-            outs.push_back(
-                ctx.wrap(linear(ctx.graph(), ctx.value(x), ctx.value(w), ctx.value(b))));
+            outs.push_back(ctx.wrap(linear(ctx.graph(), ctx.value(x), ctx.value(w), ctx.value(b))));
         }
         ctx.mark_step();
         std::vector<std::vector<float>> got;

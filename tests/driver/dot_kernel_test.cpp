@@ -99,7 +99,8 @@ std::vector<uint8_t> lay_out(const std::vector<float>& x, uint32_t rows, uint32_
         case DotLayout::TransposedVpuTiles: {  // the transpose (cols x rows) in 8 x 128 tiles
             std::vector<float> v(size_t(ceil_div(cols, 8)) * ceil_div(rows, 128) * 1024, 0.0f);
             for (uint32_t r = 0; r < rows; ++r)
-                for (uint32_t c = 0; c < cols; ++c) v[tiled_at(c, r, rows)] = x[size_t(r) * cols + c];
+                for (uint32_t c = 0; c < cols; ++c)
+                    v[tiled_at(c, r, rows)] = x[size_t(r) * cols + c];
             put32(v);
             break;
         }
@@ -178,12 +179,12 @@ std::vector<float> read_c(const std::vector<uint8_t>& bytes, const Case& t, cons
     for (uint32_t r = 0; r < t.M; ++r)
         for (uint32_t c = 0; c < t.N; ++c) {
             const size_t at = t.c == DotLayout::Gemm ? (size_t(c / k.C) * t.M + r) * k.C + c % k.C
-                              : t.c == DotLayout::VpuTiles ? tiled_at(r, c, t.N)
+                              : t.c == DotLayout::VpuTiles           ? tiled_at(r, c, t.N)
                               : t.c == DotLayout::TransposedVpuTiles ? tiled_at(c, r, t.M)
                               : t.c == DotLayout::TransposedTiles
                                   ? (size_t(c / k.C) * ceil_div(t.M, k.C) + r / k.C) * k.C * k.C +
                                         (c % k.C) * k.C + r % k.C
-                                                                     : size_t(r) * t.N + c;
+                                  : size_t(r) * t.N + c;
             if (e == 4) {
                 std::memcpy(&y[size_t(r) * t.N + c], bytes.data() + at * 4, 4);
             } else {
@@ -252,14 +253,14 @@ void run_case(Device& device, const Case& t, uint32_t seed) {
         return out;
     }();
     const Buffer br = put(res_bytes);
-    const size_t c_bytes =
-        t.c == DotLayout::TransposedTiles
-            ? size_t(ceil_div(t.N, k.C)) * ceil_div(t.M, k.C) * k.C * k.C * 4
-        : t.c == DotLayout::VpuTiles ? size_t(ceil_div(t.M, 8)) * ceil_div(t.N, 128) * 4096
-        : t.c == DotLayout::TransposedVpuTiles
-            ? size_t(ceil_div(t.N, 8)) * ceil_div(t.M, 128) * 4096
-            : (t.c == DotLayout::Gemm ? size_t(ceil_div(t.N, k.C)) * k.C : t.N) * t.M *
-                  (t.f.store_bf16 ? 2 : 4);
+    const size_t c_bytes = t.c == DotLayout::TransposedTiles
+                               ? size_t(ceil_div(t.N, k.C)) * ceil_div(t.M, k.C) * k.C * k.C * 4
+                           : t.c == DotLayout::VpuTiles
+                               ? size_t(ceil_div(t.M, 8)) * ceil_div(t.N, 128) * 4096
+                           : t.c == DotLayout::TransposedVpuTiles
+                               ? size_t(ceil_div(t.N, 8)) * ceil_div(t.M, 128) * 4096
+                               : (t.c == DotLayout::Gemm ? size_t(ceil_div(t.N, k.C)) * k.C : t.N) *
+                                     t.M * (t.f.store_bf16 ? 2 : 4);
     const Buffer bc = dev->alloc(c_bytes, 0);
 
     isa::Builder b("dot_test");
