@@ -89,6 +89,7 @@ struct Batch {
     };
     Operand a, w;
     uint64_t c_offset = 0;
+    driver::DotLayout c_layout = driver::DotLayout::VpuTiles;
     int64_t M = 0, K = 0, N = 0;
 };
 
@@ -163,15 +164,19 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
             (side == 0 ? out[size_t(b)].a : out[size_t(b)].w) = o;
         }
     }
-    if (f.results.size() != 1 || !(f.results[0].layout == tiled3) ||
-        g.shape(dot.results[0]).rank() != 3)
-        not_generated(f, "a batched dot's result not one [B, M, N] array in T(8,128) tiles");
+    // The result: [B, M, N], each batch's matrix in T(8,128) tiles or row-major (untiled:
+    // what a dot reading it through a merging reshape asked for).
+    const bool c_tiled = !f.results.empty() && f.results[0].layout == tiled3;
+    if (f.results.size() != 1 || g.shape(dot.results[0]).rank() != 3 ||
+        !(c_tiled || f.results[0].layout == row_major(3)))
+        not_generated(f, "a batched dot's result not one [B, M, N] array, tiled or row-major");
     for (int64_t b = 0; b < B; ++b) {
         Batch& x = out[size_t(b)];
         x.M = dims[0][0];
         x.K = dims[0][1];
         x.N = dims[1][0];
-        x.c_offset = uint64_t(b) * tiled_bytes(x.M, x.N);
+        x.c_layout = c_tiled ? driver::DotLayout::VpuTiles : driver::DotLayout::RowMajor;
+        x.c_offset = uint64_t(b) * (c_tiled ? tiled_bytes(x.M, x.N) : uint64_t(x.M * x.N * 4));
     }
     return out;
 }
@@ -302,6 +307,23 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     const auto source = [&](ValueId v) -> const FusionValue* {
         while (inside_fusion(f, g, v)) {
             const Op& op = g.producer(v);
+            if (op.kind == OpKind::Reshape && !inside_fusion(f, g, op.operands[0]) &&
+                g.shape(v).rank() == 2) {
+                // A view of an untiled row-major array: the same bytes as the [rows, cols]
+                // row-major matrix the dot reads.
+                const FusionValue* x = operand_of(f, op.operands[0]);
+                if (!(x->layout == row_major(x->shape.rank())))
+                    not_generated(f, fmt::format("a reshape before the dot of an array in {}",
+                                                 x->layout.to_string()));
+                if (x->shape.dtype != DType::F32)
+                    not_generated(f, "a reshaped dot operand that is not f32");
+                auto view = std::make_shared<FusionValue>(*x);
+                view->shape = g.shape(v);
+                view->layout = row_major(2);
+                p.views.push_back(view);
+                prologue.insert(g.value(v).producer);
+                return view.get();
+            }
             if (op.kind != OpKind::Convert)
                 not_generated(f, fmt::format("{} before the dot", op_name(op.kind)));
             // The kernel rounds to bf16 itself in one pass; a rounding before more passes
@@ -331,7 +353,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
         prologue.insert(batch->w.prologue.begin(), batch->w.prologue.end());
         la = batch->a.layout;
         lw = batch->w.layout;
-        lcv = driver::DotLayout::VpuTiles;
+        lcv = batch->c_layout;
         M = batch->M;
         K = batch->K;
         N = batch->N;

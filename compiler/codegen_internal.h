@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -175,6 +176,7 @@ struct DotFusion {
     std::vector<EpStep> steps;                 ///< the epilogue, in order
     int areas = 0;                             ///< tile-sized VMEM areas: results, then scratch
     uint64_t a_off = 0, w_off = 0, c_off = 0;  ///< a batch's matrices within a, w and c (bytes)
+    std::vector<std::shared_ptr<FusionValue>> views;  ///< operands read through a reshape
 };
 
 /// Plans an output fusion rooted at a 2-D dot (no batch dims): operands through in-fusion

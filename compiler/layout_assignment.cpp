@@ -91,6 +91,14 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             const Op& p = g.producer(x);
             if (p.kind == OpKind::Convert || p.kind == OpKind::Concatenate)
                 stack.insert(stack.end(), p.operands.begin(), p.operands.end());
+            // A dot reading v through a reshape that merges dims (attention's [heads, d, seq]
+            // viewed as [seq, hidden]): v lies untiled row-major, so the view is the same bytes
+            // (a tiled layout would make it a relayout). A head split ([R, H D] to [R, H, D])
+            // is read through the tiles as they are: no preference.
+            if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape && p.operands[0] == v &&
+                !(g.shape(v).rank() == 2 && g.shape(x).rank() == 3 &&
+                  g.shape(x).dims[0] == g.shape(v).dims[0]))
+                return row_major(g.shape(v).rank());
         }
         if (!found) continue;
         const Shape& s = g.shape(v);
@@ -105,6 +113,10 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             if (!stationary && !leaf_param && s.rank() == 2 && contracting.size() == 1 &&
                 contracting[0] == 0)
                 return std::nullopt;
+            // A computed matrix held stationary is read as it lies too (the kernel transposes
+            // a held tile in VMEM when its contracting dim is minor): its producer, a loop
+            // fusion or another dot, writes the default row-major tiles.
+            if (stationary && !leaf_param && s.rank() == 2) return std::nullopt;
             return dot_operand_layout(s, side == 0 ? d.lhs_batch : d.rhs_batch,
                                       side == 0 ? d.lhs_contracting : d.rhs_contracting, stationary,
                                       stationary && leaf_param, cfg);

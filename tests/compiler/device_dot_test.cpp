@@ -237,8 +237,9 @@ TEST(CompilerDotProbe, TheDotsOfAnMlpStepAndABertBlock) {
 
 TEST(CompilerDotDevice, TheLhsStationaryReadsTiledOperandsAndWritesTiles) {
     // relu(x W^T + b) + r with x 256 x 256 and 1024 output features: the planner holds x and
-    // streams W's 1024 rows (C^T = W x^T), so x lies transposed in T(8,128) tiles (K major),
-    // W in its T(8,128) tiles with K minor, and C in T(8,128) tiles: the kernel writes each
+    // streams W's 1024 rows (C^T = W x^T). x lies as it is, in T(8,128) tiles with K minor
+    // (the kernel transposes each held tile in VMEM), W in its T(8,128) tiles with K minor
+    // (W^T row-major: streamed as it is), and C in T(8,128) tiles: the kernel writes each
     // transposed-back result tile as 8-row runs of whole tiles. Residual: a Full side read the
     // same way.
     const Shape xs{DType::F32, {256, 256}}, ws{DType::F32, {1024, 256}}, bs{DType::F32, {1024}},
@@ -259,15 +260,16 @@ TEST(CompilerDotDevice, TheLhsStationaryReadsTiledOperandsAndWritesTiles) {
     const CompiledStep s = compile(g);
     ASSERT_EQ(s.fusions.size(), 1u) << s.to_string();
     EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
-    EXPECT_EQ(s.inputs[0].layout.to_string(), "{0,1:T(8,128)}");
+    EXPECT_EQ(s.inputs[0].layout.to_string(), "{1,0:T(8,128)}");
     EXPECT_EQ(s.parameters[0].layout.to_string(), "{1,0:T(8,128)}");
     EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{1,0:T(8,128)}");
 }
 
-TEST(CompilerDotDevice, AnLhsStationaryDotWritesTheTransposedTilesTheNextOneHolds) {
-    // fc2(relu(fc1(x))), both with the LHS stationary (ffn1 -> ffn2 of a BERT block): fc2 holds
-    // h = relu(fc1(x)) as A^T, so fc1 writes C^T in T(8,128) tiles ({0,1:T(8,128)}): each
-    // result tile, after its epilogue, is transposed back and stored as whole bands.
+TEST(CompilerDotDevice, AnLhsStationaryDotFeedsTheNextOneHoldingItsResult) {
+    // fc2(relu(fc1(x))), both with the LHS stationary (ffn1 -> ffn2 of a BERT block): fc1
+    // writes h in the default T(8,128) tiles and fc2 holds h as it lies (a computed matrix is
+    // read as it lies; the kernel's C^T in tiles, DotLayout::TransposedVpuTiles, stays for a
+    // consumer that asks for it).
     const Shape xs{DType::F32, {256, 256}}, w1s{DType::F32, {1024, 256}},
         w2s{DType::F32, {1024, 1024}}, bs{DType::F32, {1024}};
     const Record record = [](Graph& g, const std::vector<ValueId>& v) {
@@ -287,7 +289,7 @@ TEST(CompilerDotDevice, AnLhsStationaryDotWritesTheTransposedTilesTheNextOneHold
     ASSERT_EQ(s.fusions.size(), 2u) << s.to_string();
     EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
     EXPECT_EQ(s.fusions[1].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
-    EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{0,1:T(8,128)}");
+    EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{1,0:T(8,128)}");
 }
 
 TEST(CompilerDotDevice, TheMergedQkvReadsItsThreeWeightsAsTheyLie) {
@@ -374,6 +376,37 @@ TEST(CompilerDotDevice, AttentionValuesPerHeadReadVTransposedThroughTheHeadSplit
     expect_bit_exact(
         {{"v", vs, {randoms(128 * 256, 103)}}, {"p", ps, {randoms(4 * 128 * 128, 104, 0, 1)}}},
         record);
+}
+
+TEST(CompilerDotDevice, TheOutProjectionReadsTheHeadsThroughTheirView) {
+    // PyTorchSim's attention: V^T P per head ([4, 64, 128]) viewed as [128, 256] (a reshape
+    // that merges dims), then the out-projection with its bias and the residual. Layout
+    // assignment lays the heads' array untiled row-major, so the view is the same bytes: the
+    // batched dot writes each head's 64 x 128 matrix row-major, the out-projection reads the
+    // view as a row-major A. One launch, two output fusions.
+    const Shape vs{DType::F32, {128, 256}}, ps{DType::F32, {4, 128, 128}},
+        ws{DType::F32, {256, 256}}, bs{DType::F32, {256}};
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        DotDims od;
+        od.lhs_batch = {0};
+        od.rhs_batch = {0};
+        od.lhs_contracting = {1};
+        od.rhs_contracting = {1};
+        const ValueId a = reshape(g, dot(g, heads_of(g, v[0], 4), v[1], od), {128, 256});
+        return add(g, linear(g, a, v[2], v[3]), v[0]);
+    };
+    expect_bit_exact({{"v", vs, {randoms(128 * 256, 105)}},
+                      {"p", ps, {randoms(4 * 128 * 128, 106, 0, 1)}},
+                      {"w", ws, {randoms(256 * 256, 107, -0.2f, 0.2f)}, true},
+                      {"b", bs, {randoms(256, 108)}, true}},
+                     record);
+    Graph g;
+    g.add_output(
+        record(g, {g.input(vs, "v"), g.input(ps, "p"), g.parameter(ws, "w"), g.parameter(bs, "b")}),
+        "y");
+    const CompiledStep s = compile(g);
+    ASSERT_EQ(s.fusions.size(), 2u) << s.to_string();
+    EXPECT_EQ(s.fusions[0].results.at(0).layout.to_string(), "{2,1,0}");
 }
 
 /// Two MLP training steps on the device (2 replicas, race detector on, host fallback for what
