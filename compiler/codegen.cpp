@@ -156,7 +156,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     const Graph& g = step.graph;
     // Plans first: a fusion that cannot be generated fails before anything is emitted.
     std::vector<Plan> plans;
-    std::vector<std::optional<DotFusion>> dots;
+    std::vector<std::vector<DotFusion>> dots;
     std::vector<std::optional<CollectiveFusion>> collectives;
     std::vector<std::shared_ptr<const ConvPoolFusion>> windows;  // codegen_conv.cpp
     std::vector<std::optional<DerivedSlot>> slots;
@@ -269,8 +269,8 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
             emit_collective(b, c, x, y, ring, ready ? &*ready : nullptr, handshakes);
             continue;
         }
-        if (dots[k]) {
-            emit_dot_fusion(b, *dots[k], load);
+        if (!dots[k].empty()) {
+            for (const DotFusion& d : dots[k]) emit_dot_fusion(b, d, load);
             continue;
         }
         if (windows[k]) {

@@ -43,7 +43,16 @@ std::optional<driver::DotLayout> dot_layout_of(const FusionValue& fv, int64_t ro
         if (!is_c) return driver::DotLayout::Transposed;
         return std::nullopt;
     }
-    if (!rows_major) return std::nullopt;
+    if (!rows_major) {
+        // Stored transposed in VPU tiles: what the LHS stationary reads (A^T held, W^T
+        // streamed) and may write (C^T, as a next dot holding it stationary reads it).
+        if (l.tile == std::vector<int64_t>{8, 128}) return driver::DotLayout::TransposedVpuTiles;
+        // A weight [out, in] as the forward holds it ({0,1:T(128,128)}), read by dX = dY W or
+        // written by dW = dY^T X in its parameter's layout.
+        if ((is_w || is_c) && l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
+            return driver::DotLayout::TransposedTiles;
+        return std::nullopt;
+    }
     if (is_w && l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
         return driver::DotLayout::Tiles;
     if (l.tile == std::vector<int64_t>{8, 128}) return driver::DotLayout::VpuTiles;
@@ -56,16 +65,239 @@ const FusionValue* operand_of(const Fusion& f, ValueId v) {
     return nullptr;
 }
 
+/// One dot of a fusion whose operand is a concatenation along its free dim (dot_merger's merged
+/// Q, K, V): the part this dot reads, and the slice of the result it computes with the ops
+/// downstream of it (its epilogue) and the fusion result they write.
+struct Part {
+    int side = 1;                   ///< the concatenated operand: 0 (lhs) or 1 (rhs)
+    ValueId operand = ~ValueId(0);  ///< the part of the concatenation
+    int64_t size = 0;               ///< its free dim
+    ValueId root = ~ValueId(0);     ///< the slice of the dot's result it computes
+    std::set<OpId> ops;             ///< the ops downstream of the slice (the epilogue)
+    const FusionValue* result = nullptr;
+};
+
+/// One batch of a batched dot (attention's heads): where its operands' matrices lie.
+struct Batch {
+    struct Operand {
+        const FusionValue* fv = nullptr;
+        driver::DotLayout layout = driver::DotLayout::VpuTiles;
+        uint64_t offset = 0;      ///< bytes from the array's start to the matrix's first tile
+        uint32_t band_tiles = 0;  ///< a window's array's tiles per band (0: its own)
+        uint32_t lane = 0;        ///< a window's first lane
+        std::set<OpId> prologue;  ///< the reshape it is read through
+    };
+    Operand a, w;
+    uint64_t c_offset = 0;
+    driver::DotLayout c_layout = driver::DotLayout::VpuTiles;
+    int64_t M = 0, K = 0, N = 0;
+};
+
+DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board, const Part* part,
+                   const Batch* batch = nullptr);
+
+/// Bytes of one [rows, cols] f32 matrix in T(8,128) tiles.
+uint64_t tiled_bytes(int64_t rows, int64_t cols) {
+    return uint64_t((rows + 7) / 8) * uint64_t((cols + 127) / 128) * 4096;
+}
+
+/// The batches of a dot with one batch dim whose operands are either [B, P, Q] arrays in
+/// T(8,128) tiles (one matrix per batch) or a reshape of a [R, H x D] array in T(8,128) tiles
+/// to [R, H, D] with the batch dim H (attention's head split: head h is the window of D lanes
+/// at column h D, read through with the array's strides, never copied).
+std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
+    const Op& dot = g.op(f.hero);
+    const DotDims& d = dot.attrs.dot;
+    if (d.lhs_batch.size() != 1 || d.rhs_batch.size() != 1 || d.lhs_contracting.size() != 1 ||
+        d.rhs_contracting.size() != 1 || g.shape(dot.operands[0]).rank() != 3 ||
+        g.shape(dot.operands[1]).rank() != 3)
+        not_generated(f, "a dot with batch dims other than one batch of matrices");
+    const Layout tiled3{{2, 1, 0}, {8, 128}};
+    const int64_t B = g.shape(dot.results[0]).dims[0];
+    std::vector<Batch> out(static_cast<size_t>(B));
+    int64_t dims[2][2];  // per side: free, contracting extent
+    for (int side = 0; side < 2; ++side) {
+        const ValueId v = dot.operands[size_t(side)];
+        const int64_t bd = side == 0 ? d.lhs_batch[0] : d.rhs_batch[0];
+        const int64_t cd = side == 0 ? d.lhs_contracting[0] : d.rhs_contracting[0];
+        const Shape& vs = g.shape(v);
+        const int64_t fd = 3 - bd - cd;
+        dims[side][0] = vs.dims[size_t(fd)];
+        dims[side][1] = vs.dims[size_t(cd)];
+        for (int64_t b = 0; b < B; ++b) {
+            Batch::Operand o;
+            bool contracting_minor;  // the matrix's minor (lane) dim is the contracting one
+            if (inside_fusion(f, g, v)) {
+                const Op& r = g.producer(v);
+                const ValueId x = r.operands.empty() ? v : r.operands[0];
+                const Shape& xs = g.shape(x);
+                if (r.kind != OpKind::Reshape || inside_fusion(f, g, x) || xs.rank() != 2 ||
+                    xs.dims[0] != vs.dims[0] || xs.dims[1] != vs.dims[1] * vs.dims[2] || bd != 1)
+                    not_generated(f, fmt::format("{} before a batched dot", op_name(r.kind)));
+                o.fv = operand_of(f, x);
+                if (!(o.fv->layout == Layout{{1, 0}, {8, 128}}))
+                    not_generated(f, fmt::format("a head split of an array in layout {}",
+                                                 o.fv->layout.to_string()));
+                const int64_t col = b * vs.dims[2];
+                o.offset = uint64_t(col / 128) * 4096;
+                o.lane = uint32_t(col % 128);
+                o.band_tiles = uint32_t((xs.dims[1] + 127) / 128);
+                o.prologue.insert(g.value(v).producer);
+                contracting_minor = cd == 2;
+            } else {
+                // One matrix per batch: the batch dim most major, the other two in T(8,128)
+                // tiles (either order: the lanes' dim contracting or free).
+                o.fv = operand_of(f, v);
+                const auto& mtm = o.fv->layout.minor_to_major;
+                if (mtm.size() != 3 || mtm[2] != bd ||
+                    o.fv->layout.tile != std::vector<int64_t>{8, 128})
+                    not_generated(f, fmt::format("a batched dot operand in layout {}",
+                                                 o.fv->layout.to_string()));
+                o.offset =
+                    uint64_t(b) * tiled_bytes(vs.dims[size_t(mtm[1])], vs.dims[size_t(mtm[0])]);
+                contracting_minor = cd == mtm[0];
+            }
+            // A (M x K) is row-major when K is minor; W (K x N) when N is.
+            const bool row_major = side == 0 ? contracting_minor : !contracting_minor;
+            o.layout =
+                row_major ? driver::DotLayout::VpuTiles : driver::DotLayout::TransposedVpuTiles;
+            (side == 0 ? out[size_t(b)].a : out[size_t(b)].w) = o;
+        }
+    }
+    // The result: [B, M, N], each batch's matrix in T(8,128) tiles or row-major (untiled:
+    // what a dot reading it through a merging reshape asked for).
+    const bool c_tiled = !f.results.empty() && f.results[0].layout == tiled3;
+    if (f.results.size() != 1 || g.shape(dot.results[0]).rank() != 3 ||
+        !(c_tiled || f.results[0].layout == row_major(3)))
+        not_generated(f, "a batched dot's result not one [B, M, N] array, tiled or row-major");
+    for (int64_t b = 0; b < B; ++b) {
+        Batch& x = out[size_t(b)];
+        x.M = dims[0][0];
+        x.K = dims[0][1];
+        x.N = dims[1][0];
+        x.c_layout = c_tiled ? driver::DotLayout::VpuTiles : driver::DotLayout::RowMajor;
+        x.c_offset = uint64_t(b) * (c_tiled ? tiled_bytes(x.M, x.N) : uint64_t(x.M * x.N * 4));
+    }
+    return out;
+}
+
 }  // namespace
 
-DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) {
+std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
+                                       const hw::BoardConfig& board) {
+    const Op& dot = g.op(f.hero);
+    if (dot.kind != OpKind::Dot)
+        not_generated(f, fmt::format("an output fusion of {}", op_name(dot.kind)));
+    if (!dot.attrs.dot.lhs_batch.empty()) {
+        // One dot per batch (attention's heads), each reading its matrices where they lie.
+        std::vector<DotFusion> plans;
+        for (const Batch& b : plan_batches(g, f))
+            plans.push_back(plan_one(g, f, board, nullptr, &b));
+        return plans;
+    }
+    // A concatenated operand (through conversions) along its free dim: each part is a dot of
+    // its own over the slice of the result it makes, so the parts' buffers are read as they
+    // lie (no concatenation is materialised) and each slice's epilogue runs on its tiles.
+    const DotDims& d = dot.attrs.dot;
+    for (int side = 0; side < 2; ++side) {
+        ValueId v = dot.operands[size_t(side)];
+        if (!inside_fusion(f, g, v) || g.producer(v).kind != OpKind::Concatenate) continue;
+        const Op& cat = g.producer(v);
+        const auto& contracting = side == 0 ? d.lhs_contracting : d.rhs_contracting;
+        if (g.shape(v).rank() != 2 || contracting.size() != 1 || cat.attrs.axis == contracting[0])
+            not_generated(f, "a concatenation along a contracting dim before the dot");
+        const int64_t out_dim = side == 0 ? 0 : 1;  // the free dim's place in the result
+        // Every op of the fusion but the dot and the concatenation is downstream of one slice
+        // of the result that matches one part exactly.
+        std::vector<Part> parts;
+        int64_t at = 0;
+        for (ValueId x : cat.operands) {
+            Part pt;
+            pt.side = side;
+            pt.operand = x;
+            pt.size = g.shape(x).dims[size_t(cat.attrs.axis)];
+            for (OpId id : f.ops) {
+                const Op& op = g.op(id);
+                if (op.kind != OpKind::Slice || op.operands[0] != dot.results[0]) continue;
+                const Shape& rs = g.shape(dot.results[0]);
+                std::vector<int64_t> start(2, 0), limit = rs.dims;
+                start[size_t(out_dim)] = at;
+                limit[size_t(out_dim)] = at + pt.size;
+                if (op.attrs.dims == start && op.attrs.limits == limit) pt.root = op.results[0];
+            }
+            if (pt.root == ~ValueId(0))
+                not_generated(f, "a concatenated dot operand whose parts' results are not sliced");
+            at += pt.size;
+            parts.push_back(std::move(pt));
+        }
+        std::set<OpId> claimed{f.hero, g.value(v).producer};
+        for (Part& pt : parts) {
+            claimed.insert(g.value(pt.root).producer);
+            std::set<ValueId> reach{pt.root};
+            for (OpId id : f.ops) {
+                const Op& op = g.op(id);
+                if (std::none_of(op.operands.begin(), op.operands.end(),
+                                 [&](ValueId o) { return reach.count(o) > 0; }))
+                    continue;
+                pt.ops.insert(id);
+                for (ValueId r : op.results) reach.insert(r);
+            }
+            for (const FusionValue& r : f.results)
+                if (reach.count(r.value)) {
+                    if (pt.result) not_generated(f, "a part of a merged dot with two results");
+                    pt.result = &r;
+                }
+            if (!pt.result) not_generated(f, "a part of a merged dot without a result");
+            for (OpId id : pt.ops)
+                if (!claimed.insert(id).second)
+                    not_generated(f, "an epilogue op that reads two parts of a merged dot");
+        }
+        // Each part's epilogue also takes what its ops read that does not come from the dot
+        // (a bias's broadcast, a literal): cheap ops a part may share with another.
+        std::set<ValueId> from_dot{dot.results[0]};
+        for (OpId id : f.ops) {
+            const Op& op = g.op(id);
+            if (std::any_of(op.operands.begin(), op.operands.end(),
+                            [&](ValueId o) { return from_dot.count(o) > 0; }))
+                for (ValueId r : op.results) from_dot.insert(r);
+        }
+        for (Part& pt : parts) {
+            std::vector<OpId> todo(pt.ops.begin(), pt.ops.end());
+            while (!todo.empty()) {
+                const Op& op = g.op(todo.back());
+                todo.pop_back();
+                for (ValueId o : op.operands)
+                    if (inside_fusion(f, g, o) && !from_dot.count(o) &&
+                        pt.ops.insert(g.value(o).producer).second)
+                        todo.push_back(g.value(o).producer);
+            }
+        }
+        if (f.results.size() != parts.size())
+            not_generated(f, "a merged dot whose results are not one per part");
+        // Nothing that reads the dot's result may be left out of every part.
+        for (OpId id : f.ops)
+            if (!claimed.count(id) && std::any_of(g.op(id).results.begin(), g.op(id).results.end(),
+                                                  [&](ValueId r) { return from_dot.count(r) > 0; }))
+                not_generated(f, "an op of a merged dot that reads the whole result");
+        std::vector<DotFusion> plans;
+        for (const Part& pt : parts) plans.push_back(plan_one(g, f, board, &pt));
+        return plans;
+    }
+    return {plan_one(g, f, board, nullptr)};
+}
+
+namespace {
+
+DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board, const Part* part,
+                   const Batch* batch) {
     DotFusion p;
     const Op& dot = g.op(f.hero);
     if (dot.kind != OpKind::Dot)
         not_generated(f, fmt::format("an output fusion of {}", op_name(dot.kind)));
     const DotDims& d = dot.attrs.dot;
-    if (!d.lhs_batch.empty() || d.lhs_contracting.size() != 1 || d.rhs_contracting.size() != 1 ||
-        g.shape(dot.operands[0]).rank() != 2 || g.shape(dot.operands[1]).rank() != 2)
+    if (!batch &&
+        (!d.lhs_batch.empty() || d.lhs_contracting.size() != 1 || d.rhs_contracting.size() != 1 ||
+         g.shape(dot.operands[0]).rank() != 2 || g.shape(dot.operands[1]).rank() != 2))
         not_generated(f, "a dot with batch dims or operands of rank other than 2");
     if (f.dots.empty()) not_generated(f, "a dot without a plan");
     const driver::Precision prec =
@@ -75,6 +307,23 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
     const auto source = [&](ValueId v) -> const FusionValue* {
         while (inside_fusion(f, g, v)) {
             const Op& op = g.producer(v);
+            if (op.kind == OpKind::Reshape && !inside_fusion(f, g, op.operands[0]) &&
+                g.shape(v).rank() == 2) {
+                // A view of an untiled row-major array: the same bytes as the [rows, cols]
+                // row-major matrix the dot reads.
+                const FusionValue* x = operand_of(f, op.operands[0]);
+                if (!(x->layout == row_major(x->shape.rank())))
+                    not_generated(f, fmt::format("a reshape before the dot of an array in {}",
+                                                 x->layout.to_string()));
+                if (x->shape.dtype != DType::F32)
+                    not_generated(f, "a reshaped dot operand that is not f32");
+                auto view = std::make_shared<FusionValue>(*x);
+                view->shape = g.shape(v);
+                view->layout = row_major(2);
+                p.views.push_back(view);
+                prologue.insert(g.value(v).producer);
+                return view.get();
+            }
             if (op.kind != OpKind::Convert)
                 not_generated(f, fmt::format("{} before the dot", op_name(op.kind)));
             // The kernel rounds to bf16 itself in one pass; a rounding before more passes
@@ -91,26 +340,51 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
                 f, fmt::format("a {} dot operand (the kernel reads f32)", fv->shape.to_string()));
         return fv;
     };
-    p.a = source(dot.operands[0]);
-    p.w = source(dot.operands[1]);
-    const int64_t lc = d.lhs_contracting[0], rc = d.rhs_contracting[0];
-    const auto la = dot_layout_of(*p.a, 1 - lc, false, false, board);
-    const auto lw = dot_layout_of(*p.w, rc, true, false, board);
+    std::optional<driver::DotLayout> la, lw, lcv;
+    int64_t M = 0, K = 0, N = 0;
+    if (batch) {
+        p.a = batch->a.fv;
+        p.w = batch->w.fv;
+        for (const FusionValue* fv : {p.a, p.w})
+            if (fv->shape.dtype != DType::F32)
+                not_generated(f, fmt::format("a {} dot operand (the kernel reads f32)",
+                                             fv->shape.to_string()));
+        prologue.insert(batch->a.prologue.begin(), batch->a.prologue.end());
+        prologue.insert(batch->w.prologue.begin(), batch->w.prologue.end());
+        la = batch->a.layout;
+        lw = batch->w.layout;
+        lcv = batch->c_layout;
+        M = batch->M;
+        K = batch->K;
+        N = batch->N;
+        p.a_off = batch->a.offset;
+        p.w_off = batch->w.offset;
+        p.c_off = batch->c_offset;
+    } else {
+        p.a = source(part && part->side == 0 ? part->operand : dot.operands[0]);
+        p.w = source(part && part->side == 1 ? part->operand : dot.operands[1]);
+        const int64_t lc = d.lhs_contracting[0], rc = d.rhs_contracting[0];
+        la = dot_layout_of(*p.a, 1 - lc, false, false, board);
+        lw = dot_layout_of(*p.w, rc, true, false, board);
+        const Shape& ls = g.shape(dot.operands[0]);
+        M = part && part->side == 0 ? part->size : ls.dims[size_t(1 - lc)];
+        K = ls.dims[size_t(lc)];
+        N = part && part->side == 1 ? part->size : g.shape(dot.operands[1]).dims[size_t(1 - rc)];
+    }
     if (!la || !lw)
         not_generated(f, fmt::format("dot operands in layouts {} and {}", p.a->layout.to_string(),
                                      p.w->layout.to_string()));
-    if (f.results.size() != 1)
+    if (!part && f.results.size() != 1)
         not_generated(f, fmt::format("an output fusion with {} results", f.results.size()));
-    p.c = &f.results[0];
+    p.c = part ? part->result : &f.results[0];
     if (p.c->shape.dtype != DType::F32)
         not_generated(f, fmt::format("a {} result (f32 only)", p.c->shape.to_string()));
-    const auto lcv = dot_layout_of(*p.c, 0, false, true, board);
+    if (!batch) lcv = dot_layout_of(*p.c, 0, false, true, board);
     if (!lcv) not_generated(f, fmt::format("a dot result in layout {}", p.c->layout.to_string()));
-    const Shape& ls = g.shape(dot.operands[0]);
-    const int64_t M = ls.dims[size_t(1 - lc)], K = ls.dims[size_t(lc)];
-    const int64_t N = g.shape(dot.operands[1]).dims[size_t(1 - rc)];
-    const std::vector<int64_t> mn{M, N};
-    if (p.c->shape.dims != mn)
+    // The epilogue's arrays have the result's shape ([B, M, N] for a batched dot: each
+    // batch's tiles are its own, so only literals and the result itself take part).
+    const std::vector<int64_t> mn = batch ? p.c->shape.dims : std::vector<int64_t>{M, N};
+    if (!batch && p.c->shape.dims != mn)
         not_generated(f, fmt::format("a result {} that is not the dot's [{}, {}]",
                                      p.c->shape.to_string(), M, N));
     if (M > UINT32_MAX || K > UINT32_MAX || N > UINT32_MAX)
@@ -118,11 +392,12 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
 
     // The epilogue: every other op, placed against the result tile.
     std::map<ValueId, EpValue> val;
-    val[dot.results[0]] = {EpKind::Full, -1};
+    val[part ? part->root : dot.results[0]] = {EpKind::Full, -1};
     std::vector<const FusionValue*> columns, fulls;
     int results = 0;
     const auto full_operand = [&](ValueId v) -> EpValue {
         const FusionValue* fv = operand_of(f, v);
+        if (batch) not_generated(f, "a side array in a batched dot's epilogue");
         if (fv->shape.dims != mn || !(fv->layout == p.c->layout) || fv->shape.dtype != DType::F32)
             not_generated(
                 f, fmt::format("a side {} in layout {} (the result's is {})", fv->shape.to_string(),
@@ -132,6 +407,7 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
     };
     for (OpId id : f.ops) {
         if (id == f.hero || prologue.count(id)) continue;
+        if (part && !part->ops.count(id)) continue;
         const Op& op = g.op(id);
         const ValueId res = op.results[0];
         const auto in = [&](size_t i) -> EpValue {
@@ -224,13 +500,23 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
     shape.w = *lw;
     shape.c = *lcv;
     shape.stationary = f.dots[0].stationary;
+    if (batch) {
+        shape.a_band_tiles = batch->a.band_tiles;
+        shape.a_lane = batch->a.lane;
+        shape.w_band_tiles = batch->w.band_tiles;
+        shape.w_lane = batch->w.lane;
+    }
     shape.column_sides = uint32_t(columns.size());
     shape.full_sides = uint32_t(fulls.size());
     driver::DotKey probe = shape;
     probe.R = board.core.mxu_rows;
     probe.C = board.core.mxu_cols;
     probe.mxus = std::min<uint32_t>(board.core.mxus, 2);
-    probe.block_rows = 8;
+    probe.block_rows = 128;  // a block of whole tiles: the layouts alone are probed here
+    probe.a_band_tiles = shape.a_band_tiles;
+    probe.w_band_tiles = shape.w_band_tiles;
+    probe.a_lane = shape.a_lane;
+    probe.w_lane = shape.w_lane;
     if (const std::string why = driver::dot_unsupported(probe); !why.empty())
         not_generated(f, "the dot kernel: " + why);
     // The kernel's tiling in what the epilogue's areas leave of VMEM.
@@ -251,6 +537,8 @@ DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig
     not_generated(f, "a dot whose epilogue does not fit in VMEM beside it");
 }
 
+}  // namespace
+
 void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
                      const std::function<void(const isa::Reg&, const BufferRef&)>& load) {
     // Each address in a register of its own, straight from the argument table (the kernel
@@ -261,6 +549,9 @@ void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
         return r;
     };
     const isa::Reg ra = addr(*p.a, "dot.a"), rw = addr(*p.w, "dot.w"), rc = addr(*p.c, "dot.c");
+    // A batch's matrices within their arrays.
+    for (const auto& [r, off] : {std::pair{&ra, p.a_off}, {&rw, p.w_off}, {&rc, p.c_off}})
+        if (off) b.emit(Opcode::Add, {*r, *r, imm(int64_t(off))});
     std::vector<isa::Reg> side_regs;
     driver::Epilogue ep;
     for (size_t i = 0; i < p.sides.size(); ++i) {

@@ -180,15 +180,19 @@ struct DotFusion {
     const FusionValue* a = nullptr;
     const FusionValue* w = nullptr;
     const FusionValue* c = nullptr;
-    std::vector<const FusionValue*> sides;  ///< in Epilogue::sides order (Columns first)
-    std::vector<EpStep> steps;              ///< the epilogue, in order
-    int areas = 0;                          ///< tile-sized VMEM areas: results, then scratch
+    std::vector<const FusionValue*> sides;     ///< in Epilogue::sides order (Columns first)
+    std::vector<EpStep> steps;                 ///< the epilogue, in order
+    int areas = 0;                             ///< tile-sized VMEM areas: results, then scratch
+    uint64_t a_off = 0, w_off = 0, c_off = 0;  ///< a batch's matrices within a, w and c (bytes)
+    std::vector<std::shared_ptr<FusionValue>> views;  ///< operands read through a reshape
 };
 
 /// Plans an output fusion rooted at a 2-D dot (no batch dims): operands through in-fusion
 /// conversions, the epilogue's ops and sides, the kernel's tiling in the VMEM the epilogue's
-/// areas leave.
-DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board);
+/// areas leave. One plan per dot the fusion runs: a dot of a concatenated operand (merged
+/// Q, K, V) runs one dot per part, each over the slice of the result it makes.
+std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
+                                       const hw::BoardConfig& board);
 
 /// Emits an output fusion rooted at a dot: the dot kernel with the epilogue's ops on each
 /// result tile (bit-exact with the evaluator: the same fp32 ops in the same order). `load`

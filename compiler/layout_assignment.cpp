@@ -118,6 +118,14 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             const Op& p = g.producer(x);
             if (p.kind == OpKind::Convert || p.kind == OpKind::Concatenate)
                 stack.insert(stack.end(), p.operands.begin(), p.operands.end());
+            // A dot reading v through a reshape that merges dims (attention's [heads, d, seq]
+            // viewed as [seq, hidden]): v lies untiled row-major, so the view is the same bytes
+            // (a tiled layout would make it a relayout). A head split ([R, H D] to [R, H, D])
+            // is read through the tiles as they are: no preference.
+            if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape && p.operands[0] == v &&
+                !(g.shape(v).rank() == 2 && g.shape(x).rank() == 3 &&
+                  g.shape(x).dims[0] == g.shape(v).dims[0]))
+                return row_major(g.shape(v).rank());
         }
         if (!found) continue;
         const Shape& s = g.shape(v);
@@ -125,6 +133,17 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             const DotDims& d = hero.attrs.dot;
             const bool stationary =
                 !f.dots.empty() && (f.dots[0].stationary == Stationary::Rhs) == (side == 1);
+            // A computed matrix streamed along its major dim (a weight gradient's dY^T X
+            // reads dY [batch, out] contracting the batch) is read as it lies, a tile column
+            // at a time (the kernel's transposed tiles): its producer keeps the default.
+            const auto& contracting = side == 0 ? d.lhs_contracting : d.rhs_contracting;
+            if (!stationary && !leaf_param && s.rank() == 2 && contracting.size() == 1 &&
+                contracting[0] == 0)
+                return std::nullopt;
+            // A computed matrix held stationary is read as it lies too (the kernel transposes
+            // a held tile in VMEM when its contracting dim is minor): its producer, a loop
+            // fusion or another dot, writes the default row-major tiles.
+            if (stationary && !leaf_param && s.rank() == 2) return std::nullopt;
             return dot_operand_layout(s, side == 0 ? d.lhs_batch : d.rhs_batch,
                                       side == 0 ? d.lhs_contracting : d.rhs_contracting, stationary,
                                       stationary && leaf_param, cfg);
@@ -200,7 +219,48 @@ void assign_layouts(CompiledStep& step, const CompileOptions& options) {
         }
         val.layout = default_layout(val.shape, cfg);
     };
-    // Parameters first (they keep their layout across steps), then the rest.
+    // Parameters a dot reads first (they keep their layout across steps); a parameter no dot
+    // reads (optimizer state) waits for the parameter it is updated alongside (below).
+    const auto preferred = [&](ValueId v) {
+        for (size_t i : readers[v])
+            if (preference(step, step.fusions[i], v, cfg)) return true;
+        return false;
+    };
+    for (ValueId v : g.leaves(OpKind::Parameter))
+        if (preferred(v)) choose(v);
+    // An optimizer update writes a parameter in place: its gradient (through the all-reduce and
+    // the elementwise fusions between) and its state (momentum) take the parameter's layout,
+    // so the update reads them all in one layout and the weight gradient's dot writes it
+    // directly (XLA's layout assignment propagates an operand constraint from the aliased
+    // output the same way).
+    std::vector<int64_t> producer_fusion(g.values().size(), -1);
+    for (size_t i = 0; i < step.fusions.size(); ++i)
+        for (const FusionValue& r : step.fusions[i].results) producer_fusion[r.value] = int64_t(i);
+    const auto params_in_order = g.leaves(OpKind::Parameter);
+    for (const Output& o : g.outputs()) {
+        if (o.updates_parameter < 0) continue;
+        const ValueId p = params_in_order[size_t(o.updates_parameter)];
+        if (!g.value(p).layout.assigned()) continue;
+        const Layout& l = g.value(p).layout;
+        const Shape& s = g.value(p).shape;
+        std::vector<ValueId> todo{o.value};
+        while (!todo.empty()) {
+            const ValueId v = todo.back();
+            todo.pop_back();
+            const int64_t fi = producer_fusion[v];
+            if (fi < 0) continue;
+            const Fusion& f = step.fusions[size_t(fi)];
+            if (f.kind != FusionKind::Loop && f.kind != FusionKind::Collective) continue;
+            for (const FusionValue& fv : f.operands) {
+                Value& val = g.value_mut(fv.value);
+                if (val.layout.assigned() || !(val.shape.dims == s.dims)) continue;
+                const OpKind k = g.producer(fv.value).kind;
+                if (k == OpKind::Input || k == OpKind::Constant) continue;
+                val.layout = l;
+                todo.push_back(fv.value);
+            }
+        }
+    }
     for (OpKind k : {OpKind::Parameter, OpKind::Input, OpKind::Constant})
         for (ValueId v : g.leaves(k)) choose(v);
     // An output that replaces a parameter is written in the parameter's layout (in place).

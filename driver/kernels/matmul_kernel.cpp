@@ -27,6 +27,10 @@ std::string_view dot_layout_name(DotLayout l) {
             return "gemm";
         case DotLayout::VpuTiles:
             return "vpu-tiles";
+        case DotLayout::TransposedVpuTiles:
+            return "transposed-vpu-tiles";
+        case DotLayout::TransposedTiles:
+            return "transposed-tiles";
     }
     return "?";
 }
@@ -85,13 +89,25 @@ struct Problem {
     uint32_t M, K, N;
     DotLayout a, w;
     bool lhs;
+    uint32_t a_band_tiles = 0, w_band_tiles = 0, a_lane = 0, w_lane = 0;  ///< DotKey's windows
 };
 Problem problem(const DotKey& k) {
-    if (k.stationary == Stationary::Rhs) return {k.M, k.K, k.N, k.a, k.w, false};
+    if (k.stationary == Stationary::Rhs)
+        return {k.M, k.K, k.N, k.a, k.w, false, k.a_band_tiles, k.w_band_tiles, k.a_lane, k.w_lane};
     auto flip = [](DotLayout l) {
-        return l == DotLayout::RowMajor ? DotLayout::Transposed : DotLayout::RowMajor;
+        switch (l) {
+            case DotLayout::RowMajor:
+                return DotLayout::Transposed;
+            case DotLayout::VpuTiles:
+                return DotLayout::TransposedVpuTiles;
+            case DotLayout::TransposedVpuTiles:
+                return DotLayout::VpuTiles;
+            default:
+                return DotLayout::RowMajor;
+        }
     };
-    return {k.N, k.K, k.M, flip(k.w), flip(k.a), true};
+    return {k.N,      k.K,     k.M, flip(k.w), flip(k.a), true, k.w_band_tiles, k.a_band_tiles,
+            k.w_lane, k.a_lane};
 }
 
 /// VMEM areas (byte offsets from the first; each 512-byte aligned, in this order). A's bf16
@@ -127,14 +143,17 @@ Map vmem_map(const DotKey& k) {
     take(&Map::abf, "a_bf16", P * KT * m.apanel);
     if (staged(p.a)) {
         take(&Map::astage, "a_stage", 2 * a32);
-        if (p.a == DotLayout::Transposed) take(&Map::att, "a_trans", a32);
+        if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles)
+            take(&Map::att, "a_trans", a32);
         if (P > 1) take(&Map::af, "a_f", a32);
         if (P > 1) take(&Map::ar1, "a_r1", a32);
         if (P > 2) take(&Map::ar2, "a_r2", a32);
     }
     if (staged(p.w)) {
         take(&Map::wstage, "w_stage", 2 * k.mxus * w32);
-        if (p.w == DotLayout::Transposed) take(&Map::wtt, "w_trans", k.mxus * w32);
+        if (p.w == DotLayout::Transposed || p.w == DotLayout::TransposedTiles ||
+            p.w == DotLayout::TransposedVpuTiles)
+            take(&Map::wtt, "w_trans", k.mxus * w32);
         if (P > 1) take(&Map::wf, "w_f", w32);
         if (P > 1) take(&Map::wr1, "w_r1", w32);
         if (P > 2) take(&Map::wr2, "w_r2", w32);
@@ -146,7 +165,7 @@ Map vmem_map(const DotKey& k) {
     m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
     if (k.column_sides) take(&Map::col, "columns", k.column_sides * m.col_stride);
     if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * k.mxus * m.cpanel);
-    if (p.lhs) take(&Map::tt, "c_trans", k.mxus * m.cpanel);
+    if (p.lhs || k.c == DotLayout::TransposedTiles) take(&Map::tt, "c_trans", k.mxus * m.cpanel);
     if (k.store_bf16) take(&Map::bf, "c_bf16", k.mxus * T * k.C * 2);
     return m;
 }
@@ -315,6 +334,9 @@ private:
         m_b.bind(skip);
     }
 
+    /// Tiles per band of a held W^T in 8 x 128 tiles (KT, or a window's array's).
+    uint64_t wbt() const { return m_p.w_band_tiles ? m_p.w_band_tiles : m_KT; }
+
     uint32_t kk(uint32_t j) const { return std::min(m_k.R, m_p.K - j * m_k.R); }
     /// Columns of panel m of the group (the last panel of C may be narrow).
     uint32_t nn(bool last, uint32_t m) const {
@@ -354,6 +376,12 @@ private:
             case DotLayout::VpuTiles:
                 per_col = kBandBytes / 128;  // n0 / 128 tiles of 4 KiB
                 break;
+            case DotLayout::TransposedVpuTiles:
+                per_col = wbt() * kBandBytes / 8;  // n0 / 8 bands of KT tiles
+                break;
+            case DotLayout::TransposedTiles:
+                per_col = uint64_t(m_KT) * m_k.C * 4;  // n0 / C rows of KT tiles
+                break;
         }
         if (first || last) {
             E(Opcode::Add, {m_wb, m_W.value, imm(int64_t(first_col(first) * per_col))});
@@ -383,17 +411,52 @@ private:
                 E(op, {imm(int64_t(at)), m_t14 + int64_t(j * R * M * 4), imm(k), m_t15, m_t15,
                        imm(int64_t(M * 4)), t.flag});
                 ++count;
+            } else if (m_p.a == DotLayout::TransposedVpuTiles) {
+                // A^T (K x M) in tiles, blocks of 128 rows: the block's column of tiles in
+                // the 16 bands of step j, MT tiles apart, lands as k x 128 row-major.
+                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t MT = m_p.a_band_tiles ? m_p.a_band_tiles : ceil_div(m_p.M, 128);
+                E(Opcode::Mul, {m_t14, m_row, imm(kBandBytes / 128)});
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * R / 8 * MT * kBandBytes),
+                       imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
+                       imm(int64_t(MT * kBandBytes)), t.flag});
+                ++count;
             } else if (m_p.a == DotLayout::VpuTiles) {
                 // Panel j of the block's bands: one 4 KiB tile per 8 rows, KT tiles apart; in
                 // VMEM they are the block's rows of R = 128 values, as a row-major panel's.
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
-                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(uint64_t(m_KT) * R * 4))});
+                const uint64_t band_tiles = m_p.a_band_tiles ? m_p.a_band_tiles : m_KT;
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * R * 4))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
-                E(Opcode::Shr, {m_t15, m_rows, imm(3)});
-                E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
-                       imm(kBandBytes), imm(kBandBytes), imm(int64_t(uint64_t(m_KT) * kBandBytes)),
-                       t.flag});
-                ++count;
+                if (k < R) {
+                    // K padded: the last step's k lanes of each band's tile, one DMA per band,
+                    // compacted to rows of k values (a short last band brings padding rows).
+                    const isa::Label band = m_b.label("a_band");
+                    E(Opcode::Add,
+                      {m_t14, m_t14, imm(int64_t(uint64_t(j) * kBandBytes + m_p.a_lane * 4))});
+                    E(Opcode::Li, {m_t15, imm(int64_t(at))});
+                    E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
+                    E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at))});
+                    m_b.bind(band);
+                    E(op, {m_t15, m_t14, imm(8), imm(k * 4), imm(k * 4), imm(512), t.flag});
+                    E(Opcode::Add, {t.count, t.count, imm(1)});
+                    E(Opcode::Add, {m_t14, m_t14, imm(int64_t(band_tiles * kBandBytes))});
+                    E(Opcode::Add, {m_t15, m_t15, imm(8 * k * 4)});
+                    E(Opcode::Bltu, {m_t15, m_tmp, band});
+                } else {
+                    // Rows not a multiple of 8: the last band's padding rows come along.
+                    if (m_p.M % 8) {
+                        E(Opcode::Add, {m_t15, m_rows, imm(7)});
+                        E(Opcode::Shr, {m_t15, m_t15, imm(3)});
+                    } else {
+                        E(Opcode::Shr, {m_t15, m_rows, imm(3)});
+                    }
+                    E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
+                           imm(kBandBytes), imm(kBandBytes),
+                           imm(int64_t(uint64_t(m_KT) * kBandBytes)), t.flag});
+                    ++count;
+                }
             } else if (m_p.a == DotLayout::RowMajor) {
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(K * 4))});
@@ -449,12 +512,41 @@ private:
                         }
                         break;
                     case DotLayout::VpuTiles:
-                        // Tile (j, n0 / C + m): R / 8 bands of 4 KiB, a band row of NT tiles
-                        // apart, landing as the R x C row-major tile.
+                        // Tile (j, n0 / C + m): ceil(k / 8) bands of 4 KiB, a band row of NT
+                        // tiles apart, landing as the k x C row-major tile; a narrow last
+                        // panel (N padded) one DMA per band, compacted to rows of n values.
+                        if (n == C) {
+                            E(op, {imm(int64_t(wstage(slot, m))),
+                                   m_wb + int64_t((uint64_t(j) * R / 8 * NT + m) * kBandBytes),
+                                   imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
+                                   imm(int64_t(NT * kBandBytes)), t.flag});
+                            ++count;
+                            break;
+                        }
+                        for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
+                            const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : NT;
+                            E(op,
+                              {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4)),
+                               m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + m) * kBandBytes +
+                                              m_p.w_lane * 4),
+                               imm(8), imm(n * 4), imm(n * 4), imm(512), t.flag});
+                            ++count;
+                        }
+                        break;
+                    case DotLayout::TransposedVpuTiles:
+                        // W^T (N x K) in tiles: tile column j of the panel's ceil(n / 8) bands,
+                        // KT tiles apart, lands as n x 128 and is transposed in VMEM.
                         E(op, {imm(int64_t(wstage(slot, m))),
-                               m_wb + int64_t((uint64_t(j) * R / 8 * NT + m) * kBandBytes),
-                               imm(R / 8), imm(kBandBytes), imm(kBandBytes),
-                               imm(int64_t(NT * kBandBytes)), t.flag});
+                               m_wb + int64_t((uint64_t(m) * C / 8 * wbt() + j) * kBandBytes),
+                               imm(ceil_div(n, 8)), imm(kBandBytes), imm(kBandBytes),
+                               imm(int64_t(wbt() * kBandBytes)), t.flag});
+                        ++count;
+                        break;
+                    case DotLayout::TransposedTiles:
+                        // Tile (n0 / C + m, j) of W^T: n rows of k values, transposed in VMEM.
+                        E(op, {imm(int64_t(wstage(slot, m))),
+                               m_wb + int64_t((uint64_t(m) * m_KT + j) * R * C * 4), imm(n),
+                               imm(k * 4), imm(k * 4), imm(C * 4), t.flag});
                         ++count;
                         break;
                 }
@@ -488,24 +580,42 @@ private:
         const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;  // C's bytes a value, row length
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
         const bool tiles_out = m_k.c == DotLayout::VpuTiles;
+        // C^T in tiles (LHS stationary): the epilogue's tile is transposed back to the
+        // problem's orientation and stored as the RHS stationary stores C in tiles.
+        const bool ttiles_out = m_k.c == DotLayout::TransposedVpuTiles;
+        // C^T in the MXU's tiles (a weight gradient in its parameter's layout): each result
+        // tile transposed after its epilogue, stored a 128-column piece (one tile) at a time.
+        const bool mxu_tiles_out = m_k.c == DotLayout::TransposedTiles;
+        const uint64_t MT = ceil_div(m_k.M, C), tile_bytes = uint64_t(C) * C * 4;
         // HBM byte offset of panel m from the pending address, in values.
+        // With the LHS stationary a panel is 128 rows of C: C N values, in tiles C rows of
+        // ceil(N / 128) tiles.
         auto panel_off = [&](uint32_t m) -> uint64_t {
+            if (mxu_tiles_out) return uint64_t(m) * (lhs ? 1 : MT) * tile_bytes / 4;
+            if (ttiles_out) return uint64_t(m) * kBandBytes / 4;
+            if (lhs && tiles_out) return uint64_t(m) * C * ceil_div(m_k.N, 128) * 128;
+            if (lhs) return uint64_t(m) * C * cn;
             if (tiles_out) return uint64_t(m) * kBandBytes / 4;
-            return lhs ? uint64_t(m) * C * cn : panels_out ? uint64_t(m) * m_k.M * C : m * C;
+            return panels_out ? uint64_t(m) * m_k.M * C : m * C;
         };
         // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run.
         isa::Reg bands;
         const int64_t band_stride = int64_t(m_NT) * kBandBytes;
-        if (tiles_out) {
+        if ((tiles_out && !lhs) || ttiles_out) {
             bands = m_b.reg("bands");
-            E(Opcode::Shr, {bands, m_prows, imm(3)});
+            if (m_p.M % 8) {  // the last band's padding rows too
+                E(Opcode::Add, {bands, m_prows, imm(7)});
+                E(Opcode::Shr, {bands, bands, imm(3)});
+            } else {
+                E(Opcode::Shr, {bands, m_prows, imm(3)});
+            }
         }
         int vpu_ops = 0;
         // (1) Full sides: each panel's tile of each, the same elements as the result's.
         if (m_k.full_sides) {
             const isa::Reg at = m_b.reg("side_at");
             isa::Reg row_bytes;
-            if (lhs) {
+            if (lhs && !tiles_out) {
                 row_bytes = m_b.reg("side_row_bytes");
                 E(Opcode::Mul, {row_bytes, m_prows, imm(4)});
             }
@@ -522,16 +632,22 @@ private:
                     const uint32_t n = nn(last, m);
                     const isa::Arg dst = imm(int64_t(full_tile(f, m)));
                     const isa::Arg src = at + int64_t(panel_off(m) * 4);
-                    if (lhs)
+                    if (lhs && tiles_out)
+                        issued +=
+                            lhs_tiles(op, false, at, panel_off(m) * 4, full_tile(f, m), n, m_sides);
+                    else if (lhs)
                         E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
                                m_sides.flag});
+                    else if (tiles_out && n < C)
+                        issued += narrow_bands(op, false, at, panel_off(m) * 4, nullptr,
+                                               full_tile(f, m), n, m_sides);
                     else if (tiles_out)
                         E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
                                m_sides.flag});
                     else
                         E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
                                imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
-                    ++issued;
+                    if (!(lhs && tiles_out) && !(tiles_out && n < C)) ++issued;
                 }
                 ++f;
             }
@@ -545,6 +661,9 @@ private:
             E(Opcode::Add, {columns, m_pcol, imm(int64_t(m_a.col))});
         }
         if (lhs) tile_rows = m_b.reg("tile_rows");
+        // The transposed tiles have one area: the previous group's stores from it must be
+        // done (the last group's flush follows the one inside it with no group between).
+        if (lhs || mxu_tiles_out) E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_k.store_bf16 && !lhs) count = m_b.reg("tile_values");
         auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
             vpu(op, args);
@@ -578,6 +697,12 @@ private:
                 EpilogueTile et(m_b, tile, std::move(sides), *rows, cols, counted);
                 m_ep.body(et);
             }
+            if (ttiles_out) counted(Opcode::VTrans, {result, tile, imm(n), imm(T)});
+            if (mxu_tiles_out && !lhs)
+                counted(Opcode::VTrans,
+                        {imm(int64_t(m_a.tt + m * m_m.cpanel)), result, imm(T), imm(n)});
+            if (mxu_tiles_out && lhs)  // back to C^T's orientation, the problem's
+                counted(Opcode::VTrans, {result, tile, imm(n), imm(T)});
             if (m_k.store_bf16) {
                 isa::Arg values = imm(int64_t(n) * T);
                 if (!lhs) {
@@ -591,7 +716,7 @@ private:
         if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
         // (3) The stores.
         isa::Reg row_bytes;
-        if (lhs) {
+        if (lhs && !tiles_out && !ttiles_out && !mxu_tiles_out) {
             row_bytes = m_b.reg("row_bytes");
             E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
         }
@@ -599,13 +724,31 @@ private:
         for (uint32_t m = 0; m < np; ++m) {
             const uint32_t n = nn(last, m);
             isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
-            if (lhs) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
+            if (lhs && !ttiles_out) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
             if (m_k.store_bf16) src = imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2));
             const isa::Arg dst = m_paddr + int64_t(panel_off(m) * e);
-            if (lhs)
+            if (lhs && tiles_out) {
+                lhs_tiles(op, true, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n,
+                          m_stores);
+                continue;
+            }
+            if (mxu_tiles_out && lhs) {
+                lhs_mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.c + m * m_m.cpanel, n);
+                continue;
+            }
+            if (mxu_tiles_out) {
+                mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n);
+                continue;
+            }
+            if (tiles_out && n < C) {
+                narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar, m_a.c + m * m_m.cpanel,
+                             n, m_stores);
+                continue;
+            }
+            if (lhs && !ttiles_out)
                 E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
                        m_stores.flag});
-            else if (tiles_out)
+            else if (tiles_out || ttiles_out)
                 E(op, {dst, src, bands, imm(kBandBytes), imm(band_stride), imm(kBandBytes),
                        m_stores.flag});
             else
@@ -615,6 +758,108 @@ private:
             E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
         }
     }
+    /// With the LHS stationary and C in 8 x 128 tiles: moves the pending columns of an n x T
+    /// tile in VMEM at `vm` (n rows of C, T values a row) to (`store`) or from C's tiles at
+    /// `hbm` + `off` bytes, one 8-row DMA of 512-byte rows per band and column tile (a column
+    /// tile is contiguous in HBM but strided in VMEM), counted on `t`. Returns the DMAs counted
+    /// (the loop adds them to t.count itself, so 0).
+    uint32_t lhs_tiles(Opcode op, bool store, const isa::Reg& hbm, uint64_t off, uint64_t vm,
+                       uint32_t n, const Tally& t) {
+        const uint32_t T = m_k.block_rows;
+        const int64_t band = int64_t(ceil_div(m_k.N, 128)) * kBandBytes;  // a band of C's tiles
+        const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+                       end = m_b.reg("tiles.end");
+        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+        E(Opcode::Li, {v, imm(int64_t(vm))});
+        E(Opcode::Mul, {end, m_prows, imm(4)});  // prows / 128 column tiles of 512 bytes
+        E(Opcode::Add, {end, end, imm(int64_t(vm))});
+        const isa::Label loop = m_b.label("tiles");
+        m_b.bind(loop);
+        for (uint32_t b = 0; b < ceil_div(n, 8); ++b) {
+            const isa::Arg ha = h + int64_t(b) * band, va = v + int64_t(b) * 8 * T * 4;
+            if (store)
+                E(op, {ha, va, imm(8), imm(512), imm(512), imm(int64_t(T) * 4), t.flag});
+            else
+                E(op, {va, ha, imm(8), imm(512), imm(int64_t(T) * 4), imm(512), t.flag});
+        }
+        E(Opcode::Add, {t.count, t.count, imm(ceil_div(n, 8))});
+        E(Opcode::Add, {h, h, imm(kBandBytes)});
+        E(Opcode::Add, {v, v, imm(512)});
+        E(Opcode::Bltu, {v, end, loop});
+        return 0;
+    }
+
+    /// C^T in the MXU's tiles: the n x T transposed result tile at `vm` (n rows of C^T, the
+    /// pending rows of C as its columns) stored one tile (128 columns) at a time: n rows of
+    /// 512 bytes each; a short last block's last piece writes the tile's padding too (don't-care).
+    void mxu_tiles(Opcode op, const isa::Reg& hbm, uint64_t off, uint64_t vm, uint32_t n) {
+        const uint32_t T = m_k.block_rows, C = m_k.C;
+        const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+                       end = m_b.reg("tiles.end");
+        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+        E(Opcode::Li, {v, imm(int64_t(vm))});
+        E(Opcode::Mul, {end, m_prows, imm(4)});  // ceil(prows / C) pieces of C values
+        E(Opcode::Add, {end, end, imm(int64_t(vm))});
+        const isa::Label loop = m_b.label("mxu_tiles");
+        m_b.bind(loop);
+        E(op, {h, v, imm(n), imm(int64_t(C) * 4), imm(int64_t(C) * 4), imm(int64_t(T) * 4),
+               m_stores.flag});
+        E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
+        E(Opcode::Add, {h, h, imm(int64_t(C) * C * 4)});
+        E(Opcode::Add, {v, v, imm(int64_t(C) * 4)});
+        E(Opcode::Bltu, {v, end, loop});
+    }
+
+    /// C in 8 x 128 tiles, a narrow last panel (N padded): the pending rows of an n-column
+    /// panel (compact rows of n values in VMEM at `vbase` + `voff`) to (`store`) or from the
+    /// panel's tiles at `hbm` + `off`, one 8-row DMA of n values a row per band (a short last
+    /// band moves padding rows too). Counts on `t` itself; returns 0.
+    uint32_t narrow_bands(Opcode op, bool store, const isa::Reg& hbm, uint64_t off,
+                          const isa::Reg* vbase, uint64_t voff, uint32_t n, const Tally& t) {
+        const isa::Reg h = m_b.reg("bands.hbm"), v = m_b.reg("bands.vmem"),
+                       end = m_b.reg("bands.end");
+        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+        if (vbase)
+            E(Opcode::Add, {v, *vbase, imm(int64_t(voff))});
+        else
+            E(Opcode::Li, {v, imm(int64_t(voff))});
+        E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
+        E(Opcode::Add, {end, end, v});
+        const isa::Label loop = m_b.label("narrow");
+        m_b.bind(loop);
+        if (store)
+            E(op, {h, v, imm(8), imm(int64_t(n) * 4), imm(512), imm(int64_t(n) * 4), t.flag});
+        else
+            E(op, {v, h, imm(8), imm(int64_t(n) * 4), imm(int64_t(n) * 4), imm(512), t.flag});
+        E(Opcode::Add, {t.count, t.count, imm(1)});
+        E(Opcode::Add, {h, h, imm(int64_t(m_NT) * kBandBytes)});
+        E(Opcode::Add, {v, v, imm(int64_t(n) * 8 * 4)});
+        E(Opcode::Bltu, {v, end, loop});
+        return 0;
+    }
+
+    /// C^T in the MXU's tiles with the LHS stationary: the problem's T x n result tile (rows of
+    /// C^T, at c_parity + `voff`) stored one tile (128 rows) at a time; a short last block's
+    /// last piece writes padding rows (don't-care).
+    void lhs_mxu_tiles(Opcode op, const isa::Reg& hbm, uint64_t off, uint64_t voff, uint32_t n) {
+        const uint32_t C = m_k.C;
+        const uint64_t MT = ceil_div(m_k.M, C);
+        const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+                       end = m_b.reg("tiles.end");
+        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+        E(Opcode::Add, {v, m_ppar, imm(int64_t(voff))});
+        E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
+        E(Opcode::Add, {end, end, v});
+        const isa::Label loop = m_b.label("lhs_mxu_tiles");
+        m_b.bind(loop);
+        E(op, {h, v, imm(C), imm(int64_t(n) * 4), imm(int64_t(C) * 4), imm(int64_t(n) * 4),
+               m_stores.flag});
+        E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
+        E(Opcode::Add, {h, h, imm(int64_t(MT * C * C * 4))});
+        E(Opcode::Add, {v, v, imm(int64_t(C) * n * 4)});
+        E(Opcode::Bltu, {v, end, loop});
+    }
+
     uint64_t full_tile(uint32_t f, uint32_t m) const {
         return m_a.full + (uint64_t(f) * m_k.mxus + m) * m_m.cpanel;
     }
@@ -669,6 +914,12 @@ private:
                 if (m_p.a == DotLayout::Transposed) {
                     vpu(Opcode::VTrans, {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), m_rows});
                     x = m_a.att;
+                } else if (m_p.a == DotLayout::TransposedVpuTiles) {
+                    // k x 128 (a short last block's columns past its rows are padding; a
+                    // window's rows start at its lane).
+                    vpu(Opcode::VTrans,
+                        {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), imm(128)});
+                    x = m_a.att + uint64_t(m_p.a_lane) * k * 4;
                 }
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
@@ -678,10 +929,16 @@ private:
                 for (uint32_t m = 0; m < nm; ++m) {
                     const uint32_t n = nn(last, m);
                     uint64_t x = wstage(slot, m);
-                    if (m_p.w == DotLayout::Transposed) {
+                    if (m_p.w == DotLayout::Transposed || m_p.w == DotLayout::TransposedTiles) {
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                         vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
                         x = tt;
+                    } else if (m_p.w == DotLayout::TransposedVpuTiles) {
+                        // n x 128: the first k rows of the transpose are the tile's.
+                        const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
+                        vpu(Opcode::VTrans,
+                            {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(int64_t(R))});
+                        x = tt + uint64_t(m_p.w_lane) * n * 4;
                     }
                     convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
                             imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
@@ -732,7 +989,21 @@ private:
         // tiles, 128 columns one tile).
         uint64_t per_row = lhs ? e : panels_out ? uint64_t(m_k.C) * e : cn * e;
         uint64_t per_col = lhs ? cn * e : panels_out ? uint64_t(m_k.M) * e : e;
-        if (m_k.c == DotLayout::VpuTiles) {
+        if (m_k.c == DotLayout::TransposedTiles && lhs) {            // streamed rows: C^T's rows
+            per_row = uint64_t(ceil_div(m_k.M, m_k.C)) * m_k.C * 4;  // row / C rows of MT tiles
+            per_col = uint64_t(m_k.C) * 4;                           // m0 / C tiles
+        } else if (m_k.c == DotLayout::TransposedTiles) {            // C^T in R x C tiles, rows = N
+            per_row = uint64_t(m_k.C) * 4;                           // row / C tiles
+            per_col = uint64_t(ceil_div(m_k.M, m_k.C)) * m_k.C * 4;  // n0 / C rows of MT tiles
+        } else if (m_k.c == DotLayout::TransposedVpuTiles) {         // the problem's C in tiles
+            per_row = uint64_t(m_NT) * kBandBytes / 8;
+            per_col = kBandBytes / 128;
+        } else if (m_k.c == DotLayout::VpuTiles && lhs) {
+            // A streamed row is a column of C (blocks of whole tiles), a column of the problem
+            // a row of C: a band of ceil(N / 128) tiles per 8 rows.
+            per_row = kBandBytes / 128;
+            per_col = uint64_t(ceil_div(m_k.N, 128)) * kBandBytes / 8;
+        } else if (m_k.c == DotLayout::VpuTiles) {
             per_row = uint64_t(m_NT) * kBandBytes / 8;
             per_col = kBandBytes / 128;
         }
@@ -778,52 +1049,110 @@ private:
 
 }  // namespace
 
-std::string dot_unsupported(const DotKey& k) {
+namespace {
+
+/// dot_unsupported's reasons that do not depend on the block rows.
+std::string layout_unsupported(const DotKey& k) {
     if (k.M == 0 || k.K == 0 || k.N == 0)
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > 2)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
-    if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
-    if (k.a == DotLayout::Tiles) return "A cannot lie in tiles (a stationary W's layout)";
-    if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles)
+    if (k.a == DotLayout::Tiles || k.a == DotLayout::TransposedTiles)
+        return "A cannot lie in tiles (a stationary W's layout)";
+    if (k.w == DotLayout::TransposedTiles && k.stationary != Stationary::Rhs)
+        return "W transposed in MXU tiles needs the RHS stationary";
+    if ((k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles) && k.R != k.C)
+        return fmt::format("W or C transposed in MXU tiles needs a square MXU (R = {}, C = {})",
+                           k.R, k.C);
+    if (k.c == DotLayout::TransposedTiles && (k.store_bf16 || k.full_sides))
+        return "C transposed in MXU tiles needs an fp32 store and no Full sides";
+    const bool lhs = k.stationary == Stationary::Lhs;
+    if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles &&
+        k.c != DotLayout::TransposedTiles && !(lhs && k.c == DotLayout::TransposedVpuTiles))
         return fmt::format(
-            "C is written row-major, in the GEMM's panels or in 8 x 128 tiles, "
-            "not {}",
+            "C is written row-major, in the GEMM's panels or in 8 x 128 tiles (transposed "
+            "with the LHS stationary), not {}",
             dot_layout_name(k.c));
-    if (k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) {
-        if (k.stationary != Stationary::Rhs)
-            return "operands in 8 x 128 tiles need the RHS stationary";
-        if ((k.a == DotLayout::VpuTiles || k.c == DotLayout::VpuTiles) && k.M % 8)
-            return fmt::format("8 x 128 tiles need M a multiple of 8, not {}", k.M);
-        if (k.a == DotLayout::VpuTiles && (k.R != 128 || k.K % 128))
-            return fmt::format(
-                "A in 8 x 128 tiles needs a 128-row MXU and K a multiple of 128 "
-                "(R = {}, K = {})",
-                k.R, k.K);
-        if (k.w == DotLayout::VpuTiles && (k.R != 128 || k.C != 128 || k.K % 128 || k.N % 128))
-            return fmt::format(
-                "W in 8 x 128 tiles needs a 128 x 128 MXU and K and N multiples "
-                "of 128 (K = {}, N = {})",
-                k.K, k.N);
-        if (k.c == DotLayout::VpuTiles && (k.C != 128 || k.N % 128 || k.store_bf16))
-            return fmt::format(
-                "C in 8 x 128 tiles needs a 128-column MXU, N a multiple of 128 "
-                "and an fp32 store (C = {}, N = {})",
-                k.C, k.N);
+    // The problem the kernel runs reads its streamed and its held operand in row-major tiles:
+    // with the RHS stationary A and W as they are, with the LHS stationary W^T and A^T.
+    // The streamed operand may be stored transposed too (read a tile column at a time and
+    // transposed in VMEM); the held one only as it is. Tiles pad their dims (XLA's tiled
+    // layout): the kernel reads the padding of a last tile only where it lands outside the
+    // values it uses, and may write garbage into C's padding (its meaning is unspecified).
+    const bool vpu_tiles = k.a == DotLayout::VpuTiles || k.w == DotLayout::VpuTiles ||
+                           k.c == DotLayout::VpuTiles || k.a == DotLayout::TransposedVpuTiles ||
+                           k.w == DotLayout::TransposedVpuTiles ||
+                           k.c == DotLayout::TransposedVpuTiles;
+    if (vpu_tiles && (k.R != 128 || k.C != 128))
+        return fmt::format("8 x 128 tiles need a 128 x 128 MXU (R = {}, C = {})", k.R, k.C);
+    {
+        // Windows: only where the kernel reads a tile's lanes piecewise.
+        const Problem p = problem(k);
+        const bool a_win = p.a_band_tiles || p.a_lane, w_win = p.w_band_tiles || p.w_lane;
+        const uint32_t a_width = p.a == DotLayout::VpuTiles ? p.K : p.M;
+        const uint32_t w_width = p.w == DotLayout::VpuTiles ? p.N : p.K;
+        if (a_win && !((p.a == DotLayout::VpuTiles && (p.K < 128 || p.a_lane == 0)) ||
+                       p.a == DotLayout::TransposedVpuTiles))
+            return "a window of a wider array needs the streamed operand in 8 x 128 tiles with K "
+                   "below 128, or transposed";
+        if (w_win && !((p.w == DotLayout::VpuTiles && (p.N < 128 || p.w_lane == 0)) ||
+                       p.w == DotLayout::TransposedVpuTiles))
+            return "a window of a wider array needs the held operand in 8 x 128 tiles with N "
+                   "below 128, or transposed";
+        if ((p.a_lane && p.a_lane + a_width > 128) || (p.w_lane && p.w_lane + w_width > 128))
+            return "a window that starts inside a tile must end in it";
     }
+    if ((k.c == DotLayout::VpuTiles || k.c == DotLayout::TransposedVpuTiles) && k.store_bf16)
+        return "C in 8 x 128 tiles needs an fp32 store";
     if (k.w == DotLayout::Gemm && k.R % 2)
         return fmt::format("the GEMM's W tiles need an even MXU height (R = {})", k.R);
-    if (k.stationary == Stationary::Lhs) {
+    if (lhs) {
         auto fp32 = [](DotLayout l) {
-            return l == DotLayout::RowMajor || l == DotLayout::Transposed;
+            return l == DotLayout::RowMajor || l == DotLayout::Transposed ||
+                   l == DotLayout::TransposedVpuTiles || l == DotLayout::VpuTiles;
         };
-        if (!fp32(k.a) || !fp32(k.w) || k.c != DotLayout::RowMajor)
+        if (!fp32(k.a) || !fp32(k.w) || k.c == DotLayout::Gemm || k.w == DotLayout::Tiles)
             return fmt::format(
-                "with the LHS stationary the kernel reads A and W fp32 (row-major or "
-                "transposed) and writes C row-major; A is {}, W {}, C {}",
+                "with the LHS stationary the kernel reads A and W fp32 (row-major, "
+                "transposed or in 8 x 128 tiles) and writes C row-major or in 8 x 128 "
+                "tiles; A is {}, W {}, C {}",
                 dot_layout_name(k.a), dot_layout_name(k.w), dot_layout_name(k.c));
+        if (k.c == DotLayout::TransposedVpuTiles && (k.M % 128 || k.full_sides))
+            return fmt::format(
+                "C in transposed 8 x 128 tiles needs M a multiple of 128 and no Full sides "
+                "(M = {}, {} Full sides)",
+                k.M, k.full_sides);
     }
     return "";
+}
+
+/// dot_unsupported's reasons about the block rows.
+std::string blocks_unsupported(const DotKey& k) {
+    if (k.block_rows == 0) return "no block rows (plan it with plan_dot)";
+    // C^T in MXU tiles: every block starts a tile.
+    if (k.c == DotLayout::TransposedTiles && k.block_rows % k.C)
+        return fmt::format(
+            "C transposed in MXU tiles needs blocks of a multiple of {} rows, not {}", k.C,
+            k.block_rows);
+    // A streamed operand stored transposed in tiles is read one tile column per block.
+    if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows != 128)
+        return fmt::format(
+            "a streamed operand in transposed 8 x 128 tiles needs blocks of 128 rows, not {}",
+            k.block_rows);
+    // Each block's rows are C's columns there: whole 8 x 128 tiles of C per block.
+    if (k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles && k.block_rows % 128)
+        return fmt::format(
+            "C in 8 x 128 tiles with the LHS stationary needs blocks of a multiple of 128 rows, "
+            "not {}",
+            k.block_rows);
+    return "";
+}
+
+}  // namespace
+
+std::string dot_unsupported(const DotKey& k) {
+    std::string why = layout_unsupported(k);
+    return why.empty() ? blocks_unsupported(k) : why;
 }
 
 uint64_t dot_vmem_bytes(const DotKey& key) {
@@ -854,16 +1183,26 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     k.C = cfg.core.mxu_cols;
     k.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
     k.block_rows = 8;
-    if (const std::string why = dot_unsupported(k); !why.empty())
+    if (const std::string why = layout_unsupported(k); !why.empty())
         throw DeviceError(ErrorKind::Usage, "dot: " + why);
     const uint32_t rows = problem(k).M;
     std::optional<DotKey> best;
     double best_est = 0;
     // Even cuts of the rows, longest first; below R rows a block only adds steps bound by the
     // weight load (as plan_gemm).
+    // Blocks of whole tiles where C's tiles or a streamed operand's need them
+    // (blocks_unsupported): one tile column of a streamed operand in transposed tiles.
+    const bool column_blocks = problem(k).a == DotLayout::TransposedVpuTiles;
+    const uint32_t unit = k.c == DotLayout::TransposedTiles                               ? k.C
+                          : k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles ? 128
+                                                                                          : 8;
     for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
-        k.block_rows = ceil_div(ceil_div(rows, nb), 8) * 8;
-        if (k.block_rows > kMaxBlockRows) continue;
+        k.block_rows = ceil_div(ceil_div(rows, nb), unit) * unit;
+        if (column_blocks) {
+            if (nb > 1) break;
+            k.block_rows = 128;
+        }
+        if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
         if (best && k.block_rows < std::min(rows, k.R)) break;
         if (dot_vmem_bytes(k) > vmem_bytes) continue;
         const double est = dot_estimate_cycles(cfg, k);

@@ -39,8 +39,19 @@ enum class DotLayout : uint8_t {
     /// runs of 4 KiB per 128-column panel, one DMA; a W tile 16 runs. Stationary::Rhs, a
     /// 128 x 128 MXU, M a multiple of 8 (A, C), and K (A, W) and N (W, C fp32) multiples of 128.
     VpuTiles,
+    /// fp32 stored transposed in the VPU's 8 x 128 tiles (A as K x M, W as N x K; the
+    /// compiler's {0,1:T(8,128)} of a rank-2 operand): with the LHS stationary, the layouts
+    /// under which the kernel's problem C^T = W^T A^T reads W^T and A^T in VpuTiles. A in
+    /// it needs M, W in it N a multiple of 128; K a multiple of 128.
+    TransposedVpuTiles,
+    /// fp32 stored transposed in the MXU's R x C tiles (R = C), zero-padded: W as N x K
+    /// (tile (n, k) at (n KT + k) R C 4 bytes), a stationary weight of `[out, in]` read by
+    /// dX = dY W; C as N x M (tile (n, m) at (n MT + m) R C 4, MT = ceil(M / C)), a weight
+    /// gradient written in its parameter's layout. The RHS stationary only.
+    TransposedTiles,
 };
-/// "row-major", "transposed", "tiles", "gemm", "vpu-tiles".
+/// "row-major", "transposed", "tiles", "gemm", "vpu-tiles", "transposed-vpu-tiles",
+/// "transposed-tiles".
 std::string_view dot_layout_name(DotLayout l);
 
 /// The fused dot kernel's key: every input its code depends on besides the epilogue's body.
@@ -49,7 +60,7 @@ struct DotKey {
     Precision precision = Precision::Bf16;
     DotLayout a = DotLayout::RowMajor;        ///< A's layout
     DotLayout w = DotLayout::RowMajor;        ///< W's layout
-    DotLayout c = DotLayout::RowMajor;        ///< C's layout (RowMajor or Gemm)
+    DotLayout c = DotLayout::RowMajor;        ///< C's layout (RowMajor, Gemm or VpuTiles)
     Stationary stationary = Stationary::Rhs;  ///< which operand the arrays hold
     uint32_t R = 128, C = 128;                ///< MXU array
     uint32_t mxus = 2;                        ///< MXUs used (column panels per group)
@@ -57,6 +68,13 @@ struct DotKey {
     uint32_t column_sides = 0;  ///< the epilogue's Column sides (VMEM they take)
     uint32_t full_sides = 0;    ///< the epilogue's Full sides
     bool store_bf16 = false;    ///< C stored as bf16 (Epilogue::store_bf16)
+    /// A window of a wider 8 x 128-tiled array (an attention head of a [seq, heads x d]
+    /// projection): the array's tiles per band (0: the operand's own) and the window's first
+    /// lane in its tile (the operand's address is the window's first tile). Whole-tile reads
+    /// need lane 0; a window of up to 128 lanes within one tile: A in VpuTiles with K <= 128,
+    /// W in VpuTiles of one narrow panel, either in TransposedVpuTiles.
+    uint32_t a_band_tiles = 0, w_band_tiles = 0;
+    uint32_t a_lane = 0, w_lane = 0;
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);

@@ -417,14 +417,16 @@ TEST(CompilerDevice, FusionKindsNotYetGeneratedAreClearErrors) {
     cg.board = cfg;
     DeviceBackend device(*dev, {0}, cg);
     LazyContext ctx(device);
-    // A batched dot (attention's scores per head): not yet generated, and said so.
-    const Shape s{DType::F32, {2, 8, 128}};
-    const LazyTensor a = ctx.input("a", s, {std::vector<float>(2048)});
-    const LazyTensor b = ctx.input("b", s, {std::vector<float>(2048)});
-    const LazyTensor y = ctx.wrap(dot(
-        ctx.graph(), ctx.value(a), ctx.value(b),
-        DotDims{
-            .lhs_batch = {0}, .rhs_batch = {0}, .lhs_contracting = {2}, .rhs_contracting = {2}}));
+    // A dot with two batch dims (one batch of matrices is generated: device_dot_test.cpp): not
+    // yet generated, and said so.
+    const Shape s{DType::F32, {2, 2, 8, 128}};
+    const LazyTensor a = ctx.input("a", s, {std::vector<float>(4096)});
+    const LazyTensor b = ctx.input("b", s, {std::vector<float>(4096)});
+    const LazyTensor y = ctx.wrap(dot(ctx.graph(), ctx.value(a), ctx.value(b),
+                                      DotDims{.lhs_batch = {0, 1},
+                                              .rhs_batch = {0, 1},
+                                              .lhs_contracting = {3},
+                                              .rhs_contracting = {3}}));
     try {
         ctx.mark_step();
         FAIL() << "expected a CompileError";

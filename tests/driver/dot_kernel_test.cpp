@@ -86,6 +86,24 @@ std::vector<uint8_t> lay_out(const std::vector<float>& x, uint32_t rows, uint32_
             put32(v);
             break;
         }
+        case DotLayout::TransposedTiles: {  // the transpose (cols x rows) in R x C tiles
+            const uint32_t RT = ceil_div(cols, R), CT = ceil_div(rows, C);
+            std::vector<float> v(size_t(RT) * CT * R * C, 0.0f);
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t c = 0; c < cols; ++c)
+                    v[(size_t(c / R) * CT + r / C) * R * C + (c % R) * C + r % C] =
+                        x[size_t(r) * cols + c];
+            put32(v);
+            break;
+        }
+        case DotLayout::TransposedVpuTiles: {  // the transpose (cols x rows) in 8 x 128 tiles
+            std::vector<float> v(size_t(ceil_div(cols, 8)) * ceil_div(rows, 128) * 1024, 0.0f);
+            for (uint32_t r = 0; r < rows; ++r)
+                for (uint32_t c = 0; c < cols; ++c)
+                    v[tiled_at(c, r, rows)] = x[size_t(r) * cols + c];
+            put32(v);
+            break;
+        }
         case DotLayout::Gemm: {  // bf16 parts; A: KT panels of M x R, W: R x C tiles
             const int P = parts_of(k.precision);
             const uint32_t KT = ceil_div(is_a ? cols : rows, R);
@@ -161,8 +179,12 @@ std::vector<float> read_c(const std::vector<uint8_t>& bytes, const Case& t, cons
     for (uint32_t r = 0; r < t.M; ++r)
         for (uint32_t c = 0; c < t.N; ++c) {
             const size_t at = t.c == DotLayout::Gemm ? (size_t(c / k.C) * t.M + r) * k.C + c % k.C
-                              : t.c == DotLayout::VpuTiles ? tiled_at(r, c, t.N)
-                                                           : size_t(r) * t.N + c;
+                              : t.c == DotLayout::VpuTiles           ? tiled_at(r, c, t.N)
+                              : t.c == DotLayout::TransposedVpuTiles ? tiled_at(c, r, t.M)
+                              : t.c == DotLayout::TransposedTiles
+                                  ? (size_t(c / k.C) * ceil_div(t.M, k.C) + r / k.C) * k.C * k.C +
+                                        (c % k.C) * k.C + r % k.C
+                                  : size_t(r) * t.N + c;
             if (e == 4) {
                 std::memcpy(&y[size_t(r) * t.N + c], bytes.data() + at * 4, 4);
             } else {
@@ -231,8 +253,14 @@ void run_case(Device& device, const Case& t, uint32_t seed) {
         return out;
     }();
     const Buffer br = put(res_bytes);
-    const size_t c_bytes = (t.c == DotLayout::Gemm ? size_t(ceil_div(t.N, k.C)) * k.C : t.N) * t.M *
-                           (t.f.store_bf16 ? 2 : 4);
+    const size_t c_bytes = t.c == DotLayout::TransposedTiles
+                               ? size_t(ceil_div(t.N, k.C)) * ceil_div(t.M, k.C) * k.C * k.C * 4
+                           : t.c == DotLayout::VpuTiles
+                               ? size_t(ceil_div(t.M, 8)) * ceil_div(t.N, 128) * 4096
+                           : t.c == DotLayout::TransposedVpuTiles
+                               ? size_t(ceil_div(t.N, 8)) * ceil_div(t.M, 128) * 4096
+                               : (t.c == DotLayout::Gemm ? size_t(ceil_div(t.N, k.C)) * k.C : t.N) *
+                                     t.M * (t.f.store_bf16 ? 2 : 4);
     const Buffer bc = dev->alloc(c_bytes, 0);
 
     isa::Builder b("dot_test");
@@ -400,6 +428,200 @@ TEST(DotKernel, ActivationsInEightByOneTwentyEightTilesAreBitExact) {
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
 }
 
+TEST(DotKernel, TheLhsStationaryReadsAndWritesEightByOneTwentyEightTiles) {
+    // C^T = W^T A^T with A^T held and W^T streamed, both stored transposed in 8 x 128 tiles
+    // (the compiler's {0,1:T(8,128)} of A, {1,0:T(8,128)} of a [N, K] weight): C in tiles,
+    // written per band and column tile of each transposed-back result tile (several blocks,
+    // the residual read the same way), or C^T in tiles (the result tile transposed again,
+    // stored as the RHS stationary stores it; three panels, N not a multiple of 128), or C
+    // from fp32 row-major operands.
+    const std::vector<Case> cases = {
+        {.M = 256,
+         .K = 256,
+         .N = 1152,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::VpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 384},
+        {.M = 384,
+         .K = 256,
+         .N = 200,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::TransposedVpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu,
+         .block_rows = 104},
+        {.M = 136,
+         .K = 130,
+         .N = 256,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::Transposed,
+         .c = DotLayout::VpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kResidual},
+    };
+    uint32_t seed = 531;
+    // The streamed operand stored transposed in tiles (a weight gradient's dY^T with the RHS
+    // stationary, W stored K x N with the LHS stationary): blocks of one tile column, the last
+    // one short (M = 200), transposed in VMEM.
+    const std::vector<Case> streamed_transposed = {
+        {.M = 200,
+         .K = 256,
+         .N = 384,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll},
+        {.M = 256,
+         .K = 128,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::RowMajor,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu},
+    };
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+    for (const Case& t : streamed_transposed) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, TheBackwardReadsAndWritesWeightsInTheirTransposedMxuTiles) {
+    // A [out, in] weight lies as W^T in 128 x 128 tiles ({0,1:T(128,128)}): dX = dY W reads it
+    // tile by tile, transposed in VMEM; dW = dY^T X writes C^T in the same tiles, the result
+    // tile transposed after its epilogue (blocks of whole tiles; M = 200 and N = 200 pad the
+    // last tiles, whose padding is don't-care).
+    const std::vector<Case> cases = {
+        {.M = 64,
+         .K = 300,
+         .N = 200,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::TransposedTiles,
+         .c = DotLayout::RowMajor,
+         .f = kBiasRelu},
+        {.M = 48,
+         .K = 256,
+         .N = 384,
+         .precision = Precision::Bf16,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::TransposedTiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll},
+        {.M = 200,
+         .K = 128,
+         .N = 384,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::TransposedTiles,
+         .f = kBiasRelu},
+        {.M = 384,
+         .K = 64,
+         .N = 256,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::Transposed,
+         .w = DotLayout::RowMajor,
+         .c = DotLayout::TransposedTiles,
+         .f = kNone,
+         .block_rows = 256},
+    };
+    uint32_t seed = 631;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, PaddedEightByOneTwentyEightTilesAreBitExact) {
+    // Dims that are not whole tiles (XLA's tiles pad them; the padding's values are
+    // unspecified): rows not a multiple of 8, K and N not multiples of 128, on either side
+    // stationary; a narrow last panel of W and C moved band by band.
+    std::vector<Case> cases = {
+        {.M = 20,
+         .K = 200,
+         .N = 200,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll,
+         .block_rows = 16},
+        {.M = 30,
+         .K = 300,
+         .N = 10,
+         .precision = Precision::Bf16,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::VpuTiles,
+         .f = kBiasRelu},
+        {.M = 200,
+         .K = 200,
+         .N = 10,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::VpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll},
+        {.M = 128,
+         .K = 100,
+         .N = 20,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::TransposedVpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu},
+        {.M = 10,
+         .K = 128,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::TransposedTiles,
+         .f = kNone},
+    };
+    // A held operand stored transposed in tiles (the weight gradient's X when the planner
+    // holds it), and C^T in the MXU's tiles with the LHS stationary (a weight gradient
+    // streaming N = 784 inputs' columns).
+    cases.push_back({.M = 10,
+                     .K = 128,
+                     .N = 200,
+                     .precision = Precision::Fp32Pass3,
+                     .a = DotLayout::TransposedVpuTiles,
+                     .w = DotLayout::TransposedVpuTiles,
+                     .c = DotLayout::VpuTiles,
+                     .f = kBiasRelu});
+    cases.push_back({.M = 256,
+                     .K = 128,
+                     .N = 300,
+                     .precision = Precision::Bf16,
+                     .a = DotLayout::TransposedVpuTiles,
+                     .w = DotLayout::VpuTiles,
+                     .c = DotLayout::TransposedTiles,
+                     .stationary = Stationary::Lhs,
+                     .f = kBiasRelu});
+    cases.push_back({.M = 200,
+                     .K = 100,
+                     .N = 260,
+                     .precision = Precision::Fp32Pass6,
+                     .a = DotLayout::RowMajor,
+                     .w = DotLayout::VpuTiles,
+                     .c = DotLayout::TransposedTiles,
+                     .stationary = Stationary::Lhs,
+                     .f = kNone});
+    uint32_t seed = 731;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
 TEST(DotKernel, GemmLayoutsAreBitExact) {
     // The library GEMM's tile-major bf16 operands and C panels (fp32 or bf16).
     const std::vector<Case> cases = {
@@ -506,12 +728,17 @@ TEST(DotKernel, UnsupportedKeysAreNamed) {
     EXPECT_NE(dot_unsupported(k).find("LHS stationary"), std::string::npos) << dot_unsupported(k);
     k = DotKey{.M = 10, .K = 10, .N = 10, .a = DotLayout::Tiles, .block_rows = 8};
     EXPECT_NE(dot_unsupported(k).find("tiles"), std::string::npos) << dot_unsupported(k);
-    // 8 x 128 tiles hold whole bands and panels only.
-    k = DotKey{.M = 12, .K = 128, .N = 128, .a = DotLayout::VpuTiles, .block_rows = 8};
-    EXPECT_NE(dot_unsupported(k).find("M a multiple of 8"), std::string::npos)
-        << dot_unsupported(k);
-    k = DotKey{.M = 16, .K = 130, .N = 128, .a = DotLayout::VpuTiles, .block_rows = 8};
-    EXPECT_NE(dot_unsupported(k).find("K a multiple of 128"), std::string::npos)
+    // 8 x 128 tiles pad their dims (DotKernel.PaddedEightByOneTwentyEightTilesAreBitExact) but
+    // need the MXU their tiles are cut for; a weight in MXU tiles is held, never streamed.
+    k = DotKey{.M = 12, .K = 128, .N = 128, .a = DotLayout::VpuTiles, .R = 64, .block_rows = 8};
+    EXPECT_NE(dot_unsupported(k).find("128 x 128 MXU"), std::string::npos) << dot_unsupported(k);
+    k = DotKey{.M = 16,
+               .K = 130,
+               .N = 128,
+               .w = DotLayout::TransposedTiles,
+               .stationary = Stationary::Lhs,
+               .block_rows = 128};
+    EXPECT_NE(dot_unsupported(k).find("needs the RHS stationary"), std::string::npos)
         << dot_unsupported(k);
     k = DotKey{
         .M = 16, .K = 128, .N = 128, .c = DotLayout::VpuTiles, .block_rows = 8, .store_bf16 = true};
