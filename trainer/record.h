@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "compiler/builder.h"
+#include "compiler/lazy.h"
+#include "trainer/dataset.h"
+#include "trainer/graph.h"
+
+/// Recording a model into the compiler's IR (trainer/README.md, "Recording into the compiler"):
+/// each layer records its forward with the compiler's builder functions, under a scope named as
+/// the eager per-layer table names the layer, so a compiled fusion maps back to its layers.
+namespace tpu::trainer {
+
+class Module;
+
+/// One parameter leaf of a recorded graph: its name, the trainer parameter it holds and how its
+/// values are laid out in the leaf.
+struct RecordedParameter {
+    std::string name;               ///< "layer_1.weight" (the module's first name for it)
+    ParamPtr param;                 ///< the trainer's parameter
+    compiler::ValueId value = 0;    ///< the leaf
+    std::vector<int64_t> dims;      ///< the leaf's dims
+    bool transposed = false;        ///< the leaf is the parameter's rows x cols transposed
+    compiler::LazyTensor tensor{};  ///< its data in a LazyContext (when recording into one)
+    /// The leaf's values (row-major, the leaf's shape) from the parameter's initial values.
+    std::vector<float> initial_values() const;
+};
+
+/// Records layers into a compiler::Graph. Every Parameter is one leaf, however many layers use it
+/// (a tied weight stays one buffer). Contractions follow the eager trainer's precision: linears
+/// at `high` (three bf16 passes) in 32-true, one bf16 pass otherwise; convolutions and attention
+/// one bf16 pass in every mode (XLA's default precision, as the eager kernels).
+class Recorder {
+public:
+    /// Records into `g`; parameter leaves are named after `names` (the module's names; a
+    /// parameter not in it is "param.N"). bf16-true is refused (std::invalid_argument): its
+    /// rounding of every activation is not recorded.
+    Recorder(compiler::Graph& g, PrecisionMode mode,
+             std::map<const Parameter*, std::string> names = {});
+    /// Records into `ctx`'s pending graph: a parameter's first use uploads its initial values as
+    /// a LazyContext parameter (data that lives across steps), later uses read that tensor.
+    Recorder(compiler::LazyContext& ctx, PrecisionMode mode,
+             std::map<const Parameter*, std::string> names = {});
+    /// After the context's cut (mark_step): the next ops record into its new graph, parameters
+    /// keep their tensors.
+    void new_step();
+
+    compiler::Graph& graph() { return m_g; }
+    /// The precision of a linear layer's dot in this mode.
+    compiler::Precision linear_precision() const { return m_linear; }
+    /// The leaf of `p` with `dims` (its rows x cols values row-major, or transposed: PyTorch's
+    /// [out, in] linear weight from the trainer's in x out). A second use must ask for the same.
+    compiler::ValueId param(const ParamPtr& p, std::vector<int64_t> dims, bool transposed = false);
+    /// The parameter leaves in parameter-number order.
+    const std::vector<RecordedParameter>& parameters() const { return m_params; }
+
+    /// While alive, ops are recorded under layer `name` exactly (the eager table's full name,
+    /// not joined to an enclosing scope); an empty name keeps the scope.
+    class Scope {
+    public:
+        Scope(compiler::Graph& g, const std::string& name);
+        ~Scope() { m_g.set_scope(std::move(m_previous)); }
+        Scope(const Scope&) = delete;
+        Scope& operator=(const Scope&) = delete;
+
+    private:
+        compiler::Graph& m_g;
+        std::string m_previous;
+    };
+    [[nodiscard]] Scope layer(const std::string& name) { return Scope(m_g, name); }
+
+private:
+    compiler::Graph& m_g;
+    compiler::LazyContext* m_ctx = nullptr;
+    std::vector<bool> m_in_graph;  ///< per parameter: its value is a leaf of the pending graph
+    compiler::Precision m_linear;
+    std::map<const Parameter*, std::string> m_names;
+    std::vector<RecordedParameter> m_params;
+};
+
+/// A model's inference forward as one recorded graph.
+struct RecordedModel {
+    compiler::Graph graph;                      ///< input "x", the parameters, output "y"
+    compiler::ValueId input = 0;                ///< the batch
+    compiler::ValueId output = 0;               ///< forward(x)
+    std::vector<RecordedParameter> parameters;  ///< by parameter number
+};
+
+/// Records `module`'s inference forward for `rows` input rows of `features` values (a token
+/// model takes s32 token ids [rows]: its embedding is a gather).
+RecordedModel record_inference(Module& module, uint32_t rows, uint32_t features,
+                               PrecisionMode mode);
+
+/// The module's parameter names (its first name for each), for a Recorder.
+std::map<const Parameter*, std::string> parameter_names(const Module& module);
+
+/// Records `module`'s inference forward into `ctx` through `r` (a Recorder on ctx): the batch
+/// is input "x" (`inputs`: one vector for every replica or one per replica, `rows` rows of
+/// `features` values each, or `rows` token ids for a token model). Returns forward(x), pending
+/// until the caller's cut (ctx.mark_step()).
+compiler::LazyTensor record_forward_step(compiler::LazyContext& ctx, Recorder& r, Module& module,
+                                         uint32_t rows, uint32_t features,
+                                         std::vector<std::vector<float>> inputs);
+
+/// The recorded graph's input values for examples [first, first + count) of `d`: the rows of
+/// d.x, or for token windows each row's token id.
+std::vector<float> recorded_input_values(const Dataset& d, uint32_t first, uint32_t count);
+
+}  // namespace tpu::trainer
