@@ -120,7 +120,7 @@ Var Linear::operator()(Runtime& rt, const Var& x) {
 }
 
 cc::ValueId Linear::record(Recorder& r, cc::ValueId x) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(name, "linear");
     cc::Graph& g = r.graph();
     const cc::ValueId w = r.param(weight, {weight->cols, weight->rows}, true);
     const cc::ValueId b = bias ? r.param(bias, {bias->cols}) : cc::kNoValue;
@@ -128,17 +128,17 @@ cc::ValueId Linear::record(Recorder& r, cc::ValueId x) {
 }
 
 cc::ValueId ReLU::record(Recorder& r, cc::ValueId x) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(name, "relu");
     return cc::relu(r.graph(), x);
 }
 
 cc::ValueId GELU::record(Recorder& r, cc::ValueId x) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(name, "gelu");
     return cc::gelu(r.graph(), x, true);
 }
 
 cc::ValueId Softmax::record(Recorder& r, cc::ValueId x) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(name, "softmax");
     return cc::softmax(r.graph(), x, r.graph().shape(x).rank() - 1);
 }
 
@@ -164,7 +164,7 @@ Var Embedding::operator()(Runtime& rt, const Var& onehot) {
 }
 
 cc::ValueId Embedding::record(Recorder& r, cc::ValueId ids) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(name, "embedding");
     return cc::gather_rows(r.graph(), r.param(weight, {weight->rows, weight->cols}), ids);
 }
 
@@ -183,7 +183,7 @@ Var PositionalEmbedding::operator()(Runtime& rt, const Var& x) {
 }
 
 cc::ValueId PositionalEmbedding::record(Recorder& r, cc::ValueId x) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(name, "positional");
     cc::Graph& g = r.graph();
     const cc::Shape s = g.shape(x);
     const int64_t rows = weight->rows, dim = weight->cols;
@@ -219,7 +219,8 @@ Var Conv2d::operator()(Runtime& rt, const Var& x) {
 }
 
 cc::ValueId Conv2d::record(Recorder& r, cc::ValueId x) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(
+        name, fmt::format("conv2d {}x{}/{}", m_shape.kernel, m_shape.kernel, m_shape.stride));
     cc::Graph& g = r.graph();
     const cc::ValueId w =
         r.param(weight, {m_shape.kernel, m_shape.kernel, m_shape.cin, m_shape.cout});
@@ -255,7 +256,7 @@ Var Pool2d::operator()(Runtime& rt, const Var& x) {
 }
 
 cc::ValueId Pool2d::record(Recorder& r, cc::ValueId x) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(name, m_max ? "max_pool2d" : "avg_pool2d");
     cc::Graph& g = r.graph();
     return cc::pool(g, as_nhwc(g, x, m_window.height, m_window.width, m_window.channels),
                     m_max ? cc::PoolKind::Max : cc::PoolKind::Avg, m_window.kernel, m_window.stride,
@@ -275,7 +276,7 @@ Var GlobalAvgPool::operator()(Runtime& rt, const Var& x) {
 }
 
 cc::ValueId GlobalAvgPool::record(Recorder& r, cc::ValueId x) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(name, "global_avg_pool");
     cc::Graph& g = r.graph();
     return cc::global_avg_pool(g,
                                as_nhwc(g, x, m_window.height, m_window.width, m_window.channels));
@@ -315,8 +316,10 @@ Var MultiheadAttention::operator()(Runtime& rt, const Var& x) {
 
 cc::ValueId MultiheadAttention::record(Recorder& r, cc::ValueId x) {
     cc::Graph& g = r.graph();
+    // The projections are layers of their own (absolute scopes inside this one), as in the
+    // eager table.
+    const auto scope = r.layer(name, m_causal ? "attention (causal)" : "attention");
     const cc::ValueId qp = q.record(r, x), kp = k.record(r, x), vp = v.record(r, x);
-    const auto scope = r.layer(name);
     const cc::Shape xs = g.shape(x);
     const int64_t rows = xs.dims[0], dim = xs.dims[1], seq = m_seq, heads = m_heads,
                   d = dim / heads, batch = rows / seq;
@@ -396,7 +399,7 @@ Var TransformerBlock::operator()(Runtime& rt, const Var& x) {
 cc::ValueId TransformerBlock::record(Recorder& r, cc::ValueId x) {
     cc::Graph& g = r.graph();
     const auto residual = [&](const char* part, cc::ValueId a, cc::ValueId b) {
-        const auto scope = r.layer(name + part);
+        const auto scope = r.layer(name + part, "add");
         return cc::add(g, a, b);
     };
     const auto mlp = [&](cc::ValueId v) {
@@ -432,7 +435,7 @@ Var LayerNorm::operator()(Runtime& rt, const Var& x) {
 }
 
 cc::ValueId LayerNorm::record(Recorder& r, cc::ValueId x) {
-    const auto scope = r.layer(name);
+    const auto scope = r.layer(name, "layernorm");
     return cc::layer_norm(r.graph(), x, r.param(weight, {weight->cols}),
                           r.param(bias, {bias->cols}), m_eps)
         .y;
@@ -567,7 +570,7 @@ cc::ValueId Gpt::record_forward(Recorder& r, cc::ValueId x) {
     cc::ValueId h = m_wpe->record(r, m_wte->record(r, x));
     for (TransformerBlock* b : m_blocks) h = b->record(r, h);
     h = m_ln_f->record(r, h);
-    const auto scope = r.layer("lm_head");
+    const auto scope = r.layer("lm_head", "linear (tied to wte)");
     // h wte^T: PyTorch's linear with the tied [vocab, hidden] table as its weight.
     const ParamPtr& wte = m_wte->weight;
     return cc::linear(r.graph(), h, r.param(wte, {wte->rows, wte->cols}), cc::kNoValue,

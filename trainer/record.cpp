@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "trainer/record.h"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -78,6 +80,13 @@ cc::ValueId Recorder::param(const ParamPtr& p, std::vector<int64_t> dims, bool t
     return rp.value;
 }
 
+Recorder::Scope Recorder::layer(const std::string& name, std::string_view kind) {
+    if (!name.empty() && std::none_of(m_layers.begin(), m_layers.end(),
+                                      [&](const auto& l) { return l.first == name; }))
+        m_layers.emplace_back(name, std::string(kind));
+    return Scope(m_g, name);
+}
+
 Recorder::Scope::Scope(cc::Graph& g, const std::string& name)
     : m_g(g), m_previous(name.empty() ? g.scope() : g.set_scope(name)) {}
 
@@ -110,7 +119,100 @@ RecordedModel record_inference(Module& module, uint32_t rows, uint32_t features,
     m.output = module.record_forward(r, m.input);
     m.graph.add_output(m.output, "y");
     m.parameters = r.parameters();
+    m.layers = r.layers();
     return m;
+}
+
+double op_flops(const cc::Graph& g, const cc::Op& op) {
+    const auto elements = [&](cc::ValueId v) { return double(g.shape(v).elements()); };
+    if (op.results.empty()) return 0;
+    const double out = elements(op.results[0]);
+    switch (cc::op_class(op.kind)) {
+        case cc::OpClass::Leaf:
+        case cc::OpClass::Literal:
+        case cc::OpClass::Movement:
+            return 0;
+        case cc::OpClass::Reduce:
+            return elements(op.operands.at(0));
+        case cc::OpClass::Contraction: {
+            if (op.kind == cc::OpKind::Dot) {
+                double k = 1;
+                for (int64_t d : op.attrs.dot.lhs_contracting)
+                    k *= double(g.shape(op.operands[0]).dims.at(size_t(d)));
+                return 2 * out * k;
+            }
+            // Convolutions: every output (or gradient) element is a dot of the window with k·k·C
+            // multiply-adds; the filter is HWIO, so that is its elements over its last dim.
+            const cc::Shape& w = g.shape(
+                op.kind == cc::OpKind::Conv2dFilterGrad ? op.results[0] : op.operands.at(1));
+            const double window =
+                double(w.elements()) / double(std::max<int64_t>(1, w.dims.back()));
+            if (op.kind == cc::OpKind::Conv2dFilterGrad)
+                return 2 * elements(op.operands.at(1)) * window;
+            return 2 * out * window;
+        }
+        case cc::OpClass::Window:
+            return out *
+                   double(std::max<int64_t>(1, op.attrs.window.kernel * op.attrs.window.kernel));
+        default:
+            return out;
+    }
+}
+
+std::vector<CompiledLayer> attribute_fusion_cycles(
+    const cc::CompiledStep& step, const std::vector<uint64_t>& fusion_cycles,
+    const std::vector<std::pair<std::string, std::string>>& kinds) {
+    if (fusion_cycles.size() != step.fusions.size())
+        throw std::invalid_argument(fmt::format("{} fusion cycle counts for {} fusions",
+                                                fusion_cycles.size(), step.fusions.size()));
+    std::vector<CompiledLayer> rows;
+    for (const auto& [name, kind] : kinds) rows.push_back({name, kind});
+    const auto row = [&](const std::string& name) -> CompiledLayer& {
+        for (CompiledLayer& r : rows)
+            if (r.name == name) return r;
+        rows.push_back({name, name == "other" ? "outside every layer" : ""});
+        return rows.back();
+    };
+    const cc::Graph& g = step.graph;
+    for (size_t i = 0; i < step.fusions.size(); ++i) {
+        const cc::Fusion& f = step.fusions[i];
+        std::vector<std::pair<std::string, double>> weights;  // per layer, first-use order
+        for (cc::OpId id : f.ops) {
+            const cc::Op& op = g.op(id);
+            if (op.name.empty()) continue;
+            auto it = std::find_if(weights.begin(), weights.end(),
+                                   [&](const auto& w) { return w.first == op.name; });
+            if (it == weights.end()) it = weights.insert(weights.end(), {op.name, 0.0});
+            it->second += op_flops(g, op);
+        }
+        if (weights.empty()) weights.emplace_back("other", 0.0);
+        double total = 0;
+        for (const auto& w : weights) total += w.second;
+        uint64_t given = 0;
+        size_t largest = 0;
+        std::vector<uint64_t> share(weights.size());
+        for (size_t j = 0; j < weights.size(); ++j) {
+            const double frac =
+                total > 0 ? weights[j].second / total : 1.0 / double(weights.size());
+            share[j] = uint64_t(std::floor(frac * double(fusion_cycles[i])));
+            given += share[j];
+            if (share[j] > share[largest]) largest = j;
+        }
+        share[largest] += fusion_cycles[i] - given;
+        for (size_t j = 0; j < weights.size(); ++j) {
+            CompiledLayer& r = row(weights[j].first);
+            r.cycles += share[j];
+            r.flops += weights[j].second;
+            ++r.fusions;
+        }
+    }
+    // "other" last; layers that no fusion computes (an identity) are dropped.
+    std::stable_partition(rows.begin(), rows.end(),
+                          [](const CompiledLayer& r) { return r.name != "other"; });
+    rows.erase(std::remove_if(rows.begin(), rows.end(),
+                              [](const CompiledLayer& r) { return r.fusions == 0; }),
+               rows.end());
+    return rows;
 }
 
 std::vector<float> recorded_input_values(const Dataset& d, uint32_t first, uint32_t count) {

@@ -5,9 +5,12 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "compiler/builder.h"
+#include "compiler/compiled_step.h"
 #include "compiler/lazy.h"
 #include "trainer/dataset.h"
 #include "trainer/graph.h"
@@ -73,7 +76,11 @@ public:
         compiler::Graph& m_g;
         std::string m_previous;
     };
-    [[nodiscard]] Scope layer(const std::string& name) { return Scope(m_g, name); }
+    /// `kind` names what the layer computes in the per-layer table (the eager table's kinds);
+    /// layers are listed in first-use order (layers()).
+    [[nodiscard]] Scope layer(const std::string& name, std::string_view kind = {});
+    /// (name, kind) of every layer recorded so far, in first-use order.
+    const std::vector<std::pair<std::string, std::string>>& layers() const { return m_layers; }
 
 private:
     compiler::Graph& m_g;
@@ -82,6 +89,7 @@ private:
     compiler::Precision m_linear;
     std::map<const Parameter*, std::string> m_names;
     std::vector<RecordedParameter> m_params;
+    std::vector<std::pair<std::string, std::string>> m_layers;
 };
 
 /// A model's inference forward as one recorded graph.
@@ -90,6 +98,7 @@ struct RecordedModel {
     compiler::ValueId input = 0;                ///< the batch
     compiler::ValueId output = 0;               ///< forward(x)
     std::vector<RecordedParameter> parameters;  ///< by parameter number
+    std::vector<std::pair<std::string, std::string>> layers;  ///< (name, kind), first use
 };
 
 /// Records `module`'s inference forward for `rows` input rows of `features` values (a token
@@ -107,6 +116,30 @@ std::map<const Parameter*, std::string> parameter_names(const Module& module);
 compiler::LazyTensor record_forward_step(compiler::LazyContext& ctx, Recorder& r, Module& module,
                                          uint32_t rows, uint32_t features,
                                          std::vector<std::vector<float>> inputs);
+
+/// One row of the compiled engine's per-layer table.
+struct CompiledLayer {
+    std::string name;      ///< the layer (its scope), or "other": fusions outside every layer
+    std::string kind;      ///< what it computes, as the eager table says
+    uint64_t cycles = 0;   ///< its share of its fusions' cycles
+    double flops = 0;      ///< flops of its ops over all its fusions (the split's weights)
+    uint32_t fusions = 0;  ///< fusions it has ops in
+};
+
+/// The flops an op of `g` does: a dot or convolution 2 per multiply-add, pooling one per window
+/// element, a reduction one per operand element, other computing ops one per result element;
+/// leaves, literals and data movement none.
+double op_flops(const compiler::Graph& g, const compiler::Op& op);
+
+/// Splits each fusion's cycles (`fusion_cycles[i]` for step.fusions[i]) over the layers its ops
+/// were recorded in, in proportion to the flops of each layer's ops in that fusion (equal shares
+/// when none of them computes; ops outside every layer carry no weight), whole cycles with the
+/// remainder to the largest share; a fusion without layer ops goes to "other". The rows, in
+/// first-use order (layers named in `kinds` first in its order, then others as met, "other"
+/// last), sum to the sum of `fusion_cycles`.
+std::vector<CompiledLayer> attribute_fusion_cycles(
+    const compiler::CompiledStep& step, const std::vector<uint64_t>& fusion_cycles,
+    const std::vector<std::pair<std::string, std::string>>& kinds);
 
 /// The recorded graph's input values for examples [first, first + count) of `d`: the rows of
 /// d.x, or for token windows each row's token id.

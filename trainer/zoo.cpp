@@ -155,7 +155,7 @@ public:
             if (i + 1 < m_convs.size()) h = compiler::relu(g, h);
         }
         const compiler::ValueId shortcut = m_down ? m_down->record(r, x) : x;
-        const auto scope = r.layer(name + ".add_relu");
+        const auto scope = r.layer(name + ".add_relu", "add + relu");
         return compiler::relu(g, compiler::add(g, h, shortcut));
     }
     ImageShape out() const { return m_out; }

@@ -116,5 +116,56 @@ INSTANTIATE_TEST_SUITE_P(Zoo, ZooRecording,
                              return n;
                          });
 
+TEST(ZooRecording, LayersAreScopedAsTheEagerTableNamesThem) {
+    ZooModel m = make_zoo_model("gpt", small(0, 32, 2, 16), 1);
+    const RecordedModel r = record_inference(*m.module, 16, 86, PrecisionMode::Bf16Mixed);
+    std::vector<std::string> names;
+    for (const auto& [name, kind] : r.layers) names.push_back(name + " " + kind);
+    EXPECT_EQ(names[0], "wte embedding");
+    EXPECT_EQ(names[1], "wpe positional");
+    EXPECT_EQ(names[2], "h_0.ln_1 layernorm");
+    EXPECT_EQ(names[3], "h_0.attn attention (causal)");
+    EXPECT_EQ(names[4], "h_0.attn.q linear");
+    EXPECT_EQ(names.back(), "lm_head linear (tied to wte)");
+    // The tied table is one parameter leaf, read by the gather and the output projection.
+    size_t wte = 0;
+    for (const RecordedParameter& p : r.parameters) wte += p.name == "wte.weight";
+    EXPECT_EQ(wte, 1u);
+    EXPECT_EQ(r.parameters.size(), m.module->named_parameters().size());
+}
+
+TEST(ZooRecording, PerLayerRowsSplitEachFusionByFlopsAndSumToTheTotal) {
+    ZooModel m = make_zoo_model("bert-block", small(0, 64, 4, 32), 1);
+    const RecordedModel r = record_inference(*m.module, 32, 64, PrecisionMode::Bf16Mixed);
+    const compiler::CompiledStep step = compiler::compile(r.graph);
+    std::vector<uint64_t> cycles;
+    uint64_t total = 0;
+    for (size_t i = 0; i < step.fusions.size(); ++i) total += cycles.emplace_back(1000 + 37 * i);
+    const std::vector<CompiledLayer> rows = attribute_fusion_cycles(step, cycles, r.layers);
+    uint64_t sum = 0;
+    for (const CompiledLayer& l : rows) sum += l.cycles;
+    EXPECT_EQ(sum, total);
+    // A fusion of several layers splits its cycles by flops: the out projection's dot (2 x 32
+    // x 64 x 64 flops) and bias (32 x 64) take the residual add (32 x 64) into their epilogue and
+    // read the attention's head merge (a transpose and reshape: no flops), so the add row gets
+    // 1 / 130 of that fusion and the attention row nothing of it.
+    size_t found = 0;
+    for (size_t i = 0; i < step.fusions.size(); ++i) {
+        const compiler::Fusion& f = step.fusions[i];
+        if (f.layers !=
+            std::vector<std::string>{"block.attn", "block.attn.out", "block.residual_1"})
+            continue;
+        ++found;
+        const auto row = [&](const std::string& n) {
+            return std::find_if(rows.begin(), rows.end(),
+                                [&](const CompiledLayer& l) { return l.name == n; });
+        };
+        ASSERT_NE(row("block.residual_1"), rows.end());
+        EXPECT_EQ(row("block.residual_1")->fusions, 1u);
+        EXPECT_EQ(row("block.residual_1")->cycles, cycles[i] / 130);
+    }
+    EXPECT_EQ(found, 1u) << step.summary();
+}
+
 }  // namespace
 }  // namespace tpu::trainer
