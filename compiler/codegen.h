@@ -28,6 +28,10 @@ struct CodegenOptions {
     hw::BoardConfig board{};
     /// Replicas the program runs on (one per core): the ring of its all-reduces.
     uint32_t replicas = 1;
+    /// A fusion the emitters do not cover yet runs on the host between launches, as a custom
+    /// fusion does (its operands and results cross the host link), instead of failing the step
+    /// with NotYetGenerated; ProgramSegment::fallback says why.
+    bool host_fallback = false;
 };
 
 /// What one launch argument of a program holds on each core.
@@ -50,22 +54,26 @@ struct ProgramSegment {
     isa::Program program;
     /// Device segment: the launch arguments s1, s2, ..., each an allocation's base address.
     std::vector<ProgramArg> args;
-    /// Host segment: the custom fusion's index in CompiledStep::fusions (-1 for a device one).
+    /// Host segment: the fusion's index in CompiledStep::fusions (-1 for a device one).
     int64_t host_fusion = -1;
+    /// Host segment of a fusion that is not a custom call (CodegenOptions::host_fallback): the
+    /// NotYetGenerated message that sent it to the host.
+    std::string fallback;
     /// Device segment: the fusions it holds, in order.
     std::vector<size_t> fusions;
 };
 
 /// The generated code of a step: one device program per run of device fusions. A step without
-/// custom calls is one segment, so one launch.
+/// custom calls (or host fallbacks) is one segment, so one launch.
 struct StepProgram {
     std::vector<ProgramSegment> segments;
     double seconds = 0;  ///< host time code generation took
 };
 
 /// Generates the programs of `step`. Throws NotYetGenerated naming the fusion for what cannot be
-/// generated yet (ops, layouts or dots the emitters do not cover) and isa::BuildError when a
-/// program does not fit the core (VMEM, registers, instruction memory).
+/// generated yet (ops, layouts or dots the emitters do not cover; with `host_fallback` those
+/// fusions become host segments instead) and isa::BuildError when a program does not fit the
+/// core (VMEM, registers, instruction memory).
 StepProgram generate_step(const CompiledStep& step, const CodegenOptions& options = {});
 
 }  // namespace tpu::compiler

@@ -257,6 +257,10 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                 m_dev.write(a.bufs[r], raw.data(), raw.size(), off);
             }
         ++m_stats->host_fusions;
+        if (!seg.fallback.empty()) {
+            ++m_stats->fallback_fusions;
+            ++m_stats->fallbacks[seg.fallback];
+        }
     }
     ++m_stats->executions;
     m_stats->last_step_cycles = any ? last_cycle - first_cycle : 0;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "compiler/codegen.h"
@@ -18,7 +19,9 @@ namespace tpu::compiler {
 struct DeviceBackendStats {
     uint64_t executions = 0;    ///< steps run
     uint64_t launches = 0;      ///< device programs launched (one per step without custom calls)
-    uint64_t host_fusions = 0;  ///< custom fusions run on the host
+    uint64_t host_fusions = 0;  ///< custom fusions and host fallbacks run on the host
+    uint64_t fallback_fusions = 0;    ///< of those, fusions not generated yet (host_fallback)
+    std::map<std::string, uint64_t> fallbacks;  ///< each fallback's reason, times it ran
     uint64_t programs_generated = 0;  ///< steps whose code was generated (a new compiled step)
     double codegen_seconds = 0;       ///< host time spent generating code
     uint64_t device_bytes = 0;        ///< HBM the backend holds now, per core

@@ -395,17 +395,20 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                 for (size_t d = 0; d < idx.size(); ++d)
                     if (keep[d]) j += idx[d] * ost[size_t(k++)];
                 const float v = float(x.data[size_t(i)]);
-                acc[size_t(j)] = combine(acc[size_t(j)], v);
-                if (++count[size_t(j)] % lanes == 0) {
+                // A chunk moves into the outer reduction when the next one starts, so a single
+                // chunk (exactly vpu_lanes elements included) stays its own result.
+                if (count[size_t(j)] > 0 && count[size_t(j)] % lanes == 0) {
                     outer[size_t(j)] = combine(outer[size_t(j)], acc[size_t(j)]);
                     acc[size_t(j)] = ident;
                 }
+                acc[size_t(j)] = combine(acc[size_t(j)], v);
+                ++count[size_t(j)];
             }
             for (int64_t i = 0; i < n; ++i) {
-                const int64_t c = count[size_t(i)];
-                float r = acc[size_t(i)];  // one chunk (or none): the chunk's own result
-                if (c > lanes)
-                    r = c % lanes ? combine(outer[size_t(i)], acc[size_t(i)]) : outer[size_t(i)];
+                // One chunk (or none): the chunk's own result; more: the outer reduction of the
+                // full chunks and the last one.
+                float r = acc[size_t(i)];
+                if (count[size_t(i)] > lanes) r = combine(outer[size_t(i)], acc[size_t(i)]);
                 y.data[size_t(i)] = store(out.dtype, r);
             }
             return {y};

@@ -222,6 +222,42 @@ TEST(CompilerDevice, CustomCallsRunOnTheHostWithTimedTransfers) {
     for (size_t i = 0; i < xv.size(); ++i) ASSERT_EQ(got[i], std::exp(xv[i]) * 2 + xv[i]) << i;
 }
 
+TEST(CompilerDevice, AFusionNotGeneratedYetRunsOnTheHostWithHostFallback) {
+    const auto cfg = hw::BoardConfig::load("", {});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    cg.replicas = 2;
+    // sum(x) is an input fusion the streaming engine generates; erf has no VPU lowering, so
+    // the reduction fusion that takes erf(x + sum) in as its producer falls back to the host;
+    // the max of exp after it is a device fusion again.
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId s = reduce(g, v[0], {1}, Reducer::Sum);
+        const ValueId t = add(g, v[0], broadcast(g, s, {8, 128}, {0}));
+        const ValueId u = reduce(g, erf(g, t), {1}, Reducer::Sum);
+        const ValueId w = exp(g, sub(g, v[0], broadcast(g, u, {8, 128}, {0})));
+        return reduce(g, w, {1}, Reducer::Max);
+    };
+    const std::vector<Leaf> leaves = {
+        {"x", Shape{DType::F32, {8, 128}}, {randoms(8 * 128, 3), randoms(8 * 128, 4)}}};
+    {
+        DeviceBackend strict(*dev, {0, 1}, cg);
+        EXPECT_THROW(run(strict, leaves, record), NotYetGenerated);
+    }
+    cg.host_fallback = true;
+    DeviceBackend device(*dev, {0, 1}, cg);
+    HostBackend host(2);
+    const auto want = run(host, leaves, record);
+    const auto got = run(device, leaves, record);
+    for (size_t r = 0; r < 2; ++r) EXPECT_TRUE(same_bits(got[r], want[r])) << "replica " << r;
+    EXPECT_EQ(device.stats().fallback_fusions, 1u);
+    EXPECT_EQ(device.stats().host_fusions, 1u);
+    EXPECT_EQ(device.stats().launches, 2u) << "the device fusions before and after it";
+    ASSERT_EQ(device.stats().fallbacks.size(), 1u);
+    EXPECT_NE(device.stats().fallbacks.begin()->first.find("erf"), std::string::npos)
+        << device.stats().fallbacks.begin()->first;
+}
+
 TEST(CompilerDevice, LinearBiasAndReluAreOneDotKernelBitExact) {
     // relu(x W^T + b): one output fusion, the dot kernel reading x in T(8,128) tiles and W in
     // its stationary T(128,128) layout, the bias a Column side, ReLU a scalar max on each tile.

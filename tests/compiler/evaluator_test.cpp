@@ -164,6 +164,33 @@ TEST(CompilerEvaluator, EmbeddingGatherReturnsExactRowsAndScatterAddsTheirGradie
     }
 }
 
+TEST(CompilerEvaluator, ReductionsSumChunksOfOneVectorRowThenTheChunkResults) {
+    // Rows of 1, 127, 128 (one whole chunk: it was lost, every sum 0, until the chunk moved
+    // into the outer sum only when a next one starts), 129, 256 and 300 values: each row is cut
+    // into chunks of 128 lanes in index order, each summed from +0.0, then the chunk sums are
+    // summed from +0.0 when there are several.
+    for (int64_t c : {1, 127, 128, 129, 256, 300}) {
+        const Shape s{DType::F32, {3, c}};
+        Graph g;
+        const ValueId x = g.input(s, "x");
+        g.add_output(reduce(g, x, {1}, Reducer::Sum));
+        g.add_output(reduce(g, x, {1}, Reducer::Max));
+        const auto v = random_values(size_t(3 * c), uint32_t(c));
+        const auto out = run(g, {}, {HostArray::from_floats(s, v)});
+        for (int64_t r = 0; r < 3; ++r) {
+            float outer = 0, chunk = 0, mx = -INFINITY;
+            for (int64_t i = 0; i < c; ++i) {
+                if (i > 0 && i % 128 == 0) outer += chunk, chunk = 0;
+                chunk += v[size_t(r * c + i)];
+                mx = std::max(mx, v[size_t(r * c + i)]);
+            }
+            const float want = c > 128 ? outer + chunk : chunk;
+            EXPECT_EQ(float(out[0].data[size_t(r)]), want) << c << " values, row " << r;
+            EXPECT_EQ(float(out[1].data[size_t(r)]), mx) << c << " values, row " << r;
+        }
+    }
+}
+
 TEST(CompilerEvaluator, AllReduceSumsReplicasInTheRingsOrder) {
     const Shape s{DType::F32, {3, 70}};
     Graph g;

@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+// What the code generator's files share (compiler/README.md, "Code generation"): the plans of
+// loop and input fusions (codegen_stream.cpp) and of dot output fusions (codegen_dot.cpp), the
+// one elementwise lowering both use, and how a fusion finds its buffers. codegen.cpp puts the
+// fusions of a step into one program. Internal to the compiler.
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "compiler/codegen.h"
+#include "compiler/compiled_step.h"
+#include "driver/kernels/matmul_kernel.h"
+#include "isa/builder.h"
+
+namespace tpu::compiler::gen {
+
+using isa::fimm;
+using isa::imm;
+using isa::Opcode;
+
+/// Throws NotYetGenerated: "<fusion>: <what> not yet generated".
+[[noreturn]] void not_generated(const Fusion& f, const std::string& what);
+
+/// How a value of a loop or input fusion lies against the fusion's [R, C] iteration space.
+enum class View : uint8_t {
+    Unknown,
+    Literal,  ///< a literal scalar (a constant area, filled once per slot)
+    Scalar,   ///< one value broadcast everywhere
+    Col,      ///< one value per row: [R]
+    Row,      ///< one value per column: [C]
+    Full,     ///< [R, C]
+};
+
+inline std::vector<int64_t> nonunit(const std::vector<int64_t>& dims) {
+    std::vector<int64_t> r;
+    for (int64_t d : dims)
+        if (d != 1) r.push_back(d);
+    return r;
+}
+
+inline int64_t product(const std::vector<int64_t>& v, size_t from = 0, size_t to = ~size_t(0)) {
+    int64_t p = 1;
+    for (size_t i = from; i < std::min(to, v.size()); ++i) p *= v[i];
+    return p;
+}
+
+/// The plan of one loop or input fusion on the streaming engine.
+struct Plan {
+    bool rows = false;  ///< a 2-D iteration space (broadcasts, reductions); else flat elementwise
+    int64_t R = 1, C = 1;
+    uint32_t h = 1;      ///< rows per streamed unit: 8 (a band of T(8,128) tiles) or 1
+    int64_t lanes = 1;   ///< elements per reduction chunk: min(C, vpu_lanes)
+    int64_t chunks = 1;  ///< chunks per row: C / lanes
+    uint64_t units = 0;  ///< units streamed
+    uint32_t full = 1;   ///< values per unit of a Full array
+    std::map<ValueId, View> view;
+};
+
+inline bool inside_fusion(const Fusion& f, const Graph& g, ValueId v) {
+    const OpId p = g.value(v).producer;
+    return std::find(f.ops.begin(), f.ops.end(), p) != f.ops.end();
+}
+
+/// Registers holding the base address of each allocation a fusion uses, loaded from the
+/// program's scalar-memory argument table.
+struct Bases {
+    std::map<std::pair<uint8_t, uint32_t>, isa::Reg> regs;
+    isa::Arg of(const BufferRef& r) const {
+        const isa::Reg& base = regs.at({uint8_t(r.space), r.index});
+        return base + (r.space == BufferRef::Space::Temp ? int64_t(r.offset) : 0);
+    }
+};
+
+inline std::pair<uint8_t, uint32_t> alloc_key(const BufferRef& r) {
+    return {uint8_t(r.space), r.space == BufferRef::Space::Temp ? 0u : r.index};
+}
+
+/// Elementwise ops that are one VPU instruction on whole tiles (emit_elementwise).
+inline constexpr std::pair<OpKind, Opcode> kBinary[] = {{OpKind::Add, Opcode::VAdd},
+                                                        {OpKind::Sub, Opcode::VSub},
+                                                        {OpKind::Mul, Opcode::VMul},
+                                                        {OpKind::Max, Opcode::VMax},
+                                                        {OpKind::Min, Opcode::VMin}};
+inline constexpr std::pair<OpKind, Opcode> kUnary[] = {{OpKind::Exp, Opcode::VExp},
+                                                       {OpKind::Log, Opcode::VLog},
+                                                       {OpKind::Rsqrt, Opcode::VRsqrt},
+                                                       {OpKind::Tanh, Opcode::VTanh}};
+
+/// Whether emit_elementwise lowers `kind` (a comparison: only > and <, checked by the caller,
+/// which names it).
+bool has_vpu_lowering(OpKind kind);
+
+/// The one VPU instruction of an elementwise op whose operands are all whole tiles (`in(i)`),
+/// emitted with `vpu` (a streaming body's or an epilogue tile's). False for an op that takes
+/// more (divide, convert) or that the VPU does not have (has_vpu_lowering is the same set).
+template <class Vpu, class In>
+bool emit_elementwise(Vpu&& vpu, OpKind kind, Comparison comparison, const isa::Arg& out, In&& in,
+                      const isa::Arg& n) {
+    for (const auto& [k, op] : kBinary)
+        if (k == kind) {
+            vpu(op, {out, in(0), in(1), n});
+            return true;
+        }
+    for (const auto& [k, op] : kUnary)
+        if (k == kind) {
+            vpu(op, {out, in(0), n});
+            return true;
+        }
+    switch (kind) {
+        case OpKind::Neg:
+            vpu(Opcode::VMulS, {out, in(0), fimm(-1.0f), n});
+            return true;
+        case OpKind::Select:
+            vpu(Opcode::VSel, {out, in(0), in(1), in(2), n});
+            return true;
+        case OpKind::Compare:
+            // a < b is b > a: the VPU compares one way.
+            if (comparison == Comparison::Gt)
+                vpu(Opcode::VCmpGt, {out, in(0), in(1), n});
+            else
+                vpu(Opcode::VCmpGt, {out, in(1), in(0), n});
+            return true;
+        default:
+            return false;
+    }
+}
+
+/// Classifies every value of loop or input fusion `f` against its iteration space.
+Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board);
+
+/// Emits one loop or input fusion on the streaming engine.
+void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const Plan& p,
+                        const Bases& bases, const hw::BoardConfig& board);
+
+/// How an epilogue value lies against the dot's [M, N] result tile.
+enum class EpKind : uint8_t {
+    Full,    ///< a tile: the result tile, a Full side's or a temp area
+    Column,  ///< one value per result column: a Column side, broadcast over the rows
+    Scalar,  ///< a literal
+};
+
+/// An epilogue value: where the body finds it.
+struct EpValue {
+    EpKind kind = EpKind::Full;
+    int area = -1;     ///< Full: a result area (>= 0), the result tile (-1), Full side i (-2 - i)
+    size_t side = 0;   ///< Column: the side's index among Epilogue::sides
+    float scalar = 0;  ///< Scalar: the value
+};
+
+/// One epilogue op with its operands and result placed.
+struct EpStep {
+    OpKind kind = OpKind::Add;
+    Comparison comparison = Comparison::Gt;  ///< Compare
+    std::vector<EpValue> in;
+    EpValue out;
+};
+
+/// Scratch areas every epilogue op may use (materialised operands, a divide's temporaries).
+constexpr int kScratch = 5;
+
+/// The plan of an output fusion rooted at a dot: the dot kernel's key, where its operands,
+/// result and epilogue sides are, and the epilogue's ops on the result tile.
+struct DotFusion {
+    driver::DotKey key;
+    const FusionValue* a = nullptr;
+    const FusionValue* w = nullptr;
+    const FusionValue* c = nullptr;
+    std::vector<const FusionValue*> sides;  ///< in Epilogue::sides order (Columns first)
+    std::vector<EpStep> steps;              ///< the epilogue, in order
+    int areas = 0;                          ///< tile-sized VMEM areas: results, then scratch
+};
+
+/// Plans an output fusion rooted at a 2-D dot (no batch dims): operands through in-fusion
+/// conversions, the epilogue's ops and sides, the kernel's tiling in the VMEM the epilogue's
+/// areas leave.
+DotFusion plan_dot_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board);
+
+/// Emits an output fusion rooted at a dot: the dot kernel with the epilogue's ops on each
+/// result tile (bit-exact with the evaluator: the same fp32 ops in the same order). `load`
+/// puts a buffer's address into a register.
+void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
+                     const std::function<void(const isa::Reg&, const BufferRef&)>& load);
+
+}  // namespace tpu::compiler::gen
