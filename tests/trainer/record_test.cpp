@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "compiler/compiler.h"
+#include "compiler/device_backend.h"
 #include "compiler/lazy.h"
 #include "driver/device.h"
 #include "trainer/record.h"
@@ -165,6 +166,48 @@ TEST(ZooRecording, PerLayerRowsSplitEachFusionByFlopsAndSumToTheTotal) {
         EXPECT_EQ(row("block.residual_1")->cycles, cycles[i] / 130);
     }
     EXPECT_EQ(found, 1u) << step.summary();
+}
+
+}  // namespace
+}  // namespace tpu::trainer
+
+namespace tpu::trainer {
+namespace {
+
+TEST(ZooRecording, OneLaunchOnTheDeviceTimesEachFusionAndMatchesTheHost) {
+    // Sizes the dot kernel generates today (K and N multiples of 128, 8 rows): the step is one
+    // program, and the fusions' cycles tile its launch.
+    Mlp model({256, 256, 128}, {}, 5);
+    const std::vector<float> x = [] {
+        std::vector<float> v(8 * 256);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = float(int(i % 17) - 8) / 8.0f;
+        return v;
+    }();
+    const auto run = [&](compiler::Backend& backend) {
+        compiler::LazyContext ctx(backend);
+        Recorder r(ctx, PrecisionMode::Bf16Mixed, parameter_names(model));
+        const compiler::LazyTensor y = record_forward_step(ctx, r, model, 8, 256, {x});
+        ctx.mark_step();
+        return ctx.to_host(y);
+    };
+    compiler::HostBackend host;
+    const std::vector<float> want = run(host);
+    auto dev = driver::Device::open(hw::BoardConfig{});
+    compiler::CodegenOptions cg;
+    compiler::DeviceBackend device(*dev, {0}, cg);
+    device.time_fusions(true);
+    EXPECT_EQ(run(device), want);  // every fused kernel is bit-exact with the evaluator
+    const compiler::DeviceBackendStats& st = device.stats();
+    EXPECT_EQ(st.launches, 1u);
+    EXPECT_EQ(st.host_fusions, 0u);
+    ASSERT_EQ(st.last_fusion_cycles.size(), 2u);  // two dot fusions (bias and ReLU fused)
+    uint64_t sum = 0;
+    for (uint64_t c : st.last_fusion_cycles) {
+        // The second fusion's set-up (core.fusion_setup_cycles) is inside its share.
+        EXPECT_GT(c, uint64_t(cg.board.core.fusion_setup_cycles));
+        sum += c;
+    }
+    EXPECT_EQ(sum, st.last_step_cycles);
 }
 
 }  // namespace
