@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/vector_ops.h"
 #include "trainer/module.h"
 
 namespace tpu::trainer {
@@ -213,6 +214,214 @@ std::vector<CompiledLayer> attribute_fusion_cycles(
                               [](const CompiledLayer& r) { return r.fusions == 0; }),
                rows.end());
     return rows;
+}
+
+std::vector<cc::ValueId> record_gradients(cc::Graph& g, cc::ValueId y, cc::ValueId dy,
+                                          const std::vector<cc::ValueId>& wrt) {
+    // Values on a path from a wrt value to y: only those get gradients.
+    std::vector<bool> from(g.values().size(), false);
+    for (cc::ValueId v : wrt) from.at(v) = true;
+    for (const cc::Op& op : g.ops())
+        for (cc::ValueId o : op.operands)
+            if (from[o])
+                for (cc::ValueId res : op.results) from[res] = true;
+    std::map<cc::ValueId, cc::ValueId> grad;
+    const auto accumulate = [&](cc::ValueId v, cc::ValueId d) {
+        if (!from[v]) return;
+        const auto it = grad.find(v);
+        if (it == grad.end())
+            grad.emplace(v, d);
+        else
+            it->second = cc::add(g, it->second, d);
+    };
+    accumulate(y, dy);
+    const size_t n_ops = g.ops().size();  // ops recorded from here on are the backward's
+    for (size_t i = n_ops; i-- > 0;) {
+        const cc::Op& op = g.op(cc::OpId(i));
+        if (op.results.size() != 1) {
+            for (cc::ValueId res : op.results)
+                if (grad.count(res))
+                    throw std::invalid_argument(fmt::format(
+                        "record_gradients: the backward of op {} (in {}) is not recorded yet",
+                        cc::op_name(op.kind), op.name.empty() ? "no layer" : op.name));
+            continue;
+        }
+        const auto it = grad.find(op.results[0]);
+        if (it == grad.end() || op.operands.empty()) continue;  // leaves end the chain
+        const cc::ValueId d = it->second;
+        const cc::Op fwd = op;  // the deque may grow while the rules record
+        // A layer's backward counts towards the layer, as in the eager table.
+        const Recorder::Scope scope(g, fwd.name.empty() ? std::string("backward") : fwd.name);
+        const auto& in = fwd.operands;
+        const auto needs = [&](size_t k) { return from[in[k]]; };
+        const cc::Shape xs = in.empty() ? cc::Shape{} : g.shape(in[0]);
+        switch (fwd.kind) {
+            case cc::OpKind::Add:
+                accumulate(in[0], d);
+                accumulate(in[1], d);
+                break;
+            case cc::OpKind::Sub:
+                accumulate(in[0], d);
+                if (needs(1)) accumulate(in[1], cc::neg(g, d));
+                break;
+            case cc::OpKind::Div:
+                if (needs(1))
+                    throw std::invalid_argument(
+                        "record_gradients: a division by a value that needs a gradient");
+                accumulate(in[0], cc::div(g, d, in[1]));
+                break;
+            case cc::OpKind::Relu: {
+                const cc::ValueId zero = cc::full(g, 0.0, xs);
+                accumulate(in[0],
+                           cc::select(g, cc::compare(g, in[0], zero, cc::Comparison::Gt), d, zero));
+                break;
+            }
+            case cc::OpKind::Reshape:
+                accumulate(in[0], cc::reshape(g, d, xs.dims));
+                break;
+            case cc::OpKind::Broadcast: {
+                std::vector<int64_t> reduced;
+                const cc::Shape& ys = g.shape(fwd.results[0]);
+                for (int64_t k = 0; k < ys.rank(); ++k)
+                    if (std::find(fwd.attrs.dims.begin(), fwd.attrs.dims.end(), k) ==
+                        fwd.attrs.dims.end())
+                        reduced.push_back(k);
+                cc::ValueId r = reduced.empty() ? d : cc::reduce(g, d, reduced, cc::Reducer::Sum);
+                if (g.shape(r).dims != xs.dims) r = cc::reshape(g, r, xs.dims);
+                accumulate(in[0], r);
+                break;
+            }
+            case cc::OpKind::Reduce: {
+                if (fwd.attrs.reducer != cc::Reducer::Sum)
+                    throw std::invalid_argument("record_gradients: a max reduction");
+                std::vector<int64_t> kept;
+                for (int64_t k = 0; k < xs.rank(); ++k)
+                    if (std::find(fwd.attrs.dims.begin(), fwd.attrs.dims.end(), k) ==
+                        fwd.attrs.dims.end())
+                        kept.push_back(k);
+                accumulate(in[0], cc::broadcast(g, d, xs.dims, kept));
+                break;
+            }
+            case cc::OpKind::Dot: {
+                const cc::DotDims& dd = fwd.attrs.dot;
+                const cc::Shape& ws = g.shape(in[1]);
+                if (!dd.lhs_batch.empty() || xs.rank() != 2 || ws.rank() != 2 ||
+                    dd.lhs_contracting != std::vector<int64_t>{1} ||
+                    dd.rhs_contracting != std::vector<int64_t>{1})
+                    throw std::invalid_argument(
+                        "record_gradients: a dot other than a linear layer's x W^T");
+                if (needs(0)) {  // dx = dy W: [B, out] x [out, in]
+                    cc::DotDims dx;
+                    dx.lhs_contracting = {1};
+                    dx.rhs_contracting = {0};
+                    accumulate(in[0], cc::dot(g, d, in[1], dx, fwd.attrs.precision));
+                }
+                if (needs(1)) {  // dW = dy^T x: [out, in]
+                    cc::DotDims dw;
+                    dw.lhs_contracting = {0};
+                    dw.rhs_contracting = {0};
+                    accumulate(in[1], cc::dot(g, d, in[0], dw, fwd.attrs.precision));
+                }
+                break;
+            }
+            case cc::OpKind::Conv2d: {
+                const cc::Window& w = fwd.attrs.window;
+                if (needs(0))
+                    accumulate(in[0], cc::conv2d_input_grad(g, d, in[1], xs.dims, w.stride, w.pad,
+                                                            fwd.attrs.precision));
+                if (needs(1))
+                    accumulate(in[1], cc::conv2d_filter_grad(g, in[0], d, w.kernel, w.stride, w.pad,
+                                                             fwd.attrs.precision));
+                break;
+            }
+            case cc::OpKind::Pool: {
+                const cc::Window& w = fwd.attrs.window;
+                accumulate(in[0],
+                           fwd.attrs.pool == cc::PoolKind::Max
+                               ? cc::max_pool_grad(g, in[0], d, w.kernel, w.stride, w.pad)
+                               : cc::avg_pool_grad(g, d, xs.dims, w.kernel, w.stride, w.pad));
+                break;
+            }
+            default:
+                throw std::invalid_argument(fmt::format(
+                    "record_gradients: the backward of op {} (in {}) is not recorded yet",
+                    cc::op_name(fwd.kind), fwd.name.empty() ? "no layer" : fwd.name));
+        }
+    }
+    std::vector<cc::ValueId> out;
+    for (cc::ValueId v : wrt) {
+        const auto it = grad.find(v);
+        out.push_back(it != grad.end() ? it->second : cc::full(g, 0.0, g.shape(v)));
+    }
+    return out;
+}
+
+cc::LazyTensor record_train_step(cc::LazyContext& ctx, Recorder& r, Module& module, uint32_t rows,
+                                 uint32_t features, uint32_t classes,
+                                 std::vector<std::vector<float>> inputs,
+                                 std::vector<std::vector<float>> onehot, uint32_t step,
+                                 size_t replicas) {
+    if (step == 0) throw std::invalid_argument("record_train_step: steps count from 1");
+    cc::Graph& g = ctx.graph();
+    const cc::LazyTensor x = ctx.input("x", input_shape(module, rows, features), std::move(inputs));
+    const cc::LazyTensor y =
+        ctx.input("onehot", cc::Shape{cc::DType::F32, {rows, classes}}, std::move(onehot));
+    const cc::ValueId logits = module.record_forward(r, ctx.value(x));
+    if (g.shape(logits).dims != std::vector<int64_t>{rows, classes})
+        throw std::invalid_argument(fmt::format("record_train_step: logits {} for {} x {} labels",
+                                                g.shape(logits).to_string(), rows, classes));
+    cc::ValueId loss, dlogits;
+    {
+        const auto scope = r.layer("loss", "cross_entropy");
+        loss = cc::cross_entropy(g, logits, ctx.value(y));
+        // The eager seed: (softmax - onehot) * fp32(1 / rows).
+        const cc::ValueId p = cc::softmax(g, logits, 1);
+        dlogits = cc::mul(g, cc::sub(g, p, ctx.value(y)),
+                          cc::full(g, double(1.0f / float(rows)), g.shape(logits)));
+    }
+    std::vector<RecordedParameter>& params = r.parameters();
+    std::vector<cc::ValueId> wrt;
+    for (const RecordedParameter& p : params) wrt.push_back(p.value);
+    std::vector<cc::ValueId> grads;
+    grads = record_gradients(g, logits, dlogits, wrt);
+    const OptimizerConfig opt = module.configure_optimizers();
+    cc::LazyTensor lr, lr_c1, c2;
+    if (opt.kind == OptimizerConfig::Kind::Sgd) {
+        lr = ctx.input("lr", cc::Shape{cc::DType::F32, {}}, {{opt.lr}});
+    } else {
+        const driver::AdamScalars k =
+            driver::adam_scalars(opt.lr, opt.beta1, opt.beta2, opt.eps, step);
+        lr_c1 = ctx.input("lr_c1", cc::Shape{cc::DType::F32, {}}, {{k.lr_c1}});
+        c2 = ctx.input("c2", cc::Shape{cc::DType::F32, {}}, {{k.c2}});
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+        RecordedParameter& p = params[i];
+        const cc::Shape& s = g.shape(p.value);
+        cc::ValueId grad;
+        {
+            const auto scope = r.layer("allreduce", "gradient all-reduce");
+            grad = cc::all_reduce(g, grads[i], 1.0 / double(replicas));
+        }
+        const auto scope = r.layer(
+            "optimizer", opt.kind == OptimizerConfig::Kind::Sgd ? "sgd (momentum)" : "adam");
+        const std::vector<float> zeros(size_t(s.elements()), 0.0f);
+        if (!p.state1.defined()) p.state1 = ctx.parameter(p.name + ".state1", s, {zeros});
+        if (opt.kind == OptimizerConfig::Kind::Sgd) {
+            const cc::SgdResult u = cc::sgd_momentum(g, p.value, grad, ctx.value(p.state1),
+                                                     ctx.value(lr), opt.momentum);
+            ctx.assign(p.tensor, u.w);
+            ctx.assign(p.state1, u.v);
+        } else {
+            if (!p.state2.defined()) p.state2 = ctx.parameter(p.name + ".state2", s, {zeros});
+            const cc::AdamResult u =
+                cc::adam(g, p.value, grad, ctx.value(p.state1), ctx.value(p.state2),
+                         ctx.value(lr_c1), ctx.value(c2), opt.beta1, opt.beta2, opt.eps);
+            ctx.assign(p.tensor, u.w);
+            ctx.assign(p.state1, u.m);
+            ctx.assign(p.state2, u.v);
+        }
+    }
+    return ctx.wrap(loss, "loss");
 }
 
 std::vector<float> recorded_input_values(const Dataset& d, uint32_t first, uint32_t count) {

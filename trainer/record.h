@@ -31,6 +31,9 @@ struct RecordedParameter {
     std::vector<int64_t> dims;      ///< the leaf's dims
     bool transposed = false;        ///< the leaf is the parameter's rows x cols transposed
     compiler::LazyTensor tensor{};  ///< its data in a LazyContext (when recording into one)
+    /// Its optimizer state in the LazyContext (SGD: the momentum in `state1`; Adam: m and v),
+    /// created by the first recorded training step.
+    compiler::LazyTensor state1{}, state2{};
     /// The leaf's values (row-major, the leaf's shape) from the parameter's initial values.
     std::vector<float> initial_values() const;
 };
@@ -62,6 +65,7 @@ public:
     compiler::ValueId param(const ParamPtr& p, std::vector<int64_t> dims, bool transposed = false);
     /// The parameter leaves in parameter-number order.
     const std::vector<RecordedParameter>& parameters() const { return m_params; }
+    std::vector<RecordedParameter>& parameters() { return m_params; }
 
     /// While alive, ops are recorded under layer `name` exactly (the eager table's full name,
     /// not joined to an enclosing scope); an empty name keeps the scope.
@@ -140,6 +144,34 @@ double op_flops(const compiler::Graph& g, const compiler::Op& op);
 std::vector<CompiledLayer> attribute_fusion_cycles(
     const compiler::CompiledStep& step, const std::vector<uint64_t>& fusion_cycles,
     const std::vector<std::pair<std::string, std::string>>& kinds);
+
+/// Records the gradient of `y` (a value of `g` whose gradient is `dy`) with respect to each
+/// value in `wrt`, reverse mode over the recorded ops, with the builder functions (the
+/// backward a front end records by hand; compiler/README.md). Ops the zoo's MLP, CNN and
+/// ResNets record have rules: linear dots, convolutions, pooling, ReLU, broadcasts, reshapes,
+/// adds, sums and divisions by a broadcast literal (each contraction's gradient at its forward
+/// precision). Another op on the path throws std::invalid_argument naming it. A value of `wrt`
+/// that `y` does not depend on gets zeros.
+std::vector<compiler::ValueId> record_gradients(compiler::Graph& g, compiler::ValueId y,
+                                                compiler::ValueId dy,
+                                                const std::vector<compiler::ValueId>& wrt);
+
+/// Records one training step of `module` into `ctx` (PyTorch/XLA's step, cut by the caller's
+/// mark_step()): the forward on input "x" (as record_forward_step), the mean softmax
+/// cross-entropy against `onehot` (one vector for every replica or one per replica, `rows` x
+/// `classes`), the backward (record_gradients; the loss's gradient (softmax - onehot) / rows as
+/// the eager trainer seeds it), each gradient all-reduced as the mean over the replicas, and the
+/// module's optimizer (configure_optimizers(): SGD with momentum or Adam at step `step` >= 1)
+/// updating every parameter in place. `replicas` is the backend's (the all-reduce's mean).
+/// Returns the loss (pending). Backward ops are recorded under their forward op's layer (as the
+/// eager table counts them), the loss under "loss", the all-reduces under "allreduce", the
+/// updates under "optimizer". Throws std::invalid_argument for a module with an op outside
+/// record_gradients' rules.
+compiler::LazyTensor record_train_step(compiler::LazyContext& ctx, Recorder& r, Module& module,
+                                       uint32_t rows, uint32_t features, uint32_t classes,
+                                       std::vector<std::vector<float>> inputs,
+                                       std::vector<std::vector<float>> onehot, uint32_t step,
+                                       size_t replicas = 1);
 
 /// The recorded graph's input values for examples [first, first + count) of `d`: the rows of
 /// d.x, or for token windows each row's token id.
