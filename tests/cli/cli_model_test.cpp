@@ -176,10 +176,24 @@ TEST(CliModel, CompiledEngineCountsItsFusionsAndItsLayersSumToTheStep) {
                   m["output_bytes"].get<uint64_t>() + m["temp_bytes"].get<uint64_t>());
 }
 
+TEST(CliModel, CompiledTrainingStepHasLossAllReduceAndOptimizerRows) {
+    const auto j = tpusim_json("model mlp --batch 16 --cores 0-1 --engine compiled --train-step");
+    EXPECT_EQ(j["mode"], "train-step");
+    uint64_t sum = 0;
+    for (const auto& l : j["layers"]) sum += l["cycles"].get<uint64_t>();
+    EXPECT_EQ(sum, j["cycles"].get<uint64_t>());
+    const auto rows = names(j);
+    for (const char* want : {"layer_1", "layer_2", "layer_3", "loss", "allreduce", "optimizer"})
+        EXPECT_NE(std::find(rows.begin(), rows.end(), want), rows.end()) << want;
+    // Parameters, Adam's two moments per parameter, all on every core.
+    EXPECT_GE(j["memory"]["parameter_bytes"].get<uint64_t>(),
+              3u * 4u * (784 * 512 + 512 + 512 * 256 + 256));
+}
+
 TEST(CliModel, CompiledEngineRefusesWhatItDoesNotRecordYet) {
-    const auto r = tpusim("model mlp --engine compiled --train-step");
+    const auto r = tpusim(kSmallGpt + " --engine compiled --train-step");
     EXPECT_NE(r.code, 0);
-    EXPECT_NE(r.err.find("--train-step with --engine compiled"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("is not recorded yet"), std::string::npos) << r.err;
     const auto p = tpusim("model mlp --engine compiled --precision bf16-true");
     EXPECT_NE(p.code, 0);
     EXPECT_NE(p.err.find("bf16-true"), std::string::npos) << p.err;

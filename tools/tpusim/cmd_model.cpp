@@ -52,17 +52,18 @@ struct CompiledRun {
     std::vector<trainer::CompiledLayer> layers, device_layers;  ///< all cycles; device only
 };
 
-/// One inference of zoo model `name` recorded into the compiler and run as one compiled step
-/// (LazyContext on a DeviceBackend over `cores`, host fallback on).
+/// One inference (or training step) of zoo model `name` recorded into the compiler and run as
+/// one compiled step (LazyContext on a DeviceBackend over `cores`, host fallback on).
 CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
                                const trainer::ZooOptions& options, uint32_t batch,
-                               const std::vector<uint32_t>& cores, const std::string& precision) {
+                               const std::vector<uint32_t>& cores, const std::string& precision,
+                               bool train_step) {
     try {
         trainer::check_zoo_options(name, options, batch);
     } catch (const std::invalid_argument& e) {
         throw InputError(e.what());
     }
-    check_model(dev.config(), name, options, batch, cores.size(), false, option_names());
+    check_model(dev.config(), name, options, batch, cores.size(), train_step, option_names());
     trainer::PrecisionMode mode;
     try {
         mode = trainer::resolve_precision(precision).mode;
@@ -73,7 +74,7 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
     trainer::ZooOptions zoo = options;
     zoo.values = true;  // the recorded step uploads its inputs as data
     try {
-        model = trainer::make_zoo_model(name, zoo, batch);
+        model = trainer::make_zoo_model(name, zoo, batch, train_step);
     } catch (const std::invalid_argument& e) {
         throw InputError(e.what());
     }
@@ -83,12 +84,20 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
     const size_t per_row = model.module->token_input() ? 1 : d.features;
     // Each core's share of the examples; the last shares padded with zeros (token 0), as the
     // eager engine pads them.
-    std::vector<std::vector<float>> inputs;
+    // A training step's labels: one-hot rows (padding rows all zero: no loss, but counted in
+    // the mean, as a padded shard's rows are).
+    std::vector<std::vector<float>> inputs, onehot;
     for (size_t r = 0; r < cores.size(); ++r) {
         const uint32_t first = std::min<uint32_t>(batch, uint32_t(r) * share);
         const uint32_t count = std::min<uint32_t>(batch - first, share);
         inputs.push_back(trainer::recorded_input_values(d, first, count));
         inputs.back().resize(size_t(rows) * per_row, 0.0f);
+        if (!train_step) continue;
+        std::vector<float>& y = onehot.emplace_back(size_t(rows) * d.classes, 0.0f);
+        for (uint32_t e = 0; e < count; ++e)
+            for (uint32_t k = 0; k < d.rows_per_example(); ++k)
+                y[(size_t(e) * d.rows_per_example() + k) * d.classes + d.label(first + e, k)] =
+                    1.0f;
     }
     compiler::CodegenOptions cg;
     cg.board = dev.config();
@@ -105,8 +114,12 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
     const auto h0 = std::chrono::steady_clock::now();
     try {
         trainer::Recorder rec(ctx, mode, trainer::parameter_names(*model.module));
-        const compiler::LazyTensor y = trainer::record_forward_step(ctx, rec, *model.module, rows,
-                                                                    d.features, std::move(inputs));
+        const compiler::LazyTensor y =
+            train_step
+                ? trainer::record_train_step(ctx, rec, *model.module, rows, d.features, d.classes,
+                                             std::move(inputs), std::move(onehot), 1, cores.size())
+                : trainer::record_forward_step(ctx, rec, *model.module, rows, d.features,
+                                               std::move(inputs));
         ctx.mark_step();
         run.host_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
@@ -150,12 +163,12 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
 
 nlohmann::ordered_json compiled_json(const CompiledRun& run, const std::string& name,
                                      uint32_t batch, size_t cores, const std::string& precision,
-                                     driver::Device& dev) {
+                                     bool train_step, driver::Device& dev) {
     const hw::BoardConfig& cfg = dev.config();
     nlohmann::ordered_json j;
     j["model"] = name;
     j["description"] = run.description;
-    j["mode"] = "inference";
+    j["mode"] = train_step ? "train-step" : "inference";
     j["engine"] = "compiled";
     j["batch"] = batch;
     j["cores"] = cores;
@@ -201,12 +214,12 @@ nlohmann::ordered_json compiled_json(const CompiledRun& run, const std::string& 
 }
 
 void print_compiled(const CompiledRun& run, const std::string& name, uint32_t batch, size_t cores,
-                    const std::string& precision, driver::Device& dev) {
+                    const std::string& precision, bool train_step, driver::Device& dev) {
     const hw::BoardConfig& cfg = dev.config();
     const uint64_t cycles = run.cycles;
-    fmt::print("{} inference of {} (batch {}) on {} core{}, {}, compiled: {} cycles = {:.3f} ms\n",
-               name, run.description, batch, cores, cores == 1 ? "" : "s", precision, cycles,
-               cfg.clock().seconds(double(cycles)) * 1e3);
+    fmt::print("{} {} of {} (batch {}) on {} core{}, {}, compiled: {} cycles = {:.3f} ms\n", name,
+               train_step ? "training step" : "inference", run.description, batch, cores,
+               cores == 1 ? "" : "s", precision, cycles, cfg.clock().seconds(double(cycles)) * 1e3);
     fmt::print(
         "one compiled step: {} fusions, {} generated for the device ({} cycles in {} "
         "launch{}), {} on the host (host fallback: {} cycles of host-link traffic, not "
@@ -271,8 +284,9 @@ void register_model_command(CLI::App& app) {
                   "adds a token-classification head, 9 labels per token)");
     cmd->add_option("--engine", o->engine,
                     "eager (default): the trainer's kernels, one launch per op | compiled: the "
-                    "forward recorded into the compiler and run as one compiled step (inference "
-                    "only; fusions not generated for the device yet run on the host, counted "
+                    "forward (or training step: mlp, cnn, resnets) recorded into the compiler and "
+                    "run as one compiled step (fusions not generated for the device yet run on the "
+                    "host, counted "
                     "with their reasons, so eager stays the default until whole models generate)")
         ->check(CLI::IsMember({"eager", "compiled"}));
     cmd->add_option("--precision", o->precision,
@@ -317,34 +331,34 @@ void register_model_command(CLI::App& app) {
                             : fmt::format("it takes --{}", fmt::join(entry->sizes, ", --"))));
         const hw::BoardConfig cfg = o->common.board_config();
         const std::vector<uint32_t> cores = parse_cores_option(o->cores, cfg.cores());
-        if (o->engine == "compiled" && o->train_step)
-            throw InputError(
-                "--train-step with --engine compiled: the training step is not "
-                "recorded yet (use --engine eager)");
         auto dev = driver::Device::open(cfg);
         RunTrace trace(o->common, cfg);
         dev->set_tracer(trace.get());
         if (o->engine == "compiled") {
             CompiledRun run;
             try {
-                run = run_model_compiled(*dev, o->name, o->zoo, o->batch, cores, o->precision);
+                run = run_model_compiled(*dev, o->name, o->zoo, o->batch, cores, o->precision,
+                                         o->train_step);
             } catch (const driver::DeviceError& e) {
                 throw_as_cli_error(e);
             }
             if (o->common.json)
-                fmt::print(
-                    "{}\n",
-                    compiled_json(run, o->name, o->batch, cores.size(), o->precision, *dev).dump());
+                fmt::print("{}\n", compiled_json(run, o->name, o->batch, cores.size(), o->precision,
+                                                 o->train_step, *dev)
+                                       .dump());
             else
-                print_compiled(run, o->name, o->batch, cores.size(), o->precision, *dev);
+                print_compiled(run, o->name, o->batch, cores.size(), o->precision, o->train_step,
+                               *dev);
             const std::vector<ResultStat> result{
                 {"cycles",
-                 fmt::format("device cycles of one compiled inference of {} (batch {}) on {} "
+                 fmt::format("device cycles of one compiled {} of {} (batch {}) on {} "
                              "core{}, host fallbacks included",
-                             o->name, o->batch, cores.size(), cores.size() == 1 ? "" : "s"),
+                             o->train_step ? "training step" : "inference", o->name, o->batch,
+                             cores.size(), cores.size() == 1 ? "" : "s"),
                  sim::StatUnit::Cycles, double(run.cycles)},
-                {std::string(sim::stat_names::kSteps), "inferences measured", sim::StatUnit::Count,
-                 1.0},
+                {std::string(sim::stat_names::kSteps),
+                 o->train_step ? "training steps measured" : "inferences measured",
+                 sim::StatUnit::Count, 1.0},
                 {"devices", "cores running the model", sim::StatUnit::Count, double(cores.size())}};
             write_stats_file(o->common, dev->board(), dev->kernel_stats(), result);
             dev->set_tracer(nullptr);
