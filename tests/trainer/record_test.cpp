@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,6 +69,11 @@ struct Case {
     double bound_32_true;
     double bound_bf16_mixed;
 };
+
+/// gtest names the case by its model (not its bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+    *os << c.model;
+}
 
 class ZooRecording : public ::testing::TestWithParam<Case> {};
 
