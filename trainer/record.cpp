@@ -368,8 +368,10 @@ cc::LazyTensor record_train_step(cc::LazyContext& ctx, Recorder& r, Module& modu
         ctx.input("onehot", cc::Shape{cc::DType::F32, {rows, classes}}, std::move(onehot));
     const cc::ValueId logits = module.record_forward(r, ctx.value(x));
     if (g.shape(logits).dims != std::vector<int64_t>{rows, classes})
-        throw std::invalid_argument(fmt::format("record_train_step: logits {} for {} x {} labels",
-                                                g.shape(logits).to_string(), rows, classes));
+        throw std::invalid_argument(fmt::format(
+            "record_train_step: the forward gives {}, not the logits of {} x {} labels (a training "
+            "step that adds a head to the forward, as bert-block's, is not recorded yet)",
+            g.shape(logits).to_string(), rows, classes));
     cc::ValueId loss, dlogits;
     {
         const auto scope = r.layer("loss", "cross_entropy");
