@@ -178,13 +178,38 @@ std::vector<CompiledLayer> attribute_fusion_cycles(
     for (size_t i = 0; i < step.fusions.size(); ++i) {
         const cc::Fusion& f = step.fusions[i];
         std::vector<std::pair<std::string, double>> weights;  // per layer, first-use order
+        const auto weigh = [&](const std::string& layer, double flops) {
+            if (layer.empty()) return;
+            auto it = std::find_if(weights.begin(), weights.end(),
+                                   [&](const auto& w) { return w.first == layer; });
+            if (it == weights.end()) it = weights.insert(weights.end(), {layer, 0.0});
+            it->second += flops;
+        };
         for (cc::OpId id : f.ops) {
             const cc::Op& op = g.op(id);
-            if (op.name.empty()) continue;
-            auto it = std::find_if(weights.begin(), weights.end(),
-                                   [&](const auto& w) { return w.first == op.name; });
-            if (it == weights.end()) it = weights.insert(weights.end(), {op.name, 0.0});
-            it->second += op_flops(g, op);
+            // A merged dot (Q, K and V as one) read only through slices in its fusion: each
+            // slice's layer gets the flops of its columns.
+            std::vector<const cc::Op*> slices;
+            bool only_slices = op.kind == cc::OpKind::Dot;
+            for (cc::OpId u : f.ops) {
+                if (!only_slices) break;
+                const cc::Op& user = g.op(u);
+                if (std::find(user.operands.begin(), user.operands.end(), op.results[0]) ==
+                    user.operands.end())
+                    continue;
+                if (user.kind == cc::OpKind::Slice)
+                    slices.push_back(&user);
+                else
+                    only_slices = false;
+            }
+            if (only_slices && slices.size() > 1) {
+                const double out = double(g.shape(op.results[0]).elements());
+                for (const cc::Op* sl : slices)
+                    weigh(sl->name,
+                          op_flops(g, op) * double(g.shape(sl->results[0]).elements()) / out);
+                continue;
+            }
+            weigh(op.name, op_flops(g, op));
         }
         if (weights.empty()) weights.emplace_back("other", 0.0);
         double total = 0;

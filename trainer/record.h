@@ -138,7 +138,9 @@ double op_flops(const compiler::Graph& g, const compiler::Op& op);
 /// Splits each fusion's cycles (`fusion_cycles[i]` for step.fusions[i]) over the layers its ops
 /// were recorded in, in proportion to the flops of each layer's ops in that fusion (equal shares
 /// when none of them computes; ops outside every layer carry no weight), whole cycles with the
-/// remainder to the largest share; a fusion without layer ops goes to "other". The rows, in
+/// remainder to the largest share; a fusion without layer ops goes to "other". A merged dot
+/// (the dot merger's Q, K and V) read only through slices gives each slice's layer the flops of
+/// its columns. The rows, in
 /// first-use order (layers named in `kinds` first in its order, then others as met, "other"
 /// last), sum to the sum of `fusion_cycles`.
 std::vector<CompiledLayer> attribute_fusion_cycles(
