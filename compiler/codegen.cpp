@@ -242,6 +242,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     uint32_t handshakes = 0;
     for (size_t k = 0; k < fusions.size(); ++k) {
         const Fusion& f = step.fusions[fusions[k]];
+        seg.fusion_pcs.push_back(b.pc());
         if (k > 0) emit_delay(b, o.board.core.fusion_setup_cycles);
         const auto scope = b.scope(f.name);
         const auto load = [&](const isa::Reg& r, const BufferRef& buf) {

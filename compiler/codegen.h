@@ -84,6 +84,9 @@ struct ProgramSegment {
     std::vector<DerivedBuffer> derived;
     /// Device segment: the fusions it holds, in order.
     std::vector<size_t> fusions;
+    /// Device segment: the pc where each fusion's code begins (its boundary set-up first), so a
+    /// trace or an instruction record maps cycles back to fusions.
+    std::vector<uint32_t> fusion_pcs;
 };
 
 /// The generated code of a step: one device program per run of device fusions. A step without

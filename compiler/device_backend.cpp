@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "hw/board.h"
+#include "hw/core/core_model.h"
+
 namespace tpu::compiler {
 
 /// One buffer per replica, freed with the last datum that holds it.
@@ -233,9 +236,25 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
 
     uint64_t first_cycle = 0, last_cycle = 0;
     bool any = false;
+    // Fusion timing: device fusions from the first core's instruction record, host fusions
+    // from the device time between the launches around them.
+    std::vector<uint64_t>& fusion_cycles = m_stats->last_fusion_cycles;
+    fusion_cycles.assign(m_time_fusions ? step.fusions.size() : 0, 0);
+    std::vector<size_t> host_run;  // host fusions since the last launch
+    uint64_t host_run_begin = 0;   // device cycle the run began
+    const auto close_host_run = [&](uint64_t end) {
+        for (size_t i : host_run)
+            fusion_cycles[i] = (end - std::min(end, host_run_begin)) / host_run.size();
+        if (!host_run.empty())
+            fusion_cycles[host_run.back()] +=
+                (end - std::min(end, host_run_begin)) % host_run.size();
+        host_run.clear();
+    };
+    hw::CoreModel* timed = m_time_fusions ? &m_dev.board().core(m_cores.at(0)) : nullptr;
     for (size_t si = 0; si < prog.segments.size(); ++si) {
         const ProgramSegment& seg = prog.segments[si];
         if (seg.host_fusion < 0) {
+            if (timed) timed->record(true);
             const size_t n = m_cores.size();
             const uint32_t stale = arenas[si] ? stale_mask(si) : 0;
             const driver::Event ev = m_dev.launch(m_cores, seg.program, [&](size_t i) {
@@ -269,6 +288,28 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             }
             ++m_stats->launches;
             m_stats->last_launch = ev;
+            if (timed) {
+                close_host_run(ev.start_cycle);
+                // A fusion's first instruction issues once the previous kernel has waited for
+                // everything it issued: the boundaries are exact, and the fusions tile the launch.
+                std::vector<uint64_t> begin(seg.fusions.size(), ev.start_cycle);
+                std::vector<bool> seen(seg.fusions.size(), false);
+                seen[0] = true;
+                std::map<uint32_t, size_t> at;
+                for (size_t k = 1; k < seg.fusion_pcs.size(); ++k) at[seg.fusion_pcs[k]] = k;
+                for (const hw::InstrRecord& r : timed->records()) {
+                    const auto it = at.find(r.pc);
+                    if (it == at.end() || seen[it->second]) continue;
+                    seen[it->second] = true;
+                    begin[it->second] = std::clamp(r.issue, ev.start_cycle, ev.end_cycle);
+                }
+                timed->record(false);
+                for (size_t k = 0; k < seg.fusions.size(); ++k) {
+                    const uint64_t end = k + 1 < seg.fusions.size() ? begin[k + 1] : ev.end_cycle;
+                    fusion_cycles[seg.fusions[k]] = end - std::min(end, begin[k]);
+                }
+                host_run_begin = ev.end_cycle;
+            }
             if (!any) first_cycle = ev.start_cycle;
             last_cycle = ev.end_cycle;
             any = true;
@@ -276,6 +317,10 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
         }
         // A custom fusion on the host: its operands come over the host link, its results go back.
         const Fusion& f = step.fusions[size_t(seg.host_fusion)];
+        if (m_time_fusions) {
+            if (!any && host_run.empty()) host_run_begin = m_dev.now_cycle();
+            host_run.push_back(size_t(seg.host_fusion));
+        }
         Graph g;
         std::map<ValueId, ValueId> map;
         for (const FusionValue& fv : f.operands) map[fv.value] = g.input(fv.shape, "operand");
@@ -318,6 +363,10 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
     for (const OutputBuffer& ob : step.outputs)
         if (ob.buffer.space == BufferRef::Space::Parameter && ob.updates_parameter >= 0)
             ++tensor(parameters.at(ob.buffer.index)).rewrites;
+    if (m_time_fusions) {
+        m_dev.synchronize();  // the trailing host fusions' writes
+        close_host_run(m_dev.now_cycle());
+    }
     ++m_stats->executions;
     m_stats->last_step_cycles = any ? last_cycle - first_cycle : 0;
 

@@ -28,6 +28,13 @@ struct DeviceBackendStats {
     uint64_t peak_device_bytes = 0;   ///< the most it held at once, per core
     driver::Event last_launch{};      ///< the last launch (its cycles are the step's device time)
     uint64_t last_step_cycles = 0;    ///< the last step: first launch's start to last launch's end
+    /// With time_fusions(true), per fusion of the last step: a device fusion's cycles inside
+    /// its program (from the issue of its first instruction, its boundary set-up included, to
+    /// the next fusion's; the first from the launch's start, the last to its end), a host
+    /// fusion's the device cycles between the launches around it (shared equally by
+    /// consecutive host fusions; from the step's start or to its end when no launch precedes
+    /// or follows). They sum to last_step_cycles plus the host fusions outside the launches.
+    std::vector<uint64_t> last_fusion_cycles;
 };
 
 /// Runs compiled steps on `cores` of `device` (replica r on cores[r]). Parameters are written
@@ -49,6 +56,10 @@ public:
                                  const std::vector<DataPtr>& inputs) override;
 
     const DeviceBackendStats& stats() const { return *m_stats; }
+    /// Times each fusion of every step (DeviceBackendStats::last_fusion_cycles) from the first
+    /// core's instruction record (hw::CoreModel::record): off by default, it keeps a record per
+    /// executed instruction of that core while a step runs.
+    void time_fusions(bool on) { m_time_fusions = on; }
     /// The generated code of `step` (generated on first use; cached by the step's graph hash).
     const StepProgram& program(const CompiledStep& step);
 
@@ -72,6 +83,7 @@ private:
     };
     std::map<std::pair<uint64_t, size_t>, DerivedArena> m_derived;  // by (source hash, segment)
     std::shared_ptr<DeviceBackendStats> m_stats;  // allocations count their bytes here
+    bool m_time_fusions = false;
 };
 
 }  // namespace tpu::compiler

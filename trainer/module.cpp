@@ -3,11 +3,31 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
+#include "compiler/builder.h"
+#include "driver/kernels/attention.h"
+
 namespace tpu::trainer {
 namespace {
+
+namespace cc = tpu::compiler;
+
+/// `x` as NHWC images of `in` (a [B, H·W·C] row batch is reshaped; no data moves).
+cc::ValueId as_nhwc(cc::Graph& g, cc::ValueId x, uint32_t height, uint32_t width,
+                    uint32_t channels) {
+    const cc::Shape& s = g.shape(x);
+    if (s.rank() == 4) return x;
+    return cc::reshape(g, x, {s.dims[0], height, width, channels});
+}
+
+/// `b` ([n]) added along the last dim of `y`.
+cc::ValueId add_bias(cc::Graph& g, cc::ValueId y, cc::ValueId b) {
+    const cc::Shape& s = g.shape(y);
+    return cc::add(g, y, cc::broadcast(g, b, s.dims, {s.rank() - 1}));
+}
 
 /// Uniform in [lo, hi) from 24 random bits: the same values on every platform (std's
 /// distributions are implementation-defined).
@@ -99,6 +119,35 @@ Var Linear::operator()(Runtime& rt, const Var& x) {
     return linear(rt, x, rt.param(*weight), bias ? rt.param(*bias) : nullptr);
 }
 
+cc::ValueId Linear::record(Recorder& r, cc::ValueId x) {
+    const auto scope = r.layer(name, "linear");
+    cc::Graph& g = r.graph();
+    const cc::ValueId w = r.param(weight, {weight->cols, weight->rows}, true);
+    const cc::ValueId b = bias ? r.param(bias, {bias->cols}) : cc::kNoValue;
+    return cc::linear(g, x, w, b, r.linear_precision());
+}
+
+cc::ValueId ReLU::record(Recorder& r, cc::ValueId x) {
+    const auto scope = r.layer(name, "relu");
+    return cc::relu(r.graph(), x);
+}
+
+cc::ValueId GELU::record(Recorder& r, cc::ValueId x) {
+    const auto scope = r.layer(name, "gelu");
+    return cc::gelu(r.graph(), x, true);
+}
+
+cc::ValueId Softmax::record(Recorder& r, cc::ValueId x) {
+    const auto scope = r.layer(name, "softmax");
+    return cc::softmax(r.graph(), x, r.graph().shape(x).rank() - 1);
+}
+
+cc::ValueId Flatten::record(Recorder& r, cc::ValueId x) {
+    const cc::Shape& s = r.graph().shape(x);
+    if (s.rank() == 2) return x;
+    return cc::reshape(r.graph(), x, {s.dims[0], s.elements() / s.dims[0]});
+}
+
 std::vector<std::pair<std::string, ParamPtr*>> Linear::slots() {
     std::vector<std::pair<std::string, ParamPtr*>> s{{"weight", &weight}};
     if (bias) s.emplace_back("bias", &bias);
@@ -114,6 +163,11 @@ Var Embedding::operator()(Runtime& rt, const Var& onehot) {
     return embedding(rt, onehot, rt.param(*weight));
 }
 
+cc::ValueId Embedding::record(Recorder& r, cc::ValueId ids) {
+    const auto scope = r.layer(name, "embedding");
+    return cc::gather_rows(r.graph(), r.param(weight, {weight->rows, weight->cols}), ids);
+}
+
 std::vector<std::pair<std::string, ParamPtr*>> Embedding::slots() {
     return {{"weight", &weight}};
 }
@@ -126,6 +180,19 @@ PositionalEmbedding::PositionalEmbedding(uint32_t rows, uint32_t dim, std::mt199
 Var PositionalEmbedding::operator()(Runtime& rt, const Var& x) {
     const auto scope = rt.layer(name, "positional");
     return add_periodic(rt, x, rt.param(*weight));
+}
+
+cc::ValueId PositionalEmbedding::record(Recorder& r, cc::ValueId x) {
+    const auto scope = r.layer(name, "positional");
+    cc::Graph& g = r.graph();
+    const cc::Shape s = g.shape(x);
+    const int64_t rows = weight->rows, dim = weight->cols;
+    if (s.rank() != 2 || s.dims[1] != dim || s.dims[0] % rows != 0)
+        throw std::invalid_argument(fmt::format("{}: input {} is not whole sequences of {} x {}",
+                                                name, s.to_string(), rows, dim));
+    const std::vector<int64_t> seqs{s.dims[0] / rows, rows, dim};
+    const cc::ValueId table = cc::broadcast(g, r.param(weight, {rows, dim}), seqs, {1, 2});
+    return cc::reshape(g, cc::add(g, cc::reshape(g, x, seqs), table), s.dims);
 }
 
 std::vector<std::pair<std::string, ParamPtr*>> PositionalEmbedding::slots() {
@@ -149,6 +216,18 @@ Var Conv2d::operator()(Runtime& rt, const Var& x) {
     const auto scope = rt.layer(
         name, fmt::format("conv2d {}x{}/{}", m_shape.kernel, m_shape.kernel, m_shape.stride));
     return conv2d(rt, x, rt.param(*weight), bias ? rt.param(*bias) : nullptr, m_shape);
+}
+
+cc::ValueId Conv2d::record(Recorder& r, cc::ValueId x) {
+    const auto scope = r.layer(
+        name, fmt::format("conv2d {}x{}/{}", m_shape.kernel, m_shape.kernel, m_shape.stride));
+    cc::Graph& g = r.graph();
+    const cc::ValueId w =
+        r.param(weight, {m_shape.kernel, m_shape.kernel, m_shape.cin, m_shape.cout});
+    // One bf16 pass in every mode, as the eager conv2d kernels (XLA's default precision).
+    const cc::ValueId y = cc::conv2d(g, as_nhwc(g, x, m_shape.height, m_shape.width, m_shape.cin),
+                                     w, m_shape.stride, m_shape.pad);
+    return bias ? add_bias(g, y, r.param(bias, {bias->cols})) : y;
 }
 
 std::vector<std::pair<std::string, ParamPtr*>> Conv2d::slots() {
@@ -176,6 +255,14 @@ Var Pool2d::operator()(Runtime& rt, const Var& x) {
     return m_max ? max_pool2d(rt, x, m_window) : avg_pool2d(rt, x, m_window);
 }
 
+cc::ValueId Pool2d::record(Recorder& r, cc::ValueId x) {
+    const auto scope = r.layer(name, m_max ? "max_pool2d" : "avg_pool2d");
+    cc::Graph& g = r.graph();
+    return cc::pool(g, as_nhwc(g, x, m_window.height, m_window.width, m_window.channels),
+                    m_max ? cc::PoolKind::Max : cc::PoolKind::Avg, m_window.kernel, m_window.stride,
+                    m_window.pad);
+}
+
 ImageShape Pool2d::out() const {
     return {m_window.out_height(), m_window.out_width(), m_window.channels};
 }
@@ -186,6 +273,13 @@ GlobalAvgPool::GlobalAvgPool(ImageShape in)
 Var GlobalAvgPool::operator()(Runtime& rt, const Var& x) {
     const auto scope = rt.layer(name, "global_avg_pool");
     return global_avg_pool(rt, x, m_window);
+}
+
+cc::ValueId GlobalAvgPool::record(Recorder& r, cc::ValueId x) {
+    const auto scope = r.layer(name, "global_avg_pool");
+    cc::Graph& g = r.graph();
+    return cc::global_avg_pool(g,
+                               as_nhwc(g, x, m_window.height, m_window.width, m_window.channels));
 }
 
 MultiheadAttention::MultiheadAttention(uint32_t dim, uint32_t heads, uint32_t seq, bool causal,
@@ -218,6 +312,47 @@ Var MultiheadAttention::operator()(Runtime& rt, const Var& x) {
     const Var qh = split_heads(rt, q(rt, x), m_heads), kh = split_heads(rt, k(rt, x), m_heads),
               vh = split_heads(rt, v(rt, x), m_heads);
     return out(rt, merge_heads(rt, attention(rt, qh, kh, vh, m_seq, m_causal), m_heads));
+}
+
+cc::ValueId MultiheadAttention::record(Recorder& r, cc::ValueId x) {
+    cc::Graph& g = r.graph();
+    // The projections are layers of their own (absolute scopes inside this one), as in the
+    // eager table.
+    const auto scope = r.layer(name, m_causal ? "attention (causal)" : "attention");
+    const cc::ValueId qp = q.record(r, x), kp = k.record(r, x), vp = v.record(r, x);
+    const cc::Shape xs = g.shape(x);
+    const int64_t rows = xs.dims[0], dim = xs.dims[1], seq = m_seq, heads = m_heads,
+                  d = dim / heads, batch = rows / seq;
+    // [B·S, H·d] -> [B, H, S, d]: a change of dims the dots read through, never a copy.
+    const auto split = [&](cc::ValueId t) {
+        return cc::transpose(g, cc::reshape(g, t, {batch, seq, heads, d}), {0, 2, 1, 3});
+    };
+    const cc::ValueId qh = split(qp), kh = split(kp), vh = split(vp);
+    cc::DotDims sd;  // q k^T per (sequence, head): [B, H, S(q), S(k)]
+    sd.lhs_batch = sd.rhs_batch = {0, 1};
+    sd.lhs_contracting = sd.rhs_contracting = {3};
+    cc::ValueId s = cc::dot(g, qh, kh, sd);
+    // The eager kernel's order: scores times fp32(1 / sqrt(d)), then the causal bias.
+    const driver::AttentionShape as{1, 1, m_seq, uint32_t(d), m_causal};
+    s = cc::mul(g, s, cc::full(g, double(as.scale()), g.shape(s)));
+    if (m_causal) {
+        std::vector<float> mask(size_t(seq) * seq, 0.0f);
+        for (int64_t i = 0; i < seq; ++i)
+            for (int64_t j = i + 1; j < seq; ++j)
+                mask[size_t(i * seq + j)] = -std::numeric_limits<float>::infinity();
+        const cc::ValueId m =
+            g.constant(cc::Shape{cc::DType::F32, {seq, seq}}, std::move(mask), name + ".mask");
+        s = cc::add(g, s, cc::broadcast(g, m, g.shape(s).dims, {2, 3}));
+    }
+    const cc::ValueId p = cc::softmax(g, s, 3);
+    cc::DotDims od;  // p v: [B, H, S(q), d]
+    od.lhs_batch = od.rhs_batch = {0, 1};
+    od.lhs_contracting = {3};
+    od.rhs_contracting = {2};
+    const cc::ValueId o = cc::dot(g, p, vh, od);
+    const cc::ValueId merged =
+        cc::reshape(g, cc::transpose(g, o, {0, 2, 1, 3}), {rows, dim});  // [B·S, H·d]
+    return out.record(r, merged);
 }
 
 std::vector<std::pair<std::string, ParamPtr*>> MultiheadAttention::slots() {
@@ -261,6 +396,23 @@ Var TransformerBlock::operator()(Runtime& rt, const Var& x) {
     return ln_2(rt, residual(".residual_2", h, mlp(h)));
 }
 
+cc::ValueId TransformerBlock::record(Recorder& r, cc::ValueId x) {
+    cc::Graph& g = r.graph();
+    const auto residual = [&](const char* part, cc::ValueId a, cc::ValueId b) {
+        const auto scope = r.layer(name + part, "add");
+        return cc::add(g, a, b);
+    };
+    const auto mlp = [&](cc::ValueId v) {
+        return fc_2.record(r, act.record(r, fc_1.record(r, v)));
+    };
+    if (m_pre_ln) {
+        const cc::ValueId h = residual(".residual_1", x, attn.record(r, ln_1.record(r, x)));
+        return residual(".residual_2", h, mlp(ln_2.record(r, h)));
+    }
+    const cc::ValueId h = ln_1.record(r, residual(".residual_1", x, attn.record(r, x)));
+    return ln_2.record(r, residual(".residual_2", h, mlp(h)));
+}
+
 std::vector<std::pair<std::string, ParamPtr*>> TransformerBlock::slots() {
     std::vector<std::pair<std::string, ParamPtr*>> s;
     for (auto [part, layer] : {std::pair<const char*, Layer*>{"ln_1", &ln_1},
@@ -280,6 +432,13 @@ LayerNorm::LayerNorm(uint32_t dim, float eps) : m_eps(eps) {
 Var LayerNorm::operator()(Runtime& rt, const Var& x) {
     const auto scope = rt.layer(name, "layernorm");
     return layer_norm(rt, x, rt.param(*weight), rt.param(*bias), m_eps);
+}
+
+cc::ValueId LayerNorm::record(Recorder& r, cc::ValueId x) {
+    const auto scope = r.layer(name, "layernorm");
+    return cc::layer_norm(r.graph(), x, r.param(weight, {weight->cols}),
+                          r.param(bias, {bias->cols}), m_eps)
+        .y;
 }
 
 std::vector<std::pair<std::string, ParamPtr*>> LayerNorm::slots() {
@@ -303,6 +462,10 @@ Var Module::training_step(Runtime& rt, const Batch& batch) {
 StepOutput Module::validation_step(Runtime& rt, const Batch& batch) {
     Var logits = forward(rt, batch.x);
     return {cross_entropy(rt, logits, batch.onehot), logits};
+}
+
+cc::ValueId Module::record_forward(Recorder&, cc::ValueId) {
+    throw std::invalid_argument("this module does not record its forward into the compiler");
 }
 
 std::vector<std::pair<std::string, ParamPtr>> Module::all_parameter_slots() const {
@@ -342,6 +505,15 @@ Var Mlp::forward(Runtime& rt, const Var& x) {
     return h;
 }
 
+cc::ValueId Mlp::record_forward(Recorder& r, cc::ValueId x) {
+    cc::ValueId h = x;
+    for (size_t i = 0; i < m_linear.size(); ++i) {
+        h = m_linear[i]->record(r, h);
+        if (i + 1 < m_linear.size()) h = cc::relu(r.graph(), h);
+    }
+    return h;
+}
+
 Cnn::Cnn(ImageShape in, uint32_t classes, OptimizerConfig opt, uint32_t seed)
     : Module(seed), m_opt(opt) {
     m_conv1 = &add<Conv2d>("conv1", in, 32, 3, 1, 1, true, rng());
@@ -357,6 +529,13 @@ Var Cnn::forward(Runtime& rt, const Var& x) {
     Var h = (*m_pool1)(rt, relu(rt, (*m_conv1)(rt, x)));
     h = (*m_flatten)(rt, (*m_pool2)(rt, relu(rt, (*m_conv2)(rt, h))));
     return (*m_fc2)(rt, relu(rt, (*m_fc1)(rt, h)));
+}
+
+cc::ValueId Cnn::record_forward(Recorder& r, cc::ValueId x) {
+    cc::Graph& g = r.graph();
+    cc::ValueId h = m_pool1->record(r, cc::relu(g, m_conv1->record(r, x)));
+    h = m_flatten->record(r, m_pool2->record(r, cc::relu(g, m_conv2->record(r, h))));
+    return m_fc2->record(r, cc::relu(g, m_fc1->record(r, h)));
 }
 
 Gpt::Gpt(GptConfig cfg, OptimizerConfig opt, uint32_t seed) : Module(seed), m_cfg(cfg), m_opt(opt) {
@@ -381,6 +560,21 @@ Var Gpt::forward(Runtime& rt, const Var& x) {
     h = (*m_ln_f)(rt, h);
     const auto scope = rt.layer("lm_head", "linear (tied to wte)");
     return linear_transposed(rt, h, rt.param(*m_wte->weight));
+}
+
+}  // namespace tpu::trainer
+
+namespace tpu::trainer {
+
+cc::ValueId Gpt::record_forward(Recorder& r, cc::ValueId x) {
+    cc::ValueId h = m_wpe->record(r, m_wte->record(r, x));
+    for (TransformerBlock* b : m_blocks) h = b->record(r, h);
+    h = m_ln_f->record(r, h);
+    const auto scope = r.layer("lm_head", "linear (tied to wte)");
+    // h wte^T: PyTorch's linear with the tied [vocab, hidden] table as its weight.
+    const ParamPtr& wte = m_wte->weight;
+    return cc::linear(r.graph(), h, r.param(wte, {wte->rows, wte->cols}), cc::kNoValue,
+                      r.linear_precision());
 }
 
 }  // namespace tpu::trainer

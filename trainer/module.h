@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "trainer/graph.h"
+#include "trainer/record.h"
 
 /// Models in the style of a LightningModule: layers own parameters, a Module names them
 /// ("layer_1.weight"), defines its steps and configures its optimizer.
@@ -73,6 +74,8 @@ class Linear : public Layer {
 public:
     Linear(uint32_t in, uint32_t out, bool bias, std::mt19937& rng);
     Var operator()(Runtime& rt, const Var& x);
+    /// Records PyTorch's linear: the weight leaf is [out, in] (PyTorch's layout).
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
     ParamPtr weight;  ///< in x out
     ParamPtr bias;    ///< 1 x out, or null
@@ -85,6 +88,7 @@ public:
         const auto scope = rt.layer(name, "relu");
         return relu(rt, x);
     }
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
 };
 
 /// GELU (tanh form).
@@ -94,6 +98,8 @@ public:
         const auto scope = rt.layer(name, "gelu");
         return gelu(rt, x);
     }
+    /// Records gelu's tanh form (PyTorch's approximate='tanh').
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
 };
 
 /// Inverted dropout, seeded; a new seed each step so masks differ between steps.
@@ -104,6 +110,8 @@ public:
         const auto scope = rt.layer(name, "dropout");
         return dropout(rt, x, m_p, m_seed + m_calls++);
     }
+    /// Inference: the identity.
+    compiler::ValueId record(Recorder&, compiler::ValueId x) { return x; }
 
 private:
     float m_p;
@@ -116,6 +124,8 @@ class Embedding : public Layer {
 public:
     Embedding(uint32_t num, uint32_t dim, std::mt19937& rng, float stddev = 1.0f);
     Var operator()(Runtime& rt, const Var& onehot);
+    /// Records aten::embedding: a gather of the rows of s32 token ids (exact rows, no matmul).
+    compiler::ValueId record(Recorder& r, compiler::ValueId ids);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
     ParamPtr weight;  ///< num x dim
 };
@@ -125,6 +135,7 @@ class LayerNorm : public Layer {
 public:
     explicit LayerNorm(uint32_t dim, float eps = 1e-5f);
     Var operator()(Runtime& rt, const Var& x);
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
     ParamPtr weight;  ///< 1 x dim
     ParamPtr bias;    ///< 1 x dim
@@ -139,6 +150,8 @@ class PositionalEmbedding : public Layer {
 public:
     PositionalEmbedding(uint32_t rows, uint32_t dim, std::mt19937& rng, float stddev);
     Var operator()(Runtime& rt, const Var& x);
+    /// Records x viewed as [sequences, rows, dim] plus the table broadcast over the sequences.
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
     ParamPtr weight;  ///< rows x dim
 };
@@ -161,6 +174,8 @@ public:
     /// padding above kernel / 2).
     Pool2d(bool max, ImageShape in, uint32_t kernel, uint32_t stride = 0, uint32_t pad = 0);
     Var operator()(Runtime& rt, const Var& x);
+    /// Records a reduce-window on x as NHWC (x may be [B, H·W·C] rows); the result is NHWC.
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
     /// The images it outputs.
     ImageShape out() const;
 
@@ -177,6 +192,9 @@ public:
     Conv2d(ImageShape in, uint32_t cout, uint32_t kernel, uint32_t stride, uint32_t pad, bool bias,
            std::mt19937& rng);
     Var operator()(Runtime& rt, const Var& x);
+    /// Records an NHWC x HWIO convolution (+ bias) on x as NHWC (x may be [B, H·W·C] rows);
+    /// the result is NHWC.
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
     /// The images it outputs.
     ImageShape out() const;
@@ -207,6 +225,8 @@ class GlobalAvgPool : public Layer {
 public:
     explicit GlobalAvgPool(ImageShape in);
     Var operator()(Runtime& rt, const Var& x);
+    /// Records the mean over H and W of x as NHWC: [B, C].
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
 
 private:
     PoolWindow m_window;
@@ -217,6 +237,8 @@ private:
 class Flatten : public Layer {
 public:
     Var operator()(Runtime&, const Var& x) { return x; }
+    /// Records NHWC images as [B, H·W·C] rows (a reshape: no data moves).
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
 };
 
 /// Softmax over each row.
@@ -226,6 +248,7 @@ public:
         const auto scope = rt.layer(name, "softmax");
         return softmax(rt, x);
     }
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
 };
 
 /// Multi-head self-attention over sequences of `seq` rows (input batch·seq x dim, as
@@ -237,6 +260,11 @@ class MultiheadAttention : public Layer {
 public:
     MultiheadAttention(uint32_t dim, uint32_t heads, uint32_t seq, bool causal, std::mt19937& rng);
     Var operator()(Runtime& rt, const Var& x);
+    /// Records the projections, the head split as a reshape and transpose ([B, heads, seq, d],
+    /// never a copy), scores as a batched dot times 1/sqrt(d) (plus -inf above the diagonal
+    /// when causal), softmax over the keys, the weighted sum as a batched dot, the head merge
+    /// and the output projection.
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
     void set_name(std::string n) override;
     Linear q, k, v, out;  ///< projections, dim x dim each
@@ -254,6 +282,7 @@ public:
     TransformerBlock(uint32_t dim, uint32_t heads, uint32_t ffn, uint32_t seq, bool causal,
                      std::mt19937& rng, bool pre_ln = true);
     Var operator()(Runtime& rt, const Var& x);
+    compiler::ValueId record(Recorder& r, compiler::ValueId x);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
     void set_name(std::string n) override;
     LayerNorm ln_1;           ///< before attention
@@ -281,6 +310,11 @@ public:
     /// Loss and logits of one batch (evaluation mode, no gradients).
     virtual StepOutput validation_step(Runtime& rt, const Batch& batch);
     virtual OptimizerConfig configure_optimizers() const { return {}; }
+    /// Records forward() into the compiler's IR (see record_inference); the default throws
+    /// std::invalid_argument (a module that has not defined it).
+    virtual compiler::ValueId record_forward(Recorder& r, compiler::ValueId x);
+    /// Its input is token ids (an embedding) rather than rows of values.
+    virtual bool token_input() const { return false; }
 
     /// Unique parameters in registration order, each under the first name that holds it.
     std::vector<std::pair<std::string, ParamPtr>> named_parameters() const;
@@ -319,6 +353,7 @@ public:
     /// sizes = {inputs, hidden..., classes}, e.g. {784, 512, 256, 10}.
     Mlp(const std::vector<uint32_t>& sizes, OptimizerConfig opt, uint32_t seed = 0);
     Var forward(Runtime& rt, const Var& x) override;
+    compiler::ValueId record_forward(Recorder& r, compiler::ValueId x) override;
     OptimizerConfig configure_optimizers() const override { return m_opt; }
 
 private:
@@ -332,6 +367,7 @@ class Cnn : public Module {
 public:
     Cnn(ImageShape in, uint32_t classes, OptimizerConfig opt, uint32_t seed = 0);
     Var forward(Runtime& rt, const Var& x) override;
+    compiler::ValueId record_forward(Recorder& r, compiler::ValueId x) override;
     OptimizerConfig configure_optimizers() const override { return m_opt; }
 
 private:
@@ -361,8 +397,10 @@ class Gpt : public Module {
 public:
     Gpt(GptConfig cfg, OptimizerConfig opt, uint32_t seed = 0);
     Var forward(Runtime& rt, const Var& x) override;
+    compiler::ValueId record_forward(Recorder& r, compiler::ValueId x) override;
     OptimizerConfig configure_optimizers() const override { return m_opt; }
     const GptConfig& config() const { return m_cfg; }
+    bool token_input() const override { return true; }
 
 private:
     GptConfig m_cfg;

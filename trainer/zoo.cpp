@@ -49,6 +49,9 @@ public:
         if (labels) m_head = &add<Linear>("classifier", hidden, labels, true, rng());
     }
     Var forward(Runtime& rt, const Var& x) override { return (*m_block)(rt, x); }
+    compiler::ValueId record_forward(Recorder& r, compiler::ValueId x) override {
+        return m_block->record(r, x);
+    }
     Var training_step(Runtime& rt, const Batch& batch) override {
         if (!m_head) return Module::training_step(rt, batch);
         return cross_entropy(rt, (*m_head)(rt, forward(rt, batch.x)), batch.onehot);
@@ -144,6 +147,17 @@ public:
         const auto scope = rt.layer(name + ".add_relu", "add + relu");
         return add_relu(rt, h, shortcut);
     }
+    compiler::ValueId record(Recorder& r, compiler::ValueId x) {
+        compiler::Graph& g = r.graph();
+        compiler::ValueId h = x;
+        for (size_t i = 0; i < m_convs.size(); ++i) {
+            h = m_convs[i]->record(r, h);
+            if (i + 1 < m_convs.size()) h = compiler::relu(g, h);
+        }
+        const compiler::ValueId shortcut = m_down ? m_down->record(r, x) : x;
+        const auto scope = r.layer(name + ".add_relu", "add + relu");
+        return compiler::relu(g, compiler::add(g, h, shortcut));
+    }
     ImageShape out() const { return m_out; }
 
 private:
@@ -175,6 +189,11 @@ public:
         Var h = (*m_pool)(rt, relu(rt, (*m_stem)(rt, x)));
         for (ResBlock* b : m_blocks) h = (*b)(rt, h);
         return (*m_fc)(rt, (*m_avg)(rt, h));
+    }
+    compiler::ValueId record_forward(Recorder& r, compiler::ValueId x) override {
+        compiler::ValueId h = m_pool->record(r, compiler::relu(r.graph(), m_stem->record(r, x)));
+        for (ResBlock* b : m_blocks) h = b->record(r, h);
+        return m_fc->record(r, m_avg->record(r, h));
     }
 
 private:

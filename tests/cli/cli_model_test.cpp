@@ -140,3 +140,66 @@ TEST(CliModel, BadInputIsAnErrorNamingIt) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliModel, CompiledEngineCountsItsFusionsAndItsLayersSumToTheStep) {
+    // The MLP's 784-wide first layer and 10-wide last one are not generated for the device yet
+    // (K and N not multiples of 128): they run on the host, the middle one on the device.
+    const auto j = tpusim_json("model mlp --batch 8 --engine compiled");
+    EXPECT_EQ(j["engine"], "compiled");
+    const auto& f = j["fusions"];
+    EXPECT_EQ(f["total"].get<int>(), 3);
+    EXPECT_EQ(f["device"].get<int>() + f["host"].get<int>(), 3);
+    EXPECT_GE(f["device"].get<int>(), 1);
+    ASSERT_EQ(f["host_fusions"].size(), f["host"].get<size_t>());
+    uint64_t host = 0;
+    for (const auto& h : f["host_fusions"]) {
+        EXPECT_NE(h["reason"].get<std::string>().find("not yet generated"), std::string::npos);
+        host += h["cycles"].get<uint64_t>();
+    }
+    EXPECT_EQ(j["cycles"].get<uint64_t>(), j["device_cycles"].get<uint64_t>() + host);
+    uint64_t sum = 0, device = 0;
+    for (const auto& l : j["layers"]) {
+        sum += l["cycles"].get<uint64_t>();
+        device += l["device_cycles"].get<uint64_t>();
+    }
+    EXPECT_EQ(sum, j["cycles"].get<uint64_t>());
+    EXPECT_EQ(device, j["device_cycles"].get<uint64_t>());
+    EXPECT_EQ(names(j), (std::vector<std::string>{"layer_1", "layer_2", "layer_3"}));
+    const auto& m = j["memory"];
+    // 784 x 512 + 512 + 512 x 256 + 256 + 256 x 10 + 10 fp32 values, each buffer in whole
+    // 256-byte blocks and its layout's tiles.
+    EXPECT_GE(m["parameter_bytes"].get<uint64_t>(), 4u * (784 * 512 + 512 + 512 * 256 + 256));
+    EXPECT_EQ(m["peak_bytes"].get<uint64_t>(),
+              m["parameter_bytes"].get<uint64_t>() + m["input_bytes"].get<uint64_t>() +
+                  m["output_bytes"].get<uint64_t>() + m["temp_bytes"].get<uint64_t>());
+}
+
+TEST(CliModel, CompiledTrainingStepHasLossAllReduceAndOptimizerRows) {
+    const auto j = tpusim_json("model mlp --batch 16 --cores 0-1 --engine compiled --train-step");
+    EXPECT_EQ(j["mode"], "train-step");
+    uint64_t sum = 0;
+    for (const auto& l : j["layers"]) sum += l["cycles"].get<uint64_t>();
+    EXPECT_EQ(sum, j["cycles"].get<uint64_t>());
+    const auto rows = names(j);
+    for (const char* want : {"layer_1", "layer_2", "layer_3", "loss", "allreduce", "optimizer"})
+        EXPECT_NE(std::find(rows.begin(), rows.end(), want), rows.end()) << want;
+    // Parameters, Adam's two moments per parameter, all on every core.
+    EXPECT_GE(j["memory"]["parameter_bytes"].get<uint64_t>(),
+              3u * 4u * (784 * 512 + 512 + 512 * 256 + 256));
+}
+
+TEST(CliModel, CompiledEngineRefusesWhatItDoesNotRecordYet) {
+    const auto r = tpusim(kSmallGpt + " --engine compiled --train-step");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.err.find("is not recorded yet"), std::string::npos) << r.err;
+    const auto p = tpusim("model mlp --engine compiled --precision bf16-true");
+    EXPECT_NE(p.code, 0);
+    EXPECT_NE(p.err.find("bf16-true"), std::string::npos) << p.err;
+    const auto e = tpusim("model mlp --engine fast");
+    EXPECT_NE(e.code, 0);
+    EXPECT_NE(e.err.find("--engine"), std::string::npos) << e.err;
+}
+
+}  // namespace

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // tpusim model NAME: one inference or one training step of a zoo model, with a per-layer table.
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -11,15 +13,248 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "compiler/codegen.h"
+#include "compiler/compiler.h"
+#include "compiler/device_backend.h"
+#include "compiler/lazy.h"
 #include "hw/board.h"
 #include "sim/stat_names.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/op_runs.h"
 #include "tools/tpusim/run_output.h"
+#include "trainer/record.h"
 #include "trainer/trainer.h"
 #include "trainer/zoo.h"
 
 namespace tpu::cli {
+namespace {
+
+/// A fusion of the compiled step that ran on the host.
+struct HostFusion {
+    std::string fusion;   ///< "fusion.3 output dot+reshape"
+    std::string layers;   ///< its layers, comma-separated
+    std::string reason;   ///< the NotYetGenerated message (or "custom call")
+    uint64_t cycles = 0;  ///< device cycles its host round trip took
+};
+
+/// What one compiled inference reports.
+struct CompiledRun {
+    std::string description;       ///< the model's shape
+    uint64_t cycles = 0;           ///< the step: every fusion's cycles, host fallbacks included
+    uint64_t device_cycles = 0;    ///< of those, the fusions generated for the device
+    double host_seconds = 0;       ///< host time of the step (recording, compiling, running)
+    double compile_seconds = 0;    ///< of which the compiler's passes
+    double codegen_seconds = 0;    ///< and code generation
+    uint64_t launches = 0;         ///< device programs the step launched
+    size_t fusions = 0;            ///< fusions of the compiled step
+    std::vector<HostFusion> host;  ///< the fusions that ran on the host
+    compiler::MemoryPlan memory;   ///< HBM per core
+    std::vector<trainer::CompiledLayer> layers, device_layers;  ///< all cycles; device only
+};
+
+/// One inference (or training step) of zoo model `name` recorded into the compiler and run as
+/// one compiled step (LazyContext on a DeviceBackend over `cores`, host fallback on).
+CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
+                               const trainer::ZooOptions& options, uint32_t batch,
+                               const std::vector<uint32_t>& cores, const std::string& precision,
+                               bool train_step) {
+    try {
+        trainer::check_zoo_options(name, options, batch);
+    } catch (const std::invalid_argument& e) {
+        throw InputError(e.what());
+    }
+    check_model(dev.config(), name, options, batch, cores.size(), train_step, option_names());
+    trainer::PrecisionMode mode;
+    try {
+        mode = trainer::resolve_precision(precision).mode;
+    } catch (const trainer::ConfigError& e) {
+        throw InputError(e.what());
+    }
+    trainer::ZooModel model;
+    trainer::ZooOptions zoo = options;
+    zoo.values = true;  // the recorded step uploads its inputs as data
+    try {
+        model = trainer::make_zoo_model(name, zoo, batch, train_step);
+    } catch (const std::invalid_argument& e) {
+        throw InputError(e.what());
+    }
+    const uint32_t share = uint32_t((batch + cores.size() - 1) / cores.size());
+    const trainer::Dataset& d = model.input;
+    const uint32_t rows = share * d.rows_per_example();
+    const size_t per_row = model.module->token_input() ? 1 : d.features;
+    // Each core's share of the examples; the last shares padded with zeros (token 0), as the
+    // eager engine pads them.
+    // A training step's labels: one-hot rows (padding rows all zero: no loss, but counted in
+    // the mean, as a padded shard's rows are).
+    std::vector<std::vector<float>> inputs, onehot;
+    for (size_t r = 0; r < cores.size(); ++r) {
+        const uint32_t first = std::min<uint32_t>(batch, uint32_t(r) * share);
+        const uint32_t count = std::min<uint32_t>(batch - first, share);
+        inputs.push_back(trainer::recorded_input_values(d, first, count));
+        inputs.back().resize(size_t(rows) * per_row, 0.0f);
+        if (!train_step) continue;
+        std::vector<float>& y = onehot.emplace_back(size_t(rows) * d.classes, 0.0f);
+        for (uint32_t e = 0; e < count; ++e)
+            for (uint32_t k = 0; k < d.rows_per_example(); ++k)
+                y[(size_t(e) * d.rows_per_example() + k) * d.classes + d.label(first + e, k)] =
+                    1.0f;
+    }
+    compiler::CodegenOptions cg;
+    cg.board = dev.config();
+    cg.replicas = uint32_t(cores.size());
+    cg.host_fallback = true;
+    compiler::DeviceBackend backend(dev, cores, cg);
+    backend.time_fusions(true);
+    compiler::CompileOptions co;
+    co.board = dev.config();
+    compiler::LazyContext ctx(backend, co);
+
+    CompiledRun run;
+    run.description = model.description;
+    const auto h0 = std::chrono::steady_clock::now();
+    try {
+        trainer::Recorder rec(ctx, mode, trainer::parameter_names(*model.module));
+        const compiler::LazyTensor y =
+            train_step
+                ? trainer::record_train_step(ctx, rec, *model.module, rows, d.features, d.classes,
+                                             std::move(inputs), std::move(onehot), 1, cores.size())
+                : trainer::record_forward_step(ctx, rec, *model.module, rows, d.features,
+                                               std::move(inputs));
+        ctx.mark_step();
+        run.host_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
+        const compiler::CompiledStep& step = *ctx.last_step();
+        const compiler::DeviceBackendStats& st = backend.stats();
+        const compiler::StepProgram& prog = backend.program(step);
+        run.fusions = step.fusions.size();
+        run.memory = step.memory;
+        run.launches = st.launches;
+        run.compile_seconds = ctx.stats().compile_seconds;
+        run.codegen_seconds = st.codegen_seconds;
+        std::vector<uint64_t> device = st.last_fusion_cycles;
+        for (const compiler::ProgramSegment& seg : prog.segments) {
+            if (seg.host_fusion < 0) continue;
+            const size_t i = size_t(seg.host_fusion);
+            const compiler::Fusion& f = step.fusions[i];
+            std::string ops;
+            for (compiler::OpId id : f.ops) {
+                const auto n = compiler::op_name(step.graph.op(id).kind);
+                if (ops.find(n) == std::string::npos)
+                    ops += fmt::format("{}{}", ops.empty() ? "" : "+", n);
+            }
+            run.host.push_back(
+                {fmt::format("{} {} {}", f.name, compiler::fusion_kind_name(f.kind), ops),
+                 fmt::format("{}", fmt::join(f.layers, ", ")),
+                 seg.fallback.empty() ? "custom call" : seg.fallback, st.last_fusion_cycles.at(i)});
+            device[i] = 0;
+        }
+        for (uint64_t c : st.last_fusion_cycles) run.cycles += c;
+        for (uint64_t c : device) run.device_cycles += c;
+        run.layers = trainer::attribute_fusion_cycles(step, st.last_fusion_cycles, rec.layers());
+        run.device_layers = trainer::attribute_fusion_cycles(step, device, rec.layers());
+        (void)y;
+    } catch (const compiler::CompileError& e) {
+        throw InputError(fmt::format("{} (compiled engine): {}", name, e.what()));
+    } catch (const std::invalid_argument& e) {
+        throw InputError(fmt::format("{} (compiled engine): {}", name, e.what()));
+    }
+    return run;
+}
+
+nlohmann::ordered_json compiled_json(const CompiledRun& run, const std::string& name,
+                                     uint32_t batch, size_t cores, const std::string& precision,
+                                     bool train_step, driver::Device& dev) {
+    const hw::BoardConfig& cfg = dev.config();
+    nlohmann::ordered_json j;
+    j["model"] = name;
+    j["description"] = run.description;
+    j["mode"] = train_step ? "train-step" : "inference";
+    j["engine"] = "compiled";
+    j["batch"] = batch;
+    j["cores"] = cores;
+    j["precision"] = precision;
+    j["cycles"] = run.cycles;
+    j["device_cycles"] = run.device_cycles;
+    j["simulated_seconds"] = cfg.clock().seconds(double(run.cycles));
+    j["run_cycles"] = dev.now_cycle();
+    j["run_simulated_seconds"] = cfg.clock().seconds(double(dev.now_cycle()));
+    j["host_seconds"] = run.host_seconds;
+    j["compile_seconds"] = run.compile_seconds;
+    j["codegen_seconds"] = run.codegen_seconds;
+    j["launches"] = run.launches;
+    auto& jf = j["fusions"];
+    jf["total"] = run.fusions;
+    jf["device"] = run.fusions - run.host.size();
+    jf["host"] = run.host.size();
+    auto& jh = jf["host_fusions"] = nlohmann::ordered_json::array();
+    for (const HostFusion& h : run.host)
+        jh.push_back({{"fusion", h.fusion},
+                      {"layers", h.layers},
+                      {"reason", h.reason},
+                      {"cycles", h.cycles}});
+    auto& jm = j["memory"];
+    jm["parameter_bytes"] = run.memory.parameter_bytes;
+    jm["input_bytes"] = run.memory.input_bytes;
+    jm["output_bytes"] = run.memory.output_bytes;
+    jm["temp_bytes"] = run.memory.temp_bytes;
+    jm["temp_unshared_bytes"] = run.memory.temp_unshared_bytes;
+    jm["peak_bytes"] = run.memory.peak_bytes();
+    auto& jl = j["layers"] = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < run.layers.size(); ++i) {
+        const trainer::CompiledLayer& l = run.layers[i];
+        jl.push_back({{"name", l.name},
+                      {"kind", l.kind},
+                      {"cycles", l.cycles},
+                      {"device_cycles", run.device_layers.at(i).cycles},
+                      {"fusions", l.fusions},
+                      {"flops", l.flops}});
+    }
+    j["energy"] = energy_json(estimate_energy(dev.board(), dev.kernel_stats()));
+    return j;
+}
+
+void print_compiled(const CompiledRun& run, const std::string& name, uint32_t batch, size_t cores,
+                    const std::string& precision, bool train_step, driver::Device& dev) {
+    const hw::BoardConfig& cfg = dev.config();
+    const uint64_t cycles = run.cycles;
+    fmt::print("{} {} of {} (batch {}) on {} core{}, {}, compiled: {} cycles = {:.3f} ms\n", name,
+               train_step ? "training step" : "inference", run.description, batch, cores,
+               cores == 1 ? "" : "s", precision, cycles, cfg.clock().seconds(double(cycles)) * 1e3);
+    fmt::print(
+        "one compiled step: {} fusions, {} generated for the device ({} cycles in {} "
+        "launch{}), {} on the host (host fallback: {} cycles of host-link traffic, not "
+        "device work)\n",
+        run.fusions, run.fusions - run.host.size(), run.device_cycles, run.launches,
+        run.launches == 1 ? "" : "es", run.host.size(), cycles - run.device_cycles);
+    std::map<std::string, size_t> reasons;
+    for (const HostFusion& h : run.host) {
+        // The message names its fusion first ("fusion.3: ..."): count the rest.
+        const size_t colon = h.reason.find(": ");
+        ++reasons[colon == std::string::npos ? h.reason : h.reason.substr(colon + 2)];
+    }
+    for (const auto& [reason, n] : reasons) fmt::print("  {:>3} x {}\n", n, reason);
+    const compiler::MemoryPlan& m = run.memory;
+    fmt::print(
+        "HBM per core: {} parameters + {} inputs + {} outputs + {} temp (live peak; {} "
+        "without reuse) = {} bytes\n",
+        m.parameter_bytes, m.input_bytes, m.output_bytes, m.temp_bytes, m.temp_unshared_bytes,
+        m.peak_bytes());
+    fmt::print("{:<28} {:<20} {:>10} {:>6} {:>10} {:>8} {:>10}\n", "layer", "kind", "cycles", "%",
+               "device", "fusions", "GFLOP");
+    for (size_t i = 0; i < run.layers.size(); ++i) {
+        const trainer::CompiledLayer& l = run.layers[i];
+        fmt::print("{:<28} {:<20} {:>10} {:>5.1f}% {:>10} {:>8} {:>10.3f}\n", l.name, l.kind,
+                   l.cycles, cycles ? 100.0 * double(l.cycles) / double(cycles) : 0.0,
+                   run.device_layers.at(i).cycles, l.fusions, l.flops / 1e9);
+    }
+    fmt::print(
+        "(a fusion of several layers is split by the flops of each layer's ops; "
+        "\"device\" leaves out the host fallbacks)\n");
+    fmt::print("host {:.2f} s (compile {:.3f} s, code generation {:.3f} s)\n", run.host_seconds,
+               run.compile_seconds, run.codegen_seconds);
+}
+
+}  // namespace
 
 void register_model_command(CLI::App& app) {
     struct Opts {
@@ -29,6 +264,7 @@ void register_model_command(CLI::App& app) {
         std::string cores = "0";
         bool train_step = false;
         std::string precision = "bf16-mixed";
+        std::string engine = "eager";
         trainer::ZooOptions zoo;
     };
     auto o = std::make_shared<Opts>();
@@ -46,6 +282,13 @@ void register_model_command(CLI::App& app) {
                   "one training step instead: forward, backward, gradient all-reduce, Adam (the "
                   "loss: softmax cross-entropy of the outputs against random labels; bert-block "
                   "adds a token-classification head, 9 labels per token)");
+    cmd->add_option("--engine", o->engine,
+                    "eager (default): the trainer's kernels, one launch per op | compiled: the "
+                    "forward (or training step: mlp, cnn, resnets) recorded into the compiler and "
+                    "run as one compiled step (fusions not generated for the device yet run on the "
+                    "host, counted "
+                    "with their reasons, so eager stays the default until whole models generate)")
+        ->check(CLI::IsMember({"eager", "compiled"}));
     cmd->add_option("--precision", o->precision,
                     "32-true | bf16-mixed | bf16-true (and Lightning's 32, 16, 16-mixed, bf16)");
     // The size options; each one's help lists the models that read it (zoo_models()).
@@ -91,6 +334,37 @@ void register_model_command(CLI::App& app) {
         auto dev = driver::Device::open(cfg);
         RunTrace trace(o->common, cfg);
         dev->set_tracer(trace.get());
+        if (o->engine == "compiled") {
+            CompiledRun run;
+            try {
+                run = run_model_compiled(*dev, o->name, o->zoo, o->batch, cores, o->precision,
+                                         o->train_step);
+            } catch (const driver::DeviceError& e) {
+                throw_as_cli_error(e);
+            }
+            if (o->common.json)
+                fmt::print("{}\n", compiled_json(run, o->name, o->batch, cores.size(), o->precision,
+                                                 o->train_step, *dev)
+                                       .dump());
+            else
+                print_compiled(run, o->name, o->batch, cores.size(), o->precision, o->train_step,
+                               *dev);
+            const std::vector<ResultStat> result{
+                {"cycles",
+                 fmt::format("device cycles of one compiled {} of {} (batch {}) on {} "
+                             "core{}, host fallbacks included",
+                             o->train_step ? "training step" : "inference", o->name, o->batch,
+                             cores.size(), cores.size() == 1 ? "" : "s"),
+                 sim::StatUnit::Cycles, double(run.cycles)},
+                {std::string(sim::stat_names::kSteps),
+                 o->train_step ? "training steps measured" : "inferences measured",
+                 sim::StatUnit::Count, 1.0},
+                {"devices", "cores running the model", sim::StatUnit::Count, double(cores.size())}};
+            write_stats_file(o->common, dev->board(), dev->kernel_stats(), result);
+            dev->set_tracer(nullptr);
+            trace.finish();
+            return;
+        }
         ModelRun run;
         try {
             run = run_model(*dev, o->name, o->zoo, o->batch, cores, o->train_step, o->precision);
