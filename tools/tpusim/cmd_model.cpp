@@ -27,30 +27,6 @@
 #include "trainer/zoo.h"
 
 namespace tpu::cli {
-namespace {
-
-/// A fusion of the compiled step that ran on the host.
-struct HostFusion {
-    std::string fusion;   ///< "fusion.3 output dot+reshape"
-    std::string layers;   ///< its layers, comma-separated
-    std::string reason;   ///< the NotYetGenerated message (or "custom call")
-    uint64_t cycles = 0;  ///< device cycles its host round trip took
-};
-
-/// What one compiled inference reports.
-struct CompiledRun {
-    std::string description;       ///< the model's shape
-    uint64_t cycles = 0;           ///< the step: every fusion's cycles, host fallbacks included
-    uint64_t device_cycles = 0;    ///< of those, the fusions generated for the device
-    double host_seconds = 0;       ///< host time of the step (recording, compiling, running)
-    double compile_seconds = 0;    ///< of which the compiler's passes
-    double codegen_seconds = 0;    ///< and code generation
-    uint64_t launches = 0;         ///< device programs the step launched
-    size_t fusions = 0;            ///< fusions of the compiled step
-    std::vector<HostFusion> host;  ///< the fusions that ran on the host
-    compiler::MemoryPlan memory;   ///< HBM per core
-    std::vector<trainer::CompiledLayer> layers, device_layers;  ///< all cycles; device only
-};
 
 /// One inference (or training step) of zoo model `name` recorded into the compiler and run as
 /// one compiled step (LazyContext on a DeviceBackend over `cores`, host fallback on).
@@ -129,6 +105,7 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
         run.fusions = step.fusions.size();
         run.memory = step.memory;
         run.launches = st.launches;
+        run.step_cycles = st.last_step_cycles;
         run.compile_seconds = ctx.stats().compile_seconds;
         run.codegen_seconds = st.codegen_seconds;
         std::vector<uint64_t> device = st.last_fusion_cycles;
@@ -160,6 +137,8 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
     }
     return run;
 }
+
+namespace {
 
 nlohmann::ordered_json compiled_json(const CompiledRun& run, const std::string& name,
                                      uint32_t batch, size_t cores, const std::string& precision,

@@ -44,6 +44,14 @@ struct Row {
     uint32_t cores = 0;
     std::string config;     ///< the `config` column: the board the row runs on ("" = --config's)
     hw::BoardConfig board;  ///< that board, with the command's --set overrides
+    std::string engine = "auto";  ///< a model row's engine: auto, eager or compiled (--engine)
+};
+
+/// What running one row gave: its cycles and, for a model row, the engine that ran it.
+struct RowRun {
+    uint64_t cycles = 0;
+    std::string engine;      ///< "compiled", or "eager" with why not compiled ("" for an op row)
+    bool run_eager = false;  ///< auto: the compiled step falls back; run the row eagerly instead
 };
 
 /// The board a row names in its `config` column: a preset of configs/ by name ("v4-8") or a
@@ -52,7 +60,14 @@ struct Row {
 using BoardOf = std::function<hw::BoardConfig(const std::string& config)>;
 
 /// Runs one row's workload on the device; returns its cycles from launch to completion.
-using Runner = std::function<uint64_t(driver::Device&, driver::ProgramCache&, const Row&)>;
+using Runner = std::function<RowRun(driver::Device&, driver::ProgramCache&, const Row&)>;
+
+/// A runner of an op row, which runs one library kernel or compiled op (no engine to report).
+Runner op_row(uint64_t (*run)(driver::Device&, driver::ProgramCache&, const Row&)) {
+    return [run](driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
+        return RowRun{run(dev, cache, r), ""};
+    };
+}
 
 /// One row kind: the parameters it takes (all required) and, once its kernel exists, a runner.
 struct Kind {
@@ -177,11 +192,34 @@ trainer::ZooOptions zoo_options(const Row& r) {
     return z;
 }
 
-/// A zoo model's inference (forward pass) on the row's cores.
-uint64_t run_model_row(driver::Device& dev, driver::ProgramCache&, const Row& r) {
-    return run_model(dev, r.workload, zoo_options(r), optional(r.params, "batch", r.line, 1),
-                     row_cores(r), false, "bf16-mixed")
-        .cycles;
+/// A zoo model's inference (forward pass) on the row's cores. `auto` runs it as one compiled
+/// step (what PyTorch/XLA runs on a TPU) when every fusion of the step is generated for the
+/// device, and on the eager engine otherwise (a step with host fallbacks would count host-link
+/// traffic, not device work); the row says which ran and why.
+RowRun run_model_row(driver::Device& dev, driver::ProgramCache&, const Row& r) {
+    const uint32_t batch = optional(r.params, "batch", r.line, 1);
+    std::string why;
+    if (r.engine != "eager") {
+        const CompiledRun c = run_model_compiled(dev, r.workload, zoo_options(r), batch,
+                                                 row_cores(r), "bf16-mixed", false);
+        if (c.host.empty()) return RowRun{c.step_cycles, "compiled"};
+        std::map<std::string, size_t> reasons;
+        for (const HostFusion& h : c.host) ++reasons[h.reason];
+        why = fmt::format("{} of {} fusions not generated yet: ", c.host.size(), c.fusions);
+        bool first = true;
+        for (const auto& [reason, n] : reasons) {
+            why += fmt::format("{}{} x {}", first ? "" : "; ", n, reason);
+            first = false;
+        }
+        if (r.engine == "compiled")
+            throw InputError(
+                fmt::format("line {}: {} with --engine compiled: {}", r.line, r.workload, why));
+        // The eager run goes on a board of its own (run_isolated), as every row does.
+        return RowRun{0, fmt::format("eager (compiled: {})", why), true};
+    }
+    const uint64_t cycles =
+        run_model(dev, r.workload, zoo_options(r), batch, row_cores(r), false, "bf16-mixed").cycles;
+    return RowRun{cycles, "eager"};
 }
 
 void check_gemm_row(const Row& r, const hw::BoardConfig& cfg) {
@@ -222,17 +260,18 @@ void check_model_row(const Row& r, const hw::BoardConfig& cfg) {
 const std::map<std::string, Kind>& kinds() {
     static const std::map<std::string, Kind> k = [] {
         std::map<std::string, Kind> m;
-        m["gemm"] = Kind{{"M", "K", "N"}, {}, run_gemm, {}, {}, check_gemm_row};
+        m["gemm"] = Kind{{"M", "K", "N"}, {}, op_row(run_gemm), {}, {}, check_gemm_row};
         m["conv2d"] = Kind{{"B", "H", "W", "Cin", "Cout", "k", "stride", "pad"},
                            {"NHWC"},
-                           run_conv2d,
+                           op_row(run_conv2d),
                            {},
                            {"pad"},
                            check_conv2d_row};
-        m["layernorm"] = Kind{{"rows", "cols"}, {}, run_rows_op, {}, {}, check_rows_row};
-        m["softmax"] = Kind{{"rows", "cols"}, {}, run_rows_op, {}, {}, check_rows_row};
-        m["attention"] = Kind{{"heads", "seq", "dhead"}, {"causal"}, run_attention_row, {}, {},
-                              check_attention_row,       {"batch"}};
+        m["layernorm"] = Kind{{"rows", "cols"}, {}, op_row(run_rows_op), {}, {}, check_rows_row};
+        m["softmax"] = Kind{{"rows", "cols"}, {}, op_row(run_rows_op), {}, {}, check_rows_row};
+        m["attention"] =
+            Kind{{"heads", "seq", "dhead"}, {"causal"}, op_row(run_attention_row), {}, {},
+                 check_attention_row,       {"batch"}};
         m["resnet18"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
         m["resnet50"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
         m["bert-block"] = Kind{{"hidden", "seq", "heads"},
@@ -431,8 +470,9 @@ std::vector<Row> read_rows(const std::string& path, const BoardOf& board_of) {
 /// Runs one row on a board of its own, so no row sees the HBM state (open rows, refresh
 /// phase) an earlier row left behind: the bench's runner (each board owns its SystemC context,
 /// so every row starts on a fresh board at cycle 0), timing-only.
-uint64_t run_isolated(const hw::BoardConfig& cfg, const Kind& kind, const Row& r,
-                      const std::string& path) {
+RowRun run_isolated(const hw::BoardConfig& cfg, const Kind& kind, const Row& r,
+                    const std::string& path) {
+    RowRun out;
     const bench::BenchCase c{fmt::format("{}:{}", path, r.line),
                              r.workload,
                              false,
@@ -441,11 +481,13 @@ uint64_t run_isolated(const hw::BoardConfig& cfg, const Kind& kind, const Row& r
                              [&](driver::Device& dev) {
                                  driver::ProgramCache cache;
                                  bench::CaseRun run;
-                                 run.cycles = kind.run(dev, cache, r);
+                                 out = kind.run(dev, cache, r);
+                                 run.cycles = out.cycles;
                                  return run;
                              }};
     try {
-        return bench::run_case(cfg, c).cycles;
+        out.cycles = bench::run_case(cfg, c).cycles;
+        return out;
     } catch (const driver::DeviceError& e) {
         if (e.kind() == driver::ErrorKind::Usage || e.kind() == driver::ErrorKind::OutOfMemory)
             throw InputError(e.what());
@@ -459,6 +501,7 @@ void register_validate_command(CLI::App& app) {
     struct Opts {
         CommonOptions common;
         std::string data = std::string(TPU_SOURCE_DIR) + "/validation/tpuv3.csv";
+        std::string engine = "auto";
     };
     auto o = std::make_shared<Opts>();
     auto* cmd = app.add_subcommand(
@@ -466,6 +509,13 @@ void register_validate_command(CLI::App& app) {
     cmd->add_option("--data", o->data,
                     "CSV of real timings (workload,params,real_cycles,"
                     "clock_mhz,cores,source)")
+        ->capture_default_str();
+    cmd->add_option("--engine", o->engine,
+                    "how model rows (resnet18, resnet50, bert-block) run: auto = one compiled "
+                    "step (tpusim model --engine compiled) when every fusion of it is generated "
+                    "for the device, else the eager engine, the row saying why; compiled = fail "
+                    "where a fusion is not generated; eager = one launch per op")
+        ->check(CLI::IsMember({"auto", "eager", "compiled"}))
         ->capture_default_str();
     add_config_options(*cmd, o->common);
     cmd->add_flag("--json", o->common.json,
@@ -499,7 +549,8 @@ void register_validate_command(CLI::App& app) {
                 throw InputError(e.what());
             }
         };
-        const std::vector<Row> rows = read_rows(o->data, board_of);
+        std::vector<Row> rows = read_rows(o->data, board_of);
+        for (Row& r : rows) r.engine = o->engine;
         nlohmann::ordered_json out;
         out["rows"] = nlohmann::ordered_json::array();
         double abs_sum = 0;
@@ -525,15 +576,23 @@ void register_validate_command(CLI::App& app) {
                 out["rows"].push_back(j);
                 continue;
             }
-            const uint64_t sim_cycles = run_isolated(r.board, kind, r, o->data);
+            RowRun run = run_isolated(r.board, kind, r, o->data);
+            if (run.run_eager) {
+                Row eager = r;
+                eager.engine = "eager";
+                run.cycles = run_isolated(r.board, kind, eager, o->data).cycles;
+            }
+            const uint64_t sim_cycles = run.cycles;
+            if (!run.engine.empty()) j["engine"] = run.engine;
             const double error = double(sim_cycles) / real_board - 1.0;
             abs_sum += std::abs(error);
             ++simulated;
             j["sim_cycles"] = sim_cycles;
             j["real_cycles"] = r.real_cycles;
             j["error"] = error;
-            table += fmt::format("{:<8} {:<58} {:>12} {:>12} {:>+7.1f}%\n", r.workload,
-                                 r.params_text, sim_cycles, r.real_cycles, 100.0 * error);
+            table += fmt::format("{:<8} {:<58} {:>12} {:>12} {:>+7.1f}%{}\n", r.workload,
+                                 r.params_text, sim_cycles, r.real_cycles, 100.0 * error,
+                                 run.engine.empty() ? "" : "  " + run.engine);
             out["rows"].push_back(j);
         }
         const double mae = simulated ? abs_sum / double(simulated) : 0.0;

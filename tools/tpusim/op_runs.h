@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "compiler/compiled_step.h"
 #include "driver/device.h"
 #include "driver/kernels/attention.h"
 #include "driver/kernels/conv2d.h"
@@ -15,6 +16,7 @@
 #include "driver/program_cache.h"
 #include "tools/tpusim/commands.h"
 #include "trainer/graph.h"
+#include "trainer/record.h"
 #include "trainer/zoo.h"
 
 namespace tpu::sim {
@@ -164,7 +166,38 @@ nlohmann::ordered_json model_json(const ModelRun& run, const std::string& name, 
                                   driver::Device& dev);
 /// One span per layer run on the trace's host/layers track, and the span the command reports on
 /// host/model (nothing without a tracer).
-void trace_model(sim::Tracer* tracer, const ModelRun& run, const std::string& name,
-                 uint32_t batch, bool train_step);
+void trace_model(sim::Tracer* tracer, const ModelRun& run, const std::string& name, uint32_t batch,
+                 bool train_step);
+
+/// A fusion of the compiled step that ran on the host.
+struct HostFusion {
+    std::string fusion;   ///< "fusion.3 output dot+reshape"
+    std::string layers;   ///< its layers, comma-separated
+    std::string reason;   ///< the NotYetGenerated message (or "custom call")
+    uint64_t cycles = 0;  ///< device cycles its host round trip took
+};
+
+/// What one compiled inference reports.
+struct CompiledRun {
+    std::string description;       ///< the model's shape
+    uint64_t cycles = 0;           ///< the step: every fusion's cycles, host fallbacks included
+    uint64_t device_cycles = 0;    ///< of those, the fusions generated for the device
+    uint64_t step_cycles = 0;      ///< first launch's start to last launch's end (launches too)
+    double host_seconds = 0;       ///< host time of the step (recording, compiling, running)
+    double compile_seconds = 0;    ///< of which the compiler's passes
+    double codegen_seconds = 0;    ///< and code generation
+    uint64_t launches = 0;         ///< device programs the step launched
+    size_t fusions = 0;            ///< fusions of the compiled step
+    std::vector<HostFusion> host;  ///< the fusions that ran on the host
+    compiler::MemoryPlan memory;   ///< HBM per core
+    std::vector<trainer::CompiledLayer> layers, device_layers;  ///< all cycles; device only
+};
+
+/// One inference (or training step) of zoo model `name` recorded into the compiler and run as
+/// one compiled step (LazyContext on a DeviceBackend over `cores`, host fallback on).
+CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
+                               const trainer::ZooOptions& options, uint32_t batch,
+                               const std::vector<uint32_t>& cores, const std::string& precision,
+                               bool train_step);
 
 }  // namespace tpu::cli
