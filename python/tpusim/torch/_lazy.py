@@ -55,6 +55,7 @@ class Device:
                  replicas: int = 1):
         self.board = board
         self.index = index
+        self.fusions_run = 0
         if board is None:
             self.backend = C.HostBackend(replicas)
             self.ctx = C.LazyContext(self.backend)
@@ -106,6 +107,9 @@ class Device:
         before = self.ctx.stats()
         out = self.timed("ExecuteTime", fn, *args)
         self._count_compiles(before)
+        if self.ctx.stats()["executions"] > before["executions"]:
+            # A cut runs at most one graph: the fusions it ran (on the device or the host).
+            self.fusions_run += len(self.ctx.last_fusions())
         return out
 
     def mark_step(self):
@@ -151,6 +155,7 @@ class Device:
     def stats(self) -> dict:
         """The lazy context's counts, and on a board the device backend's (last_step_cycles)."""
         s = dict(self.ctx.stats())
+        s["fusions"] = self.fusions_run  # fusions of every step run (device and host)
         if self.board is not None:
             s.update(self.backend.stats())
         return s
