@@ -20,7 +20,7 @@ struct DeviceBackendStats {
     uint64_t executions = 0;    ///< steps run
     uint64_t launches = 0;      ///< device programs launched (one per step without custom calls)
     uint64_t host_fusions = 0;  ///< custom fusions and host fallbacks run on the host
-    uint64_t fallback_fusions = 0;    ///< of those, fusions not generated yet (host_fallback)
+    uint64_t fallback_fusions = 0;  ///< of those, fusions not generated yet (host_fallback)
     std::map<std::string, uint64_t> fallbacks;  ///< each fallback's reason, times it ran
     uint64_t programs_generated = 0;  ///< steps whose code was generated (a new compiled step)
     double codegen_seconds = 0;       ///< host time spent generating code
@@ -28,6 +28,9 @@ struct DeviceBackendStats {
     uint64_t peak_device_bytes = 0;   ///< the most it held at once, per core
     driver::Event last_launch{};      ///< the last launch (its cycles are the step's device time)
     uint64_t last_step_cycles = 0;    ///< the last step: first launch's start to last launch's end
+    /// host-link cycles of the writes that put tensors on the device (parameters, inputs and
+    /// constants, written when the first step that reads them runs, or relayouted)
+    uint64_t h2d_cycles = 0;
 };
 
 /// Runs compiled steps on `cores` of `device` (replica r on cores[r]). Parameters are written

@@ -275,6 +275,29 @@ def test_metrics_report_has_pytorch_xla_format():
     assert tt.format_seconds(6.378e-6) == "006.378us"
 
 
+def test_transfers_to_the_board_are_its_host_link_writes():
+    # The device backend writes new tensors when the first step reading them runs: those
+    # writes' link time is TransferToDeviceTime (as on PyTorch/XLA), not ExecuteTime.
+    with tpusim.Board() as board:
+        dev = tt.Device(board, cores=[0])
+        net = tt.to_device(torch.nn.Linear(128, 128), dev)
+        t0 = board.cycle
+        with torch.no_grad():
+            y = net(tt.to_device(torch.randn(8, 128), dev))
+        tt.mark_step(dev)  # runs y's graph (a live pending tensor)
+        h2d, step = dev.stats()["h2d_cycles"], board.cycle - t0
+        assert dev.stats()["launches"] == 1 and y.shape == (8, 128)
+        hz = board.clock_mhz * 1e6
+    # Three writes over the host link (2000 ns set-up + bytes / 12 GB/s, at 940 MHz, rounded
+    # up): the weight, 128 x 128 f32 = 65536 B: 7461.3 ns -> 7014 cycles; the bias, 512 B:
+    # 2042.7 ns -> 1921; the input, 8 x 128 f32 = 4096 B: 2341.3 ns -> 2201.
+    assert h2d == 7014 + 1921 + 2201
+    transfer = tt._metrics.METRICS.metric("TransferToDeviceTime")
+    execute = tt._metrics.METRICS.metric("ExecuteTime")
+    assert transfer.total == pytest.approx(h2d / hz, rel=1e-12)
+    assert execute.total == pytest.approx((step - h2d) / hz, rel=1e-12)
+
+
 def test_torch_compile_backend():
     model = mlp().eval()
     x = torch.randn(4, 16)
