@@ -375,6 +375,71 @@ def test_an_output_and_its_view_on_the_board():
         close(z.cpu(), torch.exp(x), 1e-6)
 
 
+def _slice_add(a):
+    a[1:3].add_(1)
+    return a
+
+
+def _select_mul(a):
+    a[2].mul_(2)
+    return a
+
+
+def _view_of_a_view(a):
+    a[1][2:4].zero_()
+    return a
+
+
+def _column_fill(a):
+    a[:, 1].fill_(7.0)
+    return a
+
+
+def _transposed_row(a):
+    a.t()[0].add_(100)
+    return a
+
+
+def _flat_view(a):
+    a.view(-1)[5:9].add_(1)
+    return a
+
+
+def _sibling_view_sees_it(a):
+    v1, v2 = a[0:2], a[1:3]
+    v1.add_(10)
+    return v2.clone()
+
+
+def _view_sees_its_base_updated(a):
+    v = a[1]
+    a.add_(1)
+    return v.clone()
+
+
+def _copy_into_columns(a):
+    a[:, 2:4].copy_(torch.ones(4, 2))
+    return a
+
+
+def _split_part(a):
+    _, y = a.split([2, 2])
+    y.mul_(0)
+    return a
+
+
+@pytest.mark.parametrize("update", [
+    _slice_add, _select_mul, _view_of_a_view, _column_fill, _transposed_row, _flat_view,
+    _sibling_view_sees_it, _view_sees_its_base_updated, _copy_into_columns, _split_part],
+    ids=lambda f: f.__name__.strip("_"))
+def test_an_in_place_update_of_a_view_reaches_its_base(update):
+    # fp32 additions and products of small integers: exact on both sides.
+    a = torch.arange(24.0).reshape(4, 6)
+    want = update(a.clone())
+    got = update(tt.to_device(a.clone())).cpu()
+    assert torch.equal(got, want)
+
+
 def test_bad_input_fails_with_a_clear_error():
     a = tt.to_device(torch.ones(4))
     b = tt.to_device(torch.ones(4), tt.Device())

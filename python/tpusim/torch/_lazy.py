@@ -162,6 +162,9 @@ class Device:
     def to_host(self, x: "TpuTensor", replica: int = 0) -> torch.Tensor:
         """A host read of one replica: runs the graph x needs (a host sync when x is
         pending)."""
+        from tpusim.torch._ops import refresh
+
+        refresh(x)  # a view whose base was updated in place
         if x._lazy.pending:
             values = self.run(self.ctx.to_host, x._lazy, replica)
         else:
