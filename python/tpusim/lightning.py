@@ -12,9 +12,9 @@ Data parallel over ``devices`` replicas in one process, as one replicated progra
 Lightning's XLA strategy (one process per device, each with its own DataLoader on Lightning's
 DistributedSampler), ``batch_size`` is per device: replica r's batch comes from its own copy of
 the DataLoader on Lightning's distributed sampler with rank r, and the step's input is one
-shard per replica; the gradients are averaged by an all-reduce recorded inside the step (the compiler's
-all-reduce op), and the step ends with a mark_step after the optimizer step (XLAPrecision's
-optimizer_step). Steps run on the compiler's host evaluator by default; pass
+shard per replica; the gradients are averaged by an all-reduce recorded inside the step (the
+compiler's all-reduce op), and the step ends with a mark_step after the optimizer step
+(XLAPrecision's optimizer_step). Steps run on the compiler's host evaluator by default; pass
 ``accelerator=TpusimAccelerator(board=tpusim.Board())`` to run them on the board's cores.
 """
 
