@@ -179,6 +179,23 @@ def test_a_sampler_of_the_user_s_own_is_drawn_once_for_every_replica():
     assert len({tuple(r.tolist()) for r in rows}) == 16
 
 
+class ValidationRecorder(WeightSharingModule):
+    def validation_step(self, batch, batch_idx):
+        self.seen = getattr(self, "seen", []) + tt.replica_values(batch[0])
+
+
+def test_validation_reads_every_sample_once_over_the_replicas():
+    # Lightning's validation sampler (no shuffle): 64 samples, 8 replicas x 4 a step, 2 steps.
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 32), torch.randn(64, 10))
+    model = ValidationRecorder()
+    L.Trainer(accelerator="tpusim", devices=8, logger=False, enable_progress_bar=False,
+              enable_model_summary=False).validate(model, DataLoader(data, batch_size=4))
+    assert len(model.seen) == 16 and all(x.shape == (4, 32) for x in model.seen)
+    rows = {tuple(r.tolist()) for x in model.seen for r in x}
+    assert rows == {tuple(r.tolist()) for r in data.tensors[0]}
+
+
 def test_without_the_distributed_sampler_every_replica_reads_the_same_batch():
     # use_distributed_sampler=False: each XLA process would iterate its own copy of the
     # loader, so every replica reads the same batch and the mean loss is that batch's.
