@@ -106,10 +106,13 @@ void place(driver::Device& dev, const std::vector<uint32_t>& cores,
     }
     const uint64_t bytes = layout_bytes(t.shape, l);
     auto mem = std::make_shared<Alloc>(dev, cores, bytes, stats);
+    // Writes are posted (the host goes on), so their time is the link's, not the host clock's.
+    const uint64_t start = dev.metrics().h2d_cycles;
     for (size_t r = 0; r < cores.size(); ++r) {
         const auto raw = layout_bytes_of(t.host.at(r), l);
         dev.write(mem->bufs[r], raw.data(), raw.size());
     }
+    stats->h2d_cycles += dev.metrics().h2d_cycles - start;
     t.mem = std::move(mem);
     t.layout = l;
     t.host.clear();

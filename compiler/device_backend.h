@@ -35,6 +35,9 @@ struct DeviceBackendStats {
     /// consecutive host fusions; from the step's start or to its end when no launch precedes
     /// or follows). They sum to last_step_cycles plus the host fusions outside the launches.
     std::vector<uint64_t> last_fusion_cycles;
+    /// host-link cycles of the writes that put tensors on the device (parameters, inputs and
+    /// constants, written when the first step that reads them runs, or relayouted)
+    uint64_t h2d_cycles = 0;
 };
 
 /// Runs compiled steps on `cores` of `device` (replica r on cores[r]). Parameters are written

@@ -42,7 +42,7 @@ with tpusim.Board() as board:
     trainer = L.Trainer(accelerator=tpusim.lightning.TpusimAccelerator(board=board), devices=8,
                         max_steps=4, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(model, DataLoader(data, batch_size=32))   # the global batch: 4 rows per core
+    trainer.fit(model, DataLoader(data, batch_size=4))    # per core, as on a TPU: 32 a step
     stats = trainer.strategy.lazy_device.stats()
 assert model.layer_3.weight is model.layer_1.weight
 print(f"loss {trainer.callback_metrics['loss'].item():.4f}; last step {stats['last_step_cycles']} "

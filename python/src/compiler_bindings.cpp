@@ -247,6 +247,7 @@ void bind_compiler(py::module_& parent) {
             d["device_bytes"] = s.device_bytes;
             d["peak_device_bytes"] = s.peak_device_bytes;
             d["last_step_cycles"] = s.last_step_cycles;
+            d["h2d_cycles"] = s.h2d_cycles;
             return d;
         });
 

@@ -18,6 +18,7 @@ type promotion are PyTorch's; a lowering only builds the values.
 """
 
 import math
+import weakref
 
 import torch
 from torch._decomp import core_aten_decompositions
@@ -65,6 +66,7 @@ class Rec:
         if isinstance(x, TpuTensor):
             if x._dev is not self.dev:
                 raise RuntimeError("tpusim.torch: tensors of two devices in one op")
+            refresh(x)
             v = self.ctx.value(x._lazy)
         elif isinstance(x, torch.Tensor):
             v = self.ctx.value(self.dev.upload(x, False)._lazy)
@@ -309,15 +311,129 @@ def _clone(r, a, memory_format=None):
     return r.out(r.v(a))
 
 
+# ---- views that alias their base -----------------------------------------------------------
+# A view (view, squeeze, permute, transpose, slice, select, split) is a value of its own that
+# remembers its base (the tensor it views, through any chain of views), how it is computed from
+# the base and how an updated view goes back into it (PyTorch's functionalization: view_fn and
+# the *_scatter ops). An in-place update of a view writes its base through; a base updated in
+# place bumps its generation, and a view derived from an older generation is derived again when
+# it is next read. Aliases (detach, .data) share the lazy tensor and this state. A view holds
+# its base weakly (a strong reference would keep the base live, an extra output of every step):
+# once the base is gone, its views no longer see each other's updates.
+
+
+class _ViewState:
+    __slots__ = ("gen", "base", "view_fn", "scatter_fn", "base_gen")
+
+    def __init__(self):
+        self.gen = 0
+        self.base = None
+
+
+def _state(x):
+    st = x.__dict__.get("_vs")
+    if st is None:
+        st = x._vs = _ViewState()
+    return st
+
+
+def _base_of(st):
+    return st.base() if st.base is not None else None
+
+
+def _link(out, parent, view_fn, scatter_fn):
+    """Makes `out` a view: view_fn(g, parent value) is its value, scatter_fn(g, parent value,
+    view value) the parent after the view is updated; composed down to the parent's base."""
+    pst = _state(parent)
+    base = _base_of(pst)
+    if base is not None:  # a view of a view: one view of the base
+        f1, s1 = pst.view_fn, pst.scatter_fn
+        vf, sf = view_fn, scatter_fn
+        view_fn = lambda g, bv: vf(g, f1(g, bv))  # noqa: E731
+        scatter_fn = lambda g, bv, vv: s1(g, bv, sf(g, f1(g, bv), vv))  # noqa: E731
+    else:
+        base = parent
+    st = _state(out)
+    st.base, st.view_fn, st.scatter_fn = weakref.ref(base), view_fn, scatter_fn
+    st.base_gen = _state(base).gen
+    return out
+
+
+def refresh(x):
+    """A view whose base was updated in place since it was derived: derived again."""
+    st = _state(x)
+    base = _base_of(st)
+    if base is not None and st.base_gen != _state(base).gen:
+        ctx = x._dev.ctx
+        ctx.assign(x._lazy, st.view_fn(ctx.graph, ctx.value(base._lazy)))
+        st.base_gen = _state(base).gen
+
+
+def assign(dst, v):
+    """An in-place update: dst's value becomes v, written through to the base dst views."""
+    ctx = dst._dev.ctx
+    ctx.assign(dst._lazy, v)
+    st = _state(dst)
+    st.gen += 1
+    base = _base_of(st)
+    if base is not None:
+        refresh(base)
+        assign(base, st.scatter_fn(ctx.graph, ctx.value(base._lazy), ctx.value(dst._lazy)))
+        st.base_gen = _state(base).gen
+
+
+def _as_view(r, a, view_fn, scatter_fn, meta=None):
+    return _link(r.out(view_fn(r.g, r.v(a)), meta), a, view_fn, scatter_fn)
+
+
+def _reshape_view(r, a):
+    dims, back = list(r.meta.shape), list(a.shape)
+    return _as_view(r, a, lambda g, pv: C.reshape(g, pv, dims),
+                    lambda g, pv, vv: C.reshape(g, vv, back))
+
+
+def _slice_view(r, a, dim, start, end, meta=None, squeeze=False):
+    """a[start:end] along dim (squeezed to `meta`'s shape for select)."""
+    shape = list(a.shape)  # the closures keep no reference to `a` (see _link)
+    lo, hi = [0] * len(shape), list(shape)
+    lo[dim], hi[dim] = start, end
+    dims = list((meta if meta is not None else r.meta).shape)
+    n = shape[dim]
+
+    def view_fn(g, pv):
+        v = C.slice(g, pv, lo, hi)
+        return C.reshape(g, v, dims) if squeeze else v
+
+    def scatter_fn(g, pv, vv):
+        if squeeze:
+            vv = C.reshape(g, vv, [hi[i] - lo[i] for i in range(len(lo))])
+        parts = []
+        if start > 0:
+            parts.append(C.slice(g, pv, [0] * len(lo),
+                                 [start if i == dim else d for i, d in enumerate(shape)]))
+        parts.append(vv)
+        if end < n:
+            parts.append(C.slice(g, pv, [end if i == dim else 0 for i in range(len(lo))], shape))
+        return parts[0] if len(parts) == 1 else C.concatenate(g, parts, dim)
+
+    return _as_view(r, a, view_fn, scatter_fn, meta)
+
+
 @lowers(aten.detach.default, aten.alias.default)
 def _alias(r, a):
     # The same lazy tensor: an in-place update of one is seen by the other (param.data).
-    return TpuTensor(a._lazy, a._dev, a.dtype, a.shape)
+    out = TpuTensor(a._lazy, a._dev, a.dtype, a.shape)
+    out._vs = _state(a)
+    return out
 
 
-@lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-        aten.view.dtype)
+@lowers(aten.view.default, aten._unsafe_view.default)
 def _view(r, a, *_):
+    return _reshape_view(r, a)
+
+
+@lowers(aten.reshape.default, aten.view.dtype)
+def _reshape(r, a, *_):
     if r.meta.dtype != a.dtype:
         raise Unsupported()
     return r.out(C.reshape(r.g, r.v(a), list(r.meta.shape)))
@@ -326,7 +442,7 @@ def _view(r, a, *_):
 @lowers(aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
         aten.flatten.using_ints)
 def _reshape_like(r, a, *_):
-    return r.out(C.reshape(r.g, r.v(a), list(r.meta.shape)))
+    return _reshape_view(r, a)
 
 
 @lowers(aten.expand.default)
@@ -334,21 +450,29 @@ def _expand(r, a, size, implicit=False):
     return r.out(r.bcast(r.v(a), r.meta.shape))
 
 
+def _permute_view(r, a, perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return _as_view(r, a, lambda g, pv: C.transpose(g, pv, perm),
+                    lambda g, pv, vv: C.transpose(g, vv, inv))
+
+
 @lowers(aten.permute.default)
 def _permute(r, a, perm):
     rank = a.dim()
-    return r.out(C.transpose(r.g, r.v(a), [p % rank for p in perm]))
+    return _permute_view(r, a, [p % rank for p in perm])
 
 
 @lowers(aten.t.default, aten.transpose.int)
 def _transpose(r, a, d0=0, d1=1):
     rank = a.dim()
     if rank < 2:
-        return r.out(r.v(a))
+        return _as_view(r, a, lambda g, pv: pv, lambda g, pv, vv: vv)
     perm = list(range(rank))
     d0, d1 = d0 % rank, d1 % rank
     perm[d0], perm[d1] = perm[d1], perm[d0]
-    return r.out(C.transpose(r.g, r.v(a), perm))
+    return _permute_view(r, a, perm)
 
 
 @lowers(aten.slice.Tensor)
@@ -360,20 +484,14 @@ def _slice(r, a, dim=0, start=None, end=None, step=1):
     start = 0 if start is None else (start + n if start < 0 else min(start, n))
     end = n if end is None else (end + n if end < 0 else min(end, n))
     end = max(end, start)
-    lo = [0] * a.dim()
-    hi = list(a.shape)
-    lo[dim], hi[dim] = start, end
-    return r.out(C.slice(r.g, r.v(a), lo, hi))
+    return _slice_view(r, a, dim, start, end)
 
 
 @lowers(aten.select.int)
 def _select(r, a, dim, index):
     dim %= a.dim()
     index %= a.shape[dim]
-    lo = [0] * a.dim()
-    hi = list(a.shape)
-    lo[dim], hi[dim] = index, index + 1
-    return r.out(C.reshape(r.g, C.slice(r.g, r.v(a), lo, hi), list(r.meta.shape)))
+    return _slice_view(r, a, dim, index, index + 1, squeeze=True)
 
 
 @lowers(aten.cat.default)
@@ -390,10 +508,7 @@ def _split(r, a, sizes, dim=0):
     dim %= a.dim()
     outs, start = [], 0
     for m, s in zip(r.meta, sizes):
-        lo = [0] * a.dim()
-        hi = list(a.shape)
-        lo[dim], hi[dim] = start, start + s
-        outs.append(r.out(C.slice(r.g, r.v(a), lo, hi), m))
+        outs.append(_slice_view(r, a, dim, start, start + s, meta=m))
         start += s
     return outs
 
@@ -403,14 +518,14 @@ def _copy_(r, dst, src, non_blocking=False):
     if not isinstance(dst, TpuTensor):
         raise Unsupported()
     v = r.bcast(r.v(src, dst.dtype), list(dst.shape))
-    r.ctx.assign(dst._lazy, v)
+    assign(dst, v)
     return dst
 
 
 @lowers(aten.fill_.Scalar, aten.zero_.default)
 def _fill_(r, dst, value=0):
     v = C.full(r.g, float(value), C.Shape(compiler_dtype(dst.dtype), list(dst.shape)))
-    r.ctx.assign(dst._lazy, v)
+    assign(dst, v)
     return dst
 
 
@@ -672,8 +787,8 @@ def _bn_training(r, x, w, b, running_mean, running_var, training, momentum, eps)
         unbiased = C.mul(r.g, var, C.full(r.g, n / max(n - 1, 1), shp))
         new_mean, new_var = update(running_mean, mean), update(running_var, unbiased)
         if r.func is aten._native_batch_norm_legit.default:
-            r.ctx.assign(running_mean._lazy, new_mean)
-            r.ctx.assign(running_var._lazy, new_var)
+            assign(running_mean, new_mean)
+            assign(running_var, new_var)
         else:
             outs += [r.out(new_mean, r.meta[3]), r.out(new_var, r.meta[4])]
     return tuple(outs)
@@ -778,7 +893,7 @@ def _bernoulli_(r, x, p=0.5, generator=None):
     seed = r.v(torch.randint(0, 2**31 - 1, (), dtype=torch.int32))
     u = C.rng_uniform(r.g, seed, list(x.shape))
     hit = C.compare(r.g, u, r.bcast(C.literal(r.g, float(p)), list(x.shape)), C.Comparison.Lt)
-    r.ctx.assign(x._lazy, r.conv(hit, x.dtype))
+    assign(x, r.conv(hit, x.dtype))
     return x
 
 
@@ -860,7 +975,7 @@ def fallback(dev, func, args, kwargs):
         for a, ca in zip(flat_in, tree_flatten((cargs, ckwargs))[0]):
             if isinstance(a, TpuTensor):
                 new = dev.upload(ca, False)
-                dev.ctx.assign(a._lazy, dev.ctx.value(new._lazy))
+                assign(a, dev.ctx.value(new._lazy))
         flat_out, spec = tree_flatten(out)
         for i, o in enumerate(flat_out):
             for a, ca in zip(flat_in, tree_flatten((cargs, ckwargs))[0]):
@@ -925,7 +1040,7 @@ def dispatch(func, args, kwargs):
             g = dev.ctx.graph
             if g.shape(v).dtype != compiler_dtype(dst.dtype):
                 v = C.convert(g, v, compiler_dtype(dst.dtype))
-            dev.ctx.assign(dst._lazy, v)
+            assign(dst, v)
             return dst
     for table in (_DECOMP, _EXTRA_DECOMP):
         if func in table:
