@@ -51,7 +51,20 @@ def resnet():
     return tr.ResNetModel(cfg), lambda b: dict(pixel_values=torch.randn(b, 3, 32, 32))
 
 
-MODELS = {"bert": bert, "vit": vit, "resnet": resnet}
+def gpt2():
+    # GPT-2's shape at a quarter of its width and 2 of its 12 layers, on SEQ tokens.
+    cfg = tr.GPT2Config(vocab_size=1024, n_embd=192, n_layer=2, n_head=3, n_positions=SEQ)
+    return tr.GPT2Model(cfg), lambda b: dict(input_ids=torch.randint(0, 1024, (b, SEQ)))
+
+
+def mobilenet():
+    # MobileNetV2 at width 0.35 on 64 x 64 images (its depthwise convolutions run on the CPU).
+    cfg = tr.MobileNetV2Config(depth_multiplier=0.35, image_size=64)
+    return tr.MobileNetV2Model(cfg, add_pooling_layer=False), \
+        lambda b: dict(pixel_values=torch.randn(b, 3, 64, 64))
+
+
+MODELS = {"bert": bert, "vit": vit, "resnet": resnet, "gpt2": gpt2, "mobilenet": mobilenet}
 
 
 def main():
