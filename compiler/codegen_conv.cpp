@@ -741,8 +741,8 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
     if (detail::mxu_precision(op.attrs.precision, g.shape(op.operands[0]).dtype) !=
         driver::Precision::Bf16)
         not_generated(f, "a convolution gradient above default precision");
-    p->grad_a = operand_of(f, op.operands[0]);
-    p->grad_b = operand_of(f, op.operands[1]);
+    p->grad_a = operand_through_reshapes(f, g, op.operands[0]);
+    p->grad_b = operand_through_reshapes(f, g, op.operands[1]);
     // The filter's gradient takes an epilogue in the dot kernel (an optimizer's update of the
     // filter, placed as a conv's epilogue on [k k Cin, Cout] tiles, HWIO row-major); the kernel
     // writes the result the others follow from, a pass the rest.

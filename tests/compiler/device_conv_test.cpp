@@ -216,6 +216,17 @@ TEST(CompilerDeviceConv, StemReadsTheRowBatchThroughItsReshapeBitExact) {
     EXPECT_TRUE(st.fallbacks.empty());
 }
 
+TEST(CompilerDeviceConv, FilterGradientReadsTheRowBatchThroughItsReshapeBitExact) {
+    // The first convolution's filter gradient in a training step reads the batch through the
+    // same view (im2col of the fusion's operand itself).
+    expect_bit_exact(
+        {{"x", f32({2, 10 * 10 * 20}), {randoms(2 * 100 * 20, 111)}},
+         {"dy", f32({2, 5, 5, 24}), {randoms(2 * 25 * 24, 112)}}},
+        [](Graph& g, const std::vector<ValueId>& v) {
+            return conv2d_filter_grad(g, reshape(g, v[0], {2, 10, 10, 20}), v[1], 3, 2, 1);
+        });
+}
+
 TEST(CompilerDeviceConv, MaxPoolIsThePoolKernelBitExact) {
     // ResNet's stem pool, 3 x 3, stride 2, pad 1 on 2 x 16 x 16 x 64 (-inf padding).
     expect_bit_exact({{"x", f32({2, 16, 16, 64}), {randoms(2 * 256 * 64, 31)}}},
