@@ -40,6 +40,21 @@ bool untiled_row_major(const FusionValue& fv) {
     return fv.layout.tile.empty() && fv.layout == row_major(fv.shape.rank());
 }
 
+/// The fusion operand a kernel reads for `v`: `v` itself, or the operand a chain of reshapes in
+/// the fusion starts from when that operand is untiled row-major (a row-major reshape moves no
+/// data: the stem's [B, H W C] batch viewed as NHWC). Null when `v` is computed otherwise.
+const FusionValue* operand_through_reshapes(const Fusion& f, const Graph& g, ValueId v) {
+    bool reshaped = false;
+    while (inside_fusion(f, g, v)) {
+        const Op& op = g.op(g.value(v).producer);
+        if (op.kind != OpKind::Reshape) return nullptr;
+        v = op.operands[0];
+        reshaped = true;
+    }
+    const FusionValue* fv = operand_of(f, v);
+    return fv && (!reshaped || untiled_row_major(*fv)) ? fv : nullptr;
+}
+
 /// The driver's shape of convolution `op` (NHWC x HWIO, one core's images).
 driver::Conv2dShape conv_shape_of(const Graph& g, const Op& op) {
     const Shape& xs = g.shape(op.operands[0]);
@@ -540,8 +555,8 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     const Op& conv = g.op(f.hero);
     if (const std::string why = conv_unsupported(g, conv, board); !why.empty())
         not_generated(f, why);
-    p->x = operand_of(f, conv.operands[0]);
-    p->w = operand_of(f, conv.operands[1]);
+    p->x = operand_through_reshapes(f, g, conv.operands[0]);
+    p->w = operand_through_reshapes(f, g, conv.operands[1]);
     if (!p->x || !p->w) not_generated(f, "a convolution of operands computed in its fusion");
     if (!untiled_row_major(*p->x) || !untiled_row_major(*p->w))
         not_generated(f, fmt::format("convolution operands in layouts {} and {} (the packing "
@@ -726,8 +741,8 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
     if (detail::mxu_precision(op.attrs.precision, g.shape(op.operands[0]).dtype) !=
         driver::Precision::Bf16)
         not_generated(f, "a convolution gradient above default precision");
-    p->grad_a = operand_of(f, op.operands[0]);
-    p->grad_b = operand_of(f, op.operands[1]);
+    p->grad_a = operand_through_reshapes(f, g, op.operands[0]);
+    p->grad_b = operand_through_reshapes(f, g, op.operands[1]);
     // The filter's gradient takes an epilogue in the dot kernel (an optimizer's update of the
     // filter, placed as a conv's epilogue on [k k Cin, Cout] tiles, HWIO row-major); the kernel
     // writes the result the others follow from, a pass the rest.

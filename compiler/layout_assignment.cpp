@@ -92,8 +92,15 @@ bool conv_pool_fusion(const Graph& g, const Fusion& f) {
 std::optional<Layout> conv_pool_preference(const Graph& g, const Fusion& f, ValueId v) {
     if (!conv_pool_fusion(g, f)) return std::nullopt;
     const Shape& s = g.shape(v);
-    if (s.rank() != 4) return std::nullopt;
-    return row_major(4);
+    if (s.rank() == 4) return row_major(4);
+    // A batch of [B, H W C] rows that the fusion views as NHWC (the zoo's stem): untiled
+    // row-major, the reshape is the same bytes and the kernel reads the operand itself.
+    for (OpId id : f.ops) {
+        const Op& op = g.op(id);
+        if (op.kind == OpKind::Reshape && op.operands[0] == v && g.shape(op.results[0]).rank() == 4)
+            return row_major(s.rank());
+    }
+    return std::nullopt;
 }
 
 /// The layout fusion `f` would like operand `v` in, if it has a preference.

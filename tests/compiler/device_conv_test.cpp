@@ -199,6 +199,34 @@ TEST(CompilerDeviceConv, FoldedStemConvBnReluMaxPoolBitExact) {
     });
 }
 
+TEST(CompilerDeviceConv, StemReadsTheRowBatchThroughItsReshapeBitExact) {
+    // The zoo's ResNets record the batch as [B, H W C] rows and the stem reshapes it to NHWC
+    // inside its fusion (trainer/module.cpp, as_nhwc). A row-major reshape moves no data, so
+    // the folded stem reads the fusion's operand itself: before, this fusion fell back to the
+    // host ("a convolution of operands computed in its fusion").
+    std::vector<Leaf> leaves = {
+        {"x", f32({2, 32 * 32 * 3}), {randoms(2 * 1024 * 3, 71)}},
+        {"w", f32({7, 7, 3, 64}), {randoms(49 * 3 * 64, 72, -0.2f, 0.2f)}, true}};
+    for (Leaf& l : bn_leaves("bn", 64, 73)) leaves.push_back(l);
+    const DeviceBackendStats st = expect_bit_exact(leaves, [](Graph& g,
+                                                              const std::vector<ValueId>& v) {
+        const ValueId x = reshape(g, v[0], {2, 32, 32, 3});
+        return pool(g, conv_bn(g, x, v[1], &v[2], 2, 3, kNoValue, true), PoolKind::Max, 3, 2, 1);
+    });
+    EXPECT_TRUE(st.fallbacks.empty());
+}
+
+TEST(CompilerDeviceConv, FilterGradientReadsTheRowBatchThroughItsReshapeBitExact) {
+    // The first convolution's filter gradient in a training step reads the batch through the
+    // same view (im2col of the fusion's operand itself).
+    expect_bit_exact(
+        {{"x", f32({2, 10 * 10 * 20}), {randoms(2 * 100 * 20, 111)}},
+         {"dy", f32({2, 5, 5, 24}), {randoms(2 * 25 * 24, 112)}}},
+        [](Graph& g, const std::vector<ValueId>& v) {
+            return conv2d_filter_grad(g, reshape(g, v[0], {2, 10, 10, 20}), v[1], 3, 2, 1);
+        });
+}
+
 TEST(CompilerDeviceConv, MaxPoolIsThePoolKernelBitExact) {
     // ResNet's stem pool, 3 x 3, stride 2, pad 1 on 2 x 16 x 16 x 64 (-inf padding).
     expect_bit_exact({{"x", f32({2, 16, 16, 64}), {randoms(2 * 256 * 64, 31)}}},
