@@ -33,7 +33,7 @@ namespace tpu::cli {
 CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
                                const trainer::ZooOptions& options, uint32_t batch,
                                const std::vector<uint32_t>& cores, const std::string& precision,
-                               bool train_step) {
+                               bool train_step, uint32_t steps) {
     try {
         trainer::check_zoo_options(name, options, batch);
     } catch (const std::invalid_argument& e) {
@@ -90,13 +90,20 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
     const auto h0 = std::chrono::steady_clock::now();
     try {
         trainer::Recorder rec(ctx, mode, trainer::parameter_names(*model.module));
-        const compiler::LazyTensor y =
-            train_step
-                ? trainer::record_train_step(ctx, rec, *model.module, rows, d.features, d.classes,
-                                             std::move(inputs), std::move(onehot), 1, cores.size())
-                : trainer::record_forward_step(ctx, rec, *model.module, rows, d.features,
-                                               std::move(inputs));
-        ctx.mark_step();
+        // Steps after the first find the compiled step in the cache and the converted
+        // parameters on the device; the last one is reported.
+        uint64_t launches_before = 0;
+        for (uint32_t s = 0; s < steps; ++s) {
+            if (s > 0) rec.new_step();
+            launches_before = backend.stats().launches;
+            const compiler::LazyTensor y =
+                train_step ? trainer::record_train_step(ctx, rec, *model.module, rows, d.features,
+                                                        d.classes, inputs, onehot, 1, cores.size())
+                           : trainer::record_forward_step(ctx, rec, *model.module, rows, d.features,
+                                                          inputs);
+            ctx.mark_step();
+            (void)y;
+        }
         run.host_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count();
         const compiler::CompiledStep& step = *ctx.last_step();
@@ -104,7 +111,8 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
         const compiler::StepProgram& prog = backend.program(step);
         run.fusions = step.fusions.size();
         run.memory = step.memory;
-        run.launches = st.launches;
+        run.launches = st.launches - launches_before;
+        run.steps = steps;
         run.step_cycles = st.last_step_cycles;
         run.compile_seconds = ctx.stats().compile_seconds;
         run.codegen_seconds = st.codegen_seconds;
@@ -129,7 +137,6 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
         for (uint64_t c : device) run.device_cycles += c;
         run.layers = trainer::attribute_fusion_cycles(step, st.last_fusion_cycles, rec.layers());
         run.device_layers = trainer::attribute_fusion_cycles(step, device, rec.layers());
-        (void)y;
     } catch (const compiler::CompileError& e) {
         throw InputError(fmt::format("{} (compiled engine): {}", name, e.what()));
     } catch (const std::invalid_argument& e) {
@@ -149,6 +156,7 @@ nlohmann::ordered_json compiled_json(const CompiledRun& run, const std::string& 
     j["description"] = run.description;
     j["mode"] = train_step ? "train-step" : "inference";
     j["engine"] = "compiled";
+    j["steps"] = run.steps;
     j["batch"] = batch;
     j["cores"] = cores;
     j["precision"] = precision;
@@ -196,9 +204,11 @@ void print_compiled(const CompiledRun& run, const std::string& name, uint32_t ba
                     const std::string& precision, bool train_step, driver::Device& dev) {
     const hw::BoardConfig& cfg = dev.config();
     const uint64_t cycles = run.cycles;
-    fmt::print("{} {} of {} (batch {}) on {} core{}, {}, compiled: {} cycles = {:.3f} ms\n", name,
+    fmt::print("{} {} of {} (batch {}) on {} core{}, {}, compiled{}: {} cycles = {:.3f} ms\n", name,
                train_step ? "training step" : "inference", run.description, batch, cores,
-               cores == 1 ? "" : "s", precision, cycles, cfg.clock().seconds(double(cycles)) * 1e3);
+               cores == 1 ? "" : "s", precision,
+               run.steps > 1 ? fmt::format(", step {} of {}", run.steps, run.steps) : "", cycles,
+               cfg.clock().seconds(double(cycles)) * 1e3);
     fmt::print(
         "one compiled step: {} fusions, {} generated for the device ({} cycles in {} "
         "launch{}), {} on the host (host fallback: {} cycles of host-link traffic, not "
@@ -244,6 +254,7 @@ void register_model_command(CLI::App& app) {
         bool train_step = false;
         std::string precision = "bf16-mixed";
         std::string engine = "eager";
+        uint32_t steps = 1;
         trainer::ZooOptions zoo;
     };
     auto o = std::make_shared<Opts>();
@@ -268,6 +279,12 @@ void register_model_command(CLI::App& app) {
                     "host, counted "
                     "with their reasons, so eager stays the default until whole models generate)")
         ->check(CLI::IsMember({"eager", "compiled"}));
+    cmd->add_option("--steps", o->steps,
+                    "compiled engine: run this many steps and report the last (1: the first, "
+                    "which compiles and converts the parameters to the layouts their kernels "
+                    "read; the second compiles again, the parameters now carrying layouts; from "
+                    "the third on the step is the steady state a measured TPU step is)")
+        ->check(positive_number());
     cmd->add_option("--precision", o->precision,
                     "32-true | bf16-mixed | bf16-true (and Lightning's 32, 16, 16-mixed, bf16)");
     // The size options; each one's help lists the models that read it (zoo_models()).
@@ -313,11 +330,14 @@ void register_model_command(CLI::App& app) {
         auto dev = driver::Device::open(cfg);
         RunTrace trace(o->common, cfg);
         dev->set_tracer(trace.get());
+        if (o->steps != 1 && o->engine != "compiled")
+            throw InputError(
+                "--steps applies to --engine compiled (the eager engine runs one step)");
         if (o->engine == "compiled") {
             CompiledRun run;
             try {
                 run = run_model_compiled(*dev, o->name, o->zoo, o->batch, cores, o->precision,
-                                         o->train_step);
+                                         o->train_step, o->steps);
             } catch (const driver::DeviceError& e) {
                 throw_as_cli_error(e);
             }

@@ -200,8 +200,10 @@ RowRun run_model_row(driver::Device& dev, driver::ProgramCache&, const Row& r) {
     const uint32_t batch = optional(r.params, "batch", r.line, 1);
     std::string why;
     if (r.engine != "eager") {
+        // The third step: a measured TPU step runs compiled, its parameters resident in the
+        // layouts their kernels read (tpusim model --steps).
         const CompiledRun c = run_model_compiled(dev, r.workload, zoo_options(r), batch,
-                                                 row_cores(r), "bf16-mixed", false);
+                                                 row_cores(r), "bf16-mixed", false, 3);
         if (c.host.empty()) return RowRun{c.step_cycles, "compiled"};
         std::map<std::string, size_t> reasons;
         for (const HostFusion& h : c.host) ++reasons[h.reason];

@@ -187,6 +187,7 @@ struct CompiledRun {
     double compile_seconds = 0;    ///< of which the compiler's passes
     double codegen_seconds = 0;    ///< and code generation
     uint64_t launches = 0;         ///< device programs the step launched
+    uint32_t steps = 1;            ///< steps run; the figures are the last one's
     size_t fusions = 0;            ///< fusions of the compiled step
     std::vector<HostFusion> host;  ///< the fusions that ran on the host
     compiler::MemoryPlan memory;   ///< HBM per core
@@ -198,6 +199,6 @@ struct CompiledRun {
 CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
                                const trainer::ZooOptions& options, uint32_t batch,
                                const std::vector<uint32_t>& cores, const std::string& precision,
-                               bool train_step);
+                               bool train_step, uint32_t steps = 1);
 
 }  // namespace tpu::cli
