@@ -452,9 +452,10 @@ private:
                     } else {
                         E(Opcode::Shr, {m_t15, m_rows, imm(3)});
                     }
+                    // Bands are a window's array's band_tiles apart (a head of 128 lanes).
                     E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
                            imm(kBandBytes), imm(kBandBytes),
-                           imm(int64_t(uint64_t(m_KT) * kBandBytes)), t.flag});
+                           imm(int64_t(band_tiles * kBandBytes)), t.flag});
                     ++count;
                 }
             } else if (m_p.a == DotLayout::RowMajor) {
@@ -511,20 +512,21 @@ private:
                             ++count;
                         }
                         break;
-                    case DotLayout::VpuTiles:
+                    case DotLayout::VpuTiles: {
                         // Tile (j, n0 / C + m): ceil(k / 8) bands of 4 KiB, a band row of NT
                         // tiles apart, landing as the k x C row-major tile; a narrow last
                         // panel (N padded) one DMA per band, compacted to rows of n values.
+                        // Bands are a window's array's band_tiles apart (a head of 128 lanes).
+                        const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : NT;
                         if (n == C) {
                             E(op, {imm(int64_t(wstage(slot, m))),
-                                   m_wb + int64_t((uint64_t(j) * R / 8 * NT + m) * kBandBytes),
+                                   m_wb + int64_t((uint64_t(j) * R / 8 * bt + m) * kBandBytes),
                                    imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
-                                   imm(int64_t(NT * kBandBytes)), t.flag});
+                                   imm(int64_t(bt * kBandBytes)), t.flag});
                             ++count;
                             break;
                         }
                         for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
-                            const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : NT;
                             E(op,
                               {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4)),
                                m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + m) * kBandBytes +
@@ -533,6 +535,7 @@ private:
                             ++count;
                         }
                         break;
+                    }
                     case DotLayout::TransposedVpuTiles:
                         // W^T (N x K) in tiles: tile column j of the panel's ceil(n / 8) bands,
                         // KT tiles apart, lands as n x 128 and is transposed in VMEM.
