@@ -91,6 +91,7 @@ struct Batch {
     Operand a, w;
     uint64_t c_offset = 0;
     driver::DotLayout c_layout = driver::DotLayout::VpuTiles;
+    uint32_t c_row = 0;  ///< C's values per row when the batches' rows interleave (0: N)
     int64_t M = 0, K = 0, N = 0;
 };
 
@@ -222,8 +223,12 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
     std::optional<Layout> cl;
     if (f.results.size() == 1 && res_rank == 3 + res_unit.size())
         cl = fold_layout(f.results[0].layout, kept_dims(res_rank, res_unit));
+    // Or untiled as [M, B, N] (attention's heads, each [S, d], merged back to [S, H d] by a
+    // transpose and reshape that are then the same bytes): batch b's rows are B N values
+    // apart, its first N values b N in.
     const bool c_tiled = cl && *cl == tiled3;
-    if (!cl || !(c_tiled || *cl == row_major(3)))
+    const bool c_interleaved = cl && *cl == Layout{{2, 0, 1}, {}};
+    if (!cl || !(c_tiled || c_interleaved || *cl == row_major(3)))
         not_generated(f, "a batched dot's result not one [B, M, N] array, tiled or row-major");
     for (int64_t b = 0; b < B; ++b) {
         Batch& x = out[size_t(b)];
@@ -231,7 +236,10 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
         x.K = dims[0][1];
         x.N = dims[1][0];
         x.c_layout = c_tiled ? driver::DotLayout::VpuTiles : driver::DotLayout::RowMajor;
-        x.c_offset = uint64_t(b) * (c_tiled ? tiled_bytes(x.M, x.N) : uint64_t(x.M * x.N * 4));
+        x.c_offset = uint64_t(b) * (c_tiled         ? tiled_bytes(x.M, x.N)
+                                    : c_interleaved ? uint64_t(x.N * 4)
+                                                    : uint64_t(x.M * x.N * 4));
+        if (c_interleaved) x.c_row = uint32_t(B * x.N);
     }
     return out;
 }
@@ -362,14 +370,29 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     const auto source = [&](ValueId v) -> const FusionValue* {
         while (inside_fusion(f, g, v)) {
             const Op& op = g.producer(v);
-            if (op.kind == OpKind::Reshape && !inside_fusion(f, g, op.operands[0]) &&
+            // Through a transpose of the array: its dims in the transposed order.
+            const Op* tr = nullptr;
+            if (op.kind == OpKind::Reshape && inside_fusion(f, g, op.operands[0]) &&
+                g.producer(op.operands[0]).kind == OpKind::Transpose &&
+                !inside_fusion(f, g, g.producer(op.operands[0]).operands[0]))
+                tr = &g.producer(op.operands[0]);
+            if (op.kind == OpKind::Reshape && (tr || !inside_fusion(f, g, op.operands[0])) &&
                 g.shape(v).rank() == 2) {
-                // A view of an untiled row-major array: the same bytes as the [rows, cols]
-                // row-major matrix the dot reads.
-                const FusionValue* x = operand_of(f, op.operands[0]);
-                if (!(x->layout == row_major(x->shape.rank())))
+                // A view of an untiled row-major array (or of an untiled array whose
+                // transpose is row-major: the heads' [1, H, S, d] stored as [S, H, d]): the
+                // same bytes as the [rows, cols] row-major matrix the dot reads.
+                const FusionValue* x = operand_of(f, tr ? tr->operands[0] : op.operands[0]);
+                Layout seen = x->layout;
+                if (tr && x->layout.tile.empty()) {
+                    // Transposed dim i is the array's dim perm[i].
+                    const std::vector<int64_t>& perm = tr->attrs.dims;
+                    for (int64_t& d : seen.minor_to_major)
+                        d = int64_t(std::find(perm.begin(), perm.end(), d) - perm.begin());
+                }
+                if (!(seen == row_major(x->shape.rank())))
                     not_generated(f, fmt::format("a reshape before the dot of an array in {}",
                                                  x->layout.to_string()));
+                if (tr) prologue.insert(g.value(op.operands[0]).producer);
                 if (x->shape.dtype != DType::F32)
                     not_generated(f, "a reshaped dot operand that is not f32");
                 auto view = std::make_shared<FusionValue>(*x);
@@ -578,6 +601,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
         shape.a_lane = batch->a.lane;
         shape.w_band_tiles = batch->w.band_tiles;
         shape.w_lane = batch->w.lane;
+        shape.c_row = batch->c_row;
     }
     shape.column_sides = uint32_t(columns.size());
     shape.full_sides = uint32_t(fulls.size());
@@ -590,6 +614,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     probe.w_band_tiles = shape.w_band_tiles;
     probe.a_lane = shape.a_lane;
     probe.w_lane = shape.w_lane;
+    probe.c_row = shape.c_row;
     if (const std::string why = driver::dot_unsupported(probe); !why.empty())
         not_generated(f, "the dot kernel: " + why);
     // The kernel's tiling in what the epilogue's areas leave of VMEM.

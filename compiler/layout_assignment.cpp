@@ -123,6 +123,18 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             // (a tiled layout would make it a relayout). A head split ([R, H D] to [R, H, D])
             // is read through the tiles as they are (unit dims aside: [R, H D] to
             // [1, R, H, D] for a batch of one sequence): no preference.
+            // Through a transpose first (attention's heads [1, H, S, d] merged back to
+            // [S, H d]): v lies untiled in the transposed order, so the transpose is
+            // row-major and the merge the same bytes.
+            if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape &&
+                is_member(f, g.value(p.operands[0]).producer) &&
+                g.producer(p.operands[0]).kind == OpKind::Transpose &&
+                g.producer(p.operands[0]).operands[0] == v) {
+                const std::vector<int64_t>& perm = g.producer(p.operands[0]).attrs.dims;
+                Layout l;
+                l.minor_to_major.assign(perm.rbegin(), perm.rend());
+                return l;
+            }
             std::vector<int64_t> split;
             for (int64_t e : g.shape(x).dims)
                 if (e != 1) split.push_back(e);

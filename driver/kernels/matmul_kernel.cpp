@@ -37,7 +37,7 @@ std::string_view dot_layout_name(DotLayout l) {
 
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
-                       k.block_rows, k.column_sides, k.full_sides, k.store_bf16);
+                       k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -580,7 +580,8 @@ private:
     /// The pending group's epilogue and stores (`last`: the last group's panels).
     void stores(bool last) {
         const uint32_t np = panels(last), T = m_k.block_rows, C = m_k.C;
-        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;  // C's bytes a value, row length
+        // C's bytes a value, row length.
+        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.c_row ? m_k.c_row : m_k.N;
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
         const bool tiles_out = m_k.c == DotLayout::VpuTiles;
         // C^T in tiles (LHS stationary): the epilogue's tile is transposed back to the
@@ -985,7 +986,7 @@ private:
     /// pending_addr = C's address of the group's first result, pending_rows, pending_parity
     /// and, for Column sides, pending_col = the side's first value x 4.
     void set_pending(bool first, bool last) {
-        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;
+        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.c_row ? m_k.c_row : m_k.N;
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
         // Bytes from one streamed row, and from one column of the problem, to the next (in
         // VpuTiles the rows and columns of whole bands and panels: 8 rows are a band of NT
@@ -1105,6 +1106,8 @@ std::string layout_unsupported(const DotKey& k) {
         if ((p.a_lane && p.a_lane + a_width > 128) || (p.w_lane && p.w_lane + w_width > 128))
             return "a window that starts inside a tile must end in it";
     }
+    if (k.c_row && (k.c != DotLayout::RowMajor || k.c_row < k.N))
+        return "a row stride of C needs C row-major with rows of at least N values";
     if ((k.c == DotLayout::VpuTiles || k.c == DotLayout::TransposedVpuTiles) && k.store_bf16)
         return "C in 8 x 128 tiles needs an fp32 store";
     if (k.w == DotLayout::Gemm && k.R % 2)
