@@ -365,10 +365,10 @@ StepProgram generate_step(const CompiledStep& step, const CodegenOptions& option
                 // of many heads, one kernel per head) cannot launch.
                 const uint64_t bytes = alone.program.code.size() * uint64_t(isa::kInstrBytes);
                 if (bytes > options.board.core.imem_bytes)
-                    fallback = fmt::format("{}: a program of {} bytes, beyond the instruction "
-                                           "memory's {}, not yet generated",
-                                           step.fusions[i].name, bytes,
-                                           options.board.core.imem_bytes);
+                    fallback = fmt::format(
+                        "{}: a program of {} bytes, beyond the instruction "
+                        "memory's {}, not yet generated",
+                        step.fusions[i].name, bytes, options.board.core.imem_bytes);
             } catch (const NotYetGenerated& e) {
                 fallback = e.what();
             }

@@ -727,8 +727,8 @@ void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
                         // last one into `out` (which may be x's own tile).
                         const isa::Arg xa = F(0), acc = area(scratch + 2);
                         for (int i = 1; i < s.exponent; ++i)
-                            t.vpu(Opcode::VMul, {i + 1 == s.exponent ? out : acc,
-                                                 i == 1 ? xa : acc, xa, n});
+                            t.vpu(Opcode::VMul,
+                                  {i + 1 == s.exponent ? out : acc, i == 1 ? xa : acc, xa, n});
                         break;
                     }
                     case OpKind::Div: {

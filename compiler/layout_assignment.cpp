@@ -139,8 +139,7 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             for (int64_t e : g.shape(x).dims)
                 if (e != 1) split.push_back(e);
             if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape && p.operands[0] == v &&
-                !(g.shape(v).rank() == 2 && split.size() == 3 &&
-                  split[0] == g.shape(v).dims[0]))
+                !(g.shape(v).rank() == 2 && split.size() == 3 && split[0] == g.shape(v).dims[0]))
                 return row_major(g.shape(v).rank());
         }
         if (!found) continue;

@@ -454,8 +454,8 @@ private:
                     }
                     // Bands are a window's array's band_tiles apart (a head of 128 lanes).
                     E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
-                           imm(kBandBytes), imm(kBandBytes),
-                           imm(int64_t(band_tiles * kBandBytes)), t.flag});
+                           imm(kBandBytes), imm(kBandBytes), imm(int64_t(band_tiles * kBandBytes)),
+                           t.flag});
                     ++count;
                 }
             } else if (m_p.a == DotLayout::RowMajor) {

@@ -72,8 +72,7 @@ ValueId zoo_block(Graph& g, ValueId x, const std::vector<ValueId>& params, int64
     const ValueId o = dot(g, p, split(vp), od);
     if (upto == 4) return o;
     const ValueId merged = reshape(g, transpose(g, o, {0, 2, 1, 3}), {rows, dim});
-    const ValueId h =
-        layer_norm(g, add(g, x, lin(merged, 6)), params[8], params[9], 1e-5).y;
+    const ValueId h = layer_norm(g, add(g, x, lin(merged, 6)), params[8], params[9], 1e-5).y;
     const ValueId f1 = lin(h, 10);
     const ValueId a = gelu_act ? gelu(g, f1, true) : relu(g, f1);
     return layer_norm(g, add(g, h, lin(a, 12)), params[14], params[15], 1e-5).y;
@@ -154,7 +153,8 @@ void expect_block_bit_exact(int64_t seq, int64_t dim, int64_t heads, int64_t ffn
         std::vector<LazyTensor> ts;
         for (const Leaf& l : leaves) ts.push_back(ctx.parameter(l.name, l.shape, {l.values}));
         for (const LazyTensor& t : ts) ps.push_back(ctx.value(t));
-        const LazyTensor y = ctx.wrap(zoo_block(ctx.graph(), ctx.value(x), ps, heads, gelu_act, upto));
+        const LazyTensor y =
+            ctx.wrap(zoo_block(ctx.graph(), ctx.value(x), ps, heads, gelu_act, upto));
         ctx.mark_step();
         return ctx.to_host(y, 0);
     };
