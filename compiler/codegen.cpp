@@ -360,7 +360,15 @@ StepProgram generate_step(const CompiledStep& step, const CodegenOptions& option
             // Generating the fusion alone tells whether the emitters cover it: every
             // NotYetGenerated comes from its own plan or body, never from its neighbours.
             try {
-                device_segment(step, {i}, options);
+                const ProgramSegment alone = device_segment(step, {i}, options);
+                // A fusion whose program alone exceeds the instruction memory (a batched dot
+                // of many heads, one kernel per head) cannot launch.
+                const uint64_t bytes = alone.program.code.size() * uint64_t(isa::kInstrBytes);
+                if (bytes > options.board.core.imem_bytes)
+                    fallback = fmt::format(
+                        "{}: a program of {} bytes, beyond the instruction "
+                        "memory's {}, not yet generated",
+                        step.fusions[i].name, bytes, options.board.core.imem_bytes);
             } catch (const NotYetGenerated& e) {
                 fallback = e.what();
             }

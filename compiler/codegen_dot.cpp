@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "compiler/codegen_internal.h"
+#include "compiler/evaluator.h"
 #include "compiler/stages.h"
 #include "driver/kernels/epilogue.h"
 #include "driver/kernels/matmul_kernel.h"
@@ -90,6 +91,7 @@ struct Batch {
     Operand a, w;
     uint64_t c_offset = 0;
     driver::DotLayout c_layout = driver::DotLayout::VpuTiles;
+    uint32_t c_row = 0;  ///< C's values per row when the batches' rows interleave (0: N)
     int64_t M = 0, K = 0, N = 0;
 };
 
@@ -101,26 +103,76 @@ uint64_t tiled_bytes(int64_t rows, int64_t cols) {
     return uint64_t((rows + 7) / 8) * uint64_t((cols + 127) / 128) * 4096;
 }
 
-/// The batches of a dot with one batch dim whose operands are either [B, P, Q] arrays in
-/// T(8,128) tiles (one matrix per batch) or a reshape of a [R, H x D] array in T(8,128) tiles
-/// to [R, H, D] with the batch dim H (attention's head split: head h is the window of D lanes
-/// at column h D, read through with the array's strides, never copied).
+/// Dims of a rank-n array kept when `drop` (unit batch dims) are folded away: keep[i] is the
+/// i-th kept dim.
+std::vector<int64_t> kept_dims(size_t n, const std::vector<int64_t>& drop) {
+    std::vector<int64_t> keep;
+    for (int64_t d = 0; d < int64_t(n); ++d)
+        if (std::find(drop.begin(), drop.end(), d) == drop.end()) keep.push_back(d);
+    return keep;
+}
+
+/// Layout `l` over only the dims `keep` (renumbered 0..): the same bytes when the dropped
+/// dims are unit dims and, in a tiled layout, not one of the two tiled (most minor) dims;
+/// nullopt otherwise.
+std::optional<Layout> fold_layout(const Layout& l, const std::vector<int64_t>& keep) {
+    Layout r;
+    r.tile = l.tile;
+    for (size_t i = 0; i < l.minor_to_major.size(); ++i) {
+        const auto it = std::find(keep.begin(), keep.end(), l.minor_to_major[i]);
+        if (it == keep.end()) {
+            if (!l.tile.empty() && i < l.tile.size()) return std::nullopt;
+            continue;
+        }
+        r.minor_to_major.push_back(int64_t(it - keep.begin()));
+    }
+    return r;
+}
+
+/// The batches of a dot with one batch dim of more than one (unit batch dims, a batch of one
+/// sequence of [1, H, S, d], are folded away: they hold one matrix per remaining batch as they
+/// lie) whose operands are either [B, P, Q] arrays in T(8,128) tiles (one matrix per batch) or
+/// a reshape of a [R, H x D] array in T(8,128) tiles to [R, H, D] with the batch dim H
+/// (attention's head split: head h is the window of D lanes at column h D, read through with
+/// the array's strides, never copied).
 std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
     const Op& dot = g.op(f.hero);
     const DotDims& d = dot.attrs.dot;
-    if (d.lhs_batch.size() != 1 || d.rhs_batch.size() != 1 || d.lhs_contracting.size() != 1 ||
-        d.rhs_contracting.size() != 1 || g.shape(dot.operands[0]).rank() != 3 ||
-        g.shape(dot.operands[1]).rank() != 3)
+    // The batch dims of extent one, per side and in the result (batch dims come first there).
+    std::vector<int64_t> unit[2], res_unit;
+    int64_t bdim[2] = {-1, -1};
+    for (size_t i = 0; i < d.lhs_batch.size() && i < d.rhs_batch.size(); ++i) {
+        if (g.shape(dot.operands[0]).dims[size_t(d.lhs_batch[i])] == 1) {
+            unit[0].push_back(d.lhs_batch[i]);
+            unit[1].push_back(d.rhs_batch[i]);
+            res_unit.push_back(int64_t(i));
+        } else if (bdim[0] < 0) {
+            bdim[0] = d.lhs_batch[i];
+            bdim[1] = d.rhs_batch[i];
+        } else {
+            bdim[0] = -2;
+        }
+    }
+    if (bdim[0] < 0 || d.lhs_contracting.size() != 1 || d.rhs_contracting.size() != 1 ||
+        g.shape(dot.operands[0]).rank() - int64_t(unit[0].size()) != 3 ||
+        g.shape(dot.operands[1]).rank() - int64_t(unit[1].size()) != 3)
         not_generated(f, "a dot with batch dims other than one batch of matrices");
     const Layout tiled3{{2, 1, 0}, {8, 128}};
-    const int64_t B = g.shape(dot.results[0]).dims[0];
+    const int64_t B = g.shape(dot.operands[0]).dims[size_t(bdim[0])];
     std::vector<Batch> out(static_cast<size_t>(B));
     int64_t dims[2][2];  // per side: free, contracting extent
     for (int side = 0; side < 2; ++side) {
         const ValueId v = dot.operands[size_t(side)];
-        const int64_t bd = side == 0 ? d.lhs_batch[0] : d.rhs_batch[0];
-        const int64_t cd = side == 0 ? d.lhs_contracting[0] : d.rhs_contracting[0];
-        const Shape& vs = g.shape(v);
+        const Shape& full_vs = g.shape(v);
+        const std::vector<int64_t> keep = kept_dims(full_vs.dims.size(), unit[side]);
+        const auto at = [&](int64_t dim) {
+            return int64_t(std::find(keep.begin(), keep.end(), dim) - keep.begin());
+        };
+        const int64_t bd = at(bdim[side]);
+        const int64_t cd = at(side == 0 ? d.lhs_contracting[0] : d.rhs_contracting[0]);
+        Shape vs = full_vs;
+        vs.dims.clear();
+        for (int64_t k : keep) vs.dims.push_back(full_vs.dims[size_t(k)]);
         const int64_t fd = 3 - bd - cd;
         dims[side][0] = vs.dims[size_t(fd)];
         dims[side][1] = vs.dims[size_t(cd)];
@@ -148,11 +200,12 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
                 // One matrix per batch: the batch dim most major, the other two in T(8,128)
                 // tiles (either order: the lanes' dim contracting or free).
                 o.fv = operand_of(f, v);
-                const auto& mtm = o.fv->layout.minor_to_major;
-                if (mtm.size() != 3 || mtm[2] != bd ||
-                    o.fv->layout.tile != std::vector<int64_t>{8, 128})
+                const std::optional<Layout> l = fold_layout(o.fv->layout, keep);
+                if (!l || l->minor_to_major.size() != 3 || l->minor_to_major[2] != bd ||
+                    l->tile != std::vector<int64_t>{8, 128})
                     not_generated(f, fmt::format("a batched dot operand in layout {}",
                                                  o.fv->layout.to_string()));
+                const auto& mtm = l->minor_to_major;
                 o.offset =
                     uint64_t(b) * tiled_bytes(vs.dims[size_t(mtm[1])], vs.dims[size_t(mtm[0])]);
                 contracting_minor = cd == mtm[0];
@@ -164,11 +217,18 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
             (side == 0 ? out[size_t(b)].a : out[size_t(b)].w) = o;
         }
     }
-    // The result: [B, M, N], each batch's matrix in T(8,128) tiles or row-major (untiled:
-    // what a dot reading it through a merging reshape asked for).
-    const bool c_tiled = !f.results.empty() && f.results[0].layout == tiled3;
-    if (f.results.size() != 1 || g.shape(dot.results[0]).rank() != 3 ||
-        !(c_tiled || f.results[0].layout == row_major(3)))
+    // The result: [B, M, N] (unit batch dims folded away), each batch's matrix in T(8,128)
+    // tiles or row-major (untiled: what a dot reading it through a merging reshape asked for).
+    const size_t res_rank = g.shape(dot.results[0]).dims.size();
+    std::optional<Layout> cl;
+    if (f.results.size() == 1 && res_rank == 3 + res_unit.size())
+        cl = fold_layout(f.results[0].layout, kept_dims(res_rank, res_unit));
+    // Or untiled as [M, B, N] (attention's heads, each [S, d], merged back to [S, H d] by a
+    // transpose and reshape that are then the same bytes): batch b's rows are B N values
+    // apart, its first N values b N in.
+    const bool c_tiled = cl && *cl == tiled3;
+    const bool c_interleaved = cl && *cl == Layout{{2, 0, 1}, {}};
+    if (!cl || !(c_tiled || c_interleaved || *cl == row_major(3)))
         not_generated(f, "a batched dot's result not one [B, M, N] array, tiled or row-major");
     for (int64_t b = 0; b < B; ++b) {
         Batch& x = out[size_t(b)];
@@ -176,7 +236,10 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
         x.K = dims[0][1];
         x.N = dims[1][0];
         x.c_layout = c_tiled ? driver::DotLayout::VpuTiles : driver::DotLayout::RowMajor;
-        x.c_offset = uint64_t(b) * (c_tiled ? tiled_bytes(x.M, x.N) : uint64_t(x.M * x.N * 4));
+        x.c_offset = uint64_t(b) * (c_tiled         ? tiled_bytes(x.M, x.N)
+                                    : c_interleaved ? uint64_t(x.N * 4)
+                                                    : uint64_t(x.M * x.N * 4));
+        if (c_interleaved) x.c_row = uint32_t(B * x.N);
     }
     return out;
 }
@@ -307,14 +370,29 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     const auto source = [&](ValueId v) -> const FusionValue* {
         while (inside_fusion(f, g, v)) {
             const Op& op = g.producer(v);
-            if (op.kind == OpKind::Reshape && !inside_fusion(f, g, op.operands[0]) &&
+            // Through a transpose of the array: its dims in the transposed order.
+            const Op* tr = nullptr;
+            if (op.kind == OpKind::Reshape && inside_fusion(f, g, op.operands[0]) &&
+                g.producer(op.operands[0]).kind == OpKind::Transpose &&
+                !inside_fusion(f, g, g.producer(op.operands[0]).operands[0]))
+                tr = &g.producer(op.operands[0]);
+            if (op.kind == OpKind::Reshape && (tr || !inside_fusion(f, g, op.operands[0])) &&
                 g.shape(v).rank() == 2) {
-                // A view of an untiled row-major array: the same bytes as the [rows, cols]
-                // row-major matrix the dot reads.
-                const FusionValue* x = operand_of(f, op.operands[0]);
-                if (!(x->layout == row_major(x->shape.rank())))
+                // A view of an untiled row-major array (or of an untiled array whose
+                // transpose is row-major: the heads' [1, H, S, d] stored as [S, H, d]): the
+                // same bytes as the [rows, cols] row-major matrix the dot reads.
+                const FusionValue* x = operand_of(f, tr ? tr->operands[0] : op.operands[0]);
+                Layout seen = x->layout;
+                if (tr && x->layout.tile.empty()) {
+                    // Transposed dim i is the array's dim perm[i].
+                    const std::vector<int64_t>& perm = tr->attrs.dims;
+                    for (int64_t& d : seen.minor_to_major)
+                        d = int64_t(std::find(perm.begin(), perm.end(), d) - perm.begin());
+                }
+                if (!(seen == row_major(x->shape.rank())))
                     not_generated(f, fmt::format("a reshape before the dot of an array in {}",
                                                  x->layout.to_string()));
+                if (tr) prologue.insert(g.value(op.operands[0]).producer);
                 if (x->shape.dtype != DType::F32)
                     not_generated(f, "a reshaped dot operand that is not f32");
                 auto view = std::make_shared<FusionValue>(*x);
@@ -410,6 +488,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
         if (part && !part->ops.count(id)) continue;
         const Op& op = g.op(id);
         const ValueId res = op.results[0];
+        int exponent = 0;
         const auto in = [&](size_t i) -> EpValue {
             const ValueId v = op.operands[i];
             if (auto it = val.find(v); it != val.end()) return it->second;
@@ -459,6 +538,23 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                 break;
             case OpKind::Div:
                 break;
+            case OpKind::Pow:
+                // A literal integer exponent multiplied out, as the loop emitter (vpu_pow):
+                // x^0 is 1, x^1 is x, GELU's x^3 two products.
+                exponent = literal_exponent(g, op.operands[1]);
+                if (exponent < 0)
+                    not_generated(f, fmt::format("a power whose exponent is not a literal "
+                                                 "integer in [0, {}]",
+                                                 kVpuPowMax));
+                if (exponent == 0) {
+                    val[res] = {EpKind::Scalar, 0, 0, 1.0f};
+                    continue;
+                }
+                if (exponent == 1) {
+                    val[res] = in(0);
+                    continue;
+                }
+                break;
             case OpKind::Compare:
                 if (op.attrs.comparison != Comparison::Gt && op.attrs.comparison != Comparison::Lt)
                     not_generated(f, "a comparison other than > and <");
@@ -467,7 +563,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                 if (!has_vpu_lowering(op.kind))
                     not_generated(f, fmt::format("op {} in the epilogue", op_name(op.kind)));
         }
-        EpStep step{op.kind, op.attrs.comparison, {}, {}};
+        EpStep step{op.kind, op.attrs.comparison, exponent, {}, {}};
         bool any_full = false;
         for (size_t i = 0; i < op.operands.size(); ++i) {
             step.in.push_back(in(i));
@@ -505,6 +601,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
         shape.a_lane = batch->a.lane;
         shape.w_band_tiles = batch->w.band_tiles;
         shape.w_lane = batch->w.lane;
+        shape.c_row = batch->c_row;
     }
     shape.column_sides = uint32_t(columns.size());
     shape.full_sides = uint32_t(fulls.size());
@@ -517,6 +614,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     probe.w_band_tiles = shape.w_band_tiles;
     probe.a_lane = shape.a_lane;
     probe.w_lane = shape.w_lane;
+    probe.c_row = shape.c_row;
     if (const std::string why = driver::dot_unsupported(probe); !why.empty())
         not_generated(f, "the dot kernel: " + why);
     // The kernel's tiling in what the epilogue's areas leave of VMEM.
@@ -622,6 +720,15 @@ void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
                         const isa::Arg h = area(scratch + 3);
                         t.vpu(Opcode::VF2Bf, {h, F(0), n});
                         t.vpu(Opcode::VBf2F, {out, h, n});
+                        break;
+                    }
+                    case OpKind::Pow: {
+                        // vpu_pow: x * x * ... left to right, the products in scratch 2 and the
+                        // last one into `out` (which may be x's own tile).
+                        const isa::Arg xa = F(0), acc = area(scratch + 2);
+                        for (int i = 1; i < s.exponent; ++i)
+                            t.vpu(Opcode::VMul,
+                                  {i + 1 == s.exponent ? out : acc, i == 1 ? xa : acc, xa, n});
                         break;
                     }
                     case OpKind::Div: {

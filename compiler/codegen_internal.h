@@ -101,6 +101,10 @@ inline constexpr std::pair<OpKind, Opcode> kUnary[] = {{OpKind::Exp, Opcode::VEx
                                                        {OpKind::Rsqrt, Opcode::VRsqrt},
                                                        {OpKind::Tanh, Opcode::VTanh}};
 
+/// The integer exponent (0 .. kVpuPowMax) of a power whose exponent is a broadcast literal, or
+/// -1: the powers the VPU multiplies out (vpu_pow).
+int literal_exponent(const Graph& g, ValueId v);
+
 /// Whether emit_elementwise lowers `kind` (a comparison: only > and <, checked by the caller,
 /// which names it).
 bool has_vpu_lowering(OpKind kind);
@@ -166,6 +170,7 @@ struct EpValue {
 struct EpStep {
     OpKind kind = OpKind::Add;
     Comparison comparison = Comparison::Gt;  ///< Compare
+    int exponent = 0;                        ///< Pow: the literal integer exponent (>= 2)
     std::vector<EpValue> in;
     EpValue out;
 };

@@ -59,7 +59,8 @@ void group_row(isa::Builder& bb, const isa::Reg& r, const isa::Reg& q, const isa
     bb.emit(Opcode::Add, {r, r, base});
 }
 
-/// The integer exponent (0 .. kVpuPowMax) of a power whose exponent is a broadcast literal, or -1.
+}  // namespace
+
 int literal_exponent(const Graph& g, ValueId v) {
     const Op* op = &g.producer(v);
     while (op->kind == OpKind::Broadcast || op->kind == OpKind::Reshape)
@@ -68,8 +69,6 @@ int literal_exponent(const Graph& g, ValueId v) {
     const double e = op->attrs.scalar;
     return e >= 0 && e <= kVpuPowMax && e == std::floor(e) ? int(e) : -1;
 }
-
-}  // namespace
 
 Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) {
     Plan p;

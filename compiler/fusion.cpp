@@ -284,7 +284,38 @@ private:
             return;
         }
         if (!duplicable(p) || fuse_creates_cycle(p, gi, false)) return;
+        // Not into a dot's epilogue what try_epilogue keeps out of it (below).
+        if (gk == FusionKind::Output && !before_contraction(consumer, gi) && broadcasts_rows(p))
+            return;
         add_member(p, gi);
+    }
+
+    /// Whether `p` or the elementwise and data movement ops it reads (back to reductions,
+    /// contractions and leaves) broadcast a value along the minor dim (one value per row).
+    bool broadcasts_rows(OpId p) const {
+        std::vector<OpId> stack{p};
+        std::set<OpId> seen{p};
+        while (!stack.empty()) {
+            const Op& op = m_g.op(stack.back());
+            stack.pop_back();
+            if (op.kind == OpKind::Broadcast) {
+                const Shape& xs = m_g.shape(op.operands[0]);
+                const Shape& rs = m_g.shape(op.results[0]);
+                const int64_t minor = rs.rank() - 1;
+                bool along = xs.elements() > 1 && rs.rank() >= 2;
+                for (size_t i = 0; i < op.attrs.dims.size() && along; ++i)
+                    if (op.attrs.dims[i] == minor && xs.dims[i] == rs.dims[size_t(minor)])
+                        along = false;
+                if (along) return true;
+            }
+            for (ValueId v : op.operands) {
+                const OpId q = m_g.value(v).producer;
+                const OpClass k = cls(q);
+                if ((k == OpClass::Elementwise || k == OpClass::Movement) && seen.insert(q).second)
+                    stack.push_back(q);
+            }
+        }
+        return false;
     }
 
     bool duplicable(OpId p) const {
@@ -331,6 +362,31 @@ private:
                 const OpClass k = cls(id);
                 if (!(k == OpClass::Elementwise || k == OpClass::Movement || k == OpClass::Literal))
                     return;
+            }
+        }
+        // A dot's epilogue takes values per result column (a bias) and scalars, not per row:
+        // what a consumer group recomputes from a broadcast along the rows (a layer norm's
+        // output, duplicated into the next residual add) it reads from memory instead, where
+        // its own group writes it (the same bytes as the array it would recompute it from).
+        for (int h : consumers) {
+            std::vector<OpId> drop;
+            for (OpId id : m_members[size_t(h)])
+                if (m_home[id] != h && broadcasts_rows(id)) drop.push_back(id);
+            if (drop.empty()) continue;
+            std::set<OpId> gone(drop.begin(), drop.end());
+            // Then what only the dropped ops read.
+            for (bool more = true; more;) {
+                more = false;
+                for (OpId id : m_members[size_t(h)]) {
+                    if (gone.count(id) || m_home[id] == h) continue;
+                    bool used = false;
+                    for (OpId u : op_users(id)) used |= in_group(u, h) && !gone.count(u);
+                    if (!used) more |= gone.insert(id).second;
+                }
+            }
+            for (OpId id : gone) {
+                m_members[size_t(h)].erase(id);
+                m_groups_of[id].erase(h);
             }
         }
         // No epilogue may read something that itself depends on c (a cycle once fused).

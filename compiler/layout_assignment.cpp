@@ -128,10 +128,25 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             // A dot reading v through a reshape that merges dims (attention's [heads, d, seq]
             // viewed as [seq, hidden]): v lies untiled row-major, so the view is the same bytes
             // (a tiled layout would make it a relayout). A head split ([R, H D] to [R, H, D])
-            // is read through the tiles as they are: no preference.
+            // is read through the tiles as they are (unit dims aside: [R, H D] to
+            // [1, R, H, D] for a batch of one sequence): no preference.
+            // Through a transpose first (attention's heads [1, H, S, d] merged back to
+            // [S, H d]): v lies untiled in the transposed order, so the transpose is
+            // row-major and the merge the same bytes.
+            if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape &&
+                is_member(f, g.value(p.operands[0]).producer) &&
+                g.producer(p.operands[0]).kind == OpKind::Transpose &&
+                g.producer(p.operands[0]).operands[0] == v) {
+                const std::vector<int64_t>& perm = g.producer(p.operands[0]).attrs.dims;
+                Layout l;
+                l.minor_to_major.assign(perm.rbegin(), perm.rend());
+                return l;
+            }
+            std::vector<int64_t> split;
+            for (int64_t e : g.shape(x).dims)
+                if (e != 1) split.push_back(e);
             if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape && p.operands[0] == v &&
-                !(g.shape(v).rank() == 2 && g.shape(x).rank() == 3 &&
-                  g.shape(x).dims[0] == g.shape(v).dims[0]))
+                !(g.shape(v).rank() == 2 && split.size() == 3 && split[0] == g.shape(v).dims[0]))
                 return row_major(g.shape(v).rank());
         }
         if (!found) continue;
@@ -150,7 +165,10 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             // A computed matrix held stationary is read as it lies too (the kernel transposes
             // a held tile in VMEM when its contracting dim is minor): its producer, a loop
             // fusion or another dot, writes the default row-major tiles.
-            if (stationary && !leaf_param && s.rank() == 2) return std::nullopt;
+            // So is a batched dot's held matrix (attention's probabilities, written by the
+            // softmax in the default tiles, each batch's matrix transposed as it is held).
+            if (stationary && !leaf_param && (s.rank() == 2 || !d.lhs_batch.empty()))
+                return std::nullopt;
             return dot_operand_layout(s, side == 0 ? d.lhs_batch : d.rhs_batch,
                                       side == 0 ? d.lhs_contracting : d.rhs_contracting, stationary,
                                       stationary && leaf_param, cfg);

@@ -37,7 +37,7 @@ std::string_view dot_layout_name(DotLayout l) {
 
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
-                       k.block_rows, k.column_sides, k.full_sides, k.store_bf16);
+                       k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -452,9 +452,10 @@ private:
                     } else {
                         E(Opcode::Shr, {m_t15, m_rows, imm(3)});
                     }
+                    // Bands are a window's array's band_tiles apart (a head of 128 lanes).
                     E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
-                           imm(kBandBytes), imm(kBandBytes),
-                           imm(int64_t(uint64_t(m_KT) * kBandBytes)), t.flag});
+                           imm(kBandBytes), imm(kBandBytes), imm(int64_t(band_tiles * kBandBytes)),
+                           t.flag});
                     ++count;
                 }
             } else if (m_p.a == DotLayout::RowMajor) {
@@ -511,20 +512,21 @@ private:
                             ++count;
                         }
                         break;
-                    case DotLayout::VpuTiles:
+                    case DotLayout::VpuTiles: {
                         // Tile (j, n0 / C + m): ceil(k / 8) bands of 4 KiB, a band row of NT
                         // tiles apart, landing as the k x C row-major tile; a narrow last
                         // panel (N padded) one DMA per band, compacted to rows of n values.
+                        // Bands are a window's array's band_tiles apart (a head of 128 lanes).
+                        const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : NT;
                         if (n == C) {
                             E(op, {imm(int64_t(wstage(slot, m))),
-                                   m_wb + int64_t((uint64_t(j) * R / 8 * NT + m) * kBandBytes),
+                                   m_wb + int64_t((uint64_t(j) * R / 8 * bt + m) * kBandBytes),
                                    imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
-                                   imm(int64_t(NT * kBandBytes)), t.flag});
+                                   imm(int64_t(bt * kBandBytes)), t.flag});
                             ++count;
                             break;
                         }
                         for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
-                            const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : NT;
                             E(op,
                               {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4)),
                                m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + m) * kBandBytes +
@@ -533,6 +535,7 @@ private:
                             ++count;
                         }
                         break;
+                    }
                     case DotLayout::TransposedVpuTiles:
                         // W^T (N x K) in tiles: tile column j of the panel's ceil(n / 8) bands,
                         // KT tiles apart, lands as n x 128 and is transposed in VMEM.
@@ -577,7 +580,8 @@ private:
     /// The pending group's epilogue and stores (`last`: the last group's panels).
     void stores(bool last) {
         const uint32_t np = panels(last), T = m_k.block_rows, C = m_k.C;
-        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;  // C's bytes a value, row length
+        // C's bytes a value, row length.
+        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.c_row ? m_k.c_row : m_k.N;
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
         const bool tiles_out = m_k.c == DotLayout::VpuTiles;
         // C^T in tiles (LHS stationary): the epilogue's tile is transposed back to the
@@ -982,7 +986,7 @@ private:
     /// pending_addr = C's address of the group's first result, pending_rows, pending_parity
     /// and, for Column sides, pending_col = the side's first value x 4.
     void set_pending(bool first, bool last) {
-        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.N;
+        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.c_row ? m_k.c_row : m_k.N;
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
         // Bytes from one streamed row, and from one column of the problem, to the next (in
         // VpuTiles the rows and columns of whole bands and panels: 8 rows are a band of NT
@@ -1102,6 +1106,8 @@ std::string layout_unsupported(const DotKey& k) {
         if ((p.a_lane && p.a_lane + a_width > 128) || (p.w_lane && p.w_lane + w_width > 128))
             return "a window that starts inside a tile must end in it";
     }
+    if (k.c_row && (k.c != DotLayout::RowMajor || k.c_row < k.N))
+        return "a row stride of C needs C row-major with rows of at least N values";
     if ((k.c == DotLayout::VpuTiles || k.c == DotLayout::TransposedVpuTiles) && k.store_bf16)
         return "C in 8 x 128 tiles needs an fp32 store";
     if (k.w == DotLayout::Gemm && k.R % 2)

@@ -75,6 +75,9 @@ struct DotKey {
     /// W in VpuTiles of one narrow panel, either in TransposedVpuTiles.
     uint32_t a_band_tiles = 0, w_band_tiles = 0;
     uint32_t a_lane = 0, w_lane = 0;
+    /// C row-major with rows this many values apart (0: N): one matrix of a batch whose rows
+    /// interleave with the others' (attention's heads stored as [seq, heads x d]).
+    uint32_t c_row = 0;
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);
