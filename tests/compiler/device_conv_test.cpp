@@ -15,79 +15,18 @@
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
+#include "device_test_util.h"
 #include "hw/board_config.h"
 
 namespace tpu::compiler {
 namespace {
 
-// run / same_bits / expect_bit_exact: copied from device_test.cpp (cg_common.md: cg-stream
-// moves them to compiler_test_util.h).
-std::vector<float> randoms(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(lo, hi);
-    std::vector<float> v(n);
-    for (float& x : v) x = u(rng);
-    return v;
-}
-
-using Record = std::function<ValueId(Graph&, const std::vector<ValueId>&)>;
-
-struct Leaf {
-    std::string name;
-    Shape shape;
-    std::vector<std::vector<float>> values;  // one per replica, or one for all
-    bool parameter = false;
-};
-
-std::vector<std::vector<float>> run(Backend& backend, const std::vector<Leaf>& leaves,
-                                    const Record& record, CompileOptions co = {}) {
-    LazyContext ctx(backend, co);
-    std::vector<LazyTensor> ts;
-    std::vector<ValueId> vs;
-    for (const Leaf& l : leaves)
-        ts.push_back(l.parameter ? ctx.parameter(l.name, l.shape, l.values)
-                                 : ctx.input(l.name, l.shape, l.values));
-    for (const LazyTensor& t : ts) vs.push_back(ctx.value(t));
-    const LazyTensor y = ctx.wrap(record(ctx.graph(), vs), "y");
-    ctx.mark_step();
-    std::vector<std::vector<float>> out;
-    for (size_t r = 0; r < backend.replicas(); ++r) out.push_back(ctx.to_host(y, r));
-    return out;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    if (a.size() != b.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i)
-        if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i]) &&
-            !(std::isnan(a[i]) && std::isnan(b[i])))
-            return false;
-    return true;
-}
-
-/// Runs on the device (race detector on) and on the host evaluator; expects equal bits and
-/// one launch (no host fallback). Returns the backend's stats.
-DeviceBackendStats expect_bit_exact(const std::vector<Leaf>& leaves, const Record& record,
-                                    std::vector<uint32_t> cores = {0}) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, cores, cg);
-    const uint64_t launches = dev->metrics().launches;
-    const auto got = run(device, leaves, record);
-    EXPECT_EQ(dev->metrics().launches - launches, 1u) << "one launch per step";
-    HostBackend host(cores.size());
-    const auto want = run(host, leaves, record);
-    for (size_t r = 0; r < cores.size(); ++r) {
-        EXPECT_TRUE(same_bits(got[r], want[r])) << "replica " << r;
-        size_t bad = 0;
-        for (size_t i = 0; i < got[r].size() && bad < 5; ++i)
-            if (std::bit_cast<uint32_t>(got[r][i]) != std::bit_cast<uint32_t>(want[r][i]))
-                ADD_FAILURE() << "value " << i << ": " << got[r][i] << " vs " << want[r][i]
-                              << (++bad, "");
-    }
-    return device.stats();
-}
+using test::expect_bit_exact;
+using test::Leaf;
+using test::randoms;
+using test::Record;
+using test::run;
+using test::same_bits;
 
 Shape f32(std::vector<int64_t> dims) {
     return Shape{DType::F32, std::move(dims)};
