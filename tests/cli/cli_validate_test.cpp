@@ -143,11 +143,21 @@ TEST(CliValidate, OpAndModelRowsMeasureWhatTheCommandsReport) {
     const auto j = nlohmann::json::parse(r.out);
     ASSERT_EQ(j["rows"].size(), rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
-        const auto c = tpusim(rows[i].second + " --set sim.functional=false --json");
+        // A model row runs as one compiled step, its third, when the whole step is generated
+        // for the device, else eagerly (--engine auto); op rows have no engine.
+        std::string engine;
+        if (j["rows"][i].contains("engine")) {
+            const std::string e = j["rows"][i]["engine"];
+            engine = e == "compiled" ? " --engine compiled --steps 3" : "";
+            EXPECT_TRUE(e == "compiled" || e.rfind("eager", 0) == 0) << e;
+        }
+        const auto c = tpusim(rows[i].second + engine + " --set sim.functional=false --json");
         ASSERT_EQ(c.code, 0) << c.err;
         EXPECT_EQ(j["rows"][i]["sim_cycles"], nlohmann::json::parse(c.out)["cycles"])
-            << rows[i].first;
+            << rows[i].first << engine;
     }
+    EXPECT_EQ(j["rows"][3]["engine"], "compiled") << "the small BERT block generates whole";
+    EXPECT_EQ(j["rows"][4]["engine"], "compiled") << "the small ResNet-18 generates whole";
     // A key the kind does not take is named, with what it does take.
     const auto bad = tpusim(
         "validate --data " +
