@@ -985,17 +985,6 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                              imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.C)});
             for (const Step& s : steps)
                 if (s.once) emit_step(s);
-            // Rows a row op reads (as the broadcasts above), then the row ops, in order.
-            for (const auto& [v, a] : input_patterns)
-                for (uint32_t u = 0; u < (tiled ? tile : 1u); ++u)
-                    for (int64_t t = 0; t < (tiled ? Ct : 1); ++t)
-                        body.vpu(
-                            Opcode::VAddRow,
-                            {body.a(a) + int64_t((u * Ct + t) * p.h * p.lanes * 4), body.a(negzero),
-                             body.f(fixed_of.at(v)) + int64_t(t * p.lanes * 4),
-                             imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.C)});
-            for (const Step& s : steps)
-                if (s.once) emit_step(s);
         });
         // Tiled [G, S] vectors: each band's 8 values between the slot and the whole array
         // (band k of the tile: row r = 8 (first + k), at [r / S][r % S] in T(8,128) tiles).
