@@ -989,7 +989,10 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         // Tiled [G, S] vectors: each band's 8 values between the slot and the whole array
         // (band k of the tile: row r = 8 (first + k), at [r / S][r % S] in T(8,128) tiles).
         const auto tiled_cols = [&](bool in) {
-            for (const auto& [v, S] : p.tiled_col) {
+            for (const auto& entry : p.tiled_col) {
+                // Named copies: a structured binding cannot be captured (clang before 16).
+                const ValueId v = entry.first;
+                const int64_t S = entry.second;
                 if (in != !inside_fusion(f, g, v)) continue;
                 const int64_t Sp = (S + p.lanes - 1) / p.lanes * p.lanes;
                 const int64_t tile_bytes = int64_t(p.h) * p.lanes * 4;
