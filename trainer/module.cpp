@@ -364,20 +364,23 @@ std::vector<std::pair<std::string, ParamPtr*>> MultiheadAttention::slots() {
 }
 
 TransformerBlock::TransformerBlock(uint32_t dim, uint32_t heads, uint32_t ffn, uint32_t seq,
-                                   bool causal, std::mt19937& rng, bool pre_ln)
+                                   bool causal, std::mt19937& rng, bool pre_ln,
+                                   FfnActivation activation)
     : ln_1(dim),
       attn(dim, heads, seq, causal, rng),
       ln_2(dim),
       fc_1(dim, ffn, true, rng),
       fc_2(ffn, dim, true, rng),
-      m_pre_ln(pre_ln) {}
+      m_pre_ln(pre_ln),
+      m_activation(activation) {}
 
 void TransformerBlock::set_name(std::string n) {
     ln_1.set_name(n + ".ln_1");
     attn.set_name(n + ".attn");
     ln_2.set_name(n + ".ln_2");
     fc_1.set_name(n + ".fc_1");
-    act.set_name(n + ".gelu");
+    gelu.set_name(n + ".gelu");
+    relu.set_name(n + ".relu");
     fc_2.set_name(n + ".fc_2");
     name = std::move(n);
 }
@@ -387,7 +390,10 @@ Var TransformerBlock::operator()(Runtime& rt, const Var& x) {
         const auto scope = rt.layer(name + part, "add");
         return add(rt, a, b);
     };
-    const auto mlp = [&](const Var& v) { return fc_2(rt, act(rt, fc_1(rt, v))); };
+    const auto mlp = [&](const Var& v) {
+        const Var h = fc_1(rt, v);
+        return fc_2(rt, m_activation == FfnActivation::Relu ? relu(rt, h) : gelu(rt, h));
+    };
     if (m_pre_ln) {
         const Var h = residual(".residual_1", x, attn(rt, ln_1(rt, x)));
         return residual(".residual_2", h, mlp(ln_2(rt, h)));
@@ -403,7 +409,9 @@ cc::ValueId TransformerBlock::record(Recorder& r, cc::ValueId x) {
         return cc::add(g, a, b);
     };
     const auto mlp = [&](cc::ValueId v) {
-        return fc_2.record(r, act.record(r, fc_1.record(r, v)));
+        const cc::ValueId h = fc_1.record(r, v);
+        return fc_2.record(r, m_activation == FfnActivation::Relu ? relu.record(r, h)
+                                                                  : gelu.record(r, h));
     };
     if (m_pre_ln) {
         const cc::ValueId h = residual(".residual_1", x, attn.record(r, ln_1.record(r, x)));

@@ -274,13 +274,21 @@ private:
     bool m_causal;
 };
 
+/// The feed-forward activation of a transformer block.
+enum class FfnActivation {
+    Gelu,  ///< GELU, tanh form (BERT's and GPT-2's)
+    Relu,  ///< ReLU (the original Transformer's; PyTorchSim's EncoderBlock)
+};
+
 /// A transformer block. Pre-LN (GPT-2's): h = x + attn(ln_1(x)), y = h + mlp(ln_2(h)); post-LN
-/// (BERT's): h = ln_1(x + attn(x)), y = ln_2(h + mlp(h)); mlp = fc_2(gelu(fc_1(.))).
+/// (BERT's): h = ln_1(x + attn(x)), y = ln_2(h + mlp(h)); mlp = fc_2(act(fc_1(.))), act GELU
+/// (layer ".gelu") or ReLU (".relu").
 /// Parameters "ln_1.*", "attn.*", "ln_2.*", "fc_1.*", "fc_2.*".
 class TransformerBlock : public Layer {
 public:
     TransformerBlock(uint32_t dim, uint32_t heads, uint32_t ffn, uint32_t seq, bool causal,
-                     std::mt19937& rng, bool pre_ln = true);
+                     std::mt19937& rng, bool pre_ln = true,
+                     FfnActivation activation = FfnActivation::Gelu);
     Var operator()(Runtime& rt, const Var& x);
     compiler::ValueId record(Recorder& r, compiler::ValueId x);
     std::vector<std::pair<std::string, ParamPtr*>> slots() override;
@@ -289,10 +297,12 @@ public:
     MultiheadAttention attn;  ///< self-attention
     LayerNorm ln_2;           ///< before the feed-forward part
     Linear fc_1, fc_2;        ///< dim x ffn and ffn x dim
-    GELU act;                 ///< between fc_1 and fc_2
+    GELU gelu;                ///< between fc_1 and fc_2 (FfnActivation::Gelu)
+    ReLU relu;                ///< between fc_1 and fc_2 (FfnActivation::Relu)
 
 private:
     bool m_pre_ln;
+    FfnActivation m_activation;
 };
 
 /// The user's model. Subclasses create layers with add() in their constructor and define

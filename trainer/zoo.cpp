@@ -41,10 +41,11 @@ Dataset random_rows(uint32_t examples, uint32_t rows, uint32_t features, uint32_
 /// inference stay the block alone.
 class Encoder : public Module {
 public:
-    Encoder(uint32_t hidden, uint32_t heads, uint32_t ffn, uint32_t seq, uint32_t seed,
-            uint32_t labels)
+    Encoder(uint32_t hidden, uint32_t heads, uint32_t ffn, uint32_t seq, FfnActivation activation,
+            uint32_t seed, uint32_t labels)
         : Module(seed) {
-        m_block = &add<TransformerBlock>("block", hidden, heads, ffn, seq, false, rng(), false);
+        m_block = &add<TransformerBlock>("block", hidden, heads, ffn, seq, false, rng(), false,
+                                         activation);
         // Created after the block, so the block's weights are those of the inference model.
         if (labels) m_head = &add<Linear>("classifier", hidden, labels, true, rng());
     }
@@ -295,10 +296,11 @@ ZooModel make_zoo_model(std::string_view name, const ZooOptions& options, uint32
         m.input = random_rows(examples, 1, 784, 10, o.seed + 1, o.values);
     } else if (name == "bert-block") {
         const uint32_t hidden = o.hidden, heads = o.heads, seq = o.seq, ffn = o.ffn;
-        m.module = std::make_unique<Encoder>(hidden, heads, ffn, seq, o.seed,
+        m.module = std::make_unique<Encoder>(hidden, heads, ffn, seq, o.activation, o.seed,
                                              train_step ? kBertTokenLabels : 0);
-        m.description = fmt::format("BERT encoder block: hidden {}, {} heads, seq {}, ffn {}{}",
+        m.description = fmt::format("BERT encoder block: hidden {}, {} heads, seq {}, ffn {}{}{}",
                                     hidden, heads, seq, ffn,
+                                    o.activation == FfnActivation::Relu ? " (ReLU)" : "",
                                     train_step ? fmt::format(", token-classification head ({} "
                                                              "labels)",
                                                              kBertTokenLabels)

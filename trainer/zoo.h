@@ -24,6 +24,8 @@ struct ZooOptions {
     uint32_t layers = 0;  ///< gpt: transformer blocks (2)
     uint32_t vocab = 0;   ///< gpt: tokens (86)
     uint32_t seed = 0;    ///< weights and inputs
+    /// bert-block: the feed-forward activation (GELU, BERT's; ReLU, PyTorchSim's EncoderBlock).
+    FfnActivation activation = FfnActivation::Gelu;
     /// False: the inputs hold no values (a timing-only board uploads none), only their shape
     /// and labels.
     bool values = true;

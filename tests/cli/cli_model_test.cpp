@@ -61,6 +61,15 @@ TEST(CliModel, ZooModelsNameTheirLayers) {
     const auto bert = tpusim_json(kSmallBert);
     EXPECT_EQ(bert["description"], "BERT encoder block: hidden 64, 4 heads, seq 40, ffn 96");
     EXPECT_EQ(bert["mode"], "inference");
+    const auto bert_names = names(bert);
+    EXPECT_NE(std::find(bert_names.begin(), bert_names.end(), "block.gelu"), bert_names.end());
+    // PyTorchSim's EncoderBlock (the validation rows): ReLU between the feed-forward layers.
+    const auto relu = tpusim_json(kSmallBert + " --activation relu");
+    EXPECT_EQ(relu["description"],
+              "BERT encoder block: hidden 64, 4 heads, seq 40, ffn 96 (ReLU)");
+    const auto relu_names = names(relu);
+    EXPECT_NE(std::find(relu_names.begin(), relu_names.end(), "block.relu"), relu_names.end());
+    EXPECT_EQ(std::find(relu_names.begin(), relu_names.end(), "block.gelu"), relu_names.end());
 }
 
 TEST(CliModel, ResNetsAreTorchvisionsWithFoldedBatchNorm) {
@@ -131,6 +140,8 @@ TEST(CliModel, BadInputIsAnErrorNamingIt) {
         {"model resnet18 --image 16", "--image 16: a ResNet needs at least 32 x 32 pixels"},
         {"model mlp --cores 9", "--cores"},
         {"model mlp --precision fp8", "precision='fp8'"},
+        {"model mlp --activation relu", "--activation applies to bert-block, not to model mlp"},
+        {"model bert-block --activation tanh", "--activation"},
     };
     for (const Case& c : cases) {
         const auto r = tpusim(c.args);

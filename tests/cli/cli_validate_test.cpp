@@ -132,9 +132,13 @@ TEST(CliValidate, OpAndModelRowsMeasureWhatTheCommandsReport) {
         {"softmax,rows=50 cols=1000", "op softmax --rows 50 --cols 1000 --cores 0-1"},
         {"attention,heads=3 seq=70 dhead=40 batch=2 causal",
          "op attention --heads 3 --seq 70 --dhead 40 --batch 2 --causal --cores 0-1"},
+        // ReLU by default: PyTorchSim's EncoderBlock, what the public rows measured.
         {"bert-block,hidden=64 seq=40 heads=4 ffn=96",
-         "model bert-block --hidden 64 --seq 40 --heads 4 --ffn 96 --cores 0-1"},
+         "model bert-block --hidden 64 --seq 40 --heads 4 --ffn 96 --activation relu --cores "
+         "0-1"},
         {"resnet18,batch=2 image=32", "model resnet18 --batch 2 --image 32 --cores 0-1"},
+        {"bert-block,hidden=64 seq=40 heads=4 ffn=96 gelu",
+         "model bert-block --hidden 64 --seq 40 --heads 4 --ffn 96 --cores 0-1"},
     };
     std::string body = kHeader;
     for (const auto& [row, cmd] : rows) body += row + ",1000,940,2,test\n";
@@ -158,6 +162,16 @@ TEST(CliValidate, OpAndModelRowsMeasureWhatTheCommandsReport) {
     }
     EXPECT_EQ(j["rows"][3]["engine"], "compiled") << "the small BERT block generates whole";
     EXPECT_EQ(j["rows"][4]["engine"], "compiled") << "the small ResNet-18 generates whole";
+    EXPECT_NE(j["rows"][3]["sim_cycles"], j["rows"][5]["sim_cycles"])
+        << "ReLU and GELU are different programs";
+    const auto both = tpusim("validate --data " +
+                             shell_quote(csv("twoacts.csv", std::string(kHeader) +
+                                                                "bert-block,hidden=64 seq=40 "
+                                                                "heads=4 relu gelu,10,940,1,x\n")));
+    EXPECT_EQ(both.code, 2);
+    EXPECT_NE(both.err.find("line 2: bert-block: tags gelu and relu name two activations"),
+              std::string::npos)
+        << both.err;
     // A key the kind does not take is named, with what it does take.
     const auto bad = tpusim(
         "validate --data " +

@@ -311,8 +311,20 @@ void register_model_command(CLI::App& app) {
                                                ->check(positive_number()));
     }
     cmd->add_option("--seed", o->zoo.seed, "seed of the weights and inputs")->check(whole_number());
+    CLI::Option* activation =
+        cmd->add_option("--activation", o->zoo.activation,
+                        "bert-block: the feed-forward activation, gelu (BERT's, the default) or "
+                        "relu (PyTorchSim's EncoderBlock, which tpusim validate's bert-block rows "
+                        "run)")
+            ->transform(CLI::CheckedTransformer(
+                std::map<std::string, trainer::FfnActivation>{
+                    {"gelu", trainer::FfnActivation::Gelu}, {"relu", trainer::FfnActivation::Relu}},
+                CLI::ignore_case));
     add_common_options(*cmd, o->common);
-    cmd->callback([o, size_options] {
+    cmd->callback([o, size_options, activation] {
+        if (activation->count() > 0 && o->name != "bert-block")
+            throw InputError(fmt::format("--activation applies to bert-block, not to model {}",
+                                         o->name));
         // An option the model does not read would be silently ignored: refuse it.
         const auto entry = std::find_if(trainer::zoo_models().begin(), trainer::zoo_models().end(),
                                         [&](const auto& m) { return m.name == o->name; });

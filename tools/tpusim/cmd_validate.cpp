@@ -189,6 +189,10 @@ trainer::ZooOptions zoo_options(const Row& r) {
     z.seq = get("seq");
     z.ffn = get("ffn");
     z.image = get("image");
+    // PyTorchSim's EncoderBlock, what the bert-block rows measure, uses ReLU between its ffn
+    // layers (validation/README.md); the tag `gelu` runs BERT's GELU instead.
+    z.activation = r.params.count("gelu") ? trainer::FfnActivation::Gelu
+                                          : trainer::FfnActivation::Relu;
     return z;
 }
 
@@ -247,6 +251,10 @@ void check_attention_row(const Row& r, const hw::BoardConfig& cfg) {
 }
 
 void check_model_row(const Row& r, const hw::BoardConfig& cfg) {
+    if (r.params.count("gelu") && r.params.count("relu"))
+        throw InputError(fmt::format("line {}: {}: tags gelu and relu name two activations; "
+                                     "give one",
+                                     r.line, r.workload));
     const trainer::ZooOptions z = zoo_options(r);
     const uint32_t batch = optional(r.params, "batch", r.line, 1);
     try {
@@ -277,7 +285,7 @@ const std::map<std::string, Kind>& kinds() {
         m["resnet18"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
         m["resnet50"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
         m["bert-block"] = Kind{{"hidden", "seq", "heads"},
-                               {},
+                               {"relu", "gelu"},
                                run_model_row,
                                {},
                                {},
