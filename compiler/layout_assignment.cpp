@@ -103,6 +103,23 @@ std::optional<Layout> conv_pool_preference(const Graph& g, const Fusion& f, Valu
     return std::nullopt;
 }
 
+/// Whether parameter `v` may lie in the MXU's weight tiles when a dot streams it: every fusion
+/// that reads it is a dot's output fusion (the dot kernel reads a streamed operand in them,
+/// contracting dim minor), and no output updates it in place (its gradient would have to be
+/// written in them too, which the kernel does not do for the RHS orientation).
+bool streamed_weight_tiles(const CompiledStep& step, ValueId v) {
+    const Graph& g = step.graph;
+    for (const Fusion& f : step.fusions)
+        for (const FusionValue& fv : f.operands)
+            if (fv.value == v &&
+                (f.kind != FusionKind::Output || f.hero == kNoOp || g.op(f.hero).kind != OpKind::Dot))
+                return false;
+    const auto params = g.leaves(OpKind::Parameter);
+    for (const Output& o : g.outputs())
+        if (o.updates_parameter >= 0 && params[size_t(o.updates_parameter)] == v) return false;
+    return true;
+}
+
 /// The layout fusion `f` would like operand `v` in, if it has a preference.
 std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, ValueId v,
                                  const hw::BoardConfig& cfg) {
@@ -169,9 +186,20 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             // softmax in the default tiles, each batch's matrix transposed as it is held).
             if (stationary && !leaf_param && (s.rank() == 2 || !d.lhs_batch.empty()))
                 return std::nullopt;
+            // A parameter the dot streams lies in the MXU's tiles too, contracting dim minor:
+            // each streamed panel of a block is then whole contiguous tiles (an 8 x 128 tile
+            // column is 4 KiB runs KT tiles apart, which the banked HBM serves at a fraction
+            // of its peak: issue #29, BERT's fc_1 and fc_2 stream their weights).
+            // (Whole tiles along K: a padded K stays in 8 x 128 tiles, read lane by lane.)
+            const bool tiles =
+                leaf_param &&
+                (stationary ||
+                 (s.rank() == 2 && contracting.size() == 1 && cfg.core.mxu_rows == cfg.core.mxu_cols &&
+                  s.dims[size_t(contracting[0])] % int64_t(cfg.core.mxu_rows) == 0 &&
+                  streamed_weight_tiles(step, v)));
             return dot_operand_layout(s, side == 0 ? d.lhs_batch : d.rhs_batch,
                                       side == 0 ? d.lhs_contracting : d.rhs_contracting, stationary,
-                                      stationary && leaf_param, cfg);
+                                      tiles, cfg);
         }
         return std::nullopt;
     }

@@ -2,6 +2,7 @@
 #include "driver/kernels/matmul_kernel.h"
 
 #include <algorithm>
+#include <bit>
 #include <utility>
 #include <vector>
 
@@ -102,6 +103,8 @@ Problem problem(const DotKey& k) {
                 return DotLayout::TransposedVpuTiles;
             case DotLayout::TransposedVpuTiles:
                 return DotLayout::VpuTiles;
+            case DotLayout::TransposedTiles:  // a streamed [N, K] weight in the MXU's tiles
+                return DotLayout::Tiles;
             default:
                 return DotLayout::RowMajor;
         }
@@ -458,6 +461,22 @@ private:
                            t.flag});
                     ++count;
                 }
+            } else if (m_p.a == DotLayout::Tiles) {
+                // The streamed operand in the MXU's R x R tiles (a streamed weight lies in
+                // them, issue #29): panel j of the block is one R x R tile per R rows, KT
+                // tiles apart, each one contiguous run that lands as R rows of the panel.
+                // Whole contiguous tiles keep the banked HBM near its streaming rate, where
+                // an 8 x 128 tile column is runs of 4 KiB that open a row each.
+                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t tile = uint64_t(R) * R * 4;
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(uint64_t(m_KT) * R * 4))});
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                // A short last block's last tile brings its padding rows along.
+                E(Opcode::Add, {m_t15, m_rows, imm(R - 1)});
+                E(Opcode::Shr, {m_t15, m_t15, imm(std::countr_zero(R))});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * tile), m_t15,
+                       imm(int64_t(tile)), imm(int64_t(tile)), imm(int64_t(m_KT * tile)), t.flag});
+                ++count;
             } else if (m_p.a == DotLayout::RowMajor) {
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(K * 4))});
@@ -718,6 +737,9 @@ private:
             }
         }
         if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+        // The epilogue's registers go back: the stores of C's tiles loop over bands and tiles.
+        if (m_k.column_sides) columns.release();
+        if (lhs) tile_rows.release();
         // (3) The stores.
         isa::Reg row_bytes;
         if (lhs && !tiles_out && !ttiles_out && !mxu_tiles_out) {
@@ -765,31 +787,37 @@ private:
     /// With the LHS stationary and C in 8 x 128 tiles: moves the pending columns of an n x T
     /// tile in VMEM at `vm` (n rows of C, T values a row) to (`store`) or from C's tiles at
     /// `hbm` + `off` bytes, one 8-row DMA of 512-byte rows per band and column tile (a column
-    /// tile is contiguous in HBM but strided in VMEM), counted on `t`. Returns the DMAs counted
-    /// (the loop adds them to t.count itself, so 0).
+    /// tile is contiguous in HBM but strided in VMEM), counted on `t`. Band by band, the column
+    /// tiles in order: a band's tiles are one contiguous run of HBM, which its pseudo-channels
+    /// serve in open rows (tile by tile across the bands, each 4 KiB opened rows of its own).
+    /// Returns the DMAs counted (the loop adds them to t.count itself, so 0).
     uint32_t lhs_tiles(Opcode op, bool store, const isa::Reg& hbm, uint64_t off, uint64_t vm,
                        uint32_t n, const Tally& t) {
         const uint32_t T = m_k.block_rows;
         const int64_t band = int64_t(ceil_div(m_k.N, 128)) * kBandBytes;  // a band of C's tiles
-        const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+        const isa::Reg hb = m_b.reg("tiles.band_hbm"), vb = m_b.reg("tiles.band_vmem"),
+                       h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
                        end = m_b.reg("tiles.end");
-        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
-        E(Opcode::Li, {v, imm(int64_t(vm))});
+        E(Opcode::Add, {hb, hbm, imm(int64_t(off))});
+        E(Opcode::Li, {vb, imm(int64_t(vm))});
+        const isa::Label bands = m_b.label("tile_bands"), tiles = m_b.label("tiles");
+        m_b.bind(bands);
+        E(Opcode::Add, {h, hb, imm(0)});
+        E(Opcode::Add, {v, vb, imm(0)});
         E(Opcode::Mul, {end, m_prows, imm(4)});  // prows / 128 column tiles of 512 bytes
-        E(Opcode::Add, {end, end, imm(int64_t(vm))});
-        const isa::Label loop = m_b.label("tiles");
-        m_b.bind(loop);
-        for (uint32_t b = 0; b < ceil_div(n, 8); ++b) {
-            const isa::Arg ha = h + int64_t(b) * band, va = v + int64_t(b) * 8 * T * 4;
-            if (store)
-                E(op, {ha, va, imm(8), imm(512), imm(512), imm(int64_t(T) * 4), t.flag});
-            else
-                E(op, {va, ha, imm(8), imm(512), imm(int64_t(T) * 4), imm(512), t.flag});
-        }
-        E(Opcode::Add, {t.count, t.count, imm(ceil_div(n, 8))});
+        E(Opcode::Add, {end, end, vb});
+        m_b.bind(tiles);
+        if (store)
+            E(op, {h, v, imm(8), imm(512), imm(512), imm(int64_t(T) * 4), t.flag});
+        else
+            E(op, {v, h, imm(8), imm(512), imm(int64_t(T) * 4), imm(512), t.flag});
+        E(Opcode::Add, {t.count, t.count, imm(1)});
         E(Opcode::Add, {h, h, imm(kBandBytes)});
         E(Opcode::Add, {v, v, imm(512)});
-        E(Opcode::Bltu, {v, end, loop});
+        E(Opcode::Bltu, {v, end, tiles});
+        E(Opcode::Add, {hb, hb, imm(band)});
+        E(Opcode::Add, {vb, vb, imm(int64_t(8) * T * 4)});
+        E(Opcode::Bltu, {vb, imm(int64_t(vm + uint64_t(ceil_div(n, 8)) * 8 * T * 4)), bands});
         return 0;
     }
 
@@ -1061,16 +1089,23 @@ std::string layout_unsupported(const DotKey& k) {
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > 2)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
-    if (k.a == DotLayout::Tiles || k.a == DotLayout::TransposedTiles)
-        return "A cannot lie in tiles (a stationary W's layout)";
-    if (k.w == DotLayout::TransposedTiles && k.stationary != Stationary::Rhs)
-        return "W transposed in MXU tiles needs the RHS stationary";
-    if ((k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles) && k.R != k.C)
-        return fmt::format("W or C transposed in MXU tiles needs a square MXU (R = {}, C = {})",
-                           k.R, k.C);
+    const bool lhs = k.stationary == Stationary::Lhs;
+    if (k.a == DotLayout::TransposedTiles || (k.a == DotLayout::Tiles && lhs))
+        return "A in MXU tiles needs the RHS stationary and its contracting dim minor";
+    if ((k.a == DotLayout::Tiles || k.w == DotLayout::TransposedTiles ||
+         k.c == DotLayout::TransposedTiles) &&
+        (k.R != k.C || !std::has_single_bit(k.R)))
+        return fmt::format(
+            "A in MXU tiles, W or C transposed in them need a square MXU of a power of two "
+            "(R = {}, C = {})",
+            k.R, k.C);
+    // A streamed operand in MXU tiles (A, or with the LHS stationary W stored transposed) is
+    // read a whole tile per R rows: K a whole number of tiles.
+    if ((k.a == DotLayout::Tiles || (lhs && k.w == DotLayout::TransposedTiles)) && k.K % k.R)
+        return fmt::format("a streamed operand in MXU tiles needs K a multiple of {} (K = {})",
+                           k.R, k.K);
     if (k.c == DotLayout::TransposedTiles && (k.store_bf16 || k.full_sides))
         return "C transposed in MXU tiles needs an fp32 store and no Full sides";
-    const bool lhs = k.stationary == Stationary::Lhs;
     if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles &&
         k.c != DotLayout::TransposedTiles && !(lhs && k.c == DotLayout::TransposedVpuTiles))
         return fmt::format(
@@ -1117,11 +1152,12 @@ std::string layout_unsupported(const DotKey& k) {
             return l == DotLayout::RowMajor || l == DotLayout::Transposed ||
                    l == DotLayout::TransposedVpuTiles || l == DotLayout::VpuTiles;
         };
-        if (!fp32(k.a) || !fp32(k.w) || k.c == DotLayout::Gemm || k.w == DotLayout::Tiles)
+        if (!fp32(k.a) || !(fp32(k.w) || k.w == DotLayout::TransposedTiles) ||
+            k.c == DotLayout::Gemm)
             return fmt::format(
                 "with the LHS stationary the kernel reads A and W fp32 (row-major, "
-                "transposed or in 8 x 128 tiles) and writes C row-major or in 8 x 128 "
-                "tiles; A is {}, W {}, C {}",
+                "transposed or in 8 x 128 tiles; W also transposed in MXU tiles) and writes C "
+                "row-major or in 8 x 128 tiles; A is {}, W {}, C {}",
                 dot_layout_name(k.a), dot_layout_name(k.w), dot_layout_name(k.c));
         if (k.c == DotLayout::TransposedVpuTiles && (k.M % 128 || k.full_sides))
             return fmt::format(
@@ -1139,6 +1175,11 @@ std::string blocks_unsupported(const DotKey& k) {
     if (k.c == DotLayout::TransposedTiles && k.block_rows % k.C)
         return fmt::format(
             "C transposed in MXU tiles needs blocks of a multiple of {} rows, not {}", k.C,
+            k.block_rows);
+    // A streamed operand in MXU tiles is read whole tiles of R rows per block.
+    if (problem(k).a == DotLayout::Tiles && k.block_rows % k.R)
+        return fmt::format(
+            "a streamed operand in MXU tiles needs blocks of a multiple of {} rows, not {}", k.R,
             k.block_rows);
     // A streamed operand stored transposed in tiles is read one tile column per block.
     if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows != 128)
@@ -1199,7 +1240,8 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     // Blocks of whole tiles where C's tiles or a streamed operand's need them
     // (blocks_unsupported): one tile column of a streamed operand in transposed tiles.
     const bool column_blocks = problem(k).a == DotLayout::TransposedVpuTiles;
-    const uint32_t unit = k.c == DotLayout::TransposedTiles                               ? k.C
+    const uint32_t unit = k.c == DotLayout::TransposedTiles || problem(k).a == DotLayout::Tiles
+                              ? k.C
                           : k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles ? 128
                                                                                           : 8;
     for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
