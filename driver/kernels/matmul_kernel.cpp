@@ -787,14 +787,36 @@ private:
     /// With the LHS stationary and C in 8 x 128 tiles: moves the pending columns of an n x T
     /// tile in VMEM at `vm` (n rows of C, T values a row) to (`store`) or from C's tiles at
     /// `hbm` + `off` bytes, one 8-row DMA of 512-byte rows per band and column tile (a column
-    /// tile is contiguous in HBM but strided in VMEM), counted on `t`. Band by band, the column
-    /// tiles in order: a band's tiles are one contiguous run of HBM, which its pseudo-channels
-    /// serve in open rows (tile by tile across the bands, each 4 KiB opened rows of its own).
+    /// tile is contiguous in HBM but strided in VMEM), counted on `t`. Stores go band by band,
+    /// the column tiles in order: a band's tiles are one contiguous run of HBM, which its
+    /// pseudo-channels serve in open rows (tile by tile across the bands, each 4 KiB opened
+    /// rows of its own).
     /// Returns the DMAs counted (the loop adds them to t.count itself, so 0).
     uint32_t lhs_tiles(Opcode op, bool store, const isa::Reg& hbm, uint64_t off, uint64_t vm,
                        uint32_t n, const Tally& t) {
         const uint32_t T = m_k.block_rows;
         const int64_t band = int64_t(ceil_div(m_k.N, 128)) * kBandBytes;  // a band of C's tiles
+        if (!store) {
+            // Loads tile by tile across the bands: a load's VMEM rows (its bounding box) overlap
+            // the next tile's of the same band, so band by band each would wait for the one
+            // before it (the DMA engine's WAW hazard).
+            const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+                           end = m_b.reg("tiles.end");
+            E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+            E(Opcode::Li, {v, imm(int64_t(vm))});
+            E(Opcode::Mul, {end, m_prows, imm(4)});  // prows / 128 column tiles of 512 bytes
+            E(Opcode::Add, {end, end, imm(int64_t(vm))});
+            const isa::Label loop = m_b.label("tiles");
+            m_b.bind(loop);
+            for (uint32_t b = 0; b < ceil_div(n, 8); ++b)
+                E(op, {v + int64_t(b) * 8 * T * 4, h + int64_t(b) * band, imm(8), imm(512),
+                       imm(int64_t(T) * 4), imm(512), t.flag});
+            E(Opcode::Add, {t.count, t.count, imm(ceil_div(n, 8))});
+            E(Opcode::Add, {h, h, imm(kBandBytes)});
+            E(Opcode::Add, {v, v, imm(512)});
+            E(Opcode::Bltu, {v, end, loop});
+            return 0;
+        }
         const isa::Reg hb = m_b.reg("tiles.band_hbm"), vb = m_b.reg("tiles.band_vmem"),
                        h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
                        end = m_b.reg("tiles.end");
@@ -807,10 +829,7 @@ private:
         E(Opcode::Mul, {end, m_prows, imm(4)});  // prows / 128 column tiles of 512 bytes
         E(Opcode::Add, {end, end, vb});
         m_b.bind(tiles);
-        if (store)
-            E(op, {h, v, imm(8), imm(512), imm(512), imm(int64_t(T) * 4), t.flag});
-        else
-            E(op, {v, h, imm(8), imm(512), imm(int64_t(T) * 4), imm(512), t.flag});
+        E(op, {h, v, imm(8), imm(512), imm(512), imm(int64_t(T) * 4), t.flag});
         E(Opcode::Add, {t.count, t.count, imm(1)});
         E(Opcode::Add, {h, h, imm(kBandBytes)});
         E(Opcode::Add, {v, v, imm(512)});
