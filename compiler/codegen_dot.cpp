@@ -51,7 +51,9 @@ std::optional<driver::DotLayout> dot_layout_of(const FusionValue& fv, int64_t ro
         // A weight [out, in] as the forward holds it ({0,1:T(128,128)}), read by dX = dY W or
         // written by dW = dY^T X in its parameter's layout; or a [N, K] weight that the LHS
         // stationary streams ({1,0:T(128,128)}).
-        if ((is_w || is_c) && l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
+        // Or an activation that a dot holds, written so by the dot before it
+        // ({0,1:T(128,128)}: each held tile one contiguous run).
+        if (l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
             return driver::DotLayout::TransposedTiles;
         return std::nullopt;
     }

@@ -103,7 +103,7 @@ Problem problem(const DotKey& k) {
                 return DotLayout::TransposedVpuTiles;
             case DotLayout::TransposedVpuTiles:
                 return DotLayout::VpuTiles;
-            case DotLayout::TransposedTiles:  // a streamed [N, K] weight in the MXU's tiles
+            case DotLayout::TransposedTiles:  // W^T streamed or A^T held, in the MXU's tiles
                 return DotLayout::Tiles;
             default:
                 return DotLayout::RowMajor;
@@ -578,27 +578,33 @@ private:
     }
 
     /// The group whose C waits for its store, if any: once its matmuls are done (`steps` =
-    /// steps of the current group already issued to MXU m < `nm`), its epilogue and its stores.
-    void flush(const std::string& tag, uint32_t steps, uint32_t nm) {
+    /// steps of the current group already issued to MXU m < `nm`), its epilogue and its stores:
+    /// of its panels [m0, m1) (piece by piece, each one step later: the first waits for the
+    /// MXUs, the last one clears the pending group).
+    void flush(const std::string& tag, uint32_t steps, uint32_t nm, uint32_t m0 = 0,
+               uint32_t m1 = ~0u) {
+        const bool first_piece = m0 == 0, last_piece = m1 >= m_k.mxus;
         const isa::Label done = m_b.label("fd_" + tag), fe = m_b.label("fe_" + tag);
         E(Opcode::Beq, {m_pending, imm(0), done});
-        for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, m < nm ? steps : 0);
+        if (first_piece)
+            for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, m < nm ? steps : 0);
         if (m_G > 1) {
             const isa::Label fl = m_b.label("fl_" + tag);
             E(Opcode::Beq, {m_pending, imm(2), fl});
-            stores(false);
+            stores(false, m0, m1);
             E(Opcode::Jmp, {fe});
             m_b.bind(fl);
         }
-        stores(true);
+        stores(true, m0, m1);
         m_b.bind(fe);
-        E(Opcode::Li, {m_pending, imm(0)});
+        if (last_piece) E(Opcode::Li, {m_pending, imm(0)});
         m_b.bind(done);
     }
 
-    /// The pending group's epilogue and stores (`last`: the last group's panels).
-    void stores(bool last) {
-        const uint32_t np = panels(last), T = m_k.block_rows, C = m_k.C;
+    /// The pending group's epilogue and stores (`last`: the last group's panels) of its panels
+    /// [m0, m1).
+    void stores(bool last, uint32_t m0 = 0, uint32_t m1 = ~0u) {
+        const uint32_t np = std::min(panels(last), m1), T = m_k.block_rows, C = m_k.C;
         // C's bytes a value, row length.
         const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.c_row ? m_k.c_row : m_k.N;
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
@@ -651,7 +657,7 @@ private:
                 if (e == 2) E(Opcode::Add, {at, at, at});
                 E(Opcode::Add, {at, at, s.place.value});
                 const Opcode op = load_op(s.place);
-                for (uint32_t m = 0; m < np; ++m) {
+                for (uint32_t m = m0; m < np; ++m) {
                     const uint32_t n = nn(last, m);
                     const isa::Arg dst = imm(int64_t(full_tile(f, m)));
                     const isa::Arg src = at + int64_t(panel_off(m) * 4);
@@ -686,13 +692,15 @@ private:
         if (lhs) tile_rows = m_b.reg("tile_rows");
         // The transposed tiles have one area: the previous group's stores from it must be
         // done (the last group's flush follows the one inside it with no group between).
-        if (lhs || mxu_tiles_out) E(Opcode::Wait, {m_stores.flag, m_stores.count});
+        // A later piece of a split flush uses its own panels' area, whose last stores (the
+        // previous group's) were done when this group began.
+        if ((lhs || mxu_tiles_out) && m0 == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_k.store_bf16 && !lhs) count = m_b.reg("tile_values");
         auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
             vpu(op, args);
             ++vpu_ops;
         };
-        for (uint32_t m = 0; m < np; ++m) {
+        for (uint32_t m = m0; m < np; ++m) {
             const uint32_t n = nn(last, m);
             const isa::Arg result = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
             isa::Arg tile = result;
@@ -747,7 +755,7 @@ private:
             E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
         }
         const Opcode op = store_op(m_C);
-        for (uint32_t m = 0; m < np; ++m) {
+        for (uint32_t m = m0; m < np; ++m) {
             const uint32_t n = nn(last, m);
             isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
             if (lhs && !ttiles_out) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
@@ -941,6 +949,11 @@ private:
             for (uint32_t m = 0; m < nm; ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
         loads(0, first, last, 0, kBoth);
         const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
+        // The previous group's epilogue is the VPU's, which also converts each step's operands:
+        // all at once it would leave the MXUs idle once the one step issued before it is done
+        // (a GELU on two 128-column panels outlasts a step). With a step per panel to spare,
+        // each panel's epilogue goes after a step of its own.
+        const bool split = !w_direct && m_k.mxus > 1 && flush_step + m_k.mxus <= m_KT;
         for (uint32_t j = 0; j < m_KT; ++j) {
             const int slot = int(j % 2);
             const uint32_t k = kk(j);
@@ -996,7 +1009,8 @@ private:
                 }
             // The previous group's results leave after this step's transfers are queued, so
             // the in-order DMA engine does not hold the next tiles behind them.
-            if (!w_direct && j == flush_step) flush(fmt::format("{}{}", tag, j), j, nm);
+            if (!w_direct && !split && j == flush_step)
+                flush(fmt::format("{}{}", tag, j), j, nm);
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
             for (uint32_t m = 0; m < nm; ++m) {
                 for (size_t i = 0; i < m_passes.size(); ++i) {
@@ -1014,6 +1028,10 @@ private:
                 }
                 E(Opcode::Add, {m_mxu[m].count, m_mxu[m].count, imm(1)});
             }
+            // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
+            // MXUs run that step while the VPU works on one panel.
+            if (split && j >= flush_step && j < flush_step + m_k.mxus)
+                flush(fmt::format("{}{}", tag, j), j + 1, nm, j - flush_step, j - flush_step + 1);
             if (w_direct) {
                 // Step j + 1's tiles go into the slot step j - 1 read; step j keeps the MXUs
                 // busy meanwhile. The previous group's results leave after them.
@@ -1109,10 +1127,12 @@ std::string layout_unsupported(const DotKey& k) {
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > 2)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
     const bool lhs = k.stationary == Stationary::Lhs;
-    if (k.a == DotLayout::TransposedTiles || (k.a == DotLayout::Tiles && lhs))
-        return "A in MXU tiles needs the RHS stationary and its contracting dim minor";
-    if ((k.a == DotLayout::Tiles || k.w == DotLayout::TransposedTiles ||
-         k.c == DotLayout::TransposedTiles) &&
+    // A in MXU tiles is streamed (contracting dim minor) or, stored transposed, held.
+    if ((k.a == DotLayout::TransposedTiles && !lhs) || (k.a == DotLayout::Tiles && lhs))
+        return "A in MXU tiles is streamed by the RHS stationary or, stored transposed, held by "
+               "the LHS stationary";
+    if ((k.a == DotLayout::Tiles || k.a == DotLayout::TransposedTiles ||
+         k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles) &&
         (k.R != k.C || !std::has_single_bit(k.R)))
         return fmt::format(
             "A in MXU tiles, W or C transposed in them need a square MXU of a power of two "
@@ -1171,11 +1191,12 @@ std::string layout_unsupported(const DotKey& k) {
             return l == DotLayout::RowMajor || l == DotLayout::Transposed ||
                    l == DotLayout::TransposedVpuTiles || l == DotLayout::VpuTiles;
         };
-        if (!fp32(k.a) || !(fp32(k.w) || k.w == DotLayout::TransposedTiles) ||
+        if (!(fp32(k.a) || k.a == DotLayout::TransposedTiles) ||
+            !(fp32(k.w) || k.w == DotLayout::TransposedTiles) ||
             k.c == DotLayout::Gemm)
             return fmt::format(
                 "with the LHS stationary the kernel reads A and W fp32 (row-major, "
-                "transposed or in 8 x 128 tiles; W also transposed in MXU tiles) and writes C "
+                "transposed or in 8 x 128 tiles; also transposed in MXU tiles) and writes C "
                 "row-major or in 8 x 128 tiles; A is {}, W {}, C {}",
                 dot_layout_name(k.a), dot_layout_name(k.w), dot_layout_name(k.c));
         if (k.c == DotLayout::TransposedVpuTiles && (k.M % 128 || k.full_sides))
