@@ -600,6 +600,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     shape.w = *lw;
     shape.c = *lcv;
     shape.stationary = f.dots[0].stationary;
+    shape.overlap_epilogue = !p.steps.empty();
     if (batch) {
         shape.a_band_tiles = batch->a.band_tiles;
         shape.a_lane = batch->a.lane;

@@ -38,7 +38,8 @@ std::string_view dot_layout_name(DotLayout l) {
 
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
-                       k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row);
+                       k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
+                       k.overlap_epilogue);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -953,7 +954,8 @@ private:
         // all at once it would leave the MXUs idle once the one step issued before it is done
         // (a GELU on two 128-column panels outlasts a step). With a step per panel to spare,
         // each panel's epilogue goes after a step of its own.
-        const bool split = !w_direct && m_k.mxus > 1 && flush_step + m_k.mxus <= m_KT;
+        const bool split =
+            m_k.overlap_epilogue && !w_direct && m_k.mxus > 1 && flush_step + m_k.mxus <= m_KT;
         for (uint32_t j = 0; j < m_KT; ++j) {
             const int slot = int(j % 2);
             const uint32_t k = kk(j);
