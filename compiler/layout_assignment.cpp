@@ -224,10 +224,10 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
                 return dot_operand_layout(s, {}, contracting, true, true, cfg);
             if (stationary && !leaf_param && (s.rank() == 2 || !d.lhs_batch.empty()))
                 return std::nullopt;
-            // A parameter the dot streams lies in the MXU's tiles too, contracting dim minor:
-            // each streamed panel of a block is then whole contiguous tiles (an 8 x 128 tile
-            // column is 4 KiB runs KT tiles apart, which the banked HBM serves at a fraction
-            // of its peak: issue #29, BERT's fc_1 and fc_2 stream their weights).
+            // A parameter the dot streams lies in the MXU's tiles too: each streamed panel of
+            // a block is then whole contiguous tiles (an 8 x 128 tile column is 4 KiB runs KT
+            // tiles apart, which the banked HBM serves at a fraction of its peak: issue #29,
+            // BERT's fc_1 and fc_2 stream their weights).
             // (Whole tiles along K: a padded K stays in 8 x 128 tiles, read lane by lane.)
             const bool tiles =
                 leaf_param &&
@@ -235,9 +235,12 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
                  (s.rank() == 2 && contracting.size() == 1 && cfg.core.mxu_rows == cfg.core.mxu_cols &&
                   s.dims[size_t(contracting[0])] % int64_t(cfg.core.mxu_rows) == 0 &&
                   streamed_weight_tiles(step, v)));
+            // Either way a parameter lies as the stationary side holds it (contracting dims
+            // major): streamed, a panel of a block is the block's tiles of one tile row, one
+            // contiguous run, each tile transposed in VMEM.
             return dot_operand_layout(s, side == 0 ? d.lhs_batch : d.rhs_batch,
-                                      side == 0 ? d.lhs_contracting : d.rhs_contracting, stationary,
-                                      tiles, cfg);
+                                      side == 0 ? d.lhs_contracting : d.rhs_contracting,
+                                      stationary || tiles, tiles, cfg);
         }
         return std::nullopt;
     }

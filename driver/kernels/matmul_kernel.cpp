@@ -106,6 +106,8 @@ Problem problem(const DotKey& k) {
                 return DotLayout::VpuTiles;
             case DotLayout::TransposedTiles:  // W^T streamed or A^T held, in the MXU's tiles
                 return DotLayout::Tiles;
+            case DotLayout::Tiles:  // a weight in its held layout, streamed: W^T's tiles
+                return DotLayout::TransposedTiles;
             default:
                 return DotLayout::RowMajor;
         }
@@ -147,7 +149,8 @@ Map vmem_map(const DotKey& k) {
     take(&Map::abf, "a_bf16", P * KT * m.apanel);
     if (staged(p.a)) {
         take(&Map::astage, "a_stage", 2 * a32);
-        if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles)
+        if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles ||
+            p.a == DotLayout::TransposedTiles)
             take(&Map::att, "a_trans", a32);
         if (P > 1) take(&Map::af, "a_f", a32);
         if (P > 1) take(&Map::ar1, "a_r1", a32);
@@ -477,6 +480,20 @@ private:
                 E(Opcode::Shr, {m_t15, m_t15, imm(std::countr_zero(R))});
                 E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * tile), m_t15,
                        imm(int64_t(tile)), imm(int64_t(tile)), imm(int64_t(m_KT * tile)), t.flag});
+                ++count;
+            } else if (m_p.a == DotLayout::TransposedTiles) {
+                // Stored transposed in the MXU's R x R tiles (a weight in the layout the RHS
+                // stationary holds it in): panel j of the block is the block's tiles of tile
+                // row j, side by side, one contiguous run; each is transposed in VMEM.
+                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t tile = uint64_t(R) * R * 4;
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(R) * 4)});  // row / R tiles
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                E(Opcode::Add, {m_t15, m_rows, imm(R - 1)});
+                E(Opcode::Shr, {m_t15, m_t15, imm(std::countr_zero(R))});
+                E(op, {imm(int64_t(at)),
+                       m_t14 + int64_t(uint64_t(j) * ceil_div(m_p.M, R) * tile), m_t15,
+                       imm(int64_t(tile)), imm(int64_t(tile)), imm(int64_t(tile)), t.flag});
                 ++count;
             } else if (m_p.a == DotLayout::RowMajor) {
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
@@ -986,6 +1003,14 @@ private:
                     vpu(Opcode::VTrans,
                         {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), imm(128)});
                     x = m_a.att + uint64_t(m_p.a_lane) * k * 4;
+                } else if (m_p.a == DotLayout::TransposedTiles) {
+                    // Each R x R tile (k rows of K, R rows of the block) to R rows of k values:
+                    // the block's whole tiles (a short last block's past its rows: padding).
+                    const uint64_t tile = uint64_t(R) * R * 4;
+                    for (uint32_t t = 0; t < ceil_div(m_k.block_rows, R); ++t)
+                        vpu(Opcode::VTrans, {imm(int64_t(m_a.att + t * tile)),
+                                             imm(int64_t(src + t * tile)), imm(R), imm(R)});
+                    x = m_a.att;
                 }
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
@@ -1130,11 +1155,11 @@ std::string layout_unsupported(const DotKey& k) {
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
     const bool lhs = k.stationary == Stationary::Lhs;
     // A in MXU tiles is streamed (contracting dim minor) or, stored transposed, held.
-    if ((k.a == DotLayout::TransposedTiles && !lhs) || (k.a == DotLayout::Tiles && lhs))
-        return "A in MXU tiles is streamed by the RHS stationary or, stored transposed, held by "
-               "the LHS stationary";
+    if (k.a == DotLayout::Tiles && lhs)
+        return "A in MXU tiles (not transposed) is streamed by the RHS stationary";
     if ((k.a == DotLayout::Tiles || k.a == DotLayout::TransposedTiles ||
-         k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles) &&
+         k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles ||
+         (lhs && k.w == DotLayout::Tiles)) &&
         (k.R != k.C || !std::has_single_bit(k.R)))
         return fmt::format(
             "A in MXU tiles, W or C transposed in them need a square MXU of a power of two "
@@ -1142,7 +1167,8 @@ std::string layout_unsupported(const DotKey& k) {
             k.R, k.C);
     // A streamed operand in MXU tiles (A, or with the LHS stationary W stored transposed) is
     // read a whole tile per R rows: K a whole number of tiles.
-    if ((k.a == DotLayout::Tiles || (lhs && k.w == DotLayout::TransposedTiles)) && k.K % k.R)
+    const Problem pk = problem(k);
+    if ((pk.a == DotLayout::Tiles || pk.a == DotLayout::TransposedTiles) && k.K % k.R)
         return fmt::format("a streamed operand in MXU tiles needs K a multiple of {} (K = {})",
                            k.R, k.K);
     if (k.c == DotLayout::TransposedTiles && (k.store_bf16 || k.full_sides))
@@ -1194,7 +1220,7 @@ std::string layout_unsupported(const DotKey& k) {
                    l == DotLayout::TransposedVpuTiles || l == DotLayout::VpuTiles;
         };
         if (!(fp32(k.a) || k.a == DotLayout::TransposedTiles) ||
-            !(fp32(k.w) || k.w == DotLayout::TransposedTiles) ||
+            !(fp32(k.w) || k.w == DotLayout::TransposedTiles || k.w == DotLayout::Tiles) ||
             k.c == DotLayout::Gemm)
             return fmt::format(
                 "with the LHS stationary the kernel reads A and W fp32 (row-major, "
@@ -1219,7 +1245,8 @@ std::string blocks_unsupported(const DotKey& k) {
             "C transposed in MXU tiles needs blocks of a multiple of {} rows, not {}", k.C,
             k.block_rows);
     // A streamed operand in MXU tiles is read whole tiles of R rows per block.
-    if (problem(k).a == DotLayout::Tiles && k.block_rows % k.R)
+    if ((problem(k).a == DotLayout::Tiles || problem(k).a == DotLayout::TransposedTiles) &&
+        k.block_rows % k.R)
         return fmt::format(
             "a streamed operand in MXU tiles needs blocks of a multiple of {} rows, not {}", k.R,
             k.block_rows);
@@ -1282,7 +1309,8 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     // Blocks of whole tiles where C's tiles or a streamed operand's need them
     // (blocks_unsupported): one tile column of a streamed operand in transposed tiles.
     const bool column_blocks = problem(k).a == DotLayout::TransposedVpuTiles;
-    const uint32_t unit = k.c == DotLayout::TransposedTiles || problem(k).a == DotLayout::Tiles
+    const uint32_t unit = k.c == DotLayout::TransposedTiles || problem(k).a == DotLayout::Tiles ||
+                                  problem(k).a == DotLayout::TransposedTiles
                               ? k.C
                           : k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles ? 128
                                                                                           : 8;

@@ -31,9 +31,9 @@ using test::Record;
 
 TEST(CompilerDotPerfDevice, AStreamedWeightLiesInMxuTilesBitExact) {
     // relu(x W^T + b) + r, x 256 x 256, W 1024 x 256: the planner streams W's 1024 rows
-    // (C^T = W x^T). W lies in the MXU's tiles with K minor ({1,0:T(128,128)}): the kernel's
-    // streamed panel of a block is one contiguous 64 KiB tile per 128 rows
-    // (DotLayout::TransposedTiles, read as the transposed problem's A in tiles).
+    // (C^T = W x^T). W lies in the MXU's tiles as a held weight does, K major
+    // ({0,1:T(128,128)}, DotLayout::Tiles): the transposed problem's streamed panel of a block
+    // is the block's tiles of one tile row, one contiguous run, each tile transposed in VMEM.
     const Shape xs{DType::F32, {256, 256}}, ws{DType::F32, {1024, 256}}, bs{DType::F32, {1024}},
         rs{DType::F32, {256, 1024}};
     const Record record = [](Graph& g, const std::vector<ValueId>& v) {
@@ -51,15 +51,15 @@ TEST(CompilerDotPerfDevice, AStreamedWeightLiesInMxuTilesBitExact) {
     const CompiledStep s = compile(g);
     ASSERT_EQ(s.fusions.size(), 1u) << s.to_string();
     EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
-    EXPECT_EQ(s.parameters[0].layout.to_string(), "{1,0:T(128,128)}");
+    EXPECT_EQ(s.parameters[0].layout.to_string(), "{0,1:T(128,128)}");
 }
 
 TEST(CompilerDotPerfDevice, ADotOutputThatADotHoldsLiesInMxuTilesBitExact) {
     // fc2(relu(fc1(x))) with 256 x 256 x 1024 and 256 x 1024 x 512, both with the LHS
     // stationary: fc1 writes h transposed in the MXU's tiles ({0,1:T(128,128)}: the kernel's
     // C^T in MXU tiles, stored a contiguous 64 KiB tile at a time) and fc2 holds h as it lies
-    // (each held tile one run: DotLayout::TransposedTiles for a held A). Both weights stream in
-    // their MXU tiles.
+    // (each held tile one run: DotLayout::TransposedTiles for a held A). Both weights stream
+    // from their MXU tiles.
     const Shape xs{DType::F32, {256, 256}}, w1s{DType::F32, {1024, 256}},
         w2s{DType::F32, {512, 1024}}, b1s{DType::F32, {1024}}, b2s{DType::F32, {512}};
     const Record record = [](Graph& g, const std::vector<ValueId>& v) {
@@ -80,8 +80,8 @@ TEST(CompilerDotPerfDevice, ADotOutputThatADotHoldsLiesInMxuTilesBitExact) {
     EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
     EXPECT_EQ(s.fusions[1].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
     EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{0,1:T(128,128)}");
-    EXPECT_EQ(s.parameters[0].layout.to_string(), "{1,0:T(128,128)}");
-    EXPECT_EQ(s.parameters[2].layout.to_string(), "{1,0:T(128,128)}");
+    EXPECT_EQ(s.parameters[0].layout.to_string(), "{0,1:T(128,128)}");
+    EXPECT_EQ(s.parameters[2].layout.to_string(), "{0,1:T(128,128)}");
 }
 
 TEST(CompilerDotPerfDevice, APaddedContractingDimKeepsTheEightByOneTwentyEightTiles) {
@@ -158,8 +158,8 @@ uint64_t library_gemm_cycles(uint32_t M, uint32_t K, uint32_t N) {
 TEST(CompilerDotPerf, TheBertFfnDotsRunWithinTwentyPercentOfTheLibraryGemm) {
     // BERT-base's ffn (hidden 768, seq 512): fc_1 512 x 768 x 3072 with bias and GELU, fc_2
     // 512 x 3072 x 768 with bias and the residual, as `tpusim model bert-block` compiles them.
-    // Both stream their weight (C^T = W^T x^T, the longer side), read as whole 64 KiB MXU
-    // tiles, fp32 converted to bf16 in VMEM; fc_1 writes h transposed in MXU tiles and fc_2
+    // Both stream their weight (C^T = W^T x^T, the longer side) from its MXU tiles (a block's
+    // panel one contiguous run), fp32 converted to bf16 in VMEM; fc_1 writes h transposed in MXU tiles and fc_2
     // holds it as it lies; each panel's epilogue runs beside a step of the next group. The
     // library GEMM (58 572 and 58 262 cycles) reads bf16 tile-major operands the host packed.
     // Lower bounds: the MXUs' MACs, 512 x 768 x 3072 / (2 x 128 x 128) = 36 864 cycles; the
