@@ -111,8 +111,8 @@ bool streamed_weight_tiles(const CompiledStep& step, ValueId v) {
     const Graph& g = step.graph;
     for (const Fusion& f : step.fusions)
         for (const FusionValue& fv : f.operands)
-            if (fv.value == v &&
-                (f.kind != FusionKind::Output || f.hero == kNoOp || g.op(f.hero).kind != OpKind::Dot))
+            if (fv.value == v && (f.kind != FusionKind::Output || f.hero == kNoOp ||
+                                  g.op(f.hero).kind != OpKind::Dot))
                 return false;
     const auto params = g.leaves(OpKind::Parameter);
     for (const Output& o : g.outputs())
@@ -129,8 +129,8 @@ bool held_in_mxu_tiles(const CompiledStep& step, ValueId v, const hw::BoardConfi
     const Graph& g = step.graph;
     const Shape& s = g.shape(v);
     const int64_t R = int64_t(cfg.core.mxu_rows);
-    if (s.rank() != 2 || cfg.core.mxu_rows != cfg.core.mxu_cols || s.dims[0] % R ||
-        s.dims[1] % R || s.dtype != DType::F32)
+    if (s.rank() != 2 || cfg.core.mxu_rows != cfg.core.mxu_cols || s.dims[0] % R || s.dims[1] % R ||
+        s.dtype != DType::F32)
         return false;
     const auto is_dot_fusion = [&](const Fusion& f) {
         return f.kind == FusionKind::Output && f.hero != kNoOp &&
@@ -231,10 +231,10 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             // (Whole tiles along K: a padded K stays in 8 x 128 tiles, read lane by lane.)
             const bool tiles =
                 leaf_param &&
-                (stationary ||
-                 (s.rank() == 2 && contracting.size() == 1 && cfg.core.mxu_rows == cfg.core.mxu_cols &&
-                  s.dims[size_t(contracting[0])] % int64_t(cfg.core.mxu_rows) == 0 &&
-                  streamed_weight_tiles(step, v)));
+                (stationary || (s.rank() == 2 && contracting.size() == 1 &&
+                                cfg.core.mxu_rows == cfg.core.mxu_cols &&
+                                s.dims[size_t(contracting[0])] % int64_t(cfg.core.mxu_rows) == 0 &&
+                                streamed_weight_tiles(step, v)));
             // Either way a parameter lies as the stationary side holds it (contracting dims
             // major): streamed, a panel of a block is the block's tiles of one tile row, one
             // contiguous run, each tile transposed in VMEM.

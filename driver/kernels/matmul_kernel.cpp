@@ -491,9 +491,8 @@ private:
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 E(Opcode::Add, {m_t15, m_rows, imm(R - 1)});
                 E(Opcode::Shr, {m_t15, m_t15, imm(std::countr_zero(R))});
-                E(op, {imm(int64_t(at)),
-                       m_t14 + int64_t(uint64_t(j) * ceil_div(m_p.M, R) * tile), m_t15,
-                       imm(int64_t(tile)), imm(int64_t(tile)), imm(int64_t(tile)), t.flag});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * ceil_div(m_p.M, R) * tile),
+                       m_t15, imm(int64_t(tile)), imm(int64_t(tile)), imm(int64_t(tile)), t.flag});
                 ++count;
             } else if (m_p.a == DotLayout::RowMajor) {
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
@@ -1036,8 +1035,7 @@ private:
                 }
             // The previous group's results leave after this step's transfers are queued, so
             // the in-order DMA engine does not hold the next tiles behind them.
-            if (!w_direct && !split && j == flush_step)
-                flush(fmt::format("{}{}", tag, j), j, nm);
+            if (!w_direct && !split && j == flush_step) flush(fmt::format("{}{}", tag, j), j, nm);
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
             for (uint32_t m = 0; m < nm; ++m) {
                 for (size_t i = 0; i < m_passes.size(); ++i) {
@@ -1169,8 +1167,8 @@ std::string layout_unsupported(const DotKey& k) {
     // read a whole tile per R rows: K a whole number of tiles.
     const Problem pk = problem(k);
     if ((pk.a == DotLayout::Tiles || pk.a == DotLayout::TransposedTiles) && k.K % k.R)
-        return fmt::format("a streamed operand in MXU tiles needs K a multiple of {} (K = {})",
-                           k.R, k.K);
+        return fmt::format("a streamed operand in MXU tiles needs K a multiple of {} (K = {})", k.R,
+                           k.K);
     if (k.c == DotLayout::TransposedTiles && (k.store_bf16 || k.full_sides))
         return "C transposed in MXU tiles needs an fp32 store and no Full sides";
     if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles &&

@@ -96,8 +96,7 @@ TEST(CompilerDotPerfDevice, APaddedContractingDimKeepsTheEightByOneTwentyEightTi
                       {"b", bs, {randoms(1024, 97)}, true}},
                      record);
     Graph g;
-    g.add_output(
-        record(g, {g.input(xs, "x"), g.parameter(ws, "w"), g.parameter(bs, "b")}), "y");
+    g.add_output(record(g, {g.input(xs, "x"), g.parameter(ws, "w"), g.parameter(bs, "b")}), "y");
     const CompiledStep s = compile(g);
     ASSERT_EQ(s.fusions.size(), 1u) << s.to_string();
     EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
@@ -159,10 +158,10 @@ TEST(CompilerDotPerf, TheBertFfnDotsRunWithinTwentyPercentOfTheLibraryGemm) {
     // BERT-base's ffn (hidden 768, seq 512): fc_1 512 x 768 x 3072 with bias and GELU, fc_2
     // 512 x 3072 x 768 with bias and the residual, as `tpusim model bert-block` compiles them.
     // Both stream their weight (C^T = W^T x^T, the longer side) from its MXU tiles (a block's
-    // panel one contiguous run), fp32 converted to bf16 in VMEM; fc_1 writes h transposed in MXU tiles and fc_2
-    // holds it as it lies; each panel's epilogue runs beside a step of the next group. The
-    // library GEMM (58 572 and 58 262 cycles) reads bf16 tile-major operands the host packed.
-    // Lower bounds: the MXUs' MACs, 512 x 768 x 3072 / (2 x 128 x 128) = 36 864 cycles; the
+    // panel one contiguous run), fp32 converted to bf16 in VMEM; fc_1 writes h transposed in MXU
+    // tiles and fc_2 holds it as it lies; each panel's epilogue runs beside a step of the next
+    // group. The library GEMM (58 572 and 58 262 cycles) reads bf16 tile-major operands the host
+    // packed. Lower bounds: the MXUs' MACs, 512 x 768 x 3072 / (2 x 128 x 128) = 36 864 cycles; the
     // fp32 weight once at HBM peak, 9 437 184 B / 479.5 B per cycle = 19 682. What is left
     // above the library: each block's first group reads the fp32 weight panel (512 KiB for
     // fc_1's blocks of 1024 streamed rows) and two held tiles per 1 278-cycle step, more than
