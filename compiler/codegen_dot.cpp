@@ -49,12 +49,16 @@ std::optional<driver::DotLayout> dot_layout_of(const FusionValue& fv, int64_t ro
         // streamed) and may write (C^T, as a next dot holding it stationary reads it).
         if (l.tile == std::vector<int64_t>{8, 128}) return driver::DotLayout::TransposedVpuTiles;
         // A weight [out, in] as the forward holds it ({0,1:T(128,128)}), read by dX = dY W or
-        // written by dW = dY^T X in its parameter's layout.
-        if ((is_w || is_c) && l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
+        // written by dW = dY^T X in its parameter's layout; or a [N, K] weight that the LHS
+        // stationary streams ({1,0:T(128,128)}).
+        // Or an activation that a dot holds, written so by the dot before it
+        // ({0,1:T(128,128)}: each held tile one contiguous run).
+        if (l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
             return driver::DotLayout::TransposedTiles;
         return std::nullopt;
     }
-    if (is_w && l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
+    // W held in the MXU's tiles, or A streamed in them (a streamed parameter's layout).
+    if (!is_c && l.tile == std::vector<int64_t>{b.core.mxu_rows, b.core.mxu_cols})
         return driver::DotLayout::Tiles;
     if (l.tile == std::vector<int64_t>{8, 128}) return driver::DotLayout::VpuTiles;
     return std::nullopt;
@@ -596,6 +600,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     shape.w = *lw;
     shape.c = *lcv;
     shape.stationary = f.dots[0].stationary;
+    shape.overlap_epilogue = !p.steps.empty();
     if (batch) {
         shape.a_band_tiles = batch->a.band_tiles;
         shape.a_lane = batch->a.lane;

@@ -103,6 +103,56 @@ std::optional<Layout> conv_pool_preference(const Graph& g, const Fusion& f, Valu
     return std::nullopt;
 }
 
+/// Whether parameter `v` may lie in the MXU's weight tiles when a dot streams it: every fusion
+/// that reads it is a dot's output fusion (the dot kernel reads a streamed operand in them,
+/// contracting dim minor), and no output updates it in place (its gradient would have to be
+/// written in them too, which the kernel does not do for the RHS orientation).
+bool streamed_weight_tiles(const CompiledStep& step, ValueId v) {
+    const Graph& g = step.graph;
+    for (const Fusion& f : step.fusions)
+        for (const FusionValue& fv : f.operands)
+            if (fv.value == v && (f.kind != FusionKind::Output || f.hero == kNoOp ||
+                                  g.op(f.hero).kind != OpKind::Dot))
+                return false;
+    const auto params = g.leaves(OpKind::Parameter);
+    for (const Output& o : g.outputs())
+        if (o.updates_parameter >= 0 && params[size_t(o.updates_parameter)] == v) return false;
+    return true;
+}
+
+/// Whether computed matrix `v`, which a 2-D dot holds stationary, may lie in the MXU's tiles
+/// transposed ({0,1:T(R,R)} of [M, K]: each held R x R tile one contiguous run instead of 16
+/// runs of 4 KiB a tile column apart): a 2-D dot's output fusion writes it (C^T in the MXU's
+/// tiles, DotLayout::TransposedTiles: no residual of its shape, which the kernel does not read
+/// in them), every fusion that reads it is a dot's output fusion, and its dims are whole tiles.
+bool held_in_mxu_tiles(const CompiledStep& step, ValueId v, const hw::BoardConfig& cfg) {
+    const Graph& g = step.graph;
+    const Shape& s = g.shape(v);
+    const int64_t R = int64_t(cfg.core.mxu_rows);
+    if (s.rank() != 2 || cfg.core.mxu_rows != cfg.core.mxu_cols || s.dims[0] % R || s.dims[1] % R ||
+        s.dtype != DType::F32)
+        return false;
+    const auto is_dot_fusion = [&](const Fusion& f) {
+        return f.kind == FusionKind::Output && f.hero != kNoOp &&
+               g.op(f.hero).kind == OpKind::Dot && g.op(f.hero).attrs.dot.lhs_batch.empty();
+    };
+    bool written = false;
+    for (const Fusion& f : step.fusions) {
+        for (const FusionValue& r : f.results) {
+            if (r.value != v) continue;
+            if (!is_dot_fusion(f) || f.results.size() != 1) return false;
+            for (const FusionValue& fv : f.operands)
+                if (g.shape(fv.value).dims == s.dims) return false;
+            written = true;
+        }
+        for (const FusionValue& fv : f.operands)
+            if (fv.value == v && !is_dot_fusion(f)) return false;
+    }
+    for (const Output& o : g.outputs())
+        if (o.value == v) return false;
+    return written;
+}
+
 /// The layout fusion `f` would like operand `v` in, if it has a preference.
 std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, ValueId v,
                                  const hw::BoardConfig& cfg) {
@@ -167,11 +217,30 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             // fusion or another dot, writes the default row-major tiles.
             // So is a batched dot's held matrix (attention's probabilities, written by the
             // softmax in the default tiles, each batch's matrix transposed as it is held).
+            // Unless a dot writes it for a dot that holds it: then both read and write the
+            // MXU's tiles (BERT's ffn: fc_1's output held by fc_2).
+            if (stationary && !leaf_param && d.lhs_batch.empty() && contracting.size() == 1 &&
+                held_in_mxu_tiles(step, v, cfg))
+                return dot_operand_layout(s, {}, contracting, true, true, cfg);
             if (stationary && !leaf_param && (s.rank() == 2 || !d.lhs_batch.empty()))
                 return std::nullopt;
+            // A parameter the dot streams lies in the MXU's tiles too: each streamed panel of
+            // a block is then whole contiguous tiles (an 8 x 128 tile column is 4 KiB runs KT
+            // tiles apart, which the banked HBM serves at a fraction of its peak: issue #29,
+            // BERT's fc_1 and fc_2 stream their weights).
+            // (Whole tiles along K: a padded K stays in 8 x 128 tiles, read lane by lane.)
+            const bool tiles =
+                leaf_param &&
+                (stationary || (s.rank() == 2 && contracting.size() == 1 &&
+                                cfg.core.mxu_rows == cfg.core.mxu_cols &&
+                                s.dims[size_t(contracting[0])] % int64_t(cfg.core.mxu_rows) == 0 &&
+                                streamed_weight_tiles(step, v)));
+            // Either way a parameter lies as the stationary side holds it (contracting dims
+            // major): streamed, a panel of a block is the block's tiles of one tile row, one
+            // contiguous run, each tile transposed in VMEM.
             return dot_operand_layout(s, side == 0 ? d.lhs_batch : d.rhs_batch,
-                                      side == 0 ? d.lhs_contracting : d.rhs_contracting, stationary,
-                                      stationary && leaf_param, cfg);
+                                      side == 0 ? d.lhs_contracting : d.rhs_contracting,
+                                      stationary || tiles, tiles, cfg);
         }
         return std::nullopt;
     }

@@ -2,6 +2,7 @@
 #include "driver/kernels/matmul_kernel.h"
 
 #include <algorithm>
+#include <bit>
 #include <utility>
 #include <vector>
 
@@ -37,7 +38,8 @@ std::string_view dot_layout_name(DotLayout l) {
 
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
-                       k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row);
+                       k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
+                       k.overlap_epilogue);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -102,6 +104,10 @@ Problem problem(const DotKey& k) {
                 return DotLayout::TransposedVpuTiles;
             case DotLayout::TransposedVpuTiles:
                 return DotLayout::VpuTiles;
+            case DotLayout::TransposedTiles:  // W^T streamed or A^T held, in the MXU's tiles
+                return DotLayout::Tiles;
+            case DotLayout::Tiles:  // a weight in its held layout, streamed: W^T's tiles
+                return DotLayout::TransposedTiles;
             default:
                 return DotLayout::RowMajor;
         }
@@ -143,7 +149,8 @@ Map vmem_map(const DotKey& k) {
     take(&Map::abf, "a_bf16", P * KT * m.apanel);
     if (staged(p.a)) {
         take(&Map::astage, "a_stage", 2 * a32);
-        if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles)
+        if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles ||
+            p.a == DotLayout::TransposedTiles)
             take(&Map::att, "a_trans", a32);
         if (P > 1) take(&Map::af, "a_f", a32);
         if (P > 1) take(&Map::ar1, "a_r1", a32);
@@ -458,6 +465,35 @@ private:
                            t.flag});
                     ++count;
                 }
+            } else if (m_p.a == DotLayout::Tiles) {
+                // The streamed operand in the MXU's R x R tiles (a streamed weight lies in
+                // them, issue #29): panel j of the block is one R x R tile per R rows, KT
+                // tiles apart, each one contiguous run that lands as R rows of the panel.
+                // Whole contiguous tiles keep the banked HBM near its streaming rate, where
+                // an 8 x 128 tile column is runs of 4 KiB that open a row each.
+                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t tile = uint64_t(R) * R * 4;
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(uint64_t(m_KT) * R * 4))});
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                // A short last block's last tile brings its padding rows along.
+                E(Opcode::Add, {m_t15, m_rows, imm(R - 1)});
+                E(Opcode::Shr, {m_t15, m_t15, imm(std::countr_zero(R))});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * tile), m_t15,
+                       imm(int64_t(tile)), imm(int64_t(tile)), imm(int64_t(m_KT * tile)), t.flag});
+                ++count;
+            } else if (m_p.a == DotLayout::TransposedTiles) {
+                // Stored transposed in the MXU's R x R tiles (a weight in the layout the RHS
+                // stationary holds it in): panel j of the block is the block's tiles of tile
+                // row j, side by side, one contiguous run; each is transposed in VMEM.
+                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t tile = uint64_t(R) * R * 4;
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(R) * 4)});  // row / R tiles
+                E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                E(Opcode::Add, {m_t15, m_rows, imm(R - 1)});
+                E(Opcode::Shr, {m_t15, m_t15, imm(std::countr_zero(R))});
+                E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * ceil_div(m_p.M, R) * tile),
+                       m_t15, imm(int64_t(tile)), imm(int64_t(tile)), imm(int64_t(tile)), t.flag});
+                ++count;
             } else if (m_p.a == DotLayout::RowMajor) {
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(K * 4))});
@@ -559,27 +595,33 @@ private:
     }
 
     /// The group whose C waits for its store, if any: once its matmuls are done (`steps` =
-    /// steps of the current group already issued to MXU m < `nm`), its epilogue and its stores.
-    void flush(const std::string& tag, uint32_t steps, uint32_t nm) {
+    /// steps of the current group already issued to MXU m < `nm`), its epilogue and its stores:
+    /// of its panels [m0, m1) (piece by piece, each one step later: the first waits for the
+    /// MXUs, the last one clears the pending group).
+    void flush(const std::string& tag, uint32_t steps, uint32_t nm, uint32_t m0 = 0,
+               uint32_t m1 = ~0u) {
+        const bool first_piece = m0 == 0, last_piece = m1 >= m_k.mxus;
         const isa::Label done = m_b.label("fd_" + tag), fe = m_b.label("fe_" + tag);
         E(Opcode::Beq, {m_pending, imm(0), done});
-        for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, m < nm ? steps : 0);
+        if (first_piece)
+            for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, m < nm ? steps : 0);
         if (m_G > 1) {
             const isa::Label fl = m_b.label("fl_" + tag);
             E(Opcode::Beq, {m_pending, imm(2), fl});
-            stores(false);
+            stores(false, m0, m1);
             E(Opcode::Jmp, {fe});
             m_b.bind(fl);
         }
-        stores(true);
+        stores(true, m0, m1);
         m_b.bind(fe);
-        E(Opcode::Li, {m_pending, imm(0)});
+        if (last_piece) E(Opcode::Li, {m_pending, imm(0)});
         m_b.bind(done);
     }
 
-    /// The pending group's epilogue and stores (`last`: the last group's panels).
-    void stores(bool last) {
-        const uint32_t np = panels(last), T = m_k.block_rows, C = m_k.C;
+    /// The pending group's epilogue and stores (`last`: the last group's panels) of its panels
+    /// [m0, m1).
+    void stores(bool last, uint32_t m0 = 0, uint32_t m1 = ~0u) {
+        const uint32_t np = std::min(panels(last), m1), T = m_k.block_rows, C = m_k.C;
         // C's bytes a value, row length.
         const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.c_row ? m_k.c_row : m_k.N;
         const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
@@ -632,7 +674,7 @@ private:
                 if (e == 2) E(Opcode::Add, {at, at, at});
                 E(Opcode::Add, {at, at, s.place.value});
                 const Opcode op = load_op(s.place);
-                for (uint32_t m = 0; m < np; ++m) {
+                for (uint32_t m = m0; m < np; ++m) {
                     const uint32_t n = nn(last, m);
                     const isa::Arg dst = imm(int64_t(full_tile(f, m)));
                     const isa::Arg src = at + int64_t(panel_off(m) * 4);
@@ -667,13 +709,15 @@ private:
         if (lhs) tile_rows = m_b.reg("tile_rows");
         // The transposed tiles have one area: the previous group's stores from it must be
         // done (the last group's flush follows the one inside it with no group between).
-        if (lhs || mxu_tiles_out) E(Opcode::Wait, {m_stores.flag, m_stores.count});
+        // A later piece of a split flush uses its own panels' area, whose last stores (the
+        // previous group's) were done when this group began.
+        if ((lhs || mxu_tiles_out) && m0 == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_k.store_bf16 && !lhs) count = m_b.reg("tile_values");
         auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
             vpu(op, args);
             ++vpu_ops;
         };
-        for (uint32_t m = 0; m < np; ++m) {
+        for (uint32_t m = m0; m < np; ++m) {
             const uint32_t n = nn(last, m);
             const isa::Arg result = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
             isa::Arg tile = result;
@@ -718,6 +762,9 @@ private:
             }
         }
         if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+        // The epilogue's registers go back: the stores of C's tiles loop over bands and tiles.
+        if (m_k.column_sides) columns.release();
+        if (lhs) tile_rows.release();
         // (3) The stores.
         isa::Reg row_bytes;
         if (lhs && !tiles_out && !ttiles_out && !mxu_tiles_out) {
@@ -725,7 +772,7 @@ private:
             E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
         }
         const Opcode op = store_op(m_C);
-        for (uint32_t m = 0; m < np; ++m) {
+        for (uint32_t m = m0; m < np; ++m) {
             const uint32_t n = nn(last, m);
             isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
             if (lhs && !ttiles_out) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
@@ -765,31 +812,56 @@ private:
     /// With the LHS stationary and C in 8 x 128 tiles: moves the pending columns of an n x T
     /// tile in VMEM at `vm` (n rows of C, T values a row) to (`store`) or from C's tiles at
     /// `hbm` + `off` bytes, one 8-row DMA of 512-byte rows per band and column tile (a column
-    /// tile is contiguous in HBM but strided in VMEM), counted on `t`. Returns the DMAs counted
-    /// (the loop adds them to t.count itself, so 0).
+    /// tile is contiguous in HBM but strided in VMEM), counted on `t`. Stores go band by band,
+    /// the column tiles in order: a band's tiles are one contiguous run of HBM, which its
+    /// pseudo-channels serve in open rows (tile by tile across the bands, each 4 KiB opened
+    /// rows of its own).
+    /// Returns the DMAs counted (the loop adds them to t.count itself, so 0).
     uint32_t lhs_tiles(Opcode op, bool store, const isa::Reg& hbm, uint64_t off, uint64_t vm,
                        uint32_t n, const Tally& t) {
         const uint32_t T = m_k.block_rows;
         const int64_t band = int64_t(ceil_div(m_k.N, 128)) * kBandBytes;  // a band of C's tiles
-        const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
-                       end = m_b.reg("tiles.end");
-        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
-        E(Opcode::Li, {v, imm(int64_t(vm))});
-        E(Opcode::Mul, {end, m_prows, imm(4)});  // prows / 128 column tiles of 512 bytes
-        E(Opcode::Add, {end, end, imm(int64_t(vm))});
-        const isa::Label loop = m_b.label("tiles");
-        m_b.bind(loop);
-        for (uint32_t b = 0; b < ceil_div(n, 8); ++b) {
-            const isa::Arg ha = h + int64_t(b) * band, va = v + int64_t(b) * 8 * T * 4;
-            if (store)
-                E(op, {ha, va, imm(8), imm(512), imm(512), imm(int64_t(T) * 4), t.flag});
-            else
-                E(op, {va, ha, imm(8), imm(512), imm(int64_t(T) * 4), imm(512), t.flag});
+        if (!store) {
+            // Loads tile by tile across the bands: a load's VMEM rows (its bounding box) overlap
+            // the next tile's of the same band, so band by band each would wait for the one
+            // before it (the DMA engine's WAW hazard).
+            const isa::Reg h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+                           end = m_b.reg("tiles.end");
+            E(Opcode::Add, {h, hbm, imm(int64_t(off))});
+            E(Opcode::Li, {v, imm(int64_t(vm))});
+            E(Opcode::Mul, {end, m_prows, imm(4)});  // prows / 128 column tiles of 512 bytes
+            E(Opcode::Add, {end, end, imm(int64_t(vm))});
+            const isa::Label loop = m_b.label("tiles");
+            m_b.bind(loop);
+            for (uint32_t b = 0; b < ceil_div(n, 8); ++b)
+                E(op, {v + int64_t(b) * 8 * T * 4, h + int64_t(b) * band, imm(8), imm(512),
+                       imm(int64_t(T) * 4), imm(512), t.flag});
+            E(Opcode::Add, {t.count, t.count, imm(ceil_div(n, 8))});
+            E(Opcode::Add, {h, h, imm(kBandBytes)});
+            E(Opcode::Add, {v, v, imm(512)});
+            E(Opcode::Bltu, {v, end, loop});
+            return 0;
         }
-        E(Opcode::Add, {t.count, t.count, imm(ceil_div(n, 8))});
+        const isa::Reg hb = m_b.reg("tiles.band_hbm"), vb = m_b.reg("tiles.band_vmem"),
+                       h = m_b.reg("tiles.hbm"), v = m_b.reg("tiles.vmem"),
+                       end = m_b.reg("tiles.end");
+        E(Opcode::Add, {hb, hbm, imm(int64_t(off))});
+        E(Opcode::Li, {vb, imm(int64_t(vm))});
+        const isa::Label bands = m_b.label("tile_bands"), tiles = m_b.label("tiles");
+        m_b.bind(bands);
+        E(Opcode::Add, {h, hb, imm(0)});
+        E(Opcode::Add, {v, vb, imm(0)});
+        E(Opcode::Mul, {end, m_prows, imm(4)});  // prows / 128 column tiles of 512 bytes
+        E(Opcode::Add, {end, end, vb});
+        m_b.bind(tiles);
+        E(op, {h, v, imm(8), imm(512), imm(512), imm(int64_t(T) * 4), t.flag});
+        E(Opcode::Add, {t.count, t.count, imm(1)});
         E(Opcode::Add, {h, h, imm(kBandBytes)});
         E(Opcode::Add, {v, v, imm(512)});
-        E(Opcode::Bltu, {v, end, loop});
+        E(Opcode::Bltu, {v, end, tiles});
+        E(Opcode::Add, {hb, hb, imm(band)});
+        E(Opcode::Add, {vb, vb, imm(int64_t(8) * T * 4)});
+        E(Opcode::Bltu, {vb, imm(int64_t(vm + uint64_t(ceil_div(n, 8)) * 8 * T * 4)), bands});
         return 0;
     }
 
@@ -894,6 +966,12 @@ private:
             for (uint32_t m = 0; m < nm; ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
         loads(0, first, last, 0, kBoth);
         const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
+        // The previous group's epilogue is the VPU's, which also converts each step's operands:
+        // all at once it would leave the MXUs idle once the one step issued before it is done
+        // (a GELU on two 128-column panels outlasts a step). With a step per panel to spare,
+        // each panel's epilogue goes after a step of its own.
+        const bool split =
+            m_k.overlap_epilogue && !w_direct && m_k.mxus > 1 && flush_step + m_k.mxus <= m_KT;
         for (uint32_t j = 0; j < m_KT; ++j) {
             const int slot = int(j % 2);
             const uint32_t k = kk(j);
@@ -924,6 +1002,14 @@ private:
                     vpu(Opcode::VTrans,
                         {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), imm(128)});
                     x = m_a.att + uint64_t(m_p.a_lane) * k * 4;
+                } else if (m_p.a == DotLayout::TransposedTiles) {
+                    // Each R x R tile (k rows of K, R rows of the block) to R rows of k values:
+                    // the block's whole tiles (a short last block's past its rows: padding).
+                    const uint64_t tile = uint64_t(R) * R * 4;
+                    for (uint32_t t = 0; t < ceil_div(m_k.block_rows, R); ++t)
+                        vpu(Opcode::VTrans, {imm(int64_t(m_a.att + t * tile)),
+                                             imm(int64_t(src + t * tile)), imm(R), imm(R)});
+                    x = m_a.att;
                 }
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
@@ -949,7 +1035,7 @@ private:
                 }
             // The previous group's results leave after this step's transfers are queued, so
             // the in-order DMA engine does not hold the next tiles behind them.
-            if (!w_direct && j == flush_step) flush(fmt::format("{}{}", tag, j), j, nm);
+            if (!w_direct && !split && j == flush_step) flush(fmt::format("{}{}", tag, j), j, nm);
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
             for (uint32_t m = 0; m < nm; ++m) {
                 for (size_t i = 0; i < m_passes.size(); ++i) {
@@ -967,6 +1053,10 @@ private:
                 }
                 E(Opcode::Add, {m_mxu[m].count, m_mxu[m].count, imm(1)});
             }
+            // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
+            // MXUs run that step while the VPU works on one panel.
+            if (split && j >= flush_step && j < flush_step + m_k.mxus)
+                flush(fmt::format("{}{}", tag, j), j + 1, nm, j - flush_step, j - flush_step + 1);
             if (w_direct) {
                 // Step j + 1's tiles go into the slot step j - 1 read; step j keeps the MXUs
                 // busy meanwhile. The previous group's results leave after them.
@@ -1061,16 +1151,26 @@ std::string layout_unsupported(const DotKey& k) {
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > 2)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
-    if (k.a == DotLayout::Tiles || k.a == DotLayout::TransposedTiles)
-        return "A cannot lie in tiles (a stationary W's layout)";
-    if (k.w == DotLayout::TransposedTiles && k.stationary != Stationary::Rhs)
-        return "W transposed in MXU tiles needs the RHS stationary";
-    if ((k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles) && k.R != k.C)
-        return fmt::format("W or C transposed in MXU tiles needs a square MXU (R = {}, C = {})",
-                           k.R, k.C);
+    const bool lhs = k.stationary == Stationary::Lhs;
+    // A in MXU tiles is streamed (contracting dim minor) or, stored transposed, held.
+    if (k.a == DotLayout::Tiles && lhs)
+        return "A in MXU tiles (not transposed) is streamed by the RHS stationary";
+    if ((k.a == DotLayout::Tiles || k.a == DotLayout::TransposedTiles ||
+         k.w == DotLayout::TransposedTiles || k.c == DotLayout::TransposedTiles ||
+         (lhs && k.w == DotLayout::Tiles)) &&
+        (k.R != k.C || !std::has_single_bit(k.R)))
+        return fmt::format(
+            "A in MXU tiles, W or C transposed in them need a square MXU of a power of two "
+            "(R = {}, C = {})",
+            k.R, k.C);
+    // A streamed operand in MXU tiles (A, or with the LHS stationary W stored transposed) is
+    // read a whole tile per R rows: K a whole number of tiles.
+    const Problem pk = problem(k);
+    if ((pk.a == DotLayout::Tiles || pk.a == DotLayout::TransposedTiles) && k.K % k.R)
+        return fmt::format("a streamed operand in MXU tiles needs K a multiple of {} (K = {})", k.R,
+                           k.K);
     if (k.c == DotLayout::TransposedTiles && (k.store_bf16 || k.full_sides))
         return "C transposed in MXU tiles needs an fp32 store and no Full sides";
-    const bool lhs = k.stationary == Stationary::Lhs;
     if (k.c != DotLayout::RowMajor && k.c != DotLayout::Gemm && k.c != DotLayout::VpuTiles &&
         k.c != DotLayout::TransposedTiles && !(lhs && k.c == DotLayout::TransposedVpuTiles))
         return fmt::format(
@@ -1117,11 +1217,13 @@ std::string layout_unsupported(const DotKey& k) {
             return l == DotLayout::RowMajor || l == DotLayout::Transposed ||
                    l == DotLayout::TransposedVpuTiles || l == DotLayout::VpuTiles;
         };
-        if (!fp32(k.a) || !fp32(k.w) || k.c == DotLayout::Gemm || k.w == DotLayout::Tiles)
+        if (!(fp32(k.a) || k.a == DotLayout::TransposedTiles) ||
+            !(fp32(k.w) || k.w == DotLayout::TransposedTiles || k.w == DotLayout::Tiles) ||
+            k.c == DotLayout::Gemm)
             return fmt::format(
                 "with the LHS stationary the kernel reads A and W fp32 (row-major, "
-                "transposed or in 8 x 128 tiles) and writes C row-major or in 8 x 128 "
-                "tiles; A is {}, W {}, C {}",
+                "transposed or in 8 x 128 tiles; also transposed in MXU tiles) and writes C "
+                "row-major or in 8 x 128 tiles; A is {}, W {}, C {}",
                 dot_layout_name(k.a), dot_layout_name(k.w), dot_layout_name(k.c));
         if (k.c == DotLayout::TransposedVpuTiles && (k.M % 128 || k.full_sides))
             return fmt::format(
@@ -1139,6 +1241,12 @@ std::string blocks_unsupported(const DotKey& k) {
     if (k.c == DotLayout::TransposedTiles && k.block_rows % k.C)
         return fmt::format(
             "C transposed in MXU tiles needs blocks of a multiple of {} rows, not {}", k.C,
+            k.block_rows);
+    // A streamed operand in MXU tiles is read whole tiles of R rows per block.
+    if ((problem(k).a == DotLayout::Tiles || problem(k).a == DotLayout::TransposedTiles) &&
+        k.block_rows % k.R)
+        return fmt::format(
+            "a streamed operand in MXU tiles needs blocks of a multiple of {} rows, not {}", k.R,
             k.block_rows);
     // A streamed operand stored transposed in tiles is read one tile column per block.
     if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows != 128)
@@ -1199,7 +1307,9 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     // Blocks of whole tiles where C's tiles or a streamed operand's need them
     // (blocks_unsupported): one tile column of a streamed operand in transposed tiles.
     const bool column_blocks = problem(k).a == DotLayout::TransposedVpuTiles;
-    const uint32_t unit = k.c == DotLayout::TransposedTiles                               ? k.C
+    const uint32_t unit = k.c == DotLayout::TransposedTiles || problem(k).a == DotLayout::Tiles ||
+                                  problem(k).a == DotLayout::TransposedTiles
+                              ? k.C
                           : k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles ? 128
                                                                                           : 8;
     for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {

@@ -78,6 +78,11 @@ struct DotKey {
     /// C row-major with rows this many values apart (0: N): one matrix of a batch whose rows
     /// interleave with the others' (attention's heads stored as [seq, heads x d]).
     uint32_t c_row = 0;
+    /// Each result panel's epilogue and stores go after a step of the next group of their own
+    /// (when the group has a step per panel to spare) instead of all before its second step,
+    /// so the MXUs keep running while the VPU works on a long epilogue (the compiler's fused
+    /// GELU); the stand-alone matmul's bias-only epilogue keeps the one flush.
+    bool overlap_epilogue = false;
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);

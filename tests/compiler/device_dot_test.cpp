@@ -187,35 +187,37 @@ TEST(CompilerDotDevice, TheLhsStationaryReadsTiledOperandsAndWritesTiles) {
     // (the kernel transposes each held tile in VMEM), W in its T(8,128) tiles with K minor
     // (W^T row-major: streamed as it is), and C in T(8,128) tiles: the kernel writes each
     // transposed-back result tile as 8-row runs of whole tiles. Residual: a Full side read the
-    // same way.
+    // same way. W is an input here: a streamed parameter lies in the MXU's tiles instead
+    // (CompilerDotPerfDevice.AStreamedWeightLiesInMxuTilesBitExact).
     const Shape xs{DType::F32, {256, 256}}, ws{DType::F32, {1024, 256}}, bs{DType::F32, {1024}},
         rs{DType::F32, {256, 1024}};
     const Record record = [](Graph& g, const std::vector<ValueId>& v) {
         return add(g, relu(g, linear(g, v[0], v[1], v[2])), v[3]);
     };
     const auto st = expect_bit_exact({{"x", xs, {randoms(256 * 256, 71)}},
-                                      {"w", ws, {randoms(1024 * 256, 72)}, true},
+                                      {"w", ws, {randoms(1024 * 256, 72)}},
                                       {"b", bs, {randoms(1024, 73)}, true},
                                       {"r", rs, {randoms(256 * 1024, 74)}}},
                                      record);
     EXPECT_EQ(st.programs_generated, 1u);
     Graph g;
-    std::vector<ValueId> v{g.input(xs, "x"), g.parameter(ws, "w"), g.parameter(bs, "b"),
+    std::vector<ValueId> v{g.input(xs, "x"), g.input(ws, "w"), g.parameter(bs, "b"),
                            g.input(rs, "r")};
     g.add_output(record(g, v), "y");
     const CompiledStep s = compile(g);
     ASSERT_EQ(s.fusions.size(), 1u) << s.to_string();
     EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
     EXPECT_EQ(s.inputs[0].layout.to_string(), "{1,0:T(8,128)}");
-    EXPECT_EQ(s.parameters[0].layout.to_string(), "{1,0:T(8,128)}");
+    EXPECT_EQ(s.inputs[1].layout.to_string(), "{1,0:T(8,128)}");
     EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{1,0:T(8,128)}");
 }
 
 TEST(CompilerDotDevice, AnLhsStationaryDotFeedsTheNextOneHoldingItsResult) {
     // fc2(relu(fc1(x))), both with the LHS stationary (ffn1 -> ffn2 of a BERT block): fc1
-    // writes h in the default T(8,128) tiles and fc2 holds h as it lies (a computed matrix is
-    // read as it lies; the kernel's C^T in tiles, DotLayout::TransposedVpuTiles, stays for a
-    // consumer that asks for it).
+    // writes h transposed in the MXU's tiles ({0,1:T(128,128)}, C^T in MXU tiles) and fc2
+    // holds h as it lies, each held tile one contiguous run (a computed matrix that only dots
+    // read, written by a dot: layout_assignment.cpp's held_in_mxu_tiles; it was the default
+    // T(8,128), whose held tiles are 16 runs of 4 KiB).
     const Shape xs{DType::F32, {256, 256}}, w1s{DType::F32, {1024, 256}},
         w2s{DType::F32, {1024, 1024}}, bs{DType::F32, {1024}};
     const Record record = [](Graph& g, const std::vector<ValueId>& v) {
@@ -235,7 +237,7 @@ TEST(CompilerDotDevice, AnLhsStationaryDotFeedsTheNextOneHoldingItsResult) {
     ASSERT_EQ(s.fusions.size(), 2u) << s.to_string();
     EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
     EXPECT_EQ(s.fusions[1].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
-    EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{1,0:T(8,128)}");
+    EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{0,1:T(128,128)}");
 }
 
 TEST(CompilerDotDevice, TheMergedQkvReadsItsThreeWeightsAsTheyLie) {

@@ -93,8 +93,9 @@ TEST(CompilerFusion, TheStationaryOperandIsThePlannersCheaperOrientation) {
     // Streaming the longer side (8192 columns of W past a's 512 rows) is cheaper.
     EXPECT_LT(p.lhs_cycles, p.rhs_cycles);
     EXPECT_EQ(p.stationary, Stationary::Lhs);
-    // W is then the streamed operand: K minor ([k, n] with k... the contracting dim 0 minor).
-    EXPECT_EQ(s.parameters[0].layout.to_string(), "{0,1:T(8,128)}");
+    // W is then the streamed operand, a parameter: it lies as a held weight does, in the MXU's
+    // tiles with K major (a streamed panel of a block is one contiguous run of whole tiles).
+    EXPECT_EQ(s.parameters[0].layout.to_string(), "{1,0:T(128,128)}");
 }
 
 /// PyTorch/XLA's layer norm of [rows, cols] (through batch norm training).
