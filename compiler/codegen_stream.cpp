@@ -1031,8 +1031,9 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 bb.emit(Opcode::Li, {q, imm(S)});
                 bb.emit(Opcode::Sub, {q, q, sv});  // to the end of the group
                 bb.if_(isa::Cond::Ltu, q, len, [&] { bb.emit(Opcode::Add, {len, q, imm(0)}); });
-                bb.if_(isa::Cond::Ltu, left, len,
-                       [&] { bb.emit(Opcode::Add, {len, left, imm(0)}); });
+                bb.if_(isa::Cond::Ltu, left, len, [&] {
+                    bb.emit(Opcode::Add, {len, left, imm(0)});
+                });
                 if (in)
                     body.vpu(Opcode::VAddS, {sp, a, fimm(-0.0f), len});
                 else

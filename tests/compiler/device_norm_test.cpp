@@ -103,9 +103,9 @@ TEST(CompilerNorm, SoftmaxRecomputesItsExponentialsInTheNormalize) {
     const ValueId x = g.input(Shape{DType::F32, {512, 512}}, "x");
     g.add_output(softmax(g, x, 1), "y");
     const CompiledStep s = compile(g);
-    EXPECT_EQ(fusions_of(s), (std::vector<std::string>{
-                                 "input:reduce", "input:exponential,reduce,subtract",
-                                 "loop:divide,exponential,subtract"}))
+    EXPECT_EQ(fusions_of(s),
+              (std::vector<std::string>{"input:reduce", "input:exponential,reduce,subtract",
+                                        "loop:divide,exponential,subtract"}))
         << s.to_string();
     EXPECT_EQ(s.fusions[1].results.size(), 1u) << "the sum only";
     // x read by three fusions and y written: 4 x 512 x 512 values; the [512] max written
@@ -120,9 +120,9 @@ TEST(CompilerNorm, AttentionSoftmaxOverKeysRecomputesToo) {
     const ValueId x = g.input(Shape{DType::F32, {4, 256, 256}}, "scores");
     g.add_output(softmax(g, x, 1), "p");
     const CompiledStep s = compile(g);
-    EXPECT_EQ(fusions_of(s), (std::vector<std::string>{
-                                 "input:reduce", "input:exponential,reduce,subtract",
-                                 "loop:divide,exponential,subtract"}))
+    EXPECT_EQ(fusions_of(s),
+              (std::vector<std::string>{"input:reduce", "input:exponential,reduce,subtract",
+                                        "loop:divide,exponential,subtract"}))
         << s.to_string();
 }
 
@@ -138,10 +138,10 @@ TEST(CompilerNorm, LayerNormIsTwoPassesOverX) {
     const ValueId b = g.parameter(Shape{DType::F32, {cols}}, "ln.bias");
     g.add_output(layer_norm(g, x, w, b, 1e-5).y, "y");
     const CompiledStep s = compile(g);
-    EXPECT_EQ(fusions_of(s), (std::vector<std::string>{
-                                 "input:multiply,reduce,reshape", "loop:divide",
-                                 "loop:add,divide,multiply,rsqrt,subtract",
-                                 "loop:add,multiply,reshape,subtract"}))
+    EXPECT_EQ(fusions_of(s),
+              (std::vector<std::string>{"input:multiply,reduce,reshape", "loop:divide",
+                                        "loop:add,divide,multiply,rsqrt,subtract",
+                                        "loop:add,multiply,reshape,subtract"}))
         << s.to_string();
     EXPECT_EQ(s.fusions[0].results.size(), 2u) << "Sum[X] and Sum[X^2] in one pass";
 }
