@@ -458,6 +458,72 @@ private:
         }
     }
 
+    /// Bytes of `v` in memory (its elements at its dtype's width).
+    int64_t bytes_of(ValueId v) const {
+        return m_g.shape(v).elements() * int64_t(dtype_bytes(m_g.shape(v).dtype));
+    }
+
+    /// Recomputing loop group `p` in every group that reads it, instead of writing its results
+    /// once and reading them back: what xla/service/gpu/transforms/priority_fusion.cc does with a
+    /// producer it can fuse into all of its consumers (CanFuseWithAllNonBitcastUsers) when its
+    /// performance model says the program gets faster (no "expensive" veto there: softmax's
+    /// `exp(x - max)` is recomputed by the normalize). The model here is the bytes each way
+    /// (these fusions stream HBM; recomputing an exp costs VPU time the stream hides): unfused,
+    /// p's results are written once and read by each reader; fused, each reader reads p's
+    /// operands it does not read already. Returns whether p was fused away. Runs before the
+    /// producer-consumer multi-output rule below, as PriorityFusion runs before
+    /// GpuMultiOutputFusion in XLA's GPU pipeline.
+    bool duplicate_into_readers(int p) {
+        std::vector<ValueId> res = results_of(p);
+        if (res.empty()) return false;
+        for (ValueId r : res)
+            for (const Output& o : m_g.outputs())
+                if (o.value == r) return false;  // written anyway
+        for (OpId id : m_members[size_t(p)]) {
+            const OpClass k = cls(id);
+            if (!(k == OpClass::Elementwise || k == OpClass::Movement || k == OpClass::Literal))
+                return false;
+            // Only what reads no more elements than it writes (ComputeGloballyUnfusible's guard
+            // against duplicated reads; broadcasts of a row statistic are always duplicable).
+            if (m_do_not_duplicate[id] && !always_duplicable(id)) return false;
+        }
+        std::set<int> rs;
+        for (ValueId r : res)
+            for (int h : readers(r)) rs.insert(h);
+        if (rs.size() < 2) return false;
+        const std::vector<ValueId> ins = external_operands(p);
+        int64_t unfused = 0, fused = 0;
+        for (ValueId r : res) unfused += bytes_of(r);
+        for (int h : rs) {
+            const FusionKind hk = kind_of(h);
+            if (hk != FusionKind::Input && hk != FusionKind::Loop) return false;
+            // Each reader reads each element of p's results once (no broadcast of them, no
+            // window over them).
+            for (OpId id : m_members[size_t(h)])
+                for (size_t s = 0; s < m_g.op(id).operands.size(); ++s) {
+                    const ValueId o = m_g.op(id).operands[s];
+                    if (std::find(res.begin(), res.end(), o) == res.end()) continue;
+                    if (reuses_operand(id, s)) return false;
+                    unfused += bytes_of(o);
+                }
+            const auto already = external_operands(h);
+            for (ValueId v : ins) {
+                if (std::find(already.begin(), already.end(), v) != already.end()) continue;
+                fused += bytes_of(v);
+                // No cycle: h must not reach the writer of an operand it would now read.
+                const int w = writer_of(v);
+                if (w >= 0 && (w == h || group_reaches(h, w))) return false;
+            }
+        }
+        if (fused >= unfused) return false;
+        for (int h : rs)
+            for (OpId id : m_members[size_t(p)]) add_member(id, h);
+        for (OpId id : m_members[size_t(p)]) m_groups_of[id].erase(p);
+        m_members[size_t(p)].clear();
+        m_alive[size_t(p)] = 0;
+        return true;
+    }
+
     /// Producer-consumer multi-output fusion: a loop fusion whose result a reduction reads (and
     /// others too) is computed inside the reduction's fusion, which also writes it.
     void fuse_producer_consumer(ValueId v) {
@@ -467,6 +533,9 @@ private:
             if (cls(id) == OpClass::Window || cls(id) == OpClass::Gather) return;
         const auto rs = readers(v);
         if (rs.size() < 2) return;
+        bool reduction_reads = false;
+        for (int r : rs) reduction_reads |= kind_of(r) == FusionKind::Input;
+        if (reduction_reads && m_o.recompute_for_reductions && duplicate_into_readers(p)) return;
         for (int r : rs) {
             if (kind_of(r) != FusionKind::Input) continue;
             const OpId hero = reduce_hero(r);

@@ -13,6 +13,9 @@ namespace tpu::compiler::detail {
 struct FusionOptions {
     bool multi_output_fusion = true;
     bool may_duplicate = true;
+    /// Recompute a loop fusion that a reduction and others read in all of them when that
+    /// moves fewer bytes (PriorityFusion; fusion.cpp, duplicate_into_readers).
+    bool recompute_for_reductions = true;
 };
 
 /// One fusion: its ops (ascending ids), kind, hero, the values it reads and writes.
