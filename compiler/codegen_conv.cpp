@@ -99,13 +99,29 @@ bool pointwise(const driver::Conv2dShape& s) {
     return s.kernel == 1 && s.stride == 1 && s.pad == 0;
 }
 
+/// Fewer output pixels than the MXU has rows (ResNet's 7 x 7 layer4 at batch 1): the implicit
+/// GEMM holds each weight tile for fewer rows than it takes to push it, so it is weight-load
+/// bound (144 tiles for a 3 x 3 512 -> 512 convolution, each for 49 rows). Folded into one dot
+/// of im2col(x) (small: fewer than R rows), the dot planner can hold the pixels and stream the
+/// filter instead, as it streams the longer side of any dot ("The stationary operand"). With
+/// Cin a multiple of R each K tile of the folded dot is one tap's Cin tile, in the implicit
+/// GEMM's order, so the bits are the same (the evaluator's conv2d_reference stays valid).
+bool small_m(const driver::Conv2dShape& s, uint32_t R) {
+    return s.cin % R == 0 && uint64_t(s.batch) * s.out_height() * s.out_width() < R;
+}
+
+/// The convolution is one dot kernel: of im2col(x) (folded taps, few pixels) or of x's rows.
+bool as_dot(const driver::Conv2dShape& s, uint32_t R) {
+    return driver::conv2d_folds_taps(s, R) || pointwise(s) || small_m(s, R);
+}
+
 /// Folded (conv2d_folds_taps): x is im2col(x), N Ho Wo x k k Cin fp32, and no w or bias; a
 /// pointwise convolution's x is its operand (no scratch).
 ConvScratch folded_scratch(const driver::Conv2dShape& s, uint32_t C, uint32_t columns) {
     ConvScratch c;
     if (!pointwise(s))
-        c.x = align512(uint64_t(s.batch) * s.out_height() * s.out_width() * s.kernel *
-                       s.kernel * s.cin * 4);
+        c.x = align512(uint64_t(s.batch) * s.out_height() * s.out_width() * s.kernel * s.kernel *
+                       s.cin * 4);
     c.column = align512(uint64_t((s.cout + C - 1) / C) * C * 4);
     c.columns = c.column * columns;
     return c;
@@ -616,7 +632,7 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
                                      "(the kernels leave registers for 3)",
                                      held.size()));
     p->scratch_buf = f.scratch;
-    if (driver::conv2d_folds_taps(s, board.core.mxu_rows) || pointwise(s)) {
+    if (as_dot(s, board.core.mxu_rows)) {
         // Small Cin: the taps folded into K as conv2d does (driver/README.md, "Convolution"),
         // im2col(x) into the scratch and the dot kernel, so the evaluator's reference (the
         // same test) gives the same bits. A pointwise convolution is the dot of its rows: one
@@ -634,20 +650,29 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
                                                     board.core.mxu_rows, board.core.mxu_cols, 0, 0,
                                                     0, board.core.vmem_bytes - margin);
             } catch (const driver::DeviceError& e) {
-                not_generated(f, fmt::format(
-                                     "a folded convolution whose im2col rows do not fit ({})",
-                                     e.what()));
+                not_generated(f,
+                              fmt::format("a folded convolution whose im2col rows do not fit ({})",
+                                          e.what()));
             }
         driver::DotKey shape;
         shape.M = s.batch * s.out_height() * s.out_width();
         shape.K = s.kernel * s.kernel * s.cin;
         shape.N = s.cout;
         shape.precision = driver::Precision::Bf16;
-        shape.stationary = Stationary::Rhs;
         shape.column_sides = cols;
         shape.full_sides = fulls;
         const uint64_t col_bytes =
             uint64_t(p->ep.col_areas) * align512(uint64_t(board.core.mxu_cols) * 4);
+        // Fewer pixels than the array has rows: hold them (the LHS) and stream the filter, so
+        // each weight value passes through the array once instead of being pushed into it for
+        // fewer rows than the push takes. (dot_estimate_cycles ranks the orientations of these
+        // shapes against the measured cycles: it prefers the held filter for ResNet-50's
+        // layer4 1 x 1 convolutions, which take 1.5x as long so.)
+        // The epilogue's ops on [Cout] vectors (an unfolded batch norm's scale and shift) are
+        // placed against an M x N tile; with the LHS stationary the kernel's tile is N x M, so
+        // such a fusion holds the filter.
+        shape.stationary = shape.M < board.core.mxu_rows && p->ep.col_areas == 0 ? Stationary::Lhs
+                                                                                 : Stationary::Rhs;
         uint64_t budget = board.core.vmem_bytes - margin - col_bytes;
         for (int tries = 0; tries < 32; ++tries) {
             std::optional<driver::DotKey> k;
@@ -1365,7 +1390,7 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
         const driver::Conv2dShape s = gen::conv_shape_of(g, op);
         // Sides do not change the packed layouts (only the blocking), so none are counted here.
         const uint32_t columns = gen::column_operands(g, f, s.cout);
-        if (driver::conv2d_folds_taps(s, options.board.core.mxu_rows) || gen::pointwise(s)) {
+        if (gen::as_dot(s, options.board.core.mxu_rows)) {
             f.scratch.bytes = gen::folded_scratch(s, options.board.core.mxu_cols, columns).total();
             continue;
         }
