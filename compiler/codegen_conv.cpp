@@ -663,16 +663,17 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
         shape.full_sides = fulls;
         const uint64_t col_bytes =
             uint64_t(p->ep.col_areas) * align512(uint64_t(board.core.mxu_cols) * 4);
-        // Fewer pixels than the array has rows: hold them (the LHS) and stream the filter, so
-        // each weight value passes through the array once instead of being pushed into it for
-        // fewer rows than the push takes. (dot_estimate_cycles ranks the orientations of these
-        // shapes against the measured cycles: it prefers the held filter for ResNet-50's
-        // layer4 1 x 1 convolutions, which take 1.5x as long so.)
-        // The epilogue's ops on [Cout] vectors (an unfolded batch norm's scale and shift) are
-        // placed against an M x N tile; with the LHS stationary the kernel's tile is N x M, so
-        // such a fusion holds the filter.
-        shape.stationary = shape.M < board.core.mxu_rows && p->ep.col_areas == 0 ? Stationary::Lhs
-                                                                                 : Stationary::Rhs;
+        // Stream the longer side, as for any dot ("The stationary operand"): fewer pixels than
+        // output channels (ResNet's layer3 and layer4 at batch 1, where the filter held would
+        // be pushed into the array for fewer rows than the push takes) hold the pixels (the
+        // LHS) and stream the filter, so each weight value passes through the array once.
+        // dot_estimate_cycles does not rank these shapes as they measure (it prefers the held
+        // filter for ResNet-50's layer4 1 x 1 convolutions, which then take 1.5x as long), so
+        // the shape decides. The epilogue's ops on [Cout] vectors (an unfolded batch norm's
+        // scale and shift) are placed against an M x N tile; with the LHS stationary the
+        // kernel's tile is N x M, so such a fusion holds the filter.
+        shape.stationary =
+            shape.M < shape.N && p->ep.col_areas == 0 ? Stationary::Lhs : Stationary::Rhs;
         uint64_t budget = board.core.vmem_bytes - margin - col_bytes;
         for (int tries = 0; tries < 32; ++tries) {
             std::optional<driver::DotKey> k;

@@ -70,6 +70,20 @@ TEST(CompilerDeviceResNet2, PointwiseConvolutionsAreDotsOfTheirRowsBitExact) {
     });
 }
 
+TEST(CompilerDeviceResNet2, PointwiseExpansionHoldsThePixelsBitExact) {
+    // ResNet-50's layer3 conv3 as the zoo records it (batch norm folded into the filter and a
+    // bias), one 14 x 14 image: 1 x 1 256 -> 512 + bias + the block's input + ReLU. 196 pixels
+    // against 512 output channels: the pixels are held (two column tiles, the second partial)
+    // and the filter streamed, the bias a Column side per streamed row.
+    const auto leaves = layers({1, 14, 14, 512}, {{1, 1, 512, 256}, {1, 1, 256, 512}}, 341);
+    expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId h = relu(g, conv2d(g, v[0], layer(v, 0)[0], 1, 0));
+        const ValueId y = conv2d(g, h, layer(v, 1)[0], 1, 0);
+        const ValueId b = broadcast(g, layer(v, 1)[2], {1, 14, 14, 512}, {3});
+        return relu(g, add(g, add(g, y, b), v[0]));
+    });
+}
+
 TEST(CompilerDeviceResNet2, PointwiseConvolutionOfAPartialTileBitExact) {
     // ResNet-50's layer1 widths on 2 images of 12 x 12: 1 x 1 64 -> 256 (K of half a tile,
     // padded with zeros in VMEM), then 256 -> 64 (N of half a tile).
