@@ -90,11 +90,38 @@ uint64_t packed_w_bytes(const driver::Conv2dShape& s, const driver::Conv2dTiling
     return align512(uint64_t(t.NT) * s.kernel * s.kernel * t.CT * t.R * t.C * 2);
 }
 
-/// Folded (conv2d_folds_taps): x is im2col(x), N Ho Wo x k k Cin fp32, and no w or bias.
+/// A 1 x 1 convolution of stride 1 without padding is a dot of the NHWC rows: XLA's algebraic
+/// simplifier replaces such a convolution by a kDot (xla/service/algebraic_simplifier.cc,
+/// SimplifyConvToDot). The dot kernel streams the `[N H W, Cin]` rows as they lie (each fp32
+/// tile rounded to bf16 in VMEM) against the `[Cin, Cout]` filter, so the activation is not
+/// re-packed into phase planes (a pass over it with one DMA round trip per plane row).
+bool pointwise(const driver::Conv2dShape& s) {
+    return s.kernel == 1 && s.stride == 1 && s.pad == 0;
+}
+
+/// Fewer output pixels than the MXU has rows (ResNet's 7 x 7 layer4 at batch 1): the implicit
+/// GEMM holds each weight tile for fewer rows than it takes to push it, so it is weight-load
+/// bound (144 tiles for a 3 x 3 512 -> 512 convolution, each for 49 rows). Folded into one dot
+/// of im2col(x) (small: fewer than R rows), the dot planner can hold the pixels and stream the
+/// filter instead, as it streams the longer side of any dot ("The stationary operand"). With
+/// Cin a multiple of R each K tile of the folded dot is one tap's Cin tile, in the implicit
+/// GEMM's order, so the bits are the same (the evaluator's conv2d_reference stays valid).
+bool small_m(const driver::Conv2dShape& s, uint32_t R) {
+    return s.cin % R == 0 && uint64_t(s.batch) * s.out_height() * s.out_width() < R;
+}
+
+/// The convolution is one dot kernel: of im2col(x) (folded taps, few pixels) or of x's rows.
+bool as_dot(const driver::Conv2dShape& s, uint32_t R) {
+    return driver::conv2d_folds_taps(s, R) || pointwise(s) || small_m(s, R);
+}
+
+/// Folded (conv2d_folds_taps): x is im2col(x), N Ho Wo x k k Cin fp32, and no w or bias; a
+/// pointwise convolution's x is its operand (no scratch).
 ConvScratch folded_scratch(const driver::Conv2dShape& s, uint32_t C, uint32_t columns) {
     ConvScratch c;
-    c.x = align512(uint64_t(s.batch) * s.out_height() * s.out_width() * s.kernel * s.kernel *
-                   s.cin * 4);
+    if (!pointwise(s))
+        c.x = align512(uint64_t(s.batch) * s.out_height() * s.out_width() * s.kernel * s.kernel *
+                       s.cin * 4);
     c.column = align512(uint64_t((s.cout + C - 1) / C) * C * 4);
     c.columns = c.column * columns;
     return c;
@@ -464,6 +491,7 @@ struct ConvPoolFusion {
     std::vector<Pass> after;         ///< Conv: the other results
     // Conv: the implicit GEMM, or (folded) im2col into the scratch and the dot kernel
     bool folded = false;
+    bool pointwise = false;  ///< folded without im2col: the dot reads x's NHWC rows
     /// The filter is a parameter: its packed tiles are a derived buffer the backend keeps
     /// (ProgramSegment::derived), packed only when stale.
     std::optional<DerivedBuffer> packed_w;
@@ -604,34 +632,48 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
                                      "(the kernels leave registers for 3)",
                                      held.size()));
     p->scratch_buf = f.scratch;
-    if (driver::conv2d_folds_taps(s, board.core.mxu_rows)) {
+    if (as_dot(s, board.core.mxu_rows)) {
         // Small Cin: the taps folded into K as conv2d does (driver/README.md, "Convolution"),
         // im2col(x) into the scratch and the dot kernel, so the evaluator's reference (the
-        // same test) gives the same bits.
+        // same test) gives the same bits. A pointwise convolution is the dot of its rows: one
+        // tap, so the implicit GEMM's order (each Cin tile's pass from +0.0, added in order) is
+        // the dot's.
         p->folded = true;
+        p->pointwise = pointwise(s);
         p->key.shape = s;
         p->scratch = folded_scratch(s, board.core.mxu_cols, cols);
         if (f.scratch.bytes < p->scratch.total())
             not_generated(f, fmt::format("a convolution without its {} bytes of scratch",
                                          p->scratch.total()));
-        try {
-            p->im2col = driver::plan_conv2d_aux(driver::Conv2dAux::Im2colRows, s,
-                                                board.core.mxu_rows, board.core.mxu_cols, 0, 0, 0,
-                                                board.core.vmem_bytes - margin);
-        } catch (const driver::DeviceError& e) {
-            not_generated(
-                f, fmt::format("a folded convolution whose im2col rows do not fit ({})", e.what()));
-        }
+        if (!p->pointwise) try {
+                p->im2col = driver::plan_conv2d_aux(driver::Conv2dAux::Im2colRows, s,
+                                                    board.core.mxu_rows, board.core.mxu_cols, 0, 0,
+                                                    0, board.core.vmem_bytes - margin);
+            } catch (const driver::DeviceError& e) {
+                not_generated(f,
+                              fmt::format("a folded convolution whose im2col rows do not fit ({})",
+                                          e.what()));
+            }
         driver::DotKey shape;
         shape.M = s.batch * s.out_height() * s.out_width();
         shape.K = s.kernel * s.kernel * s.cin;
         shape.N = s.cout;
         shape.precision = driver::Precision::Bf16;
-        shape.stationary = Stationary::Rhs;
         shape.column_sides = cols;
         shape.full_sides = fulls;
         const uint64_t col_bytes =
             uint64_t(p->ep.col_areas) * align512(uint64_t(board.core.mxu_cols) * 4);
+        // Stream the longer side, as for any dot ("The stationary operand"): fewer pixels than
+        // output channels (ResNet's layer3 and layer4 at batch 1, where the filter held would
+        // be pushed into the array for fewer rows than the push takes) hold the pixels (the
+        // LHS) and stream the filter, so each weight value passes through the array once.
+        // dot_estimate_cycles does not rank these shapes as they measure (it prefers the held
+        // filter for ResNet-50's layer4 1 x 1 convolutions, which then take 1.5x as long), so
+        // the shape decides. The epilogue's ops on [Cout] vectors (an unfolded batch norm's
+        // scale and shift) are placed against an M x N tile; with the LHS stationary the
+        // kernel's tile is N x M, so such a fusion holds the filter.
+        shape.stationary =
+            shape.M < shape.N && p->ep.col_areas == 0 ? Stationary::Lhs : Stationary::Rhs;
         uint64_t budget = board.core.vmem_bytes - margin - col_bytes;
         for (int tries = 0; tries < 32; ++tries) {
             std::optional<driver::DotKey> k;
@@ -1063,7 +1105,8 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
         }
         const isa::Arg ws = derived ? *derived + int64_t(slot->offset) : xs + int64_t(p.scratch.x);
         const isa::Arg bs = xs + int64_t(p.scratch.x + p.scratch.w);
-        if (p.folded) {
+        if (p.pointwise) {
+        } else if (p.folded) {
             const auto pack = b.scope("im2col");
             Addresses in(b, load, &ad);
             driver::emit(b, p.im2col,
@@ -1145,8 +1188,9 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
         if (p.folded) {
             const isa::Reg w = b.reg("conv.w");
             load(w, p.w->buffer);
+            const isa::Arg a = p.pointwise ? ad.of(p.x->buffer) : xs;
             driver::emit_dot(b, p.dot,
-                             {st::Operand::hbm(xs), st::Operand::hbm(w), st::Operand::hbm(y)}, ep);
+                             {st::Operand::hbm(a), st::Operand::hbm(w), st::Operand::hbm(y)}, ep);
         } else {
             driver::Conv2dOperands ops{
                 st::Operand::hbm(xs), st::Operand::hbm(ws), st::Operand::hbm(bs),
@@ -1347,7 +1391,7 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
         const driver::Conv2dShape s = gen::conv_shape_of(g, op);
         // Sides do not change the packed layouts (only the blocking), so none are counted here.
         const uint32_t columns = gen::column_operands(g, f, s.cout);
-        if (driver::conv2d_folds_taps(s, options.board.core.mxu_rows)) {
+        if (gen::as_dot(s, options.board.core.mxu_rows)) {
             f.scratch.bytes = gen::folded_scratch(s, options.board.core.mxu_cols, columns).total();
             continue;
         }
