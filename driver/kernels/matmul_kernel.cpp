@@ -1072,9 +1072,9 @@ private:
     isa::Reg m_par, m_pending, m_row, m_rows, m_col, m_pcol, m_tmp, m_wb, m_t14, m_t15, m_cnt;
     isa::Reg m_paddr, m_prows, m_ppar;
     Tally m_loads[2], m_vpu, m_stores, m_sides;
-    isa::Flag m_mxu_flag[kDotMaxMxus];   ///< per MXU: its flagged matmul of each step
-    isa::Reg m_mxu_count[kDotMaxMxus];   ///< steps issued, per class (cls)
-    bool m_per_mxu = true;               ///< a count per MXU, else per class
+    isa::Flag m_mxu_flag[kDotMaxMxus];  ///< per MXU: its flagged matmul of each step
+    isa::Reg m_mxu_count[kDotMaxMxus];  ///< steps issued, per class (cls)
+    bool m_per_mxu = true;              ///< a count per MXU, else per class
 };
 
 }  // namespace

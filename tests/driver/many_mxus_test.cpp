@@ -106,8 +106,8 @@ TEST(ManyMxusGemmProperty, RandomShapesAreBitExact) {
             const auto w = random_values(size_t(K) * N, 200 + i);
             const GemmResult r = gemm(*dev, cache, a, w, M, K, N, p, {0});
             ASSERT_EQ(r.tiling.mxus, 4u);
-            ASSERT_EQ(bits_of(r.c), bits_of(gemm_reference(a, w, M, K, N, p,
-                                                           dev->config().core.mxu_rows)));
+            ASSERT_EQ(bits_of(r.c),
+                      bits_of(gemm_reference(a, w, M, K, N, p, dev->config().core.mxu_rows)));
         }
     }
 }
@@ -264,8 +264,7 @@ TEST(ManyMxusCycleExact, GemmConvAndDotKernelsMatchTheCycleSteppedCore) {
     const Conv2dShape s{5, 6, 6, 20, 300, 3, 1, 1};
     const Conv2dTiling ct = plan_conv2d(cfg, s, s.batch);
     ASSERT_EQ(ct.mxus, 4u);
-    expect_cycle_exact(cfg, generate(Conv2dKey{s, ct}),
-                       {a, w, c, 24 << 20, conv2d_blocks(s, ct)});
+    expect_cycle_exact(cfg, generate(Conv2dKey{s, ct}), {a, w, c, 24 << 20, conv2d_blocks(s, ct)});
     // The fused matmul: 200 x 600 x 1300 row-major fp32: a group of four panels, then a last
     // one of two.
     const auto mk = plan_matmul(cfg, 200, 600, 1300, false, false, Precision::Bf16, false);
