@@ -153,7 +153,8 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
     base.Hq = s.out_height() + qmax;
     base.Wq = s.out_width() + qmax;
     base.images = images;
-    base.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
+    // Every MXU of the core: each takes its share of a block's runs through the loaded tile.
+    base.mxus = cfg.core.mxus;
     auto fits = [&](Conv2dTiling t) {
         const Geometry g = geometry(s, t);
         return g.vend <= cfg.core.vmem_bytes && uint64_t(g.G) * g.runs <= kMaxRunsPerStep;
@@ -211,8 +212,13 @@ struct Tally {
     isa::Reg count;
 };
 
+/// Most MXUs the kernel drives (a weight-load and a matmul flag each; CoreConfig's maximum).
+constexpr uint32_t kConvMaxMxus = 8;
+
 /// The registers of one image's epilogue (finish): its Y tile, its HBM address, the matmul
 /// counts per MXU that complete it, the row bytes of its Cout tile, its Y slot and its bias.
+/// With more than two MXUs the counts are not held: `ahead` says how many flagged matmuls past
+/// each MXU's count complete the image, and finish computes the targets in mm0.
 struct ImageRegs {
     isa::Reg y, dst, mm0, mm1, row_bytes, slot, bias;
     explicit ImageRegs(isa::Builder& b)
@@ -224,6 +230,7 @@ struct ImageRegs {
           slot(b.reg("image.slot", 16)),
           bias(b.reg("image.bias", 17)) {}
     const isa::Reg& mm(uint32_t m) const { return m ? mm1 : mm0; }
+    std::array<uint32_t, kConvMaxMxus> ahead{};
 };
 
 /// The implicit-GEMM kernel (driver/README.md, "Convolution"). Registers and flags keep the
@@ -292,8 +299,17 @@ public:
         }
         // Per-slot counts: a banked HBM can finish a DMA before one issued earlier, so only a
         // count of one slot's transfers proves that slot complete.
+        // Every MXU loads each weight tile, and takes the runs in turn (run p on MXU p % nm):
+        // up to two MXUs count their loads and flagged matmuls in a register each (the text
+        // kernel's); more share one per class of MXUs with the same counts (cls), so the
+        // kernel holds four count registers for any number of MXUs.
+        m_per_mxu = nm <= 2;
         for (int m = 0; m < 2; ++m) m_lw[m] = tally(fmt::format("lw{}", m), 2 + m, 22 + m);
         for (int m = 0; m < 2; ++m) m_mm[m] = tally(fmt::format("mm{}", m), 4 + m, 24 + m);
+        for (uint32_t m = 2; m < nm; ++m) {
+            m_lwf[m] = m_b.flag(fmt::format("lw{}", m));
+            m_mmf[m] = m_b.flag(fmt::format("mm{}", m));
+        }
         m_wload[0].emplace(m_b, "w.loads0", isa::Count::InRegister, 1, 26);
         m_wload[1].emplace(m_b, "w.loads1", isa::Count::InRegister, 8, 27);
         for (int i = 0; i < 2; ++i) m_xload[i] = tally(fmt::format("x.loads{}", i), 9 + i, 28 + i);
@@ -348,6 +364,16 @@ private:
 
     void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
     isa::Arg blocks() const { return m_ops.blocks.value; }
+    /// MXU m's count class: itself (per MXU), else 0 for the MXUs that take one more run of a
+    /// block than the others (m < G runs % nm), 1 for the others.
+    uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < (G * m_g.runs) % nm ? 0 : 1); }
+    /// The first MXU of its class: where a class count advances once for the class.
+    bool cls_first(uint32_t m) const { return m == 0 || cls(m) != cls(m - 1); }
+    const isa::Flag& lw_flag(uint32_t m) const { return m < 2 ? m_lw[m].flag : m_lwf[m]; }
+    const isa::Flag& mm_flag(uint32_t m) const { return m < 2 ? m_mm[m].flag : m_mmf[m]; }
+    const isa::Reg& lw_count(uint32_t m) const { return m_lw[cls(m)].count; }
+    const isa::Reg& mm_count(uint32_t m) const { return m_mm[cls(m)].count; }
+
     Tally tally(const std::string& name, int flag, int reg) {
         Tally c{m_b.flag(name, flag), m_b.reg(name + ".count", reg)};
         E(Li, {c.count, imm(0)});
@@ -400,7 +426,16 @@ private:
     /// the tile's channels).
     void finish(ImageRegs& r) {
         if (!m_ep.sides.empty()) load_sides(r);
-        for (uint32_t m = 0; m < nm; ++m) E(Wait, {m_mm[m].flag, r.mm(m)});
+        for (uint32_t m = 0; m < nm; ++m) {
+            if (m_per_mxu) {
+                E(Wait, {mm_flag(m), r.mm(m)});
+            } else if (r.ahead[m]) {
+                E(Add, {r.mm0, mm_count(m), imm(r.ahead[m])});
+                E(Wait, {mm_flag(m), r.mm0});
+            } else {
+                E(Wait, {mm_flag(m), mm_count(m)});
+            }
+        }
         E(VAddRow, {r.y, r.y, r.bias, imm(y_rows), imm(m_t.C), m_vpu});
         int64_t ops = 1;
         auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
@@ -486,8 +521,12 @@ private:
         E(Beq, {r.y, imm(0), none});
         E(Lw, {r.y, m_pend.word(kPY)});
         E(Lw, {r.dst, m_pend.word(kPD)});
-        E(Lw, {r.mm0, m_pend.word(kPC0)});
-        E(Lw, {r.mm1, m_pend.word(kPC1)});
+        // More than two MXUs: the pending image was its step's last, and no step has added to
+        // the counts since, so they are its targets (ahead stays 0).
+        if (m_per_mxu) {
+            E(Lw, {r.mm0, m_pend.word(kPC0)});
+            E(Lw, {r.mm1, m_pend.word(kPC1)});
+        }
         E(Lw, {r.row_bytes, m_pend.word(kPBytes)});
         E(Lw, {r.slot, m_pend.word(kPSlot)});
         E(Lw, {r.bias, m_pend.word(kPBias)});
@@ -498,12 +537,16 @@ private:
 
     /// Fills `r` for image `img` of the current group; `cnt` = its mm counts per MXU past the
     /// counters.
-    void image_regs(const ImageRegs& r, uint32_t img, const uint32_t cnt[2]) {
+    void image_regs(ImageRegs& r, uint32_t img, const std::array<uint32_t, kConvMaxMxus>& cnt) {
         E(Add, {r.y, m_y_at, imm(int64_t(img * m_g.yv_img))});
         E(Lw, {r.dst, m_group.word(kYDst)});
         E(Add, {r.dst, r.dst, imm(int64_t(uint64_t(img) * y_rows * y_pix_h))});
-        E(Add, {r.mm0, m_mm[0].count, imm(cnt[0])});
-        E(Add, {r.mm1, m_mm[1].count, imm(cnt[1])});
+        if (m_per_mxu) {
+            E(Add, {r.mm0, m_mm[0].count, imm(cnt[0])});
+            E(Add, {r.mm1, m_mm[1].count, imm(cnt[1])});
+        } else {
+            r.ahead = cnt;
+        }
         E(Lw, {r.row_bytes, m_group.word(kYBytes)});
         E(Lw, {r.slot, m_group.word(kYSlot)});
         E(Lw, {r.bias, m_group.word(kYBias)});
@@ -541,8 +584,15 @@ private:
         E(And, {at, next, imm(1)});
         by_slot(at, [&](int slot) { m_wload[slot]->wait_all(); });
         E(Mul, {at, at, imm(int64_t(wtile))});
-        for (uint32_t m = 0; m < nm; ++m)
-            issue(m_lw[m], MxuLw, {imm(m), at + int64_t(m_vw.addr()), imm(m_t.R), imm(m_t.C)});
+        for (uint32_t m = 0; m < nm; ++m) {
+            const isa::Arg w = at + int64_t(m_vw.addr());
+            if (m_per_mxu) {
+                issue(m_lw[m], MxuLw, {imm(m), w, imm(m_t.R), imm(m_t.C)});
+            } else {
+                E(MxuLw, {imm(m), w, imm(m_t.R), imm(m_t.C), lw_flag(m)});
+                if (cls_first(m)) E(Add, {lw_count(m), lw_count(m), imm(1)});
+            }
+        }
         m_b.bind(none);
     }
 
@@ -621,7 +671,7 @@ private:
         const Geometry& g = m_g;
         // (1) This step's lw was issued in the previous step; once it is done its slot takes
         // the tile after next.
-        for (uint32_t m = 0; m < nm; ++m) E(Wait, {m_lw[m].flag, m_lw[m].count});
+        for (uint32_t m = 0; m < nm; ++m) E(Wait, {lw_flag(m), lw_count(m)});
         w_prefetch(2);
         // A group's first step waits until its Y slot is stored; a block's first, for its X.
         {
@@ -638,7 +688,7 @@ private:
         // (2)
         lhs_base();
         E(Sltu, {m_acc, imm(0), m_step});
-        uint32_t cnt[2] = {0, 0};
+        std::array<uint32_t, kConvMaxMxus> cnt{};
         for (uint32_t img = 0; img < G; ++img) {
             for (uint32_t r = 0; r < g.runs; ++r) {
                 const uint32_t p = img * g.runs + r, m = p % nm;
@@ -648,7 +698,7 @@ private:
                     m_y_at + int64_t(img * g.yv_img + uint64_t(r) * g.run_rows * m_t.C * 4);
                 const isa::Arg x = m_lhs + int64_t(img * g.xv_img + uint64_t(r) * m_t.Wq * g.pix);
                 if (flag)
-                    E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc, m_mm[m].flag});
+                    E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc, mm_flag(m)});
                 else
                     E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc});
                 if (p + 1 == G * g.runs) w_load(1);
@@ -667,7 +717,7 @@ private:
                 m_b.bind(nox);
             }
             if (last && img > 0) {
-                uint32_t prev[2] = {0, 0};
+                std::array<uint32_t, kConvMaxMxus> prev{};
                 for (uint32_t p = 0; p < img * g.runs; ++p) ++prev[p % nm];
                 ImageRegs r(m_b);
                 image_regs(r, img - 1, prev);
@@ -679,8 +729,10 @@ private:
             image_regs(r, G - 1, cnt);
             E(Sw, {r.y, m_pend.word(kPY)});
             E(Sw, {r.dst, m_pend.word(kPD)});
-            E(Sw, {r.mm0, m_pend.word(kPC0)});
-            E(Sw, {r.mm1, m_pend.word(kPC1)});
+            if (m_per_mxu) {
+                E(Sw, {r.mm0, m_pend.word(kPC0)});
+                E(Sw, {r.mm1, m_pend.word(kPC1)});
+            }
             E(Sw, {r.row_bytes, m_pend.word(kPBytes)});
             E(Sw, {r.slot, m_pend.word(kPSlot)});
             E(Sw, {r.bias, m_pend.word(kPBias)});
@@ -688,7 +740,8 @@ private:
             E(Li, {one, imm(1)});
             E(Sw, {one, m_pend.word(kPend)});
         }
-        for (uint32_t m = 0; m < nm; ++m) E(Add, {m_mm[m].count, m_mm[m].count, imm(cnt[m])});
+        for (uint32_t m = 0; m < nm; ++m)
+            if (cls_first(m)) E(Add, {mm_count(m), mm_count(m), imm(cnt[m])});
         E(Add, {m_step, m_step, imm(1)});
         E(Add, {m_step_all, m_step_all, imm(1)});
     }
@@ -708,6 +761,8 @@ private:
     isa::Reg m_block, m_nt, m_step, m_step_all, m_lhs, m_acc, m_x_at, m_y_at;
     isa::Flag m_vpu;
     std::array<Tally, 2> m_lw, m_mm, m_xload;
+    std::array<isa::Flag, kConvMaxMxus> m_lwf, m_mmf;  ///< MXUs 2.. (0 and 1 in m_lw, m_mm)
+    bool m_per_mxu = true;  ///< a count register per MXU, else per class (cls)
     std::array<std::optional<isa::CountedFlag>, 2> m_wload, m_ystore;
 };
 

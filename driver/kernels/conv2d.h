@@ -64,7 +64,7 @@ struct Conv2dTiling {
     uint32_t band_rows = 0;     ///< output rows per block (the whole image unless it does not fit)
     uint32_t images = 0;        ///< images on this core
     uint32_t block_images = 0;  ///< images per block (1 when images are cut into bands)
-    uint32_t mxus = 0;          ///< MXUs used
+    uint32_t mxus = 0;          ///< MXUs used: each takes every mxus-th run (plan: all, 1-8)
     uint32_t column_sides = 0;  ///< epilogue Column sides (VMEM: one Cout tile of each, C fp32)
     uint32_t full_sides = 0;    ///< epilogue Full sides (VMEM: one image's tile of each)
     auto operator<=>(const Conv2dTiling&) const = default;

@@ -139,10 +139,11 @@ double estimate_cycles(const GemmTiling& t, uint32_t rows, double bw, bool drain
     const uint64_t groups = (NT + t.mxus - 1) / t.mxus, blocks = (rows + T - 1) / T;
     const uint64_t last_rows = rows - (blocks - 1) * T;
     const uint64_t last_panels = NT % t.mxus ? NT % t.mxus : t.mxus;
-    // A step streams its rows, but is never shorter than its weight load (R cycles); when
-    // the array swaps weights only once empty, every step also waits for the previous one's
-    // results to leave (R + C - 2 cycles; hw/README.md, "MXU").
-    auto step = [&](uint64_t r) { return drains ? r + R + C - 2 : std::max(r, R); };
+    // A step streams its rows through a new weight tile on each MXU: what the MXU charges per
+    // tile (hw/README.md, "MXU timing").
+    auto step = [&](uint64_t r) {
+        return hw::MxuTimer::swap_step_cycles(uint32_t(R), uint32_t(C), drains, r);
+    };
     const uint64_t compute = ((blocks - 1) * step(T) + step(last_rows)) * KT * groups * npass;
     // A first panel that waits for the previous matmuls to free its place: in every later group
     // when A streams and KT is odd, in every later block when A is kept (see GemmGen).
@@ -183,7 +184,8 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
     base.C = cfg.core.mxu_cols;
     base.Kp = round_up(K, base.R);
     base.Np = round_up(N, base.C);
-    base.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
+    // Every MXU of the core: a group of column panels has one per MXU.
+    base.mxus = cfg.core.mxus;
     base.precision = precision;
     const uint32_t rows = std::max<uint32_t>(max_rows, 1);
     // Blocks of up to kMaxBlockRows rows (VMEM bounds them; long blocks amortise the arrays' fill
@@ -230,6 +232,9 @@ struct Tally {
     isa::Flag flag;
     isa::Reg count;
 };
+
+/// Most MXUs the kernel drives: a weight-load and a matmul flag each, besides its four DMA flags.
+constexpr uint32_t kGemmMaxMxus = 8;
 
 /// VMEM areas are placed at the next multiple of this (every area of the kernel is a multiple of
 /// it for any MXU of at least 4 x 4, so they lie back to back as in the original map).
@@ -290,11 +295,19 @@ public:
         m_t2 = m_b.reg("tmp2", 14);
         m_t3 = m_b.reg("tmp3", 15);
         m_a_row = m_b.reg("a_row", 20);
+        // MXUs that run the same groups have the same counts: all of them, except that only
+        // MXUs 0 .. tail - 1 run a block's tail group. Up to two MXUs keep a register each (the
+        // text kernel's numbering); more share one per class, so the kernel holds at most four
+        // count registers (26 registers besides its operands) for any number of MXUs.
+        m_per_mxu = t.mxus <= 2;
         for (uint32_t m = 0; m < t.mxus; ++m) {
-            m_lw[m] = {m_b.flag(fmt::format("lw{}", m), 2 + int(m)),
-                       m_b.reg(fmt::format("lw{}.count", m), 22 + int(m))};
-            m_mm[m] = {m_b.flag(fmt::format("mm{}", m), 4 + int(m)),
-                       m_b.reg(fmt::format("mm{}.count", m), 24 + int(m))};
+            const bool own = m < 2;  // the text kernel's flags and registers as hints
+            m_lwf[m] = m_b.flag(fmt::format("lw{}", m), own ? 2 + int(m) : -1);
+            if (m_per_mxu || cls_first(m, t.mxus))
+                m_lwc[cls(m)] = m_b.reg(fmt::format("lw{}.count", m), own ? 22 + int(m) : 0);
+            m_mmf[m] = m_b.flag(fmt::format("mm{}", m), own ? 4 + int(m) : -1);
+            if (m_per_mxu || cls_first(m, t.mxus))
+                m_mmc[cls(m)] = m_b.reg(fmt::format("mm{}.count", m), own ? 24 + int(m) : 0);
         }
         // Per-slot flags and counts: a banked HBM can finish a DMA before one issued earlier,
         // so a count over both slots of one flag would not prove that the slot about to be read
@@ -308,7 +321,8 @@ public:
         if (t.tiled) m_a_panel_bytes = m_b.reg("a_panel_bytes", 31);
         if (!fresh) {
             for (uint32_t m = 0; m < t.mxus; ++m)
-                for (const isa::Reg* r : {&m_lw[m].count, &m_mm[m].count}) E(Li, {*r, imm(0)});
+                if (cls_first(m, t.mxus))
+                    for (const isa::Reg* r : {&lwc(m), &mmc(m)}) E(Li, {*r, imm(0)});
             for (const isa::Reg* r : {&m_cout[0].count, &m_cout[1].count, &m_loads[0].count,
                                       &m_loads[1].count, &m_groups})
                 E(Li, {*r, imm(0)});
@@ -344,9 +358,10 @@ public:
             E(Bne, {m_group, imm(full), pair});
         }
         if (tail) {
-            // A last single panel: n = group * 1 with group = full * mxus.
+            // The last tail < mxus panels on MXUs 0 .. tail - 1: n = group + m with
+            // group = full * mxus.
             E(Li, {m_group, imm(int64_t(full) * t.mxus)});
-            group(1, "tail");
+            group(int(tail), "tail");
         }
         E(Add, {m_row, m_row, m_rows});
         E(Bltu, {m_row, rows(), block});
@@ -360,6 +375,16 @@ private:
 
     void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
     isa::Arg rows() const { return m_ops.rows.value; }
+    /// MXU m's count class: itself (per MXU), else 0 for MXUs that run the tail group, 1 for
+    /// the others.
+    uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < tail ? 0 : 1); }
+    /// MXU m is the first of its class among MXUs 0 .. nm - 1: where a class count is set or
+    /// advanced once for the whole class.
+    bool cls_first(uint32_t m, uint32_t nm) const {
+        return m < nm && (m == 0 || cls(m - 1) != cls(m));
+    }
+    const isa::Reg& lwc(uint32_t m) const { return m_lwc[cls(m)]; }
+    const isa::Reg& mmc(uint32_t m) const { return m_mmc[cls(m)]; }
     isa::Label label(const std::string& name) { return m_b.label(name); }
 
     /// VMEM home of W part q for MXU m in `slot`.
@@ -377,14 +402,14 @@ private:
     }
 
     /// W tile (k = `kreg`) of panel n for MXU m into `slot`: rows k R.., columns n C...
-    void w_dma(const isa::Reg& kreg, uint32_t m, int nm, int slot) {
+    void w_dma(const isa::Reg& kreg, uint32_t m, int slot) {
         if (m_t.tiled) {
             // Tile (k, n) is one contiguous run of R x C x 2 bytes.
             E(Mul, {m_t2, kreg, imm(int64_t(NT) * wtile)});
-            E(Mul, {m_t3, m_group, imm(int64_t(nm) * wtile)});
+            E(Mul, {m_t3, m_group, imm(int64_t(m_stride) * wtile)});
         } else {
             E(Mul, {m_t2, kreg, imm(int64_t(R) * m_t.Np * 2)});
-            E(Mul, {m_t3, m_group, imm(int64_t(nm) * C * 2)});
+            E(Mul, {m_t3, m_group, imm(int64_t(m_stride) * C * 2)});
         }
         E(Add, {m_t2, m_t2, m_t3});
         E(Add, {m_t2, m_t2, m_ops.w.value});
@@ -400,7 +425,7 @@ private:
         }
     }
     void w_tiles(const isa::Reg& kreg, int nm, int slot) {
-        for (int m = 0; m < nm; ++m) w_dma(kreg, uint32_t(m), nm, slot);
+        for (int m = 0; m < nm; ++m) w_dma(kreg, uint32_t(m), slot);
         E(Add, {m_loads[slot].count, m_loads[slot].count, imm(PA * nm)});
     }
 
@@ -440,18 +465,19 @@ private:
     /// for MXUs in the group) less `back` (the last ones, which read the other slot) are done.
     void a_slot_free(int nm, const isa::Reg* plus, int back) {
         for (uint32_t m = 0; m < m_t.mxus; ++m) {
-            const Tally& mm = m_mm[m];
+            const isa::Flag& flag = m_mmf[m];
+            const isa::Reg& count = mmc(m);
             if (int(m) < nm && plus) {
-                E(Add, {m_t0, mm.count, *plus});
-                E(Wait, {mm.flag, m_t0});
+                E(Add, {m_t0, count, *plus});
+                E(Wait, {flag, m_t0});
             } else if (back > 0) {
                 const isa::Label none = label("a_free");
-                E(Beq, {mm.count, imm(0), none});
-                E(Sub, {m_t0, mm.count, imm(back)});
-                E(Wait, {mm.flag, m_t0});
+                E(Beq, {count, imm(0), none});
+                E(Sub, {m_t0, count, imm(back)});
+                E(Wait, {flag, m_t0});
                 m_b.bind(none);
             } else {
-                E(Wait, {mm.flag, mm.count});
+                E(Wait, {flag, count});
             }
         }
     }
@@ -472,10 +498,10 @@ private:
             // ones before this step's when this step's are already issued).
             for (int m = 0; m < nm; ++m) {
                 if (stream) {
-                    E(Sub, {m_t0, m_lw[m].count, imm(npass)});
-                    E(Wait, {m_lw[m].flag, m_t0});
+                    E(Sub, {m_t0, lwc(m), imm(npass)});
+                    E(Wait, {m_lwf[m], m_t0});
                 } else {
-                    E(Wait, {m_lw[m].flag, m_lw[m].count});
+                    E(Wait, {m_lwf[m], lwc(m)});
                 }
             }
             // ... and, streamed, its A panel by the previous step's matmuls (k of this group's
@@ -497,17 +523,17 @@ private:
         for (int m = 0; m < nm; ++m) {
             for (size_t i = 0; i < pass_list.size(); ++i) {
                 const auto [pa, pw] = pass_list[i];
-                E(MxuLw, {imm(m), imm(int64_t(w_home(m, slot, pw))), imm(R), imm(C), m_lw[m].flag});
+                E(MxuLw, {imm(m), imm(int64_t(w_home(m, slot, pw))), imm(R), imm(C), m_lwf[m]});
                 const isa::Arg a_src =
                     stream ? imm(int64_t(a_home(slot, pa))) : a_at + int64_t(a_home(slot, pa));
                 const isa::Arg dst = c_at + int64_t(c_home(m, 0));
                 const isa::Arg mode = i == 0 ? isa::Arg(acc) : imm(1);
                 if (i + 1 == pass_list.size())
-                    E(MxuMm, {imm(m), dst, a_src, m_rows, mode, m_mm[m].flag});
+                    E(MxuMm, {imm(m), dst, a_src, m_rows, mode, m_mmf[m]});
                 else
                     E(MxuMm, {imm(m), dst, a_src, m_rows, mode});
             }
-            E(Add, {m_lw[m].count, m_lw[m].count, imm(npass)});
+            if (cls_first(uint32_t(m), uint32_t(nm))) E(Add, {lwc(m), lwc(m), imm(npass)});
         }
         if (stream) prefetch();
         E(Add, {m_k, m_k, imm(1)});
@@ -544,7 +570,7 @@ private:
         E(Mul, {pbytes, rows(), imm(C * 4)});
         for (uint32_t m = 0; m < m_t.mxus; ++m) {
             // The pending group's last matmul on MXU m (a count its kend already added).
-            E(Wait, {m_mm[m].flag, m_mm[m].count});
+            E(Wait, {m_mmf[m], mmc(m)});
             if (m > 0) {
                 E(Beq, {m_t1, imm(m), fs});
                 E(Add, {m_t0, m_t0, pbytes});
@@ -573,8 +599,10 @@ private:
         m_b.bind(fd);
     }
 
-    /// One group of `nm` column panels (n = group nm + m on MXU m), all K tiles.
+    /// One group of `nm` column panels (n = group nm + m on MXU m; the tail: n = group + m),
+    /// all K tiles.
     void group(int nm, const std::string& tag) {
+        m_stride = tag == "tail" ? 1 : uint32_t(nm);
         // Every store out of the C slot this group writes (groups & 1; the previous group used
         // the other one) has read it.
         const isa::Label c1 = label("c1_" + tag), c = label("c_" + tag);
@@ -589,7 +617,7 @@ private:
         // Slot 0 may still feed the previous group's last weight loads, and, streamed, its A
         // panel the previous group's matmuls of step KT - 2 (KT even) or KT - 1 (odd): every
         // one of them counted but the last when KT is even.
-        for (int m = 0; m < nm; ++m) E(Wait, {m_lw[m].flag, m_lw[m].count});
+        for (int m = 0; m < nm; ++m) E(Wait, {m_lwf[m], lwc(m)});
         if (stream) a_slot_free(nm, nullptr, KT % 2 == 0 ? 1 : 0);
         // Kept A: a new block's panels overwrite the ones every matmul so far has read.
         if (!stream) {
@@ -621,16 +649,17 @@ private:
             E(Mul, {m_t0, m_row, imm(C * 4)});
             E(Add, {m_t0, m_t0, m_ops.c.value});
             E(Mul, {cbytes, rows(), imm(C * 4)});
-            E(Mul, {m_t1, m_group, imm(nm)});
+            E(Mul, {m_t1, m_group, imm(m_stride)});
             E(Mul, {m_t1, m_t1, cbytes});
         } else {
             E(Mul, {m_t0, m_row, imm(int64_t(c_stride))});
             E(Add, {m_t0, m_t0, m_ops.c.value});
-            E(Mul, {m_t1, m_group, imm(int64_t(nm) * C * 4)});
+            E(Mul, {m_t1, m_group, imm(int64_t(m_stride) * C * 4)});
         }
         E(Add, {m_t0, m_t0, m_t1});
         if (defer) {
-            for (int m = 0; m < nm; ++m) E(Add, {m_mm[m].count, m_mm[m].count, imm(KT)});
+            for (int m = 0; m < nm; ++m)
+                if (cls_first(uint32_t(m), uint32_t(nm))) E(Add, {mmc(m), mmc(m), imm(KT)});
             E(Sw, {m_t0, m_pend.word(kDst)});
             E(Sw, {m_rows, m_pend.word(kRows)});
             E(Sw, {m_par, m_pend.word(kPar)});
@@ -641,12 +670,12 @@ private:
             return;
         }
         for (int m = 0; m < nm; ++m) {
-            E(Add, {m_mm[m].count, m_mm[m].count, imm(KT)});
-            E(Wait, {m_mm[m].flag, m_mm[m].count});
+            if (cls_first(uint32_t(m), uint32_t(nm))) E(Add, {mmc(m), mmc(m), imm(KT)});
+            E(Wait, {m_mmf[m], mmc(m)});
             // Compact C: the last panel (the tail group's, or the last full group's last MXU
             // when there is no tail) keeps only its valid columns.
             isa::Arg row_bytes = imm(C * 4);
-            if (last_bytes != C * 4 && nm == 1 && tag == "tail") {
+            if (last_bytes != C * 4 && tag == "tail" && m == nm - 1) {
                 row_bytes = imm(last_bytes);
             } else if (last_bytes != C * 4 && tail == 0 && m == nm - 1) {
                 const isa::Label cw = label("cw_" + tag);
@@ -692,7 +721,13 @@ private:
     isa::Vmem m_va, m_vw, m_vc;
     isa::Reg m_row, m_rows, m_group, m_k, m_t0, m_t1, m_par, m_a_rows_bytes, m_t2, m_t3, m_a_row;
     isa::Reg m_groups, m_a_panel_bytes;
-    Tally m_lw[2], m_mm[2], m_cout[2], m_loads[2];
+    Tally m_cout[2], m_loads[2];
+    // Per MXU m: a weight-load flag and a matmul flag, each with the count of its instructions
+    // issued so far in m_lwc / m_mmc[cls(m)].
+    isa::Flag m_lwf[kGemmMaxMxus], m_mmf[kGemmMaxMxus];
+    isa::Reg m_lwc[kGemmMaxMxus], m_mmc[kGemmMaxMxus];
+    bool m_per_mxu = true;  ///< a count register per MXU, else per class (cls)
+    uint32_t m_stride = 0;  ///< column panels between two groups of the current group()
 };
 
 }  // namespace
@@ -706,7 +741,7 @@ void emit_gemm(isa::Builder& b, const GemmKey& key, const GemmOperands& ops) {
                           fmt::format("gemm: compact C of {} columns does not match Np = {}",
                                       key.compact_cols, t.Np));
     if (t.R == 0 || t.C == 0 || t.Kp % t.R || t.Np % t.C || t.Kp == 0 || t.Np == 0 ||
-        t.block_rows == 0 || t.mxus == 0 || t.mxus > 2)
+        t.block_rows == 0 || t.mxus == 0 || t.mxus > kGemmMaxMxus)
         throw DeviceError(ErrorKind::Usage,
                           fmt::format("gemm: tiling R{} C{} Kp{} Np{} T{} mxus{} is not a plan",
                                       t.R, t.C, t.Kp, t.Np, t.block_rows, t.mxus));

@@ -11,7 +11,8 @@
 #include "driver/program_cache.h"
 
 /// The library GEMM: C (M x N, fp32) = A (M x K) x W (K x N) for any shape, rows split over a
-/// set of cores, both MXUs per core, double-buffered weight tiles, in one of three precisions.
+/// set of cores, every MXU of a core (a column panel each), double-buffered weight tiles, in one
+/// of three precisions.
 namespace tpu::driver {
 
 /// Matmul precision: bf16 operands (1 MXU pass) or fp32 operands split into bf16 parts.
@@ -33,7 +34,7 @@ struct GemmTiling {
     uint32_t R = 0, C = 0;    ///< MXU array
     uint32_t Kp = 0, Np = 0;  ///< K and N padded to tile multiples (XLA-style padding)
     uint32_t block_rows = 0;  ///< LHS rows streamed per matmul (T)
-    uint32_t mxus = 0;        ///< MXUs used
+    uint32_t mxus = 0;        ///< MXUs used: column panels per group (plan_gemm: all, 1-8)
     Precision precision = Precision::Bf16;
     /// Operands in the tile-major HBM layout (GemmKey) instead of row-major.
     bool tiled = false;
@@ -52,8 +53,9 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
 /// The planner's cost model of one core's kernel on `rows` rows, in cycles (driver/README.md,
 /// "The planner"): the bytes that must move before the first matmul (its A panel and first
 /// weight tiles) and after the last one (the last group's C) at HBM peak, plus the larger of
-/// the MXU cycles (a step per pass streams its rows, at least R cycles, plus the array's
-/// drain R + C - 2 when core.mxu_swap_drains) and the other HBM bytes at peak (A once, or
+/// the MXU cycles (a step per pass costs what hw::MxuTimer::swap_step_cycles charges a new
+/// weight tile: its rows, at least R cycles, plus the array's drain R + C - 2 when
+/// core.mxu_swap_drains) and the other HBM bytes at peak (A once, or
 /// once per column group when streamed; W once per row block; C once).
 double gemm_estimate_cycles(const hw::BoardConfig& cfg, const GemmTiling& t, uint32_t rows);
 /// What a kernel built on the GEMM's schedule moves besides the GEMM's own operands, for

@@ -183,6 +183,9 @@ struct Tally {
     isa::Reg count;
 };
 
+/// Most MXUs the kernel drives (one flag each, besides its six others; CoreConfig's maximum).
+constexpr uint32_t kDotMaxMxus = 8;
+
 /// Emits the kernel. The numbering of the text kernel it replaced (hints): s4 the block's first
 /// row, s7 its rows; s8 a middle group's first column x 4; s9 the pending group's first column
 /// (Column sides; the first row with the LHS stationary) x 4; s19 the C parity offset of the
@@ -220,14 +223,28 @@ public:
         m_par = m_b.reg("c_parity", 19);
         m_loads[0] = {m_b.flag("loads0", 1), m_b.reg("loads0.count", 20)};
         m_vpu = {m_b.flag("vpu", 2), m_b.reg("vpu.count", 21)};
-        m_mxu[0] = {m_b.flag("mxu0", 3), m_b.reg("mxu0.count", 22)};
-        m_mxu[1] = {m_b.flag("mxu1", 4), m_b.reg("mxu1.count", 23)};
+        // A flag per MXU. Its steps are counted per MXU up to two MXUs (the text kernel's
+        // registers); with more, per class of MXUs that run the same steps: the last group's
+        // panels (MXUs 0 .. panels(true) - 1) and the others, so the kernel holds two count
+        // registers for any number of MXUs.
+        // (One MXU still takes the text kernel's second flag and count, unused.)
+        m_per_mxu = m_k.mxus <= 2;
+        m_mxu_flag[0] = m_b.flag("mxu0", 3);
+        m_mxu_count[0] = m_b.reg("mxu0.count", 22);
+        for (uint32_t m = 1; m < std::max<uint32_t>(m_k.mxus, 2); ++m) {
+            m_mxu_flag[m] = m_b.flag(fmt::format("mxu{}", m), m == 1 ? 4 : -1);
+            if (m_per_mxu || cls(m) != cls(m - 1))
+                m_mxu_count[cls(m)] = m_b.reg(fmt::format("mxu{}.count", m), 23);
+        }
         m_stores = {m_b.flag("stores", 5), m_b.reg("stores.count", 24)};
         m_loads[1] = {m_b.flag("loads1", 6), m_b.reg("loads1.count", 25)};
         m_pending = m_b.reg("pending", 29);
-        for (const isa::Reg* r : {&m_par, &m_loads[0].count, &m_vpu.count, &m_mxu[0].count,
-                                  &m_mxu[1].count, &m_stores.count, &m_loads[1].count, &m_pending})
-            E(Opcode::Li, {*r, imm(0)});
+        std::vector<const isa::Reg*> zero = {&m_par, &m_loads[0].count, &m_vpu.count};
+        for (uint32_t m = 0; m < std::max<uint32_t>(m_k.mxus, 2); ++m)
+            if (m == 0 || cls(m) != cls(m - 1)) zero.push_back(&mxu_count(m));
+        for (const isa::Reg* r : {&m_stores.count, &m_loads[1].count, &m_pending})
+            zero.push_back(r);
+        for (const isa::Reg* r : zero) E(Opcode::Li, {*r, imm(0)});
         if (m_k.full_sides) {
             m_sides = {m_b.flag("sides"), m_b.reg("sides.count")};
             E(Opcode::Li, {m_sides.count, imm(0)});
@@ -328,16 +345,21 @@ private:
         once.wait_all();
     }
 
+    /// MXU m's count class: itself (per MXU), else 0 for the last group's MXUs, 1 for the
+    /// others.
+    uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < panels(true) ? 0 : 1); }
+    const isa::Reg& mxu_count(uint32_t m) const { return m_mxu_count[cls(m)]; }
+
     /// Waits until MXU m has finished all its steps but the `later` most recent.
     void wait_mxu(uint32_t m, uint32_t later) {
         if (!later) {
-            E(Opcode::Wait, {m_mxu[m].flag, m_mxu[m].count});
+            E(Opcode::Wait, {m_mxu_flag[m], mxu_count(m)});
             return;
         }
         const isa::Label skip = m_b.label("wm");
-        E(Opcode::Sub, {m_tmp, m_mxu[m].count, imm(later)});
+        E(Opcode::Sub, {m_tmp, mxu_count(m), imm(later)});
         E(Opcode::Blt, {m_tmp, imm(1), skip});
-        E(Opcode::Wait, {m_mxu[m].flag, m_tmp});
+        E(Opcode::Wait, {m_mxu_flag[m], m_tmp});
         m_b.bind(skip);
     }
 
@@ -1046,12 +1068,13 @@ private:
                     const isa::Arg dst = m_par + int64_t(m_a.c + m * m_m.cpanel);
                     if (end)
                         E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
-                                          imm(fresh ? 0 : 1), m_mxu[m].flag});
+                                          imm(fresh ? 0 : 1), m_mxu_flag[m]});
                     else
                         E(Opcode::MxuMm,
                           {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows, imm(fresh ? 0 : 1)});
                 }
-                E(Opcode::Add, {m_mxu[m].count, m_mxu[m].count, imm(1)});
+                if (m == 0 || cls(m) != cls(m - 1))
+                    E(Opcode::Add, {mxu_count(m), mxu_count(m), imm(1)});
             }
             // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
             // MXUs run that step while the VPU works on one panel.
@@ -1138,7 +1161,10 @@ private:
     std::vector<isa::Vmem> m_vmem;
     isa::Reg m_par, m_pending, m_row, m_rows, m_col, m_pcol, m_tmp, m_wb, m_t14, m_t15, m_cnt;
     isa::Reg m_paddr, m_prows, m_ppar;
-    Tally m_loads[2], m_vpu, m_mxu[2], m_stores, m_sides;
+    Tally m_loads[2], m_vpu, m_stores, m_sides;
+    isa::Flag m_mxu_flag[kDotMaxMxus];  ///< per MXU: its flagged matmul of each step
+    isa::Reg m_mxu_count[kDotMaxMxus];  ///< steps issued, per class (cls)
+    bool m_per_mxu = true;              ///< a count per MXU, else per class
 };
 
 }  // namespace
@@ -1149,8 +1175,9 @@ namespace {
 std::string layout_unsupported(const DotKey& k) {
     if (k.M == 0 || k.K == 0 || k.N == 0)
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
-    if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > 2)
-        return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 or 2", k.R, k.C, k.mxus);
+    if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > kDotMaxMxus)
+        return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 to {}", k.R, k.C, k.mxus,
+                           kDotMaxMxus);
     const bool lhs = k.stationary == Stationary::Lhs;
     // A in MXU tiles is streamed (contracting dim minor) or, stored transposed, held.
     if (k.a == DotLayout::Tiles && lhs)
@@ -1295,7 +1322,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     DotKey k = shape;
     k.R = cfg.core.mxu_rows;
     k.C = cfg.core.mxu_cols;
-    k.mxus = std::min<uint32_t>(cfg.core.mxus, 2);
+    k.mxus = cfg.core.mxus;
     k.block_rows = 8;
     if (const std::string why = layout_unsupported(k); !why.empty())
         throw DeviceError(ErrorKind::Usage, "dot: " + why);
@@ -1378,7 +1405,7 @@ std::optional<MatmulKey> plan_matmul(const hw::BoardConfig& cfg, uint32_t M, uin
                 .precision = precision,
                 .R = cfg.core.mxu_rows,
                 .C = cfg.core.mxu_cols,
-                .mxus = std::min<uint32_t>(cfg.core.mxus, 2),
+                .mxus = cfg.core.mxus,
                 .bias = bias};
     // The longest blocks first: each weight tile costs a drain (core.mxu_swap_drains), so rows
     // per tile are worth more than anything a shorter block would save.

@@ -63,7 +63,7 @@ struct DotKey {
     DotLayout c = DotLayout::RowMajor;        ///< C's layout (RowMajor, Gemm or VpuTiles)
     Stationary stationary = Stationary::Rhs;  ///< which operand the arrays hold
     uint32_t R = 128, C = 128;                ///< MXU array
-    uint32_t mxus = 2;                        ///< MXUs used (column panels per group)
+    uint32_t mxus = 2;                        ///< MXUs used (column panels per group, 1-8)
     uint32_t block_rows = 0;    ///< streamed rows per block: of A (Rhs) or of W^T (Lhs)
     uint32_t column_sides = 0;  ///< the epilogue's Column sides (VMEM they take)
     uint32_t full_sides = 0;    ///< the epilogue's Full sides
@@ -135,7 +135,7 @@ struct MatmulKey {
     bool ta = false, tb = false;   ///< a, b stored transposed
     Precision precision = Precision::Bf16;
     uint32_t R = 128, C = 128;  ///< MXU array
-    uint32_t mxus = 2;          ///< MXUs used (column panels per group)
+    uint32_t mxus = 2;          ///< MXUs used (column panels per group, 1-8)
     uint32_t block_rows = 0;    ///< LHS rows per block (T)
     bool bias = false;          ///< C += a 1 x N fp32 row before it leaves
     auto operator<=>(const MatmulKey&) const = default;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -83,6 +84,14 @@ public:
     /// Matmul of T LHS rows that reaches the unit at `ready`; throws std::logic_error
     /// ("mxu.mm without loaded weights") if no lw came before it.
     MxuSpan mm(uint64_t ready, uint32_t T);
+    /// Cycles from one matmul's start to the next one's in a stream where every matmul of T
+    /// rows swaps in a tile loaded under its predecessor (double-buffered weights, the queues
+    /// never empty): with `swap_drains` the predecessor's done, T + R + C - 2; otherwise the
+    /// later of its input port (T) and the load that starts when it took the shadow (R). What a
+    /// kernel planner charges per weight tile.
+    static uint64_t swap_step_cycles(uint32_t rows, uint32_t cols, bool swap_drains, uint64_t T) {
+        return swap_drains ? T + rows + cols - 2 : std::max<uint64_t>(T, rows);
+    }
 
 private:
     uint32_t m_rows, m_cols;
