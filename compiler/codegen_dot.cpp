@@ -667,12 +667,12 @@ void emit_one(isa::Builder& b, const DotFusion& p,
         if (off) b.emit(Opcode::Add, {*r, *r, imm(int64_t(off))});
     // In a loop over the batches: the pass's matrices, `pass` strides further on.
     if (pass.counter) {
-        const isa::Reg t = b.reg("dot.pass");
+        const isa::Reg t = b.reg("dot.pass"), u = b.reg("dot.stride");
+        b.emit(Opcode::Lw, {t, pass.counter->word(0)});
         for (const auto& [r, stride] : {std::pair{&ra, pass.a}, {&rw, pass.w}, {&rc, pass.c}}) {
             if (!stride) continue;
-            b.emit(Opcode::Lw, {t, pass.counter->word(0)});
-            b.emit(Opcode::Mul, {t, t, imm(stride)});
-            b.emit(Opcode::Add, {*r, *r, t});
+            b.emit(Opcode::Mul, {u, t, imm(stride)});
+            b.emit(Opcode::Add, {*r, *r, u});
         }
     }
     std::vector<isa::Reg> side_regs;
