@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "compiler/builder.h"
+#include "compiler/codegen.h"
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
@@ -118,6 +119,27 @@ TEST(CompilerAttnDotsDevice, SixHeadsOfSixtyFourLoopOverPairsOfHeadsBitExact) {
 TEST(CompilerAttnDotsDevice, FourHeadsOfOneTwentyEightLoopOverTheHeadsBitExact) {
     // Heads of a whole tile column: one kernel, unrolled once, then a loop of three passes.
     expect_attention_bit_exact(128, 4, 128);
+}
+
+TEST(CompilerAttnDots, ThirtyTwoHeadsFitTheInstructionMemory) {
+    // BERT 2048 / 32 heads, seq 512: one kernel per head made the values dot 394 KB of code,
+    // beyond the core's 256 KiB instruction memory (the fusion ran on the host). A loop over
+    // 16 periods of two kernels: every fusion is generated, each device program fits.
+    const int64_t seq = 512, dim = 2048;
+    const Shape ps{DType::F32, {seq, dim}};
+    Graph g;
+    g.add_output(attention(g, g.input(ps, "q"), g.input(ps, "k"), g.input(ps, "v"),
+                           g.parameter(Shape{DType::F32, {dim, dim}}, "w"),
+                           g.parameter(Shape{DType::F32, {dim}}, "b"), 32),
+                 "y");
+    CodegenOptions cg;
+    cg.board = hw::BoardConfig::load("", {});
+    cg.host_fallback = true;
+    const StepProgram p = generate_step(compile(g), cg);
+    for (const ProgramSegment& s : p.segments) {
+        EXPECT_EQ(s.fallback, "");
+        EXPECT_LE(s.program.code.size() * uint64_t(isa::kInstrBytes), cg.board.core.imem_bytes);
+    }
 }
 
 TEST(CompilerAttnDots, BertBaseAttentionDotCycles) {
