@@ -30,8 +30,7 @@ using test::Record;
 /// [S, H d] projections: q k^T over [1, H, S, d] with batch dims {0, 1}, times 1/sqrt(d),
 /// softmax, p v, the heads merged back to [S, H d] (a transpose and a reshape) and read by the
 /// out projection `w` [H d, H d] with its bias `b`.
-ValueId attention(Graph& g, ValueId q, ValueId k, ValueId v, ValueId w, ValueId b,
-                  int64_t heads) {
+ValueId attention(Graph& g, ValueId q, ValueId k, ValueId v, ValueId w, ValueId b, int64_t heads) {
     const int64_t seq = g.shape(q).dims[0], dim = g.shape(q).dims[1], d = dim / heads;
     const auto split = [&](ValueId t) {
         return transpose(g, reshape(g, t, {1, seq, heads, d}), {0, 2, 1, 3});
@@ -64,9 +63,8 @@ std::pair<uint64_t, uint64_t> attention_dot_cycles(int64_t S, int64_t heads, int
     co.board = cfg;
     LazyContext ctx(device, co);
     const Shape ps{DType::F32, {S, heads * d}};
-    const LazyTensor w = ctx.parameter(
-        "w", Shape{DType::F32, {heads * d, heads * d}},
-        {std::vector<float>(size_t(heads * d * heads * d), 0.01f)});
+    const LazyTensor w = ctx.parameter("w", Shape{DType::F32, {heads * d, heads * d}},
+                                       {std::vector<float>(size_t(heads * d * heads * d), 0.01f)});
     const LazyTensor b =
         ctx.parameter("b", Shape{DType::F32, {heads * d}}, {std::vector<float>(size_t(heads * d))});
     for (int step = 0; step < 3; ++step) {
@@ -74,10 +72,9 @@ std::pair<uint64_t, uint64_t> attention_dot_cycles(int64_t S, int64_t heads, int
         const LazyTensor q = ctx.input("q", ps, {zeros});
         const LazyTensor k = ctx.input("k", ps, {zeros});
         const LazyTensor v = ctx.input("v", ps, {zeros});
-        const LazyTensor out = ctx.wrap(
-            attention(ctx.graph(), ctx.value(q), ctx.value(k), ctx.value(v), ctx.value(w),
-                      ctx.value(b), heads),
-            "o");
+        const LazyTensor out = ctx.wrap(attention(ctx.graph(), ctx.value(q), ctx.value(k),
+                                                  ctx.value(v), ctx.value(w), ctx.value(b), heads),
+                                        "o");
         ctx.mark_step();
         (void)out;
     }
@@ -100,13 +97,13 @@ void expect_attention_bit_exact(int64_t seq, int64_t heads, int64_t d) {
         return attention(g, v[0], v[1], v[2], v[3], v[4], heads);
     };
     const float ws = 1.0f / std::sqrt(float(dim));
-    expect_bit_exact({{"q", ps, {randoms(size_t(seq * dim), 201)}},
-                      {"k", ps, {randoms(size_t(seq * dim), 202)}},
-                      {"v", ps, {randoms(size_t(seq * dim), 203)}},
-                      {"w", Shape{DType::F32, {dim, dim}}, {randoms(size_t(dim * dim), 204, -ws, ws)},
-                       true},
-                      {"b", Shape{DType::F32, {dim}}, {randoms(size_t(dim), 205, -ws, ws)}, true}},
-                     record);
+    expect_bit_exact(
+        {{"q", ps, {randoms(size_t(seq * dim), 201)}},
+         {"k", ps, {randoms(size_t(seq * dim), 202)}},
+         {"v", ps, {randoms(size_t(seq * dim), 203)}},
+         {"w", Shape{DType::F32, {dim, dim}}, {randoms(size_t(dim * dim), 204, -ws, ws)}, true},
+         {"b", Shape{DType::F32, {dim}}, {randoms(size_t(dim), 205, -ws, ws)}, true}},
+        record);
 }
 
 TEST(CompilerAttnDotsDevice, SixHeadsOfSixtyFourLoopOverPairsOfHeadsBitExact) {
