@@ -271,7 +271,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
             continue;
         }
         if (!dots[k].empty()) {
-            for (const DotFusion& d : dots[k]) emit_dot_fusion(b, d, load);
+            emit_dot_fusions(b, dots[k], load);
             continue;
         }
         if (windows[k]) {

@@ -642,8 +642,18 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
 
 }  // namespace
 
-void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
-                     const std::function<void(const isa::Reg&, const BufferRef&)>& load) {
+namespace {
+
+/// A pass of a loop over a batched dot's batches: the pass number in scalar memory, and the
+/// bytes each operand's matrices move per pass.
+struct BatchPass {
+    const isa::Smem* counter = nullptr;
+    int64_t a = 0, w = 0, c = 0;
+};
+
+void emit_one(isa::Builder& b, const DotFusion& p,
+              const std::function<void(const isa::Reg&, const BufferRef&)>& load,
+              const BatchPass& pass) {
     // Each address in a register of its own, straight from the argument table (the kernel
     // needs most registers for itself).
     const auto addr = [&](const FusionValue& fv, const std::string& name) {
@@ -655,6 +665,16 @@ void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
     // A batch's matrices within their arrays.
     for (const auto& [r, off] : {std::pair{&ra, p.a_off}, {&rw, p.w_off}, {&rc, p.c_off}})
         if (off) b.emit(Opcode::Add, {*r, *r, imm(int64_t(off))});
+    // In a loop over the batches: the pass's matrices, `pass` strides further on.
+    if (pass.counter) {
+        const isa::Reg t = b.reg("dot.pass"), u = b.reg("dot.stride");
+        b.emit(Opcode::Lw, {t, pass.counter->word(0)});
+        for (const auto& [r, stride] : {std::pair{&ra, pass.a}, {&rw, pass.w}, {&rc, pass.c}}) {
+            if (!stride) continue;
+            b.emit(Opcode::Mul, {u, t, imm(stride)});
+            b.emit(Opcode::Add, {*r, *r, u});
+        }
+    }
     std::vector<isa::Reg> side_regs;
     driver::Epilogue ep;
     for (size_t i = 0; i < p.sides.size(); ++i) {
@@ -766,6 +786,64 @@ void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
         };
     driver::emit_dot(b, p.key, {st::Operand::hbm(ra), st::Operand::hbm(rw), st::Operand::hbm(rc)},
                      ep);
+}
+
+}  // namespace
+
+void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
+                     const std::function<void(const isa::Reg&, const BufferRef&)>& load) {
+    emit_one(b, p, load, {});
+}
+
+void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
+                      const std::function<void(const isa::Reg&, const BufferRef&)>& load) {
+    // A batched dot's batches repeat with a period (heads of 64 lanes alternate between the
+    // window at lane 0 and at lane 64 of a tile: two keys; wider heads one) and their matrices
+    // lie a constant stride apart per period: one period of kernels in a loop, instead of a
+    // kernel per batch (32 heads' unrolled kernels outgrow the instruction memory).
+    const size_t n = plans.size();
+    const auto same = [&](const DotFusion& x, const DotFusion& y) {
+        return x.key == y.key && x.a == y.a && x.w == y.w && x.c == y.c && x.sides == y.sides &&
+               x.steps.size() == y.steps.size() && x.areas == y.areas && x.views.empty() &&
+               y.views.empty();
+    };
+    const auto diff = [](uint64_t x, uint64_t y) { return int64_t(x) - int64_t(y); };
+    size_t period = 0;
+    for (size_t q = 1; q <= 2 && !period; ++q) {
+        if (n % q || n / q < 3) continue;
+        bool ok = true;
+        for (size_t i = 0; ok && i + q < n; ++i)
+            ok = same(plans[i], plans[i + q]) &&
+                 diff(plans[i + q].a_off, plans[i].a_off) == diff(plans[q].a_off, plans[0].a_off) &&
+                 diff(plans[i + q].w_off, plans[i].w_off) == diff(plans[q].w_off, plans[0].w_off) &&
+                 diff(plans[i + q].c_off, plans[i].c_off) == diff(plans[q].c_off, plans[0].c_off);
+        if (ok) period = q;
+    }
+    if (!period) {
+        for (const DotFusion& p : plans) emit_one(b, p, load, {});
+        return;
+    }
+    // The first period unrolled: the kernels' flags are then ones used before, so each pass of
+    // the loop resets them to zero when it takes them (Builder::flag), and its waits count from
+    // its own start as the kernel's do (every kernel has completed all it issued on return).
+    for (size_t j = 0; j < period; ++j) emit_one(b, plans[j], load, {});
+    const isa::Smem counter = b.smem("dot.passes", 1);
+    BatchPass pass{&counter, diff(plans[period].a_off, plans[0].a_off),
+                   diff(plans[period].w_off, plans[0].w_off),
+                   diff(plans[period].c_off, plans[0].c_off)};
+    {
+        const isa::Reg t = b.reg("dot.pass");
+        b.emit(Opcode::Li, {t, imm(1)});
+        b.emit(Opcode::Sw, {t, counter.word(0)});
+    }
+    const isa::Label top = b.label("dot_batches");
+    b.bind(top);
+    for (size_t j = 0; j < period; ++j) emit_one(b, plans[j], load, pass);
+    const isa::Reg t = b.reg("dot.pass");
+    b.emit(Opcode::Lw, {t, counter.word(0)});
+    b.emit(Opcode::Add, {t, t, imm(1)});
+    b.emit(Opcode::Sw, {t, counter.word(0)});
+    b.emit(Opcode::Bltu, {t, imm(int64_t(n / period)), top});
 }
 
 }  // namespace tpu::compiler::gen

@@ -205,6 +205,12 @@ std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
 void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
                      const std::function<void(const isa::Reg&, const BufferRef&)>& load);
 
+/// Emits a fusion's dots (plan_dot_fusion's plans) in order; a batched dot's batches that
+/// repeat with a period of one or two kernels, their matrices a constant stride apart, run as
+/// a loop over one period of kernels (compiler/README.md, "The attention's batched dots").
+void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
+                      const std::function<void(const isa::Reg&, const BufferRef&)>& load);
+
 /// Puts a buffer's address into a register (the program's argument table, plus a temp's offset).
 using LoadFn = std::function<void(const isa::Reg&, const BufferRef&)>;
 
