@@ -66,6 +66,9 @@ struct Plan {
     int64_t G = 1;       ///< groups of R / G rows: [G, R / G, C] (kept dims above reduced ones)
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
+    /// h rows of an untiled row-major array per unit (a major reduction's bands), in row order:
+    /// [row][C] rather than a tile's [chunk][row][lane]
+    bool row_bands = false;
     std::map<ValueId, View> view;
     /// Col values whose array is [G, S] in T(8,128) tiles (a rank-2 reduction result): S.
     std::map<ValueId, int64_t> tiled_col;
