@@ -83,7 +83,11 @@ inline bool inside_fusion(const Fusion& f, const Graph& g, ValueId v) {
 /// program's scalar-memory argument table.
 struct Bases {
     std::map<std::pair<uint8_t, uint32_t>, isa::Reg> regs;
+    /// Temps at offsets past 2 GiB, by offset: their own address in a register, so that the
+    /// kernels' further immediates stay within 32 bits.
+    std::map<uint64_t, isa::Reg> far;
     isa::Arg of(const BufferRef& r) const {
+        if (r.space == BufferRef::Space::Temp && far.count(r.offset)) return far.at(r.offset) + 0;
         const isa::Reg& base = regs.at({uint8_t(r.space), r.index});
         return base + (r.space == BufferRef::Space::Temp ? int64_t(r.offset) : 0);
     }

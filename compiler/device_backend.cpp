@@ -161,6 +161,21 @@ const StepProgram& DeviceBackend::program(const CompiledStep& step) {
     return *it->second;
 }
 
+void DeviceBackend::check_window(const CompiledStep& step) const {
+    // A program addresses HBM with 32-bit offsets (hw/README.md, "Memory addressing"), so the
+    // driver offers each core one window of that size: a step whose buffers do not fit it is
+    // refused here, with its memory plan, rather than by an immediate or an allocation later.
+    const uint64_t window = driver::Device::window_bytes(m_dev.config());
+    const MemoryPlan& m = step.memory;
+    if (m.peak_bytes() <= window) return;
+    throw CompileError(fmt::format(
+        "the step needs {} bytes of HBM per core ({} parameter + {} input + {} output + {} temp "
+        "by liveness, {} without reuse); a program addresses {} bytes of a core's HBM (32-bit "
+        "offsets, hw/README.md \"Memory addressing\"), of the board's {}",
+        m.peak_bytes(), m.parameter_bytes, m.input_bytes, m.output_bytes, m.temp_bytes,
+        m.temp_unshared_bytes, window, m_dev.config().hbm.bytes_per_core));
+}
+
 std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                                             const std::vector<DataPtr>& parameters,
                                             const std::vector<DataPtr>& inputs) {
@@ -169,6 +184,7 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             "execute: {} parameters and {} inputs bound; the step has "
             "{} and {}",
             parameters.size(), inputs.size(), step.parameters.size(), step.inputs.size()));
+    check_window(step);
     const StepProgram& prog = program(step);
     for (size_t i = 0; i < parameters.size(); ++i) {
         DeviceTensor& t = tensor(parameters[i]);

@@ -155,22 +155,6 @@ void simplify_op(Rewriter& rw, const Op& op) {
                 if (changed) return rw.set(op.results[0], g.add1(OpKind::Dot, in, na));
             }
             break;
-        case OpClass::Reduce: {
-            // xla/service/algebraic_simplifier.cc, HandleReduce: a reduction whose result has
-            // as many elements as its operand (every reduced dim is 1, a bias gradient at batch
-            // 1) is a reshape, the init value being the reducer's identity.
-            const Shape& xs = g.shape(in[0]);
-            std::vector<int64_t> kept;
-            bool unit = true;
-            for (int64_t d = 0; d < xs.rank(); ++d) {
-                if (std::find(a.dims.begin(), a.dims.end(), d) == a.dims.end())
-                    kept.push_back(xs.dims[size_t(d)]);
-                else
-                    unit &= xs.dims[size_t(d)] == 1;
-            }
-            if (unit) return rw.set(op.results[0], reshape(g, in[0], kept));
-            break;
-        }
         default:
             break;
     }
