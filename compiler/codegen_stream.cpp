@@ -140,8 +140,10 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             // softmax over dim -2).
             const bool total = kept.empty() && red.size() >= 2;
             const bool grouped = order.size() == 3 && !order[0];
-            const bool major =
-                total || grouped || (!order.empty() && !order.back() && !red.empty());
+            // Only unit dims reduced (a bias gradient over a batch of one): one row, reduced
+            // over the rows, as the evaluator orders it.
+            const bool major = red.empty() || total || grouped ||
+                               (!order.empty() && !order.back() && !red.empty());
             if (order.size() > 3 || (order.size() == 3 && order[0]))
                 not_generated(f, fmt::format("a reduction over dims {} of {}",
                                              fmt::join(op.attrs.dims, ","), s.to_string()));
