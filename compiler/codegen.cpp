@@ -246,9 +246,10 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         if (k > 0) emit_delay(b, o.board.core.fusion_setup_cycles);
         const auto scope = b.scope(f.name);
         const auto load = [&](const isa::Reg& r, const BufferRef& buf) {
-            if (buf.space == BufferRef::Space::Temp && buf.offset > 0x7fffffffu)
+            // A 32-bit immediate (a core addresses 4 GiB of HBM: hw/README.md).
+            if (buf.space == BufferRef::Space::Temp && buf.offset > 0xffffffffu)
                 throw CompileError(
-                    fmt::format("{}: temp offset {} beyond 2 GiB", f.name, buf.offset));
+                    fmt::format("{}: temp offset {} beyond 4 GiB", f.name, buf.offset));
             b.emit(Opcode::Lw, {r, table->word(slot.at(alloc_key(buf)))});
             if (buf.space == BufferRef::Space::Temp && buf.offset > 0)
                 b.emit(Opcode::Add, {r, r, imm(int64_t(buf.offset))});
@@ -285,10 +286,17 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         for (const auto* list : {&f.operands, &f.results})
             for (const FusionValue& fv : *list) {
                 const auto key = alloc_key(fv.buffer);
-                if (bases.regs.count(key)) continue;
-                if (fv.buffer.space == BufferRef::Space::Temp && fv.buffer.offset > 0x7fffffffu)
-                    throw CompileError(
-                        fmt::format("{}: temp offset {} beyond 2 GiB", f.name, fv.buffer.offset));
+                if (fv.buffer.space == BufferRef::Space::Temp && fv.buffer.offset > 0x7fffffffu &&
+                    !bases.far.count(fv.buffer.offset)) {
+                    // Past 2 GiB: its own register (load() checks the 4 GiB immediate).
+                    isa::Reg r = b.reg(fmt::format("temp{}", bases.far.size()));
+                    load(r, fv.buffer);
+                    bases.far.emplace(fv.buffer.offset, std::move(r));
+                    continue;
+                }
+                if (bases.regs.count(key) ||
+                    (fv.buffer.space == BufferRef::Space::Temp && fv.buffer.offset > 0x7fffffffu))
+                    continue;
                 isa::Reg r = b.reg(arg_name(seg.args[slot.at(key)]));
                 b.emit(Opcode::Lw, {r, table->word(slot.at(key))});
                 bases.regs.emplace(key, std::move(r));

@@ -291,6 +291,18 @@ Placed place(const Graph& g, const Fusion& f, const std::set<OpId>& ops, std::ma
             }
             case OpKind::Reshape:
             case OpKind::Transpose:
+                if (op.kind == OpKind::Reshape && rs.dims == D && !val.count(op.operands[0]) &&
+                    layout == row_major(int64_t(D.size()))) {
+                    // A fusion operand viewed as the result's dims (the [B, H W C] gradient of
+                    // a flatten): untiled row-major on both sides, so the same bytes.
+                    const FusionValue* fv = operand_of(f, op.operands[0]);
+                    if (fv && !inside_fusion(f, g, op.operands[0]) && untiled_row_major(*fv) &&
+                        fv->shape.dtype == DType::F32) {
+                        p.fulls.push_back(fv);
+                        val[res] = {Val::K::Full, -1 - int(p.fulls.size())};
+                        continue;
+                    }
+                }
                 if (rs.dims != g.shape(op.operands[0]).dims)
                     not_generated(f, fmt::format("{} in the epilogue", op_name(op.kind)));
                 val[res] = in(0);
@@ -486,9 +498,11 @@ struct ConvPoolFusion {
     BufferRef scratch_buf;           ///< the fusion's own HBM (Fusion::scratch)
     const FusionValue* x = nullptr;  ///< the kernel's input (unless a pass writes it to scratch)
     const FusionValue* y = nullptr;  ///< the kernel's result
-    std::optional<Pass> before;      ///< Pool, GlobalSum: fused producers, into the scratch
-    std::vector<Pass> befores;       ///< a pooling gradient's computed operands, into the scratch
-    std::vector<Pass> after;         ///< Conv: the other results
+    /// An input gradient whose fusion goes on (input_grad_passes): dx in the scratch, behind dcol
+    FusionValue dx{};
+    std::optional<Pass> before;  ///< Pool, GlobalSum: fused producers, into the scratch
+    std::vector<Pass> befores;   ///< a pooling gradient's computed operands, into the scratch
+    std::vector<Pass> after;     ///< Conv: the other results
     // Conv: the implicit GEMM, or (folded) im2col into the scratch and the dot kernel
     bool folded = false;
     bool pointwise = false;  ///< folded without im2col: the dot reads x's NHWC rows
@@ -771,15 +785,50 @@ uint64_t grad_scratch_bytes(const driver::Conv2dShape& s) {
                     s.cin * 4);
 }
 
+/// Bytes of the dx an input gradient's fusion keeps in its scratch (behind dcol) when other
+/// ops follow the gradient in its fusion and dx itself is not one of its results; else 0.
+uint64_t dx_scratch_bytes(const Graph& g, const Fusion& f) {
+    const Op& op = g.op(f.hero);
+    if (op.kind != OpKind::Conv2dInputGrad || (f.ops.size() == 1 && f.results.size() == 1))
+        return 0;
+    for (const FusionValue& r : f.results)
+        if (r.value == op.results[0]) return 0;
+    return align512(uint64_t(g.shape(op.results[0]).elements()) * 4);
+}
+
+/// An input gradient with consumers in its fusion (the residual's gradient added, ReLU's mask):
+/// col2im accumulates overlapping windows into dx, so no element is final before its last tap
+/// and an epilogue cannot run per tile as XLA's output fusion of a convolution does. The
+/// kernel writes dx (into the scratch behind dcol, or into dx's own result), then each result
+/// is a streaming pass from it, as the forward convolution's further results are.
+void input_grad_passes(ConvPoolFusion& p, const Graph& g, const Fusion& f,
+                       const hw::BoardConfig& board) {
+    const ValueId hy = g.op(f.hero).results[0];
+    for (const FusionValue& r : f.results)
+        if (r.value == hy) p.y = &r;
+    if (!p.y) {
+        const uint64_t bytes = dx_scratch_bytes(g, f);
+        p.dx.value = hy;
+        p.dx.shape = g.shape(hy);
+        p.dx.layout = row_major(p.dx.shape.rank());
+        p.dx.buffer =
+            BufferRef{f.scratch.space, f.scratch.index,
+                      f.scratch.offset + grad_scratch_bytes(grad_shape(g, g.op(f.hero))), bytes};
+        p.y = &p.dx;
+    }
+    for (const FusionValue& r : f.results)
+        if (r.value != hy)
+            p.after.push_back(plan_pass(g, f, needed_ops(g, f, {r.value}, {hy}), {p.y}, r.value,
+                                        r.buffer, board));
+}
+
 std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
                                                const hw::BoardConfig& board) {
     const Op& op = g.op(f.hero);
     auto p = std::make_unique<ConvPoolFusion>();
     p->kind = ConvPoolFusion::Kind::ConvGrad;
     p->input_grad = op.kind == OpKind::Conv2dInputGrad;
-    if (p->input_grad && (f.ops.size() != 1 || f.results.size() != 1))
-        not_generated(f, fmt::format("{} with other ops in its fusion (col2im writes dx last)",
-                                     op_name(op.kind)));
+    const bool dx_passes = p->input_grad && (f.ops.size() != 1 || f.results.size() != 1);
     if (detail::mxu_precision(op.attrs.precision, g.shape(op.operands[0]).dtype) !=
         driver::Precision::Bf16)
         not_generated(f, "a convolution gradient above default precision");
@@ -789,7 +838,9 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
     // filter, placed as a conv's epilogue on [k k Cin, Cout] tiles, HWIO row-major); the kernel
     // writes the result the others follow from, a pass the rest.
     const ValueId hy = op.results[0];
+    if (dx_passes) input_grad_passes(*p, g, f, board);
     for (const FusionValue& r : f.results) {
+        if (dx_passes) break;
         bool ok = r.shape.dims == g.shape(hy).dims;
         for (const FusionValue& o : f.results)
             if (&o != &r && needed_ops(g, f, {o.value}, {r.value}).count(f.hero)) ok = false;
@@ -869,7 +920,7 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
         budget = driver::dot_vmem_bytes(*k) - over;
     }
     if (!p->dot.M) not_generated(f, "a convolution gradient's dot that does not fit in VMEM");
-    if (f.scratch.bytes < grad_scratch_bytes(s))
+    if (f.scratch.bytes < grad_scratch_bytes(s) + (dx_passes ? p->dx.buffer.bytes : 0))
         not_generated(f, "a convolution gradient without its scratch");
     p->scratch_buf = f.scratch;
     return p;
@@ -892,6 +943,13 @@ std::unique_ptr<ConvPoolFusion> plan_pool(const Graph& g, const Fusion& f,
         // Operands computed in the fusion are passes into the scratch, one after another.
         uint64_t at = 0;
         for (ValueId v : op.operands) {
+            // A reshape of an untiled row-major operand (the flattened features' gradient
+            // viewed as NHWC) is the operand's bytes: the kernel reads it where it lies.
+            if (const FusionValue* fv = operand_through_reshapes(f, g, v);
+                fv && inside_fusion(f, g, v) && fv->shape.dtype == DType::F32) {
+                p->grad_operands.push_back(fv->buffer);
+                continue;
+            }
             if (inside_fusion(f, g, v)) {
                 const uint64_t bytes = align512(uint64_t(g.shape(v).elements()) * 4);
                 if (f.scratch.bytes < at + bytes)
@@ -1383,7 +1441,8 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
         }
         if (f.kind != FusionKind::Output) continue;
         if (op.kind == OpKind::Conv2dInputGrad || op.kind == OpKind::Conv2dFilterGrad) {
-            f.scratch.bytes = gen::grad_scratch_bytes(gen::grad_shape(g, op));
+            f.scratch.bytes =
+                gen::grad_scratch_bytes(gen::grad_shape(g, op)) + gen::dx_scratch_bytes(g, f);
             continue;
         }
         if (op.kind != OpKind::Conv2d || !gen::conv_unsupported(g, op, options.board).empty())

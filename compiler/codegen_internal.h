@@ -66,6 +66,9 @@ struct Plan {
     int64_t G = 1;       ///< groups of R / G rows: [G, R / G, C] (kept dims above reduced ones)
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
+    /// h rows of an untiled row-major array per unit (a major reduction's bands), in row order:
+    /// [row][C] rather than a tile's [chunk][row][lane]
+    bool row_bands = false;
     std::map<ValueId, View> view;
     /// Col values whose array is [G, S] in T(8,128) tiles (a rank-2 reduction result): S.
     std::map<ValueId, int64_t> tiled_col;
@@ -80,7 +83,11 @@ inline bool inside_fusion(const Fusion& f, const Graph& g, ValueId v) {
 /// program's scalar-memory argument table.
 struct Bases {
     std::map<std::pair<uint8_t, uint32_t>, isa::Reg> regs;
+    /// Temps at offsets past 2 GiB, by offset: their own address in a register, so that the
+    /// kernels' further immediates stay within 32 bits.
+    std::map<uint64_t, isa::Reg> far;
     isa::Arg of(const BufferRef& r) const {
+        if (r.space == BufferRef::Space::Temp && far.count(r.offset)) return far.at(r.offset) + 0;
         const isa::Reg& base = regs.at({uint8_t(r.space), r.index});
         return base + (r.space == BufferRef::Space::Temp ? int64_t(r.offset) : 0);
     }

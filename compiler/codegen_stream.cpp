@@ -59,6 +59,52 @@ void group_row(isa::Builder& bb, const isa::Reg& r, const isa::Reg& q, const isa
     bb.emit(Opcode::Add, {r, r, base});
 }
 
+/// The load (or store) of a tile of row bands of a Full array at `addr` (an untiled [R, C] whose R
+/// is not a multiple of the band): one DMA of the tile's rows, clamped to the array's last row.
+st::Transfer row_band_transfer(const Plan& p, const isa::Arg& addr, int area, bool load) {
+    const int64_t h = p.h, R = p.R, row = p.Cp * 4;
+    return [=](st::Body& bd, const isa::Reg& first, const isa::Reg& units, const isa::Reg& slot,
+               const isa::Flag& flag) {
+        isa::Builder& bb = bd.builder();
+        const isa::Reg &t0 = bd.tmp(0), &t1 = bd.tmp(1);
+        bb.emit(Opcode::Mul, {t0, first, imm(h)});  // the tile's first row
+        bb.emit(Opcode::Li, {t1, imm(R)});
+        bb.emit(Opcode::Sub, {t1, t1, t0});         // rows left
+        bb.emit(Opcode::Mul, {t0, units, imm(h)});  // the tile's rows
+        bb.if_(isa::Cond::Ltu, t0, t1, [&] { bb.emit(Opcode::Add, {t1, t0, imm(0)}); });
+        bb.emit(Opcode::Mul, {t1, t1, imm(row)});
+        bb.emit(Opcode::Mul, {t0, first, imm(h * row)});
+        bb.emit(Opcode::Add, {t0, t0, addr});
+        if (load)
+            bb.emit(Opcode::DmaHv, {bd.at(slot, area), t0, imm(1), t1, t1, t1, flag});
+        else
+            bb.emit(Opcode::DmaVh, {t0, bd.at(slot, area), imm(1), t1, t1, t1, flag});
+    };
+}
+
+/// Views that name the same values when the iteration space has one row (a column value is the
+/// scalar, the whole space is the row: a batch of one) or one column.
+bool same_at_unit_dims(const Plan& p, View a, View b) {
+    const auto pair = [&](View x, View y) { return (a == x && b == y) || (a == y && b == x); };
+    return (p.R == 1 && (pair(View::Col, View::Scalar) || pair(View::Full, View::Row))) ||
+           (p.C == 1 && (pair(View::Row, View::Scalar) || pair(View::Full, View::Col)));
+}
+
+/// A reduction over the major dims of untiled row-major rows (a bias or batch-norm gradient's
+/// sums over NHWC activations, which the convolution kernels write untiled): 8 consecutive rows
+/// are one contiguous run, so they stream as a band of 8 rows in row order, and row i still
+/// goes to sublane partial i mod 8 (the evaluator's order). The band's values are in row order
+/// ([row][C], not a tile's [chunk][row][lane]): row patterns and column broadcasts take the
+/// untiled forms over all the band's rows, and the partials are transposed whole at the end.
+/// Rows not a multiple of 8: the last band's loads and stores stop at the array's end
+/// (row_band_transfer) and only its rows of data are added.
+void row_bands(Plan& p, const hw::BoardConfig& board) {
+    const int64_t sub = board.core.vpu_sublanes;
+    if (p.total || p.G != 1 || p.C != p.Cp) return;
+    p.h = uint32_t(sub);
+    p.row_bands = true;
+}
+
 }  // namespace
 
 int literal_exponent(const Graph& g, ValueId v) {
@@ -94,8 +140,10 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             // softmax over dim -2).
             const bool total = kept.empty() && red.size() >= 2;
             const bool grouped = order.size() == 3 && !order[0];
-            const bool major =
-                total || grouped || (!order.empty() && !order.back() && !red.empty());
+            // Only unit dims reduced (a bias gradient over a batch of one): one row, reduced
+            // over the rows, as the evaluator orders it.
+            const bool major = red.empty() || total || grouped ||
+                               (!order.empty() && !order.back() && !red.empty());
             if (order.size() > 3 || (order.size() == 3 && order[0]))
                 not_generated(f, fmt::format("a reduction over dims {} of {}",
                                              fmt::join(op.attrs.dims, ","), s.to_string()));
@@ -162,7 +210,8 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         if (g.producer(v).kind == OpKind::Literal) return View::Literal;
         const int64_t n = g.shape(v).elements();
         // Flat: a rank-0 array is a scalar when broadcast, else the whole (one-value) space.
-        if (!p.rows) return g.shape(v).rank() == 0 ? View::Unknown : View::Full;
+        // (A one-value array too: broadcast, it is a scalar, a batch of one's [1] sum.)
+        if (!p.rows) return g.shape(v).rank() == 0 || n == 1 ? View::Unknown : View::Full;
         const bool full = n == p.R * p.C, col = n == p.R, row = n == p.C;
         const bool grow = p.G > 1 && n == p.G * p.C;
         if (full && !col && !row && !grow) return View::Full;
@@ -178,8 +227,10 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         const auto set = [&](ValueId v, View w) {
             View& cur = p.view[v];
             if (cur == View::Literal || w == View::Unknown || cur == w) return;
-            if (cur != View::Unknown)
+            if (cur != View::Unknown) {
+                if (same_at_unit_dims(p, cur, w)) return;
                 not_generated(f, fmt::format("%{} used both as a row and as a column vector", v));
+            }
             cur = w;
             changed = true;
         };
@@ -320,6 +371,7 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                                          p.C, vlanes));
         }
         p.Cp = p.lanes * p.chunks;
+        if (p.major && p.h == 1) row_bands(p, board);
         if (p.major && p.h != board.core.vpu_sublanes)
             not_generated(f, "a reduction over major dims of untiled rows");
         for (const auto& [v, S] : p.tiled_col)
@@ -371,6 +423,10 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             sp.fp.fixed.push_back(uint32_t(layout_bytes(fv.shape, fv.layout) / 4));
             fixed_of[fv.value] = int(sp.fp.fixed.size() - 1);
             sp.fixed_ins.push_back({st::Operand::hbm(addr), fixed_of[fv.value]});
+        } else if (w == View::Full && p.row_bands && p.R % p.h) {
+            at[fv.value] = area(full);
+            sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value],
+                                row_band_transfer(p, addr, at[fv.value], true));
         } else if (w == View::Full || w == View::Col) {
             at[fv.value] = area(w == View::Full ? full : col);
             sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value]);
@@ -403,7 +459,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         literal_area[key] = a;
         return a;
     };
-    bool tiled = p.h > 1;
+    bool tiled = p.h > 1 && !p.row_bands;
     const int64_t Ct = p.chunks;
     const int64_t vl = board.core.vpu_lanes;
     bool need_lane_mask = false;  // 1.0 on data lanes, 0.0 on padding (a minor reduction's)
@@ -608,6 +664,12 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         }
         if (w != View::Full && w != View::Col)
             not_generated(f, fmt::format("a {} result", fv.shape.to_string()));
+        if (w == View::Full && p.row_bands && p.R % p.h) {
+            const isa::Arg addr = bases.of(fv.buffer);
+            sp.outs.emplace_back(st::Operand::hbm(addr), at.at(fv.value),
+                                 row_band_transfer(p, addr, at.at(fv.value), false));
+            continue;
+        }
         sp.outs.emplace_back(st::Operand::hbm(bases.of(fv.buffer)), at.at(fv.value));
     }
     // A band that does not fit VMEM twice (rows of tens of thousands of values) is a shape the
@@ -645,9 +707,12 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 if (op.kind != OpKind::Reduce) continue;
                 const isa::Arg acc = body.f(s.tmp[0]), tr = body.f(s.tmp[1]);
                 const int64_t chunk = int64_t(p.h) * p.lanes * 4;
-                for (int64_t t = 0; t < Ct; ++t)
-                    body.vpu(Opcode::VTrans,
-                             {tr + t * chunk, acc + t * chunk, imm(p.h), imm(p.lanes)});
+                if (p.row_bands)  // [row][C]: to [C][row] at once, as the chunks below give
+                    body.vpu(Opcode::VTrans, {tr, acc, imm(p.h), imm(p.Cp)});
+                else
+                    for (int64_t t = 0; t < Ct; ++t)
+                        body.vpu(Opcode::VTrans,
+                                 {tr + t * chunk, acc + t * chunk, imm(p.h), imm(p.lanes)});
                 const Opcode red = op.attrs.reducer == Reducer::Sum ? Opcode::VRSum : Opcode::VRMax;
                 const isa::Arg res = body.f(fixed_of.at(op.results[0]));
                 if (!p.total) {
@@ -723,8 +788,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                     }
                     if (s.tmp.empty() || s.tmp[0] == -2) {
                         if (s.tmp.empty()) {  // Col, untiled: rows of C
-                            body.vpu(Opcode::VMulCol,
-                                     {out, body.a(ones), A(0), body.units(), imm(p.C)});
+                            body.vpu(Opcode::VMulCol, {out, body.a(ones), A(0), nc, imm(p.C)});
                         }
                         break;
                     }
@@ -804,9 +868,12 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                                 bb.emit(Opcode::Mul, {a, whole, imm(int64_t(full) * 4)});
                                 bb.emit(Opcode::Add, {a, a, A(0)});
                                 const int64_t chunk = int64_t(p.h) * p.lanes * 4;
-                                for (int64_t t = 0; t < Ct; ++t)
-                                    body.vpu(acc_op, {acc + t * chunk, acc + t * chunk,
-                                                      a + t * chunk, imm(last_rows * p.lanes)});
+                                if (p.row_bands)  // [row][C]: the data rows are contiguous
+                                    body.vpu(acc_op, {acc, acc, a, imm(last_rows * p.Cp)});
+                                else
+                                    for (int64_t t = 0; t < Ct; ++t)
+                                        body.vpu(acc_op, {acc + t * chunk, acc + t * chunk,
+                                                          a + t * chunk, imm(last_rows * p.lanes)});
                             });
                         break;
                     }

@@ -79,6 +79,9 @@ DataPtr DeviceBackend::upload(const Shape& s, const std::vector<std::vector<floa
                                        values.size(), m_cores.size()));
     auto d = std::make_shared<DeviceTensor>();
     d->shape = s;
+    // A timing-only board keeps no values (hw::SparseMemory's Backing::None): nor does the
+    // backend, so host memory does not grow with the data (the values may be empty).
+    if (!m_dev.config().sim.functional) return d;
     for (size_t r = 0; r < m_cores.size(); ++r)
         d->host.push_back(HostArray::from_floats(s, values[values.size() == 1 ? 0 : r]));
     return d;
@@ -98,6 +101,20 @@ std::vector<uint8_t> read_bytes(driver::Device& dev, const driver::Buffer& b, ui
 void place(driver::Device& dev, const std::vector<uint32_t>& cores,
            const std::shared_ptr<DeviceBackendStats>& stats, DeviceTensor& t, const Layout& l) {
     if (t.mem && t.layout == l) return;
+    if (!dev.config().sim.functional) {
+        // Timing only: the same transfers, timed and counted, without their bytes.
+        const uint64_t bytes = layout_bytes(t.shape, l);
+        const uint64_t start = dev.metrics().h2d_cycles;
+        if (t.mem)
+            for (const driver::Buffer& b : t.mem->bufs) dev.read_timing(b, t.mem->bytes);
+        auto mem = std::make_shared<Alloc>(dev, cores, bytes, stats);
+        for (const driver::Buffer& b : mem->bufs) dev.write_timing(b, bytes);
+        stats->h2d_cycles += dev.metrics().h2d_cycles - start;
+        t.mem = std::move(mem);
+        t.layout = l;
+        t.host.clear();
+        return;
+    }
     if (t.mem) {
         t.host.clear();
         for (const driver::Buffer& b : t.mem->bufs)
@@ -124,6 +141,7 @@ std::vector<float> DeviceBackend::download(const DataPtr& d, size_t r) {
     DeviceTensor& t = tensor(d);
     if (r >= m_cores.size())
         throw CompileError(fmt::format("download: replica {} of {}", r, m_cores.size()));
+    if (!t.mem && t.host.empty()) return std::vector<float>(size_t(t.shape.elements()), 0.0f);
     if (!t.mem) return t.host.at(r).floats();
     return array_from_layout_bytes(read_bytes(m_dev, t.mem->bufs[r], 0, t.mem->bytes), t.shape,
                                    t.layout)
@@ -143,6 +161,21 @@ const StepProgram& DeviceBackend::program(const CompiledStep& step) {
     return *it->second;
 }
 
+void DeviceBackend::check_window(const CompiledStep& step) const {
+    // A program addresses HBM with 32-bit offsets (hw/README.md, "Memory addressing"), so the
+    // driver offers each core one window of that size: a step whose buffers do not fit it is
+    // refused here, with its memory plan, rather than by an immediate or an allocation later.
+    const uint64_t window = driver::Device::window_bytes(m_dev.config());
+    const MemoryPlan& m = step.memory;
+    if (m.peak_bytes() <= window) return;
+    throw CompileError(fmt::format(
+        "the step needs {} bytes of HBM per core ({} parameter + {} input + {} output + {} temp "
+        "by liveness, {} without reuse); a program addresses {} bytes of a core's HBM (32-bit "
+        "offsets, hw/README.md \"Memory addressing\"), of the board's {}",
+        m.peak_bytes(), m.parameter_bytes, m.input_bytes, m.output_bytes, m.temp_bytes,
+        m.temp_unshared_bytes, window, m_dev.config().hbm.bytes_per_core));
+}
+
 std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                                             const std::vector<DataPtr>& parameters,
                                             const std::vector<DataPtr>& inputs) {
@@ -151,6 +184,7 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             "execute: {} parameters and {} inputs bound; the step has "
             "{} and {}",
             parameters.size(), inputs.size(), step.parameters.size(), step.inputs.size()));
+    check_window(step);
     const StepProgram& prog = program(step);
     for (size_t i = 0; i < parameters.size(); ++i) {
         DeviceTensor& t = tensor(parameters[i]);
@@ -172,9 +206,11 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
     for (const LeafBuffer& lb : step.constants) {
         auto t = std::make_shared<DeviceTensor>();
         t->shape = lb.shape;
-        const HostArray a = HostArray::from_floats(
-            lb.shape, step.graph.constant_data(step.graph.producer(lb.value).attrs.axis));
-        t->host.assign(m_cores.size(), a);
+        if (m_dev.config().sim.functional)
+            t->host.assign(
+                m_cores.size(),
+                HostArray::from_floats(
+                    lb.shape, step.graph.constant_data(step.graph.producer(lb.value).attrs.axis)));
         place(m_dev, m_cores, m_stats, *t, lb.layout);
         constants.push_back(t->mem);
     }

@@ -69,6 +69,9 @@ public:
     struct Allocation;
 
 private:
+    /// Throws CompileError when the step's memory plan does not fit one core's HBM window.
+    void check_window(const CompiledStep& step) const;
+
     driver::Device& m_dev;
     std::vector<uint32_t> m_cores;
     CodegenOptions m_codegen;

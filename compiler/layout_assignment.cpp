@@ -79,8 +79,8 @@ bool conv_pool_fusion(const Graph& g, const Fusion& f) {
     return (f.kind == FusionKind::Output &&
             (h.kind == OpKind::Conv2d || h.kind == OpKind::Conv2dInputGrad ||
              h.kind == OpKind::Conv2dFilterGrad)) ||
-           h.kind == OpKind::Pool ||
-           h.kind == OpKind::MaxPoolGrad || h.kind == OpKind::AvgPoolGrad ||
+           h.kind == OpKind::Pool || h.kind == OpKind::MaxPoolGrad ||
+           h.kind == OpKind::AvgPoolGrad ||
            (f.kind == FusionKind::Input && h.kind == OpKind::Reduce &&
             g.shape(h.operands[0]).rank() == 4 && h.attrs.dims == std::vector<int64_t>{1, 2});
 }
@@ -247,11 +247,21 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
     return std::nullopt;
 }
 
+int64_t nonunit_dims(const Shape& s) {
+    return std::count_if(s.dims.begin(), s.dims.end(), [](int64_t d) { return d != 1; });
+}
+
 }  // namespace
 
 Layout default_layout(const Shape& s, const hw::BoardConfig& board) {
     Layout l = row_major(s.rank());
-    if (s.rank() >= 2) {
+    // An array with one non-unit dim (a [1, N] row at batch 1) lies as the vector it is, as
+    // rank 1 does (T(8,128) would pad it to 8 rows, which no vector reader expects), when its N
+    // values are whole lane chunks or fewer than one: a row of padded chunks (1000 classes)
+    // streams only in tiles, whose padding lanes the streaming engine masks.
+    const int64_t lanes = board.core.vpu_lanes;
+    const bool vector = nonunit_dims(s) <= 1 && (s.elements() % lanes == 0 || s.elements() < lanes);
+    if (s.rank() >= 2 && !vector) {
         const int64_t pack = 4 / int64_t(dtype_bytes(s.dtype));
         l.tile = {int64_t(board.core.vpu_sublanes) * pack, int64_t(board.core.vpu_lanes)};
     }

@@ -201,6 +201,20 @@ TEST(CliModel, CompiledTrainingStepHasLossAllReduceAndOptimizerRows) {
               3u * 4u * (784 * 512 + 512 + 512 * 256 + 256));
 }
 
+TEST(CliModel, CompiledTrainingStepsRunWholeOnTheDevice) {
+    // Every fusion of the MLP's and the CNN's training steps is generated (compiler/README.md,
+    // "Training steps on the device"); timing only, the same step takes the same cycles and
+    // uploads no values.
+    for (const char* m : {"mlp", "cnn"}) {
+        const std::string base = std::string("model ") + m + " --engine compiled --train-step";
+        const auto j = tpusim_json(base);
+        EXPECT_EQ(j["fusions"]["host"].get<int>(), 0) << m << ": " << j["fusions"].dump();
+        const auto t = tpusim_json(base + " --set sim.functional=false");
+        EXPECT_EQ(t["cycles"].get<uint64_t>(), j["cycles"].get<uint64_t>()) << m;
+        EXPECT_EQ(t["memory"]["peak_bytes"], j["memory"]["peak_bytes"]) << m;
+    }
+}
+
 TEST(CliModel, CompiledEngineRefusesWhatItDoesNotRecordYet) {
     const auto r = tpusim(kSmallGpt + " --engine compiled --train-step");
     EXPECT_NE(r.code, 0);

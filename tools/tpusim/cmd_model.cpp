@@ -48,7 +48,10 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
     }
     trainer::ZooModel model;
     trainer::ZooOptions zoo = options;
-    zoo.values = true;  // the recorded step uploads its inputs as data
+    // The recorded step uploads its inputs as data; a timing-only board holds none (issue #27
+    // item 3: host memory grows with the program, not the data), so none are made.
+    const bool values = dev.config().sim.functional;
+    zoo.values = values;
     try {
         model = trainer::make_zoo_model(name, zoo, batch, train_step);
     } catch (const std::invalid_argument& e) {
@@ -63,7 +66,11 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
     // A training step's labels: one-hot rows (padding rows all zero: no loss, but counted in
     // the mean, as a padded shard's rows are).
     std::vector<std::vector<float>> inputs, onehot;
-    for (size_t r = 0; r < cores.size(); ++r) {
+    if (!values) {
+        inputs.emplace_back();
+        if (train_step) onehot.emplace_back();
+    }
+    for (size_t r = 0; r < cores.size() && values; ++r) {
         const uint32_t first = std::min<uint32_t>(batch, uint32_t(r) * share);
         const uint32_t count = std::min<uint32_t>(batch - first, share);
         inputs.push_back(trainer::recorded_input_values(d, first, count));
