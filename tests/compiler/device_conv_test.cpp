@@ -22,24 +22,13 @@ namespace tpu::compiler {
 namespace {
 
 using test::expect_bit_exact;
+using test::f32;
+using test::conv_bn;
 using test::Leaf;
 using test::randoms;
 using test::Record;
 using test::run;
 using test::same_bits;
-
-Shape f32(std::vector<int64_t> dims) {
-    return Shape{DType::F32, std::move(dims)};
-}
-
-/// conv + BN (inference affine) + optional residual + relu: one layer of a ResNet block.
-ValueId conv_bn(Graph& g, ValueId x, ValueId w, const ValueId* bn, int64_t stride, int64_t pad,
-                ValueId residual, bool act) {
-    ValueId y = conv2d(g, x, w, stride, pad);
-    y = batch_norm_inference(g, y, bn[0], bn[1], bn[2], bn[3], 1e-5, 3);
-    if (residual != kNoValue) y = add(g, y, residual);
-    return act ? relu(g, y) : y;
-}
 
 std::vector<Leaf> bn_leaves(const std::string& name, int64_t c, uint32_t seed) {
     const Shape cs = f32({c});

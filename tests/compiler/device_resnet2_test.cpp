@@ -19,21 +19,10 @@ namespace tpu::compiler {
 namespace {
 
 using test::expect_bit_exact;
+using test::f32;
+using test::conv_bn;
 using test::Leaf;
 using test::randoms;
-
-Shape f32(std::vector<int64_t> dims) {
-    return Shape{DType::F32, std::move(dims)};
-}
-
-/// conv + BN (inference affine) + optional residual + ReLU, as the zoo's ResNets record it.
-ValueId conv_bn(Graph& g, ValueId x, ValueId w, const ValueId* bn, int64_t stride, int64_t pad,
-                ValueId residual, bool act) {
-    ValueId y = conv2d(g, x, w, stride, pad);
-    y = batch_norm_inference(g, y, bn[0], bn[1], bn[2], bn[3], 1e-5, 3);
-    if (residual != kNoValue) y = add(g, y, residual);
-    return act ? relu(g, y) : y;
-}
 
 /// Input x, then per layer its filter and its four batch-norm vectors.
 std::vector<Leaf> layers(const std::vector<int64_t>& x, const std::vector<std::vector<int64_t>>& ws,

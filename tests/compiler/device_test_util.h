@@ -13,12 +13,28 @@
 
 #include <gtest/gtest.h>
 
+#include "compiler/builder.h"
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
 #include "hw/board_config.h"
 
 namespace tpu::compiler::test {
+
+/// An fp32 shape.
+inline Shape f32(std::vector<int64_t> dims) {
+    return Shape{DType::F32, std::move(dims)};
+}
+
+/// conv + BN (inference affine) + optional residual + ReLU: one layer of a ResNet block, as the
+/// zoo's ResNets record it.
+inline ValueId conv_bn(Graph& g, ValueId x, ValueId w, const ValueId* bn, int64_t stride,
+                       int64_t pad, ValueId residual, bool act) {
+    ValueId y = conv2d(g, x, w, stride, pad);
+    y = batch_norm_inference(g, y, bn[0], bn[1], bn[2], bn[3], 1e-5, 3);
+    if (residual != kNoValue) y = add(g, y, residual);
+    return act ? relu(g, y) : y;
+}
 
 inline std::vector<float> randoms(size_t n, uint32_t seed, float lo = -2.0f, float hi = 2.0f) {
     std::mt19937 rng(seed);

@@ -18,14 +18,11 @@ namespace tpu::compiler {
 namespace {
 
 using test::expect_bit_exact;
+using test::f32;
 using test::Leaf;
 using test::randoms;
 using test::Record;
 using test::run;
-
-Shape f32(std::vector<int64_t> dims) {
-    return Shape{DType::F32, std::move(dims)};
-}
 
 /// Runs with host fallback on (race detector on); returns the stats (which fusions fell back).
 DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& record) {
