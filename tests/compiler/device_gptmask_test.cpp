@@ -44,10 +44,12 @@ void masked_softmax(int64_t H, int64_t S, std::vector<float> mask) {
     for (const auto& [why, n] : stats.fallbacks) ADD_FAILURE() << n << " x " << why;
 }
 
-TEST(DeviceGptMask, CausalMaskOverHeadsBitExact) { masked_softmax(4, 64, causal_mask(64)); }
+TEST(CompilerGptMaskDevice, CausalMaskOverHeadsBitExact) {
+    masked_softmax(4, 64, causal_mask(64));
+}
 
-// Random mask values (every band of the mask differs) and more heads than bands per tile.
-TEST(DeviceGptMask, RandomMaskOverHeadsBitExact) {
+// Random mask values (every band of it differs), 3 heads of a 4-band mask: band k reads k mod 4.
+TEST(CompilerGptMaskDevice, RandomMaskOverHeadsBitExact) {
     masked_softmax(3, 32, randoms(32 * 32, 7));
 }
 
