@@ -53,5 +53,26 @@ TEST(CompilerGptMaskDevice, RandomMaskOverHeadsBitExact) {
     masked_softmax(3, 32, randoms(32 * 32, 7));
 }
 
+// GPT's first block: the attention's out projection with the residual in its epilogue, the
+// residual being the embedding plus the positional table broadcast to [1, S, D] (unit dims the
+// epilogue reads through).
+TEST(CompilerGptMaskDevice, PositionalResidualInTheDotEpilogueBitExact) {
+    const int64_t S = 64, D = 128;
+    const std::vector<Leaf> leaves = {
+        {"h", f32({S, D}), {randoms(size_t(S * D), 11)}},
+        {"emb", f32({S, D}), {randoms(size_t(S * D), 12)}},
+        {"wpe", f32({S, D}), {randoms(size_t(S * D), 13)}, true},
+        {"w", f32({D, D}), {randoms(size_t(D * D), 14, -0.1f, 0.1f)}, true},
+        {"b", f32({D}), {randoms(size_t(D), 15)}, true},
+    };
+    const auto stats = expect_bit_exact(leaves, [&](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId table = broadcast(g, v[2], {1, S, D}, {1, 2});
+        const ValueId res = reshape(g, add(g, reshape(g, v[1], {1, S, D}), table), {S, D});
+        return add(g, res, linear(g, v[0], v[3], v[4]));
+    });
+    EXPECT_EQ(stats.fallback_fusions, 0u);
+    for (const auto& [why, n] : stats.fallbacks) ADD_FAILURE() << n << " x " << why;
+}
+
 }  // namespace
 }  // namespace tpu::compiler
