@@ -506,10 +506,15 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             case OpKind::Broadcast: {
                 const ValueId x = op.operands[0];
                 const Shape& xs = g.shape(x);
-                if (g.shape(res).dims != mn)
+                // Unit dims aside (GPT's positional table [S, D] -> [1, S, D] in the first
+                // block's residual): the result's [M, N], as the operand's values lie.
+                if (nonunit(g.shape(res).dims) != nonunit(mn))
                     not_generated(f, fmt::format("a broadcast to {}", g.shape(res).to_string()));
                 if (xs.elements() == 1 && val.count(x) && val[x].kind == EpKind::Scalar) {
                     val[res] = val[x];
+                } else if (nonunit(xs.dims) == nonunit(mn) && g.shape(res).dims != mn &&
+                           std::is_sorted(op.attrs.dims.begin(), op.attrs.dims.end())) {
+                    val[res] = in(0);
                 } else if (xs.rank() == 1 && xs.dims[0] == N &&
                            op.attrs.dims == std::vector<int64_t>{1} && !inside_fusion(f, g, x) &&
                            xs.dtype == DType::F32) {
@@ -523,7 +528,9 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             }
             case OpKind::Reshape:
             case OpKind::Transpose:
-                if (g.shape(res).dims != g.shape(op.operands[0]).dims)
+                if (g.shape(res).dims != g.shape(op.operands[0]).dims &&
+                    (op.kind == OpKind::Transpose ||
+                     nonunit(g.shape(res).dims) != nonunit(g.shape(op.operands[0]).dims)))
                     not_generated(f, fmt::format("{} in the epilogue", op_name(op.kind)));
                 val[res] = in(0);
                 continue;

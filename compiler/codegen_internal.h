@@ -38,6 +38,7 @@ enum class View : uint8_t {
     Row,       ///< one value per column: [C]
     Full,      ///< [R, C]
     GroupRow,  ///< one row per group of rows: [G, C] (a reduction over the middle dims)
+    Repeat,    ///< [M, C] read again for every M rows: broadcast along new major dims (a mask)
 };
 
 inline std::vector<int64_t> nonunit(const std::vector<int64_t>& dims) {
@@ -72,6 +73,8 @@ struct Plan {
     std::map<ValueId, View> view;
     /// Col values whose array is [G, S] in T(8,128) tiles (a rank-2 reduction result): S.
     std::map<ValueId, int64_t> tiled_col;
+    /// Repeat operands (loaded whole once, each band read from band index mod M / h).
+    std::vector<ValueId> repeat;
 };
 
 inline bool inside_fusion(const Fusion& f, const Graph& g, ValueId v) {

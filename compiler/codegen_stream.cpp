@@ -279,6 +279,11 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                         set(op.operands[0], View::Col);
                     else if (last && others == nothers)
                         set(op.operands[0], View::Full);
+                    else if (last && std::is_sorted(nz.begin(), nz.end()) && others > 0 &&
+                             p.R % (in.elements() / p.C) == 0 && p.G == 1)
+                        // New major dims only (a causal mask over the heads): the same rows
+                        // again for each major index, the operand's address not advancing.
+                        set(op.operands[0], View::Repeat);
                     else
                         not_generated(f, fmt::format("a broadcast {} -> {}", in.to_string(),
                                                      out.to_string()));
@@ -286,6 +291,10 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                 }
                 default: {
                     View w = p.view[res];
+                    for (ValueId v : op.operands)
+                        if (p.view[v] == View::Repeat)
+                            not_generated(f, fmt::format("{} of a tile repeated along major dims",
+                                                         op_name(op.kind)));
                     for (ValueId v : op.operands)
                         if (p.view[v] != View::Literal && p.view[v] != View::Unknown) w = p.view[v];
                     if (w == View::Unknown) break;
@@ -329,6 +338,12 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             const uint32_t b = band_of(f, fv.shape, fv.layout, p, vlanes);
             if (h && *h != b) not_generated(f, "arrays of one fusion in tiled and untiled layouts");
             h = b;
+        } else if (w == View::Repeat) {
+            // Bands like a Full array's (checked once the band is known, below).
+            const uint32_t b = band_of(f, fv.shape, fv.layout, p, vlanes);
+            if (h && *h != b) not_generated(f, "arrays of one fusion in tiled and untiled layouts");
+            h = b;
+            p.repeat.push_back(fv.value);
         } else if (w == View::GroupRow) {
             // [G, C] in T(8,128) tiles (layout assignment tiles a rank-2 reduction result).
             const auto d = nonunit(fv.shape.dims);
@@ -378,6 +393,15 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             if (p.h != board.core.vpu_sublanes || S % p.h)
                 not_generated(f, fmt::format("a {} vector in tiles with bands of {} rows",
                                              g.shape(v).to_string(), p.h));
+        for (ValueId v : p.repeat) {
+            const auto it = std::find_if(f.operands.begin(), f.operands.end(),
+                                         [&](const FusionValue& fv) { return fv.value == v; });
+            const int64_t M = g.shape(v).elements() / p.C;
+            if (it == f.operands.end() || p.row_bands || M % p.h ||
+                layout_bytes(it->shape, it->layout) != uint64_t(M / p.h) * p.h * p.Cp * 4)
+                not_generated(f, fmt::format("a {} array repeated over bands of {} x {}",
+                                             g.shape(v).to_string(), p.h, p.Cp));
+        }
         if (p.G > 1 && (p.h != board.core.vpu_sublanes || (p.R / p.G) % p.h))
             not_generated(f, fmt::format("groups of {} rows in bands of {}", p.R / p.G, p.h));
         // Padded rows: the last band's (a [R] vector's DMA reads and writes the rest of its
@@ -430,7 +454,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         } else if (w == View::Full || w == View::Col) {
             at[fv.value] = area(w == View::Full ? full : col);
             sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value]);
-        } else if (w == View::GroupRow) {  // the whole tiled array, once
+        } else if (w == View::GroupRow || w == View::Repeat) {  // the whole array, once
             sp.fp.fixed.push_back(uint32_t(layout_bytes(fv.shape, fv.layout) / 4));
             fixed_of[fv.value] = int(sp.fp.fixed.size() - 1);
             sp.fixed_ins.push_back({st::Operand::hbm(addr), fixed_of[fv.value]});
@@ -523,6 +547,9 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 } else if (wi == View::GroupRow) {  // its group's row, per band
                     at[res] = area(full);
                     s.tmp = {-4};
+                } else if (wi == View::Repeat) {  // its band of the repeated rows, per band
+                    at[res] = area(full);
+                    s.tmp = {-5};
                 } else if (wi == View::Col) {
                     at[res] = area(full);
                     if (tiled) s.tmp = {area(uint32_t(Ct * p.h))};
@@ -635,8 +662,9 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
     for (const Step& s : steps) {
         if (g.op(s.op).kind != OpKind::Broadcast || (!s.tmp.empty() && s.tmp[0] == -1)) continue;
         const bool pattern = !s.tmp.empty() && s.tmp[0] == -2;
-        need_negzero |= pattern || tiled;
-        need_ones |= !pattern;
+        const bool repeat = !s.tmp.empty() && s.tmp[0] == -5;
+        need_negzero |= pattern || tiled || repeat;
+        need_ones |= !pattern && !repeat;
     }
     const int negzero =
         need_negzero || need_lane_mask || !input_patterns.empty() ? constant(-0.0f) : -1;
@@ -768,6 +796,23 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                     body.vpu(Opcode::VBf2F, {out, body.a(s.tmp[0]), n});
                     break;
                 case OpKind::Broadcast: {
+                    if (!s.tmp.empty() && s.tmp[0] == -5) {
+                        // Per band: band (first + k) mod M / h of the array, + -0.0 (a copy,
+                        // bit-exact: x + -0.0 is x for every x, -0.0 included).
+                        const int64_t bpr = g.shape(op.operands[0]).elements() / p.C / p.h;
+                        const isa::Reg k = bb.reg("band"), d = bb.reg("dst"), q = bb.reg("q");
+                        const isa::Arg src = body.f(fixed_of.at(op.operands[0]));
+                        bb.loop(k, imm(0), body.units(), 1, [&] {
+                            bb.emit(Opcode::Add, {q, body.first(), k});
+                            bb.emit(Opcode::Remu, {q, q, imm(bpr)});
+                            bb.emit(Opcode::Mul, {q, q, imm(int64_t(full) * 4)});
+                            bb.emit(Opcode::Add, {q, q, src});
+                            bb.emit(Opcode::Mul, {d, k, imm(int64_t(full) * 4)});
+                            bb.emit(Opcode::Add, {d, d, out});
+                            body.vpu(Opcode::VAdd, {d, q, body.a(negzero), imm(full)});
+                        });
+                        break;
+                    }
                     if (!s.tmp.empty() && s.tmp[0] == -4) {
                         // Per band: its group's row, chunk by chunk, on 8 rows of -0.0.
                         const int64_t bpg = p.R / p.G / p.h, chunk = int64_t(p.h) * p.lanes * 4;
