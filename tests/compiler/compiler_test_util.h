@@ -4,8 +4,12 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <gtest/gtest.h>
 
@@ -14,6 +18,22 @@
 #include "compiler/evaluator.h"
 
 namespace tpu::compiler::test {
+
+/// Each fusion of a compiled step as "kind:op,op,..." (its distinct op kinds, sorted, without
+/// literals and broadcasts), in execution order.
+inline std::vector<std::string> fusions_of(const CompiledStep& s) {
+    std::vector<std::string> out;
+    for (const Fusion& f : s.fusions) {
+        std::set<std::string> names;
+        for (OpId id : f.ops) {
+            const OpKind k = s.graph.op(id).kind;
+            if (k != OpKind::Literal && k != OpKind::Broadcast)
+                names.insert(std::string(op_name(k)));
+        }
+        out.push_back(fmt::format("{}:{}", fusion_kind_name(f.kind), fmt::join(names, ",")));
+    }
+    return out;
+}
 
 /// `n` values uniform in [-1, 1) from `seed` (24 random bits each: the same on every platform).
 inline std::vector<float> random_values(int64_t n, uint32_t seed) {

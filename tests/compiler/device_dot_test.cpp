@@ -238,6 +238,9 @@ TEST(CompilerDotDevice, AnLhsStationaryDotFeedsTheNextOneHoldingItsResult) {
     EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
     EXPECT_EQ(s.fusions[1].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
     EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{0,1:T(128,128)}");
+    // Both weights (K whole tiles, read only by dots) stream from their MXU tiles.
+    EXPECT_EQ(s.parameters[0].layout.to_string(), "{0,1:T(128,128)}");
+    EXPECT_EQ(s.parameters[2].layout.to_string(), "{0,1:T(128,128)}");
 }
 
 TEST(CompilerDotDevice, TheMergedQkvReadsItsThreeWeightsAsTheyLie) {

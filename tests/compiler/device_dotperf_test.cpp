@@ -54,36 +54,6 @@ TEST(CompilerDotPerfDevice, AStreamedWeightLiesInMxuTilesBitExact) {
     EXPECT_EQ(s.parameters[0].layout.to_string(), "{0,1:T(128,128)}");
 }
 
-TEST(CompilerDotPerfDevice, ADotOutputThatADotHoldsLiesInMxuTilesBitExact) {
-    // fc2(relu(fc1(x))) with 256 x 256 x 1024 and 256 x 1024 x 512, both with the LHS
-    // stationary: fc1 writes h transposed in the MXU's tiles ({0,1:T(128,128)}: the kernel's
-    // C^T in MXU tiles, stored a contiguous 64 KiB tile at a time) and fc2 holds h as it lies
-    // (each held tile one run: DotLayout::TransposedTiles for a held A). Both weights stream
-    // from their MXU tiles.
-    const Shape xs{DType::F32, {256, 256}}, w1s{DType::F32, {1024, 256}},
-        w2s{DType::F32, {512, 1024}}, b1s{DType::F32, {1024}}, b2s{DType::F32, {512}};
-    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
-        return linear(g, relu(g, linear(g, v[0], v[1], v[2])), v[3], v[4]);
-    };
-    expect_bit_exact({{"x", xs, {randoms(256 * 256, 81)}},
-                      {"w1", w1s, {randoms(1024 * 256, 82, -0.2f, 0.2f)}, true},
-                      {"b1", b1s, {randoms(1024, 83)}, true},
-                      {"w2", w2s, {randoms(512 * 1024, 84, -0.2f, 0.2f)}, true},
-                      {"b2", b2s, {randoms(512, 85)}, true}},
-                     record);
-    Graph g;
-    std::vector<ValueId> v{g.input(xs, "x"), g.parameter(w1s, "w1"), g.parameter(b1s, "b1"),
-                           g.parameter(w2s, "w2"), g.parameter(b2s, "b2")};
-    g.add_output(record(g, v), "y");
-    const CompiledStep s = compile(g);
-    ASSERT_EQ(s.fusions.size(), 2u) << s.to_string();
-    EXPECT_EQ(s.fusions[0].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
-    EXPECT_EQ(s.fusions[1].dots.at(0).stationary, Stationary::Lhs) << s.to_string();
-    EXPECT_EQ(s.fusions[0].results[0].layout.to_string(), "{0,1:T(128,128)}");
-    EXPECT_EQ(s.parameters[0].layout.to_string(), "{0,1:T(128,128)}");
-    EXPECT_EQ(s.parameters[2].layout.to_string(), "{0,1:T(128,128)}");
-}
-
 TEST(CompilerDotPerfDevice, APaddedContractingDimKeepsTheEightByOneTwentyEightTiles) {
     // K = 200 is no whole number of MXU tiles: the streamed weight stays in T(8,128), whose
     // padded last lanes the kernel reads band by band.

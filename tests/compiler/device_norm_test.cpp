@@ -19,23 +19,8 @@
 namespace tpu::compiler {
 namespace {
 
+using test::fusions_of;
 using test::random_bindings;
-
-/// Each fusion as "kind:op,op,..." (its distinct op kinds, sorted, without literals and
-/// broadcasts), in execution order (as fusion_test.cpp's).
-std::vector<std::string> fusions_of(const CompiledStep& s) {
-    std::vector<std::string> out;
-    for (const Fusion& f : s.fusions) {
-        std::set<std::string> names;
-        for (OpId id : f.ops) {
-            const OpKind k = s.graph.op(id).kind;
-            if (k != OpKind::Literal && k != OpKind::Broadcast)
-                names.insert(std::string(op_name(k)));
-        }
-        out.push_back(fmt::format("{}:{}", fusion_kind_name(f.kind), fmt::join(names, ",")));
-    }
-    return out;
-}
 
 /// Bytes a step's fusions move through HBM: every operand read once and every result written
 /// once (each fusion streams its arrays in one pass).

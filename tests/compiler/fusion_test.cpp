@@ -11,22 +11,7 @@
 namespace tpu::compiler {
 namespace {
 
-/// Each fusion as "kind:op,op,..." (its distinct op kinds, sorted, without literals and
-/// broadcasts), in execution order.
-std::vector<std::string> fusions_of(const CompiledStep& s) {
-    std::vector<std::string> out;
-    for (const Fusion& f : s.fusions) {
-        std::set<std::string> names;
-        for (OpId id : f.ops) {
-            const OpKind k = s.graph.op(id).kind;
-            if (k != OpKind::Literal && k != OpKind::Broadcast)
-                names.insert(std::string(op_name(k)));
-        }
-        out.push_back(fmt::format("{}:{}", fusion_kind_name(f.kind), fmt::join(names, ",")));
-    }
-    return out;
-}
-
+using test::fusions_of;
 /// Fusions that read `v` (a leaf) from memory.
 int readers_of(const CompiledStep& s, ValueId v) {
     int n = 0;
@@ -153,22 +138,6 @@ TEST(CompilerFusion, DependentReductionsStayTheirOwnStreamingFusions) {
                                  "input:reduce", "loop:divide", "input:multiply,reduce,subtract",
                                  "loop:add,divide,rsqrt", "loop:add,multiply,subtract"}))
         << s.to_string();
-    EXPECT_EQ(readers_of(s, x), 3);
-}
-
-TEST(CompilerFusion, SoftmaxIsThreeStreamingFusions) {
-    // max; exp(x - max) and its sum; the divide, which recomputes exp(x - max) from x rather
-    // than reading exponentials the sum's fusion wrote (PriorityFusion fuses a producer into
-    // all its consumers when that is faster; CompilerNorm.* and compiler/README.md, "Fusion").
-    Graph g;
-    const ValueId x = g.input(Shape{DType::F32, {512, 512}}, "x");
-    g.add_output(softmax(g, x, 1), "y");
-    const CompiledStep s = compile(g);
-    EXPECT_EQ(fusions_of(s),
-              (std::vector<std::string>{"input:reduce", "input:exponential,reduce,subtract",
-                                        "loop:divide,exponential,subtract"}))
-        << s.to_string();
-    EXPECT_EQ(s.fusions[1].results.size(), 1u);
     EXPECT_EQ(readers_of(s, x), 3);
 }
 
