@@ -838,17 +838,18 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
     // filter, placed as a conv's epilogue on [k k Cin, Cout] tiles, HWIO row-major); the kernel
     // writes the result the others follow from, a pass the rest.
     const ValueId hy = op.results[0];
-    if (dx_passes) input_grad_passes(*p, g, f, board);
-    for (const FusionValue& r : f.results) {
-        if (dx_passes) break;
-        bool ok = r.shape.dims == g.shape(hy).dims;
-        for (const FusionValue& o : f.results)
-            if (&o != &r && needed_ops(g, f, {o.value}, {r.value}).count(f.hero)) ok = false;
-        if (ok) {
-            p->y = &r;
-            break;
+    if (dx_passes)
+        input_grad_passes(*p, g, f, board);
+    else
+        for (const FusionValue& r : f.results) {
+            bool ok = r.shape.dims == g.shape(hy).dims;
+            for (const FusionValue& o : f.results)
+                if (&o != &r && needed_ops(g, f, {o.value}, {r.value}).count(f.hero)) ok = false;
+            if (ok) {
+                p->y = &r;
+                break;
+            }
         }
-    }
     if (!p->y) not_generated(f, "convolution gradient results that each need the gradient");
     for (const FusionValue& r : f.results)
         if (!untiled_row_major(r))
@@ -1163,13 +1164,15 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
         }
         const isa::Arg ws = derived ? *derived + int64_t(slot->offset) : xs + int64_t(p.scratch.x);
         const isa::Arg bs = xs + int64_t(p.scratch.x + p.scratch.w);
-        if (p.pointwise) {
-        } else if (p.folded) {
-            const auto pack = b.scope("im2col");
-            Addresses in(b, load, &ad);
-            driver::emit(b, p.im2col,
-                         std::vector<st::Operand>{st::Operand::hbm(in.of(p.x->buffer)),
-                                                  st::Operand::hbm(xs)});
+        if (p.folded) {
+            // A pointwise convolution's dot reads x's rows where they lie: no im2col.
+            if (!p.pointwise) {
+                const auto pack = b.scope("im2col");
+                Addresses in(b, load, &ad);
+                driver::emit(b, p.im2col,
+                             std::vector<st::Operand>{st::Operand::hbm(in.of(p.x->buffer)),
+                                                      st::Operand::hbm(xs)});
+            }
         } else {
             // The packing kernels read the fusion's operands in their row-major layouts.
             const auto pack = b.scope("pack");
