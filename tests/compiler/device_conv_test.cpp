@@ -22,6 +22,7 @@ namespace tpu::compiler {
 namespace {
 
 using test::expect_bit_exact;
+using test::probe;
 using test::f32;
 using test::conv_bn;
 using test::Leaf;
@@ -262,21 +263,6 @@ TEST(CompilerDeviceConv, AFilterParameterIsPackedOnceAndAgainOnlyAfterItChanges)
         else
             EXPECT_LT(cycles[2] + 2000, cycles[1]);
     }
-}
-
-/// The probe: compiles `record` and lists each fusion that falls back to the host and why
-/// (the results in `out`, if given).
-DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& record,
-                         std::vector<std::vector<float>>* out = nullptr) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    cg.host_fallback = true;
-    DeviceBackend device(*dev, {0}, cg);
-    const auto got = run(device, leaves, record);
-    if (out) *out = got;
-    return device.stats();
 }
 
 TEST(CompilerDeviceConv, GlobalSumAtBatchOneWritesPaddedTiles) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -103,6 +104,24 @@ inline DeviceBackendStats expect_bit_exact(const std::vector<Leaf>& leaves, cons
                 ADD_FAILURE() << "value " << i << ": " << got[r][i] << " vs " << want[r][i]
                               << (++bad, "");
     }
+    return device.stats();
+}
+
+/// The probe: runs `record` with host fallback on (race detector on) and returns the stats,
+/// which list each fusion that fell back to the host and why (printed too); the results in
+/// `out`, if given.
+inline DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& record,
+                                std::vector<std::vector<float>>* out = nullptr) {
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    cg.host_fallback = true;
+    DeviceBackend device(*dev, {0}, cg);
+    const auto got = run(device, leaves, record);
+    if (out) *out = got;
+    for (const auto& [why, n] : device.stats().fallbacks)
+        std::cout << "  " << n << "x " << why << "\n";
     return device.stats();
 }
 

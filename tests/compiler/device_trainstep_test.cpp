@@ -5,8 +5,6 @@
 // timing-only step that holds no values.
 #include <gtest/gtest.h>
 
-#include <iostream>
-
 #include "compiler/builder.h"
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
@@ -18,25 +16,12 @@ namespace tpu::compiler {
 namespace {
 
 using test::expect_bit_exact;
+using test::probe;
 using test::f32;
 using test::Leaf;
 using test::randoms;
 using test::Record;
 using test::run;
-
-/// Runs with host fallback on (race detector on); returns the stats (which fusions fell back).
-DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& record) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    cg.host_fallback = true;
-    DeviceBackend device(*dev, {0}, cg);
-    run(device, leaves, record);
-    for (const auto& [why, n] : device.stats().fallbacks)
-        std::cout << "  " << n << "x " << why << "\n";
-    return device.stats();
-}
 
 /// ResNet's backward through a basic block's first convolution: dx of a 3 x 3 convolution, the
 /// residual's gradient added, ReLU's mask (the forward's output > 0): one output fusion whose
