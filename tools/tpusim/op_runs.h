@@ -177,6 +177,18 @@ struct HostFusion {
     uint64_t cycles = 0;  ///< device cycles its host round trip took
 };
 
+/// One fusion of a compiled step, as `tpusim model --fusions` lists it.
+struct FusionRow {
+    std::string fusion;        ///< "fusion.3 output dot+reshape"
+    std::string layers;        ///< its layers, comma-separated
+    bool on_host = false;      ///< a host fallback or custom call (cycles: its host round trip)
+    uint64_t cycles = 0;       ///< its device cycles in the step (DeviceBackendStats)
+    uint64_t begin_cycle = 0;  ///< where those cycles lie on the device's clock
+    /// bytes of the arrays it reads and writes, each counted once: the least HBM traffic it
+    /// can have (a kernel that streams an operand more than once moves more)
+    uint64_t hbm_bytes = 0;
+};
+
 /// What one compiled inference reports.
 struct CompiledRun {
     std::string description;       ///< the model's shape
@@ -190,6 +202,7 @@ struct CompiledRun {
     uint32_t steps = 1;            ///< steps run; the figures are the last one's
     size_t fusions = 0;            ///< fusions of the compiled step
     std::vector<HostFusion> host;  ///< the fusions that ran on the host
+    std::vector<FusionRow> fusion_rows;  ///< every fusion, in program order
     compiler::MemoryPlan memory;   ///< HBM per core
     std::vector<trainer::CompiledLayer> layers, device_layers;  ///< all cycles; device only
 };
