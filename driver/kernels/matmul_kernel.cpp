@@ -370,24 +370,32 @@ private:
     uint64_t wbt() const { return m_p.w_band_tiles ? m_p.w_band_tiles : vtiles(m_p.K); }
     /// Moves `cols` (a multiple of 128) columns of `bands` bands of 8 x 128 tiles between HBM
     /// (`hbm`: the first band's first tile, bands `band` bytes apart, a band's tiles side by
-    /// side) and rows of `row` bytes in VMEM (`vm`), one DMA per tile column and row of a band
-    /// (rows of 512 bytes, each DMA `bands` of them): the tiles of a band are 4 KiB runs, a
-    /// VMEM row of an array wider than 128 values is pieces of several. `load`: HBM to VMEM.
-    /// Returns the DMAs issued (counted on `flag` by the caller).
+    /// side) and rows of `row` bytes in VMEM (`vm`): a VMEM row of an array wider than 128
+    /// values is pieces of several tiles. One DMA per band and tile (one 4 KiB run of HBM, 8 rows
+    /// of 512 bytes in VMEM), tile column by tile column: a DMA's VMEM rows (its bounding box)
+    /// overlap those of the band's other tiles, so the engine would hold each behind the one
+    /// before it (its WAW hazard) if they followed each other. Counts on `t` itself; returns 0.
     uint32_t tile_columns(Opcode op, bool load, isa::Arg vm, isa::Arg hbm, isa::Arg bands,
-                          uint64_t row, uint64_t band, uint32_t cols, const isa::Flag& flag) {
-        uint32_t n = 0;
-        for (uint32_t t = 0; t < cols / 128; ++t)
-            for (uint32_t i = 0; i < 8; ++i) {
-                const isa::Arg v = vm + int64_t(i * row + t * 512);
-                const isa::Arg h = hbm + int64_t(t * kBandBytes + i * 512);
-                if (load)
-                    E(op, {v, h, bands, imm(512), imm(int64_t(8 * row)), imm(int64_t(band)), flag});
-                else
-                    E(op, {h, v, bands, imm(512), imm(int64_t(band)), imm(int64_t(8 * row)), flag});
-                ++n;
-            }
-        return n;
+                          uint64_t row, uint64_t band, uint32_t cols, const Tally& t) {
+        const isa::Reg h = m_b.reg("columns.hbm"), v = m_b.reg("columns.vmem"),
+                       end = m_b.reg("columns.end");
+        for (uint32_t c = 0; c < cols / 128; ++c) {
+            E(Opcode::Add, {h, hbm, imm(int64_t(c * kBandBytes))});
+            E(Opcode::Add, {v, vm, imm(int64_t(c * 512))});
+            E(Opcode::Mul, {end, bands, imm(int64_t(8 * row))});
+            E(Opcode::Add, {end, end, v});
+            const isa::Label loop = m_b.label("tile_column");
+            m_b.bind(loop);
+            if (load)
+                E(op, {v, h, imm(8), imm(512), imm(int64_t(row)), imm(512), t.flag});
+            else
+                E(op, {h, v, imm(8), imm(512), imm(512), imm(int64_t(row)), t.flag});
+            E(Opcode::Add, {h, h, imm(int64_t(band))});
+            E(Opcode::Add, {v, v, imm(int64_t(8 * row))});
+            E(Opcode::Bltu, {v, end, loop});
+            E(Opcode::Add, {t.count, t.count, bands});
+        }
+        return 0;
     }
 
     uint32_t kk(uint32_t j) const { return std::min(m_k.R, m_p.K - j * m_k.R); }
@@ -534,7 +542,7 @@ private:
                     } else {
                         count += tile_columns(op, true, imm(int64_t(at)),
                                               m_t14 + int64_t(tile0 * kBandBytes), m_t15,
-                                              uint64_t(R) * 4, band_tiles * kBandBytes, R, t.flag);
+                                              uint64_t(R) * 4, band_tiles * kBandBytes, R, t);
                     }
                 }
             } else if (m_p.a == DotLayout::Tiles) {
@@ -640,7 +648,7 @@ private:
                             count += tile_columns(
                                 op, true, imm(int64_t(wstage(slot, m))),
                                 m_wb + int64_t((uint64_t(j) * R / 8 * bt + tm) * kBandBytes),
-                                imm(ceil_div(k, 8)), uint64_t(n) * 4, bt * kBandBytes, n, t.flag);
+                                imm(ceil_div(k, 8)), uint64_t(n) * 4, bt * kBandBytes, n, t);
                             break;
                         }
                         for (uint32_t band = 0; band < ceil_div(k, 8); ++band)
@@ -779,7 +787,7 @@ private:
                                                full_tile(f, m), n, m_sides);
                     else if (tiles_out && n > 128)
                         issued += tile_columns(op, true, dst, src, bands, uint64_t(n) * 4,
-                                               uint64_t(band_stride), n, m_sides.flag);
+                                               uint64_t(band_stride), n, m_sides);
                     else if (tiles_out)
                         E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
                                m_sides.flag});
@@ -893,9 +901,8 @@ private:
             if ((tiles_out || ttiles_out) && n > 128) {
                 // A panel wider than a tile (a 256-column MXU): its rows are pieces of n / 128
                 // tiles of each band.
-                const uint32_t dmas = tile_columns(op, false, src, dst, bands, uint64_t(n) * 4,
-                                                   uint64_t(band_stride), n, m_stores.flag);
-                E(Opcode::Add, {m_stores.count, m_stores.count, imm(dmas)});
+                tile_columns(op, false, src, dst, bands, uint64_t(n) * 4, uint64_t(band_stride), n,
+                             m_stores);
                 continue;
             }
             if (lhs && !ttiles_out)
