@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Compiled steps on v6e-8's 256 x 256 MXUs (issue 27): the zoo's BERT block with every fusion on
 // the device (dots whose activations lie in the compiler's 8 x 128 tiles, weights in the MXU's
-// 256 x 256 ones, attention's head windows), bit-exact with the host evaluator (K summed in
-// passes of 256), race detector on, one launch; and one compiled dot fusion's program cycle for
-// cycle as on the cycle-stepped TensorCore (CoreRef).
+// 256 x 256 ones, attention's head windows) and an MLP training step (weight gradients written
+// in their parameters' 256 x 256 tiles), bit-exact with the host evaluator (K summed in passes
+// of 256), race detector on (tests/driver/many_mxus_test.cpp runs compiled dot layouts on the
+// cycle-stepped core).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,9 +20,6 @@
 #include "compiler_test_util.h"
 #include "device_test_util.h"
 #include "hw/board_config.h"
-#include "hw/core/core_model.h"
-#include "hw/mem/sparse_memory.h"
-#include "hw/reference/core_ref.h"
 #include "tests/common/paths.h"
 
 namespace tpu::compiler {
@@ -112,6 +110,97 @@ void expect_block_bit_exact(int64_t seq, int64_t dim, int64_t heads, int64_t ffn
         << "max rel error " << test::max_rel_error(got[0], want[0]);
     std::cout << fmt::format("[v6e bert {}x{} {} heads ffn {}] {} cycles\n", seq, dim, heads, ffn,
                              device.stats().last_step_cycles);
+}
+
+/// An MLP training step as tests/compiler/device_dot_test.cpp records it: linear + ReLU,
+/// linear, softmax cross-entropy, the backward by hand, SGD with momentum. `l`: x, onehot, lr,
+/// then w1, b1, w2, b2 and a momentum for each. Returns the loss, new parameters and momenta.
+std::vector<ValueId> record_mlp_step(Graph& g, const std::vector<ValueId>& l) {
+    const ValueId x = l[0], y = l[1], lr = l[2];
+    const int64_t B = g.shape(x).dims[0];
+    const ValueId pre = linear(g, x, l[3], l[4]);
+    const ValueId h = relu(g, pre);
+    const ValueId logits = linear(g, h, l[5], l[6]);
+    std::vector<ValueId> out{cross_entropy(g, logits, y)};
+    const ValueId dl =
+        div(g, sub(g, softmax(g, logits, 1), y), full(g, double(B), g.shape(logits)));
+    const ValueId dh = matmul(g, dl, l[5], false, false);
+    const ValueId zero = full(g, 0.0, g.shape(pre));
+    const ValueId dpre = select(g, compare(g, pre, zero, Comparison::Gt), dh, zero);
+    const std::vector<ValueId> grads{
+        matmul(g, dpre, x, true, false), reduce(g, dpre, {0}, Reducer::Sum),
+        matmul(g, dl, h, true, false), reduce(g, dl, {0}, Reducer::Sum)};
+    std::vector<ValueId> vs;
+    for (size_t i = 0; i < 4; ++i) {
+        const auto r = sgd_momentum(g, l[3 + i], all_reduce(g, grads[i], 1.0), l[7 + i], lr, 0.9);
+        out.push_back(r.w);
+        vs.push_back(r.v);
+    }
+    out.insert(out.end(), vs.begin(), vs.end());
+    return out;
+}
+
+/// Two MLP training steps (B x I -> H -> C) on `backend`: each step's loss, then the
+/// parameters and momenta after them.
+std::vector<std::vector<float>> run_mlp(Backend& backend, const CompileOptions& co, int64_t B,
+                                        int64_t I, int64_t H, int64_t C) {
+    LazyContext ctx(backend, co);
+    const std::vector<Shape> shapes = {f32({H, I}), f32({H}), f32({C, H}), f32({C})};
+    std::vector<LazyTensor> params, momenta;
+    for (size_t i = 0; i < 4; ++i) {
+        const size_t n = size_t(shapes[i].elements());
+        params.push_back(ctx.parameter(fmt::format("p{}", i), shapes[i],
+                                       {randoms(n, 90 + uint32_t(i), -0.1f, 0.1f)}));
+        momenta.push_back(
+            ctx.parameter(fmt::format("m{}", i), shapes[i], {std::vector<float>(n, 0.0f)}));
+    }
+    std::vector<std::vector<float>> got;
+    for (uint32_t step = 0; step < 2; ++step) {
+        std::vector<float> y(size_t(B * C), 0.0f);
+        for (int64_t b = 0; b < B; ++b) y[size_t(b * C + (b * 7 + step) % C)] = 1.0f;
+        std::vector<ValueId> l{
+            ctx.value(ctx.input("x", f32({B, I}), {randoms(size_t(B * I), 100 + step * 7)})),
+            ctx.value(ctx.input("onehot", f32({B, C}), {y})),
+            ctx.value(ctx.input("lr", f32({}), {{0.05f}}))};
+        for (const auto* ts : {&params, &momenta})
+            for (const LazyTensor& t : *ts) l.push_back(ctx.value(t));
+        const auto out = record_mlp_step(ctx.graph(), l);
+        const LazyTensor loss = ctx.wrap(out[0], "loss");
+        for (size_t i = 0; i < 4; ++i) {
+            ctx.assign(params[i], out[1 + i]);
+            ctx.assign(momenta[i], out[5 + i]);
+        }
+        ctx.mark_step();
+        got.push_back(ctx.to_host(loss, 0));
+    }
+    for (size_t i = 0; i < 4; ++i) {
+        got.push_back(ctx.to_host(params[i], 0));
+        got.push_back(ctx.to_host(momenta[i], 0));
+    }
+    return got;
+}
+
+TEST(CompilerMxu256, AnMlpTrainingStepIsBitExactOnV6e) {
+    // 128 x 784 -> 384 -> 10: the weight gradients dW = dY^T X written in their parameters'
+    // 256 x 256 tiles stream dY^T from transposed 8 x 128 tiles in blocks of two tile columns
+    // (H = 384: a block of 256 rows and a short one of 128); K = 784 and N = 10 pad their tiles.
+    const hw::BoardConfig cfg = v6e({"sim.race_detector=true"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    DeviceBackend device(*dev, {0}, cg);
+    EvalOptions eo;
+    eo.mxu_rows = cfg.core.mxu_rows;
+    HostBackend host(1, eo);
+    CompileOptions co;
+    co.board = cfg;
+    const auto got = run_mlp(device, co, 128, 784, 384, 10);
+    EXPECT_EQ(device.stats().host_fusions, 0u);
+    const auto want = run_mlp(host, co, 128, 784, 384, 10);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_TRUE(same_bits(got[i], want[i]))
+            << "result " << i << ": max rel error " << test::max_rel_error(got[i], want[i]);
 }
 
 TEST(CompilerMxu256, TheZooBlockIsBitExactOnV6e) {
