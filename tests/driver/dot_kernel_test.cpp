@@ -624,12 +624,13 @@ TEST(DotKernel, PaddedEightByOneTwentyEightTilesAreBitExact) {
 }
 
 TEST(DotKernel, EightByOneTwentyEightTilesFeedA256Array) {
-    // v6e's 256 x 256 MXUs, four per core (Cloud TPU v6e system architecture: "each TensorCore
-    // has 4 matrix-multiply units (MXU)... 256 x 256"; configs/presets.md) read the compiler's
-    // 8 x 128 tiles too: an MXU tile is R / 8 bands of C / 128 tiles, each 8-row band's tiles
-    // moved a tile column and row at a time (whole panels), or tile by tile per band (a last
-    // panel or step narrower than 256 values, padded or not a multiple of 128). Either side
-    // stationary, C in tiles or transposed in them, operands transposed in tiles.
+    // v6e's 256 x 256 MXUs (Cloud TPU v6e system architecture, docs.cloud.google.com/tpu/docs/
+    // v6e: 256x256 matrix-multiply units beside a VPU of 128 lanes x 8 sublanes; four per core
+    // in the preset, configs/presets.md) read the compiler's 8 x 128 tiles too: an MXU tile is
+    // R / 8 bands of C / 128 tiles, a whole panel moved band by band and tile by tile in a loop
+    // per tile column, or unrolled per band (a last panel or step narrower than 256 values,
+    // padded or not a multiple of 128). Either side stationary, C in tiles or transposed in
+    // them, operands transposed in tiles.
     const std::vector<Case> cases = {
         // K = 512 whole steps; N = 768: three panels of one group; W in the MXU's tiles.
         {.M = 40,
