@@ -510,21 +510,27 @@ private:
                 if (k < R) {
                     // K padded: the last step's k lanes of each band's tiles, one DMA per band
                     // and tile, compacted to rows of k values (a short last band brings padding
-                    // rows).
-                    const isa::Label band = m_b.label("a_band");
-                    E(Opcode::Add,
-                      {m_t14, m_t14, imm(int64_t(tile0 * kBandBytes + m_p.a_lane * 4))});
-                    E(Opcode::Li, {m_t15, imm(int64_t(at))});
-                    E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
-                    E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at))});
-                    m_b.bind(band);
-                    for (uint32_t s = 0; s < vtiles(k); ++s)
-                        E(op, {m_t15 + int64_t(s * 512), m_t14 + int64_t(s * kBandBytes), imm(8),
-                               imm(std::min(k - s * 128, 128u) * 4), imm(k * 4), imm(512), t.flag});
-                    E(Opcode::Add, {t.count, t.count, imm(int64_t(vtiles(k)))});
-                    E(Opcode::Add, {m_t14, m_t14, imm(int64_t(band_tiles * kBandBytes))});
-                    E(Opcode::Add, {m_t15, m_t15, imm(8 * k * 4)});
-                    E(Opcode::Bltu, {m_t15, m_tmp, band});
+                    // rows); a loop over the bands per tile (tile_columns: a band's tiles write
+                    // interleaved rows).
+                    for (uint32_t s = 0; s < vtiles(k); ++s) {
+                        const isa::Label band = m_b.label("a_band");
+                        if (s > 0) {
+                            E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * 512))});
+                            E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                        }
+                        E(Opcode::Add,
+                          {m_t14, m_t14, imm(int64_t((tile0 + s) * kBandBytes + m_p.a_lane * 4))});
+                        E(Opcode::Li, {m_t15, imm(int64_t(at + s * 512))});
+                        E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
+                        E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at + s * 512))});
+                        m_b.bind(band);
+                        E(op, {m_t15, m_t14, imm(8), imm(std::min(k - s * 128, 128u) * 4),
+                               imm(k * 4), imm(512), t.flag});
+                        E(Opcode::Add, {t.count, t.count, imm(1)});
+                        E(Opcode::Add, {m_t14, m_t14, imm(int64_t(band_tiles * kBandBytes))});
+                        E(Opcode::Add, {m_t15, m_t15, imm(8 * k * 4)});
+                        E(Opcode::Bltu, {m_t15, m_tmp, band});
+                    }
                 } else {
                     // Rows not a multiple of 8: the last band's padding rows come along.
                     if (m_p.M % 8) {
@@ -651,8 +657,9 @@ private:
                                 imm(ceil_div(k, 8)), uint64_t(n) * 4, bt * kBandBytes, n, t);
                             break;
                         }
-                        for (uint32_t band = 0; band < ceil_div(k, 8); ++band)
-                            for (uint32_t s = 0; s < vtiles(n); ++s) {
+                        // Tile by tile, each over the bands (tile_columns).
+                        for (uint32_t s = 0; s < vtiles(n); ++s)
+                            for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
                                 E(op, {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4 +
                                                    s * 512)),
                                        m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + tm + s) *
@@ -1003,27 +1010,27 @@ private:
                           const isa::Reg* vbase, uint64_t voff, uint32_t n, const Tally& t) {
         const isa::Reg h = m_b.reg("bands.hbm"), v = m_b.reg("bands.vmem"),
                        end = m_b.reg("bands.end");
-        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
-        if (vbase)
-            E(Opcode::Add, {v, *vbase, imm(int64_t(voff))});
-        else
-            E(Opcode::Li, {v, imm(int64_t(voff))});
-        E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
-        E(Opcode::Add, {end, end, v});
-        const isa::Label loop = m_b.label("narrow");
-        m_b.bind(loop);
+        // A loop over the bands per tile (tile_columns: a band's tiles write interleaved rows).
         for (uint32_t s = 0; s < vtiles(n); ++s) {
             const int64_t w = int64_t(std::min(n - s * 128, 128u)) * 4;
-            const isa::Arg hs = h + int64_t(s * kBandBytes), vs = v + int64_t(s * 512);
-            if (store)
-                E(op, {hs, vs, imm(8), imm(w), imm(512), imm(int64_t(n) * 4), t.flag});
+            E(Opcode::Add, {h, hbm, imm(int64_t(off + s * kBandBytes))});
+            if (vbase)
+                E(Opcode::Add, {v, *vbase, imm(int64_t(voff + s * 512))});
             else
-                E(op, {vs, hs, imm(8), imm(w), imm(int64_t(n) * 4), imm(512), t.flag});
+                E(Opcode::Li, {v, imm(int64_t(voff + s * 512))});
+            E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
+            E(Opcode::Add, {end, end, v});
+            const isa::Label loop = m_b.label("narrow");
+            m_b.bind(loop);
+            if (store)
+                E(op, {h, v, imm(8), imm(w), imm(512), imm(int64_t(n) * 4), t.flag});
+            else
+                E(op, {v, h, imm(8), imm(w), imm(int64_t(n) * 4), imm(512), t.flag});
+            E(Opcode::Add, {t.count, t.count, imm(1)});
+            E(Opcode::Add, {h, h, imm(int64_t(vtiles(m_p.N)) * kBandBytes)});
+            E(Opcode::Add, {v, v, imm(int64_t(n) * 8 * 4)});
+            E(Opcode::Bltu, {v, end, loop});
         }
-        E(Opcode::Add, {t.count, t.count, imm(int64_t(vtiles(n)))});
-        E(Opcode::Add, {h, h, imm(int64_t(vtiles(m_p.N)) * kBandBytes)});
-        E(Opcode::Add, {v, v, imm(int64_t(n) * 8 * 4)});
-        E(Opcode::Bltu, {v, end, loop});
         return 0;
     }
 
