@@ -621,7 +621,8 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     probe.R = board.core.mxu_rows;
     probe.C = board.core.mxu_cols;
     probe.mxus = std::min<uint32_t>(board.core.mxus, 2);
-    probe.block_rows = 128;  // a block of whole tiles: the layouts alone are probed here
+    // A block of whole tiles (of the MXU's and the VPU's): the layouts alone are probed here.
+    probe.block_rows = std::max({128u, probe.R, probe.C});
     probe.a_band_tiles = shape.a_band_tiles;
     probe.w_band_tiles = shape.w_band_tiles;
     probe.a_lane = shape.a_lane;

@@ -363,8 +363,40 @@ private:
         m_b.bind(skip);
     }
 
-    /// Tiles per band of a held W^T in 8 x 128 tiles (KT, or a window's array's).
-    uint64_t wbt() const { return m_p.w_band_tiles ? m_p.w_band_tiles : m_KT; }
+    /// 8 x 128 tiles in a band of `cols` values (an MXU tile of R x C spans R / 8 bands of
+    /// C / 128 of them: a 256 x 256 array reads each band's two tiles of a panel piecewise).
+    static uint64_t vtiles(uint64_t cols) { return (cols + 127) / 128; }
+    /// Tiles per band of a held W^T in 8 x 128 tiles (ceil(K / 128), or a window's array's).
+    uint64_t wbt() const { return m_p.w_band_tiles ? m_p.w_band_tiles : vtiles(m_p.K); }
+    /// Moves `cols` (a multiple of 128) columns of `bands` bands of 8 x 128 tiles between HBM
+    /// (`hbm`: the first band's first tile, bands `band` bytes apart, a band's tiles side by
+    /// side) and rows of `row` bytes in VMEM (`vm`): a VMEM row of an array wider than 128
+    /// values is pieces of several tiles. One DMA per band and tile (one 4 KiB run of HBM, 8 rows
+    /// of 512 bytes in VMEM), tile column by tile column: a DMA's VMEM rows (its bounding box)
+    /// overlap those of the band's other tiles, so the engine would hold each behind the one
+    /// before it (its WAW hazard) if they followed each other. Counts on `t` itself; returns 0.
+    uint32_t tile_columns(Opcode op, bool load, isa::Arg vm, isa::Arg hbm, isa::Arg bands,
+                          uint64_t row, uint64_t band, uint32_t cols, const Tally& t) {
+        const isa::Reg h = m_b.reg("columns.hbm"), v = m_b.reg("columns.vmem"),
+                       end = m_b.reg("columns.end");
+        for (uint32_t c = 0; c < cols / 128; ++c) {
+            E(Opcode::Add, {h, hbm, imm(int64_t(c * kBandBytes))});
+            E(Opcode::Add, {v, vm, imm(int64_t(c * 512))});
+            E(Opcode::Mul, {end, bands, imm(int64_t(8 * row))});
+            E(Opcode::Add, {end, end, v});
+            const isa::Label loop = m_b.label("tile_column");
+            m_b.bind(loop);
+            if (load)
+                E(op, {v, h, imm(8), imm(512), imm(int64_t(row)), imm(512), t.flag});
+            else
+                E(op, {h, v, imm(8), imm(512), imm(512), imm(int64_t(row)), t.flag});
+            E(Opcode::Add, {h, h, imm(int64_t(band))});
+            E(Opcode::Add, {v, v, imm(int64_t(8 * row))});
+            E(Opcode::Bltu, {v, end, loop});
+            E(Opcode::Add, {t.count, t.count, bands});
+        }
+        return 0;
+    }
 
     uint32_t kk(uint32_t j) const { return std::min(m_k.R, m_p.K - j * m_k.R); }
     /// Columns of panel m of the group (the last panel of C may be narrow).
@@ -376,6 +408,10 @@ private:
     uint64_t wbf(int slot, uint32_t m, int q) const {
         return m_a.wbf + ((uint64_t(slot) * m_k.mxus + m) * m_P + q) * m_m.wtile;
     }
+    /// Bytes from one k x 128 tile column of a staged A^T in 8 x 128 tiles to the next.
+    static uint64_t asub(uint32_t k) { return uint64_t(ceil_div(k, 8)) * kBandBytes; }
+    /// Bytes from one n x 128 piece of a staged W^T in 8 x 128 tiles to the next.
+    static uint64_t wsub(uint32_t n) { return uint64_t(ceil_div(n, 8)) * kBandBytes; }
     uint64_t wstage(int slot, uint32_t m) const {
         return m_a.wstage + (uint64_t(slot) * m_k.mxus + m) * m_k.R * m_k.C * 4;
     }
@@ -441,8 +477,9 @@ private:
                        imm(int64_t(M * 4)), t.flag});
                 ++count;
             } else if (m_p.a == DotLayout::TransposedVpuTiles) {
-                // A^T (K x M) in tiles, blocks of 128 rows: the block's column of tiles in
-                // the 16 bands of step j, MT tiles apart, lands as k x 128 row-major.
+                // A^T (K x M) in tiles, blocks of whole tile columns: each of the block's columns
+                // of tiles in the ceil(k / 8) bands of step j, MT tiles apart, lands as k x 128
+                // row-major (a column past a short last block's rows is not read).
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
                 const uint64_t MT = m_p.a_band_tiles ? m_p.a_band_tiles : ceil_div(m_p.M, 128);
                 E(Opcode::Mul, {m_t14, m_row, imm(kBandBytes / 128)});
@@ -451,28 +488,49 @@ private:
                        imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
                        imm(int64_t(MT * kBandBytes)), t.flag});
                 ++count;
+                for (uint32_t c = 1; c < m_k.block_rows / 128; ++c) {
+                    const isa::Label skip = m_b.label("a_column");
+                    E(Opcode::Bltu, {m_rows, imm(128 * c + 1), skip});
+                    E(op, {imm(int64_t(at + c * asub(k))),
+                           m_t14 + int64_t((uint64_t(j) * R / 8 * MT + c) * kBandBytes),
+                           imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
+                           imm(int64_t(MT * kBandBytes)), t.flag});
+                    E(Opcode::Add, {t.count, t.count, imm(1)});
+                    m_b.bind(skip);
+                }
             } else if (m_p.a == DotLayout::VpuTiles) {
-                // Panel j of the block's bands: one 4 KiB tile per 8 rows, KT tiles apart; in
-                // VMEM they are the block's rows of R = 128 values, as a row-major panel's.
+                // Panel j of the block's bands: R / 128 tiles of 4 KiB per 8 rows, a band of
+                // ceil(K / 128) tiles apart; in VMEM they are the block's rows of R values, as a
+                // row-major panel's.
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
-                const uint64_t band_tiles = m_p.a_band_tiles ? m_p.a_band_tiles : m_KT;
-                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * R * 4))});
+                const uint64_t band_tiles = m_p.a_band_tiles ? m_p.a_band_tiles : vtiles(K);
+                const uint64_t tile0 = uint64_t(j) * (R / 128);  // panel j's first tile in a band
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * 512))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 if (k < R) {
-                    // K padded: the last step's k lanes of each band's tile, one DMA per band,
-                    // compacted to rows of k values (a short last band brings padding rows).
-                    const isa::Label band = m_b.label("a_band");
-                    E(Opcode::Add,
-                      {m_t14, m_t14, imm(int64_t(uint64_t(j) * kBandBytes + m_p.a_lane * 4))});
-                    E(Opcode::Li, {m_t15, imm(int64_t(at))});
-                    E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
-                    E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at))});
-                    m_b.bind(band);
-                    E(op, {m_t15, m_t14, imm(8), imm(k * 4), imm(k * 4), imm(512), t.flag});
-                    E(Opcode::Add, {t.count, t.count, imm(1)});
-                    E(Opcode::Add, {m_t14, m_t14, imm(int64_t(band_tiles * kBandBytes))});
-                    E(Opcode::Add, {m_t15, m_t15, imm(8 * k * 4)});
-                    E(Opcode::Bltu, {m_t15, m_tmp, band});
+                    // K padded: the last step's k lanes of each band's tiles, one DMA per band
+                    // and tile, compacted to rows of k values (a short last band brings padding
+                    // rows); a loop over the bands per tile (tile_columns: a band's tiles write
+                    // interleaved rows).
+                    for (uint32_t s = 0; s < vtiles(k); ++s) {
+                        const isa::Label band = m_b.label("a_band");
+                        if (s > 0) {
+                            E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * 512))});
+                            E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                        }
+                        E(Opcode::Add,
+                          {m_t14, m_t14, imm(int64_t((tile0 + s) * kBandBytes + m_p.a_lane * 4))});
+                        E(Opcode::Li, {m_t15, imm(int64_t(at + s * 512))});
+                        E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
+                        E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at + s * 512))});
+                        m_b.bind(band);
+                        E(op, {m_t15, m_t14, imm(8), imm(std::min(k - s * 128, 128u) * 4),
+                               imm(k * 4), imm(512), t.flag});
+                        E(Opcode::Add, {t.count, t.count, imm(1)});
+                        E(Opcode::Add, {m_t14, m_t14, imm(int64_t(band_tiles * kBandBytes))});
+                        E(Opcode::Add, {m_t15, m_t15, imm(8 * k * 4)});
+                        E(Opcode::Bltu, {m_t15, m_tmp, band});
+                    }
                 } else {
                     // Rows not a multiple of 8: the last band's padding rows come along.
                     if (m_p.M % 8) {
@@ -482,10 +540,16 @@ private:
                         E(Opcode::Shr, {m_t15, m_rows, imm(3)});
                     }
                     // Bands are a window's array's band_tiles apart (a head of 128 lanes).
-                    E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
-                           imm(kBandBytes), imm(kBandBytes), imm(int64_t(band_tiles * kBandBytes)),
-                           t.flag});
-                    ++count;
+                    if (R == 128) {
+                        E(op, {imm(int64_t(at)), m_t14 + int64_t(tile0 * kBandBytes), m_t15,
+                               imm(kBandBytes), imm(kBandBytes),
+                               imm(int64_t(band_tiles * kBandBytes)), t.flag});
+                        ++count;
+                    } else {
+                        count += tile_columns(op, true, imm(int64_t(at)),
+                                              m_t14 + int64_t(tile0 * kBandBytes), m_t15,
+                                              uint64_t(R) * 4, band_tiles * kBandBytes, R, t);
+                    }
                 }
             } else if (m_p.a == DotLayout::Tiles) {
                 // The streamed operand in the MXU's R x R tiles (a streamed weight lies in
@@ -575,33 +639,51 @@ private:
                         // tiles apart, landing as the k x C row-major tile; a narrow last
                         // panel (N padded) one DMA per band, compacted to rows of n values.
                         // Bands are a window's array's band_tiles apart (a head of 128 lanes).
-                        const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : NT;
-                        if (n == C) {
+                        // (A C-wide panel is C / 128 tiles of each band.)
+                        const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : vtiles(N);
+                        const uint64_t tm = uint64_t(m) * (C / 128);  // the panel's first tile
+                        if (n == 128) {
                             E(op, {imm(int64_t(wstage(slot, m))),
-                                   m_wb + int64_t((uint64_t(j) * R / 8 * bt + m) * kBandBytes),
+                                   m_wb + int64_t((uint64_t(j) * R / 8 * bt + tm) * kBandBytes),
                                    imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
                                    imm(int64_t(bt * kBandBytes)), t.flag});
                             ++count;
                             break;
                         }
-                        for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
-                            E(op,
-                              {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4)),
-                               m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + m) * kBandBytes +
-                                              m_p.w_lane * 4),
-                               imm(8), imm(n * 4), imm(n * 4), imm(512), t.flag});
-                            ++count;
+                        if (n % 128 == 0) {
+                            count += tile_columns(
+                                op, true, imm(int64_t(wstage(slot, m))),
+                                m_wb + int64_t((uint64_t(j) * R / 8 * bt + tm) * kBandBytes),
+                                imm(ceil_div(k, 8)), uint64_t(n) * 4, bt * kBandBytes, n, t);
+                            break;
                         }
+                        // Tile by tile, each over the bands (tile_columns).
+                        for (uint32_t s = 0; s < vtiles(n); ++s)
+                            for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
+                                E(op, {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4 +
+                                                   s * 512)),
+                                       m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + tm + s) *
+                                                          kBandBytes +
+                                                      m_p.w_lane * 4),
+                                       imm(8), imm(std::min(n - s * 128, 128u) * 4), imm(n * 4),
+                                       imm(512), t.flag});
+                                ++count;
+                            }
                         break;
                     }
                     case DotLayout::TransposedVpuTiles:
-                        // W^T (N x K) in tiles: tile column j of the panel's ceil(n / 8) bands,
-                        // KT tiles apart, lands as n x 128 and is transposed in VMEM.
-                        E(op, {imm(int64_t(wstage(slot, m))),
-                               m_wb + int64_t((uint64_t(m) * C / 8 * wbt() + j) * kBandBytes),
-                               imm(ceil_div(n, 8)), imm(kBandBytes), imm(kBandBytes),
-                               imm(int64_t(wbt() * kBandBytes)), t.flag});
-                        ++count;
+                        // W^T (N x K) in tiles: each of step j's R / 128 tile columns of the
+                        // panel's ceil(n / 8) bands, a band of tiles apart, lands as n x 128 and
+                        // is transposed in VMEM.
+                        for (uint32_t s = 0; s < vtiles(k); ++s) {
+                            E(op, {imm(int64_t(wstage(slot, m) + s * wsub(n))),
+                                   m_wb + int64_t((uint64_t(m) * C / 8 * wbt() +
+                                                   uint64_t(j) * (R / 128) + s) *
+                                                  kBandBytes),
+                                   imm(ceil_div(n, 8)), imm(kBandBytes), imm(kBandBytes),
+                                   imm(int64_t(wbt() * kBandBytes)), t.flag});
+                            ++count;
+                        }
                         break;
                     case DotLayout::TransposedTiles:
                         // Tile (n0 / C + m, j) of W^T: n rows of k values, transposed in VMEM.
@@ -660,15 +742,16 @@ private:
         // ceil(N / 128) tiles.
         auto panel_off = [&](uint32_t m) -> uint64_t {
             if (mxu_tiles_out) return uint64_t(m) * (lhs ? 1 : MT) * tile_bytes / 4;
-            if (ttiles_out) return uint64_t(m) * kBandBytes / 4;
+            if (ttiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
             if (lhs && tiles_out) return uint64_t(m) * C * ceil_div(m_k.N, 128) * 128;
             if (lhs) return uint64_t(m) * C * cn;
-            if (tiles_out) return uint64_t(m) * kBandBytes / 4;
+            if (tiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
             return panels_out ? uint64_t(m) * m_k.M * C : m * C;
         };
-        // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run.
+        // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run
+        // (C / 128 of them side by side).
         isa::Reg bands;
-        const int64_t band_stride = int64_t(m_NT) * kBandBytes;
+        const int64_t band_stride = int64_t(vtiles(m_p.N)) * kBandBytes;
         if ((tiles_out && !lhs) || ttiles_out) {
             bands = m_b.reg("bands");
             if (m_p.M % 8) {  // the last band's padding rows too
@@ -706,16 +789,20 @@ private:
                     else if (lhs)
                         E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
                                m_sides.flag});
-                    else if (tiles_out && n < C)
+                    else if (tiles_out && n % 128)
                         issued += narrow_bands(op, false, at, panel_off(m) * 4, nullptr,
                                                full_tile(f, m), n, m_sides);
+                    else if (tiles_out && n > 128)
+                        issued += tile_columns(op, true, dst, src, bands, uint64_t(n) * 4,
+                                               uint64_t(band_stride), n, m_sides);
                     else if (tiles_out)
                         E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
                                m_sides.flag});
                     else
                         E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
                                imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
-                    if (!(lhs && tiles_out) && !(tiles_out && n < C)) ++issued;
+                    if (!(lhs && tiles_out) && !(tiles_out && n % 128) && !(tiles_out && n > 128))
+                        ++issued;
                 }
                 ++f;
             }
@@ -813,9 +900,16 @@ private:
                 mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n);
                 continue;
             }
-            if (tiles_out && n < C) {
+            if (tiles_out && n % 128) {
                 narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar, m_a.c + m * m_m.cpanel,
                              n, m_stores);
+                continue;
+            }
+            if ((tiles_out || ttiles_out) && n > 128) {
+                // A panel wider than a tile (a 256-column MXU): its rows are pieces of n / 128
+                // tiles of each band.
+                tile_columns(op, false, src, dst, bands, uint64_t(n) * 4, uint64_t(band_stride), n,
+                             m_stores);
                 continue;
             }
             if (lhs && !ttiles_out)
@@ -910,29 +1004,33 @@ private:
 
     /// C in 8 x 128 tiles, a narrow last panel (N padded): the pending rows of an n-column
     /// panel (compact rows of n values in VMEM at `vbase` + `voff`) to (`store`) or from the
-    /// panel's tiles at `hbm` + `off`, one 8-row DMA of n values a row per band (a short last
-    /// band moves padding rows too). Counts on `t` itself; returns 0.
+    /// panel's tiles at `hbm` + `off`, one 8-row DMA per band and tile of up to 128 values a
+    /// row (a short last band moves padding rows too). Counts on `t` itself; returns 0.
     uint32_t narrow_bands(Opcode op, bool store, const isa::Reg& hbm, uint64_t off,
                           const isa::Reg* vbase, uint64_t voff, uint32_t n, const Tally& t) {
         const isa::Reg h = m_b.reg("bands.hbm"), v = m_b.reg("bands.vmem"),
                        end = m_b.reg("bands.end");
-        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
-        if (vbase)
-            E(Opcode::Add, {v, *vbase, imm(int64_t(voff))});
-        else
-            E(Opcode::Li, {v, imm(int64_t(voff))});
-        E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
-        E(Opcode::Add, {end, end, v});
-        const isa::Label loop = m_b.label("narrow");
-        m_b.bind(loop);
-        if (store)
-            E(op, {h, v, imm(8), imm(int64_t(n) * 4), imm(512), imm(int64_t(n) * 4), t.flag});
-        else
-            E(op, {v, h, imm(8), imm(int64_t(n) * 4), imm(int64_t(n) * 4), imm(512), t.flag});
-        E(Opcode::Add, {t.count, t.count, imm(1)});
-        E(Opcode::Add, {h, h, imm(int64_t(m_NT) * kBandBytes)});
-        E(Opcode::Add, {v, v, imm(int64_t(n) * 8 * 4)});
-        E(Opcode::Bltu, {v, end, loop});
+        // A loop over the bands per tile (tile_columns: a band's tiles write interleaved rows).
+        for (uint32_t s = 0; s < vtiles(n); ++s) {
+            const int64_t w = int64_t(std::min(n - s * 128, 128u)) * 4;
+            E(Opcode::Add, {h, hbm, imm(int64_t(off + s * kBandBytes))});
+            if (vbase)
+                E(Opcode::Add, {v, *vbase, imm(int64_t(voff + s * 512))});
+            else
+                E(Opcode::Li, {v, imm(int64_t(voff + s * 512))});
+            E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
+            E(Opcode::Add, {end, end, v});
+            const isa::Label loop = m_b.label("narrow");
+            m_b.bind(loop);
+            if (store)
+                E(op, {h, v, imm(8), imm(w), imm(512), imm(int64_t(n) * 4), t.flag});
+            else
+                E(op, {v, h, imm(8), imm(w), imm(int64_t(n) * 4), imm(512), t.flag});
+            E(Opcode::Add, {t.count, t.count, imm(1)});
+            E(Opcode::Add, {h, h, imm(int64_t(vtiles(m_p.N)) * kBandBytes)});
+            E(Opcode::Add, {v, v, imm(int64_t(n) * 8 * 4)});
+            E(Opcode::Bltu, {v, end, loop});
+        }
         return 0;
     }
 
@@ -1019,10 +1117,18 @@ private:
                     vpu(Opcode::VTrans, {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), m_rows});
                     x = m_a.att;
                 } else if (m_p.a == DotLayout::TransposedVpuTiles) {
-                    // k x 128 (a short last block's columns past its rows are padding; a
-                    // window's rows start at its lane).
+                    // k x 128 per tile column, to 128 rows of k each, one below the other (a
+                    // short last block's columns past its rows are padding; a window's rows
+                    // start at its lane).
                     vpu(Opcode::VTrans,
                         {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), imm(128)});
+                    for (uint32_t c = 1; c < m_k.block_rows / 128; ++c) {
+                        const isa::Label skip = m_b.label("a_column_t");
+                        E(Opcode::Bltu, {m_rows, imm(128 * c + 1), skip});
+                        vpu(Opcode::VTrans, {imm(int64_t(m_a.att + uint64_t(c) * 128 * k * 4)),
+                                             imm(int64_t(src + c * asub(k))), imm(k), imm(128)});
+                        m_b.bind(skip);
+                    }
                     x = m_a.att + uint64_t(m_p.a_lane) * k * 4;
                 } else if (m_p.a == DotLayout::TransposedTiles) {
                     // Each R x R tile (k rows of K, R rows of the block) to R rows of k values:
@@ -1046,10 +1152,12 @@ private:
                         vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
                         x = tt;
                     } else if (m_p.w == DotLayout::TransposedVpuTiles) {
-                        // n x 128: the first k rows of the transpose are the tile's.
+                        // Each n x 128 piece to 128 rows of n, one below the other: the first k
+                        // rows of the transposes are the tile's.
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
-                        vpu(Opcode::VTrans,
-                            {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(int64_t(R))});
+                        for (uint32_t s = 0; s < vtiles(k); ++s)
+                            vpu(Opcode::VTrans, {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
+                                                 imm(int64_t(x + s * wsub(n))), imm(n), imm(128)});
                         x = tt + uint64_t(m_p.w_lane) * n * 4;
                     }
                     convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
@@ -1113,7 +1221,7 @@ private:
             per_row = uint64_t(m_k.C) * 4;                           // row / C tiles
             per_col = uint64_t(ceil_div(m_k.M, m_k.C)) * m_k.C * 4;  // n0 / C rows of MT tiles
         } else if (m_k.c == DotLayout::TransposedVpuTiles) {         // the problem's C in tiles
-            per_row = uint64_t(m_NT) * kBandBytes / 8;
+            per_row = vtiles(m_p.N) * kBandBytes / 8;
             per_col = kBandBytes / 128;
         } else if (m_k.c == DotLayout::VpuTiles && lhs) {
             // A streamed row is a column of C (blocks of whole tiles), a column of the problem
@@ -1121,7 +1229,7 @@ private:
             per_row = kBandBytes / 128;
             per_col = uint64_t(ceil_div(m_k.N, 128)) * kBandBytes / 8;
         } else if (m_k.c == DotLayout::VpuTiles) {
-            per_row = uint64_t(m_NT) * kBandBytes / 8;
+            per_row = vtiles(m_p.N) * kBandBytes / 8;
             per_col = kBandBytes / 128;
         }
         E(Opcode::Mul, {m_paddr, m_row, imm(int64_t(per_row))});
@@ -1214,8 +1322,10 @@ std::string layout_unsupported(const DotKey& k) {
                            k.c == DotLayout::VpuTiles || k.a == DotLayout::TransposedVpuTiles ||
                            k.w == DotLayout::TransposedVpuTiles ||
                            k.c == DotLayout::TransposedVpuTiles;
-    if (vpu_tiles && (k.R != 128 || k.C != 128))
-        return fmt::format("8 x 128 tiles need a 128 x 128 MXU (R = {}, C = {})", k.R, k.C);
+    if (vpu_tiles && (k.R % 128 || k.C % 128))
+        return fmt::format(
+            "8 x 128 tiles need an MXU of a multiple of 128 rows and columns (R = {}, C = {})", k.R,
+            k.C);
     {
         // Windows: only where the kernel reads a tile's lanes piecewise.
         const Problem p = problem(k);
@@ -1275,10 +1385,11 @@ std::string blocks_unsupported(const DotKey& k) {
         return fmt::format(
             "a streamed operand in MXU tiles needs blocks of a multiple of {} rows, not {}", k.R,
             k.block_rows);
-    // A streamed operand stored transposed in tiles is read one tile column per block.
-    if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows != 128)
+    // A streamed operand stored transposed in tiles is read whole tile columns per block.
+    if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows % 128)
         return fmt::format(
-            "a streamed operand in transposed 8 x 128 tiles needs blocks of 128 rows, not {}",
+            "a streamed operand in transposed 8 x 128 tiles needs blocks of a multiple of 128 "
+            "rows, not {}",
             k.block_rows);
     // Each block's rows are C's columns there: whole 8 x 128 tiles of C per block.
     if (k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles && k.block_rows % 128)
@@ -1332,7 +1443,8 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     // Even cuts of the rows, longest first; below R rows a block only adds steps bound by the
     // weight load (as plan_gemm).
     // Blocks of whole tiles where C's tiles or a streamed operand's need them
-    // (blocks_unsupported): one tile column of a streamed operand in transposed tiles.
+    // (blocks_unsupported): a streamed operand in transposed tiles in blocks of the array's
+    // rows (one tile column on a 128-row array), or of C's tiles if they are longer.
     const bool column_blocks = problem(k).a == DotLayout::TransposedVpuTiles;
     const uint32_t unit = k.c == DotLayout::TransposedTiles || problem(k).a == DotLayout::Tiles ||
                                   problem(k).a == DotLayout::TransposedTiles
@@ -1343,7 +1455,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
         k.block_rows = ceil_div(ceil_div(rows, nb), unit) * unit;
         if (column_blocks) {
             if (nb > 1) break;
-            k.block_rows = 128;
+            k.block_rows = std::max({128u, unit, k.R});
         }
         if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
         if (best && k.block_rows < std::min(rows, k.R)) break;

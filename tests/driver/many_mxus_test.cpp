@@ -273,5 +273,36 @@ TEST(ManyMxusCycleExact, GemmConvAndDotKernelsMatchTheCycleSteppedCore) {
     expect_cycle_exact(cfg, generate(*mk), {a, w, c});
 }
 
+TEST(ManyMxusCycleExact, CompiledDotLayoutsMatchTheCycleSteppedCore) {
+    const hw::BoardConfig cfg = v6e_core();
+    const uint32_t a = 0, w = 8 << 20, c = 16 << 20;
+    // The compiler's forward dot on v6e: an activation in 8 x 128 tiles through a weight in
+    // the MXU's 256 x 256 tiles, C in 8 x 128 tiles (each 256-value row of a panel two tiles of
+    // a band): K = 512 in two steps, N = 1280 a group of four panels and one more.
+    DotKey fwd{.M = 64,
+               .K = 512,
+               .N = 1280,
+               .a = DotLayout::VpuTiles,
+               .w = DotLayout::Tiles,
+               .c = DotLayout::VpuTiles};
+    const auto kf = plan_dot(cfg, fwd, cfg.core.vmem_bytes);
+    ASSERT_TRUE(kf);
+    ASSERT_EQ(kf->R, 256u);
+    expect_cycle_exact(cfg, generate(*kf), {a, w, c});
+    // A weight gradient in its parameter's 256 x 256 tiles: dY^T streamed from transposed
+    // 8 x 128 tiles in blocks of two tile columns (the last, of 44 rows, reads one); two K steps,
+    // two panels.
+    DotKey grad{.M = 300,
+                .K = 512,
+                .N = 512,
+                .a = DotLayout::TransposedVpuTiles,
+                .w = DotLayout::VpuTiles,
+                .c = DotLayout::TransposedTiles};
+    const auto kg = plan_dot(cfg, grad, cfg.core.vmem_bytes);
+    ASSERT_TRUE(kg);
+    ASSERT_EQ(kg->block_rows, 256u);
+    expect_cycle_exact(cfg, generate(*kg), {a, w, c});
+}
+
 }  // namespace
 }  // namespace tpu::driver
