@@ -170,14 +170,23 @@ uint64_t run_rows_op(driver::Device& dev, driver::ProgramCache& cache, const Row
                          : run_softmax(dev, cache, row_cores(r), rows, cols, false, 1));
 }
 
-uint64_t run_attention_row(driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
+/// An attention row: PyTorchSim's attention graph compiled into one program (what the real row
+/// ran through PyTorch/XLA), or with --engine eager the library's fused kernel; auto falls back
+/// to the library kernel where the code generator does not cover the shape, the row saying why.
+RowRun run_attention_row(driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
     driver::AttentionShape s;
     s.batch = optional(r.params, "batch", r.line, 1);
     s.heads = positive(r.params, "heads", r.line);
     s.seq = positive(r.params, "seq", r.line);
     s.dhead = positive(r.params, "dhead", r.line);
     s.causal = r.params.count("causal") != 0;
-    return cycles_of(run_attention(dev, cache, row_cores(r), s, false, 1));
+    const std::string engine = r.engine == "eager" ? "library" : r.engine;
+    const OpRun run = run_attention(dev, cache, row_cores(r), s, false, 1, engine);
+    const std::string marker = " (the library's fused kernel: ";
+    const size_t at = run.plan.find(marker);
+    if (engine == "library") return RowRun{cycles_of(run), "library kernel"};
+    if (at == std::string::npos) return RowRun{cycles_of(run), "compiled"};
+    return RowRun{cycles_of(run), "library kernel: " + run.plan.substr(at + marker.size())};
 }
 
 /// The zoo sizes of a model row (0: the model's default).
@@ -280,7 +289,7 @@ const std::map<std::string, Kind>& kinds() {
         m["layernorm"] = Kind{{"rows", "cols"}, {}, op_row(run_rows_op), {}, {}, check_rows_row};
         m["softmax"] = Kind{{"rows", "cols"}, {}, op_row(run_rows_op), {}, {}, check_rows_row};
         m["attention"] =
-            Kind{{"heads", "seq", "dhead"}, {"causal"}, op_row(run_attention_row), {}, {},
+            Kind{{"heads", "seq", "dhead"}, {"causal"}, run_attention_row, {}, {},
                  check_attention_row,       {"batch"}};
         m["resnet18"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
         m["resnet50"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
@@ -521,10 +530,12 @@ void register_validate_command(CLI::App& app) {
                     "clock_mhz,cores,source)")
         ->capture_default_str();
     cmd->add_option("--engine", o->engine,
-                    "how model rows (resnet18, resnet50, bert-block) run: auto = one compiled "
-                    "step (tpusim model --engine compiled) when every fusion of it is generated "
-                    "for the device, else the eager engine, the row saying why; compiled = fail "
-                    "where a fusion is not generated; eager = one launch per op")
+                    "how model rows (resnet18, resnet50, bert-block) and attention rows run: "
+                    "auto = one compiled step (tpusim model --engine compiled; attention: "
+                    "PyTorchSim's graph compiled) when every fusion of it is generated for the "
+                    "device, else the eager engine (attention: the library's fused kernel), the "
+                    "row saying why; compiled = fail where a fusion is not generated; eager = one "
+                    "launch per op (attention: the library kernel)")
         ->check(CLI::IsMember({"auto", "eager", "compiled"}))
         ->capture_default_str();
     add_config_options(*cmd, o->common);
