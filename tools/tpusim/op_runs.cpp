@@ -529,9 +529,9 @@ std::optional<OpRun> run_attention_compiled(driver::Device& dev, const std::vect
             for (int64_t g = 0; g < G; ++g) {
                 // p[j][i]: softmax over the keys j of k_j . q_i / sqrt(d); out[d][i] = sum_j
                 // p[j][i] v[j][d].
-                std::vector<double> o(size_t(D * S), 0.0);
+                std::vector<double> o(static_cast<size_t>(D * S), 0.0);
                 for (int64_t i = 0; i < S; ++i) {
-                    std::vector<double> e(size_t(S));
+                    std::vector<double> e(static_cast<size_t>(S));
                     double m = -INFINITY, sum = 0;
                     for (int64_t j = 0; j < S; ++j) {
                         double dotv = 0;
