@@ -184,9 +184,11 @@ RowRun run_attention_row(driver::Device& dev, driver::ProgramCache& cache, const
     const OpRun run = run_attention(dev, cache, row_cores(r), s, false, 1, engine);
     const std::string marker = " (the library's fused kernel: ";
     const size_t at = run.plan.find(marker);
-    if (engine == "library") return RowRun{cycles_of(run), "library kernel"};
+    // The library kernel is the eager path's (one launch, the trainer's kernel).
+    if (engine == "library") return RowRun{cycles_of(run), "eager"};
     if (at == std::string::npos) return RowRun{cycles_of(run), "compiled"};
-    return RowRun{cycles_of(run), "library kernel: " + run.plan.substr(at + marker.size())};
+    return RowRun{cycles_of(run),
+                  "eager (the library's fused kernel: " + run.plan.substr(at + marker.size())};
 }
 
 /// The zoo sizes of a model row (0: the model's default).
@@ -200,8 +202,8 @@ trainer::ZooOptions zoo_options(const Row& r) {
     z.image = get("image");
     // PyTorchSim's EncoderBlock, what the bert-block rows measure, uses ReLU between its ffn
     // layers (validation/README.md); the tag `gelu` runs BERT's GELU instead.
-    z.activation = r.params.count("gelu") ? trainer::FfnActivation::Gelu
-                                          : trainer::FfnActivation::Relu;
+    z.activation =
+        r.params.count("gelu") ? trainer::FfnActivation::Gelu : trainer::FfnActivation::Relu;
     return z;
 }
 
@@ -261,9 +263,10 @@ void check_attention_row(const Row& r, const hw::BoardConfig& cfg) {
 
 void check_model_row(const Row& r, const hw::BoardConfig& cfg) {
     if (r.params.count("gelu") && r.params.count("relu"))
-        throw InputError(fmt::format("line {}: {}: tags gelu and relu name two activations; "
-                                     "give one",
-                                     r.line, r.workload));
+        throw InputError(
+            fmt::format("line {}: {}: tags gelu and relu name two activations; "
+                        "give one",
+                        r.line, r.workload));
     const trainer::ZooOptions z = zoo_options(r);
     const uint32_t batch = optional(r.params, "batch", r.line, 1);
     try {
@@ -288,9 +291,8 @@ const std::map<std::string, Kind>& kinds() {
                            check_conv2d_row};
         m["layernorm"] = Kind{{"rows", "cols"}, {}, op_row(run_rows_op), {}, {}, check_rows_row};
         m["softmax"] = Kind{{"rows", "cols"}, {}, op_row(run_rows_op), {}, {}, check_rows_row};
-        m["attention"] =
-            Kind{{"heads", "seq", "dhead"}, {"causal"}, run_attention_row, {}, {},
-                 check_attention_row,       {"batch"}};
+        m["attention"] = Kind{{"heads", "seq", "dhead"}, {"causal"}, run_attention_row, {}, {},
+                              check_attention_row,       {"batch"}};
         m["resnet18"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
         m["resnet50"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
         m["bert-block"] = Kind{{"hidden", "seq", "heads"},

@@ -485,8 +485,8 @@ std::optional<OpRun> run_attention_compiled(driver::Device& dev, const std::vect
         const Shape in{DType::F32, {G, S, D}};
         const LazyTensor q = ctx.input("query", in, qs), k = ctx.input("key", in, ks),
                          v = ctx.input("value", in, vs);
-        const LazyTensor o = ctx.wrap(record(ctx.graph(), ctx.value(q), ctx.value(k), ctx.value(v)),
-                                      "out");
+        const LazyTensor o =
+            ctx.wrap(record(ctx.graph(), ctx.value(q), ctx.value(k), ctx.value(v)), "out");
         ctx.mark_step();
         if (after) after(*ctx.last_step());
         if (out)
