@@ -200,6 +200,10 @@ struct DotFusion {
     int areas = 0;                             ///< tile-sized VMEM areas: results, then scratch
     uint64_t a_off = 0, w_off = 0, c_off = 0;  ///< a batch's matrices within a, w and c (bytes)
     std::vector<std::shared_ptr<FusionValue>> views;  ///< operands read through a reshape
+    /// Ops computed on an operand's tiles as the kernel loads them (codegen_dot.cpp), shared by
+    /// the batches of a batched dot; null: none.
+    std::shared_ptr<const struct DotPrologue> prologue;
+    int64_t batch = 0;  ///< which batch of a batched dot this plan runs
 };
 
 /// Plans an output fusion rooted at a 2-D dot (no batch dims): operands through in-fusion

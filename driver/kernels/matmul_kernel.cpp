@@ -198,11 +198,13 @@ constexpr uint32_t kDotMaxMxus = 8;
 /// back out of order from the banked HBM and are waited per slot, in full.
 class DotGen {
 public:
-    DotGen(isa::Builder& b, const DotKey& k, const DotOperands& ops, const Epilogue& ep)
+    DotGen(isa::Builder& b, const DotKey& k, const DotOperands& ops, const Epilogue& ep,
+           const Prologue& pro)
         : m_b(b),
           m_k(k),
           m_p(problem(k)),
           m_ep(ep),
+          m_pro(pro),
           m_m(vmem_map(k)),
           m_P(parts_of(k.precision)),
           m_KT(ceil_div(m_p.K, k.R)),
@@ -1139,6 +1141,12 @@ private:
                                              imm(int64_t(src + t * tile)), imm(R), imm(R)});
                     x = m_a.att;
                 }
+                if (m_pro.streamed)
+                    m_pro.streamed({m_b, imm(int64_t(x)), m_rows, k,
+                                    [&](const isa::Reg& d) { E(Opcode::Mul, {d, m_row, imm(4)}); },
+                                    [&](Opcode op, std::initializer_list<isa::Arg> args) {
+                                        vpu(op, args);
+                                    }});
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
                         m_a.ar2);
@@ -1159,6 +1167,23 @@ private:
                             vpu(Opcode::VTrans, {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
                                                  imm(int64_t(x + s * wsub(n))), imm(n), imm(128)});
                         x = tt + uint64_t(m_p.w_lane) * n * 4;
+                    }
+                    if (m_pro.held) {
+                        // The panel's first column: a middle group's is in group_col (x 4).
+                        const int64_t col =
+                            int64_t(m) * m_k.C +
+                            (last && !first ? int64_t(m_G - 1) * m_k.mxus * m_k.C : 0);
+                        const bool mid = !first && !last;
+                        m_pro.held({m_b, imm(int64_t(x)), imm(k), n,
+                                    [&, col, mid](const isa::Reg& d) {
+                                        if (mid)
+                                            E(Opcode::Add, {d, m_col, imm(col * 4)});
+                                        else
+                                            E(Opcode::Li, {d, imm(col * 4)});
+                                    },
+                                    [&](Opcode op, std::initializer_list<isa::Arg> args) {
+                                        vpu(op, args);
+                                    }});
                     }
                     convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
                             imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
@@ -1259,6 +1284,7 @@ private:
     const DotKey& m_k;
     Problem m_p;
     const Epilogue& m_ep;
+    const Prologue& m_pro;
     Map m_m;  ///< offsets and sizes
     Map m_a;  ///< absolute addresses of the areas
     int m_P;
@@ -1470,7 +1496,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
 }
 
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
-              const Epilogue& epilogue) {
+              const Epilogue& epilogue, const Prologue& prologue) {
     if (const std::string why = dot_unsupported(key); !why.empty()) throw b.error("dot: " + why);
     const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
     const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);
@@ -1491,7 +1517,7 @@ void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
     check(ops.c, "C");
     for (size_t i = 0; i < epilogue.sides.size(); ++i)
         check(epilogue.sides[i].place, fmt::format("epilogue side {}", i));
-    DotGen(b, key, ops, epilogue).emit();
+    DotGen(b, key, ops, epilogue, prologue).emit();
 }
 
 isa::Program generate(const DotKey& key) {

@@ -104,10 +104,15 @@ OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
 OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
                   const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
                   const PerCore& x, bool check, bool keep_result);
-/// Attention of `shape` (shape.batch sequences in all, data-parallel over `cores`).
+/// Attention of `shape` (shape.batch sequences in all, data-parallel over `cores`) on random
+/// values. `engine`: "compiled" runs PyTorchSim's attention graph (the validation rows':
+/// `k q^T / sqrt(d)`, softmax over the keys, `v^T p`, out [heads, dhead, seq]) as one compiled
+/// program; "library" the hand-written fused kernel (`p v`, out [heads, seq, dhead]; causal
+/// masks); "auto" the compiled program, or the library kernel (its plan says why) where the code
+/// generator does not cover the shape.
 OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, const driver::AttentionShape& shape,
-                    bool check, uint32_t seed);
+                    bool check, uint32_t seed, const std::string& engine = "auto");
 /// As above on given values: q[i], k[i], v[i] hold core i's core_share(shape.batch) sequences,
 /// layout [batch, heads, seq, dhead].
 OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
