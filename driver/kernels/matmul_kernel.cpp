@@ -1329,7 +1329,40 @@ uint64_t dot_vmem_bytes(const DotKey& key) {
     return vmem_map(key).end;
 }
 
+namespace {
+
+/// gemm_estimate_cycles of the same schedule with the dot's own traffic.
+double gemm_like_estimate(const hw::BoardConfig& cfg, const DotKey& key) {
+    const Problem p = problem(key);
+    GemmTiling t;
+    t.R = key.R;
+    t.C = key.C;
+    t.Kp = ceil_div(p.K, key.R) * key.R;
+    t.Np = ceil_div(p.N, key.C) * key.C;
+    t.block_rows = key.block_rows;
+    t.mxus = key.mxus;
+    t.precision = key.precision;
+    const GemmTraffic x{.a_fp32 = staged(p.a),
+                        .w_fp32 = staged(p.w),
+                        .full_sides = key.full_sides,
+                        .column_sides = key.column_sides,
+                        .c_bf16 = key.store_bf16};
+    return gemm_estimate_cycles(cfg, t, p.M, x);
+}
+
+/// A streamed operand in the MXU's tiles: each block's panel one contiguous run (a streamed
+/// fp32 parameter), the case where the kernel may take several panels per MXU.
+bool streams_mxu_tiles(const DotKey& key) {
+    const Problem p = problem(key);
+    return (p.a == DotLayout::Tiles || p.a == DotLayout::TransposedTiles) && staged(p.w);
+}
+
+}  // namespace
+
 double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
+    // Other dots keep the library GEMM's estimate (group by group, it moved ResNet-50's
+    // pointwise convolutions to blocks that ran slower).
+    if (!streams_mxu_tiles(key)) return gemm_like_estimate(cfg, key);
     // gemm_estimate_cycles's terms group by group: a block's first group brings the streamed
     // operand's panels (fp32: twice the library's bf16 bytes) besides its tiles, the later
     // groups only their tiles, so the first group can be bound by the HBM while the others
@@ -1345,8 +1378,7 @@ double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
     const double share = bw * kGemmPlannedHbmShare;
     // A streamed panel in the MXU's tiles is one contiguous run per step, which the HBM
     // serves as one sequential stream; other panels and tiles are runs of their own.
-    const bool run = p.a == DotLayout::Tiles || p.a == DotLayout::TransposedTiles;
-    const double panel_share = bw * (run ? kSequentialHbmShare : kGemmPlannedHbmShare);
+    const double panel_share = bw * kSequentialHbmShare;
     double busy = 0;
     uint64_t pending = 0;  // bytes of the previous group's C (and side tiles), moved beside
     for (uint64_t b = 0; b < blocks; ++b) {
@@ -1397,9 +1429,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     // held operand: fewer groups, each panel read once and spread over every step
     // (DotKey::group_panels).
     const uint32_t per_mxu = ceil_div(ceil_div(problem(k).N, k.C), k.mxus);
-    const bool tiles =
-        problem(k).a == DotLayout::Tiles || problem(k).a == DotLayout::TransposedTiles;
-    const uint32_t widest = tiles && staged(problem(k).w) ? per_mxu : 1;
+    const uint32_t widest = streams_mxu_tiles(k) ? per_mxu : 1;
     for (uint32_t gp = 1; gp <= widest; ++gp) {
         k.group_panels = gp;
         // Only widths that take a group fewer.
