@@ -743,7 +743,25 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             not_generated(f, "an epilogue that writes its result before its last op");
     for (const FusionValue* fv : columns) p.sides.push_back(fv);
     for (const FusionValue* fv : fulls) p.sides.push_back(fv);
-    p.areas = p.steps.empty() ? 0 : results + kScratch;
+    // Scratch areas after the results: only those the body below takes (each one a tile of
+    // VMEM the kernel's blocks would otherwise have; a bias + ReLU takes none).
+    int scratch = 0;
+    for (const EpStep& s : p.steps) {
+        const bool bin = s.in.size() == 2;
+        const size_t fi = bin && s.in[0].kind != EpKind::Full ? 1 : 0;
+        const EpKind o = bin ? s.in[1 - fi].kind : EpKind::Full;
+        const bool fast =
+            bin && ((s.kind == OpKind::Add && o != EpKind::Full) ||
+                    (s.kind == OpKind::Sub && o == EpKind::Scalar && fi == 0) ||
+                    ((s.kind == OpKind::Mul || s.kind == OpKind::Max) && o == EpKind::Scalar));
+        if (fast) continue;
+        for (size_t i = 0; i < s.in.size(); ++i)  // a broadcast operand materialised (tile_of)
+            if (s.in[i].kind != EpKind::Full) scratch = std::max(scratch, int(i) + 1);
+        if (s.kind == OpKind::Convert) scratch = std::max(scratch, 4);
+        if (s.kind == OpKind::Pow) scratch = std::max(scratch, 3);
+        if (s.kind == OpKind::Div) scratch = kScratch;
+    }
+    p.areas = p.steps.empty() ? 0 : results + scratch;
 
     driver::DotKey shape;
     shape.M = uint32_t(M);
@@ -1011,7 +1029,9 @@ void emit_one(isa::Builder& b, const DotFusion& p,
     std::vector<isa::Vmem> areas;
     for (int i = 0; i < p.areas; ++i)
         areas.push_back(b.vmem(fmt::format("epilogue{}", i), epilogue_area_bytes(p.key), 512));
-    const int scratch = p.areas - kScratch;
+    // The scratch areas follow the results (plan_one takes only those the steps use).
+    int scratch = 0;
+    for (const EpStep& s : p.steps) scratch = std::max(scratch, s.out.area + 1);
     if (!p.steps.empty())
         ep.body = [&](driver::EpilogueTile& t) {
             isa::Builder& bb = t.builder();

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include "driver/kernels/split.h"
+#include "hw/core/mxu_model.h"
+#include "hw/mem/hbm_timing.h"
 
 namespace tpu::driver {
 
@@ -39,7 +41,7 @@ std::string_view dot_layout_name(DotLayout l) {
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
                        k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
-                       k.overlap_epilogue);
+                       k.overlap_epilogue, k.group_panels);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -72,6 +74,11 @@ uint32_t ceil_div(uint32_t a, uint32_t b) {
 int parts_of(Precision p) {
     return p == Precision::Bf16 ? 1 : p == Precision::Fp32Pass3 ? 2 : 3;
 }
+
+/// The share of HBM peak one sequential stream of long contiguous runs reaches on the banked
+/// HBM2 model (bench/hbm_bench; gemm.cpp's kPlannedHbmShare note): a streamed panel of MXU
+/// tiles, one run a step.
+constexpr double kSequentialHbmShare = 0.925;
 
 /// Largest block the planners consider, as plan_gemm: beyond it the drain is amortised.
 constexpr uint32_t kMaxBlockRows = 4096;
@@ -132,9 +139,22 @@ struct Map {
     };
     std::vector<Area> areas;
 };
+/// Column panels of a group (each MXU takes group_panels of them per step).
+uint32_t group_width(const DotKey& k) {
+    return k.mxus * std::max<uint32_t>(k.group_panels, 1);
+}
+
+/// The streamed operand's bf16 panels in two slots, each read in its own step only: several
+/// panels per MXU in one group (the block's every column) read each staged panel once.
+bool two_panel_slots(const DotKey& k) {
+    const Problem p = problem(k);
+    return k.group_panels > 1 && staged(p.a) && ceil_div(p.N, k.C) <= group_width(k);
+}
+
 Map vmem_map(const DotKey& k) {
     const Problem p = problem(k);
-    const uint64_t T = k.block_rows, KT = ceil_div(p.K, k.R), P = parts_of(k.precision);
+    const uint64_t T = k.block_rows, P = parts_of(k.precision), G = group_width(k);
+    const uint64_t KT = two_panel_slots(k) ? 2 : ceil_div(p.K, k.R);
     const uint64_t a32 = T * k.R * 4, w32 = uint64_t(k.R) * k.C * 4;
     Map m{};
     auto take = [&](uint64_t Map::*field, const char* name, uint64_t bytes) {
@@ -157,23 +177,23 @@ Map vmem_map(const DotKey& k) {
         if (P > 2) take(&Map::ar2, "a_r2", a32);
     }
     if (staged(p.w)) {
-        take(&Map::wstage, "w_stage", 2 * k.mxus * w32);
+        take(&Map::wstage, "w_stage", 2 * G * w32);
         if (p.w == DotLayout::Transposed || p.w == DotLayout::TransposedTiles ||
             p.w == DotLayout::TransposedVpuTiles)
-            take(&Map::wtt, "w_trans", k.mxus * w32);
+            take(&Map::wtt, "w_trans", G * w32);
         if (P > 1) take(&Map::wf, "w_f", w32);
         if (P > 1) take(&Map::wr1, "w_r1", w32);
         if (P > 2) take(&Map::wr2, "w_r2", w32);
     }
-    take(&Map::wbf, "w_bf16", 2 * k.mxus * P * m.wtile);
-    take(&Map::c, "c", 2 * k.mxus * m.cpanel);
+    take(&Map::wbf, "w_bf16", 2 * G * P * m.wtile);
+    take(&Map::c, "c", 2 * G * m.cpanel);
     // A Column side holds one value per output column; with the LHS stationary the output
     // columns are the streamed rows, read a whole block at a time from the block's first.
     m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
     if (k.column_sides) take(&Map::col, "columns", k.column_sides * m.col_stride);
-    if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * k.mxus * m.cpanel);
-    if (p.lhs || k.c == DotLayout::TransposedTiles) take(&Map::tt, "c_trans", k.mxus * m.cpanel);
-    if (k.store_bf16) take(&Map::bf, "c_bf16", k.mxus * T * k.C * 2);
+    if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * G * m.cpanel);
+    if (p.lhs || k.c == DotLayout::TransposedTiles) take(&Map::tt, "c_trans", G * m.cpanel);
+    if (k.store_bf16) take(&Map::bf, "c_bf16", G * T * k.C * 2);
     return m;
 }
 
@@ -209,7 +229,9 @@ public:
           m_P(parts_of(k.precision)),
           m_KT(ceil_div(m_p.K, k.R)),
           m_NT(ceil_div(m_p.N, k.C)),
-          m_G(ceil_div(m_NT, k.mxus)),
+          m_GW(group_width(k)),
+          m_G(ceil_div(m_NT, m_GW)),
+          m_AS(two_panel_slots(k) ? 2 : m_KT),
           m_A(m_p.lhs ? ops.w : ops.a),
           m_W(m_p.lhs ? ops.a : ops.w),
           m_C(ops.c) {
@@ -278,7 +300,7 @@ public:
         } else {
             group(true, false);
             if (m_G > 2) {
-                const int64_t step = int64_t(m_k.mxus) * m_k.C * 4;
+                const int64_t step = int64_t(m_GW) * m_k.C * 4;
                 E(Opcode::Li, {m_col, imm(step)});
                 const isa::Label mid = m_b.label("mid");
                 m_b.bind(mid);
@@ -349,7 +371,9 @@ private:
 
     /// MXU m's count class: itself (per MXU), else 0 for the last group's MXUs, 1 for the
     /// others.
-    uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < panels(true) ? 0 : 1); }
+    uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < mxus_of(panels(true)) ? 0 : 1); }
+    /// MXUs that `np` panels of a group use (panel p on MXU p % mxus).
+    uint32_t mxus_of(uint32_t np) const { return std::min(np, m_k.mxus); }
     const isa::Reg& mxu_count(uint32_t m) const { return m_mxu_count[cls(m)]; }
 
     /// Waits until MXU m has finished all its steps but the `later` most recent.
@@ -403,27 +427,25 @@ private:
     uint32_t kk(uint32_t j) const { return std::min(m_k.R, m_p.K - j * m_k.R); }
     /// Columns of panel m of the group (the last panel of C may be narrow).
     uint32_t nn(bool last, uint32_t m) const {
-        const uint32_t panel = (m_G - 1) * m_k.mxus + m;
+        const uint32_t panel = (m_G - 1) * m_GW + m;
         return last && panel == m_NT - 1 ? m_p.N - panel * m_k.C : m_k.C;
     }
-    uint32_t panels(bool last) const { return last ? m_NT - (m_G - 1) * m_k.mxus : m_k.mxus; }
+    uint32_t panels(bool last) const { return last ? m_NT - (m_G - 1) * m_GW : m_GW; }
     uint64_t wbf(int slot, uint32_t m, int q) const {
-        return m_a.wbf + ((uint64_t(slot) * m_k.mxus + m) * m_P + q) * m_m.wtile;
+        return m_a.wbf + ((uint64_t(slot) * m_GW + m) * m_P + q) * m_m.wtile;
     }
     /// Bytes from one k x 128 tile column of a staged A^T in 8 x 128 tiles to the next.
     static uint64_t asub(uint32_t k) { return uint64_t(ceil_div(k, 8)) * kBandBytes; }
     /// Bytes from one n x 128 piece of a staged W^T in 8 x 128 tiles to the next.
     static uint64_t wsub(uint32_t n) { return uint64_t(ceil_div(n, 8)) * kBandBytes; }
     uint64_t wstage(int slot, uint32_t m) const {
-        return m_a.wstage + (uint64_t(slot) * m_k.mxus + m) * m_k.R * m_k.C * 4;
+        return m_a.wstage + (uint64_t(slot) * m_GW + m) * m_k.R * m_k.C * 4;
     }
     uint64_t abf(int q, uint32_t j) const {
-        return m_a.abf + (uint64_t(q) * m_KT + j) * m_m.apanel;
+        return m_a.abf + (uint64_t(q) * m_AS + j % m_AS) * m_m.apanel;
     }
     /// First column of the group (a middle group's is group_col / 4).
-    uint64_t first_col(bool first) const {
-        return first ? 0 : uint64_t(m_G - 1) * m_k.mxus * m_k.C;
-    }
+    uint64_t first_col(bool first) const { return first ? 0 : uint64_t(m_G - 1) * m_GW * m_k.C; }
 
     /// w_base = the HBM address of the stationary operand's column n0 of the group.
     void w_base(bool first, bool last) {
@@ -706,11 +728,11 @@ private:
     /// MXUs, the last one clears the pending group).
     void flush(const std::string& tag, uint32_t steps, uint32_t nm, uint32_t m0 = 0,
                uint32_t m1 = ~0u) {
-        const bool first_piece = m0 == 0, last_piece = m1 >= m_k.mxus;
+        const bool first_piece = m0 == 0, last_piece = m1 >= m_GW;
         const isa::Label done = m_b.label("fd_" + tag), fe = m_b.label("fe_" + tag);
         E(Opcode::Beq, {m_pending, imm(0), done});
         if (first_piece)
-            for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, m < nm ? steps : 0);
+            for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, m < mxus_of(nm) ? steps : 0);
         if (m_G > 1) {
             const isa::Label fl = m_b.label("fl_" + tag);
             E(Opcode::Beq, {m_pending, imm(2), fl});
@@ -1059,7 +1081,7 @@ private:
     }
 
     uint64_t full_tile(uint32_t f, uint32_t m) const {
-        return m_a.full + (uint64_t(f) * m_k.mxus + m) * m_m.cpanel;
+        return m_a.full + (uint64_t(f) * m_GW + m) * m_m.cpanel;
     }
 
     /// VPU: fp32 at `x` (`n` values) into the bf16 parts `part(q)`.
@@ -1085,7 +1107,7 @@ private:
         // Slot 0 of the weight tiles was last read by the previous group's last step (KT odd)
         // or the one before.
         if (w_direct)
-            for (uint32_t m = 0; m < nm; ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
+            for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
         loads(0, first, last, 0, kBoth);
         const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
         // The previous group's epilogue is the VPU's, which also converts each step's operands:
@@ -1093,7 +1115,7 @@ private:
         // (a GELU on two 128-column panels outlasts a step). With a step per panel to spare,
         // each panel's epilogue goes after a step of its own.
         const bool split =
-            m_k.overlap_epilogue && !w_direct && m_k.mxus > 1 && flush_step + m_k.mxus <= m_KT;
+            m_k.overlap_epilogue && !w_direct && m_GW > 1 && flush_step + m_GW <= m_KT;
         for (uint32_t j = 0; j < m_KT; ++j) {
             const int slot = int(j % 2);
             const uint32_t k = kk(j);
@@ -1108,9 +1130,11 @@ private:
             // steps read (all but this group's j).
             if (converts)
                 for (uint32_t m = 0; m < m_k.mxus; ++m) {
-                    uint32_t later = m < nm ? (j == 0 && m_KT % 2 ? 0 : 1) : m_k.mxus;
-                    if (first) later = std::min(later, m < nm ? j : 0);
-                    if (m < nm || first) wait_mxu(m, later);
+                    const bool used = m < mxus_of(nm);
+                    uint32_t later = used ? (j == 0 && m_KT % 2 ? 0 : 1) : m_k.mxus;
+                    // A's panels in two slots follow the weight slots' rule.
+                    if (first && m_AS == m_KT) later = std::min(later, used ? j : 0);
+                    if (used || first) wait_mxu(m, later);
                 }
             if (first && a_staged) {
                 const uint64_t src = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
@@ -1192,32 +1216,35 @@ private:
             // the in-order DMA engine does not hold the next tiles behind them.
             if (!w_direct && !split && j == flush_step) flush(fmt::format("{}{}", tag, j), j, nm);
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
-            for (uint32_t m = 0; m < nm; ++m) {
+            for (uint32_t p = 0; p < nm; ++p) {
+                // Panel p on MXU m; the MXU's last panel of the step carries its flag.
+                const uint32_t m = p % m_k.mxus;
+                const bool flagged = p + m_k.mxus >= nm;
                 for (size_t i = 0; i < m_passes.size(); ++i) {
                     const auto [pa, pw] = m_passes[i];
                     const bool fresh = j == 0 && i == 0, end = i + 1 == m_passes.size();
                     E(Opcode::MxuLw,
-                      {imm(m), imm(int64_t(wbf(slot, m, pw))), imm(k), imm(nn(last, m))});
-                    const isa::Arg dst = m_par + int64_t(m_a.c + m * m_m.cpanel);
-                    if (end)
+                      {imm(m), imm(int64_t(wbf(slot, p, pw))), imm(k), imm(nn(last, p))});
+                    const isa::Arg dst = m_par + int64_t(m_a.c + p * m_m.cpanel);
+                    if (end && flagged)
                         E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
                                           imm(fresh ? 0 : 1), m_mxu_flag[m]});
                     else
                         E(Opcode::MxuMm,
                           {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows, imm(fresh ? 0 : 1)});
                 }
-                if (m == 0 || cls(m) != cls(m - 1))
+                if (flagged && (m == 0 || cls(m) != cls(m - 1)))
                     E(Opcode::Add, {mxu_count(m), mxu_count(m), imm(1)});
             }
             // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
             // MXUs run that step while the VPU works on one panel.
-            if (split && j >= flush_step && j < flush_step + m_k.mxus)
+            if (split && j >= flush_step && j < flush_step + m_GW)
                 flush(fmt::format("{}{}", tag, j), j + 1, nm, j - flush_step, j - flush_step + 1);
             if (w_direct) {
                 // Step j + 1's tiles go into the slot step j - 1 read; step j keeps the MXUs
                 // busy meanwhile. The previous group's results leave after them.
                 if (j + 1 < m_KT) {
-                    for (uint32_t m = 0; m < nm; ++m) wait_mxu(m, 1);
+                    for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, 1);
                     loads(j + 1, first, last, 1 - slot, kW);
                 }
                 if (j == flush_step) flush(fmt::format("{}{}", tag, j), j + 1, nm);
@@ -1226,7 +1253,7 @@ private:
         // This group's C is pending until the next group's step 1 (or the end).
         set_pending(first, last);
         E(Opcode::Li, {m_pending, imm(last ? 2 : 1)});
-        E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_k.mxus) * m_m.cpanel)});
+        E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
     }
 
     /// pending_addr = C's address of the group's first result, pending_rows, pending_parity
@@ -1288,7 +1315,8 @@ private:
     Map m_m;  ///< offsets and sizes
     Map m_a;  ///< absolute addresses of the areas
     int m_P;
-    uint32_t m_KT, m_NT, m_G;
+    uint32_t m_KT, m_NT, m_GW, m_G;
+    uint32_t m_AS;          ///< slots of the streamed operand's bf16 panels (KT kept, or 2)
     Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
     std::vector<std::pair<int, int>> m_passes;
 
@@ -1309,6 +1337,7 @@ namespace {
 std::string layout_unsupported(const DotKey& k) {
     if (k.M == 0 || k.K == 0 || k.N == 0)
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
+    if (k.group_panels == 0) return "no column panels per MXU (group_panels)";
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > kDotMaxMxus)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 to {}", k.R, k.C, k.mxus,
                            kDotMaxMxus);
@@ -1437,7 +1466,10 @@ uint64_t dot_vmem_bytes(const DotKey& key) {
     return vmem_map(key).end;
 }
 
-double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
+namespace {
+
+/// gemm_estimate_cycles of the same schedule with the dot's own traffic.
+double gemm_like_estimate(const hw::BoardConfig& cfg, const DotKey& key) {
     const Problem p = problem(key);
     GemmTiling t;
     t.R = key.R;
@@ -1453,6 +1485,59 @@ double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
                         .column_sides = key.column_sides,
                         .c_bf16 = key.store_bf16};
     return gemm_estimate_cycles(cfg, t, p.M, x);
+}
+
+/// A streamed operand in the MXU's tiles: each block's panel one contiguous run (a streamed
+/// fp32 parameter), the case where the kernel may take several panels per MXU.
+bool streams_mxu_tiles(const DotKey& key) {
+    const Problem p = problem(key);
+    return (p.a == DotLayout::Tiles || p.a == DotLayout::TransposedTiles) && staged(p.w);
+}
+
+}  // namespace
+
+double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
+    // Other dots keep the library GEMM's estimate (group by group, it moved ResNet-50's
+    // pointwise convolutions to blocks that ran slower).
+    if (!streams_mxu_tiles(key)) return gemm_like_estimate(cfg, key);
+    // gemm_estimate_cycles's terms group by group: a block's first group brings the streamed
+    // operand's panels (fp32: twice the library's bf16 bytes) besides its tiles, the later
+    // groups only their tiles, so the first group can be bound by the HBM while the others
+    // wait on the MXUs; one total of bytes against one of MXU cycles would hide it.
+    const Problem p = problem(key);
+    const uint64_t R = key.R, C = key.C, KT = ceil_div(p.K, key.R), NT = ceil_div(p.N, key.C);
+    const uint64_t GW = group_width(key), G = ceil_div(NT, GW), T = key.block_rows;
+    const uint64_t blocks = ceil_div(p.M, key.block_rows), last_rows = p.M - (blocks - 1) * T;
+    const uint64_t P = parts_of(key.precision), npass = mxu_passes(key.precision).size();
+    const uint64_t va = staged(p.a) ? 4 : 2 * P, vw = staged(p.w) ? 4 : 2 * P;
+    const uint64_t vout = (key.store_bf16 ? 2 : 4) + 4 * uint64_t(key.full_sides);
+    const double bw = hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+    const double share = bw * kGemmPlannedHbmShare;
+    // A streamed panel in the MXU's tiles is one contiguous run per step, which the HBM
+    // serves as one sequential stream; other panels and tiles are runs of their own.
+    const double panel_share = bw * kSequentialHbmShare;
+    double busy = 0;
+    uint64_t pending = 0;  // bytes of the previous group's C (and side tiles), moved beside
+    for (uint64_t b = 0; b < blocks; ++b) {
+        const uint64_t rows = b + 1 < blocks ? T : last_rows;
+        const uint64_t step = hw::MxuTimer::swap_step_cycles(uint32_t(R), uint32_t(C),
+                                                             cfg.core.mxu_swap_drains, rows);
+        for (uint64_t g = 0; g < G; ++g) {
+            const uint64_t np = g + 1 < G ? GW : NT - (G - 1) * GW;
+            const double mxu = double(KT * ceil_div(uint32_t(np), key.mxus) * step * npass);
+            const uint64_t bytes = KT * np * R * C * vw + pending;
+            const double panels = g == 0 ? double(KT * rows * R * va) / panel_share : 0;
+            busy += std::max(mxu, double(bytes) / share + panels);
+            pending = rows * np * C * vout;
+        }
+    }
+    // Exposed: the first panel and tiles before the first matmul, a kept block's first panel
+    // after the previous block's matmuls, the last group's C after the last matmul, the
+    // Column sides.
+    const uint64_t first = std::min<uint64_t>(p.M, T) * R * va;
+    const uint64_t exposed = first + std::min(NT, GW) * R * C * vw + pending +
+                             (blocks - 1) * first + uint64_t(key.column_sides) * NT * C * 4;
+    return double(exposed) / bw + busy;
 }
 
 std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_t vmem_bytes) {
@@ -1477,19 +1562,30 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
                               ? k.C
                           : k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles ? 128
                                                                                           : 8;
-    for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
-        k.block_rows = ceil_div(ceil_div(rows, nb), unit) * unit;
-        if (column_blocks) {
-            if (nb > 1) break;
-            k.block_rows = std::max({128u, unit, k.R});
-        }
-        if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
-        if (best && k.block_rows < std::min(rows, k.R)) break;
-        if (dot_vmem_bytes(k) > vmem_bytes) continue;
-        const double est = dot_estimate_cycles(cfg, k);
-        if (!best || est < best_est) {
-            best = k;
-            best_est = est;
+    // Several panels per MXU in a group where an fp32 parameter streams from the MXU's tiles
+    // (a block's panel one contiguous run of twice the library's bf16 bytes) past a staged
+    // held operand: fewer groups, each panel read once and spread over every step
+    // (DotKey::group_panels).
+    const uint32_t per_mxu = ceil_div(ceil_div(problem(k).N, k.C), k.mxus);
+    const uint32_t widest = streams_mxu_tiles(k) ? per_mxu : 1;
+    for (uint32_t gp = 1; gp <= widest; ++gp) {
+        k.group_panels = gp;
+        // Only widths that take a group fewer.
+        if (gp > 1 && ceil_div(per_mxu, gp) == ceil_div(per_mxu, gp - 1)) continue;
+        for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
+            k.block_rows = ceil_div(ceil_div(rows, nb), unit) * unit;
+            if (column_blocks) {
+                if (nb > 1) break;
+                k.block_rows = std::max({128u, unit, k.R});
+            }
+            if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
+            if (best && k.block_rows < std::min(rows, k.R)) break;
+            if (dot_vmem_bytes(k) > vmem_bytes) continue;
+            const double est = dot_estimate_cycles(cfg, k);
+            if (!best || est < best_est) {
+                best = k;
+                best_est = est;
+            }
         }
     }
     return best;

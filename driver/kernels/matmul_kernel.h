@@ -64,7 +64,12 @@ struct DotKey {
     Stationary stationary = Stationary::Rhs;  ///< which operand the arrays hold
     uint32_t R = 128, C = 128;                ///< MXU array
     uint32_t mxus = 2;                        ///< MXUs used (column panels per group, 1-8)
-    uint32_t block_rows = 0;    ///< streamed rows per block: of A (Rhs) or of W^T (Lhs)
+    uint32_t block_rows = 0;  ///< streamed rows per block: of A (Rhs) or of W^T (Lhs)
+    /// Column panels each MXU takes per K step (a group is mxus x group_panels panels, panel p
+    /// on MXU p % mxus). With more than one and a single group, each staged panel of the
+    /// streamed operand is read once, used in its step and dropped (two slots, not a block's
+    /// KT kept panels), so the fp32 stream spreads evenly over every step of the block.
+    uint32_t group_panels = 1;
     uint32_t column_sides = 0;  ///< the epilogue's Column sides (VMEM they take)
     uint32_t full_sides = 0;    ///< the epilogue's Full sides
     bool store_bf16 = false;    ///< C stored as bf16 (Epilogue::store_bf16)
