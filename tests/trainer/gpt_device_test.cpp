@@ -41,7 +41,11 @@ TEST(GptOnTheDevice, TheEmbeddingGatherRunsOnTheDeviceAndTheStepMatchesTheHostBi
     const std::vector<float> got = forward(device, m);
     for (const auto& [why, n] : device.stats().fallbacks) ADD_FAILURE() << n << " x " << why;
     EXPECT_EQ(device.stats().host_fusions, 0u);
-    EXPECT_EQ(device.stats().launches, 1u);
+    // Two launches: the step touches more allocations (the parameters of two blocks, the
+    // tokens, the logits, the temp arena) than the 30 addresses one launch carries
+    // (compiler/README.md, "One program per step"); it was two before the gather came to the
+    // device too.
+    EXPECT_EQ(device.stats().launches, 2u);
     ASSERT_EQ(got.size(), want.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
