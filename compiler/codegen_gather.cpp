@@ -58,8 +58,8 @@ std::optional<RowGeom> row_geom(const Shape& s, const Layout& l, int64_t lanes, 
         g.group_stride = g.row_stride = g.run_stride = g.run_bytes;
     }
     for (int64_t d = 0; d < D; ++d) {
-        const uint64_t want = tiled ? uint64_t(d / lanes) * g.run_stride + uint64_t(d % lanes) * 4
-                                    : uint64_t(d) * 4;
+        const uint64_t want =
+            tiled ? uint64_t(d / lanes) * g.run_stride + uint64_t(d % lanes) * 4 : uint64_t(d) * 4;
         if (index(0, d) != want) return std::nullopt;
     }
     if (tiled && s.rank() > 2 && s.dims[s.rank() - 2] % g.group != 0) {
@@ -93,7 +93,7 @@ struct GatherFusion {
     uint64_t vrow = 0;  ///< bytes of a row in VMEM: whole lane chunks (tiled) or D values
     /// The VMEM row's runs as the table's (and the result's) DMA moves them: VMEM stride
     uint64_t load_vstride = 0, store_vstride = 0;
-    uint32_t chunk = 0;  ///< rows per chunk: ids in scalar memory, rows in a VMEM slot
+    uint32_t chunk = 0;       ///< rows per chunk: ids in scalar memory, rows in a VMEM slot
     uint64_t ids_offset = 0;  ///< the first id's element in the ids' buffer
 };
 
@@ -129,7 +129,8 @@ std::shared_ptr<const GatherFusion> plan_gather_fusion(const Graph& g, const Fus
         ValueId v = p->out->value;
         while (v != op.results[0] && inside_fusion(f, g, v) && is_reshape(g, g.value(v).producer))
             v = g.producer(v).operands[0];
-        if (v != op.results[0]) not_generated(f, "a gather fusion whose result is not the gather's");
+        if (v != op.results[0])
+            not_generated(f, "a gather fusion whose result is not the gather's");
     }
     if (!p->table || !p->ids) not_generated(f, "a gather whose operands are not the fusion's");
     const Shape& ts = p->table->shape;
@@ -197,8 +198,8 @@ std::shared_ptr<const GatherFusion> plan_gather_fusion(const Graph& g, const Fus
     // Rows per chunk: two VMEM slots in a quarter of VMEM, at most 1024 ids (4 KiB) in scalar
     // memory (which also holds the program's argument table).
     const uint64_t by_vmem = std::max<uint64_t>(1, board.core.vmem_bytes / 4 / (2 * p->vrow));
-    p->chunk = uint32_t(std::min<uint64_t>({uint64_t(p->n), by_vmem, 1024,
-                                            board.core.smem_bytes / 4 / 4}));
+    p->chunk = uint32_t(
+        std::min<uint64_t>({uint64_t(p->n), by_vmem, 1024, board.core.smem_bytes / 4 / 4}));
     if (p->n == 0 || p->chunk == 0) not_generated(f, "an empty gather");
     return p;
 }

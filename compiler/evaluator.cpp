@@ -552,8 +552,8 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
             // Gather; jax.lax.gather's mode "clip"), as the device's gather does
             // (codegen_gather.cpp). PyTorch on the CPU raises instead.
             for (int64_t i = 0; i < ix.shape.elements(); ++i) {
-                const int64_t t =
-                    std::clamp<int64_t>(int64_t(ix.data[size_t(i)]), 0, std::max<int64_t>(rows - 1, 0));
+                const int64_t t = std::clamp<int64_t>(int64_t(ix.data[size_t(i)]), 0,
+                                                      std::max<int64_t>(rows - 1, 0));
                 std::copy_n(table.data.begin() + t * row, row, y.data.begin() + i * row);
             }
             return {y};

@@ -83,13 +83,12 @@ TEST(CompilerDeviceGather, ThreeEmbeddingsSummedAsBertsAreEachTheirOwnFusion) {
     // BERT's word, token-type and position embeddings: three gathers (ids [2, 16] viewed as
     // [32]), each its own fusion, summed by a loop fusion.
     const int64_t b = 2, s = 16, d = 192;
-    const std::vector<Leaf> leaves{
-        {"word", f32({300, d}), {randoms(300 * d, 8)}, true},
-        {"type", f32({2, d}), {randoms(2 * d, 9)}, true},
-        {"pos", f32({64, d}), {randoms(64 * d, 10)}, true},
-        {"input_ids", s32({b, s}), {ids(b * s, 300, 11)}},
-        {"token_type_ids", s32({b, s}), {ids(b * s, 2, 12)}},
-        {"position_ids", s32({b * s}), {ids(b * s, 64, 13)}}};
+    const std::vector<Leaf> leaves{{"word", f32({300, d}), {randoms(300 * d, 8)}, true},
+                                   {"type", f32({2, d}), {randoms(2 * d, 9)}, true},
+                                   {"pos", f32({64, d}), {randoms(64 * d, 10)}, true},
+                                   {"input_ids", s32({b, s}), {ids(b * s, 300, 11)}},
+                                   {"token_type_ids", s32({b, s}), {ids(b * s, 2, 12)}},
+                                   {"position_ids", s32({b * s}), {ids(b * s, 64, 13)}}};
     const auto st = expect_bit_exact(leaves, [&](Graph& g, const std::vector<ValueId>& v) {
         const ValueId w = gather_rows(g, v[0], reshape(g, v[3], {b * s}));
         const ValueId t = gather_rows(g, v[1], reshape(g, v[4], {b * s}));
