@@ -257,4 +257,16 @@ struct DerivedSlot {
 void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
                            const LoadArgFn& load_arg, std::optional<DerivedSlot> slot);
 
+/// A planned gather fusion: rows of a table copied by DMA at ids read from scalar memory
+/// (codegen_gather.cpp).
+struct GatherFusion;
+
+/// The plan of `f` when it holds a gather (nullptr otherwise); throws NotYetGenerated for a
+/// gather fusion the emitter does not cover.
+std::shared_ptr<const GatherFusion> plan_gather_fusion(const Graph& g, const Fusion& f,
+                                                       const hw::BoardConfig& board);
+
+/// Emits a fusion planned by plan_gather_fusion.
+void emit_gather_fusion(isa::Builder& b, const GatherFusion& p, const LoadFn& load);
+
 }  // namespace tpu::compiler::gen

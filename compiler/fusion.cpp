@@ -261,6 +261,13 @@ private:
     void try_fuse(OpId p, int gi, OpId consumer, size_t slot) {
         const OpClass pc = cls(p);
         if (pc == OpClass::Leaf || !is_fusible_producer(pc) || in_group(p, gi)) return;
+        // A gather is fused only into reshapes of its result: its rows are DMAs addressed by
+        // the ids (codegen_gather.cpp), not values a loop body computes element by element, so
+        // it roots a loop fusion of its own (with its ids' reshapes and slices). XLA's TPU
+        // fusion of gathers is not public; this costs one write and read of the rows.
+        if (pc == OpClass::Gather)
+            for (OpId id : m_members[size_t(gi)])
+                if (m_g.op(id).kind != OpKind::Reshape) return;
         const FusionKind gk = kind_of(gi);
         if (gk == FusionKind::Collective || gk == FusionKind::Custom) return;
         // Before the MXU only what changes dims or types is fused: reshapes and transposes
