@@ -147,7 +147,11 @@ uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv
                           uint64_t(cfg.core.queue_depth) * g.run_rows;
     uint32_t lag = 1;
     // The MXU that takes the fewest of L images' runs (run p goes to MXU p % nm).
-    while (lag < std::min(g.G, kMaxLag) && uint64_t(lag) * g.runs / g.nm * g.run_rows < need)
+    // Each lagging image's epilogue is unrolled three more times (both step bodies and the
+    // kernel's end): at most a quarter of the block's, so that a program of composed kernels
+    // grows by no more than that.
+    const uint32_t most = std::max(1u, std::min(g.G / 4, kMaxLag));
+    while (lag < most && uint64_t(lag) * g.runs / g.nm * g.run_rows < need)
         ++lag;
     return lag;
 }

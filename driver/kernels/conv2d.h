@@ -74,10 +74,11 @@ struct Conv2dTiling {
 };
 
 /// The epilogue lag of tiling `t` (Conv2dTiling::lag) on `cfg`'s MXUs: the fewest images L
-/// (at most block_images and 16) such that the matmuls of L images that each MXU streams take
-/// at least the array's latency (hw::MxuTimer::mm_cycles of no rows, R + C - 2) plus a full
-/// queue of matmuls (core.queue_depth runs): the epilogue's wait for an image's results then
-/// finds them written while the MXU queues are still full, so the MXUs never wait for it.
+/// such that the matmuls of L images that each MXU streams take at least the array's latency
+/// (hw::MxuTimer::mm_cycles of no rows, R + C - 2) plus a full queue of matmuls
+/// (core.queue_depth runs): the epilogue's wait for an image's results then finds them written
+/// while the MXU queues are still full, so the MXUs never wait for it. At most a quarter of
+/// block_images (at least 1) and 16: each lagging image's epilogue is unrolled three more times.
 uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv2dTiling& t);
 
 /// The tiling of `images` images per core: whole images, as many per block as divide `images`
