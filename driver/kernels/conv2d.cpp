@@ -143,16 +143,15 @@ void Conv2dShape::validate() const {
 
 uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv2dTiling& t) {
     const Geometry g = geometry(s, t);
-    const uint64_t need = hw::MxuTimer::mm_cycles(t.R, t.C, 0) +
-                          uint64_t(cfg.core.queue_depth) * g.run_rows;
+    const uint64_t need =
+        hw::MxuTimer::mm_cycles(t.R, t.C, 0) + uint64_t(cfg.core.queue_depth) * g.run_rows;
     uint32_t lag = 1;
     // The MXU that takes the fewest of L images' runs (run p goes to MXU p % nm).
     // Each lagging image's epilogue is unrolled three more times (both step bodies and the
     // kernel's end): at most a quarter of the block's, so that a program of composed kernels
     // grows by no more than that.
     const uint32_t most = std::max(1u, std::min(g.G / 4, kMaxLag));
-    while (lag < most && uint64_t(lag) * g.runs / g.nm * g.run_rows < need)
-        ++lag;
+    while (lag < most && uint64_t(lag) * g.runs / g.nm * g.run_rows < need) ++lag;
     return lag;
 }
 
@@ -287,8 +286,8 @@ public:
         y_rows = m_g.hb * m_g.Wo;
         L = t.lag;
         if (L < 1 || L > G)
-            throw m_b.error(fmt::format("conv2d: the epilogue lag {} is not within 1..{} images",
-                                        L, G));
+            throw m_b.error(
+                fmt::format("conv2d: the epilogue lag {} is not within 1..{} images", L, G));
         // Scalar memory: the VPU ops issued; the current group's HBM output base, row bytes, Y
         // slot and bias address; the images whose epilogues wait for the next step (pending).
         m_vpu_count = m_b.smem("vpu.count", 1);
