@@ -14,6 +14,7 @@
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
+#include "compiler_test_util.h"
 #include "device_test_util.h"
 #include "driver/device.h"
 #include "hw/board_config.h"
@@ -24,28 +25,7 @@ namespace {
 using test::expect_bit_exact;
 using test::randoms;
 using test::Record;
-
-/// The zoo's attention (MultiheadAttention::record, as device_attndots_test.cpp's): q k^T over
-/// [1, H, S, d] with batch dims {0, 1}, times 1/sqrt(d), softmax over the keys, p v, the heads
-/// merged back to [S, H d] and read by the out projection `w` with its bias `b`.
-ValueId attention(Graph& g, ValueId q, ValueId k, ValueId v, ValueId w, ValueId b, int64_t heads) {
-    const int64_t seq = g.shape(q).dims[0], dim = g.shape(q).dims[1], d = dim / heads;
-    const auto split = [&](ValueId t) {
-        return transpose(g, reshape(g, t, {1, seq, heads, d}), {0, 2, 1, 3});
-    };
-    DotDims sd;
-    sd.lhs_batch = sd.rhs_batch = {0, 1};
-    sd.lhs_contracting = sd.rhs_contracting = {3};
-    ValueId s = dot(g, split(q), split(k), sd);
-    s = mul(g, s, full(g, double(1.0f / std::sqrt(float(d))), g.shape(s)));
-    const ValueId p = softmax(g, s, 3);
-    DotDims od;
-    od.lhs_batch = od.rhs_batch = {0, 1};
-    od.lhs_contracting = {3};
-    od.rhs_contracting = {2};
-    const ValueId o = dot(g, p, split(v), od);
-    return linear(g, reshape(g, transpose(g, o, {0, 2, 1, 3}), {seq, dim}), w, b);
-}
+using test::zoo_attention;
 
 /// PyTorchSim's attention (../shared/validation/README.md; compiler_test_util.h's bert_block):
 /// heads [H, S, d] of the [S, H d] projections, `scores = K Q^T / sqrt(d)` as [H, keys,
@@ -119,9 +99,10 @@ std::vector<FusionCycles> attention_fusion_cycles(int64_t S, int64_t heads, int6
         const LazyTensor q = ctx.input("q", ps, {half});
         const LazyTensor k = ctx.input("k", ps, {half});
         const LazyTensor v = ctx.input("v", ps, {half});
-        const LazyTensor out = ctx.wrap(attention(ctx.graph(), ctx.value(q), ctx.value(k),
-                                                  ctx.value(v), ctx.value(w), ctx.value(b), heads),
-                                        "o");
+        const LazyTensor out =
+            ctx.wrap(zoo_attention(ctx.graph(), ctx.value(q), ctx.value(k), ctx.value(v),
+                                   ctx.value(w), ctx.value(b), heads),
+                     "o");
         ctx.mark_step();
         (void)out;
     }
@@ -150,7 +131,7 @@ void expect_attention_bit_exact(int64_t seq, int64_t heads, int64_t d, bool pyto
     const Shape ps{DType::F32, {seq, dim}};
     const Record record = [heads, pytorchsim](Graph& g, const std::vector<ValueId>& v) {
         if (pytorchsim) return pytorchsim_attention(g, v[0], v[1], v[2], heads);
-        return attention(g, v[0], v[1], v[2], v[3], v[4], heads);
+        return zoo_attention(g, v[0], v[1], v[2], v[3], v[4], heads);
     };
     // The normalize is computed in the values dot's fusion, on the operand the kernel streams
     // (the zoo's P, the lhs) or holds (PyTorchSim's P, the rhs).
@@ -186,9 +167,9 @@ TEST(CompilerAttn, TheSoftmaxNormalizeIsComputedAsTheValuesDotLoadsP) {
     const Shape ps{DType::F32, {512, 768}};
     const auto build = [&](bool fuse) {
         Graph g;
-        g.add_output(attention(g, g.input(ps, "q"), g.input(ps, "k"), g.input(ps, "v"),
-                               g.parameter(Shape{DType::F32, {768, 768}}, "w"),
-                               g.parameter(Shape{DType::F32, {768}}, "b"), 12),
+        g.add_output(zoo_attention(g, g.input(ps, "q"), g.input(ps, "k"), g.input(ps, "v"),
+                                   g.parameter(Shape{DType::F32, {768, 768}}, "w"),
+                                   g.parameter(Shape{DType::F32, {768}}, "b"), 12),
                      "o");
         CompileOptions co;
         co.dot_operand_producers = fuse;

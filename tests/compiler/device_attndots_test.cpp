@@ -15,6 +15,7 @@
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
+#include "compiler_test_util.h"
 #include "device_test_util.h"
 #include "driver/device.h"
 #include "hw/board_config.h"
@@ -25,29 +26,7 @@ namespace {
 using test::expect_bit_exact;
 using test::randoms;
 using test::Record;
-
-/// The zoo's attention (MultiheadAttention::record, as device_bert_test.cpp's zoo_block) on
-/// [S, H d] projections: q k^T over [1, H, S, d] with batch dims {0, 1}, times 1/sqrt(d),
-/// softmax, p v, the heads merged back to [S, H d] (a transpose and a reshape) and read by the
-/// out projection `w` [H d, H d] with its bias `b`.
-ValueId attention(Graph& g, ValueId q, ValueId k, ValueId v, ValueId w, ValueId b, int64_t heads) {
-    const int64_t seq = g.shape(q).dims[0], dim = g.shape(q).dims[1], d = dim / heads;
-    const auto split = [&](ValueId t) {
-        return transpose(g, reshape(g, t, {1, seq, heads, d}), {0, 2, 1, 3});
-    };
-    DotDims sd;
-    sd.lhs_batch = sd.rhs_batch = {0, 1};
-    sd.lhs_contracting = sd.rhs_contracting = {3};
-    ValueId s = dot(g, split(q), split(k), sd);
-    s = mul(g, s, full(g, double(1.0f / std::sqrt(float(d))), g.shape(s)));
-    const ValueId p = softmax(g, s, 3);
-    DotDims od;
-    od.lhs_batch = od.rhs_batch = {0, 1};
-    od.lhs_contracting = {3};
-    od.rhs_contracting = {2};
-    const ValueId o = dot(g, p, split(v), od);
-    return linear(g, reshape(g, transpose(g, o, {0, 2, 1, 3}), {seq, dim}), w, b);
-}
+using test::zoo_attention;
 
 /// The steady-state cycles of the attention's two batched dot fusions (scores, values) on one
 /// core, the third step of a LazyContext (values not computed: sim.functional=false).
@@ -72,9 +51,10 @@ std::pair<uint64_t, uint64_t> attention_dot_cycles(int64_t S, int64_t heads, int
         const LazyTensor q = ctx.input("q", ps, {zeros});
         const LazyTensor k = ctx.input("k", ps, {zeros});
         const LazyTensor v = ctx.input("v", ps, {zeros});
-        const LazyTensor out = ctx.wrap(attention(ctx.graph(), ctx.value(q), ctx.value(k),
-                                                  ctx.value(v), ctx.value(w), ctx.value(b), heads),
-                                        "o");
+        const LazyTensor out =
+            ctx.wrap(zoo_attention(ctx.graph(), ctx.value(q), ctx.value(k), ctx.value(v),
+                                   ctx.value(w), ctx.value(b), heads),
+                     "o");
         ctx.mark_step();
         (void)out;
     }
@@ -94,7 +74,7 @@ void expect_attention_bit_exact(int64_t seq, int64_t heads, int64_t d) {
     const int64_t dim = heads * d;
     const Shape ps{DType::F32, {seq, dim}};
     const Record record = [heads](Graph& g, const std::vector<ValueId>& v) {
-        return attention(g, v[0], v[1], v[2], v[3], v[4], heads);
+        return zoo_attention(g, v[0], v[1], v[2], v[3], v[4], heads);
     };
     const float ws = 1.0f / std::sqrt(float(dim));
     expect_bit_exact(
@@ -125,9 +105,9 @@ TEST(CompilerAttnDots, ThirtyTwoHeadsFitTheInstructionMemory) {
     const int64_t seq = 512, dim = 2048;
     const Shape ps{DType::F32, {seq, dim}};
     Graph g;
-    g.add_output(attention(g, g.input(ps, "q"), g.input(ps, "k"), g.input(ps, "v"),
-                           g.parameter(Shape{DType::F32, {dim, dim}}, "w"),
-                           g.parameter(Shape{DType::F32, {dim}}, "b"), 32),
+    g.add_output(zoo_attention(g, g.input(ps, "q"), g.input(ps, "k"), g.input(ps, "v"),
+                               g.parameter(Shape{DType::F32, {dim, dim}}, "w"),
+                               g.parameter(Shape{DType::F32, {dim}}, "b"), 32),
                  "y");
     CodegenOptions cg;
     cg.board = hw::BoardConfig::load("", {});
