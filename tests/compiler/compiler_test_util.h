@@ -86,30 +86,6 @@ inline double max_rel_error(const std::vector<float>& a, const std::vector<float
     return e;
 }
 
-/// The zoo's attention (MultiheadAttention::record, as device_bert_test.cpp's zoo_block) on
-/// [S, H d] projections: q k^T over [1, H, S, d] with batch dims {0, 1}, times 1/sqrt(d),
-/// softmax, p v, the heads merged back to [S, H d] (a transpose and a reshape) and read by the
-/// out projection `w` [H d, H d] with its bias `b`.
-inline ValueId zoo_attention(Graph& g, ValueId q, ValueId k, ValueId v, ValueId w, ValueId b,
-                             int64_t heads) {
-    const int64_t seq = g.shape(q).dims[0], dim = g.shape(q).dims[1], d = dim / heads;
-    const auto split = [&](ValueId t) {
-        return transpose(g, reshape(g, t, {1, seq, heads, d}), {0, 2, 1, 3});
-    };
-    DotDims sd;
-    sd.lhs_batch = sd.rhs_batch = {0, 1};
-    sd.lhs_contracting = sd.rhs_contracting = {3};
-    ValueId s = dot(g, split(q), split(k), sd);
-    s = mul(g, s, full(g, double(1.0f / std::sqrt(float(d))), g.shape(s)));
-    const ValueId p = softmax(g, s, 3);
-    DotDims od;
-    od.lhs_batch = od.rhs_batch = {0, 1};
-    od.lhs_contracting = {3};
-    od.rhs_contracting = {2};
-    const ValueId o = dot(g, p, split(v), od);
-    return linear(g, reshape(g, transpose(g, o, {0, 2, 1, 3}), {seq, dim}), w, b);
-}
-
 /// The transformer block of the validation rows (../shared/validation/README.md, "bert-block"):
 /// PyTorchSim's encoder block on x [seq, hidden] with separate Q, K, V linears (bias), its
 /// attention (scores = K Q^T / sqrt(d), softmax over dim -2, V^T P, the [heads, d, seq] result

@@ -14,7 +14,6 @@
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
-#include "compiler_test_util.h"
 #include "device_test_util.h"
 #include "driver/device.h"
 #include "hw/board_config.h"
@@ -79,38 +78,15 @@ struct FusionCycles {
 };
 std::vector<FusionCycles> attention_fusion_cycles(int64_t S, int64_t heads, int64_t d,
                                                   bool operand_fusion = true) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    device.time_fusions(true);
     CompileOptions co;
-    co.board = cfg;
     co.dot_operand_producers = operand_fusion;
-    LazyContext ctx(device, co);
-    const Shape ps{DType::F32, {S, heads * d}};
-    const LazyTensor w = ctx.parameter("w", Shape{DType::F32, {heads * d, heads * d}},
-                                       {std::vector<float>(size_t(heads * d * heads * d), 0.01f)});
-    const LazyTensor b =
-        ctx.parameter("b", Shape{DType::F32, {heads * d}}, {std::vector<float>(size_t(heads * d))});
-    for (int step = 0; step < 3; ++step) {
-        const std::vector<float> half(size_t(S * heads * d), 0.5f);
-        const LazyTensor q = ctx.input("q", ps, {half});
-        const LazyTensor k = ctx.input("k", ps, {half});
-        const LazyTensor v = ctx.input("v", ps, {half});
-        const LazyTensor out =
-            ctx.wrap(zoo_attention(ctx.graph(), ctx.value(q), ctx.value(k), ctx.value(v),
-                                   ctx.value(w), ctx.value(b), heads),
-                     "o");
-        ctx.mark_step();
-        (void)out;
-    }
-    const CompiledStep& s = *ctx.last_step();
+    const auto [step, stats] = test::steady_zoo_attention(S, heads, d, co);
+    EXPECT_EQ(stats.fallback_fusions, 0u);
+    const CompiledStep& s = *step;
     std::vector<FusionCycles> out;
     for (size_t i = 0; i < s.fusions.size(); ++i) {
         const Fusion& f = s.fusions[i];
-        FusionCycles c{f.name, "", device.stats().last_fusion_cycles.at(i), fusion_bytes(f)};
+        FusionCycles c{f.name, "", stats.last_fusion_cycles.at(i), fusion_bytes(f)};
         for (OpId id : f.ops)
             c.ops += fmt::format("{}{}", c.ops.empty() ? "" : "+", op_name(s.graph.op(id).kind));
         std::cout << fmt::format(

@@ -15,7 +15,6 @@
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
-#include "compiler_test_util.h"
 #include "device_test_util.h"
 #include "driver/device.h"
 #include "hw/board_config.h"
@@ -31,39 +30,13 @@ using test::zoo_attention;
 /// The steady-state cycles of the attention's two batched dot fusions (scores, values) on one
 /// core, the third step of a LazyContext (values not computed: sim.functional=false).
 std::pair<uint64_t, uint64_t> attention_dot_cycles(int64_t S, int64_t heads, int64_t d) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    cg.host_fallback = true;
-    DeviceBackend device(*dev, {0}, cg);
-    device.time_fusions(true);
-    CompileOptions co;
-    co.board = cfg;
-    LazyContext ctx(device, co);
-    const Shape ps{DType::F32, {S, heads * d}};
-    const LazyTensor w = ctx.parameter("w", Shape{DType::F32, {heads * d, heads * d}},
-                                       {std::vector<float>(size_t(heads * d * heads * d), 0.01f)});
-    const LazyTensor b =
-        ctx.parameter("b", Shape{DType::F32, {heads * d}}, {std::vector<float>(size_t(heads * d))});
-    for (int step = 0; step < 3; ++step) {
-        const std::vector<float> zeros(size_t(S * heads * d), 0.5f);
-        const LazyTensor q = ctx.input("q", ps, {zeros});
-        const LazyTensor k = ctx.input("k", ps, {zeros});
-        const LazyTensor v = ctx.input("v", ps, {zeros});
-        const LazyTensor out =
-            ctx.wrap(zoo_attention(ctx.graph(), ctx.value(q), ctx.value(k), ctx.value(v),
-                                   ctx.value(w), ctx.value(b), heads),
-                     "o");
-        ctx.mark_step();
-        (void)out;
-    }
-    const CompiledStep& s = *ctx.last_step();
+    const auto [step, stats] = test::steady_zoo_attention(S, heads, d);
+    const CompiledStep& s = *step;
     std::vector<uint64_t> dots;
     for (size_t i = 0; i < s.fusions.size(); ++i)
         if (s.fusions[i].hero != kNoOp && s.graph.op(s.fusions[i].hero).kind == OpKind::Dot)
-            dots.push_back(device.stats().last_fusion_cycles.at(i));
-    EXPECT_EQ(device.stats().fallback_fusions, 0u);
+            dots.push_back(stats.last_fusion_cycles.at(i));
+    EXPECT_EQ(stats.fallback_fusions, 0u);
     EXPECT_EQ(dots.size(), 3u) << s.to_string();  // the scores, the values, the out projection
     return {dots.at(0), dots.at(1)};
 }
