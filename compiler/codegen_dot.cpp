@@ -821,6 +821,21 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                               uint64_t(p.areas) * epilogue_area_bytes(*k) + pro_bytes + 4096;
         if (need <= board.core.vmem_bytes) {
             p.key = *k;
+            // A batch's every column in one group (DotKey::group_panels), where it fits: a
+            // group's stores then cover whole bands of C's tiles (driver::DotBatch), and the
+            // streamed panel is converted once per block.
+            if (batch) {
+                driver::DotKey wide = *k;
+                const uint32_t cols = wide.stationary == driver::Stationary::Rhs ? wide.N : wide.M;
+                const uint32_t nt = (cols + wide.C - 1) / wide.C;
+                wide.group_panels = (nt + wide.mxus - 1) / wide.mxus;
+                if (wide.group_panels > k->group_panels &&
+                    driver::dot_vmem_bytes(wide) + uint64_t(p.areas) * epilogue_area_bytes(wide) +
+                            pro_bytes + 4096 <=
+                        board.core.vmem_bytes &&
+                    driver::dot_unsupported(wide).empty())
+                    p.key = wide;
+            }
             return p;
         }
         const uint64_t over = need - board.core.vmem_bytes;
@@ -833,14 +848,6 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
 }  // namespace
 
 namespace {
-
-/// A pass of a loop over a batched dot's batches: the pass number in scalar memory, and the
-/// bytes each operand's matrices move per pass.
-struct BatchPass {
-    const isa::Smem* counter = nullptr;
-    int64_t a = 0, w = 0, c = 0;
-    int64_t period = 0;  ///< batches per pass
-};
 
 /// A prologue's vectors in VMEM, [B][Q] row-major each, with their derived forms.
 struct PrologueVmem {
@@ -916,22 +923,23 @@ PrologueVmem load_prologue(isa::Builder& b, const DotPrologue& pro,
     return m;
 }
 
-/// The prologue's steps on one operand tile of batch `batch` (in a loop of `pass`es: batch +
-/// pass x period).
+/// The prologue's steps on one operand tile of batch `batch` (or of the batch the kernel's
+/// tile names, PrologueTile::batch, in a batched kernel).
 void emit_prologue_tile(const driver::PrologueTile& t, const DotPrologue& pro,
-                        const PrologueVmem& m, int64_t batch, const BatchPass& pass) {
+                        const PrologueVmem& m, int64_t batch) {
     isa::Builder& b = t.b;
     const int64_t Q4 = pro.Q * 4;
     // at = 4 x the tile's first index along the free dim, plus the batch's row of vectors.
     const isa::Reg at = b.reg("prologue.at");
     t.first_x4(at);
-    if (pass.counter) {
-        const isa::Reg u = b.reg("prologue.pass");
-        b.emit(Opcode::Lw, {u, pass.counter->word(0)});
-        b.emit(Opcode::Mul, {u, u, imm(pass.period * Q4)});
+    int64_t row = batch * Q4;
+    if (t.batch) {
+        const isa::Reg u = b.reg("prologue.batch");
+        t.batch(u);
+        b.emit(Opcode::Mul, {u, u, imm(Q4)});
         b.emit(Opcode::Add, {at, at, u});
+        row = 0;
     }
-    const int64_t row = batch * Q4;
     std::optional<isa::Reg> count;
     isa::Arg n = imm(0);
     if (t.rows.reg) {
@@ -996,7 +1004,7 @@ void emit_prologue_tile(const driver::PrologueTile& t, const DotPrologue& pro,
 
 void emit_one(isa::Builder& b, const DotFusion& p,
               const std::function<void(const isa::Reg&, const BufferRef&)>& load,
-              const BatchPass& pass, const PrologueVmem* pv = nullptr) {
+              const driver::DotBatch& batch, const PrologueVmem* pv = nullptr) {
     // Each address in a register of its own, straight from the argument table (the kernel
     // needs most registers for itself).
     const auto addr = [&](const FusionValue& fv, const std::string& name) {
@@ -1008,16 +1016,6 @@ void emit_one(isa::Builder& b, const DotFusion& p,
     // A batch's matrices within their arrays.
     for (const auto& [r, off] : {std::pair{&ra, p.a_off}, {&rw, p.w_off}, {&rc, p.c_off}})
         if (off) b.emit(Opcode::Add, {*r, *r, imm(int64_t(off))});
-    // In a loop over the batches: the pass's matrices, `pass` strides further on.
-    if (pass.counter) {
-        const isa::Reg t = b.reg("dot.pass"), u = b.reg("dot.stride");
-        b.emit(Opcode::Lw, {t, pass.counter->word(0)});
-        for (const auto& [r, stride] : {std::pair{&ra, pass.a}, {&rw, pass.w}, {&rc, pass.c}}) {
-            if (!stride) continue;
-            b.emit(Opcode::Mul, {u, t, imm(stride)});
-            b.emit(Opcode::Add, {*r, *r, u});
-        }
-    }
     std::vector<isa::Reg> side_regs;
     driver::Epilogue ep;
     for (size_t i = 0; i < p.sides.size(); ++i) {
@@ -1080,6 +1078,15 @@ void emit_one(isa::Builder& b, const DotFusion& p,
                     t.vpu(Opcode::VAddS, {out, at(x[0]), fimm(-o.scalar), n});
                     continue;
                 }
+                // A divide by a literal (attention's 1 / sqrt(d)): vpu_divide's factor folded
+                // at compile time, x * vpu_reciprocal(y), negated where 0 > y: the same fp32
+                // products as the VPU's nine-instruction sequence, in one.
+                if (bin && s.kind == OpKind::Div && scalar && fi == 0 && std::isfinite(o.scalar) &&
+                    o.scalar != 0.0f) {
+                    t.vpu(Opcode::VMulS, {out, at(x[0]), fimm(vpu_reciprocal(o.scalar)), n});
+                    if (0.0f > o.scalar) t.vpu(Opcode::VMulS, {out, out, fimm(-1.0f), n});
+                    continue;
+                }
                 if (bin && (s.kind == OpKind::Mul || s.kind == OpKind::Max) && scalar) {
                     t.vpu(s.kind == OpKind::Mul ? Opcode::VMulS : Opcode::VMaxS,
                           {out, at(x[fi]), fimm(o.scalar), n});
@@ -1132,13 +1139,13 @@ void emit_one(isa::Builder& b, const DotFusion& p,
     driver::Prologue pro;
     if (p.prologue) {
         if (!pv) throw CompileError("a dot prologue without its vectors in VMEM");
-        auto body = [&p, pv, &pass](const driver::PrologueTile& t) {
-            emit_prologue_tile(t, *p.prologue, *pv, p.batch, pass);
+        auto body = [&p, pv](const driver::PrologueTile& t) {
+            emit_prologue_tile(t, *p.prologue, *pv, p.batch);
         };
         (p.prologue->by_rows ? pro.streamed : pro.held) = body;
     }
     driver::emit_dot(b, p.key, {st::Operand::hbm(ra), st::Operand::hbm(rw), st::Operand::hbm(rc)},
-                     ep, pro);
+                     ep, pro, batch);
 }
 
 }  // namespace
@@ -1151,25 +1158,34 @@ void emit_dot_fusion(isa::Builder& b, const DotFusion& p,
 void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
                       const std::function<void(const isa::Reg&, const BufferRef&)>& load) {
     // A batched dot's batches repeat with a period (heads of 64 lanes alternate between the
-    // window at lane 0 and at lane 64 of a tile: two keys; wider heads one) and their matrices
-    // lie a constant stride apart per period: one period of kernels in a loop, instead of a
-    // kernel per batch (32 heads' unrolled kernels outgrow the instruction memory).
+    // window at lane 0 and at lane 64 of a tile; wider heads have one) and their matrices lie a
+    // constant stride apart per period: one kernel runs them all (driver::DotBatch), its block
+    // pipeline going from one batch's blocks to the next's, each member of the period emitted
+    // once and a loop over the periods (32 heads' unrolled kernels outgrow the instruction
+    // memory).
     const size_t n = plans.size();
-    const auto same = [&](const DotFusion& x, const DotFusion& y) {
-        return x.key == y.key && x.a == y.a && x.w == y.w && x.c == y.c && x.sides == y.sides &&
+    const auto same = [&](const DotFusion& x, const DotFusion& y, bool lanes) {
+        driver::DotKey kx = x.key, ky = y.key;
+        if (!lanes) kx.a_lane = ky.a_lane = kx.w_lane = ky.w_lane = 0;
+        return kx == ky && x.a == y.a && x.w == y.w && x.c == y.c && x.sides == y.sides &&
                x.steps.size() == y.steps.size() && x.areas == y.areas && x.views.empty() &&
-               y.views.empty();
+               y.views.empty() && !x.key.full_sides;
     };
     const auto diff = [](uint64_t x, uint64_t y) { return int64_t(x) - int64_t(y); };
     size_t period = 0;
-    for (size_t q = 1; q <= 2 && !period; ++q) {
-        if (n % q || n / q < 3) continue;
+    for (size_t q = 1; q <= n && !period; ++q) {
+        if (n % q) continue;
         bool ok = true;
-        for (size_t i = 0; ok && i + q < n; ++i)
-            ok = same(plans[i], plans[i + q]) &&
-                 diff(plans[i + q].a_off, plans[i].a_off) == diff(plans[q].a_off, plans[0].a_off) &&
-                 diff(plans[i + q].w_off, plans[i].w_off) == diff(plans[q].w_off, plans[0].w_off) &&
-                 diff(plans[i + q].c_off, plans[i].c_off) == diff(plans[q].c_off, plans[0].c_off);
+        for (size_t i = 0; ok && i < n; ++i)
+            ok = same(plans[i], plans[0], false) &&
+                 (i + q >= n ||
+                  (same(plans[i], plans[i + q], true) &&
+                   diff(plans[i + q].a_off, plans[i].a_off) ==
+                       diff(plans[q].a_off, plans[0].a_off) &&
+                   diff(plans[i + q].w_off, plans[i].w_off) ==
+                       diff(plans[q].w_off, plans[0].w_off) &&
+                   diff(plans[i + q].c_off, plans[i].c_off) ==
+                       diff(plans[q].c_off, plans[0].c_off)));
         if (ok) period = q;
     }
     // A prologue's vectors (attention's softmax max and sum) once for every batch.
@@ -1178,31 +1194,23 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
         pv = load_prologue(b, *plans[0].prologue, load,
                            uint64_t(plans[0].key.R) * plans[0].key.C * 4);
     const PrologueVmem* pvp = pv ? &*pv : nullptr;
-    if (!period) {
+    if (n < 2 || !period) {
         for (const DotFusion& p : plans) emit_one(b, p, load, {}, pvp);
         return;
     }
-    // The first period unrolled: the kernels' flags are then ones used before, so each pass of
-    // the loop resets them to zero when it takes them (Builder::flag), and its waits count from
-    // its own start as the kernel's do (every kernel has completed all it issued on return).
-    for (size_t j = 0; j < period; ++j) emit_one(b, plans[j], load, {}, pvp);
-    const isa::Smem counter = b.smem("dot.passes", 1);
-    BatchPass pass{&counter, diff(plans[period].a_off, plans[0].a_off),
-                   diff(plans[period].w_off, plans[0].w_off),
-                   diff(plans[period].c_off, plans[0].c_off), int64_t(period)};
-    {
-        const isa::Reg t = b.reg("dot.pass");
-        b.emit(Opcode::Li, {t, imm(1)});
-        b.emit(Opcode::Sw, {t, counter.word(0)});
+    driver::DotBatch batch;
+    for (size_t j = 0; j < period; ++j)
+        batch.period.push_back({diff(plans[j].a_off, plans[0].a_off),
+                                diff(plans[j].w_off, plans[0].w_off),
+                                diff(plans[j].c_off, plans[0].c_off), plans[j].key.a_lane,
+                                plans[j].key.w_lane});
+    batch.passes = uint32_t(n / period);
+    if (batch.passes > 1) {
+        batch.a = diff(plans[period].a_off, plans[0].a_off);
+        batch.w = diff(plans[period].w_off, plans[0].w_off);
+        batch.c = diff(plans[period].c_off, plans[0].c_off);
     }
-    const isa::Label top = b.label("dot_batches");
-    b.bind(top);
-    for (size_t j = 0; j < period; ++j) emit_one(b, plans[j], load, pass, pvp);
-    const isa::Reg t = b.reg("dot.pass");
-    b.emit(Opcode::Lw, {t, counter.word(0)});
-    b.emit(Opcode::Add, {t, t, imm(1)});
-    b.emit(Opcode::Sw, {t, counter.word(0)});
-    b.emit(Opcode::Bltu, {t, imm(int64_t(n / period)), top});
+    emit_one(b, plans[0], load, batch, pvp);
 }
 
 }  // namespace tpu::compiler::gen

@@ -219,7 +219,7 @@ constexpr uint32_t kDotMaxMxus = 8;
 class DotGen {
 public:
     DotGen(isa::Builder& b, const DotKey& k, const DotOperands& ops, const Epilogue& ep,
-           const Prologue& pro)
+           const Prologue& pro, const DotBatch& batch)
         : m_b(b),
           m_k(k),
           m_p(problem(k)),
@@ -234,7 +234,9 @@ public:
           m_AS(two_panel_slots(k) ? 2 : m_KT),
           m_A(m_p.lhs ? ops.w : ops.a),
           m_W(m_p.lhs ? ops.a : ops.w),
-          m_C(ops.c) {
+          m_C(ops.c),
+          m_ops(ops),
+          m_batch(batch) {
         // With the LHS stationary the streamed operand is W^T: pass (A part, W part) becomes
         // (W part, A part), in the same order, so every product and sum is C = A W's.
         for (auto [pa, pw] : mxu_passes(k.precision))
@@ -287,6 +289,56 @@ public:
         m_prows = m_b.reg("pending_rows", 27);
         m_ppar = m_b.reg("pending_parity", 28);
 
+        // A batch: each member's blocks in turn, in a loop over the passes (DotBatch). A
+        // batch's blocks follow the previous batch's as one dot's blocks follow each other.
+        const std::vector<DotBatch::Member>& members = m_batch.period;
+        const bool loop = !members.empty() && m_batch.passes > 1;
+        isa::Smem pass;
+        isa::Arg word;  // the pass number's word
+        isa::Label passes;
+        if (loop) {
+            pass = m_b.smem("dot.pass", 1);
+            word = pass.word(0);
+            E(Opcode::Sw, {imm(0), word});  // s0 reads as zero
+            passes = m_b.label("dot_passes");
+            m_b.bind(passes);
+        }
+        for (size_t i = 0; i < std::max<size_t>(members.size(), 1); ++i) {
+            if (!members.empty()) {
+                const DotBatch::Member& x = members[i];
+                m_p.a_lane = m_p.lhs ? x.w_lane : x.a_lane;
+                m_p.w_lane = m_p.lhs ? x.a_lane : x.w_lane;
+                if (i > 0)
+                    advance(x.a - members[i - 1].a, x.w - members[i - 1].w,
+                            x.c - members[i - 1].c);
+                m_member = [this, i, loop, word](const isa::Reg& dst) {
+                    if (!loop) {
+                        E(Opcode::Li, {dst, imm(int64_t(i))});
+                        return;
+                    }
+                    E(Opcode::Lw, {dst, word});
+                    E(Opcode::Mul, {dst, dst, imm(int64_t(m_batch.period.size()))});
+                    E(Opcode::Add, {dst, dst, imm(int64_t(i))});
+                };
+            }
+            blocks();
+        }
+        if (loop) {
+            advance(m_batch.a - members.back().a + members[0].a,
+                    m_batch.w - members.back().w + members[0].w,
+                    m_batch.c - members.back().c + members[0].c);
+            E(Opcode::Lw, {m_tmp, word});
+            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
+            E(Opcode::Sw, {m_tmp, word});
+            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), passes});
+        }
+        flush("end", 0, 0);
+        E(Opcode::Wait, {m_stores.flag, m_stores.count});
+    }
+
+private:
+    /// Every block of one dot (a batch's), each its column groups.
+    void blocks() {
         const uint32_t T = m_k.block_rows;
         E(Opcode::Li, {m_row, imm(0)});
         const isa::Label block = m_b.label("block"), rows_ok = m_b.label("rows_ok");
@@ -312,11 +364,14 @@ public:
         }
         E(Opcode::Add, {m_row, m_row, m_rows});
         E(Opcode::Bltu, {m_row, imm(m_p.M), block});
-        flush("end", 0, 0);
-        E(Opcode::Wait, {m_stores.flag, m_stores.count});
     }
 
-private:
+    /// Moves the operands' registers on by these bytes (the next batch's matrices).
+    void advance(int64_t a, int64_t w, int64_t c) {
+        for (const auto& [o, by] : {std::pair{&m_ops.a, a}, {&m_ops.w, w}, {&m_ops.c, c}})
+            if (by) E(Opcode::Add, {isa::s(o->value.reg), isa::s(o->value.reg), imm(by)});
+    }
+
     void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
     /// A VPU instruction counted on f2.
     void vpu(Opcode op, std::initializer_list<isa::Arg> args) {
@@ -722,6 +777,14 @@ private:
         if (count) E(Opcode::Add, {t.count, t.count, imm(count)});
     }
 
+    /// A batch's (DotBatch) blocks follow one another in one kernel.
+    bool batched() const { return !m_batch.period.empty(); }
+
+    /// The pending group's flush at step j.
+    void flush_group(const std::string& tag, uint32_t j, uint32_t steps, uint32_t nm) {
+        flush(fmt::format("{}{}", tag, j), steps, nm);
+    }
+
     /// The group whose C waits for its store, if any: once its matmuls are done (`steps` =
     /// steps of the current group already issued to MXU m < `nm`), its epilogue and its stores:
     /// of its panels [m0, m1) (piece by piece, each one step later: the first waits for the
@@ -905,7 +968,30 @@ private:
             E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
         }
         const Opcode op = store_op(m_C);
-        for (uint32_t m = m0; m < np; ++m) {
+        // In a batch, C's 8 x 128 tiles go band by band across the group's panels: a band's
+        // tiles lie side by side in HBM, one run of (panels x 4 KiB) per DMA that the HBM
+        // serves in whole open rows (panel by panel, a 4 KiB run of each band opens its rows
+        // for a quarter of them). The 2-D dots keep their panel-by-panel stores.
+        bool band_major = batched() && tiles_out && !lhs && !m_k.store_bf16 && C == 128 &&
+                          np > m0 + 1;
+        for (uint32_t m = m0; m < np; ++m) band_major = band_major && nn(last, m) == 128;
+        if (band_major) {
+            const isa::Reg h = m_b.reg("band.hbm"), v = m_b.reg("band.vmem"),
+                           end = m_b.reg("band.end");
+            E(Opcode::Add, {h, m_paddr, imm(int64_t(panel_off(m0) * e))});
+            E(Opcode::Add, {v, m_ppar, imm(int64_t(m_a.c + m0 * m_m.cpanel))});
+            E(Opcode::Mul, {end, bands, imm(kBandBytes)});
+            E(Opcode::Add, {end, end, v});
+            const isa::Label loop = m_b.label("band_stores");
+            m_b.bind(loop);
+            E(op, {h, v, imm(np - m0), imm(kBandBytes), imm(kBandBytes),
+                   imm(int64_t(m_m.cpanel)), m_stores.flag});
+            E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
+            E(Opcode::Add, {h, h, imm(band_stride)});
+            E(Opcode::Add, {v, v, imm(kBandBytes)});
+            E(Opcode::Bltu, {v, end, loop});
+        }
+        for (uint32_t m = band_major ? np : m0; m < np; ++m) {
             const uint32_t n = nn(last, m);
             isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
             if (lhs && !ttiles_out) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
@@ -1099,8 +1185,9 @@ private:
         // Weight tiles in bf16 go straight to where the MXUs read them, so a slot is refilled
         // only after the step that last read it (the one before, issued just before the refill).
         const bool w_direct = !w_staged;
-        // The stores of the group before the previous one read the C parity this group writes.
-        E(Opcode::Wait, {m_stores.flag, m_stores.count});
+        // The stores of the group before the previous one read the C parity this group writes
+        // (a batch waits just before its first matmul, so its loads overlap those stores).
+        if (!batched()) E(Opcode::Wait, {m_stores.flag, m_stores.count});
         // A's bf16 panels loaded as they are replace the ones every matmul so far has read.
         if (first && !a_staged)
             for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, 0);
@@ -1170,7 +1257,8 @@ private:
                                     [&](const isa::Reg& d) { E(Opcode::Mul, {d, m_row, imm(4)}); },
                                     [&](Opcode op, std::initializer_list<isa::Arg> args) {
                                         vpu(op, args);
-                                    }});
+                                    },
+                                    m_member});
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
                         m_a.ar2);
@@ -1207,15 +1295,19 @@ private:
                                     },
                                     [&](Opcode op, std::initializer_list<isa::Arg> args) {
                                         vpu(op, args);
-                                    }});
+                                    },
+                                    m_member});
                     }
                     convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
                             imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
                 }
             // The previous group's results leave after this step's transfers are queued, so
-            // the in-order DMA engine does not hold the next tiles behind them.
-            if (!w_direct && !split && j == flush_step) flush(fmt::format("{}{}", tag, j), j, nm);
+            // the in-order DMA engine does not hold the next tiles behind them. In a batch of
+            // one K step a group, after its matmuls: the VPU's epilogue then runs beside them.
+            const bool flush_after = batched() && m_KT == 1;
+            if (!w_direct && !split && !flush_after && j == flush_step) flush_group(tag, j, j, nm);
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+            if (batched() && j == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
             for (uint32_t p = 0; p < nm; ++p) {
                 // Panel p on MXU m; the MXU's last panel of the step carries its flag.
                 const uint32_t m = p % m_k.mxus;
@@ -1236,6 +1328,7 @@ private:
                 if (flagged && (m == 0 || cls(m) != cls(m - 1)))
                     E(Opcode::Add, {mxu_count(m), mxu_count(m), imm(1)});
             }
+            if (!w_direct && !split && flush_after && j == flush_step) flush_group(tag, j, j + 1, nm);
             // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
             // MXUs run that step while the VPU works on one panel.
             if (split && j >= flush_step && j < flush_step + m_GW)
@@ -1247,7 +1340,7 @@ private:
                     for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, 1);
                     loads(j + 1, first, last, 1 - slot, kW);
                 }
-                if (j == flush_step) flush(fmt::format("{}{}", tag, j), j + 1, nm);
+                if (j == flush_step) flush_group(tag, j, j + 1, nm);
             }
         }
         // This group's C is pending until the next group's step 1 (or the end).
@@ -1318,6 +1411,9 @@ private:
     uint32_t m_KT, m_NT, m_GW, m_G;
     uint32_t m_AS;          ///< slots of the streamed operand's bf16 panels (KT kept, or 2)
     Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
+    DotOperands m_ops;      ///< A, W, C as the caller named them
+    const DotBatch& m_batch;
+    std::function<void(const isa::Reg&)> m_member;  ///< dst = the batch (PrologueTile::batch)
     std::vector<std::pair<int, int>> m_passes;
 
     std::vector<isa::Vmem> m_vmem;
@@ -1592,7 +1688,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
 }
 
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
-              const Epilogue& epilogue, const Prologue& prologue) {
+              const Epilogue& epilogue, const Prologue& prologue, const DotBatch& batch) {
     if (const std::string why = dot_unsupported(key); !why.empty()) throw b.error("dot: " + why);
     const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
     const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);
@@ -1613,7 +1709,22 @@ void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
     check(ops.c, "C");
     for (size_t i = 0; i < epilogue.sides.size(); ++i)
         check(epilogue.sides[i].place, fmt::format("epilogue side {}", i));
-    DotGen(b, key, ops, epilogue, prologue).emit();
+    if (!batch.period.empty()) {
+        if (key.full_sides)
+            throw b.error("dot: a batch of dots with Full epilogue sides (one per batch)");
+        if (!batch.passes) throw b.error("dot: a batch of no passes");
+        for (const Operand* o : {&ops.a, &ops.w, &ops.c})
+            if (o->kind != Operand::Kind::Hbm || !o->value.reg)
+                throw b.error("dot: a batch of dots reads and writes HBM through registers");
+        for (const DotBatch::Member& x : batch.period) {
+            DotKey k = key;
+            k.a_lane = x.a_lane;
+            k.w_lane = x.w_lane;
+            if (const std::string why = dot_unsupported(k); !why.empty())
+                throw b.error("dot: a batch's member: " + why);
+        }
+    }
+    DotGen(b, key, ops, epilogue, prologue, batch).emit();
 }
 
 isa::Program generate(const DotKey& key) {

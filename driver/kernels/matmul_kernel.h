@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "driver/kernels/epilogue.h"
 #include "driver/kernels/gemm.h"
@@ -106,6 +107,9 @@ struct PrologueTile {
     /// the streamed tile's first row, the held tile's first column.
     std::function<void(const isa::Reg& dst)> first_x4;
     EpilogueTile::VpuFn vpu;  ///< a VPU instruction, waited for before the MXUs read the tile
+    /// Emits `dst = ` the tile's batch (its matrices' index in a DotBatch), or is empty for a
+    /// single dot.
+    std::function<void(const isa::Reg& dst)> batch;
 };
 /// Work on the fp32 tiles of the operands before their conversion (empty: none).
 struct Prologue {
@@ -119,6 +123,25 @@ struct DotOperands {
     streaming::Operand a;  ///< A in key.a's layout
     streaming::Operand w;  ///< W in key.w's layout
     streaming::Operand c;  ///< C in key.c's layout
+};
+
+/// A batch of dots of one key in one kernel (attention's heads, compiler/README.md "The
+/// attention's batched dots"): the kernel's block pipeline runs over the batches' blocks one
+/// after the other, as over one dot's, so a batch's first loads go out while the previous one's
+/// last MXU steps run and its results are stored while the next one computes. The batches come
+/// in passes of a period of members that may differ in their windows' lanes (heads of 64
+/// lanes alternate between lane 0 and lane 64 of a tile); each member's code is emitted once
+/// and a loop over the passes moves the operands' registers on by the pass's strides.
+struct DotBatch {
+    /// One batch of a period: its matrices' byte offsets from the period's first (A, W, C) and
+    /// its windows' lanes (DotKey::a_lane, w_lane).
+    struct Member {
+        int64_t a = 0, w = 0, c = 0;
+        uint32_t a_lane = 0, w_lane = 0;
+    };
+    std::vector<Member> period;    ///< the members of a pass, in order (empty: one dot)
+    uint32_t passes = 1;           ///< passes over the period (batches = passes x members)
+    int64_t a = 0, w = 0, c = 0;  ///< bytes from a pass's matrices to the next pass's
 };
 
 /// Why the kernel cannot run `key` (a layout the orientation does not allow, an empty shape,
@@ -144,10 +167,13 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
 /// Stationary::Lhs the kernel runs C^T = W^T A^T (passes in the order of C = A W, so the values
 /// are the same bits) and transposes each result tile back (v.trans) before the epilogue: the
 /// epilogue's tile is then nn rows of C (a register) by block_rows columns (the columns past the
-/// block's last row hold garbage and are not stored). Throws isa::BuildError naming the
-/// problem (an unsupported key, sides that do not match it).
+/// block's last row hold garbage and are not stored). With a `batch` (DotBatch) the kernel runs
+/// every batch: A, W and C are then in HBM, addressed by registers the kernel moves on (their
+/// values on return are unspecified), and the epilogue has no Full sides. Throws
+/// isa::BuildError naming the problem (an unsupported key, sides that do not match it).
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
-              const Epilogue& epilogue = {}, const Prologue& prologue = {});
+              const Epilogue& epilogue = {}, const Prologue& prologue = {},
+              const DotBatch& batch = {});
 /// The stand-alone kernel of a key without sides: launch arguments a, w, c, then emit_dot
 /// (store_bf16 as the key says), then halt.
 isa::Program generate(const DotKey& key);
