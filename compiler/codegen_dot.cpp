@@ -1178,14 +1178,13 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
         bool ok = true;
         for (size_t i = 0; ok && i < n; ++i)
             ok = same(plans[i], plans[0], false) &&
-                 (i + q >= n ||
-                  (same(plans[i], plans[i + q], true) &&
-                   diff(plans[i + q].a_off, plans[i].a_off) ==
-                       diff(plans[q].a_off, plans[0].a_off) &&
-                   diff(plans[i + q].w_off, plans[i].w_off) ==
-                       diff(plans[q].w_off, plans[0].w_off) &&
-                   diff(plans[i + q].c_off, plans[i].c_off) ==
-                       diff(plans[q].c_off, plans[0].c_off)));
+                 (i + q >= n || (same(plans[i], plans[i + q], true) &&
+                                 diff(plans[i + q].a_off, plans[i].a_off) ==
+                                     diff(plans[q].a_off, plans[0].a_off) &&
+                                 diff(plans[i + q].w_off, plans[i].w_off) ==
+                                     diff(plans[q].w_off, plans[0].w_off) &&
+                                 diff(plans[i + q].c_off, plans[i].c_off) ==
+                                     diff(plans[q].c_off, plans[0].c_off)));
         if (ok) period = q;
     }
     // A prologue's vectors (attention's softmax max and sum) once for every batch.
@@ -1200,10 +1199,9 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
     }
     driver::DotBatch batch;
     for (size_t j = 0; j < period; ++j)
-        batch.period.push_back({diff(plans[j].a_off, plans[0].a_off),
-                                diff(plans[j].w_off, plans[0].w_off),
-                                diff(plans[j].c_off, plans[0].c_off), plans[j].key.a_lane,
-                                plans[j].key.w_lane});
+        batch.period.push_back(
+            {diff(plans[j].a_off, plans[0].a_off), diff(plans[j].w_off, plans[0].w_off),
+             diff(plans[j].c_off, plans[0].c_off), plans[j].key.a_lane, plans[j].key.w_lane});
     batch.passes = uint32_t(n / period);
     if (batch.passes > 1) {
         batch.a = diff(plans[period].a_off, plans[0].a_off);

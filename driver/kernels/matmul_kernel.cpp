@@ -309,8 +309,7 @@ public:
                 m_p.a_lane = m_p.lhs ? x.w_lane : x.a_lane;
                 m_p.w_lane = m_p.lhs ? x.a_lane : x.w_lane;
                 if (i > 0)
-                    advance(x.a - members[i - 1].a, x.w - members[i - 1].w,
-                            x.c - members[i - 1].c);
+                    advance(x.a - members[i - 1].a, x.w - members[i - 1].w, x.c - members[i - 1].c);
                 m_member = [this, i, loop, word](const isa::Reg& dst) {
                     if (!loop) {
                         E(Opcode::Li, {dst, imm(int64_t(i))});
@@ -972,8 +971,8 @@ private:
         // tiles lie side by side in HBM, one run of (panels x 4 KiB) per DMA that the HBM
         // serves in whole open rows (panel by panel, a 4 KiB run of each band opens its rows
         // for a quarter of them). The 2-D dots keep their panel-by-panel stores.
-        bool band_major = batched() && tiles_out && !lhs && !m_k.store_bf16 && C == 128 &&
-                          np > m0 + 1;
+        bool band_major =
+            batched() && tiles_out && !lhs && !m_k.store_bf16 && C == 128 && np > m0 + 1;
         for (uint32_t m = m0; m < np; ++m) band_major = band_major && nn(last, m) == 128;
         if (band_major) {
             const isa::Reg h = m_b.reg("band.hbm"), v = m_b.reg("band.vmem"),
@@ -984,8 +983,8 @@ private:
             E(Opcode::Add, {end, end, v});
             const isa::Label loop = m_b.label("band_stores");
             m_b.bind(loop);
-            E(op, {h, v, imm(np - m0), imm(kBandBytes), imm(kBandBytes),
-                   imm(int64_t(m_m.cpanel)), m_stores.flag});
+            E(op, {h, v, imm(np - m0), imm(kBandBytes), imm(kBandBytes), imm(int64_t(m_m.cpanel)),
+                   m_stores.flag});
             E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
             E(Opcode::Add, {h, h, imm(band_stride)});
             E(Opcode::Add, {v, v, imm(kBandBytes)});
@@ -1253,12 +1252,13 @@ private:
                     x = m_a.att;
                 }
                 if (m_pro.streamed)
-                    m_pro.streamed({m_b, imm(int64_t(x)), m_rows, k,
-                                    [&](const isa::Reg& d) { E(Opcode::Mul, {d, m_row, imm(4)}); },
-                                    [&](Opcode op, std::initializer_list<isa::Arg> args) {
-                                        vpu(op, args);
-                                    },
-                                    m_member});
+                    m_pro.streamed(
+                        {m_b, imm(int64_t(x)), m_rows, k,
+                         [&](const isa::Reg& d) {
+                             E(Opcode::Mul, {d, m_row, imm(4)});
+                         },
+                         [&](Opcode op, std::initializer_list<isa::Arg> args) { vpu(op, args); },
+                         m_member});
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
                         m_a.ar2);
@@ -1328,7 +1328,8 @@ private:
                 if (flagged && (m == 0 || cls(m) != cls(m - 1)))
                     E(Opcode::Add, {mxu_count(m), mxu_count(m), imm(1)});
             }
-            if (!w_direct && !split && flush_after && j == flush_step) flush_group(tag, j, j + 1, nm);
+            if (!w_direct && !split && flush_after && j == flush_step)
+                flush_group(tag, j, j + 1, nm);
             // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
             // MXUs run that step while the VPU works on one panel.
             if (split && j >= flush_step && j < flush_step + m_GW)
@@ -1687,8 +1688,8 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     return best;
 }
 
-void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
-              const Epilogue& epilogue, const Prologue& prologue, const DotBatch& batch) {
+void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const Epilogue& epilogue,
+              const Prologue& prologue, const DotBatch& batch) {
     if (const std::string why = dot_unsupported(key); !why.empty()) throw b.error("dot: " + why);
     const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
     const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);

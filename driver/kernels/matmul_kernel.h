@@ -139,8 +139,8 @@ struct DotBatch {
         int64_t a = 0, w = 0, c = 0;
         uint32_t a_lane = 0, w_lane = 0;
     };
-    std::vector<Member> period;    ///< the members of a pass, in order (empty: one dot)
-    uint32_t passes = 1;           ///< passes over the period (batches = passes x members)
+    std::vector<Member> period;   ///< the members of a pass, in order (empty: one dot)
+    uint32_t passes = 1;          ///< passes over the period (batches = passes x members)
     int64_t a = 0, w = 0, c = 0;  ///< bytes from a pass's matrices to the next pass's
 };
 
