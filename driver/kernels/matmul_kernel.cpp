@@ -779,11 +779,6 @@ private:
     /// A batch's (DotBatch) blocks follow one another in one kernel.
     bool batched() const { return !m_batch.period.empty(); }
 
-    /// The pending group's flush at step j.
-    void flush_group(const std::string& tag, uint32_t j, uint32_t steps, uint32_t nm) {
-        flush(fmt::format("{}{}", tag, j), steps, nm);
-    }
-
     /// The group whose C waits for its store, if any: once its matmuls are done (`steps` =
     /// steps of the current group already issued to MXU m < `nm`), its epilogue and its stores:
     /// of its panels [m0, m1) (piece by piece, each one step later: the first waits for the
@@ -1305,7 +1300,8 @@ private:
             // the in-order DMA engine does not hold the next tiles behind them. In a batch of
             // one K step a group, after its matmuls: the VPU's epilogue then runs beside them.
             const bool flush_after = batched() && m_KT == 1;
-            if (!w_direct && !split && !flush_after && j == flush_step) flush_group(tag, j, j, nm);
+            if (!w_direct && !split && !flush_after && j == flush_step)
+                flush(fmt::format("{}{}", tag, j), j, nm);
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
             if (batched() && j == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
             for (uint32_t p = 0; p < nm; ++p) {
@@ -1329,7 +1325,7 @@ private:
                     E(Opcode::Add, {mxu_count(m), mxu_count(m), imm(1)});
             }
             if (!w_direct && !split && flush_after && j == flush_step)
-                flush_group(tag, j, j + 1, nm);
+                flush(fmt::format("{}{}", tag, j), j + 1, nm);
             // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
             // MXUs run that step while the VPU works on one panel.
             if (split && j >= flush_step && j < flush_step + m_GW)
@@ -1341,7 +1337,7 @@ private:
                     for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, 1);
                     loads(j + 1, first, last, 1 - slot, kW);
                 }
-                if (j == flush_step) flush_group(tag, j, j + 1, nm);
+                if (j == flush_step) flush(fmt::format("{}{}", tag, j), j + 1, nm);
             }
         }
         // This group's C is pending until the next group's step 1 (or the end).
