@@ -134,6 +134,22 @@ std::optional<Layout> fold_layout(const Layout& l, const std::vector<int64_t>& k
     return r;
 }
 
+/// `fv` viewed as the matrix `mn` ([rows, cols], neither 1) when its dims are those with unit
+/// dims inserted (PyTorch's [1, S, D] around a linear): its layout with the unit dims folded
+/// away, the same bytes; nullptr when it is not such a view or the fold changes the tiles.
+std::shared_ptr<FusionValue> matrix_view(const FusionValue& fv, const std::vector<int64_t>& mn) {
+    if (mn.size() != 2 || nonunit(mn) != mn || nonunit(fv.shape.dims) != mn) return nullptr;
+    std::vector<int64_t> keep;
+    for (int64_t i = 0; i < fv.shape.rank(); ++i)
+        if (fv.shape.dims[size_t(i)] != 1) keep.push_back(i);
+    const std::optional<Layout> l = fold_layout(fv.layout, keep);
+    if (!l) return nullptr;
+    auto view = std::make_shared<FusionValue>(fv);
+    view->shape.dims = mn;
+    view->layout = *l;
+    return view;
+}
+
 }  // namespace
 
 /// Ops a dot fusion computes on one of its dot's operands as the kernel loads it
@@ -325,7 +341,12 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
         for (int64_t b = 0; b < B; ++b) {
             Batch::Operand o;
             bool contracting_minor;  // the matrix's minor (lane) dim is the contracting one
-            if (inside_fusion(f, g, v)) {
+            const bool unit_view =
+                inside_fusion(f, g, v) && g.producer(v).kind == OpKind::Reshape &&
+                !inside_fusion(f, g, g.producer(v).operands[0]) &&
+                nonunit(g.shape(g.producer(v).operands[0]).dims) == nonunit(vs.dims) &&
+                nonunit(vs.dims) == vs.dims;
+            if (inside_fusion(f, g, v) && !unit_view) {
                 const Op& r = g.producer(v);
                 const ValueId x = r.operands.empty() ? v : r.operands[0];
                 const Shape& xs = g.shape(x);
@@ -344,9 +365,21 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
                 contracting_minor = cd == 2;
             } else {
                 // One matrix per batch: the batch dim most major, the other two in T(8,128)
-                // tiles (either order: the lanes' dim contracting or free).
-                o.fv = operand_of(f, v);
-                const std::optional<Layout> l = fold_layout(o.fv->layout, keep);
+                // tiles (either order: the lanes' dim contracting or free). Also through a
+                // reshape that only inserts or deletes unit dims (PyTorch's [1, H, S, S]
+                // viewed as [H, S, S] for bmm): the same tiles.
+                ValueId src = v;
+                std::vector<int64_t> src_keep = keep;
+                if (unit_view) {
+                    src = g.producer(v).operands[0];
+                    src_keep.clear();
+                    for (int64_t i = 0; i < g.shape(src).rank(); ++i)
+                        if (g.shape(src).dims[size_t(i)] != 1) src_keep.push_back(i);
+                    o.prologue.insert(g.value(v).producer);
+                }
+                o.fv = operand_of(f, src);
+                if (!o.fv) not_generated(f, fmt::format("a batched dot operand %{} computed", v));
+                const std::optional<Layout> l = fold_layout(o.fv->layout, src_keep);
                 if (!l || l->minor_to_major.size() != 3 || l->minor_to_major[2] != bd ||
                     l->tile != std::vector<int64_t>{8, 128})
                     not_generated(f, fmt::format("a batched dot operand in layout {}",
@@ -526,6 +559,19 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                 g.producer(op.operands[0]).kind == OpKind::Transpose &&
                 !inside_fusion(f, g, g.producer(op.operands[0]).operands[0]))
                 tr = &g.producer(op.operands[0]);
+            // A view that only inserts or deletes unit dims of a tiled array: its tiles.
+            if (op.kind == OpKind::Reshape && !inside_fusion(f, g, op.operands[0]) &&
+                g.shape(v).rank() == 2) {
+                const FusionValue* x = operand_of(f, op.operands[0]);
+                if (auto view = x && !x->layout.tile.empty() ? matrix_view(*x, g.shape(v).dims)
+                                                             : nullptr) {
+                    if (x->shape.dtype != DType::F32)
+                        not_generated(f, "a reshaped dot operand that is not f32");
+                    p.views.push_back(view);
+                    prologue.insert(g.value(v).producer);
+                    return view.get();
+                }
+            }
             if (op.kind == OpKind::Reshape && (tr || !inside_fusion(f, g, op.operands[0])) &&
                 g.shape(v).rank() == 2) {
                 // A view of an untiled row-major array (or of an untiled array whose
@@ -606,6 +652,12 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     if (!part && f.results.size() != 1)
         not_generated(f, fmt::format("an output fusion with {} results", f.results.size()));
     p.c = part ? part->result : &f.results[0];
+    // A result with unit dims (the linear's [1, S, out]) as the [M, N] it is.
+    if (!batch && !part && p.c->shape.dims != std::vector<int64_t>{M, N})
+        if (auto view = matrix_view(*p.c, {M, N})) {
+            p.views.push_back(view);
+            p.c = view.get();
+        }
     if (p.c->shape.dtype != DType::F32)
         not_generated(f, fmt::format("a {} result (f32 only)", p.c->shape.to_string()));
     if (!batch) lcv = dot_layout_of(*p.c, 0, false, true, board);
@@ -627,6 +679,11 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     const auto full_operand = [&](ValueId v) -> EpValue {
         const FusionValue* fv = operand_of(f, v);
         if (batch) not_generated(f, "a side array in a batched dot's epilogue");
+        if (fv->shape.dims != mn)  // a residual with unit dims, as the result
+            if (auto view = matrix_view(*fv, mn)) {
+                p.views.push_back(view);
+                fv = view.get();
+            }
         if (fv->shape.dims != mn || !(fv->layout == p.c->layout) || fv->shape.dtype != DType::F32)
             not_generated(
                 f, fmt::format("a side {} in layout {} (the result's is {})", fv->shape.to_string(),
