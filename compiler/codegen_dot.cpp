@@ -752,6 +752,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                     not_generated(f, fmt::format("a convert to {}", dtype_name(op.attrs.dtype)));
                 break;
             case OpKind::Div:
+            case OpKind::Erf:  // the erf GELU of PyTorch's nn.GELU() (vpu_erf, in scratch)
                 break;
             case OpKind::Pow:
                 // A literal integer exponent multiplied out, as the loop emitter (vpu_pow):
@@ -816,7 +817,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             if (s.in[i].kind != EpKind::Full) scratch = std::max(scratch, int(i) + 1);
         if (s.kind == OpKind::Convert) scratch = std::max(scratch, 4);
         if (s.kind == OpKind::Pow) scratch = std::max(scratch, 3);
-        if (s.kind == OpKind::Div) scratch = kScratch;
+        if (s.kind == OpKind::Div || s.kind == OpKind::Erf) scratch = kScratch;
     }
     p.areas = p.steps.empty() ? 0 : results + scratch;
 
@@ -1173,6 +1174,35 @@ void emit_one(isa::Builder& b, const DotFusion& p,
                         t.vpu(Opcode::VMul, {r, xa, r, n});
                         t.vpu(Opcode::VMulS, {zero, r, fimm(-1.0f), n});
                         t.vpu(Opcode::VSel, {out, m, zero, r, n});
+                        break;
+                    }
+                    case OpKind::Erf: {
+                        // vpu_erf (evaluator.h), the loop emitter's instructions; the sign mask
+                        // first, since `out` may be x's own tile.
+                        const isa::Arg xa = F(0);
+                        const isa::Arg ax = area(scratch + 1), r = area(scratch + 2),
+                                       e = area(scratch + 3), m = area(scratch + 4);
+                        t.vpu(Opcode::VCmpGt, {m, t.out(), t.out(), n});
+                        t.vpu(Opcode::VCmpGt, {m, m, xa, n});
+                        t.vpu(Opcode::VMulS, {ax, xa, fimm(-1.0f), n});
+                        t.vpu(Opcode::VMax, {ax, xa, ax, n});
+                        t.vpu(Opcode::VMulS, {r, ax, fimm(kErfP), n});
+                        t.vpu(Opcode::VAddS, {r, r, fimm(1.0f), n});
+                        t.vpu(Opcode::VRsqrt, {r, r, n});
+                        t.vpu(Opcode::VMul, {r, r, r, n});
+                        t.vpu(Opcode::VMulS, {out, r, fimm(kErfA[4]), n});
+                        for (int i = 3; i >= 0; --i) {
+                            t.vpu(Opcode::VAddS, {out, out, fimm(kErfA[i]), n});
+                            t.vpu(Opcode::VMul, {out, out, r, n});
+                        }
+                        t.vpu(Opcode::VMul, {e, ax, ax, n});
+                        t.vpu(Opcode::VMulS, {e, e, fimm(-1.0f), n});
+                        t.vpu(Opcode::VExp, {e, e, n});
+                        t.vpu(Opcode::VMul, {out, out, e, n});
+                        t.vpu(Opcode::VMulS, {out, out, fimm(-1.0f), n});
+                        t.vpu(Opcode::VAddS, {out, out, fimm(1.0f), n});
+                        t.vpu(Opcode::VMulS, {r, out, fimm(-1.0f), n});
+                        t.vpu(Opcode::VSel, {out, m, r, out, n});
                         break;
                     }
                     default: {
