@@ -563,8 +563,8 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             if (op.kind == OpKind::Reshape && !inside_fusion(f, g, op.operands[0]) &&
                 g.shape(v).rank() == 2) {
                 const FusionValue* x = operand_of(f, op.operands[0]);
-                if (auto view = x && !x->layout.tile.empty() ? matrix_view(*x, g.shape(v).dims)
-                                                             : nullptr) {
+                if (auto view =
+                        x && !x->layout.tile.empty() ? matrix_view(*x, g.shape(v).dims) : nullptr) {
                     if (x->shape.dtype != DType::F32)
                         not_generated(f, "a reshaped dot operand that is not f32");
                     p.views.push_back(view);

@@ -411,9 +411,9 @@ private:
         // Only what the kernel's prologue computes on an operand tile: exp, log, rsqrt, tanh,
         // and +, -, *, / by a scalar or a row's value (a select, such as the safe softmax's
         // guard for rows of -inf, stays in its loop fusion, which writes the operand).
-        static constexpr OpKind kPrologue[] = {OpKind::Exp, OpKind::Log, OpKind::Rsqrt,
+        static constexpr OpKind kPrologue[] = {OpKind::Exp,  OpKind::Log, OpKind::Rsqrt,
                                                OpKind::Tanh, OpKind::Add, OpKind::Sub,
-                                               OpKind::Mul, OpKind::Div};
+                                               OpKind::Mul,  OpKind::Div};
         if (std::find(std::begin(kPrologue), std::end(kPrologue), m_g.op(p).kind) ==
             std::end(kPrologue))
             return false;

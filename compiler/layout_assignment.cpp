@@ -223,9 +223,8 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             // default tiles of both are the same bytes, so v keeps them.
             const auto& vd = g.shape(v).dims;
             const auto& xd = g.shape(x).dims;
-            const bool unit_view = vd.size() >= 2 && xd.size() >= 2 &&
-                                   split == nonunit_list(vd) && vd.back() == xd.back() &&
-                                   vd[vd.size() - 2] == xd[xd.size() - 2];
+            const bool unit_view = vd.size() >= 2 && xd.size() >= 2 && split == nonunit_list(vd) &&
+                                   vd.back() == xd.back() && vd[vd.size() - 2] == xd[xd.size() - 2];
             if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape && p.operands[0] == v &&
                 !unit_view &&
                 !(g.shape(v).rank() == 2 && split.size() == 3 && split[0] == g.shape(v).dims[0]))

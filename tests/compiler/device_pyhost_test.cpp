@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -67,15 +66,14 @@ ValueId hf_attention(Graph& g, ValueId x, const std::vector<ValueId>& p, int64_t
     bmm.lhs_batch = bmm.rhs_batch = {0};
     bmm.lhs_contracting = {2};
     bmm.rhs_contracting = {1};
-    const ValueId s3 =
-        dot(g, reshape(g, qs, {heads, S, d}), reshape(g, ks, {heads, d, S}), bmm);
+    const ValueId s3 = dot(g, reshape(g, qs, {heads, S, d}), reshape(g, ks, {heads, d, S}), bmm);
     if (upto == 1) return s3;
     const ValueId s = reshape(g, s3, {1, heads, S, S});
     const ValueId sm = softmax(g, s, 3);
     // aten::_safe_softmax: where(all(s == -inf, -1), 0, softmax(s)).
     const Shape sh = g.shape(s);
-    const ValueId masked = convert(g, compare(g, s, full(g, -INFINITY, sh), Comparison::Eq),
-                                   DType::F32);
+    const ValueId masked =
+        convert(g, compare(g, s, full(g, -INFINITY, sh), Comparison::Eq), DType::F32);
     const ValueId open = select(g, compare(g, masked, full(g, 0.0, sh), Comparison::Eq),
                                 full(g, 1.0, sh), full(g, 0.0, sh));
     const ValueId any_open = reshape(g, reduce(g, open, {3}, Reducer::Max), {1, heads, S, 1});
@@ -109,10 +107,12 @@ std::vector<Leaf> hf_leaves(int64_t S, int64_t D, int64_t ffn) {
     const float ws = 1.0f / std::sqrt(float(D)), fs = 1.0f / std::sqrt(float(ffn));
     l.push_back({"x", f32({1, S, D}), {randoms(size_t(S * D), seed++)}});
     for (const char* n : {"q", "k", "v", "out"}) {
-        l.push_back({fmt::format("{}.weight", n), f32({D, D}),
-                     {randoms(size_t(D * D), seed++, -ws, ws)}, true});
-        l.push_back({fmt::format("{}.bias", n), f32({D}), {randoms(size_t(D), seed++, -ws, ws)},
+        l.push_back({fmt::format("{}.weight", n),
+                     f32({D, D}),
+                     {randoms(size_t(D * D), seed++, -ws, ws)},
                      true});
+        l.push_back(
+            {fmt::format("{}.bias", n), f32({D}), {randoms(size_t(D), seed++, -ws, ws)}, true});
     }
     l.push_back({"ln_1.weight", f32({D}), {randoms(size_t(D), seed++, 0.5f, 1.5f)}, true});
     l.push_back({"ln_1.bias", f32({D}), {randoms(size_t(D), seed++)}, true});
@@ -190,21 +190,6 @@ TEST(CompilerPyHost, ProbeOfTheLayer) {
         return hf_layer(g, v[0], params_of(v), kH);
     });
     EXPECT_EQ(st.fallback_fusions, 0u);
-}
-
-TEST(CompilerPyHostDebug, Dump) {
-    Graph g;
-    std::vector<ValueId> v;
-    for (const Leaf& l : hf_leaves(kS, kD, kF))
-        v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
-    const char* e = std::getenv("UPTO");
-    g.add_output(e && *e == 'L' ? hf_layer(g, v[0], params_of(v), kH)
-                                : hf_attention(g, v[0], params_of(v), kH, e ? std::atoi(e) : 0),
-                 "y");
-    CompileOptions co;
-    co.board = hw::BoardConfig::load("", {});
-    const auto step = compile(g, co);
-    std::cout << step.graph.to_string() << "\n" << step.to_string() << "\n";
 }
 
 }  // namespace
