@@ -137,7 +137,21 @@ std::optional<Layout> fold_layout(const Layout& l, const std::vector<int64_t>& k
 /// `fv` viewed as the matrix `mn` ([rows, cols], neither 1) when its dims are those with unit
 /// dims inserted (PyTorch's [1, S, D] around a linear): its layout with the unit dims folded
 /// away, the same bytes; nullptr when it is not such a view or the fold changes the tiles.
+/// Also a batch of matrices [.., R, N] row-major whose rows merge into [M, N] (PyTorch's [B, S,
+/// D] viewed as [B S, D]): untiled, or in T(8,128) tiles with R a multiple of the tile's rows
+/// (no band straddles two matrices), the same bytes.
 std::shared_ptr<FusionValue> matrix_view(const FusionValue& fv, const std::vector<int64_t>& mn) {
+    const auto& d = fv.shape.dims;
+    if (mn.size() == 2 && d.size() > 2 && d.back() == mn[1] &&
+        fv.shape.elements() == mn[0] * mn[1] &&
+        fv.layout == Layout{row_major(fv.shape.rank()).minor_to_major, fv.layout.tile} &&
+        (fv.layout.tile.empty() ||
+         (fv.layout.tile.size() == 2 && d[d.size() - 2] % fv.layout.tile[0] == 0))) {
+        auto view = std::make_shared<FusionValue>(fv);
+        view->shape.dims = mn;
+        view->layout = Layout{{1, 0}, fv.layout.tile};
+        return view;
+    }
     if (mn.size() != 2 || nonunit(mn) != mn || nonunit(fv.shape.dims) != mn) return nullptr;
     std::vector<int64_t> keep;
     for (int64_t i = 0; i < fv.shape.rank(); ++i)
@@ -691,6 +705,14 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
         fulls.push_back(fv);
         return {EpKind::Full, -1 - int(fulls.size())};
     };
+    // Dims whose row-major order is the [M, N] tile's (unit dims inserted, or batches of rows
+    // of N merged: PyTorch's [B, S, N] around a linear).
+    const auto same_matrix = [&](const std::vector<int64_t>& dims) {
+        if (nonunit(dims) == nonunit(mn)) return true;
+        int64_t n = 1;
+        for (int64_t e : dims) n *= e;
+        return !batch && !dims.empty() && dims.back() == mn[1] && n == mn[0] * mn[1];
+    };
     for (OpId id : f.ops) {
         if (id == f.hero || prologue.count(id)) continue;
         if (part && !part->ops.count(id)) continue;
@@ -712,7 +734,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                 const Shape& xs = g.shape(x);
                 // Unit dims aside (GPT's positional table [S, D] -> [1, S, D] in the first
                 // block's residual): the result's [M, N], as the operand's values lie.
-                if (nonunit(g.shape(res).dims) != nonunit(mn))
+                if (!same_matrix(g.shape(res).dims))
                     not_generated(f, fmt::format("a broadcast to {}", g.shape(res).to_string()));
                 if (xs.elements() == 1 && val.count(x) && val[x].kind == EpKind::Scalar) {
                     val[res] = val[x];
@@ -734,7 +756,9 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             case OpKind::Transpose:
                 if (g.shape(res).dims != g.shape(op.operands[0]).dims &&
                     (op.kind == OpKind::Transpose ||
-                     nonunit(g.shape(res).dims) != nonunit(g.shape(op.operands[0]).dims)))
+                     (nonunit(g.shape(res).dims) != nonunit(g.shape(op.operands[0]).dims) &&
+                      (batch || !same_matrix(g.shape(res).dims) ||
+                       !same_matrix(g.shape(op.operands[0]).dims)))))
                     not_generated(f, fmt::format("{} in the epilogue", op_name(op.kind)));
                 val[res] = in(0);
                 continue;

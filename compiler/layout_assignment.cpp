@@ -223,8 +223,16 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             // default tiles of both are the same bytes, so v keeps them.
             const auto& vd = g.shape(v).dims;
             const auto& xd = g.shape(x).dims;
-            const bool unit_view = vd.size() >= 2 && xd.size() >= 2 && split == nonunit_list(vd) &&
-                                   vd.back() == xd.back() && vd[vd.size() - 2] == xd[xd.size() - 2];
+            // So does one that merges major dims into whole tiles' rows ([B, S, D] as [B S,
+            // D] with S a multiple of the tile's rows).
+            const int64_t tile_rows = default_layout(g.shape(v), cfg).tile.empty()
+                                          ? 0
+                                          : default_layout(g.shape(v), cfg).tile[0];
+            const bool unit_view =
+                vd.size() >= 2 && xd.size() >= 2 && vd.back() == xd.back() &&
+                ((split == nonunit_list(vd) && vd[vd.size() - 2] == xd[xd.size() - 2]) ||
+                 (xd.size() == 2 && vd.size() > 2 && tile_rows > 0 &&
+                  vd[vd.size() - 2] % tile_rows == 0));
             if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape && p.operands[0] == v &&
                 !unit_view &&
                 !(g.shape(v).rank() == 2 && split.size() == 3 && split[0] == g.shape(v).dims[0]))

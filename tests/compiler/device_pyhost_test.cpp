@@ -39,9 +39,9 @@ ValueId hf_linear(Graph& g, ValueId x, ValueId w, ValueId b) {
     DotDims d;
     d.lhs_contracting = {1};
     d.rhs_contracting = {0};
-    ValueId y = dot(g, reshape(g, x, {xs[1], xs[2]}), transpose(g, w, {1, 0}), d);
-    y = add(g, y, broadcast(g, b, {xs[1], out}, {1}));
-    return reshape(g, y, {1, xs[1], out});
+    ValueId y = dot(g, reshape(g, x, {xs[0] * xs[1], xs[2]}), transpose(g, w, {1, 0}), d);
+    y = add(g, y, broadcast(g, b, {xs[0] * xs[1], out}, {1}));
+    return reshape(g, y, {xs[0], xs[1], out});
 }
 
 /// BertSelfAttention with scaled_dot_product_attention's math path on [1, S, H d]: each head
@@ -141,6 +141,18 @@ TEST(CompilerPyHost, AUnitBatchDimBeforeAndAfterALinearIsTheSameTiles) {
     expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         const ValueId ln = layer_norm(g, v[0], v[9], v[10], 1e-12).y;
         return add(g, hf_linear(g, ln, v[1], v[2]), ln);
+    });
+}
+
+TEST(CompilerPyHost, ABatchOfSequencesBeforeAndAfterALinearIsTheSameTiles) {
+    // [B, S, D] -> view [B S, D] -> addmm -> view [B, S, D]: S a multiple of the tiles' 8 rows,
+    // so the view merges whole bands and both lie in the same T(8,128) tiles.
+    auto leaves = hf_leaves(kS, kD, kF);
+    leaves[0] = {"x", f32({3, kS, kD}), {randoms(size_t(3 * kS * kD), 77)}};
+    expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId ln = layer_norm(g, v[0], v[9], v[10], 1e-12).y;
+        const ValueId h = gelu(g, hf_linear(g, ln, v[11], v[12]), false);
+        return add(g, hf_linear(g, h, v[13], v[14]), ln);
     });
 }
 
