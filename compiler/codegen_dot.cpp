@@ -134,6 +134,36 @@ std::optional<Layout> fold_layout(const Layout& l, const std::vector<int64_t>& k
     return r;
 }
 
+/// `fv` viewed as the matrix `mn` ([rows, cols], neither 1) when its dims are those with unit
+/// dims inserted (PyTorch's [1, S, D] around a linear): its layout with the unit dims folded
+/// away, the same bytes; nullptr when it is not such a view or the fold changes the tiles.
+/// Also a batch of matrices [.., R, N] row-major whose rows merge into [M, N] (PyTorch's [B, S,
+/// D] viewed as [B S, D]): untiled, or in T(8,128) tiles with R a multiple of the tile's rows
+/// (no band straddles two matrices), the same bytes.
+std::shared_ptr<FusionValue> matrix_view(const FusionValue& fv, const std::vector<int64_t>& mn) {
+    const auto& d = fv.shape.dims;
+    if (mn.size() == 2 && d.size() > 2 && d.back() == mn[1] &&
+        fv.shape.elements() == mn[0] * mn[1] &&
+        fv.layout == Layout{row_major(fv.shape.rank()).minor_to_major, fv.layout.tile} &&
+        (fv.layout.tile.empty() ||
+         (fv.layout.tile.size() == 2 && d[d.size() - 2] % fv.layout.tile[0] == 0))) {
+        auto view = std::make_shared<FusionValue>(fv);
+        view->shape.dims = mn;
+        view->layout = Layout{{1, 0}, fv.layout.tile};
+        return view;
+    }
+    if (mn.size() != 2 || nonunit(mn) != mn || nonunit(fv.shape.dims) != mn) return nullptr;
+    std::vector<int64_t> keep;
+    for (int64_t i = 0; i < fv.shape.rank(); ++i)
+        if (fv.shape.dims[size_t(i)] != 1) keep.push_back(i);
+    const std::optional<Layout> l = fold_layout(fv.layout, keep);
+    if (!l) return nullptr;
+    auto view = std::make_shared<FusionValue>(fv);
+    view->shape.dims = mn;
+    view->layout = *l;
+    return view;
+}
+
 }  // namespace
 
 /// Ops a dot fusion computes on one of its dot's operands as the kernel loads it
@@ -325,7 +355,12 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
         for (int64_t b = 0; b < B; ++b) {
             Batch::Operand o;
             bool contracting_minor;  // the matrix's minor (lane) dim is the contracting one
-            if (inside_fusion(f, g, v)) {
+            const bool unit_view =
+                inside_fusion(f, g, v) && g.producer(v).kind == OpKind::Reshape &&
+                !inside_fusion(f, g, g.producer(v).operands[0]) &&
+                nonunit(g.shape(g.producer(v).operands[0]).dims) == nonunit(vs.dims) &&
+                nonunit(vs.dims) == vs.dims;
+            if (inside_fusion(f, g, v) && !unit_view) {
                 const Op& r = g.producer(v);
                 const ValueId x = r.operands.empty() ? v : r.operands[0];
                 const Shape& xs = g.shape(x);
@@ -344,9 +379,21 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
                 contracting_minor = cd == 2;
             } else {
                 // One matrix per batch: the batch dim most major, the other two in T(8,128)
-                // tiles (either order: the lanes' dim contracting or free).
-                o.fv = operand_of(f, v);
-                const std::optional<Layout> l = fold_layout(o.fv->layout, keep);
+                // tiles (either order: the lanes' dim contracting or free). Also through a
+                // reshape that only inserts or deletes unit dims (PyTorch's [1, H, S, S]
+                // viewed as [H, S, S] for bmm): the same tiles.
+                ValueId src = v;
+                std::vector<int64_t> src_keep = keep;
+                if (unit_view) {
+                    src = g.producer(v).operands[0];
+                    src_keep.clear();
+                    for (int64_t i = 0; i < g.shape(src).rank(); ++i)
+                        if (g.shape(src).dims[size_t(i)] != 1) src_keep.push_back(i);
+                    o.prologue.insert(g.value(v).producer);
+                }
+                o.fv = operand_of(f, src);
+                if (!o.fv) not_generated(f, fmt::format("a batched dot operand %{} computed", v));
+                const std::optional<Layout> l = fold_layout(o.fv->layout, src_keep);
                 if (!l || l->minor_to_major.size() != 3 || l->minor_to_major[2] != bd ||
                     l->tile != std::vector<int64_t>{8, 128})
                     not_generated(f, fmt::format("a batched dot operand in layout {}",
@@ -526,6 +573,19 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                 g.producer(op.operands[0]).kind == OpKind::Transpose &&
                 !inside_fusion(f, g, g.producer(op.operands[0]).operands[0]))
                 tr = &g.producer(op.operands[0]);
+            // A view that only inserts or deletes unit dims of a tiled array: its tiles.
+            if (op.kind == OpKind::Reshape && !inside_fusion(f, g, op.operands[0]) &&
+                g.shape(v).rank() == 2) {
+                const FusionValue* x = operand_of(f, op.operands[0]);
+                if (auto view =
+                        x && !x->layout.tile.empty() ? matrix_view(*x, g.shape(v).dims) : nullptr) {
+                    if (x->shape.dtype != DType::F32)
+                        not_generated(f, "a reshaped dot operand that is not f32");
+                    p.views.push_back(view);
+                    prologue.insert(g.value(v).producer);
+                    return view.get();
+                }
+            }
             if (op.kind == OpKind::Reshape && (tr || !inside_fusion(f, g, op.operands[0])) &&
                 g.shape(v).rank() == 2) {
                 // A view of an untiled row-major array (or of an untiled array whose
@@ -606,6 +666,12 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     if (!part && f.results.size() != 1)
         not_generated(f, fmt::format("an output fusion with {} results", f.results.size()));
     p.c = part ? part->result : &f.results[0];
+    // A result with unit dims (the linear's [1, S, out]) as the [M, N] it is.
+    if (!batch && !part && p.c->shape.dims != std::vector<int64_t>{M, N})
+        if (auto view = matrix_view(*p.c, {M, N})) {
+            p.views.push_back(view);
+            p.c = view.get();
+        }
     if (p.c->shape.dtype != DType::F32)
         not_generated(f, fmt::format("a {} result (f32 only)", p.c->shape.to_string()));
     if (!batch) lcv = dot_layout_of(*p.c, 0, false, true, board);
@@ -627,12 +693,25 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     const auto full_operand = [&](ValueId v) -> EpValue {
         const FusionValue* fv = operand_of(f, v);
         if (batch) not_generated(f, "a side array in a batched dot's epilogue");
+        if (fv->shape.dims != mn)  // a residual with unit dims, as the result
+            if (auto view = matrix_view(*fv, mn)) {
+                p.views.push_back(view);
+                fv = view.get();
+            }
         if (fv->shape.dims != mn || !(fv->layout == p.c->layout) || fv->shape.dtype != DType::F32)
             not_generated(
                 f, fmt::format("a side {} in layout {} (the result's is {})", fv->shape.to_string(),
                                fv->layout.to_string(), p.c->layout.to_string()));
         fulls.push_back(fv);
         return {EpKind::Full, -1 - int(fulls.size())};
+    };
+    // Dims whose row-major order is the [M, N] tile's (unit dims inserted, or batches of rows
+    // of N merged: PyTorch's [B, S, N] around a linear).
+    const auto same_matrix = [&](const std::vector<int64_t>& dims) {
+        if (nonunit(dims) == nonunit(mn)) return true;
+        int64_t n = 1;
+        for (int64_t e : dims) n *= e;
+        return !batch && !dims.empty() && dims.back() == mn[1] && n == mn[0] * mn[1];
     };
     for (OpId id : f.ops) {
         if (id == f.hero || prologue.count(id)) continue;
@@ -655,7 +734,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                 const Shape& xs = g.shape(x);
                 // Unit dims aside (GPT's positional table [S, D] -> [1, S, D] in the first
                 // block's residual): the result's [M, N], as the operand's values lie.
-                if (nonunit(g.shape(res).dims) != nonunit(mn))
+                if (!same_matrix(g.shape(res).dims))
                     not_generated(f, fmt::format("a broadcast to {}", g.shape(res).to_string()));
                 if (xs.elements() == 1 && val.count(x) && val[x].kind == EpKind::Scalar) {
                     val[res] = val[x];
@@ -677,7 +756,9 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             case OpKind::Transpose:
                 if (g.shape(res).dims != g.shape(op.operands[0]).dims &&
                     (op.kind == OpKind::Transpose ||
-                     nonunit(g.shape(res).dims) != nonunit(g.shape(op.operands[0]).dims)))
+                     (nonunit(g.shape(res).dims) != nonunit(g.shape(op.operands[0]).dims) &&
+                      (batch || !same_matrix(g.shape(res).dims) ||
+                       !same_matrix(g.shape(op.operands[0]).dims)))))
                     not_generated(f, fmt::format("{} in the epilogue", op_name(op.kind)));
                 val[res] = in(0);
                 continue;
@@ -695,6 +776,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                     not_generated(f, fmt::format("a convert to {}", dtype_name(op.attrs.dtype)));
                 break;
             case OpKind::Div:
+            case OpKind::Erf:  // the erf GELU of PyTorch's nn.GELU() (vpu_erf, in scratch)
                 break;
             case OpKind::Pow:
                 // A literal integer exponent multiplied out, as the loop emitter (vpu_pow):
@@ -759,7 +841,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             if (s.in[i].kind != EpKind::Full) scratch = std::max(scratch, int(i) + 1);
         if (s.kind == OpKind::Convert) scratch = std::max(scratch, 4);
         if (s.kind == OpKind::Pow) scratch = std::max(scratch, 3);
-        if (s.kind == OpKind::Div) scratch = kScratch;
+        if (s.kind == OpKind::Div || s.kind == OpKind::Erf) scratch = kScratch;
     }
     p.areas = p.steps.empty() ? 0 : results + scratch;
 
@@ -1123,6 +1205,35 @@ void emit_one(isa::Builder& b, const DotFusion& p,
                         t.vpu(Opcode::VMul, {r, xa, r, n});
                         t.vpu(Opcode::VMulS, {zero, r, fimm(-1.0f), n});
                         t.vpu(Opcode::VSel, {out, m, zero, r, n});
+                        break;
+                    }
+                    case OpKind::Erf: {
+                        // vpu_erf (evaluator.h), the loop emitter's instructions; the sign mask
+                        // first, since `out` may be x's own tile.
+                        const isa::Arg xa = F(0);
+                        const isa::Arg ax = area(scratch + 1), r = area(scratch + 2),
+                                       e = area(scratch + 3), m = area(scratch + 4);
+                        t.vpu(Opcode::VCmpGt, {m, t.out(), t.out(), n});
+                        t.vpu(Opcode::VCmpGt, {m, m, xa, n});
+                        t.vpu(Opcode::VMulS, {ax, xa, fimm(-1.0f), n});
+                        t.vpu(Opcode::VMax, {ax, xa, ax, n});
+                        t.vpu(Opcode::VMulS, {r, ax, fimm(kErfP), n});
+                        t.vpu(Opcode::VAddS, {r, r, fimm(1.0f), n});
+                        t.vpu(Opcode::VRsqrt, {r, r, n});
+                        t.vpu(Opcode::VMul, {r, r, r, n});
+                        t.vpu(Opcode::VMulS, {out, r, fimm(kErfA[4]), n});
+                        for (int i = 3; i >= 0; --i) {
+                            t.vpu(Opcode::VAddS, {out, out, fimm(kErfA[i]), n});
+                            t.vpu(Opcode::VMul, {out, out, r, n});
+                        }
+                        t.vpu(Opcode::VMul, {e, ax, ax, n});
+                        t.vpu(Opcode::VMulS, {e, e, fimm(-1.0f), n});
+                        t.vpu(Opcode::VExp, {e, e, n});
+                        t.vpu(Opcode::VMul, {out, out, e, n});
+                        t.vpu(Opcode::VMulS, {out, out, fimm(-1.0f), n});
+                        t.vpu(Opcode::VAddS, {out, out, fimm(1.0f), n});
+                        t.vpu(Opcode::VMulS, {r, out, fimm(-1.0f), n});
+                        t.vpu(Opcode::VSel, {out, m, r, out, n});
                         break;
                     }
                     default: {

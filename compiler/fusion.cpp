@@ -408,6 +408,15 @@ private:
     /// the conversion to bf16, as an fp32 parameter is converted there.
     bool operand_producer_fusible(OpId p, OpId consumer, size_t slot, int gi) const {
         if (!m_o.dot_operand_producers || cls(p) != OpClass::Elementwise) return false;
+        // Only what the kernel's prologue computes on an operand tile: exp, log, rsqrt, tanh,
+        // and +, -, *, / by a scalar or a row's value (a select, such as the safe softmax's
+        // guard for rows of -inf, stays in its loop fusion, which writes the operand).
+        static constexpr OpKind kPrologue[] = {OpKind::Exp,  OpKind::Log, OpKind::Rsqrt,
+                                               OpKind::Tanh, OpKind::Add, OpKind::Sub,
+                                               OpKind::Mul,  OpKind::Div};
+        if (std::find(std::begin(kPrologue), std::end(kPrologue), m_g.op(p).kind) ==
+            std::end(kPrologue))
+            return false;
         for (OpId u : op_users(p))
             if (!in_group(u, gi)) return false;
         const OpId hero = contraction_of(gi);

@@ -67,6 +67,13 @@ Layout dot_operand_layout(const Shape& s, const std::vector<int64_t>& batch,
     return l;
 }
 
+std::vector<int64_t> nonunit_list(const std::vector<int64_t>& dims) {
+    std::vector<int64_t> r;
+    for (int64_t e : dims)
+        if (e != 1) r.push_back(e);
+    return r;
+}
+
 bool is_member(const Fusion& f, OpId id) {
     return std::binary_search(f.ops.begin(), f.ops.end(), id);
 }
@@ -211,7 +218,23 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
             std::vector<int64_t> split;
             for (int64_t e : g.shape(x).dims)
                 if (e != 1) split.push_back(e);
+            // Nor does a reshape that only inserts or deletes major unit dims (PyTorch's
+            // [1, S, D] viewed as [S, D] for addmm, [1, H, S, S] as [H, S, S] for bmm): the
+            // default tiles of both are the same bytes, so v keeps them.
+            const auto& vd = g.shape(v).dims;
+            const auto& xd = g.shape(x).dims;
+            // So does one that merges major dims into whole tiles' rows ([B, S, D] as [B S,
+            // D] with S a multiple of the tile's rows).
+            const int64_t tile_rows = default_layout(g.shape(v), cfg).tile.empty()
+                                          ? 0
+                                          : default_layout(g.shape(v), cfg).tile[0];
+            const bool unit_view =
+                vd.size() >= 2 && xd.size() >= 2 && vd.back() == xd.back() &&
+                ((split == nonunit_list(vd) && vd[vd.size() - 2] == xd[xd.size() - 2]) ||
+                 (xd.size() == 2 && vd.size() > 2 && tile_rows > 0 &&
+                  vd[vd.size() - 2] % tile_rows == 0));
             if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape && p.operands[0] == v &&
+                !unit_view &&
                 !(g.shape(v).rank() == 2 && split.size() == 3 && split[0] == g.shape(v).dims[0]))
                 return row_major(g.shape(v).rank());
         }

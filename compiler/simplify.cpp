@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Stage 2: the algebraic clean-up XLA runs before fusion (compiler/README.md, "Simplification").
 #include <algorithm>
+#include <optional>
 
 #include "compiler/builder.h"
 #include "compiler/compiler.h"
@@ -74,6 +75,116 @@ bool broadcast_of(const Graph& g, ValueId v, BroadcastOf& b) {
     return true;
 }
 
+std::vector<int64_t> nonunit_dims(const std::vector<int64_t>& dims) {
+    std::vector<int64_t> r;
+    for (int64_t d : dims)
+        if (d != 1) r.push_back(d);
+    return r;
+}
+
+/// A reshape of `in` to `dims` that only inserts or deletes dims of one element.
+bool degenerate_reshape(const Graph& g, ValueId in, const std::vector<int64_t>& dims) {
+    return nonunit_dims(g.shape(in).dims) == nonunit_dims(dims);
+}
+
+/// A reshape that is skipped when it changes nothing and reads through a reshape.
+ValueId reshape_to(Graph& g, ValueId v, const std::vector<int64_t>& dims) {
+    if (g.shape(v).dims == dims) return v;
+    if (g.producer(v).kind == OpKind::Reshape) v = g.producer(v).operands[0];
+    return g.shape(v).dims == dims ? v : reshape(g, v, dims);
+}
+
+/// `v` as a permutation of the non-unit dims of `source`, through transposes and reshapes that
+/// only insert or delete unit dims: `perm[j]` is the source's non-unit dim that v's j-th is.
+struct Rearranged {
+    ValueId source = 0;
+    std::vector<int64_t> perm;
+    int ops = 0, transposes = 0;
+};
+Rearranged rearranged(const Graph& g, ValueId v) {
+    const Op& p = g.producer(v);
+    if (p.kind == OpKind::Transpose ||
+        (p.kind == OpKind::Reshape && degenerate_reshape(g, p.operands[0], g.shape(v).dims))) {
+        Rearranged r = rearranged(g, p.operands[0]);
+        ++r.ops;
+        if (p.kind == OpKind::Transpose) {
+            ++r.transposes;
+            const auto& in = g.shape(p.operands[0]).dims;
+            std::vector<int64_t> at(in.size(), -1);  // operand dim -> its non-unit index
+            for (size_t i = 0, k = 0; i < in.size(); ++i)
+                if (in[i] != 1) at[i] = int64_t(k++);
+            std::vector<int64_t> perm;
+            for (int64_t d : p.attrs.dims)
+                if (in[size_t(d)] != 1) perm.push_back(r.perm[size_t(at[size_t(d)])]);
+            r.perm = perm;
+        }
+        return r;
+    }
+    Rearranged r;
+    r.source = v;
+    for (int64_t i = 0; i < int64_t(nonunit_dims(g.shape(v).dims).size()); ++i) r.perm.push_back(i);
+    return r;
+}
+
+/// A chain of transposes and unit-dim reshapes as one transpose of the source's non-unit dims
+/// between two reshapes (each skipped when it changes nothing): PyTorch's `view`/`permute`/
+/// `transpose` chains around attention's heads (`[B, S, H, d]` to `[B, H, S, d]`, `[B H, S,
+/// d]`, back) become the head split a dot reads through and the transpose that folds into it
+/// (xla/service/algebraic_simplifier.cc: a transpose of a transpose is one transpose, a
+/// transpose or reshape that moves only degenerate dims is a reshape).
+ValueId rearrange(Graph& g, const Rearranged& r, const std::vector<int64_t>& dims) {
+    ValueId x = reshape_to(g, r.source, nonunit_dims(g.shape(r.source).dims));
+    bool identity = true;
+    for (size_t i = 0; i < r.perm.size(); ++i) identity &= r.perm[i] == int64_t(i);
+    if (!identity) x = transpose(g, x, r.perm);
+    return reshape_to(g, x, dims);
+}
+
+/// The scalar `v` broadcasts (a rank-0 value or a broadcast of one), or none.
+std::optional<ValueId> splat_of(const Graph& g, ValueId v) {
+    if (g.shape(v).rank() == 0) return v;
+    const Op& p = g.producer(v);
+    if (p.kind == OpKind::Broadcast && g.shape(p.operands[0]).rank() == 0) return p.operands[0];
+    return std::nullopt;
+}
+
+/// An elementwise op of one rearranged array (reshapes, transposes) and scalars, computed on
+/// the array before its rearrangement (xla/service/reshape_mover.cc sinks reshapes and
+/// transposes below elementwise ops whose other operands are scalars): attention's `q * scale`
+/// after the head split is then the projection's epilogue on `[S, H d]`, and the split stays a
+/// view the attention's dot reads through. nullopt when the op is not of that form.
+std::optional<ValueId> sink_rearrangement(Graph& g, const Op& op, const std::vector<ValueId>& in) {
+    if (op.results.size() != 1) return std::nullopt;
+    int wide = -1;
+    for (size_t i = 0; i < in.size(); ++i) {
+        if (splat_of(g, in[i])) continue;
+        const OpKind k = g.producer(in[i]).kind;
+        if (wide >= 0 || (k != OpKind::Reshape && k != OpKind::Transpose)) return std::nullopt;
+        wide = int(i);
+    }
+    if (wide < 0) return std::nullopt;
+    // The chain down to the first value that is not rearranged.
+    std::vector<const Op*> chain;
+    ValueId x = in[size_t(wide)];
+    while (g.producer(x).kind == OpKind::Reshape || g.producer(x).kind == OpKind::Transpose) {
+        chain.push_back(&g.producer(x));
+        x = g.producer(x).operands[0];
+    }
+    if (g.shape(x).dtype != g.shape(in[size_t(wide)]).dtype) return std::nullopt;
+    const std::vector<int64_t> xdims = g.shape(x).dims;
+    std::vector<ValueId> ops;
+    for (size_t i = 0; i < in.size(); ++i)
+        ops.push_back(int(i) == wide ? x : broadcast(g, *splat_of(g, in[i]), xdims, {}));
+    // The chain's attributes are copied before the graph grows (its ops live in the graph).
+    std::vector<std::pair<OpKind, Attrs>> steps;
+    for (const Op* c : chain) steps.emplace_back(c->kind, c->attrs);
+    ValueId y = g.add1(op.kind, ops, op.attrs);
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it)
+        y = it->first == OpKind::Transpose ? transpose(g, y, it->second.dims)
+                                           : reshape(g, y, it->second.out_dims);
+    return y;
+}
+
 void simplify_op(Rewriter& rw, const Op& op) {
     Graph& g = rw.out();
     auto in = rw.operands(op);
@@ -87,6 +198,7 @@ void simplify_op(Rewriter& rw, const Op& op) {
                 if (is_splat(g, in[1], unit)) return rw.set(op.results[0], in[0]);
                 if (is_splat(g, in[0], unit)) return rw.set(op.results[0], in[1]);
             }
+            if (auto y = sink_rearrangement(g, op, in)) return rw.set(op.results[0], *y);
             // An elementwise op of broadcasts is the broadcast of the op on the smaller arrays
             // (algebraic_simplifier.cc, TryToSinkBroadcastAfterOpWithUniqueNonScalarOperand):
             // rsqrt(broadcast(var) + eps) runs once per row, not once per element.
@@ -122,6 +234,18 @@ void simplify_op(Rewriter& rw, const Op& op) {
                     return rw.set(op.results[0], broadcast(g, inner.source, a.out_dims, dims));
                 }
                 if (g.shape(in[0]).dims == a.out_dims) return rw.set(op.results[0], in[0]);
+            }
+            // A transpose or a unit-dim reshape of a chain that holds a transpose: one transpose
+            // between reshapes (rearrange).
+            if (op.kind == OpKind::Transpose ||
+                (op.kind == OpKind::Reshape && degenerate_reshape(g, in[0], a.out_dims))) {
+                const Rearranged r = rearranged(g, in[0]);
+                if (r.ops >= 1 && r.transposes + (op.kind == OpKind::Transpose) >= 1) {
+                    const ValueId t = op.kind == OpKind::Transpose ? transpose(g, in[0], a.dims)
+                                                                   : reshape(g, in[0], a.out_dims);
+                    return rw.set(op.results[0], rearrange(g, rearranged(g, t),
+                                                           rw.in().shape(op.results[0]).dims));
+                }
             }
             if (op.kind == OpKind::Reshape) {
                 if (g.shape(in[0]).dims == a.out_dims) return rw.set(op.results[0], in[0]);
