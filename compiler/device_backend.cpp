@@ -367,6 +367,29 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             if (!any && host_run.empty()) host_run_begin = m_dev.now_cycle();
             host_run.push_back(size_t(seg.host_fusion));
         }
+        ++m_stats->host_fusions;
+        if (!seg.fallback.empty()) {
+            ++m_stats->fallback_fusions;
+            ++m_stats->fallbacks[seg.fallback];
+        }
+        if (!m_dev.config().sim.functional) {
+            // Timing only: the same transfers, timed and counted, without their bytes. The board
+            // holds no values (reads are zeros, writes are dropped), so evaluating the fusion
+            // would only cost host time and memory (gigabytes for a large convolution's grad).
+            const auto offset = [](const FusionValue& fv) {
+                return fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset : 0;
+            };
+            for (size_t r = 0; r < m_cores.size(); ++r)
+                for (const FusionValue& fv : f.operands)
+                    if (const uint64_t bytes = layout_bytes(fv.shape, fv.layout))
+                        m_dev.read_timing(alloc_of(fv.buffer.space, fv.buffer.index).bufs[r], bytes,
+                                          offset(fv));
+            for (size_t r = 0; r < m_cores.size(); ++r)
+                for (const FusionValue& fv : f.results)
+                    m_dev.write_timing(alloc_of(fv.buffer.space, fv.buffer.index).bufs[r],
+                                       layout_bytes(fv.shape, fv.layout), offset(fv));
+            continue;
+        }
         Graph g;
         std::map<ValueId, ValueId> map;
         for (const FusionValue& fv : f.operands) map[fv.value] = g.input(fv.shape, "operand");
@@ -399,11 +422,6 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                 const auto raw = layout_bytes_of(out[r][k], fv.layout);
                 m_dev.write(a.bufs[r], raw.data(), raw.size(), off);
             }
-        ++m_stats->host_fusions;
-        if (!seg.fallback.empty()) {
-            ++m_stats->fallback_fusions;
-            ++m_stats->fallbacks[seg.fallback];
-        }
     }
     // A parameter the step rewrote in place: what was derived from it is stale.
     for (const OutputBuffer& ob : step.outputs)

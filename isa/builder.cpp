@@ -4,7 +4,8 @@
 #include <bit>
 #include <cctype>
 #include <limits>
-#include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -152,11 +153,19 @@ Program Builder::finish() const {
         p.code[f.instr].ops[f.slot].imm = static_cast<int32_t>(m_label_pc[f.label]);
     }
     // Kernels reuse names like "loop"; numbered suffixes keep the disassembly reassemblable.
-    std::set<std::string> taken;
+    // A name's suffix search resumes where its last one stopped (the suffixes below it are
+    // still taken): a compiled step has thousands of "loop"s, and probing from 2 each time
+    // made this quadratic.
+    std::unordered_set<std::string> taken;
+    std::unordered_map<std::string, int> next_suffix;
     for (size_t i = 0; i < m_label_names.size(); ++i) {
         if (m_label_names[i].empty() || m_label_pc[i] < 0) continue;
         std::string name = m_label_names[i];
-        for (int n = 2; taken.count(name); ++n) name = fmt::format("{}_{}", m_label_names[i], n);
+        if (taken.count(name)) {
+            int& n = next_suffix.try_emplace(name, 2).first->second;
+            do name = fmt::format("{}_{}", m_label_names[i], n++);
+            while (taken.count(name));
+        }
         taken.insert(name);
         p.labels.emplace_back(std::move(name), static_cast<uint32_t>(m_label_pc[i]));
     }

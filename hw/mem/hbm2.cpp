@@ -771,14 +771,18 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
     const uint32_t sh_burst = std::countr_zero(m_map.burst_bytes());
     const uint64_t granule = m_map.interleave_bytes(), burst_mask = m_map.burst_bytes() - 1;
     // One contiguous range of whole granules, each inside one request and one bank row (the
-    // DMA's usual transfer): see whole_granules().
+    // DMA's usual transfer): see whole_granules(). Back-to-back rows no longer than a chunk are
+    // one request each, so the range's requests are all `request` bytes long as well.
     const uint64_t total = rows * row_bytes;
-    if ((rows == 1 || (stride == row_bytes && row_bytes % chunk == 0)) && addr % granule == 0 &&
-        total % granule == 0 && chunk % granule == 0 &&
+    const uint64_t request = rows > 1 && row_bytes < chunk ? row_bytes : chunk;
+    if ((rows == 1 || (stride == row_bytes && row_bytes % request == 0)) && addr % granule == 0 &&
+        total % granule == 0 && request % granule == 0 &&
         (granule >> sh_burst) <= m_map.bursts_per_bank_row()) {
         ++m_whole_granule_transfers;
-        return std::max(start, mul_div_up(whole_granules(start, addr, total, chunk, port, write),
-                                          m_tck_ps, m_to_core));
+        return std::max(
+            start, mul_div_up(whole_granules(start, addr, total, static_cast<uint32_t>(request),
+                                             port, write),
+                              m_tck_ps, m_to_core));
     }
     // (1) Every request in order, cut as access() cuts it; a piece that crosses from one bank's
     // row into the next is cut there too: a request's bursts in two rows are served alike

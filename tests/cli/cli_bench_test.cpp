@@ -35,6 +35,7 @@ TEST(CliBench, QuickJsonHasTheSchemaAndConsistentValues) {
                                         "cycles",
                                         "host_seconds",
                                         "cycles_per_host_second",
+                                        "host_seconds_per_simulated_second",
                                         "eigen_host_seconds",
                                         "ratio_to_eigen",
                                         "functional",
@@ -52,6 +53,10 @@ TEST(CliBench, QuickJsonHasTheSchemaAndConsistentValues) {
         EXPECT_GT(cyc, 0u);
         EXPECT_GT(host, 0.0);
         EXPECT_LT(rel(c["cycles_per_host_second"].get<double>(), double(cyc) / host), 1e-12);
+        // The default board's 940 MHz clock (configs/README.md): a cycle is 1 / 940e6 s.
+        EXPECT_LT(rel(c["host_seconds_per_simulated_second"].get<double>(),
+                      host / (double(cyc) / 940e6)),
+                  1e-9);
         // Simulating the launches is part of the case's wall time.
         EXPECT_GT(c["launch_host_seconds"].get<double>(), 0.0);
         EXPECT_LE(c["launch_host_seconds"].get<double>(), host);
@@ -128,7 +133,7 @@ TEST(CliBench, HelpListsEveryCaseOnceAndMarksTimingOnlyOnes) {
     ASSERT_EQ(r.code, 0) << r.err;
     for (const char* name :
          {"gemm_256", "gemm_1024", "gemm_4096", "gemm_4096_8core", "vpu_chain_4M",
-          "allreduce_64MiB_8core", "train_step", "resnet50_step_8core"}) {
+          "allreduce_64MiB_8core", "train_step", "resnet50_step_8core", "resnet50_train_step_b64"}) {
         const std::string line = fmt::format("\n  {:<24} ", name);
         const size_t at = r.out.find(line);
         ASSERT_NE(at, std::string::npos) << name << "\n" << r.out;

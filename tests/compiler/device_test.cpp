@@ -219,6 +219,57 @@ TEST(CompilerDevice, CustomCallsRunOnTheHostWithTimedTransfers) {
     for (size_t i = 0; i < xv.size(); ++i) ASSERT_EQ(got[i], std::exp(xv[i]) * 2 + xv[i]) << i;
 }
 
+// On a timing-only board a host fusion moves the same bytes over the host link at the same
+// cycles, but the call is not evaluated: the board holds no values (reads are zeros, writes are
+// dropped), so evaluating it would only cost host time and memory.
+TEST(CompilerDevice, HostFusionsOnATimingOnlyBoardTimeTheirTransfersWithoutEvaluating) {
+    struct Seen {
+        uint64_t now = 0, calls = 0;
+        driver::DeviceMetrics m;
+    };
+    const auto run_on = [](bool functional) {
+        auto cfg = hw::BoardConfig::load("", {});
+        cfg.sim.functional = functional;
+        auto dev = driver::Device::open(cfg);
+        CodegenOptions cg;
+        cg.board = cfg;
+        Seen seen;
+        EvalOptions host;
+        host.custom_calls["twice"] = [&seen](const std::vector<HostArray>& in, const Shape& s) {
+            ++seen.calls;
+            HostArray r = in[0];
+            r.shape = s;
+            return r;
+        };
+        DeviceBackend device(*dev, {0}, cg, host);
+        LazyContext ctx(device);
+        const LazyTensor x = ctx.input("x", Shape{DType::F32, {8, 128}}, {randoms(8 * 128, 10)});
+        Graph& g = ctx.graph();
+        const ValueId c =
+            custom_call(g, "twice", {exp(g, ctx.value(x))}, Shape{DType::F32, {8, 128}});
+        const LazyTensor y = ctx.wrap(add(g, c, ctx.value(x)));
+        ctx.mark_step();
+        dev->synchronize();
+        EXPECT_EQ(device.stats().host_fusions, 1u);
+        seen.now = dev->now_cycle();
+        seen.m = dev->metrics();
+        (void)y;
+        return seen;
+    };
+    const Seen f = run_on(true), t = run_on(false);
+    EXPECT_EQ(f.calls, 1u);
+    EXPECT_EQ(t.calls, 0u);
+    EXPECT_EQ(t.now, f.now);
+    EXPECT_EQ(t.m.exec_cycles, f.m.exec_cycles);
+    EXPECT_EQ(t.m.d2h_transfers, f.m.d2h_transfers);
+    EXPECT_EQ(t.m.d2h_bytes, f.m.d2h_bytes);
+    EXPECT_EQ(t.m.d2h_cycles, f.m.d2h_cycles);
+    EXPECT_EQ(t.m.h2d_transfers, f.m.h2d_transfers);
+    EXPECT_EQ(t.m.h2d_bytes, f.m.h2d_bytes);
+    EXPECT_EQ(t.m.h2d_cycles, f.m.h2d_cycles);
+    EXPECT_GT(t.m.d2h_bytes, 0u) << "the call's operand comes over the link";
+}
+
 TEST(CompilerDevice, AFusionNotGeneratedYetRunsOnTheHostWithHostFallback) {
     const auto cfg = hw::BoardConfig::load("", {});
     auto dev = driver::Device::open(cfg);

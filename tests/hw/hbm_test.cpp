@@ -443,11 +443,12 @@ TEST(Hbm2Property, TransfersEqualTheirRequestsOneByOne) {
 
 // Contiguous transfers of whole granules (the DMA's usual shape), which access_rows serves per
 // pseudo-channel without cutting them by address, equal access() request by request: random
-// granule-aligned ranges (some shorter than a group of pseudo-channels, some over many rows),
-// chunks of one or more granules, any port, both hashes and page policies, refreshes, small
-// queues, granules that span banks, with lone requests and general transfers in between.
+// granule-aligned ranges (some shorter than a group of pseudo-channels, some over many rows,
+// some of rows shorter than a chunk), chunks of one or more granules, any port, both hashes and
+// page policies, refreshes, small queues, granules that span banks, with lone requests and general
+// transfers in between.
 TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
-    uint64_t whole = 0, transfers = 0, runs = 0, paced = 0;
+    uint64_t whole = 0, transfers = 0, runs = 0, paced = 0, short_rows = 0;
     for (uint32_t seed = 1; seed <= 60; ++seed) {
         Pick pick{std::mt19937(seed)};
         const BoardConfig cfg = varied_hbm(seed, seed % 2 ? 8192 : 64, pick);
@@ -459,8 +460,11 @@ TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
             if (lone_request(batched, one_by_one, pick, 6, t, write)) continue;
             const auto chunk = static_cast<uint32_t>(g * (pick(1) ? 2 : 1 + pick(5)));
             const uint64_t rows = pick(1) ? 1 : 1 + pick(40);
-            const uint64_t row_bytes =
-                rows == 1 ? g * (1 + pick(pick(1) ? 20 : 600)) : chunk * (1 + pick(8));
+            // Rows of several chunks, or (with rows back to back) of whole granules shorter than
+            // a chunk: one request per row.
+            const uint64_t row_bytes = rows == 1 ? g * (1 + pick(pick(1) ? 20 : 600))
+                                       : chunk > g && pick(2) == 0 ? g * (1 + pick(chunk / g - 2))
+                                                                   : chunk * (1 + pick(8));
             // Mostly contiguous; a strided one now and then takes the general path.
             const uint64_t stride = pick(6) ? row_bytes : row_bytes + g * (1 + pick(3));
             const uint64_t addr = g * pick((16 << 20) / g);
@@ -472,6 +476,8 @@ TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
                 t, rows, row_bytes, addr, stride, chunk, port, write);
             ASSERT_EQ(got, want) << "seed " << seed << " transfer " << i;
             whole += batched.whole_granule_transfers() - before;
+            if (rows > 1 && row_bytes < chunk && stride == row_bytes)
+                short_rows += batched.whole_granule_transfers() - before;
             ++transfers;
             if (pick(1)) t = got;  // the next one after this one, or overlapping it
         }
@@ -486,6 +492,7 @@ TEST(Hbm2Property, WholeGranuleTransfersEqualTheirRequestsOneByOne) {
     EXPECT_LT(whole, transfers);
     EXPECT_GT(paced, runs / 4);
     EXPECT_LT(paced, runs);
+    EXPECT_GT(short_rows, 0u);  // rows shorter than a chunk, one request each, served whole
 }
 
 // Whole-granule transfers on random timings and geometries (bank groups, banks, rows, bursts,

@@ -79,6 +79,21 @@ TEST(Builder, UnboundLabelAndDuplicateNames) {
     ASSERT_EQ(p.labels.size(), 2u);
     EXPECT_EQ(p.labels[1].first, "loop_2");
     EXPECT_EQ(assemble(disassemble(p)).code, p.code);
+    {
+        // A suffix a kernel already took is skipped, also where the search resumes.
+        Builder d;
+        std::vector<Label> ls;
+        for (const char* n : {"loop", "loop", "loop_3", "loop", "loop_2x"}) {
+            ls.push_back(d.label(n));
+            d.bind(ls.back());
+            d.emit(Opcode::Nop, {});
+        }
+        const Program q = d.finish();
+        std::vector<std::string> names;
+        for (const auto& l : q.labels) names.push_back(l.first);
+        EXPECT_EQ(names,
+                  (std::vector<std::string>{"loop", "loop_2", "loop_3", "loop_4", "loop_2x"}));
+    }
     EXPECT_THROW(c.label("s3"), std::invalid_argument);
     EXPECT_THROW(c.label("9lives"), std::invalid_argument);
     EXPECT_THROW(c.bind(a1), std::invalid_argument);

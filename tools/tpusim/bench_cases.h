@@ -76,6 +76,7 @@ struct BenchRow {
     bool functional = true;                    ///< sim.functional of the run
     CaseRun run;                               ///< what the simulator did
     double cycles_per_host_second = 0;         ///< run.cycles / run.host_seconds
+    double host_per_simulated_second = 0;      ///< run.host_seconds / simulated seconds
     std::optional<double> eigen_host_seconds;  ///< the Eigen yardstick, GEMMs only
     std::optional<double> ratio_to_eigen;      ///< run.host_seconds / eigen_host_seconds
 };

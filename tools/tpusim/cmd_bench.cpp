@@ -37,6 +37,7 @@ nlohmann::ordered_json row_json(const bench::BenchRow& r) {
     j["cycles"] = r.run.cycles;
     j["host_seconds"] = r.run.host_seconds;
     j["cycles_per_host_second"] = r.cycles_per_host_second;
+    j["host_seconds_per_simulated_second"] = r.host_per_simulated_second;
     j["eigen_host_seconds"] =
         r.eigen_host_seconds ? nlohmann::json(*r.eigen_host_seconds) : nlohmann::json(nullptr);
     j["ratio_to_eigen"] =
@@ -46,11 +47,11 @@ nlohmann::ordered_json row_json(const bench::BenchRow& r) {
     return j;
 }
 
-constexpr const char* kRowFormat = "{:<26} {:>10} {:>10} {:>14} {:>10} {:>8}\n";
+constexpr const char* kRowFormat = "{:<30} {:>10} {:>10} {:>14} {:>9} {:>10} {:>8}\n";
 
 void print_row(const bench::BenchRow& r) {
     fmt::print(kRowFormat, r.name, r.run.cycles, fmt::format("{:.4f}", r.run.host_seconds),
-               si(r.cycles_per_host_second),
+               si(r.cycles_per_host_second), si(r.host_per_simulated_second),
                r.eigen_host_seconds ? fmt::format("{:.4f}", *r.eigen_host_seconds) : "-",
                r.ratio_to_eigen ? fmt::format("{:.2f}", *r.ratio_to_eigen) : "-");
     std::fflush(stdout);  // a full run takes a minute: show each row as it finishes
@@ -103,7 +104,8 @@ void register_bench_command(CLI::App& app) {
         }
         const bool text = !o->common.json;
         if (text) {
-            fmt::print(kRowFormat, "case", "cycles", "host s", "cycles/host s", "Eigen s", "ratio");
+            fmt::print(kRowFormat, "case", "cycles", "host s", "cycles/host s", "host/sim",
+                       "Eigen s", "ratio");
             std::fflush(stdout);
         }
         bench::EigenYardstick eigen;
@@ -128,7 +130,8 @@ void register_bench_command(CLI::App& app) {
         if (text) {
             fmt::print(
                 "\ncycles: simulated board cycles of the case's launches; host s: wall time "
-                "of the case;\nratio: host s / Eigen s (Eigen {}, single-threaded, {}; "
+                "of the case;\nhost/sim: host s per simulated second of those cycles;\nratio: "
+                "host s / Eigen s (Eigen {}, single-threaded, {}; "
                 "host has {} hardware threads)\n",
                 fmt::format("{}.{}.{}", EIGEN_WORLD_VERSION, EIGEN_MAJOR_VERSION,
                             EIGEN_MINOR_VERSION),
