@@ -121,6 +121,39 @@ void emit_collective(isa::Builder& b, const CollectiveFusion& p, const isa::Reg&
     driver::emit_allreduce(b, *p.ring, ops);
 }
 
+/// A wide program's fusion prologue (CodegenOptions::wide_addresses): the window base is the
+/// lowest buffer the fusion touches, in isa::kHbmBaseUnit units (each argument is an address
+/// in those units), set with `hbm.base`; each buffer's byte offset from it goes to scalar
+/// memory (`rel`), where the fusion's loads find it. The backend has checked that the buffers
+/// span at most 4 GiB, so every offset is a 32-bit address.
+void emit_window(isa::Builder& b, const std::vector<ProgramSegment::WindowRef>& refs,
+                 const isa::Smem& table, const isa::Smem& rel) {
+    const auto scope = b.scope("window");
+    const isa::Reg w = b.reg("base"), t = b.reg("t"), m = b.reg("m");
+    const auto unit = [&](const isa::Reg& r, const ProgramSegment::WindowRef& x) {
+        b.emit(Opcode::Lw, {r, table.word(uint32_t(x.arg))});
+        if (x.offset) b.emit(Opcode::Add, {r, r, imm(int64_t(x.offset / isa::kHbmBaseUnit))});
+    };
+    if (refs.empty()) return;
+    unit(w, refs[0]);
+    for (size_t j = 1; j < refs.size(); ++j) {
+        // w = min(w, t) without a branch: m = -(t < w); w ^= (w ^ t) & m.
+        unit(t, refs[j]);
+        b.emit(Opcode::Sltu, {m, t, w});
+        b.emit(Opcode::Sub, {m, imm(0), m});
+        b.emit(Opcode::Xor, {t, t, w});
+        b.emit(Opcode::And, {t, t, m});
+        b.emit(Opcode::Xor, {w, w, t});
+    }
+    b.emit(Opcode::HbmBase, {w});
+    for (size_t j = 0; j < refs.size(); ++j) {
+        unit(t, refs[j]);
+        b.emit(Opcode::Sub, {t, t, w});
+        b.emit(Opcode::Shl, {t, t, imm(std::countr_zero(isa::kHbmBaseUnit))});
+        b.emit(Opcode::Sw, {t, rel.word(uint32_t(j))});
+    }
+}
+
 std::string arg_name(const ProgramArg& a) {
     switch (a.what) {
         case ProgramArg::What::Position:
@@ -206,6 +239,29 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
             slot[key] = seg.args.size();
             seg.args.push_back({ProgramArg::What::Base, buf.space, key.second});
         }
+        if (o.wide_addresses) {
+            // The buffers this fusion's window covers, one entry per (allocation, offset).
+            std::vector<ProgramSegment::WindowRef> refs;
+            for (const BufferRef& buf : bufs) {
+                const uint64_t off = buf.space == BufferRef::Space::Temp ? buf.offset : 0;
+                if (off % isa::kHbmBaseUnit)
+                    throw CompileError(fmt::format("{}: temp offset {} is not a multiple of {}",
+                                                   f.name, off, isa::kHbmBaseUnit));
+                auto it = std::find_if(refs.begin(), refs.end(), [&](const auto& r) {
+                    return r.arg == slot.at(alloc_key(buf)) && r.offset == off;
+                });
+                if (it == refs.end())
+                    refs.push_back({slot.at(alloc_key(buf)), off, buf.bytes});
+                else
+                    it->bytes = std::max(it->bytes, buf.bytes);
+            }
+            seg.windows.push_back(std::move(refs));
+        }
+    }
+    // A wide program keeps no derived arena: its argument would be a scaled address.
+    if (o.wide_addresses) {
+        seg.derived.clear();
+        for (auto& s : slots) s.reset();
     }
     const size_t derived_args = seg.args.size();
     // The derived arena takes one launch argument; without a free one, each fusion packs its
@@ -235,6 +291,13 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         if (!args.empty()) table.emplace(b.smem("args", args.size()));
         for (size_t i = 0; i < args.size(); ++i) b.emit(Opcode::Sw, {args[i], table->word(i)});
     }
+    // Wide programs: each fusion's buffers relative to its window base, in scalar memory.
+    std::optional<isa::Smem> rel;
+    if (o.wide_addresses) {
+        size_t most = 1;
+        for (const auto& w : seg.windows) most = std::max(most, w.size());
+        rel.emplace(b.smem("window", most));
+    }
     // The all-reduces' handshake flag: held for the whole program, never reset, so a
     // neighbour's signal cannot be lost to a reset (codegen.h, emit_collective).
     std::optional<isa::Flag> ready;
@@ -245,7 +308,28 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         seg.fusion_pcs.push_back(b.pc());
         if (k > 0) emit_delay(b, o.board.core.fusion_setup_cycles);
         const auto scope = b.scope(f.name);
+        if (o.wide_addresses) emit_window(b, seg.windows[k], *table, *rel);
         const auto load = [&](const isa::Reg& r, const BufferRef& buf) {
+            if (o.wide_addresses) {
+                const uint64_t off = buf.space == BufferRef::Space::Temp ? buf.offset : 0;
+                const auto& w = seg.windows[k];
+                const size_t arg = slot.at(alloc_key(buf));
+                auto it = std::find_if(w.begin(), w.end(), [&](const auto& x) {
+                    return x.arg == arg && x.offset == off;
+                });
+                if (it != w.end()) {
+                    b.emit(Opcode::Lw, {r, rel->word(uint32_t(it - w.begin()))});
+                    return;
+                }
+                // Another offset of an allocation the window covers (a convolution's arena
+                // base): from a buffer of it, wrapping at 32 bits as addresses do.
+                it = std::find_if(w.begin(), w.end(), [&](const auto& x) { return x.arg == arg; });
+                if (it == w.end())
+                    throw CompileError(fmt::format("{}: a buffer outside its window", f.name));
+                b.emit(Opcode::Lw, {r, rel->word(uint32_t(it - w.begin()))});
+                b.emit(Opcode::Add, {r, r, imm(int64_t(uint32_t(off - it->offset)))});
+                return;
+            }
             // A 32-bit immediate (a core addresses 4 GiB of HBM: hw/README.md).
             if (buf.space == BufferRef::Space::Temp && buf.offset > 0xffffffffu)
                 throw CompileError(
@@ -286,19 +370,22 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         for (const auto* list : {&f.operands, &f.results})
             for (const FusionValue& fv : *list) {
                 const auto key = alloc_key(fv.buffer);
-                if (fv.buffer.space == BufferRef::Space::Temp && fv.buffer.offset > 0x7fffffffu &&
-                    !bases.far.count(fv.buffer.offset)) {
+                // A wide program's temps lie anywhere around the window base: each its own.
+                const bool far = fv.buffer.space == BufferRef::Space::Temp &&
+                                 (o.wide_addresses || fv.buffer.offset > 0x7fffffffu);
+                if (far && !bases.far.count(fv.buffer.offset)) {
                     // Past 2 GiB: its own register (load() checks the 4 GiB immediate).
                     isa::Reg r = b.reg(fmt::format("temp{}", bases.far.size()));
                     load(r, fv.buffer);
                     bases.far.emplace(fv.buffer.offset, std::move(r));
                     continue;
                 }
-                if (bases.regs.count(key) ||
-                    (fv.buffer.space == BufferRef::Space::Temp && fv.buffer.offset > 0x7fffffffu))
-                    continue;
+                if (bases.regs.count(key) || far) continue;
                 isa::Reg r = b.reg(arg_name(seg.args[slot.at(key)]));
-                b.emit(Opcode::Lw, {r, table->word(slot.at(key))});
+                if (o.wide_addresses)
+                    load(r, fv.buffer);
+                else
+                    b.emit(Opcode::Lw, {r, table->word(slot.at(key))});
                 bases.regs.emplace(key, std::move(r));
             }
         emit_stream_fusion(b, g, f, plans[k], bases, o.board);
@@ -351,7 +438,7 @@ StepProgram generate_step(const CompiledStep& step, const CodegenOptions& option
         auto allocs = run_allocs;
         insert_allocs(allocs, f);
         const bool rings = run_rings || (f.kind == FusionKind::Collective && options.replicas > 1);
-        const bool derived = run_derived || f.scratch.bytes != 0;
+        const bool derived = (run_derived || f.scratch.bytes != 0) && !options.wide_addresses;
         return allocs.size() + (rings ? 3 : 0) + (derived ? 1 : 0) < size_t(isa::kNumSregs);
     };
     const auto add = [&](size_t i) {

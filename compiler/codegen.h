@@ -32,6 +32,12 @@ struct CodegenOptions {
     /// fusion does (its operands and results cross the host link), instead of failing the step
     /// with NotYetGenerated; ProgramSegment::fallback says why.
     bool host_fallback = false;
+    /// Programs that address more HBM than the 4 GiB that 32-bit addresses reach (a step whose
+    /// buffers do not fit the driver's window): each launch argument is an allocation's address
+    /// in isa::kHbmBaseUnit units, and each fusion sets its own window base (`hbm.base`) at the
+    /// lowest buffer it touches, its kernels' addresses being offsets from there. Off: the
+    /// arguments are byte addresses in the window and no fusion sets a base.
+    bool wide_addresses = false;
 };
 
 /// What one launch argument of a program holds on each core.
@@ -87,6 +93,16 @@ struct ProgramSegment {
     /// Device segment: the pc where each fusion's code begins (its boundary set-up first), so a
     /// trace or an instruction record maps cycles back to fusions.
     std::vector<uint32_t> fusion_pcs;
+    /// A buffer a fusion of a wide program (CodegenOptions::wide_addresses) touches: launch
+    /// argument `arg` + `offset` bytes, `bytes` long.
+    struct WindowRef {
+        size_t arg = 0;
+        uint64_t offset = 0;
+        uint64_t bytes = 0;
+    };
+    /// Wide programs: per fusion, the buffers its window must cover; the backend checks before
+    /// each launch that they span at most 4 GiB on every core.
+    std::vector<std::vector<WindowRef>> windows;
 };
 
 /// The generated code of a step: one device program per run of device fusions. A step without

@@ -1063,12 +1063,15 @@ public:
         : b(b), load(load), parent(parent) {}
     isa::Arg of(const BufferRef& r) {
         if (r.space == BufferRef::Space::Temp) {
-            if (parent && parent->arena) return *parent->arena + int64_t(r.offset);
+            // Addresses wrap at 32 bits (isa/README.md): in a wide program the arena's base may
+            // lie below the fusion's window base, while each temp lies within it.
+            const int64_t off = int64_t(uint32_t(r.offset));
+            if (parent && parent->arena) return *parent->arena + off;
             if (!arena) {
                 arena.emplace(b.reg("arena"));
                 load(*arena, BufferRef{BufferRef::Space::Temp, 0, 0, 0});
             }
-            return *arena + int64_t(r.offset);
+            return *arena + off;
         }
         const auto key = alloc_key(r);
         auto it = regs.find(key);

@@ -52,6 +52,9 @@ inline constexpr int kNumFlags = 32;      ///< sync flags f0..f31 per core
 inline constexpr int kMaxOperands = 6;    ///< operand slots in every instruction
 inline constexpr int kInstrBytes = 32;    ///< fixed instruction size in bytes
 inline constexpr uint8_t kNoFlag = 0xFF;  ///< "no completion flag"
+/// `hbm.base a` sets the HBM window base to a x kHbmBaseUnit bytes (the driver's allocation
+/// alignment), so a 32-bit operand reaches 1 TiB of HBM while each address stays 32-bit.
+inline constexpr uint64_t kHbmBaseUnit = 256;
 
 /// Static facts about one opcode, straight from the table.
 struct OpInfo {

@@ -338,7 +338,7 @@ void CoreModel::finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t
     q.last_start = start;
     if (flag != isa::kNoFlag) schedule_flag(flag, 1, done);
     m_units_done = std::max(m_units_done, done);
-    if (m_record) m_records.push_back({m_pc, m_program[m_pc].op, m_cycle, start, done});
+    if (recording()) m_records.push_back({m_pc, m_program[m_pc].op, m_cycle, start, done});
 }
 
 namespace {
@@ -381,7 +381,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
         const uint64_t issue = m_cycle;
         uint32_t next = m_pc + 1;
         auto inline_done = [&] {
-            if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, issue + 1});
+            if (recording()) m_records.push_back({m_pc, ins.op, issue, issue, issue + 1});
             m_cycle = issue + 1;
         };
         switch (unit) {
@@ -409,7 +409,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         if (!m_ici_wait.empty())
                             return {now < m_cycle ? Block::Sync : Block::WaitFlag, m_cycle};
                         const uint64_t end = std::max(issue, m_units_done);
-                        if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, end});
+                        if (recording()) m_records.push_back({m_pc, ins.op, issue, issue, end});
                         if (m_tracer) {
                             m_tracer->instant(m_tracks.seq, "halt", end);
                             m_mxu_util->flush_all(*m_tracer);
@@ -439,6 +439,12 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         break;
                     case Opcode::NCores:
                         r = m_env ? m_env->num_cores() : 1;
+                        break;
+                    case Opcode::HbmBase:
+                        // DMA and ICI instructions add the base at issue: those in flight keep
+                        // the window they were issued in.
+                        m_hbm_base = uint64_t(val(ins.ops[0])) * isa::kHbmBaseUnit;
+                        write = false;
                         break;
                     default:
                         write = false;
@@ -496,7 +502,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         m_blocked = false;
                         if (m_cfg.sim.race_detector)
                             m_race.acknowledge(static_cast<uint8_t>(f), m_cycle);
-                        if (m_record)
+                        if (recording())
                             m_records.push_back({m_pc, ins.op, issued, m_cycle, m_cycle + 1});
                         m_cycle += 1;
                         break;
@@ -518,7 +524,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         const uint64_t at = std::max(m_cycle, m_units_done);
                         m_stats.stall_wait += at - m_cycle;
                         if (m_cfg.sim.race_detector) m_race.fence(at);
-                        if (m_record) m_records.push_back({m_pc, ins.op, issue, at, at + 1});
+                        if (recording()) m_records.push_back({m_pc, ins.op, issue, at, at + 1});
                         m_cycle = at + 1;
                         break;
                     }
@@ -973,8 +979,8 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     if (m_tracer && m_tracks.ici >= 0) trace_queued(start);
     q.starts.push_back(start);
     q.last_start = start;
-    const size_t record = m_record ? m_records.size() : SIZE_MAX;
-    if (m_record) m_records.push_back({m_pc, ins.op, m_cycle, start, CoreEnv::kIciPending});
+    const size_t record = recording() ? m_records.size() : SIZE_MAX;
+    if (recording()) m_records.push_back({m_pc, ins.op, m_cycle, start, CoreEnv::kIciPending});
     m_ici_wait.push_back({post.seq, m_pc, dst, start, ins.flag, record,
                           raced ? uint64_t(race_seq) : UINT64_MAX,
                           raced ? uint64_t(race_seq + 1) : UINT64_MAX});

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -176,8 +177,15 @@ public:
     /// A one-paragraph state dump: pc, instruction, waits, flags, unit queues.
     std::string dump_state() const;
 
-    /// Keeps an InstrRecord per executed instruction (tests compare with the reference).
-    void record(bool on) { m_record = on; }
+    /// Keeps an InstrRecord per executed instruction (tests compare with the reference); with
+    /// `only`, just of the instructions at those pcs (where a compiled step's fusions begin),
+    /// so a long launch keeps a few records rather than one per instruction.
+    void record(bool on, const std::vector<uint32_t>& only = {}) {
+        m_record = on;
+        m_record_only.assign(only.empty() ? 0 : *std::max_element(only.begin(), only.end()) + 1,
+                             false);
+        for (uint32_t pc : only) m_record_only[pc] = true;
+    }
     const std::vector<InstrRecord>& records() const { return m_records; }
     /// Emits a trace event per unit instruction on tracks "coreN/<unit>".
     void set_tracer(sim::Tracer* tracer);
@@ -287,6 +295,11 @@ private:
     CoreStats m_stats;
     std::vector<std::unique_ptr<sim::StatGroup>> m_stat_groups;  ///< core first, then its units
     bool m_record = false;
+    std::vector<bool> m_record_only;  ///< record(on, only): the pcs recorded (empty: all)
+    bool recording() const {
+        return m_record &&
+               (m_record_only.empty() || (m_pc < m_record_only.size() && m_record_only[m_pc]));
+    }
     std::vector<InstrRecord> m_records;
     sim::Tracer* m_tracer = nullptr;
     /// Tracer track of each unit (-1: not traced).

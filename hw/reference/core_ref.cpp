@@ -47,7 +47,8 @@ struct Entry {
     Opcode op;
     uint8_t flag;
     std::array<uint32_t, isa::kMaxOperands> v;
-    uint64_t ready;  ///< first cycle the unit may see it (issue + dispatch_cycles)
+    uint64_t ready;     ///< first cycle the unit may see it (issue + dispatch_cycles)
+    uint64_t hbm_base;  ///< the HBM window base at issue (hbm.base)
 };
 
 /// Something that ends at a known cycle of the pipeline it is in.
@@ -197,8 +198,8 @@ private:
         const uint64_t dst = e.v[0], src = e.v[1], rows = e.v[2], row_bytes = e.v[3];
         const uint64_t dst_stride = e.v[4], src_stride = e.v[5];
         const bool to_vmem = e.op != Opcode::DmaVh, from_hbm = e.op == Opcode::DmaHv;
-        const uint64_t dbase = to_vmem ? dst : m_hbm_base + dst;
-        const uint64_t sbase = from_hbm ? m_hbm_base + src : src;
+        const uint64_t dbase = to_vmem ? dst : e.hbm_base + dst;
+        const uint64_t sbase = from_hbm ? e.hbm_base + src : src;
         const Range wr = box(!to_vmem, dbase, rows, row_bytes, dst_stride);
         const Range rd = box(from_hbm, sbase, rows, row_bytes, src_stride);
         if (hazard(kDma, rd) || hazard(kDma, wr)) return;
@@ -441,6 +442,9 @@ private:
                     case Opcode::NCores:
                         r = 1;
                         break;
+                    case Opcode::HbmBase:
+                        m_hbm_base = uint64_t(val(o[0])) * isa::kHbmBaseUnit;
+                        break;
                     default:
                         break;
                 }
@@ -517,8 +521,8 @@ private:
                 }
                 auto& q = m_queues[unit];
                 if (q.size() >= m_core.queue_depth) return;  // stalled: no free entry
-                Entry e{
-                    m_result.records.size(), ins.op, ins.flag, {}, m_now + m_core.dispatch_cycles};
+                Entry e{m_result.records.size(), ins.op, ins.flag, {},
+                        m_now + m_core.dispatch_cycles, m_hbm_base};
                 for (int i = 0; i < isa::kMaxOperands; ++i) e.v[i] = val(o[i]);
                 q.push_back(e);
                 m_result.records.push_back({m_pc, ins.op, m_now, 0, 0});
