@@ -331,10 +331,10 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                     bad = true;
                     bad_temps |= thi > tlo && thi - tlo > driver::kHbmWindowBytes;
                     if (first.empty())
-                        first = fmt::format("{}'s buffers span {} bytes of core {}'s HBM "
-                                            "(0x{:x} to 0x{:x})",
-                                            step.fusions[seg.fusions[k]].name, hi - lo,
-                                            m_cores[i], lo, hi);
+                        first = fmt::format(
+                            "{}'s buffers span {} bytes of core {}'s HBM "
+                            "(0x{:x} to 0x{:x})",
+                            step.fusions[seg.fusions[k]].name, hi - lo, m_cores[i], lo, hi);
                 }
                 over += bad;
                 temps_over += bad_temps;
