@@ -192,6 +192,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     std::vector<std::vector<DotFusion>> dots;
     std::vector<std::optional<CollectiveFusion>> collectives;
     std::vector<std::shared_ptr<const ConvPoolFusion>> windows;  // codegen_conv.cpp
+    std::vector<std::shared_ptr<const GatherFusion>> gathers;    // codegen_gather.cpp
     std::vector<std::optional<DerivedSlot>> slots;
     uint64_t derived_bytes = 0;
     std::map<std::pair<uint8_t, uint32_t>, size_t> slot;
@@ -202,11 +203,12 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         dots.emplace_back();
         collectives.emplace_back();
         windows.push_back(plan_conv_pool_fusion(g, f, o.board));
+        gathers.push_back(f.kind == FusionKind::Loop ? plan_gather_fusion(g, f, o.board) : nullptr);
         if (f.kind == FusionKind::Collective) {
             collectives.back() = plan_collective(g, f, o);
             rings |= collectives.back()->ring.has_value();
-        } else if (windows.back()) {
-            // a convolution or pooling fusion (codegen_conv.cpp)
+        } else if (windows.back() || gathers.back()) {
+            // a convolution or pooling fusion (codegen_conv.cpp), a gather (codegen_gather.cpp)
         } else if (f.kind == FusionKind::Output) {
             dots.back() = plan_dot_fusion(g, f, o.board);
         } else {
@@ -357,6 +359,10 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         }
         if (!dots[k].empty()) {
             emit_dot_fusions(b, dots[k], load);
+            continue;
+        }
+        if (gathers[k]) {
+            emit_gather_fusion(b, *gathers[k], load);
             continue;
         }
         if (windows[k]) {

@@ -93,6 +93,7 @@ struct Batch {
         std::set<OpId> prologue;  ///< the reshape it is read through
     };
     Operand a, w;
+    std::shared_ptr<const DotPrologue> prologue;  ///< an operand computed as it is loaded
     uint64_t c_offset = 0;
     driver::DotLayout c_layout = driver::DotLayout::VpuTiles;
     uint32_t c_row = 0;  ///< C's values per row when the batches' rows interleave (0: N)
@@ -133,6 +134,132 @@ std::optional<Layout> fold_layout(const Layout& l, const std::vector<int64_t>& k
     return r;
 }
 
+}  // namespace
+
+/// Ops a dot fusion computes on one of its dot's operands as the kernel loads it
+/// (compiler/README.md, "The attention's softmax in the values dot"): a chain of elementwise
+/// steps on the operand's fp32 tile, in place, from one array the fusion reads (the source);
+/// a binary step's other operand is a scalar or a vector with one value per row of the operand's
+/// free dim (a softmax's max and sum, broadcast along the contracting dim). Vectors are [B, Q]
+/// (B batches, Q the free extent), loaded whole into VMEM once per fusion.
+struct DotPrologue {
+    /// One step: `x = x op other` (or `op(x)`).
+    struct Step {
+        OpKind kind = OpKind::Exp;
+        enum class Other : uint8_t { None, Vector, Scalar } other = Other::None;
+        size_t vector = 0;
+        float scalar = 0;
+    };
+    int side = 0;  ///< the dot operand computed (0 lhs, 1 rhs)
+    std::vector<Step> steps;
+    std::vector<const FusionValue*> vectors;
+    std::vector<char> tiled;    ///< per vector: in T(8,128) tiles (else row-major)
+    std::vector<char> negated;  ///< per vector: -v is needed
+    std::vector<char> divisor;  ///< per vector: the divide's factor of v is needed
+    int64_t B = 0, Q = 0;
+    bool by_rows = true;      ///< the tile's rows are the free dim (streamed), else its columns
+    bool needs_tile = false;  ///< a broadcast tile (Mul or Div by a vector across columns)
+    /// VMEM bytes of one [B, Q] vector area.
+    uint64_t vector_bytes() const { return (uint64_t(B * Q * 4) + 511) / 512 * 512; }
+    /// VMEM it takes: each vector, its derived forms, two scratch vectors, the tile.
+    uint64_t vmem_bytes(const hw::BoardConfig& board) const {
+        uint64_t n = 2;
+        for (size_t i = 0; i < vectors.size(); ++i) n += 1 + negated[i] + divisor[i];
+        return n * vector_bytes() +
+               (needs_tile ? uint64_t(board.core.mxu_rows) * board.core.mxu_cols * 4 : 0);
+    }
+};
+
+namespace {
+
+/// The prologue that computes dot operand `v` (side `side`) of output fusion `f`, its ops
+/// added to `ops`; nullptr when `v` is read from memory or through a reshape.
+std::shared_ptr<DotPrologue> plan_prologue(const Graph& g, const Fusion& f, ValueId v, int side,
+                                           int64_t B, std::set<OpId>& ops) {
+    if (!inside_fusion(f, g, v) || g.producer(v).kind == OpKind::Reshape) return nullptr;
+    const Op& dot = g.op(f.hero);
+    const DotDims& d = dot.attrs.dot;
+    const int64_t cd = side == 0 ? d.lhs_contracting[0] : d.rhs_contracting[0];
+    const auto& bd = side == 0 ? d.lhs_batch : d.rhs_batch;
+    const Shape& vs = g.shape(v);
+    std::vector<int64_t> want;
+    int64_t fd = -1;
+    for (int64_t i = 0; i < vs.rank(); ++i) {
+        if (i == cd) continue;
+        want.push_back(i);
+        if (std::find(bd.begin(), bd.end(), i) == bd.end()) fd = i;
+    }
+    auto pro = std::make_shared<DotPrologue>();
+    pro->side = side;
+    pro->B = B;
+    pro->Q = fd < 0 ? 0 : vs.dims[size_t(fd)];
+    std::vector<DotPrologue::Step> rev;
+    ValueId cur = v;
+    while (inside_fusion(f, g, cur)) {
+        const Op& op = g.producer(cur);
+        ops.insert(g.value(cur).producer);
+        DotPrologue::Step st;
+        st.kind = op.kind;
+        if (op.operands.size() == 1 && std::any_of(std::begin(kUnary), std::end(kUnary),
+                                                   [&](auto u) { return u.first == op.kind; })) {
+            rev.push_back(st);
+            cur = op.operands[0];
+            continue;
+        }
+        if (op.operands.size() != 2 || !(op.kind == OpKind::Add || op.kind == OpKind::Sub ||
+                                         op.kind == OpKind::Mul || op.kind == OpKind::Div))
+            not_generated(f, fmt::format("{} computing a dot operand", op_name(op.kind)));
+        int bi = -1;
+        for (int i = 1; i >= 0; --i) {
+            const ValueId o = op.operands[size_t(i)];
+            if (inside_fusion(f, g, o) && g.producer(o).kind == OpKind::Broadcast) bi = i;
+        }
+        if (bi < 0 || (bi == 0 && (op.kind == OpKind::Sub || op.kind == OpKind::Div)))
+            not_generated(
+                f, fmt::format("{} of two arrays computing a dot operand", op_name(op.kind)));
+        const Op& bc = g.producer(op.operands[size_t(bi)]);
+        ops.insert(g.value(op.operands[size_t(bi)]).producer);
+        const ValueId x = bc.operands[0];
+        const Shape& xs = g.shape(x);
+        if (xs.elements() == 1 && inside_fusion(f, g, x) && g.producer(x).kind == OpKind::Literal &&
+            op.kind != OpKind::Div) {
+            ops.insert(g.value(x).producer);
+            st.other = DotPrologue::Step::Other::Scalar;
+            st.scalar = float(g.producer(x).attrs.scalar);
+        } else {
+            // A [.., B, .., Q] vector broadcast along the contracting dim, lying as [B, Q].
+            std::vector<int64_t> keep;
+            for (int64_t i = 0; i < xs.rank(); ++i)
+                if (xs.dims[size_t(i)] != 1) keep.push_back(i);
+            const FusionValue* fv = inside_fusion(f, g, x) ? nullptr : operand_of(f, x);
+            std::optional<Layout> l;
+            if (fv && keep.size() == 2) l = fold_layout(fv->layout, keep);
+            if (!fv || bc.attrs.dims != want || fd < 0 || keep.size() != 2 ||
+                xs.dims[size_t(keep[0])] != B || xs.dims[size_t(keep[1])] != pro->Q ||
+                bc.attrs.dims[size_t(keep[1])] != fd || xs.dtype != DType::F32 || !l ||
+                !(*l == Layout{{1, 0}, {}} || *l == Layout{{1, 0}, {8, 128}}))
+                not_generated(f, fmt::format("a broadcast {} -> {} computing a dot operand",
+                                             xs.to_string(), vs.to_string()));
+            const auto it = std::find(pro->vectors.begin(), pro->vectors.end(), fv);
+            st.other = DotPrologue::Step::Other::Vector;
+            st.vector = size_t(it - pro->vectors.begin());
+            if (it == pro->vectors.end()) {
+                pro->vectors.push_back(fv);
+                pro->tiled.push_back(!l->tile.empty());
+                pro->negated.push_back(0);
+                pro->divisor.push_back(0);
+            }
+        }
+        rev.push_back(st);
+        cur = op.operands[size_t(1 - bi)];
+    }
+    pro->steps.assign(rev.rbegin(), rev.rend());
+    // The source: what the kernel loads, in the operand's shape.
+    if (g.shape(cur).dims != vs.dims || g.shape(cur).dtype != DType::F32)
+        not_generated(f, "a dot operand computed from an array of another shape");
+    return pro;
+}
+
 /// The batches of a dot with one batch dim of more than one (unit batch dims, a batch of one
 /// sequence of [1, H, S, d], are folded away: they hold one matrix per remaining batch as they
 /// lie) whose operands are either [B, P, Q] arrays in T(8,128) tiles (one matrix per batch) or
@@ -165,8 +292,23 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
     const int64_t B = g.shape(dot.operands[0]).dims[size_t(bdim[0])];
     std::vector<Batch> out(static_cast<size_t>(B));
     int64_t dims[2][2];  // per side: free, contracting extent
+    std::shared_ptr<DotPrologue> pro;
+    std::set<OpId> pro_ops;
     for (int side = 0; side < 2; ++side) {
-        const ValueId v = dot.operands[size_t(side)];
+        ValueId v = dot.operands[size_t(side)];
+        if (auto p = plan_prologue(g, f, v, side, B, pro_ops)) {
+            if (pro) not_generated(f, "a batched dot with both operands computed");
+            pro = p;
+            // The kernel loads the source (the operand's shape) in its place.
+            while (inside_fusion(f, g, v)) {
+                const Op& op = g.producer(v);
+                ValueId next = op.operands[0];
+                if (op.operands.size() == 2 && inside_fusion(f, g, next) &&
+                    g.producer(next).kind == OpKind::Broadcast)
+                    next = op.operands[1];
+                v = next;
+            }
+        }
         const Shape& full_vs = g.shape(v);
         const std::vector<int64_t> keep = kept_dims(full_vs.dims.size(), unit[side]);
         const auto at = [&](int64_t dim) {
@@ -218,9 +360,11 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
             const bool row_major = side == 0 ? contracting_minor : !contracting_minor;
             o.layout =
                 row_major ? driver::DotLayout::VpuTiles : driver::DotLayout::TransposedVpuTiles;
+            if (pro && pro->side == side) o.prologue.insert(pro_ops.begin(), pro_ops.end());
             (side == 0 ? out[size_t(b)].a : out[size_t(b)].w) = o;
         }
     }
+    for (Batch& x : out) x.prologue = pro;
     // The result: [B, M, N] (unit batch dims folded away), each batch's matrix in T(8,128)
     // tiles or row-major (untiled: what a dot reading it through a merging reshape asked for).
     const size_t res_rank = g.shape(dot.results[0]).dims.size();
@@ -258,8 +402,10 @@ std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
     if (!dot.attrs.dot.lhs_batch.empty()) {
         // One dot per batch (attention's heads), each reading its matrices where they lie.
         std::vector<DotFusion> plans;
-        for (const Batch& b : plan_batches(g, f))
+        for (const Batch& b : plan_batches(g, f)) {
             plans.push_back(plan_one(g, f, board, nullptr, &b));
+            plans.back().batch = int64_t(plans.size() - 1);
+        }
         return plans;
     }
     // A concatenated operand (through conversions) along its free dim: each part is a dot of
@@ -442,6 +588,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
         p.a_off = batch->a.offset;
         p.w_off = batch->w.offset;
         p.c_off = batch->c_offset;
+        p.prologue = batch->prologue;
     } else {
         p.a = source(part && part->side == 0 ? part->operand : dot.operands[0]);
         p.w = source(part && part->side == 1 ? part->operand : dot.operands[1]);
@@ -596,7 +743,25 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             not_generated(f, "an epilogue that writes its result before its last op");
     for (const FusionValue* fv : columns) p.sides.push_back(fv);
     for (const FusionValue* fv : fulls) p.sides.push_back(fv);
-    p.areas = p.steps.empty() ? 0 : results + kScratch;
+    // Scratch areas after the results: only those the body below takes (each one a tile of
+    // VMEM the kernel's blocks would otherwise have; a bias + ReLU takes none).
+    int scratch = 0;
+    for (const EpStep& s : p.steps) {
+        const bool bin = s.in.size() == 2;
+        const size_t fi = bin && s.in[0].kind != EpKind::Full ? 1 : 0;
+        const EpKind o = bin ? s.in[1 - fi].kind : EpKind::Full;
+        const bool fast =
+            bin && ((s.kind == OpKind::Add && o != EpKind::Full) ||
+                    (s.kind == OpKind::Sub && o == EpKind::Scalar && fi == 0) ||
+                    ((s.kind == OpKind::Mul || s.kind == OpKind::Max) && o == EpKind::Scalar));
+        if (fast) continue;
+        for (size_t i = 0; i < s.in.size(); ++i)  // a broadcast operand materialised (tile_of)
+            if (s.in[i].kind != EpKind::Full) scratch = std::max(scratch, int(i) + 1);
+        if (s.kind == OpKind::Convert) scratch = std::max(scratch, 4);
+        if (s.kind == OpKind::Pow) scratch = std::max(scratch, 3);
+        if (s.kind == OpKind::Div) scratch = kScratch;
+    }
+    p.areas = p.steps.empty() ? 0 : results + scratch;
 
     driver::DotKey shape;
     shape.M = uint32_t(M);
@@ -621,7 +786,8 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     probe.R = board.core.mxu_rows;
     probe.C = board.core.mxu_cols;
     probe.mxus = std::min<uint32_t>(board.core.mxus, 2);
-    probe.block_rows = 128;  // a block of whole tiles: the layouts alone are probed here
+    // A block of whole tiles (of the MXU's and the VPU's): the layouts alone are probed here.
+    probe.block_rows = std::max({128u, probe.R, probe.C});
     probe.a_band_tiles = shape.a_band_tiles;
     probe.w_band_tiles = shape.w_band_tiles;
     probe.a_lane = shape.a_lane;
@@ -629,13 +795,30 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     probe.c_row = shape.c_row;
     if (const std::string why = driver::dot_unsupported(probe); !why.empty())
         not_generated(f, "the dot kernel: " + why);
+    // The prologue's operand in the kernel's terms: the streamed one has the free dim along
+    // the tile's rows, the held one along its columns.
+    uint64_t pro_bytes = 0;
+    if (p.prologue) {
+        auto pro = std::make_shared<DotPrologue>(*p.prologue);
+        pro->by_rows = (pro->side == 0) == (shape.stationary == driver::Stationary::Rhs);
+        for (const DotPrologue::Step& st : pro->steps) {
+            if (st.other != DotPrologue::Step::Other::Vector) continue;
+            if (st.kind == OpKind::Div) pro->divisor[st.vector] = 1;
+            if (st.kind == OpKind::Add && pro->by_rows) pro->negated[st.vector] = 1;
+            if (st.kind == OpKind::Sub && !pro->by_rows) pro->negated[st.vector] = 1;
+            if ((st.kind == OpKind::Mul || st.kind == OpKind::Div) && !pro->by_rows)
+                pro->needs_tile = true;
+        }
+        pro_bytes = pro->vmem_bytes(board);
+        p.prologue = pro;
+    }
     // The kernel's tiling in what the epilogue's areas leave of VMEM.
-    uint64_t budget = board.core.vmem_bytes;
+    uint64_t budget = board.core.vmem_bytes - std::min(pro_bytes, board.core.vmem_bytes);
     for (int tries = 0; tries < 32; ++tries) {
         const auto k = driver::plan_dot(board, shape, budget);
         if (!k) break;
-        const uint64_t need =
-            driver::dot_vmem_bytes(*k) + uint64_t(p.areas) * epilogue_area_bytes(*k) + 4096;
+        const uint64_t need = driver::dot_vmem_bytes(*k) +
+                              uint64_t(p.areas) * epilogue_area_bytes(*k) + pro_bytes + 4096;
         if (need <= board.core.vmem_bytes) {
             p.key = *k;
             return p;
@@ -656,11 +839,164 @@ namespace {
 struct BatchPass {
     const isa::Smem* counter = nullptr;
     int64_t a = 0, w = 0, c = 0;
+    int64_t period = 0;  ///< batches per pass
 };
+
+/// A prologue's vectors in VMEM, [B][Q] row-major each, with their derived forms.
+struct PrologueVmem {
+    std::vector<isa::Vmem> held;
+    std::vector<uint64_t> base, negated, divisor;
+    uint64_t tile = 0;
+};
+
+/// Loads the prologue's vectors whole into VMEM (a T(8,128) [B, Q] array one DMA per tile of
+/// 8 rows, its rows placed Q values apart) and computes what its steps need besides: `-v`
+/// (exact) and the divide's factor `r = rsqrt(max(v, -v))^2`, negated where `0 > v`, so that
+/// `x * r` is vpu_divide(x, v) (x * -r = -(x * r) in IEEE arithmetic).
+PrologueVmem load_prologue(isa::Builder& b, const DotPrologue& pro,
+                           const std::function<void(const isa::Reg&, const BufferRef&)>& load,
+                           uint64_t tile_bytes) {
+    PrologueVmem m;
+    const uint64_t vb = pro.vector_bytes();
+    const auto take = [&](const std::string& name) {
+        m.held.push_back(b.vmem(name, vb, 512));
+        return m.held.back().addr();
+    };
+    for (size_t i = 0; i < pro.vectors.size(); ++i) {
+        m.base.push_back(take(fmt::format("prologue.v{}", i)));
+        m.negated.push_back(pro.negated[i] ? take(fmt::format("prologue.neg{}", i)) : 0);
+        m.divisor.push_back(pro.divisor[i] ? take(fmt::format("prologue.div{}", i)) : 0);
+    }
+    const uint64_t s0 = take("prologue.s0"), s1 = take("prologue.s1");
+    if (pro.needs_tile) {
+        m.held.push_back(b.vmem("prologue.tile", tile_bytes, 512));
+        m.tile = m.held.back().addr();
+    }
+    const int64_t B = pro.B, Q = pro.Q, QT = (Q + 127) / 128;
+    {
+        isa::CountedFlag loads(b, "prologue.loads");
+        for (size_t i = 0; i < pro.vectors.size(); ++i) {
+            const isa::Reg r = b.reg("prologue.vector");
+            load(r, pro.vectors[i]->buffer);
+            if (!pro.tiled[i]) {
+                loads.issue(Opcode::DmaHv, {imm(int64_t(m.base[i])), r, imm(1), imm(B * Q * 4),
+                                            imm(B * Q * 4), imm(B * Q * 4)});
+                continue;
+            }
+            for (int64_t band = 0; band * 8 < B; ++band)
+                for (int64_t t = 0; t < QT; ++t) {
+                    const int64_t rows = std::min<int64_t>(8, B - band * 8),
+                                  vals = std::min<int64_t>(128, Q - t * 128);
+                    loads.issue(Opcode::DmaHv,
+                                {imm(int64_t(m.base[i]) + (band * 8 * Q + t * 128) * 4),
+                                 r + (band * QT + t) * 4096, imm(rows), imm(vals * 4), imm(Q * 4),
+                                 imm(512)});
+                }
+        }
+        loads.wait_all();
+    }
+    isa::CountedFlag vpu(b, "prologue.vpu");
+    const isa::Arg n = imm(B * Q);
+    for (size_t i = 0; i < pro.vectors.size(); ++i) {
+        const isa::Arg v = imm(int64_t(m.base[i]));
+        if (pro.negated[i])
+            vpu.issue(Opcode::VMulS, {imm(int64_t(m.negated[i])), v, fimm(-1.0f), n});
+        if (!pro.divisor[i]) continue;
+        const isa::Arg r = imm(int64_t(s0)), z = imm(int64_t(s1)), f = imm(int64_t(m.divisor[i]));
+        vpu.issue(Opcode::VMulS, {r, v, fimm(-1.0f), n});
+        vpu.issue(Opcode::VMax, {r, v, r, n});
+        vpu.issue(Opcode::VRsqrt, {r, r, n});
+        vpu.issue(Opcode::VMul, {r, r, r, n});
+        vpu.issue(Opcode::VCmpGt, {z, v, v, n});  // +0.0 (also for NaN)
+        vpu.issue(Opcode::VCmpGt, {z, z, v, n});  // 0 > v
+        vpu.issue(Opcode::VMulS, {f, r, fimm(-1.0f), n});
+        vpu.issue(Opcode::VSel, {f, z, f, r, n});
+    }
+    vpu.wait_all();
+    return m;
+}
+
+/// The prologue's steps on one operand tile of batch `batch` (in a loop of `pass`es: batch +
+/// pass x period).
+void emit_prologue_tile(const driver::PrologueTile& t, const DotPrologue& pro,
+                        const PrologueVmem& m, int64_t batch, const BatchPass& pass) {
+    isa::Builder& b = t.b;
+    const int64_t Q4 = pro.Q * 4;
+    // at = 4 x the tile's first index along the free dim, plus the batch's row of vectors.
+    const isa::Reg at = b.reg("prologue.at");
+    t.first_x4(at);
+    if (pass.counter) {
+        const isa::Reg u = b.reg("prologue.pass");
+        b.emit(Opcode::Lw, {u, pass.counter->word(0)});
+        b.emit(Opcode::Mul, {u, u, imm(pass.period * Q4)});
+        b.emit(Opcode::Add, {at, at, u});
+    }
+    const int64_t row = batch * Q4;
+    std::optional<isa::Reg> count;
+    isa::Arg n = imm(0);
+    if (t.rows.reg) {
+        count.emplace(b.reg("prologue.values"));
+        b.emit(Opcode::Mul, {*count, t.rows, imm(t.cols)});
+        n = *count;
+    } else {
+        n = imm((t.rows.imm + 0) * int64_t(t.cols));
+    }
+    const isa::Arg x = t.x, rows = t.rows, cols = imm(t.cols);
+    using Other = DotPrologue::Step::Other;
+    for (const DotPrologue::Step& st : pro.steps) {
+        if (st.other == Other::None) {
+            const bool ok = emit_elementwise(
+                t.vpu, st.kind, Comparison::Gt, x, [&](size_t) { return x; }, n);
+            if (!ok) throw CompileError(fmt::format("prologue op {}", op_name(st.kind)));
+            continue;
+        }
+        if (st.other == Other::Scalar) {
+            if (st.kind == OpKind::Mul)
+                t.vpu(Opcode::VMulS, {x, x, fimm(st.scalar), n});
+            else
+                t.vpu(Opcode::VAddS,
+                      {x, x, fimm(st.kind == OpKind::Sub ? -st.scalar : st.scalar), n});
+            continue;
+        }
+        const size_t i = st.vector;
+        const auto vec = [&](uint64_t area) { return at + (int64_t(area) + row); };
+        if (pro.by_rows) {
+            // One value per tile row: x[r][j] op v[r].
+            switch (st.kind) {
+                case OpKind::Sub:
+                    t.vpu(Opcode::VSubCol, {x, x, vec(m.base[i]), rows, cols});
+                    break;
+                case OpKind::Add:
+                    t.vpu(Opcode::VSubCol, {x, x, vec(m.negated[i]), rows, cols});
+                    break;
+                case OpKind::Mul:
+                    t.vpu(Opcode::VMulCol, {x, x, vec(m.base[i]), rows, cols});
+                    break;
+                default:
+                    t.vpu(Opcode::VMulCol, {x, x, vec(m.divisor[i]), rows, cols});
+                    break;
+            }
+            continue;
+        }
+        // One value per tile column: x[r][j] op v[j].
+        if (st.kind == OpKind::Add || st.kind == OpKind::Sub) {
+            t.vpu(Opcode::VAddRow,
+                  {x, x, vec(st.kind == OpKind::Add ? m.base[i] : m.negated[i]), rows, cols});
+            continue;
+        }
+        // A tile of the values (-0.0 plus each: exact), then the product.
+        const isa::Arg tile = imm(int64_t(m.tile));
+        t.vpu(Opcode::VCmpGt, {tile, x, x, n});
+        t.vpu(Opcode::VMulS, {tile, tile, fimm(-1.0f), n});
+        t.vpu(Opcode::VAddRow,
+              {tile, tile, vec(st.kind == OpKind::Mul ? m.base[i] : m.divisor[i]), rows, cols});
+        t.vpu(Opcode::VMul, {x, x, tile, n});
+    }
+}
 
 void emit_one(isa::Builder& b, const DotFusion& p,
               const std::function<void(const isa::Reg&, const BufferRef&)>& load,
-              const BatchPass& pass) {
+              const BatchPass& pass, const PrologueVmem* pv = nullptr) {
     // Each address in a register of its own, straight from the argument table (the kernel
     // needs most registers for itself).
     const auto addr = [&](const FusionValue& fv, const std::string& name) {
@@ -693,7 +1029,9 @@ void emit_one(isa::Builder& b, const DotFusion& p,
     std::vector<isa::Vmem> areas;
     for (int i = 0; i < p.areas; ++i)
         areas.push_back(b.vmem(fmt::format("epilogue{}", i), epilogue_area_bytes(p.key), 512));
-    const int scratch = p.areas - kScratch;
+    // The scratch areas follow the results (plan_one takes only those the steps use).
+    int scratch = 0;
+    for (const EpStep& s : p.steps) scratch = std::max(scratch, s.out.area + 1);
     if (!p.steps.empty())
         ep.body = [&](driver::EpilogueTile& t) {
             isa::Builder& bb = t.builder();
@@ -791,8 +1129,16 @@ void emit_one(isa::Builder& b, const DotFusion& p,
                 }
             }
         };
+    driver::Prologue pro;
+    if (p.prologue) {
+        if (!pv) throw CompileError("a dot prologue without its vectors in VMEM");
+        auto body = [&p, pv, &pass](const driver::PrologueTile& t) {
+            emit_prologue_tile(t, *p.prologue, *pv, p.batch, pass);
+        };
+        (p.prologue->by_rows ? pro.streamed : pro.held) = body;
+    }
     driver::emit_dot(b, p.key, {st::Operand::hbm(ra), st::Operand::hbm(rw), st::Operand::hbm(rc)},
-                     ep);
+                     ep, pro);
 }
 
 }  // namespace
@@ -826,18 +1172,24 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
                  diff(plans[i + q].c_off, plans[i].c_off) == diff(plans[q].c_off, plans[0].c_off);
         if (ok) period = q;
     }
+    // A prologue's vectors (attention's softmax max and sum) once for every batch.
+    std::optional<PrologueVmem> pv;
+    if (n && plans[0].prologue)
+        pv = load_prologue(b, *plans[0].prologue, load,
+                           uint64_t(plans[0].key.R) * plans[0].key.C * 4);
+    const PrologueVmem* pvp = pv ? &*pv : nullptr;
     if (!period) {
-        for (const DotFusion& p : plans) emit_one(b, p, load, {});
+        for (const DotFusion& p : plans) emit_one(b, p, load, {}, pvp);
         return;
     }
     // The first period unrolled: the kernels' flags are then ones used before, so each pass of
     // the loop resets them to zero when it takes them (Builder::flag), and its waits count from
     // its own start as the kernel's do (every kernel has completed all it issued on return).
-    for (size_t j = 0; j < period; ++j) emit_one(b, plans[j], load, {});
+    for (size_t j = 0; j < period; ++j) emit_one(b, plans[j], load, {}, pvp);
     const isa::Smem counter = b.smem("dot.passes", 1);
     BatchPass pass{&counter, diff(plans[period].a_off, plans[0].a_off),
                    diff(plans[period].w_off, plans[0].w_off),
-                   diff(plans[period].c_off, plans[0].c_off)};
+                   diff(plans[period].c_off, plans[0].c_off), int64_t(period)};
     {
         const isa::Reg t = b.reg("dot.pass");
         b.emit(Opcode::Li, {t, imm(1)});
@@ -845,7 +1197,7 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
     }
     const isa::Label top = b.label("dot_batches");
     b.bind(top);
-    for (size_t j = 0; j < period; ++j) emit_one(b, plans[j], load, pass);
+    for (size_t j = 0; j < period; ++j) emit_one(b, plans[j], load, pass, pvp);
     const isa::Reg t = b.reg("dot.pass");
     b.emit(Opcode::Lw, {t, counter.word(0)});
     b.emit(Opcode::Add, {t, t, imm(1)});

@@ -200,6 +200,10 @@ struct DotFusion {
     int areas = 0;                             ///< tile-sized VMEM areas: results, then scratch
     uint64_t a_off = 0, w_off = 0, c_off = 0;  ///< a batch's matrices within a, w and c (bytes)
     std::vector<std::shared_ptr<FusionValue>> views;  ///< operands read through a reshape
+    /// Ops computed on an operand's tiles as the kernel loads them (codegen_dot.cpp), shared by
+    /// the batches of a batched dot; null: none.
+    std::shared_ptr<const struct DotPrologue> prologue;
+    int64_t batch = 0;  ///< which batch of a batched dot this plan runs
 };
 
 /// Plans an output fusion rooted at a 2-D dot (no batch dims): operands through in-fusion
@@ -252,5 +256,17 @@ struct DerivedSlot {
 /// (else the fusion computes it into its scratch on every launch).
 void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
                            const LoadArgFn& load_arg, std::optional<DerivedSlot> slot);
+
+/// A planned gather fusion: rows of a table copied by DMA at ids read from scalar memory
+/// (codegen_gather.cpp).
+struct GatherFusion;
+
+/// The plan of `f` when it holds a gather (nullptr otherwise); throws NotYetGenerated for a
+/// gather fusion the emitter does not cover.
+std::shared_ptr<const GatherFusion> plan_gather_fusion(const Graph& g, const Fusion& f,
+                                                       const hw::BoardConfig& board);
+
+/// Emits a fusion planned by plan_gather_fusion.
+void emit_gather_fusion(isa::Builder& b, const GatherFusion& p, const LoadFn& load);
 
 }  // namespace tpu::compiler::gen

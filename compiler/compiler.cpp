@@ -132,6 +132,8 @@ CompiledStep compile(const Graph& graph, const CompileOptions& options) {
     detail::FusionOptions fo;
     fo.multi_output_fusion = options.multi_output_fusion;
     fo.may_duplicate = options.may_duplicate;
+    fo.dot_operand_producers = options.dot_operand_producers;
+    fo.mxu_cols = options.board.core.mxu_cols;
     const auto groups = detail::fuse(step.graph, fo);
     for (size_t i = 0; i < groups.size(); ++i) {
         const auto& grp = groups[i];

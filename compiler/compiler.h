@@ -32,6 +32,10 @@ struct CompileOptions {
     /// Let cheap producers be recomputed inside several consumer fusions instead of written
     /// once (InstructionFusion's may_duplicate; its global guard against extra reads applies).
     bool may_duplicate = true;
+    /// Fuse elementwise producers into a batched dot's operand when the dot reads each of its
+    /// elements once (xla/service/gpu/transforms/gemm_fusion.cc, FuseDotOperand; TPU's operand
+    /// fusion is not public): attention's softmax normalize is computed as `P V` loads P.
+    bool dot_operand_producers = true;
     /// Start of every buffer, in bytes (driver::Device::alloc aligns to 256).
     uint64_t buffer_alignment_bytes = 256;
     /// Reuse temp memory by liveness (false: every temp its own bytes, for comparison).

@@ -351,15 +351,21 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
     // Fusion timing: device fusions from the first core's instruction record, host fusions
     // from the device time between the launches around them.
     std::vector<uint64_t>& fusion_cycles = m_stats->last_fusion_cycles;
+    std::vector<std::pair<uint64_t, uint64_t>>& spans = m_stats->last_fusion_spans;
     fusion_cycles.assign(m_time_fusions ? step.fusions.size() : 0, 0);
+    spans.assign(fusion_cycles.size(), {0, 0});
     std::vector<size_t> host_run;  // host fusions since the last launch
     uint64_t host_run_begin = 0;   // device cycle the run began
     const auto close_host_run = [&](uint64_t end) {
-        for (size_t i : host_run)
-            fusion_cycles[i] = (end - std::min(end, host_run_begin)) / host_run.size();
-        if (!host_run.empty())
-            fusion_cycles[host_run.back()] +=
-                (end - std::min(end, host_run_begin)) % host_run.size();
+        const uint64_t begin = std::min(end, host_run_begin);
+        uint64_t at = begin;
+        for (size_t k = 0; k < host_run.size(); ++k) {
+            const size_t i = host_run[k];
+            fusion_cycles[i] = (end - begin) / host_run.size();
+            if (k + 1 == host_run.size()) fusion_cycles[i] += (end - begin) % host_run.size();
+            spans[i] = {at, at + fusion_cycles[i]};
+            at += fusion_cycles[i];
+        }
         host_run.clear();
     };
     hw::CoreModel* timed = m_time_fusions ? &m_dev.board().core(m_cores.at(0)) : nullptr;
@@ -425,6 +431,7 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                 for (size_t k = 0; k < seg.fusions.size(); ++k) {
                     const uint64_t end = k + 1 < seg.fusions.size() ? begin[k + 1] : ev.end_cycle;
                     fusion_cycles[seg.fusions[k]] = end - std::min(end, begin[k]);
+                    spans[seg.fusions[k]] = {std::min(end, begin[k]), end};
                 }
                 host_run_begin = ev.end_cycle;
             }

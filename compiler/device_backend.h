@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "compiler/codegen.h"
@@ -35,6 +36,9 @@ struct DeviceBackendStats {
     /// consecutive host fusions; from the step's start or to its end when no launch precedes
     /// or follows). They sum to last_step_cycles plus the host fusions outside the launches.
     std::vector<uint64_t> last_fusion_cycles;
+    /// The same fusions' [begin, end) device cycles (last_fusion_cycles[i] = end - begin), for
+    /// a trace's fusion track.
+    std::vector<std::pair<uint64_t, uint64_t>> last_fusion_spans;
     /// host-link cycles of the writes that put tensors on the device (parameters, inputs and
     /// constants, written when the first step that reads them runs, or relayouted)
     uint64_t h2d_cycles = 0;

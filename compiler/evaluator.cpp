@@ -547,10 +547,13 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
             const HostArray &table = *in[0], &ix = *in[1];
             const int64_t rows = table.shape.dims[0],
                           row = table.shape.elements() / std::max<int64_t>(rows, 1);
+            // XLA's gather clamps an index outside the operand to the nearest row (its start
+            // index is clamped so the slice lies inside: openxla.org/xla/operation_semantics,
+            // Gather; jax.lax.gather's mode "clip"), as the device's gather does
+            // (codegen_gather.cpp). PyTorch on the CPU raises instead.
             for (int64_t i = 0; i < ix.shape.elements(); ++i) {
-                const int64_t t = int64_t(ix.data[size_t(i)]);
-                if (t < 0 || t >= rows)
-                    eval_fail(op, fmt::format("index {} outside the table's {} rows", t, rows));
+                const int64_t t = std::clamp<int64_t>(int64_t(ix.data[size_t(i)]), 0,
+                                                      std::max<int64_t>(rows - 1, 0));
                 std::copy_n(table.data.begin() + t * row, row, y.data.begin() + i * row);
             }
             return {y};

@@ -261,20 +261,32 @@ private:
     void try_fuse(OpId p, int gi, OpId consumer, size_t slot) {
         const OpClass pc = cls(p);
         if (pc == OpClass::Leaf || !is_fusible_producer(pc) || in_group(p, gi)) return;
+        // A gather is fused only into reshapes of its result: its rows are DMAs addressed by
+        // the ids (codegen_gather.cpp), not values a loop body computes element by element, so
+        // it roots a loop fusion of its own (with its ids' reshapes and slices). XLA's TPU
+        // fusion of gathers is not public; this costs one write and read of the rows.
+        if (pc == OpClass::Gather)
+            for (OpId id : m_members[size_t(gi)])
+                if (m_g.op(id).kind != OpKind::Reshape) return;
         const FusionKind gk = kind_of(gi);
         if (gk == FusionKind::Collective || gk == FusionKind::Custom) return;
         // Before the MXU only what changes dims or types is fused: reshapes and transposes
         // (a head split is a change of dims, never a copy) and conversions (an fp32 weight is
         // converted to bf16 inside the dot's fusion). After it (the epilogue) anything
         // elementwise.
+        // Elementwise producers too where the dot reads each element of that operand once
+        // (operand_producer_fusible: the softmax's normalize before attention's `P V`).
+        bool into_operand = false;
         if (gk == FusionKind::Output && before_contraction(consumer, gi) &&
             !(pc == OpClass::Movement || pc == OpClass::Literal ||
-              m_g.op(p).kind == OpKind::Convert))
-            return;
+              m_g.op(p).kind == OpKind::Convert)) {
+            if (!operand_producer_fusible(p, consumer, slot, gi)) return;
+            into_operand = true;
+        }
         // Cost: an expensive producer is not fused into a consumer that reads its elements
         // more than once (instruction_fusion.cc, "not fuse (simple, expensive producers) and
         // (consumers who reuse operand elements)").
-        if (op_expensive(m_g.op(p).kind) && reuses_operand(consumer, slot)) return;
+        if (!into_operand && op_expensive(m_g.op(p).kind) && reuses_operand(consumer, slot)) return;
         bool all_users_here = true;
         for (OpId u : op_users(p)) all_users_here &= in_group(u, gi);
         const int own = m_home[p];
@@ -316,6 +328,126 @@ private:
             }
         }
         return false;
+    }
+
+    // ---- Producers of a dot's operand ------------------------------------------------------
+
+    /// The contraction of group `gi`, or kNoOp.
+    OpId contraction_of(int gi) const {
+        for (OpId id : m_members[size_t(gi)])
+            if (cls(id) == OpClass::Contraction) return id;
+        return kNoOp;
+    }
+
+    /// Which operand of dot `hero` (a member of `gi`) op `c` computes, reading its operand
+    /// `slot`: `slot` for the dot itself, else the side whose in-group producers include c.
+    int dot_side(OpId hero, OpId c, size_t slot, int gi) const {
+        if (c == hero) return int(slot);
+        for (int side = 0; side < 2; ++side) {
+            std::vector<OpId> stack{m_g.value(m_g.op(hero).operands[size_t(side)]).producer};
+            std::set<OpId> seen;
+            while (!stack.empty()) {
+                const OpId id = stack.back();
+                stack.pop_back();
+                if (!in_group(id, gi) || !seen.insert(id).second) continue;
+                if (id == c) return side;
+                for (ValueId v : m_g.op(id).operands) stack.push_back(m_g.value(v).producer);
+            }
+        }
+        return -1;
+    }
+
+    /// A batched dot reads each element of its operand `side` once when the other operand has
+    /// at most one MXU width of free elements per batch: the kernel then computes all of a
+    /// block's results in one pass over the operand (the streamed side is loaded and converted
+    /// once per block, and with one block a held side's tiles once), so a producer computed
+    /// as the operand is loaded costs what it costs in a loop fusion, without the write and the
+    /// read back of its result. (Attention's `P V`: V has d <= 128 free elements per head.)
+    bool dot_reads_operand_once(OpId hero, int side) const {
+        const Op& op = m_g.op(hero);
+        if (op.kind != OpKind::Dot || op.attrs.dot.lhs_batch.empty() || side < 0) return false;
+        const int other = 1 - side;
+        const DotDims& d = op.attrs.dot;
+        const auto& batch = other == 0 ? d.lhs_batch : d.rhs_batch;
+        const auto& contracting = other == 0 ? d.lhs_contracting : d.rhs_contracting;
+        const Shape& s = m_g.shape(op.operands[size_t(other)]);
+        int64_t free = 1;
+        for (int64_t i = 0; i < s.rank(); ++i)
+            if (std::find(batch.begin(), batch.end(), i) == batch.end() &&
+                std::find(contracting.begin(), contracting.end(), i) == contracting.end())
+                free *= s.dims[size_t(i)];
+        return free <= m_o.mxu_cols;
+    }
+
+    /// Whether `p`, back through elementwise and data movement ops that only their one user
+    /// reads, reads a contraction's result: that chain is the contraction's epilogue (its output
+    /// fusion writes the same bytes the operand fusion would read), which comes first.
+    bool reaches_contraction(OpId p) const {
+        std::vector<OpId> stack{p};
+        std::set<OpId> seen{p};
+        while (!stack.empty()) {
+            const Op& op = m_g.op(stack.back());
+            stack.pop_back();
+            for (ValueId v : op.operands) {
+                const OpId q = m_g.value(v).producer;
+                const OpClass k = cls(q);
+                if (k == OpClass::Contraction) return true;
+                if ((k == OpClass::Elementwise || k == OpClass::Movement) &&
+                    op_users(q).size() == 1 && seen.insert(q).second)
+                    stack.push_back(q);
+            }
+        }
+        return false;
+    }
+
+    /// xla/service/gpu/transforms/gemm_fusion.cc (FuseDotOperand) fuses the elementwise
+    /// producers of a dot's operands into the dot's fusion; TPU's operand fusion is not public.
+    /// Here an elementwise producer that only the dot's fusion reads joins it when the dot
+    /// reads each element of that operand once and the producer is not a contraction's
+    /// epilogue: it is computed on each operand tile in VMEM as the kernel loads it, before
+    /// the conversion to bf16, as an fp32 parameter is converted there.
+    bool operand_producer_fusible(OpId p, OpId consumer, size_t slot, int gi) const {
+        if (!m_o.dot_operand_producers || cls(p) != OpClass::Elementwise) return false;
+        for (OpId u : op_users(p))
+            if (!in_group(u, gi)) return false;
+        const OpId hero = contraction_of(gi);
+        if (!dot_reads_operand_once(hero, dot_side(hero, consumer, slot, gi))) return false;
+        return !reaches_contraction(p);
+    }
+
+    /// Loop group `p`'s ops can be recomputed in dot group `h`'s operand: every op of h that
+    /// reads p's results `res` computes an operand the dot reads once, and every broadcast of
+    /// p is of a scalar or along that operand's contracting dim (one value per row of the
+    /// operand's free dim: a softmax's max), which is what the operand's tiles can take.
+    bool recomputable_in_operand(int p, int h, const std::vector<ValueId>& res) const {
+        if (!m_o.dot_operand_producers) return false;
+        const OpId hero = contraction_of(h);
+        if (hero == kNoOp || m_g.op(hero).kind != OpKind::Dot) return false;
+        int side = -1;
+        for (OpId id : m_members[size_t(h)]) {
+            const Op& op = m_g.op(id);
+            for (size_t s = 0; s < op.operands.size(); ++s) {
+                if (std::find(res.begin(), res.end(), op.operands[s]) == res.end()) continue;
+                if (!before_contraction(id, h)) return false;
+                const int sd = dot_side(hero, id, s, h);
+                if (sd < 0 || (side >= 0 && sd != side)) return false;
+                side = sd;
+            }
+        }
+        if (!dot_reads_operand_once(hero, side)) return false;
+        const DotDims& d = m_g.op(hero).attrs.dot;
+        const int64_t contracting = side == 0 ? d.lhs_contracting[0] : d.rhs_contracting[0];
+        const Shape& os = m_g.shape(m_g.op(hero).operands[size_t(side)]);
+        for (OpId id : m_members[size_t(p)]) {
+            const Op& op = m_g.op(id);
+            if (op.kind != OpKind::Broadcast) continue;
+            if (m_g.shape(op.operands[0]).elements() == 1) continue;
+            std::vector<int64_t> want;
+            for (int64_t i = 0; i < os.rank(); ++i)
+                if (i != contracting) want.push_back(i);
+            if (m_g.shape(op.results[0]).dims != os.dims || op.attrs.dims != want) return false;
+        }
+        return true;
     }
 
     bool duplicable(OpId p) const {
@@ -496,7 +628,11 @@ private:
         for (ValueId r : res) unfused += bytes_of(r);
         for (int h : rs) {
             const FusionKind hk = kind_of(h);
-            if (hk != FusionKind::Input && hk != FusionKind::Loop) return false;
+            // A dot whose operand the results feed recomputes them as it loads the operand
+            // (softmax's `exp(s - max)` under the normalize in attention's `P V`).
+            if (hk != FusionKind::Input && hk != FusionKind::Loop &&
+                !(hk == FusionKind::Output && recomputable_in_operand(p, h, res)))
+                return false;
             // Each reader reads each element of p's results once (no broadcast of them, no
             // window over them).
             for (OpId id : m_members[size_t(h)])

@@ -16,6 +16,13 @@ struct FusionOptions {
     /// Recompute a loop fusion that a reduction and others read in all of them when that
     /// moves fewer bytes (PriorityFusion; fusion.cpp, duplicate_into_readers).
     bool recompute_for_reductions = true;
+    /// Fuse the elementwise producers of a batched dot's operand into the dot's fusion (the
+    /// softmax's normalize into attention's `P V`) when the dot reads each element of that
+    /// operand once (fusion.cpp, operand_producer_fusible).
+    bool dot_operand_producers = true;
+    /// The MXU's columns (CoreConfig::mxu_cols): a dot whose other operand has at most this many
+    /// free elements per batch computes all of a block's results in one pass over the operand.
+    int64_t mxu_cols = 128;
 };
 
 /// One fusion: its ops (ascending ids), kind, hero, the values it reads and writes.

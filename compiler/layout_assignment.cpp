@@ -158,6 +158,22 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
                                  const hw::BoardConfig& cfg) {
     const Graph& g = step.graph;
     if (auto l = conv_pool_preference(g, f, v)) return l;
+    // A table a gather reads lies in rows (row-major, default tiles: each row a few whole lane
+    // chunks), so that a gathered row is one DMA (codegen_gather.cpp); a dot that also reads it
+    // (a tied lm_head) reads those tiles as it reads any matrix in them. XLA's TPU layout for a
+    // tied embedding is not public.
+    // Its ids (through reshapes and slices: [B, S] token ids viewed as [B S], BERT's position
+    // ids sliced from a buffer) lie untiled row-major, so the sequencer reads them in order
+    // from scalar memory.
+    for (OpId id : f.ops) {
+        if (op_class(g.op(id).kind) != OpClass::Gather) continue;
+        if (g.op(id).operands[0] == v) return default_layout(g.shape(v), cfg);
+        ValueId x = g.op(id).operands[1];
+        while (x != v && is_member(f, g.value(x).producer) &&
+               (g.producer(x).kind == OpKind::Reshape || g.producer(x).kind == OpKind::Slice))
+            x = g.producer(x).operands[0];
+        if (x == v) return row_major(g.shape(v).rank());
+    }
     if (f.kind != FusionKind::Output || f.hero == kNoOp) return std::nullopt;
     const Op& hero = g.op(f.hero);
     const bool leaf_param = g.producer(v).kind == OpKind::Parameter;

@@ -35,6 +35,9 @@ uint32_t ceil_div(uint32_t a, uint32_t b) {
 constexpr uint32_t kMaxRunsPerStep = 1024;
 /// Most images per block: each adds an unrolled epilogue to the last step's body.
 constexpr uint32_t kMaxBlockImages = 64;
+/// Most images of the epilogue lag (Conv2dTiling::lag): each adds the unrolled epilogue of a
+/// pending image to both step bodies.
+constexpr uint32_t kMaxLag = 16;
 
 /// Derived sizes of one core's kernel.
 struct Geometry {
@@ -138,6 +141,20 @@ void Conv2dShape::validate() const {
                                       x >= limit ? "over " : "", x, y >= limit ? "over " : "", y));
 }
 
+uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv2dTiling& t) {
+    const Geometry g = geometry(s, t);
+    const uint64_t need =
+        hw::MxuTimer::mm_cycles(t.R, t.C, 0) + uint64_t(cfg.core.queue_depth) * g.run_rows;
+    uint32_t lag = 1;
+    // The MXU that takes the fewest of L images' runs (run p goes to MXU p % nm).
+    // Each lagging image's epilogue is unrolled three more times (both step bodies and the
+    // kernel's end): at most a quarter of the block's, so that a program of composed kernels
+    // grows by no more than that.
+    const uint32_t most = std::max(1u, std::min(g.G / 4, kMaxLag));
+    while (lag < most && uint64_t(lag) * g.runs / g.nm * g.run_rows < need) ++lag;
+    return lag;
+}
+
 Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images,
                          uint32_t column_sides, uint32_t full_sides) {
     s.validate();
@@ -159,6 +176,10 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
         const Geometry g = geometry(s, t);
         return g.vend <= cfg.core.vmem_bytes && uint64_t(g.G) * g.runs <= kMaxRunsPerStep;
     };
+    auto with_lag = [&](Conv2dTiling t) {
+        t.lag = conv2d_lag(cfg, s, t);
+        return t;
+    };
     const uint32_t Ho = s.out_height();
     base.band_rows = Ho;
     base.block_images = 1;
@@ -168,13 +189,13 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
         for (uint32_t G = std::min(images, kMaxBlockImages); G >= 1; --G) {
             Conv2dTiling t = base;
             t.block_images = G;
-            if (images % G == 0 && fits(t)) return t;
+            if (images % G == 0 && fits(t)) return with_lag(t);
         }
     }
     for (uint32_t hb = Ho; hb >= 1; --hb) {
         Conv2dTiling t = base;
         t.band_rows = hb;
-        if (Ho % hb == 0 && fits(t)) return t;
+        if (Ho % hb == 0 && fits(t)) return with_lag(t);
     }
     throw DeviceError(ErrorKind::Usage,
                       fmt::format("conv2d: one output row of {} pixels with {} input channels "
@@ -187,7 +208,7 @@ size_t hash_value(const Conv2dKey& k) {
     const Conv2dTiling& t = k.tiling;
     return hash_fields(s.batch, s.height, s.width, s.cin, s.cout, s.kernel, s.stride, s.pad, t.R,
                        t.C, t.CT, t.NT, t.phases, t.Hq, t.Wq, t.band_rows, t.images, t.block_images,
-                       t.mxus, t.column_sides, t.full_sides, k.store_bf16);
+                       t.mxus, t.column_sides, t.full_sides, t.lag, k.store_bf16);
 }
 
 uint32_t conv2d_blocks(const Conv2dShape& s, const Conv2dTiling& t) {
@@ -230,7 +251,7 @@ struct ImageRegs {
           slot(b.reg("image.slot", 16)),
           bias(b.reg("image.bias", 17)) {}
     const isa::Reg& mm(uint32_t m) const { return m ? mm1 : mm0; }
-    std::array<uint32_t, kConvMaxMxus> ahead{};
+    std::array<int64_t, kConvMaxMxus> ahead{};
 };
 
 /// The implicit-GEMM kernel (driver/README.md, "Convolution"). Registers and flags keep the
@@ -263,11 +284,15 @@ public:
         y_pix_h = uint64_t(m_sh.cout) * e;
         y_img_h = uint64_t(m_g.Ho) * m_g.Wo * y_pix_h;
         y_rows = m_g.hb * m_g.Wo;
+        L = t.lag;
+        if (L < 1 || L > G)
+            throw m_b.error(
+                fmt::format("conv2d: the epilogue lag {} is not within 1..{} images", L, G));
         // Scalar memory: the VPU ops issued; the current group's HBM output base, row bytes, Y
-        // slot and bias address; the image whose epilogue waits for the next step (pending).
+        // slot and bias address; the images whose epilogues wait for the next step (pending).
         m_vpu_count = m_b.smem("vpu.count", 1);
         m_group = m_b.smem("group", kGroupWords);
-        m_pend = m_b.smem("pending", kPendWords);
+        m_pend = m_b.smem("pending", 1 + uint64_t(L) * kEntryWords);
         // VMEM: two X slots of a block's planes, two Y slots of its outputs, two W slots, the
         // bias (geometry(), which the planner checks against VMEM).
         m_vx = m_b.vmem("x", 2 * G * m_g.xv_img, kConvAlign);
@@ -351,7 +376,7 @@ public:
         E(Bltu, {m_nt, imm(NT), group});
         E(Add, {m_block, m_block, imm(1)});
         E(Blt, {m_block, blocks(), block});
-        flush_pending();
+        flush_all();
         m_ystore[0]->wait_all();
         m_ystore[1]->wait_all();
     }
@@ -359,8 +384,18 @@ public:
 private:
     /// Words of the `group` scalar-memory area.
     enum GroupWord : uint64_t { kYDst, kYBytes, kYSlot, kYBias, kGroupWords };
-    /// Words of the `pending` area: the flag (an image waits), then its ImageRegs.
-    enum PendWord : uint64_t { kPend, kPY, kPD, kPC0, kPC1, kPBytes, kPSlot, kPBias, kPendWords };
+    /// Words of the `pending` area: the flag (images wait), then per pending image its
+    /// ImageRegs (entry j at word 1 + j kEntryWords).
+    enum PendWord : uint64_t { kPend };
+    enum EntryWord : uint64_t { kPY, kPD, kPC0, kPC1, kPBytes, kPSlot, kPBias, kEntryWords };
+    isa::Arg pend(uint32_t j, EntryWord w) const { return m_pend.word(1 + j * kEntryWords + w); }
+    /// Flagged matmuls per MXU of the first `images` images of a block's step (run p on MXU
+    /// p % nm); in a group's last step every matmul is flagged.
+    std::array<int64_t, kConvMaxMxus> runs_upto(uint32_t images) const {
+        std::array<int64_t, kConvMaxMxus> c{};
+        for (uint32_t p = 0; p < images * m_g.runs; ++p) ++c[p % nm];
+        return c;
+    }
 
     void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
     isa::Arg blocks() const { return m_ops.blocks.value; }
@@ -513,31 +548,39 @@ private:
         E(Sw, {at, m_side_count.word(0)});
     }
 
-    /// The pending image's epilogue, if one waits.
-    void flush_pending() {
+    /// The epilogue of pending image j (image G - L + j of the last step), if images wait;
+    /// the last one clears the flag.
+    void flush_pending(uint32_t j) {
         const isa::Label none = m_b.label("no_pending");
         ImageRegs r(m_b);
         E(Lw, {r.y, m_pend.word(kPend)});
         E(Beq, {r.y, imm(0), none});
-        E(Lw, {r.y, m_pend.word(kPY)});
-        E(Lw, {r.dst, m_pend.word(kPD)});
-        // More than two MXUs: the pending image was its step's last, and no step has added to
-        // the counts since, so they are its targets (ahead stays 0).
+        E(Lw, {r.y, pend(j, kPY)});
+        E(Lw, {r.dst, pend(j, kPD)});
         if (m_per_mxu) {
-            E(Lw, {r.mm0, m_pend.word(kPC0)});
-            E(Lw, {r.mm1, m_pend.word(kPC1)});
+            E(Lw, {r.mm0, pend(j, kPC0)});
+            E(Lw, {r.mm1, pend(j, kPC1)});
+        } else {
+            // More than two MXUs: no step has added to the counts since the image's, so its
+            // targets are the counts less the matmuls its step queued after it.
+            const auto upto = runs_upto(G - L + j + 1), all = runs_upto(G);
+            for (uint32_t m = 0; m < nm; ++m) r.ahead[m] = upto[m] - all[m];
         }
-        E(Lw, {r.row_bytes, m_pend.word(kPBytes)});
-        E(Lw, {r.slot, m_pend.word(kPSlot)});
-        E(Lw, {r.bias, m_pend.word(kPBias)});
+        E(Lw, {r.row_bytes, pend(j, kPBytes)});
+        E(Lw, {r.slot, pend(j, kPSlot)});
+        E(Lw, {r.bias, pend(j, kPBias)});
         finish(r);
-        E(Sw, {imm(0), m_pend.word(kPend)});
+        if (j + 1 == L) E(Sw, {imm(0), m_pend.word(kPend)});
         m_b.bind(none);
+    }
+    /// Every pending image's epilogue (the kernel's end).
+    void flush_all() {
+        for (uint32_t j = 0; j < L; ++j) flush_pending(j);
     }
 
     /// Fills `r` for image `img` of the current group; `cnt` = its mm counts per MXU past the
     /// counters.
-    void image_regs(ImageRegs& r, uint32_t img, const std::array<uint32_t, kConvMaxMxus>& cnt) {
+    void image_regs(ImageRegs& r, uint32_t img, const std::array<int64_t, kConvMaxMxus>& cnt) {
         E(Add, {r.y, m_y_at, imm(int64_t(img * m_g.yv_img))});
         E(Lw, {r.dst, m_group.word(kYDst)});
         E(Add, {r.dst, r.dst, imm(int64_t(uint64_t(img) * y_rows * y_pix_h))});
@@ -688,7 +731,7 @@ private:
         // (2)
         lhs_base();
         E(Sltu, {m_acc, imm(0), m_step});
-        std::array<uint32_t, kConvMaxMxus> cnt{};
+        std::array<int64_t, kConvMaxMxus> cnt{};
         for (uint32_t img = 0; img < G; ++img) {
             for (uint32_t r = 0; r < g.runs; ++r) {
                 const uint32_t p = img * g.runs + r, m = p % nm;
@@ -703,9 +746,9 @@ private:
                     E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc});
                 if (p + 1 == G * g.runs) w_load(1);
             }
-            if (img == 0) {
-                flush_pending();
-                // A block's first step: every matmul of the previous block is done (the
+            if (img < L) flush_pending(img);
+            if (img + 1 == L) {
+                // A block's first step: every matmul of the previous block is done (the last
                 // pending image was its last), so the next block's X may replace it.
                 const isa::Label nox = m_b.label("no_x");
                 const isa::Reg next = m_b.reg("next_block", 18);
@@ -716,26 +759,27 @@ private:
                 x_load(next);
                 m_b.bind(nox);
             }
-            if (last && img > 0) {
-                std::array<uint32_t, kConvMaxMxus> prev{};
-                for (uint32_t p = 0; p < img * g.runs; ++p) ++prev[p % nm];
+            if (last && img >= L) {
+                // L images later the MXUs are still busy when the epilogue waits for it.
                 ImageRegs r(m_b);
-                image_regs(r, img - 1, prev);
+                image_regs(r, img - L, runs_upto(img - L + 1));
                 finish(r);
             }
         }
         if (last) {
-            ImageRegs r(m_b);
-            image_regs(r, G - 1, cnt);
-            E(Sw, {r.y, m_pend.word(kPY)});
-            E(Sw, {r.dst, m_pend.word(kPD)});
-            if (m_per_mxu) {
-                E(Sw, {r.mm0, m_pend.word(kPC0)});
-                E(Sw, {r.mm1, m_pend.word(kPC1)});
+            for (uint32_t j = 0; j < L; ++j) {
+                ImageRegs r(m_b);
+                image_regs(r, G - L + j, runs_upto(G - L + j + 1));
+                E(Sw, {r.y, pend(j, kPY)});
+                E(Sw, {r.dst, pend(j, kPD)});
+                if (m_per_mxu) {
+                    E(Sw, {r.mm0, pend(j, kPC0)});
+                    E(Sw, {r.mm1, pend(j, kPC1)});
+                }
+                E(Sw, {r.row_bytes, pend(j, kPBytes)});
+                E(Sw, {r.slot, pend(j, kPSlot)});
+                E(Sw, {r.bias, pend(j, kPBias)});
             }
-            E(Sw, {r.row_bytes, m_pend.word(kPBytes)});
-            E(Sw, {r.slot, m_pend.word(kPSlot)});
-            E(Sw, {r.bias, m_pend.word(kPBias)});
             const isa::Reg one = m_b.reg("one", 18);
             E(Li, {one, imm(1)});
             E(Sw, {one, m_pend.word(kPend)});
@@ -753,7 +797,7 @@ private:
     const Conv2dOperands m_ops;
     const Epilogue& m_ep;
     const uint32_t e;  ///< bytes of one output value (4, or 2 with a bf16 store)
-    uint32_t NT = 0, S = 0, G = 0, nm = 0, y_rows = 0;
+    uint32_t NT = 0, S = 0, G = 0, nm = 0, y_rows = 0, L = 1;
     uint64_t wtile = 0, y_pix_h = 0, y_img_h = 0;
     isa::Smem m_vpu_count, m_group, m_pend, m_side_count;
     isa::Vmem m_vx, m_vy, m_vw, m_vb, m_vcol, m_vfull;

@@ -67,8 +67,19 @@ struct Conv2dTiling {
     uint32_t mxus = 0;          ///< MXUs used: each takes every mxus-th run (plan: all, 1-8)
     uint32_t column_sides = 0;  ///< epilogue Column sides (VMEM: one Cout tile of each, C fp32)
     uint32_t full_sides = 0;    ///< epilogue Full sides (VMEM: one image's tile of each)
+    /// Images whose matmuls are queued after an image's last one before its epilogue waits for
+    /// them (1..block_images; plan_conv2d: enough to cover the array's latency, conv2d_lag)
+    uint32_t lag = 1;
     auto operator<=>(const Conv2dTiling&) const = default;
 };
+
+/// The epilogue lag of tiling `t` (Conv2dTiling::lag) on `cfg`'s MXUs: the fewest images L
+/// such that the matmuls of L images that each MXU streams take at least the array's latency
+/// (hw::MxuTimer::mm_cycles of no rows, R + C - 2) plus a full queue of matmuls
+/// (core.queue_depth runs): the epilogue's wait for an image's results then finds them written
+/// while the MXU queues are still full, so the MXUs never wait for it. At most a quarter of
+/// block_images (at least 1) and 16: each lagging image's epilogue is unrolled three more times.
+uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv2dTiling& t);
 
 /// The tiling of `images` images per core: whole images, as many per block as divide `images`
 /// and fit in VMEM twice (more images per block amortise the array drain of each weight tile),

@@ -128,7 +128,7 @@ uint64_t traffic_bytes(const GemmTiling& t, uint32_t rows, const GemmTraffic& x 
 /// weight tiles and C pieces in flight together and measures 60-77% on the shapes of
 /// driver/README.md; planning at peak picks HBM-bound tilings (2048^3 with wavefront swaps:
 /// 435 k cycles planned at peak, 332 k at this share).
-constexpr double kPlannedHbmShare = 0.75;
+constexpr double kPlannedHbmShare = kGemmPlannedHbmShare;
 
 /// gemm_estimate_cycles at `bw` HBM bytes per cycle; `drains` = CoreConfig::mxu_swap_drains.
 double estimate_cycles(const GemmTiling& t, uint32_t rows, double bw, bool drains,

@@ -58,6 +58,8 @@ GemmTiling plan_gemm(const hw::BoardConfig& cfg, uint32_t max_rows, uint32_t K, 
 /// core.mxu_swap_drains) and the other HBM bytes at peak (A once, or
 /// once per column group when streamed; W once per row block; C once).
 double gemm_estimate_cycles(const hw::BoardConfig& cfg, const GemmTiling& t, uint32_t rows);
+/// The share of HBM peak the planners count on while the MXUs work (gemm.cpp says why 0.75).
+inline constexpr double kGemmPlannedHbmShare = 0.75;
 /// What a kernel built on the GEMM's schedule moves besides the GEMM's own operands, for
 /// gemm_estimate_cycles: the fused dot kernel (matmul_kernel.h) reads fp32 operands and
 /// converts them in VMEM, reads its epilogue's side inputs and may store C as bf16.

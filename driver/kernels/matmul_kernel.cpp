@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include "driver/kernels/split.h"
+#include "hw/core/mxu_model.h"
+#include "hw/mem/hbm_timing.h"
 
 namespace tpu::driver {
 
@@ -39,7 +41,7 @@ std::string_view dot_layout_name(DotLayout l) {
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
                        k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
-                       k.overlap_epilogue);
+                       k.overlap_epilogue, k.group_panels);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -72,6 +74,11 @@ uint32_t ceil_div(uint32_t a, uint32_t b) {
 int parts_of(Precision p) {
     return p == Precision::Bf16 ? 1 : p == Precision::Fp32Pass3 ? 2 : 3;
 }
+
+/// The share of HBM peak one sequential stream of long contiguous runs reaches on the banked
+/// HBM2 model (bench/hbm_bench; gemm.cpp's kPlannedHbmShare note): a streamed panel of MXU
+/// tiles, one run a step.
+constexpr double kSequentialHbmShare = 0.925;
 
 /// Largest block the planners consider, as plan_gemm: beyond it the drain is amortised.
 constexpr uint32_t kMaxBlockRows = 4096;
@@ -132,9 +139,22 @@ struct Map {
     };
     std::vector<Area> areas;
 };
+/// Column panels of a group (each MXU takes group_panels of them per step).
+uint32_t group_width(const DotKey& k) {
+    return k.mxus * std::max<uint32_t>(k.group_panels, 1);
+}
+
+/// The streamed operand's bf16 panels in two slots, each read in its own step only: several
+/// panels per MXU in one group (the block's every column) read each staged panel once.
+bool two_panel_slots(const DotKey& k) {
+    const Problem p = problem(k);
+    return k.group_panels > 1 && staged(p.a) && ceil_div(p.N, k.C) <= group_width(k);
+}
+
 Map vmem_map(const DotKey& k) {
     const Problem p = problem(k);
-    const uint64_t T = k.block_rows, KT = ceil_div(p.K, k.R), P = parts_of(k.precision);
+    const uint64_t T = k.block_rows, P = parts_of(k.precision), G = group_width(k);
+    const uint64_t KT = two_panel_slots(k) ? 2 : ceil_div(p.K, k.R);
     const uint64_t a32 = T * k.R * 4, w32 = uint64_t(k.R) * k.C * 4;
     Map m{};
     auto take = [&](uint64_t Map::*field, const char* name, uint64_t bytes) {
@@ -157,23 +177,23 @@ Map vmem_map(const DotKey& k) {
         if (P > 2) take(&Map::ar2, "a_r2", a32);
     }
     if (staged(p.w)) {
-        take(&Map::wstage, "w_stage", 2 * k.mxus * w32);
+        take(&Map::wstage, "w_stage", 2 * G * w32);
         if (p.w == DotLayout::Transposed || p.w == DotLayout::TransposedTiles ||
             p.w == DotLayout::TransposedVpuTiles)
-            take(&Map::wtt, "w_trans", k.mxus * w32);
+            take(&Map::wtt, "w_trans", G * w32);
         if (P > 1) take(&Map::wf, "w_f", w32);
         if (P > 1) take(&Map::wr1, "w_r1", w32);
         if (P > 2) take(&Map::wr2, "w_r2", w32);
     }
-    take(&Map::wbf, "w_bf16", 2 * k.mxus * P * m.wtile);
-    take(&Map::c, "c", 2 * k.mxus * m.cpanel);
+    take(&Map::wbf, "w_bf16", 2 * G * P * m.wtile);
+    take(&Map::c, "c", 2 * G * m.cpanel);
     // A Column side holds one value per output column; with the LHS stationary the output
     // columns are the streamed rows, read a whole block at a time from the block's first.
     m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
     if (k.column_sides) take(&Map::col, "columns", k.column_sides * m.col_stride);
-    if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * k.mxus * m.cpanel);
-    if (p.lhs || k.c == DotLayout::TransposedTiles) take(&Map::tt, "c_trans", k.mxus * m.cpanel);
-    if (k.store_bf16) take(&Map::bf, "c_bf16", k.mxus * T * k.C * 2);
+    if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * G * m.cpanel);
+    if (p.lhs || k.c == DotLayout::TransposedTiles) take(&Map::tt, "c_trans", G * m.cpanel);
+    if (k.store_bf16) take(&Map::bf, "c_bf16", G * T * k.C * 2);
     return m;
 }
 
@@ -198,16 +218,20 @@ constexpr uint32_t kDotMaxMxus = 8;
 /// back out of order from the banked HBM and are waited per slot, in full.
 class DotGen {
 public:
-    DotGen(isa::Builder& b, const DotKey& k, const DotOperands& ops, const Epilogue& ep)
+    DotGen(isa::Builder& b, const DotKey& k, const DotOperands& ops, const Epilogue& ep,
+           const Prologue& pro)
         : m_b(b),
           m_k(k),
           m_p(problem(k)),
           m_ep(ep),
+          m_pro(pro),
           m_m(vmem_map(k)),
           m_P(parts_of(k.precision)),
           m_KT(ceil_div(m_p.K, k.R)),
           m_NT(ceil_div(m_p.N, k.C)),
-          m_G(ceil_div(m_NT, k.mxus)),
+          m_GW(group_width(k)),
+          m_G(ceil_div(m_NT, m_GW)),
+          m_AS(two_panel_slots(k) ? 2 : m_KT),
           m_A(m_p.lhs ? ops.w : ops.a),
           m_W(m_p.lhs ? ops.a : ops.w),
           m_C(ops.c) {
@@ -276,7 +300,7 @@ public:
         } else {
             group(true, false);
             if (m_G > 2) {
-                const int64_t step = int64_t(m_k.mxus) * m_k.C * 4;
+                const int64_t step = int64_t(m_GW) * m_k.C * 4;
                 E(Opcode::Li, {m_col, imm(step)});
                 const isa::Label mid = m_b.label("mid");
                 m_b.bind(mid);
@@ -347,7 +371,9 @@ private:
 
     /// MXU m's count class: itself (per MXU), else 0 for the last group's MXUs, 1 for the
     /// others.
-    uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < panels(true) ? 0 : 1); }
+    uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < mxus_of(panels(true)) ? 0 : 1); }
+    /// MXUs that `np` panels of a group use (panel p on MXU p % mxus).
+    uint32_t mxus_of(uint32_t np) const { return std::min(np, m_k.mxus); }
     const isa::Reg& mxu_count(uint32_t m) const { return m_mxu_count[cls(m)]; }
 
     /// Waits until MXU m has finished all its steps but the `later` most recent.
@@ -363,29 +389,63 @@ private:
         m_b.bind(skip);
     }
 
-    /// Tiles per band of a held W^T in 8 x 128 tiles (KT, or a window's array's).
-    uint64_t wbt() const { return m_p.w_band_tiles ? m_p.w_band_tiles : m_KT; }
+    /// 8 x 128 tiles in a band of `cols` values (an MXU tile of R x C spans R / 8 bands of
+    /// C / 128 of them: a 256 x 256 array reads each band's two tiles of a panel piecewise).
+    static uint64_t vtiles(uint64_t cols) { return (cols + 127) / 128; }
+    /// Tiles per band of a held W^T in 8 x 128 tiles (ceil(K / 128), or a window's array's).
+    uint64_t wbt() const { return m_p.w_band_tiles ? m_p.w_band_tiles : vtiles(m_p.K); }
+    /// Moves `cols` (a multiple of 128) columns of `bands` bands of 8 x 128 tiles between HBM
+    /// (`hbm`: the first band's first tile, bands `band` bytes apart, a band's tiles side by
+    /// side) and rows of `row` bytes in VMEM (`vm`): a VMEM row of an array wider than 128
+    /// values is pieces of several tiles. One DMA per band and tile (one 4 KiB run of HBM, 8 rows
+    /// of 512 bytes in VMEM), tile column by tile column: a DMA's VMEM rows (its bounding box)
+    /// overlap those of the band's other tiles, so the engine would hold each behind the one
+    /// before it (its WAW hazard) if they followed each other. Counts on `t` itself; returns 0.
+    uint32_t tile_columns(Opcode op, bool load, isa::Arg vm, isa::Arg hbm, isa::Arg bands,
+                          uint64_t row, uint64_t band, uint32_t cols, const Tally& t) {
+        const isa::Reg h = m_b.reg("columns.hbm"), v = m_b.reg("columns.vmem"),
+                       end = m_b.reg("columns.end");
+        for (uint32_t c = 0; c < cols / 128; ++c) {
+            E(Opcode::Add, {h, hbm, imm(int64_t(c * kBandBytes))});
+            E(Opcode::Add, {v, vm, imm(int64_t(c * 512))});
+            E(Opcode::Mul, {end, bands, imm(int64_t(8 * row))});
+            E(Opcode::Add, {end, end, v});
+            const isa::Label loop = m_b.label("tile_column");
+            m_b.bind(loop);
+            if (load)
+                E(op, {v, h, imm(8), imm(512), imm(int64_t(row)), imm(512), t.flag});
+            else
+                E(op, {h, v, imm(8), imm(512), imm(512), imm(int64_t(row)), t.flag});
+            E(Opcode::Add, {h, h, imm(int64_t(band))});
+            E(Opcode::Add, {v, v, imm(int64_t(8 * row))});
+            E(Opcode::Bltu, {v, end, loop});
+            E(Opcode::Add, {t.count, t.count, bands});
+        }
+        return 0;
+    }
 
     uint32_t kk(uint32_t j) const { return std::min(m_k.R, m_p.K - j * m_k.R); }
     /// Columns of panel m of the group (the last panel of C may be narrow).
     uint32_t nn(bool last, uint32_t m) const {
-        const uint32_t panel = (m_G - 1) * m_k.mxus + m;
+        const uint32_t panel = (m_G - 1) * m_GW + m;
         return last && panel == m_NT - 1 ? m_p.N - panel * m_k.C : m_k.C;
     }
-    uint32_t panels(bool last) const { return last ? m_NT - (m_G - 1) * m_k.mxus : m_k.mxus; }
+    uint32_t panels(bool last) const { return last ? m_NT - (m_G - 1) * m_GW : m_GW; }
     uint64_t wbf(int slot, uint32_t m, int q) const {
-        return m_a.wbf + ((uint64_t(slot) * m_k.mxus + m) * m_P + q) * m_m.wtile;
+        return m_a.wbf + ((uint64_t(slot) * m_GW + m) * m_P + q) * m_m.wtile;
     }
+    /// Bytes from one k x 128 tile column of a staged A^T in 8 x 128 tiles to the next.
+    static uint64_t asub(uint32_t k) { return uint64_t(ceil_div(k, 8)) * kBandBytes; }
+    /// Bytes from one n x 128 piece of a staged W^T in 8 x 128 tiles to the next.
+    static uint64_t wsub(uint32_t n) { return uint64_t(ceil_div(n, 8)) * kBandBytes; }
     uint64_t wstage(int slot, uint32_t m) const {
-        return m_a.wstage + (uint64_t(slot) * m_k.mxus + m) * m_k.R * m_k.C * 4;
+        return m_a.wstage + (uint64_t(slot) * m_GW + m) * m_k.R * m_k.C * 4;
     }
     uint64_t abf(int q, uint32_t j) const {
-        return m_a.abf + (uint64_t(q) * m_KT + j) * m_m.apanel;
+        return m_a.abf + (uint64_t(q) * m_AS + j % m_AS) * m_m.apanel;
     }
     /// First column of the group (a middle group's is group_col / 4).
-    uint64_t first_col(bool first) const {
-        return first ? 0 : uint64_t(m_G - 1) * m_k.mxus * m_k.C;
-    }
+    uint64_t first_col(bool first) const { return first ? 0 : uint64_t(m_G - 1) * m_GW * m_k.C; }
 
     /// w_base = the HBM address of the stationary operand's column n0 of the group.
     void w_base(bool first, bool last) {
@@ -441,8 +501,9 @@ private:
                        imm(int64_t(M * 4)), t.flag});
                 ++count;
             } else if (m_p.a == DotLayout::TransposedVpuTiles) {
-                // A^T (K x M) in tiles, blocks of 128 rows: the block's column of tiles in
-                // the 16 bands of step j, MT tiles apart, lands as k x 128 row-major.
+                // A^T (K x M) in tiles, blocks of whole tile columns: each of the block's columns
+                // of tiles in the ceil(k / 8) bands of step j, MT tiles apart, lands as k x 128
+                // row-major (a column past a short last block's rows is not read).
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
                 const uint64_t MT = m_p.a_band_tiles ? m_p.a_band_tiles : ceil_div(m_p.M, 128);
                 E(Opcode::Mul, {m_t14, m_row, imm(kBandBytes / 128)});
@@ -451,28 +512,49 @@ private:
                        imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
                        imm(int64_t(MT * kBandBytes)), t.flag});
                 ++count;
+                for (uint32_t c = 1; c < m_k.block_rows / 128; ++c) {
+                    const isa::Label skip = m_b.label("a_column");
+                    E(Opcode::Bltu, {m_rows, imm(128 * c + 1), skip});
+                    E(op, {imm(int64_t(at + c * asub(k))),
+                           m_t14 + int64_t((uint64_t(j) * R / 8 * MT + c) * kBandBytes),
+                           imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
+                           imm(int64_t(MT * kBandBytes)), t.flag});
+                    E(Opcode::Add, {t.count, t.count, imm(1)});
+                    m_b.bind(skip);
+                }
             } else if (m_p.a == DotLayout::VpuTiles) {
-                // Panel j of the block's bands: one 4 KiB tile per 8 rows, KT tiles apart; in
-                // VMEM they are the block's rows of R = 128 values, as a row-major panel's.
+                // Panel j of the block's bands: R / 128 tiles of 4 KiB per 8 rows, a band of
+                // ceil(K / 128) tiles apart; in VMEM they are the block's rows of R values, as a
+                // row-major panel's.
                 const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
-                const uint64_t band_tiles = m_p.a_band_tiles ? m_p.a_band_tiles : m_KT;
-                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * R * 4))});
+                const uint64_t band_tiles = m_p.a_band_tiles ? m_p.a_band_tiles : vtiles(K);
+                const uint64_t tile0 = uint64_t(j) * (R / 128);  // panel j's first tile in a band
+                E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * 512))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 if (k < R) {
-                    // K padded: the last step's k lanes of each band's tile, one DMA per band,
-                    // compacted to rows of k values (a short last band brings padding rows).
-                    const isa::Label band = m_b.label("a_band");
-                    E(Opcode::Add,
-                      {m_t14, m_t14, imm(int64_t(uint64_t(j) * kBandBytes + m_p.a_lane * 4))});
-                    E(Opcode::Li, {m_t15, imm(int64_t(at))});
-                    E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
-                    E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at))});
-                    m_b.bind(band);
-                    E(op, {m_t15, m_t14, imm(8), imm(k * 4), imm(k * 4), imm(512), t.flag});
-                    E(Opcode::Add, {t.count, t.count, imm(1)});
-                    E(Opcode::Add, {m_t14, m_t14, imm(int64_t(band_tiles * kBandBytes))});
-                    E(Opcode::Add, {m_t15, m_t15, imm(8 * k * 4)});
-                    E(Opcode::Bltu, {m_t15, m_tmp, band});
+                    // K padded: the last step's k lanes of each band's tiles, one DMA per band
+                    // and tile, compacted to rows of k values (a short last band brings padding
+                    // rows); a loop over the bands per tile (tile_columns: a band's tiles write
+                    // interleaved rows).
+                    for (uint32_t s = 0; s < vtiles(k); ++s) {
+                        const isa::Label band = m_b.label("a_band");
+                        if (s > 0) {
+                            E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * 512))});
+                            E(Opcode::Add, {m_t14, m_t14, m_A.value});
+                        }
+                        E(Opcode::Add,
+                          {m_t14, m_t14, imm(int64_t((tile0 + s) * kBandBytes + m_p.a_lane * 4))});
+                        E(Opcode::Li, {m_t15, imm(int64_t(at + s * 512))});
+                        E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
+                        E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at + s * 512))});
+                        m_b.bind(band);
+                        E(op, {m_t15, m_t14, imm(8), imm(std::min(k - s * 128, 128u) * 4),
+                               imm(k * 4), imm(512), t.flag});
+                        E(Opcode::Add, {t.count, t.count, imm(1)});
+                        E(Opcode::Add, {m_t14, m_t14, imm(int64_t(band_tiles * kBandBytes))});
+                        E(Opcode::Add, {m_t15, m_t15, imm(8 * k * 4)});
+                        E(Opcode::Bltu, {m_t15, m_tmp, band});
+                    }
                 } else {
                     // Rows not a multiple of 8: the last band's padding rows come along.
                     if (m_p.M % 8) {
@@ -482,10 +564,16 @@ private:
                         E(Opcode::Shr, {m_t15, m_rows, imm(3)});
                     }
                     // Bands are a window's array's band_tiles apart (a head of 128 lanes).
-                    E(op, {imm(int64_t(at)), m_t14 + int64_t(uint64_t(j) * kBandBytes), m_t15,
-                           imm(kBandBytes), imm(kBandBytes), imm(int64_t(band_tiles * kBandBytes)),
-                           t.flag});
-                    ++count;
+                    if (R == 128) {
+                        E(op, {imm(int64_t(at)), m_t14 + int64_t(tile0 * kBandBytes), m_t15,
+                               imm(kBandBytes), imm(kBandBytes),
+                               imm(int64_t(band_tiles * kBandBytes)), t.flag});
+                        ++count;
+                    } else {
+                        count += tile_columns(op, true, imm(int64_t(at)),
+                                              m_t14 + int64_t(tile0 * kBandBytes), m_t15,
+                                              uint64_t(R) * 4, band_tiles * kBandBytes, R, t);
+                    }
                 }
             } else if (m_p.a == DotLayout::Tiles) {
                 // The streamed operand in the MXU's R x R tiles (a streamed weight lies in
@@ -575,33 +663,51 @@ private:
                         // tiles apart, landing as the k x C row-major tile; a narrow last
                         // panel (N padded) one DMA per band, compacted to rows of n values.
                         // Bands are a window's array's band_tiles apart (a head of 128 lanes).
-                        const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : NT;
-                        if (n == C) {
+                        // (A C-wide panel is C / 128 tiles of each band.)
+                        const uint64_t bt = m_p.w_band_tiles ? m_p.w_band_tiles : vtiles(N);
+                        const uint64_t tm = uint64_t(m) * (C / 128);  // the panel's first tile
+                        if (n == 128) {
                             E(op, {imm(int64_t(wstage(slot, m))),
-                                   m_wb + int64_t((uint64_t(j) * R / 8 * bt + m) * kBandBytes),
+                                   m_wb + int64_t((uint64_t(j) * R / 8 * bt + tm) * kBandBytes),
                                    imm(ceil_div(k, 8)), imm(kBandBytes), imm(kBandBytes),
                                    imm(int64_t(bt * kBandBytes)), t.flag});
                             ++count;
                             break;
                         }
-                        for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
-                            E(op,
-                              {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4)),
-                               m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + m) * kBandBytes +
-                                              m_p.w_lane * 4),
-                               imm(8), imm(n * 4), imm(n * 4), imm(512), t.flag});
-                            ++count;
+                        if (n % 128 == 0) {
+                            count += tile_columns(
+                                op, true, imm(int64_t(wstage(slot, m))),
+                                m_wb + int64_t((uint64_t(j) * R / 8 * bt + tm) * kBandBytes),
+                                imm(ceil_div(k, 8)), uint64_t(n) * 4, bt * kBandBytes, n, t);
+                            break;
                         }
+                        // Tile by tile, each over the bands (tile_columns).
+                        for (uint32_t s = 0; s < vtiles(n); ++s)
+                            for (uint32_t band = 0; band < ceil_div(k, 8); ++band) {
+                                E(op, {imm(int64_t(wstage(slot, m) + uint64_t(band) * 8 * n * 4 +
+                                                   s * 512)),
+                                       m_wb + int64_t(((uint64_t(j) * R / 8 + band) * bt + tm + s) *
+                                                          kBandBytes +
+                                                      m_p.w_lane * 4),
+                                       imm(8), imm(std::min(n - s * 128, 128u) * 4), imm(n * 4),
+                                       imm(512), t.flag});
+                                ++count;
+                            }
                         break;
                     }
                     case DotLayout::TransposedVpuTiles:
-                        // W^T (N x K) in tiles: tile column j of the panel's ceil(n / 8) bands,
-                        // KT tiles apart, lands as n x 128 and is transposed in VMEM.
-                        E(op, {imm(int64_t(wstage(slot, m))),
-                               m_wb + int64_t((uint64_t(m) * C / 8 * wbt() + j) * kBandBytes),
-                               imm(ceil_div(n, 8)), imm(kBandBytes), imm(kBandBytes),
-                               imm(int64_t(wbt() * kBandBytes)), t.flag});
-                        ++count;
+                        // W^T (N x K) in tiles: each of step j's R / 128 tile columns of the
+                        // panel's ceil(n / 8) bands, a band of tiles apart, lands as n x 128 and
+                        // is transposed in VMEM.
+                        for (uint32_t s = 0; s < vtiles(k); ++s) {
+                            E(op, {imm(int64_t(wstage(slot, m) + s * wsub(n))),
+                                   m_wb + int64_t((uint64_t(m) * C / 8 * wbt() +
+                                                   uint64_t(j) * (R / 128) + s) *
+                                                  kBandBytes),
+                                   imm(ceil_div(n, 8)), imm(kBandBytes), imm(kBandBytes),
+                                   imm(int64_t(wbt() * kBandBytes)), t.flag});
+                            ++count;
+                        }
                         break;
                     case DotLayout::TransposedTiles:
                         // Tile (n0 / C + m, j) of W^T: n rows of k values, transposed in VMEM.
@@ -622,11 +728,11 @@ private:
     /// MXUs, the last one clears the pending group).
     void flush(const std::string& tag, uint32_t steps, uint32_t nm, uint32_t m0 = 0,
                uint32_t m1 = ~0u) {
-        const bool first_piece = m0 == 0, last_piece = m1 >= m_k.mxus;
+        const bool first_piece = m0 == 0, last_piece = m1 >= m_GW;
         const isa::Label done = m_b.label("fd_" + tag), fe = m_b.label("fe_" + tag);
         E(Opcode::Beq, {m_pending, imm(0), done});
         if (first_piece)
-            for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, m < nm ? steps : 0);
+            for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, m < mxus_of(nm) ? steps : 0);
         if (m_G > 1) {
             const isa::Label fl = m_b.label("fl_" + tag);
             E(Opcode::Beq, {m_pending, imm(2), fl});
@@ -660,15 +766,16 @@ private:
         // ceil(N / 128) tiles.
         auto panel_off = [&](uint32_t m) -> uint64_t {
             if (mxu_tiles_out) return uint64_t(m) * (lhs ? 1 : MT) * tile_bytes / 4;
-            if (ttiles_out) return uint64_t(m) * kBandBytes / 4;
+            if (ttiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
             if (lhs && tiles_out) return uint64_t(m) * C * ceil_div(m_k.N, 128) * 128;
             if (lhs) return uint64_t(m) * C * cn;
-            if (tiles_out) return uint64_t(m) * kBandBytes / 4;
+            if (tiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
             return panels_out ? uint64_t(m) * m_k.M * C : m * C;
         };
-        // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run.
+        // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run
+        // (C / 128 of them side by side).
         isa::Reg bands;
-        const int64_t band_stride = int64_t(m_NT) * kBandBytes;
+        const int64_t band_stride = int64_t(vtiles(m_p.N)) * kBandBytes;
         if ((tiles_out && !lhs) || ttiles_out) {
             bands = m_b.reg("bands");
             if (m_p.M % 8) {  // the last band's padding rows too
@@ -706,16 +813,20 @@ private:
                     else if (lhs)
                         E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
                                m_sides.flag});
-                    else if (tiles_out && n < C)
+                    else if (tiles_out && n % 128)
                         issued += narrow_bands(op, false, at, panel_off(m) * 4, nullptr,
                                                full_tile(f, m), n, m_sides);
+                    else if (tiles_out && n > 128)
+                        issued += tile_columns(op, true, dst, src, bands, uint64_t(n) * 4,
+                                               uint64_t(band_stride), n, m_sides);
                     else if (tiles_out)
                         E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
                                m_sides.flag});
                     else
                         E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
                                imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
-                    if (!(lhs && tiles_out) && !(tiles_out && n < C)) ++issued;
+                    if (!(lhs && tiles_out) && !(tiles_out && n % 128) && !(tiles_out && n > 128))
+                        ++issued;
                 }
                 ++f;
             }
@@ -813,9 +924,16 @@ private:
                 mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n);
                 continue;
             }
-            if (tiles_out && n < C) {
+            if (tiles_out && n % 128) {
                 narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar, m_a.c + m * m_m.cpanel,
                              n, m_stores);
+                continue;
+            }
+            if ((tiles_out || ttiles_out) && n > 128) {
+                // A panel wider than a tile (a 256-column MXU): its rows are pieces of n / 128
+                // tiles of each band.
+                tile_columns(op, false, src, dst, bands, uint64_t(n) * 4, uint64_t(band_stride), n,
+                             m_stores);
                 continue;
             }
             if (lhs && !ttiles_out)
@@ -910,29 +1028,33 @@ private:
 
     /// C in 8 x 128 tiles, a narrow last panel (N padded): the pending rows of an n-column
     /// panel (compact rows of n values in VMEM at `vbase` + `voff`) to (`store`) or from the
-    /// panel's tiles at `hbm` + `off`, one 8-row DMA of n values a row per band (a short last
-    /// band moves padding rows too). Counts on `t` itself; returns 0.
+    /// panel's tiles at `hbm` + `off`, one 8-row DMA per band and tile of up to 128 values a
+    /// row (a short last band moves padding rows too). Counts on `t` itself; returns 0.
     uint32_t narrow_bands(Opcode op, bool store, const isa::Reg& hbm, uint64_t off,
                           const isa::Reg* vbase, uint64_t voff, uint32_t n, const Tally& t) {
         const isa::Reg h = m_b.reg("bands.hbm"), v = m_b.reg("bands.vmem"),
                        end = m_b.reg("bands.end");
-        E(Opcode::Add, {h, hbm, imm(int64_t(off))});
-        if (vbase)
-            E(Opcode::Add, {v, *vbase, imm(int64_t(voff))});
-        else
-            E(Opcode::Li, {v, imm(int64_t(voff))});
-        E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
-        E(Opcode::Add, {end, end, v});
-        const isa::Label loop = m_b.label("narrow");
-        m_b.bind(loop);
-        if (store)
-            E(op, {h, v, imm(8), imm(int64_t(n) * 4), imm(512), imm(int64_t(n) * 4), t.flag});
-        else
-            E(op, {v, h, imm(8), imm(int64_t(n) * 4), imm(int64_t(n) * 4), imm(512), t.flag});
-        E(Opcode::Add, {t.count, t.count, imm(1)});
-        E(Opcode::Add, {h, h, imm(int64_t(m_NT) * kBandBytes)});
-        E(Opcode::Add, {v, v, imm(int64_t(n) * 8 * 4)});
-        E(Opcode::Bltu, {v, end, loop});
+        // A loop over the bands per tile (tile_columns: a band's tiles write interleaved rows).
+        for (uint32_t s = 0; s < vtiles(n); ++s) {
+            const int64_t w = int64_t(std::min(n - s * 128, 128u)) * 4;
+            E(Opcode::Add, {h, hbm, imm(int64_t(off + s * kBandBytes))});
+            if (vbase)
+                E(Opcode::Add, {v, *vbase, imm(int64_t(voff + s * 512))});
+            else
+                E(Opcode::Li, {v, imm(int64_t(voff + s * 512))});
+            E(Opcode::Mul, {end, m_prows, imm(int64_t(n) * 4)});
+            E(Opcode::Add, {end, end, v});
+            const isa::Label loop = m_b.label("narrow");
+            m_b.bind(loop);
+            if (store)
+                E(op, {h, v, imm(8), imm(w), imm(512), imm(int64_t(n) * 4), t.flag});
+            else
+                E(op, {v, h, imm(8), imm(w), imm(int64_t(n) * 4), imm(512), t.flag});
+            E(Opcode::Add, {t.count, t.count, imm(1)});
+            E(Opcode::Add, {h, h, imm(int64_t(vtiles(m_p.N)) * kBandBytes)});
+            E(Opcode::Add, {v, v, imm(int64_t(n) * 8 * 4)});
+            E(Opcode::Bltu, {v, end, loop});
+        }
         return 0;
     }
 
@@ -959,7 +1081,7 @@ private:
     }
 
     uint64_t full_tile(uint32_t f, uint32_t m) const {
-        return m_a.full + (uint64_t(f) * m_k.mxus + m) * m_m.cpanel;
+        return m_a.full + (uint64_t(f) * m_GW + m) * m_m.cpanel;
     }
 
     /// VPU: fp32 at `x` (`n` values) into the bf16 parts `part(q)`.
@@ -985,7 +1107,7 @@ private:
         // Slot 0 of the weight tiles was last read by the previous group's last step (KT odd)
         // or the one before.
         if (w_direct)
-            for (uint32_t m = 0; m < nm; ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
+            for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
         loads(0, first, last, 0, kBoth);
         const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
         // The previous group's epilogue is the VPU's, which also converts each step's operands:
@@ -993,7 +1115,7 @@ private:
         // (a GELU on two 128-column panels outlasts a step). With a step per panel to spare,
         // each panel's epilogue goes after a step of its own.
         const bool split =
-            m_k.overlap_epilogue && !w_direct && m_k.mxus > 1 && flush_step + m_k.mxus <= m_KT;
+            m_k.overlap_epilogue && !w_direct && m_GW > 1 && flush_step + m_GW <= m_KT;
         for (uint32_t j = 0; j < m_KT; ++j) {
             const int slot = int(j % 2);
             const uint32_t k = kk(j);
@@ -1008,9 +1130,11 @@ private:
             // steps read (all but this group's j).
             if (converts)
                 for (uint32_t m = 0; m < m_k.mxus; ++m) {
-                    uint32_t later = m < nm ? (j == 0 && m_KT % 2 ? 0 : 1) : m_k.mxus;
-                    if (first) later = std::min(later, m < nm ? j : 0);
-                    if (m < nm || first) wait_mxu(m, later);
+                    const bool used = m < mxus_of(nm);
+                    uint32_t later = used ? (j == 0 && m_KT % 2 ? 0 : 1) : m_k.mxus;
+                    // A's panels in two slots follow the weight slots' rule.
+                    if (first && m_AS == m_KT) later = std::min(later, used ? j : 0);
+                    if (used || first) wait_mxu(m, later);
                 }
             if (first && a_staged) {
                 const uint64_t src = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
@@ -1019,10 +1143,18 @@ private:
                     vpu(Opcode::VTrans, {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), m_rows});
                     x = m_a.att;
                 } else if (m_p.a == DotLayout::TransposedVpuTiles) {
-                    // k x 128 (a short last block's columns past its rows are padding; a
-                    // window's rows start at its lane).
+                    // k x 128 per tile column, to 128 rows of k each, one below the other (a
+                    // short last block's columns past its rows are padding; a window's rows
+                    // start at its lane).
                     vpu(Opcode::VTrans,
                         {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), imm(128)});
+                    for (uint32_t c = 1; c < m_k.block_rows / 128; ++c) {
+                        const isa::Label skip = m_b.label("a_column_t");
+                        E(Opcode::Bltu, {m_rows, imm(128 * c + 1), skip});
+                        vpu(Opcode::VTrans, {imm(int64_t(m_a.att + uint64_t(c) * 128 * k * 4)),
+                                             imm(int64_t(src + c * asub(k))), imm(k), imm(128)});
+                        m_b.bind(skip);
+                    }
                     x = m_a.att + uint64_t(m_p.a_lane) * k * 4;
                 } else if (m_p.a == DotLayout::TransposedTiles) {
                     // Each R x R tile (k rows of K, R rows of the block) to R rows of k values:
@@ -1033,6 +1165,12 @@ private:
                                              imm(int64_t(src + t * tile)), imm(R), imm(R)});
                     x = m_a.att;
                 }
+                if (m_pro.streamed)
+                    m_pro.streamed({m_b, imm(int64_t(x)), m_rows, k,
+                                    [&](const isa::Reg& d) { E(Opcode::Mul, {d, m_row, imm(4)}); },
+                                    [&](Opcode op, std::initializer_list<isa::Arg> args) {
+                                        vpu(op, args);
+                                    }});
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
                         m_a.ar2);
@@ -1046,11 +1184,30 @@ private:
                         vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
                         x = tt;
                     } else if (m_p.w == DotLayout::TransposedVpuTiles) {
-                        // n x 128: the first k rows of the transpose are the tile's.
+                        // Each n x 128 piece to 128 rows of n, one below the other: the first k
+                        // rows of the transposes are the tile's.
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
-                        vpu(Opcode::VTrans,
-                            {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(int64_t(R))});
+                        for (uint32_t s = 0; s < vtiles(k); ++s)
+                            vpu(Opcode::VTrans, {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
+                                                 imm(int64_t(x + s * wsub(n))), imm(n), imm(128)});
                         x = tt + uint64_t(m_p.w_lane) * n * 4;
+                    }
+                    if (m_pro.held) {
+                        // The panel's first column: a middle group's is in group_col (x 4).
+                        const int64_t col =
+                            int64_t(m) * m_k.C +
+                            (last && !first ? int64_t(m_G - 1) * m_k.mxus * m_k.C : 0);
+                        const bool mid = !first && !last;
+                        m_pro.held({m_b, imm(int64_t(x)), imm(k), n,
+                                    [&, col, mid](const isa::Reg& d) {
+                                        if (mid)
+                                            E(Opcode::Add, {d, m_col, imm(col * 4)});
+                                        else
+                                            E(Opcode::Li, {d, imm(col * 4)});
+                                    },
+                                    [&](Opcode op, std::initializer_list<isa::Arg> args) {
+                                        vpu(op, args);
+                                    }});
                     }
                     convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
                             imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
@@ -1059,32 +1216,35 @@ private:
             // the in-order DMA engine does not hold the next tiles behind them.
             if (!w_direct && !split && j == flush_step) flush(fmt::format("{}{}", tag, j), j, nm);
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
-            for (uint32_t m = 0; m < nm; ++m) {
+            for (uint32_t p = 0; p < nm; ++p) {
+                // Panel p on MXU m; the MXU's last panel of the step carries its flag.
+                const uint32_t m = p % m_k.mxus;
+                const bool flagged = p + m_k.mxus >= nm;
                 for (size_t i = 0; i < m_passes.size(); ++i) {
                     const auto [pa, pw] = m_passes[i];
                     const bool fresh = j == 0 && i == 0, end = i + 1 == m_passes.size();
                     E(Opcode::MxuLw,
-                      {imm(m), imm(int64_t(wbf(slot, m, pw))), imm(k), imm(nn(last, m))});
-                    const isa::Arg dst = m_par + int64_t(m_a.c + m * m_m.cpanel);
-                    if (end)
+                      {imm(m), imm(int64_t(wbf(slot, p, pw))), imm(k), imm(nn(last, p))});
+                    const isa::Arg dst = m_par + int64_t(m_a.c + p * m_m.cpanel);
+                    if (end && flagged)
                         E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
                                           imm(fresh ? 0 : 1), m_mxu_flag[m]});
                     else
                         E(Opcode::MxuMm,
                           {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows, imm(fresh ? 0 : 1)});
                 }
-                if (m == 0 || cls(m) != cls(m - 1))
+                if (flagged && (m == 0 || cls(m) != cls(m - 1)))
                     E(Opcode::Add, {mxu_count(m), mxu_count(m), imm(1)});
             }
             // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
             // MXUs run that step while the VPU works on one panel.
-            if (split && j >= flush_step && j < flush_step + m_k.mxus)
+            if (split && j >= flush_step && j < flush_step + m_GW)
                 flush(fmt::format("{}{}", tag, j), j + 1, nm, j - flush_step, j - flush_step + 1);
             if (w_direct) {
                 // Step j + 1's tiles go into the slot step j - 1 read; step j keeps the MXUs
                 // busy meanwhile. The previous group's results leave after them.
                 if (j + 1 < m_KT) {
-                    for (uint32_t m = 0; m < nm; ++m) wait_mxu(m, 1);
+                    for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, 1);
                     loads(j + 1, first, last, 1 - slot, kW);
                 }
                 if (j == flush_step) flush(fmt::format("{}{}", tag, j), j + 1, nm);
@@ -1093,7 +1253,7 @@ private:
         // This group's C is pending until the next group's step 1 (or the end).
         set_pending(first, last);
         E(Opcode::Li, {m_pending, imm(last ? 2 : 1)});
-        E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_k.mxus) * m_m.cpanel)});
+        E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
     }
 
     /// pending_addr = C's address of the group's first result, pending_rows, pending_parity
@@ -1113,7 +1273,7 @@ private:
             per_row = uint64_t(m_k.C) * 4;                           // row / C tiles
             per_col = uint64_t(ceil_div(m_k.M, m_k.C)) * m_k.C * 4;  // n0 / C rows of MT tiles
         } else if (m_k.c == DotLayout::TransposedVpuTiles) {         // the problem's C in tiles
-            per_row = uint64_t(m_NT) * kBandBytes / 8;
+            per_row = vtiles(m_p.N) * kBandBytes / 8;
             per_col = kBandBytes / 128;
         } else if (m_k.c == DotLayout::VpuTiles && lhs) {
             // A streamed row is a column of C (blocks of whole tiles), a column of the problem
@@ -1121,7 +1281,7 @@ private:
             per_row = kBandBytes / 128;
             per_col = uint64_t(ceil_div(m_k.N, 128)) * kBandBytes / 8;
         } else if (m_k.c == DotLayout::VpuTiles) {
-            per_row = uint64_t(m_NT) * kBandBytes / 8;
+            per_row = vtiles(m_p.N) * kBandBytes / 8;
             per_col = kBandBytes / 128;
         }
         E(Opcode::Mul, {m_paddr, m_row, imm(int64_t(per_row))});
@@ -1151,10 +1311,12 @@ private:
     const DotKey& m_k;
     Problem m_p;
     const Epilogue& m_ep;
+    const Prologue& m_pro;
     Map m_m;  ///< offsets and sizes
     Map m_a;  ///< absolute addresses of the areas
     int m_P;
-    uint32_t m_KT, m_NT, m_G;
+    uint32_t m_KT, m_NT, m_GW, m_G;
+    uint32_t m_AS;          ///< slots of the streamed operand's bf16 panels (KT kept, or 2)
     Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
     std::vector<std::pair<int, int>> m_passes;
 
@@ -1175,6 +1337,7 @@ namespace {
 std::string layout_unsupported(const DotKey& k) {
     if (k.M == 0 || k.K == 0 || k.N == 0)
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
+    if (k.group_panels == 0) return "no column panels per MXU (group_panels)";
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > kDotMaxMxus)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 to {}", k.R, k.C, k.mxus,
                            kDotMaxMxus);
@@ -1214,8 +1377,10 @@ std::string layout_unsupported(const DotKey& k) {
                            k.c == DotLayout::VpuTiles || k.a == DotLayout::TransposedVpuTiles ||
                            k.w == DotLayout::TransposedVpuTiles ||
                            k.c == DotLayout::TransposedVpuTiles;
-    if (vpu_tiles && (k.R != 128 || k.C != 128))
-        return fmt::format("8 x 128 tiles need a 128 x 128 MXU (R = {}, C = {})", k.R, k.C);
+    if (vpu_tiles && (k.R % 128 || k.C % 128))
+        return fmt::format(
+            "8 x 128 tiles need an MXU of a multiple of 128 rows and columns (R = {}, C = {})", k.R,
+            k.C);
     {
         // Windows: only where the kernel reads a tile's lanes piecewise.
         const Problem p = problem(k);
@@ -1275,10 +1440,11 @@ std::string blocks_unsupported(const DotKey& k) {
         return fmt::format(
             "a streamed operand in MXU tiles needs blocks of a multiple of {} rows, not {}", k.R,
             k.block_rows);
-    // A streamed operand stored transposed in tiles is read one tile column per block.
-    if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows != 128)
+    // A streamed operand stored transposed in tiles is read whole tile columns per block.
+    if (problem(k).a == DotLayout::TransposedVpuTiles && k.block_rows % 128)
         return fmt::format(
-            "a streamed operand in transposed 8 x 128 tiles needs blocks of 128 rows, not {}",
+            "a streamed operand in transposed 8 x 128 tiles needs blocks of a multiple of 128 "
+            "rows, not {}",
             k.block_rows);
     // Each block's rows are C's columns there: whole 8 x 128 tiles of C per block.
     if (k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles && k.block_rows % 128)
@@ -1300,7 +1466,10 @@ uint64_t dot_vmem_bytes(const DotKey& key) {
     return vmem_map(key).end;
 }
 
-double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
+namespace {
+
+/// gemm_estimate_cycles of the same schedule with the dot's own traffic.
+double gemm_like_estimate(const hw::BoardConfig& cfg, const DotKey& key) {
     const Problem p = problem(key);
     GemmTiling t;
     t.R = key.R;
@@ -1318,6 +1487,59 @@ double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
     return gemm_estimate_cycles(cfg, t, p.M, x);
 }
 
+/// A streamed operand in the MXU's tiles: each block's panel one contiguous run (a streamed
+/// fp32 parameter), the case where the kernel may take several panels per MXU.
+bool streams_mxu_tiles(const DotKey& key) {
+    const Problem p = problem(key);
+    return (p.a == DotLayout::Tiles || p.a == DotLayout::TransposedTiles) && staged(p.w);
+}
+
+}  // namespace
+
+double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
+    // Other dots keep the library GEMM's estimate (group by group, it moved ResNet-50's
+    // pointwise convolutions to blocks that ran slower).
+    if (!streams_mxu_tiles(key)) return gemm_like_estimate(cfg, key);
+    // gemm_estimate_cycles's terms group by group: a block's first group brings the streamed
+    // operand's panels (fp32: twice the library's bf16 bytes) besides its tiles, the later
+    // groups only their tiles, so the first group can be bound by the HBM while the others
+    // wait on the MXUs; one total of bytes against one of MXU cycles would hide it.
+    const Problem p = problem(key);
+    const uint64_t R = key.R, C = key.C, KT = ceil_div(p.K, key.R), NT = ceil_div(p.N, key.C);
+    const uint64_t GW = group_width(key), G = ceil_div(NT, GW), T = key.block_rows;
+    const uint64_t blocks = ceil_div(p.M, key.block_rows), last_rows = p.M - (blocks - 1) * T;
+    const uint64_t P = parts_of(key.precision), npass = mxu_passes(key.precision).size();
+    const uint64_t va = staged(p.a) ? 4 : 2 * P, vw = staged(p.w) ? 4 : 2 * P;
+    const uint64_t vout = (key.store_bf16 ? 2 : 4) + 4 * uint64_t(key.full_sides);
+    const double bw = hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+    const double share = bw * kGemmPlannedHbmShare;
+    // A streamed panel in the MXU's tiles is one contiguous run per step, which the HBM
+    // serves as one sequential stream; other panels and tiles are runs of their own.
+    const double panel_share = bw * kSequentialHbmShare;
+    double busy = 0;
+    uint64_t pending = 0;  // bytes of the previous group's C (and side tiles), moved beside
+    for (uint64_t b = 0; b < blocks; ++b) {
+        const uint64_t rows = b + 1 < blocks ? T : last_rows;
+        const uint64_t step = hw::MxuTimer::swap_step_cycles(uint32_t(R), uint32_t(C),
+                                                             cfg.core.mxu_swap_drains, rows);
+        for (uint64_t g = 0; g < G; ++g) {
+            const uint64_t np = g + 1 < G ? GW : NT - (G - 1) * GW;
+            const double mxu = double(KT * ceil_div(uint32_t(np), key.mxus) * step * npass);
+            const uint64_t bytes = KT * np * R * C * vw + pending;
+            const double panels = g == 0 ? double(KT * rows * R * va) / panel_share : 0;
+            busy += std::max(mxu, double(bytes) / share + panels);
+            pending = rows * np * C * vout;
+        }
+    }
+    // Exposed: the first panel and tiles before the first matmul, a kept block's first panel
+    // after the previous block's matmuls, the last group's C after the last matmul, the
+    // Column sides.
+    const uint64_t first = std::min<uint64_t>(p.M, T) * R * va;
+    const uint64_t exposed = first + std::min(NT, GW) * R * C * vw + pending +
+                             (blocks - 1) * first + uint64_t(key.column_sides) * NT * C * 4;
+    return double(exposed) / bw + busy;
+}
+
 std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_t vmem_bytes) {
     DotKey k = shape;
     k.R = cfg.core.mxu_rows;
@@ -1332,33 +1554,45 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     // Even cuts of the rows, longest first; below R rows a block only adds steps bound by the
     // weight load (as plan_gemm).
     // Blocks of whole tiles where C's tiles or a streamed operand's need them
-    // (blocks_unsupported): one tile column of a streamed operand in transposed tiles.
+    // (blocks_unsupported): a streamed operand in transposed tiles in blocks of the array's
+    // rows (one tile column on a 128-row array), or of C's tiles if they are longer.
     const bool column_blocks = problem(k).a == DotLayout::TransposedVpuTiles;
     const uint32_t unit = k.c == DotLayout::TransposedTiles || problem(k).a == DotLayout::Tiles ||
                                   problem(k).a == DotLayout::TransposedTiles
                               ? k.C
                           : k.stationary == Stationary::Lhs && k.c == DotLayout::VpuTiles ? 128
                                                                                           : 8;
-    for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
-        k.block_rows = ceil_div(ceil_div(rows, nb), unit) * unit;
-        if (column_blocks) {
-            if (nb > 1) break;
-            k.block_rows = 128;
-        }
-        if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
-        if (best && k.block_rows < std::min(rows, k.R)) break;
-        if (dot_vmem_bytes(k) > vmem_bytes) continue;
-        const double est = dot_estimate_cycles(cfg, k);
-        if (!best || est < best_est) {
-            best = k;
-            best_est = est;
+    // Several panels per MXU in a group where an fp32 parameter streams from the MXU's tiles
+    // (a block's panel one contiguous run of twice the library's bf16 bytes) past a staged
+    // held operand: fewer groups, each panel read once and spread over every step
+    // (DotKey::group_panels).
+    const uint32_t per_mxu = ceil_div(ceil_div(problem(k).N, k.C), k.mxus);
+    const uint32_t widest = streams_mxu_tiles(k) ? per_mxu : 1;
+    for (uint32_t gp = 1; gp <= widest; ++gp) {
+        k.group_panels = gp;
+        // Only widths that take a group fewer.
+        if (gp > 1 && ceil_div(per_mxu, gp) == ceil_div(per_mxu, gp - 1)) continue;
+        for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
+            k.block_rows = ceil_div(ceil_div(rows, nb), unit) * unit;
+            if (column_blocks) {
+                if (nb > 1) break;
+                k.block_rows = std::max({128u, unit, k.R});
+            }
+            if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
+            if (best && k.block_rows < std::min(rows, k.R)) break;
+            if (dot_vmem_bytes(k) > vmem_bytes) continue;
+            const double est = dot_estimate_cycles(cfg, k);
+            if (!best || est < best_est) {
+                best = k;
+                best_est = est;
+            }
         }
     }
     return best;
 }
 
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
-              const Epilogue& epilogue) {
+              const Epilogue& epilogue, const Prologue& prologue) {
     if (const std::string why = dot_unsupported(key); !why.empty()) throw b.error("dot: " + why);
     const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
     const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);
@@ -1379,7 +1613,7 @@ void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
     check(ops.c, "C");
     for (size_t i = 0; i < epilogue.sides.size(); ++i)
         check(epilogue.sides[i].place, fmt::format("epilogue side {}", i));
-    DotGen(b, key, ops, epilogue).emit();
+    DotGen(b, key, ops, epilogue, prologue).emit();
 }
 
 isa::Program generate(const DotKey& key) {

@@ -64,7 +64,12 @@ struct DotKey {
     Stationary stationary = Stationary::Rhs;  ///< which operand the arrays hold
     uint32_t R = 128, C = 128;                ///< MXU array
     uint32_t mxus = 2;                        ///< MXUs used (column panels per group, 1-8)
-    uint32_t block_rows = 0;    ///< streamed rows per block: of A (Rhs) or of W^T (Lhs)
+    uint32_t block_rows = 0;  ///< streamed rows per block: of A (Rhs) or of W^T (Lhs)
+    /// Column panels each MXU takes per K step (a group is mxus x group_panels panels, panel p
+    /// on MXU p % mxus). With more than one and a single group, each staged panel of the
+    /// streamed operand is read once, used in its step and dropped (two slots, not a block's
+    /// KT kept panels), so the fp32 stream spreads evenly over every step of the block.
+    uint32_t group_panels = 1;
     uint32_t column_sides = 0;  ///< the epilogue's Column sides (VMEM they take)
     uint32_t full_sides = 0;    ///< the epilogue's Full sides
     bool store_bf16 = false;    ///< C stored as bf16 (Epilogue::store_bf16)
@@ -86,6 +91,26 @@ struct DotKey {
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);
+};
+
+/// An fp32 operand tile in VMEM that the kernel is about to round to bf16: `rows` x `cols`
+/// values, row-major at `x`, in the problem's orientation (emit_dot: with the LHS stationary the
+/// streamed tile is rows of W^T, the held one of A^T). What a dot fusion computes on its operand
+/// as it is loaded (compiler/README.md, "The attention's softmax in the values dot").
+struct PrologueTile {
+    isa::Builder& b;
+    isa::Arg x;         ///< VMEM address of the tile (fp32, rewritten in place)
+    isa::Arg rows;      ///< its rows (a register or an immediate)
+    uint32_t cols = 0;  ///< its columns
+    /// Emits `dst = 4 x` the index of the tile's first value along the operand's free dim:
+    /// the streamed tile's first row, the held tile's first column.
+    std::function<void(const isa::Reg& dst)> first_x4;
+    EpilogueTile::VpuFn vpu;  ///< a VPU instruction, waited for before the MXUs read the tile
+};
+/// Work on the fp32 tiles of the operands before their conversion (empty: none).
+struct Prologue {
+    std::function<void(const PrologueTile&)> streamed;  ///< on each streamed block's K step
+    std::function<void(const PrologueTile&)> held;      ///< on each held tile
 };
 
 /// Where emit_dot's tensors are: HBM addresses (Operand::hbm) or VMEM regions of the caller
@@ -122,7 +147,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
 /// block's last row hold garbage and are not stored). Throws isa::BuildError naming the
 /// problem (an unsupported key, sides that do not match it).
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
-              const Epilogue& epilogue = {});
+              const Epilogue& epilogue = {}, const Prologue& prologue = {});
 /// The stand-alone kernel of a key without sides: launch arguments a, w, c, then emit_dot
 /// (store_bf16 as the key says), then halt.
 isa::Program generate(const DotKey& key);

@@ -575,19 +575,23 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
     const uint32_t dst = val(ins.ops[0]), src = val(ins.ops[1]);
     const uint64_t rows = val(ins.ops[2]), row_bytes = val(ins.ops[3]);
     const uint64_t dst_stride = val(ins.ops[4]), src_stride = val(ins.ops[5]);
-    const bool to_vmem = ins.op != Opcode::DmaVh;
-    const bool from_hbm = ins.op == Opcode::DmaHv;
+    const bool to_smem = ins.op == Opcode::DmaHs;
+    const bool to_vmem = ins.op != Opcode::DmaVh && !to_smem;
+    const bool from_hbm = ins.op == Opcode::DmaHv || to_smem;
 
-    SparseMemory& dmem = to_vmem ? m_vmem : m_hbm;
+    SparseMemory& dmem = to_smem ? m_smem : to_vmem ? m_vmem : m_hbm;
     SparseMemory& smem = from_hbm ? m_hbm : m_vmem;
-    const uint64_t dbase = to_vmem ? dst : m_hbm_base + dst;
+    const uint64_t dbase = to_vmem || to_smem ? dst : m_hbm_base + dst;
     const uint64_t sbase = from_hbm ? m_hbm_base + src : src;
     if (rows == 0 || row_bytes == 0)
         return fault("dma", dbase,
                      fmt::format("zero-length transfer ({} rows of {} bytes)", rows, row_bytes));
     const uint64_t dspan = span_2d(rows, row_bytes, dst_stride);
     const uint64_t sspan = span_2d(rows, row_bytes, src_stride);
-    if (!check(dmem, dbase, dspan, "dma", to_vmem ? "VMEM write" : "HBM write") ||
+    if (!check(dmem, dbase, dspan, "dma",
+               to_smem   ? "scalar memory write"
+               : to_vmem ? "VMEM write"
+                         : "HBM write") ||
         !check(smem, sbase, sspan, "dma", from_hbm ? "HBM read" : "VMEM read"))
         return false;
     if (rows > 1 && (dst_stride < row_bytes || src_stride < row_bytes))
@@ -599,17 +603,21 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
     const uint64_t bytes = rows * row_bytes;
     uint64_t start = std::max(issue_to_unit(*m_dma_q), m_dma.free_at());
     start = m_dma_hz->ready_after(from_hbm, sbase, sbase + sspan, start);
-    start = m_dma_hz->ready_after(!to_vmem, dbase, dbase + dspan, start);
+    // Scalar memory is no VMEM or HBM range: the sequencer's `lw` after a `wait` on the DMA's
+    // flag is what orders it (the program's duty, as for any completion flag).
+    if (!to_smem) start = m_dma_hz->ready_after(!to_vmem, dbase, dbase + dspan, start);
     // Timing: DmaEngine (hw/core/dma_engine.h) and the HBM model behind it.
     const uint64_t done = ins.op == Opcode::DmaVv
                               ? m_dma.copy_vmem(start, bytes)
                               : m_dma.transfer_hbm(start, rows, row_bytes, from_hbm ? sbase : dbase,
                                                    from_hbm ? src_stride : dst_stride, !from_hbm);
-    m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
-    if (!record_access(
-            "dma", start, done, ins.flag,
-            {{from_hbm, sbase, sbase + sspan, false}, {!to_vmem, dbase, dbase + dspan, true}}))
-        return false;
+    if (!to_smem) m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
+    const bool recorded =
+        to_smem ? record_access("dma", start, done, ins.flag, {{true, sbase, sbase + sspan, false}})
+                : record_access("dma", start, done, ins.flag,
+                                {{from_hbm, sbase, sbase + sspan, false},
+                                 {!to_vmem, dbase, dbase + dspan, true}});
+    if (!recorded) return false;
 
     if (m_cfg.sim.functional) {
         // Straight from the source span where there is one (write() is a memmove, so a row
@@ -626,7 +634,7 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
     }
     ++m_stats.dma_ops;
     if (from_hbm) m_stats.hbm_read_bytes += bytes;
-    if (!to_vmem) m_stats.hbm_write_bytes += bytes;
+    if (!to_vmem && !to_smem) m_stats.hbm_write_bytes += bytes;
     trace(m_tracks.dma, start, done, "bytes", bytes);
     if (m_hbm_gbps && ins.op != Opcode::DmaVv) {
         m_hbm_gbps->add(start, done, double(bytes));

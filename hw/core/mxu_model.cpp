@@ -253,7 +253,7 @@ MxuSpan MxuTimer::mm(uint64_t ready, uint32_t T) {
         m_shadow_free = start;
         m_lw_consumed = true;
     }
-    const uint64_t done = start + T + m_rows + m_cols - 2;
+    const uint64_t done = start + mm_cycles(m_rows, m_cols, T);
     m_last_start = start;
     m_input_free = start + T;
     m_mm_done = done;

@@ -90,7 +90,12 @@ public:
     /// later of its input port (T) and the load that starts when it took the shadow (R). What a
     /// kernel planner charges per weight tile.
     static uint64_t swap_step_cycles(uint32_t rows, uint32_t cols, bool swap_drains, uint64_t T) {
-        return swap_drains ? T + rows + cols - 2 : std::max<uint64_t>(T, rows);
+        return swap_drains ? mm_cycles(rows, cols, T) : std::max<uint64_t>(T, rows);
+    }
+    /// Cycles from a matmul's start to its done (its results in VMEM): T + R + C - 2. What a
+    /// kernel waits from a matmul's start before it may read the results.
+    static uint64_t mm_cycles(uint32_t rows, uint32_t cols, uint64_t T) {
+        return T + rows + cols - 2;
     }
 
 private:

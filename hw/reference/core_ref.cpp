@@ -197,10 +197,12 @@ private:
         if (m_now < e.ready) return;
         const uint64_t dst = e.v[0], src = e.v[1], rows = e.v[2], row_bytes = e.v[3];
         const uint64_t dst_stride = e.v[4], src_stride = e.v[5];
-        const bool to_vmem = e.op != Opcode::DmaVh, from_hbm = e.op == Opcode::DmaHv;
+        // dma.hs writes scalar memory, which no hazard covers (core_model.cpp, exec_dma).
+        const bool to_smem = e.op == Opcode::DmaHs;
+        const bool to_vmem = e.op != Opcode::DmaVh, from_hbm = e.op == Opcode::DmaHv || to_smem;
         const uint64_t dbase = to_vmem ? dst : e.hbm_base + dst;
         const uint64_t sbase = from_hbm ? e.hbm_base + src : src;
-        const Range wr = box(!to_vmem, dbase, rows, row_bytes, dst_stride);
+        const Range wr = to_smem ? Range{} : box(!to_vmem, dbase, rows, row_bytes, dst_stride);
         const Range rd = box(from_hbm, sbase, rows, row_bytes, src_stride);
         if (hazard(kDma, rd) || hazard(kDma, wr)) return;
         DmaXfer x{e.rec, e.flag, e.op != Opcode::DmaVv, rows * row_bytes, 0, {}, 0};

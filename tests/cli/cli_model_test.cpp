@@ -187,6 +187,52 @@ TEST(CliModel, CompiledEngineCountsItsFusionsAndItsLayersSumToTheStep) {
                   m["output_bytes"].get<uint64_t>() + m["temp_bytes"].get<uint64_t>());
 }
 
+TEST(CliModel, CompiledEngineListsEachFusionWithItsCyclesTrafficAndSpan) {
+    const std::string trace = tmp("model_fusions_trace.json");
+    const std::string args = "model mlp --batch 8 --engine compiled --steps 2";
+    const auto j = tpusim_json(args + " --trace " + trace);
+    const auto& f = j["fusions"];
+    const auto& list = f["list"];
+    ASSERT_EQ(list.size(), f["total"].get<size_t>());
+    uint64_t sum = 0, end = 0;
+    size_t host = 0;
+    for (const auto& r : list) {
+        sum += r["cycles"].get<uint64_t>();
+        host += r["where"] == "host";
+        // In program order, one after another on the device's clock.
+        EXPECT_GE(r["begin_cycle"].get<uint64_t>(), end) << r["fusion"];
+        end = r["begin_cycle"].get<uint64_t>() + r["cycles"].get<uint64_t>();
+        EXPECT_GT(r["hbm_bytes"].get<uint64_t>(), 0u) << r["fusion"];
+        EXPECT_LT(r["hbm_share_of_peak"].get<double>(), 1.0) << r["fusion"];
+    }
+    EXPECT_EQ(sum, j["cycles"].get<uint64_t>());
+    EXPECT_EQ(host, f["host"].get<size_t>());
+    // layer_2's dot reads its 512 x 256 fp32 weight and writes 8 x 256 results at least.
+    const auto l2 = std::find_if(list.begin(), list.end(),
+                                 [](const auto& r) { return r["layers"] == "layer_2"; });
+    ASSERT_NE(l2, list.end());
+    EXPECT_GE((*l2)["hbm_bytes"].get<uint64_t>(), 4u * (512 * 256 + 8 * 256));
+    // The trace has the same fusions as slices, at the same cycles.
+    const auto t = nlohmann::json::parse(tpu::test::slurp(trace));
+    size_t slices = 0;
+    for (const auto& e : t["traceEvents"])
+        for (const auto& r : list)
+            if (e.value("ph", "") == "X" && e.value("name", "") == r["fusion"]) {
+                ++slices;
+                EXPECT_EQ(e["args"]["begin_cycle"], r["begin_cycle"]);
+            }
+    EXPECT_EQ(slices, list.size());
+    // The table lists them too.
+    const auto text = tpusim(args + " --fusions");
+    ASSERT_EQ(text.code, 0) << text.err;
+    for (const auto& r : list)
+        EXPECT_NE(text.out.find(r["fusion"].get<std::string>()), std::string::npos) << text.out;
+    const auto eager = tpusim("model mlp --fusions");
+    EXPECT_EQ(eager.code, 2);
+    EXPECT_NE(eager.err.find("--fusions applies to --engine compiled"), std::string::npos)
+        << eager.err;
+}
+
 TEST(CliModel, CompiledTrainingStepHasLossAllReduceAndOptimizerRows) {
     const auto j = tpusim_json("model mlp --batch 16 --cores 0-1 --engine compiled --train-step");
     EXPECT_EQ(j["mode"], "train-step");

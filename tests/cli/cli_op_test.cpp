@@ -59,6 +59,33 @@ const std::vector<std::string> kRowOps = {
     "op attention --batch 1 --heads 2 --seq 130 --dhead 64",
 };
 
+// Attention is PyTorchSim's graph compiled (k q^T / sqrt(d), softmax over the keys, v^T p):
+// the scores, the max, the exponentials' sum, and v^T p with the normalize computed as it loads
+// the scores (compiler/README.md, "The attention's softmax in the values dot"); bit-exact with
+// the evaluator on one and two cores. The library's fused kernel stays one flag away, and runs
+// what the compiled graph does not cover (a causal mask), saying why.
+TEST(CliOp, AttentionRunsPyTorchSimsGraphCompiledOrTheLibraryKernel) {
+    const std::string shape = "op attention --batch 2 --heads 3 --seq 128 --dhead 64";
+    for (const char* cores : {"0", "0-1"}) {
+        const auto j = tpusim_json(shape + " --check --cores " + cores);
+        EXPECT_TRUE(j["bitexact"].get<bool>()) << cores;
+        EXPECT_NE(j["plan"].get<std::string>().find(
+                      "one program of 4 fusions (output input input output), 1 launch"),
+                  std::string::npos)
+            << j["plan"];
+    }
+    const auto lib = tpusim_json(shape + " --engine library --check");
+    EXPECT_TRUE(lib["bitexact"].get<bool>());
+    EXPECT_EQ(lib["plan"].get<std::string>().find("compiled"), std::string::npos) << lib["plan"];
+    const auto causal = tpusim_json(shape + " --causal");
+    EXPECT_NE(causal["plan"].get<std::string>().find(
+                  "(the library's fused kernel: a causal mask is not part of the compiled "
+                  "attention graph)"),
+              std::string::npos)
+        << causal["plan"];
+    EXPECT_NE(tpusim(shape + " --causal --engine compiled").code, 0);
+}
+
 // Rows that fill T(8,128) tiles: the op is the one-op program PyTorch/XLA compiles (compiler/
 // README.md, "Code generation"), bit-exact with the compiler's host evaluator, one launch.
 // Layer norm is batch norm's Sum[X] and Sum[X^2] in one pass, two tiny vector fusions and the

@@ -25,65 +25,18 @@ namespace {
 using test::expect_bit_exact;
 using test::randoms;
 using test::Record;
-
-/// The zoo's attention (MultiheadAttention::record, as device_bert_test.cpp's zoo_block) on
-/// [S, H d] projections: q k^T over [1, H, S, d] with batch dims {0, 1}, times 1/sqrt(d),
-/// softmax, p v, the heads merged back to [S, H d] (a transpose and a reshape) and read by the
-/// out projection `w` [H d, H d] with its bias `b`.
-ValueId attention(Graph& g, ValueId q, ValueId k, ValueId v, ValueId w, ValueId b, int64_t heads) {
-    const int64_t seq = g.shape(q).dims[0], dim = g.shape(q).dims[1], d = dim / heads;
-    const auto split = [&](ValueId t) {
-        return transpose(g, reshape(g, t, {1, seq, heads, d}), {0, 2, 1, 3});
-    };
-    DotDims sd;
-    sd.lhs_batch = sd.rhs_batch = {0, 1};
-    sd.lhs_contracting = sd.rhs_contracting = {3};
-    ValueId s = dot(g, split(q), split(k), sd);
-    s = mul(g, s, full(g, double(1.0f / std::sqrt(float(d))), g.shape(s)));
-    const ValueId p = softmax(g, s, 3);
-    DotDims od;
-    od.lhs_batch = od.rhs_batch = {0, 1};
-    od.lhs_contracting = {3};
-    od.rhs_contracting = {2};
-    const ValueId o = dot(g, p, split(v), od);
-    return linear(g, reshape(g, transpose(g, o, {0, 2, 1, 3}), {seq, dim}), w, b);
-}
+using test::zoo_attention;
 
 /// The steady-state cycles of the attention's two batched dot fusions (scores, values) on one
 /// core, the third step of a LazyContext (values not computed: sim.functional=false).
 std::pair<uint64_t, uint64_t> attention_dot_cycles(int64_t S, int64_t heads, int64_t d) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    cg.host_fallback = true;
-    DeviceBackend device(*dev, {0}, cg);
-    device.time_fusions(true);
-    CompileOptions co;
-    co.board = cfg;
-    LazyContext ctx(device, co);
-    const Shape ps{DType::F32, {S, heads * d}};
-    const LazyTensor w = ctx.parameter("w", Shape{DType::F32, {heads * d, heads * d}},
-                                       {std::vector<float>(size_t(heads * d * heads * d), 0.01f)});
-    const LazyTensor b =
-        ctx.parameter("b", Shape{DType::F32, {heads * d}}, {std::vector<float>(size_t(heads * d))});
-    for (int step = 0; step < 3; ++step) {
-        const std::vector<float> zeros(size_t(S * heads * d), 0.5f);
-        const LazyTensor q = ctx.input("q", ps, {zeros});
-        const LazyTensor k = ctx.input("k", ps, {zeros});
-        const LazyTensor v = ctx.input("v", ps, {zeros});
-        const LazyTensor out = ctx.wrap(attention(ctx.graph(), ctx.value(q), ctx.value(k),
-                                                  ctx.value(v), ctx.value(w), ctx.value(b), heads),
-                                        "o");
-        ctx.mark_step();
-        (void)out;
-    }
-    const CompiledStep& s = *ctx.last_step();
+    const auto [step, stats] = test::steady_zoo_attention(S, heads, d);
+    const CompiledStep& s = *step;
     std::vector<uint64_t> dots;
     for (size_t i = 0; i < s.fusions.size(); ++i)
         if (s.fusions[i].hero != kNoOp && s.graph.op(s.fusions[i].hero).kind == OpKind::Dot)
-            dots.push_back(device.stats().last_fusion_cycles.at(i));
-    EXPECT_EQ(device.stats().fallback_fusions, 0u);
+            dots.push_back(stats.last_fusion_cycles.at(i));
+    EXPECT_EQ(stats.fallback_fusions, 0u);
     EXPECT_EQ(dots.size(), 3u) << s.to_string();  // the scores, the values, the out projection
     return {dots.at(0), dots.at(1)};
 }
@@ -94,7 +47,7 @@ void expect_attention_bit_exact(int64_t seq, int64_t heads, int64_t d) {
     const int64_t dim = heads * d;
     const Shape ps{DType::F32, {seq, dim}};
     const Record record = [heads](Graph& g, const std::vector<ValueId>& v) {
-        return attention(g, v[0], v[1], v[2], v[3], v[4], heads);
+        return zoo_attention(g, v[0], v[1], v[2], v[3], v[4], heads);
     };
     const float ws = 1.0f / std::sqrt(float(dim));
     expect_bit_exact(
@@ -125,9 +78,9 @@ TEST(CompilerAttnDots, ThirtyTwoHeadsFitTheInstructionMemory) {
     const int64_t seq = 512, dim = 2048;
     const Shape ps{DType::F32, {seq, dim}};
     Graph g;
-    g.add_output(attention(g, g.input(ps, "q"), g.input(ps, "k"), g.input(ps, "v"),
-                           g.parameter(Shape{DType::F32, {dim, dim}}, "w"),
-                           g.parameter(Shape{DType::F32, {dim}}, "b"), 32),
+    g.add_output(zoo_attention(g, g.input(ps, "q"), g.input(ps, "k"), g.input(ps, "v"),
+                               g.parameter(Shape{DType::F32, {dim, dim}}, "w"),
+                               g.parameter(Shape{DType::F32, {dim}}, "b"), 32),
                  "y");
     CodegenOptions cg;
     cg.board = hw::BoardConfig::load("", {});

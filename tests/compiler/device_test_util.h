@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
+#include "driver/device.h"
 #include "hw/board_config.h"
 
 namespace tpu::compiler::test {
@@ -123,6 +125,68 @@ inline DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& r
     for (const auto& [why, n] : device.stats().fallbacks)
         std::cout << "  " << n << "x " << why << "\n";
     return device.stats();
+}
+
+/// The zoo's attention (MultiheadAttention::record, as device_bert_test.cpp's zoo_block) on
+/// [S, H d] projections: q k^T over [1, H, S, d] with batch dims {0, 1}, times 1/sqrt(d),
+/// softmax, p v, the heads merged back to [S, H d] (a transpose and a reshape) and read by the
+/// out projection `w` [H d, H d] with its bias `b`.
+inline ValueId zoo_attention(Graph& g, ValueId q, ValueId k, ValueId v, ValueId w, ValueId b,
+                             int64_t heads) {
+    const int64_t seq = g.shape(q).dims[0], dim = g.shape(q).dims[1], d = dim / heads;
+    const auto split = [&](ValueId t) {
+        return transpose(g, reshape(g, t, {1, seq, heads, d}), {0, 2, 1, 3});
+    };
+    DotDims sd;
+    sd.lhs_batch = sd.rhs_batch = {0, 1};
+    sd.lhs_contracting = sd.rhs_contracting = {3};
+    ValueId s = dot(g, split(q), split(k), sd);
+    s = mul(g, s, full(g, double(1.0f / std::sqrt(float(d))), g.shape(s)));
+    const ValueId p = softmax(g, s, 3);
+    DotDims od;
+    od.lhs_batch = od.rhs_batch = {0, 1};
+    od.lhs_contracting = {3};
+    od.rhs_contracting = {2};
+    const ValueId o = dot(g, p, split(v), od);
+    return linear(g, reshape(g, transpose(g, o, {0, 2, 1, 3}), {seq, dim}), w, b);
+}
+
+/// The zoo's attention over constant [S, heads d] projections, three steps on one core of a
+/// timing-only board with fusion timing on (host fallback on, so a fusion not generated is
+/// counted, not thrown): the steady-state step and the backend's statistics of it.
+struct SteadyAttention {
+    std::shared_ptr<const CompiledStep> step;
+    DeviceBackendStats stats;
+};
+inline SteadyAttention steady_zoo_attention(int64_t S, int64_t heads, int64_t d,
+                                            CompileOptions co = {}) {
+    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    cg.host_fallback = true;
+    DeviceBackend device(*dev, {0}, cg);
+    device.time_fusions(true);
+    co.board = cfg;
+    LazyContext ctx(device, co);
+    const Shape ps{DType::F32, {S, heads * d}};
+    const LazyTensor w = ctx.parameter("w", Shape{DType::F32, {heads * d, heads * d}},
+                                       {std::vector<float>(size_t(heads * d * heads * d), 0.01f)});
+    const LazyTensor b =
+        ctx.parameter("b", Shape{DType::F32, {heads * d}}, {std::vector<float>(size_t(heads * d))});
+    for (int step = 0; step < 3; ++step) {
+        const std::vector<float> half(size_t(S * heads * d), 0.5f);
+        const LazyTensor q = ctx.input("q", ps, {half});
+        const LazyTensor k = ctx.input("k", ps, {half});
+        const LazyTensor v = ctx.input("v", ps, {half});
+        const LazyTensor out =
+            ctx.wrap(zoo_attention(ctx.graph(), ctx.value(q), ctx.value(k), ctx.value(v),
+                                   ctx.value(w), ctx.value(b), heads),
+                     "o");
+        ctx.mark_step();
+        (void)out;
+    }
+    return {ctx.last_step(), device.stats()};
 }
 
 }  // namespace tpu::compiler::test

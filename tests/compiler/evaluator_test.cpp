@@ -156,12 +156,23 @@ TEST(CompilerEvaluator, EmbeddingGatherReturnsExactRowsAndScatterAddsTheirGradie
     // Row 4 was gathered twice: its gradient is the sum of both, in index order from +0.0.
     EXPECT_EQ(out[1].data[12], double((0.0f + tv[12]) + tv[12]));
     EXPECT_EQ(out[1].data[3], 0.0);  // row 1: never gathered
+    // The gather clamps an index outside the table as XLA's gather does (5 reads row 4, -1 row
+    // 0); the scatter-add of the gradient still refuses it.
     try {
         run(g, {HostArray::from_floats(table, tv)}, {HostArray::from_floats(idx, {0, 1, 5, 2})});
-        FAIL() << "index 5 of a 5-row table was evaluated";
+        FAIL() << "index 5 of a 5-row table was scattered";
     } catch (const EvalError& e) {
-        EXPECT_STREQ(e.what(), "gather: index 5 outside the table's 5 rows");
+        EXPECT_STREQ(e.what(), "scatter-add: index 5 outside the table's 5 rows");
     }
+    Graph gather_only;
+    gather_only.add_output(gather_rows(gather_only, gather_only.parameter(table, "wte"),
+                                       gather_only.input(idx, "tokens")));
+    const auto clamped = run(gather_only, {HostArray::from_floats(table, tv)},
+                             {HostArray::from_floats(idx, {5, -1, 7, 2})});
+    const int want[] = {4, 0, 4, 2};
+    for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < 3; ++c)
+            EXPECT_EQ(clamped[0].data[size_t(r * 3 + c)], tv[size_t(want[r] * 3 + c)]);
 }
 
 TEST(CompilerEvaluator, ReductionsSumChunksOfOneVectorRowThenTheChunkResults) {

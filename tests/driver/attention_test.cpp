@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "driver/kernels/attention.h"
+#include "tests/common/paths.h"
 #include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
@@ -40,11 +41,17 @@ std::vector<double> attention64(const AttentionShape& s, const std::vector<float
 }
 
 /// Forward and backward on `cores` with different data per replica, bit-exact against the
-/// references, and the forward within bf16 rounding of the fp64 attention.
-void check_attention(const std::vector<uint32_t>& cores, const AttentionShape& s, uint32_t seed) {
-    SCOPED_TRACE(fmt::format("{}x{}x{}x{} causal={} on {} cores", s.batch, s.heads, s.seq, s.dhead,
-                             s.causal, cores.size()));
-    auto dev = open_device();
+/// references, and the forward within bf16 rounding of the fp64 attention; on the default
+/// board or on `preset` (configs/NAME.json).
+void check_attention(const std::vector<uint32_t>& cores, const AttentionShape& s, uint32_t seed,
+                     const std::string& preset = "") {
+    SCOPED_TRACE(fmt::format("{}x{}x{}x{} causal={} on {} cores {}", s.batch, s.heads, s.seq,
+                             s.dhead, s.causal, cores.size(), preset));
+    auto dev =
+        preset.empty()
+            ? open_device()
+            : Device::open(hw::BoardConfig::load(
+                  test::source_dir() + "/configs/" + preset + ".json", {"sim.race_detector=true"}));
     ProgramCache cache;
     const uint32_t rows = s.groups() * s.seq;
     auto t = [&](uint32_t cols) { return alloc_tensor(*dev, cores, rows, cols); };
@@ -102,6 +109,17 @@ TEST(Attention, OneHeadPerBlockWithTwoKeyTilesBitExact) {
 TEST(Attention, OneKeyTileOneHeadCausalBitExact) {
     // One score tile: both MXUs take half its rows.
     check_attention({0}, {.batch = 1, .heads = 1, .seq = 50, .dhead = 128, .causal = true}, 15);
+}
+
+TEST(Attention, FourMxusOfEitherArrayAreBitExact) {
+    // v4-8's four 128 x 128 MXUs and v6e-8's four 256 x 256 (issue 27): the fused block with
+    // key tiles of the array's width (seq 300: two tiles of 256, three of 128), causal; dhead
+    // 200 fits v6e's array and runs per head on v4's.
+    for (const char* preset : {"v4-8", "v6e-8"}) {
+        check_attention({0}, {.batch = 1, .heads = 3, .seq = 300, .dhead = 64}, 17, preset);
+        check_attention({0}, {.batch = 1, .heads = 2, .seq = 130, .dhead = 200, .causal = true}, 18,
+                        preset);
+    }
 }
 
 TEST(Attention, DheadBeyondTheArrayUsesPerHeadMatmulsBitExact) {

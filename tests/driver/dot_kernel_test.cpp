@@ -21,6 +21,7 @@
 #include "driver/kernels/vector_ops.h"
 #include "hw/board.h"
 #include "hw/core/numerics.h"
+#include "tests/common/paths.h"
 #include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
@@ -622,6 +623,145 @@ TEST(DotKernel, PaddedEightByOneTwentyEightTilesAreBitExact) {
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
 }
 
+TEST(DotKernel, EightByOneTwentyEightTilesFeedA256Array) {
+    // v6e's 256 x 256 MXUs (Cloud TPU v6e system architecture, docs.cloud.google.com/tpu/docs/
+    // v6e: 256x256 matrix-multiply units beside a VPU of 128 lanes x 8 sublanes; four per core
+    // in the preset, configs/presets.md) read the compiler's 8 x 128 tiles too: an MXU tile is
+    // R / 8 bands of C / 128 tiles, a whole panel moved band by band and tile by tile in a loop
+    // per tile column, or unrolled per band (a last panel or step narrower than 256 values,
+    // padded or not a multiple of 128). Either side stationary, C in tiles or transposed in
+    // them, operands transposed in tiles.
+    const std::vector<Case> cases = {
+        // K = 512 whole steps; N = 768: three panels of one group; W in the MXU's tiles.
+        {.M = 40,
+         .K = 512,
+         .N = 768,
+         .precision = Precision::Bf16,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll,
+         .block_rows = 16},
+        // K = 384: a last step of 128 values; N = 1280: a group of four panels and one more.
+        {.M = 48,
+         .K = 384,
+         .N = 1280,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll},
+        // Padded: K = 200 (a step of a whole tile and 72 lanes of the next), N = 456 (a last
+        // panel of 200 columns: a tile and 72 lanes), rows not a multiple of 8.
+        {.M = 20,
+         .K = 200,
+         .N = 456,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll,
+         .block_rows = 16},
+        // N = 384: a last panel of one whole tile.
+        {.M = 24,
+         .K = 256,
+         .N = 384,
+         .precision = Precision::Bf16,
+         .a = DotLayout::RowMajor,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::VpuTiles,
+         .f = kResidual},
+        // The LHS stationary: A^T held and W^T streamed in transposed tiles, C in tiles.
+        {.M = 256,
+         .K = 512,
+         .N = 1152,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::VpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 384},
+        // C^T in tiles: M = 384 is a panel of 256 and one of 128.
+        {.M = 384,
+         .K = 256,
+         .N = 200,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::TransposedVpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu,
+         .block_rows = 104},
+        // The streamed operand transposed in tiles (a weight gradient's dY^T), K = 512.
+        {.M = 200,
+         .K = 512,
+         .N = 384,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::VpuTiles,
+         .f = kAll},
+        {.M = 256,
+         .K = 128,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::RowMajor,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu},
+        // A held W^T in tiles with K = 384 (a step of two tile columns, then one).
+        {.M = 10,
+         .K = 384,
+         .N = 200,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::TransposedVpuTiles,
+         .c = DotLayout::VpuTiles,
+         .f = kBiasRelu},
+        // C^T in the MXU's 256 x 256 tiles (a weight gradient in its parameter's layout):
+        // blocks of two tile columns of the streamed dY^T, a short last one (M = 300) reading
+        // one.
+        {.M = 300,
+         .K = 128,
+         .N = 256,
+         .precision = Precision::Fp32Pass3,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::TransposedTiles,
+         .f = kNone},
+        {.M = 256,
+         .K = 128,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedVpuTiles,
+         .w = DotLayout::VpuTiles,
+         .c = DotLayout::TransposedTiles,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu},
+    };
+    uint32_t seed = 931;
+    auto dev = Device::open(hw::BoardConfig::load(test::source_dir() + "/configs/v6e-8.json",
+                                                  {"sim.race_detector=true"}));
+    ASSERT_EQ(dev->config().core.mxu_rows, 256u);
+    for (const Case& t : cases) {
+        SCOPED_TRACE(fmt::format("{}x{}x{}", t.M, t.K, t.N));
+        const auto k = plan_dot(dev->config(),
+                                DotKey{.M = t.M,
+                                       .K = t.K,
+                                       .N = t.N,
+                                       .a = t.a,
+                                       .w = t.w,
+                                       .c = t.c,
+                                       .stationary = t.stationary},
+                                dev->config().core.vmem_bytes);
+        ASSERT_TRUE(k);
+        EXPECT_EQ(k->mxus, 4u);
+        run_case(*dev, t, seed += 10);
+    }
+}
+
 TEST(DotKernel, GemmLayoutsAreBitExact) {
     // The library GEMM's tile-major bf16 operands and C panels (fp32 or bf16).
     const std::vector<Case> cases = {
@@ -732,7 +872,8 @@ TEST(DotKernel, UnsupportedKeysAreNamed) {
     // need the MXU their tiles are cut for; a weight streamed in MXU tiles (W^T with the LHS
     // stationary) is read a whole tile per K step: K a multiple of the tile.
     k = DotKey{.M = 12, .K = 128, .N = 128, .a = DotLayout::VpuTiles, .R = 64, .block_rows = 8};
-    EXPECT_NE(dot_unsupported(k).find("128 x 128 MXU"), std::string::npos) << dot_unsupported(k);
+    EXPECT_NE(dot_unsupported(k).find("multiple of 128 rows and columns"), std::string::npos)
+        << dot_unsupported(k);
     k = DotKey{.M = 16,
                .K = 130,
                .N = 128,

@@ -228,6 +228,15 @@ const std::vector<Golden> kGolden = {
      0xe3f5a5caefbbd086},
     {Conv2dKey{{64, 7, 7, 512, 512, 3, 1, 1}, {128, 128, 4, 4, 1, 9, 9, 7, 64, 64, 2}},
      0xd8441e9d628da488},
+    // The planner's tilings of the 28², 14² and 7² rows since the epilogue lag (no text
+    // predecessor; values checked by Conv2dShapes.*): lags 2, 4 and 13 images.
+    {Conv2dKey{{64, 28, 28, 128, 128, 3, 1, 1}, {128, 128, 1, 1, 1, 30, 30, 28, 64, 8, 2, 0, 0, 2}},
+     0xe008e7533438bbeb},
+    {Conv2dKey{{64, 14, 14, 256, 256, 3, 1, 1},
+               {128, 128, 2, 2, 1, 16, 16, 14, 64, 32, 2, 0, 0, 4}},
+     0x240213f675364d11},
+    {Conv2dKey{{64, 7, 7, 512, 512, 3, 1, 1}, {128, 128, 4, 4, 1, 9, 9, 7, 64, 64, 2, 0, 0, 13}},
+     0xcf26932cbf004ba3},
     {Conv2dAuxKey{Conv2dAux::PackInput, {64, 7, 7, 512, 0, 3, 1, 1}, 128, 0, 0, 0, 0, 1},
      0xe76c60a6c85b845b},
     {Conv2dAuxKey{Conv2dAux::PackWeight, {0, 0, 0, 512, 512, 3, 0, 0}, 128, 128, 0, 0, 0, 1},

@@ -174,6 +174,10 @@ INSTANTIATE_TEST_SUITE_P(
         ConvCase4{"v6e-8", {5, 6, 6, 130, 300, 3, 1, 1}, 1, {}, "v6e_five_images_two_cout_tiles"},
         ConvCase4{"v6e-8", {2, 9, 7, 130, 40, 3, 2, 1}, 1, {}, "v6e_stride2"},
         ConvCase4{"v4-8", {3, 7, 7, 64, 130, 3, 1, 1}, 1, {}, "v4_three_images"},
+        // 15 images of 5 output rows: 75 runs a step, 19 on MXUs 0-2 and 18 on MXU 3, and an
+        // epilogue lag of 3 images (a quarter of 15), so pending images' targets are the class
+        // counts less the runs queued after them.
+        ConvCase4{"v4-8", {15, 5, 5, 64, 130, 3, 1, 1}, 1, {}, "v4_lag3_uneven_runs"},
         ConvCase4{"v4-8", {16, 7, 7, 64, 40, 3, 1, 1}, 8, {}, "v4_batch16_on_8_cores"},
         ConvCase4{"v4-8",
                   {2, 20, 18, 130, 20, 3, 1, 1},
@@ -265,12 +269,51 @@ TEST(ManyMxusCycleExact, GemmConvAndDotKernelsMatchTheCycleSteppedCore) {
     const Conv2dTiling ct = plan_conv2d(cfg, s, s.batch);
     ASSERT_EQ(ct.mxus, 4u);
     expect_cycle_exact(cfg, generate(Conv2dKey{s, ct}), {a, w, c, 24 << 20, conv2d_blocks(s, ct)});
+    // 15 images of 5 x 5: 75 runs a step over four MXUs (19, 19, 19, 18) and an epilogue lag of
+    // 3 images (conv2d_lag: the quarter-block cap, below 256 + 256 - 2 + 8 x 5 = 550 rows).
+    const Conv2dShape s2{15, 5, 5, 64, 130, 3, 1, 1};
+    const Conv2dTiling ct2 = plan_conv2d(cfg, s2, s2.batch);
+    ASSERT_EQ(ct2.block_images, 15u);
+    ASSERT_EQ(ct2.lag, 3u);
+    expect_cycle_exact(cfg, generate(Conv2dKey{s2, ct2}),
+                       {a, w, c, 24 << 20, conv2d_blocks(s2, ct2)});
     // The fused matmul: 200 x 600 x 1300 row-major fp32: a group of four panels, then a last
     // one of two.
     const auto mk = plan_matmul(cfg, 200, 600, 1300, false, false, Precision::Bf16, false);
     ASSERT_TRUE(mk);
     ASSERT_EQ(mk->mxus, 4u);
     expect_cycle_exact(cfg, generate(*mk), {a, w, c});
+}
+
+TEST(ManyMxusCycleExact, CompiledDotLayoutsMatchTheCycleSteppedCore) {
+    const hw::BoardConfig cfg = v6e_core();
+    const uint32_t a = 0, w = 8 << 20, c = 16 << 20;
+    // The compiler's forward dot on v6e: an activation in 8 x 128 tiles through a weight in
+    // the MXU's 256 x 256 tiles, C in 8 x 128 tiles (each 256-value row of a panel two tiles of
+    // a band): K = 512 in two steps, N = 1280 a group of four panels and one more.
+    DotKey fwd{.M = 64,
+               .K = 512,
+               .N = 1280,
+               .a = DotLayout::VpuTiles,
+               .w = DotLayout::Tiles,
+               .c = DotLayout::VpuTiles};
+    const auto kf = plan_dot(cfg, fwd, cfg.core.vmem_bytes);
+    ASSERT_TRUE(kf);
+    ASSERT_EQ(kf->R, 256u);
+    expect_cycle_exact(cfg, generate(*kf), {a, w, c});
+    // A weight gradient in its parameter's 256 x 256 tiles: dY^T streamed from transposed
+    // 8 x 128 tiles in blocks of two tile columns (the last, of 44 rows, reads one); two K steps,
+    // two panels.
+    DotKey grad{.M = 300,
+                .K = 512,
+                .N = 512,
+                .a = DotLayout::TransposedVpuTiles,
+                .w = DotLayout::VpuTiles,
+                .c = DotLayout::TransposedTiles};
+    const auto kg = plan_dot(cfg, grad, cfg.core.vmem_bytes);
+    ASSERT_TRUE(kg);
+    ASSERT_EQ(kg->block_rows, 256u);
+    expect_cycle_exact(cfg, generate(*kg), {a, w, c});
 }
 
 }  // namespace

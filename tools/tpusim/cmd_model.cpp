@@ -18,7 +18,9 @@
 #include "compiler/device_backend.h"
 #include "compiler/lazy.h"
 #include "hw/board.h"
+#include "hw/mem/hbm_timing.h"
 #include "sim/stat_names.h"
+#include "sim/tracer.h"
 #include "tools/tpusim/commands.h"
 #include "tools/tpusim/op_runs.h"
 #include "tools/tpusim/run_output.h"
@@ -124,21 +126,36 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
         run.compile_seconds = ctx.stats().compile_seconds;
         run.codegen_seconds = st.codegen_seconds;
         std::vector<uint64_t> device = st.last_fusion_cycles;
-        for (const compiler::ProgramSegment& seg : prog.segments) {
-            if (seg.host_fusion < 0) continue;
-            const size_t i = size_t(seg.host_fusion);
-            const compiler::Fusion& f = step.fusions[i];
+        std::vector<bool> on_host(step.fusions.size(), false);
+        // "fusion.3 output dot+reshape": its name, kind and the kinds of its ops.
+        const auto title = [&](const compiler::Fusion& f) {
             std::string ops;
             for (compiler::OpId id : f.ops) {
                 const auto n = compiler::op_name(step.graph.op(id).kind);
                 if (ops.find(n) == std::string::npos)
                     ops += fmt::format("{}{}", ops.empty() ? "" : "+", n);
             }
-            run.host.push_back(
-                {fmt::format("{} {} {}", f.name, compiler::fusion_kind_name(f.kind), ops),
-                 fmt::format("{}", fmt::join(f.layers, ", ")),
-                 seg.fallback.empty() ? "custom call" : seg.fallback, st.last_fusion_cycles.at(i)});
+            return fmt::format("{} {} {}", f.name, compiler::fusion_kind_name(f.kind), ops);
+        };
+        for (const compiler::ProgramSegment& seg : prog.segments) {
+            if (seg.host_fusion < 0) continue;
+            const size_t i = size_t(seg.host_fusion);
+            const compiler::Fusion& f = step.fusions[i];
+            run.host.push_back({title(f), fmt::format("{}", fmt::join(f.layers, ", ")),
+                                seg.fallback.empty() ? "custom call" : seg.fallback,
+                                st.last_fusion_cycles.at(i)});
             device[i] = 0;
+            on_host[i] = true;
+        }
+        for (size_t i = 0; i < step.fusions.size(); ++i) {
+            const compiler::Fusion& f = step.fusions[i];
+            uint64_t bytes = 0;
+            for (const compiler::FusionValue& v : f.operands) bytes += v.buffer.bytes;
+            for (const compiler::FusionValue& v : f.results) bytes += v.buffer.bytes;
+            run.fusion_rows.push_back({title(f), fmt::format("{}", fmt::join(f.layers, ", ")),
+                                       on_host[i],
+                                       st.last_fusion_cycles.at(i),
+                                       st.last_fusion_spans.at(i).first, bytes});
         }
         for (uint64_t c : st.last_fusion_cycles) run.cycles += c;
         for (uint64_t c : device) run.device_cycles += c;
@@ -153,6 +170,12 @@ CompiledRun run_model_compiled(driver::Device& dev, const std::string& name,
 }
 
 namespace {
+
+/// The least HBM traffic of a fusion per cycle, as a share of the core's HBM peak: near 1, the
+/// fusion is HBM bound; far below, something else (the MXUs, the VPU, the sequencer) sets it.
+double hbm_share(const FusionRow& r, double peak) {
+    return r.cycles && peak > 0 ? double(r.hbm_bytes) / double(r.cycles) / peak : 0.0;
+}
 
 nlohmann::ordered_json compiled_json(const CompiledRun& run, const std::string& name,
                                      uint32_t batch, size_t cores, const std::string& precision,
@@ -186,6 +209,16 @@ nlohmann::ordered_json compiled_json(const CompiledRun& run, const std::string& 
                       {"layers", h.layers},
                       {"reason", h.reason},
                       {"cycles", h.cycles}});
+    const double peak = hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+    auto& jl_f = jf["list"] = nlohmann::ordered_json::array();
+    for (const FusionRow& r : run.fusion_rows)
+        jl_f.push_back({{"fusion", r.fusion},
+                        {"layers", r.layers},
+                        {"where", r.on_host ? "host" : "device"},
+                        {"cycles", r.cycles},
+                        {"begin_cycle", r.begin_cycle},
+                        {"hbm_bytes", r.hbm_bytes},
+                        {"hbm_share_of_peak", hbm_share(r, peak)}});
     auto& jm = j["memory"];
     jm["parameter_bytes"] = run.memory.parameter_bytes;
     jm["input_bytes"] = run.memory.input_bytes;
@@ -208,7 +241,8 @@ nlohmann::ordered_json compiled_json(const CompiledRun& run, const std::string& 
 }
 
 void print_compiled(const CompiledRun& run, const std::string& name, uint32_t batch, size_t cores,
-                    const std::string& precision, bool train_step, driver::Device& dev) {
+                    const std::string& precision, bool train_step, bool fusions,
+                    driver::Device& dev) {
     const hw::BoardConfig& cfg = dev.config();
     const uint64_t cycles = run.cycles;
     fmt::print("{} {} of {} (batch {}) on {} core{}, {}, compiled{}: {} cycles = {:.3f} ms\n", name,
@@ -246,8 +280,40 @@ void print_compiled(const CompiledRun& run, const std::string& name, uint32_t ba
     fmt::print(
         "(a fusion of several layers is split by the flops of each layer's ops; "
         "\"device\" leaves out the host fallbacks)\n");
+    if (fusions) {
+        const double peak = hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+        fmt::print("{:>10} {:>6} {:>9} {:>8} {:<6} {}\n", "cycles", "%", "HBM MB", "of peak",
+                   "where", "fusion [layers]");
+        for (const FusionRow& r : run.fusion_rows)
+            fmt::print("{:>10} {:>5.1f}% {:>9.2f} {:>7.1f}% {:<6} {} [{}]\n", r.cycles,
+                       cycles ? 100.0 * double(r.cycles) / double(cycles) : 0.0,
+                       double(r.hbm_bytes) / 1e6, 100.0 * hbm_share(r, peak),
+                       r.on_host ? "host" : "device", r.fusion, r.layers);
+        fmt::print(
+            "(HBM MB: the arrays a fusion reads and writes, each once, the least traffic it can "
+            "have; of peak: that per cycle against the core's HBM peak of {:.1f} B/cycle)\n",
+            peak);
+    }
     fmt::print("host {:.2f} s (compile {:.3f} s, code generation {:.3f} s)\n", run.host_seconds,
                run.compile_seconds, run.codegen_seconds);
+}
+
+/// The last step's fusions on a "fusions" track of the trace, and the step on "model".
+void trace_compiled(sim::Tracer* tracer, const CompiledRun& run, const std::string& name,
+                    uint32_t batch, bool train_step) {
+    if (!tracer || run.fusion_rows.empty()) return;
+    const int track = tracer->track("host", "fusions");
+    uint64_t begin = run.fusion_rows.front().begin_cycle, end = begin;
+    for (const FusionRow& r : run.fusion_rows) {
+        tracer->complete(track, r.fusion, r.begin_cycle, r.begin_cycle + r.cycles,
+                         {{"layers", std::string_view(r.layers)},
+                          {"where", std::string_view(r.on_host ? "host" : "device")},
+                          {"hbm_bytes", r.hbm_bytes}});
+        begin = std::min(begin, r.begin_cycle);
+        end = std::max(end, r.begin_cycle + r.cycles);
+    }
+    tracer->complete(tracer->track("host", "model"), train_step ? "training step" : "inference",
+                     begin, end, {{"model", std::string_view(name)}, {"batch", uint64_t(batch)}});
 }
 
 }  // namespace
@@ -262,6 +328,7 @@ void register_model_command(CLI::App& app) {
         std::string precision = "bf16-mixed";
         std::string engine = "eager";
         uint32_t steps = 1;
+        bool fusions = false;
         trainer::ZooOptions zoo;
     };
     auto o = std::make_shared<Opts>();
@@ -292,6 +359,10 @@ void register_model_command(CLI::App& app) {
                     "read; the second compiles again, the parameters now carrying layouts; from "
                     "the third on the step is the steady state a measured TPU step is)")
         ->check(positive_number());
+    CLI::Option* fusions = cmd->add_flag(
+        "--fusions", o->fusions,
+        "compiled engine: list the step's fusions after the layer table (cycles, the least HBM "
+        "traffic and its share of the HBM peak, host or device, layers)");
     cmd->add_option("--precision", o->precision,
                     "32-true | bf16-mixed | bf16-true (and Lightning's 32, 16, 16-mixed, bf16)");
     // The size options; each one's help lists the models that read it (zoo_models()).
@@ -328,7 +399,10 @@ void register_model_command(CLI::App& app) {
                     {"gelu", trainer::FfnActivation::Gelu}, {"relu", trainer::FfnActivation::Relu}},
                 CLI::ignore_case));
     add_common_options(*cmd, o->common);
-    cmd->callback([o, size_options, activation] {
+    cmd->callback([o, size_options, activation, fusions] {
+        if (fusions->count() > 0 && o->engine != "compiled")
+            throw InputError("--fusions applies to --engine compiled (the eager engine runs "
+                             "kernels, not fusions)");
         if (activation->count() > 0 && o->name != "bert-block")
             throw InputError(fmt::format("--activation applies to bert-block, not to model {}",
                                          o->name));
@@ -366,7 +440,8 @@ void register_model_command(CLI::App& app) {
                                        .dump());
             else
                 print_compiled(run, o->name, o->batch, cores.size(), o->precision, o->train_step,
-                               *dev);
+                               o->fusions, *dev);
+            trace_compiled(trace.get(), run, o->name, o->batch, o->train_step);
             const std::vector<ResultStat> result{
                 {"cycles",
                  fmt::format("device cycles of one compiled {} of {} (batch {}) on {} "

@@ -111,10 +111,19 @@ OpRunner attention_options(CLI::App& cmd) {
     cmd.add_option("--seq", s->seq, "tokens per sequence")->check(positive_number());
     cmd.add_option("--dhead", s->dhead, "features per head")->check(positive_number());
     cmd.add_flag("--causal", s->causal, "mask keys after the query (decoder self-attention)");
-    return [s](driver::Device& dev, driver::ProgramCache& cache, const std::vector<uint32_t>& cores,
-               bool check, uint32_t seed) {
+    auto engine = std::make_shared<std::string>("auto");
+    cmd.add_option("--engine", *engine,
+                   "compiled = PyTorchSim's attention graph (k q^T / sqrt(d), softmax over the "
+                   "keys, v^T p: out [heads, dhead, seq]) compiled into one program, as "
+                   "PyTorch/XLA runs it; library = the hand-written fused kernel (p v: out "
+                   "[heads, seq, dhead]; causal masks); auto = compiled where the code generator "
+                   "covers the shape, else the library kernel (the plan says why)")
+        ->check(CLI::IsMember({"auto", "compiled", "library"}))
+        ->capture_default_str();
+    return [s, engine](driver::Device& dev, driver::ProgramCache& cache,
+                       const std::vector<uint32_t>& cores, bool check, uint32_t seed) {
         check_attention(dev.config(), cores.size(), *s, option_names());
-        return run_attention(dev, cache, cores, *s, check, seed);
+        return run_attention(dev, cache, cores, *s, check, seed, *engine);
     };
 }
 

@@ -170,14 +170,25 @@ uint64_t run_rows_op(driver::Device& dev, driver::ProgramCache& cache, const Row
                          : run_softmax(dev, cache, row_cores(r), rows, cols, false, 1));
 }
 
-uint64_t run_attention_row(driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
+/// An attention row: PyTorchSim's attention graph compiled into one program (what the real row
+/// ran through PyTorch/XLA), or with --engine eager the library's fused kernel; auto falls back
+/// to the library kernel where the code generator does not cover the shape, the row saying why.
+RowRun run_attention_row(driver::Device& dev, driver::ProgramCache& cache, const Row& r) {
     driver::AttentionShape s;
     s.batch = optional(r.params, "batch", r.line, 1);
     s.heads = positive(r.params, "heads", r.line);
     s.seq = positive(r.params, "seq", r.line);
     s.dhead = positive(r.params, "dhead", r.line);
     s.causal = r.params.count("causal") != 0;
-    return cycles_of(run_attention(dev, cache, row_cores(r), s, false, 1));
+    const std::string engine = r.engine == "eager" ? "library" : r.engine;
+    const OpRun run = run_attention(dev, cache, row_cores(r), s, false, 1, engine);
+    const std::string marker = " (the library's fused kernel: ";
+    const size_t at = run.plan.find(marker);
+    // The library kernel is the eager path's (one launch, the trainer's kernel).
+    if (engine == "library") return RowRun{cycles_of(run), "eager"};
+    if (at == std::string::npos) return RowRun{cycles_of(run), "compiled"};
+    return RowRun{cycles_of(run),
+                  "eager (the library's fused kernel: " + run.plan.substr(at + marker.size())};
 }
 
 /// The zoo sizes of a model row (0: the model's default).
@@ -191,8 +202,8 @@ trainer::ZooOptions zoo_options(const Row& r) {
     z.image = get("image");
     // PyTorchSim's EncoderBlock, what the bert-block rows measure, uses ReLU between its ffn
     // layers (validation/README.md); the tag `gelu` runs BERT's GELU instead.
-    z.activation = r.params.count("gelu") ? trainer::FfnActivation::Gelu
-                                          : trainer::FfnActivation::Relu;
+    z.activation =
+        r.params.count("gelu") ? trainer::FfnActivation::Gelu : trainer::FfnActivation::Relu;
     return z;
 }
 
@@ -252,9 +263,10 @@ void check_attention_row(const Row& r, const hw::BoardConfig& cfg) {
 
 void check_model_row(const Row& r, const hw::BoardConfig& cfg) {
     if (r.params.count("gelu") && r.params.count("relu"))
-        throw InputError(fmt::format("line {}: {}: tags gelu and relu name two activations; "
-                                     "give one",
-                                     r.line, r.workload));
+        throw InputError(
+            fmt::format("line {}: {}: tags gelu and relu name two activations; "
+                        "give one",
+                        r.line, r.workload));
     const trainer::ZooOptions z = zoo_options(r);
     const uint32_t batch = optional(r.params, "batch", r.line, 1);
     try {
@@ -279,9 +291,8 @@ const std::map<std::string, Kind>& kinds() {
                            check_conv2d_row};
         m["layernorm"] = Kind{{"rows", "cols"}, {}, op_row(run_rows_op), {}, {}, check_rows_row};
         m["softmax"] = Kind{{"rows", "cols"}, {}, op_row(run_rows_op), {}, {}, check_rows_row};
-        m["attention"] =
-            Kind{{"heads", "seq", "dhead"}, {"causal"}, op_row(run_attention_row), {}, {},
-                 check_attention_row,       {"batch"}};
+        m["attention"] = Kind{{"heads", "seq", "dhead"}, {"causal"}, run_attention_row, {}, {},
+                              check_attention_row,       {"batch"}};
         m["resnet18"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
         m["resnet50"] = Kind{{"batch", "image"}, {}, run_model_row, {}, {}, check_model_row};
         m["bert-block"] = Kind{{"hidden", "seq", "heads"},
@@ -521,10 +532,12 @@ void register_validate_command(CLI::App& app) {
                     "clock_mhz,cores,source)")
         ->capture_default_str();
     cmd->add_option("--engine", o->engine,
-                    "how model rows (resnet18, resnet50, bert-block) run: auto = one compiled "
-                    "step (tpusim model --engine compiled) when every fusion of it is generated "
-                    "for the device, else the eager engine, the row saying why; compiled = fail "
-                    "where a fusion is not generated; eager = one launch per op")
+                    "how model rows (resnet18, resnet50, bert-block) and attention rows run: "
+                    "auto = one compiled step (tpusim model --engine compiled; attention: "
+                    "PyTorchSim's graph compiled) when every fusion of it is generated for the "
+                    "device, else the eager engine (attention: the library's fused kernel), the "
+                    "row saying why; compiled = fail where a fusion is not generated; eager = one "
+                    "launch per op (attention: the library kernel)")
         ->check(CLI::IsMember({"auto", "eager", "compiled"}))
         ->capture_default_str();
     add_config_options(*cmd, o->common);

@@ -443,12 +443,138 @@ OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
     return r;
 }
 
+namespace {
+
+/// PyTorchSim's attention graph (../shared/validation/README.md, "attention") as PyTorch/XLA
+/// compiles it: q, k, v [G, S, d] (G = sequences x heads per core), `scores = k q^T / sqrt(d)`
+/// ([G, keys, queries]), softmax over the keys (dim -2), `v^T p` ([G, d, queries]). One
+/// program (compiler/), one launch; nothing when the code generator does not cover the shape
+/// (`why` says what: then nothing has touched the device).
+std::optional<OpRun> run_attention_compiled(driver::Device& dev, const std::vector<uint32_t>& cores,
+                                            const driver::AttentionShape& shape, const PerCore& qs,
+                                            const PerCore& ks, const PerCore& vs, bool check,
+                                            std::string& why) {
+    using namespace compiler;
+    if (shape.causal) {
+        why = "a causal mask is not part of the compiled attention graph";
+        return std::nullopt;
+    }
+    driver::AttentionShape core = shape;
+    core.batch = core_share(shape.batch, cores.size());
+    const int64_t G = core.groups(), S = core.seq, D = core.dhead;
+    CompileOptions co;
+    co.board = dev.config();
+    CodegenOptions cg;
+    cg.board = dev.config();
+    const auto record = [&](Graph& g, ValueId q, ValueId k, ValueId v) {
+        DotDims sd;
+        sd.lhs_batch = sd.rhs_batch = {0};
+        sd.lhs_contracting = sd.rhs_contracting = {2};
+        const ValueId sc = dot(g, k, q, sd);
+        const ValueId p = softmax(g, div(g, sc, full(g, std::sqrt(double(D)), g.shape(sc))), 1);
+        DotDims od;
+        od.lhs_batch = od.rhs_batch = {0};
+        od.lhs_contracting = od.rhs_contracting = {1};
+        return dot(g, v, p, od);
+    };
+    OpRun r;
+    std::vector<float> got, want;
+    const auto run_on = [&](Backend& backend, std::vector<float>* out,
+                            const std::function<void(const CompiledStep&)>& after) {
+        LazyContext ctx(backend, co);
+        const Shape in{DType::F32, {G, S, D}};
+        const LazyTensor q = ctx.input("query", in, qs), k = ctx.input("key", in, ks),
+                         v = ctx.input("value", in, vs);
+        const LazyTensor o =
+            ctx.wrap(record(ctx.graph(), ctx.value(q), ctx.value(k), ctx.value(v)), "out");
+        ctx.mark_step();
+        if (after) after(*ctx.last_step());
+        if (out)
+            for (size_t c = 0; c < cores.size(); ++c) {
+                const auto x = ctx.to_host(o, c);
+                out->insert(out->end(), x.begin(), x.end());
+            }
+    };
+    const driver::KernelStats before = dev.kernel_totals();
+    DeviceBackend device(dev, cores, cg);
+    try {
+        run_on(device, check ? &got : nullptr, [&](const CompiledStep& step) {
+            finish_run(r, dev, device.stats().last_launch, before,
+                       2ull * uint64_t(G * S * S * D) * cores.size(), cores.size());
+            std::string kinds;
+            for (const Fusion& f : step.fusions)
+                kinds += (kinds.empty() ? "" : " ") + std::string(fusion_kind_name(f.kind));
+            r.plan = fmt::format(
+                "{} sequence{} x {} heads per core, [heads, seq, dhead] operands; PyTorchSim's "
+                "graph (k q^T / sqrt(d), softmax over the keys, v^T p: out [heads, dhead, seq]) "
+                "compiled into one program of {} fusions ({}), {} launch",
+                core.batch, core.batch == 1 ? "" : "s", core.heads, step.fusions.size(), kinds,
+                device.stats().launches);
+        });
+    } catch (const NotYetGenerated& e) {
+        why = e.what();
+        return std::nullopt;
+    }
+    r.params = {{"batch", shape.batch},
+                {"heads", shape.heads},
+                {"seq", shape.seq},
+                {"dhead", shape.dhead},
+                {"causal", shape.causal}};
+    if (check) {
+        HostBackend host(cores.size(), EvalOptions{.mxu_rows = dev.config().core.mxu_rows,
+                                                   .vpu_lanes = dev.config().core.vpu_lanes});
+        run_on(host, &want, nullptr);
+        std::vector<double> exact;
+        for (size_t c = 0; c < cores.size(); ++c)
+            for (int64_t g = 0; g < G; ++g) {
+                // p[j][i]: softmax over the keys j of k_j . q_i / sqrt(d); out[d][i] = sum_j
+                // p[j][i] v[j][d].
+                std::vector<double> o(static_cast<size_t>(D * S), 0.0);
+                for (int64_t i = 0; i < S; ++i) {
+                    std::vector<double> e(static_cast<size_t>(S));
+                    double m = -INFINITY, sum = 0;
+                    for (int64_t j = 0; j < S; ++j) {
+                        double dotv = 0;
+                        for (int64_t d = 0; d < D; ++d)
+                            dotv += double(ks[c][size_t((g * S + j) * D + d)]) *
+                                    qs[c][size_t((g * S + i) * D + d)];
+                        e[size_t(j)] = dotv / std::sqrt(double(D));
+                        m = std::max(m, e[size_t(j)]);
+                    }
+                    for (double& x : e) sum += (x = std::exp(x - m));
+                    for (int64_t j = 0; j < S; ++j)
+                        for (int64_t d = 0; d < D; ++d)
+                            o[size_t(d * S + i)] +=
+                                e[size_t(j)] / sum * vs[c][size_t((g * S + j) * D + d)];
+                }
+                exact.insert(exact.end(), o.begin(), o.end());
+            }
+        compare(r, got, want, exact);
+        r.result = std::move(got);
+    }
+    return r;
+}
+
+}  // namespace
+
 OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, const driver::AttentionShape& shape,
-                    bool check, uint32_t seed) {
+                    bool check, uint32_t seed, const std::string& engine) {
     driver::AttentionShape core = shape;
     core.batch = core_share(shape.batch, cores.size());
     const uint32_t rows = core.groups() * core.seq;
+    if (engine != "library") {
+        std::string why;
+        const PerCore q = random_blocks(cores.size(), rows, core.dhead, seed),
+                      k = random_blocks(cores.size(), rows, core.dhead, seed ^ 0x5555u),
+                      v = random_blocks(cores.size(), rows, core.dhead, seed ^ 0xAAAAu);
+        if (auto r = run_attention_compiled(dev, cores, shape, q, k, v, check, why)) return *r;
+        if (engine == "compiled")
+            throw InputError("attention: the compiled engine does not cover this shape: " + why);
+        OpRun r = run_attention(dev, cache, cores, shape, q, k, v, check, false);
+        r.plan += fmt::format(" (the library's fused kernel: {})", why);
+        return r;
+    }
     return run_attention(
         dev, cache, cores, shape, random_blocks(cores.size(), rows, core.dhead, seed),
         random_blocks(cores.size(), rows, core.dhead, seed ^ 0x5555u),

@@ -104,10 +104,15 @@ OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
 OpRun run_softmax(driver::Device& dev, driver::ProgramCache& cache,
                   const std::vector<uint32_t>& cores, uint32_t rows_total, uint32_t cols,
                   const PerCore& x, bool check, bool keep_result);
-/// Attention of `shape` (shape.batch sequences in all, data-parallel over `cores`).
+/// Attention of `shape` (shape.batch sequences in all, data-parallel over `cores`) on random
+/// values. `engine`: "compiled" runs PyTorchSim's attention graph (the validation rows':
+/// `k q^T / sqrt(d)`, softmax over the keys, `v^T p`, out [heads, dhead, seq]) as one compiled
+/// program; "library" the hand-written fused kernel (`p v`, out [heads, seq, dhead]; causal
+/// masks); "auto" the compiled program, or the library kernel (its plan says why) where the code
+/// generator does not cover the shape.
 OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
                     const std::vector<uint32_t>& cores, const driver::AttentionShape& shape,
-                    bool check, uint32_t seed);
+                    bool check, uint32_t seed, const std::string& engine = "auto");
 /// As above on given values: q[i], k[i], v[i] hold core i's core_share(shape.batch) sequences,
 /// layout [batch, heads, seq, dhead].
 OpRun run_attention(driver::Device& dev, driver::ProgramCache& cache,
@@ -177,6 +182,18 @@ struct HostFusion {
     uint64_t cycles = 0;  ///< device cycles its host round trip took
 };
 
+/// One fusion of a compiled step, as `tpusim model --fusions` lists it.
+struct FusionRow {
+    std::string fusion;        ///< "fusion.3 output dot+reshape"
+    std::string layers;        ///< its layers, comma-separated
+    bool on_host = false;      ///< a host fallback or custom call (cycles: its host round trip)
+    uint64_t cycles = 0;       ///< its device cycles in the step (DeviceBackendStats)
+    uint64_t begin_cycle = 0;  ///< where those cycles lie on the device's clock
+    /// bytes of the arrays it reads and writes, each counted once: the least HBM traffic it
+    /// can have (a kernel that streams an operand more than once moves more)
+    uint64_t hbm_bytes = 0;
+};
+
 /// What one compiled inference reports.
 struct CompiledRun {
     std::string description;       ///< the model's shape
@@ -190,6 +207,7 @@ struct CompiledRun {
     uint32_t steps = 1;            ///< steps run; the figures are the last one's
     size_t fusions = 0;            ///< fusions of the compiled step
     std::vector<HostFusion> host;  ///< the fusions that ran on the host
+    std::vector<FusionRow> fusion_rows;  ///< every fusion, in program order
     compiler::MemoryPlan memory;   ///< HBM per core
     std::vector<trainer::CompiledLayer> layers, device_layers;  ///< all cycles; device only
 };
