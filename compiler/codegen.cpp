@@ -121,37 +121,89 @@ void emit_collective(isa::Builder& b, const CollectiveFusion& p, const isa::Reg&
     driver::emit_allreduce(b, *p.ring, ops);
 }
 
-/// A wide program's fusion prologue (CodegenOptions::wide_addresses): the window base is the
-/// lowest buffer the fusion touches, in isa::kHbmBaseUnit units (each argument is an address
-/// in those units), set with `hbm.base`; each buffer's byte offset from it goes to scalar
-/// memory (`rel`), where the fusion's loads find it. The backend has checked that the buffers
-/// span at most 4 GiB, so every offset is a 32-bit address.
-void emit_window(isa::Builder& b, const std::vector<ProgramSegment::WindowRef>& refs,
-                 const isa::Smem& table, const isa::Smem& rel) {
-    const auto scope = b.scope("window");
-    const isa::Reg w = b.reg("base"), t = b.reg("t"), m = b.reg("m");
-    const auto unit = [&](const isa::Reg& r, const ProgramSegment::WindowRef& x) {
-        b.emit(Opcode::Lw, {r, table.word(uint32_t(x.arg))});
-        if (x.offset) b.emit(Opcode::Add, {r, r, imm(int64_t(x.offset / isa::kHbmBaseUnit))});
-    };
-    if (refs.empty()) return;
-    unit(w, refs[0]);
-    for (size_t j = 1; j < refs.size(); ++j) {
-        // w = min(w, t) without a branch: m = -(t < w); w ^= (w ^ t) & m.
-        unit(t, refs[j]);
-        b.emit(Opcode::Sltu, {m, t, w});
-        b.emit(Opcode::Sub, {m, imm(0), m});
-        b.emit(Opcode::Xor, {t, t, w});
-        b.emit(Opcode::And, {t, t, m});
-        b.emit(Opcode::Xor, {w, w, t});
+/// A wide program's windows for one fusion (CodegenOptions::wide_addresses): its buffers in
+/// groups, each a span of one allocation mapped to consecutive HBM windows from `first`, so a
+/// buffer's program address is static: (first << 29) + its offset from `lo`.
+struct WindowGroup {
+    size_t arg = 0;      ///< launch argument of the allocation (its address in 256-byte units)
+    uint64_t lo = 0;     ///< first byte of the span in the allocation
+    uint64_t hi = 0;     ///< one past its last byte
+    uint32_t first = 0;  ///< its first window
+    uint32_t count() const {
+        return uint32_t((hi - lo + isa::kHbmWindowBytes - 1) / isa::kHbmWindowBytes);
     }
-    b.emit(Opcode::HbmBase, {w});
-    for (size_t j = 0; j < refs.size(); ++j) {
-        unit(t, refs[j]);
-        b.emit(Opcode::Sub, {t, t, w});
-        b.emit(Opcode::Shl, {t, t, imm(std::countr_zero(isa::kHbmBaseUnit))});
-        b.emit(Opcode::Sw, {t, rel.word(uint32_t(j))});
+};
+
+std::string arg_name(const ProgramArg& a);
+
+/// Groups a fusion's buffers into windows: buffers of one allocation share a group while that
+/// costs no more windows than separate groups would. Throws CompileError when they need more
+/// than the 8 windows, naming the fusion and its buffers.
+std::vector<WindowGroup> plan_windows(const Fusion& f, std::vector<ProgramSegment::WindowRef> refs,
+                                      const std::vector<ProgramArg>& args) {
+    std::sort(refs.begin(), refs.end(), [](const auto& x, const auto& y) {
+        return std::pair{x.arg, x.offset} < std::pair{y.arg, y.offset};
+    });
+    std::vector<WindowGroup> groups;
+    for (const auto& r : refs) {
+        const uint64_t hi = r.offset + std::max<uint64_t>(r.bytes, 1);
+        if (!groups.empty() && groups.back().arg == r.arg) {
+            WindowGroup merged = groups.back();
+            merged.hi = std::max(merged.hi, hi);
+            const WindowGroup alone{r.arg, r.offset, hi};
+            if (merged.count() <= groups.back().count() + alone.count()) {
+                groups.back() = merged;
+                continue;
+            }
+        }
+        groups.push_back({r.arg, r.offset, hi});
     }
+    uint32_t next = 0;
+    for (WindowGroup& g : groups) {
+        g.first = next;
+        next += g.count();
+    }
+    if (next > isa::kHbmWindows) {
+        std::string list;
+        for (const auto& r : refs)
+            list += fmt::format("{}{}+{}: {} bytes", list.empty() ? "" : ", ", arg_name(args[r.arg]),
+                                r.offset, r.bytes);
+        throw CompileError(fmt::format(
+            "{}: its buffers need {} HBM windows of 512 MiB, a core has {} (isa/README.md, \"HBM "
+            "windows\"): {}",
+            f.name, next, isa::kHbmWindows, list));
+    }
+    return groups;
+}
+
+/// The program address of `off` in allocation `arg` through `groups`; nullopt if none covers it.
+std::optional<uint32_t> window_address(const std::vector<WindowGroup>& groups, size_t arg,
+                                       uint64_t off) {
+    for (const WindowGroup& g : groups)
+        if (g.arg == arg && off >= g.lo && off < g.hi)
+            return uint32_t((uint64_t(g.first) << isa::kHbmWindowBits) + (off - g.lo));
+    return std::nullopt;
+}
+
+/// A wide program's fusion prologue: `hbm.map` for each window whose mapping differs from what
+/// the fusions before it left (`mapped`: per window, the allocation and byte it maps, or none).
+void emit_window_maps(isa::Builder& b, const std::vector<WindowGroup>& groups,
+                      const isa::Smem& table,
+                      std::array<std::optional<std::pair<size_t, uint64_t>>, isa::kHbmWindows>& mapped) {
+    const auto scope = b.scope("windows");
+    std::optional<isa::Reg> t;
+    for (const WindowGroup& g : groups)
+        for (uint32_t i = 0; i < g.count(); ++i) {
+            const uint32_t w = g.first + i;
+            const std::pair<size_t, uint64_t> want{g.arg, g.lo + uint64_t(i) * isa::kHbmWindowBytes};
+            if (mapped[w] == want) continue;
+            if (!t) t.emplace(b.reg("base"));
+            b.emit(Opcode::Lw, {*t, table.word(uint32_t(g.arg))});
+            const uint64_t units = want.second / isa::kHbmMapUnit;
+            if (units) b.emit(Opcode::Add, {*t, *t, imm(int64_t(units))});
+            b.emit(Opcode::HbmMap, {imm(int64_t(w)), *t});
+            mapped[w] = want;
+        }
 }
 
 std::string arg_name(const ProgramArg& a) {
@@ -196,6 +248,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     std::vector<std::optional<DerivedSlot>> slots;
     uint64_t derived_bytes = 0;
     std::map<std::pair<uint8_t, uint32_t>, size_t> slot;
+    std::vector<std::vector<WindowGroup>> groups;  // wide programs: per fusion
     bool rings = false;
     for (size_t i : fusions) {
         const Fusion& f = step.fusions[i];
@@ -246,9 +299,9 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
             std::vector<ProgramSegment::WindowRef> refs;
             for (const BufferRef& buf : bufs) {
                 const uint64_t off = buf.space == BufferRef::Space::Temp ? buf.offset : 0;
-                if (off % isa::kHbmBaseUnit)
+                if (off % isa::kHbmMapUnit)
                     throw CompileError(fmt::format("{}: temp offset {} is not a multiple of {}",
-                                                   f.name, off, isa::kHbmBaseUnit));
+                                                   f.name, off, isa::kHbmMapUnit));
                 auto it = std::find_if(refs.begin(), refs.end(), [&](const auto& r) {
                     return r.arg == slot.at(alloc_key(buf)) && r.offset == off;
                 });
@@ -257,6 +310,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
                 else
                     it->bytes = std::max(it->bytes, buf.bytes);
             }
+            groups.push_back(plan_windows(f, refs, seg.args));
             seg.windows.push_back(std::move(refs));
         }
     }
@@ -293,13 +347,8 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         if (!args.empty()) table.emplace(b.smem("args", args.size()));
         for (size_t i = 0; i < args.size(); ++i) b.emit(Opcode::Sw, {args[i], table->word(i)});
     }
-    // Wide programs: each fusion's buffers relative to its window base, in scalar memory.
-    std::optional<isa::Smem> rel;
-    if (o.wide_addresses) {
-        size_t most = 1;
-        for (const auto& w : seg.windows) most = std::max(most, w.size());
-        rel.emplace(b.smem("window", most));
-    }
+    // Wide programs: what each HBM window maps (nothing known at the launch's start).
+    std::array<std::optional<std::pair<size_t, uint64_t>>, isa::kHbmWindows> mapped;
     // The all-reduces' handshake flag: held for the whole program, never reset, so a
     // neighbour's signal cannot be lost to a reset (codegen.h, emit_collective).
     std::optional<isa::Flag> ready;
@@ -310,26 +359,23 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         seg.fusion_pcs.push_back(b.pc());
         if (k > 0) emit_delay(b, o.board.core.fusion_setup_cycles);
         const auto scope = b.scope(f.name);
-        if (o.wide_addresses) emit_window(b, seg.windows[k], *table, *rel);
+        if (o.wide_addresses) emit_window_maps(b, groups[k], *table, mapped);
         const auto load = [&](const isa::Reg& r, const BufferRef& buf) {
             if (o.wide_addresses) {
+                // The buffer's program address through this fusion's windows.
                 const uint64_t off = buf.space == BufferRef::Space::Temp ? buf.offset : 0;
-                const auto& w = seg.windows[k];
-                const size_t arg = slot.at(alloc_key(buf));
-                auto it = std::find_if(w.begin(), w.end(), [&](const auto& x) {
-                    return x.arg == arg && x.offset == off;
-                });
-                if (it != w.end()) {
-                    b.emit(Opcode::Lw, {r, rel->word(uint32_t(it - w.begin()))});
+                // The arena itself (codegen_conv.cpp's Addresses): its temps add their window
+                // addresses to 0.
+                if (buf.space == BufferRef::Space::Temp && buf.bytes == 0 && off == 0) {
+                    b.emit(Opcode::Li, {r, imm(0)});
                     return;
                 }
-                // Another offset of an allocation the window covers (a convolution's arena
-                // base): from a buffer of it, wrapping at 32 bits as addresses do.
-                it = std::find_if(w.begin(), w.end(), [&](const auto& x) { return x.arg == arg; });
-                if (it == w.end())
-                    throw CompileError(fmt::format("{}: a buffer outside its window", f.name));
-                b.emit(Opcode::Lw, {r, rel->word(uint32_t(it - w.begin()))});
-                b.emit(Opcode::Add, {r, r, imm(int64_t(uint32_t(off - it->offset)))});
+                const auto at = window_address(groups[k], slot.at(alloc_key(buf)), off);
+                if (!at)
+                    throw CompileError(fmt::format("{}: {}+{} lies in none of its HBM windows",
+                                                   f.name, arg_name(seg.args[slot.at(alloc_key(buf))]),
+                                                   off));
+                b.emit(Opcode::Li, {r, imm(int64_t(*at))});
                 return;
             }
             // A 32-bit immediate (a core addresses 4 GiB of HBM: hw/README.md).
@@ -369,7 +415,13 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
             const auto load_arg = [&](const isa::Reg& r) {
                 b.emit(Opcode::Lw, {r, table->word(derived_args)});
             };
-            emit_conv_pool_fusion(b, *windows[k], load, load_arg, slots[k]);
+            // Wide programs: each temp at its window address (the arena register holds 0).
+            const TempAddrFn temps = [&](const BufferRef& r) -> std::optional<uint32_t> {
+                if (r.bytes == 0 && r.offset == 0) return 0;
+                return window_address(groups[k], slot.at(alloc_key(r)), r.offset);
+            };
+            emit_conv_pool_fusion(b, *windows[k], load, load_arg, slots[k],
+                                  o.wide_addresses ? &temps : nullptr);
             continue;
         }
         Bases bases;

@@ -34,9 +34,9 @@ struct CodegenOptions {
     bool host_fallback = false;
     /// Programs that address more HBM than the 4 GiB that 32-bit addresses reach (a step whose
     /// buffers do not fit the driver's window): each launch argument is an allocation's address
-    /// in isa::kHbmBaseUnit units, and each fusion sets its own window base (`hbm.base`) at the
-    /// lowest buffer it touches, its kernels' addresses being offsets from there. Off: the
-    /// arguments are byte addresses in the window and no fusion sets a base.
+    /// in isa::kHbmMapUnit units, and each fusion maps its buffers to HBM windows (`hbm.map`,
+    /// isa/README.md "HBM windows"), its kernels' addresses being window addresses. Off: the
+    /// arguments are byte addresses in the first 4 GiB and no fusion maps a window.
     bool wide_addresses = false;
 };
 
@@ -100,8 +100,8 @@ struct ProgramSegment {
         uint64_t offset = 0;
         uint64_t bytes = 0;
     };
-    /// Wide programs: per fusion, the buffers its window must cover; the backend checks before
-    /// each launch that they span at most 4 GiB on every core.
+    /// Wide programs: per fusion, the buffers its HBM windows cover (non-empty: the launch
+    /// arguments are addresses in isa::kHbmMapUnit units).
     std::vector<std::vector<WindowRef>> windows;
 };
 

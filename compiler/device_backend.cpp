@@ -307,45 +307,6 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
         return mask;
     };
 
-    // Wide programs: every fusion's buffers within one window on every core, checked for the
-    // whole step before anything runs.
-    {
-        std::string first;
-        size_t over = 0, temps_over = 0, fusions = 0;
-        for (const ProgramSegment& seg : prog.segments)
-            for (size_t k = 0; k < seg.windows.size(); ++k) {
-                ++fusions;
-                bool bad = false, bad_temps = false;
-                for (size_t i = 0; i < m_cores.size(); ++i) {
-                    uint64_t lo = UINT64_MAX, hi = 0, tlo = UINT64_MAX, thi = 0;
-                    for (const ProgramSegment::WindowRef& w : seg.windows[k]) {
-                        const ProgramArg& pa = seg.args[w.arg];
-                        const uint64_t a = alloc_of(pa.space, pa.index).bufs.at(i).addr + w.offset;
-                        lo = std::min(lo, a);
-                        hi = std::max(hi, a + w.bytes);
-                        if (pa.space != BufferRef::Space::Temp) continue;
-                        tlo = std::min(tlo, a);
-                        thi = std::max(thi, a + w.bytes);
-                    }
-                    if (hi <= lo || hi - lo <= driver::kHbmWindowBytes) continue;
-                    bad = true;
-                    bad_temps |= thi > tlo && thi - tlo > driver::kHbmWindowBytes;
-                    if (first.empty())
-                        first = fmt::format(
-                            "{}'s buffers span {} bytes of core {}'s HBM "
-                            "(0x{:x} to 0x{:x})",
-                            step.fusions[seg.fusions[k]].name, hi - lo, m_cores[i], lo, hi);
-                }
-                over += bad;
-                temps_over += bad_temps;
-            }
-        if (over)
-            throw CompileError(fmt::format(
-                "{}; a window base reaches 4 GiB: {} of the step's {} device fusions span more "
-                "({} of them across their temps alone)",
-                first, over, fusions, temps_over));
-    }
-
     uint64_t first_cycle = 0, last_cycle = 0;
     bool any = false;
     // Fusion timing: device fusions from the first core's instruction record, host fusions
@@ -375,7 +336,7 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             if (timed) timed->record(true, seg.fusion_pcs);
             const size_t n = m_cores.size();
             const uint32_t stale = arenas[si] ? stale_mask(si) : 0;
-            // Wide programs: arguments in hbm.base units, and each fusion's window within reach.
+            // Wide programs: arguments in hbm.map units (isa::kHbmMapUnit).
             const bool scaled = !seg.windows.empty();
             const auto base_of = [&](const ProgramArg& pa, size_t i) -> uint64_t {
                 return alloc_of(pa.space, pa.index).bufs.at(i).addr;
@@ -384,7 +345,7 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
                 std::vector<uint32_t> a;
                 for (const ProgramArg& pa : seg.args) switch (pa.what) {
                         case ProgramArg::What::Base:
-                            a.push_back(uint32_t(scaled ? base_of(pa, i) / isa::kHbmBaseUnit
+                            a.push_back(uint32_t(scaled ? base_of(pa, i) / isa::kHbmMapUnit
                                                         : base_of(pa, i)));
                             break;
                         case ProgramArg::What::Position:

@@ -138,7 +138,7 @@ public:
     /// from the first 4 GiB of each core's HBM. Throws OutOfMemory naming requested and free
     /// bytes.
     Buffer alloc(uint64_t bytes, uint32_t core);
-    /// HBM on `core` for programs that set their own window base (`hbm.base`, isa/README.md):
+    /// HBM on `core` for programs that map their own HBM windows (`hbm.map`, isa/README.md):
     /// as alloc() while the 4 GiB window has room, else from the HBM above it (below the
     /// programs the runtime keeps at the top, `core.imem_bytes`).
     Buffer alloc_wide(uint64_t bytes, uint32_t core);

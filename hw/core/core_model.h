@@ -15,6 +15,7 @@
 #include "hw/core/core_config.h"
 #include "hw/core/counter_track.h"
 #include "hw/core/dma_engine.h"
+#include "hw/core/hbm_windows.h"
 #include "hw/core/ici_engine.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/race_detector.h"
@@ -137,7 +138,7 @@ public:
     /// refuses (a register or flag number out of range), is a std::invalid_argument.
     void load(const isa::Program& program);
     /// Resets sequencer state and starts at pc 0 at `cycle`; s1..sN = args, HBM window base.
-    void start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_t hbm_base = 0);
+    void start(uint64_t cycle, const std::vector<uint32_t>& args);
     /// Runs until blocked; `now` is the current simulated cycle. A device fault stops the core
     /// (Block::Faulted, fault()) without throwing.
     Status run(uint64_t now);
@@ -253,7 +254,7 @@ private:
     uint32_t m_pc = 0;
     uint64_t m_cycle = 0;
     uint64_t m_start_cycle = 0;  ///< cycle of the current launch
-    uint64_t m_hbm_base = 0;
+    HbmWindows m_windows;  ///< the HBM window map (hbm.map), reset at each launch
     bool m_running = false;
     RaceDetector m_race{m_id};
     uint64_t m_seq = 0;   ///< unit instructions issued (race detector order)
