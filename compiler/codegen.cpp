@@ -166,8 +166,8 @@ std::vector<WindowGroup> plan_windows(const Fusion& f, std::vector<ProgramSegmen
     if (next > isa::kHbmWindows) {
         std::string list;
         for (const auto& r : refs)
-            list += fmt::format("{}{}+{}: {} bytes", list.empty() ? "" : ", ", arg_name(args[r.arg]),
-                                r.offset, r.bytes);
+            list += fmt::format("{}{}+{}: {} bytes", list.empty() ? "" : ", ",
+                                arg_name(args[r.arg]), r.offset, r.bytes);
         throw CompileError(fmt::format(
             "{}: its buffers need {} HBM windows of 512 MiB, a core has {} (isa/README.md, \"HBM "
             "windows\"): {}",
@@ -187,15 +187,16 @@ std::optional<uint32_t> window_address(const std::vector<WindowGroup>& groups, s
 
 /// A wide program's fusion prologue: `hbm.map` for each window whose mapping differs from what
 /// the fusions before it left (`mapped`: per window, the allocation and byte it maps, or none).
-void emit_window_maps(isa::Builder& b, const std::vector<WindowGroup>& groups,
-                      const isa::Smem& table,
-                      std::array<std::optional<std::pair<size_t, uint64_t>>, isa::kHbmWindows>& mapped) {
+void emit_window_maps(
+    isa::Builder& b, const std::vector<WindowGroup>& groups, const isa::Smem& table,
+    std::array<std::optional<std::pair<size_t, uint64_t>>, isa::kHbmWindows>& mapped) {
     const auto scope = b.scope("windows");
     std::optional<isa::Reg> t;
     for (const WindowGroup& g : groups)
         for (uint32_t i = 0; i < g.count(); ++i) {
             const uint32_t w = g.first + i;
-            const std::pair<size_t, uint64_t> want{g.arg, g.lo + uint64_t(i) * isa::kHbmWindowBytes};
+            const std::pair<size_t, uint64_t> want{g.arg,
+                                                   g.lo + uint64_t(i) * isa::kHbmWindowBytes};
             if (mapped[w] == want) continue;
             if (!t) t.emplace(b.reg("base"));
             b.emit(Opcode::Lw, {*t, table.word(uint32_t(g.arg))});
@@ -372,9 +373,9 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
                 }
                 const auto at = window_address(groups[k], slot.at(alloc_key(buf)), off);
                 if (!at)
-                    throw CompileError(fmt::format("{}: {}+{} lies in none of its HBM windows",
-                                                   f.name, arg_name(seg.args[slot.at(alloc_key(buf))]),
-                                                   off));
+                    throw CompileError(
+                        fmt::format("{}: {}+{} lies in none of its HBM windows", f.name,
+                                    arg_name(seg.args[slot.at(alloc_key(buf))]), off));
                 b.emit(Opcode::Li, {r, imm(int64_t(*at))});
                 return;
             }

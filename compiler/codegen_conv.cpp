@@ -1071,8 +1071,10 @@ public:
             if (t_wide_temps) {
                 const auto at = (*t_wide_temps)(r);
                 if (!at)
-                    throw CompileError(fmt::format("temp at {} lies in none of the fusion's HBM "
-                                                   "windows", r.offset));
+                    throw CompileError(
+                        fmt::format("temp at {} lies in none of the fusion's HBM "
+                                    "windows",
+                                    r.offset));
                 off = int64_t(*at);
             }
             if (parent && parent->arena) return *parent->arena + off;

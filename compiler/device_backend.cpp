@@ -424,16 +424,16 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             // at 128 images per core took most of a step's host time).
             for (size_t r = 0; r < m_cores.size(); ++r)
                 for (const FusionValue& fv : f.operands)
-                    m_dev.read_timing(alloc_of(fv.buffer.space, fv.buffer.index).bufs[r],
-                                      layout_bytes(fv.shape, fv.layout),
-                                      fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset
-                                                                                : 0);
+                    m_dev.read_timing(
+                        alloc_of(fv.buffer.space, fv.buffer.index).bufs[r],
+                        layout_bytes(fv.shape, fv.layout),
+                        fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset : 0);
             for (size_t r = 0; r < m_cores.size(); ++r)
                 for (const FusionValue& fv : f.results)
-                    m_dev.write_timing(alloc_of(fv.buffer.space, fv.buffer.index).bufs[r],
-                                       layout_bytes(fv.shape, fv.layout),
-                                       fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset
-                                                                                 : 0);
+                    m_dev.write_timing(
+                        alloc_of(fv.buffer.space, fv.buffer.index).bufs[r],
+                        layout_bytes(fv.shape, fv.layout),
+                        fv.buffer.space == BufferRef::Space::Temp ? fv.buffer.offset : 0);
             ++m_stats->host_fusions;
             if (!seg.fallback.empty()) {
                 ++m_stats->fallback_fusions;

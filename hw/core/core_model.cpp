@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <bit>
-#include <span>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -666,8 +666,8 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
         uint64_t at = start;
         for (const Piece& p : pieces) {
             at = std::max(at, m_dma.free_at());
-            done = std::max(done, m_dma.transfer_hbm(at, p.rows, p.row_bytes, p.h, hstride,
-                                                     !from_hbm));
+            done = std::max(done,
+                            m_dma.transfer_hbm(at, p.rows, p.row_bytes, p.h, hstride, !from_hbm));
         }
         if (!to_smem)
             for (const Piece& p : pieces) {
@@ -677,8 +677,7 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
                     m_dma_hz->add(true, p.h, p.h + hspan(p), done, m_cycle);
             }
     }
-    if (m_cfg.sim.race_detector &&
-        !record_access("dma", start, done, ins.flag, std::move(ranges)))
+    if (m_cfg.sim.race_detector && !record_access("dma", start, done, ins.flag, std::move(ranges)))
         return false;
 
     if (m_cfg.sim.functional) {

@@ -40,7 +40,8 @@ public:
     static bool one_window(uint64_t a, uint64_t len) {
         const uint64_t last = isa::kHbmWindows - 1;
         const uint64_t w0 = std::min<uint64_t>(a >> isa::kHbmWindowBits, last);
-        const uint64_t w1 = std::min<uint64_t>((a + (len ? len - 1 : 0)) >> isa::kHbmWindowBits, last);
+        const uint64_t w1 =
+            std::min<uint64_t>((a + (len ? len - 1 : 0)) >> isa::kHbmWindowBits, last);
         return w0 == w1;
     }
     /// Calls f(program_address, physical_address, length) for each piece of [a, a + len) that

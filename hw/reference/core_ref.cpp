@@ -49,7 +49,7 @@ struct Entry {
     Opcode op;
     uint8_t flag;
     std::array<uint32_t, isa::kMaxOperands> v;
-    uint64_t ready;     ///< first cycle the unit may see it (issue + dispatch_cycles)
+    uint64_t ready;      ///< first cycle the unit may see it (issue + dispatch_cycles)
     HbmWindows windows;  ///< the HBM window map at issue (hbm.map)
 };
 
@@ -471,8 +471,8 @@ private:
                         break;
                     case Opcode::HbmMap:
                         if (val(o[0]) >= isa::kHbmWindows)
-                            throw std::out_of_range(
-                                fmt::format("CoreRef: hbm.map window {} does not exist", val(o[0])));
+                            throw std::out_of_range(fmt::format(
+                                "CoreRef: hbm.map window {} does not exist", val(o[0])));
                         m_windows.map(val(o[0]), val(o[1]));
                         break;
                     default:
@@ -551,7 +551,7 @@ private:
                 }
                 auto& q = m_queues[unit];
                 if (q.size() >= m_core.queue_depth) return;  // stalled: no free entry
-                Entry e{m_result.records.size(), ins.op, ins.flag, {},
+                Entry e{m_result.records.size(),        ins.op,   ins.flag, {},
                         m_now + m_core.dispatch_cycles, m_windows};
                 for (int i = 0; i < isa::kMaxOperands; ++i) e.v[i] = val(o[i]);
                 q.push_back(e);

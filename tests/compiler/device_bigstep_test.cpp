@@ -31,7 +31,8 @@ TEST(CompilerBigStep, HbmMapMovesAWindowOfLaterDmasAbove4GiB) {
     b.emit(Opcode::VAddS, {v.at(0), v.at(0), r, imm(128), f});
     b.emit(Opcode::Wait, {f, imm(1)});
     b.emit(Opcode::HbmMap, {imm(3), imm(int64_t((uint64_t(5) << 30) / isa::kHbmMapUnit))});
-    b.emit(Opcode::DmaVh, {imm(int64_t(3 * isa::kHbmWindowBytes + 0x100)), v.at(0), imm(1), imm(512), imm(512), imm(512), f});
+    b.emit(Opcode::DmaVh, {imm(int64_t(3 * isa::kHbmWindowBytes + 0x100)), v.at(0), imm(1),
+                           imm(512), imm(512), imm(512), f});
     b.emit(Opcode::Wait, {f, imm(2)});
     b.emit(Opcode::Halt, {});
     dev->launch({0}, b.finish());
@@ -117,12 +118,13 @@ TEST(CompilerBigStep, BuffersMoreThan4GiBApartRunThroughWindowsBitExact) {
         {"x", f32({64, 256}), {randoms(64 * 256, 21)}},
         {"w", f32({256, 256}), {randoms(256 * 256, 22, -0.1f, 0.1f)}, true},
         {"b", f32({256}), {randoms(256, 23)}, true}};
-    expect_wide_bit_exact(leaves,
-                          [](Graph& g, const std::vector<ValueId>& v) {
-                              const ValueId h = relu(g, linear(g, v[0], v[1], v[2]));
-                              return add(g, exp(g, mul(g, h, h)), h);
-                          },
-                          {0}, 300 * 1024);
+    expect_wide_bit_exact(
+        leaves,
+        [](Graph& g, const std::vector<ValueId>& v) {
+            const ValueId h = relu(g, linear(g, v[0], v[1], v[2]));
+            return add(g, exp(g, mul(g, h, h)), h);
+        },
+        {0}, 300 * 1024);
 }
 
 }  // namespace

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/tpusim/bench_cases.h"
 
-
 #include <chrono>
 #include <cstdio>
 #include <limits>
@@ -140,9 +139,8 @@ CaseRun resnet50_train_step_case(driver::Device& dev) {
 /// included) of `per_core` images on each of 8 cores. At 128 per core (issue #29) its buffers
 /// span 10.1 GB of each core's HBM, reached through HBM windows (isa/README.md).
 CaseRun resnet50_compiled_step_case(driver::Device& dev, uint32_t per_core) {
-    const cli::CompiledRun r = cli::run_model_compiled(dev, "resnet50", {}, 8 * per_core,
-                                                       {0, 1, 2, 3, 4, 5, 6, 7}, "bf16-mixed",
-                                                       true);
+    const cli::CompiledRun r = cli::run_model_compiled(
+        dev, "resnet50", {}, 8 * per_core, {0, 1, 2, 3, 4, 5, 6, 7}, "bf16-mixed", true);
     return {r.cycles, r.host_seconds, r.host_seconds - r.compile_seconds - r.codegen_seconds};
 }
 
