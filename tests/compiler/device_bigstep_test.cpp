@@ -112,8 +112,9 @@ TEST(CompilerBigStep, ConvolutionsAndTheirGradientsAboveTheWindowBitExact) {
 }
 
 TEST(CompilerBigStep, BuffersMoreThan4GiBApartRunThroughWindowsBitExact) {
-    // The first buffers fill a 300 KiB hole at HBM byte 0, the others lie beyond 8.5 GiB: a
-    // fusion's operands more than 4 GiB apart, each reached through a window of its own.
+    // The first buffers fill a 300 KiB hole at HBM byte 0, the others lie beyond 8.5 GiB (with
+    // the driver's debug log: w at 0x0, b at 0x40000, x at 0x220000000 and the temps after
+    // it), so the dot fusion's operands are more than 4 GiB apart, each in a window of its own.
     const std::vector<Leaf> leaves = {
         {"x", f32({64, 256}), {randoms(64 * 256, 21)}},
         {"w", f32({256, 256}), {randoms(256 * 256, 22, -0.1f, 0.1f)}, true},
