@@ -121,6 +121,92 @@ void emit_collective(isa::Builder& b, const CollectiveFusion& p, const isa::Reg&
     driver::emit_allreduce(b, *p.ring, ops);
 }
 
+/// A wide program's windows for one fusion (CodegenOptions::wide_addresses): its buffers in
+/// groups, each a span of one allocation mapped to consecutive HBM windows from `first`, so a
+/// buffer's program address is static: (first << 29) + its offset from `lo`.
+struct WindowGroup {
+    size_t arg = 0;      ///< launch argument of the allocation (its address in 256-byte units)
+    uint64_t lo = 0;     ///< first byte of the span in the allocation
+    uint64_t hi = 0;     ///< one past its last byte
+    uint32_t first = 0;  ///< its first window
+    uint32_t count() const {
+        return uint32_t((hi - lo + isa::kHbmWindowBytes - 1) / isa::kHbmWindowBytes);
+    }
+};
+
+std::string arg_name(const ProgramArg& a);
+
+/// Groups a fusion's buffers into windows: buffers of one allocation share a group while that
+/// costs no more windows than separate groups would. Throws CompileError when they need more
+/// than the 8 windows, naming the fusion and its buffers.
+std::vector<WindowGroup> plan_windows(const Fusion& f, std::vector<ProgramSegment::WindowRef> refs,
+                                      const std::vector<ProgramArg>& args) {
+    std::sort(refs.begin(), refs.end(), [](const auto& x, const auto& y) {
+        return std::pair{x.arg, x.offset} < std::pair{y.arg, y.offset};
+    });
+    std::vector<WindowGroup> groups;
+    for (const auto& r : refs) {
+        const uint64_t hi = r.offset + std::max<uint64_t>(r.bytes, 1);
+        if (!groups.empty() && groups.back().arg == r.arg) {
+            WindowGroup merged = groups.back();
+            merged.hi = std::max(merged.hi, hi);
+            const WindowGroup alone{r.arg, r.offset, hi};
+            if (merged.count() <= groups.back().count() + alone.count()) {
+                groups.back() = merged;
+                continue;
+            }
+        }
+        groups.push_back({r.arg, r.offset, hi});
+    }
+    uint32_t next = 0;
+    for (WindowGroup& g : groups) {
+        g.first = next;
+        next += g.count();
+    }
+    if (next > isa::kHbmWindows) {
+        std::string list;
+        for (const auto& r : refs)
+            list += fmt::format("{}{}+{}: {} bytes", list.empty() ? "" : ", ",
+                                arg_name(args[r.arg]), r.offset, r.bytes);
+        throw CompileError(fmt::format(
+            "{}: its buffers need {} HBM windows of 512 MiB, a core has {} (isa/README.md, \"HBM "
+            "windows\"): {}",
+            f.name, next, isa::kHbmWindows, list));
+    }
+    return groups;
+}
+
+/// The program address of `off` in allocation `arg` through `groups`; nullopt if none covers it.
+std::optional<uint32_t> window_address(const std::vector<WindowGroup>& groups, size_t arg,
+                                       uint64_t off) {
+    for (const WindowGroup& g : groups)
+        if (g.arg == arg && off >= g.lo && off < g.hi)
+            return uint32_t((uint64_t(g.first) << isa::kHbmWindowBits) + (off - g.lo));
+    return std::nullopt;
+}
+
+/// A wide program's fusion prologue: `hbm.map` for each window whose mapping differs from what
+/// the fusions before it left (`mapped`: per window, the allocation and byte it maps, or none).
+void emit_window_maps(
+    isa::Builder& b, const std::vector<WindowGroup>& groups, const isa::Smem& table,
+    std::array<std::optional<std::pair<size_t, uint64_t>>, isa::kHbmWindows>& mapped) {
+    const auto scope = b.scope("windows");
+    std::optional<isa::Reg> t;
+    for (const WindowGroup& g : groups)
+        for (uint32_t i = 0; i < g.count(); ++i) {
+            const uint32_t w = g.first + i;
+            const std::pair<size_t, uint64_t> want{g.arg,
+                                                   g.lo + uint64_t(i) * isa::kHbmWindowBytes};
+            if (mapped[w] == want) continue;
+            if (!t) t.emplace(b.reg("base"));
+            b.emit(Opcode::Lw, {*t, table.word(uint32_t(g.arg))});
+            const uint64_t units = want.second / isa::kHbmMapUnit;
+            if (units) b.emit(Opcode::Add, {*t, *t, imm(int64_t(units))});
+            b.emit(Opcode::HbmMap, {imm(int64_t(w)), *t});
+            mapped[w] = want;
+        }
+}
+
 std::string arg_name(const ProgramArg& a) {
     switch (a.what) {
         case ProgramArg::What::Position:
@@ -163,6 +249,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     std::vector<std::optional<DerivedSlot>> slots;
     uint64_t derived_bytes = 0;
     std::map<std::pair<uint8_t, uint32_t>, size_t> slot;
+    std::vector<std::vector<WindowGroup>> groups;  // wide programs: per fusion
     bool rings = false;
     for (size_t i : fusions) {
         const Fusion& f = step.fusions[i];
@@ -208,6 +295,30 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
             slot[key] = seg.args.size();
             seg.args.push_back({ProgramArg::What::Base, buf.space, key.second});
         }
+        if (o.wide_addresses) {
+            // The buffers this fusion's window covers, one entry per (allocation, offset).
+            std::vector<ProgramSegment::WindowRef> refs;
+            for (const BufferRef& buf : bufs) {
+                const uint64_t off = buf.space == BufferRef::Space::Temp ? buf.offset : 0;
+                if (off % isa::kHbmMapUnit)
+                    throw CompileError(fmt::format("{}: temp offset {} is not a multiple of {}",
+                                                   f.name, off, isa::kHbmMapUnit));
+                auto it = std::find_if(refs.begin(), refs.end(), [&](const auto& r) {
+                    return r.arg == slot.at(alloc_key(buf)) && r.offset == off;
+                });
+                if (it == refs.end())
+                    refs.push_back({slot.at(alloc_key(buf)), off, buf.bytes});
+                else
+                    it->bytes = std::max(it->bytes, buf.bytes);
+            }
+            groups.push_back(plan_windows(f, refs, seg.args));
+            seg.windows.push_back(std::move(refs));
+        }
+    }
+    // A wide program keeps no derived arena: its argument would be a scaled address.
+    if (o.wide_addresses) {
+        seg.derived.clear();
+        for (auto& s : slots) s.reset();
     }
     const size_t derived_args = seg.args.size();
     // The derived arena takes one launch argument; without a free one, each fusion packs its
@@ -237,6 +348,8 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         if (!args.empty()) table.emplace(b.smem("args", args.size()));
         for (size_t i = 0; i < args.size(); ++i) b.emit(Opcode::Sw, {args[i], table->word(i)});
     }
+    // Wide programs: what each HBM window maps (nothing known at the launch's start).
+    std::array<std::optional<std::pair<size_t, uint64_t>>, isa::kHbmWindows> mapped;
     // The all-reduces' handshake flag: held for the whole program, never reset, so a
     // neighbour's signal cannot be lost to a reset (codegen.h, emit_collective).
     std::optional<isa::Flag> ready;
@@ -247,7 +360,25 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         seg.fusion_pcs.push_back(b.pc());
         if (k > 0) emit_delay(b, o.board.core.fusion_setup_cycles);
         const auto scope = b.scope(f.name);
+        if (o.wide_addresses) emit_window_maps(b, groups[k], *table, mapped);
         const auto load = [&](const isa::Reg& r, const BufferRef& buf) {
+            if (o.wide_addresses) {
+                // The buffer's program address through this fusion's windows.
+                const uint64_t off = buf.space == BufferRef::Space::Temp ? buf.offset : 0;
+                // The arena itself (codegen_conv.cpp's Addresses): its temps add their window
+                // addresses to 0.
+                if (buf.space == BufferRef::Space::Temp && buf.bytes == 0 && off == 0) {
+                    b.emit(Opcode::Li, {r, imm(0)});
+                    return;
+                }
+                const auto at = window_address(groups[k], slot.at(alloc_key(buf)), off);
+                if (!at)
+                    throw CompileError(
+                        fmt::format("{}: {}+{} lies in none of its HBM windows", f.name,
+                                    arg_name(seg.args[slot.at(alloc_key(buf))]), off));
+                b.emit(Opcode::Li, {r, imm(int64_t(*at))});
+                return;
+            }
             // A 32-bit immediate (a core addresses 4 GiB of HBM: hw/README.md).
             if (buf.space == BufferRef::Space::Temp && buf.offset > 0xffffffffu)
                 throw CompileError(
@@ -285,26 +416,35 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
             const auto load_arg = [&](const isa::Reg& r) {
                 b.emit(Opcode::Lw, {r, table->word(derived_args)});
             };
-            emit_conv_pool_fusion(b, *windows[k], load, load_arg, slots[k]);
+            // Wide programs: each temp at its window address (the arena register holds 0).
+            const TempAddrFn temps = [&](const BufferRef& r) -> std::optional<uint32_t> {
+                if (r.bytes == 0 && r.offset == 0) return 0;
+                return window_address(groups[k], slot.at(alloc_key(r)), r.offset);
+            };
+            emit_conv_pool_fusion(b, *windows[k], load, load_arg, slots[k],
+                                  o.wide_addresses ? &temps : nullptr);
             continue;
         }
         Bases bases;
         for (const auto* list : {&f.operands, &f.results})
             for (const FusionValue& fv : *list) {
                 const auto key = alloc_key(fv.buffer);
-                if (fv.buffer.space == BufferRef::Space::Temp && fv.buffer.offset > 0x7fffffffu &&
-                    !bases.far.count(fv.buffer.offset)) {
+                // A wide program's temps lie anywhere around the window base: each its own.
+                const bool far = fv.buffer.space == BufferRef::Space::Temp &&
+                                 (o.wide_addresses || fv.buffer.offset > 0x7fffffffu);
+                if (far && !bases.far.count(fv.buffer.offset)) {
                     // Past 2 GiB: its own register (load() checks the 4 GiB immediate).
                     isa::Reg r = b.reg(fmt::format("temp{}", bases.far.size()));
                     load(r, fv.buffer);
                     bases.far.emplace(fv.buffer.offset, std::move(r));
                     continue;
                 }
-                if (bases.regs.count(key) ||
-                    (fv.buffer.space == BufferRef::Space::Temp && fv.buffer.offset > 0x7fffffffu))
-                    continue;
+                if (bases.regs.count(key) || far) continue;
                 isa::Reg r = b.reg(arg_name(seg.args[slot.at(key)]));
-                b.emit(Opcode::Lw, {r, table->word(slot.at(key))});
+                if (o.wide_addresses)
+                    load(r, fv.buffer);
+                else
+                    b.emit(Opcode::Lw, {r, table->word(slot.at(key))});
                 bases.regs.emplace(key, std::move(r));
             }
         emit_stream_fusion(b, g, f, plans[k], bases, o.board);
@@ -357,7 +497,7 @@ StepProgram generate_step(const CompiledStep& step, const CodegenOptions& option
         auto allocs = run_allocs;
         insert_allocs(allocs, f);
         const bool rings = run_rings || (f.kind == FusionKind::Collective && options.replicas > 1);
-        const bool derived = run_derived || f.scratch.bytes != 0;
+        const bool derived = (run_derived || f.scratch.bytes != 0) && !options.wide_addresses;
         return allocs.size() + (rings ? 3 : 0) + (derived ? 1 : 0) < size_t(isa::kNumSregs);
     };
     const auto add = [&](size_t i) {

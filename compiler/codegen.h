@@ -32,6 +32,12 @@ struct CodegenOptions {
     /// fusion does (its operands and results cross the host link), instead of failing the step
     /// with NotYetGenerated; ProgramSegment::fallback says why.
     bool host_fallback = false;
+    /// Programs that address more HBM than the 4 GiB that 32-bit addresses reach (a step whose
+    /// buffers do not fit the driver's window): each launch argument is an allocation's address
+    /// in isa::kHbmMapUnit units, and each fusion maps its buffers to HBM windows (`hbm.map`,
+    /// isa/README.md "HBM windows"), its kernels' addresses being window addresses. Off: the
+    /// arguments are byte addresses in the first 4 GiB and no fusion maps a window.
+    bool wide_addresses = false;
 };
 
 /// What one launch argument of a program holds on each core.
@@ -87,6 +93,16 @@ struct ProgramSegment {
     /// Device segment: the pc where each fusion's code begins (its boundary set-up first), so a
     /// trace or an instruction record maps cycles back to fusions.
     std::vector<uint32_t> fusion_pcs;
+    /// A buffer a fusion of a wide program (CodegenOptions::wide_addresses) touches: launch
+    /// argument `arg` + `offset` bytes, `bytes` long.
+    struct WindowRef {
+        size_t arg = 0;
+        uint64_t offset = 0;
+        uint64_t bytes = 0;
+    };
+    /// Wide programs: per fusion, the buffers its HBM windows cover (non-empty: the launch
+    /// arguments are addresses in isa::kHbmMapUnit units).
+    std::vector<std::vector<WindowRef>> windows;
 };
 
 /// The generated code of a step: one device program per run of device fusions. A step without

@@ -1054,6 +1054,9 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
     return p;
 }
 
+/// The wide program's temp addresses while emit_conv_pool_fusion emits one (TempAddrFn).
+thread_local const TempAddrFn* t_wide_temps = nullptr;
+
 /// Registers for the allocations a kernel reads: temps share the arena's register, every
 /// other allocation gets one (a kernel that keeps most registers for itself can hold few).
 class Addresses {
@@ -1063,12 +1066,23 @@ public:
         : b(b), load(load), parent(parent) {}
     isa::Arg of(const BufferRef& r) {
         if (r.space == BufferRef::Space::Temp) {
-            if (parent && parent->arena) return *parent->arena + int64_t(r.offset);
+            // A wide program's temps at their window addresses, the arena register holding 0.
+            int64_t off = int64_t(r.offset);
+            if (t_wide_temps) {
+                const auto at = (*t_wide_temps)(r);
+                if (!at)
+                    throw CompileError(
+                        fmt::format("temp at {} lies in none of the fusion's HBM "
+                                    "windows",
+                                    r.offset));
+                off = int64_t(*at);
+            }
+            if (parent && parent->arena) return *parent->arena + off;
             if (!arena) {
                 arena.emplace(b.reg("arena"));
                 load(*arena, BufferRef{BufferRef::Space::Temp, 0, 0, 0});
             }
-            return *arena + int64_t(r.offset);
+            return *arena + off;
         }
         const auto key = alloc_key(r);
         auto it = regs.find(key);
@@ -1403,7 +1417,12 @@ std::optional<DerivedBuffer> conv_pool_derived(const ConvPoolFusion& p) {
 }
 
 void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
-                           const LoadArgFn& load_arg, std::optional<DerivedSlot> slot) {
+                           const LoadArgFn& load_arg, std::optional<DerivedSlot> slot,
+                           const TempAddrFn* wide_temps) {
+    t_wide_temps = wide_temps;
+    struct Reset {
+        ~Reset() { t_wide_temps = nullptr; }
+    } reset;
     switch (p.kind) {
         case ConvPoolFusion::Kind::Conv:
             return emit_conv(b, p, load, load_arg, slot);

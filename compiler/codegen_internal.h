@@ -252,10 +252,16 @@ struct DerivedSlot {
     uint32_t bit = 0;
 };
 
+/// A wide program's address of a temp (CodegenOptions::wide_addresses): where the fusion's HBM
+/// windows put it; the arena itself (offset 0, 0 bytes) at 0.
+using TempAddrFn = std::function<std::optional<uint32_t>(const BufferRef&)>;
+
 /// Emits a fusion planned by plan_conv_pool_fusion; `slot` when its derived buffer has one
-/// (else the fusion computes it into its scratch on every launch).
+/// (else the fusion computes it into its scratch on every launch); `wide_temps` in a wide
+/// program (temps are not at the arena's base plus their offset there).
 void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
-                           const LoadArgFn& load_arg, std::optional<DerivedSlot> slot);
+                           const LoadArgFn& load_arg, std::optional<DerivedSlot> slot,
+                           const TempAddrFn* wide_temps = nullptr);
 
 /// A planned gather fusion: rows of a table copied by DMA at ids read from scalar memory
 /// (codegen_gather.cpp).

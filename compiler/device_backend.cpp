@@ -18,10 +18,14 @@ struct DeviceBackend::Allocation {
     uint64_t bytes = 0;                ///< per replica
     std::shared_ptr<DeviceBackendStats> stats;
 
+    /// `wide`: above the 4 GiB window when it is full (Device::alloc_wide); a step that
+    /// touches such a buffer runs wide programs (CodegenOptions::wide_addresses).
     Allocation(driver::Device& d, const std::vector<uint32_t>& cores, uint64_t n,
-               std::shared_ptr<DeviceBackendStats> s)
+               std::shared_ptr<DeviceBackendStats> s, bool wide = true)
         : dev(&d), bytes(n), stats(std::move(s)) {
-        for (uint32_t c : cores) bufs.push_back(d.alloc(std::max<uint64_t>(n, 4), c));
+        for (uint32_t c : cores)
+            bufs.push_back(wide ? d.alloc_wide(std::max<uint64_t>(n, 4), c)
+                                : d.alloc(std::max<uint64_t>(n, 4), c));
         stats->device_bytes += bytes;
         stats->peak_device_bytes = std::max(stats->peak_device_bytes, stats->device_bytes);
     }
@@ -149,31 +153,48 @@ std::vector<float> DeviceBackend::download(const DataPtr& d, size_t r) {
 }
 
 const StepProgram& DeviceBackend::program(const CompiledStep& step) {
+    return program(step, wide(step));
+}
+
+const StepProgram& DeviceBackend::program(const CompiledStep& step, bool wide_addresses) {
     // The compiler's CompileCache holds one compiled step per graph structure (source_hash), and
-    // this backend's code generation options are fixed, so the hash names the program.
-    auto it = m_programs.find(step.source_hash);
+    // this backend's code generation options are fixed but for the addressing, so the hash and
+    // it name the program.
+    auto it = m_programs.find({step.source_hash, wide_addresses});
     if (it == m_programs.end()) {
-        auto p = std::make_shared<const StepProgram>(generate_step(step, m_codegen));
+        CodegenOptions o = m_codegen;
+        o.wide_addresses = wide_addresses;
+        auto p = std::make_shared<const StepProgram>(generate_step(step, o));
         m_stats->codegen_seconds += p->seconds;
         ++m_stats->programs_generated;
-        it = m_programs.emplace(step.source_hash, std::move(p)).first;
+        it = m_programs.emplace(std::pair{step.source_hash, wide_addresses}, std::move(p)).first;
     }
     return *it->second;
 }
 
+bool DeviceBackend::wide(const CompiledStep& step) const {
+    // A step whose buffers fit the driver's 4 GiB window runs with 32-bit byte addresses, as
+    // every kernel does; a larger one sets a window base per fusion (CodegenOptions).
+    return step.memory.peak_bytes() > driver::Device::window_bytes(m_dev.config());
+}
+
 void DeviceBackend::check_window(const CompiledStep& step) const {
-    // A program addresses HBM with 32-bit offsets (hw/README.md, "Memory addressing"), so the
-    // driver offers each core one window of that size: a step whose buffers do not fit it is
-    // refused here, with its memory plan, rather than by an immediate or an allocation later.
-    const uint64_t window = driver::Device::window_bytes(m_dev.config());
+    // A step whose plan exceeds what the driver can give a core is refused here, with its
+    // memory plan, rather than by an allocation later. Above the 4 GiB window the HBM ends
+    // below the programs the runtime keeps at its top (Device::alloc_wide).
+    const hw::BoardConfig& cfg = m_dev.config();
+    const uint64_t window = driver::Device::window_bytes(cfg);
+    const uint64_t reach = std::max(window, cfg.hbm.bytes_per_core > cfg.core.imem_bytes
+                                                ? cfg.hbm.bytes_per_core - cfg.core.imem_bytes
+                                                : 0);
     const MemoryPlan& m = step.memory;
-    if (m.peak_bytes() <= window) return;
+    if (m.peak_bytes() <= reach) return;
     throw CompileError(fmt::format(
         "the step needs {} bytes of HBM per core ({} parameter + {} input + {} output + {} temp "
-        "by liveness, {} without reuse); a program addresses {} bytes of a core's HBM (32-bit "
-        "offsets, hw/README.md \"Memory addressing\"), of the board's {}",
+        "by liveness, {} without reuse); the driver offers {} of a core's {} (the top {} hold "
+        "the runtime's programs)",
         m.peak_bytes(), m.parameter_bytes, m.input_bytes, m.output_bytes, m.temp_bytes,
-        m.temp_unshared_bytes, window, m_dev.config().hbm.bytes_per_core));
+        m.temp_unshared_bytes, reach, cfg.hbm.bytes_per_core, cfg.core.imem_bytes));
 }
 
 std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
@@ -185,7 +206,6 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
             "{} and {}",
             parameters.size(), inputs.size(), step.parameters.size(), step.inputs.size()));
     check_window(step);
-    const StepProgram& prog = program(step);
     for (size_t i = 0; i < parameters.size(); ++i) {
         DeviceTensor& t = tensor(parameters[i]);
         if (!(t.shape == step.parameters[i].shape))
@@ -242,6 +262,20 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
         return *temp;
     };
 
+    // A step whose plan exceeds the window, or that touches a buffer placed above it (the
+    // window was full), runs programs that set their window base per fusion.
+    bool beyond = wide(step);
+    const auto above = [&](const Alloc* a) {
+        for (const driver::Buffer& b : a ? a->bufs : std::vector<driver::Buffer>{})
+            beyond |= b.addr + std::max<uint64_t>(b.bytes, 4) > driver::kHbmWindowBytes;
+    };
+    for (const DataPtr& d : parameters) above(tensor(d).mem.get());
+    for (const DataPtr& d : inputs) above(tensor(d).mem.get());
+    for (const auto& a : constants) above(a.get());
+    for (const auto& a : outputs) above(a.get());
+    above(temp.get());
+    const StepProgram& prog = program(step, beyond);
+
     // Each segment's derived arena (ProgramSegment::derived), kept with the program: a buffer is
     // stale until a launch computed it from its parameter's current memory and contents.
     std::vector<DerivedArena*> arenas;
@@ -255,8 +289,8 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
         const DerivedBuffer& last = seg.derived.back();
         if (!a.mem) {
             // Aligned to kDerivedAlign: the launch argument's low bits are the stale mask.
-            a.mem = std::make_shared<Alloc>(m_dev, m_cores,
-                                            last.offset + last.bytes + kDerivedAlign, m_stats);
+            a.mem = std::make_shared<Alloc>(
+                m_dev, m_cores, last.offset + last.bytes + kDerivedAlign, m_stats, false);
             a.made.assign(seg.derived.size(), {});
         }
         arenas.push_back(&a);
@@ -299,14 +333,20 @@ std::vector<DataPtr> DeviceBackend::execute(const CompiledStep& step,
     for (size_t si = 0; si < prog.segments.size(); ++si) {
         const ProgramSegment& seg = prog.segments[si];
         if (seg.host_fusion < 0) {
-            if (timed) timed->record(true);
+            if (timed) timed->record(true, seg.fusion_pcs);
             const size_t n = m_cores.size();
             const uint32_t stale = arenas[si] ? stale_mask(si) : 0;
+            // Wide programs: arguments in hbm.map units (isa::kHbmMapUnit).
+            const bool scaled = !seg.windows.empty();
+            const auto base_of = [&](const ProgramArg& pa, size_t i) -> uint64_t {
+                return alloc_of(pa.space, pa.index).bufs.at(i).addr;
+            };
             const driver::Event ev = m_dev.launch(m_cores, seg.program, [&](size_t i) {
                 std::vector<uint32_t> a;
                 for (const ProgramArg& pa : seg.args) switch (pa.what) {
                         case ProgramArg::What::Base:
-                            a.push_back(uint32_t(alloc_of(pa.space, pa.index).bufs.at(i).addr));
+                            a.push_back(uint32_t(scaled ? base_of(pa, i) / isa::kHbmMapUnit
+                                                        : base_of(pa, i)));
                             break;
                         case ProgramArg::What::Position:
                             a.push_back(uint32_t(i));

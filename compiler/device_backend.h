@@ -67,7 +67,8 @@ public:
     /// core's instruction record (hw::CoreModel::record): off by default, it keeps a record per
     /// executed instruction of that core while a step runs.
     void time_fusions(bool on) { m_time_fusions = on; }
-    /// The generated code of `step` (generated on first use; cached by the step's graph hash).
+    /// The generated code of `step` (generated on first use; cached by the step's graph hash):
+    /// the wide programs when its plan exceeds the 4 GiB window (CodegenOptions).
     const StepProgram& program(const CompiledStep& step);
 
     struct Allocation;
@@ -75,12 +76,17 @@ public:
 private:
     /// Throws CompileError when the step's memory plan does not fit one core's HBM window.
     void check_window(const CompiledStep& step) const;
+    /// Whether the step's programs address HBM beyond the 4 GiB window
+    /// (CodegenOptions::wide_addresses): its plan does not fit the window.
+    bool wide(const CompiledStep& step) const;
 
     driver::Device& m_dev;
     std::vector<uint32_t> m_cores;
     CodegenOptions m_codegen;
     EvalOptions m_host;
-    std::map<uint64_t, std::shared_ptr<const StepProgram>> m_programs;
+    /// The generated code by (graph hash, CodegenOptions::wide_addresses).
+    const StepProgram& program(const CompiledStep& step, bool wide_addresses);
+    std::map<std::pair<uint64_t, bool>, std::shared_ptr<const StepProgram>> m_programs;
     /// A program segment's derived arena (ProgramSegment::derived) and, per buffer, the
     /// parameter memory and rewrite count it was last computed from.
     struct DerivedArena {

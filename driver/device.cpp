@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -36,6 +37,15 @@ Device::Device(const hw::BoardConfig& cfg)
     m_free.resize(num_cores());
     m_used.resize(num_cores());
     for (auto& f : m_free) f.emplace(0, capacity);
+    // Above the window, below the resident programs at the top of HBM (hw/README.md, "Launch
+    // timing"): only programs that set their window base address it.
+    m_free_high.resize(num_cores());
+    const uint64_t top =
+        m_cfg->hbm.bytes_per_core > m_cfg->core.imem_bytes
+            ? (m_cfg->hbm.bytes_per_core - m_cfg->core.imem_bytes) / kAlign * kAlign
+            : 0;
+    if (capacity == kHbmWindowBytes && top > capacity)
+        for (auto& f : m_free_high) f.emplace(capacity, top - capacity);
 }
 
 Device::~Device() = default;
@@ -74,20 +84,48 @@ static void check_core(uint32_t core, uint32_t n, const char* what) {
                                                         what, core, n - 1));
 }
 
-Buffer Device::alloc(uint64_t bytes, uint32_t core) {
-    check_core(core, num_cores(), "alloc");
-    if (bytes == 0) throw DeviceError(ErrorKind::Usage, "alloc: 0 bytes requested");
-    const uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
-    auto& free = m_free[core];
-    // First fit: addresses stay low and deterministic run to run.
+namespace {
+
+/// First fit in `free` (addresses stay low and deterministic run to run); nullopt if none.
+std::optional<uint64_t> first_fit(std::map<uint64_t, uint64_t>& free, uint64_t need) {
     for (auto it = free.begin(); it != free.end(); ++it) {
         if (it->second < need) continue;
         const uint64_t addr = it->first, size = it->second;
         free.erase(it);
         if (size > need) free.emplace(addr + need, size - need);
-        m_used[core].emplace(addr, need);
-        TPU_LOG(Debug, "driver", "alloc {} bytes at 0x{:x} on core {}", bytes, addr, core);
-        return Buffer{core, addr, bytes};
+        return addr;
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+Buffer Device::alloc_wide(uint64_t bytes, uint32_t core) {
+    check_core(core, num_cores(), "alloc");
+    if (bytes == 0) throw DeviceError(ErrorKind::Usage, "alloc: 0 bytes requested");
+    const uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (const auto addr = first_fit(m_free[core], need)) {
+        m_used[core].emplace(*addr, need);
+        TPU_LOG(Debug, "driver", "alloc {} bytes at 0x{:x} on core {}", bytes, *addr, core);
+        return Buffer{core, *addr, bytes};
+    }
+    if (const auto addr = first_fit(m_free_high[core], need)) {
+        m_used[core].emplace(*addr, need);
+        TPU_LOG(Debug, "driver", "alloc {} bytes at 0x{:x} on core {}", bytes, *addr, core);
+        return Buffer{core, *addr, bytes};
+    }
+    return alloc(bytes, core);  // throws OutOfMemory with the window's figures
+}
+
+Buffer Device::alloc(uint64_t bytes, uint32_t core) {
+    check_core(core, num_cores(), "alloc");
+    if (bytes == 0) throw DeviceError(ErrorKind::Usage, "alloc: 0 bytes requested");
+    const uint64_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+    auto& free = m_free[core];
+    if (const auto addr = first_fit(free, need)) {
+        m_used[core].emplace(*addr, need);
+        TPU_LOG(Debug, "driver", "alloc {} bytes at 0x{:x} on core {}", bytes, *addr, core);
+        return Buffer{core, *addr, bytes};
     }
     throw DeviceError(ErrorKind::OutOfMemory,
                       fmt::format("out of HBM on core {}: requested {} ({} bytes), {} free ({} "
@@ -106,7 +144,7 @@ void Device::free(const Buffer& b) {
                                       b.addr, b.core));
     uint64_t addr = it->first, size = it->second;
     used.erase(it);
-    auto& free = m_free[b.core];
+    auto& free = addr >= kHbmWindowBytes ? m_free_high[b.core] : m_free[b.core];
     auto next = free.lower_bound(addr);
     if (next != free.end() && addr + size == next->first) {
         size += next->second;

@@ -138,6 +138,10 @@ public:
     /// from the first 4 GiB of each core's HBM. Throws OutOfMemory naming requested and free
     /// bytes.
     Buffer alloc(uint64_t bytes, uint32_t core);
+    /// HBM on `core` for programs that map their own HBM windows (`hbm.map`, isa/README.md):
+    /// as alloc() while the 4 GiB window has room, else from the HBM above it (below the
+    /// programs the runtime keeps at the top, `core.imem_bytes`).
+    Buffer alloc_wide(uint64_t bytes, uint32_t core);
     /// Returns a buffer to its core's free list (neighbours coalesce).
     void free(const Buffer& buffer);
     /// Free bytes and the largest free block on a core.
@@ -240,6 +244,8 @@ private:
     std::unique_ptr<hw::BoardConfig> m_cfg;
     std::unique_ptr<hw::Board> m_board;
     std::vector<std::map<uint64_t, uint64_t>> m_free;  ///< per core: free block addr -> size
+    /// Per core: free blocks above the window (alloc_wide), addr -> size.
+    std::vector<std::map<uint64_t, uint64_t>> m_free_high;
     std::vector<std::map<uint64_t, uint64_t>> m_used;  ///< per core: live buffer addr -> size
     DeviceMetrics m_metrics;
     std::deque<Pending> m_queue;

@@ -52,6 +52,13 @@ inline constexpr int kNumFlags = 32;      ///< sync flags f0..f31 per core
 inline constexpr int kMaxOperands = 6;    ///< operand slots in every instruction
 inline constexpr int kInstrBytes = 32;    ///< fixed instruction size in bytes
 inline constexpr uint8_t kNoFlag = 0xFF;  ///< "no completion flag"
+/// HBM windows (isa/README.md, "HBM windows"): a 32-bit HBM address is window `addr >>
+/// kHbmWindowBits` and offset `addr & (kHbmWindowBytes - 1)`; `hbm.map w, b` maps window w to
+/// byte b x kHbmMapUnit (the driver's allocation alignment), so 32-bit operands reach 1 TiB.
+inline constexpr int kHbmWindowBits = 29;
+inline constexpr uint64_t kHbmWindowBytes = uint64_t(1) << kHbmWindowBits;  ///< 512 MiB
+inline constexpr uint32_t kHbmWindows = 8;                               ///< 8 x 512 MiB = 4 GiB
+inline constexpr uint64_t kHbmMapUnit = 256;  ///< hbm.map's base unit in bytes
 
 /// Static facts about one opcode, straight from the table.
 struct OpInfo {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -161,7 +162,7 @@ void CoreModel::load(const isa::Program& program) {
     m_program = program.code;
 }
 
-void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_t hbm_base) {
+void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args) {
     if (args.size() >= isa::kNumSregs)
         throw std::invalid_argument(
             fmt::format("core {}: {} launch arguments; at most {} fit "
@@ -178,7 +179,7 @@ void CoreModel::start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_
     m_seq = 0;
     m_blocked = false;
     m_cycle = cycle;
-    m_hbm_base = hbm_base;
+    m_windows.reset();
     m_units_done = cycle;
     m_running = true;
     for (auto* q : {m_dma_q.get(), m_vpu_q.get(), m_ici_q.get()}) *q = UnitQueue{{}, cycle};
@@ -338,7 +339,7 @@ void CoreModel::finish_unit(UnitQueue& q, uint64_t start, uint64_t done, uint8_t
     q.last_start = start;
     if (flag != isa::kNoFlag) schedule_flag(flag, 1, done);
     m_units_done = std::max(m_units_done, done);
-    if (m_record) m_records.push_back({m_pc, m_program[m_pc].op, m_cycle, start, done});
+    if (recording()) m_records.push_back({m_pc, m_program[m_pc].op, m_cycle, start, done});
 }
 
 namespace {
@@ -381,7 +382,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
         const uint64_t issue = m_cycle;
         uint32_t next = m_pc + 1;
         auto inline_done = [&] {
-            if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, issue + 1});
+            if (recording()) m_records.push_back({m_pc, ins.op, issue, issue, issue + 1});
             m_cycle = issue + 1;
         };
         switch (unit) {
@@ -409,7 +410,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         if (!m_ici_wait.empty())
                             return {now < m_cycle ? Block::Sync : Block::WaitFlag, m_cycle};
                         const uint64_t end = std::max(issue, m_units_done);
-                        if (m_record) m_records.push_back({m_pc, ins.op, issue, issue, end});
+                        if (recording()) m_records.push_back({m_pc, ins.op, issue, issue, end});
                         if (m_tracer) {
                             m_tracer->instant(m_tracks.seq, "halt", end);
                             m_mxu_util->flush_all(*m_tracer);
@@ -440,6 +441,20 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                     case Opcode::NCores:
                         r = m_env ? m_env->num_cores() : 1;
                         break;
+                    case Opcode::HbmMap: {
+                        // DMA and ICI instructions translate at issue: those in flight keep
+                        // the map they were issued with.
+                        const uint32_t w = val(ins.ops[0]);
+                        if (w >= isa::kHbmWindows) {
+                            fault("sequencer", w,
+                                  fmt::format("hbm.map: window {} does not exist (0..{})", w,
+                                              isa::kHbmWindows - 1));
+                            return {Block::Faulted, m_cycle};
+                        }
+                        m_windows.map(w, val(ins.ops[1]));
+                        write = false;
+                        break;
+                    }
                     default:
                         write = false;
                         break;
@@ -496,7 +511,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         m_blocked = false;
                         if (m_cfg.sim.race_detector)
                             m_race.acknowledge(static_cast<uint8_t>(f), m_cycle);
-                        if (m_record)
+                        if (recording())
                             m_records.push_back({m_pc, ins.op, issued, m_cycle, m_cycle + 1});
                         m_cycle += 1;
                         break;
@@ -518,7 +533,7 @@ CoreModel::Status CoreModel::run(uint64_t now) {
                         const uint64_t at = std::max(m_cycle, m_units_done);
                         m_stats.stall_wait += at - m_cycle;
                         if (m_cfg.sim.race_detector) m_race.fence(at);
-                        if (m_record) m_records.push_back({m_pc, ins.op, issue, at, at + 1});
+                        if (recording()) m_records.push_back({m_pc, ins.op, issue, at, at + 1});
                         m_cycle = at + 1;
                         break;
                     }
@@ -572,22 +587,47 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
     const bool to_smem = ins.op == Opcode::DmaHs;
     const bool to_vmem = ins.op != Opcode::DmaVh && !to_smem;
     const bool from_hbm = ins.op == Opcode::DmaHv || to_smem;
+    const bool hbm_side = ins.op != Opcode::DmaVv;
 
     SparseMemory& dmem = to_smem ? m_smem : to_vmem ? m_vmem : m_hbm;
     SparseMemory& smem = from_hbm ? m_hbm : m_vmem;
-    const uint64_t dbase = to_vmem || to_smem ? dst : m_hbm_base + dst;
-    const uint64_t sbase = from_hbm ? m_hbm_base + src : src;
+    // HBM addresses through the window map (hw/core/hbm_windows.h); the other side as it is.
+    const uint64_t hv = from_hbm ? src : dst, ov = from_hbm ? dst : src;
+    const uint64_t hstride = from_hbm ? src_stride : dst_stride;
+    const uint64_t ostride = from_hbm ? dst_stride : src_stride;
+    const uint64_t hph = hbm_side ? m_windows.phys(hv) : hv;
+    const uint64_t dbase = from_hbm ? ov : hph;
+    const uint64_t sbase = from_hbm ? hph : (hbm_side ? ov : src);
     if (rows == 0 || row_bytes == 0)
-        return fault("dma", dbase,
+        return fault("dma", ins.op == Opcode::DmaVv ? uint64_t(dst) : dbase,
                      fmt::format("zero-length transfer ({} rows of {} bytes)", rows, row_bytes));
-    const uint64_t dspan = span_2d(rows, row_bytes, dst_stride);
-    const uint64_t sspan = span_2d(rows, row_bytes, src_stride);
-    if (!check(dmem, dbase, dspan, "dma",
-               to_smem   ? "scalar memory write"
-               : to_vmem ? "VMEM write"
-                         : "HBM write") ||
-        !check(smem, sbase, sspan, "dma", from_hbm ? "HBM read" : "VMEM read"))
-        return false;
+    // The transfer as pieces whose HBM side lies in one window each: one piece unless a row or
+    // the rows cross a window boundary (then a run of rows per window, a crossing row split).
+    struct Piece {
+        uint64_t h, o, rows, row_bytes;  ///< HBM byte (physical), other side's address
+    };
+    std::vector<Piece> split;
+    Piece one{hph, ov, rows, row_bytes};
+    std::span<const Piece> pieces(&one, 1);
+    if (hbm_side && !HbmWindows::one_window(hv, span_2d(rows, row_bytes, hstride))) {
+        m_windows.pieces_2d(hv, rows, row_bytes, hstride,
+                            [&](uint64_t r, uint64_t skip, uint64_t ph, uint64_t n, uint64_t len) {
+                                split.push_back({ph, ov + r * ostride + skip, n, len});
+                            });
+        pieces = split;
+    }
+    const auto hspan = [&](const Piece& p) { return span_2d(p.rows, p.row_bytes, hstride); };
+    const auto ospan = [&](const Piece& p) { return span_2d(p.rows, p.row_bytes, ostride); };
+    for (const Piece& p : pieces) {
+        const uint64_t pd = from_hbm ? p.o : p.h, ps = from_hbm ? p.h : p.o;
+        if (!check(dmem, pd, from_hbm ? ospan(p) : hspan(p), "dma",
+                   to_smem   ? "scalar memory write"
+                   : to_vmem ? "VMEM write"
+                             : "HBM write") ||
+            !check(smem, ps, from_hbm ? hspan(p) : ospan(p), "dma",
+                   from_hbm ? "HBM read" : "VMEM read"))
+            return false;
+    }
     if (rows > 1 && (dst_stride < row_bytes || src_stride < row_bytes))
         return fault("dma", dbase,
                      fmt::format("row stride ({} dst, {} src) is smaller than the row "
@@ -596,35 +636,71 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
 
     const uint64_t bytes = rows * row_bytes;
     uint64_t start = std::max(issue_to_unit(*m_dma_q), m_dma.free_at());
-    start = m_dma_hz->ready_after(from_hbm, sbase, sbase + sspan, start);
-    // Scalar memory is no VMEM or HBM range: the sequencer's `lw` after a `wait` on the DMA's
-    // flag is what orders it (the program's duty, as for any completion flag).
-    if (!to_smem) start = m_dma_hz->ready_after(!to_vmem, dbase, dbase + dspan, start);
-    // Timing: DmaEngine (hw/core/dma_engine.h) and the HBM model behind it.
-    const uint64_t done = ins.op == Opcode::DmaVv
-                              ? m_dma.copy_vmem(start, bytes)
-                              : m_dma.transfer_hbm(start, rows, row_bytes, from_hbm ? sbase : dbase,
-                                                   from_hbm ? src_stride : dst_stride, !from_hbm);
-    if (!to_smem) m_dma_hz->add(!to_vmem, dbase, dbase + dspan, done, m_cycle);
-    const bool recorded =
-        to_smem ? record_access("dma", start, done, ins.flag, {{true, sbase, sbase + sspan, false}})
-                : record_access("dma", start, done, ins.flag,
-                                {{from_hbm, sbase, sbase + sspan, false},
-                                 {!to_vmem, dbase, dbase + dspan, true}});
-    if (!recorded) return false;
+    std::vector<MemRange> ranges;
+    if (!hbm_side) {
+        const uint64_t dspan = span_2d(rows, row_bytes, dst_stride);
+        const uint64_t sspan = span_2d(rows, row_bytes, src_stride);
+        start = m_dma_hz->ready_after(false, src, src + sspan, start);
+        start = m_dma_hz->ready_after(false, dst, dst + dspan, start);
+        ranges = {{false, src, src + sspan, false}, {false, dst, dst + dspan, true}};
+    } else {
+        for (const Piece& p : pieces) {
+            start = m_dma_hz->ready_after(true, p.h, p.h + hspan(p), start);
+            // Scalar memory is no VMEM or HBM range: the sequencer's `lw` after a `wait` on the
+            // DMA's flag is what orders it (the program's duty, as for any completion flag).
+            if (!to_smem) start = m_dma_hz->ready_after(false, p.o, p.o + ospan(p), start);
+            // Source first, as the race detector's reports name them.
+            const MemRange h{true, p.h, p.h + hspan(p), !from_hbm};
+            if (from_hbm) ranges.push_back(h);
+            if (!to_smem) ranges.push_back({false, p.o, p.o + ospan(p), from_hbm});
+            if (!from_hbm) ranges.push_back(h);
+        }
+    }
+    // Timing: DmaEngine (hw/core/dma_engine.h) and the HBM model behind it; the pieces of a
+    // transfer that crosses a window boundary one after the other, each at its physical address.
+    uint64_t done = 0;
+    if (!hbm_side) {
+        done = m_dma.copy_vmem(start, bytes);
+        m_dma_hz->add(false, dst, dst + span_2d(rows, row_bytes, dst_stride), done, m_cycle);
+    } else {
+        uint64_t at = start;
+        for (const Piece& p : pieces) {
+            at = std::max(at, m_dma.free_at());
+            done = std::max(done,
+                            m_dma.transfer_hbm(at, p.rows, p.row_bytes, p.h, hstride, !from_hbm));
+        }
+        if (!to_smem)
+            for (const Piece& p : pieces) {
+                if (from_hbm)
+                    m_dma_hz->add(false, p.o, p.o + ospan(p), done, m_cycle);
+                else
+                    m_dma_hz->add(true, p.h, p.h + hspan(p), done, m_cycle);
+            }
+    }
+    if (m_cfg.sim.race_detector && !record_access("dma", start, done, ins.flag, std::move(ranges)))
+        return false;
 
     if (m_cfg.sim.functional) {
         // Straight from the source span where there is one (write() is a memmove, so a row
         // that overlaps itself in VMEM moves as through a copy).
-        std::vector<uint8_t> row(smem.contiguous() ? 0 : row_bytes);
-        for (uint64_t r = 0; r < rows; ++r) {
-            if (smem.contiguous()) {
-                dmem.write(dbase + r * dst_stride, {smem.data(sbase + r * src_stride), row_bytes});
-            } else {
-                smem.read(sbase + r * src_stride, row);
-                dmem.write(dbase + r * dst_stride, row);
+        const auto copy = [&](uint64_t d, uint64_t s, uint64_t n, uint64_t ds, uint64_t ss,
+                              uint64_t len) {
+            std::vector<uint8_t> row(smem.contiguous() ? 0 : len);
+            for (uint64_t r = 0; r < n; ++r) {
+                if (smem.contiguous()) {
+                    dmem.write(d + r * ds, {smem.data(s + r * ss), len});
+                } else {
+                    smem.read(s + r * ss, row);
+                    dmem.write(d + r * ds, row);
+                }
             }
-        }
+        };
+        if (!hbm_side)
+            copy(dst, src, rows, dst_stride, src_stride, row_bytes);
+        else
+            for (const Piece& p : pieces)
+                copy(from_hbm ? p.o : p.h, from_hbm ? p.h : p.o, p.rows, dst_stride, src_stride,
+                     p.row_bytes);
     }
     ++m_stats.dma_ops;
     if (from_hbm) m_stats.hbm_read_bytes += bytes;
@@ -942,7 +1018,15 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
         const bool hbm = ins.op == Opcode::IciH;
         if (!check(m_vmem, laddr, bytes, "ici", "VMEM read")) return IciStep::Faulted;
         SparseMemory& rmem = m_env ? m_env->remote_memory(dst, hbm) : (hbm ? m_hbm : m_vmem);
-        const uint64_t rbase = hbm ? m_hbm_base + raddr : raddr;
+        if (hbm && !HbmWindows::one_window(raddr, bytes)) {
+            // A remote write is one post at one address: a piecewise one is not modelled.
+            fault("ici", raddr,
+                  fmt::format("remote HBM write of {} bytes at 0x{:x} crosses an HBM window "
+                              "boundary (isa/README.md, \"HBM windows\"): not supported for ICI",
+                              bytes, raddr));
+            return IciStep::Faulted;
+        }
+        const uint64_t rbase = hbm ? m_windows.phys(raddr) : raddr;
         if (!check(rmem, rbase, bytes, "ici", hbm ? "remote HBM write" : "remote VMEM write"))
             return IciStep::Faulted;
         post.hbm = hbm;
@@ -981,8 +1065,8 @@ CoreModel::IciStep CoreModel::exec_ici(const isa::Instr& ins, uint64_t now) {
     if (m_tracer && m_tracks.ici >= 0) trace_queued(start);
     q.starts.push_back(start);
     q.last_start = start;
-    const size_t record = m_record ? m_records.size() : SIZE_MAX;
-    if (m_record) m_records.push_back({m_pc, ins.op, m_cycle, start, CoreEnv::kIciPending});
+    const size_t record = recording() ? m_records.size() : SIZE_MAX;
+    if (recording()) m_records.push_back({m_pc, ins.op, m_cycle, start, CoreEnv::kIciPending});
     m_ici_wait.push_back({post.seq, m_pc, dst, start, ins.flag, record,
                           raced ? uint64_t(race_seq) : UINT64_MAX,
                           raced ? uint64_t(race_seq + 1) : UINT64_MAX});

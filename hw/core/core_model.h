@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -14,6 +15,7 @@
 #include "hw/core/core_config.h"
 #include "hw/core/counter_track.h"
 #include "hw/core/dma_engine.h"
+#include "hw/core/hbm_windows.h"
 #include "hw/core/ici_engine.h"
 #include "hw/core/mxu_model.h"
 #include "hw/core/race_detector.h"
@@ -136,7 +138,7 @@ public:
     /// refuses (a register or flag number out of range), is a std::invalid_argument.
     void load(const isa::Program& program);
     /// Resets sequencer state and starts at pc 0 at `cycle`; s1..sN = args, HBM window base.
-    void start(uint64_t cycle, const std::vector<uint32_t>& args, uint64_t hbm_base = 0);
+    void start(uint64_t cycle, const std::vector<uint32_t>& args);
     /// Runs until blocked; `now` is the current simulated cycle. A device fault stops the core
     /// (Block::Faulted, fault()) without throwing.
     Status run(uint64_t now);
@@ -176,8 +178,15 @@ public:
     /// A one-paragraph state dump: pc, instruction, waits, flags, unit queues.
     std::string dump_state() const;
 
-    /// Keeps an InstrRecord per executed instruction (tests compare with the reference).
-    void record(bool on) { m_record = on; }
+    /// Keeps an InstrRecord per executed instruction (tests compare with the reference); with
+    /// `only`, just of the instructions at those pcs (where a compiled step's fusions begin),
+    /// so a long launch keeps a few records rather than one per instruction.
+    void record(bool on, const std::vector<uint32_t>& only = {}) {
+        m_record = on;
+        m_record_only.assign(only.empty() ? 0 : *std::max_element(only.begin(), only.end()) + 1,
+                             false);
+        for (uint32_t pc : only) m_record_only[pc] = true;
+    }
     const std::vector<InstrRecord>& records() const { return m_records; }
     /// Emits a trace event per unit instruction on tracks "coreN/<unit>".
     void set_tracer(sim::Tracer* tracer);
@@ -245,7 +254,7 @@ private:
     uint32_t m_pc = 0;
     uint64_t m_cycle = 0;
     uint64_t m_start_cycle = 0;  ///< cycle of the current launch
-    uint64_t m_hbm_base = 0;
+    HbmWindows m_windows;  ///< the HBM window map (hbm.map), reset at each launch
     bool m_running = false;
     RaceDetector m_race{m_id};
     uint64_t m_seq = 0;   ///< unit instructions issued (race detector order)
@@ -287,6 +296,11 @@ private:
     CoreStats m_stats;
     std::vector<std::unique_ptr<sim::StatGroup>> m_stat_groups;  ///< core first, then its units
     bool m_record = false;
+    std::vector<bool> m_record_only;  ///< record(on, only): the pcs recorded (empty: all)
+    bool recording() const {
+        return m_record &&
+               (m_record_only.empty() || (m_pc < m_record_only.size() && m_record_only[m_pc]));
+    }
     std::vector<InstrRecord> m_records;
     sim::Tracer* m_tracer = nullptr;
     /// Tracer track of each unit (-1: not traced).

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "hw/reference/core_ref.h"
 
+#include "hw/core/hbm_windows.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -47,7 +49,8 @@ struct Entry {
     Opcode op;
     uint8_t flag;
     std::array<uint32_t, isa::kMaxOperands> v;
-    uint64_t ready;  ///< first cycle the unit may see it (issue + dispatch_cycles)
+    uint64_t ready;      ///< first cycle the unit may see it (issue + dispatch_cycles)
+    HbmWindows windows;  ///< the HBM window map at issue (hbm.map)
 };
 
 /// Something that ends at a known cycle of the pipeline it is in.
@@ -65,8 +68,8 @@ constexpr int kMxu0 = 2;
 /// The cycle-stepped machine; one per run.
 class Stepper {
 public:
-    Stepper(const BoardConfig& cfg, const isa::Program& program, uint64_t hbm_base)
-        : m_core(cfg.core), m_prog(program.code), m_hbm_base(hbm_base) {
+    Stepper(const BoardConfig& cfg, const isa::Program& program)
+        : m_core(cfg.core), m_prog(program.code) {
         m_queues.resize(kMxu0 + m_core.mxus);
         m_writers.resize(kMxu0 + m_core.mxus);
         m_mxu.resize(m_core.mxus);
@@ -199,24 +202,47 @@ private:
         // dma.hs writes scalar memory, which no hazard covers (core_model.cpp, exec_dma).
         const bool to_smem = e.op == Opcode::DmaHs;
         const bool to_vmem = e.op != Opcode::DmaVh, from_hbm = e.op == Opcode::DmaHv || to_smem;
-        const uint64_t dbase = to_vmem ? dst : m_hbm_base + dst;
-        const uint64_t sbase = from_hbm ? m_hbm_base + src : src;
-        const Range wr = to_smem ? Range{} : box(!to_vmem, dbase, rows, row_bytes, dst_stride);
-        const Range rd = box(from_hbm, sbase, rows, row_bytes, src_stride);
-        if (hazard(kDma, rd) || hazard(kDma, wr)) return;
+        // HBM sides through the window map (hw/core/hbm_windows.h), as the TensorCore does.
+        const auto side = [&](bool hbm, uint64_t a, uint64_t stride) {
+            std::vector<Range> out;
+            if (!hbm) {
+                out.push_back(box(false, a, rows, row_bytes, stride));
+                return out;
+            }
+            e.windows.pieces_2d(a, rows, row_bytes, stride,
+                                [&](uint64_t, uint64_t, uint64_t p, uint64_t n, uint64_t len) {
+                                    out.push_back(box(true, p, n, len, stride));
+                                });
+            return out;
+        };
+        const std::vector<Range> wr =
+            to_smem ? std::vector<Range>{} : side(!to_vmem, dst, dst_stride);
+        const std::vector<Range> rd = side(from_hbm, src, src_stride);
+        for (const auto* list : {&rd, &wr})
+            for (const Range& r : *list)
+                if (hazard(kDma, r)) return;
         DmaXfer x{e.rec, e.flag, e.op != Opcode::DmaVv, rows * row_bytes, 0, {}, 0};
         if (x.hbm) {
+            // Requests per window piece (HbmWindows::pieces_2d): a piece after the first starts
+            // on a port cycle of its own, as the TensorCore issues it once the port is free.
+            const uint64_t port = m_core.dma_vmem_bytes_per_cycle;
             uint64_t before = 0;
-            for (uint64_t r = 0; r < rows; ++r)
-                for (uint64_t off = 0; off < row_bytes; off += m_core.dma_chunk_bytes) {
-                    const auto len = static_cast<uint32_t>(
-                        std::min<uint64_t>(m_core.dma_chunk_bytes, row_bytes - off));
-                    x.chunks.push_back({before, len});
-                    before += len;
-                }
+            e.windows.pieces_2d(
+                from_hbm ? src : dst, rows, row_bytes, from_hbm ? src_stride : dst_stride,
+                [&](uint64_t, uint64_t, uint64_t, uint64_t n, uint64_t len) {
+                    before = (before + port - 1) / port * port;
+                    for (uint64_t r = 0; r < n; ++r)
+                        for (uint64_t off = 0; off < len; off += m_core.dma_chunk_bytes) {
+                            const auto l = static_cast<uint32_t>(
+                                std::min<uint64_t>(m_core.dma_chunk_bytes, len - off));
+                            x.chunks.push_back({before, l});
+                            before += l;
+                        }
+                });
+            x.bytes = before;
         }
         start_entry(e);
-        m_writers[kDma].push_back({e.rec, wr});
+        for (const Range& r : wr) m_writers[kDma].push_back({e.rec, r});
         q.pop_front();
         m_dma = std::move(x);
         dma_work(*m_dma);
@@ -443,6 +469,12 @@ private:
                     case Opcode::NCores:
                         r = 1;
                         break;
+                    case Opcode::HbmMap:
+                        if (val(o[0]) >= isa::kHbmWindows)
+                            throw std::out_of_range(fmt::format(
+                                "CoreRef: hbm.map window {} does not exist", val(o[0])));
+                        m_windows.map(val(o[0]), val(o[1]));
+                        break;
                     default:
                         break;
                 }
@@ -519,8 +551,8 @@ private:
                 }
                 auto& q = m_queues[unit];
                 if (q.size() >= m_core.queue_depth) return;  // stalled: no free entry
-                Entry e{
-                    m_result.records.size(), ins.op, ins.flag, {}, m_now + m_core.dispatch_cycles};
+                Entry e{m_result.records.size(),        ins.op,   ins.flag, {},
+                        m_now + m_core.dispatch_cycles, m_windows};
                 for (int i = 0; i < isa::kMaxOperands; ++i) e.v[i] = val(o[i]);
                 q.push_back(e);
                 m_result.records.push_back({m_pc, ins.op, m_now, 0, 0});
@@ -536,7 +568,7 @@ private:
 
     const CoreConfig& m_core;
     const std::vector<isa::Instr>& m_prog;
-    uint64_t m_hbm_base;
+    HbmWindows m_windows;  ///< the HBM window map (hbm.map), identity at the start
     uint64_t m_now = 0;
     CoreRefResult m_result;
 
@@ -570,9 +602,8 @@ private:
 CoreRef::CoreRef(const BoardConfig& cfg) : m_cfg(cfg) {}
 
 CoreRefResult CoreRef::run(const isa::Program& program, uint64_t start_cycle,
-                           const std::vector<uint32_t>& args, uint64_t hbm_base,
-                           uint64_t max_cycles) const {
-    Stepper s(m_cfg, program, hbm_base);
+                           const std::vector<uint32_t>& args, uint64_t max_cycles) const {
+    Stepper s(m_cfg, program);
     return s.run(start_cycle, args, max_cycles);
 }
 

@@ -43,7 +43,7 @@ public:
     /// Runs `program` from pc 0 at `start_cycle` with s1..sN = args until halt; stops early
     /// (halted = false) when a wait can never be satisfied or after `max_cycles` cycles.
     CoreRefResult run(const isa::Program& program, uint64_t start_cycle = 0,
-                      const std::vector<uint32_t>& args = {}, uint64_t hbm_base = 0,
+                      const std::vector<uint32_t>& args = {},
                       uint64_t max_cycles = 100'000'000) const;
 
 private:

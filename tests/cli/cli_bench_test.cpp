@@ -133,7 +133,8 @@ TEST(CliBench, HelpListsEveryCaseOnceAndMarksTimingOnlyOnes) {
     ASSERT_EQ(r.code, 0) << r.err;
     for (const char* name :
          {"gemm_256", "gemm_1024", "gemm_4096", "gemm_4096_8core", "vpu_chain_4M",
-          "allreduce_64MiB_8core", "train_step", "resnet50_step_8core", "resnet50_train_step_b64"}) {
+          "allreduce_64MiB_8core", "train_step", "resnet50_step_8core", "resnet50_compiled_8x8",
+          "resnet50_compiled_128x8"}) {
         const std::string line = fmt::format("\n  {:<24} ", name);
         const size_t at = r.out.find(line);
         ASSERT_NE(at, std::string::npos) << name << "\n" << r.out;

@@ -640,6 +640,58 @@ void expect_load_under_matmul(bool swap_drains, uint64_t mm1_start) {
                     {5, Opcode::Halt, mm1_done + 1, mm1_done + 1, mm1_done + 1}});
 }
 
+TEST(CoreRef, ADmaRowAcrossAnHbmWindowBoundaryIsCutThere) {
+    // hbm.map (isa/README.md, "HBM windows"): window 1 -> byte 0, window 2 -> byte 16 MiB
+    // (65536 x 256). dma.vh writes 2 rows of 512 B from program address 2 x 512 MiB - 256, so
+    // row 0 crosses windows 1|2: pieces 256 B at 512 MiB - 256, 256 B at 16 MiB, and row 1
+    // (512 B) at 16 MiB + 256, issued one after the other as the port frees (one 512-B port
+    // cycle each, HbmWindows::pieces_2d).
+    // pc0, pc1 issue at 0, 1; pc2 issues at 2, ready and starts at 3: requests leave at 3, 4
+    // and 5 (port free at 6). Tiny HBM pipe: 59.934 B/cycle, latency 94 (see
+    // BackToBackHbmDmasShareThePipe): 3 .. 3 + 256 / 59.934 = 7.27136 .. 11.54272 .. 11.54272
+    // + 512 / 59.934 = 20.08544, so done = ceil(20.08544) + 94 = 115.
+    BoardConfig cfg = tiny_config(8, 1);
+    cfg.hbm.bytes_per_core = uint64_t(1) << 30;  // sparse: only the address range matters
+    const char* text =
+        "hbm.map 1, 0\n"
+        "hbm.map 2, 65536\n"
+        "dma.vh [0x3fffff00], [0], 2, 512, 512, 512\n"
+        "halt\n";
+    expect_records(cfg, text,
+                   {{0, Opcode::HbmMap, 0, 0, 1},
+                    {1, Opcode::HbmMap, 1, 1, 2},
+                    {2, Opcode::DmaVh, 2, 3, 115},
+                    {3, Opcode::Halt, 3, 3, 115}});
+    // The bytes land at the three physical places (functional, race detector on).
+    cfg.sim.functional = true;
+    cfg.sim.race_detector = true;
+    SparseMemory hbm("hbm", cfg.hbm.bytes_per_core), vmem("vmem", cfg.core.vmem_bytes);
+    std::vector<uint8_t> rows(1024);
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = uint8_t(i * 7 + 1);
+    vmem.write(0, rows);
+    CoreModel core(0, cfg, hbm, vmem, nullptr);
+    core.load(isa::assemble(text));
+    core.start(0, {});
+    ASSERT_EQ(core.run_alone().block, CoreModel::Block::Halted);
+    const auto at = [&](uint64_t addr, size_t n) {
+        std::vector<uint8_t> out(n);
+        hbm.read(addr, out);
+        return out;
+    };
+    EXPECT_EQ(at((uint64_t(512) << 20) - 256, 256),
+              std::vector<uint8_t>(rows.begin(), rows.begin() + 256));
+    EXPECT_EQ(at(uint64_t(16) << 20, 256),
+              std::vector<uint8_t>(rows.begin() + 256, rows.begin() + 512));
+    EXPECT_EQ(at((uint64_t(16) << 20) + 256, 512),
+              std::vector<uint8_t>(rows.begin() + 512, rows.end()));
+}
+
+TEST(CoreRef, HbmMapOfAWindowThatDoesNotExistIsADeviceFault) {
+    const BoardConfig cfg = tiny_config(8, 1);
+    const FastRun fast = run_fast(cfg, isa::assemble("hbm.map 8, 0\nhalt\n"));
+    EXPECT_EQ(fast.status.block, CoreModel::Block::Faulted);
+}
+
 TEST(CoreRef, MxuLoadsUnderAMatmulWithZeroDispatch) {
     //  lw0 issue 0, start 0, done 0 + 8 = 8.
     //  mm0 (T 4) issue 1: waits for lw0: start 8, done 8 + 4 + 8 + 8 - 2 = 26; port free at 12.

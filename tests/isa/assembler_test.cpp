@@ -46,6 +46,16 @@ done:   halt
     EXPECT_EQ(p.labels[1], (std::pair<std::string, uint32_t>{"done", 8}));
 }
 
+TEST(Assembler, HbmMapTakesAWindowAndABaseAndRoundTrips) {
+    // hbm.map a, b: window a maps to byte b x 256 (isa/README.md, "HBM windows").
+    const Program p = assemble("hbm.map 3, s7\nhbm.map s2, 0x100000\n", "t.s");
+    ASSERT_EQ(p.code.size(), 2u);
+    EXPECT_EQ(p.code[0], (Instr{Opcode::HbmMap, kNoFlag, {Operand{0, 3}, Operand{7, 0}}}));
+    EXPECT_EQ(p.code[1], (Instr{Opcode::HbmMap, kNoFlag, {Operand{2, 0}, Operand{0, 0x100000}}}));
+    EXPECT_EQ(assemble(disassemble(p), "t.s").code, p.code);
+    EXPECT_EQ(info(Opcode::HbmMap).unit, Unit::Scalar);
+}
+
 TEST(Assembler, ImmediateLimits) {
     EXPECT_EQ(assemble("li s1, 0xFFFFFFFF").code[0].ops[1].imm, -1);
     EXPECT_EQ(assemble("li s1, -2147483648").code[0].ops[1].imm, INT32_MIN);
