@@ -38,10 +38,20 @@ constexpr uint32_t kMaxBlockImages = 64;
 /// Most images of the epilogue lag (Conv2dTiling::lag): each adds the unrolled epilogue of a
 /// pending image to both step bodies.
 constexpr uint32_t kMaxLag = 16;
+/// Most deferred epilogues per step (Geometry::defer): each is unrolled in both step bodies.
+constexpr uint32_t kMaxDeferred = 4;
 
 /// Derived sizes of one core's kernel.
 struct Geometry {
     uint32_t k, s, Ho, Wo, qmax, hb, hin, G, runs, run_rows, S, nbands, nm;
+    uint32_t P;         // Cout tiles per group (Conv2dTiling::cout_split)
+    uint32_t groups;    // groups of a block: NT / P
+    uint64_t mxu_rows;  // rows one MXU streams per step (the busiest MXU)
+    uint32_t xslots;    // X slots: 2 (the next block loads during this one), 1 if one block
+    // Epilogues of the previous group run per step of the next one (0: all in a group's last
+    // step): a group's stores then spread over the next group instead of stalling the
+    // sequencer on a full DMA queue in the last step. ceil(G / S), when at most kMaxDeferred.
+    uint32_t defer;
     uint64_t pix;      // bytes of one input pixel of one Cin tile (R bf16)
     uint64_t plane_h;  // HBM bytes of one (phase, Cin tile) plane
     uint64_t plane_v;  // VMEM bytes of a block's part of one plane (hin rows)
@@ -66,17 +76,25 @@ Geometry geometry(const Conv2dShape& s, const Conv2dTiling& t) {
     g.run_rows = t.Wq == g.Wo ? g.hb * g.Wo : g.Wo;
     g.S = g.k * g.k * t.CT;
     g.nbands = g.Ho / g.hb;
-    g.nm = std::min(t.mxus, g.G * g.runs);
+    g.P = std::max(1u, t.cout_split);
+    g.groups = t.NT / g.P;
+    // Sharing a tile, the MXUs take the runs in turn; each with its own tile, all of them.
+    g.nm = g.P > 1 ? g.P : std::min(t.mxus, g.G * g.runs);
+    g.defer = g.S >= 2 && ceil_div(g.G, g.S) <= kMaxDeferred ? ceil_div(g.G, g.S) : 0;
+    g.mxu_rows = uint64_t(g.P > 1 ? g.G * g.runs : ceil_div(g.G * g.runs, g.nm)) * g.run_rows;
     g.pix = uint64_t(t.R) * 2;
     g.plane_h = uint64_t(t.Hq) * t.Wq * g.pix;
     g.plane_v = uint64_t(g.hin) * t.Wq * g.pix;
     g.xv_img = uint64_t(t.phases) * t.phases * t.CT * g.plane_v;
     g.x_img_h = uint64_t(t.phases) * t.phases * t.CT * g.plane_h;
     g.yv_img = uint64_t(g.hb) * g.Wo * t.C * 4;
+    // The launch's blocks argument is conv2d_blocks of the key, so a kernel of one block never
+    // loads a next one.
+    g.xslots = t.block_images && t.images / t.block_images * g.nbands == 1 ? 1 : 2;
     g.vx = 0;
-    g.vy = g.vx + 2 * g.G * g.xv_img;
-    g.vw = g.vy + 2 * g.G * g.yv_img;
-    g.vb = g.vw + 2 * uint64_t(t.R) * t.C * 2;
+    g.vy = g.vx + g.xslots * g.G * g.xv_img;
+    g.vw = g.vy + 2 * g.G * g.P * g.yv_img;
+    g.vb = g.vw + 2 * uint64_t(g.P) * t.R * t.C * 2;
     g.vs = g.vb + uint64_t(t.NT) * t.C * 4;
     g.vend = g.vs + uint64_t(t.column_sides) * t.C * 4 + uint64_t(t.full_sides) * g.yv_img;
     return g;
@@ -146,13 +164,22 @@ uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv
     const uint64_t need =
         hw::MxuTimer::mm_cycles(t.R, t.C, 0) + uint64_t(cfg.core.queue_depth) * g.run_rows;
     uint32_t lag = 1;
-    // The MXU that takes the fewest of L images' runs (run p goes to MXU p % nm).
+    // The MXU that takes the fewest of L images' runs (run p goes to MXU p % nm; with a tile
+    // per MXU each takes them all).
+    const uint32_t share = g.P > 1 ? 1 : g.nm;
     // Each lagging image's epilogue is unrolled three more times (both step bodies and the
     // kernel's end): at most a quarter of the block's, so that a program of composed kernels
     // grows by no more than that.
     const uint32_t most = std::max(1u, std::min(g.G / 4, kMaxLag));
-    while (lag < most && uint64_t(lag) * g.runs / g.nm * g.run_rows < need) ++lag;
+    while (lag < most && uint64_t(lag) * g.runs / share * g.run_rows < need) ++lag;
     return lag;
+}
+
+uint64_t conv2d_mxu_cycles(const hw::BoardConfig& cfg, const Conv2dShape& s,
+                           const Conv2dTiling& t) {
+    const Geometry g = geometry(s, t);
+    const uint64_t steps = uint64_t(conv2d_blocks(s, t)) * g.groups * g.S;
+    return steps * hw::MxuTimer::swap_step_cycles(t.R, t.C, cfg.core.mxu_swap_drains, g.mxu_rows);
 }
 
 Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images,
@@ -174,7 +201,7 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
     base.mxus = cfg.core.mxus;
     auto fits = [&](Conv2dTiling t) {
         const Geometry g = geometry(s, t);
-        return g.vend <= cfg.core.vmem_bytes && uint64_t(g.G) * g.runs <= kMaxRunsPerStep;
+        return g.vend <= cfg.core.vmem_bytes && uint64_t(g.G) * g.runs * g.P <= kMaxRunsPerStep;
     };
     auto with_lag = [&](Conv2dTiling t) {
         t.lag = conv2d_lag(cfg, s, t);
@@ -183,24 +210,40 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
     const uint32_t Ho = s.out_height();
     base.band_rows = Ho;
     base.block_images = 1;
-    if (fits(base)) {
-        // Every image of a block streams through each loaded weight tile, so the drain of a
-        // tile swap is paid once per block: take the largest block that divides the images.
-        for (uint32_t G = std::min(images, kMaxBlockImages); G >= 1; --G) {
-            Conv2dTiling t = base;
-            t.block_images = G;
-            if (images % G == 0 && fits(t)) return with_lag(t);
+    auto plan = [&](Conv2dTiling b) -> std::optional<Conv2dTiling> {
+        if (fits(b)) {
+            // Every image of a block streams through each loaded weight tile, so the drain of a
+            // tile swap is paid once per block: take the largest block that divides the images.
+            for (uint32_t G = std::min(images, kMaxBlockImages); G >= 1; --G) {
+                Conv2dTiling t = b;
+                t.block_images = G;
+                if (images % G == 0 && fits(t)) return with_lag(t);
+            }
         }
+        for (uint32_t hb = Ho; hb >= 1; --hb) {
+            Conv2dTiling t = b;
+            t.band_rows = hb;
+            if (Ho % hb == 0 && fits(t)) return with_lag(t);
+        }
+        return std::nullopt;
+    };
+    const std::optional<Conv2dTiling> shared = plan(base);
+    if (!shared)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("conv2d: one output row of {} pixels with {} input channels "
+                                      "does not fit in {} bytes of VMEM (core.vmem_bytes)",
+                                      s.out_width(), s.cin, cfg.core.vmem_bytes));
+    // A weight tile per MXU: each MXU swaps tiles 1 / mxus as often, but a block's Y holds
+    // mxus Cout tiles of every image, so blocks may get smaller. Only full tiles that divide
+    // among the MXUs (a group's row bytes are then the same for every tile).
+    if (base.mxus > 1 && base.NT % base.mxus == 0 && s.cout % base.C == 0) {
+        Conv2dTiling b = base;
+        b.cout_split = base.mxus;
+        const std::optional<Conv2dTiling> split = plan(b);
+        if (split && conv2d_mxu_cycles(cfg, s, *split) < conv2d_mxu_cycles(cfg, s, *shared))
+            return *split;
     }
-    for (uint32_t hb = Ho; hb >= 1; --hb) {
-        Conv2dTiling t = base;
-        t.band_rows = hb;
-        if (Ho % hb == 0 && fits(t)) return with_lag(t);
-    }
-    throw DeviceError(ErrorKind::Usage,
-                      fmt::format("conv2d: one output row of {} pixels with {} input channels "
-                                  "does not fit in {} bytes of VMEM (core.vmem_bytes)",
-                                  s.out_width(), s.cin, cfg.core.vmem_bytes));
+    return *shared;
 }
 
 size_t hash_value(const Conv2dKey& k) {
@@ -208,7 +251,7 @@ size_t hash_value(const Conv2dKey& k) {
     const Conv2dTiling& t = k.tiling;
     return hash_fields(s.batch, s.height, s.width, s.cin, s.cout, s.kernel, s.stride, s.pad, t.R,
                        t.C, t.CT, t.NT, t.phases, t.Hq, t.Wq, t.band_rows, t.images, t.block_images,
-                       t.mxus, t.column_sides, t.full_sides, t.lag, k.store_bf16);
+                       t.mxus, t.cout_split, t.column_sides, t.full_sides, t.lag, k.store_bf16);
 }
 
 uint32_t conv2d_blocks(const Conv2dShape& s, const Conv2dTiling& t) {
@@ -277,6 +320,7 @@ public:
         const Conv2dTiling& t = m_t;
         const auto scope = m_b.scope("conv2d");
         NT = t.NT;
+        P = m_g.P;
         S = m_g.S;
         G = m_g.G;
         nm = m_g.nm;
@@ -288,16 +332,22 @@ public:
         if (L < 1 || L > G)
             throw m_b.error(
                 fmt::format("conv2d: the epilogue lag {} is not within 1..{} images", L, G));
+        if (P > 1 && (P != t.mxus || NT % P != 0 || m_sh.cout % t.C != 0))
+            throw m_b.error(fmt::format(
+                "conv2d: a Cout tile per MXU needs cout_split = mxus ({}, {}) dividing the {} "
+                "Cout tiles, all full (cout {}, tile {})",
+                P, t.mxus, NT, m_sh.cout, t.C));
         // Scalar memory: the VPU ops issued; the current group's HBM output base, row bytes, Y
         // slot and bias address; the images whose epilogues wait for the next step (pending).
         m_vpu_count = m_b.smem("vpu.count", 1);
         m_group = m_b.smem("group", kGroupWords);
         m_pend = m_b.smem("pending", 1 + uint64_t(L) * kEntryWords);
+        if (m_g.defer) m_defer = m_b.smem("deferred", kDeferWords);
         // VMEM: two X slots of a block's planes, two Y slots of its outputs, two W slots, the
         // bias (geometry(), which the planner checks against VMEM).
-        m_vx = m_b.vmem("x", 2 * G * m_g.xv_img, kConvAlign);
-        m_vy = m_b.vmem("y", 2 * G * m_g.yv_img, kConvAlign);
-        m_vw = m_b.vmem("w", 2 * wtile, kConvAlign);
+        m_vx = m_b.vmem("x", m_g.xslots * G * m_g.xv_img, kConvAlign);
+        m_vy = m_b.vmem("y", 2 * G * P * m_g.yv_img, kConvAlign);
+        m_vw = m_b.vmem("w", 2 * P * wtile, kConvAlign);
         m_vb = m_b.vmem("bias", uint64_t(NT) * t.C * 4, kConvAlign);
         if (t.column_sides)
             m_vcol = m_b.vmem("epilogue.columns", uint64_t(t.column_sides) * t.C * 4, kConvAlign);
@@ -316,6 +366,7 @@ public:
         // Scalar memory keeps its words across launches.
         E(Sw, {imm(0), m_vpu_count.word(0)});
         E(Sw, {imm(0), m_pend.word(kPend)});
+        if (m_g.defer) E(Sw, {imm(G), m_defer.word(kDNext)});  // nothing deferred yet
         if (!m_ep.sides.empty()) {
             // The side tiles' loads, counted in scalar memory (no register is left).
             m_side_count = m_b.smem("sides.count", 1);
@@ -365,14 +416,41 @@ public:
         E(Li, {m_nt, imm(0)});
         m_b.bind(group);
         group_setup();
-        if (S > 1) {
-            const isa::Label kstep = m_b.label("kstep");
+        if (m_g.defer) {
+            // Deferred epilogues: only the kernel's final group ends in the last-step body
+            // (its images have no next group to be finished in); every other group's steps
+            // are plain, and its images are finished during the next group's steps.
+            const isa::Label kstep = m_b.label("kstep"), plain = m_b.label("plain_group"),
+                             next = m_b.label("group_done");
             m_b.bind(kstep);
             step(false);
-            E(Bltu, {m_step, imm(S - 1), kstep});
+            {
+                const isa::Reg lim = m_b.reg("steps", 11), t = m_b.reg("final", 12);
+                E(Li, {lim, imm(S)});
+                E(Add, {t, m_block, imm(1)});
+                E(Bne, {t, blocks(), plain});
+                E(Bne, {m_nt, imm(NT - P), plain});
+                E(Li, {lim, imm(S - 1)});
+                m_b.bind(plain);
+                E(Bltu, {m_step, lim, kstep});
+            }
+            const isa::Label final_group = m_b.label("final_group");
+            E(Bne, {m_step, imm(S), final_group});
+            defer_group();
+            E(Jmp, {next});
+            m_b.bind(final_group);
+            step(true);
+            m_b.bind(next);
+        } else {
+            if (S > 1) {
+                const isa::Label kstep = m_b.label("kstep");
+                m_b.bind(kstep);
+                step(false);
+                E(Bltu, {m_step, imm(S - 1), kstep});
+            }
+            step(true);
         }
-        step(true);
-        E(Add, {m_nt, m_nt, imm(1)});
+        E(Add, {m_nt, m_nt, imm(P)});
         E(Bltu, {m_nt, imm(NT), group});
         E(Add, {m_block, m_block, imm(1)});
         E(Blt, {m_block, blocks(), block});
@@ -388,12 +466,20 @@ private:
     /// ImageRegs (entry j at word 1 + j kEntryWords).
     enum PendWord : uint64_t { kPend };
     enum EntryWord : uint64_t { kPY, kPD, kPC0, kPC1, kPBytes, kPSlot, kPBias, kEntryWords };
+    /// Words of the `deferred` area: the group whose epilogues run in the next group's steps
+    /// (its Y slot address, HBM output base, row bytes, slot parity, bias) and its next image.
+    enum DeferWord : uint64_t { kDY, kDDst, kDBytes, kDSlot, kDBias, kDNext, kDeferWords };
     isa::Arg pend(uint32_t j, EntryWord w) const { return m_pend.word(1 + j * kEntryWords + w); }
     /// Flagged matmuls per MXU of the first `images` images of a block's step (run p on MXU
     /// p % nm); in a group's last step every matmul is flagged.
     std::array<int64_t, kConvMaxMxus> runs_upto(uint32_t images) const {
         std::array<int64_t, kConvMaxMxus> c{};
-        for (uint32_t p = 0; p < images * m_g.runs; ++p) ++c[p % nm];
+        for (uint32_t p = 0; p < images * m_g.runs; ++p) {
+            if (P > 1)
+                for (uint32_t m = 0; m < nm; ++m) ++c[m];  // every MXU takes every run
+            else
+                ++c[p % nm];
+        }
         return c;
     }
 
@@ -401,7 +487,11 @@ private:
     isa::Arg blocks() const { return m_ops.blocks.value; }
     /// MXU m's count class: itself (per MXU), else 0 for the MXUs that take one more run of a
     /// block than the others (m < G runs % nm), 1 for the others.
-    uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < (G * m_g.runs) % nm ? 0 : 1); }
+    uint32_t cls(uint32_t m) const {
+        if (m_per_mxu) return m;
+        if (P > 1) return 0;  // a tile each: every MXU takes every run
+        return m < (G * m_g.runs) % nm ? 0 : 1;
+    }
     /// The first MXU of its class: where a class count advances once for the class.
     bool cls_first(uint32_t m) const { return m == 0 || cls(m) != cls(m - 1); }
     const isa::Flag& lw_flag(uint32_t m) const { return m < 2 ? m_lw[m].flag : m_lwf[m]; }
@@ -460,7 +550,7 @@ private:
     /// added on the VPU once they are done, the caller's epilogue, then the store (NHWC rows of
     /// the tile's channels).
     void finish(ImageRegs& r) {
-        if (!m_ep.sides.empty()) load_sides(r);
+        if (!m_ep.sides.empty() && P == 1) load_sides(r);
         for (uint32_t m = 0; m < nm; ++m) {
             if (m_per_mxu) {
                 E(Wait, {mm_flag(m), r.mm(m)});
@@ -471,6 +561,28 @@ private:
                 E(Wait, {mm_flag(m), mm_count(m)});
             }
         }
+        if (P == 1) {
+            finish_tile(r);
+            return;
+        }
+        // A Cout tile per MXU: the image's P tiles (all full) one after another, in a loop
+        // whose body is the epilogue of one tile, so the program grows by no more than that.
+        // The matmul targets are spent: mm0 counts the tiles left.
+        const isa::Label tiles = m_b.label("tiles");
+        E(Li, {r.mm0, imm(P)});
+        m_b.bind(tiles);
+        if (!m_ep.sides.empty()) load_sides(r);
+        finish_tile(r);
+        E(Add, {r.y, r.y, imm(int64_t(m_g.yv_img))});
+        E(Add, {r.dst, r.dst, imm(int64_t(m_t.C) * e)});
+        E(Add, {r.bias, r.bias, imm(int64_t(m_t.C) * 4)});
+        E(Add, {r.mm0, r.mm0, imm(-1)});
+        E(Bne, {r.mm0, imm(0), tiles});
+    }
+
+    /// The epilogue of one Cout tile of an image whose matmuls are done: bias, the caller's
+    /// epilogue, the store.
+    void finish_tile(ImageRegs& r) {
         E(VAddRow, {r.y, r.y, r.bias, imm(y_rows), imm(m_t.C), m_vpu});
         int64_t ops = 1;
         auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
@@ -573,6 +685,45 @@ private:
         if (j + 1 == L) E(Sw, {imm(0), m_pend.word(kPend)});
         m_b.bind(none);
     }
+    /// A group whose last step was plain: its images' epilogues are deferred (DeferWord).
+    void defer_group() {
+        const isa::Reg t = m_b.reg("defer.word", 11);
+        E(Sw, {m_y_at, m_defer.word(kDY)});
+        for (const auto& [from, to] : {std::pair{kYDst, kDDst}, std::pair{kYBytes, kDBytes},
+                                       std::pair{kYSlot, kDSlot}, std::pair{kYBias, kDBias}}) {
+            E(Lw, {t, m_group.word(from)});
+            E(Sw, {t, m_defer.word(to)});
+        }
+        E(Sw, {imm(0), m_defer.word(kDNext)});
+    }
+    /// The epilogue of the deferred group's next image, if one is left. Placed after the lag's
+    /// images of a step: every matmul of the steps before it is done or nearly, and the MXUs
+    /// still have the lag's work queued while it waits for them.
+    void defer_finish() {
+        const isa::Label none = m_b.label("no_deferred");
+        ImageRegs r(m_b);
+        E(Lw, {r.slot, m_defer.word(kDNext)});
+        E(Bge, {r.slot, imm(G), none});
+        E(Add, {r.y, r.slot, imm(1)});
+        E(Sw, {r.y, m_defer.word(kDNext)});
+        E(Mul, {r.dst, r.slot, imm(int64_t(uint64_t(y_rows) * y_pix_h))});
+        E(Lw, {r.y, m_defer.word(kDDst)});
+        E(Add, {r.dst, r.dst, r.y});
+        E(Mul, {r.y, r.slot, imm(int64_t(uint64_t(P) * m_g.yv_img))});
+        E(Lw, {r.bias, m_defer.word(kDY)});
+        E(Add, {r.y, r.y, r.bias});
+        // The counts so far: the deferred group's matmuls all came before this step's.
+        if (m_per_mxu) {
+            E(Add, {r.mm0, m_mm[0].count, imm(0)});
+            E(Add, {r.mm1, m_mm[1].count, imm(0)});
+        }
+        E(Lw, {r.row_bytes, m_defer.word(kDBytes)});
+        E(Lw, {r.slot, m_defer.word(kDSlot)});
+        E(Lw, {r.bias, m_defer.word(kDBias)});
+        finish(r);
+        m_b.bind(none);
+    }
+
     /// Every pending image's epilogue (the kernel's end).
     void flush_all() {
         for (uint32_t j = 0; j < L; ++j) flush_pending(j);
@@ -581,7 +732,7 @@ private:
     /// Fills `r` for image `img` of the current group; `cnt` = its mm counts per MXU past the
     /// counters.
     void image_regs(ImageRegs& r, uint32_t img, const std::array<int64_t, kConvMaxMxus>& cnt) {
-        E(Add, {r.y, m_y_at, imm(int64_t(img * m_g.yv_img))});
+        E(Add, {r.y, m_y_at, imm(int64_t(img * P * m_g.yv_img))});
         E(Lw, {r.dst, m_group.word(kYDst)});
         E(Add, {r.dst, r.dst, imm(int64_t(uint64_t(img) * y_rows * y_pix_h))});
         if (m_per_mxu) {
@@ -603,15 +754,25 @@ private:
         const isa::Reg next = m_b.reg("w.step", 11), end = m_b.reg("w.end", 12),
                        src = m_b.reg("w.src", 13), parity = m_b.reg("w.parity", 14);
         E(Add, {next, m_step_all, imm(ahead)});
-        E(Mul, {end, blocks(), imm(NT * S)});
+        E(Mul, {end, blocks(), imm(m_g.groups * S)});
         E(Bge, {next, end, none});
-        E(Remu, {src, next, imm(NT * S)});
+        E(Remu, {src, next, imm(m_g.groups * S)});
+        if (P > 1) {
+            // Group j's step i: tiles (j P + m) S + i for its P MXUs, S tiles apart.
+            E(Divu, {end, src, imm(S)});
+            E(Mul, {end, end, imm(int64_t(P - 1) * S)});
+            E(Add, {src, src, end});
+        }
         E(Mul, {src, src, imm(int64_t(wtile))});
         E(Add, {src, src, m_ops.w.value});
         E(And, {parity, next, imm(1)});
         by_slot(parity, [&](int slot) {
             const isa::Arg n = imm(int64_t(wtile));
-            m_wload[slot]->issue(DmaHv, {m_vw.at(slot * wtile), src, imm(1), n, n, n});
+            if (P == 1)
+                m_wload[slot]->issue(DmaHv, {m_vw.at(slot * wtile), src, imm(1), n, n, n});
+            else
+                m_wload[slot]->issue(
+                    DmaHv, {m_vw.at(slot * P * wtile), src, imm(P), n, n, imm(int64_t(wtile) * S)});
         });
         m_b.bind(none);
     }
@@ -622,13 +783,14 @@ private:
         const isa::Reg next = m_b.reg("w.step", 11), end = m_b.reg("w.end", 12),
                        at = m_b.reg("w.at", 14);
         E(Add, {next, m_step_all, imm(ahead)});
-        E(Mul, {end, blocks(), imm(NT * S)});
+        E(Mul, {end, blocks(), imm(m_g.groups * S)});
         E(Bge, {next, end, none});
         E(And, {at, next, imm(1)});
         by_slot(at, [&](int slot) { m_wload[slot]->wait_all(); });
-        E(Mul, {at, at, imm(int64_t(wtile))});
+        E(Mul, {at, at, imm(int64_t(P * wtile))});
         for (uint32_t m = 0; m < nm; ++m) {
-            const isa::Arg w = at + int64_t(m_vw.addr());
+            // Sharing a tile every MXU loads it; else MXU m its own (slot tile m).
+            const isa::Arg w = at + int64_t(m_vw.addr() + (P > 1 ? m * wtile : 0));
             if (m_per_mxu) {
                 issue(m_lw[m], MxuLw, {imm(m), w, imm(m_t.R), imm(m_t.C)});
             } else {
@@ -647,9 +809,10 @@ private:
                        col = m_b.reg("group.col", 13), bytes = m_b.reg("group.row_bytes", 14);
         E(Mul, {parity, m_block, imm(NT)});
         E(Add, {parity, parity, m_nt});
+        if (P > 1) E(Divu, {parity, parity, imm(P)});  // the group's index
         E(And, {parity, parity, imm(1)});
         E(Sw, {parity, m_group.word(kYSlot)});
-        E(Mul, {m_y_at, parity, imm(int64_t(G * g.yv_img))});
+        E(Mul, {m_y_at, parity, imm(int64_t(G * P * g.yv_img))});
         E(Add, {m_y_at, m_y_at, m_vy});
         if (g.nbands == 1) {
             E(Mul, {dst, m_block, imm(int64_t(G * y_img_h))});
@@ -665,7 +828,7 @@ private:
         E(Add, {dst, dst, col});
         E(Sw, {dst, m_group.word(kYDst)});
         E(Li, {bytes, imm(m_t.C * e)});
-        m_b.if_(isa::Cond::Eq, m_nt, imm(NT - 1), [&] {
+        m_b.if_(isa::Cond::Eq, m_nt, imm(NT - P), [&] {
             E(Li, {bytes, imm((m_sh.cout - (NT - 1) * m_t.C) * e)});
         });
         E(Sw, {bytes, m_group.word(kYBytes)});
@@ -734,28 +897,42 @@ private:
         std::array<int64_t, kConvMaxMxus> cnt{};
         for (uint32_t img = 0; img < G; ++img) {
             for (uint32_t r = 0; r < g.runs; ++r) {
-                const uint32_t p = img * g.runs + r, m = p % nm;
-                const bool flag = last || p + nm >= G * g.runs;
-                if (flag) ++cnt[m];
-                const isa::Arg y =
-                    m_y_at + int64_t(img * g.yv_img + uint64_t(r) * g.run_rows * m_t.C * 4);
+                const uint32_t p = img * g.runs + r;
                 const isa::Arg x = m_lhs + int64_t(img * g.xv_img + uint64_t(r) * m_t.Wq * g.pix);
-                if (flag)
-                    E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc, mm_flag(m)});
-                else
-                    E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc});
+                // Sharing a tile, run p goes to MXU p % nm; with a tile each, to every MXU,
+                // into its tile's part of the image's Y.
+                for (uint32_t m = P > 1 ? 0 : p % nm; m < (P > 1 ? nm : p % nm + 1); ++m) {
+                    const bool flag = last || (P > 1 ? p + 1 == G * g.runs : p + nm >= G * g.runs);
+                    if (flag) ++cnt[m];
+                    const isa::Arg y =
+                        m_y_at + int64_t((uint64_t(img) * P + (P > 1 ? m : 0)) * g.yv_img +
+                                         uint64_t(r) * g.run_rows * m_t.C * 4);
+                    if (flag)
+                        E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc, mm_flag(m)});
+                    else
+                        E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc});
+                }
                 if (p + 1 == G * g.runs) w_load(1);
             }
-            if (img < L) flush_pending(img);
+            // Deferred: a pending image comes only from the final group, flushed at the end.
+            if (img < L && !m_g.defer) flush_pending(img);
+            // The deferred epilogues spread over the step from the lag on: an MXU queue holds
+            // only queue_depth runs, fewer cycles than several epilogues take to issue.
+            for (uint32_t d = 0; d < m_g.defer; ++d)
+                if (img == std::min(G - 1, L - 1 + d * std::max(1u, (G - L) / m_g.defer)))
+                    defer_finish();
             if (img + 1 == L) {
                 // A block's first step: every matmul of the previous block is done (the last
-                // pending image was its last), so the next block's X may replace it.
+                // pending image was its last; deferred, the waits say so), so the next block's
+                // X may replace it.
                 const isa::Label nox = m_b.label("no_x");
                 const isa::Reg next = m_b.reg("next_block", 18);
                 E(Bne, {m_step, imm(0), nox});
                 E(Bne, {m_nt, imm(0), nox});
                 E(Add, {next, m_block, imm(1)});
                 E(Bge, {next, blocks(), nox});
+                if (m_g.defer)
+                    for (uint32_t m = 0; m < nm; ++m) E(Wait, {mm_flag(m), mm_count(m)});
                 x_load(next);
                 m_b.bind(nox);
             }
@@ -797,9 +974,9 @@ private:
     const Conv2dOperands m_ops;
     const Epilogue& m_ep;
     const uint32_t e;  ///< bytes of one output value (4, or 2 with a bf16 store)
-    uint32_t NT = 0, S = 0, G = 0, nm = 0, y_rows = 0, L = 1;
+    uint32_t NT = 0, P = 1, S = 0, G = 0, nm = 0, y_rows = 0, L = 1;
     uint64_t wtile = 0, y_pix_h = 0, y_img_h = 0;
-    isa::Smem m_vpu_count, m_group, m_pend, m_side_count;
+    isa::Smem m_vpu_count, m_group, m_pend, m_side_count, m_defer;
     isa::Vmem m_vx, m_vy, m_vw, m_vb, m_vcol, m_vfull;
     isa::Flag m_sides;
     isa::Reg m_block, m_nt, m_step, m_step_all, m_lhs, m_acc, m_x_at, m_y_at;
