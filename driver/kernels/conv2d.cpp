@@ -40,6 +40,9 @@ constexpr uint32_t kMaxBlockImages = 64;
 constexpr uint32_t kMaxLag = 16;
 /// Most deferred epilogues per step (Geometry::defer): each is unrolled in both step bodies.
 constexpr uint32_t kMaxDeferred = 4;
+/// Most pieces of the kernel's first X block waited for apart (Conv2dGen::first_pieces): all
+/// but the last take a flag of their own or slot 1's.
+constexpr uint32_t kFirstPieces = 4;
 
 /// Derived sizes of one core's kernel.
 struct Geometry {
@@ -48,6 +51,7 @@ struct Geometry {
     uint32_t groups;    // groups of a block: NT / P
     uint64_t mxu_rows;  // rows one MXU streams per step (the busiest MXU)
     uint32_t xslots;    // X slots: 2 (the next block loads during this one), 1 if one block
+    uint32_t npl;       // planes of an image: phases^2 x CT
     // Epilogues of the previous group run per step of the next one (0: all in a group's last
     // step): a group's stores then spread over the next group instead of stalling the
     // sequencer on a full DMA queue in the last step. ceil(G / S), when at most kMaxDeferred.
@@ -85,7 +89,8 @@ Geometry geometry(const Conv2dShape& s, const Conv2dTiling& t) {
     g.pix = uint64_t(t.R) * 2;
     g.plane_h = uint64_t(t.Hq) * t.Wq * g.pix;
     g.plane_v = uint64_t(g.hin) * t.Wq * g.pix;
-    g.xv_img = uint64_t(t.phases) * t.phases * t.CT * g.plane_v;
+    g.npl = t.phases * t.phases * t.CT;
+    g.xv_img = uint64_t(g.npl) * g.plane_v;
     g.x_img_h = uint64_t(t.phases) * t.phases * t.CT * g.plane_h;
     g.yv_img = uint64_t(g.hb) * g.Wo * t.C * 4;
     // The launch's blocks argument is conv2d_blocks of the key, so a kernel of one block never
@@ -389,6 +394,8 @@ public:
         m_wload[0].emplace(m_b, "w.loads0", isa::Count::InRegister, 1, 26);
         m_wload[1].emplace(m_b, "w.loads1", isa::Count::InRegister, 8, 27);
         for (int i = 0; i < 2; ++i) m_xload[i] = tally(fmt::format("x.loads{}", i), 9 + i, 28 + i);
+        for (uint32_t j = 1; j + 1 < first_pieces(); ++j)
+            m_pieces[j - 1] = m_b.flag(fmt::format("x.piece{}", j));
         m_ystore[0].emplace(m_b, "y.stores0", isa::Count::InRegister, 11, 30);
         m_ystore[1].emplace(m_b, "y.stores1", isa::Count::InRegister, 12, 31);
         isa::CountedFlag bias_in(m_b, "bias.loads", isa::Count::AtBuild, 13);
@@ -401,7 +408,10 @@ public:
         w_prefetch(0);
         w_prefetch(1);
         E(Li, {m_block, imm(0)});
-        x_load(m_block);
+        if (first_pieces())
+            x_load_first();
+        else
+            x_load(m_block);
         w_load(0);
         bias_in.wait_all();
 
@@ -517,6 +527,102 @@ private:
             isa::Cond::Eq, reg, imm(0), [&] { f(0); }, [&] { f(1); });
     }
 
+    /// Planes q0 .. q1 - 1 of the block at HBM `src` (whole images) into the X slot at `at`
+    /// (+ the X area), on flag `f` (and one more in `count` per DMA, if given). In VMEM a block
+    /// is plane-major, plane q of image i at (q G + i) plane bytes: a plane of every image is
+    /// contiguous, so the first block's first planes can arrive (and be waited for) before the
+    /// others. One DMA of G planes per plane, in a loop; one image's planes are contiguous in
+    /// both, one DMA.
+    void x_planes(const isa::Flag& f, const isa::Reg* count, const isa::Reg& at,
+                  const isa::Reg& src, uint32_t q0, uint32_t q1) {
+        const Geometry& g = m_g;
+        auto dma = [&](std::initializer_list<isa::Arg> args) {
+            std::vector<isa::Arg> all(args);
+            all.push_back(f);
+            m_b.emit(DmaHv, all);
+            if (count) E(Add, {*count, *count, imm(1)});
+        };
+        if (G == 1) {
+            const isa::Arg n = imm(int64_t((q1 - q0) * g.plane_h));
+            dma({at + int64_t(m_vx.addr() + q0 * g.plane_v), src + int64_t(q0 * g.plane_h), imm(1),
+                 n, n, n});
+            return;
+        }
+        const isa::Reg d = m_b.reg("x.dst", 15), s = m_b.reg("x.from", 16);
+        E(Add, {d, at, imm(int64_t(m_vx.addr() + uint64_t(q0) * G * g.plane_v))});
+        E(Add, {s, src, imm(int64_t(q0 * g.plane_h))});
+        auto one = [&] {
+            dma({d, s, imm(G), imm(int64_t(g.plane_h)), imm(int64_t(g.plane_h)),
+                 imm(int64_t(g.x_img_h))});
+        };
+        if (q1 - q0 == 1) {
+            one();
+            return;
+        }
+        const isa::Reg q = m_b.reg("x.plane", 14);
+        E(Li, {q, imm(q1 - q0)});
+        const isa::Label loop = m_b.label("x_plane");
+        m_b.bind(loop);
+        one();
+        E(Add, {d, d, imm(int64_t(G * g.plane_v))});
+        E(Add, {s, s, imm(int64_t(g.plane_h))});
+        E(Add, {q, q, imm(-1)});
+        E(Bne, {q, imm(0), loop});
+    }
+    void x_planes(const Tally& c, const isa::Reg& at, const isa::Reg& src, uint32_t q0,
+                  uint32_t q1) {
+        x_planes(c.flag, &c.count, at, src, q0, q1);
+    }
+
+    /// Pieces of the first block (whole images of several planes) waited for apart: its first
+    /// min(CT, kFirstPieces) - 1 planes one each (at least one), which steps 0, 1, ... read
+    /// first (tap (0, 0), Cin tile j), then the others, which the next step waits for.
+    uint32_t first_pieces() const {
+        if (m_g.nbands != 1 || m_g.npl < 2) return 0;
+        return std::min(m_g.npl, std::max(2u, std::min(m_t.CT, kFirstPieces)));
+    }
+    /// Flag of piece j: the first on slot 1's (no other transfer is on it before the first
+    /// step waits), the middle ones on their own, the last on slot 0's.
+    const isa::Flag& piece_flag(uint32_t j) const {
+        if (j == 0) return m_xload[1].flag;
+        if (j + 1 == first_pieces()) return m_xload[0].flag;
+        return m_pieces[j - 1];
+    }
+    void x_load_first() {
+        const isa::Reg src = m_b.reg("x.src", 11), at = m_b.reg("x.at", 13);
+        E(Li, {at, imm(0)});
+        E(Li, {src, imm(0)});
+        E(Add, {src, src, m_ops.x.value});
+        const uint32_t np = first_pieces();
+        x_planes(m_xload[1], at, src, 0, 1);
+        for (uint32_t j = 1; j + 1 < np; ++j) x_planes(piece_flag(j), nullptr, at, src, j, j + 1);
+        x_planes(m_xload[0], at, src, np - 1, m_g.npl);
+    }
+
+    /// Plane `step` of the block in register `blk` (whole images) into the X slot (blk & 1).
+    void x_load_plane(const isa::Reg& blk) {
+        const Geometry& g = m_g;
+        const isa::Reg src = m_b.reg("x.src", 11), parity = m_b.reg("x.parity", 12),
+                       at = m_b.reg("x.at", 13);
+        E(Mul, {src, blk, imm(int64_t(G * g.x_img_h))});
+        E(Mul, {at, m_step, imm(int64_t(g.plane_h))});
+        E(Add, {src, src, at});
+        E(Add, {src, src, m_ops.x.value});
+        E(And, {parity, blk, imm(1)});
+        E(Mul, {at, parity, imm(int64_t(G * g.xv_img))});
+        E(Add, {at, at, m_vx});
+        {
+            const isa::Reg q = m_b.reg("x.plane", 14);
+            E(Mul, {q, m_step, imm(int64_t(G * g.plane_v))});
+            E(Add, {at, at, q});
+        }
+        by_slot(parity, [&](int slot) {
+            issue(m_xload[slot], DmaHv,
+                  {at, src, imm(G), imm(int64_t(g.plane_h)), imm(int64_t(g.plane_h)),
+                   imm(int64_t(g.x_img_h))});
+        });
+    }
+
     /// The X block in register `blk` into the X slot (blk & 1).
     void x_load(const isa::Reg& blk) {
         const Geometry& g = m_g;
@@ -535,9 +641,8 @@ private:
         E(And, {parity, blk, imm(1)});
         E(Mul, {at, parity, imm(int64_t(G * g.xv_img))});
         by_slot(parity, [&](int slot) {
-            if (g.nbands == 1) {  // whole images: one contiguous run
-                const isa::Arg n = imm(int64_t(G * g.x_img_h));
-                issue(m_xload[slot], DmaHv, {at + int64_t(m_vx.addr()), src, imm(1), n, n, n});
+            if (g.nbands == 1) {  // whole images, plane-major
+                x_planes(m_xload[slot], at, src, 0, g.npl);
             } else {  // a band: hin rows of every plane
                 issue(m_xload[slot], DmaHv,
                       {at + int64_t(m_vx.addr()), src, imm(m_t.phases * m_t.phases * m_t.CT),
@@ -855,7 +960,7 @@ private:
         E(Add, {plane, plane, pcol});
         E(Mul, {plane, plane, imm(m_t.CT)});
         E(Add, {plane, plane, ct});
-        E(Mul, {plane, plane, imm(int64_t(g.plane_v))});
+        E(Mul, {plane, plane, imm(int64_t(G * g.plane_v))});  // plane-major (x_planes)
         E(Divu, {kh, kh, imm(g.s)});
         E(Mul, {kh, kh, imm(m_t.Wq)});
         E(Divu, {kw, kw, imm(g.s)});
@@ -883,10 +988,28 @@ private:
         {
             const isa::Label ok = m_b.label("inputs_ok");
             const isa::Reg parity = m_b.reg("parity", 11);
+            if (const uint32_t np = first_pieces()) {
+                // The first block's first steps: piece j before step j (x_load_first).
+                const isa::Label done = m_b.label("pieces_done");
+                E(Bne, {m_block, imm(0), done});
+                E(Bne, {m_nt, imm(0), done});
+                for (uint32_t j = 0; j < np; ++j) {
+                    const isa::Label nj = m_b.label("not_piece");
+                    E(Bne, {m_step, imm(j), nj});
+                    if (j + 1 == np)
+                        E(Wait, {m_xload[0].flag, m_xload[0].count});
+                    else
+                        E(Wait, {piece_flag(j), imm(1)});
+                    E(Jmp, {done});
+                    m_b.bind(nj);
+                }
+                m_b.bind(done);
+            }
             E(Bne, {m_step, imm(0), ok});
             E(Lw, {parity, m_group.word(kYSlot)});
             by_slot(parity, [&](int slot) { m_ystore[slot]->wait_all(); });
             E(Bne, {m_nt, imm(0), ok});
+            if (first_pieces()) E(Beq, {m_block, imm(0), ok});  // its pieces, above
             E(And, {parity, m_block, imm(1)});
             by_slot(parity, [&](int slot) { E(Wait, {m_xload[slot].flag, m_xload[slot].count}); });
             m_b.bind(ok);
@@ -898,7 +1021,7 @@ private:
         for (uint32_t img = 0; img < G; ++img) {
             for (uint32_t r = 0; r < g.runs; ++r) {
                 const uint32_t p = img * g.runs + r;
-                const isa::Arg x = m_lhs + int64_t(img * g.xv_img + uint64_t(r) * m_t.Wq * g.pix);
+                const isa::Arg x = m_lhs + int64_t(img * g.plane_v + uint64_t(r) * m_t.Wq * g.pix);
                 // Sharing a tile, run p goes to MXU p % nm; with a tile each, to every MXU,
                 // into its tile's part of the image's Y.
                 for (uint32_t m = P > 1 ? 0 : p % nm; m < (P > 1 ? nm : p % nm + 1); ++m) {
@@ -924,16 +1047,25 @@ private:
             if (img + 1 == L) {
                 // A block's first step: every matmul of the previous block is done (the last
                 // pending image was its last; deferred, the waits say so), so the next block's
-                // X may replace it.
+                // X may replace it. Whole images go one plane per step of the first group
+                // (S >= planes): a whole block at once would hold the in-order DMA queue, and
+                // the weight tiles prefetched behind it, for longer than two steps.
                 const isa::Label nox = m_b.label("no_x");
                 const isa::Reg next = m_b.reg("next_block", 18);
-                E(Bne, {m_step, imm(0), nox});
                 E(Bne, {m_nt, imm(0), nox});
+                E(Bge, {m_step, imm(g.nbands == 1 ? g.npl : 1), nox});
                 E(Add, {next, m_block, imm(1)});
                 E(Bge, {next, blocks(), nox});
-                if (m_g.defer)
+                if (m_g.defer) {
+                    const isa::Label waited = m_b.label("prev_block_done");
+                    E(Bne, {m_step, imm(0), waited});
                     for (uint32_t m = 0; m < nm; ++m) E(Wait, {mm_flag(m), mm_count(m)});
-                x_load(next);
+                    m_b.bind(waited);
+                }
+                if (g.nbands == 1)
+                    x_load_plane(next);
+                else
+                    x_load(next);
                 m_b.bind(nox);
             }
             if (last && img >= L) {
@@ -983,6 +1115,7 @@ private:
     isa::Flag m_vpu;
     std::array<Tally, 2> m_lw, m_mm, m_xload;
     std::array<isa::Flag, kConvMaxMxus> m_lwf, m_mmf;  ///< MXUs 2.. (0 and 1 in m_lw, m_mm)
+    std::array<isa::Flag, kFirstPieces> m_pieces;      ///< first_pieces' middle pieces
     bool m_per_mxu = true;  ///< a count register per MXU, else per class (cls)
     std::array<std::optional<isa::CountedFlag>, 2> m_wload, m_ystore;
 };
