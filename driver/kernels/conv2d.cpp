@@ -588,15 +588,25 @@ private:
         if (j + 1 == first_pieces()) return m_xload[0].flag;
         return m_pieces[j - 1];
     }
-    void x_load_first() {
+    /// Piece j of the first block (x_load_first): plane j, the last piece every plane from j.
+    void x_piece(uint32_t j) {
         const isa::Reg src = m_b.reg("x.src", 11), at = m_b.reg("x.at", 13);
         E(Li, {at, imm(0)});
         E(Li, {src, imm(0)});
         E(Add, {src, src, m_ops.x.value});
         const uint32_t np = first_pieces();
-        x_planes(m_xload[1], at, src, 0, 1);
-        for (uint32_t j = 1; j + 1 < np; ++j) x_planes(piece_flag(j), nullptr, at, src, j, j + 1);
-        x_planes(m_xload[0], at, src, np - 1, m_g.npl);
+        if (j == 0)
+            x_planes(m_xload[1], at, src, 0, 1);
+        else if (j + 1 < np)
+            x_planes(piece_flag(j), nullptr, at, src, j, j + 1);
+        else
+            x_planes(m_xload[0], at, src, np - 1, m_g.npl);
+    }
+    /// The prologue's pieces: the first two; piece j + 2 follows step j's weight prefetch
+    /// (step), so the in-order DMA queue never holds a weight tile behind the rest of the block.
+    void x_load_first() {
+        x_piece(0);
+        x_piece(1);
     }
 
     /// Plane `step` of the block in register `blk` (whole images) into the X slot (blk & 1).
@@ -984,6 +994,19 @@ private:
         // the tile after next.
         for (uint32_t m = 0; m < nm; ++m) E(Wait, {lw_flag(m), lw_count(m)});
         w_prefetch(2);
+        if (const uint32_t np = first_pieces(); np > 2) {
+            const isa::Label none = m_b.label("no_piece");
+            E(Bne, {m_block, imm(0), none});
+            E(Bne, {m_nt, imm(0), none});
+            for (uint32_t j = 0; j + 2 < np; ++j) {
+                const isa::Label nj = m_b.label("not_piece");
+                E(Bne, {m_step, imm(j), nj});
+                x_piece(j + 2);
+                E(Jmp, {none});
+                m_b.bind(nj);
+            }
+            m_b.bind(none);
+        }
         // A group's first step waits until its Y slot is stored; a block's first, for its X.
         {
             const isa::Label ok = m_b.label("inputs_ok");
