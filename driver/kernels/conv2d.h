@@ -65,15 +65,15 @@ struct Conv2dTiling {
     uint32_t images = 0;        ///< images on this core
     uint32_t block_images = 0;  ///< images per block (1 when images are cut into bands)
     uint32_t mxus = 0;          ///< MXUs used (plan: all, 1-8)
-    /// Cout tiles a step computes at once, one per MXU (plan_conv2d's cost model): 1 = every
-    /// MXU loads the step's weight tile and takes every mxus-th run; mxus = MXU m loads tile
-    /// nt + m of the group and streams every run (needs NT a multiple of mxus and full tiles)
-    uint32_t cout_split = 1;
     uint32_t column_sides = 0;  ///< epilogue Column sides (VMEM: one Cout tile of each, C fp32)
     uint32_t full_sides = 0;    ///< epilogue Full sides (VMEM: one image's tile of each)
     /// Images whose matmuls are queued after an image's last one before its epilogue waits for
     /// them (1..block_images; plan_conv2d: enough to cover the array's latency, conv2d_lag)
     uint32_t lag = 1;
+    /// Cout tiles a step computes at once, one per MXU (plan_conv2d's cost model): 1 = every
+    /// MXU loads the step's weight tile and takes every mxus-th run; mxus = MXU m loads tile
+    /// nt + m of the group and streams every run (needs NT a multiple of mxus and full tiles)
+    uint32_t cout_split = 1;
     auto operator<=>(const Conv2dTiling&) const = default;
 };
 
