@@ -38,10 +38,24 @@ constexpr uint32_t kMaxBlockImages = 64;
 /// Most images of the epilogue lag (Conv2dTiling::lag): each adds the unrolled epilogue of a
 /// pending image to both step bodies.
 constexpr uint32_t kMaxLag = 16;
+/// Most deferred epilogues per step (Geometry::defer): each is unrolled in both step bodies.
+constexpr uint32_t kMaxDeferred = 4;
+/// Most pieces of the kernel's first X block waited for apart (Conv2dGen::first_pieces): all
+/// but the last take a flag of their own or slot 1's.
+constexpr uint32_t kFirstPieces = 4;
 
 /// Derived sizes of one core's kernel.
 struct Geometry {
     uint32_t k, s, Ho, Wo, qmax, hb, hin, G, runs, run_rows, S, nbands, nm;
+    uint32_t P;         // Cout tiles per group (Conv2dTiling::cout_split)
+    uint32_t groups;    // groups of a block: NT / P
+    uint64_t mxu_rows;  // rows one MXU streams per step (the busiest MXU)
+    uint32_t xslots;    // X slots: 2 (the next block loads during this one), 1 if one block
+    uint32_t npl;       // planes of an image: phases^2 x CT
+    // Epilogues of the previous group run per step of the next one (0: all in a group's last
+    // step): a group's stores then spread over the next group instead of stalling the
+    // sequencer on a full DMA queue in the last step. ceil(G / S), when at most kMaxDeferred.
+    uint32_t defer;
     uint64_t pix;      // bytes of one input pixel of one Cin tile (R bf16)
     uint64_t plane_h;  // HBM bytes of one (phase, Cin tile) plane
     uint64_t plane_v;  // VMEM bytes of a block's part of one plane (hin rows)
@@ -66,17 +80,26 @@ Geometry geometry(const Conv2dShape& s, const Conv2dTiling& t) {
     g.run_rows = t.Wq == g.Wo ? g.hb * g.Wo : g.Wo;
     g.S = g.k * g.k * t.CT;
     g.nbands = g.Ho / g.hb;
-    g.nm = std::min(t.mxus, g.G * g.runs);
+    g.P = std::max(1u, t.cout_split);
+    g.groups = t.NT / g.P;
+    // Sharing a tile, the MXUs take the runs in turn; each with its own tile, all of them.
+    g.nm = g.P > 1 ? g.P : std::min(t.mxus, g.G * g.runs);
+    g.defer = g.S >= 2 && ceil_div(g.G, g.S) <= kMaxDeferred ? ceil_div(g.G, g.S) : 0;
+    g.mxu_rows = uint64_t(g.P > 1 ? g.G * g.runs : ceil_div(g.G * g.runs, g.nm)) * g.run_rows;
     g.pix = uint64_t(t.R) * 2;
     g.plane_h = uint64_t(t.Hq) * t.Wq * g.pix;
     g.plane_v = uint64_t(g.hin) * t.Wq * g.pix;
-    g.xv_img = uint64_t(t.phases) * t.phases * t.CT * g.plane_v;
+    g.npl = t.phases * t.phases * t.CT;
+    g.xv_img = uint64_t(g.npl) * g.plane_v;
     g.x_img_h = uint64_t(t.phases) * t.phases * t.CT * g.plane_h;
     g.yv_img = uint64_t(g.hb) * g.Wo * t.C * 4;
+    // The launch's blocks argument is conv2d_blocks of the key, so a kernel of one block never
+    // loads a next one.
+    g.xslots = t.block_images && t.images / t.block_images * g.nbands == 1 ? 1 : 2;
     g.vx = 0;
-    g.vy = g.vx + 2 * g.G * g.xv_img;
-    g.vw = g.vy + 2 * g.G * g.yv_img;
-    g.vb = g.vw + 2 * uint64_t(t.R) * t.C * 2;
+    g.vy = g.vx + g.xslots * g.G * g.xv_img;
+    g.vw = g.vy + 2 * g.G * g.P * g.yv_img;
+    g.vb = g.vw + 2 * uint64_t(g.P) * t.R * t.C * 2;
     g.vs = g.vb + uint64_t(t.NT) * t.C * 4;
     g.vend = g.vs + uint64_t(t.column_sides) * t.C * 4 + uint64_t(t.full_sides) * g.yv_img;
     return g;
@@ -146,13 +169,22 @@ uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv
     const uint64_t need =
         hw::MxuTimer::mm_cycles(t.R, t.C, 0) + uint64_t(cfg.core.queue_depth) * g.run_rows;
     uint32_t lag = 1;
-    // The MXU that takes the fewest of L images' runs (run p goes to MXU p % nm).
+    // The MXU that takes the fewest of L images' runs (run p goes to MXU p % nm; with a tile
+    // per MXU each takes them all).
+    const uint32_t share = g.P > 1 ? 1 : g.nm;
     // Each lagging image's epilogue is unrolled three more times (both step bodies and the
     // kernel's end): at most a quarter of the block's, so that a program of composed kernels
     // grows by no more than that.
     const uint32_t most = std::max(1u, std::min(g.G / 4, kMaxLag));
-    while (lag < most && uint64_t(lag) * g.runs / g.nm * g.run_rows < need) ++lag;
+    while (lag < most && uint64_t(lag) * g.runs / share * g.run_rows < need) ++lag;
     return lag;
+}
+
+uint64_t conv2d_mxu_cycles(const hw::BoardConfig& cfg, const Conv2dShape& s,
+                           const Conv2dTiling& t) {
+    const Geometry g = geometry(s, t);
+    const uint64_t steps = uint64_t(conv2d_blocks(s, t)) * g.groups * g.S;
+    return steps * hw::MxuTimer::swap_step_cycles(t.R, t.C, cfg.core.mxu_swap_drains, g.mxu_rows);
 }
 
 Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images,
@@ -174,7 +206,7 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
     base.mxus = cfg.core.mxus;
     auto fits = [&](Conv2dTiling t) {
         const Geometry g = geometry(s, t);
-        return g.vend <= cfg.core.vmem_bytes && uint64_t(g.G) * g.runs <= kMaxRunsPerStep;
+        return g.vend <= cfg.core.vmem_bytes && uint64_t(g.G) * g.runs * g.P <= kMaxRunsPerStep;
     };
     auto with_lag = [&](Conv2dTiling t) {
         t.lag = conv2d_lag(cfg, s, t);
@@ -183,24 +215,40 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
     const uint32_t Ho = s.out_height();
     base.band_rows = Ho;
     base.block_images = 1;
-    if (fits(base)) {
-        // Every image of a block streams through each loaded weight tile, so the drain of a
-        // tile swap is paid once per block: take the largest block that divides the images.
-        for (uint32_t G = std::min(images, kMaxBlockImages); G >= 1; --G) {
-            Conv2dTiling t = base;
-            t.block_images = G;
-            if (images % G == 0 && fits(t)) return with_lag(t);
+    auto plan = [&](Conv2dTiling b) -> std::optional<Conv2dTiling> {
+        if (fits(b)) {
+            // Every image of a block streams through each loaded weight tile, so the drain of a
+            // tile swap is paid once per block: take the largest block that divides the images.
+            for (uint32_t G = std::min(images, kMaxBlockImages); G >= 1; --G) {
+                Conv2dTiling t = b;
+                t.block_images = G;
+                if (images % G == 0 && fits(t)) return with_lag(t);
+            }
         }
+        for (uint32_t hb = Ho; hb >= 1; --hb) {
+            Conv2dTiling t = b;
+            t.band_rows = hb;
+            if (Ho % hb == 0 && fits(t)) return with_lag(t);
+        }
+        return std::nullopt;
+    };
+    const std::optional<Conv2dTiling> shared = plan(base);
+    if (!shared)
+        throw DeviceError(ErrorKind::Usage,
+                          fmt::format("conv2d: one output row of {} pixels with {} input channels "
+                                      "does not fit in {} bytes of VMEM (core.vmem_bytes)",
+                                      s.out_width(), s.cin, cfg.core.vmem_bytes));
+    // A weight tile per MXU: each MXU swaps tiles 1 / mxus as often, but a block's Y holds
+    // mxus Cout tiles of every image, so blocks may get smaller. Only full tiles that divide
+    // among the MXUs (a group's row bytes are then the same for every tile).
+    if (base.mxus > 1 && base.NT % base.mxus == 0 && s.cout % base.C == 0) {
+        Conv2dTiling b = base;
+        b.cout_split = base.mxus;
+        const std::optional<Conv2dTiling> split = plan(b);
+        if (split && conv2d_mxu_cycles(cfg, s, *split) < conv2d_mxu_cycles(cfg, s, *shared))
+            return *split;
     }
-    for (uint32_t hb = Ho; hb >= 1; --hb) {
-        Conv2dTiling t = base;
-        t.band_rows = hb;
-        if (Ho % hb == 0 && fits(t)) return with_lag(t);
-    }
-    throw DeviceError(ErrorKind::Usage,
-                      fmt::format("conv2d: one output row of {} pixels with {} input channels "
-                                  "does not fit in {} bytes of VMEM (core.vmem_bytes)",
-                                  s.out_width(), s.cin, cfg.core.vmem_bytes));
+    return *shared;
 }
 
 size_t hash_value(const Conv2dKey& k) {
@@ -208,7 +256,7 @@ size_t hash_value(const Conv2dKey& k) {
     const Conv2dTiling& t = k.tiling;
     return hash_fields(s.batch, s.height, s.width, s.cin, s.cout, s.kernel, s.stride, s.pad, t.R,
                        t.C, t.CT, t.NT, t.phases, t.Hq, t.Wq, t.band_rows, t.images, t.block_images,
-                       t.mxus, t.column_sides, t.full_sides, t.lag, k.store_bf16);
+                       t.mxus, t.cout_split, t.column_sides, t.full_sides, t.lag, k.store_bf16);
 }
 
 uint32_t conv2d_blocks(const Conv2dShape& s, const Conv2dTiling& t) {
@@ -277,6 +325,7 @@ public:
         const Conv2dTiling& t = m_t;
         const auto scope = m_b.scope("conv2d");
         NT = t.NT;
+        P = m_g.P;
         S = m_g.S;
         G = m_g.G;
         nm = m_g.nm;
@@ -288,16 +337,22 @@ public:
         if (L < 1 || L > G)
             throw m_b.error(
                 fmt::format("conv2d: the epilogue lag {} is not within 1..{} images", L, G));
+        if (P > 1 && (P != t.mxus || NT % P != 0 || m_sh.cout % t.C != 0))
+            throw m_b.error(fmt::format(
+                "conv2d: a Cout tile per MXU needs cout_split = mxus ({}, {}) dividing the {} "
+                "Cout tiles, all full (cout {}, tile {})",
+                P, t.mxus, NT, m_sh.cout, t.C));
         // Scalar memory: the VPU ops issued; the current group's HBM output base, row bytes, Y
         // slot and bias address; the images whose epilogues wait for the next step (pending).
         m_vpu_count = m_b.smem("vpu.count", 1);
         m_group = m_b.smem("group", kGroupWords);
         m_pend = m_b.smem("pending", 1 + uint64_t(L) * kEntryWords);
+        if (m_g.defer) m_defer = m_b.smem("deferred", kDeferWords);
         // VMEM: two X slots of a block's planes, two Y slots of its outputs, two W slots, the
         // bias (geometry(), which the planner checks against VMEM).
-        m_vx = m_b.vmem("x", 2 * G * m_g.xv_img, kConvAlign);
-        m_vy = m_b.vmem("y", 2 * G * m_g.yv_img, kConvAlign);
-        m_vw = m_b.vmem("w", 2 * wtile, kConvAlign);
+        m_vx = m_b.vmem("x", m_g.xslots * G * m_g.xv_img, kConvAlign);
+        m_vy = m_b.vmem("y", 2 * G * P * m_g.yv_img, kConvAlign);
+        m_vw = m_b.vmem("w", 2 * P * wtile, kConvAlign);
         m_vb = m_b.vmem("bias", uint64_t(NT) * t.C * 4, kConvAlign);
         if (t.column_sides)
             m_vcol = m_b.vmem("epilogue.columns", uint64_t(t.column_sides) * t.C * 4, kConvAlign);
@@ -316,6 +371,7 @@ public:
         // Scalar memory keeps its words across launches.
         E(Sw, {imm(0), m_vpu_count.word(0)});
         E(Sw, {imm(0), m_pend.word(kPend)});
+        if (m_g.defer) E(Sw, {imm(G), m_defer.word(kDNext)});  // nothing deferred yet
         if (!m_ep.sides.empty()) {
             // The side tiles' loads, counted in scalar memory (no register is left).
             m_side_count = m_b.smem("sides.count", 1);
@@ -338,6 +394,8 @@ public:
         m_wload[0].emplace(m_b, "w.loads0", isa::Count::InRegister, 1, 26);
         m_wload[1].emplace(m_b, "w.loads1", isa::Count::InRegister, 8, 27);
         for (int i = 0; i < 2; ++i) m_xload[i] = tally(fmt::format("x.loads{}", i), 9 + i, 28 + i);
+        for (uint32_t j = 1; j + 1 < first_pieces(); ++j)
+            m_pieces[j - 1] = m_b.flag(fmt::format("x.piece{}", j));
         m_ystore[0].emplace(m_b, "y.stores0", isa::Count::InRegister, 11, 30);
         m_ystore[1].emplace(m_b, "y.stores1", isa::Count::InRegister, 12, 31);
         isa::CountedFlag bias_in(m_b, "bias.loads", isa::Count::AtBuild, 13);
@@ -350,7 +408,10 @@ public:
         w_prefetch(0);
         w_prefetch(1);
         E(Li, {m_block, imm(0)});
-        x_load(m_block);
+        if (first_pieces())
+            x_load_first();
+        else
+            x_load(m_block);
         w_load(0);
         bias_in.wait_all();
 
@@ -365,14 +426,41 @@ public:
         E(Li, {m_nt, imm(0)});
         m_b.bind(group);
         group_setup();
-        if (S > 1) {
-            const isa::Label kstep = m_b.label("kstep");
+        if (m_g.defer) {
+            // Deferred epilogues: only the kernel's final group ends in the last-step body
+            // (its images have no next group to be finished in); every other group's steps
+            // are plain, and its images are finished during the next group's steps.
+            const isa::Label kstep = m_b.label("kstep"), plain = m_b.label("plain_group"),
+                             next = m_b.label("group_done");
             m_b.bind(kstep);
             step(false);
-            E(Bltu, {m_step, imm(S - 1), kstep});
+            {
+                const isa::Reg lim = m_b.reg("steps", 11), t = m_b.reg("final", 12);
+                E(Li, {lim, imm(S)});
+                E(Add, {t, m_block, imm(1)});
+                E(Bne, {t, blocks(), plain});
+                E(Bne, {m_nt, imm(NT - P), plain});
+                E(Li, {lim, imm(S - 1)});
+                m_b.bind(plain);
+                E(Bltu, {m_step, lim, kstep});
+            }
+            const isa::Label final_group = m_b.label("final_group");
+            E(Bne, {m_step, imm(S), final_group});
+            defer_group();
+            E(Jmp, {next});
+            m_b.bind(final_group);
+            step(true);
+            m_b.bind(next);
+        } else {
+            if (S > 1) {
+                const isa::Label kstep = m_b.label("kstep");
+                m_b.bind(kstep);
+                step(false);
+                E(Bltu, {m_step, imm(S - 1), kstep});
+            }
+            step(true);
         }
-        step(true);
-        E(Add, {m_nt, m_nt, imm(1)});
+        E(Add, {m_nt, m_nt, imm(P)});
         E(Bltu, {m_nt, imm(NT), group});
         E(Add, {m_block, m_block, imm(1)});
         E(Blt, {m_block, blocks(), block});
@@ -388,12 +476,20 @@ private:
     /// ImageRegs (entry j at word 1 + j kEntryWords).
     enum PendWord : uint64_t { kPend };
     enum EntryWord : uint64_t { kPY, kPD, kPC0, kPC1, kPBytes, kPSlot, kPBias, kEntryWords };
+    /// Words of the `deferred` area: the group whose epilogues run in the next group's steps
+    /// (its Y slot address, HBM output base, row bytes, slot parity, bias) and its next image.
+    enum DeferWord : uint64_t { kDY, kDDst, kDBytes, kDSlot, kDBias, kDNext, kDeferWords };
     isa::Arg pend(uint32_t j, EntryWord w) const { return m_pend.word(1 + j * kEntryWords + w); }
     /// Flagged matmuls per MXU of the first `images` images of a block's step (run p on MXU
     /// p % nm); in a group's last step every matmul is flagged.
     std::array<int64_t, kConvMaxMxus> runs_upto(uint32_t images) const {
         std::array<int64_t, kConvMaxMxus> c{};
-        for (uint32_t p = 0; p < images * m_g.runs; ++p) ++c[p % nm];
+        for (uint32_t p = 0; p < images * m_g.runs; ++p) {
+            if (P > 1)
+                for (uint32_t m = 0; m < nm; ++m) ++c[m];  // every MXU takes every run
+            else
+                ++c[p % nm];
+        }
         return c;
     }
 
@@ -401,7 +497,11 @@ private:
     isa::Arg blocks() const { return m_ops.blocks.value; }
     /// MXU m's count class: itself (per MXU), else 0 for the MXUs that take one more run of a
     /// block than the others (m < G runs % nm), 1 for the others.
-    uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < (G * m_g.runs) % nm ? 0 : 1); }
+    uint32_t cls(uint32_t m) const {
+        if (m_per_mxu) return m;
+        if (P > 1) return 0;  // a tile each: every MXU takes every run
+        return m < (G * m_g.runs) % nm ? 0 : 1;
+    }
     /// The first MXU of its class: where a class count advances once for the class.
     bool cls_first(uint32_t m) const { return m == 0 || cls(m) != cls(m - 1); }
     const isa::Flag& lw_flag(uint32_t m) const { return m < 2 ? m_lw[m].flag : m_lwf[m]; }
@@ -427,6 +527,112 @@ private:
             isa::Cond::Eq, reg, imm(0), [&] { f(0); }, [&] { f(1); });
     }
 
+    /// Planes q0 .. q1 - 1 of the block at HBM `src` (whole images) into the X slot at `at`
+    /// (+ the X area), on flag `f` (and one more in `count` per DMA, if given). In VMEM a block
+    /// is plane-major, plane q of image i at (q G + i) plane bytes: a plane of every image is
+    /// contiguous, so the first block's first planes can arrive (and be waited for) before the
+    /// others. One DMA of G planes per plane, in a loop; one image's planes are contiguous in
+    /// both, one DMA.
+    void x_planes(const isa::Flag& f, const isa::Reg* count, const isa::Reg& at,
+                  const isa::Reg& src, uint32_t q0, uint32_t q1) {
+        const Geometry& g = m_g;
+        auto dma = [&](std::initializer_list<isa::Arg> args) {
+            std::vector<isa::Arg> all(args);
+            all.push_back(f);
+            m_b.emit(DmaHv, all);
+            if (count) E(Add, {*count, *count, imm(1)});
+        };
+        if (G == 1) {
+            const isa::Arg n = imm(int64_t((q1 - q0) * g.plane_h));
+            dma({at + int64_t(m_vx.addr() + q0 * g.plane_v), src + int64_t(q0 * g.plane_h), imm(1),
+                 n, n, n});
+            return;
+        }
+        const isa::Reg d = m_b.reg("x.dst", 15), s = m_b.reg("x.from", 16);
+        E(Add, {d, at, imm(int64_t(m_vx.addr() + uint64_t(q0) * G * g.plane_v))});
+        E(Add, {s, src, imm(int64_t(q0 * g.plane_h))});
+        auto one = [&] {
+            dma({d, s, imm(G), imm(int64_t(g.plane_h)), imm(int64_t(g.plane_h)),
+                 imm(int64_t(g.x_img_h))});
+        };
+        if (q1 - q0 == 1) {
+            one();
+            return;
+        }
+        const isa::Reg q = m_b.reg("x.plane", 14);
+        E(Li, {q, imm(q1 - q0)});
+        const isa::Label loop = m_b.label("x_plane");
+        m_b.bind(loop);
+        one();
+        E(Add, {d, d, imm(int64_t(G * g.plane_v))});
+        E(Add, {s, s, imm(int64_t(g.plane_h))});
+        E(Add, {q, q, imm(-1)});
+        E(Bne, {q, imm(0), loop});
+    }
+    void x_planes(const Tally& c, const isa::Reg& at, const isa::Reg& src, uint32_t q0,
+                  uint32_t q1) {
+        x_planes(c.flag, &c.count, at, src, q0, q1);
+    }
+
+    /// Pieces of the first block (whole images of several planes) waited for apart: its first
+    /// min(CT, kFirstPieces) - 1 planes one each (at least one), which steps 0, 1, ... read
+    /// first (tap (0, 0), Cin tile j), then the others, which the next step waits for.
+    uint32_t first_pieces() const {
+        if (m_g.nbands != 1 || m_g.npl < 2) return 0;
+        return std::min(m_g.npl, std::max(2u, std::min(m_t.CT, kFirstPieces)));
+    }
+    /// Flag of piece j: the first on slot 1's (no other transfer is on it before the first
+    /// step waits), the middle ones on their own, the last on slot 0's.
+    const isa::Flag& piece_flag(uint32_t j) const {
+        if (j == 0) return m_xload[1].flag;
+        if (j + 1 == first_pieces()) return m_xload[0].flag;
+        return m_pieces[j - 1];
+    }
+    /// Piece j of the first block (x_load_first): plane j, the last piece every plane from j.
+    void x_piece(uint32_t j) {
+        const isa::Reg src = m_b.reg("x.src", 11), at = m_b.reg("x.at", 13);
+        E(Li, {at, imm(0)});
+        E(Li, {src, imm(0)});
+        E(Add, {src, src, m_ops.x.value});
+        const uint32_t np = first_pieces();
+        if (j == 0)
+            x_planes(m_xload[1], at, src, 0, 1);
+        else if (j + 1 < np)
+            x_planes(piece_flag(j), nullptr, at, src, j, j + 1);
+        else
+            x_planes(m_xload[0], at, src, np - 1, m_g.npl);
+    }
+    /// The prologue's pieces: the first two; piece j + 2 follows step j's weight prefetch
+    /// (step), so the in-order DMA queue never holds a weight tile behind the rest of the block.
+    void x_load_first() {
+        x_piece(0);
+        x_piece(1);
+    }
+
+    /// Plane `step` of the block in register `blk` (whole images) into the X slot (blk & 1).
+    void x_load_plane(const isa::Reg& blk) {
+        const Geometry& g = m_g;
+        const isa::Reg src = m_b.reg("x.src", 11), parity = m_b.reg("x.parity", 12),
+                       at = m_b.reg("x.at", 13);
+        E(Mul, {src, blk, imm(int64_t(G * g.x_img_h))});
+        E(Mul, {at, m_step, imm(int64_t(g.plane_h))});
+        E(Add, {src, src, at});
+        E(Add, {src, src, m_ops.x.value});
+        E(And, {parity, blk, imm(1)});
+        E(Mul, {at, parity, imm(int64_t(G * g.xv_img))});
+        E(Add, {at, at, m_vx});
+        {
+            const isa::Reg q = m_b.reg("x.plane", 14);
+            E(Mul, {q, m_step, imm(int64_t(G * g.plane_v))});
+            E(Add, {at, at, q});
+        }
+        by_slot(parity, [&](int slot) {
+            issue(m_xload[slot], DmaHv,
+                  {at, src, imm(G), imm(int64_t(g.plane_h)), imm(int64_t(g.plane_h)),
+                   imm(int64_t(g.x_img_h))});
+        });
+    }
+
     /// The X block in register `blk` into the X slot (blk & 1).
     void x_load(const isa::Reg& blk) {
         const Geometry& g = m_g;
@@ -445,9 +651,8 @@ private:
         E(And, {parity, blk, imm(1)});
         E(Mul, {at, parity, imm(int64_t(G * g.xv_img))});
         by_slot(parity, [&](int slot) {
-            if (g.nbands == 1) {  // whole images: one contiguous run
-                const isa::Arg n = imm(int64_t(G * g.x_img_h));
-                issue(m_xload[slot], DmaHv, {at + int64_t(m_vx.addr()), src, imm(1), n, n, n});
+            if (g.nbands == 1) {  // whole images, plane-major
+                x_planes(m_xload[slot], at, src, 0, g.npl);
             } else {  // a band: hin rows of every plane
                 issue(m_xload[slot], DmaHv,
                       {at + int64_t(m_vx.addr()), src, imm(m_t.phases * m_t.phases * m_t.CT),
@@ -460,7 +665,7 @@ private:
     /// added on the VPU once they are done, the caller's epilogue, then the store (NHWC rows of
     /// the tile's channels).
     void finish(ImageRegs& r) {
-        if (!m_ep.sides.empty()) load_sides(r);
+        if (!m_ep.sides.empty() && P == 1) load_sides(r);
         for (uint32_t m = 0; m < nm; ++m) {
             if (m_per_mxu) {
                 E(Wait, {mm_flag(m), r.mm(m)});
@@ -471,6 +676,28 @@ private:
                 E(Wait, {mm_flag(m), mm_count(m)});
             }
         }
+        if (P == 1) {
+            finish_tile(r);
+            return;
+        }
+        // A Cout tile per MXU: the image's P tiles (all full) one after another, in a loop
+        // whose body is the epilogue of one tile, so the program grows by no more than that.
+        // The matmul targets are spent: mm0 counts the tiles left.
+        const isa::Label tiles = m_b.label("tiles");
+        E(Li, {r.mm0, imm(P)});
+        m_b.bind(tiles);
+        if (!m_ep.sides.empty()) load_sides(r);
+        finish_tile(r);
+        E(Add, {r.y, r.y, imm(int64_t(m_g.yv_img))});
+        E(Add, {r.dst, r.dst, imm(int64_t(m_t.C) * e)});
+        E(Add, {r.bias, r.bias, imm(int64_t(m_t.C) * 4)});
+        E(Add, {r.mm0, r.mm0, imm(-1)});
+        E(Bne, {r.mm0, imm(0), tiles});
+    }
+
+    /// The epilogue of one Cout tile of an image whose matmuls are done: bias, the caller's
+    /// epilogue, the store.
+    void finish_tile(ImageRegs& r) {
         E(VAddRow, {r.y, r.y, r.bias, imm(y_rows), imm(m_t.C), m_vpu});
         int64_t ops = 1;
         auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
@@ -573,6 +800,45 @@ private:
         if (j + 1 == L) E(Sw, {imm(0), m_pend.word(kPend)});
         m_b.bind(none);
     }
+    /// A group whose last step was plain: its images' epilogues are deferred (DeferWord).
+    void defer_group() {
+        const isa::Reg t = m_b.reg("defer.word", 11);
+        E(Sw, {m_y_at, m_defer.word(kDY)});
+        for (const auto& [from, to] : {std::pair{kYDst, kDDst}, std::pair{kYBytes, kDBytes},
+                                       std::pair{kYSlot, kDSlot}, std::pair{kYBias, kDBias}}) {
+            E(Lw, {t, m_group.word(from)});
+            E(Sw, {t, m_defer.word(to)});
+        }
+        E(Sw, {imm(0), m_defer.word(kDNext)});
+    }
+    /// The epilogue of the deferred group's next image, if one is left. Placed after the lag's
+    /// images of a step: every matmul of the steps before it is done or nearly, and the MXUs
+    /// still have the lag's work queued while it waits for them.
+    void defer_finish() {
+        const isa::Label none = m_b.label("no_deferred");
+        ImageRegs r(m_b);
+        E(Lw, {r.slot, m_defer.word(kDNext)});
+        E(Bge, {r.slot, imm(G), none});
+        E(Add, {r.y, r.slot, imm(1)});
+        E(Sw, {r.y, m_defer.word(kDNext)});
+        E(Mul, {r.dst, r.slot, imm(int64_t(uint64_t(y_rows) * y_pix_h))});
+        E(Lw, {r.y, m_defer.word(kDDst)});
+        E(Add, {r.dst, r.dst, r.y});
+        E(Mul, {r.y, r.slot, imm(int64_t(uint64_t(P) * m_g.yv_img))});
+        E(Lw, {r.bias, m_defer.word(kDY)});
+        E(Add, {r.y, r.y, r.bias});
+        // The counts so far: the deferred group's matmuls all came before this step's.
+        if (m_per_mxu) {
+            E(Add, {r.mm0, m_mm[0].count, imm(0)});
+            E(Add, {r.mm1, m_mm[1].count, imm(0)});
+        }
+        E(Lw, {r.row_bytes, m_defer.word(kDBytes)});
+        E(Lw, {r.slot, m_defer.word(kDSlot)});
+        E(Lw, {r.bias, m_defer.word(kDBias)});
+        finish(r);
+        m_b.bind(none);
+    }
+
     /// Every pending image's epilogue (the kernel's end).
     void flush_all() {
         for (uint32_t j = 0; j < L; ++j) flush_pending(j);
@@ -581,7 +847,7 @@ private:
     /// Fills `r` for image `img` of the current group; `cnt` = its mm counts per MXU past the
     /// counters.
     void image_regs(ImageRegs& r, uint32_t img, const std::array<int64_t, kConvMaxMxus>& cnt) {
-        E(Add, {r.y, m_y_at, imm(int64_t(img * m_g.yv_img))});
+        E(Add, {r.y, m_y_at, imm(int64_t(img * P * m_g.yv_img))});
         E(Lw, {r.dst, m_group.word(kYDst)});
         E(Add, {r.dst, r.dst, imm(int64_t(uint64_t(img) * y_rows * y_pix_h))});
         if (m_per_mxu) {
@@ -603,15 +869,25 @@ private:
         const isa::Reg next = m_b.reg("w.step", 11), end = m_b.reg("w.end", 12),
                        src = m_b.reg("w.src", 13), parity = m_b.reg("w.parity", 14);
         E(Add, {next, m_step_all, imm(ahead)});
-        E(Mul, {end, blocks(), imm(NT * S)});
+        E(Mul, {end, blocks(), imm(m_g.groups * S)});
         E(Bge, {next, end, none});
-        E(Remu, {src, next, imm(NT * S)});
+        E(Remu, {src, next, imm(m_g.groups * S)});
+        if (P > 1) {
+            // Group j's step i: tiles (j P + m) S + i for its P MXUs, S tiles apart.
+            E(Divu, {end, src, imm(S)});
+            E(Mul, {end, end, imm(int64_t(P - 1) * S)});
+            E(Add, {src, src, end});
+        }
         E(Mul, {src, src, imm(int64_t(wtile))});
         E(Add, {src, src, m_ops.w.value});
         E(And, {parity, next, imm(1)});
         by_slot(parity, [&](int slot) {
             const isa::Arg n = imm(int64_t(wtile));
-            m_wload[slot]->issue(DmaHv, {m_vw.at(slot * wtile), src, imm(1), n, n, n});
+            if (P == 1)
+                m_wload[slot]->issue(DmaHv, {m_vw.at(slot * wtile), src, imm(1), n, n, n});
+            else
+                m_wload[slot]->issue(
+                    DmaHv, {m_vw.at(slot * P * wtile), src, imm(P), n, n, imm(int64_t(wtile) * S)});
         });
         m_b.bind(none);
     }
@@ -622,13 +898,14 @@ private:
         const isa::Reg next = m_b.reg("w.step", 11), end = m_b.reg("w.end", 12),
                        at = m_b.reg("w.at", 14);
         E(Add, {next, m_step_all, imm(ahead)});
-        E(Mul, {end, blocks(), imm(NT * S)});
+        E(Mul, {end, blocks(), imm(m_g.groups * S)});
         E(Bge, {next, end, none});
         E(And, {at, next, imm(1)});
         by_slot(at, [&](int slot) { m_wload[slot]->wait_all(); });
-        E(Mul, {at, at, imm(int64_t(wtile))});
+        E(Mul, {at, at, imm(int64_t(P * wtile))});
         for (uint32_t m = 0; m < nm; ++m) {
-            const isa::Arg w = at + int64_t(m_vw.addr());
+            // Sharing a tile every MXU loads it; else MXU m its own (slot tile m).
+            const isa::Arg w = at + int64_t(m_vw.addr() + (P > 1 ? m * wtile : 0));
             if (m_per_mxu) {
                 issue(m_lw[m], MxuLw, {imm(m), w, imm(m_t.R), imm(m_t.C)});
             } else {
@@ -647,9 +924,10 @@ private:
                        col = m_b.reg("group.col", 13), bytes = m_b.reg("group.row_bytes", 14);
         E(Mul, {parity, m_block, imm(NT)});
         E(Add, {parity, parity, m_nt});
+        if (P > 1) E(Divu, {parity, parity, imm(P)});  // the group's index
         E(And, {parity, parity, imm(1)});
         E(Sw, {parity, m_group.word(kYSlot)});
-        E(Mul, {m_y_at, parity, imm(int64_t(G * g.yv_img))});
+        E(Mul, {m_y_at, parity, imm(int64_t(G * P * g.yv_img))});
         E(Add, {m_y_at, m_y_at, m_vy});
         if (g.nbands == 1) {
             E(Mul, {dst, m_block, imm(int64_t(G * y_img_h))});
@@ -665,7 +943,7 @@ private:
         E(Add, {dst, dst, col});
         E(Sw, {dst, m_group.word(kYDst)});
         E(Li, {bytes, imm(m_t.C * e)});
-        m_b.if_(isa::Cond::Eq, m_nt, imm(NT - 1), [&] {
+        m_b.if_(isa::Cond::Eq, m_nt, imm(NT - P), [&] {
             E(Li, {bytes, imm((m_sh.cout - (NT - 1) * m_t.C) * e)});
         });
         E(Sw, {bytes, m_group.word(kYBytes)});
@@ -692,7 +970,7 @@ private:
         E(Add, {plane, plane, pcol});
         E(Mul, {plane, plane, imm(m_t.CT)});
         E(Add, {plane, plane, ct});
-        E(Mul, {plane, plane, imm(int64_t(g.plane_v))});
+        E(Mul, {plane, plane, imm(int64_t(G * g.plane_v))});  // plane-major (x_planes)
         E(Divu, {kh, kh, imm(g.s)});
         E(Mul, {kh, kh, imm(m_t.Wq)});
         E(Divu, {kw, kw, imm(g.s)});
@@ -716,14 +994,45 @@ private:
         // the tile after next.
         for (uint32_t m = 0; m < nm; ++m) E(Wait, {lw_flag(m), lw_count(m)});
         w_prefetch(2);
+        if (const uint32_t np = first_pieces(); np > 2) {
+            const isa::Label none = m_b.label("no_piece");
+            E(Bne, {m_block, imm(0), none});
+            E(Bne, {m_nt, imm(0), none});
+            for (uint32_t j = 0; j + 2 < np; ++j) {
+                const isa::Label nj = m_b.label("not_piece");
+                E(Bne, {m_step, imm(j), nj});
+                x_piece(j + 2);
+                E(Jmp, {none});
+                m_b.bind(nj);
+            }
+            m_b.bind(none);
+        }
         // A group's first step waits until its Y slot is stored; a block's first, for its X.
         {
             const isa::Label ok = m_b.label("inputs_ok");
             const isa::Reg parity = m_b.reg("parity", 11);
+            if (const uint32_t np = first_pieces()) {
+                // The first block's first steps: piece j before step j (x_load_first).
+                const isa::Label done = m_b.label("pieces_done");
+                E(Bne, {m_block, imm(0), done});
+                E(Bne, {m_nt, imm(0), done});
+                for (uint32_t j = 0; j < np; ++j) {
+                    const isa::Label nj = m_b.label("not_piece");
+                    E(Bne, {m_step, imm(j), nj});
+                    if (j + 1 == np)
+                        E(Wait, {m_xload[0].flag, m_xload[0].count});
+                    else
+                        E(Wait, {piece_flag(j), imm(1)});
+                    E(Jmp, {done});
+                    m_b.bind(nj);
+                }
+                m_b.bind(done);
+            }
             E(Bne, {m_step, imm(0), ok});
             E(Lw, {parity, m_group.word(kYSlot)});
             by_slot(parity, [&](int slot) { m_ystore[slot]->wait_all(); });
             E(Bne, {m_nt, imm(0), ok});
+            if (first_pieces()) E(Beq, {m_block, imm(0), ok});  // its pieces, above
             E(And, {parity, m_block, imm(1)});
             by_slot(parity, [&](int slot) { E(Wait, {m_xload[slot].flag, m_xload[slot].count}); });
             m_b.bind(ok);
@@ -734,29 +1043,52 @@ private:
         std::array<int64_t, kConvMaxMxus> cnt{};
         for (uint32_t img = 0; img < G; ++img) {
             for (uint32_t r = 0; r < g.runs; ++r) {
-                const uint32_t p = img * g.runs + r, m = p % nm;
-                const bool flag = last || p + nm >= G * g.runs;
-                if (flag) ++cnt[m];
-                const isa::Arg y =
-                    m_y_at + int64_t(img * g.yv_img + uint64_t(r) * g.run_rows * m_t.C * 4);
-                const isa::Arg x = m_lhs + int64_t(img * g.xv_img + uint64_t(r) * m_t.Wq * g.pix);
-                if (flag)
-                    E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc, mm_flag(m)});
-                else
-                    E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc});
+                const uint32_t p = img * g.runs + r;
+                const isa::Arg x = m_lhs + int64_t(img * g.plane_v + uint64_t(r) * m_t.Wq * g.pix);
+                // Sharing a tile, run p goes to MXU p % nm; with a tile each, to every MXU,
+                // into its tile's part of the image's Y.
+                for (uint32_t m = P > 1 ? 0 : p % nm; m < (P > 1 ? nm : p % nm + 1); ++m) {
+                    const bool flag = last || (P > 1 ? p + 1 == G * g.runs : p + nm >= G * g.runs);
+                    if (flag) ++cnt[m];
+                    const isa::Arg y =
+                        m_y_at + int64_t((uint64_t(img) * P + (P > 1 ? m : 0)) * g.yv_img +
+                                         uint64_t(r) * g.run_rows * m_t.C * 4);
+                    if (flag)
+                        E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc, mm_flag(m)});
+                    else
+                        E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc});
+                }
                 if (p + 1 == G * g.runs) w_load(1);
             }
-            if (img < L) flush_pending(img);
+            // Deferred: a pending image comes only from the final group, flushed at the end.
+            if (img < L && !m_g.defer) flush_pending(img);
+            // The deferred epilogues spread over the step from the lag on: an MXU queue holds
+            // only queue_depth runs, fewer cycles than several epilogues take to issue.
+            for (uint32_t d = 0; d < m_g.defer; ++d)
+                if (img == std::min(G - 1, L - 1 + d * std::max(1u, (G - L) / m_g.defer)))
+                    defer_finish();
             if (img + 1 == L) {
                 // A block's first step: every matmul of the previous block is done (the last
-                // pending image was its last), so the next block's X may replace it.
+                // pending image was its last; deferred, the waits say so), so the next block's
+                // X may replace it. Whole images go one plane per step of the first group
+                // (S >= planes): a whole block at once would hold the in-order DMA queue, and
+                // the weight tiles prefetched behind it, for longer than two steps.
                 const isa::Label nox = m_b.label("no_x");
                 const isa::Reg next = m_b.reg("next_block", 18);
-                E(Bne, {m_step, imm(0), nox});
                 E(Bne, {m_nt, imm(0), nox});
+                E(Bge, {m_step, imm(g.nbands == 1 ? g.npl : 1), nox});
                 E(Add, {next, m_block, imm(1)});
                 E(Bge, {next, blocks(), nox});
-                x_load(next);
+                if (m_g.defer) {
+                    const isa::Label waited = m_b.label("prev_block_done");
+                    E(Bne, {m_step, imm(0), waited});
+                    for (uint32_t m = 0; m < nm; ++m) E(Wait, {mm_flag(m), mm_count(m)});
+                    m_b.bind(waited);
+                }
+                if (g.nbands == 1)
+                    x_load_plane(next);
+                else
+                    x_load(next);
                 m_b.bind(nox);
             }
             if (last && img >= L) {
@@ -797,15 +1129,16 @@ private:
     const Conv2dOperands m_ops;
     const Epilogue& m_ep;
     const uint32_t e;  ///< bytes of one output value (4, or 2 with a bf16 store)
-    uint32_t NT = 0, S = 0, G = 0, nm = 0, y_rows = 0, L = 1;
+    uint32_t NT = 0, P = 1, S = 0, G = 0, nm = 0, y_rows = 0, L = 1;
     uint64_t wtile = 0, y_pix_h = 0, y_img_h = 0;
-    isa::Smem m_vpu_count, m_group, m_pend, m_side_count;
+    isa::Smem m_vpu_count, m_group, m_pend, m_side_count, m_defer;
     isa::Vmem m_vx, m_vy, m_vw, m_vb, m_vcol, m_vfull;
     isa::Flag m_sides;
     isa::Reg m_block, m_nt, m_step, m_step_all, m_lhs, m_acc, m_x_at, m_y_at;
     isa::Flag m_vpu;
     std::array<Tally, 2> m_lw, m_mm, m_xload;
     std::array<isa::Flag, kConvMaxMxus> m_lwf, m_mmf;  ///< MXUs 2.. (0 and 1 in m_lw, m_mm)
+    std::array<isa::Flag, kFirstPieces> m_pieces;      ///< first_pieces' middle pieces
     bool m_per_mxu = true;  ///< a count register per MXU, else per class (cls)
     std::array<std::optional<isa::CountedFlag>, 2> m_wload, m_ystore;
 };

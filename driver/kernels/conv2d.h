@@ -64,12 +64,16 @@ struct Conv2dTiling {
     uint32_t band_rows = 0;     ///< output rows per block (the whole image unless it does not fit)
     uint32_t images = 0;        ///< images on this core
     uint32_t block_images = 0;  ///< images per block (1 when images are cut into bands)
-    uint32_t mxus = 0;          ///< MXUs used: each takes every mxus-th run (plan: all, 1-8)
+    uint32_t mxus = 0;          ///< MXUs used (plan: all, 1-8)
     uint32_t column_sides = 0;  ///< epilogue Column sides (VMEM: one Cout tile of each, C fp32)
     uint32_t full_sides = 0;    ///< epilogue Full sides (VMEM: one image's tile of each)
     /// Images whose matmuls are queued after an image's last one before its epilogue waits for
     /// them (1..block_images; plan_conv2d: enough to cover the array's latency, conv2d_lag)
     uint32_t lag = 1;
+    /// Cout tiles a step computes at once, one per MXU (plan_conv2d's cost model): 1 = every
+    /// MXU loads the step's weight tile and takes every mxus-th run; mxus = MXU m loads tile
+    /// nt + m of the group and streams every run (needs NT a multiple of mxus and full tiles)
+    uint32_t cout_split = 1;
     auto operator<=>(const Conv2dTiling&) const = default;
 };
 
@@ -81,10 +85,17 @@ struct Conv2dTiling {
 /// block_images (at least 1) and 16: each lagging image's epilogue is unrolled three more times.
 uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv2dTiling& t);
 
+/// The planner's cost of tiling `t` on `cfg`'s MXUs: cycles one MXU streams, blocks x groups
+/// x k k CT steps, each hw::MxuTimer::swap_step_cycles of the rows the MXU streams through the
+/// step's tile (a tile swap drains the array once per step).
+uint64_t conv2d_mxu_cycles(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv2dTiling& t);
+
 /// The tiling of `images` images per core: whole images, as many per block as divide `images`
 /// and fit in VMEM twice (more images per block amortise the array drain of each weight tile),
 /// or, when one image does not fit, bands of output rows (the largest divisor of Ho that fits).
-/// An epilogue's sides (emit_conv2d) take VMEM beside them: one tile of each.
+/// An epilogue's sides (emit_conv2d) take VMEM beside them: one tile of each. With several
+/// MXUs it plans both ways of sharing them (Conv2dTiling::cout_split) and keeps the one whose
+/// MXUs stream for fewer cycles (conv2d_mxu_cycles), sharing on a tie.
 Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images,
                          uint32_t column_sides = 0, uint32_t full_sides = 0);
 /// Program-cache key of the per-core kernel: the shape (`batch` = every core's images, as the

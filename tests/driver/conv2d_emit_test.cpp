@@ -154,19 +154,24 @@ TEST_P(Conv2dEpilogue, BiasResidualReluAndStoreAreBitExact) {
 
 INSTANTIATE_TEST_SUITE_P(
     Odd, Conv2dEpilogue,
-    ::testing::Values(EpilogueCase{{2, 6, 5, 40, 7, 3, 1, 1}, {}, false, "k3_one_cin_tile"},
-                      EpilogueCase{{2, 6, 5, 40, 7, 3, 1, 1}, {}, true, "k3_one_cin_tile_bf16"},
-                      EpilogueCase{{3, 9, 7, 130, 129, 3, 2, 1}, {}, false, "two_tiles_each_way"},
-                      EpilogueCase{
-                          {3, 9, 7, 130, 129, 3, 2, 1}, {}, true, "two_tiles_each_way_bf16"},
-                      EpilogueCase{{2, 20, 18, 130, 20, 3, 1, 1},
-                                   {"core.vmem_bytes=262144"},
-                                   true,
-                                   "bands_in_small_vmem_bf16"},
-                      EpilogueCase{{2, 6, 5, 5, 8, 3, 1, 1},
-                                   {"core.mxu_rows=8", "core.mxu_cols=8"},
-                                   true,
-                                   "whole_pixel_tile_on_8x8_bf16"}),
+    ::testing::Values(
+        EpilogueCase{{2, 6, 5, 40, 7, 3, 1, 1}, {}, false, "k3_one_cin_tile"},
+        EpilogueCase{{2, 6, 5, 40, 7, 3, 1, 1}, {}, true, "k3_one_cin_tile_bf16"},
+        EpilogueCase{{3, 9, 7, 130, 129, 3, 2, 1}, {}, false, "two_tiles_each_way"},
+        EpilogueCase{{3, 9, 7, 130, 129, 3, 2, 1}, {}, true, "two_tiles_each_way_bf16"},
+        EpilogueCase{{2, 20, 18, 130, 20, 3, 1, 1},
+                     {"core.vmem_bytes=262144"},
+                     true,
+                     "bands_in_small_vmem_bf16"},
+        EpilogueCase{{2, 6, 5, 5, 8, 3, 1, 1},
+                     {"core.mxu_rows=8", "core.mxu_cols=8"},
+                     true,
+                     "whole_pixel_tile_on_8x8_bf16"},
+        // A Cout tile per MXU (4 tiles, 2 groups; the first group's epilogues
+        // deferred into the second's steps): each image's tiles in a loop, its
+        // side tiles loaded per tile (tests/driver/conv2d_cout_test.cpp).
+        EpilogueCase{{2, 6, 5, 130, 512, 3, 1, 1}, {}, false, "cout_tile_per_mxu"},
+        EpilogueCase{{2, 6, 5, 130, 512, 3, 1, 1}, {}, true, "cout_tile_per_mxu_bf16"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(Conv2dEmit, ComposesWithAnElementwiseKernelInOneProgram) {

@@ -671,11 +671,12 @@ OpRun run_conv2d(driver::Device& dev, driver::ProgramCache& cache,
     else
         r.plan = fmt::format(
             "implicit GEMM, {} tap x {} Cin tile weight tiles per Cout tile ({}), blocks of {} "
-            "image{} x {} output rows, {} stride phase{}, {} MXU{}; NHWC/HWIO fp32 packed into "
-            "that layout on the device first in {} cycles (not counted)",
+            "image{} x {} output rows, {} stride phase{}, {} MXU{}{}; NHWC/HWIO fp32 packed "
+            "into that layout on the device first in {} cycles (not counted)",
             s->kernel * s->kernel, t.CT, t.NT, t.block_images, t.block_images == 1 ? "" : "s",
             t.band_rows, t.phases * t.phases, t.phases == 1 ? "" : "s", t.mxus,
-            t.mxus == 1 ? "" : "s", res.pack.end_cycle - res.pack.start_cycle);
+            t.mxus == 1 ? "" : "s", t.cout_split > 1 ? " (a Cout tile each)" : "",
+            res.pack.end_cycle - res.pack.start_cycle);
     if (check)
         compare(r, res.y, driver::conv2d_reference(x, w, b, *s, dev.config().core.mxu_rows),
                 driver::conv2d_reference_fp64(x, w, b, *s));
