@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The attention's batched dots read their streamed operand a band at a time (DotKey::band_loads,
-// compiler/README.md "The attention's batched dots"; issue #29): each DMA one contiguous run of
-// every K step's tile of 8 rows, a block ahead, staged in sub-blocks whose DMAs in flight share
-// no bytes. Bit-exact with the evaluator on the device (race detector on, one launch), and the
+// The attention's values dot reads its held P a head ahead (DotKey::band_loads, compiler/README.md
+// "The attention's batched dots"; issue #29): each panel's K steps' tiles one after the other,
+// so every band's four tiles (one contiguous 16 KiB) are read while their HBM rows are open,
+// each tile into a staging area of its own. Bit-exact with the evaluator on the device (race detector on, one launch), and the
 // values dot's cycles at BERT-base's shape.
 #include <gtest/gtest.h>
 
@@ -43,32 +43,33 @@ void expect_attention_bit_exact(int64_t seq, int64_t heads, int64_t d) {
         record);
 }
 
-TEST(CompilerOverlap2Device, TwoHeadsOfFiveTwelveRowsReadPInBandsBitExact) {
-    // One pass of two members (lanes 0 and 64), P's 512 rows of 512 in sub-blocks of 64 rows:
-    // the second head's bands go out beside the first head's matmuls, the last head prefetches
+TEST(CompilerOverlap2Device, TwoHeadsOfFiveTwelveRowsReadPAHeadAheadBitExact) {
+    // One pass of two members (lanes 0 and 64), P 512 x 512 a head (4 x 4 held tiles): the
+    // second head's tiles go out beside the first head's matmuls, the last head reads ahead
     // nothing.
     expect_attention_bit_exact(512, 2, 64);
 }
 
-TEST(CompilerOverlap2Device, SixHeadsOverThreePassesAndTwoBlocksReadPInBandsBitExact) {
-    // Three passes of two members, two blocks a head where the planner cuts 256 rows in two:
-    // the next block is the same head's next rows, then the next member's, then the next
-    // pass's (guarded by the pass count).
+TEST(CompilerOverlap2Device, SixHeadsOverThreePassesAndTwoBlocksReadPAHeadAheadBitExact) {
+    // Three passes of two members (P 256 x 256 a head): a head's tiles are read while the
+    // previous head computes; the period's last member reads the next pass's first head's,
+    // the last pass's nothing (guarded by the pass count).
     expect_attention_bit_exact(256, 6, 64);
 }
 
-TEST(CompilerOverlap2Device, FourHeadsOfOneTwentyEightReadPInBandsBitExact) {
+TEST(CompilerOverlap2Device, FourHeadsOfOneTwentyEightReadPAHeadAheadBitExact) {
     // A period of one member, four passes.
     expect_attention_bit_exact(256, 4, 128);
 }
 
-TEST(CompilerOverlap2, BertBaseValuesDotReadsPInBands) {
+TEST(CompilerOverlap2, BertBaseValuesDotReadsPAHeadAhead) {
     // BERT-base: 12 heads, seq 512, d 64 (test::steady_zoo_attention: the third step, timing
-    // only). P is 12 x 1 MiB: read one K step's tile column at a time (64 runs of 4 KiB, 16 KiB
-    // apart, each opening its HBM rows for a quarter of them) the values dot took 68 362
-    // cycles (61 370 with the heads overlapped, CompilerOverlap.BertBaseAttentionDotsOverlap-
-    // TheHeads); a band per DMA (16 KiB, whole rows) takes it below 56 000. The HBM bound of
-    // its bytes (P read, C written: 12.6 MB at 479.5 B/cycle) is 26 245.
+    // only). P is 12 x 1 MiB, held in 4 x 4 tiles a head. Read a K step's tiles at a time (each
+    // 16 runs of 4 KiB, 16 KiB apart: a quarter of the HBM rows they open), the K steps of a
+    // band apart by a step's matmuls, the values dot took 61 370 cycles with the heads
+    // overlapped; read a head ahead, each panel's K steps one after the other (a band's four
+    // tiles while its rows are open), 55 920. The HBM bound of its bytes (P read, C written:
+    // 12.6 MB at 479.5 B/cycle) is 26 245.
     const auto [step, stats] = test::steady_zoo_attention(512, 12, 64);
     std::vector<uint64_t> dots;
     for (size_t i = 0; i < step->fusions.size(); ++i)
@@ -76,7 +77,7 @@ TEST(CompilerOverlap2, BertBaseValuesDotReadsPInBands) {
             step->graph.op(step->fusions[i].hero).kind == OpKind::Dot)
             dots.push_back(stats.last_fusion_cycles.at(i));
     ASSERT_EQ(dots.size(), 3u);  // the scores, the values, the out projection
-    std::cout << fmt::format("[bert attention, P in bands] scores {} cycles, values {}\n", dots[0],
+    std::cout << fmt::format("[bert attention, P a head ahead] scores {} cycles, values {}\n", dots[0],
                              dots[1]);
     EXPECT_GT(dots[1], 26245u);
     EXPECT_LT(dots[1], 56000u);
