@@ -157,8 +157,8 @@ bool two_panel_slots(const DotKey& k) {
 bool band_loads_apply(const DotKey& k) {
     const Problem p = problem(k);
     return k.band_loads && p.w == DotLayout::TransposedVpuTiles && !p.w_band_tiles && !p.w_lane &&
-           k.R == 128 && k.C == 128 && p.K % 128 == 0 && p.N % 128 == 0 &&
-           p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k);
+           k.R == 128 && k.C == 128 && p.K % 128 == 0 && p.N % 128 == 0 && p.M <= k.block_rows &&
+           ceil_div(p.N, k.C) <= group_width(k);
 }
 
 Map vmem_map(const DotKey& k) {
@@ -337,8 +337,8 @@ public:
                 // The held operand is W, or A with the LHS stationary.
                 auto held = [this](const DotBatch::Member& x) { return m_p.lhs ? x.a : x.w; };
                 m_next_a = !m_next_last ? held(members[i + 1]) - held(members[i])
-                                        : (m_p.lhs ? m_batch.a : m_batch.w) -
-                                              held(members.back()) + held(members[0]);
+                                        : (m_p.lhs ? m_batch.a : m_batch.w) - held(members.back()) +
+                                              held(members[0]);
                 m_next_guard = m_next_last && loop;
                 if (m_next_last && !loop) m_next_a = 0;
             }
@@ -411,19 +411,20 @@ private:
             if (by) E(Opcode::Add, {isa::s(o->value.reg), isa::s(o->value.reg), imm(by)});
     }
 
-    // Band loads (DotKey::band_loads): a batch's held operand is its bands, each one contiguous
-    // run of every K step's tile of 8 rows (W^T's rows: P's), read a batch ahead, 1 / KT of
-    // the next batch's bands after each K step's matmuls. They land panel by panel, [m][j][n x
-    // 128], so a band DMA writes only its panel's area: the engine's hazards are by bounding
-    // box, and consecutive DMAs go to different panels (one area for every panel would hold
-    // each band behind the one before).
+    // Band loads (DotKey::band_loads): a batch's held tiles (W^T in 8 x 128 tiles: P's, a band
+    // of 8 of its rows one contiguous run of the K steps' tiles) are read a batch ahead, 1 / KT
+    // of them after each K step's matmuls, into two buffers of a batch's tiles, [m][j][n x 128]
+    // (tile (j, m) as a step's load would have staged it).
     /// Bytes of one staged tile, of a batch's buffer.
     uint64_t band_tile() const { return uint64_t(m_k.R) * m_k.C * 4; }
     uint64_t band_buffer() const { return uint64_t(m_NT) * m_KT * band_tile(); }
     /// Offset of tile (j, panel m) in a buffer.
-    uint64_t band_at(uint32_t j, uint32_t m) const { return (uint64_t(m) * m_KT + j) * band_tile(); }
+    uint64_t band_at(uint32_t j, uint32_t m) const {
+        return (uint64_t(m) * m_KT + j) * band_tile();
+    }
 
-    /// bands.next = the HBM address of the next batch's held operand, 0 for none.
+    /// bands.next = the HBM address of the next batch's held operand, 0 for none (a batch
+    /// is one block: band_loads_apply).
     void band_next() {
         const isa::Label done = m_b.label("bands_next");
         if (m_next_guard) {
@@ -456,13 +457,13 @@ private:
         E(Opcode::Beq, {m_nxt, imm(0), skip});
         E(Opcode::Xor, {m_t15, m_bpar, imm(int64_t(band_buffer()))});
         const uint64_t band = uint64_t(m_KT) * kBandBytes;  // W^T's rows: K / 128 tiles a band
-        const uint32_t bands = m_k.C / 8;                    // a panel's
+        const uint32_t bands = m_k.C / 8;                   // a panel's
         for (uint32_t t = t0; t < t1; ++t) {
             const uint32_t m = t / m_KT, s = t % m_KT;
-            E(Opcode::DmaHv, {m_t15 + int64_t(m_a.wstage + band_at(s, m)),
-                              m_nxt + int64_t(uint64_t(m) * bands * band + s * kBandBytes),
-                              imm(bands), imm(kBandBytes), imm(kBandBytes), imm(int64_t(band)),
-                              m_bands.flag});
+            E(Opcode::DmaHv,
+              {m_t15 + int64_t(m_a.wstage + band_at(s, m)),
+               m_nxt + int64_t(uint64_t(m) * bands * band + s * kBandBytes), imm(bands),
+               imm(kBandBytes), imm(kBandBytes), imm(int64_t(band)), m_bands.flag});
         }
         E(Opcode::Add, {m_bands.count, m_bands.count, imm(int64_t(t1 - t0))});
         m_b.bind(skip);
@@ -1361,12 +1362,14 @@ private:
                     // Tile (j, m) of the batch's buffer, transposed as a loaded one (below).
                     const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                     vpu(Opcode::VTrans,
-                        {imm(int64_t(tt)), m_bpar + int64_t(m_a.wstage + band_at(j, m)),
-                         imm(m_k.C), imm(128)});
+                        {imm(int64_t(tt)), m_bpar + int64_t(m_a.wstage + band_at(j, m)), imm(m_k.C),
+                         imm(128)});
                     if (m_pro.held) {
                         const int64_t col = int64_t(m) * m_k.C;
                         m_pro.held({m_b, imm(int64_t(tt)), imm(k), m_k.C,
-                                    [&, col](const isa::Reg& d) { E(Opcode::Li, {d, imm(col * 4)}); },
+                                    [&, col](const isa::Reg& d) {
+                                        E(Opcode::Li, {d, imm(col * 4)});
+                                    },
                                     [&](Opcode op, std::initializer_list<isa::Arg> args) {
                                         vpu(op, args);
                                     },
@@ -1530,8 +1533,8 @@ private:
     DotOperands m_ops;      ///< A, W, C as the caller named them
     const DotBatch& m_batch;
     std::function<void(const isa::Reg&)> m_member;  ///< dst = the batch (PrologueTile::batch)
-    bool m_band = false;        ///< band loads (band_loads_apply, in a batch)
-    Tally m_bands;              ///< the band loads
+    bool m_band = false;                            ///< band loads (band_loads_apply, in a batch)
+    Tally m_bands;                                  ///< the loads of the held tiles
     isa::Reg m_bpar, m_nxt;     ///< the current block's buffer offset; the next block's A
     isa::Arg m_pass_word;       ///< the pass number (a batch's loop)
     int64_t m_next_a = 0;       ///< bytes from this batch's A to the next batch's

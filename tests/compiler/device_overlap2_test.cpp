@@ -2,8 +2,8 @@
 // The attention's values dot reads its held P a head ahead (DotKey::band_loads, compiler/README.md
 // "The attention's batched dots"; issue #29): each panel's K steps' tiles one after the other,
 // so every band's four tiles (one contiguous 16 KiB) are read while their HBM rows are open,
-// each tile into a staging area of its own. Bit-exact with the evaluator on the device (race detector on, one launch), and the
-// values dot's cycles at BERT-base's shape.
+// each tile into a staging area of its own. Bit-exact with the evaluator on the device (race
+// detector on, one launch), and the values dot's cycles at BERT-base's shape.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -77,8 +77,8 @@ TEST(CompilerOverlap2, BertBaseValuesDotReadsPAHeadAhead) {
             step->graph.op(step->fusions[i].hero).kind == OpKind::Dot)
             dots.push_back(stats.last_fusion_cycles.at(i));
     ASSERT_EQ(dots.size(), 3u);  // the scores, the values, the out projection
-    std::cout << fmt::format("[bert attention, P a head ahead] scores {} cycles, values {}\n", dots[0],
-                             dots[1]);
+    std::cout << fmt::format("[bert attention, P a head ahead] scores {} cycles, values {}\n",
+                             dots[0], dots[1]);
     EXPECT_GT(dots[1], 26245u);
     EXPECT_LT(dots[1], 56000u);
 }
