@@ -50,7 +50,7 @@ TEST(CompilerOverlap2Device, TwoHeadsOfFiveTwelveRowsReadPAHeadAheadBitExact) {
     expect_attention_bit_exact(512, 2, 64);
 }
 
-TEST(CompilerOverlap2Device, SixHeadsOverThreePassesAndTwoBlocksReadPAHeadAheadBitExact) {
+TEST(CompilerOverlap2Device, SixHeadsOverThreePassesReadPAHeadAheadBitExact) {
     // Three passes of two members (P 256 x 256 a head): a head's tiles are read while the
     // previous head computes; the period's last member reads the next pass's first head's,
     // the last pass's nothing (guarded by the pass count).
