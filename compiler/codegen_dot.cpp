@@ -917,6 +917,14 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
                         board.core.vmem_bytes &&
                     driver::dot_unsupported(wide).empty())
                     p.key = wide;
+                // Its streamed operand read a band (every K step of 8 rows) per DMA, a block
+                // ahead (DotKey::band_loads), where two blocks' staging fit.
+                driver::DotKey band = p.key;
+                band.band_loads = true;
+                if (driver::dot_vmem_bytes(band) + uint64_t(p.areas) * epilogue_area_bytes(band) +
+                        pro_bytes + 4096 <=
+                    board.core.vmem_bytes)
+                    p.key = band;
             }
             return p;
         }

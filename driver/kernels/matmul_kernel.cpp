@@ -41,7 +41,7 @@ std::string_view dot_layout_name(DotLayout l) {
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
                        k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
-                       k.overlap_epilogue, k.group_panels);
+                       k.overlap_epilogue, k.group_panels, k.band_loads);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -151,6 +151,16 @@ bool two_panel_slots(const DotKey& k) {
     return k.group_panels > 1 && staged(p.a) && ceil_div(p.N, k.C) <= group_width(k);
 }
 
+/// DotKey::band_loads where the kernel runs it: the held operand is W^T stored in 8 x 128
+/// tiles (attention's P with the LHS stationary), not a window, whole 128 x 128 tiles on a
+/// 128 x 128 MXU, one block and one column group of whole panels.
+bool band_loads_apply(const DotKey& k) {
+    const Problem p = problem(k);
+    return k.band_loads && p.w == DotLayout::TransposedVpuTiles && !p.w_band_tiles && !p.w_lane &&
+           k.R == 128 && k.C == 128 && p.K % 128 == 0 && p.N % 128 == 0 && p.M <= k.block_rows &&
+           ceil_div(p.N, k.C) <= group_width(k);
+}
+
 Map vmem_map(const DotKey& k) {
     const Problem p = problem(k);
     const uint64_t T = k.block_rows, P = parts_of(k.precision), G = group_width(k);
@@ -177,7 +187,9 @@ Map vmem_map(const DotKey& k) {
         if (P > 2) take(&Map::ar2, "a_r2", a32);
     }
     if (staged(p.w)) {
-        take(&Map::wstage, "w_stage", 2 * G * w32);
+        // Band loads: two batches' every tile (one converted, one arriving).
+        take(&Map::wstage, "w_stage",
+             band_loads_apply(k) ? 2 * G * ceil_div(p.K, k.R) * w32 : 2 * G * w32);
         if (p.w == DotLayout::Transposed || p.w == DotLayout::TransposedTiles ||
             p.w == DotLayout::TransposedVpuTiles)
             take(&Map::wtt, "w_trans", G * w32);
@@ -300,10 +312,36 @@ public:
             pass = m_b.smem("dot.pass", 1);
             word = pass.word(0);
             E(Opcode::Sw, {imm(0), word});  // s0 reads as zero
+        }
+        m_band = batched() && band_loads_apply(m_k);
+        if (m_band) {
+            m_bands = {m_b.flag("bands"), m_b.reg("bands.count")};
+            m_bpar = m_b.reg("bands.parity");
+            m_nxt = m_b.reg("bands.next");
+            m_pass_word = word;
+            E(Opcode::Li, {m_bands.count, imm(0)});
+            // The first batch's bands, into buffer 0 (band_chunk fills the other one).
+            E(Opcode::Add, {m_nxt, m_W.value, imm(0)});
+            E(Opcode::Li, {m_bpar, imm(int64_t(band_buffer()))});
+            for (uint32_t j = 0; j < m_KT; ++j) band_chunk(j);
+            E(Opcode::Li, {m_bpar, imm(0)});
+        }
+        if (loop) {
             passes = m_b.label("dot_passes");
             m_b.bind(passes);
         }
         for (size_t i = 0; i < std::max<size_t>(members.size(), 1); ++i) {
+            if (m_band) {
+                // The batch after this one: the next member, or the next pass's first.
+                m_next_last = i + 1 == members.size();
+                // The held operand is W, or A with the LHS stationary.
+                auto held = [this](const DotBatch::Member& x) { return m_p.lhs ? x.a : x.w; };
+                m_next_a = !m_next_last ? held(members[i + 1]) - held(members[i])
+                                        : (m_p.lhs ? m_batch.a : m_batch.w) - held(members.back()) +
+                                              held(members[0]);
+                m_next_guard = m_next_last && loop;
+                if (m_next_last && !loop) m_next_a = 0;
+            }
             if (!members.empty()) {
                 const DotBatch::Member& x = members[i];
                 m_p.a_lane = m_p.lhs ? x.w_lane : x.a_lane;
@@ -346,6 +384,7 @@ private:
         E(Opcode::Bltu, {m_rows, imm(T + 1), rows_ok});
         E(Opcode::Li, {m_rows, imm(T)});
         m_b.bind(rows_ok);
+        if (m_band) band_next();
         if (m_G == 1) {
             group(true, true);
         } else {
@@ -361,6 +400,7 @@ private:
             }
             group(false, true);
         }
+        if (m_band) E(Opcode::Xor, {m_bpar, m_bpar, imm(int64_t(band_buffer()))});
         E(Opcode::Add, {m_row, m_row, m_rows});
         E(Opcode::Bltu, {m_row, imm(m_p.M), block});
     }
@@ -369,6 +409,64 @@ private:
     void advance(int64_t a, int64_t w, int64_t c) {
         for (const auto& [o, by] : {std::pair{&m_ops.a, a}, {&m_ops.w, w}, {&m_ops.c, c}})
             if (by) E(Opcode::Add, {isa::s(o->value.reg), isa::s(o->value.reg), imm(by)});
+    }
+
+    // Band loads (DotKey::band_loads): a batch's held tiles (W^T in 8 x 128 tiles: P's, a band
+    // of 8 of its rows one contiguous run of the K steps' tiles) are read a batch ahead, 1 / KT
+    // of them after each K step's matmuls, into two buffers of a batch's tiles, [m][j][n x 128]
+    // (tile (j, m) as a step's load would have staged it).
+    /// Bytes of one staged tile, of a batch's buffer.
+    uint64_t band_tile() const { return uint64_t(m_k.R) * m_k.C * 4; }
+    uint64_t band_buffer() const { return uint64_t(m_NT) * m_KT * band_tile(); }
+    /// Offset of tile (j, panel m) in a buffer.
+    uint64_t band_at(uint32_t j, uint32_t m) const {
+        return (uint64_t(m) * m_KT + j) * band_tile();
+    }
+
+    /// bands.next = the HBM address of the next batch's held operand, 0 for none (a batch
+    /// is one block: band_loads_apply).
+    void band_next() {
+        const isa::Label done = m_b.label("bands_next");
+        if (m_next_guard) {
+            const isa::Label more = m_b.label("bands_more");
+            E(Opcode::Lw, {m_tmp, m_pass_word});
+            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
+            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
+            E(Opcode::Li, {m_nxt, imm(0)});
+            E(Opcode::Jmp, {done});
+            m_b.bind(more);
+        }
+        if (m_next_last && !m_next_guard)
+            E(Opcode::Li, {m_nxt, imm(0)});
+        else
+            E(Opcode::Add, {m_nxt, m_W.value, imm(m_next_a)});
+        m_b.bind(done);
+    }
+
+    /// Chunk j of the next batch's held tiles (at bands.next; none when 0) into the buffer the
+    /// current batch does not use: tiles [j, j + 1) x NT of the batch's KT x NT in panel-major
+    /// order, each one DMA of the panel's bands (one 4 KiB run each). A panel's K steps follow
+    /// each other, so every band's four tiles (one contiguous 16 KiB) are read within a few
+    /// hundred cycles, while the HBM rows they share are still open; and each tile has an area
+    /// of its own, so no DMA waits on another's (the engine's WAW hazard by bounding box).
+    void band_chunk(uint32_t j) {
+        const uint32_t tiles = m_NT * m_KT;
+        const uint32_t t0 = j * tiles / m_KT, t1 = (j + 1) * tiles / m_KT;
+        if (t0 == t1) return;
+        const isa::Label skip = m_b.label("bands_none");
+        E(Opcode::Beq, {m_nxt, imm(0), skip});
+        E(Opcode::Xor, {m_t15, m_bpar, imm(int64_t(band_buffer()))});
+        const uint64_t band = uint64_t(m_KT) * kBandBytes;  // W^T's rows: K / 128 tiles a band
+        const uint32_t bands = m_k.C / 8;                   // a panel's
+        for (uint32_t t = t0; t < t1; ++t) {
+            const uint32_t m = t / m_KT, s = t % m_KT;
+            E(Opcode::DmaHv,
+              {m_t15 + int64_t(m_a.wstage + band_at(s, m)),
+               m_nxt + int64_t(uint64_t(m) * bands * band + s * kBandBytes), imm(bands),
+               imm(kBandBytes), imm(kBandBytes), imm(int64_t(band)), m_bands.flag});
+        }
+        E(Opcode::Add, {m_bands.count, m_bands.count, imm(int64_t(t1 - t0))});
+        m_b.bind(skip);
     }
 
     void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
@@ -678,7 +776,7 @@ private:
                 }
             }
         }
-        if (what & kW) {
+        if ((what & kW) && !m_band) {
             const Opcode op = load_op(m_W);
             w_base(first, last);
             const uint64_t NT = m_NT, np = NT * C;
@@ -1258,7 +1356,29 @@ private:
                 convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
                         m_a.ar2);
             }
-            if (w_staged)
+            if (m_band && j == 0) E(Opcode::Wait, {m_bands.flag, m_bands.count});
+            if (w_staged && m_band)
+                for (uint32_t m = 0; m < nm; ++m) {
+                    // Tile (j, m) of the batch's buffer, transposed as a loaded one (below).
+                    const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
+                    vpu(Opcode::VTrans,
+                        {imm(int64_t(tt)), m_bpar + int64_t(m_a.wstage + band_at(j, m)), imm(m_k.C),
+                         imm(128)});
+                    if (m_pro.held) {
+                        const int64_t col = int64_t(m) * m_k.C;
+                        m_pro.held({m_b, imm(int64_t(tt)), imm(k), m_k.C,
+                                    [&, col](const isa::Reg& d) {
+                                        E(Opcode::Li, {d, imm(col * 4)});
+                                    },
+                                    [&](Opcode op, std::initializer_list<isa::Arg> args) {
+                                        vpu(op, args);
+                                    },
+                                    m_member});
+                    }
+                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, tt,
+                            imm(int64_t(k) * m_k.C), m_a.wf, m_a.wr1, m_a.wr2);
+                }
+            else if (w_staged)
                 for (uint32_t m = 0; m < nm; ++m) {
                     const uint32_t n = nn(last, m);
                     uint64_t x = wstage(slot, m);
@@ -1326,6 +1446,8 @@ private:
             }
             if (!w_direct && !split && flush_after && j == flush_step)
                 flush(fmt::format("{}{}", tag, j), j + 1, nm);
+            // A quarter of the next block's bands beside this step's matmuls.
+            if (m_band && first) band_chunk(j);
             // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
             // MXUs run that step while the VPU works on one panel.
             if (split && j >= flush_step && j < flush_step + m_GW)
@@ -1411,6 +1533,13 @@ private:
     DotOperands m_ops;      ///< A, W, C as the caller named them
     const DotBatch& m_batch;
     std::function<void(const isa::Reg&)> m_member;  ///< dst = the batch (PrologueTile::batch)
+    bool m_band = false;                            ///< band loads (band_loads_apply, in a batch)
+    Tally m_bands;                                  ///< the loads of the held tiles
+    isa::Reg m_bpar, m_nxt;     ///< the current block's buffer offset; the next block's A
+    isa::Arg m_pass_word;       ///< the pass number (a batch's loop)
+    int64_t m_next_a = 0;       ///< bytes from this batch's A to the next batch's
+    bool m_next_last = false;   ///< the period's last member: the next batch is a pass on
+    bool m_next_guard = false;  ///< ... and only while passes remain
     std::vector<std::pair<int, int>> m_passes;
 
     std::vector<isa::Vmem> m_vmem;

@@ -89,6 +89,12 @@ struct DotKey {
     /// so the MXUs keep running while the VPU works on a long epilogue (the compiler's fused
     /// GELU); the stand-alone matmul's bias-only epilogue keeps the one flush.
     bool overlap_epilogue = false;
+    /// A batch's (DotBatch) held operand in 8 x 128 tiles (W^T stored so: attention's P in the
+    /// values dot) read a batch ahead, each panel's K steps one after the other, into a
+    /// staging area per tile (twice the batch's held tiles: compiler/README.md "The
+    /// attention's batched dots"); one block and one column group of whole 128 x 128 tiles, not
+    /// a window, else (and outside a batch) ignored.
+    bool band_loads = false;
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);
