@@ -782,6 +782,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     }
     shape.column_sides = uint32_t(columns.size());
     shape.full_sides = uint32_t(fulls.size());
+    shape.prefetch_sides = shape.full_sides > 0;
     driver::DotKey probe = shape;
     probe.R = board.core.mxu_rows;
     probe.C = board.core.mxu_cols;

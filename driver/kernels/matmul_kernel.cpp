@@ -41,7 +41,7 @@ std::string_view dot_layout_name(DotLayout l) {
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
                        k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
-                       k.overlap_epilogue, k.group_panels);
+                       k.overlap_epilogue, k.group_panels, k.prefetch_sides);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -803,6 +803,92 @@ private:
         m_b.bind(done);
     }
 
+    /// HBM offset of the pending group's panel m from the pending address, in values. With the
+    /// LHS stationary a panel is 128 rows of C: C N values, in tiles C rows of ceil(N / 128)
+    /// tiles.
+    uint64_t c_panel_off(uint32_t m) const {
+        const uint32_t C = m_k.C;
+        const uint64_t cn = m_k.c_row ? m_k.c_row : m_k.N, MT = ceil_div(m_k.M, C);
+        const uint64_t tile_bytes = uint64_t(C) * C * 4;
+        const bool lhs = m_p.lhs, tiles_out = m_k.c == DotLayout::VpuTiles;
+        if (m_k.c == DotLayout::TransposedTiles)
+            return uint64_t(m) * (lhs ? 1 : MT) * tile_bytes / 4;
+        if (m_k.c == DotLayout::TransposedVpuTiles) return uint64_t(m) * (C / 128) * kBandBytes / 4;
+        if (lhs && tiles_out) return uint64_t(m) * C * ceil_div(m_k.N, 128) * 128;
+        if (lhs) return uint64_t(m) * C * cn;
+        if (tiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
+        return m_k.c == DotLayout::Gemm ? uint64_t(m) * m_k.M * C : m * C;
+    }
+
+    /// Issues the loads of the pending group's Full side tiles of its panels [m0, np) (the
+    /// pending address and rows; `bands` the rows' bands where C lies in 8 x 128 tiles, else
+    /// computed here when needed), counted on m_sides.
+    void full_loads(bool last, uint32_t m0, uint32_t np, const isa::Reg* bands_in) {
+        const uint32_t T = m_k.block_rows, C = m_k.C;
+        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.c_row ? m_k.c_row : m_k.N;
+        const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
+        const bool tiles_out = m_k.c == DotLayout::VpuTiles;
+        const int64_t band_stride = int64_t(vtiles(m_p.N)) * kBandBytes;
+        auto panel_off = [&](uint32_t m) { return c_panel_off(m); };
+        isa::Reg own;
+        const isa::Reg* bp = bands_in;
+        if (tiles_out && !lhs && !bp) {
+            own = m_b.reg("side_bands");
+            if (m_p.M % 8) {
+                E(Opcode::Add, {own, m_prows, imm(7)});
+                E(Opcode::Shr, {own, own, imm(3)});
+            } else {
+                E(Opcode::Shr, {own, m_prows, imm(3)});
+            }
+            bp = &own;
+        }
+        const isa::Reg& bands = *bp;
+        (void)bands;
+        const isa::Reg at = m_b.reg("side_at");
+        isa::Reg row_bytes;
+        if (lhs && !tiles_out) {
+            row_bytes = m_b.reg("side_row_bytes");
+            E(Opcode::Mul, {row_bytes, m_prows, imm(4)});
+        }
+        uint32_t f = 0, issued = 0;
+        for (const EpilogueSide& s : m_ep.sides) {
+            if (s.kind != EpilogueSide::Kind::Full) continue;
+            // at = side + (pending address - C) x 4 / e: the pending tile's first element
+            // in the fp32 side.
+            E(Opcode::Sub, {at, m_paddr, m_C.value});
+            if (e == 2) E(Opcode::Add, {at, at, at});
+            E(Opcode::Add, {at, at, s.place.value});
+            const Opcode op = load_op(s.place);
+            for (uint32_t m = m0; m < np; ++m) {
+                const uint32_t n = nn(last, m);
+                const isa::Arg dst = imm(int64_t(full_tile(f, m)));
+                const isa::Arg src = at + int64_t(panel_off(m) * 4);
+                if (lhs && tiles_out)
+                    issued +=
+                        lhs_tiles(op, false, at, panel_off(m) * 4, full_tile(f, m), n, m_sides);
+                else if (lhs)
+                    E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
+                           m_sides.flag});
+                else if (tiles_out && n % 128)
+                    issued += narrow_bands(op, false, at, panel_off(m) * 4, nullptr,
+                                           full_tile(f, m), n, m_sides);
+                else if (tiles_out && n > 128)
+                    issued += tile_columns(op, true, dst, src, bands, uint64_t(n) * 4,
+                                           uint64_t(band_stride), n, m_sides);
+                else if (tiles_out)
+                    E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
+                           m_sides.flag});
+                else
+                    E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
+                           imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
+                if (!(lhs && tiles_out) && !(tiles_out && n % 128) && !(tiles_out && n > 128))
+                    ++issued;
+            }
+            ++f;
+        }
+        E(Opcode::Add, {m_sides.count, m_sides.count, imm(issued)});
+    }
+
     /// The pending group's epilogue and stores (`last`: the last group's panels) of its panels
     /// [m0, m1).
     void stores(bool last, uint32_t m0 = 0, uint32_t m1 = ~0u) {
@@ -817,18 +903,7 @@ private:
         // C^T in the MXU's tiles (a weight gradient in its parameter's layout): each result
         // tile transposed after its epilogue, stored a 128-column piece (one tile) at a time.
         const bool mxu_tiles_out = m_k.c == DotLayout::TransposedTiles;
-        const uint64_t MT = ceil_div(m_k.M, C), tile_bytes = uint64_t(C) * C * 4;
-        // HBM byte offset of panel m from the pending address, in values.
-        // With the LHS stationary a panel is 128 rows of C: C N values, in tiles C rows of
-        // ceil(N / 128) tiles.
-        auto panel_off = [&](uint32_t m) -> uint64_t {
-            if (mxu_tiles_out) return uint64_t(m) * (lhs ? 1 : MT) * tile_bytes / 4;
-            if (ttiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
-            if (lhs && tiles_out) return uint64_t(m) * C * ceil_div(m_k.N, 128) * 128;
-            if (lhs) return uint64_t(m) * C * cn;
-            if (tiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
-            return panels_out ? uint64_t(m) * m_k.M * C : m * C;
-        };
+        auto panel_off = [&](uint32_t m) { return c_panel_off(m); };
         // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run
         // (C / 128 of them side by side).
         isa::Reg bands;
@@ -843,51 +918,10 @@ private:
             }
         }
         int vpu_ops = 0;
-        // (1) Full sides: each panel's tile of each, the same elements as the result's.
+        // (1) Full sides: each panel's tile of each, the same elements as the result's (on
+        // their way since the group's previous flush with DotKey::prefetch_sides).
         if (m_k.full_sides) {
-            const isa::Reg at = m_b.reg("side_at");
-            isa::Reg row_bytes;
-            if (lhs && !tiles_out) {
-                row_bytes = m_b.reg("side_row_bytes");
-                E(Opcode::Mul, {row_bytes, m_prows, imm(4)});
-            }
-            uint32_t f = 0, issued = 0;
-            for (const EpilogueSide& s : m_ep.sides) {
-                if (s.kind != EpilogueSide::Kind::Full) continue;
-                // at = side + (pending address - C) x 4 / e: the pending tile's first element
-                // in the fp32 side.
-                E(Opcode::Sub, {at, m_paddr, m_C.value});
-                if (e == 2) E(Opcode::Add, {at, at, at});
-                E(Opcode::Add, {at, at, s.place.value});
-                const Opcode op = load_op(s.place);
-                for (uint32_t m = m0; m < np; ++m) {
-                    const uint32_t n = nn(last, m);
-                    const isa::Arg dst = imm(int64_t(full_tile(f, m)));
-                    const isa::Arg src = at + int64_t(panel_off(m) * 4);
-                    if (lhs && tiles_out)
-                        issued +=
-                            lhs_tiles(op, false, at, panel_off(m) * 4, full_tile(f, m), n, m_sides);
-                    else if (lhs)
-                        E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
-                               m_sides.flag});
-                    else if (tiles_out && n % 128)
-                        issued += narrow_bands(op, false, at, panel_off(m) * 4, nullptr,
-                                               full_tile(f, m), n, m_sides);
-                    else if (tiles_out && n > 128)
-                        issued += tile_columns(op, true, dst, src, bands, uint64_t(n) * 4,
-                                               uint64_t(band_stride), n, m_sides);
-                    else if (tiles_out)
-                        E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
-                               m_sides.flag});
-                    else
-                        E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
-                               imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
-                    if (!(lhs && tiles_out) && !(tiles_out && n % 128) && !(tiles_out && n > 128))
-                        ++issued;
-                }
-                ++f;
-            }
-            E(Opcode::Add, {m_sides.count, m_sides.count, imm(issued)});
+            if (!m_k.prefetch_sides) full_loads(last, m0, np, tiles_out && !lhs ? &bands : nullptr);
             E(Opcode::Wait, {m_sides.flag, m_sides.count});
         }
         // (2) The epilogue of each panel's tile.
@@ -1197,6 +1231,24 @@ private:
         // each panel's epilogue goes after a step of its own.
         const bool split =
             m_k.overlap_epilogue && !w_direct && m_GW > 1 && flush_step + m_GW <= m_KT;
+        // With DotKey::prefetch_sides this group's Full side tiles are loaded during its own
+        // last steps, a panel's after a step's matmuls (the previous group's epilogue has read
+        // their area by then), so they are not loaded between the group's last matmuls and its
+        // epilogue, nor all at once: a scalar core that issues a few hundred DMAs in a row
+        // (8-row tiles) waits for the DMA queue and the MXUs run dry.
+        const uint32_t free_at = split ? flush_step + m_GW - 1 : flush_step;
+        const auto prefetch_step = [&](uint32_t m) {
+            const uint32_t np = panels(last);
+            return std::max(free_at, m_KT >= np - m ? m_KT - (np - m) : 0u);
+        };
+        const auto prefetch = [&](uint32_t j) {
+            if (!m_k.full_sides || !m_k.prefetch_sides) return;
+            for (uint32_t m = 0; m < panels(last); ++m) {
+                if (prefetch_step(m) != j) continue;
+                if (m == 0) set_pending(first, last);
+                full_loads(last, m, m + 1, nullptr);
+            }
+        };
         for (uint32_t j = 0; j < m_KT; ++j) {
             const int slot = int(j % 2);
             const uint32_t k = kk(j);
@@ -1300,8 +1352,9 @@ private:
             // the in-order DMA engine does not hold the next tiles behind them. In a batch of
             // one K step a group, after its matmuls: the VPU's epilogue then runs beside them.
             const bool flush_after = batched() && m_KT == 1;
-            if (!w_direct && !split && !flush_after && j == flush_step)
+            if (!w_direct && !split && !flush_after && j == flush_step) {
                 flush(fmt::format("{}{}", tag, j), j, nm);
+            }
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
             if (batched() && j == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
             for (uint32_t p = 0; p < nm; ++p) {
@@ -1324,12 +1377,14 @@ private:
                 if (flagged && (m == 0 || cls(m) != cls(m - 1)))
                     E(Opcode::Add, {mxu_count(m), mxu_count(m), imm(1)});
             }
-            if (!w_direct && !split && flush_after && j == flush_step)
+            if (!w_direct && !split && flush_after && j == flush_step) {
                 flush(fmt::format("{}{}", tag, j), j + 1, nm);
+            }
             // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
             // MXUs run that step while the VPU works on one panel.
-            if (split && j >= flush_step && j < flush_step + m_GW)
+            if (split && j >= flush_step && j < flush_step + m_GW) {
                 flush(fmt::format("{}{}", tag, j), j + 1, nm, j - flush_step, j - flush_step + 1);
+            }
             if (w_direct) {
                 // Step j + 1's tiles go into the slot step j - 1 read; step j keeps the MXUs
                 // busy meanwhile. The previous group's results leave after them.
@@ -1337,8 +1392,11 @@ private:
                     for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, 1);
                     loads(j + 1, first, last, 1 - slot, kW);
                 }
-                if (j == flush_step) flush(fmt::format("{}{}", tag, j), j + 1, nm);
+                if (j == flush_step) {
+                    flush(fmt::format("{}{}", tag, j), j + 1, nm);
+                }
             }
+            prefetch(j);
         }
         // This group's C is pending until the next group's step 1 (or the end).
         set_pending(first, last);

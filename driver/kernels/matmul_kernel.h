@@ -89,6 +89,10 @@ struct DotKey {
     /// so the MXUs keep running while the VPU works on a long epilogue (the compiler's fused
     /// GELU); the stand-alone matmul's bias-only epilogue keeps the one flush.
     bool overlap_epilogue = false;
+    /// A group's Full side tiles are loaded once the previous group's epilogue is done with
+    /// their area (early in the group's steps) instead of after the group's last matmul, so the
+    /// MXUs do not wait for them (the compiler's residual; the stand-alone matmul has none).
+    bool prefetch_sides = false;
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);

@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: Apache-2.0
+// The compiled 2-D dots' Full sides (a residual) loaded during the group's own last steps
+// (DotKey::prefetch_sides; compiler/README.md, "Dot fusions as fast as the library GEMM"):
+// bit-exact with the evaluator on the device (race detector on, one launch) across groups,
+// blocks and both stationary sides.
+#include <gtest/gtest.h>
+
+#include "compiler/builder.h"
+#include "compiler/compiler.h"
+#include "device_test_util.h"
+#include "driver/kernels/matmul_kernel.h"
+
+namespace tpu::compiler {
+namespace {
+
+using test::expect_bit_exact;
+using test::randoms;
+using test::Record;
+
+/// y = x W^T + b + r, the attention's output projection and fc_2's form.
+void expect_linear_residual_bit_exact(int64_t M, int64_t K, int64_t N, uint32_t seed) {
+    const Shape xs{DType::F32, {M, K}}, ws{DType::F32, {N, K}}, bs{DType::F32, {N}},
+        rs{DType::F32, {M, N}};
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        return add(g, linear(g, v[0], v[1], v[2]), v[3]);
+    };
+    expect_bit_exact({{"x", xs, {randoms(size_t(M * K), seed)}},
+                      {"w", ws, {randoms(size_t(N * K), seed + 1)}, true},
+                      {"b", bs, {randoms(size_t(N), seed + 2)}, true},
+                      {"r", rs, {randoms(size_t(M * N), seed + 3)}}},
+                     record);
+}
+
+TEST(CompilerDot2dDevice, TheOutProjectionsResidualLoadedDuringItsGroupBitExact) {
+    // BERT-base's output projection, 512 x 768 x 768 + bias + residual: the planner holds x^T
+    // (4 panels, one per MXU a group: 2 groups of 6 K steps) and streams W's 768 rows in one
+    // block; each group's residual tiles go out a panel at a time after its last two steps'
+    // matmuls, while the previous group's split flush (steps 1 and 2) has read the area.
+    expect_linear_residual_bit_exact(512, 768, 768, 31);
+}
+
+TEST(CompilerDot2dDevice, AResidualPrefetchedAcrossBlocksBitExact) {
+    // 256 x 256 x 2048 + bias + residual: 2 K steps a group (the previous group's flush at
+    // step 1, the prefetch after it in the same step), several blocks of streamed rows, each
+    // block's first group prefetching while the previous block's last group is flushed.
+    expect_linear_residual_bit_exact(256, 256, 2048, 41);
+}
+
+TEST(CompilerDot2dDevice, AResidualPrefetchedWithTheRhsStationaryBitExact) {
+    // 2048 x 128 x 256 + bias + residual: the activation's 2048 rows stream past the held
+    // weight (the RHS stationary, C in 8 x 128 tiles, one K step a group).
+    expect_linear_residual_bit_exact(2048, 128, 256, 51);
+}
+
+}  // namespace
+}  // namespace tpu::compiler
