@@ -41,7 +41,7 @@ std::string_view dot_layout_name(DotLayout l) {
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
                        k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
-                       k.overlap_epilogue, k.group_panels, k.prefetch_sides);
+                       k.overlap_epilogue, k.group_panels, k.prefetch_sides, k.parts);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -190,7 +190,8 @@ Map vmem_map(const DotKey& k) {
     // A Column side holds one value per output column; with the LHS stationary the output
     // columns are the streamed rows, read a whole block at a time from the block's first.
     m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
-    if (k.column_sides) take(&Map::col, "columns", k.column_sides * m.col_stride);
+    if (k.column_sides)
+        take(&Map::col, "columns", (k.parts > 1 ? 2 : 1) * k.column_sides * m.col_stride);
     if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * G * m.cpanel);
     if (p.lhs || k.c == DotLayout::TransposedTiles) take(&Map::tt, "c_trans", G * m.cpanel);
     if (k.store_bf16) take(&Map::bf, "c_bf16", G * T * k.C * 2);
@@ -219,7 +220,8 @@ constexpr uint32_t kDotMaxMxus = 8;
 class DotGen {
 public:
     DotGen(isa::Builder& b, const DotKey& k, const DotOperands& ops, const Epilogue& ep,
-           const Prologue& pro, const DotBatch& batch)
+           const Prologue& pro, const DotBatch& batch,
+           std::function<void(uint32_t)> rebind = nullptr)
         : m_b(b),
           m_k(k),
           m_p(problem(k)),
@@ -236,7 +238,8 @@ public:
           m_W(m_p.lhs ? ops.a : ops.w),
           m_C(ops.c),
           m_ops(ops),
-          m_batch(batch) {
+          m_batch(batch),
+          m_rebind(std::move(rebind)) {
         // With the LHS stationary the streamed operand is W^T: pass (A part, W part) becomes
         // (W part, A part), in the same order, so every product and sum is C = A W's.
         for (auto [pa, pw] : mxu_passes(k.precision))
@@ -303,7 +306,20 @@ public:
             passes = m_b.label("dot_passes");
             m_b.bind(passes);
         }
-        for (size_t i = 0; i < std::max<size_t>(members.size(), 1); ++i) {
+        if (m_k.parts > 1) {
+            // A merged dot's parts: each one's blocks after the previous one's, its Column
+            // sides in the other slot (the previous part's last group is flushed during this
+            // part's first group).
+            for (uint32_t i = 0; i < m_k.parts; ++i) {
+                if (i > 0) {
+                    m_rebind(i);
+                    m_col_slot = i % 2;
+                    load_columns();
+                }
+                blocks();
+            }
+        }
+        for (size_t i = 0; i < (m_k.parts > 1 ? 0 : std::max<size_t>(members.size(), 1)); ++i) {
             if (!members.empty()) {
                 const DotBatch::Member& x = members[i];
                 m_p.a_lane = m_p.lhs ? x.w_lane : x.a_lane;
@@ -397,7 +413,13 @@ private:
         }
     }
 
-    /// The Column sides, loaded once into VMEM (they stay for every block).
+    /// Bytes from the Column sides' area to the current part's slot (emit_dot_parts).
+    uint64_t col_slot_bytes() const {
+        return uint64_t(m_col_slot) * m_k.column_sides * m_m.col_stride;
+    }
+
+    /// The Column sides, loaded once into VMEM (they stay for every block; a part's into its
+    /// slot at its start).
     void load_columns() {
         if (!m_k.column_sides) return;
         isa::CountedFlag once(m_b, "columns", isa::Count::AtBuild, 7);
@@ -406,11 +428,12 @@ private:
         uint32_t i = 0;
         for (const EpilogueSide& s : m_ep.sides) {
             if (s.kind != EpilogueSide::Kind::Column) continue;
-            const isa::Arg dst = imm(int64_t(m_a.col + i * m_m.col_stride));
+            const isa::Arg dst = imm(int64_t(m_a.col + col_slot_bytes() + i * m_m.col_stride));
             if (s.place.kind == Operand::Kind::Hbm) {
                 // The address goes into a register of the kernel's first: a stand-alone caller
                 // may hand the argument's register back for the kernel's row counter (s4).
-                addrs.push_back(m_b.reg(fmt::format("column{}.addr", i), i == 0 ? 5 : 0));
+                addrs.push_back(m_b.reg(fmt::format("column{}.addr", i),
+                                        i == 0 && !m_col_slot ? 5 : 0));
                 E(Opcode::Add, {addrs.back(), s.place.value, imm(0)});
                 once.issue(Opcode::DmaHv,
                            {dst, addrs.back(), imm(1), imm(bytes), imm(bytes), imm(bytes)});
@@ -1452,6 +1475,7 @@ private:
                 E(Opcode::Li, {m_pcol, imm(int64_t(first_col(first) * 4))});
             else
                 E(Opcode::Add, {m_pcol, m_col, imm(0)});
+            if (m_col_slot) E(Opcode::Add, {m_pcol, m_pcol, imm(int64_t(col_slot_bytes()))});
         }
     }
 
@@ -1468,6 +1492,8 @@ private:
     Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
     DotOperands m_ops;      ///< A, W, C as the caller named them
     const DotBatch& m_batch;
+    std::function<void(uint32_t)> m_rebind;  ///< part i's addresses (emit_dot_parts)
+    uint32_t m_col_slot = 0;  ///< the Column sides' slot of the part being emitted
     std::function<void(const isa::Reg&)> m_member;  ///< dst = the batch (PrologueTile::batch)
     std::vector<std::pair<int, int>> m_passes;
 
@@ -1489,6 +1515,7 @@ std::string layout_unsupported(const DotKey& k) {
     if (k.M == 0 || k.K == 0 || k.N == 0)
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
     if (k.group_panels == 0) return "no column panels per MXU (group_panels)";
+    if (k.parts == 0) return "no parts";
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > kDotMaxMxus)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 to {}", k.R, k.C, k.mxus,
                            kDotMaxMxus);
@@ -1745,6 +1772,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const Epilogue& epilogue,
               const Prologue& prologue, const DotBatch& batch) {
     if (const std::string why = dot_unsupported(key); !why.empty()) throw b.error("dot: " + why);
+    if (key.parts > 1) throw b.error("dot: a key of several parts runs through emit_dot_parts");
     const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
     const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);
     if (cols != key.column_sides || fulls != key.full_sides ||
@@ -1780,6 +1808,26 @@ void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const 
         }
     }
     DotGen(b, key, ops, epilogue, prologue, batch).emit();
+}
+
+void emit_dot_parts(isa::Builder& b, const DotKey& key, const DotOperands& ops,
+                    const Epilogue& epilogue, const std::function<void(uint32_t part)>& rebind) {
+    if (key.parts < 2) {
+        emit_dot(b, key, ops, epilogue);
+        return;
+    }
+    if (key.full_sides) throw b.error("dot: parts of a merged dot with Full epilogue sides");
+    if (!rebind) throw b.error("dot: parts of a merged dot without their addresses");
+    for (const Operand* o : {&ops.a, &ops.w, &ops.c})
+        if (o->kind != Operand::Kind::Hbm || !o->value.reg)
+            throw b.error("dot: parts of a merged dot read and write HBM through registers");
+    DotKey one = key;
+    one.parts = 1;
+    if (const std::string why = dot_unsupported(one); !why.empty()) throw b.error("dot: " + why);
+    if (epilogue.count(EpilogueSide::Kind::Column) != key.column_sides || epilogue.store_bf16 ||
+        key.store_bf16 || epilogue.count(EpilogueSide::Kind::Full))
+        throw b.error("dot: the parts' epilogue does not match the key");
+    DotGen(b, key, ops, epilogue, {}, {}, rebind).emit();
 }
 
 isa::Program generate(const DotKey& key) {
