@@ -527,14 +527,25 @@ std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
         for (const Part& pt : parts) plans.push_back(plan_one(g, f, board, &pt));
         // Parts alike in all but their buffers run in one kernel (driver::emit_dot_parts), a
         // part's blocks after the previous one's in its pipeline: its first loads and matmuls
-        // beside the previous part's last stores, not after them.
+        // beside the previous part's last stores, not after them. As a batch's (below), every
+        // column of a part in one group where it fits: the streamed fp32 panel then spreads
+        // over all of a block's steps instead of making its first group's HBM-bound, and the
+        // group's whole C, stored after its last step, overlaps the next part's first steps.
         if (plans.size() > 1 && same_parts(plans)) {
             driver::DotKey k = plans[0].key;
             k.parts = uint32_t(plans.size());
-            if (driver::dot_vmem_bytes(k) + uint64_t(plans[0].areas) * epilogue_area_bytes(k) +
-                    4096 <=
-                board.core.vmem_bytes)
-                for (DotFusion& p : plans) p.key = k;
+            driver::DotKey wide = k;
+            const uint32_t cols = wide.stationary == driver::Stationary::Rhs ? wide.N : wide.M;
+            wide.group_panels = ((cols + wide.C - 1) / wide.C + wide.mxus - 1) / wide.mxus;
+            const auto fits = [&](const driver::DotKey& x) {
+                return driver::dot_unsupported(x).empty() &&
+                       driver::dot_vmem_bytes(x) +
+                               uint64_t(plans[0].areas) * epilogue_area_bytes(x) + 4096 <=
+                           board.core.vmem_bytes;
+            };
+            const driver::DotKey* pick = fits(wide) ? &wide : fits(k) ? &k : nullptr;
+            if (pick)
+                for (DotFusion& p : plans) p.key = *pick;
         }
         return plans;
     }

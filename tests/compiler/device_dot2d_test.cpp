@@ -97,8 +97,8 @@ void expect_parts_bit_exact(int64_t M, int64_t K, int64_t N, uint32_t parts, uin
 
 TEST(CompilerDot2dDevice, BertsMergedQkvPartsRunInOneKernelBitExact) {
     // BERT-base's Q, K, V projections (512 x 768 x 768 each, bias): one kernel of three parts,
-    // each one block of 768 streamed weight rows in two groups, the Column sides' slots
-    // alternating (part 2 reuses part 0's slot once part 1's first group flushed part 0).
+    // each one block of 768 streamed weight rows in one group (two panels per MXU), the Column
+    // sides' slots alternating (part 2 reuses part 0's slot once part 1 flushed part 0).
     expect_parts_bit_exact(512, 768, 768, 3, 61);
 }
 
