@@ -402,8 +402,8 @@ bool same_parts(const std::vector<DotFusion>& plans) {
     const DotFusion& x = plans[0];
     const auto same_value = [](const EpValue& u, const EpValue& v) {
         return u.kind == v.kind && u.area == v.area && u.side == v.side &&
-               (u.kind != EpKind::Scalar || std::bit_cast<uint32_t>(u.scalar) ==
-                                                std::bit_cast<uint32_t>(v.scalar));
+               (u.kind != EpKind::Scalar ||
+                std::bit_cast<uint32_t>(u.scalar) == std::bit_cast<uint32_t>(v.scalar));
     };
     for (const DotFusion& y : plans) {
         if (y.key != x.key || y.key.full_sides || y.key.store_bf16 || y.prologue ||
@@ -1199,8 +1199,7 @@ void emit_one(isa::Builder& b, const DotFusion& p,
         };
         (p.prologue->by_rows ? pro.streamed : pro.held) = body;
     }
-    const driver::DotOperands ops{st::Operand::hbm(ra), st::Operand::hbm(rw),
-                                  st::Operand::hbm(rc)};
+    const driver::DotOperands ops{st::Operand::hbm(ra), st::Operand::hbm(rw), st::Operand::hbm(rc)};
     if (parts) {
         // A merged dot's part i: its buffers into the same registers (same_parts: no offsets).
         driver::emit_dot_parts(b, p.key, ops, ep, [&](uint32_t i) {

@@ -432,8 +432,8 @@ private:
             if (s.place.kind == Operand::Kind::Hbm) {
                 // The address goes into a register of the kernel's first: a stand-alone caller
                 // may hand the argument's register back for the kernel's row counter (s4).
-                addrs.push_back(m_b.reg(fmt::format("column{}.addr", i),
-                                        i == 0 && !m_col_slot ? 5 : 0));
+                addrs.push_back(
+                    m_b.reg(fmt::format("column{}.addr", i), i == 0 && !m_col_slot ? 5 : 0));
                 E(Opcode::Add, {addrs.back(), s.place.value, imm(0)});
                 once.issue(Opcode::DmaHv,
                            {dst, addrs.back(), imm(1), imm(bytes), imm(bytes), imm(bytes)});
@@ -1493,7 +1493,7 @@ private:
     DotOperands m_ops;      ///< A, W, C as the caller named them
     const DotBatch& m_batch;
     std::function<void(uint32_t)> m_rebind;  ///< part i's addresses (emit_dot_parts)
-    uint32_t m_col_slot = 0;  ///< the Column sides' slot of the part being emitted
+    uint32_t m_col_slot = 0;                 ///< the Column sides' slot of the part being emitted
     std::function<void(const isa::Reg&)> m_member;  ///< dst = the batch (PrologueTile::batch)
     std::vector<std::pair<int, int>> m_passes;
 

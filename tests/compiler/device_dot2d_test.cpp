@@ -61,6 +61,13 @@ TEST(CompilerDot2dDevice, AResidualPrefetchedWithTheRhsStationaryBitExact) {
     expect_linear_residual_bit_exact(2048, 128, 256, 51);
 }
 
+TEST(CompilerDot2dDevice, AResidualPrefetchedInTheMiddleGroupsLoopBitExact) {
+    // 2048 x 128 x 1024 + bias + residual: the RHS stationary with 8 column panels on 2 MXUs,
+    // so a block has a first, a last and a loop of middle groups (emitted once, their columns
+    // in a register), each prefetching its residual tiles at its pending address.
+    expect_linear_residual_bit_exact(2048, 128, 1024, 81);
+}
+
 /// `parts` linears of one x [M, K] (weights [N, K], biases [N]), merged by dot_merger into one
 /// dot of the concatenated weights, on the device (race detector on) and the host: bit-exact,
 /// one launch.
