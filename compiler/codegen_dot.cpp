@@ -441,6 +441,37 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
 
 }  // namespace
 
+namespace {
+
+/// Whether a merged dot's part plans differ only in their buffers (key, epilogue, sides' kinds),
+/// with nothing a part of one kernel cannot have (Full sides, a prologue, views, offsets).
+bool same_parts(const std::vector<DotFusion>& plans) {
+    const DotFusion& x = plans[0];
+    const auto same_value = [](const EpValue& u, const EpValue& v) {
+        return u.kind == v.kind && u.area == v.area && u.side == v.side &&
+               (u.kind != EpKind::Scalar ||
+                std::bit_cast<uint32_t>(u.scalar) == std::bit_cast<uint32_t>(v.scalar));
+    };
+    for (const DotFusion& y : plans) {
+        if (y.key != x.key || y.key.full_sides || y.key.store_bf16 || y.prologue ||
+            !y.views.empty() || y.a_off || y.w_off || y.c_off || y.batch ||
+            y.sides.size() != x.sides.size() || y.areas != x.areas ||
+            y.steps.size() != x.steps.size())
+            return false;
+        for (size_t i = 0; i < y.steps.size(); ++i) {
+            const EpStep &s = x.steps[i], &t = y.steps[i];
+            if (s.kind != t.kind || s.comparison != t.comparison || s.exponent != t.exponent ||
+                s.in.size() != t.in.size() || !same_value(s.out, t.out))
+                return false;
+            for (size_t j = 0; j < s.in.size(); ++j)
+                if (!same_value(s.in[j], t.in[j])) return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
 std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
                                        const hw::BoardConfig& board) {
     const Op& dot = g.op(f.hero);
@@ -541,6 +572,28 @@ std::vector<DotFusion> plan_dot_fusion(const Graph& g, const Fusion& f,
                 not_generated(f, "an op of a merged dot that reads the whole result");
         std::vector<DotFusion> plans;
         for (const Part& pt : parts) plans.push_back(plan_one(g, f, board, &pt));
+        // Parts alike in all but their buffers run in one kernel (driver::emit_dot_parts), a
+        // part's blocks after the previous one's in its pipeline: its first loads and matmuls
+        // beside the previous part's last stores, not after them. As a batch's (below), every
+        // column of a part in one group where it fits: the streamed fp32 panel then spreads
+        // over all of a block's steps instead of making its first group's HBM-bound, and the
+        // group's whole C, stored after its last step, overlaps the next part's first steps.
+        if (plans.size() > 1 && same_parts(plans)) {
+            driver::DotKey k = plans[0].key;
+            k.parts = uint32_t(plans.size());
+            driver::DotKey wide = k;
+            const uint32_t cols = wide.stationary == driver::Stationary::Rhs ? wide.N : wide.M;
+            wide.group_panels = ((cols + wide.C - 1) / wide.C + wide.mxus - 1) / wide.mxus;
+            const auto fits = [&](const driver::DotKey& x) {
+                return driver::dot_unsupported(x).empty() &&
+                       driver::dot_vmem_bytes(x) +
+                               uint64_t(plans[0].areas) * epilogue_area_bytes(x) + 4096 <=
+                           board.core.vmem_bytes;
+            };
+            const driver::DotKey* pick = fits(wide) ? &wide : fits(k) ? &k : nullptr;
+            if (pick)
+                for (DotFusion& p : plans) p.key = *pick;
+        }
         return plans;
     }
     return {plan_one(g, f, board, nullptr)};
@@ -864,6 +917,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     }
     shape.column_sides = uint32_t(columns.size());
     shape.full_sides = uint32_t(fulls.size());
+    shape.prefetch_sides = shape.full_sides > 0;
     driver::DotKey probe = shape;
     probe.R = board.core.mxu_rows;
     probe.C = board.core.mxu_cols;
@@ -1094,7 +1148,8 @@ void emit_prologue_tile(const driver::PrologueTile& t, const DotPrologue& pro,
 
 void emit_one(isa::Builder& b, const DotFusion& p,
               const std::function<void(const isa::Reg&, const BufferRef&)>& load,
-              const driver::DotBatch& batch, const PrologueVmem* pv = nullptr) {
+              const driver::DotBatch& batch, const PrologueVmem* pv = nullptr,
+              const std::vector<DotFusion>* parts = nullptr) {
     // Each address in a register of its own, straight from the argument table (the kernel
     // needs most registers for itself).
     const auto addr = [&](const FusionValue& fv, const std::string& name) {
@@ -1263,8 +1318,19 @@ void emit_one(isa::Builder& b, const DotFusion& p,
         };
         (p.prologue->by_rows ? pro.streamed : pro.held) = body;
     }
-    driver::emit_dot(b, p.key, {st::Operand::hbm(ra), st::Operand::hbm(rw), st::Operand::hbm(rc)},
-                     ep, pro, batch);
+    const driver::DotOperands ops{st::Operand::hbm(ra), st::Operand::hbm(rw), st::Operand::hbm(rc)};
+    if (parts) {
+        // A merged dot's part i: its buffers into the same registers (same_parts: no offsets).
+        driver::emit_dot_parts(b, p.key, ops, ep, [&](uint32_t i) {
+            const DotFusion& q = (*parts)[i];
+            load(ra, q.a->buffer);
+            load(rw, q.w->buffer);
+            load(rc, q.c->buffer);
+            for (size_t s = 0; s < q.sides.size(); ++s) load(side_regs[s], q.sides[s]->buffer);
+        });
+        return;
+    }
+    driver::emit_dot(b, p.key, ops, ep, pro, batch);
 }
 
 }  // namespace
@@ -1283,6 +1349,10 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
     // once and a loop over the periods (32 heads' unrolled kernels outgrow the instruction
     // memory).
     const size_t n = plans.size();
+    if (n > 1 && plans[0].key.parts == n) {  // a merged dot's parts (plan_dot_fusion)
+        emit_one(b, plans[0], load, {}, nullptr, &plans);
+        return;
+    }
     const auto same = [&](const DotFusion& x, const DotFusion& y, bool lanes) {
         driver::DotKey kx = x.key, ky = y.key;
         if (!lanes) kx.a_lane = ky.a_lane = kx.w_lane = ky.w_lane = 0;

@@ -41,7 +41,7 @@ std::string_view dot_layout_name(DotLayout l) {
 size_t hash_value(const DotKey& k) {
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
                        k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
-                       k.overlap_epilogue, k.group_panels, k.band_loads);
+                       k.overlap_epilogue, k.group_panels, k.band_loads, k.prefetch_sides, k.parts);
 }
 
 size_t hash_value(const MatmulKey& k) {
@@ -202,7 +202,8 @@ Map vmem_map(const DotKey& k) {
     // A Column side holds one value per output column; with the LHS stationary the output
     // columns are the streamed rows, read a whole block at a time from the block's first.
     m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
-    if (k.column_sides) take(&Map::col, "columns", k.column_sides * m.col_stride);
+    if (k.column_sides)
+        take(&Map::col, "columns", (k.parts > 1 ? 2 : 1) * k.column_sides * m.col_stride);
     if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * G * m.cpanel);
     if (p.lhs || k.c == DotLayout::TransposedTiles) take(&Map::tt, "c_trans", G * m.cpanel);
     if (k.store_bf16) take(&Map::bf, "c_bf16", G * T * k.C * 2);
@@ -231,7 +232,8 @@ constexpr uint32_t kDotMaxMxus = 8;
 class DotGen {
 public:
     DotGen(isa::Builder& b, const DotKey& k, const DotOperands& ops, const Epilogue& ep,
-           const Prologue& pro, const DotBatch& batch)
+           const Prologue& pro, const DotBatch& batch,
+           std::function<void(uint32_t)> rebind = nullptr)
         : m_b(b),
           m_k(k),
           m_p(problem(k)),
@@ -248,7 +250,8 @@ public:
           m_W(m_p.lhs ? ops.a : ops.w),
           m_C(ops.c),
           m_ops(ops),
-          m_batch(batch) {
+          m_batch(batch),
+          m_rebind(std::move(rebind)) {
         // With the LHS stationary the streamed operand is W^T: pass (A part, W part) becomes
         // (W part, A part), in the same order, so every product and sum is C = A W's.
         for (auto [pa, pw] : mxu_passes(k.precision))
@@ -330,7 +333,20 @@ public:
             passes = m_b.label("dot_passes");
             m_b.bind(passes);
         }
-        for (size_t i = 0; i < std::max<size_t>(members.size(), 1); ++i) {
+        if (m_k.parts > 1) {
+            // A merged dot's parts: each one's blocks after the previous one's, its Column
+            // sides in the other slot (the previous part's last group is flushed during this
+            // part's first group).
+            for (uint32_t i = 0; i < m_k.parts; ++i) {
+                if (i > 0) {
+                    m_rebind(i);
+                    m_col_slot = i % 2;
+                    load_columns();
+                }
+                blocks();
+            }
+        }
+        for (size_t i = 0; i < (m_k.parts > 1 ? 0 : std::max<size_t>(members.size(), 1)); ++i) {
             if (m_band) {
                 // The batch after this one: the next member, or the next pass's first.
                 m_next_last = i + 1 == members.size();
@@ -495,7 +511,13 @@ private:
         }
     }
 
-    /// The Column sides, loaded once into VMEM (they stay for every block).
+    /// Bytes from the Column sides' area to the current part's slot (emit_dot_parts).
+    uint64_t col_slot_bytes() const {
+        return uint64_t(m_col_slot) * m_k.column_sides * m_m.col_stride;
+    }
+
+    /// The Column sides, loaded once into VMEM (they stay for every block; a part's into its
+    /// slot at its start).
     void load_columns() {
         if (!m_k.column_sides) return;
         isa::CountedFlag once(m_b, "columns", isa::Count::AtBuild, 7);
@@ -504,11 +526,12 @@ private:
         uint32_t i = 0;
         for (const EpilogueSide& s : m_ep.sides) {
             if (s.kind != EpilogueSide::Kind::Column) continue;
-            const isa::Arg dst = imm(int64_t(m_a.col + i * m_m.col_stride));
+            const isa::Arg dst = imm(int64_t(m_a.col + col_slot_bytes() + i * m_m.col_stride));
             if (s.place.kind == Operand::Kind::Hbm) {
                 // The address goes into a register of the kernel's first: a stand-alone caller
                 // may hand the argument's register back for the kernel's row counter (s4).
-                addrs.push_back(m_b.reg(fmt::format("column{}.addr", i), i == 0 ? 5 : 0));
+                addrs.push_back(
+                    m_b.reg(fmt::format("column{}.addr", i), i == 0 && !m_col_slot ? 5 : 0));
                 E(Opcode::Add, {addrs.back(), s.place.value, imm(0)});
                 once.issue(Opcode::DmaHv,
                            {dst, addrs.back(), imm(1), imm(bytes), imm(bytes), imm(bytes)});
@@ -901,6 +924,92 @@ private:
         m_b.bind(done);
     }
 
+    /// HBM offset of the pending group's panel m from the pending address, in values. With the
+    /// LHS stationary a panel is 128 rows of C: C N values, in tiles C rows of ceil(N / 128)
+    /// tiles.
+    uint64_t c_panel_off(uint32_t m) const {
+        const uint32_t C = m_k.C;
+        const uint64_t cn = m_k.c_row ? m_k.c_row : m_k.N, MT = ceil_div(m_k.M, C);
+        const uint64_t tile_bytes = uint64_t(C) * C * 4;
+        const bool lhs = m_p.lhs, tiles_out = m_k.c == DotLayout::VpuTiles;
+        if (m_k.c == DotLayout::TransposedTiles)
+            return uint64_t(m) * (lhs ? 1 : MT) * tile_bytes / 4;
+        if (m_k.c == DotLayout::TransposedVpuTiles) return uint64_t(m) * (C / 128) * kBandBytes / 4;
+        if (lhs && tiles_out) return uint64_t(m) * C * ceil_div(m_k.N, 128) * 128;
+        if (lhs) return uint64_t(m) * C * cn;
+        if (tiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
+        return m_k.c == DotLayout::Gemm ? uint64_t(m) * m_k.M * C : m * C;
+    }
+
+    /// Issues the loads of the pending group's Full side tiles of its panels [m0, np) (the
+    /// pending address and rows; `bands` the rows' bands where C lies in 8 x 128 tiles, else
+    /// computed here when needed), counted on m_sides.
+    void full_loads(bool last, uint32_t m0, uint32_t np, const isa::Reg* bands_in) {
+        const uint32_t T = m_k.block_rows, C = m_k.C;
+        const uint64_t e = m_k.store_bf16 ? 2 : 4, cn = m_k.c_row ? m_k.c_row : m_k.N;
+        const bool lhs = m_p.lhs, panels_out = m_k.c == DotLayout::Gemm;
+        const bool tiles_out = m_k.c == DotLayout::VpuTiles;
+        const int64_t band_stride = int64_t(vtiles(m_p.N)) * kBandBytes;
+        auto panel_off = [&](uint32_t m) { return c_panel_off(m); };
+        isa::Reg own;
+        const isa::Reg* bp = bands_in;
+        if (tiles_out && !lhs && !bp) {
+            own = m_b.reg("side_bands");
+            if (m_p.M % 8) {
+                E(Opcode::Add, {own, m_prows, imm(7)});
+                E(Opcode::Shr, {own, own, imm(3)});
+            } else {
+                E(Opcode::Shr, {own, m_prows, imm(3)});
+            }
+            bp = &own;
+        }
+        const isa::Reg& bands = *bp;
+        (void)bands;
+        const isa::Reg at = m_b.reg("side_at");
+        isa::Reg row_bytes;
+        if (lhs && !tiles_out) {
+            row_bytes = m_b.reg("side_row_bytes");
+            E(Opcode::Mul, {row_bytes, m_prows, imm(4)});
+        }
+        uint32_t f = 0, issued = 0;
+        for (const EpilogueSide& s : m_ep.sides) {
+            if (s.kind != EpilogueSide::Kind::Full) continue;
+            // at = side + (pending address - C) x 4 / e: the pending tile's first element
+            // in the fp32 side.
+            E(Opcode::Sub, {at, m_paddr, m_C.value});
+            if (e == 2) E(Opcode::Add, {at, at, at});
+            E(Opcode::Add, {at, at, s.place.value});
+            const Opcode op = load_op(s.place);
+            for (uint32_t m = m0; m < np; ++m) {
+                const uint32_t n = nn(last, m);
+                const isa::Arg dst = imm(int64_t(full_tile(f, m)));
+                const isa::Arg src = at + int64_t(panel_off(m) * 4);
+                if (lhs && tiles_out)
+                    issued +=
+                        lhs_tiles(op, false, at, panel_off(m) * 4, full_tile(f, m), n, m_sides);
+                else if (lhs)
+                    E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
+                           m_sides.flag});
+                else if (tiles_out && n % 128)
+                    issued += narrow_bands(op, false, at, panel_off(m) * 4, nullptr,
+                                           full_tile(f, m), n, m_sides);
+                else if (tiles_out && n > 128)
+                    issued += tile_columns(op, true, dst, src, bands, uint64_t(n) * 4,
+                                           uint64_t(band_stride), n, m_sides);
+                else if (tiles_out)
+                    E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
+                           m_sides.flag});
+                else
+                    E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
+                           imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
+                if (!(lhs && tiles_out) && !(tiles_out && n % 128) && !(tiles_out && n > 128))
+                    ++issued;
+            }
+            ++f;
+        }
+        E(Opcode::Add, {m_sides.count, m_sides.count, imm(issued)});
+    }
+
     /// The pending group's epilogue and stores (`last`: the last group's panels) of its panels
     /// [m0, m1).
     void stores(bool last, uint32_t m0 = 0, uint32_t m1 = ~0u) {
@@ -915,18 +1024,7 @@ private:
         // C^T in the MXU's tiles (a weight gradient in its parameter's layout): each result
         // tile transposed after its epilogue, stored a 128-column piece (one tile) at a time.
         const bool mxu_tiles_out = m_k.c == DotLayout::TransposedTiles;
-        const uint64_t MT = ceil_div(m_k.M, C), tile_bytes = uint64_t(C) * C * 4;
-        // HBM byte offset of panel m from the pending address, in values.
-        // With the LHS stationary a panel is 128 rows of C: C N values, in tiles C rows of
-        // ceil(N / 128) tiles.
-        auto panel_off = [&](uint32_t m) -> uint64_t {
-            if (mxu_tiles_out) return uint64_t(m) * (lhs ? 1 : MT) * tile_bytes / 4;
-            if (ttiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
-            if (lhs && tiles_out) return uint64_t(m) * C * ceil_div(m_k.N, 128) * 128;
-            if (lhs) return uint64_t(m) * C * cn;
-            if (tiles_out) return uint64_t(m) * (C / 128) * kBandBytes / 4;
-            return panels_out ? uint64_t(m) * m_k.M * C : m * C;
-        };
+        auto panel_off = [&](uint32_t m) { return c_panel_off(m); };
         // VpuTiles: the pending rows in bands of 8, each band's tile of a panel one 4 KiB run
         // (C / 128 of them side by side).
         isa::Reg bands;
@@ -941,51 +1039,10 @@ private:
             }
         }
         int vpu_ops = 0;
-        // (1) Full sides: each panel's tile of each, the same elements as the result's.
+        // (1) Full sides: each panel's tile of each, the same elements as the result's (on
+        // their way since the group's previous flush with DotKey::prefetch_sides).
         if (m_k.full_sides) {
-            const isa::Reg at = m_b.reg("side_at");
-            isa::Reg row_bytes;
-            if (lhs && !tiles_out) {
-                row_bytes = m_b.reg("side_row_bytes");
-                E(Opcode::Mul, {row_bytes, m_prows, imm(4)});
-            }
-            uint32_t f = 0, issued = 0;
-            for (const EpilogueSide& s : m_ep.sides) {
-                if (s.kind != EpilogueSide::Kind::Full) continue;
-                // at = side + (pending address - C) x 4 / e: the pending tile's first element
-                // in the fp32 side.
-                E(Opcode::Sub, {at, m_paddr, m_C.value});
-                if (e == 2) E(Opcode::Add, {at, at, at});
-                E(Opcode::Add, {at, at, s.place.value});
-                const Opcode op = load_op(s.place);
-                for (uint32_t m = m0; m < np; ++m) {
-                    const uint32_t n = nn(last, m);
-                    const isa::Arg dst = imm(int64_t(full_tile(f, m)));
-                    const isa::Arg src = at + int64_t(panel_off(m) * 4);
-                    if (lhs && tiles_out)
-                        issued +=
-                            lhs_tiles(op, false, at, panel_off(m) * 4, full_tile(f, m), n, m_sides);
-                    else if (lhs)
-                        E(op, {dst, src, imm(n), row_bytes, imm(T * 4), imm(int64_t(cn * 4)),
-                               m_sides.flag});
-                    else if (tiles_out && n % 128)
-                        issued += narrow_bands(op, false, at, panel_off(m) * 4, nullptr,
-                                               full_tile(f, m), n, m_sides);
-                    else if (tiles_out && n > 128)
-                        issued += tile_columns(op, true, dst, src, bands, uint64_t(n) * 4,
-                                               uint64_t(band_stride), n, m_sides);
-                    else if (tiles_out)
-                        E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
-                               m_sides.flag});
-                    else
-                        E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
-                               imm(int64_t(panels_out ? C * 4 : cn * 4)), m_sides.flag});
-                    if (!(lhs && tiles_out) && !(tiles_out && n % 128) && !(tiles_out && n > 128))
-                        ++issued;
-                }
-                ++f;
-            }
-            E(Opcode::Add, {m_sides.count, m_sides.count, imm(issued)});
+            if (!m_k.prefetch_sides) full_loads(last, m0, np, tiles_out && !lhs ? &bands : nullptr);
             E(Opcode::Wait, {m_sides.flag, m_sides.count});
         }
         // (2) The epilogue of each panel's tile.
@@ -1295,6 +1352,24 @@ private:
         // each panel's epilogue goes after a step of its own.
         const bool split =
             m_k.overlap_epilogue && !w_direct && m_GW > 1 && flush_step + m_GW <= m_KT;
+        // With DotKey::prefetch_sides this group's Full side tiles are loaded during its own
+        // last steps, a panel's after a step's matmuls (the previous group's epilogue has read
+        // their area by then), so they are not loaded between the group's last matmuls and its
+        // epilogue, nor all at once: a scalar core that issues a few hundred DMAs in a row
+        // (8-row tiles) waits for the DMA queue and the MXUs run dry.
+        const uint32_t free_at = split ? flush_step + m_GW - 1 : flush_step;
+        const auto prefetch_step = [&](uint32_t m) {
+            const uint32_t np = panels(last);
+            return std::max(free_at, m_KT >= np - m ? m_KT - (np - m) : 0u);
+        };
+        const auto prefetch = [&](uint32_t j) {
+            if (!m_k.full_sides || !m_k.prefetch_sides) return;
+            for (uint32_t m = 0; m < panels(last); ++m) {
+                if (prefetch_step(m) != j) continue;
+                if (m == 0) set_pending(first, last);
+                full_loads(last, m, m + 1, nullptr);
+            }
+        };
         for (uint32_t j = 0; j < m_KT; ++j) {
             const int slot = int(j % 2);
             const uint32_t k = kk(j);
@@ -1420,8 +1495,9 @@ private:
             // the in-order DMA engine does not hold the next tiles behind them. In a batch of
             // one K step a group, after its matmuls: the VPU's epilogue then runs beside them.
             const bool flush_after = batched() && m_KT == 1;
-            if (!w_direct && !split && !flush_after && j == flush_step)
+            if (!w_direct && !split && !flush_after && j == flush_step) {
                 flush(fmt::format("{}{}", tag, j), j, nm);
+            }
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
             if (batched() && j == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
             for (uint32_t p = 0; p < nm; ++p) {
@@ -1444,14 +1520,16 @@ private:
                 if (flagged && (m == 0 || cls(m) != cls(m - 1)))
                     E(Opcode::Add, {mxu_count(m), mxu_count(m), imm(1)});
             }
-            if (!w_direct && !split && flush_after && j == flush_step)
+            if (!w_direct && !split && flush_after && j == flush_step) {
                 flush(fmt::format("{}{}", tag, j), j + 1, nm);
+            }
             // A quarter of the next block's bands beside this step's matmuls.
             if (m_band && first) band_chunk(j);
             // Split: panel p's epilogue and stores after step flush_step + p is issued, so the
             // MXUs run that step while the VPU works on one panel.
-            if (split && j >= flush_step && j < flush_step + m_GW)
+            if (split && j >= flush_step && j < flush_step + m_GW) {
                 flush(fmt::format("{}{}", tag, j), j + 1, nm, j - flush_step, j - flush_step + 1);
+            }
             if (w_direct) {
                 // Step j + 1's tiles go into the slot step j - 1 read; step j keeps the MXUs
                 // busy meanwhile. The previous group's results leave after them.
@@ -1459,8 +1537,11 @@ private:
                     for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, 1);
                     loads(j + 1, first, last, 1 - slot, kW);
                 }
-                if (j == flush_step) flush(fmt::format("{}{}", tag, j), j + 1, nm);
+                if (j == flush_step) {
+                    flush(fmt::format("{}{}", tag, j), j + 1, nm);
+                }
             }
+            prefetch(j);
         }
         // This group's C is pending until the next group's step 1 (or the end).
         set_pending(first, last);
@@ -1516,6 +1597,7 @@ private:
                 E(Opcode::Li, {m_pcol, imm(int64_t(first_col(first) * 4))});
             else
                 E(Opcode::Add, {m_pcol, m_col, imm(0)});
+            if (m_col_slot) E(Opcode::Add, {m_pcol, m_pcol, imm(int64_t(col_slot_bytes()))});
         }
     }
 
@@ -1532,6 +1614,8 @@ private:
     Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
     DotOperands m_ops;      ///< A, W, C as the caller named them
     const DotBatch& m_batch;
+    std::function<void(uint32_t)> m_rebind;  ///< part i's addresses (emit_dot_parts)
+    uint32_t m_col_slot = 0;                 ///< the Column sides' slot of the part being emitted
     std::function<void(const isa::Reg&)> m_member;  ///< dst = the batch (PrologueTile::batch)
     bool m_band = false;                            ///< band loads (band_loads_apply, in a batch)
     Tally m_bands;                                  ///< the loads of the held tiles
@@ -1560,6 +1644,7 @@ std::string layout_unsupported(const DotKey& k) {
     if (k.M == 0 || k.K == 0 || k.N == 0)
         return fmt::format("empty shape {} x {} x {}", k.M, k.K, k.N);
     if (k.group_panels == 0) return "no column panels per MXU (group_panels)";
+    if (k.parts == 0) return "no parts";
     if (k.R == 0 || k.C == 0 || k.mxus == 0 || k.mxus > kDotMaxMxus)
         return fmt::format("MXU {} x {}, {} of them: the kernel uses 1 to {}", k.R, k.C, k.mxus,
                            kDotMaxMxus);
@@ -1816,6 +1901,7 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const Epilogue& epilogue,
               const Prologue& prologue, const DotBatch& batch) {
     if (const std::string why = dot_unsupported(key); !why.empty()) throw b.error("dot: " + why);
+    if (key.parts > 1) throw b.error("dot: a key of several parts runs through emit_dot_parts");
     const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
     const uint32_t fulls = epilogue.count(EpilogueSide::Kind::Full);
     if (cols != key.column_sides || fulls != key.full_sides ||
@@ -1851,6 +1937,26 @@ void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const 
         }
     }
     DotGen(b, key, ops, epilogue, prologue, batch).emit();
+}
+
+void emit_dot_parts(isa::Builder& b, const DotKey& key, const DotOperands& ops,
+                    const Epilogue& epilogue, const std::function<void(uint32_t part)>& rebind) {
+    if (key.parts < 2) {
+        emit_dot(b, key, ops, epilogue);
+        return;
+    }
+    if (key.full_sides) throw b.error("dot: parts of a merged dot with Full epilogue sides");
+    if (!rebind) throw b.error("dot: parts of a merged dot without their addresses");
+    for (const Operand* o : {&ops.a, &ops.w, &ops.c})
+        if (o->kind != Operand::Kind::Hbm || !o->value.reg)
+            throw b.error("dot: parts of a merged dot read and write HBM through registers");
+    DotKey one = key;
+    one.parts = 1;
+    if (const std::string why = dot_unsupported(one); !why.empty()) throw b.error("dot: " + why);
+    if (epilogue.count(EpilogueSide::Kind::Column) != key.column_sides || epilogue.store_bf16 ||
+        key.store_bf16 || epilogue.count(EpilogueSide::Kind::Full))
+        throw b.error("dot: the parts' epilogue does not match the key");
+    DotGen(b, key, ops, epilogue, {}, {}, rebind).emit();
 }
 
 isa::Program generate(const DotKey& key) {

@@ -95,6 +95,14 @@ struct DotKey {
     /// attention's batched dots"); one block and one column group of whole 128 x 128 tiles, not
     /// a window, else (and outside a batch) ignored.
     bool band_loads = false;
+    /// A group's Full side tiles are loaded once the previous group's epilogue is done with
+    /// their area (early in the group's steps) instead of after the group's last matmul, so the
+    /// MXUs do not wait for them (the compiler's residual; the stand-alone matmul has none).
+    bool prefetch_sides = false;
+    /// Dots of this key over other matrices that the kernel runs after the first, each block
+    /// pipeline going on into the next's (a merged dot's parts, Q, K and V: emit_dot_parts);
+    /// the Column sides' area is then double-buffered. 1: one dot.
+    uint32_t parts = 1;
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);
@@ -180,6 +188,13 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
               const Epilogue& epilogue = {}, const Prologue& prologue = {},
               const DotBatch& batch = {});
+/// Runs key.parts dots of one key in one kernel (a merged dot's parts): part 0 on `ops` and
+/// `epilogue` as emit_dot does, then `rebind(i)` emits the loads of part i's addresses into the
+/// same registers (A, W, C and the sides', all in HBM) and part i's blocks follow part i - 1's
+/// in the kernel's pipeline (part i - 1's last results are stored while part i computes). No
+/// Full sides, prologue or batch. Throws isa::BuildError as emit_dot.
+void emit_dot_parts(isa::Builder& b, const DotKey& key, const DotOperands& ops,
+                    const Epilogue& epilogue, const std::function<void(uint32_t part)>& rebind);
 /// The stand-alone kernel of a key without sides: launch arguments a, w, c, then emit_dot
 /// (store_bf16 as the key says), then halt.
 isa::Program generate(const DotKey& key);
