@@ -963,8 +963,6 @@ private:
             }
             bp = &own;
         }
-        const isa::Reg& bands = *bp;
-        (void)bands;
         const isa::Reg at = m_b.reg("side_at");
         isa::Reg row_bytes;
         if (lhs && !tiles_out) {
@@ -994,10 +992,10 @@ private:
                     issued += narrow_bands(op, false, at, panel_off(m) * 4, nullptr,
                                            full_tile(f, m), n, m_sides);
                 else if (tiles_out && n > 128)
-                    issued += tile_columns(op, true, dst, src, bands, uint64_t(n) * 4,
+                    issued += tile_columns(op, true, dst, src, *bp, uint64_t(n) * 4,
                                            uint64_t(band_stride), n, m_sides);
                 else if (tiles_out)
-                    E(op, {dst, src, bands, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
+                    E(op, {dst, src, *bp, imm(kBandBytes), imm(kBandBytes), imm(band_stride),
                            m_sides.flag});
                 else
                     E(op, {dst, src, m_prows, imm(n * 4), imm(n * 4),
