@@ -41,22 +41,8 @@ std::pair<uint64_t, uint64_t> attention_dot_cycles(int64_t S, int64_t heads, int
     return {dots.at(0), dots.at(1)};
 }
 
-/// The attention over [seq, heads x d] projections on the device (race detector on, one
-/// launch) and on the evaluator: the same bits.
 void expect_attention_bit_exact(int64_t seq, int64_t heads, int64_t d) {
-    const int64_t dim = heads * d;
-    const Shape ps{DType::F32, {seq, dim}};
-    const Record record = [heads](Graph& g, const std::vector<ValueId>& v) {
-        return zoo_attention(g, v[0], v[1], v[2], v[3], v[4], heads);
-    };
-    const float ws = 1.0f / std::sqrt(float(dim));
-    expect_bit_exact(
-        {{"q", ps, {randoms(size_t(seq * dim), 201)}},
-         {"k", ps, {randoms(size_t(seq * dim), 202)}},
-         {"v", ps, {randoms(size_t(seq * dim), 203)}},
-         {"w", Shape{DType::F32, {dim, dim}}, {randoms(size_t(dim * dim), 204, -ws, ws)}, true},
-         {"b", Shape{DType::F32, {dim}}, {randoms(size_t(dim), 205, -ws, ws)}, true}},
-        record);
+    test::expect_zoo_attention_bit_exact(seq, heads, d, 200);
 }
 
 TEST(CompilerAttnDotsDevice, SixHeadsOfSixtyFourLoopOverPairsOfHeadsBitExact) {

@@ -25,22 +25,8 @@ using test::randoms;
 using test::Record;
 using test::zoo_attention;
 
-/// The zoo's attention over [seq, heads x d] projections with its out projection, on the
-/// device and on the evaluator: the same bits.
 void expect_attention_bit_exact(int64_t seq, int64_t heads, int64_t d) {
-    const int64_t dim = heads * d;
-    const Shape ps{DType::F32, {seq, dim}};
-    const Record record = [heads](Graph& g, const std::vector<ValueId>& v) {
-        return zoo_attention(g, v[0], v[1], v[2], v[3], v[4], heads);
-    };
-    const float ws = 1.0f / std::sqrt(float(dim));
-    expect_bit_exact(
-        {{"q", ps, {randoms(size_t(seq * dim), 401)}},
-         {"k", ps, {randoms(size_t(seq * dim), 402)}},
-         {"v", ps, {randoms(size_t(seq * dim), 403)}},
-         {"w", Shape{DType::F32, {dim, dim}}, {randoms(size_t(dim * dim), 404, -ws, ws)}, true},
-         {"b", Shape{DType::F32, {dim}}, {randoms(size_t(dim), 405, -ws, ws)}, true}},
-        record);
+    test::expect_zoo_attention_bit_exact(seq, heads, d, 400);
 }
 
 TEST(CompilerOverlap2Device, TwoHeadsOfFiveTwelveRowsReadPAHeadAheadBitExact) {

@@ -151,6 +151,28 @@ inline ValueId zoo_attention(Graph& g, ValueId q, ValueId k, ValueId v, ValueId 
     return linear(g, reshape(g, transpose(g, o, {0, 2, 1, 3}), {seq, dim}), w, b);
 }
 
+/// The zoo's attention over [seq, heads x d] projections with its out projection, on the
+/// device (race detector on, one launch) and on the evaluator: the same bits. The inputs are
+/// drawn from seeds `seed` + 1 .. 5.
+inline void expect_zoo_attention_bit_exact(int64_t seq, int64_t heads, int64_t d, uint32_t seed) {
+    const int64_t dim = heads * d;
+    const Shape ps{DType::F32, {seq, dim}};
+    const Record record = [heads](Graph& g, const std::vector<ValueId>& v) {
+        return zoo_attention(g, v[0], v[1], v[2], v[3], v[4], heads);
+    };
+    const float ws = 1.0f / std::sqrt(float(dim));
+    expect_bit_exact(
+        {{"q", ps, {randoms(size_t(seq * dim), seed + 1)}},
+         {"k", ps, {randoms(size_t(seq * dim), seed + 2)}},
+         {"v", ps, {randoms(size_t(seq * dim), seed + 3)}},
+         {"w",
+          Shape{DType::F32, {dim, dim}},
+          {randoms(size_t(dim * dim), seed + 4, -ws, ws)},
+          true},
+         {"b", Shape{DType::F32, {dim}}, {randoms(size_t(dim), seed + 5, -ws, ws)}, true}},
+        record);
+}
+
 /// The zoo's attention over constant [S, heads d] projections, three steps on one core of a
 /// timing-only board with fusion timing on (host fallback on, so a fusion not generated is
 /// counted, not thrown): the steady-state step and the backend's statistics of it.

@@ -128,8 +128,9 @@ TEST(CompilerDeviceTrainStep, ATimingOnlyStepHoldsNoValuesAndTakesTheSameCycles)
         if (!functional)
             for (Leaf& l : leaves) l.values = {{}};  // shapes only
         const auto out = run(device, leaves, input_grad_tail);
-        if (!functional)
+        if (!functional) {
             for (float v : out[0]) EXPECT_EQ(v, 0.0f);
+        }
         EXPECT_EQ(device.stats().launches, 1u);
         return device.stats().last_launch.core_cycles.at(0);
     };
