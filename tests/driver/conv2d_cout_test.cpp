@@ -14,12 +14,14 @@
 #include "hw/mem/sparse_memory.h"
 #include "hw/reference/core_ref.h"
 #include "tests/common/paths.h"
+#include "tests/driver/core_ref_check.h"
 #include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
 namespace {
 
 using tutil::bits_of;
+using tutil::expect_cycle_exact;
 using tutil::random_values;
 
 hw::BoardConfig board(const std::string& preset, std::vector<std::string> sets = {}) {
@@ -122,27 +124,6 @@ INSTANTIATE_TEST_SUITE_P(
                  2,
                  "bands_in_small_vmem"}),
     [](const auto& info) { return info.param.name; });
-
-/// Runs `prog` with `args` on CoreModel and on CoreRef (simple HBM, timing only): every executed
-/// instruction must issue, start and finish in the same cycle, and both must halt together.
-void expect_cycle_exact(const hw::BoardConfig& cfg, const isa::Program& prog,
-                        const std::vector<uint32_t>& args) {
-    hw::SparseMemory hbm("hbm", cfg.hbm.bytes_per_core), vmem("vmem", cfg.core.vmem_bytes);
-    hw::CoreModel core(0, cfg, hbm, vmem, nullptr);
-    core.record(true);
-    core.load(prog);
-    core.start(0, args);
-    const hw::CoreModel::Status st = core.run_alone();
-    const hw::CoreRefResult ref = hw::CoreRef(cfg).run(prog, 0, args);
-    ASSERT_TRUE(ref.halted);
-    ASSERT_EQ(st.block, hw::CoreModel::Block::Halted);
-    const auto& fast = core.records();
-    ASSERT_EQ(fast.size(), ref.records.size());
-    EXPECT_GT(fast.size(), 200u);
-    for (size_t i = 0; i < fast.size(); ++i)
-        ASSERT_EQ(fast[i], ref.records[i]) << "record " << i << " (pc " << fast[i].pc << ")";
-    EXPECT_EQ(st.cycle, ref.finish);
-}
 
 TEST(Conv2dCoutCycleExact, SplitAndDeferredKernelsMatchTheCycleSteppedCore) {
     hw::BoardConfig cfg = hw::BoardConfig::load("", {"core.vmem_bytes=262144"});

@@ -21,12 +21,14 @@
 #include "hw/mem/sparse_memory.h"
 #include "hw/reference/core_ref.h"
 #include "tests/common/paths.h"
+#include "tests/driver/core_ref_check.h"
 #include "tests/driver/driver_test_util.h"
 
 namespace tpu::driver {
 namespace {
 
 using tutil::bits_of;
+using tutil::expect_cycle_exact;
 using tutil::random_values;
 
 hw::BoardConfig preset(const std::string& name, std::vector<std::string> sets = {}) {
@@ -231,27 +233,6 @@ hw::BoardConfig v6e_core() {
     cfg.sim.functional = false;
     cfg.sim.race_detector = false;
     return cfg;
-}
-
-/// Runs `prog` with `args` on CoreModel and on CoreRef: every executed instruction must issue,
-/// start and finish in the same cycle, and both must halt at the same cycle.
-void expect_cycle_exact(const hw::BoardConfig& cfg, const isa::Program& prog,
-                        const std::vector<uint32_t>& args) {
-    hw::SparseMemory hbm("hbm", cfg.hbm.bytes_per_core), vmem("vmem", cfg.core.vmem_bytes);
-    hw::CoreModel core(0, cfg, hbm, vmem, nullptr);
-    core.record(true);
-    core.load(prog);
-    core.start(0, args);
-    const hw::CoreModel::Status st = core.run_alone();
-    const hw::CoreRefResult ref = hw::CoreRef(cfg).run(prog, 0, args);
-    ASSERT_TRUE(ref.halted);
-    ASSERT_EQ(st.block, hw::CoreModel::Block::Halted);
-    const auto& fast = core.records();
-    ASSERT_EQ(fast.size(), ref.records.size());
-    EXPECT_GT(fast.size(), 200u);
-    for (size_t i = 0; i < fast.size(); ++i)
-        ASSERT_EQ(fast[i], ref.records[i]) << "record " << i << " (pc " << fast[i].pc << ")";
-    EXPECT_EQ(st.cycle, ref.finish);
 }
 
 TEST(ManyMxusCycleExact, GemmConvAndDotKernelsMatchTheCycleSteppedCore) {
