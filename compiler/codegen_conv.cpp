@@ -403,9 +403,12 @@ void emit_steps(const TileCtx& t, const Placed& p) {
     };
     // `v` as a whole tile (or column) in scratch `dst`: -0.0 everywhere (v.cmpgt x, x, x is
     // +0.0 whatever x holds), plus the value: exact for every value.
+    const auto direct = [](const Val& v, bool tile) {
+        return v.k == Val::K::Full || (!tile && v.k == Val::K::Column);
+    };
     const auto materialise = [&](const Val& v, const isa::Arg& dst, const isa::Arg& n,
                                  bool tile) -> isa::Arg {
-        if (v.k == Val::K::Full || (!tile && v.k == Val::K::Column)) return at(v);
+        if (direct(v, tile)) return at(v);
         t.vpu(Opcode::VCmpGt, {dst, dst, dst, n});
         t.vpu(Opcode::VMulS, {dst, dst, fimm(-1.0f), n});
         if (v.k == Val::K::Scalar)
@@ -443,7 +446,9 @@ void emit_steps(const TileCtx& t, const Placed& p) {
                   {out, at(x[fi]), fimm(o.scalar), n});
             continue;
         }
+        // A scratch area is reserved only for an operand that needs materialising.
         const auto F = [&](size_t i) {
+            if (direct(x[i], tile)) return at(x[i]);
             return materialise(
                 x[i],
                 tile ? t.areas[size_t(tile_scratch) + i] : t.col_areas[size_t(col_scratch) + i], n,
