@@ -22,9 +22,6 @@
 namespace tpu::compiler {
 namespace {
 
-using test::expect_bit_exact;
-using test::randoms;
-using test::Record;
 using test::zoo_attention;
 
 /// The steady-state cycles of the attention's two batched dot fusions (scores, values) on one

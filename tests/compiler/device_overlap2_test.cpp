@@ -20,11 +20,6 @@
 namespace tpu::compiler {
 namespace {
 
-using test::expect_bit_exact;
-using test::randoms;
-using test::Record;
-using test::zoo_attention;
-
 void expect_attention_bit_exact(int64_t seq, int64_t heads, int64_t d) {
     test::expect_zoo_attention_bit_exact(seq, heads, d, 400);
 }
