@@ -1059,22 +1059,22 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
     return p;
 }
 
-/// The wide program's temp addresses while emit_conv_pool_fusion emits one (TempAddrFn).
-thread_local const TempAddrFn* t_wide_temps = nullptr;
-
 /// Registers for the allocations a kernel reads: temps share the arena's register, every
 /// other allocation gets one (a kernel that keeps most registers for itself can hold few).
 class Addresses {
 public:
+    /// `wide`: a wide program's temp addresses (null: offsets in the arena).
+    Addresses(isa::Builder& b, const LoadFn& load, const TempAddrFn* wide)
+        : b(b), load(load), wide(wide), parent(nullptr) {}
     /// Temps use `parent`'s arena register when it has one.
-    Addresses(isa::Builder& b, const LoadFn& load, const Addresses* parent = nullptr)
-        : b(b), load(load), parent(parent) {}
+    Addresses(isa::Builder& b, const LoadFn& load, const Addresses* parent)
+        : b(b), load(load), wide(parent->wide), parent(parent) {}
     isa::Arg of(const BufferRef& r) {
         if (r.space == BufferRef::Space::Temp) {
             // A wide program's temps at their window addresses, the arena register holding 0.
             int64_t off = int64_t(r.offset);
-            if (t_wide_temps) {
-                const auto at = (*t_wide_temps)(r);
+            if (wide) {
+                const auto at = (*wide)(r);
                 if (!at)
                     throw CompileError(
                         fmt::format("temp at {} lies in none of the fusion's HBM "
@@ -1102,14 +1102,15 @@ public:
 private:
     isa::Builder& b;
     const LoadFn& load;
+    const TempAddrFn* wide;
     const Addresses* parent;
     std::optional<isa::Reg> arena;
     std::map<std::pair<uint8_t, uint32_t>, isa::Reg> regs;
 };
 
-void emit_pass(isa::Builder& b, const Pass& ps, const LoadFn& load) {
+void emit_pass(isa::Builder& b, const Pass& ps, const LoadFn& load, const TempAddrFn* wide) {
     const auto scope = b.scope("pass");
-    Addresses ad(b, load);
+    Addresses ad(b, load, wide);
     const Placed& ep = ps.ep;
     st::Spec sp;
     sp.fp.name = "elementwise";
@@ -1166,10 +1167,10 @@ void emit_pass(isa::Builder& b, const Pass& ps, const LoadFn& load) {
 }
 
 void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
-               const LoadArgFn& load_arg, std::optional<DerivedSlot> slot) {
+               const LoadArgFn& load_arg, std::optional<DerivedSlot> slot, const TempAddrFn* wide) {
     {
         const auto scope = b.scope("conv");
-        Addresses ad(b, load);
+        Addresses ad(b, load, wide);
         const isa::Arg xs = ad.of(p.scratch_buf);
         // The packed filter: a derived buffer kept across launches, or the scratch.
         std::optional<isa::Reg> derived, stale;
@@ -1279,13 +1280,14 @@ void emit_conv(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
             driver::emit_conv2d(b, p.key, ops, ep);
         }
     }
-    for (const Pass& ps : p.after) emit_pass(b, ps, load);
+    for (const Pass& ps : p.after) emit_pass(b, ps, load, wide);
 }
 
-void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
-    if (p.before) emit_pass(b, *p.before, load);
+void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
+                     const TempAddrFn* wide) {
+    if (p.before) emit_pass(b, *p.before, load, wide);
     const auto scope = b.scope("global_sum");
-    Addresses ad(b, load);
+    Addresses ad(b, load, wide);
     const isa::Arg x = ad.of(p.before ? p.before->out : p.x->buffer);
     const isa::Arg y = ad.of(p.y->buffer);
     if (p.zero_out) driver::emit(b, *p.zero_out, std::vector<st::Operand>{st::Operand::hbm(y)});
@@ -1331,9 +1333,10 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
     st::emit(b, sp, p.tile);
 }
 
-void emit_conv_grad(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
+void emit_conv_grad(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
+                    const TempAddrFn* wide) {
     const auto scope = b.scope("conv_grad");
-    Addresses ad(b, load);
+    Addresses ad(b, load, wide);
     const isa::Arg col = ad.of(p.scratch_buf);
     if (p.input_grad) {
         {
@@ -1381,14 +1384,15 @@ void emit_conv_grad(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load
                           st::Operand::hbm(ad.of(p.y->buffer))},
                          ep);
     }
-    for (const Pass& ps : p.after) emit_pass(b, ps, load);
+    for (const Pass& ps : p.after) emit_pass(b, ps, load, wide);
 }
 
-void emit_pool(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load) {
-    if (p.before) emit_pass(b, *p.before, load);
-    for (const Pass& ps : p.befores) emit_pass(b, ps, load);
+void emit_pool(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
+               const TempAddrFn* wide) {
+    if (p.before) emit_pass(b, *p.before, load, wide);
+    for (const Pass& ps : p.befores) emit_pass(b, ps, load, wide);
     const auto scope = b.scope("pool");
-    Addresses ad(b, load);
+    Addresses ad(b, load, wide);
     std::vector<st::Operand> ops;
     if (p.grad_operands.empty())
         ops.push_back(st::Operand::hbm(ad.of(p.before ? p.before->out : p.x->buffer)));
@@ -1424,19 +1428,15 @@ std::optional<DerivedBuffer> conv_pool_derived(const ConvPoolFusion& p) {
 void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
                            const LoadArgFn& load_arg, std::optional<DerivedSlot> slot,
                            const TempAddrFn* wide_temps) {
-    t_wide_temps = wide_temps;
-    struct Reset {
-        ~Reset() { t_wide_temps = nullptr; }
-    } reset;
     switch (p.kind) {
         case ConvPoolFusion::Kind::Conv:
-            return emit_conv(b, p, load, load_arg, slot);
+            return emit_conv(b, p, load, load_arg, slot, wide_temps);
         case ConvPoolFusion::Kind::ConvGrad:
-            return emit_conv_grad(b, p, load);
+            return emit_conv_grad(b, p, load, wide_temps);
         case ConvPoolFusion::Kind::Pool:
-            return emit_pool(b, p, load);
+            return emit_pool(b, p, load, wide_temps);
         case ConvPoolFusion::Kind::GlobalSum:
-            return emit_global_sum(b, p, load);
+            return emit_global_sum(b, p, load, wide_temps);
     }
 }
 
