@@ -6,8 +6,6 @@
 // launch) across groups, blocks, parts and both stationary sides.
 #include <gtest/gtest.h>
 
-#include <fmt/format.h>
-
 #include "compiler/builder.h"
 #include "compiler/compiler.h"
 #include "compiler/device_backend.h"
@@ -15,16 +13,15 @@
 #include "compiler_test_util.h"
 #include "device_test_util.h"
 #include "driver/device.h"
-#include "driver/kernels/matmul_kernel.h"
 #include "hw/board_config.h"
 
 namespace tpu::compiler {
 namespace {
 
 using test::expect_bit_exact;
+using test::expect_linears_of_one_input_bit_exact;
 using test::randoms;
 using test::Record;
-using test::same_bits;
 
 /// y = x W^T + b + r, the attention's output projection and fc_2's form.
 void expect_linear_residual_bit_exact(int64_t M, int64_t K, int64_t N, uint32_t seed) {
@@ -68,51 +65,17 @@ TEST(CompilerDot2dDevice, AResidualPrefetchedInTheMiddleGroupsLoopBitExact) {
     expect_linear_residual_bit_exact(2048, 128, 1024, 81);
 }
 
-/// `parts` linears of one x [M, K] (weights [N, K], biases [N]), merged by dot_merger into one
-/// dot of the concatenated weights, on the device (race detector on) and the host: bit-exact,
-/// one launch.
-void expect_parts_bit_exact(int64_t M, int64_t K, int64_t N, uint32_t parts, uint32_t seed) {
-    const Shape xs{DType::F32, {M, K}}, ws{DType::F32, {N, K}}, bs{DType::F32, {N}};
-    const auto run_parts = [&](Backend& backend) {
-        LazyContext ctx(backend);
-        const LazyTensor x = ctx.input("x", xs, {randoms(size_t(M * K), seed)});
-        std::vector<LazyTensor> outs;
-        for (uint32_t i = 0; i < parts; ++i) {
-            const LazyTensor w = ctx.parameter(fmt::format("w{}", i), ws,
-                                               {randoms(size_t(N * K), seed + 1 + i, -0.2f, 0.2f)});
-            const LazyTensor b =
-                ctx.parameter(fmt::format("b{}", i), bs, {randoms(size_t(N), seed + 11 + i)});
-            outs.push_back(ctx.wrap(linear(ctx.graph(), ctx.value(x), ctx.value(w), ctx.value(b))));
-        }
-        ctx.mark_step();
-        std::vector<std::vector<float>> got;
-        for (const LazyTensor& t : outs) got.push_back(ctx.to_host(t));
-        return got;
-    };
-    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    HostBackend host(1);
-    const auto got = run_parts(device), want = run_parts(host);
-    ASSERT_EQ(got.size(), size_t(parts));
-    for (size_t i = 0; i < parts; ++i) EXPECT_TRUE(same_bits(got[i], want[i])) << i;
-    EXPECT_EQ(device.stats().launches, 1u);
-    EXPECT_EQ(device.stats().fallbacks.size(), 0u);
-}
-
 TEST(CompilerDot2dDevice, BertsMergedQkvPartsRunInOneKernelBitExact) {
     // BERT-base's Q, K, V projections (512 x 768 x 768 each, bias): one kernel of three parts,
     // each one block of 768 streamed weight rows in one group (two panels per MXU), the Column
     // sides' slots alternating (part 2 reuses part 0's slot once part 1 flushed part 0).
-    expect_parts_bit_exact(512, 768, 768, 3, 61);
+    expect_linears_of_one_input_bit_exact(512, 768, 768, 3, 61, 62, 72);
 }
 
 TEST(CompilerDot2dDevice, TwoPartsOfSeveralBlocksBitExact) {
     // 256 x 256 x 1536 twice: each part several blocks and groups, part 1's first block's
     // loads beside part 0's last stores.
-    expect_parts_bit_exact(256, 256, 1536, 2, 71);
+    expect_linears_of_one_input_bit_exact(256, 256, 1536, 2, 71, 72, 82);
 }
 
 }  // namespace

@@ -24,10 +24,9 @@ namespace tpu::compiler {
 namespace {
 
 using test::expect_bit_exact;
-using test::Leaf;
+using test::expect_linears_of_one_input_bit_exact;
 using test::randoms;
 using test::Record;
-using test::run;
 using test::same_bits;
 
 /// The leaves of an MLP training step: x, onehot, lr; fc1/fc2 weight and bias; a momentum
@@ -247,31 +246,8 @@ TEST(CompilerDotDevice, TheMergedQkvReadsItsThreeWeightsAsTheyLie) {
     // q, k, v = three linears of x (dot_merger: one dot of the concatenated weights, its result
     // sliced): the concatenation is never materialised; each part is a dot over its slice,
     // reading its own weight buffer, with its bias in its epilogue. Three outputs.
+    expect_linears_of_one_input_bit_exact(256, 256, 512, 3, 91, 92, 95);
     const Shape xs{DType::F32, {256, 256}}, ws{DType::F32, {512, 256}}, bs{DType::F32, {512}};
-    const auto run_qkv = [&](Backend& backend) {
-        LazyContext ctx(backend);
-        const LazyTensor x = ctx.input("x", xs, {randoms(256 * 256, 91)});
-        std::vector<LazyTensor> outs;
-        for (uint32_t i = 0; i < 3; ++i) {
-            const LazyTensor w =
-                ctx.parameter(fmt::format("w{}", i), ws, {randoms(512 * 256, 92 + i, -0.2f, 0.2f)});
-            const LazyTensor b = ctx.parameter(fmt::format("b{}", i), bs, {randoms(512, 95 + i)});
-            outs.push_back(ctx.wrap(linear(ctx.graph(), ctx.value(x), ctx.value(w), ctx.value(b))));
-        }
-        ctx.mark_step();
-        std::vector<std::vector<float>> got;
-        for (const LazyTensor& t : outs) got.push_back(ctx.to_host(t));
-        return got;
-    };
-    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    HostBackend host(1);
-    const auto got = run_qkv(device), want = run_qkv(host);
-    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(same_bits(got[i], want[i])) << i;
-    EXPECT_EQ(device.stats().launches, 1u);
     Graph g;
     const ValueId x = g.input(xs, "x");
     for (int i = 0; i < 3; ++i)

@@ -127,6 +127,43 @@ inline DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& r
     return device.stats();
 }
 
+/// `parts` linears of one input x [M, K] (weights [N, K] from seeds `w_seed` + i, biases [N]
+/// from `b_seed` + i), which dot_merger merges into one dot of the concatenated weights, run on
+/// the device (race detector on) and on the evaluator: the same bits for every part, one launch,
+/// no host fallback.
+inline void expect_linears_of_one_input_bit_exact(int64_t M, int64_t K, int64_t N, uint32_t parts,
+                                                  uint32_t x_seed, uint32_t w_seed,
+                                                  uint32_t b_seed) {
+    const Shape xs{DType::F32, {M, K}}, ws{DType::F32, {N, K}}, bs{DType::F32, {N}};
+    const auto run_parts = [&](Backend& backend) {
+        LazyContext ctx(backend);
+        const LazyTensor x = ctx.input("x", xs, {randoms(size_t(M * K), x_seed)});
+        std::vector<LazyTensor> outs;
+        for (uint32_t i = 0; i < parts; ++i) {
+            const LazyTensor w = ctx.parameter("w" + std::to_string(i), ws,
+                                               {randoms(size_t(N * K), w_seed + i, -0.2f, 0.2f)});
+            const LazyTensor b =
+                ctx.parameter("b" + std::to_string(i), bs, {randoms(size_t(N), b_seed + i)});
+            outs.push_back(ctx.wrap(linear(ctx.graph(), ctx.value(x), ctx.value(w), ctx.value(b))));
+        }
+        ctx.mark_step();
+        std::vector<std::vector<float>> got;
+        for (const LazyTensor& t : outs) got.push_back(ctx.to_host(t));
+        return got;
+    };
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    DeviceBackend device(*dev, {0}, cg);
+    HostBackend host(1);
+    const auto got = run_parts(device), want = run_parts(host);
+    ASSERT_EQ(got.size(), size_t(parts));
+    for (size_t i = 0; i < parts; ++i) EXPECT_TRUE(same_bits(got[i], want[i])) << "part " << i;
+    EXPECT_EQ(device.stats().launches, 1u);
+    EXPECT_EQ(device.stats().fallbacks.size(), 0u);
+}
+
 /// The zoo's attention (MultiheadAttention::record, as device_bert_test.cpp's zoo_block) on
 /// [S, H d] projections: q k^T over [1, H, S, d] with batch dims {0, 1}, times 1/sqrt(d),
 /// softmax, p v, the heads merged back to [S, H d] (a transpose and a reshape) and read by the
