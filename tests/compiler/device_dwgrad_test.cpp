@@ -45,3 +45,34 @@ TEST(CompilerDwGrad, ColumnGroupsAndAnEpilogueOverKBlocksAreBitExact) {
 
 }  // namespace
 }  // namespace tpu::compiler
+
+namespace tpu::compiler {
+namespace {
+
+using namespace test;
+
+TEST(CompilerDwGrad, TheGlobalPoolGradientBroadcastOverItsImagesPixelsIsBitExact) {
+    // ResNet's head: y = relu(conv(x)) [8, 7, 7, 256] (untiled NHWC rows) and the gradient of
+    // its global average pool (a dot's [8, 256] result, in T(8,128) tiles) broadcast back over
+    // each image's 49 pixels through the ReLU's mask: groups of 49 rows, across the bands of 8 rows, in a loop fusion (one row a
+    // unit) and beside the bias gradient's sum over the rows (row bands), then the filter's
+    // gradient of dx (its sum per output channel added to the bias gradient: one result).
+    const std::vector<Leaf> leaves = {
+        {"x", f32({8, 7, 7, 128}), {randoms(8 * 49 * 128, 41)}},
+        {"w", f32({1, 1, 128, 256}), {randoms(128 * 256, 42, -0.1f, 0.1f)}, true},
+        {"v", f32({8, 64}), {randoms(8 * 64, 43)}},
+        {"wf", f32({64, 256}), {randoms(64 * 256, 44, -0.1f, 0.1f)}, true}};
+    expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId y = relu(g, conv2d(g, v[0], v[1], 1, 0));
+        const ValueId gp = matmul(g, v[2], v[3], false, false);  // the head's dx, [8, 256]
+        const ValueId zero = broadcast(g, literal(g, 0.0), {8, 7, 7, 256}, {});
+        const ValueId dx = select(g, compare(g, y, zero, Comparison::Gt),
+                                  broadcast(g, gp, {8, 7, 7, 256}, {0, 3}), zero);
+        const ValueId db = reduce(g, dx, {0, 1, 2}, Reducer::Sum);
+        const ValueId dw = conv2d_filter_grad(g, v[0], dx, 1, 1, 0);
+        return add(g, reduce(g, dw, {0, 1, 2}, Reducer::Sum), db);
+    });
+}
+
+}  // namespace
+}  // namespace tpu::compiler
