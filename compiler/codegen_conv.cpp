@@ -1402,8 +1402,8 @@ void emit_filter_grad_blocks(isa::Builder& b, const ConvPoolFusion& p, const isa
     first.full_sides = mid.full_sides = 0;
     last.K = p.k_last;
     const driver::Epilogue none;
-    driver::emit_dot(b, first, {st::Operand::hbm(a), st::Operand::hbm(w), st::Operand::hbm(partial)},
-                     none);
+    driver::emit_dot(b, first,
+                     {st::Operand::hbm(a), st::Operand::hbm(w), st::Operand::hbm(partial)}, none);
     const auto next = [&] {
         b.emit(Opcode::Add, {a, a, imm(a_step)});
         b.emit(Opcode::Add, {w, w, imm(w_step)});
@@ -1414,9 +1414,8 @@ void emit_filter_grad_blocks(isa::Builder& b, const ConvPoolFusion& p, const isa
         const isa::Label loop = b.label("k_block");
         b.bind(loop);
         next();
-        driver::emit_dot(b, mid,
-                         {st::Operand::hbm(a), st::Operand::hbm(w), st::Operand::hbm(partial)},
-                         none);
+        driver::emit_dot(
+            b, mid, {st::Operand::hbm(a), st::Operand::hbm(w), st::Operand::hbm(partial)}, none);
         const isa::Reg t = b.reg("block.index");
         b.emit(Opcode::Lw, {t, counter.word(0)});
         b.emit(Opcode::Add, {t, t, imm(1)});

@@ -39,6 +39,8 @@ std::string_view dot_layout_name(DotLayout l) {
 }
 
 size_t hash_value(const DotKey& k) {
+    // DotKey::accumulate is left out (equal keys still hash alike): the hashes of every other
+    // key stay what they were.
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
                        k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
                        k.overlap_epilogue, k.group_panels, k.band_loads, k.prefetch_sides, k.parts);
@@ -1566,9 +1568,9 @@ private:
         const uint32_t nm = panels(last);
         for (uint32_t p = 0; p < nm; ++p) {
             const uint32_t n = nn(last, p);
-            E(load_op(m_cin), {m_par + int64_t(m_a.c + p * m_m.cpanel),
-                               m_cat + int64_t(uint64_t(p) * m_k.C * 4), m_rows, imm(n * 4),
-                               imm(n * 4), imm(int64_t(cn * 4)), m_loads[0].flag});
+            E(load_op(m_cin),
+              {m_par + int64_t(m_a.c + p * m_m.cpanel), m_cat + int64_t(uint64_t(p) * m_k.C * 4),
+               m_rows, imm(n * 4), imm(n * 4), imm(int64_t(cn * 4)), m_loads[0].flag});
         }
         E(Opcode::Add, {m_loads[0].count, m_loads[0].count, imm(nm)});
     }
@@ -1927,8 +1929,8 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
 namespace {
 
 /// emit_dot's checks of its arguments (throws isa::BuildError naming the problem).
-void check_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
-               const Epilogue& epilogue, const DotBatch& batch) {
+void check_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const Epilogue& epilogue,
+               const DotBatch& batch) {
     if (const std::string why = dot_unsupported(key); !why.empty()) throw b.error("dot: " + why);
     if (key.parts > 1) throw b.error("dot: a key of several parts runs through emit_dot_parts");
     const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);

@@ -21,9 +21,8 @@ TEST(CompilerDwGrad, AFilterGradientOverKBlocksIsBitExact) {
     // column group (Cout 8), about 10 000 instructions unrolled; in blocks of 170 / 3 = 56 steps
     // (7 168 pixels): the first, three in the loop, and a last of 3 080 pixels whose last step is
     // short (8 rows).
-    const std::vector<Leaf> leaves = {
-        {"x", f32({8, 63, 63, 8}), {randoms(8 * 63 * 63 * 8, 21)}},
-        {"dy", f32({8, 63, 63, 8}), {randoms(8 * 63 * 63 * 8, 22)}}};
+    const std::vector<Leaf> leaves = {{"x", f32({8, 63, 63, 8}), {randoms(8 * 63 * 63 * 8, 21)}},
+                                      {"dy", f32({8, 63, 63, 8}), {randoms(8 * 63 * 63 * 8, 22)}}};
     expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         return conv2d_filter_grad(g, v[0], v[1], 3, 1, 1);
     });
@@ -54,9 +53,10 @@ using namespace test;
 TEST(CompilerDwGrad, TheGlobalPoolGradientBroadcastOverItsImagesPixelsIsBitExact) {
     // ResNet's head: y = relu(conv(x)) [8, 7, 7, 256] (untiled NHWC rows) and the gradient of
     // its global average pool (a dot's [8, 256] result, in T(8,128) tiles) broadcast back over
-    // each image's 49 pixels through the ReLU's mask: groups of 49 rows, across the bands of 8 rows, in a loop fusion (one row a
-    // unit) and beside the bias gradient's sum over the rows (row bands), then the filter's
-    // gradient of dx (its sum per output channel added to the bias gradient: one result).
+    // each image's 49 pixels through the ReLU's mask: groups of 49 rows, across the bands of 8
+    // rows, in a loop fusion (one row a unit) and beside the bias gradient's sum over the rows (row
+    // bands), then the filter's gradient of dx (its sum per output channel added to the bias
+    // gradient: one result).
     const std::vector<Leaf> leaves = {
         {"x", f32({8, 7, 7, 128}), {randoms(8 * 49 * 128, 41)}},
         {"w", f32({1, 1, 128, 256}), {randoms(128 * 256, 42, -0.1f, 0.1f)}, true},
