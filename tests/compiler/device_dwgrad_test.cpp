@@ -13,16 +13,16 @@ namespace {
 using namespace test;
 
 // The default board: 256 KiB of instruction memory, 8192 instructions, so a filter gradient's
-// dot unrolls at most 8192 / 48 = 170 K steps times column-group variants
-// (codegen_conv.cpp, max_unrolled_dot_steps); beyond, each block takes 170 / (3 variants') steps.
+// dot unrolls at most 8192 / 28 = 292 K steps times column-group variants
+// (codegen_conv.cpp, max_unrolled_dot_steps); beyond, each block takes 292 / (4 variants) steps.
 
 TEST(CompilerDwGrad, AFilterGradientOverKBlocksIsBitExact) {
-    // x [8, 63, 63, 8], 3 x 3, stride 1, pad 1: K = 8 x 63 x 63 = 31 752 pixels, 249 steps of one
-    // column group (Cout 8), about 10 000 instructions unrolled; in blocks of 170 / 3 = 56 steps
-    // (7 168 pixels): the first, three in the loop, and a last of 3 080 pixels whose last step is
-    // short (8 rows).
-    const std::vector<Leaf> leaves = {{"x", f32({8, 63, 63, 8}), {randoms(8 * 63 * 63 * 8, 21)}},
-                                      {"dy", f32({8, 63, 63, 8}), {randoms(8 * 63 * 63 * 8, 22)}}};
+    // x [10, 63, 63, 8], 3 x 3, stride 1, pad 1: K = 10 x 63 x 63 = 39 690 pixels, 311 steps of
+    // one column group (Cout 8), beyond the 292; in blocks of 292 / 4 = 73 steps (9 344 pixels):
+    // the first, three in the loop, and a last of 2 314 pixels whose last step is short (10 rows).
+    const std::vector<Leaf> leaves = {
+        {"x", f32({10, 63, 63, 8}), {randoms(10 * 63 * 63 * 8, 21)}},
+        {"dy", f32({10, 63, 63, 8}), {randoms(10 * 63 * 63 * 8, 22)}}};
     expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         return conv2d_filter_grad(g, v[0], v[1], 3, 1, 1);
     });
@@ -30,12 +30,13 @@ TEST(CompilerDwGrad, AFilterGradientOverKBlocksIsBitExact) {
 
 TEST(CompilerDwGrad, ColumnGroupsAndAnEpilogueOverKBlocksAreBitExact) {
     // Cout 600: 5 panels in groups of 2 MXUs, first, middle and last group (3 variants);
-    // K = 3 x 64 x 64 = 12 288 pixels, 96 steps (288 with the variants) in blocks of 170 / 9 = 18
-    // steps (2 304 pixels): 6 blocks, the last 768 pixels. The parameter added to the gradient
-    // is the last block's epilogue (a Full side); the blocks' partial sums lie in the scratch.
+    // K = 4 x 64 x 64 = 16 384 pixels, 128 steps (384 with the variants) in blocks of
+    // 292 / 12 = 24 steps (3 072 pixels): 6 blocks, the last 1 024 pixels. The parameter added to
+    // the gradient is the last block's epilogue (a Full side); the blocks' partial sums lie in
+    // the scratch.
     const std::vector<Leaf> leaves = {
-        {"x", f32({3, 64, 64, 8}), {randoms(3 * 64 * 64 * 8, 31)}},
-        {"dy", f32({3, 64, 64, 600}), {randoms(3 * 64 * 64 * 600, 32)}},
+        {"x", f32({4, 64, 64, 8}), {randoms(4 * 64 * 64 * 8, 31)}},
+        {"dy", f32({4, 64, 64, 600}), {randoms(4 * 64 * 64 * 600, 32)}},
         {"w", f32({3, 3, 8, 600}), {randoms(3 * 3 * 8 * 600, 33, -0.1f, 0.1f)}, true}};
     expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         return add(g, conv2d_filter_grad(g, v[0], v[1], 3, 1, 1), v[2]);
