@@ -534,6 +534,10 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         const View w = p.view.at(res);
         Step s{id, {}};
         const auto per = [&] { return w == View::Col ? col : full; };
+        // A [Gb, C] array across row bands (Plan::Gb) is only read by its broadcast.
+        if (p.Gb > 1 && w == View::GroupRow)
+            not_generated(f, fmt::format("{} computed on a [groups, columns] array",
+                                         op_name(op.kind)));
         // An op on rows (var + eps of [C]) runs once per slot on the rows' broadcast patterns,
         // so its result is already the pattern its broadcast reads.
         if (w == View::Row && op.kind != OpKind::Literal && op.kind != OpKind::Broadcast &&
