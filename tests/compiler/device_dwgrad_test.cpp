@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "device_test_util.h"
+#include "driver/device.h"
 
 namespace tpu::compiler {
 namespace {
@@ -26,6 +27,31 @@ TEST(CompilerDwGrad, AFilterGradientOverKBlocksIsBitExact) {
     expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         return conv2d_filter_grad(g, v[0], v[1], 3, 1, 1);
     });
+}
+
+TEST(CompilerDwGrad, AFilterGradientOverKBlocksAboveTheWindowIsBitExact) {
+    // ResNet-50 at 128 images per core runs wide programs (its buffers beyond 4 GiB, each
+    // fusion's mapped to HBM windows): the blocks' partial sums are addressed from the scratch's
+    // window address. The core's 4 GiB window is full, so every buffer of the step lies above
+    // it. x [10, 63, 63, 8] as above: 5 blocks.
+    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    auto dev = driver::Device::open(cfg);
+    const driver::Buffer fill = dev->alloc(dev->largest_free_block(0), 0);
+    CodegenOptions cg;
+    cg.board = cfg;
+    DeviceBackend device(*dev, {0}, cg);
+    const std::vector<Leaf> leaves = {
+        {"x", f32({10, 63, 63, 8}), {randoms(10 * 63 * 63 * 8, 51)}},
+        {"dy", f32({10, 63, 63, 8}), {randoms(10 * 63 * 63 * 8, 52)}}};
+    const Record record = [](Graph& g, const std::vector<ValueId>& v) {
+        return conv2d_filter_grad(g, v[0], v[1], 3, 1, 1);
+    };
+    const uint64_t launches = dev->metrics().launches;
+    const auto got = run(device, leaves, record);
+    EXPECT_EQ(dev->metrics().launches - launches, 1u);
+    HostBackend host(1);
+    EXPECT_TRUE(same_bits(got[0], run(host, leaves, record)[0]));
+    dev->free(fill);
 }
 
 TEST(CompilerDwGrad, ColumnGroupsAndAnEpilogueOverKBlocksAreBitExact) {
