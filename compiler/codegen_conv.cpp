@@ -528,6 +528,11 @@ struct ConvPoolFusion {
     driver::Conv2dAuxKey grad_aux;
     const FusionValue* grad_a = nullptr;  ///< dy (input grad) or x (filter grad)
     const FusionValue* grad_b = nullptr;  ///< w (input grad) or dy (filter grad)
+    /// A filter gradient's dot over K blocks (filter_grad_block_steps): `dot` is a block's
+    /// (k_block pixels), the last block has k_last; 1: one dot over every pixel.
+    uint32_t k_blocks = 1, k_block = 0, k_last = 0;
+    /// Where the blocks' partial results are (the scratch behind col), with k_blocks > 1.
+    uint64_t partial_offset = 0;
     // Pool
     driver::PoolKey pool;
     std::vector<BufferRef> grad_operands;  ///< a gradient's (x, dy) or (dy), read or computed
@@ -790,6 +795,41 @@ uint64_t grad_scratch_bytes(const driver::Conv2dShape& s) {
                     s.cin * 4);
 }
 
+/// K steps times column-group variants of a filter gradient's dot emitted unrolled in one
+/// program: the dot kernel's group (driver/kernels/matmul_kernel.cpp) emits 23 to 27
+/// instructions per K step and variant (the first, middle and last column group of a block
+/// each have theirs; measured on ResNet-50's filter gradients at 32 images per core: conv1's
+/// 3 136 steps of one variant were 72 730 instructions, layer2's 1 x 1 to 512 channels 196
+/// steps of two 10 586), and the instruction memory holds core.imem_bytes / 32 of them, with
+/// room left for the im2col loop and an epilogue: 28 a step.
+uint64_t max_unrolled_dot_steps(const hw::BoardConfig& board) {
+    constexpr uint64_t kInstrsPerStep = 28;
+    return board.core.imem_bytes / isa::kInstrBytes / kInstrsPerStep;
+}
+
+/// A filter gradient `dw = col^T dy` whose contraction over every pixel (K = N Ho Wo) would
+/// unroll beyond max_unrolled_dot_steps runs as dots over K blocks (compiler/README.md "Filter
+/// gradients over K blocks"): the K steps of each block (0: one dot). A block's dot is emitted
+/// three times (the first block, the middle ones in a loop, the last), so each takes a quarter
+/// of the steps (the rest: each dot's set-up and drain, the im2col loop, the epilogue).
+uint32_t filter_grad_block_steps(const driver::Conv2dShape& s, const hw::BoardConfig& board) {
+    const uint64_t K = uint64_t(s.batch) * s.out_height() * s.out_width();
+    const uint64_t KT = (K + board.core.mxu_rows - 1) / board.core.mxu_rows;
+    const uint64_t NT = (s.cout + board.core.mxu_cols - 1) / board.core.mxu_cols;
+    const uint64_t groups = (NT + board.core.mxus - 1) / board.core.mxus;
+    const uint64_t variants = std::min<uint64_t>(groups, 3);
+    const uint64_t budget = max_unrolled_dot_steps(board);
+    if (KT * variants <= budget) return 0;
+    return uint32_t(std::max<uint64_t>(1, budget / (4 * variants)));
+}
+
+/// Bytes a filter gradient over K blocks keeps its partial results in (the scratch behind col):
+/// the fp32 k k Cin x Cout; 0 for one dot.
+uint64_t filter_grad_partial_bytes(const driver::Conv2dShape& s, const hw::BoardConfig& board) {
+    if (!filter_grad_block_steps(s, board)) return 0;
+    return align512(uint64_t(s.kernel) * s.kernel * s.cin * s.cout * 4);
+}
+
 /// Bytes of the dx an input gradient's fusion keeps in its scratch (behind dcol) when other
 /// ops follow the gradient in its fusion and dx itself is not one of its results; else 0.
 uint64_t dx_scratch_bytes(const Graph& g, const Fusion& f) {
@@ -903,6 +943,16 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
         shape.K = M;
         shape.N = s.cout;
         shape.a = driver::DotLayout::Transposed;
+        if (const uint32_t steps = filter_grad_block_steps(s, board)) {
+            // The blocks' dots (their K a multiple of the MXU's rows, so each block's steps
+            // are the one dot's); planned as a middle block's, with the epilogue's sides.
+            p->k_block = steps * board.core.mxu_rows;
+            p->k_blocks = (M + p->k_block - 1) / p->k_block;
+            p->k_last = M - (p->k_blocks - 1) * p->k_block;
+            p->partial_offset = grad_scratch_bytes(s);
+            shape.K = p->k_block;
+            shape.accumulate = true;
+        }
     }
     shape.full_sides = uint32_t(p->ep.fulls.size());
     uint64_t budget = board.core.vmem_bytes - margin;
@@ -926,7 +976,8 @@ std::unique_ptr<ConvPoolFusion> plan_conv_grad(const Graph& g, const Fusion& f,
         budget = driver::dot_vmem_bytes(*k) - over;
     }
     if (!p->dot.M) not_generated(f, "a convolution gradient's dot that does not fit in VMEM");
-    if (f.scratch.bytes < grad_scratch_bytes(s) + (dx_passes ? p->dx.buffer.bytes : 0))
+    if (f.scratch.bytes < grad_scratch_bytes(s) + (dx_passes ? p->dx.buffer.bytes : 0) +
+                              (p->input_grad ? 0 : filter_grad_partial_bytes(s, board)))
         not_generated(f, "a convolution gradient without its scratch");
     p->scratch_buf = f.scratch;
     return p;
@@ -1333,6 +1384,52 @@ void emit_global_sum(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& loa
     st::emit(b, sp, p.tile);
 }
 
+/// A filter gradient over K blocks: dots over consecutive blocks of col's and dy's rows (the
+/// pixels) that add into one result as the one dot over every pixel would (DotKey::accumulate):
+/// the first block's dot starts from zero, the middle ones (a loop) and the last accumulate from
+/// the partial results (the scratch behind col), and the last writes the result through the
+/// epilogue. Each block's dot is the kernel's whole pipeline; its rows advance per block.
+void emit_filter_grad_blocks(isa::Builder& b, const ConvPoolFusion& p, const isa::Arg& col,
+                             const isa::Arg& dy, const isa::Arg& y, const driver::Epilogue& ep) {
+    const auto scope = b.scope("k_blocks");
+    const isa::Arg partial = col + int64_t(p.partial_offset);
+    const int64_t kc = p.dot.M, cout = p.dot.N;
+    const int64_t a_step = int64_t(p.k_block) * kc * 4, w_step = int64_t(p.k_block) * cout * 4;
+    const isa::Reg a = b.reg("block.col"), w = b.reg("block.dy");
+    b.emit(Opcode::Add, {a, col, imm(0)});
+    b.emit(Opcode::Add, {w, dy, imm(0)});
+    driver::DotKey first = p.dot, mid = p.dot, last = p.dot;
+    first.accumulate = false;
+    mid.accumulate = last.accumulate = true;
+    first.full_sides = mid.full_sides = 0;
+    last.K = p.k_last;
+    const driver::Epilogue none;
+    driver::emit_dot(b, first,
+                     {st::Operand::hbm(a), st::Operand::hbm(w), st::Operand::hbm(partial)}, none);
+    const auto next = [&] {
+        b.emit(Opcode::Add, {a, a, imm(a_step)});
+        b.emit(Opcode::Add, {w, w, imm(w_step)});
+    };
+    if (p.k_blocks > 2) {
+        const isa::Smem counter = b.smem("block.count", 1);
+        b.emit(Opcode::Sw, {imm(0), counter.word(0)});
+        const isa::Label loop = b.label("k_block");
+        b.bind(loop);
+        next();
+        driver::emit_dot(
+            b, mid, {st::Operand::hbm(a), st::Operand::hbm(w), st::Operand::hbm(partial)}, none);
+        const isa::Reg t = b.reg("block.index");
+        b.emit(Opcode::Lw, {t, counter.word(0)});
+        b.emit(Opcode::Add, {t, t, imm(1)});
+        b.emit(Opcode::Sw, {t, counter.word(0)});
+        b.emit(Opcode::Bltu, {t, imm(int64_t(p.k_blocks) - 2), loop});
+    }
+    next();
+    driver::emit_dot_accumulate(b, last,
+                                {st::Operand::hbm(a), st::Operand::hbm(w), st::Operand::hbm(y)},
+                                st::Operand::hbm(partial), ep);
+}
+
 void emit_conv_grad(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load,
                     const TempAddrFn* wide) {
     const auto scope = b.scope("conv_grad");
@@ -1379,10 +1476,13 @@ void emit_conv_grad(isa::Builder& b, const ConvPoolFusion& p, const LoadFn& load
                 for (const isa::Vmem& a : areas) t.areas.push_back(a.at(0));
                 emit_steps(t, p.ep);
             };
-        driver::emit_dot(b, p.dot,
-                         {st::Operand::hbm(col), st::Operand::hbm(ad.of(p.grad_b->buffer)),
-                          st::Operand::hbm(ad.of(p.y->buffer))},
-                         ep);
+        if (p.k_blocks == 1)
+            driver::emit_dot(b, p.dot,
+                             {st::Operand::hbm(col), st::Operand::hbm(ad.of(p.grad_b->buffer)),
+                              st::Operand::hbm(ad.of(p.y->buffer))},
+                             ep);
+        else
+            emit_filter_grad_blocks(b, p, col, ad.of(p.grad_b->buffer), ad.of(p.y->buffer), ep);
     }
     for (const Pass& ps : p.after) emit_pass(b, ps, load, wide);
 }
@@ -1468,8 +1568,10 @@ void plan_convolution_scratch(CompiledStep& step, const CompileOptions& options)
         }
         if (f.kind != FusionKind::Output) continue;
         if (op.kind == OpKind::Conv2dInputGrad || op.kind == OpKind::Conv2dFilterGrad) {
-            f.scratch.bytes =
-                gen::grad_scratch_bytes(gen::grad_shape(g, op)) + gen::dx_scratch_bytes(g, f);
+            const driver::Conv2dShape s = gen::grad_shape(g, op);
+            f.scratch.bytes = gen::grad_scratch_bytes(s) + gen::dx_scratch_bytes(g, f);
+            if (op.kind == OpKind::Conv2dFilterGrad)
+                f.scratch.bytes += gen::filter_grad_partial_bytes(s, options.board);
             continue;
         }
         if (op.kind != OpKind::Conv2d || !gen::conv_unsupported(g, op, options.board).empty())

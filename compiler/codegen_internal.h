@@ -65,6 +65,10 @@ struct Plan {
     bool major = false;  ///< its reductions are over the rows (major dims), each result a [C] row
     bool total = false;  ///< major, then over the row: to a scalar (all dims of a tiled array)
     int64_t G = 1;       ///< groups of R / G rows: [G, R / G, C] (kept dims above reduced ones)
+    /// With G = 1 under a major reduction: a [Gb, C] array broadcast over groups of R / Gb rows
+    /// (GroupRow; the global average pool's gradient beside its bias gradient's sum), the
+    /// groups not aligned with the bands.
+    int64_t Gb = 1;
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
     /// h rows of an untiled row-major array per unit (a major reduction's bands), in row order:

@@ -175,6 +175,30 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             p.C = C;
         }
     }
+    // The [G, C] broadcast over the middle dims, in a space a major reduction (not grouped)
+    // set: its groups of R / Gb rows (Plan::Gb).
+    if (p.rows && p.major && !p.total && p.G == 1)
+        for (OpId id : f.ops) {
+            const Op& op = g.op(id);
+            if (op.kind != OpKind::Broadcast) continue;
+            const Shape& in = g.shape(op.operands[0]);
+            const Shape& out = g.shape(op.results[0]);
+            if (in.elements() <= 1 || out.elements() != p.R * p.C || nonunit(in.dims).size() != 2)
+                continue;
+            const auto d = nonunit(out.dims);
+            std::vector<int64_t> cov;
+            for (int64_t k = 0; k < out.rank(); ++k) {
+                if (out.dims[size_t(k)] == 1) continue;
+                bool c = false;
+                for (size_t j = 0; j < op.attrs.dims.size(); ++j)
+                    c |= op.attrs.dims[j] == k && in.dims[j] != 1;
+                cov.push_back(c);
+            }
+            if (cov.size() >= 3 && cov.front() && cov.back() && d.back() == p.C &&
+                std::count(cov.begin() + 1, cov.end() - 1, 1) == 0 &&
+                d.front() * p.C == in.elements())
+                p.Gb = d.front();
+        }
     if (!p.rows)
         for (OpId id : f.ops) {
             const Op& op = g.op(id);
@@ -213,7 +237,8 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         // (A one-value array too: broadcast, it is a scalar, a batch of one's [1] sum.)
         if (!p.rows) return g.shape(v).rank() == 0 || n == 1 ? View::Unknown : View::Full;
         const bool full = n == p.R * p.C, col = n == p.R, row = n == p.C;
-        const bool grow = p.G > 1 && n == p.G * p.C;
+        const int64_t groups = p.G > 1 ? p.G : p.Gb;
+        const bool grow = groups > 1 && n == groups * p.C;
         if (full && !col && !row && !grow) return View::Full;
         if (col && !full && !row && !grow) return View::Col;
         if (row && !full && !col && !grow) return View::Row;
@@ -266,7 +291,8 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                     for (int64_t d = 0; d < out.rank(); ++d)
                         if (out.dims[size_t(d)] != 1) nz.push_back(covered[size_t(d)]);
                     const bool last = !nz.empty() && nz.back();
-                    if (p.G > 1 && in.elements() == p.G * p.C && last) {
+                    if ((p.G > 1 || p.Gb > 1) && in.elements() == std::max(p.G, p.Gb) * p.C &&
+                        last) {
                         set(op.operands[0], View::GroupRow);
                         break;
                     }
@@ -402,8 +428,14 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                 not_generated(f, fmt::format("a {} array repeated over bands of {} x {}",
                                              g.shape(v).to_string(), p.h, p.Cp));
         }
-        if (p.G > 1 && (p.h != board.core.vpu_sublanes || (p.R / p.G) % p.h))
+        // Groups a broadcast alone sets may lie across untiled rows (one row a unit); those a
+        // broadcast under a major reduction sets across its row bands (Plan::Gb): each row
+        // finds its group's row.
+        const bool row_groups = p.G > 1 && !reduces && p.h == 1;
+        if (p.G > 1 && !row_groups && (p.h != board.core.vpu_sublanes || (p.R / p.G) % p.h))
             not_generated(f, fmt::format("groups of {} rows in bands of {}", p.R / p.G, p.h));
+        if (p.Gb > 1 && (!p.row_bands || p.R % p.h || p.R % p.Gb))
+            not_generated(f, fmt::format("groups of {} rows across bands of {}", p.R / p.Gb, p.h));
         // Padded rows: the last band's (a [R] vector's DMA reads and writes the rest of its
         // 256-byte allocation, never another buffer); a minor reduction's results there are
         // never stored as data, a major one masks them (emit_stream_fusion).
@@ -502,6 +534,10 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         const View w = p.view.at(res);
         Step s{id, {}};
         const auto per = [&] { return w == View::Col ? col : full; };
+        // A [Gb, C] array across row bands (Plan::Gb) is only read by its broadcast.
+        if (p.Gb > 1 && w == View::GroupRow)
+            not_generated(f, fmt::format("{} computed on a [groups, columns] array",
+                                         op_name(op.kind)));
         // An op on rows (var + eps of [C]) runs once per slot on the rows' broadcast patterns,
         // so its result is already the pattern its broadcast reads.
         if (w == View::Row && op.kind != OpKind::Literal && op.kind != OpKind::Broadcast &&
@@ -663,7 +699,8 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         if (g.op(s.op).kind != OpKind::Broadcast || (!s.tmp.empty() && s.tmp[0] == -1)) continue;
         const bool pattern = !s.tmp.empty() && s.tmp[0] == -2;
         const bool repeat = !s.tmp.empty() && s.tmp[0] == -5;
-        need_negzero |= pattern || tiled || repeat;
+        const bool group = !s.tmp.empty() && s.tmp[0] == -4;
+        need_negzero |= pattern || tiled || repeat || group;
         need_ones |= !pattern && !repeat;
     }
     const int negzero =
@@ -813,21 +850,51 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                         });
                         break;
                     }
+                    if (!s.tmp.empty() && s.tmp[0] == -4 && p.Gb > 1) {
+                        // Row bands ([row][C]) over groups of R / Gb rows that the bands cross:
+                        // each row its group's row (in the [Gb, C] array's T(8,128) tiles),
+                        // chunk by chunk, on a row of -0.0.
+                        const int64_t rpg = p.R / p.Gb, gh = board.core.vpu_sublanes;
+                        const int64_t gchunk = gh * p.lanes * 4, lane_bytes = p.lanes * 4;
+                        const isa::Reg k = bb.reg("band"), i = bb.reg("band_row"),
+                                       r = bb.reg("row"), d = bb.reg("dst"), q = bb.reg("q");
+                        const isa::Arg src = body.f(fixed_of.at(op.operands[0]));
+                        bb.loop(k, imm(0), body.units(), 1, [&] {
+                            bb.loop(i, imm(0), imm(p.h), 1, [&] {
+                                bb.emit(Opcode::Add, {q, body.first(), k});
+                                bb.emit(Opcode::Mul, {q, q, imm(p.h)});
+                                bb.emit(Opcode::Add, {q, q, i});
+                                bb.emit(Opcode::Divu, {q, q, imm(rpg)});  // the group
+                                group_row(bb, r, q, src, gh, Ct, gchunk);
+                                bb.emit(Opcode::Mul, {d, k, imm(p.h)});
+                                bb.emit(Opcode::Add, {d, d, i});
+                                bb.emit(Opcode::Mul, {d, d, imm(p.Cp * 4)});
+                                bb.emit(Opcode::Add, {d, d, out});
+                                for (int64_t t = 0; t < Ct; ++t)
+                                    body.vpu(Opcode::VAddRow,
+                                             {d + t * lane_bytes, body.a(negzero), r + t * gchunk,
+                                              imm(1), imm(p.lanes)});
+                            });
+                        });
+                        break;
+                    }
                     if (!s.tmp.empty() && s.tmp[0] == -4) {
-                        // Per band: its group's row, chunk by chunk, on 8 rows of -0.0.
+                        // Per band: its group's row, chunk by chunk, on 8 rows of -0.0 (untiled
+                        // rows: on one row; the [G, C] array in T(8,128) tiles either way).
                         const int64_t bpg = p.R / p.G / p.h, chunk = int64_t(p.h) * p.lanes * 4;
+                        const int64_t gh = board.core.vpu_sublanes, gchunk = gh * p.lanes * 4;
                         const isa::Reg k = bb.reg("band"), r = bb.reg("row"), d = bb.reg("dst"),
                                        q = bb.reg("q");
                         const isa::Arg src = body.f(fixed_of.at(op.operands[0]));
                         bb.loop(k, imm(0), body.units(), 1, [&] {
                             bb.emit(Opcode::Add, {q, body.first(), k});
                             bb.emit(Opcode::Divu, {q, q, imm(bpg)});  // the group
-                            group_row(bb, r, q, src, p.h, Ct, chunk);
+                            group_row(bb, r, q, src, gh, Ct, gchunk);
                             bb.emit(Opcode::Mul, {d, k, imm(int64_t(full) * 4)});
                             bb.emit(Opcode::Add, {d, d, out});
                             for (int64_t t = 0; t < Ct; ++t)
                                 body.vpu(Opcode::VAddRow, {d + t * chunk, body.a(negzero),
-                                                           r + t * chunk, imm(p.h), imm(p.lanes)});
+                                                           r + t * gchunk, imm(p.h), imm(p.lanes)});
                         });
                         break;
                     }

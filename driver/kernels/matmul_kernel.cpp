@@ -39,6 +39,8 @@ std::string_view dot_layout_name(DotLayout l) {
 }
 
 size_t hash_value(const DotKey& k) {
+    // DotKey::accumulate is left out (equal keys still hash alike): the hashes of every other
+    // key stay what they were.
     return hash_fields(k.M, k.K, k.N, k.precision, k.a, k.w, k.c, k.stationary, k.R, k.C, k.mxus,
                        k.block_rows, k.column_sides, k.full_sides, k.store_bf16, k.c_row,
                        k.overlap_epilogue, k.group_panels, k.band_loads, k.prefetch_sides, k.parts);
@@ -233,7 +235,7 @@ class DotGen {
 public:
     DotGen(isa::Builder& b, const DotKey& k, const DotOperands& ops, const Epilogue& ep,
            const Prologue& pro, const DotBatch& batch,
-           std::function<void(uint32_t)> rebind = nullptr)
+           std::function<void(uint32_t)> rebind = nullptr, const Operand* c_in = nullptr)
         : m_b(b),
           m_k(k),
           m_p(problem(k)),
@@ -249,6 +251,7 @@ public:
           m_A(m_p.lhs ? ops.w : ops.a),
           m_W(m_p.lhs ? ops.a : ops.w),
           m_C(ops.c),
+          m_cin(c_in ? *c_in : ops.c),
           m_ops(ops),
           m_batch(batch),
           m_rebind(std::move(rebind)) {
@@ -303,6 +306,7 @@ public:
         m_paddr = m_b.reg("pending_addr", 26);
         m_prows = m_b.reg("pending_rows", 27);
         m_ppar = m_b.reg("pending_parity", 28);
+        if (m_k.accumulate) m_cat = m_b.reg("c_in");
 
         // A batch: each member's blocks in turn, in a loop over the passes (DotBatch). A
         // batch's blocks follow the previous batch's as one dot's blocks follow each other.
@@ -1343,6 +1347,7 @@ private:
         if (w_direct)
             for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
         loads(0, first, last, 0, kBoth);
+        if (m_k.accumulate) c_loads(first, last);
         const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
         // The previous group's epilogue is the VPU's, which also converts each step's operands:
         // all at once it would leave the MXUs idle once the one step issued before it is done
@@ -1504,7 +1509,8 @@ private:
                 const bool flagged = p + m_k.mxus >= nm;
                 for (size_t i = 0; i < m_passes.size(); ++i) {
                     const auto [pa, pw] = m_passes[i];
-                    const bool fresh = j == 0 && i == 0, end = i + 1 == m_passes.size();
+                    const bool fresh = j == 0 && i == 0 && !m_k.accumulate;
+                    const bool end = i + 1 == m_passes.size();
                     E(Opcode::MxuLw,
                       {imm(m), imm(int64_t(wbf(slot, p, pw))), imm(k), imm(nn(last, p))});
                     const isa::Arg dst = m_par + int64_t(m_a.c + p * m_m.cpanel);
@@ -1545,6 +1551,28 @@ private:
         set_pending(first, last);
         E(Opcode::Li, {m_pending, imm(last ? 2 : 1)});
         E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
+    }
+
+    /// DotKey::accumulate: the group's C panels from where their values start (C fp32 row-major,
+    /// the RHS stationary) into the C parity the group's matmuls write, counted with step 0's
+    /// loads, so step 0 waits for them (the group's start waited for the stores that last read
+    /// that parity).
+    void c_loads(bool first, bool last) {
+        const uint64_t cn = m_k.N;
+        E(Opcode::Mul, {m_cat, m_row, imm(int64_t(cn * 4))});
+        E(Opcode::Add, {m_cat, m_cat, m_cin.value});
+        if (first || last)
+            E(Opcode::Add, {m_cat, m_cat, imm(int64_t(first_col(first) * 4))});
+        else
+            E(Opcode::Add, {m_cat, m_cat, m_col});
+        const uint32_t nm = panels(last);
+        for (uint32_t p = 0; p < nm; ++p) {
+            const uint32_t n = nn(last, p);
+            E(load_op(m_cin),
+              {m_par + int64_t(m_a.c + p * m_m.cpanel), m_cat + int64_t(uint64_t(p) * m_k.C * 4),
+               m_rows, imm(n * 4), imm(n * 4), imm(int64_t(cn * 4)), m_loads[0].flag});
+        }
+        E(Opcode::Add, {m_loads[0].count, m_loads[0].count, imm(nm)});
     }
 
     /// pending_addr = C's address of the group's first result, pending_rows, pending_parity
@@ -1610,6 +1638,7 @@ private:
     uint32_t m_KT, m_NT, m_GW, m_G;
     uint32_t m_AS;          ///< slots of the streamed operand's bf16 panels (KT kept, or 2)
     Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
+    Operand m_cin;          ///< where C's starting values are (DotKey::accumulate)
     DotOperands m_ops;      ///< A, W, C as the caller named them
     const DotBatch& m_batch;
     std::function<void(uint32_t)> m_rebind;  ///< part i's addresses (emit_dot_parts)
@@ -1627,6 +1656,7 @@ private:
     std::vector<isa::Vmem> m_vmem;
     isa::Reg m_par, m_pending, m_row, m_rows, m_col, m_pcol, m_tmp, m_wb, m_t14, m_t15, m_cnt;
     isa::Reg m_paddr, m_prows, m_ppar;
+    isa::Reg m_cat;  ///< the group's C panels' starting values in HBM (DotKey::accumulate)
     Tally m_loads[2], m_vpu, m_stores, m_sides;
     isa::Flag m_mxu_flag[kDotMaxMxus];  ///< per MXU: its flagged matmul of each step
     isa::Reg m_mxu_count[kDotMaxMxus];  ///< steps issued, per class (cls)
@@ -1896,8 +1926,11 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     return best;
 }
 
-void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const Epilogue& epilogue,
-              const Prologue& prologue, const DotBatch& batch) {
+namespace {
+
+/// emit_dot's checks of its arguments (throws isa::BuildError naming the problem).
+void check_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const Epilogue& epilogue,
+               const DotBatch& batch) {
     if (const std::string why = dot_unsupported(key); !why.empty()) throw b.error("dot: " + why);
     if (key.parts > 1) throw b.error("dot: a key of several parts runs through emit_dot_parts");
     const uint32_t cols = epilogue.count(EpilogueSide::Kind::Column);
@@ -1934,7 +1967,28 @@ void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const 
                 throw b.error("dot: a batch's member: " + why);
         }
     }
+    if (key.accumulate && (!batch.period.empty() || key.stationary != Stationary::Rhs ||
+                           key.c != DotLayout::RowMajor || key.store_bf16 || key.c_row ||
+                           ops.c.kind != Operand::Kind::Hbm))
+        throw b.error(
+            "dot: C accumulated from its values needs one dot with the RHS stationary and C "
+            "fp32 row-major in HBM");
+}
+
+}  // namespace
+
+void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const Epilogue& epilogue,
+              const Prologue& prologue, const DotBatch& batch) {
+    check_dot(b, key, ops, epilogue, batch);
     DotGen(b, key, ops, epilogue, prologue, batch).emit();
+}
+
+void emit_dot_accumulate(isa::Builder& b, const DotKey& key, const DotOperands& ops,
+                         const streaming::Operand& c_in, const Epilogue& epilogue) {
+    if (!key.accumulate) throw b.error("dot: C's starting values for a key without accumulate");
+    if (c_in.kind != Operand::Kind::Hbm) throw b.error("dot: C's starting values not in HBM");
+    check_dot(b, key, ops, epilogue, {});
+    DotGen(b, key, ops, epilogue, {}, {}, nullptr, &c_in).emit();
 }
 
 void emit_dot_parts(isa::Builder& b, const DotKey& key, const DotOperands& ops,
@@ -1944,6 +1998,7 @@ void emit_dot_parts(isa::Builder& b, const DotKey& key, const DotOperands& ops,
         return;
     }
     if (key.full_sides) throw b.error("dot: parts of a merged dot with Full epilogue sides");
+    if (key.accumulate) throw b.error("dot: parts of a merged dot that accumulate into C");
     if (!rebind) throw b.error("dot: parts of a merged dot without their addresses");
     for (const Operand* o : {&ops.a, &ops.w, &ops.c})
         if (o->kind != Operand::Kind::Hbm || !o->value.reg)

@@ -103,6 +103,13 @@ struct DotKey {
     /// pipeline going on into the next's (a merged dot's parts, Q, K and V: emit_dot_parts);
     /// the Column sides' area is then double-buffered. 1: one dot.
     uint32_t parts = 1;
+    /// C starts from the fp32 values already in HBM (emit_dot: at C, emit_dot_accumulate: at
+    /// its `c_in`) instead of from zero: each group loads its C panels before its first step,
+    /// whose matmuls then accumulate, so dots over consecutive K blocks whose boundaries fall
+    /// on the R-row K steps add up as one dot over all of K does (the same mxu.mm
+    /// accumulations in the same order; compiler/README.md "Filter gradients over K blocks").
+    /// The RHS stationary, C fp32 row-major, one dot (no batch or parts).
+    bool accumulate = false;
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);
@@ -188,6 +195,12 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops,
               const Epilogue& epilogue = {}, const Prologue& prologue = {},
               const DotBatch& batch = {});
+/// emit_dot of a key with DotKey::accumulate whose C starts from the values at `c_in` (an
+/// fp32 row-major M x N in HBM, read before the results are written) rather than at ops.c:
+/// the last of a sequence of K blocks, whose epilogue writes its result elsewhere. Throws
+/// isa::BuildError as emit_dot, or for a key without accumulate.
+void emit_dot_accumulate(isa::Builder& b, const DotKey& key, const DotOperands& ops,
+                         const streaming::Operand& c_in, const Epilogue& epilogue = {});
 /// Runs key.parts dots of one key in one kernel (a merged dot's parts): part 0 on `ops` and
 /// `epilogue` as emit_dot does, then `rebind(i)` emits the loads of part i's addresses into the
 /// same registers (A, W, C and the sides', all in HBM) and part i's blocks follow part i - 1's
