@@ -65,6 +65,9 @@ struct Plan {
     bool major = false;  ///< its reductions are over the rows (major dims), each result a [C] row
     bool total = false;  ///< major, then over the row: to a scalar (all dims of a tiled array)
     int64_t G = 1;       ///< groups of R / G rows: [G, R / G, C] (kept dims above reduced ones)
+    /// Rows of each matrix of [M, Rg, C] arrays in T(8,128) tiles whose Rg is not a multiple of
+    /// the band (each matrix padded to whole bands); 0 if none. R then counts the padded rows.
+    int64_t Rg = 0;
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
     /// h rows of an untiled row-major array per unit (a major reduction's bands), in row order:

@@ -39,6 +39,8 @@ ValueId conv1d(Graph& g, ValueId x, ValueId w, ValueId b) {
     return reshape(g, y, {xs[0], xs[1], out});
 }
 
+constexpr ValueId kNoMask = ~ValueId(0);
+
 /// aten::_safe_softmax over the last dim of [1, H, S, S]: where(all(s == -inf, -1), 0,
 /// softmax(s)), as aten records it.
 ValueId safe_softmax(Graph& g, ValueId s) {
@@ -79,8 +81,8 @@ ValueId gpt2_attention(Graph& g, ValueId x, ValueId w, ValueId b, ValueId mask, 
     bmm.rhs_contracting = {1};
     const ValueId s3 = dot(g, reshape(g, qs, {heads, S, d}), reshape(g, ks, {heads, d, S}), bmm);
     if (upto == 1) return s3;
-    const ValueId s = add(g, reshape(g, s3, {1, heads, S, S}),
-                          broadcast(g, mask, {1, heads, S, S}, {2, 3}));
+    ValueId s = reshape(g, s3, {1, heads, S, S});
+    if (mask != kNoMask) s = add(g, s, broadcast(g, mask, {1, heads, S, S}, {2, 3}));
     const ValueId pr = safe_softmax(g, s);
     return dot(g, reshape(g, pr, {heads, S, S}), reshape(g, v, {heads, S, d}), bmm);
 }
@@ -137,6 +139,32 @@ TEST(CompilerPyHost2, TheContextOfHeadsOfSlicesBitExact) {
     const auto st = expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         return gpt2_attention(g, v[0], v[1], v[2], v[3], kH);
     });
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
+/// ViT's attention (python/README.md: 16 patches and the class token, 17 rows and keys per
+/// head) on the device against the evaluator; returns the backend's statistics.
+DeviceBackendStats expect_padded_attention_bit_exact(int64_t S) {
+    auto leaves = gpt2_leaves(S, kD);
+    leaves.pop_back();  // no mask
+    return expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        return gpt2_attention(g, v[0], v[1], v[2], kNoMask, kH);
+    });
+}
+
+TEST(CompilerPyHost2, TheSoftmaxOverScoresInPaddedTilesBitExact) {
+    // [3, 17, 17] scores in T(8,128) tiles: each head's 17 rows padded to 24 (3 bands), its
+    // 17 keys to 128 lanes. The softmax's fusions stream the 72 padded rows (the padding
+    // computed on, never data) and its [1, 3, 17] statistics map row r to [r / 24][r % 24]
+    // (before: "(padded tiles)", three fusions on the host).
+    const auto st = expect_padded_attention_bit_exact(17);
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
+TEST(CompilerPyHost2, TheSoftmaxOverAViTBasesKeysBitExact) {
+    // ViT-Base's 197 tokens (196 patches and the class token): rows padded to 200, keys to
+    // two lane chunks of which the second holds 69.
+    const auto st = expect_padded_attention_bit_exact(197);
     EXPECT_EQ(st.host_fusions, 0u);
 }
 
