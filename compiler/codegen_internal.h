@@ -76,6 +76,8 @@ struct Plan {
     std::map<ValueId, View> view;
     /// Col values whose array is [G, S] in T(8,128) tiles (a rank-2 reduction result): S.
     std::map<ValueId, int64_t> tiled_col;
+    /// Tiled Col values whose array is [B, H, S]: H (each matrix of H rows padded to tiles).
+    std::map<ValueId, int64_t> tiled_col_rows;
     /// Repeat operands (loaded whole once, each band read from band index mod M / h).
     std::vector<ValueId> repeat;
 };

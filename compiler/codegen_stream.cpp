@@ -402,14 +402,25 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                                              fv.shape.to_string(), fv.layout.to_string()));
         } else if (w == View::Col && !fv.layout.tile.empty()) {
             // [G, S] in T(8,128) tiles: loaded or stored whole, each band's 8 values found in it.
+            // Or [B, H, S] (a softmax's statistics over a batch of sequences' heads): B
+            // matrices of H rows, each padded to whole tiles, so the vector's row g is row
+            // (g / H) Hp + g % H of the tiles (Hp: H rounded up to the tile's rows).
             const auto d = nonunit(fv.shape.dims);
-            if (d.size() != 2 || fv.layout.minor_to_major.empty() ||
+            const int64_t rank = fv.shape.rank();
+            bool row_major = true;
+            for (size_t i = 0; i < fv.layout.minor_to_major.size(); ++i)
+                row_major &= fv.layout.minor_to_major[i] == rank - 1 - int64_t(i);
+            const bool batched = d.size() == 3 && row_major &&
+                                 fv.shape.dims[size_t(rank - 1)] == d[2] &&
+                                 fv.shape.dims[size_t(rank - 2)] == d[1];
+            if ((d.size() != 2 && !batched) || fv.layout.minor_to_major.empty() ||
                 fv.layout.minor_to_major[0] != fv.shape.rank() - 1 ||
                 fv.layout.tile != std::vector<int64_t>{int64_t(board.core.vpu_sublanes), vlanes})
                 not_generated(f, fmt::format("a vector {} in layout {}", fv.shape.to_string(),
                                              fv.layout.to_string()));
             const int64_t sub = board.core.vpu_sublanes;
-            p.tiled_col[fv.value] = p.Rg ? (p.Rg + sub - 1) / sub * sub : d[1];
+            p.tiled_col[fv.value] = p.Rg ? (p.Rg + sub - 1) / sub * sub : d.back();
+            if (batched) p.tiled_col_rows[fv.value] = d[1];
         } else if (w == View::Col || w == View::Row || w == View::Scalar) {
             if (layout_bytes(fv.shape, fv.layout) != uint64_t(fv.shape.elements()) * 4)
                 not_generated(f, fmt::format("a vector {} in padded layout {}",
@@ -1172,6 +1183,14 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 bb.bind(run);
                 bb.emit(Opcode::Remu, {sv, row, imm(S)});  // s
                 bb.emit(Opcode::Divu, {q, row, imm(S)});   // g
+                if (const auto H = p.tiled_col_rows.find(v); H != p.tiled_col_rows.end()) {
+                    // g's row of the tiles: its matrix's first, then its row in the matrix.
+                    const int64_t Hp = (H->second + p.h - 1) / p.h * p.h;
+                    bb.emit(Opcode::Divu, {a, q, imm(H->second)});
+                    bb.emit(Opcode::Mul, {a, a, imm(Hp)});
+                    bb.emit(Opcode::Remu, {q, q, imm(H->second)});
+                    bb.emit(Opcode::Add, {q, q, a});
+                }
                 // a = (tile row of g * tiles per row + s / lanes) * tile bytes
                 //     + (g % 8) * lanes * 4 + (s % lanes) * 4 + the array's base
                 bb.emit(Opcode::Divu, {a, q, imm(p.h)});

@@ -41,19 +41,19 @@ ValueId conv1d(Graph& g, ValueId x, ValueId w, ValueId b) {
 
 constexpr ValueId kNoMask = ~ValueId(0);
 
-/// aten::_safe_softmax over the last dim of [1, H, S, S]: where(all(s == -inf, -1), 0,
+/// aten::_safe_softmax over the last dim of [B, H, S, S]: where(all(s == -inf, -1), 0,
 /// softmax(s)), as aten records it.
 ValueId safe_softmax(Graph& g, ValueId s) {
     const Shape sh = g.shape(s);
-    const int64_t H = sh.dims[1], S = sh.dims[2];
+    const int64_t B = sh.dims[0], H = sh.dims[1], S = sh.dims[2];
     const ValueId sm = softmax(g, s, 3);
     const ValueId masked =
         convert(g, compare(g, s, full(g, -INFINITY, sh), Comparison::Eq), DType::F32);
     const ValueId open = select(g, compare(g, masked, full(g, 0.0, sh), Comparison::Eq),
                                 full(g, 1.0, sh), full(g, 0.0, sh));
-    const ValueId any_open = reshape(g, reduce(g, open, {3}, Reducer::Max), {1, H, S, 1});
+    const ValueId any_open = reshape(g, reduce(g, open, {3}, Reducer::Max), {B, H, S, 1});
     const ValueId none = compare(g, any_open, full(g, 0.0, g.shape(any_open)), Comparison::Eq);
-    return select(g, broadcast(g, reshape(g, none, {1, H, S}), sh.dims, {0, 1, 2}),
+    return select(g, broadcast(g, reshape(g, none, {B, H, S}), sh.dims, {0, 1, 2}),
                   full(g, 0.0, sh), sm);
 }
 
@@ -166,6 +166,19 @@ TEST(CompilerPyHost2, TheSoftmaxOverAViTBasesKeysBitExact) {
     // two lane chunks of which the second holds 69.
     const auto st = expect_padded_attention_bit_exact(197);
     EXPECT_EQ(st.host_fusions, 0u);
+}
+
+TEST(CompilerPyHost2, TheSoftmaxOfABatchOfSequencesHeadsBitExact) {
+    // [B, H, S, S] scores (transformers' BERT at batch B > 1): the softmax's [B, H, S]
+    // statistics lie in T(8,128) tiles as B matrices of H rows padded to 8, which the
+    // softmax's fusions read and write in place (before: "a vector f32[B,3,32] in layout
+    // {2,1,0:T(8,128)}", three fusions on the host per layer).
+    constexpr int64_t B = 2;
+    std::vector<float> x = randoms(size_t(B * kH * kS * kS), 41);
+    for (size_t i = 0; i < x.size(); i += 7) x[i] = -INFINITY;  // masked keys
+    const std::vector<Leaf> leaves{{"s", f32({B, kH, kS, kS}), {x}}};
+    expect_bit_exact(leaves,
+                     [](Graph& g, const std::vector<ValueId>& v) { return safe_softmax(g, v[0]); });
 }
 
 }  // namespace
