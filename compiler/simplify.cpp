@@ -224,6 +224,30 @@ std::optional<ValueId> slice_below_unit_reshape(Graph& g, ValueId x, const Attrs
     return reshape_to(g, slice(g, src, start, limit), dims);
 }
 
+/// A gather of broadcast ids (through a reshape) is the broadcast of the gather of the ids
+/// broadcast: each row read once, not once per copy. Transformers' BERT at batch B expands
+/// its [1, S] token-type ids to [B, S] before the embedding: the rows of S ids, broadcast over
+/// the batch as the position embedding's are (the gather fusion then has no broadcast in it).
+/// nullopt when the ids are no such broadcast.
+std::optional<ValueId> gather_of_broadcast(Graph& g, ValueId table, ValueId ids,
+                                           const Shape& result) {
+    ValueId b = ids;
+    if (g.producer(b).kind == OpKind::Reshape) b = g.producer(b).operands[0];
+    const Op& bc = g.producer(b);
+    if (bc.kind != OpKind::Broadcast) return std::nullopt;
+    const ValueId src = bc.operands[0];
+    if (g.shape(src).rank() == 0 || g.shape(src).elements() >= g.shape(b).elements())
+        return std::nullopt;
+    std::vector<int64_t> out = g.shape(b).dims, dims = bc.attrs.dims;
+    const std::vector<int64_t> table_dims = g.shape(table).dims;
+    for (size_t k = 1; k < table_dims.size(); ++k) {
+        dims.push_back(int64_t(out.size()));
+        out.push_back(table_dims[k]);
+    }
+    const ValueId rows = gather_rows(g, table, src);
+    return reshape_to(g, broadcast(g, rows, out, dims), result.dims);
+}
+
 void simplify_op(Rewriter& rw, const Op& op) {
     Graph& g = rw.out();
     auto in = rw.operands(op);
@@ -320,6 +344,12 @@ void simplify_op(Rewriter& rw, const Op& op) {
                     changed = true;
                 }
                 if (changed) return rw.set(op.results[0], g.add1(OpKind::Dot, in, na));
+            }
+            break;
+        case OpClass::Gather:
+            if (op.kind == OpKind::Gather) {
+                if (auto y = gather_of_broadcast(g, in[0], in[1], rw.in().shape(op.results[0])))
+                    return rw.set(op.results[0], *y);
             }
             break;
         default:

@@ -181,5 +181,35 @@ TEST(CompilerPyHost2, TheSoftmaxOfABatchOfSequencesHeadsBitExact) {
                      [](Graph& g, const std::vector<ValueId>& v) { return safe_softmax(g, v[0]); });
 }
 
+TEST(CompilerPyHost2, AGatherOfIdsBroadcastOverTheBatchIsTheBroadcastOfItsRows) {
+    // BertEmbeddings at batch 2: the [1, S] token-type ids expanded to [2, S] and flattened
+    // for the lookup: the gather reads S rows once and its result is broadcast over the batch
+    // (before: "a gather fused with a broadcast", on the host).
+    constexpr int64_t B = 2, V = 16;
+    std::vector<float> types(static_cast<size_t>(kS));
+    for (int64_t i = 0; i < kS; ++i) types[size_t(i)] = float((i * 7) % V);
+    const std::vector<Leaf> leaves{
+        {"x", f32({B, kS, kD}), {randoms(size_t(B * kS * kD), 51)}},
+        {"table", f32({V, kD}), {randoms(size_t(V * kD), 52)}, true},
+        {"ids", Shape{DType::S32, {1, kS}}, {types}},
+        {"gamma", f32({kD}), {randoms(size_t(kD), 53, 0.5f, 1.5f)}, true},
+        {"beta", f32({kD}), {randoms(size_t(kD), 54)}, true}};
+    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId wide = broadcast(g, reshape(g, v[2], {kS}), {B, kS}, {1});
+        const ValueId rows = gather_rows(g, v[1], reshape(g, wide, {B * kS}));
+        return layer_norm(g, add(g, v[0], reshape(g, rows, {B, kS, kD})), v[3], v[4], 1e-12).y;
+    };
+    Graph g;
+    std::vector<ValueId> vs;
+    for (const Leaf& l : leaves)
+        vs.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
+    g.add_output(record(g, vs));
+    const Graph simple = simplify(decompose(g));
+    for (const Op& op : simple.ops())
+        if (op.kind == OpKind::Gather) EXPECT_EQ(simple.shape(op.operands[1]).elements(), kS);
+    const auto st = expect_bit_exact(leaves, record);
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
 }  // namespace
 }  // namespace tpu::compiler
