@@ -105,7 +105,7 @@ bool same_at_unit_dims(const Plan& p, View a, View b) {
 /// to the band: the padded rows are computed on and stored like padded lanes, never read as
 /// data (XLA pads a tiled array's two minor dims the same way). Its [M, Rg] row vectors (a
 /// softmax's statistics, in T(8,128) tiles) map padded row r to [r / Rp][r % Rp]: lanes Rg ..
-/// Rp - 1 of that tile row are its padding. Only for minor reductions and elementwise ops (no
+/// Rp - 1 of that tile row are its padding ([B, H, Rg] ones: matrix r / Rp of B x H, below). Only for minor reductions and elementwise ops (no
 /// iota, no untiled vector: their rows would shift).
 void pad_matrix_rows(const Graph& g, const Fusion& f, Plan& p, const hw::BoardConfig& board) {
     const int64_t h = board.core.vpu_sublanes, lanes = board.core.vpu_lanes;
@@ -129,8 +129,10 @@ void pad_matrix_rows(const Graph& g, const Fusion& f, Plan& p, const hw::BoardCo
                     !rows_of(fv.shape.dims[size_t(rank - 2)]))
                     return;
             } else if (w == View::Col) {
-                if (fv.layout.tile != tile || d.size() != 2 || fv.shape.dims.back() != d[1] ||
-                    !rows_of(d[1]))
+                // [M, Rg] or, over a batch of sequences' heads, [B, H, Rg] (check_hbm maps its
+                // matrices of H rows).
+                if (fv.layout.tile != tile || (d.size() != 2 && d.size() != 3) ||
+                    fv.shape.dims.back() != d.back() || !rows_of(d.back()))
                     return;
             } else if (w != View::Row && w != View::Scalar && w != View::Literal) {
                 return;

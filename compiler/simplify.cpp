@@ -432,10 +432,19 @@ Graph scale_before_slices(const Graph& g) {
             if (fresh)
                 c->second = out.constant(Shape{DType::F32, {int64_t(it->second.size())}},
                                          it->second, "slice factors");
-            const Shape& ys = g.shape(y);
-            const ValueId scaled =
-                mul(out, rw[y], broadcast(out, c->second, ys.dims, {ys.rank() - 1}));
-            rw.set(y, scaled);
+            // Through a reshape that keeps the minor dim (GPT-2's [B S, 3 D] viewed as [B, S,
+            // 3 D]), on the reshape's operand: the factors are then the dot's epilogue's, a
+            // broadcast along its result's columns as its bias's.
+            ValueId x = rw[y];
+            std::vector<int64_t> dims = g.shape(y).dims;
+            if (op.kind == OpKind::Reshape && g.shape(op.operands[0]).rank() > 0 &&
+                g.shape(op.operands[0]).dims.back() == dims.back()) {
+                x = rw[op.operands[0]];
+                dims = g.shape(op.operands[0]).dims;
+            }
+            const ValueId scaled = mul(out, x, broadcast(out, c->second, dims,
+                                                         {int64_t(dims.size()) - 1}));
+            rw.set(y, reshape_to(out, scaled, g.shape(y).dims));
         }
     }
     return detail::remove_dead_ops(rw.finish());

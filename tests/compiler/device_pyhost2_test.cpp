@@ -181,6 +181,16 @@ TEST(CompilerPyHost2, TheSoftmaxOfABatchOfSequencesHeadsBitExact) {
                      [](Graph& g, const std::vector<ValueId>& v) { return safe_softmax(g, v[0]); });
 }
 
+TEST(CompilerPyHost2, TheSoftmaxOfABatchOfSequencesInPaddedTilesBitExact) {
+    // ViT at batch B: [B, H, 17, 17] scores, each head's rows padded to 24, and [B, H, 17]
+    // statistics (B matrices of H rows): padded row r is row r / 24 of the B H heads.
+    constexpr int64_t B = 2, S = 17;
+    const std::vector<Leaf> leaves{
+        {"s", f32({B, kH, S, S}), {randoms(size_t(B * kH * S * S), 43)}}};
+    expect_bit_exact(leaves,
+                     [](Graph& g, const std::vector<ValueId>& v) { return safe_softmax(g, v[0]); });
+}
+
 TEST(CompilerPyHost2, AGatherOfIdsBroadcastOverTheBatchIsTheBroadcastOfItsRows) {
     // BertEmbeddings at batch 2: the [1, S] token-type ids expanded to [2, S] and flattened
     // for the lookup: the gather reads S rows once and its result is broadcast over the batch
