@@ -105,8 +105,8 @@ bool same_at_unit_dims(const Plan& p, View a, View b) {
 /// to the band: the padded rows are computed on and stored like padded lanes, never read as
 /// data (XLA pads a tiled array's two minor dims the same way). Its [M, Rg] row vectors (a
 /// softmax's statistics, in T(8,128) tiles) map padded row r to [r / Rp][r % Rp]: lanes Rg ..
-/// Rp - 1 of that tile row are its padding ([B, H, Rg] ones: matrix r / Rp of B x H, below). Only for minor reductions and elementwise ops (no
-/// iota, no untiled vector: their rows would shift).
+/// Rp - 1 of that tile row are its padding ([B, H, Rg] ones: matrix r / Rp of B x H, below). Only
+/// for minor reductions and elementwise ops (no iota, no untiled vector: their rows would shift).
 void pad_matrix_rows(const Graph& g, const Fusion& f, Plan& p, const hw::BoardConfig& board) {
     const int64_t h = board.core.vpu_sublanes, lanes = board.core.vpu_lanes;
     if (!p.rows || p.major || p.G != 1) return;

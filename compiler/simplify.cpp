@@ -384,8 +384,7 @@ Graph scale_before_slices(const Graph& g) {
     std::map<OpId, ValueId> folded;                 // a multiply -> the slice it scales
     for (ValueId y = 0; y < g.values().size(); ++y) {
         const Shape& ys = g.shape(y);
-        if (users[y].size() < 2 || output[y] || ys.dtype != DType::F32 || ys.rank() == 0)
-            continue;
+        if (users[y].size() < 2 || output[y] || ys.dtype != DType::F32 || ys.rank() == 0) continue;
         const size_t minor = size_t(ys.rank() - 1);
         std::vector<float> f(size_t(ys.dims[minor]), 1.0f);
         std::vector<char> taken(f.size(), 0);
@@ -399,8 +398,9 @@ Graph scale_before_slices(const Graph& g) {
             if (!ok) break;
             const ValueId s = sl.results[0];
             for (int64_t c = sl.attrs.dims[minor]; ok && c < sl.attrs.limits[minor]; ++c)
-                ok = !taken[size_t(c)]++;
-            if (!ok || users[s].size() != 1 || output[s]) continue;
+                ok = !taken[size_t(c)]++;  // overlapping slices would share a factor
+            if (!ok) break;
+            if (users[s].size() != 1 || output[s]) continue;
             const Op& m = g.op(users[s][0]);
             if (m.kind != OpKind::Mul) continue;
             const auto c = literal_splat(g, m.operands[m.operands[0] == s ? 1 : 0]);
@@ -442,8 +442,8 @@ Graph scale_before_slices(const Graph& g) {
                 x = rw[op.operands[0]];
                 dims = g.shape(op.operands[0]).dims;
             }
-            const ValueId scaled = mul(out, x, broadcast(out, c->second, dims,
-                                                         {int64_t(dims.size()) - 1}));
+            const ValueId scaled =
+                mul(out, x, broadcast(out, c->second, dims, {int64_t(dims.size()) - 1}));
             rw.set(y, reshape_to(out, scaled, g.shape(y).dims));
         }
     }

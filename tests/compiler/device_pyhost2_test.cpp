@@ -123,6 +123,19 @@ TEST(CompilerPyHost2, SlicesOfOneProjectionScaledAreItsEpilogue) {
     EXPECT_EQ(slices_of_product, 3);
 }
 
+TEST(CompilerPyHost2, OverlappingSlicesKeepTheirFactorsApart) {
+    // Columns 0..7 scaled, 4..11 and 12..15 not: one factor per column cannot serve the first
+    // two, so no factor moves into the array (whichever slice comes after the overlap).
+    Graph g;
+    const ValueId y = exp(g, g.input(f32({8, 16}), "x"));
+    const ValueId a = mul(g, slice(g, y, {0, 0}, {8, 8}), full(g, 0.5, f32({8, 8})));
+    const ValueId b = slice(g, y, {0, 4}, {8, 12});
+    const ValueId c = slice(g, y, {0, 12}, {8, 16});
+    g.add_output(concatenate(g, {a, b, c}, 1));
+    const Graph s = simplify(g);
+    for (const Op& op : s.ops()) EXPECT_NE(op.kind, OpKind::Constant);
+}
+
 TEST(CompilerPyHost2, TheScoresOfHeadsOfSlicesReadTheProjectionBitExact) {
     // The scores dot reads each head of q and k as a window of c_attn's [S, 3 D] tiles: q's
     // head h at column h d, k's at D + h d (before: "reshape before a batched dot", the slice
