@@ -362,8 +362,18 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
                 nonunit(vs.dims) == vs.dims;
             if (inside_fusion(f, g, v) && !unit_view) {
                 const Op& r = g.producer(v);
-                const ValueId x = r.operands.empty() ? v : r.operands[0];
+                ValueId x = r.operands.empty() ? v : r.operands[0];
                 const Shape& xs = g.shape(x);
+                // A slice of whole rows of a [R, W] array (GPT-2's q, k, v of one projection):
+                // the heads' windows start at its first column.
+                int64_t first = 0;
+                const Op* sl = inside_fusion(f, g, x) ? &g.producer(x) : nullptr;
+                if (sl && sl->kind == OpKind::Slice && !inside_fusion(f, g, sl->operands[0]) &&
+                    g.shape(sl->operands[0]).rank() == 2 && sl->attrs.dims[0] == 0 &&
+                    sl->attrs.limits[0] == g.shape(sl->operands[0]).dims[0]) {
+                    first = sl->attrs.dims[1];
+                    x = sl->operands[0];
+                }
                 if (r.kind != OpKind::Reshape || inside_fusion(f, g, x) || xs.rank() != 2 ||
                     xs.dims[0] != vs.dims[0] || xs.dims[1] != vs.dims[1] * vs.dims[2] || bd != 1)
                     not_generated(f, fmt::format("{} before a batched dot", op_name(r.kind)));
@@ -371,11 +381,12 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
                 if (!(o.fv->layout == Layout{{1, 0}, {8, 128}}))
                     not_generated(f, fmt::format("a head split of an array in layout {}",
                                                  o.fv->layout.to_string()));
-                const int64_t col = b * vs.dims[2];
+                const int64_t col = first + b * vs.dims[2];
                 o.offset = uint64_t(col / 128) * 4096;
                 o.lane = uint32_t(col % 128);
-                o.band_tiles = uint32_t((xs.dims[1] + 127) / 128);
+                o.band_tiles = uint32_t((g.shape(x).dims[1] + 127) / 128);
                 o.prologue.insert(g.value(v).producer);
+                if (first || x != r.operands[0]) o.prologue.insert(g.value(r.operands[0]).producer);
                 contracting_minor = cd == 2;
             } else {
                 // One matrix per batch: the batch dim most major, the other two in T(8,128)

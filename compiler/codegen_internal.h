@@ -69,6 +69,9 @@ struct Plan {
     /// (GroupRow; the global average pool's gradient beside its bias gradient's sum), the
     /// groups not aligned with the bands.
     int64_t Gb = 1;
+    /// Rows of each matrix of [M, Rg, C] arrays in T(8,128) tiles whose Rg is not a multiple of
+    /// the band (each matrix padded to whole bands); 0 if none. R then counts the padded rows.
+    int64_t Rg = 0;
     uint64_t units = 0;  ///< units streamed
     uint32_t full = 1;   ///< values per unit of a Full array
     /// h rows of an untiled row-major array per unit (a major reduction's bands), in row order:
@@ -77,6 +80,8 @@ struct Plan {
     std::map<ValueId, View> view;
     /// Col values whose array is [G, S] in T(8,128) tiles (a rank-2 reduction result): S.
     std::map<ValueId, int64_t> tiled_col;
+    /// Tiled Col values whose array is [B, H, S]: H (each matrix of H rows padded to tiles).
+    std::map<ValueId, int64_t> tiled_col_rows;
     /// Repeat operands (loaded whole once, each band read from band index mod M / h).
     std::vector<ValueId> repeat;
 };

@@ -39,9 +39,10 @@ uint32_t band_of(const Fusion& f, const Shape& s, const Layout& l, const Plan& p
     if (l.tile.empty()) return 1;
     if (!p.rows) return 1;
     // Padded lanes are computed on and never stored as data; padded rows only at the end of the
-    // array (the rows above its two tiled dims are one).
+    // array (the rows above its two tiled dims are one), or each matrix's (pad_matrix_rows).
     if (l.tile.size() == 2 && rank >= 2 && l.tile[1] == lanes && s.dims[size_t(rank - 1)] == p.C &&
-        (s.dims[size_t(rank - 2)] % l.tile[0] == 0 || product(s.dims, 0, size_t(rank - 2)) == 1))
+        (s.dims[size_t(rank - 2)] % l.tile[0] == 0 || product(s.dims, 0, size_t(rank - 2)) == 1 ||
+         (p.Rg && s.dims[size_t(rank - 2)] == p.Rg)))
         return uint32_t(l.tile[0]);
     not_generated(
         f, fmt::format("a {} array in layout {} (padded tiles)", s.to_string(), l.to_string()));
@@ -98,6 +99,53 @@ bool same_at_unit_dims(const Plan& p, View a, View b) {
 /// untiled forms over all the band's rows, and the partials are transposed whole at the end.
 /// Rows not a multiple of 8: the last band's loads and stores stop at the array's end
 /// (row_band_transfer) and only its rows of data are added.
+/// Matrices of rows padded to whole bands: a fusion over [M, Rg, C] arrays in T(8,128) tiles
+/// whose Rg is not a multiple of the band's rows (ViT's [heads, 17, 17] scores: 16 patches and
+/// the class token) streams them as the [M Rp, C] array of the same bytes, Rp = Rg rounded up
+/// to the band: the padded rows are computed on and stored like padded lanes, never read as
+/// data (XLA pads a tiled array's two minor dims the same way). Its [M, Rg] row vectors (a
+/// softmax's statistics, in T(8,128) tiles) map padded row r to [r / Rp][r % Rp]: lanes Rg ..
+/// Rp - 1 of that tile row are its padding ([B, H, Rg] ones: matrix r / Rp of B x H, below). Only
+/// for minor reductions and elementwise ops (no iota, no untiled vector: their rows would shift).
+void pad_matrix_rows(const Graph& g, const Fusion& f, Plan& p, const hw::BoardConfig& board) {
+    const int64_t h = board.core.vpu_sublanes, lanes = board.core.vpu_lanes;
+    if (!p.rows || p.major || p.G != 1) return;
+    for (OpId id : f.ops)
+        if (g.op(id).kind == OpKind::Iota) return;
+    const std::vector<int64_t> tile{h, lanes};
+    int64_t Rg = 0;
+    const auto rows_of = [&](int64_t r) {
+        if (Rg && Rg != r) return false;
+        Rg = r;
+        return true;
+    };
+    for (const auto* list : {&f.operands, &f.results})
+        for (const FusionValue& fv : *list) {
+            const View w = p.view.at(fv.value);
+            const auto d = nonunit(fv.shape.dims);
+            const int64_t rank = fv.shape.rank();
+            if (w == View::Full) {
+                if (fv.layout.tile != tile || d.size() < 3 || fv.shape.dims.back() != p.C ||
+                    !rows_of(fv.shape.dims[size_t(rank - 2)]))
+                    return;
+            } else if (w == View::Col) {
+                // [M, Rg] or, over a batch of sequences' heads, [B, H, Rg] (check_hbm maps its
+                // matrices of H rows).
+                if (fv.layout.tile != tile || (d.size() != 2 && d.size() != 3) ||
+                    fv.shape.dims.back() != d.back() || !rows_of(d.back()))
+                    return;
+            } else if (w != View::Row && w != View::Scalar && w != View::Literal) {
+                return;
+            }
+        }
+    if (!Rg || Rg % h == 0 || p.R % Rg) return;
+    // The vectors' padded rows stay within their rows' lane chunks (lanes is a multiple of h).
+    const int64_t Rp = (Rg + h - 1) / h * h;
+    if ((Rp + lanes - 1) / lanes != (Rg + lanes - 1) / lanes) return;
+    p.Rg = Rg;
+    p.R = p.R / Rg * Rp;
+}
+
 void row_bands(Plan& p, const hw::BoardConfig& board) {
     const int64_t sub = board.core.vpu_sublanes;
     if (p.total || p.G != 1 || p.C != p.Cp) return;
@@ -338,6 +386,7 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                           fmt::format("%{} ({}) that is neither [R, C], [R], [C] nor a scalar of "
                                       "the fusion's {} x {} iteration space",
                                       v, g.shape(v).to_string(), p.R, p.C));
+    pad_matrix_rows(g, f, p, board);
     // Layouts and dtypes of the arrays in HBM.
     p.lanes = std::min<int64_t>(p.C, vlanes);
     p.chunks = p.C > vlanes ? p.C / vlanes : 1;
@@ -381,13 +430,25 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                                              fv.shape.to_string(), fv.layout.to_string()));
         } else if (w == View::Col && !fv.layout.tile.empty()) {
             // [G, S] in T(8,128) tiles: loaded or stored whole, each band's 8 values found in it.
+            // Or [B, H, S] (a softmax's statistics over a batch of sequences' heads): B
+            // matrices of H rows, each padded to whole tiles, so the vector's row g is row
+            // (g / H) Hp + g % H of the tiles (Hp: H rounded up to the tile's rows).
             const auto d = nonunit(fv.shape.dims);
-            if (d.size() != 2 || fv.layout.minor_to_major.empty() ||
+            const int64_t rank = fv.shape.rank();
+            bool row_major = true;
+            for (size_t i = 0; i < fv.layout.minor_to_major.size(); ++i)
+                row_major &= fv.layout.minor_to_major[i] == rank - 1 - int64_t(i);
+            const bool batched = d.size() == 3 && row_major &&
+                                 fv.shape.dims[size_t(rank - 1)] == d[2] &&
+                                 fv.shape.dims[size_t(rank - 2)] == d[1];
+            if ((d.size() != 2 && !batched) || fv.layout.minor_to_major.empty() ||
                 fv.layout.minor_to_major[0] != fv.shape.rank() - 1 ||
                 fv.layout.tile != std::vector<int64_t>{int64_t(board.core.vpu_sublanes), vlanes})
                 not_generated(f, fmt::format("a vector {} in layout {}", fv.shape.to_string(),
                                              fv.layout.to_string()));
-            p.tiled_col[fv.value] = d[1];
+            const int64_t sub = board.core.vpu_sublanes;
+            p.tiled_col[fv.value] = p.Rg ? (p.Rg + sub - 1) / sub * sub : d.back();
+            if (batched) p.tiled_col_rows[fv.value] = d[1];
         } else if (w == View::Col || w == View::Row || w == View::Scalar) {
             if (layout_bytes(fv.shape, fv.layout) != uint64_t(fv.shape.elements()) * 4)
                 not_generated(f, fmt::format("a vector {} in padded layout {}",
@@ -1191,6 +1252,14 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 bb.bind(run);
                 bb.emit(Opcode::Remu, {sv, row, imm(S)});  // s
                 bb.emit(Opcode::Divu, {q, row, imm(S)});   // g
+                if (const auto H = p.tiled_col_rows.find(v); H != p.tiled_col_rows.end()) {
+                    // g's row of the tiles: its matrix's first, then its row in the matrix.
+                    const int64_t Hp = (H->second + p.h - 1) / p.h * p.h;
+                    bb.emit(Opcode::Divu, {a, q, imm(H->second)});
+                    bb.emit(Opcode::Mul, {a, a, imm(Hp)});
+                    bb.emit(Opcode::Remu, {q, q, imm(H->second)});
+                    bb.emit(Opcode::Add, {q, q, a});
+                }
                 // a = (tile row of g * tiles per row + s / lanes) * tile bytes
                 //     + (g % 8) * lanes * 4 + (s % lanes) * 4 + the array's base
                 bb.emit(Opcode::Divu, {a, q, imm(p.h)});

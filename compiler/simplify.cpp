@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Stage 2: the algebraic clean-up XLA runs before fusion (compiler/README.md, "Simplification").
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "compiler/builder.h"
@@ -185,6 +186,68 @@ std::optional<ValueId> sink_rearrangement(Graph& g, const Op& op, const std::vec
     return y;
 }
 
+/// A slice of a reshape that only inserts or deletes unit dims, as the reshape of the slice of
+/// its operand (algebraic_simplifier.cc, TryToReorderSliceAndReshape): transformers' GPT-2
+/// splits q, k, v by slices of the Conv1D's `[1, S, 3 D]` view of its `[S, 3 D]` dot, and the
+/// slices then read the dot's result itself. nullopt when `x` is no such reshape.
+std::optional<ValueId> slice_below_unit_reshape(Graph& g, ValueId x, const Attrs& a) {
+    const Op& r = g.producer(x);
+    if (r.kind != OpKind::Reshape) return std::nullopt;
+    const ValueId src = r.operands[0];
+    const auto& in = g.shape(src).dims;
+    const auto& out = g.shape(x).dims;
+    if (!degenerate_reshape(g, src, out)) return std::nullopt;
+    // The slice's bounds on the source's dims: unit dims of the view must be taken whole.
+    std::vector<int64_t> start, limit;
+    size_t j = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+        if (out[i] == 1) {
+            if (a.limits[i] - a.dims[i] != 1) return std::nullopt;
+            continue;
+        }
+        while (j < in.size() && in[j] == 1) {
+            start.push_back(0);
+            limit.push_back(1);
+            ++j;
+        }
+        start.push_back(a.dims[i]);
+        limit.push_back(a.limits[i]);
+        ++j;
+    }
+    while (j < in.size()) {
+        start.push_back(0);
+        limit.push_back(1);
+        ++j;
+    }
+    std::vector<int64_t> dims;
+    for (size_t i = 0; i < out.size(); ++i) dims.push_back(a.limits[i] - a.dims[i]);
+    return reshape_to(g, slice(g, src, start, limit), dims);
+}
+
+/// A gather of broadcast ids (through a reshape) is the broadcast of the gather of the ids
+/// broadcast: each row read once, not once per copy. Transformers' BERT at batch B expands
+/// its [1, S] token-type ids to [B, S] before the embedding: the rows of S ids, broadcast over
+/// the batch as the position embedding's are (the gather fusion then has no broadcast in it).
+/// nullopt when the ids are no such broadcast.
+std::optional<ValueId> gather_of_broadcast(Graph& g, ValueId table, ValueId ids,
+                                           const Shape& result) {
+    ValueId b = ids;
+    if (g.producer(b).kind == OpKind::Reshape) b = g.producer(b).operands[0];
+    const Op& bc = g.producer(b);
+    if (bc.kind != OpKind::Broadcast) return std::nullopt;
+    const ValueId src = bc.operands[0];
+    if (g.shape(src).rank() == 0 || g.shape(src).elements() >= g.shape(b).elements())
+        return std::nullopt;
+    std::vector<int64_t> out = g.shape(b).dims, dims = bc.attrs.dims;
+    const std::vector<int64_t> table_dims = g.shape(table).dims;
+    for (size_t k = 1; k < table_dims.size(); ++k) {
+        dims.push_back(int64_t(out.size()));
+        out.push_back(table_dims[k]);
+    }
+    const ValueId rows = gather_rows(g, table, src);
+    return reshape_to(g, broadcast(g, rows, out, dims), result.dims);
+}
+
 void simplify_op(Rewriter& rw, const Op& op) {
     Graph& g = rw.out();
     auto in = rw.operands(op);
@@ -247,6 +310,10 @@ void simplify_op(Rewriter& rw, const Op& op) {
                                                            rw.in().shape(op.results[0]).dims));
                 }
             }
+            if (op.kind == OpKind::Slice) {
+                if (auto y = slice_below_unit_reshape(g, in[0], a))
+                    return rw.set(op.results[0], *y);
+            }
             if (op.kind == OpKind::Reshape) {
                 if (g.shape(in[0]).dims == a.out_dims) return rw.set(op.results[0], in[0]);
                 if (g.producer(in[0]).kind == OpKind::Reshape)
@@ -279,11 +346,108 @@ void simplify_op(Rewriter& rw, const Op& op) {
                 if (changed) return rw.set(op.results[0], g.add1(OpKind::Dot, in, na));
             }
             break;
+        case OpClass::Gather:
+            if (op.kind == OpKind::Gather) {
+                if (auto y = gather_of_broadcast(g, in[0], in[1], rw.in().shape(op.results[0])))
+                    return rw.set(op.results[0], *y);
+            }
+            break;
         default:
             break;
     }
     const auto res = g.add(op.kind, in, a);
     for (size_t i = 0; i < res.size(); ++i) rw.set(op.results[i], res[i]);
+}
+
+/// The literal scalar `v` is everywhere (a rank-0 literal or a broadcast of one), or none.
+std::optional<double> literal_splat(const Graph& g, ValueId v) {
+    const auto s = splat_of(g, v);
+    if (!s || g.producer(*s).kind != OpKind::Literal) return std::nullopt;
+    return g.producer(*s).attrs.scalar;
+}
+
+/// Scalar factors of slices of one array, taken into the array: when every user of `y` is a
+/// slice along its minor dim and some of those slices are only multiplied by a literal, `y` is
+/// multiplied by a constant vector of those factors along that dim (1 elsewhere: x * 1 is x,
+/// bit for bit) and the slices read the product. The slices then read the array as it lies
+/// (slice_sinker.cc sinks slices below elementwise ops applied to all of them; here a factor of
+/// 1 stands for a slice without one). Transformers' GPT-2 scales q and k, slices of c_attn's
+/// output: the factors join the projection's epilogue beside its bias, and the attention's dots
+/// read each head of each slice as a window of the projection's tiles.
+Graph scale_before_slices(const Graph& g) {
+    std::vector<std::vector<OpId>> users(g.values().size());
+    for (OpId id = 0; id < g.ops().size(); ++id)
+        for (ValueId v : g.op(id).operands) users[v].push_back(id);
+    std::vector<char> output(g.values().size(), 0);
+    for (const Output& o : g.outputs()) output[o.value] = 1;
+    std::map<ValueId, std::vector<float>> factors;  // y -> per-column factor
+    std::map<OpId, ValueId> folded;                 // a multiply -> the slice it scales
+    for (ValueId y = 0; y < g.values().size(); ++y) {
+        const Shape& ys = g.shape(y);
+        if (users[y].size() < 2 || output[y] || ys.dtype != DType::F32 || ys.rank() == 0) continue;
+        const size_t minor = size_t(ys.rank() - 1);
+        std::vector<float> f(size_t(ys.dims[minor]), 1.0f);
+        std::vector<char> taken(f.size(), 0);
+        std::map<OpId, ValueId> muls;
+        bool ok = true;
+        for (OpId u : users[y]) {
+            const Op& sl = g.op(u);
+            ok = sl.kind == OpKind::Slice;
+            for (size_t d = 0; ok && d < minor; ++d)
+                ok = sl.attrs.dims[d] == 0 && sl.attrs.limits[d] == ys.dims[d];
+            if (!ok) break;
+            const ValueId s = sl.results[0];
+            for (int64_t c = sl.attrs.dims[minor]; ok && c < sl.attrs.limits[minor]; ++c)
+                ok = !taken[size_t(c)]++;  // overlapping slices would share a factor
+            if (!ok) break;
+            if (users[s].size() != 1 || output[s]) continue;
+            const Op& m = g.op(users[s][0]);
+            if (m.kind != OpKind::Mul) continue;
+            const auto c = literal_splat(g, m.operands[m.operands[0] == s ? 1 : 0]);
+            if (!c || m.operands[0] == m.operands[1]) continue;
+            for (int64_t k = sl.attrs.dims[minor]; k < sl.attrs.limits[minor]; ++k)
+                f[size_t(k)] = float(*c);
+            muls[users[s][0]] = s;
+        }
+        if (!ok || muls.empty()) continue;
+        factors[y] = std::move(f);
+        folded.insert(muls.begin(), muls.end());
+    }
+    if (factors.empty()) return g;
+    Rewriter rw(g);
+    std::map<std::vector<float>, ValueId> constants;  // one per distinct vector
+    for (OpId id = 0; id < g.ops().size(); ++id) {
+        const Op& op = g.op(id);
+        if (const auto m = folded.find(id); m != folded.end()) {
+            rw.set(op.results[0], rw[m->second]);  // the slice of the scaled array
+            continue;
+        }
+        rw.copy(op);
+        for (ValueId y : op.results) {
+            const auto it = factors.find(y);
+            if (it == factors.end()) continue;
+            Graph& out = rw.out();
+            const OpScope scope(out, op.name);
+            auto [c, fresh] = constants.try_emplace(it->second, 0);
+            if (fresh)
+                c->second = out.constant(Shape{DType::F32, {int64_t(it->second.size())}},
+                                         it->second, "slice factors");
+            // Through a reshape that keeps the minor dim (GPT-2's [B S, 3 D] viewed as [B, S,
+            // 3 D]), on the reshape's operand: the factors are then the dot's epilogue's, a
+            // broadcast along its result's columns as its bias's.
+            ValueId x = rw[y];
+            std::vector<int64_t> dims = g.shape(y).dims;
+            if (op.kind == OpKind::Reshape && g.shape(op.operands[0]).rank() > 0 &&
+                g.shape(op.operands[0]).dims.back() == dims.back()) {
+                x = rw[op.operands[0]];
+                dims = g.shape(op.operands[0]).dims;
+            }
+            const ValueId scaled =
+                mul(out, x, broadcast(out, c->second, dims, {int64_t(dims.size()) - 1}));
+            rw.set(y, reshape_to(out, scaled, g.shape(y).dims));
+        }
+    }
+    return detail::remove_dead_ops(rw.finish());
 }
 
 }  // namespace
@@ -296,7 +460,7 @@ Graph simplify(const Graph& graph) {
         else
             simplify_op(rw, op);
     }
-    return detail::remove_dead_ops(rw.finish());
+    return scale_before_slices(detail::remove_dead_ops(rw.finish()));
 }
 
 }  // namespace tpu::compiler

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Transformers models past BERT at batch 1 on the board (python/README.md, "Timing transformers
+models"; compiler/README.md, "Slices, padded tiles and batches of heads"): GPT-2's q, k, v as
+slices of one projection, ViT's 17-token scores in padded tiles and BERT's softmax statistics
+and token-type embedding at batch 2 are generated for the device, and each model's output is
+the host evaluator's, bit for bit. Small configs (never hub weights), a few seconds each."""
+
+import torch
+
+import tpusim
+import tpusim.torch as tt
+
+
+def _on_board(build, x):
+    """The model's output on the host evaluator, then on core 0 of a board (second step:
+    parameters resident, programs cached): (host, board, the second step's stats delta)."""
+    model = build()
+    with torch.no_grad():
+        want = tt.to_device(model)(**tt.to_device(x)).last_hidden_state.cpu()
+    model = build()
+    with tpusim.Board() as board:
+        dev = tt.Device(board, cores=[0])
+        lazy = tt.to_device(model, dev)
+        for _ in range(2):
+            before = dev.stats()
+            with torch.no_grad():
+                got = lazy(**tt.to_device(x, dev)).last_hidden_state
+            tt.mark_step(dev)
+            after = dev.stats()
+        got = got.cpu()
+    fallbacks = {k: v - before["fallbacks"].get(k, 0) for k, v in after["fallbacks"].items()}
+    return want, got, {"host_fusions": after["host_fusions"] - before["host_fusions"],
+                       "fallbacks": {k: v for k, v in fallbacks.items() if v}}
+
+
+def _gpt2():
+    import transformers as tr
+
+    torch.manual_seed(0)
+    cfg = tr.GPT2Config(vocab_size=256, n_embd=192, n_layer=1, n_head=3, n_positions=16,
+                        bos_token_id=0, eos_token_id=0)
+    return tr.GPT2Model(cfg).eval()
+
+
+def test_gpt2s_sliced_qkv_run_wholly_on_the_device_as_the_host_evaluator_computes_them():
+    # c_attn's [S, 3 D] output split by slices: the attention's dots read each head of q, k
+    # and v as a window of its tiles, q's and k's scale in its epilogue (before: 2 host fusions
+    # a layer, "reshape before a batched dot").
+    want, got, s = _on_board(_gpt2, dict(input_ids=torch.randint(0, 256, (1, 16))))
+    assert s["host_fusions"] == 0, s["fallbacks"]
+    assert torch.equal(got, want)
+
+
+def _vit():
+    import transformers as tr
+
+    torch.manual_seed(0)
+    cfg = tr.ViTConfig(hidden_size=192, num_hidden_layers=1, num_attention_heads=3,
+                       intermediate_size=384, image_size=64, patch_size=16)
+    return tr.ViTModel(cfg, add_pooling_layer=False).eval()
+
+
+def test_vits_scores_over_17_tokens_are_softmaxed_on_the_device_in_padded_tiles():
+    # 16 patches and the class token: [3, 17, 17] scores, each head's rows padded to 24 in
+    # T(8,128) tiles (before: 3 host fusions a layer, "padded tiles"). Left on the host: the
+    # patch convolution (its NCHW input transposed in the fusion).
+    torch.manual_seed(1)
+    want, got, s = _on_board(_vit, dict(pixel_values=torch.randn(1, 3, 64, 64)))
+    assert s["host_fusions"] == 1, s["fallbacks"]
+    assert all("convolution" in k for k in s["fallbacks"]), s["fallbacks"]
+    assert torch.equal(got, want)
+
+
+def _bert():
+    import transformers as tr
+
+    torch.manual_seed(0)
+    cfg = tr.BertConfig(vocab_size=256, hidden_size=192, num_hidden_layers=1,
+                        num_attention_heads=3, intermediate_size=384, max_position_embeddings=16)
+    return tr.BertModel(cfg, add_pooling_layer=False).eval()
+
+
+def test_berts_softmax_statistics_and_token_types_at_batch_2_run_on_the_device():
+    # [2, 3, 16] softmax statistics in tiles and the token-type ids expanded over the batch
+    # (before: 8 host fusions with one layer, the embeddings' 2 and the layer's 6). Left on the
+    # host: the attention's dots over the merged [B H] heads and the fusion writing P for them
+    # (4 a layer).
+    torch.manual_seed(2)
+    want, got, s = _on_board(_bert, dict(input_ids=torch.randint(0, 256, (2, 16))))
+    assert s["host_fusions"] == 4, s["fallbacks"]
+    assert all("reshape before" in k or "tiled and untiled" in k for k in s["fallbacks"]), \
+        s["fallbacks"]
+    assert torch.equal(got, want)
