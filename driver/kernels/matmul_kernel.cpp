@@ -161,6 +161,17 @@ bool band_loads_apply(const DotKey& k) {
            ceil_div(p.N, k.C) <= group_width(k);
 }
 
+/// Head-ahead loads in a batch (DotGen::ahead_next): the streamed operand in 8 x 128 tiles and
+/// the held one W^T stored so (attention's scores, q k^T and k q^T), one K step, one block and
+/// one column group a batch, on a 128 x 128 MXU: each batch's operands are loaded into the
+/// staging slot the previous batch does not use, while it computes.
+bool ahead_apply(const DotKey& k) {
+    const Problem p = problem(k);
+    return !band_loads_apply(k) && p.a == DotLayout::VpuTiles &&
+           p.w == DotLayout::TransposedVpuTiles && k.R == 128 && k.C == 128 && p.K <= k.R &&
+           p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
+}
+
 Map vmem_map(const DotKey& k) {
     const Problem p = problem(k);
     const uint64_t T = k.block_rows, P = parts_of(k.precision), G = group_width(k);
@@ -316,18 +327,33 @@ public:
             word = pass.word(0);
             E(Opcode::Sw, {imm(0), word});  // s0 reads as zero
         }
+        m_pass_word = word;
         m_band = batched() && band_loads_apply(m_k);
         if (m_band) {
             m_bands = {m_b.flag("bands"), m_b.reg("bands.count")};
             m_bpar = m_b.reg("bands.parity");
             m_nxt = m_b.reg("bands.next");
-            m_pass_word = word;
             E(Opcode::Li, {m_bands.count, imm(0)});
             // The first batch's bands, into buffer 0 (band_chunk fills the other one).
             E(Opcode::Add, {m_nxt, m_W.value, imm(0)});
             E(Opcode::Li, {m_bpar, imm(int64_t(band_buffer()))});
             for (uint32_t j = 0; j < m_KT; ++j) band_chunk(j);
             E(Opcode::Li, {m_bpar, imm(0)});
+        }
+        m_ahead = batched() && ahead_apply(m_k);
+        if (m_ahead) {
+            // The first batch's operands into slot 0 (ahead_next loads each next one).
+            m_sa = m_b.reg("ahead.a");
+            m_sw = m_b.reg("ahead.w");
+            E(Opcode::Li, {m_sa, imm(0)});
+            E(Opcode::Li, {m_sw, imm(0)});
+            E(Opcode::Li, {m_row, imm(0)});
+            E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
+            const Problem keep = m_p;
+            m_p.a_lane = m_p.lhs ? members[0].w_lane : members[0].a_lane;
+            m_p.w_lane = m_p.lhs ? members[0].a_lane : members[0].w_lane;
+            loads(0, true, true, 0, kBoth);
+            m_p = keep;
         }
         if (loop) {
             passes = m_b.label("dot_passes");
@@ -347,6 +373,17 @@ public:
             }
         }
         for (size_t i = 0; i < (m_k.parts > 1 ? 0 : std::max<size_t>(members.size(), 1)); ++i) {
+            if (m_ahead) {
+                // The batch after this one: the next member, or the next pass's first.
+                const bool last = i + 1 == members.size();
+                const DotBatch::Member& x = members[i];
+                const DotBatch::Member& y = last ? members[0] : members[i + 1];
+                m_next = y;
+                m_next.a = last ? m_batch.a - x.a + y.a : y.a - x.a;
+                m_next.w = last ? m_batch.w - x.w + y.w : y.w - x.w;
+                m_next_last = last;
+                m_next_guard = last && loop;
+            }
             if (m_band) {
                 // The batch after this one: the next member, or the next pass's first.
                 m_next_last = i + 1 == members.size();
@@ -483,6 +520,46 @@ private:
         }
         E(Opcode::Add, {m_bands.count, m_bands.count, imm(int64_t(t1 - t0))});
         m_b.bind(skip);
+    }
+
+    /// Bytes from one staging slot to the other: of the streamed operand's, of the held one's.
+    int64_t slot_a() const { return int64_t(m_k.block_rows) * m_k.R * 4; }
+    int64_t slot_w() const { return int64_t(m_GW) * m_k.R * m_k.C * 4; }
+
+    /// Head-ahead loads (ahead_apply): the next batch's operands (the next member's, or the next
+    /// pass's first while passes remain; none after the last batch) into the staging slot this
+    /// batch does not use, issued once this batch's own have arrived and before the previous
+    /// batch's results are stored, so the DMA engine reads them while this batch converts and
+    /// computes and the HBM never waits for a batch's loads between two batches' stores.
+    void ahead_next() {
+        if (m_next_last && !m_next_guard) return;  // one pass: the last member has no next
+        const isa::Label skip = m_b.label("ahead_none");
+        if (m_next_guard) {
+            const isa::Label more = m_b.label("ahead_more");
+            E(Opcode::Lw, {m_tmp, m_pass_word});
+            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
+            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
+            E(Opcode::Jmp, {skip});
+            m_b.bind(more);
+        }
+        E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
+        E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
+        advance(m_next.a, m_next.w, 0);
+        const Problem keep = m_p;
+        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
+        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
+        loads(0, true, true, 0, kBoth);
+        m_p = keep;
+        advance(-m_next.a, -m_next.w, 0);
+        E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
+        E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
+        m_b.bind(skip);
+    }
+    /// A staging address of the streamed (`a`) or the held operand: the slot's in a register
+    /// with head-ahead loads.
+    isa::Arg staged_at(bool a, uint64_t addr) const {
+        if (!m_ahead) return imm(int64_t(addr));
+        return (a ? m_sa : m_sw) + int64_t(addr);
     }
 
     void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
@@ -719,9 +796,12 @@ private:
                         }
                         E(Opcode::Add,
                           {m_t14, m_t14, imm(int64_t((tile0 + s) * kBandBytes + m_p.a_lane * 4))});
-                        E(Opcode::Li, {m_t15, imm(int64_t(at + s * 512))});
+                        if (m_ahead)
+                            E(Opcode::Add, {m_t15, m_sa, imm(int64_t(at + s * 512))});
+                        else
+                            E(Opcode::Li, {m_t15, imm(int64_t(at + s * 512))});
                         E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
-                        E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at + s * 512))});
+                        E(Opcode::Add, {m_tmp, m_tmp, m_t15});
                         m_b.bind(band);
                         E(op, {m_t15, m_t14, imm(8), imm(std::min(k - s * 128, 128u) * 4),
                                imm(k * 4), imm(512), t.flag});
@@ -740,7 +820,7 @@ private:
                     }
                     // Bands are a window's array's band_tiles apart (a head of 128 lanes).
                     if (R == 128) {
-                        E(op, {imm(int64_t(at)), m_t14 + int64_t(tile0 * kBandBytes), m_t15,
+                        E(op, {staged_at(true, at), m_t14 + int64_t(tile0 * kBandBytes), m_t15,
                                imm(kBandBytes), imm(kBandBytes),
                                imm(int64_t(band_tiles * kBandBytes)), t.flag});
                         ++count;
@@ -875,7 +955,7 @@ private:
                         // panel's ceil(n / 8) bands, a band of tiles apart, lands as n x 128 and
                         // is transposed in VMEM.
                         for (uint32_t s = 0; s < vtiles(k); ++s) {
-                            E(op, {imm(int64_t(wstage(slot, m) + s * wsub(n))),
+                            E(op, {staged_at(false, wstage(slot, m) + s * wsub(n)),
                                    m_wb + int64_t((uint64_t(m) * C / 8 * wbt() +
                                                    uint64_t(j) * (R / 128) + s) *
                                                   kBandBytes),
@@ -1318,10 +1398,10 @@ private:
     }
 
     /// VPU: fp32 at `x` (`n` values) into the bf16 parts `part(q)`.
-    void convert(const std::function<isa::Arg(int)>& part, uint64_t x, isa::Arg n, uint64_t f,
+    void convert(const std::function<isa::Arg(int)>& part, isa::Arg x, isa::Arg n, uint64_t f,
                  uint64_t r1, uint64_t r2) {
         emit_split([&](Opcode op, std::initializer_list<isa::Arg> args) { vpu(op, args); }, m_P,
-                   part, imm(int64_t(x)), imm(int64_t(f)), imm(int64_t(r1)), imm(int64_t(r2)), n);
+                   part, x, imm(int64_t(f)), imm(int64_t(r1)), imm(int64_t(r2)), n);
     }
 
     /// One column group: every K step, unrolled so that each step's slot and flag are fixed.
@@ -1342,7 +1422,7 @@ private:
         // or the one before.
         if (w_direct)
             for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
-        loads(0, first, last, 0, kBoth);
+        if (!m_ahead) loads(0, first, last, 0, kBoth);
         const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
         // The previous group's epilogue is the VPU's, which also converts each step's operands:
         // all at once it would leave the MXUs idle once the one step issued before it is done
@@ -1375,6 +1455,7 @@ private:
             // conversions, which are done.
             if (j + 1 < m_KT) loads(j + 1, first, last, 1 - slot, w_direct ? kA : kBoth);
             E(Opcode::Wait, {m_loads[slot].flag, m_loads[slot].count});
+            if (m_ahead) ahead_next();
             const bool converts = w_staged || (first && a_staged);
             // The weight slot is free once the step before the previous one is done on each
             // MXU; at a group's start with KT odd the previous group's last step read it too.
@@ -1419,14 +1500,15 @@ private:
                 }
                 if (m_pro.streamed)
                     m_pro.streamed(
-                        {m_b, imm(int64_t(x)), m_rows, k,
+                        {m_b, staged_at(true, x), m_rows, k,
                          [&](const isa::Reg& d) {
                              E(Opcode::Mul, {d, m_row, imm(4)});
                          },
                          [&](Opcode op, std::initializer_list<isa::Arg> args) { vpu(op, args); },
                          m_member});
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
-                convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
+                convert([&](int q) { return imm(int64_t(abf(q, j))); }, staged_at(true, x), m_cnt,
+                        m_a.af, m_a.ar1,
                         m_a.ar2);
             }
             if (m_band && j == 0) E(Opcode::Wait, {m_bands.flag, m_bands.count});
@@ -1448,7 +1530,7 @@ private:
                                     },
                                     m_member});
                     }
-                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, tt,
+                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, imm(int64_t(tt)),
                             imm(int64_t(k) * m_k.C), m_a.wf, m_a.wr1, m_a.wr2);
                 }
             else if (w_staged)
@@ -1465,7 +1547,8 @@ private:
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                         for (uint32_t s = 0; s < vtiles(k); ++s)
                             vpu(Opcode::VTrans, {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
-                                                 imm(int64_t(x + s * wsub(n))), imm(n), imm(128)});
+                                                 staged_at(false, x + s * wsub(n)), imm(n),
+                                                 imm(128)});
                         x = tt + uint64_t(m_p.w_lane) * n * 4;
                     }
                     if (m_pro.held) {
@@ -1486,7 +1569,7 @@ private:
                                     },
                                     m_member});
                     }
-                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
+                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, imm(int64_t(x)),
                             imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
                 }
             // The previous group's results leave after this step's transfers are queued, so
@@ -1545,6 +1628,10 @@ private:
         set_pending(first, last);
         E(Opcode::Li, {m_pending, imm(last ? 2 : 1)});
         E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
+        if (m_ahead) {  // the next batch's operands are in the other slot
+            E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
+            E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
+        }
     }
 
     /// pending_addr = C's address of the group's first result, pending_rows, pending_parity
@@ -1622,6 +1709,9 @@ private:
     int64_t m_next_a = 0;       ///< bytes from this batch's A to the next batch's
     bool m_next_last = false;   ///< the period's last member: the next batch is a pass on
     bool m_next_guard = false;  ///< ... and only while passes remain
+    bool m_ahead = false;       ///< head-ahead loads (ahead_apply, in a batch)
+    isa::Reg m_sa, m_sw;        ///< their staging slots' offsets (streamed, held)
+    DotBatch::Member m_next;    ///< bytes to the next batch's A and W, and its lanes
     std::vector<std::pair<int, int>> m_passes;
 
     std::vector<isa::Vmem> m_vmem;
