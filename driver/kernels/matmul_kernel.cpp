@@ -127,7 +127,8 @@ Problem problem(const DotKey& k) {
 /// parts stay for the whole block (every column group reads them); everything else is per K
 /// step, double-buffered where a DMA or the MXUs read one copy while the next is written.
 struct Map {
-    uint64_t abf, astage, att, af, ar1, ar2, wstage, wtt, wf, wr1, wr2, wbf, c, col, full, tt, bf;
+    uint64_t abf, astage, att, awin, af, ar1, ar2, wstage, wtt, wf, wr1, wr2, wbf, c, col, full, tt,
+        bf;
     uint64_t end;
     uint64_t apanel, wtile, cpanel;  ///< bytes of one A bf16 panel, W bf16 tile, C panel
     uint64_t col_stride;             ///< from one Column side's area to the next
@@ -161,15 +162,23 @@ bool band_loads_apply(const DotKey& k) {
            ceil_div(p.N, k.C) <= group_width(k);
 }
 
-/// Head-ahead loads in a batch (DotGen::ahead_next): the streamed operand in 8 x 128 tiles and
-/// the held one W^T stored so (attention's scores, q k^T and k q^T), one K step, one block and
-/// one column group a batch, on a 128 x 128 MXU: each batch's operands are loaded into the
-/// staging slot the previous batch does not use, while it computes.
+/// DotKey::band_loads where the kernel runs it as head-ahead loads (DotGen::ahead_next): the
+/// streamed operand in 8 x 128 tiles and the held one W^T stored so (attention's scores, q k^T
+/// and k q^T), one K step, one block and one column group a batch, on a 128 x 128 MXU: each
+/// batch's operands are loaded into the staging slot the previous batch does not use, while it
+/// computes, and C has three buffers.
 bool ahead_apply(const DotKey& k) {
     const Problem p = problem(k);
-    return !band_loads_apply(k) && p.a == DotLayout::VpuTiles &&
+    return k.band_loads && !band_loads_apply(k) && p.a == DotLayout::VpuTiles &&
            p.w == DotLayout::TransposedVpuTiles && k.R == 128 && k.C == 128 && p.K <= k.R &&
            p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
+}
+
+/// Head-ahead loads of a streamed window narrower than a tile (attention's Q, heads of 64
+/// lanes): two batches whose windows share their tiles (DotGen::m_pair) read them once.
+bool pair_windows(const DotKey& k) {
+    const Problem p = problem(k);
+    return ahead_apply(k) && p.K < k.R && p.a_band_tiles > 0;
 }
 
 Map vmem_map(const DotKey& k) {
@@ -193,6 +202,12 @@ Map vmem_map(const DotKey& k) {
         if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles ||
             p.a == DotLayout::TransposedTiles)
             take(&Map::att, "a_trans", a32);
+        if (pair_windows(k)) {
+            // A pair's whole tiles of a window of K < R lanes (DotGen::m_pair): transposed, and
+            // the window's rows transposed back to T rows of K values.
+            take(&Map::att, "a_trans", a32);
+            take(&Map::awin, "a_window", T * p.K * 4);
+        }
         if (P > 1) take(&Map::af, "a_f", a32);
         if (P > 1) take(&Map::ar1, "a_r1", a32);
         if (P > 2) take(&Map::ar2, "a_r2", a32);
@@ -209,7 +224,9 @@ Map vmem_map(const DotKey& k) {
         if (P > 2) take(&Map::wr2, "w_r2", w32);
     }
     take(&Map::wbf, "w_bf16", 2 * G * P * m.wtile);
-    take(&Map::c, "c", 2 * G * m.cpanel);
+    // Head-ahead loads: three buffers, so a batch's matmuls wait only for the stores of the
+    // batch three before it.
+    take(&Map::c, "c", (ahead_apply(k) ? 3 : 2) * G * m.cpanel);
     // A Column side holds one value per output column; with the LHS stationary the output
     // columns are the streamed rows, read a whole block at a time from the block's first.
     m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
@@ -317,6 +334,23 @@ public:
 
         // A batch: each member's blocks in turn, in a loop over the passes (DotBatch). A
         // batch's blocks follow the previous batch's as one dot's blocks follow each other.
+        if (batched() && ahead_apply(m_k) && m_batch.period.size() % 2 &&
+            m_batch.passes % 2 == 0) {
+            // Two passes as one of twice the members, so each member's batches are all even or
+            // all odd ones (its stores on a flag of its own: m_three).
+            const size_t q = m_batch.period.size();
+            for (size_t i = 0; i < q; ++i) {
+                DotBatch::Member x = m_batch.period[i];
+                x.a += m_batch.a;
+                x.w += m_batch.w;
+                x.c += m_batch.c;
+                m_batch.period.push_back(x);
+            }
+            m_batch.passes /= 2;
+            m_batch.a *= 2;
+            m_batch.w *= 2;
+            m_batch.c *= 2;
+        }
         const std::vector<DotBatch::Member>& members = m_batch.period;
         const bool loop = !members.empty() && m_batch.passes > 1;
         isa::Smem pass;
@@ -341,6 +375,23 @@ public:
             E(Opcode::Li, {m_bpar, imm(0)});
         }
         m_ahead = batched() && ahead_apply(m_k);
+        // Three C buffers in turn, and the stores each member's code issues (the previous
+        // batch's) on a flag of the member's parity: before its matmuls a batch then waits for
+        // that flag, the stores of the batch three before it, the last reader of the buffer it
+        // writes, while the previous batch's stores (the other flag) stay in flight; with two
+        // buffers the stores of one batch were issued only once the ones before had completed,
+        // and the HBM waited between them. Batches in one group each (ahead_apply), with each
+        // member's batches of one parity (an even period, or one pass).
+        m_three = m_ahead && (members.size() % 2 == 0 || m_batch.passes == 1);
+        if (m_three) {
+            m_stores2 = {m_b.flag("stores.odd"), m_b.reg("stores.odd.count")};
+            E(Opcode::Li, {m_stores2.count, imm(0)});
+        }
+        // Two members whose windows lie in the same tiles (heads of 64 lanes at lanes 0 and 64
+        // of a [S, heads x 64] projection): the first member's code waits for the pair's
+        // tiles, the second's loads the next pair's, each tile read once for both.
+        m_pair = m_ahead && pair_windows(m_k) && members.size() == 2 &&
+                 members[0].a == members[1].a && members[0].w == members[1].w;
         if (m_ahead) {
             // The first batch's operands into slot 0 (ahead_next loads each next one).
             m_sa = m_b.reg("ahead.a");
@@ -395,6 +446,9 @@ public:
                 m_next_guard = m_next_last && loop;
                 if (m_next_last && !loop) m_next_a = 0;
             }
+            const bool odd = m_three && i % 2 == 1;
+            m_mi = i;
+            if (odd) std::swap(m_stores, m_stores2);
             if (!members.empty()) {
                 const DotBatch::Member& x = members[i];
                 m_p.a_lane = m_p.lhs ? x.w_lane : x.a_lane;
@@ -412,6 +466,7 @@ public:
                 };
             }
             blocks();
+            if (odd) std::swap(m_stores, m_stores2);
         }
         if (loop) {
             advance(m_batch.a - members.back().a + members[0].a,
@@ -424,6 +479,7 @@ public:
         }
         flush("end", 0, 0);
         E(Opcode::Wait, {m_stores.flag, m_stores.count});
+        if (m_three) E(Opcode::Wait, {m_stores2.flag, m_stores2.count});
     }
 
 private:
@@ -533,6 +589,7 @@ private:
     /// computes and the HBM never waits for a batch's loads between two batches' stores.
     void ahead_next() {
         if (m_next_last && !m_next_guard) return;  // one pass: the last member has no next
+        if (m_pair && m_mi == 0) return;           // the pair's second member loads the next
         const isa::Label skip = m_b.label("ahead_none");
         if (m_next_guard) {
             const isa::Label more = m_b.label("ahead_more");
@@ -788,7 +845,28 @@ private:
                     // and tile, compacted to rows of k values (a short last band brings padding
                     // rows); a loop over the bands per tile (tile_columns: a band's tiles write
                     // interleaved rows).
-                    for (uint32_t s = 0; s < vtiles(k); ++s) {
+                    if (m_pair) {
+                        // A pair's windows: their bands' whole tiles, one DMA, M rows of 128
+                        // values (group(): the window's lanes picked out in VMEM).
+                        E(Opcode::Add, {m_t14, m_t14, imm(int64_t(tile0 * kBandBytes))});
+                        E(op, {staged_at(true, at), m_t14, imm(ceil_div(m_p.M, 8)),
+                               imm(kBandBytes), imm(kBandBytes),
+                               imm(int64_t(band_tiles * kBandBytes)), t.flag});
+                        ++count;
+                    } else if (m_ahead && band_tiles == 1 && vtiles(k) == 1) {
+                        // An array of its own, one tile a band: its rows are 512 bytes apart,
+                        // one DMA (the band by band loop's 8-row DMAs each take the sequencer
+                        // longer to issue than the DMA engine to send).
+                        E(Opcode::Add, {m_t14, m_t14, imm(int64_t(tile0 * kBandBytes))});
+                        E(op, {staged_at(true, at), m_t14, imm(ceil_div(m_p.M, 8) * 8),
+                               imm(k * 4), imm(k * 4), imm(512), t.flag});
+                        ++count;
+                    }
+                    for (uint32_t s = 0; s < (m_pair || (m_ahead && band_tiles == 1 &&
+                                                         vtiles(k) == 1)
+                                                  ? 0
+                                                  : vtiles(k));
+                         ++s) {
                         const isa::Label band = m_b.label("a_band");
                         if (s > 0) {
                             E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * 512))});
@@ -1489,6 +1567,16 @@ private:
                         m_b.bind(skip);
                     }
                     x = m_a.att + uint64_t(m_p.a_lane) * k * 4;
+                } else if (m_pair) {
+                    // The pair's M x 128 tiles: transposed, the window's k rows (from its lane)
+                    // transposed back to M rows of k values.
+                    vpu(Opcode::VTrans,
+                        {imm(int64_t(m_a.att)), staged_at(true, src), imm(m_p.M), imm(128)});
+                    vpu(Opcode::VTrans,
+                        {imm(int64_t(m_a.awin)),
+                         imm(int64_t(m_a.att + uint64_t(m_p.a_lane) * m_p.M * 4)), imm(k),
+                         imm(m_p.M)});
+                    x = m_a.awin;
                 } else if (m_p.a == DotLayout::TransposedTiles) {
                     // Each R x R tile (k rows of K, R rows of the block) to R rows of k values:
                     // the block's whole tiles (a short last block's past its rows: padding).
@@ -1500,14 +1588,15 @@ private:
                 }
                 if (m_pro.streamed)
                     m_pro.streamed(
-                        {m_b, staged_at(true, x), m_rows, k,
+                        {m_b, x == src ? staged_at(true, x) : imm(int64_t(x)), m_rows, k,
                          [&](const isa::Reg& d) {
                              E(Opcode::Mul, {d, m_row, imm(4)});
                          },
                          [&](Opcode op, std::initializer_list<isa::Arg> args) { vpu(op, args); },
                          m_member});
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
-                convert([&](int q) { return imm(int64_t(abf(q, j))); }, staged_at(true, x), m_cnt,
+                convert([&](int q) { return imm(int64_t(abf(q, j))); },
+                        x == src ? staged_at(true, x) : imm(int64_t(x)), m_cnt,
                         m_a.af, m_a.ar1,
                         m_a.ar2);
             }
@@ -1627,8 +1716,16 @@ private:
         // This group's C is pending until the next group's step 1 (or the end).
         set_pending(first, last);
         E(Opcode::Li, {m_pending, imm(last ? 2 : 1)});
-        E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
-        if (m_ahead) {  // the next batch's operands are in the other slot
+        if (m_three) {
+            const isa::Label wrap = m_b.label("c_wrap");
+            E(Opcode::Add, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
+            E(Opcode::Bltu, {m_par, imm(3 * int64_t(m_GW) * m_m.cpanel), wrap});
+            E(Opcode::Li, {m_par, imm(0)});
+            m_b.bind(wrap);
+        } else {
+            E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
+        }
+        if (m_ahead && (!m_pair || m_mi == 1)) {  // the next batch's operands: the other slot
             E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
             E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
         }
@@ -1698,7 +1795,7 @@ private:
     uint32_t m_AS;          ///< slots of the streamed operand's bf16 panels (KT kept, or 2)
     Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
     DotOperands m_ops;      ///< A, W, C as the caller named them
-    const DotBatch& m_batch;
+    DotBatch m_batch;  ///< the caller's, its period doubled for m_three
     std::function<void(uint32_t)> m_rebind;  ///< part i's addresses (emit_dot_parts)
     uint32_t m_col_slot = 0;                 ///< the Column sides' slot of the part being emitted
     std::function<void(const isa::Reg&)> m_member;  ///< dst = the batch (PrologueTile::batch)
@@ -1712,6 +1809,10 @@ private:
     bool m_ahead = false;       ///< head-ahead loads (ahead_apply, in a batch)
     isa::Reg m_sa, m_sw;        ///< their staging slots' offsets (streamed, held)
     DotBatch::Member m_next;    ///< bytes to the next batch's A and W, and its lanes
+    bool m_three = false;       ///< three C buffers, odd members' stores on m_stores2
+    Tally m_stores2;            ///< the stores odd members issue (m_three)
+    bool m_pair = false;        ///< two members' windows in the same tiles, loaded once
+    size_t m_mi = 0;            ///< the member being emitted
     std::vector<std::pair<int, int>> m_passes;
 
     std::vector<isa::Vmem> m_vmem;
