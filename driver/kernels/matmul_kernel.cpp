@@ -174,6 +174,18 @@ bool ahead_apply(const DotKey& k) {
            p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
 }
 
+/// DotKey::band_loads of a batch of several K steps, one block and one column group a batch
+/// (attention's values dot), KT even: the next batch's first step's operands (into slot 0, which
+/// the batch's last step does not use) are loaded beside the batch's last step
+/// (DotGen::step_ahead_next). Not with P's band loads (the zoo's values dot: 55 920 -> 56 181
+/// cycles at BERT-base's shape, its V window queued behind P's bands).
+bool step_ahead_apply(const DotKey& k) {
+    const Problem p = problem(k);
+    const uint32_t KT = ceil_div(p.K, k.R);
+    return k.band_loads && !ahead_apply(k) && !band_loads_apply(k) && KT >= 2 && KT % 2 == 0 &&
+           p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
+}
+
 /// Head-ahead loads of a streamed window narrower than a tile (attention's Q, heads of 64
 /// lanes): two batches whose windows share their tiles (DotGen::m_pair) read them once.
 bool pair_windows(const DotKey& k) {
@@ -390,6 +402,17 @@ public:
         // Two members whose windows lie in the same tiles (heads of 64 lanes at lanes 0 and 64
         // of a [S, heads x 64] projection): the first member's code waits for the pair's
         // tiles, the second's loads the next pair's, each tile read once for both.
+        m_step_ahead = batched() && step_ahead_apply(m_k);
+        if (m_step_ahead) {
+            // The first batch's first step (step_ahead_next loads each next one's).
+            E(Opcode::Li, {m_row, imm(0)});
+            E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
+            const Problem keep = m_p;
+            m_p.a_lane = m_p.lhs ? members[0].w_lane : members[0].a_lane;
+            m_p.w_lane = m_p.lhs ? members[0].a_lane : members[0].w_lane;
+            loads(0, true, true, 0, kBoth);
+            m_p = keep;
+        }
         m_pair = m_ahead && pair_windows(m_k) && members.size() == 2 &&
                  members[0].a == members[1].a && members[0].w == members[1].w;
         if (m_ahead) {
@@ -424,7 +447,7 @@ public:
             }
         }
         for (size_t i = 0; i < (m_k.parts > 1 ? 0 : std::max<size_t>(members.size(), 1)); ++i) {
-            if (m_ahead) {
+            if (m_ahead || m_step_ahead) {
                 // The batch after this one: the next member, or the next pass's first.
                 const bool last = i + 1 == members.size();
                 const DotBatch::Member& x = members[i];
@@ -612,6 +635,29 @@ private:
         E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
         m_b.bind(skip);
     }
+    /// The next batch's first step's operands into slot 0 (step_ahead_apply), beside this
+    /// batch's last step; none after the last batch.
+    void step_ahead_next() {
+        if (m_next_last && !m_next_guard) return;
+        const isa::Label skip = m_b.label("step_ahead_none");
+        if (m_next_guard) {
+            const isa::Label more = m_b.label("step_ahead_more");
+            E(Opcode::Lw, {m_tmp, m_pass_word});
+            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
+            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
+            E(Opcode::Jmp, {skip});
+            m_b.bind(more);
+        }
+        advance(m_next.a, m_next.w, 0);
+        const Problem keep = m_p;
+        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
+        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
+        loads(0, true, true, 0, kBoth);
+        m_p = keep;
+        advance(-m_next.a, -m_next.w, 0);
+        m_b.bind(skip);
+    }
+
     /// A staging address of the streamed (`a`) or the held operand: the slot's in a register
     /// with head-ahead loads.
     isa::Arg staged_at(bool a, uint64_t addr) const {
@@ -1500,7 +1546,7 @@ private:
         // or the one before.
         if (w_direct)
             for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
-        if (!m_ahead) loads(0, first, last, 0, kBoth);
+        if (!m_ahead && !m_step_ahead) loads(0, first, last, 0, kBoth);
         const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
         // The previous group's epilogue is the VPU's, which also converts each step's operands:
         // all at once it would leave the MXUs idle once the one step issued before it is done
@@ -1532,6 +1578,7 @@ private:
             // Step j + 1's transfers go first: their slot was last read by step j - 1's
             // conversions, which are done.
             if (j + 1 < m_KT) loads(j + 1, first, last, 1 - slot, w_direct ? kA : kBoth);
+            if (j + 1 == m_KT && m_step_ahead) step_ahead_next();
             E(Opcode::Wait, {m_loads[slot].flag, m_loads[slot].count});
             if (m_ahead) ahead_next();
             const bool converts = w_staged || (first && a_staged);
@@ -1812,6 +1859,7 @@ private:
     bool m_three = false;       ///< three C buffers, odd members' stores on m_stores2
     Tally m_stores2;            ///< the stores odd members issue (m_three)
     bool m_pair = false;        ///< two members' windows in the same tiles, loaded once
+    bool m_step_ahead = false;  ///< the next batch's first step loaded beside the last
     size_t m_mi = 0;            ///< the member being emitted
     std::vector<std::pair<int, int>> m_passes;
 
