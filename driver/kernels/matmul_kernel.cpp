@@ -658,6 +658,13 @@ private:
         m_b.bind(skip);
     }
 
+    /// With head-ahead loads, the held W^T an array of its own in 8 x 128 tiles narrower than a
+    /// tile (PyTorchSim's k of [heads, S, 64]): a panel's n rows are 512 bytes apart, and only
+    /// their k values are read (half the tiles' bytes).
+    bool narrow_held() const {
+        return m_ahead && !m_p.w_band_tiles && !m_p.w_lane && m_p.K < 128;
+    }
+
     /// A staging address of the streamed (`a`) or the held operand: the slot's in a register
     /// with head-ahead loads.
     isa::Arg staged_at(bool a, uint64_t addr) const {
@@ -1075,6 +1082,15 @@ private:
                         break;
                     }
                     case DotLayout::TransposedVpuTiles:
+                        if (narrow_held()) {
+                            // An array of its own narrower than a tile (half_held): its n rows'
+                            // k values, 512 bytes apart, land as n x k.
+                            E(op, {staged_at(false, wstage(slot, m)),
+                                   m_wb + int64_t(uint64_t(m) * C * 512), imm(n), imm(k * 4),
+                                   imm(k * 4), imm(512), t.flag});
+                            ++count;
+                            break;
+                        }
                         // W^T (N x K) in tiles: each of step j's R / 128 tile columns of the
                         // panel's ceil(n / 8) bands, a band of tiles apart, lands as n x 128 and
                         // is transposed in VMEM.
@@ -1676,6 +1692,11 @@ private:
                     if (m_p.w == DotLayout::Transposed || m_p.w == DotLayout::TransposedTiles) {
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                         vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
+                        x = tt;
+                    } else if (m_p.w == DotLayout::TransposedVpuTiles && narrow_held()) {
+                        const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
+                        vpu(Opcode::VTrans,
+                            {imm(int64_t(tt)), staged_at(false, x), imm(n), imm(k)});
                         x = tt;
                     } else if (m_p.w == DotLayout::TransposedVpuTiles) {
                         // Each n x 128 piece to 128 rows of n, one below the other: the first k
