@@ -52,12 +52,14 @@ TEST(CompilerAttn3Device, FourHeadsOfOneTwentyEightLoadAheadBitExact) {
 TEST(CompilerAttn3, BertBaseScoresDotLoadsTheNextHeadAhead) {
     // BERT-base: 12 heads, seq 512, d 64 (test::steady_zoo_attention: the third step, timing
     // only). A head's scores are 1 MiB written (64 band stores of 16 KiB), its Q window 128 KiB
-    // (64 DMAs of 8 rows x 256 B) and its K^T window's tiles 256 KiB (4 DMAs of 16 tiles of
-    // 4 KiB) read. Loaded at each head's start, behind the previous head's stores in the
-    // in-order DMA engine, and converted only once they had all arrived, the loads added about
-    // 1.6 k cycles a head to the stores' 2.5 k: 50 263 cycles. Loaded a head ahead, the HBM
-    // reads them while the previous head's scores are stored: 46 893. The HBM bound of the
-    // least traffic (Q and K read once, S written once: 15.73 MB at 479.5 B/cycle) is 32 802.
+    // (64 DMAs of 8 rows x 256 B) and its K^T window's tiles 256 KiB read. Loaded at each head's
+    // start, behind the previous head's stores in the in-order DMA engine, and converted once
+    // they had all arrived, the loads left the HBM idle about 1.5 k cycles a head: 50 263 cycles
+    // when the heads were first overlapped. Now each pair of heads (lanes 0 and 64) reads its Q
+    // and K tiles once (2 x 256 KiB, 4 KiB runs), a head ahead, while the previous head's scores
+    // are stored, and C's three buffers let a head's matmuls wait only for the stores of the head
+    // three before: 12 x (1 MiB + 256 KiB) = 15.73 MB, the least traffic, whose HBM bound at
+    // 479.5 B/cycle is 32 802; measured 39 841 (82% of it).
     const auto [step, stats] = test::steady_zoo_attention(512, 12, 64);
     std::vector<uint64_t> dots;
     for (size_t i = 0; i < step->fusions.size(); ++i)
@@ -68,7 +70,7 @@ TEST(CompilerAttn3, BertBaseScoresDotLoadsTheNextHeadAhead) {
     std::cout << fmt::format("[bert attention, operands a head ahead] scores {} cycles, values {}\n",
                              dots[0], dots[1]);
     EXPECT_GT(dots[0], 32802u);
-    EXPECT_LT(dots[0], 47500u);
+    EXPECT_LT(dots[0], 40500u);
 }
 
 }  // namespace
