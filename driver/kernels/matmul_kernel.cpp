@@ -174,6 +174,15 @@ bool ahead_apply(const DotKey& k) {
            p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
 }
 
+/// Band loads (band_loads_apply) of an even number of K steps: the streamed operand is read two
+/// steps ahead (DotGen::m_lead), into a staging area per K step, so each step's panel goes out
+/// before the held tiles' chunk of the step before and is there when its step begins.
+bool band_lead_apply(const DotKey& k) {
+    const Problem p = problem(k);
+    const uint32_t KT = ceil_div(p.K, k.R);
+    return band_loads_apply(k) && staged(p.a) && KT >= 2 && KT % 2 == 0;
+}
+
 /// DotKey::band_loads of a batch of several K steps, one block and one column group a batch
 /// (attention's values dot), KT even: the next batch's first step's operands (into slot 0, which
 /// the batch's last step does not use) are loaded beside the batch's last step
@@ -210,7 +219,7 @@ Map vmem_map(const DotKey& k) {
     m.cpanel = T * k.C * 4;
     take(&Map::abf, "a_bf16", P * KT * m.apanel);
     if (staged(p.a)) {
-        take(&Map::astage, "a_stage", 2 * a32);
+        take(&Map::astage, "a_stage", band_lead_apply(k) ? ceil_div(p.K, k.R) * a32 : 2 * a32);
         if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles ||
             p.a == DotLayout::TransposedTiles)
             take(&Map::att, "a_trans", a32);
@@ -413,6 +422,18 @@ public:
             loads(0, true, true, 0, kBoth);
             m_p = keep;
         }
+        m_lead = m_band && band_lead_apply(m_k);
+        if (m_lead) {
+            // The first batch's first two steps' streamed panels (lead_loads issues the rest).
+            E(Opcode::Li, {m_row, imm(0)});
+            E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
+            const Problem keep = m_p;
+            m_p.a_lane = m_p.lhs ? members[0].w_lane : members[0].a_lane;
+            m_p.w_lane = m_p.lhs ? members[0].a_lane : members[0].w_lane;
+            loads(0, true, true, 0, kA, 0);
+            loads(1, true, true, 1, kA, 1);
+            m_p = keep;
+        }
         m_pair = m_ahead && pair_windows(m_k) && members.size() == 2 &&
                  members[0].a == members[1].a && members[0].w == members[1].w;
         if (m_ahead) {
@@ -468,6 +489,11 @@ public:
                                               held(members[0]);
                 m_next_guard = m_next_last && loop;
                 if (m_next_last && !loop) m_next_a = 0;
+                const DotBatch::Member& y = m_next_last ? members[0] : members[i + 1];
+                m_next.a = !m_next_last ? y.a - members[i].a : m_batch.a - members[i].a + y.a;
+                m_next.w = !m_next_last ? y.w - members[i].w : m_batch.w - members[i].w + y.w;
+                m_next.a_lane = y.a_lane;
+                m_next.w_lane = y.w_lane;
             }
             const bool odd = m_three && i % 2 == 1;
             m_mi = i;
@@ -582,8 +608,12 @@ private:
     /// hundred cycles, while the HBM rows they share are still open; and each tile has an area
     /// of its own, so no DMA waits on another's (the engine's WAW hazard by bounding box).
     void band_chunk(uint32_t j) {
-        const uint32_t tiles = m_NT * m_KT;
-        const uint32_t t0 = j * tiles / m_KT, t1 = (j + 1) * tiles / m_KT;
+        // With the streamed panels two steps ahead (m_lead), over the first KT - 1 steps: the
+        // last chunk then goes out a step before the batch's last matmuls and has arrived when
+        // the next batch starts (after the last step, the next batch waited for it).
+        const uint32_t tiles = m_NT * m_KT, chunks = m_lead ? m_KT - 1 : m_KT;
+        const uint32_t t0 = std::min(j, chunks) * tiles / chunks;
+        const uint32_t t1 = std::min(j + 1, chunks) * tiles / chunks;
         if (t0 == t1) return;
         const isa::Label skip = m_b.label("bands_none");
         E(Opcode::Beq, {m_nxt, imm(0), skip});
@@ -663,6 +693,35 @@ private:
     /// their k values are read (half the tiles' bytes).
     bool narrow_held() const {
         return m_ahead && !m_p.w_band_tiles && !m_p.w_lane && m_p.K < 128;
+    }
+
+    /// m_lead: after step j's loads, the streamed panel of step j + 2 (of this
+    /// batch, or the next batch's step j + 2 - KT; none after the last batch) into its area, on
+    /// step j's flag (its parity).
+    void lead_loads(uint32_t j, bool first, bool last) {
+        const uint32_t t = j + 2;
+        if (t < m_KT) {
+            loads(t, first, last, int(t % 2), kA, int(t));
+            return;
+        }
+        if (m_next_last && !m_next_guard) return;
+        const isa::Label skip = m_b.label("lead_none");
+        if (m_next_guard) {
+            const isa::Label more = m_b.label("lead_more");
+            E(Opcode::Lw, {m_tmp, m_pass_word});
+            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
+            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
+            E(Opcode::Jmp, {skip});
+            m_b.bind(more);
+        }
+        advance(m_next.a, m_next.w, 0);
+        const Problem keep = m_p;
+        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
+        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
+        loads(t - m_KT, true, true, int((t - m_KT) % 2), kA, int(t - m_KT));
+        m_p = keep;
+        advance(-m_next.a, -m_next.w, 0);
+        m_b.bind(skip);
     }
 
     /// A staging address of the streamed (`a`) or the held operand: the slot's in a register
@@ -846,8 +905,9 @@ private:
     /// Loads of step j into `slot`: in a block's first group A's panel j (`what` & kA), the
     /// group's weight tiles (`what` & kW). fp32 operands go to the staging areas; bf16 parts
     /// straight to where the MXUs read them.
-    void loads(uint32_t j, bool first, bool last, int slot, int what) {
+    void loads(uint32_t j, bool first, bool last, int slot, int what, int area = -1) {
         const Tally& t = m_loads[slot];
+        const int aslot = area >= 0 ? area : slot;  // the streamed operand's staging area
         const uint32_t k = kk(j), R = m_k.R, C = m_k.C;
         const uint64_t M = m_p.M, K = m_p.K, N = m_p.N;
         int count = 0;
@@ -855,7 +915,7 @@ private:
             const Opcode op = load_op(m_A);
             if (m_p.a == DotLayout::Transposed) {
                 // A^T: rows j R .. of the stored K x M, the block's columns; v.trans turns them.
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(4)});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 E(Opcode::Mul, {m_t15, m_rows, imm(4)});
@@ -866,7 +926,7 @@ private:
                 // A^T (K x M) in tiles, blocks of whole tile columns: each of the block's columns
                 // of tiles in the ceil(k / 8) bands of step j, MT tiles apart, lands as k x 128
                 // row-major (a column past a short last block's rows is not read).
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 const uint64_t MT = m_p.a_band_tiles ? m_p.a_band_tiles : ceil_div(m_p.M, 128);
                 E(Opcode::Mul, {m_t14, m_row, imm(kBandBytes / 128)});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
@@ -888,7 +948,7 @@ private:
                 // Panel j of the block's bands: R / 128 tiles of 4 KiB per 8 rows, a band of
                 // ceil(K / 128) tiles apart; in VMEM they are the block's rows of R values, as a
                 // row-major panel's.
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 const uint64_t band_tiles = m_p.a_band_tiles ? m_p.a_band_tiles : vtiles(K);
                 const uint64_t tile0 = uint64_t(j) * (R / 128);  // panel j's first tile in a band
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * 512))});
@@ -967,7 +1027,7 @@ private:
                 // tiles apart, each one contiguous run that lands as R rows of the panel.
                 // Whole contiguous tiles keep the banked HBM near its streaming rate, where
                 // an 8 x 128 tile column is runs of 4 KiB that open a row each.
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 const uint64_t tile = uint64_t(R) * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(uint64_t(m_KT) * R * 4))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
@@ -981,7 +1041,7 @@ private:
                 // Stored transposed in the MXU's R x R tiles (a weight in the layout the RHS
                 // stationary holds it in): panel j of the block is the block's tiles of tile
                 // row j, side by side, one contiguous run; each is transposed in VMEM.
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 const uint64_t tile = uint64_t(R) * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(R) * 4)});  // row / R tiles
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
@@ -991,7 +1051,7 @@ private:
                        m_t15, imm(int64_t(tile)), imm(int64_t(tile)), imm(int64_t(tile)), t.flag});
                 ++count;
             } else if (m_p.a == DotLayout::RowMajor) {
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(K * 4))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 E(op, {imm(int64_t(at)), m_t14 + int64_t(j * R * 4), m_rows, imm(k * 4), imm(k * 4),
@@ -1562,7 +1622,7 @@ private:
         // or the one before.
         if (w_direct)
             for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
-        if (!m_ahead && !m_step_ahead) loads(0, first, last, 0, kBoth);
+        if (!m_ahead && !m_step_ahead && !m_lead) loads(0, first, last, 0, kBoth);
         const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
         // The previous group's epilogue is the VPU's, which also converts each step's operands:
         // all at once it would leave the MXUs idle once the one step issued before it is done
@@ -1593,10 +1653,11 @@ private:
             const uint32_t k = kk(j);
             // Step j + 1's transfers go first: their slot was last read by step j - 1's
             // conversions, which are done.
-            if (j + 1 < m_KT) loads(j + 1, first, last, 1 - slot, w_direct ? kA : kBoth);
+            if (j + 1 < m_KT && !m_lead) loads(j + 1, first, last, 1 - slot, w_direct ? kA : kBoth);
             if (j + 1 == m_KT && m_step_ahead) step_ahead_next();
             E(Opcode::Wait, {m_loads[slot].flag, m_loads[slot].count});
             if (m_ahead) ahead_next();
+            if (m_lead && m_KT > 2) lead_loads(j, first, last);
             const bool converts = w_staged || (first && a_staged);
             // The weight slot is free once the step before the previous one is done on each
             // MXU; at a group's start with KT odd the previous group's last step read it too.
@@ -1611,7 +1672,8 @@ private:
                     if (used || first) wait_mxu(m, later);
                 }
             if (first && a_staged) {
-                const uint64_t src = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t src =
+                    m_a.astage + uint64_t(m_lead ? j : slot) * m_k.block_rows * R * 4;
                 uint64_t x = src;
                 if (m_p.a == DotLayout::Transposed) {
                     vpu(Opcode::VTrans, {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), m_rows});
@@ -1737,6 +1799,9 @@ private:
                 flush(fmt::format("{}{}", tag, j), j, nm);
             }
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+            // With two steps, step j + 2 is the next batch's step j, in the same area: once step
+            // j's panel is converted (with more, as soon as step j's loads have arrived).
+            if (m_lead && m_KT == 2) lead_loads(j, first, last);
             if (batched() && j == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
             for (uint32_t p = 0; p < nm; ++p) {
                 // Panel p on MXU m; the MXU's last panel of the step carries its flag.
@@ -1880,6 +1945,7 @@ private:
     bool m_three = false;       ///< three C buffers, odd members' stores on m_stores2
     Tally m_stores2;            ///< the stores odd members issue (m_three)
     bool m_pair = false;        ///< two members' windows in the same tiles, loaded once
+    bool m_lead = false;        ///< band loads with the streamed panels two steps ahead
     bool m_step_ahead = false;  ///< the next batch's first step loaded beside the last
     size_t m_mi = 0;            ///< the member being emitted
     std::vector<std::pair<int, int>> m_passes;

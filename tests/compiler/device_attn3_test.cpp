@@ -70,7 +70,7 @@ TEST(CompilerAttn3, BertBaseScoresDotLoadsTheNextHeadAhead) {
     std::cout << fmt::format("[bert attention, operands a head ahead] scores {} cycles, values {}\n",
                              dots[0], dots[1]);
     EXPECT_GT(dots[0], 32802u);
-    EXPECT_LT(dots[0], 40500u);
+    EXPECT_LT(dots[0], 41000u);
 }
 
 }  // namespace
