@@ -434,6 +434,13 @@ public:
             loads(1, true, true, 1, kA, 1);
             m_p = keep;
         }
+        {
+            auto streamed = [this](const DotBatch::Member& x) { return m_p.lhs ? x.w : x.a; };
+            // (W^T in 8 x 128 tiles is read in whole tiles, whatever its window's lanes.)
+            m_lead_pair = m_lead && members.size() == 2 &&
+                          streamed(members[0]) == streamed(members[1]) &&
+                          m_p.a == DotLayout::TransposedVpuTiles && m_p.a_band_tiles > 0;
+        }
         m_pair = m_ahead && pair_windows(m_k) && members.size() == 2 &&
                  members[0].a == members[1].a && members[0].w == members[1].w;
         if (m_ahead) {
@@ -700,6 +707,9 @@ private:
     /// step j's flag (its parity).
     void lead_loads(uint32_t j, bool first, bool last) {
         const uint32_t t = j + 2;
+        // A pair whose streamed windows share their tiles (m_lead_pair): the first member's
+        // code loads the pair's panels, the second's the next pair's.
+        if (m_lead_pair && (m_mi == 0) == (t >= m_KT)) return;
         if (t < m_KT) {
             loads(t, first, last, int(t % 2), kA, int(t));
             return;
@@ -1946,6 +1956,7 @@ private:
     Tally m_stores2;            ///< the stores odd members issue (m_three)
     bool m_pair = false;        ///< two members' windows in the same tiles, loaded once
     bool m_lead = false;        ///< band loads with the streamed panels two steps ahead
+    bool m_lead_pair = false;   ///< ... a pair's windows in the same tiles, loaded once
     bool m_step_ahead = false;  ///< the next batch's first step loaded beside the last
     size_t m_mi = 0;            ///< the member being emitted
     std::vector<std::pair<int, int>> m_passes;
