@@ -355,8 +355,7 @@ public:
 
         // A batch: each member's blocks in turn, in a loop over the passes (DotBatch). A
         // batch's blocks follow the previous batch's as one dot's blocks follow each other.
-        if (batched() && ahead_apply(m_k) && m_batch.period.size() % 2 &&
-            m_batch.passes % 2 == 0) {
+        if (batched() && ahead_apply(m_k) && m_batch.period.size() % 2 && m_batch.passes % 2 == 0) {
             // Two passes as one of twice the members, so each member's batches are all even or
             // all odd ones (its stores on a flag of its own: m_three).
             const size_t q = m_batch.period.size();
@@ -698,9 +697,7 @@ private:
     /// With head-ahead loads, the held W^T an array of its own in 8 x 128 tiles narrower than a
     /// tile (PyTorchSim's k of [heads, S, 64]): a panel's n rows are 512 bytes apart, and only
     /// their k values are read (half the tiles' bytes).
-    bool narrow_held() const {
-        return m_ahead && !m_p.w_band_tiles && !m_p.w_lane && m_p.K < 128;
-    }
+    bool narrow_held() const { return m_ahead && !m_p.w_band_tiles && !m_p.w_lane && m_p.K < 128; }
 
     /// m_lead: after step j's loads, the streamed panel of step j + 2 (of this
     /// batch, or the next batch's step j + 2 - KT; none after the last batch) into its area, on
@@ -972,23 +969,21 @@ private:
                         // A pair's windows: their bands' whole tiles, one DMA, M rows of 128
                         // values (group(): the window's lanes picked out in VMEM).
                         E(Opcode::Add, {m_t14, m_t14, imm(int64_t(tile0 * kBandBytes))});
-                        E(op, {staged_at(true, at), m_t14, imm(ceil_div(m_p.M, 8)),
-                               imm(kBandBytes), imm(kBandBytes),
-                               imm(int64_t(band_tiles * kBandBytes)), t.flag});
+                        E(op, {staged_at(true, at), m_t14, imm(ceil_div(m_p.M, 8)), imm(kBandBytes),
+                               imm(kBandBytes), imm(int64_t(band_tiles * kBandBytes)), t.flag});
                         ++count;
                     } else if (m_ahead && band_tiles == 1 && vtiles(k) == 1) {
                         // An array of its own, one tile a band: its rows are 512 bytes apart,
                         // one DMA (the band by band loop's 8-row DMAs each take the sequencer
                         // longer to issue than the DMA engine to send).
                         E(Opcode::Add, {m_t14, m_t14, imm(int64_t(tile0 * kBandBytes))});
-                        E(op, {staged_at(true, at), m_t14, imm(ceil_div(m_p.M, 8) * 8),
-                               imm(k * 4), imm(k * 4), imm(512), t.flag});
+                        E(op, {staged_at(true, at), m_t14, imm(ceil_div(m_p.M, 8) * 8), imm(k * 4),
+                               imm(k * 4), imm(512), t.flag});
                         ++count;
                     }
-                    for (uint32_t s = 0; s < (m_pair || (m_ahead && band_tiles == 1 &&
-                                                         vtiles(k) == 1)
-                                                  ? 0
-                                                  : vtiles(k));
+                    for (uint32_t s = 0;
+                         s <
+                         (m_pair || (m_ahead && band_tiles == 1 && vtiles(k) == 1) ? 0 : vtiles(k));
                          ++s) {
                         const isa::Label band = m_b.label("a_band");
                         if (s > 0) {
@@ -1707,10 +1702,9 @@ private:
                     // transposed back to M rows of k values.
                     vpu(Opcode::VTrans,
                         {imm(int64_t(m_a.att)), staged_at(true, src), imm(m_p.M), imm(128)});
-                    vpu(Opcode::VTrans,
-                        {imm(int64_t(m_a.awin)),
-                         imm(int64_t(m_a.att + uint64_t(m_p.a_lane) * m_p.M * 4)), imm(k),
-                         imm(m_p.M)});
+                    vpu(Opcode::VTrans, {imm(int64_t(m_a.awin)),
+                                         imm(int64_t(m_a.att + uint64_t(m_p.a_lane) * m_p.M * 4)),
+                                         imm(k), imm(m_p.M)});
                     x = m_a.awin;
                 } else if (m_p.a == DotLayout::TransposedTiles) {
                     // Each R x R tile (k rows of K, R rows of the block) to R rows of k values:
@@ -1731,8 +1725,7 @@ private:
                          m_member});
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
                 convert([&](int q) { return imm(int64_t(abf(q, j))); },
-                        x == src ? staged_at(true, x) : imm(int64_t(x)), m_cnt,
-                        m_a.af, m_a.ar1,
+                        x == src ? staged_at(true, x) : imm(int64_t(x)), m_cnt, m_a.af, m_a.ar1,
                         m_a.ar2);
             }
             if (m_band && j == 0) E(Opcode::Wait, {m_bands.flag, m_bands.count});
@@ -1775,9 +1768,9 @@ private:
                         // rows of the transposes are the tile's.
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                         for (uint32_t s = 0; s < vtiles(k); ++s)
-                            vpu(Opcode::VTrans, {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
-                                                 staged_at(false, x + s * wsub(n)), imm(n),
-                                                 imm(128)});
+                            vpu(Opcode::VTrans,
+                                {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
+                                 staged_at(false, x + s * wsub(n)), imm(n), imm(128)});
                         x = tt + uint64_t(m_p.w_lane) * n * 4;
                     }
                     if (m_pro.held) {
@@ -1938,7 +1931,7 @@ private:
     uint32_t m_AS;          ///< slots of the streamed operand's bf16 panels (KT kept, or 2)
     Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
     DotOperands m_ops;      ///< A, W, C as the caller named them
-    DotBatch m_batch;  ///< the caller's, its period doubled for m_three
+    DotBatch m_batch;       ///< the caller's, its period doubled for m_three
     std::function<void(uint32_t)> m_rebind;  ///< part i's addresses (emit_dot_parts)
     uint32_t m_col_slot = 0;                 ///< the Column sides' slot of the part being emitted
     std::function<void(const isa::Reg&)> m_member;  ///< dst = the batch (PrologueTile::batch)

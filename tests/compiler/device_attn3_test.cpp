@@ -67,8 +67,8 @@ TEST(CompilerAttn3, BertBaseScoresDotLoadsTheNextHeadAhead) {
             step->graph.op(step->fusions[i].hero).kind == OpKind::Dot)
             dots.push_back(stats.last_fusion_cycles.at(i));
     ASSERT_EQ(dots.size(), 3u);  // the scores, the values, the out projection
-    std::cout << fmt::format("[bert attention, operands a head ahead] scores {} cycles, values {}\n",
-                             dots[0], dots[1]);
+    std::cout << fmt::format(
+        "[bert attention, operands a head ahead] scores {} cycles, values {}\n", dots[0], dots[1]);
     EXPECT_GT(dots[0], 32802u);
     EXPECT_LT(dots[0], 41000u);
 }
