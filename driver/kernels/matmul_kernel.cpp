@@ -129,7 +129,8 @@ Problem problem(const DotKey& k) {
 /// parts stay for the whole block (every column group reads them); everything else is per K
 /// step, double-buffered where a DMA or the MXUs read one copy while the next is written.
 struct Map {
-    uint64_t abf, astage, att, af, ar1, ar2, wstage, wtt, wf, wr1, wr2, wbf, c, col, full, tt, bf;
+    uint64_t abf, astage, att, awin, af, ar1, ar2, wstage, wtt, wf, wr1, wr2, wbf, c, col, full, tt,
+        bf;
     uint64_t end;
     uint64_t apanel, wtile, cpanel;  ///< bytes of one A bf16 panel, W bf16 tile, C panel
     uint64_t col_stride;             ///< from one Column side's area to the next
@@ -163,6 +164,46 @@ bool band_loads_apply(const DotKey& k) {
            ceil_div(p.N, k.C) <= group_width(k);
 }
 
+/// DotKey::band_loads where the kernel runs it as head-ahead loads (DotGen::ahead_next): the
+/// streamed operand in 8 x 128 tiles and the held one W^T stored so (attention's scores, q k^T
+/// and k q^T), one K step, one block and one column group a batch, on a 128 x 128 MXU: each
+/// batch's operands are loaded into the staging slot the previous batch does not use, while it
+/// computes, and C has three buffers.
+bool ahead_apply(const DotKey& k) {
+    const Problem p = problem(k);
+    return k.band_loads && !band_loads_apply(k) && p.a == DotLayout::VpuTiles &&
+           p.w == DotLayout::TransposedVpuTiles && k.R == 128 && k.C == 128 && p.K <= k.R &&
+           p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
+}
+
+/// Band loads (band_loads_apply) of an even number of K steps: the streamed operand is read two
+/// steps ahead (DotGen::m_lead), into a staging area per K step, so each step's panel goes out
+/// before the held tiles' chunk of the step before and is there when its step begins.
+bool band_lead_apply(const DotKey& k) {
+    const Problem p = problem(k);
+    const uint32_t KT = ceil_div(p.K, k.R);
+    return band_loads_apply(k) && staged(p.a) && KT >= 2 && KT % 2 == 0;
+}
+
+/// DotKey::band_loads of a batch of several K steps, one block and one column group a batch
+/// (attention's values dot), KT even: the next batch's first step's operands (into slot 0, which
+/// the batch's last step does not use) are loaded beside the batch's last step
+/// (DotGen::step_ahead_next). Not with P's band loads (the zoo's values dot: 55 920 -> 56 181
+/// cycles at BERT-base's shape, its V window queued behind P's bands).
+bool step_ahead_apply(const DotKey& k) {
+    const Problem p = problem(k);
+    const uint32_t KT = ceil_div(p.K, k.R);
+    return k.band_loads && !ahead_apply(k) && !band_loads_apply(k) && KT >= 2 && KT % 2 == 0 &&
+           p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
+}
+
+/// Head-ahead loads of a streamed window narrower than a tile (attention's Q, heads of 64
+/// lanes): two batches whose windows share their tiles (DotGen::m_pair) read them once.
+bool pair_windows(const DotKey& k) {
+    const Problem p = problem(k);
+    return ahead_apply(k) && p.K < k.R && p.a_band_tiles > 0;
+}
+
 Map vmem_map(const DotKey& k) {
     const Problem p = problem(k);
     const uint64_t T = k.block_rows, P = parts_of(k.precision), G = group_width(k);
@@ -180,10 +221,16 @@ Map vmem_map(const DotKey& k) {
     m.cpanel = T * k.C * 4;
     take(&Map::abf, "a_bf16", P * KT * m.apanel);
     if (staged(p.a)) {
-        take(&Map::astage, "a_stage", 2 * a32);
+        take(&Map::astage, "a_stage", band_lead_apply(k) ? ceil_div(p.K, k.R) * a32 : 2 * a32);
         if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles ||
             p.a == DotLayout::TransposedTiles)
             take(&Map::att, "a_trans", a32);
+        if (pair_windows(k)) {
+            // A pair's whole tiles of a window of K < R lanes (DotGen::m_pair): transposed, and
+            // the window's rows transposed back to T rows of K values.
+            take(&Map::att, "a_trans", a32);
+            take(&Map::awin, "a_window", T * p.K * 4);
+        }
         if (P > 1) take(&Map::af, "a_f", a32);
         if (P > 1) take(&Map::ar1, "a_r1", a32);
         if (P > 2) take(&Map::ar2, "a_r2", a32);
@@ -200,7 +247,9 @@ Map vmem_map(const DotKey& k) {
         if (P > 2) take(&Map::wr2, "w_r2", w32);
     }
     take(&Map::wbf, "w_bf16", 2 * G * P * m.wtile);
-    take(&Map::c, "c", 2 * G * m.cpanel);
+    // Head-ahead loads: three buffers, so a batch's matmuls wait only for the stores of the
+    // batch three before it.
+    take(&Map::c, "c", (ahead_apply(k) ? 3 : 2) * G * m.cpanel);
     // A Column side holds one value per output column; with the LHS stationary the output
     // columns are the streamed rows, read a whole block at a time from the block's first.
     m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
@@ -310,6 +359,22 @@ public:
 
         // A batch: each member's blocks in turn, in a loop over the passes (DotBatch). A
         // batch's blocks follow the previous batch's as one dot's blocks follow each other.
+        if (batched() && ahead_apply(m_k) && m_batch.period.size() % 2 && m_batch.passes % 2 == 0) {
+            // Two passes as one of twice the members, so each member's batches are all even or
+            // all odd ones (its stores on a flag of its own: m_three).
+            const size_t q = m_batch.period.size();
+            for (size_t i = 0; i < q; ++i) {
+                DotBatch::Member x = m_batch.period[i];
+                x.a += m_batch.a;
+                x.w += m_batch.w;
+                x.c += m_batch.c;
+                m_batch.period.push_back(x);
+            }
+            m_batch.passes /= 2;
+            m_batch.a *= 2;
+            m_batch.w *= 2;
+            m_batch.c *= 2;
+        }
         const std::vector<DotBatch::Member>& members = m_batch.period;
         const bool loop = !members.empty() && m_batch.passes > 1;
         isa::Smem pass;
@@ -320,18 +385,80 @@ public:
             word = pass.word(0);
             E(Opcode::Sw, {imm(0), word});  // s0 reads as zero
         }
+        m_pass_word = word;
         m_band = batched() && band_loads_apply(m_k);
         if (m_band) {
             m_bands = {m_b.flag("bands"), m_b.reg("bands.count")};
             m_bpar = m_b.reg("bands.parity");
             m_nxt = m_b.reg("bands.next");
-            m_pass_word = word;
             E(Opcode::Li, {m_bands.count, imm(0)});
             // The first batch's bands, into buffer 0 (band_chunk fills the other one).
             E(Opcode::Add, {m_nxt, m_W.value, imm(0)});
             E(Opcode::Li, {m_bpar, imm(int64_t(band_buffer()))});
             for (uint32_t j = 0; j < m_KT; ++j) band_chunk(j);
             E(Opcode::Li, {m_bpar, imm(0)});
+        }
+        m_ahead = batched() && ahead_apply(m_k);
+        // Three C buffers in turn, and the stores each member's code issues (the previous
+        // batch's) on a flag of the member's parity: before its matmuls a batch then waits for
+        // that flag, the stores of the batch three before it, the last reader of the buffer it
+        // writes, while the previous batch's stores (the other flag) stay in flight; with two
+        // buffers the stores of one batch were issued only once the ones before had completed,
+        // and the HBM waited between them. Batches in one group each (ahead_apply), with each
+        // member's batches of one parity (an even period, or one pass).
+        m_three = m_ahead && (members.size() % 2 == 0 || m_batch.passes == 1);
+        if (m_three) {
+            m_stores2 = {m_b.flag("stores.odd"), m_b.reg("stores.odd.count")};
+            E(Opcode::Li, {m_stores2.count, imm(0)});
+        }
+        // Two members whose windows lie in the same tiles (heads of 64 lanes at lanes 0 and 64
+        // of a [S, heads x 64] projection): the first member's code waits for the pair's
+        // tiles, the second's loads the next pair's, each tile read once for both.
+        m_step_ahead = batched() && step_ahead_apply(m_k);
+        if (m_step_ahead) {
+            // The first batch's first step (step_ahead_next loads each next one's).
+            E(Opcode::Li, {m_row, imm(0)});
+            E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
+            const Problem keep = m_p;
+            m_p.a_lane = m_p.lhs ? members[0].w_lane : members[0].a_lane;
+            m_p.w_lane = m_p.lhs ? members[0].a_lane : members[0].w_lane;
+            loads(0, true, true, 0, kBoth);
+            m_p = keep;
+        }
+        m_lead = m_band && band_lead_apply(m_k);
+        if (m_lead) {
+            // The first batch's first two steps' streamed panels (lead_loads issues the rest).
+            E(Opcode::Li, {m_row, imm(0)});
+            E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
+            const Problem keep = m_p;
+            m_p.a_lane = m_p.lhs ? members[0].w_lane : members[0].a_lane;
+            m_p.w_lane = m_p.lhs ? members[0].a_lane : members[0].w_lane;
+            loads(0, true, true, 0, kA, 0);
+            loads(1, true, true, 1, kA, 1);
+            m_p = keep;
+        }
+        {
+            auto streamed = [this](const DotBatch::Member& x) { return m_p.lhs ? x.w : x.a; };
+            // (W^T in 8 x 128 tiles is read in whole tiles, whatever its window's lanes.)
+            m_lead_pair = m_lead && members.size() == 2 &&
+                          streamed(members[0]) == streamed(members[1]) &&
+                          m_p.a == DotLayout::TransposedVpuTiles && m_p.a_band_tiles > 0;
+        }
+        m_pair = m_ahead && pair_windows(m_k) && members.size() == 2 &&
+                 members[0].a == members[1].a && members[0].w == members[1].w;
+        if (m_ahead) {
+            // The first batch's operands into slot 0 (ahead_next loads each next one).
+            m_sa = m_b.reg("ahead.a");
+            m_sw = m_b.reg("ahead.w");
+            E(Opcode::Li, {m_sa, imm(0)});
+            E(Opcode::Li, {m_sw, imm(0)});
+            E(Opcode::Li, {m_row, imm(0)});
+            E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
+            const Problem keep = m_p;
+            m_p.a_lane = m_p.lhs ? members[0].w_lane : members[0].a_lane;
+            m_p.w_lane = m_p.lhs ? members[0].a_lane : members[0].w_lane;
+            loads(0, true, true, 0, kBoth);
+            m_p = keep;
         }
         if (loop) {
             passes = m_b.label("dot_passes");
@@ -351,6 +478,17 @@ public:
             }
         }
         for (size_t i = 0; i < (m_k.parts > 1 ? 0 : std::max<size_t>(members.size(), 1)); ++i) {
+            if (m_ahead || m_step_ahead) {
+                // The batch after this one: the next member, or the next pass's first.
+                const bool last = i + 1 == members.size();
+                const DotBatch::Member& x = members[i];
+                const DotBatch::Member& y = last ? members[0] : members[i + 1];
+                m_next = y;
+                m_next.a = last ? m_batch.a - x.a + y.a : y.a - x.a;
+                m_next.w = last ? m_batch.w - x.w + y.w : y.w - x.w;
+                m_next_last = last;
+                m_next_guard = last && loop;
+            }
             if (m_band) {
                 // The batch after this one: the next member, or the next pass's first.
                 m_next_last = i + 1 == members.size();
@@ -361,7 +499,15 @@ public:
                                               held(members[0]);
                 m_next_guard = m_next_last && loop;
                 if (m_next_last && !loop) m_next_a = 0;
+                const DotBatch::Member& y = m_next_last ? members[0] : members[i + 1];
+                m_next.a = !m_next_last ? y.a - members[i].a : m_batch.a - members[i].a + y.a;
+                m_next.w = !m_next_last ? y.w - members[i].w : m_batch.w - members[i].w + y.w;
+                m_next.a_lane = y.a_lane;
+                m_next.w_lane = y.w_lane;
             }
+            const bool odd = m_three && i % 2 == 1;
+            m_mi = i;
+            if (odd) std::swap(m_stores, m_stores2);
             if (!members.empty()) {
                 const DotBatch::Member& x = members[i];
                 m_p.a_lane = m_p.lhs ? x.w_lane : x.a_lane;
@@ -379,6 +525,7 @@ public:
                 };
             }
             blocks();
+            if (odd) std::swap(m_stores, m_stores2);
         }
         if (loop) {
             advance(m_batch.a - members.back().a + members[0].a,
@@ -391,6 +538,7 @@ public:
         }
         flush("end", 0, 0);
         E(Opcode::Wait, {m_stores.flag, m_stores.count});
+        if (m_three) E(Opcode::Wait, {m_stores2.flag, m_stores2.count});
     }
 
 private:
@@ -470,8 +618,12 @@ private:
     /// hundred cycles, while the HBM rows they share are still open; and each tile has an area
     /// of its own, so no DMA waits on another's (the engine's WAW hazard by bounding box).
     void band_chunk(uint32_t j) {
-        const uint32_t tiles = m_NT * m_KT;
-        const uint32_t t0 = j * tiles / m_KT, t1 = (j + 1) * tiles / m_KT;
+        // With the streamed panels two steps ahead (m_lead), over the first KT - 1 steps: the
+        // last chunk then goes out a step before the batch's last matmuls and has arrived when
+        // the next batch starts (after the last step, the next batch waited for it).
+        const uint32_t tiles = m_NT * m_KT, chunks = m_lead ? m_KT - 1 : m_KT;
+        const uint32_t t0 = std::min(j, chunks) * tiles / chunks;
+        const uint32_t t1 = std::min(j + 1, chunks) * tiles / chunks;
         if (t0 == t1) return;
         const isa::Label skip = m_b.label("bands_none");
         E(Opcode::Beq, {m_nxt, imm(0), skip});
@@ -487,6 +639,107 @@ private:
         }
         E(Opcode::Add, {m_bands.count, m_bands.count, imm(int64_t(t1 - t0))});
         m_b.bind(skip);
+    }
+
+    /// Bytes from one staging slot to the other: of the streamed operand's, of the held one's.
+    int64_t slot_a() const { return int64_t(m_k.block_rows) * m_k.R * 4; }
+    int64_t slot_w() const { return int64_t(m_GW) * m_k.R * m_k.C * 4; }
+
+    /// Head-ahead loads (ahead_apply): the next batch's operands (the next member's, or the next
+    /// pass's first while passes remain; none after the last batch) into the staging slot this
+    /// batch does not use, issued once this batch's own have arrived and before the previous
+    /// batch's results are stored, so the DMA engine reads them while this batch converts and
+    /// computes and the HBM never waits for a batch's loads between two batches' stores.
+    void ahead_next() {
+        if (m_next_last && !m_next_guard) return;  // one pass: the last member has no next
+        if (m_pair && m_mi == 0) return;           // the pair's second member loads the next
+        const isa::Label skip = m_b.label("ahead_none");
+        if (m_next_guard) {
+            const isa::Label more = m_b.label("ahead_more");
+            E(Opcode::Lw, {m_tmp, m_pass_word});
+            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
+            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
+            E(Opcode::Jmp, {skip});
+            m_b.bind(more);
+        }
+        E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
+        E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
+        advance(m_next.a, m_next.w, 0);
+        const Problem keep = m_p;
+        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
+        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
+        loads(0, true, true, 0, kBoth);
+        m_p = keep;
+        advance(-m_next.a, -m_next.w, 0);
+        E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
+        E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
+        m_b.bind(skip);
+    }
+    /// The next batch's first step's operands into slot 0 (step_ahead_apply), beside this
+    /// batch's last step; none after the last batch.
+    void step_ahead_next() {
+        if (m_next_last && !m_next_guard) return;
+        const isa::Label skip = m_b.label("step_ahead_none");
+        if (m_next_guard) {
+            const isa::Label more = m_b.label("step_ahead_more");
+            E(Opcode::Lw, {m_tmp, m_pass_word});
+            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
+            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
+            E(Opcode::Jmp, {skip});
+            m_b.bind(more);
+        }
+        advance(m_next.a, m_next.w, 0);
+        const Problem keep = m_p;
+        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
+        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
+        loads(0, true, true, 0, kBoth);
+        m_p = keep;
+        advance(-m_next.a, -m_next.w, 0);
+        m_b.bind(skip);
+    }
+
+    /// With head-ahead loads, the held W^T an array of its own in 8 x 128 tiles narrower than a
+    /// tile (PyTorchSim's k of [heads, S, 64]): a panel's n rows are 512 bytes apart, and only
+    /// their k values are read (half the tiles' bytes).
+    bool narrow_held() const { return m_ahead && !m_p.w_band_tiles && !m_p.w_lane && m_p.K < 128; }
+
+    /// m_lead: after step j's loads, the streamed panel of step j + 2 (of this
+    /// batch, or the next batch's step j + 2 - KT; none after the last batch) into its area, on
+    /// step j's flag (its parity).
+    void lead_loads(uint32_t j, bool first, bool last) {
+        const uint32_t t = j + 2;
+        // A pair whose streamed windows share their tiles (m_lead_pair): the first member's
+        // code loads the pair's panels, the second's the next pair's.
+        if (m_lead_pair && (m_mi == 0) == (t >= m_KT)) return;
+        if (t < m_KT) {
+            loads(t, first, last, int(t % 2), kA, int(t));
+            return;
+        }
+        if (m_next_last && !m_next_guard) return;
+        const isa::Label skip = m_b.label("lead_none");
+        if (m_next_guard) {
+            const isa::Label more = m_b.label("lead_more");
+            E(Opcode::Lw, {m_tmp, m_pass_word});
+            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
+            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
+            E(Opcode::Jmp, {skip});
+            m_b.bind(more);
+        }
+        advance(m_next.a, m_next.w, 0);
+        const Problem keep = m_p;
+        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
+        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
+        loads(t - m_KT, true, true, int((t - m_KT) % 2), kA, int(t - m_KT));
+        m_p = keep;
+        advance(-m_next.a, -m_next.w, 0);
+        m_b.bind(skip);
+    }
+
+    /// A staging address of the streamed (`a`) or the held operand: the slot's in a register
+    /// with head-ahead loads.
+    isa::Arg staged_at(bool a, uint64_t addr) const {
+        if (!m_ahead) return imm(int64_t(addr));
+        return (a ? m_sa : m_sw) + int64_t(addr);
     }
 
     void E(Opcode op, std::initializer_list<isa::Arg> args) { m_b.emit(op, args); }
@@ -663,8 +916,9 @@ private:
     /// Loads of step j into `slot`: in a block's first group A's panel j (`what` & kA), the
     /// group's weight tiles (`what` & kW). fp32 operands go to the staging areas; bf16 parts
     /// straight to where the MXUs read them.
-    void loads(uint32_t j, bool first, bool last, int slot, int what) {
+    void loads(uint32_t j, bool first, bool last, int slot, int what, int area = -1) {
         const Tally& t = m_loads[slot];
+        const int aslot = area >= 0 ? area : slot;  // the streamed operand's staging area
         const uint32_t k = kk(j), R = m_k.R, C = m_k.C;
         const uint64_t M = m_p.M, K = m_p.K, N = m_p.N;
         int count = 0;
@@ -672,7 +926,7 @@ private:
             const Opcode op = load_op(m_A);
             if (m_p.a == DotLayout::Transposed) {
                 // A^T: rows j R .. of the stored K x M, the block's columns; v.trans turns them.
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(4)});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 E(Opcode::Mul, {m_t15, m_rows, imm(4)});
@@ -683,7 +937,7 @@ private:
                 // A^T (K x M) in tiles, blocks of whole tile columns: each of the block's columns
                 // of tiles in the ceil(k / 8) bands of step j, MT tiles apart, lands as k x 128
                 // row-major (a column past a short last block's rows is not read).
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 const uint64_t MT = m_p.a_band_tiles ? m_p.a_band_tiles : ceil_div(m_p.M, 128);
                 E(Opcode::Mul, {m_t14, m_row, imm(kBandBytes / 128)});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
@@ -705,7 +959,7 @@ private:
                 // Panel j of the block's bands: R / 128 tiles of 4 KiB per 8 rows, a band of
                 // ceil(K / 128) tiles apart; in VMEM they are the block's rows of R values, as a
                 // row-major panel's.
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 const uint64_t band_tiles = m_p.a_band_tiles ? m_p.a_band_tiles : vtiles(K);
                 const uint64_t tile0 = uint64_t(j) * (R / 128);  // panel j's first tile in a band
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * 512))});
@@ -715,7 +969,26 @@ private:
                     // and tile, compacted to rows of k values (a short last band brings padding
                     // rows); a loop over the bands per tile (tile_columns: a band's tiles write
                     // interleaved rows).
-                    for (uint32_t s = 0; s < vtiles(k); ++s) {
+                    if (m_pair) {
+                        // A pair's windows: their bands' whole tiles, one DMA, M rows of 128
+                        // values (group(): the window's lanes picked out in VMEM).
+                        E(Opcode::Add, {m_t14, m_t14, imm(int64_t(tile0 * kBandBytes))});
+                        E(op, {staged_at(true, at), m_t14, imm(ceil_div(m_p.M, 8)), imm(kBandBytes),
+                               imm(kBandBytes), imm(int64_t(band_tiles * kBandBytes)), t.flag});
+                        ++count;
+                    } else if (m_ahead && band_tiles == 1 && vtiles(k) == 1) {
+                        // An array of its own, one tile a band: its rows are 512 bytes apart,
+                        // one DMA (the band by band loop's 8-row DMAs each take the sequencer
+                        // longer to issue than the DMA engine to send).
+                        E(Opcode::Add, {m_t14, m_t14, imm(int64_t(tile0 * kBandBytes))});
+                        E(op, {staged_at(true, at), m_t14, imm(ceil_div(m_p.M, 8) * 8), imm(k * 4),
+                               imm(k * 4), imm(512), t.flag});
+                        ++count;
+                    }
+                    for (uint32_t s = 0;
+                         s <
+                         (m_pair || (m_ahead && band_tiles == 1 && vtiles(k) == 1) ? 0 : vtiles(k));
+                         ++s) {
                         const isa::Label band = m_b.label("a_band");
                         if (s > 0) {
                             E(Opcode::Mul, {m_t14, m_row, imm(int64_t(band_tiles * 512))});
@@ -723,9 +996,12 @@ private:
                         }
                         E(Opcode::Add,
                           {m_t14, m_t14, imm(int64_t((tile0 + s) * kBandBytes + m_p.a_lane * 4))});
-                        E(Opcode::Li, {m_t15, imm(int64_t(at + s * 512))});
+                        if (m_ahead)
+                            E(Opcode::Add, {m_t15, m_sa, imm(int64_t(at + s * 512))});
+                        else
+                            E(Opcode::Li, {m_t15, imm(int64_t(at + s * 512))});
                         E(Opcode::Mul, {m_tmp, m_rows, imm(k * 4)});
-                        E(Opcode::Add, {m_tmp, m_tmp, imm(int64_t(at + s * 512))});
+                        E(Opcode::Add, {m_tmp, m_tmp, m_t15});
                         m_b.bind(band);
                         E(op, {m_t15, m_t14, imm(8), imm(std::min(k - s * 128, 128u) * 4),
                                imm(k * 4), imm(512), t.flag});
@@ -744,7 +1020,7 @@ private:
                     }
                     // Bands are a window's array's band_tiles apart (a head of 128 lanes).
                     if (R == 128) {
-                        E(op, {imm(int64_t(at)), m_t14 + int64_t(tile0 * kBandBytes), m_t15,
+                        E(op, {staged_at(true, at), m_t14 + int64_t(tile0 * kBandBytes), m_t15,
                                imm(kBandBytes), imm(kBandBytes),
                                imm(int64_t(band_tiles * kBandBytes)), t.flag});
                         ++count;
@@ -760,7 +1036,7 @@ private:
                 // tiles apart, each one contiguous run that lands as R rows of the panel.
                 // Whole contiguous tiles keep the banked HBM near its streaming rate, where
                 // an 8 x 128 tile column is runs of 4 KiB that open a row each.
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 const uint64_t tile = uint64_t(R) * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(uint64_t(m_KT) * R * 4))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
@@ -774,7 +1050,7 @@ private:
                 // Stored transposed in the MXU's R x R tiles (a weight in the layout the RHS
                 // stationary holds it in): panel j of the block is the block's tiles of tile
                 // row j, side by side, one contiguous run; each is transposed in VMEM.
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 const uint64_t tile = uint64_t(R) * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(R) * 4)});  // row / R tiles
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
@@ -784,7 +1060,7 @@ private:
                        m_t15, imm(int64_t(tile)), imm(int64_t(tile)), imm(int64_t(tile)), t.flag});
                 ++count;
             } else if (m_p.a == DotLayout::RowMajor) {
-                const uint64_t at = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t at = m_a.astage + uint64_t(aslot) * m_k.block_rows * R * 4;
                 E(Opcode::Mul, {m_t14, m_row, imm(int64_t(K * 4))});
                 E(Opcode::Add, {m_t14, m_t14, m_A.value});
                 E(op, {imm(int64_t(at)), m_t14 + int64_t(j * R * 4), m_rows, imm(k * 4), imm(k * 4),
@@ -875,11 +1151,20 @@ private:
                         break;
                     }
                     case DotLayout::TransposedVpuTiles:
+                        if (narrow_held()) {
+                            // An array of its own narrower than a tile (half_held): its n rows'
+                            // k values, 512 bytes apart, land as n x k.
+                            E(op, {staged_at(false, wstage(slot, m)),
+                                   m_wb + int64_t(uint64_t(m) * C * 512), imm(n), imm(k * 4),
+                                   imm(k * 4), imm(512), t.flag});
+                            ++count;
+                            break;
+                        }
                         // W^T (N x K) in tiles: each of step j's R / 128 tile columns of the
                         // panel's ceil(n / 8) bands, a band of tiles apart, lands as n x 128 and
                         // is transposed in VMEM.
                         for (uint32_t s = 0; s < vtiles(k); ++s) {
-                            E(op, {imm(int64_t(wstage(slot, m) + s * wsub(n))),
+                            E(op, {staged_at(false, wstage(slot, m) + s * wsub(n)),
                                    m_wb + int64_t((uint64_t(m) * C / 8 * wbt() +
                                                    uint64_t(j) * (R / 128) + s) *
                                                   kBandBytes),
@@ -1322,10 +1607,10 @@ private:
     }
 
     /// VPU: fp32 at `x` (`n` values) into the bf16 parts `part(q)`.
-    void convert(const std::function<isa::Arg(int)>& part, uint64_t x, isa::Arg n, uint64_t f,
+    void convert(const std::function<isa::Arg(int)>& part, isa::Arg x, isa::Arg n, uint64_t f,
                  uint64_t r1, uint64_t r2) {
         emit_split([&](Opcode op, std::initializer_list<isa::Arg> args) { vpu(op, args); }, m_P,
-                   part, imm(int64_t(x)), imm(int64_t(f)), imm(int64_t(r1)), imm(int64_t(r2)), n);
+                   part, x, imm(int64_t(f)), imm(int64_t(r1)), imm(int64_t(r2)), n);
     }
 
     /// One column group: every K step, unrolled so that each step's slot and flag are fixed.
@@ -1346,7 +1631,7 @@ private:
         // or the one before.
         if (w_direct)
             for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
-        loads(0, first, last, 0, kBoth);
+        if (!m_ahead && !m_step_ahead && !m_lead) loads(0, first, last, 0, kBoth);
         if (m_k.accumulate) c_loads(first, last);
         const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
         // The previous group's epilogue is the VPU's, which also converts each step's operands:
@@ -1378,8 +1663,11 @@ private:
             const uint32_t k = kk(j);
             // Step j + 1's transfers go first: their slot was last read by step j - 1's
             // conversions, which are done.
-            if (j + 1 < m_KT) loads(j + 1, first, last, 1 - slot, w_direct ? kA : kBoth);
+            if (j + 1 < m_KT && !m_lead) loads(j + 1, first, last, 1 - slot, w_direct ? kA : kBoth);
+            if (j + 1 == m_KT && m_step_ahead) step_ahead_next();
             E(Opcode::Wait, {m_loads[slot].flag, m_loads[slot].count});
+            if (m_ahead) ahead_next();
+            if (m_lead && m_KT > 2) lead_loads(j, first, last);
             const bool converts = w_staged || (first && a_staged);
             // The weight slot is free once the step before the previous one is done on each
             // MXU; at a group's start with KT odd the previous group's last step read it too.
@@ -1394,7 +1682,8 @@ private:
                     if (used || first) wait_mxu(m, later);
                 }
             if (first && a_staged) {
-                const uint64_t src = m_a.astage + uint64_t(slot) * m_k.block_rows * R * 4;
+                const uint64_t src =
+                    m_a.astage + uint64_t(m_lead ? j : slot) * m_k.block_rows * R * 4;
                 uint64_t x = src;
                 if (m_p.a == DotLayout::Transposed) {
                     vpu(Opcode::VTrans, {imm(int64_t(m_a.att)), imm(int64_t(src)), imm(k), m_rows});
@@ -1413,6 +1702,15 @@ private:
                         m_b.bind(skip);
                     }
                     x = m_a.att + uint64_t(m_p.a_lane) * k * 4;
+                } else if (m_pair) {
+                    // The pair's M x 128 tiles: transposed, the window's k rows (from its lane)
+                    // transposed back to M rows of k values.
+                    vpu(Opcode::VTrans,
+                        {imm(int64_t(m_a.att)), staged_at(true, src), imm(m_p.M), imm(128)});
+                    vpu(Opcode::VTrans, {imm(int64_t(m_a.awin)),
+                                         imm(int64_t(m_a.att + uint64_t(m_p.a_lane) * m_p.M * 4)),
+                                         imm(k), imm(m_p.M)});
+                    x = m_a.awin;
                 } else if (m_p.a == DotLayout::TransposedTiles) {
                     // Each R x R tile (k rows of K, R rows of the block) to R rows of k values:
                     // the block's whole tiles (a short last block's past its rows: padding).
@@ -1424,14 +1722,15 @@ private:
                 }
                 if (m_pro.streamed)
                     m_pro.streamed(
-                        {m_b, imm(int64_t(x)), m_rows, k,
+                        {m_b, x == src ? staged_at(true, x) : imm(int64_t(x)), m_rows, k,
                          [&](const isa::Reg& d) {
                              E(Opcode::Mul, {d, m_row, imm(4)});
                          },
                          [&](Opcode op, std::initializer_list<isa::Arg> args) { vpu(op, args); },
                          m_member});
                 E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
-                convert([&](int q) { return imm(int64_t(abf(q, j))); }, x, m_cnt, m_a.af, m_a.ar1,
+                convert([&](int q) { return imm(int64_t(abf(q, j))); },
+                        x == src ? staged_at(true, x) : imm(int64_t(x)), m_cnt, m_a.af, m_a.ar1,
                         m_a.ar2);
             }
             if (m_band && j == 0) E(Opcode::Wait, {m_bands.flag, m_bands.count});
@@ -1453,7 +1752,7 @@ private:
                                     },
                                     m_member});
                     }
-                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, tt,
+                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, imm(int64_t(tt)),
                             imm(int64_t(k) * m_k.C), m_a.wf, m_a.wr1, m_a.wr2);
                 }
             else if (w_staged)
@@ -1464,13 +1763,19 @@ private:
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                         vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
                         x = tt;
+                    } else if (m_p.w == DotLayout::TransposedVpuTiles && narrow_held()) {
+                        const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
+                        vpu(Opcode::VTrans,
+                            {imm(int64_t(tt)), staged_at(false, x), imm(n), imm(k)});
+                        x = tt;
                     } else if (m_p.w == DotLayout::TransposedVpuTiles) {
                         // Each n x 128 piece to 128 rows of n, one below the other: the first k
                         // rows of the transposes are the tile's.
                         const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
                         for (uint32_t s = 0; s < vtiles(k); ++s)
-                            vpu(Opcode::VTrans, {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
-                                                 imm(int64_t(x + s * wsub(n))), imm(n), imm(128)});
+                            vpu(Opcode::VTrans,
+                                {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
+                                 staged_at(false, x + s * wsub(n)), imm(n), imm(128)});
                         x = tt + uint64_t(m_p.w_lane) * n * 4;
                     }
                     if (m_pro.held) {
@@ -1491,7 +1796,7 @@ private:
                                     },
                                     m_member});
                     }
-                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, x,
+                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, imm(int64_t(x)),
                             imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
                 }
             // The previous group's results leave after this step's transfers are queued, so
@@ -1502,6 +1807,9 @@ private:
                 flush(fmt::format("{}{}", tag, j), j, nm);
             }
             if (converts) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+            // With two steps, step j + 2 is the next batch's step j, in the same area: once step
+            // j's panel is converted (with more, as soon as step j's loads have arrived).
+            if (m_lead && m_KT == 2) lead_loads(j, first, last);
             if (batched() && j == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
             for (uint32_t p = 0; p < nm; ++p) {
                 // Panel p on MXU m; the MXU's last panel of the step carries its flag.
@@ -1550,7 +1858,19 @@ private:
         // This group's C is pending until the next group's step 1 (or the end).
         set_pending(first, last);
         E(Opcode::Li, {m_pending, imm(last ? 2 : 1)});
-        E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
+        if (m_three) {
+            const isa::Label wrap = m_b.label("c_wrap");
+            E(Opcode::Add, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
+            E(Opcode::Bltu, {m_par, imm(3 * int64_t(m_GW) * m_m.cpanel), wrap});
+            E(Opcode::Li, {m_par, imm(0)});
+            m_b.bind(wrap);
+        } else {
+            E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
+        }
+        if (m_ahead && (!m_pair || m_mi == 1)) {  // the next batch's operands: the other slot
+            E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
+            E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
+        }
     }
 
     /// DotKey::accumulate: the group's C panels from where their values start (C fp32 row-major,
@@ -1640,7 +1960,7 @@ private:
     Operand m_A, m_W, m_C;  ///< the streamed and the stationary operand, C
     Operand m_cin;          ///< where C's starting values are (DotKey::accumulate)
     DotOperands m_ops;      ///< A, W, C as the caller named them
-    const DotBatch& m_batch;
+    DotBatch m_batch;       ///< the caller's, its period doubled for m_three
     std::function<void(uint32_t)> m_rebind;  ///< part i's addresses (emit_dot_parts)
     uint32_t m_col_slot = 0;                 ///< the Column sides' slot of the part being emitted
     std::function<void(const isa::Reg&)> m_member;  ///< dst = the batch (PrologueTile::batch)
@@ -1651,6 +1971,16 @@ private:
     int64_t m_next_a = 0;       ///< bytes from this batch's A to the next batch's
     bool m_next_last = false;   ///< the period's last member: the next batch is a pass on
     bool m_next_guard = false;  ///< ... and only while passes remain
+    bool m_ahead = false;       ///< head-ahead loads (ahead_apply, in a batch)
+    isa::Reg m_sa, m_sw;        ///< their staging slots' offsets (streamed, held)
+    DotBatch::Member m_next;    ///< bytes to the next batch's A and W, and its lanes
+    bool m_three = false;       ///< three C buffers, odd members' stores on m_stores2
+    Tally m_stores2;            ///< the stores odd members issue (m_three)
+    bool m_pair = false;        ///< two members' windows in the same tiles, loaded once
+    bool m_lead = false;        ///< band loads with the streamed panels two steps ahead
+    bool m_lead_pair = false;   ///< ... a pair's windows in the same tiles, loaded once
+    bool m_step_ahead = false;  ///< the next batch's first step loaded beside the last
+    size_t m_mi = 0;            ///< the member being emitted
     std::vector<std::pair<int, int>> m_passes;
 
     std::vector<isa::Vmem> m_vmem;

@@ -89,11 +89,15 @@ struct DotKey {
     /// so the MXUs keep running while the VPU works on a long epilogue (the compiler's fused
     /// GELU); the stand-alone matmul's bias-only epilogue keeps the one flush.
     bool overlap_epilogue = false;
-    /// A batch's (DotBatch) held operand in 8 x 128 tiles (W^T stored so: attention's P in the
-    /// values dot) read a batch ahead, each panel's K steps one after the other, into a
-    /// staging area per tile (twice the batch's held tiles: compiler/README.md "The
-    /// attention's batched dots"); one block and one column group of whole 128 x 128 tiles, not
-    /// a window, else (and outside a batch) ignored.
+    /// A batch's (DotBatch) operands read ahead (compiler/README.md "The attention's batched
+    /// dots"; outside a batch ignored). A held operand in 8 x 128 tiles (W^T stored so:
+    /// attention's P in the values dot), one block and one column group of whole 128 x 128
+    /// tiles, not a window: read a batch ahead, each panel's K steps one after the other, into
+    /// a staging area per tile (twice the batch's held tiles). Else, with one block and one
+    /// column group a batch: of one K step, the streamed operand in 8 x 128 tiles and the held
+    /// one W^T stored so (the scores), each batch's operands a batch ahead into the staging slot
+    /// the batch before does not use, with three C buffers ("Each head's operands a head
+    /// ahead"); of an even number of K steps, the next batch's first step beside the last.
     bool band_loads = false;
     /// A group's Full side tiles are loaded once the previous group's epilogue is done with
     /// their area (early in the group's steps) instead of after the group's last matmul, so the

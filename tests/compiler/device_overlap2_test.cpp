@@ -49,8 +49,10 @@ TEST(CompilerOverlap2, BertBaseValuesDotReadsPAHeadAhead) {
     // 16 runs of 4 KiB, 16 KiB apart: a quarter of the HBM rows they open), the K steps of a
     // band apart by a step's matmuls, the values dot took 61 370 cycles with the heads
     // overlapped; read a head ahead, each panel's K steps one after the other (a band's four
-    // tiles while its rows are open), 55 920. The HBM bound of its bytes (P read, C written:
-    // 12.6 MB at 479.5 B/cycle) is 26 245.
+    // tiles while its rows are open), 55 920; with the V window's panels two steps ahead and P's
+    // band chunks over the first three steps (compiler/README.md "Each head's operands a head
+    // ahead"), 52 351. The HBM bound of its bytes (P read, C written: 12.6 MB at 479.5
+    // B/cycle) is 26 245.
     const auto [step, stats] = test::steady_zoo_attention(512, 12, 64);
     std::vector<uint64_t> dots;
     for (size_t i = 0; i < step->fusions.size(); ++i)
