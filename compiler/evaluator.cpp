@@ -584,14 +584,16 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
     eval_fail(op, "cannot be evaluated here");
 }
 
-/// All-reduce across replicas: the driver's ring order and rounding.
+/// All-reduce across replicas: the device's order and rounding (EvalOptions::all_reduce; by
+/// default the driver's ring).
 std::vector<HostArray> eval_all_reduce(const Op& op, const Shape& out,
-                                       const std::vector<const HostArray*>& per_replica) {
+                                       const std::vector<const HostArray*>& per_replica,
+                                       const EvalOptions& o) {
     std::vector<std::vector<float>> rs;
     for (const HostArray* x : per_replica) rs.push_back(x->floats());
-    const auto sum = rs.size() == 1 && op.attrs.scalar == 1.0
-                         ? rs[0]
-                         : driver::allreduce_reference(rs, float(op.attrs.scalar));
+    const auto sum = rs.size() == 1 && op.attrs.scalar == 1.0 ? rs[0]
+                     : o.all_reduce ? o.all_reduce(rs, float(op.attrs.scalar))
+                                    : driver::allreduce_reference(rs, float(op.attrs.scalar));
     return std::vector<HostArray>(per_replica.size(), HostArray::from_floats(out, sum));
 }
 
@@ -806,7 +808,7 @@ std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& bin
         if (op_class(op.kind) == OpClass::Collective) {
             std::vector<const HostArray*> xs;
             for (size_t r = 0; r < R; ++r) xs.push_back(&vals[r][op.operands[0]]);
-            const auto ys = eval_all_reduce(op, g.shape(op.results[0]), xs);
+            const auto ys = eval_all_reduce(op, g.shape(op.results[0]), xs, o);
             for (size_t r = 0; r < R; ++r) vals[r][op.results[0]] = ys[r];
             continue;
         }
@@ -858,7 +860,7 @@ std::vector<std::vector<HostArray>> evaluate_compiled(
             if (op_class(op.kind) == OpClass::Collective) {
                 std::vector<const HostArray*> xs;
                 for (size_t r = 0; r < R; ++r) xs.push_back(&env[r].at(op.operands[0]));
-                const auto ys = eval_all_reduce(op, g.shape(op.results[0]), xs);
+                const auto ys = eval_all_reduce(op, g.shape(op.results[0]), xs, o);
                 for (size_t r = 0; r < R; ++r) env[r][op.results[0]] = ys[r];
                 continue;
             }
