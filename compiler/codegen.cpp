@@ -129,11 +129,11 @@ void emit_collective(isa::Builder& b, const CollectiveFusion& p, const isa::Reg&
     if (p.torus) {
         const isa::Smem dims = b.smem("torus.dims", 3 * p.torus->phases.size());
         driver::emit_torus_coordinates(b, *p.torus, ring[0], dims);
-        driver::emit_allreduce_torus(
-            b, *p.torus, y, scale, dims,
-            [&](size_t phase, const isa::Reg& next, const isa::Reg& prev) {
-                driver::emit_ring_ready(b, next, prev, ready[phase], count);
-            });
+        driver::emit_allreduce_torus(b, *p.torus, y, scale, dims,
+                                     [&](size_t phase, const isa::Reg& next, const isa::Reg& prev) {
+                                         driver::emit_ring_ready(b, next, prev, ready[phase],
+                                                                 count);
+                                     });
         return;
     }
     auto ops = driver::AllReduceOperands::ring(y, scale, ring[0], ring[1], ring[2]);

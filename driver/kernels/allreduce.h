@@ -194,8 +194,7 @@ isa::Program generate(const TorusAllReduceKey& k);
 /// Emitted before a torus phase sends (TorusAllReduceKey's phases in order: the
 /// reduce-scatters, the last dimension's all-reduce, the all-gathers; 2D - 1 of them), once the
 /// kernel holds its flags: the phase's neighbours `next` and `prev` shake hands there.
-using TorusReady =
-    std::function<void(size_t phase, const isa::Reg& next, const isa::Reg& prev)>;
+using TorusReady = std::function<void(size_t phase, const isa::Reg& next, const isa::Reg& prev)>;
 /// Emits the torus all-reduce of `k` into `b` (the kernel generate(k) runs between its prologue
 /// and its halt): this core's replica at HBM address `x` ends as (sum over the board's
 /// replicas) x `scale` (fp32 bits), allreduce_torus_reference's values. `dims` holds 3 words per
