@@ -92,16 +92,24 @@ TEST(CompilerDeviceTorus, TwoAllReducesOnV3_32TakeTheTorusBitExactWithTheEvaluat
     EXPECT_FALSE(same_bits(got, ring)) << "the ring's order, not the torus's";
 }
 
-TEST(CompilerDeviceTorus, V4_8TakesTheTorusForASmallAllReduceBitExact) {
-    // v4-8 (4 x 2 chips' cores): for 2 048 values the hops decide (hw/README.md, "All-reduce
-    // bounds"), so its torus is taken; for 16 MiB the ring (below).
-    const auto cfg = preset("v4-8", {"sim.race_detector=true"});
-    std::vector<std::vector<float>> ring;
-    const auto got = expect_bit_exact_on_board(
-        cfg, spread_leaf(cfg.cores(), 16, 81),
-        [](Graph& g, const std::vector<ValueId>& v) { return all_reduce(g, neg(g, v[0]), 0.125); },
-        &ring);
-    EXPECT_FALSE(same_bits(got, ring)) << "the ring's order, not the torus's";
+TEST(CompilerDeviceTorus, V4ToriTakeTheTorusForASmallAllReduceBitExact) {
+    // v4-8 (4 x 2 cores): for 2 048 values per core the hops decide (hw/README.md, "All-reduce
+    // bounds"), so its torus is taken (for 16 MiB the ring, below); with 8 chips, 4 x 2 x 2
+    // cores: three phase dimensions, five phases, each handshake on its own flag.
+    for (const auto& sets : {std::vector<std::string>{"sim.race_detector=true"},
+                             {"sim.race_detector=true", "chips=8", "chips_per_host=8",
+                              "ici.torus_x=4", "ici.torus_y=2"}}) {
+        const auto cfg = preset("v4-8", sets);
+        SCOPED_TRACE(cfg.cores());
+        std::vector<std::vector<float>> ring;
+        const auto got = expect_bit_exact_on_board(
+            cfg, spread_leaf(cfg.cores(), 16, 81),
+            [](Graph& g, const std::vector<ValueId>& v) {
+                return all_reduce(g, neg(g, v[0]), 0.125);
+            },
+            &ring);
+        EXPECT_FALSE(same_bits(got, ring)) << "the ring's order, not the torus's";
+    }
 }
 
 TEST(CompilerDeviceTorus, ATiledArrayIsSummedInItsLayoutsOrder) {
