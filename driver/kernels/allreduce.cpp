@@ -804,6 +804,7 @@ bool torus_rolled(const TorusAllReduceKey& k) {
 void emit_allreduce_torus(isa::Builder& b, const TorusAllReduceKey& k, const isa::Reg& x,
                           const isa::Reg& scale, const isa::Smem& dims, const TorusReady& ready) {
     if (k.phases.empty()) throw isa::BuildError("allreduce_torus: a key without phases");
+    const auto scope = b.scope("allreduce_torus");
     emit_torus(b, k, x, scale, dims, ready, torus_rolled(k));
 }
 
@@ -839,10 +840,6 @@ isa::Program generate(const TorusAllReduceKey& k) {
     const uint32_t limit = k.phases.at(0).imem_instrs;
     if (limit == 0 || prog.code.size() <= limit) return prog;
     return torus_program(k, true);
-}
-
-std::array<uint32_t, 3> allreduce_torus_dims(const hw::BoardConfig& cfg) {
-    return torus_dims(cfg);
 }
 
 std::vector<float> allreduce_torus_reference(const std::vector<std::vector<float>>& replicas,

@@ -208,9 +208,6 @@ void emit_allreduce_torus(isa::Builder& b, const TorusAllReduceKey& k, const isa
 /// and its next and previous neighbours there (what allreduce_torus() passes as arguments).
 void emit_torus_coordinates(isa::Builder& b, const TorusAllReduceKey& k, const isa::Reg& core,
                             const isa::Smem& dims);
-/// Cores along x, y, z of board `cfg`'s network (1 for a dimension it lacks): the `dims` of
-/// allreduce_torus_reference.
-std::array<uint32_t, 3> allreduce_torus_dims(const hw::BoardConfig& cfg);
 /// The exact result of the torus all-reduce of `replicas` (core order) on a torus of `dims`
 /// (cores along x, y, z, with 1 for a dimension the torus lacks): the order of additions is
 /// the ring's (allreduce_reference) along x within each x-ring, then along y on the sums each
