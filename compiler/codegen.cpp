@@ -55,6 +55,10 @@ struct CollectiveFusion {
     float scale = 1;                 ///< applied after the sum (scale == 1: none)
     uint32_t values = 0;             ///< fp32 values in the buffer (tile padding included)
     std::optional<driver::AllReduceHbmPlan> ring;  ///< the ring kernel (replicas > 1)
+    /// The torus kernel instead (replicas: the whole torus board, the torus's bound smaller).
+    std::optional<driver::TorusAllReduceKey> torus;
+    /// Whether it sums over replicas (a ring or a torus kernel).
+    bool sums() const { return ring || torus; }
     uint32_t copy_tile = 0;  ///< streaming copy (or scale) of x into y: values per tile
     bool copy = false;       ///< x and y are different buffers
 };
@@ -84,7 +88,11 @@ CollectiveFusion plan_collective(const Graph& g, const Fusion& f, const CodegenO
         fp.areas = {1};
         p.copy_tile = st::plan(fp, o.board.core.vmem_bytes);
     }
-    if (o.replicas > 1)
+    // The planner asks the board's cost functions (driver::plan_allreduce_torus): the torus
+    // over the whole board in core order where its bound is below the ring's.
+    if (o.replicas > 1 && o.replica_cores.size() == o.replicas)
+        p.torus = driver::plan_allreduce_torus(o.board, o.replica_cores, p.values);
+    if (o.replicas > 1 && !p.torus)
         p.ring =
             driver::plan_allreduce_hbm(o.replicas, p.values, o.board,
                                        driver::AllReduceSchedule::Auto, o.board.core.vmem_bytes);
@@ -92,13 +100,15 @@ CollectiveFusion plan_collective(const Graph& g, const Fusion& f, const CodegenO
 }
 
 /// Emits a collective fusion: the ring all-reduce in place (driver::emit_allreduce), the ring in
-/// replica order as the evaluator's reference sums. Neighbours shake hands on `ready` (never
-/// reset, `count` handshakes so far) before anything is sent: a core may still be in the
-/// previous fusion, whose flags and VMEM the all-reduce takes over.
+/// replica order as the evaluator's reference sums, or the torus all-reduce
+/// (driver::emit_allreduce_torus; `ring[0]` is then the core's number). Neighbours shake hands
+/// on `ready` (never reset, `count` handshakes so far; the torus: one flag per phase, `count`
+/// torus all-reduces so far) before anything is sent: a core may still be in the previous
+/// fusion, whose flags and VMEM the all-reduce takes over.
 void emit_collective(isa::Builder& b, const CollectiveFusion& p, const isa::Reg& x,
-                     const isa::Reg& y, const std::array<isa::Reg, 3>& ring, const isa::Flag* ready,
-                     uint32_t count) {
-    const bool scale_here = !p.ring && p.scale != 1.0f;
+                     const isa::Reg& y, const std::array<isa::Reg, 3>& ring,
+                     std::span<const isa::Flag> ready, uint32_t count) {
+    const bool scale_here = !p.sums() && p.scale != 1.0f;
     if (p.copy || scale_here) {
         st::Spec sp;
         sp.fp.name = "copy";
@@ -113,11 +123,21 @@ void emit_collective(isa::Builder& b, const CollectiveFusion& p, const isa::Reg&
         };
         st::emit(b, sp, p.copy_tile);
     }
-    if (!p.ring) return;
+    if (!p.sums()) return;
     const isa::Reg scale = b.reg("scale");
     b.emit(Opcode::Li, {scale, imm(int64_t(std::bit_cast<uint32_t>(p.scale)))});
+    if (p.torus) {
+        const isa::Smem dims = b.smem("torus.dims", 3 * p.torus->phases.size());
+        driver::emit_torus_coordinates(b, *p.torus, ring[0], dims);
+        driver::emit_allreduce_torus(b, *p.torus, y, scale, dims,
+                                     [&](size_t phase, const isa::Reg& next, const isa::Reg& prev) {
+                                         driver::emit_ring_ready(b, next, prev, ready[phase],
+                                                                 count);
+                                     });
+        return;
+    }
     auto ops = driver::AllReduceOperands::ring(y, scale, ring[0], ring[1], ring[2]);
-    ops.ready = [&] { driver::emit_ring_ready(b, ring[1], ring[2], *ready, count); };
+    ops.ready = [&] { driver::emit_ring_ready(b, ring[1], ring[2], ready[0], count); };
     driver::emit_allreduce(b, *p.ring, ops);
 }
 
@@ -250,7 +270,9 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     uint64_t derived_bytes = 0;
     std::map<std::pair<uint8_t, uint32_t>, size_t> slot;
     std::vector<std::vector<WindowGroup>> groups;  // wide programs: per fusion
-    bool rings = false;
+    bool rings = false;  // the launch carries each core's place in the ring
+    bool ring_kernels = false;
+    size_t torus_phases = 0;  // of the torus all-reduces (one board: all have the same)
     for (size_t i : fusions) {
         const Fusion& f = step.fusions[i];
         plans.emplace_back();
@@ -260,7 +282,10 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         gathers.push_back(f.kind == FusionKind::Loop ? plan_gather_fusion(g, f, o.board) : nullptr);
         if (f.kind == FusionKind::Collective) {
             collectives.back() = plan_collective(g, f, o);
-            rings |= collectives.back()->ring.has_value();
+            rings |= collectives.back()->sums();
+            ring_kernels |= collectives.back()->ring.has_value();
+            if (collectives.back()->torus)
+                torus_phases = 2 * collectives.back()->torus->phases.size() - 1;
         } else if (windows.back() || gathers.back()) {
             // a convolution or pooling fusion (codegen_conv.cpp), a gather (codegen_gather.cpp)
         } else if (f.kind == FusionKind::Output) {
@@ -352,9 +377,13 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     std::array<std::optional<std::pair<size_t, uint64_t>>, isa::kHbmWindows> mapped;
     // The all-reduces' handshake flag: held for the whole program, never reset, so a
     // neighbour's signal cannot be lost to a reset (codegen.h, emit_collective).
+    // The torus all-reduces: one such flag per phase, each phase's neighbours being others.
     std::optional<isa::Flag> ready;
-    if (rings) ready.emplace(b.flag("ring.ready"));
-    uint32_t handshakes = 0;
+    if (ring_kernels) ready.emplace(b.flag("ring.ready"));
+    std::vector<isa::Flag> torus_ready;
+    for (size_t i = 0; i < torus_phases; ++i)
+        torus_ready.push_back(b.flag(fmt::format("torus.ready.{}", i)));
+    uint32_t handshakes = 0, torus_handshakes = 0;
     for (size_t k = 0; k < fusions.size(); ++k) {
         const Fusion& f = step.fusions[fusions[k]];
         seg.fusion_pcs.push_back(b.pc());
@@ -400,8 +429,15 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
                     b.emit(Opcode::Lw, {ring[j], table->word(ring_args + j)});
                 }
                 ++handshakes;
+                emit_collective(b, c, x, y, ring, std::span(&*ready, 1), handshakes);
+            } else if (c.torus) {
+                // The torus runs over the whole board in core order: position is the core.
+                ring[0] = b.reg("position");
+                b.emit(Opcode::Lw, {ring[0], table->word(ring_args)});
+                emit_collective(b, c, x, y, ring, torus_ready, ++torus_handshakes);
+            } else {
+                emit_collective(b, c, x, y, ring, {}, 0);
             }
-            emit_collective(b, c, x, y, ring, ready ? &*ready : nullptr, handshakes);
             continue;
         }
         if (!dots[k].empty()) {

@@ -28,6 +28,10 @@ struct CodegenOptions {
     hw::BoardConfig board{};
     /// Replicas the program runs on (one per core): the ring of its all-reduces.
     uint32_t replicas = 1;
+    /// The cores of the replicas, in replica order (empty: not known, the ring). When they
+    /// are the whole torus board in core order, an all-reduce takes the torus algorithm where
+    /// driver::plan_allreduce_torus chooses it (its bound below the ring's), else the ring.
+    std::vector<uint32_t> replica_cores{};
     /// A fusion the emitters do not cover yet runs on the host between launches, as a custom
     /// fusion does (its operands and results cross the host link), instead of failing the step
     /// with NotYetGenerated; ProgramSegment::fallback says why.

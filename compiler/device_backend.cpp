@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "driver/kernels/allreduce.h"
 #include "hw/board.h"
 #include "hw/core/core_model.h"
 
@@ -62,6 +63,18 @@ DeviceTensor& tensor(const DataPtr& d) {
 
 }  // namespace
 
+EvalOptions device_eval_options(const hw::BoardConfig& cfg, const std::vector<uint32_t>& cores,
+                                EvalOptions o) {
+    o.mxu_rows = cfg.core.mxu_rows;
+    o.vpu_lanes = cfg.core.vpu_lanes;
+    o.vpu_sublanes = cfg.core.vpu_sublanes;
+    if (!o.all_reduce)
+        o.all_reduce = [cfg, cores](const std::vector<std::vector<float>>& rs, float scale) {
+            return driver::allreduce_reference(cfg, cores, rs, scale);
+        };
+    return o;
+}
+
 DeviceBackend::DeviceBackend(driver::Device& device, std::vector<uint32_t> cores,
                              CodegenOptions codegen, EvalOptions host)
     : m_dev(device),
@@ -72,9 +85,8 @@ DeviceBackend::DeviceBackend(driver::Device& device, std::vector<uint32_t> cores
     if (m_cores.empty()) throw CompileError("device backend: no cores");
     // The program's all-reduces ring over this backend's replica set.
     m_codegen.replicas = uint32_t(m_cores.size());
-    m_host.mxu_rows = m_codegen.board.core.mxu_rows;
-    m_host.vpu_lanes = m_codegen.board.core.vpu_lanes;
-    m_host.vpu_sublanes = m_codegen.board.core.vpu_sublanes;
+    m_codegen.replica_cores = m_cores;
+    m_host = device_eval_options(m_codegen.board, m_cores, std::move(m_host));
 }
 
 DataPtr DeviceBackend::upload(const Shape& s, const std::vector<std::vector<float>>& values) {

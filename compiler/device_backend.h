@@ -44,6 +44,12 @@ struct DeviceBackendStats {
     uint64_t h2d_cycles = 0;
 };
 
+/// The evaluator options that give the bits a DeviceBackend on `cores` of board `cfg` gives:
+/// its MXU's K per pass, the VPU's lanes and sublanes, and its all-reduce's order of additions
+/// (driver::allreduce_reference(cfg, cores, ...): the torus where the code takes the torus).
+EvalOptions device_eval_options(const hw::BoardConfig& cfg, const std::vector<uint32_t>& cores,
+                                EvalOptions o = {});
+
 /// Runs compiled steps on `cores` of `device` (replica r on cores[r]). Parameters are written
 /// to HBM once, in the layout the compiler gave them, and stay there across steps (an update
 /// writes over them in place); inputs and constants are written per step over the host link

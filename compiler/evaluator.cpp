@@ -584,14 +584,37 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
     eval_fail(op, "cannot be evaluated here");
 }
 
-/// All-reduce across replicas: the driver's ring order and rounding.
-std::vector<HostArray> eval_all_reduce(const Op& op, const Shape& out,
-                                       const std::vector<const HostArray*>& per_replica) {
+/// All-reduce across replicas: the device's order and rounding (EvalOptions::all_reduce; by
+/// default the driver's ring). An fp32 array in a layout that reorders or pads its values is
+/// summed as that layout lays them out (padding included), as the device's kernel sums its
+/// buffer: which chunk a value lies in sets its order of additions.
+std::vector<HostArray> eval_all_reduce(const Op& op, const Shape& out, const Layout& l,
+                                       const std::vector<const HostArray*>& per_replica,
+                                       const EvalOptions& o) {
+    const float scale = float(op.attrs.scalar);
+    const auto reduce = [&](const std::vector<std::vector<float>>& rs) {
+        return rs.size() == 1 && op.attrs.scalar == 1.0 ? rs[0]
+               : o.all_reduce                           ? o.all_reduce(rs, scale)
+                                                        : driver::allreduce_reference(rs, scale);
+    };
+    const bool physical =
+        l.assigned() && out.dtype == DType::F32 && !(l == row_major(int64_t(out.dims.size())));
     std::vector<std::vector<float>> rs;
-    for (const HostArray* x : per_replica) rs.push_back(x->floats());
-    const auto sum = rs.size() == 1 && op.attrs.scalar == 1.0
-                         ? rs[0]
-                         : driver::allreduce_reference(rs, float(op.attrs.scalar));
+    for (const HostArray* x : per_replica) {
+        if (!physical) {
+            rs.push_back(x->floats());
+            continue;
+        }
+        const std::vector<uint8_t> mem = layout_bytes_of(*x, l);
+        std::vector<float>& v = rs.emplace_back(mem.size() / 4);
+        std::memcpy(v.data(), mem.data(), v.size() * 4);
+    }
+    const std::vector<float> sum = reduce(rs);
+    if (physical) {
+        std::vector<uint8_t> mem(sum.size() * 4);
+        std::memcpy(mem.data(), sum.data(), mem.size());
+        return std::vector<HostArray>(per_replica.size(), array_from_layout_bytes(mem, out, l));
+    }
     return std::vector<HostArray>(per_replica.size(), HostArray::from_floats(out, sum));
 }
 
@@ -806,7 +829,8 @@ std::vector<std::vector<HostArray>> evaluate(const Graph& g, const Bindings& bin
         if (op_class(op.kind) == OpClass::Collective) {
             std::vector<const HostArray*> xs;
             for (size_t r = 0; r < R; ++r) xs.push_back(&vals[r][op.operands[0]]);
-            const auto ys = eval_all_reduce(op, g.shape(op.results[0]), xs);
+            const auto ys =
+                eval_all_reduce(op, g.shape(op.results[0]), g.value(op.operands[0]).layout, xs, o);
             for (size_t r = 0; r < R; ++r) vals[r][op.results[0]] = ys[r];
             continue;
         }
@@ -858,7 +882,8 @@ std::vector<std::vector<HostArray>> evaluate_compiled(
             if (op_class(op.kind) == OpClass::Collective) {
                 std::vector<const HostArray*> xs;
                 for (size_t r = 0; r < R; ++r) xs.push_back(&env[r].at(op.operands[0]));
-                const auto ys = eval_all_reduce(op, g.shape(op.results[0]), xs);
+                const auto ys = eval_all_reduce(op, g.shape(op.results[0]),
+                                                g.value(op.operands[0]).layout, xs, o);
                 for (size_t r = 0; r < R; ++r) env[r][op.results[0]] = ys[r];
                 continue;
             }

@@ -40,6 +40,9 @@ struct HostArray {
 
 /// A custom call's host implementation: operands in, the result (of `result`'s shape) out.
 using CustomCallFn = std::function<HostArray(const std::vector<HostArray>&, const Shape& result)>;
+/// An all-reduce of one vector per replica: their sum times `scale` (EvalOptions::all_reduce).
+using AllReduceFn =
+    std::function<std::vector<float>(const std::vector<std::vector<float>>& replicas, float scale)>;
 
 /// How to evaluate.
 struct EvalOptions {
@@ -51,6 +54,10 @@ struct EvalOptions {
     /// board's core.vpu_sublanes.
     uint32_t vpu_sublanes = 8;
     std::map<std::string, CustomCallFn> custom_calls{};  ///< by target name
+    /// An all-reduce's sum over replicas times the scale, in the device's order of fp32
+    /// additions; empty: the ring in replica order (driver::allreduce_reference).
+    /// device_eval_options() gives a DeviceBackend's (the torus where its code takes the torus).
+    AllReduceFn all_reduce{};
 };
 
 /// Per replica, the step's leaf data by number (constants come from the graph). A graph without

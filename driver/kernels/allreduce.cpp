@@ -691,28 +691,15 @@ std::optional<TorusAllReduceKey> plan_allreduce_torus(const hw::BoardConfig& cfg
 
 namespace {
 
-/// The torus kernel of `k`; with `roll`, every phase loops over its steps of one shape.
-isa::Program torus_program(const TorusAllReduceKey& k, bool roll) {
+/// The torus all-reduce of `k` into `b` (emit_allreduce_torus); with `roll`, every phase loops
+/// over its steps of one shape.
+void emit_torus(isa::Builder& b, const TorusAllReduceKey& k, const isa::Reg& x,
+                const isa::Reg& scale, const isa::Smem& dims, const TorusReady& ready, bool roll) {
     using enum isa::Opcode;
     using isa::imm;
     using streaming::Operand;
     const size_t D = k.phases.size();
-    isa::Builder b(k.name());
-    const isa::Reg x = b.arg("x"), scale = b.arg("scale");
-    // Each dimension's position and neighbours wait in scalar memory until their phases.
-    const isa::Smem dims = b.smem("dims", 3 * D), saved = b.smem("ranges", 4 * D);
-    {
-        std::vector<isa::Reg> args;
-        for (size_t i = 0; i < D; ++i)
-            for (const char* what : {"position", "next", "prev"})
-                args.push_back(b.arg(fmt::format("{}.{}", what, kDimName[i])));
-        for (size_t j = 0; j < args.size(); ++j) b.emit(Sw, {args[j], dims.word(j)});
-    }
-    // One flag per phase for the handshake: a core sends in a phase only once both its
-    // neighbours there have finished the phase before (and so freed the flags and VMEM the
-    // phase reuses). Held for the whole program: never reset.
-    std::vector<isa::Flag> ready;
-    for (size_t i = 0; i + 1 < 2 * D; ++i) ready.push_back(b.flag(fmt::format("ready.{}", i)));
+    const isa::Smem saved = b.smem("ranges", 4 * D);
     // The two ranges the current phase works on: HBM addresses and values.
     const isa::Reg xa = b.reg("range.cw"), xb = b.reg("range.ccw");
     const isa::Reg na = b.reg("values.cw"), nb = b.reg("values.ccw");
@@ -731,7 +718,7 @@ isa::Program torus_program(const TorusAllReduceKey& k, bool roll) {
         ops.x_ccw = Operand::hbm(xb);
         ops.n_cw = Operand::scalar(na);
         ops.n_ccw = Operand::scalar(nb);
-        ops.ready = [&] { emit_ring_ready(b, next, prev, ready[phase], 1); };
+        ops.ready = [&] { ready(phase, next, prev); };
         emit_hbm(b, p, ops, roll);
     };
     size_t phase = 0;
@@ -773,11 +760,79 @@ isa::Program torus_program(const TorusAllReduceKey& k, bool roll) {
         p.phase = AllReducePhase::AllGather;
         run(i, p, phase++);
     }
+}
+
+/// The torus kernel of `k`; with `roll`, every phase loops over its steps of one shape.
+isa::Program torus_program(const TorusAllReduceKey& k, bool roll) {
+    using enum isa::Opcode;
+    const size_t D = k.phases.size();
+    isa::Builder b(k.name());
+    const isa::Reg x = b.arg("x"), scale = b.arg("scale");
+    // Each dimension's position and neighbours wait in scalar memory until their phases.
+    const isa::Smem dims = b.smem("dims", 3 * D);
+    {
+        std::vector<isa::Reg> args;
+        for (size_t i = 0; i < D; ++i)
+            for (const char* what : {"position", "next", "prev"})
+                args.push_back(b.arg(fmt::format("{}.{}", what, kDimName[i])));
+        for (size_t j = 0; j < args.size(); ++j) b.emit(Sw, {args[j], dims.word(j)});
+    }
+    // One flag per phase for the handshake: a core sends in a phase only once both its
+    // neighbours there have finished the phase before (and so freed the flags and VMEM the
+    // phase reuses). Held for the whole program: never reset.
+    std::vector<isa::Flag> ready;
+    for (size_t i = 0; i + 1 < 2 * D; ++i) ready.push_back(b.flag(fmt::format("ready.{}", i)));
+    emit_torus(
+        b, k, x, scale, dims,
+        [&](size_t phase, const isa::Reg& next, const isa::Reg& prev) {
+            emit_ring_ready(b, next, prev, ready[phase], 1);
+        },
+        roll);
     b.emit(Halt, {});
     return b.finish();
 }
 
+/// Whether the torus kernel of `k` loops over its steps: its unrolled stand-alone program does
+/// not fit in instruction memory.
+bool torus_rolled(const TorusAllReduceKey& k) {
+    const uint32_t limit = k.phases.at(0).imem_instrs;
+    return limit != 0 && torus_program(k, false).code.size() > limit;
+}
+
 }  // namespace
+
+void emit_allreduce_torus(isa::Builder& b, const TorusAllReduceKey& k, const isa::Reg& x,
+                          const isa::Reg& scale, const isa::Smem& dims, const TorusReady& ready) {
+    if (k.phases.empty()) throw isa::BuildError("allreduce_torus: a key without phases");
+    const auto scope = b.scope("allreduce_torus");
+    emit_torus(b, k, x, scale, dims, ready, torus_rolled(k));
+}
+
+void emit_torus_coordinates(isa::Builder& b, const TorusAllReduceKey& k, const isa::Reg& core,
+                            const isa::Smem& dims) {
+    using enum isa::Opcode;
+    using isa::imm;
+    const auto scope = b.scope("torus.coordinates");
+    const isa::Reg pos = b.reg("position"), base = b.reg("base"), t = b.reg("t");
+    uint64_t stride = 1;  // an active dimension's stride: the cores of the ones before it
+    for (size_t j = 0; j < k.phases.size(); ++j) {
+        const uint32_t n = k.phases[j].cores;
+        // position = (core / stride) mod n; its ring is base + i x stride, i = 0..n-1.
+        b.emit(Divu, {pos, core, imm(int64_t(stride))});
+        b.emit(Remu, {pos, pos, imm(n)});
+        b.emit(Mul, {t, pos, imm(int64_t(stride))});
+        b.emit(Sub, {base, core, t});
+        b.emit(Sw, {pos, dims.word(3 * j)});
+        for (uint32_t w : {1u, 2u}) {  // next: position + 1, prev: position - 1 (mod n)
+            b.emit(Add, {t, pos, imm(w == 1 ? 1 : n - 1)});
+            b.emit(Remu, {t, t, imm(n)});
+            b.emit(Mul, {t, t, imm(int64_t(stride))});
+            b.emit(Add, {t, t, base});
+            b.emit(Sw, {t, dims.word(3 * j + w)});
+        }
+        stride *= n;
+    }
+}
 
 isa::Program generate(const TorusAllReduceKey& k) {
     // Unrolled while the whole program fits in instruction memory, as the ring kernel.

@@ -191,6 +191,23 @@ std::optional<TorusAllReduceKey> plan_allreduce_torus(const hw::BoardConfig& cfg
 /// of the key (x, y, z) `position.D`, `next.D`, `prev.D` (the core's coordinate along it and
 /// its neighbours there).
 isa::Program generate(const TorusAllReduceKey& k);
+/// Emitted before a torus phase sends (TorusAllReduceKey's phases in order: the
+/// reduce-scatters, the last dimension's all-reduce, the all-gathers; 2D - 1 of them), once the
+/// kernel holds its flags: the phase's neighbours `next` and `prev` shake hands there.
+using TorusReady = std::function<void(size_t phase, const isa::Reg& next, const isa::Reg& prev)>;
+/// Emits the torus all-reduce of `k` into `b` (the kernel generate(k) runs between its prologue
+/// and its halt): this core's replica at HBM address `x` ends as (sum over the board's
+/// replicas) x `scale` (fp32 bits), allreduce_torus_reference's values. `dims` holds 3 words per
+/// phase dimension (position, next, prev; emit_torus_coordinates). Resources from b's pools in
+/// its own scope (the phases' VMEM from b.vmem_free(), sized for the whole VMEM); every core of
+/// the board must run it. Unrolled while generate(k) is.
+void emit_allreduce_torus(isa::Builder& b, const TorusAllReduceKey& k, const isa::Reg& x,
+                          const isa::Reg& scale, const isa::Smem& dims, const TorusReady& ready);
+/// Fills `dims` (3 words per phase dimension of `k`) from `core`, this core's number on a
+/// board whose cores are numbered x fastest, then y, then z: its position along each dimension
+/// and its next and previous neighbours there (what allreduce_torus() passes as arguments).
+void emit_torus_coordinates(isa::Builder& b, const TorusAllReduceKey& k, const isa::Reg& core,
+                            const isa::Smem& dims);
 /// The exact result of the torus all-reduce of `replicas` (core order) on a torus of `dims`
 /// (cores along x, y, z, with 1 for a dimension the torus lacks): the order of additions is
 /// the ring's (allreduce_reference) along x within each x-ring, then along y on the sums each
