@@ -30,12 +30,21 @@ T max_of(T a, More... more) {
 }
 
 /// dst[i] = first + i x step for i < n, eight at a time where it can: GCC vectorises a loop of
-/// a known count at -O2, not one of any count.
+/// a known count at -O2, not one of any count. The eight values advance by additions (a vector
+/// multiplication of 64-bit integers costs several times an addition), the rest one by one.
 void fill_steps(int64_t* dst, size_t n, int64_t first, int64_t step) {
     size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t u = 0; u < 8; ++u) dst[i + u] = first + int64_t(i + u) * step;
-    for (; i < n; ++i) dst[i] = first + int64_t(i) * step;
+    if (n >= 8) {
+        int64_t v[8];
+        for (size_t u = 0; u < 8; ++u) v[u] = first + int64_t(u) * step;
+        const int64_t inc = 8 * step;
+        for (; i + 8 <= n; i += 8)
+            for (size_t u = 0; u < 8; ++u) {
+                dst[i + u] = v[u];
+                v[u] += inc;
+            }
+    }
+    for (int64_t x = first + int64_t(i) * step; i < n; ++i, x += step) dst[i] = x;
 }
 
 /// The column commands of n <= q evenly spaced bursts into a queue ring of q slots from slot
