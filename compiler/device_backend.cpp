@@ -89,6 +89,10 @@ DeviceBackend::DeviceBackend(driver::Device& device, std::vector<uint32_t> cores
     m_host = device_eval_options(m_codegen.board, m_cores, std::move(m_host));
 }
 
+bool DeviceBackend::keeps_values() const {
+    return m_dev.config().sim.functional;
+}
+
 DataPtr DeviceBackend::upload(const Shape& s, const std::vector<std::vector<float>>& values) {
     if (values.size() != 1 && values.size() != m_cores.size())
         throw CompileError(fmt::format("upload {}: {} value sets for {} replicas", s.to_string(),

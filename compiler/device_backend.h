@@ -63,6 +63,7 @@ public:
     DeviceBackend(driver::Device& device, std::vector<uint32_t> cores, CodegenOptions codegen,
                   EvalOptions host = {});
     size_t replicas() const override { return m_cores.size(); }
+    bool keeps_values() const override;
     DataPtr upload(const Shape& s, const std::vector<std::vector<float>>& values) override;
     std::vector<float> download(const DataPtr& d, size_t r) override;
     std::vector<DataPtr> execute(const CompiledStep& step, const std::vector<DataPtr>& parameters,

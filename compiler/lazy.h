@@ -30,6 +30,9 @@ public:
     virtual ~Backend() = default;
     /// Replicas (cores) each step runs on.
     virtual size_t replicas() const = 0;
+    /// Whether uploaded values are kept: false on a timing-only board, whose upload() takes
+    /// empty value vectors (so callers need not make values nobody reads).
+    virtual bool keeps_values() const { return true; }
     /// Host values to data: one vector for every replica, or one per replica.
     virtual DataPtr upload(const Shape& s, const std::vector<std::vector<float>>& values) = 0;
     /// Replica `r` of `d` to the host.
@@ -113,6 +116,8 @@ public:
     /// The step's cut (xm.mark_step()): every live tensor with a pending value becomes data.
     void mark_step();
 
+    /// Whether its backend keeps uploaded values (Backend::keeps_values).
+    bool keeps_values() const { return m_backend.keeps_values(); }
     const LazyStats& stats() const { return m_stats; }
     const CompileCache& cache() const { return m_cache; }
     /// The compiled step of the last cut (nullptr before the first).

@@ -71,7 +71,10 @@ cc::ValueId Recorder::param(const ParamPtr& p, std::vector<int64_t> dims, bool t
     rp.dims = dims;
     const cc::Shape shape{cc::DType::F32, std::move(dims)};
     if (m_ctx) {
-        rp.tensor = m_ctx->parameter(rp.name, shape, {rp.initial_values()});
+        // A timing-only board keeps no values: drawing them would cost host time for nothing.
+        std::vector<float> values;
+        if (m_ctx->keeps_values()) values = rp.initial_values();
+        rp.tensor = m_ctx->parameter(rp.name, shape, {std::move(values)});
         rp.value = m_ctx->value(rp.tensor);
     } else {
         rp.value = m_g.parameter(shape, rp.name);
@@ -431,7 +434,7 @@ cc::LazyTensor record_train_step(cc::LazyContext& ctx, Recorder& r, Module& modu
         }
         const auto scope = r.layer(
             "optimizer", opt.kind == OptimizerConfig::Kind::Sgd ? "sgd (momentum)" : "adam");
-        const std::vector<float> zeros(size_t(s.elements()), 0.0f);
+        const std::vector<float> zeros(ctx.keeps_values() ? size_t(s.elements()) : 0, 0.0f);
         if (!p.state1.defined()) p.state1 = ctx.parameter(p.name + ".state1", s, {zeros});
         if (opt.kind == OptimizerConfig::Kind::Sgd) {
             const cc::SgdResult u = cc::sgd_momentum(g, p.value, grad, ctx.value(p.state1),

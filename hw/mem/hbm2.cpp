@@ -30,12 +30,21 @@ T max_of(T a, More... more) {
 }
 
 /// dst[i] = first + i x step for i < n, eight at a time where it can: GCC vectorises a loop of
-/// a known count at -O2, not one of any count.
+/// a known count at -O2, not one of any count. The eight values advance by additions (a vector
+/// multiplication of 64-bit integers costs several times an addition), the rest one by one.
 void fill_steps(int64_t* dst, size_t n, int64_t first, int64_t step) {
     size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (size_t u = 0; u < 8; ++u) dst[i + u] = first + int64_t(i + u) * step;
-    for (; i < n; ++i) dst[i] = first + int64_t(i) * step;
+    if (n >= 8) {
+        int64_t v[8];
+        for (size_t u = 0; u < 8; ++u) v[u] = first + int64_t(u) * step;
+        const int64_t inc = 8 * step;
+        for (; i + 8 <= n; i += 8)
+            for (size_t u = 0; u < 8; ++u) {
+                dst[i + u] = v[u];
+                v[u] += inc;
+            }
+    }
+    for (int64_t x = first + int64_t(i) * step; i < n; ++i, x += step) dst[i] = x;
 }
 
 /// The column commands of n <= q evenly spaced bursts into a queue ring of q slots from slot
@@ -392,37 +401,33 @@ uint64_t Hbm2PseudoChannel::access_runs(std::span<Run> runs, bool write) {
     return done;
 }
 
-template <class Arrival>
-uint64_t Hbm2PseudoChannel::access_granules(uint64_t first_burst, uint32_t count,
-                                            std::span<const uint64_t> latest,
-                                            const Arrival& arrival, const HbmAddressMap& map,
-                                            bool write) {
+template <class Source>
+uint64_t Hbm2PseudoChannel::access_granules(const Source& src, uint32_t count,
+                                            const HbmAddressMap& map, bool write) {
+    const size_t n_runs = src.size();
     // The stretches' closed form holds under these conditions (see the header); otherwise the
     // runs go as a list.
     if (!m_batch_runs || m_closed_page || count < m_groups || count > m_queue.size() ||
         Tick(m_t.ccd_l) > Tick(m_groups) * std::max(Tick(m_t.ccd_s), m_bl2)) {
         m_runs.clear();
-        for (size_t i = 0; i < latest.size(); ++i)
-            m_runs.push_back({arrival(i), map.bank_of_burst(first_burst + i * count), count});
+        for (size_t i = 0; i < n_runs; ++i)
+            m_runs.push_back({src.arrival(i), map.bank_of_burst(src.burst(i)), count});
         return access_runs(m_runs, write);
     }
-    if (latest.empty()) return 0;  // store() would set the last column of a direction
-    const uint64_t row_bursts = map.bursts_per_bank_row();
+    if (n_runs == 0) return 0;  // store() would set the last column of a direction
     Regs r = load(write);
-    for (size_t i = 0; i < latest.size();) {
+    for (size_t i = 0; i < n_runs;) {
         // (1) The runs [i, end) of one bank row.
-        const uint64_t b = first_burst + i * count;
-        const HbmColumnAccess at = map.bank_of_burst(b);
-        const size_t end =
-            std::min<size_t>(latest.size(), i + (row_bursts - (b & (row_bursts - 1))) / count);
+        const HbmColumnAccess at = map.bank_of_burst(src.burst(i));
+        const size_t end = src.row_end(i);
         // (2) A head from burst `off` of run j, then a stretch to the end of the row or to the
         // next refresh, which the next head performs.
         size_t j = i;
         uint32_t off = 0;
         while (j < end) {
             // An arrival no later than the admission so far changes nothing: its bound will do.
-            const Tick lj = Tick(latest[j]);
-            const Tick arrive = lj <= r.admit ? lj : Tick(arrival(j));
+            const Tick lj = Tick(src.latest(j));
+            const Tick arrive = lj <= r.admit ? lj : Tick(src.arrival(j));
             bool refreshed = false;
             for (uint32_t g = 0; g < m_groups; ++g) {
                 while (!step(r, {g, at.bank, at.row}, arrive)) {
@@ -437,17 +442,16 @@ uint64_t Hbm2PseudoChannel::access_granules(uint64_t first_burst, uint32_t count
                 off = 0;
             }
             // A refresh among the head closed the rows it had opened before it: another head.
-            if (!refreshed) serve_stretch(r, j, off, end, at.bank, count, latest, arrival);
+            if (!refreshed) serve_stretch(r, j, off, end, at.bank, count, src);
         }
         i = end;
     }
     return uint64_t(store(r, write));
 }
 
-template <class Arrival>
+template <class Source>
 void Hbm2PseudoChannel::serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t end, uint32_t bank,
-                                      uint32_t count, std::span<const uint64_t> latest,
-                                      const Arrival& arrival) {
+                                      uint32_t count, const Source& src) {
     if (r.cursor >= r.due) return;  // the next burst waits for the refresh
     const size_t q = m_queue.size();
     const Tick step = r.step, adv = Tick(count) * step, due = r.due;
@@ -480,7 +484,7 @@ void Hbm2PseudoChannel::serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t 
             // whatever its arrival, and one whose first column is before the due cycle
             // refreshes nothing.
             size_t k = j;
-            for (Tick f = col + step; k < end && f < due && Tick(latest[k]) <= f; f += adv) ++k;
+            for (Tick f = col + step; k < end && f < due && Tick(src.latest(k)) <= f; f += adv) ++k;
             if (k > j) {
                 const size_t m = k - j;
                 col += Tick(m) * adv;
@@ -496,7 +500,7 @@ void Hbm2PseudoChannel::serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t 
         // A run by its arrival. The column bounds the cursor loosely: the exact bound is
         // max(arrival, the slot of the run's last burst + 1), burst n + len - 1 - Q's column.
         const uint32_t len = count - off;
-        const Tick a = Tick(arrival(j));
+        const Tick a = Tick(src.arrival(j));
         const Tick first = std::max(col + step, a);
         if (first >= due && std::max(a, col_back(q - len + 1) + 1) >= due) break;
         if (first == col + step) {
@@ -518,7 +522,7 @@ void Hbm2PseudoChannel::serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t 
     const Tick slot =
         n - 1 >= piece_n + q ? piece_col + Tick(n - 1 - q - piece_n) * step : ring[slot_back(1)];
     const Tick admit = std::max(r.admit, slot + 1);
-    r.admit = std::max(admit, Tick(latest[last]) <= admit ? admit : Tick(arrival(last)));
+    r.admit = std::max(admit, Tick(src.latest(last)) <= admit ? admit : Tick(src.arrival(last)));
     r.cursor = std::max(r.cursor, r.admit);
     // Each group's last column bounds its bank's PRE.
     for (uint64_t t = n - std::min<uint64_t>(n, m_groups); t < n; ++t) {
@@ -729,6 +733,7 @@ Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
     m_pcs.reserve(m_map.pseudo_channels());
     for (uint32_t i = 0; i < m_map.pseudo_channels(); ++i) m_pcs.emplace_back(h);
     m_runs.resize(m_map.pseudo_channels());
+    m_granules.resize(m_map.pseudo_channels());
 }
 
 uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) {
@@ -783,6 +788,16 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
             start, mul_div_up(whole_granules(start, addr, total, static_cast<uint32_t>(request),
                                              port, write),
                               m_tck_ps, m_to_core));
+    }
+    // Rows of whole granules, apart or back to back, each granule inside one request: see
+    // granule_lists().
+    if (rows > 1 && stride >= row_bytes && addr % granule == 0 && stride % granule == 0 &&
+        row_bytes % granule == 0 && (row_bytes <= chunk || chunk % granule == 0) &&
+        (granule >> sh_burst) <= m_map.bursts_per_bank_row()) {
+        ++m_granule_list_transfers;
+        return std::max(start, mul_div_up(granule_lists(start, rows, row_bytes, addr, stride, chunk,
+                                                        port, write),
+                                          m_tck_ps, m_to_core));
     }
     // (1) Every request in order, cut as access() cuts it; a piece that crosses from one bank's
     // row into the next is cut there too: a request's bursts in two rows are served alike
@@ -884,13 +899,84 @@ uint64_t Hbm2Timing::whole_granules(uint64_t start, uint64_t addr, uint64_t byte
         const uint64_t ka = m_map.granule_of(p, k_lo) < g_lo ? k_lo + 1 : k_lo;
         const uint64_t kb = m_map.granule_of(p, k_hi) >= g_hi ? k_hi : k_hi + 1;
         if (ka >= kb) continue;
-        const auto arrival = [&](size_t i) {
-            return arrival_of(m_map.granule_of(p, ka + i) - g_lo);
+        // Local granules ka .. kb - 1, adjacent: a bank row holds row_runs of them.
+        struct Source {
+            const Hbm2Timing& t;
+            const decltype(arrival_of)& arrive_at;
+            const uint64_t* lat;
+            uint64_t ka, g_lo, n, row_runs;
+            uint32_t p, sh_run;
+            size_t size() const { return n; }
+            uint64_t burst(size_t i) const { return (ka + i) << sh_run; }
+            uint64_t latest(size_t i) const { return lat[i]; }
+            uint64_t arrival(size_t i) const {
+                return arrive_at(t.m_map.granule_of(p, ka + i) - g_lo);
+            }
+            size_t row_end(size_t i) const {
+                return std::min<size_t>(n, i + row_runs - ((ka + i) & (row_runs - 1)));
+            }
         };
-        done_tck = std::max(
-            done_tck, m_pcs[p].access_granules(ka << sh_run, count,
-                                               std::span(m_latest).subspan(ka - k_lo, kb - ka),
-                                               arrival, m_map, write));
+        const Source src{*this, arrival_of, m_latest.data() + (ka - k_lo),         ka,
+                         g_lo,  kb - ka,    m_map.bursts_per_bank_row() >> sh_run, p,
+                         sh_run};
+        done_tck = std::max(done_tck, m_pcs[p].access_granules(src, count, m_map, write));
+    }
+    return done_tck;
+}
+
+uint64_t Hbm2Timing::granule_lists(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
+                                   uint64_t stride, uint32_t chunk, uint32_t port, bool write) {
+    // Why this equals the general path of access_rows(): every granule lies inside one request
+    // and one bank row, so the general path sends each as one run of all its bursts from its
+    // first local burst, at its request's arrival. The rows do not overlap and follow each other
+    // in address (stride >= row_bytes), so request order is address order, and a
+    // pseudo-channel's granules in request order are in the order of their local numbers
+    // (granule / P): the lists below are the runs the general path gives each pseudo-channel,
+    // and access_granules() serves a list as access_runs() does.
+    const uint32_t sh_granule = std::countr_zero(m_map.interleave_bytes());
+    const uint32_t sh_pcs = std::countr_zero(m_map.pseudo_channels());
+    const uint32_t sh_run = sh_granule - std::countr_zero(m_map.burst_bytes());
+    for (auto& l : m_granules) l.clear();
+    uint64_t before = 0, arrive = start, done_tck = 0;
+    for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t off = 0; off < row_bytes; off += chunk) {
+            const uint64_t len = std::min<uint64_t>(chunk, row_bytes - off);
+            const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
+            done_tck = std::max(done_tck, arrive_tck);
+            const uint64_t g0 = (addr + r * stride + off) >> sh_granule;
+            for (uint64_t g = g0, g_end = g0 + (len >> sh_granule); g < g_end; ++g)
+                m_granules[m_map.pseudo_channel_of_granule(g)].push_back({g >> sh_pcs, arrive_tck});
+            before += len;
+            // The next request's arrival, as the general path computes it.
+            if (len <= 4 * uint64_t(port)) {
+                while ((arrive - start + 1) * port <= before) ++arrive;
+            } else {
+                arrive = start + before / port;
+            }
+        }
+    const uint32_t count = uint32_t(1) << sh_run;
+    const uint64_t row_runs = m_map.bursts_per_bank_row() >> sh_run;
+    struct Source {
+        const Granule* g;
+        size_t n;
+        uint64_t row_mask;  ///< ~(row_runs - 1): a bank row's local granules
+        uint32_t sh_run;
+        size_t size() const { return n; }
+        uint64_t burst(size_t i) const { return g[i].local << sh_run; }
+        uint64_t latest(size_t i) const { return g[i].arrive; }
+        uint64_t arrival(size_t i) const { return g[i].arrive; }
+        size_t row_end(size_t i) const {
+            const uint64_t row = g[i].local & row_mask;
+            size_t k = i + 1;
+            while (k < n && (g[k].local & row_mask) == row) ++k;
+            return k;
+        }
+    };
+    for (size_t p = 0; p < m_granules.size(); ++p) {
+        const std::vector<Granule>& l = m_granules[p];
+        if (l.empty()) continue;
+        const Source src{l.data(), l.size(), ~(row_runs - 1), sh_run};
+        done_tck = std::max(done_tck, m_pcs[p].access_granules(src, count, m_map, write));
     }
     return done_tck;
 }

@@ -63,6 +63,17 @@ public:
         if (m_xor) j ^= (k & mask) ^ ((k >> m_sh_pcs) & mask);
         return (k << m_sh_pcs) | j;
     }
+    /// The pseudo-channel of granule number `granule` (address / interleave_bytes()), as decode()
+    /// finds it; its local granule number is granule / pseudo_channels().
+    uint32_t pseudo_channel_of_granule(uint64_t granule) const {
+        const uint64_t pc_mask = m_pcs - 1;
+        uint64_t pc = granule & pc_mask;
+        if (m_xor) {
+            pc ^= (granule >> m_sh_pcs) & pc_mask;
+            pc ^= (granule >> (2 * m_sh_pcs)) & pc_mask;
+        }
+        return static_cast<uint32_t>(pc);
+    }
     /// Bursts in one bank row across the bank groups (the span next_row_burst() steps over).
     uint64_t bursts_per_bank_row() const { return uint64_t(m_bank_groups) << m_sh_cols; }
     /// Bytes one column command moves on a pseudo-channel.
@@ -154,13 +165,14 @@ public:
     /// Consecutive row-hit runs of one bank row are served with the state held in registers.
     /// A run that opens its row is left in `runs` with its row-opening bursts removed.
     uint64_t access_runs(std::span<Run> runs, bool write);
-    /// access_runs() of `latest.size()` runs of `count` bursts each, run i at local burst
-    /// numbers [first_burst + i count, first_burst + (i + 1) count), arriving at arrival(i):
-    /// the whole granules a contiguous transfer sends to one pseudo-channel. `count` is a power
-    /// of two no larger than a bank row of `map` and divides `first_burst`, so no run crosses a
-    /// bank row; the arrivals do not decrease, and latest[i] is no earlier than arrival(i) (a
-    /// bound read instead of the arrival where it is early enough). Defined in hbm2.cpp, for
-    /// Hbm2Timing.
+    /// access_runs() of `src.size()` runs of `count` bursts each, run i at local burst numbers
+    /// [src.burst(i), src.burst(i) + count), arriving at src.arrival(i): the whole granules a
+    /// transfer sends to one pseudo-channel. `count` is a power of two no larger than a bank row
+    /// of `map` and divides every src.burst(i), so no run crosses a bank row; the burst numbers
+    /// grow, the arrivals do not decrease, src.latest(i) is no earlier than src.arrival(i) (a
+    /// bound read instead of the arrival where it is early enough), and src.row_end(i) is the
+    /// first run after i in another bank row. The runs of a bank row need not be adjacent: the
+    /// timing does not depend on the column. Defined in hbm2.cpp, for Hbm2Timing.
     ///
     /// With the open page, G <= count <= Q and CCD_L <= G x step (step = max(CCD_S, BL/2); G
     /// bank groups, Q = queue_bursts) each bank row is served as a *head*, its first burst in
@@ -187,9 +199,9 @@ public:
     /// At the end of a stretch, the queue ring's newest Q entries, each group's last column and
     /// its bank's PRE bound, the admission (by the last run's arrival and slot: both grow with
     /// the burst number) and the cursor follow from the columns.
-    template <class Arrival>
-    uint64_t access_granules(uint64_t first_burst, uint32_t count, std::span<const uint64_t> latest,
-                             const Arrival& arrival, const HbmAddressMap& map, bool write);
+    template <class Source>
+    uint64_t access_granules(const Source& src, uint32_t count, const HbmAddressMap& map,
+                             bool write);
     /// Counters since construction.
     const Counters& counters() const { return m_counters; }
     /// Banks of the pseudo-channel (bank_groups x banks).
@@ -239,9 +251,9 @@ private:
     /// access_granules()' closed form after a head: runs j .. end - 1 of one bank row of
     /// `bank`, the first from burst `off` on, up to the next refresh, from and into `r`.
     /// Advances j and off past the runs served.
-    template <class Arrival>
+    template <class Source>
     void serve_stretch(Regs& r, size_t& j, uint32_t& off, size_t end, uint32_t bank, uint32_t count,
-                       std::span<const uint64_t> latest, const Arrival& arrival);
+                       const Source& src);
     /// After refresh(): performs at once the refreshes that fall due while the banks stay idle
     /// until a burst admitted at `admit` (long gaps between requests cost O(banks), not
     /// O(gap / REFI x banks)).
@@ -311,6 +323,9 @@ public:
     /// Transfers that access_rows() served per pseudo-channel without cutting them by address
     /// (a host-speed shortcut with no timing meaning; for tests that prove it is taken).
     uint64_t whole_granule_transfers() const { return m_whole_granule_transfers; }
+    /// Transfers of rows of whole granules that access_rows() served per pseudo-channel from
+    /// a list of their granules (a host-speed shortcut with no timing meaning; for tests).
+    uint64_t granule_list_transfers() const { return m_granule_list_transfers; }
     void register_stats(sim::StatGroup& group) override;
 
 private:
@@ -352,6 +367,18 @@ private:
     /// one request; returns the latest end of data (tCK). See access_rows().
     uint64_t whole_granules(uint64_t start, uint64_t addr, uint64_t bytes, uint32_t chunk,
                             uint32_t port, bool write);
+    /// A granule of a transfer, for one pseudo-channel: its local granule number and arrival.
+    struct Granule {
+        uint64_t local;   ///< local granule number (granule / pseudo-channels)
+        uint64_t arrive;  ///< tCK its request reaches the controller
+    };
+    /// access_rows: per pseudo-channel, the granules of a transfer of rows of whole granules.
+    std::vector<std::vector<Granule>> m_granules;
+    uint64_t m_granule_list_transfers = 0;
+    /// access_rows() of rows of whole granules, each inside one request (rows, stride, address
+    /// and request cuts on granule boundaries); returns the latest end of data (tCK).
+    uint64_t granule_lists(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
+                           uint64_t stride, uint32_t chunk, uint32_t port, bool write);
 };
 
 }  // namespace tpu::hw

@@ -549,6 +549,77 @@ TEST(Hbm2Property, WholeGranuleStreamsOnRandomTimings) {
     EXPECT_GT(refreshes, transfers);
 }
 
+// Rows of whole granules apart or back to back (a strided DMA: an image's channel slice, a
+// filter's rows), which access_rows serves per pseudo-channel from a list of their granules, equal
+// access() request by request, with the same commands and row conflicts in every bank: random
+// granule-aligned rows, strides from back to back to many granules apart, chunks of one or more
+// granules and rows shorter than a chunk (one request each, any chunk), any port, both hashes and
+// page policies, random timings and geometries (bank groups, banks, rows, queue depths, frequent
+// refreshes), granules of fewer bursts than bank groups and granules that span banks (the general
+// path), with lone requests in between.
+TEST(Hbm2Property, RowsOfWholeGranulesEqualTheirRequestsOneByOne) {
+    uint64_t listed = 0, transfers = 0, stretches = 0, paced = 0, runs = 0, refreshes = 0;
+    for (uint32_t seed = 1; seed <= 120; ++seed) {
+        Pick pick{std::mt19937(seed)};
+        BoardConfig cfg = varied_hbm(seed, seed % 2 ? 8192 : 64, pick);
+        HbmConfig& h = cfg.hbm;
+        if (seed % 4 == 2) {
+            const std::string page = h.page_policy;
+            h = random_config(pick.rng);
+            h.page_policy = page;
+            h.row_bytes = 256u << pick(3);
+            h.interleave_bytes = 64u << pick(3);
+            if (pick(1)) h.queue_bursts = 8 + uint32_t(pick(56));
+        }
+        ASSERT_NO_THROW(cfg.validate()) << "seed " << seed;
+        const uint64_t g = h.interleave_bytes;
+        Hbm2Timing batched(cfg), one_by_one(cfg);
+        uint64_t t = 0;
+        for (int i = 0; i < 40; ++i) {
+            bool write = false;
+            if (lone_request(batched, one_by_one, pick, 8, t, write)) continue;
+            const auto chunk = static_cast<uint32_t>(pick(3) ? g * (1 + pick(3)) : 32 + pick(2000));
+            const uint64_t rows = 2 + pick(pick(1) ? 6 : 80);
+            // Rows shorter than a chunk (one request each, whatever the chunk), or of several
+            // granules cut into chunks.
+            const uint64_t row_bytes = chunk >= g && pick(1) ? g * (1 + pick(chunk / g - 1))
+                                                             : g * (1 + pick(pick(1) ? 4 : 40));
+            const uint64_t stride =
+                pick(3) == 0 ? row_bytes : row_bytes + g * (1 + pick(pick(1) ? 3 : 40));
+            const uint64_t addr = g * pick((16 << 20) / g);
+            const auto port = static_cast<uint32_t>(pick(1) ? 512 : 1 + pick(700));
+            const uint64_t before = batched.granule_list_transfers();
+            const uint64_t got =
+                batched.access_rows(t, rows, row_bytes, addr, stride, chunk, port, write);
+            const uint64_t want = one_by_one.HbmTimingModel::access_rows(
+                t, rows, row_bytes, addr, stride, chunk, port, write);
+            ASSERT_EQ(got, want) << "seed " << seed << " transfer " << i;
+            listed += batched.granule_list_transfers() - before;
+            ++transfers;
+            if (pick(1)) t = got;  // the next one after this one, or overlapping it
+        }
+        const auto x = batched.counters();
+        expect_same_commands(x, one_by_one.counters(), seed);
+        const size_t banks = size_t(h.bank_groups) * h.banks_per_group;
+        for (size_t b = 0; b < banks; ++b)
+            EXPECT_EQ(batched.bank_conflicts(b), one_by_one.bank_conflicts(b))
+                << "seed " << seed << " bank " << b;
+        stretches += x.stretches;
+        paced += x.paced_runs;
+        runs += x.runs;
+        refreshes += x.refreshes;
+    }
+    // Most transfers are served from granule lists (the others: rows not cut on granules,
+    // granules that span banks), most of them in stretches, with refreshes among them; runs
+    // are served both one step after the previous column and at their arrival.
+    EXPECT_GT(listed, transfers / 2);
+    EXPECT_LT(listed, transfers);
+    EXPECT_GT(stretches, listed);
+    EXPECT_GT(refreshes, transfers);
+    EXPECT_GT(paced, runs / 8);
+    EXPECT_LT(paced, runs);
+}
+
 // ---- the whole stack: address map and core cycles ----
 
 TEST(Hbm2Timing, AddressMap) {
