@@ -444,6 +444,14 @@ public:
                           streamed(members[0]) == streamed(members[1]) &&
                           m_p.a == DotLayout::TransposedVpuTiles && m_p.a_band_tiles > 0;
         }
+        // Such a pair's results side by side in C's rows (heads of 64 at columns h 64 and
+        // h 64 + 64 of the row-major [S, heads x 64] output): the second member's MXUs write
+        // below the first's in the same C panels, and the pair is stored once, as rows of both
+        // (512-byte runs where each head's were 256: the HBM serves the longer runs faster).
+        m_c_pair = m_lead_pair && m_p.lhs && m_k.c == DotLayout::RowMajor && !m_k.store_bf16 &&
+                   !m_k.column_sides && !m_k.full_sides && !m_k.accumulate && m_k.parts <= 1 &&
+                   m_G == 1 && 2 * m_p.M <= m_k.block_rows &&
+                   members[1].c - members[0].c == int64_t(m_p.M) * 4;
         m_pair = m_ahead && pair_windows(m_k) && members.size() == 2 &&
                  members[0].a == members[1].a && members[0].w == members[1].w;
         if (m_ahead) {
@@ -536,6 +544,7 @@ public:
             E(Opcode::Sw, {m_tmp, word});
             E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), passes});
         }
+        m_mi = 0;  // past the members: the last group (m_c_pair: the last pair) is stored
         flush("end", 0, 0);
         E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_three) E(Opcode::Wait, {m_stores2.flag, m_stores2.count});
@@ -1189,12 +1198,19 @@ private:
     /// A batch's (DotBatch) blocks follow one another in one kernel.
     bool batched() const { return !m_batch.period.empty(); }
 
+    /// Bytes into a C panel where the member's MXU results go: m_c_pair's second member's
+    /// below the first's (C^T's rows: a head's M rows of 128 results).
+    uint64_t c_pair_rows() const { return m_c_pair && m_mi == 1 ? uint64_t(m_p.M) * m_k.C * 4 : 0; }
+
     /// The group whose C waits for its store, if any: once its matmuls are done (`steps` =
     /// steps of the current group already issued to MXU m < `nm`), its epilogue and its stores:
     /// of its panels [m0, m1) (piece by piece, each one step later: the first waits for the
     /// MXUs, the last one clears the pending group).
     void flush(const std::string& tag, uint32_t steps, uint32_t nm, uint32_t m0 = 0,
                uint32_t m1 = ~0u) {
+        // m_c_pair: nothing is pending during the pair's second member (the first's results
+        // wait for the second's, in the same panels).
+        if (m_c_pair && m_mi == 1) return;
         const bool first_piece = m0 == 0, last_piece = m1 >= m_GW;
         const isa::Label done = m_b.label("fd_" + tag), fe = m_b.label("fe_" + tag);
         E(Opcode::Beq, {m_pending, imm(0), done});
@@ -1810,7 +1826,9 @@ private:
             // With two steps, step j + 2 is the next batch's step j, in the same area: once step
             // j's panel is converted (with more, as soon as step j's loads have arrived).
             if (m_lead && m_KT == 2) lead_loads(j, first, last);
-            if (batched() && j == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
+            // (m_c_pair: the second member writes the parity its first member waited for.)
+            if (batched() && j == 0 && !(m_c_pair && m_mi == 1))
+                E(Opcode::Wait, {m_stores.flag, m_stores.count});
             for (uint32_t p = 0; p < nm; ++p) {
                 // Panel p on MXU m; the MXU's last panel of the step carries its flag.
                 const uint32_t m = p % m_k.mxus;
@@ -1821,7 +1839,7 @@ private:
                     const bool end = i + 1 == m_passes.size();
                     E(Opcode::MxuLw,
                       {imm(m), imm(int64_t(wbf(slot, p, pw))), imm(k), imm(nn(last, p))});
-                    const isa::Arg dst = m_par + int64_t(m_a.c + p * m_m.cpanel);
+                    const isa::Arg dst = m_par + int64_t(m_a.c + p * m_m.cpanel + c_pair_rows());
                     if (end && flagged)
                         E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
                                           imm(fresh ? 0 : 1), m_mxu_flag[m]});
@@ -1855,9 +1873,16 @@ private:
             }
             prefetch(j);
         }
+        // m_c_pair: the pair's first member's results wait in the C parity for the second's.
+        if (m_c_pair && m_mi == 0) return;
         // This group's C is pending until the next group's step 1 (or the end).
         set_pending(first, last);
         E(Opcode::Li, {m_pending, imm(last ? 2 : 1)});
+        if (m_c_pair) {
+            // The pair's rows, from its first member's columns.
+            E(Opcode::Sub, {m_paddr, m_paddr, imm(int64_t(m_p.M) * 4)});
+            E(Opcode::Add, {m_prows, m_prows, imm(int64_t(m_p.M))});
+        }
         if (m_three) {
             const isa::Label wrap = m_b.label("c_wrap");
             E(Opcode::Add, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
@@ -1979,6 +2004,7 @@ private:
     bool m_pair = false;        ///< two members' windows in the same tiles, loaded once
     bool m_lead = false;        ///< band loads with the streamed panels two steps ahead
     bool m_lead_pair = false;   ///< ... a pair's windows in the same tiles, loaded once
+    bool m_c_pair = false;      ///< ... and its results in one C panel, stored together
     bool m_step_ahead = false;  ///< the next batch's first step loaded beside the last
     size_t m_mi = 0;            ///< the member being emitted
     std::vector<std::pair<int, int>> m_passes;

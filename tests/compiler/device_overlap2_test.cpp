@@ -51,8 +51,9 @@ TEST(CompilerOverlap2, BertBaseValuesDotReadsPAHeadAhead) {
     // overlapped; read a head ahead, each panel's K steps one after the other (a band's four
     // tiles while its rows are open), 55 920; with the V window's panels two steps ahead and P's
     // band chunks over the first three steps (compiler/README.md "Each head's operands a head
-    // ahead"), 52 351. The HBM bound of its bytes (P read, C written: 12.6 MB at 479.5
-    // B/cycle) is 26 245.
+    // ahead"), 52 351; 49 264 with a pair's V tiles read once, 46 076 with a pair's results
+    // stored together (CompilerAttn3.BertBaseValuesDotStoresPairsOfHeadsTogether). The HBM bound of
+    // its bytes (P read, C written: 12.6 MB at 479.5 B/cycle) is 26 245.
     const auto [step, stats] = test::steady_zoo_attention(512, 12, 64);
     std::vector<uint64_t> dots;
     for (size_t i = 0; i < step->fusions.size(); ++i)
