@@ -171,9 +171,12 @@ bool band_loads_apply(const DotKey& k) {
 /// computes, and C has three buffers.
 bool ahead_apply(const DotKey& k) {
     const Problem p = problem(k);
+    // Heads of a whole tile or of half one (lanes 0 and 64) only: the windows' staging assumes
+    // those lane offsets; heads of 32 or 16 lanes (the zoo's GPT) gave wrong values, so they
+    // keep the per-head loads.
     return k.band_loads && !band_loads_apply(k) && p.a == DotLayout::VpuTiles &&
-           p.w == DotLayout::TransposedVpuTiles && k.R == 128 && k.C == 128 && p.K <= k.R &&
-           p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
+           p.w == DotLayout::TransposedVpuTiles && k.R == 128 && k.C == 128 &&
+           (p.K == k.R || 2 * p.K == k.R) && p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
 }
 
 /// Band loads (band_loads_apply) of an even number of K steps: the streamed operand is read two

@@ -49,6 +49,14 @@ TEST(CompilerAttn3Device, FourHeadsOfOneTwentyEightLoadAheadBitExact) {
     expect_attention_bit_exact(256, 4, 128);
 }
 
+TEST(CompilerAttn3Device, HeadsNarrowerThanHalfATileKeepTheirPerHeadLoadsBitExact) {
+    // Heads of 32 and 16 lanes (the zoo's GPT: 4 heads of 32), four or eight to a tile: the
+    // head-ahead staging takes heads of 64 or 128 lanes only (ahead_apply); these gave wrong
+    // values through it (GptOnTheDevice caught it), so they keep the per-head loads.
+    expect_attention_bit_exact(64, 4, 32);
+    expect_attention_bit_exact(64, 8, 16);
+}
+
 TEST(CompilerAttn3Device, FourHeadsStoreTheirValuesInPairsBitExact) {
     // The values dot (P V, P read a head ahead, V^T streamed) stores each pair of 64-lane heads
     // together: the second head's MXUs write rows 64..127 of the first's C panels, one
