@@ -223,14 +223,27 @@ std::optional<ValueId> sink_rearrangement(Graph& g, const Op& op, const std::vec
 /// A slice of a reshape that only inserts or deletes unit dims, as the reshape of the slice of
 /// its operand (algebraic_simplifier.cc, TryToReorderSliceAndReshape): transformers' GPT-2
 /// splits q, k, v by slices of the Conv1D's `[1, S, 3 D]` view of its `[S, 3 D]` dot, and the
-/// slices then read the dot's result itself. nullopt when `x` is no such reshape.
+/// slices then read the dot's result itself. Also a slice of the minor dim alone through a
+/// reshape that keeps it. nullopt when `x` is no such reshape.
 std::optional<ValueId> slice_below_unit_reshape(Graph& g, ValueId x, const Attrs& a) {
     const Op& r = g.producer(x);
     if (r.kind != OpKind::Reshape) return std::nullopt;
     const ValueId src = r.operands[0];
     const auto& in = g.shape(src).dims;
     const auto& out = g.shape(x).dims;
-    if (!degenerate_reshape(g, src, out)) return std::nullopt;
+    if (!degenerate_reshape(g, src, out)) {
+        // A slice of the minor dim alone through a reshape that keeps that dim (GPT-2 at
+        // batch B: its [B S, 3 D] Conv1D output viewed as [B, S, 3 D] and split): the same
+        // columns of every row of the operand.
+        if (in.empty() || out.empty() || in.back() != out.back()) return std::nullopt;
+        for (size_t i = 0; i + 1 < out.size(); ++i)
+            if (a.dims[i] != 0 || a.limits[i] != out[i]) return std::nullopt;
+        std::vector<int64_t> start(in.size(), 0), limit = in, dims = out;
+        start.back() = a.dims.back();
+        limit.back() = a.limits.back();
+        dims.back() = a.limits.back() - a.dims.back();
+        return reshape_to(g, slice(g, src, start, limit), dims);
+    }
     // The slice's bounds on the source's dims: unit dims of the view must be taken whole.
     std::vector<int64_t> start, limit;
     size_t j = 0;
