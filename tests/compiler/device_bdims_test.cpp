@@ -144,15 +144,14 @@ TEST(CompilerBdims, ADotOverTwoBatchDimsOfTiledMatricesBitExact) {
     // [2, 2, 8, 128] x [2, 2, 8, 128] contracting the lanes: each of the 4 batches one tiled
     // matrix of each operand (the batch dims most major), the result [2, 2, 8, 8] one per batch.
     const Shape s = f32({2, 2, 8, 128});
-    const auto st = expect_bit_exact(
-        {{"a", s, {randoms(4096, 61)}}, {"b", s, {randoms(4096, 62)}}},
-        [](Graph& g, const std::vector<ValueId>& v) {
-            return dot(g, v[0], v[1],
-                       DotDims{.lhs_batch = {0, 1},
-                               .rhs_batch = {0, 1},
-                               .lhs_contracting = {3},
-                               .rhs_contracting = {3}});
-        });
+    const auto st = expect_bit_exact({{"a", s, {randoms(4096, 61)}}, {"b", s, {randoms(4096, 62)}}},
+                                     [](Graph& g, const std::vector<ValueId>& v) {
+                                         return dot(g, v[0], v[1],
+                                                    DotDims{.lhs_batch = {0, 1},
+                                                            .rhs_batch = {0, 1},
+                                                            .lhs_contracting = {3},
+                                                            .rhs_contracting = {3}});
+                                     });
     EXPECT_EQ(st.host_fusions, 0u);
 }
 
