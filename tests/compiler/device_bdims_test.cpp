@@ -140,6 +140,34 @@ TEST(CompilerBdims, TheValuesOfABatchOfSequencesHeadsBitExact) {
     EXPECT_EQ(st.host_fusions, 0u);
 }
 
+TEST(CompilerBdims, TheScoresOfSlicesOfOneProjectionAtBatch2BitExact) {
+    // GPT-2 at batch B: c_attn's [B S, 3 D] output viewed as [B, S, 3 D] and split by slices
+    // along its minor dim. Each slice is the slice of the [B S, 3 D] columns, viewed, so head
+    // (b, h) of q is the window at row b S, column h d and of k at D + h d (before: "reshape
+    // before a dot over two batch dims", the slice computed in the dot's fusion).
+    const float ws = 1.0f / std::sqrt(float(kD));
+    const std::vector<Leaf> l{
+        {"x", f32({kB, kS, kD}), {randoms(size_t(kB * kS * kD), 71)}},
+        {"c_attn.weight", f32({kD, 3 * kD}), {randoms(size_t(3 * kD * kD), 72, -ws, ws)}, true},
+        {"c_attn.bias", f32({3 * kD}), {randoms(size_t(3 * kD), 73, -ws, ws)}, true}};
+    const auto st = expect_bit_exact(l, [](Graph& g, const std::vector<ValueId>& v) {
+        DotDims d;
+        d.lhs_contracting = {1};
+        d.rhs_contracting = {0};
+        ValueId y = dot(g, reshape(g, v[0], {kB * kS, kD}), v[1], d);
+        y = add(g, y, broadcast(g, v[2], {kB * kS, 3 * kD}, {1}));
+        const ValueId qkv = reshape(g, y, {kB, kS, 3 * kD});
+        const auto part = [&](int64_t i) {
+            return heads(g, slice(g, qkv, {0, 0, i * kD}, {kB, kS, (i + 1) * kD}));
+        };
+        const ValueId q = part(0), kt = transpose(g, part(1), {0, 1, 3, 2});
+        return reshape(
+            g, dot(g, reshape(g, q, {kB * kH, kS, kd}), reshape(g, kt, {kB * kH, kd, kS}), bmm()),
+            {kB, kH, kS, kS});
+    });
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
 TEST(CompilerBdims, ADotOverTwoBatchDimsOfTiledMatricesBitExact) {
     // [2, 2, 8, 128] x [2, 2, 8, 128] contracting the lanes: each of the 4 batches one tiled
     // matrix of each operand (the batch dims most major), the result [2, 2, 8, 8] one per batch.
