@@ -296,9 +296,15 @@ std::shared_ptr<DotPrologue> plan_prologue(const Graph& g, const Fusion& f, Valu
 /// a reshape of a [R, H x D] array in T(8,128) tiles to [R, H, D] with the batch dim H
 /// (attention's head split: head h is the window of D lanes at column h D, read through with
 /// the array's strides, never copied).
+std::vector<Batch> plan_head_batches(const Graph& g, const Fusion& f);
+
 std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
     const Op& dot = g.op(f.hero);
     const DotDims& d = dot.attrs.dot;
+    if (d.lhs_batch.size() == 2 && d.rhs_batch.size() == 2 &&
+        g.shape(dot.operands[0]).dims[size_t(d.lhs_batch[0])] > 1 &&
+        g.shape(dot.operands[0]).dims[size_t(d.lhs_batch[1])] > 1)
+        return plan_head_batches(g, f);
     // The batch dims of extent one, per side and in the result (batch dims come first there).
     std::vector<int64_t> unit[2], res_unit;
     int64_t bdim[2] = {-1, -1};
@@ -446,6 +452,113 @@ std::vector<Batch> plan_batches(const Graph& g, const Fusion& f) {
                                     : c_interleaved ? uint64_t(x.N * 4)
                                                     : uint64_t(x.M * x.N * 4));
         if (c_interleaved) x.c_row = uint32_t(B * x.N);
+    }
+    return out;
+}
+
+/// The batches of a dot with two batch dims {B, H} of more than one (transformers' attention
+/// at batch B: `[B, H, S, d]` heads that PyTorch views as `[B H, S, d]` for `bmm`, the merge
+/// moved past the dot by simplification), batch (b, h) the b H + h-th. An operand is either
+/// a reshape of a `[B S, W]` array in T(8,128) tiles (a projection, or a slice of its columns)
+/// to `[B, S, H, d]` with batch dims {0, 2}: head (b, h) is the window of rows b S .. (S a
+/// multiple of the tile's 8 rows) and d lanes at column c0 + h d, read with the array's
+/// strides; or a `[B, H, P, Q]` array whose two batch dims are most major and whose matrices
+/// are T(8,128) tiles (the probabilities). The result `[B, H, M, N]` is one tiled or
+/// row-major matrix per head, or untiled as `[B, M, H, N]` (the values, merged back to
+/// `[B S, H d]` by a transpose and a reshape that are then the same bytes): head (b, h)'s
+/// rows H N values apart from value b M H N + h N.
+std::vector<Batch> plan_head_batches(const Graph& g, const Fusion& f) {
+    const Op& dot = g.op(f.hero);
+    const DotDims& d = dot.attrs.dot;
+    if (d.lhs_contracting.size() != 1 || d.rhs_contracting.size() != 1 ||
+        g.shape(dot.operands[0]).rank() != 4 || g.shape(dot.operands[1]).rank() != 4)
+        not_generated(f, "a dot with two batch dims other than a batch of heads' matrices");
+    const int64_t B = g.shape(dot.operands[0]).dims[size_t(d.lhs_batch[0])];
+    const int64_t H = g.shape(dot.operands[0]).dims[size_t(d.lhs_batch[1])];
+    std::vector<Batch> out(size_t(B * H));
+    int64_t dims[2][2];  // per side: free, contracting extent
+    for (int side = 0; side < 2; ++side) {
+        const ValueId v = dot.operands[size_t(side)];
+        const auto& bd = side == 0 ? d.lhs_batch : d.rhs_batch;
+        const int64_t cd = side == 0 ? d.lhs_contracting[0] : d.rhs_contracting[0];
+        const Shape& vs = g.shape(v);
+        int64_t fd = -1;
+        for (int64_t i = 0; i < 4; ++i)
+            if (i != cd && i != bd[0] && i != bd[1]) fd = i;
+        dims[side][0] = vs.dims[size_t(fd)];
+        dims[side][1] = vs.dims[size_t(cd)];
+        for (int64_t i = 0; i < B * H; ++i) {
+            const int64_t b = i / H, h = i % H;
+            Batch::Operand o;
+            bool contracting_minor;  // the matrix's minor (lane) dim is the contracting one
+            if (inside_fusion(f, g, v)) {
+                const Op& r = g.producer(v);
+                ValueId x = r.operands.empty() ? v : r.operands[0];
+                int64_t first = 0;
+                const Op* sl = inside_fusion(f, g, x) ? &g.producer(x) : nullptr;
+                if (sl && sl->kind == OpKind::Slice && !inside_fusion(f, g, sl->operands[0]) &&
+                    g.shape(sl->operands[0]).rank() == 2 && sl->attrs.dims[0] == 0 &&
+                    sl->attrs.limits[0] == g.shape(sl->operands[0]).dims[0]) {
+                    first = sl->attrs.dims[1];
+                    x = sl->operands[0];
+                }
+                const Shape& rs = r.operands.empty() ? vs : g.shape(r.operands[0]);
+                const int64_t S = vs.dims[1], D = vs.dims[3];
+                if (r.kind != OpKind::Reshape || inside_fusion(f, g, x) || rs.rank() != 2 ||
+                    bd != std::vector<int64_t>{0, 2} || rs.dims[0] != B * S ||
+                    rs.dims[1] != H * D || S % 8 != 0)
+                    not_generated(
+                        f, fmt::format("{} before a dot over two batch dims", op_name(r.kind)));
+                o.fv = operand_of(f, x);
+                if (!o.fv || !(o.fv->layout == Layout{{1, 0}, {8, 128}}))
+                    not_generated(f, fmt::format("a head split of an array in layout {}",
+                                                 o.fv ? o.fv->layout.to_string() : "?"));
+                const int64_t col = first + h * D;
+                o.band_tiles = uint32_t((g.shape(x).dims[1] + 127) / 128);
+                o.offset = uint64_t(b * S / 8) * o.band_tiles * 4096 + uint64_t(col / 128) * 4096;
+                o.lane = uint32_t(col % 128);
+                o.prologue.insert(g.value(v).producer);
+                if (x != r.operands[0]) o.prologue.insert(g.value(r.operands[0]).producer);
+                contracting_minor = cd == 3;
+            } else {
+                o.fv = operand_of(f, v);
+                const Layout& l = o.fv->layout;
+                if (bd != std::vector<int64_t>{0, 1} || l.tile != std::vector<int64_t>{8, 128} ||
+                    l.minor_to_major.size() != 4 || l.minor_to_major[2] != 1 ||
+                    l.minor_to_major[3] != 0)
+                    not_generated(f, fmt::format("a dot operand over two batch dims in layout {}",
+                                                 l.to_string()));
+                const auto& mtm = l.minor_to_major;
+                o.offset =
+                    uint64_t(i) * tiled_bytes(vs.dims[size_t(mtm[1])], vs.dims[size_t(mtm[0])]);
+                contracting_minor = cd == mtm[0];
+            }
+            // A (M x K) is row-major when K is minor; W (K x N) when N is.
+            const bool row_major = side == 0 ? contracting_minor : !contracting_minor;
+            o.layout =
+                row_major ? driver::DotLayout::VpuTiles : driver::DotLayout::TransposedVpuTiles;
+            (side == 0 ? out[size_t(i)].a : out[size_t(i)].w) = o;
+        }
+    }
+    if (f.results.size() != 1)
+        not_generated(f, "a dot over two batch dims with more than one result");
+    const Layout& cl = f.results[0].layout;
+    const bool c_tiled = cl == Layout{{3, 2, 1, 0}, {8, 128}};
+    const bool c_interleaved = cl == Layout{{3, 1, 2, 0}, {}};
+    if (!(c_tiled || c_interleaved || cl == row_major(4)))
+        not_generated(
+            f, fmt::format("a dot's result over two batch dims in layout {}", cl.to_string()));
+    for (int64_t i = 0; i < B * H; ++i) {
+        Batch& x = out[size_t(i)];
+        x.M = dims[0][0];
+        x.K = dims[0][1];
+        x.N = dims[1][0];
+        x.c_layout = c_tiled ? driver::DotLayout::VpuTiles : driver::DotLayout::RowMajor;
+        const int64_t b = i / H, h = i % H;
+        x.c_offset = c_tiled         ? uint64_t(i) * tiled_bytes(x.M, x.N)
+                     : c_interleaved ? uint64_t(b * x.M * H * x.N + h * x.N) * 4
+                                     : uint64_t(i * x.M * x.N * 4);
+        if (c_interleaved) x.c_row = uint32_t(H * x.N);
     }
     return out;
 }

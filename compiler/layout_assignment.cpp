@@ -233,8 +233,13 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
                 ((split == nonunit_list(vd) && vd[vd.size() - 2] == xd[xd.size() - 2]) ||
                  (xd.size() == 2 && vd.size() > 2 && tile_rows > 0 &&
                   vd[vd.size() - 2] % tile_rows == 0));
+            // Nor one that splits [B S, H D] into [B, S, H, D] (the heads of a batch of
+            // sequences, read by a dot over the batch dims {B, H} as windows of whole bands).
+            const bool batch_head_split =
+                vd.size() == 2 && split.size() == 4 && split[0] * split[1] == vd[0] &&
+                split[2] * split[3] == vd[1] && tile_rows > 0 && split[1] % tile_rows == 0;
             if (hero.kind == OpKind::Dot && p.kind == OpKind::Reshape && p.operands[0] == v &&
-                !unit_view &&
+                !unit_view && !batch_head_split &&
                 !(g.shape(v).rank() == 2 && split.size() == 3 && split[0] == g.shape(v).dims[0]))
                 return row_major(g.shape(v).rank());
         }

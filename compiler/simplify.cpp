@@ -141,6 +141,40 @@ ValueId rearrange(Graph& g, const Rearranged& r, const std::vector<int64_t>& dim
     return reshape_to(g, x, dims);
 }
 
+/// A dot's operands and dimension numbers with its one batch dim (dim 0 of both sides) split
+/// back into the two dims both operands were reshaped from (`[B H, ..]` of `[B, H, ..]`, B and
+/// H more than one): what the dot reads then is the arrays before the merge (a reshape merging
+/// batch dims is a bitcast in XLA only when the layout allows it; here it need not be one).
+struct Unmerged {
+    DotDims dims;
+    std::vector<ValueId> operands;
+};
+std::optional<Unmerged> unmerged_batch(const Graph& g, const DotDims& d,
+                                       const std::vector<ValueId>& in) {
+    if (d.lhs_batch != std::vector<int64_t>{0} || d.rhs_batch != std::vector<int64_t>{0} ||
+        in.size() != 2)
+        return std::nullopt;
+    Unmerged u;
+    std::vector<int64_t> split;
+    for (ValueId v : in) {
+        const Op& r = g.producer(v);
+        if (r.kind != OpKind::Reshape) return std::nullopt;
+        const auto& src = g.shape(r.operands[0]).dims;
+        const auto& dst = g.shape(v).dims;
+        if (src.size() != dst.size() + 1 || src[0] < 2 || src[1] < 2 || src[0] * src[1] != dst[0] ||
+            !std::equal(dst.begin() + 1, dst.end(), src.begin() + 2))
+            return std::nullopt;
+        const std::vector<int64_t> bh{src[0], src[1]};
+        if (!split.empty() && split != bh) return std::nullopt;
+        split = bh;
+        u.operands.push_back(r.operands[0]);
+    }
+    u.dims.lhs_batch = u.dims.rhs_batch = {0, 1};
+    for (int64_t c : d.lhs_contracting) u.dims.lhs_contracting.push_back(c + 1);
+    for (int64_t c : d.rhs_contracting) u.dims.rhs_contracting.push_back(c + 1);
+    return u;
+}
+
 /// The scalar `v` broadcasts (a rank-0 value or a broadcast of one), or none.
 std::optional<ValueId> splat_of(const Graph& g, ValueId v) {
     if (g.shape(v).rank() == 0) return v;
@@ -189,14 +223,27 @@ std::optional<ValueId> sink_rearrangement(Graph& g, const Op& op, const std::vec
 /// A slice of a reshape that only inserts or deletes unit dims, as the reshape of the slice of
 /// its operand (algebraic_simplifier.cc, TryToReorderSliceAndReshape): transformers' GPT-2
 /// splits q, k, v by slices of the Conv1D's `[1, S, 3 D]` view of its `[S, 3 D]` dot, and the
-/// slices then read the dot's result itself. nullopt when `x` is no such reshape.
+/// slices then read the dot's result itself. Also a slice of the minor dim alone through a
+/// reshape that keeps it. nullopt when `x` is no such reshape.
 std::optional<ValueId> slice_below_unit_reshape(Graph& g, ValueId x, const Attrs& a) {
     const Op& r = g.producer(x);
     if (r.kind != OpKind::Reshape) return std::nullopt;
     const ValueId src = r.operands[0];
     const auto& in = g.shape(src).dims;
     const auto& out = g.shape(x).dims;
-    if (!degenerate_reshape(g, src, out)) return std::nullopt;
+    if (!degenerate_reshape(g, src, out)) {
+        // A slice of the minor dim alone through a reshape that keeps that dim (GPT-2 at
+        // batch B: its [B S, 3 D] Conv1D output viewed as [B, S, 3 D] and split): the same
+        // columns of every row of the operand.
+        if (in.empty() || out.empty() || in.back() != out.back()) return std::nullopt;
+        for (size_t i = 0; i + 1 < out.size(); ++i)
+            if (a.dims[i] != 0 || a.limits[i] != out[i]) return std::nullopt;
+        std::vector<int64_t> start(in.size(), 0), limit = in, dims = out;
+        start.back() = a.dims.back();
+        limit.back() = a.limits.back();
+        dims.back() = a.limits.back() - a.dims.back();
+        return reshape_to(g, slice(g, src, start, limit), dims);
+    }
     // The slice's bounds on the source's dims: unit dims of the view must be taken whole.
     std::vector<int64_t> start, limit;
     size_t j = 0;
@@ -317,8 +364,7 @@ void simplify_op(Rewriter& rw, const Op& op) {
             if (op.kind == OpKind::Reshape) {
                 if (g.shape(in[0]).dims == a.out_dims) return rw.set(op.results[0], in[0]);
                 if (g.producer(in[0]).kind == OpKind::Reshape)
-                    return rw.set(op.results[0],
-                                  reshape(g, g.producer(in[0]).operands[0], a.out_dims));
+                    return rw.set(op.results[0], reshape_to(g, in[0], a.out_dims));
             }
             if (op.kind == OpKind::Transpose) {
                 bool identity = true;
@@ -330,6 +376,16 @@ void simplify_op(Rewriter& rw, const Op& op) {
             if (op.kind == OpKind::Dot) {
                 Attrs na = a;
                 bool changed = false;
+                // A batch dim that merges two (PyTorch's [B, H, S, d] viewed as [B H, S, d] for
+                // bmm) is two batch dims of the arrays before the merge: the dot reads them as
+                // they lie and its result is merged instead (the reshape then moves to where
+                // the result is viewed back as [B, H, ..], and vanishes there), so the transposes
+                // under the merge can fold into the dot.
+                if (auto x = unmerged_batch(g, a.dot, in)) {
+                    na.dot = x->dims;
+                    in = x->operands;
+                    changed = true;
+                }
                 for (int side = 0; side < 2; ++side) {
                     const Op& p = g.producer(in[size_t(side)]);
                     if (p.kind != OpKind::Transpose) continue;
@@ -343,7 +399,11 @@ void simplify_op(Rewriter& rw, const Op& op) {
                     in[size_t(side)] = p.operands[0];
                     changed = true;
                 }
-                if (changed) return rw.set(op.results[0], g.add1(OpKind::Dot, in, na));
+                if (changed) {
+                    const ValueId y = g.add1(OpKind::Dot, in, na);
+                    return rw.set(op.results[0],
+                                  reshape_to(g, y, rw.in().shape(op.results[0]).dims));
+                }
             }
             break;
         case OpClass::Gather:

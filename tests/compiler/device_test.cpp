@@ -441,16 +441,16 @@ TEST(CompilerDevice, FusionKindsNotYetGeneratedAreClearErrors) {
     cg.board = cfg;
     DeviceBackend device(*dev, {0}, cg);
     LazyContext ctx(device);
-    // A dot with two batch dims (one batch of matrices is generated: device_dot_test.cpp): not
-    // yet generated, and said so.
-    const Shape s{DType::F32, {2, 2, 8, 128}};
-    const LazyTensor a = ctx.input("a", s, {std::vector<float>(4096)});
-    const LazyTensor b = ctx.input("b", s, {std::vector<float>(4096)});
+    // A dot with three batch dims (one batch of matrices is generated: device_dot_test.cpp;
+    // two, attention's {B, H}: device_bdims_test.cpp): not yet generated, and said so.
+    const Shape s{DType::F32, {2, 2, 2, 8, 128}};
+    const LazyTensor a = ctx.input("a", s, {std::vector<float>(8192)});
+    const LazyTensor b = ctx.input("b", s, {std::vector<float>(8192)});
     const LazyTensor y = ctx.wrap(dot(ctx.graph(), ctx.value(a), ctx.value(b),
-                                      DotDims{.lhs_batch = {0, 1},
-                                              .rhs_batch = {0, 1},
-                                              .lhs_contracting = {3},
-                                              .rhs_contracting = {3}}));
+                                      DotDims{.lhs_batch = {0, 1, 2},
+                                              .rhs_batch = {0, 1, 2},
+                                              .lhs_contracting = {4},
+                                              .rhs_contracting = {4}}));
     try {
         ctx.mark_step();
         FAIL() << "expected a CompileError";
