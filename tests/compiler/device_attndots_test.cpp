@@ -24,20 +24,6 @@ namespace {
 
 using test::zoo_attention;
 
-/// The steady-state cycles of the attention's two batched dot fusions (scores, values) on one
-/// core, the third step of a LazyContext (values not computed: sim.functional=false).
-std::pair<uint64_t, uint64_t> attention_dot_cycles(int64_t S, int64_t heads, int64_t d) {
-    const auto [step, stats] = test::steady_zoo_attention(S, heads, d);
-    const CompiledStep& s = *step;
-    std::vector<uint64_t> dots;
-    for (size_t i = 0; i < s.fusions.size(); ++i)
-        if (s.fusions[i].hero != kNoOp && s.graph.op(s.fusions[i].hero).kind == OpKind::Dot)
-            dots.push_back(stats.last_fusion_cycles.at(i));
-    EXPECT_EQ(stats.fallback_fusions, 0u);
-    EXPECT_EQ(dots.size(), 3u) << s.to_string();  // the scores, the values, the out projection
-    return {dots.at(0), dots.at(1)};
-}
-
 void expect_attention_bit_exact(int64_t seq, int64_t heads, int64_t d) {
     test::expect_zoo_attention_bit_exact(seq, heads, d, 200);
 }
@@ -80,7 +66,7 @@ TEST(CompilerAttnDots, BertBaseAttentionDotCycles) {
     // over 2 x 128 x 128 per cycle = 6 144 cycles (12 288 with d = 64 filling half the
     // array's depth or width); the HBM, the f32 [12, 512, 512] scores written (or the
     // probabilities read), 12.6 MB at 479.5 B/cycle = 26 245 cycles.
-    const auto [scores, values] = attention_dot_cycles(512, 12, 64);
+    const auto [scores, values] = test::zoo_attention_dot_cycles(512, 12, 64);
     std::cout << fmt::format("[bert attention] scores {} cycles, values {}\n", scores, values);
     EXPECT_GT(scores, 26245u);
     EXPECT_GT(values, 26245u);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -246,6 +247,22 @@ inline SteadyAttention steady_zoo_attention(int64_t S, int64_t heads, int64_t d,
         (void)out;
     }
     return {ctx.last_step(), device.stats()};
+}
+
+/// The steady-state cycles of the zoo attention's two batched dot fusions (scores, values) on
+/// one core: steady_zoo_attention's third step (values not computed). Expects every fusion on
+/// the device and three dots (the scores, the values, the out projection).
+inline std::pair<uint64_t, uint64_t> zoo_attention_dot_cycles(int64_t S, int64_t heads,
+                                                              int64_t d) {
+    const auto [step, stats] = steady_zoo_attention(S, heads, d);
+    const CompiledStep& s = *step;
+    std::vector<uint64_t> dots;
+    for (size_t i = 0; i < s.fusions.size(); ++i)
+        if (s.fusions[i].hero != kNoOp && s.graph.op(s.fusions[i].hero).kind == OpKind::Dot)
+            dots.push_back(stats.last_fusion_cycles.at(i));
+    EXPECT_EQ(stats.fallback_fusions, 0u);
+    EXPECT_EQ(dots.size(), 3u) << s.to_string();
+    return {dots.at(0), dots.at(1)};
 }
 
 }  // namespace tpu::compiler::test
