@@ -229,7 +229,9 @@ TEST(CompilerPyHost2, AGatherOfIdsBroadcastOverTheBatchIsTheBroadcastOfItsRows) 
     g.add_output(record(g, vs));
     const Graph simple = simplify(decompose(g));
     for (const Op& op : simple.ops()) {
-        if (op.kind == OpKind::Gather) EXPECT_EQ(simple.shape(op.operands[1]).elements(), kS);
+        if (op.kind == OpKind::Gather) {
+            EXPECT_EQ(simple.shape(op.operands[1]).elements(), kS);
+        }
     }
     const auto st = expect_bit_exact(leaves, record);
     EXPECT_EQ(st.host_fusions, 0u);
