@@ -1652,7 +1652,11 @@ private:
             for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
         if (!m_ahead && !m_step_ahead && !m_lead) loads(0, first, last, 0, kBoth);
         if (m_k.accumulate) c_loads(first, last);
-        const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
+        // With the next batch's first step loaded beside the last (m_step_ahead, KT >= 4), the
+        // previous batch's stores go after step KT - 1's loads, not in front of them, so the
+        // last batch's last step does not wait behind them.
+        const uint32_t flush_step =
+            m_step_ahead ? std::max<uint32_t>(1, m_KT - 2) : std::min<uint32_t>(1, m_KT - 1);
         // The previous group's epilogue is the VPU's, which also converts each step's operands:
         // all at once it would leave the MXUs idle once the one step issued before it is done
         // (a GELU on two 128-column panels outlasts a step). With a step per panel to spare,
