@@ -176,7 +176,8 @@ bool ahead_apply(const DotKey& k) {
     // keep the per-head loads.
     return k.band_loads && !band_loads_apply(k) && p.a == DotLayout::VpuTiles &&
            p.w == DotLayout::TransposedVpuTiles && k.R == 128 && k.C == 128 &&
-           (p.K == k.R || 2 * p.K == k.R) && p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
+           (p.K == k.R || 2 * p.K == k.R) && p.M <= k.block_rows &&
+           ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
 }
 
 /// Band loads (band_loads_apply) of an even number of K steps: the streamed operand is read two
