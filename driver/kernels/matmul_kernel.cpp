@@ -176,7 +176,8 @@ bool ahead_apply(const DotKey& k) {
     // keep the per-head loads.
     return k.band_loads && !band_loads_apply(k) && p.a == DotLayout::VpuTiles &&
            p.w == DotLayout::TransposedVpuTiles && k.R == 128 && k.C == 128 &&
-           (p.K == k.R || 2 * p.K == k.R) && p.M <= k.block_rows && ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
+           (p.K == k.R || 2 * p.K == k.R) && p.M <= k.block_rows &&
+           ceil_div(p.N, k.C) <= group_width(k) && !k.full_sides;
 }
 
 /// Band loads (band_loads_apply) of an even number of K steps: the streamed operand is read two
@@ -1652,7 +1653,11 @@ private:
             for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
         if (!m_ahead && !m_step_ahead && !m_lead) loads(0, first, last, 0, kBoth);
         if (m_k.accumulate) c_loads(first, last);
-        const uint32_t flush_step = std::min<uint32_t>(1, m_KT - 1);
+        // With the next batch's first step loaded beside the last (m_step_ahead, KT >= 4), the
+        // previous batch's stores go after step KT - 1's loads, not in front of them, so the
+        // last batch's last step does not wait behind them.
+        const uint32_t flush_step =
+            m_step_ahead ? std::max<uint32_t>(1, m_KT - 2) : std::min<uint32_t>(1, m_KT - 1);
         // The previous group's epilogue is the VPU's, which also converts each step's operands:
         // all at once it would leave the MXUs idle once the one step issued before it is done
         // (a GELU on two 128-column panels outlasts a step). With a step per panel to spare,

@@ -8,6 +8,7 @@
 // dot's cycles at BERT-base's shape.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -64,6 +65,38 @@ TEST(CompilerAttn3Device, FourHeadsStoreTheirValuesInPairsBitExact) {
     // four K steps: the pairs alternate between the two C parities (the 2-head test is one pass,
     // the 12-head one at seq 256 two K steps a head).
     expect_attention_bit_exact(512, 4, 64);
+}
+
+/// PyTorchSim's attention as `tpusim op attention --engine compiled` records it (tools/tpusim/
+/// op_runs.cpp): q, k, v [H, S, d], `k q^T / sqrt(d)` [H, keys, queries], softmax over the keys,
+/// `v^T p` [H, d, queries]; on the device (race detector on, one launch) and on the evaluator.
+void expect_pytorchsim_attention_bit_exact(int64_t seq, int64_t heads, int64_t d, uint32_t seed) {
+    const Shape in{DType::F32, {heads, seq, d}};
+    const test::Record record = [d](Graph& g, const std::vector<ValueId>& v) {
+        DotDims sd;
+        sd.lhs_batch = sd.rhs_batch = {0};
+        sd.lhs_contracting = sd.rhs_contracting = {2};
+        const ValueId s = dot(g, v[1], v[0], sd);
+        const ValueId p = softmax(g, div(g, s, full(g, std::sqrt(double(d)), g.shape(s))), 1);
+        DotDims od;
+        od.lhs_batch = od.rhs_batch = {0};
+        od.lhs_contracting = od.rhs_contracting = {1};
+        return dot(g, v[2], p, od);
+    };
+    const size_t n = size_t(heads * seq * d);
+    test::expect_bit_exact({{"q", in, {test::randoms(n, seed + 1)}},
+                            {"k", in, {test::randoms(n, seed + 2)}},
+                            {"v", in, {test::randoms(n, seed + 3)}}},
+                           record);
+}
+
+TEST(CompilerAttn3Device, PyTorchSimsValuesDotStoresAfterItsLastStepsLoadsBitExact) {
+    // `v^T p` at seq 512: four K steps a head, the next head's first step loaded beside the
+    // last (step_ahead_apply), and the previous head's results stored after step 3's loads
+    // are queued (flush_step 2, was 1). Three heads of 64 (one pass, the last head loads
+    // nothing ahead) and four of 32 lanes (each head an array of its own, padded to a tile).
+    expect_pytorchsim_attention_bit_exact(512, 3, 64, 710);
+    expect_pytorchsim_attention_bit_exact(512, 4, 32, 720);
 }
 
 TEST(CompilerAttn3, BertBaseValuesDotStoresPairsOfHeadsTogether) {
