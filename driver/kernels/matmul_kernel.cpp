@@ -658,57 +658,51 @@ private:
     int64_t slot_a() const { return int64_t(m_k.block_rows) * m_k.R * 4; }
     int64_t slot_w() const { return int64_t(m_GW) * m_k.R * m_k.C * 4; }
 
+    /// Emits `load` for the next batch (the next member's, or the next pass's first while passes
+    /// remain; nothing after the last batch): the pass guard, the operands' addresses and lanes
+    /// moved to the next batch's for it and back after. With `swap_slots` the staging slots
+    /// too (head-ahead loads go to the slot this batch does not use).
+    template <class Load>
+    void next_batch(const std::string& name, bool swap_slots, Load&& load) {
+        if (m_next_last && !m_next_guard) return;  // one pass: the last member has no next
+        const isa::Label skip = m_b.label(name + "_none");
+        if (m_next_guard) {
+            const isa::Label more = m_b.label(name + "_more");
+            E(Opcode::Lw, {m_tmp, m_pass_word});
+            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
+            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
+            E(Opcode::Jmp, {skip});
+            m_b.bind(more);
+        }
+        const auto swap = [&] {
+            E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
+            E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
+        };
+        if (swap_slots) swap();
+        advance(m_next.a, m_next.w, 0);
+        const Problem keep = m_p;
+        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
+        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
+        load();
+        m_p = keep;
+        advance(-m_next.a, -m_next.w, 0);
+        if (swap_slots) swap();
+        m_b.bind(skip);
+    }
+
     /// Head-ahead loads (ahead_apply): the next batch's operands (the next member's, or the next
     /// pass's first while passes remain; none after the last batch) into the staging slot this
     /// batch does not use, issued once this batch's own have arrived and before the previous
     /// batch's results are stored, so the DMA engine reads them while this batch converts and
     /// computes and the HBM never waits for a batch's loads between two batches' stores.
     void ahead_next() {
-        if (m_next_last && !m_next_guard) return;  // one pass: the last member has no next
-        if (m_pair && m_mi == 0) return;           // the pair's second member loads the next
-        const isa::Label skip = m_b.label("ahead_none");
-        if (m_next_guard) {
-            const isa::Label more = m_b.label("ahead_more");
-            E(Opcode::Lw, {m_tmp, m_pass_word});
-            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
-            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
-            E(Opcode::Jmp, {skip});
-            m_b.bind(more);
-        }
-        E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
-        E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
-        advance(m_next.a, m_next.w, 0);
-        const Problem keep = m_p;
-        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
-        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
-        loads(0, true, true, 0, kBoth);
-        m_p = keep;
-        advance(-m_next.a, -m_next.w, 0);
-        E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
-        E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
-        m_b.bind(skip);
+        if (m_pair && m_mi == 0) return;  // the pair's second member loads the next
+        next_batch("ahead", true, [&] { loads(0, true, true, 0, kBoth); });
     }
     /// The next batch's first step's operands into slot 0 (step_ahead_apply), beside this
     /// batch's last step; none after the last batch.
     void step_ahead_next() {
-        if (m_next_last && !m_next_guard) return;
-        const isa::Label skip = m_b.label("step_ahead_none");
-        if (m_next_guard) {
-            const isa::Label more = m_b.label("step_ahead_more");
-            E(Opcode::Lw, {m_tmp, m_pass_word});
-            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
-            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
-            E(Opcode::Jmp, {skip});
-            m_b.bind(more);
-        }
-        advance(m_next.a, m_next.w, 0);
-        const Problem keep = m_p;
-        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
-        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
-        loads(0, true, true, 0, kBoth);
-        m_p = keep;
-        advance(-m_next.a, -m_next.w, 0);
-        m_b.bind(skip);
+        next_batch("step_ahead", false, [&] { loads(0, true, true, 0, kBoth); });
     }
 
     /// With head-ahead loads, the held W^T an array of its own in 8 x 128 tiles narrower than a
@@ -728,24 +722,9 @@ private:
             loads(t, first, last, int(t % 2), kA, int(t));
             return;
         }
-        if (m_next_last && !m_next_guard) return;
-        const isa::Label skip = m_b.label("lead_none");
-        if (m_next_guard) {
-            const isa::Label more = m_b.label("lead_more");
-            E(Opcode::Lw, {m_tmp, m_pass_word});
-            E(Opcode::Add, {m_tmp, m_tmp, imm(1)});
-            E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), more});
-            E(Opcode::Jmp, {skip});
-            m_b.bind(more);
-        }
-        advance(m_next.a, m_next.w, 0);
-        const Problem keep = m_p;
-        m_p.a_lane = m_p.lhs ? m_next.w_lane : m_next.a_lane;
-        m_p.w_lane = m_p.lhs ? m_next.a_lane : m_next.w_lane;
-        loads(t - m_KT, true, true, int((t - m_KT) % 2), kA, int(t - m_KT));
-        m_p = keep;
-        advance(-m_next.a, -m_next.w, 0);
-        m_b.bind(skip);
+        next_batch("lead", false, [&] {
+            loads(t - m_KT, true, true, int((t - m_KT) % 2), kA, int(t - m_KT));
+        });
     }
 
     /// A staging address of the streamed (`a`) or the held operand: the slot's in a register
