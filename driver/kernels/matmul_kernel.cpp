@@ -421,25 +421,15 @@ public:
         m_step_ahead = batched() && step_ahead_apply(m_k);
         if (m_step_ahead) {
             // The first batch's first step (step_ahead_next loads each next one's).
-            E(Opcode::Li, {m_row, imm(0)});
-            E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
-            const Problem keep = m_p;
-            m_p.a_lane = m_p.lhs ? members[0].w_lane : members[0].a_lane;
-            m_p.w_lane = m_p.lhs ? members[0].a_lane : members[0].w_lane;
-            loads(0, true, true, 0, kBoth);
-            m_p = keep;
+            first_batch(members[0], [&] { loads(0, true, true, 0, kBoth); });
         }
         m_lead = m_band && band_lead_apply(m_k);
         if (m_lead) {
             // The first batch's first two steps' streamed panels (lead_loads issues the rest).
-            E(Opcode::Li, {m_row, imm(0)});
-            E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
-            const Problem keep = m_p;
-            m_p.a_lane = m_p.lhs ? members[0].w_lane : members[0].a_lane;
-            m_p.w_lane = m_p.lhs ? members[0].a_lane : members[0].w_lane;
-            loads(0, true, true, 0, kA, 0);
-            loads(1, true, true, 1, kA, 1);
-            m_p = keep;
+            first_batch(members[0], [&] {
+                loads(0, true, true, 0, kA, 0);
+                loads(1, true, true, 1, kA, 1);
+            });
         }
         {
             auto streamed = [this](const DotBatch::Member& x) { return m_p.lhs ? x.w : x.a; };
@@ -464,13 +454,7 @@ public:
             m_sw = m_b.reg("ahead.w");
             E(Opcode::Li, {m_sa, imm(0)});
             E(Opcode::Li, {m_sw, imm(0)});
-            E(Opcode::Li, {m_row, imm(0)});
-            E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
-            const Problem keep = m_p;
-            m_p.a_lane = m_p.lhs ? members[0].w_lane : members[0].a_lane;
-            m_p.w_lane = m_p.lhs ? members[0].a_lane : members[0].w_lane;
-            loads(0, true, true, 0, kBoth);
-            m_p = keep;
+            first_batch(members[0], [&] { loads(0, true, true, 0, kBoth); });
         }
         if (loop) {
             passes = m_b.label("dot_passes");
@@ -657,6 +641,18 @@ private:
     /// Bytes from one staging slot to the other: of the streamed operand's, of the held one's.
     int64_t slot_a() const { return int64_t(m_k.block_rows) * m_k.R * 4; }
     int64_t slot_w() const { return int64_t(m_GW) * m_k.R * m_k.C * 4; }
+
+    /// Emits `load` for the first batch, `first`: block row 0, the operands' lanes of `first`.
+    template <class Load>
+    void first_batch(const DotBatch::Member& first, Load&& load) {
+        E(Opcode::Li, {m_row, imm(0)});
+        E(Opcode::Li, {m_rows, imm(int64_t(std::min(m_p.M, m_k.block_rows)))});
+        const Problem keep = m_p;
+        m_p.a_lane = m_p.lhs ? first.w_lane : first.a_lane;
+        m_p.w_lane = m_p.lhs ? first.a_lane : first.w_lane;
+        load();
+        m_p = keep;
+    }
 
     /// Emits `load` for the next batch (the next member's, or the next pass's first while passes
     /// remain; nothing after the last batch): the pass guard, the operands' addresses and lanes
