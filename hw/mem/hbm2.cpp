@@ -770,6 +770,26 @@ uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool
     return mul_div_up(done_tck, m_tck_ps, m_to_core);
 }
 
+template <class Piece>
+void Hbm2Timing::for_each_request(uint64_t start, uint64_t rows, uint64_t row_bytes,
+                                  uint64_t addr, uint64_t stride, uint32_t chunk, uint32_t port,
+                                  Piece&& piece) const {
+    uint64_t before = 0, arrive = start;
+    for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t off = 0; off < row_bytes; off += chunk) {
+            const uint64_t len = std::min<uint64_t>(chunk, row_bytes - off);
+            piece(addr + r * stride + off, len, mul_div_up(arrive, m_core_ps, m_to_tck));
+            before += len;
+            // The next request's arrival: start + floor(before / port), without a division
+            // while the port moves a chunk in a few cycles.
+            if (len <= 4 * uint64_t(port)) {
+                while ((arrive - start + 1) * port <= before) ++arrive;
+            } else {
+                arrive = start + before / port;
+            }
+        }
+}
+
 uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
                                  uint64_t stride, uint32_t chunk, uint32_t port, bool write) {
     if (rows == 0 || row_bytes == 0) return start;
@@ -803,13 +823,12 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
     // row into the next is cut there too: a request's bursts in two rows are served alike
     // as two requests with the same arrival (the closed page policy looks ahead only within
     // a row, and local burst numbers only grow, so no row comes back).
-    uint64_t before = 0, arrive = start, done_tck = 0;
-    for (uint64_t r = 0; r < rows; ++r)
-        for (uint64_t off = 0; off < row_bytes; off += chunk) {
-            const uint64_t len = std::min<uint64_t>(chunk, row_bytes - off);
-            const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
+    uint64_t done_tck = 0;
+    for_each_request(
+        start, rows, row_bytes, addr, stride, chunk, port,
+        [&](uint64_t lo0, uint64_t len, uint64_t arrive_tck) {
             done_tck = std::max(done_tck, arrive_tck);
-            const uint64_t lo0 = addr + r * stride + off, end = lo0 + len;
+            const uint64_t end = lo0 + len;
             for (uint64_t lo = lo0; lo < end;) {
                 const uint64_t hi = std::min(end, (lo | (granule - 1)) + 1);
                 const uint64_t first = lo & ~burst_mask;
@@ -837,15 +856,7 @@ uint64_t Hbm2Timing::access_rows(uint64_t start, uint64_t rows, uint64_t row_byt
                 }
                 lo = hi;
             }
-            before += len;
-            // The next request's arrival: start + floor(before / port), without a division
-            // while the port moves a chunk in a few cycles.
-            if (len <= 4 * uint64_t(port)) {
-                while ((arrive - start + 1) * port <= before) ++arrive;
-            } else {
-                arrive = start + before / port;
-            }
-        }
+        });
     // (2) Each pseudo-channel's runs in order.
     for (size_t p = 0; p < m_runs.size(); ++p) {
         std::vector<Hbm2PseudoChannel::Run>& runs = m_runs[p];
@@ -937,23 +948,15 @@ uint64_t Hbm2Timing::granule_lists(uint64_t start, uint64_t rows, uint64_t row_b
     const uint32_t sh_pcs = std::countr_zero(m_map.pseudo_channels());
     const uint32_t sh_run = sh_granule - std::countr_zero(m_map.burst_bytes());
     for (auto& l : m_granules) l.clear();
-    uint64_t before = 0, arrive = start, done_tck = 0;
-    for (uint64_t r = 0; r < rows; ++r)
-        for (uint64_t off = 0; off < row_bytes; off += chunk) {
-            const uint64_t len = std::min<uint64_t>(chunk, row_bytes - off);
-            const uint64_t arrive_tck = mul_div_up(arrive, m_core_ps, m_to_tck);
-            done_tck = std::max(done_tck, arrive_tck);
-            const uint64_t g0 = (addr + r * stride + off) >> sh_granule;
-            for (uint64_t g = g0, g_end = g0 + (len >> sh_granule); g < g_end; ++g)
-                m_granules[m_map.pseudo_channel_of_granule(g)].push_back({g >> sh_pcs, arrive_tck});
-            before += len;
-            // The next request's arrival, as the general path computes it.
-            if (len <= 4 * uint64_t(port)) {
-                while ((arrive - start + 1) * port <= before) ++arrive;
-            } else {
-                arrive = start + before / port;
-            }
-        }
+    uint64_t done_tck = 0;
+    for_each_request(start, rows, row_bytes, addr, stride, chunk, port,
+                     [&](uint64_t lo, uint64_t len, uint64_t arrive_tck) {
+                         done_tck = std::max(done_tck, arrive_tck);
+                         const uint64_t g0 = lo >> sh_granule;
+                         for (uint64_t g = g0, g_end = g0 + (len >> sh_granule); g < g_end; ++g)
+                             m_granules[m_map.pseudo_channel_of_granule(g)].push_back(
+                                 {g >> sh_pcs, arrive_tck});
+                     });
     const uint32_t count = uint32_t(1) << sh_run;
     const uint64_t row_runs = m_map.bursts_per_bank_row() >> sh_run;
     struct Source {

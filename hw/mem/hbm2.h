@@ -379,6 +379,12 @@ private:
     /// and request cuts on granule boundaries); returns the latest end of data (tCK).
     uint64_t granule_lists(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
                            uint64_t stride, uint32_t chunk, uint32_t port, bool write);
+    /// access_rows' requests in issue order: each row of `rows` (`stride` apart from `addr`) cut
+    /// into requests of at most `chunk` bytes, the port moving `port` bytes a cycle from core
+    /// cycle `start`; calls piece(address, bytes, arrival in tCK) for each.
+    template <class Piece>
+    void for_each_request(uint64_t start, uint64_t rows, uint64_t row_bytes, uint64_t addr,
+                          uint64_t stride, uint32_t chunk, uint32_t port, Piece&& piece) const;
 };
 
 }  // namespace tpu::hw
