@@ -4,7 +4,10 @@
 // temp in one arena, placed by liveness as xla/service/heap_simulator.cc's
 // GlobalDecreasingSizeBestFitHeap places buffers (largest first, each into the smallest gap
 // that no buffer live at the same time uses), sharing an operand's buffer where a loop fusion
-// reads it elementwise for the last time (buffer_assignment.cc, CanShareOperandBufferWithUser).
+// reads it elementwise for the last time or an all-reduce reads it for the last time
+// (buffer_assignment.cc, CanShareOperandBufferWithUser; hlo_dataflow_analysis.cc's
+// GetInPlaceInputOutputPairs lists an async all-reduce's operand and result, kAllReduceStart,
+// as an in-place pair).
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -81,6 +84,20 @@ bool elementwise_path(const Graph& g, const Fusion& f, ValueId o, ValueId r) {
     return reaches;
 }
 
+/// `f` is one all-reduce of `o` into `r`: the ring and torus kernels reduce in their result's
+/// buffer, so r may be o's buffer when o has no later reader (XLA's in-place pair).
+bool collective_pair(const Graph& g, const Fusion& f, ValueId o, ValueId r) {
+    if (f.kind != FusionKind::Collective || f.ops.size() != 1) return false;
+    const Op& op = g.op(f.ops[0]);
+    return op.kind == OpKind::AllReduce && op.operands.size() == 1 && op.operands[0] == o &&
+           op.results.size() == 1 && op.results[0] == r && g.shape(o) == g.shape(r);
+}
+
+/// r may be written over o when f reads o for the last time.
+bool in_place_pair(const Graph& g, const Fusion& f, ValueId o, ValueId r) {
+    return collective_pair(g, f, o, r) || elementwise_path(g, f, o, r);
+}
+
 }  // namespace
 
 void assign_buffers(CompiledStep& step, const CompileOptions& options) {
@@ -120,8 +137,8 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
     }
 
     // (2) Outputs: in place over the parameter they update when every read of the old value
-    // comes no later than the write, and the writer reads it (if at all) elementwise in the same
-    // layout; otherwise an allocation of their own.
+    // comes no later than the write, and the writer reads it (if at all) elementwise or
+    // all-reduces it, in the same layout; otherwise an allocation of their own.
     const auto params = g.leaves(OpKind::Parameter);
     step.outputs.clear();
     for (size_t oi = 0; oi < g.outputs().size(); ++oi) {
@@ -143,7 +160,7 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
             if (in_place && last.count(p)) in_place = last[p] <= w;
             if (in_place)
                 for (const FusionValue& x : f.operands)
-                    if (x.value == p) in_place = elementwise_path(g, f, p, o.value);
+                    if (x.value == p) in_place = in_place_pair(g, f, p, o.value);
             if (in_place) {
                 b.buffer = where.at(p);
             } else {
@@ -158,6 +175,22 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
         }
         step.outputs.push_back(std::move(b));
     }
+    // An output all-reduced from a temp that nothing reads afterwards: the temp is written in the
+    // output's buffer, so the all-reduce reduces where its operand lies (XLA's buffer of an
+    // in-place pair is one allocation, live out or not). Not over a parameter: its old value
+    // may still be read while the temp is live.
+    if (options.reuse_buffers)
+        for (size_t i = 0; i < nf; ++i) {
+            const Fusion& f = step.fusions[i];
+            if (f.operands.size() != 1 || f.results.size() != 1) continue;
+            const ValueId x = f.operands[0].value, y = f.results[0].value;
+            const auto out = where.find(y);
+            if (out == where.end() || out->second.space != BufferRef::Space::Output ||
+                where.count(x) || last.at(x) != i || !collective_pair(g, f, x, y) ||
+                !(g.value(x).layout == g.value(y).layout))
+                continue;
+            where[x] = out->second;
+        }
 
     // (3) Temps: live from their writer to their last reader.
     std::vector<Alloc> allocs;
@@ -171,7 +204,7 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
             const uint64_t bytes =
                 align_up(layout_bytes(g.shape(r.value), g.value(r.value).layout), align);
             const size_t end = last.count(r.value) ? last[r.value] : i;
-            // Reuse an operand's buffer whose last read is this elementwise write.
+            // Reuse an operand's buffer whose last read is this elementwise write or all-reduce.
             size_t shared = allocs.size();
             if (options.reuse_buffers)
                 for (const FusionValue& o : f.operands) {
@@ -181,7 +214,7 @@ void assign_buffers(CompiledStep& step, const CompileOptions& options) {
                     if (a.end != i || a.bytes != bytes ||
                         std::find(taken.begin(), taken.end(), it->second) != taken.end() ||
                         !(g.value(o.value).layout == g.value(r.value).layout) ||
-                        !elementwise_path(g, f, o.value, r.value))
+                        !in_place_pair(g, f, o.value, r.value))
                         continue;
                     shared = it->second;
                     break;

@@ -48,7 +48,9 @@ void emit_delay(isa::Builder& b, uint32_t cycles) {
 }
 
 /// The plan of a collective fusion: an all-reduce of one array over the replicas, in place in
-/// its result buffer (the operand copied there first when they differ).
+/// its result buffer. That is the operand's buffer when nothing reads the operand afterwards
+/// (buffer assignment's in-place pair); else (a later reader, a step input or a parameter) the
+/// operand is copied there first.
 struct CollectiveFusion {
     const FusionValue* x = nullptr;  ///< the operand
     const FusionValue* y = nullptr;  ///< the result

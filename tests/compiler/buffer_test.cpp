@@ -91,5 +91,131 @@ TEST(CompilerBuffers, AParameterUpdateIsInPlaceWhenNothingReadsTheOldValueLater)
     }
 }
 
+/// The step's one collective fusion.
+const Fusion& collective(const CompiledStep& s) {
+    for (const Fusion& f : s.fusions)
+        if (f.kind == FusionKind::Collective) return f;
+    ADD_FAILURE() << "no collective fusion in\n" << s.to_string();
+    return s.fusions.at(0);
+}
+
+/// Every output of `g`'s compiled step on two replicas equals the evaluator's on the graph.
+void expect_values_of_the_graph(const Graph& g, const CompiledStep& s) {
+    const Bindings b = test::random_bindings(g, 2);
+    const auto out = evaluate_compiled(s, b);
+    const auto ref = evaluate(decompose(g), b);
+    for (size_t r = 0; r < 2; ++r)
+        for (size_t i = 0; i < ref[r].size(); ++i)
+            EXPECT_TRUE(test::same_bits(out[r][i], ref[r][i]))
+                << "replica " << r << " output " << i;
+}
+
+TEST(CompilerBuffers, AnAllReduceReducesInItsOperandsBufferWhenNothingReadsItLater) {
+    // a = x W (fusion 0); s = allreduce(a) (fusion 1, a's last read); y = s W2 (fusion 2). The
+    // all-reduce is an in-place op (XLA's in-place input/output pair): s takes a's buffer, so the
+    // temps are one 262 144-byte buffer, live [0, 2], where they were a [0, 1] and s [1, 2], two
+    // buffers live at fusion 1: 524 288 bytes.
+    Graph g;
+    const ValueId x = g.input(kSquare, "x");
+    const ValueId w = g.parameter(kSquare, "w"), w2 = g.parameter(kSquare, "w2");
+    const ValueId s = all_reduce(g, matmul(g, x, w, false, false), 0.5);
+    g.add_output(matmul(g, s, w2, false, false), "y");
+    const CompiledStep st = compile(g);
+    ASSERT_EQ(st.fusions.size(), 3u) << st.to_string();
+    const Fusion& f = collective(st);
+    EXPECT_EQ(f.results[0].buffer.space, BufferRef::Space::Temp);
+    EXPECT_EQ(f.results[0].buffer, f.operands[0].buffer);
+    EXPECT_EQ(st.memory.temp_bytes, 262144u);
+    expect_values_of_the_graph(g, st);
+    // Without buffer reuse each value keeps its own buffer (and the kernel copies first).
+    CompileOptions o;
+    o.reuse_buffers = false;
+    const CompiledStep apart = compile(g, o);
+    EXPECT_NE(collective(apart).results[0].buffer, collective(apart).operands[0].buffer);
+    EXPECT_EQ(apart.memory.temp_bytes, 524288u);
+}
+
+TEST(CompilerBuffers, AnAllReducedOutputHoldsItsOperandWhenNothingReadsItLater) {
+    // y = allreduce(x W) is an output: its own allocation, and x W (a temp that only the
+    // all-reduce reads) is written there, so the all-reduce reduces where it lies; no temps.
+    Graph g;
+    const ValueId x = g.input(kSquare, "x");
+    const ValueId w = g.parameter(kSquare, "w");
+    g.add_output(all_reduce(g, matmul(g, x, w, false, false), 0.5), "y");
+    const CompiledStep st = compile(g);
+    const Fusion& f = collective(st);
+    EXPECT_EQ(f.operands[0].buffer.space, BufferRef::Space::Output);
+    EXPECT_EQ(f.operands[0].buffer, st.outputs[0].buffer);
+    EXPECT_EQ(f.results[0].buffer, st.outputs[0].buffer);
+    EXPECT_EQ(st.fusions[0].results[0].buffer, st.outputs[0].buffer);
+    EXPECT_EQ(st.memory.temp_bytes, 0u);
+    EXPECT_EQ(st.memory.output_bytes, 262144u);
+    expect_values_of_the_graph(g, st);
+}
+
+TEST(CompilerBuffers, AnAllReduceKeepsItsOperandWhenItIsReadLaterOrOutlivesTheStep) {
+    const auto apart = [](const CompiledStep& st) {
+        const Fusion& f = collective(st);
+        return !(f.results[0].buffer == f.operands[0].buffer);
+    };
+    {
+        // a = x W is read again after the all-reduce (z = a W3): s gets a buffer of its own.
+        Graph g;
+        const ValueId x = g.input(kSquare, "x");
+        const ValueId w = g.parameter(kSquare, "w"), w2 = g.parameter(kSquare, "w2");
+        const ValueId w3 = g.parameter(kSquare, "w3");
+        const ValueId a = matmul(g, x, w, false, false);
+        g.add_output(matmul(g, all_reduce(g, a, 0.5), w2, false, false), "y");
+        g.add_output(matmul(g, a, w3, false, false), "z");
+        const CompiledStep st = compile(g);
+        EXPECT_TRUE(apart(st)) << st.to_string();
+        expect_values_of_the_graph(g, st);
+    }
+    {
+        // a is an output too: it must survive the step, so the all-reduce does not take it.
+        Graph g;
+        const ValueId x = g.input(kSquare, "x");
+        const ValueId w = g.parameter(kSquare, "w"), w2 = g.parameter(kSquare, "w2");
+        const ValueId a = matmul(g, x, w, false, false);
+        g.add_output(a, "a");
+        g.add_output(matmul(g, all_reduce(g, a, 0.5), w2, false, false), "y");
+        const CompiledStep st = compile(g);
+        EXPECT_TRUE(apart(st)) << st.to_string();
+        EXPECT_EQ(collective(st).operands[0].buffer.space, BufferRef::Space::Output);
+        expect_values_of_the_graph(g, st);
+    }
+    {
+        // Step inputs and parameters are the runtime's buffers: an all-reduced output of each
+        // has its own allocation.
+        Graph g;
+        g.add_output(all_reduce(g, g.input(kSquare, "x"), 1.0), "y");
+        g.add_output(all_reduce(g, g.parameter(kSquare, "w"), 1.0), "z");
+        const CompiledStep st = compile(g);
+        ASSERT_EQ(st.fusions.size(), 2u) << st.to_string();
+        for (const Fusion& f : st.fusions) {
+            EXPECT_EQ(f.results[0].buffer.space, BufferRef::Space::Output);
+            EXPECT_NE(f.operands[0].buffer.space, BufferRef::Space::Output);
+        }
+        expect_values_of_the_graph(g, st);
+    }
+}
+
+TEST(CompilerBuffers, AnAllReduceUpdatingItsParameterIsInPlace) {
+    // w' = allreduce(w) replaces w, and nothing reads the old w later: written over w, as an
+    // elementwise update is (the all-reduce's operand and result are an in-place pair).
+    Graph g;
+    const ValueId w = g.parameter(kSquare, "w");
+    g.add_output(all_reduce(g, w, 0.5), "w", 0);
+    const CompiledStep st = compile(g);
+    EXPECT_EQ(st.outputs[0].buffer.space, BufferRef::Space::Parameter);
+    EXPECT_EQ(st.memory.output_bytes, 0u);
+    EXPECT_EQ(collective(st).results[0].buffer, collective(st).operands[0].buffer);
+    const Bindings b = test::random_bindings(g, 2);
+    std::vector<std::vector<HostArray>> after;
+    evaluate_compiled(st, b, {}, &after);
+    const auto ref = evaluate(decompose(g), b);
+    for (size_t r = 0; r < 2; ++r) EXPECT_TRUE(test::same_bits(after[r][0], ref[r][0]));
+}
+
 }  // namespace
 }  // namespace tpu::compiler
