@@ -2,6 +2,7 @@
 #include "hw/board.h"
 #include "hw/host/host_link.h"
 #include "hw/ici/ici_network.h"
+#include "hw/mem/hbm_replicas.h"
 #include "hw/mem/hbm_target.h"
 #include "hw/mem/hbm_timing.h"
 
@@ -274,6 +275,9 @@ struct Board::Impl : CoreEnv {
     BoardConfig cfg;
     uint64_t period_ps;
     std::vector<std::unique_ptr<SparseMemory>> hbm, vmem;
+    /// The HBM timing of this rank's cores, served once while their requests agree
+    /// (sim.share_hbm_timing); declared before hbm_timing, whose members refer to it.
+    std::unique_ptr<HbmReplicaGroup> hbm_replicas;
     /// Per core: the HBM timing that the core's DMA and the TLM target share.
     std::vector<std::unique_ptr<HbmTimingModel>> hbm_timing;
     std::vector<std::unique_ptr<HbmTarget>> hbm_targets;
@@ -330,6 +334,10 @@ struct Board::Impl : CoreEnv {
                     "without mpirun");
             cores_per_rank = n / uint32_t(ranks);
         }
+        // This rank's cores are [first_owned, first_owned + cores_per_rank).
+        const uint32_t first_owned = uint32_t(rank) * cores_per_rank;
+        if (cfg.sim.share_hbm_timing && cfg.hbm.model == "hbm2" && cores_per_rank > 1)
+            hbm_replicas = std::make_unique<HbmReplicaGroup>(cfg, cores_per_rank);
         for (uint32_t i = 0; i < n; ++i) {
             // Values live only where something computes with them: not on a timing-only board,
             // not for a core another rank simulates (hw/README.md, "Timing-only mode").
@@ -339,7 +347,8 @@ struct Board::Impl : CoreEnv {
                                                          cfg.hbm.bytes_per_core, backing));
             vmem.push_back(std::make_unique<SparseMemory>(fmt::format("core{}.vmem", i),
                                                           cfg.core.vmem_bytes, backing));
-            hbm_timing.push_back(make_hbm_timing(cfg));
+            hbm_timing.push_back(hbm_replicas && owns(i) ? hbm_replicas->member(i - first_owned)
+                                                         : make_hbm_timing(cfg));
             models.push_back(
                 std::make_unique<CoreModel>(i, cfg, *hbm[i], *vmem[i], this, hbm_timing[i].get()));
             hbm_targets.emplace_back();  // made on request: an unbound socket fails elaboration

@@ -31,6 +31,10 @@ namespace tpu::hw {
       "like a deadlock; bounds a spinning kernel in host time, where max_cycles can mean "      \
       "hours (0 = no limit)",                                                                   \
       .min = 0)                                                                                 \
+    F(bool, share_hbm_timing, true, "",                                                         \
+      "serve the HBM timing of cores whose requests are identical so far once (host time "      \
+      "only: every cycle and statistic is the same; hw/README.md, \"Replicas share their HBM "  \
+      "timing\")")                                                                              \
     F(std::string, log_level, "warn", "", "log verbosity", .choices = "error,warn,info,debug")  \
     F(uint64_t, trace_counter_cycles, 1024, "cycles",                                           \
       "window of the trace's counter tracks (MXU utilisation, HBM GB/s)", .min = 1)

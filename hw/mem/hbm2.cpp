@@ -991,36 +991,44 @@ uint64_t Hbm2Timing::bank_conflicts(size_t i) const {
 }
 
 void Hbm2Timing::register_stats(sim::StatGroup& g) {
+    register_stats_of(g, m_pcs.empty() ? 0 : m_pcs.front().banks(),
+                      [this]() -> const Hbm2Timing& { return *this; });
+}
+
+void Hbm2Timing::register_stats_of(sim::StatGroup& g, size_t banks,
+                                   std::function<const Hbm2Timing&()> model) {
     namespace n = sim::stat_names;
     using sim::StatUnit;
-    auto sum = [this](uint64_t Hbm2PseudoChannel::Counters::*field) {
-        return [this, field] { return counters().*field; };
-    };
     using C = Hbm2PseudoChannel::Counters;
+    auto sum = [model](uint64_t C::*field) {
+        return [model, field] { return model().counters().*field; };
+    };
     g.add(std::string(n::kBursts), "column commands (RD/WR), all pseudo-channels", StatUnit::Count,
           sum(&C::bursts));
     g.add(std::string(n::kRowHits), "bursts that found their row open", StatUnit::Count,
           sum(&C::row_hits));
     g.add(std::string(n::kRowMisses), "bursts that needed an activate first", StatUnit::Count,
-          [this] { return counters().bursts - counters().row_hits; });
+          [model] {
+              const C c = model().counters();
+              return c.bursts - c.row_hits;
+          });
     g.add(std::string(n::kActivates), "ACT commands", StatUnit::Count, sum(&C::activates));
     g.add(std::string(n::kRowConflicts),
           "bursts that found another row open in their bank (explicit PRE commands)",
           StatUnit::Count, sum(&C::precharges));
     g.add(std::string(n::kRefreshes), "REF commands", StatUnit::Count, sum(&C::refreshes));
-    g.add_formula("row_hit_rate", "row_hits / bursts", StatUnit::Ratio, [this] {
-        const C c = counters();
+    g.add_formula("row_hit_rate", "row_hits / bursts", StatUnit::Ratio, [model] {
+        const C c = model().counters();
         return c.bursts ? double(c.row_hits) / double(c.bursts) : 0.0;
     });
     // Per bank index, summed over pseudo-channels: the address hash spreads a stream over
     // banks, and one hot bank shows up here.
-    const size_t banks = m_pcs.empty() ? 0 : m_pcs.front().banks();
     for (size_t i = 0; i < banks; ++i)
         g.add(fmt::format("bank{}_conflicts", i),
               fmt::format("row conflicts in bank {} (group x banks + bank) over all "
                           "pseudo-channels",
                           i),
-              StatUnit::Count, [this, i] { return bank_conflicts(i); });
+              StatUnit::Count, [model, i] { return model().bank_conflicts(i); });
 }
 
 Hbm2PseudoChannel::Counters Hbm2Timing::counters() const {

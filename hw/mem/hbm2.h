@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -327,6 +328,10 @@ public:
     /// a list of their granules (a host-speed shortcut with no timing meaning; for tests).
     uint64_t granule_list_transfers() const { return m_granule_list_transfers; }
     void register_stats(sim::StatGroup& group) override;
+    /// register_stats() of the model `model()` returns when a statistic is read (a member of an
+    /// HbmReplicaGroup reads the model that holds its state then).
+    static void register_stats_of(sim::StatGroup& group, size_t banks,
+                                  std::function<const Hbm2Timing&()> model);
 
 private:
     /// Exact division by a constant through its reciprocal, for dividends below 2^kBits: each

@@ -59,6 +59,35 @@ TEST(Determinism, GemmWritesIdenticalTraceAndStats) {
     expect_deterministic("gemmcsv", "gemm --m 64 --k 64 --n 64 --num-cores 2", ".csv");
 }
 
+TEST(Determinism, SharedHbmTimingChangesNoCycleOrStatistic) {
+    // sim.share_hbm_timing serves the HBM timing of cores with identical requests once
+    // (hw/README.md, "Replicas share their HBM timing"): the stats and the trace's units equal
+    // the unshared run's. The MLP step's cores agree up to their gradient all-reduce and then
+    // part; the GEMM splits one problem over four cores (different addresses from the start);
+    // the single-core run leaves seven stacks idle.
+    const std::string mlp = "model mlp --cores all --batch 64 --train-step --engine compiled";
+    for (const std::string& args : {mlp, std::string("gemm --m 256 --k 512 --n 384 --cores 0-3"),
+                                    std::string("gemm --m 128 --k 128 --n 128")}) {
+        std::string stats[2], trace[2];
+        for (const int share : {0, 1}) {
+            const std::string base = tmp("share" + std::to_string(share));
+            const auto r =
+                tpusim(args + " --set sim.share_hbm_timing=" + (share ? "true" : "false") +
+                       " --stats " + shell_quote(base + ".stats.json") + " --trace " +
+                       shell_quote(base + ".trace.json"));
+            ASSERT_EQ(r.code, 0) << args << "\n" << r.err;
+            stats[share] = slurp(base + ".stats.json");
+            // The trace's metadata repeats the configuration; its events must not differ.
+            const auto t = nlohmann::json::parse(slurp(base + ".trace.json"));
+            trace[share] = t.at("traceEvents").dump();
+        }
+        EXPECT_NE(stats[0].find("row_hits"), std::string::npos) << args;
+        // Compared as booleans: a failure names the command rather than print two large files.
+        EXPECT_TRUE(stats[0] == stats[1]) << args << ": the stats differ";
+        EXPECT_TRUE(trace[0] == trace[1]) << args << ": the trace events differ";
+    }
+}
+
 TEST(Determinism, ReportOfTheSameRunIsIdentical) {
     const std::string base = tmp("rep");
     ASSERT_EQ(
