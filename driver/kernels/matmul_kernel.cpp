@@ -320,6 +320,8 @@ public:
         m_par = m_b.reg("c_parity", 19);
         m_loads[0] = {m_b.flag("loads0", 1), m_b.reg("loads0.count", 20)};
         m_vpu = {m_b.flag("vpu", 2), m_b.reg("vpu.count", 21)};
+        m_vpu2 = m_b.flag("vpu.odd");
+        if (staggered_end()) m_half = m_b.flag("mxu.first_panels");
         // A flag per MXU. Its steps are counted per MXU up to two MXUs (the text kernel's
         // registers); with more, per class of MXUs that run the same steps: the last group's
         // panels (MXUs 0 .. panels(true) - 1) and the others, so the kernel holds two count
@@ -533,7 +535,20 @@ public:
             E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), passes});
         }
         m_mi = 0;  // past the members: the last group (m_c_pair: the last pair) is stored
-        flush("end", 0, 0);
+        if (staggered_end()) {
+            // The last group's first panel of an MXU that runs another one after it is done a
+            // matmul earlier: its epilogue and stores go out while the MXUs finish the others
+            // (m_half counts those matmuls, first_piece() in each execution of the last
+            // group's last step).
+            const uint64_t runs = uint64_t(ceil_div(m_p.M, m_k.block_rows)) * m_k.parts;
+            E(Opcode::Wait, {m_half, imm(int64_t(runs * first_piece()))});
+            stores(true, 0, first_piece());
+            for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, 0);
+            stores(true, first_piece());
+            E(Opcode::Li, {m_pending, imm(0)});
+        } else {
+            flush("end", 0, 0);
+        }
         E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_three) E(Opcode::Wait, {m_stores2.flag, m_stores2.count});
     }
@@ -789,6 +804,13 @@ private:
         once.wait_all();
     }
 
+    /// The last group's panels stored in two pieces at the kernel's end (a 2-D dot whose last
+    /// group has a second panel on some MXU): the first panel of each such MXU as soon as its
+    /// last matmul is done, the rest after the others.
+    bool staggered_end() const { return !batched() && panels(true) > m_k.mxus; }
+    /// The panels of the staggered end's first piece: those whose MXU runs another panel of the
+    /// last group after them (0 .. min(mxus, panels - mxus) - 1).
+    uint32_t first_piece() const { return std::min(m_k.mxus, panels(true) - m_k.mxus); }
     /// MXU m's count class: itself (per MXU), else 0 for the last group's MXUs, 1 for the
     /// others.
     uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < mxus_of(panels(true)) ? 0 : 1); }
@@ -1320,7 +1342,13 @@ private:
                 E(Opcode::Shr, {bands, m_prows, imm(3)});
             }
         }
-        int vpu_ops = 0;
+        // In a batch, C's 8 x 128 tiles go band by band across the group's panels: a band's
+        // tiles lie side by side in HBM, one run of (panels x 4 KiB) per DMA that the HBM
+        // serves in whole open rows (panel by panel, a 4 KiB run of each band opens its rows
+        // for a quarter of them). The 2-D dots keep their panel-by-panel stores.
+        bool band_major =
+            batched() && tiles_out && !lhs && !m_k.store_bf16 && C == 128 && np > m0 + 1;
+        for (uint32_t m = m0; m < np; ++m) band_major = band_major && nn(last, m) == 128;
         // (1) Full sides: each panel's tile of each, the same elements as the result's (on
         // their way since the group's previous flush with DotKey::prefetch_sides).
         if (m_k.full_sides) {
@@ -1328,29 +1356,37 @@ private:
             E(Opcode::Wait, {m_sides.flag, m_sides.count});
         }
         // (2) The epilogue of each panel's tile.
-        isa::Reg columns, tile_rows, count;
+        isa::Reg columns, count;
         if (m_k.column_sides) {
             columns = m_b.reg("columns", 12);
             E(Opcode::Add, {columns, m_pcol, imm(int64_t(m_a.col))});
         }
-        if (lhs) tile_rows = m_b.reg("tile_rows");
         // The transposed tiles have one area: the previous group's stores from it must be
         // done (the last group's flush follows the one inside it with no group between).
         // A later piece of a split flush uses its own panels' area, whose last stores (the
         // previous group's) were done when this group began.
         if ((lhs || mxu_tiles_out) && m0 == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_k.store_bf16 && !lhs) count = m_b.reg("tile_values");
-        auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
-            vpu(op, args);
-            ++vpu_ops;
-        };
-        for (uint32_t m = m0; m < np; ++m) {
+        // Panel m's VPU work, counted on m_vpu or (`odd`) on m_vpu2; returns how many
+        // instructions it issued.
+        const auto epilogue_of = [&](uint32_t m, bool odd) {
+            int ops = 0;
+            auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
+                std::vector<isa::Arg> all(args);
+                all.push_back(odd ? m_vpu2 : m_vpu.flag);
+                m_b.emit(op, all);
+                if (!odd) E(Opcode::Add, {m_vpu.count, m_vpu.count, imm(1)});
+                ++ops;
+            };
             const uint32_t n = nn(last, m);
             const isa::Arg result = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
             isa::Arg tile = result;
             uint32_t cols = n;
             const isa::Reg* rows = &m_prows;
+            // Held only for the epilogue (the stores of the panel before loop over registers).
+            isa::Reg tile_rows;
             if (lhs) {
+                tile_rows = m_b.reg("tile_rows");
                 // C^T's tile (rows x n) back to C's orientation: n rows of T values (the
                 // columns past the block's rows are not stored).
                 tile = imm(int64_t(m_a.tt + m * m_m.cpanel));
@@ -1387,26 +1423,101 @@ private:
                 counted(Opcode::VF2Bf,
                         {imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2)), tile, values});
             }
+            return ops;
+        };
+        // (3) The stores.
+        isa::Reg row_bytes;
+        const auto row_bytes_reg = [&] {
+            if (lhs && !tiles_out && !ttiles_out && !mxu_tiles_out) {
+                row_bytes = m_b.reg("row_bytes");
+                E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
+            }
+        };
+        const Opcode op = store_op(m_C);
+        const auto store_of = [&](uint32_t m) {
+            const uint32_t n = nn(last, m);
+            isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
+            if (lhs && !ttiles_out) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
+            if (m_k.store_bf16) src = imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2));
+            const isa::Arg dst = m_paddr + int64_t(panel_off(m) * e);
+            if (lhs && tiles_out) {
+                lhs_tiles(op, true, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n,
+                          m_stores);
+                return;
+            }
+            if (mxu_tiles_out && lhs) {
+                lhs_mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.c + m * m_m.cpanel, n);
+                return;
+            }
+            if (mxu_tiles_out) {
+                mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n);
+                return;
+            }
+            if (tiles_out && n % 128) {
+                narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar, m_a.c + m * m_m.cpanel,
+                             n, m_stores);
+                return;
+            }
+            if ((tiles_out || ttiles_out) && n > 128) {
+                // A panel wider than a tile (a 256-column MXU): its rows are pieces of n / 128
+                // tiles of each band.
+                tile_columns(op, false, src, dst, bands, uint64_t(n) * 4, uint64_t(band_stride), n,
+                             m_stores);
+                return;
+            }
+            if (lhs && !ttiles_out)
+                E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
+                       m_stores.flag});
+            else if (tiles_out || ttiles_out)
+                E(op, {dst, src, bands, imm(kBandBytes), imm(band_stride), imm(kBandBytes),
+                       m_stores.flag});
+            else
+                E(op,
+                  {dst, src, m_prows, imm(int64_t(n * e)),
+                   imm(int64_t(panels_out ? C * e : cn * e)), imm(int64_t(n * e)), m_stores.flag});
+            E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
+        };
+        // Each panel's stores go out as soon as its own epilogue is done, while the VPU works on
+        // the next panel's, instead of all of them after the last panel's: the group's stores
+        // then start one panel's VPU work after its last matmul rather than the whole group's
+        // (BERT-base's fc_1: the four panels' transposes and epilogues, 1.5 k cycles, in front
+        // of 3 MiB of stores). Consecutive panels count on two VPU flags (m_vpu, m_vpu2), so a
+        // full wait on one covers a panel's work and none of the next one's, whatever order
+        // the VPU finishes them in. Where a panel's VPU work is a transpose or a fused
+        // epilogue (the compiler's dots); the stand-alone matmul's bias add is shorter than
+        // the waits it would add (+2 to +13 cycles on BERT's shapes), so it keeps one wait.
+        const bool pipelined =
+            !band_major && (lhs || ttiles_out || mxu_tiles_out || m_k.overlap_epilogue);
+        if (pipelined) {
+            row_bytes_reg();
+            E(Opcode::Fset, {m_vpu2, imm(0)});
+            int pending_ops = 0, odd_ops = 0;
+            for (uint32_t m = m0; m <= np; ++m) {
+                const bool odd = (m - m0) % 2;
+                const int ops = m < np ? epilogue_of(m, odd) : 0;
+                if (odd) odd_ops += ops;
+                if (m > m0) {
+                    if (pending_ops && odd)  // panel m - 1 counted on m_vpu
+                        E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+                    else if (pending_ops)
+                        E(Opcode::Wait, {m_vpu2, imm(odd_ops)});
+                    store_of(m - 1);
+                }
+                pending_ops = ops;
+            }
+            return;
         }
+        int vpu_ops = 0;
+        for (uint32_t m = m0; m < np; ++m) vpu_ops += epilogue_of(m, false);
         if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
         // The epilogue's registers go back: the stores of C's tiles loop over bands and tiles.
         if (m_k.column_sides) columns.release();
-        if (lhs) tile_rows.release();
-        // (3) The stores.
-        isa::Reg row_bytes;
-        if (lhs && !tiles_out && !ttiles_out && !mxu_tiles_out) {
-            row_bytes = m_b.reg("row_bytes");
-            E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
+        row_bytes_reg();
+        if (!band_major) {
+            for (uint32_t m = m0; m < np; ++m) store_of(m);
+            return;
         }
-        const Opcode op = store_op(m_C);
-        // In a batch, C's 8 x 128 tiles go band by band across the group's panels: a band's
-        // tiles lie side by side in HBM, one run of (panels x 4 KiB) per DMA that the HBM
-        // serves in whole open rows (panel by panel, a 4 KiB run of each band opens its rows
-        // for a quarter of them). The 2-D dots keep their panel-by-panel stores.
-        bool band_major =
-            batched() && tiles_out && !lhs && !m_k.store_bf16 && C == 128 && np > m0 + 1;
-        for (uint32_t m = m0; m < np; ++m) band_major = band_major && nn(last, m) == 128;
-        if (band_major) {
+        {
             const isa::Reg h = m_b.reg("band.hbm"), v = m_b.reg("band.vmem"),
                            end = m_b.reg("band.end");
             E(Opcode::Add, {h, m_paddr, imm(int64_t(panel_off(m0) * e))});
@@ -1421,49 +1532,6 @@ private:
             E(Opcode::Add, {h, h, imm(band_stride)});
             E(Opcode::Add, {v, v, imm(kBandBytes)});
             E(Opcode::Bltu, {v, end, loop});
-        }
-        for (uint32_t m = band_major ? np : m0; m < np; ++m) {
-            const uint32_t n = nn(last, m);
-            isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
-            if (lhs && !ttiles_out) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
-            if (m_k.store_bf16) src = imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2));
-            const isa::Arg dst = m_paddr + int64_t(panel_off(m) * e);
-            if (lhs && tiles_out) {
-                lhs_tiles(op, true, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n,
-                          m_stores);
-                continue;
-            }
-            if (mxu_tiles_out && lhs) {
-                lhs_mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.c + m * m_m.cpanel, n);
-                continue;
-            }
-            if (mxu_tiles_out) {
-                mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n);
-                continue;
-            }
-            if (tiles_out && n % 128) {
-                narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar, m_a.c + m * m_m.cpanel,
-                             n, m_stores);
-                continue;
-            }
-            if ((tiles_out || ttiles_out) && n > 128) {
-                // A panel wider than a tile (a 256-column MXU): its rows are pieces of n / 128
-                // tiles of each band.
-                tile_columns(op, false, src, dst, bands, uint64_t(n) * 4, uint64_t(band_stride), n,
-                             m_stores);
-                continue;
-            }
-            if (lhs && !ttiles_out)
-                E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
-                       m_stores.flag});
-            else if (tiles_out || ttiles_out)
-                E(op, {dst, src, bands, imm(kBandBytes), imm(band_stride), imm(kBandBytes),
-                       m_stores.flag});
-            else
-                E(op,
-                  {dst, src, m_prows, imm(int64_t(n * e)),
-                   imm(int64_t(panels_out ? C * e : cn * e)), imm(int64_t(n * e)), m_stores.flag});
-            E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
         }
     }
     /// With the LHS stationary and C in 8 x 128 tiles: moves the pending columns of an n x T
@@ -1826,6 +1894,9 @@ private:
                     if (end && flagged)
                         E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
                                           imm(fresh ? 0 : 1), m_mxu_flag[m]});
+                    else if (end && last && j + 1 == m_KT && staggered_end() && p < first_piece())
+                        E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
+                                          imm(fresh ? 0 : 1), m_half});
                     else
                         E(Opcode::MxuMm,
                           {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows, imm(fresh ? 0 : 1)});
@@ -1997,6 +2068,10 @@ private:
     isa::Reg m_paddr, m_prows, m_ppar;
     isa::Reg m_cat;  ///< the group's C panels' starting values in HBM (DotKey::accumulate)
     Tally m_loads[2], m_vpu, m_stores, m_sides;
+    /// The VPU work of every other panel of a flush (stores()): reset at each flush's start,
+    /// when nothing counted on it is in flight, so its count is the emitted code's.
+    isa::Flag m_vpu2;
+    isa::Flag m_half;  ///< the last group's first panel of each MXU done (staggered_end)
     isa::Flag m_mxu_flag[kDotMaxMxus];  ///< per MXU: its flagged matmul of each step
     isa::Reg m_mxu_count[kDotMaxMxus];  ///< steps issued, per class (cls)
     bool m_per_mxu = true;              ///< a count per MXU, else per class
