@@ -144,11 +144,11 @@ struct Case {
 };
 
 std::string describe(const Case& t, const DotKey& k) {
-    return fmt::format("{}x{}x{} {} a {} w {} c {} {} T{} gp{} bias{} relu{} res{} bf16{}", t.M, t.K,
-                       t.N, precision_name(t.precision), dot_layout_name(t.a), dot_layout_name(t.w),
-                       dot_layout_name(t.c), t.stationary == Stationary::Lhs ? "lhs" : "rhs",
-                       k.block_rows, k.group_panels, t.f.bias, t.f.relu, t.f.residual,
-                       t.f.store_bf16);
+    return fmt::format("{}x{}x{} {} a {} w {} c {} {} T{} gp{} bias{} relu{} res{} bf16{}", t.M,
+                       t.K, t.N, precision_name(t.precision), dot_layout_name(t.a),
+                       dot_layout_name(t.w), dot_layout_name(t.c),
+                       t.stationary == Stationary::Lhs ? "lhs" : "rhs", k.block_rows,
+                       k.group_panels, t.f.bias, t.f.relu, t.f.residual, t.f.store_bf16);
 }
 
 /// The epilogue body of `f`: bias row, ReLU, residual, in that order (sides: bias first).
@@ -894,6 +894,43 @@ TEST(DotKernel, TheLastGroupIsStoredInTwoPiecesBitExact) {
          .group_panels = 2},
     };
     uint32_t seed = 311;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, TheFirstStepRunsInTwoHalvesBitExact) {
+    // A streamed operand in the MXU's tiles (a weight: A stored transposed in tiles with the RHS
+    // stationary, W in tiles with the LHS), bf16: the kernel's first step converts and streams
+    // the first half of its panel while the second half arrives, the first panel of each MXU
+    // going on with the second half's rows on the same weights. A short first block (a padded
+    // last tile), several blocks, a single and a double panel per MXU, every epilogue side.
+    const std::vector<Case> cases = {
+        {.M = 300,
+         .K = 256,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedTiles,
+         .f = kAll,
+         .block_rows = 384},
+        {.M = 200,
+         .K = 384,
+         .N = 520,
+         .precision = Precision::Bf16,
+         .w = DotLayout::Tiles,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu,
+         .block_rows = 256},
+        {.M = 390,
+         .K = 256,
+         .N = 1000,
+         .precision = Precision::Bf16,
+         .w = DotLayout::Tiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 512,
+         .group_panels = 2},
+    };
+    uint32_t seed = 411;
     auto dev = open_checked();
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
 }
