@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -320,6 +321,9 @@ public:
         m_par = m_b.reg("c_parity", 19);
         m_loads[0] = {m_b.flag("loads0", 1), m_b.reg("loads0.count", 20)};
         m_vpu = {m_b.flag("vpu", 2), m_b.reg("vpu.count", 21)};
+        if (!batched()) m_vpu2 = m_b.flag("vpu.odd");  // stores(): a batch keeps one wait
+        if (staggered_end()) m_half = m_b.flag("mxu.first_panels");
+        if (split_start()) m_half0 = m_b.flag("loads.second_half");
         // A flag per MXU. Its steps are counted per MXU up to two MXUs (the text kernel's
         // registers); with more, per class of MXUs that run the same steps: the last group's
         // panels (MXUs 0 .. panels(true) - 1) and the others, so the kernel holds two count
@@ -465,6 +469,7 @@ public:
             // sides in the other slot (the previous part's last group is flushed during this
             // part's first group).
             for (uint32_t i = 0; i < m_k.parts; ++i) {
+                m_part = i;
                 if (i > 0) {
                     m_rebind(i);
                     m_col_slot = i % 2;
@@ -533,7 +538,20 @@ public:
             E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), passes});
         }
         m_mi = 0;  // past the members: the last group (m_c_pair: the last pair) is stored
-        flush("end", 0, 0);
+        if (staggered_end()) {
+            // The last group's first panel of an MXU that runs another one after it is done a
+            // matmul earlier: its epilogue and stores go out while the MXUs finish the others
+            // (m_half counts those matmuls, first_piece() in each execution of the last
+            // group's last step).
+            const uint64_t runs = uint64_t(ceil_div(m_p.M, m_k.block_rows)) * m_k.parts;
+            E(Opcode::Wait, {m_half, imm(int64_t(runs * first_piece()))});
+            stores(true, 0, first_piece());
+            for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, 0);
+            stores(true, first_piece());
+            E(Opcode::Li, {m_pending, imm(0)});
+        } else {
+            flush("end", 0, 0);
+        }
         E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_three) E(Opcode::Wait, {m_stores2.flag, m_stores2.count});
     }
@@ -789,6 +807,23 @@ private:
         once.wait_all();
     }
 
+    /// The last group's panels stored in two pieces at the kernel's end (a 2-D dot whose last
+    /// group has a second panel on some MXU): the first panel of each such MXU as soon as its
+    /// last matmul is done, the rest after the others.
+    bool staggered_end() const { return !batched() && panels(true) > m_k.mxus; }
+    /// The kernel's first step runs in two halves of its streamed panel (first_step_in_halves):
+    /// a single bf16 dot (or merged dot) streaming an fp32 operand from its MXU tiles (a weight)
+    /// past staged held tiles, at least two tiles of streamed rows in the first block and a
+    /// second K step, no prologue.
+    bool split_start() const {
+        return !batched() && m_P == 1 && m_p.a == DotLayout::TransposedTiles && staged(m_p.w) &&
+               m_A.kind == Operand::Kind::Hbm && !m_pro.streamed && !m_pro.held &&
+               !m_k.accumulate && m_KT >= 2 && m_p.K >= m_k.R && m_k.R == m_k.C &&
+               std::min(m_p.M, m_k.block_rows) >= 2 * m_k.R;
+    }
+    /// The panels of the staggered end's first piece: those whose MXU runs another panel of the
+    /// last group after them (0 .. min(mxus, panels - mxus) - 1).
+    uint32_t first_piece() const { return std::min(m_k.mxus, panels(true) - m_k.mxus); }
     /// MXU m's count class: itself (per MXU), else 0 for the last group's MXUs, 1 for the
     /// others.
     uint32_t cls(uint32_t m) const { return m_per_mxu ? m : (m < mxus_of(panels(true)) ? 0 : 1); }
@@ -1320,7 +1355,13 @@ private:
                 E(Opcode::Shr, {bands, m_prows, imm(3)});
             }
         }
-        int vpu_ops = 0;
+        // In a batch, C's 8 x 128 tiles go band by band across the group's panels: a band's
+        // tiles lie side by side in HBM, one run of (panels x 4 KiB) per DMA that the HBM
+        // serves in whole open rows (panel by panel, a 4 KiB run of each band opens its rows
+        // for a quarter of them). The 2-D dots keep their panel-by-panel stores.
+        bool band_major =
+            batched() && tiles_out && !lhs && !m_k.store_bf16 && C == 128 && np > m0 + 1;
+        for (uint32_t m = m0; m < np; ++m) band_major = band_major && nn(last, m) == 128;
         // (1) Full sides: each panel's tile of each, the same elements as the result's (on
         // their way since the group's previous flush with DotKey::prefetch_sides).
         if (m_k.full_sides) {
@@ -1328,29 +1369,37 @@ private:
             E(Opcode::Wait, {m_sides.flag, m_sides.count});
         }
         // (2) The epilogue of each panel's tile.
-        isa::Reg columns, tile_rows, count;
+        isa::Reg columns, count;
         if (m_k.column_sides) {
             columns = m_b.reg("columns", 12);
             E(Opcode::Add, {columns, m_pcol, imm(int64_t(m_a.col))});
         }
-        if (lhs) tile_rows = m_b.reg("tile_rows");
         // The transposed tiles have one area: the previous group's stores from it must be
         // done (the last group's flush follows the one inside it with no group between).
         // A later piece of a split flush uses its own panels' area, whose last stores (the
         // previous group's) were done when this group began.
         if ((lhs || mxu_tiles_out) && m0 == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_k.store_bf16 && !lhs) count = m_b.reg("tile_values");
-        auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
-            vpu(op, args);
-            ++vpu_ops;
-        };
-        for (uint32_t m = m0; m < np; ++m) {
+        // Panel m's VPU work, counted on m_vpu or (`odd`) on m_vpu2; returns how many
+        // instructions it issued.
+        const auto epilogue_of = [&](uint32_t m, bool odd) {
+            int ops = 0;
+            auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
+                std::vector<isa::Arg> all(args);
+                all.push_back(odd ? m_vpu2 : m_vpu.flag);
+                m_b.emit(op, all);
+                if (!odd) E(Opcode::Add, {m_vpu.count, m_vpu.count, imm(1)});
+                ++ops;
+            };
             const uint32_t n = nn(last, m);
             const isa::Arg result = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
             isa::Arg tile = result;
             uint32_t cols = n;
             const isa::Reg* rows = &m_prows;
+            // Held only for the epilogue (the stores of the panel before loop over registers).
+            isa::Reg tile_rows;
             if (lhs) {
+                tile_rows = m_b.reg("tile_rows");
                 // C^T's tile (rows x n) back to C's orientation: n rows of T values (the
                 // columns past the block's rows are not stored).
                 tile = imm(int64_t(m_a.tt + m * m_m.cpanel));
@@ -1387,26 +1436,102 @@ private:
                 counted(Opcode::VF2Bf,
                         {imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2)), tile, values});
             }
+            return ops;
+        };
+        // (3) The stores.
+        isa::Reg row_bytes;
+        const auto row_bytes_reg = [&] {
+            if (lhs && !tiles_out && !ttiles_out && !mxu_tiles_out) {
+                row_bytes = m_b.reg("row_bytes");
+                E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
+            }
+        };
+        const Opcode op = store_op(m_C);
+        const auto store_of = [&](uint32_t m) {
+            const uint32_t n = nn(last, m);
+            isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
+            if (lhs && !ttiles_out) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
+            if (m_k.store_bf16) src = imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2));
+            const isa::Arg dst = m_paddr + int64_t(panel_off(m) * e);
+            if (lhs && tiles_out) {
+                lhs_tiles(op, true, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n,
+                          m_stores);
+                return;
+            }
+            if (mxu_tiles_out && lhs) {
+                lhs_mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.c + m * m_m.cpanel, n);
+                return;
+            }
+            if (mxu_tiles_out) {
+                mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n);
+                return;
+            }
+            if (tiles_out && n % 128) {
+                narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar, m_a.c + m * m_m.cpanel,
+                             n, m_stores);
+                return;
+            }
+            if ((tiles_out || ttiles_out) && n > 128) {
+                // A panel wider than a tile (a 256-column MXU): its rows are pieces of n / 128
+                // tiles of each band.
+                tile_columns(op, false, src, dst, bands, uint64_t(n) * 4, uint64_t(band_stride), n,
+                             m_stores);
+                return;
+            }
+            if (lhs && !ttiles_out)
+                E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
+                       m_stores.flag});
+            else if (tiles_out || ttiles_out)
+                E(op, {dst, src, bands, imm(kBandBytes), imm(band_stride), imm(kBandBytes),
+                       m_stores.flag});
+            else
+                E(op,
+                  {dst, src, m_prows, imm(int64_t(n * e)),
+                   imm(int64_t(panels_out ? C * e : cn * e)), imm(int64_t(n * e)), m_stores.flag});
+            E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
+        };
+        // Each panel's stores go out as soon as its own epilogue is done, while the VPU works on
+        // the next panel's, instead of all of them after the last panel's: the group's stores
+        // then start one panel's VPU work after its last matmul rather than the whole group's
+        // (BERT-base's fc_1: the four panels' transposes and epilogues, 1.5 k cycles, in front
+        // of 3 MiB of stores). Consecutive panels count on two VPU flags (m_vpu, m_vpu2), so a
+        // full wait on one covers a panel's work and none of the next one's, whatever order
+        // the VPU finishes them in. Where a panel's VPU work is a transpose or a fused
+        // epilogue (the compiler's 2-D dots); the stand-alone matmul's bias add is shorter than
+        // the waits it would add (+2 to +13 cycles on BERT's shapes), so it keeps one wait, and
+        // a batch (attention's heads) keeps its own order of stores.
+        const bool pipelined =
+            !batched() && (lhs || ttiles_out || mxu_tiles_out || m_k.overlap_epilogue);
+        if (pipelined) {
+            row_bytes_reg();
+            if (np > m0 + 1) E(Opcode::Fset, {m_vpu2, imm(0)});
+            int pending_ops = 0, odd_ops = 0;
+            for (uint32_t m = m0; m <= np; ++m) {
+                const bool odd = (m - m0) % 2;
+                const int ops = m < np ? epilogue_of(m, odd) : 0;
+                if (odd) odd_ops += ops;
+                if (m > m0) {
+                    if (pending_ops && odd)  // panel m - 1 counted on m_vpu
+                        E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+                    else if (pending_ops)
+                        E(Opcode::Wait, {m_vpu2, imm(odd_ops)});
+                    store_of(m - 1);
+                }
+                pending_ops = ops;
+            }
+            return;
         }
+        int vpu_ops = 0;
+        for (uint32_t m = m0; m < np; ++m) vpu_ops += epilogue_of(m, false);
         if (vpu_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
         // The epilogue's registers go back: the stores of C's tiles loop over bands and tiles.
         if (m_k.column_sides) columns.release();
-        if (lhs) tile_rows.release();
-        // (3) The stores.
-        isa::Reg row_bytes;
-        if (lhs && !tiles_out && !ttiles_out && !mxu_tiles_out) {
-            row_bytes = m_b.reg("row_bytes");
-            E(Opcode::Mul, {row_bytes, m_prows, imm(int64_t(e))});
+        row_bytes_reg();
+        if (!band_major) {
+            for (uint32_t m = m0; m < np; ++m) store_of(m);
+            return;
         }
-        const Opcode op = store_op(m_C);
-        // In a batch, C's 8 x 128 tiles go band by band across the group's panels: a band's
-        // tiles lie side by side in HBM, one run of (panels x 4 KiB) per DMA that the HBM
-        // serves in whole open rows (panel by panel, a 4 KiB run of each band opens its rows
-        // for a quarter of them). The 2-D dots keep their panel-by-panel stores.
-        bool band_major =
-            batched() && tiles_out && !lhs && !m_k.store_bf16 && C == 128 && np > m0 + 1;
-        for (uint32_t m = m0; m < np; ++m) band_major = band_major && nn(last, m) == 128;
-        if (band_major) {
+        {
             const isa::Reg h = m_b.reg("band.hbm"), v = m_b.reg("band.vmem"),
                            end = m_b.reg("band.end");
             E(Opcode::Add, {h, m_paddr, imm(int64_t(panel_off(m0) * e))});
@@ -1421,49 +1546,6 @@ private:
             E(Opcode::Add, {h, h, imm(band_stride)});
             E(Opcode::Add, {v, v, imm(kBandBytes)});
             E(Opcode::Bltu, {v, end, loop});
-        }
-        for (uint32_t m = band_major ? np : m0; m < np; ++m) {
-            const uint32_t n = nn(last, m);
-            isa::Arg src = m_ppar + int64_t(m_a.c + m * m_m.cpanel);
-            if (lhs && !ttiles_out) src = imm(int64_t(m_a.tt + m * m_m.cpanel));
-            if (m_k.store_bf16) src = imm(int64_t(m_a.bf + uint64_t(m) * T * C * 2));
-            const isa::Arg dst = m_paddr + int64_t(panel_off(m) * e);
-            if (lhs && tiles_out) {
-                lhs_tiles(op, true, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n,
-                          m_stores);
-                continue;
-            }
-            if (mxu_tiles_out && lhs) {
-                lhs_mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.c + m * m_m.cpanel, n);
-                continue;
-            }
-            if (mxu_tiles_out) {
-                mxu_tiles(op, m_paddr, panel_off(m) * e, m_a.tt + m * m_m.cpanel, n);
-                continue;
-            }
-            if (tiles_out && n % 128) {
-                narrow_bands(op, true, m_paddr, panel_off(m) * e, &m_ppar, m_a.c + m * m_m.cpanel,
-                             n, m_stores);
-                continue;
-            }
-            if ((tiles_out || ttiles_out) && n > 128) {
-                // A panel wider than a tile (a 256-column MXU): its rows are pieces of n / 128
-                // tiles of each band.
-                tile_columns(op, false, src, dst, bands, uint64_t(n) * 4, uint64_t(band_stride), n,
-                             m_stores);
-                continue;
-            }
-            if (lhs && !ttiles_out)
-                E(op, {dst, src, imm(n), row_bytes, imm(int64_t(cn * e)), imm(int64_t(T * e)),
-                       m_stores.flag});
-            else if (tiles_out || ttiles_out)
-                E(op, {dst, src, bands, imm(kBandBytes), imm(band_stride), imm(kBandBytes),
-                       m_stores.flag});
-            else
-                E(op,
-                  {dst, src, m_prows, imm(int64_t(n * e)),
-                   imm(int64_t(panels_out ? C * e : cn * e)), imm(int64_t(n * e)), m_stores.flag});
-            E(Opcode::Add, {m_stores.count, m_stores.count, imm(1)});
         }
     }
     /// With the LHS stationary and C in 8 x 128 tiles: moves the pending columns of an n x T
@@ -1626,8 +1708,6 @@ private:
         // or the one before.
         if (w_direct)
             for (uint32_t m = 0; m < mxus_of(nm); ++m) wait_mxu(m, m_KT % 2 ? 0 : 1);
-        if (!m_ahead && !m_step_ahead && !m_lead) loads(0, first, last, 0, kBoth);
-        if (m_k.accumulate) c_loads(first, last);
         // With the next batch's first step loaded beside the last (m_step_ahead, KT >= 4), the
         // previous batch's stores go after step KT - 1's loads, not in front of them, so the
         // last batch's last step does not wait behind them.
@@ -1657,6 +1737,64 @@ private:
                 full_loads(last, m, m + 1, nullptr);
             }
         };
+        // The held tiles of step j (staged in `slot`): transposed where they lie so, converted
+        // into the bf16 slot the MXUs load.
+        const auto held_converts = [&](uint32_t j, int slot) {
+            const uint32_t k = kk(j);
+            for (uint32_t m = 0; m < nm; ++m) {
+                const uint32_t n = nn(last, m);
+                uint64_t x = wstage(slot, m);
+                if (m_p.w == DotLayout::Transposed || m_p.w == DotLayout::TransposedTiles) {
+                    const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
+                    vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
+                    x = tt;
+                } else if (m_p.w == DotLayout::TransposedVpuTiles && narrow_held()) {
+                    const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
+                    vpu(Opcode::VTrans, {imm(int64_t(tt)), staged_at(false, x), imm(n), imm(k)});
+                    x = tt;
+                } else if (m_p.w == DotLayout::TransposedVpuTiles) {
+                    // Each n x 128 piece to 128 rows of n, one below the other: the first k
+                    // rows of the transposes are the tile's.
+                    const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
+                    for (uint32_t s = 0; s < vtiles(k); ++s)
+                        vpu(Opcode::VTrans, {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
+                                             staged_at(false, x + s * wsub(n)), imm(n), imm(128)});
+                    x = tt + uint64_t(m_p.w_lane) * n * 4;
+                }
+                if (m_pro.held) {
+                    // The panel's first column: a middle group's is in group_col (x 4).
+                    const int64_t col = int64_t(m) * m_k.C +
+                                        (last && !first ? int64_t(m_G - 1) * m_k.mxus * m_k.C : 0);
+                    const bool mid = !first && !last;
+                    m_pro.held(
+                        {m_b, imm(int64_t(x)), imm(k), n,
+                         [&, col, mid](const isa::Reg& d) {
+                             if (mid)
+                                 E(Opcode::Add, {d, m_col, imm(col * 4)});
+                             else
+                                 E(Opcode::Li, {d, imm(col * 4)});
+                         },
+                         [&](Opcode op, std::initializer_list<isa::Arg> args) { vpu(op, args); },
+                         m_member});
+                }
+                convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, imm(int64_t(x)),
+                        imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
+            }
+        };
+        // The kernel's first step in two halves (split_start): only block 0 of part 0 runs it.
+        const bool halves = first && m_part == 0 && split_start();
+        std::optional<isa::Label> later_block, first_step_done;
+        if (halves) {
+            later_block = m_b.label("later_block");
+            first_step_done = m_b.label("first_step_done");
+            E(Opcode::Bne, {m_row, imm(0), *later_block});
+            first_step_in_halves(last, held_converts);
+            prefetch(0);
+            E(Opcode::Jmp, {*first_step_done});
+            m_b.bind(*later_block);
+        }
+        if (!m_ahead && !m_step_ahead && !m_lead) loads(0, first, last, 0, kBoth);
+        if (m_k.accumulate) c_loads(first, last);
         for (uint32_t j = 0; j < m_KT; ++j) {
             const int slot = int(j % 2);
             const uint32_t k = kk(j);
@@ -1755,49 +1893,7 @@ private:
                             imm(int64_t(k) * m_k.C), m_a.wf, m_a.wr1, m_a.wr2);
                 }
             else if (w_staged)
-                for (uint32_t m = 0; m < nm; ++m) {
-                    const uint32_t n = nn(last, m);
-                    uint64_t x = wstage(slot, m);
-                    if (m_p.w == DotLayout::Transposed || m_p.w == DotLayout::TransposedTiles) {
-                        const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
-                        vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(x)), imm(n), imm(k)});
-                        x = tt;
-                    } else if (m_p.w == DotLayout::TransposedVpuTiles && narrow_held()) {
-                        const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
-                        vpu(Opcode::VTrans,
-                            {imm(int64_t(tt)), staged_at(false, x), imm(n), imm(k)});
-                        x = tt;
-                    } else if (m_p.w == DotLayout::TransposedVpuTiles) {
-                        // Each n x 128 piece to 128 rows of n, one below the other: the first k
-                        // rows of the transposes are the tile's.
-                        const uint64_t tt = m_a.wtt + uint64_t(m) * R * m_k.C * 4;
-                        for (uint32_t s = 0; s < vtiles(k); ++s)
-                            vpu(Opcode::VTrans,
-                                {imm(int64_t(tt + uint64_t(s) * 128 * n * 4)),
-                                 staged_at(false, x + s * wsub(n)), imm(n), imm(128)});
-                        x = tt + uint64_t(m_p.w_lane) * n * 4;
-                    }
-                    if (m_pro.held) {
-                        // The panel's first column: a middle group's is in group_col (x 4).
-                        const int64_t col =
-                            int64_t(m) * m_k.C +
-                            (last && !first ? int64_t(m_G - 1) * m_k.mxus * m_k.C : 0);
-                        const bool mid = !first && !last;
-                        m_pro.held({m_b, imm(int64_t(x)), imm(k), n,
-                                    [&, col, mid](const isa::Reg& d) {
-                                        if (mid)
-                                            E(Opcode::Add, {d, m_col, imm(col * 4)});
-                                        else
-                                            E(Opcode::Li, {d, imm(col * 4)});
-                                    },
-                                    [&](Opcode op, std::initializer_list<isa::Arg> args) {
-                                        vpu(op, args);
-                                    },
-                                    m_member});
-                    }
-                    convert([&](int q) { return imm(int64_t(wbf(slot, m, q))); }, imm(int64_t(x)),
-                            imm(int64_t(k) * n), m_a.wf, m_a.wr1, m_a.wr2);
-                }
+                held_converts(j, slot);
             // The previous group's results leave after this step's transfers are queued, so
             // the in-order DMA engine does not hold the next tiles behind them. In a batch of
             // one K step a group, after its matmuls: the VPU's epilogue then runs beside them.
@@ -1826,6 +1922,9 @@ private:
                     if (end && flagged)
                         E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
                                           imm(fresh ? 0 : 1), m_mxu_flag[m]});
+                    else if (end && last && j + 1 == m_KT && staggered_end() && p < first_piece())
+                        E(Opcode::MxuMm, {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows,
+                                          imm(fresh ? 0 : 1), m_half});
                     else
                         E(Opcode::MxuMm,
                           {imm(m), dst, imm(int64_t(abf(pa, j))), m_rows, imm(fresh ? 0 : 1)});
@@ -1855,6 +1954,7 @@ private:
                 }
             }
             prefetch(j);
+            if (j == 0 && halves) m_b.bind(*first_step_done);
         }
         // m_c_pair: the pair's first member's results wait in the C parity for the second's.
         if (m_c_pair && m_mi == 0) return;
@@ -1878,6 +1978,73 @@ private:
         if (m_ahead && (!m_pair || m_mi == 1)) {  // the next batch's operands: the other slot
             E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
             E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
+        }
+    }
+
+    /// The kernel's first step (block 0 of part 0) with its streamed panel in two halves
+    /// (split_start): step 0's held tiles, then the panel's first half and its second half on a
+    /// flag of its own, then step 1's loads; the first panel of each MXU starts on the first
+    /// half's rows as soon as they and the held tiles are in, and goes on with the second half's
+    /// rows on the same weights (an mm after an mm keeps the array's tile: no drain between
+    /// them); the other panels follow on the whole panel. Nothing runs before it, so no MXU or
+    /// store waits; the same products in the same order as one step of the whole panel.
+    template <class HeldConverts>
+    void first_step_in_halves(bool last, const HeldConverts& held_converts) {
+        const uint32_t R = m_k.R, k = kk(0), nm = panels(last);
+        const uint32_t rows0 = std::min(m_p.M, m_k.block_rows), h = ceil_div(rows0, R) / 2 * R;
+        const uint64_t tile = uint64_t(R) * R * 4, at = m_a.astage;
+        const Opcode op = load_op(m_A);
+        loads(0, true, last, 0, kW);
+        E(op, {imm(int64_t(at)), m_A.value, imm(h / R), imm(int64_t(tile)), imm(int64_t(tile)),
+               imm(int64_t(tile)), m_loads[0].flag});
+        E(Opcode::Add, {m_loads[0].count, m_loads[0].count, imm(1)});
+        E(op, {imm(int64_t(at + h / R * tile)), m_A.value + int64_t(h / R * tile),
+               imm(ceil_div(rows0 - h, R)), imm(int64_t(tile)), imm(int64_t(tile)),
+               imm(int64_t(tile)), m_half0});
+        loads(1, true, last, 1, kBoth);
+        // Rows [r0, r1) of the panel: each R x R tile to R rows of k values, then bf16.
+        const auto convert_rows = [&](uint32_t r0, uint32_t r1) {
+            for (uint32_t t = r0 / R; t < ceil_div(r1, R); ++t)
+                vpu(Opcode::VTrans, {imm(int64_t(m_a.att + t * tile)), imm(int64_t(at + t * tile)),
+                                     imm(R), imm(R)});
+            convert([&](int q) { return imm(int64_t(abf(q, 0) + uint64_t(r0) * k * 2)); },
+                    imm(int64_t(m_a.att + uint64_t(r0) * k * 4)), imm(int64_t(r1 - r0) * k), m_a.af,
+                    m_a.ar1, m_a.ar2);
+        };
+        const uint32_t firsts = std::min(m_k.mxus, nm);
+        const auto mm = [&](uint32_t p, uint32_t r0, isa::Arg rows) {
+            const uint32_t m = p % m_k.mxus;
+            const bool flagged = p + m_k.mxus >= nm && (r0 > 0 || p >= firsts);
+            const isa::Arg dst =
+                m_par + int64_t(m_a.c + p * m_m.cpanel + uint64_t(r0) * nn(last, p) * 4);
+            const isa::Arg src = imm(int64_t(abf(0, 0) + uint64_t(r0) * k * 2));
+            if (flagged) {
+                E(Opcode::MxuMm, {imm(m), dst, src, rows, imm(0), m_mxu_flag[m]});
+                if (m == 0 || cls(m) != cls(m - 1))
+                    E(Opcode::Add, {mxu_count(m), mxu_count(m), imm(1)});
+            } else {
+                E(Opcode::MxuMm, {imm(m), dst, src, rows, imm(0)});
+            }
+        };
+        const auto lw = [&](uint32_t p) {
+            E(Opcode::MxuLw,
+              {imm(p % m_k.mxus), imm(int64_t(wbf(0, p, 0))), imm(k), imm(nn(last, p))});
+        };
+        E(Opcode::Wait, {m_loads[0].flag, m_loads[0].count});
+        convert_rows(0, h);
+        held_converts(0, 0);
+        E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+        for (uint32_t p = 0; p < firsts; ++p) {
+            lw(p);
+            mm(p, 0, imm(h));
+        }
+        E(Opcode::Wait, {m_half0, imm(1)});
+        convert_rows(h, rows0);
+        E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+        for (uint32_t p = 0; p < firsts; ++p) mm(p, h, imm(rows0 - h));
+        for (uint32_t p = firsts; p < nm; ++p) {
+            lw(p);
+            mm(p, 0, m_rows);
         }
     }
 
@@ -1997,6 +2164,12 @@ private:
     isa::Reg m_paddr, m_prows, m_ppar;
     isa::Reg m_cat;  ///< the group's C panels' starting values in HBM (DotKey::accumulate)
     Tally m_loads[2], m_vpu, m_stores, m_sides;
+    /// The VPU work of every other panel of a flush (stores()): reset at each flush's start,
+    /// when nothing counted on it is in flight, so its count is the emitted code's.
+    isa::Flag m_vpu2;
+    isa::Flag m_half;     ///< the last group's first panel of each MXU done (staggered_end)
+    isa::Flag m_half0;    ///< the second half of the kernel's first streamed panel (split_start)
+    uint32_t m_part = 0;  ///< the part being emitted (emit_dot_parts)
     isa::Flag m_mxu_flag[kDotMaxMxus];  ///< per MXU: its flagged matmul of each step
     isa::Reg m_mxu_count[kDotMaxMxus];  ///< steps issued, per class (cls)
     bool m_per_mxu = true;              ///< a count per MXU, else per class

@@ -140,13 +140,15 @@ struct Case {
     Stationary stationary = Stationary::Rhs;
     Fusion f;
     uint32_t block_rows = 0;  ///< 0: plan_dot's
+    uint32_t group_panels = 0;  ///< column panels per MXU in a group (0: plan_dot's)
 };
 
 std::string describe(const Case& t, const DotKey& k) {
-    return fmt::format("{}x{}x{} {} a {} w {} c {} {} T{} bias{} relu{} res{} bf16{}", t.M, t.K,
-                       t.N, precision_name(t.precision), dot_layout_name(t.a), dot_layout_name(t.w),
-                       dot_layout_name(t.c), t.stationary == Stationary::Lhs ? "lhs" : "rhs",
-                       k.block_rows, t.f.bias, t.f.relu, t.f.residual, t.f.store_bf16);
+    return fmt::format("{}x{}x{} {} a {} w {} c {} {} T{} gp{} bias{} relu{} res{} bf16{}", t.M,
+                       t.K, t.N, precision_name(t.precision), dot_layout_name(t.a),
+                       dot_layout_name(t.w), dot_layout_name(t.c),
+                       t.stationary == Stationary::Lhs ? "lhs" : "rhs", k.block_rows,
+                       k.group_panels, t.f.bias, t.f.relu, t.f.residual, t.f.store_bf16);
 }
 
 /// The epilogue body of `f`: bias row, ReLU, residual, in that order (sides: bias first).
@@ -224,6 +226,7 @@ void run_case(Device& device, const Case& t, uint32_t seed) {
     ASSERT_TRUE(planned);
     DotKey k = *planned;
     if (t.block_rows) k.block_rows = t.block_rows;
+    if (t.group_panels) k.group_panels = t.group_panels;
     SCOPED_TRACE(describe(t, k));
     const auto a = random_values(size_t(t.M) * t.K, seed, -2.0f, 2.0f);
     const auto w = random_values(size_t(t.K) * t.N, seed + 1, -2.0f, 2.0f);
@@ -839,6 +842,95 @@ TEST(DotKernel, LhsStationaryIsBitExact) {
          .f = kAllBf16},
     };
     uint32_t seed = 191;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, TheLastGroupIsStoredInTwoPiecesBitExact) {
+    // A last group with a second panel on every MXU (group_panels > 1): at the kernel's end the
+    // first panel of each MXU is stored once its last matmul is done (its own flag), the others
+    // after every MXU is done; in every flush each panel's stores follow its own epilogue while
+    // the VPU works on the next panel's (two VPU flags in turn). Ragged blocks, a narrow last
+    // panel (an odd count: MXU 0 takes three), both stationary sides, several groups, fp32
+    // passes, a bf16 C.
+    const std::vector<Case> cases = {
+        {.M = 300,
+         .K = 260,
+         .N = 650,
+         .precision = Precision::Bf16,
+         .f = kAll,
+         .block_rows = 128,
+         .group_panels = 3},
+        {.M = 70,
+         .K = 140,
+         .N = 520,
+         .precision = Precision::Fp32Pass3,
+         .f = kAllBf16,
+         .block_rows = 32,
+         .group_panels = 3},
+        {.M = 100,
+         .K = 130,
+         .N = 1000,
+         .precision = Precision::Bf16,
+         .f = kBiasRelu,
+         .block_rows = 64,
+         .group_panels = 2},
+        {.M = 390,
+         .K = 200,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 128,
+         .group_panels = 2},
+        {.M = 260,
+         .K = 130,
+         .N = 45,
+         .precision = Precision::Fp32Pass6,
+         .a = DotLayout::Transposed,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu,
+         .block_rows = 16,
+         .group_panels = 2},
+    };
+    uint32_t seed = 311;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, TheFirstStepRunsInTwoHalvesBitExact) {
+    // A streamed operand in the MXU's tiles (a weight: A stored transposed in tiles with the RHS
+    // stationary, W in tiles with the LHS), bf16: the kernel's first step converts and streams
+    // the first half of its panel while the second half arrives, the first panel of each MXU
+    // going on with the second half's rows on the same weights. A short first block (a padded
+    // last tile), several blocks, a single and a double panel per MXU, every epilogue side.
+    const std::vector<Case> cases = {
+        {.M = 300,
+         .K = 256,
+         .N = 300,
+         .precision = Precision::Bf16,
+         .a = DotLayout::TransposedTiles,
+         .f = kAll,
+         .block_rows = 384},
+        {.M = 200,
+         .K = 384,
+         .N = 520,
+         .precision = Precision::Bf16,
+         .w = DotLayout::Tiles,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu,
+         .block_rows = 256},
+        {.M = 390,
+         .K = 256,
+         .N = 1000,
+         .precision = Precision::Bf16,
+         .w = DotLayout::Tiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 512,
+         .group_panels = 2},
+    };
+    uint32_t seed = 411;
     auto dev = open_checked();
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
 }
