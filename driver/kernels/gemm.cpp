@@ -160,7 +160,7 @@ double estimate_cycles(const GemmTiling& t, uint32_t rows, double bw, bool drain
 }
 
 double hbm_peak(const hw::BoardConfig& cfg) {
-    return hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+    return hw::hbm_peak_bytes_per_cycle(cfg);
 }
 
 /// Largest block the planner considers: beyond it the arrays' fill and drain are amortised.

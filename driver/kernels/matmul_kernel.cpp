@@ -2358,7 +2358,7 @@ double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key) {
     const uint64_t P = parts_of(key.precision), npass = mxu_passes(key.precision).size();
     const uint64_t va = staged(p.a) ? 4 : 2 * P, vw = staged(p.w) ? 4 : 2 * P;
     const uint64_t vout = (key.store_bf16 ? 2 : 4) + 4 * uint64_t(key.full_sides);
-    const double bw = hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+    const double bw = hw::hbm_peak_bytes_per_cycle(cfg);
     const double share = bw * kGemmPlannedHbmShare;
     // A streamed panel in the MXU's tiles is one contiguous run per step, which the HBM
     // serves as one sequential stream; other panels and tiles are runs of their own.

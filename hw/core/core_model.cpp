@@ -597,7 +597,6 @@ bool CoreModel::exec_dma(const isa::Instr& ins) {
     const uint64_t ostride = from_hbm ? dst_stride : src_stride;
     const uint64_t hph = hbm_side ? m_windows.phys(hv) : hv;
     const uint64_t dbase = from_hbm ? ov : hph;
-    const uint64_t sbase = from_hbm ? hph : (hbm_side ? ov : src);
     if (rows == 0 || row_bytes == 0)
         return fault("dma", ins.op == Opcode::DmaVv ? uint64_t(dst) : dbase,
                      fmt::format("zero-length transfer ({} rows of {} bytes)", rows, row_bytes));

@@ -726,14 +726,19 @@ Hbm2Timing::Hbm2Timing(const BoardConfig& cfg)
       m_to_tck(m_tck_ps),
       m_to_core(m_core_ps) {
     const HbmConfig& h = cfg.hbm;
-    // Every pseudo-channel moves one burst per max(1, BL/2) tCK.
-    const double bl2 = std::max(1u, h.burst_length / 2);
-    m_peak = double(m_map.pseudo_channels()) * m_map.burst_bytes() / (bl2 * double(m_tck_ps)) *
-             double(m_core_ps);
+    m_peak = peak(cfg);
     m_pcs.reserve(m_map.pseudo_channels());
     for (uint32_t i = 0; i < m_map.pseudo_channels(); ++i) m_pcs.emplace_back(h);
     m_runs.resize(m_map.pseudo_channels());
     m_granules.resize(m_map.pseudo_channels());
+}
+
+double Hbm2Timing::peak(const BoardConfig& cfg) {
+    const HbmAddressMap map(cfg.hbm);
+    // Every pseudo-channel moves one burst per max(1, BL/2) tCK.
+    const double bl2 = std::max(1u, cfg.hbm.burst_length / 2);
+    return double(map.pseudo_channels()) * map.burst_bytes() / (bl2 * double(cfg.hbm.tck_ps)) *
+           double(cfg.period_ps());
 }
 
 uint64_t Hbm2Timing::access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) {

@@ -307,6 +307,8 @@ private:
 class Hbm2Timing : public HbmTimingModel {
 public:
     explicit Hbm2Timing(const BoardConfig& cfg);
+    /// peak_bytes_per_cycle() of a stack of `cfg`.
+    static double peak(const BoardConfig& cfg);
     uint64_t access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) override;
     /// The transfer's pieces (runs of one bank's row, as access() cuts them) gathered per
     /// pseudo-channel, then each pseudo-channel's in order: the pseudo-channels share nothing,

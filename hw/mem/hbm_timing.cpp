@@ -29,15 +29,22 @@ uint64_t HbmTimingModel::access_rows(uint64_t start, uint64_t rows, uint64_t row
     return done;
 }
 
-SimpleHbmTiming::SimpleHbmTiming(const BoardConfig& cfg) {
+double hbm_peak_bytes_per_cycle(const BoardConfig& cfg) {
+    return cfg.hbm.model == "hbm2" ? Hbm2Timing::peak(cfg) : SimpleHbmTiming::peak(cfg);
+}
+
+double SimpleHbmTiming::peak(const BoardConfig& cfg) {
     const HbmConfig& h = cfg.hbm;
     // Every channel moves bus_bits per edge, two edges per HBM clock: bytes per us, then per
     // core cycle.
     const double bytes_per_us =
         double(h.channels) * h.bus_bits / 8.0 * 2.0 * (1e6 / double(h.tck_ps));
-    m_bytes_per_cycle = bytes_per_us / cfg.clock().mhz();
-    m_latency = cfg.clock().ns_to_cycles(h.simple_latency_ns);
+    return bytes_per_us / cfg.clock().mhz();
 }
+
+SimpleHbmTiming::SimpleHbmTiming(const BoardConfig& cfg)
+    : m_bytes_per_cycle(peak(cfg)),
+      m_latency(cfg.clock().ns_to_cycles(cfg.hbm.simple_latency_ns)) {}
 
 void SimpleHbmTiming::register_stats(sim::StatGroup& g) {
     g.add("requests", "requests served", sim::StatUnit::Count, m_requests);

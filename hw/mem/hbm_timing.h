@@ -37,6 +37,8 @@ public:
 
 /// The model selected by `hbm.model`.
 std::unique_ptr<HbmTimingModel> make_hbm_timing(const BoardConfig& cfg);
+/// peak_bytes_per_cycle() of that model, without making one (planners ask it per candidate).
+double hbm_peak_bytes_per_cycle(const BoardConfig& cfg);
 
 /// "simple": one pipe at the peak bandwidth of all channels, and a fixed latency.
 /// done = ceil(max(arrive, pipe free) + bytes / peak) + latency, where the pipe stays busy for
@@ -44,6 +46,8 @@ std::unique_ptr<HbmTimingModel> make_hbm_timing(const BoardConfig& cfg);
 class SimpleHbmTiming : public HbmTimingModel {
 public:
     explicit SimpleHbmTiming(const BoardConfig& cfg);
+    /// Peak bytes per core cycle of every channel together.
+    static double peak(const BoardConfig& cfg);
     uint64_t access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) override;
     double peak_bytes_per_cycle() const override { return m_bytes_per_cycle; }
     void register_stats(sim::StatGroup& group) override;

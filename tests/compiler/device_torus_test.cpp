@@ -170,7 +170,7 @@ uint64_t big_all_reduce_cycles(const hw::BoardConfig& cfg, Operand operand) {
 
 /// The copy of an input operand: 16 MiB read and written at the HBM's peak.
 double copy_cycles(const hw::BoardConfig& cfg) {
-    return 2.0 * 4 * kValues / hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+    return 2.0 * 4 * kValues / hw::hbm_peak_bytes_per_cycle(cfg);
 }
 
 TEST(CompilerDeviceTorus, SixteenMiBPerCoreIsWithinTenPercentOfTheChosenBound) {

@@ -162,7 +162,6 @@ TEST(HbmReplicas, AnIdleMemberLeavesRatherThanHoldTheLog) {
     // One core works, the others are idle (a single-core kernel on the board): past the log's
     // bound the idle members take their own (initial) state, so the log stops growing, and
     // their statistics stay those of an idle stack.
-    Pick pick{std::mt19937(3)};
     const BoardConfig cfg;
     HbmReplicaGroup group(cfg, 4);
     auto busy = group.member(0), idle = group.member(1);

@@ -209,7 +209,7 @@ nlohmann::ordered_json compiled_json(const CompiledRun& run, const std::string& 
                       {"layers", h.layers},
                       {"reason", h.reason},
                       {"cycles", h.cycles}});
-    const double peak = hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+    const double peak = hw::hbm_peak_bytes_per_cycle(cfg);
     auto& jl_f = jf["list"] = nlohmann::ordered_json::array();
     for (const FusionRow& r : run.fusion_rows)
         jl_f.push_back({{"fusion", r.fusion},
@@ -281,7 +281,7 @@ void print_compiled(const CompiledRun& run, const std::string& name, uint32_t ba
         "(a fusion of several layers is split by the flops of each layer's ops; "
         "\"device\" leaves out the host fallbacks)\n");
     if (fusions) {
-        const double peak = hw::make_hbm_timing(cfg)->peak_bytes_per_cycle();
+        const double peak = hw::hbm_peak_bytes_per_cycle(cfg);
         fmt::print("{:>10} {:>6} {:>9} {:>8} {:<6} {}\n", "cycles", "%", "HBM MB", "of peak",
                    "where", "fusion [layers]");
         for (const FusionRow& r : run.fusion_rows)
