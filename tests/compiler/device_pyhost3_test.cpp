@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// Transformers models at batch 128 as tpusim.torch records them (python/README.md, "Timing
+// transformers models"; compiler/README.md, "Batches of sequences whole on the device"): the
+// fusions that still ran on the host, each reproduced and run bit-exact on the device against
+// the evaluator, race detector on, one launch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compiler/builder.h"
+#include "compiler/compiler.h"
+#include "compiler/device_backend.h"
+#include "compiler/lazy.h"
+#include "device_test_util.h"
+#include "hw/board_config.h"
+
+namespace tpu::compiler {
+namespace {
+
+using test::expect_bit_exact;
+using test::f32;
+using test::Leaf;
+using test::randoms;
+
+/// nn.Linear on [B, S, in] as aten records it: a view to [B S, in], the [out, in] weight
+/// transposed into the dot, the bias added, a view back to [B, S, out].
+ValueId aten_linear(Graph& g, ValueId x, ValueId w, ValueId b) {
+    const auto& xs = g.shape(x).dims;
+    const int64_t out = g.shape(w).dims[0];
+    DotDims d;
+    d.lhs_contracting = {1};
+    d.rhs_contracting = {0};
+    ValueId y = dot(g, reshape(g, x, {xs[0] * xs[1], xs[2]}), transpose(g, w, {1, 0}), d);
+    y = add(g, y, broadcast(g, b, {xs[0] * xs[1], out}, {1}));
+    return reshape(g, y, {xs[0], xs[1], out});
+}
+
+TEST(CompilerPyHost3, AGeluDotOf4096RowsSplitsItsRowsSoItsEpilogueFits) {
+    // BERT's fc_1 at batch 128 of 32 tokens: [4096, 192] x [192, 768] with erf's GELU in the
+    // epilogue. The erf takes the epilogue's scratch tiles, each a block of rows of one
+    // 128-column panel: at the 4096-row block the kernel plans by its own estimate, the areas
+    // alone exceed VMEM (before: "a dot whose epilogue does not fit in VMEM beside it", a host
+    // fusion); a shorter block (more passes over the held weight) fits.
+    constexpr int64_t B = 128, S = 32, D = 192, F = 768;
+    const float ws = 1.0f / std::sqrt(float(D));
+    const std::vector<Leaf> leaves{
+        {"x", f32({B, S, D}), {randoms(size_t(B * S * D), 71)}},
+        {"w", f32({F, D}), {randoms(size_t(F * D), 72, -ws, ws)}, true},
+        {"b", f32({F}), {randoms(size_t(F), 73, -ws, ws)}, true}};
+    const auto st = expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        return gelu(g, aten_linear(g, v[0], v[1], v[2]), false);
+    });
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
+TEST(CompilerPyHost3, APositionTableRepeatedOverTheBatchIsReadAsTheSumItsFusionWrites) {
+    // GPT-2 at batch B: hidden = wte(ids) + wpe(positions), the [S, D] table broadcast over the
+    // batch, read by ln_1 and by the first c_proj's residual add. Fusion kept the sum's
+    // recomputation out of the dot's epilogue only for broadcasts along the rows; a table
+    // repeated along the batch is no side of the epilogue either (before: "a broadcast
+    // f32[32,192] -> f32[2,32,192] in the epilogue", a host fusion), so the epilogue reads the
+    // sum where the embeddings' fusion writes it.
+    constexpr int64_t B = 4, S = 32, D = 192;
+    const float ws = 1.0f / std::sqrt(float(D));
+    const std::vector<Leaf> leaves{
+        {"inputs_embeds", f32({B * S, D}), {randoms(size_t(B * S * D), 81)}},
+        {"wpe", f32({S, D}), {randoms(size_t(S * D), 82)}, true},
+        {"ln.weight", f32({D}), {randoms(size_t(D), 83)}, true},
+        {"ln.bias", f32({D}), {randoms(size_t(D), 84)}, true},
+        {"c_attn.weight", f32({D, D}), {randoms(size_t(D * D), 85, -ws, ws)}, true},
+        {"c_attn.bias", f32({D}), {randoms(size_t(D), 86, -ws, ws)}, true},
+        {"c_proj.weight", f32({D, D}), {randoms(size_t(D * D), 87, -ws, ws)}, true},
+        {"c_proj.bias", f32({D}), {randoms(size_t(D), 88, -ws, ws)}, true}};
+    // The attention between c_attn and c_proj left out: c_proj's residual is what matters.
+    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId hidden = add(g, reshape(g, v[0], {B, S, D}),
+                                   broadcast(g, v[1], {B, S, D}, {1, 2}));
+        const ValueId ln = layer_norm(g, hidden, v[2], v[3], 1e-5).y;
+        const ValueId a = aten_linear(g, ln, v[4], v[5]);
+        return add(g, aten_linear(g, a, v[6], v[7]), hidden);
+    };
+    const auto st = expect_bit_exact(leaves, record);
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
+}  // namespace
+}  // namespace tpu::compiler
