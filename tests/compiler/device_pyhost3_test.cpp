@@ -83,5 +83,70 @@ TEST(CompilerPyHost3, APositionTableRepeatedOverTheBatchIsReadAsTheSumItsFusionW
     EXPECT_EQ(st.host_fusions, 0u);
 }
 
+TEST(CompilerPyHost3, ViTsPatchConvolutionReadsItsNchwInputAndOihwFilterAsTheyLie) {
+    // ViT's 16 x 16 patches of a batch of two 64 x 64 RGB images, as tpusim.torch records
+    // nn.Conv2d: the NCHW input and OIHW filter transposed to NHWC and HWIO in the
+    // convolution's fusion (ViT's views of the result, back to NCHW and on to [B, 16, 192],
+    // go to its readers' fusions at batch 2). Layout assignment lays both leaves out in the order the
+    // transposes read them (x physically NHWC, w HWIO: the runtime writes them so), so the
+    // transposes move no data and the folded convolution (im2col of 3-channel taps, one dot)
+    // reads them as it reads any NHWC input (before: "a convolution of operands computed in its
+    // fusion", a host fusion).
+    constexpr int64_t B = 2, C = 3, H = 64, P = 16, D = 192;
+    const float ws = 1.0f / std::sqrt(float(C * P * P));
+    const std::vector<Leaf> leaves{
+        {"pixel_values", f32({B, C, H, H}), {randoms(size_t(B * C * H * H), 91)}},
+        {"projection.weight", f32({D, C, P, P}), {randoms(size_t(D * C * P * P), 92, -ws, ws)},
+         true},
+        {"projection.bias", f32({D}), {randoms(size_t(D), 93, -ws, ws)}, true}};
+    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId x = transpose(g, v[0], {0, 2, 3, 1});
+        const ValueId w = transpose(g, v[1], {2, 3, 1, 0});
+        ValueId y = conv2d(g, x, w, P, 0);
+        return add(g, y, broadcast(g, v[2], g.shape(y).dims, {3}));
+    };
+    const auto st = expect_bit_exact(leaves, record);
+    EXPECT_EQ(st.host_fusions, 0u);
+    // The leaves' layouts: the transposes' orders.
+    Graph g;
+    std::vector<ValueId> v;
+    for (const Leaf& l : leaves)
+        v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
+    g.add_output(record(g, v));
+    CompileOptions co;
+    co.board = hw::BoardConfig::load("", {});
+    const CompiledStep step = compile(g, co);
+    for (const LeafBuffer& l : step.inputs) EXPECT_EQ(l.layout.to_string(), "{1,3,2,0}");
+    for (const LeafBuffer& l : step.parameters)
+        if (l.shape.rank() == 4) EXPECT_EQ(l.layout.to_string(), "{0,1,3,2}");
+}
+
+TEST(CompilerPyHost3, ViTsSequencesOf17TokensAtBatch2AreUntiledRowsOfTheLinears) {
+    // ViT's [B, 17, 192] activations at batch 2: each linear views them as [B 17, 192], which
+    // in T(8,128) tiles (each sequence padded to 24 rows) would be a relayout (before: "a dot
+    // result in layout {2,1,0:T(8,128)}" and, for the layer norms between, "a f32[2,17,192]
+    // array in layout {2,1,0:T(8,128)} (padded tiles)": host fusions). They lie untiled
+    // row-major, the view the same bytes; the layer norm's fusions stream rows of 192 values,
+    // each padded to two lane chunks in VMEM (strided DMAs), the padding masked in the minor
+    // reductions as in a tile.
+    constexpr int64_t B = 2, S = 17, D = 192, F = 384;
+    const float ws = 1.0f / std::sqrt(float(D));
+    const std::vector<Leaf> leaves{
+        {"x", f32({B, S, D}), {randoms(size_t(B * S * D), 101)}},
+        {"o.weight", f32({D, D}), {randoms(size_t(D * D), 102, -ws, ws)}, true},
+        {"o.bias", f32({D}), {randoms(size_t(D), 103, -ws, ws)}, true},
+        {"ln.weight", f32({D}), {randoms(size_t(D), 104)}, true},
+        {"ln.bias", f32({D}), {randoms(size_t(D), 105)}, true},
+        {"fc1.weight", f32({F, D}), {randoms(size_t(F * D), 106, -ws, ws)}, true},
+        {"fc1.bias", f32({F}), {randoms(size_t(F), 107, -ws, ws)}, true}};
+    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId h = add(g, aten_linear(g, v[0], v[1], v[2]), v[0]);  // the residual
+        const ValueId n = layer_norm(g, h, v[3], v[4], 1e-12).y;
+        return gelu(g, aten_linear(g, n, v[5], v[6]), false);
+    };
+    const auto st = expect_bit_exact(leaves, record);
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
 }  // namespace
 }  // namespace tpu::compiler
