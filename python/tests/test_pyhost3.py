@@ -52,6 +52,31 @@ def test_berts_gelu_dot_over_4096_tokens_runs_on_the_device_in_shorter_row_block
     assert torch.equal(got, want)
 
 
+def _vit():
+    import transformers as tr
+
+    torch.manual_seed(0)
+    cfg = tr.ViTConfig(hidden_size=192, num_hidden_layers=1, num_attention_heads=3,
+                       intermediate_size=384, image_size=64, patch_size=16)
+    return tr.ViTModel(cfg, add_pooling_layer=False).eval()
+
+
+def test_vits_patches_and_17_token_sequences_at_batch_2_run_on_the_device():
+    # The patch convolution reads its NCHW input and OIHW filter through the transposes
+    # tpusim.torch records (the leaves laid out in the transposes' order), and the [2, 17,
+    # 192] activations lie untiled row-major, the linears' [34, 192] views of them the same
+    # bytes, the layer norms streaming rows of 192 padded to two lane chunks (before: 17 host
+    # fusions with one layer). Left on the host: the embeddings' concatenation of the class
+    # token (and the layer norm fusions that recompute it) and the attention's two dots over
+    # heads of 17 rows, which are not whole tiles of the projections.
+    torch.manual_seed(6)
+    want, got, s = _on_board(_vit, dict(pixel_values=torch.randn(2, 3, 64, 64)))
+    assert s["host_fusions"] == 5, s["fallbacks"]
+    assert not any("convolution" in k or "padded tiles" in k or "layout" in k
+                   for k in s["fallbacks"]), s["fallbacks"]
+    assert torch.equal(got, want)
+
+
 def test_the_evaluator_of_a_torus_board_sums_an_all_reduce_in_the_boards_order():
     # v3-32 (8 x 4 torus): the compiled all-reduce over all 32 cores takes the torus, whose
     # order of additions is not the ring's. Device(board, cores, evaluator=True) evaluates in
