@@ -513,6 +513,10 @@ private:
                 const OpClass k = cls(id);
                 if (!(k == OpClass::Elementwise || k == OpClass::Movement || k == OpClass::Literal))
                     return;
+                // A concatenation changes the result's dims (ViT's class token joined to the
+                // patch convolution's rows): the kernels' epilogues work on tiles of the
+                // contraction's own result, so it stays with its consumers.
+                if (m_g.op(id).kind == OpKind::Concatenate) return;
             }
         }
         // A dot's epilogue takes values per result column (a bias) and scalars, not per row:

@@ -148,5 +148,38 @@ TEST(CompilerPyHost3, ViTsSequencesOf17TokensAtBatch2AreUntiledRowsOfTheLinears)
     EXPECT_EQ(st.host_fusions, 0u);
 }
 
+TEST(CompilerPyHost3, ViTsEmbeddingsAtBatch1KeepTheClassTokensConcatenationOutOfTheConvolution) {
+    // At batch 1 the patch convolution's consumers (the NCHW view, the class token's
+    // concatenation, the position embeddings' add) fused into its epilogue, which the
+    // convolution kernel does not compute (its tiles are the convolution's own result): the
+    // whole fusion went to the host, reading the 590 KB filter over the host link each step.
+    // A concatenation now stays out of a contraction's epilogue: the convolution runs on the
+    // device, the concatenation's loop fusion alone on the host.
+    constexpr int64_t C = 3, H = 64, P = 16, D = 192, S = (H / P) * (H / P) + 1;
+    const float ws = 1.0f / std::sqrt(float(C * P * P));
+    const std::vector<Leaf> leaves{
+        {"pixel_values", f32({1, C, H, H}), {randoms(size_t(C * H * H), 111)}},
+        {"projection.weight", f32({D, C, P, P}), {randoms(size_t(D * C * P * P), 112, -ws, ws)},
+         true},
+        {"projection.bias", f32({D}), {randoms(size_t(D), 113, -ws, ws)}, true},
+        {"cls_token", f32({1, 1, D}), {randoms(size_t(D), 114)}, true},
+        {"position_embeddings", f32({1, S, D}), {randoms(size_t(S * D), 115)}, true}};
+    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
+        ValueId y = conv2d(g, transpose(g, v[0], {0, 2, 3, 1}), transpose(g, v[1], {2, 3, 1, 0}),
+                           P, 0);
+        y = add(g, y, broadcast(g, v[2], g.shape(y).dims, {3}));
+        y = transpose(g, reshape(g, transpose(g, y, {0, 3, 1, 2}), {1, D, S - 1}), {0, 2, 1});
+        return add(g, concatenate(g, {v[3], y}, 1), v[4]);
+    };
+    std::vector<std::vector<float>> got;
+    const DeviceBackendStats st = test::probe(leaves, record, &got);
+    EXPECT_EQ(st.host_fusions, 1u);
+    for (const auto& [why, n] : st.fallbacks)
+        EXPECT_EQ(why.find("convolution"), std::string::npos) << why;
+    HostBackend host(1);
+    const auto want = test::run(host, leaves, record);
+    EXPECT_TRUE(test::same_bits(got[0], want[0]));
+}
+
 }  // namespace
 }  // namespace tpu::compiler
