@@ -94,9 +94,11 @@ st::Transfer padded_row_transfer(const Plan& p, const isa::Arg& addr, int area, 
         bb.emit(Opcode::Mul, {t0, first, imm(row)});
         bb.emit(Opcode::Add, {t0, t0, addr});
         if (load)
-            bb.emit(Opcode::DmaHv, {bd.at(slot, area), t0, units, imm(row), imm(vrow), imm(row), flag});
+            bb.emit(Opcode::DmaHv,
+                    {bd.at(slot, area), t0, units, imm(row), imm(vrow), imm(row), flag});
         else
-            bb.emit(Opcode::DmaVh, {t0, bd.at(slot, area), units, imm(row), imm(row), imm(vrow), flag});
+            bb.emit(Opcode::DmaVh,
+                    {t0, bd.at(slot, area), units, imm(row), imm(row), imm(vrow), flag});
     };
 }
 

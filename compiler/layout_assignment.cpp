@@ -103,8 +103,8 @@ std::optional<Layout> conv_pool_preference(const Graph& g, const Fusion& f, Valu
     // tpusim.torch records as transposes to NHWC and HWIO): in the order the transpose reads
     // it, so the transpose is the same bytes (the runtime relayouts a leaf as it writes it over
     // the host link, as XLA's transfers write an entry parameter in its device layout).
-    if (s.rank() == 4 && (g.producer(v).kind == OpKind::Parameter ||
-                          g.producer(v).kind == OpKind::Input)) {
+    if (s.rank() == 4 &&
+        (g.producer(v).kind == OpKind::Parameter || g.producer(v).kind == OpKind::Input)) {
         const Op* t = nullptr;
         int users = 0;
         for (OpId id : f.ops)

@@ -43,10 +43,9 @@ TEST(CompilerPyHost3, AGeluDotOf4096RowsSplitsItsRowsSoItsEpilogueFits) {
     // fusion); a shorter block (more passes over the held weight) fits.
     constexpr int64_t B = 128, S = 32, D = 192, F = 768;
     const float ws = 1.0f / std::sqrt(float(D));
-    const std::vector<Leaf> leaves{
-        {"x", f32({B, S, D}), {randoms(size_t(B * S * D), 71)}},
-        {"w", f32({F, D}), {randoms(size_t(F * D), 72, -ws, ws)}, true},
-        {"b", f32({F}), {randoms(size_t(F), 73, -ws, ws)}, true}};
+    const std::vector<Leaf> leaves{{"x", f32({B, S, D}), {randoms(size_t(B * S * D), 71)}},
+                                   {"w", f32({F, D}), {randoms(size_t(F * D), 72, -ws, ws)}, true},
+                                   {"b", f32({F}), {randoms(size_t(F), 73, -ws, ws)}, true}};
     const auto st = expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         return gelu(g, aten_linear(g, v[0], v[1], v[2]), false);
     });
@@ -73,8 +72,8 @@ TEST(CompilerPyHost3, APositionTableRepeatedOverTheBatchIsReadAsTheSumItsFusionW
         {"c_proj.bias", f32({D}), {randoms(size_t(D), 88, -ws, ws)}, true}};
     // The attention between c_attn and c_proj left out: c_proj's residual is what matters.
     const auto record = [](Graph& g, const std::vector<ValueId>& v) {
-        const ValueId hidden = add(g, reshape(g, v[0], {B, S, D}),
-                                   broadcast(g, v[1], {B, S, D}, {1, 2}));
+        const ValueId hidden =
+            add(g, reshape(g, v[0], {B, S, D}), broadcast(g, v[1], {B, S, D}, {1, 2}));
         const ValueId ln = layer_norm(g, hidden, v[2], v[3], 1e-5).y;
         const ValueId a = aten_linear(g, ln, v[4], v[5]);
         return add(g, aten_linear(g, a, v[6], v[7]), hidden);
@@ -87,8 +86,8 @@ TEST(CompilerPyHost3, ViTsPatchConvolutionReadsItsNchwInputAndOihwFilterAsTheyLi
     // ViT's 16 x 16 patches of a batch of two 64 x 64 RGB images, as tpusim.torch records
     // nn.Conv2d: the NCHW input and OIHW filter transposed to NHWC and HWIO in the
     // convolution's fusion (ViT's views of the result, back to NCHW and on to [B, 16, 192],
-    // go to its readers' fusions at batch 2). Layout assignment lays both leaves out in the order the
-    // transposes read them (x physically NHWC, w HWIO: the runtime writes them so), so the
+    // go to its readers' fusions at batch 2). Layout assignment lays both leaves out in the order
+    // the transposes read them (x physically NHWC, w HWIO: the runtime writes them so), so the
     // transposes move no data and the folded convolution (im2col of 3-channel taps, one dot)
     // reads them as it reads any NHWC input (before: "a convolution of operands computed in its
     // fusion", a host fusion).
@@ -96,7 +95,9 @@ TEST(CompilerPyHost3, ViTsPatchConvolutionReadsItsNchwInputAndOihwFilterAsTheyLi
     const float ws = 1.0f / std::sqrt(float(C * P * P));
     const std::vector<Leaf> leaves{
         {"pixel_values", f32({B, C, H, H}), {randoms(size_t(B * C * H * H), 91)}},
-        {"projection.weight", f32({D, C, P, P}), {randoms(size_t(D * C * P * P), 92, -ws, ws)},
+        {"projection.weight",
+         f32({D, C, P, P}),
+         {randoms(size_t(D * C * P * P), 92, -ws, ws)},
          true},
         {"projection.bias", f32({D}), {randoms(size_t(D), 93, -ws, ws)}, true}};
     const auto record = [](Graph& g, const std::vector<ValueId>& v) {
@@ -159,14 +160,16 @@ TEST(CompilerPyHost3, ViTsEmbeddingsAtBatch1KeepTheClassTokensConcatenationOutOf
     const float ws = 1.0f / std::sqrt(float(C * P * P));
     const std::vector<Leaf> leaves{
         {"pixel_values", f32({1, C, H, H}), {randoms(size_t(C * H * H), 111)}},
-        {"projection.weight", f32({D, C, P, P}), {randoms(size_t(D * C * P * P), 112, -ws, ws)},
+        {"projection.weight",
+         f32({D, C, P, P}),
+         {randoms(size_t(D * C * P * P), 112, -ws, ws)},
          true},
         {"projection.bias", f32({D}), {randoms(size_t(D), 113, -ws, ws)}, true},
         {"cls_token", f32({1, 1, D}), {randoms(size_t(D), 114)}, true},
         {"position_embeddings", f32({1, S, D}), {randoms(size_t(S * D), 115)}, true}};
     const auto record = [](Graph& g, const std::vector<ValueId>& v) {
-        ValueId y = conv2d(g, transpose(g, v[0], {0, 2, 3, 1}), transpose(g, v[1], {2, 3, 1, 0}),
-                           P, 0);
+        ValueId y =
+            conv2d(g, transpose(g, v[0], {0, 2, 3, 1}), transpose(g, v[1], {2, 3, 1, 0}), P, 0);
         y = add(g, y, broadcast(g, v[2], g.shape(y).dims, {3}));
         y = transpose(g, reshape(g, transpose(g, y, {0, 3, 1, 2}), {1, D, S - 1}), {0, 2, 1});
         return add(g, concatenate(g, {v[3], y}, 1), v[4]);
