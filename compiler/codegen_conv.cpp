@@ -4,6 +4,7 @@
 // reduce-window fusions the pooling kernel, and the global average pool's reduction over H and W
 // a column-sum kernel, each emitted into the step's one program.
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,17 +43,45 @@ bool untiled_row_major(const FusionValue& fv) {
 
 /// The fusion operand a kernel reads for `v`: `v` itself, or the operand a chain of reshapes in
 /// the fusion starts from when that operand is untiled row-major (a row-major reshape moves no
-/// data: the stem's [B, H W C] batch viewed as NHWC). Null when `v` is computed otherwise.
-const FusionValue* operand_through_reshapes(const Fusion& f, const Graph& g, ValueId v) {
-    bool reshaped = false;
+/// data: the stem's [B, H W C] batch viewed as NHWC). With `views`, also through transposes
+/// that are the same bytes in the operand's layout (an NCHW leaf laid out as NHWC, read
+/// through the transpose to NHWC: layout assignment's conv_pool_preference): then a view of the
+/// operand as `v`, row-major, kept in `views`. Null when `v` is computed otherwise.
+const FusionValue* operand_through_reshapes(const Fusion& f, const Graph& g, ValueId v,
+                                            std::deque<FusionValue>* views = nullptr) {
+    const ValueId read = v;
+    std::vector<const Op*> chain;  // from `read` back to the operand
     while (inside_fusion(f, g, v)) {
         const Op& op = g.op(g.value(v).producer);
-        if (op.kind != OpKind::Reshape) return nullptr;
+        if (op.kind != OpKind::Reshape && !(views && op.kind == OpKind::Transpose)) return nullptr;
+        chain.push_back(&op);
         v = op.operands[0];
-        reshaped = true;
     }
     const FusionValue* fv = operand_of(f, v);
-    return fv && (!reshaped || untiled_row_major(*fv)) ? fv : nullptr;
+    if (!fv || chain.empty()) return fv;
+    if (!fv->layout.tile.empty()) return nullptr;
+    // The layout each op's result has when it moves no data.
+    Layout l = fv->layout;
+    bool transposed = false;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+        const Op& op = **it;
+        if (op.kind == OpKind::Reshape) {
+            if (!(l == row_major(g.shape(op.operands[0]).rank()))) return nullptr;
+            l = row_major(g.shape(op.results[0]).rank());
+            continue;
+        }
+        // Result dim i is operand dim perm[i]: the operand's minor dims become the result's
+        // dims that read them.
+        const std::vector<int64_t>& perm = op.attrs.dims;
+        std::vector<int64_t> inv(perm.size());
+        for (size_t i = 0; i < perm.size(); ++i) inv[size_t(perm[i])] = int64_t(i);
+        for (int64_t& d : l.minor_to_major) d = inv[size_t(d)];
+        transposed = true;
+    }
+    if (!(l == row_major(g.shape(read).rank()))) return nullptr;
+    if (!transposed) return fv;
+    views->push_back(FusionValue{read, g.shape(read), l, fv->buffer});
+    return &views->back();
 }
 
 /// The driver's shape of convolution `op` (NHWC x HWIO, one core's images).
@@ -520,6 +549,8 @@ struct ConvPoolFusion {
     driver::Conv2dAuxKey pack_x, pack_w, zero;
     ConvScratch scratch;
     const FusionValue* w = nullptr;
+    /// x or w as the convolution reads them, where a transpose in the fusion is the same bytes
+    std::deque<FusionValue> views;
     Placed ep;
     uint64_t area_bytes = 0;
     // ConvGrad: the input's gradient (dcol = dy w^T into the scratch, then col2im) or the
@@ -607,8 +638,8 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
     const Op& conv = g.op(f.hero);
     if (const std::string why = conv_unsupported(g, conv, board); !why.empty())
         not_generated(f, why);
-    p->x = operand_through_reshapes(f, g, conv.operands[0]);
-    p->w = operand_through_reshapes(f, g, conv.operands[1]);
+    p->x = operand_through_reshapes(f, g, conv.operands[0], &p->views);
+    p->w = operand_through_reshapes(f, g, conv.operands[1], &p->views);
     if (!p->x || !p->w) not_generated(f, "a convolution of operands computed in its fusion");
     if (!untiled_row_major(*p->x) || !untiled_row_major(*p->w))
         not_generated(f, fmt::format("convolution operands in layouts {} and {} (the packing "

@@ -32,6 +32,19 @@ uint64_t epilogue_area_bytes(const driver::DotKey& k) {
     return (uint64_t(k.block_rows) * k.C * 4 + 511) / 512 * 512;
 }
 
+/// The dot kernel's VMEM budget for the next try when plan `k` and its epilogue's areas need
+/// `over` bytes more than VMEM has. The areas are a block of rows each (epilogue_area_bytes),
+/// so when they alone exceed VMEM (GELU's erf after a [4096, 192] x [192, 768] dot: at a
+/// 4096-row block each area is 2 MiB, and erf takes kScratch of them besides its results) a
+/// smaller budget for the kernel is also a shorter block and smaller areas: the kernel's
+/// budget is halved (shorter row blocks, each a pass over the held operand) rather than
+/// giving up. 0 when nothing shorter can be tried.
+uint64_t epilogue_fit_budget(const driver::DotKey& k, uint64_t over) {
+    const uint64_t own = driver::dot_vmem_bytes(k);
+    if (own > over) return own - over;
+    return k.block_rows > 8 ? own / 2 : 0;
+}
+
 /// The dot kernel's layout of a rank-2 fusion operand or result whose dim `rows_dim` is the
 /// problem's rows (A: M of M x K, W: K of K x N, C: M of M x N), or nullopt.
 std::optional<driver::DotLayout> dot_layout_of(const FusionValue& fv, int64_t rows_dim, bool is_w,
@@ -1106,9 +1119,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
             }
             return p;
         }
-        const uint64_t over = need - board.core.vmem_bytes;
-        if (driver::dot_vmem_bytes(*k) <= over) break;
-        budget = driver::dot_vmem_bytes(*k) - over;
+        budget = epilogue_fit_budget(*k, need - board.core.vmem_bytes);
     }
     not_generated(f, "a dot whose epilogue does not fit in VMEM beside it");
 }

@@ -77,6 +77,11 @@ struct Plan {
     /// h rows of an untiled row-major array per unit (a major reduction's bands), in row order:
     /// [row][C] rather than a tile's [chunk][row][lane]
     bool row_bands = false;
+    /// Untiled rows of C values, C above a lane chunk and not whole chunks (ViT's [B 17, 192]
+    /// activations): in VMEM each row is padded to whole chunks (Cp), as a T(1,128) tile would
+    /// lie, the padding computed on and masked like a tiled row's; the rows move by strided
+    /// DMAs (C values in HBM, Cp apart in VMEM).
+    bool padded_rows = false;
     std::map<ValueId, View> view;
     /// Col values whose array is [G, S] in T(8,128) tiles (a rank-2 reduction result): S.
     std::map<ValueId, int64_t> tiled_col;

@@ -83,6 +83,25 @@ st::Transfer row_band_transfer(const Plan& p, const isa::Arg& addr, int area, bo
     };
 }
 
+/// The load (or store) of a tile of untiled rows padded to whole lane chunks in VMEM
+/// (Plan::padded_rows): one DMA of the tile's rows, C values each in HBM, Cp apart in VMEM.
+st::Transfer padded_row_transfer(const Plan& p, const isa::Arg& addr, int area, bool load) {
+    const int64_t row = p.C * 4, vrow = p.Cp * 4;
+    return [=](st::Body& bd, const isa::Reg& first, const isa::Reg& units, const isa::Reg& slot,
+               const isa::Flag& flag) {
+        isa::Builder& bb = bd.builder();
+        const isa::Reg& t0 = bd.tmp(0);
+        bb.emit(Opcode::Mul, {t0, first, imm(row)});
+        bb.emit(Opcode::Add, {t0, t0, addr});
+        if (load)
+            bb.emit(Opcode::DmaHv,
+                    {bd.at(slot, area), t0, units, imm(row), imm(vrow), imm(row), flag});
+        else
+            bb.emit(Opcode::DmaVh,
+                    {t0, bd.at(slot, area), units, imm(row), imm(row), imm(vrow), flag});
+    };
+}
+
 /// Views that name the same values when the iteration space has one row (a column value is the
 /// scalar, the whole space is the row: a batch of one) or one column.
 bool same_at_unit_dims(const Plan& p, View a, View b) {
@@ -468,9 +487,16 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
             // T(8,128) tiles: whole lane chunks, the padding computed on like data.
             p.lanes = vlanes;
             p.chunks = (p.C + vlanes - 1) / vlanes;
-        } else if (p.C > vlanes && p.C % vlanes != 0 && reduces) {
-            not_generated(f, fmt::format("a reduction of rows of {} (not a multiple of {} lanes)",
-                                         p.C, vlanes));
+        } else if (p.C > vlanes && p.C % vlanes != 0) {
+            // Untiled rows of partial chunks: each row padded to whole chunks in VMEM (the
+            // evaluator's chunks of a minor reduction are the lane chunks, the padding masked).
+            if (p.major || p.G > 1 || !p.tiled_col.empty() || !p.repeat.empty() || p.Rg)
+                not_generated(f, fmt::format("untiled rows of {} (not a multiple of {} lanes) "
+                                             "beside groups, repeats or tiled vectors",
+                                             p.C, vlanes));
+            p.lanes = vlanes;
+            p.chunks = (p.C + vlanes - 1) / vlanes;
+            p.padded_rows = true;
         }
         p.Cp = p.lanes * p.chunks;
         if (p.major && p.h == 1) row_bands(p, board);
@@ -544,6 +570,10 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
             at[fv.value] = area(full);
             sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value],
                                 row_band_transfer(p, addr, at[fv.value], true));
+        } else if (w == View::Full && p.padded_rows) {
+            at[fv.value] = area(full);
+            sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value],
+                                padded_row_transfer(p, addr, at[fv.value], true));
         } else if (w == View::Full || w == View::Col) {
             at[fv.value] = area(w == View::Full ? full : col);
             sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value]);
@@ -796,6 +826,12 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                                  row_band_transfer(p, addr, at.at(fv.value), false));
             continue;
         }
+        if (w == View::Full && p.padded_rows) {
+            const isa::Arg addr = bases.of(fv.buffer);
+            sp.outs.emplace_back(st::Operand::hbm(addr), at.at(fv.value),
+                                 padded_row_transfer(p, addr, at.at(fv.value), false));
+            continue;
+        }
         sp.outs.emplace_back(st::Operand::hbm(bases.of(fv.buffer)), at.at(fv.value));
     }
     // A band that does not fit VMEM twice (rows of tens of thousands of values) is a shape the
@@ -961,7 +997,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                     }
                     if (s.tmp.empty() || s.tmp[0] == -2) {
                         if (s.tmp.empty()) {  // Col, untiled: rows of C
-                            body.vpu(Opcode::VMulCol, {out, body.a(ones), A(0), nc, imm(p.C)});
+                            body.vpu(Opcode::VMulCol, {out, body.a(ones), A(0), nc, imm(p.Cp)});
                         }
                         break;
                     }
@@ -1197,7 +1233,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                     body.vpu(Opcode::VAddRow, {out, body.a(negzero), src, imm(tile_full), imm(1)});
                 } else if (!tiled) {
                     body.vpu(Opcode::VAddRow,
-                             {out, body.a(negzero), src, imm(tile * p.h), imm(p.C)});
+                             {out, body.a(negzero), src, imm(tile * p.h), imm(p.Cp)});
                 } else {
                     for (uint32_t u = 0; u < tile; ++u)
                         for (int64_t t = 0; t < Ct; ++t)
@@ -1222,7 +1258,7 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                             Opcode::VAddRow,
                             {body.a(a) + int64_t((u * Ct + t) * p.h * p.lanes * 4), body.a(negzero),
                              body.f(fixed_of.at(v)) + int64_t(t * p.lanes * 4),
-                             imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.C)});
+                             imm(tiled ? p.h : tile * p.h), imm(tiled ? p.lanes : p.Cp)});
             for (const Step& s : steps)
                 if (s.once) emit_step(s);
         });

@@ -303,7 +303,10 @@ private:
     }
 
     /// Whether `p` or the elementwise and data movement ops it reads (back to reductions,
-    /// contractions and leaves) broadcast a value along the minor dim (one value per row).
+    /// contractions and leaves) broadcast a value along the minor dim (one value per row), or
+    /// repeat a matrix along new major dims (GPT-2's `[S, D]` position table over a batch of
+    /// sequences, `[B, S, D]`): values that differ from row to row of a result, which a dot's
+    /// epilogue has no side for (its sides are the result's own shape, columns and scalars).
     bool broadcasts_rows(OpId p) const {
         std::vector<OpId> stack{p};
         std::set<OpId> seen{p};
@@ -319,6 +322,13 @@ private:
                     if (op.attrs.dims[i] == minor && xs.dims[i] == rs.dims[size_t(minor)])
                         along = false;
                 if (along) return true;
+                // Repeated: a matrix of several rows under a new major dim of more than one.
+                int64_t kept = 0;  // the operand's dims of more than one
+                for (int64_t e : xs.dims) kept += e > 1;
+                std::vector<bool> from(size_t(rs.rank()), false);
+                for (int64_t d : op.attrs.dims) from[size_t(d)] = true;
+                for (int64_t i = 0; i < rs.rank() && kept >= 2; ++i)
+                    if (!from[size_t(i)] && rs.dims[size_t(i)] > 1) return true;
             }
             for (ValueId v : op.operands) {
                 const OpId q = m_g.value(v).producer;
@@ -503,6 +513,10 @@ private:
                 const OpClass k = cls(id);
                 if (!(k == OpClass::Elementwise || k == OpClass::Movement || k == OpClass::Literal))
                     return;
+                // A concatenation changes the result's dims (ViT's class token joined to the
+                // patch convolution's rows): the kernels' epilogues work on tiles of the
+                // contraction's own result, so it stays with its consumers.
+                if (m_g.op(id).kind == OpKind::Concatenate) return;
             }
         }
         // A dot's epilogue takes values per result column (a bias) and scalars, not per row:

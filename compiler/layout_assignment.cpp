@@ -99,6 +99,22 @@ bool conv_pool_fusion(const Graph& g, const Fusion& f) {
 std::optional<Layout> conv_pool_preference(const Graph& g, const Fusion& f, ValueId v) {
     if (!conv_pool_fusion(g, f)) return std::nullopt;
     const Shape& s = g.shape(v);
+    // A leaf the fusion transposes first (PyTorch's NCHW input and OIHW filter, which
+    // tpusim.torch records as transposes to NHWC and HWIO): in the order the transpose reads
+    // it, so the transpose is the same bytes (the runtime relayouts a leaf as it writes it over
+    // the host link, as XLA's transfers write an entry parameter in its device layout).
+    if (s.rank() == 4 &&
+        (g.producer(v).kind == OpKind::Parameter || g.producer(v).kind == OpKind::Input)) {
+        const Op* t = nullptr;
+        int users = 0;
+        for (OpId id : f.ops)
+            for (ValueId x : g.op(id).operands)
+                if (x == v) {
+                    ++users;
+                    if (g.op(id).kind == OpKind::Transpose) t = &g.op(id);
+                }
+        if (users == 1 && t) return Layout{{t->attrs.dims.rbegin(), t->attrs.dims.rend()}, {}};
+    }
     if (s.rank() == 4) return row_major(4);
     // A batch of [B, H W C] rows that the fusion views as NHWC (the zoo's stem): untiled
     // row-major, the reshape is the same bytes and the kernel reads the operand itself.
@@ -291,6 +307,21 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
     return std::nullopt;
 }
 
+/// A 2-D dot's output fusion (no batch dims).
+bool plain_dot_fusion(const Graph& g, const Fusion& f) {
+    return f.kind == FusionKind::Output && f.hero != kNoOp && g.op(f.hero).kind == OpKind::Dot &&
+           g.op(f.hero).attrs.dot.lhs_batch.empty();
+}
+
+/// [B, S, D] (rank 3 or more) f32 with several sequences of S rows, S not a multiple of the
+/// tile's rows.
+bool padded_sequences(const Shape& s, const hw::BoardConfig& cfg) {
+    if (s.rank() < 3 || s.dtype != DType::F32) return false;
+    int64_t seqs = 1;
+    for (int64_t i = 0; i + 2 < s.rank(); ++i) seqs *= s.dims[size_t(i)];
+    return seqs > 1 && s.dims[size_t(s.rank() - 2)] % int64_t(cfg.core.vpu_sublanes) != 0;
+}
+
 int64_t nonunit_dims(const Shape& s) {
     return std::count_if(s.dims.begin(), s.dims.end(), [](int64_t d) { return d != 1; });
 }
@@ -359,6 +390,28 @@ void assign_layouts(CompiledStep& step, const CompileOptions& options) {
                 val.layout = *l;
                 return;
             }
+        // A batch of sequences whose length is not whole tiles (ViT's [B, 17, D]: 16 patches
+        // and the class token), which 2-D dots write and read as their [B S, D] matrices: in
+        // T(8,128) tiles each sequence's rows are padded to whole tiles, so the merge would
+        // be a relayout; untiled row-major it is the same bytes, and the streaming fusions
+        // between the dots (layer norms, residuals) read it as rows; so does what such a
+        // fusion writes from an operand of its shape laid out so (the last layer norm's
+        // output: one layout in the fusion).
+        if (padded_sequences(val.shape, cfg)) {
+            bool by_dot = false;
+            if (auto w = writer.find(v); w != writer.end()) {
+                const Fusion& wf = step.fusions[w->second];
+                by_dot |= plain_dot_fusion(g, wf);
+                for (const FusionValue& o : wf.operands)
+                    by_dot |= o.shape.dims == val.shape.dims &&
+                              g.value(o.value).layout == row_major(val.shape.rank());
+            }
+            for (size_t i : readers[v]) by_dot |= plain_dot_fusion(g, step.fusions[i]);
+            if (by_dot) {
+                val.layout = row_major(val.shape.rank());
+                return;
+            }
+        }
         // A convolution or pooling fusion writes row-major NHWC (conv_pool_preference).
         if (auto w = writer.find(v); w != writer.end() && val.shape.rank() == 4 &&
                                      conv_pool_fusion(g, step.fusions[w->second])) {

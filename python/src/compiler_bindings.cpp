@@ -208,15 +208,36 @@ void bind_compiler(py::module_& parent) {
 
     // ---- Backends -----------------------------------------------------------------------------
     py::class_<Backend>(m, "Backend").def_property_readonly("replicas", &Backend::replicas);
-    py::class_<HostBackend, Backend>(m, "HostBackend",
-                                     "Steps run on the host evaluator, replica by replica.")
-        .def(py::init([](size_t replicas, uint32_t mxu_rows, uint32_t vpu_lanes) {
+    py::class_<HostBackend, Backend>(
+        m, "HostBackend",
+        "Steps run on the host evaluator, replica by replica; with `board`, in the numerics "
+        "a DeviceBackend on `cores` of it gives (its MXU's passes, VPU lanes and all-reduce "
+        "order: the torus on a torus board), replica r being cores[r].")
+        .def(py::init([](size_t replicas, uint32_t mxu_rows, uint32_t vpu_lanes, Board* board,
+                         std::vector<uint32_t> cores) {
                  EvalOptions o;
                  o.mxu_rows = mxu_rows;
                  o.vpu_lanes = vpu_lanes;
-                 return std::make_unique<HostBackend>(replicas, o);
+                 if (!board) {
+                     if (!cores.empty()) throw CompileError("host backend: cores without a board");
+                     return std::make_unique<HostBackend>(replicas, o);
+                 }
+                 // The same options as DeviceBackend's host fallback, so that the reference
+                 // sums an all-reduce in the order the board's code does.
+                 const hw::BoardConfig& cfg = board->device().config();
+                 if (cores.empty())
+                     for (uint32_t c = 0; c < replicas; ++c) cores.push_back(c);
+                 if (cores.size() != replicas)
+                     throw CompileError("host backend: " + std::to_string(cores.size()) +
+                                        " cores for " + std::to_string(replicas) + " replicas");
+                 for (uint32_t c : cores)
+                     if (c >= cfg.cores())
+                         throw CompileError("host backend: core " + std::to_string(c) +
+                                            " is not on the board");
+                 return std::make_unique<HostBackend>(replicas, device_eval_options(cfg, cores));
              }),
-             py::arg("replicas") = 1, py::arg("mxu_rows") = 128, py::arg("vpu_lanes") = 128);
+             py::arg("replicas") = 1, py::arg("mxu_rows") = 128, py::arg("vpu_lanes") = 128,
+             py::arg("board") = nullptr, py::arg("cores") = std::vector<uint32_t>{});
     py::class_<DeviceBackend, Backend>(m, "DeviceBackendBase");
     py::class_<OwningDeviceBackend, DeviceBackend>(
         m, "DeviceBackend",

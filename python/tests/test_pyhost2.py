@@ -63,11 +63,12 @@ def _vit():
 def test_vits_scores_over_17_tokens_are_softmaxed_on_the_device_in_padded_tiles():
     # 16 patches and the class token: [3, 17, 17] scores, each head's rows padded to 24 in
     # T(8,128) tiles (before: 3 host fusions a layer, "padded tiles"). Left on the host: the
-    # patch convolution (its NCHW input transposed in the fusion).
+    # embeddings' concatenation of the class token to the patches (the patch convolution, which
+    # reads its NCHW input through its transpose, runs on the device: test_pyhost3.py).
     torch.manual_seed(1)
     want, got, s = _on_board(_vit, dict(pixel_values=torch.randn(1, 3, 64, 64)))
     assert s["host_fusions"] == 1, s["fallbacks"]
-    assert all("convolution" in k for k in s["fallbacks"]), s["fallbacks"]
+    assert not any("convolution" in k for k in s["fallbacks"]), s["fallbacks"]
     assert torch.equal(got, want)
 
 
@@ -95,10 +96,10 @@ def test_berts_attention_at_batch_2_runs_wholly_on_the_device():
 def test_gpt2s_sliced_heads_at_batch_2_are_read_by_the_attentions_dots():
     # c_attn's [B S, 3 D] output viewed as [B, S, 3 D] and sliced: each slice is a slice of
     # the [B S, 3 D] columns, its heads windows of those tiles (before: 4 host fusions a
-    # layer). Left on the host: the position embeddings broadcast over the batch in a dot's
-    # epilogue.
+    # layer). The position embeddings broadcast over the batch are read by the first c_proj's
+    # residual as the sum the embeddings' fusion writes (before: 1 host fusion, "a broadcast
+    # f32[16,192] -> f32[2,16,192] in the epilogue").
     torch.manual_seed(3)
     want, got, s = _on_board(_gpt2, dict(input_ids=torch.randint(0, 256, (2, 16))))
-    assert s["host_fusions"] == 1, s["fallbacks"]
-    assert all("broadcast" in k for k in s["fallbacks"]), s["fallbacks"]
+    assert s["host_fusions"] == 0, s["fallbacks"]
     assert torch.equal(got, want)

@@ -44,24 +44,40 @@ def compiler_dtype(dtype: torch.dtype):
     return _DTYPES[dtype]
 
 
+def _core_spec(cores):
+    # A core list for Board.cores: "0-3", "all" and a core number as they are, else a list.
+    return cores if isinstance(cores, (str, int)) else list(cores)
+
+
 class Device:
     """One lazy device: a LazyContext on a backend (the host evaluator, or cores of a board).
 
     ``Device()`` runs steps on the host evaluator (fp32 in the compiler's order of additions,
     matmuls as the MXU's bf16 passes); ``Device(board, cores=[0])`` runs them as generated
-    programs on the simulated board, with its cycles (``last_step_cycles``)."""
+    programs on the simulated board, with its cycles (``last_step_cycles``);
+    ``Device(board, cores, evaluator=True)`` runs them on the host evaluator in the numerics of
+    those cores of the board (one replica per core: its MXU's passes and its all-reduce's order
+    of additions, the torus on a torus board), the reference the board's values equal bit for
+    bit. The board itself runs nothing then."""
 
     def __init__(self, board=None, cores=(0,), index: int = 0, host_fallback: bool = True,
-                 replicas: int = 1):
-        self.board = board
+                 replicas: int = 1, evaluator: bool = False):
         self.index = index
         self.fusions_run = 0
+        if board is not None and evaluator:
+            cb = board._board
+            cores = list(board.cores(_core_spec(cores)))
+            self.board = None  # host time, no board clock
+            self.backend = C.HostBackend(len(cores), board=cb, cores=cores)
+            self.ctx = C.LazyContext(self.backend, cb)  # compiled for the board, as a device's
+            return
+        self.board = board
         if board is None:
             self.backend = C.HostBackend(replicas)
             self.ctx = C.LazyContext(self.backend)
         else:
             cb = board._board
-            self.backend = C.DeviceBackend(cb, list(board.cores(list(cores))), host_fallback)
+            self.backend = C.DeviceBackend(cb, list(board.cores(_core_spec(cores))), host_fallback)
             self.ctx = C.LazyContext(self.backend, cb)
 
     def __repr__(self):

@@ -1,0 +1,188 @@
+// SPDX-License-Identifier: Apache-2.0
+// Transformers models at batch 128 as tpusim.torch records them (python/README.md, "Timing
+// transformers models"; compiler/README.md, "Batches of sequences whole on the device"): the
+// fusions that still ran on the host, each reproduced and run bit-exact on the device against
+// the evaluator, race detector on, one launch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compiler/builder.h"
+#include "compiler/compiler.h"
+#include "compiler/device_backend.h"
+#include "compiler/lazy.h"
+#include "device_test_util.h"
+#include "hw/board_config.h"
+
+namespace tpu::compiler {
+namespace {
+
+using test::expect_bit_exact;
+using test::f32;
+using test::Leaf;
+using test::randoms;
+
+/// nn.Linear on [B, S, in] as aten records it: a view to [B S, in], the [out, in] weight
+/// transposed into the dot, the bias added, a view back to [B, S, out].
+ValueId aten_linear(Graph& g, ValueId x, ValueId w, ValueId b) {
+    const auto& xs = g.shape(x).dims;
+    const int64_t out = g.shape(w).dims[0];
+    DotDims d;
+    d.lhs_contracting = {1};
+    d.rhs_contracting = {0};
+    ValueId y = dot(g, reshape(g, x, {xs[0] * xs[1], xs[2]}), transpose(g, w, {1, 0}), d);
+    y = add(g, y, broadcast(g, b, {xs[0] * xs[1], out}, {1}));
+    return reshape(g, y, {xs[0], xs[1], out});
+}
+
+TEST(CompilerPyHost3, AGeluDotOf4096RowsSplitsItsRowsSoItsEpilogueFits) {
+    // BERT's fc_1 at batch 128 of 32 tokens: [4096, 192] x [192, 768] with erf's GELU in the
+    // epilogue. The erf takes the epilogue's scratch tiles, each a block of rows of one
+    // 128-column panel: at the 4096-row block the kernel plans by its own estimate, the areas
+    // alone exceed VMEM (before: "a dot whose epilogue does not fit in VMEM beside it", a host
+    // fusion); a shorter block (more passes over the held weight) fits.
+    constexpr int64_t B = 128, S = 32, D = 192, F = 768;
+    const float ws = 1.0f / std::sqrt(float(D));
+    const std::vector<Leaf> leaves{{"x", f32({B, S, D}), {randoms(size_t(B * S * D), 71)}},
+                                   {"w", f32({F, D}), {randoms(size_t(F * D), 72, -ws, ws)}, true},
+                                   {"b", f32({F}), {randoms(size_t(F), 73, -ws, ws)}, true}};
+    const auto st = expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+        return gelu(g, aten_linear(g, v[0], v[1], v[2]), false);
+    });
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
+TEST(CompilerPyHost3, APositionTableRepeatedOverTheBatchIsReadAsTheSumItsFusionWrites) {
+    // GPT-2 at batch B: hidden = wte(ids) + wpe(positions), the [S, D] table broadcast over the
+    // batch, read by ln_1 and by the first c_proj's residual add. Fusion kept the sum's
+    // recomputation out of the dot's epilogue only for broadcasts along the rows; a table
+    // repeated along the batch is no side of the epilogue either (before: "a broadcast
+    // f32[32,192] -> f32[2,32,192] in the epilogue", a host fusion), so the epilogue reads the
+    // sum where the embeddings' fusion writes it.
+    constexpr int64_t B = 4, S = 32, D = 192;
+    const float ws = 1.0f / std::sqrt(float(D));
+    const std::vector<Leaf> leaves{
+        {"inputs_embeds", f32({B * S, D}), {randoms(size_t(B * S * D), 81)}},
+        {"wpe", f32({S, D}), {randoms(size_t(S * D), 82)}, true},
+        {"ln.weight", f32({D}), {randoms(size_t(D), 83)}, true},
+        {"ln.bias", f32({D}), {randoms(size_t(D), 84)}, true},
+        {"c_attn.weight", f32({D, D}), {randoms(size_t(D * D), 85, -ws, ws)}, true},
+        {"c_attn.bias", f32({D}), {randoms(size_t(D), 86, -ws, ws)}, true},
+        {"c_proj.weight", f32({D, D}), {randoms(size_t(D * D), 87, -ws, ws)}, true},
+        {"c_proj.bias", f32({D}), {randoms(size_t(D), 88, -ws, ws)}, true}};
+    // The attention between c_attn and c_proj left out: c_proj's residual is what matters.
+    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId hidden =
+            add(g, reshape(g, v[0], {B, S, D}), broadcast(g, v[1], {B, S, D}, {1, 2}));
+        const ValueId ln = layer_norm(g, hidden, v[2], v[3], 1e-5).y;
+        const ValueId a = aten_linear(g, ln, v[4], v[5]);
+        return add(g, aten_linear(g, a, v[6], v[7]), hidden);
+    };
+    const auto st = expect_bit_exact(leaves, record);
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
+TEST(CompilerPyHost3, ViTsPatchConvolutionReadsItsNchwInputAndOihwFilterAsTheyLie) {
+    // ViT's 16 x 16 patches of a batch of two 64 x 64 RGB images, as tpusim.torch records
+    // nn.Conv2d: the NCHW input and OIHW filter transposed to NHWC and HWIO in the
+    // convolution's fusion (ViT's views of the result, back to NCHW and on to [B, 16, 192],
+    // go to its readers' fusions at batch 2). Layout assignment lays both leaves out in the order
+    // the transposes read them (x physically NHWC, w HWIO: the runtime writes them so), so the
+    // transposes move no data and the folded convolution (im2col of 3-channel taps, one dot)
+    // reads them as it reads any NHWC input (before: "a convolution of operands computed in its
+    // fusion", a host fusion).
+    constexpr int64_t B = 2, C = 3, H = 64, P = 16, D = 192;
+    const float ws = 1.0f / std::sqrt(float(C * P * P));
+    const std::vector<Leaf> leaves{
+        {"pixel_values", f32({B, C, H, H}), {randoms(size_t(B * C * H * H), 91)}},
+        {"projection.weight",
+         f32({D, C, P, P}),
+         {randoms(size_t(D * C * P * P), 92, -ws, ws)},
+         true},
+        {"projection.bias", f32({D}), {randoms(size_t(D), 93, -ws, ws)}, true}};
+    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId x = transpose(g, v[0], {0, 2, 3, 1});
+        const ValueId w = transpose(g, v[1], {2, 3, 1, 0});
+        ValueId y = conv2d(g, x, w, P, 0);
+        return add(g, y, broadcast(g, v[2], g.shape(y).dims, {3}));
+    };
+    const auto st = expect_bit_exact(leaves, record);
+    EXPECT_EQ(st.host_fusions, 0u);
+    // The leaves' layouts: the transposes' orders.
+    Graph g;
+    std::vector<ValueId> v;
+    for (const Leaf& l : leaves)
+        v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
+    g.add_output(record(g, v));
+    CompileOptions co;
+    co.board = hw::BoardConfig::load("", {});
+    const CompiledStep step = compile(g, co);
+    for (const LeafBuffer& l : step.inputs) EXPECT_EQ(l.layout.to_string(), "{1,3,2,0}");
+    for (const LeafBuffer& l : step.parameters)
+        if (l.shape.rank() == 4) EXPECT_EQ(l.layout.to_string(), "{0,1,3,2}");
+}
+
+TEST(CompilerPyHost3, ViTsSequencesOf17TokensAtBatch2AreUntiledRowsOfTheLinears) {
+    // ViT's [B, 17, 192] activations at batch 2: each linear views them as [B 17, 192], which
+    // in T(8,128) tiles (each sequence padded to 24 rows) would be a relayout (before: "a dot
+    // result in layout {2,1,0:T(8,128)}" and, for the layer norms between, "a f32[2,17,192]
+    // array in layout {2,1,0:T(8,128)} (padded tiles)": host fusions). They lie untiled
+    // row-major, the view the same bytes; the layer norm's fusions stream rows of 192 values,
+    // each padded to two lane chunks in VMEM (strided DMAs), the padding masked in the minor
+    // reductions as in a tile.
+    constexpr int64_t B = 2, S = 17, D = 192, F = 384;
+    const float ws = 1.0f / std::sqrt(float(D));
+    const std::vector<Leaf> leaves{
+        {"x", f32({B, S, D}), {randoms(size_t(B * S * D), 101)}},
+        {"o.weight", f32({D, D}), {randoms(size_t(D * D), 102, -ws, ws)}, true},
+        {"o.bias", f32({D}), {randoms(size_t(D), 103, -ws, ws)}, true},
+        {"ln.weight", f32({D}), {randoms(size_t(D), 104)}, true},
+        {"ln.bias", f32({D}), {randoms(size_t(D), 105)}, true},
+        {"fc1.weight", f32({F, D}), {randoms(size_t(F * D), 106, -ws, ws)}, true},
+        {"fc1.bias", f32({F}), {randoms(size_t(F), 107, -ws, ws)}, true}};
+    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId h = add(g, aten_linear(g, v[0], v[1], v[2]), v[0]);  // the residual
+        const ValueId n = layer_norm(g, h, v[3], v[4], 1e-12).y;
+        return gelu(g, aten_linear(g, n, v[5], v[6]), false);
+    };
+    const auto st = expect_bit_exact(leaves, record);
+    EXPECT_EQ(st.host_fusions, 0u);
+}
+
+TEST(CompilerPyHost3, ViTsEmbeddingsAtBatch1KeepTheClassTokensConcatenationOutOfTheConvolution) {
+    // At batch 1 the patch convolution's consumers (the NCHW view, the class token's
+    // concatenation, the position embeddings' add) fused into its epilogue, which the
+    // convolution kernel does not compute (its tiles are the convolution's own result): the
+    // whole fusion went to the host, reading the 590 KB filter over the host link each step.
+    // A concatenation now stays out of a contraction's epilogue: the convolution runs on the
+    // device, the concatenation's loop fusion alone on the host.
+    constexpr int64_t C = 3, H = 64, P = 16, D = 192, S = (H / P) * (H / P) + 1;
+    const float ws = 1.0f / std::sqrt(float(C * P * P));
+    const std::vector<Leaf> leaves{
+        {"pixel_values", f32({1, C, H, H}), {randoms(size_t(C * H * H), 111)}},
+        {"projection.weight",
+         f32({D, C, P, P}),
+         {randoms(size_t(D * C * P * P), 112, -ws, ws)},
+         true},
+        {"projection.bias", f32({D}), {randoms(size_t(D), 113, -ws, ws)}, true},
+        {"cls_token", f32({1, 1, D}), {randoms(size_t(D), 114)}, true},
+        {"position_embeddings", f32({1, S, D}), {randoms(size_t(S * D), 115)}, true}};
+    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
+        ValueId y =
+            conv2d(g, transpose(g, v[0], {0, 2, 3, 1}), transpose(g, v[1], {2, 3, 1, 0}), P, 0);
+        y = add(g, y, broadcast(g, v[2], g.shape(y).dims, {3}));
+        y = transpose(g, reshape(g, transpose(g, y, {0, 3, 1, 2}), {1, D, S - 1}), {0, 2, 1});
+        return add(g, concatenate(g, {v[3], y}, 1), v[4]);
+    };
+    std::vector<std::vector<float>> got;
+    const DeviceBackendStats st = test::probe(leaves, record, &got);
+    EXPECT_EQ(st.host_fusions, 1u);
+    for (const auto& [why, n] : st.fallbacks)
+        EXPECT_EQ(why.find("convolution"), std::string::npos) << why;
+    HostBackend host(1);
+    const auto want = test::run(host, leaves, record);
+    EXPECT_TRUE(test::same_bits(got[0], want[0]));
+}
+
+}  // namespace
+}  // namespace tpu::compiler
