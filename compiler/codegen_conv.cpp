@@ -1114,7 +1114,7 @@ std::unique_ptr<ConvPoolFusion> plan_global_sum(const Graph& g, const Fusion& f,
     } else if (y.layout == Layout{{1, 0}, {sub, lanes}}) {
         p->out_tile_rows = uint32_t(sub);
         const uint64_t values = layout_bytes(y.shape, y.layout) / 4;
-        if (values != y.shape.elements()) {
+        if (values != uint64_t(y.shape.elements())) {
             try {
                 p->zero_out = driver::plan_conv2d_aux(driver::Conv2dAux::Zero, {}, 0, 0, 0, 0,
                                                       values, board.core.vmem_bytes - 64 * 1024);

@@ -376,6 +376,12 @@ Smem Builder::smem(std::string name, uint64_t words) {
     return Smem(this, id, at, bytes);
 }
 
+uint32_t Builder::free_regs() const {
+    uint32_t n = 0;
+    for (int i = 1; i < kNumSregs; ++i) n += m_reg_owner[i] < 0;
+    return n;
+}
+
 uint64_t Builder::vmem_free(uint64_t align) const {
     uint64_t at = 0, best = 0;
     for (const auto& [addr, id] : m_vmem) {

@@ -241,6 +241,9 @@ public:
     /// Bytes of the largest free VMEM block from an `align`-aligned address (a composed kernel
     /// plans its tiles in it).
     uint64_t vmem_free(uint64_t align = 256) const;
+    /// Scalar registers free now (a generator that may hold a register through a loop that
+    /// takes others asks first).
+    uint32_t free_regs() const;
 
     /// While the returned Scope lives, resources are allocated for kernel `kernel` (nested in
     /// the enclosing one): errors name it and symbol names get its prefix ("softmax.tile").

@@ -1369,6 +1369,10 @@ private:
             E(Opcode::Wait, {m_sides.flag, m_sides.count});
         }
         // (2) The epilogue of each panel's tile.
+        // Each panel's stores follow its own epilogue (`pipelined`, below) on 2-D dots whose
+        // panels need VPU work of their own.
+        const bool pipelined =
+            !batched() && (lhs || ttiles_out || mxu_tiles_out || m_k.overlap_epilogue);
         isa::Reg columns, count;
         if (m_k.column_sides) {
             columns = m_b.reg("columns", 12);
@@ -1380,6 +1384,15 @@ private:
         // previous group's) were done when this group began.
         if ((lhs || mxu_tiles_out) && m0 == 0) E(Opcode::Wait, {m_stores.flag, m_stores.count});
         if (m_k.store_bf16 && !lhs) count = m_b.reg("tile_values");
+        // Pipelined stores run between the epilogues, where `columns` is held: when the stores'
+        // registers (row_bytes, and the loops of lhs_tiles, five, or of the other tile stores,
+        // three) would not be free beside it, each epilogue sets it anew (an add per panel).
+        const uint32_t store_regs =
+            (lhs && !tiles_out && !ttiles_out && !mxu_tiles_out ? 1 : 0) +
+            (lhs && tiles_out ? 5 : 3);
+        const bool columns_per_panel =
+            pipelined && m_k.column_sides && m_b.free_regs() < store_regs;
+        if (columns_per_panel) columns.release();
         // Panel m's VPU work, counted on m_vpu or (`odd`) on m_vpu2; returns how many
         // instructions it issued.
         const auto epilogue_of = [&](uint32_t m, bool odd) {
@@ -1409,12 +1422,18 @@ private:
                 cols = T;
             }
             if (m_ep.body) {
+                isa::Reg panel_columns;
+                if (columns_per_panel) {
+                    panel_columns = m_b.reg("columns");
+                    E(Opcode::Add, {panel_columns, m_pcol, imm(int64_t(m_a.col))});
+                }
+                const isa::Reg& col_base = columns_per_panel ? panel_columns : columns;
                 std::vector<isa::Arg> sides;
                 uint32_t ci = 0, fi = 0;
                 for (const EpilogueSide& s : m_ep.sides) {
                     if (s.kind == EpilogueSide::Kind::Column)
-                        sides.push_back(columns + int64_t(ci++ * m_m.col_stride +
-                                                          (lhs ? 0 : uint64_t(m) * C * 4)));
+                        sides.push_back(col_base + int64_t(ci++ * m_m.col_stride +
+                                                           (lhs ? 0 : uint64_t(m) * C * 4)));
                     else
                         sides.push_back(imm(int64_t(full_tile(fi++, m))));
                 }
@@ -1500,8 +1519,6 @@ private:
         // epilogue (the compiler's 2-D dots); the stand-alone matmul's bias add is shorter than
         // the waits it would add (+2 to +13 cycles on BERT's shapes), so it keeps one wait, and
         // a batch (attention's heads) keeps its own order of stores.
-        const bool pipelined =
-            !batched() && (lhs || ttiles_out || mxu_tiles_out || m_k.overlap_epilogue);
         if (pipelined) {
             row_bytes_reg();
             if (np > m0 + 1) E(Opcode::Fset, {m_vpu2, imm(0)});

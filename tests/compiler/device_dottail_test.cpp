@@ -22,6 +22,7 @@
 namespace tpu::compiler {
 namespace {
 
+using test::expect_bit_exact;
 using test::expect_linears_of_one_input_bit_exact;
 
 /// The steady-state cycles of BERT's ffn with ReLU compiled as one step on one core, per dot
@@ -96,6 +97,21 @@ TEST(CompilerDotTailDevice, MergedPartsWithAnOddLastGroupBitExact) {
     // 0's first step in halves, the kernel's end stores panels 0 and 1 once their last matmuls
     // are done, then 2, 3 and 4.
     expect_linears_of_one_input_bit_exact(640, 256, 1536, 2, 91, 92, 102);
+}
+
+TEST(CompilerDotTailDevice, AnLhsStationaryDotWithBiasAndResidualKeepsRegistersForItsStores) {
+    // BERT's out-projection at batch 128 (x [4096, 192] @ W^T [192, 192] + b + x): x^T held,
+    // its 8 x 128 result tiles stored between the panels' epilogues through lhs_tiles' five
+    // loop registers, beside the pipeline's and the two sides'. With the bias's column base
+    // held across the panels the program ran out of scalar registers ("out of scalar
+    // registers for '...tiles.end'"); each epilogue now sets it anew where they are short.
+    const int64_t M = 4096, H = 192;
+    expect_bit_exact({{"x", test::f32({M, H}), {test::randoms(size_t(M * H), 5)}},
+                      {"w", test::f32({H, H}), {test::randoms(size_t(H * H), 6)}, true},
+                      {"b", test::f32({H}), {test::randoms(size_t(H), 7)}, true}},
+                     [](Graph& g, const std::vector<ValueId>& v) {
+                         return add(g, linear(g, v[0], v[1], v[2]), v[0]);
+                     });
 }
 
 }  // namespace

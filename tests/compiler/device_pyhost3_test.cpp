@@ -118,8 +118,9 @@ TEST(CompilerPyHost3, ViTsPatchConvolutionReadsItsNchwInputAndOihwFilterAsTheyLi
     co.board = hw::BoardConfig::load("", {});
     const CompiledStep step = compile(g, co);
     for (const LeafBuffer& l : step.inputs) EXPECT_EQ(l.layout.to_string(), "{1,3,2,0}");
-    for (const LeafBuffer& l : step.parameters)
+    for (const LeafBuffer& l : step.parameters) {
         if (l.shape.rank() == 4) EXPECT_EQ(l.layout.to_string(), "{0,1,3,2}");
+    }
 }
 
 TEST(CompilerPyHost3, ViTsSequencesOf17TokensAtBatch2AreUntiledRowsOfTheLinears) {
