@@ -111,9 +111,17 @@ void HbmReplicaGroup::leave(uint32_t i) {
 
 void HbmReplicaGroup::take_own(uint32_t i) {
     Member& m = m_members[i];
-    // The snapshot is the state at m_base, and a member in step is never behind m_base.
-    m.own = std::make_unique<Hbm2Timing>(m_snap);
-    for (uint64_t k = m_base; k < m.next; ++k) run(*m.own, m_log[k - m_base].q);
+    if (m_cut && m_cut_at == m.next) {
+        m.own = std::make_unique<Hbm2Timing>(*m_cut);
+    } else {
+        // The snapshot is the state at m_base, and a member in step is never behind m_base.
+        m.own = std::make_unique<Hbm2Timing>(m_snap);
+        for (uint64_t k = m_base; k < m.next; ++k) run(*m.own, m_log[k - m_base].q);
+        // Members that part at the same index (a collective parts them all at once) copy this
+        // state rather than replay the log again.
+        m_cut = std::make_unique<Hbm2Timing>(*m.own);
+        m_cut_at = m.next;
+    }
     --m_in_step;
     ++m_counters.diverged;
 }

@@ -93,6 +93,8 @@ private:
     Hbm2Timing m_front;       ///< state after every logged request (index m_end)
     Hbm2Timing m_snap;        ///< state at index m_base, while a member in step may lag
     std::deque<Entry> m_log;  ///< requests m_base .. m_end - 1
+    std::unique_ptr<Hbm2Timing> m_cut;  ///< the state at index m_cut_at, where a member left
+    uint64_t m_cut_at = 0;
     uint64_t m_base = 0, m_end = 0;
     std::vector<Member> m_members;
     uint32_t m_in_step;  ///< members without a model of their own

@@ -158,6 +158,26 @@ TEST(HbmReplicas, MembersInStepAreServedOnce) {
     EXPECT_EQ(c.diverged, 0u);
 }
 
+TEST(HbmReplicas, MembersThatPartAtOneIndexEqualTheirOwnModels) {
+    // A collective parts every member at once: the first to leave replays the log, the others
+    // copy its state at that index.
+    for (uint32_t seed = 1; seed <= 4; ++seed) {
+        Pick pick{std::mt19937(100 + seed)};
+        Plan plan;
+        uint64_t t = 0;
+        for (size_t i = 0; i < 3000; ++i) plan.shared.push_back(random_request(pick, t));
+        plan.split.assign(6, 3000);
+        plan.length.assign(6, 3400);
+        const auto c =
+            expect_same_as_own_models(varied(seed), plan, pick, fmt::format("seed {}", seed));
+        // The member that reaches index 3000 first goes on with the front model; the other
+        // five leave.
+        EXPECT_EQ(c.diverged, 5u);
+        EXPECT_EQ(c.served + c.replayed, 6u * 3000u + 400u);
+        EXPECT_EQ(c.own, 5u * 400u);
+    }
+}
+
 TEST(HbmReplicas, AnIdleMemberLeavesRatherThanHoldTheLog) {
     // One core works, the others are idle (a single-core kernel on the board): past the log's
     // bound the idle members take their own (initial) state, so the log stops growing, and
