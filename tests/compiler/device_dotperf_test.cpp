@@ -73,46 +73,6 @@ TEST(CompilerDotPerfDevice, APaddedContractingDimKeepsTheEightByOneTwentyEightTi
     EXPECT_EQ(s.parameters[0].layout.to_string(), "{1,0:T(8,128)}");
 }
 
-/// The steady-state cycles of BERT's ffn compiled as one step on one core, per dot fusion:
-/// h = gelu(x W1^T + b1), y = h W2^T + b2 + x with x [M, H] an input, W1 [F, H], W2 [H, F]
-/// parameters. The third step's (the first converts the parameters to their kernels' layouts,
-/// the second compiles again with the layouts they now carry). Values are not computed
-/// (sim.functional=false): cycles only. Returns {fc_1, fc_2}.
-std::pair<uint64_t, uint64_t> steady_ffn_cycles(int64_t M, int64_t H, int64_t F) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    device.time_fusions(true);
-    CompileOptions co;
-    co.board = cfg;
-    LazyContext ctx(device, co);
-    const Shape xs{DType::F32, {M, H}}, w1s{DType::F32, {F, H}}, b1s{DType::F32, {F}},
-        w2s{DType::F32, {H, F}}, b2s{DType::F32, {H}};
-    const LazyTensor w1 = ctx.parameter("w1", w1s, {std::vector<float>(size_t(F * H), 0.01f)});
-    const LazyTensor b1 = ctx.parameter("b1", b1s, {std::vector<float>(size_t(F), 0.0f)});
-    const LazyTensor w2 = ctx.parameter("w2", w2s, {std::vector<float>(size_t(F * H), 0.01f)});
-    const LazyTensor b2 = ctx.parameter("b2", b2s, {std::vector<float>(size_t(H), 0.0f)});
-    for (int step = 0; step < 3; ++step) {
-        const LazyTensor x = ctx.input("x", xs, {std::vector<float>(size_t(M * H), 1.0f)});
-        Graph& g = ctx.graph();
-        const ValueId h = gelu(g, linear(g, ctx.value(x), ctx.value(w1), ctx.value(b1)), true);
-        const ValueId y = add(g, linear(g, h, ctx.value(w2), ctx.value(b2)), ctx.value(x));
-        const LazyTensor out = ctx.wrap(y, "y");
-        ctx.mark_step();
-        (void)out;
-    }
-    EXPECT_EQ(device.stats().launches, 3u);
-    const CompiledStep& s = *ctx.last_step();
-    std::vector<uint64_t> dots;
-    for (size_t i = 0; i < s.fusions.size(); ++i)
-        if (s.fusions[i].hero != kNoOp && s.graph.op(s.fusions[i].hero).kind == OpKind::Dot)
-            dots.push_back(device.stats().last_fusion_cycles.at(i));
-    EXPECT_EQ(dots.size(), 2u) << s.to_string();
-    return {dots.at(0), dots.at(1)};
-}
-
 /// The library GEMM of the same shape on one core (`tpusim gemm --m M --k K --n N`).
 uint64_t library_gemm_cycles(uint32_t M, uint32_t K, uint32_t N) {
     const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
@@ -138,7 +98,7 @@ TEST(CompilerDotPerf, TheBertFfnDotsRunWithinTwentyPercentOfTheLibraryGemm) {
     // the HBM's peak, so those steps are HBM-bound (twice the library's bf16 bytes). Was 99 464
     // and 129 820 cycles (the weight in 8 x 128 tiles: strided 4 KiB runs, one opened HBM row
     // each; the epilogue of both panels at once beside one MXU step).
-    const auto [fc1, fc2] = steady_ffn_cycles(512, 768, 3072);
+    const auto [fc1, fc2] = test::steady_ffn_cycles(512, 768, 3072, false);
     const uint64_t lib1 = library_gemm_cycles(512, 768, 3072);
     const uint64_t lib2 = library_gemm_cycles(512, 3072, 768);
     std::cout << fmt::format("[bert ffn] fc_1 {} cycles (library GEMM {}), fc_2 {} ({})\n", fc1,

@@ -25,45 +25,6 @@ namespace {
 using test::expect_bit_exact;
 using test::expect_linears_of_one_input_bit_exact;
 
-/// The steady-state cycles of BERT's ffn with ReLU compiled as one step on one core, per dot
-/// fusion: h = relu(x W1^T + b1), y = h W2^T + b2 + x with x [M, H] an input, W1 [F, H], W2
-/// [H, F] parameters; the third step's (the parameters then carry their kernels' layouts).
-/// Timing only (sim.functional=false). Returns {fc_1, fc_2}.
-std::pair<uint64_t, uint64_t> steady_relu_ffn_cycles(int64_t M, int64_t H, int64_t F) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    device.time_fusions(true);
-    CompileOptions co;
-    co.board = cfg;
-    LazyContext ctx(device, co);
-    const Shape xs{DType::F32, {M, H}}, w1s{DType::F32, {F, H}}, b1s{DType::F32, {F}},
-        w2s{DType::F32, {H, F}}, b2s{DType::F32, {H}};
-    const LazyTensor w1 = ctx.parameter("w1", w1s, {std::vector<float>(size_t(F * H), 0.01f)});
-    const LazyTensor b1 = ctx.parameter("b1", b1s, {std::vector<float>(size_t(F), 0.0f)});
-    const LazyTensor w2 = ctx.parameter("w2", w2s, {std::vector<float>(size_t(F * H), 0.01f)});
-    const LazyTensor b2 = ctx.parameter("b2", b2s, {std::vector<float>(size_t(H), 0.0f)});
-    for (int step = 0; step < 3; ++step) {
-        const LazyTensor x = ctx.input("x", xs, {std::vector<float>(size_t(M * H), 1.0f)});
-        Graph& g = ctx.graph();
-        const ValueId h = relu(g, linear(g, ctx.value(x), ctx.value(w1), ctx.value(b1)));
-        const ValueId y = add(g, linear(g, h, ctx.value(w2), ctx.value(b2)), ctx.value(x));
-        const LazyTensor out = ctx.wrap(y, "y");
-        ctx.mark_step();
-        (void)out;
-    }
-    EXPECT_EQ(device.stats().launches, 3u);
-    const CompiledStep& s = *ctx.last_step();
-    std::vector<uint64_t> dots;
-    for (size_t i = 0; i < s.fusions.size(); ++i)
-        if (s.fusions[i].hero != kNoOp && s.graph.op(s.fusions[i].hero).kind == OpKind::Dot)
-            dots.push_back(device.stats().last_fusion_cycles.at(i));
-    EXPECT_EQ(dots.size(), 2u) << s.to_string();
-    return {dots.at(0), dots.at(1)};
-}
-
 TEST(CompilerDotTail, TheBertBaseFfnRunsWithinAFewPercentOfItsScheduleFloor) {
     // BERT-base's ffn, M = 512, H = 768, F = 3072, ReLU. Both dots hold x^T or h^T (4 panels of
     // 128 activation rows, two per MXU in one group) and stream the fp32 weight from its MXU
@@ -81,7 +42,7 @@ TEST(CompilerDotTail, TheBertBaseFfnRunsWithinAFewPercentOfItsScheduleFloor) {
     // Measured 52 265 (1.093 x) and 54 219 (1.046 x); before each panel's stores followed its
     // own epilogue, the last group's first panels were stored while the MXUs finished and the
     // first step ran in halves: 56 265 (1.177 x) and 55 982 (1.080 x).
-    const auto [fc1, fc2] = steady_relu_ffn_cycles(512, 768, 3072);
+    const auto [fc1, fc2] = test::steady_ffn_cycles(512, 768, 3072, true);
     std::cout << fmt::format(
         "[bert ffn relu] fc_1 {} cycles ({:.3f} x floor), fc_2 {} ({:.3f} x)\n", fc1,
         double(fc1) / 47807, fc2, double(fc2) / 51853);

@@ -17,23 +17,11 @@
 namespace tpu::compiler {
 namespace {
 
+using test::aten_linear;
 using test::expect_bit_exact;
 using test::f32;
 using test::Leaf;
 using test::randoms;
-
-/// nn.Linear on [B, S, in] as aten records it: a view to [B S, in], the [out, in] weight
-/// transposed into the dot, the bias added, a view back to [B, S, out].
-ValueId aten_linear(Graph& g, ValueId x, ValueId w, ValueId b) {
-    const auto& xs = g.shape(x).dims;
-    const int64_t out = g.shape(w).dims[0];
-    DotDims d;
-    d.lhs_contracting = {1};
-    d.rhs_contracting = {0};
-    ValueId y = dot(g, reshape(g, x, {xs[0] * xs[1], xs[2]}), transpose(g, w, {1, 0}), d);
-    y = add(g, y, broadcast(g, b, {xs[0] * xs[1], out}, {1}));
-    return reshape(g, y, {xs[0], xs[1], out});
-}
 
 TEST(CompilerPyHost3, AGeluDotOf4096RowsSplitsItsRowsSoItsEpilogueFits) {
     // BERT's fc_1 at batch 128 of 32 tokens: [4096, 192] x [192, 768] with erf's GELU in the
@@ -119,7 +107,9 @@ TEST(CompilerPyHost3, ViTsPatchConvolutionReadsItsNchwInputAndOihwFilterAsTheyLi
     const CompiledStep step = compile(g, co);
     for (const LeafBuffer& l : step.inputs) EXPECT_EQ(l.layout.to_string(), "{1,3,2,0}");
     for (const LeafBuffer& l : step.parameters) {
-        if (l.shape.rank() == 4) EXPECT_EQ(l.layout.to_string(), "{0,1,3,2}");
+        if (l.shape.rank() == 4) {
+            EXPECT_EQ(l.layout.to_string(), "{0,1,3,2}");
+        }
     }
 }
 

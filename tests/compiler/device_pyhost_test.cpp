@@ -25,24 +25,12 @@
 namespace tpu::compiler {
 namespace {
 
+using test::aten_linear;
 using test::expect_bit_exact;
 using test::f32;
 using test::Leaf;
 using test::probe;
 using test::randoms;
-
-/// nn.Linear on [1, S, in] as aten records it: a view to [S, in], addmm with the weight's
-/// transpose, a view back to [1, S, out].
-ValueId hf_linear(Graph& g, ValueId x, ValueId w, ValueId b) {
-    const auto& xs = g.shape(x).dims;
-    const int64_t out = g.shape(w).dims[0];
-    DotDims d;
-    d.lhs_contracting = {1};
-    d.rhs_contracting = {0};
-    ValueId y = dot(g, reshape(g, x, {xs[0] * xs[1], xs[2]}), transpose(g, w, {1, 0}), d);
-    y = add(g, y, broadcast(g, b, {xs[0] * xs[1], out}, {1}));
-    return reshape(g, y, {xs[0], xs[1], out});
-}
 
 /// BertSelfAttention with scaled_dot_product_attention's math path on [1, S, H d]: each head
 /// split by view [1, S, H, d] and permute (0, 2, 1, 3); q * sqrt(scale) and k^T * sqrt(scale);
@@ -55,9 +43,9 @@ ValueId hf_attention(Graph& g, ValueId x, const std::vector<ValueId>& p, int64_t
     const auto split = [&](ValueId t) {
         return transpose(g, reshape(g, t, {1, S, heads, d}), {0, 2, 1, 3});
     };
-    const ValueId q = split(hf_linear(g, x, p[0], p[1]));
-    const ValueId k = split(hf_linear(g, x, p[2], p[3]));
-    const ValueId v = split(hf_linear(g, x, p[4], p[5]));
+    const ValueId q = split(aten_linear(g, x, p[0], p[1]));
+    const ValueId k = split(aten_linear(g, x, p[2], p[3]));
+    const ValueId v = split(aten_linear(g, x, p[4], p[5]));
     const double c = std::sqrt(1.0 / std::sqrt(double(d)));
     const ValueId qs = mul(g, q, full(g, c, g.shape(q)));
     const ValueId kt = transpose(g, k, {0, 1, 3, 2});
@@ -89,15 +77,15 @@ ValueId hf_attention(Graph& g, ValueId x, const std::vector<ValueId>& p, int64_t
     o = reshape(g, o, {1, heads, S, d});
     o = transpose(g, o, {0, 2, 1, 3});
     o = reshape(g, o, {1, S, D});
-    const ValueId a = hf_linear(g, o, p[6], p[7]);
+    const ValueId a = aten_linear(g, o, p[6], p[7]);
     return add(g, a, x);
 }
 
 /// The layer: attention, residual and layer norm, the erf GELU ffn, residual and layer norm.
 ValueId hf_layer(Graph& g, ValueId x, const std::vector<ValueId>& p, int64_t heads) {
     const ValueId h = layer_norm(g, hf_attention(g, x, p, heads), p[8], p[9], 1e-12).y;
-    const ValueId f = gelu(g, hf_linear(g, h, p[10], p[11]), false);
-    return layer_norm(g, add(g, hf_linear(g, f, p[12], p[13]), h), p[14], p[15], 1e-12).y;
+    const ValueId f = gelu(g, aten_linear(g, h, p[10], p[11]), false);
+    return layer_norm(g, add(g, aten_linear(g, f, p[12], p[13]), h), p[14], p[15], 1e-12).y;
 }
 
 /// x [1, S, D] and the layer's parameters (nn.Linear's [out, in] weights).
@@ -140,7 +128,7 @@ TEST(CompilerPyHost, AUnitBatchDimBeforeAndAfterALinearIsTheSameTiles) {
     const auto leaves = hf_leaves(kS, kD, kF);
     expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         const ValueId ln = layer_norm(g, v[0], v[9], v[10], 1e-12).y;
-        return add(g, hf_linear(g, ln, v[1], v[2]), ln);
+        return add(g, aten_linear(g, ln, v[1], v[2]), ln);
     });
 }
 
@@ -151,8 +139,8 @@ TEST(CompilerPyHost, ABatchOfSequencesBeforeAndAfterALinearIsTheSameTiles) {
     leaves[0] = {"x", f32({3, kS, kD}), {randoms(size_t(3 * kS * kD), 77)}};
     expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
         const ValueId ln = layer_norm(g, v[0], v[9], v[10], 1e-12).y;
-        const ValueId h = gelu(g, hf_linear(g, ln, v[11], v[12]), false);
-        return add(g, hf_linear(g, h, v[13], v[14]), ln);
+        const ValueId h = gelu(g, aten_linear(g, ln, v[11], v[12]), false);
+        return add(g, aten_linear(g, h, v[13], v[14]), ln);
     });
 }
 

@@ -265,4 +265,60 @@ inline std::pair<uint64_t, uint64_t> zoo_attention_dot_cycles(int64_t S, int64_t
     return {dots.at(0), dots.at(1)};
 }
 
+/// The steady-state cycles of BERT's ffn compiled as one step on one core, per dot fusion:
+/// h = act(x W1^T + b1), y = h W2^T + b2 + x with act GELU (erf) or, with `relu`, ReLU (what
+/// `tpusim validate`'s bert-block rows run); x [M, H] an input, W1 [F, H], W2 [H, F]
+/// parameters. The third step's (the first converts the parameters to their kernels' layouts,
+/// the second compiles again with the layouts they now carry). Values are not computed
+/// (sim.functional=false): cycles only. Returns {fc_1, fc_2}.
+inline std::pair<uint64_t, uint64_t> steady_ffn_cycles(int64_t M, int64_t H, int64_t F,
+                                                       bool relu) {
+    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    DeviceBackend device(*dev, {0}, cg);
+    device.time_fusions(true);
+    CompileOptions co;
+    co.board = cfg;
+    LazyContext ctx(device, co);
+    const Shape xs{DType::F32, {M, H}}, w1s{DType::F32, {F, H}}, b1s{DType::F32, {F}},
+        w2s{DType::F32, {H, F}}, b2s{DType::F32, {H}};
+    const LazyTensor w1 = ctx.parameter("w1", w1s, {std::vector<float>(size_t(F * H), 0.01f)});
+    const LazyTensor b1 = ctx.parameter("b1", b1s, {std::vector<float>(size_t(F), 0.0f)});
+    const LazyTensor w2 = ctx.parameter("w2", w2s, {std::vector<float>(size_t(F * H), 0.01f)});
+    const LazyTensor b2 = ctx.parameter("b2", b2s, {std::vector<float>(size_t(H), 0.0f)});
+    for (int step = 0; step < 3; ++step) {
+        const LazyTensor x = ctx.input("x", xs, {std::vector<float>(size_t(M * H), 1.0f)});
+        Graph& g = ctx.graph();
+        const ValueId pre = linear(g, ctx.value(x), ctx.value(w1), ctx.value(b1));
+        const ValueId h = relu ? compiler::relu(g, pre) : gelu(g, pre, true);
+        const ValueId y = add(g, linear(g, h, ctx.value(w2), ctx.value(b2)), ctx.value(x));
+        const LazyTensor out = ctx.wrap(y, "y");
+        ctx.mark_step();
+        (void)out;
+    }
+    EXPECT_EQ(device.stats().launches, 3u);
+    const CompiledStep& s = *ctx.last_step();
+    std::vector<uint64_t> dots;
+    for (size_t i = 0; i < s.fusions.size(); ++i)
+        if (s.fusions[i].hero != kNoOp && s.graph.op(s.fusions[i].hero).kind == OpKind::Dot)
+            dots.push_back(device.stats().last_fusion_cycles.at(i));
+    EXPECT_EQ(dots.size(), 2u) << s.to_string();
+    return {dots.at(0), dots.at(1)};
+}
+
+/// nn.Linear on [B, S, in] as aten records it: a view to [B S, in], the [out, in] weight
+/// transposed into the dot, the bias added, a view back to [B, S, out].
+inline ValueId aten_linear(Graph& g, ValueId x, ValueId w, ValueId b) {
+    const auto& xs = g.shape(x).dims;
+    const int64_t out = g.shape(w).dims[0];
+    DotDims d;
+    d.lhs_contracting = {1};
+    d.rhs_contracting = {0};
+    ValueId y = dot(g, reshape(g, x, {xs[0] * xs[1], xs[2]}), transpose(g, w, {1, 0}), d);
+    y = add(g, y, broadcast(g, b, {xs[0] * xs[1], out}, {1}));
+    return reshape(g, y, {xs[0], xs[1], out});
+}
+
 }  // namespace tpu::compiler::test
