@@ -268,6 +268,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     std::vector<std::optional<CollectiveFusion>> collectives;
     std::vector<std::shared_ptr<const ConvPoolFusion>> windows;  // codegen_conv.cpp
     std::vector<std::shared_ptr<const GatherFusion>> gathers;    // codegen_gather.cpp
+    std::vector<std::shared_ptr<const ConcatFusion>> concats;    // codegen_concat.cpp
     std::vector<std::optional<DerivedSlot>> slots;
     uint64_t derived_bytes = 0;
     std::map<std::pair<uint8_t, uint32_t>, size_t> slot;
@@ -282,14 +283,16 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         collectives.emplace_back();
         windows.push_back(plan_conv_pool_fusion(g, f, o.board));
         gathers.push_back(f.kind == FusionKind::Loop ? plan_gather_fusion(g, f, o.board) : nullptr);
+        concats.push_back(f.kind == FusionKind::Loop ? plan_concat_fusion(g, f, o.board) : nullptr);
         if (f.kind == FusionKind::Collective) {
             collectives.back() = plan_collective(g, f, o);
             rings |= collectives.back()->sums();
             ring_kernels |= collectives.back()->ring.has_value();
             if (collectives.back()->torus)
                 torus_phases = 2 * collectives.back()->torus->phases.size() - 1;
-        } else if (windows.back() || gathers.back()) {
-            // a convolution or pooling fusion (codegen_conv.cpp), a gather (codegen_gather.cpp)
+        } else if (windows.back() || gathers.back() || concats.back()) {
+            // a convolution or pooling fusion (codegen_conv.cpp), a gather (codegen_gather.cpp),
+            // a concatenation (codegen_concat.cpp)
         } else if (f.kind == FusionKind::Output) {
             dots.back() = plan_dot_fusion(g, f, o.board);
         } else {
@@ -448,6 +451,10 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         }
         if (gathers[k]) {
             emit_gather_fusion(b, *gathers[k], load);
+            continue;
+        }
+        if (concats[k]) {
+            emit_concat_fusion(b, *concats[k], load);
             continue;
         }
         if (windows[k]) {

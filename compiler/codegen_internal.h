@@ -289,4 +289,16 @@ std::shared_ptr<const GatherFusion> plan_gather_fusion(const Graph& g, const Fus
 /// Emits a fusion planned by plan_gather_fusion.
 void emit_gather_fusion(isa::Builder& b, const GatherFusion& p, const LoadFn& load);
 
+/// A planned concatenation fusion: its result's rows copied by DMA from where its parts' values
+/// lie (codegen_concat.cpp).
+struct ConcatFusion;
+
+/// The plan of `f` when it holds a concatenation (nullptr otherwise); throws NotYetGenerated
+/// for one the emitter does not cover.
+std::shared_ptr<const ConcatFusion> plan_concat_fusion(const Graph& g, const Fusion& f,
+                                                       const hw::BoardConfig& board);
+
+/// Emits a fusion planned by plan_concat_fusion.
+void emit_concat_fusion(isa::Builder& b, const ConcatFusion& p, const LoadFn& load);
+
 }  // namespace tpu::compiler::gen

@@ -270,6 +270,13 @@ private:
                 if (m_g.op(id).kind != OpKind::Reshape) return;
         const FusionKind gk = kind_of(gi);
         if (gk == FusionKind::Collective || gk == FusionKind::Custom) return;
+        // A concatenation likewise roots a loop fusion of its own, which copies its parts' rows
+        // by DMA (codegen_concat.cpp): it is fused into no loop or reduction fusion (a dot
+        // reads dot_merger's merged operands part by part, codegen_dot.cpp), and into it only
+        // the data movement its parts reach it through (the class token's broadcast over the
+        // batch, the patches' NCHW view), whose bytes the copy reads where they lie.
+        if (m_g.op(p).kind == OpKind::Concatenate && gk != FusionKind::Output) return;
+        if (gk == FusionKind::Loop && has_concatenation(gi) && pc != OpClass::Movement) return;
         // Before the MXU only what changes dims or types is fused: reshapes and transposes
         // (a head split is a change of dims, never a copy) and conversions (an fp32 weight is
         // converted to bf16 inside the dot's fusion). After it (the epilogue) anything
@@ -467,6 +474,13 @@ private:
             if (m_g.shape(op.results[0]).dims != os.dims || op.attrs.dims != want) return false;
         }
         return true;
+    }
+
+    /// Group `gi` holds a concatenation (a loop fusion of row copies, see try_fuse).
+    bool has_concatenation(int gi) const {
+        for (OpId id : m_members[size_t(gi)])
+            if (m_g.op(id).kind == OpKind::Concatenate) return true;
+        return false;
     }
 
     bool duplicable(OpId p) const {
@@ -689,7 +703,9 @@ private:
         const int p = writer_of(v);
         if (p < 0 || !m_alive[size_t(p)] || kind_of(p) != FusionKind::Loop) return;
         for (OpId id : m_members[size_t(p)])
-            if (cls(id) == OpClass::Window || cls(id) == OpClass::Gather) return;
+            if (cls(id) == OpClass::Window || cls(id) == OpClass::Gather ||
+                m_g.op(id).kind == OpKind::Concatenate)
+                return;
         const auto rs = readers(v);
         if (rs.size() < 2) return;
         bool reduction_reads = false;

@@ -66,14 +66,27 @@ def test_vits_patches_and_17_token_sequences_at_batch_2_run_on_the_device():
     # tpusim.torch records (the leaves laid out in the transposes' order), and the [2, 17,
     # 192] activations lie untiled row-major, the linears' [34, 192] views of them the same
     # bytes, the layer norms streaming rows of 192 padded to two lane chunks (before: 17 host
-    # fusions with one layer). Left on the host: the embeddings' concatenation of the class
-    # token (and the layer norm fusions that recompute it) and the attention's two dots over
-    # heads of 17 rows, which are not whole tiles of the projections.
+    # fusions with one layer). Left on the host: the position embeddings' add (a [17, 192] table
+    # repeated over untiled sequences, which the streaming emitter does not read yet; and the
+    # layer norm fusions that recompute it; the class token's concatenation before it is copied
+    # on the device) and the attention's two dots over heads of 17 rows, which are not whole
+    # tiles of the projections.
     torch.manual_seed(6)
     want, got, s = _on_board(_vit, dict(pixel_values=torch.randn(2, 3, 64, 64)))
     assert s["host_fusions"] == 5, s["fallbacks"]
     assert not any("convolution" in k or "padded tiles" in k or "layout" in k
                    for k in s["fallbacks"]), s["fallbacks"]
+    assert torch.equal(got, want)
+
+
+def test_vits_class_token_concatenation_at_batch_1_is_copied_on_the_device():
+    # The class token's concatenation before the 16 patches roots a loop fusion of its own (with
+    # the patches' NCHW view), which copies each row by DMA from where it lies (before: 1 host
+    # fusion, the concatenation with the position embeddings' add, "used both as a row and as a
+    # column vector"). A copy: the same bits.
+    torch.manual_seed(7)
+    want, got, s = _on_board(_vit, dict(pixel_values=torch.randn(1, 3, 64, 64)))
+    assert s["host_fusions"] == 0, s["fallbacks"]
     assert torch.equal(got, want)
 
 
