@@ -19,6 +19,10 @@ namespace {
 
 /// `count` runs of `bytes`: run i from src + i * src_stride of operand `operand` to
 /// dst + i * dst_stride of the result.
+/// Bytes of one VMEM slot at most: a copy's loads into one slot run beside the previous copy's
+/// stores from the other, so shorter copies overlap more of the transfer.
+constexpr uint64_t kSlotBytes = uint64_t(64) << 10;
+
 struct CopyRuns {
     size_t operand = 0;
     uint64_t src = 0, dst = 0, bytes = 0, count = 1;
@@ -104,8 +108,8 @@ std::shared_ptr<const ConcatFusion> plan_concat_fusion(const Graph& g, const Fus
                     v = op.operands[0];
                     break;
                 default:
-                    not_generated(f, fmt::format("a concatenation fused with a {}",
-                                                 op_name(op.kind)));
+                    not_generated(f,
+                                  fmt::format("a concatenation fused with a {}", op_name(op.kind)));
             }
         }
         for (size_t i = 0; i < f.operands.size(); ++i)
@@ -124,9 +128,10 @@ std::shared_ptr<const ConcatFusion> plan_concat_fusion(const Graph& g, const Fus
     struct Run {
         size_t operand;
         uint64_t src, dst, bytes;
-        int64_t k, row;
+        int64_t k;
     };
     std::vector<Run> runs;
+    p->slot_bytes = std::min<uint64_t>(board.core.vmem_bytes / 4, kSlotBytes);
     const int64_t n = os.elements(), D = os.dims.empty() ? 1 : os.dims.back();
     std::vector<int64_t> idx(os.dims.size(), 0);
     for (int64_t i = 0; i < n; ++i) {
@@ -138,31 +143,33 @@ std::shared_ptr<const ConcatFusion> plan_concat_fusion(const Graph& g, const Fus
         const uint64_t dst = physical_index(os, p->out->layout, idx) * width;
         const auto [o, src] = source(p->out->value, idx);
         const bool row_start = i % D == 0;
-        if (!runs.empty() && !row_start) {
+        // Runs continue across rows where both sides do (the patches of a sequence: one run),
+        // up to a VMEM slot.
+        if (!runs.empty()) {
             Run& l = runs.back();
-            if (l.operand == o && l.src + l.bytes == src && l.dst + l.bytes == dst) {
+            if (l.operand == o && l.src + l.bytes == src && l.dst + l.bytes == dst &&
+                l.bytes + width <= p->slot_bytes) {
                 l.bytes += width;
                 continue;
             }
         }
         const int64_t k = row_start ? 0 : runs.back().k + 1;
-        runs.push_back(Run{o, src, dst, width, k, i / D});
+        runs.push_back(Run{o, src, dst, width, k});
     }
-    // Runs of one operand, length and place in their rows, in row order: strided DMAs (whose
-    // rows may not overlap on either side: a part broadcast over the batch is copied run by
-    // run).
+    // Runs of one operand, length and place in their rows, in row order: strided DMAs. A DMA's
+    // rows may not overlap on either side, so runs of one source (a part broadcast over the
+    // batch) are loaded once and doubled in VMEM before one strided store.
     std::stable_sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) {
         return std::tie(a.operand, a.bytes, a.k) < std::tie(b.operand, b.bytes, b.k);
     });
-    p->slot_bytes = board.core.vmem_bytes / 4;
     for (const Run& r : runs) {
-        if (r.bytes > p->slot_bytes) not_generated(f, "a concatenation row larger than VMEM");
         if (!p->copies.empty()) {
             CopyRuns& c = p->copies.back();
             const bool fits = (c.count + 1) * c.bytes <= p->slot_bytes;
             if (c.operand == r.operand && c.bytes == r.bytes && fits && r.dst > c.dst) {
                 const uint64_t ss = r.src - c.src, ds = r.dst - c.dst;
-                if (c.count == 1 && ds >= c.bytes && ss >= c.bytes && r.src > c.src) {
+                if (c.count == 1 && ds >= c.bytes &&
+                    ((ss >= c.bytes && r.src > c.src) || r.src == c.src)) {
                     c.src_stride = ss;
                     c.dst_stride = ds;
                     c.count = 2;
@@ -199,9 +206,19 @@ void emit_concat_fusion(isa::Builder& b, const ConcatFusion& p, const LoadFn& lo
         stores.wait_all();
         b.emit(Opcode::Li, {v, imm(int64_t(slots.addr() + (i % 2) * p.slot_bytes))});
         b.emit(Opcode::Add, {s, src[c.operand], imm(int64_t(c.src))});
-        loads.issue(Opcode::DmaHv, {v + 0, s + 0, imm(int64_t(c.count)), imm(int64_t(c.bytes)),
-                                    imm(int64_t(c.bytes)), imm(int64_t(c.src_stride))});
+        const uint64_t once = c.src_stride == 0 ? 1 : c.count;
+        loads.issue(Opcode::DmaHv,
+                    {v + 0, s + 0, imm(int64_t(once)), imm(int64_t(c.bytes)), imm(int64_t(c.bytes)),
+                     imm(int64_t(once == 1 ? c.bytes : c.src_stride))});
         loads.wait_all();
+        for (uint64_t have = once; have < c.count;) {  // doubled: log2(count) copies in VMEM
+            const uint64_t more = std::min(have, c.count - have) * c.bytes;
+            loads.issue(Opcode::DmaVv,
+                        {v + int64_t(have * c.bytes), v + 0, imm(1), imm(int64_t(more)),
+                         imm(int64_t(more)), imm(int64_t(more))});
+            loads.wait_all();
+            have += more / c.bytes;
+        }
         b.emit(Opcode::Add, {d, out, imm(int64_t(c.dst))});
         stores.issue(Opcode::DmaVh, {d + 0, v + 0, imm(int64_t(c.count)), imm(int64_t(c.bytes)),
                                      imm(int64_t(c.dst_stride)), imm(int64_t(c.bytes))});

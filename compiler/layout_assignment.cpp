@@ -313,6 +313,13 @@ bool plain_dot_fusion(const Graph& g, const Fusion& f) {
            g.op(f.hero).attrs.dot.lhs_batch.empty();
 }
 
+/// A loop fusion of a concatenation (fusion.cpp): row copies, which write any layout alike.
+bool concat_fusion(const Graph& g, const Fusion& f) {
+    return f.kind == FusionKind::Loop && std::any_of(f.ops.begin(), f.ops.end(), [&](OpId id) {
+               return g.op(id).kind == OpKind::Concatenate;
+           });
+}
+
 /// [B, S, D] (rank 3 or more) f32 with several sequences of S rows, S not a multiple of the
 /// tile's rows.
 bool padded_sequences(const Shape& s, const hw::BoardConfig& cfg) {
@@ -396,12 +403,15 @@ void assign_layouts(CompiledStep& step, const CompileOptions& options) {
         // be a relayout; untiled row-major it is the same bytes, and the streaming fusions
         // between the dots (layer norms, residuals) read it as rows; so does what such a
         // fusion writes from an operand of its shape laid out so (the last layer norm's
-        // output: one layout in the fusion).
+        // output: one layout in the fusion), and a concatenation's copies write it so.
         if (padded_sequences(val.shape, cfg)) {
             bool by_dot = false;
             if (auto w = writer.find(v); w != writer.end()) {
                 const Fusion& wf = step.fusions[w->second];
-                by_dot |= plain_dot_fusion(g, wf);
+                // A concatenation's copies write untiled rows as well as tiles, and the
+                // sequences' padding would more than double their bytes (ViT's class token
+                // joined to the patches: 17 rows of 192 padded to 24 of 256).
+                by_dot |= plain_dot_fusion(g, wf) || concat_fusion(g, wf);
                 for (const FusionValue& o : wf.operands)
                     by_dot |= o.shape.dims == val.shape.dims &&
                               g.value(o.value).layout == row_major(val.shape.rank());

@@ -146,13 +146,13 @@ TEST(CompilerPyHost3, ViTsSequencesOf17TokensAtBatch2AreUntiledRowsOfTheLinears)
 ValueId vit_embeddings(Graph& g, const std::vector<ValueId>& v, int64_t B, bool pos) {
     constexpr int64_t P = 16;
     const int64_t D = g.shape(v[1]).dims[0], S = g.shape(v[4]).dims[1];
-    ValueId y =
-        conv2d(g, transpose(g, v[0], {0, 2, 3, 1}), transpose(g, v[1], {2, 3, 1, 0}), P, 0);
+    ValueId y = conv2d(g, transpose(g, v[0], {0, 2, 3, 1}), transpose(g, v[1], {2, 3, 1, 0}), P, 0);
     y = add(g, y, broadcast(g, v[2], g.shape(y).dims, {3}));
     y = transpose(g, reshape(g, transpose(g, y, {0, 3, 1, 2}), {B, D, S - 1}), {0, 2, 1});
     const ValueId cls = B == 1 ? v[3] : broadcast(g, reshape(g, v[3], {D}), {B, 1, D}, {2});
     const ValueId e = concatenate(g, {cls, y}, 1);
-    return pos ? add(g, e, B == 1 ? v[4] : broadcast(g, reshape(g, v[4], {S, D}), {B, S, D}, {1, 2}))
+    return pos ? add(g, e,
+                     B == 1 ? v[4] : broadcast(g, reshape(g, v[4], {S, D}), {B, S, D}, {1, 2}))
                : e;
 }
 
@@ -160,7 +160,9 @@ std::vector<Leaf> vit_embedding_leaves(int64_t B) {
     constexpr int64_t C = 3, H = 64, P = 16, D = 192, S = (H / P) * (H / P) + 1;
     const float ws = 1.0f / std::sqrt(float(C * P * P));
     return {{"pixel_values", f32({B, C, H, H}), {randoms(size_t(B * C * H * H), 111)}},
-            {"projection.weight", f32({D, C, P, P}), {randoms(size_t(D * C * P * P), 112, -ws, ws)},
+            {"projection.weight",
+             f32({D, C, P, P}),
+             {randoms(size_t(D * C * P * P), 112, -ws, ws)},
              true},
             {"projection.bias", f32({D}), {randoms(size_t(D), 113, -ws, ws)}, true},
             {"cls_token", f32({1, 1, D}), {randoms(size_t(D), 114)}, true},
@@ -207,6 +209,29 @@ TEST(CompilerPyHost3, ViTsClassTokenConcatenatedAtBatch3IsCopiedIntoUntiledSeque
         return vit_embeddings(g, v, B, false);
     };
     EXPECT_EQ(expect_bit_exact(vit_embedding_leaves(B), alone).host_fusions, 0u);
+}
+
+TEST(CompilerPyHost3, ConcatenationsAlongEitherDimAreCopiedRunByRunInTheirTiles) {
+    // Along the rows of T(8,128) tiles: each part's tiles are one contiguous run, longer than a
+    // VMEM slot (64 KiB), copied in pieces, the second part's last tile partial (300 rows).
+    // Along the lanes: [64, 100] ++ [64, 60] -> [64, 160], whose first lane chunk holds 100 of
+    // the first part's values and 28 of the second's: runs that split at the chunk's edge.
+    const std::vector<Leaf> rows{{"a", f32({256, 128}), {randoms(256 * 128, 121)}},
+                                 {"b", f32({300, 128}), {randoms(300 * 128, 122)}}};
+    EXPECT_EQ(expect_bit_exact(rows,
+                               [](Graph& g, const std::vector<ValueId>& v) {
+                                   return concatenate(g, {v[0], v[1]}, 0);
+                               })
+                  .host_fusions,
+              0u);
+    const std::vector<Leaf> lanes{{"a", f32({64, 100}), {randoms(64 * 100, 123)}},
+                                  {"b", f32({64, 60}), {randoms(64 * 60, 124)}}};
+    EXPECT_EQ(expect_bit_exact(lanes,
+                               [](Graph& g, const std::vector<ValueId>& v) {
+                                   return concatenate(g, {v[0], v[1]}, 1);
+                               })
+                  .host_fusions,
+              0u);
 }
 
 }  // namespace
