@@ -7,30 +7,7 @@ the host evaluator's, bit for bit. Small configs (never hub weights), a few seco
 
 import torch
 
-import tpusim
-import tpusim.torch as tt
-
-
-def _on_board(build, x):
-    """The model's output on the host evaluator, then on core 0 of a board (second step:
-    parameters resident, programs cached): (host, board, the second step's stats delta)."""
-    model = build()
-    with torch.no_grad():
-        want = tt.to_device(model)(**tt.to_device(x)).last_hidden_state.cpu()
-    model = build()
-    with tpusim.Board() as board:
-        dev = tt.Device(board, cores=[0])
-        lazy = tt.to_device(model, dev)
-        for _ in range(2):
-            before = dev.stats()
-            with torch.no_grad():
-                got = lazy(**tt.to_device(x, dev)).last_hidden_state
-            tt.mark_step(dev)
-            after = dev.stats()
-        got = got.cpu()
-    fallbacks = {k: v - before["fallbacks"].get(k, 0) for k, v in after["fallbacks"].items()}
-    return want, got, {"host_fusions": after["host_fusions"] - before["host_fusions"],
-                       "fallbacks": {k: v for k, v in fallbacks.items() if v}}
+from hf_boards import on_board, vit
 
 
 def _gpt2():
@@ -46,18 +23,9 @@ def test_gpt2s_sliced_qkv_run_wholly_on_the_device_as_the_host_evaluator_compute
     # c_attn's [S, 3 D] output split by slices: the attention's dots read each head of q, k
     # and v as a window of its tiles, q's and k's scale in its epilogue (before: 2 host fusions
     # a layer, "reshape before a batched dot").
-    want, got, s = _on_board(_gpt2, dict(input_ids=torch.randint(0, 256, (1, 16))))
+    want, got, s = on_board(_gpt2, dict(input_ids=torch.randint(0, 256, (1, 16))))
     assert s["host_fusions"] == 0, s["fallbacks"]
     assert torch.equal(got, want)
-
-
-def _vit():
-    import transformers as tr
-
-    torch.manual_seed(0)
-    cfg = tr.ViTConfig(hidden_size=192, num_hidden_layers=1, num_attention_heads=3,
-                       intermediate_size=384, image_size=64, patch_size=16)
-    return tr.ViTModel(cfg, add_pooling_layer=False).eval()
 
 
 def test_vits_scores_over_17_tokens_are_softmaxed_on_the_device_in_padded_tiles():
@@ -66,7 +34,7 @@ def test_vits_scores_over_17_tokens_are_softmaxed_on_the_device_in_padded_tiles(
     # host since the embeddings' concatenation of the class token is copied on the device and
     # the patch convolution reads its NCHW input through its transpose (test_pyhost3.py).
     torch.manual_seed(1)
-    want, got, s = _on_board(_vit, dict(pixel_values=torch.randn(1, 3, 64, 64)))
+    want, got, s = on_board(vit, dict(pixel_values=torch.randn(1, 3, 64, 64)))
     assert s["host_fusions"] == 0, s["fallbacks"]
     assert not any("convolution" in k for k in s["fallbacks"]), s["fallbacks"]
     assert torch.equal(got, want)
@@ -88,7 +56,7 @@ def test_berts_attention_at_batch_2_runs_wholly_on_the_device():
     # with the batch dims {B, H}, head (b, h) a window of the projections' tiles (before: 4
     # host fusions a layer, "reshape before a batched dot" and the fusion writing P for them).
     torch.manual_seed(2)
-    want, got, s = _on_board(_bert, dict(input_ids=torch.randint(0, 256, (2, 16))))
+    want, got, s = on_board(_bert, dict(input_ids=torch.randint(0, 256, (2, 16))))
     assert s["host_fusions"] == 0, s["fallbacks"]
     assert torch.equal(got, want)
 
@@ -100,6 +68,6 @@ def test_gpt2s_sliced_heads_at_batch_2_are_read_by_the_attentions_dots():
     # residual as the sum the embeddings' fusion writes (before: 1 host fusion, "a broadcast
     # f32[16,192] -> f32[2,16,192] in the epilogue").
     torch.manual_seed(3)
-    want, got, s = _on_board(_gpt2, dict(input_ids=torch.randint(0, 256, (2, 16))))
+    want, got, s = on_board(_gpt2, dict(input_ids=torch.randint(0, 256, (2, 16))))
     assert s["host_fusions"] == 0, s["fallbacks"]
     assert torch.equal(got, want)

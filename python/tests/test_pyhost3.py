@@ -8,6 +8,7 @@ import torch
 
 import tpusim
 import tpusim.torch as tt
+from hf_boards import on_board, vit
 
 
 def _bert(layers=1):
@@ -19,46 +20,15 @@ def _bert(layers=1):
     return tr.BertModel(cfg, add_pooling_layer=False).eval()
 
 
-def _on_board(build, x):
-    """The model's output on the host evaluator, then on core 0 of a board (second step):
-    (host, board, the second step's host fusions and fallbacks)."""
-    model = build()
-    with torch.no_grad():
-        want = tt.to_device(model)(**tt.to_device(x)).last_hidden_state.cpu()
-    model = build()
-    with tpusim.Board() as board:
-        dev = tt.Device(board, cores=[0])
-        lazy = tt.to_device(model, dev)
-        for _ in range(2):
-            before = dev.stats()
-            with torch.no_grad():
-                got = lazy(**tt.to_device(x, dev)).last_hidden_state
-            tt.mark_step(dev)
-            after = dev.stats()
-        got = got.cpu()
-    fallbacks = {k: v - before["fallbacks"].get(k, 0) for k, v in after["fallbacks"].items()}
-    return want, got, {"host_fusions": after["host_fusions"] - before["host_fusions"],
-                       "fallbacks": {k: v for k, v in fallbacks.items() if v}}
-
-
 def test_berts_gelu_dot_over_4096_tokens_runs_on_the_device_in_shorter_row_blocks():
     # fc_1 at batch 128 of 32 tokens: [4096, 192] x [192, 768] with erf's GELU in its
     # epilogue, whose scratch tiles (a row block each) alone exceeded VMEM at the kernel's
     # 4096-row block (before: 1 host fusion a layer, "a dot whose epilogue does not fit in VMEM
     # beside it").
     torch.manual_seed(4)
-    want, got, s = _on_board(_bert, dict(input_ids=torch.randint(0, 256, (128, 32))))
+    want, got, s = on_board(_bert, dict(input_ids=torch.randint(0, 256, (128, 32))))
     assert s["host_fusions"] == 0, s["fallbacks"]
     assert torch.equal(got, want)
-
-
-def _vit():
-    import transformers as tr
-
-    torch.manual_seed(0)
-    cfg = tr.ViTConfig(hidden_size=192, num_hidden_layers=1, num_attention_heads=3,
-                       intermediate_size=384, image_size=64, patch_size=16)
-    return tr.ViTModel(cfg, add_pooling_layer=False).eval()
 
 
 def test_vits_patches_and_17_token_sequences_at_batch_2_run_on_the_device():
@@ -72,7 +42,7 @@ def test_vits_patches_and_17_token_sequences_at_batch_2_run_on_the_device():
     # on the device) and the attention's two dots over heads of 17 rows, which are not whole
     # tiles of the projections.
     torch.manual_seed(6)
-    want, got, s = _on_board(_vit, dict(pixel_values=torch.randn(2, 3, 64, 64)))
+    want, got, s = on_board(vit, dict(pixel_values=torch.randn(2, 3, 64, 64)))
     assert s["host_fusions"] == 5, s["fallbacks"]
     assert not any("convolution" in k or "padded tiles" in k or "layout" in k
                    for k in s["fallbacks"]), s["fallbacks"]
@@ -85,7 +55,7 @@ def test_vits_class_token_concatenation_at_batch_1_is_copied_on_the_device():
     # fusion, the concatenation with the position embeddings' add, "used both as a row and as a
     # column vector"). A copy: the same bits.
     torch.manual_seed(7)
-    want, got, s = _on_board(_vit, dict(pixel_values=torch.randn(1, 3, 64, 64)))
+    want, got, s = on_board(vit, dict(pixel_values=torch.randn(1, 3, 64, 64)))
     assert s["host_fusions"] == 0, s["fallbacks"]
     assert torch.equal(got, want)
 
