@@ -996,12 +996,10 @@ uint64_t Hbm2Timing::bank_conflicts(size_t i) const {
 }
 
 void Hbm2Timing::register_stats(sim::StatGroup& g) {
-    register_stats_of(g, m_pcs.empty() ? 0 : m_pcs.front().banks(),
-                      [this]() -> const Hbm2Timing& { return *this; });
+    register_stats_of(g, [this]() -> const Hbm2Timing& { return *this; });
 }
 
-void Hbm2Timing::register_stats_of(sim::StatGroup& g, size_t banks,
-                                   std::function<const Hbm2Timing&()> model) {
+void Hbm2Timing::register_stats_of(sim::StatGroup& g, std::function<const Hbm2Timing&()> model) {
     namespace n = sim::stat_names;
     using sim::StatUnit;
     using C = Hbm2PseudoChannel::Counters;
@@ -1028,6 +1026,8 @@ void Hbm2Timing::register_stats_of(sim::StatGroup& g, size_t banks,
     });
     // Per bank index, summed over pseudo-channels: the address hash spreads a stream over
     // banks, and one hot bank shows up here.
+    const std::vector<Hbm2PseudoChannel>& pcs = model().m_pcs;
+    const size_t banks = pcs.empty() ? 0 : pcs.front().banks();
     for (size_t i = 0; i < banks; ++i)
         g.add(fmt::format("bank{}_conflicts", i),
               fmt::format("row conflicts in bank {} (group x banks + bank) over all "

@@ -332,8 +332,7 @@ public:
     void register_stats(sim::StatGroup& group) override;
     /// register_stats() of the model `model()` returns when a statistic is read (a member of an
     /// HbmReplicaGroup reads the model that holds its state then).
-    static void register_stats_of(sim::StatGroup& group, size_t banks,
-                                  std::function<const Hbm2Timing&()> model);
+    static void register_stats_of(sim::StatGroup& group, std::function<const Hbm2Timing&()> model);
 
 private:
     /// Exact division by a constant through its reciprocal, for dividends below 2^kBits: each

@@ -14,8 +14,8 @@ namespace {
 /// A member's view of its group.
 class ReplicaHbmTiming : public HbmTimingModel {
 public:
-    ReplicaHbmTiming(HbmReplicaGroup& group, uint32_t index, double peak, size_t banks)
-        : m_group(group), m_index(index), m_peak(peak), m_banks(banks) {}
+    ReplicaHbmTiming(HbmReplicaGroup& group, uint32_t index, double peak)
+        : m_group(group), m_index(index), m_peak(peak) {}
     uint64_t access(uint64_t arrive, uint64_t addr, uint32_t bytes, bool write) override {
         return m_group.serve(m_index, {arrive, 1, bytes, addr, 0, 0, 0, write, true});
     }
@@ -27,24 +27,19 @@ public:
     double peak_bytes_per_cycle() const override { return m_peak; }
     void register_stats(sim::StatGroup& group) override {
         Hbm2Timing::register_stats_of(
-            group, m_banks, [this]() -> const Hbm2Timing& { return m_group.state_of(m_index); });
+            group, [this]() -> const Hbm2Timing& { return m_group.state_of(m_index); });
     }
 
 private:
     HbmReplicaGroup& m_group;
     uint32_t m_index;
     double m_peak;
-    size_t m_banks;
 };
 
 }  // namespace
 
 HbmReplicaGroup::HbmReplicaGroup(const BoardConfig& cfg, uint32_t members)
-    : m_front(cfg),
-      m_snap(m_front),
-      m_members(members),
-      m_in_step(members),
-      m_banks(size_t(cfg.hbm.bank_groups) * cfg.hbm.banks_per_group) {}
+    : m_front(cfg), m_snap(m_front), m_members(members), m_in_step(members) {}
 
 HbmReplicaGroup::~HbmReplicaGroup() = default;
 
@@ -52,24 +47,23 @@ std::unique_ptr<HbmTimingModel> HbmReplicaGroup::member(uint32_t i) {
     if (i >= m_members.size())
         throw std::out_of_range(
             fmt::format("HbmReplicaGroup: no member {} of {}", i, m_members.size()));
-    return std::make_unique<ReplicaHbmTiming>(*this, i, m_front.peak_bytes_per_cycle(), m_banks);
+    return std::make_unique<ReplicaHbmTiming>(*this, i, m_front.peak_bytes_per_cycle());
 }
 
-uint64_t HbmReplicaGroup::run(Hbm2Timing& m, const Request& q) {
-    return q.single ? m.access(q.start, q.addr, static_cast<uint32_t>(q.row_bytes), q.write)
-                    : m.access_rows(q.start, q.rows, q.row_bytes, q.addr, q.stride, q.chunk, q.port,
-                                    q.write);
+uint64_t HbmReplicaGroup::Request::apply(HbmTimingModel& m) const {
+    return single ? m.access(start, addr, static_cast<uint32_t>(row_bytes), write)
+                  : m.access_rows(start, rows, row_bytes, addr, stride, chunk, port, write);
 }
 
 uint64_t HbmReplicaGroup::serve(uint32_t i, const Request& q) {
     Member& m = m_members[i];
     if (m.own) {
         ++m_counters.own;
-        return run(*m.own, q);
+        return q.apply(*m.own);
     }
     if (m.next == m_end) {
         // At the front: the front model's state is this member's.
-        const uint64_t done = run(m_front, q);
+        const uint64_t done = q.apply(m_front);
         ++m_counters.served;
         ++m_end;
         ++m.next;
@@ -93,7 +87,7 @@ uint64_t HbmReplicaGroup::serve(uint32_t i, const Request& q) {
     }
     leave(i);
     ++m_counters.own;
-    return run(*m.own, q);
+    return q.apply(*m.own);
 }
 
 const Hbm2Timing& HbmReplicaGroup::state_of(uint32_t i) {
@@ -116,7 +110,7 @@ void HbmReplicaGroup::take_own(uint32_t i) {
     } else {
         // The snapshot is the state at m_base, and a member in step is never behind m_base.
         m.own = std::make_unique<Hbm2Timing>(m_snap);
-        for (uint64_t k = m_base; k < m.next; ++k) run(*m.own, m_log[k - m_base].q);
+        for (uint64_t k = m_base; k < m.next; ++k) m_log[k - m_base].q.apply(*m.own);
         // Members that part at the same index (a collective parts them all at once) copy this
         // state rather than replay the log again.
         m_cut = std::make_unique<Hbm2Timing>(*m.own);
@@ -151,7 +145,7 @@ void HbmReplicaGroup::trim() {
     } else if (low - m_base >= kTrim / 2) {
         // Half the log is behind every member in step: the snapshot moves over it.
         for (; m_base < low; ++m_base) {
-            run(m_snap, m_log.front().q);
+            m_log.front().q.apply(m_snap);
             m_log.pop_front();
         }
     }

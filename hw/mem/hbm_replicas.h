@@ -57,6 +57,8 @@ public:
         uint32_t chunk, port;
         bool write, single;
         bool operator==(const Request&) const = default;
+        /// Passes the request to `m` (access() or access_rows()); returns its completion.
+        uint64_t apply(HbmTimingModel& m) const;
     };
     /// Serves member `i`'s request `q`; returns its completion (core cycles).
     uint64_t serve(uint32_t i, const Request& q);
@@ -73,7 +75,6 @@ private:
         uint64_t next = 0;                ///< index of its next request in the lead sequence
         std::unique_ptr<Hbm2Timing> own;  ///< set once it has left the shared sequence
     };
-    static uint64_t run(Hbm2Timing& m, const Request& q);
     /// Gives member `i` (in step, behind the front) a model of its own at its index.
     void take_own(uint32_t i);
     /// take_own(i), then trim().
@@ -90,15 +91,14 @@ private:
     /// the log (cores idle in a launch of others: a single-core GEMM on an 8-core board).
     static constexpr size_t kMaxLog = size_t(1) << 18;
 
-    Hbm2Timing m_front;       ///< state after every logged request (index m_end)
-    Hbm2Timing m_snap;        ///< state at index m_base, while a member in step may lag
-    std::deque<Entry> m_log;  ///< requests m_base .. m_end - 1
+    Hbm2Timing m_front;                 ///< state after every logged request (index m_end)
+    Hbm2Timing m_snap;                  ///< state at index m_base, while a member in step may lag
+    std::deque<Entry> m_log;            ///< requests m_base .. m_end - 1
     std::unique_ptr<Hbm2Timing> m_cut;  ///< the state at index m_cut_at, where a member left
     uint64_t m_cut_at = 0;
     uint64_t m_base = 0, m_end = 0;
     std::vector<Member> m_members;
     uint32_t m_in_step;  ///< members without a model of their own
-    size_t m_banks;      ///< banks per pseudo-channel (per-bank statistics)
     Counters m_counters;
 };
 

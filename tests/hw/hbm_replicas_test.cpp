@@ -38,12 +38,6 @@ Request random_request(Pick& pick, uint64_t& t) {
             64, write, false};
 }
 
-uint64_t run(Hbm2Timing& m, const Request& q) {
-    return q.single ? m.access(q.start, q.addr, static_cast<uint32_t>(q.row_bytes), q.write)
-                    : m.access_rows(q.start, q.rows, q.row_bytes, q.addr, q.stride, q.chunk, q.port,
-                                    q.write);
-}
-
 std::vector<uint64_t> stat_values(HbmTimingModel& m) {
     sim::StatGroup g("hbm");
     m.register_stats(g);
@@ -92,11 +86,8 @@ HbmReplicaGroup::Counters expect_same_as_own_models(const BoardConfig& cfg, cons
         const size_t k = ready[pick(ready.size() - 1)];
         for (uint64_t n = 1 + pick(pick(7) ? 3 : 300); n > 0 && at[k] < streams[k].size(); --n) {
             const Request& q = streams[k][at[k]++];
-            const uint64_t got =
-                q.single ? views[k]->access(q.start, q.addr, uint32_t(q.row_bytes), q.write)
-                         : views[k]->access_rows(q.start, q.rows, q.row_bytes, q.addr, q.stride,
-                                                 q.chunk, q.port, q.write);
-            EXPECT_EQ(got, run(*alone[k], q)) << what << ": member " << k << " request " << at[k];
+            EXPECT_EQ(q.apply(*views[k]), q.apply(*alone[k]))
+                << what << ": member " << k << " request " << at[k];
         }
     }
     for (size_t k = 0; k < members; ++k)
@@ -189,7 +180,7 @@ TEST(HbmReplicas, AnIdleMemberLeavesRatherThanHoldTheLog) {
     uint64_t t = 0;
     for (size_t i = 0; i < (size_t(1) << 18) + 10; ++i) {
         const Request q{t += 4, 1, 64, 64 * (i % 100000), 0, 0, 0, false, true};
-        ASSERT_EQ(busy->access(q.start, q.addr, 64, false), run(alone, q));
+        ASSERT_EQ(q.apply(*busy), q.apply(alone));
     }
     EXPECT_EQ(group.counters().diverged, 3u);
     EXPECT_FALSE(group.in_step(1));
