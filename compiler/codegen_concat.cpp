@@ -17,12 +17,12 @@ namespace tpu::compiler::gen {
 
 namespace {
 
-/// `count` runs of `bytes`: run i from src + i * src_stride of operand `operand` to
-/// dst + i * dst_stride of the result.
 /// Bytes of one VMEM slot at most: a copy's loads into one slot run beside the previous copy's
 /// stores from the other, so shorter copies overlap more of the transfer.
 constexpr uint64_t kSlotBytes = uint64_t(64) << 10;
 
+/// `count` runs of `bytes`: run i from src + i * src_stride of operand `operand` to
+/// dst + i * dst_stride of the result.
 struct CopyRuns {
     size_t operand = 0;
     uint64_t src = 0, dst = 0, bytes = 0, count = 1;
@@ -77,18 +77,10 @@ std::shared_ptr<const ConcatFusion> plan_concat_fusion(const Graph& g, const Fus
                     }
                     break;
                 }
-                case OpKind::Reshape: {
-                    int64_t lin = 0;
-                    for (size_t k = 0; k < od.size(); ++k) lin = lin * od[k] + idx[k];
+                case OpKind::Reshape:
                     v = op.operands[0];
-                    const auto& id = g.shape(v).dims;
-                    idx.assign(id.size(), 0);
-                    for (size_t k = id.size(); k-- > 0;) {
-                        idx[k] = lin % id[k];
-                        lin /= id[k];
-                    }
+                    unravel(row_major_index(idx, od), g.shape(v).dims, idx);
                     break;
-                }
                 case OpKind::Transpose:
                     tmp.assign(idx.size(), 0);
                     for (size_t d = 0; d < op.attrs.dims.size(); ++d)
@@ -135,11 +127,7 @@ std::shared_ptr<const ConcatFusion> plan_concat_fusion(const Graph& g, const Fus
     const int64_t n = os.elements(), D = os.dims.empty() ? 1 : os.dims.back();
     std::vector<int64_t> idx(os.dims.size(), 0);
     for (int64_t i = 0; i < n; ++i) {
-        int64_t r = i;
-        for (size_t k = idx.size(); k-- > 0;) {
-            idx[k] = r % os.dims[k];
-            r /= os.dims[k];
-        }
+        unravel(i, os.dims, idx);
         const uint64_t dst = physical_index(os, p->out->layout, idx) * width;
         const auto [o, src] = source(p->out->value, idx);
         const bool row_start = i % D == 0;

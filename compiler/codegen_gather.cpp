@@ -158,29 +158,17 @@ std::shared_ptr<const GatherFusion> plan_gather_fusion(const Graph& g, const Fus
         for (ValueId v = op.operands[1]; inside_fusion(f, g, v); v = g.producer(v).operands[0])
             chain.push_back(v);
         std::vector<int64_t> idx;
-        const auto unravel = [&](int64_t i, const std::vector<int64_t>& dims) {
-            idx.assign(dims.size(), 0);
-            for (size_t k = dims.size(); k-- > 0;) {
-                idx[k] = i % dims[k];
-                i /= dims[k];
-            }
-        };
-        const auto ravel = [&](const std::vector<int64_t>& dims) {
-            int64_t i = 0;
-            for (size_t k = 0; k < dims.size(); ++k) i = i * dims[k] + idx[k];
-            return i;
-        };
         const Shape& is = p->ids->shape;
         for (int64_t i = 0; i < p->n; ++i) {
             int64_t lin = i;  // the row-major index in the shape of the value in the chain
             for (ValueId v : chain) {
                 const Op& c = g.producer(v);
                 if (c.kind != OpKind::Slice) continue;  // a reshape keeps the index
-                unravel(lin, g.shape(v).dims);
+                unravel(lin, g.shape(v).dims, idx);
                 for (size_t k = 0; k < idx.size(); ++k) idx[k] += c.attrs.dims[k];
-                lin = ravel(g.shape(c.operands[0]).dims);
+                lin = row_major_index(idx, g.shape(c.operands[0]).dims);
             }
-            unravel(lin, is.dims);
+            unravel(lin, is.dims, idx);
             const uint64_t at = physical_index(is, p->ids->layout, idx);
             if (i == 0) p->ids_offset = at;
             if (at != p->ids_offset + uint64_t(i))

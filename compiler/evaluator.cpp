@@ -53,15 +53,6 @@ std::vector<int64_t> strides_of(const std::vector<int64_t>& dims) {
     return s;
 }
 
-/// Multi-index of linear row-major index `i`.
-void unravel(int64_t i, const std::vector<int64_t>& dims, std::vector<int64_t>& idx) {
-    idx.resize(dims.size());
-    for (size_t d = dims.size(); d-- > 0;) {
-        idx[d] = dims[d] ? i % dims[d] : 0;
-        if (dims[d]) i /= dims[d];
-    }
-}
-
 int64_t ravel(const std::vector<int64_t>& idx, const std::vector<int64_t>& strides) {
     int64_t i = 0;
     for (size_t d = 0; d < idx.size(); ++d) i += idx[d] * strides[d];

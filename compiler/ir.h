@@ -69,6 +69,21 @@ std::vector<int64_t> padded_physical_dims(const Shape& s, const Layout& l);
 uint64_t layout_bytes(const Shape& s, const Layout& l);
 /// Element offset (not bytes) of the element at logical index `idx` under `l`.
 uint64_t physical_index(const Shape& s, const Layout& l, const std::vector<int64_t>& idx);
+/// The multi-index of row-major linear index `i` in `dims`, into `idx` (a dim of 0 gives 0).
+/// Inline: the evaluator calls it per element.
+inline void unravel(int64_t i, const std::vector<int64_t>& dims, std::vector<int64_t>& idx) {
+    idx.resize(dims.size());
+    for (size_t d = dims.size(); d-- > 0;) {
+        idx[d] = dims[d] ? i % dims[d] : 0;
+        if (dims[d]) i /= dims[d];
+    }
+}
+/// The row-major linear index of multi-index `idx` in `dims` (unravel's inverse).
+inline int64_t row_major_index(const std::vector<int64_t>& idx, const std::vector<int64_t>& dims) {
+    int64_t i = 0;
+    for (size_t d = 0; d < dims.size(); ++d) i = i * dims[d] + idx[d];
+    return i;
+}
 /// Throws CompileError unless `l` is a permutation of s's dims with a tile of at most rank dims.
 void check_layout(const Shape& s, const Layout& l, const std::string& where);
 
