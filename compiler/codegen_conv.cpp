@@ -141,7 +141,7 @@ bool small_m(const driver::Conv2dShape& s, uint32_t R) {
 
 /// The convolution is one dot kernel: of im2col(x) (folded taps, few pixels) or of x's rows.
 bool as_dot(const driver::Conv2dShape& s, uint32_t R) {
-    return driver::conv2d_folds_taps(s, R) || pointwise(s) || small_m(s, R);
+    return detail::conv_folds_taps(s, R) || pointwise(s) || small_m(s, R);
 }
 
 /// Folded (conv2d_folds_taps): x is im2col(x), N Ho Wo x k k Cin fp32, and no w or bias; a
@@ -1572,6 +1572,10 @@ void emit_conv_pool_fusion(isa::Builder& b, const ConvPoolFusion& p, const LoadF
 }
 
 }  // namespace gen
+
+bool detail::conv_folds_taps(const driver::Conv2dShape& s, uint32_t R) {
+    return s.kernel == s.stride && s.pad == 0 && driver::conv2d_folds_taps(s, R);
+}
 
 namespace detail {
 

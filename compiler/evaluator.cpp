@@ -469,7 +469,8 @@ std::vector<HostArray> eval_op(const Graph& g, const Op& op,
                 const auto prec = detail::mxu_precision(a.precision, in[0]->shape.dtype);
                 if (prec == driver::Precision::Bf16)
                     r = driver::conv2d_reference(in[0]->floats(), in[1]->floats(),
-                                                 std::vector<float>(s.cout, 0.0f), s, o.mxu_rows);
+                                                 std::vector<float>(s.cout, 0.0f), s, o.mxu_rows,
+                                                 detail::conv_folds_taps(s, o.mxu_rows));
                 else
                     r = conv2d_passes(in[0]->floats(), in[1]->floats(), s, prec, o.mxu_rows);
             } else {

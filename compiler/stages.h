@@ -5,6 +5,10 @@
 #include "compiler/compiler.h"
 #include "driver/kernels/gemm.h"
 
+namespace tpu::driver {
+struct Conv2dShape;
+}
+
 /// Internal: stages 5 to 7 of the pipeline, each filling in part of a CompiledStep whose graph
 /// and fusions (ops, operands, results) are set. Not a stable API.
 namespace tpu::compiler::detail {
@@ -28,5 +32,18 @@ Layout default_layout(const Shape& s, const hw::BoardConfig& board);
 /// default precision) one bf16 pass, HIGH 3 passes, HIGHEST 6, as XLA's TPU backend maps
 /// PrecisionConfig. The evaluator and the planner share it so they time and compute the same.
 driver::Precision mxu_precision(Precision precision, DType dtype);
+
+/// Whether convolution `s` runs as one dot of its im2col patches rather than a pass per kernel
+/// tap (codegen_conv.cpp; the evaluator computes it in the same order). XLA's TPU convolution
+/// emitter contracts one window position's input features per MXU pass: TensorFlow's design
+/// note on the automatic space-to-depth rewrite (tensorflow/compiler/mlir/tensorflow/g3doc/
+/// space_to_depth.md) calls the RGB first layer "not MXU friendly as it has a feature size of
+/// 3", and the rewrite (2 x 2 pixels into 12 features, 7 x 7 taps into 4 x 4) gains "more than
+/// 2X" on that convolution, which a folded lowering would not. That rewrite lives in the
+/// TensorFlow bridge; PyTorch/XLA's graph reaches XLA without it. So overlapping windows keep
+/// one pass per tap. A convolution whose windows do not overlap (kernel = stride, no padding:
+/// ViT's patches) reads each input once as an im2col, a reshape and a transpose of x; whether
+/// XLA's emitter contracts such patches whole is not public, and the fold is kept there.
+bool conv_folds_taps(const driver::Conv2dShape& s, uint32_t R);
 
 }  // namespace tpu::compiler::detail

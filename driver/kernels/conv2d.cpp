@@ -1557,11 +1557,17 @@ Conv2dResult conv2d(Device& dev, ProgramCache& cache, const std::vector<float>& 
 std::vector<float> conv2d_reference(const std::vector<float>& x, const std::vector<float>& w,
                                     const std::vector<float>& bias, const Conv2dShape& s,
                                     uint32_t R) {
+    return conv2d_reference(x, w, bias, s, R, conv2d_folds_taps(s, R));
+}
+
+std::vector<float> conv2d_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                    const std::vector<float>& bias, const Conv2dShape& s,
+                                    uint32_t R, bool fold_taps) {
     s.validate();
     const uint32_t Ho = s.out_height(), Wo = s.out_width(), k = s.kernel;
     const size_t M = size_t(s.batch) * Ho * Wo;
     std::vector<float> y(M * s.cout, 0.0f);
-    if (conv2d_folds_taps(s, R)) {
+    if (fold_taps) {
         y = matmul_reference(conv2d_im2col_reference(x, s), uint32_t(M), k * k * s.cin, false, w,
                              k * k * s.cin, s.cout, false, Precision::Bf16, R);
         return bias_add_reference(y, bias, uint32_t(M), s.cout);

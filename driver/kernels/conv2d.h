@@ -239,6 +239,11 @@ Conv2dResult conv2d(Device& dev, ProgramCache& cache, const std::vector<float>& 
 std::vector<float> conv2d_reference(const std::vector<float>& x, const std::vector<float>& w,
                                     const std::vector<float>& bias, const Conv2dShape& s,
                                     uint32_t R);
+/// The same with the lowering named by the caller (the compiler's differs from conv2d's):
+/// `fold_taps` the im2col dot, else a pass per tap.
+std::vector<float> conv2d_reference(const std::vector<float>& x, const std::vector<float>& w,
+                                    const std::vector<float>& bias, const Conv2dShape& s,
+                                    uint32_t R, bool fold_taps);
 /// The exact convolution of the same fp32 inputs in fp64, to measure the bf16 error.
 std::vector<double> conv2d_reference_fp64(const std::vector<float>& x, const std::vector<float>& w,
                                           const std::vector<float>& bias, const Conv2dShape& s);

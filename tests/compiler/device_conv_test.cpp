@@ -115,23 +115,30 @@ TEST(CompilerDeviceConv, ResNet50BottleneckWithDownsampleBitExact) {
     });
 }
 
-TEST(CompilerDeviceConv, FoldedStemConvBnReluMaxPoolBitExact) {
-    // ResNet's stem on 2 x 32 x 32 x 3: 7 x 7, stride 2, pad 3, 3 -> 64 folds its taps into K
-    // (2 MXU passes of k k Cin = 147 rows instead of 49 of 3): im2col into the fusion's scratch
-    // and the dot kernel with the batch norm and ReLU in its epilogue; then the 3 x 3 max pool.
+TEST(CompilerDeviceConv, StemConvBnReluMaxPoolIsAPassPerTapBitExact) {
+    // ResNet's stem on 2 x 32 x 32 x 3: 7 x 7, stride 2, pad 3, 3 -> 64, as XLA's emitter runs
+    // it (stages.h, conv_folds_taps): one MXU pass per tap over the 2 x 16 x 16 output pixels,
+    // each using 3 of the array's rows, the batch norm and ReLU in the kernel's epilogue; then
+    // the 3 x 3 max pool.
     std::vector<Leaf> leaves = {
         {"x", f32({2, 32, 32, 3}), {randoms(2 * 1024 * 3, 61)}},
         {"w", f32({7, 7, 3, 64}), {randoms(49 * 3 * 64, 62, -0.2f, 0.2f)}, true}};
     for (Leaf& l : bn_leaves("bn", 64, 63)) leaves.push_back(l);
-    expect_bit_exact(leaves, [](Graph& g, const std::vector<ValueId>& v) {
+    const DeviceBackendStats st = expect_bit_exact(leaves, [](Graph& g,
+                                                              const std::vector<ValueId>& v) {
         return pool(g, conv_bn(g, v[0], v[1], &v[2], 2, 3, kNoValue, true), PoolKind::Max, 3, 2, 1);
     });
+    // 49 passes of 512 rows on the two MXUs take 12 544 cycles at least; folded into K
+    // (im2col, 2 passes of 147 rows) the MXUs would need 512.
+    const hw::BoardConfig board;
+    const uint64_t passes = 49ull * 2 * 16 * 16 / board.core.mxus;
+    EXPECT_GE(st.last_launch.core_cycles.at(0), passes);
 }
 
 TEST(CompilerDeviceConv, StemReadsTheRowBatchThroughItsReshapeBitExact) {
     // The zoo's ResNets record the batch as [B, H W C] rows and the stem reshapes it to NHWC
     // inside its fusion (trainer/module.cpp, as_nhwc). A row-major reshape moves no data, so
-    // the folded stem reads the fusion's operand itself: before, this fusion fell back to the
+    // the stem reads the fusion's operand itself: before, this fusion fell back to the
     // host ("a convolution of operands computed in its fusion").
     std::vector<Leaf> leaves = {
         {"x", f32({2, 32 * 32 * 3}), {randoms(2 * 1024 * 3, 71)}},
@@ -281,8 +288,8 @@ TEST(CompilerDeviceConv, GlobalSumAtBatchOneWritesPaddedTiles) {
     EXPECT_TRUE(same_bits(got[0], run(host, {{"x", xs, {randoms(49 * 320, 121)}}}, rec)[0]));
 }
 
-/// A small ResNet: stem conv 7 x 7 stride 2 (3 -> 128, folded), BN, ReLU, max pool, two basic
-/// blocks of 128 channels, global average pool, linear to 128 classes (8 images and 128
+/// A small ResNet: stem conv 7 x 7 stride 2 (3 -> 128, a pass per tap), BN, ReLU, max pool, two
+/// basic blocks of 128 channels, global average pool, linear to 128 classes (8 images and 128
 /// classes fill whole T(8,128) tiles: the padded tiles of the head are another emitter's work).
 ValueId small_resnet(Graph& g, const std::vector<ValueId>& v) {
     size_t i = 1;
@@ -305,7 +312,7 @@ ValueId small_resnet(Graph& g, const std::vector<ValueId>& v) {
 }
 
 std::vector<Leaf> small_resnet_leaves() {
-    std::vector<Leaf> l = {{"x", f32({8, 32, 32, 3}), {randoms(8 * 1024 * 3, 51)}}};
+    std::vector<Leaf> l = {{"x", f32({8, 16, 16, 3}), {randoms(8 * 256 * 3, 51)}}};
     uint32_t seed = 52;
     for (const char* name : {"stem", "b1.c1", "b1.c2", "b2.c1", "b2.c2"}) {
         const bool stem = std::string(name) == "stem";
@@ -402,9 +409,8 @@ TEST(CompilerDeviceConv, SmallResNetInferenceLoopCycles) {
     }
     std::cout << "small ResNet inference steps: " << cycles[0] << ", " << cycles[1] << ", "
               << cycles[2] << " cycles\n";
-    // The four 3 x 3 filters (9 tiles of 128 x 128 each) are packed in step 1 and not in step
-    // 2; the stem's 7 x 7 x 3 filter is folded (im2col and the dot kernel, which reads it as
-    // it is).
+    // The four 3 x 3 filters (9 tiles of 128 x 128 each) and the stem's 7 x 7 x 3 (49 tiles,
+    // 3 rows each) are packed in step 1 and not in step 2.
     EXPECT_LT(cycles[2], cycles[1]);
     EXPECT_EQ(device.stats().launches, 3u);
 }
