@@ -160,7 +160,9 @@ void expect_block_bit_exact(int64_t seq, int64_t dim, int64_t heads, int64_t ffn
     };
     const uint64_t launches = dev->metrics().launches;
     const auto got = run(device);
-    if (!fallbacks) EXPECT_EQ(dev->metrics().launches - launches, 1u) << "one launch per step";
+    if (!fallbacks) {
+        EXPECT_EQ(dev->metrics().launches - launches, 1u) << "one launch per step";
+    }
     EXPECT_EQ(device.stats().fallback_fusions, fallbacks);
     for (const auto& [why, n] : device.stats().fallbacks)
         std::cout << "[fallback] " << n << "x " << why << "\n";
