@@ -302,7 +302,7 @@ private:
             if (!fuse_creates_cycle(p, gi, true)) merge(gi, own);
             return;
         }
-        if (!duplicable(p) || fuse_creates_cycle(p, gi, false)) return;
+        if (!duplicable(p) || written_anyway(p) || fuse_creates_cycle(p, gi, false)) return;
         // Not into a dot's epilogue what try_epilogue keeps out of it (below).
         if (gk == FusionKind::Output && !before_contraction(consumer, gi) && broadcasts_rows(p))
             return;
@@ -483,6 +483,31 @@ private:
         return false;
     }
 
+    /// A broadcast of an `[N, ...]` value over the pixels of each of N images.
+    bool per_image_broadcast(OpId id) const {
+        const Op& op = m_g.op(id);
+        return op.kind == OpKind::Broadcast && m_g.shape(op.operands[0]).rank() >= 2 &&
+               !op.attrs.dims.empty() && op.attrs.dims[0] == 0;
+    }
+
+    /// An op that is not always duplicable is recomputed in a consumer's fusion only when it
+    /// fuses into all its users (XLA's PriorityFusion, priority_fusion.cc: "Don't fuse if we
+    /// can't fuse in all users", CanFuseWithAllNonBitcastUsers): if its value is written anyway,
+    /// for an output or for a contraction that reads it (an elementwise producer with other
+    /// users never joins a contraction's operand), a copy in the consumer adds work and, when
+    /// it reads what the producer's fusion no longer writes (ResNet's residual sum under the
+    /// ReLU both blocks read), a second result and a pass over it.
+    bool written_anyway(OpId p) const {
+        if (always_duplicable(p)) return false;
+        for (ValueId r : m_g.op(p).results)
+            for (const Output& o : m_g.outputs())
+                if (o.value == r) return true;
+        if (cls(p) != OpClass::Elementwise) return false;
+        for (OpId u : op_users(p))
+            if (cls(u) == OpClass::Contraction) return true;
+        return false;
+    }
+
     bool duplicable(OpId p) const {
         if (always_duplicable(p)) return true;
         return m_o.may_duplicate && !op_expensive(m_g.op(p).kind) && !m_do_not_duplicate[p];
@@ -521,6 +546,10 @@ private:
             for (int h : m_groups_of[u]) consumers.insert(h);
         }
         if (consumers.empty()) return;
+        // A broadcast of the result (a global pool's gradient spread over each image's pixels)
+        // makes more values than the kernel's result tiles hold: it stays with its consumers.
+        for (OpId u : op_users(c))
+            if (m_g.op(u).kind == OpKind::Broadcast) return;
         for (int h : consumers) {
             if (h == gc || !m_alive[size_t(h)]) return;
             for (OpId id : m_members[size_t(h)]) {
@@ -531,6 +560,10 @@ private:
                 // patch convolution's rows): the kernels' epilogues work on tiles of the
                 // contraction's own result, so it stays with its consumers.
                 if (m_g.op(id).kind == OpKind::Concatenate) return;
+                // A convolution's epilogue tile does not name its image (compiler/README.md,
+                // "Not yet": per-image operands), so a value spread per image over the pixels
+                // (a global pool's gradient) keeps the ops that read it out of the epilogue.
+                if (m_g.op(c).kind == OpKind::Conv2d && per_image_broadcast(id)) return;
             }
         }
         // A dot's epilogue takes values per result column (a bias) and scalars, not per row:
