@@ -716,6 +716,10 @@ std::unique_ptr<ConvPoolFusion> plan_conv(const Graph& g, const Fusion& f,
         shape.precision = driver::Precision::Bf16;
         shape.column_sides = cols;
         shape.full_sides = fulls;
+        // As a 2-D dot fusion's (codegen_dot.cpp): the residual's tiles load while the MXUs
+        // run, and a long epilogue goes beside the next group's steps.
+        shape.prefetch_sides = fulls > 0;
+        shape.overlap_epilogue = !p->ep.steps.empty();
         const uint64_t col_bytes =
             uint64_t(p->ep.col_areas) * align512(uint64_t(board.core.mxu_cols) * 4);
         // Stream the longer side, as for any dot ("The stationary operand"): fewer pixels than
