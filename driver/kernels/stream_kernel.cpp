@@ -252,9 +252,8 @@ void emit(isa::Builder& b, const Spec& sp, uint32_t tile) {
         const isa::Arg n = imm(bytes);
         if (io.rows > 1 && (!io.values || uint64_t(io.rows) * io.area_row > fp.fixed.at(io.fixed) ||
                             io.area_row < io.values))
-            throw b.error(fmt::format("{}: {} rows of {} values, {} apart, in a fixed area of {}",
-                                      fp.name, io.rows, io.values, io.area_row,
-                                      fp.fixed.at(io.fixed)));
+            throw b.error(fmt::format("{} rows of {} values, {} apart, in a fixed area of {}",
+                                      io.rows, io.values, io.area_row, fp.fixed.at(io.fixed)));
         const isa::Arg rows = imm(io.rows), stride = imm(int64_t(io.area_row) * 4);
         if (in)
             fixed_loads->issue(hbm ? Opcode::DmaHv : Opcode::DmaVv,
