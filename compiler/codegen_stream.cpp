@@ -384,6 +384,15 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
                 }
                 default: {
                     View w = p.view[res];
+                    // A reshape that only drops or inserts unit dims (PyTorch's [1, S, D] table
+                    // viewed as [S, D] before its broadcast over the batch) names the same rows.
+                    if (op.kind == OpKind::Reshape &&
+                        nonunit(g.shape(op.operands[0]).dims) == nonunit(g.shape(res).dims) &&
+                        (w == View::Repeat || p.view[op.operands[0]] == View::Repeat)) {
+                        set(res, View::Repeat);
+                        set(op.operands[0], View::Repeat);
+                        break;
+                    }
                     for (ValueId v : op.operands)
                         if (p.view[v] == View::Repeat)
                             not_generated(f, fmt::format("{} of a tile repeated along major dims",
@@ -490,9 +499,9 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         } else if (p.C > vlanes && p.C % vlanes != 0) {
             // Untiled rows of partial chunks: each row padded to whole chunks in VMEM (the
             // evaluator's chunks of a minor reduction are the lane chunks, the padding masked).
-            if (p.major || p.G > 1 || !p.tiled_col.empty() || !p.repeat.empty() || p.Rg)
+            if (p.major || p.G > 1 || !p.tiled_col.empty() || p.Rg)
                 not_generated(f, fmt::format("untiled rows of {} (not a multiple of {} lanes) "
-                                             "beside groups, repeats or tiled vectors",
+                                             "beside groups or tiled vectors",
                                              p.C, vlanes));
             p.lanes = vlanes;
             p.chunks = (p.C + vlanes - 1) / vlanes;
@@ -509,9 +518,11 @@ Plan plan_fusion(const Graph& g, const Fusion& f, const hw::BoardConfig& board) 
         for (ValueId v : p.repeat) {
             const auto it = std::find_if(f.operands.begin(), f.operands.end(),
                                          [&](const FusionValue& fv) { return fv.value == v; });
+            // Padded rows: M untiled rows of C values, each padded to Cp as it is loaded.
             const int64_t M = g.shape(v).elements() / p.C;
             if (it == f.operands.end() || p.row_bands || M % p.h ||
-                layout_bytes(it->shape, it->layout) != uint64_t(M / p.h) * p.h * p.Cp * 4)
+                layout_bytes(it->shape, it->layout) !=
+                    uint64_t(M / p.h) * p.h * (p.padded_rows ? p.C : p.Cp) * 4)
                 not_generated(f, fmt::format("a {} array repeated over bands of {} x {}",
                                              g.shape(v).to_string(), p.h, p.Cp));
         }
@@ -577,6 +588,13 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
         } else if (w == View::Full || w == View::Col) {
             at[fv.value] = area(w == View::Full ? full : col);
             sp.ins.emplace_back(st::Operand::hbm(addr), at[fv.value]);
+        } else if (w == View::Repeat && p.padded_rows) {
+            // The table's rows once, each padded to Cp like the rows it is added to.
+            const int64_t M = fv.shape.elements() / p.C;
+            sp.fp.fixed.push_back(uint32_t(M * p.Cp));
+            fixed_of[fv.value] = int(sp.fp.fixed.size() - 1);
+            sp.fixed_ins.push_back({st::Operand::hbm(addr), fixed_of[fv.value], uint32_t(p.C),
+                                    uint32_t(M), uint32_t(p.Cp)});
         } else if (w == View::GroupRow || w == View::Repeat) {  // the whole array, once
             sp.fp.fixed.push_back(uint32_t(layout_bytes(fv.shape, fv.layout) / 4));
             fixed_of[fv.value] = int(sp.fp.fixed.size() - 1);
@@ -661,6 +679,11 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                 }
                 if (op.kind == OpKind::Convert && op.attrs.dtype == DType::S32)
                     not_generated(f, "a convert to s32");
+                if (w == View::Repeat) {  // a repeated table's view: its fixed area
+                    fixed_of[res] = fixed_of.at(op.operands[0]);
+                    s.tmp = {-1};
+                    break;
+                }
                 at[res] = at.at(op.operands[0]);
                 s.tmp = {-1};  // an alias: nothing to emit
                 break;
@@ -931,20 +954,36 @@ void emit_stream_fusion(isa::Builder& b, const Graph& g, const Fusion& f, const 
                     break;
                 case OpKind::Broadcast: {
                     if (!s.tmp.empty() && s.tmp[0] == -5) {
-                        // Per band: band (first + k) mod M / h of the array, + -0.0 (a copy,
-                        // bit-exact: x + -0.0 is x for every x, -0.0 included).
+                        // Band u of the tile is band (first + u) mod M / h of the array, + -0.0
+                        // (a copy, bit-exact: x + -0.0 is x for every x, -0.0 included). The
+                        // bands from there to the array's end (or the tile's) are contiguous
+                        // in both: one copy per run, not per band (a [17, 192] table over
+                        // rows of a batch of sequences: a copy per sequence, not per row).
                         const int64_t bpr = g.shape(op.operands[0]).elements() / p.C / p.h;
-                        const isa::Reg k = bb.reg("band"), d = bb.reg("dst"), q = bb.reg("q");
+                        const int64_t band = int64_t(full) * 4;
+                        const isa::Reg k = bb.reg("band"), left = bb.reg("left"),
+                                       len = bb.reg("len"), d = bb.reg("dst"), q = bb.reg("q");
                         const isa::Arg src = body.f(fixed_of.at(op.operands[0]));
-                        bb.loop(k, imm(0), body.units(), 1, [&] {
-                            bb.emit(Opcode::Add, {q, body.first(), k});
-                            bb.emit(Opcode::Remu, {q, q, imm(bpr)});
-                            bb.emit(Opcode::Mul, {q, q, imm(int64_t(full) * 4)});
-                            bb.emit(Opcode::Add, {q, q, src});
-                            bb.emit(Opcode::Mul, {d, k, imm(int64_t(full) * 4)});
-                            bb.emit(Opcode::Add, {d, d, out});
-                            body.vpu(Opcode::VAdd, {d, q, body.a(negzero), imm(full)});
+                        const isa::Label run = bb.label("repeat_run");
+                        bb.emit(Opcode::Li, {k, imm(0)});
+                        bb.emit(Opcode::Add, {left, body.units(), imm(0)});
+                        bb.bind(run);
+                        bb.emit(Opcode::Add, {q, body.first(), k});
+                        bb.emit(Opcode::Remu, {q, q, imm(bpr)});
+                        bb.emit(Opcode::Li, {len, imm(bpr)});
+                        bb.emit(Opcode::Sub, {len, len, q});  // to the array's last band
+                        bb.if_(isa::Cond::Ltu, left, len, [&] {
+                            bb.emit(Opcode::Add, {len, left, imm(0)});
                         });
+                        bb.emit(Opcode::Mul, {q, q, imm(band)});
+                        bb.emit(Opcode::Add, {q, q, src});
+                        bb.emit(Opcode::Mul, {d, k, imm(band)});
+                        bb.emit(Opcode::Add, {d, d, out});
+                        bb.emit(Opcode::Add, {k, k, len});
+                        bb.emit(Opcode::Sub, {left, left, len});
+                        bb.emit(Opcode::Mul, {len, len, imm(full)});
+                        body.vpu(Opcode::VAdd, {d, q, body.a(negzero), len});
+                        bb.emit(Opcode::Bne, {left, imm(0), run});
                         break;
                     }
                     if (!s.tmp.empty() && s.tmp[0] == -4 && p.Gb > 1) {

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -329,6 +330,34 @@ bool padded_sequences(const Shape& s, const hw::BoardConfig& cfg) {
     return seqs > 1 && s.dims[size_t(s.rank() - 2)] % int64_t(cfg.core.vpu_sublanes) != 0;
 }
 
+/// Whether loop fusion `f` repeats `v` over a batch of padded sequences: broadcasts it (through
+/// reshapes of unit dims only) along new major dims to [B, S, D] (padded_sequences).
+bool repeated_over_padded_sequences(const Graph& g, const Fusion& f, ValueId v,
+                                    const hw::BoardConfig& cfg) {
+    if (f.kind == FusionKind::Output || f.kind == FusionKind::Collective) return false;
+    const std::vector<int64_t> rows = nonunit_list(g.shape(v).dims);
+    std::set<ValueId> views{v};
+    for (OpId id : f.ops) {
+        const Op& op = g.op(id);
+        if (op.operands.empty() || !views.count(op.operands[0])) continue;
+        const Shape& out = g.shape(op.results[0]);
+        if (op.kind == OpKind::Reshape && nonunit_list(out.dims) == rows)
+            views.insert(op.results[0]);
+        if (op.kind != OpKind::Broadcast || !padded_sequences(out, cfg)) continue;
+        // The operand's rows become the result's minor dims, in order.
+        const Shape& in = g.shape(op.operands[0]);
+        std::vector<int64_t> to;
+        for (size_t d = 0; d < op.attrs.dims.size(); ++d)
+            if (in.dims[d] != 1) to.push_back(op.attrs.dims[d]);
+        const auto od = nonunit_list(out.dims);
+        if (od.size() > rows.size() && !to.empty() && to.back() == out.rank() - 1 &&
+            std::is_sorted(to.begin(), to.end()) &&
+            std::equal(rows.begin(), rows.end(), od.end() - int64_t(rows.size())))
+            return true;
+    }
+    return false;
+}
+
 int64_t nonunit_dims(const Shape& s) {
     return std::count_if(s.dims.begin(), s.dims.end(), [](int64_t d) { return d != 1; });
 }
@@ -422,6 +451,13 @@ void assign_layouts(CompiledStep& step, const CompileOptions& options) {
                 return;
             }
         }
+        // A table added to each of them (ViT's [1, 17, D] position embeddings) lies untiled
+        // too: the streaming fusion reads its rows as it reads theirs (codegen_stream.cpp).
+        for (size_t i : readers[v])
+            if (repeated_over_padded_sequences(g, step.fusions[i], v, cfg)) {
+                val.layout = row_major(val.shape.rank());
+                return;
+            }
         // A convolution or pooling fusion writes row-major NHWC (conv_pool_preference).
         if (auto w = writer.find(v); w != writer.end() && val.shape.rank() == 4 &&
                                      conv_pool_fusion(g, step.fusions[w->second])) {

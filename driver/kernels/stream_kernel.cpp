@@ -250,12 +250,17 @@ void emit(isa::Builder& b, const Spec& sp, uint32_t tile) {
         const isa::Arg area = imm(static_cast<int64_t>(st.fixed_addr.at(io.fixed)));
         const bool hbm = io.place.kind == Operand::Kind::Hbm;
         const isa::Arg n = imm(bytes);
+        if (io.rows > 1 && (!io.values || uint64_t(io.rows) * io.area_row > fp.fixed.at(io.fixed) ||
+                            io.area_row < io.values))
+            throw b.error(fmt::format("{} rows of {} values, {} apart, in a fixed area of {}",
+                                      io.rows, io.values, io.area_row, fp.fixed.at(io.fixed)));
+        const isa::Arg rows = imm(io.rows), stride = imm(int64_t(io.area_row) * 4);
         if (in)
             fixed_loads->issue(hbm ? Opcode::DmaHv : Opcode::DmaVv,
-                               {area, io.place.value, imm(1), n, n, n});
+                               {area, io.place.value, rows, n, io.rows > 1 ? stride : n, n});
         else
             fixed_stores->issue(hbm ? Opcode::DmaVh : Opcode::DmaVv,
-                                {io.place.value, area, imm(1), n, n, n});
+                                {io.place.value, area, rows, n, n, io.rows > 1 ? stride : n});
     };
 
     if (sp.prologue) sp.prologue(body);

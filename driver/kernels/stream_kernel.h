@@ -96,6 +96,10 @@ struct FixedIo {
     Operand place;        ///< the tensor (HBM or VMEM)
     int fixed;            ///< index into Footprint::fixed
     uint32_t values = 0;  ///< values moved: 0 for the whole area (an area padded for the VPU)
+    /// Rows of `values` values each (rows > 1), contiguous in the tensor and `area_row` values
+    /// apart in the area: rows padded to whole lane chunks for the VPU, moved by one DMA.
+    uint32_t rows = 1;
+    uint32_t area_row = 0;  ///< values from one row's start to the next's in the area
 };
 
 /// A streaming kernel: `ins` loaded and `outs` stored per tile, `body` emitting the VPU work of

@@ -211,6 +211,46 @@ TEST(CompilerPyHost3, ViTsClassTokenConcatenatedAtBatch3IsCopiedIntoUntiledSeque
     EXPECT_EQ(expect_bit_exact(vit_embedding_leaves(B), alone).host_fusions, 0u);
 }
 
+TEST(CompilerPyHost3, ViTsPositionTableIsAddedToUntiledSequencesOnTheDeviceAtBatchB) {
+    // At batch B the [1, 17, 192] position embeddings, viewed as [17, 192] and broadcast over
+    // the batch, are added to the concatenation's untiled [B, 17, 192] sequences, in the add's
+    // fusion and in the layer norm's that recompute it (before: 3 host fusions, "reshape of a
+    // tile repeated along major dims"). The table lies untiled like the sequences (layout
+    // assignment), its 17 rows are loaded once, each padded to 256 values like theirs, and
+    // row r of the [B 17, 192] rows reads table row r mod 17, a copy per run of table rows.
+    // Batch 8: 136 rows in tiles of 128 rows (32768 values of 256-value rows) and 8, the second
+    // tile starting at table row 9 (128 mod 17), a run cut by the tile's end.
+    for (const int64_t B : {2, 3, 8}) {
+        constexpr int64_t D = 192, F = D;
+        auto leaves = vit_embedding_leaves(B);
+        const float ws = 1.0f / std::sqrt(float(D));
+        leaves.push_back({"ln.weight", f32({D}), {randoms(size_t(D), 116)}, true});
+        leaves.push_back({"ln.bias", f32({D}), {randoms(size_t(D), 117)}, true});
+        leaves.push_back({"fc.weight", f32({F, D}), {randoms(size_t(F * D), 118, -ws, ws)}, true});
+        leaves.push_back({"fc.bias", f32({F}), {randoms(size_t(F), 119, -ws, ws)}, true});
+        const auto record = [B](Graph& g, const std::vector<ValueId>& v) {
+            const ValueId e = vit_embeddings(g, v, B, true);
+            return add(g, aten_linear(g, layer_norm(g, e, v[5], v[6], 1e-12).y, v[7], v[8]), e);
+        };
+        const auto st = expect_bit_exact(leaves, record);
+        EXPECT_EQ(st.host_fusions, 0u) << "batch " << B;
+        // The table lies untiled row-major: 17 rows of 192 values, no tile padding.
+        Graph g;
+        std::vector<ValueId> v;
+        for (const Leaf& l : leaves)
+            v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
+        g.add_output(record(g, v));
+        CompileOptions co;
+        co.board = hw::BoardConfig::load("", {});
+        const CompiledStep step = compile(g, co);
+        for (const LeafBuffer& l : step.parameters)
+            if (l.name == "position_embeddings") {
+                EXPECT_EQ(l.layout.to_string(), "{2,1,0}");
+                EXPECT_EQ(l.bytes, uint64_t(17 * D * 4));
+            }
+    }
+}
+
 TEST(CompilerPyHost3, ConcatenationsAlongEitherDimAreCopiedRunByRunInTheirTiles) {
     // Along the rows of T(8,128) tiles: each part's tiles are one contiguous run, longer than a
     // VMEM slot (64 KiB), copied in pieces, the second part's last tile partial (300 rows).

@@ -10,6 +10,7 @@
 
 #include "driver/kernels/kernel.h"
 #include "driver/kernels/softmax.h"
+#include "driver/kernels/stream_kernel.h"
 #include "driver/kernels/vector_ops.h"
 #include "isa/disassembler.h"
 #include "tests/driver/driver_test_util.h"
@@ -121,6 +122,25 @@ TEST(ProgramBuilder, ClashingCompositionsAreRejectedWhenBuilt) {
                   emit(b, whole, std::vector{Operand::hbm(a), Operand::scalar(isa::imm(0))});
               }),
               "kernel 'row_sum': operand 2 ('out') is a scalar; expected a tensor");
+}
+
+TEST(ProgramBuilder, AFixedLoadOfPaddedRowsMustFitItsArea) {
+    // A table of rows padded to whole lane chunks as it loads (FixedIo::rows: 192 values a row,
+    // 256 apart in VMEM): 17 rows fill an area of 17 x 256 values, an 18th would write past it.
+    const auto cfg = hw::BoardConfig::load("", {});
+    isa::Builder b("padded", {.vmem_bytes = cfg.core.vmem_bytes});
+    const isa::Reg t = b.arg("t");
+    streaming::Spec sp;
+    sp.fp.name = "table";
+    sp.fp.units = 1;
+    sp.fp.areas = {1};
+    sp.fp.fixed = {17 * 256};
+    sp.body = [](streaming::Body&) {};
+    sp.fixed_ins.push_back({Operand::hbm(t), 0, 192, 17, 256});
+    EXPECT_EQ(build_error([&] { streaming::emit(b, sp, 1); }), "no error");
+    sp.fixed_ins[0].rows = 18;
+    EXPECT_EQ(build_error([&] { streaming::emit(b, sp, 1); }),
+              "kernel 'table': 18 rows of 192 values, 256 apart, in a fixed area of 4352");
 }
 
 TEST(ProgramBuilder, LaunchArgumentsAreBoundByTheirDeclaredNames) {
