@@ -160,7 +160,7 @@ ConvScratch conv_scratch(const driver::Conv2dShape& s, const driver::Conv2dTilin
     ConvScratch c;
     c.column = align512(uint64_t(t.NT) * t.C * 4);
     c.columns = c.column * columns;
-    c.x = align512(uint64_t(s.batch) * t.phases * t.phases * t.CT * t.Hq * t.Wq * t.R * 2);
+    c.x = align512(driver::conv2d_packed_x_bytes(s, t));
     // The packed filter keeps room here even when it is a derived buffer: a segment with more
     // than kMaxDerived of those packs the rest here on every launch.
     c.w = packed_w_bytes(s, t);

@@ -56,7 +56,8 @@ struct Geometry {
     // step): a group's stores then spread over the next group instead of stalling the
     // sequencer on a full DMA queue in the last step. ceil(G / S), when at most kMaxDeferred.
     uint32_t defer;
-    uint64_t pix;      // bytes of one input pixel of one Cin tile (R bf16)
+    uint32_t K;        // channels of a plane pixel, rows of a loaded weight tile
+    uint64_t pix;      // bytes of one input pixel of one Cin tile (K bf16)
     uint64_t plane_h;  // HBM bytes of one (phase, Cin tile) plane
     uint64_t plane_v;  // VMEM bytes of a block's part of one plane (hin rows)
     uint64_t xv_img, yv_img, x_img_h;
@@ -86,7 +87,8 @@ Geometry geometry(const Conv2dShape& s, const Conv2dTiling& t) {
     g.nm = g.P > 1 ? g.P : std::min(t.mxus, g.G * g.runs);
     g.defer = g.S >= 2 && ceil_div(g.G, g.S) <= kMaxDeferred ? ceil_div(g.G, g.S) : 0;
     g.mxu_rows = uint64_t(g.P > 1 ? g.G * g.runs : ceil_div(g.G * g.runs, g.nm)) * g.run_rows;
-    g.pix = uint64_t(t.R) * 2;
+    g.K = conv2d_pixel_channels(s, t.R);
+    g.pix = uint64_t(g.K) * 2;
     g.plane_h = uint64_t(t.Hq) * t.Wq * g.pix;
     g.plane_v = uint64_t(g.hin) * t.Wq * g.pix;
     g.npl = t.phases * t.phases * t.CT;
@@ -257,6 +259,15 @@ size_t hash_value(const Conv2dKey& k) {
     return hash_fields(s.batch, s.height, s.width, s.cin, s.cout, s.kernel, s.stride, s.pad, t.R,
                        t.C, t.CT, t.NT, t.phases, t.Hq, t.Wq, t.band_rows, t.images, t.block_images,
                        t.mxus, t.cout_split, t.column_sides, t.full_sides, t.lag, k.store_bf16);
+}
+
+uint32_t conv2d_pixel_channels(const Conv2dShape& s, uint32_t R) {
+    return std::min(s.cin, R);
+}
+
+uint64_t conv2d_packed_x_bytes(const Conv2dShape& s, const Conv2dTiling& t) {
+    return uint64_t(s.batch) * t.phases * t.phases * t.CT * t.Hq * t.Wq *
+           conv2d_pixel_channels(s, t.R) * 2;
 }
 
 uint32_t conv2d_blocks(const Conv2dShape& s, const Conv2dTiling& t) {
@@ -907,9 +918,9 @@ private:
             // Sharing a tile every MXU loads it; else MXU m its own (slot tile m).
             const isa::Arg w = at + int64_t(m_vw.addr() + (P > 1 ? m * wtile : 0));
             if (m_per_mxu) {
-                issue(m_lw[m], MxuLw, {imm(m), w, imm(m_t.R), imm(m_t.C)});
+                issue(m_lw[m], MxuLw, {imm(m), w, imm(m_g.K), imm(m_t.C)});
             } else {
-                E(MxuLw, {imm(m), w, imm(m_t.R), imm(m_t.C), lw_flag(m)});
+                E(MxuLw, {imm(m), w, imm(m_g.K), imm(m_t.C), lw_flag(m)});
                 if (cls_first(m)) E(Add, {lw_count(m), lw_count(m), imm(1)});
             }
         }
@@ -1226,8 +1237,7 @@ Packed pack_operands(Device& dev, ProgramCache& cache, const Conv2dShape& s, con
                      const Tensor& x, const Tensor& w, const Tensor& bias) {
     Packed p;
     try {
-        const uint64_t x_bytes =
-            uint64_t(s.batch) * t.phases * t.phases * t.CT * t.Hq * t.Wq * t.R * 2;
+        const uint64_t x_bytes = conv2d_packed_x_bytes(s, t);
         const uint64_t w_bytes = uint64_t(t.NT) * s.kernel * s.kernel * t.CT * t.R * t.C * 2;
         for (uint32_t core : x.cores) {
             p.x.push_back(dev.alloc(x_bytes, core));

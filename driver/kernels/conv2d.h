@@ -98,11 +98,21 @@ uint64_t conv2d_mxu_cycles(const hw::BoardConfig& cfg, const Conv2dShape& s, con
 /// MXUs stream for fewer cycles (conv2d_mxu_cycles), sharing on a tie.
 Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint32_t images,
                          uint32_t column_sides = 0, uint32_t full_sides = 0);
+/// Channels of one pixel of a phase plane, which are the rows (K) of every weight tile the
+/// kernel loads into an MXU: R, or Cin when Cin < R (one Cin tile). An MXU pass contracts K
+/// values of each LHS row (mxu.mm reads rows of K bf16), so a small-Cin plane holds only its
+/// channels: the RGB stem's planes are 6 bytes a pixel instead of 256, a whole image's fit in
+/// VMEM (one block, so one weight-tile swap per tap), and they are packed from whole input rows
+/// (conv2d_pack_x). The values are the same: the rows past Cin were zeros in both operands.
+uint32_t conv2d_pixel_channels(const Conv2dShape& s, uint32_t R);
+/// Bytes of the packed phase planes of tiling `t` in HBM (every image of s.batch).
+uint64_t conv2d_packed_x_bytes(const Conv2dShape& s, const Conv2dTiling& t);
+
 /// Program-cache key of the per-core kernel: the shape (`batch` = every core's images, as the
 /// caller planned it) and one core's tiling. HBM layouts (the packing kernels write them):
-/// - X: per image, per stride phase (a, b) (a, b < phases), per Cin tile: a Hq x Wq x R bf16
-///   plane, pixel (i, j) = zero-padded input (i stride + a - pad, j stride + b - pad), channels
-///   past Cin zero. Tap (kh, kw) of output (y, x) reads phase (kh % s, kw % s) at
+/// - X: per image, per stride phase (a, b) (a, b < phases), per Cin tile: a Hq x Wq x K bf16
+///   plane (K = conv2d_pixel_channels), pixel (i, j) = zero-padded input (i stride + a - pad,
+///   j stride + b - pad), channels past Cin zero. Tap (kh, kw) of output (y, x) reads phase (kh % s, kw % s) at
 ///   (y + kh / s, x + kw / s): with stride s every tap is a stride-1 window of one plane.
 /// - W: R x C bf16 tiles (Cin x Cout, zero-padded), tile (nt, kh, kw, ct) at index
 ///   ((nt k + kh) k + kw) CT + ct, each row-major and contiguous.

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "driver/kernels/conv2d.h"
 #include "driver/kernels/stream_kernel.h"
 #include "isa/builder.h"
@@ -113,6 +115,154 @@ Conv2dTiling layout_of(const Conv2dShape& s, uint32_t R, uint32_t C) {
         t.Wq = s.out_width() + qmax;
     }
     return t;
+}
+
+/// Whether helper `k` is the dense input packing (emit_dense_pack), not a streaming kernel.
+bool dense_pack(const Conv2dAuxKey& k) {
+    return k.kind == Conv2dAux::PackInput && conv2d_pixel_channels(k.shape, k.R) < k.R;
+}
+
+/// Plane rows whose copies one iteration of emit_dense_pack's loop issues.
+constexpr uint32_t kUnrollRows = 8;
+
+/// The dense packing of x (Cin < R: conv2d_pixel_channels) in chunks of plane rows. A gather
+/// of plane rows from HBM (pack_input_spec) reads a pixel per request (Cin fp32 values at a
+/// stride of s pixels: 12 bytes for RGB), so HBM serves Wq requests per plane row; this
+/// packing reads whole input rows (one contiguous DMA of 512-byte requests per chunk) and
+/// de-interleaves the stride phases in VMEM (dma.vv: a plane row's pixels from every s-th one),
+/// then rounds to bf16 and stores each plane's rows with one DMA.
+struct DensePack {
+    uint32_t P = 0, s = 0, p = 0, H = 0, W = 0, K = 0, Hq = 0, Wq = 0;
+    uint64_t pix4 = 0;  ///< bytes of one fp32 input pixel (Cin values)
+    std::vector<uint32_t> j0, j1;  ///< per phase column b: plane columns read from the image
+
+    DensePack(const Conv2dShape& sh, const Conv2dTiling& t)
+        : P(t.phases), s(sh.stride), p(sh.pad), H(sh.height), W(sh.width), K(sh.cin), Hq(t.Hq),
+          Wq(t.Wq), pix4(uint64_t(sh.cin) * 4) {
+        for (uint32_t b = 0; b < P; ++b) {
+            j0.push_back(range_begin(b));
+            const int64_t hi = int64_t(W) - 1 + p - b;
+            j1.push_back(hi < 0 ? 0 : std::min<uint32_t>(Wq, uint32_t(hi / s) + 1));
+        }
+    }
+    /// First plane row (column) of phase a whose padded input row (column) i s + a is inside.
+    uint32_t range_begin(uint32_t a) const { return p > a ? (p - a + s - 1) / s : 0; }
+    /// One past the last such plane row of phase a (at most Hq).
+    uint32_t row_end(uint32_t a) const {
+        const int64_t hi = int64_t(H) - 1 + p - a;
+        return hi < 0 ? 0 : std::min<uint32_t>(Hq, uint32_t(hi / s) + 1);
+    }
+    /// Input rows a chunk of plane rows [i0, i0 + n) reads, at most.
+    uint64_t input_rows(uint32_t n) const { return uint64_t(n - 1) * s + P; }
+    /// VMEM bytes of a chunk of n plane rows: the input rows (fp32), the planes' rows in fp32
+    /// and in bf16.
+    uint64_t vmem_bytes(uint32_t n) const {
+        const uint64_t vals = uint64_t(P) * P * n * Wq * K;
+        return input_rows(n) * W * pix4 + vals * 4 + vals * 2 + 3 * streaming::kVmemAlign;
+    }
+    /// The most plane rows per chunk that fit in `vmem` (0 if not one).
+    uint32_t plan(uint64_t vmem) const {
+        uint32_t n = 0;
+        while (n < Hq && vmem_bytes(n + 1) <= vmem) ++n;
+        return n;
+    }
+};
+
+/// Emits the dense packing of x into `packed` (Conv2dKey's planes), `rows` plane rows per
+/// chunk (DensePack::plan): per image, per chunk, (1) zero the fp32 planes' rows (padding pixels
+/// are what no copy writes), (2) one DMA of the chunk's input rows, (3) a dma.vv per plane row
+/// of each phase (with stride 1, one for the chunk), (4) v.f2bf into the bf16 rows, (5) one
+/// DMA of the rows of every plane, waited for before the next chunk's conversion reuses them.
+void emit_dense_pack(isa::Builder& bld, const Conv2dShape& sh, const Conv2dTiling& t,
+                     uint32_t rows, std::span<const Operand> o) {
+    using enum isa::Opcode;
+    const auto scope = bld.scope("conv2d_pack_x");
+    const DensePack d(sh, t);
+    const uint32_t P = d.P, K = d.K, Wq = d.Wq;
+    const uint64_t plane_h = uint64_t(t.Hq) * Wq * K * 2, img_h = uint64_t(P) * P * plane_h;
+    const uint64_t img_x = uint64_t(d.H) * d.W * d.pix4, row_x = uint64_t(d.W) * d.pix4;
+    const uint64_t vals = uint64_t(P) * P * rows * Wq * K;
+    const isa::Vmem va = bld.vmem("pack.rows", d.input_rows(rows) * row_x),
+                    vf = bld.vmem("pack.f32", vals * 4), vb = bld.vmem("pack.bf16", vals * 2);
+    const isa::Reg xi = bld.reg("pack.x"), oi = bld.reg("pack.out"), img = bld.reg("pack.image"),
+                   dst = bld.reg("pack.dst"), src = bld.reg("pack.src"), i = bld.reg("pack.row");
+    isa::CountedFlag load(bld, "pack.load", isa::Count::InRegister);
+    isa::CountedFlag copy(bld, "pack.copy", isa::Count::InRegister);
+    isa::CountedFlag vpu(bld, "pack.vpu", isa::Count::InRegister);
+    isa::CountedFlag store(bld, "pack.store", isa::Count::InRegister);
+    bld.emit(Add, {xi, o[0].value, imm(0)});
+    bld.emit(Add, {oi, o[1].value, imm(0)});
+    bld.loop(img, imm(0), imm(sh.batch), 1, [&] {
+        for (uint32_t i0 = 0; i0 < t.Hq; i0 += rows) {
+            const uint32_t n = std::min(rows, t.Hq - i0);
+            const uint64_t nv = uint64_t(P) * P * n * Wq * K, plane_v = uint64_t(n) * Wq * K;
+            vpu.issue(VCmpGt, {vf.at(0), vf.at(0), vf.at(0), imm(int64_t(nv))});
+            // The chunk's input rows [r0, r1), clipped to the image.
+            const int64_t r0 = std::max<int64_t>(0, int64_t(i0) * d.s - d.p);
+            const int64_t r1 = std::min<int64_t>(d.H, int64_t(i0 + n - 1) * d.s + P - d.p);
+            if (r0 < r1)
+                load.issue(DmaHv, {va.at(0), xi + int64_t(uint64_t(r0) * row_x), imm(1),
+                                   imm(int64_t(uint64_t(r1 - r0) * row_x)), imm(0), imm(0)});
+            vpu.wait_all();
+            load.wait_all();
+            for (uint32_t a = 0; a < P && r0 < r1; ++a) {
+                const uint32_t ia0 = std::max(i0, d.range_begin(a)),
+                               ia1 = std::min(i0 + n, d.row_end(a));
+                if (ia0 >= ia1) continue;
+                for (uint32_t b = 0; b < P; ++b) {
+                    const uint32_t j0 = d.j0[b], j1 = d.j1[b];
+                    if (j0 >= j1) continue;
+                    const uint64_t dst0 = vf.addr() + (uint64_t(a * P + b) * n + (ia0 - i0)) *
+                                                          Wq * K * 4 +
+                                          uint64_t(j0) * K * 4;
+                    const int64_t in0 = int64_t(ia0) * d.s + a - d.p - r0;  // first input row
+                    const uint64_t src0 =
+                        va.addr() + uint64_t(in0) * row_x + (uint64_t(j0) * d.s + b - d.p) * d.pix4;
+                    const uint64_t pixels = j1 - j0;
+                    if (d.s == 1) {  // each plane row is a contiguous run of its input row
+                        copy.issue(DmaVv, {imm(int64_t(dst0)), imm(int64_t(src0)),
+                                           imm(int64_t(ia1 - ia0)), imm(int64_t(pixels * d.pix4)),
+                                           imm(int64_t(uint64_t(Wq) * K * 4)),
+                                           imm(int64_t(row_x))});
+                        continue;
+                    }
+                    // kUnrollRows copies a loop iteration: the sequencer then issues them
+                    // about as fast as the DMA port moves a plane row (a loop of one copy
+                    // takes 6 instructions a copy, twice as long).
+                    const int64_t dstep = int64_t(uint64_t(Wq) * K * 4),
+                                  sstep = int64_t(d.s * row_x);
+                    const auto copies = [&](uint32_t rows_here) {
+                        for (uint32_t r = 0; r < rows_here; ++r)
+                            copy.issue_deferred(DmaVv, {dst + r * dstep, src + r * sstep,
+                                                        imm(int64_t(pixels)),
+                                                        imm(int64_t(d.pix4)), imm(int64_t(d.pix4)),
+                                                        imm(int64_t(d.s * d.pix4))});
+                        copy.count_deferred();
+                    };
+                    bld.emit(Li, {dst, imm(int64_t(dst0))});
+                    bld.emit(Li, {src, imm(int64_t(src0))});
+                    const uint32_t whole = (ia1 - ia0) / kUnrollRows * kUnrollRows;
+                    if (whole)
+                        bld.loop(i, imm(0), imm(whole), kUnrollRows, [&] {
+                            copies(kUnrollRows);
+                            bld.emit(Add, {dst, dst, imm(dstep * kUnrollRows)});
+                            bld.emit(Add, {src, src, imm(sstep * kUnrollRows)});
+                        });
+                    if (ia1 - ia0 > whole) copies(ia1 - ia0 - whole);
+                }
+            }
+            copy.wait_all();
+            store.wait_all();  // the previous chunk's rows have left pack.bf16
+            vpu.issue(VF2Bf, {vb.at(0), vf.at(0), imm(int64_t(nv))});
+            vpu.wait_all();
+            store.issue(DmaVh, {oi + int64_t(uint64_t(i0) * Wq * K * 2), vb.at(0),
+                                imm(int64_t(P) * P), imm(int64_t(plane_v * 2)),
+                                imm(int64_t(plane_h)), imm(int64_t(plane_v * 2))});
+        }
+        bld.emit(Add, {xi, xi, imm(int64_t(img_x))});
+        bld.emit(Add, {oi, oi, imm(int64_t(img_h))});
+    });
+    store.wait_all();
 }
 
 /// Packs x (N H W x Cin fp32, NHWC) into the kernel's bf16 stride-phase planes (Conv2dKey).
@@ -603,6 +753,16 @@ Conv2dAuxKey plan_conv2d_aux(Conv2dAux kind, const Conv2dShape& s, uint32_t R, u
             }
             break;
     }
+    if (dense_pack(k)) {
+        const DensePack d(k.shape, layout_of(k.shape, R, 0));
+        k.tile = d.plan(vmem_bytes);
+        if (k.tile == 0)
+            throw DeviceError(ErrorKind::Usage,
+                              fmt::format("conv2d_pack_x: one plane row of {} pixels ({} bytes "
+                                          "with its input rows) does not fit in {} bytes of VMEM",
+                                          d.Wq, d.vmem_bytes(1), vmem_bytes));
+        return k;
+    }
     k.tile = streaming::plan(aux_spec(k, streaming::placeholders(conv2d_aux_params(kind))).fp,
                              vmem_bytes);
     return k;
@@ -610,10 +770,21 @@ Conv2dAuxKey plan_conv2d_aux(Conv2dAux kind, const Conv2dShape& s, uint32_t R, u
 
 void emit(isa::Builder& b, const Conv2dAuxKey& k, std::span<const Operand> ops) {
     streaming::check_operands(k.name(), conv2d_aux_params(k.kind), ops);
+    if (dense_pack(k))
+        return emit_dense_pack(b, k.shape, layout_of(k.shape, k.R, 0), k.tile, ops);
     streaming::emit(b, aux_spec(k, ops), k.tile);
 }
 
 isa::Program generate(const Conv2dAuxKey& k) {
+    if (dense_pack(k)) {
+        isa::Builder b(k.name());
+        std::vector<isa::Reg> args;
+        const std::vector<Operand> ops =
+            streaming::declare_args(b, conv2d_aux_params(k.kind), args);
+        emit(b, k, ops);
+        b.emit(Opcode::Halt, {});
+        return b.finish();
+    }
     return streaming::standalone(k.name(), conv2d_aux_params(k.kind), k.tile,
                                  [&](std::span<const Operand> o) { return aux_spec(k, o); });
 }

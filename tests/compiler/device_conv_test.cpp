@@ -17,6 +17,7 @@
 #include "compiler/lazy.h"
 #include "device_test_util.h"
 #include "hw/board_config.h"
+#include "hw/core/mxu_model.h"
 
 namespace tpu::compiler {
 namespace {
@@ -133,6 +134,58 @@ TEST(CompilerDeviceConv, StemConvBnReluMaxPoolIsAPassPerTapBitExact) {
     const hw::BoardConfig board;
     const uint64_t passes = 49ull * 2 * 16 * 16 / board.core.mxus;
     EXPECT_GE(st.last_launch.core_cycles.at(0), passes);
+}
+
+TEST(CompilerDeviceConv, StemRunsNearItsMxuBoundBitExact) {
+    // One 112 x 112 RGB image through the stem (7 x 7, stride 2, pad 3, 3 -> 64, batch norm and
+    // ReLU in the epilogue): 56 x 56 outputs, one run of 56 rows per output row and tap, the
+    // runs taking the MXUs in turn. The MXU bound is 49 steps, each the rows one MXU streams
+    // (28 runs of 56) plus the drain of its tile swap (MxuTimer::swap_step_cycles, R + C - 2
+    // with core.mxu_swap_drains): 49 x (1 568 + 254) = 89 278 cycles. Dense 3-channel planes
+    // (conv2d_pixel_channels) hold the whole image in VMEM, one block, so one swap per tap, and
+    // the packing reads whole input rows; the rest of a step (the launch, the packing, the last
+    // image rows' stores) stays within 10%. With 128-channel planes packed a pixel per HBM
+    // request a step took 121 694 cycles (1.36x); now 96 085 (1.08x).
+    std::vector<Leaf> leaves = {
+        {"x", f32({1, 112, 112, 3}), {randoms(112 * 112 * 3, 81)}},
+        {"w", f32({7, 7, 3, 64}), {randoms(49 * 3 * 64, 82, -0.2f, 0.2f)}, true}};
+    for (Leaf& l : bn_leaves("bn", 64, 83)) leaves.push_back(l);
+    const Record stem = [](Graph& g, const std::vector<ValueId>& v) {
+        return conv_bn(g, v[0], v[1], &v[2], 2, 3, kNoValue, true);
+    };
+    expect_bit_exact(leaves, stem);
+
+    // Timing only, three steps, as SmallResNetInferenceLoopCycles: steps 0 and 1 compile (the
+    // first gives the parameters their layouts) and pack the filter into the program's derived
+    // arena; step 2 runs with it packed.
+    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    DeviceBackend device(*dev, {0}, cg);
+    LazyContext ctx(device);
+    std::vector<LazyTensor> params;
+    for (size_t i = 1; i < leaves.size(); ++i)
+        params.push_back(ctx.parameter(leaves[i].name, leaves[i].shape, leaves[i].values));
+    uint64_t cycles = 0;
+    for (int step = 0; step < 3; ++step) {
+        const LazyTensor x = ctx.input("x", leaves[0].shape, leaves[0].values);
+        std::vector<ValueId> v{ctx.value(x)};
+        for (const LazyTensor& p : params) v.push_back(ctx.value(p));
+        const LazyTensor y = ctx.wrap(stem(ctx.graph(), v), "y");
+        ctx.mark_step();
+        ctx.to_host(y);
+        cycles = device.stats().last_launch.core_cycles.at(0);
+    }
+    const uint64_t Ho = 56, Wo = 56;
+    const uint64_t per_mxu = (Ho + cfg.core.mxus - 1) / cfg.core.mxus * Wo;
+    const uint64_t bound =
+        49 * hw::MxuTimer::swap_step_cycles(cfg.core.mxu_rows, cfg.core.mxu_cols,
+                                            cfg.core.mxu_swap_drains, per_mxu);
+    EXPECT_EQ(bound, 89278u);
+    std::cout << "stem step: " << cycles << " cycles, MXU bound " << bound << "\n";
+    EXPECT_GE(cycles, bound);
+    EXPECT_LE(cycles, bound + bound / 10) << "cycles " << cycles << " cycles against an MXU bound of " << bound;
 }
 
 TEST(CompilerDeviceConv, StemReadsTheRowBatchThroughItsReshapeBitExact) {

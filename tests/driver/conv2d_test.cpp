@@ -109,7 +109,13 @@ INSTANTIATE_TEST_SUITE_P(
         ConvCase{shape(1, 29, 27, 6, 5, 5, 2, 2),
                  1,
                  {"core.vmem_bytes=262144", "core.mxu_rows=8", "core.mxu_cols=8"},
-                 "k5_s2_bands_implicit_on_8x8"}),
+                 "k5_s2_bands_implicit_on_8x8"},
+        // Dense 3-channel planes packed in chunks of plane rows (64 KiB of VMEM hold about 14
+        // of the 31), the first and last chunks reaching into the padding.
+        ConvCase{shape(2, 60, 64, 3, 8, 3, 2, 1),
+                 1,
+                 {"core.vmem_bytes=65536", "core.mxu_rows=8", "core.mxu_cols=8"},
+                 "dense_pack_in_chunks_on_8x8"}),
     [](const auto& info) { return info.param.name; });
 
 /// The calibration shape's plan, derived by hand: a padded image is 30 x 30 pixels of 256
@@ -163,6 +169,31 @@ TEST(Conv2dPlan, FoldsTheTapsIntoKWhenThatQuartersTheMxuPasses) {
     EXPECT_FALSE(conv2d_folds_taps(shape(1, 28, 28, 128, 128, 3, 1, 1), 128));
     EXPECT_FALSE(conv2d_folds_taps(shape(1, 56, 56, 3, 64, 1, 1, 0), 128));  // 1 vs 1
     EXPECT_FALSE(conv2d_folds_taps(shape(1, 9, 9, 5, 7, 3, 1, 1), 8));       // 6 vs 9
+}
+
+/// Cin < R: the planes hold Cin channels a pixel (conv2d_pixel_channels), packed from whole
+/// input rows. 30 x 30 x 64 fp32 in, stride 2, pad 1: four phase planes of 16 x 16 pixels of 64
+/// bf16 (a 128-channel pixel would write twice as much), and every input byte read once, in
+/// one DMA of whole rows (not a request per pixel and phase).
+TEST(Conv2dPack, SmallCinPlanesAreDenseAndReadWholeRows) {
+    auto dev = Device::open(hw::BoardConfig::load("", {"sim.race_detector=true"}));
+    const Conv2dShape s = shape(1, 30, 30, 64, 64, 3, 2, 1);
+    ASSERT_FALSE(conv2d_folds_taps(s, 128));
+    EXPECT_EQ(conv2d_pixel_channels(s, 128), 64u);
+    EXPECT_EQ(conv2d_pixel_channels(shape(1, 8, 8, 300, 64, 3, 1, 1), 128), 128u);
+    const auto x = tutil::random_values(30 * 30 * 64, 1);
+    const auto w = tutil::random_values(9 * 64 * 64, 2);
+    const auto b = tutil::random_values(64, 3);
+    ProgramCache cache;
+    const Conv2dResult r = conv2d(*dev, cache, x, w, b, s, {0});
+    EXPECT_BITS_EQ(r.y, conv2d_reference(x, w, b, s, 128));
+    const KernelStats* pack = nullptr;
+    for (const KernelStats& k : dev->kernel_stats())
+        if (k.name == "conv2d_pack_x") pack = &k;
+    ASSERT_NE(pack, nullptr);
+    EXPECT_EQ(pack->hbm_read_bytes, 30u * 30 * 64 * 4);
+    EXPECT_EQ(pack->hbm_write_bytes, 4u * 16 * 16 * 64 * 2);
+    EXPECT_EQ(conv2d_packed_x_bytes(s, r.tiling), pack->hbm_write_bytes);
 }
 
 TEST(Conv2dPlan, BadShapesNameTheField) {

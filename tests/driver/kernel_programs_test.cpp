@@ -208,7 +208,9 @@ const std::vector<Golden> kGolden = {
     // kernels; the im2col, col2im and zeroing kernels of the folded and backward paths. The
     // conv2d programs themselves (not the helpers) were re-pinned when the kernel took deferred
     // epilogues, plane-major X blocks and the first block in pieces (values checked by
-    // Conv2dShapes.* and Conv2dCout.*): they are no longer the text kernels' bytes.
+    // Conv2dShapes.* and Conv2dCout.*): they are no longer the text kernels' bytes. Those of
+    // Cin < R (and their pack_x) were re-pinned when such planes became dense, K = Cin channels a
+    // pixel packed from whole input rows (conv2d_pixel_channels; values checked likewise).
     // Conv2dKey{shape, {R, C, CT, NT, phases, Hq, Wq, band_rows, images, block_images, mxus}};
     // Conv2dAuxKey{kind, the shape's fields it reads, R, C, kh, kw, units, tile}.
     {Conv2dKey{{64, 28, 28, 128, 128, 3, 1, 1}, {128, 128, 1, 1, 1, 30, 30, 28, 64, 8, 2}},
@@ -218,9 +220,9 @@ const std::vector<Golden> kGolden = {
     {Conv2dAuxKey{Conv2dAux::PackWeight, {0, 0, 0, 128, 128, 3, 0, 0}, 128, 128, 0, 0, 0, 1},
      0x641af6fd4674a700},
     {Conv2dKey{{64, 56, 56, 64, 64, 3, 1, 1}, {128, 128, 1, 1, 1, 58, 58, 56, 64, 2, 2}},
-     0xb9e709a6606102f1},
+     0x75e34288b7ad8a48},
     {Conv2dAuxKey{Conv2dAux::PackInput, {64, 56, 56, 64, 0, 3, 1, 1}, 128, 0, 0, 0, 0, 1},
-     0x7816ef452153c9fa},
+     0xe7e37e2df43e9651},
     {Conv2dAuxKey{Conv2dAux::PackWeight, {0, 0, 0, 64, 64, 3, 0, 0}, 128, 128, 0, 0, 0, 1},
      0x2a1fa787a670906d},
     {Conv2dKey{{64, 14, 14, 256, 256, 3, 1, 1}, {128, 128, 2, 2, 1, 16, 16, 14, 64, 32, 2}},
@@ -251,9 +253,9 @@ const std::vector<Golden> kGolden = {
     {Conv2dAuxKey{Conv2dAux::PackWeight, {0, 0, 0, 130, 129, 3, 0, 0}, 128, 128, 0, 0, 0, 1},
      0x98cb0a8b83b92ead},
     {Conv2dKey{{2, 5, 5, 8, 8, 1, 2, 0}, {128, 128, 1, 1, 1, 3, 3, 3, 2, 2, 2}},
-     0x71f780f888724e2c},
+     0xcb252728542d80d7},
     {Conv2dAuxKey{Conv2dAux::PackInput, {2, 5, 5, 8, 0, 1, 2, 0}, 128, 0, 0, 0, 0, 1},
-     0xbcad2abe0640c84d},
+     0x71d3e79aefad74b0},
     {Conv2dAuxKey{Conv2dAux::PackWeight, {0, 0, 0, 8, 8, 1, 0, 0}, 128, 128, 0, 0, 0, 1},
      0x4deb4ac52f42396d},
     {Conv2dKey{{2, 20, 18, 130, 20, 3, 1, 1}, {128, 128, 2, 1, 1, 22, 20, 2, 2, 1, 2}},
@@ -263,15 +265,15 @@ const std::vector<Golden> kGolden = {
     {Conv2dAuxKey{Conv2dAux::PackWeight, {0, 0, 0, 130, 20, 3, 0, 0}, 128, 128, 0, 0, 0, 1},
      0x078ddadeb73747d2},
     {Conv2dKey{{3, 5, 4, 9, 6, 3, 1, 1}, {128, 128, 1, 1, 1, 7, 6, 5, 3, 3, 1}},
-     0xc268a83e7be4a34c},
+     0x059dd1dc1f8b46ba},
     {Conv2dAuxKey{Conv2dAux::PackInput, {3, 5, 4, 9, 0, 3, 1, 1}, 128, 0, 0, 0, 0, 1},
-     0x6cda93dffc5908fa},
+     0xe214e3d963f10d4b},
     {Conv2dAuxKey{Conv2dAux::PackWeight, {0, 0, 0, 9, 6, 3, 0, 0}, 128, 128, 0, 0, 0, 1},
      0x4639b36943fde8d7},
     {Conv2dKey{{1, 29, 27, 6, 5, 5, 2, 2}, {8, 8, 1, 1, 2, 17, 16, 15, 1, 1, 2}},
-     0x9f3bbc96b3772813},
+     0xd8a640c5a757a5df},
     {Conv2dAuxKey{Conv2dAux::PackInput, {1, 29, 27, 6, 0, 5, 2, 2}, 8, 0, 0, 0, 0, 1},
-     0xb24052f2ce8e217b},
+     0x5bb20a37dc785618},
     {Conv2dAuxKey{Conv2dAux::PackWeight, {0, 0, 0, 6, 5, 5, 0, 0}, 8, 8, 0, 0, 0, 1},
      0xf4a32cf14c034a96},
     {Conv2dAuxKey{Conv2dAux::Im2colRows, {1, 30, 32, 3, 0, 7, 2, 3}, 0, 0, 0, 0, 0, 1},
