@@ -38,6 +38,8 @@ constexpr uint32_t kMaxBlockImages = 64;
 /// Most images of the epilogue lag (Conv2dTiling::lag): each adds the unrolled epilogue of a
 /// pending image to both step bodies.
 constexpr uint32_t kMaxLag = 16;
+/// Most pieces of an epilogue (Conv2dTiling::epilogue_pieces): each is unrolled once.
+constexpr uint32_t kMaxEpiloguePieces = 8;
 /// Most deferred epilogues per step (Geometry::defer): each is unrolled in both step bodies.
 constexpr uint32_t kMaxDeferred = 4;
 /// Most pieces of the kernel's first X block waited for apart (Conv2dGen::first_pieces): all
@@ -182,6 +184,17 @@ uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv
     return lag;
 }
 
+uint32_t conv2d_epilogue_pieces(const hw::BoardConfig& cfg, const Conv2dShape& s,
+                                const Conv2dTiling& t) {
+    const Geometry g = geometry(s, t);
+    if (g.xslots != 1 || g.groups != 1 || g.G != 1 || g.P != 1 || g.nm > 2 || g.runs < 2) return 1;
+    // As conv2d_lag: the runs that keep the MXUs busy for the array's latency and a full queue.
+    const uint64_t need =
+        hw::MxuTimer::mm_cycles(t.R, t.C, 0) + uint64_t(cfg.core.queue_depth) * g.run_rows;
+    const uint64_t lag_runs = (need * g.nm + g.run_rows - 1) / g.run_rows;
+    return uint32_t(std::clamp<uint64_t>(g.runs / lag_runs, 1, kMaxEpiloguePieces));
+}
+
 uint64_t conv2d_mxu_cycles(const hw::BoardConfig& cfg, const Conv2dShape& s,
                            const Conv2dTiling& t) {
     const Geometry g = geometry(s, t);
@@ -212,6 +225,7 @@ Conv2dTiling plan_conv2d(const hw::BoardConfig& cfg, const Conv2dShape& s, uint3
     };
     auto with_lag = [&](Conv2dTiling t) {
         t.lag = conv2d_lag(cfg, s, t);
+        t.epilogue_pieces = conv2d_epilogue_pieces(cfg, s, t);
         return t;
     };
     const uint32_t Ho = s.out_height();
@@ -258,7 +272,8 @@ size_t hash_value(const Conv2dKey& k) {
     const Conv2dTiling& t = k.tiling;
     return hash_fields(s.batch, s.height, s.width, s.cin, s.cout, s.kernel, s.stride, s.pad, t.R,
                        t.C, t.CT, t.NT, t.phases, t.Hq, t.Wq, t.band_rows, t.images, t.block_images,
-                       t.mxus, t.cout_split, t.column_sides, t.full_sides, t.lag, k.store_bf16);
+                       t.mxus, t.cout_split, t.column_sides, t.full_sides, t.lag, t.epilogue_pieces,
+                       k.store_bf16);
 }
 
 uint32_t conv2d_pixel_channels(const Conv2dShape& s, uint32_t R) {
@@ -396,6 +411,13 @@ public:
         // kernel's); more share one per class of MXUs with the same counts (cls), so the
         // kernel holds four count registers for any number of MXUs.
         m_per_mxu = nm <= 2;
+        if (t.epilogue_pieces == 0 ||
+            (t.epilogue_pieces > 1 && (m_g.xslots != 1 || m_g.groups != 1 || G != 1 || P != 1 ||
+                                       !m_per_mxu || m_g.runs < 2)))
+            throw m_b.error(fmt::format(
+                "conv2d: {} epilogue pieces need a kernel of one block, one group and one image "
+                "of several runs on at most two MXUs sharing the tile",
+                t.epilogue_pieces));
         for (int m = 0; m < 2; ++m) m_lw[m] = tally(fmt::format("lw{}", m), 2 + m, 22 + m);
         for (int m = 0; m < 2; ++m) m_mm[m] = tally(fmt::format("mm{}", m), 4 + m, 24 + m);
         for (uint32_t m = 2; m < nm; ++m) {
@@ -672,11 +694,11 @@ private:
         });
     }
 
-    /// The epilogue of one image: its side tiles loaded while its last matmuls run, the bias
-    /// added on the VPU once they are done, the caller's epilogue, then the store (NHWC rows of
-    /// the tile's channels).
-    void finish(ImageRegs& r) {
-        if (!m_ep.sides.empty() && P == 1) load_sides(r);
+    /// The epilogue of one image (`rows` = y_rows) or of a piece of its rows (epilogue_pieces):
+    /// its side tiles loaded while its last matmuls run, the bias added on the VPU once they are
+    /// done, the caller's epilogue, then the store (NHWC rows of the tile's channels).
+    void finish(ImageRegs& r, uint32_t rows) {
+        if (!m_ep.sides.empty() && P == 1) load_sides(r, rows);
         for (uint32_t m = 0; m < nm; ++m) {
             if (m_per_mxu) {
                 E(Wait, {mm_flag(m), r.mm(m)});
@@ -688,7 +710,7 @@ private:
             }
         }
         if (P == 1) {
-            finish_tile(r);
+            finish_tile(r, rows);
             return;
         }
         // A Cout tile per MXU: the image's P tiles (all full) one after another, in a loop
@@ -697,8 +719,8 @@ private:
         const isa::Label tiles = m_b.label("tiles");
         E(Li, {r.mm0, imm(P)});
         m_b.bind(tiles);
-        if (!m_ep.sides.empty()) load_sides(r);
-        finish_tile(r);
+        if (!m_ep.sides.empty()) load_sides(r, rows);
+        finish_tile(r, rows);
         E(Add, {r.y, r.y, imm(int64_t(m_g.yv_img))});
         E(Add, {r.dst, r.dst, imm(int64_t(m_t.C) * e)});
         E(Add, {r.bias, r.bias, imm(int64_t(m_t.C) * 4)});
@@ -708,8 +730,8 @@ private:
 
     /// The epilogue of one Cout tile of an image whose matmuls are done: bias, the caller's
     /// epilogue, the store.
-    void finish_tile(ImageRegs& r) {
-        E(VAddRow, {r.y, r.y, r.bias, imm(y_rows), imm(m_t.C), m_vpu});
+    void finish_tile(ImageRegs& r, uint32_t rows) {
+        E(VAddRow, {r.y, r.y, r.bias, imm(rows), imm(m_t.C), m_vpu});
         int64_t ops = 1;
         auto counted = [&](Opcode op, std::initializer_list<isa::Arg> args) {
             std::vector<isa::Arg> all(args);
@@ -725,19 +747,19 @@ private:
         if (m_ep.body) {
             // The matmul counts are spent: their register holds the tile's rows.
             r.mm1.release();
-            const isa::Reg rows = m_b.reg("epilogue.rows", 14);
-            E(Li, {rows, imm(y_rows)});
+            const isa::Reg nrows = m_b.reg("epilogue.rows", 14);
+            E(Li, {nrows, imm(rows)});
             std::vector<isa::Arg> sides;
             uint32_t ci = 0, fi = 0;
             for (const EpilogueSide& sd : m_ep.sides)
                 sides.push_back(sd.kind == EpilogueSide::Kind::Column
                                     ? m_vcol.at(uint64_t(ci++) * m_t.C * 4)
                                     : m_vfull.at(uint64_t(fi++) * m_g.yv_img));
-            EpilogueTile tile(m_b, r.y, std::move(sides), rows, m_t.C, counted);
+            EpilogueTile tile(m_b, r.y, std::move(sides), nrows, m_t.C, counted);
             m_ep.body(tile);
         }
         // In place: value i's bf16 lands below fp32 value i, which has been read.
-        if (m_ep.store_bf16) counted(VF2Bf, {r.y, r.y, imm(int64_t(y_rows) * m_t.C)});
+        if (m_ep.store_bf16) counted(VF2Bf, {r.y, r.y, imm(int64_t(rows) * m_t.C)});
         {
             const isa::Reg n = m_b.reg("vpu.issued", 18);
             E(Lw, {n, m_vpu_count.word(0)});
@@ -747,10 +769,10 @@ private:
         }
         by_slot(r.slot, [&](int slot) {
             if (NT == 1 && m_sh.cout == m_t.C) {  // the tile is the whole pixel: one run
-                const isa::Arg n = imm(int64_t(uint64_t(y_rows) * m_t.C * e));
+                const isa::Arg n = imm(int64_t(uint64_t(rows) * m_t.C * e));
                 m_ystore[slot]->issue(DmaVh, {r.dst, r.y, imm(1), n, n, n});
             } else {
-                m_ystore[slot]->issue(DmaVh, {r.dst, r.y, imm(y_rows), r.row_bytes,
+                m_ystore[slot]->issue(DmaVh, {r.dst, r.y, imm(rows), r.row_bytes,
                                               imm(int64_t(y_pix_h)), imm(m_t.C * e)});
             }
         });
@@ -758,7 +780,7 @@ private:
 
     /// Issues the loads of the image's side tiles (its Cout tile's columns of each Column side,
     /// its pixels of each Full side) on the sides flag.
-    void load_sides(const ImageRegs& r) {
+    void load_sides(const ImageRegs& r, uint32_t rows) {
         const isa::Reg at = m_b.reg("side.at", 18);
         // Bytes of the tile's fp32 row: the row bytes of Y (bf16: half of them).
         if (e == 2) E(Add, {r.row_bytes, r.row_bytes, r.row_bytes});
@@ -776,7 +798,7 @@ private:
                 E(Sub, {at, r.dst, m_ops.y.value});
                 if (e == 2) E(Add, {at, at, at});
                 E(Add, {at, at, sd.place.value});
-                E(op, {m_vfull.at(uint64_t(fi++) * m_g.yv_img), at, imm(y_rows), r.row_bytes,
+                E(op, {m_vfull.at(uint64_t(fi++) * m_g.yv_img), at, imm(rows), r.row_bytes,
                        imm(m_t.C * 4), imm(int64_t(m_sh.cout) * 4), m_sides});
             }
         }
@@ -807,7 +829,7 @@ private:
         E(Lw, {r.row_bytes, pend(j, kPBytes)});
         E(Lw, {r.slot, pend(j, kPSlot)});
         E(Lw, {r.bias, pend(j, kPBias)});
-        finish(r);
+        finish(r, y_rows);
         if (j + 1 == L) E(Sw, {imm(0), m_pend.word(kPend)});
         m_b.bind(none);
     }
@@ -846,8 +868,24 @@ private:
         E(Lw, {r.row_bytes, m_defer.word(kDBytes)});
         E(Lw, {r.slot, m_defer.word(kDSlot)});
         E(Lw, {r.bias, m_defer.word(kDBias)});
-        finish(r);
+        finish(r, y_rows);
         m_b.bind(none);
+    }
+
+    /// Runs of an epilogue piece (Conv2dTiling::epilogue_pieces) and the pieces they make.
+    uint32_t piece_runs() const { return ceil_div(m_g.runs, m_t.epilogue_pieces); }
+    uint32_t epilogue_pieces() const { return ceil_div(m_g.runs, piece_runs()); }
+    /// The epilogue of piece q of the kernel's one image: runs [q pr, (q + 1) pr) of its last
+    /// step, every one flagged.
+    void finish_piece(uint32_t q) {
+        const uint32_t pr = piece_runs(), r0 = q * pr, r1 = std::min(m_g.runs, r0 + pr);
+        std::array<int64_t, kConvMaxMxus> cnt{};
+        for (uint32_t p = 0; p < r1; ++p) ++cnt[p % nm];
+        ImageRegs r(m_b);
+        image_regs(r, 0, cnt);
+        E(Add, {r.y, r.y, imm(int64_t(uint64_t(r0) * m_g.run_rows * m_t.C * 4))});
+        E(Add, {r.dst, r.dst, imm(int64_t(uint64_t(r0) * m_g.run_rows * y_pix_h))});
+        finish(r, (r1 - r0) * m_g.run_rows);
     }
 
     /// Every pending image's epilogue (the kernel's end).
@@ -1070,7 +1108,13 @@ private:
                         E(MxuMm, {imm(m), y, x, imm(g.run_rows), m_acc});
                 }
                 if (p + 1 == G * g.runs) w_load(1);
+                // Pieces of the image's epilogue: piece q once the next piece's runs are
+                // queued (the planner makes a piece enough MXU work to cover the wait).
+                if (last && m_t.epilogue_pieces > 1)
+                    for (uint32_t q = 0; q + 1 < epilogue_pieces(); ++q)
+                        if (std::min(g.runs, (q + 2) * piece_runs()) - 1 == r) finish_piece(q);
             }
+            if (last && m_t.epilogue_pieces > 1) finish_piece(epilogue_pieces() - 1);
             // Deferred: a pending image comes only from the final group, flushed at the end.
             if (img < L && !m_g.defer) flush_pending(img);
             // The deferred epilogues spread over the step from the lag on: an MXU queue holds
@@ -1106,10 +1150,10 @@ private:
                 // L images later the MXUs are still busy when the epilogue waits for it.
                 ImageRegs r(m_b);
                 image_regs(r, img - L, runs_upto(img - L + 1));
-                finish(r);
+                finish(r, y_rows);
             }
         }
-        if (last) {
+        if (last && m_t.epilogue_pieces == 1) {
             for (uint32_t j = 0; j < L; ++j) {
                 ImageRegs r(m_b);
                 image_regs(r, G - L + j, runs_upto(G - L + j + 1));

@@ -74,6 +74,11 @@ struct Conv2dTiling {
     /// MXU loads the step's weight tile and takes every mxus-th run; mxus = MXU m loads tile
     /// nt + m of the group and streams every run (needs NT a multiple of mxus and full tiles)
     uint32_t cout_split = 1;
+    /// Pieces of output rows that the epilogue of a kernel of one block, one Cout group and
+    /// one image runs in (conv2d_epilogue_pieces; 1 = the whole image after its last matmul):
+    /// piece q once the last step has queued piece q + 1's runs, so its store overlaps the
+    /// MXUs instead of following them
+    uint32_t epilogue_pieces = 1;
     auto operator<=>(const Conv2dTiling&) const = default;
 };
 
@@ -84,6 +89,14 @@ struct Conv2dTiling {
 /// while the MXU queues are still full, so the MXUs never wait for it. At most a quarter of
 /// block_images (at least 1) and 16: each lagging image's epilogue is unrolled three more times.
 uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv2dTiling& t);
+
+/// Conv2dTiling::epilogue_pieces of tiling `t` on `cfg`: 1 unless the kernel is one block of
+/// one image and one Cout group, with several runs on at most two MXUs sharing the tile; then
+/// as many pieces (at most 8, each unrolled once) as the image has runs for, each enough to
+/// keep the MXUs busy for the array's latency and a full queue (as conv2d_lag), so that a
+/// piece's epilogue, which waits for its last matmul, never stops the MXUs.
+uint32_t conv2d_epilogue_pieces(const hw::BoardConfig& cfg, const Conv2dShape& s,
+                                const Conv2dTiling& t);
 
 /// The planner's cost of tiling `t` on `cfg`'s MXUs: cycles one MXU streams, blocks x groups
 /// x k k CT steps, each hw::MxuTimer::swap_step_cycles of the rows the MXU streams through the
@@ -112,8 +125,9 @@ uint64_t conv2d_packed_x_bytes(const Conv2dShape& s, const Conv2dTiling& t);
 /// caller planned it) and one core's tiling. HBM layouts (the packing kernels write them):
 /// - X: per image, per stride phase (a, b) (a, b < phases), per Cin tile: a Hq x Wq x K bf16
 ///   plane (K = conv2d_pixel_channels), pixel (i, j) = zero-padded input (i stride + a - pad,
-///   j stride + b - pad), channels past Cin zero. Tap (kh, kw) of output (y, x) reads phase (kh % s, kw % s) at
-///   (y + kh / s, x + kw / s): with stride s every tap is a stride-1 window of one plane.
+///   j stride + b - pad), channels past Cin zero. Tap (kh, kw) of output (y, x) reads phase
+///   (kh % s, kw % s) at (y + kh / s, x + kw / s): with stride s every tap is a stride-1 window
+///   of one plane.
 /// - W: R x C bf16 tiles (Cin x Cout, zero-padded), tile (nt, kh, kw, ct) at index
 ///   ((nt k + kh) k + kw) CT + ct, each row-major and contiguous.
 /// - bias: NT C fp32. Y: NHWC fp32, N x Ho x Wo x Cout, compact.

@@ -133,12 +133,19 @@ constexpr uint32_t kUnrollRows = 8;
 /// then rounds to bf16 and stores each plane's rows with one DMA.
 struct DensePack {
     uint32_t P = 0, s = 0, p = 0, H = 0, W = 0, K = 0, Hq = 0, Wq = 0;
-    uint64_t pix4 = 0;  ///< bytes of one fp32 input pixel (Cin values)
+    uint64_t pix4 = 0;             ///< bytes of one fp32 input pixel (Cin values)
     std::vector<uint32_t> j0, j1;  ///< per phase column b: plane columns read from the image
 
     DensePack(const Conv2dShape& sh, const Conv2dTiling& t)
-        : P(t.phases), s(sh.stride), p(sh.pad), H(sh.height), W(sh.width), K(sh.cin), Hq(t.Hq),
-          Wq(t.Wq), pix4(uint64_t(sh.cin) * 4) {
+        : P(t.phases),
+          s(sh.stride),
+          p(sh.pad),
+          H(sh.height),
+          W(sh.width),
+          K(sh.cin),
+          Hq(t.Hq),
+          Wq(t.Wq),
+          pix4(uint64_t(sh.cin) * 4) {
         for (uint32_t b = 0; b < P; ++b) {
             j0.push_back(range_begin(b));
             const int64_t hi = int64_t(W) - 1 + p - b;
@@ -173,8 +180,8 @@ struct DensePack {
 /// are what no copy writes), (2) one DMA of the chunk's input rows, (3) a dma.vv per plane row
 /// of each phase (with stride 1, one for the chunk), (4) v.f2bf into the bf16 rows, (5) one
 /// DMA of the rows of every plane, waited for before the next chunk's conversion reuses them.
-void emit_dense_pack(isa::Builder& bld, const Conv2dShape& sh, const Conv2dTiling& t,
-                     uint32_t rows, std::span<const Operand> o) {
+void emit_dense_pack(isa::Builder& bld, const Conv2dShape& sh, const Conv2dTiling& t, uint32_t rows,
+                     std::span<const Operand> o) {
     using enum isa::Opcode;
     const auto scope = bld.scope("conv2d_pack_x");
     const DensePack d(sh, t);
@@ -212,18 +219,18 @@ void emit_dense_pack(isa::Builder& bld, const Conv2dShape& sh, const Conv2dTilin
                 for (uint32_t b = 0; b < P; ++b) {
                     const uint32_t j0 = d.j0[b], j1 = d.j1[b];
                     if (j0 >= j1) continue;
-                    const uint64_t dst0 = vf.addr() + (uint64_t(a * P + b) * n + (ia0 - i0)) *
-                                                          Wq * K * 4 +
+                    const uint64_t dst0 = vf.addr() +
+                                          (uint64_t(a * P + b) * n + (ia0 - i0)) * Wq * K * 4 +
                                           uint64_t(j0) * K * 4;
                     const int64_t in0 = int64_t(ia0) * d.s + a - d.p - r0;  // first input row
                     const uint64_t src0 =
                         va.addr() + uint64_t(in0) * row_x + (uint64_t(j0) * d.s + b - d.p) * d.pix4;
                     const uint64_t pixels = j1 - j0;
                     if (d.s == 1) {  // each plane row is a contiguous run of its input row
-                        copy.issue(DmaVv, {imm(int64_t(dst0)), imm(int64_t(src0)),
-                                           imm(int64_t(ia1 - ia0)), imm(int64_t(pixels * d.pix4)),
-                                           imm(int64_t(uint64_t(Wq) * K * 4)),
-                                           imm(int64_t(row_x))});
+                        copy.issue(DmaVv,
+                                   {imm(int64_t(dst0)), imm(int64_t(src0)), imm(int64_t(ia1 - ia0)),
+                                    imm(int64_t(pixels * d.pix4)),
+                                    imm(int64_t(uint64_t(Wq) * K * 4)), imm(int64_t(row_x))});
                         continue;
                     }
                     // kUnrollRows copies a loop iteration: the sequencer then issues them
@@ -233,10 +240,10 @@ void emit_dense_pack(isa::Builder& bld, const Conv2dShape& sh, const Conv2dTilin
                                   sstep = int64_t(d.s * row_x);
                     const auto copies = [&](uint32_t rows_here) {
                         for (uint32_t r = 0; r < rows_here; ++r)
-                            copy.issue_deferred(DmaVv, {dst + r * dstep, src + r * sstep,
-                                                        imm(int64_t(pixels)),
-                                                        imm(int64_t(d.pix4)), imm(int64_t(d.pix4)),
-                                                        imm(int64_t(d.s * d.pix4))});
+                            copy.issue_deferred(
+                                DmaVv, {dst + r * dstep, src + r * sstep, imm(int64_t(pixels)),
+                                        imm(int64_t(d.pix4)), imm(int64_t(d.pix4)),
+                                        imm(int64_t(d.s * d.pix4))});
                         copy.count_deferred();
                     };
                     bld.emit(Li, {dst, imm(int64_t(dst0))});
@@ -770,8 +777,7 @@ Conv2dAuxKey plan_conv2d_aux(Conv2dAux kind, const Conv2dShape& s, uint32_t R, u
 
 void emit(isa::Builder& b, const Conv2dAuxKey& k, std::span<const Operand> ops) {
     streaming::check_operands(k.name(), conv2d_aux_params(k.kind), ops);
-    if (dense_pack(k))
-        return emit_dense_pack(b, k.shape, layout_of(k.shape, k.R, 0), k.tile, ops);
+    if (dense_pack(k)) return emit_dense_pack(b, k.shape, layout_of(k.shape, k.R, 0), k.tile, ops);
     streaming::emit(b, aux_spec(k, ops), k.tile);
 }
 

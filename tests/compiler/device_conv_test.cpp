@@ -143,9 +143,11 @@ TEST(CompilerDeviceConv, StemRunsNearItsMxuBoundBitExact) {
     // (28 runs of 56) plus the drain of its tile swap (MxuTimer::swap_step_cycles, R + C - 2
     // with core.mxu_swap_drains): 49 x (1 568 + 254) = 89 278 cycles. Dense 3-channel planes
     // (conv2d_pixel_channels) hold the whole image in VMEM, one block, so one swap per tap, and
-    // the packing reads whole input rows; the rest of a step (the launch, the packing, the last
-    // image rows' stores) stays within 10%. With 128-channel planes packed a pixel per HBM
-    // request a step took 121 694 cycles (1.36x); now 96 085 (1.08x).
+    // the packing reads whole input rows, and the epilogue runs in 2 pieces of 28 output rows
+    // (Conv2dTiling::epilogue_pieces), the first while the last step streams the second's; the
+    // rest of a step (the launch, the packing, the last piece's store) stays within 8%. With
+    // 128-channel planes packed a pixel per HBM request a step took 121 694 cycles (1.36x), with
+    // dense planes and the epilogue after the last matmul 96 085; now 94 986 (1.064x).
     std::vector<Leaf> leaves = {
         {"x", f32({1, 112, 112, 3}), {randoms(112 * 112 * 3, 81)}},
         {"w", f32({7, 7, 3, 64}), {randoms(49 * 3 * 64, 82, -0.2f, 0.2f)}, true}};
@@ -179,13 +181,12 @@ TEST(CompilerDeviceConv, StemRunsNearItsMxuBoundBitExact) {
     }
     const uint64_t Ho = 56, Wo = 56;
     const uint64_t per_mxu = (Ho + cfg.core.mxus - 1) / cfg.core.mxus * Wo;
-    const uint64_t bound =
-        49 * hw::MxuTimer::swap_step_cycles(cfg.core.mxu_rows, cfg.core.mxu_cols,
-                                            cfg.core.mxu_swap_drains, per_mxu);
+    const uint64_t bound = 49 * hw::MxuTimer::swap_step_cycles(cfg.core.mxu_rows, cfg.core.mxu_cols,
+                                                               cfg.core.mxu_swap_drains, per_mxu);
     EXPECT_EQ(bound, 89278u);
     std::cout << "stem step: " << cycles << " cycles, MXU bound " << bound << "\n";
     EXPECT_GE(cycles, bound);
-    EXPECT_LE(cycles, bound + bound / 10) << "cycles " << cycles << " cycles against an MXU bound of " << bound;
+    EXPECT_LE(cycles, bound + bound * 8 / 100) << cycles << " cycles against a bound of " << bound;
 }
 
 TEST(CompilerDeviceConv, StemReadsTheRowBatchThroughItsReshapeBitExact) {

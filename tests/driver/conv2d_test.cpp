@@ -115,7 +115,13 @@ INSTANTIATE_TEST_SUITE_P(
         ConvCase{shape(2, 60, 64, 3, 8, 3, 2, 1),
                  1,
                  {"core.vmem_bytes=65536", "core.mxu_rows=8", "core.mxu_cols=8"},
-                 "dense_pack_in_chunks_on_8x8"}),
+                 "dense_pack_in_chunks_on_8x8"},
+        // One image of 80 runs in one block: its epilogue in 4 pieces (Conv2dTiling::
+        // epilogue_pieces; each piece 18 runs or more).
+        ConvCase{shape(1, 80, 16, 3, 8, 3, 1, 1),
+                 1,
+                 {"core.mxu_rows=8", "core.mxu_cols=8"},
+                 "epilogue_in_pieces_on_8x8"}),
     [](const auto& info) { return info.param.name; });
 
 /// The calibration shape's plan, derived by hand: a padded image is 30 x 30 pixels of 256
@@ -156,6 +162,28 @@ TEST(Conv2dPlan, EpilogueLagCoversTheArrayLatency) {
     // Capped: 8 images of 4 x 4 would need 254 + 8 x 4 = 286 rows (L = 18), a quarter is 2.
     EXPECT_EQ(plan_conv2d(cfg, shape(8, 4, 4, 512, 512, 3, 1, 1), 8).lag, 2u);
     EXPECT_EQ(plan_conv2d(cfg, shape(1, 7, 7, 512, 512, 3, 1, 1), 1).lag, 1u);
+}
+
+/// A kernel of one block of one image stores its output in pieces of rows during its last
+/// step. ResNet's stem at batch 1: 112 runs of 112 rows taking 2 MXUs in turn; a piece's wait
+/// must find its matmuls done while the MXUs still hold the array's latency (R + C - 2 = 254)
+/// and a full queue (8 runs of 112) of work: 1 150 cycles, 21 runs on two MXUs, so 112 / 21 = 5
+/// pieces. Several images per block overlap their epilogues with the next image's runs
+/// instead (the lag), and so do several blocks or Cout groups: one piece.
+TEST(Conv2dPlan, OneImageKernelsStoreTheirOutputInPieces) {
+    const auto cfg = hw::BoardConfig::load("", {});
+    const Conv2dTiling stem = plan_conv2d(cfg, shape(1, 224, 224, 3, 64, 7, 2, 3), 1);
+    EXPECT_EQ(stem.block_images, 1u);
+    EXPECT_EQ(stem.band_rows, 112u);
+    EXPECT_EQ(stem.epilogue_pieces, 5u);
+    EXPECT_EQ(plan_conv2d(cfg, shape(8, 28, 28, 128, 128, 3, 1, 1), 8).epilogue_pieces, 1u);
+    // Four Cout tiles make several groups, each group's epilogue deferred into the next one's
+    // steps.
+    EXPECT_EQ(plan_conv2d(cfg, shape(1, 56, 56, 64, 512, 3, 1, 1), 1).epilogue_pieces, 1u);
+    // Conv2dShapes' epilogue_in_pieces_on_8x8: 80 runs of 16 rows; 14 + 8 x 16 = 142 cycles
+    // are 18 runs on two MXUs, so 80 / 18 = 4 pieces.
+    const auto small = hw::BoardConfig::load("", {"core.mxu_rows=8", "core.mxu_cols=8"});
+    EXPECT_EQ(plan_conv2d(small, shape(1, 80, 16, 3, 8, 3, 1, 1), 1).epilogue_pieces, 4u);
 }
 
 /// Passes per output on 128-row MXUs: folded ceil(k k Cin / 128), implicit k k ceil(Cin / 128);
