@@ -136,6 +136,37 @@ TEST(CompilerDeviceConv, StemConvBnReluMaxPoolIsAPassPerTapBitExact) {
     EXPECT_GE(st.last_launch.core_cycles.at(0), passes);
 }
 
+/// Timing-only inference steps of `record` over `leaves` (the input first, then parameters) in
+/// one LazyContext: steps 0 and 1 compile (the first gives the parameters their layouts) and pack
+/// the filters into the program's derived arena; later steps run with them packed.
+struct InferenceLoop {
+    std::vector<uint64_t> cycles;  ///< core 0's cycles of each step's launch
+    uint64_t launches = 0;
+};
+InferenceLoop inference_loop(const std::vector<Leaf>& leaves, const Record& record, int steps) {
+    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
+    auto dev = driver::Device::open(cfg);
+    CodegenOptions cg;
+    cg.board = cfg;
+    DeviceBackend device(*dev, {0}, cg);
+    LazyContext ctx(device);
+    std::vector<LazyTensor> params;
+    for (size_t i = 1; i < leaves.size(); ++i)
+        params.push_back(ctx.parameter(leaves[i].name, leaves[i].shape, leaves[i].values));
+    InferenceLoop r;
+    for (int step = 0; step < steps; ++step) {
+        const LazyTensor x = ctx.input("x", leaves[0].shape, leaves[0].values);
+        std::vector<ValueId> v{ctx.value(x)};
+        for (const LazyTensor& p : params) v.push_back(ctx.value(p));
+        const LazyTensor y = ctx.wrap(record(ctx.graph(), v), "y");
+        ctx.mark_step();
+        ctx.to_host(y);
+        r.cycles.push_back(device.stats().last_launch.core_cycles.at(0));
+    }
+    r.launches = device.stats().launches;
+    return r;
+}
+
 TEST(CompilerDeviceConv, StemRunsNearItsMxuBoundBitExact) {
     // One 112 x 112 RGB image through the stem (7 x 7, stride 2, pad 3, 3 -> 64, batch norm and
     // ReLU in the epilogue): 56 x 56 outputs, one run of 56 rows per output row and tap, the
@@ -157,28 +188,9 @@ TEST(CompilerDeviceConv, StemRunsNearItsMxuBoundBitExact) {
     };
     expect_bit_exact(leaves, stem);
 
-    // Timing only, three steps, as SmallResNetInferenceLoopCycles: steps 0 and 1 compile (the
-    // first gives the parameters their layouts) and pack the filter into the program's derived
-    // arena; step 2 runs with it packed.
+    // Timing only, three steps: the third runs with the filter packed.
     const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    LazyContext ctx(device);
-    std::vector<LazyTensor> params;
-    for (size_t i = 1; i < leaves.size(); ++i)
-        params.push_back(ctx.parameter(leaves[i].name, leaves[i].shape, leaves[i].values));
-    uint64_t cycles = 0;
-    for (int step = 0; step < 3; ++step) {
-        const LazyTensor x = ctx.input("x", leaves[0].shape, leaves[0].values);
-        std::vector<ValueId> v{ctx.value(x)};
-        for (const LazyTensor& p : params) v.push_back(ctx.value(p));
-        const LazyTensor y = ctx.wrap(stem(ctx.graph(), v), "y");
-        ctx.mark_step();
-        ctx.to_host(y);
-        cycles = device.stats().last_launch.core_cycles.at(0);
-    }
+    const uint64_t cycles = inference_loop(leaves, stem, 3).cycles.back();
     const uint64_t Ho = 56, Wo = 56;
     const uint64_t per_mxu = (Ho + cfg.core.mxus - 1) / cfg.core.mxus * Wo;
     const uint64_t bound = 49 * hw::MxuTimer::swap_step_cycles(cfg.core.mxu_rows, cfg.core.mxu_cols,
@@ -438,35 +450,16 @@ TEST(CompilerDeviceConv, SmallResNetIsOneLaunchBitExact) {
 }
 
 TEST(CompilerDeviceConv, SmallResNetInferenceLoopCycles) {
-    // Three inference steps in one LazyContext (timing only): steps 0 and 1 compile (the first
-    // gives the parameters their layouts) and pack the filters into the program's derived
-    // arena; step 2 runs the same program with the filters already packed.
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    LazyContext ctx(device);
-    const auto leaves = small_resnet_leaves();
-    std::vector<LazyTensor> params;
-    for (size_t i = 1; i < leaves.size(); ++i)
-        params.push_back(ctx.parameter(leaves[i].name, leaves[i].shape, leaves[i].values));
-    std::vector<uint64_t> cycles;
-    for (int step = 0; step < 3; ++step) {
-        const LazyTensor x = ctx.input("x", leaves[0].shape, leaves[0].values);
-        std::vector<ValueId> v{ctx.value(x)};
-        for (const LazyTensor& p : params) v.push_back(ctx.value(p));
-        const LazyTensor y = ctx.wrap(small_resnet(ctx.graph(), v), "y");
-        ctx.mark_step();
-        ctx.to_host(y);
-        cycles.push_back(device.stats().last_launch.core_cycles.at(0));
-    }
+    // Three inference steps in one LazyContext (timing only): steps 0 and 1 compile and pack
+    // the filters; step 2 runs the same program with the filters already packed.
+    const InferenceLoop loop = inference_loop(small_resnet_leaves(), small_resnet, 3);
+    const std::vector<uint64_t>& cycles = loop.cycles;
     std::cout << "small ResNet inference steps: " << cycles[0] << ", " << cycles[1] << ", "
               << cycles[2] << " cycles\n";
     // The four 3 x 3 filters (9 tiles of 128 x 128 each) and the stem's 7 x 7 x 3 (49 tiles,
     // 3 rows each) are packed in step 1 and not in step 2.
     EXPECT_LT(cycles[2], cycles[1]);
-    EXPECT_EQ(device.stats().launches, 3u);
+    EXPECT_EQ(loop.launches, 3u);
 }
 
 }  // namespace

@@ -22,6 +22,19 @@ using test::expect_bit_exact;
 using test::f32;
 using test::Leaf;
 using test::randoms;
+using test::Record;
+
+/// The step `record` over `leaves` compiles to on the default board (its leaves' layouts).
+CompiledStep compiled(const std::vector<Leaf>& leaves, const Record& record) {
+    Graph g;
+    std::vector<ValueId> v;
+    for (const Leaf& l : leaves)
+        v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
+    g.add_output(record(g, v));
+    CompileOptions co;
+    co.board = hw::BoardConfig::load("", {});
+    return compile(g, co);
+}
 
 TEST(CompilerPyHost3, AGeluDotOf4096RowsSplitsItsRowsSoItsEpilogueFits) {
     // BERT's fc_1 at batch 128 of 32 tokens: [4096, 192] x [192, 768] with erf's GELU in the
@@ -97,14 +110,7 @@ TEST(CompilerPyHost3, ViTsPatchConvolutionReadsItsNchwInputAndOihwFilterAsTheyLi
     const auto st = expect_bit_exact(leaves, record);
     EXPECT_EQ(st.host_fusions, 0u);
     // The leaves' layouts: the transposes' orders.
-    Graph g;
-    std::vector<ValueId> v;
-    for (const Leaf& l : leaves)
-        v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
-    g.add_output(record(g, v));
-    CompileOptions co;
-    co.board = hw::BoardConfig::load("", {});
-    const CompiledStep step = compile(g, co);
+    const CompiledStep step = compiled(leaves, record);
     for (const LeafBuffer& l : step.inputs) EXPECT_EQ(l.layout.to_string(), "{1,3,2,0}");
     for (const LeafBuffer& l : step.parameters) {
         if (l.shape.rank() == 4) {
@@ -169,6 +175,25 @@ std::vector<Leaf> vit_embedding_leaves(int64_t B) {
             {"position_embeddings", f32({1, S, D}), {randoms(size_t(S * D), 115)}, true}};
 }
 
+/// The embeddings, then a layer norm and a linear over them with the residual: the leaves of
+/// vit_embedding_leaves and the norm's and the linear's parameters (192 features).
+std::vector<Leaf> vit_block_leaves(int64_t B) {
+    constexpr int64_t D = 192, F = D;
+    auto leaves = vit_embedding_leaves(B);
+    const float ws = 1.0f / std::sqrt(float(D));
+    leaves.push_back({"ln.weight", f32({D}), {randoms(size_t(D), 116)}, true});
+    leaves.push_back({"ln.bias", f32({D}), {randoms(size_t(D), 117)}, true});
+    leaves.push_back({"fc.weight", f32({F, D}), {randoms(size_t(F * D), 118, -ws, ws)}, true});
+    leaves.push_back({"fc.bias", f32({F}), {randoms(size_t(F), 119, -ws, ws)}, true});
+    return leaves;
+}
+Record vit_block(int64_t B, bool pos) {
+    return [B, pos](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId e = vit_embeddings(g, v, B, pos);
+        return add(g, aten_linear(g, layer_norm(g, e, v[5], v[6], 1e-12).y, v[7], v[8]), e);
+    };
+}
+
 TEST(CompilerPyHost3, ViTsEmbeddingsAtBatch1CopyTheClassTokenAndThePatchesOnTheDevice) {
     // At batch 1 the class token's concatenation, with the position embeddings' add, was a loop
     // fusion the streaming emitter does not compute (before: 1 host fusion, "%11 used both as a
@@ -190,18 +215,8 @@ TEST(CompilerPyHost3, ViTsClassTokenConcatenatedAtBatch3IsCopiedIntoUntiledSeque
     // and out; the class token, broadcast over the batch, is read again for each sequence (a
     // DMA's rows may not overlap). The position embeddings' add is left out: streaming a
     // [17, 192] table repeated over untiled sequences is not generated yet.
-    constexpr int64_t B = 3, D = 192, F = D;
-    auto leaves = vit_embedding_leaves(B);
-    const float ws = 1.0f / std::sqrt(float(D));
-    leaves.push_back({"ln.weight", f32({D}), {randoms(size_t(D), 116)}, true});
-    leaves.push_back({"ln.bias", f32({D}), {randoms(size_t(D), 117)}, true});
-    leaves.push_back({"fc.weight", f32({F, D}), {randoms(size_t(F * D), 118, -ws, ws)}, true});
-    leaves.push_back({"fc.bias", f32({F}), {randoms(size_t(F), 119, -ws, ws)}, true});
-    const auto record = [](Graph& g, const std::vector<ValueId>& v) {
-        const ValueId e = vit_embeddings(g, v, B, false);
-        return add(g, aten_linear(g, layer_norm(g, e, v[5], v[6], 1e-12).y, v[7], v[8]), e);
-    };
-    const auto st = expect_bit_exact(leaves, record);
+    constexpr int64_t B = 3;
+    const auto st = expect_bit_exact(vit_block_leaves(B), vit_block(B, false));
     EXPECT_EQ(st.host_fusions, 0u);
     // The concatenation alone: its result is the step's output (tiled: each sequence padded to
     // 24 rows), with the position embeddings' add left out.
@@ -221,28 +236,13 @@ TEST(CompilerPyHost3, ViTsPositionTableIsAddedToUntiledSequencesOnTheDeviceAtBat
     // Batch 8: 136 rows in tiles of 128 rows (32768 values of 256-value rows) and 8, the second
     // tile starting at table row 9 (128 mod 17), a run cut by the tile's end.
     for (const int64_t B : {2, 3, 8}) {
-        constexpr int64_t D = 192, F = D;
-        auto leaves = vit_embedding_leaves(B);
-        const float ws = 1.0f / std::sqrt(float(D));
-        leaves.push_back({"ln.weight", f32({D}), {randoms(size_t(D), 116)}, true});
-        leaves.push_back({"ln.bias", f32({D}), {randoms(size_t(D), 117)}, true});
-        leaves.push_back({"fc.weight", f32({F, D}), {randoms(size_t(F * D), 118, -ws, ws)}, true});
-        leaves.push_back({"fc.bias", f32({F}), {randoms(size_t(F), 119, -ws, ws)}, true});
-        const auto record = [B](Graph& g, const std::vector<ValueId>& v) {
-            const ValueId e = vit_embeddings(g, v, B, true);
-            return add(g, aten_linear(g, layer_norm(g, e, v[5], v[6], 1e-12).y, v[7], v[8]), e);
-        };
+        constexpr int64_t D = 192;
+        const auto leaves = vit_block_leaves(B);
+        const Record record = vit_block(B, true);
         const auto st = expect_bit_exact(leaves, record);
         EXPECT_EQ(st.host_fusions, 0u) << "batch " << B;
         // The table lies untiled row-major: 17 rows of 192 values, no tile padding.
-        Graph g;
-        std::vector<ValueId> v;
-        for (const Leaf& l : leaves)
-            v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
-        g.add_output(record(g, v));
-        CompileOptions co;
-        co.board = hw::BoardConfig::load("", {});
-        const CompiledStep step = compile(g, co);
+        const CompiledStep step = compiled(leaves, record);
         for (const LeafBuffer& l : step.parameters)
             if (l.name == "position_embeddings") {
                 EXPECT_EQ(l.layout.to_string(), "{2,1,0}");
