@@ -41,13 +41,6 @@ enum class View : uint8_t {
     Repeat,    ///< [M, C] read again for every M rows: broadcast along new major dims (a mask)
 };
 
-inline std::vector<int64_t> nonunit(const std::vector<int64_t>& dims) {
-    std::vector<int64_t> r;
-    for (int64_t d : dims)
-        if (d != 1) r.push_back(d);
-    return r;
-}
-
 inline int64_t product(const std::vector<int64_t>& v, size_t from = 0, size_t to = ~size_t(0)) {
     int64_t p = 1;
     for (size_t i = from; i < std::min(to, v.size()); ++i) p *= v[i];

@@ -490,6 +490,12 @@ private:
                !op.attrs.dims.empty() && op.attrs.dims[0] == 0;
     }
 
+    /// `v` is one of the step's outputs (written whatever the fusions).
+    bool is_output(ValueId v) const {
+        return std::any_of(m_g.outputs().begin(), m_g.outputs().end(),
+                           [v](const Output& o) { return o.value == v; });
+    }
+
     /// An op that is not always duplicable is recomputed in a consumer's fusion only when it
     /// fuses into all its users (XLA's PriorityFusion, priority_fusion.cc: "Don't fuse if we
     /// can't fuse in all users", CanFuseWithAllNonBitcastUsers): if its value is written anyway,
@@ -500,8 +506,7 @@ private:
     bool written_anyway(OpId p) const {
         if (always_duplicable(p)) return false;
         for (ValueId r : m_g.op(p).results)
-            for (const Output& o : m_g.outputs())
-                if (o.value == r) return true;
+            if (is_output(r)) return true;
         if (cls(p) != OpClass::Elementwise) return false;
         for (OpId u : op_users(p))
             if (cls(u) == OpClass::Contraction) return true;
@@ -679,8 +684,7 @@ private:
         std::vector<ValueId> res = results_of(p);
         if (res.empty()) return false;
         for (ValueId r : res)
-            for (const Output& o : m_g.outputs())
-                if (o.value == r) return false;  // written anyway
+            if (is_output(r)) return false;  // written anyway
         for (OpId id : m_members[size_t(p)]) {
             const OpClass k = cls(id);
             if (!(k == OpClass::Elementwise || k == OpClass::Movement || k == OpClass::Literal))
@@ -769,8 +773,7 @@ private:
         for (OpId id : m_members[size_t(gi)]) {
             if (m_home[id] != gi) continue;
             for (ValueId r : m_g.op(id).results) {
-                bool needed = false;
-                for (const Output& o : m_g.outputs()) needed |= o.value == r;
+                bool needed = is_output(r);
                 for (OpId u : m_users[r])
                     for (int h : m_groups_of[u])
                         needed |= h != gi && m_alive[size_t(h)] && !in_group(id, h);

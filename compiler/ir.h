@@ -78,6 +78,13 @@ inline void unravel(int64_t i, const std::vector<int64_t>& dims, std::vector<int
         if (dims[d]) i /= dims[d];
     }
 }
+/// `dims` without its dims of one element (what a reshape that only inserts or drops them keeps).
+inline std::vector<int64_t> nonunit(const std::vector<int64_t>& dims) {
+    std::vector<int64_t> r;
+    for (int64_t d : dims)
+        if (d != 1) r.push_back(d);
+    return r;
+}
 /// The row-major linear index of multi-index `idx` in `dims` (unravel's inverse).
 inline int64_t row_major_index(const std::vector<int64_t>& idx, const std::vector<int64_t>& dims) {
     int64_t i = 0;

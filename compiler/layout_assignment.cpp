@@ -68,13 +68,6 @@ Layout dot_operand_layout(const Shape& s, const std::vector<int64_t>& batch,
     return l;
 }
 
-std::vector<int64_t> nonunit_list(const std::vector<int64_t>& dims) {
-    std::vector<int64_t> r;
-    for (int64_t e : dims)
-        if (e != 1) r.push_back(e);
-    return r;
-}
-
 bool is_member(const Fusion& f, OpId id) {
     return std::binary_search(f.ops.begin(), f.ops.end(), id);
 }
@@ -247,7 +240,7 @@ std::optional<Layout> preference(const CompiledStep& step, const Fusion& f, Valu
                                           : default_layout(g.shape(v), cfg).tile[0];
             const bool unit_view =
                 vd.size() >= 2 && xd.size() >= 2 && vd.back() == xd.back() &&
-                ((split == nonunit_list(vd) && vd[vd.size() - 2] == xd[xd.size() - 2]) ||
+                ((split == nonunit(vd) && vd[vd.size() - 2] == xd[xd.size() - 2]) ||
                  (xd.size() == 2 && vd.size() > 2 && tile_rows > 0 &&
                   vd[vd.size() - 2] % tile_rows == 0));
             // Nor one that splits [B S, H D] into [B, S, H, D] (the heads of a batch of
@@ -335,21 +328,20 @@ bool padded_sequences(const Shape& s, const hw::BoardConfig& cfg) {
 bool repeated_over_padded_sequences(const Graph& g, const Fusion& f, ValueId v,
                                     const hw::BoardConfig& cfg) {
     if (f.kind == FusionKind::Output || f.kind == FusionKind::Collective) return false;
-    const std::vector<int64_t> rows = nonunit_list(g.shape(v).dims);
+    const std::vector<int64_t> rows = nonunit(g.shape(v).dims);
     std::set<ValueId> views{v};
     for (OpId id : f.ops) {
         const Op& op = g.op(id);
         if (op.operands.empty() || !views.count(op.operands[0])) continue;
         const Shape& out = g.shape(op.results[0]);
-        if (op.kind == OpKind::Reshape && nonunit_list(out.dims) == rows)
-            views.insert(op.results[0]);
+        if (op.kind == OpKind::Reshape && nonunit(out.dims) == rows) views.insert(op.results[0]);
         if (op.kind != OpKind::Broadcast || !padded_sequences(out, cfg)) continue;
         // The operand's rows become the result's minor dims, in order.
         const Shape& in = g.shape(op.operands[0]);
         std::vector<int64_t> to;
         for (size_t d = 0; d < op.attrs.dims.size(); ++d)
             if (in.dims[d] != 1) to.push_back(op.attrs.dims[d]);
-        const auto od = nonunit_list(out.dims);
+        const auto od = nonunit(out.dims);
         if (od.size() > rows.size() && !to.empty() && to.back() == out.rank() - 1 &&
             std::is_sorted(to.begin(), to.end()) &&
             std::equal(rows.begin(), rows.end(), od.end() - int64_t(rows.size())))

@@ -76,16 +76,9 @@ bool broadcast_of(const Graph& g, ValueId v, BroadcastOf& b) {
     return true;
 }
 
-std::vector<int64_t> nonunit_dims(const std::vector<int64_t>& dims) {
-    std::vector<int64_t> r;
-    for (int64_t d : dims)
-        if (d != 1) r.push_back(d);
-    return r;
-}
-
 /// A reshape of `in` to `dims` that only inserts or deletes dims of one element.
 bool degenerate_reshape(const Graph& g, ValueId in, const std::vector<int64_t>& dims) {
-    return nonunit_dims(g.shape(in).dims) == nonunit_dims(dims);
+    return nonunit(g.shape(in).dims) == nonunit(dims);
 }
 
 /// A reshape that is skipped when it changes nothing and reads through a reshape.
@@ -123,7 +116,7 @@ Rearranged rearranged(const Graph& g, ValueId v) {
     }
     Rearranged r;
     r.source = v;
-    for (int64_t i = 0; i < int64_t(nonunit_dims(g.shape(v).dims).size()); ++i) r.perm.push_back(i);
+    for (int64_t i = 0; i < int64_t(nonunit(g.shape(v).dims).size()); ++i) r.perm.push_back(i);
     return r;
 }
 
@@ -134,7 +127,7 @@ Rearranged rearranged(const Graph& g, ValueId v) {
 /// (xla/service/algebraic_simplifier.cc: a transpose of a transpose is one transpose, a
 /// transpose or reshape that moves only degenerate dims is a reshape).
 ValueId rearrange(Graph& g, const Rearranged& r, const std::vector<int64_t>& dims) {
-    ValueId x = reshape_to(g, r.source, nonunit_dims(g.shape(r.source).dims));
+    ValueId x = reshape_to(g, r.source, nonunit(g.shape(r.source).dims));
     bool identity = true;
     for (size_t i = 0; i < r.perm.size(); ++i) identity &= r.perm[i] == int64_t(i);
     if (!identity) x = transpose(g, x, r.perm);
