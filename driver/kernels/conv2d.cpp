@@ -184,10 +184,18 @@ uint32_t conv2d_lag(const hw::BoardConfig& cfg, const Conv2dShape& s, const Conv
     return lag;
 }
 
+namespace {
+/// Whether a kernel may store its output in pieces (Conv2dTiling::epilogue_pieces): one block,
+/// one group and one image of several runs on at most two MXUs sharing the tile.
+bool takes_epilogue_pieces(const Geometry& g) {
+    return g.xslots == 1 && g.groups == 1 && g.G == 1 && g.P == 1 && g.nm <= 2 && g.runs >= 2;
+}
+}  // namespace
+
 uint32_t conv2d_epilogue_pieces(const hw::BoardConfig& cfg, const Conv2dShape& s,
                                 const Conv2dTiling& t) {
     const Geometry g = geometry(s, t);
-    if (g.xslots != 1 || g.groups != 1 || g.G != 1 || g.P != 1 || g.nm > 2 || g.runs < 2) return 1;
+    if (!takes_epilogue_pieces(g)) return 1;
     // As conv2d_lag: the runs that keep the MXUs busy for the array's latency and a full queue.
     const uint64_t need =
         hw::MxuTimer::mm_cycles(t.R, t.C, 0) + uint64_t(cfg.core.queue_depth) * g.run_rows;
@@ -411,9 +419,7 @@ public:
         // kernel's); more share one per class of MXUs with the same counts (cls), so the
         // kernel holds four count registers for any number of MXUs.
         m_per_mxu = nm <= 2;
-        if (t.epilogue_pieces == 0 ||
-            (t.epilogue_pieces > 1 && (m_g.xslots != 1 || m_g.groups != 1 || G != 1 || P != 1 ||
-                                       !m_per_mxu || m_g.runs < 2)))
+        if (t.epilogue_pieces == 0 || (t.epilogue_pieces > 1 && !takes_epilogue_pieces(m_g)))
             throw m_b.error(fmt::format(
                 "conv2d: {} epilogue pieces need a kernel of one block, one group and one image "
                 "of several runs on at most two MXUs sharing the tile",
