@@ -22,15 +22,16 @@
 namespace tpu::compiler {
 namespace {
 
-using test::expect_bit_exact;
-using test::probe;
-using test::f32;
 using test::conv_bn;
+using test::expect_bit_exact;
+using test::f32;
 using test::Leaf;
+using test::probe;
 using test::randoms;
 using test::Record;
 using test::run;
 using test::same_bits;
+using test::TimingOnlyLazy;
 
 std::vector<Leaf> bn_leaves(const std::string& name, int64_t c, uint32_t seed) {
     const Shape cs = f32({c});
@@ -144,12 +145,8 @@ struct InferenceLoop {
     uint64_t launches = 0;
 };
 InferenceLoop inference_loop(const std::vector<Leaf>& leaves, const Record& record, int steps) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    LazyContext ctx(device);
+    TimingOnlyLazy t;
+    LazyContext& ctx = t.ctx;
     std::vector<LazyTensor> params;
     for (size_t i = 1; i < leaves.size(); ++i)
         params.push_back(ctx.parameter(leaves[i].name, leaves[i].shape, leaves[i].values));
@@ -161,9 +158,9 @@ InferenceLoop inference_loop(const std::vector<Leaf>& leaves, const Record& reco
         const LazyTensor y = ctx.wrap(record(ctx.graph(), v), "y");
         ctx.mark_step();
         ctx.to_host(y);
-        r.cycles.push_back(device.stats().last_launch.core_cycles.at(0));
+        r.cycles.push_back(t.device.stats().last_launch.core_cycles.at(0));
     }
-    r.launches = device.stats().launches;
+    r.launches = t.device.stats().launches;
     return r;
 }
 

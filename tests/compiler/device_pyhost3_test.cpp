@@ -256,22 +256,17 @@ TEST(CompilerPyHost3, ConcatenationsAlongEitherDimAreCopiedRunByRunInTheirTiles)
     // VMEM slot (64 KiB), copied in pieces, the second part's last tile partial (300 rows).
     // Along the lanes: [64, 100] ++ [64, 60] -> [64, 160], whose first lane chunk holds 100 of
     // the first part's values and 28 of the second's: runs that split at the chunk's edge.
+    const auto joined = [](int64_t dim) -> Record {
+        return [dim](Graph& g, const std::vector<ValueId>& v) {
+            return concatenate(g, {v[0], v[1]}, dim);
+        };
+    };
     const std::vector<Leaf> rows{{"a", f32({256, 128}), {randoms(256 * 128, 121)}},
                                  {"b", f32({300, 128}), {randoms(300 * 128, 122)}}};
-    EXPECT_EQ(expect_bit_exact(rows,
-                               [](Graph& g, const std::vector<ValueId>& v) {
-                                   return concatenate(g, {v[0], v[1]}, 0);
-                               })
-                  .host_fusions,
-              0u);
+    EXPECT_EQ(expect_bit_exact(rows, joined(0)).host_fusions, 0u);
     const std::vector<Leaf> lanes{{"a", f32({64, 100}), {randoms(64 * 100, 123)}},
                                   {"b", f32({64, 60}), {randoms(64 * 60, 124)}}};
-    EXPECT_EQ(expect_bit_exact(lanes,
-                               [](Graph& g, const std::vector<ValueId>& v) {
-                                   return concatenate(g, {v[0], v[1]}, 1);
-                               })
-                  .host_fusions,
-              0u);
+    EXPECT_EQ(expect_bit_exact(lanes, joined(1)).host_fusions, 0u);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ using test::randoms;
 using test::Record;
 using test::run;
 using test::same_bits;
+using test::TimingOnlyLazy;
 
 TEST(CompilerDevice, LayerNormIsOneProgramBitExactWithTheEvaluator) {
     // 16 x 256 in T(8,128) tiles: two bands of 8 rows, each row two lane chunks.
@@ -115,12 +116,9 @@ TEST(CompilerDevice, TwoOutputsOfOneValueReadBackTheSameData) {
 TEST(CompilerDevice, WritesOfNewTensorsCountTheirHostLinkCycles) {
     // tpusim.torch's TransferToDeviceTime: the device backend writes a tensor when the first
     // step that reads it runs; those writes are the only host-to-device traffic here.
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    LazyContext ctx(device);
+    TimingOnlyLazy t;
+    LazyContext& ctx = t.ctx;
+    DeviceBackend& device = t.device;
     const Shape s{DType::F32, {8, 128}};
     const std::vector<float> ones(8 * 128, 1.0f);
     const LazyTensor w = ctx.parameter("w", s, {ones});
@@ -128,7 +126,7 @@ TEST(CompilerDevice, WritesOfNewTensorsCountTheirHostLinkCycles) {
         const LazyTensor x = ctx.input("x", s, {ones});
         const LazyTensor y = ctx.wrap(add(ctx.graph(), ctx.value(w), ctx.value(x)), "y");
         ctx.mark_step();
-        EXPECT_EQ(device.stats().h2d_cycles, dev->metrics().h2d_cycles);
+        EXPECT_EQ(device.stats().h2d_cycles, t.dev->metrics().h2d_cycles);
         // Each write of 8 x 128 f32 (4096 B): 2000 ns set-up + 4096 B / 12 GB/s = 2341.3 ns
         // -> 2201 cycles at 940 MHz. Step 1 writes w and x; step 2 only its new x (w stays).
         EXPECT_EQ(device.stats().h2d_cycles, (step + 2) * 2201u) << step;
@@ -136,12 +134,9 @@ TEST(CompilerDevice, WritesOfNewTensorsCountTheirHostLinkCycles) {
 }
 
 TEST(CompilerDevice, CompileCacheOverDeviceRunsHitsTheSameGraphAndCompilesANewShape) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    LazyContext ctx(device);
+    TimingOnlyLazy t;
+    LazyContext& ctx = t.ctx;
+    DeviceBackend& device = t.device;
     const auto step = [&](int64_t rows) {
         const LazyTensor x =
             ctx.input("x", Shape{DType::F32, {rows, 128}}, {std::vector<float>(rows * 128, 1.0f)});
@@ -167,12 +162,9 @@ TEST(CompilerDevice, LivenessReuseIsVisibleInTheDeviceAllocations) {
     // the arena. The backend holds exactly what the plan says. (The first softmax is an output
     // too: otherwise its normalize is recomputed inside the second softmax's fusions, which
     // moves fewer bytes than writing it and reading it back three times; CompilerNorm.*.)
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    LazyContext ctx(device);
+    TimingOnlyLazy t;
+    LazyContext& ctx = t.ctx;
+    DeviceBackend& device = t.device;
     const LazyTensor x =
         ctx.input("x", Shape{DType::F32, {64, 256}}, {std::vector<float>(64 * 256, 0.5f)});
     const ValueId s1 = softmax(ctx.graph(), ctx.value(x), 1);
@@ -435,12 +427,8 @@ TEST(CompilerDevice, AnAllReduceOnOneReplicaIsItsScaleAndOnTwoItsRing) {
 }
 
 TEST(CompilerDevice, FusionKindsNotYetGeneratedAreClearErrors) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.functional=false"});
-    auto dev = driver::Device::open(cfg);
-    CodegenOptions cg;
-    cg.board = cfg;
-    DeviceBackend device(*dev, {0}, cg);
-    LazyContext ctx(device);
+    TimingOnlyLazy t;
+    LazyContext& ctx = t.ctx;
     // A dot with three batch dims (one batch of matrices is generated: device_dot_test.cpp;
     // two, attention's {B, H}: device_bdims_test.cpp): not yet generated, and said so.
     const Shape s{DType::F32, {2, 2, 2, 8, 128}};

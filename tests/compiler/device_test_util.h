@@ -49,6 +49,15 @@ inline std::vector<float> randoms(size_t n, uint32_t seed, float lo = -2.0f, flo
 }
 
 /// Records a graph on the leaves' values; returns its result.
+/// Core 0 of a timing-only default board (`sim.functional=false`), its backend and a
+/// LazyContext over it: the set-up of tests that time lazily recorded steps.
+struct TimingOnlyLazy {
+    std::unique_ptr<driver::Device> dev =
+        driver::Device::open(hw::BoardConfig::load("", {"sim.functional=false"}));
+    DeviceBackend device{*dev, {0}, CodegenOptions{.board = dev->config()}};
+    LazyContext ctx{device};
+};
+
 using Record = std::function<ValueId(Graph&, const std::vector<ValueId>&)>;
 
 /// A parameter or input with its values.
