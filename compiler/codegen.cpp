@@ -276,10 +276,16 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
     bool rings = false;  // the launch carries each core's place in the ring
     bool ring_kernels = false;
     size_t torus_phases = 0;  // of the torus all-reduces (one board: all have the same)
+    // A reduction merged into a dot's fusion that the dot kernel does not compute: its own
+    // stream pass after the kernel (split_dot_reduction).
+    std::vector<std::shared_ptr<const DotReductionSplit>> splits;
+    std::vector<std::optional<Plan>> passes;
     for (size_t i : fusions) {
         const Fusion& f = step.fusions[i];
         plans.emplace_back();
         dots.emplace_back();
+        splits.emplace_back();
+        passes.emplace_back();
         collectives.emplace_back();
         windows.push_back(plan_conv_pool_fusion(g, f, o.board));
         gathers.push_back(f.kind == FusionKind::Loop ? plan_gather_fusion(g, f, o.board) : nullptr);
@@ -294,7 +300,12 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
             // a convolution or pooling fusion (codegen_conv.cpp), a gather (codegen_gather.cpp),
             // a concatenation (codegen_concat.cpp)
         } else if (f.kind == FusionKind::Output) {
-            dots.back() = plan_dot_fusion(g, f, o.board);
+            splits.back() = split_dot_reduction(g, f);
+            const DotReductionSplit* sp = splits.back().get();
+            dots.back() = plan_dot_fusion(g, sp ? sp->core : f, o.board);
+            if (sp && !plan_dot_reduction(g, *sp, dots.back(), o.board)) {
+                passes.back() = plan_fusion(g, sp->pass, o.board);
+            }
         } else {
             plans.back() = plan_fusion(g, f, o.board);
         }
@@ -421,6 +432,32 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
             if (buf.space == BufferRef::Space::Temp && buf.offset > 0)
                 b.emit(Opcode::Add, {r, r, imm(int64_t(buf.offset))});
         };
+        // A stream fusion's buffers, each base in a register of its own.
+        const auto stream_bases = [&](const Fusion& sf, const auto& load_fn) {
+            Bases bases;
+            for (const auto* list : {&sf.operands, &sf.results})
+                for (const FusionValue& fv : *list) {
+                    const auto key = alloc_key(fv.buffer);
+                    // A wide program's temps lie anywhere around the window base: each its own.
+                    const bool far = fv.buffer.space == BufferRef::Space::Temp &&
+                                     (o.wide_addresses || fv.buffer.offset > 0x7fffffffu);
+                    if (far && !bases.far.count(fv.buffer.offset)) {
+                        // Past 2 GiB: its own register (load() checks the 4 GiB immediate).
+                        isa::Reg r = b.reg(fmt::format("temp{}", bases.far.size()));
+                        load_fn(r, fv.buffer);
+                        bases.far.emplace(fv.buffer.offset, std::move(r));
+                        continue;
+                    }
+                    if (bases.regs.count(key) || far) continue;
+                    isa::Reg r = b.reg(arg_name(seg.args[slot.at(key)]));
+                    if (o.wide_addresses)
+                        load_fn(r, fv.buffer);
+                    else
+                        b.emit(Opcode::Lw, {r, table->word(slot.at(key))});
+                    bases.regs.emplace(key, std::move(r));
+                }
+            return bases;
+        };
         if (collectives[k]) {
             const CollectiveFusion& c = *collectives[k];
             const isa::Reg x = b.reg("x"), y = b.reg("y");
@@ -447,6 +484,12 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
         }
         if (!dots[k].empty()) {
             emit_dot_fusions(b, dots[k], load);
+            if (passes[k]) {
+                // The reduction's pass, as the fusion of its own it would be otherwise.
+                emit_delay(b, o.board.core.fusion_setup_cycles);
+                const Fusion& pf = splits[k]->pass;
+                emit_stream_fusion(b, g, pf, *passes[k], stream_bases(pf, load), o.board);
+            }
             continue;
         }
         if (gathers[k]) {
@@ -470,29 +513,7 @@ ProgramSegment device_segment(const CompiledStep& step, const std::vector<size_t
                                   o.wide_addresses ? &temps : nullptr);
             continue;
         }
-        Bases bases;
-        for (const auto* list : {&f.operands, &f.results})
-            for (const FusionValue& fv : *list) {
-                const auto key = alloc_key(fv.buffer);
-                // A wide program's temps lie anywhere around the window base: each its own.
-                const bool far = fv.buffer.space == BufferRef::Space::Temp &&
-                                 (o.wide_addresses || fv.buffer.offset > 0x7fffffffu);
-                if (far && !bases.far.count(fv.buffer.offset)) {
-                    // Past 2 GiB: its own register (load() checks the 4 GiB immediate).
-                    isa::Reg r = b.reg(fmt::format("temp{}", bases.far.size()));
-                    load(r, fv.buffer);
-                    bases.far.emplace(fv.buffer.offset, std::move(r));
-                    continue;
-                }
-                if (bases.regs.count(key) || far) continue;
-                isa::Reg r = b.reg(arg_name(seg.args[slot.at(key)]));
-                if (o.wide_addresses)
-                    load(r, fv.buffer);
-                else
-                    b.emit(Opcode::Lw, {r, table->word(slot.at(key))});
-                bases.regs.emplace(key, std::move(r));
-            }
-        emit_stream_fusion(b, g, f, plans[k], bases, o.board);
+        emit_stream_fusion(b, g, f, plans[k], stream_bases(f, load), o.board);
     }
     b.emit(Opcode::Halt, {});
     seg.program = b.finish();

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -1126,7 +1127,46 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
 
 }  // namespace
 
+/// A reduction of a batched dot's result that the kernel computes as it stores each batch
+/// (compiler/README.md, "Reductions in a dot's fusion"; plan_dot_reduction): a batch's matrix is
+/// one block and one column group, so each result tile holds every row of its 128 columns and
+/// the batch's tiles come panel by panel in column order. The order of the reduction is the
+/// evaluator's (the stream kernel's): over the rows, row i into partial i mod 8, each from the
+/// identity in row order, then the 8 partials in order; over the columns, each 128-lane chunk
+/// from the identity (`v.rsum` / `v.rmax`), then the chunks' results in order.
+struct DotReduction {
+    bool max = true;        ///< the reducer: max, else sum
+    bool over_rows = true;  ///< over each matrix's M rows (a value per column), else its N columns
+    /// An elementwise op from the dot's result to the reduction's operand: unary, or of the value
+    /// and a literal (`x op scalar`).
+    struct Step {
+        OpKind kind = OpKind::Mul;
+        bool binary = false;
+        float scalar = 0;
+    };
+    std::vector<Step> steps;              ///< in order
+    const FusionValue* result = nullptr;  ///< the reduction's [.., Q] result
+    bool tiled = false;                   ///< its last two dims in T(8,128) tiles, else row-major
+    int64_t B = 0;                        ///< batches (matrices)
+    int64_t H = 1;                        ///< the result's second-minor extent (tiled)
+    int64_t M = 0, N = 0, Q = 0;          ///< a matrix's dims; Q values a batch
+    /// VMEM beside the kernel: every batch's Q results, the 8 x 128 partials, a row of chunk
+    /// results, and a tile for the steps.
+    uint64_t vmem_bytes(uint32_t block_rows) const {
+        const auto up = [](uint64_t x) { return (x + 511) / 512 * 512; };
+        return up(uint64_t(B * Q * 4)) + up(8 * 128 * 4) + up(uint64_t(M) * 4) +
+               (steps.empty() ? 0 : up(uint64_t(block_rows) * 128 * 4));
+    }
+};
+
 namespace {
+
+/// A dot reduction's VMEM and the scalar word counting the batches it has finished.
+struct ReductionVmem {
+    isa::Vmem rows, partials, chunk;
+    std::optional<isa::Vmem> steps;  ///< with DotReduction::steps
+    isa::Smem batch;
+};
 
 /// A prologue's vectors in VMEM, [B][Q] row-major each, with their derived forms.
 struct PrologueVmem {
@@ -1281,10 +1321,135 @@ void emit_prologue_tile(const driver::PrologueTile& t, const DotPrologue& pro,
     }
 }
 
+/// The reduction's steps (DotReduction::Step) on `count` values from `src` into `dst`, in place
+/// after the first.
+void emit_reduction_steps(const std::function<void(Opcode, std::initializer_list<isa::Arg>)>& vpu,
+                          const std::vector<DotReduction::Step>& steps, const isa::Arg& src,
+                          const isa::Arg& dst, const isa::Arg& count) {
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const DotReduction::Step& st = steps[i];
+        const isa::Arg x = i == 0 ? src : dst;
+        if (!st.binary) {
+            emit_elementwise(
+                vpu, st.kind, Comparison::Gt, dst, [&](size_t) { return x; }, count);
+            continue;
+        }
+        switch (st.kind) {
+            case OpKind::Add:
+                vpu(Opcode::VAddS, {dst, x, fimm(st.scalar), count});
+                break;
+            case OpKind::Sub:  // x - c is x + (-c) in IEEE arithmetic
+                vpu(Opcode::VAddS, {dst, x, fimm(-st.scalar), count});
+                break;
+            case OpKind::Mul:
+                vpu(Opcode::VMulS, {dst, x, fimm(st.scalar), count});
+                break;
+            case OpKind::Max:
+                vpu(Opcode::VMaxS, {dst, x, fimm(st.scalar), count});
+                break;
+            default:  // Div by a finite non-zero literal: vpu_divide's factor, as the epilogue
+                vpu(Opcode::VMulS, {dst, x, fimm(vpu_reciprocal(st.scalar)), count});
+                if (0.0f > st.scalar) vpu(Opcode::VMulS, {dst, dst, fimm(-1.0f), count});
+        }
+    }
+}
+
+/// The reduction's work on one result tile (M rows of the panel's columns, row-major) of the
+/// batch the scalar word counts, in the evaluator's order (DotReduction): over the rows, the
+/// tile's bands into the 8 partials from the identity, then the partials into the panel's
+/// results; over the columns, the tile's chunk results (`v.rmax` / `v.rsum`), then into the
+/// batch's results from the identity. The word counts the batch after its last panel.
+void emit_reduction_tile(driver::EpilogueTile& t, const DotReduction& r, const ReductionVmem& v) {
+    isa::Builder& b = t.builder();
+    const int64_t n = t.cols(), M = r.M, panels = (r.N + 127) / 128;
+    const auto vpu = [&](Opcode op, std::initializer_list<isa::Arg> args) { t.vpu(op, args); };
+    const Opcode fold = r.max ? Opcode::VMax : Opcode::VAdd;
+    // `count` values at `dst` set to the identity: 0 (x > x is false, NaN included), or -inf.
+    const auto identity = [&](const isa::Arg& dst, int64_t count) {
+        vpu(Opcode::VCmpGt, {dst, dst, dst, imm(count)});
+        if (r.max)
+            vpu(Opcode::VAddS,
+                {dst, dst, fimm(-std::numeric_limits<float>::infinity()), imm(count)});
+    };
+    const isa::Reg at = b.reg("reduce.at");
+    b.emit(Opcode::Lw, {at, v.batch.word(0)});
+    b.emit(Opcode::Mul, {at, at, imm(r.Q * 4)});
+    isa::Arg src = t.out();
+    if (!r.steps.empty()) {
+        emit_reduction_steps(vpu, r.steps, src, v.steps->at(0), imm(M * n));
+        src = v.steps->at(0);
+    }
+    const isa::Arg row = at + int64_t(v.rows.addr());
+    if (r.over_rows) {
+        const isa::Arg part = v.partials.at(0);
+        identity(part, 8 * n);
+        for (int64_t band = 0; band < M / 8; ++band)
+            vpu(fold, {part, part, src + band * 8 * n * 4, imm(8 * n)});
+        const isa::Arg dst = row + int64_t(t.panel()) * 128 * 4;
+        identity(dst, n);
+        for (int64_t sl = 0; sl < 8; ++sl) vpu(fold, {dst, dst, part + sl * n * 4, imm(n)});
+    } else if (panels == 1) {
+        vpu(r.max ? Opcode::VRMax : Opcode::VRSum, {row, src, imm(M), imm(n)});
+    } else {
+        const isa::Arg chunk = v.chunk.at(0);
+        vpu(r.max ? Opcode::VRMax : Opcode::VRSum, {chunk, src, imm(M), imm(n)});
+        if (t.panel() == 0) identity(row, M);
+        vpu(fold, {row, row, chunk, imm(M)});
+    }
+    if (int64_t(t.panel()) + 1 == panels) {
+        b.emit(Opcode::Lw, {at, v.batch.word(0)});
+        b.emit(Opcode::Add, {at, at, imm(1)});
+        b.emit(Opcode::Sw, {at, v.batch.word(0)});
+    }
+}
+
+/// The reduction's VMEM and batch word, before the fusion's kernels.
+ReductionVmem reduction_vmem(isa::Builder& b, const DotReduction& r, uint32_t block_rows) {
+    ReductionVmem v;
+    v.rows = b.vmem("reduce.rows", uint64_t(r.B * r.Q * 4), 512);
+    v.partials = b.vmem("reduce.partials", 8 * 128 * 4, 512);
+    v.chunk = b.vmem("reduce.chunk", uint64_t(r.M) * 4, 512);
+    if (!r.steps.empty())
+        v.steps.emplace(b.vmem("reduce.steps", uint64_t(block_rows) * 128 * 4, 512));
+    v.batch = b.smem("reduce.batch", 1);
+    const isa::Reg zero = b.reg("reduce.zero");
+    b.emit(Opcode::Li, {zero, imm(0)});
+    b.emit(Opcode::Sw, {zero, v.batch.word(0)});
+    return v;
+}
+
+/// Stores every batch's results (in VMEM, [B][Q]) to the reduction's result, after the kernels:
+/// row-major in one DMA, or in T(8,128) tiles of [H, Q] matrices one DMA per tile of 8 rows.
+void store_reduction(isa::Builder& b, const DotReduction& r, const ReductionVmem& v,
+                     const std::function<void(const isa::Reg&, const BufferRef&)>& load) {
+    const isa::Reg dst = b.reg("reduce.result");
+    load(dst, r.result->buffer);
+    isa::CountedFlag stores(b, "reduce.stores");
+    const int64_t Q = r.Q;
+    if (!r.tiled) {
+        stores.issue(Opcode::DmaVh, {dst + 0, v.rows.at(0), imm(1), imm(r.B * Q * 4),
+                                     imm(r.B * Q * 4), imm(r.B * Q * 4)});
+    } else {
+        const int64_t QT = (Q + 127) / 128, H = r.H;
+        for (int64_t outer = 0; outer * H < r.B; ++outer)
+            for (int64_t band = 0; band * 8 < H; ++band)
+                for (int64_t tl = 0; tl < QT; ++tl) {
+                    const int64_t rows = std::min<int64_t>(8, H - band * 8),
+                                  vals = std::min<int64_t>(128, Q - tl * 128);
+                    const int64_t hbm =
+                        int64_t(outer * tiled_bytes(H, Q)) + (band * QT + tl) * 4096;
+                    const int64_t vm = ((outer * H + band * 8) * Q + tl * 128) * 4;
+                    stores.issue(Opcode::DmaVh, {dst + hbm, v.rows.at(uint64_t(vm)), imm(rows),
+                                                 imm(vals * 4), imm(512), imm(Q * 4)});
+                }
+    }
+    stores.wait_all();
+}
+
 void emit_one(isa::Builder& b, const DotFusion& p,
               const std::function<void(const isa::Reg&, const BufferRef&)>& load,
               const driver::DotBatch& batch, const PrologueVmem* pv = nullptr,
-              const std::vector<DotFusion>* parts = nullptr) {
+              const std::vector<DotFusion>* parts = nullptr, const ReductionVmem* rv = nullptr) {
     // Each address in a register of its own, straight from the argument table (the kernel
     // needs most registers for itself).
     const auto addr = [&](const FusionValue& fv, const std::string& name) {
@@ -1310,8 +1475,9 @@ void emit_one(isa::Builder& b, const DotFusion& p,
     // The scratch areas follow the results (plan_one takes only those the steps use).
     int scratch = 0;
     for (const EpStep& s : p.steps) scratch = std::max(scratch, s.out.area + 1);
+    std::function<void(driver::EpilogueTile&)> steps_body;
     if (!p.steps.empty())
-        ep.body = [&](driver::EpilogueTile& t) {
+        steps_body = [&](driver::EpilogueTile& t) {
             isa::Builder& bb = t.builder();
             const isa::Reg n = bb.reg("epilogue.values");
             bb.emit(Opcode::Mul, {n, t.rows(), imm(t.cols())});
@@ -1445,6 +1611,12 @@ void emit_one(isa::Builder& b, const DotFusion& p,
                 }
             }
         };
+    ep.body = steps_body;
+    if (p.reduction && rv)
+        ep.body = [&](driver::EpilogueTile& t) {
+            if (steps_body) steps_body(t);
+            emit_reduction_tile(t, *p.reduction, *rv);
+        };
     driver::Prologue pro;
     if (p.prologue) {
         if (!pv) throw CompileError("a dot prologue without its vectors in VMEM");
@@ -1517,8 +1689,13 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
         pv = load_prologue(b, *plans[0].prologue, load,
                            uint64_t(plans[0].key.R) * plans[0].key.C * 4);
     const PrologueVmem* pvp = pv ? &*pv : nullptr;
+    std::optional<ReductionVmem> rv;
+    if (n && plans[0].reduction)
+        rv = reduction_vmem(b, *plans[0].reduction, plans[0].key.block_rows);
+    const ReductionVmem* rvp = rv ? &*rv : nullptr;
     if (n < 2 || !period) {
-        for (const DotFusion& p : plans) emit_one(b, p, load, {}, pvp);
+        for (const DotFusion& p : plans) emit_one(b, p, load, {}, pvp, nullptr, rvp);
+        if (rv) store_reduction(b, *plans[0].reduction, *rv, load);
         return;
     }
     driver::DotBatch batch;
@@ -1532,7 +1709,168 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
         batch.w = diff(plans[period].w_off, plans[0].w_off);
         batch.c = diff(plans[period].c_off, plans[0].c_off);
     }
-    emit_one(b, plans[0], load, batch, pvp);
+    emit_one(b, plans[0], load, batch, pvp, nullptr, rvp);
+    if (rv) store_reduction(b, *plans[0].reduction, *rv, load);
+}
+
+}  // namespace tpu::compiler::gen
+
+namespace tpu::compiler::gen {
+
+std::shared_ptr<const DotReductionSplit> split_dot_reduction(const Graph& g, const Fusion& f) {
+    OpId red = kNoOp;
+    for (OpId id : f.ops)
+        if (g.op(id).kind == OpKind::Reduce) red = id;
+    if (red == kNoOp || f.kind != FusionKind::Output) return nullptr;
+    const ValueId rv = g.op(red).results[0];
+    auto s = std::make_shared<DotReductionSplit>();
+    // The ops each part needs: back from its results within the fusion; the reduction's walk
+    // stops at the dot's result it reads (its stream pass reads it from memory).
+    const auto needs = [&](const std::vector<ValueId>& from, const std::set<ValueId>& stop) {
+        std::set<OpId> ops;
+        std::vector<ValueId> todo(from.begin(), from.end());
+        while (!todo.empty()) {
+            const ValueId v = todo.back();
+            todo.pop_back();
+            if (stop.count(v) || !inside_fusion(f, g, v)) continue;
+            if (!ops.insert(g.value(v).producer).second) continue;
+            for (ValueId o : g.producer(v).operands) todo.push_back(o);
+        }
+        return ops;
+    };
+    std::vector<ValueId> core_results;
+    std::set<ValueId> stop;
+    for (const FusionValue& r : f.results)
+        if (r.value != rv) {
+            core_results.push_back(r.value);
+            stop.insert(r.value);
+        }
+    const std::set<OpId> core_ops = needs(core_results, {}), pass_ops = needs({rv}, stop);
+    const auto reads = [&](const std::set<OpId>& ops, ValueId v) {
+        for (OpId id : ops)
+            for (ValueId o : g.op(id).operands)
+                if (o == v) return true;
+        return false;
+    };
+    Fusion& c = s->core;
+    c.name = f.name;
+    c.kind = f.kind;
+    c.hero = f.hero;
+    c.dots = f.dots;
+    c.layers = f.layers;
+    c.scratch = f.scratch;
+    Fusion& p = s->pass;
+    p.name = f.name;
+    p.kind = FusionKind::Input;
+    p.hero = red;
+    p.layers = f.layers;
+    for (OpId id : f.ops) {
+        if (core_ops.count(id)) c.ops.push_back(id);
+        if (pass_ops.count(id)) p.ops.push_back(id);
+    }
+    for (const FusionValue& fv : f.operands) {
+        if (reads(core_ops, fv.value)) c.operands.push_back(fv);
+        if (reads(pass_ops, fv.value)) p.operands.push_back(fv);
+    }
+    for (const FusionValue& fv : f.results) {
+        if (fv.value == rv) {
+            p.results.push_back(fv);
+            continue;
+        }
+        c.results.push_back(fv);
+        if (reads(pass_ops, fv.value)) p.operands.push_back(fv);
+    }
+    return s;
+}
+
+bool plan_dot_reduction(const Graph& g, const DotReductionSplit& split,
+                        std::vector<DotFusion>& plans, const hw::BoardConfig& board) {
+    const Fusion& pf = split.pass;
+    if (plans.empty() || pf.operands.size() != 1 || pf.results.size() != 1) return false;
+    const Op& red = g.op(pf.hero);
+    const ValueId v = pf.operands[0].value;
+    const Shape& vs = g.shape(v);
+    const int64_t rank = vs.rank();
+    auto r = std::make_shared<DotReduction>();
+    r->max = red.attrs.reducer == Reducer::Max;
+    r->over_rows = red.attrs.dims[0] == rank - 2;
+    r->M = vs.dims[size_t(rank - 2)];
+    r->N = vs.dims[size_t(rank - 1)];
+    r->B = vs.elements() / (r->M * r->N);
+    r->Q = r->over_rows ? r->N : r->M;
+    r->result = &pf.results[0];
+    if (int64_t(plans.size()) != r->B || (r->over_rows && r->M % 8)) return false;
+    // The steps, back from the reduction's operand to the dot's result: unary ops, or ops of the
+    // value and a literal (through broadcasts), the value first where the op is not commutative.
+    const auto literal = [&](ValueId x) -> std::optional<float> {
+        while (g.producer(x).kind == OpKind::Broadcast) x = g.producer(x).operands[0];
+        const Op& op = g.producer(x);
+        if (op.kind != OpKind::Literal || g.shape(x).elements() != 1) return std::nullopt;
+        return float(op.attrs.scalar);
+    };
+    for (ValueId x = red.operands[0]; x != v;) {
+        if (!inside_fusion(pf, g, x)) return false;
+        const Op& op = g.producer(x);
+        DotReduction::Step st{op.kind};
+        if (op.operands.size() == 1) {
+            const auto none = [](Opcode, std::initializer_list<isa::Arg>) {};
+            if (!emit_elementwise(
+                    none, op.kind, Comparison::Gt, imm(0), [](size_t) { return imm(0); }, imm(0)))
+                return false;
+            x = op.operands[0];
+        } else if (op.operands.size() == 2) {
+            const bool commutative =
+                op.kind == OpKind::Add || op.kind == OpKind::Mul || op.kind == OpKind::Max;
+            const auto c0 = literal(op.operands[0]), c1 = literal(op.operands[1]);
+            if (c1 && !c0) {
+                st.scalar = *c1;
+                x = op.operands[0];
+            } else if (c0 && !c1 && commutative) {
+                st.scalar = *c0;
+                x = op.operands[1];
+            } else {
+                return false;
+            }
+            st.binary = true;
+            if (!commutative && op.kind != OpKind::Sub &&
+                !(op.kind == OpKind::Div && std::isfinite(st.scalar) && st.scalar != 0.0f))
+                return false;
+        } else {
+            return false;
+        }
+        r->steps.insert(r->steps.begin(), st);
+    }
+    // Its result: row-major, or T(8,128) tiles over its last two dims (the second-minor one the
+    // last batch dim, H), each [H, Q] matrix's tiles after the one before.
+    const FusionValue& res = pf.results[0];
+    const int64_t rr = res.shape.rank();
+    if (res.layout == row_major(rr)) {
+        r->tiled = false;
+    } else if (rr >= 2 && res.layout.tile == std::vector<int64_t>{8, 128} &&
+               res.layout.minor_to_major == row_major(rr).minor_to_major &&
+               res.shape.dims[size_t(rr - 1)] == r->Q) {
+        r->tiled = true;
+        r->H = res.shape.dims[size_t(rr - 2)];
+    } else {
+        return false;
+    }
+    // The kernel: the RHS stationary, each batch one block and one column group of whole
+    // 128-column panels, an fp32 result, the VMEM beside it.
+    for (const DotFusion& p : plans) {
+        const driver::DotKey& k = p.key;
+        const uint64_t group = uint64_t(k.group_panels) * k.mxus * k.C;
+        if (k.stationary != driver::Stationary::Rhs || k.block_rows < r->M ||
+            group < uint64_t(r->N) || k.C != 128 || board.core.vpu_lanes != 128 ||
+            board.core.vpu_sublanes != 8 || k.store_bf16 || k.parts != 1)
+            return false;
+        const uint64_t pro = p.prologue ? p.prologue->vmem_bytes(board) : 0;
+        if (driver::dot_vmem_bytes(k) + uint64_t(p.areas) * epilogue_area_bytes(k) + pro +
+                r->vmem_bytes(k.block_rows) + 4096 >
+            board.core.vmem_bytes)
+            return false;
+    }
+    for (DotFusion& p : plans) p.reduction = r;
+    return true;
 }
 
 }  // namespace tpu::compiler::gen

@@ -211,7 +211,27 @@ struct DotFusion {
     /// the batches of a batched dot; null: none.
     std::shared_ptr<const struct DotPrologue> prologue;
     int64_t batch = 0;  ///< which batch of a batched dot this plan runs
+    /// A reduction of the result the kernel computes as it stores each batch (codegen_dot.cpp,
+    /// plan_dot_reduction), shared by the batches; null: none.
+    std::shared_ptr<const struct DotReduction> reduction;
 };
+
+/// A reduction merged into a batched dot's fusion (fusion.cpp, reductions_into_dots), split for
+/// code generation: the dot's fusion without it, and the reduction alone as a stream fusion
+/// that reads the dot's result back (what runs where the dot kernel cannot reduce it itself).
+struct DotReductionSplit {
+    Fusion core;  ///< the dot's fusion without the reduction (every other result)
+    Fusion pass;  ///< the reduction: reads the dot's result, writes the reduction's
+};
+
+/// The split of output fusion `f`, or nullptr when no reduction is merged into it.
+std::shared_ptr<const DotReductionSplit> split_dot_reduction(const Graph& g, const Fusion& f);
+
+/// Plans the reduction of `split` in the epilogue of `plans` (plan_dot_fusion's of its core):
+/// true when the kernel computes it (each plan's `reduction` set), false when the reduction
+/// runs as its own pass after the kernel (split.pass).
+bool plan_dot_reduction(const Graph& g, const DotReductionSplit& split,
+                        std::vector<DotFusion>& plans, const hw::BoardConfig& board);
 
 /// Plans an output fusion rooted at a 2-D dot (no batch dims): operands through in-fusion
 /// conversions, the epilogue's ops and sides, the kernel's tiling in the VMEM the epilogue's

@@ -133,6 +133,7 @@ CompiledStep compile(const Graph& graph, const CompileOptions& options) {
     fo.multi_output_fusion = options.multi_output_fusion;
     fo.may_duplicate = options.may_duplicate;
     fo.dot_operand_producers = options.dot_operand_producers;
+    fo.reductions_into_dots = options.reductions_into_dots;
     fo.mxu_cols = options.board.core.mxu_cols;
     const auto groups = detail::fuse(step.graph, fo);
     for (size_t i = 0; i < groups.size(); ++i) {

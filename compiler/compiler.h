@@ -36,6 +36,12 @@ struct CompileOptions {
     /// elements once (xla/service/gpu/transforms/gemm_fusion.cc, FuseDotOperand; TPU's operand
     /// fusion is not public): attention's softmax normalize is computed as `P V` loads P.
     bool dot_operand_producers = true;
+    /// Compute a reduction of a batched dot's result (attention's softmax max over the scores)
+    /// in the dot's fusion as a second result, as the kernel stores each batch
+    /// (compiler/README.md, "Reductions in a dot's fusion": producer-consumer multi-output
+    /// fusion, xla/service/multi_output_fusion.h, with an output fusion as the producer; the
+    /// TPU's policy is not public, the real v3 attention rows' time bounds its traffic).
+    bool reductions_into_dots = true;
     /// Start of every buffer, in bytes (driver::Device::alloc aligns to 256).
     uint64_t buffer_alignment_bytes = 256;
     /// Reuse temp memory by liveness (false: every temp its own bytes, for comparison).

@@ -20,6 +20,9 @@ struct FusionOptions {
     /// softmax's normalize into attention's `P V`) when the dot reads each element of that
     /// operand once (fusion.cpp, operand_producer_fusible).
     bool dot_operand_producers = true;
+    /// Merge a reduction of a batched dot's result, over one of its matrix dims, into the dot's
+    /// fusion as a second result (fusion.cpp, reductions_into_dots).
+    bool reductions_into_dots = true;
     /// The MXU's columns (CoreConfig::mxu_cols): a dot whose other operand has at most this many
     /// free elements per batch computes all of a block's results in one pass over the operand.
     int64_t mxu_cols = 128;

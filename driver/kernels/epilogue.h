@@ -33,13 +33,14 @@ public:
     using VpuFn = std::function<void(isa::Opcode op, std::initializer_list<isa::Arg> args)>;
     /// Made by the kernel for each tile.
     EpilogueTile(isa::Builder& b, isa::Arg out, std::vector<isa::Arg> sides, const isa::Reg& rows,
-                 uint32_t cols, VpuFn vpu)
+                 uint32_t cols, VpuFn vpu, uint32_t panel = 0)
         : m_b(b),
           m_out(out),
           m_sides(std::move(sides)),
           m_rows(rows),
           m_cols(cols),
-          m_vpu(std::move(vpu)) {}
+          m_vpu(std::move(vpu)),
+          m_panel(panel) {}
 
     /// The builder (labels, scalar arithmetic, registers from its pool).
     isa::Builder& builder() const { return m_b; }
@@ -53,6 +54,9 @@ public:
     uint32_t cols() const { return m_cols; }
     /// A VPU instruction, counted on the kernel's flag that it waits for before the store.
     void vpu(isa::Opcode op, std::initializer_list<isa::Arg> args) { m_vpu(op, args); }
+    /// The tile's column panel in its group (the RHS stationary: columns panel x the MXU's
+    /// columns on from the group's first); each group's panels come in this order.
+    uint32_t panel() const { return m_panel; }
 
 private:
     isa::Builder& m_b;
@@ -61,6 +65,7 @@ private:
     const isa::Reg& m_rows;
     uint32_t m_cols;
     VpuFn m_vpu;
+    uint32_t m_panel;
 };
 
 /// Elementwise work on each result tile before it is stored.

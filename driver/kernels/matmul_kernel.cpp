@@ -1437,7 +1437,7 @@ private:
                     else
                         sides.push_back(imm(int64_t(full_tile(fi++, m))));
                 }
-                EpilogueTile et(m_b, tile, std::move(sides), *rows, cols, counted);
+                EpilogueTile et(m_b, tile, std::move(sides), *rows, cols, counted, m);
                 m_ep.body(et);
             }
             if (ttiles_out) counted(Opcode::VTrans, {result, tile, imm(n), imm(T)});
