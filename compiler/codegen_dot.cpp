@@ -1127,35 +1127,43 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
 
 }  // namespace
 
-/// A reduction of a batched dot's result that the kernel computes as it stores each batch
-/// (compiler/README.md, "Reductions in a dot's fusion"; plan_dot_reduction): a batch's matrix is
-/// one block and one column group, so each result tile holds every row of its 128 columns and
-/// the batch's tiles come panel by panel in column order. The order of the reduction is the
-/// evaluator's (the stream kernel's): over the rows, row i into partial i mod 8, each from the
-/// identity in row order, then the 8 partials in order; over the columns, each 128-lane chunk
-/// from the identity (`v.rsum` / `v.rmax`), then the chunks' results in order.
+/// Reductions of a dot's result that the kernel computes as it stores each tile (compiler/
+/// README.md, "Reductions in a dot's fusion"; plan_dot_reduction), in the evaluator's order (the
+/// stream kernel's): over the rows, row i into partial i mod 8, each from the identity in row
+/// order, then the 8 partials in order; over the columns, each 128-lane chunk from the identity
+/// (`v.rsum` / `v.rmax`, or `v.csum` down a transposed tile), then the chunks' results in order.
+/// A batched dot runs each batch's matrix as one block and one column group (a scalar word counts
+/// the batches); a 2-D dot reduces over its columns, each tile's results added at its rows.
 struct DotReduction {
-    bool max = true;        ///< the reducer: max, else sum
-    bool over_rows = true;  ///< over each matrix's M rows (a value per column), else its N columns
-    /// An elementwise op from the dot's result to the reduction's operand: unary, or of the value
-    /// and a literal (`x op scalar`).
+    /// An elementwise op on the tile: `a`, `b` are values (0 the fusion's result tile, k > 0 step
+    /// k - 1's); a literal `scalar` in `b`'s place when `literal`, no `b` when `unary`.
     struct Step {
         OpKind kind = OpKind::Mul;
-        bool binary = false;
+        int a = 0, b = 0;
+        bool unary = false, literal = false;
         float scalar = 0;
     };
-    std::vector<Step> steps;              ///< in order
-    const FusionValue* result = nullptr;  ///< the reduction's [.., Q] result
-    bool tiled = false;                   ///< its last two dims in T(8,128) tiles, else row-major
-    int64_t B = 0;                        ///< batches (matrices)
-    int64_t H = 1;                        ///< the result's second-minor extent (tiled)
-    int64_t M = 0, N = 0, Q = 0;          ///< a matrix's dims; Q values a batch
-    /// VMEM beside the kernel: every batch's Q results, the 8 x 128 partials, a row of chunk
-    /// results, and a tile for the steps.
-    uint64_t vmem_bytes(uint32_t block_rows) const {
+    std::vector<Step> steps;  ///< in order
+    /// One reduction: of which value, into which result.
+    struct Out {
+        bool max = true;  ///< the reducer: max, else sum
+        int value = 0;
+        const FusionValue* result = nullptr;
+        bool tiled = false;  ///< its last two dims in T(8,128) tiles (batched), else row-major
+        int64_t H = 1;       ///< the result's second-minor extent (tiled)
+    };
+    std::vector<Out> outs;
+    bool over_rows = true;  ///< over each matrix's M rows (a value per column), else its N columns
+    bool batched = true;    ///< a batched dot (the batch counter), else a 2-D one (tile positions)
+    bool lhs = false;       ///< 2-D: the LHS stationary (each tile a panel of rows, one block)
+    int64_t B = 1;          ///< batches (matrices)
+    int64_t M = 0, N = 0, Q = 0;  ///< a matrix's dims; Q results a batch
+    /// VMEM beside the kernel: each out's B Q results, the 8 x 128 partials, a row of chunk
+    /// results, a tile a step (and, LHS stationary, for the transposed tile).
+    uint64_t vmem_bytes(uint64_t tile_bytes) const {
         const auto up = [](uint64_t x) { return (x + 511) / 512 * 512; };
-        return up(uint64_t(B * Q * 4)) + up(8 * 128 * 4) + up(uint64_t(M) * 4) +
-               (steps.empty() ? 0 : up(uint64_t(block_rows) * 128 * 4));
+        return outs.size() * up(uint64_t(B * Q * 4)) + up(8 * 128 * 4) +
+               up(uint64_t(std::max(M, N)) * 4) + (steps.size() + (lhs ? 1 : 0)) * up(tile_bytes);
     }
 };
 
@@ -1163,8 +1171,9 @@ namespace {
 
 /// A dot reduction's VMEM and the scalar word counting the batches it has finished.
 struct ReductionVmem {
-    isa::Vmem rows, partials, chunk;
-    std::optional<isa::Vmem> steps;  ///< with DotReduction::steps
+    std::vector<isa::Vmem> rows;  ///< per out: its B Q results
+    isa::Vmem partials, chunk;
+    std::vector<isa::Vmem> steps;  ///< a tile per step, then (LHS stationary) the transposed tile
     isa::Smem batch;
 };
 
@@ -1321,17 +1330,25 @@ void emit_prologue_tile(const driver::PrologueTile& t, const DotPrologue& pro,
     }
 }
 
-/// The reduction's steps (DotReduction::Step) on `count` values from `src` into `dst`, in place
-/// after the first.
-void emit_reduction_steps(const std::function<void(Opcode, std::initializer_list<isa::Arg>)>& vpu,
-                          const std::vector<DotReduction::Step>& steps, const isa::Arg& src,
-                          const isa::Arg& dst, const isa::Arg& count) {
-    for (size_t i = 0; i < steps.size(); ++i) {
-        const DotReduction::Step& st = steps[i];
-        const isa::Arg x = i == 0 ? src : dst;
-        if (!st.binary) {
+/// The reduction's steps on a tile of `count` values: value 0 at `tile`, step k's result in
+/// VMEM area k (DotReduction::Step). Returns where each value lies.
+std::vector<isa::Arg> emit_reduction_steps(
+    const std::function<void(Opcode, std::initializer_list<isa::Arg>)>& vpu, const DotReduction& r,
+    const ReductionVmem& v, const isa::Arg& tile, const isa::Arg& count) {
+    std::vector<isa::Arg> at{tile};
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+        const DotReduction::Step& st = r.steps[i];
+        const isa::Arg dst = v.steps[i].at(0), x = at[size_t(st.a)];
+        at.push_back(dst);
+        if (st.unary) {
             emit_elementwise(
                 vpu, st.kind, Comparison::Gt, dst, [&](size_t) { return x; }, count);
+            continue;
+        }
+        if (!st.literal) {
+            const isa::Arg y = at[size_t(st.b)];
+            emit_elementwise(
+                vpu, st.kind, Comparison::Gt, dst, [&](size_t k) { return k ? y : x; }, count);
             continue;
         }
         switch (st.kind) {
@@ -1352,85 +1369,152 @@ void emit_reduction_steps(const std::function<void(Opcode, std::initializer_list
                 if (0.0f > st.scalar) vpu(Opcode::VMulS, {dst, dst, fimm(-1.0f), count});
         }
     }
+    return at;
 }
 
-/// The reduction's work on one result tile (M rows of the panel's columns, row-major) of the
-/// batch the scalar word counts, in the evaluator's order (DotReduction): over the rows, the
-/// tile's bands into the 8 partials from the identity, then the partials into the panel's
-/// results; over the columns, the tile's chunk results (`v.rmax` / `v.rsum`), then into the
-/// batch's results from the identity. The word counts the batch after its last panel.
+/// `count` values at `dst` set to a reduction's identity: 0 (x > x is false, NaN included), or
+/// -inf for a max.
+void emit_identity(const std::function<void(Opcode, std::initializer_list<isa::Arg>)>& vpu,
+                   bool max, const isa::Arg& dst, const isa::Arg& count) {
+    vpu(Opcode::VCmpGt, {dst, dst, dst, count});
+    if (max) vpu(Opcode::VAddS, {dst, dst, fimm(-std::numeric_limits<float>::infinity()), count});
+}
+
+/// The reductions' work on one result tile (row-major in C's orientation), in the evaluator's
+/// order (DotReduction). A batch (one block and one group): over the rows, the tile's bands
+/// into the 8 partials from the identity, then the partials into the panel's results; over the
+/// columns, the tile's chunk results into the batch's results from the identity, panel by
+/// panel; the scalar word counts the batch after its last panel. A 2-D dot over its columns:
+/// the tile's chunk results added to the results at its rows (set to the identity before the
+/// kernel; with one chunk in all, the chunk results are the results).
 void emit_reduction_tile(driver::EpilogueTile& t, const DotReduction& r, const ReductionVmem& v) {
     isa::Builder& b = t.builder();
-    const int64_t n = t.cols(), M = r.M, panels = (r.N + 127) / 128;
+    const int64_t n = t.cols();
     const auto vpu = [&](Opcode op, std::initializer_list<isa::Arg> args) { t.vpu(op, args); };
-    const Opcode fold = r.max ? Opcode::VMax : Opcode::VAdd;
-    // `count` values at `dst` set to the identity: 0 (x > x is false, NaN included), or -inf.
-    const auto identity = [&](const isa::Arg& dst, int64_t count) {
-        vpu(Opcode::VCmpGt, {dst, dst, dst, imm(count)});
-        if (r.max)
-            vpu(Opcode::VAddS,
-                {dst, dst, fimm(-std::numeric_limits<float>::infinity()), imm(count)});
-    };
-    const isa::Reg at = b.reg("reduce.at");
-    b.emit(Opcode::Lw, {at, v.batch.word(0)});
-    b.emit(Opcode::Mul, {at, at, imm(r.Q * 4)});
-    isa::Arg src = t.out();
-    if (!r.steps.empty()) {
-        emit_reduction_steps(vpu, r.steps, src, v.steps->at(0), imm(M * n));
-        src = v.steps->at(0);
+    const auto fold = [](bool max) { return max ? Opcode::VMax : Opcode::VAdd; };
+    const auto chunks = [](bool max) { return max ? Opcode::VRMax : Opcode::VRSum; };
+    if (!r.batched) {
+        const int64_t chunk_count = (r.N + 127) / 128;
+        if (r.lhs) {
+            // The tile is a panel of 128 rows x the block's columns (all of C's): transposed,
+            // each chunk of 128 columns is 128 rows whose sums down each column (`v.csum`, in
+            // row order from 0, as `v.rsum` along a row) are the panel rows' chunk results.
+            // A block of every column, or each block a whole number of chunks (N a multiple of
+            // the block: plan_dot_reduction), whose results add up in column order.
+            const int64_t T = t.cols(), pr = 128, cols = std::min<int64_t>(T, r.N);
+            const int64_t tile_chunks = (cols + 127) / 128;
+            const auto at = emit_reduction_steps(vpu, r, v, t.out(), imm(pr * T));
+            const isa::Arg tt = v.steps.back().at(0), chunk = v.chunk.at(0);
+            const isa::Reg row4 = b.reg("reduce.row4");
+            t.row4(row4);
+            for (size_t i = 0; i < r.outs.size(); ++i) {
+                const isa::Arg res = row4 + int64_t(v.rows[i].addr());
+                vpu(Opcode::VTrans, {tt, at[size_t(r.outs[i].value)], imm(pr), imm(T)});
+                for (int64_t k = 0; k < tile_chunks; ++k) {
+                    const int64_t kr = std::min<int64_t>(128, cols - k * 128);
+                    vpu(Opcode::VCSum,
+                        {chunk_count == 1 ? res : chunk, tt + k * 128 * pr * 4, imm(kr), imm(pr)});
+                    if (chunk_count > 1) vpu(Opcode::VAdd, {res, res, chunk, imm(pr)});
+                }
+            }
+            return;
+        }
+        // The RHS stationary: the tile is the block's rows x one panel, one chunk.
+        std::vector<isa::Arg> at;
+        {
+            const isa::Reg values = b.reg("reduce.values");
+            b.emit(Opcode::Mul, {values, t.rows(), imm(n)});
+            at = emit_reduction_steps(vpu, r, v, t.out(), values);
+        }
+        const isa::Reg row4 = b.reg("reduce.row4");
+        t.row4(row4);
+        for (size_t i = 0; i < r.outs.size(); ++i) {
+            const DotReduction::Out& o = r.outs[i];
+            const isa::Arg res = row4 + int64_t(v.rows[i].addr()), chunk = v.chunk.at(0);
+            if (chunk_count == 1) {
+                vpu(chunks(o.max), {res, at[size_t(o.value)], t.rows(), imm(n)});
+                continue;
+            }
+            vpu(chunks(o.max), {chunk, at[size_t(o.value)], t.rows(), imm(n)});
+            vpu(fold(o.max), {res, res, chunk, t.rows()});
+        }
+        return;
     }
-    const isa::Arg row = at + int64_t(v.rows.addr());
-    if (r.over_rows) {
-        const isa::Arg part = v.partials.at(0);
-        identity(part, 8 * n);
-        for (int64_t band = 0; band < M / 8; ++band)
-            vpu(fold, {part, part, src + band * 8 * n * 4, imm(8 * n)});
-        const isa::Arg dst = row + int64_t(t.panel()) * 128 * 4;
-        identity(dst, n);
-        for (int64_t sl = 0; sl < 8; ++sl) vpu(fold, {dst, dst, part + sl * n * 4, imm(n)});
-    } else if (panels == 1) {
-        vpu(r.max ? Opcode::VRMax : Opcode::VRSum, {row, src, imm(M), imm(n)});
-    } else {
-        const isa::Arg chunk = v.chunk.at(0);
-        vpu(r.max ? Opcode::VRMax : Opcode::VRSum, {chunk, src, imm(M), imm(n)});
-        if (t.panel() == 0) identity(row, M);
-        vpu(fold, {row, row, chunk, imm(M)});
+    const int64_t M = r.M, panels = (r.N + 127) / 128;
+    const isa::Reg at_reg = b.reg("reduce.at");
+    b.emit(Opcode::Lw, {at_reg, v.batch.word(0)});
+    b.emit(Opcode::Mul, {at_reg, at_reg, imm(r.Q * 4)});
+    const auto at = emit_reduction_steps(vpu, r, v, t.out(), imm(M * n));
+    for (size_t i = 0; i < r.outs.size(); ++i) {
+        const DotReduction::Out& o = r.outs[i];
+        const isa::Arg src = at[size_t(o.value)], row = at_reg + int64_t(v.rows[i].addr());
+        if (r.over_rows) {
+            const isa::Arg part = v.partials.at(0);
+            emit_identity(vpu, o.max, part, imm(8 * n));
+            for (int64_t band = 0; band < M / 8; ++band)
+                vpu(fold(o.max), {part, part, src + band * 8 * n * 4, imm(8 * n)});
+            const isa::Arg dst = row + int64_t(t.panel()) * 128 * 4;
+            emit_identity(vpu, o.max, dst, imm(n));
+            for (int64_t sl = 0; sl < 8; ++sl)
+                vpu(fold(o.max), {dst, dst, part + sl * n * 4, imm(n)});
+        } else if (panels == 1) {
+            vpu(chunks(o.max), {row, src, imm(M), imm(n)});
+        } else {
+            const isa::Arg chunk = v.chunk.at(0);
+            vpu(chunks(o.max), {chunk, src, imm(M), imm(n)});
+            if (t.panel() == 0) emit_identity(vpu, o.max, row, imm(M));
+            vpu(fold(o.max), {row, row, chunk, imm(M)});
+        }
     }
     if (int64_t(t.panel()) + 1 == panels) {
-        b.emit(Opcode::Lw, {at, v.batch.word(0)});
-        b.emit(Opcode::Add, {at, at, imm(1)});
-        b.emit(Opcode::Sw, {at, v.batch.word(0)});
+        b.emit(Opcode::Lw, {at_reg, v.batch.word(0)});
+        b.emit(Opcode::Add, {at_reg, at_reg, imm(1)});
+        b.emit(Opcode::Sw, {at_reg, v.batch.word(0)});
     }
 }
 
-/// The reduction's VMEM and batch word, before the fusion's kernels.
-ReductionVmem reduction_vmem(isa::Builder& b, const DotReduction& r, uint32_t block_rows) {
+/// The reductions' VMEM and batch word, before the fusion's kernels; a 2-D dot's results over
+/// several chunks start from the identity.
+ReductionVmem reduction_vmem(isa::Builder& b, const DotReduction& r, uint64_t tile_bytes) {
     ReductionVmem v;
-    v.rows = b.vmem("reduce.rows", uint64_t(r.B * r.Q * 4), 512);
+    for (size_t i = 0; i < r.outs.size(); ++i)
+        v.rows.push_back(b.vmem(fmt::format("reduce.rows{}", i), uint64_t(r.B * r.Q * 4), 512));
     v.partials = b.vmem("reduce.partials", 8 * 128 * 4, 512);
-    v.chunk = b.vmem("reduce.chunk", uint64_t(r.M) * 4, 512);
-    if (!r.steps.empty())
-        v.steps.emplace(b.vmem("reduce.steps", uint64_t(block_rows) * 128 * 4, 512));
+    v.chunk = b.vmem("reduce.chunk", uint64_t(std::max(r.M, r.N)) * 4, 512);
+    for (size_t i = 0; i < r.steps.size() + (r.lhs ? 1 : 0); ++i)
+        v.steps.push_back(b.vmem(fmt::format("reduce.step{}", i), tile_bytes, 512));
     v.batch = b.smem("reduce.batch", 1);
     const isa::Reg zero = b.reg("reduce.zero");
     b.emit(Opcode::Li, {zero, imm(0)});
     b.emit(Opcode::Sw, {zero, v.batch.word(0)});
+    if (!r.batched && r.N > 128) {
+        isa::CountedFlag vpu(b, "reduce.identity");
+        const auto issue = [&](Opcode op, std::initializer_list<isa::Arg> args) {
+            vpu.issue(op, args);
+        };
+        for (size_t i = 0; i < r.outs.size(); ++i)
+            emit_identity(issue, r.outs[i].max, v.rows[i].at(0), imm(r.B * r.Q));
+        vpu.wait_all();
+    }
     return v;
 }
 
-/// Stores every batch's results (in VMEM, [B][Q]) to the reduction's result, after the kernels:
-/// row-major in one DMA, or in T(8,128) tiles of [H, Q] matrices one DMA per tile of 8 rows.
+/// Stores each out's results (in VMEM, [B][Q]) to its result, after the kernels: row-major in
+/// one DMA, or in T(8,128) tiles of [H, Q] matrices one DMA per tile of 8 rows.
 void store_reduction(isa::Builder& b, const DotReduction& r, const ReductionVmem& v,
                      const std::function<void(const isa::Reg&, const BufferRef&)>& load) {
-    const isa::Reg dst = b.reg("reduce.result");
-    load(dst, r.result->buffer);
     isa::CountedFlag stores(b, "reduce.stores");
     const int64_t Q = r.Q;
-    if (!r.tiled) {
-        stores.issue(Opcode::DmaVh, {dst + 0, v.rows.at(0), imm(1), imm(r.B * Q * 4),
-                                     imm(r.B * Q * 4), imm(r.B * Q * 4)});
-    } else {
-        const int64_t QT = (Q + 127) / 128, H = r.H;
+    for (size_t i = 0; i < r.outs.size(); ++i) {
+        const DotReduction::Out& o = r.outs[i];
+        const isa::Reg dst = b.reg("reduce.result");
+        load(dst, o.result->buffer);
+        if (!o.tiled) {
+            stores.issue(Opcode::DmaVh, {dst + 0, v.rows[i].at(0), imm(1), imm(r.B * Q * 4),
+                                         imm(r.B * Q * 4), imm(r.B * Q * 4)});
+            continue;
+        }
+        const int64_t QT = (Q + 127) / 128, H = o.H;
         for (int64_t outer = 0; outer * H < r.B; ++outer)
             for (int64_t band = 0; band * 8 < H; ++band)
                 for (int64_t tl = 0; tl < QT; ++tl) {
@@ -1439,9 +1523,10 @@ void store_reduction(isa::Builder& b, const DotReduction& r, const ReductionVmem
                     const int64_t hbm =
                         int64_t(outer * tiled_bytes(H, Q)) + (band * QT + tl) * 4096;
                     const int64_t vm = ((outer * H + band * 8) * Q + tl * 128) * 4;
-                    stores.issue(Opcode::DmaVh, {dst + hbm, v.rows.at(uint64_t(vm)), imm(rows),
+                    stores.issue(Opcode::DmaVh, {dst + hbm, v.rows[i].at(uint64_t(vm)), imm(rows),
                                                  imm(vals * 4), imm(512), imm(Q * 4)});
                 }
+        stores.wait_all();
     }
     stores.wait_all();
 }
@@ -1612,6 +1697,7 @@ void emit_one(isa::Builder& b, const DotFusion& p,
             }
         };
     ep.body = steps_body;
+    ep.position = p.reduction && !p.reduction->batched;
     if (p.reduction && rv)
         ep.body = [&](driver::EpilogueTile& t) {
             if (steps_body) steps_body(t);
@@ -1691,7 +1777,7 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
     const PrologueVmem* pvp = pv ? &*pv : nullptr;
     std::optional<ReductionVmem> rv;
     if (n && plans[0].reduction)
-        rv = reduction_vmem(b, *plans[0].reduction, plans[0].key.block_rows);
+        rv = reduction_vmem(b, *plans[0].reduction, epilogue_area_bytes(plans[0].key));
     const ReductionVmem* rvp = rv ? &*rv : nullptr;
     if (n < 2 || !period) {
         for (const DotFusion& p : plans) emit_one(b, p, load, {}, pvp, nullptr, rvp);
@@ -1718,14 +1804,18 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
 namespace tpu::compiler::gen {
 
 std::shared_ptr<const DotReductionSplit> split_dot_reduction(const Graph& g, const Fusion& f) {
-    OpId red = kNoOp;
+    if (f.kind != FusionKind::Output) return nullptr;
+    std::set<ValueId> reduced;  // the reductions' results
+    OpId first = kNoOp;
     for (OpId id : f.ops)
-        if (g.op(id).kind == OpKind::Reduce) red = id;
-    if (red == kNoOp || f.kind != FusionKind::Output) return nullptr;
-    const ValueId rv = g.op(red).results[0];
+        if (g.op(id).kind == OpKind::Reduce) {
+            reduced.insert(g.op(id).results[0]);
+            if (first == kNoOp) first = id;
+        }
+    if (reduced.empty()) return nullptr;
     auto s = std::make_shared<DotReductionSplit>();
-    // The ops each part needs: back from its results within the fusion; the reduction's walk
-    // stops at the dot's result it reads (its stream pass reads it from memory).
+    // The ops each part needs: back from its results within the fusion; the reductions' walk
+    // stops at the dot's results they read (their stream pass reads those from memory).
     const auto needs = [&](const std::vector<ValueId>& from, const std::set<ValueId>& stop) {
         std::set<OpId> ops;
         std::vector<ValueId> todo(from.begin(), from.end());
@@ -1741,11 +1831,12 @@ std::shared_ptr<const DotReductionSplit> split_dot_reduction(const Graph& g, con
     std::vector<ValueId> core_results;
     std::set<ValueId> stop;
     for (const FusionValue& r : f.results)
-        if (r.value != rv) {
+        if (!reduced.count(r.value)) {
             core_results.push_back(r.value);
             stop.insert(r.value);
         }
-    const std::set<OpId> core_ops = needs(core_results, {}), pass_ops = needs({rv}, stop);
+    const std::set<OpId> core_ops = needs(core_results, {}),
+                         pass_ops = needs({reduced.begin(), reduced.end()}, stop);
     const auto reads = [&](const std::set<OpId>& ops, ValueId v) {
         for (OpId id : ops)
             for (ValueId o : g.op(id).operands)
@@ -1762,7 +1853,7 @@ std::shared_ptr<const DotReductionSplit> split_dot_reduction(const Graph& g, con
     Fusion& p = s->pass;
     p.name = f.name;
     p.kind = FusionKind::Input;
-    p.hero = red;
+    p.hero = first;
     p.layers = f.layers;
     for (OpId id : f.ops) {
         if (core_ops.count(id)) c.ops.push_back(id);
@@ -1773,7 +1864,7 @@ std::shared_ptr<const DotReductionSplit> split_dot_reduction(const Graph& g, con
         if (reads(pass_ops, fv.value)) p.operands.push_back(fv);
     }
     for (const FusionValue& fv : f.results) {
-        if (fv.value == rv) {
+        if (reduced.count(fv.value)) {
             p.results.push_back(fv);
             continue;
         }
@@ -1786,86 +1877,152 @@ std::shared_ptr<const DotReductionSplit> split_dot_reduction(const Graph& g, con
 bool plan_dot_reduction(const Graph& g, const DotReductionSplit& split,
                         std::vector<DotFusion>& plans, const hw::BoardConfig& board) {
     const Fusion& pf = split.pass;
-    if (plans.empty() || pf.operands.size() != 1 || pf.results.size() != 1) return false;
-    const Op& red = g.op(pf.hero);
+    if (plans.empty() || pf.operands.size() != 1 || pf.results.empty()) return false;
     const ValueId v = pf.operands[0].value;
-    const Shape& vs = g.shape(v);
-    const int64_t rank = vs.rank();
+    const std::vector<int64_t> vd = nonunit(g.shape(v).dims);
+    if (vd.size() < 2) return false;
     auto r = std::make_shared<DotReduction>();
-    r->max = red.attrs.reducer == Reducer::Max;
-    r->over_rows = red.attrs.dims[0] == rank - 2;
-    r->M = vs.dims[size_t(rank - 2)];
-    r->N = vs.dims[size_t(rank - 1)];
-    r->B = vs.elements() / (r->M * r->N);
-    r->Q = r->over_rows ? r->N : r->M;
-    r->result = &pf.results[0];
-    if (int64_t(plans.size()) != r->B || (r->over_rows && r->M % 8)) return false;
-    // The steps, back from the reduction's operand to the dot's result: unary ops, or ops of the
-    // value and a literal (through broadcasts), the value first where the op is not commutative.
+    r->batched = !g.op(split.core.hero).attrs.dot.lhs_batch.empty();
+    r->M = vd[vd.size() - 2];
+    r->N = vd.back();
+    r->B = g.shape(v).elements() / (r->M * r->N);
+    // The steps: every op of the pass but the reductions, on values of v's shape (unit dims
+    // aside): unary, of two such values, or of one and a literal (through broadcasts), the value
+    // first where the op is not commutative; reshapes of unit dims are the same values.
     const auto literal = [&](ValueId x) -> std::optional<float> {
         while (g.producer(x).kind == OpKind::Broadcast) x = g.producer(x).operands[0];
         const Op& op = g.producer(x);
         if (op.kind != OpKind::Literal || g.shape(x).elements() != 1) return std::nullopt;
         return float(op.attrs.scalar);
     };
-    for (ValueId x = red.operands[0]; x != v;) {
-        if (!inside_fusion(pf, g, x)) return false;
-        const Op& op = g.producer(x);
+    std::map<ValueId, int> val{{v, 0}};
+    const auto index = [&](ValueId x) {
+        auto it = val.find(x);
+        return it == val.end() ? -1 : it->second;
+    };
+    int over = -1;  // the reduced dim: 1 rows, 0 columns
+    for (OpId id : pf.ops) {
+        const Op& op = g.op(id);
+        const ValueId res = op.results[0];
+        if (op.kind == OpKind::Literal || (op.kind == OpKind::Broadcast && literal(res))) continue;
+        if (op.kind == OpKind::Reshape) {
+            if (index(op.operands[0]) < 0 || nonunit(g.shape(res).dims) != vd) return false;
+            val[res] = index(op.operands[0]);
+            continue;
+        }
+        if (op.kind == OpKind::Reduce) {
+            const Shape& xs = g.shape(op.operands[0]);
+            if (index(op.operands[0]) < 0) return false;
+            // The one non-unit dim reduced, counted from the minor end among the non-unit dims.
+            int64_t reduced = -1, pos = 0;
+            for (int64_t d = xs.rank() - 1; d >= 0; --d) {
+                if (xs.dims[size_t(d)] == 1) continue;
+                if (std::find(op.attrs.dims.begin(), op.attrs.dims.end(), d) !=
+                    op.attrs.dims.end()) {
+                    if (reduced >= 0) return false;
+                    reduced = pos;
+                }
+                ++pos;
+            }
+            if (reduced != 0 && reduced != 1) return false;
+            if (over >= 0 && over != reduced) return false;
+            over = int(reduced);
+            DotReduction::Out o;
+            o.max = op.attrs.reducer == Reducer::Max;
+            o.value = index(op.operands[0]);
+            for (const FusionValue& fv : pf.results)
+                if (fv.value == res) o.result = &fv;
+            if (!o.result) return false;
+            r->outs.push_back(o);
+            continue;
+        }
+        if (op_class(op.kind) != OpClass::Elementwise || nonunit(g.shape(res).dims) != vd)
+            return false;
         DotReduction::Step st{op.kind};
         if (op.operands.size() == 1) {
             const auto none = [](Opcode, std::initializer_list<isa::Arg>) {};
-            if (!emit_elementwise(
+            if (index(op.operands[0]) < 0 ||
+                !emit_elementwise(
                     none, op.kind, Comparison::Gt, imm(0), [](size_t) { return imm(0); }, imm(0)))
                 return false;
-            x = op.operands[0];
+            st.unary = true;
+            st.a = index(op.operands[0]);
         } else if (op.operands.size() == 2) {
             const bool commutative =
                 op.kind == OpKind::Add || op.kind == OpKind::Mul || op.kind == OpKind::Max;
+            const int i0 = index(op.operands[0]), i1 = index(op.operands[1]);
             const auto c0 = literal(op.operands[0]), c1 = literal(op.operands[1]);
-            if (c1 && !c0) {
+            if (i0 >= 0 && i1 >= 0) {
+                const auto none = [](Opcode, std::initializer_list<isa::Arg>) {};
+                if (!emit_elementwise(
+                        none, op.kind, Comparison::Gt, imm(0), [](size_t) { return imm(0); },
+                        imm(0)))
+                    return false;
+                st.a = i0;
+                st.b = i1;
+            } else if (i0 >= 0 && c1) {
+                st.a = i0;
+                st.literal = true;
                 st.scalar = *c1;
-                x = op.operands[0];
-            } else if (c0 && !c1 && commutative) {
+            } else if (i1 >= 0 && c0 && commutative) {
+                st.a = i1;
+                st.literal = true;
                 st.scalar = *c0;
-                x = op.operands[1];
             } else {
                 return false;
             }
-            st.binary = true;
-            if (!commutative && op.kind != OpKind::Sub &&
+            if (st.literal && !commutative && op.kind != OpKind::Sub &&
                 !(op.kind == OpKind::Div && std::isfinite(st.scalar) && st.scalar != 0.0f))
                 return false;
         } else {
             return false;
         }
-        r->steps.insert(r->steps.begin(), st);
+        r->steps.push_back(st);
+        val[res] = int(r->steps.size());
     }
-    // Its result: row-major, or T(8,128) tiles over its last two dims (the second-minor one the
-    // last batch dim, H), each [H, Q] matrix's tiles after the one before.
-    const FusionValue& res = pf.results[0];
-    const int64_t rr = res.shape.rank();
-    if (res.layout == row_major(rr)) {
-        r->tiled = false;
-    } else if (rr >= 2 && res.layout.tile == std::vector<int64_t>{8, 128} &&
-               res.layout.minor_to_major == row_major(rr).minor_to_major &&
-               res.shape.dims[size_t(rr - 1)] == r->Q) {
-        r->tiled = true;
-        r->H = res.shape.dims[size_t(rr - 2)];
-    } else {
+    if (r->outs.empty() || over < 0) return false;
+    r->over_rows = over == 1;
+    r->Q = r->over_rows ? r->N : r->M;
+    // The results: row-major, or (batched) T(8,128) tiles over their last two dims (the second-
+    // minor one the last batch dim, H), each [H, Q] matrix's tiles after the one before.
+    for (DotReduction::Out& o : r->outs) {
+        const FusionValue& res = *o.result;
+        const int64_t rr = res.shape.rank();
+        if (res.layout == row_major(rr)) continue;
+        if (!r->batched || rr < 2 || res.layout.tile != std::vector<int64_t>{8, 128} ||
+            res.layout.minor_to_major != row_major(rr).minor_to_major ||
+            res.shape.dims[size_t(rr - 1)] != r->Q)
+            return false;
+        o.tiled = true;
+        o.H = res.shape.dims[size_t(rr - 2)];
+    }
+    if (int64_t(plans.size()) != r->B || board.core.vpu_lanes != 128 ||
+        board.core.vpu_sublanes != 8)
         return false;
-    }
-    // The kernel: the RHS stationary, each batch one block and one column group of whole
-    // 128-column panels, an fp32 result, the VMEM beside it.
     for (const DotFusion& p : plans) {
         const driver::DotKey& k = p.key;
-        const uint64_t group = uint64_t(k.group_panels) * k.mxus * k.C;
-        if (k.stationary != driver::Stationary::Rhs || k.block_rows < r->M ||
-            group < uint64_t(r->N) || k.C != 128 || board.core.vpu_lanes != 128 ||
-            board.core.vpu_sublanes != 8 || k.store_bf16 || k.parts != 1)
-            return false;
+        const bool lhs = k.stationary == driver::Stationary::Lhs;
+        if (k.C != 128 || k.store_bf16 || k.parts != 1) return false;
+        if (r->batched) {
+            // Each batch one block and one column group, the RHS stationary.
+            const uint64_t group = uint64_t(k.group_panels) * k.mxus * k.C;
+            if (lhs || k.block_rows < r->M || group < uint64_t(r->N) || (r->over_rows && r->M % 8))
+                return false;
+        } else {
+            // Over the columns; with the LHS stationary panels of 128 whole rows and one block
+            // of every column or blocks of whole chunks that divide the columns, sums only
+            // (`v.csum`).
+            if (r->over_rows) return false;
+            if (lhs && (r->M % 128 ||
+                        (k.block_rows < r->N && (r->N % k.block_rows || k.block_rows % 128))))
+                return false;
+            for (const DotReduction::Out& o : r->outs)
+                if (lhs && o.max) return false;
+            r->lhs = lhs;
+        }
         const uint64_t pro = p.prologue ? p.prologue->vmem_bytes(board) : 0;
         if (driver::dot_vmem_bytes(k) + uint64_t(p.areas) * epilogue_area_bytes(k) + pro +
-                r->vmem_bytes(k.block_rows) + 4096 >
+                r->vmem_bytes(epilogue_area_bytes(k)) + 4096 >
             board.core.vmem_bytes)
             return false;
     }

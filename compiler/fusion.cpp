@@ -765,23 +765,21 @@ private:
         }
     }
 
-    /// A reduction whose one array is a batched dot fusion's result, over one of the result's
-    /// two matrix dims (each batch dim kept), through elementwise ops of that value and scalars
-    /// (attention's `max(s * scale)` over the keys), is computed by the dot's fusion as a second
-    /// result, as its kernel finishes each batch: producer-consumer multi-output fusion
+    /// Reductions whose one array is a dot fusion's result, each over one of the result's two
+    /// matrix dims (each batch dim kept; unit dims aside), through elementwise ops of that value
+    /// and literals (attention's `max(s * scale)` over the keys; a layer norm's `Sum[x]` and
+    /// `Sum[x^2]` after a projection), are computed by the dot's fusion as further results, as
+    /// its kernel stores the result: producer-consumer multi-output fusion
     /// (xla/service/multi_output_fusion.h, DoProducerConsumerMultiOutputFusion) with an output
     /// fusion as the producer. The dot's result must be written anyway (another fusion reads it
-    /// or it is a step output); the reduction's own result is its only one. XLA's TPU policy is
-    /// not public: compiler/README.md "Reductions in a dot's fusion" gives the bound the real
-    /// attention rows set on their traffic.
+    /// or it is a step output); the reductions' results are their group's only ones. XLA's TPU
+    /// policy is not public: compiler/README.md "Reductions in a dot's fusion" gives the bound
+    /// the real attention rows set on their traffic.
     void reductions_into_dots() {
         for (size_t r = 0; r < m_members.size(); ++r) {
             if (!m_alive[r] || kind_of(int(r)) != FusionKind::Input) continue;
-            const OpId red = reduce_hero(int(r));
-            int reduces = 0;
-            for (OpId id : m_members[r]) reduces += cls(id) == OpClass::Reduce;
             const std::vector<ValueId> ins = external_operands(int(r));
-            if (reduces != 1 || ins.size() != 1) continue;
+            if (ins.size() != 1) continue;
             const ValueId v = ins[0];
             const int d = writer_of(v);
             if (d < 0 || !m_alive[size_t(d)] || kind_of(d) != FusionKind::Output) continue;
@@ -789,29 +787,45 @@ private:
             for (OpId id : m_members[size_t(d)])
                 if (cls(id) == OpClass::Contraction) dot = id;
             const Op& dop = m_g.op(dot);
-            if (dop.kind != OpKind::Dot || dop.attrs.dot.lhs_batch.empty()) continue;
             const Shape& vs = m_g.shape(v);
-            if (vs.dims != m_g.shape(dop.results[0]).dims || vs.dtype != DType::F32) continue;
-            const Op& rop = m_g.op(red);
-            const int64_t rank = vs.rank();
-            if (rop.attrs.dims.size() != 1 || m_g.shape(rop.operands[0]).dims != vs.dims) continue;
-            const int64_t rd = rop.attrs.dims[0];
-            if ((rd != rank - 1 && rd != rank - 2) || vs.dims[size_t(rd)] == 1) continue;
-            bool elementwise = true;
+            const std::vector<int64_t> vd = nonunit(vs.dims);
+            if (dop.kind != OpKind::Dot || vs.dims != m_g.shape(dop.results[0]).dims ||
+                vs.dtype != DType::F32 || vd.size() < 2)
+                continue;
+            bool ok = true;
+            std::vector<ValueId> reduced;
             for (OpId id : m_members[r]) {
                 const Op& op = m_g.op(id);
-                if (id == red || cls(id) == OpClass::Literal ||
+                const std::vector<int64_t> out = nonunit(m_g.shape(op.results[0]).dims);
+                if (cls(id) == OpClass::Literal ||
                     (op.kind == OpKind::Broadcast && m_g.shape(op.operands[0]).elements() == 1))
                     continue;
-                elementwise &=
-                    cls(id) == OpClass::Elementwise && m_g.shape(op.results[0]).dims == vs.dims;
+                if (cls(id) == OpClass::Reduce) {
+                    // One non-unit dim reduced, one of the two most minor: a matrix dim.
+                    const Shape& xs = m_g.shape(op.operands[0]);
+                    int64_t n = 0, pos = 0, at = -1;
+                    for (int64_t k = xs.rank() - 1; k >= 0; --k) {
+                        if (xs.dims[size_t(k)] == 1) continue;
+                        if (std::find(op.attrs.dims.begin(), op.attrs.dims.end(), k) !=
+                            op.attrs.dims.end()) {
+                            ++n;
+                            at = pos;
+                        }
+                        ++pos;
+                    }
+                    ok &= nonunit(xs.dims) == vd && n == 1 && (at == 0 || at == 1);
+                    reduced.push_back(op.results[0]);
+                    continue;
+                }
+                ok &= (cls(id) == OpClass::Elementwise || op.kind == OpKind::Reshape) && out == vd;
             }
-            if (!elementwise) continue;
+            if (!ok || reduced.empty()) continue;
             bool written = is_output(v);
             for (int h : readers(v)) written |= h != int(r) && h != d;
-            const std::vector<ValueId> res = results_of(int(r));
-            if (!written || res.size() != 1 || res[0] != rop.results[0]) continue;
-            if (merge_creates_cycle({d, int(r)})) continue;
+            std::vector<ValueId> res = results_of(int(r));
+            std::sort(res.begin(), res.end());
+            std::sort(reduced.begin(), reduced.end());
+            if (!written || res != reduced || merge_creates_cycle({d, int(r)})) continue;
             merge(d, int(r));
         }
     }

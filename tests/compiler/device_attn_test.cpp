@@ -154,7 +154,7 @@ TEST(CompilerAttn, TheSoftmaxNormalizeIsComputedAsTheValuesDotLoadsP) {
     const CompiledStep s = build(true);
     // (The scale `s * 1/sqrt(d)`, a cheap multiply by a literal, is recomputed by each reader
     // of the scores rather than written scaled; the max is the scores dot's second result,
-    // CompilerFusion.AReductionOfABatchedDotsResultIsTheDotFusionsSecondResult.)
+    // CompilerFusion.AReductionOfADotsResultJoinsTheDotsFusion.)
     EXPECT_EQ(fusion_ops(s),
               (std::vector<std::string>{
                   "output dot+multiply+reduce", "input multiply+subtract+exponential+reduce",

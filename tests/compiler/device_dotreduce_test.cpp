@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// A reduction of a batched dot's result computed in the dot's fusion (compiler/README.md,
-// "Reductions in a dot's fusion"; fusion.cpp reductions_into_dots, codegen_dot.cpp
-// DotReduction): which reductions join the dot's fusion, that the kernel's reduction is the
-// evaluator's bit for bit (over the rows and over the columns, max and sum, with and without
-// elementwise steps, and where the kernel cannot and a pass after it reduces), and that the
-// attention's max costs no pass of its own.
+// Reductions of a dot's result computed in the dot's fusion (compiler/README.md, "Reductions in
+// a dot's fusion"; fusion.cpp reductions_into_dots, codegen_dot.cpp DotReduction): which
+// reductions join the dot's fusion, that the kernel's reductions are the evaluator's bit for bit
+// (batched: over the rows and over the columns, max and sum, with and without elementwise steps;
+// 2-D: a layer norm's two sums over the columns with either operand stationary; and where the
+// kernel cannot and a pass after it reduces), and what they save.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -90,7 +90,7 @@ CompiledStep compile_scores(int64_t dim, bool into_dots, bool batched = true,
     return compile(g, co);
 }
 
-TEST(CompilerFusion, AReductionOfABatchedDotsResultIsTheDotFusionsSecondResult) {
+TEST(CompilerFusion, AReductionOfADotsResultJoinsTheDotsFusion) {
     // Over a matrix dim (rows or columns), through a divide by a literal: the dot's fusion
     // writes the scores and the reduction; the subtract reads both.
     for (int64_t dim : {1, 2}) {
@@ -107,10 +107,39 @@ TEST(CompilerFusion, AReductionOfABatchedDotsResultIsTheDotFusionsSecondResult) 
     // of its own (the dot kernel stores its whole result).
     EXPECT_EQ(kinds(compile_scores(2, true, true, false)),
               (std::vector<std::string>{"output dot", "input reduce"}));
-    // A 2-D dot keeps its reductions apart (its kernel's blocks and groups split the rows and
-    // columns).
+    // A 2-D dot's too.
     EXPECT_EQ(kinds(compile_scores(1, true, false)),
-              (std::vector<std::string>{"output dot", "input reduce", "loop"}));
+              (std::vector<std::string>{"output dot+reduce", "loop"}));
+}
+
+/// A layer norm after a projection with a residual, `layer_norm(x W^T + b + x)` (BERT's
+/// out-projection and ffn2): x [M, K], W [N, K] with N = K.
+ValueId projected_layer_norm(Graph& g, const std::vector<ValueId>& v) {
+    const ValueId h = add(g, linear(g, v[0], v[1], v[2]), v[0]);
+    return layer_norm(g, h, v[3], v[4], 1e-5).y;
+}
+
+std::vector<Leaf> projection_leaves(int64_t M, int64_t N) {
+    const Shape vec{DType::F32, {N}};
+    return {{"x", Shape{DType::F32, {M, N}}, {randoms(size_t(M * N), 21)}},
+            {"w", Shape{DType::F32, {N, N}}, {randoms(size_t(N * N), 22, -0.05f, 0.05f)}, true},
+            {"b", vec, {randoms(size_t(N), 23)}, true},
+            {"gamma", vec, {randoms(size_t(N), 24, 0.5f, 1.5f)}, true},
+            {"beta", vec, {randoms(size_t(N), 25)}, true}};
+}
+
+TEST(CompilerFusion, ALayerNormsStatisticsAreItsProjectionsFusionsResults) {
+    // Sum[x] and Sum[x^2] of the batch-norm expansion read the projection's result (through the
+    // [1, M, N] view): both join its fusion, which leaves the two tiny fusions and the normalize.
+    Graph g;
+    std::vector<ValueId> v;
+    for (const Leaf& l : projection_leaves(512, 768))
+        v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
+    g.add_output(projected_layer_norm(g, v), "y");
+    const CompiledStep s = compile(g);
+    EXPECT_EQ(kinds(s),
+              (std::vector<std::string>{"output dot+reduce+reduce", "loop", "loop", "loop"}))
+        << s.summary();
 }
 
 TEST(CompilerDotReduceDevice, OverTheRowsAndTheColumnsMaxAndSumAreBitExact) {
@@ -133,6 +162,18 @@ TEST(CompilerDotReduceDevice, OnePanelAndAPassAfterTheKernelAreBitExact) {
     expect_bit_exact(leaves(3, 64, 96, 32), record(2, Reducer::Sum, 1));
     expect_bit_exact(leaves(3, 64, 96, 32), record(1, Reducer::Max, 0));
     expect_bit_exact(leaves(2, 4096, 128, 32), record(1, Reducer::Sum, 2));
+}
+
+TEST(CompilerDotReduceDevice, ALayerNormsSumsInItsProjectionAreBitExact) {
+    // BERT-base's out projection (512 x 768 x 768: the LHS stationary, one block of all 768
+    // columns, six chunks down each transposed panel), a narrow one (one chunk), BERT-xlarge's
+    // (2048 columns in two blocks of 1024, each block's chunks added in column order), and
+    // one whose RHS is stationary (each block's tiles' sums added at their rows).
+    const Record record = projected_layer_norm;
+    expect_bit_exact(projection_leaves(512, 768), record);
+    expect_bit_exact(projection_leaves(256, 128), record);
+    expect_bit_exact(projection_leaves(512, 2048), record);
+    expect_bit_exact(projection_leaves(8192, 256), record);
 }
 
 TEST(CompilerDotReduce, TheAttentionsMaxCostsNoPassOfItsOwn) {
