@@ -34,8 +34,7 @@ public:
     /// Made by the kernel for each tile.
     EpilogueTile(isa::Builder& b, isa::Arg out, std::vector<isa::Arg> sides, const isa::Reg& rows,
                  uint32_t cols, VpuFn vpu, uint32_t panel = 0,
-                 std::function<void(const isa::Reg&)> row4 = {},
-                 std::function<void(const isa::Reg&)> col4 = {})
+                 std::function<void(const isa::Reg&)> row4 = {})
         : m_b(b),
           m_out(out),
           m_sides(std::move(sides)),
@@ -43,8 +42,7 @@ public:
           m_cols(cols),
           m_vpu(std::move(vpu)),
           m_panel(panel),
-          m_row4(std::move(row4)),
-          m_col4(std::move(col4)) {}
+          m_row4(std::move(row4)) {}
 
     /// The builder (labels, scalar arithmetic, registers from its pool).
     isa::Builder& builder() const { return m_b; }
@@ -63,8 +61,6 @@ public:
     uint32_t panel() const { return m_panel; }
     /// Emits `dst = 4 x` the tile's first row of C (Epilogue::position only).
     void row4(const isa::Reg& dst) const { m_row4(dst); }
-    /// Emits `dst = 4 x` the tile's first column of C (Epilogue::position only).
-    void col4(const isa::Reg& dst) const { m_col4(dst); }
 
 private:
     isa::Builder& m_b;
@@ -74,7 +70,7 @@ private:
     uint32_t m_cols;
     VpuFn m_vpu;
     uint32_t m_panel;
-    std::function<void(const isa::Reg&)> m_row4, m_col4;
+    std::function<void(const isa::Reg&)> m_row4;
 };
 
 /// Elementwise work on each result tile before it is stored.
@@ -82,9 +78,8 @@ struct Epilogue {
     std::vector<EpilogueSide> sides;          ///< loaded tile by tile with the result
     std::function<void(EpilogueTile&)> body;  ///< empty: no epilogue
     bool store_bf16 = false;                  ///< store the tile as bf16 (v.f2bf)
-    /// The body reads where each tile lies in C (EpilogueTile::row4, col4): the kernel keeps
-    /// the pending group's first row and column in two words of scalar memory (its registers
-    /// are all taken).
+    /// The body reads which rows of C each tile holds (EpilogueTile::row4): the kernel keeps
+    /// the pending group's first row in a word of scalar memory (its registers are all taken).
     bool position = false;
     /// Nothing to do: the kernel emits exactly what it emits without an epilogue.
     bool empty() const { return !body && sides.empty() && !store_bf16 && !position; }

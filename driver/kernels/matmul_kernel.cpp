@@ -355,7 +355,7 @@ public:
         m_rows = m_b.reg("block_rows", 7);
         if (m_G > 2) m_col = m_b.reg("group_col", 8);
         if (m_k.column_sides) m_pcol = m_b.reg("pending_col", 9);
-        if (m_ep.position) m_pos = m_b.smem("dot.position", 2);
+        if (m_ep.position) m_pos = m_b.smem("dot.position", 1);
         m_tmp = m_b.reg("tmp", 10);
         m_wb = m_b.reg("w_base", 13);
         m_t14 = m_b.reg("tmp14", 14);
@@ -1440,19 +1440,15 @@ private:
                 }
                 // Where the tile lies in C: with the LHS stationary its rows are panel m of the
                 // problem's columns, its columns the block's rows.
-                std::function<void(const isa::Reg&)> row4, col4;
+                std::function<void(const isa::Reg&)> row4;
                 if (m_ep.position) {
                     const int64_t panel4 = int64_t(m) * C * 4;
                     row4 = [this, panel4, lhs](const isa::Reg& dst) {
                         E(Opcode::Lw, {dst, m_pos.word(0)});
                         if (lhs) E(Opcode::Add, {dst, dst, imm(panel4)});
                     };
-                    col4 = [this, panel4, lhs](const isa::Reg& dst) {
-                        E(Opcode::Lw, {dst, m_pos.word(1)});
-                        if (!lhs) E(Opcode::Add, {dst, dst, imm(panel4)});
-                    };
                 }
-                EpilogueTile et(m_b, tile, std::move(sides), *rows, cols, counted, m, row4, col4);
+                EpilogueTile et(m_b, tile, std::move(sides), *rows, cols, counted, m, row4);
                 m_ep.body(et);
             }
             if (ttiles_out) counted(Opcode::VTrans, {result, tile, imm(n), imm(T)});
@@ -2144,15 +2140,15 @@ private:
         E(Opcode::Add, {m_prows, m_rows, imm(0)});
         E(Opcode::Add, {m_ppar, m_par, imm(0)});
         if (m_ep.position) {
-            // C's first row and column of the group x 4: the block's row and the group's column
-            // of the problem, swapped with the LHS stationary.
-            E(Opcode::Mul, {m_tmp, m_row, imm(4)});
-            E(Opcode::Sw, {m_tmp, m_pos.word(lhs ? 1 : 0)});
-            if (first || last)
+            // C's first row of the group x 4: the block's row, or with the LHS stationary the
+            // group's column of the problem.
+            if (!lhs)
+                E(Opcode::Mul, {m_tmp, m_row, imm(4)});
+            else if (first || last)
                 E(Opcode::Li, {m_tmp, imm(int64_t(first_col(first) * 4))});
             else
                 E(Opcode::Add, {m_tmp, m_col, imm(0)});
-            E(Opcode::Sw, {m_tmp, m_pos.word(lhs ? 0 : 1)});
+            E(Opcode::Sw, {m_tmp, m_pos.word(0)});
         }
         if (m_k.column_sides) {
             if (lhs)
@@ -2205,7 +2201,7 @@ private:
     std::vector<isa::Vmem> m_vmem;
     isa::Reg m_par, m_pending, m_row, m_rows, m_col, m_pcol, m_tmp, m_wb, m_t14, m_t15, m_cnt;
     isa::Reg m_paddr, m_prows, m_ppar;
-    isa::Smem m_pos;  ///< Epilogue::position: the pending group's C row and column x 4
+    isa::Smem m_pos;  ///< Epilogue::position: the pending group's first row of C x 4
     isa::Reg m_cat;  ///< the group's C panels' starting values in HBM (DotKey::accumulate)
     Tally m_loads[2], m_vpu, m_stores, m_sides;
     /// The VPU work of every other panel of a flush (stores()): reset at each flush's start,
