@@ -1088,6 +1088,9 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
     }
     // The kernel's tiling in what the epilogue's areas leave of VMEM.
     uint64_t budget = board.core.vmem_bytes - std::min(pro_bytes, board.core.vmem_bytes);
+    // C in one buffer where it buys longer blocks (plan_dot decides; a batch or a prologue keeps
+    // two).
+    shape.one_c_buffer = !batch && !p.prologue;
     for (int tries = 0; tries < 32; ++tries) {
         const auto k = driver::plan_dot(board, shape, budget);
         if (!k) break;

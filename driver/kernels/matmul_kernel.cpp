@@ -209,6 +209,32 @@ bool pair_windows(const DotKey& k) {
     return ahead_apply(k) && p.K < k.R && p.a_band_tiles > 0;
 }
 
+/// DotKey::one_c_buffer where the kernel runs it: the LHS stationary storing C from the
+/// transposed panels (row-major or 8 x 128 tiles), a staged held operand (its steps convert, so
+/// a group's first matmuls already wait for the VPU), no batch's band loads.
+bool one_c_buffer_applies(const DotKey& k) {
+    const Problem p = problem(k);
+    return k.one_c_buffer && p.lhs && (k.c == DotLayout::RowMajor || k.c == DotLayout::VpuTiles) &&
+           staged(p.w) && !k.band_loads;
+}
+
+/// With C in one buffer and Full sides prefetched, the sides' tiles in two panel slots: panel m
+/// in slot m % 2, panels 0 and 1 loaded during the group's last steps, panel m + 2 once panel
+/// m's epilogue is done (DotGen::stores).
+bool side_ring_applies(const DotKey& k) {
+    const Problem p = problem(k);
+    return one_c_buffer_applies(k) && k.full_sides && k.prefetch_sides &&
+           std::min(group_width(k), ceil_div(p.N, k.C)) > 2;
+}
+
+/// With C in one buffer, a streamed operand stored transposed in the MXU's tiles (a weight) is
+/// transposed and converted tile by tile through two tiles of the transposed copy instead of a
+/// block's (bf16; emit_dot refuses a prologue on the streamed operand with one_c_buffer).
+bool a_trans_ring_applies(const DotKey& k) {
+    return one_c_buffer_applies(k) && problem(k).a == DotLayout::TransposedTiles && k.R == k.C &&
+           k.precision == Precision::Bf16;
+}
+
 Map vmem_map(const DotKey& k) {
     const Problem p = problem(k);
     const uint64_t T = k.block_rows, P = parts_of(k.precision), G = group_width(k);
@@ -227,8 +253,10 @@ Map vmem_map(const DotKey& k) {
     take(&Map::abf, "a_bf16", P * KT * m.apanel);
     if (staged(p.a)) {
         take(&Map::astage, "a_stage", band_lead_apply(k) ? ceil_div(p.K, k.R) * a32 : 2 * a32);
-        if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles ||
-            p.a == DotLayout::TransposedTiles)
+        if (a_trans_ring_applies(k))
+            take(&Map::att, "a_trans", 2 * uint64_t(k.R) * k.R * 4);
+        else if (p.a == DotLayout::Transposed || p.a == DotLayout::TransposedVpuTiles ||
+                 p.a == DotLayout::TransposedTiles)
             take(&Map::att, "a_trans", a32);
         if (pair_windows(k)) {
             // A pair's whole tiles of a window of K < R lanes (DotGen::m_pair): transposed, and
@@ -254,13 +282,15 @@ Map vmem_map(const DotKey& k) {
     take(&Map::wbf, "w_bf16", 2 * G * P * m.wtile);
     // Head-ahead loads: three buffers, so a batch's matmuls wait only for the stores of the
     // batch three before it.
-    take(&Map::c, "c", (ahead_apply(k) ? 3 : 2) * G * m.cpanel);
+    take(&Map::c, "c", (ahead_apply(k) ? 3 : one_c_buffer_applies(k) ? 1 : 2) * G * m.cpanel);
     // A Column side holds one value per output column; with the LHS stationary the output
     // columns are the streamed rows, read a whole block at a time from the block's first.
     m.col_stride = (uint64_t(p.lhs ? k.N + T : k.N) * 4 + 511) / 512 * 512;
     if (k.column_sides)
         take(&Map::col, "columns", (k.parts > 1 ? 2 : 1) * k.column_sides * m.col_stride);
-    if (k.full_sides) take(&Map::full, "full_sides", uint64_t(k.full_sides) * G * m.cpanel);
+    if (k.full_sides)
+        take(&Map::full, "full_sides",
+             uint64_t(k.full_sides) * (side_ring_applies(k) ? 2 : G) * m.cpanel);
     if (p.lhs || k.c == DotLayout::TransposedTiles) take(&Map::tt, "c_trans", G * m.cpanel);
     if (k.store_bf16) take(&Map::bf, "c_bf16", G * T * k.C * 2);
     return m;
@@ -365,6 +395,20 @@ public:
         m_prows = m_b.reg("pending_rows", 27);
         m_ppar = m_b.reg("pending_parity", 28);
         if (m_k.accumulate) m_cat = m_b.reg("c_in");
+        m_one = one_c_buffer_applies(m_k);
+        m_ring = side_ring_applies(m_k);
+        m_atr = a_trans_ring_applies(m_k);
+        // The side ring's panels 2 and 3 of the dot's last block in the streamed operand's two
+        // staging slots (each a block's R-row panel, a C panel where R = C): one dot of one
+        // group a block, one Full side, loaded from step KT - 2 on (not step 0, whose panel the
+        // kernel's first step may still be converting in halves).
+        m_stage_ok = m_ring && !batched() && m_k.parts == 1 && m_G == 1 && m_k.full_sides == 1 &&
+                     m_k.R == m_k.C && staged(m_p.a) && !band_lead_apply(m_k) && m_KT >= 3;
+        if (m_stage_ok) {
+            m_sides2 = {m_b.flag("sides.staged"), m_b.reg("sides.staged.count")};
+            E(Opcode::Li, {m_sides2.count, imm(0)});
+        }
+        m_pre = m_one;
 
         // A batch: each member's blocks in turn, in a loop over the passes (DotBatch). A
         // batch's blocks follow the previous batch's as one dot's blocks follow each other.
@@ -538,7 +582,9 @@ public:
             E(Opcode::Sw, {m_tmp, word});
             E(Opcode::Bltu, {m_tmp, imm(int64_t(m_batch.passes)), passes});
         }
-        m_mi = 0;  // past the members: the last group (m_c_pair: the last pair) is stored
+        m_mi = 0;       // past the members: the last group (m_c_pair: the last pair) is stored
+        m_pre = false;  // no group follows the last one: its flush transposes C's panels itself
+        m_staged = m_stage_ok;  // ... and its panels 2 and 3's side tiles are staged
         if (staggered_end()) {
             // The last group's first panel of an MXU that runs another one after it is done a
             // matmul earlier: its epilogue and stores go out while the MXUs finish the others
@@ -1368,6 +1414,7 @@ private:
         if (m_k.full_sides) {
             if (!m_k.prefetch_sides) full_loads(last, m0, np, tiles_out && !lhs ? &bands : nullptr);
             E(Opcode::Wait, {m_sides.flag, m_sides.count});
+            if (m_staged && np > 2 && m0 < 4) E(Opcode::Wait, {m_sides2.flag, m_sides2.count});
         }
         // (2) The epilogue of each panel's tile.
         // Each panel's stores follow its own epilogue (`pipelined`, below) on 2-D dots whose
@@ -1415,9 +1462,10 @@ private:
             if (lhs) {
                 tile_rows = m_b.reg("tile_rows");
                 // C^T's tile (rows x n) back to C's orientation: n rows of T values (the
-                // columns past the block's rows are not stored).
+                // columns past the block's rows are not stored); with C in one buffer done
+                // already, before the next group's first matmuls (early_transposes).
                 tile = imm(int64_t(m_a.tt + m * m_m.cpanel));
-                counted(Opcode::VTrans, {tile, result, imm(T), imm(n)});
+                if (!m_pre) counted(Opcode::VTrans, {tile, result, imm(T), imm(n)});
                 E(Opcode::Li, {tile_rows, imm(n)});
                 rows = &tile_rows;
                 cols = T;
@@ -1536,6 +1584,8 @@ private:
             int pending_ops = 0, odd_ops = 0;
             for (uint32_t m = m0; m <= np; ++m) {
                 const bool odd = (m - m0) % 2;
+                // m_ring: panel m's side tiles, loaded once panel m - 2's epilogue was done.
+                if (m_ring && m < np && m >= m0 + 2) E(Opcode::Wait, {m_sides.flag, m_sides.count});
                 const int ops = m < np ? epilogue_of(m, odd) : 0;
                 if (odd) odd_ops += ops;
                 if (m > m0) {
@@ -1543,6 +1593,11 @@ private:
                         E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
                     else if (pending_ops)
                         E(Opcode::Wait, {m_vpu2, imm(odd_ops)});
+                    // m_ring: panel m - 1's slot is free for panel m + 1's side tiles.
+                    if (m_ring && m + 1 < panels(last) && !(m_staged && m + 1 < 4)) {
+                        if (!pending_ops) E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+                        full_loads(last, m + 1, m + 2, nullptr);
+                    }
                     store_of(m - 1);
                 }
                 pending_ops = ops;
@@ -1708,6 +1763,9 @@ private:
     }
 
     uint64_t full_tile(uint32_t f, uint32_t m) const {
+        if (m_staged && m >= 2 && m < 4)
+            return m_a.astage + uint64_t((m_KT + m) % 2) * m_k.block_rows * m_k.R * 4;
+        if (m_ring) return m_a.full + (uint64_t(f) * 2 + m % 2) * m_m.cpanel;
         return m_a.full + (uint64_t(f) * m_GW + m) * m_m.cpanel;
     }
 
@@ -1759,10 +1817,30 @@ private:
         };
         const auto prefetch = [&](uint32_t j) {
             if (!m_k.full_sides || !m_k.prefetch_sides) return;
-            for (uint32_t m = 0; m < panels(last); ++m) {
+            // (m_ring: panels 2 on in their flush, after panel m - 2's epilogue.)
+            for (uint32_t m = 0; m < (m_ring ? std::min(2u, panels(last)) : panels(last)); ++m) {
                 if (prefetch_step(m) != j) continue;
                 if (m == 0) set_pending(first, last);
                 full_loads(last, m, m + 1, nullptr);
+            }
+            // The dot's last block: panels 2 and 3 into the streamed operand's staging slots,
+            // which no step reads after this one's conversion, so the end's flush does not wait
+            // for them behind panels 0 and 1's epilogues (m_stage_ok). Panel m into the slot of
+            // step KT - 4 + m, free once that step's panel is converted, and not before panel 0's
+            // prefetch has set the pending address (the previous group's flush is done); counted
+            // on a flag of their own, so panels 0 and 1's epilogues do not wait for them.
+            if (!m_stage_ok || !last) return;
+            for (uint32_t m = 2; m < std::min(4u, panels(last)); ++m) {
+                if (std::max(prefetch_step(0), m_KT + m - 4) != j) continue;
+                const isa::Label skip = m_b.label("sides_not_last");
+                E(Opcode::Add, {m_tmp, m_row, m_rows});
+                E(Opcode::Bltu, {m_tmp, imm(m_p.M), skip});
+                m_staged = true;
+                std::swap(m_sides, m_sides2);
+                full_loads(last, m, m + 1, nullptr);
+                std::swap(m_sides, m_sides2);
+                m_staged = false;
+                m_b.bind(skip);
             }
         };
         // The held tiles of step j (staged in `slot`): transposed where they lie so, converted
@@ -1847,6 +1925,7 @@ private:
                     if (used || first) wait_mxu(m, later);
                 }
             if (first && a_staged) {
+                bool converted = false;  // m_atr: tile by tile already
                 const uint64_t src =
                     m_a.astage + uint64_t(m_lead ? j : slot) * m_k.block_rows * R * 4;
                 uint64_t x = src;
@@ -1880,9 +1959,14 @@ private:
                     // Each R x R tile (k rows of K, R rows of the block) to R rows of k values:
                     // the block's whole tiles (a short last block's past its rows: padding).
                     const uint64_t tile = uint64_t(R) * R * 4;
-                    for (uint32_t t = 0; t < ceil_div(m_k.block_rows, R); ++t)
-                        vpu(Opcode::VTrans, {imm(int64_t(m_a.att + t * tile)),
-                                             imm(int64_t(src + t * tile)), imm(R), imm(R)});
+                    if (m_atr) {
+                        trans_tiles(src, 0, ceil_div(m_k.block_rows, R), j);
+                        converted = true;
+                    } else {
+                        for (uint32_t t = 0; t < ceil_div(m_k.block_rows, R); ++t)
+                            vpu(Opcode::VTrans, {imm(int64_t(m_a.att + t * tile)),
+                                                 imm(int64_t(src + t * tile)), imm(R), imm(R)});
+                    }
                     x = m_a.att;
                 }
                 if (m_pro.streamed)
@@ -1893,10 +1977,12 @@ private:
                          },
                          [&](Opcode op, std::initializer_list<isa::Arg> args) { vpu(op, args); },
                          m_member});
-                E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
-                convert([&](int q) { return imm(int64_t(abf(q, j))); },
-                        x == src ? staged_at(true, x) : imm(int64_t(x)), m_cnt, m_a.af, m_a.ar1,
-                        m_a.ar2);
+                if (!converted) {
+                    E(Opcode::Mul, {m_cnt, m_rows, imm(k)});
+                    convert([&](int q) { return imm(int64_t(abf(q, j))); },
+                            x == src ? staged_at(true, x) : imm(int64_t(x)), m_cnt, m_a.af, m_a.ar1,
+                            m_a.ar2);
+                }
             }
             if (m_band && j == 0) E(Opcode::Wait, {m_bands.flag, m_bands.count});
             if (w_staged && m_band)
@@ -1922,6 +2008,7 @@ private:
                 }
             else if (w_staged)
                 held_converts(j, slot);
+            if (m_one && j == 0) early_transposes();
             // The previous group's results leave after this step's transfers are queued, so
             // the in-order DMA engine does not hold the next tiles behind them. In a batch of
             // one K step a group, after its matmuls: the VPU's epilogue then runs beside them.
@@ -2000,13 +2087,56 @@ private:
             E(Opcode::Bltu, {m_par, imm(3 * int64_t(m_GW) * m_m.cpanel), wrap});
             E(Opcode::Li, {m_par, imm(0)});
             m_b.bind(wrap);
-        } else {
+        } else if (!m_one) {
             E(Opcode::Xor, {m_par, m_par, imm(int64_t(m_GW) * m_m.cpanel)});
         }
         if (m_ahead && (!m_pair || m_mi == 1)) {  // the next batch's operands: the other slot
             E(Opcode::Xor, {m_sa, m_sa, imm(slot_a())});
             E(Opcode::Xor, {m_sw, m_sw, imm(slot_w())});
         }
+    }
+
+    /// a_trans_ring_applies: the streamed panel's R x R tiles [t0, t1) of step j, staged at `src`,
+    /// each transposed into one of two tiles of the transposed copy and converted from there into
+    /// its rows of the step's bf16 panel (the VPU runs in order, so tile t + 2's transpose follows
+    /// tile t's conversion).
+    void trans_tiles(uint64_t src, uint32_t t0, uint32_t t1, uint32_t j) {
+        const uint32_t R = m_k.R;
+        const uint64_t tile = uint64_t(R) * R * 4;
+        for (uint32_t t = t0; t < t1; ++t) {
+            const uint64_t tt = m_a.att + (t % 2) * tile;
+            vpu(Opcode::VTrans, {imm(int64_t(tt)), imm(int64_t(src + t * tile)), imm(R), imm(R)});
+            convert([&](int q) { return imm(int64_t(abf(q, j) + uint64_t(t) * R * R * 2)); },
+                    imm(int64_t(tt)), imm(int64_t(R) * R), m_a.af, m_a.ar1, m_a.ar2);
+        }
+    }
+
+    /// DotKey::one_c_buffer: the pending group's C panels, transposed into the c_trans area its
+    /// flush reads, before this group's first matmuls overwrite them. The area is free: its
+    /// last stores (the group before the pending one) were waited for at this group's start.
+    void early_transposes() {
+        const uint32_t T = m_k.block_rows;
+        const isa::Label skip = m_b.label("early_t"), done = m_b.label("early_t_done");
+        E(Opcode::Beq, {m_pending, imm(0), skip});
+        for (uint32_t m = 0; m < m_k.mxus; ++m) wait_mxu(m, 0);
+        const auto transposes = [&](bool last) {
+            for (uint32_t m = 0; m < panels(last); ++m)
+                vpu(Opcode::VTrans,
+                    {imm(int64_t(m_a.tt + m * m_m.cpanel)),
+                     m_ppar + int64_t(m_a.c + m * m_m.cpanel), imm(T), imm(nn(last, m))});
+        };
+        if (m_G > 1) {
+            const isa::Label last = m_b.label("early_t_last");
+            E(Opcode::Beq, {m_pending, imm(2), last});
+            transposes(false);
+            E(Opcode::Jmp, {done});
+            m_b.bind(last);
+        }
+        transposes(true);
+        m_b.bind(done);
+        // The flush may store a panel with no epilogue before the step's wait for the VPU.
+        E(Opcode::Wait, {m_vpu.flag, m_vpu.count});
+        m_b.bind(skip);
     }
 
     /// The kernel's first step (block 0 of part 0) with its streamed panel in two halves
@@ -2032,6 +2162,10 @@ private:
         loads(1, true, last, 1, kBoth);
         // Rows [r0, r1) of the panel: each R x R tile to R rows of k values, then bf16.
         const auto convert_rows = [&](uint32_t r0, uint32_t r1) {
+            if (m_atr) {
+                trans_tiles(at, r0 / R, ceil_div(r1, R), 0);
+                return;
+            }
             for (uint32_t t = r0 / R; t < ceil_div(r1, R); ++t)
                 vpu(Opcode::VTrans, {imm(int64_t(m_a.att + t * tile)), imm(int64_t(at + t * tile)),
                                      imm(R), imm(R)});
@@ -2195,6 +2329,12 @@ private:
     bool m_lead_pair = false;   ///< ... a pair's windows in the same tiles, loaded once
     bool m_c_pair = false;      ///< ... and its results in one C panel, stored together
     bool m_step_ahead = false;  ///< the next batch's first step loaded beside the last
+    bool m_one = false;         ///< C in one buffer (one_c_buffer_applies)
+    bool m_pre = false;         ///< ... and the pending group's panels transposed already
+    bool m_ring = false;        ///< the Full sides in two panel slots (side_ring_applies)
+    bool m_atr = false;         ///< the streamed tiles' transposed copy in two tiles
+    bool m_stage_ok = false;    ///< ... the last block's panels 2, 3 in the staging slots
+    bool m_staged = false;      ///< full_tile: panels 2 and 3 in the staging slots
     size_t m_mi = 0;            ///< the member being emitted
     std::vector<std::pair<int, int>> m_passes;
 
@@ -2204,6 +2344,7 @@ private:
     isa::Smem m_pos;  ///< Epilogue::position: the pending group's first row of C x 4
     isa::Reg m_cat;  ///< the group's C panels' starting values in HBM (DotKey::accumulate)
     Tally m_loads[2], m_vpu, m_stores, m_sides;
+    Tally m_sides2;  ///< the Full side tiles loaded into the staging slots (m_stage_ok)
     /// The VPU work of every other panel of a flush (stores()): reset at each flush's start,
     /// when nothing counted on it is in flight, so its count is the emitted code's.
     isa::Flag m_vpu2;
@@ -2436,8 +2577,6 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     if (const std::string why = layout_unsupported(k); !why.empty())
         throw DeviceError(ErrorKind::Usage, "dot: " + why);
     const uint32_t rows = problem(k).M;
-    std::optional<DotKey> best;
-    double best_est = 0;
     // Even cuts of the rows, longest first; below R rows a block only adds steps bound by the
     // weight load (as plan_gemm).
     // Blocks of whole tiles where C's tiles or a streamed operand's need them
@@ -2455,27 +2594,42 @@ std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_
     // (DotKey::group_panels).
     const uint32_t per_mxu = ceil_div(ceil_div(problem(k).N, k.C), k.mxus);
     const uint32_t widest = streams_mxu_tiles(k) ? per_mxu : 1;
-    for (uint32_t gp = 1; gp <= widest; ++gp) {
-        k.group_panels = gp;
-        // Only widths that take a group fewer.
-        if (gp > 1 && ceil_div(per_mxu, gp) == ceil_div(per_mxu, gp - 1)) continue;
-        for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
-            k.block_rows = ceil_div(ceil_div(rows, nb), unit) * unit;
-            if (column_blocks) {
-                if (nb > 1) break;
-                k.block_rows = std::max({128u, unit, k.R});
-            }
-            if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
-            if (best && k.block_rows < std::min(rows, k.R)) break;
-            if (dot_vmem_bytes(k) > vmem_bytes) continue;
-            const double est = dot_estimate_cycles(cfg, k);
-            if (!best || est < best_est) {
-                best = k;
-                best_est = est;
+    const auto search = [&](bool one) {
+        k.one_c_buffer = one;
+        std::optional<DotKey> best;
+        double best_est = 0;
+        for (uint32_t gp = 1; gp <= widest; ++gp) {
+            k.group_panels = gp;
+            // Only widths that take a group fewer.
+            if (gp > 1 && ceil_div(per_mxu, gp) == ceil_div(per_mxu, gp - 1)) continue;
+            for (uint32_t nb = 1; nb <= ceil_div(rows, 8); ++nb) {
+                k.block_rows = ceil_div(ceil_div(rows, nb), unit) * unit;
+                if (column_blocks) {
+                    if (nb > 1) break;
+                    k.block_rows = std::max({128u, unit, k.R});
+                }
+                if (k.block_rows > kMaxBlockRows || !blocks_unsupported(k).empty()) continue;
+                if (best && k.block_rows < std::min(rows, k.R)) break;
+                if (dot_vmem_bytes(k) > vmem_bytes) continue;
+                const double est = dot_estimate_cycles(cfg, k);
+                if (!best || est < best_est) {
+                    best = k;
+                    best_est = est;
+                }
             }
         }
-    }
-    return best;
+        return best;
+    };
+    const std::optional<DotKey> two = search(false);
+    if (!shape.one_c_buffer || !one_c_buffer_applies(shape)) return two;
+    // C in one buffer where the VMEM it frees takes fewer blocks: each block costs every held
+    // tile a drain (T + 254 cycles a step), while one buffer costs each group a wait for its
+    // transposes before its first matmuls (a few hundred cycles).
+    const std::optional<DotKey> one = search(true);
+    const auto blocks = [&](const std::optional<DotKey>& x) {
+        return x ? ceil_div(rows, x->block_rows) : ~0u;
+    };
+    return blocks(one) < blocks(two) ? one : two;
 }
 
 namespace {
@@ -2519,6 +2673,8 @@ void check_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const
                 throw b.error("dot: a batch's member: " + why);
         }
     }
+    if (key.one_c_buffer && !batch.period.empty())
+        throw b.error("dot: a batch of dots keeps C in two buffers (one_c_buffer)");
     if (key.accumulate && (!batch.period.empty() || key.stationary != Stationary::Rhs ||
                            key.c != DotLayout::RowMajor || key.store_bf16 || key.c_row ||
                            ops.c.kind != Operand::Kind::Hbm))
@@ -2532,6 +2688,8 @@ void check_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const
 void emit_dot(isa::Builder& b, const DotKey& key, const DotOperands& ops, const Epilogue& epilogue,
               const Prologue& prologue, const DotBatch& batch) {
     check_dot(b, key, ops, epilogue, batch);
+    if (key.one_c_buffer && prologue.streamed)
+        throw b.error("dot: C in one buffer with a prologue on the streamed operand's blocks");
     DotGen(b, key, ops, epilogue, prologue, batch).emit();
 }
 

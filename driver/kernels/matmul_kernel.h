@@ -114,6 +114,14 @@ struct DotKey {
     /// accumulations in the same order; compiler/README.md "Filter gradients over K blocks").
     /// The RHS stationary, C fp32 row-major, one dot (no batch or parts).
     bool accumulate = false;
+    /// C's panels in one buffer instead of two (the LHS stationary, C row-major or in 8 x 128
+    /// tiles, a staged held operand, one dot or merged parts, not a batch, no prologue on the
+    /// streamed operand): a group's result panels are transposed out of C (into the c_trans area
+    /// its epilogue and stores read) before the next group's first matmuls; a prefetched Full
+    /// side takes two panel slots and a weight streamed from its MXU tiles a transposed copy of
+    /// two tiles. For plan_dot the caller's permission: kept only where the VMEM it frees takes
+    /// fewer blocks of streamed rows (compiler/README.md "C in one buffer").
+    bool one_c_buffer = false;
     auto operator<=>(const DotKey&) const = default;
     std::string name() const { return "dot"; }
     friend size_t hash_value(const DotKey& k);
@@ -181,8 +189,9 @@ double dot_estimate_cycles(const hw::BoardConfig& cfg, const DotKey& key);
 /// `shape` (M, K, N, precision, layouts, stationary, sides, store_bf16 set; the rest ignored)
 /// tiled for the board's MXUs: among even cuts of the streamed rows into blocks of at most 4096
 /// whose areas fit in `vmem_bytes` (a composing caller passes Builder::vmem_free()), the one
-/// with the smallest dot_estimate_cycles (ties: fewer blocks). nullopt when even 8 rows do not
-/// fit; throws DeviceError(Usage) with dot_unsupported's reason.
+/// with the smallest dot_estimate_cycles (ties: fewer blocks); with `shape.one_c_buffer` set and
+/// applicable, the plan with C in one buffer where it takes fewer blocks than with two. nullopt
+/// when even 8 rows do not fit; throws DeviceError(Usage) with dot_unsupported's reason.
 std::optional<DotKey> plan_dot(const hw::BoardConfig& cfg, DotKey shape, uint64_t vmem_bytes);
 
 /// Emits the dot for `key` into `b` (driver/README.md "The fused dot kernel"): resources from

@@ -23,8 +23,10 @@ using test::expect_linears_of_one_input_bit_exact;
 using test::randoms;
 using test::Record;
 
-/// y = x W^T + b + r, the attention's output projection and fc_2's form.
-void expect_linear_residual_bit_exact(int64_t M, int64_t K, int64_t N, uint32_t seed) {
+/// y = x W^T + b + r, the attention's output projection and fc_2's form (`sets`: more config
+/// overrides).
+void expect_linear_residual_bit_exact(int64_t M, int64_t K, int64_t N, uint32_t seed,
+                                      std::vector<std::string> sets = {}) {
     const Shape xs{DType::F32, {M, K}}, ws{DType::F32, {N, K}}, bs{DType::F32, {N}},
         rs{DType::F32, {M, N}};
     const Record record = [](Graph& g, const std::vector<ValueId>& v) {
@@ -34,7 +36,7 @@ void expect_linear_residual_bit_exact(int64_t M, int64_t K, int64_t N, uint32_t 
                       {"w", ws, {randoms(size_t(N * K), seed + 1)}, true},
                       {"b", bs, {randoms(size_t(N), seed + 2)}, true},
                       {"r", rs, {randoms(size_t(M * N), seed + 3)}}},
-                     record);
+                     record, {0}, std::move(sets));
 }
 
 TEST(CompilerDot2dDevice, TheOutProjectionsResidualLoadedDuringItsGroupBitExact) {
@@ -76,6 +78,26 @@ TEST(CompilerDot2dDevice, TwoPartsOfSeveralBlocksBitExact) {
     // 256 x 256 x 1536 twice: each part several blocks and groups, part 1's first block's
     // loads beside part 0's last stores.
     expect_linears_of_one_input_bit_exact(256, 256, 1536, 2, 71, 72, 82);
+}
+
+// C in one buffer (DotKey::one_c_buffer, compiler/README.md "C in one buffer"): K = 2048 with
+// 8 MiB of VMEM, as BERT 2048's dots with 16: two buffers of C (or the block's K bf16 panels of
+// the streamed weight kept for a second group) leave room for blocks of half the streamed rows
+// only, one buffer for all of them, so the planner takes one.
+
+TEST(CompilerDot2dDevice, MergedPartsWithCInOneBufferBitExact) {
+    // 3 parts of 512 x 2048 x 1024 + bias: one block of 1 024 streamed rows a part (two of 512
+    // with two buffers), each part's panels transposed out of C before the next part's first
+    // matmuls.
+    expect_linears_of_one_input_bit_exact(512, 2048, 1024, 3, 111, 112, 122,
+                                          {"core.vmem_bytes=8388608"});
+}
+
+TEST(CompilerDot2dDevice, AResidualWithCInOneBufferBitExact) {
+    // 512 x 2048 x 768 + bias + residual: one block of 768 streamed rows (two of 384 with two
+    // buffers), the residual's panels 0 and 1 prefetched into its two slots, 2 and 3 into the
+    // streamed weight's staging slots after the last steps' conversions.
+    expect_linear_residual_bit_exact(512, 2048, 768, 131, {"core.vmem_bytes=8388608"});
 }
 
 }  // namespace

@@ -95,10 +95,12 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
 }
 
 /// Runs on the device (race detector on) and on the host evaluator; expects equal bits and
-/// one launch (no host fallback). Returns the backend's stats.
+/// one launch (no host fallback). Returns the backend's stats. `sets`: more config overrides.
 inline DeviceBackendStats expect_bit_exact(const std::vector<Leaf>& leaves, const Record& record,
-                                           std::vector<uint32_t> cores = {0}) {
-    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+                                           std::vector<uint32_t> cores = {0},
+                                           std::vector<std::string> sets = {}) {
+    sets.push_back("sim.race_detector=true");
+    const auto cfg = hw::BoardConfig::load("", sets);
     auto dev = driver::Device::open(cfg);
     CodegenOptions cg;
     cg.board = cfg;
@@ -140,10 +142,10 @@ inline DeviceBackendStats probe(const std::vector<Leaf>& leaves, const Record& r
 /// `parts` linears of one input x [M, K] (weights [N, K] from seeds `w_seed` + i, biases [N]
 /// from `b_seed` + i), which dot_merger merges into one dot of the concatenated weights, run on
 /// the device (race detector on) and on the evaluator: the same bits for every part, one launch,
-/// no host fallback.
+/// no host fallback. `sets`: more config overrides.
 inline void expect_linears_of_one_input_bit_exact(int64_t M, int64_t K, int64_t N, uint32_t parts,
-                                                  uint32_t x_seed, uint32_t w_seed,
-                                                  uint32_t b_seed) {
+                                                  uint32_t x_seed, uint32_t w_seed, uint32_t b_seed,
+                                                  std::vector<std::string> sets = {}) {
     const Shape xs{DType::F32, {M, K}}, ws{DType::F32, {N, K}}, bs{DType::F32, {N}};
     const auto run_parts = [&](Backend& backend) {
         LazyContext ctx(backend);
@@ -161,7 +163,8 @@ inline void expect_linears_of_one_input_bit_exact(int64_t M, int64_t K, int64_t 
         for (const LazyTensor& t : outs) got.push_back(ctx.to_host(t));
         return got;
     };
-    const auto cfg = hw::BoardConfig::load("", {"sim.race_detector=true"});
+    sets.push_back("sim.race_detector=true");
+    const auto cfg = hw::BoardConfig::load("", sets);
     auto dev = driver::Device::open(cfg);
     CodegenOptions cg;
     cg.board = cfg;

@@ -139,8 +139,11 @@ struct Case {
     DotLayout a = DotLayout::RowMajor, w = DotLayout::RowMajor, c = DotLayout::RowMajor;
     Stationary stationary = Stationary::Rhs;
     Fusion f;
-    uint32_t block_rows = 0;  ///< 0: plan_dot's
+    uint32_t block_rows = 0;    ///< 0: plan_dot's
     uint32_t group_panels = 0;  ///< column panels per MXU in a group (0: plan_dot's)
+    /// C in one buffer, the Full sides prefetched and each panel's epilogue after a step of its
+    /// own (DotKey::one_c_buffer, prefetch_sides, overlap_epilogue: the compiler's 2-D dots).
+    bool one_c_buffer = false;
 };
 
 std::string describe(const Case& t, const DotKey& k) {
@@ -227,7 +230,12 @@ void run_case(Device& device, const Case& t, uint32_t seed) {
     DotKey k = *planned;
     if (t.block_rows) k.block_rows = t.block_rows;
     if (t.group_panels) k.group_panels = t.group_panels;
-    SCOPED_TRACE(describe(t, k));
+    if (t.one_c_buffer) {
+        k.one_c_buffer = true;
+        k.prefetch_sides = k.full_sides > 0;
+        k.overlap_epilogue = true;
+    }
+    SCOPED_TRACE(describe(t, k) + (t.one_c_buffer ? " one C buffer" : ""));
     const auto a = random_values(size_t(t.M) * t.K, seed, -2.0f, 2.0f);
     const auto w = random_values(size_t(t.K) * t.N, seed + 1, -2.0f, 2.0f);
     const auto bias = random_values(t.N, seed + 2, -2.0f, 2.0f);
@@ -896,6 +904,119 @@ TEST(DotKernel, TheLastGroupIsStoredInTwoPiecesBitExact) {
     uint32_t seed = 311;
     auto dev = open_checked();
     for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, CInOneBufferBitExact) {
+    // DotKey::one_c_buffer (LHS stationary): each group's panels are transposed out of C before
+    // the next group's first matmuls overwrite it, and with a prefetched residual its tiles sit
+    // in two panel slots, panel m + 2's loaded once panel m's epilogue is done (the last block's
+    // panels 2 and 3 into the streamed operand's staging slots). Several groups
+    // (the pending group a middle and a last one), ragged blocks, a flush in one piece (3 K
+    // steps) and split over steps (5), the end's flush, C row-major and in 8 x 128 tiles, fp32
+    // passes, a bf16 C, a weight streamed from its MXU tiles.
+    const std::vector<Case> cases = {
+        {.M = 520,
+         .K = 384,
+         .N = 700,
+         .precision = Precision::Bf16,
+         .w = DotLayout::Tiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 256,
+         .group_panels = 2,
+         .one_c_buffer = true},
+        {.M = 512,
+         .K = 640,
+         .N = 768,
+         .precision = Precision::Bf16,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::VpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 256,
+         .group_panels = 2,
+         .one_c_buffer = true},
+        {.M = 256,
+         .K = 256,
+         .N = 300,
+         .precision = Precision::Fp32Pass3,
+         .stationary = Stationary::Lhs,
+         .f = kAllBf16,
+         .block_rows = 128,
+         .group_panels = 1,
+         .one_c_buffer = true},
+        {.M = 384,
+         .K = 256,
+         .N = 1000,
+         .precision = Precision::Bf16,
+         .w = DotLayout::Tiles,
+         .stationary = Stationary::Lhs,
+         .f = kBiasRelu,
+         .block_rows = 384,
+         .group_panels = 1,
+         .one_c_buffer = true},
+        // One group a block: the last block's panels 2 and 3 of the residual in the streamed
+        // operand's staging slots (one block, its first step in halves; three, a ragged last).
+        {.M = 512,
+         .K = 384,
+         .N = 256,
+         .precision = Precision::Bf16,
+         .a = DotLayout::VpuTiles,
+         .w = DotLayout::Tiles,
+         .c = DotLayout::VpuTiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 256,
+         .group_panels = 2,
+         .one_c_buffer = true},
+        {.M = 512,
+         .K = 384,
+         .N = 700,
+         .precision = Precision::Bf16,
+         .w = DotLayout::Tiles,
+         .stationary = Stationary::Lhs,
+         .f = kAll,
+         .block_rows = 256,
+         .group_panels = 2,
+         .one_c_buffer = true},
+    };
+    uint32_t seed = 511;
+    auto dev = open_checked();
+    for (const Case& t : cases) run_case(*dev, t, seed += 10);
+}
+
+TEST(DotKernel, ThePlannerKeepsCInOneBufferWhereItTakesFewerBlocks) {
+    // BERT-large's projection part (512 x 2048 x 2048, weight streamed from its MXU tiles, the
+    // activations in 8 x 128 tiles, a bias): with C in two buffers a block of 2 048 streamed rows
+    // does not fit in VMEM (C twice, its transposed copy, the staged panel: about 8 KiB a row),
+    // so the planner cuts two blocks of 1 024 and each held tile pays two drains; with one
+    // buffer the whole 2 048 rows fit in one block. BERT-base's (768) is one block either way,
+    // so it keeps two buffers (one costs each group a wait for its transposes).
+    const auto cfg = hw::BoardConfig::load("", {});
+    DotKey shape{.M = 512,
+                 .K = 2048,
+                 .N = 2048,
+                 .a = DotLayout::VpuTiles,
+                 .w = DotLayout::Tiles,
+                 .c = DotLayout::VpuTiles,
+                 .stationary = Stationary::Lhs,
+                 .column_sides = 1};
+    const auto two = plan_dot(cfg, shape, cfg.core.vmem_bytes);
+    ASSERT_TRUE(two);
+    EXPECT_FALSE(two->one_c_buffer);
+    EXPECT_EQ(two->block_rows, 1024u);
+    shape.one_c_buffer = true;
+    const auto one = plan_dot(cfg, shape, cfg.core.vmem_bytes);
+    ASSERT_TRUE(one);
+    EXPECT_TRUE(one->one_c_buffer);
+    EXPECT_EQ(one->block_rows, 2048u);
+    EXPECT_LE(dot_vmem_bytes(*one), cfg.core.vmem_bytes);
+    shape.K = shape.N = 768;
+    const auto base = plan_dot(cfg, shape, cfg.core.vmem_bytes);
+    ASSERT_TRUE(base);
+    EXPECT_FALSE(base->one_c_buffer);
+    EXPECT_EQ(base->block_rows, 768u);
 }
 
 TEST(DotKernel, TheFirstStepRunsInTwoHalvesBitExact) {
