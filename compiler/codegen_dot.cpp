@@ -1161,12 +1161,21 @@ struct DotReduction {
     bool lhs = false;       ///< 2-D: the LHS stationary (each tile a panel of rows, one block)
     int64_t B = 1;          ///< batches (matrices)
     int64_t M = 0, N = 0, Q = 0;  ///< a matrix's dims; Q results a batch
-    /// VMEM beside the kernel: each out's B Q results, the 8 x 128 partials, a row of chunk
-    /// results, a tile a step (and, LHS stationary, for the transposed tile).
+    /// A step's area: a tile, or with the LHS stationary a slab of at most 128 KiB of it (the
+    /// tile is taken as rows of 128 values, a slab at a time).
+    uint64_t step_bytes(uint64_t tile_bytes) const {
+        return lhs ? std::min<uint64_t>(tile_bytes, 128 << 10) : tile_bytes;
+    }
+    /// A row of chunk results: a matrix's rows or columns, or a tile's chunks (its bytes / 128).
+    uint64_t chunk_bytes(uint64_t tile_bytes) const {
+        return std::max<uint64_t>(uint64_t(std::max(M, N)) * 4, tile_bytes / 128);
+    }
+    /// VMEM beside the kernel: each out's B Q results, the 8 x 128 partials, two rows of chunk
+    /// results, a tile a step.
     uint64_t vmem_bytes(uint64_t tile_bytes) const {
         const auto up = [](uint64_t x) { return (x + 511) / 512 * 512; };
         return outs.size() * up(uint64_t(B * Q * 4)) + up(8 * 128 * 4) +
-               up(uint64_t(std::max(M, N)) * 4) + (steps.size() + (lhs ? 1 : 0)) * up(tile_bytes);
+               2 * up(chunk_bytes(tile_bytes)) + steps.size() * up(step_bytes(tile_bytes));
     }
 };
 
@@ -1175,8 +1184,8 @@ namespace {
 /// A dot reduction's VMEM and the scalar word counting the batches it has finished.
 struct ReductionVmem {
     std::vector<isa::Vmem> rows;  ///< per out: its B Q results
-    isa::Vmem partials, chunk;
-    std::vector<isa::Vmem> steps;  ///< a tile per step, then (LHS stationary) the transposed tile
+    isa::Vmem partials, chunk, chunk_t;
+    std::vector<isa::Vmem> steps;  ///< a tile per step
     isa::Smem batch;
 };
 
@@ -1399,26 +1408,35 @@ void emit_reduction_tile(driver::EpilogueTile& t, const DotReduction& r, const R
     if (!r.batched) {
         const int64_t chunk_count = (r.N + 127) / 128;
         if (r.lhs) {
-            // The tile is a panel of 128 rows x the block's columns (all of C's): transposed,
-            // each chunk of 128 columns is 128 rows whose sums down each column (`v.csum`, in
-            // row order from 0, as `v.rsum` along a row) are the panel rows' chunk results.
-            // A block of every column, or each block a whole number of chunks (N a multiple of
-            // the block: plan_dot_reduction), whose results add up in column order.
-            const int64_t T = t.cols(), pr = 128, cols = std::min<int64_t>(T, r.N);
-            const int64_t tile_chunks = (cols + 127) / 128;
-            const auto at = emit_reduction_steps(vpu, r, v, t.out(), imm(pr * T));
-            const isa::Arg tt = v.steps.back().at(0), chunk = v.chunk.at(0);
+            // The tile is a panel of 128 rows x the block's T columns (every column of C, or
+            // blocks of whole chunks that divide them: plan_dot_reduction). Taken as 128 T / 128
+            // rows of 128 values, `v.rsum` gives every chunk result, row r's chunk k at
+            // r T / 128 + k (the steps a slab of those rows at a time); transposed, chunk k's
+            // results are a row of 128, added in column order to the results (from the
+            // identity; one chunk in all: they are the results).
+            const int64_t T = t.cols(), pr = 128, NC = T / 128, view = pr * NC;
+            const int64_t tile_chunks = std::min<int64_t>(T, r.N) / 128;
+            const int64_t slab = v.steps.empty() ? view : int64_t(v.steps[0].bytes() / 512);
+            const isa::Arg chunk = v.chunk.at(0), chunk_t = v.chunk_t.at(0);
             const isa::Reg row4 = b.reg("reduce.row4");
             t.row4(row4);
             for (size_t i = 0; i < r.outs.size(); ++i) {
+                const DotReduction::Out& o = r.outs[i];
                 const isa::Arg res = row4 + int64_t(v.rows[i].addr());
-                vpu(Opcode::VTrans, {tt, at[size_t(r.outs[i].value)], imm(pr), imm(T)});
-                for (int64_t k = 0; k < tile_chunks; ++k) {
-                    const int64_t kr = std::min<int64_t>(128, cols - k * 128);
-                    vpu(Opcode::VCSum,
-                        {chunk_count == 1 ? res : chunk, tt + k * 128 * pr * 4, imm(kr), imm(pr)});
-                    if (chunk_count > 1) vpu(Opcode::VAdd, {res, res, chunk, imm(pr)});
+                for (int64_t s0 = 0; s0 < view; s0 += o.value ? slab : view) {
+                    const int64_t rows = std::min(view - s0, o.value ? slab : view);
+                    const auto at = o.value ? emit_reduction_steps(vpu, r, v, t.out() + s0 * 512,
+                                                                   imm(rows * 128))
+                                            : std::vector<isa::Arg>{t.out()};
+                    vpu(chunks(o.max), {chunk + s0 * 4, at[size_t(o.value)], imm(rows), imm(128)});
                 }
+                vpu(Opcode::VTrans, {chunk_t, chunk, imm(pr), imm(NC)});
+                if (chunk_count == 1) {  // x + -0.0 is x, signed zeros included
+                    vpu(Opcode::VAddS, {res, chunk_t, fimm(-0.0f), imm(pr)});
+                    continue;
+                }
+                for (int64_t k = 0; k < tile_chunks; ++k)
+                    vpu(fold(o.max), {res, res, chunk_t + k * pr * 4, imm(pr)});
             }
             return;
         }
@@ -1483,9 +1501,10 @@ ReductionVmem reduction_vmem(isa::Builder& b, const DotReduction& r, uint64_t ti
     for (size_t i = 0; i < r.outs.size(); ++i)
         v.rows.push_back(b.vmem(fmt::format("reduce.rows{}", i), uint64_t(r.B * r.Q * 4), 512));
     v.partials = b.vmem("reduce.partials", 8 * 128 * 4, 512);
-    v.chunk = b.vmem("reduce.chunk", uint64_t(std::max(r.M, r.N)) * 4, 512);
-    for (size_t i = 0; i < r.steps.size() + (r.lhs ? 1 : 0); ++i)
-        v.steps.push_back(b.vmem(fmt::format("reduce.step{}", i), tile_bytes, 512));
+    v.chunk = b.vmem("reduce.chunk", r.chunk_bytes(tile_bytes), 512);
+    v.chunk_t = b.vmem("reduce.chunk_t", r.chunk_bytes(tile_bytes), 512);
+    for (size_t i = 0; i < r.steps.size(); ++i)
+        v.steps.push_back(b.vmem(fmt::format("reduce.step{}", i), r.step_bytes(tile_bytes), 512));
     v.batch = b.smem("reduce.batch", 1);
     const isa::Reg zero = b.reg("reduce.zero");
     b.emit(Opcode::Li, {zero, imm(0)});
@@ -2012,15 +2031,12 @@ bool plan_dot_reduction(const Graph& g, const DotReductionSplit& split,
             if (lhs || k.block_rows < r->M || group < uint64_t(r->N) || (r->over_rows && r->M % 8))
                 return false;
         } else {
-            // Over the columns; with the LHS stationary panels of 128 whole rows and one block
-            // of every column or blocks of whole chunks that divide the columns, sums only
-            // (`v.csum`).
+            // Over the columns; with the LHS stationary panels of 128 whole rows, whole chunks,
+            // and one block of every column or blocks that divide them.
             if (r->over_rows) return false;
-            if (lhs && (r->M % 128 ||
-                        (k.block_rows < r->N && (r->N % k.block_rows || k.block_rows % 128))))
+            if (lhs && (r->M % 128 || r->N % 128 || k.block_rows % 128 ||
+                        (k.block_rows < r->N && r->N % k.block_rows)))
                 return false;
-            for (const DotReduction::Out& o : r->outs)
-                if (lhs && o.max) return false;
             r->lhs = lhs;
         }
         const uint64_t pro = p.prologue ? p.prologue->vmem_bytes(board) : 0;

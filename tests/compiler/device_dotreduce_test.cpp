@@ -166,14 +166,26 @@ TEST(CompilerDotReduceDevice, OnePanelAndAPassAfterTheKernelAreBitExact) {
 
 TEST(CompilerDotReduceDevice, ALayerNormsSumsInItsProjectionAreBitExact) {
     // BERT-base's out projection (512 x 768 x 768: the LHS stationary, one block of all 768
-    // columns, six chunks down each transposed panel), a narrow one (one chunk), BERT-xlarge's
-    // (2048 columns in two blocks of 1024, each block's chunks added in column order), and
-    // one whose RHS is stationary (each block's tiles' sums added at their rows).
+    // columns, six chunk results a row), a narrow one (one chunk), BERT-xlarge's (2048
+    // columns, in pieces of the block, each piece's chunks added in column order), and one
+    // whose RHS is stationary (each block's tiles' sums added at their rows).
     const Record record = projected_layer_norm;
     expect_bit_exact(projection_leaves(512, 768), record);
     expect_bit_exact(projection_leaves(256, 128), record);
     expect_bit_exact(projection_leaves(512, 2048), record);
     expect_bit_exact(projection_leaves(8192, 256), record);
+    // BERT-xlarge's out projection proper: it reads the attention's [H, d, S] output merged to
+    // [S, H d] through a transpose (one block of 2048 columns whose epilogue runs in pieces of
+    // the columns, each piece's chunk results added in column order).
+    const Record merged = [](Graph& g, const std::vector<ValueId>& v) {
+        const ValueId a = reshape(g, transpose(g, v[5], {2, 0, 1}), {512, 2048});
+        const ValueId h = add(g, linear(g, a, v[1], v[2]), v[0]);
+        return layer_norm(g, h, v[3], v[4], 1e-5).y;
+    };
+    std::vector<Leaf> leaves = projection_leaves(512, 2048);
+    leaves.push_back(
+        {"heads", Shape{DType::F32, {16, 128, 512}}, {randoms(size_t(16 * 128 * 512), 26)}});
+    expect_bit_exact(leaves, merged);
 }
 
 TEST(CompilerDotReduce, TheAttentionsMaxCostsNoPassOfItsOwn) {
