@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "compiler/codegen_internal.h"
 #include "compiler/fusion.h"
 #include "compiler/stages.h"
 
@@ -118,6 +119,23 @@ std::string CompiledStep::to_string() const {
     return s;
 }
 
+namespace {
+
+/// The layers whose ops a fusion computes, in first-use order (literals and broadcasts are shared
+/// constants, not a layer's work).
+std::vector<std::string> layers_of(const Graph& g, const std::vector<OpId>& ops) {
+    std::vector<std::string> out;
+    for (OpId id : ops) {
+        const OpKind k = g.op(id).kind;
+        if (k == OpKind::Literal || k == OpKind::Broadcast) continue;
+        const std::string& n = g.op(id).name;
+        if (!n.empty() && std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+    }
+    return out;
+}
+
+}  // namespace
+
 CompiledStep compile(const Graph& graph, const CompileOptions& options) {
     const auto t0 = std::chrono::steady_clock::now();
     CompiledStep step;
@@ -147,19 +165,31 @@ CompiledStep compile(const Graph& graph, const CompileOptions& options) {
             f.operands.push_back(FusionValue{v, step.graph.shape(v), {}, {}});
         for (ValueId v : grp.results)
             f.results.push_back(FusionValue{v, step.graph.shape(v), {}, {}});
-        for (OpId id : f.ops) {
-            // Literals and broadcasts are shared constants, not a layer's work.
-            const OpKind k = step.graph.op(id).kind;
-            if (k == OpKind::Literal || k == OpKind::Broadcast) continue;
-            const std::string& n = step.graph.op(id).name;
-            if (!n.empty() && std::find(f.layers.begin(), f.layers.end(), n) == f.layers.end())
-                f.layers.push_back(n);
-        }
+        f.layers = layers_of(step.graph, f.ops);
         step.fusions.push_back(std::move(f));
     }
     // (5)-(7).
     detail::plan_dots(step, options);
     detail::assign_layouts(step, options);
+    // A reduction merged into a dot's fusion that the code generator does not cover stays a
+    // fusion of its own: on the host (a fallback) there is no kernel to compute it as it stores
+    // the result, and its result would cross the host link besides the dot's.
+    for (size_t i = 0; i < step.fusions.size(); ++i) {
+        const auto split = gen::split_dot_reduction(step.graph, step.fusions[i]);
+        if (!split) continue;
+        try {
+            (void)gen::plan_dot_fusion(step.graph, split->core, options.board);
+        } catch (const NotYetGenerated&) {
+            Fusion core = split->core, pass = split->pass;
+            core.layers = layers_of(step.graph, core.ops);
+            pass.layers = layers_of(step.graph, pass.ops);
+            step.fusions[i] = std::move(core);
+            step.fusions.insert(step.fusions.begin() + std::ptrdiff_t(i) + 1, std::move(pass));
+            for (size_t k = i; k < step.fusions.size(); ++k)
+                step.fusions[k].name = fmt::format("fusion.{}", k);
+            ++i;
+        }
+    }
     detail::plan_convolution_scratch(step, options);
     detail::assign_buffers(step, options);
     step.compile_seconds =

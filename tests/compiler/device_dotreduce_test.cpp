@@ -112,6 +112,33 @@ TEST(CompilerFusion, AReductionOfADotsResultJoinsTheDotsFusion) {
               (std::vector<std::string>{"output dot+reduce", "loop"}));
 }
 
+TEST(CompilerFusion, AReductionStaysApartFromADotTheCodeGeneratorDoesNotCover) {
+    // ViT's heads at batch 2: sequences of 17 tokens in [B S, H d] projections, split over two
+    // batch dims, which the dot emitter does not read (a host fallback). The max stays a fusion
+    // of its own, so that it runs on the device and only the scores cross the host link.
+    const auto step = [](int64_t seq) {
+        Graph g;
+        const Shape ps{DType::F32, {2 * seq, 192}};
+        const auto heads = [&](ValueId x) {
+            return transpose(g, reshape(g, x, {2, seq, 3, 64}), {0, 2, 1, 3});
+        };
+        DotDims dd;
+        dd.lhs_batch = dd.rhs_batch = {0, 1};
+        dd.lhs_contracting = dd.rhs_contracting = {3};
+        const ValueId s = dot(g, heads(g.input(ps, "q")), heads(g.input(ps, "k")), dd);
+        const ValueId m = reduce(g, s, {3}, Reducer::Max);
+        g.add_output(sub(g, s, broadcast(g, m, g.shape(s).dims, {0, 1, 2})), "y");
+        return compile(g);
+    };
+    const CompiledStep st = step(17);
+    EXPECT_EQ(kinds(st), (std::vector<std::string>{"output dot", "input reduce", "loop"}))
+        << st.summary();
+    EXPECT_EQ(st.fusions[1].name, "fusion.1");
+    EXPECT_EQ(st.fusions[2].name, "fusion.2");
+    // Sequences of 16 (whole bands of 8 rows): the dot is generated and computes the max.
+    EXPECT_EQ(kinds(step(16)), (std::vector<std::string>{"output dot+reduce", "loop"}));
+}
+
 /// A layer norm after a projection with a residual, `layer_norm(x W^T + b + x)` (BERT's
 /// out-projection and ffn2): x [M, K], W [N, K] with N = K.
 ValueId projected_layer_norm(Graph& g, const std::vector<ValueId>& v) {
