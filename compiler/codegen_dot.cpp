@@ -25,6 +25,45 @@
 namespace tpu::compiler::gen {
 namespace {
 
+/// An elementwise op of a whole tile `x` and a literal `c` (`x op c`, or `c op x` when not
+/// `x_first`: Add, Mul and Max only) in the VPU's scalar forms, into `dst`: x - c is x + (-c) in
+/// IEEE arithmetic, and x / c (c finite and not 0) is vpu_divide's factor folded at compile
+/// time, x * vpu_reciprocal(c), negated where 0 > c: the same fp32 products as the VPU's
+/// nine-instruction sequence, in one (attention's 1 / sqrt(d)). False, and nothing emitted,
+/// for any other op or divisor. The epilogue, the prologue and the reductions' steps all use it.
+template <class Vpu>
+bool emit_literal_op(Vpu&& vpu, OpKind kind, const isa::Arg& dst, const isa::Arg& x, float c,
+                     const isa::Arg& n, bool x_first = true) {
+    switch (kind) {
+        case OpKind::Add:
+            vpu(Opcode::VAddS, {dst, x, fimm(c), n});
+            return true;
+        case OpKind::Mul:
+            vpu(Opcode::VMulS, {dst, x, fimm(c), n});
+            return true;
+        case OpKind::Max:
+            vpu(Opcode::VMaxS, {dst, x, fimm(c), n});
+            return true;
+        case OpKind::Sub:
+            if (!x_first) return false;
+            vpu(Opcode::VAddS, {dst, x, fimm(-c), n});
+            return true;
+        case OpKind::Div:
+            if (!x_first || !std::isfinite(c) || c == 0.0f) return false;
+            vpu(Opcode::VMulS, {dst, x, fimm(vpu_reciprocal(c)), n});
+            if (0.0f > c) vpu(Opcode::VMulS, {dst, dst, fimm(-1.0f), n});
+            return true;
+        default:
+            return false;
+    }
+}
+
+/// Whether emit_literal_op emits `x op c` (or `c op x`).
+bool literal_op_lowered(OpKind kind, float c, bool x_first) {
+    return emit_literal_op([](Opcode, std::initializer_list<isa::Arg>) {}, kind, imm(0), imm(0), c,
+                           imm(0), x_first);
+}
+
 namespace st = driver::streaming;
 
 /// Bytes of one epilogue area: the largest result tile of `k` (block_rows x C fp32; with the
@@ -1134,7 +1173,7 @@ DotFusion plan_one(const Graph& g, const Fusion& f, const hw::BoardConfig& board
 /// README.md, "Reductions in a dot's fusion"; plan_dot_reduction), in the evaluator's order (the
 /// stream kernel's): over the rows, row i into partial i mod 8, each from the identity in row
 /// order, then the 8 partials in order; over the columns, each 128-lane chunk from the identity
-/// (`v.rsum` / `v.rmax`, or `v.csum` down a transposed tile), then the chunks' results in order.
+/// (`v.rsum` / `v.rmax`), then the chunks' results in order.
 /// A batched dot runs each batch's matrix as one block and one column group (a scalar word counts
 /// the batches); a 2-D dot reduces over its columns, each tile's results added at its rows.
 struct DotReduction {
@@ -1142,6 +1181,7 @@ struct DotReduction {
     /// k - 1's); a literal `scalar` in `b`'s place when `literal`, no `b` when `unary`.
     struct Step {
         OpKind kind = OpKind::Mul;
+        Comparison comparison = Comparison::Gt;  ///< Compare: > or <
         int a = 0, b = 0;
         bool unary = false, literal = false;
         float scalar = 0;
@@ -1196,6 +1236,37 @@ struct PrologueVmem {
     uint64_t tile = 0;
 };
 
+/// Moves B rows of Q fp32 values between VMEM (`[B][Q]` row-major at `vmem`) and an array in HBM
+/// at `hbm` (`load`: into VMEM, else out of it): row-major in one DMA, or (`tiled`) [H, Q]
+/// matrices in T(8,128) tiles one after another, one DMA per tile of 8 rows.
+void move_vectors(isa::CountedFlag& flag, bool load, uint64_t vmem, const isa::Reg& hbm, int64_t B,
+                  int64_t Q, bool tiled, int64_t H) {
+    if (!tiled) {
+        const isa::Arg n = imm(B * Q * 4);
+        if (load)
+            flag.issue(Opcode::DmaHv, {imm(int64_t(vmem)), hbm + 0, imm(1), n, n, n});
+        else
+            flag.issue(Opcode::DmaVh, {hbm + 0, imm(int64_t(vmem)), imm(1), n, n, n});
+        return;
+    }
+    const int64_t QT = (Q + 127) / 128;
+    for (int64_t outer = 0; outer * H < B; ++outer)
+        for (int64_t band = 0; band * 8 < H; ++band)
+            for (int64_t t = 0; t < QT; ++t) {
+                const int64_t rows = std::min<int64_t>(8, H - band * 8),
+                              vals = std::min<int64_t>(128, Q - t * 128);
+                const isa::Arg h =
+                    hbm + (int64_t(outer * tiled_bytes(H, Q)) + (band * QT + t) * 4096);
+                const isa::Arg v = imm(int64_t(vmem) + ((outer * H + band * 8) * Q + t * 128) * 4);
+                if (load)
+                    flag.issue(Opcode::DmaHv,
+                               {v, h, imm(rows), imm(vals * 4), imm(Q * 4), imm(512)});
+                else
+                    flag.issue(Opcode::DmaVh,
+                               {h, v, imm(rows), imm(vals * 4), imm(512), imm(Q * 4)});
+            }
+}
+
 /// Loads the prologue's vectors whole into VMEM (a T(8,128) [B, Q] array one DMA per tile of
 /// 8 rows, its rows placed Q values apart) and computes what its steps need besides: `-v`
 /// (exact) and the divide's factor `r = rsqrt(max(v, -v))^2`, negated where `0 > v`, so that
@@ -1219,26 +1290,13 @@ PrologueVmem load_prologue(isa::Builder& b, const DotPrologue& pro,
         m.held.push_back(b.vmem("prologue.tile", tile_bytes, 512));
         m.tile = m.held.back().addr();
     }
-    const int64_t B = pro.B, Q = pro.Q, QT = (Q + 127) / 128;
+    const int64_t B = pro.B, Q = pro.Q;
     {
         isa::CountedFlag loads(b, "prologue.loads");
         for (size_t i = 0; i < pro.vectors.size(); ++i) {
             const isa::Reg r = b.reg("prologue.vector");
             load(r, pro.vectors[i]->buffer);
-            if (!pro.tiled[i]) {
-                loads.issue(Opcode::DmaHv, {imm(int64_t(m.base[i])), r, imm(1), imm(B * Q * 4),
-                                            imm(B * Q * 4), imm(B * Q * 4)});
-                continue;
-            }
-            for (int64_t band = 0; band * 8 < B; ++band)
-                for (int64_t t = 0; t < QT; ++t) {
-                    const int64_t rows = std::min<int64_t>(8, B - band * 8),
-                                  vals = std::min<int64_t>(128, Q - t * 128);
-                    loads.issue(Opcode::DmaHv,
-                                {imm(int64_t(m.base[i]) + (band * 8 * Q + t * 128) * 4),
-                                 r + (band * QT + t) * 4096, imm(rows), imm(vals * 4), imm(Q * 4),
-                                 imm(512)});
-                }
+            move_vectors(loads, true, m.base[i], r, B, Q, pro.tiled[i], B);
         }
         loads.wait_all();
     }
@@ -1299,11 +1357,8 @@ void emit_prologue_tile(const driver::PrologueTile& t, const DotPrologue& pro,
             continue;
         }
         if (st.other == Other::Scalar) {
-            if (st.kind == OpKind::Mul)
-                t.vpu(Opcode::VMulS, {x, x, fimm(st.scalar), n});
-            else
-                t.vpu(Opcode::VAddS,
-                      {x, x, fimm(st.kind == OpKind::Sub ? -st.scalar : st.scalar), n});
+            if (!emit_literal_op(t.vpu, st.kind, x, x, st.scalar, n))
+                throw CompileError(fmt::format("prologue op {} of a literal", op_name(st.kind)));
             continue;
         }
         const size_t i = st.vector;
@@ -1354,32 +1409,16 @@ std::vector<isa::Arg> emit_reduction_steps(
         at.push_back(dst);
         if (st.unary) {
             emit_elementwise(
-                vpu, st.kind, Comparison::Gt, dst, [&](size_t) { return x; }, count);
+                vpu, st.kind, st.comparison, dst, [&](size_t) { return x; }, count);
             continue;
         }
         if (!st.literal) {
             const isa::Arg y = at[size_t(st.b)];
             emit_elementwise(
-                vpu, st.kind, Comparison::Gt, dst, [&](size_t k) { return k ? y : x; }, count);
+                vpu, st.kind, st.comparison, dst, [&](size_t k) { return k ? y : x; }, count);
             continue;
         }
-        switch (st.kind) {
-            case OpKind::Add:
-                vpu(Opcode::VAddS, {dst, x, fimm(st.scalar), count});
-                break;
-            case OpKind::Sub:  // x - c is x + (-c) in IEEE arithmetic
-                vpu(Opcode::VAddS, {dst, x, fimm(-st.scalar), count});
-                break;
-            case OpKind::Mul:
-                vpu(Opcode::VMulS, {dst, x, fimm(st.scalar), count});
-                break;
-            case OpKind::Max:
-                vpu(Opcode::VMaxS, {dst, x, fimm(st.scalar), count});
-                break;
-            default:  // Div by a finite non-zero literal: vpu_divide's factor, as the epilogue
-                vpu(Opcode::VMulS, {dst, x, fimm(vpu_reciprocal(st.scalar)), count});
-                if (0.0f > st.scalar) vpu(Opcode::VMulS, {dst, dst, fimm(-1.0f), count});
-        }
+        emit_literal_op(vpu, st.kind, dst, x, st.scalar, count);
     }
     return at;
 }
@@ -1521,34 +1560,15 @@ ReductionVmem reduction_vmem(isa::Builder& b, const DotReduction& r, uint64_t ti
     return v;
 }
 
-/// Stores each out's results (in VMEM, [B][Q]) to its result, after the kernels: row-major in
-/// one DMA, or in T(8,128) tiles of [H, Q] matrices one DMA per tile of 8 rows.
+/// Stores each out's results (in VMEM, [B][Q]) to its result, after the kernels (move_vectors).
 void store_reduction(isa::Builder& b, const DotReduction& r, const ReductionVmem& v,
                      const std::function<void(const isa::Reg&, const BufferRef&)>& load) {
     isa::CountedFlag stores(b, "reduce.stores");
-    const int64_t Q = r.Q;
     for (size_t i = 0; i < r.outs.size(); ++i) {
         const DotReduction::Out& o = r.outs[i];
         const isa::Reg dst = b.reg("reduce.result");
         load(dst, o.result->buffer);
-        if (!o.tiled) {
-            stores.issue(Opcode::DmaVh, {dst + 0, v.rows[i].at(0), imm(1), imm(r.B * Q * 4),
-                                         imm(r.B * Q * 4), imm(r.B * Q * 4)});
-            continue;
-        }
-        const int64_t QT = (Q + 127) / 128, H = o.H;
-        for (int64_t outer = 0; outer * H < r.B; ++outer)
-            for (int64_t band = 0; band * 8 < H; ++band)
-                for (int64_t tl = 0; tl < QT; ++tl) {
-                    const int64_t rows = std::min<int64_t>(8, H - band * 8),
-                                  vals = std::min<int64_t>(128, Q - tl * 128);
-                    const int64_t hbm =
-                        int64_t(outer * tiled_bytes(H, Q)) + (band * QT + tl) * 4096;
-                    const int64_t vm = ((outer * H + band * 8) * Q + tl * 128) * 4;
-                    stores.issue(Opcode::DmaVh, {dst + hbm, v.rows[i].at(uint64_t(vm)), imm(rows),
-                                                 imm(vals * 4), imm(512), imm(Q * 4)});
-                }
-        stores.wait_all();
+        move_vectors(stores, false, v.rows[i].addr(), dst, r.B, r.Q, o.tiled, o.H);
     }
     stores.wait_all();
 }
@@ -1617,32 +1637,15 @@ void emit_one(isa::Builder& b, const DotFusion& p,
                 const bool bin = x.size() == 2;
                 const size_t fi = bin && x[0].kind != EpKind::Full ? 1 : 0;
                 const EpValue& o = bin ? x[1 - fi] : x[0];
-                // The scalar and row forms first (x - c is x + (-c) in IEEE arithmetic).
-                const bool scalar = o.kind == EpKind::Scalar, column = o.kind == EpKind::Column;
-                if (bin && s.kind == OpKind::Add && scalar) {
-                    t.vpu(Opcode::VAddS, {out, at(x[fi]), fimm(o.scalar), n});
+                // The scalar and row forms first.
+                const auto vpu = [&](Opcode op, std::initializer_list<isa::Arg> args) {
+                    t.vpu(op, args);
+                };
+                if (bin && o.kind == EpKind::Scalar &&
+                    emit_literal_op(vpu, s.kind, out, at(x[fi]), o.scalar, n, fi == 0))
                     continue;
-                }
-                if (bin && s.kind == OpKind::Add && column) {
+                if (bin && s.kind == OpKind::Add && o.kind == EpKind::Column) {
                     t.vpu(Opcode::VAddRow, {out, at(x[fi]), t.side(o.side), t.rows(), cols});
-                    continue;
-                }
-                if (bin && s.kind == OpKind::Sub && scalar && fi == 0) {
-                    t.vpu(Opcode::VAddS, {out, at(x[0]), fimm(-o.scalar), n});
-                    continue;
-                }
-                // A divide by a literal (attention's 1 / sqrt(d)): vpu_divide's factor folded
-                // at compile time, x * vpu_reciprocal(y), negated where 0 > y: the same fp32
-                // products as the VPU's nine-instruction sequence, in one.
-                if (bin && s.kind == OpKind::Div && scalar && fi == 0 && std::isfinite(o.scalar) &&
-                    o.scalar != 0.0f) {
-                    t.vpu(Opcode::VMulS, {out, at(x[0]), fimm(vpu_reciprocal(o.scalar)), n});
-                    if (0.0f > o.scalar) t.vpu(Opcode::VMulS, {out, out, fimm(-1.0f), n});
-                    continue;
-                }
-                if (bin && (s.kind == OpKind::Mul || s.kind == OpKind::Max) && scalar) {
-                    t.vpu(s.kind == OpKind::Mul ? Opcode::VMulS : Opcode::VMaxS,
-                          {out, at(x[fi]), fimm(o.scalar), n});
                     continue;
                 }
                 switch (s.kind) {
@@ -1708,9 +1711,6 @@ void emit_one(isa::Builder& b, const DotFusion& p,
                         break;
                     }
                     default: {
-                        const auto vpu = [&](Opcode o, std::initializer_list<isa::Arg> args) {
-                            t.vpu(o, args);
-                        };
                         if (!emit_elementwise(vpu, s.kind, s.comparison, out, F, n))
                             throw CompileError(
                                 fmt::format("epilogue op {} not generated", op_name(s.kind)));
@@ -1821,10 +1821,6 @@ void emit_dot_fusions(isa::Builder& b, const std::vector<DotFusion>& plans,
     if (rv) store_reduction(b, *plans[0].reduction, *rv, load);
 }
 
-}  // namespace tpu::compiler::gen
-
-namespace tpu::compiler::gen {
-
 std::shared_ptr<const DotReductionSplit> split_dot_reduction(const Graph& g, const Fusion& f) {
     if (f.kind != FusionKind::Output) return nullptr;
     std::set<ValueId> reduced;  // the reductions' results
@@ -1933,19 +1929,9 @@ bool plan_dot_reduction(const Graph& g, const DotReductionSplit& split,
             continue;
         }
         if (op.kind == OpKind::Reduce) {
-            const Shape& xs = g.shape(op.operands[0]);
             if (index(op.operands[0]) < 0) return false;
-            // The one non-unit dim reduced, counted from the minor end among the non-unit dims.
-            int64_t reduced = -1, pos = 0;
-            for (int64_t d = xs.rank() - 1; d >= 0; --d) {
-                if (xs.dims[size_t(d)] == 1) continue;
-                if (std::find(op.attrs.dims.begin(), op.attrs.dims.end(), d) !=
-                    op.attrs.dims.end()) {
-                    if (reduced >= 0) return false;
-                    reduced = pos;
-                }
-                ++pos;
-            }
+            const int64_t reduced =
+                reduced_nonunit_position(g.shape(op.operands[0]).dims, op.attrs.dims);
             if (reduced != 0 && reduced != 1) return false;
             if (over >= 0 && over != reduced) return false;
             over = int(reduced);
@@ -1960,42 +1946,33 @@ bool plan_dot_reduction(const Graph& g, const DotReductionSplit& split,
         }
         if (op_class(op.kind) != OpClass::Elementwise || nonunit(g.shape(res).dims) != vd)
             return false;
-        DotReduction::Step st{op.kind};
+        DotReduction::Step st{op.kind, op.attrs.comparison};
+        // A whole-tile op the VPU has (a comparison: > or <, as the epilogue's).
+        const bool lowered = op.kind == OpKind::Compare ? st.comparison == Comparison::Gt ||
+                                                              st.comparison == Comparison::Lt
+                                                        : has_vpu_lowering(op.kind);
+        const int i0 = index(op.operands[0]);
         if (op.operands.size() == 1) {
-            const auto none = [](Opcode, std::initializer_list<isa::Arg>) {};
-            if (index(op.operands[0]) < 0 ||
-                !emit_elementwise(
-                    none, op.kind, Comparison::Gt, imm(0), [](size_t) { return imm(0); }, imm(0)))
-                return false;
+            if (i0 < 0 || !lowered) return false;
             st.unary = true;
-            st.a = index(op.operands[0]);
+            st.a = i0;
         } else if (op.operands.size() == 2) {
-            const bool commutative =
-                op.kind == OpKind::Add || op.kind == OpKind::Mul || op.kind == OpKind::Max;
-            const int i0 = index(op.operands[0]), i1 = index(op.operands[1]);
+            const int i1 = index(op.operands[1]);
             const auto c0 = literal(op.operands[0]), c1 = literal(op.operands[1]);
-            if (i0 >= 0 && i1 >= 0) {
-                const auto none = [](Opcode, std::initializer_list<isa::Arg>) {};
-                if (!emit_elementwise(
-                        none, op.kind, Comparison::Gt, imm(0), [](size_t) { return imm(0); },
-                        imm(0)))
-                    return false;
+            if (i0 >= 0 && i1 >= 0 && lowered) {
                 st.a = i0;
                 st.b = i1;
-            } else if (i0 >= 0 && c1) {
+            } else if (i0 >= 0 && c1 && literal_op_lowered(op.kind, *c1, true)) {
                 st.a = i0;
                 st.literal = true;
                 st.scalar = *c1;
-            } else if (i1 >= 0 && c0 && commutative) {
+            } else if (i1 >= 0 && c0 && literal_op_lowered(op.kind, *c0, false)) {
                 st.a = i1;
                 st.literal = true;
                 st.scalar = *c0;
             } else {
                 return false;
             }
-            if (st.literal && !commutative && op.kind != OpKind::Sub &&
-                !(op.kind == OpKind::Div && std::isfinite(st.scalar) && st.scalar != 0.0f))
-                return false;
         } else {
             return false;
         }

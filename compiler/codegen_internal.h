@@ -211,17 +211,18 @@ struct DotFusion {
     /// the batches of a batched dot; null: none.
     std::shared_ptr<const struct DotPrologue> prologue;
     int64_t batch = 0;  ///< which batch of a batched dot this plan runs
-    /// A reduction of the result the kernel computes as it stores each batch (codegen_dot.cpp,
+    /// Reductions of the result the kernel computes as it stores each tile (codegen_dot.cpp,
     /// plan_dot_reduction), shared by the batches; null: none.
     std::shared_ptr<const struct DotReduction> reduction;
 };
 
-/// A reduction merged into a batched dot's fusion (fusion.cpp, reductions_into_dots), split for
-/// code generation: the dot's fusion without it, and the reduction alone as a stream fusion
-/// that reads the dot's result back (what runs where the dot kernel cannot reduce it itself).
+/// Reductions merged into a dot's fusion (fusion.cpp, reductions_into_dots), split for code
+/// generation: the dot's fusion without them, and the reductions alone as a stream fusion that
+/// reads the dot's result back (what runs where the dot kernel cannot reduce them itself, and
+/// what compile() keeps apart where the dot is not generated).
 struct DotReductionSplit {
-    Fusion core;  ///< the dot's fusion without the reduction (every other result)
-    Fusion pass;  ///< the reduction: reads the dot's result, writes the reduction's
+    Fusion core;  ///< the dot's fusion without the reductions (every other result)
+    Fusion pass;  ///< the reductions: read the dot's result, write theirs
 };
 
 /// The split of output fusion `f`, or nullptr when no reduction is merged into it.

@@ -803,17 +803,8 @@ private:
                 if (cls(id) == OpClass::Reduce) {
                     // One non-unit dim reduced, one of the two most minor: a matrix dim.
                     const Shape& xs = m_g.shape(op.operands[0]);
-                    int64_t n = 0, pos = 0, at = -1;
-                    for (int64_t k = xs.rank() - 1; k >= 0; --k) {
-                        if (xs.dims[size_t(k)] == 1) continue;
-                        if (std::find(op.attrs.dims.begin(), op.attrs.dims.end(), k) !=
-                            op.attrs.dims.end()) {
-                            ++n;
-                            at = pos;
-                        }
-                        ++pos;
-                    }
-                    ok &= nonunit(xs.dims) == vd && n == 1 && (at == 0 || at == 1);
+                    const int64_t at = reduced_nonunit_position(xs.dims, op.attrs.dims);
+                    ok &= nonunit(xs.dims) == vd && (at == 0 || at == 1);
                     reduced.push_back(op.results[0]);
                     continue;
                 }

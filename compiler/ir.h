@@ -85,6 +85,24 @@ inline std::vector<int64_t> nonunit(const std::vector<int64_t>& dims) {
         if (d != 1) r.push_back(d);
     return r;
 }
+/// Where a reduction over `reduced` of an array of `dims` reduces, among the non-unit dims
+/// counted from the most minor (0): the position of its one non-unit reduced dim, or -1 when it
+/// reduces none or several.
+inline int64_t reduced_nonunit_position(const std::vector<int64_t>& dims,
+                                        const std::vector<int64_t>& reduced) {
+    int64_t at = -1, pos = 0;
+    for (int64_t d = int64_t(dims.size()) - 1; d >= 0; --d) {
+        if (dims[size_t(d)] == 1) continue;
+        bool r = false;
+        for (int64_t x : reduced) r |= x == d;
+        if (r) {
+            if (at >= 0) return -1;
+            at = pos;
+        }
+        ++pos;
+    }
+    return at;
+}
 /// The row-major linear index of multi-index `idx` in `dims` (unravel's inverse).
 inline int64_t row_major_index(const std::vector<int64_t>& idx, const std::vector<int64_t>& dims) {
     int64_t i = 0;

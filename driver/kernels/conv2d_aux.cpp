@@ -148,17 +148,19 @@ struct DensePack {
           pix4(uint64_t(sh.cin) * 4) {
         for (uint32_t b = 0; b < P; ++b) {
             j0.push_back(range_begin(b));
-            const int64_t hi = int64_t(W) - 1 + p - b;
-            j1.push_back(hi < 0 ? 0 : std::min<uint32_t>(Wq, uint32_t(hi / s) + 1));
+            j1.push_back(range_end(W, Wq, b));
         }
     }
     /// First plane row (column) of phase a whose padded input row (column) i s + a is inside.
     uint32_t range_begin(uint32_t a) const { return p > a ? (p - a + s - 1) / s : 0; }
-    /// One past the last such plane row of phase a (at most Hq).
-    uint32_t row_end(uint32_t a) const {
-        const int64_t hi = int64_t(H) - 1 + p - a;
-        return hi < 0 ? 0 : std::min<uint32_t>(Hq, uint32_t(hi / s) + 1);
+    /// One past the last such plane row (column) of phase a: the input's `extent` rows
+    /// (columns), at most the plane's `planes`.
+    uint32_t range_end(uint32_t extent, uint32_t planes, uint32_t a) const {
+        const int64_t hi = int64_t(extent) - 1 + p - a;
+        return hi < 0 ? 0 : std::min<uint32_t>(planes, uint32_t(hi / s) + 1);
     }
+    /// One past the last plane row of phase a (at most Hq).
+    uint32_t row_end(uint32_t a) const { return range_end(H, Hq, a); }
     /// Input rows a chunk of plane rows [i0, i0 + n) reads, at most.
     uint64_t input_rows(uint32_t n) const { return uint64_t(n - 1) * s + P; }
     /// VMEM bytes of a chunk of n plane rows: the input rows (fp32), the planes' rows in fp32

@@ -2273,24 +2273,29 @@ private:
         }
         E(Opcode::Add, {m_prows, m_rows, imm(0)});
         E(Opcode::Add, {m_ppar, m_par, imm(0)});
+        // dst = 4 x the group's first column of the problem, or of the block's first row.
+        const auto group_col4 = [&](const isa::Reg& dst) {
+            if (first || last)
+                E(Opcode::Li, {dst, imm(int64_t(first_col(first) * 4))});
+            else
+                E(Opcode::Add, {dst, m_col, imm(0)});
+        };
+        const auto block_row4 = [&](const isa::Reg& dst) { E(Opcode::Mul, {dst, m_row, imm(4)}); };
         if (m_ep.position) {
             // C's first row of the group x 4: the block's row, or with the LHS stationary the
             // group's column of the problem.
-            if (!lhs)
-                E(Opcode::Mul, {m_tmp, m_row, imm(4)});
-            else if (first || last)
-                E(Opcode::Li, {m_tmp, imm(int64_t(first_col(first) * 4))});
+            if (lhs)
+                group_col4(m_tmp);
             else
-                E(Opcode::Add, {m_tmp, m_col, imm(0)});
+                block_row4(m_tmp);
             E(Opcode::Sw, {m_tmp, m_pos.word(0)});
         }
         if (m_k.column_sides) {
+            // C's first column: the other one.
             if (lhs)
-                E(Opcode::Mul, {m_pcol, m_row, imm(4)});
-            else if (first || last)
-                E(Opcode::Li, {m_pcol, imm(int64_t(first_col(first) * 4))});
+                block_row4(m_pcol);
             else
-                E(Opcode::Add, {m_pcol, m_col, imm(0)});
+                group_col4(m_pcol);
             if (m_col_slot) E(Opcode::Add, {m_pcol, m_pcol, imm(int64_t(col_slot_bytes()))});
         }
     }

@@ -12,12 +12,14 @@
 
 #include "compiler/builder.h"
 #include "compiler/compiler.h"
+#include "compiler_test_util.h"
 #include "device_test_util.h"
 
 namespace tpu::compiler {
 namespace {
 
 using test::expect_bit_exact;
+using test::fusions_of;
 using test::Leaf;
 using test::randoms;
 using test::Record;
@@ -52,20 +54,6 @@ Record record(int64_t dim, Reducer red, int step) {
     };
 }
 
-std::vector<std::string> kinds(const CompiledStep& s) {
-    std::vector<std::string> out;
-    for (const Fusion& f : s.fusions) {
-        std::string ops;
-        for (OpId id : f.ops) {
-            const OpKind k = s.graph.op(id).kind;
-            if (k == OpKind::Dot || k == OpKind::Reduce)
-                ops += (ops.empty() ? "" : "+") + std::string(op_name(k));
-        }
-        out.push_back(std::string(fusion_kind_name(f.kind)) + (ops.empty() ? "" : " " + ops));
-    }
-    return out;
-}
-
 CompiledStep compile_scores(int64_t dim, bool into_dots, bool batched = true,
                             bool scores_read = true) {
     Graph g;
@@ -95,21 +83,23 @@ TEST(CompilerFusion, AReductionOfADotsResultJoinsTheDotsFusion) {
     // writes the scores and the reduction; the subtract reads both.
     for (int64_t dim : {1, 2}) {
         const CompiledStep s = compile_scores(dim, true);
-        EXPECT_EQ(kinds(s), (std::vector<std::string>{"output dot+reduce", "loop"})) << s.summary();
+        EXPECT_EQ(fusions_of(s),
+                  (std::vector<std::string>{"output:divide,dot,reduce", "loop:subtract"}))
+            << s.summary();
         EXPECT_EQ(s.fusions[0].results.size(), 2u) << s.to_string();
-        EXPECT_EQ(kinds(compile_scores(dim, false)),
-                  (std::vector<std::string>{"output dot", "input reduce", "loop"}));
+        EXPECT_EQ(fusions_of(compile_scores(dim, false)),
+                  (std::vector<std::string>{"output:dot", "input:divide,reduce", "loop:subtract"}));
     }
     // Over the batch dim: not one batch's matrix.
-    EXPECT_EQ(kinds(compile_scores(0, true)),
-              (std::vector<std::string>{"output dot", "input reduce", "loop"}));
+    EXPECT_EQ(fusions_of(compile_scores(0, true)),
+              (std::vector<std::string>{"output:dot", "input:divide,reduce", "loop:subtract"}));
     // Scores read by the reduction alone are not written anyway: the reduction stays a fusion
     // of its own (the dot kernel stores its whole result).
-    EXPECT_EQ(kinds(compile_scores(2, true, true, false)),
-              (std::vector<std::string>{"output dot", "input reduce"}));
+    EXPECT_EQ(fusions_of(compile_scores(2, true, true, false)),
+              (std::vector<std::string>{"output:dot", "input:reduce"}));
     // A 2-D dot's too.
-    EXPECT_EQ(kinds(compile_scores(1, true, false)),
-              (std::vector<std::string>{"output dot+reduce", "loop"}));
+    EXPECT_EQ(fusions_of(compile_scores(1, true, false)),
+              (std::vector<std::string>{"output:dot,reduce,reshape", "loop:subtract"}));
 }
 
 TEST(CompilerFusion, AReductionStaysApartFromADotTheCodeGeneratorDoesNotCover) {
@@ -131,12 +121,14 @@ TEST(CompilerFusion, AReductionStaysApartFromADotTheCodeGeneratorDoesNotCover) {
         return compile(g);
     };
     const CompiledStep st = step(17);
-    EXPECT_EQ(kinds(st), (std::vector<std::string>{"output dot", "input reduce", "loop"}))
+    EXPECT_EQ(fusions_of(st),
+              (std::vector<std::string>{"output:dot,reshape", "input:reduce", "loop:subtract"}))
         << st.summary();
     EXPECT_EQ(st.fusions[1].name, "fusion.1");
     EXPECT_EQ(st.fusions[2].name, "fusion.2");
     // Sequences of 16 (whole bands of 8 rows): the dot is generated and computes the max.
-    EXPECT_EQ(kinds(step(16)), (std::vector<std::string>{"output dot+reduce", "loop"}));
+    EXPECT_EQ(fusions_of(step(16)),
+              (std::vector<std::string>{"output:dot,reduce,reshape", "loop:subtract"}));
 }
 
 /// A layer norm after a projection with a residual, `layer_norm(x W^T + b + x)` (BERT's
@@ -164,9 +156,16 @@ TEST(CompilerFusion, ALayerNormsStatisticsAreItsProjectionsFusionsResults) {
         v.push_back(l.parameter ? g.parameter(l.shape, l.name) : g.input(l.shape, l.name));
     g.add_output(projected_layer_norm(g, v), "y");
     const CompiledStep s = compile(g);
-    EXPECT_EQ(kinds(s),
-              (std::vector<std::string>{"output dot+reduce+reduce", "loop", "loop", "loop"}))
+    EXPECT_EQ(fusions_of(s),
+              (std::vector<std::string>{"output:add,dot,multiply,reduce,reshape", "loop:divide",
+                                        "loop:add,divide,multiply,rsqrt,subtract",
+                                        "loop:add,multiply,reshape,subtract"}))
         << s.summary();
+    // Its results: the projection's, the normalize reads it, and the two sums.
+    int reductions = 0;
+    for (OpId id : s.fusions[0].ops) reductions += s.graph.op(id).kind == OpKind::Reduce;
+    EXPECT_EQ(reductions, 2);
+    EXPECT_EQ(s.fusions[0].results.size(), 3u) << s.to_string();
 }
 
 TEST(CompilerDotReduceDevice, OverTheRowsAndTheColumnsMaxAndSumAreBitExact) {
